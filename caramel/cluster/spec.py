@@ -1,0 +1,108 @@
+"""`ClusterSpec`: the workers and the network a plan runs on, for the planner and the simulator.
+
+Latency (alpha, seconds per message) and bandwidth (beta, bits per second per worker link)
+are either fitted from a probe of real all-reduces (`caramel cluster probe`) or written by
+hand for what-if questions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from caramel.errors import FormatError
+from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+
+KIND = "cluster"
+TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
+COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
+
+
+@dataclass
+class WorkerSpec:
+    """One worker. `speed` is relative compute speed: 0.5 takes twice as long as the profile says."""
+
+    name: str
+    speed: float = 1.0
+
+
+@dataclass
+class ClusterSpec:
+    """Workers, link bandwidth and latency, topology and collective algorithm."""
+
+    workers: list[WorkerSpec]
+    bandwidth_bps: float
+    latency_s: float = 50e-6
+    topology: str = "switch"
+    collective: str = "ring"
+    num_servers: int = 1  # parameter servers, for collective="ps"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    @classmethod
+    def uniform(cls, workers: int, bandwidth_bps: float, latency_s: float = 50e-6, **kw: Any) -> "ClusterSpec":
+        """`workers` identical workers on links of `bandwidth_bps`."""
+        if not isinstance(workers, int) or workers < 1:
+            raise FormatError(f"workers must be a positive integer, got {workers!r}")
+        return cls([WorkerSpec(f"w{i}") for i in range(workers)], bandwidth_bps, latency_s, **kw)
+
+    def validate(self, source: str = "cluster spec") -> None:
+        if not self.workers:
+            raise FormatError(f"{source}: field 'workers' must list at least one worker")
+        for i, w in enumerate(self.workers):
+            if not (isinstance(w.speed, (int, float)) and math.isfinite(w.speed) and w.speed > 0):
+                raise FormatError(f"{source}: workers[{i}].speed must be a positive number, got {w.speed!r}")
+        if not (isinstance(self.bandwidth_bps, (int, float)) and math.isfinite(self.bandwidth_bps) and self.bandwidth_bps > 0):
+            raise FormatError(f"{source}: field 'bandwidth_bps' must be a positive number of bits per second, got {self.bandwidth_bps!r}")
+        if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise FormatError(f"{source}: field 'latency_s' must be a number >= 0, got {self.latency_s!r}")
+        if self.topology not in TOPOLOGIES:
+            raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
+        if self.collective not in COLLECTIVES:
+            raise FormatError(f"{source}: unknown collective {self.collective!r}; expected one of {', '.join(COLLECTIVES)}")
+        if not isinstance(self.num_servers, int) or self.num_servers < 1:
+            raise FormatError(f"{source}: field 'num_servers' must be a positive integer, got {self.num_servers!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = format_tag(KIND)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<cluster>") -> "ClusterSpec":
+        check_format(data, KIND, source)
+        raw = require(data, "workers", list, source)
+        try:
+            workers = [WorkerSpec(**w) for w in raw]
+        except TypeError as e:
+            raise FormatError(f"{source}: malformed worker entry ({e})") from None
+        spec = cls.__new__(cls)
+        spec.workers = workers
+        spec.bandwidth_bps = require(data, "bandwidth_bps", (int, float), source)
+        spec.latency_s = data.get("latency_s", 50e-6)
+        spec.topology = data.get("topology", "switch")
+        spec.collective = data.get("collective", "ring")
+        spec.num_servers = data.get("num_servers", 1)
+        spec.meta = dict(data.get("meta", {}))
+        spec.validate(source)
+        return spec
+
+    def save(self, path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path) -> "ClusterSpec":
+        return cls.from_dict(read_json(path, KIND), str(path))
+
+    def allreduce_time_s(self, nbytes: float) -> float:
+        """Closed-form ring all-reduce time: 2(n-1)a + 2(n-1)/n * S/B (0 for one worker)."""
+        n = self.world_size
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * nbytes * 8 / self.bandwidth_bps

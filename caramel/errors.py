@@ -1,0 +1,18 @@
+"""Errors that Caramel raises for user mistakes.
+
+`CaramelError` is a `ValueError`: bad input from a user (a file, a flag, a model that
+does not match its plan) gets one of these with a message that names the input and
+says what was expected. Programmer errors stay `assert`s.
+"""
+
+
+class CaramelError(ValueError):
+    """A user-facing error: the message names the bad input and what is expected."""
+
+
+class FormatError(CaramelError):
+    """A JSON file of ours (profile, plan, cluster spec, trace) is missing, malformed or of the wrong kind."""
+
+
+class MismatchError(CaramelError):
+    """Ranks, a model and a plan, or a profile and a plan disagree about something they must share."""

@@ -1,0 +1,149 @@
+"""`Plan`: how gradients travel, as data that every rank, the simulator and the tools share.
+
+A plan groups trainable parameters into buckets (one flat buffer each, one dtype), splits
+large buckets into chunks (one collective each), and fixes one global issue order of
+(bucket, chunk) items that every rank follows, so collectives always match across ranks.
+Each bucket names its *wait point*: the module before whose forward its update must be applied.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from caramel.errors import FormatError, MismatchError
+from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+
+KIND = "plan"
+
+
+@dataclass
+class Bucket:
+    """Parameters reduced together, laid out in `params` order in one flat buffer of `dtype`."""
+
+    id: int
+    params: list[int]
+    dtype: str
+    numel: int
+    bytes: int
+    num_chunks: int = 1
+    need_module: str | None = None  # module whose forward first uses any of these parameters
+    need_time_s: float | None = None  # when that is, from forward start (profile estimate)
+    ready_time_s: float | None = None  # when the last gradient is ready, from backward start (profile estimate)
+
+    def chunk_bounds(self, chunk: int) -> tuple[int, int]:
+        """Element range [start, end) of one chunk: equal slices, the last one shorter."""
+        assert 0 <= chunk < self.num_chunks
+        size = -(-self.numel // self.num_chunks)
+        start = min(chunk * size, self.numel)
+        return start, min(start + size, self.numel)
+
+    def chunk_bytes(self, chunk: int) -> int:
+        start, end = self.chunk_bounds(chunk)
+        return (end - start) * (self.bytes // max(self.numel, 1))
+
+
+@dataclass
+class Plan:
+    """Buckets, chunks, one global issue order, and a fingerprint that every rank checks."""
+
+    planner: str
+    world_size: int
+    model_fingerprint: str
+    param_names: list[str]
+    buckets: list[Bucket]
+    order: list[tuple[int, int]]  # (bucket id, chunk index), the global issue order
+    options: dict[str, Any] = field(default_factory=dict)
+    predicted_step_time_s: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
+
+    def validate(self, source: str = "plan") -> None:
+        """Structural checks: ids, chunk counts, every item issued exactly once, no parameter twice."""
+        seen: set[int] = set()
+        for i, b in enumerate(self.buckets):
+            if b.id != i:
+                raise FormatError(f"{source}: buckets[{i}].id is {b.id}, expected {i}")
+            if b.num_chunks < 1 or b.num_chunks > max(b.numel, 1):
+                raise FormatError(f"{source}: buckets[{i}].num_chunks must be between 1 and its numel ({b.numel}), got {b.num_chunks}")
+            for p in b.params:
+                if not (0 <= p < len(self.param_names)):
+                    raise FormatError(f"{source}: buckets[{i}] names parameter index {p}, but the plan has {len(self.param_names)} parameters")
+                if p in seen:
+                    raise FormatError(f"{source}: parameter {self.param_names[p]!r} is in more than one bucket")
+                seen.add(p)
+        expected = {(b.id, c) for b in self.buckets for c in range(b.num_chunks)}
+        if len(self.order) != len(expected) or set(self.order) != expected:
+            raise FormatError(f"{source}: field 'order' must list every (bucket, chunk) exactly once ({len(expected)} items), got {len(self.order)}")
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of everything the ranks must agree on (not the predictions or metadata)."""
+        core = {
+            "world_size": self.world_size,
+            "model_fingerprint": self.model_fingerprint,
+            "buckets": [[b.params, b.dtype, b.numel, b.num_chunks] for b in self.buckets],
+            "order": [list(o) for o in self.order],
+        }
+        return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    def num_items(self) -> int:
+        return len(self.order)
+
+    def total_bytes(self) -> int:
+        return sum(b.bytes for b in self.buckets)
+
+    def check_model(self, fingerprint: str, param_names: list[str], source: str = "plan") -> None:
+        """Raise `MismatchError` if this plan was made for a different model."""
+        if fingerprint == self.model_fingerprint:
+            return
+        if len(param_names) != len(self.param_names):
+            raise MismatchError(f"{source}: plan is for a model with {len(self.param_names)} parameters, this model has {len(param_names)}")
+        for a, b in zip(self.param_names, param_names):
+            if a != b:
+                raise MismatchError(f"{source}: plan parameter {a!r} does not match model parameter {b!r}")
+        raise MismatchError(f"{source}: plan was made for a model with other parameter shapes or dtypes (fingerprint {self.model_fingerprint} vs {fingerprint})")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["order"] = [list(o) for o in self.order]
+        d["format"] = format_tag(KIND)
+        d["fingerprint"] = self.fingerprint
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> "Plan":
+        check_format(data, KIND, source)
+        try:
+            buckets = [Bucket(**b) for b in require(data, "buckets", list, source)]
+            order = [tuple(int(x) for x in item) for item in require(data, "order", list, source)]
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"{source}: malformed bucket or order entry ({e})") from None
+        if any(len(o) != 2 for o in order):
+            raise FormatError(f"{source}: every 'order' item must be [bucket, chunk]")
+        plan = cls(
+            planner=require(data, "planner", str, source),
+            world_size=require(data, "world_size", int, source),
+            model_fingerprint=require(data, "model_fingerprint", str, source),
+            param_names=list(require(data, "param_names", list, source)),
+            buckets=buckets,
+            order=order,  # type: ignore[arg-type]
+            options=dict(data.get("options", {})),
+            predicted_step_time_s=data.get("predicted_step_time_s"),
+            meta=dict(data.get("meta", {})),
+        )
+        plan.validate(source)
+        stored = data.get("fingerprint")
+        if stored is not None and stored != plan.fingerprint:
+            raise FormatError(f"{source}: stored fingerprint {stored} does not match the plan's contents ({plan.fingerprint}); the file was edited or corrupted")
+        return plan
+
+    def save(self, path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        return cls.from_dict(read_json(path, KIND), str(path))

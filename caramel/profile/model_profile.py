@@ -1,0 +1,163 @@
+"""`ModelProfile`: what one training step of a model looks like, per parameter and per module.
+
+Times are seconds on the profiled worker. Within a step, forward runs over [0, forward_time_s],
+backward over [forward_time_s, forward_time_s + backward_time_s], then the optimizer.
+Each parameter has a *transfer window*: it opens when its gradient is ready in backward
+(`ready_time_s`, measured from backward start) and closes when the next forward first uses it
+(`first_use_time_s`, measured from forward start, one step later).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from caramel.errors import FormatError
+from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+
+KIND = "profile"
+
+
+@dataclass
+class ParamInfo:
+    """One parameter, in `model.parameters()` order (deduplicated: a tied parameter appears once)."""
+
+    index: int
+    name: str
+    shape: list[int]
+    dtype: str
+    numel: int
+    bytes: int
+    requires_grad: bool
+    ready_order: int | None = None  # 0 = first gradient ready in backward; None: no gradient (frozen/unused)
+    ready_time_s: float | None = None  # since backward start
+    first_use_order: int | None = None  # index into ModelProfile.modules of the first module that uses it
+    first_use_time_s: float | None = None  # since forward start
+    use_modules: list[str] = field(default_factory=list)  # every module whose own computation used it, in forward order
+
+
+@dataclass
+class ModuleInfo:
+    """A module that did computation of its own in forward, in the order forward first ran it."""
+
+    name: str
+    type: str
+    forward_start_s: float
+    forward_time_s: float  # until the next module started (or forward ended)
+    backward_time_s: float  # share of backward attributed to this module's gradients
+    params: list[int] = field(default_factory=list)  # indices of parameters whose first use is here
+
+
+@dataclass
+class Window:
+    """A parameter's transfer window in the step timeline (seconds from the start of step k's forward)."""
+
+    param: int
+    start_s: float  # gradient ready in step k's backward
+    end_s: float  # first use in step k+1's forward
+
+    @property
+    def length_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass
+class ModelProfile:
+    """Per-parameter sizes, gradient-ready times and first-use times, per-module times, for one model and batch."""
+
+    model: str
+    batch_size: int
+    forward_time_s: float
+    backward_time_s: float
+    optimizer_time_s: float
+    params: list[ParamInfo]
+    modules: list[ModuleInfo]
+    steps_measured: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.forward_time_s + self.backward_time_s + self.optimizer_time_s
+
+    @property
+    def compute_time_s(self) -> float:
+        return self.forward_time_s + self.backward_time_s
+
+    def trainable(self) -> list[ParamInfo]:
+        """Parameters that get a gradient, in index order."""
+        return [p for p in self.params if p.requires_grad]
+
+    def total_grad_bytes(self) -> int:
+        return sum(p.bytes for p in self.trainable())
+
+    def windows(self, overlap: str = "forward") -> list[Window]:
+        """Each trainable parameter's transfer window.
+
+        With `overlap="forward"` the window closes at the parameter's first use in the next
+        forward; with `"backward"` or `"none"` it closes when backward ends (the DDP barrier).
+        Parameters that never became ready are given a window that opens at backward end.
+        """
+        out = []
+        bwd_end = self.forward_time_s + self.backward_time_s
+        for p in self.trainable():
+            start = self.forward_time_s + (p.ready_time_s if p.ready_time_s is not None else self.backward_time_s)
+            if overlap == "forward":
+                use = p.first_use_time_s if p.first_use_time_s is not None else self.forward_time_s
+                end = self.step_time_s + use
+            else:
+                end = bwd_end
+            out.append(Window(p.index, start, max(end, start)))
+        return out
+
+    def fingerprint(self) -> str:
+        """Hash of what a plan depends on structurally: parameter names, shapes, dtypes, trainability."""
+        return model_fingerprint([(p.name, p.shape, p.dtype, p.requires_grad) for p in self.params])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = format_tag(KIND)
+        d["fingerprint"] = self.fingerprint()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<profile>") -> "ModelProfile":
+        check_format(data, KIND, source)
+        try:
+            params = [ParamInfo(**p) for p in require(data, "params", list, source)]
+            modules = [ModuleInfo(**m) for m in require(data, "modules", list, source)]
+        except TypeError as e:
+            raise FormatError(f"{source}: malformed parameter or module entry ({e})") from None
+        for i, p in enumerate(params):
+            if p.index != i:
+                raise FormatError(f"{source}: params[{i}].index is {p.index}, expected {i}")
+            if p.bytes < 0 or p.numel < 0:
+                raise FormatError(f"{source}: params[{i}] ({p.name}) has negative size")
+        prof = cls(
+            model=require(data, "model", str, source),
+            batch_size=require(data, "batch_size", int, source),
+            forward_time_s=float(require(data, "forward_time_s", (int, float), source)),
+            backward_time_s=float(require(data, "backward_time_s", (int, float), source)),
+            optimizer_time_s=float(require(data, "optimizer_time_s", (int, float), source)),
+            params=params,
+            modules=modules,
+            steps_measured=int(data.get("steps_measured", 1)),
+            meta=dict(data.get("meta", {})),
+        )
+        for name in ("forward_time_s", "backward_time_s", "optimizer_time_s"):
+            if getattr(prof, name) < 0:
+                raise FormatError(f"{source}: field {name!r} must be >= 0, got {getattr(prof, name)}")
+        return prof
+
+    def save(self, path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path) -> "ModelProfile":
+        return cls.from_dict(read_json(path, KIND), str(path))
+
+
+def model_fingerprint(entries: list[tuple[str, list[int], str, bool]]) -> str:
+    """Stable hash of (name, shape, dtype, requires_grad) per parameter."""
+    canon = json.dumps([[n, list(s), d, bool(r)] for n, s, d, r in entries], separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
