@@ -1,0 +1,126 @@
+"""`ClusterConfig`: what an emulated cluster should look like, checked before anything is created.
+
+Every field is validated in `ClusterConfig.validate()` so that bad input (a rate like `fast`,
+0 workers, a malformed prefix) raises a `CaramelError` naming the field before the host is
+touched. Rates may be given as numbers (bits per second) or in tc syntax (`1gbit`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+from dataclasses import dataclass
+
+from caramel.errors import CaramelError
+from caramel.units import parse_duration_s, parse_rate_bps
+
+# Interface names are limited to 15 characters (IFNAMSIZ - 1); prefix (9) + "br"/"h123" fits.
+PREFIX_RE = re.compile(r"crm[0-9a-f]{6}")
+MAX_WORKERS = 250  # one /24 per cluster, .1 .. .250
+FALLBACKS = ("local", "error")
+DEFAULT_STATE_DIRS = ("/run/caramel", "/tmp/caramel")
+
+
+def new_prefix() -> str:
+    """A fresh cluster name prefix `crm<6 hex>`; random so two clusters on one host never collide."""
+    return "crm" + secrets.token_hex(3)
+
+
+def default_state_dir() -> str:
+    """Where per-cluster state files live: $CARAMEL_CLUSTER_STATE_DIR, else /run/caramel, else /tmp/caramel."""
+    env = os.environ.get("CARAMEL_CLUSTER_STATE_DIR")
+    if env:
+        return env
+    for d in DEFAULT_STATE_DIRS:
+        parent = os.path.dirname(d)
+        if (os.path.isdir(d) and os.access(d, os.W_OK)) or (not os.path.exists(d) and os.access(parent, os.W_OK)):
+            return d
+    return DEFAULT_STATE_DIRS[-1]
+
+
+@dataclass
+class ClusterConfig:
+    """An emulated cluster: `workers` network namespaces on a bridge, each link shaped to `bandwidth_bps`.
+
+    - `bandwidth_bps`: per-worker link rate in bits/s, in each direction (number or `"1gbit"`).
+    - `latency_s`: one-way added delay; emulated with netem only when the kernel has it,
+      otherwise reported as not emulated (the real veth latency is tens of microseconds).
+    - `prefix`: `crm<6 hex>`; random when None.
+    - `fallback`: `"local"` runs plain local workers on loopback (torchrun --standalone) when
+      namespaces cannot be made (not root, no iproute2); `"error"` raises instead.
+    - `state_dir`: where the state file that records what this cluster created is kept.
+    - `burst_bytes`: token-bucket burst; None picks max(64 KiB, 4 ms of traffic at the rate).
+    """
+
+    workers: int
+    bandwidth_bps: float | str = "1gbit"
+    latency_s: float | str = 0.0
+    prefix: str | None = None
+    fallback: str = "local"
+    state_dir: str | None = None
+    burst_bytes: int | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Normalize and check every field; raise CaramelError naming the first bad one."""
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+            try:
+                as_int = int(str(self.workers))
+            except ValueError:
+                raise CaramelError(f"workers must be a positive integer, got {self.workers!r}") from None
+            self.workers = as_int
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise CaramelError(f"workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
+        self.bandwidth_bps = parse_rate_bps(self.bandwidth_bps)
+        if self.bandwidth_bps < 8e3:
+            raise CaramelError(f"bandwidth {self.bandwidth_bps:g} bit/s is too low to shape with tc; expected at least 8kbit")
+        if self.latency_s in (0, 0.0, "0", "0s", "0ms"):
+            self.latency_s = 0.0
+        else:
+            self.latency_s = parse_duration_s(self.latency_s)
+            if self.latency_s > 10:
+                raise CaramelError(f"latency {self.latency_s:g} s is not a plausible link latency; expected e.g. 1ms or 50us")
+        if self.prefix is None:
+            self.prefix = new_prefix()
+        elif not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
+            raise CaramelError(f"cluster prefix {self.prefix!r} is not valid; expected 'crm' and 6 lowercase hex digits, e.g. crm1a2b3c")
+        if self.fallback not in FALLBACKS:
+            raise CaramelError(f"fallback {self.fallback!r} is not known; expected one of {', '.join(FALLBACKS)}")
+        if self.state_dir is None:
+            self.state_dir = default_state_dir()
+        if self.burst_bytes is not None:
+            if isinstance(self.burst_bytes, bool) or not isinstance(self.burst_bytes, int) or self.burst_bytes < 1600:
+                raise CaramelError(f"burst_bytes must be an integer of at least 1600 (one packet), got {self.burst_bytes!r}")
+
+    # Derived names. The bridge and host-side veths live in the host namespace; the worker-side
+    # veth is created directly inside the worker's namespace and never appears on the host.
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br"
+
+    def netns(self, worker: int) -> str:
+        return f"{self.prefix}-w{worker}"
+
+    def host_veth(self, worker: int) -> str:
+        return f"{self.prefix}h{worker}"
+
+    def worker_veth(self, worker: int) -> str:
+        return f"{self.prefix}n{worker}"
+
+    def burst_for(self, bandwidth_bps: float) -> int:
+        """tbf bucket size: big enough for the kernel timer (4 ms of traffic) and a GSO segment."""
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        return int(max(64 * 1024, bandwidth_bps / 8 * 0.004))
+
+
+def check_rate(bandwidth_bps: float | str, what: str = "bandwidth") -> float:
+    """Parse a rate for set_bandwidth() with the same rules as ClusterConfig."""
+    bps = parse_rate_bps(bandwidth_bps)
+    if not math.isfinite(bps) or bps < 8e3:
+        raise CaramelError(f"{what} {bandwidth_bps!r} is too low to shape with tc; expected at least 8kbit")
+    return bps

@@ -1,0 +1,194 @@
+"""Thin, careful wrappers over `ip` and `tc`: namespaces, veth pairs, a bridge, shaping.
+
+Nothing here decides *what* to create; `EmulatedCluster` does, and records every object in its
+state file before creating it. `destroy()` removes exactly the objects it is given, and treats
+"already gone" as success, so teardown is idempotent and safe to call from signal handlers,
+atexit and `caramel cluster cleanup` alike.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from caramel.errors import CaramelError
+
+# The benchmarking range (RFC 2544): never a user's real network.
+BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
+SUBNETS_PER_BENCH_NET = 512  # /24s in a /15
+CMD_TIMEOUT_S = 20.0
+
+
+class ClusterError(CaramelError):
+    """The host could not build or tear down the emulated cluster (an `ip`/`tc` command failed)."""
+
+
+@dataclass
+class Support:
+    """Whether this host can make network namespaces, and if not, why (one line)."""
+
+    ok: bool
+    reason: str = ""
+
+
+def support() -> Support:
+    """Root and iproute2 (`ip`, `tc`) are needed; anything else is reported, not raised."""
+    if os.name != "posix" or not os.path.isdir("/proc/self/ns"):
+        return Support(False, "network namespaces need Linux")
+    if os.geteuid() != 0:
+        return Support(False, f"network namespaces need root (running as uid {os.geteuid()})")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return Support(False, f"iproute2 is missing ({', '.join(missing)} not found on PATH)")
+    return Support(True)
+
+
+def sh(args: list[str], *, check: bool = True, timeout_s: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run one ip/tc command; a failure raises ClusterError with the command and its message."""
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`{' '.join(args)}` did not finish within {timeout_s:g} s") from None
+    except FileNotFoundError:
+        raise ClusterError(f"`{args[0]}` not found; the emulated cluster needs iproute2") from None
+    if check and proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ClusterError(f"`{' '.join(args)}` failed: {msg[-1] if msg else f'exit code {proc.returncode}'}")
+    return proc
+
+
+def list_netns() -> list[str]:
+    """Names of the named network namespaces on this host (`ip netns list`)."""
+    out = sh(["ip", "netns", "list"]).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.strip())
+
+
+def list_links(netns: str | None = None) -> list[str]:
+    """Interface names in the host namespace (or in `netns`), without the `@peer` suffix."""
+    cmd = ["ip", "-o", "link", "show"] if netns is None else ["ip", "-n", netns, "-o", "link", "show"]
+    names = []
+    for line in sh(cmd).stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            names.append(parts[1].strip().split("@")[0])
+    return sorted(names)
+
+
+def netns_pids(netns: str) -> list[int]:
+    """Processes living in a named namespace (empty when it does not exist)."""
+    proc = sh(["ip", "netns", "pids", netns], check=False)
+    if proc.returncode != 0:
+        return []
+    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+
+
+def host_subnets_in_use() -> set[int]:
+    """Indices (0..511) of the 198.18.0.0/15 /24s that already have an address or route on the host."""
+    used: set[int] = set()
+    texts = [sh(["ip", "-o", "-4", "addr", "show"], check=False).stdout,
+             sh(["ip", "-4", "route", "show", "table", "all"], check=False).stdout]
+    for text in texts:
+        for token in text.replace("/", " ").split():
+            try:
+                addr = ipaddress.ip_address(token)
+            except ValueError:
+                continue
+            if addr in BENCH_NET:
+                used.add(subnet_index(addr))
+    return used
+
+
+def subnet_index(addr: ipaddress.IPv4Address) -> int:
+    return (int(addr) - int(BENCH_NET.network_address)) >> 8
+
+
+def subnet_address(index: int, host: int) -> str:
+    """Address `host` (1..254) of the `index`-th /24 of 198.18.0.0/15."""
+    assert 0 <= index < SUBNETS_PER_BENCH_NET and 1 <= host <= 254
+    return str(ipaddress.ip_address(int(BENCH_NET.network_address) + (index << 8) + host))
+
+
+def tbf_args(bandwidth_bps: float, burst_bytes: int) -> list[str]:
+    # 50 ms of queue: enough for TCP to keep the link full, small enough not to bloat latency.
+    return ["tbf", "rate", f"{int(bandwidth_bps)}bit", "burst", str(int(burst_bytes)), "latency", "50ms"]
+
+
+def shape(dev: str, netns: str | None, bandwidth_bps: float, burst_bytes: int,
+          latency_s: float = 0.0, netem: bool = False) -> None:
+    """Set (or change) the egress shaping of `dev`: tbf at the rate, under netem delay when asked."""
+    tc = ["tc"] if netns is None else ["tc", "-n", netns]
+    if latency_s > 0 and netem:
+        sh(tc + ["qdisc", "replace", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{latency_s * 1e6:.0f}us"])
+        sh(tc + ["qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:"] + tbf_args(bandwidth_bps, burst_bytes))
+    else:
+        sh(tc + ["qdisc", "replace", "dev", dev, "root", "handle", "1:"] + tbf_args(bandwidth_bps, burst_bytes))
+
+
+def qdisc_rate_bps(dev: str, netns: str | None = None) -> float | None:
+    """The tbf rate currently on `dev` (from `tc -j qdisc show`), for checks and tests."""
+    import json
+
+    tc = ["tc", "-j"] if netns is None else ["tc", "-j", "-n", netns]
+    proc = sh(tc + ["qdisc", "show", "dev", dev], check=False)
+    if proc.returncode != 0:
+        return None
+    for q in json.loads(proc.stdout or "[]"):
+        if q.get("kind") == "tbf":
+            return float(q["options"]["rate"]) * 8  # tc -j reports bytes per second
+    return None
+
+
+def kill_netns_processes(netns: str, grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL, every process inside a namespace we own, so deleting it frees it."""
+    pids = netns_pids(netns)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if _alive(p)]
+            if pids:
+                time.sleep(0.05)
+        if not pids:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+def destroy(resources: list[dict]) -> list[str]:
+    """Remove the given objects (newest first); return one message per object that could not be removed.
+
+    `resources` entries are `{"kind": "netns"|"link", "name": ...}` as recorded at creation.
+    Objects that are already gone count as removed.
+    """
+    problems: list[str] = []
+    present_ns = set(list_netns())
+    present_links = set(list_links())
+    # Processes first (a namespace with live processes outlives `ip netns del`), then links, then namespaces.
+    for r in reversed(resources):
+        if r["kind"] == "netns" and r["name"] in present_ns:
+            kill_netns_processes(r["name"])
+    for r in reversed(resources):
+        if r["kind"] == "link" and r["name"] in present_links:
+            proc = sh(["ip", "link", "del", r["name"]], check=False)
+            if proc.returncode != 0 and r["name"] in list_links():
+                problems.append(f"link {r['name']}: {proc.stderr.strip()}")
+    for r in reversed(resources):
+        if r["kind"] == "netns" and r["name"] in present_ns:
+            proc = sh(["ip", "netns", "del", r["name"]], check=False)
+            if proc.returncode != 0 and r["name"] in list_netns():
+                problems.append(f"netns {r['name']}: {proc.stderr.strip()}")
+    return problems
