@@ -1,0 +1,137 @@
+"""The two baselines every configuration needs, and the runner interface strategies share.
+
+- compute-only: the same model, batch and optimizer, with no communication at all, the workers
+  running side by side (so they contend for the host's cores exactly as in the real run).
+- comm-only: the same gradient bytes all-reduced with nothing else running, bucketed the way
+  DDP buckets them (reverse registration order, a 1 MiB first bucket, then 25 MiB caps, a
+  bucket closing once it reaches its cap), all buckets issued asynchronously then awaited.
+
+Together they give T_compute and T_comm, hence U = T_compute + T_comm and L = max(...).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+MiB = 1024 * 1024
+DDP_FIRST_BUCKET_BYTES = 1 * MiB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_CAP_MB = 25.0
+
+
+class Runner:
+    """One strategy or baseline inside the harness: `step()` is timed, `finish()` is not.
+
+    `finish()` drains whatever communication a step left pending, so the next strategy in the
+    round starts on an idle network and nobody is charged for another's traffic.
+    """
+
+    name: str = "?"
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+def trainable_params(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that get gradients, each once (tied parameters count once), in registration order."""
+    seen: set[int] = set()
+    out = []
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def ddp_bucket_bytes(param_bytes: list[int], bucket_cap_mb: float = DDP_BUCKET_CAP_MB,
+                     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
+    """Bucket sizes DDP would use for parameters of these sizes (given in registration order).
+
+    DDP walks parameters in reverse registration order (the order gradients become ready) and
+    closes a bucket once it holds at least the current limit: 1 MiB for the first bucket,
+    `bucket_cap_mb` MiB after that. Tensors are never split.
+    """
+    assert all(b > 0 for b in param_bytes), "parameter sizes must be positive"
+    cap = int(bucket_cap_mb * MiB)
+    limits = [first_bucket_bytes, cap]
+    buckets: list[int] = []
+    current = 0
+    for nbytes in reversed(param_bytes):
+        current += nbytes
+        if current >= limits[min(len(buckets), 1)]:
+            buckets.append(current)
+            current = 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def sync_device(device: torch.device) -> None:
+    """Make a timestamp mean what the user sees: on GPU, wait for queued kernels."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+               targets: torch.Tensor, loss_fn: Callable) -> None:
+    """One training step exactly as a user writes it (DDP and Caramel use the same one)."""
+    loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+class ComputeOnly(Runner):
+    """The user's step on an unwrapped model: no communication, T_compute."""
+
+    name = "compute"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets, loss_fn, device: torch.device):
+        self.model, self.optimizer = model, optimizer
+        self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
+        self.device = device
+
+    def step(self) -> None:
+        plain_step(self.model, self.optimizer, self.inputs, self.targets, self.loss_fn)
+        sync_device(self.device)
+
+
+class CommOnly(Runner):
+    """All-reduce the model's gradient bytes in DDP's buckets, nothing else running: T_comm."""
+
+    name = "comm"
+
+    def __init__(self, model: nn.Module, device: torch.device, process_group=None,
+                 bucket_cap_mb: float = DDP_BUCKET_CAP_MB):
+        params = trainable_params(model)
+        dtypes = {p.dtype for p in params}
+        # DDP buckets per dtype; the zoo models are single-dtype, and mixing would change the bytes.
+        assert len(dtypes) == 1, f"comm-only baseline expects one gradient dtype, got {dtypes}"
+        self.dtype = dtypes.pop()
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        sizes = ddp_bucket_bytes([p.numel() * itemsize for p in params], bucket_cap_mb)
+        self.buffers = [torch.ones(n // itemsize, dtype=self.dtype, device=device) for n in sizes]
+        self.bucket_bytes = sizes
+        self.device = device
+        self.group = process_group
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bucket_bytes)
+
+    def step(self) -> None:
+        works = [dist.all_reduce(b, group=self.group, async_op=True) for b in self.buffers]
+        for w in works:
+            w.wait()
+        sync_device(self.device)
+
+    def stats(self) -> dict[str, Any]:
+        return {"buckets": len(self.buffers), "bytes_per_step": self.total_bytes}

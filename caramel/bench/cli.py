@@ -1,0 +1,166 @@
+"""`caramel bench`: DDP and Caramel strategies side by side, one job per configuration.
+
+Without selection flags it runs the default matrix (or `--quick`); `--model`, `--workers`,
+`--bandwidth`, `--batch-size` select one configuration. Prints a table; `--json OUT` and
+`--markdown OUT` write the records and the report (docs/benchmarks.md is such a report).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from typing import Any
+
+from caramel.bench.harness import make_job
+from caramel.bench.launch import NETWORKS, choose_network, launch_job
+from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
+                                  BenchConfig, BenchSettings, parse_strategies)
+from caramel.bench.lower_bound import lower_bound_s
+from caramel.bench.report import Record, check_targets, format_markdown, format_table, format_targets, summarize, write_records
+from caramel.errors import CaramelError
+from caramel.jsonio import atomic_write_text
+from caramel.models.zoo import get_model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sel = p.add_argument_group("one configuration (instead of the default matrix)")
+    sel.add_argument("--model", help="zoo model name or path/to/file.py:factory")
+    sel.add_argument("--workers", type=int, help="number of workers (processes), default 2")
+    sel.add_argument("--bandwidth", help="per-worker link rate in tc syntax, e.g. 300mbit (needs the emulated cluster)")
+    sel.add_argument("--batch-size", type=int, help="per-worker batch size (default: the model's)")
+    sel.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra zoo factory argument, e.g. width=16 (repeatable)")
+    p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                   help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: ddp,caramel)")
+    p.add_argument("--rounds", type=int, help="interleaving rounds per configuration")
+    p.add_argument("--steps", type=int, help="measured steps per strategy per round")
+    p.add_argument("--warmup", type=int, help="unmeasured warm-up steps per strategy")
+    p.add_argument("--network", choices=NETWORKS, default="auto",
+                   help="cluster: shaped links (root); loopback: unshaped local workers; auto: cluster when possible")
+    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per configuration, seconds (default 600)")
+    p.add_argument("--trace", metavar="DIR", help="write caramel strategies' timelines under DIR/<configuration>/")
+    p.add_argument("--json", metavar="OUT", help="write the records (caramel.bench/1)")
+    p.add_argument("--markdown", metavar="OUT", help="write the markdown report")
+
+
+def _model_options(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise CaramelError(f"--model-option {item!r}: expected KEY=VALUE, e.g. width=16")
+        for conv in (int, float, str):
+            try:
+                out[key.strip()] = conv(value.strip())
+                break
+            except ValueError:
+                continue
+    return out
+
+
+def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
+    """The configurations and settings the flags ask for (flags override the matrix's settings)."""
+    single = any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size)) or args.model_option
+    base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
+    settings = BenchSettings(
+        rounds=args.rounds if args.rounds is not None else base.rounds,
+        steps_per_round=args.steps if args.steps is not None else base.steps_per_round,
+        warmup_steps=args.warmup if args.warmup is not None else base.warmup_steps,
+        lr=base.lr, seed=base.seed, timeout_s=min(args.timeout, base.timeout_s))
+    if not single:
+        return list(QUICK_MATRIX if args.quick else DEFAULT_MATRIX), settings
+    if args.quick:
+        raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--bandwidth")
+    model = args.model or "resnet18"
+    options = _model_options(args.model_option)
+    if args.model is None and not options:
+        options = {"width": 16}
+    batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
+    get_model(model)  # a bad name or path fails here, before any worker starts
+    return [BenchConfig(model=model, workers=args.workers if args.workers is not None else 2,
+                        bandwidth=args.bandwidth, batch_size=batch, model_options=options)], settings
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (for the markdown report)."""
+    parts = ["caramel", "bench"]
+    for flag in ("model", "workers", "bandwidth", "batch_size", "rounds", "steps", "warmup", "trace", "json", "markdown"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}", str(value)]
+    for item in args.model_option:
+        parts += ["--model-option", item]
+    if args.quick:
+        parts.append("--quick")
+    if args.strategies != ",".join(DEFAULT_STRATEGIES):
+        parts += ["--strategies", args.strategies]
+    if args.network != "auto":
+        parts += ["--network", args.network]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    strategies = parse_strategies(args.strategies)
+    configs, settings = select(args)
+    if args.timeout <= 0:
+        raise CaramelError(f"--timeout must be positive, got {args.timeout}")
+    records: list[Record] = []
+    failures: list[str] = []
+    networks: set[str] = set()
+    t0 = time.time()
+    for i, config in enumerate(configs):
+        network = choose_network(args.network, config.bandwidth)
+        if network == "loopback" and config.bandwidth is not None:
+            print(f"caramel bench: cannot shape links here; running {config.label} on unshaped loopback "
+                  f"(the bandwidth {config.bandwidth} is NOT applied)", file=sys.stderr)
+        trace_dir = None
+        if args.trace:
+            trace_dir = f"{args.trace}/{i:02d}-{config.model.replace('/', '_').replace(':', '_')}-w{config.workers}-{config.bandwidth or 'loopback'}"
+        print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
+        job = make_job(config, settings, strategies, network, trace_dir)
+        result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout)
+        networks.add(result.network)
+        if result.raw is None:
+            failures.append(f"{config.label}: job failed with exit code {result.returncode}")
+            print(f"caramel bench: {failures[-1]}", file=sys.stderr)
+            continue
+        result.raw["lower_bound_s"] = lower_bound_s(config)
+        records += summarize(result.raw)
+    wall_s = time.time() - t0
+
+    if records:
+        print(format_table(records))
+        print()
+        print("Targets:\n" + format_targets(check_targets(records)).replace("**", ""))
+    meta = {"command": command_line(args), "wall_s": round(wall_s, 1), "networks": sorted(networks),
+            "settings": vars(settings), "failures": failures}
+    if args.json:
+        write_records(args.json, records, meta)
+    if args.markdown:
+        env = _environment(records, settings, networks, wall_s)
+        notes = "\n".join(f"- FAILED: {f}" for f in failures)
+        atomic_write_text(args.markdown, format_markdown(records, command_line(args), env, notes))
+    if failures:
+        print("caramel bench: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _environment(records: list[Record], settings: BenchSettings, networks: set[str], wall_s: float) -> dict[str, Any]:
+    import os
+    import platform
+
+    import torch
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "host": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.platform()}",
+        "torch": torch.__version__,
+        "network": ", ".join(sorted(networks)) or "-",
+        "workers": "one process per worker, 1 compute thread each (OMP_NUM_THREADS=1)",
+        "measurement": (f"{settings.rounds} rounds x {settings.steps_per_round} measured steps per strategy "
+                        f"(+1 entry step per block, {settings.warmup_steps} warm-up steps), SGD momentum 0.9, synthetic data"),
+        "wall time": f"{wall_s:.0f} s",
+    }

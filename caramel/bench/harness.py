@@ -1,0 +1,240 @@
+"""The per-rank bench worker: every strategy and both baselines, interleaved, in one process group.
+
+Run by the launcher on each worker (`python -m caramel.bench.harness JOB.json OUT.json` under
+torchrun or the emulated cluster). Rank 0 writes the raw per-step times of every rank to
+OUT.json (`caramel.bench_raw/1`); `caramel.bench.report` turns them into metrics.
+
+How a step is timed: no barrier inside a measured block. A block is one unmeasured entry step
+(so a strategy that overlaps communication with the *next* forward is in its steady state),
+then `steps` steps, each timed from the top of the loop to the top of the next iteration:
+exactly the time a user's loop spends per iteration, including any wait in the next forward
+for the previous step's communication. After the block, `finish()` drains what is still
+pending (unmeasured) and a barrier lines the ranks up for the next strategy. Rounds rotate the
+order of strategies so that drift and position effects hit all of them equally.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from caramel.bench.baselines import CommOnly, ComputeOnly, Runner, trainable_params
+from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.strategies import StrategyContext, StrategyUnavailable, build_strategy
+from caramel.errors import CaramelError
+from caramel.jsonio import check_format, format_tag, read_json, write_json
+from caramel.models.zoo import Workload, get_model, param_count
+
+JOB_KIND = "bench_job"
+RAW_KIND = "bench_raw"
+
+
+def make_job(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
+             network: str, trace_dir: str | None = None) -> dict[str, Any]:
+    """The job file every rank reads: what to run and how."""
+    return {
+        "format": format_tag(JOB_KIND),
+        "config": config.to_dict(),
+        "settings": vars(settings).copy(),
+        "strategies": [s.to_dict() for s in strategies],
+        "network": network,
+        "trace_dir": trace_dir,
+    }
+
+
+def _init_process_group(timeout_s: float) -> tuple[int, int, torch.device]:
+    """Join the launcher's process group (torchrun environment); prefer the engine's own init."""
+    try:
+        import caramel
+        init = getattr(caramel, "init_distributed", None)
+    except ImportError:  # pragma: no cover
+        init = None
+    if init is not None:
+        info = init(timeout_s=timeout_s)
+        return info.rank, info.world_size, torch.device(info.device)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            raise CaramelError("the bench harness must be started by torchrun or the emulated cluster (RANK is not set)")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def make_workload(config: BenchConfig, seed: int, device: torch.device) -> Workload:
+    """A fresh copy of the configuration's model and batch; identical on every rank for one seed."""
+    factory = get_model(config.model)
+    kwargs: dict[str, Any] = dict(config.model_options)
+    if config.batch_size is not None:
+        kwargs["batch_size"] = config.batch_size
+    try:
+        w = factory(seed=seed, **kwargs)
+    except TypeError as e:
+        raise CaramelError(f"model {config.model!r} does not accept options {sorted(kwargs)}: {e}") from None
+    w.model.to(device)
+    w.inputs, w.targets = w.inputs.to(device), w.targets.to(device)
+    return w
+
+
+def measure_block(runner: Runner, steps: int) -> list[float]:
+    """Per-step times of `steps` steps in steady state (see the module docstring)."""
+    runner.step()  # entry step, unmeasured
+    times = []
+    t_prev = time.perf_counter()
+    for _ in range(steps):
+        runner.step()
+        t = time.perf_counter()
+        times.append(t - t_prev)
+        t_prev = t
+    runner.finish()
+    return times
+
+
+def _agree(error: str | None) -> str | None:
+    """All ranks learn whether any rank failed, so they all skip the same runners (no hang)."""
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    bad: dict[str, list[int]] = {}
+    for r, e in enumerate(errors):
+        if e:
+            bad.setdefault(e, []).append(r)
+    if not bad:
+        return None
+    if len(bad) == 1 and len(next(iter(bad.values()))) == len(errors):
+        return next(iter(bad))
+    return "; ".join(f"rank {','.join(map(str, ranks))}: {e}" for e, ranks in bad.items())
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
+    """Run one configuration on this rank; rank 0 returns the raw results of all ranks."""
+    check_format(job, JOB_KIND, "bench job")
+    config = BenchConfig.from_dict(job["config"])
+    settings = BenchSettings(**job["settings"])
+    strategies = [Strategy.from_dict(s) for s in job["strategies"]]
+    torch.set_num_threads(1)  # one thread per worker: on a small host the workers share the cores
+    rank, world, device = _init_process_group(settings.timeout_s)
+    ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"))
+    if ctx.trace_dir:
+        Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
+
+    probe = make_workload(config, settings.seed, device)
+    runners: dict[str, Runner] = {}
+    skipped: dict[str, str] = {}
+    runners["compute"] = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets,
+                                     probe.loss_fn, device)
+    runners["comm"] = CommOnly(probe.model, device)
+    for strategy in strategies:
+        w = make_workload(config, settings.seed, device)
+        error, runner = None, None
+        try:
+            runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
+        except StrategyUnavailable as e:
+            error = str(e)
+        except Exception as e:  # reported, not fatal: the other strategies still get measured
+            error = f"{type(e).__name__}: {e}"
+        error = _agree(error)
+        if error:
+            skipped[strategy.name] = error
+            _log(rank, f"skipping {strategy.name}: {error}")
+        else:
+            runners[strategy.name] = runner
+
+    names = list(runners)
+    for name in names:
+        if settings.warmup_steps:
+            for _ in range(settings.warmup_steps):
+                runners[name].step()
+            runners[name].finish()
+        dist.barrier()
+
+    times: dict[str, list[float]] = {n: [] for n in names}
+    t_start = time.time()
+    for r in range(settings.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            dist.barrier()
+            times[name] += measure_block(runners[name], settings.steps_per_round)
+        done = {n: sorted(times[n])[len(times[n]) // 2] for n in names}
+        _log(rank, f"{config.label}: round {r + 1}/{settings.rounds} medians "
+                   + ", ".join(f"{n}={1e3 * t:.1f}ms" for n, t in done.items()))
+    dist.barrier()
+    stats = {n: _jsonable(runners[n].stats()) for n in names}
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank != 0:
+        return None
+    grad_params = trainable_params(probe.model)
+    return {
+        "format": format_tag(RAW_KIND),
+        "config": config.to_dict(),
+        "settings": vars(settings).copy(),
+        "strategies": [s.to_dict() for s in strategies],
+        "skipped": skipped,
+        "runners": names,
+        "step_times_s": {n: [g[n] for g in gathered] for n in names},
+        "stats": stats,
+        "meta": {
+            "world_size": world,
+            "network": job.get("network", "unknown"),
+            "backend": dist.get_backend(),
+            "device": str(device),
+            "torch": torch.__version__,
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "threads_per_worker": torch.get_num_threads(),
+            "param_count": param_count(probe.model),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in grad_params),
+            "comm_buckets": runners["comm"].stats().get("buckets"),
+            "measure_wall_s": time.time() - t_start,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
+        },
+    }
+
+
+def _sgd(model: torch.nn.Module, settings: BenchSettings) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=0.9)
+
+
+def _jsonable(value: Any) -> Any:
+    """Engine stats may hold numpy/torch scalars or tuples; keep what JSON can hold."""
+    try:
+        return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m caramel.bench.harness JOB.json OUT.json", file=sys.stderr)
+        return 2
+    job = read_json(argv[0], JOB_KIND)
+    raw = run_job(job)
+    if raw is not None:
+        write_json(argv[1], raw)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""One launch function for bench jobs: the emulated cluster when it can shape links, else loopback.
+
+`launch_job()` starts `python -m caramel.bench.harness JOB OUT` on N workers and waits (with a
+wall-clock limit; the whole process group is killed on timeout or Ctrl-C). On the emulated
+cluster (network namespaces, links shaped with tc) the bandwidth is real; on loopback
+(`torchrun --standalone`) it is not shaped at all, and every record says so in `network`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import caramel.bench as _bench_pkg
+from caramel.errors import CaramelError
+from caramel.jsonio import read_json, write_json
+
+HARNESS_MODULE = "caramel.bench.harness"
+NETWORKS = ("auto", "cluster", "loopback")
+LOOPBACK = "loopback (unshaped)"
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    raw: dict[str, Any] | None
+    network: str
+    log_tail: str
+
+
+def _repo_root() -> str:
+    """The directory that holds the `caramel` package, so workers import the same code as we do."""
+    return str(Path(_bench_pkg.__file__).resolve().parent.parent.parent)
+
+
+def worker_env(threads: int = 1) -> dict[str, str]:
+    """Environment for bench workers: our package importable, one compute thread each."""
+    env = dict(os.environ)
+    root = _repo_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["MKL_NUM_THREADS"] = str(threads)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _emulated_cluster_class():
+    """The emulated cluster's class when that part of Caramel is installed, else None."""
+    try:
+        from caramel.cluster.emulated import EmulatedCluster  # noqa: PLC0415
+    except ImportError:
+        return None
+    return EmulatedCluster
+
+
+def choose_network(requested: str, bandwidth: str | None) -> str:
+    """`cluster` or `loopback`; `auto` uses the cluster only when a bandwidth is asked for and it is usable."""
+    if requested not in NETWORKS:
+        raise CaramelError(f"--network {requested!r}: expected one of {', '.join(NETWORKS)}")
+    if requested == "loopback" or bandwidth is None:
+        return "loopback"
+    cls = _emulated_cluster_class()
+    usable = cls is not None and os.geteuid() == 0
+    if requested == "cluster" and not usable:
+        why = "the emulated cluster (caramel.cluster.emulated) is not installed" if cls is None else "it needs root"
+        raise CaramelError(f"--network cluster: cannot shape links here ({why}); use --network loopback")
+    return "cluster" if usable else "loopback"
+
+
+def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
+               timeout_s: float, log=None) -> LaunchResult:
+    """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure)."""
+    log = log if log is not None else sys.stderr
+    with tempfile.TemporaryDirectory(prefix="caramel-bench-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "raw.json"
+        target = ["-m", HARNESS_MODULE, str(job_path), str(out_path)]
+        if network == "cluster":
+            job = dict(job, network=f"netns+tc {bandwidth}")
+            write_json(job_path, job)
+            rc, tail = _run_on_cluster(workers, bandwidth, target, timeout_s, log)
+        else:
+            job = dict(job, network=LOOPBACK)
+            write_json(job_path, job)
+            rc, tail = _run_loopback(workers, target, timeout_s, log)
+        raw = read_json(out_path, "bench_raw") if rc == 0 and out_path.exists() else None
+        return LaunchResult(rc, raw, job["network"], tail)
+
+
+def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
+            "--max-restarts=0", "--monitor-interval=0.2"] + target
+    proc = subprocess.Popen(argv, env=worker_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+                            start_new_session=True)
+    lines: list[str] = []
+    try:
+        # The pipe is drained on a thread-free loop: readline returns at EOF when the job exits.
+        import threading
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                del lines[:-200]
+                log.write(line)
+                log.flush()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.write(f"caramel bench: job exceeded its {timeout_s:g} s limit; stopping the workers\n")
+            _kill_group(proc)
+            rc = 124
+        reader.join(timeout=5)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return rc, "".join(lines[-40:])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Terminate the job we started (its own session), then kill what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run_on_cluster(workers: int, bandwidth: str | None, target: list[str], timeout_s: float, log) -> tuple[int, str]:
+    cls = _emulated_cluster_class()
+    assert cls is not None, "choose_network() returned cluster without an emulated cluster"
+    os.environ.update({k: v for k, v in worker_env().items() if k in ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+    with cls(workers=workers, bandwidth_bps=bandwidth) as cluster:
+        rc = cluster.run(["python"] + target, timeout_s=timeout_s)
+    return int(rc), ""

@@ -1,0 +1,253 @@
+"""Bench arithmetic and reports: raw per-step times -> records -> table, markdown, JSON.
+
+Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
+
+- a job's step time is, per step index, the slowest rank's time (ranks are coupled by the
+  collectives, so the slowest rank is the job); T = its median, p90 its 90th percentile;
+- T_compute and T_comm are the medians of the compute-only and comm-only baselines;
+- U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
+- exposed communication = T - T_compute; efficiency E = (U - T) / (U - L);
+- speedup over DDP = T_ddp / T (same job, interleaved).
+
+A configuration's measured regime comes from comm/compute: below 0.75 compute-bound, up to
+1.5 balanced, above that communication-bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from caramel.jsonio import format_tag, write_json
+
+KIND = "bench"
+BALANCED_MIN_RATIO = 0.75
+COMM_BOUND_MIN_RATIO = 1.5
+# Targets from issue 3.
+MAX_SLOWDOWN = 0.03
+MIN_GEOMEAN_SPEEDUP = 1.3
+MIN_MEDIAN_EFFICIENCY = 0.9
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    assert xs, "percentile of no values"
+    assert 0 <= q <= 100
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    return percentile(values, 50.0)
+
+
+def geomean(values: Iterable[float]) -> float:
+    xs = list(values)
+    assert xs and all(x > 0 for x in xs), "geometric mean needs positive values"
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def job_step_times(rank_times: list[list[float]]) -> list[float]:
+    """Per step index, the slowest rank's step time."""
+    assert rank_times and all(len(t) == len(rank_times[0]) for t in rank_times), "ranks must time the same steps"
+    return [max(ts) for ts in zip(*rank_times)]
+
+
+def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
+    """E = (U - T) / (U - L); None when U == L (nothing to overlap: one of the two is zero)."""
+    upper, lower = compute_s + comm_s, max(compute_s, comm_s)
+    if upper - lower <= 1e-12 * max(upper, 1e-12):
+        return None
+    return (upper - step_s) / (upper - lower)
+
+
+def regime_of(comm_s: float, compute_s: float) -> str:
+    ratio = comm_s / compute_s
+    if ratio < BALANCED_MIN_RATIO:
+        return "compute-bound"
+    return "balanced" if ratio <= COMM_BOUND_MIN_RATIO else "comm-bound"
+
+
+@dataclass
+class Record:
+    """One configuration x strategy: the row of every report."""
+
+    model: str
+    workers: int
+    bandwidth: str | None
+    strategy: str
+    step_time_median_s: float | None
+    step_time_p90_s: float | None
+    step_time_mean_s: float | None
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float | None
+    speedup_vs_ddp: float | None
+    efficiency: float | None
+    comm_compute_ratio: float
+    regime: str
+    """measured: compute-bound, balanced or comm-bound"""
+    intended_regime: str
+    batch_size: int | None
+    model_options: dict[str, Any]
+    network: str
+    steps: int
+    grad_bytes: int | None
+    lower_bound_s: float | None = None
+    skipped: str | None = None
+
+
+def summarize(raw: dict[str, Any]) -> list[Record]:
+    """Records for every strategy of one raw job (see module docstring for the arithmetic)."""
+    cfg, meta = raw["config"], raw.get("meta", {})
+    series = {name: job_step_times(rt) for name, rt in raw["step_times_s"].items()}
+    compute_s, comm_s = median(series["compute"]), median(series["comm"])
+    ddp = series.get("ddp")
+    ddp_s = median(ddp) if ddp else None
+    ratio = comm_s / compute_s
+    common = dict(model=cfg["model"], workers=cfg["workers"], bandwidth=cfg.get("bandwidth"), compute_s=compute_s,
+                  comm_s=comm_s, comm_compute_ratio=ratio, regime=regime_of(comm_s, compute_s),
+                  intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
+                  model_options=dict(cfg.get("model_options", {})), network=meta.get("network", "unknown"),
+                  grad_bytes=meta.get("grad_bytes"), lower_bound_s=raw.get("lower_bound_s"))
+    records = []
+    for s in raw["strategies"]:
+        name = s["name"]
+        if name not in series:
+            records.append(Record(strategy=name, step_time_median_s=None, step_time_p90_s=None, step_time_mean_s=None,
+                                  exposed_comm_s=None, speedup_vs_ddp=None, efficiency=None, steps=0,
+                                  skipped=raw.get("skipped", {}).get(name, "not measured"), **common))
+            continue
+        xs = series[name]
+        t = median(xs)
+        records.append(Record(
+            strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
+            exposed_comm_s=t - compute_s, speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
+            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), **common))
+    return records
+
+
+@dataclass
+class TargetResult:
+    name: str
+    met: bool | None
+    """None: not evaluable (e.g. no caramel records)"""
+    value: str
+    detail: str
+
+
+def check_targets(records: list[Record], strategy: str = "caramel") -> list[TargetResult]:
+    """Issue 3's three targets for `strategy` against ddp, evaluated honestly on what was measured."""
+    rows = [r for r in records if r.strategy == strategy and r.step_time_median_s is not None]
+    out = []
+    vs = [r for r in rows if r.speedup_vs_ddp is not None]
+    if vs:
+        worst = min(vs, key=lambda r: r.speedup_vs_ddp)
+        slowdown = 1.0 / worst.speedup_vs_ddp - 1.0
+        out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", slowdown <= MAX_SLOWDOWN,
+                                f"worst {slowdown:+.1%}", f"worst configuration: {config_label(worst)}"))
+    else:
+        out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", None, "n/a",
+                                f"no configuration measured both {strategy} and ddp"))
+    bound = [r for r in vs if r.regime != "compute-bound"]
+    if bound:
+        g = geomean(r.speedup_vs_ddp for r in bound)
+        out.append(TargetResult(f"geomean speedup >= {MIN_GEOMEAN_SPEEDUP}x on balanced + comm-bound", g >= MIN_GEOMEAN_SPEEDUP,
+                                f"{g:.3f}x", f"over {len(bound)} configuration(s) with comm/compute >= {BALANCED_MIN_RATIO}"))
+    else:
+        out.append(TargetResult(f"geomean speedup >= {MIN_GEOMEAN_SPEEDUP}x on balanced + comm-bound", None, "n/a",
+                                f"no measured configuration had comm/compute >= {BALANCED_MIN_RATIO}"))
+    es = [r.efficiency for r in rows if r.efficiency is not None]
+    if es:
+        m = median(es)
+        out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", m >= MIN_MEDIAN_EFFICIENCY, f"{m:.2f}",
+                                f"over {len(es)} configuration(s)"))
+    else:
+        out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", None, "n/a", "no efficiency measured"))
+    return out
+
+
+def config_label(r: Record) -> str:
+    opts = "".join(f",{k}={v}" for k, v in sorted(r.model_options.items()))
+    batch = f"b={r.batch_size}" if r.batch_size else ""
+    return f"{r.model}({batch}{opts}) x{r.workers} @ {r.bandwidth or 'loopback'}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1e3 * x:.1f}"
+
+
+def _x(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+COLUMNS = ("configuration", "regime", "comm/comp", "strategy", "median ms", "p90 ms", "compute ms", "comm ms",
+           "exposed ms", "speedup", "E")
+
+
+def table_rows(records: list[Record]) -> list[list[str]]:
+    rows = []
+    for r in records:
+        rows.append([config_label(r), r.regime, _x(r.comm_compute_ratio), r.strategy,
+                     _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
+                     _ms(r.compute_s), _ms(r.comm_s), _ms(r.exposed_comm_s), _x(r.speedup_vs_ddp, "{:.3f}x"),
+                     _x(r.efficiency)])
+    return rows
+
+
+def format_table(records: list[Record]) -> str:
+    """A fixed-width terminal table, one row per configuration x strategy."""
+    rows = [list(COLUMNS)] + table_rows(records)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i in (0, 1, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in records:
+        if r.skipped:
+            lines.append(f"skipped {r.strategy} on {config_label(r)}: {r.skipped}")
+    return "\n".join(lines)
+
+
+def format_targets(results: list[TargetResult]) -> str:
+    word = {True: "MET", False: "NOT MET", None: "NOT EVALUATED"}
+    return "\n".join(f"- {t.name}: **{word[t.met]}** ({t.value}; {t.detail})" for t in results)
+
+
+def format_markdown(records: list[Record], command: str, environment: dict[str, Any], notes: str = "") -> str:
+    """The markdown report (docs/benchmarks.md is one of these)."""
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "|".join("---" if i in (0, 1, 3) else "---:" for i in range(len(COLUMNS))) + "|\n"
+    body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(records))
+    env = "\n".join(f"- {k}: {v}" for k, v in environment.items())
+    skipped = "".join(f"\n- skipped `{r.strategy}` on {config_label(r)}: {r.skipped}" for r in records if r.skipped)
+    return (
+        "# Benchmarks: Caramel vs PyTorch DDP\n\n"
+        "Generated by `caramel bench`; rerun with:\n\n"
+        f"```\n{command}\n```\n\n"
+        "## Environment\n\n" + env + "\n\n"
+        "## Results\n\n"
+        "Step times are per-step medians (p90) of the slowest rank, strategies interleaved in rounds in one job "
+        "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
+        "exposed = median - compute; speedup = DDP median / strategy median; E = (U - T) / (U - L) with "
+        "U = compute + comm, L = max(compute, comm). The regime is measured (comm/compute < 0.75 compute-bound, "
+        "<= 1.5 balanced, else comm-bound).\n\n"
+        + head + body + skipped + "\n\n"
+        "## Targets (issue 3)\n\n" + format_targets(check_targets(records)) + "\n"
+        + (f"\n## Notes\n\n{notes.strip()}\n" if notes.strip() else "")
+    )
+
+
+def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`caramel.bench/1`: {"records": [...], "targets": [...], "meta": {...}}."""
+    return {
+        "format": format_tag(KIND),
+        "records": [asdict(r) for r in records],
+        "targets": [asdict(t) for t in check_targets(records)],
+        "meta": dict(meta or {}),
+    }
+
+
+def write_records(path, records: list[Record], meta: dict[str, Any] | None = None) -> None:
+    write_json(path, to_json(records, meta))
