@@ -1,0 +1,97 @@
+"""The one place where the training loop meets the data-parallel engine.
+
+`engine = "caramel"` uses `caramel.parallelize` (deferred updates; `optimizer.synchronize()`
+before evaluation and checkpoints); `engine = "ddp"` uses torch's DistributedDataParallel, for
+comparison. Process-group setup goes through `caramel.init_distributed` when the package has it,
+and otherwise reads torchrun's environment the same way.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import caramel
+from caramel.train.config import TrainConfig
+
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def init_distributed(timeout_s: float) -> Dist:
+    """Join (or create) the default process group from torchrun's environment; 1 process without it."""
+    if hasattr(caramel, "init_distributed"):
+        info = caramel.init_distributed(timeout_s=timeout_s)
+        return Dist(info.rank, info.world_size, info.local_rank, torch.device(info.device))
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # one process: a private group over a file store
+            import tempfile
+            store = dist.FileStore(tempfile.mktemp(prefix="caramel-train-store-"), 1)
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
+        else:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+class Engine:
+    """The wrapped model and optimizer plus the few engine-specific calls the loop needs."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, trace_path: str | None):
+        self.kind = cfg.parallel.engine
+        self.note = ""
+        if self.kind == "caramel" and not hasattr(caramel, "parallelize"):
+            # Stand-in while the runtime is being built: same loop, DDP semantics, and the summary says so.
+            self.kind, self.note = "ddp", "caramel.parallelize is not in this build; ran torch DDP instead"
+        if self.kind == "caramel":
+            self.model, self.optimizer = caramel.parallelize(
+                model, optimizer, planner=cfg.parallel.planner, overlap=cfg.parallel.overlap, trace=trace_path)
+        else:
+            device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
+            self.model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            self.optimizer = optimizer
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's model, unwrapped (for evaluation and checkpoints, after `synchronize`)."""
+        return self.model.module
+
+    def synchronize(self) -> None:
+        """Apply every pending update (Caramel defers them); DDP has none."""
+        if self.kind == "caramel":
+            self.optimizer.synchronize()
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        """Clip the global gradient norm; Caramel must first finish every reduction (it synchronizes)."""
+        if self.kind == "caramel":
+            caramel.clip_grad_norm_(self.optimizer, max_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's per-step statistics (exposed communication etc.); empty for DDP."""
+        engine = getattr(self.optimizer, "engine", None)
+        if engine is None:
+            return {}
+        # The contract says engine.stats(); the runtime as built exposes stats_dict() (stats is a dataclass).
+        stats = getattr(engine, "stats", None)
+        if callable(stats):
+            return dict(stats())
+        return dict(engine.stats_dict())
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,122 @@
+"""Where the workers come from: torchrun's environment, local workers, or the emulated cluster.
+
+- Under torchrun (RANK and WORLD_SIZE set), this process is a worker and trains.
+- `--workers N` (N > 1, or restarts requested) starts `torchrun --standalone` as a subprocess,
+  which runs `caramel train --config OUT_DIR/config.json` on every worker.
+- `--cluster` runs that same command through `caramel.cluster.EmulatedCluster.run`, one
+  torchrun per network namespace (`launch_cluster`, the only place that knows the cluster API).
+- One worker and no restarts: train in this process, as a 1-process group.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import caramel
+from caramel.errors import CaramelError
+from caramel.jsonio import write_json
+from caramel.train.config import TrainConfig
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def repo_root() -> str:
+    """The directory holding the `caramel` package (workers import it from there when it is not installed)."""
+    return str(Path(list(caramel.__path__)[0]).resolve().parent)
+
+
+def worker_env() -> dict[str, str]:
+    """Our environment plus what workers need: importable caramel, one thread each unless the user chose."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo_root() not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([repo_root()] + paths)
+    return env
+
+
+def worker_command(cfg: TrainConfig, script_args: list[str]) -> list[str]:
+    """Write the effective config for the workers and return the command each of them runs."""
+    path = Path(cfg.run.out_dir) / "config.json"
+    write_json(path, cfg.to_json())
+    cmd = [sys.executable, "-m", "caramel.cli", "train", "--config", str(path.resolve())]
+    return cmd + (["--", *script_args] if script_args else [])
+
+
+def run_worker(cfg: TrainConfig, script_args: list[str]) -> dict | None:
+    """This process is a worker: run the user's script, or the built-in loop (returns its summary)."""
+    if cfg.run.script:
+        script = Path(cfg.run.script)
+        if not script.is_file():
+            raise CaramelError(f"--script {script}: no such file (expected a Python training script)")
+        sys.argv = [str(script), *script_args]
+        runpy.run_path(str(script), run_name="__main__")
+        return None
+    from caramel.train.loop import train  # torch.distributed and the workloads load only in workers
+    return train(cfg)
+
+
+def launch_local(cfg: TrainConfig, script_args: list[str]) -> int:
+    """Start `cfg.parallel.workers` local workers with `torchrun --standalone`; return its exit code."""
+    cmd = worker_command(cfg, script_args)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(cfg.parallel.workers), "--max-restarts", str(cfg.parallel.max_restarts)]
+    argv = torchrun + cmd[1:]  # torchrun runs `-m caramel.cli ...` with the same interpreter
+    print(f"caramel train: starting {cfg.parallel.workers} local workers: {' '.join(argv)}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, env=worker_env(), start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        # Ctrl-C or an error here: torchrun forwards SIGTERM to its workers; make sure nothing outlives us.
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch_cluster(cfg: TrainConfig, script_args: list[str]) -> int:
+    """Run the workers on the emulated cluster (one torchrun per namespace, shaped links)."""
+    try:
+        from caramel.cluster.config import ClusterConfig
+        from caramel.cluster.emulated import EmulatedCluster
+    except ImportError as e:
+        raise CaramelError(f"--cluster: the emulated cluster is not available in this build ({e})") from None
+    options = {"workers": cfg.parallel.workers}
+    if cfg.parallel.bandwidth:
+        options["bandwidth_bps"] = cfg.parallel.bandwidth
+    cmd = worker_command(cfg, script_args)
+    if cfg.parallel.max_restarts:
+        raise CaramelError("--max-restarts is not supported with --cluster (the cluster launches one torchrun per host)")
+    with EmulatedCluster(ClusterConfig(**options)) as cluster:
+        print(f"caramel train: {cluster.describe()}", file=sys.stderr, flush=True)
+        return cluster.run(cmd)
+
+
+def launch(cfg: TrainConfig, script_args: list[str]) -> tuple[int, dict | None]:
+    """Train here (under torchrun, or one local worker) or start workers; (exit code, summary if trained here)."""
+    if under_torchrun():
+        return 0, run_worker(cfg, script_args)
+    if cfg.parallel.cluster:
+        return launch_cluster(cfg, script_args), None
+    if cfg.parallel.workers > 1 or cfg.parallel.max_restarts > 0:
+        return launch_local(cfg, script_args), None
+    return 0, run_worker(cfg, script_args)

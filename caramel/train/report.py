@@ -1,0 +1,76 @@
+"""What a person sees: the rank-0 progress bar and the one-screen summary at the end."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from caramel.train.config import TrainConfig
+
+
+class Progress:
+    """tqdm on rank 0 (samples/s, step time, loss, exposed communication); silent elsewhere."""
+
+    def __init__(self, total_steps: int, start_step: int, enabled: bool):
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr,
+                        disable=not enabled, desc="train")
+
+    def update(self, row: dict[str, Any], refresh: bool) -> None:
+        self.bar.update(1)
+        if refresh:
+            post = {"loss": f"{row['loss']:.4f}", "samples/s": f"{row['samples_per_s']:.0f}", "step": f"{1000 * row['step_time_s']:.1f}ms"}
+            if row.get("exposed_comm_s") is not None:
+                post["comm"] = f"{1000 * row['exposed_comm_s']:.1f}ms"
+            self.bar.set_postfix(post, refresh=True)
+
+    def write(self, text: str) -> None:
+        if not self.bar.disable:
+            self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def simulated_speedup_vs_ddp(cfg: TrainConfig, summary: dict[str, Any]) -> float | None:
+    """HOOK(caramel.sim): predicted step time of this run with DDP divided by with Caramel's plan.
+
+    Returns None until the simulator exposes a call for it; then: profile the model once,
+    simulate the `fifo` plan (DDP) and this run's planner on the run's cluster, and return the ratio.
+    """
+    return None
+
+
+def _ms(s: float | None) -> str:
+    return f"{1000 * s:.1f} ms" if s is not None else "n/a"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The end-of-run summary, one screen."""
+    engine = s["engine"] + (f" (planner {s['planner']}, overlap {s['overlap']})" if s["engine"] == "caramel" else "")
+    if s.get("engine_note"):
+        engine += f" [{s['engine_note']}]"
+    steps = f"{s['end_step']} of {s['total_steps']}" + (f" (resumed at {s['start_step']})" if s["start_step"] else "")
+    if not s["finished"]:
+        steps += f"; stopped early, continue with --resume auto"
+    lines = [
+        "-" * 72,
+        f"caramel train summary: {s['workload']}, {s['world_size']} workers x {s['batch_size_per_worker']} samples/step",
+        f"  engine         {engine}",
+        f"  steps          {steps}",
+        f"  data           {s['data']}",
+    ]
+    if s["first_loss"] is not None:
+        lines.append(f"  train loss     {s['first_loss']:.4f} at the first step -> {s['final_loss']:.4f} (mean of the last {s['losses_averaged']} steps)")
+    if "val_loss" in s:
+        lines.append(f"  validation     loss {s['val_loss']:.4f}, accuracy {100 * s['val_accuracy']:.2f}% over {s['val_predictions']} predictions")
+    if s["median_step_time_s"]:
+        lines.append(f"  throughput     {s['samples_per_s']:.0f} samples/s, median step {_ms(s['median_step_time_s'])}, wall {s['wall_s']:.1f} s")
+    lines.append(f"  exposed comm   {_ms(s['exposed_comm_s'])} per step (median time blocked on communication)"
+                 if s["exposed_comm_s"] is not None else "  exposed comm   n/a (the engine reports it; DDP does not)")
+    sim = s.get("sim_speedup_vs_ddp")
+    lines.append(f"  vs DDP (sim)   {sim:.2f}x faster per the simulator" if sim else "  vs DDP (sim)   not available yet (needs caramel.sim)")
+    files = [s["metrics"]] + ([s["trace"]] if s.get("trace") else []) + ([s["last_checkpoint"]] if s.get("last_checkpoint") else [])
+    lines.append(f"  files          {', '.join(files)}")
+    lines.append("-" * 72)
+    return "\n".join(lines)
