@@ -1,1 +1,6 @@
+"""The runtime: executes a Plan inside the user's training loop (see `engine.py`)."""
+from caramel.runtime.engine import Engine
+from caramel.runtime.model import CaramelModel
+from caramel.runtime.parallelize import parallelize
 
+__all__ = ["CaramelModel", "Engine", "parallelize"]

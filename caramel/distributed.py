@@ -1,0 +1,114 @@
+"""Process-group set-up: `init_distributed()` and the private communication groups the engine uses.
+
+Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). With
+none of it, it makes a one-process group, so the same script runs unchanged without torchrun.
+Timeouts are short by default (minutes, not gloo's 30), so a dead or hung peer fails the job
+with an error instead of a silent wait.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from caramel.errors import CaramelError
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def resolve_timeout_s(timeout_s: float | None = None) -> float:
+    """The collective timeout: the argument, else CARAMEL_TIMEOUT_S, else 300 s."""
+    if timeout_s is None:
+        env = os.environ.get("CARAMEL_TIMEOUT_S")
+        if env is None:
+            return DEFAULT_TIMEOUT_S
+        try:
+            timeout_s = float(env)
+        except ValueError:
+            raise CaramelError(f"CARAMEL_TIMEOUT_S={env!r} is not a number of seconds") from None
+    if not timeout_s > 0:
+        raise CaramelError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _info() -> DistInfo:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    backend = dist.get_backend()
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return DistInfo(rank, world, local_rank, device, backend)
+
+
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Initialize the default process group from torchrun's environment (idempotent).
+
+    `backend` defaults to NCCL when CUDA is available, gloo otherwise. `timeout_s` (or the
+    environment variable CARAMEL_TIMEOUT_S) bounds every collective; the default is 300 s.
+    Without torchrun's variables a one-process group on loopback is created.
+    """
+    if dist.is_initialized():
+        return _info()
+    timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise CaramelError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise CaramelError(f"RANK and WORLD_SIZE are set but {', '.join(missing)} is not; launch with torchrun or set them")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    return _info()
+
+
+def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int = 1,
+               timeout_s: float | None = None) -> dist.ProcessGroup | "dist.ProcessGroupGloo":
+    """A private gloo backend over `group`'s ranks with `threads` worker threads.
+
+    With one thread, collectives run strictly in the order they are issued: the engine relies
+    on this so that its issue order is also the order bytes go on the wire. Every rank of
+    `group` must call this with the same `prefix`, in the same order.
+    """
+    from torch.distributed import ProcessGroupGloo
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    group = group or dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    store = dist.PrefixStore(f"caramel/{prefix}/", _get_default_store())
+    opts = ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+    opts._threads = threads
+    iface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if iface:
+        opts._devices = [ProcessGroupGloo.create_device(interface=i) for i in iface.split(",")]
+    else:
+        opts._devices = [ProcessGroupGloo.create_default_device()]
+    return ProcessGroupGloo(store, rank, size, opts)

@@ -1,0 +1,300 @@
+"""Measure a model's step: when each gradient is ready, when each parameter is first used.
+
+Two pieces, used both by `profile_model` (offline, its own loop) and by the engine (online,
+inside the user's loop, before the real plan exists):
+
+- `UseTracker` (one forward): a `TorchFunctionMode` sees every torch call, so any parameter
+  passed to an op, even `F.linear(x, self.emb.weight)` from a parent module, is attributed to
+  the innermost module running at that moment. It is costly, so it runs for one step only.
+- `StepTimer` (the other profiled steps): timestamps from module pre-hooks on the modules
+  that use parameters, and from gradient hooks, relative to forward and backward start.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
+
+
+def unique_params(module: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
+    """Parameters in registration order, each once (a tied parameter under its first name)."""
+    names, params, seen = [], [], set()
+    for name, p in module.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            names.append(name)
+            params.append(p)
+    return names, params
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class _ModuleStack:
+    """Which module is running: pushed by forward pre-hooks, popped by forward hooks."""
+
+    def __init__(self, module: nn.Module):
+        self.stack: list[str] = []
+        self.handles = []
+        for name, m in module.named_modules():
+            self.handles.append(m.register_forward_pre_hook(self._push(name)))
+            self.handles.append(m.register_forward_hook(self._pop(name), always_call=True))
+
+    def _push(self, name: str):
+        def hook(_m, _args):
+            self.stack.append(name)
+        return hook
+
+    def _pop(self, name: str):
+        def hook(_m, _args, _out):
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+        return hook
+
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class _UseMode(TorchFunctionMode):
+    def __init__(self, tracker: "UseTracker"):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = self.tracker
+        for leaf in tree_flatten((args, kwargs))[0]:
+            idx = t.param_ids.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
+            if idx is not None:
+                t.note_use(idx)
+        return func(*args, **kwargs)
+
+
+class UseTracker:
+    """Records, for one forward, which module first uses each parameter and in what order."""
+
+    def __init__(self, module: nn.Module, params: list[nn.Parameter]):
+        self.module = module
+        self.param_ids = {id(p): i for i, p in enumerate(params)}
+        self.first_use: dict[int, tuple[str, float]] = {}  # param -> (module, seconds from forward start)
+        self.use_modules: dict[int, list[str]] = {}
+        self.module_order: list[str] = []  # modules in order of their first parameter use
+        self.t0 = 0.0
+        self._stack: _ModuleStack | None = None
+        self._mode: _UseMode | None = None
+
+    def note_use(self, idx: int) -> None:
+        mod = self._stack.current() if self._stack else ""
+        if idx not in self.first_use:
+            self.first_use[idx] = (mod, time.perf_counter() - self.t0)
+        uses = self.use_modules.setdefault(idx, [])
+        if mod not in uses:
+            uses.append(mod)
+        if mod not in self.module_order:
+            self.module_order.append(mod)
+
+    def __enter__(self) -> "UseTracker":
+        self._stack = _ModuleStack(self.module)
+        self.t0 = time.perf_counter()
+        self._mode = _UseMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._mode is not None and self._stack is not None
+        self._mode.__exit__(*exc)
+        self._stack.remove()
+
+
+@dataclass
+class StepSample:
+    """Timings of one profiled step (seconds)."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
+    module_start_s: dict[str, float] = field(default_factory=dict)  # from forward start
+    ready_s: dict[int, float] = field(default_factory=dict)  # from backward start
+
+
+class StepTimer:
+    """Light timing of profiled steps: pre-hooks on modules that use parameters, gradient-ready times."""
+
+    def __init__(self, module: nn.Module, modules: list[str]):
+        self.samples: list[StepSample] = []
+        self.cur: StepSample | None = None
+        self.t_forward = self.t_backward = 0.0
+        self.handles = []
+        named = dict(module.named_modules())
+        for name in modules:
+            if name in named:
+                self.handles.append(named[name].register_forward_pre_hook(self._hook(name)))
+
+    def _hook(self, name: str):
+        def hook(_m, _args):
+            if self.cur is not None and name not in self.cur.module_start_s:
+                self.cur.module_start_s[name] = time.perf_counter() - self.t_forward
+        return hook
+
+    def forward_start(self) -> None:
+        self.cur = StepSample()
+        self.t_forward = time.perf_counter()
+
+    def backward_start(self) -> None:
+        assert self.cur is not None
+        self.t_backward = time.perf_counter()
+        self.cur.forward_s = self.t_backward - self.t_forward
+
+    def grad_ready(self, idx: int) -> None:
+        if self.cur is not None and idx not in self.cur.ready_s:
+            self.cur.ready_s[idx] = time.perf_counter() - self.t_backward
+
+    def backward_end(self) -> None:
+        if self.cur is not None:
+            self.cur.backward_s = time.perf_counter() - self.t_backward
+
+    def step_end(self, optimizer_s: float) -> None:
+        if self.cur is not None:
+            self.cur.optimizer_s = optimizer_s
+            self.samples.append(self.cur)
+            self.cur = None
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: UseTracker,
+                  samples: list[StepSample], meta: dict | None = None) -> ModelProfile:
+    """Combine one forward's use information with the median of the timed steps."""
+    assert samples, "at least one timed step is needed"
+    names, params = unique_params(module)
+    med = statistics.median
+    fwd = med(s.forward_s for s in samples)
+    bwd = med(s.backward_s for s in samples)
+    opt = med(s.optimizer_s for s in samples)
+    # Modules in order of first use; start time = median pre-hook time (falls back to the use time).
+    order = list(uses.module_order)
+    mod_start = {}
+    for name in order:
+        ts = [s.module_start_s[name] for s in samples if name in s.module_start_s]
+        mod_start[name] = med(ts) if ts else min((t for m, t in uses.first_use.values() if m == name), default=0.0)
+    first_seen = {n: k for k, n in enumerate(order)}
+    order.sort(key=lambda n: (mod_start[n], first_seen[n]))
+    position = {n: i for i, n in enumerate(order)}
+    ready = {}
+    for i in range(len(params)):
+        ts = [s.ready_s[i] for s in samples if i in s.ready_s]
+        if ts:
+            ready[i] = med(ts)
+    ready_rank = {i: r for r, i in enumerate(sorted(ready, key=lambda i: (ready[i], -i)))}
+    infos = []
+    for i, (name, p) in enumerate(zip(names, params)):
+        first = uses.first_use.get(i)
+        infos.append(ParamInfo(
+            index=i, name=name, shape=list(p.shape), dtype=dtype_name(p.dtype), numel=p.numel(),
+            bytes=p.numel() * p.element_size(), requires_grad=p.requires_grad,
+            ready_order=ready_rank.get(i), ready_time_s=ready.get(i),
+            first_use_order=position[first[0]] if first else None,
+            first_use_time_s=mod_start[first[0]] if first else None,
+            use_modules=list(uses.use_modules.get(i, [])),
+        ))
+    # Backward time of a module: the share of backward between the previous gradient-ready
+    # event and the last of its own parameters' ready events.
+    bwd_share: dict[str, float] = {n: 0.0 for n in order}
+    prev = 0.0
+    for i in sorted(ready, key=lambda i: ready[i]):
+        first = uses.first_use.get(i)
+        if first:
+            bwd_share[first[0]] += max(ready[i] - prev, 0.0)
+        prev = max(prev, ready[i])
+    named = dict(module.named_modules())
+    modules = []
+    for k, name in enumerate(order):
+        end = mod_start[order[k + 1]] if k + 1 < len(order) else fwd
+        modules.append(ModuleInfo(
+            name=name, type=type(named[name]).__name__ if name in named else "?",
+            forward_start_s=mod_start[name], forward_time_s=max(end - mod_start[name], 0.0),
+            backward_time_s=bwd_share[name],
+            params=[p.index for p in infos if p.first_use_order == k],
+        ))
+    return ModelProfile(model_name, batch_size, fwd, bwd, opt, infos, modules, len(samples), dict(meta or {}))
+
+
+def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                  optimizer: torch.optim.Optimizer | None = None, steps: int = 3,
+                  warmup: int = 1, name: str | None = None) -> ModelProfile:
+    """Profile `steps` training steps of `model` on one batch (after `warmup` steps).
+
+    The model and optimizer are trained for `warmup + steps + 1` steps; pass copies if that
+    matters. Without an optimizer, SGD(lr=0) is used so that parameters do not change.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    names, params = unique_params(model)
+    optimizer = optimizer or torch.optim.SGD([p for p in params if p.requires_grad], lr=0.0)
+    handles = []
+    timer_ref: list[StepTimer | None] = [None]
+
+    def on_ready(i):
+        def hook(_p):
+            if timer_ref[0] is not None:
+                timer_ref[0].grad_ready(i)
+        return hook
+
+    for i, p in enumerate(params):
+        if p.requires_grad:
+            handles.append(p.register_post_accumulate_grad_hook(on_ready(i)))
+
+    def one_step(timer: StepTimer | None, tracker: UseTracker | None = None) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        if timer:
+            timer.forward_start()
+        if tracker:
+            with tracker:
+                loss = loss_fn(model(inputs), targets)
+        else:
+            loss = loss_fn(model(inputs), targets)
+        if timer:
+            timer.backward_start()
+        loss.backward()
+        if timer:
+            timer.backward_end()
+        t = time.perf_counter()
+        optimizer.step()
+        if timer:
+            timer.step_end(time.perf_counter() - t)
+
+    try:
+        for _ in range(warmup):
+            one_step(None)
+        tracker = UseTracker(model, params)
+        one_step(None, tracker)
+        timer = StepTimer(model, tracker.module_order)
+        timer_ref[0] = timer
+        try:
+            for _ in range(steps):
+                one_step(timer)
+        finally:
+            timer.remove()
+    finally:
+        for h in handles:
+            h.remove()
+        optimizer.zero_grad(set_to_none=True)
+    batch = int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else 1
+    return build_profile(name or type(model).__name__, batch, model, tracker, timer.samples,
+                         meta={"torch": torch.__version__, "threads": torch.get_num_threads()})

@@ -1,0 +1,73 @@
+"""Flat gradient buckets: one buffer per plan bucket, reused every step.
+
+Layout of a bucket's buffer: the gradients of its parameters, in plan order, then one
+*usage flag* per parameter (1 where the gradient came from this rank's backward). The flags
+travel in the bucket's last collective, so after the reduction every rank knows, at no extra
+collective, which parameters were used on any rank: a parameter no rank used keeps
+`grad=None` for the optimizer, as DDP does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from caramel.plan.plan import Bucket
+
+
+class FlatBucket:
+    """Runtime state of one plan bucket."""
+
+    def __init__(self, spec: Bucket, params: list[nn.Parameter], world_size: int):
+        assert len(spec.params) == len(params)
+        self.spec = spec
+        self.id = spec.id
+        self.params = params
+        self.indices = list(spec.params)
+        dtype = params[0].dtype
+        device = params[0].device
+        self.offsets = []
+        off = 0
+        for p in params:
+            assert p.dtype == dtype, f"bucket {spec.id} mixes dtypes"
+            self.offsets.append(off)
+            off += p.numel()
+        self.numel = off
+        self.flat = torch.zeros(off + len(params), dtype=dtype, device=device)
+        self.flags = self.flat[off:]
+        self.scale = 1.0 / world_size
+        self.local_slot = {idx: j for j, idx in enumerate(self.indices)}
+        # chunk views: the last chunk carries the usage flags
+        self.chunks = []
+        for c in range(spec.num_chunks):
+            start, end = spec.chunk_bounds(c)
+            if c == spec.num_chunks - 1:
+                end = self.flat.numel()
+            self.chunks.append(self.flat[start:end])
+        self.works: list = [None] * len(self.chunks)
+        self.new_iteration()
+
+    def new_iteration(self) -> None:
+        """Ready to collect the next backward's gradients (collectives in flight are kept)."""
+        self.pending = len(self.params)
+        self.fired = [False] * len(self.params)
+        self.ready = False
+
+    def grad_view(self, j: int) -> torch.Tensor:
+        p = self.params[j]
+        return self.flat[self.offsets[j]:self.offsets[j] + p.numel()].view_as(p)
+
+    def put(self, j: int, grad: torch.Tensor | None) -> None:
+        """Store this rank's gradient of parameter j, pre-divided by the world size (as DDP does)."""
+        dst = self.flat[self.offsets[j]:self.offsets[j] + self.params[j].numel()]
+        if grad is None:
+            dst.zero_()
+            self.flags[j] = 0
+        else:
+            torch.mul(grad.reshape(-1), self.scale, out=dst)
+            self.flags[j] = 1
+        self.fired[j] = True
+        self.pending -= 1
+
+    def used(self) -> list[bool]:
+        """After the reduction: which parameters had a gradient on some rank."""
+        return (self.flags > 0).tolist()

@@ -1,0 +1,52 @@
+"""`CaramelModel`: the user's module behind a DDP-shaped wrapper.
+
+Like DDP: `.module` is the user's model, `no_sync()` skips gradient reduction (gradient
+accumulation), and `state_dict()` keys carry the `module.` prefix. Unlike DDP, parameters may
+hold a pending update between `optimizer.step()` and the next forward; everything that reads
+parameters as a whole (`state_dict()`, switching to `eval()`) applies pending updates first.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch.nn as nn
+
+from caramel.runtime.engine import Engine
+
+
+class CaramelModel(nn.Module):
+    def __init__(self, module: nn.Module, engine: Engine):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_engine", engine)  # not a submodule: keep it out of state_dict/modules()
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally, with no communication."""
+        old = self._engine.require_sync
+        self._engine.require_sync = False
+        try:
+            yield
+        finally:
+            self._engine.require_sync = old
+
+    def synchronize(self) -> None:
+        """Apply every pending update (same as `optimizer.synchronize()`)."""
+        self._engine.synchronize()
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        self._engine.synchronize()
+        return super().state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        if not mode:
+            self._engine.synchronize()
+        return super().train(mode)

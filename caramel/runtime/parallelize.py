@@ -1,0 +1,352 @@
+"""`parallelize(model, optimizer)`: checks, initial sync, planning, and the engine behind them.
+
+Order at start-up (every rank): check that all ranks hold the same model (one all-gather of a
+small signature; a mismatch is an error on every rank, never a hang), broadcast parameters
+and buffers from rank 0, create the engine's private communication group, then either take
+the given plan (or plan from the given profile on rank 0 and broadcast it), or run a short
+online profiling phase inside the user's own first steps and switch to the real plan at the
+same step on every rank.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.cluster.spec import ClusterSpec
+from caramel.distributed import gloo_group, init_distributed, resolve_timeout_s
+from caramel.errors import CaramelError, MismatchError
+from caramel.plan.plan import Plan
+from caramel.plan.planners import make_plan
+from caramel.profile.model_profile import ModelProfile, model_fingerprint
+from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype_name, unique_params
+from caramel.runtime.engine import OVERLAPS, Engine
+from caramel.runtime.model import CaramelModel
+from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
+from caramel.trace.recorder import Recorder
+
+_GROUP_COUNTER = [0]
+
+
+def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: str = "caramel",
+                overlap: str = "forward", plan: Plan | str | os.PathLike | None = None,
+                profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
+                trace: str | os.PathLike | None = None, process_group: Any = None,
+                broadcast_buffers: bool = True, profile_steps: int = 2, check_every: int = 100,
+                timeout_s: float | None = None, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
+    """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
+
+    Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
+    whose `step()` may defer updates to the next forward (`overlap="forward"`), and whose
+    `synchronize()` applies every pending update. See the README for the options.
+    """
+    if overlap not in OVERLAPS:
+        raise CaramelError(f"overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
+    if not isinstance(model, nn.Module):
+        raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise CaramelError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(model, CaramelModel) or hasattr(optimizer, "_caramel_engine"):
+        raise CaramelError("model or optimizer is already parallelized")
+    if profile_steps < 1:
+        raise CaramelError(f"profile_steps must be >= 1, got {profile_steps}")
+    if not dist.is_initialized():
+        init_distributed(timeout_s=timeout_s)
+    group = process_group or dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    names, params = unique_params(model)
+    _check_optimizer_params(optimizer, params)
+    signature = [(n, list(p.shape), dtype_name(p.dtype), p.requires_grad) for n, p in zip(names, params)]
+    fingerprint = model_fingerprint(signature)
+    _check_same_model(signature, fingerprint, group, rank, world)
+    _broadcast_state(model, group, world)
+    _GROUP_COUNTER[0] += 1
+    comm = gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s) if world > 1 else _LocalGroup()
+    trace_path = _trace_path(trace, rank, world)
+    recorder = Recorder(rank, world, enabled=trace_path is not None)
+    engine = Engine(model, optimizer, params, names, comm, world, rank, overlap, recorder, resolve_timeout_s(timeout_s))
+    wrap_optimizer(optimizer, engine)
+    lazy_ok = steps_per_parameter(optimizer)
+    controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
+                             fingerprint, lazy_ok, profile_steps, check_every)
+    engine.controller = controller
+    if plan is not None:
+        controller.adopt(_load(plan, Plan), source="plan")
+    elif profile is not None:
+        controller.plan_from_profile(_load(profile, ModelProfile))
+    else:
+        controller.start_profiling()
+    if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
+        model.register_forward_pre_hook(_BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s))
+    wrapped = CaramelModel(model, engine)
+    if trace_path is not None:
+        _save_at_exit(engine, trace_path)
+    return wrapped, optimizer
+
+
+class _LocalGroup:
+    """World size 1: the 'collective' is already done."""
+
+    class _Done:
+        def wait(self) -> bool:
+            return True
+
+        def get_future(self):
+            fut = torch.futures.Future()
+            fut.set_result(None)
+            return fut
+
+    def allreduce(self, tensors):
+        return self._Done()
+
+
+class _Controller:
+    """Planning: the online profiling phase, planning on rank 0, broadcast, periodic checks."""
+
+    def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
+                 planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
+                 lazy_ok: bool, profile_steps: int, check_every: int):
+        self.engine, self.model, self.names, self.params = engine, model, names, params
+        self.group, self.rank, self.world = group, rank, world
+        self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
+        self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
+        self.profile_steps, self.check_every = profile_steps, check_every
+        self.profile: ModelProfile | None = None
+        self.module_uses: dict[str, list[int]] | None = None
+        engine.on_step_end = self.on_step_end
+
+    # -- the plan in force
+    def adopt(self, plan: Plan, source: str) -> None:
+        plan.check_model(self.fingerprint, self.names, source=source)
+        if plan.world_size != self.world:
+            raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
+        self._check_same_plan(plan)
+        self.engine.set_plan(plan, self.module_uses)
+        self.engine.sync_apply = self.engine.overlap != "forward" or not self.lazy_ok
+
+    def _check_same_plan(self, plan: Plan) -> None:
+        if self.world == 1:
+            return
+        prints: list[Any] = [None] * self.world
+        dist.all_gather_object(prints, plan.fingerprint, group=self.group)
+        if len(set(prints)) != 1:
+            raise MismatchError("ranks hold different plans: fingerprints " + ", ".join(f"rank {r}: {f}" for r, f in enumerate(prints)))
+
+    def plan_from_profile(self, profile: ModelProfile) -> None:
+        if profile.fingerprint() != self.fingerprint:
+            raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
+                                f"(profile has {len(profile.params)} parameters, model has {len(self.params)})")
+        self.profile = profile
+        self.module_uses = _module_uses(profile)
+        data = [None]
+        if self.rank == 0:
+            cluster = self.cluster or _default_cluster(self.world)
+            data = [make_plan(self.planner, profile, cluster, world_size=self.world, **self.planner_options).to_dict()]
+        if self.world > 1:
+            dist.broadcast_object_list(data, src=dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0, group=self.group)
+        self.adopt(Plan.from_dict(data[0], source="plan from rank 0"), source="plan from rank 0")
+
+    # -- online profiling inside the user's first steps
+    def start_profiling(self) -> None:
+        """A provisional DDP-like plan (reverse registration order) while the first steps are measured."""
+        trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
+        if not trainable:
+            raise CaramelError("model has no trainable parameters (every parameter has requires_grad=False)")
+        provisional = _registration_profile(self.names, self.params)
+        plan = make_plan("fifo", provisional, world_size=self.world)
+        self.engine.set_plan(plan, None)
+        self.engine.sync_apply = True
+        self.phase_step = 0
+        self.tracker: UseTracker | None = None
+        self.timer: StepTimer | None = None
+        self.model.register_forward_pre_hook(self._fwd_pre)
+        self.model.register_forward_hook(self._fwd_post, always_call=True)
+        self.engine.on_grad_ready.append(self._grad_ready)
+        self.engine.on_backward_end.append(self._bwd_end)
+        self.profiling = True
+
+    def _fwd_pre(self, _m, _args):
+        if not getattr(self, "profiling", False) or not torch.is_grad_enabled():
+            return
+        if self.phase_step == 1 and self.tracker is None:
+            self.tracker = UseTracker(self.model, self.params)
+            self.tracker.__enter__()
+        elif self.phase_step >= 2 and self.timer is not None and self.timer.cur is None:
+            self.timer.forward_start()
+
+    def _fwd_post(self, _m, _args, _out):
+        if not getattr(self, "profiling", False):
+            return
+        if self.tracker is not None and self.tracker._mode is not None and self.phase_step == 1:
+            self.tracker.__exit__(None, None, None)
+            self.tracker._mode = None
+        elif self.timer is not None and self.timer.cur is not None:
+            self.timer.backward_start()
+
+    def _grad_ready(self, idx: int) -> None:
+        if self.timer is not None:
+            self.timer.grad_ready(idx)
+
+    def _bwd_end(self) -> None:
+        if self.timer is not None and self.timer.cur is not None:
+            self.timer.backward_end()
+        self._t_bwd_end = time.perf_counter()
+
+    def on_step_end(self) -> None:
+        if getattr(self, "profiling", False):
+            self._profiling_step_end()
+        elif self.check_every and self.world > 1 and self.engine.stats.step % self.check_every == 0:
+            self._periodic_check()
+
+    def _profiling_step_end(self) -> None:
+        if self.timer is not None and self.timer.cur is not None:
+            self.timer.step_end(time.perf_counter() - getattr(self, "_t_bwd_end", time.perf_counter()))
+        self.phase_step += 1
+        if self.phase_step == 2:
+            assert self.tracker is not None
+            self.timer = StepTimer(self.model, self.tracker.module_order)
+        if self.phase_step < 2 + self.profile_steps:
+            return
+        self.profiling = False
+        self.engine.on_grad_ready.remove(self._grad_ready)
+        self.engine.on_backward_end.remove(self._bwd_end)
+        self.timer.remove()
+        profile = build_profile(type(self.model).__name__, 0, self.model, self.tracker, self.timer.samples,
+                                meta={"online": True, "rank": self.rank})
+        self.plan_from_profile(profile)
+        self.engine.stats.replans += 1
+
+    def _periodic_check(self) -> None:
+        """Cheap agreement check: one all-reduce of the plan fingerprint (max of h and of -h)."""
+        h = int(self.engine.plan.fingerprint[:12], 16)
+        t = torch.tensor([h, -h], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        if int(t[0]) != h or int(-t[1]) != h:
+            raise MismatchError(f"rank {self.rank}: ranks disagree on the plan at step {self.engine.stats.step} "
+                                f"(this rank's fingerprint {self.engine.plan.fingerprint}); they would reduce mismatched gradients")
+
+
+class _BufferSync:
+    """DDP's buffer semantics: before each training forward, rank 0's buffers (BatchNorm
+    statistics) are broadcast. A group of its own, so it never queues behind gradients."""
+
+    def __init__(self, model: nn.Module, engine: Engine, group, n: int, timeout_s):
+        self.buffers = [b for b in model.buffers()]
+        self.engine = engine
+        self.pg = gloo_group(f"buf{n}", group, threads=1, timeout_s=timeout_s)
+        from torch.distributed import BroadcastOptions
+        self.opts = BroadcastOptions()
+        self.opts.rootRank = 0
+
+    def __call__(self, _m, _args):
+        if not (torch.is_grad_enabled() and self.engine.require_sync):
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for b in self.buffers:
+            by_dtype.setdefault(b.dtype, []).append(b)
+        for bufs in by_dtype.values():
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            self.pg.broadcast([flat], self.opts).wait()
+            off = 0
+            for b in bufs:
+                b.copy_(flat[off:off + b.numel()].view_as(b))
+                off += b.numel()
+
+
+def _module_uses(profile: ModelProfile) -> dict[str, list[int]]:
+    uses: dict[str, list[int]] = {}
+    for p in profile.params:
+        for m in p.use_modules:
+            uses.setdefault(m, []).append(p.index)
+    return uses
+
+
+def _registration_profile(names: list[str], params: list[nn.Parameter]) -> ModelProfile:
+    """A timing-free profile: planners fall back to reverse registration order (DDP's first guess)."""
+    from caramel.profile.model_profile import ParamInfo
+    infos = [ParamInfo(i, n, list(p.shape), dtype_name(p.dtype), p.numel(), p.numel() * p.element_size(), p.requires_grad)
+             for i, (n, p) in enumerate(zip(names, params))]
+    return ModelProfile("provisional", 0, 0.0, 0.0, 0.0, infos, [])
+
+
+def _default_cluster(world: int) -> ClusterSpec:
+    try:
+        from caramel.plan.caramel_planner import default_cluster
+        return default_cluster(world)
+    except ImportError:
+        return ClusterSpec.uniform(world, 1e9)
+
+
+def _check_optimizer_params(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+    ids = {id(p) for p in params}
+    for gi, g in enumerate(optimizer.param_groups):
+        for p in g["params"]:
+            if id(p) not in ids:
+                raise CaramelError(f"optimizer param_groups[{gi}] holds a tensor of shape {tuple(p.shape)} that is not a parameter of the model")
+
+
+def _check_same_model(signature, fingerprint: str, group, rank: int, world: int) -> None:
+    if world == 1:
+        return
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (fingerprint, signature), group=group)
+    ref_fp, ref = gathered[0]
+    for r, (fp, sig) in enumerate(gathered):
+        if fp == ref_fp:
+            continue
+        if len(sig) != len(ref):
+            raise MismatchError(f"rank {r} has a model with {len(sig)} parameters, rank 0 has {len(ref)}")
+        for a, b in zip(ref, sig):
+            if a != b:
+                field = ("name", "shape", "dtype", "requires_grad")[next(i for i in range(4) if a[i] != b[i])]
+                raise MismatchError(f"rank {r}'s model differs from rank 0's in the {field} of parameter {a[0]!r}: "
+                                    f"{b[('name', 'shape', 'dtype', 'requires_grad').index(field)]} vs {a[('name', 'shape', 'dtype', 'requires_grad').index(field)]}")
+        raise MismatchError(f"rank {r}'s model differs from rank 0's")
+
+
+def _broadcast_state(model: nn.Module, group, world: int) -> None:
+    if world == 1:
+        return
+    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, src=src, group=group)
+
+
+def _load(obj, cls):
+    if isinstance(obj, cls):
+        return obj
+    if isinstance(obj, (str, os.PathLike)):
+        return cls.load(obj)
+    raise CaramelError(f"expected a {cls.__name__} or a path to one, got {type(obj).__name__}")
+
+
+def _trace_path(trace, rank: int, world: int) -> Path | None:
+    if trace is None:
+        env = os.environ.get("CARAMEL_TRACE")
+        if not env:
+            return None
+        return Path(env) / f"trace.rank{rank}.json"
+    path = Path(trace)
+    if world > 1:
+        path = path.with_name(f"{path.stem}.rank{rank}{path.suffix or '.json'}")
+    return path
+
+
+def _save_at_exit(engine: Engine, path: Path) -> None:
+    ref = weakref.ref(engine)
+    engine.trace_path = path
+
+    def save():
+        e = ref()
+        if e is not None and e.recorder.enabled:
+            e.recorder.save(path, meta={"plan": e.plan.fingerprint if e.plan else None, "overlap": e.overlap})
+    engine.save_trace = save
+    atexit.register(save)
