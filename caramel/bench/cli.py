@@ -13,10 +13,9 @@ import time
 from typing import Any
 
 from caramel.bench.harness import make_job
-from caramel.bench.launch import NETWORKS, choose_network, launch_job
+from caramel.bench.launch import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
-from caramel.bench.lower_bound import lower_bound_s
 from caramel.bench.report import Record, check_targets, format_markdown, format_table, format_targets, summarize, write_records
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
@@ -112,21 +111,21 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     for i, config in enumerate(configs):
         network = choose_network(args.network, config.bandwidth)
-        if network == "loopback" and config.bandwidth is not None:
-            print(f"caramel bench: cannot shape links here; running {config.label} on unshaped loopback "
-                  f"(the bandwidth {config.bandwidth} is NOT applied)", file=sys.stderr)
         trace_dir = None
         if args.trace:
             trace_dir = f"{args.trace}/{i:02d}-{config.model.replace('/', '_').replace(':', '_')}-w{config.workers}-{config.bandwidth or 'loopback'}"
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
-        result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout)
+        result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
+                            strict=args.network == "cluster")
         networks.add(result.network)
+        if config.bandwidth is not None and result.network == LOOPBACK:
+            print(f"caramel bench: {config.label} ran on unshaped loopback; the bandwidth {config.bandwidth} was NOT applied",
+                  file=sys.stderr)
         if result.raw is None:
             failures.append(f"{config.label}: job failed with exit code {result.returncode}")
             print(f"caramel bench: {failures[-1]}", file=sys.stderr)
             continue
-        result.raw["lower_bound_s"] = lower_bound_s(config)
         records += summarize(result.raw)
     wall_s = time.time() - t0
 

@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 from caramel.bench.baselines import CommOnly, ComputeOnly, Runner, trainable_params
+from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.report import job_step_times, median
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, build_strategy
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
@@ -176,12 +178,17 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                    + ", ".join(f"{n}={1e3 * t:.1f}ms" for n, t in done.items()))
     dist.barrier()
     stats = {n: _jsonable(runners[n].stats()) for n in names}
+    # Profiled on every rank at once, so compute sees the same contention as in the rounds.
+    profile = profile_workload(make_workload(config, settings.seed, device))
+    dist.barrier()
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
     if rank != 0:
         return None
     grad_params = trainable_params(probe.model)
+    grad_bytes = sum(p.numel() * p.element_size() for p in grad_params)
+    comm_s = median(job_step_times([g["comm"] for g in gathered]))
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -191,6 +198,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "runners": names,
         "step_times_s": {n: [g[n] for g in gathered] for n in names},
         "stats": stats,
+        "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),
@@ -202,7 +210,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "cpu_count": os.cpu_count(),
             "threads_per_worker": torch.get_num_threads(),
             "param_count": param_count(probe.model),
-            "grad_bytes": sum(p.numel() * p.element_size() for p in grad_params),
+            "grad_bytes": grad_bytes,
+            "effective_bandwidth_bps": effective_bandwidth_bps(grad_bytes, world, comm_s),
+            "load_average": os.getloadavg(),
             "comm_buckets": runners["comm"].stats().get("buckets"),
             "measure_wall_s": time.time() - t_start,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,43 +53,46 @@ def worker_env(threads: int = 1) -> dict[str, str]:
 def _emulated_cluster_class():
     """The emulated cluster's class when that part of Caramel is installed, else None."""
     try:
-        from caramel.cluster.emulated import EmulatedCluster  # noqa: PLC0415
+        from caramel.cluster.emulated import EmulatedCluster
     except ImportError:
         return None
     return EmulatedCluster
 
 
 def choose_network(requested: str, bandwidth: str | None) -> str:
-    """`cluster` or `loopback`; `auto` uses the cluster only when a bandwidth is asked for and it is usable."""
+    """`cluster` or `loopback`: the cluster whenever a bandwidth is asked for (it falls back by itself)."""
     if requested not in NETWORKS:
         raise CaramelError(f"--network {requested!r}: expected one of {', '.join(NETWORKS)}")
     if requested == "loopback" or bandwidth is None:
+        if requested == "cluster":
+            raise CaramelError("--network cluster needs --bandwidth (the rate to shape each link to)")
         return "loopback"
-    cls = _emulated_cluster_class()
-    usable = cls is not None and os.geteuid() == 0
-    if requested == "cluster" and not usable:
-        why = "the emulated cluster (caramel.cluster.emulated) is not installed" if cls is None else "it needs root"
-        raise CaramelError(f"--network cluster: cannot shape links here ({why}); use --network loopback")
-    return "cluster" if usable else "loopback"
+    if _emulated_cluster_class() is None:
+        if requested == "cluster":
+            raise CaramelError("--network cluster: the emulated cluster (caramel.cluster.emulated) is not installed")
+        return "loopback"
+    return "cluster"
 
 
 def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
-               timeout_s: float, log=None) -> LaunchResult:
-    """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure)."""
+               timeout_s: float, log=None, strict: bool = False) -> LaunchResult:
+    """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure).
+
+    On the cluster, `strict` makes a host that cannot build namespaces an error instead of a
+    fallback to loopback.
+    """
     log = log if log is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="caramel-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "raw.json"
         target = ["-m", HARNESS_MODULE, str(job_path), str(out_path)]
         if network == "cluster":
-            job = dict(job, network=f"netns+tc {bandwidth}")
-            write_json(job_path, job)
-            rc, tail = _run_on_cluster(workers, bandwidth, target, timeout_s, log)
+            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict)
         else:
-            job = dict(job, network=LOOPBACK)
-            write_json(job_path, job)
+            net = LOOPBACK
+            write_json(job_path, dict(job, network=net))
             rc, tail = _run_loopback(workers, target, timeout_s, log)
         raw = read_json(out_path, "bench_raw") if rc == 0 and out_path.exists() else None
-        return LaunchResult(rc, raw, job["network"], tail)
+        return LaunchResult(rc, raw, net, tail)
 
 
 def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tuple[int, str]:
@@ -99,9 +103,6 @@ def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tup
                             start_new_session=True)
     lines: list[str] = []
     try:
-        # The pipe is drained on a thread-free loop: readline returns at EOF when the job exits.
-        import threading
-
         def pump() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -139,10 +140,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def _run_on_cluster(workers: int, bandwidth: str | None, target: list[str], timeout_s: float, log) -> tuple[int, str]:
+def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],
+                    timeout_s: float, log, strict: bool) -> tuple[int, str, str]:
+    from caramel.cluster.config import ClusterConfig
+
     cls = _emulated_cluster_class()
-    assert cls is not None, "choose_network() returned cluster without an emulated cluster"
-    os.environ.update({k: v for k, v in worker_env().items() if k in ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-    with cls(workers=workers, bandwidth_bps=bandwidth) as cluster:
-        rc = cluster.run(["python"] + target, timeout_s=timeout_s)
-    return int(rc), ""
+    assert cls is not None and bandwidth is not None, "choose_network() returned cluster without a cluster or a rate"
+    config = ClusterConfig(workers=workers, bandwidth_bps=bandwidth, fallback="error" if strict else "local")
+    env = {k: v for k, v in worker_env().items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
+    with cls(config) as cluster:
+        net = f"netns+tc {bandwidth}" if cluster.mode == "netns" else LOOPBACK
+        write_json(job_path, dict(job, network=net))
+        rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
+    return int(rc), "", net

@@ -185,7 +185,7 @@ def _x(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 COLUMNS = ("configuration", "regime", "comm/comp", "strategy", "median ms", "p90 ms", "compute ms", "comm ms",
-           "exposed ms", "speedup", "E")
+           "exposed ms", "speedup", "E", "bound ms")
 
 
 def table_rows(records: list[Record]) -> list[list[str]]:
@@ -194,7 +194,7 @@ def table_rows(records: list[Record]) -> list[list[str]]:
         rows.append([config_label(r), r.regime, _x(r.comm_compute_ratio), r.strategy,
                      _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
                      _ms(r.compute_s), _ms(r.comm_s), _ms(r.exposed_comm_s), _x(r.speedup_vs_ddp, "{:.3f}x"),
-                     _x(r.efficiency)])
+                     _x(r.efficiency), _ms(r.lower_bound_s)])
     return rows
 
 
@@ -231,7 +231,8 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "Step times are per-step medians (p90) of the slowest rank, strategies interleaved in rounds in one job "
         "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
         "exposed = median - compute; speedup = DDP median / strategy median; E = (U - T) / (U - L) with "
-        "U = compute + comm, L = max(compute, comm). The regime is measured (comm/compute < 0.75 compute-bound, "
+        "U = compute + comm, L = max(compute, comm); bound = the simulator's lower bound for the "
+        "profiled model on links of the rate the comm-only baseline achieved. The regime is measured (comm/compute < 0.75 compute-bound, "
         "<= 1.5 balanced, else comm-bound).\n\n"
         + head + body + skipped + "\n\n"
         "## Targets (issue 3)\n\n" + format_targets(check_targets(records)) + "\n"

@@ -113,7 +113,13 @@ def build_caramel(strategy: Strategy, model, optimizer, inputs, targets, loss_fn
 
     def stats() -> dict[str, Any]:
         engine = getattr(opt, "engine", None)
-        return dict(engine.stats()) if engine is not None else {}
+        if engine is None:
+            return {}
+        if callable(getattr(engine, "stats_dict", None)):
+            return dict(engine.stats_dict())
+        s = engine.stats
+        s = s() if callable(s) else s
+        return dict(s) if isinstance(s, dict) else dict(vars(s))
 
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
                        finish=opt.synchronize, stats=stats)
