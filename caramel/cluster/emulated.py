@@ -127,6 +127,17 @@ class EmulatedCluster:
             netns.sh(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", ns_dev])
             netns.sh(["ip", "-n", ns, "link", "set", ns_dev, "up"])
             self._shape(i, self.bandwidth_bps[i])
+            # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts: workers can
+            # resolve each other by name, and c10d's reverse lookups of peers succeed quietly.
+            self._record("etc", ns)
+            netns.write_etc_hosts(ns, self._hosts_text())
+
+    def _hosts_text(self) -> str:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost"]
+        for i in range(self.config.workers):
+            # c10d listens on a dual-stack socket, so peers also appear as v4-mapped IPv6 addresses.
+            lines += [f"{self.address(i)}\t{self.config.netns(i)}", f"::ffff:{self.address(i)}\t{self.config.netns(i)}"]
+        return "\n".join(lines) + "\n"
 
     def _probe_netem(self) -> bool:
         scratch = f"{self.config.prefix}-probe"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -168,10 +169,41 @@ def _alive(pid: int) -> bool:
         return False
 
 
+ETC_NETNS = "/etc/netns"
+_OWN_NETNS_RE = re.compile(r"crm[0-9a-f]{6}-[a-z0-9]+")
+
+
+def write_etc_hosts(netns_name: str, text: str) -> None:
+    """/etc/netns/<ns>/hosts, which `ip netns exec` shows to processes in that namespace as /etc/hosts."""
+    assert _OWN_NETNS_RE.fullmatch(netns_name), netns_name
+    d = os.path.join(ETC_NETNS, netns_name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "hosts"), "w") as f:
+        f.write(text)
+
+
+def remove_etc(netns_name: str) -> str | None:
+    """Remove /etc/netns/<ns> for one of our namespaces; a message if that fails."""
+    if not _OWN_NETNS_RE.fullmatch(netns_name):
+        return f"refusing to remove {ETC_NETNS}/{netns_name}: not a Caramel namespace name"
+    try:
+        shutil.rmtree(os.path.join(ETC_NETNS, netns_name))
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return f"{ETC_NETNS}/{netns_name}: {e}"
+    try:
+        os.rmdir(ETC_NETNS)  # only succeeds when empty: no other namespace (ours or not) uses it
+    except OSError:
+        pass
+    return None
+
+
 def destroy(resources: list[dict]) -> list[str]:
     """Remove the given objects (newest first); return one message per object that could not be removed.
 
-    `resources` entries are `{"kind": "netns"|"link", "name": ...}` as recorded at creation.
+    `resources` entries are `{"kind": "netns"|"link"|"etc", "name": ...}` as recorded at creation
+    ("etc" is the /etc/netns/<name> directory of a namespace).
     Objects that are already gone count as removed.
     """
     problems: list[str] = []
@@ -191,4 +223,9 @@ def destroy(resources: list[dict]) -> list[str]:
             proc = sh(["ip", "netns", "del", r["name"]], check=False)
             if proc.returncode != 0 and r["name"] in list_netns():
                 problems.append(f"netns {r['name']}: {proc.stderr.strip()}")
+    for r in reversed(resources):
+        if r["kind"] == "etc":
+            msg = remove_etc(r["name"])
+            if msg:
+                problems.append(msg)
     return problems

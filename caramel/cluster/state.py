@@ -37,7 +37,7 @@ def pid_start_time(pid: int) -> int | None:
 
 @dataclass
 class ClusterState:
-    """What one cluster owns. `resources` is in creation order: `{"kind": "netns"|"link", "name"}`."""
+    """What one cluster owns. `resources` is in creation order: `{"kind": "netns"|"link"|"etc", "name"}`."""
 
     prefix: str
     pid: int
@@ -62,7 +62,7 @@ class ClusterState:
         check_format(data, KIND, source)
         res = require(data, "resources", list, source)
         for r in res:
-            if not (isinstance(r, dict) and r.get("kind") in ("netns", "link") and isinstance(r.get("name"), str)):
+            if not (isinstance(r, dict) and r.get("kind") in ("netns", "link", "etc") and isinstance(r.get("name"), str)):
                 raise FormatError(f"{source}: malformed resource entry {r!r}")
         return cls(
             prefix=require(data, "prefix", str, source),

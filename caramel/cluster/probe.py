@@ -1,0 +1,163 @@
+"""Fit a cluster's latency (alpha) and bandwidth (beta) from a sweep of real all-reduces.
+
+`probe_cluster()` runs this module as a torchrun job on the cluster (`python -m
+caramel.cluster.probe --out FILE ...`): each rank all-reduces float32 tensors over a geometric
+sweep of sizes, and rank 0 writes the median time per size. `fit_alpha_beta()` then fits the
+ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B, by least squares
+on relative error (every size counts, not only the largest), and returns a `ClusterSpec`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from caramel.cluster.spec import ClusterSpec
+from caramel.errors import CaramelError
+
+if TYPE_CHECKING:
+    from caramel.cluster.emulated import EmulatedCluster
+
+MIN_BYTES = 4 * 1024
+MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class AlphaBetaFit:
+    """The fitted model and how well it explains the measurements."""
+
+    latency_s: float
+    bandwidth_bps: float
+    world_size: int
+    sizes_bytes: list[int]
+    times_s: list[float]
+    max_rel_error: float
+
+    def predict_s(self, nbytes: float) -> float:
+        n = self.world_size
+        return 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * 8 * nbytes / self.bandwidth_bps
+
+
+def fit_alpha_beta(sizes_bytes: list[int], times_s: list[float], world_size: int) -> AlphaBetaFit:
+    """Weighted least squares of t = c0 + c1·S (weights 1/t), mapped to alpha and bandwidth."""
+    if world_size < 2:
+        raise CaramelError(f"probing needs at least 2 workers (all-reduce on one worker moves no bytes), got {world_size}")
+    if len(sizes_bytes) != len(times_s) or len(set(sizes_bytes)) < 2:
+        raise CaramelError("the probe needs times for at least two different sizes to fit latency and bandwidth")
+    if any(not (math.isfinite(t) and t > 0) for t in times_s):
+        raise CaramelError(f"probe times must be positive and finite, got {times_s}")
+    w = [1.0 / t for t in times_s]  # relative error: small messages constrain alpha, large ones beta
+    sw = sum(wi * wi for wi in w)
+    sx = sum(wi * wi * s for wi, s in zip(w, sizes_bytes))
+    sy = sum(wi * wi * t for wi, t in zip(w, times_s))
+    sxx = sum(wi * wi * s * s for wi, s in zip(w, sizes_bytes))
+    sxy = sum(wi * wi * s * t for wi, s, t in zip(w, sizes_bytes, times_s))
+    det = sw * sxx - sx * sx
+    c1 = (sw * sxy - sx * sy) / det
+    c0 = (sy - c1 * sx) / sw
+    if not c1 > 0:
+        raise CaramelError("probe times do not grow with message size; cannot fit a bandwidth (is the network idle and shaped?)")
+    if c0 < 0:  # latency below the noise: refit the slope through the origin
+        c0 = 0.0
+        c1 = sum(wi * wi * s * t for wi, s, t in zip(w, sizes_bytes, times_s)) / sxx
+    n = world_size
+    fit = AlphaBetaFit(latency_s=c0 / (2 * (n - 1)), bandwidth_bps=2 * (n - 1) / n * 8 / c1, world_size=n,
+                       sizes_bytes=list(sizes_bytes), times_s=list(times_s), max_rel_error=0.0)
+    fit.max_rel_error = max(abs(fit.predict_s(s) - t) / t for s, t in zip(sizes_bytes, times_s))
+    return fit
+
+
+def default_sizes(bandwidth_bps: float, world_size: int, points: int = 8, largest_s: float = 0.08) -> list[int]:
+    """Geometric sizes from 4 KiB up to what takes about `largest_s` on the nominal link."""
+    n = max(world_size, 2)
+    top = largest_s * bandwidth_bps / 8 / (2 * (n - 1) / n)
+    top = int(min(MAX_BYTES, max(16 * MIN_BYTES, top)))
+    ratio = (top / MIN_BYTES) ** (1 / (points - 1))
+    sizes = sorted({int(MIN_BYTES * ratio**k) // 4 * 4 for k in range(points)})
+    return sizes
+
+
+def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = None, reps: int = 5,
+                  nproc_per_node: int = 1, timeout_s: float = 300.0, out=None) -> tuple[ClusterSpec, AlphaBetaFit]:
+    """Measure all-reduce times on a started cluster and fit a ClusterSpec (workers = world size)."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise CaramelError(f"reps must be a positive integer, got {reps!r}")
+    world = cluster.workers * nproc_per_node
+    if world < 2:
+        raise CaramelError(f"probing needs at least 2 workers in total, got {world}")
+    nominal = min(cluster.bandwidth_bps)
+    sizes = sorted(set(sizes_bytes)) if sizes_bytes else default_sizes(nominal, world)
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 4 for s in sizes):
+        raise CaramelError(f"probe sizes must be integers of at least 4 bytes, got {sizes}")
+    with tempfile.TemporaryDirectory(prefix="caramel-probe-") as tmp:
+        result_path = os.path.join(tmp, "probe.json")
+        cmd = [sys.executable, "-m", "caramel.cluster.probe", "--out", result_path, "--reps", str(reps),
+               "--sizes", ",".join(str(s) for s in sizes)]
+        rc = cluster.run(cmd, nproc_per_node=nproc_per_node, timeout_s=timeout_s, out=out)
+        if rc != 0 or not os.path.exists(result_path):
+            raise CaramelError(f"the probe job failed (exit code {rc}); see the worker output above")
+        with open(result_path) as f:
+            measured = json.load(f)
+    fit = fit_alpha_beta(measured["sizes_bytes"], measured["times_s"], measured["world_size"])
+    meta: dict[str, Any] = {
+        "source": "caramel cluster probe",
+        "cluster": cluster.info(),
+        "nominal_bandwidth_bps": nominal,
+        "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reps": reps,
+                  "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
+    }
+    spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta)
+    return spec, fit
+
+
+def _worker_main(argv: list[str]) -> int:
+    """Runs on every rank under torchrun: time all-reduces; rank 0 writes the medians."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    p = argparse.ArgumentParser(prog="python -m caramel.cluster.probe")
+    p.add_argument("--out", required=True)
+    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+    medians, actual = [], []
+    for nbytes in sizes:
+        t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        samples = []
+        for k in range(args.warmup + args.reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if k >= args.warmup:
+                samples.append(time.perf_counter() - t0)
+        # The slowest rank's time is the collective's time; take the median over repetitions.
+        local = torch.tensor(samples, dtype=torch.float64, device=device)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        medians.append(statistics.median(local.cpu().tolist()))
+        actual.append(t.numel() * 4)
+    if dist.get_rank() == 0:
+        from caramel.jsonio import atomic_write_text
+        atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,
+                                                "sizes_bytes": actual, "times_s": medians}))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
