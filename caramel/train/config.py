@@ -219,7 +219,10 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; add --cluster or drop --bandwidth")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
-        parse_rate_bps(cfg.parallel.bandwidth)
+        try:
+            parse_rate_bps(cfg.parallel.bandwidth)
+        except CaramelError as e:
+            raise CaramelError(f"{source}: parallel.bandwidth: {e}") from None
     return cfg
 
 
