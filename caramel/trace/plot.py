@@ -104,6 +104,8 @@ def plot_timeline(measured: Trace | None, path: str | os.PathLike, predicted: Tr
     panels = [(t, t.source) for t in (measured, predicted) if t is not None]
     if not panels:
         raise CaramelError("nothing to plot: give a measured trace, a predicted trace, or both")
+    for trace, _ in panels:
+        step_window(trace, cfg.first_step, cfg.num_steps)  # bad step choices fail before any drawing
     # a bare Figure renders with Agg and leaves pyplot's global state (and the user's backend) alone
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
