@@ -210,7 +210,7 @@ def steady_period_s(line: Timeline) -> float:
 
 def summarize_critical_path(run: EngineRun, step_time_s: float) -> dict[str, Any]:
     """What bounds the last simulated step on the slowest timeline: compute or communication."""
-    line = max(run.timelines, key=lambda ln: (steady_period_s(ln), -ln.speed))
+    line = run.timelines[0]  # the slowest workers: every collective waits for them
     last = len(line.forward_start_s) - 2
     step_s = line.forward_start_s[last + 1] - line.forward_start_s[last]
     wait = line.wait_s[last] if last < len(line.wait_s) else 0.0

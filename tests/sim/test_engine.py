@@ -1,0 +1,165 @@
+"""The event engine against hand-computed 2-worker timelines."""
+import pytest
+
+from caramel.cluster.spec import ClusterSpec
+from caramel.errors import CaramelError, FormatError, MismatchError
+from caramel.plan.planners import make_plan
+from caramel.sim import simulate
+from caramel.sim.synthetic import synthetic_profile
+from caramel.trace.events import Trace
+
+from .helpers import slow_link_cluster, two_bucket_plan, two_layer_profile
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _events(trace, rank, name, iteration):
+    return [e for e in trace.events if e.rank == rank and e.name == name and e.iteration == iteration]
+
+
+def test_forward_overlap_hand_timeline():
+    # step 0: fwd 0-1, bwd 1-3, b0 ready 2.0 and b1 ready 3.0; collectives take 1.2 s:
+    #   b0 2.0-3.2, b1 3.2-4.4. step() returns at 3.0.
+    # step 1: fwd from 3.0 needs b1 at once: wait 3.0-4.4, apply 0.1, 0.5 of forward, b0 done: apply 0.1,
+    #   0.5 of forward -> 5.6; bwd 5.6-7.6; b0 6.6-7.8, b1 7.8-9.0. Period 7.6 - 3.0 = 4.6.
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof), overlap="forward", iterations=4)
+    assert res.step_time_s == pytest.approx(4.6)
+    assert res.iteration_times_s == pytest.approx([3.0, 4.6, 4.6, 4.6])
+    assert res.compute_time_s == pytest.approx(3.2)
+    assert res.exposed_comm_s == pytest.approx(1.4)
+    assert res.comm_time_s == pytest.approx(2.4)
+    assert res.wait_time_s == pytest.approx(1.4)
+    assert res.critical_path["bound"] == "communication"
+    assert res.critical_path["top_waits"][0]["bucket"] == 1
+    t = res.trace
+    assert t.source == "predicted" and t.world_size == 2
+    for rank in (0, 1):
+        (fwd,) = _events(t, rank, "forward", 1)
+        assert (fwd.start_s, fwd.duration_s) == pytest.approx((3.0, 2.6))
+        (wait,) = _events(t, rank, "wait:b1", 1)
+        assert (wait.start_s, wait.duration_s, wait.lane, wait.bucket) == pytest.approx((3.0, 1.4, "wait", 1))
+        assert _events(t, rank, "wait:b0", 1) == []
+        (apply1,) = _events(t, rank, "apply:b1", 1)
+        assert (apply1.start_s, apply1.duration_s, apply1.kind) == pytest.approx((4.4, 0.1, "optimizer"))
+        (comm,) = _events(t, rank, "allreduce:b0c0", 1)
+        assert (comm.start_s, comm.end_s, comm.bytes, comm.lane) == pytest.approx((6.6, 7.8, 1000, "comm"))
+        (ready,) = _events(t, rank, "ready:b1", 1)
+        assert (ready.start_s, ready.duration_s, ready.kind) == pytest.approx((7.6, 0.0, "ready"))
+        (bwd,) = _events(t, rank, "backward", 1)
+        assert (bwd.start_s, bwd.duration_s) == pytest.approx((5.6, 2.0))
+    # optimizer.synchronize() after the last step applies what is pending
+    last = [e for e in t.events if e.rank == 0 and e.iteration == 4]
+    assert {e.name for e in last} == {"wait:b1", "apply:b0", "apply:b1"}
+
+
+def test_backward_overlap_hand_timeline():
+    # step: fwd 0-1, bwd 1-3, b0 2.0-3.2, b1 3.2-4.4, wait at step() 3.0-4.4, apply 0.2 -> 4.6
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof), overlap="backward", iterations=3)
+    assert res.iteration_times_s == pytest.approx([4.6, 4.6, 4.6])
+    assert res.step_time_s == pytest.approx(4.6)
+    waits = _events(res.trace, 0, "wait:b0", 1) + _events(res.trace, 0, "wait:b1", 1)
+    assert [x for w in waits for x in (w.start_s, w.end_s)] == pytest.approx([7.6, 7.8, 7.8, 9.0])
+
+
+def test_no_overlap_hand_timeline():
+    # everything issued at backward end (3.0): 3.0-4.2, 4.2-5.4, apply -> 5.6
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof), overlap="none", iterations=3)
+    assert res.step_time_s == pytest.approx(5.6)
+    assert res.exposed_comm_s == pytest.approx(2.4)
+    issues = [e for e in res.trace.events if e.rank == 1 and e.kind == "issue" and e.iteration == 0]
+    assert [e.start_s for e in issues] == pytest.approx([3.0, 3.0])
+
+
+def test_issue_order_is_strict():
+    # need-first order: b1 (ready 3.0) first, b0 waits behind it although ready at 2.0
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof, order=((1, 0), (0, 0))), overlap="forward")
+    comm = {e.name: e for e in res.trace.events if e.rank == 0 and e.kind == "comm" and e.iteration == 0}
+    assert (comm["allreduce:b1c0"].start_s, comm["allreduce:b1c0"].end_s) == pytest.approx((3.0, 4.2))
+    assert (comm["allreduce:b0c0"].start_s, comm["allreduce:b0c0"].end_s) == pytest.approx((3.0, 5.4))
+    # step 1: wait b1 3.0-4.2, apply, 0.5, wait b0 4.8-5.4, apply, 0.5 -> 6.0; bwd to 8.0
+    assert res.iteration_times_s[1] == pytest.approx(5.0)
+
+
+def test_slowest_worker_gates_collectives():
+    # worker 1 at half speed: fwd 0-2, bwd 2-6, b0 ready 4, b1 ready 6: b0 4.0-5.2, b1 6.0-7.2;
+    # worker 1 waits 6.0-7.2, applies 0.4 -> 7.6; every later step repeats with period 7.6
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(speeds=(1.0, 0.5)), two_bucket_plan(prof), overlap="backward")
+    assert res.step_time_s == pytest.approx(7.6)
+    assert res.compute_time_s == pytest.approx(6.4)
+    comm0 = _events(res.trace, 0, "allreduce:b1c0", 0)[0]
+    assert (comm0.start_s, comm0.end_s) == pytest.approx((3.0, 7.2))  # worker 0 issued at 3.0, saw it end at 7.2
+    assert res.critical_path["speed"] == 0.5
+
+
+def test_one_worker_is_pure_compute():
+    prof = synthetic_profile(20)
+    c = ClusterSpec.uniform(1, 1e9)
+    for overlap in ("forward", "backward", "none"):
+        res = simulate(prof, c, make_plan("fifo", prof, c), overlap=overlap)
+        assert res.step_time_s == pytest.approx(prof.step_time_s)
+        assert res.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
+        assert res.critical_path["bound"] == "compute"
+
+
+def test_zero_compute_step_is_the_sum_of_collectives():
+    prof = synthetic_profile(10, forward_time_s=0.0, backward_time_s=0.0, optimizer_time_s=0.0)
+    c = ClusterSpec.uniform(4, 1e9, 1e-4)
+    plan = make_plan("fifo", prof, c, bucket_cap_mb=0.05, first_bucket_mb=0.05)
+    res = simulate(prof, c, plan, overlap="backward", comm="closed")
+    want = sum(c.allreduce_time_s(plan.buckets[b].chunk_bytes(ch)) for b, ch in plan.order)
+    assert res.step_time_s == pytest.approx(want, rel=1e-9)
+
+
+def test_trace_round_trip(tmp_path):
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof))
+    res.trace.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert back.to_dict() == res.trace.to_dict()
+    # no partial overlap within a rank's wait lane
+    waits = sorted((e for e in back.events if e.rank == 0 and e.lane == "wait"), key=lambda e: e.start_s)
+    assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(waits, waits[1:]))
+
+
+def test_large_cluster_traces_one_rank_per_speed():
+    prof = synthetic_profile(30)
+    c = ClusterSpec.uniform(100, 1e10)
+    res = simulate(prof, c, make_plan("fifo", prof, c))
+    assert {e.rank for e in res.trace.events} == {0}
+    res = simulate(prof, c, make_plan("fifo", prof, c), trace_ranks=[3, 99])
+    assert {e.rank for e in res.trace.events} == {3, 99}
+
+
+def test_bad_inputs_name_the_field():
+    prof = two_layer_profile()
+    plan = two_bucket_plan(prof)
+    c = slow_link_cluster()
+    with pytest.raises(CaramelError, match="overlap"):
+        simulate(prof, c, plan, overlap="sideways")
+    with pytest.raises(CaramelError, match="iterations"):
+        simulate(prof, c, plan, iterations=0)
+    with pytest.raises(FormatError, match="bandwidth_bps"):
+        ClusterSpec.uniform(2, -1e9)
+    c.bandwidth_bps = -5.0  # mutated after construction: simulate re-validates
+    with pytest.raises(FormatError, match="bandwidth_bps"):
+        simulate(prof, c, plan)
+    with pytest.raises(FormatError, match="topology"):
+        ClusterSpec.uniform(2, 1e9, topology="hypercube")
+    other = synthetic_profile(3)
+    with pytest.raises(MismatchError, match="plan"):
+        simulate(other, slow_link_cluster(), plan)
+    with pytest.raises(CaramelError, match="trace_ranks"):
+        simulate(prof, slow_link_cluster(), plan, trace_ranks=[5])
+
+
+def test_plan_bytes_must_match_the_profile():
+    prof = two_layer_profile()
+    plan = two_bucket_plan(prof)
+    plan.buckets[0].bytes = 999
+    with pytest.raises(MismatchError, match=r"buckets\[0\].bytes"):
+        simulate(prof, slow_link_cluster(), plan)
