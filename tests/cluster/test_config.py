@@ -1,0 +1,148 @@
+"""Cluster input checks, command parsing, state files and the alpha-beta fit: no root, no processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from caramel.cluster.config import ClusterConfig, new_prefix
+from caramel.cluster.launch import normalize_exit_code, torchrun_target
+from caramel.cluster.probe import default_sizes, fit_alpha_beta
+from caramel.cluster.state import ClusterState, StateStore, pid_start_time
+from caramel.errors import CaramelError, FormatError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(workers=0), "workers"),
+    (dict(workers=251), "workers"),
+    (dict(workers="two"), "workers"),
+    (dict(workers=True), "workers"),
+    (dict(workers=2, bandwidth_bps="fast"), "bandwidth 'fast'"),
+    (dict(workers=2, bandwidth_bps=0), "bandwidth"),
+    (dict(workers=2, bandwidth_bps="-1mbit"), "bandwidth"),
+    (dict(workers=2, bandwidth_bps="100bit"), "too low"),
+    (dict(workers=2, latency_s="soon"), "duration 'soon'"),
+    (dict(workers=2, latency_s="20s"), "latency"),
+    (dict(workers=2, prefix="eth0"), "prefix 'eth0'"),
+    (dict(workers=2, prefix="crm12345G"), "prefix"),
+    (dict(workers=2, fallback="maybe"), "fallback 'maybe'"),
+    (dict(workers=2, burst_bytes=10), "burst_bytes"),
+])
+def test_bad_config_names_the_input(kwargs, needle):
+    with pytest.raises(CaramelError) as e:
+        ClusterConfig(**kwargs)
+    assert needle in str(e.value)
+
+
+def test_config_normalizes_and_names_fit_ifnamsiz():
+    cfg = ClusterConfig(workers="3", bandwidth_bps="250mbit", latency_s="2ms", state_dir="/tmp/x")
+    assert cfg.workers == 3 and cfg.bandwidth_bps == 250e6 and cfg.latency_s == pytest.approx(0.002)
+    assert cfg.prefix.startswith("crm") and len(cfg.prefix) == 9
+    big = ClusterConfig(workers=250, prefix=cfg.prefix)
+    names = [big.bridge] + [big.host_veth(i) for i in range(250)] + [big.worker_veth(i) for i in range(250)]
+    assert max(len(n) for n in names) <= 15
+    assert len(set(names)) == len(names)
+    assert new_prefix() != new_prefix()
+
+
+def test_burst_covers_timer_resolution():
+    cfg = ClusterConfig(workers=2)
+    assert cfg.burst_for(10e6) == 64 * 1024            # small rates: one GSO segment
+    assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.004)  # large rates: 4 ms of traffic
+
+
+def test_torchrun_target_forms(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert torchrun_target(["python", str(script), "--lr", "0.1"]) == [str(script), "--lr", "0.1"]
+    assert torchrun_target([str(script)]) == [str(script)]
+    assert torchrun_target(["python3", "-m", "pkg.mod", "x"]) == ["-m", "pkg.mod", "x"]
+    assert torchrun_target(["python", "-c", "pass"]) == ["--no-python", sys.executable, "-c", "pass"]
+    assert torchrun_target(["true"])[0] == "--no-python"
+
+
+@pytest.mark.parametrize("cmd, needle", [
+    ([], "empty"),
+    (["python"], "without a script"),
+    (["python", "-m"], "module name"),
+    (["python", "/no/such/train.py"], "/no/such/train.py"),
+    (["/no/such/train.py"], "does not exist"),
+    (["no-such-program-xyz"], "no-such-program-xyz"),
+])
+def test_torchrun_target_rejects(cmd, needle):
+    with pytest.raises(CaramelError) as e:
+        torchrun_target(cmd)
+    assert needle in str(e.value)
+
+
+def test_exit_codes():
+    assert normalize_exit_code(0) == 0
+    assert normalize_exit_code(3) == 3
+    assert normalize_exit_code(-9) == 137
+    assert normalize_exit_code(-15) == 143
+
+
+def test_state_roundtrip_and_malformed(tmp_path):
+    store = StateStore(str(tmp_path))
+    st = store.claim("crm00aa11", 2, 1e8, host_used=set(range(511)), num_subnets=512)
+    assert st.subnet_index == 511  # the only free /24
+    st.resources.append({"kind": "netns", "name": "crm00aa11-w0"})
+    store.save(st)
+    states, problems = store.load_all()
+    assert problems == [] and states[0] == st and states[0].owner_alive()
+    with pytest.raises(CaramelError, match="already in use"):
+        store.claim("crm00aa11", 2, 1e8, host_used=set(), num_subnets=512)
+    with pytest.raises(CaramelError, match="no free /24"):
+        store.claim("crm00aa22", 2, 1e8, host_used=set(range(511)), num_subnets=512)
+    (tmp_path / "crmbadbad.json").write_text('{"format": "caramel.cluster-state/1", "resources": [{"kind": "disk"}]}')
+    states, problems = store.load_all()
+    assert len(states) == 1 and len(problems) == 1 and "crmbadbad.json" in problems[0]
+    with pytest.raises(FormatError):
+        ClusterState.from_dict({"format": "caramel.cluster-state/1"}, "x")
+
+
+def test_owner_liveness_uses_start_time():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert pid_start_time(proc.pid) is None
+    me = ClusterState("crm000001", os.getpid(), pid_start_time(os.getpid()), 0, 1, 1e9)
+    assert me.owner_alive()
+    me.pid_start += 1  # same pid, different process: a recycled pid is not the owner
+    assert not me.owner_alive()
+
+
+def test_fit_recovers_exact_alpha_beta():
+    n, alpha, bw = 4, 80e-6, 2.5e8
+    sizes = [4096 * 4**k for k in range(7)]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * 8 * s / bw for s in sizes]
+    fit = fit_alpha_beta(sizes, times, n)
+    assert fit.latency_s == pytest.approx(alpha, rel=1e-9)
+    assert fit.bandwidth_bps == pytest.approx(bw, rel=1e-9)
+    assert fit.max_rel_error < 1e-9
+
+
+def test_fit_rejects_unfittable():
+    with pytest.raises(CaramelError, match="at least 2 workers"):
+        fit_alpha_beta([1, 2], [1.0, 2.0], 1)
+    with pytest.raises(CaramelError, match="do not grow"):
+        fit_alpha_beta([1000, 2000, 4000], [0.3, 0.2, 0.1], 2)
+    with pytest.raises(CaramelError, match="two different sizes"):
+        fit_alpha_beta([1000, 1000], [0.1, 0.1], 2)
+
+
+def test_fit_clamps_negative_latency_to_zero():
+    sizes = [1000, 2000, 4000]
+    fit = fit_alpha_beta(sizes, [s * 1e-6 - 1e-5 for s in sizes], 2)
+    assert fit.latency_s == 0.0 and fit.bandwidth_bps > 0
+
+
+def test_default_sizes_scale_with_bandwidth():
+    slow, fast = default_sizes(10e6, 2), default_sizes(10e9, 2)
+    assert slow == sorted(slow) and fast == sorted(fast)
+    assert slow[0] == fast[0] == 4096
+    assert slow[-1] < fast[-1] <= 64 * 1024 * 1024
+    assert all(s % 4 == 0 for s in slow + fast)

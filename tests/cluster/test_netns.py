@@ -1,0 +1,128 @@
+"""Building and tearing down the emulated cluster on the real host (root + iproute2)."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+
+import pytest
+
+from caramel.cluster import netns
+from caramel.cluster.config import ClusterConfig, new_prefix
+from caramel.cluster.emulated import EmulatedCluster
+from caramel.errors import CaramelError
+from cluster_helpers import foreign, host_objects, named, needs_root, tcp_rate_bps
+
+pytestmark = [needs_root, pytest.mark.root, pytest.mark.timeout(120)]
+
+
+def _config(tmp_path, **kw) -> ClusterConfig:
+    kw.setdefault("workers", 2)
+    kw.setdefault("bandwidth_bps", "100mbit")
+    return ClusterConfig(state_dir=str(tmp_path / "state"), quiet=True, **kw)
+
+
+def test_setup_and_teardown_leave_host_as_before(tmp_path):
+    cfg = _config(tmp_path, workers=3, bandwidth_bps="200mbit")
+    before = host_objects()
+    with EmulatedCluster(cfg) as c:
+        during = host_objects()
+        assert {cfg.netns(i) for i in range(3)} <= during["netns"]
+        assert {cfg.bridge} | {cfg.host_veth(i) for i in range(3)} <= during["links"]
+        assert os.path.exists(tmp_path / "state" / f"{cfg.prefix}.json")
+        addrs = [ipaddress.ip_address(c.address(i)) for i in range(3)]
+        assert all(a in ipaddress.ip_network("198.18.0.0/15") for a in addrs)
+        assert len({ipaddress.ip_network(f"{a}/24", strict=False) for a in addrs}) == 1
+        for i in range(3):
+            # Shaped in both directions: host side (towards the worker) and worker side (from it).
+            assert netns.qdisc_rate_bps(cfg.host_veth(i)) == 200e6
+            assert netns.qdisc_rate_bps(cfg.worker_veth(i), cfg.netns(i)) == 200e6
+            inside = subprocess.run(["ip", "-n", cfg.netns(i), "-br", "addr"], capture_output=True, text=True).stdout
+            assert f"{c.address(i)}/24" in inside and "lo" in inside
+            lo = subprocess.run(["ip", "-n", cfg.netns(i), "link", "show", "lo"], capture_output=True, text=True).stdout
+            assert "UP" in lo
+        assert c.info()["latency_emulated"] is False
+    after = host_objects()
+    assert named(after, cfg.prefix) == set()
+    assert foreign(after) == foreign(before)
+    assert not os.path.exists(tmp_path / "state" / f"{cfg.prefix}.json")
+
+
+def test_set_bandwidth_changes_measured_rate(tmp_path):
+    cfg = _config(tmp_path, bandwidth_bps="200mbit")
+    with EmulatedCluster(cfg) as c:
+        fast = tcp_rate_bps(c, 0, 1, nbytes=5_000_000)
+        c.set_bandwidth(1, "20mbit")  # cut worker 1's link to a tenth
+        assert netns.qdisc_rate_bps(cfg.host_veth(1)) == 20e6
+        assert netns.qdisc_rate_bps(cfg.worker_veth(1), cfg.netns(1)) == 20e6
+        assert netns.qdisc_rate_bps(cfg.host_veth(0)) == 200e6
+        slow = tcp_rate_bps(c, 0, 1, nbytes=1_000_000, port=5202)
+        c.set_bandwidth(1, 200e6)
+        restored = tcp_rate_bps(c, 1, 0, nbytes=5_000_000, port=5203)
+        assert c.bandwidth_bps == [200e6, 200e6]
+    assert 0.6 * 200e6 < fast < 1.1 * 200e6, fast
+    assert 0.6 * 20e6 < slow < 1.1 * 20e6, slow
+    assert 0.6 * 200e6 < restored < 1.1 * 200e6, restored
+
+
+def test_set_bandwidth_bad_input(tmp_path):
+    with EmulatedCluster(_config(tmp_path)) as c:
+        with pytest.raises(CaramelError, match="worker"):
+            c.set_bandwidth(2, "10mbit")
+        with pytest.raises(CaramelError, match="bandwidth 'slow'"):
+            c.set_bandwidth(0, "slow")
+        assert netns.qdisc_rate_bps(c.config.host_veth(0)) == 100e6
+
+
+def test_two_clusters_do_not_collide_and_close_independently(tmp_path):
+    a_cfg, b_cfg = _config(tmp_path), _config(tmp_path)
+    assert a_cfg.prefix != b_cfg.prefix
+    with EmulatedCluster(a_cfg) as a:
+        with EmulatedCluster(b_cfg) as b:
+            assert a.state.subnet_index != b.state.subnet_index
+            assert tcp_rate_bps(b, 0, 1, nbytes=200_000) > 0
+        objs = host_objects()
+        assert named(objs, b_cfg.prefix) == set()
+        assert {a_cfg.netns(0), a_cfg.netns(1)} <= objs["netns"]
+        assert tcp_rate_bps(a, 1, 0, nbytes=200_000) > 0
+    assert named(host_objects(), a_cfg.prefix) == set()
+
+
+def test_teardown_on_exception_and_only_what_it_created(tmp_path):
+    prefix = new_prefix()
+    decoy = f"{prefix}-decoy"  # our naming pattern, but not created by the cluster
+    netns.sh(["ip", "netns", "add", decoy])
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            with EmulatedCluster(_config(tmp_path, prefix=prefix)):
+                raise RuntimeError("boom")
+        assert named(host_objects(), prefix) == {decoy}
+    finally:
+        netns.sh(["ip", "netns", "del", decoy], check=False)
+
+
+def test_same_prefix_twice_is_refused_before_creating_anything(tmp_path):
+    cfg = _config(tmp_path)
+    with EmulatedCluster(cfg):
+        before = host_objects()
+        with pytest.raises(CaramelError, match="already in use"):
+            EmulatedCluster(ClusterConfig(workers=2, prefix=cfg.prefix, state_dir=cfg.state_dir, quiet=True)).start()
+        assert host_objects() == before
+
+
+def test_failed_setup_removes_partial_cluster(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    real_shape = netns.shape
+
+    def failing_shape(dev, *a, **kw):
+        if dev == cfg.host_veth(1):
+            raise netns.ClusterError("simulated tc failure")
+        return real_shape(dev, *a, **kw)
+
+    monkeypatch.setattr(netns, "shape", failing_shape)
+    before = host_objects()
+    with pytest.raises(CaramelError, match="simulated tc failure"):
+        EmulatedCluster(cfg).start()
+    after = host_objects()
+    assert named(after, cfg.prefix) == set()
+    assert foreign(after) == foreign(before)
