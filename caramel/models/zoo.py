@@ -199,10 +199,10 @@ def vgg16(batch_size: int = 8, seed: int = 0, width_div: int = 1) -> Workload:
 # --- Transformers ---------------------------------------------------------------------------
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, dropout: float = 0.0):
+    def __init__(self, d: int, heads: int, dropout: float = 0.0, attn_bias: bool = True):
         super().__init__()
         self.ln1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, dropout=dropout, batch_first=True)
+        self.attn = nn.MultiheadAttention(d, heads, dropout=dropout, bias=attn_bias, batch_first=True)
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
@@ -215,12 +215,13 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A GPT-2-style decoder with tied input embedding and output projection."""
 
-    def __init__(self, vocab: int = 256, d: int = 128, layers: int = 2, heads: int = 4, seq: int = 64, dropout: float = 0.0):
+    def __init__(self, vocab: int = 256, d: int = 128, layers: int = 2, heads: int = 4, seq: int = 64,
+                 dropout: float = 0.0, attn_bias: bool = True):
         super().__init__()
         self.seq = seq
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, dropout, attn_bias) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.tok.weight  # tied
@@ -258,8 +259,12 @@ def gpt2(batch_size: int = 4, seed: int = 0, d: int = 256, layers: int = 4, head
 
 @register("tiny_gpt")
 def tiny_gpt(batch_size: int = 4, seed: int = 0) -> Workload:
+    """A tiny tied-embedding GPT for tests. Its attention has no biases: the key bias has an
+    identically zero true gradient (softmax is shift-invariant), so its computed gradient is
+    rounding noise that Adam amplifies into full-size steps, and a reference that sums in
+    another order (single-process training) would disagree on it by up to the learning rate."""
     torch.manual_seed(seed)
-    model = GPT(vocab=64, d=32, layers=2, heads=2, seq=16)
+    model = GPT(vocab=64, d=32, layers=2, heads=2, seq=16, attn_bias=False)
     x, y = _tokens(batch_size, 16, 64, seed)
     return Workload("tiny_gpt", model, x, y, lm_loss)
 

@@ -1,0 +1,29 @@
+"""Exact parity: Caramel's parameters after 20 steps equal DDP's (and single-process training on
+the concatenated global batch, for models without batch statistics), for every planner and
+overlap mode, three model families, three optimizers with an LR schedule, 2-4 workers."""
+import pytest
+
+from caramel.plan.planners import PLANNERS, _load_builtin_planners
+from caramel.testing import run_workers
+from workers import parity_worker
+
+_load_builtin_planners()
+TOL = 1e-5
+STEPS = 20
+# small caps so that models split into several buckets (and the planners have choices)
+PLANNER_OPTIONS = {"fifo": {"bucket_cap_mb": 0.02, "first_bucket_mb": 0.005}, "fusion": {"fusion_threshold_mb": 0.02}}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_parity_with_ddp(world, planner):
+    results = run_workers(parity_worker, world, args=(planner, STEPS, PLANNER_OPTIONS.get(planner, {})), timeout_s=560)
+    for rank, res in enumerate(results):
+        for key, value in res.items():
+            if key[-1] == "buckets":
+                continue
+            assert value <= TOL, f"rank {rank}: {key} differs by {value:g} (> {TOL})"
+    buckets = {k: v for k, v in results[0].items() if k[-1] == "buckets"}
+    if planner != "caramel":
+        assert max(buckets.values()) > 1, f"the test should exercise several buckets: {buckets}"

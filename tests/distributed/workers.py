@@ -1,0 +1,92 @@
+"""Worker functions for the multi-process parity tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import caramel
+from caramel.models import get_model
+
+FAMILIES = {  # name -> (zoo model, per-rank batch, has batch statistics)
+    "cnn_bn": ("small_cnn", 4, True),
+    "gpt_tied": ("tiny_gpt", 2, False),
+    "mlp_unused": ("branchy_mlp", 4, False),
+}
+OPTIMIZERS = ("sgd_momentum", "adam", "adamw")
+
+
+def make_optimizer(kind: str, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    if kind == "sgd_momentum":
+        opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    elif kind == "adam":
+        opt = torch.optim.Adam(params, lr=1e-2)
+    else:
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    return opt, sched
+
+
+def batch(family: str, step: int, rank: int):
+    """This rank's batch at this step: deterministic, different on every rank and step."""
+    name, bs, _ = FAMILIES[family]
+    w = get_model(name)(batch_size=bs, seed=1000 + 31 * step + rank)
+    return w.inputs, w.targets
+
+
+def fresh(family: str):
+    name, bs, _ = FAMILIES[family]
+    return get_model(name)(batch_size=bs, seed=0)
+
+
+def train(model, opt, sched, loss_fn, family, rank, steps, world=None, concat=False):
+    for step in range(steps):
+        if concat:
+            xs, ys = zip(*(batch(family, step, r) for r in range(world)))
+            x, y = torch.cat(xs), torch.cat(ys)
+        else:
+            x, y = batch(family, step, rank)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
+def params_of(model: nn.Module) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]]
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    assert len(a) == len(b)
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def parity_worker(rank: int, world: int, planner: str, steps: int, planner_options: dict) -> dict:
+    """Every family x optimizer x overlap mode with `planner`, against DDP (and single-process)."""
+    out = {}
+    for family in FAMILIES:
+        for opt_kind in OPTIMIZERS:
+            w = fresh(family)
+            ref_model = copy.deepcopy(w.model)
+            ddp = torch.nn.parallel.DistributedDataParallel(ref_model, find_unused_parameters=(family == "mlp_unused"))
+            ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
+            train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+            ref = params_of(ddp.module)
+            if not FAMILIES[family][2]:
+                single = copy.deepcopy(w.model)
+                sopt, ssched = make_optimizer(opt_kind, single.parameters())
+                train(single, sopt, ssched, w.loss_fn, family, rank, steps, world=world, concat=True)
+                out[(family, opt_kind, "ddp-vs-single")] = max_diff(ref, params_of(single))
+            for overlap in ("forward", "backward", "none"):
+                m = copy.deepcopy(w.model)
+                opt, sched = make_optimizer(opt_kind, m.parameters())
+                model, opt = caramel.parallelize(m, opt, planner=planner, overlap=overlap, **planner_options)
+                train(model, opt, sched, w.loss_fn, family, rank, steps)
+                opt.synchronize()
+                out[(family, opt_kind, overlap)] = max_diff(ref, params_of(model.module))
+                if rank == 0:
+                    out[(family, opt_kind, overlap, "buckets")] = len(opt.engine.buckets)
+    return out
