@@ -2,7 +2,7 @@
 and the same numbers to an optional TensorBoard writer.
 
 Other ranks get an object whose methods do nothing, so a training loop calls it unconditionally.
-Numbers come from the engine (`optimizer.engine.stats()`: `last_step_s`, `last_wait_s`) when
+Numbers come from the engine's stats (`last_step_s`, `last_wait_s`) when
 given, else from the wall clock between `update()` calls. The bar shows medians over the last
 `window_steps` steps, so one slow step (a checkpoint) does not make the bar jump.
 """
@@ -105,9 +105,13 @@ class TrainingProgress:
                 self._writer.add_scalar(tag, value, self.step)
         return values
 
-    def update_from_stats(self, stats: dict[str, Any], loss: float | None = None) -> dict[str, float]:
-        """Record one step from `optimizer.engine.stats()` (`last_step_s`, `last_wait_s`)."""
-        return self.update(step_time_s=stats.get("last_step_s"), exposed_comm_s=stats.get("last_wait_s"), loss=loss)
+    def update_from_stats(self, stats: Any, loss: float | None = None) -> dict[str, float]:
+        """Record one step from the engine's stats (`last_step_s`, `last_wait_s`): a dict or an object with those attributes."""
+        if isinstance(stats, dict):
+            step_s, wait_s = stats.get("last_step_s"), stats.get("last_wait_s")
+        else:
+            step_s, wait_s = getattr(stats, "last_step_s", None), getattr(stats, "last_wait_s", None)
+        return self.update(step_time_s=step_s, exposed_comm_s=wait_s, loss=loss)
 
     def _show(self, loss: float | None) -> None:
         assert self._bar is not None

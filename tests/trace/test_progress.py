@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import sys
+import types
 
 import pytest
 
@@ -29,7 +30,8 @@ def test_rank0_bar_shows_throughput_step_time_and_exposed_comm():
     cfg = ProgressConfig(total_steps=3, samples_per_step=64, desc="demo")
     with TrainingProgress(cfg, rank=0, file=out, writer=writer) as p:
         p.update_from_stats({"last_step_s": 0.032, "last_wait_s": 0.004, "step": 1}, loss=2.5)
-        p.update(step_time_s=0.032, exposed_comm_s=0.002, loss=2.25)
+        # the runtime's EngineStats is an object with attributes, not a dict
+        p.update_from_stats(types.SimpleNamespace(last_step_s=0.032, last_wait_s=0.002), loss=2.25)
         values = p.update(step_time_s=0.064, exposed_comm_s=0.003, grad_norm=1.5)
     text = out.getvalue()
     # medians over the window: step 32 ms -> 64 / 0.032 = 2000 samples/s, exposed median 3 ms
