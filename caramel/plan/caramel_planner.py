@@ -3,17 +3,21 @@
 Candidates come from the cluster's fitted cost model, time(S) = L + S * beta per collective
 (`CommModel`): S_half = L / beta is the size at which latency equals transfer time, so bucket
 caps at 1, 4, 16 and 64 x S_half keep latency at 50%, 20%, 6% and 1.5% of a bucket's time;
-caps at fractions of the model and DDP's usual caps are tried too. Parameters are grouped in
-gradient-ready order (a bucket is ready when its last gradient is). Issue orders:
+caps at fractions of the model and the baselines' groupings (DDP's, Horovod's) are tried too.
+Parameters are grouped in gradient-ready order (a bucket is ready when its last gradient is).
+Issue orders:
 - `ready`: buckets as they fill (what DDP does);
 - `need`: what the next forward needs first goes first;
 - `hybrid:k`: the first k buckets to fill go as they fill (they use backward time that would
-  otherwise be idle on the network), the rest in need-first order; k estimated from the cost
-  model and then searched.
-Large buckets are optionally cut into chunks. Every candidate is simulated (`caramel.sim`) with
-the overlap mode the runtime will use; the fastest wins, ties go to fewer collectives, then to
-the earlier candidate. Everything is a pure function of (profile, cluster, options), so every
-rank computes the identical plan.
+  otherwise leave the network idle), the rest in need-first order; k estimated from the cost
+  model, then searched.
+The best groupings are then improved by a local search over bucket boundaries (merge two
+neighbours, split one, move a boundary by one parameter), which finds the uneven groupings
+(a small first bucket, a large last one) that uniform caps miss, and large buckets are
+optionally cut into chunks. Every candidate is simulated (`caramel.sim`) with the overlap mode
+the runtime will use; the fastest wins, ties go to fewer collectives, then to the earlier
+candidate. The search is bounded by candidate counts, never by the clock, so it is a pure
+function of (profile, cluster, options) and every rank computes the identical plan.
 """
 from __future__ import annotations
 
@@ -23,12 +27,12 @@ from typing import Any
 
 from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
-from caramel.plan.plan import Plan
+from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 from caramel.sim.collectives import CommModel
-from caramel.sim.simulate import check_overlap, simulate
-from caramel.sim.workload import param_need_s, param_ready_s
+from caramel.sim.simulate import check_overlap, predict_step_time_s, simulate
+from caramel.sim.workload import BucketLoad, Item, make_workload, param_need_s, param_ready_s
 
 DEFAULT_BANDWIDTH_BPS = 1e9
 DEFAULT_LATENCY_S = 50e-6
@@ -39,8 +43,12 @@ CHUNK_MULTIPLES = (4, 16)  # chunk caps, in S_half
 MAX_CHUNKS = 64
 TOP_GROUPINGS = 3
 MAX_HYBRID_KS = 16
-REFINE_FACTORS = (0.5, 0.7071, 1.4142, 2.0)
+SPLIT_ANYWHERE_MAX = 8  # a bucket of at most this many parameters may be split anywhere
+ALL_KS_MAX_BUCKETS = 6  # up to this many buckets, local search tries every k of hybrid:k
+LOCAL_SEARCH_EVALS = 300  # simulations spent improving bucket boundaries
 PLAN_ITERATIONS = 3
+
+Groups = tuple[tuple[int, ...], ...]  # parameter indices per bucket, buckets in ready order
 
 
 def default_cluster(world_size: int) -> ClusterSpec:
@@ -50,10 +58,9 @@ def default_cluster(world_size: int) -> ClusterSpec:
 
 @dataclass(frozen=True)
 class Candidate:
-    cap_bytes: float
-    groups: tuple[tuple[int, ...], ...]  # parameter indices per bucket, in ready order
+    groups: Groups
     chunks: tuple[int, ...]
-    order_name: str
+    order_name: str  # "ready", "need" or "hybrid:k"
     bucket_order: tuple[int, ...]
     chunk_cap_bytes: float | None = None
 
@@ -67,82 +74,61 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan."""
     check_overlap(overlap)
     cluster, resized = _cluster_for(cluster, world_size)
-    comm = CommModel(cluster, comm_model)
     params = ready_sorted(profile)
     if not params:
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to reduce")
-    by_index = {p.index: p for p in profile.params}
-    ready = param_ready_s(profile)
-    need = param_need_s(profile)
-    search = _Search(profile, cluster, comm, overlap, by_index, ready, need)
-
+    search = _Search(profile, cluster, CommModel(cluster, comm_model), overlap)
     total = sum(p.bytes for p in params)
-    s_half = comm.latency_s / comm.per_byte_s if comm.per_byte_s > 0 else float(total)
+    s_half = search.s_half_bytes(total)
+
+    # stage 1: groupings from caps and from the baselines, each with the three basic orders
     caps = sorted({max(1.0, min(float(total), c)) for c in
                    [s_half * k for k in HALF_MULTIPLES] + [total / k for k in MODEL_FRACTIONS] + list(FIXED_CAPS_BYTES)})
-    groupings: dict[tuple, float] = {}
+    groupings: list[Groups] = []
     for cap in caps:
-        groups = tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))]))
-        groupings.setdefault(groups, cap)
-    # the baselines' own groupings, so that the search never does worse than DDP or Horovod
+        groupings.append(tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))])))
     for name in ("fifo", "fusion"):
         baseline = PLANNERS[name](profile, cluster, world_size=cluster.world_size)
-        groupings.setdefault(tuple(tuple(b.params) for b in baseline.buckets), float(max(b.bytes for b in baseline.buckets)))
+        groupings.append(tuple(tuple(b.params) for b in baseline.buckets))
+    best_of: dict[Groups, tuple] = {}
+    for groups in dict.fromkeys(groupings):
+        for cand in search.basic_orders(groups):
+            key = search.evaluate(cand)
+            best_of[groups] = min(best_of.get(groups, key), key)
 
-    # stage 1: every grouping with the three basic orders
-    stage1: dict[tuple, tuple] = {}
-    for groups, cap in groupings.items():
-        ones = tuple(1 for _ in groups)
-        k_est = search.estimate_k(groups)
-        for name, order in (("ready", tuple(range(len(groups)))), ("need", search.hybrid(groups, 0)),
-                            (f"hybrid:{k_est}", search.hybrid(groups, k_est))):
-            key = search.evaluate(Candidate(cap, groups, ones, name, order))
-            if groups not in stage1 or key < stage1[groups]:
-                stage1[groups] = key
     # stage 2: the best groupings with a sweep of k
-    best_groupings = sorted(stage1, key=lambda g: stage1[g])[:TOP_GROUPINGS]
-    for groups in best_groupings:
+    for groups in sorted(best_of, key=best_of.__getitem__)[:TOP_GROUPINGS]:
         nb = len(groups)
-        ks = sorted({round(i * nb / (MAX_HYBRID_KS - 1)) for i in range(MAX_HYBRID_KS)} if nb >= MAX_HYBRID_KS
-                    else set(range(nb + 1)))
+        ks = (sorted({round(i * nb / (MAX_HYBRID_KS - 1)) for i in range(MAX_HYBRID_KS)}) if nb >= MAX_HYBRID_KS
+              else range(nb + 1))
         for k in ks:
-            search.evaluate(Candidate(groupings[groups], groups, tuple(1 for _ in groups), f"hybrid:{k}", search.hybrid(groups, k)))
-    # stage 3: caps between the best one and its neighbours, with the best order policy
-    base = search.best
-    policy = base.order_name.split(":")[0]
-    for factor in REFINE_FACTORS:
-        cap = base.cap_bytes * factor
-        groups = tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))]))
-        if groups in groupings:
-            continue
-        groupings[groups] = cap
-        k = {"ready": len(groups), "need": 0}.get(policy, search.estimate_k(groups))
-        search.evaluate(Candidate(cap, groups, tuple(1 for _ in groups), f"{policy}:{k}" if policy == "hybrid" else policy,
-                                  search.hybrid(groups, k)))
+            search.evaluate(search.hybrid_candidate(groups, k))
+
+    # stage 3: local search over bucket boundaries from the best candidate
+    search.local_search(LOCAL_SEARCH_EVALS)
+
     # stage 4: chunk the large buckets of the best candidate
     base = search.best
     for mult in CHUNK_MULTIPLES:
         chunk_cap = s_half * mult
-        chunks = tuple(_num_chunks(sum(by_index[i].bytes for i in g), sum(by_index[i].numel for i in g), chunk_cap)
-                       for g in base.groups)
+        chunks = tuple(_num_chunks(search.group_bytes(g), search.group_numel(g), chunk_cap) for g in base.groups)
         if chunks != base.chunks:
-            search.evaluate(Candidate(base.cap_bytes, base.groups, chunks, base.order_name, base.bucket_order, chunk_cap))
+            search.evaluate(Candidate(base.groups, chunks, base.order_name, base.bucket_order, chunk_cap))
 
     best = search.best
-    plan = search.to_plan(best, options={})
-    result = simulate(profile, cluster, plan, overlap=overlap, trace=False, comm=comm)
+    plan = search.to_plan(best)
+    result = simulate(profile, cluster, plan, overlap=overlap, trace=False, comm=search.comm)
     plan.predicted_step_time_s = result.step_time_s
     plan.options = {
         "overlap": overlap,
-        "bucket_cap_bytes": best.cap_bytes,
         "chunk_cap_bytes": best.chunk_cap_bytes,
         "order": best.order_name,
         "candidates_evaluated": search.count,
         "s_half_bytes": s_half,
-        "comm_model": comm.describe(),
+        "comm_model": search.comm.describe(),
         "cluster": {"workers": cluster.world_size, "bandwidth_bps": cluster.bandwidth_bps,
                     "latency_s": cluster.latency_s, "collective": cluster.collective, "topology": cluster.topology},
-        "predicted": {k: result.summary()[k] for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s")},
+        "predicted": {k: getattr(result, k) for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s")},
     }
     if resized:
         plan.options["cluster_resized_from"] = resized
@@ -152,51 +138,150 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
 class _Search:
     """Evaluates candidates by simulation and keeps the best (deterministic tie-breaks)."""
 
-    def __init__(self, profile, cluster, comm, overlap, by_index, ready, need):
+    def __init__(self, profile: ModelProfile, cluster: ClusterSpec, comm: CommModel, overlap: str):
         self.profile, self.cluster, self.comm, self.overlap = profile, cluster, comm, overlap
-        self.by_index: dict[int, ParamInfo] = by_index
-        self.ready, self.need = ready, need
+        self.by_index: dict[int, ParamInfo] = {p.index: p for p in profile.params}
+        self.ready = param_ready_s(profile)
+        self.need = param_need_s(profile)
+        self.ready_list = [p.index for p in ready_sorted(profile)]
+        self.total_bytes = sum(p.bytes for p in profile.trainable()) or 1
         self.best: Candidate | None = None
         self.best_key: tuple | None = None
         self.count = 0
         self._seen: dict[tuple, tuple] = {}
 
-    def hybrid(self, groups: tuple, k: int) -> tuple[int, ...]:
+    # -- sizes and the cost model
+    def s_half_bytes(self, total: int) -> float:
+        """Bytes at which one collective's latency equals its transfer time."""
+        return self.comm.latency_s / self.comm.per_byte_s if self.comm.per_byte_s > 0 else float(total)
+
+    def group_bytes(self, g) -> int:
+        return sum(self.by_index[i].bytes for i in g)
+
+    def group_numel(self, g) -> int:
+        return sum(self.by_index[i].numel for i in g)
+
+    # -- orders
+    def hybrid(self, groups: Groups, k: int) -> tuple[int, ...]:
         """First k buckets in ready order, the rest by first use in forward (ties: ready order)."""
         rest = sorted(range(k, len(groups)), key=lambda b: (min(self.need[i] for i in groups[b]), b))
         return tuple(range(k)) + tuple(rest)
 
-    def estimate_k(self, groups: tuple) -> int:
+    def estimate_k(self, groups: Groups) -> int:
         """How many buckets, sent as they fill, finish before backward ends."""
         t, k = 0.0, 0
         for g in groups:
-            ready = max(self.ready[i] for i in g)
-            t = max(t, ready) + self.comm.time_s(sum(self.by_index[i].bytes for i in g))
+            t = max(t, max(self.ready[i] for i in g)) + self.comm.time_s(self.group_bytes(g))
             if t > self.profile.backward_time_s:
                 break
             k += 1
         return k
 
-    def to_plan(self, cand: Candidate, options: dict) -> Plan:
-        groups = [[self.by_index[i] for i in g] for g in cand.groups]
-        return plan_from_groups("caramel", self.profile, self.cluster.world_size, groups,
-                                chunks=list(cand.chunks), order=cand.items(), options=options)
+    def hybrid_candidate(self, groups: Groups, k: int) -> Candidate:
+        k = max(0, min(k, len(groups)))
+        name = "ready" if k == len(groups) else ("need" if k == 0 else f"hybrid:{k}")
+        return Candidate(groups, (1,) * len(groups), name, self.hybrid(groups, k))
 
+    def basic_orders(self, groups: Groups) -> list[Candidate]:
+        return [self.hybrid_candidate(groups, len(groups)), self.hybrid_candidate(groups, 0),
+                self.hybrid_candidate(groups, self.estimate_k(groups))]
+
+    # -- evaluation
     def evaluate(self, cand: Candidate) -> tuple:
         """Simulate a candidate (once per distinct plan); return its sort key."""
         ident = (cand.groups, cand.chunks, cand.bucket_order)
         if ident in self._seen:
             return self._seen[ident]
-        plan = self.to_plan(cand, {})
-        res = simulate(self.profile, self.cluster, plan, overlap=self.overlap, iterations=PLAN_ITERATIONS,
-                       trace=False, comm=self.comm)
-        # step times equal to 1 ns are ties; then fewer collectives, then the earlier candidate
-        key = (round(res.step_time_s, 9), len(plan.order), self.count)
+        step = predict_step_time_s(self._workload(cand), self.cluster, self.comm, self.overlap, PLAN_ITERATIONS)
+        # step times within 1 ns are ties; then fewer collectives, then the earlier candidate
+        key = (round(step, 9), sum(cand.chunks), self.count)
         self._seen[ident] = key
         self.count += 1
         if self.best_key is None or key < self.best_key:
             self.best, self.best_key = cand, key
         return key
+
+    def _workload(self, cand: Candidate):
+        buckets = []
+        for b, g in enumerate(cand.groups):
+            nbytes = self.group_bytes(g)
+            buckets.append(BucketLoad(b, nbytes, max(self.ready[i] for i in g), min(self.need[i] for i in g),
+                                      self.profile.optimizer_time_s * nbytes / self.total_bytes))
+        shapes = [Bucket(b, [], "", self.group_numel(g), buckets[b].bytes, cand.chunks[b]) for b, g in enumerate(cand.groups)]
+        items = [Item(b, c, shapes[b].chunk_bytes(c)) for b, c in cand.items()]
+        return make_workload(self.profile, buckets, items)
+
+    def to_plan(self, cand: Candidate) -> Plan:
+        groups = [[self.by_index[i] for i in g] for g in cand.groups]
+        return plan_from_groups("caramel", self.profile, self.cluster.world_size, groups,
+                                chunks=list(cand.chunks), order=cand.items())
+
+    # -- local search over bucket boundaries
+    def local_search(self, budget: int) -> None:
+        """Best-improvement moves of bucket boundaries from the best candidate, `budget` simulations at most."""
+        ready_order = self.ready_list
+        pos = {p: i for i, p in enumerate(ready_order)}
+        dtypes = [self.by_index[p].dtype for p in ready_order]
+        stop_at = self.count + budget
+        while self.count < stop_at:
+            cur = self.best
+            cuts = [pos[g[0]] for g in cur.groups[1:]]  # start position of every bucket but the first
+            improved = False
+            for new_cuts in self._neighbour_cuts(cuts, len(ready_order), dtypes):
+                if self.count >= stop_at:
+                    break
+                groups = _groups_from_cuts(ready_order, new_cuts)
+                k = cur.order_name
+                k = len(groups) if k == "ready" else 0 if k == "need" else min(int(k.split(":")[1]), len(groups))
+                k_est = self.estimate_k(groups)
+                ks = range(len(groups) + 1) if len(groups) <= ALL_KS_MAX_BUCKETS else (k, k_est, max(k_est - 1, 0))
+                for kk in dict.fromkeys(ks):
+                    cand = self.hybrid_candidate(groups, kk)
+                    before = self.best
+                    self.evaluate(cand)
+                    improved |= self.best is not before
+            if not improved:
+                return
+
+    def _neighbour_cuts(self, cuts: list[int], n: int, dtypes: list[str]):
+        bounds = [0] + cuts + [n]
+        out = []
+        for j in range(len(cuts)):  # merge bucket j and j+1
+            if dtypes[bounds[j]] == dtypes[bounds[j + 2] - 1]:
+                out.append(cuts[:j] + cuts[j + 1:])
+        for j in range(len(bounds) - 1):  # split bucket j: anywhere if small, else at its byte quartiles
+            lo, hi = bounds[j], bounds[j + 1]
+            splits = range(lo + 1, hi) if hi - lo <= SPLIT_ANYWHERE_MAX else self._quantiles(lo, hi)
+            out.extend(sorted(cuts + [c]) for c in dict.fromkeys(splits))
+        for j, c in enumerate(cuts):  # move a boundary by one parameter
+            for d in (-1, 1):
+                c2 = c + d
+                if bounds[j] < c2 < bounds[j + 2]:
+                    out.append(cuts[:j] + [c2] + cuts[j + 1:])
+        ok = []
+        for cand in out:
+            b = [0] + cand + [n]
+            if all(len(set(dtypes[b[i]:b[i + 1]])) == 1 for i in range(len(b) - 1)):
+                ok.append(cand)
+        return ok
+
+    def _quantiles(self, lo: int, hi: int) -> list[int]:
+        """Cut positions in (lo, hi) closest to a quarter, half and three quarters of the bytes."""
+        sizes = [self.by_index[self.ready_list[i]].bytes for i in range(lo, hi)]
+        total, out = sum(sizes), []
+        for q in (0.5, 0.25, 0.75):
+            acc = 0
+            for k, s in enumerate(sizes[:-1]):
+                acc += s
+                if acc >= q * total:
+                    out.append(lo + k + 1)
+                    break
+        return out
+
+
+def _groups_from_cuts(order: list[int], cuts: list[int]) -> Groups:
+    bounds = [0] + list(cuts) + [len(order)]
+    return tuple(tuple(order[bounds[i]:bounds[i + 1]]) for i in range(len(bounds) - 1))
 
 
 def _num_chunks(nbytes: int, numel: int, chunk_cap: float) -> int:

@@ -15,7 +15,7 @@ from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.collectives import CommModel
 from caramel.sim.engine import OVERLAPS, run_engine, steady_period_s, summarize_critical_path, trace_events
-from caramel.sim.workload import build_workload
+from caramel.sim.workload import Workload, build_workload
 from caramel.trace.events import Trace
 
 FULL_TRACE_MAX_WORKERS = 64  # above this, the trace holds one rank per distinct worker speed
@@ -56,6 +56,13 @@ class SimResult:
 def check_overlap(overlap: str) -> None:
     if overlap not in OVERLAPS:
         raise CaramelError(f"overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
+
+
+def predict_step_time_s(work: Workload, cluster: ClusterSpec, comm: CommModel, overlap: str = "forward",
+                        iterations: int = 4) -> float:
+    """Steady-state step time only, for a prebuilt workload: the planner's fast path (no checks, no trace)."""
+    run = run_engine(work, [w.speed for w in cluster.workers], comm, overlap, iterations, record=False)
+    return max(steady_period_s(ln) for ln in run.timelines)
 
 
 def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str = "forward",

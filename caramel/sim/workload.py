@@ -112,6 +112,13 @@ def check_plan_matches(profile: ModelProfile, plan: Plan) -> None:
         raise MismatchError(f"plan.buckets: trainable parameter {names[missing[0]]!r} is in no bucket ({len(missing)} missing)")
 
 
+def make_workload(profile: ModelProfile, buckets: list[BucketLoad], items: list[Item]) -> Workload:
+    """A workload from buckets and items already derived (the planner builds candidates this way)."""
+    need_order = tuple(sorted(range(len(buckets)), key=lambda i: (buckets[i].need_s, i)))
+    return Workload(profile.forward_time_s, profile.backward_time_s, profile.optimizer_time_s,
+                    tuple(buckets), tuple(items), need_order)
+
+
 def build_workload(profile: ModelProfile, plan: Plan) -> Workload:
     """Reduce a profile and a matching plan to what the event engine replays."""
     check_plan_matches(profile, plan)
@@ -119,7 +126,7 @@ def build_workload(profile: ModelProfile, plan: Plan) -> Workload:
     ready = param_ready_s(profile)
     need = param_need_s(profile)
     total = plan.total_bytes() or 1
-    buckets = tuple(
+    buckets = [
         BucketLoad(
             id=b.id,
             bytes=b.bytes,
@@ -128,8 +135,6 @@ def build_workload(profile: ModelProfile, plan: Plan) -> Workload:
             apply_s=profile.optimizer_time_s * b.bytes / total,
         )
         for b in plan.buckets
-    )
-    items = tuple(Item(bk, c, plan.buckets[bk].chunk_bytes(c)) for bk, c in plan.order)
-    need_order = tuple(sorted(range(len(buckets)), key=lambda i: (buckets[i].need_s, i)))
-    return Workload(profile.forward_time_s, profile.backward_time_s, profile.optimizer_time_s,
-                    buckets, items, need_order)
+    ]
+    items = [Item(bk, c, plan.buckets[bk].chunk_bytes(c)) for bk, c in plan.order]
+    return make_workload(profile, buckets, items)

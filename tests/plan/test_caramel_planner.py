@@ -1,0 +1,154 @@
+"""The caramel planner: known best answers (by exhaustive search), baselines, determinism, fallbacks."""
+import itertools
+
+import pytest
+
+from caramel.cluster.spec import ClusterSpec
+from caramel.errors import CaramelError
+from caramel.plan.caramel_planner import default_cluster, plan_caramel
+from caramel.plan.plan import Plan
+from caramel.plan.planners import PLANNERS, make_plan, plan_from_groups, ready_sorted
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim import simulate
+from caramel.sim.synthetic import resnet50_profile, synthetic_profile
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _brute_force_best(prof, cluster, overlap):
+    """Every grouping of consecutive (ready-order) parameters with every issue order."""
+    ps = ready_sorted(prof)
+    best = None
+    for cuts in itertools.product([0, 1], repeat=len(ps) - 1):
+        groups, cur = [], [ps[0]]
+        for p, cut in zip(ps[1:], cuts):
+            if cut:
+                groups.append(cur)
+                cur = []
+            cur.append(p)
+        groups.append(cur)
+        for perm in itertools.permutations(range(len(groups))):
+            plan = plan_from_groups("brute", prof, cluster.world_size, groups, order=[(b, 0) for b in perm])
+            t = simulate(prof, cluster, plan, overlap=overlap, trace=False).step_time_s
+            best = t if best is None else min(best, t)
+    return best
+
+
+CASES = {  # name: (sizes, compute shares)
+    "equal": ([400_000] * 5, None),
+    "last-layer-big": ([200_000] * 4 + [2_000_000], None),
+    "front-heavy-compute": ([500_000] * 5, [5, 1, 1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("bandwidth_bps", [1e8, 1e9])
+@pytest.mark.parametrize("overlap", ["forward", "backward"])
+def test_planner_finds_the_exhaustive_optimum(case, bandwidth_bps, overlap):
+    sizes, times = CASES[case]
+    prof = synthetic_profile(sizes_bytes=sizes, times_s=times)
+    cluster = ClusterSpec.uniform(4, bandwidth_bps, 1e-3)
+    plan = make_plan("caramel", prof, cluster, overlap=overlap)
+    got = simulate(prof, cluster, plan, overlap=overlap, trace=False).step_time_s
+    assert got == pytest.approx(_brute_force_best(prof, cluster, overlap), rel=1e-9)
+    assert plan.predicted_step_time_s == pytest.approx(got, rel=1e-12)
+
+
+def test_latency_bound_cluster_gets_one_bucket():
+    prof = synthetic_profile(sizes_bytes=[1000] * 30, forward_time_s=1e-4, backward_time_s=2e-4, optimizer_time_s=0.0)
+    cluster = ClusterSpec.uniform(8, 10e9, 5e-3)
+    for overlap in ("forward", "backward", "none"):
+        plan = make_plan("caramel", prof, cluster, overlap=overlap)
+        assert len(plan.buckets) == 1 and plan.num_items() == 1
+
+
+def test_forward_overlap_sends_what_the_next_forward_needs_first():
+    # the last-ready gradient (layer0) is needed first: with comm-bound links a need-first tail wins
+    prof = synthetic_profile(sizes_bytes=[400_000] * 5)
+    cluster = ClusterSpec.uniform(4, 1e8, 1e-3)
+    plan = make_plan("caramel", prof, cluster, overlap="forward")
+    assert plan.options["order"].startswith("hybrid:")
+    first_needed = min(range(len(plan.buckets)), key=lambda b: plan.buckets[b].need_time_s)
+    assert plan.order.index((first_needed, 0)) < len(plan.order) - 1
+
+
+@pytest.mark.parametrize("prof", [resnet50_profile(), synthetic_profile(120)], ids=["resnet50", "chain120"])
+@pytest.mark.parametrize("workers,bandwidth_bps", [(8, 1e9), (64, 10e9)])
+@pytest.mark.parametrize("overlap", ["forward", "backward"])
+def test_never_worse_than_the_baselines(prof, workers, bandwidth_bps, overlap):
+    cluster = ClusterSpec.uniform(workers, bandwidth_bps)
+    steps = {name: simulate(prof, cluster, make_plan(name, prof, cluster, overlap=overlap), overlap=overlap,
+                            trace=False).step_time_s for name in ("fifo", "fusion", "caramel")}
+    assert steps["caramel"] <= min(steps["fifo"], steps["fusion"]) * (1 + 1e-9)
+
+
+def test_deterministic_and_round_trips(tmp_path):
+    prof = synthetic_profile(60)
+    cluster = ClusterSpec.uniform(8, 1e9)
+    a = make_plan("caramel", prof, cluster)
+    b = make_plan("caramel", prof, ClusterSpec.uniform(8, 1e9))
+    assert a.to_dict() == b.to_dict()
+    a.save(tmp_path / "plan.json")
+    back = Plan.load(tmp_path / "plan.json")
+    assert back.fingerprint == a.fingerprint and back.options == a.options
+    assert back.predicted_step_time_s == a.predicted_step_time_s
+
+
+def test_options_record_the_choice():
+    prof = synthetic_profile(40)
+    plan = make_plan("caramel", prof, ClusterSpec.uniform(4, 1e9))
+    assert plan.planner == "caramel" and plan.world_size == 4
+    for key in ("overlap", "order", "candidates_evaluated", "s_half_bytes", "comm_model", "cluster", "predicted"):
+        assert key in plan.options
+    assert plan.options["predicted"]["step_time_s"] == plan.predicted_step_time_s
+
+
+def test_default_cluster_and_world_size_without_cluster():
+    c = default_cluster(3)
+    assert (c.world_size, c.bandwidth_bps, c.latency_s) == (3, 1e9, 50e-6)
+    prof = synthetic_profile(10)
+    plan = make_plan("caramel", prof, world_size=3)
+    assert plan.world_size == 3 and plan.options["cluster"]["bandwidth_bps"] == 1e9
+
+
+def test_cluster_of_another_size_is_resized():
+    prof = synthetic_profile(10)
+    plan = plan_caramel(prof, ClusterSpec.uniform(8, 2e9), world_size=2)
+    assert plan.world_size == 2
+    assert plan.options["cluster_resized_from"] == {"workers": 8}
+    assert plan.options["cluster"]["bandwidth_bps"] == 2e9
+
+
+def test_one_worker_cluster_gives_one_bucket():
+    prof = resnet50_profile()
+    plan = make_plan("caramel", prof, ClusterSpec.uniform(1, 1e9))
+    assert len(plan.buckets) == 1
+    assert plan.predicted_step_time_s == pytest.approx(prof.step_time_s)
+
+
+def test_profile_with_missing_timings_still_plans():
+    data = synthetic_profile(12).to_dict()
+    for p in data["params"]:
+        p["ready_time_s"] = p["first_use_time_s"] = None
+    for m in data["modules"]:
+        m["forward_start_s"] = 0.0
+    prof = ModelProfile.from_dict(data)
+    plan = make_plan("caramel", prof, ClusterSpec.uniform(4, 1e9))
+    plan.validate()
+    assert plan.predicted_step_time_s >= prof.step_time_s
+    for p in data["params"]:
+        p["ready_order"] = p["first_use_order"] = None
+    data["forward_time_s"] = data["backward_time_s"] = data["optimizer_time_s"] = 0.0
+    bare = ModelProfile.from_dict(data)
+    plan = make_plan("caramel", bare, ClusterSpec.uniform(4, 1e9))
+    assert plan.predicted_step_time_s > 0  # pure communication
+    assert plan.num_items() == 1  # nothing to overlap with: one collective is cheapest
+
+
+def test_bad_options():
+    prof = synthetic_profile(5)
+    with pytest.raises(CaramelError, match="overlap"):
+        make_plan("caramel", prof, ClusterSpec.uniform(2, 1e9), overlap="later")
+    with pytest.raises(CaramelError, match="world_size"):
+        make_plan("caramel", prof, None, world_size=0)
+    assert "caramel" in PLANNERS
