@@ -80,13 +80,17 @@ class Engine:
         self._issue_t: dict[tuple[int, int], float] = {}
         self._fwd_t0 = 0.0
         self.on_step_end = None  # set by the planning controller
+        self.order_changed = False
+        self._last_pos = -1
+        self._module_pos: dict[str, int] = {}
         self.controller = None
         self.save_trace = None
         self._install_grad_hooks()
 
     # ---------------------------------------------------------------- plan
 
-    def set_plan(self, plan: Plan, module_uses: dict[str, list[int]] | None) -> None:
+    def set_plan(self, plan: Plan, module_uses: dict[str, list[int]] | None,
+                 module_order: list[str] | None = None) -> None:
         """Switch to `plan` (every pending update must already be applied).
 
         `module_uses` maps a module name to the parameter indices it uses (from profiling);
@@ -110,6 +114,7 @@ class Engine:
                     uses.setdefault(name, set()).add(idx)
         for name, idxs in (module_uses or {}).items():
             uses.setdefault(name, set()).update(idxs)
+        self._module_pos = {name: k for k, name in enumerate(module_order or [])}
         self._module_buckets = {}
         for name, idxs in uses.items():
             bs = sorted({self.bucket_of[i] for i in idxs if i in self.bucket_of})
@@ -136,7 +141,8 @@ class Engine:
         named = dict(self.module.named_modules())
         for name, bs in self._module_buckets.items():
             if name in named and name != "":
-                self._hook_handles.append(named[name].register_forward_pre_hook(self._make_pre_hook(bs)))
+                pos = self._module_pos.get(name)
+                self._hook_handles.append(named[name].register_forward_pre_hook(self._make_pre_hook(bs, pos)))
         # The root: buckets its own forward uses, then the safety net at forward end.
         root_bs = self._module_buckets.get("", [])
         self._hook_handles.append(self.module.register_forward_pre_hook(self._root_pre_hook(root_bs)))
@@ -167,8 +173,14 @@ class Engine:
                 self._mark_ready(fb)
         return hook
 
-    def _make_pre_hook(self, bucket_ids: list[int]):
+    def _make_pre_hook(self, bucket_ids: list[int], pos: int | None = None):
         def hook(_m, _args):
+            if pos is not None:
+                # modules running out of the profiled order: correct (each module applies what it
+                # uses), but the plan's priorities no longer fit; the controller re-plans
+                if pos < self._last_pos:
+                    self.order_changed = True
+                self._last_pos = max(self._last_pos, pos)
             if self._pending_apply:
                 todo = [b for b in bucket_ids if b in self._pending_apply]
                 if todo:
@@ -179,6 +191,7 @@ class Engine:
         inner = self._make_pre_hook(bucket_ids)
 
         def hook(m, args):
+            self._last_pos = -1
             self._fwd_t0 = self.recorder.now()
             if self._step_t0 is None:
                 self._step_t0 = self._fwd_t0

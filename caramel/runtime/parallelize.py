@@ -84,7 +84,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     else:
         controller.start_profiling()
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
-        model.register_forward_pre_hook(_BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s))
+        sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
+        model.register_forward_pre_hook(sync.pre_forward)
+        model.register_forward_hook(sync.post_forward, always_call=True)
     wrapped = CaramelModel(model, engine)
     if trace_path is not None:
         _save_at_exit(engine, trace_path)
@@ -120,6 +122,9 @@ class _Controller:
         self.profile_steps, self.check_every = profile_steps, check_every
         self.profile: ModelProfile | None = None
         self.module_uses: dict[str, list[int]] | None = None
+        self.profiling = False
+        self.hooks_installed = False
+        self.order_replans = 0
         engine.on_step_end = self.on_step_end
 
     # -- the plan in force
@@ -128,7 +133,9 @@ class _Controller:
         if plan.world_size != self.world:
             raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
         self._check_same_plan(plan)
-        self.engine.set_plan(plan, self.module_uses)
+        order = [m.name for m in self.profile.modules] if self.profile is not None else None
+        self.engine.set_plan(plan, self.module_uses, order)
+        self.engine.order_changed = False
         self.engine.sync_apply = self.engine.overlap != "forward" or not self.lazy_ok
 
     def _check_same_plan(self, plan: Plan) -> None:
@@ -161,13 +168,17 @@ class _Controller:
             raise CaramelError("model has no trainable parameters (every parameter has requires_grad=False)")
         provisional = _registration_profile(self.names, self.params)
         plan = make_plan("fifo", provisional, world_size=self.world)
+        self.engine.synchronize()
+        self.profile = None
         self.engine.set_plan(plan, None)
         self.engine.sync_apply = True
         self.phase_step = 0
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
-        self.model.register_forward_pre_hook(self._fwd_pre)
-        self.model.register_forward_hook(self._fwd_post, always_call=True)
+        if not self.hooks_installed:
+            self.model.register_forward_pre_hook(self._fwd_pre)
+            self.model.register_forward_hook(self._fwd_post, always_call=True)
+            self.hooks_installed = True
         self.engine.on_grad_ready.append(self._grad_ready)
         self.engine.on_backward_end.append(self._bwd_end)
         self.profiling = True
@@ -200,10 +211,29 @@ class _Controller:
         self._t_bwd_end = time.perf_counter()
 
     def on_step_end(self) -> None:
-        if getattr(self, "profiling", False):
+        if self.profiling:
             self._profiling_step_end()
-        elif self.check_every and self.world > 1 and self.engine.stats.step % self.check_every == 0:
+        elif self.check_every and self.engine.stats.step % self.check_every == 0:
             self._periodic_check()
+
+    def _periodic_check(self) -> None:
+        """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,
+        its negation, and whether modules ran out of the profiled order. Disagreeing plans are
+        an error; a changed order (updates stay correct: each module applies what it uses, but
+        the priorities are stale) triggers a new profile, at most twice, at the same step everywhere."""
+        h = int(self.engine.plan.fingerprint[:12], 16)
+        t = torch.tensor([h, -h, int(self.engine.order_changed)], dtype=torch.int64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        if int(t[0]) != h or int(-t[1]) != h:
+            raise MismatchError(f"rank {self.rank}: ranks disagree on the plan at step {self.engine.stats.step} "
+                                f"(this rank's fingerprint {self.engine.plan.fingerprint}); they would reduce mismatched gradients")
+        self.engine.order_changed = False
+        if int(t[2]):
+            self.engine.stats.extra["order_changes"] = self.engine.stats.extra.get("order_changes", 0) + 1
+            if self.order_replans < 2:
+                self.order_replans += 1
+                self.start_profiling()
 
     def _profiling_step_end(self) -> None:
         if self.timer is not None and self.timer.cur is not None:
@@ -223,19 +253,12 @@ class _Controller:
         self.plan_from_profile(profile)
         self.engine.stats.replans += 1
 
-    def _periodic_check(self) -> None:
-        """Cheap agreement check: one all-reduce of the plan fingerprint (max of h and of -h)."""
-        h = int(self.engine.plan.fingerprint[:12], 16)
-        t = torch.tensor([h, -h], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        if int(t[0]) != h or int(-t[1]) != h:
-            raise MismatchError(f"rank {self.rank}: ranks disagree on the plan at step {self.engine.stats.step} "
-                                f"(this rank's fingerprint {self.engine.plan.fingerprint}); they would reduce mismatched gradients")
-
 
 class _BufferSync:
-    """DDP's buffer semantics: before each training forward, rank 0's buffers (BatchNorm
-    statistics) are broadcast. A group of its own, so it never queues behind gradients."""
+    """DDP's buffer semantics: rank 0's buffers (BatchNorm statistics) are broadcast at the start
+    of a forward when the previous forward was a synchronized training forward (grad enabled,
+    not under no_sync), exactly when DDP does it. A group of its own, so it never queues
+    behind gradients."""
 
     def __init__(self, model: nn.Module, engine: Engine, group, n: int, timeout_s):
         self.buffers = [b for b in model.buffers()]
@@ -244,9 +267,13 @@ class _BufferSync:
         from torch.distributed import BroadcastOptions
         self.opts = BroadcastOptions()
         self.opts.rootRank = 0
+        self.sync_next = True
 
-    def __call__(self, _m, _args):
-        if not (torch.is_grad_enabled() and self.engine.require_sync):
+    def post_forward(self, _m, _args, _out) -> None:
+        self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
+
+    def pre_forward(self, _m, _args) -> None:
+        if not self.sync_next:
             return
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in self.buffers:

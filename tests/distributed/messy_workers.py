@@ -1,0 +1,248 @@
+"""Worker functions for the real-models-are-messy tests: each case trains a model with Caramel
+and with DDP side by side on the same data and returns the largest parameter difference."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import caramel
+from caramel.models.zoo import BranchyMLP, SmallCNN
+
+STEPS = 12
+
+
+class TwiceUsed(nn.Module):
+    """One Linear applied twice in a forward, plus a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.shared = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = F.relu(self.inp(x))
+        h = F.relu(self.shared(h))
+        h = F.relu(self.shared(h))
+        return self.head(h)
+
+
+class Reorders(nn.Module):
+    """Two blocks whose order flips when `swap` is set: the forward's module order changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+        self.swap = False
+
+    def forward(self, x):
+        h = F.relu(self.inp(x))
+        first, second = (self.b, self.a) if self.swap else (self.a, self.b)
+        h = F.relu(second(F.relu(first(h))))
+        return self.head(h)
+
+
+def _data(step: int, rank: int, d_in: int = 16, classes: int = 4, n: int = 6):
+    g = torch.Generator().manual_seed(7919 * step + 101 * rank)
+    return torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def _diff(a: nn.Module, b: nn.Module) -> float:
+    pa = list(a.parameters()) + [t for t in a.buffers() if t.is_floating_point()]
+    pb = list(b.parameters()) + [t for t in b.buffers() if t.is_floating_point()]
+    return max(float((x - y).abs().max()) for x, y in zip(pa, pb))
+
+
+def _pair(model: nn.Module, opt_fn, find_unused=False, **kw):
+    ref = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(ref, find_unused_parameters=find_unused)
+    ropt = opt_fn([p for p in ddp.parameters() if p.requires_grad])
+    opt = opt_fn([p for p in model.parameters() if p.requires_grad])
+    cm, copt = caramel.parallelize(model, opt, planner=kw.pop("planner", "fifo"), **kw)
+    return cm, copt, ddp, ropt
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def case_frozen(rank, world):
+    torch.manual_seed(0)
+    m = SmallCNN()
+    m.conv1.weight.requires_grad_(False)
+    cm, copt, ddp, ropt = _pair(m, _adamw)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step * 13 + rank)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
+def case_unused_some_steps(rank, world):
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(BranchyMLP(d_in=16, classes=4), _adamw, find_unused=True)
+    for step in range(STEPS):
+        x, y = _data(step, rank)
+        use_branch = (step + rank) % 3 == 0  # data-dependent: ranks differ at some steps
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x, use_branch=use_branch), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
+def case_used_twice(rank, world):
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(TwiceUsed(), _sgd)
+    for step in range(STEPS):
+        x, y = _data(step, rank)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
+def case_no_sync_accumulation(rank, world, k=3):
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(TwiceUsed(), _adamw)
+    for step in range(STEPS):
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            for micro in range(k):
+                x, y = _data(step * k + micro, rank)
+                if micro < k - 1:
+                    with mod.no_sync():
+                        (F.cross_entropy(mod(x), y) / k).backward()
+                else:
+                    (F.cross_entropy(mod(x), y) / k).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
+def case_clip(rank, world):
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(TwiceUsed(), _sgd)
+    norms = []
+    for step in range(STEPS):
+        x, y = _data(step, rank)
+        F.cross_entropy(cm(x), y).backward()
+        n1 = caramel.clip_grad_norm_(copt, 0.5)
+        copt.step()
+        copt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        n2 = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        ropt.step()
+        ropt.zero_grad()
+        norms.append(abs(float(n1) - float(n2)))
+    copt.synchronize()
+    return max(_diff(cm.module, ddp.module), max(norms))
+
+
+def case_eval_and_state_dict(rank, world):
+    """Without an explicit synchronize: state_dict() and eval() see every update."""
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(SmallCNN(), _sgd)
+    diffs = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step * 13 + rank)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+        if step % 4 == 3:
+            sd, rsd = cm.state_dict(), ddp.state_dict()
+            assert list(sd) == list(rsd), "state_dict keys must match DDP's (module. prefix)"
+            diffs.append(max(float((sd[k].float() - rsd[k].float()).abs().max()) for k in sd))
+            cm.eval()
+            ddp.eval()
+            with torch.no_grad():
+                diffs.append(float((cm(x) - ddp(x)).abs().max()))
+            cm.train()
+            ddp.train()
+    return max(diffs)
+
+
+def case_order_change(rank, world):
+    torch.manual_seed(0)
+    cm, copt, ddp, ropt = _pair(Reorders(), _adamw, check_every=2)
+    for step in range(STEPS + 8):
+        swap = step >= 8
+        cm.module.swap = swap
+        ddp.module.swap = swap
+        x, y = _data(step, rank)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    changes = copt.engine.stats.extra.get("order_changes", 0)
+    assert changes >= 1, "the changed module order was not detected"
+    return _diff(cm.module, ddp.module)
+
+
+def case_lbfgs_closure(rank, world):
+    torch.manual_seed(0)
+    m = TwiceUsed()
+    ref = copy.deepcopy(m)
+    ddp = torch.nn.parallel.DistributedDataParallel(ref)
+    ropt = torch.optim.LBFGS(ddp.parameters(), lr=0.5, max_iter=4)
+    cm, copt = caramel.parallelize(m, torch.optim.LBFGS(m.parameters(), lr=0.5, max_iter=4), planner="fifo")
+    for step in range(4):
+        x, y = _data(step, rank)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            def closure(mod=mod, o=o):
+                o.zero_grad()
+                loss = F.cross_entropy(mod(x), y)
+                loss.backward()
+                return loss
+            o.step(closure)
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+
+def all_cases_worker(rank: int, world: int) -> dict:
+    out = {}
+    for name, fn in CASES.items():
+        try:
+            out[name] = fn(rank, world)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            import traceback
+            out[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    return out
+
+
+def mismatch_worker(rank: int, world: int, what: str) -> str:
+    """Ranks hold different models: every rank must get a clear error (returned as text)."""
+    torch.manual_seed(0)
+    width = 32 if (what == "shape" and rank == 1) else 16
+    layers = [nn.Linear(8, width), nn.Linear(width, 4)]
+    if what == "count" and rank == 1:
+        layers.append(nn.Linear(4, 4))
+    model = nn.Sequential(*layers)
+    try:
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    except caramel.MismatchError as e:
+        return str(e)
+    return "no error"

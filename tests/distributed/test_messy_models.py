@@ -1,0 +1,31 @@
+"""Real models are messy: each case trains with Caramel and DDP side by side (2 workers) and
+must end with the same parameters (max abs difference <= 1e-5)."""
+import pytest
+
+from caramel.testing import run_workers
+from messy_workers import CASES, all_cases_worker, mismatch_worker
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_workers(all_cases_worker, 2, timeout_s=400)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_case_matches_ddp(results, case):
+    for rank, res in enumerate(results):
+        value = res[case]
+        assert not isinstance(value, str), f"rank {rank} failed: {value}"
+        assert value <= TOL, f"rank {rank}: {case} differs from DDP by {value:g}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("what,expected", [("shape", "shape"), ("count", "parameters")])
+def test_models_that_differ_across_ranks_fail_clearly(what, expected):
+    messages = run_workers(mismatch_worker, 2, args=(what,), timeout_s=100)
+    for rank, msg in enumerate(messages):
+        assert msg != "no error", f"rank {rank} accepted a model that differs from rank 0's"
+        assert expected in msg and "rank 1" in msg, msg
