@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "check":
             p.add_argument("--plan", required=True, metavar="PLAN.json", help="the caramel.plan/1 the run executed")
             p.add_argument("--allow-missing-waits", action="store_true", help="accept buckets that no wait event consumed")
+            p.add_argument("--first-step", type=int, default=0, help="check steps from this iteration on (after a re-plan)")
         p.add_argument("--json", metavar="OUT", default=None, help="also write the results as JSON")
         p.set_defaults(_trace_run=globals()[ACTIONS[name][0]])
 
@@ -113,7 +114,7 @@ def _check(args) -> int:
 
     trace = load_traces(args.traces)
     plan = Plan.load(args.plan)
-    result = inspect_trace(trace, plan, require_waits=not args.allow_missing_waits)
+    result = inspect_trace(trace, plan, require_waits=not args.allow_missing_waits, first_step=args.first_step)
     _write_result(args.json, "trace_check", {"ok": result.ok, "problems": result.problems,
                                              "steps_checked": result.steps_checked,
                                              "buckets_checked": result.buckets_checked})

@@ -3,7 +3,8 @@
 For every rank and every step (a step is an iteration in which the rank recorded `ready`
 instants), every bucket of the plan must appear exactly once: one `ready` instant, one `issue`
 instant per chunk (or one per bucket when the runtime does not record chunks on issues), one
-`comm` event per chunk, and one `wait` that consumes it, with
+`comm` event per chunk carrying at least the plan's bytes for that chunk, and one `wait` that
+consumes it, with
 
     ready <= issue <= done <= wait end
 
@@ -34,6 +35,8 @@ class TraceCheck:
     problems: list[str] = field(default_factory=list)
     steps_checked: int = 0
     buckets_checked: int = 0
+    extra_bytes: int = 0
+    """Bytes the collectives carried beyond the plan's gradient bytes (e.g. usage flags), summed."""
 
     @property
     def ok(self) -> bool:
@@ -50,20 +53,38 @@ def _by(events: list[TraceEvent], kind: str) -> dict[tuple, list[TraceEvent]]:
     return out
 
 
+def _from_step(events: list[TraceEvent], first_step: int) -> list[TraceEvent]:
+    """Per rank, the events that start at or after the forward of iteration `first_step`.
+
+    Collectives issued earlier (and their readies) belong to an earlier plan; a wait for one of
+    them inside that forward stays, but ends before any ready of the checked steps and is skipped.
+    """
+    cut: dict[int, float] = {}
+    for e in events:
+        if e.kind == "forward" and e.iteration == first_step:
+            cut[e.rank] = min(cut.get(e.rank, float("inf")), e.start_s)
+    return [e for e in events if e.rank in cut and e.start_s >= cut[e.rank]]
+
+
 def inspect_trace(trace: Trace, plan: Plan, require_waits: bool = True, tol_s: float = CLOCK_RESOLUTION_S,
-                  max_problems: int = 20) -> TraceCheck:
-    """All inconsistencies between `trace` and `plan` (see the module docstring), without raising."""
+                  max_problems: int = 20, first_step: int = 0) -> TraceCheck:
+    """All inconsistencies between `trace` and `plan` (see the module docstring), without raising.
+
+    `first_step` > 0 checks only the steps from that iteration on (a run that re-planned after
+    its first steps: check each stretch against the plan in force then).
+    """
     result = TraceCheck()
     problems = result.problems
     nb = len(plan.buckets)
-    ready, issue, comm, wait = (_by(trace.events, k) for k in ("ready", "issue", "comm", "wait"))
+    events = _from_step(trace.events, first_step) if first_step else trace.events
+    ready, issue, comm, wait = (_by(events, k) for k in ("ready", "issue", "comm", "wait"))
     for kind, table in (("ready", ready), ("issue", issue), ("comm", comm), ("wait", wait)):
         for (rank, b) in table:
             if b >= nb:
                 problems.append(f"rank {rank}: {kind} event names bucket {b}, but the plan has {nb} buckets")
-    ranks = sorted({e.rank for e in trace.events})
+    ranks = sorted({e.rank for e in events})
     for rank in ranks:
-        steps = sorted({e.iteration for e in trace.events if e.rank == rank and e.kind == "ready"})
+        steps = sorted({e.iteration for e in events if e.rank == rank and e.kind == "ready"})
         if not steps:
             problems.append(f"rank {rank}: no 'ready' events, so no step can be checked")
             continue
@@ -111,8 +132,14 @@ def inspect_trace(trace: Trace, plan: Plan, require_waits: bool = True, tol_s: f
                         problems.append(f"{where} chunk {c}: issued at {t_issue:.6f} before ready at {t_ready:.6f}")
                     if ev.end_s < t_issue - tol_s:
                         problems.append(f"{where} chunk {c}: done at {ev.end_s:.6f} before issue at {t_issue:.6f}")
-                    if ev.bytes is not None and ev.bytes != bucket.chunk_bytes(c):
-                        problems.append(f"{where} chunk {c}: {ev.bytes} bytes, the plan says {bucket.chunk_bytes(c)}")
+                    if ev.bytes is not None:
+                        # the wire may carry more than the gradients (the runtime appends per-parameter
+                        # usage flags to a bucket's last chunk), never less
+                        extra = ev.bytes - bucket.chunk_bytes(c)
+                        if extra < 0:
+                            problems.append(f"{where} chunk {c}: {ev.bytes} bytes, fewer than the plan's {bucket.chunk_bytes(c)}")
+                        else:
+                            result.extra_bytes += extra
                     done.append(ev.end_s)
                 while j < len(ws) and ws[j].end_s < t_ready:
                     j += 1
@@ -133,15 +160,17 @@ def inspect_trace(trace: Trace, plan: Plan, require_waits: bool = True, tol_s: f
     return result
 
 
-def check_trace(trace: Trace, plan: Plan, require_waits: bool = True, tol_s: float = CLOCK_RESOLUTION_S) -> TraceCheck:
+def check_trace(trace: Trace, plan: Plan, require_waits: bool = True, tol_s: float = CLOCK_RESOLUTION_S,
+                first_step: int = 0) -> TraceCheck:
     """Raise `MismatchError` listing the first problems unless `trace` executes `plan` consistently.
 
     Every bucket appears exactly once per step on every rank with ready <= issue <= done <= wait
     end (see the module docstring for how events are matched). `require_waits=False` accepts
     buckets that no wait consumed (a runtime that records waits only when it actually blocked).
+    `first_step` skips the steps before that iteration (see `inspect_trace`).
     Returns the `TraceCheck` with the counts on success.
     """
-    result = inspect_trace(trace, plan, require_waits=require_waits, tol_s=tol_s)
+    result = inspect_trace(trace, plan, require_waits=require_waits, tol_s=tol_s, first_step=first_step)
     if not result.ok:
         listed = "; ".join(result.problems[:5])
         more = f" (and {len(result.problems) - 5} more)" if len(result.problems) > 5 else ""

@@ -74,10 +74,23 @@ def test_wrong_bytes_and_unknown_bucket_are_reported():
     t = copy.deepcopy(two_rank_trace())
     for e in t.events:
         if e.kind == "comm" and e.rank == 0 and e.bucket == 1 and e.chunk == 0 and e.iteration == 0:
-            e.bytes = 4004
-    problems = inspect_trace(t, synthetic_plan()).problems
-    assert any("4004 bytes, the plan says 4000" in p for p in problems)
+            e.bytes = 3996
+        if e.kind == "comm" and e.rank == 1 and e.bucket == 0 and e.iteration == 1:
+            e.bytes = 4012  # extra bytes (flags riding along) are fine and counted
+    result = inspect_trace(t, synthetic_plan())
+    assert result.problems == ["rank 0 step 0 bucket 1 chunk 0: 3996 bytes, fewer than the plan's 4000"]
+    assert result.extra_bytes == 12
     t2 = copy.deepcopy(two_rank_trace())
     t2.events[0].bucket = 7
     t2.events[0].kind = "ready"
     assert any("names bucket 7, but the plan has 2 buckets" in p for p in inspect_trace(t2, synthetic_plan()).problems)
+
+
+def test_first_step_checks_only_the_later_stretch():
+    t = copy.deepcopy(two_rank_trace())
+    for e in t.events:  # corrupt step 0 only: a later plan check from step 1 must not see it
+        if e.kind == "issue" and e.iteration == 0:
+            e.start_s -= 0.01
+    assert not inspect_trace(t, synthetic_plan()).ok
+    result = check_trace(t, synthetic_plan(), first_step=1)
+    assert result.steps_checked == 6 and result.buckets_checked == 12
