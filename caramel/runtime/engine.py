@@ -14,6 +14,7 @@ Order of events in one step with `overlap="forward"`:
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,8 @@ class Engine:
         self._issue_t: dict[tuple[int, int], float] = {}
         self._fwd_t0 = 0.0
         self.on_step_end = None  # set by the planning controller
+        self.measure_comm = recorder.enabled
+        self.comm_log: collections.deque = collections.deque(maxlen=100_000)
         self.order_changed = False
         self._last_pos = -1
         self._module_pos: dict[str, int] = {}
@@ -221,14 +224,43 @@ class Engine:
             if not fb.ready:
                 return
             t = self.recorder.now()
+            if self.measure_comm:
+                self._issue_t[(b, c)] = t
             work = self.comm.allreduce([fb.chunks[c]])
             fb.works[c] = work
-            if self.recorder.enabled:
-                self._issue_t[(b, c)] = t
+            if self.measure_comm:
                 self.recorder.instant("comm", "issue", f"issue:b{b}c{c}", at=t, bucket=b, chunk=c)
-                fut = work.get_future()
-                fut.add_done_callback(lambda _f, key=(b, c): self._comm_done.__setitem__(key, time.perf_counter()))
+                nbytes = fb.chunks[c].numel() * fb.flat.element_size()
+                work.get_future().add_done_callback(lambda _f, key=(b, c), n=nbytes: self._on_comm_done(key, n))
             self._next_item += 1
+
+    def _on_comm_done(self, key: tuple[int, int], nbytes: int) -> None:
+        # runs on the backend's thread: only appends (atomic under the GIL)
+        now = time.perf_counter()
+        self._comm_done[key] = now
+        self.comm_log.append((self._issue_t.get(key, now), now, nbytes))
+
+    def measured_bandwidth_bps(self, latency_s: float) -> float | None:
+        """Link bandwidth implied by the collectives completed since the last call (ring
+        all-reduce model; a collective's transfer starts at its issue or when the previous one
+        finished, whichever is later, as the backend runs them one at a time). None if too little
+        was sent to tell."""
+        log = sorted(self.comm_log, key=lambda e: e[1])
+        self.comm_log.clear()
+        n = self.world_size
+        if n < 2 or not log:
+            return None
+        total_bits, total_s, prev_done = 0.0, 0.0, 0.0
+        for issue, done, nbytes in log:
+            start = max(issue, prev_done)
+            prev_done = done
+            dur = done - start - 2 * (n - 1) * latency_s
+            if dur > 0:
+                total_bits += 2 * (n - 1) / n * nbytes * 8
+                total_s += dur
+        if total_s < 1e-3:
+            return None
+        return total_bits / total_s
 
     def _finalize_backward(self) -> None:
         """End of backward: fill in parameters without gradients, issue everything left."""

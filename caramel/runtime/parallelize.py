@@ -40,7 +40,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                 profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
                 trace: str | os.PathLike | None = None, process_group: Any = None,
                 broadcast_buffers: bool = True, profile_steps: int = 2, check_every: int = 100,
-                timeout_s: float | None = None, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
+                replan: str = "off", timeout_s: float | None = None, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
     """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
@@ -55,6 +55,10 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise CaramelError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(model, CaramelModel) or hasattr(optimizer, "_caramel_engine"):
         raise CaramelError("model or optimizer is already parallelized")
+    if replan not in ("off", "auto"):
+        raise CaramelError(f"replan must be 'off' or 'auto', got {replan!r}")
+    if not isinstance(check_every, int) or check_every < 0:
+        raise CaramelError(f"check_every must be a whole number of steps >= 0, got {check_every!r}")
     if profile_steps < 1:
         raise CaramelError(f"profile_steps must be >= 1, got {profile_steps}")
     if not dist.is_initialized():
@@ -75,7 +79,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     wrap_optimizer(optimizer, engine)
     lazy_ok = steps_per_parameter(optimizer)
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
-                             fingerprint, lazy_ok, profile_steps, check_every)
+                             fingerprint, lazy_ok, profile_steps, check_every, replan)
     engine.controller = controller
     if plan is not None:
         controller.adopt(_load(plan, Plan), source="plan")
@@ -114,12 +118,18 @@ class _Controller:
 
     def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
                  planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
-                 lazy_ok: bool, profile_steps: int, check_every: int):
+                 lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off"):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
         self.profile_steps, self.check_every = profile_steps, check_every
+        self.replan = replan
+        if replan == "auto":
+            # the engine times its collectives; agreement on a new bandwidth is checked often
+            engine.measure_comm = True
+            self.check_every = min(check_every or 10, 10)
+        self.plan_cluster: ClusterSpec | None = None
         self.profile: ModelProfile | None = None
         self.module_uses: dict[str, list[int]] | None = None
         self.profiling = False
@@ -129,6 +139,7 @@ class _Controller:
 
     # -- the plan in force
     def adopt(self, plan: Plan, source: str) -> None:
+        self.engine.synchronize()
         plan.check_model(self.fingerprint, self.names, source=source)
         if plan.world_size != self.world:
             raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
@@ -146,15 +157,16 @@ class _Controller:
         if len(set(prints)) != 1:
             raise MismatchError("ranks hold different plans: fingerprints " + ", ".join(f"rank {r}: {f}" for r, f in enumerate(prints)))
 
-    def plan_from_profile(self, profile: ModelProfile) -> None:
+    def plan_from_profile(self, profile: ModelProfile, cluster: ClusterSpec | None = None) -> None:
         if profile.fingerprint() != self.fingerprint:
             raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
                                 f"(profile has {len(profile.params)} parameters, model has {len(self.params)})")
         self.profile = profile
         self.module_uses = _module_uses(profile)
         data = [None]
+        cluster = cluster or self.cluster or _default_cluster(self.world)
+        self.plan_cluster = cluster
         if self.rank == 0:
-            cluster = self.cluster or _default_cluster(self.world)
             data = [make_plan(self.planner, profile, cluster, world_size=self.world, **self.planner_options).to_dict()]
         if self.world > 1:
             dist.broadcast_object_list(data, src=dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0, group=self.group)
@@ -222,7 +234,10 @@ class _Controller:
         an error; a changed order (updates stay correct: each module applies what it uses, but
         the priorities are stale) triggers a new profile, at most twice, at the same step everywhere."""
         h = int(self.engine.plan.fingerprint[:12], 16)
-        t = torch.tensor([h, -h, int(self.engine.order_changed)], dtype=torch.int64)
+        bw = None
+        if self.replan == "auto" and self.plan_cluster is not None:
+            bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s)
+        t = torch.tensor([h, -h, int(self.engine.order_changed), int(bw // 1000) if bw else 0], dtype=torch.int64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         if int(t[0]) != h or int(-t[1]) != h:
@@ -234,6 +249,26 @@ class _Controller:
             if self.order_replans < 2:
                 self.order_replans += 1
                 self.start_profiling()
+                return
+        if int(t[3]) > 0 and self.profile is not None and self.plan_cluster is not None:
+            self._maybe_replan_bandwidth(float(t[3]) * 1000)
+
+    def _maybe_replan_bandwidth(self, measured_bps: float) -> None:
+        """`replan="auto"`: the best measurement of any rank (all ranks hold the same number)
+        differs from what the plan assumed by more than 2x: re-plan for it, on every rank now."""
+        assumed = self.plan_cluster.bandwidth_bps
+        ratio = measured_bps / assumed
+        self.engine.stats.extra["measured_bandwidth_bps"] = measured_bps
+        if 0.5 <= ratio <= 2.0:
+            return
+        import dataclasses
+        cluster = dataclasses.replace(self.plan_cluster, bandwidth_bps=measured_bps,
+                                      meta=dict(self.plan_cluster.meta, measured_at_step=self.engine.stats.step))
+        self.plan_from_profile(self.profile, cluster)
+        self.engine.stats.replans += 1
+        log = self.engine.stats.extra.setdefault("bandwidth_replans", [])
+        log.append({"step": self.engine.stats.step, "assumed_bps": assumed, "measured_bps": measured_bps,
+                    "plan": self.engine.plan.fingerprint})
 
     def _profiling_step_end(self) -> None:
         if self.timer is not None and self.timer.cur is not None:

@@ -56,7 +56,7 @@ def _data(step: int, rank: int, d_in: int = 16, classes: int = 4, n: int = 6):
 def _diff(a: nn.Module, b: nn.Module) -> float:
     pa = list(a.parameters()) + [t for t in a.buffers() if t.is_floating_point()]
     pb = list(b.parameters()) + [t for t in b.buffers() if t.is_floating_point()]
-    return max(float((x - y).abs().max()) for x, y in zip(pa, pb))
+    return max(float((x - y).detach().abs().max()) for x, y in zip(pa, pb))
 
 
 def _pair(model: nn.Module, opt_fn, find_unused=False, **kw):
@@ -246,3 +246,22 @@ def mismatch_worker(rank: int, world: int, what: str) -> str:
     except caramel.MismatchError as e:
         return str(e)
     return "no error"
+
+
+def replan_worker(rank: int, world: int, steps: int) -> dict:
+    """replan="auto" on loopback: the first plan assumes a 10 Tbit/s link, which loopback is not,
+    so the engine must re-plan for what it measures, at the same step with the same plan on
+    every rank, and still train exactly like DDP."""
+    from caramel.cluster.spec import ClusterSpec
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))
+    cm, copt, ddp, ropt = _pair(m, _sgd, replan="auto", check_every=5,
+                                cluster=ClusterSpec.uniform(world, bandwidth_bps=1e13))
+    for step in range(steps):
+        x, y = _data(step, rank)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    return {"replans": copt.engine.stats.extra.get("bandwidth_replans", []), "diff": _diff(cm.module, ddp.module)}

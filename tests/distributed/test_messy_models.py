@@ -3,7 +3,7 @@ must end with the same parameters (max abs difference <= 1e-5)."""
 import pytest
 
 from caramel.testing import run_workers
-from messy_workers import CASES, all_cases_worker, mismatch_worker
+from tests.distributed.messy_workers import CASES, all_cases_worker, mismatch_worker
 
 TOL = 1e-5
 

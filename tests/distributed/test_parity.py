@@ -5,7 +5,7 @@ import pytest
 
 from caramel.plan.planners import PLANNERS, _load_builtin_planners
 from caramel.testing import run_workers
-from workers import parity_worker
+from tests.distributed.workers import parity_worker
 
 _load_builtin_planners()
 TOL = 1e-5

@@ -1,0 +1,19 @@
+"""replan="auto": the engine measures the link from its own collectives and re-plans when it
+differs from what the plan assumed by more than 2x, on every rank at the same step."""
+import pytest
+
+from caramel.testing import run_workers
+from tests.distributed.messy_workers import replan_worker
+
+
+@pytest.mark.timeout(200)
+def test_replan_auto_switches_together_and_stays_exact():
+    results = run_workers(replan_worker, 2, args=(30,), timeout_s=180)
+    r0, r1 = results
+    assert r0["replans"], "the engine did not re-plan although the link is far faster than assumed"
+    assert [(e["step"], e["plan"], e["measured_bps"]) for e in r0["replans"]] == \
+           [(e["step"], e["plan"], e["measured_bps"]) for e in r1["replans"]]
+    first = r0["replans"][0]
+    assert first["assumed_bps"] == 1e13 and first["measured_bps"] < 0.5 * first["assumed_bps"]
+    assert len({e["plan"] for e in r0["replans"]}) >= 1 and r0["replans"][0]["step"] % 5 == 0
+    assert max(r0["diff"], r1["diff"]) <= 1e-5
