@@ -152,3 +152,25 @@ def test_bad_options():
     with pytest.raises(CaramelError, match="world_size"):
         make_plan("caramel", prof, None, world_size=0)
     assert "caramel" in PLANNERS
+
+
+def test_mixed_dtypes_frozen_params_and_uneven_workers():
+    from caramel.cluster.spec import WorkerSpec
+
+    prof = synthetic_profile(30)
+    for i, p in enumerate(prof.params):
+        if i % 7 == 3:
+            p.dtype, p.bytes = "float16", p.numel * 2
+    prof.params[5].requires_grad = False
+    prof.params[6].ready_time_s = prof.params[6].ready_order = None
+    cluster = ClusterSpec([WorkerSpec("a", 1.0), WorkerSpec("b", 0.7), WorkerSpec("c", 1.3)], 1e8, 1e-4,
+                          collective="halving_doubling", topology="ring")
+    for overlap in ("forward", "backward", "none"):
+        plan = make_plan("caramel", prof, cluster, overlap=overlap)
+        plan.validate()
+        in_plan = sorted(i for b in plan.buckets for i in b.params)
+        assert in_plan == [p.index for p in prof.trainable()]
+        for b in plan.buckets:
+            assert len({prof.params[i].dtype for i in b.params}) == 1
+        fifo = simulate(prof, cluster, make_plan("fifo", prof, cluster), overlap=overlap, trace=False).step_time_s
+        assert plan.predicted_step_time_s <= fifo * (1 + 1e-9)
