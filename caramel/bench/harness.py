@@ -121,7 +121,7 @@ def _agree(error: str | None) -> str | None:
 
 def _log(rank: int, msg: str) -> None:
     if rank == 0:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -132,6 +132,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     strategies = [Strategy.from_dict(s) for s in job["strategies"]]
     torch.set_num_threads(1)  # one thread per worker: on a small host the workers share the cores
     rank, world, device = _init_process_group(settings.timeout_s)
+    _log(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"))
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
@@ -142,7 +143,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     runners["compute"] = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets,
                                      probe.loss_fn, device)
     runners["comm"] = CommOnly(probe.model, device)
+    build_s: dict[str, float] = {}
     for strategy in strategies:
+        t_build = time.perf_counter()
         w = make_workload(config, settings.seed, device)
         error, runner = None, None
         try:
@@ -157,8 +160,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             _log(rank, f"skipping {strategy.name}: {error}")
         else:
             runners[strategy.name] = runner
+        build_s[strategy.name] = time.perf_counter() - t_build
 
     names = list(runners)
+    _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in names) + "; warming up")
     for name in names:
         if settings.warmup_steps:
             for _ in range(settings.warmup_steps):
@@ -181,6 +186,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # Profiled on every rank at once, so compute sees the same contention as in the rounds.
     profile = profile_workload(make_workload(config, settings.seed, device))
     dist.barrier()
+    _log(rank, "profiled for the lower bound")
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -241,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = run_job(job)
     if raw is not None:
         write_json(argv[1], raw)
+        _log(0, "results written")
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

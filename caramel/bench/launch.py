@@ -3,16 +3,13 @@
 `launch_job()` starts `python -m caramel.bench.harness JOB OUT` on N workers and waits (with a
 wall-clock limit; the whole process group is killed on timeout or Ctrl-C). On the emulated
 cluster (network namespaces, links shaped with tc) the bandwidth is real; on loopback
-(`torchrun --standalone`) it is not shaped at all, and every record says so in `network`.
+(plain local processes) it is not shaped at all, and every record says so in `network`.
 """
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,48 +93,19 @@ def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network
 
 
 def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
-            "--max-restarts=0", "--monitor-interval=0.2"] + target
-    proc = subprocess.Popen(argv, env=worker_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-                            start_new_session=True)
-    lines: list[str] = []
-    try:
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append(line)
-                del lines[:-200]
-                log.write(line)
-                log.flush()
+    """The workers as plain local processes on 127.0.0.1 (no torchrun: one torch import less per job)."""
+    from caramel.cluster.launch import NodeProcess, supervise
+    from caramel.distributed import free_port
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.write(f"caramel bench: job exceeded its {timeout_s:g} s limit; stopping the workers\n")
-            _kill_group(proc)
-            rc = 124
-        reader.join(timeout=5)
-    except BaseException:
-        _kill_group(proc)
-        raise
-    return rc, "".join(lines[-40:])
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Terminate the job we started (its own session), then kill what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    port = free_port()
+    nodes = []
+    for rank in range(workers):
+        env = worker_env()
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        nodes.append(NodeProcess(f"rank{rank}", [sys.executable] + target, env))
+    rc = supervise(nodes, out=log, timeout_s=timeout_s)
+    return rc, "".join(nodes[0].lines[-40:])
 
 
 def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],

@@ -1,0 +1,46 @@
+"""Strategy names, configurations and the shipped matrices."""
+import pytest
+
+from caramel.bench.matrix import (DEFAULT_MATRIX, QUICK_MATRIX, BenchConfig, BenchSettings, parse_strategies,
+                                  parse_strategy)
+from caramel.errors import CaramelError
+
+
+def test_strategy_names_are_canonical():
+    s = parse_strategy("caramel:overlap=backward,planner=fifo")
+    assert s.kind == "caramel" and s.option_dict() == {"planner": "fifo", "overlap": "backward"}
+    assert s.name == "caramel:overlap=backward,planner=fifo"
+    assert parse_strategy("ddp").name == "ddp"
+    assert parse_strategy("ddp:bucket_cap_mb=50").option_dict() == {"bucket_cap_mb": 50.0}
+    assert parse_strategy("caramel:planner=caramel,max_chunks=4").option_dict()["max_chunks"] == 4
+
+
+def test_strategy_list_keeps_variant_options_together():
+    names = [s.name for s in parse_strategies("ddp,caramel,caramel:planner=fifo,overlap=backward")]
+    assert names == ["ddp", "caramel", "caramel:overlap=backward,planner=fifo"]
+
+
+@pytest.mark.parametrize("bad", ["fast", "ddp:planner=fifo", "caramel:overlap=sideways", "caramel:planner",
+                                 "caramel:=x", "ddp:bucket_cap_mb=-1", "ddp:bucket_cap_mb=big", "ddp,,caramel", "ddp,ddp"])
+def test_bad_strategies_are_user_errors(bad):
+    with pytest.raises(CaramelError):
+        parse_strategies(bad)
+
+
+def test_config_validation():
+    c = BenchConfig("resnet18", workers=2, bandwidth="0.3gbit")
+    assert c.bandwidth == "300mbit" and c.bandwidth_bps == 300e6
+    for bad in (dict(workers=0, bandwidth="1gbit"), dict(workers=2, bandwidth="fast"),
+                dict(workers=2, bandwidth=None, batch_size=0)):
+        with pytest.raises(CaramelError):
+            BenchConfig("mlp", **bad)
+    with pytest.raises(CaramelError):
+        BenchSettings(rounds=0)
+
+
+def test_default_matrix_covers_regimes_and_a_four_worker_case():
+    two = [c for c in DEFAULT_MATRIX if c.workers == 2]
+    assert {c.regime for c in two} >= {"compute-bound", "balanced", "comm-bound"}
+    assert any(c.workers == 4 for c in DEFAULT_MATRIX)
+    assert all(c.bandwidth for c in DEFAULT_MATRIX + QUICK_MATRIX)
+    assert BenchConfig.from_dict(DEFAULT_MATRIX[0].to_dict()) == DEFAULT_MATRIX[0]

@@ -1,0 +1,129 @@
+"""The bench's arithmetic on recorded numbers: step series, baselines, E, speedup, targets."""
+import json
+import math
+
+import pytest
+
+from caramel.bench import report
+from caramel.bench.report import (Record, check_targets, efficiency, format_markdown, format_table, geomean,
+                                  job_step_times, median, percentile, regime_of, summarize, to_json)
+
+
+def test_percentile_matches_linear_interpolation():
+    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert median(xs) == 3.0
+    assert percentile(xs, 90) == pytest.approx(4.6)  # numpy.percentile(xs, 90)
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 5.0
+    assert median([1.0, 2.0, 3.0, 10.0]) == 2.5
+
+
+def test_geomean():
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([1.3]) == pytest.approx(1.3)
+
+
+def test_job_step_time_is_the_slowest_rank_per_step():
+    assert job_step_times([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    with pytest.raises(AssertionError):
+        job_step_times([[1.0], [1.0, 2.0]])
+
+
+def test_efficiency_definition():
+    # compute 100 ms, comm 60 ms: U = 160, L = 100
+    assert efficiency(0.160, 0.100, 0.060) == pytest.approx(0.0)   # no overlap
+    assert efficiency(0.100, 0.100, 0.060) == pytest.approx(1.0)   # perfect overlap
+    assert efficiency(0.130, 0.100, 0.060) == pytest.approx(0.5)
+    assert efficiency(0.200, 0.100, 0.060) == pytest.approx(-2 / 3)  # worse than no overlap
+    assert efficiency(0.100, 0.100, 0.0) is None  # nothing to overlap
+
+
+def test_regime_from_measured_ratio():
+    assert regime_of(0.05, 0.1) == "compute-bound"
+    assert regime_of(0.08, 0.1) == "balanced"
+    assert regime_of(0.15, 0.1) == "balanced"
+    assert regime_of(0.2, 0.1) == "comm-bound"
+
+
+def _raw(times, strategies=("ddp", "caramel"), skipped=None, workers=2):
+    return {
+        "format": "caramel.bench_raw/1",
+        "config": {"model": "resnet18", "workers": workers, "bandwidth": "300mbit", "batch_size": 8,
+                   "model_options": {"width": 16}, "regime": "balanced"},
+        "strategies": [{"kind": s.split(":")[0], "options": {}, "name": s} for s in strategies],
+        "skipped": skipped or {},
+        "step_times_s": times,
+        "lower_bound_s": 0.105,
+        "meta": {"network": "netns+tc 300mbit", "grad_bytes": 2_800_000},
+    }
+
+
+def test_summarize_recorded_numbers():
+    # two ranks; the job's series is the per-step max
+    times = {
+        "compute": [[0.100, 0.102, 0.098], [0.099, 0.101, 0.100]],   # series 0.100 0.102 0.100 -> 0.100
+        "comm": [[0.080, 0.081, 0.079], [0.080, 0.080, 0.080]],      # 0.080 0.081 0.080 -> 0.080
+        "ddp": [[0.180, 0.179, 0.185], [0.181, 0.178, 0.180]],       # 0.181 0.179 0.185 -> 0.181
+        "caramel": [[0.120, 0.118, 0.130], [0.119, 0.121, 0.119]],   # 0.120 0.121 0.130 -> 0.121
+    }
+    recs = {r.strategy: r for r in summarize(_raw(times))}
+    ddp, car = recs["ddp"], recs["caramel"]
+    assert car.compute_s == pytest.approx(0.100) and car.comm_s == pytest.approx(0.080)
+    assert ddp.step_time_median_s == pytest.approx(0.181)
+    assert car.step_time_median_s == pytest.approx(0.121)
+    assert car.step_time_p90_s == pytest.approx(0.121 + 0.8 * (0.130 - 0.121))
+    assert car.step_time_mean_s == pytest.approx((0.120 + 0.121 + 0.130) / 3)
+    assert ddp.speedup_vs_ddp == pytest.approx(1.0)
+    assert car.speedup_vs_ddp == pytest.approx(0.181 / 0.121)
+    assert car.exposed_comm_s == pytest.approx(0.021)
+    assert car.efficiency == pytest.approx((0.180 - 0.121) / (0.180 - 0.100))
+    assert ddp.efficiency == pytest.approx((0.180 - 0.181) / 0.080)
+    assert car.comm_compute_ratio == pytest.approx(0.8) and car.regime == "balanced"
+    assert car.lower_bound_s == 0.105 and car.steps == 3 and car.network == "netns+tc 300mbit"
+
+
+def test_summarize_keeps_skipped_strategies_visible():
+    times = {"compute": [[0.1]], "comm": [[0.05]], "ddp": [[0.15]]}
+    recs = summarize(_raw(times, skipped={"caramel": "engine missing"}, workers=1))
+    car = next(r for r in recs if r.strategy == "caramel")
+    assert car.skipped == "engine missing" and car.step_time_median_s is None and car.speedup_vs_ddp is None
+    assert "skipped caramel" in format_table(recs)
+
+
+def _rec(strategy, t, ddp_t, compute=0.1, comm=0.1, bandwidth="1gbit"):
+    return Record(model="m", workers=2, bandwidth=bandwidth, strategy=strategy, step_time_median_s=t,
+                  step_time_p90_s=t, step_time_mean_s=t, compute_s=compute, comm_s=comm, exposed_comm_s=t - compute,
+                  speedup_vs_ddp=ddp_t / t, efficiency=efficiency(t, compute, comm),
+                  comm_compute_ratio=comm / compute, regime=regime_of(comm, compute), intended_regime="custom",
+                  batch_size=8, model_options={}, network="x", steps=10, grad_bytes=1)
+
+
+def test_targets_met():
+    recs = [_rec("caramel", 0.100, 0.100, comm=0.03, bandwidth="a"),   # compute-bound, equal
+            _rec("caramel", 0.105, 0.200, bandwidth="b"),              # balanced, 1.905x, E 0.95
+            _rec("caramel", 0.210, 0.300, comm=0.2, bandwidth="c")]    # comm-bound, 1.43x, E 0.9
+    res = check_targets(recs)
+    assert [t.met for t in res] == [True, True, True]
+    assert res[1].value == f"{math.sqrt(0.2 / 0.105 * 0.3 / 0.21):.3f}x"
+
+
+def test_targets_not_met_are_reported():
+    recs = [_rec("caramel", 0.104, 0.100, comm=0.03, bandwidth="a"),   # 4% slower
+            _rec("caramel", 0.180, 0.200, bandwidth="b")]              # 1.11x, E 0.2
+    slower, speed, eff = check_targets(recs)
+    assert slower.met is False and "+4.0%" in slower.value
+    assert speed.met is False and eff.met is False
+    assert check_targets([_rec("ddp", 0.1, 0.1)])[0].met is None  # nothing to evaluate
+
+
+def test_json_and_markdown_outputs(tmp_path):
+    recs = [_rec("ddp", 0.2, 0.2), _rec("caramel", 0.12, 0.2)]
+    data = to_json(recs, {"command": "caramel bench"})
+    assert data["format"] == "caramel.bench/1"
+    for key in ("model", "workers", "bandwidth", "strategy", "step_time_median_s", "step_time_p90_s",
+                "compute_s", "comm_s", "speedup_vs_ddp", "efficiency"):
+        assert key in data["records"][0]
+    report.write_records(tmp_path / "r.json", recs)
+    assert json.loads((tmp_path / "r.json").read_text())["records"][1]["speedup_vs_ddp"] == pytest.approx(0.2 / 0.12)
+    md = format_markdown(recs, "caramel bench --quick", {"host": "test"})
+    assert "caramel bench --quick" in md and "| caramel |" in md
+    assert "1.667x" in md and "Targets" in md
