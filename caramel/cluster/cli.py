@@ -119,6 +119,8 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"{s:>12}  {t * 1e3:>12.3f}  {fit.predict_s(s) * 1e3:>10.3f}")
     print(f"fit: bandwidth {format_rate(fit.bandwidth_bps)} (nominal {format_rate(min(cluster.bandwidth_bps))}), "
           f"latency {fit.latency_s * 1e6:.1f} us, world size {fit.world_size}, max relative error {fit.max_rel_error:.0%}")
+    if fit.outliers:
+        print(f"left out of the fit as outliers (host noise): {', '.join(f'{b} B at {t * 1e3:.2f} ms' for b, t in fit.outliers)}")
     if args.json:
         spec.save(args.json)
         print(f"wrote {args.json}")

@@ -158,6 +158,26 @@ def supervise(nodes: list[NodeProcess], out: TextIO | None = None, timeout_s: fl
     if timed_out:
         return 124
     # The nodes we stopped only report our SIGTERM; the worst code among the others is the job's.
-    codes = [normalize_exit_code(n.proc.returncode) for n in nodes
+    codes = [worker_exit_code(n) for n in nodes
              if n.proc is not None and n.proc.returncode is not None and n.label not in stopped]
     return max(codes, default=1)
+
+
+_ELASTIC_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def worker_exit_code(node: NodeProcess) -> int:
+    """The node's exit code, or the worst worker exit code that torchrun reported for it.
+
+    torchrun itself exits 1 whenever a worker fails; its failure summary ("exitcode  : 3")
+    carries the worker's own code, which is what the user's script meant.
+    """
+    assert node.proc is not None and node.proc.returncode is not None
+    code = normalize_exit_code(node.proc.returncode)
+    if code == 1:
+        reported = [normalize_exit_code(int(m.group(1))) for line in node.lines
+                    if (m := _ELASTIC_EXITCODE.match(line))]
+        reported = [c for c in reported if c != 0]
+        if reported:
+            return max(reported)
+    return code

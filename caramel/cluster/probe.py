@@ -5,6 +5,10 @@ caramel.cluster.probe --out FILE ...`): each rank all-reduces float32 tensors ov
 sweep of sizes, and rank 0 writes the median time per size. `fit_alpha_beta()` then fits the
 ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B, by least squares
 on relative error (every size counts, not only the largest), and returns a `ClusterSpec`.
+
+Host noise only ever adds time (a descheduled rank, a late wake-up), so each size is summarized
+by its fastest repetition (of the slowest rank), and the fit drops at most a third of the sizes
+as outliers when they sit far off the line the others agree on.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from caramel.cluster.spec import ClusterSpec
@@ -38,7 +42,8 @@ class AlphaBetaFit:
     world_size: int
     sizes_bytes: list[int]
     times_s: list[float]
-    max_rel_error: float
+    max_rel_error: float  # over the sizes kept in the fit
+    outliers: list[tuple[int, float]] = field(default_factory=list)  # (bytes, seconds) left out of the fit
 
     def predict_s(self, nbytes: float) -> float:
         n = self.world_size
@@ -46,7 +51,28 @@ class AlphaBetaFit:
 
 
 def fit_alpha_beta(sizes_bytes: list[int], times_s: list[float], world_size: int) -> AlphaBetaFit:
-    """Weighted least squares of t = c0 + c1·S (weights 1/t), mapped to alpha and bandwidth."""
+    """Weighted least squares of t = c0 + c1·S (weights 1/t), mapped to alpha and bandwidth, with outlier rejection.
+
+    After each fit, the size with the largest relative residual is dropped if that residual is
+    above 25% and above 3x the median residual, while more than two thirds of the sizes remain.
+    """
+    fit = _fit_once(sizes_bytes, times_s, world_size)
+    keep = list(range(len(sizes_bytes)))
+    while len(keep) - 1 >= max(3, math.ceil(2 * len(sizes_bytes) / 3)):
+        errs = {i: abs(fit.predict_s(sizes_bytes[i]) - times_s[i]) / times_s[i] for i in keep}
+        worst = max(keep, key=errs.__getitem__)
+        median_err = statistics.median(errs.values())
+        rest = [i for i in keep if i != worst]
+        if errs[worst] <= max(0.25, 3 * median_err) or len({sizes_bytes[i] for i in rest}) < 2:
+            break
+        keep = rest
+        fit = _fit_once([sizes_bytes[i] for i in keep], [times_s[i] for i in keep], world_size)
+    fit.outliers = [(sizes_bytes[i], times_s[i]) for i in range(len(sizes_bytes)) if i not in keep]
+    fit.sizes_bytes, fit.times_s = list(sizes_bytes), list(times_s)
+    return fit
+
+
+def _fit_once(sizes_bytes: list[int], times_s: list[float], world_size: int) -> AlphaBetaFit:
     if world_size < 2:
         raise CaramelError(f"probing needs at least 2 workers (all-reduce on one worker moves no bytes), got {world_size}")
     if len(sizes_bytes) != len(times_s) or len(set(sizes_bytes)) < 2:
@@ -111,6 +137,7 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
         "cluster": cluster.info(),
         "nominal_bandwidth_bps": nominal,
         "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reps": reps,
+                  "median_times_s": measured.get("median_times_s"), "outliers": fit.outliers,
                   "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
     }
     spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta)
@@ -134,7 +161,7 @@ def _worker_main(argv: list[str]) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
-    medians, actual = [], []
+    fastest, medians, actual = [], [], []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
         samples = []
@@ -149,12 +176,15 @@ def _worker_main(argv: list[str]) -> int:
         # The slowest rank's time is the collective's time; take the median over repetitions.
         local = torch.tensor(samples, dtype=torch.float64, device=device)
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        medians.append(statistics.median(local.cpu().tolist()))
+        slowest = local.cpu().tolist()
+        fastest.append(min(slowest))
+        medians.append(statistics.median(slowest))
         actual.append(t.numel() * 4)
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,
-                                                "sizes_bytes": actual, "times_s": medians}))
+                                                "sizes_bytes": actual, "times_s": fastest,
+                                                "median_times_s": medians}))
     dist.destroy_process_group()
     return 0
 

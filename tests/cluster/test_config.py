@@ -51,8 +51,9 @@ def test_config_normalizes_and_names_fit_ifnamsiz():
 
 def test_burst_covers_timer_resolution():
     cfg = ClusterConfig(workers=2)
-    assert cfg.burst_for(10e6) == 64 * 1024            # small rates: one GSO segment
-    assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.004)  # large rates: 4 ms of traffic
+    assert cfg.burst_for(10e6) == 8 * 1024               # small rates: a few full packets
+    assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.001)  # large rates: 1 ms of traffic (timer slack)
+    assert ClusterConfig(workers=2, burst_bytes=4000).burst_for(10e9) == 4000
 
 
 def test_torchrun_target_forms(tmp_path):
@@ -146,3 +147,21 @@ def test_default_sizes_scale_with_bandwidth():
     assert slow[0] == fast[0] == 4096
     assert slow[-1] < fast[-1] <= 64 * 1024 * 1024
     assert all(s % 4 == 0 for s in slow + fast)
+
+
+def test_fit_drops_a_noisy_size_and_reports_it():
+    n, alpha, bw = 2, 50e-6, 8e7
+    sizes = [4096 * 2**k for k in range(8)]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * 8 * s / bw for s in sizes]
+    times[3] *= 4  # a descheduled rank
+    fit = fit_alpha_beta(sizes, times, n)
+    assert fit.outliers == [(sizes[3], times[3])]
+    assert fit.bandwidth_bps == pytest.approx(bw, rel=1e-9) and fit.latency_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.times_s == times  # the report keeps every measurement
+
+
+def test_fit_keeps_mild_noise():
+    sizes = [4096 * 2**k for k in range(6)]
+    times = [1e-4 + 8 * s / 1e8 for s in sizes]
+    times = [t * (1.1 if k % 2 else 0.95) for k, t in enumerate(times)]
+    assert fit_alpha_beta(sizes, times, 2).outliers == []
