@@ -111,10 +111,20 @@ def launch_cluster(cfg: TrainConfig, script_args: list[str]) -> int:
         return cluster.run(cmd)
 
 
+def precheck(cfg: TrainConfig) -> None:
+    """Checks worth doing once, before any worker starts, so that mistakes get one clean error line."""
+    if cfg.run.script and not Path(cfg.run.script).is_file():
+        raise CaramelError(f"--script {cfg.run.script}: no such file (expected a Python training script)")
+    if cfg.checkpoint.resume not in ("none", "auto"):
+        from caramel.train import checkpoint
+        checkpoint.load(cfg.checkpoint.resume)
+
+
 def launch(cfg: TrainConfig, script_args: list[str]) -> tuple[int, dict | None]:
     """Train here (under torchrun, or one local worker) or start workers; (exit code, summary if trained here)."""
     if under_torchrun():
         return 0, run_worker(cfg, script_args)
+    precheck(cfg)
     if cfg.parallel.cluster:
         return launch_cluster(cfg, script_args), None
     if cfg.parallel.workers > 1 or cfg.parallel.max_restarts > 0:
