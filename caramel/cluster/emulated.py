@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Any, TextIO
 
@@ -293,7 +295,8 @@ class EmulatedCluster:
             timeout_s: float | None = None, out: TextIO | None = None, failure_grace_s: float = 10.0) -> int:
         """Run `cmd` as one multi-node torchrun job (node i in namespace i); return the worst exit code.
 
-        Output is streamed with a `[rank<i>]` (or `[node<i>]` when `nproc_per_node` > 1) prefix.
+        Output is streamed with a `[rank<r>]` prefix (global rank; lines torchrun itself prints on
+        a node with several processes get `[node<i>]`).
         """
         if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
             raise CaramelError(f"nproc_per_node must be a positive integer, got {nproc_per_node!r}")
@@ -301,21 +304,30 @@ class EmulatedCluster:
             raise CaramelError(f"timeout_s must be positive, got {timeout_s!r}")
         target = torchrun_target(list(cmd))
         self._check_running()
-        torchrun = [sys.executable, "-m", "torch.distributed.run"]
         self._runs += 1
-        if self.mode == "local":
-            argv = torchrun + ["--standalone", "--nnodes", "1", "--nproc-per-node", str(self.workers * nproc_per_node)] + target
-            nodes = [NodeProcess("local", argv, self.env_for(0, env))]
-        else:
-            port = BASE_MASTER_PORT + self._runs % 1000  # fresh port per run: no TIME_WAIT surprises
-            nodes = []
-            for i in range(self.workers):
-                argv = (["ip", "netns", "exec", self.config.netns(i)] + torchrun +
-                        ["--nnodes", str(self.workers), "--node-rank", str(i), "--master-addr", self.master_addr,
-                         "--master-port", str(port), "--nproc-per-node", str(nproc_per_node)] + target)
-                label = f"rank{i}" if nproc_per_node == 1 else f"node{i}"
-                nodes.append(NodeProcess(label, argv, self.env_for(i, env)))
-        return supervise(nodes, out=out, timeout_s=timeout_s, failure_grace_s=failure_grace_s)
+        log_dir = tempfile.mkdtemp(prefix="caramel-torchrun-")
+        # With several processes per torchrun, --tee prefixes each line with its local rank
+        # (rewritten to the global rank); the per-rank log files go to a directory we delete.
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--log-dir", log_dir]
+        try:
+            if self.mode == "local":
+                argv = torchrun + ["--tee", "3", "--standalone", "--nnodes", "1",
+                                   "--nproc-per-node", str(self.workers * nproc_per_node)] + target
+                nodes = [NodeProcess("local", argv, self.env_for(0, env), rank_base=0)]
+            else:
+                port = BASE_MASTER_PORT + self._runs % 1000  # fresh port per run: no TIME_WAIT surprises
+                tee = ["--tee", "3"] if nproc_per_node > 1 else []
+                nodes = []
+                for i in range(self.workers):
+                    argv = (["ip", "netns", "exec", self.config.netns(i)] + torchrun + tee +
+                            ["--nnodes", str(self.workers), "--node-rank", str(i), "--master-addr", self.master_addr,
+                             "--master-port", str(port), "--nproc-per-node", str(nproc_per_node)] + target)
+                    label = f"rank{i}" if nproc_per_node == 1 else f"node{i}"
+                    nodes.append(NodeProcess(label, argv, self.env_for(i, env),
+                                             rank_base=i * nproc_per_node if nproc_per_node > 1 else None))
+            return supervise(nodes, out=out, timeout_s=timeout_s, failure_grace_s=failure_grace_s)
+        finally:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
     def describe(self) -> str:
         """One line for humans."""

@@ -23,6 +23,7 @@ from typing import TextIO
 from caramel.errors import CaramelError
 
 _PYTHON_RE = re.compile(r"python[0-9.]*")
+_TEE_PREFIX = re.compile(r"\[default(\d+)\]:")
 TERMINATE_GRACE_S = 5.0
 
 
@@ -68,6 +69,7 @@ class NodeProcess:
     label: str
     argv: list[str]
     env: dict[str, str]
+    rank_base: int | None = None  # global rank of this node's local rank 0, when torchrun tees per rank
     proc: subprocess.Popen | None = None
     reader: threading.Thread | None = None
     lines: list[str] = field(default_factory=list)
@@ -76,7 +78,11 @@ class NodeProcess:
 def _pump(node: NodeProcess, out: TextIO, lock: threading.Lock, keep_lines: int) -> None:
     assert node.proc is not None and node.proc.stdout is not None
     for line in node.proc.stdout:
-        text = f"[{node.label}] {line}" if node.label else line
+        m = _TEE_PREFIX.match(line) if node.rank_base is not None else None
+        if m:  # torchrun --tee writes "[default<local rank>]:..."; show the global rank instead
+            text = f"[rank{node.rank_base + int(m.group(1))}] {line[m.end():]}"
+        else:
+            text = f"[{node.label}] {line}" if node.label else line
         with lock:
             out.write(text)
             out.flush()
