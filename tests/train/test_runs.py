@@ -26,7 +26,9 @@ def run_train(out: Path, *args: str, env_extra: dict[str, str] | None = None) ->
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     env.update(env_extra or {})
     summary_path = out.parent / f"{out.name}-summary.json"
-    argv = [sys.executable, "-m", "caramel.cli", "train", *args, "--out-dir", str(out), "--json", str(summary_path)]
+    # Our options go first: everything after `--` in `args` belongs to a --script.
+    ours = ["--out-dir", str(out)] + ([] if "--script" in args else ["--json", str(summary_path)])
+    argv = [sys.executable, "-m", "caramel.cli", "train", *ours, *args]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
