@@ -6,7 +6,8 @@ Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
   collectives, so the slowest rank is the job); T = its median, p90 its 90th percentile;
 - T_compute and T_comm are the medians of the compute-only and comm-only baselines;
 - U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
-- exposed communication = T - T_compute; efficiency E = (U - T) / (U - L);
+- exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L)
+  (the formulas are caramel.trace.metrics', shared with the trace tools);
 - speedup over DDP = T_ddp / T (same job, interleaved).
 
 A configuration's measured regime comes from comm/compute: below 0.75 compute-bound, up to
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 from caramel.jsonio import format_tag, write_json
+from caramel.trace import metrics
 
 KIND = "bench"
 BALANCED_MIN_RATIO = 0.75
@@ -30,14 +32,10 @@ MIN_MEDIAN_EFFICIENCY = 0.9
 
 
 def percentile(values: Iterable[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
+    """The q-th percentile (0..100), linear interpolation (numpy's default); shared with trace metrics."""
+    xs = list(values)
     assert xs, "percentile of no values"
-    assert 0 <= q <= 100
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return metrics.percentile(xs, q)
 
 
 def median(values: Iterable[float]) -> float:
@@ -58,10 +56,8 @@ def job_step_times(rank_times: list[list[float]]) -> list[float]:
 
 def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
     """E = (U - T) / (U - L); None when U == L (nothing to overlap: one of the two is zero)."""
-    upper, lower = compute_s + comm_s, max(compute_s, comm_s)
-    if upper - lower <= 1e-12 * max(upper, 1e-12):
-        return None
-    return (upper - step_s) / (upper - lower)
+    e = metrics.scheduling_efficiency(step_s, compute_s, comm_s)
+    return None if math.isnan(e) else e
 
 
 def regime_of(comm_s: float, compute_s: float) -> str:
@@ -97,6 +93,8 @@ class Record:
     steps: int
     grad_bytes: int | None
     lower_bound_s: float | None = None
+    engine_wait_per_step_s: float | None = None
+    """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     skipped: str | None = None
 
 
@@ -123,10 +121,12 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             continue
         xs = series[name]
         t = median(xs)
+        st = raw.get("stats", {}).get(name, {})
+        wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
-            exposed_comm_s=t - compute_s, speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
-            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), **common))
+            exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
+            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, **common))
     return records
 
 
@@ -230,7 +230,7 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "## Results\n\n"
         "Step times are per-step medians (p90) of the slowest rank, strategies interleaved in rounds in one job "
         "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
-        "exposed = median - compute; speedup = DDP median / strategy median; E = (U - T) / (U - L) with "
+        "exposed = max(median - compute, 0); speedup = DDP median / strategy median; E = (U - T) / (U - L) with "
         "U = compute + comm, L = max(compute, comm); bound = the simulator's lower bound for the "
         "profiled model on links of the rate the comm-only baseline achieved. The regime is measured (comm/compute < 0.75 compute-bound, "
         "<= 1.5 balanced, else comm-bound).\n\n"

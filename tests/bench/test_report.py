@@ -53,6 +53,7 @@ def _raw(times, strategies=("ddp", "caramel"), skipped=None, workers=2):
         "skipped": skipped or {},
         "step_times_s": times,
         "lower_bound_s": 0.105,
+        "stats": {"caramel": {"step": 40, "total_wait_s": 0.5}},
         "meta": {"network": "netns+tc 300mbit", "grad_bytes": 2_800_000},
     }
 
@@ -75,10 +76,18 @@ def test_summarize_recorded_numbers():
     assert ddp.speedup_vs_ddp == pytest.approx(1.0)
     assert car.speedup_vs_ddp == pytest.approx(0.181 / 0.121)
     assert car.exposed_comm_s == pytest.approx(0.021)
+    assert ddp.exposed_comm_s == pytest.approx(0.081)
     assert car.efficiency == pytest.approx((0.180 - 0.121) / (0.180 - 0.100))
     assert ddp.efficiency == pytest.approx((0.180 - 0.181) / 0.080)
     assert car.comm_compute_ratio == pytest.approx(0.8) and car.regime == "balanced"
     assert car.lower_bound_s == 0.105 and car.steps == 3 and car.network == "netns+tc 300mbit"
+    assert car.engine_wait_per_step_s == pytest.approx(0.5 / 40) and ddp.engine_wait_per_step_s is None
+
+
+def test_exposed_communication_is_never_negative():
+    times = {"compute": [[0.100]], "comm": [[0.05]], "ddp": [[0.095]]}
+    (ddp, _car) = summarize(_raw(times, workers=1))
+    assert ddp.exposed_comm_s == 0.0 and ddp.efficiency == pytest.approx((0.15 - 0.095) / 0.05)
 
 
 def test_summarize_keeps_skipped_strategies_visible():
