@@ -8,14 +8,29 @@
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from caramel.distributed import DistInfo, init_distributed
 from caramel.errors import CaramelError, FormatError, MismatchError
-from caramel.profile.profiler import profile_model
-from caramel.runtime import CaramelModel, parallelize
+
+if TYPE_CHECKING:
+    import torch
+
+    from caramel.distributed import DistInfo, init_distributed
+    from caramel.profile.profiler import profile_model
+    from caramel.runtime import CaramelModel, parallelize
+
+# torch-dependent names load on first use, so that `caramel simulate`/`plan` start fast
+_LAZY = {
+    "DistInfo": "caramel.distributed", "init_distributed": "caramel.distributed",
+    "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime", "parallelize": "caramel.runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'caramel' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 __all__ = [
@@ -24,7 +39,7 @@ __all__ = [
 ]
 
 
-def clip_grad_norm_(optimizer: torch.optim.Optimizer, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(optimizer: "torch.optim.Optimizer", max_norm: float, norm_type: float = 2.0) -> "torch.Tensor":
     """Clip the global norm of the *averaged* gradients, like `torch.nn.utils.clip_grad_norm_`.
 
     Call it between `loss.backward()` and `optimizer.step()`. It waits for every gradient of
@@ -33,6 +48,8 @@ def clip_grad_norm_(optimizer: torch.optim.Optimizer, max_norm: float, norm_type
     `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)` would see only this rank's local
     gradients: use this instead.
     """
+    import torch
+
     engine = getattr(optimizer, "_caramel_engine", None)
     if engine is None:
         raise CaramelError("clip_grad_norm_ expects the optimizer returned by caramel.parallelize")

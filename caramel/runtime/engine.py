@@ -82,6 +82,9 @@ class Engine:
         self._fwd_t0 = 0.0
         self.on_step_end = None  # set by the planning controller
         self.measure_comm = recorder.enabled
+        # One process: nothing to reduce and nothing to overlap, so the user's optimizer runs
+        # at step() on the gradients where backward left them (no bucket copies).
+        self.passthrough = world_size == 1
         self.comm_log: collections.deque = collections.deque(maxlen=100_000)
         self.order_changed = False
         self._last_pos = -1
@@ -101,6 +104,7 @@ class Engine:
         """
         assert not self._pending_apply and not self._callback_queued
         self.plan = plan
+        self.recorder.instant("wait", "sync", f"plan:{plan.fingerprint}")
         self.buckets = [FlatBucket(b, [self.params[i] for i in b.params], self.world_size) for b in plan.buckets]
         self.bucket_of = {i: b.id for b in plan.buckets for i in b.params}
         self._next_item = 0
@@ -153,7 +157,7 @@ class Engine:
 
     def _grad_hook(self, idx: int):
         def hook(p: torch.Tensor) -> None:
-            if not self.require_sync or self.plan is None:
+            if self.passthrough or not self.require_sync or self.plan is None:
                 return
             if not self._callback_queued:
                 self._callback_queued = True
@@ -287,7 +291,8 @@ class Engine:
     # ---------------------------------------------------------------- waiting and applying
 
     def _wait(self, bucket_ids: list[int]) -> None:
-        t0 = self.recorder.now()
+        """Block until these buckets' collectives are done; one wait event per bucket, back to back."""
+        t_start = tb0 = self.recorder.now()
         for b in bucket_ids:
             fb = self.buckets[b]
             for c, work in enumerate(fb.works):
@@ -302,16 +307,14 @@ class Engine:
                 fb.works[c] = None
                 if self.recorder.enabled:
                     key = (b, c)
-                    issue = self._issue_t.pop(key, t0)
+                    issue = self._issue_t.pop(key, tb0)
                     done = self._comm_done.pop(key, None) or self.recorder.now()
                     self.recorder.record("comm", "comm", f"allreduce:b{b}c{c}", issue, done,
                                          bucket=b, chunk=c, nbytes=fb.chunks[c].numel() * fb.flat.element_size())
-        t1 = self.recorder.now()
-        self._wait_acc += t1 - t0
-        if self.recorder.enabled and t1 - t0 > 0:
-            for b in bucket_ids:
-                self.recorder.record("wait", "wait", f"wait:b{b}", t0, t1, bucket=b)
-                break
+            tb1 = self.recorder.now()
+            self.recorder.record("wait", "wait", f"wait:b{b}", tb0, tb1, bucket=b)
+            tb0 = tb1
+        self._wait_acc += tb0 - t_start
 
     def _wait_apply(self, bucket_ids: list[int]) -> None:
         self._wait(bucket_ids)
@@ -362,6 +365,9 @@ class Engine:
 
     def step(self) -> bool:
         """The user's `optimizer.step()`. Returns False when no reduction happened (local step)."""
+        if self.passthrough:
+            self._end_iteration()
+            return False
         if not self._reduced:
             return False
         self._reduced = False

@@ -81,7 +81,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                              fingerprint, lazy_ok, profile_steps, check_every, replan)
     engine.controller = controller
-    if plan is not None:
+    if world == 1:
+        engine._install_forward_hooks()  # passthrough: no plan, only the step timing hooks
+    elif plan is not None:
         controller.adopt(_load(plan, Plan), source="plan")
     elif profile is not None:
         controller.plan_from_profile(_load(profile, ModelProfile))
@@ -134,6 +136,8 @@ class _Controller:
         self.module_uses: dict[str, list[int]] | None = None
         self.profiling = False
         self.hooks_installed = False
+        self.uses_pending = False
+        self.use_tracker: UseTracker | None = None
         self.order_replans = 0
         engine.on_step_end = self.on_step_end
 
@@ -148,6 +152,13 @@ class _Controller:
         self.engine.set_plan(plan, self.module_uses, order)
         self.engine.order_changed = False
         self.engine.sync_apply = self.engine.overlap != "forward" or not self.lazy_ok
+        if self.module_uses is None and not self.engine.sync_apply:
+            # A plan without a profile says nothing about which module uses which parameter
+            # (MultiheadAttention reads out_proj.weight without calling out_proj): apply at
+            # step() until one forward has been watched, then switch to lazy updates.
+            self.engine.sync_apply = True
+            self.uses_pending = True
+            self._install_hooks()
 
     def _check_same_plan(self, plan: Plan) -> None:
         if self.world == 1:
@@ -167,7 +178,8 @@ class _Controller:
         cluster = cluster or self.cluster or _default_cluster(self.world)
         self.plan_cluster = cluster
         if self.rank == 0:
-            data = [make_plan(self.planner, profile, cluster, world_size=self.world, **self.planner_options).to_dict()]
+            data = [make_plan(self.planner, profile, cluster, world_size=self.world, overlap=self.engine.overlap,
+                              **self.planner_options).to_dict()]
         if self.world > 1:
             dist.broadcast_object_list(data, src=dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0, group=self.group)
         self.adopt(Plan.from_dict(data[0], source="plan from rank 0"), source="plan from rank 0")
@@ -187,16 +199,23 @@ class _Controller:
         self.phase_step = 0
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
-        if not self.hooks_installed:
-            self.model.register_forward_pre_hook(self._fwd_pre)
-            self.model.register_forward_hook(self._fwd_post, always_call=True)
-            self.hooks_installed = True
+        self._install_hooks()
         self.engine.on_grad_ready.append(self._grad_ready)
         self.engine.on_backward_end.append(self._bwd_end)
         self.profiling = True
 
+    def _install_hooks(self) -> None:
+        if not self.hooks_installed:
+            self.model.register_forward_pre_hook(self._fwd_pre)
+            self.model.register_forward_hook(self._fwd_post, always_call=True)
+            self.hooks_installed = True
+
     def _fwd_pre(self, _m, _args):
-        if not getattr(self, "profiling", False) or not torch.is_grad_enabled():
+        if self.uses_pending and self.use_tracker is None:
+            self.use_tracker = UseTracker(self.model, self.params)
+            self.use_tracker.__enter__()
+            return
+        if not self.profiling or not torch.is_grad_enabled():
             return
         if self.phase_step == 1 and self.tracker is None:
             self.tracker = UseTracker(self.model, self.params)
@@ -205,7 +224,11 @@ class _Controller:
             self.timer.forward_start()
 
     def _fwd_post(self, _m, _args, _out):
-        if not getattr(self, "profiling", False):
+        if self.use_tracker is not None and self.use_tracker._mode is not None:
+            self.use_tracker.__exit__(None, None, None)
+            self.use_tracker._mode = None
+            return
+        if not self.profiling:
             return
         if self.tracker is not None and self.tracker._mode is not None and self.phase_step == 1:
             self.tracker.__exit__(None, None, None)
@@ -223,6 +246,16 @@ class _Controller:
         self._t_bwd_end = time.perf_counter()
 
     def on_step_end(self) -> None:
+        if self.uses_pending and self.use_tracker is not None and self.use_tracker._mode is None:
+            uses: dict[str, list[int]] = {}
+            for idx, mods in self.use_tracker.use_modules.items():
+                for m in mods:
+                    uses.setdefault(m, []).append(idx)
+            self.module_uses = uses
+            self.uses_pending = False
+            self.engine.set_plan(self.engine.plan, uses, self.use_tracker.module_order)
+            self.engine.sync_apply = False
+            self.use_tracker = None
         if self.profiling:
             self._profiling_step_end()
         elif self.check_every and self.engine.stats.step % self.check_every == 0:

@@ -27,3 +27,16 @@ def test_parity_with_ddp(world, planner):
     buckets = {k: v for k, v in results[0].items() if k[-1] == "buckets"}
     if planner != "caramel":
         assert max(buckets.values()) > 1, f"the test should exercise several buckets: {buckets}"
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("world", [2, 3])
+def test_chunked_plan_in_need_first_order_matches_ddp(world):
+    from tests.distributed.workers import chunked_plan_worker
+    results = run_workers(chunked_plan_worker, world, args=(STEPS,), timeout_s=380)
+    for rank, res in enumerate(results):
+        for (family, what), value in res.items():
+            if what in ("items", "buckets"):
+                assert res[(family, "items")] > res[(family, "buckets")] > 1
+                continue
+            assert value <= TOL, f"rank {rank}: {family} overlap={what} differs by {value:g}"

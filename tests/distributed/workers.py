@@ -90,3 +90,34 @@ def parity_worker(rank: int, world: int, planner: str, steps: int, planner_optio
                 if rank == 0:
                     out[(family, opt_kind, overlap, "buckets")] = len(opt.engine.buckets)
     return out
+
+
+def chunked_plan_worker(rank: int, world: int, steps: int) -> dict:
+    """A hand-made plan: small buckets, each cut into 3 chunks, issued need-first (the reverse of
+    ready order, so early-ready buckets wait for late ones), for every overlap mode."""
+    from caramel.plan.planners import group_by_cap, plan_from_groups, ready_sorted
+    from caramel.profile.profiler import profile_model
+
+    out = {}
+    for family in ("gpt_tied", "cnn_bn"):
+        w = fresh(family)
+        prof = profile_model(copy.deepcopy(w.model), w.inputs, w.targets, w.loss_fn, steps=1)
+        groups = group_by_cap(ready_sorted(prof), [4096])
+        chunks = [min(3, sum(prof.params[i].numel for i in (p.index for p in g))) for g in groups]
+        order = [(b, c) for b in reversed(range(len(groups))) for c in range(chunks[b])]
+        plan = plan_from_groups("handmade", prof, world, groups, chunks=chunks, order=order)
+        ref_model = copy.deepcopy(w.model)
+        ddp = torch.nn.parallel.DistributedDataParallel(ref_model)
+        ropt, rsched = make_optimizer("adamw", ddp.parameters())
+        train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+        ref = params_of(ddp.module)
+        for overlap in ("forward", "backward", "none"):
+            m = copy.deepcopy(w.model)
+            opt, sched = make_optimizer("adamw", m.parameters())
+            model, opt = caramel.parallelize(m, opt, plan=plan, overlap=overlap)
+            train(model, opt, sched, w.loss_fn, family, rank, steps)
+            opt.synchronize()
+            out[(family, overlap)] = max_diff(ref, params_of(model.module))
+        out[(family, "items")] = len(plan.order)
+        out[(family, "buckets")] = len(plan.buckets)
+    return out

@@ -1,0 +1,57 @@
+"""One process, no torchrun: the same script runs unchanged and trains exactly like plain PyTorch."""
+import copy
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+SCRIPT = textwrap.dedent("""
+    import copy, torch, caramel
+    from caramel.models import get_model
+    info = caramel.init_distributed()
+    assert caramel.init_distributed() == info          # idempotent
+    assert (info.rank, info.world_size) == (0, 1), info
+    w = get_model("tiny_gpt")(batch_size=4)
+    ref = copy.deepcopy(w.model)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    sched_r = torch.optim.lr_scheduler.StepLR(ropt, 3, 0.5)
+    opt = torch.optim.AdamW(w.model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)   # created before parallelize
+    model, opt = caramel.parallelize(w.model, opt)
+    for step in range(10):
+        for m, o, s in ((model, opt, sched), (ref, ropt, sched_r)):
+            loss = w.loss_fn(m(w.inputs), w.targets); loss.backward(); o.step(); s.step(); o.zero_grad()
+    opt.synchronize()
+    diff = max(float((a - b).abs().max()) for a, b in zip(model.module.parameters(), ref.parameters()))
+    assert diff == 0.0, diff
+    assert opt.engine.stats.step == 10
+    assert isinstance(opt, torch.optim.AdamW)
+    print("OK")
+""")
+
+
+@pytest.mark.timeout(120)
+def test_single_process_without_torchrun(tmp_path):
+    script = tmp_path / "single.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning:torch.optim.lr_scheduler", str(script)],
+                          capture_output=True, text=True, timeout=110, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout
+
+
+def test_parallelize_rejects_bad_arguments():
+    import caramel
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(caramel.CaramelError, match="overlap"):
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), overlap="sideways")
+    with pytest.raises(caramel.CaramelError, match="optimizer"):
+        caramel.parallelize(model, "sgd")
+    other = torch.nn.Linear(3, 3)
+    with pytest.raises(caramel.CaramelError, match="not a parameter of the model"):
+        caramel.parallelize(model, torch.optim.SGD(other.parameters(), lr=0.1))
+    with pytest.raises(caramel.CaramelError, match="replan"):
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), replan="sometimes")
