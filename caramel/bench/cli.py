@@ -7,6 +7,7 @@ Without selection flags it runs the default matrix (or `--quick`); `--model`, `-
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         network = choose_network(args.network, config.bandwidth)
         trace_dir = None
         if args.trace:
-            trace_dir = f"{args.trace}/{i:02d}-{config.model.replace('/', '_').replace(':', '_')}-w{config.workers}-{config.bandwidth or 'loopback'}"
+            trace_dir = f"{os.path.abspath(args.trace)}/{i:02d}-{config.model.replace('/', '_').replace(':', '_')}-w{config.workers}-{config.bandwidth or 'loopback'}"
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
         result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
@@ -148,7 +149,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _environment(records: list[Record], settings: BenchSettings, networks: set[str], wall_s: float) -> dict[str, Any]:
-    import os
     import platform
 
     import torch

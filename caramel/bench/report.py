@@ -235,9 +235,32 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "profiled model on links of the rate the comm-only baseline achieved. The regime is measured (comm/compute < 0.75 compute-bound, "
         "<= 1.5 balanced, else comm-bound).\n\n"
         + head + body + skipped + "\n\n"
-        "## Targets (issue 3)\n\n" + format_targets(check_targets(records)) + "\n"
+        "## Targets (issue 3)\n\n" + format_targets(check_targets(records)) + "\n\n"
+        "## Where the time goes\n\n" + format_breakdown(records) + "\n"
         + (f"\n## Notes\n\n{notes.strip()}\n" if notes.strip() else "")
     )
+
+
+def format_breakdown(records: list[Record]) -> str:
+    """Per configuration: each strategy's step against compute, comm, the bound and the engine's own wait."""
+    lines = []
+    by_config: dict[str, list[Record]] = {}
+    for r in records:
+        by_config.setdefault(config_label(r), []).append(r)
+    for label, rs in by_config.items():
+        r0 = rs[0]
+        lb = f", simulator lower bound {_ms(r0.lower_bound_s)} ms" if r0.lower_bound_s is not None else ""
+        lines.append(f"- {label} ({r0.network}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
+                     f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}")
+        for r in rs:
+            if r.step_time_median_s is None:
+                continue
+            over = r.step_time_median_s - max(r.compute_s, r.comm_s)
+            wait = (f"; the engine was blocked on communication {_ms(r.engine_wait_per_step_s)} ms per step"
+                    if r.engine_wait_per_step_s is not None else "")
+            lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
+                         f"{_ms(r.exposed_comm_s)} ms above compute{wait}")
+    return "\n".join(lines)
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
