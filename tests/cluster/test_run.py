@@ -33,7 +33,10 @@ dist.destroy_process_group()
 raise SystemExit(3 if rank == 1 else 0)  # the job's exit code must be the failing worker's
 """
 
-FAIL_ON_RANK1 = "import os, sys; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE']); sys.exit(3 if os.environ['RANK'] == '1' else 0)"
+# Rank 1 fails with exit code 3 after rank 0 has had time to print and finish (torchrun stops the
+# other local workers, and their log tailers, as soon as one fails).
+FAIL_ON_RANK1 = ("import os, sys, time; r = os.environ['RANK']; print('rank', r, 'of', os.environ['WORLD_SIZE'], flush=True); "
+                 "r == '1' and time.sleep(2); sys.exit(3 if r == '1' else 0)")
 
 
 @needs_root
@@ -93,7 +96,8 @@ def test_local_fallback_runs_plain_workers(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["caramel cluster: network namespaces need root (running as uid 1000); falling back to 2 plain "
                    "local workers on loopback (torchrun --standalone), without bandwidth shaping"]
-    assert rc == 3 and "rank 0 of 2" in out.getvalue() and "rank 1 of 2" in out.getvalue()
+    assert rc == 3, out.getvalue()
+    assert "[rank0] rank 0 of 2" in out.getvalue() and "[rank1] rank 1 of 2" in out.getvalue(), out.getvalue()
     assert list(tmp_path.iterdir()) == []  # no state, nothing created
     if before is not None:
         assert foreign(host_objects()) == foreign(before)

@@ -102,3 +102,44 @@ def test_sigkill_leaves_state_that_cleanup_removes(tmp_path):
     assert foreign(after) == foreign(before)
     assert _gone(job_pid)
     assert not (tmp_path / f"{prefix}.json").exists()
+
+
+# Owns a cluster and runs a real 2-node torchrun job whose workers report their pids and sleep.
+OWNER_RUN = r"""
+import sys
+from caramel.cluster.config import ClusterConfig
+from caramel.cluster.emulated import EmulatedCluster
+prefix, state_dir, script = sys.argv[1], sys.argv[2], sys.argv[3]
+with EmulatedCluster(ClusterConfig(workers=2, bandwidth_bps="50mbit", prefix=prefix, state_dir=state_dir, quiet=True)) as c:
+    sys.exit(c.run(["python", script]))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_during_a_torchrun_job_leaves_no_process(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint('WORKER_UP', os.getpid(), os.getppid(), flush=True)\ntime.sleep(600)\n")
+    prefix = new_prefix()
+    before = host_objects()
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_RUN, prefix, str(tmp_path), str(script)], cwd=REPO,
+                             env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids, seen = set(), []
+    try:
+        while len(pids) < 4:  # each worker and its torchrun agent
+            line = owner.stdout.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+            if "WORKER_UP" in line:
+                pid, ppid = line.split("WORKER_UP")[1].split()
+                pids |= {int(pid), int(ppid)}
+        owner.send_signal(signal.SIGINT)
+        rest, _ = owner.communicate(timeout=60)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    assert owner.returncode == -signal.SIGINT, "".join(seen) + rest
+    assert all(_gone(p) for p in pids), pids
+    after = host_objects()
+    assert named(after, prefix) == set()
+    assert foreign(after) == foreign(before)
