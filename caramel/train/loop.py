@@ -230,7 +230,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if metrics:
             metrics.close()
     wall_s = time.perf_counter() - t_run
-    summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path)
+    trace_file = _merge_traces(engine, d, out_dir) if engine.kind == "caramel" else None
+    summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
     if main:
         from caramel.jsonio import write_json
         write_json(out_dir / "summary.json", summary)
@@ -259,7 +260,24 @@ def _truncate_metrics(path: Path, start: int) -> None:
     path.write_text("".join(k + "\n" for k in keep))
 
 
-def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path) -> dict[str, Any]:
+def _merge_traces(engine: Engine, d: Dist, out_dir: Path) -> str | None:
+    """Rank 0 merges the per-rank traces (written at synchronize) into one timeline file."""
+    dist.barrier()  # every rank's trace file is on disk
+    if d.world_size == 1:
+        return str(out_dir / "trace.json")
+    merged = out_dir / "trace.merged.json"
+    if d.rank == 0:
+        try:
+            from caramel.trace.load import load_traces
+            load_traces([out_dir / f"trace.rank{r}.json" for r in range(d.world_size)]).save(merged)
+        except (ImportError, CaramelError) as e:  # the run itself succeeded; say why there is no merged file
+            print(f"note: per-rank traces not merged ({e}); they are {out_dir}/trace.rank*.json", flush=True)
+            return str(out_dir / "trace.rank*.json")
+    return str(merged)
+
+
+def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path,
+             trace_file) -> dict[str, Any]:
     steady = [r["step_time_s"] for r in history[min(len(history) - 1, 5):]] if history else []  # skip warm-up steps
     step_s = statistics.median(steady) if steady else None
     waits = [r["exposed_comm_s"] for r in history[5:] if r["exposed_comm_s"] is not None]
@@ -284,7 +302,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "bytes_per_step": stats.get("bytes_per_step"),
         "wall_s": wall_s,
         "metrics": str(metrics_path),
-        "trace": str(Path(cfg.run.out_dir) / "trace.json") if engine.kind == "caramel" else None,
+        "trace": trace_file,
     }
     summary["sim_speedup_vs_ddp"] = simulated_speedup_vs_ddp(cfg, summary)
     return summary

@@ -107,6 +107,7 @@ def test_char_gpt_two_workers_learn(tmp_path):
     assert s["final_loss"] < s["first_loss"] - 1.5  # ln(256) = 5.55 at the start
     assert s["val_loss"] < s["first_loss"] - 1.5 and s["val_accuracy"] > 0.1
     assert (out / "trace.rank0.json").exists() and (out / "trace.rank1.json").exists()
+    assert s["trace"].endswith("trace.merged.json") and {e["rank"] for e in json.loads(Path(s["trace"]).read_text())["events"]} == {0, 1}
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
