@@ -219,6 +219,41 @@ def case_lbfgs_closure(rank, world):
     return _diff(cm.module, ddp.module)
 
 
+def case_checkpoint_resume(rank, world):
+    """optimizer/model state_dict() taken between lazy steps, loaded into a fresh parallelized
+    pair, continues exactly like an uninterrupted DDP run (LR schedule included)."""
+    torch.manual_seed(0)
+    init = TwiceUsed()
+    ref = copy.deepcopy(init)
+    ddp = torch.nn.parallel.DistributedDataParallel(ref)
+    ropt = _adamw(ddp.parameters())
+    rsched = torch.optim.lr_scheduler.StepLR(ropt, 2, 0.7)
+
+    def fresh_pair(m):
+        opt = _adamw(m.parameters())
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.7)
+        cm, copt = caramel.parallelize(m, opt, planner="fifo", bucket_cap_mb=0.001, first_bucket_mb=0.001)
+        return cm, copt, sched
+
+    cm, copt, sched = fresh_pair(copy.deepcopy(init))
+    for step in range(STEPS):
+        if step == STEPS // 2:  # checkpoint, throw the pair away, resume into a new one
+            state = {"model": cm.state_dict(), "opt": copt.state_dict(), "sched": sched.state_dict()}
+            torch.manual_seed(123)
+            cm, copt, sched = fresh_pair(TwiceUsed())
+            cm.load_state_dict(state["model"])
+            copt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+        x, y = _data(step, rank)
+        for mod, o, s in ((cm, copt, sched), (ddp, ropt, rsched)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            s.step()
+            o.zero_grad()
+    copt.synchronize()
+    return _diff(cm.module, ddp.module)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
