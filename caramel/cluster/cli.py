@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="run a command as a multi-node torchrun job on an emulated cluster",
                          description="Build the cluster, run `torchrun ... CMD` in every namespace, tear everything down.")
     cluster_options(run)
+    run.add_argument("--max-restarts", type=int, default=0,
+                     help="restart all nodes together up to this many times after a failure (c10d rendezvous; default 0)")
     run.add_argument("--json", metavar="OUT", help="write the cluster description and exit code here")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args...]")
 
@@ -85,10 +87,12 @@ def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     timeout_s = _timeout(args)
     torchrun_target(cmd)  # a missing script fails here, before the host is touched
+    if args.max_restarts < 0:
+        raise CaramelError(f"--max-restarts must be an integer >= 0, got {args.max_restarts}")
     start = time.time()
     with EmulatedCluster(config) as cluster:
         print(f"caramel cluster: {cluster.describe()}", file=sys.stderr)
-        rc = cluster.run(cmd, nproc_per_node=args.nproc_per_node, timeout_s=timeout_s)
+        rc = cluster.run(cmd, nproc_per_node=args.nproc_per_node, timeout_s=timeout_s, max_restarts=args.max_restarts)
         info = cluster.info()
     if args.json:
         write_json(args.json, {"format": format_tag("cluster-run"), "cluster": info, "command": cmd,

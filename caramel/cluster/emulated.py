@@ -20,6 +20,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,12 @@ class EmulatedCluster:
             # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts: workers can
             # resolve each other by name, and c10d's reverse lookups of peers succeed quietly.
             self._record("etc", ns)
-            netns.write_etc_hosts(ns, self._hosts_text())
+            netns.write_etc_hosts(ns, self._hosts_text(i))
 
-    def _hosts_text(self) -> str:
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost"]
+    def _hosts_text(self, worker: int) -> str:
+        # Namespaces share the host's hostname (no UTS namespace); inside worker i it resolves to
+        # worker i's address, as on a real machine (c10d rendezvous checks whether it is the host).
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost", f"{self.address(worker)}\t{socket.gethostname()}"]
         for i in range(self.config.workers):
             # c10d listens on a dual-stack socket, so peers also appear as v4-mapped IPv6 addresses.
             lines += [f"{self.address(i)}\t{self.config.netns(i)}", f"::ffff:{self.address(i)}\t{self.config.netns(i)}"]
@@ -292,39 +295,52 @@ class EmulatedCluster:
         return subprocess.Popen(prefix + list(argv), env=self.env_for(worker, env), **popen_kwargs)
 
     def run(self, cmd: list[str], nproc_per_node: int = 1, env: dict[str, str] | None = None,
-            timeout_s: float | None = None, out: TextIO | None = None, failure_grace_s: float = 10.0) -> int:
+            timeout_s: float | None = None, out: TextIO | None = None, failure_grace_s: float = 10.0,
+            max_restarts: int = 0) -> int:
         """Run `cmd` as one multi-node torchrun job (node i in namespace i); return the worst exit code.
 
-        Output is streamed with a `[rank<r>]` prefix (global rank; lines torchrun itself prints on
-        a node with several processes get `[node<i>]`).
+        Ranks are fixed (static rendezvous on worker 0's address: node i holds ranks
+        i*nproc_per_node ...), and output is streamed with a `[rank<r>]` prefix. With
+        `max_restarts` > 0 the job uses c10d rendezvous instead, so that every node restarts
+        together after a failure; ranks are then assigned at each rendezvous and output is
+        prefixed `[node<i>]`.
         """
         if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
             raise CaramelError(f"nproc_per_node must be a positive integer, got {nproc_per_node!r}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise CaramelError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
         if timeout_s is not None and not timeout_s > 0:
             raise CaramelError(f"timeout_s must be positive, got {timeout_s!r}")
         target = torchrun_target(list(cmd))
         self._check_running()
         self._runs += 1
         log_dir = tempfile.mkdtemp(prefix="caramel-torchrun-")
-        # With several processes per torchrun, --tee prefixes each line with its local rank
-        # (rewritten to the global rank); the per-rank log files go to a directory we delete.
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--log-dir", log_dir]
+        # --tee prefixes each line with its local rank (rewritten to the global rank when ranks
+        # are fixed); the per-rank log files go to a directory we delete.
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--log-dir", log_dir, "--max-restarts", str(max_restarts)]
         try:
             if self.mode == "local":
                 argv = torchrun + ["--tee", "3", "--standalone", "--nnodes", "1",
                                    "--nproc-per-node", str(self.workers * nproc_per_node)] + target
-                nodes = [NodeProcess("local", argv, self.env_for(0, env), rank_base=0)]
+                nodes = [NodeProcess("local", argv, self.env_for(0, env), rank_base=0 if not max_restarts else None)]
             else:
                 port = BASE_MASTER_PORT + self._runs % 1000  # fresh port per run: no TIME_WAIT surprises
-                tee = ["--tee", "3"] if nproc_per_node > 1 else []
+                fixed = max_restarts == 0
+                tee = ["--tee", "3"] if nproc_per_node > 1 or not fixed else []
                 nodes = []
                 for i in range(self.workers):
-                    argv = (["ip", "netns", "exec", self.config.netns(i)] + torchrun + tee +
-                            ["--nnodes", str(self.workers), "--node-rank", str(i), "--master-addr", self.master_addr,
-                             "--master-port", str(port), "--nproc-per-node", str(nproc_per_node)] + target)
-                    label = f"rank{i}" if nproc_per_node == 1 else f"node{i}"
-                    nodes.append(NodeProcess(label, argv, self.env_for(i, env),
-                                             rank_base=i * nproc_per_node if nproc_per_node > 1 else None))
+                    if fixed:
+                        rdzv = ["--node-rank", str(i), "--master-addr", self.master_addr, "--master-port", str(port)]
+                    else:
+                        # --local-addr: the agent that ends up rank 0 publishes it as MASTER_ADDR
+                        # (the shared hostname would resolve to each reader's own address).
+                        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.master_addr}:{port}",
+                                "--rdzv-id", f"{self.config.prefix}-{self._runs}", "--local-addr", self.address(i)]
+                    argv = (["ip", "netns", "exec", self.config.netns(i)] + torchrun + tee + rdzv +
+                            ["--nnodes", str(self.workers), "--nproc-per-node", str(nproc_per_node)] + target)
+                    label = f"rank{i}" if fixed and nproc_per_node == 1 else f"node{i}"
+                    base = i * nproc_per_node if fixed and nproc_per_node > 1 else None
+                    nodes.append(NodeProcess(label, argv, self.env_for(i, env), rank_base=base))
             return supervise(nodes, out=out, timeout_s=timeout_s, failure_grace_s=failure_grace_s)
         finally:
             shutil.rmtree(log_dir, ignore_errors=True)
