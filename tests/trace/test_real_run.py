@@ -60,7 +60,7 @@ def test_real_trace_executes_its_plan(real_run):
     first = min(k for k, n in readies.items() if n == len(plan.buckets))
     assert readies[0] == 1 and 0 < first < STEPS - 1
     # the runtime records a wait only when it blocked, and once per group of buckets waited for
-    result = check_trace(trace, plan, require_waits=False, first_step=first)
+    result = check_trace(trace, plan, require_waits=True, first_step=first)
     assert result.steps_checked == 2 * (STEPS - first)
     assert result.buckets_checked == 2 * (STEPS - first) * len(plan.buckets)
 
