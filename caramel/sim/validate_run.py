@@ -1,0 +1,386 @@
+"""Validate the simulator against real runs on the emulated cluster: `python -m caramel.sim.validate_run`.
+
+    python -m caramel.sim.validate_run --json validation.json --markdown table.md
+
+What it does, in this order, with nothing refitted after a prediction is made:
+
+1. per cluster size, once, before any configuration: build the emulated cluster (a network
+   namespace per worker, links shaped with tc) and *calibrate* it: time all-reduces over a sweep
+   of sizes (`caramel cluster probe`'s worker) at one reference rate and fit the two network
+   numbers the simulator needs, the per-step latency alpha and the goodput factor (the share of
+   the tc rate that TCP payload gets); see `fit_calibration`;
+2. per model, one job (`caramel.sim.validate_worker`): every rank profiles the model side by
+   side, rank 0 plans and simulates every configuration of that model on
+   `ClusterSpec(rate x goodput, alpha)` and writes the predictions to disk, then every bandwidth
+   is shaped in turn and its strategies are timed in interleaved rounds;
+3. each configuration becomes a `ValidationRecord` (predicted step time, every measured step,
+   the per-round medians as the run-to-run spread) and `caramel.sim.validate.score` scores them.
+
+The default matrix (`DEFAULT_GROUPS`) has 36 configurations: 5 models, 50 Mbit/s to 1 Gbit/s,
+the fifo/fusion/caramel planners in forward/backward/none overlap, several bucket caps, torch
+DDP, 2 and 4 workers. `--quick` runs 2 configurations on loopback (the test smoke run).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from caramel.errors import CaramelError
+from caramel.jsonio import format_tag, read_json, write_json
+from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, score
+from caramel.sim.validate_worker import JOB_KIND, RAW_KIND, done_path, request_path
+from caramel.units import format_rate, parse_rate_bps
+
+WORKER_MODULE = "caramel.sim.validate_worker"
+NETWORKS = ("cluster", "loopback")
+# Probe sizes: the bucket sizes plans actually send (64 KiB .. 8 MiB), 1 KiB messages for alpha.
+CALIBRATION_SIZES = [1024, 65536, 262144, 1048576, 2097152, 4194304, 8388608]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One strategy: planner (`fifo`, `fusion`, `caramel`, or `ddp` for torch DDP), overlap, options."""
+
+    planner: str
+    overlap: str = "forward"
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass
+class ModelGroup:
+    """One model on one cluster size, at several bandwidths, each with the same strategies: one job."""
+
+    model: str
+    batch_size: int
+    workers: int
+    bandwidths: list[str]
+    strategies: list[StrategySpec]
+    model_options: dict[str, Any] = field(default_factory=dict)
+
+    def configs(self, latency_s: float) -> list[ValidationConfig]:
+        return [ValidationConfig(self.label, self.workers, parse_rate_bps(bw), latency_s, s.planner,
+                                 "backward" if s.planner == "ddp" else s.overlap, dict(s.options))
+                for bw in self.bandwidths for s in self.strategies]
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.model_options.items()))
+        return f"{self.model}({opts + ',' if opts else ''}b={self.batch_size})"
+
+
+@dataclass
+class ValidationSettings:
+    """How each configuration is timed (the bench harness's scheme, smaller)."""
+
+    warmup_steps: int = 2
+    rounds: int = 3
+    steps_per_round: int = 4
+    profile_steps: int = 3
+    lr: float = 0.01
+    seed: int = 0
+    timeout_s: float = 120.0  # process-group timeout; a job's wall-clock limit is 10x this
+    compute_baseline: bool = True  # also time compute-only steps (no communication) once per job
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "steps_per_round", "profile_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise CaramelError(f"{name} must be a positive integer, got {v!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise CaramelError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+
+
+@dataclass
+class Calibration:
+    """The network numbers fitted once per cluster size, before any prediction."""
+
+    workers: int
+    latency_s: float
+    goodput: float  # achieved payload rate / tc rate
+    source: str
+    probe: dict[str, Any] = field(default_factory=dict)
+
+
+def _s(planner: str, overlap: str = "forward", **options: Any) -> StrategySpec:
+    return StrategySpec(planner, overlap, tuple(sorted(options.items())))
+
+
+_CORE = [_s("fifo", "backward"), _s("fifo", "forward"), _s("caramel", "forward"), _s("caramel", "none")]
+DEFAULT_GROUPS: list[ModelGroup] = [
+    # 2 workers: an MLP (few large tensors) from comm-bound to balanced, with bucket caps.
+    ModelGroup("mlp", 32, 2, ["50mbit", "200mbit"],
+               [_s("fifo", "backward", bucket_cap_mb=0.25), _s("fifo", "forward", bucket_cap_mb=0.25),
+                _s("fifo", "forward", bucket_cap_mb=4.0), _s("caramel", "forward")],
+               {"width": 512, "depth": 4}),
+    # ResNet-18/16: many small tensors; the DESIGN's comm-bound and compute-bound rates.
+    ModelGroup("resnet18", 8, 2, ["125mbit", "500mbit"],
+               _CORE + [_s("fusion", "forward"), _s("ddp")], {"width": 16}),
+    ModelGroup("vgg16", 8, 2, ["200mbit"], _CORE + [_s("fifo", "forward", bucket_cap_mb=1.0)], {"width_div": 4}),
+    ModelGroup("gpt2", 2, 2, ["1gbit"], _CORE + [_s("ddp")]),
+    # 4 workers sharing the 2 cores.
+    ModelGroup("resnet18", 4, 4, ["250mbit"], [_s("fifo", "backward"), _s("fifo", "forward"), _s("caramel", "forward")],
+               {"width": 16}),
+]
+DEFAULT_SETTINGS = ValidationSettings()
+QUICK_GROUPS: list[ModelGroup] = [
+    ModelGroup("mlp", 8, 2, ["100mbit"], [_s("fifo", "backward"), _s("caramel", "forward")], {"width": 64, "depth": 3}),
+]
+QUICK_SETTINGS = ValidationSettings(warmup_steps=1, rounds=2, steps_per_round=2, profile_steps=1, compute_baseline=False)
+
+
+def fit_calibration(sizes_bytes: list[int], times_s: list[float], workers: int, nominal_bps: float) -> tuple[float, float]:
+    """(latency_s, goodput) from probe times t(S) = 2(n-1)*alpha + 2(n-1)/n * 8S / (goodput * rate).
+
+    Ordinary least squares on absolute time: the large messages, which carry the step's bytes,
+    fix the slope (goodput); the small ones the intercept (alpha, clamped at 0).
+    """
+    if len(set(sizes_bytes)) < 2 or len(sizes_bytes) != len(times_s):
+        raise CaramelError("calibration needs probe times for at least two different sizes")
+    n = workers
+    mx, my = statistics.fmean(sizes_bytes), statistics.fmean(times_s)
+    sxx = sum((x - mx) ** 2 for x in sizes_bytes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes_bytes, times_s)) / sxx
+    intercept = my - slope * mx
+    if not slope > 0:
+        raise CaramelError("calibration: probe times do not grow with message size (is the link shaped?)")
+    if intercept < 0:
+        intercept = 0.0
+        slope = sum(x * y for x, y in zip(sizes_bytes, times_s)) / sum(x * x for x in sizes_bytes)
+    goodput = 2 * (n - 1) / n * 8 / (slope * nominal_bps)
+    return intercept / (2 * (n - 1)), goodput
+
+
+def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None = None) -> Calibration:
+    """Probe all-reduces on the emulated cluster at `reference_bps` and fit alpha and goodput once."""
+    from caramel.cluster.probe import probe_cluster
+
+    for i in range(cluster.workers):
+        cluster.set_bandwidth(i, reference_bps)
+    _, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
+    latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
+    return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)}",
+                       {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reference_bps": reference_bps,
+                        "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}})
+
+
+def make_job(group: ModelGroup, settings: ValidationSettings, calibration: Calibration, ctl_dir: str) -> dict[str, Any]:
+    """The job file every rank of one model's job reads."""
+    configs = []
+    for cfg in group.configs(calibration.latency_s):
+        configs.append({"name": cfg.strategy(), "planner": cfg.planner, "overlap": cfg.overlap,
+                        "options": cfg.options, "bandwidth_bps": cfg.bandwidth_bps})
+    return {"format": format_tag(JOB_KIND), "model": group.model, "batch_size": group.batch_size,
+            "model_options": group.model_options, "workers": group.workers, "configs": configs,
+            "calibration": {"latency_s": calibration.latency_s, "goodput": calibration.goodput},
+            "ctl_dir": ctl_dir, **asdict(settings)}
+
+
+class _BandwidthServer:
+    """Host side of the reshaping handshake: answers rank 0's request files (see validate_worker)."""
+
+    def __init__(self, ctl_dir: str, reshape: Callable[[float], None]):
+        self.ctl_dir, self.reshape = ctl_dir, reshape
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        index = 0
+        while not self.stop.is_set():
+            req = request_path(self.ctl_dir, index)
+            if req.exists():
+                try:
+                    self.reshape(float(req.read_text()))
+                except BaseException as e:  # the worker times out waiting and reports it
+                    self.error = e
+                    return
+                done_path(self.ctl_dir, index).write_text("ok\n")
+                index += 1
+            else:
+                time.sleep(0.02)
+
+    def __enter__(self) -> "_BandwidthServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def _run_loopback(workers: int, argv: list[str], timeout_s: float, log: TextIO) -> int:
+    """Plain local processes on 127.0.0.1, no shaping (the smoke test's network)."""
+    from caramel.bench.launch import worker_env
+    from caramel.cluster.launch import NodeProcess, supervise
+    from caramel.distributed import free_port
+
+    port = free_port()
+    nodes = []
+    for rank in range(workers):
+        env = worker_env()
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        nodes.append(NodeProcess(f"rank{rank}", argv, env))
+    return supervise(nodes, out=log, timeout_s=timeout_s)
+
+
+def run_group(group: ModelGroup, settings: ValidationSettings, calibration: Calibration, cluster=None,
+              log: TextIO | None = None) -> tuple[list[ValidationRecord], dict[str, Any]]:
+    """Run one model's job (on `cluster`, or on loopback when None); records and what else was learned."""
+    log = log if log is not None else sys.stderr
+    with tempfile.TemporaryDirectory(prefix="caramel-validate-") as ctl:
+        job = make_job(group, settings, calibration, ctl)
+        job_path, out_path = Path(ctl) / "job.json", Path(ctl) / "raw.json"
+        write_json(job_path, job)
+        argv = [sys.executable, "-m", WORKER_MODULE, str(job_path), str(out_path)]
+        timeout_s = 10 * settings.timeout_s
+
+        def reshape(bps: float) -> None:
+            if cluster is not None:
+                for i in range(cluster.workers):
+                    cluster.set_bandwidth(i, bps)
+
+        t0 = time.time()
+        with _BandwidthServer(ctl, reshape) as server:
+            if cluster is None:
+                rc = _run_loopback(group.workers, argv, timeout_s, log)
+            else:
+                env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+                rc = cluster.run(argv, env=env, timeout_s=timeout_s, out=log)
+        if server.error is not None:
+            raise CaramelError(f"{group.label}: reshaping the links failed: {server.error}")
+        if rc != 0 or not out_path.exists():
+            raise CaramelError(f"{group.label}: the validation job failed (exit code {rc}); see the worker output above")
+        raw = read_json(out_path, RAW_KIND)
+        predicted_at = read_json(Path(ctl) / "predictions.json", "validation_predictions")["written_at"]
+    return records_from_raw(group, calibration, raw, predicted_at, wall_s=time.time() - t0)
+
+
+def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str, Any], predicted_at: float,
+                     wall_s: float = 0.0) -> tuple[list[ValidationRecord], dict[str, Any]]:
+    """Per configuration: prediction, every step (slowest rank per step), per-round medians."""
+    from caramel.bench.report import job_step_times
+
+    configs = group.configs(calibration.latency_s)
+    preds = raw["predictions"]
+    assert len(configs) == len(preds) == len(raw["configs"]), "raw results do not match the group"
+    records: list[ValidationRecord] = [None] * len(configs)  # type: ignore[list-item]
+    details: list[dict[str, Any]] = [{}] * len(configs)
+    compute_only: list[float] = []
+    for step in raw["measured"]:  # one per bandwidth; step[r] is rank r's result
+        keys = list(step[0]["times"])
+        for key in keys:
+            rounds = [job_step_times([rank["times"][key][k] for rank in step]) for k in range(len(step[0]["times"][key]))]
+            if key == "compute":
+                compute_only = [t for r in rounds for t in r]
+                continue
+            i = int(key)
+            steps = [t for r in rounds for t in r]
+            records[i] = ValidationRecord(configs[i], preds[i]["predicted_step_time_s"], steps,
+                                          [statistics.median(r) for r in rounds])
+            stats = step[0]["stats"].get(key, {})
+            ran = stats.get("plan_fingerprint")
+            details[i] = {k: v for k, v in preds[i].items()}
+            details[i]["engine_plan_fingerprint"] = ran
+            details[i]["plan_matches"] = ran is None or ran == preds[i]["plan_fingerprint"]
+            if not details[i]["plan_matches"]:
+                raise CaramelError(f"{group.label} {configs[i].strategy()}: the engine ran plan {ran}, "
+                                   f"not the simulated {preds[i]['plan_fingerprint']}")
+    missing = [configs[i].strategy() for i, r in enumerate(records) if r is None]
+    if missing:
+        raise CaramelError(f"{group.label}: no measurements for {', '.join(missing)}")
+    info = {"model": group.label, "workers": group.workers, "predicted_at": predicted_at,
+            "measure_started_at": raw["measure_started_at"],
+            "profile_compute_s": preds[0]["predicted_compute_s"] if preds else None,
+            "compute_only_measured_s": statistics.median(compute_only) if compute_only else None,
+            "load_average": raw["meta"].get("load_average"), "wall_s": wall_s, "details": details}
+    return records, info
+
+
+def run_validation(groups: list[ModelGroup], settings: ValidationSettings, network: str = "cluster",
+                   calibrations: dict[int, Calibration] | None = None, log: TextIO | None = None) -> ValidationReport:
+    """Calibrate once per cluster size (unless given), then run every group; the scored report."""
+    if network not in NETWORKS:
+        raise CaramelError(f"network {network!r}: expected one of {', '.join(NETWORKS)}")
+    log = log if log is not None else sys.stderr
+    calibrations = dict(calibrations or {})
+    records: list[ValidationRecord] = []
+    jobs: list[dict[str, Any]] = []
+    t0 = time.time()
+    for workers in sorted({g.workers for g in groups}):
+        mine = [g for g in groups if g.workers == workers]
+        if network == "loopback":
+            if workers not in calibrations:
+                raise CaramelError(f"network loopback cannot calibrate; give a calibration for {workers} workers")
+            for g in mine:
+                recs, info = run_group(g, settings, calibrations[workers], None, log)
+                records += recs
+                jobs.append(info)
+            continue
+        from caramel.cluster.config import ClusterConfig
+        from caramel.cluster.emulated import EmulatedCluster
+
+        first = parse_rate_bps(mine[0].bandwidths[0])
+        with EmulatedCluster(ClusterConfig(workers=workers, bandwidth_bps=first, fallback="error", quiet=True)) as cluster:
+            if workers not in calibrations:
+                print(f"[validate] calibrating {workers} workers", file=log, flush=True)
+                calibrations[workers] = calibrate(cluster, parse_rate_bps("200mbit"), log=log)
+            for g in mine:
+                print(f"[validate] {g.label} on {workers} workers: {len(g.configs(0.0))} configurations", file=log, flush=True)
+                recs, info = run_group(g, settings, calibrations[workers], cluster, log)
+                records += recs
+                jobs.append(info)
+    meta = {"network": "netns+tc" if network == "cluster" else "loopback (unshaped)", "settings": asdict(settings),
+            "calibrations": {str(k): asdict(v) for k, v in calibrations.items()}, "jobs": jobs,
+            "wall_s": time.time() - t0, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t0))}
+    return ValidationReport(records, meta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m caramel.sim.validate_run",
+                                description="Predict, then run, every configuration on the emulated cluster; score the simulator.")
+    p.add_argument("--json", metavar="OUT", required=True, help="write the report (caramel.validation/1)")
+    p.add_argument("--markdown", metavar="OUT", help="also write the table as Markdown")
+    p.add_argument("--quick", action="store_true", help="2 configurations, few steps (the smoke test)")
+    p.add_argument("--network", choices=NETWORKS, default="cluster",
+                   help="cluster: netns + tc shaping (needs root); loopback: unshaped, needs --latency and --goodput")
+    p.add_argument("--latency", type=float, help="alpha in seconds instead of calibrating (loopback)")
+    p.add_argument("--goodput", type=float, help="goodput factor instead of calibrating (loopback)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per bandwidth")
+    p.add_argument("--steps", type=int, help="timed steps per strategy per round")
+    args = p.parse_args(argv)
+    try:
+        groups = QUICK_GROUPS if args.quick else DEFAULT_GROUPS
+        base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
+        settings = ValidationSettings(**{**asdict(base), **({"rounds": args.rounds} if args.rounds else {}),
+                                         **({"steps_per_round": args.steps} if args.steps else {})})
+        cals = None
+        if (args.latency is None) != (args.goodput is None):
+            raise CaramelError("--latency and --goodput go together (both replace the calibration)")
+        if args.latency is not None:
+            if not (args.latency >= 0 and args.goodput > 0):
+                raise CaramelError("--latency must be >= 0 seconds and --goodput a positive factor")
+            cals = {g.workers: Calibration(g.workers, args.latency, args.goodput, "given") for g in groups}
+        report = run_validation(groups, settings, args.network, cals)
+    except CaramelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report.save(args.json)
+    table = report.markdown()
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    s = score(report.records)
+    print(f"wrote {args.json}; targets met: {s['targets_met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

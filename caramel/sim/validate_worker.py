@@ -1,0 +1,244 @@
+"""The per-rank worker of a simulator validation job (`caramel.sim.validate_run` starts it).
+
+One job covers one model on one cluster (fixed number of workers) and every bandwidth and
+strategy of that model. On every rank, in this order:
+
+1. profile the model with `caramel.profile_model`, all ranks at once, so compute runs under the
+   same contention for the host's cores as in the timed steps (rank 0's profile is used);
+2. rank 0 plans every configuration and simulates it on the calibrated `ClusterSpec` (the link
+   rate of the configuration times the goodput factor, and the latency, both fitted once before
+   any job), and writes the predictions to disk *before any timed step runs*; the plans go to
+   every rank, so the engine runs exactly the plan that was simulated;
+3. for each bandwidth, rank 0 asks the host runner to reshape the links (a request file; the
+   host answers with a done file), then every strategy of that bandwidth is built, warmed up and
+   timed in interleaved rounds, as the bench harness times them (`measure_block`: one untimed
+   entry step, then steps timed top of loop to top of loop, then a drain).
+
+Rank 0 writes `caramel.validation_raw/1` with the predictions, the per-rank step times and the
+engine's own statistics (its plan fingerprint is checked against the simulated plan's).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from caramel.errors import CaramelError
+from caramel.jsonio import check_format, format_tag, read_json, write_json
+
+JOB_KIND = "validation_job"
+RAW_KIND = "validation_raw"
+BANDWIDTH_WAIT_S = 60.0
+
+
+def request_path(ctl_dir: str | os.PathLike, index: int) -> Path:
+    """File in which rank 0 asks the host for the bandwidth of step `index` (its text: bits/s)."""
+    return Path(ctl_dir) / f"bandwidth-{index}.request"
+
+
+def done_path(ctl_dir: str | os.PathLike, index: int) -> Path:
+    """File the host writes once every link runs at the requested rate."""
+    return Path(ctl_dir) / f"bandwidth-{index}.done"
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[validate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _workload(job: dict[str, Any], device: torch.device):
+    from caramel.models.zoo import get_model
+
+    w = get_model(job["model"])(seed=job["seed"], batch_size=job["batch_size"], **job["model_options"])
+    w.model.to(device)
+    w.inputs, w.targets = w.inputs.to(device), w.targets.to(device)
+    return w
+
+
+def _sgd(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def sim_plan_for(config: dict[str, Any], profile, cluster):
+    """The plan and overlap the simulator replays for one configuration (`ddp` is fifo/backward)."""
+    from caramel.plan.planners import make_plan
+
+    options = dict(config["options"])
+    if config["planner"] == "ddp":
+        # torch DDP: buckets in ready order, a 1 MiB first bucket, then bucket_cap_mb; all
+        # collectives awaited at the end of backward.
+        return make_plan("fifo", profile, cluster, **options), "backward"
+    if config["planner"] == "caramel":
+        options.setdefault("overlap", config["overlap"])
+    return make_plan(config["planner"], profile, cluster, **options), config["overlap"]
+
+
+def predict(job: dict[str, Any], profile) -> list[dict[str, Any]]:
+    """Plan and simulate every configuration of the job (rank 0, before anything is timed)."""
+    from caramel.cluster.spec import ClusterSpec
+    from caramel.sim.simulate import simulate
+
+    cal = job["calibration"]
+    out = []
+    for cfg in job["configs"]:
+        cluster = ClusterSpec.uniform(job["workers"], cfg["bandwidth_bps"] * cal["goodput"], cal["latency_s"],
+                                      meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]})
+        t0 = time.perf_counter()
+        plan, overlap = sim_plan_for(cfg, profile, cluster)
+        result = simulate(profile, cluster, plan, overlap=overlap, trace=False)
+        out.append({"plan": plan, "predicted_step_time_s": result.step_time_s,
+                    "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
+                    "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),
+                    "plan_fingerprint": plan.fingerprint, "plan_s": time.perf_counter() - t0})
+    return out
+
+
+def _build_runner(cfg: dict[str, Any], plan, job: dict[str, Any], device: torch.device, timeout_s: float):
+    import caramel
+    from caramel.bench.strategies import TrainRunner
+
+    w = _workload(job, device)
+    opt = _sgd(w.model, job["lr"])
+    name = cfg["name"]
+    if cfg["planner"] == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(w.model, **cfg["options"])
+        return TrainRunner(name, wrapped, opt, w.inputs, w.targets, w.loss_fn, device)
+    wrapped, opt = caramel.parallelize(w.model, opt, plan=plan, overlap=cfg["overlap"], timeout_s=timeout_s)
+    return TrainRunner(name, wrapped, opt, w.inputs, w.targets, w.loss_fn, device, finish=opt.synchronize,
+                       stats=opt.engine.stats_dict)
+
+
+def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, rank: int) -> None:
+    """Rank 0 asks the host to reshape every link; all ranks continue together afterwards."""
+    if rank == 0:
+        request_path(job["ctl_dir"], index).write_text(f"{bandwidth_bps:g}\n")
+        deadline = time.monotonic() + BANDWIDTH_WAIT_S
+        while not done_path(job["ctl_dir"], index).exists():
+            if time.monotonic() > deadline:
+                raise CaramelError(f"the host did not reshape the links to {bandwidth_bps:g} bit/s within {BANDWIDTH_WAIT_S:g} s")
+            time.sleep(0.05)
+    dist.barrier()
+
+
+def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, configs: list[tuple[int, dict]],
+                      plans: list, device: torch.device, rank: int, timeout_s: float) -> dict[str, Any]:
+    """Time every configuration at one bandwidth in interleaved rounds; per-rank step times."""
+    from caramel.bench.baselines import ComputeOnly
+    from caramel.bench.harness import measure_block
+
+    _wait_for_bandwidth(job, index, bandwidth_bps, rank)
+    runners = {}
+    for i, cfg in configs:
+        runners[i] = _build_runner(cfg, plans[i], job, device, timeout_s)
+    if index == 0 and job["compute_baseline"]:
+        w = _workload(job, device)
+        runners["compute"] = ComputeOnly(w.model, _sgd(w.model, job["lr"]), w.inputs, w.targets, w.loss_fn, device)
+    keys = list(runners)
+    for k in keys:
+        for _ in range(job["warmup_steps"]):
+            runners[k].step()
+        runners[k].finish()
+        dist.barrier()
+    times: dict[Any, list[list[float]]] = {k: [] for k in keys}
+    for r in range(job["rounds"]):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for k in order:
+            dist.barrier()
+            times[k].append(measure_block(runners[k], job["steps_per_round"]))
+        _log(rank, f"{bandwidth_bps / 1e6:g} Mbit/s: round {r + 1}/{job['rounds']} done")
+    stats = {k: runners[k].stats() for k in keys}
+    for k in keys:
+        runners[k].finish()
+    dist.barrier()
+    return {"times": {str(k): v for k, v in times.items()}, "stats": {str(k): _plain(v) for k, v in stats.items()}}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
+    """Profile, predict (rank 0, written before timing), then measure; rank 0 returns everything."""
+    import caramel
+
+    check_format(job, JOB_KIND, "validation job")
+    torch.set_num_threads(1)
+    timeout_s = float(job["timeout_s"])
+    info = caramel.init_distributed(timeout_s=timeout_s)
+    rank, world, device = info.rank, info.world_size, torch.device(info.device)
+    if world != job["workers"]:
+        raise CaramelError(f"validation job for {job['workers']} workers started with {world}")
+
+    w = _workload(job, device)
+    model = copy.deepcopy(w.model)
+    dist.barrier()
+    t0 = time.time()
+    profile = caramel.profile_model(model, w.inputs, w.targets, w.loss_fn, optimizer=_sgd(model, job["lr"]),
+                                    steps=job["profile_steps"], name=job["model"])
+    dist.barrier()
+    _log(rank, f"profiled {job['model']}: forward {profile.forward_time_s * 1e3:.1f} ms, backward "
+               f"{profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
+    predictions = predict(job, profile) if rank == 0 else None
+    if rank == 0:
+        # On disk before the first timed step: these numbers cannot be adjusted afterwards.
+        write_json(Path(job["ctl_dir"]) / "predictions.json", {
+            "format": format_tag("validation_predictions"), "written_at": time.time(), "profile": profile.to_dict(),
+            "predictions": [{k: v for k, v in p.items() if k != "plan"} for p in predictions]})
+    box = [[p["plan"] for p in predictions] if predictions else None]
+    dist.broadcast_object_list(box, src=0)
+    plans = box[0]
+    _log(rank, f"predicted {len(plans)} configurations; measuring")
+
+    bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
+    measured = []
+    measure_started_at = time.time()
+    for index, bw in enumerate(bandwidths):
+        configs = [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw]
+        measured.append({"bandwidth_bps": bw, "configs": [i for i, _ in configs],
+                         **measure_bandwidth(job, index, bw, configs, plans, device, rank, timeout_s)})
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, measured)
+    if rank != 0:
+        return None
+    return {
+        "format": format_tag(RAW_KIND),
+        "job": {k: v for k, v in job.items() if k != "configs"},
+        "configs": job["configs"],
+        "profile_started_at": t0,
+        "measure_started_at": measure_started_at,
+        "predictions": [{k: v for k, v in p.items() if k != "plan"} for p in predictions],
+        "measured": [[g[j] for g in gathered] for j in range(len(bandwidths))],
+        "meta": {"world_size": world, "backend": dist.get_backend(), "torch": torch.__version__,
+                 "threads_per_worker": torch.get_num_threads(), "load_average": os.getloadavg()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m caramel.sim.validate_worker JOB.json OUT.json", file=sys.stderr)
+        return 2
+    raw = run_job(read_json(argv[0], JOB_KIND))
+    if raw is not None:
+        write_json(argv[1], raw)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

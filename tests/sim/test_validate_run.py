@@ -1,0 +1,156 @@
+"""The validation runner: calibration fit, the matrix, turning raw per-rank times into records,
+the reshaping handshake, and a 2-configuration smoke run on loopback (real processes, real engine)."""
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.jsonio import format_tag
+from caramel.sim.validate import score
+from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
+                                      ValidationSettings, _BandwidthServer, _s, fit_calibration, make_job,
+                                      records_from_raw, run_validation)
+from caramel.sim.validate_worker import done_path, request_path
+
+
+@pytest.mark.timeout(10)
+def test_fit_calibration_recovers_alpha_and_goodput():
+    n, rate, alpha, goodput = 4, 2e8, 150e-6, 0.9
+    sizes = [1024, 65536, 1 << 20, 4 << 20]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * 8 * s / (goodput * rate) for s in sizes]
+    a, g = fit_calibration(sizes, times, n, rate)
+    assert a == pytest.approx(alpha, rel=1e-9)
+    assert g == pytest.approx(goodput, rel=1e-9)
+    # noise that makes the intercept negative: alpha clamps at 0, slope refitted through the origin
+    a0, g0 = fit_calibration([1000, 2000], [0.9e-3, 2.1e-3], 2, 8e6)
+    slope = (1000 * 0.9e-3 + 2000 * 2.1e-3) / (1000**2 + 2000**2)
+    assert a0 == 0.0 and g0 == pytest.approx(8 / (slope * 8e6), rel=1e-9)
+    with pytest.raises(CaramelError, match="two different sizes"):
+        fit_calibration([1000, 1000], [1.0, 1.0], 2, 1e8)
+    with pytest.raises(CaramelError, match="do not grow"):
+        fit_calibration([1000, 2000], [2.0, 1.0], 2, 1e8)
+
+
+@pytest.mark.timeout(10)
+def test_default_matrix_covers_the_issue():
+    configs = [c for g in DEFAULT_GROUPS for c in g.configs(1e-4)]
+    assert len(configs) >= 30
+    assert {c.planner for c in configs} >= {"fifo", "fusion", "caramel", "ddp"}
+    assert {c.overlap for c in configs} == {"forward", "backward", "none"}
+    assert len({g.model for g in DEFAULT_GROUPS}) >= 4
+    assert {c.workers for c in configs} == {2, 4}
+    assert min(c.bandwidth_bps for c in configs) <= 50e6 and max(c.bandwidth_bps for c in configs) >= 1e9
+    assert len({c.options.get("bucket_cap_mb") for c in configs}) >= 3
+    # strategies are unique within a setting, or ranking pairs would compare a strategy with itself
+    by_setting = {}
+    for c in configs:
+        by_setting.setdefault(c.setting(), []).append(c.strategy())
+    assert all(len(v) == len(set(v)) for v in by_setting.values())
+
+
+@pytest.mark.timeout(10)
+def test_settings_reject_bad_values():
+    with pytest.raises(CaramelError, match="rounds"):
+        ValidationSettings(rounds=0)
+    with pytest.raises(CaramelError, match="warmup_steps"):
+        ValidationSettings(warmup_steps=-1)
+
+
+def _group():
+    return ModelGroup("mlp", 8, 2, ["100mbit", "1gbit"], [_s("fifo", "backward"), _s("caramel", "forward")], {"width": 8})
+
+
+def _raw(group, fingerprints=("a", "b", "c", "d")):
+    """Two bandwidths x two strategies; rank 1 slower in some steps; 2 rounds of 3 steps."""
+    def rank_result(times_by_key, stats):
+        return {"times": times_by_key, "stats": stats}
+
+    r0 = {"0": [[1.0, 1.0, 1.0], [1.2, 1.2, 1.2]], "1": [[0.5, 0.6, 0.5], [0.5, 0.5, 0.5]], "compute": [[0.3] * 3] * 2}
+    r1 = {"0": [[1.1, 0.9, 1.0], [1.2, 1.3, 1.2]], "1": [[0.5, 0.5, 0.7], [0.4, 0.5, 0.5]], "compute": [[0.4] * 3] * 2}
+    r0b = {"2": [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]], "3": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]}
+    stats = {"0": {"plan_fingerprint": "a"}, "1": {"plan_fingerprint": "b"}}
+    stats_b = {"2": {"plan_fingerprint": "c"}, "3": {"plan_fingerprint": "d"}}
+    preds = [{"predicted_step_time_s": p, "predicted_compute_s": 0.25, "plan_fingerprint": f}
+             for p, f in zip([1.1, 0.55, 2.2, 0.9], fingerprints)]
+    return {"format": format_tag("validation_raw"), "configs": [{}] * 4, "predictions": preds,
+            "measure_started_at": 10.0, "meta": {"load_average": [1, 1, 1]},
+            "measured": [[rank_result(r0, stats), rank_result(r1, stats)],
+                         [rank_result(r0b, stats_b), rank_result(r0b, stats_b)]]}
+
+
+@pytest.mark.timeout(10)
+def test_records_from_raw_takes_the_slowest_rank_per_step():
+    group = _group()
+    cal = Calibration(2, 1e-4, 0.9, "given")
+    records, info = records_from_raw(group, cal, _raw(group), predicted_at=5.0)
+    assert [r.config.strategy() for r in records] == ["fifo/backward", "caramel/forward"] * 2
+    assert records[0].measured_step_times_s == [1.1, 1.0, 1.0, 1.2, 1.3, 1.2]
+    assert records[0].repeat_medians_s == [1.0, 1.2]
+    assert records[0].measured_median_s == pytest.approx(1.15)
+    assert records[0].error == pytest.approx(1.1 / 1.15 - 1)
+    assert records[1].measured_step_times_s == [0.5, 0.6, 0.7, 0.5, 0.5, 0.5]
+    assert records[1].error == pytest.approx(0.55 / 0.5 - 1)
+    assert records[2].config.bandwidth_bps == 1e9 and records[2].error == pytest.approx(0.1)
+    assert info["compute_only_measured_s"] == pytest.approx(0.4)
+    assert info["predicted_at"] < info["measure_started_at"]
+    s = score(records)
+    assert s["configurations"] == 4 and s["ranking"]["agree"] == 2
+    assert statistics.median(abs(r.error) for r in records) == pytest.approx(s["median_abs_error"])
+
+
+@pytest.mark.timeout(10)
+def test_records_from_raw_refuses_a_plan_that_was_not_simulated():
+    group = _group()
+    with pytest.raises(CaramelError, match="not the simulated"):
+        records_from_raw(group, Calibration(2, 1e-4, 0.9, "given"), _raw(group, ("a", "x", "c", "d")), 5.0)
+
+
+@pytest.mark.timeout(10)
+def test_make_job_carries_the_calibration_not_a_refit():
+    job = make_job(_group(), QUICK_SETTINGS, Calibration(2, 2e-4, 0.8, "given"), "/tmp/x")
+    assert job["format"] == format_tag("validation_job")
+    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8}
+    assert [c["bandwidth_bps"] for c in job["configs"]] == [1e8, 1e8, 1e9, 1e9]
+    assert [c["name"] for c in job["configs"]][:2] == ["fifo/backward", "caramel/forward"]
+
+
+@pytest.mark.timeout(10)
+def test_bandwidth_handshake(tmp_path):
+    seen = []
+    with _BandwidthServer(str(tmp_path), seen.append):
+        for k, bps in enumerate([5e7, 1e9]):
+            request_path(tmp_path, k).write_text(f"{bps:g}\n")
+            deadline = time.monotonic() + 5
+            while not done_path(tmp_path, k).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert done_path(tmp_path, k).exists()
+    assert seen == [5e7, 1e9]
+
+
+@pytest.mark.timeout(10)
+def test_cli_rejects_half_a_calibration(tmp_path):
+    from caramel.sim.validate_run import main
+
+    assert main(["--quick", "--network", "loopback", "--latency", "1e-4", "--json", str(tmp_path / "v.json")]) == 2
+    assert not (tmp_path / "v.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_loopback_smoke_two_configurations():
+    """Two real configurations, 2 workers on loopback: predicted before measured, the engine ran the simulated plan."""
+    cal = {2: Calibration(2, 1e-4, 0.9, "given")}
+    report = run_validation(QUICK_GROUPS, QUICK_SETTINGS, network="loopback", calibrations=cal, log=sys.stderr)
+    assert len(report.records) == 2
+    assert [r.config.strategy() for r in report.records] == ["fifo/backward", "caramel/forward"]
+    steps = QUICK_SETTINGS.rounds * QUICK_SETTINGS.steps_per_round
+    for r in report.records:
+        assert r.predicted_step_time_s > 0
+        assert len(r.measured_step_times_s) == steps and min(r.measured_step_times_s) > 0
+        assert len(r.repeat_medians_s) == QUICK_SETTINGS.rounds
+    (job,) = report.meta["jobs"]
+    assert job["predicted_at"] < job["measure_started_at"]
+    assert all(d["plan_matches"] and d["engine_plan_fingerprint"] == d["plan_fingerprint"] for d in job["details"])
+    assert "2 configurations" in report.markdown()
