@@ -49,7 +49,7 @@ def test_shaped_two_worker_allreduce_runs_at_the_shaped_rate(tmp_path):
     before = host_objects()
     out = io.StringIO()
     with EmulatedCluster(cfg) as c:
-        rc = c.run(["python", str(script)], out=out, timeout_s=150, failure_grace_s=5)
+        rc = c.run(["python", str(script)], out=out, timeout_s=150, failure_grace_s=2)
     text = out.getvalue()
     lines = re.findall(r"^\[rank(\d)\] BUSBW (\d+) SUM (\S+) IF (\S+) OMP (\S+)$", text, re.M)
     assert sorted(r for r, *_ in lines) == ["0", "1"], text
