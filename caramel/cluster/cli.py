@@ -114,6 +114,13 @@ def _probe(args: argparse.Namespace) -> int:
         except ValueError:
             raise CaramelError(f"--sizes {args.sizes!r} must be comma-separated byte counts, e.g. 4096,65536,1048576") from None
     timeout_s = _timeout(args) or 600.0
+    # Everything probe_cluster() would reject, rejected before the host is touched.
+    if args.reps < 1:
+        raise CaramelError(f"--reps must be a positive integer, got {args.reps}")
+    if sizes is not None and (len(set(sizes)) < 2 or min(sizes) < 4):
+        raise CaramelError(f"--sizes {args.sizes!r} needs at least two different sizes of at least 4 bytes")
+    if config.workers * args.nproc_per_node < 2:
+        raise CaramelError(f"probing needs at least 2 processes in total, got --workers {config.workers} x --nproc-per-node {args.nproc_per_node}")
     with EmulatedCluster(config) as cluster:
         print(f"caramel cluster: {cluster.describe()}", file=sys.stderr)
         spec, fit = probe_cluster(cluster, sizes_bytes=sizes, reps=args.reps, nproc_per_node=args.nproc_per_node,

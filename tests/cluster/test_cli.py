@@ -40,6 +40,23 @@ def test_bad_run_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, n
         assert foreign(host_objects()) == foreign(before)
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--workers", "2", "--reps", "0"], "--reps must be a positive integer"),
+    (["--workers", "2", "--sizes", "4096,x"], "--sizes '4096,x' must be comma-separated byte counts"),
+    (["--workers", "2", "--sizes", "4096"], "at least two different sizes"),
+    (["--workers", "1"], "at least 2 processes"),
+])
+def test_bad_probe_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, needle):
+    state = tmp_path / "state"
+    before = host_objects() if have("ip") else None
+    rc = main(["cluster", "probe", "--state-dir", str(state)] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert not state.exists()
+    if before is not None:
+        assert foreign(host_objects()) == foreign(before)
+
+
 def test_bad_input_exit_code_through_the_real_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "caramel.cli", "cluster", "probe", "--workers", "2", "--bandwidth", "1 fast"],
                           cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=100)
