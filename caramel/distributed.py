@@ -102,7 +102,10 @@ def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int
 
     group = group or dist.group.WORLD
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    store = dist.PrefixStore(f"caramel/{prefix}/", _get_default_store())
+    # torchrun's agent keeps its store across restarts: keys of a crashed attempt must not be
+    # read by the next one, so the attempt number is part of every key
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"caramel/attempt{attempt}/{prefix}/", _get_default_store())
     opts = ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     opts._threads = threads

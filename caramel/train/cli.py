@@ -3,7 +3,7 @@
     caramel train                                   # 2 local workers, byte-level GPT, about a minute
     caramel train --workload digits --steps 200
     caramel train --config run.toml --lr 1e-3       # TOML file, then flags
-    caramel train --cluster --workers 4 --bandwidth 500mbit
+    caramel train --cluster on --workers 4 --bandwidth 500mbit
     torchrun --nnodes 2 ... -m caramel.cli train    # under torchrun: uses its environment
     caramel train --script my_train.py -- --epochs 3
 """

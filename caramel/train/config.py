@@ -73,8 +73,8 @@ class ParallelConfig:
     engine: str = opt("caramel", "data-parallel engine: caramel (caramel.parallelize) or ddp (torch DistributedDataParallel, for comparison)", choices=("caramel", "ddp"))
     planner: str = opt("caramel", "Caramel planner: caramel, fifo (what DDP does) or fusion (what Horovod does)", choices=("caramel", "fifo", "fusion"))
     overlap: str = opt("forward", "when reduced updates are applied: forward (lazily, before each module's next forward), backward (at step(), like DDP) or none", choices=("forward", "backward", "none"))
-    cluster: bool = opt(False, "run on the emulated multi-host cluster (network namespaces; needs root) instead of plain local workers")
-    bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = unshaped)")
+    cluster: str = opt("auto", "where the workers run: on (the emulated multi-host cluster: network namespaces, shaped links; needs root and iproute2), off (plain local workers on loopback), or auto (on when root with iproute2 and not under torchrun or --max-restarts, else off)", choices=("auto", "on", "off"))
+    bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = 1gbit with --cluster auto, unshaped with --cluster on)")
     max_restarts: int = opt(0, "torchrun --max-restarts: restart failed workers this many times; restarted workers resume from the last checkpoint (count)", minimum=0)
     timeout_s: float = opt(300.0, "collective timeout (seconds)", minimum=1.0)
 
@@ -215,8 +215,8 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: model.dropout must be in [0, 1), got {cfg.model.dropout}")
     if cfg.run.workload == "char_gpt" and cfg.model.d_model % cfg.model.heads:
         raise CaramelError(f"{source}: model.heads ({cfg.model.heads}) must divide model.d_model ({cfg.model.d_model})")
-    if cfg.parallel.bandwidth and not cfg.parallel.cluster:
-        raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; add --cluster or drop --bandwidth")
+    if cfg.parallel.bandwidth and cfg.parallel.cluster == "off":
+        raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; use --cluster on or drop --bandwidth")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

@@ -111,6 +111,26 @@ def launch_cluster(cfg: TrainConfig, script_args: list[str]) -> int:
         return cluster.run(cmd)
 
 
+AUTO_CLUSTER_BANDWIDTH = "1gbit"
+
+
+def use_cluster(cfg: TrainConfig) -> bool:
+    """--cluster on/off as given; auto: the emulated cluster (shaped at 1gbit unless --bandwidth
+    says otherwise) when this host can make one (root, ip and tc present), with more than one
+    worker and no --max-restarts; plain local workers otherwise."""
+    mode = cfg.parallel.cluster
+    if mode != "auto":
+        return mode == "on"
+    import os
+    import shutil
+    able = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+    if able and cfg.parallel.workers > 1 and cfg.parallel.max_restarts == 0:
+        if not cfg.parallel.bandwidth:
+            cfg.parallel.bandwidth = AUTO_CLUSTER_BANDWIDTH
+        return True
+    return False
+
+
 def precheck(cfg: TrainConfig) -> None:
     """Checks worth doing once, before any worker starts, so that mistakes get one clean error line."""
     if cfg.run.script and not Path(cfg.run.script).is_file():
@@ -125,7 +145,7 @@ def launch(cfg: TrainConfig, script_args: list[str]) -> tuple[int, dict | None]:
     if under_torchrun():
         return 0, run_worker(cfg, script_args)
     precheck(cfg)
-    if cfg.parallel.cluster:
+    if use_cluster(cfg):
         return launch_cluster(cfg, script_args), None
     if cfg.parallel.workers > 1 or cfg.parallel.max_restarts > 0:
         return launch_local(cfg, script_args), None

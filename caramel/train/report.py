@@ -13,8 +13,11 @@ class Progress:
     """tqdm on rank 0 (samples/s, step time, loss, exposed communication); silent elsewhere."""
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool):
+        # not a terminal (a log, or the emulated cluster's line-prefixed output): a line every 10 s
+        interactive = sys.stderr.isatty()
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                        disable=not enabled, desc="train")
+                        disable=not enabled, desc="train", mininterval=0.1 if interactive else 10.0,
+                        maxinterval=10.0 if interactive else 60.0)
 
     def update(self, row: dict[str, Any], refresh: bool) -> None:
         self.bar.update(1)

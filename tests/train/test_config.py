@@ -50,8 +50,8 @@ def test_bool_flags_and_json_round_trip(tmp_path):
     ("[data]\nremainder = \"wrap\"\n", "data.remainder is 'wrap'; expected one of drop, pad"),
     ("[data]\nval_fraction = 1.0\n", "data.val_fraction must be in (0, 1)"),
     ("[model]\nd_model = 30\nheads = 4\n", "model.heads (4) must divide model.d_model (30)"),
-    ("[parallel]\nbandwidth = \"1gbit\"\n", "add --cluster"),
-    ("[parallel]\ncluster = true\nbandwidth = \"fast\"\n", "bandwidth 'fast' is not understood"),
+    ("[parallel]\ncluster = \"off\"\nbandwidth = \"1gbit\"\n", "use --cluster on"),
+    ("[parallel]\ncluster = \"on\"\nbandwidth = \"fast\"\n", "bandwidth 'fast' is not understood"),
     ("[run\nsteps = 1\n", "not valid TOML"),
     ("run = 3\n", "[run] must be a table"),
 ])

@@ -27,7 +27,8 @@ def run_train(out: Path, *args: str, env_extra: dict[str, str] | None = None) ->
     env.update(env_extra or {})
     summary_path = out.parent / f"{out.name}-summary.json"
     # Our options go first: everything after `--` in `args` belongs to a --script.
-    ours = ["--out-dir", str(out)] + ([] if "--script" in args else ["--json", str(summary_path)])
+    # plain local workers: as root, --cluster auto would use the emulated cluster
+    ours = ["--out-dir", str(out), "--cluster", "off"] + ([] if "--script" in args else ["--json", str(summary_path)])
     argv = [sys.executable, "-m", "caramel.cli", "train", *ours, *args]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
