@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from caramel.bench.evidence import attach_evidence
 from caramel.bench.harness import make_job
 from caramel.bench.launch import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             failures.append(f"{config.label}: job failed with exit code {result.returncode}")
             print(f"caramel bench: {failures[-1]}", file=sys.stderr)
             continue
+        attach_evidence(result.raw, trace_dir)
         records += summarize(result.raw)
     wall_s = time.time() - t0
 

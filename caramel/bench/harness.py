@@ -124,6 +124,58 @@ def _log(rank: int, msg: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
+                  ctx: StrategyContext) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
+    """Baselines and strategies, each on its own identical model copy; a strategy that fails to
+    build on any rank is skipped on all of them (with the reason) so the others still run."""
+    probe = make_workload(config, settings.seed, ctx.device)
+    runners: dict[str, Runner] = {
+        "compute": ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets,
+                               probe.loss_fn, ctx.device),
+        "comm": CommOnly(probe.model, ctx.device),
+    }
+    skipped: dict[str, str] = {}
+    build_s: dict[str, float] = {}
+    for strategy in strategies:
+        t_build = time.perf_counter()
+        w = make_workload(config, settings.seed, ctx.device)
+        error, runner = None, None
+        try:
+            runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
+        except StrategyUnavailable as e:
+            error = str(e)
+        except Exception as e:  # reported, not fatal: the other strategies still get measured
+            error = f"{type(e).__name__}: {e}"
+        error = _agree(error)
+        if error:
+            skipped[strategy.name] = error
+            _log(ctx.rank, f"skipping {strategy.name}: {error}")
+        else:
+            runners[strategy.name] = runner
+            build_s[strategy.name] = time.perf_counter() - t_build
+    return runners, skipped, build_s
+
+
+def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int) -> dict[str, list[float]]:
+    """Warm every runner up, then `rounds` rounds of one block each, the order rotating per round."""
+    names = list(runners)
+    for name in names:
+        for _ in range(settings.warmup_steps):
+            runners[name].step()
+        runners[name].finish()
+        dist.barrier()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(settings.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            dist.barrier()
+            times[name] += measure_block(runners[name], settings.steps_per_round)
+        _log(rank, f"{label}: round {r + 1}/{settings.rounds} medians "
+                   + ", ".join(f"{n}={1e3 * median(t):.1f}ms" for n, t in times.items()))
+    dist.barrier()
+    return times
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     """Run one configuration on this rank; rank 0 returns the raw results of all ranks."""
     check_format(job, JOB_KIND, "bench job")
@@ -137,54 +189,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
 
-    probe = make_workload(config, settings.seed, device)
-    runners: dict[str, Runner] = {}
-    skipped: dict[str, str] = {}
-    runners["compute"] = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets,
-                                     probe.loss_fn, device)
-    runners["comm"] = CommOnly(probe.model, device)
-    build_s: dict[str, float] = {}
-    for strategy in strategies:
-        t_build = time.perf_counter()
-        w = make_workload(config, settings.seed, device)
-        error, runner = None, None
-        try:
-            runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
-        except StrategyUnavailable as e:
-            error = str(e)
-        except Exception as e:  # reported, not fatal: the other strategies still get measured
-            error = f"{type(e).__name__}: {e}"
-        error = _agree(error)
-        if error:
-            skipped[strategy.name] = error
-            _log(rank, f"skipping {strategy.name}: {error}")
-        else:
-            runners[strategy.name] = runner
-        build_s[strategy.name] = time.perf_counter() - t_build
-
-    names = list(runners)
-    _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in names) + "; warming up")
-    for name in names:
-        if settings.warmup_steps:
-            for _ in range(settings.warmup_steps):
-                runners[name].step()
-            runners[name].finish()
-        dist.barrier()
-
-    times: dict[str, list[float]] = {n: [] for n in names}
+    runners, skipped, build_s = build_runners(config, settings, strategies, ctx)
+    _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
-    for r in range(settings.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            dist.barrier()
-            times[name] += measure_block(runners[name], settings.steps_per_round)
-        done = {n: sorted(times[n])[len(times[n]) // 2] for n in names}
-        _log(rank, f"{config.label}: round {r + 1}/{settings.rounds} medians "
-                   + ", ".join(f"{n}={1e3 * t:.1f}ms" for n, t in done.items()))
-    dist.barrier()
-    stats = {n: _jsonable(runners[n].stats()) for n in names}
+    times = measure_rounds(runners, settings, config.label, rank)
+    measure_wall_s = time.time() - t_start
+    stats = {n: _jsonable(r.stats()) for n, r in runners.items()}
     # Profiled on every rank at once, so compute sees the same contention as in the rounds.
-    profile = profile_workload(make_workload(config, settings.seed, device))
+    workload = make_workload(config, settings.seed, device)  # a throwaway copy: profiling trains it
+    profile = profile_workload(workload)
     dist.barrier()
     _log(rank, "profiled for the lower bound")
 
@@ -192,8 +205,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     dist.all_gather_object(gathered, times)
     if rank != 0:
         return None
-    grad_params = trainable_params(probe.model)
-    grad_bytes = sum(p.numel() * p.element_size() for p in grad_params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
     comm_s = median(job_step_times([g["comm"] for g in gathered]))
     return {
         "format": format_tag(RAW_KIND),
@@ -201,8 +213,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "settings": vars(settings).copy(),
         "strategies": [s.to_dict() for s in strategies],
         "skipped": skipped,
-        "runners": names,
-        "step_times_s": {n: [g[n] for g in gathered] for n in names},
+        "runners": list(runners),
+        "step_times_s": {n: [g[n] for g in gathered] for n in runners},
         "stats": stats,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "meta": {
@@ -215,12 +227,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
             "threads_per_worker": torch.get_num_threads(),
-            "param_count": param_count(probe.model),
+            "param_count": param_count(workload.model),
             "grad_bytes": grad_bytes,
             "effective_bandwidth_bps": effective_bandwidth_bps(grad_bytes, world, comm_s),
             "load_average": os.getloadavg(),
             "comm_buckets": runners["comm"].stats().get("buckets"),
-            "measure_wall_s": time.time() - t_start,
+            "measure_wall_s": measure_wall_s,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
         },
     }

@@ -95,6 +95,8 @@ class Record:
     lower_bound_s: float | None = None
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
+    timeline: dict[str, float] | None = None
+    """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
 
 
@@ -126,7 +128,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
-            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, **common))
+            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait,
+            timeline=raw.get("timeline", {}).get(name), **common))
     return records
 
 
@@ -260,6 +263,12 @@ def format_breakdown(records: list[Record]) -> str:
                     if r.engine_wait_per_step_s is not None else "")
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
                          f"{_ms(r.exposed_comm_s)} ms above compute{wait}")
+            if r.timeline:
+                tl = r.timeline
+                lines.append(f"    timeline (mean per step): compute {_ms(tl.get('compute_s'))} ms (alone: {_ms(r.compute_s)}), "
+                             f"communication {_ms(tl.get('comm_s'))} ms (alone: {_ms(r.comm_s)}), of which hidden "
+                             f"{_ms(tl.get('hidden_comm_s'))} and exposed {_ms(tl.get('exposed_comm_s'))}; "
+                             f"blocked waiting {_ms(tl.get('wait_s'))} ms")
     return "\n".join(lines)
 
 

@@ -96,12 +96,16 @@ def caramel_api():
     return module
 
 
+def trace_file_stem(strategy_name: str) -> str:
+    """The file name (without `.json`) a strategy's timeline gets: its name with only safe characters."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in strategy_name)
+
+
 def _trace_path(ctx: StrategyContext, strategy: Strategy) -> str | None:
     if not ctx.trace_dir:
         return None
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in strategy.name)
     # The engine adds `.rank{r}.json` when world > 1.
-    return str(Path(ctx.trace_dir) / f"{safe}.json")
+    return str(Path(ctx.trace_dir) / f"{trace_file_stem(strategy.name)}.json")
 
 
 @register_strategy("caramel")

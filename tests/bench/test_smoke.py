@@ -33,8 +33,10 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     assert recs["ddp"]["speedup_vs_ddp"] == 1.0
     assert "caramel:overlap=backward,planner=fifo" in printed and "Targets" in printed
     assert "caramel bench --model tiny_gpt" in md.read_text()
-    # the engine wrote one timeline per caramel strategy and rank
+    # the engine wrote one timeline per caramel strategy and rank, and the report summarizes it
     assert len(list(trace.rglob("*.json"))) == 4
+    assert recs["caramel"]["timeline"]["compute_s"] > 0 and recs["ddp"]["timeline"] is None
+    assert "timeline (mean per step)" in md.read_text()
 
 
 @pytest.mark.parametrize("args", [["--strategies", "ddp,fast"], ["--model", "nope"], ["--bandwidth", "fast"],
