@@ -102,20 +102,25 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _trace_subdir(root: str, index: int, config: BenchConfig) -> str:
+    model = config.model if ":" not in config.model else os.path.basename(config.model.rpartition(":")[0])
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    return os.path.join(os.path.abspath(root), f"{index:02d}-{safe}-w{config.workers}-{config.bandwidth or 'loopback'}")
+
+
 def run(args: argparse.Namespace) -> int:
-    strategies = parse_strategies(args.strategies)
-    configs, settings = select(args)
     if args.timeout <= 0:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
+    strategies = parse_strategies(args.strategies)
+    configs, settings = select(args)
+    load_start = os.getloadavg()[0]
     records: list[Record] = []
     failures: list[str] = []
     networks: set[str] = set()
     t0 = time.time()
     for i, config in enumerate(configs):
         network = choose_network(args.network, config.bandwidth)
-        trace_dir = None
-        if args.trace:
-            trace_dir = f"{os.path.abspath(args.trace)}/{i:02d}-{config.model.replace('/', '_').replace(':', '_')}-w{config.workers}-{config.bandwidth or 'loopback'}"
+        trace_dir = _trace_subdir(args.trace, i, config) if args.trace else None
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
         result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
@@ -141,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_records(args.json, records, meta)
     if args.markdown:
-        env = _environment(records, settings, networks, wall_s)
+        env = _environment(settings, networks, wall_s, load_start)
         notes = "\n".join(f"- FAILED: {f}" for f in failures)
         atomic_write_text(args.markdown, format_markdown(records, command_line(args), env, notes))
     if failures:
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _environment(records: list[Record], settings: BenchSettings, networks: set[str], wall_s: float) -> dict[str, Any]:
+def _environment(settings: BenchSettings, networks: set[str], wall_s: float, load_start: float) -> dict[str, Any]:
     import platform
 
     import torch
@@ -164,4 +169,7 @@ def _environment(records: list[Record], settings: BenchSettings, networks: set[s
         "measurement": (f"{settings.rounds} rounds x {settings.steps_per_round} measured steps per strategy "
                         f"(+1 entry step per block, {settings.warmup_steps} warm-up steps), SGD momentum 0.9, synthetic data"),
         "wall time": f"{wall_s:.0f} s",
+        "host load": (f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+                      f"{os.cpu_count()} cores (other work on the host slows compute and shifts every regime "
+                      "toward compute-bound; the regimes above are measured, not assumed)"),
     }

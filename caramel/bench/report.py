@@ -95,6 +95,8 @@ class Record:
     lower_bound_s: float | None = None
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
+    load_average: float | None = None
+    """the host's 1-minute load average when the configuration's rounds ended"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -112,7 +114,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                   comm_s=comm_s, comm_compute_ratio=ratio, regime=regime_of(comm_s, compute_s),
                   intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
                   model_options=dict(cfg.get("model_options", {})), network=meta.get("network", "unknown"),
-                  grad_bytes=meta.get("grad_bytes"), lower_bound_s=raw.get("lower_bound_s"))
+                  grad_bytes=meta.get("grad_bytes"), lower_bound_s=raw.get("lower_bound_s"),
+                  load_average=(meta.get("load_average") or [None])[0])
     records = []
     for s in raw["strategies"]:
         name = s["name"]
@@ -253,7 +256,8 @@ def format_breakdown(records: list[Record]) -> str:
     for label, rs in by_config.items():
         r0 = rs[0]
         lb = f", simulator lower bound {_ms(r0.lower_bound_s)} ms" if r0.lower_bound_s is not None else ""
-        lines.append(f"- {label} ({r0.network}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
+        load = f", host load {r0.load_average:.1f}" if r0.load_average is not None else ""
+        lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}")
         for r in rs:
             if r.step_time_median_s is None:
