@@ -78,8 +78,16 @@ class Engine:
             # Stand-in while the runtime is being built: same loop, DDP semantics, and the summary says so.
             self.kind, self.note = "ddp", "caramel.parallelize is not in this build; ran torch DDP instead"
         if self.kind == "caramel":
+            cluster = None
+            if cfg.parallel.bandwidth and cfg.parallel.cluster != "off":
+                # plan for the link the emulated cluster shapes, not the default assumption
+                from caramel.cluster.spec import ClusterSpec
+                from caramel.units import parse_rate_bps
+                import torch.distributed as dist
+                cluster = ClusterSpec.uniform(dist.get_world_size(), parse_rate_bps(cfg.parallel.bandwidth))
             self.model, self.optimizer = caramel.parallelize(
-                model, optimizer, planner=cfg.parallel.planner, overlap=cfg.parallel.overlap, trace=trace_path)
+                model, optimizer, planner=cfg.parallel.planner, overlap=cfg.parallel.overlap, trace=trace_path,
+                cluster=cluster)
         else:
             device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

@@ -304,5 +304,5 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "metrics": str(metrics_path),
         "trace": trace_file,
     }
-    summary["sim_speedup_vs_ddp"] = simulated_speedup_vs_ddp(cfg, summary)
+    summary["sim_speedup_vs_ddp"] = simulated_speedup_vs_ddp(cfg, summary, engine)
     return summary

@@ -35,13 +35,27 @@ class Progress:
         self.bar.close()
 
 
-def simulated_speedup_vs_ddp(cfg: TrainConfig, summary: dict[str, Any]) -> float | None:
-    """HOOK(caramel.sim): predicted step time of this run with DDP divided by with Caramel's plan.
+def simulated_speedup_vs_ddp(cfg: TrainConfig, summary: dict[str, Any], engine: Any = None) -> float | None:
+    """Predicted step time of this run with DDP divided by with the plan this run used.
 
-    Returns None until the simulator exposes a call for it; then: profile the model once,
-    simulate the `fifo` plan (DDP) and this run's planner on the run's cluster, and return the ratio.
+    Both are simulated from the profile the engine measured in this run's first steps, on the
+    cluster the plan was made for: DDP as the `fifo` plan with `overlap="backward"`, this run as
+    its final plan and overlap mode. None when there is nothing to compare (DDP engine, one
+    worker, or no profile).
     """
-    return None
+    opt = getattr(engine, "optimizer", None)
+    caramel_engine = getattr(opt, "_caramel_engine", None)
+    controller = getattr(caramel_engine, "controller", None)
+    if controller is None or controller.profile is None or controller.plan_cluster is None or caramel_engine.plan is None:
+        return None
+    from caramel.plan.planners import make_plan
+    from caramel.sim import simulate
+
+    profile, cluster = controller.profile, controller.plan_cluster
+    ddp_plan = make_plan("fifo", profile, cluster, world_size=cluster.world_size)
+    t_ddp = simulate(profile, cluster, ddp_plan, overlap="backward", trace=False).step_time_s
+    t_ours = simulate(profile, cluster, caramel_engine.plan, overlap=caramel_engine.overlap, trace=False).step_time_s
+    return t_ddp / t_ours if t_ours > 0 else None
 
 
 def _ms(s: float | None) -> str:
@@ -72,7 +86,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  exposed comm   {_ms(s['exposed_comm_s'])} per step (median time blocked on communication)"
                  if s["exposed_comm_s"] is not None else "  exposed comm   n/a (the engine reports it; DDP does not)")
     sim = s.get("sim_speedup_vs_ddp")
-    lines.append(f"  vs DDP (sim)   {sim:.2f}x faster per the simulator" if sim else "  vs DDP (sim)   not available yet (needs caramel.sim)")
+    lines.append(f"  vs DDP (sim)   {sim:.2f}x the speed of DDP on this run's profile and link, per the simulator" if sim
+                 else "  vs DDP (sim)   n/a (DDP engine, one worker, or no profile)")
     files = [s["metrics"]] + ([s["trace"]] if s.get("trace") else []) + ([s["last_checkpoint"]] if s.get("last_checkpoint") else [])
     lines.append(f"  files          {', '.join(files)}")
     lines.append("-" * 72)
