@@ -20,7 +20,8 @@ STEP_SLEEP_S = 0.02
 
 
 def signal_experiment(sig: int, cfg: MatrixConfig, world_size: int = 2, victim: int = 1,
-                      at_step: int | None = None, limit_s: float | None = None) -> dict:
+                      at_step: int | None = None, limit_s: float | None = None,
+                      worker_args: list[str] | None = None) -> dict:
     """Run a job, send `sig` to `victim` after it finished `at_step` steps, watch the survivors.
 
     Returns the raw measurements: injection step, per-rank exit codes and times since the
@@ -30,7 +31,8 @@ def signal_experiment(sig: int, cfg: MatrixConfig, world_size: int = 2, victim: 
     at_step = at_step if at_step is not None else rng.randint(5, 30)
     limit_s = limit_s if limit_s is not None else cfg.kill_limit_s
     survivors = [r for r in range(world_size) if r != victim]
-    with LocalJob(JobConfig(world_size, ["--steps", str(RUN_STEPS), "--step-sleep-s", str(STEP_SLEEP_S)],
+    args = ["--steps", str(RUN_STEPS), "--step-sleep-s", str(STEP_SLEEP_S), *(worker_args or [])]
+    with LocalJob(JobConfig(world_size, args,
                             timeout_s=cfg.timeout_s)) as job:
         job.wait_for_step(victim, at_step)
         t_sig = job.signal(victim, sig)
