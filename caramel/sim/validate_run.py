@@ -34,14 +34,17 @@ from typing import Any, Callable, TextIO
 
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag, read_json, write_json
-from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, score
-from caramel.sim.validate_worker import JOB_KIND, RAW_KIND, done_path, request_path
+from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, percentile, score
+from caramel.sim.validate_worker import INTERFERENCE_KIND, JOB_KIND, RAW_KIND, done_path, request_path
 from caramel.units import format_rate, parse_rate_bps
 
 WORKER_MODULE = "caramel.sim.validate_worker"
 NETWORKS = ("cluster", "loopback")
 # Probe sizes: the bucket sizes plans actually send (64 KiB .. 8 MiB), 1 KiB messages for alpha.
 CALIBRATION_SIZES = [1024, 65536, 262144, 1048576, 2097152, 4194304, 8388608]
+# The interference reference: a fixed small MLP step against 2 MiB all-reduces, the same for every model.
+INTERFERENCE_REFERENCE = {"model": "mlp", "batch_size": 32, "model_options": {"width": 512, "depth": 4},
+                          "bytes": 2 * 1024 * 1024, "collectives": 6, "reps": 3}
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class Calibration:
     goodput: float  # achieved payload rate / tc rate
     source: str
     probe: dict[str, Any] = field(default_factory=dict)
+    compute_slowdown: float = 1.0  # caramel.sim.interference: compute while a collective streams
+    comm_slowdown: float = 1.0  # ... and a collective while compute runs
+    interference: dict[str, Any] = field(default_factory=dict)
 
 
 def _s(planner: str, overlap: str = "forward", **options: Any) -> StrategySpec:
@@ -165,9 +171,24 @@ def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None =
         cluster.set_bandwidth(i, reference_bps)
     _, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
     latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
+    inter = measure_interference(cluster, log=log)
     return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)}",
                        {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reference_bps": reference_bps,
-                        "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}})
+                        "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
+                       inter["compute_slowdown"], inter["comm_slowdown"], inter)
+
+
+def measure_interference(cluster, settings: ValidationSettings = DEFAULT_SETTINGS, log: TextIO | None = None) -> dict[str, Any]:
+    """Run the interference job (`validate_worker.measure_interference`) once on the cluster as it is shaped."""
+    with tempfile.TemporaryDirectory(prefix="caramel-interference-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        write_json(job_path, {"format": format_tag(INTERFERENCE_KIND), **INTERFERENCE_REFERENCE,
+                              "seed": settings.seed, "lr": settings.lr, "timeout_s": settings.timeout_s})
+        rc = cluster.run([sys.executable, "-m", WORKER_MODULE, str(job_path), str(out_path)],
+                         env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout_s=5 * settings.timeout_s, out=log)
+        if rc != 0 or not out_path.exists():
+            raise CaramelError(f"the interference calibration job failed (exit code {rc}); see the worker output above")
+        return read_json(out_path, INTERFERENCE_KIND + "_result")
 
 
 def make_job(group: ModelGroup, settings: ValidationSettings, calibration: Calibration, ctl_dir: str) -> dict[str, Any]:
@@ -178,7 +199,8 @@ def make_job(group: ModelGroup, settings: ValidationSettings, calibration: Calib
                         "options": cfg.options, "bandwidth_bps": cfg.bandwidth_bps})
     return {"format": format_tag(JOB_KIND), "model": group.model, "batch_size": group.batch_size,
             "model_options": group.model_options, "workers": group.workers, "configs": configs,
-            "calibration": {"latency_s": calibration.latency_s, "goodput": calibration.goodput},
+            "calibration": {"latency_s": calibration.latency_s, "goodput": calibration.goodput,
+                            "compute_slowdown": calibration.compute_slowdown, "comm_slowdown": calibration.comm_slowdown},
             "ctl_dir": ctl_dir, **asdict(settings)}
 
 
@@ -340,7 +362,44 @@ def run_validation(groups: list[ModelGroup], settings: ValidationSettings, netwo
     meta = {"network": "netns+tc" if network == "cluster" else "loopback (unshaped)", "settings": asdict(settings),
             "calibrations": {str(k): asdict(v) for k, v in calibrations.items()}, "jobs": jobs,
             "wall_s": time.time() - t0, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t0))}
-    return ValidationReport(records, meta)
+    report = ValidationReport(records, meta)
+    meta["interference_score"] = score(interference_records(report)) if records else None
+    return report
+
+
+def interference_records(report: ValidationReport) -> list[ValidationRecord]:
+    """The same measurements scored against the predictions with the interference term."""
+    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
+    assert len(details) == len(report.records), "report meta does not match its records"
+    return [ValidationRecord(r.config, d.get("predicted_interference_step_time_s", r.predicted_step_time_s),
+                             r.measured_step_times_s, r.repeat_medians_s) for r, d in zip(report.records, details)]
+
+
+def _summary(label: str, records: list[ValidationRecord]) -> str:
+    s = score(records)
+    agree = s["ranking"]["agreement"]
+    return (f"{label}: median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
+            f"ranking agreement {'n/a' if agree is None else f'{agree * 100:.0f}%'} "
+            f"({s['ranking']['agree']} of {s['ranking']['agree'] + s['ranking']['disagree']} pairs; "
+            f"{s['ranking']['measured_ties']} measured ties)")
+
+
+def markdown_table(report: ValidationReport) -> str:
+    """One row per configuration with both predictions (plain simulator, + interference term)."""
+    both = interference_records(report)
+    lines = ["| model | workers | bandwidth | strategy | predicted ms | + interference ms | measured ms | "
+             "error | error + interference | spread |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r, ri in zip(report.records, both):
+        c = r.config
+        lines.append(f"| {c.model} | {c.workers} | {format_rate(c.bandwidth_bps)} | {c.strategy()} | "
+                     f"{r.predicted_step_time_s * 1e3:.1f} | {ri.predicted_step_time_s * 1e3:.1f} | "
+                     f"{r.measured_median_s * 1e3:.1f} | {r.error * 100:+.1f}% | {ri.error * 100:+.1f}% | "
+                     f"{r.spread * 100:.1f}% |")
+    spreads = [r.spread for r in report.records]
+    lines += ["", f"{len(report.records)} configurations; median run-to-run spread {statistics.median(spreads) * 100:.1f}%, "
+                  f"p90 {percentile(spreads, 90) * 100:.1f}%.",
+              "", "- " + _summary("simulator", report.records), "- " + _summary("simulator + interference term", both)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,12 +432,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report.save(args.json)
-    table = report.markdown()
+    table = markdown_table(report)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
-    s = score(report.records)
-    print(f"wrote {args.json}; targets met: {s['targets_met']}")
+    print(f"wrote {args.json}; targets met (plain simulator): {score(report.records)['targets_met']}, "
+          f"with the interference term: {report.meta['interference_score']['targets_met']}")
     return 0
 
 

@@ -34,6 +34,7 @@ from caramel.jsonio import check_format, format_tag, read_json, write_json
 
 JOB_KIND = "validation_job"
 RAW_KIND = "validation_raw"
+INTERFERENCE_KIND = "validation_interference"
 BANDWIDTH_WAIT_S = 60.0
 
 
@@ -84,15 +85,21 @@ def predict(job: dict[str, Any], profile) -> list[dict[str, Any]]:
     from caramel.cluster.spec import ClusterSpec
     from caramel.sim.simulate import simulate
 
+    from caramel.sim.interference import Interference, corrected_step_time_s
+
     cal = job["calibration"]
+    interference = Interference(cal.get("compute_slowdown", 1.0), cal.get("comm_slowdown", 1.0))
     out = []
     for cfg in job["configs"]:
         cluster = ClusterSpec.uniform(job["workers"], cfg["bandwidth_bps"] * cal["goodput"], cal["latency_s"],
                                       meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]})
         t0 = time.perf_counter()
         plan, overlap = sim_plan_for(cfg, profile, cluster)
-        result = simulate(profile, cluster, plan, overlap=overlap, trace=False)
+        result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
+        corrected, overlap_s = corrected_step_time_s(result, interference)
         out.append({"plan": plan, "predicted_step_time_s": result.step_time_s,
+                    "predicted_interference_step_time_s": corrected, "predicted_overlap_s": overlap_s,
+                    "predicted_bound": result.critical_path["bound"],
                     "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
                     "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),
                     "plan_fingerprint": plan.fingerprint, "plan_s": time.perf_counter() - t0})
@@ -227,12 +234,86 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _timed_steps(step, until) -> list[float]:
+    times = []
+    while not until():
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
+    """Slowdown of a reference step while all-reduces stream, and of the all-reduces while it runs.
+
+    Per repetition, on every rank: `collectives` all-reduces of `bytes` alone (timed), then the
+    reference step repeated alone for as many steps, then both at once: a thread runs the same
+    all-reduces (timed) while the main thread steps until it is done. The engine's setting:
+    one compute thread and one Gloo thread per worker. Rank 0 returns the ratios.
+    """
+    import statistics
+    import threading
+
+    import caramel
+    from caramel.distributed import gloo_group
+
+    check_format(job, INTERFERENCE_KIND, "interference job")
+    torch.set_num_threads(1)
+    info = caramel.init_distributed(timeout_s=float(job["timeout_s"]))
+    w = _workload(job, torch.device(info.device))
+    opt = _sgd(w.model, job["lr"])
+    group = gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"]))
+    buf = torch.ones(job["bytes"] // 4)
+
+    def step() -> None:
+        w.loss_fn(w.model(w.inputs), w.targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def reduce_all(out: list[float]) -> None:
+        t = time.perf_counter()
+        for _ in range(job["collectives"]):
+            group.allreduce([buf]).wait()
+        out.append(time.perf_counter() - t)
+
+    for _ in range(3):
+        step()
+    reps = []
+    for _ in range(job["reps"]):
+        dist.barrier()
+        comm_alone: list[float] = []
+        reduce_all(comm_alone)
+        dist.barrier()
+        alone = _timed_steps(step, iter([False] * 12 + [True]).__next__)
+        dist.barrier()
+        comm_with: list[float] = []
+        th = threading.Thread(target=reduce_all, args=(comm_with,))
+        th.start()
+        with_comm = _timed_steps(step, lambda: not th.is_alive())
+        th.join()
+        reps.append({"step_alone_s": statistics.median(alone), "step_with_comm_s": statistics.median(with_comm) if with_comm else None,
+                     "comm_alone_s": comm_alone[0], "comm_with_compute_s": comm_with[0]})
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, reps)
+    if info.rank != 0:
+        return None
+    pairs = [r for rank in gathered for r in rank if r["step_with_comm_s"]]
+    return {"format": format_tag(INTERFERENCE_KIND + "_result"), "reps": gathered,
+            "compute_slowdown": max(1.0, statistics.median(r["step_with_comm_s"] / r["step_alone_s"] for r in pairs)),
+            "comm_slowdown": max(1.0, statistics.median(r["comm_with_compute_s"] / r["comm_alone_s"] for r in pairs)),
+            "load_average": os.getloadavg()}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m caramel.sim.validate_worker JOB.json OUT.json", file=sys.stderr)
         return 2
-    raw = run_job(read_json(argv[0], JOB_KIND))
+    import json
+
+    is_interference = json.loads(Path(argv[0]).read_text()).get("format") == format_tag(INTERFERENCE_KIND)
+    job = read_json(argv[0], INTERFERENCE_KIND if is_interference else JOB_KIND)
+    raw = measure_interference(job) if is_interference else run_job(job)
     if raw is not None:
         write_json(argv[1], raw)
     if dist.is_initialized():

@@ -9,10 +9,10 @@ import pytest
 
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag
-from caramel.sim.validate import score
+from caramel.sim.validate import ValidationReport, score
 from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
-                                      ValidationSettings, _BandwidthServer, _s, fit_calibration, make_job,
-                                      records_from_raw, run_validation)
+                                      ValidationSettings, _BandwidthServer, _s, fit_calibration, interference_records,
+                                      make_job, markdown_table, records_from_raw, run_validation)
 from caramel.sim.validate_worker import done_path, request_path
 
 
@@ -102,6 +102,23 @@ def test_records_from_raw_takes_the_slowest_rank_per_step():
 
 
 @pytest.mark.timeout(10)
+def test_interference_records_and_table():
+    group = _group()
+    raw = _raw(group)
+    for p, corrected in zip(raw["predictions"], [1.15, 0.6, 2.2, 1.0]):
+        p["predicted_interference_step_time_s"] = corrected
+    records, info = records_from_raw(group, Calibration(2, 1e-4, 0.9, "given"), raw, predicted_at=5.0)
+    report = ValidationReport(records, {"jobs": [info]})
+    both = interference_records(report)
+    assert [r.predicted_step_time_s for r in both] == [1.15, 0.6, 2.2, 1.0]
+    assert [r.measured_step_times_s for r in both] == [r.measured_step_times_s for r in records]
+    assert both[0].error == pytest.approx(0.0) and both[3].error == pytest.approx(0.0)
+    table = markdown_table(report)
+    assert "| mlp(width=8,b=8) | 2 | 100mbit | fifo/backward | 1100.0 | 1150.0 | 1150.0 | -4.3% | +0.0% |" in table
+    assert "simulator + interference term: median |error| " in table
+
+
+@pytest.mark.timeout(10)
 def test_records_from_raw_refuses_a_plan_that_was_not_simulated():
     group = _group()
     with pytest.raises(CaramelError, match="not the simulated"):
@@ -112,7 +129,7 @@ def test_records_from_raw_refuses_a_plan_that_was_not_simulated():
 def test_make_job_carries_the_calibration_not_a_refit():
     job = make_job(_group(), QUICK_SETTINGS, Calibration(2, 2e-4, 0.8, "given"), "/tmp/x")
     assert job["format"] == format_tag("validation_job")
-    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8}
+    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8, "compute_slowdown": 1.0, "comm_slowdown": 1.0}
     assert [c["bandwidth_bps"] for c in job["configs"]] == [1e8, 1e8, 1e9, 1e9]
     assert [c["name"] for c in job["configs"]][:2] == ["fifo/backward", "caramel/forward"]
 
