@@ -35,14 +35,48 @@ def timeline_evidence(trace_dir: str | Path, strategy_name: str, skip_steps: int
 
         trace = load_traces([str(f) for f in files])
         try:
-            agg = summarize(trace, warmup_steps=skip_steps).aggregate
+            summary = summarize(trace, warmup_steps=skip_steps)
         except CaramelError:  # fewer steps than the warm-up: use them all
-            agg = summarize(trace).aggregate
+            summary = summarize(trace)
+        agg = dict(summary.aggregate)
+        agg.update(_net_of_waiting(trace, summary.rank_steps))
     except Exception as e:  # evidence is an extra; a trace the tools cannot read must not fail the bench
         print(f"caramel bench: cannot summarize the timeline of {strategy_name}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
-    out = {k: float(agg[k]) for k in FIELDS if isinstance(agg.get(k), (int, float)) and math.isfinite(agg[k])}
+    out = {k: float(agg[k]) for k in FIELDS + NET_FIELDS if isinstance(agg.get(k), (int, float)) and math.isfinite(agg[k])}
     return out or None
+
+
+NET_FIELDS = ("busy_compute_s", "busy_hidden_comm_s")
+
+
+def _net_of_waiting(trace, rank_steps) -> dict[str, float]:
+    """Compute that is not time blocked on communication, and communication hidden behind *that*.
+
+    The compute lane's `forward` event spans the whole forward, including time blocked in the
+    engine's pre-hooks (the wait lane), so the trace tools' compute and hidden communication
+    count waiting as computing. Subtracting the wait lane gives the real overlap.
+    """
+    from caramel.trace import metrics as m
+
+    by_rank: dict[int, dict[str, list]] = {}
+    for e in trace.events:
+        lanes = by_rank.setdefault(e.rank, {"compute": [], "comm": [], "wait": []})
+        if e.lane in lanes and e.duration_s > 0:
+            lanes[e.lane].append((e.start_s, e.end_s))
+    busy, hidden = [], []
+    for rs in rank_steps:
+        lanes = by_rank.get(rs.rank)
+        if lanes is None:
+            continue
+        t0, t1 = rs.start_s, rs.start_s + rs.step_time_s
+        c, x, w = (m.clip(lanes[k], t0, t1) for k in ("compute", "comm", "wait"))
+        cw = m.intersect(c, w)
+        busy.append(m.total_length(c) - m.total_length(cw))
+        hidden.append(m.intersect_length(x, c) - m.intersect_length(x, cw))
+    if not busy:
+        return {}
+    return {"busy_compute_s": sum(busy) / len(busy), "busy_hidden_comm_s": sum(hidden) / len(hidden)}
 
 
 def attach_evidence(raw: dict[str, Any], trace_dir: str | None) -> None:

@@ -220,4 +220,4 @@ QUICK_MATRIX: list[BenchConfig] = [
     BenchConfig(**_RESNET, workers=2, bandwidth="500mbit", regime="compute-bound"),
     BenchConfig(**_RESNET, workers=2, bandwidth="60mbit", regime="comm-bound"),
 ]
-QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=5, warmup_steps=2)
+QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=4, warmup_steps=1)

@@ -269,9 +269,10 @@ def format_breakdown(records: list[Record]) -> str:
                          f"{_ms(r.exposed_comm_s)} ms above compute{wait}")
             if r.timeline:
                 tl = r.timeline
-                lines.append(f"    timeline (mean per step): compute {_ms(tl.get('compute_s'))} ms (alone: {_ms(r.compute_s)}), "
-                             f"communication {_ms(tl.get('comm_s'))} ms (alone: {_ms(r.comm_s)}), of which hidden "
-                             f"{_ms(tl.get('hidden_comm_s'))} and exposed {_ms(tl.get('exposed_comm_s'))}; "
+                lines.append(f"    timeline (mean per step): compute lane {_ms(tl.get('compute_s'))} ms, of which "
+                             f"{_ms(tl.get('busy_compute_s'))} ms computing and the rest blocked (alone: {_ms(r.compute_s)}); "
+                             f"communication {_ms(tl.get('comm_s'))} ms (alone: {_ms(r.comm_s)}), "
+                             f"{_ms(tl.get('busy_hidden_comm_s'))} ms of it behind real computation; "
                              f"blocked waiting {_ms(tl.get('wait_s'))} ms")
     return "\n".join(lines)
 
