@@ -1,7 +1,8 @@
 """One launch function for bench jobs: the emulated cluster when it can shape links, else loopback.
 
-`launch_job()` starts `python -m caramel.bench.harness JOB OUT` on N workers and waits (with a
-wall-clock limit; the whole process group is killed on timeout or Ctrl-C). On the emulated
+`launch_job()` starts `python -m caramel.bench.harness JOB OUT` on N workers and waits, under
+the cluster's supervisor: a wall-clock limit, the others stopped shortly after one worker fails,
+every worker's process group killed on timeout or Ctrl-C. On the emulated
 cluster (network namespaces, links shaped with tc) the bandwidth is real; on loopback
 (plain local processes) it is not shaped at all, and every record says so in `network`.
 """
