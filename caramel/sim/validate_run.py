@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from caramel.errors import CaramelError
-from caramel.jsonio import format_tag, read_json, write_json
+from caramel.jsonio import atomic_write_text, format_tag, read_json, write_json
 from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, percentile, score
 from caramel.sim.validate_worker import INTERFERENCE_KIND, JOB_KIND, RAW_KIND, done_path, request_path
 from caramel.units import format_rate, parse_rate_bps
@@ -217,16 +217,18 @@ class _BandwidthServer:
         index = 0
         while not self.stop.is_set():
             req = request_path(self.ctl_dir, index)
-            if req.exists():
-                try:
-                    self.reshape(float(req.read_text()))
-                except BaseException as e:  # the worker times out waiting and reports it
-                    self.error = e
-                    return
-                done_path(self.ctl_dir, index).write_text("ok\n")
-                index += 1
-            else:
+            try:
+                bps = float(req.read_text())
+            except (FileNotFoundError, ValueError):  # not there yet
                 time.sleep(0.02)
+                continue
+            try:
+                self.reshape(bps)
+            except BaseException as e:  # the worker times out waiting and reports it
+                self.error = e
+                return
+            atomic_write_text(done_path(self.ctl_dir, index), "ok\n")
+            index += 1
 
     def __enter__(self) -> "_BandwidthServer":
         self.thread.start()
@@ -327,24 +329,51 @@ def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str,
 
 
 def run_validation(groups: list[ModelGroup], settings: ValidationSettings, network: str = "cluster",
-                   calibrations: dict[int, Calibration] | None = None, log: TextIO | None = None) -> ValidationReport:
-    """Calibrate once per cluster size (unless given), then run every group; the scored report."""
+                   calibrations: dict[int, Calibration] | None = None, log: TextIO | None = None,
+                   checkpoint: str | None = None) -> ValidationReport:
+    """Calibrate once per cluster size (unless given), then run every group; the scored report.
+
+    A group whose job fails is listed in `meta["failed"]` and the others still run; with
+    `checkpoint`, the report so far is saved after every group.
+    """
     if network not in NETWORKS:
         raise CaramelError(f"network {network!r}: expected one of {', '.join(NETWORKS)}")
     log = log if log is not None else sys.stderr
     calibrations = dict(calibrations or {})
     records: list[ValidationRecord] = []
     jobs: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
     t0 = time.time()
+
+    def report() -> ValidationReport:
+        meta = {"network": "netns+tc" if network == "cluster" else "loopback (unshaped)", "settings": asdict(settings),
+                "calibrations": {str(k): asdict(v) for k, v in calibrations.items()}, "jobs": jobs, "failed": failed,
+                "wall_s": time.time() - t0, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t0))}
+        rep = ValidationReport(list(records), meta)
+        meta["interference_score"] = score(interference_records(rep)) if records else None
+        return rep
+
+    def run_one(g: ModelGroup, cluster) -> None:
+        print(f"[validate] {g.label} on {g.workers} workers: {len(g.strategies) * len(g.bandwidths)} configurations",
+              file=log, flush=True)
+        try:
+            recs, info = run_group(g, settings, calibrations[g.workers], cluster, log)
+        except CaramelError as e:
+            print(f"[validate] {g.label}: {e}", file=log, flush=True)
+            failed.append({"model": g.label, "workers": str(g.workers), "error": str(e)})
+        else:
+            records.extend(recs)
+            jobs.append(info)
+        if checkpoint:
+            report().save(checkpoint)
+
     for workers in sorted({g.workers for g in groups}):
         mine = [g for g in groups if g.workers == workers]
         if network == "loopback":
             if workers not in calibrations:
                 raise CaramelError(f"network loopback cannot calibrate; give a calibration for {workers} workers")
             for g in mine:
-                recs, info = run_group(g, settings, calibrations[workers], None, log)
-                records += recs
-                jobs.append(info)
+                run_one(g, None)
             continue
         from caramel.cluster.config import ClusterConfig
         from caramel.cluster.emulated import EmulatedCluster
@@ -355,16 +384,10 @@ def run_validation(groups: list[ModelGroup], settings: ValidationSettings, netwo
                 print(f"[validate] calibrating {workers} workers", file=log, flush=True)
                 calibrations[workers] = calibrate(cluster, parse_rate_bps("200mbit"), log=log)
             for g in mine:
-                print(f"[validate] {g.label} on {workers} workers: {len(g.configs(0.0))} configurations", file=log, flush=True)
-                recs, info = run_group(g, settings, calibrations[workers], cluster, log)
-                records += recs
-                jobs.append(info)
-    meta = {"network": "netns+tc" if network == "cluster" else "loopback (unshaped)", "settings": asdict(settings),
-            "calibrations": {str(k): asdict(v) for k, v in calibrations.items()}, "jobs": jobs,
-            "wall_s": time.time() - t0, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t0))}
-    report = ValidationReport(records, meta)
-    meta["interference_score"] = score(interference_records(report)) if records else None
-    return report
+                run_one(g, cluster)
+    if not records:
+        raise CaramelError("no configuration was measured: " + "; ".join(f["error"] for f in failed))
+    return report()
 
 
 def interference_records(report: ValidationReport) -> list[ValidationRecord]:
@@ -427,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.latency >= 0 and args.goodput > 0):
                 raise CaramelError("--latency must be >= 0 seconds and --goodput a positive factor")
             cals = {g.workers: Calibration(g.workers, args.latency, args.goodput, "given") for g in groups}
-        report = run_validation(groups, settings, args.network, cals)
+        report = run_validation(groups, settings, args.network, cals, checkpoint=args.json)
     except CaramelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -438,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.markdown).write_text(table + "\n")
     print(f"wrote {args.json}; targets met (plain simulator): {score(report.records)['targets_met']}, "
           f"with the interference term: {report.meta['interference_score']['targets_met']}")
+    if report.meta["failed"]:
+        print(f"error: {len(report.meta['failed'])} group(s) failed: "
+              + "; ".join(f"{f['model']}: {f['error']}" for f in report.meta["failed"]), file=sys.stderr)
+        return 1
     return 0
 
 

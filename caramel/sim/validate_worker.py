@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from caramel.errors import CaramelError
-from caramel.jsonio import check_format, format_tag, read_json, write_json
+from caramel.jsonio import atomic_write_text, check_format, format_tag, read_json, write_json
 
 JOB_KIND = "validation_job"
 RAW_KIND = "validation_raw"
@@ -126,7 +126,7 @@ def _build_runner(cfg: dict[str, Any], plan, job: dict[str, Any], device: torch.
 def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, rank: int) -> None:
     """Rank 0 asks the host to reshape every link; all ranks continue together afterwards."""
     if rank == 0:
-        request_path(job["ctl_dir"], index).write_text(f"{bandwidth_bps:g}\n")
+        atomic_write_text(request_path(job["ctl_dir"], index), f"{bandwidth_bps:g}\n")  # never seen half-written
         deadline = time.monotonic() + BANDWIDTH_WAIT_S
         while not done_path(job["ctl_dir"], index).exists():
             if time.monotonic() > deadline:
