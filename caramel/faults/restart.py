@@ -19,7 +19,7 @@ from caramel.errors import CaramelError
 from caramel.faults.result import FaultResult, MatrixConfig, fault, shorten
 
 # digits: 25 steps per epoch at 2 x 32; a checkpoint every 10 steps
-TRAIN_ARGS = ["--workload", "digits", "--workers", "2", "--batch-size", "32", "--steps", "40", "--checkpoint-every", "10",
+TRAIN_ARGS = ["--workload", "digits", "--workers", "2", "--cluster", "off", "--batch-size", "32", "--steps", "40", "--checkpoint-every", "10",
               "--warmup-steps", "3", "--lr", "0.01", "--log-every-steps", "10", "--val-every-steps", "0"]
 RUN_LIMIT_S = 300.0
 
