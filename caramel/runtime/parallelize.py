@@ -194,6 +194,11 @@ class _Controller:
         plan = make_plan("fifo", provisional, world_size=self.world)
         self.engine.synchronize()
         self.profile = None
+        # the provisional plan's collectives are timed too: without a cluster spec from the
+        # user, the plan is made for the link bandwidth they show
+        self._measure_before = self.engine.measure_comm
+        self.engine.measure_comm = True
+        self.engine.comm_log.clear()
         self.engine.set_plan(plan, None)
         self.engine.sync_apply = True
         self.phase_step = 0
@@ -318,8 +323,24 @@ class _Controller:
         self.timer.remove()
         profile = build_profile(type(self.model).__name__, 0, self.model, self.tracker, self.timer.samples,
                                 meta={"online": True, "rank": self.rank})
-        self.plan_from_profile(profile)
+        cluster = None if self.cluster is not None else self._measured_cluster()
+        self.engine.measure_comm = self._measure_before
+        self.plan_from_profile(profile, cluster)
         self.engine.stats.replans += 1
+
+    def _measured_cluster(self) -> ClusterSpec | None:
+        """The default cluster with the bandwidth the profiling steps' collectives achieved (the
+        best estimate of any rank; one all-reduce, on every rank at the same step)."""
+        base = _default_cluster(self.world)
+        bw = self.engine.measured_bandwidth_bps(base.latency_s)
+        t = torch.tensor([int(bw // 1000) if bw else 0], dtype=torch.int64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        if int(t[0]) <= 0:
+            return None
+        import dataclasses
+        self.engine.stats.extra["measured_bandwidth_bps"] = float(t[0]) * 1000
+        return dataclasses.replace(base, bandwidth_bps=float(t[0]) * 1000, meta=dict(base.meta, measured="profiling steps"))
 
 
 class _BufferSync:
