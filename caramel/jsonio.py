@@ -92,3 +92,90 @@ def _typename(typ: type | tuple[type, ...]) -> str:
     if isinstance(typ, tuple):
         return " or ".join(t.__name__ for t in typ)
     return typ.__name__
+
+
+def require_mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    """An optional object-valued field (e.g. `meta`): {} when absent, FormatError when not an object."""
+    value = data.get(key, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FormatError(f"{source}: field {key!r} must be an object, got {type(value).__name__}")
+    return dict(value)
+
+
+def require_number(data: dict[str, Any], key: str, source: str, default: float | None = None,
+                   minimum: float | None = None) -> float:
+    """A finite number field (ints accepted), optionally with a default and a lower bound."""
+    import math
+    if key not in data and default is not None:
+        return default
+    value = require(data, key, (int, float), source)
+    if not math.isfinite(value):
+        raise FormatError(f"{source}: field {key!r} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise FormatError(f"{source}: field {key!r} must be >= {minimum:g}, got {value!r}")
+    return value
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    import types
+    import typing
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        (inner,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_matches(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if origin is tuple:
+        return isinstance(value, (list, tuple))
+    if hint is float:
+        import math
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def from_fields(cls: type, raw: Any, source: str) -> Any:
+    """Build dataclass `cls` from a JSON object, checking every field's type against the
+    annotations, so that a malformed entry is a FormatError naming the field."""
+    import dataclasses
+    import typing
+    if not isinstance(raw, dict):
+        raise FormatError(f"{source} must be an object, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise FormatError(f"{source} has an unknown field {unknown[0]!r}")
+    for name, f in fields.items():
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+                raise FormatError(f"{source}.{name} is missing")
+            continue
+        if not _matches(raw[name], hints[name]):
+            raise FormatError(f"{source}.{name} must be {_describe(hints[name])}, got {raw[name]!r:.60}")
+    return cls(**raw)
+
+
+def _describe(hint: Any) -> str:
+    import types
+    import typing
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if origin is list:
+        (inner,) = typing.get_args(hint) or (Any,)
+        return f"a list of {_describe(inner).removeprefix('a ').removeprefix('an ')}s" if inner is not Any else "a list"
+    names = {float: "a finite number", int: "an integer", str: "a string", bool: "true or false",
+             type(None): "null", dict: "an object"}
+    return names.get(hint, names.get(origin, getattr(hint, "__name__", str(hint))))

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import FormatError
-from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "cluster"
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
@@ -78,10 +78,7 @@ class ClusterSpec:
     def from_dict(cls, data: dict[str, Any], source: str = "<cluster>") -> "ClusterSpec":
         check_format(data, KIND, source)
         raw = require(data, "workers", list, source)
-        try:
-            workers = [WorkerSpec(**w) for w in raw]
-        except TypeError as e:
-            raise FormatError(f"{source}: malformed worker entry ({e})") from None
+        workers = [from_fields(WorkerSpec, w, f"{source}: workers[{i}]") for i, w in enumerate(raw)]
         spec = cls.__new__(cls)
         spec.workers = workers
         spec.bandwidth_bps = require(data, "bandwidth_bps", (int, float), source)
@@ -89,7 +86,7 @@ class ClusterSpec:
         spec.topology = data.get("topology", "switch")
         spec.collective = data.get("collective", "ring")
         spec.num_servers = data.get("num_servers", 1)
-        spec.meta = dict(data.get("meta", {}))
+        spec.meta = require_mapping(data, "meta", source)
         spec.validate(source)
         return spec
 

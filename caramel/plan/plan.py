@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import FormatError, MismatchError
-from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "plan"
 
@@ -64,7 +64,11 @@ class Plan:
     def validate(self, source: str = "plan") -> None:
         """Structural checks: ids, chunk counts, every item issued exactly once, no parameter twice."""
         seen: set[int] = set()
+        if self.world_size < 1:
+            raise FormatError(f"{source}: field 'world_size' must be >= 1, got {self.world_size}")
         for i, b in enumerate(self.buckets):
+            if b.numel < 0 or b.bytes < 0:
+                raise FormatError(f"{source}: buckets[{i}] has a negative size")
             if b.id != i:
                 raise FormatError(f"{source}: buckets[{i}].id is {b.id}, expected {i}")
             if b.num_chunks < 1 or b.num_chunks > max(b.numel, 1):
@@ -117,23 +121,28 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> "Plan":
         check_format(data, KIND, source)
-        try:
-            buckets = [Bucket(**b) for b in require(data, "buckets", list, source)]
-            order = [tuple(int(x) for x in item) for item in require(data, "order", list, source)]
-        except (TypeError, ValueError) as e:
-            raise FormatError(f"{source}: malformed bucket or order entry ({e})") from None
-        if any(len(o) != 2 for o in order):
-            raise FormatError(f"{source}: every 'order' item must be [bucket, chunk]")
+        buckets = [from_fields(Bucket, b, f"{source}: buckets[{i}]") for i, b in enumerate(require(data, "buckets", list, source))]
+        order = []
+        for i, item in enumerate(require(data, "order", list, source)):
+            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)):
+                raise FormatError(f"{source}: order[{i}] must be [bucket, chunk] (two integers), got {item!r}")
+            order.append(tuple(item))
+        predicted = data.get("predicted_step_time_s")
+        if predicted is not None and (isinstance(predicted, bool) or not isinstance(predicted, (int, float))):
+            raise FormatError(f"{source}: field 'predicted_step_time_s' must be a number or null")
+        names = require(data, "param_names", list, source)
+        if not all(isinstance(n, str) for n in names):
+            raise FormatError(f"{source}: field 'param_names' must list strings")
         plan = cls(
             planner=require(data, "planner", str, source),
             world_size=require(data, "world_size", int, source),
             model_fingerprint=require(data, "model_fingerprint", str, source),
-            param_names=list(require(data, "param_names", list, source)),
+            param_names=list(names),
             buckets=buckets,
             order=order,  # type: ignore[arg-type]
-            options=dict(data.get("options", {})),
-            predicted_step_time_s=data.get("predicted_step_time_s"),
-            meta=dict(data.get("meta", {})),
+            options=require_mapping(data, "options", source),
+            predicted_step_time_s=predicted,
+            meta=require_mapping(data, "meta", source),
         )
         plan.validate(source)
         stored = data.get("fingerprint")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import FormatError
-from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, require_number, write_json
 
 KIND = "profile"
 
@@ -123,11 +123,8 @@ class ModelProfile:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<profile>") -> "ModelProfile":
         check_format(data, KIND, source)
-        try:
-            params = [ParamInfo(**p) for p in require(data, "params", list, source)]
-            modules = [ModuleInfo(**m) for m in require(data, "modules", list, source)]
-        except TypeError as e:
-            raise FormatError(f"{source}: malformed parameter or module entry ({e})") from None
+        params = [from_fields(ParamInfo, p, f"{source}: params[{i}]") for i, p in enumerate(require(data, "params", list, source))]
+        modules = [from_fields(ModuleInfo, m, f"{source}: modules[{i}]") for i, m in enumerate(require(data, "modules", list, source))]
         for i, p in enumerate(params):
             if p.index != i:
                 raise FormatError(f"{source}: params[{i}].index is {p.index}, expected {i}")
@@ -136,13 +133,13 @@ class ModelProfile:
         prof = cls(
             model=require(data, "model", str, source),
             batch_size=require(data, "batch_size", int, source),
-            forward_time_s=float(require(data, "forward_time_s", (int, float), source)),
-            backward_time_s=float(require(data, "backward_time_s", (int, float), source)),
-            optimizer_time_s=float(require(data, "optimizer_time_s", (int, float), source)),
+            forward_time_s=float(require_number(data, "forward_time_s", source)),
+            backward_time_s=float(require_number(data, "backward_time_s", source)),
+            optimizer_time_s=float(require_number(data, "optimizer_time_s", source)),
             params=params,
             modules=modules,
-            steps_measured=int(data.get("steps_measured", 1)),
-            meta=dict(data.get("meta", {})),
+            steps_measured=int(require_number(data, "steps_measured", source, default=1, minimum=0)),
+            meta=require_mapping(data, "meta", source),
         )
         for name in ("forward_time_s", "backward_time_s", "optimizer_time_s"):
             if getattr(prof, name) < 0:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import FormatError
-from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "trace"
 LANES = ("compute", "comm", "wait")
@@ -60,10 +60,7 @@ class Trace:
         raw = require(data, "events", list, source)
         events = []
         for i, e in enumerate(raw):
-            try:
-                ev = TraceEvent(**e)
-            except TypeError as err:
-                raise FormatError(f"{source}: events[{i}] is malformed ({err})") from None
+            ev = from_fields(TraceEvent, e, f"{source}: events[{i}]")
             if ev.lane not in LANES:
                 raise FormatError(f"{source}: events[{i}].lane is {ev.lane!r}; expected one of {', '.join(LANES)}")
             if not isinstance(ev.duration_s, (int, float)) or ev.duration_s < 0:
@@ -73,7 +70,7 @@ class Trace:
             source=require(data, "source", str, source),
             world_size=require(data, "world_size", int, source),
             events=events,
-            meta=dict(data.get("meta", {})),
+            meta=require_mapping(data, "meta", source),
         )
 
     def save(self, path) -> None:

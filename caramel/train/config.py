@@ -196,9 +196,13 @@ def load_file(path: str | Path, cfg: TrainConfig | None = None) -> TrainConfig:
         raise CaramelError(f"config {path}: is a directory (expected a TOML file)") from None
     if path.suffix == ".json":
         try:
-            data = check_format(json.loads(raw), CONFIG_KIND, str(path))["config"]
+            data = check_format(json.loads(raw.decode()), CONFIG_KIND, str(path)).get("config")
+        except UnicodeDecodeError:
+            raise CaramelError(f"config {path}: not a UTF-8 text file (expected caramel.train-config/1 JSON)") from None
         except json.JSONDecodeError as e:
             raise CaramelError(f"config {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict):
+            raise CaramelError(f"config {path}: field 'config' must be an object of sections")
     else:
         try:
             data = tomllib.loads(raw.decode())

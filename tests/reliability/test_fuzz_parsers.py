@@ -55,17 +55,6 @@ PARSERS = {
     "cluster": (ClusterSpec.from_dict, CLUSTER),
     "trace": (Trace.from_dict, TRACE),
 }
-# Known gaps: the parsers trust the types inside entries (the report gives the exact fixes).
-XFAIL_MUTATED = {
-    "profile": "ModelProfile.from_dict: params[i].bytes/numel not numbers -> TypeError (model_profile.py:134); "
-               "steps_measured a list -> TypeError (:144); meta not a mapping -> TypeError/ValueError (:145)",
-    "plan": "Plan.validate/from_dict: bucket params/num_chunks/numel of the wrong type -> TypeError (plan.py:70-73); "
-            "options/meta not a mapping -> TypeError/ValueError (plan.py:134,136)",
-    "cluster": "ClusterSpec.from_dict: meta not a mapping -> TypeError/ValueError (spec.py:92)",
-    "trace": "Trace.from_dict: meta not a mapping -> TypeError/ValueError (events.py:76)",
-}
-KINDS_MUTATED = [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=XFAIL_MUTATED[k])) if k in XFAIL_MUTATED
-                 else k for k in sorted(PARSERS)]
 
 
 def test_the_valid_documents_parse():
@@ -74,7 +63,7 @@ def test_the_valid_documents_parse():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", KINDS_MUTATED)
+@pytest.mark.parametrize("kind", sorted(PARSERS))
 def test_from_dict_on_mutated_documents_raises_only_caramel_error(kind):
     parse, doc = PARSERS[kind]
     @FUZZ
@@ -145,9 +134,7 @@ def test_train_config_apply_dict_raises_only_caramel_error():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("suffix", [".toml", pytest.param(".json", marks=pytest.mark.xfail(
-    strict=True, reason="train/config.py load_file: json.loads(bytes) raises UnicodeDecodeError on non-UTF-8 bytes, "
-    "and a caramel.train-config/1 object without 'config' raises KeyError (config.py:199)"))])
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_train_config_files_raise_only_caramel_error(suffix):
     toml_text = "\n".join(f"[{s}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in vals.items())
                           for s, vals in TRAIN_DOC.items()).encode()

@@ -42,7 +42,7 @@ def test_missing_file_and_wrong_kind(tmp_path):
     ("start_s", "soon", "events\\[3\\].start_s must be a finite number"),
     ("start_s", None, "events\\[3\\].start_s must be a finite number"),
     ("rank", 5, "events\\[3\\].rank must be an integer in \\[0, 2\\)"),
-    ("iteration", 1.5, "events\\[3\\].iteration must be a non-negative integer"),
+    ("iteration", 1.5, "events\\[3\\].iteration must be an integer"),
     ("bucket", -1, "events\\[3\\].bucket must be a non-negative integer or null"),
     ("lane", "gpu", "events\\[3\\].lane is 'gpu'"),
     ("duration_s", -0.1, "events\\[3\\].duration_s must be >= 0"),
@@ -61,7 +61,7 @@ def test_malformed_event_and_missing_fields(tmp_path):
     data = json.loads(path.read_text())
     data["events"][0] = {"rank": 0}
     path.write_text(json.dumps(data))
-    with pytest.raises(FormatError, match=r"events\[0\] is malformed"):
+    with pytest.raises(FormatError, match=r"events\[0\]\.lane is missing"):
         load_trace(path)
     del data["events"]
     path.write_text(json.dumps(data))
