@@ -34,7 +34,8 @@ from typing import Any, Callable, TextIO
 
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text, format_tag, read_json, write_json
-from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, percentile, score
+from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, score
+from caramel.sim.validate_tables import compare_runs, compare_table, interference_records, markdown_table
 from caramel.sim.validate_worker import INTERFERENCE_KIND, JOB_KIND, RAW_KIND, done_path, request_path
 from caramel.units import format_rate, parse_rate_bps
 
@@ -390,45 +391,13 @@ def run_validation(groups: list[ModelGroup], settings: ValidationSettings, netwo
     return report()
 
 
-def interference_records(report: ValidationReport) -> list[ValidationRecord]:
-    """The same measurements scored against the predictions with the interference term."""
-    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
-    assert len(details) == len(report.records), "report meta does not match its records"
-    return [ValidationRecord(r.config, d.get("predicted_interference_step_time_s", r.predicted_step_time_s),
-                             r.measured_step_times_s, r.repeat_medians_s) for r, d in zip(report.records, details)]
-
-
-def _summary(label: str, records: list[ValidationRecord]) -> str:
-    s = score(records)
-    agree = s["ranking"]["agreement"]
-    return (f"{label}: median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
-            f"ranking agreement {'n/a' if agree is None else f'{agree * 100:.0f}%'} "
-            f"({s['ranking']['agree']} of {s['ranking']['agree'] + s['ranking']['disagree']} pairs; "
-            f"{s['ranking']['measured_ties']} measured ties)")
-
-
-def markdown_table(report: ValidationReport) -> str:
-    """One row per configuration with both predictions (plain simulator, + interference term)."""
-    both = interference_records(report)
-    lines = ["| model | workers | bandwidth | strategy | predicted ms | + interference ms | measured ms | "
-             "error | error + interference | spread |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for r, ri in zip(report.records, both):
-        c = r.config
-        lines.append(f"| {c.model} | {c.workers} | {format_rate(c.bandwidth_bps)} | {c.strategy()} | "
-                     f"{r.predicted_step_time_s * 1e3:.1f} | {ri.predicted_step_time_s * 1e3:.1f} | "
-                     f"{r.measured_median_s * 1e3:.1f} | {r.error * 100:+.1f}% | {ri.error * 100:+.1f}% | "
-                     f"{r.spread * 100:.1f}% |")
-    spreads = [r.spread for r in report.records]
-    lines += ["", f"{len(report.records)} configurations; median run-to-run spread {statistics.median(spreads) * 100:.1f}%, "
-                  f"p90 {percentile(spreads, 90) * 100:.1f}%.",
-              "", "- " + _summary("simulator", report.records), "- " + _summary("simulator + interference term", both)]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m caramel.sim.validate_run",
                                 description="Predict, then run, every configuration on the emulated cluster; score the simulator.")
-    p.add_argument("--json", metavar="OUT", required=True, help="write the report (caramel.validation/1)")
+    p.add_argument("--json", metavar="OUT", help="write the report (caramel.validation/1); required for a run")
+    p.add_argument("--table", metavar="REPORT.json", help="print the Markdown table of a saved report (no run)")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="print how far two saved runs of the same matrix differ (no run)")
     p.add_argument("--markdown", metavar="OUT", help="also write the table as Markdown")
     p.add_argument("--quick", action="store_true", help="2 configurations, few steps (the smoke test)")
     p.add_argument("--network", choices=NETWORKS, default="cluster",
@@ -439,6 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="timed steps per strategy per round")
     args = p.parse_args(argv)
     try:
+        if args.table or args.compare:
+            if args.table:
+                print(markdown_table(ValidationReport.load(args.table)))
+            if args.compare:
+                print(compare_table(compare_runs(*(ValidationReport.load(f) for f in args.compare))))
+            return 0
+        if not args.json:
+            raise CaramelError("--json OUT is required for a run (the report is saved there after every model)")
         groups = QUICK_GROUPS if args.quick else DEFAULT_GROUPS
         base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
         settings = ValidationSettings(**{**asdict(base), **({"rounds": args.rounds} if args.rounds else {}),

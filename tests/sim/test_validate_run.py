@@ -11,8 +11,9 @@ from caramel.errors import CaramelError
 from caramel.jsonio import format_tag
 from caramel.sim.validate import ValidationReport, score
 from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
-                                      ValidationSettings, _BandwidthServer, _s, fit_calibration, interference_records,
-                                      make_job, markdown_table, records_from_raw, run_validation)
+                                      ValidationSettings, _BandwidthServer, _s, fit_calibration, main, make_job,
+                                      records_from_raw, run_validation)
+from caramel.sim.validate_tables import compare_runs, interference_records, markdown_table
 from caramel.sim.validate_worker import done_path, request_path
 
 
@@ -149,10 +150,28 @@ def test_bandwidth_handshake(tmp_path):
 
 @pytest.mark.timeout(10)
 def test_cli_rejects_half_a_calibration(tmp_path):
-    from caramel.sim.validate_run import main
-
     assert main(["--quick", "--network", "loopback", "--latency", "1e-4", "--json", str(tmp_path / "v.json")]) == 2
     assert not (tmp_path / "v.json").exists()
+    assert main(["--quick", "--network", "loopback"]) == 2  # a run needs --json
+
+
+@pytest.mark.timeout(10)
+def test_compare_runs_and_saved_tables(tmp_path, capsys):
+    group = _group()
+    cal = Calibration(2, 1e-4, 0.9, "given")
+    a, info_a = records_from_raw(group, cal, _raw(group), 5.0)
+    raw_b = _raw(group)
+    raw_b["measured"][1] = [{"times": {"2": [[3.0] * 3] * 2, "3": [[1.0] * 3] * 2}, "stats": {}}] * 2
+    b, info_b = records_from_raw(group, cal, raw_b, 5.0)
+    cmp = compare_runs(ValidationReport(a, {"jobs": [info_a]}), ValidationReport(b, {"jobs": [info_b]}))
+    assert cmp["configurations"] == 4
+    assert [round(x["measured_diff"], 9) for x in cmp["rows"]] == [0.0, 0.0, 0.4, 0.0]  # |2-3| / 2.5
+    assert cmp["median_measured_diff"] == 0.0 and cmp["median_predicted_diff"] == 0.0
+    ValidationReport(a, {"jobs": [info_a]}).save(tmp_path / "a.json")
+    ValidationReport(b, {"jobs": [info_b]}).save(tmp_path / "b.json")
+    assert main(["--table", str(tmp_path / "a.json"), "--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| fifo/backward | 1100.0 |" in out and "| 40.0% |" in out
 
 
 @pytest.mark.timeout(300)

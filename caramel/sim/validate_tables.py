@@ -1,0 +1,88 @@
+"""Tables for a simulator validation report: both predictions side by side, and two runs compared.
+
+`markdown_table` is what docs/simulator.md publishes: per configuration the plain simulator's
+prediction, the prediction with the interference term (`caramel.sim.interference`), the measured
+median, both errors and the run-to-run spread. `compare_runs` puts two complete runs of the same
+matrix side by side: how far apart their measured medians are (the spread between whole runs,
+profile and calibration included) against the prediction errors.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from caramel.errors import CaramelError
+from caramel.sim.validate import ValidationRecord, ValidationReport, percentile, score
+from caramel.units import format_rate
+
+
+def interference_records(report: ValidationReport) -> list[ValidationRecord]:
+    """The same measurements scored against the predictions with the interference term."""
+    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
+    assert len(details) == len(report.records), "report meta does not match its records"
+    return [ValidationRecord(r.config, d.get("predicted_interference_step_time_s", r.predicted_step_time_s),
+                             r.measured_step_times_s, r.repeat_medians_s) for r, d in zip(report.records, details)]
+
+
+def _summary(label: str, records: list[ValidationRecord]) -> str:
+    s = score(records)
+    agree = s["ranking"]["agreement"]
+    return (f"{label}: median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
+            f"ranking agreement {'n/a' if agree is None else f'{agree * 100:.0f}%'} "
+            f"({s['ranking']['agree']} of {s['ranking']['agree'] + s['ranking']['disagree']} pairs; "
+            f"{s['ranking']['measured_ties']} measured ties)")
+
+
+def markdown_table(report: ValidationReport) -> str:
+    """One row per configuration with both predictions (plain simulator, + interference term)."""
+    both = interference_records(report)
+    lines = ["| model | workers | bandwidth | strategy | predicted ms | + interference ms | measured ms | "
+             "error | error + interference | spread |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r, ri in zip(report.records, both):
+        c = r.config
+        lines.append(f"| {c.model} | {c.workers} | {format_rate(c.bandwidth_bps)} | {c.strategy()} | "
+                     f"{r.predicted_step_time_s * 1e3:.1f} | {ri.predicted_step_time_s * 1e3:.1f} | "
+                     f"{r.measured_median_s * 1e3:.1f} | {r.error * 100:+.1f}% | {ri.error * 100:+.1f}% | "
+                     f"{r.spread * 100:.1f}% |")
+    spreads = [r.spread for r in report.records]
+    lines += ["", f"{len(report.records)} configurations; median run-to-run spread {statistics.median(spreads) * 100:.1f}%, "
+                  f"p90 {percentile(spreads, 90) * 100:.1f}%.",
+              "", "- " + _summary("simulator", report.records), "- " + _summary("simulator + interference term", both)]
+    return "\n".join(lines)
+
+
+def compare_runs(a: ValidationReport, b: ValidationReport) -> dict[str, Any]:
+    """Run-to-run differences between two reports of the same matrix (configurations matched by setting and strategy)."""
+    key = lambda r: (r.config.setting()[:3], r.config.strategy())  # noqa: E731 - latency is recalibrated per run
+    other = {key(r): r for r in b.records}
+    rows = []
+    for r in a.records:
+        o = other.get(key(r))
+        if o is None:
+            continue
+        m1, m2 = r.measured_median_s, o.measured_median_s
+        rows.append({"model": r.config.model, "workers": r.config.workers, "bandwidth_bps": r.config.bandwidth_bps,
+                     "strategy": r.config.strategy(), "measured_s": [m1, m2], "predicted_s": [r.predicted_step_time_s, o.predicted_step_time_s],
+                     "measured_diff": abs(m1 - m2) / statistics.fmean([m1, m2]),
+                     "predicted_diff": abs(r.predicted_step_time_s - o.predicted_step_time_s) / statistics.fmean([r.predicted_step_time_s, o.predicted_step_time_s]),
+                     "errors": [r.error, o.error]})
+    if not rows:
+        raise CaramelError("the two validation reports have no configuration in common")
+    diffs = [x["measured_diff"] for x in rows]
+    return {"configurations": len(rows), "median_measured_diff": statistics.median(diffs), "p90_measured_diff": percentile(diffs, 90),
+            "median_predicted_diff": statistics.median(x["predicted_diff"] for x in rows), "rows": rows}
+
+
+def compare_table(cmp: dict[str, Any]) -> str:
+    """Markdown for `compare_runs`."""
+    lines = ["| model | workers | bandwidth | strategy | measured ms (run 1, run 2) | run-to-run | predicted ms (run 1, run 2) | errors |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for x in cmp["rows"]:
+        lines.append(f"| {x['model']} | {x['workers']} | {format_rate(x['bandwidth_bps'])} | {x['strategy']} | "
+                     f"{x['measured_s'][0] * 1e3:.1f}, {x['measured_s'][1] * 1e3:.1f} | {x['measured_diff'] * 100:.1f}% | "
+                     f"{x['predicted_s'][0] * 1e3:.1f}, {x['predicted_s'][1] * 1e3:.1f} | "
+                     f"{x['errors'][0] * 100:+.1f}%, {x['errors'][1] * 100:+.1f}% |")
+    lines += ["", f"{cmp['configurations']} configurations in both runs: measured medians differ by "
+                  f"{cmp['median_measured_diff'] * 100:.1f}% (median), {cmp['p90_measured_diff'] * 100:.1f}% (p90) between runs; "
+                  f"predictions by {cmp['median_predicted_diff'] * 100:.1f}% (median; each run profiles and calibrates afresh)."]
+    return "\n".join(lines)
