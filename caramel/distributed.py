@@ -62,6 +62,48 @@ def _info() -> DistInfo:
     return DistInfo(rank, world, local_rank, device, backend)
 
 
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except ValueError:
+        raise CaramelError(f"{name}={os.environ[name]!r} is not an integer") from None
+
+
+def _store(rank: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store, under a key prefix per torchrun attempt.
+
+    torchrun's agent hosts one store for all restarts; keys a crashed attempt left there must not
+    be read by the next attempt (they name dead peers' addresses). Without the agent, rank 0
+    hosts the store, as env:// would.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None,
+                              is_master=(rank == 0 and not agent), timeout=timeout, wait_for_workers=False)
+    except ValueError:
+        raise CaramelError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number") from None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"caramel/attempt{attempt}/", store)
+
+
+def _check_world_size(store: dist.Store, rank: int, world: int, timeout_s: float) -> None:
+    """Every rank publishes its WORLD_SIZE; rank 0 reads all, the others read rank 0's. A
+    difference is an error naming both values, instead of a rendezvous that never completes."""
+    store.set(f"world/{rank}", str(world))
+    others = range(1, world) if rank == 0 else [0]
+    for r in others:
+        try:
+            store.wait([f"world/{r}"], datetime.timedelta(seconds=timeout_s))
+        except Exception:  # noqa: BLE001 - a timeout, reported with what it means
+            raise RuntimeError(f"caramel: rank {rank}: rank {r} did not join within {timeout_s:g} s "
+                               f"(WORLD_SIZE={world}); is every worker started, with the same MASTER_ADDR/PORT?") from None
+        theirs = int(store.get(f"world/{r}"))
+        if theirs != world:
+            from caramel.errors import MismatchError
+            raise MismatchError(f"rank {r} says WORLD_SIZE={theirs}, rank {rank} says WORLD_SIZE={world}; "
+                                "every worker must be started with the same world size")
+
+
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Initialize the default process group from torchrun's environment (idempotent).
 
@@ -82,7 +124,12 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
             raise CaramelError(f"RANK and WORLD_SIZE are set but {', '.join(missing)} is not; launch with torchrun or set them")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=timeout)
+        rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if not 0 <= rank < world:
+            raise CaramelError(f"RANK={rank} is not in [0, WORLD_SIZE={world})")
+        store = _store(rank, timeout)
+        _check_world_size(store, rank, world, timeout.total_seconds())
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)

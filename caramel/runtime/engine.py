@@ -87,6 +87,7 @@ class Engine:
         self.passthrough = world_size == 1
         self.comm_log: collections.deque = collections.deque(maxlen=100_000)
         self.order_changed = False
+        self.step_calls = 0  # every optimizer.step(), with or without a reduction (checked across ranks)
         self._last_pos = -1
         self._module_pos: dict[str, int] = {}
         self.controller = None
@@ -365,6 +366,7 @@ class Engine:
 
     def step(self) -> bool:
         """The user's `optimizer.step()`. Returns False when no reduction happened (local step)."""
+        self.step_calls += 1
         if self.passthrough:
             self._end_iteration()
             return False

@@ -275,9 +275,19 @@ class _Controller:
         bw = None
         if self.replan == "auto" and self.plan_cluster is not None:
             bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s)
-        t = torch.tensor([h, -h, int(self.engine.order_changed), int(bw // 1000) if bw else 0], dtype=torch.int64)
+        calls = self.engine.step_calls
+        t = torch.tensor([h, -h, int(self.engine.order_changed), int(bw // 1000) if bw else 0, calls, -calls],
+                         dtype=torch.int64)
         if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            try:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            except Exception as e:  # noqa: BLE001 - re-raised with context
+                raise RuntimeError(f"caramel: rank {self.rank}: plan check at step {self.engine.stats.step} failed: {e}. "
+                                   f"A peer may have died or hung (timeout {self.engine.timeout_s:g} s)") from e
+        if int(t[4]) != calls or int(-t[5]) != calls:
+            raise MismatchError(f"rank {self.rank}: ranks disagree on the step: this rank has made {calls} optimizer.step() "
+                                f"calls, another rank between {int(-t[5])} and {int(t[4])}; a rank skipped or added a gradient "
+                                "reduction (no_sync or a backward on some ranks only), so gradients of different steps were averaged")
         if int(t[0]) != h or int(-t[1]) != h:
             raise MismatchError(f"rank {self.rank}: ranks disagree on the plan at step {self.engine.stats.step} "
                                 f"(this rank's fingerprint {self.engine.plan.fingerprint}); they would reduce mismatched gradients")

@@ -32,17 +32,12 @@ def test_different_plans_raise_mismatch_on_every_rank():
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.xfail(strict=True, reason="caramel.init_distributed does not compare WORLD_SIZE across ranks: rank 1 "
-                   "(WORLD_SIZE=3) fails with a bare DistStoreError and rank 0 can hang in gloo's connect past the timeout")
 def test_different_world_sizes_fail_on_every_rank_naming_the_world_size():
     raw = disagreement_experiment(CFG, rank_env={1: {"WORLD_SIZE": "3"}})
     _all_failed_naming(raw, "world size")
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.xfail(strict=True, reason="the periodic check compares plan fingerprints at equal engine step counts, so a "
-                   "rank that skipped one collective (no_sync on one rank only) pairs gradients of different steps "
-                   "silently; rank 1 finishes with exit 0, rank 0 fails only at the very end with a bare gloo error")
 def test_a_collective_skipped_on_one_rank_is_reported_on_every_rank():
     raw = disagreement_experiment(CFG, rank_args={1: ["--skip-step", "7"]}, extra_args=["--check-every", "5"])
     _all_failed_naming(raw, "step")

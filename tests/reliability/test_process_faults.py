@@ -43,8 +43,6 @@ def test_sigstopped_worker_is_detected_by_the_configured_timeout():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason="the periodic plan check (caramel/runtime/parallelize.py _periodic_check) calls "
-                   "dist.all_reduce unwrapped: a dead peer there surfaces as a bare gloo error without rank or collective")
 def test_sigkill_during_the_plan_check_names_the_collective():
     # --check-every 1: a plan check after every step, while the gradient collective of the next
     # step is only issued after backward; the survivor is most often blocked in the check.
