@@ -11,7 +11,7 @@ import pytest
 from caramel.cli import main
 from caramel.cluster import netns
 from caramel.cluster.state import ClusterState, StateStore, pid_start_time
-from cluster_helpers import REPO, foreign, have, host_objects, needs_root, python_env
+from tests.cluster.cluster_helpers import REPO, foreign, have, host_objects, needs_root, python_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from caramel.cluster import netns
 from caramel.cluster.config import ClusterConfig, new_prefix
 from caramel.cluster.emulated import EmulatedCluster
 from caramel.errors import CaramelError
-from cluster_helpers import foreign, host_objects, named, needs_root, tcp_rate_bps
+from tests.cluster.cluster_helpers import foreign, host_objects, named, needs_root, tcp_rate_bps
 
 pytestmark = [needs_root, pytest.mark.root, pytest.mark.timeout(120)]
 

@@ -14,7 +14,7 @@ from caramel.cluster.emulated import EmulatedCluster
 from caramel.cluster.probe import probe_cluster
 from caramel.cluster.spec import ClusterSpec
 from caramel.errors import CaramelError
-from cluster_helpers import foreign, have, host_objects, named, needs_root
+from tests.cluster.cluster_helpers import foreign, have, host_objects, named, needs_root
 
 # Every rank all-reduces 4 MB three times and prints the bus bandwidth it saw: 2(n-1)/n * bits / time;
 # then rank 1 fails with exit code 3 (one job instead of two: each torchrun start costs seconds).

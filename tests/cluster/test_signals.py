@@ -12,7 +12,7 @@ import pytest
 
 from caramel.cluster.config import new_prefix
 from caramel.cluster.leftovers import cleanup_dead, dead_states, inventory
-from cluster_helpers import REPO, foreign, host_objects, named, needs_root, python_env
+from tests.cluster.cluster_helpers import REPO, foreign, host_objects, named, needs_root, python_env
 
 pytestmark = [needs_root, pytest.mark.root, pytest.mark.timeout(120)]
 

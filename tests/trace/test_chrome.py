@@ -10,7 +10,7 @@ import pytest
 from caramel.trace.chrome import assign_sublanes, find_flows, to_chrome, write_chrome
 from caramel.trace.events import Trace, TraceEvent
 from caramel.trace.load import load_traces
-from tracesynth import split_by_rank, two_rank_trace
+from tests.trace.tracesynth import split_by_rank, two_rank_trace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ import pytest
 from caramel.errors import FormatError
 from caramel.trace.chrome import write_chrome
 from caramel.trace.load import load_trace, load_traces
-from tracesynth import split_by_rank, two_rank_trace
+from tests.trace.tracesynth import split_by_rank, two_rank_trace
 
 pytestmark = pytest.mark.timeout(60)
 

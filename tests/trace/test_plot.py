@@ -8,7 +8,7 @@ import pytest
 from caramel.errors import CaramelError
 from caramel.trace.events import Trace
 from caramel.trace.plot import PlotConfig, plot_timeline, step_window
-from tracesynth import two_rank_trace
+from tests.trace.tracesynth import two_rank_trace
 
 pytestmark = pytest.mark.timeout(120)
 

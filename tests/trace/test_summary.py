@@ -10,7 +10,7 @@ from caramel.errors import CaramelError, FormatError
 from caramel.trace import metrics as m
 from caramel.trace.events import Trace
 from caramel.trace.summary import compare, format_summary, summarize
-from tracesynth import two_rank_trace
+from tests.trace.tracesynth import two_rank_trace
 
 pytestmark = pytest.mark.timeout(60)
 MS = 1e-3

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from caramel.cli import main
-from tracesynth import split_by_rank, synthetic_plan, two_rank_trace
+from tests.trace.tracesynth import split_by_rank, synthetic_plan, two_rank_trace
 
 pytestmark = pytest.mark.timeout(120)
 

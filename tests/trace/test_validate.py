@@ -8,7 +8,7 @@ import pytest
 from caramel.errors import MismatchError
 from caramel.trace.events import Trace
 from caramel.trace.validate import check_trace, inspect_trace
-from tracesynth import synthetic_plan, two_rank_trace
+from tests.trace.tracesynth import synthetic_plan, two_rank_trace
 
 pytestmark = pytest.mark.timeout(60)
 
