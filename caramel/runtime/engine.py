@@ -92,7 +92,8 @@ class Engine:
         self._module_pos: dict[str, int] = {}
         self.controller = None
         self.save_trace = None
-        self._install_grad_hooks()
+        if not self.passthrough:
+            self._install_grad_hooks()
 
     # ---------------------------------------------------------------- plan
 
@@ -201,8 +202,6 @@ class Engine:
         def hook(m, args):
             self._last_pos = -1
             self._fwd_t0 = self.recorder.now()
-            if self._step_t0 is None:
-                self._step_t0 = self._fwd_t0
             inner(m, args)
         return hook
 
@@ -387,10 +386,11 @@ class Engine:
         self.stats.step += 1
         self.stats.last_wait_s = self._wait_acc
         self.stats.total_wait_s += self._wait_acc
+        # the step period: from the previous step() to this one (forward, backward, waits, data)
         if self._step_t0 is not None:
             self.stats.last_step_s = now - self._step_t0
         self._wait_acc = 0.0
-        self._step_t0 = None
+        self._step_t0 = now
         self.recorder.next_iteration()
 
     def synchronize(self, all_at_once: bool = False) -> None:

@@ -82,7 +82,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                              fingerprint, lazy_ok, profile_steps, check_every, replan)
     engine.controller = controller
     if world == 1:
-        engine._install_forward_hooks()  # passthrough: no plan, only the step timing hooks
+        if recorder.enabled:
+            engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
         controller.adopt(_load(plan, Plan), source="plan")
     elif profile is not None:
