@@ -142,26 +142,31 @@ QUICK_GROUPS: list[ModelGroup] = [
 QUICK_SETTINGS = ValidationSettings(warmup_steps=1, rounds=2, steps_per_round=2, profile_steps=1, compute_baseline=False)
 
 
-def fit_calibration(sizes_bytes: list[int], times_s: list[float], workers: int, nominal_bps: float) -> tuple[float, float]:
+def fit_calibration(sizes_bytes: list[int], times_s: list[float], workers: int, nominal_bps: float,
+                    large_bytes: int = 256 * 1024) -> tuple[float, float]:
     """(latency_s, goodput) from probe times t(S) = 2(n-1)*alpha + 2(n-1)/n * 8S / (goodput * rate).
 
-    Ordinary least squares on absolute time: the large messages, which carry the step's bytes,
-    fix the slope (goodput); the small ones the intercept (alpha, clamped at 0).
+    Two stages, each number from the messages that determine it: alpha from the smallest
+    message (its time less its transfer at the tc rate: what one collective costs however
+    small), then goodput from the messages of at least `large_bytes` (least squares through
+    the intercept alpha fixes). A single least-squares line lets the large messages push the
+    intercept anywhere, even to zero, and the planner then takes small collectives for free.
     """
     if len(set(sizes_bytes)) < 2 or len(sizes_bytes) != len(times_s):
         raise CaramelError("calibration needs probe times for at least two different sizes")
+    if any(not t > 0 for t in times_s):
+        raise CaramelError(f"calibration: probe times must be positive, got {times_s}")
     n = workers
-    mx, my = statistics.fmean(sizes_bytes), statistics.fmean(times_s)
-    sxx = sum((x - mx) ** 2 for x in sizes_bytes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes_bytes, times_s)) / sxx
-    intercept = my - slope * mx
+    per_byte_nominal = 2 * (n - 1) / n * 8 / nominal_bps
+    s0, t0 = min(zip(sizes_bytes, times_s))
+    intercept = max(0.0, t0 - s0 * per_byte_nominal)
+    large = [(s, t - intercept) for s, t in zip(sizes_bytes, times_s) if s >= large_bytes and s != s0]
+    if not large:
+        raise CaramelError(f"calibration needs probe times for messages of at least {large_bytes} bytes")
+    slope = sum(s * y for s, y in large) / sum(s * s for s, _ in large)
     if not slope > 0:
         raise CaramelError("calibration: probe times do not grow with message size (is the link shaped?)")
-    if intercept < 0:
-        intercept = 0.0
-        slope = sum(x * y for x, y in zip(sizes_bytes, times_s)) / sum(x * x for x in sizes_bytes)
-    goodput = 2 * (n - 1) / n * 8 / (slope * nominal_bps)
-    return intercept / (2 * (n - 1)), goodput
+    return intercept / (2 * (n - 1)), per_byte_nominal / slope
 
 
 def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None = None) -> Calibration:

@@ -23,16 +23,20 @@ def test_fit_calibration_recovers_alpha_and_goodput():
     sizes = [1024, 65536, 1 << 20, 4 << 20]
     times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * 8 * s / (goodput * rate) for s in sizes]
     a, g = fit_calibration(sizes, times, n, rate)
-    assert a == pytest.approx(alpha, rel=1e-9)
-    assert g == pytest.approx(goodput, rel=1e-9)
-    # noise that makes the intercept negative: alpha clamps at 0, slope refitted through the origin
-    a0, g0 = fit_calibration([1000, 2000], [0.9e-3, 2.1e-3], 2, 8e6)
-    slope = (1000 * 0.9e-3 + 2000 * 2.1e-3) / (1000**2 + 2000**2)
-    assert a0 == 0.0 and g0 == pytest.approx(8 / (slope * 8e6), rel=1e-9)
+    # alpha from the smallest message, less its transfer at the tc rate (not the goodput): exact up to that
+    small_err = 2 * (n - 1) / n * 8 * 1024 * (1 / (goodput * rate) - 1 / rate) / (2 * (n - 1))
+    assert a == pytest.approx(alpha + small_err, rel=1e-9)
+    assert g == pytest.approx(goodput, rel=2e-3)
+    # large messages alone never move alpha: a line through them would have a negative intercept here
+    times2 = [2e-3, 2.1e-3, 0.05, 0.19]
+    a2, g2 = fit_calibration(sizes, times2, 2, 2e8)
+    assert a2 == pytest.approx((2e-3 - 8 * 1024 / 2e8) / 2)
     with pytest.raises(CaramelError, match="two different sizes"):
         fit_calibration([1000, 1000], [1.0, 1.0], 2, 1e8)
+    with pytest.raises(CaramelError, match="at least 262144 bytes"):
+        fit_calibration([1000, 2000], [1.0, 2.0], 2, 1e8)
     with pytest.raises(CaramelError, match="do not grow"):
-        fit_calibration([1000, 2000], [2.0, 1.0], 2, 1e8)
+        fit_calibration([1000, 1 << 20], [2.0, 1.0], 2, 1e8)
 
 
 @pytest.mark.timeout(10)
