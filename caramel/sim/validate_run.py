@@ -8,7 +8,8 @@ What it does, in this order, with nothing refitted after a prediction is made:
    namespace per worker, links shaped with tc) and *calibrate* it: time all-reduces over a sweep
    of sizes (`caramel cluster probe`'s worker) at one reference rate and fit the two network
    numbers the simulator needs, the per-step latency alpha and the goodput factor (the share of
-   the tc rate that TCP payload gets); see `fit_calibration`;
+   the tc rate that TCP payload gets; see `fit_calibration`), and measure the two interference
+   factors of `caramel.sim.interference` on a fixed reference step;
 2. per model, one job (`caramel.sim.validate_worker`): every rank profiles the model side by
    side, rank 0 plans and simulates every configuration of that model on
    `ClusterSpec(rate x goodput, alpha)` and writes the predictions to disk, then every bandwidth
@@ -16,7 +17,9 @@ What it does, in this order, with nothing refitted after a prediction is made:
 3. each configuration becomes a `ValidationRecord` (predicted step time, every measured step,
    the per-round medians as the run-to-run spread) and `caramel.sim.validate.score` scores them.
 
-The default matrix (`DEFAULT_GROUPS`) has 36 configurations: 5 models, 50 Mbit/s to 1 Gbit/s,
+Every record is scored twice: against the plain simulator's prediction and against the one with
+the interference term. The default matrix (`DEFAULT_GROUPS`) has 33 configurations: 4 models
+(ResNet-18 on 2 and on 4 workers), 50 Mbit/s to 1 Gbit/s,
 the fifo/fusion/caramel planners in forward/backward/none overlap, several bucket caps, torch
 DDP, 2 and 4 workers. `--quick` runs 2 configurations on loopback (the test smoke run).
 """
