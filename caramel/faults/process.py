@@ -13,7 +13,7 @@ import signal
 from caramel.faults.harness import JobConfig, LocalJob
 from caramel.faults.result import FaultResult, MatrixConfig, error_line, fault, shorten
 
-ENGINE_MESSAGE = "all-reduce of bucket"  # what the engine's error names (see caramel/runtime/engine.py)
+ENGINE_MESSAGE = "all-reduce of "  # what the engine's errors name: "all-reduce of bucket B chunk C" or "all-reduce of the plan check"
 # Long enough that the fault always lands mid-run, short enough that a missed fault still ends.
 RUN_STEPS = 100_000
 STEP_SLEEP_S = 0.02

@@ -283,7 +283,7 @@ class _Controller:
             try:
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             except Exception as e:  # noqa: BLE001 - re-raised with context
-                raise RuntimeError(f"caramel: rank {self.rank}: plan check at step {self.engine.stats.step} failed: {e}. "
+                raise RuntimeError(f"caramel: rank {self.rank}: all-reduce of the plan check (step {self.engine.stats.step}) failed: {e}. "
                                    f"A peer may have died or hung (timeout {self.engine.timeout_s:g} s)") from e
         if int(t[4]) != calls or int(-t[5]) != calls:
             raise MismatchError(f"rank {self.rank}: ranks disagree on the step: this rank has made {calls} optimizer.step() "
