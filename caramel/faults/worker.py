@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         result["extra"] = json.loads(json.dumps(extra, default=str))
     (out / f"rank{rank}{DONE_SUFFIX}").write_text(json.dumps(result) + "\n")
     progress.close()
+    # leave together, as a training script should: no rank tears down its connections while
+    # a peer still uses them
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
