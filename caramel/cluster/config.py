@@ -19,6 +19,8 @@ from caramel.units import parse_duration_s, parse_rate_bps
 PREFIX_RE = re.compile(r"crm[0-9a-f]{6}")
 MAX_WORKERS = 250  # one /24 per cluster, .1 .. .250
 FALLBACKS = ("local", "error")
+DEFAULT_MTU = 9000
+MIN_MTU, MAX_MTU = 576, 65535  # IPv4's minimum datagram; the largest MTU a veth takes
 DEFAULT_STATE_DIRS = ("/run/caramel", "/tmp/caramel")
 
 
@@ -50,7 +52,13 @@ class ClusterConfig:
     - `fallback`: `"local"` runs plain local workers on loopback (torchrun --standalone) when
       namespaces cannot be made (not root, no iproute2); `"error"` raises instead.
     - `state_dir`: where the state file that records what this cluster created is kept.
-    - `burst_bytes`: token-bucket burst; None picks max(8 KiB, 1 ms of traffic at the rate).
+    - `burst_bytes`: token-bucket burst; None picks max(2 packets, 1 ms of traffic at the rate).
+    - `mtu`: link MTU in bytes (default 9000, the jumbo frames cloud VPCs offer). The kernel's
+      per-packet work for every emulated link runs on the host's own cores, where a real
+      cluster spends it on other machines and NICs: at 1500 bytes, 500 Mbit/s of all-reduce
+      traffic cost about a core of softirq time on the 2-core test host and slowed the workers'
+      compute and the transfers themselves 1.5x; at 9000 bytes that work is 10x smaller
+      (docs/cluster.md).
     """
 
     workers: int
@@ -60,6 +68,7 @@ class ClusterConfig:
     fallback: str = "local"
     state_dir: str | None = None
     burst_bytes: int | None = None
+    mtu: int = DEFAULT_MTU
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -92,9 +101,14 @@ class ClusterConfig:
             raise CaramelError(f"fallback {self.fallback!r} is not known; expected one of {', '.join(FALLBACKS)}")
         if self.state_dir is None:
             self.state_dir = default_state_dir()
+        if isinstance(self.mtu, str) and self.mtu.strip().isdigit():
+            self.mtu = int(self.mtu)
+        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not MIN_MTU <= self.mtu <= MAX_MTU:
+            raise CaramelError(f"mtu must be an integer number of bytes from {MIN_MTU} to {MAX_MTU}, got {self.mtu!r}")
         if self.burst_bytes is not None:
-            if isinstance(self.burst_bytes, bool) or not isinstance(self.burst_bytes, int) or self.burst_bytes < 1600:
-                raise CaramelError(f"burst_bytes must be an integer of at least 1600 (one packet), got {self.burst_bytes!r}")
+            if isinstance(self.burst_bytes, bool) or not isinstance(self.burst_bytes, int) or self.burst_bytes < self.packet_bytes:
+                raise CaramelError(f"burst_bytes must be an integer of at least {self.packet_bytes} (one packet at mtu "
+                                   f"{self.mtu}), got {self.burst_bytes!r}")
 
     # Derived names. The bridge and host-side veths live in the host namespace; the worker-side
     # veth is created directly inside the worker's namespace and never appears on the host.
@@ -111,16 +125,21 @@ class ClusterConfig:
     def worker_veth(self, worker: int) -> str:
         return f"{self.prefix}n{worker}"
 
+    @property
+    def packet_bytes(self) -> int:
+        """One full-size frame on the wire: the MTU plus the Ethernet header."""
+        return self.mtu + 14
+
     def burst_for(self, bandwidth_bps: float) -> int:
-        """tbf bucket size: 1 ms of traffic, at least 8 KiB (a few full-size packets).
+        """tbf bucket size: 1 ms of traffic, at least two full-size packets.
 
         The bucket lets a message up to its size pass at line rate, so a big bucket makes small
         messages look faster than the link (a 64 KiB bucket is 6.5 ms at 80 Mbit/s); tbf splits
-        larger GSO packets itself, so a small bucket costs under 3% of throughput (measured).
+        larger GSO packets into MTU-sized ones itself, which is why the MTU sets the CPU cost.
         """
         if self.burst_bytes is not None:
             return self.burst_bytes
-        return int(max(8 * 1024, bandwidth_bps / 8 * 0.001))
+        return int(max(2 * self.packet_bytes, 8 * 1024, bandwidth_bps / 8 * 0.001))
 
 
 def check_rate(bandwidth_bps: float | str, what: str = "bandwidth") -> float:

@@ -125,6 +125,8 @@ class EmulatedCluster:
             netns.sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             self._record("link", host_dev)
             netns.sh(["ip", "link", "add", host_dev, "type", "veth", "peer", "name", ns_dev, "netns", ns])
+            netns.sh(["ip", "link", "set", host_dev, "mtu", str(cfg.mtu)])
+            netns.sh(["ip", "-n", ns, "link", "set", ns_dev, "mtu", str(cfg.mtu)])
             netns.sh(["ip", "link", "set", host_dev, "master", cfg.bridge])
             netns.sh(["ip", "link", "set", host_dev, "up"])
             netns.sh(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", ns_dev])
@@ -245,7 +247,7 @@ class EmulatedCluster:
         """A JSON-friendly description (names, addresses, rates) for reports."""
         cfg = self.config
         d: dict[str, Any] = {"prefix": cfg.prefix, "mode": self.mode, "workers": cfg.workers,
-                             "bandwidth_bps": list(self.bandwidth_bps), "latency_s": cfg.latency_s,
+                             "bandwidth_bps": list(self.bandwidth_bps), "latency_s": cfg.latency_s, "mtu": cfg.mtu,
                              "netem_available": self.netem_available,
                              "latency_emulated": bool(self.netem_available) and cfg.latency_s > 0}
         if self.mode == "netns":

@@ -51,9 +51,23 @@ def test_config_normalizes_and_names_fit_ifnamsiz():
 
 def test_burst_covers_timer_resolution():
     cfg = ClusterConfig(workers=2)
-    assert cfg.burst_for(10e6) == 8 * 1024               # small rates: a few full packets
+    assert cfg.mtu == 9000
+    assert cfg.burst_for(10e6) == 2 * 9014               # small rates: two full jumbo frames
     assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.001)  # large rates: 1 ms of traffic (timer slack)
-    assert ClusterConfig(workers=2, burst_bytes=4000).burst_for(10e9) == 4000
+    small = ClusterConfig(workers=2, mtu=1500)
+    assert small.burst_for(10e6) == 8 * 1024             # a few full 1500-byte packets
+    assert ClusterConfig(workers=2, mtu=1500, burst_bytes=4000).burst_for(10e9) == 4000
+
+
+@pytest.mark.parametrize("mtu", [100, 70000, "big", 1.5, True])
+def test_bad_mtu_is_refused_naming_the_field(mtu):
+    with pytest.raises(CaramelError, match="mtu must be an integer"):
+        ClusterConfig(workers=2, mtu=mtu)
+
+
+def test_burst_must_hold_one_packet_at_the_mtu():
+    with pytest.raises(CaramelError, match="at least 9014"):
+        ClusterConfig(workers=2, burst_bytes=4000)
 
 
 def test_torchrun_target_forms(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -63,6 +64,51 @@ def test_set_bandwidth_changes_measured_rate(tmp_path):
     assert 0.6 * 200e6 < fast < 1.1 * 200e6, fast
     assert 0.6 * 20e6 < slow < 1.1 * 20e6, slow
     assert 0.6 * 200e6 < restored < 1.1 * 200e6, restored
+
+
+_UDP_RECV = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 5301)); s.settimeout(10)
+print("LISTENING", flush=True)
+print("GOT", len(s.recv(65536)), flush=True)
+"""
+_UDP_SEND = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO: never fragment
+for _ in range(3):  # the first may wait for ARP
+    s.sendto(b"x" * int(sys.argv[2]), (sys.argv[1], 5301)); time.sleep(0.2)
+"""
+
+
+def _mtu(dev: str, ns: str | None = None) -> int:
+    cmd = ["ip"] + (["-n", ns] if ns else []) + ["-j", "link", "show", dev]
+    import json
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)[0]["mtu"]
+
+
+@pytest.mark.parametrize("mtu", [9000, 1500])
+def test_links_carry_the_configured_mtu_and_full_frames_pass(tmp_path, mtu):
+    cfg = _config(tmp_path, mtu=mtu)
+    with EmulatedCluster(cfg) as c:
+        for i in range(2):
+            assert _mtu(cfg.host_veth(i)) == mtu
+            assert _mtu(cfg.worker_veth(i), cfg.netns(i)) == mtu
+        assert _mtu(cfg.bridge) == mtu
+        assert c.info()["mtu"] == mtu
+        # a full-size datagram, fragmentation forbidden, crosses the shaped links (tbf's burst holds it)
+        recv = c.exec(1, [sys.executable, "-c", _UDP_RECV, c.address(1)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert recv.stdout.readline().strip() == "LISTENING"
+            send = c.exec(0, [sys.executable, "-c", _UDP_SEND, c.address(1), str(mtu - 28)])
+            assert send.wait(timeout=30) == 0
+            out, _ = recv.communicate(timeout=30)
+        finally:
+            if recv.poll() is None:
+                recv.kill()
+                recv.wait()
+        assert out.strip() == f"GOT {mtu - 28}", out
+        assert 0.6 * 100e6 < tcp_rate_bps(c, 0, 1, nbytes=2_000_000) < 1.1 * 100e6
 
 
 def test_set_bandwidth_bad_input(tmp_path):
