@@ -39,6 +39,10 @@ class Runner:
     def stats(self) -> dict[str, Any]:
         return {}
 
+    def settled(self) -> bool:
+        """False while the strategy is still choosing its schedule (profiling, trials): warm-up goes on."""
+        return True
+
 
 def trainable_params(model: nn.Module) -> list[nn.Parameter]:
     """Parameters that get gradients, each once (tied parameters count once), in registration order."""

@@ -156,11 +156,22 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     return runners, skipped, build_s
 
 
+MAX_SETTLE_STEPS = 100
+
+
 def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int) -> dict[str, list[float]]:
     """Warm every runner up, then `rounds` rounds of one block each, the order rotating per round."""
     names = list(runners)
     for name in names:
         for _ in range(settings.warmup_steps):
+            runners[name].step()
+        # then until the strategy has settled on its schedule (caramel: online profiling and the
+        # overlap trial), so that measured rounds time the schedule a long run would use
+        for _ in range(MAX_SETTLE_STEPS):
+            flag = torch.tensor([int(runners[name].settled())])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if flag.item():
+                break
             runners[name].step()
         runners[name].finish()
         dist.barrier()

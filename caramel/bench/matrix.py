@@ -30,7 +30,7 @@ STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
 }
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm")
-OVERLAPS = ("forward", "backward", "none")
+OVERLAPS = ("auto", "forward", "backward", "none")
 DEFAULT_STRATEGIES = ("ddp", "caramel")
 
 
@@ -201,23 +201,23 @@ class BenchSettings:
 _RESNET = dict(model="resnet18", batch_size=8, model_options={"width": 16})
 
 # 2 workers across the three regimes by link rate alone, a GPT-2-style transformer with a large
-# tied embedding, and 4 workers sharing the 2 cores. Measured on the 2-core host with two workers
-# side by side: ResNet-18/16 (2.8 MB of gradients) computes in ~70 ms per step when the host is
-# otherwise idle and 150-400 ms when it is busy; the comm-only baseline takes ~65, ~140 and ~380 ms
-# at 500, 150 and 60 mbit. The ladder therefore spans comm/compute ~0.5 to ~2 on a busy host
-# (and compute-bound to strongly comm-bound on an idle one). GPT-2 (batch 2, 16.9 MB) computes in
-# 100-500 ms and needs ~500 ms at 300 mbit.
+# tied embedding, and 4 workers sharing the 2 cores. Measured on the idle 2-core host (2026-12-03,
+# MTU 9000 links) with two workers side by side: ResNet-18/16 (2.8 MB of gradients) computes in
+# ~40 ms per step; the comm-only baseline takes ~24, ~47 and ~93 ms at 1000, 500 and 250 mbit
+# (comm/compute ~0.55, ~1.1, ~2.4). GPT-2 (batch 2, 16.9 MB) computes in ~75 ms and needs ~145 ms
+# at 1 gbit (~1.9). Four workers time-share the cores: ~100 ms of compute, ~74 ms at 500 mbit
+# (~0.7-0.8). On a busy host compute slows down and every point drifts toward compute-bound.
 DEFAULT_MATRIX: list[BenchConfig] = [
-    BenchConfig(**_RESNET, workers=2, bandwidth="500mbit", regime="compute-bound"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="150mbit", regime="balanced"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="60mbit", regime="comm-bound"),
-    BenchConfig(model="gpt2", batch_size=2, workers=2, bandwidth="300mbit", regime="balanced"),
-    BenchConfig(**_RESNET, workers=4, bandwidth="150mbit", regime="balanced"),
+    BenchConfig(**_RESNET, workers=2, bandwidth="1gbit", regime="compute-bound"),
+    BenchConfig(**_RESNET, workers=2, bandwidth="500mbit", regime="balanced"),
+    BenchConfig(**_RESNET, workers=2, bandwidth="250mbit", regime="comm-bound"),
+    BenchConfig(model="gpt2", batch_size=2, workers=2, bandwidth="1gbit", regime="comm-bound"),
+    BenchConfig(**_RESNET, workers=4, bandwidth="500mbit", regime="balanced"),
 ]
 DEFAULT_SETTINGS = BenchSettings(rounds=4, steps_per_round=8, warmup_steps=3)
 
 QUICK_MATRIX: list[BenchConfig] = [
-    BenchConfig(**_RESNET, workers=2, bandwidth="500mbit", regime="compute-bound"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="60mbit", regime="comm-bound"),
+    BenchConfig(**_RESNET, workers=2, bandwidth="1gbit", regime="compute-bound"),
+    BenchConfig(**_RESNET, workers=2, bandwidth="250mbit", regime="comm-bound"),
 ]
 QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=4, warmup_steps=1)

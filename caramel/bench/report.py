@@ -97,6 +97,8 @@ class Record:
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     load_average: float | None = None
     """the host's 1-minute load average when the configuration's rounds ended"""
+    overlap_trial: dict[str, Any] | None = None
+    """caramel with overlap="auto": the trial's step period per mode (slowest rank) and the mode chosen"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -132,7 +134,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait,
-            timeline=raw.get("timeline", {}).get(name), **common))
+            overlap_trial=st.get("overlap_trial"), timeline=raw.get("timeline", {}).get(name), **common))
     return records
 
 
@@ -265,8 +267,12 @@ def format_breakdown(records: list[Record]) -> str:
             over = r.step_time_median_s - max(r.compute_s, r.comm_s)
             wait = (f"; the engine was blocked on communication {_ms(r.engine_wait_per_step_s)} ms per step"
                     if r.engine_wait_per_step_s is not None else "")
+            trial = ""
+            if r.overlap_trial:
+                periods = ", ".join(f"{m} {_ms(v)} ms" for m, v in r.overlap_trial["step_period_s"].items())
+                trial = f"; overlap trial: {periods} -> {r.overlap_trial['chosen']}"
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
-                         f"{_ms(r.exposed_comm_s)} ms above compute{wait}")
+                         f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}")
             if r.timeline:
                 tl = r.timeline
                 lines.append(f"    timeline (mean per step): compute lane {_ms(tl.get('compute_s'))} ms, of which "

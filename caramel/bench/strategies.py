@@ -40,13 +40,14 @@ class TrainRunner(Runner):
 
     def __init__(self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets,
                  loss_fn: Callable, device: torch.device, finish: Callable[[], None] | None = None,
-                 stats: Callable[[], dict[str, Any]] | None = None):
+                 stats: Callable[[], dict[str, Any]] | None = None, settled: Callable[[], bool] | None = None):
         self.name = name
         self.model, self.optimizer = model, optimizer
         self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
         self.device = device
         self._finish = finish
         self._stats = stats
+        self._settled = settled
 
     def step(self) -> None:
         plain_step(self.model, self.optimizer, self.inputs, self.targets, self.loss_fn)
@@ -59,6 +60,9 @@ class TrainRunner(Runner):
 
     def stats(self) -> dict[str, Any]:
         return self._stats() if self._stats is not None else {}
+
+    def settled(self) -> bool:
+        return self._settled() if self._settled is not None else True
 
 
 Builder = Callable[[Strategy, nn.Module, torch.optim.Optimizer, Any, Any, Callable, StrategyContext], Runner]
@@ -125,8 +129,12 @@ def build_caramel(strategy: Strategy, model, optimizer, inputs, targets, loss_fn
         s = s() if callable(s) else s
         return dict(s) if isinstance(s, dict) else dict(vars(s))
 
+    def settled() -> bool:
+        controller = getattr(getattr(opt, "engine", None), "controller", None)
+        return controller is None or controller.settled()
+
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
-                       finish=opt.synchronize, stats=stats)
+                       finish=opt.synchronize, stats=stats, settled=settled)
 
 
 def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:

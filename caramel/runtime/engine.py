@@ -454,4 +454,5 @@ class Engine:
             "bytes_per_step": self.bytes_per_step(), "planner": self.plan.planner if self.plan else None,
             "plan_fingerprint": self.plan.fingerprint if self.plan else None, "overlap": self.overlap,
             "buckets": len(self.buckets), "items": len(self.plan.order) if self.plan else 0,
+            "overlap_trial": s.extra.get("overlap_trial"),
         }

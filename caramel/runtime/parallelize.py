@@ -30,25 +30,32 @@ from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype
 from caramel.runtime.engine import OVERLAPS, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
+from caramel.runtime.trial import AUTO_CANDIDATES, DEFAULT_TRIAL_STEPS, Candidate, OverlapTrial
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
 
 
 def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: str = "caramel",
-                overlap: str = "forward", plan: Plan | str | os.PathLike | None = None,
+                overlap: str = "auto", plan: Plan | str | os.PathLike | None = None,
                 profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
                 trace: str | os.PathLike | None = None, process_group: Any = None,
                 broadcast_buffers: bool = True, profile_steps: int = 2, check_every: int = 100,
-                replan: str = "off", timeout_s: float | None = None, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
+                replan: str = "off", timeout_s: float | None = None, trial_steps: int = DEFAULT_TRIAL_STEPS,
+                **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
     """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
     whose `step()` may defer updates to the next forward (`overlap="forward"`), and whose
-    `synchronize()` applies every pending update. See the README for the options.
+    `synchronize()` applies every pending update. `overlap="auto"` (the default) runs
+    `trial_steps` steps with each of "forward" and "backward" after planning and keeps the
+    faster. See the README for the options.
     """
-    if overlap not in OVERLAPS:
-        raise CaramelError(f"overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
+    if overlap not in OVERLAPS + ("auto",):
+        raise CaramelError(f"overlap must be one of auto, {', '.join(OVERLAPS)}, got {overlap!r}")
+    if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 2:
+        raise CaramelError(f"trial_steps must be an integer >= 2 (one transition step and at least one timed step "
+                           f"per overlap mode), got {trial_steps!r}")
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -75,17 +82,23 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     comm = gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s) if world > 1 else _LocalGroup()
     trace_path = _trace_path(trace, rank, world)
     recorder = Recorder(rank, world, enabled=trace_path is not None)
-    engine = Engine(model, optimizer, params, names, comm, world, rank, overlap, recorder, resolve_timeout_s(timeout_s))
-    wrap_optimizer(optimizer, engine)
     lazy_ok = steps_per_parameter(optimizer)
+    auto = overlap == "auto"
+    if auto and not lazy_ok:
+        auto, overlap = False, "backward"  # updates cannot be split per bucket: nothing to try
+    engine = Engine(model, optimizer, params, names, comm, world, rank, AUTO_CANDIDATES[0] if auto else overlap,
+                    recorder, resolve_timeout_s(timeout_s))
+    wrap_optimizer(optimizer, engine)
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
-                             fingerprint, lazy_ok, profile_steps, check_every, replan)
+                             fingerprint, lazy_ok, profile_steps, check_every, replan,
+                             trial_steps=trial_steps if auto else 0)
     engine.controller = controller
     if world == 1:
         if recorder.enabled:
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
-        controller.adopt(_load(plan, Plan), source="plan")
+        given = _load(plan, Plan)
+        controller.adopt_or_try({mode: given for mode in controller.modes()}, source="plan")
     elif profile is not None:
         controller.plan_from_profile(_load(profile, ModelProfile))
     else:
@@ -121,7 +134,7 @@ class _Controller:
 
     def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
                  planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
-                 lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off"):
+                 lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off", trial_steps: int = 0):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
@@ -140,6 +153,8 @@ class _Controller:
         self.uses_pending = False
         self.use_tracker: UseTracker | None = None
         self.order_replans = 0
+        self.trial_steps = trial_steps  # > 0: overlap="auto", every new plan starts a trial
+        self.trial: OverlapTrial | None = None
         engine.on_step_end = self.on_step_end
 
     # -- the plan in force
@@ -161,6 +176,27 @@ class _Controller:
             self.uses_pending = True
             self._install_hooks()
 
+    def modes(self) -> tuple[str, ...]:
+        """The overlap modes a new plan is made for: the candidates of a trial, or the one asked."""
+        return AUTO_CANDIDATES if self.trial_steps else (self.engine.overlap,)
+
+    def adopt_or_try(self, plans: dict[str, Plan], source: str) -> None:
+        """Adopt the plan of the one mode, or start a trial of every mode's plan (overlap="auto")."""
+        if not self.trial_steps:
+            self.adopt(plans[self.engine.overlap], source=source)
+            return
+        self.trial = OverlapTrial([Candidate(m, plans[m]) for m in AUTO_CANDIDATES], self.trial_steps, self.group, self.world)
+        self._adopt_candidate(self.trial.current, source)
+
+    def _adopt_candidate(self, cand: Candidate, source: str) -> None:
+        self.engine.synchronize()  # pending lazy updates belong to the previous mode
+        self.engine.overlap = cand.overlap
+        self.adopt(cand.plan, source=f"{source} (overlap {cand.overlap})")
+
+    def settled(self) -> bool:
+        """True once profiling and any overlap trial are over: the schedule in force is the final one."""
+        return not self.profiling and self.trial is None and not self.uses_pending
+
     def _check_same_plan(self, plan: Plan) -> None:
         if self.world == 1:
             return
@@ -179,11 +215,12 @@ class _Controller:
         cluster = cluster or self.cluster or _default_cluster(self.world)
         self.plan_cluster = cluster
         if self.rank == 0:
-            data = [make_plan(self.planner, profile, cluster, world_size=self.world, overlap=self.engine.overlap,
-                              **self.planner_options).to_dict()]
+            data = [{mode: make_plan(self.planner, profile, cluster, world_size=self.world, overlap=mode,
+                                     **self.planner_options).to_dict() for mode in self.modes()}]
         if self.world > 1:
             dist.broadcast_object_list(data, src=dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0, group=self.group)
-        self.adopt(Plan.from_dict(data[0], source="plan from rank 0"), source="plan from rank 0")
+        plans = {mode: Plan.from_dict(d, source="plan from rank 0") for mode, d in data[0].items()}
+        self.adopt_or_try(plans, source="plan from rank 0")
 
     # -- online profiling inside the user's first steps
     def start_profiling(self) -> None:
@@ -260,12 +297,23 @@ class _Controller:
             self.module_uses = uses
             self.uses_pending = False
             self.engine.set_plan(self.engine.plan, uses, self.use_tracker.module_order)
-            self.engine.sync_apply = False
+            self.engine.sync_apply = self.engine.overlap != "forward" or not self.lazy_ok
             self.use_tracker = None
+        if self.trial is not None:
+            self._trial_step_end()
         if self.profiling:
             self._profiling_step_end()
         elif self.check_every and self.engine.stats.step % self.check_every == 0:
             self._periodic_check()
+
+    def _trial_step_end(self) -> None:
+        nxt = self.trial.record(self.engine.stats.last_step_s)
+        if nxt is None:
+            return
+        if self.trial.result is not None:
+            self.engine.stats.extra["overlap_trial"] = self.trial.result
+            self.trial = None
+        self._adopt_candidate(nxt, source="overlap trial")
 
     def _periodic_check(self) -> None:
         """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,

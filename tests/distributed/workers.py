@@ -16,6 +16,7 @@ FAMILIES = {  # name -> (zoo model, per-rank batch, has batch statistics)
     "mlp_unused": ("branchy_mlp", 4, False),
 }
 OPTIMIZERS = ("sgd_momentum", "adam", "adamw")
+OVERLAPS = ("forward", "backward", "none", "auto")
 
 
 def make_optimizer(kind: str, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
@@ -82,13 +83,18 @@ def parity_worker(rank: int, world: int, planner: str, steps: int, planner_optio
                 sopt, ssched = make_optimizer(opt_kind, single.parameters())
                 train(single, sopt, ssched, w.loss_fn, family, rank, steps, world=world, concat=True)
                 out[(family, opt_kind, "ddp-vs-single")] = max_diff(ref, params_of(single))
-            for overlap in ("forward", "backward", "none"):
+            for overlap in OVERLAPS:
                 m = copy.deepcopy(w.model)
                 opt, sched = make_optimizer(opt_kind, m.parameters())
-                model, opt = caramel.parallelize(m, opt, planner=planner, overlap=overlap, **planner_options)
+                # auto: profiling takes 4 steps, then 2 trial steps per mode, so the 20 steps
+                # cross two mode switches and the final choice
+                extra = {"trial_steps": 2} if overlap == "auto" else {}
+                model, opt = caramel.parallelize(m, opt, planner=planner, overlap=overlap, **extra, **planner_options)
                 train(model, opt, sched, w.loss_fn, family, rank, steps)
                 opt.synchronize()
                 out[(family, opt_kind, overlap)] = max_diff(ref, params_of(model.module))
+                if overlap == "auto":
+                    out[(family, opt_kind, overlap, "trial")] = opt.engine.stats.extra.get("overlap_trial")
                 if rank == 0:
                     out[(family, opt_kind, overlap, "buckets")] = len(opt.engine.buckets)
     return out
@@ -113,10 +119,11 @@ def chunked_plan_worker(rank: int, world: int, steps: int) -> dict:
         ropt, rsched = make_optimizer("adamw", ddp.parameters())
         train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
         ref = params_of(ddp.module)
-        for overlap in ("forward", "backward", "none"):
+        for overlap in OVERLAPS:
             m = copy.deepcopy(w.model)
             opt, sched = make_optimizer("adamw", m.parameters())
-            model, opt = caramel.parallelize(m, opt, plan=plan, overlap=overlap)
+            extra = {"trial_steps": 3} if overlap == "auto" else {}
+            model, opt = caramel.parallelize(m, opt, plan=plan, overlap=overlap, **extra)
             train(model, opt, sched, w.loss_fn, family, rank, steps)
             opt.synchronize()
             out[(family, overlap)] = max_diff(ref, params_of(model.module))
