@@ -98,7 +98,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
         given = _load(plan, Plan)
-        controller.adopt_or_try({mode: given for mode in controller.modes()}, source="plan")
+        modes = AUTO_CANDIDATES if auto else (overlap,)
+        controller.adopt_or_try([Candidate(f"plan/{m}", m, given) for m in modes], source="plan")
     elif profile is not None:
         controller.plan_from_profile(_load(profile, ModelProfile))
     else:
@@ -176,22 +177,29 @@ class _Controller:
             self.uses_pending = True
             self._install_hooks()
 
-    def modes(self) -> tuple[str, ...]:
-        """The overlap modes a new plan is made for: the candidates of a trial, or the one asked."""
-        return AUTO_CANDIDATES if self.trial_steps else (self.engine.overlap,)
-
-    def adopt_or_try(self, plans: dict[str, Plan], source: str) -> None:
-        """Adopt the plan of the one mode, or start a trial of every mode's plan (overlap="auto")."""
+    def trial_specs(self) -> list[tuple[str, str, str]]:
+        """(name, planner, overlap) of every schedule a new profile is planned for: the one asked,
+        or with overlap="auto" the planner's plan for each mode and DDP's schedule (fifo)."""
         if not self.trial_steps:
-            self.adopt(plans[self.engine.overlap], source=source)
+            return [(f"{self.planner}/{self.engine.overlap}", self.planner, self.engine.overlap)]
+        specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
+        if self.planner != "fifo":
+            specs.append(("fifo/backward", "fifo", "backward"))
+        return specs
+
+    def adopt_or_try(self, cands: list[Candidate], source: str) -> None:
+        """Adopt the one candidate, or start a trial of them all (overlap="auto")."""
+        if not self.trial_steps:
+            assert len(cands) == 1
+            self.adopt(cands[0].plan, source=source)
             return
-        self.trial = OverlapTrial([Candidate(m, plans[m]) for m in AUTO_CANDIDATES], self.trial_steps, self.group, self.world)
+        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world)
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:
         self.engine.synchronize()  # pending lazy updates belong to the previous mode
         self.engine.overlap = cand.overlap
-        self.adopt(cand.plan, source=f"{source} (overlap {cand.overlap})")
+        self.adopt(cand.plan, source=f"{source} ({cand.name})")
 
     def settled(self) -> bool:
         """True once profiling and any overlap trial are over: the schedule in force is the final one."""
@@ -214,13 +222,17 @@ class _Controller:
         data = [None]
         cluster = cluster or self.cluster or _default_cluster(self.world)
         self.plan_cluster = cluster
+        specs = self.trial_specs()
         if self.rank == 0:
-            data = [{mode: make_plan(self.planner, profile, cluster, world_size=self.world, overlap=mode,
-                                     **self.planner_options).to_dict() for mode in self.modes()}]
+            # the user's planner options are for the user's planner; DDP's schedule keeps its defaults
+            data = [[make_plan(planner, profile, cluster, world_size=self.world, overlap=overlap,
+                               **(self.planner_options if planner == self.planner else {})).to_dict()
+                     for _, planner, overlap in specs]]
         if self.world > 1:
             dist.broadcast_object_list(data, src=dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0, group=self.group)
-        plans = {mode: Plan.from_dict(d, source="plan from rank 0") for mode, d in data[0].items()}
-        self.adopt_or_try(plans, source="plan from rank 0")
+        cands = [Candidate(name, overlap, Plan.from_dict(d, source="plan from rank 0"))
+                 for (name, _, overlap), d in zip(specs, data[0])]
+        self.adopt_or_try(cands, source="plan from rank 0")
 
     # -- online profiling inside the user's first steps
     def start_profiling(self) -> None:
@@ -313,6 +325,8 @@ class _Controller:
         if self.trial.result is not None:
             self.engine.stats.extra["overlap_trial"] = self.trial.result
             self.trial = None
+            if nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap:
+                return  # the last block's mode won: nothing to switch
         self._adopt_candidate(nxt, source="overlap trial")
 
     def _periodic_check(self) -> None:

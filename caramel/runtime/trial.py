@@ -1,4 +1,8 @@
-"""`overlap="auto"`: try each overlap mode for a few of the user's own steps, keep the fastest.
+"""`overlap="auto"`: try each schedule for a few of the user's own steps, keep the fastest.
+
+The candidates are the planner's plan for each overlap mode ("forward", "backward") and, when
+the planner is not already `fifo`, DDP's own schedule (`fifo` buckets of 25 MB after a first of
+1 MB, applied at `step()`): a user never keeps a schedule measured slower than DDP's.
 
 Why measure instead of trusting the simulator alone: when compute and communication share a
 few CPU cores (CPU training, or an emulated cluster on one host), computing while a collective
@@ -8,13 +12,17 @@ order for each mode; the trial measures which mode is faster here, with this mod
 
 Order of events (the same on every rank, at the same steps):
 1. the controller makes one plan per candidate mode (rank 0 plans, every rank adopts);
-2. each candidate runs `steps` steps; the first is a transition (pending lazy updates of the
-   previous candidate are applied, allocations settle) and is not counted;
-3. after the last candidate, one all-reduce (MAX) of every candidate's median step period, so
-   every rank sees the slowest rank's numbers and makes the same choice;
+2. the candidates run in blocks A, B, C, C, B, A (consecutive blocks of one candidate merged:
+   a drift of the machine's speed during the trial hits all alike), `steps` steps per block;
+   the first step after each switch is a transition (the previous mode's
+   pending updates are applied, allocations settle) and is not counted;
+3. after the last block, one all-reduce (MAX) of every candidate's median step period, so every
+   rank sees the slowest rank's numbers and makes the same choice;
 4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial).
-Updates are exact throughout: a candidate switch happens at a step boundary after every pending
-update is applied, as for any plan change.
+Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
+cannot tell schedules 5% apart: the default counts 8-9 steps per candidate.
+Updates are exact throughout: a switch happens at a step boundary after every pending update is
+applied, as for any plan change.
 """
 from __future__ import annotations
 
@@ -29,63 +37,82 @@ from caramel.plan.plan import Plan
 # Modes an automatic choice considers, in order of trial (and of preference on an exact tie):
 # "none" never beats "backward" (it only removes overlap), so it is not a candidate.
 AUTO_CANDIDATES = ("forward", "backward")
-DEFAULT_TRIAL_STEPS = 4
+DEFAULT_TRIAL_STEPS = 5
 
 
 @dataclass
 class Candidate:
+    """One schedule in a trial: a plan and when its updates are applied."""
+
+    name: str
+    """how reports call it: `planner/overlap`, e.g. `caramel/forward`"""
     overlap: str
     plan: Plan
     periods_s: list[float] = field(default_factory=list)
 
     def median_s(self) -> float:
-        """Median step period without the transition step (inf when nothing was measured)."""
-        counted = self.periods_s[1:]
-        return statistics.median(counted) if counted else float("inf")
+        """Median of the counted step periods (inf when nothing was measured)."""
+        return statistics.median(self.periods_s) if self.periods_s else float("inf")
 
 
 def choose(medians_s: dict[str, float]) -> str:
-    """The fastest mode; on an exact tie, the first in trial order."""
+    """The fastest candidate; on an exact tie, the first in trial order."""
     assert medians_s, "no candidates measured"
-    return min(medians_s, key=lambda mode: (medians_s[mode], list(medians_s).index(mode)))
+    return min(medians_s, key=lambda name: (medians_s[name], list(medians_s).index(name)))
 
 
 class OverlapTrial:
-    """Runs candidates one after another; `record(period_s)` after every step says what to adopt next."""
+    """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
     def __init__(self, candidates: list[Candidate], steps: int, group, world: int):
-        assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step each"
+        assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
         self.candidates = candidates
         self.steps = steps
         self.group, self.world = group, world
-        self.index = 0
+        n = len(candidates)
+        # forward then backward order, merged where a candidate follows itself: A, BB, A
+        seq = list(range(n)) + list(reversed(range(n)))
+        self.blocks: list[tuple[int, int]] = []  # (candidate index, steps)
+        for i in seq:
+            if self.blocks and self.blocks[-1][0] == i:
+                self.blocks[-1] = (i, self.blocks[-1][1] + steps)
+            else:
+                self.blocks.append((i, steps))
+        self.block = 0
+        self.in_block = 0
         self.result: dict | None = None
 
     @property
     def current(self) -> Candidate:
-        return self.candidates[self.index]
+        return self.candidates[self.blocks[self.block][0]]
 
     def record(self, period_s: float) -> Candidate | None:
-        """Count one finished step of the current candidate; the candidate to adopt now, if any.
+        """Count one finished step of the current block; the candidate to adopt now, if any.
 
-        Returns the next candidate when the current one has run its steps, the winner after the
-        last one (and fills `result`), else None (keep going).
+        Returns the next block's candidate when the current block is over, the winner after the
+        last block (and fills `result`), else None (keep going).
         """
-        cand = self.current
-        cand.periods_s.append(period_s)
-        if len(cand.periods_s) < self.steps:
+        if self.in_block > 0:  # the block's first step is the transition into it
+            self.current.periods_s.append(period_s)
+        self.in_block += 1
+        if self.in_block < self.blocks[self.block][1]:
             return None
-        if self.index + 1 < len(self.candidates):
-            self.index += 1
+        self.in_block = 0
+        self.block += 1
+        if self.block < len(self.blocks):
             return self.current
         return self._decide()
+
+    def total_steps(self) -> int:
+        return sum(n for _, n in self.blocks)
 
     def _decide(self) -> Candidate:
         # slowest rank per candidate: the step is as slow as its slowest worker
         t = torch.tensor([c.median_s() for c in self.candidates], dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        medians = {c.overlap: float(v) for c, v in zip(self.candidates, t.tolist())}
+        medians = {c.name: float(v) for c, v in zip(self.candidates, t.tolist())}
         winner = choose(medians)
-        self.result = {"step_period_s": medians, "chosen": winner, "steps_per_candidate": self.steps}
-        return next(c for c in self.candidates if c.overlap == winner)
+        self.result = {"step_period_s": medians, "chosen": winner,
+                       "steps_counted": {c.name: len(c.periods_s) for c in self.candidates}}
+        return next(c for c in self.candidates if c.name == winner)

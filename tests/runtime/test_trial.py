@@ -6,7 +6,7 @@ from caramel.runtime.trial import Candidate, OverlapTrial, choose
 
 def _cands() -> list[Candidate]:
     # the plans are not looked at by the trial; any object stands in
-    return [Candidate("forward", plan=object()), Candidate("backward", plan=object())]  # type: ignore[arg-type]
+    return [Candidate("forward", "forward", plan=object()), Candidate("backward", "backward", plan=object())]  # type: ignore[arg-type]
 
 
 def test_choose_takes_the_fastest_and_the_first_on_a_tie():
@@ -15,29 +15,43 @@ def test_choose_takes_the_fastest_and_the_first_on_a_tie():
     assert choose({"forward": 0.077, "backward": 0.077}) == "forward"
 
 
-def test_trial_runs_each_candidate_then_picks_the_faster_median_without_the_transition_step():
-    trial = OverlapTrial(_cands(), steps=4, group=None, world=1)
-    # forward: a slow transition step (not counted), then 80, 82, 81 ms
-    for t in (0.500, 0.080, 0.082):
-        assert trial.record(t) is None
-    nxt = trial.record(0.081)
-    assert nxt is not None and nxt.overlap == "backward" and trial.result is None
-    # backward: transition, then 70, 95, 71 ms: median 71 ms beats 81 ms
-    for t in (0.300, 0.070, 0.095):
-        assert trial.record(t) is None
-    winner = trial.record(0.071)
-    assert winner.overlap == "backward"
-    assert trial.result == {"step_period_s": {"forward": pytest.approx(0.081), "backward": pytest.approx(0.071)},
-                            "chosen": "backward", "steps_per_candidate": 4}
+def _run(trial: OverlapTrial, periods: list[float]) -> list:
+    return [trial.record(t) for t in periods]
+
+
+def test_trial_runs_a_bb_a_blocks_and_picks_the_faster_median_without_transition_steps():
+    trial = OverlapTrial(_cands(), steps=3, group=None, world=1)
+    assert trial.blocks == [(0, 3), (1, 6), (0, 3)] and trial.total_steps() == 12
+    assert trial.current.overlap == "forward"
+    # forward block: a slow transition step (not counted), then 80, 82 ms
+    out = _run(trial, [0.500, 0.080, 0.082])
+    assert out[:2] == [None, None] and out[2].overlap == "backward"
+    # backward block: transition, then 70, 95, 71, 72, 73 ms (median 72 ms)
+    out = _run(trial, [0.300, 0.070, 0.095, 0.071, 0.072, 0.073])
+    assert out[:5] == [None] * 5 and out[5].overlap == "forward" and trial.result is None
+    # forward again: transition, 81, 79 ms -> forward's median of 80, 82, 81, 79 is 80.5 ms
+    out = _run(trial, [0.400, 0.081, 0.079])
+    assert out[2].overlap == "backward"
+    assert trial.result == {"step_period_s": {"forward": pytest.approx(0.0805), "backward": pytest.approx(0.072)},
+                            "chosen": "backward", "steps_counted": {"forward": 4, "backward": 5}}
+
+
+def test_three_candidates_run_in_mirrored_blocks():
+    cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
+    trial = OverlapTrial(cands, steps=2, group=None, world=1)
+    assert trial.blocks == [(0, 2), (1, 2), (2, 4), (1, 2), (0, 2)]
+    out = _run(trial, [0.1, 0.05] + [0.1, 0.06] + [0.1, 0.04, 0.041, 0.042] + [0.1, 0.061] + [0.1, 0.051])
+    assert [c.name if c else None for c in out] == [None, "backward", None, "fifo/backward", None, None, None,
+                                                     "backward", None, "forward", None, "fifo/backward"]
+    assert trial.result["chosen"] == "fifo/backward"
+    assert trial.result["steps_counted"] == {"forward": 2, "backward": 2, "fifo/backward": 3}
 
 
 def test_a_single_fast_outlier_does_not_win():
     trial = OverlapTrial(_cands(), steps=4, group=None, world=1)
-    for t in (0.2, 0.060, 0.061, 0.062):
-        trial.record(t)
-    for t in (0.2, 0.010, 0.090, 0.091):  # one implausibly fast step, median 90 ms
-        out = trial.record(t)
-    assert out.overlap == "forward"
+    out = _run(trial, [0.2, 0.060, 0.061, 0.062] + [0.2, 0.010, 0.090, 0.091, 0.092, 0.089, 0.090, 0.093]
+               + [0.2, 0.063, 0.059, 0.060])
+    assert out[-1].overlap == "forward" and trial.result["chosen"] == "forward"
 
 
 def test_trial_needs_a_counted_step():
