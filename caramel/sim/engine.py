@@ -12,6 +12,13 @@ Per worker (speed s scales every compute time by 1/s), per step:
 - step(): with `"backward"`/`"none"` it waits for every collective, then applies all buckets;
   with `"forward"` it returns at once and the updates happen in the next forward.
 
+CPU contention (`compute_slowdown` f > 1): on a host where the network stack and the backend's
+thread share the cores the model computes on, compute runs f times slower while a collective is
+in flight. Compute then advances through the union of collective intervals at rate 1/f. This
+stays causal in one pass: a bucket's ready time only depends on collectives that started
+before it, and those are the items before it in the plan's order (issue times never decrease
+along the order), so ready times are computed item by item as the collectives are placed.
+
 Workers of equal speed have identical timelines, so the engine simulates one timeline per
 distinct speed (a 1024-worker uniform cluster is one timeline) and writes trace events for the
 ranks asked for. Several steps are unrolled; the steady-state step time is the mean period of
@@ -19,6 +26,7 @@ forward starts after the first step (whose forward has nothing to wait for).
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +68,50 @@ def speed_classes(speeds: list[float]) -> list[tuple[float, list[int]]]:
     return sorted(groups.items(), key=lambda kv: (kv[0], kv[1][0]))
 
 
+class Busy:
+    """The collectives' intervals so far (disjoint, in time order: one collective at a time), and
+    compute progress through them at rate 1/slowdown."""
+
+    def __init__(self, slowdown: float):
+        assert slowdown >= 1.0
+        self.slowdown = slowdown
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def add(self, start: float, end: float) -> None:
+        if self.slowdown == 1.0 or end <= start:
+            return
+        assert not self.ends or start >= self.ends[-1] - 1e-12, "collectives run one at a time"
+        self.starts.append(start)
+        self.ends.append(end)
+
+    def advance(self, t: float, work_s: float) -> float:
+        """When `work_s` seconds of uncontended compute started at `t` finish."""
+        if self.slowdown == 1.0 or work_s <= 0.0:
+            return t + work_s
+        f = self.slowdown
+        i = bisect.bisect_right(self.ends, t)
+        while i < len(self.starts):
+            a, b = self.starts[i], self.ends[i]
+            if t < a:
+                if work_s <= a - t:
+                    return t + work_s
+                work_s -= a - t
+                t = a
+            busy = (b - t) / f
+            if work_s <= busy:
+                return t + work_s * f
+            work_s -= busy
+            t = b
+            i += 1
+        return t + work_s
+
+
 def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: str, iterations: int,
-               record: bool) -> EngineRun:
+               record: bool, compute_slowdown: float = 1.0) -> EngineRun:
     """Simulate `iterations` steps on every speed class; see the module docstring for semantics."""
     assert overlap in OVERLAPS and iterations >= 1
+    busy = Busy(compute_slowdown)
     lines = [Timeline(s, ranks) for s, ranks in speed_classes(speeds)]
     items = work.items
     costs = [comm.time_s(it.bytes) for it in items]
@@ -80,6 +128,7 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
 
     for step in range(iterations):
         issues: list[list[float]] = []
+        bwd_starts: list[float] = []
         bwd_ends: list[float] = []
         for ci, line in enumerate(lines):
             s = line.speed
@@ -90,7 +139,7 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
             if overlap == "forward" and done_prev is not None:
                 for b in work.need_order:
                     bl = work.buckets[b]
-                    t += (bl.need_s - u) / s
+                    t = busy.advance(t, (bl.need_s - u) / s)
                     u = bl.need_s
                     if done_prev[b] > t:
                         if record:
@@ -98,40 +147,45 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
                         waits.append((b, done_prev[b] - t))
                         waited += done_prev[b] - t
                         t = done_prev[b]
+                    apply_end = busy.advance(t, bl.apply_s / s)
                     if record:
-                        line.events.append(("compute", "optimizer", f"apply:b{b}", t, bl.apply_s / s, step, b, None, None))
-                    t += bl.apply_s / s
-            t += (work.forward_s - u) / s
+                        line.events.append(("compute", "optimizer", f"apply:b{b}", t, apply_end - t, step, b, None, None))
+                    t = apply_end
+            t = busy.advance(t, (work.forward_s - u) / s)
             if record:
                 line.events.append(("compute", "forward", "forward", fwd_start, t - fwd_start, step, None, None, None))
-                line.events.append(("compute", "backward", "backward", t, work.backward_s / s, step, None, None, None))
-            ready = [t + bl.ready_s / s for bl in work.buckets]
-            bwd_end = t + work.backward_s / s
-            if record:
-                for b, r in enumerate(ready):
-                    line.events.append(("comm", "ready", f"ready:b{b}", r, 0.0, step, b, None, None))
-            if overlap == "none":
-                iss = [bwd_end] * len(items)
-            else:
-                iss, prev = [], issue_prev[ci]
-                for it in items:
-                    prev = max(prev, ready[it.bucket])
-                    iss.append(prev)
-                if iss:
-                    issue_prev[ci] = iss[-1]
-            issues.append(iss)
-            bwd_ends.append(bwd_end)
+            bwd_starts.append(t)
             line.wait_s.append(waited)
             line.waits.append(waits)
+            if overlap == "none":
+                # nothing of this step is in flight before backward ends
+                bwd_end = busy.advance(t, work.backward_s / s)
+                bwd_ends.append(bwd_end)
+                issues.append([bwd_end] * len(items))
+            else:
+                issues.append([])
+        readies: list[list[float | None]] = [[None] * n_buckets for _ in lines]
+
+        def ready_at(ci: int, b: int) -> float:
+            # only collectives placed so far can slow this bucket's gradients (module docstring)
+            r = readies[ci][b]
+            if r is None:
+                r = readies[ci][b] = busy.advance(bwd_starts[ci], work.buckets[b].ready_s / lines[ci].speed)
+            return r
 
         starts, ends, gated = [], [], []
         done = [0.0] * n_buckets
         for k in range(len(items)):
+            if overlap != "none":
+                for ci in range(len(lines)):
+                    issue_prev[ci] = max(issue_prev[ci], ready_at(ci, items[k].bucket))
+                    issues[ci].append(issue_prev[ci])
             last_issue = max(iss[k] for iss in issues)
             start = max(comm_free, last_issue)
             end = start + costs[k]
             gated.append(last_issue >= comm_free)
             comm_free = end
+            busy.add(start, end)
             starts.append(start)
             ends.append(end)
             b = items[k].bucket
@@ -139,6 +193,14 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
         all_start.append(starts)
         all_end.append(ends)
         all_gated.append(gated)
+        if overlap != "none":
+            bwd_ends = [busy.advance(bwd_starts[ci], work.backward_s / ln.speed) for ci, ln in enumerate(lines)]
+        for ci, line in enumerate(lines):
+            if record:
+                line.events.append(("compute", "backward", "backward", bwd_starts[ci], bwd_ends[ci] - bwd_starts[ci],
+                                    step, None, None, None))
+                for b in range(n_buckets):
+                    line.events.append(("comm", "ready", f"ready:b{b}", ready_at(ci, b), 0.0, step, b, None, None))
 
         for ci, line in enumerate(lines):
             s = line.speed

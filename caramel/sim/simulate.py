@@ -59,15 +59,16 @@ def check_overlap(overlap: str) -> None:
 
 
 def predict_step_time_s(work: Workload, cluster: ClusterSpec, comm: CommModel, overlap: str = "forward",
-                        iterations: int = 4) -> float:
+                        iterations: int = 4, compute_slowdown: float = 1.0) -> float:
     """Steady-state step time only, for a prebuilt workload: the planner's fast path (no checks, no trace)."""
-    run = run_engine(work, [w.speed for w in cluster.workers], comm, overlap, iterations, record=False)
+    run = run_engine(work, [w.speed for w in cluster.workers], comm, overlap, iterations, record=False,
+                     compute_slowdown=compute_slowdown)
     return max(steady_period_s(ln) for ln in run.timelines)
 
 
 def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str = "forward",
              iterations: int = 4, *, trace: bool = True, trace_ranks: list[int] | None = None,
-             comm: CommModel | str = "message") -> SimResult:
+             comm: CommModel | str = "message", compute_slowdown: float = 1.0) -> SimResult:
     """Predict how `plan` runs for `profile` on `cluster`.
 
     `iterations` steps are unrolled (at least 2 for a steady state that includes the overlap
@@ -75,8 +76,12 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     link sharing), "closed" (closed forms), or a prebuilt `CommModel` for this cluster (the
     planner reuses one across candidates). The trace holds every rank up to
     64 workers, else one rank per distinct worker speed, unless `trace_ranks` says otherwise.
+    `compute_slowdown` (>= 1) is how much slower compute runs while a collective is in flight
+    (CPU contention; `caramel.sim.interference` measures it).
     """
     check_overlap(overlap)
+    if isinstance(compute_slowdown, bool) or not isinstance(compute_slowdown, (int, float)) or not compute_slowdown >= 1.0:
+        raise CaramelError(f"compute_slowdown must be a factor >= 1 (1 = no CPU contention), got {compute_slowdown!r}")
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise CaramelError(f"iterations must be a positive integer, got {iterations!r}")
     cluster.validate()
@@ -85,7 +90,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     assert comm.cluster is cluster or comm.cluster.world_size == cluster.world_size
     work = build_workload(profile, plan)
     speeds = [w.speed for w in cluster.workers]
-    run = run_engine(work, speeds, comm, overlap, iterations, record=trace)
+    run = run_engine(work, speeds, comm, overlap, iterations, record=trace, compute_slowdown=float(compute_slowdown))
 
     step = max(steady_period_s(ln) for ln in run.timelines)
     slow = min(speeds)
@@ -111,7 +116,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
         num_items=len(work.items),
         meta={"comm_model": comm.describe(), "iterations": iterations, "plan_fingerprint": plan.fingerprint,
               "plan_world_size": plan.world_size, "bandwidth_bps": cluster.bandwidth_bps,
-              "latency_s": cluster.latency_s},
+              "latency_s": cluster.latency_s, "compute_slowdown": float(compute_slowdown)},
     )
     if trace:
         if trace_ranks is None:

@@ -63,6 +63,70 @@ def test_backward_overlap_hand_timeline():
     assert [x for w in waits for x in (w.start_s, w.end_s)] == pytest.approx([7.6, 7.8, 7.8, 9.0])
 
 
+def test_contended_backward_overlap_hand_timeline():
+    # compute runs 2x slower while a collective is in flight. fwd 0-1, bwd from 1: b0 ready 2.0,
+    # b0 2.0-3.2; by 3.2 backward did 1.0 + 1.2/2 = 1.6 of its 2.0 s: ready b1 at 3.6 = backward
+    # end; b1 3.6-4.8; wait, apply 0.2 -> 5.0 (4.6 without contention)
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof), overlap="backward", iterations=3, compute_slowdown=2.0)
+    assert res.iteration_times_s == pytest.approx([5.0, 5.0, 5.0])
+    (bwd,) = _events(res.trace, 0, "backward", 0)
+    assert (bwd.start_s, bwd.duration_s) == pytest.approx((1.0, 2.6))
+    (ready,) = _events(res.trace, 1, "ready:b1", 0)
+    assert ready.start_s == pytest.approx(3.6)
+    assert res.meta["compute_slowdown"] == 2.0
+
+
+def test_contended_forward_overlap_hand_timeline():
+    # step 0 as above, step() returns at 3.6 with b1 3.6-4.8 in flight. step 1: wait for b1 until
+    # 4.8, apply 0.1, 0.5 of forward (nothing in flight) -> 5.4, apply b0 0.1, 0.5 more -> 6.0;
+    # bwd from 6.0: b0 7.0-8.2, b1 ready at 8.6; the period is 8.6 - 3.6 = 5.0 (4.6 without)
+    prof = two_layer_profile()
+    res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof), overlap="forward", iterations=4, compute_slowdown=2.0)
+    assert res.iteration_times_s == pytest.approx([3.6, 5.0, 5.0, 5.0])
+    (fwd,) = _events(res.trace, 0, "forward", 1)
+    assert (fwd.start_s, fwd.duration_s) == pytest.approx((3.6, 2.4))
+    (comm,) = _events(res.trace, 0, "allreduce:b1c0", 1)
+    assert (comm.start_s, comm.end_s) == pytest.approx((8.6, 9.8))
+
+
+def test_compute_running_beside_a_forward_overlapped_transfer_is_slowed():
+    # collectives of 0.5 s, b1 first: step 0 ends at 3.0 with b1 3.0-3.5 and b0 3.5-4.0 in flight.
+    # step 1: wait for b1 until 3.5; apply b1 (0.1) beside b0's transfer at half speed -> 3.7;
+    # 0.5 of forward: 0.15 by 4.0, 0.35 after -> 4.35; apply b0 -> 4.45; 0.5 more -> 4.95
+    # (without contention: 3.5, 3.6, 4.1, 4.2, 4.7)
+    prof = two_layer_profile()
+    plan = two_bucket_plan(prof, order=((1, 0), (0, 0)))
+    fast = ClusterSpec.uniform(2, 16000.0, 0.0)
+    for f, end in ((1.0, 4.7), (2.0, 4.95)):
+        res = simulate(prof, fast, plan, overlap="forward", iterations=3, compute_slowdown=f)
+        (fwd,) = _events(res.trace, 0, "forward", 1)
+        assert (fwd.start_s, fwd.end_s) == pytest.approx((3.0, end))
+        (apply1,) = _events(res.trace, 0, "apply:b1", 1)
+        assert apply1.duration_s == pytest.approx(0.1 * f)
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, "2", True])
+def test_compute_slowdown_must_be_a_factor_of_at_least_one(bad):
+    prof = two_layer_profile()
+    with pytest.raises(CaramelError, match="compute_slowdown"):
+        simulate(prof, slow_link_cluster(), two_bucket_plan(prof), compute_slowdown=bad)
+
+
+def test_busy_advance_walks_collective_intervals():
+    from caramel.sim.engine import Busy
+
+    b = Busy(2.0)
+    b.add(1.0, 2.0)
+    b.add(3.0, 5.0)
+    assert b.advance(0.0, 0.5) == pytest.approx(0.5)     # before any collective
+    assert b.advance(0.0, 1.25) == pytest.approx(1.5)    # 1.0 free, 0.25 at half speed
+    assert b.advance(0.0, 2.0) == pytest.approx(2.5)     # 1.0 free, 0.5 in the busy second, 0.5 free
+    assert b.advance(2.5, 10.0) == pytest.approx(13.5)   # 0.5 free, 1.0 of work in 2 s, 8.5 after
+    assert b.advance(6.0, 1.0) == pytest.approx(7.0)
+    assert Busy(1.0).advance(1.5, 1.0) == 2.5
+
+
 def test_no_overlap_hand_timeline():
     # everything issued at backward end (3.0): 3.0-4.2, 4.2-5.4, apply -> 5.6
     prof = two_layer_profile()
