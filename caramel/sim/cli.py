@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=4, help="steps to unroll (default 4)")
     parser.add_argument("--comm-model", choices=("message", "closed"), default="message",
                         help="collectives as message-level steps with link sharing, or closed forms")
+    parser.add_argument("--compute-slowdown", type=float, default=1.0, metavar="F",
+                        help="compute runs F times slower while a collective is in flight (CPU contention; default 1)")
     add_option_argument(parser)
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             if plan is None:
                 plan = make_plan(label, profile, cluster, overlap=overlap, comm_model=args.comm_model, **options)
             result = simulate(profile, cluster, plan, overlap=overlap, iterations=args.iterations,
-                              trace=bool(args.trace_dir), comm=comm)
+                              trace=bool(args.trace_dir), comm=comm, compute_slowdown=args.compute_slowdown)
             rec = {
                 "planner": label, "overlap": overlap, "workers": cluster.world_size,
                 "bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 "comm_time_s": result.comm_time_s, "exposed_comm_s": result.exposed_comm_s,
                 "wait_time_s": result.wait_time_s, "link_utilization": result.link_utilization,
                 "lower_bound_s": bound.step_time_s, "plan_fingerprint": plan.fingerprint,
-                "critical_path": result.critical_path,
+                "critical_path": result.critical_path, "compute_slowdown": args.compute_slowdown,
             }
             records.append(rec)
             traces.append(result.trace)

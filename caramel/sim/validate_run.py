@@ -348,7 +348,8 @@ def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str,
             "measure_started_at": raw["measure_started_at"],
             "profile_compute_s": preds[0]["predicted_compute_s"] if preds else None,
             "compute_only_measured_s": statistics.median(compute_only) if compute_only else None,
-            "load_average": raw["meta"].get("load_average"), "wall_s": wall_s, "details": details}
+            "load_average": raw["meta"].get("load_average"), "wall_s": wall_s, "details": details,
+            "compute_slowdown_by_bps": raw.get("slowdowns")}
     return records, info
 
 
@@ -406,8 +407,7 @@ def run_validation(groups: list[ModelGroup], settings: ValidationSettings, netwo
         with EmulatedCluster(ClusterConfig(workers=workers, bandwidth_bps=first, fallback="error", quiet=True)) as cluster:
             if workers not in calibrations:
                 print(f"[validate] calibrating {workers} workers", file=log, flush=True)
-                rates = sorted({parse_rate_bps(b) for g in mine for b in g.bandwidths})
-                calibrations[workers] = calibrate(cluster, parse_rate_bps("200mbit"), log=log, bandwidths_bps=rates)
+                calibrations[workers] = calibrate(cluster, parse_rate_bps("200mbit"), log=log)
             for g in mine:
                 run_one(g, cluster)
     if not records:

@@ -140,8 +140,65 @@ def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, r
     dist.barrier()
 
 
+def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int = 2, steps: int = 10,
+                     stream_s: float = 0.6) -> dict[str, Any]:
+    """How much slower this model's training step runs while all-reduces stream, at the links' current rate.
+
+    Per repetition: `steps` steps alone, then steps while a second thread runs a fixed number of
+    all-reduces of the model's gradient size back to back (about `stream_s` seconds; every rank
+    runs the same number, so none is left waiting), the engine's setting: one compute thread,
+    one gloo thread. Every rank measures; the median ratio over ranks and repetitions.
+    """
+    import math
+    import statistics
+    import threading
+
+    opt = _sgd(w.model, job["lr"])
+    buf = torch.ones(max(1, grad_bytes // 4))
+
+    def step() -> None:
+        w.loss_fn(w.model(w.inputs), w.targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def timed(until) -> list[float]:
+        out = []
+        while not until(len(out)):
+            t = time.perf_counter()
+            step()
+            out.append(time.perf_counter() - t)
+        return out
+
+    step()
+    t = time.perf_counter()
+    group.allreduce([buf]).wait()
+    one = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+    dist.all_reduce(one, op=dist.ReduceOp.MAX)
+    count = min(50, max(2, math.ceil(stream_s / max(float(one), 1e-6))))
+    ratios = []
+    for _ in range(reps):
+        dist.barrier()
+        alone = timed(lambda n: n >= steps)
+        dist.barrier()
+
+        def stream() -> None:
+            for _ in range(count):
+                group.allreduce([buf]).wait()
+
+        th = threading.Thread(target=stream)
+        th.start()
+        beside = timed(lambda n: n >= 1 and not th.is_alive())
+        th.join()
+        ratios.append(statistics.median(beside) / statistics.median(alone))
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, ratios)
+    flat = [r for rs in every for r in rs]
+    return {"compute_slowdown": max(1.0, statistics.median(flat)), "ratios": flat, "allreduces": count}
+
+
 def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, configs: list[tuple[int, dict]],
-                      plans: list, device: torch.device, rank: int, timeout_s: float) -> dict[str, Any]:
+                      plans: list, device: torch.device, rank: int, timeout_s: float,
+                      compute_baseline: bool = False) -> dict[str, Any]:
     """Time every configuration at one bandwidth in interleaved rounds; per-rank step times."""
     from caramel.bench.baselines import ComputeOnly
     from caramel.bench.harness import measure_block
@@ -150,7 +207,7 @@ def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, con
     runners = {}
     for i, cfg in configs:
         runners[i] = _build_runner(cfg, plans[i], job, device, timeout_s)
-    if index == 0 and job["compute_baseline"]:
+    if compute_baseline and job["compute_baseline"]:
         w = _workload(job, device)
         runners["compute"] = ComputeOnly(w.model, _sgd(w.model, job["lr"]), w.inputs, w.targets, w.loss_fn, device)
     keys = list(runners)
@@ -204,6 +261,19 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     dist.barrier()
     _log(rank, f"profiled {job['model']}: forward {profile.forward_time_s * 1e3:.1f} ms, backward "
                f"{profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
+    bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
+    # Calibration, not fitting: how much this model's compute slows while collectives stream,
+    # at each rate, measured before any configuration is timed (the host reshapes the links).
+    from caramel.distributed import gloo_group
+
+    group = gloo_group("slowdown", None, threads=1, timeout_s=timeout_s)
+    grad_bytes = sum(p.bytes for p in profile.params if p.requires_grad)
+    slowdowns = {}
+    for index, bw in enumerate(bandwidths):
+        _wait_for_bandwidth(job, index, bw, rank)
+        slowdowns[str(int(bw))] = measure_slowdown(job, _workload(job, device), grad_bytes, group)
+        _log(rank, f"{bw / 1e6:g} Mbit/s: compute runs {slowdowns[str(int(bw))]['compute_slowdown']:.2f}x slower beside all-reduces")
+    job = dict(job, calibration=dict(job["calibration"], slowdown_by_bps={k: v["compute_slowdown"] for k, v in slowdowns.items()}))
     predictions = predict(job, profile) if rank == 0 else None
     if rank == 0:
         # On disk before the first timed step: these numbers cannot be adjusted afterwards.
@@ -215,13 +285,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     plans = box[0]
     _log(rank, f"predicted {len(plans)} configurations; measuring")
 
-    bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
     measured = []
     measure_started_at = time.time()
     for index, bw in enumerate(bandwidths):
         configs = [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw]
         measured.append({"bandwidth_bps": bw, "configs": [i for i, _ in configs],
-                         **measure_bandwidth(job, index, bw, configs, plans, device, rank, timeout_s)})
+                         **measure_bandwidth(job, len(bandwidths) + index, bw, configs, plans, device, rank, timeout_s,
+                                             compute_baseline=index == 0)})
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
     if rank != 0:
@@ -233,6 +303,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "profile_started_at": t0,
         "measure_started_at": measure_started_at,
         "predictions": [{k: v for k, v in p.items() if k != "plan"} for p in predictions],
+        "slowdowns": slowdowns,
         "measured": [[g[j] for g in gathered] for j in range(len(bandwidths))],
         "meta": {"world_size": world, "backend": dist.get_backend(), "torch": torch.__version__,
                  "threads_per_worker": torch.get_num_threads(), "load_average": os.getloadavg()},

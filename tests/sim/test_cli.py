@@ -37,6 +37,17 @@ def test_simulate_table_and_json(tmp_path, profile_path, capsys):
     assert recs[1]["step_time_s"] <= recs[0]["step_time_s"] * (1 + 1e-9)
 
 
+def test_compute_slowdown_what_if(tmp_path, profile_path, capsys):
+    out = tmp_path / "sim.json"
+    common = ["simulate", "--profile", str(profile_path), "--workers", "2", "--bandwidth", "1gbit", "--planner", "fifo"]
+    assert main(common + ["--json", str(out)]) == 0
+    calm = json.loads(out.read_text())["records"][0]
+    assert main(common + ["--compute-slowdown", "2", "--json", str(out)]) == 0
+    slowed = json.loads(out.read_text())["records"][0]
+    assert slowed["compute_slowdown"] == 2.0 and calm["compute_slowdown"] == 1.0
+    assert slowed["step_time_s"] > calm["step_time_s"]
+
+
 def test_plan_then_simulate_the_file(tmp_path, profile_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert main(["plan", "--profile", str(profile_path), "--planner", "caramel", "--workers", "4",
@@ -80,6 +91,7 @@ def test_synthetic_source(tmp_path):
     (["--overlap", "sideways"], "--overlap"),
     (["--planner", "magic"], "unknown planner"),
     (["--option", "novalue"], "--option"),
+    (["--compute-slowdown", "0.5"], "compute_slowdown"),
 ])
 def test_bad_input_is_one_line_and_exit_2(profile_path, capsys, argv, needle):
     rc = main(["simulate", "--profile", str(profile_path), *argv])

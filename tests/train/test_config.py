@@ -19,7 +19,7 @@ def parse(argv: list[str]) -> TrainConfig:
 def test_defaults_are_the_documented_first_run():
     cfg = parse([])
     assert (cfg.run.workload, cfg.parallel.workers, cfg.parallel.engine, cfg.parallel.planner, cfg.parallel.overlap) == \
-        ("char_gpt", 2, "caramel", "caramel", "forward")
+        ("char_gpt", 2, "caramel", "caramel", "auto")
     assert cfg.data.remainder == "drop" and cfg.checkpoint.resume == "none"
 
 
