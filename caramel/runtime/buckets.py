@@ -34,6 +34,9 @@ class FlatBucket:
         self.numel = off
         self.flat = torch.zeros(off + len(params), dtype=dtype, device=device)
         self.flags = self.flat[off:]
+        # per-parameter slots, made once: the gradient hook is on every step's critical path
+        self.slots = [self.flat[o:o + p.numel()] for o, p in zip(self.offsets, params)]
+        self._flag_values = [0.0] * len(params)
         self.scale = 1.0 / world_size
         self.local_slot = {idx: j for j, idx in enumerate(self.indices)}
         # chunk views: the last chunk carries the usage flags
@@ -57,16 +60,24 @@ class FlatBucket:
         return self.flat[self.offsets[j]:self.offsets[j] + p.numel()].view_as(p)
 
     def put(self, j: int, grad: torch.Tensor | None) -> None:
-        """Store this rank's gradient of parameter j, pre-divided by the world size (as DDP does)."""
-        dst = self.flat[self.offsets[j]:self.offsets[j] + self.params[j].numel()]
+        """Store this rank's gradient of parameter j, pre-divided by the world size (as DDP does).
+
+        The usage flag is written into the buffer by `seal()`, once the bucket is complete.
+        """
+        dst = self.slots[j]
         if grad is None:
             dst.zero_()
-            self.flags[j] = 0
+            self._flag_values[j] = 0.0
         else:
             torch.mul(grad.reshape(-1), self.scale, out=dst)
-            self.flags[j] = 1
+            self._flag_values[j] = 1.0
         self.fired[j] = True
         self.pending -= 1
+
+    def seal(self) -> None:
+        """Every gradient is in: write the usage flags (one copy), before any chunk is sent."""
+        assert self.pending == 0
+        self.flags.copy_(torch.tensor(self._flag_values, dtype=self.flags.dtype))
 
     def used(self) -> list[bool]:
         """After the reduction: which parameters had a gradient on some rank."""

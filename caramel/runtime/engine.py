@@ -216,6 +216,7 @@ class Engine:
     # ---------------------------------------------------------------- dispatch
 
     def _mark_ready(self, fb: FlatBucket) -> None:
+        fb.seal()
         fb.ready = True
         self.recorder.instant("comm", "ready", f"ready:b{fb.id}", bucket=fb.id)
         self._dispatch()
