@@ -30,7 +30,7 @@ from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype
 from caramel.runtime.engine import OVERLAPS, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
-from caramel.runtime.trial import AUTO_CANDIDATES, DEFAULT_TRIAL_STEPS, Candidate, OverlapTrial
+from caramel.runtime.trial import AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_STEPS, Candidate, OverlapTrial
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
@@ -184,7 +184,7 @@ class _Controller:
             return [(f"{self.planner}/{self.engine.overlap}", self.planner, self.engine.overlap)]
         specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
         if self.planner != "fifo":
-            specs.append(("fifo/backward", "fifo", "backward"))
+            specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 
     def adopt_or_try(self, cands: list[Candidate], source: str) -> None:
@@ -193,7 +193,8 @@ class _Controller:
             assert len(cands) == 1
             self.adopt(cands[0].plan, source=source)
             return
-        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world)
+        baseline = DDP_SCHEDULE if any(c.name == DDP_SCHEDULE for c in cands) else None
+        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, baseline=baseline)
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:

@@ -18,7 +18,9 @@ Order of events (the same on every rank, at the same steps):
    pending updates are applied, allocations settle) and is not counted;
 3. after the last block, one all-reduce (MAX) of every candidate's median step period, so every
    rank sees the slowest rank's numbers and makes the same choice;
-4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial).
+4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial),
+   unless DDP's schedule is among the candidates and the fastest beats it by less than twice
+   the standard error of the difference: then DDP's schedule, the safe choice, is kept.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
 cannot tell schedules 5% apart: the default counts 8-9 steps per candidate.
 Updates are exact throughout: a switch happens at a step boundary after every pending update is
@@ -38,6 +40,7 @@ from caramel.plan.plan import Plan
 # "none" never beats "backward" (it only removes overlap), so it is not a candidate.
 AUTO_CANDIDATES = ("forward", "backward")
 DEFAULT_TRIAL_STEPS = 5
+DDP_SCHEDULE = "fifo/backward"  # DDP's buckets, applied at step(): the trial's baseline
 
 
 @dataclass
@@ -54,19 +57,41 @@ class Candidate:
         """Median of the counted step periods (inf when nothing was measured)."""
         return statistics.median(self.periods_s) if self.periods_s else float("inf")
 
+    def median_error_s(self) -> float:
+        """Standard error of that median, from the spread of the periods (robust: 1.4826 MAD
+        estimates the standard deviation, and the median's error is 1.2533 sd / sqrt(n))."""
+        n = len(self.periods_s)
+        if n < 2:
+            return float("inf")
+        med = statistics.median(self.periods_s)
+        mad = statistics.median(abs(p - med) for p in self.periods_s)
+        return 1.2533 * 1.4826 * mad / n ** 0.5
 
-def choose(medians_s: dict[str, float]) -> str:
-    """The fastest candidate; on an exact tie, the first in trial order."""
+
+def choose(medians_s: dict[str, float], errors_s: dict[str, float] | None = None, baseline: str | None = None) -> str:
+    """The fastest candidate; on an exact tie, the first in trial order.
+
+    With a `baseline` (DDP's schedule) and the medians' standard errors, another candidate is
+    chosen only if it beats the baseline by more than twice the error of the difference: on a
+    noisy host a smaller lead is as likely to be luck, and the baseline is the safe choice.
+    """
     assert medians_s, "no candidates measured"
-    return min(medians_s, key=lambda name: (medians_s[name], list(medians_s).index(name)))
+    best = min(medians_s, key=lambda name: (medians_s[name], list(medians_s).index(name)))
+    if baseline is None or errors_s is None or best == baseline or baseline not in medians_s:
+        return best
+    lead = medians_s[baseline] - medians_s[best]
+    noise = (errors_s[best] ** 2 + errors_s[baseline] ** 2) ** 0.5
+    return best if lead > 2 * noise else baseline
 
 
 class OverlapTrial:
     """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
-    def __init__(self, candidates: list[Candidate], steps: int, group, world: int):
+    def __init__(self, candidates: list[Candidate], steps: int, group, world: int, baseline: str | None = None):
         assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
+        assert baseline is None or baseline in {c.name for c in candidates}
         self.candidates = candidates
+        self.baseline = baseline
         self.steps = steps
         self.group, self.world = group, world
         n = len(candidates)
@@ -107,12 +132,18 @@ class OverlapTrial:
         return sum(n for _, n in self.blocks)
 
     def _decide(self) -> Candidate:
-        # slowest rank per candidate: the step is as slow as its slowest worker
-        t = torch.tensor([c.median_s() for c in self.candidates], dtype=torch.float64)
+        # slowest rank per candidate: the step is as slow as its slowest worker; likewise the
+        # noisiest rank's error
+        n = len(self.candidates)
+        t = torch.tensor([c.median_s() for c in self.candidates] + [c.median_error_s() for c in self.candidates],
+                         dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        medians = {c.name: float(v) for c, v in zip(self.candidates, t.tolist())}
-        winner = choose(medians)
-        self.result = {"step_period_s": medians, "chosen": winner,
+        values = t.tolist()
+        medians = {c.name: float(v) for c, v in zip(self.candidates, values[:n])}
+        errors = {c.name: float(v) for c, v in zip(self.candidates, values[n:])}
+        winner = choose(medians, errors, self.baseline)
+        self.result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
+                       "fastest": choose(medians), "baseline": self.baseline,
                        "steps_counted": {c.name: len(c.periods_s) for c in self.candidates}}
         return next(c for c in self.candidates if c.name == winner)

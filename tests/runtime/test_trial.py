@@ -32,13 +32,27 @@ def test_trial_runs_a_bb_a_blocks_and_picks_the_faster_median_without_transition
     # forward again: transition, 81, 79 ms -> forward's median of 80, 82, 81, 79 is 80.5 ms
     out = _run(trial, [0.400, 0.081, 0.079])
     assert out[2].overlap == "backward"
-    assert trial.result == {"step_period_s": {"forward": pytest.approx(0.0805), "backward": pytest.approx(0.072)},
-                            "chosen": "backward", "steps_counted": {"forward": 4, "backward": 5}}
+    r = trial.result
+    assert r["step_period_s"] == {"forward": pytest.approx(0.0805), "backward": pytest.approx(0.072)}
+    assert r["chosen"] == r["fastest"] == "backward" and r["baseline"] is None
+    assert r["steps_counted"] == {"forward": 4, "backward": 5}
+    # MAD of forward's 80, 82, 81, 79 ms is 1 ms: error 1.2533 * 1.4826 * 1 ms / 2
+    assert r["median_error_s"]["forward"] == pytest.approx(1.2533 * 1.4826 * 0.001 / 2)
+
+
+def test_a_lead_within_the_noise_keeps_the_baseline():
+    medians = {"caramel/forward": 0.150, "caramel/backward": 0.164, "fifo/backward": 0.157}
+    noisy = {"caramel/forward": 0.006, "caramel/backward": 0.006, "fifo/backward": 0.006}
+    quiet = {"caramel/forward": 0.001, "caramel/backward": 0.001, "fifo/backward": 0.001}
+    assert choose(medians) == "caramel/forward"
+    assert choose(medians, noisy, baseline="fifo/backward") == "fifo/backward"   # 7 ms lead, 2 x 8.5 ms noise
+    assert choose(medians, quiet, baseline="fifo/backward") == "caramel/forward"  # 7 ms lead, 2 x 1.4 ms noise
+    assert choose({"fifo/backward": 0.1, "caramel/forward": 0.2}, quiet, baseline="fifo/backward") == "fifo/backward"
 
 
 def test_three_candidates_run_in_mirrored_blocks():
     cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
-    trial = OverlapTrial(cands, steps=2, group=None, world=1)
+    trial = OverlapTrial(cands, steps=2, group=None, world=1, baseline="fifo/backward")
     assert trial.blocks == [(0, 2), (1, 2), (2, 4), (1, 2), (0, 2)]
     out = _run(trial, [0.1, 0.05] + [0.1, 0.06] + [0.1, 0.04, 0.041, 0.042] + [0.1, 0.061] + [0.1, 0.051])
     assert [c.name if c else None for c in out] == [None, "backward", None, "fifo/backward", None, None, None,
