@@ -52,7 +52,7 @@ class ClusterConfig:
     - `fallback`: `"local"` runs plain local workers on loopback (torchrun --standalone) when
       namespaces cannot be made (not root, no iproute2); `"error"` raises instead.
     - `state_dir`: where the state file that records what this cluster created is kept.
-    - `burst_bytes`: token-bucket burst; None picks max(2 packets, 1 ms of traffic at the rate).
+    - `burst_bytes`: token-bucket burst; None picks max(one frame, 8 KiB, 1 ms of traffic at the rate).
     - `mtu`: link MTU in bytes (default 9000, the jumbo frames cloud VPCs offer). The kernel's
       per-packet work for every emulated link runs on the host's own cores, where a real
       cluster spends it on other machines and NICs: at 1500 bytes, 500 Mbit/s of all-reduce
@@ -131,7 +131,7 @@ class ClusterConfig:
         return self.mtu + 14
 
     def burst_for(self, bandwidth_bps: float) -> int:
-        """tbf bucket size: 1 ms of traffic, at least two full-size packets.
+        """tbf bucket size: 1 ms of traffic, at least one full-size frame and 8 KiB.
 
         The bucket lets a message up to its size pass at line rate, so a big bucket makes small
         messages look faster than the link (a 64 KiB bucket is 6.5 ms at 80 Mbit/s); tbf splits
@@ -139,7 +139,9 @@ class ClusterConfig:
         """
         if self.burst_bytes is not None:
             return self.burst_bytes
-        return int(max(2 * self.packet_bytes, 8 * 1024, bandwidth_bps / 8 * 0.001))
+        # not more: a message that fits in the bucket crosses at line rate, which the probe's
+        # fit (and a simulator calibrated by it) would read as a faster link
+        return int(max(self.packet_bytes, 8 * 1024, bandwidth_bps / 8 * 0.001))
 
 
 def check_rate(bandwidth_bps: float | str, what: str = "bandwidth") -> float:

@@ -52,7 +52,7 @@ def test_config_normalizes_and_names_fit_ifnamsiz():
 def test_burst_covers_timer_resolution():
     cfg = ClusterConfig(workers=2)
     assert cfg.mtu == 9000
-    assert cfg.burst_for(10e6) == 2 * 9014               # small rates: two full jumbo frames
+    assert cfg.burst_for(10e6) == 9014                   # small rates: one full jumbo frame
     assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.001)  # large rates: 1 ms of traffic (timer slack)
     small = ClusterConfig(workers=2, mtu=1500)
     assert small.burst_for(10e6) == 8 * 1024             # a few full 1500-byte packets
