@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 
     from caramel.distributed import DistInfo, init_distributed
     from caramel.profile.profiler import profile_model
-    from caramel.runtime import CaramelModel, parallelize
+    from caramel.runtime import CaramelModel, parallelize, shutdown
 
 # torch-dependent names load on first use, so that `caramel simulate`/`plan` start fast
 _LAZY = {
     "DistInfo": "caramel.distributed", "init_distributed": "caramel.distributed",
     "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime", "parallelize": "caramel.runtime",
+    "shutdown": "caramel.runtime",
 }
 
 
@@ -35,7 +36,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 __all__ = [
     "CaramelError", "CaramelModel", "DistInfo", "FormatError", "MismatchError", "clip_grad_norm_",
-    "init_distributed", "parallelize", "profile_model", "simulate",
+    "init_distributed", "parallelize", "profile_model", "shutdown", "simulate",
 ]
 
 

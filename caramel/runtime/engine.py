@@ -92,6 +92,7 @@ class Engine:
         self._module_pos: dict[str, int] = {}
         self.controller = None
         self.save_trace = None
+        self.group_holders: list = []  # other objects holding a private group (`.pg`), released with it
         if not self.passthrough:
             self._install_grad_hooks()
 
@@ -231,6 +232,9 @@ class Engine:
             t = self.recorder.now()
             if self.measure_comm:
                 self._issue_t[(b, c)] = t
+            if self.comm is None:
+                raise CaramelError("caramel.shutdown() released this model's communication group; "
+                                   "parallelize the model again to keep training")
             work = self.comm.allreduce([fb.chunks[c]])
             fb.works[c] = work
             if self.measure_comm:
@@ -437,6 +441,29 @@ class Engine:
 
     def has_unapplied_reduction(self) -> bool:
         return self._reduced
+
+    def release(self) -> None:
+        """Finish what is in flight (pending updates applied where possible), then drop the private
+        communication groups, so that their threads are joined now and not during interpreter
+        teardown (idempotent)."""
+        if self.comm is None:
+            return
+        try:
+            if not self._callback_queued:
+                self.synchronize()
+        except Exception:  # noqa: BLE001 - a dead peer at exit: nothing left to save
+            pass
+        for fb in self.buckets:
+            for c, work in enumerate(fb.works):
+                if work is not None:
+                    try:
+                        work.wait()
+                    except Exception:  # noqa: BLE001 - same
+                        pass
+                    fb.works[c] = None
+        self.comm = None
+        for holder in self.group_holders:
+            holder.pg = None
 
     def remove_hooks(self) -> None:
         for h in self._hook_handles + self._grad_handles:

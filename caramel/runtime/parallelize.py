@@ -34,6 +34,25 @@ from caramel.runtime.trial import AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_S
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
+_LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def shutdown() -> None:
+    """Release the private communication groups of every model parallelized in this process.
+
+    Runs by itself at interpreter exit (before module teardown, so gloo's threads are joined
+    while the interpreter is intact); call it earlier to free them, e.g. before
+    `dist.destroy_process_group()`. Pending updates are applied first. A model used after
+    shutdown raises an error naming it. Idempotent.
+    """
+    import gc
+
+    for engine in list(_LIVE_ENGINES):
+        engine.release()
+    gc.collect()
+
+
+atexit.register(shutdown)
 
 
 def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: str = "caramel",
@@ -106,9 +125,11 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         controller.start_profiling()
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
         sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
+        engine.group_holders.append(sync)
         model.register_forward_pre_hook(sync.pre_forward)
         model.register_forward_hook(sync.post_forward, always_call=True)
     wrapped = CaramelModel(model, engine)
+    _LIVE_ENGINES.add(engine)
     if trace_path is not None:
         _save_at_exit(engine, trace_path)
     return wrapped, optimizer
@@ -438,6 +459,9 @@ class _BufferSync:
     def pre_forward(self, _m, _args) -> None:
         if not self.sync_next:
             return
+        if self.pg is None:
+            raise CaramelError("caramel.shutdown() released this model's communication group; "
+                               "parallelize the model again to keep training")
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in self.buffers:
             by_dtype.setdefault(b.dtype, []).append(b)

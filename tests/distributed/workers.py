@@ -130,3 +130,30 @@ def chunked_plan_worker(rank: int, world: int, steps: int) -> dict:
         out[(family, "items")] = len(plan.order)
         out[(family, "buckets")] = len(plan.buckets)
     return out
+
+
+def shutdown_worker(rank: int, world: int, steps: int) -> dict:
+    """Train with forward overlap, shut down with updates pending: they are applied first
+    (parameters equal DDP's), the groups are gone, and a further step is a clear error."""
+    w = fresh("cnn_bn")
+    ref_model = copy.deepcopy(w.model)
+    ddp = torch.nn.parallel.DistributedDataParallel(ref_model)
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    train(ddp, ropt, rsched, w.loss_fn, "cnn_bn", rank, steps)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, overlap="forward")
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, steps)
+    pending = bool(opt.engine._pending_apply)
+    caramel.shutdown()
+    caramel.shutdown()  # idempotent
+    out = {"pending_before": pending, "diff": max_diff(params_of(ddp.module), params_of(model.module)),
+           "comm_released": opt.engine.comm is None}
+    x, y = batch("cnn_bn", 0, rank)
+    try:
+        w.loss_fn(model(x), y).backward()
+        opt.step()
+        out["error"] = None
+    except caramel.CaramelError as e:
+        out["error"] = str(e)
+    return out
