@@ -84,6 +84,19 @@ def test_summarize_recorded_numbers():
     assert car.engine_wait_per_step_s == pytest.approx(0.5 / 40) and ddp.engine_wait_per_step_s is None
 
 
+def test_overlap_trial_is_carried_into_the_record_and_the_evidence():
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.121]]}
+    raw = _raw(times)
+    trial = {"step_period_s": {"caramel/forward": 0.118, "caramel/backward": 0.125, "fifo/backward": 0.179},
+             "chosen": "caramel/forward", "fastest": "caramel/forward"}
+    raw["stats"]["caramel"]["overlap_trial"] = trial
+    recs = {r.strategy: r for r in summarize(raw)}
+    assert recs["caramel"].overlap_trial == trial and recs["ddp"].overlap_trial is None
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert ("overlap trial: caramel/forward 118.0 ms, caramel/backward 125.0 ms, fifo/backward 179.0 ms"
+            " -> caramel/forward") in md
+
+
 def test_exposed_communication_is_never_negative():
     times = {"compute": [[0.100]], "comm": [[0.05]], "ddp": [[0.095]]}
     (ddp, _car) = summarize(_raw(times, workers=1))
