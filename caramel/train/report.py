@@ -74,6 +74,12 @@ def format_summary(s: dict[str, Any]) -> str:
         "-" * 72,
         f"caramel train summary: {s['workload']}, {s['world_size']} workers x {s['batch_size_per_worker']} samples/step",
         f"  engine         {engine}",
+    ]
+    trial = s.get("overlap_trial")
+    if trial:
+        periods = ", ".join(f"{name} {_ms(t)}" for name, t in trial["step_period_s"].items())
+        lines.append(f"  overlap trial  kept {trial['chosen']} (step period: {periods})")
+    lines += [
         f"  steps          {steps}",
         f"  data           {s['data']}",
     ]

@@ -1,0 +1,26 @@
+"""The end-of-run summary text."""
+from caramel.train.report import format_summary
+
+
+def _summary(**over):
+    s = {"engine": "caramel", "planner": "fifo", "overlap": "backward", "engine_note": None, "end_step": 240,
+         "total_steps": 240, "start_step": 0, "finished": True, "workload": "char_gpt", "world_size": 2,
+         "batch_size_per_worker": 16, "data": "878 steps/epoch", "first_loss": 5.5, "final_loss": 2.4,
+         "losses_averaged": 10, "median_step_time_s": 0.078, "samples_per_s": 409.0, "wall_s": 20.3,
+         "exposed_comm_s": 0.008, "sim_speedup_vs_ddp": 1.0, "metrics": "runs/train/metrics.jsonl"}
+    s.update(over)
+    return s
+
+
+def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
+    trial = {"step_period_s": {"caramel/forward": 0.0801, "caramel/backward": 0.0790, "fifo/backward": 0.0783},
+             "chosen": "fifo/backward"}
+    text = format_summary(_summary(overlap_trial=trial))
+    assert ("  overlap trial  kept fifo/backward (step period: caramel/forward 80.1 ms, "
+            "caramel/backward 79.0 ms, fifo/backward 78.3 ms)") in text
+    assert "engine         caramel (planner fifo, overlap backward)" in text
+
+
+def test_summary_without_a_finished_trial_has_no_schedule_line():
+    assert "overlap trial" not in format_summary(_summary(overlap_trial=None))
+    assert "overlap trial" not in format_summary(_summary())
