@@ -98,7 +98,7 @@ class Record:
     load_average: float | None = None
     """the host's 1-minute load average when the configuration's rounds ended"""
     overlap_trial: dict[str, Any] | None = None
-    """caramel with overlap="auto": the trial's step period per mode (slowest rank) and the mode chosen"""
+    """caramel with overlap="auto": the trial's step period per candidate schedule (slowest rank) and the one chosen"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None

@@ -29,6 +29,7 @@ from caramel.runtime.buckets import FlatBucket
 from caramel.trace.recorder import Recorder
 
 OVERLAPS = ("forward", "backward", "none")
+RELEASED = "caramel.shutdown() released this model's communication group; parallelize the model again to keep training"
 
 
 @dataclass
@@ -233,8 +234,7 @@ class Engine:
             if self.measure_comm:
                 self._issue_t[(b, c)] = t
             if self.comm is None:
-                raise CaramelError("caramel.shutdown() released this model's communication group; "
-                                   "parallelize the model again to keep training")
+                raise CaramelError(RELEASED)
             work = self.comm.allreduce([fb.chunks[c]])
             fb.works[c] = work
             if self.measure_comm:

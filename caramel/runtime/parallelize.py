@@ -27,7 +27,7 @@ from caramel.plan.plan import Plan
 from caramel.plan.planners import make_plan
 from caramel.profile.model_profile import ModelProfile, model_fingerprint
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype_name, unique_params
-from caramel.runtime.engine import OVERLAPS, Engine
+from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
 from caramel.runtime.trial import AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_STEPS, Candidate, OverlapTrial
@@ -66,9 +66,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
     whose `step()` may defer updates to the next forward (`overlap="forward"`), and whose
-    `synchronize()` applies every pending update. `overlap="auto"` (the default) runs
-    `trial_steps` steps with each of "forward" and "backward" after planning and keeps the
-    faster. See the README for the options.
+    `synchronize()` applies every pending update. `overlap="auto"` (the default) times the
+    planner's "forward" and "backward" plans and DDP's schedule for a few steps each after
+    planning and keeps the fastest (`caramel.runtime.trial`). See the README for the options.
     """
     if overlap not in OVERLAPS + ("auto",):
         raise CaramelError(f"overlap must be one of auto, {', '.join(OVERLAPS)}, got {overlap!r}")
@@ -219,7 +219,7 @@ class _Controller:
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:
-        self.engine.synchronize()  # pending lazy updates belong to the previous mode
+        # adopt() first applies every pending update, whichever mode deferred it
         self.engine.overlap = cand.overlap
         self.adopt(cand.plan, source=f"{source} ({cand.name})")
 
@@ -460,8 +460,7 @@ class _BufferSync:
         if not self.sync_next:
             return
         if self.pg is None:
-            raise CaramelError("caramel.shutdown() released this model's communication group; "
-                               "parallelize the model again to keep training")
+            raise CaramelError(RELEASED)
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in self.buffers:
             by_dtype.setdefault(b.dtype, []).append(b)

@@ -16,8 +16,8 @@ Order of events (the same on every rank, at the same steps):
    a drift of the machine's speed during the trial hits all alike), `steps` steps per block;
    the first step after each switch is a transition (the previous mode's
    pending updates are applied, allocations settle) and is not counted;
-3. after the last block, one all-reduce (MAX) of every candidate's median step period, so every
-   rank sees the slowest rank's numbers and makes the same choice;
+3. after the last block, one all-reduce (MAX) of every candidate's median step period and its
+   standard error, so every rank sees the slowest rank's numbers and makes the same choice;
 4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial),
    unless DDP's schedule is among the candidates and the fastest beats it by less than twice
    the standard error of the difference: then DDP's schedule, the safe choice, is kept.
@@ -95,7 +95,7 @@ class OverlapTrial:
         self.steps = steps
         self.group, self.world = group, world
         n = len(candidates)
-        # forward then backward order, merged where a candidate follows itself: A, BB, A
+        # in order, then back: A, B, C, C, B, A, merged where a candidate follows itself
         seq = list(range(n)) + list(reversed(range(n)))
         self.blocks: list[tuple[int, int]] = []  # (candidate index, steps)
         for i in seq:

@@ -116,8 +116,6 @@ class Calibration:
     compute_slowdown: float = 1.0  # caramel.sim.interference: compute while a collective streams
     comm_slowdown: float = 1.0  # ... and a collective while compute runs
     interference: dict[str, Any] = field(default_factory=dict)
-    slowdown_by_bps: dict[str, float] = field(default_factory=dict)
-    """compute slowdown measured with the links at each rate the matrix uses (key: int bits/s)"""
 
 
 def _s(planner: str, overlap: str = "forward", **options: Any) -> StrategySpec:
@@ -174,31 +172,19 @@ def fit_calibration(sizes_bytes: list[int], times_s: list[float], workers: int, 
     return intercept / (2 * (n - 1)), per_byte_nominal / slope
 
 
-def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None = None,
-              bandwidths_bps: list[float] | tuple[float, ...] = ()) -> Calibration:
-    """Probe all-reduces on the emulated cluster at `reference_bps` and fit alpha and goodput once;
-    measure the interference factors there and the compute slowdown at each of `bandwidths_bps`
-    (the host's work per transferred byte makes it grow with the rate)."""
+def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None = None) -> Calibration:
+    """Probe all-reduces on the emulated cluster at `reference_bps` and fit alpha and goodput once."""
     from caramel.cluster.probe import probe_cluster
 
-    def reshape(bps: float) -> None:
-        for i in range(cluster.workers):
-            cluster.set_bandwidth(i, bps)
-
-    reshape(reference_bps)
+    for i in range(cluster.workers):
+        cluster.set_bandwidth(i, reference_bps)
     _, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
     latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
     inter = measure_interference(cluster, log=log)
-    by_bps: dict[str, float] = {str(int(reference_bps)): inter["compute_slowdown"]}
-    for bps in bandwidths_bps:
-        if str(int(bps)) not in by_bps:
-            reshape(bps)
-            by_bps[str(int(bps))] = measure_interference(cluster, log=log)["compute_slowdown"]
-    reshape(reference_bps)
     return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)}",
                        {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reference_bps": reference_bps,
                         "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
-                       inter["compute_slowdown"], inter["comm_slowdown"], inter, by_bps)
+                       inter["compute_slowdown"], inter["comm_slowdown"], inter)
 
 
 def measure_interference(cluster, settings: ValidationSettings = DEFAULT_SETTINGS, log: TextIO | None = None) -> dict[str, Any]:
@@ -223,8 +209,7 @@ def make_job(group: ModelGroup, settings: ValidationSettings, calibration: Calib
     return {"format": format_tag(JOB_KIND), "model": group.model, "batch_size": group.batch_size,
             "model_options": group.model_options, "workers": group.workers, "configs": configs,
             "calibration": {"latency_s": calibration.latency_s, "goodput": calibration.goodput,
-                            "compute_slowdown": calibration.compute_slowdown, "comm_slowdown": calibration.comm_slowdown,
-                            "slowdown_by_bps": dict(calibration.slowdown_by_bps)},
+                            "compute_slowdown": calibration.compute_slowdown, "comm_slowdown": calibration.comm_slowdown},
             "ctl_dir": ctl_dir, **asdict(settings)}
 
 

@@ -153,22 +153,8 @@ def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int =
     import statistics
     import threading
 
-    opt = _sgd(w.model, job["lr"])
+    step = _train_step(w, _sgd(w.model, job["lr"]))
     buf = torch.ones(max(1, grad_bytes // 4))
-
-    def step() -> None:
-        w.loss_fn(w.model(w.inputs), w.targets).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def timed(until) -> list[float]:
-        out = []
-        while not until(len(out)):
-            t = time.perf_counter()
-            step()
-            out.append(time.perf_counter() - t)
-        return out
-
     step()
     t = time.perf_counter()
     group.allreduce([buf]).wait()
@@ -178,7 +164,7 @@ def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int =
     ratios = []
     for _ in range(reps):
         dist.barrier()
-        alone = timed(lambda n: n >= steps)
+        alone = _timed_steps(step, lambda n: n >= steps)
         dist.barrier()
 
         def stream() -> None:
@@ -187,7 +173,7 @@ def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int =
 
         th = threading.Thread(target=stream)
         th.start()
-        beside = timed(lambda n: n >= 1 and not th.is_alive())
+        beside = _timed_steps(step, lambda n: n >= 1 and not th.is_alive())
         th.join()
         ratios.append(statistics.median(beside) / statistics.median(alone))
     every: list[Any] = [None] * dist.get_world_size()
@@ -314,9 +300,19 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _train_step(w, opt):
+    """One plain training step of workload `w` (the compute the interference measurements time)."""
+    def step() -> None:
+        w.loss_fn(w.model(w.inputs), w.targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
 def _timed_steps(step, until) -> list[float]:
+    """Durations of `step()` run until `until(steps done so far)` is true."""
     times = []
-    while not until():
+    while not until(len(times)):
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
@@ -341,14 +337,9 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
     torch.set_num_threads(1)
     info = caramel.init_distributed(timeout_s=float(job["timeout_s"]))
     w = _workload(job, torch.device(info.device))
-    opt = _sgd(w.model, job["lr"])
+    step = _train_step(w, _sgd(w.model, job["lr"]))
     group = gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"]))
     buf = torch.ones(job["bytes"] // 4)
-
-    def step() -> None:
-        w.loss_fn(w.model(w.inputs), w.targets).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
     def reduce_all(out: list[float]) -> None:
         t = time.perf_counter()
@@ -364,12 +355,12 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
         comm_alone: list[float] = []
         reduce_all(comm_alone)
         dist.barrier()
-        alone = _timed_steps(step, iter([False] * 12 + [True]).__next__)
+        alone = _timed_steps(step, lambda n: n >= 12)
         dist.barrier()
         comm_with: list[float] = []
         th = threading.Thread(target=reduce_all, args=(comm_with,))
         th.start()
-        with_comm = _timed_steps(step, lambda: not th.is_alive())
+        with_comm = _timed_steps(step, lambda n: not th.is_alive())
         th.join()
         reps.append({"step_alone_s": statistics.median(alone), "step_with_comm_s": statistics.median(with_comm) if with_comm else None,
                      "comm_alone_s": comm_alone[0], "comm_with_compute_s": comm_with[0]})

@@ -132,11 +132,9 @@ def test_records_from_raw_refuses_a_plan_that_was_not_simulated():
 
 @pytest.mark.timeout(10)
 def test_make_job_carries_the_calibration_not_a_refit():
-    cal = Calibration(2, 2e-4, 0.8, "given", slowdown_by_bps={"100000000": 1.2, "1000000000": 1.9})
-    job = make_job(_group(), QUICK_SETTINGS, cal, "/tmp/x")
+    job = make_job(_group(), QUICK_SETTINGS, Calibration(2, 2e-4, 0.8, "given"), "/tmp/x")
     assert job["format"] == format_tag("validation_job")
-    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8, "compute_slowdown": 1.0, "comm_slowdown": 1.0,
-                                  "slowdown_by_bps": {"100000000": 1.2, "1000000000": 1.9}}
+    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8, "compute_slowdown": 1.0, "comm_slowdown": 1.0}
     assert [c["bandwidth_bps"] for c in job["configs"]] == [1e8, 1e8, 1e9, 1e9]
     assert [c["name"] for c in job["configs"]][:2] == ["fifo/backward", "caramel/forward"]
 
