@@ -104,6 +104,13 @@ def parse_strategy(text: str) -> Strategy:
                 raise CaramelError(f"strategy {text!r}: option {key}={_format_value(value)} must be a {want.__name__}")
         elif kind == "ddp":
             raise CaramelError(f"strategy {text!r}: ddp has no option {key!r}; expected one of {', '.join(known)}")
+    if kind == "caramel" and "planner" in options:
+        from caramel.plan.planners import planner_names
+
+        if options["planner"] not in planner_names():
+            raise CaramelError(f"strategy {text!r}: unknown planner {options['planner']!r}; expected one of "
+                               f"{', '.join(planner_names())} (options are separated by commas: "
+                               f"caramel:planner=fifo,overlap=backward)")
     if kind == "caramel" and "overlap" in options and options["overlap"] not in OVERLAPS:
         raise CaramelError(f"strategy {text!r}: overlap must be one of {', '.join(OVERLAPS)}, got {options['overlap']!r}")
     if kind == "ddp" and options.get("bucket_cap_mb", 1.0) <= 0:

@@ -137,7 +137,8 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
         "cluster": cluster.info(),
         "nominal_bandwidth_bps": nominal,
         "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reps": reps,
-                  "median_times_s": measured.get("median_times_s"), "outliers": fit.outliers,
+                  "median_times_s": measured.get("median_times_s"), "mean_times_s": measured.get("mean_times_s"),
+                  "outliers": fit.outliers,
                   "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
     }
     spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta)
@@ -145,7 +146,7 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
 
 
 def _worker_main(argv: list[str]) -> int:
-    """Runs on every rank under torchrun: time all-reduces; rank 0 writes the medians."""
+    """Runs on every rank under torchrun: time all-reduces; rank 0 writes the fastest, median and mean times."""
     import datetime
 
     import torch
@@ -161,7 +162,7 @@ def _worker_main(argv: list[str]) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
-    fastest, medians, actual = [], [], []
+    fastest, medians, means, actual = [], [], [], []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
         samples = []
@@ -179,12 +180,13 @@ def _worker_main(argv: list[str]) -> int:
         slowest = local.cpu().tolist()
         fastest.append(min(slowest))
         medians.append(statistics.median(slowest))
+        means.append(statistics.fmean(slowest))
         actual.append(t.numel() * 4)
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,
                                                 "sizes_bytes": actual, "times_s": fastest,
-                                                "median_times_s": medians}))
+                                                "median_times_s": medians, "mean_times_s": means}))
     dist.destroy_process_group()
     return 0
 

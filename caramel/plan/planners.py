@@ -149,6 +149,12 @@ def make_plan(planner: str, profile: ModelProfile, cluster: ClusterSpec | None =
     return PLANNERS[planner](profile, cluster, world_size=world_size, **options)
 
 
+def planner_names() -> list[str]:
+    """Every registered planner's name, built-ins included, sorted."""
+    _load_builtin_planners()
+    return sorted(PLANNERS)
+
+
 def _load_builtin_planners() -> None:
     import importlib
     import importlib.util

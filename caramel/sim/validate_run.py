@@ -6,7 +6,7 @@ What it does, in this order, with nothing refitted after a prediction is made:
 
 1. per cluster size, once, before any configuration: build the emulated cluster (a network
    namespace per worker, links shaped with tc) and *calibrate* it: time all-reduces over a sweep
-   of sizes (`caramel cluster probe`'s worker) at one reference rate and fit the two network
+   of sizes (`caramel cluster probe`'s worker, mean of 15 repetitions per size) at one reference rate and fit the two network
    numbers the simulator needs, the per-step latency alpha and the goodput factor (the share of
    the tc rate that TCP payload gets; see `fit_calibration`), and measure the two interference
    factors of `caramel.sim.interference` on a fixed reference step;
@@ -172,17 +172,26 @@ def fit_calibration(sizes_bytes: list[int], times_s: list[float], workers: int, 
     return intercept / (2 * (n - 1)), per_byte_nominal / slope
 
 
-def calibrate(cluster, reference_bps: float, reps: int = 5, log: TextIO | None = None) -> Calibration:
-    """Probe all-reduces on the emulated cluster at `reference_bps` and fit alpha and goodput once."""
+def calibrate(cluster, reference_bps: float, reps: int = 15, log: TextIO | None = None) -> Calibration:
+    """Probe all-reduces on the emulated cluster at `reference_bps` and fit alpha and goodput once.
+
+    The fit takes each size's *mean* time over `reps` repetitions (of the slowest rank), the
+    cost a plan pays per collective on average. The fastest repetition hides the host's
+    wake-up latency: on the 2-core test host a 4 KiB all-reduce took 0.3-0.5 ms at best and
+    2-4 ms in half of the repetitions (a sleeping gloo thread on an idle virtual CPU), so
+    alpha from the fastest times made a 14-bucket plan look 25-40 ms faster than it ran.
+    """
     from caramel.cluster.probe import probe_cluster
 
     for i in range(cluster.workers):
         cluster.set_bandwidth(i, reference_bps)
-    _, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
-    latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
+    spec, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
+    mean_times_s = spec.meta["probe"]["mean_times_s"]
+    latency_s, goodput = fit_calibration(fit.sizes_bytes, mean_times_s, cluster.workers, reference_bps)
     inter = measure_interference(cluster, log=log)
-    return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)}",
-                       {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "reference_bps": reference_bps,
+    return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)} (mean of {reps})",
+                       {"sizes_bytes": fit.sizes_bytes, "times_s": mean_times_s, "fastest_times_s": fit.times_s,
+                        "reference_bps": reference_bps,
                         "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
                        inter["compute_slowdown"], inter["comm_slowdown"], inter)
 

@@ -27,6 +27,15 @@ def test_bad_strategies_are_user_errors(bad):
         parse_strategies(bad)
 
 
+def test_unknown_planner_is_caught_before_any_job_runs():
+    # `:` instead of `,` between options made the planner "fifo:overlap=backward"; it used to
+    # fail inside every worker after the cluster was up
+    with pytest.raises(CaramelError, match="unknown planner 'fifo:overlap=backward'.*separated by commas"):
+        parse_strategies("ddp,caramel:planner=fifo:overlap=backward")
+    with pytest.raises(CaramelError, match="unknown planner 'fast'"):
+        parse_strategies("caramel:planner=fast")
+
+
 def test_config_validation():
     c = BenchConfig("resnet18", workers=2, bandwidth="0.3gbit")
     assert c.bandwidth == "300mbit" and c.bandwidth_bps == 300e6
