@@ -34,6 +34,7 @@ from caramel.runtime.trial import AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_S
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
+LATENCY_PROBES = 8  # tiny all-reduces timed after the profiling steps (see _measure_latency_s)
 _LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
@@ -424,18 +425,43 @@ class _Controller:
         self.engine.stats.replans += 1
 
     def _measured_cluster(self) -> ClusterSpec | None:
-        """The default cluster with the bandwidth the profiling steps' collectives achieved (the
-        best estimate of any rank; one all-reduce, on every rank at the same step)."""
+        """The default cluster with the per-collective latency and the bandwidth this job shows:
+        tiny all-reduces on the engine's own group for the latency, the profiling steps'
+        collectives for the bandwidth (the slowest rank's latency, the best rank's bandwidth;
+        one all-reduce each, on every rank at the same step)."""
+        import dataclasses
+
         base = _default_cluster(self.world)
-        bw = self.engine.measured_bandwidth_bps(base.latency_s)
+        latency_s = self._measure_latency_s()
+        bw = self.engine.measured_bandwidth_bps(latency_s)
         t = torch.tensor([int(bw // 1000) if bw else 0], dtype=torch.int64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self.engine.stats.extra["measured_latency_s"] = latency_s
+        meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES)
         if int(t[0]) <= 0:
-            return None
-        import dataclasses
+            return dataclasses.replace(base, latency_s=latency_s, meta=meta)
         self.engine.stats.extra["measured_bandwidth_bps"] = float(t[0]) * 1000
-        return dataclasses.replace(base, bandwidth_bps=float(t[0]) * 1000, meta=dict(base.meta, measured="profiling steps"))
+        return dataclasses.replace(base, bandwidth_bps=float(t[0]) * 1000, latency_s=latency_s, meta=meta)
+
+    def _measure_latency_s(self) -> float:
+        """Per-step latency alpha of the ring model: the mean time of `LATENCY_PROBES` tiny
+        all-reduces on the engine's group, over the 2(n-1) steps of a ring. The mean, not the
+        fastest: a plan pays each collective's typical cost, and on a virtual machine whose
+        idle CPUs halt that includes waking the backend's thread (0.4 ms at best, 2-4 ms in
+        half of the tries on the 2-core test host, where the default assumes 50 us)."""
+        if self.world < 2:
+            return _default_cluster(self.world).latency_s
+        buf = torch.zeros(256)
+        self.engine.comm.allreduce([buf]).wait()  # the first may still be connecting
+        times = []
+        for _ in range(LATENCY_PROBES):
+            t0 = time.perf_counter()
+            self.engine.comm.allreduce([buf]).wait()
+            times.append(time.perf_counter() - t0)
+        mean = torch.tensor([sum(times) / len(times)], dtype=torch.float64)
+        dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
+        return float(mean[0]) / (2 * (self.world - 1))
 
 
 class _BufferSync:

@@ -17,3 +17,17 @@ def test_replan_auto_switches_together_and_stays_exact():
     assert first["assumed_bps"] == 1e13 and first["measured_bps"] < 0.5 * first["assumed_bps"]
     assert len({e["plan"] for e in r0["replans"]}) >= 1 and r0["replans"][0]["step"] % 5 == 0
     assert max(r0["diff"], r1["diff"]) <= 1e-5
+
+
+@pytest.mark.timeout(120)
+def test_online_plan_uses_the_measured_latency():
+    from tests.distributed.workers import measured_cluster_worker
+
+    results = run_workers(measured_cluster_worker, 2, args=(6,), timeout_s=100)
+    for res in results:
+        assert not res["profiling"]
+        # a tiny all-reduce over loopback costs tens of microseconds at least, never nothing
+        assert res["latency_s"] is not None and 1e-6 < res["latency_s"] < 1.0, res
+        assert res["plan_latency_s"] == res["latency_s"]
+        assert res["plan_bandwidth_bps"] > 0
+    assert results[0]["latency_s"] == results[1]["latency_s"], "the slowest rank's latency, agreed by all"

@@ -157,3 +157,18 @@ def shutdown_worker(rank: int, world: int, steps: int) -> dict:
     except caramel.CaramelError as e:
         out["error"] = str(e)
     return out
+
+
+def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
+    """Online profiling without a cluster spec: the plan is made for the latency and bandwidth
+    the job measured, and every rank holds the same numbers."""
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=1)
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, steps)
+    opt.synchronize()
+    controller = opt.engine.controller
+    return {"latency_s": opt.engine.stats.extra.get("measured_latency_s"),
+            "plan_latency_s": controller.plan_cluster.latency_s if controller.plan_cluster else None,
+            "plan_bandwidth_bps": controller.plan_cluster.bandwidth_bps if controller.plan_cluster else None,
+            "profiling": controller.profiling}
