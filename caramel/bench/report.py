@@ -99,6 +99,8 @@ class Record:
     """the host's 1-minute load average when the configuration's rounds ended"""
     overlap_trial: dict[str, Any] | None = None
     """caramel with overlap="auto": the trial's step period per candidate schedule (slowest rank) and the one chosen"""
+    delegated_to_ddp: bool = False
+    """caramel: the trial kept DDP's schedule and torch DDP ran it from then on (the engine's timeline stops there)"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -134,7 +136,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait,
-            overlap_trial=st.get("overlap_trial"), timeline=raw.get("timeline", {}).get(name), **common))
+            overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
+            timeline=raw.get("timeline", {}).get(name), **common))
     return records
 
 
@@ -271,9 +274,11 @@ def format_breakdown(records: list[Record]) -> str:
             if r.overlap_trial:
                 periods = ", ".join(f"{m} {_ms(v)} ms" for m, v in r.overlap_trial["step_period_s"].items())
                 trial = f"; overlap trial: {periods} -> {r.overlap_trial['chosen']}"
+                if r.delegated_to_ddp:
+                    trial += " (run by torch DDP from then on)"
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
                          f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}")
-            if r.timeline:
+            if r.timeline and not r.delegated_to_ddp:
                 tl = r.timeline
                 lines.append(f"    timeline (mean per step): compute lane {_ms(tl.get('compute_s'))} ms, of which "
                              f"{_ms(tl.get('busy_compute_s'))} ms computing and the rest blocked (alone: {_ms(r.compute_s)}); "

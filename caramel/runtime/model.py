@@ -26,6 +26,11 @@ class CaramelModel(nn.Module):
         return self._engine
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        engine = self._engine
+        if engine.delegating:
+            # DDP prepares its reducer for this backward only when gradients are to be synced
+            engine.ddp.require_backward_grad_sync = engine.require_sync
+            return engine.ddp(*args, **kwargs)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -111,7 +111,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     wrap_optimizer(optimizer, engine)
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                              fingerprint, lazy_ok, profile_steps, check_every, replan,
-                             trial_steps=trial_steps if auto else 0)
+                             trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers)
     engine.controller = controller
     if world == 1:
         if recorder.enabled:
@@ -157,7 +157,8 @@ class _Controller:
 
     def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
                  planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
-                 lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off", trial_steps: int = 0):
+                 lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off", trial_steps: int = 0,
+                 broadcast_buffers: bool = True):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
@@ -178,11 +179,13 @@ class _Controller:
         self.order_replans = 0
         self.trial_steps = trial_steps  # > 0: overlap="auto", every new plan starts a trial
         self.trial: OverlapTrial | None = None
+        self.broadcast_buffers = broadcast_buffers
         engine.on_step_end = self.on_step_end
 
     # -- the plan in force
     def adopt(self, plan: Plan, source: str) -> None:
         self.engine.synchronize()
+        self.engine.take_back()
         plan.check_model(self.fingerprint, self.names, source=source)
         if plan.world_size != self.world:
             raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
@@ -266,6 +269,7 @@ class _Controller:
         provisional = _registration_profile(self.names, self.params)
         plan = make_plan("fifo", provisional, world_size=self.world)
         self.engine.synchronize()
+        self.engine.take_back()
         self.profile = None
         # the provisional plan's collectives are timed too: without a cluster spec from the
         # user, the plan is made for the link bandwidth they show
@@ -348,9 +352,31 @@ class _Controller:
         if self.trial.result is not None:
             self.engine.stats.extra["overlap_trial"] = self.trial.result
             self.trial = None
-            if nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap:
-                return  # the last block's mode won: nothing to switch
+            if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
+                self._adopt_candidate(nxt, source="overlap trial")
+            if nxt.name == DDP_SCHEDULE:
+                self._delegate_to_ddp()
+            return
         self._adopt_candidate(nxt, source="overlap trial")
+
+    def _delegate_to_ddp(self) -> None:
+        """DDP's schedule was kept: let torch DDP itself run it (Engine.delegate_to), at the same
+        step on every rank. Its constructor checks the parameters' shapes and broadcasts rank
+        0's parameters and buffers: collectives every rank makes here, on values already equal."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.engine.synchronize()
+        if self.engine.ddp is None:
+            # parameters without a gradient need DDP's search for unused parameters; every rank
+            # must construct DDP alike, so the flag is agreed (a profile given as a file says
+            # nothing about them: search then)
+            unused = self.profile is None or any(p.requires_grad and p.ready_order is None for p in self.profile.params)
+            flag = torch.tensor([int(unused)], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            self.engine.ddp = DistributedDataParallel(self.model, process_group=self.group,
+                                                      broadcast_buffers=self.broadcast_buffers,
+                                                      find_unused_parameters=bool(flag[0]))
+        self.engine.delegate_to(self.engine.ddp)
 
     def _periodic_check(self) -> None:
         """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,
@@ -483,7 +509,7 @@ class _BufferSync:
         self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
 
     def pre_forward(self, _m, _args) -> None:
-        if not self.sync_next:
+        if not self.sync_next or self.engine.delegating:  # DDP broadcasts buffers itself
             return
         if self.pg is None:
             raise CaramelError(RELEASED)

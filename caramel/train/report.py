@@ -78,7 +78,8 @@ def format_summary(s: dict[str, Any]) -> str:
     trial = s.get("overlap_trial")
     if trial:
         periods = ", ".join(f"{name} {_ms(t)}" for name, t in trial["step_period_s"].items())
-        lines.append(f"  overlap trial  kept {trial['chosen']} (step period: {periods})")
+        ddp = ", run by torch DDP" if s.get("delegated_to_ddp") else ""
+        lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period: {periods})")
     lines += [
         f"  steps          {steps}",
         f"  data           {s['data']}",

@@ -97,6 +97,20 @@ def test_overlap_trial_is_carried_into_the_record_and_the_evidence():
             " -> caramel/forward") in md
 
 
+def test_a_delegated_run_says_so_and_shows_no_engine_timeline():
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.180]]}
+    raw = _raw(times)
+    raw["stats"]["caramel"].update(delegated_to_ddp=True, overlap_trial={
+        "step_period_s": {"caramel/forward": 0.19, "caramel/backward": 0.2, "fifo/backward": 0.18}, "chosen": "fifo/backward"})
+    raw["timeline"] = {"caramel": {"compute_s": 0.03, "comm_s": 0.0, "hidden_comm_s": 0.0, "exposed_comm_s": 0.0, "wait_s": 0.0}}
+    recs = {r.strategy: r for r in summarize(raw)}
+    assert recs["caramel"].delegated_to_ddp and not recs["ddp"].delegated_to_ddp
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert "-> fifo/backward (run by torch DDP from then on)" in md
+    # the engine's timeline covers only what ran before the hand-over: not shown as the step's story
+    assert "timeline (mean per step)" not in md
+
+
 def test_exposed_communication_is_never_negative():
     times = {"compute": [[0.100]], "comm": [[0.05]], "ddp": [[0.095]]}
     (ddp, _car) = summarize(_raw(times, workers=1))

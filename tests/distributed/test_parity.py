@@ -47,3 +47,17 @@ def test_chunked_plan_in_need_first_order_matches_ddp(world):
                 assert res[(family, "items")] > res[(family, "buckets")] > 1
                 continue
             assert value <= TOL, f"rank {rank}: {family} overlap={what} differs by {value:g}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("family", ["cnn_bn", "mlp_unused"])
+def test_delegation_to_torch_ddp_is_exact(family):
+    from tests.distributed.workers import delegation_worker
+
+    steps = 20
+    results = run_workers(delegation_worker, 2, args=(family, steps), timeout_s=200)
+    for rank, res in enumerate(results):
+        flags = res["delegating"]
+        assert not any(flags[s] for s in range(6)) and all(flags[s] for s in range(6, 12)), flags
+        assert not any(flags[s] for s in range(12, steps)), "a re-profile takes the gradients back"
+        assert res["diff"] <= 2e-5, f"rank {rank} {family}: {res['diff']}"

@@ -172,3 +172,43 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
             "plan_latency_s": controller.plan_cluster.latency_s if controller.plan_cluster else None,
             "plan_bandwidth_bps": controller.plan_cluster.bandwidth_bps if controller.plan_cluster else None,
             "profiling": controller.profiling}
+
+
+def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
+    """DDP's schedule kept: torch DDP takes the gradients over mid-training (step 6), a re-profile
+    takes them back (step 12); with gradient accumulation and clipping on both sides of each
+    switch, parameters equal DDP's."""
+    w = fresh(family)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=(family == "mlp_unused"))
+    ropt, rsched = make_optimizer("adam", ddp.parameters())
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("adam", m.parameters())
+    model, opt = caramel.parallelize(m, opt, planner="fifo", overlap="backward")
+    controller = opt.engine.controller
+    out = {"delegating": {}}
+
+    def one(mdl, o, s, clip, step):
+        if step % 4 == 1:  # accumulate a second micro-batch locally first
+            with mdl.no_sync():
+                x, y = batch(family, 100 + step, rank)
+                w.loss_fn(mdl(x), y).backward()
+        x, y = batch(family, step, rank)
+        w.loss_fn(mdl(x), y).backward()
+        if step % 4 == 2:
+            clip(o)
+        o.step()
+        s.step()
+        o.zero_grad()
+
+    for step in range(steps):
+        if step == 6:
+            controller._delegate_to_ddp()
+        if step == 12:
+            controller.start_profiling()
+        one(ddp, ropt, rsched, lambda o: torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.05), step)
+        one(model, opt, sched, lambda o: caramel.clip_grad_norm_(o, 0.05), step)
+        out["delegating"][step] = opt.engine.delegating
+    opt.synchronize()
+    out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
+    out["stats"] = opt.engine.stats_dict()["delegated_to_ddp"]
+    return out

@@ -19,6 +19,8 @@ def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
     assert ("  overlap trial  kept fifo/backward (step period: caramel/forward 80.1 ms, "
             "caramel/backward 79.0 ms, fifo/backward 78.3 ms)") in text
     assert "engine         caramel (planner fifo, overlap backward)" in text
+    ddp = format_summary(_summary(overlap_trial=trial, delegated_to_ddp=True))
+    assert "  overlap trial  kept fifo/backward, run by torch DDP (step period: " in ddp
 
 
 def test_summary_without_a_finished_trial_has_no_schedule_line():
