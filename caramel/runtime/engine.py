@@ -10,7 +10,8 @@ Order of events in one step with `overlap="forward"`:
 3. `optimizer.step()`: returns at once, remembering the hyper-parameters of this step;
 4. next forward: before a module runs, each bucket holding a parameter it uses is waited for
    and the user's optimizer is applied to that bucket's parameters only.
-`overlap="backward"` applies everything at `step()`; `"none"` waits right after backward.
+`overlap="backward"` applies everything at `step()`; `"none"` issues every collective when
+backward ends and waits for them right there (no overlap at all: the reference point).
 
 Delegation: when an overlap trial keeps DDP's schedule, the controller hands the gradients to
 torch's own `DistributedDataParallel` (`delegate_to`): its C++ reducer runs the same buckets with
@@ -229,7 +230,8 @@ class Engine:
         fb.seal()
         fb.ready = True
         self.recorder.instant("comm", "ready", f"ready:b{fb.id}", bucket=fb.id)
-        self._dispatch()
+        if self.overlap != "none":
+            self._dispatch()
 
     def _dispatch(self) -> None:
         order = self.plan.order
@@ -288,6 +290,7 @@ class Engine:
                 if not done:
                     fb.put(j, fb.params[j].grad)
             self._mark_ready(fb)
+        self._dispatch()
         assert self._next_item == len(self.plan.order)
         self.recorder.record("compute", "backward", "backward", getattr(self, "_bwd_t0", self._fwd_t0), self.recorder.now())
         self._next_item = 0

@@ -61,3 +61,15 @@ def test_delegation_to_torch_ddp_is_exact(family):
         assert not any(flags[s] for s in range(6)) and all(flags[s] for s in range(6, 12)), flags
         assert not any(flags[s] for s in range(12, steps)), "a re-profile takes the gradients back"
         assert res["diff"] <= 2e-5, f"rank {rank} {family}: {res['diff']}"
+
+
+@pytest.mark.timeout(120)
+def test_overlap_none_issues_nothing_before_backward_ends(tmp_path):
+    from tests.distributed.workers import issue_order_worker
+
+    for overlap, expect_early in (("none", False), ("backward", True)):
+        results = run_workers(issue_order_worker, 2, args=(overlap, str(tmp_path)), timeout_s=100)
+        for res in results:
+            assert res["buckets"] > 2 and len(res["early"]) >= 4, res
+            # "none" is the no-overlap reference; "backward" overlaps backward (the same check can fail)
+            assert set(res["early"].values()) == {expect_early}, (overlap, res["early"])

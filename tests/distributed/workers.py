@@ -212,3 +212,25 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
     out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
     out["stats"] = opt.engine.stats_dict()["delegated_to_ddp"]
     return out
+
+
+def issue_order_worker(rank: int, world: int, overlap: str, trace_dir: str) -> dict:
+    """Per step after planning: did any collective start before the last bucket was ready (seen in
+    the trace)? Steps 0-3 profile on a provisional one-bucket plan."""
+    import json
+    from pathlib import Path
+
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, planner="fifo", overlap=overlap, bucket_cap_mb=0.002, first_bucket_mb=0.002,
+                                     trace=str(Path(trace_dir) / f"{overlap}.json"))
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 10)
+    opt.synchronize()  # writes the trace
+    events = json.loads(Path(opt.engine.trace_path).read_text())["events"]
+    early = {}
+    for it in {e["iteration"] for e in events if e["iteration"] >= 5}:
+        ready = [e["start_s"] for e in events if e["iteration"] == it and e["kind"] == "ready"]
+        issue = [e["start_s"] for e in events if e["iteration"] == it and e["kind"] == "issue"]
+        if ready and issue:
+            early[it] = min(issue) < max(ready)
+    return {"early": early, "buckets": len(opt.engine.buckets)}
