@@ -8,7 +8,10 @@ Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
 - U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
 - exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L)
   (the formulas are caramel.trace.metrics', shared with the trace tools);
-- speedup over DDP = T_ddp / T (same job, interleaved).
+- speedup over DDP = T_ddp / T (same job, interleaved); its 95% interval comes from the rounds:
+  round k's DDP median over the strategy's median is one paired sample of the ratio (drift
+  between rounds hits both alike), and the interval is the point speedup times
+  exp(+-t * sd / sqrt(k)) of the per-round log ratios (Student's t, k - 1 degrees of freedom).
 
 A configuration's measured regime comes from comm/compute: below 0.75 compute-bound, up to
 1.5 balanced, above that communication-bound.
@@ -60,6 +63,29 @@ def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
     return None if math.isnan(e) else e
 
 
+# Student's t, two-sided 95%, by degrees of freedom (1..30); beyond, the normal 1.96.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+MIN_ROUNDS_FOR_INTERVAL = 3
+
+
+def speedup_interval(ddp_s: list[float], strategy_s: list[float], steps_per_round: int) -> tuple[float, float] | None:
+    """95% interval of T_ddp / T from the per-round paired log ratios (module docstring), or None
+    with fewer than 3 rounds."""
+    assert steps_per_round > 0
+    k = min(len(ddp_s), len(strategy_s)) // steps_per_round
+    if k < MIN_ROUNDS_FOR_INTERVAL:
+        return None
+    logs = [math.log(median(ddp_s[i * steps_per_round:(i + 1) * steps_per_round])
+                     / median(strategy_s[i * steps_per_round:(i + 1) * steps_per_round])) for i in range(k)]
+    mean = sum(logs) / k
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (k - 1))
+    half = (_T95[k - 2] if k - 1 <= len(_T95) else 1.96) * sd / math.sqrt(k)
+    point = median(ddp_s) / median(strategy_s)
+    return point * math.exp(-half), point * math.exp(half)
+
+
 def regime_of(comm_s: float, compute_s: float) -> str:
     ratio = comm_s / compute_s
     if ratio < BALANCED_MIN_RATIO:
@@ -93,6 +119,8 @@ class Record:
     steps: int
     grad_bytes: int | None
     lower_bound_s: float | None = None
+    speedup_ci95: tuple[float, float] | None = None
+    """95% interval of speedup_vs_ddp from the per-round paired ratios (None: fewer than 3 rounds, or no DDP)"""
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     load_average: float | None = None
@@ -132,10 +160,12 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
         t = median(xs)
         st = raw.get("stats", {}).get(name, {})
         wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
+        spr = raw.get("settings", {}).get("steps_per_round")
+        ci = speedup_interval(ddp, xs, spr) if ddp and spr and name != "ddp" else None
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
-            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait,
+            efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             timeline=raw.get("timeline", {}).get(name), **common))
     return records
@@ -158,8 +188,10 @@ def check_targets(records: list[Record], strategy: str = "caramel") -> list[Targ
     if vs:
         worst = min(vs, key=lambda r: r.speedup_vs_ddp)
         slowdown = 1.0 / worst.speedup_vs_ddp - 1.0
+        ci = (f" (95% interval of its speedup {worst.speedup_ci95[0]:.3f}x-{worst.speedup_ci95[1]:.3f}x)"
+              if worst.speedup_ci95 else "")
         out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", slowdown <= MAX_SLOWDOWN,
-                                f"worst {slowdown:+.1%}", f"worst configuration: {config_label(worst)}"))
+                                f"worst {slowdown:+.1%}", f"worst configuration: {config_label(worst)}{ci}"))
     else:
         out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", None, "n/a",
                                 f"no configuration measured both {strategy} and ddp"))
@@ -196,7 +228,7 @@ def _x(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 COLUMNS = ("configuration", "regime", "comm/comp", "strategy", "median ms", "p90 ms", "compute ms", "comm ms",
-           "exposed ms", "speedup", "E", "bound ms")
+           "exposed ms", "speedup", "95% interval", "E", "bound ms")
 
 
 def table_rows(records: list[Record]) -> list[list[str]]:
@@ -205,6 +237,7 @@ def table_rows(records: list[Record]) -> list[list[str]]:
         rows.append([config_label(r), r.regime, _x(r.comm_compute_ratio), r.strategy,
                      _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
                      _ms(r.compute_s), _ms(r.comm_s), _ms(r.exposed_comm_s), _x(r.speedup_vs_ddp, "{:.3f}x"),
+                     "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.2f}-{r.speedup_ci95[1]:.2f}",
                      _x(r.efficiency), _ms(r.lower_bound_s)])
     return rows
 
@@ -241,7 +274,9 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "## Results\n\n"
         "Step times are per-step medians (p90) of the slowest rank, strategies interleaved in rounds in one job "
         "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
-        "exposed = max(median - compute, 0); speedup = DDP median / strategy median; E = (U - T) / (U - L) with "
+        "exposed = max(median - compute, 0); speedup = DDP median / strategy median, with its 95% interval from "
+        "the per-round paired ratios (the rounds' spread: a speedup whose interval holds 1.0 is not "
+        "distinguishable from DDP in this run); E = (U - T) / (U - L) with "
         "U = compute + comm, L = max(compute, comm); bound = the simulator's lower bound for the "
         "profiled model on links of the rate the comm-only baseline achieved. The regime is measured (comm/compute < 0.75 compute-bound, "
         "<= 1.5 balanced, else comm-bound).\n\n"

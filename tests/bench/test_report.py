@@ -163,3 +163,36 @@ def test_json_and_markdown_outputs(tmp_path):
     md = format_markdown(recs, "caramel bench --quick", {"host": "test"})
     assert "caramel bench --quick" in md and "| caramel |" in md
     assert "1.667x" in md and "Targets" in md
+
+
+def test_speedup_interval_from_paired_rounds():
+    from caramel.bench.report import speedup_interval
+
+    # every round exactly 2x: no spread, the interval is the point
+    ddp, car = [0.2, 0.2] * 4, [0.1, 0.1] * 4
+    assert speedup_interval(ddp, car, 2) == pytest.approx((2.0, 2.0))
+    # a machine-wide drift between rounds hits both alike and does not widen it
+    drift = [1.0, 1.0, 1.5, 1.5, 0.8, 0.8, 1.2, 1.2]
+    lo, hi = speedup_interval([0.2 * d for d in drift], [0.1 * d for d in drift], 2)
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    # rounds that disagree: the interval holds the point and narrows with more rounds alike
+    ddp6, car6 = [0.2] * 6, [0.09, 0.11, 0.1, 0.09, 0.11, 0.1]
+    lo3, hi3 = speedup_interval(ddp6[:3], car6[:3], 1)
+    lo6, hi6 = speedup_interval(ddp6, car6, 1)
+    point = 0.2 / 0.1
+    assert lo3 < point < hi3 and lo6 < point < hi6 and hi6 - lo6 < hi3 - lo3
+    # fewer than 3 rounds: no interval
+    assert speedup_interval([0.2] * 4, [0.1] * 4, 2) is None
+
+
+def test_records_and_reports_carry_the_interval():
+    times = {"compute": [[0.100] * 6], "comm": [[0.080] * 6], "ddp": [[0.18, 0.18, 0.19, 0.19, 0.18, 0.18]],
+             "caramel": [[0.19, 0.19, 0.18, 0.18, 0.19, 0.19]]}
+    raw = _raw(times)
+    raw["settings"] = {"steps_per_round": 2}
+    recs = {r.strategy: r for r in summarize(raw)}
+    lo, hi = recs["caramel"].speedup_ci95
+    assert lo < 1.0 < hi and recs["ddp"].speedup_ci95 is None
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert f"| {lo:.2f}-{hi:.2f} |" in md
+    assert "95% interval of its speedup" in md
