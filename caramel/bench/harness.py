@@ -156,7 +156,8 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     return runners, skipped, build_s
 
 
-MAX_SETTLE_STEPS = 100
+# online profiling (4 steps) + an overlap trial of up to 3 passes of 30 steps, with room to spare
+MAX_SETTLE_STEPS = 150
 
 
 def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int) -> dict[str, list[float]]:

@@ -30,7 +30,8 @@ from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype
 from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
-from caramel.runtime.trial import AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_STEPS, Candidate, OverlapTrial
+from caramel.runtime.trial import (AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS, Candidate,
+                                   OverlapTrial)
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
@@ -62,7 +63,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                 trace: str | os.PathLike | None = None, process_group: Any = None,
                 broadcast_buffers: bool = True, profile_steps: int = 2, check_every: int = 100,
                 replan: str = "off", timeout_s: float | None = None, trial_steps: int = DEFAULT_TRIAL_STEPS,
-                **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
+                trial_passes: int = DEFAULT_TRIAL_PASSES, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
     """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
@@ -76,6 +77,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     if isinstance(trial_steps, bool) or not isinstance(trial_steps, int) or trial_steps < 2:
         raise CaramelError(f"trial_steps must be an integer >= 2 (one transition step and at least one timed step "
                            f"per overlap mode), got {trial_steps!r}")
+    if isinstance(trial_passes, bool) or not isinstance(trial_passes, int) or trial_passes < 1:
+        raise CaramelError(f"trial_passes must be an integer >= 1 (the most passes an undecided overlap trial runs), "
+                           f"got {trial_passes!r}")
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -111,7 +115,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     wrap_optimizer(optimizer, engine)
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                              fingerprint, lazy_ok, profile_steps, check_every, replan,
-                             trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers)
+                             trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers,
+                             trial_passes=trial_passes)
     engine.controller = controller
     if world == 1:
         if recorder.enabled:
@@ -158,7 +163,7 @@ class _Controller:
     def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
                  planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
                  lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off", trial_steps: int = 0,
-                 broadcast_buffers: bool = True):
+                 broadcast_buffers: bool = True, trial_passes: int = 1):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
@@ -180,6 +185,7 @@ class _Controller:
         self.trial_steps = trial_steps  # > 0: overlap="auto", every new plan starts a trial
         self.trial: OverlapTrial | None = None
         self.broadcast_buffers = broadcast_buffers
+        self.trial_passes = trial_passes
         engine.on_step_end = self.on_step_end
 
     # -- the plan in force
@@ -219,7 +225,8 @@ class _Controller:
             self.adopt(cands[0].plan, source=source)
             return
         baseline = DDP_SCHEDULE if any(c.name == DDP_SCHEDULE for c in cands) else None
-        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, baseline=baseline)
+        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, baseline=baseline,
+                                  max_passes=self.trial_passes)
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:
@@ -357,7 +364,8 @@ class _Controller:
             if nxt.name == DDP_SCHEDULE:
                 self._delegate_to_ddp()
             return
-        self._adopt_candidate(nxt, source="overlap trial")
+        if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
+            self._adopt_candidate(nxt, source="overlap trial")
 
     def _delegate_to_ddp(self) -> None:
         """DDP's schedule was kept: let torch DDP itself run it (Engine.delegate_to), at the same

@@ -20,9 +20,12 @@ Order of events (the same on every rank, at the same steps):
    standard error, so every rank sees the slowest rank's numbers and makes the same choice;
 4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial),
    unless DDP's schedule is among the candidates and the fastest beats it by less than twice
-   the standard error of the difference: then DDP's schedule, the safe choice, is kept.
+   the standard error of the difference: then the lead is undecided, and another pass of the
+   same blocks runs (up to `max_passes`), every candidate's periods pooled over the passes;
+   after the last pass an undecided lead keeps DDP's schedule, the safe choice.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
-cannot tell schedules 5% apart: the default counts 8-9 steps per candidate.
+cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, and only a close call
+pays for more passes (a clear winner, or DDP's schedule in front, ends the trial after one).
 Updates are exact throughout: a switch happens at a step boundary after every pending update is
 applied, as for any plan change.
 """
@@ -40,6 +43,7 @@ from caramel.plan.plan import Plan
 # "none" never beats "backward" (it only removes overlap), so it is not a candidate.
 AUTO_CANDIDATES = ("forward", "backward")
 DEFAULT_TRIAL_STEPS = 5
+DEFAULT_TRIAL_PASSES = 3
 DDP_SCHEDULE = "fifo/backward"  # DDP's buckets, applied at step(): the trial's baseline
 
 
@@ -87,25 +91,32 @@ def choose(medians_s: dict[str, float], errors_s: dict[str, float] | None = None
 class OverlapTrial:
     """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
-    def __init__(self, candidates: list[Candidate], steps: int, group, world: int, baseline: str | None = None):
+    def __init__(self, candidates: list[Candidate], steps: int, group, world: int, baseline: str | None = None,
+                 max_passes: int = 1):
         assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
         assert baseline is None or baseline in {c.name for c in candidates}
+        assert max_passes >= 1
         self.candidates = candidates
         self.baseline = baseline
         self.steps = steps
         self.group, self.world = group, world
-        n = len(candidates)
-        # in order, then back: A, B, C, C, B, A, merged where a candidate follows itself
-        seq = list(range(n)) + list(reversed(range(n)))
-        self.blocks: list[tuple[int, int]] = []  # (candidate index, steps)
-        for i in seq:
-            if self.blocks and self.blocks[-1][0] == i:
-                self.blocks[-1] = (i, self.blocks[-1][1] + steps)
-            else:
-                self.blocks.append((i, steps))
+        self.max_passes = max_passes
+        self.passes = 1
+        self.blocks: list[tuple[int, int]] = self._one_pass()  # (candidate index, steps)
         self.block = 0
         self.in_block = 0
         self.result: dict | None = None
+
+    def _one_pass(self) -> list[tuple[int, int]]:
+        # in order, then back: A, B, C, C, B, A, merged where a candidate follows itself
+        n = len(self.candidates)
+        blocks: list[tuple[int, int]] = []
+        for i in list(range(n)) + list(reversed(range(n))):
+            if blocks and blocks[-1][0] == i:
+                blocks[-1] = (i, blocks[-1][1] + self.steps)
+            else:
+                blocks.append((i, self.steps))
+        return blocks
 
     @property
     def current(self) -> Candidate:
@@ -142,8 +153,14 @@ class OverlapTrial:
         values = t.tolist()
         medians = {c.name: float(v) for c, v in zip(self.candidates, values[:n])}
         errors = {c.name: float(v) for c, v in zip(self.candidates, values[n:])}
-        winner = choose(medians, errors, self.baseline)
+        winner, fastest = choose(medians, errors, self.baseline), choose(medians)
+        if winner != fastest and self.passes < self.max_passes:
+            # a lead within the noise: measure every candidate again (same values on every rank,
+            # so every rank goes on alike)
+            self.passes += 1
+            self.blocks += self._one_pass()
+            return self.current
         self.result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
-                       "fastest": choose(medians), "baseline": self.baseline,
+                       "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
                        "steps_counted": {c.name: len(c.periods_s) for c in self.candidates}}
         return next(c for c in self.candidates if c.name == winner)

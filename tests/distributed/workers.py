@@ -88,7 +88,7 @@ def parity_worker(rank: int, world: int, planner: str, steps: int, planner_optio
                 opt, sched = make_optimizer(opt_kind, m.parameters())
                 # auto: profiling takes 4 steps, then 2 trial steps per mode, so the 20 steps
                 # cross two mode switches and the final choice
-                extra = {"trial_steps": 2} if overlap == "auto" else {}
+                extra = {"trial_steps": 2, "trial_passes": 1} if overlap == "auto" else {}
                 model, opt = caramel.parallelize(m, opt, planner=planner, overlap=overlap, **extra, **planner_options)
                 train(model, opt, sched, w.loss_fn, family, rank, steps)
                 opt.synchronize()

@@ -61,6 +61,45 @@ def test_three_candidates_run_in_mirrored_blocks():
     assert trial.result["steps_counted"] == {"forward": 2, "backward": 2, "fifo/backward": 3}
 
 
+def _three(steps: int = 2, passes: int = 3) -> OverlapTrial:
+    cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
+    return OverlapTrial(cands, steps=steps, group=None, world=1, baseline="fifo/backward", max_passes=passes)
+
+
+def _pass(trial: OverlapTrial, fwd: list[float], bwd: list[float], ddp: list[float]) -> list:
+    """One pass of blocks A, B, CC, B, A with steps=3: each list holds a candidate's counted periods in order."""
+    t = 0.5  # a transition step, not counted
+    return _run(trial, [t] + fwd[:2] + [t] + bwd[:2] + [t] + ddp[:5] + [t] + bwd[2:4] + [t] + fwd[2:4])
+
+
+def test_an_undecided_lead_runs_another_pass_and_a_clear_one_ends_the_trial():
+    trial = _three(steps=3, passes=3)
+    # forward leads DDP's schedule by 2 ms in noise of +-10 ms: undecided, a second pass begins
+    out = _pass(trial, [0.10, 0.12, 0.09, 0.11], [0.13, 0.14, 0.13, 0.15], [0.09, 0.13, 0.11, 0.12, 0.115])
+    assert trial.result is None and trial.passes == 2 and out[-1].name == "forward"
+    assert len(trial.blocks) == 10
+    # second pass: forward steadily at 90 ms, DDP's schedule at 120 ms: pooled, the lead is clear
+    out = _pass(trial, [0.09] * 4, [0.13] * 4, [0.12] * 5)
+    r = trial.result
+    assert r["passes"] == 2 and r["chosen"] == "forward" and out[-1].name == "forward"
+    assert r["steps_counted"] == {"forward": 8, "backward": 8, "fifo/backward": 10}
+
+
+def test_a_lead_still_within_the_noise_after_the_last_pass_keeps_ddps_schedule():
+    trial = _three(steps=3, passes=2)
+    noisy = ([0.10, 0.12, 0.09, 0.11], [0.13, 0.14, 0.13, 0.15], [0.09, 0.13, 0.11, 0.12, 0.115])
+    _pass(trial, *noisy)
+    out = _pass(trial, *noisy)
+    assert trial.result["passes"] == 2 and trial.result["chosen"] == "fifo/backward"
+    assert trial.result["fastest"] == "forward" and out[-1].name == "fifo/backward"
+
+
+def test_ddps_schedule_in_front_ends_the_trial_after_one_pass():
+    trial = _three(steps=3, passes=3)
+    out = _pass(trial, [0.12] * 4, [0.13] * 4, [0.10, 0.11, 0.09, 0.10, 0.10])
+    assert trial.result["passes"] == 1 and out[-1].name == "fifo/backward"
+
+
 def test_a_single_fast_outlier_does_not_win():
     trial = OverlapTrial(_cands(), steps=4, group=None, world=1)
     out = _run(trial, [0.2, 0.060, 0.061, 0.062] + [0.2, 0.010, 0.090, 0.091, 0.092, 0.089, 0.090, 0.093]
@@ -83,5 +122,7 @@ def test_parallelize_rejects_bad_trial_settings():
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with pytest.raises(CaramelError, match="trial_steps"):
         caramel.parallelize(m, opt, trial_steps=1)
+    with pytest.raises(CaramelError, match="trial_passes"):
+        caramel.parallelize(m, opt, trial_passes=0)
     with pytest.raises(CaramelError, match="overlap must be one of auto"):
         caramel.parallelize(m, opt, overlap="sometimes")
