@@ -230,9 +230,13 @@ class _Controller:
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:
-        # adopt() first applies every pending update, whichever mode deferred it
+        # adopt() first applies every pending update, whichever mode deferred it, and takes the
+        # gradients back from torch DDP; DDP's schedule is then handed to torch DDP itself, in
+        # the trial too, so the candidates are timed against what the user would otherwise run
         self.engine.overlap = cand.overlap
         self.adopt(cand.plan, source=f"{source} ({cand.name})")
+        if cand.name == DDP_SCHEDULE:
+            self._delegate_to_ddp()
 
     def settled(self) -> bool:
         """True once profiling and any overlap trial are over: the schedule in force is the final one."""
@@ -361,8 +365,6 @@ class _Controller:
             self.trial = None
             if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
                 self._adopt_candidate(nxt, source="overlap trial")
-            if nxt.name == DDP_SCHEDULE:
-                self._delegate_to_ddp()
             return
         if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
             self._adopt_candidate(nxt, source="overlap trial")

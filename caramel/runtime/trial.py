@@ -2,7 +2,9 @@
 
 The candidates are the planner's plan for each overlap mode ("forward", "backward") and, when
 the planner is not already `fifo`, DDP's own schedule (`fifo` buckets of 25 MB after a first of
-1 MB, applied at `step()`): a user never keeps a schedule measured slower than DDP's.
+1 MB, applied at `step()`), which torch's DistributedDataParallel itself runs (the controller
+hands it the gradients for those blocks and, if it is kept, for good): the other candidates are
+timed against what the user would otherwise run, not against the engine's imitation of it.
 
 Why measure instead of trusting the simulator alone: when compute and communication share a
 few CPU cores (CPU training, or an emulated cluster on one host), computing while a collective
