@@ -186,11 +186,12 @@ def calibrate(cluster, reference_bps: float, reps: int = 15, log: TextIO | None 
     for i in range(cluster.workers):
         cluster.set_bandwidth(i, reference_bps)
     spec, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
-    mean_times_s = spec.meta["probe"]["mean_times_s"]
+    mean_times_s = fit.times_s  # the probe summarizes each size by its mean
     latency_s, goodput = fit_calibration(fit.sizes_bytes, mean_times_s, cluster.workers, reference_bps)
     inter = measure_interference(cluster, log=log)
     return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)} (mean of {reps})",
-                       {"sizes_bytes": fit.sizes_bytes, "times_s": mean_times_s, "fastest_times_s": fit.times_s,
+                       {"sizes_bytes": fit.sizes_bytes, "times_s": mean_times_s,
+                        "fastest_times_s": spec.meta["probe"]["fastest_times_s"],
                         "reference_bps": reference_bps,
                         "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
                        inter["compute_slowdown"], inter["comm_slowdown"], inter)
@@ -307,7 +308,8 @@ def run_group(group: ModelGroup, settings: ValidationSettings, calibration: Cali
 
 def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str, Any], predicted_at: float,
                      wall_s: float = 0.0) -> tuple[list[ValidationRecord], dict[str, Any]]:
-    """Per configuration: prediction, every step (slowest rank per step), per-round medians."""
+    """Per configuration: prediction, every step (the advance of the slowest rank's clock,
+    `caramel.bench.report.job_step_times`), per-round medians."""
     from caramel.bench.report import job_step_times
 
     configs = group.configs(calibration.latency_s)
