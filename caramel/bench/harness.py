@@ -218,7 +218,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if rank != 0:
         return None
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
-    comm_s = median(job_step_times([g["comm"] for g in gathered]))
+    comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),

@@ -2,8 +2,15 @@
 
 Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
 
-- a job's step time is, per step index, the slowest rank's time (ranks are coupled by the
-  collectives, so the slowest rank is the job); T = its median, p90 its 90th percentile;
+- a job's step time is, per step index, how far the slowest rank's clock advanced: the job
+  progresses as fast as its slowest rank, so its clock after step k is the largest of the
+  ranks' cumulative times, and step k takes the difference (summed over a round: the slowest
+  rank's wall time). T = the median of those steps, p90 their 90th percentile. Not the slowest
+  rank's time per step index: a step boundary is not a synchronization point (with forward
+  overlap a rank waits for its peers in the next forward), ranks' step times can run in
+  opposite phase (80, 111, 68, 103 ms against 109, 72, 107, 58 ms), and the per-index maximum
+  then counts one delay twice, once on each rank (96 ms per step measured that way for a
+  schedule whose ranks both ran at 84 ms per step);
 - T_compute and T_comm are the medians of the compute-only and comm-only baselines;
 - U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
 - exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L)
@@ -51,10 +58,23 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def job_step_times(rank_times: list[list[float]]) -> list[float]:
-    """Per step index, the slowest rank's step time."""
+def job_step_times(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
+    """Per step index, how far the slowest rank's clock advanced (module docstring); the clocks
+    start together at each round of `steps_per_round` steps (default: one round)."""
     assert rank_times and all(len(t) == len(rank_times[0]) for t in rank_times), "ranks must time the same steps"
-    return [max(ts) for ts in zip(*rank_times)]
+    n = len(rank_times[0])
+    block = steps_per_round or n or 1
+    out: list[float] = []
+    for start in range(0, n, block):
+        clocks = [0.0] * len(rank_times)
+        job = 0.0
+        for k in range(start, min(start + block, n)):
+            for r, ts in enumerate(rank_times):
+                clocks[r] += ts[k]
+            step = max(clocks) - job
+            job += step
+            out.append(step)
+    return out
 
 
 def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
@@ -137,7 +157,8 @@ class Record:
 def summarize(raw: dict[str, Any]) -> list[Record]:
     """Records for every strategy of one raw job (see module docstring for the arithmetic)."""
     cfg, meta = raw["config"], raw.get("meta", {})
-    series = {name: job_step_times(rt) for name, rt in raw["step_times_s"].items()}
+    spr = raw.get("settings", {}).get("steps_per_round")
+    series = {name: job_step_times(rt, spr) for name, rt in raw["step_times_s"].items()}
     compute_s, comm_s = median(series["compute"]), median(series["comm"])
     ddp = series.get("ddp")
     ddp_s = median(ddp) if ddp else None
@@ -160,7 +181,6 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
         t = median(xs)
         st = raw.get("stats", {}).get(name, {})
         wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
-        spr = raw.get("settings", {}).get("steps_per_round")
         ci = speedup_interval(ddp, xs, spr) if ddp and spr and name != "ddp" else None
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
@@ -272,7 +292,9 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         f"```\n{command}\n```\n\n"
         "## Environment\n\n" + env + "\n\n"
         "## Results\n\n"
-        "Step times are per-step medians (p90) of the slowest rank, strategies interleaved in rounds in one job "
+        "Step times are medians (p90) over steps of how far the slowest rank's clock advanced per step (the job "
+        "runs at its slowest rank's pace; a step boundary is not a synchronization point, so the slowest rank's "
+        "time per step index would count a delay once on each rank), strategies interleaved in rounds in one job "
         "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
         "exposed = max(median - compute, 0); speedup = DDP median / strategy median, with its 95% interval from "
         "the per-round paired ratios (the rounds' spread: a speedup whose interval holds 1.0 is not "

@@ -22,8 +22,19 @@ def test_geomean():
     assert geomean([1.3]) == pytest.approx(1.3)
 
 
-def test_job_step_time_is_the_slowest_rank_per_step():
-    assert job_step_times([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+def test_job_step_time_is_how_far_the_slowest_ranks_clock_advanced():
+    # clocks 1, 6, 8 and 3, 4, 6.5: the job is at 3, 6, 8
+    assert job_step_times([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == pytest.approx([3.0, 3.0, 2.0])
+    # synchronized ranks: the slowest rank per step, as before
+    assert job_step_times([[1.0, 2.0], [1.5, 2.5]]) == pytest.approx([1.5, 2.5])
+    # ranks in opposite phase (both at 85 ms per step): one delay is not counted twice; the
+    # per-index maximum would say 110 ms
+    a, b = [0.060, 0.110] * 4, [0.110, 0.060] * 4
+    steps = job_step_times([a, b])
+    assert sum(steps) == pytest.approx(sum(a)) and median(steps) == pytest.approx(0.085)
+    assert median([max(x, y) for x, y in zip(a, b)]) == pytest.approx(0.110)
+    # clocks start together at every round
+    assert job_step_times([[1.0, 5.0, 2.0, 1.0], [3.0, 1.0, 1.0, 3.0]], steps_per_round=2) == pytest.approx([3.0, 3.0, 2.0, 2.0])
     with pytest.raises(AssertionError):
         job_step_times([[1.0], [1.0, 2.0]])
 
@@ -59,25 +70,25 @@ def _raw(times, strategies=("ddp", "caramel"), skipped=None, workers=2):
 
 
 def test_summarize_recorded_numbers():
-    # two ranks; the job's series is the per-step max
+    # two ranks; the job's series is the advance of the slowest rank's clock
     times = {
         "compute": [[0.100, 0.102, 0.098], [0.099, 0.101, 0.100]],   # series 0.100 0.102 0.100 -> 0.100
         "comm": [[0.080, 0.081, 0.079], [0.080, 0.080, 0.080]],      # 0.080 0.081 0.080 -> 0.080
         "ddp": [[0.180, 0.179, 0.185], [0.181, 0.178, 0.180]],       # 0.181 0.179 0.185 -> 0.181
-        "caramel": [[0.120, 0.118, 0.130], [0.119, 0.121, 0.119]],   # 0.120 0.121 0.130 -> 0.121
+        "caramel": [[0.120, 0.118, 0.130], [0.119, 0.121, 0.119]],   # clocks .120 .240 .368 -> .120 .120 .128
     }
     recs = {r.strategy: r for r in summarize(_raw(times))}
     ddp, car = recs["ddp"], recs["caramel"]
     assert car.compute_s == pytest.approx(0.100) and car.comm_s == pytest.approx(0.080)
     assert ddp.step_time_median_s == pytest.approx(0.181)
-    assert car.step_time_median_s == pytest.approx(0.121)
-    assert car.step_time_p90_s == pytest.approx(0.121 + 0.8 * (0.130 - 0.121))
-    assert car.step_time_mean_s == pytest.approx((0.120 + 0.121 + 0.130) / 3)
+    assert car.step_time_median_s == pytest.approx(0.120)
+    assert car.step_time_p90_s == pytest.approx(0.120 + 0.8 * (0.128 - 0.120))
+    assert car.step_time_mean_s == pytest.approx(0.368 / 3)
     assert ddp.speedup_vs_ddp == pytest.approx(1.0)
-    assert car.speedup_vs_ddp == pytest.approx(0.181 / 0.121)
-    assert car.exposed_comm_s == pytest.approx(0.021)
+    assert car.speedup_vs_ddp == pytest.approx(0.181 / 0.120)
+    assert car.exposed_comm_s == pytest.approx(0.020)
     assert ddp.exposed_comm_s == pytest.approx(0.081)
-    assert car.efficiency == pytest.approx((0.180 - 0.121) / (0.180 - 0.100))
+    assert car.efficiency == pytest.approx((0.180 - 0.120) / (0.180 - 0.100))
     assert ddp.efficiency == pytest.approx((0.180 - 0.181) / 0.080)
     assert car.comm_compute_ratio == pytest.approx(0.8) and car.regime == "balanced"
     assert car.lower_bound_s == 0.105 and car.steps == 3 and car.network == "netns+tc 300mbit"
