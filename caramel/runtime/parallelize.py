@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -383,9 +384,13 @@ class _Controller:
             unused = self.profile is None or any(p.requires_grad and p.ready_order is None for p in self.profile.params)
             flag = torch.tensor([int(unused)], dtype=torch.int64)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            self.engine.ddp = DistributedDataParallel(self.model, process_group=self.group,
-                                                      broadcast_buffers=self.broadcast_buffers,
-                                                      find_unused_parameters=bool(flag[0]))
+            # broadcast_buffers=False keeps rank-local buffers rank-local, also at construction
+            # (torch's own advice while it deprecates the flag), so it is passed only then
+            kwargs = {} if self.broadcast_buffers else {"broadcast_buffers": False}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                self.engine.ddp = DistributedDataParallel(self.model, process_group=self.group,
+                                                          find_unused_parameters=bool(flag[0]), **kwargs)
         self.engine.delegate_to(self.engine.ddp)
 
     def _periodic_check(self) -> None:
