@@ -497,6 +497,7 @@ class Engine:
                         pass
                     fb.works[c] = None
         self.comm = None
+        self.delegating, self.ddp = False, None  # a later step is an error here too, not DDP quietly
         for holder in self.group_holders:
             holder.pg = None
 

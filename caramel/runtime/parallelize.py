@@ -378,19 +378,17 @@ class _Controller:
 
         self.engine.synchronize()
         if self.engine.ddp is None:
-            # parameters without a gradient need DDP's search for unused parameters; every rank
-            # must construct DDP alike, so the flag is agreed (a profile given as a file says
-            # nothing about them: search then)
-            unused = self.profile is None or any(p.requires_grad and p.ready_order is None for p in self.profile.params)
-            flag = torch.tensor([int(unused)], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            # broadcast_buffers=False keeps rank-local buffers rank-local, also at construction
-            # (torch's own advice while it deprecates the flag), so it is passed only then
+            # With the search for unused parameters: a parameter can go unused in any later step
+            # (a data-dependent branch), which DDP without the search turns into an error at the
+            # next forward, after a step on partly reduced gradients; the search costs a walk of
+            # the autograd graph per step. broadcast_buffers=False keeps rank-local buffers
+            # rank-local, also at construction (torch's own advice while it deprecates the flag),
+            # so it is passed only then.
             kwargs = {} if self.broadcast_buffers else {"broadcast_buffers": False}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 self.engine.ddp = DistributedDataParallel(self.model, process_group=self.group,
-                                                          find_unused_parameters=bool(flag[0]), **kwargs)
+                                                          find_unused_parameters=True, **kwargs)
         self.engine.delegate_to(self.engine.ddp)
 
     def _periodic_check(self) -> None:

@@ -61,6 +61,7 @@ def test_delegation_to_torch_ddp_is_exact(family):
         assert not any(flags[s] for s in range(6)) and all(flags[s] for s in range(6, 12)), flags
         assert not any(flags[s] for s in range(12, steps)), "a re-profile takes the gradients back"
         assert res["diff"] <= 2e-5, f"rank {rank} {family}: {res['diff']}"
+        assert res["after_shutdown"] and "caramel.shutdown()" in res["after_shutdown"], res["after_shutdown"]
 
 
 @pytest.mark.timeout(120)

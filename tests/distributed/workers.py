@@ -211,6 +211,14 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
     opt.synchronize()
     out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
     out["stats"] = opt.engine.stats_dict()["delegated_to_ddp"]
+    # handed over again, then shut down: a further step is an error, not torch DDP quietly going on
+    controller._delegate_to_ddp()
+    caramel.shutdown()
+    try:
+        one(model, opt, sched, lambda o: None, steps)
+        out["after_shutdown"] = None
+    except caramel.CaramelError as e:
+        out["after_shutdown"] = str(e)
     return out
 
 
