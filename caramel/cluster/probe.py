@@ -2,7 +2,7 @@
 
 `probe_cluster()` runs this module as a torchrun job on the cluster (`python -m
 caramel.cluster.probe --out FILE ...`): each rank all-reduces float32 tensors over a geometric
-sweep of sizes, and rank 0 writes the median time per size. `fit_alpha_beta()` then fits the
+sweep of sizes, and rank 0 writes the fastest, median and mean time per size. `fit_alpha_beta()` then fits the
 ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B, by least squares
 on relative error (every size counts, not only the largest), and returns a `ClusterSpec`.
 
@@ -135,16 +135,14 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
             raise CaramelError(f"the probe job failed (exit code {rc}); see the worker output above")
         with open(result_path) as f:
             measured = json.load(f)
-    mean_times_s = measured.get("mean_times_s") or measured["times_s"]
-    fit = fit_alpha_beta(measured["sizes_bytes"], mean_times_s, measured["world_size"])
+    fit = fit_alpha_beta(measured["sizes_bytes"], measured["mean_times_s"], measured["world_size"])
     meta: dict[str, Any] = {
         "source": "caramel cluster probe",
         "cluster": cluster.info(),
         "nominal_bandwidth_bps": nominal,
         "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "summary": "mean", "reps": reps,
                   "fastest_times_s": measured["times_s"],
-                  "median_times_s": measured.get("median_times_s"), "mean_times_s": measured.get("mean_times_s"),
-                  "outliers": fit.outliers,
+                  "median_times_s": measured["median_times_s"], "outliers": fit.outliers,
                   "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
     }
     spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta)

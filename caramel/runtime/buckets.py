@@ -56,8 +56,7 @@ class FlatBucket:
         self.ready = False
 
     def grad_view(self, j: int) -> torch.Tensor:
-        p = self.params[j]
-        return self.flat[self.offsets[j]:self.offsets[j] + p.numel()].view_as(p)
+        return self.slots[j].view_as(self.params[j])
 
     def put(self, j: int, grad: torch.Tensor | None) -> None:
         """Store this rank's gradient of parameter j, pre-divided by the world size (as DDP does).

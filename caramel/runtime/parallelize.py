@@ -364,9 +364,7 @@ class _Controller:
         if self.trial.result is not None:
             self.engine.stats.extra["overlap_trial"] = self.trial.result
             self.trial = None
-            if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
-                self._adopt_candidate(nxt, source="overlap trial")
-            return
+        # the same candidate again (the winner ran last, or a new pass starts with it): no switch
         if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
             self._adopt_candidate(nxt, source="overlap trial")
 
@@ -377,7 +375,8 @@ class _Controller:
         from torch.nn.parallel import DistributedDataParallel
 
         self.engine.synchronize()
-        if self.engine.ddp is None:
+        ddp = self.engine.ddp
+        if ddp is None:
             # With the search for unused parameters: a parameter can go unused in any later step
             # (a data-dependent branch), which DDP without the search turns into an error at the
             # next forward, after a step on partly reduced gradients; the search costs a walk of
@@ -387,9 +386,9 @@ class _Controller:
             kwargs = {} if self.broadcast_buffers else {"broadcast_buffers": False}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                self.engine.ddp = DistributedDataParallel(self.model, process_group=self.group,
-                                                          find_unused_parameters=True, **kwargs)
-        self.engine.delegate_to(self.engine.ddp)
+                ddp = DistributedDataParallel(self.model, process_group=self.group, find_unused_parameters=True,
+                                              **kwargs)
+        self.engine.delegate_to(ddp)
 
     def _periodic_check(self) -> None:
         """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,
@@ -489,8 +488,7 @@ class _Controller:
         fastest: a plan pays each collective's typical cost, and on a virtual machine whose
         idle CPUs halt that includes waking the backend's thread (0.4 ms at best, 2-4 ms in
         half of the tries on the 2-core test host, where the default assumes 50 us)."""
-        if self.world < 2:
-            return _default_cluster(self.world).latency_s
+        assert self.world > 1, "one process plans without profiling: no collectives to time"
         buf = torch.zeros(256)
         self.engine.comm.allreduce([buf]).wait()  # the first may still be connecting
         times = []

@@ -186,11 +186,11 @@ def calibrate(cluster, reference_bps: float, reps: int = 15, log: TextIO | None 
     for i in range(cluster.workers):
         cluster.set_bandwidth(i, reference_bps)
     spec, fit = probe_cluster(cluster, sizes_bytes=CALIBRATION_SIZES, reps=reps, out=log)
-    mean_times_s = fit.times_s  # the probe summarizes each size by its mean
-    latency_s, goodput = fit_calibration(fit.sizes_bytes, mean_times_s, cluster.workers, reference_bps)
+    # fit.times_s: each size's mean (the probe's summary)
+    latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
     inter = measure_interference(cluster, log=log)
     return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)} (mean of {reps})",
-                       {"sizes_bytes": fit.sizes_bytes, "times_s": mean_times_s,
+                       {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s,
                         "fastest_times_s": spec.meta["probe"]["fastest_times_s"],
                         "reference_bps": reference_bps,
                         "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
