@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from caramel.bench.baselines import CommOnly, ComputeOnly, Runner, trainable_params
+from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, trainable_params
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.report import job_step_times, median
@@ -129,11 +129,9 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     """Baselines and strategies, each on its own identical model copy; a strategy that fails to
     build on any rank is skipped on all of them (with the reason) so the others still run."""
     probe = make_workload(config, settings.seed, ctx.device)
-    runners: dict[str, Runner] = {
-        "compute": ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets,
-                               probe.loss_fn, ctx.device),
-        "comm": CommOnly(probe.model, ctx.device),
-    }
+    compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
+    comm = CommOnly(probe.model, ctx.device)
+    runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}
     for strategy in strategies:

@@ -29,7 +29,7 @@ STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
     "caramel": {"planner": str, "overlap": str},
 }
 # Baselines are measured in every configuration; they are not strategies a user selects.
-BASELINES = ("compute", "comm")
+BASELINES = ("compute", "comm", "concurrent")
 OVERLAPS = ("auto", "forward", "backward", "none")
 DEFAULT_STRATEGIES = ("ddp", "caramel")
 

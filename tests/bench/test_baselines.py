@@ -25,3 +25,34 @@ def test_bucket_bytes_cover_every_gradient_once():
     assert len(params) == len({id(p) for p in w.model.parameters()})
     total = sum(p.numel() * 4 for p in params)
     assert sum(ddp_bucket_bytes([p.numel() * 4 for p in params])) == total
+
+
+def test_concurrent_issues_all_communication_before_the_compute_and_awaits_it_after(monkeypatch):
+    from caramel.bench import baselines
+    from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent
+
+    w = get_model("mlp")()
+    compute = ComputeOnly(w.model, torch.optim.SGD(w.model.parameters(), lr=0.1), w.inputs, w.targets, w.loss_fn,
+                          torch.device("cpu"))
+    comm = CommOnly(w.model, torch.device("cpu"))
+    events = []
+
+    class Work:
+        def __init__(self, i):
+            self.i = i
+
+        def wait(self):
+            events.append(("wait", self.i))
+
+    def all_reduce(buf, group=None, async_op=False):
+        assert async_op, "the concurrent baseline must not block on a collective before computing"
+        events.append(("issue", len(events)))
+        return Work(len(events) - 1)
+
+    monkeypatch.setattr(baselines.dist, "all_reduce", all_reduce)
+    real_step = compute.step
+    monkeypatch.setattr(compute, "step", lambda: (events.append(("compute", None)), real_step()))
+    Concurrent(compute, comm).step()
+    kinds = [k for k, _ in events]
+    n = len(comm.buffers)
+    assert kinds == ["issue"] * n + ["compute"] + ["wait"] * n

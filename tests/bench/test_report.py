@@ -207,3 +207,32 @@ def test_records_and_reports_carry_the_interval():
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert f"| {lo:.2f}-{hi:.2f} |" in md
     assert "95% interval of its speedup" in md
+
+
+def test_concurrent_baseline_gives_the_ceiling_on_this_host():
+    # compute 100 ms, comm 80 ms: a perfect overlap would take 100 ms (L); run side by side on
+    # this host they took 150 ms, so no schedule can beat DDP's 181 ms by more than 181 / 150
+    times = {"compute": [[0.100]], "comm": [[0.080]], "concurrent": [[0.150, 0.149, 0.151]],
+             "ddp": [[0.181]], "caramel": [[0.160]]}
+    recs = {r.strategy: r for r in summarize(_raw(times))}
+    car = recs["caramel"]
+    assert car.concurrent_s == pytest.approx(0.150) and recs["ddp"].concurrent_s == pytest.approx(0.150)
+    # the bound (105 ms) is below both, and overlapping (150) beats not overlapping (U = 180)
+    assert report.ceiling_s(car) == pytest.approx(0.150)
+    assert report.ceiling_speedup(car) == pytest.approx(0.181 / 0.150)
+    assert report.ceiling_speedup(recs["ddp"]) == pytest.approx(0.181 / 0.150)
+    speed = check_targets(list(recs.values()))[1]
+    assert speed.value == f"{0.181 / 0.160:.3f}x" and f"is {0.181 / 0.150:.3f}x over the same" in speed.detail
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms, DDP / ceiling {0.181 / 0.150:.3f}x" in md
+    # overlapping everything costs more than not overlapping (U): no overlap is the better estimate
+    car.concurrent_s = 0.200
+    assert report.ceiling_s(car) == pytest.approx(0.180)
+    # the dependencies cost more than the contention: the bound decides
+    car.concurrent_s, car.lower_bound_s = 0.120, 0.130
+    assert report.ceiling_s(car) == pytest.approx(0.130)
+    # a raw file from before the baseline existed: no ceiling, nothing invented
+    del times["concurrent"]
+    old = {r.strategy: r for r in summarize(_raw(times))}
+    assert old["caramel"].concurrent_s is None and report.ceiling_speedup(old["caramel"]) is None
+    assert "ceiling" not in check_targets(list(old.values()))[1].detail

@@ -28,7 +28,7 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert r["workers"] == 2 and r["model"] == "tiny_gpt" and r["network"] == "loopback (unshaped)"
         assert r["steps"] == 6  # 2 rounds x 3 measured steps
         assert 0 < r["step_time_median_s"] <= r["step_time_p90_s"]
-        assert r["compute_s"] > 0 and r["comm_s"] > 0
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["concurrent_s"] > 0
         assert r["speedup_vs_ddp"] == pytest.approx(recs["ddp"]["step_time_median_s"] / r["step_time_median_s"])
     assert recs["ddp"]["speedup_vs_ddp"] == 1.0
     assert "caramel:overlap=backward,planner=fifo" in printed and "Targets" in printed
