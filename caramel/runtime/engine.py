@@ -404,6 +404,11 @@ class Engine:
             self.on_step_end()
         return True
 
+    @property
+    def wait_this_step_s(self) -> float:
+        """Time blocked on communication since the last `step()` (reset at each step)."""
+        return self._wait_acc
+
     def _end_iteration(self) -> None:
         now = self.recorder.now()
         self.stats.step += 1

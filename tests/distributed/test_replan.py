@@ -31,3 +31,16 @@ def test_online_plan_uses_the_measured_latency():
         assert res["plan_latency_s"] == res["latency_s"]
         assert res["plan_bandwidth_bps"] > 0
     assert results[0]["latency_s"] == results[1]["latency_s"], "the slowest rank's latency, agreed by all"
+
+
+@pytest.mark.timeout(120)
+def test_online_profile_does_not_count_waiting_for_peers_as_optimizer_time():
+    from tests.distributed.workers import slow_peer_profile_worker
+
+    delay_s = 0.3
+    r0, _ = run_workers(slow_peer_profile_worker, 2, args=(delay_s,), timeout_s=100)
+    assert not r0["profiling"]
+    # rank 0 really waited for its peer in the profiled steps ...
+    assert min(r0["waits_s"][:4]) > 0.5 * delay_s, r0
+    # ... and its profile's optimizer time (a small CNN's SGD step: milliseconds) holds none of it
+    assert r0["optimizer_time_s"] < 0.25 * delay_s, r0

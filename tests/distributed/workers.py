@@ -174,6 +174,30 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
             "profiling": controller.profiling}
 
 
+def slow_peer_profile_worker(rank: int, world: int, delay_s: float) -> dict:
+    """Online profiling while rank 1 starts every step `delay_s` late: rank 0 waits for its
+    collectives in step(); that wait is communication, not the optimizer's time."""
+    import time
+
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    # rank-local buffers: no buffer broadcast at the forward, so rank 0 waits in step()
+    model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=2, broadcast_buffers=False)
+    controller = opt.engine.controller
+    waits = []
+    for step in range(4):
+        if rank == 1:
+            time.sleep(delay_s)
+        x, y = batch("cnn_bn", step, rank)
+        w.loss_fn(model(x), y).backward()
+        opt.step()
+        waits.append(opt.engine.stats.last_wait_s)
+        opt.zero_grad()
+    opt.synchronize()
+    return {"profiling": controller.profiling, "optimizer_time_s": controller.profile.optimizer_time_s,
+            "waits_s": waits}
+
+
 def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
     """DDP's schedule kept: torch DDP takes the gradients over mid-training (step 6), a re-profile
     takes them back (step 12); with gradient accumulation and clipping on both sides of each
