@@ -133,7 +133,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
         sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
         engine.group_holders.append(sync)
-        model.register_forward_pre_hook(sync.pre_forward)
+        # first of the model's pre-hooks: the broadcast waits for the slowest peer, which is
+        # communication, not forward time (the online profile's forward and the trace's compute)
+        model.register_forward_pre_hook(sync.pre_forward, prepend=True)
         model.register_forward_hook(sync.post_forward, always_call=True)
     wrapped = CaramelModel(model, engine)
     _LIVE_ENGINES.add(engine)
@@ -534,6 +536,8 @@ class _BufferSync:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in self.buffers:
             by_dtype.setdefault(b.dtype, []).append(b)
+        recorder = self.engine.recorder
+        t0 = recorder.now()
         for bufs in by_dtype.values():
             flat = torch.cat([b.reshape(-1) for b in bufs])
             self.pg.broadcast([flat], self.opts).wait()
@@ -541,6 +545,7 @@ class _BufferSync:
             for b in bufs:
                 b.copy_(flat[off:off + b.numel()].view_as(b))
                 off += b.numel()
+        recorder.record("wait", "sync", "broadcast:buffers", t0, recorder.now())
 
 
 def _module_uses(profile: ModelProfile) -> dict[str, list[int]]:

@@ -174,28 +174,33 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
             "profiling": controller.profiling}
 
 
-def slow_peer_profile_worker(rank: int, world: int, delay_s: float) -> dict:
-    """Online profiling while rank 1 starts every step `delay_s` late: rank 0 waits for its
-    collectives in step(); that wait is communication, not the optimizer's time."""
+def slow_peer_profile_worker(rank: int, world: int, delay_s: float, broadcast_buffers: bool) -> dict:
+    """Online profiling while rank 1 starts every step `delay_s` late: rank 0 waits for it in
+    the buffer broadcast at the forward's start, or (rank-local buffers) for its collectives in
+    step(); either wait is communication, not forward or optimizer time."""
     import time
 
     w = fresh("cnn_bn")
     opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
-    # rank-local buffers: no buffer broadcast at the forward, so rank 0 waits in step()
-    model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=2, broadcast_buffers=False)
+    model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=2,
+                                     broadcast_buffers=broadcast_buffers)
     controller = opt.engine.controller
-    waits = []
+    forward_s, waits = [], []
     for step in range(4):
         if rank == 1:
             time.sleep(delay_s)
         x, y = batch("cnn_bn", step, rank)
-        w.loss_fn(model(x), y).backward()
+        t0 = time.perf_counter()
+        out = model(x)
+        forward_s.append(time.perf_counter() - t0)
+        w.loss_fn(out, y).backward()
         opt.step()
         waits.append(opt.engine.stats.last_wait_s)
         opt.zero_grad()
     opt.synchronize()
-    return {"profiling": controller.profiling, "optimizer_time_s": controller.profile.optimizer_time_s,
-            "waits_s": waits}
+    p = controller.profile
+    return {"profiling": controller.profiling, "forward_time_s": p.forward_time_s,
+            "optimizer_time_s": p.optimizer_time_s, "forward_s": forward_s, "waits_s": waits}
 
 
 def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
