@@ -24,7 +24,8 @@ from caramel.units import format_rate, parse_rate_bps
 
 # Strategy kinds the harness knows, with the options each accepts (option -> type).
 STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
-    "ddp": {"bucket_cap_mb": float, "gradient_as_bucket_view": bool},
+    "ddp": {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "find_unused_parameters": bool,
+            "static_graph": bool},
     # caramel passes any further option through to the planner (planner_options).
     "caramel": {"planner": str, "overlap": str},
 }
