@@ -390,10 +390,11 @@ def format_breakdown(records: list[Record]) -> str:
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`caramel.bench/1`: {"records": [...], "targets": [...], "meta": {...}}."""
+    """`caramel.bench/1`: {"records": [...], "targets": [...], "meta": {...}}; each record also
+    carries its configuration's estimated ceiling (`ceiling_s`, None without the baselines)."""
     return {
         "format": format_tag(KIND),
-        "records": [asdict(r) for r in records],
+        "records": [dict(asdict(r), ceiling_s=ceiling_s(r)) for r in records],
         "targets": [asdict(t) for t in check_targets(records)],
         "meta": dict(meta or {}),
     }

@@ -225,6 +225,7 @@ def test_concurrent_baseline_gives_the_ceiling_on_this_host():
     assert speed.value == f"{0.181 / 0.160:.3f}x" and f"is {0.181 / 0.150:.3f}x over the same" in speed.detail
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms, DDP / ceiling {0.181 / 0.150:.3f}x" in md
+    assert [r["ceiling_s"] for r in to_json(list(recs.values()))["records"]] == pytest.approx([0.150, 0.150])
     # overlapping everything costs more than not overlapping (U): no overlap is the better estimate
     car.concurrent_s = 0.200
     assert report.ceiling_s(car) == pytest.approx(0.180)
