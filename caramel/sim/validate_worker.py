@@ -4,7 +4,8 @@ One job covers one model on one cluster (fixed number of workers) and every band
 strategy of that model. On every rank, in this order:
 
 1. profile the model with `caramel.profile_model`, all ranks at once, so compute runs under the
-   same contention for the host's cores as in the timed steps (rank 0's profile is used);
+   same contention for the host's cores as in the timed steps (the slowest rank's profile is
+   used: the job runs at that rank's pace);
 2. rank 0 plans every configuration and simulates it on the calibrated `ClusterSpec` (the link
    rate of the configuration times the goodput factor, and the latency, both fitted once before
    any job), and writes the predictions to disk *before any timed step runs*; the plans go to
@@ -248,9 +249,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     t0 = time.time()
     profile = caramel.profile_model(model, w.inputs, w.targets, w.loss_fn, optimizer=_sgd(model, job["lr"]),
                                     steps=job["profile_steps"], name=job["model"])
-    dist.barrier()
-    _log(rank, f"profiled {job['model']}: forward {profile.forward_time_s * 1e3:.1f} ms, backward "
-               f"{profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
+    # The job runs at its slowest rank's pace, and the ranks' speeds differ on a shared host
+    # (where the network's kernel work lands): predict with the slowest rank's profile.
+    profiles: list[Any] = [None] * world
+    dist.all_gather_object(profiles, profile.to_dict())
+    compute_by_rank = [p["forward_time_s"] + p["backward_time_s"] + p["optimizer_time_s"] for p in profiles]
+    slowest = max(range(world), key=compute_by_rank.__getitem__)
+    profile = type(profile).from_dict(profiles[slowest])
+    _log(rank, f"profiled {job['model']} (rank {slowest}, the slowest; compute per rank "
+               + ", ".join(f"{1e3 * c:.1f}" for c in compute_by_rank) + f" ms): forward {profile.forward_time_s * 1e3:.1f} ms, "
+               f"backward {profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
     bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
     # Calibration, not fitting: how much this model's compute slows while collectives stream,
     # at each rate, measured before any configuration is timed (the host reshapes the links).
