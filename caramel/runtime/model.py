@@ -30,7 +30,16 @@ class CaramelModel(nn.Module):
         if engine.delegating:
             # DDP prepares its reducer for this backward only when gradients are to be synced
             engine.ddp.require_backward_grad_sync = engine.require_sync
-            return engine.ddp(*args, **kwargs)
+            try:
+                return engine.ddp(*args, **kwargs)
+            except RuntimeError as e:
+                if engine.ddp.find_unused_parameters or "finished reduction" not in str(e):
+                    raise
+                raise RuntimeError(
+                    "caramel: a parameter got no gradient in the last step while torch DDP ran the schedule the "
+                    "overlap trial kept, and parallelize(find_unused_parameters=False) said every parameter gets "
+                    "one in every step; parallelize with find_unused_parameters=True (the default). "
+                    f"torch DDP said: {e}") from e
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -74,3 +74,16 @@ def test_overlap_none_issues_nothing_before_backward_ends(tmp_path):
             assert res["buckets"] > 2 and len(res["early"]) >= 4, res
             # "none" is the no-overlap reference; "backward" overlaps backward (the same check can fail)
             assert set(res["early"].values()) == {expect_early}, (overlap, res["early"])
+
+
+@pytest.mark.timeout(200)
+def test_hand_over_without_the_unused_parameter_search_when_the_user_vouches():
+    from tests.distributed.workers import vouched_delegation_worker
+
+    # every parameter used: torch DDP runs without its search, parameters equal plain DDP's
+    for res in run_workers(vouched_delegation_worker, 2, args=("cnn_bn", 12), timeout_s=180):
+        assert res["error"] is None and res["search"] is False and res["diff"] <= 1e-5, res
+    # a parameter without a gradient after the hand-over: one error that names the option
+    for res in run_workers(vouched_delegation_worker, 2, args=("mlp_unused", 12), timeout_s=180):
+        assert res["error_step"] > 6 and "find_unused_parameters=False" in res["error"], res
+        assert res["error"].startswith("caramel:"), res

@@ -251,6 +251,39 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
     return out
 
 
+def vouched_delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
+    """parallelize(find_unused_parameters=False): the hand-over builds torch DDP without its search
+    for unused parameters; exact against plain DDP when every parameter gets a gradient, and a
+    caramel error naming the option when one does not."""
+    w = fresh(family)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=(family == "mlp_unused"))
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, planner="fifo", overlap="backward", find_unused_parameters=False)
+    out = {"error": None}
+    for step in range(steps):
+        if step == 6:
+            opt.engine.controller._delegate_to_ddp()
+            out["search"] = opt.engine.ddp.find_unused_parameters
+        x, y = batch(family, step, rank)
+        try:
+            for mdl, o, s in ((model, opt, sched), (ddp, ropt, rsched)):
+                w.loss_fn(mdl(x), y).backward()
+                o.step()
+                s.step()
+                o.zero_grad()
+        except RuntimeError as e:
+            out["error"] = str(e)
+            out["error_step"] = step
+            break
+    if out["error"] is None:
+        opt.synchronize()
+        out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
+    caramel.shutdown()
+    return out
+
+
 def issue_order_worker(rank: int, world: int, overlap: str, trace_dir: str) -> dict:
     """Per step after planning: did any collective start before the last bucket was ready (seen in
     the trace)? Steps 0-3 profile on a provisional one-bucket plan."""
