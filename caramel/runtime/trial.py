@@ -19,7 +19,10 @@ Order of events (the same on every rank, at the same steps):
    the first step after each switch is a transition (the previous mode's
    pending updates are applied, allocations settle) and is not counted;
 3. after the last block, one all-reduce (MAX) of every candidate's median step period and its
-   standard error, so every rank sees the slowest rank's numbers and makes the same choice;
+   standard error, so every rank sees the slowest rank's numbers and makes the same choice (the
+   samples are means of consecutive pairs of periods within a block: with forward overlap a
+   rank's periods alternate long and short, and single periods would make its noise look
+   several times larger than the job's pace varies);
 4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial),
    unless DDP's schedule is among the candidates and the fastest beats it by less than twice
    the standard error of the difference: then the lead is undecided, and another pass of the
@@ -58,20 +61,32 @@ class Candidate:
     overlap: str
     plan: Plan
     periods_s: list[float] = field(default_factory=list)
+    blocks_s: list[list[float]] = field(default_factory=list)
+    """the same periods, one list per block"""
+
+    def samples_s(self) -> list[float]:
+        """Means of consecutive pairs of periods within a block (the periods themselves when no
+        block has two). With forward overlap a rank's periods alternate (68, 103, 70, 101 ms:
+        it waits in one step's forward for what its peer sends late in the step before), so one
+        period says little and a pair says what the job's pace is; a step is never paired across
+        a switch."""
+        pairs = [(b[i] + b[i + 1]) / 2 for b in self.blocks_s for i in range(0, len(b) - 1, 2)]
+        return pairs or list(self.periods_s)
 
     def median_s(self) -> float:
-        """Median of the counted step periods (inf when nothing was measured)."""
-        return statistics.median(self.periods_s) if self.periods_s else float("inf")
+        """Median of the samples (inf when nothing was measured)."""
+        xs = self.samples_s()
+        return statistics.median(xs) if xs else float("inf")
 
     def median_error_s(self) -> float:
-        """Standard error of that median, from the spread of the periods (robust: 1.4826 MAD
+        """Standard error of that median, from the spread of the samples (robust: 1.4826 MAD
         estimates the standard deviation, and the median's error is 1.2533 sd / sqrt(n))."""
-        n = len(self.periods_s)
-        if n < 2:
+        xs = self.samples_s()
+        if len(xs) < 2:
             return float("inf")
-        med = statistics.median(self.periods_s)
-        mad = statistics.median(abs(p - med) for p in self.periods_s)
-        return 1.2533 * 1.4826 * mad / n ** 0.5
+        med = statistics.median(xs)
+        mad = statistics.median(abs(p - med) for p in xs)
+        return 1.2533 * 1.4826 * mad / len(xs) ** 0.5
 
 
 def choose(medians_s: dict[str, float], errors_s: dict[str, float] | None = None, baseline: str | None = None) -> str:
@@ -131,7 +146,10 @@ class OverlapTrial:
         last block (and fills `result`), else None (keep going).
         """
         if self.in_block > 0:  # the block's first step is the transition into it
+            if self.in_block == 1:
+                self.current.blocks_s.append([])
             self.current.periods_s.append(period_s)
+            self.current.blocks_s[-1].append(period_s)
         self.in_block += 1
         if self.in_block < self.blocks[self.block][1]:
             return None
