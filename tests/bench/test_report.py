@@ -226,6 +226,9 @@ def test_concurrent_baseline_gives_the_ceiling_on_this_host():
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms, DDP / ceiling {0.181 / 0.150:.3f}x" in md
     assert [r["ceiling_s"] for r in to_json(list(recs.values()))["records"]] == pytest.approx([0.150, 0.150])
+    # E of the concurrent baseline itself: (180 - 150) / (180 - 100)
+    eff = check_targets(list(recs.values()))[2]
+    assert f"reaches median E {(0.180 - 0.150) / (0.180 - 0.100):.2f}" in eff.detail
     # overlapping everything costs more than not overlapping (U): no overlap is the better estimate
     car.concurrent_s = 0.200
     assert report.ceiling_s(car) == pytest.approx(0.180)
@@ -237,3 +240,4 @@ def test_concurrent_baseline_gives_the_ceiling_on_this_host():
     old = {r.strategy: r for r in summarize(_raw(times))}
     assert old["caramel"].concurrent_s is None and report.ceiling_speedup(old["caramel"]) is None
     assert "ceiling" not in check_targets(list(old.values()))[1].detail
+    assert "concurrent" not in check_targets(list(old.values()))[2].detail
