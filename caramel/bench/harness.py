@@ -126,8 +126,10 @@ def _log(rank: int, msg: str) -> None:
 
 def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
                   ctx: StrategyContext) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
-    """Baselines and strategies, each on its own identical model copy; a strategy that fails to
-    build on any rank is skipped on all of them (with the reason) so the others still run."""
+    """Baselines and strategies, each strategy on its own identical model copy (the concurrent
+    baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
+    their timing is used); a strategy that fails to build on any rank is skipped on all of them
+    (with the reason) so the others still run."""
     probe = make_workload(config, settings.seed, ctx.device)
     compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
     comm = CommOnly(probe.model, ctx.device)

@@ -244,11 +244,11 @@ def check_targets(records: list[Record], strategy: str = "caramel") -> list[Targ
     if es:
         m = median(es)
         detail = f"over {len(es)} configuration(s)"
-        perfect = [efficiency(r.concurrent_s, r.compute_s, r.comm_s) for r in rows
-                   if r.efficiency is not None and r.concurrent_s is not None]
-        if len(perfect) == len(es) and all(e is not None for e in perfect):
+        concurrent_e = [efficiency(r.concurrent_s, r.compute_s, r.comm_s) for r in rows
+                        if r.efficiency is not None and r.concurrent_s is not None]
+        if len(concurrent_e) == len(es) and all(e is not None for e in concurrent_e):
             detail += (f"; the concurrent baseline (perfect overlap as this host runs it) reaches median E "
-                       f"{median(perfect):.2f} over the same configurations")
+                       f"{median(concurrent_e):.2f} over the same configurations")
         out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", m >= MIN_MEDIAN_EFFICIENCY, f"{m:.2f}",
                                 detail))
     else:
@@ -366,9 +366,9 @@ def format_breakdown(records: list[Record]) -> str:
         conc = ""
         if r0.concurrent_s is not None:
             ddp = next((r for r in rs if r.strategy == "ddp"), None)
-            ceiling = ceiling_speedup(ddp) if ddp is not None else None
+            ceiling_x = ceiling_speedup(ddp) if ddp is not None else None
             conc = (f"; both at once {_ms(r0.concurrent_s)} ms"
-                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms, DDP / ceiling {ceiling:.3f}x" if ceiling else ""))
+                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms, DDP / ceiling {ceiling_x:.3f}x" if ceiling_x else ""))
         lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}{conc}")
         for r in rs:
@@ -397,7 +397,8 @@ def format_breakdown(records: list[Record]) -> str:
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """`caramel.bench/1`: {"records": [...], "targets": [...], "meta": {...}}; each record also
-    carries its configuration's estimated ceiling (`ceiling_s`, None without the baselines)."""
+    carries its configuration's estimated ceiling (`ceiling_s`, None without the concurrent
+    baseline or the simulator's bound)."""
     return {
         "format": format_tag(KIND),
         "records": [dict(asdict(r), ceiling_s=ceiling_s(r)) for r in records],

@@ -406,7 +406,7 @@ class Engine:
 
     @property
     def wait_this_step_s(self) -> float:
-        """Time blocked on communication since the last `step()` (reset at each step)."""
+        """Time blocked on communication since the last `step()` that reduced (or passed through)."""
         return self._wait_acc
 
     def _end_iteration(self) -> None:

@@ -36,9 +36,10 @@ class CaramelModel(nn.Module):
                 if engine.ddp.find_unused_parameters or "finished reduction" not in str(e):
                     raise
                 raise RuntimeError(
-                    "caramel: a parameter got no gradient in the last step while torch DDP ran the schedule the "
-                    "overlap trial kept, and parallelize(find_unused_parameters=False) said every parameter gets "
-                    "one in every step; parallelize with find_unused_parameters=True (the default). "
+                    "caramel: torch DDP, which runs DDP's schedule for the engine (overlap trial), did not finish "
+                    "reducing the last step: a parameter got no gradient, or a forward ran without its backward. "
+                    "parallelize(find_unused_parameters=False) promised every parameter a gradient in every step; "
+                    "if some parameter can go without one, use find_unused_parameters=True (the default). "
                     f"torch DDP said: {e}") from e
         return self.module(*args, **kwargs)
 

@@ -136,8 +136,11 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
         sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
         engine.group_holders.append(sync)
-        # first of the model's pre-hooks: the broadcast waits for the slowest peer, which is
-        # communication, not forward time (the online profile's forward and the trace's compute)
+        # first of the model's pre-hooks, as DDP broadcasts before the module runs: the broadcast
+        # waits for the slowest peer, which is communication, not forward time, so the online
+        # profile's forward and the trace's compute leave it out (the simulator does not model
+        # it; the trace shows it as a wait just before the forward, at the end of the previous
+        # step's window)
         model.register_forward_pre_hook(sync.pre_forward, prepend=True)
         model.register_forward_hook(sync.post_forward, always_call=True)
     wrapped = CaramelModel(model, engine)

@@ -64,24 +64,28 @@ class Candidate:
     blocks_s: list[list[float]] = field(default_factory=list)
     """the same periods, one list per block"""
 
-    def samples_s(self) -> list[float]:
-        """Means of consecutive pairs of periods within a block (the periods themselves when no
-        block has two). With forward overlap a rank's periods alternate (68, 103, 70, 101 ms:
-        it waits in one step's forward for what its peer sends late in the step before), so one
-        period says little and a pair says what the job's pace is; a step is never paired across
-        a switch."""
-        pairs = [(b[i] + b[i + 1]) / 2 for b in self.blocks_s for i in range(0, len(b) - 1, 2)]
-        return pairs or list(self.periods_s)
+    def has_pairs(self) -> bool:
+        return any(len(b) >= 2 for b in self.blocks_s)
 
-    def median_s(self) -> float:
+    def samples_s(self, paired: bool = True) -> list[float]:
+        """Means of consecutive pairs of periods within a block (an odd last period of a block
+        left out), or with `paired=False` the periods themselves. With forward overlap a rank's
+        periods alternate (68, 103, 70, 101 ms: it waits in one step's forward for what its peer
+        sends late in the step before), so one period says little and a pair says what the job's
+        pace is; a step is never paired across a switch."""
+        if not paired:
+            return list(self.periods_s)
+        return [(b[i] + b[i + 1]) / 2 for b in self.blocks_s for i in range(0, len(b) - 1, 2)]
+
+    def median_s(self, paired: bool = True) -> float:
         """Median of the samples (inf when nothing was measured)."""
-        xs = self.samples_s()
+        xs = self.samples_s(paired)
         return statistics.median(xs) if xs else float("inf")
 
-    def median_error_s(self) -> float:
+    def median_error_s(self, paired: bool = True) -> float:
         """Standard error of that median, from the spread of the samples (robust: 1.4826 MAD
         estimates the standard deviation, and the median's error is 1.2533 sd / sqrt(n))."""
-        xs = self.samples_s()
+        xs = self.samples_s(paired)
         if len(xs) < 2:
             return float("inf")
         med = statistics.median(xs)
@@ -166,8 +170,12 @@ class OverlapTrial:
         # slowest rank per candidate: the step is as slow as its slowest worker; likewise the
         # noisiest rank's error
         n = len(self.candidates)
-        t = torch.tensor([c.median_s() for c in self.candidates] + [c.median_error_s() for c in self.candidates],
-                         dtype=torch.float64)
+        # every candidate judged alike: in pairs only if each has a block of two counted steps
+        # (with trial_steps=2 only the merged middle block has), else period by period; the
+        # same on every rank, which all run the same blocks
+        paired = all(c.has_pairs() for c in self.candidates)
+        t = torch.tensor([c.median_s(paired) for c in self.candidates]
+                         + [c.median_error_s(paired) for c in self.candidates], dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         values = t.tolist()
@@ -182,5 +190,6 @@ class OverlapTrial:
             return self.current
         self.result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
                        "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
-                       "steps_counted": {c.name: len(c.periods_s) for c in self.candidates}}
+                       "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
+                       "samples": {c.name: len(c.samples_s(paired)) for c in self.candidates}, "paired": paired}
         return next(c for c in self.candidates if c.name == winner)

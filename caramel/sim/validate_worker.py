@@ -253,11 +253,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # (where the network's kernel work lands): predict with the slowest rank's profile.
     profiles: list[Any] = [None] * world
     dist.all_gather_object(profiles, profile.to_dict())
-    compute_by_rank = [p["forward_time_s"] + p["backward_time_s"] + p["optimizer_time_s"] for p in profiles]
-    slowest = max(range(world), key=compute_by_rank.__getitem__)
-    profile = type(profile).from_dict(profiles[slowest])
+    compute_s_by_rank = [p["forward_time_s"] + p["backward_time_s"] + p["optimizer_time_s"] for p in profiles]
+    slowest = max(range(world), key=compute_s_by_rank.__getitem__)
+    profile = type(profile).from_dict(profiles[slowest], source=f"rank {slowest}'s profile")
     _log(rank, f"profiled {job['model']} (rank {slowest}, the slowest; compute per rank "
-               + ", ".join(f"{1e3 * c:.1f}" for c in compute_by_rank) + f" ms): forward {profile.forward_time_s * 1e3:.1f} ms, "
+               + ", ".join(f"{1e3 * c:.1f}" for c in compute_s_by_rank) + f" ms): forward {profile.forward_time_s * 1e3:.1f} ms, "
                f"backward {profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
     bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
     # Calibration, not fitting: how much this model's compute slows while collectives stream,

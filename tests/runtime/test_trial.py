@@ -37,6 +37,7 @@ def test_trial_runs_a_bb_a_blocks_and_picks_the_faster_median_without_transition
     assert r["step_period_s"] == {"forward": pytest.approx(0.0805), "backward": pytest.approx(0.077)}
     assert r["chosen"] == r["fastest"] == "backward" and r["baseline"] is None
     assert r["steps_counted"] == {"forward": 4, "backward": 5}
+    assert r["paired"] is True and r["samples"] == {"forward": 2, "backward": 2}
     # MAD of forward's pairs 81, 80 ms is 0.5 ms: error 1.2533 * 1.4826 * 0.5 ms / sqrt(2)
     assert r["median_error_s"]["forward"] == pytest.approx(1.2533 * 1.4826 * 0.0005 / 2 ** 0.5)
 
@@ -75,6 +76,11 @@ def test_three_candidates_run_in_mirrored_blocks():
                                                      "backward", None, "forward", None, "fifo/backward"]
     assert trial.result["chosen"] == "fifo/backward"
     assert trial.result["steps_counted"] == {"forward": 2, "backward": 2, "fifo/backward": 3}
+    # one counted step per block for two of them: every candidate is judged period by period
+    # (pairs for DDP's schedule alone would leave it one sample and an infinite error)
+    assert trial.result["paired"] is False
+    assert trial.result["samples"] == trial.result["steps_counted"]
+    assert trial.result["median_error_s"]["fifo/backward"] < float("inf")
 
 
 def _three(steps: int = 2, passes: int = 3) -> OverlapTrial:
