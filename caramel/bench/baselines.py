@@ -137,9 +137,12 @@ class CommOnly(Runner):
     def total_bytes(self) -> int:
         return sum(self.bucket_bytes)
 
+    def issue(self) -> list:
+        """Every bucket's all-reduce, handed to the backend; the works to wait for."""
+        return [dist.all_reduce(b, group=self.group, async_op=True) for b in self.buffers]
+
     def step(self) -> None:
-        works = [dist.all_reduce(b, group=self.group, async_op=True) for b in self.buffers]
-        for w in works:
+        for w in self.issue():
             w.wait()
         sync_device(self.device)
 
@@ -158,7 +161,7 @@ class Concurrent(Runner):
 
     def step(self) -> None:
         # Issued first, awaited last: the whole step's compute is available to hide it.
-        works = [dist.all_reduce(b, group=self.comm.group, async_op=True) for b in self.comm.buffers]
+        works = self.comm.issue()
         self.compute.step()
         for w in works:
             w.wait()

@@ -60,9 +60,12 @@ class Candidate:
     """how reports call it: `planner/overlap`, e.g. `caramel/forward`"""
     overlap: str
     plan: Plan
-    periods_s: list[float] = field(default_factory=list)
     blocks_s: list[list[float]] = field(default_factory=list)
-    """the same periods, one list per block"""
+    """the counted step periods, one list per block"""
+
+    @property
+    def periods_s(self) -> list[float]:
+        return [p for b in self.blocks_s for p in b]
 
     def has_pairs(self) -> bool:
         return any(len(b) >= 2 for b in self.blocks_s)
@@ -74,7 +77,7 @@ class Candidate:
         sends late in the step before), so one period says little and a pair says what the job's
         pace is; a step is never paired across a switch."""
         if not paired:
-            return list(self.periods_s)
+            return self.periods_s
         return [(b[i] + b[i + 1]) / 2 for b in self.blocks_s for i in range(0, len(b) - 1, 2)]
 
     def median_s(self, paired: bool = True) -> float:
@@ -152,7 +155,6 @@ class OverlapTrial:
         if self.in_block > 0:  # the block's first step is the transition into it
             if self.in_block == 1:
                 self.current.blocks_s.append([])
-            self.current.periods_s.append(period_s)
             self.current.blocks_s[-1].append(period_s)
         self.in_block += 1
         if self.in_block < self.blocks[self.block][1]:

@@ -251,11 +251,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                                     steps=job["profile_steps"], name=job["model"])
     # The job runs at its slowest rank's pace, and the ranks' speeds differ on a shared host
     # (where the network's kernel work lands): predict with the slowest rank's profile.
-    profiles: list[Any] = [None] * world
-    dist.all_gather_object(profiles, profile.to_dict())
-    compute_s_by_rank = [p["forward_time_s"] + p["backward_time_s"] + p["optimizer_time_s"] for p in profiles]
+    compute_s_by_rank: list[Any] = [None] * world
+    dist.all_gather_object(compute_s_by_rank, profile.step_time_s)  # forward + backward + optimizer
     slowest = max(range(world), key=compute_s_by_rank.__getitem__)
-    profile = type(profile).from_dict(profiles[slowest], source=f"rank {slowest}'s profile")
+    box = [profile if rank == slowest else None]
+    dist.broadcast_object_list(box, src=slowest)
+    profile = box[0]
     _log(rank, f"profiled {job['model']} (rank {slowest}, the slowest; compute per rank "
                + ", ".join(f"{1e3 * c:.1f}" for c in compute_s_by_rank) + f" ms): forward {profile.forward_time_s * 1e3:.1f} ms, "
                f"backward {profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
