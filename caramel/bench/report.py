@@ -160,6 +160,8 @@ class Record:
     """caramel with overlap="auto": the trial's step period per candidate schedule (slowest rank) and the one chosen"""
     delegated_to_ddp: bool = False
     """caramel: the trial kept DDP's schedule and torch DDP ran it from then on (the engine's timeline stops there)"""
+    plan: dict[str, Any] | None = None
+    """caramel: the plan the engine ran last (`Engine.stats_dict()["plan"]`): order, bucket sizes, prediction, the link it assumed"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -199,7 +201,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
-            timeline=raw.get("timeline", {}).get(name), **common))
+            plan=st.get("plan"), timeline=raw.get("timeline", {}).get(name), **common))
     return records
 
 
@@ -385,6 +387,8 @@ def format_breakdown(records: list[Record]) -> str:
                     trial += " (run by torch DDP from then on)"
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
                          f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}")
+            if r.plan and not r.delegated_to_ddp:
+                lines.append(f"    plan: {_plan_line(r.plan)}")
             if r.timeline and not r.delegated_to_ddp:
                 tl = r.timeline
                 lines.append(f"    timeline (mean per step): compute lane {_ms(tl.get('compute_s'))} ms, of which "
@@ -393,6 +397,24 @@ def format_breakdown(records: list[Record]) -> str:
                              f"{_ms(tl.get('busy_hidden_comm_s'))} ms of it behind real computation; "
                              f"blocked waiting {_ms(tl.get('wait_s'))} ms")
     return "\n".join(lines)
+
+
+def _plan_line(plan: dict[str, Any]) -> str:
+    """One line for a plan summary: buckets, order, prediction, and the link it was made for."""
+    sizes = plan.get("bucket_bytes") or []
+    parts = [f"{plan.get('planner')} {plan.get('order') or ''}".strip(),
+             f"{len(sizes)} buckets ({', '.join(f'{b / 1e6:.2f}' for b in sizes)} MB), {plan.get('items')} collectives"]
+    if plan.get("predicted_step_time_s") is not None:
+        parts.append(f"predicted {_ms(plan['predicted_step_time_s'])} ms")
+    link = []
+    if plan.get("bandwidth_bps"):
+        link.append(f"{plan['bandwidth_bps'] / 1e6:.0f} Mbit/s")
+    if plan.get("latency_s") is not None:
+        queued = plan.get("queued_latency_s")
+        link.append(f"alpha {plan['latency_s'] * 1e3:.2f} ms" + (f" ({queued * 1e3:.2f} ms queued)" if queued is not None else ""))
+    if link:
+        parts.append("for " + ", ".join(link))
+    return "; ".join(parts)
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:

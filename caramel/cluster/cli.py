@@ -133,6 +133,11 @@ def _probe(args: argparse.Namespace) -> int:
           f"latency {fit.latency_s * 1e6:.1f} us, world size {fit.world_size}, max relative error {fit.max_rel_error:.0%}")
     if fit.outliers:
         print(f"left out of the fit as outliers (host noise): {', '.join(f'{b} B at {t * 1e3:.2f} ms' for b, t in fit.outliers)}")
+    if spec.queued_latency_s is not None:
+        q = spec.meta["probe"]["queued"]
+        print(f"queued behind another collective: latency {spec.queued_latency_s * 1e6:.1f} us per message "
+              f"({q['queued_pieces']} back-to-back pieces of {q['queued_piece_bytes']} B took "
+              f"{q['queued_extra_s'] * 1e3:.3f} ms more each than one all-reduce of them all)")
     if args.json:
         spec.save(args.json)
         print(f"wrote {args.json}")

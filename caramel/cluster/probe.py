@@ -4,7 +4,10 @@
 caramel.cluster.probe --out FILE ...`): each rank all-reduces float32 tensors over a geometric
 sweep of sizes, and rank 0 writes the fastest, median and mean time per size. `fit_alpha_beta()` then fits the
 ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B, by least squares
-on relative error (every size counts, not only the largest), and returns a `ClusterSpec`.
+on relative error (every size counts, not only the largest), and returns a `ClusterSpec`. With
+gloo, the job then times the same bytes as one all-reduce and as back-to-back pieces
+(`measure_queued_extra_s`) for the spec's `queued_latency_s`: what a collective queued behind
+another pays.
 
 Each size is summarized by the mean over repetitions (of the slowest rank's time): the cost a
 plan pays per collective on average. The fastest repetition would hide the host's wake-up
@@ -35,6 +38,11 @@ if TYPE_CHECKING:
 
 MIN_BYTES = 4 * 1024
 MAX_BYTES = 64 * 1024 * 1024
+# the queued latency's probe (`measure_queued_extra_s`): pieces sent whole and one by one
+QUEUED_PIECES = 16
+QUEUED_REPS = 5
+QUEUED_BACKLOG = 2  # a piece's transfer, in lone collectives' time
+QUEUED_MIN_BYTES, QUEUED_MAX_BYTES = 64 * 1024, 4 * 1024 * 1024
 
 
 @dataclass
@@ -104,6 +112,48 @@ def _fit_once(sizes_bytes: list[int], times_s: list[float], world_size: int) -> 
     return fit
 
 
+def queued_piece_bytes(latency_s: float, bandwidth_bps: float, world_size: int) -> int:
+    """Piece size for `measure_queued_extra_s`: about `QUEUED_BACKLOG` lone collectives' time at
+    `bandwidth_bps`, so the link stays busy while the next piece is prepared (a multiple of 4)."""
+    lone_s = 2 * (max(world_size, 2) - 1) * latency_s
+    nbytes = min(max(QUEUED_BACKLOG * lone_s * bandwidth_bps / 8, QUEUED_MIN_BYTES), QUEUED_MAX_BYTES)
+    return int(nbytes) // 4 * 4
+
+
+def measure_queued_extra_s(group: Any, piece_bytes: int, pieces: int = QUEUED_PIECES, reps: int = QUEUED_REPS) -> float:
+    """Seconds each extra collective adds on this rank when `pieces` x `piece_bytes` go as back-to-back
+    all-reduces instead of one (median of `reps` paired tries; may be slightly negative: noise).
+
+    `group` is a gloo process group (its `allreduce([tensor])` returns a work). Every rank must
+    call this with the same sizes, at the same point. With one backend thread (the engine's
+    groups), a collective queued behind a large one costs this much more than its bytes: its
+    fixed cost is mostly spent while the previous one's bytes drain (`ClusterSpec`).
+    """
+    import torch
+
+    assert pieces >= 2 and reps >= 1 and piece_bytes >= 4
+    numel = piece_bytes // 4
+    whole = torch.zeros(numel * pieces)
+    parts = list(whole.split(numel))
+
+    def timed(bufs: list) -> float:
+        t0 = time.perf_counter()
+        for w in [group.allreduce([b]) for b in bufs]:
+            w.wait()
+        return time.perf_counter() - t0
+
+    extra = []
+    for _ in range(reps):
+        one, many = timed([whole]), timed(parts)
+        extra.append((many - one) / (pieces - 1))
+    return statistics.median(extra)
+
+
+def queued_latency_from_extra_s(extra_s: float, latency_s: float, world_size: int) -> float:
+    """Per-message queued latency from `measure_queued_extra_s` (all 2(n-1) ring steps), within [0, latency_s]."""
+    return min(max(extra_s / (2 * (max(world_size, 2) - 1)), 0.0), latency_s)
+
+
 def default_sizes(bandwidth_bps: float, world_size: int, points: int = 8, largest_s: float = 0.08) -> list[int]:
     """Geometric sizes from 4 KiB up to what takes about `largest_s` on the nominal link."""
     n = max(world_size, 2)
@@ -145,7 +195,11 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
                   "median_times_s": measured["median_times_s"], "outliers": fit.outliers,
                   "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
     }
-    spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta)
+    queued_s = None
+    if "queued_extra_s" in measured:
+        queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
+        meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_piece_bytes", "queued_pieces")}
+    spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta, queued_latency_s=queued_s)
     return spec, fit
 
 
@@ -186,11 +240,22 @@ def _worker_main(argv: list[str]) -> int:
         medians.append(statistics.median(slowest))
         means.append(statistics.fmean(slowest))
         actual.append(t.numel() * 4)
+    queued: dict[str, Any] = {}
+    if backend == "gloo":
+        # every rank holds the same (slowest-rank) means, so every rank sizes the pieces alike;
+        # on a one-thread group like the engine's, whose collectives run in issue order
+        from caramel.distributed import gloo_group
+
+        fit = fit_alpha_beta(actual, means, dist.get_world_size())
+        piece = queued_piece_bytes(fit.latency_s, fit.bandwidth_bps, dist.get_world_size())
+        extra = torch.tensor([measure_queued_extra_s(gloo_group("probe-queued", threads=1), piece)], dtype=torch.float64)
+        dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+        queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES}
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,
                                                 "sizes_bytes": actual, "times_s": fastest,
-                                                "median_times_s": medians, "mean_times_s": means}))
+                                                "median_times_s": medians, "mean_times_s": means, **queued}))
     dist.destroy_process_group()
     return 0
 

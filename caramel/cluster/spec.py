@@ -3,6 +3,15 @@
 Latency (alpha, seconds per message) and bandwidth (beta, bits per second per worker link)
 are either fitted from a probe of real all-reduces (`caramel cluster probe`) or written by
 hand for what-if questions.
+
+A collective's fixed cost depends on what the link did just before. On an idle link it pays the
+whole message latency (`latency_s`: waking the backend's thread and the peers', one round trip
+per step). Queued behind a collective whose bytes are still draining, it spends that cost while
+the link is busy anyway: it pays `latency_s` less the previous transfer's time, but at least
+`queued_latency_s` (gloo over TCP on the emulated cluster: 0.5-2.9 ms for a lone tiny
+all-reduce, 1.6-2.1 ms each for tiny ones back to back, 0.4-0.56 ms more per extra collective
+when 8 MB go as 8 or 32 back-to-back pieces; `docs/simulator.md`). `queued_latency_s=None`
+means the same as `latency_s`: every collective pays the whole latency.
 """
 from __future__ import annotations
 
@@ -37,6 +46,12 @@ class ClusterSpec:
     collective: str = "ring"
     num_servers: int = 1  # parameter servers, for collective="ps"
     meta: dict[str, Any] = field(default_factory=dict)
+    queued_latency_s: float | None = None  # per message, the least a collective queued behind another pays
+
+    @property
+    def effective_queued_latency_s(self) -> float:
+        """The latency a collective pays when it starts right behind another (see the module docstring)."""
+        return self.latency_s if self.queued_latency_s is None else self.queued_latency_s
 
     def __post_init__(self) -> None:
         self.validate()
@@ -62,6 +77,9 @@ class ClusterSpec:
             raise FormatError(f"{source}: field 'bandwidth_bps' must be a positive number of bits per second, got {self.bandwidth_bps!r}")
         if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise FormatError(f"{source}: field 'latency_s' must be a number >= 0, got {self.latency_s!r}")
+        q = self.queued_latency_s
+        if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and q >= 0):
+            raise FormatError(f"{source}: field 'queued_latency_s' must be a number >= 0 or null (the same as latency_s), got {q!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -87,6 +105,7 @@ class ClusterSpec:
         spec.collective = data.get("collective", "ring")
         spec.num_servers = data.get("num_servers", 1)
         spec.meta = require_mapping(data, "meta", source)
+        spec.queued_latency_s = data.get("queued_latency_s")
         spec.validate(source)
         return spec
 

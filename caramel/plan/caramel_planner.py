@@ -3,7 +3,10 @@
 Candidates come from the cluster's fitted cost model, time(S) = L + S * beta per collective
 (`CommModel`): S_half = L / beta is the size at which latency equals transfer time, so bucket
 caps at 1, 4, 16 and 64 x S_half keep latency at 50%, 20%, 6% and 1.5% of a bucket's time;
-caps at fractions of the model and the baselines' groupings (DDP's, Horovod's) are tried too.
+S_half is taken twice, with the latency of a collective on an idle link and with the smaller
+one of a collective queued behind another (`ClusterSpec.queued_latency_s`; chunk caps use the
+latter, as a bucket's chunks go back to back); caps at fractions of the model and the
+baselines' groupings (DDP's, Horovod's) are tried too.
 Parameters are grouped in gradient-ready order (a bucket is ready when its last gradient is).
 Issue orders:
 - `ready`: buckets as they fill (what DDP does);
@@ -21,6 +24,7 @@ function of (profile, cluster, options) and every rank computes the identical pl
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +43,7 @@ DEFAULT_LATENCY_S = 50e-6
 HALF_MULTIPLES = (1, 4, 16, 64)
 MODEL_FRACTIONS = (1, 2, 4, 8, 16, 32)
 FIXED_CAPS_BYTES = (1 * MB, 4 * MB, 25 * MB)
-CHUNK_MULTIPLES = (4, 16)  # chunk caps, in S_half
+CHUNK_MULTIPLES = (4, 16)  # chunk caps, in queued S_half
 MAX_CHUNKS = 64
 TOP_GROUPINGS = 3
 MAX_HYBRID_KS = 16
@@ -80,10 +84,12 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     search = _Search(profile, cluster, CommModel(cluster, comm_model), overlap)
     total = sum(p.bytes for p in params)
     s_half = search.s_half_bytes(total)
+    s_half_queued = search.s_half_bytes(total, queued=True)
 
     # stage 1: groupings from caps and from the baselines, each with the three basic orders
+    halves = [s_half * k for k in HALF_MULTIPLES] + [s_half_queued * k for k in HALF_MULTIPLES]
     caps = sorted({max(1.0, min(float(total), c)) for c in
-                   [s_half * k for k in HALF_MULTIPLES] + [total / k for k in MODEL_FRACTIONS] + list(FIXED_CAPS_BYTES)})
+                   halves + [total / k for k in MODEL_FRACTIONS] + list(FIXED_CAPS_BYTES)})
     groupings: list[Groups] = []
     for cap in caps:
         groupings.append(tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))])))
@@ -110,7 +116,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     # stage 4: chunk the large buckets of the best candidate
     base = search.best
     for mult in CHUNK_MULTIPLES:
-        chunk_cap = s_half * mult
+        chunk_cap = s_half_queued * mult  # a bucket's chunks go back to back
         chunks = tuple(_num_chunks(search.group_bytes(g), search.group_numel(g), chunk_cap) for g in base.groups)
         if chunks != base.chunks:
             search.evaluate(Candidate(base.groups, chunks, base.order_name, base.bucket_order, chunk_cap))
@@ -125,9 +131,11 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         "order": best.order_name,
         "candidates_evaluated": search.count,
         "s_half_bytes": s_half,
+        "s_half_queued_bytes": s_half_queued,
         "comm_model": search.comm.describe(),
         "cluster": {"workers": cluster.world_size, "bandwidth_bps": cluster.bandwidth_bps,
-                    "latency_s": cluster.latency_s, "collective": cluster.collective, "topology": cluster.topology},
+                    "latency_s": cluster.latency_s, "queued_latency_s": cluster.queued_latency_s,
+                    "collective": cluster.collective, "topology": cluster.topology},
         "predicted": {k: getattr(result, k) for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s")},
     }
     if resized:
@@ -151,9 +159,11 @@ class _Search:
         self._seen: dict[tuple, tuple] = {}
 
     # -- sizes and the cost model
-    def s_half_bytes(self, total: int) -> float:
-        """Bytes at which one collective's latency equals its transfer time."""
-        return self.comm.latency_s / self.comm.per_byte_s if self.comm.per_byte_s > 0 else float(total)
+    def s_half_bytes(self, total: int, queued: bool = False) -> float:
+        """Bytes at which one collective's latency (on an idle link, or `queued` behind another)
+        equals its transfer time."""
+        latency_s = self.comm.queued_latency_s if queued else self.comm.latency_s
+        return latency_s / self.comm.per_byte_s if self.comm.per_byte_s > 0 else float(total)
 
     def group_bytes(self, g) -> int:
         return sum(self.by_index[i].bytes for i in g)
@@ -299,6 +309,5 @@ def _cluster_for(cluster: ClusterSpec | None, world_size: int | None) -> tuple[C
     cluster.validate()
     if world_size is None or world_size == cluster.world_size:
         return cluster, None
-    resized = ClusterSpec([WorkerSpec(f"w{i}") for i in range(world_size)], cluster.bandwidth_bps, cluster.latency_s,
-                          cluster.topology, cluster.collective, cluster.num_servers, dict(cluster.meta))
+    resized = dataclasses.replace(cluster, workers=[WorkerSpec(f"w{i}") for i in range(world_size)], meta=dict(cluster.meta))
     return resized, {"workers": cluster.world_size}

@@ -259,21 +259,23 @@ class Engine:
         self._comm_done[key] = now
         self.comm_log.append((self._issue_t.get(key, now), now, nbytes))
 
-    def measured_bandwidth_bps(self, latency_s: float) -> float | None:
+    def measured_bandwidth_bps(self, latency_s: float, queued_latency_s: float | None = None) -> float | None:
         """Link bandwidth implied by the collectives completed since the last call (ring
         all-reduce model; a collective's transfer starts at its issue or when the previous one
-        finished, whichever is later, as the backend runs them one at a time). None if too little
-        was sent to tell."""
+        finished, whichever is later, as the backend runs them one at a time, and one that waited
+        for the previous one pays `queued_latency_s` per message, the same as `latency_s` when
+        None). None if too little was sent to tell."""
         log = sorted(self.comm_log, key=lambda e: e[1])
         self.comm_log.clear()
         n = self.world_size
         if n < 2 or not log:
             return None
+        queued = latency_s if queued_latency_s is None else queued_latency_s
         total_bits, total_s, prev_done = 0.0, 0.0, 0.0
         for issue, done, nbytes in log:
             start = max(issue, prev_done)
+            dur = done - start - 2 * (n - 1) * (queued if issue < prev_done else latency_s)
             prev_done = done
-            dur = done - start - 2 * (n - 1) * latency_s
             if dur > 0:
                 total_bits += 2 * (n - 1) / n * nbytes * 8
                 total_s += dur
@@ -524,4 +526,16 @@ class Engine:
             "plan_fingerprint": self.plan.fingerprint if self.plan else None, "overlap": self.overlap,
             "buckets": len(self.buckets), "items": len(self.plan.order) if self.plan else 0,
             "overlap_trial": s.extra.get("overlap_trial"), "delegated_to_ddp": self.delegating,
+            "plan": self._plan_summary(),
         }
+
+    def _plan_summary(self) -> dict[str, Any] | None:
+        """What the running plan is and what it was made for (None without a plan)."""
+        if self.plan is None:
+            return None
+        cluster = self.plan.options.get("cluster", {})
+        return {"planner": self.plan.planner, "order": self.plan.options.get("order"),
+                "bucket_bytes": [b.bytes for b in self.plan.buckets], "items": len(self.plan.order),
+                "predicted_step_time_s": self.plan.predicted_step_time_s,
+                "bandwidth_bps": cluster.get("bandwidth_bps"), "latency_s": cluster.get("latency_s"),
+                "queued_latency_s": cluster.get("queued_latency_s")}

@@ -409,7 +409,7 @@ class _Controller:
         h = int(self.engine.plan.fingerprint[:12], 16)
         bw = None
         if self.replan == "auto" and self.plan_cluster is not None:
-            bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s)
+            bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s, self.plan_cluster.queued_latency_s)
         calls = self.engine.step_calls
         t = torch.tensor([h, -h, int(self.engine.order_changed), int(bw // 1000) if bw else 0, calls, -calls],
                          dtype=torch.int64)
@@ -480,10 +480,11 @@ class _Controller:
         self.engine.stats.replans += 1
 
     def _measured_cluster(self) -> ClusterSpec | None:
-        """The default cluster with the per-collective latency and the bandwidth this job shows:
-        tiny all-reduces on the engine's own group for the latency, the profiling steps'
-        collectives for the bandwidth (the slowest rank's latency, the best rank's bandwidth;
-        one all-reduce each, on every rank at the same step)."""
+        """The default cluster with the per-collective latencies and the bandwidth this job
+        shows: tiny all-reduces on the engine's own group for the latency on an idle link, the
+        profiling steps' collectives for the bandwidth, then back-to-back pieces for the latency
+        of a queued collective (`_measure_queued_latency_s`). The slowest rank's latencies, the
+        best rank's bandwidth: one all-reduce each, on every rank at the same step."""
         import dataclasses
 
         base = _default_cluster(self.world)
@@ -492,19 +493,24 @@ class _Controller:
         t = torch.tensor([int(bw // 1000) if bw else 0], dtype=torch.int64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        measured_bps = float(t[0]) * 1000
+        queued_s = self._measure_queued_latency_s(latency_s, measured_bps or base.bandwidth_bps)
         self.engine.stats.extra["measured_latency_s"] = latency_s
+        self.engine.stats.extra["measured_queued_latency_s"] = queued_s
         meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES)
-        if int(t[0]) <= 0:
-            return dataclasses.replace(base, latency_s=latency_s, meta=meta)
-        self.engine.stats.extra["measured_bandwidth_bps"] = float(t[0]) * 1000
-        return dataclasses.replace(base, bandwidth_bps=float(t[0]) * 1000, latency_s=latency_s, meta=meta)
+        base = dataclasses.replace(base, latency_s=latency_s, queued_latency_s=queued_s, meta=meta)
+        if measured_bps <= 0:
+            return base
+        self.engine.stats.extra["measured_bandwidth_bps"] = measured_bps
+        return dataclasses.replace(base, bandwidth_bps=measured_bps)
 
     def _measure_latency_s(self) -> float:
-        """Per-step latency alpha of the ring model: the mean time of `LATENCY_PROBES` tiny
-        all-reduces on the engine's group, over the 2(n-1) steps of a ring. The mean, not the
-        fastest: a plan pays each collective's typical cost, and on a virtual machine whose
-        idle CPUs halt that includes waking the backend's thread (0.4 ms at best, 2-4 ms in
-        half of the tries on the 2-core test host, where the default assumes 50 us)."""
+        """Per-step latency alpha of the ring model on an idle link: the mean time of
+        `LATENCY_PROBES` tiny all-reduces on the engine's group, over the 2(n-1) steps of a
+        ring. The mean, not the fastest: a plan pays each collective's typical cost, and on a
+        virtual machine whose idle CPUs halt that includes waking the backend's thread (0.4 ms
+        at best, 2-4 ms in half of the tries on the 2-core test host, where the default assumes
+        50 us)."""
         assert self.world > 1, "one process plans without profiling: no collectives to time"
         buf = torch.zeros(256)
         self.engine.comm.allreduce([buf]).wait()  # the first may still be connecting
@@ -516,6 +522,20 @@ class _Controller:
         mean = torch.tensor([sum(times) / len(times)], dtype=torch.float64)
         dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
         return float(mean[0]) / (2 * (self.world - 1))
+
+    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> float:
+        """Per-step latency of a collective issued while the link is still busy with the one
+        before it (`caramel.cluster.probe.measure_queued_extra_s` on the engine's group, pieces
+        sized for `bandwidth_bps`, the same on every rank; the slowest rank's), at most
+        `latency_s`. A plan's back-to-back buckets cost far less each than a lone collective
+        (0.4-0.56 ms against 0.5-2.9 ms on the emulated cluster); the probe takes about 320
+        lone collectives' time (under a second there)."""
+        from caramel.cluster.probe import measure_queued_extra_s, queued_latency_from_extra_s, queued_piece_bytes
+
+        piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)
+        t = torch.tensor([measure_queued_extra_s(self.engine.comm, piece)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return queued_latency_from_extra_s(float(t[0]), latency_s, self.world)
 
 
 class _BufferSync:

@@ -21,6 +21,7 @@ message-level model is the one to trust.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -185,7 +186,11 @@ def message_counts(cluster: ClusterSpec) -> tuple[int, float]:
 
 
 class CommModel:
-    """Collective time as a function of bytes, for the engine: `latency_s + nbytes * per_byte_s`.
+    """Collective time as a function of bytes, for the engine: `latency_s + nbytes * per_byte_s`
+    on an idle link. A collective that starts while the link is still busy with the previous one
+    spends its fixed cost while that one's bytes drain: it pays `latency_s` less the previous
+    transfer's time, but at least `queued_latency_s` (`ClusterSpec.queued_latency_s`); behind a
+    tiny collective it pays nearly the whole latency, behind a large one only the queued part.
 
     Every flow of every model scales with S and routes do not depend on S, so under the fluid
     model a collective's time is exactly affine in S. We therefore run the message-level model
@@ -206,12 +211,23 @@ class CommModel:
         full = fn(cluster, self.REFERENCE_BYTES)
         self.per_byte_s = max(full - self.latency_s, 0.0) / self.REFERENCE_BYTES
         self.steps, self.sent_per_byte = message_counts(cluster)
+        # the same messages, each paying the queued latency (zero bytes: the fixed part only)
+        queued = cluster.effective_queued_latency_s
+        self.queued_latency_s = (self.latency_s if queued == cluster.latency_s
+                                 else fn(dataclasses.replace(cluster, latency_s=queued), 0.0))
 
-    def time_s(self, nbytes: float) -> float:
-        """Duration of one collective over `nbytes` per worker."""
+    def time_s(self, nbytes: float, after_transfer_s: float | None = None) -> float:
+        """Duration of one collective over `nbytes` per worker: on an idle link, or, with
+        `after_transfer_s`, queued behind a collective whose bandwidth part took that long."""
         if self.cluster.world_size <= 1:
             return 0.0
-        return self.latency_s + nbytes * self.per_byte_s
+        return self.fixed_s(after_transfer_s) + nbytes * self.per_byte_s
+
+    def fixed_s(self, after_transfer_s: float | None = None) -> float:
+        """The latency part of one collective (see the class docstring)."""
+        if after_transfer_s is None:
+            return self.latency_s
+        return max(self.queued_latency_s, self.latency_s - after_transfer_s)
 
     def transfer_s(self, nbytes: float) -> float:
         """The bandwidth part only (no latency): what perfect batching could reach."""
@@ -219,4 +235,5 @@ class CommModel:
 
     def describe(self) -> dict:
         return {"collective": self.cluster.collective, "topology": self.cluster.topology, "mode": self.mode,
-                "latency_s": self.latency_s, "per_byte_s": self.per_byte_s, "steps": self.steps}
+                "latency_s": self.latency_s, "queued_latency_s": self.queued_latency_s,
+                "per_byte_s": self.per_byte_s, "steps": self.steps}

@@ -8,7 +8,9 @@ Per worker (speed s scales every compute time by 1/s), per step:
 - item k of the plan's order is issued once its bucket is ready on that worker and item k-1 was
   issued (`overlap="none"`: everything is issued when backward ends);
 - the backend runs collectives one at a time in issue order: a collective starts when every
-  worker issued it and the previous one finished, and lasts `CommModel.time_s(bytes)`;
+  worker issued it and the previous one finished, and lasts `CommModel.time_s(bytes)`; when
+  every worker had issued it before the previous one finished, its fixed cost overlaps that
+  one's transfer (`CommModel.fixed_s`, `ClusterSpec.queued_latency_s`);
 - step(): with `"backward"`/`"none"` it waits for every collective, then applies all buckets;
   with `"forward"` it returns at once and the updates happen in the next forward.
 
@@ -115,6 +117,8 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
     lines = [Timeline(s, ranks) for s, ranks in speed_classes(speeds)]
     items = work.items
     costs = [comm.time_s(it.bytes) for it in items]
+    transfers = [comm.transfer_s(it.bytes) if comm.cluster.world_size > 1 else 0.0 for it in items]
+    prev_transfer = 0.0  # the bandwidth part of the collective before, in wire order
     n_buckets = len(work.buckets)
     last_item_of = [-1] * n_buckets
     for k, it in enumerate(items):
@@ -182,7 +186,8 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
                     issues[ci].append(issue_prev[ci])
             last_issue = max(iss[k] for iss in issues)
             start = max(comm_free, last_issue)
-            end = start + costs[k]
+            end = start + (costs[k] if last_issue >= comm_free else comm.time_s(items[k].bytes, prev_transfer))
+            prev_transfer = transfers[k]
             gated.append(last_issue >= comm_free)
             comm_free = end
             busy.add(start, end)
@@ -219,8 +224,10 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
         # optimizer.synchronize() after the last step: every pending update applied
         for line in lines:
             _wait_and_apply(line, work, done_prev, line.forward_start_s[-1], iterations, True, order=list(work.need_order))
-    comm_time = sum(costs)
-    transfer = sum(comm.transfer_s(it.bytes) for it in items) if comm.cluster.world_size > 1 else 0.0
+    # back to back: the first on an idle link, each next one queued behind the one before
+    comm_time = (costs[0] + sum(comm.time_s(items[k].bytes, transfers[k - 1]) for k in range(1, len(items)))
+                 if items else 0.0)
+    transfer = sum(transfers)
     return EngineRun(lines, all_start, all_end, all_gated, comm_time, transfer)
 
 

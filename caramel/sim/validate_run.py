@@ -116,6 +116,7 @@ class Calibration:
     compute_slowdown: float = 1.0  # caramel.sim.interference: compute while a collective streams
     comm_slowdown: float = 1.0  # ... and a collective while compute runs
     interference: dict[str, Any] = field(default_factory=dict)
+    queued_latency_s: float | None = None  # a collective queued behind another (ClusterSpec); None: latency_s
 
 
 def _s(planner: str, overlap: str = "forward", **options: Any) -> StrategySpec:
@@ -181,7 +182,7 @@ def calibrate(cluster, reference_bps: float, reps: int = 15, log: TextIO | None 
     2-4 ms in half of the repetitions (a sleeping gloo thread on an idle virtual CPU), so
     alpha from the fastest times made a 14-bucket plan look 25-40 ms faster than it ran.
     """
-    from caramel.cluster.probe import probe_cluster
+    from caramel.cluster.probe import probe_cluster, queued_latency_from_extra_s
 
     for i in range(cluster.workers):
         cluster.set_bandwidth(i, reference_bps)
@@ -189,12 +190,16 @@ def calibrate(cluster, reference_bps: float, reps: int = 15, log: TextIO | None 
     # fit.times_s: each size's mean (the probe's summary)
     latency_s, goodput = fit_calibration(fit.sizes_bytes, fit.times_s, cluster.workers, reference_bps)
     inter = measure_interference(cluster, log=log)
+    # the probe's back-to-back pieces: what each extra queued collective adds, per message, at
+    # most the lone collective's latency fitted here
+    queued = spec.meta["probe"].get("queued")
+    queued_s = queued_latency_from_extra_s(queued["queued_extra_s"], latency_s, cluster.workers) if queued else None
     return Calibration(cluster.workers, latency_s, goodput, f"probe at {format_rate(reference_bps)} (mean of {reps})",
                        {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s,
                         "fastest_times_s": spec.meta["probe"]["fastest_times_s"],
-                        "reference_bps": reference_bps,
+                        "reference_bps": reference_bps, "queued": queued,
                         "probe_fit": {"latency_s": fit.latency_s, "bandwidth_bps": fit.bandwidth_bps}},
-                       inter["compute_slowdown"], inter["comm_slowdown"], inter)
+                       inter["compute_slowdown"], inter["comm_slowdown"], inter, queued_s)
 
 
 def measure_interference(cluster, settings: ValidationSettings = DEFAULT_SETTINGS, log: TextIO | None = None) -> dict[str, Any]:
@@ -219,7 +224,8 @@ def make_job(group: ModelGroup, settings: ValidationSettings, calibration: Calib
     return {"format": format_tag(JOB_KIND), "model": group.model, "batch_size": group.batch_size,
             "model_options": group.model_options, "workers": group.workers, "configs": configs,
             "calibration": {"latency_s": calibration.latency_s, "goodput": calibration.goodput,
-                            "compute_slowdown": calibration.compute_slowdown, "comm_slowdown": calibration.comm_slowdown},
+                            "compute_slowdown": calibration.compute_slowdown, "comm_slowdown": calibration.comm_slowdown,
+                            "queued_latency_s": calibration.queued_latency_s},
             "ctl_dir": ctl_dir, **asdict(settings)}
 
 

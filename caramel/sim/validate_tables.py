@@ -18,10 +18,23 @@ from caramel.units import format_rate
 
 def interference_records(report: ValidationReport) -> list[ValidationRecord]:
     """The same measurements scored against the predictions with the interference term."""
+    return _records_predicted_by(report, "predicted_interference_step_time_s")
+
+
+def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | None:
+    """The same measurements scored against the interference predictions of the same plans with
+    every collective paying the lone latency (no queued model); None for reports from before it."""
+    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
+    if not details or any("predicted_lone_latency_step_time_s" not in d for d in details):
+        return None
+    return _records_predicted_by(report, "predicted_lone_latency_step_time_s")
+
+
+def _records_predicted_by(report: ValidationReport, key: str) -> list[ValidationRecord]:
     details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
     assert len(details) == len(report.records), "report meta does not match its records"
-    return [ValidationRecord(r.config, d.get("predicted_interference_step_time_s", r.predicted_step_time_s),
-                             r.measured_step_times_s, r.repeat_medians_s) for r, d in zip(report.records, details)]
+    return [ValidationRecord(r.config, d.get(key, r.predicted_step_time_s), r.measured_step_times_s, r.repeat_medians_s)
+            for r, d in zip(report.records, details)]
 
 
 def _summary(label: str, records: list[ValidationRecord]) -> str:
@@ -48,6 +61,10 @@ def markdown_table(report: ValidationReport) -> str:
     lines += ["", f"{len(report.records)} configurations; median run-to-run spread {statistics.median(spreads) * 100:.1f}%, "
                   f"p90 {percentile(spreads, 90) * 100:.1f}%.",
               "", "- " + _summary("simulator", report.records), "- " + _summary("simulator + interference term", both)]
+    lone = lone_latency_records(report)
+    if lone is not None:
+        lines.append("- " + _summary("simulator + interference term, every collective paying the lone latency "
+                                     "(no queued model; the same plans)", lone))
     return "\n".join(lines)
 
 

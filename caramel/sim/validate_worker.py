@@ -21,6 +21,7 @@ engine's own statistics (its plan fingerprint is checked against the simulated p
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import sys
 import time
@@ -96,15 +97,22 @@ def predict(job: dict[str, Any], profile) -> list[dict[str, Any]]:
     out = []
     for cfg in job["configs"]:
         cluster = ClusterSpec.uniform(job["workers"], cfg["bandwidth_bps"] * cal["goodput"], cal["latency_s"],
-                                      meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]})
+                                      meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]},
+                                      queued_latency_s=cal.get("queued_latency_s"))
         t0 = time.perf_counter()
         plan, overlap = sim_plan_for(cfg, profile, cluster)
         result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
         slowdown = float(by_bps.get(str(int(cfg["bandwidth_bps"])), cal.get("compute_slowdown", 1.0)))
         contended = simulate(profile, cluster, plan, overlap=overlap, trace=True, compute_slowdown=slowdown)
         corrected, overlap_s = corrected_step_time_s(contended, comm_only)
+        # the same plan as if every collective paid the lone latency (before the queued model),
+        # so that what the queued model changes is scored on the same measurements
+        lone = dataclasses.replace(cluster, queued_latency_s=None)
+        lone_s, _ = corrected_step_time_s(simulate(profile, lone, plan, overlap=overlap, trace=True, compute_slowdown=slowdown),
+                                          comm_only)
         out.append({"plan": plan, "predicted_step_time_s": result.step_time_s, "compute_slowdown": slowdown,
                     "predicted_interference_step_time_s": corrected, "predicted_overlap_s": overlap_s,
+                    "predicted_lone_latency_step_time_s": lone_s,
                     "predicted_bound": result.critical_path["bound"],
                     "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
                     "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),

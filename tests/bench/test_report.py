@@ -108,6 +108,22 @@ def test_overlap_trial_is_carried_into_the_record_and_the_evidence():
             " -> caramel/forward") in md
 
 
+def test_the_plan_the_engine_ran_is_carried_into_the_evidence():
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.121]]}
+    raw = _raw(times)
+    raw["stats"]["caramel"]["plan"] = {"planner": "caramel", "order": "hybrid:2", "bucket_bytes": [600_000, 1_220_000],
+                                       "items": 3, "predicted_step_time_s": 0.0669, "bandwidth_bps": 4.84e8,
+                                       "latency_s": 1.45e-3, "queued_latency_s": 2.5e-4}
+    recs = {r.strategy: r for r in summarize(raw)}
+    assert recs["caramel"].plan["order"] == "hybrid:2" and recs["ddp"].plan is None
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert ("plan: caramel hybrid:2; 2 buckets (0.60, 1.22 MB), 3 collectives; predicted 66.9 ms; "
+            "for 484 Mbit/s, alpha 1.45 ms (0.25 ms queued)") in md
+    # after a hand-over torch DDP runs its own buckets: the engine's plan is not the story
+    raw["stats"]["caramel"]["delegated_to_ddp"] = True
+    assert "plan: " not in format_markdown(summarize(raw), "caramel bench", {})
+
+
 def test_a_delegated_run_says_so_and_shows_no_engine_timeline():
     times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.180]]}
     raw = _raw(times)

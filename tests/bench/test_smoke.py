@@ -36,6 +36,8 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     # the engine wrote one timeline per caramel strategy and rank, and the report summarizes it
     assert len(list(trace.rglob("*.json"))) == 4
     assert recs["caramel"]["timeline"]["compute_s"] > 0 and recs["ddp"]["timeline"] is None
+    fifo = recs["caramel:overlap=backward,planner=fifo"]["plan"]
+    assert fifo["planner"] == "fifo" and fifo["items"] >= 1 and recs["ddp"]["plan"] is None
     assert "timeline (mean per step)" in md.read_text()
 
 

@@ -179,3 +179,17 @@ def test_fit_keeps_mild_noise():
     times = [1e-4 + 8 * s / 1e8 for s in sizes]
     times = [t * (1.1 if k % 2 else 0.95) for k, t in enumerate(times)]
     assert fit_alpha_beta(sizes, times, 2).outliers == []
+
+
+def test_queued_probe_pieces_and_latency():
+    from caramel.cluster.probe import QUEUED_MAX_BYTES, QUEUED_MIN_BYTES, queued_latency_from_extra_s, queued_piece_bytes
+
+    # a lone collective on 2 workers: 2 steps of 1 ms; a piece takes 2 of them (4 ms) at 500 Mbit/s
+    assert queued_piece_bytes(1e-3, 500e6, 2) == 250_000
+    assert queued_piece_bytes(1e-6, 500e6, 2) == QUEUED_MIN_BYTES
+    assert queued_piece_bytes(1e-3, 100e9, 2) == QUEUED_MAX_BYTES
+    assert queued_piece_bytes(1e-3, 500e6, 4) % 4 == 0
+    # per message over the 2(n-1) steps, never negative (noise), never above the lone latency
+    assert queued_latency_from_extra_s(0.6e-3, 1e-3, 4) == pytest.approx(1e-4)
+    assert queued_latency_from_extra_s(-0.2e-3, 1e-3, 2) == 0.0
+    assert queued_latency_from_extra_s(5e-3, 1e-3, 2) == 1e-3

@@ -79,6 +79,10 @@ def test_probe_cli_fits_the_shaped_bandwidth(tmp_path):
     assert 0 <= spec.latency_s < 5e-3
     assert spec.meta["nominal_bandwidth_bps"] == 80e6
     assert len(spec.meta["probe"]["sizes_bytes"]) == len(spec.meta["probe"]["times_s"]) >= 5
+    # back-to-back pieces on the 80 Mbit/s link: a queued collective pays at most a lone one's latency
+    queued = spec.meta["probe"]["queued"]
+    assert queued["queued_piece_bytes"] >= 64 * 1024 and queued["queued_pieces"] == 16
+    assert spec.queued_latency_s is not None and 0 <= spec.queued_latency_s <= spec.latency_s
 
 
 @pytest.mark.timeout(120)

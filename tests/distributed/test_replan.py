@@ -20,7 +20,7 @@ def test_replan_auto_switches_together_and_stays_exact():
 
 
 @pytest.mark.timeout(120)
-def test_online_plan_uses_the_measured_latency():
+def test_online_plan_uses_the_measured_latencies():
     from tests.distributed.workers import measured_cluster_worker
 
     results = run_workers(measured_cluster_worker, 2, args=(6,), timeout_s=100)
@@ -29,8 +29,12 @@ def test_online_plan_uses_the_measured_latency():
         # a tiny all-reduce over loopback costs tens of microseconds at least, never nothing
         assert res["latency_s"] is not None and 1e-6 < res["latency_s"] < 1.0, res
         assert res["plan_latency_s"] == res["latency_s"]
+        # a collective queued behind another pays at most what a lone one does
+        assert res["queued_latency_s"] is not None and 0.0 <= res["queued_latency_s"] <= res["latency_s"], res
+        assert res["plan_queued_latency_s"] == res["queued_latency_s"]
         assert res["plan_bandwidth_bps"] > 0
     assert results[0]["latency_s"] == results[1]["latency_s"], "the slowest rank's latency, agreed by all"
+    assert results[0]["queued_latency_s"] == results[1]["queued_latency_s"]
 
 
 @pytest.mark.timeout(120)

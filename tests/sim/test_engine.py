@@ -53,6 +53,50 @@ def test_forward_overlap_hand_timeline():
     assert {e.name for e in last} == {"wait:b1", "apply:b0", "apply:b1"}
 
 
+def test_queued_collective_pays_the_queued_latency_hand_timeline():
+    # alpha 0.1 on an idle link, 0.02 queued behind another; 1000 bytes take 1.0 s.
+    # step 0: b0 ready 2.0 on an idle link: 2.0-3.2; b1 ready 3.0, before b0 is done: queued,
+    #   3.2-4.24 (1.04). step 1: fwd from 3.0 waits for b1 to 4.24, apply 0.1, 0.5 of forward,
+    #   apply b0 0.1, 0.5 -> 5.44; bwd 5.44-7.44; b0 ready 6.44 on a link idle since 4.24: the
+    #   whole alpha again, 6.44-7.64; b1 ready 7.44, queued: 7.64-8.68. Period 7.44 - 3.0 = 4.44.
+    prof = two_layer_profile()
+    cluster = slow_link_cluster()
+    cluster.queued_latency_s = 0.02
+    res = simulate(prof, cluster, two_bucket_plan(prof), overlap="forward", iterations=4)
+    assert res.step_time_s == pytest.approx(4.44)
+    assert res.comm_time_s == pytest.approx(1.2 + 1.04)
+    for rank in (0, 1):
+        (b0,) = _events(res.trace, rank, "allreduce:b0c0", 1)
+        (b1,) = _events(res.trace, rank, "allreduce:b1c0", 1)
+        assert (b0.end_s, b1.start_s, b1.end_s) == pytest.approx((7.64, 7.44, 8.68))
+    # without a queued latency, every collective pays the whole alpha (the timeline above: 4.6)
+    cluster.queued_latency_s = None
+    assert simulate(prof, cluster, two_bucket_plan(prof), overlap="forward").step_time_s == pytest.approx(4.6)
+
+
+def test_a_queued_collective_hides_its_latency_behind_the_previous_transfer():
+    # 4 workers, alpha 1 ms per step (6 steps: 6 ms a collective on an idle link), at least
+    # 0.1 ms per step queued; every collective is issued at once (no compute), so all but the
+    # first of a step are queued. Behind a large transfer the queued part is left; behind a
+    # tiny one nearly the whole latency.
+    prof = synthetic_profile(4, sizes_bytes=[4_000_000, 1000, 1000, 4_000_000], forward_time_s=0.0,
+                             backward_time_s=0.0, optimizer_time_s=0.0)
+    c = ClusterSpec.uniform(4, 1e9, 1e-3, queued_latency_s=1e-4)
+    plan = make_plan("fifo", prof, c, bucket_cap_mb=0.0001, first_bucket_mb=0.0001)
+    sizes = [plan.buckets[b].chunk_bytes(ch) for b, ch in plan.order]
+    assert sorted(sizes) == [1000, 1000, 4_000_000, 4_000_000]
+    res = simulate(prof, c, plan, overlap="backward", comm="closed")
+    transfer = [1.5 * s * 8 / 1e9 for s in sizes]  # 2(n-1)/n * S / B
+    want = 6e-3 + transfer[0]
+    for k in range(1, len(sizes)):
+        want += max(6e-4, 6e-3 - transfer[k - 1]) + transfer[k]
+    assert res.step_time_s == pytest.approx(want, rel=1e-9)
+    assert res.comm_time_s == pytest.approx(want, rel=1e-9)
+    # each collective paying the whole latency takes longer
+    c.queued_latency_s = None
+    assert simulate(prof, c, plan, overlap="backward", comm="closed").step_time_s == pytest.approx(4 * 6e-3 + sum(transfer))
+
+
 def test_backward_overlap_hand_timeline():
     # step: fwd 0-1, bwd 1-3, b0 2.0-3.2, b1 3.2-4.4, wait at step() 3.0-4.4, apply 0.2 -> 4.6
     prof = two_layer_profile()
@@ -179,6 +223,16 @@ def test_zero_compute_step_is_the_sum_of_collectives():
     assert res.step_time_s == pytest.approx(want, rel=1e-9)
 
 
+def test_cluster_spec_round_trips_the_queued_latency(tmp_path):
+    c = ClusterSpec.uniform(3, 5e8, 1e-3, queued_latency_s=2.5e-4)
+    c.save(tmp_path / "c.json")
+    back = ClusterSpec.load(tmp_path / "c.json")
+    assert back.queued_latency_s == 2.5e-4 and back.effective_queued_latency_s == 2.5e-4
+    old = c.to_dict()
+    del old["queued_latency_s"]  # a file from before the field: queued collectives pay latency_s
+    assert ClusterSpec.from_dict(old).effective_queued_latency_s == 1e-3
+
+
 def test_trace_round_trip(tmp_path):
     prof = two_layer_profile()
     res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof))
@@ -214,6 +268,9 @@ def test_bad_inputs_name_the_field():
         simulate(prof, c, plan)
     with pytest.raises(FormatError, match="topology"):
         ClusterSpec.uniform(2, 1e9, topology="hypercube")
+    for bad in (-1e-3, float("nan"), "1ms", True):
+        with pytest.raises(FormatError, match="queued_latency_s"):
+            ClusterSpec.uniform(2, 1e9, queued_latency_s=bad)
     other = synthetic_profile(3)
     with pytest.raises(MismatchError, match="plan"):
         simulate(other, slow_link_cluster(), plan)

@@ -13,7 +13,7 @@ from caramel.sim.validate import ValidationReport, score
 from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
                                       ValidationSettings, _BandwidthServer, _s, fit_calibration, main, make_job,
                                       records_from_raw, run_validation)
-from caramel.sim.validate_tables import compare_runs, interference_records, markdown_table
+from caramel.sim.validate_tables import compare_runs, interference_records, lone_latency_records, markdown_table
 from caramel.sim.validate_worker import done_path, request_path
 
 
@@ -122,6 +122,22 @@ def test_interference_records_and_table():
     table = markdown_table(report)
     assert "| mlp(width=8,b=8) | 2 | 100mbit | fifo/backward | 1100.0 | 1150.0 | 1150.0 | -4.3% | +0.0% |" in table
     assert "simulator + interference term: median |error| " in table
+    assert "lone latency" not in table  # a report from before the queued model has no such line
+
+
+@pytest.mark.timeout(10)
+def test_lone_latency_predictions_are_scored_on_the_same_measurements():
+    group = _group()
+    raw = _raw(group)
+    for p, corrected, lone in zip(raw["predictions"], [1.15, 0.6, 2.2, 1.0], [1.2, 0.66, 2.2, 1.1]):
+        p["predicted_interference_step_time_s"] = corrected
+        p["predicted_lone_latency_step_time_s"] = lone
+    records, info = records_from_raw(group, Calibration(2, 1e-4, 0.9, "given"), raw, predicted_at=5.0)
+    report = ValidationReport(records, {"jobs": [info]})
+    lone = lone_latency_records(report)
+    assert [r.predicted_step_time_s for r in lone] == [1.2, 0.66, 2.2, 1.1]
+    assert [r.measured_step_times_s for r in lone] == [r.measured_step_times_s for r in records]
+    assert "every collective paying the lone latency (no queued model; the same plans): median |error| " in markdown_table(report)
 
 
 @pytest.mark.timeout(10)
@@ -133,9 +149,10 @@ def test_records_from_raw_refuses_a_plan_that_was_not_simulated():
 
 @pytest.mark.timeout(10)
 def test_make_job_carries_the_calibration_not_a_refit():
-    job = make_job(_group(), QUICK_SETTINGS, Calibration(2, 2e-4, 0.8, "given"), "/tmp/x")
+    job = make_job(_group(), QUICK_SETTINGS, Calibration(2, 2e-4, 0.8, "given", queued_latency_s=5e-5), "/tmp/x")
     assert job["format"] == format_tag("validation_job")
-    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8, "compute_slowdown": 1.0, "comm_slowdown": 1.0}
+    assert job["calibration"] == {"latency_s": 2e-4, "goodput": 0.8, "compute_slowdown": 1.0, "comm_slowdown": 1.0,
+                                  "queued_latency_s": 5e-5}
     assert [c["bandwidth_bps"] for c in job["configs"]] == [1e8, 1e8, 1e9, 1e9]
     assert [c["name"] for c in job["configs"]][:2] == ["fifo/backward", "caramel/forward"]
 
