@@ -48,6 +48,7 @@ COMM_BOUND_MIN_RATIO = 1.5
 MAX_SLOWDOWN = 0.03
 MIN_GEOMEAN_SPEEDUP = 1.3
 MIN_MEDIAN_EFFICIENCY = 0.9
+PLAN_LINE_BUCKETS = 8  # bucket sizes a report's plan line lists before "..."
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -402,8 +403,9 @@ def format_breakdown(records: list[Record]) -> str:
 def _plan_line(plan: dict[str, Any]) -> str:
     """One line for a plan summary: buckets, order, prediction, and the link it was made for."""
     sizes = plan.get("bucket_bytes") or []
+    shown = ", ".join(f"{b / 1e6:.2f}" for b in sizes[:PLAN_LINE_BUCKETS]) + (", ..." if len(sizes) > PLAN_LINE_BUCKETS else "")
     parts = [f"{plan.get('planner')} {plan.get('order') or ''}".strip(),
-             f"{len(sizes)} buckets ({', '.join(f'{b / 1e6:.2f}' for b in sizes)} MB), {plan.get('items')} collectives"]
+             f"{len(sizes)} buckets ({shown} MB), {plan.get('items')} collectives"]
     if plan.get("predicted_step_time_s") is not None:
         parts.append(f"predicted {_ms(plan['predicted_step_time_s'])} ms")
     link = []

@@ -112,12 +112,17 @@ def _fit_once(sizes_bytes: list[int], times_s: list[float], world_size: int) -> 
     return fit
 
 
-def queued_piece_bytes(latency_s: float, bandwidth_bps: float, world_size: int) -> int:
+def queued_piece_bytes(latency_s: float, bandwidth_bps: float, world_size: int) -> int | None:
     """Piece size for `measure_queued_extra_s`: about `QUEUED_BACKLOG` lone collectives' time at
-    `bandwidth_bps`, so the link stays busy while the next piece is prepared (a multiple of 4)."""
+    `bandwidth_bps`, so the link stays busy while the next piece is prepared (a multiple of 4,
+    at most `QUEUED_MAX_BYTES`). None when even that takes less than one lone collective: the
+    next piece's fixed cost would not fit behind it, and what each piece adds would overstate
+    the queued latency."""
     lone_s = 2 * (max(world_size, 2) - 1) * latency_s
-    nbytes = min(max(QUEUED_BACKLOG * lone_s * bandwidth_bps / 8, QUEUED_MIN_BYTES), QUEUED_MAX_BYTES)
-    return int(nbytes) // 4 * 4
+    want = max(QUEUED_BACKLOG * lone_s * bandwidth_bps / 8, QUEUED_MIN_BYTES)
+    if want > QUEUED_MAX_BYTES and QUEUED_MAX_BYTES * 8 / bandwidth_bps < lone_s:
+        return None
+    return int(min(want, QUEUED_MAX_BYTES)) // 4 * 4
 
 
 def measure_queued_extra_s(group: Any, piece_bytes: int, pieces: int = QUEUED_PIECES, reps: int = QUEUED_REPS) -> float:
@@ -242,15 +247,21 @@ def _worker_main(argv: list[str]) -> int:
         actual.append(t.numel() * 4)
     queued: dict[str, Any] = {}
     if backend == "gloo":
-        # every rank holds the same (slowest-rank) means, so every rank sizes the pieces alike;
-        # on a one-thread group like the engine's, whose collectives run in issue order
+        # every rank holds the same (slowest-rank) means, so every rank fits and sizes the pieces
+        # alike (a failed fit skips the measurement on every rank; the caller reports the fit's
+        # error); on a one-thread group like the engine's, whose collectives run in issue order
         from caramel.distributed import gloo_group
 
-        fit = fit_alpha_beta(actual, means, dist.get_world_size())
-        piece = queued_piece_bytes(fit.latency_s, fit.bandwidth_bps, dist.get_world_size())
-        extra = torch.tensor([measure_queued_extra_s(gloo_group("probe-queued", threads=1), piece)], dtype=torch.float64)
-        dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-        queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES}
+        try:
+            fit = fit_alpha_beta(actual, means, dist.get_world_size())
+            piece = queued_piece_bytes(fit.latency_s, fit.bandwidth_bps, dist.get_world_size())
+        except CaramelError:
+            piece = None
+        if piece is not None:
+            group = gloo_group("probe-queued", threads=1)
+            extra = torch.tensor([measure_queued_extra_s(group, piece)], dtype=torch.float64)
+            dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+            queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES}
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,

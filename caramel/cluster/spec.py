@@ -8,9 +8,10 @@ A collective's fixed cost depends on what the link did just before. On an idle l
 whole message latency (`latency_s`: waking the backend's thread and the peers', one round trip
 per step). Queued behind a collective whose bytes are still draining, it spends that cost while
 the link is busy anyway: it pays `latency_s` less the previous transfer's time, but at least
-`queued_latency_s` (gloo over TCP on the emulated cluster: 0.5-2.9 ms for a lone tiny
-all-reduce, 1.6-2.1 ms each for tiny ones back to back, 0.4-0.56 ms more per extra collective
-when 8 MB go as 8 or 32 back-to-back pieces; `docs/simulator.md`). `queued_latency_s=None`
+`queued_latency_s` (gloo over TCP on the emulated cluster, 2 workers, per collective of 2
+messages: 0.5-2.9 ms for a lone tiny all-reduce, 1.6-2.1 ms each for tiny ones back to back,
+-0.23 to 0.56 ms more per extra piece when 8 MB go as 8 or 32 back-to-back pieces;
+`docs/simulator.md`). `queued_latency_s=None`
 means the same as `latency_s`: every collective pays the whole latency.
 """
 from __future__ import annotations
@@ -50,8 +51,10 @@ class ClusterSpec:
 
     @property
     def effective_queued_latency_s(self) -> float:
-        """The latency a collective pays when it starts right behind another (see the module docstring)."""
-        return self.latency_s if self.queued_latency_s is None else self.queued_latency_s
+        """The least latency a collective queued behind another pays (see the module docstring):
+        `queued_latency_s`, never more than `latency_s` (a queued collective never pays more than
+        a lone one; `latency_s` when None)."""
+        return self.latency_s if self.queued_latency_s is None else min(self.queued_latency_s, self.latency_s)
 
     def __post_init__(self) -> None:
         self.validate()

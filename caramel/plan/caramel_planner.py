@@ -3,9 +3,9 @@
 Candidates come from the cluster's fitted cost model, time(S) = L + S * beta per collective
 (`CommModel`): S_half = L / beta is the size at which latency equals transfer time, so bucket
 caps at 1, 4, 16 and 64 x S_half keep latency at 50%, 20%, 6% and 1.5% of a bucket's time;
-S_half is taken twice, with the latency of a collective on an idle link and with the smaller
-one of a collective queued behind another (`ClusterSpec.queued_latency_s`; chunk caps use the
-latter, as a bucket's chunks go back to back); caps at fractions of the model and the
+S_half is taken twice, with the latency of a collective on an idle link and with that of one
+in a back-to-back train (`ClusterSpec.queued_latency_s`, `_Search.s_half_bytes`; chunk caps use
+the latter, as a bucket's chunks go back to back); caps at fractions of the model and the
 baselines' groupings (DDP's, Horovod's) are tried too.
 Parameters are grouped in gradient-ready order (a bucket is ready when its last gradient is).
 Issue orders:
@@ -160,9 +160,10 @@ class _Search:
 
     # -- sizes and the cost model
     def s_half_bytes(self, total: int, queued: bool = False) -> float:
-        """Bytes at which one collective's latency (on an idle link, or `queued` behind another)
-        equals its transfer time."""
-        latency_s = self.comm.queued_latency_s if queued else self.comm.latency_s
+        """Bytes at which one collective's latency equals its transfer time: on an idle link, or
+        `queued` in a train of equal pieces, where each pays max(queued latency, lone latency
+        less the previous piece's transfer), equal to its transfer at max(queued, lone / 2)."""
+        latency_s = (max(self.comm.queued_latency_s, self.comm.latency_s / 2) if queued else self.comm.latency_s)
         return latency_s / self.comm.per_byte_s if self.comm.per_byte_s > 0 else float(total)
 
     def group_bytes(self, g) -> int:
@@ -179,9 +180,12 @@ class _Search:
 
     def estimate_k(self, groups: Groups) -> int:
         """How many buckets, sent as they fill, finish before backward ends."""
-        t, k = 0.0, 0
+        t, k, prev_transfer = 0.0, 0, 0.0
         for g in groups:
-            t = max(t, max(self.ready[i] for i in g)) + self.comm.time_s(self.group_bytes(g))
+            ready, nbytes = max(self.ready[i] for i in g), self.group_bytes(g)
+            after = min(prev_transfer, t - ready) if t > ready else None  # queued behind the previous one
+            t = max(t, ready) + self.comm.time_s(nbytes, after)
+            prev_transfer = self.comm.transfer_s(nbytes)
             if t > self.profile.backward_time_s:
                 break
             k += 1

@@ -259,23 +259,30 @@ class Engine:
         self._comm_done[key] = now
         self.comm_log.append((self._issue_t.get(key, now), now, nbytes))
 
-    def measured_bandwidth_bps(self, latency_s: float, queued_latency_s: float | None = None) -> float | None:
+    def measured_bandwidth_bps(self, latency_s: float, queued_latency_s: float | None = None,
+                               clear: bool = True) -> float | None:
         """Link bandwidth implied by the collectives completed since the last call (ring
         all-reduce model; a collective's transfer starts at its issue or when the previous one
-        finished, whichever is later, as the backend runs them one at a time, and one that waited
-        for the previous one pays `queued_latency_s` per message, the same as `latency_s` when
-        None). None if too little was sent to tell."""
+        finished, whichever is later, as the backend runs them one at a time). A collective that
+        waited for the previous one pays the simulator's queued cost (`CommModel.fixed_s`): the
+        lone latency less what was left of the previous transfer, at least `queued_latency_s`
+        per message (`latency_s` when None). None if too little was sent to tell; `clear=False`
+        keeps the collectives for the next call."""
         log = sorted(self.comm_log, key=lambda e: e[1])
-        self.comm_log.clear()
+        if clear:
+            self.comm_log.clear()
         n = self.world_size
         if n < 2 or not log:
             return None
-        queued = latency_s if queued_latency_s is None else queued_latency_s
-        total_bits, total_s, prev_done = 0.0, 0.0, 0.0
+        steps = 2 * (n - 1)
+        lone = steps * latency_s
+        queued = steps * min(latency_s if queued_latency_s is None else queued_latency_s, latency_s)
+        total_bits, total_s, prev_done, prev_transfer = 0.0, 0.0, 0.0, 0.0
         for issue, done, nbytes in log:
             start = max(issue, prev_done)
-            dur = done - start - 2 * (n - 1) * (queued if issue < prev_done else latency_s)
-            prev_done = done
+            fixed = max(queued, lone - min(prev_transfer, prev_done - issue)) if issue < prev_done else lone
+            dur = done - start - fixed
+            prev_done, prev_transfer = done, max(dur, 0.0)
             if dur > 0:
                 total_bits += 2 * (n - 1) / n * nbytes * 8
                 total_s += dur

@@ -489,12 +489,10 @@ class _Controller:
 
         base = _default_cluster(self.world)
         latency_s = self._measure_latency_s()
-        bw = self.engine.measured_bandwidth_bps(latency_s)
-        t = torch.tensor([int(bw // 1000) if bw else 0], dtype=torch.int64)
-        if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        measured_bps = float(t[0]) * 1000
-        queued_s = self._measure_queued_latency_s(latency_s, measured_bps or base.bandwidth_bps)
+        # every collective at the lone latency, only to size the queued probe (the same on every rank)
+        rough_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, clear=False))
+        queued_s = self._measure_queued_latency_s(latency_s, rough_bps or base.bandwidth_bps)
+        measured_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, queued_s))
         self.engine.stats.extra["measured_latency_s"] = latency_s
         self.engine.stats.extra["measured_queued_latency_s"] = queued_s
         meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES)
@@ -503,6 +501,13 @@ class _Controller:
             return base
         self.engine.stats.extra["measured_bandwidth_bps"] = measured_bps
         return dataclasses.replace(base, bandwidth_bps=measured_bps)
+
+    def _agreed_bps(self, bandwidth_bps: float | None) -> float:
+        """The best rank's bandwidth (0 when no rank could tell), the same on every rank."""
+        t = torch.tensor([int(bandwidth_bps // 1000) if bandwidth_bps else 0], dtype=torch.int64)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return float(t[0]) * 1000
 
     def _measure_latency_s(self) -> float:
         """Per-step latency alpha of the ring model on an idle link: the mean time of
@@ -523,18 +528,22 @@ class _Controller:
         dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
         return float(mean[0]) / (2 * (self.world - 1))
 
-    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> float:
+    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> float | None:
         """Per-step latency of a collective issued while the link is still busy with the one
         before it (`caramel.cluster.probe.measure_queued_extra_s` on the engine's group, pieces
         sized for `bandwidth_bps`, the same on every rank; the slowest rank's), at most
-        `latency_s`. A plan's back-to-back buckets cost far less each than a lone collective
-        (0.4-0.56 ms against 0.5-2.9 ms on the emulated cluster); the probe takes about 320
-        lone collectives' time (under a second there)."""
+        `latency_s`; None when no piece of a sensible size takes long enough to tell (a link so
+        fast that every collective pays its whole latency). A plan's back-to-back buckets cost
+        far less each than a lone collective (0.19-0.28 ms per message against 0.25-1.45 ms on the
+        emulated cluster); the probe takes about 320 lone collectives' time (under a second there)."""
         from caramel.cluster.probe import measure_queued_extra_s, queued_latency_from_extra_s, queued_piece_bytes
 
         piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)
+        if piece is None:
+            return None
         t = torch.tensor([measure_queued_extra_s(self.engine.comm, piece)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        self.engine.stats.extra["measured_queued_extra_s"] = float(t[0])
         return queued_latency_from_extra_s(float(t[0]), latency_s, self.world)
 
 

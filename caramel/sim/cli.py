@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             rec = {
                 "planner": label, "overlap": overlap, "workers": cluster.world_size,
                 "bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
-                "collective": cluster.collective, "topology": cluster.topology,
+                "queued_latency_s": cluster.queued_latency_s, "collective": cluster.collective, "topology": cluster.topology,
                 "buckets": len(plan.buckets), "items": plan.num_items(),
                 "step_time_s": result.step_time_s, "compute_time_s": result.compute_time_s,
                 "comm_time_s": result.comm_time_s, "exposed_comm_s": result.exposed_comm_s,
@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(model: str, cluster, records: list[dict[str, Any]]) -> None:
+    queued = (f" ({cluster.effective_queued_latency_s * 1e6:g} us queued)" if cluster.queued_latency_s is not None else "")
     print(f"model {model}, {cluster.world_size} workers, {format_rate(cluster.bandwidth_bps)}, "
-          f"latency {cluster.latency_s * 1e6:g} us, {cluster.collective} on {cluster.topology}")
+          f"latency {cluster.latency_s * 1e6:g} us{queued}, {cluster.collective} on {cluster.topology}")
     head = ("planner", "overlap", "items", "step ms", "compute ms", "comm ms", "exposed ms", "bound ms", "speedup")
     rows = []
     base: dict[str, float] = {}

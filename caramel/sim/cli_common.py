@@ -26,6 +26,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, default_workers: int 
     g.add_argument("--workers", type=int, help=f"number of workers (default {default_workers})")
     g.add_argument("--bandwidth", help="link rate per worker, tc syntax: 100mbit, 10gbit (default 1gbit)")
     g.add_argument("--latency", help="per-message latency: 50us, 1ms (default 50us)")
+    g.add_argument("--queued-latency", help="per-message latency of a collective queued behind another "
+                   "(ClusterSpec.queued_latency_s): 20us; default: the file's, else the same as --latency")
     g.add_argument("--collective", choices=COLLECTIVES, help="all-reduce algorithm (default ring)")
     g.add_argument("--topology", choices=TOPOLOGIES, help="network topology (default switch)")
     g.add_argument("--servers", type=int, help="parameter servers for --collective ps (default 1)")
@@ -57,6 +59,8 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         raise CaramelError(f"--servers must be a positive integer, got {args.servers}")
     bandwidth = parse_rate_bps(args.bandwidth) if args.bandwidth is not None else (spec.bandwidth_bps if spec else 1e9)
     latency = parse_latency_s(args.latency) if args.latency is not None else (spec.latency_s if spec else 50e-6)
+    queued = (parse_latency_s(args.queued_latency) if getattr(args, "queued_latency", None) is not None
+              else (spec.queued_latency_s if spec else None))
     if spec is not None and (workers is None or workers == spec.world_size):
         worker_list = spec.workers
     else:
@@ -69,6 +73,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         collective=args.collective or (spec.collective if spec else "ring"),
         num_servers=args.servers or (spec.num_servers if spec else 1),
         meta=dict(spec.meta) if spec else {},
+        queued_latency_s=queued,
     )
 
 

@@ -9,8 +9,8 @@ Per worker (speed s scales every compute time by 1/s), per step:
   issued (`overlap="none"`: everything is issued when backward ends);
 - the backend runs collectives one at a time in issue order: a collective starts when every
   worker issued it and the previous one finished, and lasts `CommModel.time_s(bytes)`; when
-  every worker had issued it before the previous one finished, its fixed cost overlaps that
-  one's transfer (`CommModel.fixed_s`, `ClusterSpec.queued_latency_s`);
+  every worker had issued it before the previous one finished, its fixed cost overlaps what was
+  left of that one's transfer at the issue (`CommModel.fixed_s`, `ClusterSpec.queued_latency_s`);
 - step(): with `"backward"`/`"none"` it waits for every collective, then applies all buckets;
   with `"forward"` it returns at once and the updates happen in the next forward.
 
@@ -186,7 +186,9 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
                     issues[ci].append(issue_prev[ci])
             last_issue = max(iss[k] for iss in issues)
             start = max(comm_free, last_issue)
-            end = start + (costs[k] if last_issue >= comm_free else comm.time_s(items[k].bytes, prev_transfer))
+            # queued: the fixed cost runs while what is left of the previous transfer drains
+            end = start + (costs[k] if last_issue >= comm_free
+                           else comm.time_s(items[k].bytes, min(prev_transfer, comm_free - last_issue)))
             prev_transfer = transfers[k]
             gated.append(last_issue >= comm_free)
             comm_free = end

@@ -53,6 +53,15 @@ class SimResult:
         }
 
 
+def _busy_fraction(run, step_s: float) -> float:
+    """Fraction of the last step's period some collective of it is in flight (the backend runs
+    them one at a time, so their intervals do not overlap)."""
+    if step_s <= 0 or not run.comm_start_s:
+        return 0.0
+    busy = sum(e - s for s, e in zip(run.comm_start_s[-1], run.comm_end_s[-1]))
+    return min(busy / step_s, 1.0)
+
+
 def check_overlap(overlap: str) -> None:
     if overlap not in OVERLAPS:
         raise CaramelError(f"overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
@@ -107,7 +116,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
         exposed_comm_s=max(step - compute, 0.0),
         wait_time_s=wait,
         link_utilization=min(run.transfer_time_s / step, 1.0) if step > 0 else 0.0,
-        comm_busy_fraction=min(run.comm_time_s / step, 1.0) if step > 0 else 0.0,
+        comm_busy_fraction=_busy_fraction(run, step),
         iteration_times_s=iter_times,
         critical_path=summarize_critical_path(run, step),
         planner=plan.planner,
@@ -116,7 +125,8 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
         num_items=len(work.items),
         meta={"comm_model": comm.describe(), "iterations": iterations, "plan_fingerprint": plan.fingerprint,
               "plan_world_size": plan.world_size, "bandwidth_bps": cluster.bandwidth_bps,
-              "latency_s": cluster.latency_s, "compute_slowdown": float(compute_slowdown)},
+              "latency_s": cluster.latency_s, "queued_latency_s": cluster.queued_latency_s,
+              "compute_slowdown": float(compute_slowdown)},
     )
     if trace:
         if trace_ranks is None:

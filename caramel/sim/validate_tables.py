@@ -23,9 +23,12 @@ def interference_records(report: ValidationReport) -> list[ValidationRecord]:
 
 def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | None:
     """The same measurements scored against the interference predictions of the same plans with
-    every collective paying the lone latency (no queued model); None for reports from before it."""
+    every collective paying the lone latency (no queued model); None for reports from before it,
+    or when no prediction differs (a calibration without a queued latency)."""
     details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
     if not details or any("predicted_lone_latency_step_time_s" not in d for d in details):
+        return None
+    if all(d["predicted_lone_latency_step_time_s"] == d.get("predicted_interference_step_time_s") for d in details):
         return None
     return _records_predicted_by(report, "predicted_lone_latency_step_time_s")
 

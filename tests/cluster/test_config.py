@@ -187,7 +187,10 @@ def test_queued_probe_pieces_and_latency():
     # a lone collective on 2 workers: 2 steps of 1 ms; a piece takes 2 of them (4 ms) at 500 Mbit/s
     assert queued_piece_bytes(1e-3, 500e6, 2) == 250_000
     assert queued_piece_bytes(1e-6, 500e6, 2) == QUEUED_MIN_BYTES
-    assert queued_piece_bytes(1e-3, 100e9, 2) == QUEUED_MAX_BYTES
+    # capped: 4 MiB take 3.4 ms at 10 Gbit/s, more than a lone collective (2 ms)
+    assert queued_piece_bytes(1e-3, 10e9, 2) == QUEUED_MAX_BYTES
+    # at 100 Gbit/s they take 0.34 ms: the next piece's latency would not hide behind one; no probe
+    assert queued_piece_bytes(1e-3, 100e9, 2) is None
     assert queued_piece_bytes(1e-3, 500e6, 4) % 4 == 0
     # per message over the 2(n-1) steps, never negative (noise), never above the lone latency
     assert queued_latency_from_extra_s(0.6e-3, 1e-3, 4) == pytest.approx(1e-4)

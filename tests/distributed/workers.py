@@ -170,6 +170,7 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
     controller = opt.engine.controller
     return {"latency_s": opt.engine.stats.extra.get("measured_latency_s"),
             "queued_latency_s": opt.engine.stats.extra.get("measured_queued_latency_s"),
+            "queued_extra_s": opt.engine.stats.extra.get("measured_queued_extra_s"),
             "plan_latency_s": controller.plan_cluster.latency_s if controller.plan_cluster else None,
             "plan_queued_latency_s": controller.plan_cluster.queued_latency_s if controller.plan_cluster else None,
             "plan_bandwidth_bps": controller.plan_cluster.bandwidth_bps if controller.plan_cluster else None,

@@ -77,6 +77,19 @@ def test_cluster_file_and_overrides(tmp_path, profile_path):
         [(3, 2e9, "tree", "forward"), (3, 2e9, "tree", "none")]
 
 
+def test_the_queued_latency_comes_from_the_file_or_the_flag(tmp_path, profile_path, capsys):
+    spec = tmp_path / "cluster.json"
+    ClusterSpec.uniform(2, 5e8, 1e-3, queued_latency_s=2e-4).save(spec)
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--planner", "fifo",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cluster"]["queued_latency_s"] == 2e-4
+    assert "latency 1000 us (200 us queued)" in capsys.readouterr().out
+    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--queued-latency", "50us",
+                 "--planner", "fifo", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cluster"]["queued_latency_s"] == pytest.approx(5e-5)
+
+
 def test_synthetic_source(tmp_path):
     out = tmp_path / "sim.json"
     assert main(["simulate", "--synthetic", "chain20", "--workers", "2", "--planner", "fifo", "--json", str(out)]) == 0

@@ -54,7 +54,8 @@ def test_forward_overlap_hand_timeline():
 
 
 def test_queued_collective_pays_the_queued_latency_hand_timeline():
-    # alpha 0.1 on an idle link, 0.02 queued behind another; 1000 bytes take 1.0 s.
+    # alpha 0.1 per message on an idle link (0.2 a collective: 2 ring steps), at least 0.02 per
+    # message (0.04) queued behind another; 1000 bytes take 1.0 s.
     # step 0: b0 ready 2.0 on an idle link: 2.0-3.2; b1 ready 3.0, before b0 is done: queued,
     #   3.2-4.24 (1.04). step 1: fwd from 3.0 waits for b1 to 4.24, apply 0.1, 0.5 of forward,
     #   apply b0 0.1, 0.5 -> 5.44; bwd 5.44-7.44; b0 ready 6.44 on a link idle since 4.24: the
@@ -72,6 +73,18 @@ def test_queued_collective_pays_the_queued_latency_hand_timeline():
     # without a queued latency, every collective pays the whole alpha (the timeline above: 4.6)
     cluster.queued_latency_s = None
     assert simulate(prof, cluster, two_bucket_plan(prof), overlap="forward").step_time_s == pytest.approx(4.6)
+
+
+def test_only_what_is_left_of_the_previous_transfer_hides_a_queued_latency():
+    # 1000 bytes take 0.81 s: b0 2.0-3.01; b1 issued at 3.0 has 0.01 s of b0 left to hide behind,
+    # so it pays 0.2 - 0.01 = 0.19 of its 0.2 (not the 0.04 floor): 3.01-4.01
+    prof = two_layer_profile()
+    cluster = slow_link_cluster()
+    cluster.bandwidth_bps, cluster.queued_latency_s = 8000.0 / 0.81, 0.02
+    res = simulate(prof, cluster, two_bucket_plan(prof), overlap="backward", iterations=2)
+    (b0,) = _events(res.trace, 0, "allreduce:b0c0", 0)
+    (b1,) = _events(res.trace, 0, "allreduce:b1c0", 0)
+    assert b0.end_s == pytest.approx(3.01) and b1.end_s == pytest.approx(4.01)
 
 
 def test_a_queued_collective_hides_its_latency_behind_the_previous_transfer():

@@ -138,6 +138,10 @@ def test_lone_latency_predictions_are_scored_on_the_same_measurements():
     assert [r.predicted_step_time_s for r in lone] == [1.2, 0.66, 2.2, 1.1]
     assert [r.measured_step_times_s for r in lone] == [r.measured_step_times_s for r in records]
     assert "every collective paying the lone latency (no queued model; the same plans): median |error| " in markdown_table(report)
+    # a calibration without a queued latency predicts the same: no second, identical line
+    for d in info["details"]:
+        d["predicted_lone_latency_step_time_s"] = d["predicted_interference_step_time_s"]
+    assert lone_latency_records(report) is None and "lone latency" not in markdown_table(report)
 
 
 @pytest.mark.timeout(10)
