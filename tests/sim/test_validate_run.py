@@ -107,14 +107,20 @@ def test_records_from_raw_takes_the_slowest_ranks_clock_per_step():
     assert statistics.median(abs(r.error) for r in records) == pytest.approx(s["median_abs_error"])
 
 
-@pytest.mark.timeout(10)
-def test_interference_records_and_table():
+def _report_with(**predictions: list[float]) -> tuple[ValidationReport, list, dict]:
+    """A scored report of `_raw` whose predictions also carry `predicted_<key>` per configuration."""
     group = _group()
     raw = _raw(group)
-    for p, corrected in zip(raw["predictions"], [1.15, 0.6, 2.2, 1.0]):
-        p["predicted_interference_step_time_s"] = corrected
+    for key, values in predictions.items():
+        for p, v in zip(raw["predictions"], values):
+            p[f"predicted_{key}"] = v
     records, info = records_from_raw(group, Calibration(2, 1e-4, 0.9, "given"), raw, predicted_at=5.0)
-    report = ValidationReport(records, {"jobs": [info]})
+    return ValidationReport(records, {"jobs": [info]}), records, info
+
+
+@pytest.mark.timeout(10)
+def test_interference_records_and_table():
+    report, records, _ = _report_with(interference_step_time_s=[1.15, 0.6, 2.2, 1.0])
     both = interference_records(report)
     assert [r.predicted_step_time_s for r in both] == [1.15, 0.6, 2.2, 1.0]
     assert [r.measured_step_times_s for r in both] == [r.measured_step_times_s for r in records]
@@ -127,13 +133,8 @@ def test_interference_records_and_table():
 
 @pytest.mark.timeout(10)
 def test_lone_latency_predictions_are_scored_on_the_same_measurements():
-    group = _group()
-    raw = _raw(group)
-    for p, corrected, lone in zip(raw["predictions"], [1.15, 0.6, 2.2, 1.0], [1.2, 0.66, 2.2, 1.1]):
-        p["predicted_interference_step_time_s"] = corrected
-        p["predicted_lone_latency_step_time_s"] = lone
-    records, info = records_from_raw(group, Calibration(2, 1e-4, 0.9, "given"), raw, predicted_at=5.0)
-    report = ValidationReport(records, {"jobs": [info]})
+    report, records, info = _report_with(interference_step_time_s=[1.15, 0.6, 2.2, 1.0],
+                                         lone_latency_step_time_s=[1.2, 0.66, 2.2, 1.1])
     lone = lone_latency_records(report)
     assert [r.predicted_step_time_s for r in lone] == [1.2, 0.66, 2.2, 1.1]
     assert [r.measured_step_times_s for r in lone] == [r.measured_step_times_s for r in records]
