@@ -203,7 +203,8 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
     queued_s = None
     if "queued_extra_s" in measured:
         queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
-        meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_piece_bytes", "queued_pieces")}
+        meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_piece_bytes", "queued_pieces",
+                                                             "queued_sized_for_latency_s")}
     spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta, queued_latency_s=queued_s)
     return spec, fit
 
@@ -252,16 +253,24 @@ def _worker_main(argv: list[str]) -> int:
         # error); on a one-thread group like the engine's, whose collectives run in issue order
         from caramel.distributed import gloo_group
 
+        # pieces sized from the larger of the fitted latency and the smallest size's mean time:
+        # a fit that puts alpha too low makes pieces too short to hide the next one's fixed
+        # cost behind, and what each adds then overstates the queued latency (1 Gbit/s here: a
+        # 258 us fit made 122 KB pieces that added 1.6 ms each, 1 ms fits 0.14-0.19 ms)
+        n = dist.get_world_size()
         try:
-            fit = fit_alpha_beta(actual, means, dist.get_world_size())
-            piece = queued_piece_bytes(fit.latency_s, fit.bandwidth_bps, dist.get_world_size())
+            fit = fit_alpha_beta(actual, means, n)
+            smallest_s = means[actual.index(min(actual))]
+            sized_for_s = max(fit.latency_s, smallest_s / (2 * (n - 1)))
+            piece = queued_piece_bytes(sized_for_s, fit.bandwidth_bps, n)
         except CaramelError:
             piece = None
         if piece is not None:
             group = gloo_group("probe-queued", threads=1)
             extra = torch.tensor([measure_queued_extra_s(group, piece)], dtype=torch.float64)
             dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-            queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES}
+            queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES,
+                      "queued_sized_for_latency_s": sized_for_s}
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,

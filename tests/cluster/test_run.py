@@ -85,7 +85,11 @@ def test_probe_cli_fits_the_shaped_bandwidth(tmp_path):
 
     queued = spec.meta["probe"]["queued"]
     assert queued["queued_pieces"] == 16
-    assert queued["queued_piece_bytes"] == queued_piece_bytes(spec.latency_s, spec.bandwidth_bps, 2)
+    # sized for the larger of the fitted latency and the smallest size's mean time (per message)
+    probe = spec.meta["probe"]
+    smallest = probe["times_s"][probe["sizes_bytes"].index(min(probe["sizes_bytes"]))] / 2
+    assert queued["queued_sized_for_latency_s"] == pytest.approx(max(spec.latency_s, smallest))
+    assert queued["queued_piece_bytes"] == queued_piece_bytes(queued["queued_sized_for_latency_s"], spec.bandwidth_bps, 2)
     assert spec.queued_latency_s == pytest.approx(min(max(queued["queued_extra_s"] / 2, 0.0), spec.latency_s))
 
 
