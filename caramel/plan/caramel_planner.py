@@ -34,7 +34,7 @@ from caramel.errors import CaramelError
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
 from caramel.profile.model_profile import ModelProfile, ParamInfo
-from caramel.sim.collectives import CommModel
+from caramel.sim.collectives import CommModel, hidden_transfer_s
 from caramel.sim.simulate import check_overlap, predict_step_time_s, simulate
 from caramel.sim.workload import BucketLoad, Item, make_workload, param_need_s, param_ready_s
 
@@ -183,8 +183,7 @@ class _Search:
         t, k, prev_transfer = 0.0, 0, 0.0
         for g in groups:
             ready, nbytes = max(self.ready[i] for i in g), self.group_bytes(g)
-            after = min(prev_transfer, t - ready) if t > ready else None  # queued behind the previous one
-            t = max(t, ready) + self.comm.time_s(nbytes, after)
+            t = max(t, ready) + self.comm.time_s(nbytes, hidden_transfer_s(ready, t, prev_transfer))
             prev_transfer = self.comm.transfer_s(nbytes)
             if t > self.profile.backward_time_s:
                 break

@@ -33,6 +33,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.plan.plan import Plan
 from caramel.runtime.buckets import FlatBucket
+from caramel.sim.collectives import fixed_cost_s, hidden_transfer_s
 from caramel.trace.recorder import Recorder
 
 OVERLAPS = ("forward", "backward", "none")
@@ -264,10 +265,10 @@ class Engine:
         """Link bandwidth implied by the collectives completed since the last call (ring
         all-reduce model; a collective's transfer starts at its issue or when the previous one
         finished, whichever is later, as the backend runs them one at a time). A collective that
-        waited for the previous one pays the simulator's queued cost (`CommModel.fixed_s`): the
-        lone latency less what was left of the previous transfer, at least `queued_latency_s`
-        per message (`latency_s` when None). None if too little was sent to tell; `clear=False`
-        keeps the collectives for the next call."""
+        waited for the previous one pays the simulator's queued cost (`caramel.sim.collectives`):
+        the lone latency less what was left of the previous transfer, at least `queued_latency_s`
+        per message (a `ClusterSpec.effective_queued_latency_s`; `latency_s` when None). None if
+        too little was sent to tell; `clear=False` keeps the collectives for the next call."""
         log = sorted(self.comm_log, key=lambda e: e[1])
         if clear:
             self.comm_log.clear()
@@ -276,12 +277,11 @@ class Engine:
             return None
         steps = 2 * (n - 1)
         lone = steps * latency_s
-        queued = steps * min(latency_s if queued_latency_s is None else queued_latency_s, latency_s)
+        queued = steps * (latency_s if queued_latency_s is None else queued_latency_s)
         total_bits, total_s, prev_done, prev_transfer = 0.0, 0.0, 0.0, 0.0
         for issue, done, nbytes in log:
             start = max(issue, prev_done)
-            fixed = max(queued, lone - min(prev_transfer, prev_done - issue)) if issue < prev_done else lone
-            dur = done - start - fixed
+            dur = done - start - fixed_cost_s(lone, queued, hidden_transfer_s(issue, prev_done, prev_transfer))
             prev_done, prev_transfer = done, max(dur, 0.0)
             if dur > 0:
                 total_bits += 2 * (n - 1) / n * nbytes * 8

@@ -409,7 +409,7 @@ class _Controller:
         h = int(self.engine.plan.fingerprint[:12], 16)
         bw = None
         if self.replan == "auto" and self.plan_cluster is not None:
-            bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s, self.plan_cluster.queued_latency_s)
+            bw = self.engine.measured_bandwidth_bps(self.plan_cluster.latency_s, self.plan_cluster.effective_queued_latency_s)
         calls = self.engine.step_calls
         t = torch.tensor([h, -h, int(self.engine.order_changed), int(bw // 1000) if bw else 0, calls, -calls],
                          dtype=torch.int64)

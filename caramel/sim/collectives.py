@@ -185,6 +185,22 @@ def message_counts(cluster: ClusterSpec) -> tuple[int, float]:
     return steps, sent / n
 
 
+def hidden_transfer_s(issue_s: float, link_free_s: float, prev_transfer_s: float) -> float | None:
+    """How much of the previous collective's transfer a collective issued at `issue_s` can spend
+    its fixed cost behind: what is left of it when the link frees at `link_free_s`, at most the
+    whole transfer; None when the link is already idle (the simulator, the planner and the
+    engine's bandwidth inference share this rule)."""
+    return min(prev_transfer_s, link_free_s - issue_s) if issue_s < link_free_s else None
+
+
+def fixed_cost_s(latency_s: float, queued_latency_s: float, after_transfer_s: float | None) -> float:
+    """A collective's fixed cost: `latency_s` on an idle link (`after_transfer_s` None), else that
+    less the transfer it hides behind, at least `queued_latency_s` (`CommModel`, `ClusterSpec`)."""
+    if after_transfer_s is None:
+        return latency_s
+    return max(queued_latency_s, latency_s - after_transfer_s)
+
+
 class CommModel:
     """Collective time as a function of bytes, for the engine: `latency_s + nbytes * per_byte_s`
     on an idle link. A collective that starts while the link is still busy with the previous one
@@ -225,9 +241,7 @@ class CommModel:
 
     def fixed_s(self, after_transfer_s: float | None = None) -> float:
         """The latency part of one collective (see the class docstring)."""
-        if after_transfer_s is None:
-            return self.latency_s
-        return max(self.queued_latency_s, self.latency_s - after_transfer_s)
+        return fixed_cost_s(self.latency_s, self.queued_latency_s, after_transfer_s)
 
     def transfer_s(self, nbytes: float) -> float:
         """The bandwidth part only (no latency): what perfect batching could reach."""

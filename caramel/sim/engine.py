@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from caramel.sim.collectives import CommModel
+from caramel.sim.collectives import CommModel, hidden_transfer_s
 from caramel.sim.workload import Workload
 from caramel.trace.events import TraceEvent
 
@@ -116,7 +116,6 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
     busy = Busy(compute_slowdown)
     lines = [Timeline(s, ranks) for s, ranks in speed_classes(speeds)]
     items = work.items
-    costs = [comm.time_s(it.bytes) for it in items]
     transfers = [comm.transfer_s(it.bytes) if comm.cluster.world_size > 1 else 0.0 for it in items]
     prev_transfer = 0.0  # the bandwidth part of the collective before, in wire order
     n_buckets = len(work.buckets)
@@ -186,9 +185,7 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
                     issues[ci].append(issue_prev[ci])
             last_issue = max(iss[k] for iss in issues)
             start = max(comm_free, last_issue)
-            # queued: the fixed cost runs while what is left of the previous transfer drains
-            end = start + (costs[k] if last_issue >= comm_free
-                           else comm.time_s(items[k].bytes, min(prev_transfer, comm_free - last_issue)))
+            end = start + comm.time_s(items[k].bytes, hidden_transfer_s(last_issue, comm_free, prev_transfer))
             prev_transfer = transfers[k]
             gated.append(last_issue >= comm_free)
             comm_free = end
@@ -227,8 +224,7 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
         for line in lines:
             _wait_and_apply(line, work, done_prev, line.forward_start_s[-1], iterations, True, order=list(work.need_order))
     # back to back: the first on an idle link, each next one queued behind the one before
-    comm_time = (costs[0] + sum(comm.time_s(items[k].bytes, transfers[k - 1]) for k in range(1, len(items)))
-                 if items else 0.0)
+    comm_time = sum(comm.time_s(it.bytes, transfers[k - 1] if k else None) for k, it in enumerate(items))
     transfer = sum(transfers)
     return EngineRun(lines, all_start, all_end, all_gated, comm_time, transfer)
 

@@ -25,7 +25,7 @@ def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | N
     """The same measurements scored against the interference predictions of the same plans with
     every collective paying the lone latency (no queued model); None for reports from before it,
     or when no prediction differs (a calibration without a queued latency)."""
-    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
+    details = _details(report)
     if not details or any("predicted_lone_latency_step_time_s" not in d for d in details):
         return None
     if all(d["predicted_lone_latency_step_time_s"] == d.get("predicted_interference_step_time_s") for d in details):
@@ -33,8 +33,13 @@ def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | N
     return _records_predicted_by(report, "predicted_lone_latency_step_time_s")
 
 
+def _details(report: ValidationReport) -> list[dict]:
+    """Every configuration's prediction details, in the order of the report's records."""
+    return [d for job in report.meta.get("jobs", []) for d in job["details"]]
+
+
 def _records_predicted_by(report: ValidationReport, key: str) -> list[ValidationRecord]:
-    details = [d for job in report.meta.get("jobs", []) for d in job["details"]]
+    details = _details(report)
     assert len(details) == len(report.records), "report meta does not match its records"
     return [ValidationRecord(r.config, d.get(key, r.predicted_step_time_s), r.measured_step_times_s, r.repeat_medians_s)
             for r, d in zip(report.records, details)]
