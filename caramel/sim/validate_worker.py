@@ -149,14 +149,14 @@ def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, r
     dist.barrier()
 
 
-def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int = 2, steps: int = 10,
+def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int = 6, steps: int = 10,
                      stream_s: float = 0.6) -> dict[str, Any]:
     """How much slower this model's training step runs while all-reduces stream, at the links' current rate.
 
     Per repetition: `steps` steps alone, then steps while a second thread runs a fixed number of
     all-reduces of the model's gradient size back to back (about `stream_s` seconds; every rank
     runs the same number, so none is left waiting), the engine's setting: one compute thread,
-    one gloo thread. Every rank measures; the slowest rank's median ratio is the factor.
+    one gloo thread. Every rank measures at once; the factor is `slowdown_factor` of the ratios.
     """
     import math
     import statistics
@@ -187,12 +187,26 @@ def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int =
         ratios.append(statistics.median(beside) / statistics.median(alone))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, ratios)
-    # The network's kernel work does not land evenly: one rank's compute can slow 3x while the
-    # other's barely does (ResNet-18 at 500 Mbit/s). Every collective waits for the slowest
-    # rank, so the simulator takes that rank's factor.
-    per_rank = [statistics.median(rs) for rs in every]
-    return {"compute_slowdown": max(1.0, max(per_rank)), "per_rank": per_rank,
+    return {"compute_slowdown": slowdown_factor(every), "per_rank": [statistics.median(rs) for rs in every],
             "ratios": [r for rs in every for r in rs], "allreduces": count}
+
+
+def slowdown_factor(ratios_by_rank: list[list[float]]) -> float:
+    """The compute slowdown the simulator takes from per-rank, per-repetition step-time ratios
+    (beside streaming all-reduces / alone; every rank's repetition i ran at the same time).
+
+    The network's kernel work does not land evenly: in one repetition a rank's compute can slow
+    3x while its peer's barely does, and in the next the other way round (ResNet-18 at
+    500 Mbit/s). Every collective waits for the slowest rank, so each repetition counts its
+    slowest rank; single repetitions range 1.0-5.5x there, so the factor is the median over
+    repetitions (not a mean, which one outlier moves; not each rank's own median, whose maximum
+    over ranks two repetitions left at the mercy of one of them). At least 1.
+    """
+    assert ratios_by_rank and all(len(rs) == len(ratios_by_rank[0]) for rs in ratios_by_rank), ratios_by_rank
+    import statistics
+
+    per_rep = [max(rs[i] for rs in ratios_by_rank) for i in range(len(ratios_by_rank[0]))]
+    return max(1.0, statistics.median(per_rep))
 
 
 def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, configs: list[tuple[int, dict]],

@@ -217,3 +217,16 @@ def test_loopback_smoke_two_configurations():
     assert job["predicted_at"] < job["measure_started_at"]
     assert all(d["plan_matches"] and d["engine_plan_fingerprint"] == d["plan_fingerprint"] for d in job["details"])
     assert "2 configurations" in report.markdown()
+
+
+@pytest.mark.timeout(10)
+def test_slowdown_factor_counts_each_repetitions_slowest_rank_then_the_median():
+    from caramel.sim.validate_worker import slowdown_factor
+
+    # ranks slow in turn (rep 0: rank 0, rep 1: rank 1, ...): every repetition's slowest rank
+    # counts, where each rank's own median would see one slow repetition in three
+    assert slowdown_factor([[2.0, 1.0, 1.0], [1.0, 2.2, 1.8]]) == pytest.approx(2.0)
+    # one outlier repetition does not move it (a mean of the two highest would be 3.3)
+    assert slowdown_factor([[5.5, 1.2, 1.1, 1.3, 1.25]]) == pytest.approx(1.25)
+    # never below 1: compute measured faster beside the transfers is noise
+    assert slowdown_factor([[0.7, 0.9, 0.95], [0.8, 0.85, 0.99]]) == 1.0
