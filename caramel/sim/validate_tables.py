@@ -4,7 +4,9 @@
 prediction, the prediction with the interference term (`caramel.sim.interference`), the measured
 median, both errors and the run-to-run spread. `compare_runs` puts two complete runs of the same
 matrix side by side: how far apart their measured medians are (the spread between whole runs,
-profile and calibration included) against the prediction errors.
+profile and calibration included) against the prediction errors, and how one run's measured
+medians would score as the predictions of the other (`measured_as_prediction`): the host's noise
+floor in the targets' own terms, what no prediction made beforehand can be expected to beat.
 """
 from __future__ import annotations
 
@@ -46,12 +48,7 @@ def _records_predicted_by(report: ValidationReport, key: str) -> list[Validation
 
 
 def _summary(label: str, records: list[ValidationRecord]) -> str:
-    s = score(records)
-    agree = s["ranking"]["agreement"]
-    return (f"{label}: median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
-            f"ranking agreement {'n/a' if agree is None else f'{agree * 100:.0f}%'} "
-            f"({s['ranking']['agree']} of {s['ranking']['agree'] + s['ranking']['disagree']} pairs; "
-            f"{s['ranking']['measured_ties']} measured ties)")
+    return f"{label}: {_score_line(score(records))}"
 
 
 def markdown_table(report: ValidationReport) -> str:
@@ -95,7 +92,24 @@ def compare_runs(a: ValidationReport, b: ValidationReport) -> dict[str, Any]:
         raise CaramelError("the two validation reports have no configuration in common")
     diffs = [x["measured_diff"] for x in rows]
     return {"configurations": len(rows), "median_measured_diff": statistics.median(diffs), "p90_measured_diff": percentile(diffs, 90),
-            "median_predicted_diff": statistics.median(x["predicted_diff"] for x in rows), "rows": rows}
+            "median_predicted_diff": statistics.median(x["predicted_diff"] for x in rows), "rows": rows,
+            "a_measured_predicts_b": measured_as_prediction(a, b), "b_measured_predicts_a": measured_as_prediction(b, a)}
+
+
+def measured_as_prediction(a: ValidationReport, b: ValidationReport) -> dict[str, Any]:
+    """`score` of run b's measurements (configurations both runs have) with run a's measured
+    medians in place of the predictions: what a predictor that knew another whole run's
+    measurements exactly would score on b, with b's own spreads deciding its measured ties.
+
+    For configurations whose plan depends on the calibration (the caramel planner) the two runs
+    may have run different plans; the others ran the same one."""
+    key = lambda r: (r.config.setting()[:3], r.config.strategy())  # noqa: E731 - latency is recalibrated per run
+    known = {key(r): r.measured_median_s for r in a.records}
+    records = [ValidationRecord(r.config, known[key(r)], r.measured_step_times_s, r.repeat_medians_s)
+               for r in b.records if key(r) in known]
+    if not records:
+        raise CaramelError("the two validation reports have no configuration in common")
+    return score(records)
 
 
 def compare_table(cmp: dict[str, Any]) -> str:
@@ -110,4 +124,14 @@ def compare_table(cmp: dict[str, Any]) -> str:
     lines += ["", f"{cmp['configurations']} configurations in both runs: measured medians differ by "
                   f"{cmp['median_measured_diff'] * 100:.1f}% (median), {cmp['p90_measured_diff'] * 100:.1f}% (p90) between runs; "
                   f"predictions by {cmp['median_predicted_diff'] * 100:.1f}% (median; each run profiles and calibrates afresh)."]
+    for name, first, second in (("a_measured_predicts_b", 1, 2), ("b_measured_predicts_a", 2, 1)):
+        lines.append(f"- run {first}'s measured medians as the predictions of run {second}: {_score_line(cmp[name])}")
     return "\n".join(lines)
+
+
+def _score_line(s: dict[str, Any]) -> str:
+    """One line for a `score`: median and p90 |error|, ranking agreement and its pairs."""
+    r = s["ranking"]
+    agree = "n/a" if r["agreement"] is None else f"{r['agreement'] * 100:.0f}%"
+    return (f"median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
+            f"ranking agreement {agree} ({r['agree']} of {r['agree'] + r['disagree']} pairs; {r['measured_ties']} measured ties)")

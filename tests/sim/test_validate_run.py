@@ -194,11 +194,16 @@ def test_compare_runs_and_saved_tables(tmp_path, capsys):
     assert cmp["configurations"] == 4
     assert [round(x["measured_diff"], 9) for x in cmp["rows"]] == [0.0, 0.0, 0.4, 0.0]  # |2-3| / 2.5
     assert cmp["median_measured_diff"] == 0.0 and cmp["median_predicted_diff"] == 0.0
+    # run a's measured medians as run b's predictions: one configuration off by |2 - 3| / 3
+    assert cmp["a_measured_predicts_b"]["median_abs_error"] == 0.0
+    assert cmp["a_measured_predicts_b"]["p90_abs_error"] == pytest.approx(0.7 * (1 / 3))
+    assert cmp["b_measured_predicts_a"]["p90_abs_error"] == pytest.approx(0.7 * (1 / 2))  # |3 - 2| / 2
     ValidationReport(a, {"jobs": [info_a]}).save(tmp_path / "a.json")
     ValidationReport(b, {"jobs": [info_b]}).save(tmp_path / "b.json")
     assert main(["--table", str(tmp_path / "a.json"), "--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out
     assert "| fifo/backward | 1100.0 |" in out and "| 40.0% |" in out
+    assert "run 1's measured medians as the predictions of run 2: median |error| 0.0%, p90 23.3%" in out
 
 
 @pytest.mark.timeout(300)
