@@ -136,6 +136,7 @@ class EmulatedCluster:
             # resolve each other by name, and c10d's reverse lookups of peers succeed quietly.
             self._record("etc", ns)
             netns.write_etc_hosts(ns, self._hosts_text(i))
+        self._cap_receive_buffers()
 
     def _hosts_text(self, worker: int) -> str:
         # Namespaces share the host's hostname (no UTS namespace); inside worker i it resolves to
@@ -162,6 +163,13 @@ class EmulatedCluster:
         use_netem = bool(self.netem_available) and cfg.latency_s > 0
         netns.shape(cfg.host_veth(worker), None, bandwidth_bps, burst, cfg.latency_s, use_netem)
         netns.shape(cfg.worker_veth(worker), cfg.netns(worker), bandwidth_bps, burst, cfg.latency_s, use_netem)
+
+    def _cap_receive_buffers(self) -> None:
+        # A flow crosses its sender's and its receiver's shaper: every worker's buffers are sized
+        # for the slowest link, so no queue on any path overflows.
+        cap = netns.receive_buffer_cap_bytes(min(self.bandwidth_bps), self.config.mtu)
+        for i in range(self.config.workers):
+            netns.cap_receive_buffer(self.config.netns(i), cap)
 
     def close(self) -> None:
         """Remove everything this cluster created (idempotent; safe from signal handlers and atexit)."""
@@ -269,6 +277,7 @@ class EmulatedCluster:
             raise CaramelError(f"set_bandwidth needs the emulated cluster; this is the local fallback ({self.fallback_reason})")
         self._shape(worker, bps)
         self.bandwidth_bps[worker] = bps
+        self._cap_receive_buffers()
 
     def env_for(self, worker: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment a process on `worker` gets: ours plus `extra`, threads and socket interface pinned."""

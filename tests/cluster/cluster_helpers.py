@@ -99,3 +99,12 @@ def tcp_rate_bps(cluster, src: int, dst: int, nbytes: int, port: int = 5201) -> 
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+def qdisc_drops(dev: str, ns: str | None = None) -> int:
+    """Packets the tbf on `dev` has dropped so far."""
+    import json
+
+    cmd = ["tc", "-s", "-j"] + (["-n", ns] if ns else []) + ["qdisc", "show", "dev", dev]
+    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    return sum(q.get("drops", 0) for q in out if q.get("kind") == "tbf")

@@ -196,3 +196,11 @@ def test_queued_probe_pieces_and_latency():
     assert queued_latency_from_extra_s(0.6e-3, 1e-3, 4) == pytest.approx(1e-4)
     assert queued_latency_from_extra_s(-0.2e-3, 1e-3, 2) == 0.0
     assert queued_latency_from_extra_s(5e-3, 1e-3, 2) == 1e-3
+
+
+def test_receive_buffer_cap_is_half_the_shaper_queue():
+    from caramel.cluster.netns import receive_buffer_cap_bytes
+
+    assert receive_buffer_cap_bytes(1e9, 9000) == 3_125_000  # 50 ms of 1 Gbit/s is 6.25 MB
+    assert receive_buffer_cap_bytes(50e6, 9000) == 156_250
+    assert receive_buffer_cap_bytes(1e6, 9000) == 36_000  # never below 4 full frames

@@ -12,7 +12,7 @@ from caramel.cluster import netns
 from caramel.cluster.config import ClusterConfig, new_prefix
 from caramel.cluster.emulated import EmulatedCluster
 from caramel.errors import CaramelError
-from tests.cluster.cluster_helpers import foreign, host_objects, named, needs_root, tcp_rate_bps
+from tests.cluster.cluster_helpers import foreign, host_objects, named, needs_root, qdisc_drops, tcp_rate_bps
 
 pytestmark = [needs_root, pytest.mark.root, pytest.mark.timeout(120)]
 
@@ -52,13 +52,20 @@ def test_setup_and_teardown_leave_host_as_before(tmp_path):
 def test_set_bandwidth_changes_measured_rate(tmp_path):
     cfg = _config(tmp_path, bandwidth_bps="200mbit")
     with EmulatedCluster(cfg) as c:
+        # receive buffers hold half of a 50 ms queue at the slowest worker's rate
+        assert [netns.receive_buffer_max_bytes(cfg.netns(i)) for i in range(2)] == [625_000] * 2
         fast = tcp_rate_bps(c, 0, 1, nbytes=5_000_000)
         c.set_bandwidth(1, "20mbit")  # cut worker 1's link to a tenth
         assert netns.qdisc_rate_bps(cfg.host_veth(1)) == 20e6
         assert netns.qdisc_rate_bps(cfg.worker_veth(1), cfg.netns(1)) == 20e6
         assert netns.qdisc_rate_bps(cfg.host_veth(0)) == 200e6
+        assert [netns.receive_buffer_max_bytes(cfg.netns(i)) for i in range(2)] == [62_500] * 2
+        drops = qdisc_drops(cfg.host_veth(1))
         slow = tcp_rate_bps(c, 0, 1, nbytes=1_000_000, port=5202)
+        # 1 MB into a 125 KB queue: the capped window never overflows it (uncapped: 28 drops)
+        assert qdisc_drops(cfg.host_veth(1)) == drops
         c.set_bandwidth(1, 200e6)
+        assert [netns.receive_buffer_max_bytes(cfg.netns(i)) for i in range(2)] == [625_000] * 2
         restored = tcp_rate_bps(c, 1, 0, nbytes=5_000_000, port=5203)
         assert c.bandwidth_bps == [200e6, 200e6]
     assert 0.6 * 200e6 < fast < 1.1 * 200e6, fast
