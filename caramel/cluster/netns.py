@@ -129,9 +129,10 @@ def receive_buffer_cap_bytes(bandwidth_bps: float, mtu: int) -> int:
     queue holds 312 KB, a collective's 0.8 MB per direction overflowed it: 4500-4900 drops and
     2400-2700 retransmitted segments per worker in 210 back-to-back all-reduce sequences. The
     cost lands unevenly: a tail drop waits for a loss probe at twice the queue-inflated
-    round trip (up to 100 ms), so a plan whose first collective is a small one measured 10% slower
-    than the same bytes in two collectives. Capped: no drops, and the same sequences within 2%.
-    The buffer still holds 25 ms at line rate, more than a receiving thread waits for a core.
+    round trip (up to 100 ms), so seven sequences of the same 2.65 MB in 1-3 collectives had
+    medians of 446-522 ms, a small first collective 10-15% slower than the same bytes in two.
+    Capped: no drops, the same seven within 463-479 ms. The buffer still holds 25 ms at line
+    rate, more than a receiving thread waits for a core.
     """
     assert bandwidth_bps > 0 and mtu > 0
     return max(int(bandwidth_bps / 8 * TBF_QUEUE_S / 2), 4 * mtu)
