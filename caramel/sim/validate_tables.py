@@ -6,7 +6,7 @@ median, both errors and the run-to-run spread. `compare_runs` puts two complete 
 matrix side by side: how far apart their measured medians are (the spread between whole runs,
 profile and calibration included) against the prediction errors, and how one run's measured
 medians would score as the predictions of the other (`measured_as_prediction`): the host's noise
-floor in the targets' own terms, what no prediction made beforehand can be expected to beat.
+floor in the targets' own terms, how close two measurements of the same matrix come to each other.
 """
 from __future__ import annotations
 
