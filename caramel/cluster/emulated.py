@@ -59,6 +59,7 @@ class EmulatedCluster:
         self.state: ClusterState | None = None
         self.netem_available: bool | None = None
         self.bandwidth_bps: list[float] = [float(config.bandwidth_bps)] * config.workers
+        self.receive_buffer_cap_bytes: int | None = None  # set in every namespace; None: not set (see info())
         self._store = StateStore(config.state_dir)
         self._lock = threading.Lock()
         self._closing = False
@@ -66,6 +67,7 @@ class EmulatedCluster:
         self._pending_signal: int | None = None
         self._prev_handlers: dict[int, Any] = {}
         self._runs = 0
+        self._cap_warned = False
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "EmulatedCluster":
@@ -136,7 +138,7 @@ class EmulatedCluster:
             # resolve each other by name, and c10d's reverse lookups of peers succeed quietly.
             self._record("etc", ns)
             netns.write_etc_hosts(ns, self._hosts_text(i))
-        self._cap_receive_buffers()
+        self._cap_receive_buffers(self.bandwidth_bps)
 
     def _hosts_text(self, worker: int) -> str:
         # Namespaces share the host's hostname (no UTS namespace); inside worker i it resolves to
@@ -164,12 +166,23 @@ class EmulatedCluster:
         netns.shape(cfg.host_veth(worker), None, bandwidth_bps, burst, cfg.latency_s, use_netem)
         netns.shape(cfg.worker_veth(worker), cfg.netns(worker), bandwidth_bps, burst, cfg.latency_s, use_netem)
 
-    def _cap_receive_buffers(self) -> None:
+    def _cap_receive_buffers(self, rates_bps: list[float]) -> None:
         # A flow crosses its sender's and its receiver's shaper: every worker's buffers are sized
-        # for the slowest link, so no queue on any path overflows.
-        cap = netns.receive_buffer_cap_bytes(min(self.bandwidth_bps), self.config.mtu)
-        for i in range(self.config.workers):
-            netns.cap_receive_buffer(self.config.netns(i), cap)
+        # for the slowest link, so no queue on any path overflows. Best effort: where the kernel
+        # will not take it, the links still work and may drop (one warning, and info() says so).
+        cap = netns.receive_buffer_cap_bytes(min(rates_bps), self.config.mtu)
+        if cap == self.receive_buffer_cap_bytes:
+            return
+        if all(netns.cap_receive_buffer(self.config.netns(i), cap) for i in range(self.config.workers)):
+            self.receive_buffer_cap_bytes = cap
+            return
+        if not self._cap_warned:
+            self._cap_warned = True
+            if not self.config.quiet:
+                print("caramel cluster: cannot cap TCP receive buffers in the namespaces (read-only /proc/sys, or a kernel "
+                      "before 4.15); at low rates the shaper may drop packets, and collectives stall on their recovery",
+                      file=sys.stderr)
+        self.receive_buffer_cap_bytes = None
 
     def close(self) -> None:
         """Remove everything this cluster created (idempotent; safe from signal handlers and atexit)."""
@@ -257,6 +270,7 @@ class EmulatedCluster:
         d: dict[str, Any] = {"prefix": cfg.prefix, "mode": self.mode, "workers": cfg.workers,
                              "bandwidth_bps": list(self.bandwidth_bps), "latency_s": cfg.latency_s, "mtu": cfg.mtu,
                              "netem_available": self.netem_available,
+                             "receive_buffer_cap_bytes": self.receive_buffer_cap_bytes,
                              "latency_emulated": bool(self.netem_available) and cfg.latency_s > 0}
         if self.mode == "netns":
             d.update(bridge=cfg.bridge, namespaces=[cfg.netns(i) for i in range(cfg.workers)],
@@ -275,9 +289,16 @@ class EmulatedCluster:
         self._check_running()
         if self.mode == "local":
             raise CaramelError(f"set_bandwidth needs the emulated cluster; this is the local fallback ({self.fallback_reason})")
+        rates = list(self.bandwidth_bps)
+        rates[worker] = bps
+        # a lower cap goes in before the link slows, a higher one after it speeds up
+        lower = netns.receive_buffer_cap_bytes(min(rates), self.config.mtu) < (self.receive_buffer_cap_bytes or 0)
+        if lower:
+            self._cap_receive_buffers(rates)
         self._shape(worker, bps)
         self.bandwidth_bps[worker] = bps
-        self._cap_receive_buffers()
+        if not lower:
+            self._cap_receive_buffers(rates)
 
     def env_for(self, worker: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment a process on `worker` gets: ours plus `extra`, threads and socket interface pinned."""

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from caramel.errors import CaramelError
 
@@ -122,32 +123,47 @@ def tbf_args(bandwidth_bps: float, burst_bytes: int) -> list[str]:
 
 def receive_buffer_cap_bytes(bandwidth_bps: float, mtu: int) -> int:
     """The most a TCP receive buffer may grow to on links of `bandwidth_bps`: half the shaper's
-    queue (two flows may share an egress), at least 4 full frames.
+    queue, at least 4 MTUs.
 
-    A flow can have no more in flight than its receiver's buffer, so capped at this the flows
-    never overflow the tbf queue. Uncapped (Linux lets it grow to 6 MB), at 50 Mbit/s, where the
-    queue holds 312 KB, a collective's 0.8 MB per direction overflowed it: 4500-4900 drops and
-    2400-2700 retransmitted segments per worker in 210 back-to-back all-reduce sequences. The
-    cost lands unevenly: a tail drop waits for a loss probe at twice the queue-inflated
-    round trip (up to 100 ms), so seven sequences of the same 2.65 MB in 1-3 collectives had
-    medians of 446-522 ms, a small first collective 10-15% slower than the same bytes in two.
-    Capped: no drops, the same seven within 463-479 ms. The buffer still holds 25 ms at line
-    rate, more than a receiving thread waits for a core.
+    A flow can have no more in flight than its receiver's buffer, so at this cap up to two flows
+    into one egress (two process groups, or gloo's two threads) never overflow its tbf queue. At
+    rates where 4 MTUs exceed half the queue (below about 11.5 Mbit/s at MTU 9000) that floor
+    wins, and a queue can still overflow. Uncapped (Linux lets a buffer grow to 6 MB), at
+    50 Mbit/s, where the queue holds 312 KB, a collective's 0.8 MB per direction overflowed
+    it: 4500-4900 drops and 2400-2700 retransmitted segments per worker in 210 back-to-back
+    all-reduce sequences. A tail drop waits for a loss probe at twice the queue-inflated round
+    trip (up to 100 ms), so seven sequences of the same 2.65 MB in 1-3 collectives had medians
+    of 446-522 ms, a small first collective 10-15% slower than the same bytes in two. Capped: no
+    drops, the same seven within 463-479 ms. The buffer holds 25 ms at this rate, more than a
+    receiving thread waits for a core; on links faster than `bandwidth_bps`, or with an emulated
+    round trip above a few ms (netem), it holds less and can limit a flow below the link's rate.
     """
     assert bandwidth_bps > 0 and mtu > 0
     return max(int(bandwidth_bps / 8 * TBF_QUEUE_S / 2), 4 * mtu)
 
 
-def cap_receive_buffer(netns: str, max_bytes: int) -> None:
-    """Cap TCP receive-buffer autotuning in `netns` at `max_bytes` (net.ipv4.tcp_rmem is per
-    namespace; sockets already grown past it keep their size)."""
-    initial = min(131072, max_bytes)
-    sh(["ip", "netns", "exec", netns, "sh", "-c", f"echo '4096 {initial} {max_bytes}' > /proc/sys/net/ipv4/tcp_rmem"])
+TCP_RMEM = "/proc/sys/net/ipv4/tcp_rmem"
+
+
+def cap_receive_buffer(netns: str, max_bytes: int) -> bool:
+    """Cap TCP receive-buffer autotuning in `netns` at `max_bytes`. False when it cannot be
+    set there: /proc/sys read-only (an unprivileged container), or a kernel older than 4.15
+    where net.ipv4.tcp_rmem is not per namespace, so the write would change the host's own
+    setting (then the host's value is put back). Sockets already grown past the cap keep their
+    size."""
+    assert max_bytes > 0
+    host_before = Path(TCP_RMEM).read_text()
+    line = f"{min(4096, max_bytes)} {min(131072, max_bytes)} {max_bytes}"
+    ok = sh(["ip", "netns", "exec", netns, "sh", "-c", f"echo '{line}' > {TCP_RMEM}"], check=False).returncode == 0
+    if Path(TCP_RMEM).read_text() != host_before:
+        Path(TCP_RMEM).write_text(host_before)
+        return False
+    return ok
 
 
 def receive_buffer_max_bytes(netns: str) -> int | None:
     """The namespace's tcp_rmem maximum, for checks and tests."""
-    proc = sh(["ip", "netns", "exec", netns, "cat", "/proc/sys/net/ipv4/tcp_rmem"], check=False)
+    proc = sh(["ip", "netns", "exec", netns, "cat", TCP_RMEM], check=False)
     return int(proc.stdout.split()[2]) if proc.returncode == 0 else None
 
 

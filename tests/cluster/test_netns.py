@@ -179,3 +179,32 @@ def test_failed_setup_removes_partial_cluster(tmp_path, monkeypatch):
     after = host_objects()
     assert named(after, cfg.prefix) == set()
     assert foreign(after) == foreign(before)
+
+
+def test_receive_buffer_cap_is_best_effort(tmp_path, monkeypatch, capsys):
+    """Where the namespaces' tcp_rmem cannot be set (read-only /proc/sys, a kernel before 4.15),
+    the cluster still starts, says so once, and info() records that no cap is set."""
+    calls = []
+
+    def refused(ns, max_bytes):
+        calls.append(ns)
+        return False
+
+    monkeypatch.setattr(netns, "cap_receive_buffer", refused)
+    cfg = ClusterConfig(workers=2, bandwidth_bps="100mbit", state_dir=str(tmp_path / "state"))
+    with EmulatedCluster(cfg) as c:
+        assert c.info()["receive_buffer_cap_bytes"] is None
+        c.set_bandwidth(0, "50mbit")
+        assert netns.qdisc_rate_bps(cfg.worker_veth(0), cfg.netns(0)) == 50e6
+    err = capsys.readouterr().err
+    assert err.count("cannot cap TCP receive buffers") == 1
+    assert calls  # it was tried
+
+
+def test_cap_receive_buffer_leaves_the_host_setting_alone(tmp_path):
+    before = open(netns.TCP_RMEM).read()
+    with EmulatedCluster(_config(tmp_path, bandwidth_bps="20mbit")) as c:
+        assert c.info()["receive_buffer_cap_bytes"] == 62_500
+        assert open(netns.TCP_RMEM).read() == before
+        inside = netns.sh(["ip", "netns", "exec", c.config.netns(0), "cat", netns.TCP_RMEM]).stdout.split()
+        assert [int(x) for x in inside] == [4096, 62_500, 62_500]
