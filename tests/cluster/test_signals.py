@@ -30,8 +30,15 @@ with EmulatedCluster(ClusterConfig(workers=2, bandwidth_bps="50mbit", prefix=pre
 """
 
 
+def _sigint_default() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and a child
+    # inherits that: the owner would never see the Ctrl-C these tests send.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_owner(tmp_path, prefix):
     proc = subprocess.Popen([sys.executable, "-c", OWNER, prefix, str(tmp_path)], cwd=REPO, env=python_env(),
+                            preexec_fn=_sigint_default,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     if not line or line[0] != "READY":
@@ -122,6 +129,7 @@ def test_ctrl_c_during_a_torchrun_job_leaves_no_process(tmp_path):
     prefix = new_prefix()
     before = host_objects()
     owner = subprocess.Popen([sys.executable, "-c", OWNER_RUN, prefix, str(tmp_path), str(script)], cwd=REPO,
+                             preexec_fn=_sigint_default,
                              env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids, seen = set(), []
     try:
