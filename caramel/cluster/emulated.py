@@ -138,7 +138,7 @@ class EmulatedCluster:
             # resolve each other by name, and c10d's reverse lookups of peers succeed quietly.
             self._record("etc", ns)
             netns.write_etc_hosts(ns, self._hosts_text(i))
-        self._cap_receive_buffers(self.bandwidth_bps)
+        self._cap_receive_buffers(self._receive_buffer_cap_for(self.bandwidth_bps))
 
     def _hosts_text(self, worker: int) -> str:
         # Namespaces share the host's hostname (no UTS namespace); inside worker i it resolves to
@@ -166,11 +166,14 @@ class EmulatedCluster:
         netns.shape(cfg.host_veth(worker), None, bandwidth_bps, burst, cfg.latency_s, use_netem)
         netns.shape(cfg.worker_veth(worker), cfg.netns(worker), bandwidth_bps, burst, cfg.latency_s, use_netem)
 
-    def _cap_receive_buffers(self, rates_bps: list[float]) -> None:
+    def _receive_buffer_cap_for(self, rates_bps: list[float]) -> int:
         # A flow crosses its sender's and its receiver's shaper: every worker's buffers are sized
-        # for the slowest link, so no queue on any path overflows. Best effort: where the kernel
-        # will not take it, the links still work and may drop (one warning, and info() says so).
-        cap = netns.receive_buffer_cap_bytes(min(rates_bps), self.config.mtu)
+        # for the slowest link, so no queue on any path overflows.
+        return netns.receive_buffer_cap_bytes(min(rates_bps), self.config.mtu)
+
+    def _cap_receive_buffers(self, cap: int) -> None:
+        # Best effort: where the kernel will not take it, the links still work and may drop (one
+        # warning, and info() says so).
         if cap == self.receive_buffer_cap_bytes:
             return
         if all(netns.cap_receive_buffer(self.config.netns(i), cap) for i in range(self.config.workers)):
@@ -291,14 +294,15 @@ class EmulatedCluster:
             raise CaramelError(f"set_bandwidth needs the emulated cluster; this is the local fallback ({self.fallback_reason})")
         rates = list(self.bandwidth_bps)
         rates[worker] = bps
+        cap = self._receive_buffer_cap_for(rates)
         # a lower cap goes in before the link slows, a higher one after it speeds up
-        lower = netns.receive_buffer_cap_bytes(min(rates), self.config.mtu) < (self.receive_buffer_cap_bytes or 0)
+        lower = cap < (self.receive_buffer_cap_bytes or 0)
         if lower:
-            self._cap_receive_buffers(rates)
+            self._cap_receive_buffers(cap)
         self._shape(worker, bps)
         self.bandwidth_bps[worker] = bps
         if not lower:
-            self._cap_receive_buffers(rates)
+            self._cap_receive_buffers(cap)
 
     def env_for(self, worker: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment a process on `worker` gets: ours plus `extra`, threads and socket interface pinned."""

@@ -104,6 +104,14 @@ def ranking_pairs(records: list[ValidationRecord]) -> dict[str, int]:
     return out
 
 
+def score_line(s: dict[str, Any]) -> str:
+    """One line for a `score`: median and p90 |error|, ranking agreement and its pairs."""
+    r = s["ranking"]
+    agree = "n/a" if r["agreement"] is None else f"{r['agreement'] * 100:.0f}%"
+    return (f"median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
+            f"ranking agreement {agree} ({r['agree']} of {r['agree'] + r['disagree']} pairs; {r['measured_ties']} measured ties)")
+
+
 def score(records: list[ValidationRecord]) -> dict[str, Any]:
     """Median and p90 absolute error, ranking agreement, and whether each target is met."""
     if not records:
@@ -169,11 +177,7 @@ class ValidationReport:
                          f"{r.predicted_step_time_s * 1e3:.1f} | {r.measured_median_s * 1e3:.1f} | "
                          f"{r.error * 100:+.1f}% | {r.spread * 100:.1f}% |")
         s = score(self.records)
-        agree = s["ranking"]["agreement"]
         lines.append("")
-        lines.append(f"{s['configurations']} configurations: median |error| {s['median_abs_error'] * 100:.1f}%, "
-                     f"p90 {s['p90_abs_error'] * 100:.1f}%, median run-to-run spread {s['median_spread'] * 100:.1f}%, "
-                     f"ranking agreement {'n/a' if agree is None else f'{agree * 100:.0f}%'} "
-                     f"({s['ranking']['agree']} of {s['ranking']['agree'] + s['ranking']['disagree']} pairs; "
-                     f"{s['ranking']['measured_ties']} measured ties)")
+        lines.append(f"{s['configurations']} configurations: {score_line(s)}; "
+                     f"median run-to-run spread {s['median_spread'] * 100:.1f}%")
         return "\n".join(lines)

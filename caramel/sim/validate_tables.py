@@ -14,7 +14,7 @@ import statistics
 from typing import Any
 
 from caramel.errors import CaramelError
-from caramel.sim.validate import ValidationRecord, ValidationReport, percentile, score
+from caramel.sim.validate import ValidationRecord, ValidationReport, percentile, score, score_line
 from caramel.units import format_rate
 
 
@@ -48,7 +48,7 @@ def _records_predicted_by(report: ValidationReport, key: str) -> list[Validation
 
 
 def _summary(label: str, records: list[ValidationRecord]) -> str:
-    return f"{label}: {_score_line(score(records))}"
+    return f"{label}: {score_line(score(records))}"
 
 
 def markdown_table(report: ValidationReport) -> str:
@@ -73,13 +73,17 @@ def markdown_table(report: ValidationReport) -> str:
     return "\n".join(lines)
 
 
+def _run_key(r: ValidationRecord) -> tuple:
+    """What matches a configuration across runs: setting and strategy, not the latency (each run calibrates afresh)."""
+    return r.config.setting()[:3], r.config.strategy()
+
+
 def compare_runs(a: ValidationReport, b: ValidationReport) -> dict[str, Any]:
     """Run-to-run differences between two reports of the same matrix (configurations matched by setting and strategy)."""
-    key = lambda r: (r.config.setting()[:3], r.config.strategy())  # noqa: E731 - latency is recalibrated per run
-    other = {key(r): r for r in b.records}
+    other = {_run_key(r): r for r in b.records}
     rows = []
     for r in a.records:
-        o = other.get(key(r))
+        o = other.get(_run_key(r))
         if o is None:
             continue
         m1, m2 = r.measured_median_s, o.measured_median_s
@@ -103,10 +107,9 @@ def measured_as_prediction(a: ValidationReport, b: ValidationReport) -> dict[str
 
     For configurations whose plan depends on the calibration (the caramel planner) the two runs
     may have run different plans; the others ran the same one."""
-    key = lambda r: (r.config.setting()[:3], r.config.strategy())  # noqa: E731 - latency is recalibrated per run
-    known = {key(r): r.measured_median_s for r in a.records}
-    records = [ValidationRecord(r.config, known[key(r)], r.measured_step_times_s, r.repeat_medians_s)
-               for r in b.records if key(r) in known]
+    known = {_run_key(r): r.measured_median_s for r in a.records}
+    records = [ValidationRecord(r.config, known[_run_key(r)], r.measured_step_times_s, r.repeat_medians_s)
+               for r in b.records if _run_key(r) in known]
     if not records:
         raise CaramelError("the two validation reports have no configuration in common")
     return score(records)
@@ -125,13 +128,6 @@ def compare_table(cmp: dict[str, Any]) -> str:
                   f"{cmp['median_measured_diff'] * 100:.1f}% (median), {cmp['p90_measured_diff'] * 100:.1f}% (p90) between runs; "
                   f"predictions by {cmp['median_predicted_diff'] * 100:.1f}% (median; each run profiles and calibrates afresh)."]
     for name, first, second in (("a_measured_predicts_b", 1, 2), ("b_measured_predicts_a", 2, 1)):
-        lines.append(f"- run {first}'s measured medians as the predictions of run {second}: {_score_line(cmp[name])}")
+        lines.append(f"- run {first}'s measured medians as the predictions of run {second}: {score_line(cmp[name])}")
     return "\n".join(lines)
 
-
-def _score_line(s: dict[str, Any]) -> str:
-    """One line for a `score`: median and p90 |error|, ranking agreement and its pairs."""
-    r = s["ranking"]
-    agree = "n/a" if r["agreement"] is None else f"{r['agreement'] * 100:.0f}%"
-    return (f"median |error| {s['median_abs_error'] * 100:.1f}%, p90 {s['p90_abs_error'] * 100:.1f}%, "
-            f"ranking agreement {agree} ({r['agree']} of {r['agree'] + r['disagree']} pairs; {r['measured_ties']} measured ties)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,7 +160,6 @@ def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int =
     one gloo thread. Every rank measures at once; the factor is `slowdown_factor` of the ratios.
     """
     import math
-    import statistics
     import threading
 
     step = _train_step(w, _sgd(w.model, job["lr"]))
@@ -203,8 +203,6 @@ def slowdown_factor(ratios_by_rank: list[list[float]]) -> float:
     over ranks two repetitions left at the mercy of one of them). At least 1.
     """
     assert ratios_by_rank and all(len(rs) == len(ratios_by_rank[0]) for rs in ratios_by_rank), ratios_by_rank
-    import statistics
-
     per_rep = [max(rs[i] for rs in ratios_by_rank) for i in range(len(ratios_by_rank[0]))]
     return max(1.0, statistics.median(per_rep))
 
@@ -358,7 +356,6 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
     all-reduces (timed) while the main thread steps until it is done. The engine's setting:
     one compute thread and one Gloo thread per worker. Rank 0 returns the ratios.
     """
-    import statistics
     import threading
 
     import caramel
