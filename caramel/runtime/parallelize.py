@@ -166,6 +166,27 @@ class _LocalGroup:
         return self._Done()
 
 
+def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
+    """Headroom analysis, the engine's twin of torch DDP's `noop_hook`: from now on every gradient
+    collective of the engine behind `optimizer` is a no-op, so each rank updates with its own
+    gradients, pre-divided by the world size as always, while the hooks, bucket copies, buffer
+    broadcasts and lazy updates run as usual.
+
+    For timing what the engine costs besides the network (`caramel.sim.validate_calibrate`);
+    never for training. Pending collectives finish first. Irreversible for this engine.
+    """
+    engine = getattr(optimizer, "_caramel_engine", None)
+    if engine is None:
+        raise CaramelError("mute_gradient_communication: the optimizer is not one that caramel.parallelize returned")
+    if engine.comm is None:
+        raise CaramelError(RELEASED)
+    if engine.delegating:
+        raise CaramelError("mute_gradient_communication: this engine handed its schedule to torch DDP; "
+                           "register torch's noop_hook on that DDP module instead")
+    engine.synchronize()
+    engine.comm = _LocalGroup()
+
+
 class _Controller:
     """Planning: the online profiling phase, planning on rank 0, broadcast, periodic checks."""
 

@@ -86,7 +86,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     planner reuses one across candidates). The trace holds every rank up to
     64 workers, else one rank per distinct worker speed, unless `trace_ranks` says otherwise.
     `compute_slowdown` (>= 1) is how much slower compute runs while a collective is in flight
-    (CPU contention; `caramel.sim.validate_worker.measure_slowdown` measures it for a model).
+    (CPU contention; `caramel.sim.validate_calibrate.measure_slowdown` measures it for a model).
     """
     check_overlap(overlap)
     if isinstance(compute_slowdown, bool) or not isinstance(compute_slowdown, (int, float)) or not compute_slowdown >= 1.0:

@@ -23,16 +23,30 @@ def interference_records(report: ValidationReport) -> list[ValidationRecord]:
     return _records_predicted_by(report, "predicted_interference_step_time_s")
 
 
-def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | None:
-    """The same measurements scored against the interference predictions of the same plans with
-    every collective paying the lone latency (no queued model); None for reports from before it,
-    or when no prediction differs (a calibration without a queued latency)."""
+# Other predictions of the same plans, each without one part of the model, scored on the same
+# measurements (what that part changes): detail key -> what the line says.
+ALTERNATIVES = {
+    "predicted_lone_latency_step_time_s": "every collective paying the lone latency (no queued model; the same plans)",
+    "predicted_muted_compute_step_time_s": "compute at each configuration's muted step (the same plans)",
+}
+
+
+def alternative_records(report: ValidationReport, key: str) -> list[ValidationRecord] | None:
+    """The same measurements scored against the alternative predictions under detail `key`
+    (`ALTERNATIVES`); None for reports from before it, or when no prediction differs from the
+    interference prediction (a calibration without that part)."""
+    assert key in ALTERNATIVES, key
     details = _details(report)
-    if not details or any("predicted_lone_latency_step_time_s" not in d for d in details):
+    if not details or any(key not in d for d in details):
         return None
-    if all(d["predicted_lone_latency_step_time_s"] == d.get("predicted_interference_step_time_s") for d in details):
+    if all(d[key] == d.get("predicted_interference_step_time_s") for d in details):
         return None
-    return _records_predicted_by(report, "predicted_lone_latency_step_time_s")
+    return _records_predicted_by(report, key)
+
+
+def lone_latency_records(report: ValidationReport) -> list[ValidationRecord] | None:
+    """`alternative_records` with every collective paying the lone latency (no queued model)."""
+    return alternative_records(report, "predicted_lone_latency_step_time_s")
 
 
 def _details(report: ValidationReport) -> list[dict]:
@@ -66,10 +80,10 @@ def markdown_table(report: ValidationReport) -> str:
     lines += ["", f"{len(report.records)} configurations; median run-to-run spread {statistics.median(spreads) * 100:.1f}%, "
                   f"p90 {percentile(spreads, 90) * 100:.1f}%.",
               "", "- " + _summary("simulator", report.records), "- " + _summary("simulator + interference term", both)]
-    lone = lone_latency_records(report)
-    if lone is not None:
-        lines.append("- " + _summary("simulator + interference term, every collective paying the lone latency "
-                                     "(no queued model; the same plans)", lone))
+    for key, label in ALTERNATIVES.items():
+        alt = alternative_records(report, key)
+        if alt is not None:
+            lines.append("- " + _summary(f"simulator + interference term, {label}", alt))
     return "\n".join(lines)
 
 

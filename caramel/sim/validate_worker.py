@@ -6,14 +6,18 @@ strategy of that model. On every rank, in this order:
 1. profile the model with `caramel.profile_model`, all ranks at once, so compute runs under the
    same contention for the host's cores as in the timed steps (the slowest rank's profile is
    used: the job runs at that rank's pace);
-2. rank 0 plans every configuration and simulates it on the calibrated `ClusterSpec` (the link
-   rate of the configuration times the goodput factor, and the latency, both fitted once before
-   any job), and writes the predictions to disk *before any timed step runs*; the plans go to
-   every rank, so the engine runs exactly the plan that was simulated;
+2. rank 0 plans every configuration for the calibrated `ClusterSpec` (the link rate of the
+   configuration times the goodput factor, and the latency, both fitted once before any job);
+   the plans go to every rank, so the engine runs exactly the plan that is simulated;
 3. for each bandwidth, rank 0 asks the host runner to reshape the links (a request file; the
-   host answers with a done file), then every strategy of that bandwidth is built, warmed up and
-   timed in interleaved rounds, as the bench harness times them (`measure_block`: one untimed
-   entry step, then steps timed top of loop to top of loop, then a drain).
+   host answers with a done file), then every rank calibrates what a profile cannot give
+   (`caramel.sim.validate_calibrate`): the compute slowdown beside streaming all-reduces, and
+   each configuration's step with its gradient communication muted;
+4. rank 0 simulates every configuration and writes the predictions to disk *before any timed
+   step runs*;
+5. for each bandwidth again, every strategy of that bandwidth is built, warmed up and timed in
+   interleaved rounds, as the bench harness times them (`measure_block`: one untimed entry
+   step, then steps timed top of loop to top of loop, then a drain).
 
 Rank 0 writes `caramel.validation_raw/1` with the predictions, the per-rank step times and the
 engine's own statistics (its plan fingerprint is checked against the simulated plan's).
@@ -34,6 +38,8 @@ import torch.distributed as dist
 
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text, check_format, format_tag, read_json, write_json
+from caramel.sim.validate_calibrate import (build_runner, measure_compute, measure_slowdown, muted_step_s, sgd, timed_steps,
+                                            train_step, workload)
 
 JOB_KIND = "validation_job"
 RAW_KIND = "validation_raw"
@@ -56,19 +62,6 @@ def _log(rank: int, msg: str) -> None:
         print(f"[validate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _workload(job: dict[str, Any], device: torch.device):
-    from caramel.models.zoo import get_model
-
-    w = get_model(job["model"])(seed=job["seed"], batch_size=job["batch_size"], **job["model_options"])
-    w.model.to(device)
-    w.inputs, w.targets = w.inputs.to(device), w.targets.to(device)
-    return w
-
-
-def _sgd(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
-
 def sim_plan_for(config: dict[str, Any], profile, cluster):
     """The plan and overlap the simulator replays for one configuration (`ddp` is fifo/backward)."""
     from caramel.plan.planners import make_plan
@@ -83,12 +76,35 @@ def sim_plan_for(config: dict[str, Any], profile, cluster):
     return make_plan(config["planner"], profile, cluster, **options), config["overlap"]
 
 
-def predict(job: dict[str, Any], profile) -> list[dict[str, Any]]:
-    """Plan and simulate every configuration of the job (rank 0, before anything is timed)."""
-    from caramel.cluster.spec import ClusterSpec
-    from caramel.sim.simulate import simulate
+def make_plans(job: dict[str, Any], profile) -> list[dict[str, Any]]:
+    """Plan every configuration of the job for its calibrated cluster (rank 0, before anything is timed)."""
+    out = []
+    for cfg in job["configs"]:
+        t0 = time.perf_counter()
+        plan, overlap = sim_plan_for(cfg, profile, _cluster(job, cfg))
+        out.append({"plan": plan, "overlap": overlap, "plan_s": time.perf_counter() - t0})
+    return out
 
+
+def _cluster(job: dict[str, Any], cfg: dict[str, Any], speed: float = 1.0):
+    from caramel.cluster.spec import ClusterSpec, WorkerSpec
+
+    cal = job["calibration"]
+    return ClusterSpec([WorkerSpec(f"w{r}", speed) for r in range(job["workers"])], cfg["bandwidth_bps"] * cal["goodput"],
+                       cal["latency_s"], meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]},
+                       queued_latency_s=cal.get("queued_latency_s"))
+
+
+def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: list[float | None]) -> list[dict[str, Any]]:
+    """Simulate every configuration's plan (rank 0, before anything is timed).
+
+    The compute replayed is the profile's. Each plan is also simulated with the profile scaled
+    so that one step takes the configuration's own step with its gradient communication muted
+    (`muted_s[i]`, `validate_calibrate.measure_compute`; None: not measured): what that input
+    changes is scored on the same measurements (docs/simulator.md, run u).
+    """
     from caramel.sim.interference import Interference, corrected_step_time_s
+    from caramel.sim.simulate import simulate
 
     cal = job["calibration"]
     # compute beside a collective runs inside the event engine at the slowdown measured at this
@@ -96,46 +112,31 @@ def predict(job: dict[str, Any], profile) -> list[dict[str, Any]]:
     comm_only = Interference(1.0, cal.get("comm_slowdown", 1.0))
     by_bps = cal.get("slowdown_by_bps", {})
     out = []
-    for cfg in job["configs"]:
-        cluster = ClusterSpec.uniform(job["workers"], cfg["bandwidth_bps"] * cal["goodput"], cal["latency_s"],
-                                      meta={"nominal_bandwidth_bps": cfg["bandwidth_bps"]},
-                                      queued_latency_s=cal.get("queued_latency_s"))
-        t0 = time.perf_counter()
-        plan, overlap = sim_plan_for(cfg, profile, cluster)
-        result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
+    for cfg, planned, step_s in zip(job["configs"], plans, muted_s):
+        plan, overlap = planned["plan"], planned["overlap"]
+        cluster = _cluster(job, cfg)
         slowdown = float(by_bps.get(str(int(cfg["bandwidth_bps"])), cal.get("compute_slowdown", 1.0)))
-        contended = simulate(profile, cluster, plan, overlap=overlap, trace=True, compute_slowdown=slowdown)
-        corrected, overlap_s = corrected_step_time_s(contended, comm_only)
+
+        def corrected(spec) -> tuple[float, float]:
+            return corrected_step_time_s(simulate(profile, spec, plan, overlap=overlap, trace=True, compute_slowdown=slowdown),
+                                         comm_only)
+
+        result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
+        step, overlap_s = corrected(cluster)
         # the same plan as if every collective paid the lone latency (before the queued model),
-        # so that what the queued model changes is scored on the same measurements
-        lone = dataclasses.replace(cluster, queued_latency_s=None)
-        lone_s, _ = corrected_step_time_s(simulate(profile, lone, plan, overlap=overlap, trace=True, compute_slowdown=slowdown),
-                                          comm_only)
+        # and at the muted step's length: what each changes is scored on the same measurements
+        lone_s, _ = corrected(dataclasses.replace(cluster, queued_latency_s=None))
+        speed = profile.step_time_s / step_s if step_s else 1.0
+        muted, _ = corrected(_cluster(job, cfg, speed)) if speed != 1.0 else (step, overlap_s)
         out.append({"plan": plan, "predicted_step_time_s": result.step_time_s, "compute_slowdown": slowdown,
-                    "predicted_interference_step_time_s": corrected, "predicted_overlap_s": overlap_s,
-                    "predicted_lone_latency_step_time_s": lone_s,
+                    "predicted_interference_step_time_s": step, "predicted_overlap_s": overlap_s,
+                    "predicted_lone_latency_step_time_s": lone_s, "predicted_muted_compute_step_time_s": muted,
+                    "muted_step_s": step_s, "profile_step_s": profile.step_time_s, "muted_compute_speed": speed,
                     "predicted_bound": result.critical_path["bound"],
                     "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
                     "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),
-                    "plan_fingerprint": plan.fingerprint, "plan_s": time.perf_counter() - t0})
+                    "plan_fingerprint": plan.fingerprint, "plan_s": planned["plan_s"]})
     return out
-
-
-def _build_runner(cfg: dict[str, Any], plan, job: dict[str, Any], device: torch.device, timeout_s: float):
-    import caramel
-    from caramel.bench.strategies import TrainRunner
-
-    w = _workload(job, device)
-    opt = _sgd(w.model, job["lr"])
-    name = cfg["name"]
-    if cfg["planner"] == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        wrapped = DDP(w.model, **cfg["options"])
-        return TrainRunner(name, wrapped, opt, w.inputs, w.targets, w.loss_fn, device)
-    wrapped, opt = caramel.parallelize(w.model, opt, plan=plan, overlap=cfg["overlap"], timeout_s=timeout_s)
-    return TrainRunner(name, wrapped, opt, w.inputs, w.targets, w.loss_fn, device, finish=opt.synchronize,
-                       stats=opt.engine.stats_dict)
 
 
 def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, rank: int) -> None:
@@ -150,63 +151,6 @@ def _wait_for_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, r
     dist.barrier()
 
 
-def measure_slowdown(job: dict[str, Any], w, grad_bytes: int, group, reps: int = 6, steps: int = 10,
-                     stream_s: float = 0.6) -> dict[str, Any]:
-    """How much slower this model's training step runs while all-reduces stream, at the links' current rate.
-
-    Per repetition: `steps` steps alone, then steps while a second thread runs a fixed number of
-    all-reduces of the model's gradient size back to back (about `stream_s` seconds; every rank
-    runs the same number, so none is left waiting), the engine's setting: one compute thread,
-    one gloo thread. Every rank measures at once; the factor is `slowdown_factor` of the ratios.
-    """
-    import math
-    import threading
-
-    step = _train_step(w, _sgd(w.model, job["lr"]))
-    buf = torch.ones(max(1, grad_bytes // 4))
-    step()
-    t = time.perf_counter()
-    group.allreduce([buf]).wait()
-    one = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
-    dist.all_reduce(one, op=dist.ReduceOp.MAX)
-    count = min(50, max(2, math.ceil(stream_s / max(float(one), 1e-6))))
-    ratios = []
-    for _ in range(reps):
-        dist.barrier()
-        alone = _timed_steps(step, lambda n: n >= steps)
-        dist.barrier()
-
-        def stream() -> None:
-            for _ in range(count):
-                group.allreduce([buf]).wait()
-
-        th = threading.Thread(target=stream)
-        th.start()
-        beside = _timed_steps(step, lambda n: n >= 1 and not th.is_alive())
-        th.join()
-        ratios.append(statistics.median(beside) / statistics.median(alone))
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, ratios)
-    return {"compute_slowdown": slowdown_factor(every), "per_rank": [statistics.median(rs) for rs in every],
-            "ratios": [r for rs in every for r in rs], "allreduces": count}
-
-
-def slowdown_factor(ratios_by_rank: list[list[float]]) -> float:
-    """The compute slowdown the simulator takes from per-rank, per-repetition step-time ratios
-    (beside streaming all-reduces / alone; every rank's repetition i ran at the same time).
-
-    The network's kernel work does not land evenly: in one repetition a rank's compute can slow
-    3x while its peer's barely does, and in the next the other way round (ResNet-18 at
-    500 Mbit/s). Every collective waits for the slowest rank, so each repetition counts its
-    slowest rank; single repetitions range 1.0-5.5x there, so the factor is the median over
-    repetitions (not a mean, which one outlier moves; not each rank's own median, whose maximum
-    over ranks two repetitions left at the mercy of one of them). At least 1.
-    """
-    assert ratios_by_rank and all(len(rs) == len(ratios_by_rank[0]) for rs in ratios_by_rank), ratios_by_rank
-    per_rep = [max(rs[i] for rs in ratios_by_rank) for i in range(len(ratios_by_rank[0]))]
-    return max(1.0, statistics.median(per_rep))
-
-
 def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, configs: list[tuple[int, dict]],
                       plans: list, device: torch.device, rank: int, timeout_s: float,
                       compute_baseline: bool = False) -> dict[str, Any]:
@@ -217,10 +161,10 @@ def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, con
     _wait_for_bandwidth(job, index, bandwidth_bps, rank)
     runners = {}
     for i, cfg in configs:
-        runners[i] = _build_runner(cfg, plans[i], job, device, timeout_s)
+        runners[i] = build_runner(cfg, plans[i], job, device, timeout_s)
     if compute_baseline and job["compute_baseline"]:
-        w = _workload(job, device)
-        runners["compute"] = ComputeOnly(w.model, _sgd(w.model, job["lr"]), w.inputs, w.targets, w.loss_fn, device)
+        w = workload(job, device)
+        runners["compute"] = ComputeOnly(w.model, sgd(w.model, job["lr"]), w.inputs, w.targets, w.loss_fn, device)
     keys = list(runners)
     for k in keys:
         for _ in range(job["warmup_steps"]):
@@ -263,11 +207,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if world != job["workers"]:
         raise CaramelError(f"validation job for {job['workers']} workers started with {world}")
 
-    w = _workload(job, device)
+    w = workload(job, device)
     model = copy.deepcopy(w.model)
     dist.barrier()
     t0 = time.time()
-    profile = caramel.profile_model(model, w.inputs, w.targets, w.loss_fn, optimizer=_sgd(model, job["lr"]),
+    profile = caramel.profile_model(model, w.inputs, w.targets, w.loss_fn, optimizer=sgd(model, job["lr"]),
                                     steps=job["profile_steps"], name=job["model"])
     # The job runs at its slowest rank's pace, and the ranks' speeds differ on a shared host
     # (where the network's kernel work lands): predict with the slowest rank's profile.
@@ -281,27 +225,35 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                + ", ".join(f"{1e3 * c:.1f}" for c in compute_s_by_rank) + f" ms): forward {profile.forward_time_s * 1e3:.1f} ms, "
                f"backward {profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
     bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
-    # Calibration, not fitting: how much this model's compute slows while collectives stream,
-    # at each rate, measured before any configuration is timed (the host reshapes the links).
+    plans = make_plans(job, profile) if rank == 0 else None
+    box = [[dict(p) for p in plans] if plans else None]
+    dist.broadcast_object_list(box, src=0)
+    plans = box[0]
+    # Calibration, not fitting, at each rate, before any configuration is timed (the host
+    # reshapes the links): how much this model's compute slows while collectives stream, and
+    # each configuration's step with its gradient communication muted.
     from caramel.distributed import gloo_group
 
     group = gloo_group("slowdown", None, threads=1, timeout_s=timeout_s)
     grad_bytes = sum(p.bytes for p in profile.params if p.requires_grad)
-    slowdowns = {}
+    slowdowns, muted = {}, {}
     for index, bw in enumerate(bandwidths):
         _wait_for_bandwidth(job, index, bw, rank)
-        slowdowns[str(int(bw))] = measure_slowdown(job, _workload(job, device), grad_bytes, group)
-        _log(rank, f"{bw / 1e6:g} Mbit/s: compute runs {slowdowns[str(int(bw))]['compute_slowdown']:.2f}x slower beside all-reduces")
+        slowdowns[str(int(bw))] = measure_slowdown(job, workload(job, device), grad_bytes, group)
+        configs = [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw]
+        muted[str(int(bw))] = measure_compute(job, configs, [p["plan"] for p in plans], device, timeout_s)
+        _log(rank, f"{bw / 1e6:g} Mbit/s: compute runs {slowdowns[str(int(bw))]['compute_slowdown']:.2f}x slower beside "
+                   "all-reduces; muted steps " + ", ".join(f"{1e3 * muted_step_s(muted[str(int(bw))], i):.1f}" for i, _ in configs)
+                   + f" ms against {1e3 * max(muted[str(int(bw))]['plain_s']):.1f} plain")
     job = dict(job, calibration=dict(job["calibration"], slowdown_by_bps={k: v["compute_slowdown"] for k, v in slowdowns.items()}))
-    predictions = predict(job, profile) if rank == 0 else None
+    muted_s = [muted_step_s(muted[str(int(c["bandwidth_bps"]))], i) for i, c in enumerate(job["configs"])]
+    predictions = predict(job, profile, plans, muted_s) if rank == 0 else None
     if rank == 0:
         # On disk before the first timed step: these numbers cannot be adjusted afterwards.
         write_json(Path(job["ctl_dir"]) / "predictions.json", {
             "format": format_tag("validation_predictions"), "written_at": time.time(), "profile": profile.to_dict(),
             "predictions": [{k: v for k, v in p.items() if k != "plan"} for p in predictions]})
-    box = [[p["plan"] for p in predictions] if predictions else None]
-    dist.broadcast_object_list(box, src=0)
-    plans = box[0]
+    plans = [p["plan"] for p in plans]
     _log(rank, f"predicted {len(plans)} configurations; measuring")
 
     measured = []
@@ -323,29 +275,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "measure_started_at": measure_started_at,
         "predictions": [{k: v for k, v in p.items() if k != "plan"} for p in predictions],
         "slowdowns": slowdowns,
+        "muted": muted,
         "measured": [[g[j] for g in gathered] for j in range(len(bandwidths))],
         "meta": {"world_size": world, "backend": dist.get_backend(), "torch": torch.__version__,
                  "threads_per_worker": torch.get_num_threads(), "load_average": os.getloadavg()},
     }
-
-
-def _train_step(w, opt):
-    """One plain training step of workload `w` (the compute the interference measurements time)."""
-    def step() -> None:
-        w.loss_fn(w.model(w.inputs), w.targets).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
-
-
-def _timed_steps(step, until) -> list[float]:
-    """Durations of `step()` run until `until(steps done so far)` is true."""
-    times = []
-    while not until(len(times)):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -364,8 +298,8 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
     check_format(job, INTERFERENCE_KIND, "interference job")
     torch.set_num_threads(1)
     info = caramel.init_distributed(timeout_s=float(job["timeout_s"]))
-    w = _workload(job, torch.device(info.device))
-    step = _train_step(w, _sgd(w.model, job["lr"]))
+    w = workload(job, torch.device(info.device))
+    step = train_step(w, sgd(w.model, job["lr"]))
     group = gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"]))
     buf = torch.ones(job["bytes"] // 4)
 
@@ -383,12 +317,12 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
         comm_alone: list[float] = []
         reduce_all(comm_alone)
         dist.barrier()
-        alone = _timed_steps(step, lambda n: n >= 12)
+        alone = timed_steps(step, lambda n: n >= 12)
         dist.barrier()
         comm_with: list[float] = []
         th = threading.Thread(target=reduce_all, args=(comm_with,))
         th.start()
-        with_comm = _timed_steps(step, lambda n: not th.is_alive())
+        with_comm = timed_steps(step, lambda n: not th.is_alive())
         th.join()
         reps.append({"step_alone_s": statistics.median(alone), "step_with_comm_s": statistics.median(with_comm) if with_comm else None,
                      "comm_alone_s": comm_alone[0], "comm_with_compute_s": comm_with[0]})

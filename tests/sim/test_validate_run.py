@@ -13,7 +13,8 @@ from caramel.sim.validate import ValidationReport, score
 from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
                                       ValidationSettings, _BandwidthServer, _s, fit_calibration, main, make_job,
                                       records_from_raw, run_validation)
-from caramel.sim.validate_tables import compare_runs, interference_records, lone_latency_records, markdown_table
+from caramel.sim.validate_tables import (ALTERNATIVES, alternative_records, compare_runs, interference_records,
+                                        lone_latency_records, markdown_table)
 from caramel.sim.validate_worker import done_path, request_path
 
 
@@ -132,17 +133,20 @@ def test_interference_records_and_table():
 
 
 @pytest.mark.timeout(10)
-def test_lone_latency_predictions_are_scored_on_the_same_measurements():
-    report, records, info = _report_with(interference_step_time_s=[1.15, 0.6, 2.2, 1.0],
-                                         lone_latency_step_time_s=[1.2, 0.66, 2.2, 1.1])
-    lone = lone_latency_records(report)
-    assert [r.predicted_step_time_s for r in lone] == [1.2, 0.66, 2.2, 1.1]
-    assert [r.measured_step_times_s for r in lone] == [r.measured_step_times_s for r in records]
-    assert "every collective paying the lone latency (no queued model; the same plans): median |error| " in markdown_table(report)
-    # a calibration without a queued latency predicts the same: no second, identical line
+@pytest.mark.parametrize("key", ["lone_latency_step_time_s", "muted_compute_step_time_s"])
+def test_alternative_predictions_are_scored_on_the_same_measurements(key):
+    report, records, info = _report_with(interference_step_time_s=[1.15, 0.6, 2.2, 1.0], **{key: [1.2, 0.66, 2.2, 1.1]})
+    alt = alternative_records(report, f"predicted_{key}")
+    assert [r.predicted_step_time_s for r in alt] == [1.2, 0.66, 2.2, 1.1]
+    assert [r.measured_step_times_s for r in alt] == [r.measured_step_times_s for r in records]
+    if key == "lone_latency_step_time_s":
+        assert [r.predicted_step_time_s for r in lone_latency_records(report)] == [1.2, 0.66, 2.2, 1.1]
+    label = ALTERNATIVES[f"predicted_{key}"]
+    assert f"simulator + interference term, {label}: median |error| " in markdown_table(report)
+    # a calibration without that part predicts the same: no second, identical line
     for d in info["details"]:
-        d["predicted_lone_latency_step_time_s"] = d["predicted_interference_step_time_s"]
-    assert lone_latency_records(report) is None and "lone latency" not in markdown_table(report)
+        d[f"predicted_{key}"] = d["predicted_interference_step_time_s"]
+    assert alternative_records(report, f"predicted_{key}") is None and label not in markdown_table(report)
 
 
 @pytest.mark.timeout(10)
@@ -226,7 +230,7 @@ def test_loopback_smoke_two_configurations():
 
 @pytest.mark.timeout(10)
 def test_slowdown_factor_counts_each_repetitions_slowest_rank_then_the_median():
-    from caramel.sim.validate_worker import slowdown_factor
+    from caramel.sim.validate_calibrate import slowdown_factor
 
     # ranks slow in turn (rep 0: rank 0, rep 1: rank 1, ...): every repetition's slowest rank
     # counts, where each rank's own median would see one slow repetition in three
