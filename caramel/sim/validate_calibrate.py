@@ -1,15 +1,16 @@
 """What a validation job measures before it predicts: calibration, never fitted to the timed steps.
 
-Two inputs of the simulator that a profile cannot give, measured per model on the cluster as it
-is shaped for each bandwidth, every rank at once, before any configuration is timed:
+Measured per model on the cluster as it is shaped for each bandwidth, every rank at once,
+before any configuration is timed:
 
 - `measure_slowdown`: how much slower the model's step runs while all-reduces stream beside it
-  (the event engine's `compute_slowdown`);
+  (the event engine's `compute_slowdown`, part of the headline prediction);
 - `measure_compute`: each configuration's own step with its gradient communication muted, timed
-  beside the plain step. This is the compute the simulator replays: the profile says how it is
-  spread over the layers, this says how long the step takes as the strategy runs it (DDP's
-  reducer, the engine's hooks, bucket copies and lazy updates, the buffer broadcast before every
-  forward and the wait for the slower peer that it brings).
+  beside the plain step. The profile says how compute is spread over the layers; these say how
+  long a step takes at that moment, plain and as the strategy runs it (DDP's reducer, the
+  engine's hooks, bucket copies and lazy updates, the buffer broadcast before every forward and
+  the wait for the slower peer that it brings). They feed the alternative predictions of
+  `validate_worker.predict`, scored beside the headline.
 
 The builders the job times with live here too (`workload`, `build_runner`), so that what is
 calibrated is what is timed.
@@ -185,5 +186,5 @@ def measure_compute(job: dict[str, Any], configs: list[tuple[int, dict[str, Any]
 
 def muted_step_s(measured: dict[str, Any], index: int) -> float:
     """The compute step a configuration runs at: its slowest rank's muted median (every
-    collective waits for that rank)."""
+    collective waits for that rank; the plain step's counterpart is `max(measured["plain_s"])`)."""
     return max(measured["muted_s"][str(index)])

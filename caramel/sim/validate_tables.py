@@ -28,6 +28,7 @@ def interference_records(report: ValidationReport) -> list[ValidationRecord]:
 ALTERNATIVES = {
     "predicted_lone_latency_step_time_s": "every collective paying the lone latency (no queued model; the same plans)",
     "predicted_muted_compute_step_time_s": "compute at each configuration's muted step (the same plans)",
+    "predicted_plain_compute_step_time_s": "compute at the plain step timed beside the muted ones (the same plans)",
 }
 
 

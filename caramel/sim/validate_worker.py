@@ -95,13 +95,15 @@ def _cluster(job: dict[str, Any], cfg: dict[str, Any], speed: float = 1.0):
                        queued_latency_s=cal.get("queued_latency_s"))
 
 
-def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: list[float | None]) -> list[dict[str, Any]]:
+def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: list[float | None] | None = None,
+            plain_s: list[float | None] | None = None) -> list[dict[str, Any]]:
     """Simulate every configuration's plan (rank 0, before anything is timed).
 
     The compute replayed is the profile's. Each plan is also simulated with the profile scaled
-    so that one step takes the configuration's own step with its gradient communication muted
-    (`muted_s[i]`, `validate_calibrate.measure_compute`; None: not measured): what that input
-    changes is scored on the same measurements (docs/simulator.md, run u).
+    so that one step takes (a) the configuration's own step with its gradient communication
+    muted (`muted_s[i]`), and (b) the plain step timed beside it (`plain_s[i]`), both from
+    `validate_calibrate.measure_compute` at the configuration's bandwidth (None: not measured):
+    what each input changes is scored on the same measurements (docs/simulator.md, runs u-z).
     """
     from caramel.sim.interference import Interference, corrected_step_time_s
     from caramel.sim.simulate import simulate
@@ -111,8 +113,9 @@ def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: 
     # configuration's rate; a collective beside compute gets the first-order term
     comm_only = Interference(1.0, cal.get("comm_slowdown", 1.0))
     by_bps = cal.get("slowdown_by_bps", {})
+    none = [None] * len(plans)
     out = []
-    for cfg, planned, step_s in zip(job["configs"], plans, muted_s):
+    for cfg, planned, muted, plain in zip(job["configs"], plans, muted_s or none, plain_s or none):
         plan, overlap = planned["plan"], planned["overlap"]
         cluster = _cluster(job, cfg)
         slowdown = float(by_bps.get(str(int(cfg["bandwidth_bps"])), cal.get("compute_slowdown", 1.0)))
@@ -123,15 +126,23 @@ def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: 
 
         result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
         step, overlap_s = corrected(cluster)
+
+        def at_length(step_s: float | None) -> tuple[float, float]:
+            """The prediction with the profile scaled to take `step_s` per step, and that speed."""
+            speed = profile.step_time_s / step_s if step_s else 1.0
+            return (corrected(_cluster(job, cfg, speed))[0] if speed != 1.0 else step), speed
+
         # the same plan as if every collective paid the lone latency (before the queued model),
-        # and at the muted step's length: what each changes is scored on the same measurements
+        # and at the measured steps' lengths: what each changes is scored on the same measurements
         lone_s, _ = corrected(dataclasses.replace(cluster, queued_latency_s=None))
-        speed = profile.step_time_s / step_s if step_s else 1.0
-        muted, _ = corrected(_cluster(job, cfg, speed)) if speed != 1.0 else (step, overlap_s)
+        muted_pred, muted_speed = at_length(muted)
+        plain_pred, plain_speed = at_length(plain)
         out.append({"plan": plan, "predicted_step_time_s": result.step_time_s, "compute_slowdown": slowdown,
                     "predicted_interference_step_time_s": step, "predicted_overlap_s": overlap_s,
-                    "predicted_lone_latency_step_time_s": lone_s, "predicted_muted_compute_step_time_s": muted,
-                    "muted_step_s": step_s, "profile_step_s": profile.step_time_s, "muted_compute_speed": speed,
+                    "predicted_lone_latency_step_time_s": lone_s, "predicted_muted_compute_step_time_s": muted_pred,
+                    "predicted_plain_compute_step_time_s": plain_pred, "profile_step_s": profile.step_time_s,
+                    "muted_step_s": muted, "muted_compute_speed": muted_speed,
+                    "plain_step_s": plain, "plain_compute_speed": plain_speed,
                     "predicted_bound": result.critical_path["bound"],
                     "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
                     "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),
@@ -246,8 +257,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                    "all-reduces; muted steps " + ", ".join(f"{1e3 * muted_step_s(muted[str(int(bw))], i):.1f}" for i, _ in configs)
                    + f" ms against {1e3 * max(muted[str(int(bw))]['plain_s']):.1f} plain")
     job = dict(job, calibration=dict(job["calibration"], slowdown_by_bps={k: v["compute_slowdown"] for k, v in slowdowns.items()}))
-    muted_s = [muted_step_s(muted[str(int(c["bandwidth_bps"]))], i) for i, c in enumerate(job["configs"])]
-    predictions = predict(job, profile, plans, muted_s) if rank == 0 else None
+    at_bw = [muted[str(int(c["bandwidth_bps"]))] for c in job["configs"]]
+    predictions = predict(job, profile, plans, muted_s=[muted_step_s(m, i) for i, m in enumerate(at_bw)],
+                          plain_s=[max(m["plain_s"]) for m in at_bw]) if rank == 0 else None
     if rank == 0:
         # On disk before the first timed step: these numbers cannot be adjusted afterwards.
         write_json(Path(job["ctl_dir"]) / "predictions.json", {

@@ -19,9 +19,9 @@ def test_predictions_replay_the_muted_step(bandwidth_bps):
     profile = synthetic_profile(12, forward_time_s=0.02, backward_time_s=0.04, optimizer_time_s=0.004)
     job = _job(bandwidth_bps)
     plans = make_plans(job, profile)
-    unmeasured = predict(job, profile, plans, [None, None])
+    unmeasured = predict(job, profile, plans)
     muted = [2 * profile.step_time_s, 1.5 * profile.step_time_s]
-    both = predict(job, profile, plans, muted)
+    both = predict(job, profile, plans, muted_s=muted, plain_s=[profile.step_time_s, 0.5 * profile.step_time_s])
     for a, b, m in zip(unmeasured, both, muted):
         assert a["muted_compute_speed"] == 1.0
         assert a["predicted_muted_compute_step_time_s"] == a["predicted_interference_step_time_s"]
@@ -30,6 +30,12 @@ def test_predictions_replay_the_muted_step(bandwidth_bps):
         assert b["predicted_compute_s"] == pytest.approx(profile.step_time_s)
         assert b["muted_compute_speed"] == pytest.approx(profile.step_time_s / m)
         assert b["predicted_muted_compute_step_time_s"] > b["predicted_interference_step_time_s"]
+        assert a["predicted_plain_compute_step_time_s"] == a["predicted_interference_step_time_s"]
+    # a plain step as long as the profile's changes nothing; a shorter one is faster
+    assert both[0]["plain_compute_speed"] == 1.0
+    assert both[0]["predicted_plain_compute_step_time_s"] == both[0]["predicted_interference_step_time_s"]
+    assert both[1]["plain_compute_speed"] == pytest.approx(2.0)
+    assert both[1]["predicted_plain_compute_step_time_s"] < both[1]["predicted_interference_step_time_s"]
     grown = [b["predicted_muted_compute_step_time_s"] - b["predicted_interference_step_time_s"] for b in both]
     if bandwidth_bps == 1e11:
         # compute-bound (next to no communication): the step grows with the compute
