@@ -9,8 +9,8 @@ before any configuration is timed:
   beside the plain step. The profile says how compute is spread over the layers; these say how
   long a step takes at that moment, plain and as the strategy runs it (DDP's reducer, the
   engine's hooks, bucket copies and lazy updates, the buffer broadcast before every forward and
-  the wait for the slower peer that it brings). They feed the alternative predictions of
-  `validate_worker.predict`, scored beside the headline.
+  the wait for the slower peer that it brings). The headline prediction replays the profile at
+  the plain step's length; the muted step feeds an alternative (`validate_worker.predict`).
 
 The builders the job times with live here too (`workload`, `build_runner`), so that what is
 calibrated is what is timed.

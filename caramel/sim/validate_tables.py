@@ -23,10 +23,13 @@ def interference_records(report: ValidationReport) -> list[ValidationRecord]:
     return _records_predicted_by(report, "predicted_interference_step_time_s")
 
 
-# Other predictions of the same plans, each without one part of the model, scored on the same
-# measurements (what that part changes): detail key -> what the line says.
+# Other predictions of the same plans, each with one input changed, scored on the same
+# measurements (what that input changes): detail key -> what the line says. Since run z the
+# headline replays the profile at the plain step's length; runs u-y replayed the profile as is
+# and carry the plain step's prediction as an alternative.
 ALTERNATIVES = {
     "predicted_lone_latency_step_time_s": "every collective paying the lone latency (no queued model; the same plans)",
+    "predicted_profile_compute_step_time_s": "compute at the profile's own length (the same plans)",
     "predicted_muted_compute_step_time_s": "compute at each configuration's muted step (the same plans)",
     "predicted_plain_compute_step_time_s": "compute at the plain step timed beside the muted ones (the same plans)",
 }

@@ -99,11 +99,12 @@ def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: 
             plain_s: list[float | None] | None = None) -> list[dict[str, Any]]:
     """Simulate every configuration's plan (rank 0, before anything is timed).
 
-    The compute replayed is the profile's. Each plan is also simulated with the profile scaled
-    so that one step takes (a) the configuration's own step with its gradient communication
-    muted (`muted_s[i]`), and (b) the plain step timed beside it (`plain_s[i]`), both from
-    `validate_calibrate.measure_compute` at the configuration's bandwidth (None: not measured):
-    what each input changes is scored on the same measurements (docs/simulator.md, runs u-z).
+    The compute replayed is the profile's shape, scaled so that one step takes the plain step
+    timed at the configuration's bandwidth (`plain_s[i]`, `validate_calibrate.measure_compute`;
+    None keeps the profile's length): the profile is taken once per job, and the host's compute
+    speed moves between then and each bandwidth's turn. Each plan is also simulated with the
+    profile's own length, and at the configuration's muted step (`muted_s[i]`): what each input
+    changes is scored on the same measurements (docs/simulator.md, runs u-z).
     """
     from caramel.sim.interference import Interference, corrected_step_time_s
     from caramel.sim.simulate import simulate
@@ -117,32 +118,31 @@ def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: 
     out = []
     for cfg, planned, muted, plain in zip(job["configs"], plans, muted_s or none, plain_s or none):
         plan, overlap = planned["plan"], planned["overlap"]
-        cluster = _cluster(job, cfg)
         slowdown = float(by_bps.get(str(int(cfg["bandwidth_bps"])), cal.get("compute_slowdown", 1.0)))
 
         def corrected(spec) -> tuple[float, float]:
             return corrected_step_time_s(simulate(profile, spec, plan, overlap=overlap, trace=True, compute_slowdown=slowdown),
                                          comm_only)
 
+        def speed_for(step_s: float | None) -> float:
+            return profile.step_time_s / step_s if step_s else 1.0
+
+        speed = speed_for(plain)
+        cluster = _cluster(job, cfg, speed)
         result = simulate(profile, cluster, plan, overlap=overlap, trace=True)
         step, overlap_s = corrected(cluster)
-
-        def at_length(step_s: float | None) -> tuple[float, float]:
-            """The prediction with the profile scaled to take `step_s` per step, and that speed."""
-            speed = profile.step_time_s / step_s if step_s else 1.0
-            return (corrected(_cluster(job, cfg, speed))[0] if speed != 1.0 else step), speed
-
         # the same plan as if every collective paid the lone latency (before the queued model),
-        # and at the measured steps' lengths: what each changes is scored on the same measurements
+        # at the profile's own length, and at the muted step's: what each changes is scored on
+        # the same measurements
         lone_s, _ = corrected(dataclasses.replace(cluster, queued_latency_s=None))
-        muted_pred, muted_speed = at_length(muted)
-        plain_pred, plain_speed = at_length(plain)
+        as_profiled = corrected(_cluster(job, cfg))[0] if speed != 1.0 else step
+        muted_speed = speed_for(muted)
+        muted_pred = corrected(_cluster(job, cfg, muted_speed))[0] if muted_speed != speed else step
         out.append({"plan": plan, "predicted_step_time_s": result.step_time_s, "compute_slowdown": slowdown,
                     "predicted_interference_step_time_s": step, "predicted_overlap_s": overlap_s,
-                    "predicted_lone_latency_step_time_s": lone_s, "predicted_muted_compute_step_time_s": muted_pred,
-                    "predicted_plain_compute_step_time_s": plain_pred, "profile_step_s": profile.step_time_s,
-                    "muted_step_s": muted, "muted_compute_speed": muted_speed,
-                    "plain_step_s": plain, "plain_compute_speed": plain_speed,
+                    "predicted_lone_latency_step_time_s": lone_s, "predicted_profile_compute_step_time_s": as_profiled,
+                    "predicted_muted_compute_step_time_s": muted_pred, "profile_step_s": profile.step_time_s,
+                    "plain_step_s": plain, "compute_speed": speed, "muted_step_s": muted, "muted_compute_speed": muted_speed,
                     "predicted_bound": result.critical_path["bound"],
                     "predicted_compute_s": result.compute_time_s, "predicted_comm_s": result.comm_time_s,
                     "predicted_exposed_s": result.exposed_comm_s, "items": plan.num_items(),

@@ -1,5 +1,6 @@
-"""Predictions replay the profile, and beside it each configuration's muted step (the profile's shape
-at the measured length), scored on the same measurements (one process, synthetic profile)."""
+"""Predictions replay the profile's shape at the plain step's length, and beside it the profile's
+own length and each configuration's muted step, scored on the same measurements (one process,
+synthetic profile)."""
 import pytest
 
 from caramel.sim.synthetic import synthetic_profile
@@ -15,35 +16,35 @@ def _job(bandwidth_bps: float) -> dict:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("bandwidth_bps", [1e11, 1e8])
-def test_predictions_replay_the_muted_step(bandwidth_bps):
+def test_predictions_replay_the_plain_step_and_score_the_others(bandwidth_bps):
     profile = synthetic_profile(12, forward_time_s=0.02, backward_time_s=0.04, optimizer_time_s=0.004)
+    p = profile.step_time_s
     job = _job(bandwidth_bps)
     plans = make_plans(job, profile)
     unmeasured = predict(job, profile, plans)
-    muted = [2 * profile.step_time_s, 1.5 * profile.step_time_s]
-    both = predict(job, profile, plans, muted_s=muted, plain_s=[profile.step_time_s, 0.5 * profile.step_time_s])
-    for a, b, m in zip(unmeasured, both, muted):
-        assert a["muted_compute_speed"] == 1.0
-        assert a["predicted_muted_compute_step_time_s"] == a["predicted_interference_step_time_s"]
-        # the headline prediction replays the profile as it is, measured step or not
-        assert b["predicted_interference_step_time_s"] == a["predicted_interference_step_time_s"]
-        assert b["predicted_compute_s"] == pytest.approx(profile.step_time_s)
-        assert b["muted_compute_speed"] == pytest.approx(profile.step_time_s / m)
-        assert b["predicted_muted_compute_step_time_s"] > b["predicted_interference_step_time_s"]
-        assert a["predicted_plain_compute_step_time_s"] == a["predicted_interference_step_time_s"]
-    # a plain step as long as the profile's changes nothing; a shorter one is faster
-    assert both[0]["plain_compute_speed"] == 1.0
-    assert both[0]["predicted_plain_compute_step_time_s"] == both[0]["predicted_interference_step_time_s"]
-    assert both[1]["plain_compute_speed"] == pytest.approx(2.0)
-    assert both[1]["predicted_plain_compute_step_time_s"] < both[1]["predicted_interference_step_time_s"]
-    grown = [b["predicted_muted_compute_step_time_s"] - b["predicted_interference_step_time_s"] for b in both]
+    plain, muted = [2 * p, p], [2.5 * p, 1.5 * p]
+    measured = predict(job, profile, plans, muted_s=muted, plain_s=plain)
+    for a, b, pl, m in zip(unmeasured, measured, plain, muted):
+        # without measurements every prediction is the profile's
+        assert a["compute_speed"] == 1.0 and a["muted_compute_speed"] == 1.0
+        assert (a["predicted_profile_compute_step_time_s"] == a["predicted_muted_compute_step_time_s"]
+                == a["predicted_interference_step_time_s"])
+        # the headline runs at the plain step's length; the profile's own is kept beside it
+        assert b["predicted_compute_s"] == pytest.approx(pl)
+        assert b["compute_speed"] == pytest.approx(p / pl)
+        assert b["predicted_profile_compute_step_time_s"] == pytest.approx(a["predicted_interference_step_time_s"])
+        assert b["muted_compute_speed"] == pytest.approx(p / m)
+        assert b["plan_fingerprint"] == a["plan_fingerprint"]
+    # a plain step as long as the profile changes nothing
+    assert measured[1]["predicted_interference_step_time_s"] == pytest.approx(unmeasured[1]["predicted_interference_step_time_s"])
+    grown = measured[0]["predicted_interference_step_time_s"] - unmeasured[0]["predicted_interference_step_time_s"]
+    assert measured[0]["predicted_muted_compute_step_time_s"] > measured[0]["predicted_interference_step_time_s"]
     if bandwidth_bps == 1e11:
         # compute-bound (next to no communication): the step grows with the compute
-        assert grown[0] == pytest.approx(muted[0] - profile.step_time_s, rel=0.02)
-        assert grown[1] == pytest.approx(muted[1] - profile.step_time_s, rel=0.05)
+        assert grown == pytest.approx(p, rel=0.02)
     else:
         # communication-bound: slower compute adds less than its own growth
-        assert grown[0] < muted[0] - profile.step_time_s
+        assert 0 < grown < p
 
 
 @pytest.mark.timeout(10)

@@ -133,7 +133,8 @@ def test_interference_records_and_table():
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("key", ["lone_latency_step_time_s", "muted_compute_step_time_s", "plain_compute_step_time_s"])
+@pytest.mark.parametrize("key", ["lone_latency_step_time_s", "profile_compute_step_time_s", "muted_compute_step_time_s",
+                                 "plain_compute_step_time_s"])
 def test_alternative_predictions_are_scored_on_the_same_measurements(key):
     report, records, info = _report_with(interference_step_time_s=[1.15, 0.6, 2.2, 1.0], **{key: [1.2, 0.66, 2.2, 1.1]})
     alt = alternative_records(report, f"predicted_{key}")
