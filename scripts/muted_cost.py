@@ -25,18 +25,17 @@ def _build(name: str, w, profile, world: int):
     import caramel
     from caramel.cluster.spec import ClusterSpec
     from caramel.plan.planners import make_plan
-    from caramel.runtime import mute_gradient_communication
+    from caramel.sim.validate_calibrate import mute
 
     model = copy.deepcopy(w.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     spec, buffers = (name[:-len("-nobuf")], False) if name.endswith("-nobuf") else (name, True)
     if spec == "ddp":
-        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
         from torch.nn.parallel import DistributedDataParallel
 
         # the flag only when off: torch warns that it is deprecated (the engine does the same)
         ddp = DistributedDataParallel(model, **({} if buffers else {"broadcast_buffers": False}))
-        ddp.register_comm_hook(None, noop_hook)
+        mute("ddp", ddp, opt)
         return ddp, opt, 0
     planner, _, rest = spec.partition("/")
     overlap, _, cap = rest.partition("@")
@@ -45,7 +44,7 @@ def _build(name: str, w, profile, world: int):
         options.update(bucket_cap_mb=float(cap), first_bucket_mb=float(cap))
     plan = make_plan(planner, profile, ClusterSpec.uniform(world, 500e6, 1e-4), **options)
     wrapped, opt = caramel.parallelize(model, opt, plan=plan, overlap=overlap, broadcast_buffers=buffers)
-    mute_gradient_communication(opt)
+    mute(planner, wrapped, opt)
     return wrapped, opt, len(plan.buckets)
 
 
@@ -54,6 +53,7 @@ def worker(rank: int, world: int, model_name: str, batch: int, strategies: list[
     import torch.distributed as dist
 
     import caramel
+    from caramel.bench.harness import round_order
     from caramel.models import get_model
 
     torch.set_num_threads(1)
@@ -85,7 +85,7 @@ def worker(rank: int, world: int, model_name: str, batch: int, strategies: list[
     for k in keys:
         run(k, 2, record=False)
     for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for k in round_order(keys, r):
             dist.barrier()
             run(k, steps, record=True)
     plain = statistics.median(times["plain"])

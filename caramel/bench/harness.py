@@ -104,6 +104,12 @@ def measure_block(runner: Runner, steps: int) -> list[float]:
     return times
 
 
+def round_order(keys: list, r: int) -> list:
+    """The order of round `r`: `keys` rotated by `r`, so that drift and position effects hit
+    every runner equally over the rounds."""
+    return keys[r % len(keys):] + keys[:r % len(keys)]
+
+
 def _agree(error: str | None) -> str | None:
     """All ranks learn whether any rank failed, so they all skip the same runners (no hang)."""
     errors: list[str | None] = [None] * dist.get_world_size()
@@ -178,8 +184,7 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
         dist.barrier()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(settings.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in round_order(names, r):
             dist.barrier()
             times[name] += measure_block(runners[name], settings.steps_per_round)
         _log(rank, f"{label}: round {r + 1}/{settings.rounds} medians "

@@ -133,17 +133,18 @@ def slowdown_factor(ratios_by_rank: list[list[float]]) -> float:
     return max(1.0, statistics.median(per_rep))
 
 
-def mute(cfg: dict[str, Any], runner) -> None:
-    """Replace the gradient collectives of a runner from `build_runner` with no-ops (everything else
-    still runs): torch's `noop_hook` for DDP, `mute_gradient_communication` for the engine."""
-    if cfg["planner"] == "ddp":
+def mute(planner: str, model, optimizer) -> None:
+    """Replace the gradient collectives of a wrapped model with no-ops (everything else still
+    runs): torch's `noop_hook` for DDP (`planner` "ddp"), `mute_gradient_communication` for the
+    engine (the optimizer `caramel.parallelize` returned)."""
+    if planner == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-        runner.model.register_comm_hook(None, noop_hook)
+        model.register_comm_hook(None, noop_hook)
     else:
         from caramel.runtime.parallelize import mute_gradient_communication
 
-        mute_gradient_communication(runner.optimizer)
+        mute_gradient_communication(optimizer)
 
 
 def measure_compute(job: dict[str, Any], configs: list[tuple[int, dict[str, Any]]], plans: list, device: torch.device,
@@ -156,13 +157,13 @@ def measure_compute(job: dict[str, Any], configs: list[tuple[int, dict[str, Any]
     the configuration's index) and the plain step's (`plain_s`).
     """
     from caramel.bench.baselines import ComputeOnly
-    from caramel.bench.harness import measure_block
+    from caramel.bench.harness import measure_block, round_order
 
     w = workload(job, device)
     runners: dict[Any, Any] = {"plain": ComputeOnly(w.model, sgd(w.model, job["lr"]), w.inputs, w.targets, w.loss_fn, device)}
     for i, cfg in configs:
         runners[i] = build_runner(cfg, plans[i], job, device, timeout_s)
-        mute(cfg, runners[i])
+        mute(cfg["planner"], runners[i].model, runners[i].optimizer)
     keys = list(runners)
     for k in keys:
         for _ in range(2):
@@ -170,7 +171,7 @@ def measure_compute(job: dict[str, Any], configs: list[tuple[int, dict[str, Any]
         runners[k].finish()
     times: dict[Any, list[float]] = {k: [] for k in keys}
     for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for k in round_order(keys, r):
             dist.barrier()
             times[k].extend(measure_block(runners[k], steps))
     for i, cfg in configs:
@@ -186,5 +187,10 @@ def measure_compute(job: dict[str, Any], configs: list[tuple[int, dict[str, Any]
 
 def muted_step_s(measured: dict[str, Any], index: int) -> float:
     """The compute step a configuration runs at: its slowest rank's muted median (every
-    collective waits for that rank; the plain step's counterpart is `max(measured["plain_s"])`)."""
+    collective waits for that rank)."""
     return max(measured["muted_s"][str(index)])
+
+
+def plain_step_s(measured: dict[str, Any]) -> float:
+    """The plain step at that bandwidth's turn: its slowest rank's median."""
+    return max(measured["plain_s"])

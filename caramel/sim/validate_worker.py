@@ -38,8 +38,8 @@ import torch.distributed as dist
 
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text, check_format, format_tag, read_json, write_json
-from caramel.sim.validate_calibrate import (build_runner, measure_compute, measure_slowdown, muted_step_s, sgd, timed_steps,
-                                            train_step, workload)
+from caramel.sim.validate_calibrate import (build_runner, measure_compute, measure_slowdown, muted_step_s, plain_step_s, sgd,
+                                            timed_steps, train_step, workload)
 
 JOB_KIND = "validation_job"
 RAW_KIND = "validation_raw"
@@ -167,7 +167,7 @@ def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, con
                       compute_baseline: bool = False) -> dict[str, Any]:
     """Time every configuration at one bandwidth in interleaved rounds; per-rank step times."""
     from caramel.bench.baselines import ComputeOnly
-    from caramel.bench.harness import measure_block
+    from caramel.bench.harness import measure_block, round_order
 
     _wait_for_bandwidth(job, index, bandwidth_bps, rank)
     runners = {}
@@ -184,8 +184,7 @@ def measure_bandwidth(job: dict[str, Any], index: int, bandwidth_bps: float, con
         dist.barrier()
     times: dict[Any, list[list[float]]] = {k: [] for k in keys}
     for r in range(job["rounds"]):
-        order = keys[r % len(keys):] + keys[:r % len(keys)]
-        for k in order:
+        for k in round_order(keys, r):
             dist.barrier()
             times[k].append(measure_block(runners[k], job["steps_per_round"]))
         _log(rank, f"{bandwidth_bps / 1e6:g} Mbit/s: round {r + 1}/{job['rounds']} done")
@@ -237,7 +236,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                f"backward {profile.backward_time_s * 1e3:.1f} ms, optimizer {profile.optimizer_time_s * 1e3:.1f} ms")
     bandwidths = sorted({c["bandwidth_bps"] for c in job["configs"]}, key=lambda b: [c["bandwidth_bps"] for c in job["configs"]].index(b))
     plans = make_plans(job, profile) if rank == 0 else None
-    box = [[dict(p) for p in plans] if plans else None]
+    box = [plans]
     dist.broadcast_object_list(box, src=0)
     plans = box[0]
     # Calibration, not fitting, at each rate, before any configuration is timed (the host
@@ -247,19 +246,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     group = gloo_group("slowdown", None, threads=1, timeout_s=timeout_s)
     grad_bytes = sum(p.bytes for p in profile.params if p.requires_grad)
+    configs_at = {bw: [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw] for bw in bandwidths}
     slowdowns, muted = {}, {}
     for index, bw in enumerate(bandwidths):
         _wait_for_bandwidth(job, index, bw, rank)
-        slowdowns[str(int(bw))] = measure_slowdown(job, workload(job, device), grad_bytes, group)
-        configs = [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw]
-        muted[str(int(bw))] = measure_compute(job, configs, [p["plan"] for p in plans], device, timeout_s)
-        _log(rank, f"{bw / 1e6:g} Mbit/s: compute runs {slowdowns[str(int(bw))]['compute_slowdown']:.2f}x slower beside "
-                   "all-reduces; muted steps " + ", ".join(f"{1e3 * muted_step_s(muted[str(int(bw))], i):.1f}" for i, _ in configs)
-                   + f" ms against {1e3 * max(muted[str(int(bw))]['plain_s']):.1f} plain")
+        key = str(int(bw))
+        slowdowns[key] = measure_slowdown(job, workload(job, device), grad_bytes, group)
+        muted[key] = measure_compute(job, configs_at[bw], [p["plan"] for p in plans], device, timeout_s)
+        _log(rank, f"{bw / 1e6:g} Mbit/s: compute runs {slowdowns[key]['compute_slowdown']:.2f}x slower beside "
+                   "all-reduces; muted steps " + ", ".join(f"{1e3 * muted_step_s(muted[key], i):.1f}" for i, _ in configs_at[bw])
+                   + f" ms against {1e3 * plain_step_s(muted[key]):.1f} plain")
     job = dict(job, calibration=dict(job["calibration"], slowdown_by_bps={k: v["compute_slowdown"] for k, v in slowdowns.items()}))
     at_bw = [muted[str(int(c["bandwidth_bps"]))] for c in job["configs"]]
     predictions = predict(job, profile, plans, muted_s=[muted_step_s(m, i) for i, m in enumerate(at_bw)],
-                          plain_s=[max(m["plain_s"]) for m in at_bw]) if rank == 0 else None
+                          plain_s=[plain_step_s(m) for m in at_bw]) if rank == 0 else None
     if rank == 0:
         # On disk before the first timed step: these numbers cannot be adjusted afterwards.
         write_json(Path(job["ctl_dir"]) / "predictions.json", {
@@ -271,9 +271,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     measured = []
     measure_started_at = time.time()
     for index, bw in enumerate(bandwidths):
-        configs = [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw]
-        measured.append({"bandwidth_bps": bw, "configs": [i for i, _ in configs],
-                         **measure_bandwidth(job, len(bandwidths) + index, bw, configs, plans, device, rank, timeout_s,
+        measured.append({"bandwidth_bps": bw, "configs": [i for i, _ in configs_at[bw]],
+                         **measure_bandwidth(job, len(bandwidths) + index, bw, configs_at[bw], plans, device, rank, timeout_s,
                                              compute_baseline=index == 0)})
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
