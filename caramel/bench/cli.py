@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, help="unmeasured warm-up steps per strategy")
     p.add_argument("--network", choices=NETWORKS, default="auto",
                    help="cluster: shaped links (root); loopback: unshaped local workers; auto: cluster when possible")
+    p.add_argument("--mtu", default="auto",
+                   help="emulated links' MTU in bytes, or auto (default; see `caramel cluster run --help`)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per configuration, seconds (default 600)")
     p.add_argument("--trace", metavar="DIR", help="write caramel strategies' timelines under DIR/<configuration>/")
     p.add_argument("--json", metavar="OUT", help="write the records (caramel.bench/1)")
@@ -99,6 +101,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--strategies", args.strategies]
     if args.network != "auto":
         parts += ["--network", args.network]
+    if args.mtu != "auto":
+        parts += ["--mtu", str(args.mtu)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -113,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
     strategies = parse_strategies(args.strategies)
     configs, settings = select(args)
+    from caramel.cluster.config import parse_mtu
+
+    parse_mtu(args.mtu, 1e9)  # a bad --mtu stops here, before any cluster is made
     load_start = os.getloadavg()[0]
     records: list[Record] = []
     failures: list[str] = []
@@ -124,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
         result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
-                            strict=args.network == "cluster")
+                            strict=args.network == "cluster", mtu=args.mtu)
         networks.add(result.network)
         if config.bandwidth is not None and result.network == LOOPBACK:
             print(f"caramel bench: {config.label} ran on unshaped loopback; the bandwidth {config.bandwidth} was NOT applied",

@@ -73,18 +73,19 @@ def choose_network(requested: str, bandwidth: str | None) -> str:
 
 
 def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
-               timeout_s: float, log=None, strict: bool = False) -> LaunchResult:
+               timeout_s: float, log=None, strict: bool = False, mtu: int | str = "auto") -> LaunchResult:
     """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure).
 
     On the cluster, `strict` makes a host that cannot build namespaces an error instead of a
-    fallback to loopback.
+    fallback to loopback, and `mtu` is the links' MTU (`ClusterConfig.mtu`; the network's
+    description names the one used).
     """
     log = log if log is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="caramel-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "raw.json"
         target = ["-m", HARNESS_MODULE, str(job_path), str(out_path)]
         if network == "cluster":
-            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict)
+            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict, mtu)
         else:
             net = LOOPBACK
             write_json(job_path, dict(job, network=net))
@@ -110,15 +111,15 @@ def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tup
 
 
 def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],
-                    timeout_s: float, log, strict: bool) -> tuple[int, str, str]:
+                    timeout_s: float, log, strict: bool, mtu: int | str) -> tuple[int, str, str]:
     from caramel.cluster.config import ClusterConfig
 
     cls = _emulated_cluster_class()
     assert cls is not None and bandwidth is not None, "choose_network() returned cluster without a cluster or a rate"
-    config = ClusterConfig(workers=workers, bandwidth_bps=bandwidth, fallback="error" if strict else "local")
+    config = ClusterConfig(workers=workers, bandwidth_bps=bandwidth, fallback="error" if strict else "local", mtu=mtu)
     env = {k: v for k, v in worker_env().items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
     with cls(config) as cluster:
-        net = f"netns+tc {bandwidth}" if cluster.mode == "netns" else LOOPBACK
+        net = f"netns+tc {bandwidth} (mtu {config.mtu})" if cluster.mode == "netns" else LOOPBACK
         write_json(job_path, dict(job, network=net))
         rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
     return int(rc), "", net

@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--workers", "-n", required=True, help="number of emulated nodes (network namespaces)")
         p.add_argument("--bandwidth", "-b", default="1gbit", help="link rate per worker, tc syntax (e.g. 1gbit, 500mbit); default 1gbit")
         p.add_argument("--latency", default="0", help="added one-way latency (e.g. 1ms); needs netem in the kernel, else reported as not emulated")
-        p.add_argument("--mtu", default="9000", help="link MTU in bytes (default 9000, jumbo frames: 6x less per-packet kernel work on the host)")
+        p.add_argument("--mtu", default="auto",
+                       help="link MTU in bytes, or auto (default): the largest frame within 1 ms of traffic at the rate, "
+                            "9000-65535 (less per-packet kernel work on the host's own cores)")
         p.add_argument("--nproc-per-node", type=int, default=1, help="processes per node (default 1)")
         p.add_argument("--fallback", choices=("local", "error"), default="local",
                        help="without root or iproute2: 'local' runs plain workers on loopback (default), 'error' stops")

@@ -19,9 +19,36 @@ from caramel.units import parse_duration_s, parse_rate_bps
 PREFIX_RE = re.compile(r"crm[0-9a-f]{6}")
 MAX_WORKERS = 250  # one /24 per cluster, .1 .. .250
 FALLBACKS = ("local", "error")
-DEFAULT_MTU = 9000
+JUMBO_MTU = 9000  # the jumbo frames cloud VPCs offer; auto never goes below it
 MIN_MTU, MAX_MTU = 576, 65535  # IPv4's minimum datagram; the largest MTU a veth takes
+BURST_S = 0.001  # the token bucket holds 1 ms of traffic (see ClusterConfig.burst_for)
 DEFAULT_STATE_DIRS = ("/run/caramel", "/tmp/caramel")
+
+
+def auto_mtu(bandwidth_bps: float) -> int:
+    """The MTU `mtu="auto"` picks for links of `bandwidth_bps`: the largest frame that fits the
+    token bucket's 1 ms of traffic, from 9000 bytes (at or below ~72 Mbit/s) up to 65535 (at or
+    above ~524 Mbit/s).
+
+    The emulation's per-packet kernel work (tbf, two veths and the bridge) runs on the cores the
+    workers compute on, where a real host hands its NIC 64 KB TSO packets and spends nothing on
+    shaping; larger frames cut that work (docs/cluster.md, "MTU"). A frame larger than 1 ms of
+    traffic would force a larger bucket, through which small messages cross faster than the
+    link, so the frame stops growing there.
+    """
+    assert bandwidth_bps > 0
+    return int(min(MAX_MTU, max(JUMBO_MTU, bandwidth_bps / 8 * BURST_S - 14)))
+
+
+def parse_mtu(mtu: int | str, bandwidth_bps: float) -> int:
+    """`mtu` in bytes: an integer (or its digits) from 576 to 65535, or `"auto"` (`auto_mtu`)."""
+    if isinstance(mtu, str) and mtu.strip() == "auto":
+        return auto_mtu(bandwidth_bps)
+    if isinstance(mtu, str) and mtu.strip().isdigit():
+        mtu = int(mtu)
+    if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
+        raise CaramelError(f"mtu must be 'auto' or an integer number of bytes from {MIN_MTU} to {MAX_MTU}, got {mtu!r}")
+    return mtu
 
 
 def new_prefix() -> str:
@@ -53,12 +80,14 @@ class ClusterConfig:
       namespaces cannot be made (not root, no iproute2); `"error"` raises instead.
     - `state_dir`: where the state file that records what this cluster created is kept.
     - `burst_bytes`: token-bucket burst; None picks max(one frame, 8 KiB, 1 ms of traffic at the rate).
-    - `mtu`: link MTU in bytes (default 9000, the jumbo frames cloud VPCs offer). The kernel's
-      per-packet work for every emulated link runs on the host's own cores, where a real
-      cluster spends it on other machines and NICs: at 1500 bytes, 500 Mbit/s of all-reduce
-      traffic cost about a core of softirq time on the 2-core test host and slowed the workers'
-      compute and the transfers themselves 1.5x; at 9000 bytes that work is 10x smaller
-      (docs/cluster.md).
+    - `mtu`: link MTU in bytes, or `"auto"` (the default): `auto_mtu(bandwidth_bps)`, the largest
+      frame within the bucket's 1 ms of traffic, 9000 to 65535 bytes. The kernel's per-packet
+      work for every emulated link runs on the host's own cores, where a real cluster spends it
+      on other machines and NICs: at 500 Mbit/s on the 2-core test host it slowed compute beside
+      an all-reduce by 63% at 1500 bytes, 27% at 9000 and 8% at 62486, auto there
+      (docs/cluster.md, scripts/link_cost.py). A
+      cluster that `set_bandwidth` will slow later should take the MTU of its slowest rate
+      (`mtu=auto_mtu(slowest_bps)`), or its bucket grows past 1 ms there.
     """
 
     workers: int
@@ -68,7 +97,7 @@ class ClusterConfig:
     fallback: str = "local"
     state_dir: str | None = None
     burst_bytes: int | None = None
-    mtu: int = DEFAULT_MTU
+    mtu: int | str = "auto"
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -101,10 +130,7 @@ class ClusterConfig:
             raise CaramelError(f"fallback {self.fallback!r} is not known; expected one of {', '.join(FALLBACKS)}")
         if self.state_dir is None:
             self.state_dir = default_state_dir()
-        if isinstance(self.mtu, str) and self.mtu.strip().isdigit():
-            self.mtu = int(self.mtu)
-        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not MIN_MTU <= self.mtu <= MAX_MTU:
-            raise CaramelError(f"mtu must be an integer number of bytes from {MIN_MTU} to {MAX_MTU}, got {self.mtu!r}")
+        self.mtu = parse_mtu(self.mtu, self.bandwidth_bps)
         if self.burst_bytes is not None:
             if isinstance(self.burst_bytes, bool) or not isinstance(self.burst_bytes, int) or self.burst_bytes < self.packet_bytes:
                 raise CaramelError(f"burst_bytes must be an integer of at least {self.packet_bytes} (one packet at mtu "
@@ -141,7 +167,7 @@ class ClusterConfig:
             return self.burst_bytes
         # not more: a message that fits in the bucket crosses at line rate, which the probe's
         # fit (and a simulator calibrated by it) would read as a faster link
-        return int(max(self.packet_bytes, 8 * 1024, bandwidth_bps / 8 * 0.001))
+        return int(max(self.packet_bytes, 8 * 1024, bandwidth_bps / 8 * BURST_S))
 
 
 def check_rate(bandwidth_bps: float | str, what: str = "bandwidth") -> float:

@@ -43,7 +43,7 @@ def _median_step_s(times: dict[int, float], lo: int, hi: int) -> float | None:
 
 def bandwidth_experiment(replan: str = "auto", timeout_s: float = 60.0) -> dict:
     """Run the job, cut and restore worker 1's link; the raw measurements (see module docstring)."""
-    from caramel.cluster.config import ClusterConfig
+    from caramel.cluster.config import ClusterConfig, auto_mtu
     from caramel.cluster.emulated import EmulatedCluster
     with tempfile.TemporaryDirectory(prefix="caramel-net-fault-") as tmp:
         out = Path(tmp)
@@ -51,7 +51,9 @@ def bandwidth_experiment(replan: str = "auto", timeout_s: float = 60.0) -> dict:
                "--step-sleep-s", "0.01", "--width", str(WIDTH), "--replan", replan, "--planner", "caramel",
                "--check-every", "10"]
         events: list[tuple[str, int, float]] = []
-        with EmulatedCluster(ClusterConfig(workers=2, bandwidth_bps=RATE_BPS, fallback="error", quiet=True)) as cluster:
+        # the MTU of the cut rate, which the link is slowed to mid-run
+        config = ClusterConfig(workers=2, bandwidth_bps=RATE_BPS, fallback="error", quiet=True, mtu=auto_mtu(RATE_BPS / 10))
+        with EmulatedCluster(config) as cluster:
             result: dict = {}
             log = open(out / "job.log", "w")
             runner = threading.Thread(target=lambda: result.update(rc=cluster.run(

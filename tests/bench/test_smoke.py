@@ -43,7 +43,7 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
 
 @pytest.mark.parametrize("args", [["--strategies", "ddp,fast"], ["--model", "nope"], ["--bandwidth", "fast"],
                                   ["--workers", "0"], ["--model", "missing.py:f"], ["--quick", "--workers", "2"],
-                                  ["--network", "cluster", "--model", "tiny_gpt"]])
+                                  ["--network", "cluster", "--model", "tiny_gpt"], ["--mtu", "jumbo"]])
 def test_bad_input_is_one_line_and_exit_2(args, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["bench", *args]) == 2

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(120)
     (["--workers", "2", "--", "python", "/no/such/train.py"], "training script '/no/such/train.py' does not exist"),
     (["--workers", "2", "--nproc-per-node", "0", "--", "python", "{script}"], "--nproc-per-node must be a positive integer"),
     (["--workers", "2"], "command is empty"),
+    (["--workers", "2", "--mtu", "70000", "--", "python", "{script}"], "mtu must be 'auto' or an integer number of bytes"),
     (["--workers", "2", "--timeout", "soon", "--", "python", "{script}"], "duration 'soon'"),
 ])
 def test_bad_run_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, needle):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from caramel.cluster.config import ClusterConfig, new_prefix
+from caramel.cluster.config import ClusterConfig, auto_mtu, new_prefix
 from caramel.cluster.launch import normalize_exit_code, torchrun_target
 from caramel.cluster.probe import default_sizes, fit_alpha_beta
 from caramel.cluster.state import ClusterState, StateStore, pid_start_time
@@ -50,8 +50,7 @@ def test_config_normalizes_and_names_fit_ifnamsiz():
 
 
 def test_burst_covers_timer_resolution():
-    cfg = ClusterConfig(workers=2)
-    assert cfg.mtu == 9000
+    cfg = ClusterConfig(workers=2, mtu=9000)
     assert cfg.burst_for(10e6) == 9014                   # small rates: one full jumbo frame
     assert cfg.burst_for(10e9) == int(10e9 / 8 * 0.001)  # large rates: 1 ms of traffic (timer slack)
     small = ClusterConfig(workers=2, mtu=1500)
@@ -59,15 +58,30 @@ def test_burst_covers_timer_resolution():
     assert ClusterConfig(workers=2, mtu=1500, burst_bytes=4000).burst_for(10e9) == 4000
 
 
-@pytest.mark.parametrize("mtu", [100, 70000, "big", 1.5, True])
+@pytest.mark.parametrize("rate, mtu", [("50mbit", 9000),       # 1 ms is 6250 bytes: never below jumbo frames
+                                       ("100mbit", 12486),     # 1 ms of traffic, less the Ethernet header
+                                       ("500mbit", 62486),
+                                       ("1gbit", 65535)])      # never above what a veth takes
+def test_auto_mtu_is_the_largest_frame_within_the_burst(rate, mtu):
+    cfg = ClusterConfig(workers=2, bandwidth_bps=rate)
+    assert cfg.mtu == mtu == auto_mtu(cfg.bandwidth_bps)
+    assert ClusterConfig(workers=2, bandwidth_bps=rate, mtu="auto").mtu == mtu
+    # from 9000 bytes up to where one frame is 1 ms, the bucket is what it was at 9000
+    assert cfg.burst_for(cfg.bandwidth_bps) == ClusterConfig(workers=2, bandwidth_bps=rate, mtu=9000).burst_for(
+        cfg.bandwidth_bps)
+
+
+@pytest.mark.parametrize("mtu", [100, 70000, "big", "Auto ", 1.5, True])
 def test_bad_mtu_is_refused_naming_the_field(mtu):
-    with pytest.raises(CaramelError, match="mtu must be an integer"):
+    with pytest.raises(CaramelError, match="mtu must be 'auto' or an integer"):
         ClusterConfig(workers=2, mtu=mtu)
 
 
 def test_burst_must_hold_one_packet_at_the_mtu():
     with pytest.raises(CaramelError, match="at least 9014"):
-        ClusterConfig(workers=2, burst_bytes=4000)
+        ClusterConfig(workers=2, mtu=9000, burst_bytes=4000)
+    with pytest.raises(CaramelError, match="at least 62500"):
+        ClusterConfig(workers=2, bandwidth_bps="500mbit", burst_bytes=9014)
 
 
 def test_torchrun_target_forms(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from caramel.cluster import netns
-from caramel.cluster.config import ClusterConfig, new_prefix
+from caramel.cluster.config import ClusterConfig, auto_mtu, new_prefix
 from caramel.cluster.emulated import EmulatedCluster
 from caramel.errors import CaramelError
 from tests.cluster.cluster_helpers import foreign, host_objects, named, needs_root, qdisc_drops, tcp_rate_bps
@@ -50,7 +50,7 @@ def test_setup_and_teardown_leave_host_as_before(tmp_path):
 
 
 def test_set_bandwidth_changes_measured_rate(tmp_path):
-    cfg = _config(tmp_path, bandwidth_bps="200mbit")
+    cfg = _config(tmp_path, bandwidth_bps="200mbit", mtu=auto_mtu(20e6))  # the slowest rate's MTU
     with EmulatedCluster(cfg) as c:
         # receive buffers hold half of a 50 ms queue at the slowest worker's rate
         assert [netns.receive_buffer_max_bytes(cfg.netns(i)) for i in range(2)] == [625_000] * 2
@@ -94,9 +94,10 @@ def _mtu(dev: str, ns: str | None = None) -> int:
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)[0]["mtu"]
 
 
-@pytest.mark.parametrize("mtu", [9000, 1500])
+@pytest.mark.parametrize("mtu", [9000, 1500, "auto"])
 def test_links_carry_the_configured_mtu_and_full_frames_pass(tmp_path, mtu):
     cfg = _config(tmp_path, mtu=mtu)
+    mtu = cfg.mtu  # auto: 12486 at 100 Mbit/s
     with EmulatedCluster(cfg) as c:
         for i in range(2):
             assert _mtu(cfg.host_veth(i)) == mtu
