@@ -210,11 +210,12 @@ _RESNET = dict(model="resnet18", batch_size=8, model_options={"width": 16})
 
 # 2 workers across the three regimes by link rate alone, a GPT-2-style transformer with a large
 # tied embedding, and 4 workers sharing the 2 cores. Measured on the idle 2-core host (2026-12-03,
-# MTU 9000 links) with two workers side by side: ResNet-18/16 (2.8 MB of gradients) computes in
-# ~40 ms per step; the comm-only baseline takes ~24, ~47 and ~93 ms at 1000, 500 and 250 mbit
-# (comm/compute ~0.55, ~1.1, ~2.4). GPT-2 (batch 2, 16.9 MB) computes in ~75 ms and needs ~145 ms
-# at 1 gbit (~1.9). Four workers time-share the cores: ~100 ms of compute, ~74 ms at 500 mbit
-# (~0.7-0.8). On a busy host compute slows down and every point drifts toward compute-bound.
+# links at the auto MTU) with two workers side by side: ResNet-18/16 (2.8 MB of gradients)
+# computes in ~41 ms per step; the comm-only baseline takes ~23, ~47 and ~94 ms at 1000, 500 and
+# 250 mbit (comm/compute ~0.56, ~1.1, ~2.3). GPT-2 (batch 2, 16.9 MB) computes in ~65 ms and
+# needs ~136 ms at 1 gbit (~2.1). Four workers time-share the cores: their compute baseline
+# measured 44-88 ms in different runs, the comm-only one ~71 ms at 500 mbit (~0.8-1.6). On a busy
+# host compute slows down and every point drifts toward compute-bound.
 DEFAULT_MATRIX: list[BenchConfig] = [
     BenchConfig(**_RESNET, workers=2, bandwidth="1gbit", regime="compute-bound"),
     BenchConfig(**_RESNET, workers=2, bandwidth="500mbit", regime="balanced"),
