@@ -45,6 +45,7 @@ from caramel.units import format_rate, parse_rate_bps
 WORKER_MODULE = "caramel.sim.validate_worker"
 NETWORKS = ("cluster", "loopback")
 # Probe sizes: the bucket sizes plans actually send (64 KiB .. 8 MiB), 1 KiB messages for alpha.
+VALIDATION_MTU = 9000  # the emulated links' frames in every validation (see run_validation)
 CALIBRATION_BPS = 200e6  # the rate the probe fits the cluster's latency and goodput at
 CALIBRATION_SIZES = [1024, 65536, 262144, 1048576, 2097152, 4194304, 8388608]
 # The interference reference: a fixed small MLP step against 2 MiB all-reduces, the same for every model.
@@ -403,15 +404,14 @@ def run_validation(groups: list[ModelGroup], settings: ValidationSettings, netwo
             for g in mine:
                 run_one(g, None)
             continue
-        from caramel.cluster.config import ClusterConfig, auto_mtu
+        from caramel.cluster.config import ClusterConfig
         from caramel.cluster.emulated import EmulatedCluster
 
         first = parse_rate_bps(mine[0].bandwidths[0])
-        # one MTU for every rate this cluster will be set to: its slowest's (the calibration's
-        # included), so the token bucket stays within 1 ms of traffic at each
-        slowest = min([CALIBRATION_BPS] + [parse_rate_bps(b) for g in mine for b in g.bandwidths])
+        # 9000-byte frames, as in every scored run: runs ad and ae tried one cluster per group at
+        # its slowest rate's auto MTU and scored worse (docs/simulator.md, "Frames")
         with EmulatedCluster(ClusterConfig(workers=workers, bandwidth_bps=first, fallback="error", quiet=True,
-                                           mtu=auto_mtu(slowest))) as cluster:
+                                           mtu=VALIDATION_MTU)) as cluster:
             if workers not in calibrations:
                 print(f"[validate] calibrating {workers} workers", file=log, flush=True)
                 calibrations[workers] = calibrate(cluster, CALIBRATION_BPS, log=log)
