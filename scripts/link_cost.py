@@ -21,9 +21,11 @@ import time
 
 
 def _host_cpu_ms() -> tuple[float, float]:
-    """sys and softirq time of the whole host so far, in ms (USER_HZ 100)."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    return fields[2] * 10.0, fields[6] * 10.0
+    """sys and softirq time of the whole host so far, in ms (/proc/stat counts clock ticks)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    ms_per_tick = 1e3 / os.sysconf("SC_CLK_TCK")
+    return fields[2] * ms_per_tick, fields[6] * ms_per_tick
 
 
 def worker(out_path: str, rounds: int, steps: int) -> None:
@@ -122,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                     out = os.path.join(tmp, f"{rep}-{rate}-{config.mtu}.json")
                     cmd = [sys.executable, os.path.abspath(__file__), "--worker", out,
                            "--rounds", str(args.rounds), "--steps", str(args.steps)]
-                    with EmulatedCluster(config) as cluster:
-                        rc = cluster.run(cmd, env=env, timeout_s=300, out=open(os.devnull, "w"))
+                    with EmulatedCluster(config) as cluster, open(os.devnull, "w") as quiet:
+                        rc = cluster.run(cmd, env=env, timeout_s=300, out=quiet)
                     if not os.path.exists(out):
                         print(f"{rate} mtu {config.mtu}: the job failed (exit code {rc})", file=sys.stderr)
                         continue

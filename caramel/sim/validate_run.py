@@ -44,9 +44,9 @@ from caramel.units import format_rate, parse_rate_bps
 
 WORKER_MODULE = "caramel.sim.validate_worker"
 NETWORKS = ("cluster", "loopback")
-# Probe sizes: the bucket sizes plans actually send (64 KiB .. 8 MiB), 1 KiB messages for alpha.
 VALIDATION_MTU = 9000  # the emulated links' frames in every validation (see run_validation)
 CALIBRATION_BPS = 200e6  # the rate the probe fits the cluster's latency and goodput at
+# Probe sizes: the bucket sizes plans actually send (64 KiB .. 8 MiB), 1 KiB messages for alpha.
 CALIBRATION_SIZES = [1024, 65536, 262144, 1048576, 2097152, 4194304, 8388608]
 # The interference reference: a fixed small MLP step against 2 MiB all-reduces, the same for every model.
 INTERFERENCE_REFERENCE = {"model": "mlp", "batch_size": 32, "model_options": {"width": 512, "depth": 4},
