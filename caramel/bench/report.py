@@ -11,7 +11,12 @@ Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
   opposite phase (80, 111, 68, 103 ms against 109, 72, 107, 58 ms), and the per-index maximum
   then counts one delay twice, once on each rank (96 ms per step measured that way for a
   schedule whose ranks both ran at 84 ms per step);
-- T_compute and T_comm are the medians of the compute-only and comm-only baselines;
+- T_comm is the median of the comm-only baseline; T_compute is the median over rounds of the
+  compute-only baseline's pace, the slowest rank's mean step in the round: its ranks never wait
+  for one another, so with more workers than cores the scheduler can run some ranks alone on a
+  core (32 ms steps) while others queue (150-180 ms steps), and the per-step series would then
+  take most of its steps from whichever rank happened to run (a median of 44 ms for four ranks
+  whose slowest took 69 ms per step over the round, measured);
 - U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
 - T_concurrent is the median of the concurrent baseline (all of a step's communication beside
   all of its compute, independent): perfect overlap as this host really runs it, contention
@@ -85,6 +90,16 @@ def job_step_times(rank_times: list[list[float]], steps_per_round: int | None = 
             job += step
             out.append(step)
     return out
+
+
+def free_running_pace_s(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
+    """Per round of `steps_per_round` steps (default: one round), the slowest rank's mean step:
+    the pace of ranks that never synchronize (the compute-only baseline; module docstring)."""
+    assert rank_times and all(len(t) == len(rank_times[0]) for t in rank_times), "ranks must time the same steps"
+    n = len(rank_times[0])
+    block = steps_per_round or n or 1
+    return [max(sum(ts[start:start + block]) for ts in rank_times) / len(rank_times[0][start:start + block])
+            for start in range(0, n, block)]
 
 
 def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
@@ -173,7 +188,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     cfg, meta = raw["config"], raw.get("meta", {})
     spr = raw.get("settings", {}).get("steps_per_round")
     series = {name: job_step_times(rt, spr) for name, rt in raw["step_times_s"].items()}
-    compute_s, comm_s = median(series["compute"]), median(series["comm"])
+    compute_s = median(free_running_pace_s(raw["step_times_s"]["compute"], spr))
+    comm_s = median(series["comm"])
     concurrent_s = median(series["concurrent"]) if series.get("concurrent") else None
     ddp = series.get("ddp")
     ddp_s = median(ddp) if ddp else None
@@ -337,7 +353,8 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "Step times are medians (p90) over steps of how far the slowest rank's clock advanced per step (the job "
         "runs at its slowest rank's pace; a step boundary is not a synchronization point, so the slowest rank's "
         "time per step index would count a delay once on each rank), strategies interleaved in rounds in one job "
-        "per configuration. compute/comm are the compute-only and comm-only baselines of the same job; "
+        "per configuration. compute/comm are the compute-only and comm-only baselines of the same job (compute at "
+        "its pace: the slowest rank's mean step per round, as its ranks never wait for one another); "
         "concurrent is both at once, independent of each other (all communication issued at the top of the "
         "step, awaited at its end: perfect overlap as this host runs it, the cores' contention included, no "
         "dependencies); the estimated ceiling of a configuration is max(bound, min(concurrent, U)): a schedule "

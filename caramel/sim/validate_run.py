@@ -317,8 +317,9 @@ def run_group(group: ModelGroup, settings: ValidationSettings, calibration: Cali
 def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str, Any], predicted_at: float,
                      wall_s: float = 0.0) -> tuple[list[ValidationRecord], dict[str, Any]]:
     """Per configuration: prediction, every step (the advance of the slowest rank's clock,
-    `caramel.bench.report.job_step_times`), per-round medians."""
-    from caramel.bench.report import job_step_times
+    `caramel.bench.report.job_step_times`), per-round medians; the compute-only baseline at its
+    pace per round (`free_running_pace_s`: its ranks never wait for one another)."""
+    from caramel.bench.report import free_running_pace_s, job_step_times
 
     configs = group.configs(calibration.latency_s)
     preds = raw["predictions"]
@@ -329,10 +330,11 @@ def records_from_raw(group: ModelGroup, calibration: Calibration, raw: dict[str,
     for step in raw["measured"]:  # one per bandwidth; step[r] is rank r's result
         keys = list(step[0]["times"])
         for key in keys:
-            rounds = [job_step_times([rank["times"][key][k] for rank in step]) for k in range(len(step[0]["times"][key]))]
+            per_round = [[rank["times"][key][k] for rank in step] for k in range(len(step[0]["times"][key]))]
             if key == "compute":
-                compute_only = [t for r in rounds for t in r]
+                compute_only = [free_running_pace_s(ranks)[0] for ranks in per_round]
                 continue
+            rounds = [job_step_times(ranks) for ranks in per_round]
             i = int(key)
             steps = [t for r in rounds for t in r]
             records[i] = ValidationRecord(configs[i], preds[i]["predicted_step_time_s"], steps,

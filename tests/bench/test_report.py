@@ -6,7 +6,7 @@ import pytest
 
 from caramel.bench import report
 from caramel.bench.report import (Record, check_targets, efficiency, format_markdown, format_table, geomean,
-                                  job_step_times, median, percentile, regime_of, summarize, to_json)
+                                  free_running_pace_s, job_step_times, median, percentile, regime_of, summarize, to_json)
 
 
 def test_percentile_matches_linear_interpolation():
@@ -37,6 +37,28 @@ def test_job_step_time_is_how_far_the_slowest_ranks_clock_advanced():
     assert job_step_times([[1.0, 5.0, 2.0, 1.0], [3.0, 1.0, 1.0, 3.0]], steps_per_round=2) == pytest.approx([3.0, 3.0, 2.0, 2.0])
     with pytest.raises(AssertionError):
         job_step_times([[1.0], [1.0, 2.0]])
+
+
+def test_free_running_pace_is_the_slowest_ranks_mean_per_round():
+    # the slowest rank queues for a core at the start of each round, then runs alone on it: its
+    # clock leads every step, and most of its steps are fast, so the per-step series' median is
+    # its fast steps and far below the pace at which the round got done
+    a = [0.06, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06]
+    b = [0.30, 0.03, 0.03, 0.03, 0.30, 0.03, 0.03, 0.03]
+    assert median(job_step_times([a, b], steps_per_round=4)) == pytest.approx(0.03)
+    assert free_running_pace_s([a, b], steps_per_round=4) == pytest.approx([0.39 / 4, 0.39 / 4])
+    assert free_running_pace_s([[1.0, 2.0, 3.0]]) == pytest.approx([2.0])
+    assert free_running_pace_s([[1.0, 2.0, 4.0], [2.0, 2.0, 0.0]], steps_per_round=2) == pytest.approx([2.0, 4.0])
+
+
+def test_summarize_takes_the_compute_baseline_at_its_pace():
+    a = [0.06, 0.06, 0.06, 0.06]
+    b = [0.30, 0.03, 0.03, 0.03]
+    times = {"compute": [a, b], "comm": [[0.08] * 4, [0.08] * 4], "ddp": [[0.2] * 4, [0.2] * 4]}
+    raw = dict(_raw(times, strategies=("ddp",)), settings={"steps_per_round": 4})
+    rec = summarize(raw)[0]
+    assert rec.compute_s == pytest.approx(0.39 / 4)
+    assert rec.comm_compute_ratio == pytest.approx(0.08 / 0.0975)
 
 
 def test_efficiency_definition():
