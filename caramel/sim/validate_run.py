@@ -38,7 +38,8 @@ from typing import Any, Callable, TextIO
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text, format_tag, read_json, write_json
 from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, score
-from caramel.sim.validate_tables import compare_runs, compare_table, interference_records, markdown_table
+from caramel.sim.validate_tables import (compare_runs, compare_table, consensus_floor, floor_table, interference_records,
+                                         markdown_table)
 from caramel.sim.validate_worker import INTERFERENCE_KIND, JOB_KIND, RAW_KIND, done_path, request_path
 from caramel.units import format_rate, parse_rate_bps
 
@@ -431,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", metavar="REPORT.json", help="print the Markdown table of a saved report (no run)")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print how far two saved runs of the same matrix differ (no run)")
+    p.add_argument("--floor", nargs="+", metavar="RUN.json",
+                   help="score each saved run against the median of the others' measurements, beside the simulator (no run)")
     p.add_argument("--markdown", metavar="OUT", help="also write the table as Markdown")
     p.add_argument("--quick", action="store_true", help="2 configurations, few steps (the smoke test)")
     p.add_argument("--network", choices=NETWORKS, default="cluster",
@@ -441,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="timed steps per strategy per round")
     args = p.parse_args(argv)
     try:
-        if args.table or args.compare:
+        if args.table or args.compare or args.floor:
+            if args.floor:
+                print(floor_table(consensus_floor({Path(f).stem: ValidationReport.load(f) for f in args.floor})))
             if args.table:
                 print(markdown_table(ValidationReport.load(args.table)))
             if args.compare:

@@ -7,6 +7,9 @@ matrix side by side: how far apart their measured medians are (the spread betwee
 profile and calibration included) against the prediction errors, and how one run's measured
 medians would score as the predictions of the other (`measured_as_prediction`): the host's noise
 floor in the targets' own terms, how close two measurements of the same matrix come to each other.
+`consensus_floor` does the same with many runs: each run scored with the median of all the other
+runs' measured medians as its predictions, what a predictor that knew each configuration's usual
+step time would score on that run (`floor_table` puts it beside the simulator's headline).
 """
 from __future__ import annotations
 
@@ -149,3 +152,58 @@ def compare_table(cmp: dict[str, Any]) -> str:
         lines.append(f"- run {first}'s measured medians as the predictions of run {second}: {score_line(cmp[name])}")
     return "\n".join(lines)
 
+
+
+MIN_CONSENSUS_RUNS = 3
+
+
+def consensus_as_prediction(scored: ValidationReport, others: list[ValidationReport]) -> dict[str, Any]:
+    """`score` of `scored`'s measurements with, for each configuration, the median of the other
+    runs' measured medians as the prediction (configurations at least `MIN_CONSENSUS_RUNS`
+    others measured): the expected step time of a configuration on this host, as well as many
+    runs can tell it, without the scored run's own noise in the prediction. A predictor cannot
+    be expected to do much better on that run; a floor to compare with, not a bound (a
+    calibration made just before the run could follow the host's drift, which this cannot)."""
+    known: dict[tuple, list[float]] = {}
+    for other in others:
+        for r in other.records:
+            known.setdefault(_run_key(r), []).append(r.measured_median_s)
+    records = [ValidationRecord(r.config, statistics.median(known[_run_key(r)]), r.measured_step_times_s, r.repeat_medians_s)
+               for r in scored.records if len(known.get(_run_key(r), ())) >= MIN_CONSENSUS_RUNS]
+    if not records:
+        raise CaramelError(f"no configuration of the scored run was measured by at least {MIN_CONSENSUS_RUNS} other runs")
+    return score(records)
+
+
+def consensus_floor(reports: dict[str, ValidationReport]) -> dict[str, dict[str, Any]]:
+    """Per run (by name): the simulator's headline score (with the interference term) and the
+    score of the other runs' consensus (`consensus_as_prediction`) on the same measurements."""
+    if len(reports) < MIN_CONSENSUS_RUNS + 1:
+        raise CaramelError(f"a consensus floor needs at least {MIN_CONSENSUS_RUNS + 1} runs, got {len(reports)}")
+    return {name: {"simulator": score(interference_records(rep)),
+                   "consensus": consensus_as_prediction(rep, [o for n, o in reports.items() if n != name])}
+            for name, rep in reports.items()}
+
+
+def _short(s: dict[str, Any]) -> str:
+    agree = s["ranking"]["agreement"]
+    met = " (all three met)" if all(s["targets_met"].values()) else ""
+    return (f"{s['median_abs_error'] * 100:.1f}% / {s['p90_abs_error'] * 100:.1f}% / "
+            f"{'n/a' if agree is None else f'{agree * 100:.0f}%'}{met}")
+
+
+def floor_table(floor: dict[str, dict[str, Any]]) -> str:
+    """Markdown for `consensus_floor`."""
+    lines = ["| run | simulator (median / p90 / ranking) | the other runs' consensus as the prediction | configurations |",
+             "|---|---|---|---:|"]
+    for name, x in floor.items():
+        lines.append(f"| {name} | {_short(x['simulator'])} | {_short(x['consensus'])} | {x['consensus']['configurations']} |")
+    n = len(floor)
+    sim_all = sum(all(x["simulator"]["targets_met"].values()) for x in floor.values())
+    con_all = sum(all(x["consensus"]["targets_met"].values()) for x in floor.values())
+    per_target = ", ".join(f"{k.replace('_', ' ')} {sum(x['simulator']['targets_met'][k] for x in floor.values())} "
+                           f"against {sum(x['consensus']['targets_met'][k] for x in floor.values())}"
+                           for k in ("median_abs_error", "p90_abs_error", "ranking"))
+    lines += ["", f"All three targets met in {sim_all} of {n} runs by the simulator, in {con_all} of {n} by the "
+                  f"other runs' consensus; each target alone ({per_target})."]
+    return "\n".join(lines)

@@ -9,12 +9,13 @@ import pytest
 
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag
-from caramel.sim.validate import ValidationReport, score
+from caramel.sim.validate import ValidationConfig, ValidationRecord, ValidationReport, score
 from caramel.sim.validate_run import (DEFAULT_GROUPS, QUICK_GROUPS, QUICK_SETTINGS, Calibration, ModelGroup,
                                       ValidationSettings, _BandwidthServer, _s, fit_calibration, main, make_job,
                                       records_from_raw, run_validation)
-from caramel.sim.validate_tables import (ALTERNATIVES, alternative_records, compare_runs, interference_records,
-                                        lone_latency_records, markdown_table)
+from caramel.sim.validate_tables import (ALTERNATIVES, alternative_records, compare_runs, consensus_as_prediction,
+                                        consensus_floor, floor_table, interference_records, lone_latency_records,
+                                        markdown_table)
 from caramel.sim.validate_worker import done_path, request_path
 
 
@@ -209,6 +210,44 @@ def test_compare_runs_and_saved_tables(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| fifo/backward | 1100.0 |" in out and "| 40.0% |" in out
     assert "run 1's measured medians as the predictions of run 2: median |error| 0.0%, p90 23.3%" in out
+
+
+def _run_of(measured: dict[str, float], latency_s: float = 1e-4) -> ValidationReport:
+    """A saved run: one setting, one record per strategy, every step at its measured time, the
+    simulator's prediction 1.0 s for fifo, 1.5 s for fusion and 2.0 s for caramel."""
+    records = [ValidationRecord(ValidationConfig("mlp", 2, 1e8, latency_s, planner, "backward"),
+                                {"fifo": 1.0, "fusion": 1.5, "caramel": 2.0}[planner], [t] * 4, [t, t])
+               for planner, t in measured.items()]
+    return ValidationReport(records, {"jobs": [{"details": [{} for _ in records]}]})
+
+
+@pytest.mark.timeout(10)
+def test_consensus_floor_scores_each_run_against_the_others_median(tmp_path, capsys):
+    runs = {f"run-{k}": _run_of({"fifo": f, "caramel": 2.0}, latency_s=1e-4 * (k + 1))  # each run calibrates afresh
+            for k, f in enumerate([1.0, 1.1, 1.0, 1.2, 1.0])}
+    floor = consensus_floor(runs)
+    # run-0: the others measured fifo at 1.1, 1.0, 1.2, 1.0 -> 1.05, 5% above its 1.0; caramel exact
+    con = floor["run-0"]["consensus"]
+    assert con["configurations"] == 2 and con["median_abs_error"] == pytest.approx(0.025)
+    assert con["p90_abs_error"] == pytest.approx(0.9 * 0.05)
+    # run-3 measured fifo at 1.2 against the others' 1.0: 1/6 off, a miss of the p90 target
+    assert floor["run-3"]["consensus"]["p90_abs_error"] == pytest.approx(0.9 * (1.2 - 1.0) / 1.2)
+    assert not floor["run-3"]["consensus"]["targets_met"]["p90_abs_error"]
+    # the simulator's side is the headline score of the same measurements
+    assert floor["run-3"]["simulator"] == score(interference_records(runs["run-3"]))
+    # a configuration fewer than 3 other runs measured is left out
+    extra = _run_of({"fifo": 1.0, "caramel": 2.0, "fusion": 1.5})
+    assert consensus_as_prediction(extra, list(runs.values()))["configurations"] == 2
+    with pytest.raises(CaramelError, match="at least 3 other runs"):
+        consensus_as_prediction(_run_of({"fusion": 1.5}), list(runs.values()))
+    with pytest.raises(CaramelError, match="at least 4 runs"):
+        consensus_floor(dict(list(runs.items())[:3]))
+    table = floor_table(floor)
+    assert "| run-3 |" in table and "by the other runs' consensus" in table
+    for name, rep in runs.items():
+        rep.save(tmp_path / f"{name}.json")
+    assert main(["--floor", *(str(tmp_path / f"{n}.json") for n in runs)]) == 0
+    assert "| run-0 | 0.0% / 0.0% / 100% (all three met) | 2.5% / 4.5% / 100% (all three met) | 2 |" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(300)
