@@ -214,7 +214,7 @@ _RESNET = dict(model="resnet18", batch_size=8, model_options={"width": 16})
 # computes in ~41 ms per step; the comm-only baseline takes ~23, ~47 and ~94 ms at 1000, 500 and
 # 250 mbit (comm/compute ~0.56, ~1.1, ~2.3). GPT-2 (batch 2, 16.9 MB) computes in ~65 ms and
 # needs ~136 ms at 1 gbit (~2.1). Four workers time-share the cores: their compute baseline
-# measured 44-88 ms in different runs, the comm-only one ~71 ms at 500 mbit (~0.8-1.6). On a busy
+# paces at 70-90 ms per step, the comm-only one ~71-76 ms at 500 mbit (~0.8-1.1). On a busy
 # host compute slows down and every point drifts toward compute-bound.
 DEFAULT_MATRIX: list[BenchConfig] = [
     BenchConfig(**_RESNET, workers=2, bandwidth="1gbit", regime="compute-bound"),
