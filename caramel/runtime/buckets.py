@@ -34,8 +34,10 @@ class FlatBucket:
         self.numel = off
         self.flat = torch.zeros(off + len(params), dtype=dtype, device=device)
         self.flags = self.flat[off:]
-        # per-parameter slots, made once: the gradient hook is on every step's critical path
-        self.slots = [self.flat[o:o + p.numel()] for o, p in zip(self.offsets, params)]
+        # per-parameter views, made once, shaped like the parameters: the gradient hook and the
+        # updates are on every step's critical path
+        self.views = [self.flat[o:o + p.numel()].view_as(p) for o, p in zip(self.offsets, params)]
+        self._grads: list[torch.Tensor | None] = [None] * len(params)
         self._flag_values = [0.0] * len(params)
         self.scale = 1.0 / world_size
         self.local_slot = {idx: j for j, idx in enumerate(self.indices)}
@@ -53,29 +55,36 @@ class FlatBucket:
         """Ready to collect the next backward's gradients (collectives in flight are kept)."""
         self.pending = len(self.params)
         self.fired = [False] * len(self.params)
+        self._grads = [None] * len(self.params)
         self.ready = False
 
     def grad_view(self, j: int) -> torch.Tensor:
-        return self.slots[j].view_as(self.params[j])
+        return self.views[j]
 
     def put(self, j: int, grad: torch.Tensor | None) -> None:
-        """Store this rank's gradient of parameter j, pre-divided by the world size (as DDP does).
-
-        The usage flag is written into the buffer by `seal()`, once the bucket is complete.
-        """
-        dst = self.slots[j]
-        if grad is None:
-            dst.zero_()
-            self._flag_values[j] = 0.0
-        else:
-            torch.mul(grad.reshape(-1), self.scale, out=dst)
-            self._flag_values[j] = 1.0
+        """This rank's gradient of parameter j (None: it got none). Held, not copied: `seal()`
+        copies the whole bucket at once, in one call instead of one per parameter."""
+        self._grads[j] = grad
+        self._flag_values[j] = 0.0 if grad is None else 1.0
         self.fired[j] = True
         self.pending -= 1
 
     def seal(self) -> None:
-        """Every gradient is in: write the usage flags (one copy), before any chunk is sent."""
+        """Every gradient is in: copy them into the buffer pre-divided by the world size (as DDP
+        does), then write the usage flags, before any chunk is sent. A gradient is final once
+        its hook has run (a parameter gets one per backward), so copying it later is exact."""
         assert self.pending == 0
+        if all(g is not None for g in self._grads):
+            torch._foreach_copy_(self.views, self._grads)
+        else:
+            for j, g in enumerate(self._grads):
+                if g is None:
+                    self.views[j].zero_()
+                else:
+                    self.views[j].copy_(g)
+        self._grads = [None] * len(self.params)
+        if self.scale != 1.0:
+            self.flat[:self.numel].mul_(self.scale)
         self.flags.copy_(torch.tensor(self._flag_values, dtype=self.flags.dtype))
 
     def used(self) -> list[bool]:

@@ -205,7 +205,11 @@ class Engine:
             if self._pending_apply:
                 todo = [b for b in bucket_ids if b in self._pending_apply]
                 if todo:
-                    self._wait_apply(todo)
+                    # buckets whose collectives are already done go along: one optimizer call
+                    # instead of one each (each costs ~0.4 ms besides its arithmetic); applying
+                    # an update before the first module that uses it is as exact as at it
+                    done = [b for b in self._pending_apply if b not in todo and self._reduced_already(b)]
+                    self._wait_apply(sorted(todo + done))
         return hook
 
     def _root_pre_hook(self, bucket_ids: list[int]):
@@ -340,6 +344,10 @@ class Engine:
             self.recorder.record("wait", "wait", f"wait:b{b}", tb0, tb1, bucket=b)
             tb0 = tb1
         self._wait_acc += tb0 - t_start
+
+    def _reduced_already(self, b: int) -> bool:
+        """Every collective of bucket b has completed (waiting for it would not block)."""
+        return all(w is None or w.is_completed() for w in self.buckets[b].works)
 
     def _wait_apply(self, bucket_ids: list[int]) -> None:
         self._wait(bucket_ids)
