@@ -32,7 +32,7 @@ from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
 from caramel.runtime.trial import (AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS, Candidate,
-                                   OverlapTrial)
+                                   OverlapTrial, trial_baseline)
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
@@ -258,7 +258,7 @@ class _Controller:
             assert len(cands) == 1
             self.adopt(cands[0].plan, source=source)
             return
-        baseline = DDP_SCHEDULE if any(c.name == DDP_SCHEDULE for c in cands) else None
+        baseline = trial_baseline([c.name for c in cands], self.planner)
         self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, baseline=baseline,
                                   max_passes=self.trial_passes)
         self._adopt_candidate(self.trial.current, source)

@@ -28,6 +28,7 @@ def test_parity_with_ddp(world, planner):
                 assert value is not None and value["chosen"] in value["step_period_s"], f"rank {rank}: {key}: {value}"
                 expected = {f"{planner}/forward", f"{planner}/backward"} | ({"fifo/backward"} if planner != "fifo" else set())
                 assert set(value["step_period_s"]) == expected, value
+                assert value["baseline"] == f"{planner}/backward", value  # an undecided lead keeps it
                 assert value == results[0][key], f"rank {rank} chose differently from rank 0: {value} vs {results[0][key]}"
                 continue
             assert value <= TOL, f"rank {rank}: {key} differs by {value:g} (> {TOL})"

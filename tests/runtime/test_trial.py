@@ -1,7 +1,7 @@
 """The overlap trial's bookkeeping and choice, on recorded step periods (one process)."""
 import pytest
 
-from caramel.runtime.trial import Candidate, OverlapTrial, choose
+from caramel.runtime.trial import Candidate, OverlapTrial, choose, trial_baseline
 
 
 def _cands() -> list[Candidate]:
@@ -65,6 +65,20 @@ def test_a_lead_within_the_noise_keeps_the_baseline():
     assert choose(medians, noisy, baseline="fifo/backward") == "fifo/backward"   # 7 ms lead, 2 x 8.5 ms noise
     assert choose(medians, quiet, baseline="fifo/backward") == "caramel/forward"  # 7 ms lead, 2 x 1.4 ms noise
     assert choose({"fifo/backward": 0.1, "caramel/forward": 0.2}, quiet, baseline="fifo/backward") == "fifo/backward"
+
+
+def test_the_baseline_is_the_planners_backward_mode_run_by_the_engine():
+    # DDP's schedule, handed to torch DDP, pays its search for unused parameters; it is adopted
+    # only when clearly the fastest
+    names = ["caramel/forward", "caramel/backward", "fifo/backward"]
+    assert trial_baseline(names, "caramel") == "caramel/backward"
+    # the fifo planner's backward candidate is DDP's schedule itself
+    assert trial_baseline(["fifo/forward", "fifo/backward"], "fifo") == "fifo/backward"
+    assert trial_baseline(["caramel/forward"], "caramel") is None
+    medians = {"caramel/forward": 0.0581, "caramel/backward": 0.0586, "fifo/backward": 0.0641}
+    noisy = {"caramel/forward": 0.003, "caramel/backward": 0.003, "fifo/backward": 0.003}
+    assert choose(medians, noisy, baseline=trial_baseline(list(medians), "caramel")) == "caramel/backward"
+    assert choose({**medians, "fifo/backward": 0.040}, noisy, baseline="caramel/backward") == "fifo/backward"
 
 
 def test_three_candidates_run_in_mirrored_blocks():
