@@ -29,10 +29,10 @@ Order of events (the same on every rank, at the same steps):
    difference: then the lead is undecided, and another pass of the same blocks runs (up to
    `max_passes`), every candidate's periods pooled over the passes; after the last pass an
    undecided lead keeps the baseline. The baseline is not DDP's schedule: handed to torch DDP,
-   that schedule pays DDP's search for unused parameters (~3%, docs/engine.md), and the bench
-   measured the engine's backward mode at or above it on every configuration where a trial kept
-   DDP's schedule (1.006x, 1.017x, 1.110x of plain DDP at 1 Gbit/s against the hand-over's
-   0.956x and 0.955x); DDP's schedule is still adopted whenever it is clearly the fastest.
+   that schedule pays DDP's search for unused parameters (~3%, docs/engine.md): at 1 Gbit/s the
+   bench measured the engine's backward mode at 1.006x, 1.017x and 1.110x of plain DDP in three
+   runs, the hand-over at 0.956x and 0.955x in the two of them whose trial kept DDP's schedule.
+   DDP's schedule is still adopted whenever it is clearly the fastest.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
 cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, and only a close call
 pays for more passes (a clear winner, or DDP's schedule in front, ends the trial after one).
