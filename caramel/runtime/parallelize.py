@@ -403,7 +403,7 @@ class _Controller:
             self._adopt_candidate(nxt, source="overlap trial")
 
     def _delegate_to_ddp(self) -> None:
-        """DDP's schedule was kept: let torch DDP itself run it (Engine.delegate_to), at the same
+        """DDP's schedule was chosen: let torch DDP itself run it (Engine.delegate_to), at the same
         step on every rank. Its constructor checks the parameters' shapes and broadcasts rank
         0's parameters and buffers: collectives every rank makes here, on values already equal."""
         from torch.nn.parallel import DistributedDataParallel

@@ -35,7 +35,7 @@ Order of events (the same on every rank, at the same steps):
    DDP's schedule is still adopted whenever it is clearly the fastest.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
 cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, and only a close call
-pays for more passes (a clear winner, or DDP's schedule in front, ends the trial after one).
+pays for more passes (a clear winner, or the baseline in front, ends the trial after one).
 Updates are exact throughout: a switch happens at a step boundary after every pending update is
 applied, as for any plan change.
 """
