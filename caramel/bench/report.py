@@ -92,14 +92,17 @@ def job_step_times(rank_times: list[list[float]], steps_per_round: int | None = 
     return out
 
 
+def round_means(steps: list[float], steps_per_round: int | None = None) -> list[float]:
+    """The mean of each round of `steps_per_round` steps (default: one round) of a job's series:
+    over a round, `job_step_times` adds up to the slowest rank's time for the round."""
+    block = steps_per_round or len(steps) or 1
+    return [sum(steps[i:i + block]) / len(steps[i:i + block]) for i in range(0, len(steps), block)]
+
+
 def free_running_pace_s(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
-    """Per round of `steps_per_round` steps (default: one round), the slowest rank's mean step:
-    the pace of ranks that never synchronize (the compute-only baseline; module docstring)."""
-    assert rank_times and all(len(t) == len(rank_times[0]) for t in rank_times), "ranks must time the same steps"
-    n = len(rank_times[0])
-    block = steps_per_round or n or 1
-    return [max(sum(ts[start:start + block]) for ts in rank_times) / len(rank_times[0][start:start + block])
-            for start in range(0, n, block)]
+    """Per round, the slowest rank's mean step: the pace of ranks that never synchronize (the
+    compute-only baseline; module docstring)."""
+    return round_means(job_step_times(rank_times, steps_per_round), steps_per_round)
 
 
 def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
@@ -188,7 +191,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     cfg, meta = raw["config"], raw.get("meta", {})
     spr = raw.get("settings", {}).get("steps_per_round")
     series = {name: job_step_times(rt, spr) for name, rt in raw["step_times_s"].items()}
-    compute_s = median(free_running_pace_s(raw["step_times_s"]["compute"], spr))
+    compute_s = median(round_means(series["compute"], spr))  # its pace (free_running_pace_s)
     comm_s = median(series["comm"])
     concurrent_s = median(series["concurrent"]) if series.get("concurrent") else None
     ddp = series.get("ddp")

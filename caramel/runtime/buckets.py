@@ -37,7 +37,6 @@ class FlatBucket:
         # per-parameter views, made once, shaped like the parameters: the gradient hook and the
         # updates are on every step's critical path
         self.views = [self.flat[o:o + p.numel()].view_as(p) for o, p in zip(self.offsets, params)]
-        self._grads: list[torch.Tensor | None] = [None] * len(params)
         self._flag_values = [0.0] * len(params)
         self.scale = 1.0 / world_size
         self.local_slot = {idx: j for j, idx in enumerate(self.indices)}
@@ -55,7 +54,7 @@ class FlatBucket:
         """Ready to collect the next backward's gradients (collectives in flight are kept)."""
         self.pending = len(self.params)
         self.fired = [False] * len(self.params)
-        self._grads = [None] * len(self.params)
+        self._grads: list[torch.Tensor | None] = [None] * len(self.params)  # held by put() until seal()
         self.ready = False
 
     def grad_view(self, j: int) -> torch.Tensor:
@@ -82,7 +81,6 @@ class FlatBucket:
                     self.views[j].zero_()
                 else:
                     self.views[j].copy_(g)
-        self._grads = [None] * len(self.params)
         if self.scale != 1.0:
             self.flat[:self.numel].mul_(self.scale)
         self.flags.copy_(torch.tensor(self._flag_values, dtype=self.flags.dtype))

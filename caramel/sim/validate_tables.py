@@ -128,11 +128,17 @@ def measured_as_prediction(a: ValidationReport, b: ValidationReport) -> dict[str
 
     For configurations whose plan depends on the calibration (the caramel planner) the two runs
     may have run different plans; the others ran the same one."""
-    known = {_run_key(r): r.measured_median_s for r in a.records}
-    records = [ValidationRecord(r.config, known[_run_key(r)], r.measured_step_times_s, r.repeat_medians_s)
-               for r in b.records if _run_key(r) in known]
+    return _score_against(b, {_run_key(r): r.measured_median_s for r in a.records},
+                          "the two validation reports have no configuration in common")
+
+
+def _score_against(scored: ValidationReport, predictions: dict[tuple, float], none_known: str) -> dict[str, Any]:
+    """`score` of `scored`'s measurements against `predictions` by `_run_key` (configurations
+    without one left out; `none_known` is the error when that leaves none)."""
+    records = [ValidationRecord(r.config, predictions[_run_key(r)], r.measured_step_times_s, r.repeat_medians_s)
+               for r in scored.records if _run_key(r) in predictions]
     if not records:
-        raise CaramelError("the two validation reports have no configuration in common")
+        raise CaramelError(none_known)
     return score(records)
 
 
@@ -168,11 +174,9 @@ def consensus_as_prediction(scored: ValidationReport, others: list[ValidationRep
     for other in others:
         for r in other.records:
             known.setdefault(_run_key(r), []).append(r.measured_median_s)
-    records = [ValidationRecord(r.config, statistics.median(known[_run_key(r)]), r.measured_step_times_s, r.repeat_medians_s)
-               for r in scored.records if len(known.get(_run_key(r), ())) >= MIN_CONSENSUS_RUNS]
-    if not records:
-        raise CaramelError(f"no configuration of the scored run was measured by at least {MIN_CONSENSUS_RUNS} other runs")
-    return score(records)
+    consensus = {k: statistics.median(v) for k, v in known.items() if len(v) >= MIN_CONSENSUS_RUNS}
+    return _score_against(scored, consensus,
+                          f"no configuration of the scored run was measured by at least {MIN_CONSENSUS_RUNS} other runs")
 
 
 def consensus_floor(reports: dict[str, ValidationReport]) -> dict[str, dict[str, Any]]:
