@@ -26,7 +26,9 @@ Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
   no contention, T_concurrent the contention but no dependencies, U what no overlap at all
   would cost; a schedule pays for both, so it is not expected to beat the ceiling, and
   DDP / ceiling estimates the most any schedule could gain over DDP on this host (an estimate,
-  not a proof: a partial overlap could contend less than the concurrent baseline does);
+  not a proof: a partial overlap could contend less than the concurrent baseline does), and
+  the ceiling's own E, (U - ceiling) / (U - L), is the most of E's range this host leaves to
+  any schedule;
 - exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L)
   (the formulas are caramel.trace.metrics', shared with the trace tools);
 - speedup over DDP = T_ddp / T (same job, interleaved); its 95% interval comes from the rounds:
@@ -271,6 +273,14 @@ def check_targets(records: list[Record], strategy: str = "caramel") -> list[Targ
         if len(concurrent_e) == len(es) and all(e is not None for e in concurrent_e):
             detail += (f"; the concurrent baseline (perfect overlap as this host runs it) reaches median E "
                        f"{median(concurrent_e):.2f} over the same configurations")
+        ceiling_e = [efficiency(c, r.compute_s, r.comm_s) for r in rows if r.efficiency is not None
+                     for c in [ceiling_s(r)] if c is not None]
+        if len(ceiling_e) == len(es) and all(e is not None for e in ceiling_e):
+            cm = median(ceiling_e)
+            detail += f", the estimated ceiling (the bound's dependencies as well) median E {cm:.2f}"
+            if cm < MIN_MEDIAN_EFFICIENCY:
+                detail += (f": below {MIN_MEDIAN_EFFICIENCY}, so no schedule is expected to reach the target on this "
+                           "host, and the ceiling's E is the yardstick here")
         out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", m >= MIN_MEDIAN_EFFICIENCY, f"{m:.2f}",
                                 detail))
     else:
@@ -390,8 +400,10 @@ def format_breakdown(records: list[Record]) -> str:
         if r0.concurrent_s is not None:
             ddp = next((r for r in rs if r.strategy == "ddp"), None)
             ceiling_x = ceiling_speedup(ddp) if ddp is not None else None
+            ceiling_e = efficiency(ceiling_s(r0), r0.compute_s, r0.comm_s) if ceiling_x else None
             conc = (f"; both at once {_ms(r0.concurrent_s)} ms"
-                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms, DDP / ceiling {ceiling_x:.3f}x" if ceiling_x else ""))
+                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms (E {_x(ceiling_e)}), DDP / ceiling {ceiling_x:.3f}x"
+                       if ceiling_x else ""))
         lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}{conc}")
         for r in rs:

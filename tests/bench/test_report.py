@@ -262,11 +262,21 @@ def test_concurrent_baseline_gives_the_ceiling_on_this_host():
     speed = check_targets(list(recs.values()))[1]
     assert speed.value == f"{0.181 / 0.160:.3f}x" and f"is {0.181 / 0.150:.3f}x over the same" in speed.detail
     md = format_markdown(list(recs.values()), "caramel bench", {})
-    assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms, DDP / ceiling {0.181 / 0.150:.3f}x" in md
+    assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms (E 0.38), DDP / ceiling {0.181 / 0.150:.3f}x" in md
     assert [r["ceiling_s"] for r in to_json(list(recs.values()))["records"]] == pytest.approx([0.150, 0.150])
     # E of the concurrent baseline itself: (180 - 150) / (180 - 100)
     eff = check_targets(list(recs.values()))[2]
     assert f"reaches median E {(0.180 - 0.150) / (0.180 - 0.100):.2f}" in eff.detail
+    # the ceiling (here the concurrent baseline) reaches E 0.375 < 0.9: the report says that no
+    # schedule is expected to meet the target here, and gives the ceiling's E per configuration
+    assert f"the estimated ceiling (the bound's dependencies as well) median E {0.375:.2f}: below 0.9" in eff.detail
+    # a host that leaves room: the ceiling is the bound (105 ms), E (180 - 105) / 80 >= 0.9
+    for r in recs.values():
+        r.concurrent_s = 0.102
+    roomy = check_targets(list(recs.values()))[2]
+    assert f"median E {(0.180 - 0.105) / 0.080:.2f}" in roomy.detail and "below" not in roomy.detail
+    for r in recs.values():
+        r.concurrent_s = 0.150
     # overlapping everything costs more than not overlapping (U): no overlap is the better estimate
     car.concurrent_s = 0.200
     assert report.ceiling_s(car) == pytest.approx(0.180)
