@@ -27,7 +27,7 @@ STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
     "ddp": {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "find_unused_parameters": bool,
             "static_graph": bool},
     # caramel passes any further option through to the planner (planner_options).
-    "caramel": {"planner": str, "overlap": str},
+    "caramel": {"planner": str, "overlap": str, "split_tied": bool},
 }
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm", "concurrent")

@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads (default 1, as one worker per core)")
     parser.add_argument("--json", metavar="OUT", help="write the ModelProfile (caramel.profile/1 JSON) here")
     parser.add_argument("--top", type=int, default=10, help="show the N largest parameters (default 10)")
+    parser.add_argument("--no-split-tied", dest="split_tied", action="store_false",
+                        help="profile a tied embedding's weight with its whole gradient, as parallelize(split_tied=False) "
+                             "trains it (default: the embedding's rows apart, the weight ready early)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     factory = get_model(args.model)
     w = factory(batch_size=args.batch_size) if args.batch_size else factory()
-    prof = profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=args.steps, warmup=args.warmup, name=w.name)
+    prof = profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=args.steps, warmup=args.warmup, name=w.name,
+                         split_tied=args.split_tied)
     print(f"model {prof.model}: {len(prof.params)} parameters, {format_bytes(prof.total_grad_bytes())} of gradients, batch {prof.batch_size}")
     print(f"forward {prof.forward_time_s * 1e3:.2f} ms, backward {prof.backward_time_s * 1e3:.2f} ms, "
           f"optimizer {prof.optimizer_time_s * 1e3:.2f} ms (median of {prof.steps_measured} steps)")

@@ -23,6 +23,8 @@ from torch.utils._pytree import tree_flatten
 
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
 
+ALIAS_ATTR = "_caramel_alias_of"  # on a tied embedding's alias: the parameter it stands for
+
 
 def unique_params(module: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
     """Parameters in registration order, each once (a tied parameter under its first name)."""
@@ -77,7 +79,10 @@ class _UseMode(TorchFunctionMode):
         kwargs = kwargs or {}
         t = self.tracker
         for leaf in tree_flatten((args, kwargs))[0]:
-            idx = t.param_ids.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            # a tied embedding's alias (`caramel.runtime.tied`) is a use of the weight it stands for
+            idx = t.param_ids.get(id(getattr(leaf, ALIAS_ATTR, leaf)))
             if idx is not None:
                 t.note_use(idx)
         return func(*args, **kwargs)
@@ -237,11 +242,14 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
 def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                   optimizer: torch.optim.Optimizer | None = None, steps: int = 3,
-                  warmup: int = 1, name: str | None = None) -> ModelProfile:
+                  warmup: int = 1, name: str | None = None, split_tied: bool = True) -> ModelProfile:
     """Profile `steps` training steps of `model` on one batch (after `warmup` steps).
 
     The model and optimizer are trained for `warmup + steps + 1` steps; pass copies if that
     matters. Without an optimizer, SGD(lr=0) is used so that parameters do not change.
+    `split_tied` profiles a tied embedding's weight as the engine trains it by default (its
+    gradient ready when the output layer's part is, `caramel.runtime.tied`); set it as you will
+    pass it to `caramel.parallelize`.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -259,6 +267,9 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     for i, p in enumerate(params):
         if p.requires_grad:
             handles.append(p.register_post_accumulate_grad_hook(on_ready(i)))
+    # as the engine runs it: a tied embedding's part of the gradient apart (ready times follow)
+    from caramel.runtime.tied import TiedEmbedding, find_tied_embeddings
+    tied = [TiedEmbedding(n, m, i, lambda: True) for n, m, i in find_tied_embeddings(model, params)] if split_tied else []
 
     def one_step(timer: StepTimer | None, tracker: UseTracker | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -274,6 +285,8 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss.backward()
         if timer:
             timer.backward_end()
+        for te in tied:
+            te.fold_into_weight()
         t = time.perf_counter()
         optimizer.step()
         if timer:
@@ -294,6 +307,8 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     finally:
         for h in handles:
             h.remove()
+        for te in tied:
+            te.remove()
         optimizer.zero_grad(set_to_none=True)
     batch = int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else 1
     return build_profile(name or type(model).__name__, batch, model, tracker, timer.samples,

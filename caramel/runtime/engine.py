@@ -33,6 +33,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.plan.plan import Plan
 from caramel.runtime.buckets import FlatBucket
+from caramel.runtime.tied import RowExchange, TiedEmbedding
 from caramel.sim.collectives import fixed_cost_s, hidden_transfer_s
 from caramel.trace.recorder import Recorder
 
@@ -104,8 +105,31 @@ class Engine:
         self.group_holders: list = []  # other objects holding a private group (`.pg`), released with it
         self.ddp: nn.Module | None = None  # torch DDP around the module, made on the first delegation
         self.delegating = False  # gradients go through self.ddp; the engine's hooks stand aside
+        self.row_exchanges: list[RowExchange] = []  # tied embeddings whose rows travel apart (split_tied)
+        self._rows_of_bucket: dict[int, list[RowExchange]] = {}
         if not self.passthrough:
             self._install_grad_hooks()
+
+    def split_tied(self, found: list[tuple[str, nn.Embedding, int]], pg: Any) -> None:
+        """Send the embedding's part of each tied weight's gradient apart, as rows, over `pg` (a
+        private group: `caramel.runtime.tied`). Its own gradient is then ready early in backward."""
+        for name, emb, idx in found:
+            tied = TiedEmbedding(name, emb, idx, self._splits_now)
+            self.row_exchanges.append(RowExchange(tied, pg, self.world_size))
+        self.group_holders.extend(self.row_exchanges)  # their `pg` is released with the engine's
+        self._map_rows()
+
+    def _map_rows(self) -> None:
+        """Which bucket's reduced gradient each exchange's rows go into (after every new plan)."""
+        self._rows_of_bucket = {}
+        for ex in self.row_exchanges:
+            if ex.tied.index in self.bucket_of:
+                self._rows_of_bucket.setdefault(self.bucket_of[ex.tied.index], []).append(ex)
+
+    def _splits_now(self) -> bool:
+        """This forward's gradients go through the engine's buckets (so its rows can travel apart)."""
+        return (not self.passthrough and not self.delegating and self.require_sync and self.plan is not None
+                and self.comm is not None)
 
     # ---------------------------------------------------------------- plan
 
@@ -121,6 +145,7 @@ class Engine:
         self.recorder.instant("wait", "sync", f"plan:{plan.fingerprint}")
         self.buckets = [FlatBucket(b, [self.params[i] for i in b.params], self.world_size) for b in plan.buckets]
         self.bucket_of = {i: b.id for b in plan.buckets for i in b.params}
+        self._map_rows()
         self._next_item = 0
         groups = self.optimizer.param_groups
         self._group_subsets = {}
@@ -305,6 +330,8 @@ class Engine:
             self._mark_ready(fb)
         self._dispatch()
         assert self._next_item == len(self.plan.order)
+        for ex in self.row_exchanges:
+            ex.start()
         self.recorder.record("compute", "backward", "backward", getattr(self, "_bwd_t0", self._fwd_t0), self.recorder.now())
         self._next_item = 0
         for fb in self.buckets:
@@ -340,6 +367,12 @@ class Engine:
                     done = self._comm_done.pop(key, None) or self.recorder.now()
                     self.recorder.record("comm", "comm", f"allreduce:b{b}c{c}", issue, done,
                                          bucket=b, chunk=c, nbytes=fb.chunks[c].numel() * fb.flat.element_size())
+            for ex in self._rows_of_bucket.get(b, ()):
+                if ex.pending():
+                    # after the bucket's all-reduce, which overwrites the view: add every rank's rows
+                    j = fb.local_slot[ex.tied.index]
+                    if ex.finish(fb.grad_view(j)):
+                        fb.flags[j] = 1.0
             tb1 = self.recorder.now()
             self.recorder.record("wait", "wait", f"wait:b{b}", tb0, tb1, bucket=b)
             tb0 = tb1
@@ -526,6 +559,8 @@ class Engine:
     def remove_hooks(self) -> None:
         for h in self._hook_handles + self._grad_handles:
             h.remove()
+        for ex in self.row_exchanges:
+            ex.tied.remove()
         self._hook_handles, self._grad_handles = [], []
 
     def bytes_per_step(self) -> int:

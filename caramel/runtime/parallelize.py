@@ -31,6 +31,7 @@ from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype
 from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
+from caramel.runtime.tied import find_tied_embeddings
 from caramel.runtime.trial import (AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS, Candidate,
                                    OverlapTrial, trial_baseline)
 from caramel.trace.recorder import Recorder
@@ -62,7 +63,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                 overlap: str = "auto", plan: Plan | str | os.PathLike | None = None,
                 profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
                 trace: str | os.PathLike | None = None, process_group: Any = None,
-                broadcast_buffers: bool = True, find_unused_parameters: bool = True,
+                broadcast_buffers: bool = True, find_unused_parameters: bool = True, split_tied: bool = True,
                 profile_steps: int = 2, check_every: int = 100,
                 replan: str = "off", timeout_s: float | None = None, trial_steps: int = DEFAULT_TRIAL_STEPS,
                 trial_passes: int = DEFAULT_TRIAL_PASSES, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
@@ -90,6 +91,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise CaramelError("model or optimizer is already parallelized")
     if not isinstance(find_unused_parameters, bool):
         raise CaramelError(f"find_unused_parameters must be True or False, got {find_unused_parameters!r}")
+    if not isinstance(split_tied, bool):
+        raise CaramelError(f"split_tied must be True or False, got {split_tied!r}")
     if replan not in ("off", "auto"):
         raise CaramelError(f"replan must be 'off' or 'auto', got {replan!r}")
     if not isinstance(check_every, int) or check_every < 0:
@@ -133,6 +136,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         controller.plan_from_profile(_load(profile, ModelProfile))
     else:
         controller.start_profiling()
+    tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
+    if tied:
+        engine.split_tied(tied, gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
         sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
         engine.group_holders.append(sync)
@@ -151,7 +157,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
 
 
 class _LocalGroup:
-    """World size 1: the 'collective' is already done."""
+    """World size 1, or muted communication: the 'collective' is already done."""
 
     class _Done:
         def wait(self) -> bool:
@@ -166,6 +172,14 @@ class _LocalGroup:
             return fut
 
     def allreduce(self, tensors):
+        return self._Done()
+
+    def allgather(self, outputs, inputs):
+        # this rank's input in the first slot, empty slots after it (a zero row count)
+        out = outputs[0]
+        out[0].copy_(inputs[0])
+        for t in out[1:]:
+            t.zero_()
         return self._Done()
 
 
@@ -188,6 +202,8 @@ def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
                            "register torch's noop_hook on that DDP module instead")
     engine.synchronize()
     engine.comm = _LocalGroup()
+    for ex in engine.row_exchanges:
+        ex.pg = _LocalGroup()
 
 
 class _Controller:

@@ -254,6 +254,43 @@ def case_checkpoint_resume(rank, world):
     return _diff(cm.module, ddp.module)
 
 
+def case_tied_embedding_rows(rank, world):
+    """The tied embedding's rows travel apart (`caramel.runtime.tied`) while the ranks look up
+    different numbers of tokens (the exchange's capacity grows), gradients accumulate under
+    no_sync, updates wait for the next forward, clipping reads the reduced gradients, and an
+    evaluation forward runs between steps."""
+    from caramel.models import get_model
+    from caramel.models.zoo import _tokens
+
+    w = get_model("tiny_gpt")(batch_size=2, seed=0)
+    cm, copt, ddp, ropt = _pair(w.model, _adamw, planner="caramel", overlap="forward")
+    assert len(copt.engine.row_exchanges) == 1
+    for step in range(STEPS):
+        batch = 1 + (step + rank) % 3  # ranks and steps look up different numbers of rows
+        for mod, o, clip in ((cm, copt, caramel.clip_grad_norm_), (ddp, ropt, None)):
+            for micro in range(2):
+                x, y = _tokens(batch, 16, 64, seed=100 * step + 10 * rank + micro)
+                if micro == 0:
+                    with mod.no_sync():
+                        (w.loss_fn(mod(x), y) / 2).backward()
+                else:
+                    (w.loss_fn(mod(x), y) / 2).backward()
+            if clip is not None:
+                clip(o, 1.0)
+            else:
+                torch.nn.utils.clip_grad_norm_(mod.parameters(), 1.0)
+            o.step()
+            o.zero_grad()
+            if step % 4 == 3:
+                with torch.no_grad():
+                    mod.eval()
+                    mod(x)
+                    mod.train()
+    copt.synchronize()
+    assert copt.engine.row_exchanges[0].capacity >= 16, "the exchange never grew past one sequence"
+    return _diff(cm.module, ddp.module)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

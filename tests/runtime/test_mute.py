@@ -62,6 +62,45 @@ def test_muted_engine_trains_each_rank_on_its_own_gradients():
         assert max(abs(a - b) for p, q in zip(r0[overlap]["params"], r1[overlap]["params"]) for a, b in zip(p, q)) > 1e-3
 
 
+def _muted_tied_worker(rank: int, world: int) -> dict:
+    """A tied embedding's rows are muted too: each rank ends where its own run would."""
+    import caramel
+    from caramel.models import get_model
+    from caramel.models.zoo import _tokens
+    from caramel.plan.planners import make_plan
+    from caramel.runtime import mute_gradient_communication
+
+    out = {}
+    for overlap in ("forward", "backward"):
+        w = get_model("tiny_gpt")(batch_size=2, seed=0)
+        model, ref = copy.deepcopy(w.model), copy.deepcopy(w.model)
+        profile = caramel.profile_model(copy.deepcopy(w.model), w.inputs, w.targets, w.loss_fn, steps=1)
+        box = [make_plan("fifo", profile, world_size=world, bucket_cap_mb=0.01, first_bucket_mb=0.01) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        wrapped, opt = caramel.parallelize(model, opt, plan=box[0], overlap=overlap, timeout_s=30)
+        mute_gradient_communication(opt)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+        for step in range(4):
+            x, y = _tokens(1 + (step + rank) % 2, 16, 64, seed=10 * step + rank)  # the capacity grows
+            for m, o, scale in ((wrapped, opt, 1.0), (ref, ref_opt, 1.0 / world)):
+                (scale * w.loss_fn(m(x), y)).backward()
+                o.step()
+                o.zero_grad()
+        opt.synchronize()
+        out[overlap] = {"exchanges": len(opt.engine.row_exchanges), "buckets": len(box[0].buckets),
+                        "max_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))}
+        opt.engine.release()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_muted_engine_mutes_a_tied_embeddings_rows():
+    for res in run_workers(_muted_tied_worker, 2, timeout_s=100):
+        for overlap, r in res.items():
+            assert r["exchanges"] == 1 and r["buckets"] > 1 and r["max_diff"] < 1e-5, (overlap, r)
+
+
 @pytest.mark.timeout(10)
 def test_mute_needs_an_optimizer_from_parallelize():
     from caramel.runtime import mute_gradient_communication
