@@ -35,6 +35,10 @@ class ParamInfo:
     first_use_order: int | None = None  # index into ModelProfile.modules of the first module that uses it
     first_use_time_s: float | None = None  # since forward start
     use_modules: list[str] = field(default_factory=list)  # every module whose own computation used it, in forward order
+    # A tied embedding's weight profiled with its rows apart (`caramel.runtime.tied`): when the
+    # embedding's part of its gradient is ready (since backward start), so when the whole
+    # gradient would be without the split; None for every other parameter.
+    rows_ready_time_s: float | None = None
 
 
 @dataclass
@@ -108,6 +112,23 @@ class ModelProfile:
             else:
                 end = bwd_end
             out.append(Window(p.index, start, max(end, start)))
+        return out
+
+    def unsplit(self) -> "ModelProfile":
+        """This profile as a run without the tied-embedding split sees it (torch DDP, or
+        `split_tied=False`): each split weight's gradient ready when its rows are, the ready
+        order renumbered. The profile itself when nothing was split."""
+        import copy
+
+        if all(p.rows_ready_time_s is None for p in self.params):
+            return self
+        out = copy.deepcopy(self)
+        for p in out.params:
+            if p.rows_ready_time_s is not None:
+                p.ready_time_s, p.rows_ready_time_s = p.rows_ready_time_s, None
+        ready = sorted((p for p in out.params if p.ready_time_s is not None), key=lambda p: (p.ready_time_s, -p.index))
+        for rank, p in enumerate(ready):
+            p.ready_order = rank
         return out
 
     def fingerprint(self) -> str:

@@ -133,6 +133,7 @@ class StepSample:
     optimizer_s: float = 0.0
     module_start_s: dict[str, float] = field(default_factory=dict)  # from forward start
     ready_s: dict[int, float] = field(default_factory=dict)  # from backward start
+    rows_ready_s: dict[int, float] = field(default_factory=dict)  # a split tied weight's rows, from backward start
 
 
 class StepTimer:
@@ -166,6 +167,11 @@ class StepTimer:
     def grad_ready(self, idx: int) -> None:
         if self.cur is not None and idx not in self.cur.ready_s:
             self.cur.ready_s[idx] = time.perf_counter() - self.t_backward
+
+    def rows_ready(self, idx: int) -> None:
+        """A split tied weight's rows (the embedding's part of its gradient) are ready."""
+        if self.cur is not None and idx not in self.cur.rows_ready_s:
+            self.cur.rows_ready_s[idx] = time.perf_counter() - self.t_backward
 
     def backward_end(self) -> None:
         if self.cur is not None:
@@ -206,6 +212,11 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
         if ts:
             ready[i] = med(ts)
     ready_rank = {i: r for r, i in enumerate(sorted(ready, key=lambda i: (ready[i], -i)))}
+    rows_ready = {}
+    for i in range(len(params)):
+        ts = [s.rows_ready_s[i] for s in samples if i in s.rows_ready_s]
+        if ts:
+            rows_ready[i] = med(ts)
     infos = []
     for i, (name, p) in enumerate(zip(names, params)):
         first = uses.first_use.get(i)
@@ -215,7 +226,7 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
             ready_order=ready_rank.get(i), ready_time_s=ready.get(i),
             first_use_order=position[first[0]] if first else None,
             first_use_time_s=mod_start[first[0]] if first else None,
-            use_modules=list(uses.use_modules.get(i, [])),
+            use_modules=list(uses.use_modules.get(i, [])), rows_ready_time_s=rows_ready.get(i),
         ))
     # Backward time of a module: the share of backward between the previous gradient-ready
     # event and the last of its own parameters' ready events.
@@ -270,6 +281,8 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     # as the engine runs it: a tied embedding's part of the gradient apart (ready times follow)
     from caramel.runtime.tied import TiedEmbedding, find_tied_embeddings
     tied = [TiedEmbedding(n, m, i, lambda: True) for n, m, i in find_tied_embeddings(model, params)] if split_tied else []
+    for te in tied:
+        te.on_rows_ready = lambda i: timer_ref[0].rows_ready(i) if timer_ref[0] is not None else None
 
     def one_step(timer: StepTimer | None, tracker: UseTracker | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)

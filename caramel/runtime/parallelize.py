@@ -125,6 +125,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                              trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers,
                              trial_passes=trial_passes, find_unused_parameters=find_unused_parameters)
     engine.controller = controller
+    tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
+    if tied:  # before any plan or profile, which see the split
+        engine.split_tied(tied, gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
     if world == 1:
         if recorder.enabled:
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
@@ -136,9 +139,6 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         controller.plan_from_profile(_load(profile, ModelProfile))
     else:
         controller.start_profiling()
-    tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
-    if tied:
-        engine.split_tied(tied, gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
         sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
         engine.group_holders.append(sync)
@@ -345,6 +345,8 @@ class _Controller:
         self._install_hooks()
         self.engine.on_grad_ready.append(self._grad_ready)
         self.engine.on_backward_end.append(self._bwd_end)
+        for ex in self.engine.row_exchanges:
+            ex.tied.on_rows_ready = self._rows_ready
         self.profiling = True
 
     def _install_hooks(self) -> None:
@@ -382,6 +384,10 @@ class _Controller:
     def _grad_ready(self, idx: int) -> None:
         if self.timer is not None:
             self.timer.grad_ready(idx)
+
+    def _rows_ready(self, idx: int) -> None:
+        if self.timer is not None:
+            self.timer.rows_ready(idx)
 
     def _bwd_end(self) -> None:
         if self.timer is not None and self.timer.cur is not None:
@@ -511,6 +517,8 @@ class _Controller:
         self.profiling = False
         self.engine.on_grad_ready.remove(self._grad_ready)
         self.engine.on_backward_end.remove(self._bwd_end)
+        for ex in self.engine.row_exchanges:
+            ex.tied.on_rows_ready = None
         self.timer.remove()
         profile = build_profile(type(self.model).__name__, 0, self.model, self.tracker, self.timer.samples,
                                 meta={"online": True, "rank": self.rank})

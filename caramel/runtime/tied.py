@@ -64,6 +64,7 @@ class TiedEmbedding:
         self.active = active
         self.alias: torch.Tensor | None = None
         self.ids: list[torch.Tensor] = []
+        self.on_rows_ready: Callable[[int], None] | None = None  # profiling: called with `index` when the rows are in
         self._swapped = False
         self._handles = [embedding.register_forward_pre_hook(self._pre),
                          embedding.register_forward_hook(self._post, always_call=True)]
@@ -76,10 +77,15 @@ class TiedEmbedding:
             # activation checkpointing) adds to the same `.grad`
             with torch._C.DisableTorchFunction():  # not a use of the weight to a profiler watching
                 self.alias = self.weight.detach().requires_grad_(True)
+                self.alias.register_post_accumulate_grad_hook(self._rows_in)
             setattr(self.alias, ALIAS_ATTR, self.weight)
         self.ids.append(args[0].detach().reshape(-1))
         m._parameters["weight"] = self.alias
         self._swapped = True
+
+    def _rows_in(self, _alias: torch.Tensor) -> None:
+        if self.on_rows_ready is not None:
+            self.on_rows_ready(self.index)
 
     def _post(self, m: nn.Module, _args: tuple, _out: Any) -> None:
         if self._swapped:

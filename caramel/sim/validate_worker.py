@@ -62,6 +62,11 @@ def _log(rank: int, msg: str) -> None:
         print(f"[validate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def profile_for(config: dict[str, Any], profile):
+    """The profile a configuration runs: torch DDP reduces a tied weight's gradient whole."""
+    return profile.unsplit() if config["planner"] == "ddp" else profile
+
+
 def sim_plan_for(config: dict[str, Any], profile, cluster):
     """The plan and overlap the simulator replays for one configuration (`ddp` is fifo/backward)."""
     from caramel.plan.planners import make_plan
@@ -69,8 +74,8 @@ def sim_plan_for(config: dict[str, Any], profile, cluster):
     options = dict(config["options"])
     if config["planner"] == "ddp":
         # torch DDP: buckets in ready order, a 1 MiB first bucket, then bucket_cap_mb; all
-        # collectives awaited at the end of backward.
-        return make_plan("fifo", profile, cluster, **options), "backward"
+        # collectives awaited at the end of backward; a tied weight's gradient whole.
+        return make_plan("fifo", profile_for(config, profile), cluster, **options), "backward"
     if config["planner"] == "caramel":
         options.setdefault("overlap", config["overlap"])
     return make_plan(config["planner"], profile, cluster, **options), config["overlap"]
@@ -95,7 +100,7 @@ def _cluster(job: dict[str, Any], cfg: dict[str, Any], speed: float = 1.0):
                        queued_latency_s=cal.get("queued_latency_s"))
 
 
-def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: list[float | None] | None = None,
+def predict(job: dict[str, Any], job_profile, plans: list[dict[str, Any]], muted_s: list[float | None] | None = None,
             plain_s: list[float | None] | None = None) -> list[dict[str, Any]]:
     """Simulate every configuration's plan (rank 0, before anything is timed).
 
@@ -118,6 +123,7 @@ def predict(job: dict[str, Any], profile, plans: list[dict[str, Any]], muted_s: 
     out = []
     for cfg, planned, muted, plain in zip(job["configs"], plans, muted_s or none, plain_s or none):
         plan, overlap = planned["plan"], planned["overlap"]
+        profile = profile_for(cfg, job_profile)
         slowdown = float(by_bps.get(str(int(cfg["bandwidth_bps"])), cal.get("compute_slowdown", 1.0)))
 
         def corrected(spec) -> tuple[float, float]:

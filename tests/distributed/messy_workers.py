@@ -288,6 +288,9 @@ def case_tied_embedding_rows(rank, world):
                     mod.train()
     copt.synchronize()
     assert copt.engine.row_exchanges[0].capacity >= 16, "the exchange never grew past one sequence"
+    # the online profile saw the split: the weight's gradient first, its rows at the end
+    tok = next(p for p in copt.engine.controller.profile.params if p.name == "tok.weight")
+    assert tok.ready_order == 0 and tok.rows_ready_time_s > tok.ready_time_s, tok
     return _diff(cm.module, ddp.module)
 
 

@@ -77,6 +77,21 @@ def test_profile_sees_the_tied_gradient_early():
         assert prof.modules[prof.params[tok].first_use_order].name == "tok"
         assert prof.params[tok].use_modules == ["tok", "head"]
     assert split.fingerprint() == whole.fingerprint()
+    # the rows' time is kept: a run without the split (torch DDP) is planned and simulated from it
+    rows = split.params[tok].rows_ready_time_s
+    assert rows is not None and rows >= max(p.ready_time_s for p in split.params if p.ready_time_s is not None)
+    assert all(p.rows_ready_time_s is None for i, p in enumerate(split.params) if i != tok)
+    assert whole.params[tok].rows_ready_time_s is None and whole.unsplit() is whole
+    unsplit = split.unsplit()
+    assert unsplit.params[tok].ready_time_s == rows and unsplit.params[tok].ready_order == last
+    assert [p.ready_order for i, p in enumerate(unsplit.params) if i != tok] == \
+        [p.ready_order - 1 for i, p in enumerate(split.params) if i != tok]
+    assert split.params[tok].ready_order == 0  # the profile itself is unchanged
+    from caramel.profile.model_profile import ModelProfile
+    assert ModelProfile.from_dict(split.to_dict()).params[tok].rows_ready_time_s == rows
+    from caramel.sim.validate_worker import profile_for
+    assert profile_for({"planner": "ddp"}, split).params[tok].ready_order == last
+    assert profile_for({"planner": "caramel"}, split) is split
 
 
 class _Group:

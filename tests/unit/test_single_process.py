@@ -43,9 +43,22 @@ def test_single_process_without_torchrun(tmp_path):
     assert "OK" in proc.stdout
 
 
-def test_parallelize_rejects_bad_arguments():
+@pytest.fixture
+def no_group_left_behind():
+    """A check that fails after `parallelize` set up the default group (world size 1) must not
+    leave that group to the tests that run after it in this process."""
+    import torch.distributed as dist
+    had = dist.is_initialized()
+    yield
+    if dist.is_initialized() and not had:
+        dist.destroy_process_group()
+
+
+def test_parallelize_rejects_bad_arguments(no_group_left_behind):
     import caramel
     model = torch.nn.Linear(2, 2)
+    with pytest.raises(caramel.CaramelError, match="split_tied"):
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), split_tied="yes")
     with pytest.raises(caramel.CaramelError, match="overlap"):
         caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), overlap="sideways")
     with pytest.raises(caramel.CaramelError, match="optimizer"):
