@@ -123,8 +123,8 @@ class TiedEmbedding:
 class RowExchange:
     """Every rank's rows of one tied embedding, summed into the reduced gradient (module docstring).
 
-    `pg` is a private process group (or the engine's stand-in for one rank); `scale` is the
-    pre-division by the world size the buckets apply too."""
+    `pg` is a private process group (or the engine's stand-in for a muted one). Rows are divided
+    by the world size before they travel, as the buckets' gradients are."""
 
     def __init__(self, tied: TiedEmbedding, pg: Any, world_size: int):
         self.tied = tied
@@ -160,9 +160,11 @@ class RowExchange:
         scale = 1.0 / self.world_size
         self._mine = None if taken is None else (taken[0], taken[1] * scale)
         if self.dense:
-            full = torch.zeros_like(self.tied.weight)
+            # the whole weight's shape, and one usage flag: whether any rank had rows
+            full = torch.zeros(self.num_rows * self.row_numel + 1, dtype=self.dtype)
             if self._mine is not None:
-                full.index_add_(0, self._mine[0], self._mine[1])
+                full[:-1].view(self.num_rows, self.row_numel).index_add_(0, self._mine[0], self._mine[1].reshape(-1, self.row_numel))
+                full[-1] = 1.0
             self._out = [full]
             self._work = self.pg.allreduce([full])
             return
@@ -180,9 +182,9 @@ class RowExchange:
         self._work.wait()
         self._work = None
         if self.dense:
-            grad.add_(self._out[0].view_as(grad))
-            self._out = None
-            return True
+            full, self._out = self._out[0], None
+            grad.add_(full[:-1].view_as(grad))
+            return bool(full[-1] > 0)
         counts = [int(b[:HEADER_BYTES].view(torch.int64)[0]) for b in self._out]
         most = max(counts)
         if most > self.capacity:

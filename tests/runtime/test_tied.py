@@ -207,7 +207,10 @@ def test_row_exchange_sums_every_ranks_rows_growing_its_capacity_then_going_dens
     results, expected = _exchange_round(exchanges, [rows(2), (None, None), rows(5)], num_rows, dim)
     assert group.reduces == 1
     for had, got in results:
-        assert torch.allclose(got, expected, atol=1e-6)
+        assert had and torch.allclose(got, expected, atol=1e-6)
+    # dense, and no rank looked anything up: nothing added, and the caller is told so
+    results, _ = _exchange_round(exchanges, [(None, None)] * world, num_rows, dim)
+    assert group.reduces == 2 and all(not had and not got.any() for had, got in results)
     # no rank looked anything up: nothing added, and the caller is told so
     pair = _Group(2)
     results, _ = _exchange_round([RowExchange(TiedEmbedding("emb", emb, 0, lambda: True), _RankView(pair, r), 2)
