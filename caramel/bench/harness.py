@@ -166,21 +166,36 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
 MAX_SETTLE_STEPS = 150
 
 
+def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
+    """Step `runner` until it has settled on its schedule (caramel: online profiling and the
+    overlap trial), so that the measured rounds time the schedule a long run would use; returns
+    the steps taken.
+
+    The engine settles at the same step on every rank, so each rank asks its own runner, and one
+    collective afterwards checks that they agree. A collective per step would queue behind the
+    strategy's own transfers on the shaped link and slow the very steps the overlap trial times:
+    GPT-2 at 1 Gbit/s measured 270-350 ms per step in its trial against 182-214 in the rounds."""
+    steps = 0
+    while steps < max_steps and not runner.settled():
+        runner.step()
+        steps += 1
+    runner.finish()
+    seen = torch.tensor([steps, -steps], dtype=torch.int64)
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    if int(seen[0]) != steps or int(-seen[1]) != steps:
+        raise CaramelError(f"strategy {name!r} settled after {steps} steps on rank {dist.get_rank()}, another rank "
+                           f"after {int(-seen[1])} to {int(seen[0])}: ranks must run the same steps")
+    return steps
+
+
 def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int) -> dict[str, list[float]]:
-    """Warm every runner up, then `rounds` rounds of one block each, the order rotating per round."""
+    """Warm every runner up and let it settle, then `rounds` rounds of one block each, the order
+    rotating per round."""
     names = list(runners)
     for name in names:
         for _ in range(settings.warmup_steps):
             runners[name].step()
-        # then until the strategy has settled on its schedule (caramel: online profiling and the
-        # overlap trial), so that measured rounds time the schedule a long run would use
-        for _ in range(MAX_SETTLE_STEPS):
-            flag = torch.tensor([int(runners[name].settled())])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            if flag.item():
-                break
-            runners[name].step()
-        runners[name].finish()
+        settle(runners[name], name)
         dist.barrier()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(settings.rounds):
