@@ -19,6 +19,12 @@ from caramel.jsonio import check_format, format_tag, from_fields, read_json, req
 KIND = "profile"
 
 
+def ready_orders(ready_time_s: dict[int, float]) -> dict[int, int]:
+    """Parameter index -> ready order (0 first) from gradient-ready times; a tie goes to the
+    later-registered parameter, as backward runs the model from its end."""
+    return {i: r for r, i in enumerate(sorted(ready_time_s, key=lambda i: (ready_time_s[i], -i)))}
+
+
 @dataclass
 class ParamInfo:
     """One parameter, in `model.parameters()` order (deduplicated: a tied parameter appears once)."""
@@ -126,9 +132,9 @@ class ModelProfile:
         for p in out.params:
             if p.rows_ready_time_s is not None:
                 p.ready_time_s, p.rows_ready_time_s = p.rows_ready_time_s, None
-        ready = sorted((p for p in out.params if p.ready_time_s is not None), key=lambda p: (p.ready_time_s, -p.index))
-        for rank, p in enumerate(ready):
-            p.ready_order = rank
+        orders = ready_orders({p.index: p.ready_time_s for p in out.params if p.ready_time_s is not None})
+        for p in out.params:
+            p.ready_order = orders.get(p.index)
         return out
 
     def fingerprint(self) -> str:

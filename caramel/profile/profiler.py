@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
+from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo, ready_orders
 
 ALIAS_ATTR = "_caramel_alias_of"  # on a tied embedding's alias: the parameter it stands for
 
@@ -188,6 +188,12 @@ class StepTimer:
             h.remove()
 
 
+def _medians(per_step: list[dict[int, float]]) -> dict[int, float]:
+    """Parameter index -> median over the steps that recorded it."""
+    keys = sorted({i for d in per_step for i in d})
+    return {i: statistics.median(d[i] for d in per_step if i in d) for i in keys}
+
+
 def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: UseTracker,
                   samples: list[StepSample], meta: dict | None = None) -> ModelProfile:
     """Combine one forward's use information with the median of the timed steps."""
@@ -206,17 +212,9 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
     first_seen = {n: k for k, n in enumerate(order)}
     order.sort(key=lambda n: (mod_start[n], first_seen[n]))
     position = {n: i for i, n in enumerate(order)}
-    ready = {}
-    for i in range(len(params)):
-        ts = [s.ready_s[i] for s in samples if i in s.ready_s]
-        if ts:
-            ready[i] = med(ts)
-    ready_rank = {i: r for r, i in enumerate(sorted(ready, key=lambda i: (ready[i], -i)))}
-    rows_ready = {}
-    for i in range(len(params)):
-        ts = [s.rows_ready_s[i] for s in samples if i in s.rows_ready_s]
-        if ts:
-            rows_ready[i] = med(ts)
+    ready = _medians([s.ready_s for s in samples])
+    ready_rank = ready_orders(ready)
+    rows_ready = _medians([s.rows_ready_s for s in samples])
     infos = []
     for i, (name, p) in enumerate(zip(names, params)):
         first = uses.first_use.get(i)

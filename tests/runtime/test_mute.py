@@ -18,34 +18,40 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
 
 
-def _muted_worker(rank: int, world: int) -> dict:
+def _muted_and_alone(model, probe, loss_fn, batches, rank: int, world: int, overlap: str, cap_mb: float):
+    """`model` trained muted (a fifo plan with `cap_mb` buckets, from rank 0's profile on `probe`)
+    beside a copy trained alone on the same batches; returns the muted optimizer (not yet
+    released), the plan and the largest parameter difference."""
     import caramel
-    from caramel.runtime import mute_gradient_communication
     from caramel.plan.planners import make_plan
+    from caramel.runtime import mute_gradient_communication
 
+    ref = copy.deepcopy(model)
+    profile = caramel.profile_model(copy.deepcopy(model), *probe, loss_fn, steps=1)
+    box = [make_plan("fifo", profile, world_size=world, bucket_cap_mb=cap_mb, first_bucket_mb=cap_mb) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    wrapped, opt = caramel.parallelize(model, opt, plan=box[0], overlap=overlap, timeout_s=30)
+    mute_gradient_communication(opt)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for x, y in batches:
+        # the engine pre-divides every gradient by the world size: the reference's loss is divided too
+        for m, o, scale in ((wrapped, opt, 1.0), (ref, ref_opt, 1.0 / world)):
+            (scale * loss_fn(m(x), y)).backward()
+            o.step()
+            o.zero_grad()
+    opt.synchronize()
+    return opt, box[0], max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def _muted_worker(rank: int, world: int) -> dict:
     out = {}
     for overlap in OVERLAPS:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
-        ref = copy.deepcopy(model)
-        x, y = _batch(0, 0)
-        profile = caramel.profile_model(copy.deepcopy(model), x, y, nn.functional.mse_loss, steps=1, name="mlp")
-        box = [make_plan("fifo", profile, world_size=world, bucket_cap_mb=0.001, first_bucket_mb=0.001) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        wrapped, opt = caramel.parallelize(model, opt, plan=box[0], overlap=overlap, timeout_s=30)
-        mute_gradient_communication(opt)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-        for step in range(3):
-            # the engine pre-divides every gradient by the world size: the reference's loss is divided too
-            for m, o, scale in ((wrapped, opt, 1.0), (ref, ref_opt, 1.0 / world)):
-                x, y = _batch(step, rank)
-                (scale * nn.functional.mse_loss(m(x), y)).backward()
-                o.step()
-                o.zero_grad()
-        opt.synchronize()
-        out[overlap] = {"buckets": len(box[0].buckets),
-                        "max_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
+        opt, plan, diff = _muted_and_alone(model, _batch(0, 0), nn.functional.mse_loss,
+                                           [_batch(step, rank) for step in range(3)], rank, world, overlap, 0.001)
+        out[overlap] = {"buckets": len(plan.buckets), "max_diff": diff,
                         "params": [p.detach().flatten().tolist() for p in model.parameters()]}
         opt.engine.release()
     return out
@@ -64,32 +70,16 @@ def test_muted_engine_trains_each_rank_on_its_own_gradients():
 
 def _muted_tied_worker(rank: int, world: int) -> dict:
     """A tied embedding's rows are muted too: each rank ends where its own run would."""
-    import caramel
     from caramel.models import get_model
     from caramel.models.zoo import _tokens
-    from caramel.plan.planners import make_plan
-    from caramel.runtime import mute_gradient_communication
 
     out = {}
     for overlap in ("forward", "backward"):
         w = get_model("tiny_gpt")(batch_size=2, seed=0)
-        model, ref = copy.deepcopy(w.model), copy.deepcopy(w.model)
-        profile = caramel.profile_model(copy.deepcopy(w.model), w.inputs, w.targets, w.loss_fn, steps=1)
-        box = [make_plan("fifo", profile, world_size=world, bucket_cap_mb=0.01, first_bucket_mb=0.01) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        wrapped, opt = caramel.parallelize(model, opt, plan=box[0], overlap=overlap, timeout_s=30)
-        mute_gradient_communication(opt)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-        for step in range(4):
-            x, y = _tokens(1 + (step + rank) % 2, 16, 64, seed=10 * step + rank)  # the capacity grows
-            for m, o, scale in ((wrapped, opt, 1.0), (ref, ref_opt, 1.0 / world)):
-                (scale * w.loss_fn(m(x), y)).backward()
-                o.step()
-                o.zero_grad()
-        opt.synchronize()
-        out[overlap] = {"exchanges": len(opt.engine.row_exchanges), "buckets": len(box[0].buckets),
-                        "max_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))}
+        batches = [_tokens(1 + (step + rank) % 2, 16, 64, seed=10 * step + rank) for step in range(4)]  # the capacity grows
+        opt, plan, diff = _muted_and_alone(copy.deepcopy(w.model), (w.inputs, w.targets), w.loss_fn, batches,
+                                           rank, world, overlap, 0.01)
+        out[overlap] = {"exchanges": len(opt.engine.row_exchanges), "buckets": len(plan.buckets), "max_diff": diff}
         opt.engine.release()
     return out
 
