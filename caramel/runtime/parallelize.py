@@ -99,15 +99,33 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise CaramelError(f"check_every must be a whole number of steps >= 0, got {check_every!r}")
     if profile_steps < 1:
         raise CaramelError(f"profile_steps must be >= 1, got {profile_steps}")
-    if not dist.is_initialized():
-        init_distributed(timeout_s=timeout_s)
-    group = process_group or dist.group.WORLD
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    # every check that can fail runs before anything is created or changed, so that bad input
+    # leaves nothing behind (a default process group made here is destroyed again)
+    plan = _load(plan, Plan) if plan is not None else None
+    profile = _load(profile, ModelProfile) if profile is not None and plan is None else None
     names, params = unique_params(model)
     _check_optimizer_params(optimizer, params)
     signature = [(n, list(p.shape), dtype_name(p.dtype), p.requires_grad) for n, p in zip(names, params)]
     fingerprint = model_fingerprint(signature)
-    _check_same_model(signature, fingerprint, group, rank, world)
+    made_default_group = not dist.is_initialized()
+    if made_default_group:
+        init_distributed(timeout_s=timeout_s)
+    try:
+        group = process_group or dist.group.WORLD
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        if world > 1:
+            _check_inputs_match(plan, profile, names, fingerprint, world)
+        options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
+                   "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
+                   "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
+                   "plan": plan.fingerprint if plan is not None else None,
+                   "profile": profile.fingerprint() if profile is not None else None,
+                   "planner options": repr(sorted(planner_options.items()))}
+        _check_same_model(signature, fingerprint, group, rank, world, options)
+    except BaseException:
+        if made_default_group:
+            dist.destroy_process_group()
+        raise
     _broadcast_state(model, group, world)
     _GROUP_COUNTER[0] += 1
     comm = gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s) if world > 1 else _LocalGroup()
@@ -132,11 +150,10 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         if recorder.enabled:
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
-        given = _load(plan, Plan)
         modes = AUTO_CANDIDATES if auto else (overlap,)
-        controller.adopt_or_try([Candidate(f"plan/{m}", m, given) for m in modes], source="plan")
+        controller.adopt_or_try([Candidate(f"plan/{m}", m, plan) for m in modes], source="plan")
     elif profile is not None:
-        controller.plan_from_profile(_load(profile, ModelProfile))
+        controller.plan_from_profile(profile)
     else:
         controller.start_profiling()
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
@@ -183,6 +200,16 @@ class _LocalGroup:
         return self._Done()
 
 
+def schedule_settled(optimizer: torch.optim.Optimizer) -> bool:
+    """True once the engine behind `optimizer` has settled on its schedule: online profiling and
+    any overlap trial are over (they end at the same step on every rank). It stays True until a
+    re-plan (a changed module order, `replan="auto"`) starts a new profile or trial."""
+    engine = getattr(optimizer, "_caramel_engine", None)
+    if engine is None:
+        raise CaramelError("schedule_settled: the optimizer is not one that caramel.parallelize returned")
+    return engine.controller is None or engine.controller.settled()
+
+
 def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
     """Headroom analysis, the engine's twin of torch DDP's `noop_hook`: from now on every gradient
     collective of the engine behind `optimizer` is a no-op, so each rank updates with its own
@@ -190,17 +217,28 @@ def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
     broadcasts and lazy updates run as usual.
 
     For timing what the engine costs besides the network (`caramel.sim.validate_calibrate`);
-    never for training. Pending collectives finish first. Irreversible for this engine.
+    never for training. Only once the schedule is settled (`schedule_settled`): online profiling
+    and the overlap trial choose from timed collectives. Pending collectives finish first. The
+    schedule in force then stays (no re-profile, no re-plan). Irreversible for this engine.
     """
     engine = getattr(optimizer, "_caramel_engine", None)
     if engine is None:
         raise CaramelError("mute_gradient_communication: the optimizer is not one that caramel.parallelize returned")
     if engine.comm is None:
         raise CaramelError(RELEASED)
+    controller = engine.controller
+    if controller is not None and (controller.profiling or controller.trial is not None):
+        # both time the collectives and choose from what they saw, and the trial may hand the
+        # job to torch DDP, whose collectives no mute reaches
+        raise CaramelError("mute_gradient_communication: the engine is still choosing its schedule "
+                           f"({'online profiling' if controller.profiling else 'overlap trial'}); "
+                           "mute it once schedule_settled(optimizer) is True, or parallelize with a plan")
     if engine.delegating:
         raise CaramelError("mute_gradient_communication: this engine handed its schedule to torch DDP; "
                            "register torch's noop_hook on that DDP module instead")
     engine.synchronize()
+    if controller is not None:
+        controller.muted = True  # no new profile or plan from muted collectives' timings
     engine.comm = _LocalGroup()
     for ex in engine.row_exchanges:
         ex.pg = _LocalGroup()
@@ -236,6 +274,7 @@ class _Controller:
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.trial_passes = trial_passes
+        self.muted = False  # mute_gradient_communication: the schedule in force stays
         engine.on_step_end = self.on_step_end
 
     # -- the plan in force
@@ -475,11 +514,11 @@ class _Controller:
         self.engine.order_changed = False
         if int(t[2]):
             self.engine.stats.extra["order_changes"] = self.engine.stats.extra.get("order_changes", 0) + 1
-            if self.order_replans < 2:
+            if self.order_replans < 2 and not self.muted:
                 self.order_replans += 1
                 self.start_profiling()
                 return
-        if int(t[3]) > 0 and self.profile is not None and self.plan_cluster is not None:
+        if int(t[3]) > 0 and self.profile is not None and self.plan_cluster is not None and not self.muted:
             self._maybe_replan_bandwidth(float(t[3]) * 1000)
 
     def _maybe_replan_bandwidth(self, measured_bps: float) -> None:
@@ -665,13 +704,34 @@ def _check_optimizer_params(optimizer: torch.optim.Optimizer, params: list[nn.Pa
                 raise CaramelError(f"optimizer param_groups[{gi}] holds a tensor of shape {tuple(p.shape)} that is not a parameter of the model")
 
 
-def _check_same_model(signature, fingerprint: str, group, rank: int, world: int) -> None:
+def _check_inputs_match(plan: Plan | None, profile: ModelProfile | None, names: list[str], fingerprint: str,
+                        world: int) -> None:
+    """A given plan or profile is for this model (and a plan for this many workers)."""
+    if plan is not None:
+        plan.check_model(fingerprint, names, source="plan")
+        if plan.world_size != world:
+            raise MismatchError(f"plan: plan was made for {plan.world_size} workers, this job has {world}")
+    if profile is not None and profile.fingerprint() != fingerprint:
+        raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
+                            f"(profile has {len(profile.params)} parameters, model has {len(names)})")
+
+
+def _check_same_model(signature, fingerprint: str, group, rank: int, world: int, options: dict[str, Any]) -> None:
+    """Every rank holds the same model and passed the same options to `parallelize` (one
+    all-gather; a mismatch is the same error on every rank, never a hang or a silent mix)."""
     if world == 1:
         return
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (fingerprint, signature), group=group)
-    ref_fp, ref = gathered[0]
-    for r, (fp, sig) in enumerate(gathered):
+    dist.all_gather_object(gathered, (fingerprint, signature, options), group=group)
+    for key in options:
+        values = [opts.get(key) for _, _, opts in gathered]
+        if len(set(values)) > 1:
+            label = {"plan": "plans (fingerprints)", "profile": "profiles (fingerprints)"}.get(key, key)
+            raise MismatchError(f"ranks passed different {label} to parallelize: "
+                                + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+                                + "; every rank must pass the same options")
+    ref_fp, ref = gathered[0][:2]
+    for r, (fp, sig, _) in enumerate(gathered):
         if fp == ref_fp:
             continue
         if len(sig) != len(ref):

@@ -309,15 +309,17 @@ def all_cases_worker(rank: int, world: int) -> dict:
 
 
 def mismatch_worker(rank: int, world: int, what: str) -> str:
-    """Ranks hold different models: every rank must get a clear error (returned as text)."""
+    """Ranks hold different models, or pass different options: every rank must get a clear error
+    (returned as text)."""
     torch.manual_seed(0)
     width = 32 if (what == "shape" and rank == 1) else 16
     layers = [nn.Linear(8, width), nn.Linear(width, 4)]
     if what == "count" and rank == 1:
         layers.append(nn.Linear(4, 4))
     model = nn.Sequential(*layers)
+    options = {"overlap": "backward"} if (what == "option" and rank == 1) else {}
     try:
-        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), **options)
     except caramel.MismatchError as e:
         return str(e)
     return "no error"

@@ -98,3 +98,75 @@ def test_mute_needs_an_optimizer_from_parallelize():
     opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     with pytest.raises(CaramelError, match="not one that caramel.parallelize returned"):
         mute_gradient_communication(opt)
+
+
+class _Reorders(nn.Module):
+    """Two blocks whose order flips when `swap` is set: the forward's module order changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.a, self.b, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        self.swap = False
+
+    def forward(self, x):
+        first, second = (self.b, self.a) if self.swap else (self.a, self.b)
+        return self.head(torch.relu(second(torch.relu(first(torch.relu(self.inp(x)))))))
+
+
+def _online_worker(rank: int, world: int) -> dict:
+    """Muting is refused while the engine profiles or trials; once settled it mutes, each rank then
+    trains as its own single process would, and a changed module order starts no new profile."""
+    import caramel
+    from caramel.runtime import mute_gradient_communication, schedule_settled
+
+    torch.manual_seed(0)
+    model = _Reorders()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    wrapped, opt = caramel.parallelize(model, opt, overlap="auto", timeout_s=30, check_every=2, trial_steps=2,
+                                       trial_passes=1)
+    loss_fn = nn.functional.mse_loss
+    refused, step = [], 0
+    while not schedule_settled(opt):
+        assert step < 40, "the schedule did not settle"  # 4 profiling steps, a trial of 6 blocks of 2
+        try:
+            mute_gradient_communication(opt)
+        except CaramelError as e:
+            refused.append("online profiling" if "online profiling" in str(e) else "overlap trial" if "overlap trial" in str(e) else str(e))
+        x, y = _batch(step, rank)
+        loss_fn(wrapped(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        step += 1
+    out = {"refused": sorted(set(refused)), "delegating": opt.engine.delegating}
+    if opt.engine.delegating:  # the trial kept DDP's schedule: muting is torch's noop_hook then
+        return out
+    mute_gradient_communication(opt)
+    torch.manual_seed(0)
+    ref = _Reorders()
+    ref.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    replans = opt.engine.stats.replans
+    for s in range(step, step + 6):
+        model.swap = ref.swap = s >= step + 2  # caught by the check every 2 steps
+        x, y = _batch(s, rank)
+        for m, o, scale in ((wrapped, opt, 1.0), (ref, ref_opt, 1.0 / world)):
+            (scale * loss_fn(m(x), y)).backward()
+            o.step()
+            o.zero_grad()
+    opt.synchronize()
+    out.update(max_diff=max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
+               order_changes=opt.engine.stats.extra.get("order_changes", 0), new_plans=opt.engine.stats.replans - replans,
+               settled=schedule_settled(opt))
+    opt.engine.release()
+    return out
+
+
+@pytest.mark.timeout(150)
+def test_mute_waits_for_a_settled_schedule_and_freezes_it():
+    for r in run_workers(_online_worker, 2, timeout_s=130):
+        assert r["refused"] == ["online profiling", "overlap trial"], r
+        if r["delegating"]:
+            continue
+        assert r["max_diff"] < 1e-6, r
+        assert r["order_changes"] >= 1 and r["new_plans"] == 0 and r["settled"], r

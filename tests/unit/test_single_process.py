@@ -68,3 +68,26 @@ def test_parallelize_rejects_bad_arguments(no_group_left_behind):
         caramel.parallelize(model, torch.optim.SGD(other.parameters(), lr=0.1))
     with pytest.raises(caramel.CaramelError, match="replan"):
         caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), replan="sometimes")
+
+
+@pytest.mark.timeout(30)
+def test_parallelize_bad_plan_or_profile_leaves_nothing_behind(tmp_path, no_group_left_behind):
+    """A plan or profile that cannot be read fails before any group, hook or optimizer wrapper
+    exists: the same model and optimizer parallelize cleanly afterwards."""
+    import torch.distributed as dist
+
+    import caramel
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    bad = tmp_path / "plan.json"
+    bad.write_text("{not json")
+    had = dist.is_initialized()
+    for kwargs in ({"plan": tmp_path / "missing.json"}, {"plan": bad}, {"profile": tmp_path / "missing.json"}):
+        with pytest.raises(caramel.CaramelError):
+            caramel.parallelize(model, opt, **kwargs)
+        assert dist.is_initialized() == had, kwargs
+        assert not hasattr(opt, "_caramel_engine"), kwargs
+    wrapped, opt = caramel.parallelize(model, opt)
+    wrapped(torch.randn(3, 2)).sum().backward()
+    opt.step()
+    opt.synchronize()
