@@ -130,8 +130,8 @@ def build_caramel(strategy: Strategy, model, optimizer, inputs, targets, loss_fn
         return dict(s) if isinstance(s, dict) else dict(vars(s))
 
     def settled() -> bool:
-        controller = getattr(getattr(opt, "engine", None), "controller", None)
-        return controller is None or controller.settled()
+        from caramel.runtime import schedule_settled
+        return schedule_settled(opt)
 
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
                        finish=opt.synchronize, stats=stats, settled=settled)
