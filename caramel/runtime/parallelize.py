@@ -113,15 +113,19 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     try:
         group = process_group or dist.group.WORLD
         rank, world = dist.get_rank(group), dist.get_world_size(group)
+        input_error = None
         if world > 1:
-            _check_inputs_match(plan, profile, names, fingerprint, world)
+            try:
+                _check_inputs_match(plan, profile, names, fingerprint, world)
+            except MismatchError as e:
+                input_error = str(e)  # raised on every rank after the all-gather, not here alone
         options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
                    "plan": plan.fingerprint if plan is not None else None,
                    "profile": profile.fingerprint() if profile is not None else None,
                    "planner options": repr(sorted(planner_options.items()))}
-        _check_same_model(signature, fingerprint, group, rank, world, options)
+        _check_same_model(signature, fingerprint, group, rank, world, options, input_error)
     except BaseException:
         if made_default_group:
             dist.destroy_process_group()
@@ -716,22 +720,27 @@ def _check_inputs_match(plan: Plan | None, profile: ModelProfile | None, names: 
                             f"(profile has {len(profile.params)} parameters, model has {len(names)})")
 
 
-def _check_same_model(signature, fingerprint: str, group, rank: int, world: int, options: dict[str, Any]) -> None:
-    """Every rank holds the same model and passed the same options to `parallelize` (one
-    all-gather; a mismatch is the same error on every rank, never a hang or a silent mix)."""
+def _check_same_model(signature, fingerprint: str, group, rank: int, world: int, options: dict[str, Any],
+                      input_error: str | None = None) -> None:
+    """Every rank holds the same model, passed the same options to `parallelize`, and found its
+    plan or profile fit for it (`input_error`: what `_check_inputs_match` said on this rank). One
+    all-gather: a mismatch on any rank is the same error on every rank, never a hang or a silent mix."""
     if world == 1:
         return
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (fingerprint, signature, options), group=group)
+    dist.all_gather_object(gathered, (fingerprint, signature, options, input_error), group=group)
+    for r, (*_, error) in enumerate(gathered):
+        if error is not None:
+            raise MismatchError(f"rank {r}: {error}")
     for key in options:
-        values = [opts.get(key) for _, _, opts in gathered]
+        values = [opts.get(key) for _, _, opts, _ in gathered]
         if len(set(values)) > 1:
             label = {"plan": "plans (fingerprints)", "profile": "profiles (fingerprints)"}.get(key, key)
             raise MismatchError(f"ranks passed different {label} to parallelize: "
                                 + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
                                 + "; every rank must pass the same options")
     ref_fp, ref = gathered[0][:2]
-    for r, (fp, sig, _) in enumerate(gathered):
+    for r, (fp, sig, *_) in enumerate(gathered):
         if fp == ref_fp:
             continue
         if len(sig) != len(ref):

@@ -318,6 +318,10 @@ def mismatch_worker(rank: int, world: int, what: str) -> str:
         layers.append(nn.Linear(4, 4))
     model = nn.Sequential(*layers)
     options = {"overlap": "backward"} if (what == "option" and rank == 1) else {}
+    if what == "plan":  # rank 1's plan was made for 3 workers: rank 0, whose plan fits, must not wait on it
+        from caramel.plan.planners import make_plan
+        profile = caramel.profile_model(copy.deepcopy(model), torch.randn(4, 8), torch.randn(4, 4), F.mse_loss, steps=1)
+        options = {"plan": make_plan("fifo", profile, world_size=3 if rank == 1 else world)}
     try:
         caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), **options)
     except caramel.MismatchError as e:
