@@ -10,6 +10,7 @@ same step on every rank.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import time
 import warnings
@@ -100,9 +101,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     if profile_steps < 1:
         raise CaramelError(f"profile_steps must be >= 1, got {profile_steps}")
     # every check that can fail runs before anything is created or changed, so that bad input
-    # leaves nothing behind (a default process group made here is destroyed again)
-    plan = _load(plan, Plan) if plan is not None else None
-    profile = _load(profile, ModelProfile) if profile is not None and plan is None else None
+    # leaves nothing behind (a default process group made here is destroyed again); with
+    # several ranks, what one rank finds wrong is raised on every rank after one all-gather
     names, params = unique_params(model)
     _check_optimizer_params(optimizer, params)
     signature = [(n, list(p.shape), dtype_name(p.dtype), p.requires_grad) for n, p in zip(names, params)]
@@ -114,17 +114,21 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         group = process_group or dist.group.WORLD
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         input_error = None
-        if world > 1:
-            try:
+        try:
+            plan = _load(plan, Plan) if plan is not None else None
+            profile = _load(profile, ModelProfile) if profile is not None and plan is None else None
+            if world > 1:
                 _check_inputs_match(plan, profile, names, fingerprint, world)
-            except MismatchError as e:
-                input_error = str(e)  # raised on every rank after the all-gather, not here alone
+        except CaramelError as e:
+            if world == 1:
+                raise
+            input_error, plan, profile = str(e), None, None
+        # planner options are not compared: only rank 0 plans
         options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
-                   "plan": plan.fingerprint if plan is not None else None,
-                   "profile": profile.fingerprint() if profile is not None else None,
-                   "planner options": repr(sorted(planner_options.items()))}
+                   "plan": plan.fingerprint if plan is not None else None, "profile given": profile is not None,
+                   "cluster": json.dumps(cluster.to_dict(), sort_keys=True, default=str) if cluster is not None else None}
         _check_same_model(signature, fingerprint, group, rank, world, options, input_error)
     except BaseException:
         if made_default_group:
@@ -221,9 +225,10 @@ def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
     broadcasts and lazy updates run as usual.
 
     For timing what the engine costs besides the network (`caramel.sim.validate_calibrate`);
-    never for training. Only once the schedule is settled (`schedule_settled`): online profiling
-    and the overlap trial choose from timed collectives. Pending collectives finish first. The
-    schedule in force then stays (no re-profile, no re-plan). Irreversible for this engine.
+    never for training. Refused while online profiling or the overlap trial runs (they choose
+    from timed collectives; `schedule_settled` tells when they are over). Pending collectives
+    finish first. The schedule in force then stays (no re-profile, no re-plan). Irreversible
+    for this engine.
     """
     engine = getattr(optimizer, "_caramel_engine", None)
     if engine is None:
@@ -729,18 +734,25 @@ def _check_same_model(signature, fingerprint: str, group, rank: int, world: int,
         return
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, (fingerprint, signature, options, input_error), group=group)
+    # the models first, then each rank's plan or profile, then the options: the first
+    # difference found is the cause the message names
+    _check_same_signature([(fp, sig) for fp, sig, _, _ in gathered])
     for r, (*_, error) in enumerate(gathered):
         if error is not None:
             raise MismatchError(f"rank {r}: {error}")
     for key in options:
         values = [opts.get(key) for _, _, opts, _ in gathered]
         if len(set(values)) > 1:
-            label = {"plan": "plans (fingerprints)", "profile": "profiles (fingerprints)"}.get(key, key)
+            label = {"plan": "plans (fingerprints)", "cluster": "clusters"}.get(key, key)
             raise MismatchError(f"ranks passed different {label} to parallelize: "
                                 + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
                                 + "; every rank must pass the same options")
-    ref_fp, ref = gathered[0][:2]
-    for r, (fp, sig, *_) in enumerate(gathered):
+
+
+def _check_same_signature(gathered: list[tuple[str, list]]) -> None:
+    """Every rank's (fingerprint, parameter signature) equals rank 0's; the error names the first difference."""
+    ref_fp, ref = gathered[0]
+    for r, (fp, sig) in enumerate(gathered):
         if fp == ref_fp:
             continue
         if len(sig) != len(ref):

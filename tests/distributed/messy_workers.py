@@ -318,6 +318,11 @@ def mismatch_worker(rank: int, world: int, what: str) -> str:
         layers.append(nn.Linear(4, 4))
     model = nn.Sequential(*layers)
     options = {"overlap": "backward"} if (what == "option" and rank == 1) else {}
+    if what == "plan_file" and rank == 1:  # a file that node 0 has and node 1 lacks
+        options = {"plan": "/nonexistent/caramel-plan.json"}
+    if what == "cluster" and rank == 1:  # "rank 0 plans", but every rank measures or takes its cluster
+        from caramel.cluster.spec import ClusterSpec
+        options = {"cluster": ClusterSpec.uniform(world, 1e9)}
     if what == "plan":  # rank 1's plan was made for 3 workers: rank 0, whose plan fits, must not wait on it
         from caramel.plan.planners import make_plan
         profile = caramel.profile_model(copy.deepcopy(model), torch.randn(4, 8), torch.randn(4, 4), F.mse_loss, steps=1)

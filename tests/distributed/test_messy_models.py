@@ -25,7 +25,9 @@ def test_case_matches_ddp(results, case):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("what,expected", [("shape", "shape"), ("count", "parameters"),
                                             ("option", "different overlap to parallelize: rank 0: 'auto', rank 1: 'backward'"),
-                                            ("plan", "rank 1: plan: plan was made for 3 workers, this job has 2")])
+                                            ("plan", "rank 1: plan: plan was made for 3 workers, this job has 2"),
+                                            ("plan_file", "rank 1: /nonexistent/caramel-plan.json: no such file"),
+                                            ("cluster", "ranks passed different clusters to parallelize: rank 0: None")])
 def test_models_that_differ_across_ranks_fail_clearly(what, expected):
     messages = run_workers(mismatch_worker, 2, args=(what,), timeout_s=100)
     for rank, msg in enumerate(messages):
