@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 from caramel.jsonio import format_tag, write_json
+from caramel.runtime.trial import confirmation_note
 from caramel.trace import metrics
 
 KIND = "bench"
@@ -416,6 +417,8 @@ def format_breakdown(records: list[Record]) -> str:
             if r.overlap_trial:
                 periods = ", ".join(f"{m} {_ms(v)} ms" for m, v in r.overlap_trial["step_period_s"].items())
                 trial = f"; overlap trial: {periods} -> {r.overlap_trial['chosen']}"
+                if note := confirmation_note(r.overlap_trial):
+                    trial += f" ({note})"
                 if r.delegated_to_ddp:
                     trial += " (run by torch DDP from then on)"
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "

@@ -34,7 +34,7 @@ from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
 from caramel.runtime.tied import find_tied_embeddings
 from caramel.runtime.trial import (AUTO_CANDIDATES, DDP_SCHEDULE, DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS, Candidate,
-                                   OverlapTrial, trial_baseline)
+                                   OverlapTrial, trial_preference)
 from caramel.trace.recorder import Recorder
 
 _GROUP_COUNTER = [0]
@@ -322,8 +322,8 @@ class _Controller:
             assert len(cands) == 1
             self.adopt(cands[0].plan, source=source)
             return
-        baseline = trial_baseline([c.name for c in cands], self.planner)
-        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, baseline=baseline,
+        preference = trial_preference([c.name for c in cands], self.planner)
+        self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, preference=preference,
                                   max_passes=self.trial_passes)
         self._adopt_candidate(self.trial.current, source)
 

@@ -23,19 +23,31 @@ Order of events (the same on every rank, at the same steps):
    samples are means of consecutive pairs of periods within a block: with forward overlap a
    rank's periods alternate long and short, and single periods would make its noise look
    several times larger than the job's pace varies);
-4. the fastest candidate is adopted for good (until the next re-plan, which runs a new trial),
-   unless it beats the trial's baseline (`trial_baseline`: the planner's plan with backward
-   overlap, DDP's timing run by the engine) by less than twice the standard error of the
-   difference: then the lead is undecided, and another pass of the same blocks runs (up to
-   `max_passes`), every candidate's periods pooled over the passes; after the last pass an
-   undecided lead keeps the baseline. The baseline is not DDP's schedule: handed to torch DDP,
-   that schedule pays DDP's search for unused parameters (~3%, docs/engine.md): at 1 Gbit/s the
-   bench measured the engine's backward mode at 1.006x, 1.017x and 1.110x of plain DDP in three
-   runs, the hand-over at 0.956x and 0.955x in the two of them whose trial kept DDP's schedule.
-   DDP's schedule is still adopted whenever it is clearly the fastest.
+4. the chosen candidate is the most preferred one that the fastest does not beat by more than
+   twice the standard error of their difference (a smaller lead is as likely luck as not on a
+   noisy host). The order of preference (`trial_preference`) is the trial's baseline (the
+   planner's plan with backward overlap: DDP's timing run by the engine), then the planner's
+   other plans, then DDP's schedule: handed to torch DDP it pays DDP's search for unused
+   parameters (docs/engine.md: 0.3-2.7% on 4 workers), and in the bench every hand-over on
+   record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x). If the chosen candidate is
+   not the fastest (a lead within the noise), another pass of the same blocks runs (up to
+   `max_passes`), every candidate's periods pooled over the passes; after the last pass the
+   choice stands;
+5. a chosen candidate other than the baseline must be faster than it again on fresh steps
+   before it is adopted for good (until the next re-plan, which runs a new trial): one
+   confirmation pass of blocks X, Y, Y, X of the two (the one running first), the baseline
+   kept if the challenger's median there is not the lower. Picking the fastest of several noisy
+   medians favours whichever was lucky (the winner's curse), which a test on the same steps
+   that picked it cannot see and fresh steps can: on 4 workers sharing 2 cores the bench saw
+   trials adopt DDP's schedule for a 3% lead (131.9 ms against 135.9) that the interleaved
+   rounds reversed. The confirmation asks for the direction only, not for a lead of twice its
+   noise again: with half a pass of steps per candidate that test threw out real leads (forward
+   overlap at 500 Mbit/s, 69.8 against 74.8 ms, which then ran 4% behind DDP with backward
+   overlap), and a lead the passes found clear that is no accident repeats its sign.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
-cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, and only a close call
-pays for more passes (a clear winner, or the baseline in front, ends the trial after one).
+cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, only a close call
+pays for more passes (a clear winner, or the baseline in front, ends the trial after one), and
+only a choice other than the baseline pays for the confirmation (4 x `steps` steps).
 Updates are exact throughout: a switch happens at a step boundary after every pending update is
 applied, as for any plan change.
 """
@@ -62,6 +74,28 @@ def trial_baseline(names: list[str], planner: str) -> str | None:
     `fifo` planner that is DDP's schedule itself); None if it is not among `names`."""
     name = f"{planner}/backward"
     return name if name in names else None
+
+
+def trial_preference(names: list[str], planner: str) -> list[str]:
+    """`names` in the order a tie within the noise is settled: the baseline (`trial_baseline`),
+    the planner's other plans in trial order, then DDP's schedule run by torch DDP."""
+    base = trial_baseline(names, planner)
+    rest = [n for n in names if n != base]
+    rest.sort(key=lambda n: n == DDP_SCHEDULE)  # stable: trial order otherwise
+    return ([base] if base else []) + rest
+
+
+def confirmation_note(result: dict) -> str:
+    """How a finished trial's confirmation went, for reports: '' when none ran (the baseline was
+    chosen outright), else e.g. "caramel/forward confirmed on fresh steps: 58.1 against 66.0 ms"."""
+    conf = result.get("confirmation")
+    if not conf:
+        return ""
+    name = conf["candidate"]
+    others = [n for n in conf["step_period_s"] if n != name]
+    ms = " against ".join(f"{conf['step_period_s'][n] * 1e3:.1f}" for n in [name] + others)
+    verdict = "confirmed" if conf["confirmed"] else "led, not confirmed"
+    return f"{name} {verdict} on fresh steps: {ms} ms"
 
 
 @dataclass
@@ -108,36 +142,51 @@ class Candidate:
         return 1.2533 * 1.4826 * mad / len(xs) ** 0.5
 
 
-def choose(medians_s: dict[str, float], errors_s: dict[str, float] | None = None, baseline: str | None = None) -> str:
+def choose(medians_s: dict[str, float], errors_s: dict[str, float] | None = None,
+           preference: list[str] | tuple[str, ...] = ()) -> str:
     """The fastest candidate; on an exact tie, the first in trial order.
 
-    With a `baseline` (`trial_baseline`) and the medians' standard errors, another candidate is
-    chosen only if it beats the baseline by more than twice the error of the difference: on a
-    noisy host a smaller lead is as likely to be luck.
+    With a `preference` (most preferred first, `trial_preference`) and the medians' standard
+    errors: the most preferred candidate that the fastest does not beat by more than twice the
+    error of their difference (on a noisy host a smaller lead is as likely luck as not), the
+    fastest if it beats them all.
     """
     assert medians_s, "no candidates measured"
     best = min(medians_s, key=lambda name: (medians_s[name], list(medians_s).index(name)))
-    if baseline is None or errors_s is None or best == baseline or baseline not in medians_s:
+    if errors_s is None:
         return best
-    lead = medians_s[baseline] - medians_s[best]
-    noise = (errors_s[best] ** 2 + errors_s[baseline] ** 2) ** 0.5
-    return best if lead > 2 * noise else baseline
+    for name in preference:
+        if name == best:
+            return best
+        if name not in medians_s:
+            continue
+        lead = medians_s[name] - medians_s[best]
+        noise = (errors_s[best] ** 2 + errors_s[name] ** 2) ** 0.5
+        if lead <= 2 * noise:
+            return name
+    return best
 
 
 class OverlapTrial:
     """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
-    def __init__(self, candidates: list[Candidate], steps: int, group, world: int, baseline: str | None = None,
-                 max_passes: int = 1):
+    def __init__(self, candidates: list[Candidate], steps: int, group, world: int, preference: list[str] | None = None,
+                 max_passes: int = 1, confirm: bool = True):
+        """`preference`: candidate names, most preferred first (`trial_preference`); its first
+        is the baseline. Without one the fastest wins outright and nothing is confirmed."""
         assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
-        assert baseline is None or baseline in {c.name for c in candidates}
+        assert preference is None or set(preference) <= {c.name for c in candidates}
         assert max_passes >= 1
         self.candidates = candidates
-        self.baseline = baseline
+        self.preference = list(preference or [])
+        self.baseline = self.preference[0] if self.preference else None
         self.steps = steps
         self.group, self.world = group, world
         self.max_passes = max_passes
+        self.confirm = confirm
         self.passes = 1
+        self.selection: dict | None = None
+        """while a confirmation runs: what the passes found (the later `result` without its verdict)"""
         self.blocks: list[tuple[int, int]] = self._one_pass()  # (candidate index, steps)
         self.block = 0
         self.in_block = 0
@@ -180,30 +229,67 @@ class OverlapTrial:
     def total_steps(self) -> int:
         return sum(n for _, n in self.blocks)
 
-    def _decide(self) -> Candidate:
-        # slowest rank per candidate: the step is as slow as its slowest worker; likewise the
-        # noisiest rank's error
-        n = len(self.candidates)
-        # every candidate judged alike: in pairs only if each has a block of two counted steps
-        # (with trial_steps=2 only the merged middle block has), else period by period; the
-        # same on every rank, which all run the same blocks
-        paired = all(c.has_pairs() for c in self.candidates)
-        t = torch.tensor([c.median_s(paired) for c in self.candidates]
-                         + [c.median_error_s(paired) for c in self.candidates], dtype=torch.float64)
+    def _all_ranks(self, cands: list[Candidate]) -> tuple[dict[str, float], dict[str, float], bool]:
+        """Every candidate's median period and its error, each the slowest (noisiest) rank's.
+
+        The step is as slow as its slowest worker. Every candidate is judged alike: in pairs only
+        if each has a block of two counted steps (with steps=2 only the merged middle block has),
+        else period by period; the same on every rank, which all run the same blocks."""
+        n = len(cands)
+        paired = all(c.has_pairs() for c in cands)
+        t = torch.tensor([c.median_s(paired) for c in cands] + [c.median_error_s(paired) for c in cands],
+                         dtype=torch.float64)
         if self.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         values = t.tolist()
-        medians = {c.name: float(v) for c, v in zip(self.candidates, values[:n])}
-        errors = {c.name: float(v) for c, v in zip(self.candidates, values[n:])}
-        winner, fastest = choose(medians, errors, self.baseline), choose(medians)
+        medians = {c.name: float(v) for c, v in zip(cands, values[:n])}
+        errors = {c.name: float(v) for c, v in zip(cands, values[n:])}
+        return medians, errors, paired
+
+    def _named(self, name: str) -> Candidate:
+        return next(c for c in self.candidates if c.name == name)
+
+    def _decide(self) -> Candidate:
+        if self.selection is not None:
+            return self._confirmed()
+        medians, errors, paired = self._all_ranks(self.candidates)
+        winner, fastest = choose(medians, errors, self.preference), choose(medians)
         if winner != fastest and self.passes < self.max_passes:
             # a lead within the noise: measure every candidate again (same values on every rank,
             # so every rank goes on alike)
             self.passes += 1
             self.blocks += self._one_pass()
             return self.current
-        self.result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
-                       "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
-                       "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
-                       "samples": {c.name: len(c.samples_s(paired)) for c in self.candidates}, "paired": paired}
-        return next(c for c in self.candidates if c.name == winner)
+        result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
+                  "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
+                  "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
+                  "samples": {c.name: len(c.samples_s(paired)) for c in self.candidates}, "paired": paired,
+                  "confirmation": None}
+        if self.confirm and self.baseline is not None and winner != self.baseline:
+            return self._start_confirmation(result)
+        self.result = result
+        return self._named(winner)
+
+    def _start_confirmation(self, selection: dict) -> Candidate:
+        # the two start afresh: only steps run after the choice judge it; the one running now
+        # goes first, so the confirmation starts without a switch when it can
+        self.selection = selection
+        w, b = self.candidates.index(self._named(selection["chosen"])), self.candidates.index(self._named(self.baseline))
+        first, second = (b, w) if self.blocks[-1][0] == b else (w, b)
+        for i in (w, b):
+            self.candidates[i].blocks_s = []
+        self.blocks += [(first, self.steps), (second, 2 * self.steps), (first, self.steps)]
+        return self.current
+
+    def _confirmed(self) -> Candidate:
+        sel = self.selection
+        assert sel is not None
+        challenger, baseline = self._named(sel["chosen"]), self._named(self.baseline)
+        medians, errors, paired = self._all_ranks([challenger, baseline])
+        chosen = challenger.name if medians[challenger.name] < medians[baseline.name] else baseline.name
+        self.result = {**sel, "chosen": chosen, "confirmation": {
+            "candidate": challenger.name, "confirmed": chosen == challenger.name, "step_period_s": medians,
+            "median_error_s": errors, "paired": paired,
+            "samples": {c.name: len(c.samples_s(paired)) for c in (challenger, baseline)}}}
+        self.selection = None
+        return self._named(chosen)

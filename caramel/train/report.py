@@ -6,6 +6,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from caramel.runtime.trial import confirmation_note
 from caramel.train.config import TrainConfig
 
 
@@ -79,7 +80,8 @@ def format_summary(s: dict[str, Any]) -> str:
     if trial:
         periods = ", ".join(f"{name} {_ms(t)}" for name, t in trial["step_period_s"].items())
         ddp = ", run by torch DDP" if s.get("delegated_to_ddp") else ""
-        lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period: {periods})")
+        note = confirmation_note(trial)
+        lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period: {periods}{'; ' + note if note else ''})")
     lines += [
         f"  steps          {steps}",
         f"  data           {s['data']}",

@@ -128,6 +128,13 @@ def test_overlap_trial_is_carried_into_the_record_and_the_evidence():
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert ("overlap trial: caramel/forward 118.0 ms, caramel/backward 125.0 ms, fifo/backward 179.0 ms"
             " -> caramel/forward") in md
+    # a choice other than the baseline was checked on fresh steps: the report says how it went
+    trial["confirmation"] = {"candidate": "caramel/forward", "confirmed": False,
+                             "step_period_s": {"caramel/forward": 0.1231, "caramel/backward": 0.1242}}
+    trial["chosen"] = "caramel/backward"
+    md = format_markdown(summarize(raw), "caramel bench", {})
+    assert ("fifo/backward 179.0 ms -> caramel/backward (caramel/forward led, not confirmed on fresh steps: "
+            "123.1 against 124.2 ms)") in md
 
 
 def test_the_plan_the_engine_ran_is_carried_into_the_evidence():

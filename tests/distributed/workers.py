@@ -86,8 +86,9 @@ def parity_worker(rank: int, world: int, planner: str, steps: int, planner_optio
             for overlap in OVERLAPS:
                 m = copy.deepcopy(w.model)
                 opt, sched = make_optimizer(opt_kind, m.parameters())
-                # auto: profiling takes 4 steps, then 2 trial steps per mode, so the 20 steps
-                # cross two mode switches and the final choice
+                # auto: profiling takes 4 steps, then 2 trial steps per block (12), and 8 more
+                # when a choice other than the baseline is confirmed, so the 24 steps cross
+                # every mode switch and the final choice
                 extra = {"trial_steps": 2, "trial_passes": 1} if overlap == "auto" else {}
                 model, opt = caramel.parallelize(m, opt, planner=planner, overlap=overlap, **extra, **planner_options)
                 train(model, opt, sched, w.loss_fn, family, rank, steps)

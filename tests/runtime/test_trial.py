@@ -1,7 +1,7 @@
 """The overlap trial's bookkeeping and choice, on recorded step periods (one process)."""
 import pytest
 
-from caramel.runtime.trial import Candidate, OverlapTrial, choose, trial_baseline
+from caramel.runtime.trial import Candidate, OverlapTrial, choose, trial_baseline, trial_preference
 
 
 def _cands() -> list[Candidate]:
@@ -46,7 +46,7 @@ def test_periods_that_alternate_are_judged_by_their_pairs():
     # forward overlap: each rank's periods alternate 68/103 ms (the job's pace 85.5 ms, steady);
     # DDP's schedule 89 ms +-1. Judged step by step the alternation looks like +-17 ms of noise
     # and the 3.5 ms lead is undecided through every pass; judged by pairs it is clear.
-    trial = _three(steps=5, passes=3)
+    trial = _three(steps=5, passes=3, confirm=False)
     fwd = [0.068, 0.103, 0.068, 0.103, 0.068, 0.103, 0.068, 0.103]
     ddp = [0.089, 0.090, 0.088, 0.089, 0.090, 0.088, 0.089, 0.089, 0.090]
     bwd = [0.095] * 8
@@ -62,9 +62,9 @@ def test_a_lead_within_the_noise_keeps_the_baseline():
     noisy = {"caramel/forward": 0.006, "caramel/backward": 0.006, "fifo/backward": 0.006}
     quiet = {"caramel/forward": 0.001, "caramel/backward": 0.001, "fifo/backward": 0.001}
     assert choose(medians) == "caramel/forward"
-    assert choose(medians, noisy, baseline="fifo/backward") == "fifo/backward"   # 7 ms lead, 2 x 8.5 ms noise
-    assert choose(medians, quiet, baseline="fifo/backward") == "caramel/forward"  # 7 ms lead, 2 x 1.4 ms noise
-    assert choose({"fifo/backward": 0.1, "caramel/forward": 0.2}, quiet, baseline="fifo/backward") == "fifo/backward"
+    assert choose(medians, noisy, ["fifo/backward"]) == "fifo/backward"   # 7 ms lead, 2 x 8.5 ms noise
+    assert choose(medians, quiet, ["fifo/backward"]) == "caramel/forward"  # 7 ms lead, 2 x 1.4 ms noise
+    assert choose({"fifo/backward": 0.1, "caramel/forward": 0.2}, quiet, ["fifo/backward"]) == "fifo/backward"
 
 
 def test_the_baseline_is_the_planners_backward_mode_run_by_the_engine():
@@ -77,13 +77,30 @@ def test_the_baseline_is_the_planners_backward_mode_run_by_the_engine():
     assert trial_baseline(["caramel/forward"], "caramel") is None
     medians = {"caramel/forward": 0.0581, "caramel/backward": 0.0586, "fifo/backward": 0.0641}
     noisy = {"caramel/forward": 0.003, "caramel/backward": 0.003, "fifo/backward": 0.003}
-    assert choose(medians, noisy, baseline=trial_baseline(list(medians), "caramel")) == "caramel/backward"
-    assert choose({**medians, "fifo/backward": 0.040}, noisy, baseline="caramel/backward") == "fifo/backward"
+    pref = trial_preference(list(medians), "caramel")
+    assert pref == ["caramel/backward", "caramel/forward", "fifo/backward"]
+    assert choose(medians, noisy, pref) == "caramel/backward"
+    assert choose({**medians, "fifo/backward": 0.040}, noisy, pref) == "fifo/backward"
+    # the fifo planner: its backward plan is DDP's schedule, and the baseline
+    assert trial_preference(["fifo/forward", "fifo/backward"], "fifo") == ["fifo/backward", "fifo/forward"]
+
+
+def test_a_tie_with_the_fastest_goes_to_the_more_preferred():
+    # DDP's schedule fastest by 0.2 ms over forward, both clearly ahead of backward (the
+    # baseline): forward is the most preferred candidate within the noise of the fastest
+    medians = {"caramel/forward": 0.1463, "caramel/backward": 0.1571, "fifo/backward": 0.1461}
+    errors = {"caramel/forward": 0.002, "caramel/backward": 0.002, "fifo/backward": 0.002}
+    pref = trial_preference(list(medians), "caramel")
+    assert choose(medians, errors, pref) == "caramel/forward"
+    # DDP's schedule clearly ahead of both: it wins
+    assert choose({**medians, "fifo/backward": 0.130}, errors, pref) == "fifo/backward"
+    # forward within the noise of the fastest and backward too: backward, first in preference
+    assert choose({**medians, "caramel/backward": 0.149}, errors, pref) == "caramel/backward"
 
 
 def test_three_candidates_run_in_mirrored_blocks():
     cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
-    trial = OverlapTrial(cands, steps=2, group=None, world=1, baseline="fifo/backward")
+    trial = OverlapTrial(cands, steps=2, group=None, world=1, preference=["fifo/backward"])
     assert trial.blocks == [(0, 2), (1, 2), (2, 4), (1, 2), (0, 2)]
     out = _run(trial, [0.1, 0.05] + [0.1, 0.06] + [0.1, 0.04, 0.041, 0.042] + [0.1, 0.061] + [0.1, 0.051])
     assert [c.name if c else None for c in out] == [None, "backward", None, "fifo/backward", None, None, None,
@@ -97,9 +114,11 @@ def test_three_candidates_run_in_mirrored_blocks():
     assert trial.result["median_error_s"]["fifo/backward"] < float("inf")
 
 
-def _three(steps: int = 2, passes: int = 3) -> OverlapTrial:
+def _three(steps: int = 2, passes: int = 3, confirm: bool = True) -> OverlapTrial:
+    """forward, backward and DDP's schedule, the baseline (as with the fifo planner)"""
     cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
-    return OverlapTrial(cands, steps=steps, group=None, world=1, baseline="fifo/backward", max_passes=passes)
+    return OverlapTrial(cands, steps=steps, group=None, world=1, preference=["fifo/backward", "forward", "backward"],
+                        max_passes=passes, confirm=confirm)
 
 
 def _pass(trial: OverlapTrial, fwd: list[float], bwd: list[float], ddp: list[float]) -> list:
@@ -109,7 +128,7 @@ def _pass(trial: OverlapTrial, fwd: list[float], bwd: list[float], ddp: list[flo
 
 
 def test_an_undecided_lead_runs_another_pass_and_a_clear_one_ends_the_trial():
-    trial = _three(steps=3, passes=3)
+    trial = _three(steps=3, passes=3, confirm=False)
     # forward leads DDP's schedule by 2 ms in noise of +-10 ms: undecided, a second pass begins
     out = _pass(trial, [0.10, 0.12, 0.09, 0.11], [0.13, 0.14, 0.13, 0.15], [0.09, 0.13, 0.11, 0.12, 0.115])
     assert trial.result is None and trial.passes == 2 and out[-1].name == "forward"
@@ -134,6 +153,80 @@ def test_ddps_schedule_in_front_ends_the_trial_after_one_pass():
     trial = _three(steps=3, passes=3)
     out = _pass(trial, [0.12] * 4, [0.13] * 4, [0.10, 0.11, 0.09, 0.10, 0.10])
     assert trial.result["passes"] == 1 and out[-1].name == "fifo/backward"
+
+
+def _confirm(trial: OverlapTrial, first: list[float], middle: list[float], last: list[float]) -> list:
+    """The confirmation's blocks X, YY, X with steps=3: each list holds one block's counted periods."""
+    t = 0.5  # a transition step, not counted
+    return _run(trial, [t] + first + [t] + middle + [t] + last)
+
+
+def test_a_winner_other_than_the_baseline_must_win_again_on_fresh_steps():
+    # forward leads the baseline (DDP's schedule here) clearly in the pass; the confirmation
+    # then runs forward, DDP's schedule, forward (forward ran last, so it goes first)
+    trial = _three(steps=3, passes=3)
+    out = _pass(trial, [0.09] * 4, [0.13] * 4, [0.12] * 5)
+    assert trial.result is None and trial.selection["chosen"] == "forward" and out[-1].name == "forward"
+    assert trial.blocks[-3:] == [(0, 3), (2, 6), (0, 3)]
+    # on the fresh steps forward is steadily faster: adopted
+    out = _confirm(trial, [0.091, 0.089], [0.121, 0.119, 0.120, 0.122, 0.118], [0.090, 0.092])
+    r = trial.result
+    assert out[-1].name == "forward" and r["chosen"] == "forward" and r["passes"] == 1
+    assert r["confirmation"]["confirmed"] is True and r["confirmation"]["candidate"] == "forward"
+    assert r["confirmation"]["step_period_s"] == {"forward": pytest.approx(0.0905), "fifo/backward": pytest.approx(0.1205)}
+    # what the pass measured stays in the result, every candidate's
+    assert r["step_period_s"]["backward"] == pytest.approx(0.13)
+
+
+def test_a_lead_the_fresh_steps_do_not_repeat_keeps_the_baseline():
+    # the winner's curse: DDP's schedule and backward (the baseline) are alike; in the pass the
+    # challenger drew its fast steps and looked clearly ahead; fresh steps show them level
+    cands = _cands() + [Candidate("fifo/backward", "backward", plan=object())]  # type: ignore[arg-type]
+    trial = OverlapTrial(cands, steps=3, group=None, world=1, preference=["backward", "forward", "fifo/backward"],
+                         max_passes=3)
+    out = _pass(trial, [0.15] * 4, [0.131, 0.129, 0.130, 0.132], [0.120, 0.121, 0.119, 0.120, 0.121])
+    assert trial.result is None and trial.selection["chosen"] == "fifo/backward"
+    # forward ran last, neither of the two: the challenger goes first
+    assert trial.blocks[-3:] == [(2, 3), (1, 6), (2, 3)] and out[-1].name == "fifo/backward"
+    out = _confirm(trial, [0.131, 0.135], [0.131, 0.127, 0.133, 0.129, 0.130], [0.130, 0.134])
+    r = trial.result
+    assert r["chosen"] == "backward" and out[-1].name == "backward"
+    assert r["confirmation"]["confirmed"] is False and r["confirmation"]["candidate"] == "fifo/backward"
+    assert r["confirmation"]["step_period_s"] == {"fifo/backward": pytest.approx(0.1325), "backward": pytest.approx(0.130)}
+
+
+def test_the_confirmation_asks_for_the_direction_not_for_a_clear_lead_again():
+    # forward clearly ahead in the pass; on the fresh steps still ahead (69.8 against 74.8 ms)
+    # but by less than twice the noise of so few steps: confirmed all the same
+    trial = _three(steps=3, passes=3)
+    _pass(trial, [0.067] * 4, [0.075] * 4, [0.084] * 5)
+    assert trial.selection["chosen"] == "forward"
+    _confirm(trial, [0.060, 0.066], [0.066, 0.086, 0.064, 0.084, 0.075], [0.074, 0.079])
+    r = trial.result
+    conf = r["confirmation"]
+    lead = conf["step_period_s"]["fifo/backward"] - conf["step_period_s"]["forward"]
+    noise = (conf["median_error_s"]["forward"] ** 2 + conf["median_error_s"]["fifo/backward"] ** 2) ** 0.5
+    assert 0 < lead < 2 * noise, conf
+    assert r["chosen"] == "forward" and conf["confirmed"] is True
+
+
+def test_the_confirmation_starts_with_the_baseline_when_it_ran_last():
+    # blocks A, BB, A with the baseline as A: it is the one running when the pass ends
+    cands = [Candidate("backward", "backward", plan=object()), Candidate("forward", "forward", plan=object())]  # type: ignore[arg-type]
+    trial = OverlapTrial(cands, steps=3, group=None, world=1, preference=["backward", "forward"])
+    t = 0.5
+    out = _run(trial, [t, 0.10, 0.10] + [t] + [0.08] * 5 + [t, 0.10, 0.10])
+    assert trial.selection["chosen"] == "forward" and trial.blocks[-3:] == [(0, 3), (1, 6), (0, 3)]
+    assert out[-1].name == "backward"
+
+
+def test_no_confirmation_without_a_baseline_or_when_switched_off():
+    trial = OverlapTrial(_cands(), steps=3, group=None, world=1)
+    _run(trial, [0.5, 0.08, 0.08] + [0.5] + [0.07] * 5 + [0.5, 0.08, 0.08])
+    assert trial.result["chosen"] == "backward" and trial.result["confirmation"] is None
+    trial = _three(steps=3, passes=3, confirm=False)
+    out = _pass(trial, [0.09] * 4, [0.13] * 4, [0.12] * 5)
+    assert trial.result["chosen"] == "forward" and trial.result["confirmation"] is None and out[-1].name == "forward"
 
 
 def test_a_single_fast_outlier_does_not_win():

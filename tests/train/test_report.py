@@ -21,6 +21,12 @@ def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
     assert "engine         caramel (planner fifo, overlap backward)" in text
     ddp = format_summary(_summary(overlap_trial=trial, delegated_to_ddp=True))
     assert "  overlap trial  kept fifo/backward, run by torch DDP (step period: " in ddp
+    confirmed = {**trial, "chosen": "caramel/forward", "confirmation": {
+        "candidate": "caramel/forward", "confirmed": True,
+        "step_period_s": {"caramel/forward": 0.0712, "caramel/backward": 0.0790}}}
+    assert ("kept caramel/forward (step period: caramel/forward 80.1 ms, caramel/backward 79.0 ms, "
+            "fifo/backward 78.3 ms; caramel/forward confirmed on fresh steps: 71.2 against 79.0 ms)"
+            in format_summary(_summary(overlap_trial=confirmed)))
 
 
 def test_summary_without_a_finished_trial_has_no_schedule_line():
