@@ -29,7 +29,7 @@ Order of events (the same on every rank, at the same steps):
    planner's plan with backward overlap: DDP's timing run by the engine), then the planner's
    other plans, then DDP's schedule: handed to torch DDP it pays DDP's search for unused
    parameters (docs/engine.md: 0.3-2.7% on 4 workers), and in the bench every hand-over on
-   record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x). If the chosen candidate is
+   record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x, 0.987x). If the chosen candidate is
    not the fastest (a lead within the noise), another pass of the same blocks runs (up to
    `max_passes`), every candidate's periods pooled over the passes; after the last pass the
    choice stands;
