@@ -801,6 +801,25 @@ def _save_at_exit(engine: Engine, path: Path) -> None:
     def save():
         e = ref()
         if e is not None and e.recorder.enabled:
-            e.recorder.save(path, meta={"plan": e.plan.fingerprint if e.plan else None, "overlap": e.overlap})
+            meta = {"plan": e.plan.fingerprint if e.plan else None, "overlap": e.overlap}
+            e.recorder.save(path, meta=dict(meta, **_save_plan_inputs(e, path)))
     engine.save_trace = save
     atexit.register(save)
+
+
+def _save_plan_inputs(engine: Engine, path: Path) -> dict[str, str]:
+    """On the rank that plans (0): the profile and the cluster its last plans were made from,
+    beside the trace (`<trace>.profile.json`, `<trace>.cluster.json`), so that `caramel plan
+    --profile ... --cluster ...` makes the same plan offline (with the same planner, options and
+    overlap). Online, both are measured inside the job (the ready times under the host's load,
+    the link as the profiling steps' collectives found it), so no later run sees them again.
+    Their file names, for the trace's meta; none on the other ranks or before a plan."""
+    c = engine.controller
+    if c is None or c.rank != 0 or c.profile is None or c.plan_cluster is None:
+        return {}
+    names = {}
+    for kind, obj in (("profile", c.profile), ("cluster", c.plan_cluster)):
+        out = path.with_name(f"{path.stem}.{kind}.json")
+        obj.save(out)
+        names[f"planned_from_{kind}"] = out.name
+    return names

@@ -56,11 +56,15 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def _traces_in(directory: Path) -> list[tuple[str, Trace]]:
-    """The caramel traces in a directory; Chrome traces (e.g. our own merge output) are skipped."""
+    """The caramel traces in a directory; Chrome traces (e.g. our own merge output) and caramel
+    files of other kinds (the profile and cluster a traced run planned from) are skipped."""
     found = []
     for p in sorted(directory.glob("*.json")):
         data = load_any_json(p)
         if "traceEvents" in data and "format" not in data:
+            continue
+        fmt = data.get("format")
+        if isinstance(fmt, str) and fmt.startswith("caramel.") and not fmt.startswith(f"caramel.{KIND}/"):
             continue
         found.append((str(p), check_events(Trace.from_dict(data, str(p)), str(p))))
     if not found:

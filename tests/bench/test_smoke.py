@@ -33,8 +33,12 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     assert recs["ddp"]["speedup_vs_ddp"] == 1.0
     assert "caramel:overlap=backward,planner=fifo" in printed and "Targets" in printed
     assert "caramel bench --model tiny_gpt" in md.read_text()
-    # the engine wrote one timeline per caramel strategy and rank, and the report summarizes it
-    assert len(list(trace.rglob("*.json"))) == 4
+    # the engine wrote one timeline per caramel strategy and rank, and the report summarizes it;
+    # rank 0 of each left the profile and cluster its plan was made from beside its timeline
+    names = sorted(p.name for p in trace.rglob("*.json"))
+    assert len([n for n in names if n.endswith((".rank0.json", ".rank1.json"))]) == 4, names
+    assert len([n for n in names if n.endswith((".rank0.profile.json", ".rank0.cluster.json"))]) == 4, names
+    assert len(names) == 8, names
     assert recs["caramel"]["timeline"]["compute_s"] > 0 and recs["ddp"]["timeline"] is None
     fifo = recs["caramel:overlap=backward,planner=fifo"]["plan"]
     assert fifo["planner"] == "fifo" and fifo["items"] >= 1 and recs["ddp"]["plan"] is None

@@ -88,3 +88,19 @@ def test_hand_over_without_the_unused_parameter_search_when_the_user_vouches():
     for res in run_workers(vouched_delegation_worker, 2, args=("mlp_unused", 12), timeout_s=180):
         assert res["error_step"] > 6 and "find_unused_parameters=False" in res["error"], res
         assert res["error"].startswith("caramel:"), res
+
+
+@pytest.mark.timeout(120)
+def test_a_traced_run_leaves_what_its_plan_was_made_from(tmp_path):
+    from caramel.trace.load import load_traces
+    from tests.distributed.workers import plan_inputs_worker
+
+    results = run_workers(plan_inputs_worker, 2, args=(str(tmp_path),), timeout_s=100)
+    r0, r1 = results
+    assert r0["meta"] == {"planned_from_profile": "run.rank0.profile.json", "planned_from_cluster": "run.rank0.cluster.json"}
+    assert r1["meta"] == {}  # only the rank that plans
+    # the online profile and the measured link make the plan the job ran, offline
+    assert r0["replayed"] == r0["ran"] == r1["ran"]
+    assert r0["measured_link"] == "profiling steps"
+    # the directory still loads as the job's traces, the plan's inputs passed over
+    assert load_traces([str(tmp_path)]).world_size == 2

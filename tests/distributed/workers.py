@@ -308,3 +308,31 @@ def issue_order_worker(rank: int, world: int, overlap: str, trace_dir: str) -> d
         if ready and issue:
             early[it] = min(issue) < max(ready)
     return {"early": early, "buckets": len(opt.engine.buckets)}
+
+
+def plan_inputs_worker(rank: int, world: int, trace_dir: str) -> dict:
+    """Traced, with online profiling: rank 0 leaves the profile and cluster it planned from beside
+    its trace, and the same planner makes the same plan from them offline."""
+    import json
+    from pathlib import Path
+
+    from caramel.cluster.spec import ClusterSpec
+    from caramel.plan.planners import make_plan
+    from caramel.profile.model_profile import ModelProfile
+
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, planner="caramel", overlap="backward",
+                                     trace=str(Path(trace_dir) / "run.json"))
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 8)
+    opt.synchronize()  # writes the trace (and, on rank 0, the plan's inputs)
+    trace = Path(opt.engine.trace_path)
+    meta = json.loads(trace.read_text())["meta"]
+    out = {"meta": {k: v for k, v in meta.items() if k.startswith("planned_from")}, "ran": opt.engine.plan.fingerprint}
+    if rank == 0:
+        profile = ModelProfile.load(trace.parent / meta["planned_from_profile"])
+        cluster = ClusterSpec.load(trace.parent / meta["planned_from_cluster"])
+        out["replayed"] = make_plan("caramel", profile, cluster, world_size=world, overlap="backward").fingerprint
+        out["measured_link"] = cluster.meta.get("measured")
+    caramel.shutdown()
+    return out
