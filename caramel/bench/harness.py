@@ -162,7 +162,8 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     return runners, skipped, build_s
 
 
-# online profiling (4 steps) + an overlap trial of up to 3 passes of 30 steps, with room to spare
+# online profiling (4 steps) + an overlap trial of up to 3 passes of 30 steps and a confirmation
+# of 20 (114 with the default trial_steps=5), with room to spare
 MAX_SETTLE_STEPS = 150
 
 

@@ -159,7 +159,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
         modes = AUTO_CANDIDATES if auto else (overlap,)
-        controller.adopt_or_try([Candidate(f"plan/{m}", m, plan) for m in modes], source="plan")
+        controller.adopt_or_try([Candidate(f"plan/{m}", m, plan) for m in modes], source="plan", planner="plan")
     elif profile is not None:
         controller.plan_from_profile(profile)
     else:
@@ -316,13 +316,14 @@ class _Controller:
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 
-    def adopt_or_try(self, cands: list[Candidate], source: str) -> None:
-        """Adopt the one candidate, or start a trial of them all (overlap="auto")."""
+    def adopt_or_try(self, cands: list[Candidate], source: str, planner: str | None = None) -> None:
+        """Adopt the one candidate, or start a trial of them all (overlap="auto"); `planner` is the
+        prefix of the candidates' names (this controller's planner unless given)."""
         if not self.trial_steps:
             assert len(cands) == 1
             self.adopt(cands[0].plan, source=source)
             return
-        preference = trial_preference([c.name for c in cands], self.planner)
+        preference = trial_preference([c.name for c in cands], planner or self.planner)
         self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, preference=preference,
                                   max_passes=self.trial_passes)
         self._adopt_candidate(self.trial.current, source)
@@ -379,6 +380,10 @@ class _Controller:
         plan = make_plan("fifo", provisional, world_size=self.world)
         self.engine.synchronize()
         self.engine.take_back()
+        # a trial still running (a changed module order seen by a periodic check mid-trial) ends
+        # here: its candidates were planned from the old profile, and adopting one would replace
+        # the provisional plan the profiling steps measure; the new plans start a new trial
+        self.trial = None
         self.profile = None
         # the provisional plan's collectives are timed too: without a cluster spec from the
         # user, the plan is made for the link bandwidth they show
@@ -802,7 +807,11 @@ def _save_at_exit(engine: Engine, path: Path) -> None:
         e = ref()
         if e is not None and e.recorder.enabled:
             meta = {"plan": e.plan.fingerprint if e.plan else None, "overlap": e.overlap}
-            e.recorder.save(path, meta=dict(meta, **_save_plan_inputs(e, path)))
+            try:
+                meta.update(_save_plan_inputs(e, path))
+            except (OSError, ValueError) as err:  # the trace matters more than the plan's inputs
+                warnings.warn(f"caramel: could not write the plan's profile and cluster beside {path}: {err}")
+            e.recorder.save(path, meta=meta)
     engine.save_trace = save
     atexit.register(save)
 

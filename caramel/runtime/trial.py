@@ -36,7 +36,9 @@ Order of events (the same on every rank, at the same steps):
 5. a chosen candidate other than the baseline must be faster than it again on fresh steps
    before it is adopted for good (until the next re-plan, which runs a new trial): one
    confirmation pass of blocks X, Y, Y, X of the two (the one running first), the baseline
-   kept if the challenger's median there is not the lower. Picking the fastest of several noisy
+   kept if the challenger's median there is not the lower (also when the passes saw the
+   baseline clearly beaten by another candidate: the fresh steps are the newer evidence).
+   Picking the fastest of several noisy
    medians favours whichever was lucky (the winner's curse), which a test on the same steps
    that picked it cannot see and fresh steps can: on 4 workers sharing 2 cores the bench saw
    trials adopt DDP's schedule for a 3% lead (131.9 ms against 135.9) that the interleaved
@@ -78,11 +80,15 @@ def trial_baseline(names: list[str], planner: str) -> str | None:
 
 def trial_preference(names: list[str], planner: str) -> list[str]:
     """`names` in the order a tie within the noise is settled: the baseline (`trial_baseline`),
-    the planner's other plans in trial order, then DDP's schedule run by torch DDP."""
+    the planner's other plans in trial order, then DDP's schedule run by torch DDP. Empty when
+    there is no baseline: the fastest then wins outright and nothing is confirmed. `planner` is
+    the prefix of the candidates' names (`plan` for a plan the user gave)."""
     base = trial_baseline(names, planner)
+    if base is None:
+        return []
     rest = [n for n in names if n != base]
     rest.sort(key=lambda n: n == DDP_SCHEDULE)  # stable: trial order otherwise
-    return ([base] if base else []) + rest
+    return [base] + rest
 
 
 def confirmation_note(result: dict) -> str:

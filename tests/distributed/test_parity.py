@@ -104,3 +104,18 @@ def test_a_traced_run_leaves_what_its_plan_was_made_from(tmp_path):
     assert r0["measured_link"] == "profiling steps"
     # the directory still loads as the job's traces, the plan's inputs passed over
     assert load_traces([str(tmp_path)]).world_size == 2
+
+
+@pytest.mark.timeout(200)
+def test_a_reprofile_in_the_middle_of_a_trial_ends_it():
+    from tests.distributed.workers import reprofile_mid_trial_worker
+
+    results = run_workers(reprofile_mid_trial_worker, 2, args=(40,), timeout_s=180)
+    for rank, res in enumerate(results):
+        # profiling took steps 0-3, the trial was running at step 7 and ended with the re-profile;
+        # the provisional plan (fifo) stays in force through the profiling steps
+        assert res["trial_at_7"] is True and res["trial_after"] is False, res
+        assert res["plan_while_profiling"] == res["plan_step_8"] == "fifo", res
+        # a new trial ran to its end after the new profile, and training stayed exact
+        assert res["final_trial"] is not None and res["settled"], res
+        assert res["diff"] <= 2e-5, f"rank {rank}: {res['diff']}"

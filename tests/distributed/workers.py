@@ -336,3 +336,37 @@ def plan_inputs_worker(rank: int, world: int, trace_dir: str) -> dict:
         out["measured_link"] = cluster.meta.get("measured")
     caramel.shutdown()
     return out
+
+
+def reprofile_mid_trial_worker(rank: int, world: int, steps: int) -> dict:
+    """overlap="auto": a re-profile starts in the middle of the trial (as a changed module order
+    seen by a periodic check would start it); the trial in progress ends there, the profiling
+    steps run on the provisional plan, and a new trial follows. Parameters equal DDP's."""
+    w = fresh("cnn_bn")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("adam", ddp.parameters())
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("adam", m.parameters())
+    model, opt = caramel.parallelize(m, opt, overlap="auto", trial_steps=2, trial_passes=1)
+    controller = opt.engine.controller
+    out = {"trial_at_7": None, "trial_after": None}
+    for step in range(steps):
+        if step == 7:
+            out["trial_at_7"] = controller.trial is not None
+            controller.start_profiling()
+            out["trial_after"] = controller.trial is not None
+            out["plan_while_profiling"] = opt.engine.plan.planner
+        for mdl, o, s in ((ddp, ropt, rsched), (model, opt, sched)):
+            x, y = batch("cnn_bn", step, rank)
+            w.loss_fn(mdl(x), y).backward()
+            o.step()
+            s.step()
+            o.zero_grad()
+        if step == 8:
+            out["plan_step_8"] = opt.engine.plan.planner
+    opt.synchronize()
+    out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
+    out["final_trial"] = opt.engine.stats.extra.get("overlap_trial")
+    out["settled"] = caramel.runtime.schedule_settled(opt)
+    caramel.shutdown()
+    return out

@@ -127,7 +127,7 @@ def _online_worker(rank: int, world: int) -> dict:
     loss_fn = nn.functional.mse_loss
     refused, step = [], 0
     while not schedule_settled(opt):
-        assert step < 40, "the schedule did not settle"  # 4 profiling steps, a trial of 6 blocks of 2
+        assert step < 40, "the schedule did not settle"  # 4 profiling steps, a trial of 6 blocks of 2 and a confirmation of 8
         try:
             mute_gradient_communication(opt)
         except CaramelError as e:

@@ -83,6 +83,10 @@ def test_the_baseline_is_the_planners_backward_mode_run_by_the_engine():
     assert choose({**medians, "fifo/backward": 0.040}, noisy, pref) == "fifo/backward"
     # the fifo planner: its backward plan is DDP's schedule, and the baseline
     assert trial_preference(["fifo/forward", "fifo/backward"], "fifo") == ["fifo/backward", "fifo/forward"]
+    # a plan the user gave: its candidates are named plan/...; without a backward candidate there
+    # is no baseline, and the fastest wins outright
+    assert trial_preference(["plan/forward", "plan/backward"], "plan") == ["plan/backward", "plan/forward"]
+    assert trial_preference(["caramel/forward"], "caramel") == []
 
 
 def test_a_tie_with_the_fastest_goes_to_the_more_preferred():
