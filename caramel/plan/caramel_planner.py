@@ -18,9 +18,15 @@ The best groupings are then improved by a local search over bucket boundaries (m
 neighbours, split one, move a boundary by one parameter), which finds the uneven groupings
 (a small first bucket, a large last one) that uniform caps miss, and large buckets are
 optionally cut into chunks. Every candidate is simulated (`caramel.sim`) with the overlap mode
-the runtime will use; the fastest wins, ties go to fewer collectives, then to the earlier
-candidate. The search is bounded by candidate counts, never by the clock, so it is a pure
-function of (profile, cluster, options) and every rank computes the identical plan.
+the runtime will use; ties go to fewer collectives, then to the earlier candidate.
+The search runs on the inputs as given; every candidate it simulated, and the baselines'
+groupings in DDP's order, are then simulated again over a spread of inputs (compute and
+bandwidth each up to `input_spread` off, `caramel.plan.spread`) and the lowest mean wins: the
+inputs are measurements that move between runs, and a plan tuned to one of them can sit on a
+cliff. (Scoring only the best ten again kept a third of the gain on the saved bench inputs;
+searching on the spread from the start gained no more and cost nine times the search.)
+The search is bounded by candidate counts, never by the clock, so it is a pure function of
+(profile, cluster, options) and every rank computes the identical plan.
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
+from caramel.plan.spread import (DEFAULT_INPUT_SPREAD, Scenario, check_input_spread, spread_scenarios,
+                                 spread_step_time_s)
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 from caramel.sim.collectives import CommModel, hidden_transfer_s
 from caramel.sim.simulate import check_overlap, predict_step_time_s, simulate
@@ -50,6 +58,7 @@ MAX_HYBRID_KS = 16
 SPLIT_ANYWHERE_MAX = 8  # a bucket of at most this many parameters may be split anywhere
 ALL_KS_MAX_BUCKETS = 6  # up to this many buckets, local search tries every k of hybrid:k
 LOCAL_SEARCH_EVALS = 300  # simulations spent improving bucket boundaries
+SPREAD_LOCAL_SEARCH_EVALS = 100  # the same on the input spread's mean, each costing len(spread) simulations
 PLAN_ITERATIONS = 3
 
 Groups = tuple[tuple[int, ...], ...]  # parameter indices per bucket, buckets in ready order
@@ -74,9 +83,12 @@ class Candidate:
 
 @register_planner("caramel")
 def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
-                 overlap: str = "forward", comm_model: str = "message", **unused: Any) -> Plan:
-    """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan."""
+                 overlap: str = "forward", comm_model: str = "message",
+                 input_spread: float = DEFAULT_INPUT_SPREAD, **unused: Any) -> Plan:
+    """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan over
+    the input spread (`input_spread=0`: the fastest on the inputs exactly)."""
     check_overlap(overlap)
+    input_spread = check_input_spread(input_spread)
     cluster, resized = _cluster_for(cluster, world_size)
     params = ready_sorted(profile)
     if not params:
@@ -93,9 +105,11 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     groupings: list[Groups] = []
     for cap in caps:
         groupings.append(tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))])))
+    baselines = []
     for name in ("fifo", "fusion"):
         baseline = PLANNERS[name](profile, cluster, world_size=cluster.world_size)
-        groupings.append(tuple(tuple(b.params) for b in baseline.buckets))
+        baselines.append(tuple(tuple(b.params) for b in baseline.buckets))
+    groupings += baselines
     best_of: dict[Groups, tuple] = {}
     for groups in dict.fromkeys(groupings):
         for cand in search.basic_orders(groups):
@@ -113,23 +127,35 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     # stage 3: local search over bucket boundaries from the best candidate
     search.local_search(LOCAL_SEARCH_EVALS)
 
-    # stage 4: chunk the large buckets of the best candidate
+    # stage 4: the objective becomes the mean over the input spread: every candidate so far, and
+    # the baselines as DDP runs them, scored again, then a shorter local search on that mean
+    spread_s = None
+    if input_spread > 0:
+        search.rescore(spread_scenarios(cluster, input_spread, comm_model))
+        for g in baselines:
+            search.evaluate(search.hybrid_candidate(g, len(g)))
+        search.local_search(SPREAD_LOCAL_SEARCH_EVALS)
+
+    # stage 5: chunk the large buckets of the best candidate
     base = search.best
     for mult in CHUNK_MULTIPLES:
         chunk_cap = s_half_queued * mult  # a bucket's chunks go back to back
         chunks = tuple(_num_chunks(search.group_bytes(g), search.group_numel(g), chunk_cap) for g in base.groups)
         if chunks != base.chunks:
             search.evaluate(Candidate(base.groups, chunks, base.order_name, base.bucket_order, chunk_cap))
-
     best = search.best
+    if search.scenarios is not None:
+        spread_s = spread_step_time_s(search._workload(best), search.scenarios, overlap, PLAN_ITERATIONS)
     plan = search.to_plan(best)
     result = simulate(profile, cluster, plan, overlap=overlap, trace=False, comm=search.comm)
     plan.predicted_step_time_s = result.step_time_s
     plan.options = {
         "overlap": overlap,
+        "input_spread": input_spread,
+        "spread_step_time_s": spread_s,
         "chunk_cap_bytes": best.chunk_cap_bytes,
         "order": best.order_name,
-        "candidates_evaluated": search.count,
+        "candidates_evaluated": len(search._candidates),
         "s_half_bytes": s_half,
         "s_half_queued_bytes": s_half_queued,
         "comm_model": search.comm.describe(),
@@ -157,6 +183,8 @@ class _Search:
         self.best_key: tuple | None = None
         self.count = 0
         self._seen: dict[tuple, tuple] = {}
+        self._candidates: dict[tuple, Candidate] = {}
+        self.scenarios: list[Scenario] | None = None  # None: the inputs as given
 
     # -- sizes and the cost model
     def s_half_bytes(self, total: int, queued: bool = False) -> float:
@@ -205,14 +233,27 @@ class _Search:
         ident = (cand.groups, cand.chunks, cand.bucket_order)
         if ident in self._seen:
             return self._seen[ident]
-        step = predict_step_time_s(self._workload(cand), self.cluster, self.comm, self.overlap, PLAN_ITERATIONS)
+        work = self._workload(cand)
+        step = (predict_step_time_s(work, self.cluster, self.comm, self.overlap, PLAN_ITERATIONS) if self.scenarios is None
+                else spread_step_time_s(work, self.scenarios, self.overlap, PLAN_ITERATIONS))
         # step times within 1 ns are ties; then fewer collectives, then the earlier candidate
         key = (round(step, 9), sum(cand.chunks), self.count)
         self._seen[ident] = key
+        self._candidates[ident] = cand
         self.count += 1
         if self.best_key is None or key < self.best_key:
             self.best, self.best_key = cand, key
         return key
+
+    def rescore(self, scenarios: list[Scenario]) -> None:
+        """Make the mean step time over `scenarios` the objective, and score every candidate seen
+        so far again on it, in the order they were first seen (the tie-break)."""
+        seen = list(self._candidates.values())
+        self.scenarios = scenarios
+        self._seen, self._candidates = {}, {}
+        self.best = self.best_key = None
+        for cand in seen:
+            self.evaluate(cand)
 
     def _workload(self, cand: Candidate):
         buckets = []

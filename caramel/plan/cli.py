@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if "order" in plan.options:
         print(f"  issue order: {plan.options['order']}; candidates simulated: {plan.options.get('candidates_evaluated')}")
     print(f"  predicted step time {plan.predicted_step_time_s * 1e3:.2f} ms; fingerprint {plan.fingerprint}")
+    if plan.options.get("spread_step_time_s") is not None:
+        spread = plan.options["input_spread"]
+        print(f"  chosen for its mean over compute and bandwidth each x{1 / (1 + spread):.2f}..x{1 + spread:.2f}: "
+              f"{plan.options['spread_step_time_s'] * 1e3:.2f} ms (input_spread={spread:g}; 0 plans for the inputs exactly)")
     if args.json:
         plan.save(args.json)
         print(f"wrote {args.json}")

@@ -1,0 +1,91 @@
+"""Scoring a plan over a spread of inputs, so that it holds up when they were measured a little off.
+
+A profile and a link speed measured online catch the host at one moment. On the 2-core test
+host the three engine instances of one bench job profiled forward + backward 25-50% apart and
+measured one 1 Gbit/s link at 821-1081 Mbit/s (docs/engine.md). A plan tuned to one such
+measurement can sit on a cliff: a bucket that just fits its window under one profile misses it
+under the next, and the step pays a whole transfer. Over the saved inputs of that bench run,
+each instance's plan simulated under the other instances' inputs was 4.2% slower on average
+than the best plan for those inputs (35% at worst); scored over this spread, 2.1% (22%).
+
+The spread: every worker's compute time and the link's bandwidth each scaled by 1 / (1 + s), 1
+and 1 + s, the nine combinations weighted equally; `s = 0` is the inputs exactly. The caramel
+planner searches on the inputs as given, then picks among its best few candidates (and the
+baselines' groupings) the one with the lowest mean step time over the spread
+(`caramel_planner.plan_caramel`, `input_spread`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+
+from caramel.cluster.spec import ClusterSpec
+from caramel.errors import CaramelError
+from caramel.plan.plan import Plan
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim.collectives import CommModel
+from caramel.sim.simulate import predict_step_time_s, simulate
+from caramel.sim.workload import Workload
+
+DEFAULT_INPUT_SPREAD = 0.25  # about the half-range of the instance-to-instance spread above
+MAX_INPUT_SPREAD = 4.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The inputs with every worker's compute time times `compute_scale` and the bandwidth times
+    `bandwidth_scale`."""
+
+    compute_scale: float
+    bandwidth_scale: float
+    cluster: ClusterSpec
+    comm: CommModel
+
+
+def check_input_spread(input_spread: float) -> float:
+    """`input_spread` as a float, or a `CaramelError` naming it."""
+    if isinstance(input_spread, bool) or not isinstance(input_spread, (int, float)) \
+            or not math.isfinite(input_spread) or not 0 <= input_spread <= MAX_INPUT_SPREAD:
+        raise CaramelError(f"input_spread must be a number from 0 (plan for the inputs exactly) to {MAX_INPUT_SPREAD:g}, "
+                           f"as a fraction (0.25: compute and bandwidth each up to 25% off), got {input_spread!r}")
+    return float(input_spread)
+
+
+def spread_factors(input_spread: float) -> list[tuple[float, float]]:
+    """(compute_scale, bandwidth_scale) pairs, the inputs as given first."""
+    if input_spread == 0:
+        return [(1.0, 1.0)]
+    levels = (1.0, 1.0 + input_spread, 1.0 / (1.0 + input_spread))
+    return [(c, b) for c in levels for b in levels]
+
+
+def scaled_cluster(cluster: ClusterSpec, compute_scale: float, bandwidth_scale: float) -> ClusterSpec:
+    """`cluster` with every worker `compute_scale` times slower and the links `bandwidth_scale` times faster."""
+    workers = [dataclasses.replace(w, speed=w.speed / compute_scale) for w in cluster.workers]
+    return dataclasses.replace(cluster, workers=workers, bandwidth_bps=cluster.bandwidth_bps * bandwidth_scale,
+                               meta=dict(cluster.meta))
+
+
+def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm_mode: str = "message") -> list[Scenario]:
+    """The clusters (and cost models) to score a candidate on; built once per planning."""
+    out = []
+    for c, b in spread_factors(input_spread):
+        spec = scaled_cluster(cluster, c, b)
+        out.append(Scenario(c, b, spec, CommModel(spec, comm_mode)))
+    return out
+
+
+def spread_step_time_s(work: Workload, scenarios: list[Scenario], overlap: str, iterations: int) -> float:
+    """Mean steady-state step time of one prebuilt workload over the scenarios (the planner's fast path)."""
+    return statistics.fmean(predict_step_time_s(work, s.cluster, s.comm, overlap, iterations) for s in scenarios)
+
+
+def spread_step_time_reference_s(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str,
+                                 input_spread: float, comm_mode: str = "message", iterations: int = 3) -> float:
+    """The same mean from scratch, one full `simulate` per scenario: the test oracle."""
+    return statistics.fmean(
+        simulate(profile, scaled_cluster(cluster, c, b), plan, overlap=overlap, iterations=iterations, trace=False,
+                 comm=comm_mode).step_time_s
+        for c, b in spread_factors(check_input_spread(input_spread)))
