@@ -24,25 +24,21 @@ def _inputs(config: Path):
     return [(ModelProfile.load(config / f"{n}{SUFFIX}"), ClusterSpec.load(config / f"{n}.rank0.cluster.json")) for n in names]
 
 
-def main(argv: list[str] | None = None) -> int:
+def regrets(trace_dir: Path, spreads: list[float], overlaps: list[str], out=print) -> dict[float, list[float]]:
+    """Every (plan, other instance's inputs) regret per `input_spread`, over every configuration
+    folder of `trace_dir` with at least two instances; one line per configuration and overlap to `out`."""
     from caramel.plan.planners import make_plan
     from caramel.sim.simulate import simulate
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace_dir", type=Path, help="a `caramel bench --trace` directory (one folder per configuration)")
-    parser.add_argument("--spreads", default="0,0.25", help="input_spread values to compare (default 0,0.25)")
-    parser.add_argument("--overlaps", default="backward,forward")
-    args = parser.parse_args(argv)
-    spreads = [float(s) for s in args.spreads.split(",")]
-    configs = sorted(d for d in args.trace_dir.iterdir() if d.is_dir() and any(d.glob(f"*{SUFFIX}")))
+    configs = sorted(d for d in trace_dir.iterdir() if d.is_dir() and any(d.glob(f"*{SUFFIX}")))
     if not configs:
-        parser.error(f"{args.trace_dir}: no configuration folder holds saved plan inputs (*{SUFFIX})")
-    regrets: dict[float, list[float]] = {s: [] for s in spreads}
+        raise ValueError(f"{trace_dir}: no configuration folder holds saved plan inputs (*{SUFFIX})")
+    found: dict[float, list[float]] = {s: [] for s in spreads}
     for config in configs:
         inputs = _inputs(config)
         if len(inputs) < 2:
             continue
-        for overlap in args.overlaps.split(","):
+        for overlap in overlaps:
             plans = {s: [make_plan("caramel", p, c, world_size=c.world_size, overlap=overlap, input_spread=s)
                          for p, c in inputs] for s in spreads}
             step = {s: [[simulate(p, c, plan, overlap=overlap, trace=False).step_time_s for p, c in inputs]
@@ -51,14 +47,27 @@ def main(argv: list[str] | None = None) -> int:
             line = f"{config.name:28s} {overlap:8s}"
             for s in spreads:
                 r = [step[s][i][j] / best[j] - 1 for i in range(len(inputs)) for j in range(len(inputs)) if i != j]
-                regrets[s] += r
+                found[s] += r
                 line += (f" | spread {s:g}: buckets {','.join(str(len(p.buckets)) for p in plans[s])}, "
                          f"regret mean {100 * statistics.fmean(r):4.1f}% max {100 * max(r):4.1f}%")
-            print(line)
-    for s in spreads:
-        if regrets[s]:
-            print(f"input_spread {s:g}: mean regret {100 * statistics.fmean(regrets[s]):.2f}%, "
-                  f"max {100 * max(regrets[s]):.1f}% over {len(regrets[s])} (plan, other inputs) pairs")
+            out(line)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", type=Path, help="a `caramel bench --trace` directory (one folder per configuration)")
+    parser.add_argument("--spreads", default="0,0.25", help="input_spread values to compare (default 0,0.25)")
+    parser.add_argument("--overlaps", default="backward,forward")
+    args = parser.parse_args(argv)
+    try:
+        found = regrets(args.trace_dir, [float(s) for s in args.spreads.split(",")], args.overlaps.split(","))
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    for s, r in found.items():
+        if r:
+            print(f"input_spread {s:g}: mean regret {100 * statistics.fmean(r):.2f}%, "
+                  f"max {100 * max(r):.1f}% over {len(r)} (plan, other inputs) pairs")
     return 0
 
 
