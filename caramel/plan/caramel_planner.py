@@ -19,12 +19,13 @@ neighbours, split one, move a boundary by one parameter), which finds the uneven
 (a small first bucket, a large last one) that uniform caps miss, and large buckets are
 optionally cut into chunks. Every candidate is simulated (`caramel.sim`) with the overlap mode
 the runtime will use; ties go to fewer collectives, then to the earlier candidate.
-The search runs on the inputs as given; every candidate it simulated, and the baselines'
-groupings in DDP's order, are then simulated again over a spread of inputs (compute and
-bandwidth each up to `input_spread` off, `caramel.plan.spread`) and the lowest mean wins: the
-inputs are measurements that move between runs, and a plan tuned to one of them can sit on a
-cliff. (Scoring only the best ten again kept a third of the gain on the saved bench inputs;
-searching on the spread from the start gained no more and cost nine times the search.)
+The search runs on the inputs as given; then every candidate it simulated (the baselines'
+groupings in DDP's order among them) is simulated again over a spread of inputs (compute and
+bandwidth each up to `input_spread` off, `caramel.plan.spread`), the lowest mean wins, and its
+large buckets are tried in chunks on that mean: the inputs are measurements that move between
+runs, and a plan tuned to one of them can sit on a cliff. (On the saved bench inputs, scoring
+only the best ten again kept a third of the gain; searching on the spread from the start, or a
+second local search on it, gained no more and cost several times the search.)
 The search is bounded by candidate counts, never by the clock, so it is a pure function of
 (profile, cluster, options) and every rank computes the identical plan.
 """
@@ -58,7 +59,6 @@ MAX_HYBRID_KS = 16
 SPLIT_ANYWHERE_MAX = 8  # a bucket of at most this many parameters may be split anywhere
 ALL_KS_MAX_BUCKETS = 6  # up to this many buckets, local search tries every k of hybrid:k
 LOCAL_SEARCH_EVALS = 300  # simulations spent improving bucket boundaries
-SPREAD_LOCAL_SEARCH_EVALS = 100  # the same on the input spread's mean, each costing len(spread) simulations
 PLAN_ITERATIONS = 3
 
 Groups = tuple[tuple[int, ...], ...]  # parameter indices per bucket, buckets in ready order
@@ -105,11 +105,9 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     groupings: list[Groups] = []
     for cap in caps:
         groupings.append(tuple(tuple(p.index for p in g) for g in group_by_cap(params, [max(1, int(cap))])))
-    baselines = []
     for name in ("fifo", "fusion"):
         baseline = PLANNERS[name](profile, cluster, world_size=cluster.world_size)
-        baselines.append(tuple(tuple(b.params) for b in baseline.buckets))
-    groupings += baselines
+        groupings.append(tuple(tuple(b.params) for b in baseline.buckets))
     best_of: dict[Groups, tuple] = {}
     for groups in dict.fromkeys(groupings):
         for cand in search.basic_orders(groups):
@@ -127,14 +125,13 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     # stage 3: local search over bucket boundaries from the best candidate
     search.local_search(LOCAL_SEARCH_EVALS)
 
-    # stage 4: the objective becomes the mean over the input spread: every candidate so far, and
-    # the baselines as DDP runs them, scored again, then a shorter local search on that mean
+    # stage 4: the objective becomes the mean over the input spread, and every candidate seen
+    # so far (the baselines' groupings in DDP's order among them, from stage 1) is scored on it
+    # again; a second local search on that mean gained nothing measurable on the saved bench
+    # inputs and cost as much again, so the chunking below starts from the best of these
     spread_s = None
     if input_spread > 0:
-        search.rescore(spread_scenarios(cluster, input_spread, comm_model))
-        for g in baselines:
-            search.evaluate(search.hybrid_candidate(g, len(g)))
-        search.local_search(SPREAD_LOCAL_SEARCH_EVALS)
+        search.rescore(spread_scenarios(cluster, input_spread, search.comm))
 
     # stage 5: chunk the large buckets of the best candidate
     base = search.best

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = sorted(b.bytes for b in plan.buckets)
     print(f"  bucket sizes: min {format_bytes(sizes[0])}, median {format_bytes(sizes[len(sizes) // 2])}, max {format_bytes(sizes[-1])}")
     if "order" in plan.options:
-        print(f"  issue order: {plan.options['order']}; candidates simulated: {plan.options.get('candidates_evaluated')}")
+        print(f"  issue order: {plan.options['order']}; candidates: {plan.options.get('candidates_evaluated')}"
+              + (", each also simulated over the input spread" if plan.options.get("spread_step_time_s") is not None else ""))
     print(f"  predicted step time {plan.predicted_step_time_s * 1e3:.2f} ms; fingerprint {plan.fingerprint}")
     if plan.options.get("spread_step_time_s") is not None:
         spread = plan.options["input_spread"]

@@ -6,18 +6,21 @@ measured one 1 Gbit/s link at 821-1081 Mbit/s (docs/engine.md). A plan tuned to 
 measurement can sit on a cliff: a bucket that just fits its window under one profile misses it
 under the next, and the step pays a whole transfer. Over the saved inputs of that bench run,
 each instance's plan simulated under the other instances' inputs was 4.2% slower on average
-than the best plan for those inputs (35% at worst); scored over this spread, 2.1% (22%).
+than the best plan for those inputs (35% at worst); chosen over this spread, 2.0% (25%)
+(`scripts/plan_regret.py`, docs/engine.md).
 
 The spread: every worker's compute time and the link's bandwidth each scaled by 1 / (1 + s), 1
 and 1 + s, the nine combinations weighted equally; `s = 0` is the inputs exactly. The caramel
-planner searches on the inputs as given, then picks among its best few candidates (and the
-baselines' groupings) the one with the lowest mean step time over the spread
-(`caramel_planner.plan_caramel`, `input_spread`).
+planner searches on the inputs as given, then scores every candidate it simulated again by its
+mean step time over the spread and keeps the lowest (`caramel_planner.plan_caramel`,
+`input_spread`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import numbers
 import statistics
 from dataclasses import dataclass
 
@@ -46,7 +49,7 @@ class Scenario:
 
 def check_input_spread(input_spread: float) -> float:
     """`input_spread` as a float, or a `CaramelError` naming it."""
-    if isinstance(input_spread, bool) or not isinstance(input_spread, (int, float)) \
+    if isinstance(input_spread, bool) or not isinstance(input_spread, numbers.Real) \
             or not math.isfinite(input_spread) or not 0 <= input_spread <= MAX_INPUT_SPREAD:
         raise CaramelError(f"input_spread must be a number from 0 (plan for the inputs exactly) to {MAX_INPUT_SPREAD:g}, "
                            f"as a fraction (0.25: compute and bandwidth each up to 25% off), got {input_spread!r}")
@@ -68,12 +71,19 @@ def scaled_cluster(cluster: ClusterSpec, compute_scale: float, bandwidth_scale: 
                                meta=dict(cluster.meta))
 
 
-def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm_mode: str = "message") -> list[Scenario]:
-    """The clusters (and cost models) to score a candidate on; built once per planning."""
+def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel) -> list[Scenario]:
+    """The clusters (and cost models) to score a candidate on; built once per planning from the
+    cost model of the inputs as given. A collective's time is its latency plus bytes times
+    `per_byte_s`, and with every link scaled alike the bandwidth part scales inversely with the
+    bandwidth: the scaled model is `comm` with `per_byte_s / bandwidth_scale` (building each
+    from scratch re-runs the message-level model: 0.39 s apiece for halving-doubling on a
+    256-worker torus)."""
     out = []
     for c, b in spread_factors(input_spread):
-        spec = scaled_cluster(cluster, c, b)
-        out.append(Scenario(c, b, spec, CommModel(spec, comm_mode)))
+        scaled = copy.copy(comm)
+        scaled.cluster = scaled_cluster(cluster, c, b)
+        scaled.per_byte_s = comm.per_byte_s / b
+        out.append(Scenario(c, b, scaled.cluster, scaled))
     return out
 
 

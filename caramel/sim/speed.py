@@ -2,7 +2,8 @@
 
     python -m caramel.sim.speed [--json OUT]
 
-- planning a 200-parameter model for 8 workers with the `caramel` planner: target < 2 s;
+- planning a 200-parameter model for 8 workers with the `caramel` planner: target < 2 s (and
+  the same for the inputs exactly, `input_spread=0`);
 - simulating one step of a ResNet-50-sized profile on 1024 workers with a ring all-reduce
   (message-level model, trace of one representative rank): target < 5 s.
 Each is timed `--repeat` times; the median is reported with the machine's load average, since
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     prof200 = synthetic_profile(200)
     c8 = ClusterSpec.uniform(8, 1e9)
     plan_s, plan = _timed(lambda: make_plan("caramel", prof200, c8), args.repeat)
+    exact_s, exact = _timed(lambda: make_plan("caramel", prof200, c8, input_spread=0), args.repeat)
 
     r50 = resnet50_profile()
     c1024 = ClusterSpec.uniform(1024, 10e9, collective="ring")
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [
         {"what": "plan caramel, 200 params, 8 workers", "seconds": plan_s, "target_s": 2.0,
          "candidates": plan.options["candidates_evaluated"]},
+        {"what": "the same, input_spread=0", "seconds": exact_s, "target_s": None,
+         "candidates": exact.options["candidates_evaluated"]},
         {"what": "simulate 1 step, resnet50, 1024 workers, ring", "seconds": sim_s, "target_s": 5.0,
          "step_time_s": res.step_time_s},
         {"what": "simulate 4 steps, resnet50, 1024 workers, ring", "seconds": sim4_s, "target_s": None},

@@ -24,7 +24,6 @@ def test_the_spread_loses_less_under_other_instances_inputs():
     found = _script().regrets(DATA, [0.0, 0.25], ["backward"], out=lines.append)
     assert len(lines) == 5 and all(" backward " in line for line in lines)
     assert len(found[0.0]) == len(found[0.25]) == 5 * 3 * 2  # five configurations, 3 x 2 ordered pairs each
-    assert min(found[0.0] + found[0.25]) >= 0.0
     assert statistics.fmean(found[0.25]) < 0.5 * statistics.fmean(found[0.0])
 
 

@@ -44,6 +44,12 @@ def test_a_scaled_cluster_is_slower_to_compute_and_faster_to_send():
     assert simulate(prof, scaled_cluster(one, 2.0, 1.0), plan).step_time_s == pytest.approx(2 * prof.step_time_s)
 
 
+def test_any_real_number_type_is_accepted():
+    import numpy as np
+
+    assert check_input_spread(np.float32(0.5)) == 0.5 and check_input_spread(np.int64(0)) == 0.0
+
+
 @pytest.mark.parametrize("bad", [-0.1, 5.0, float("nan"), float("inf"), True, "0.2", None])
 def test_a_bad_input_spread_is_named(bad):
     with pytest.raises(CaramelError, match="input_spread"):
@@ -52,14 +58,24 @@ def test_a_bad_input_spread_is_named(bad):
         make_plan("caramel", synthetic_profile(5), ClusterSpec.uniform(2, 1e9), input_spread=bad)
 
 
+CLUSTERS = {
+    "ring-queued": ClusterSpec.uniform(8, 1e9, 1e-3, queued_latency_s=2e-4),
+    "halving-doubling-torus": ClusterSpec.uniform(16, 1e9, 1e-4, collective="halving_doubling", topology="torus"),
+    "uneven-ps": ClusterSpec([WorkerSpec("a", 1.0), WorkerSpec("b", 0.6), WorkerSpec("c", 1.2)], 1e8, 1e-3,
+                             collective="ps", num_servers=2),
+}
+
+
 @pytest.mark.parametrize("overlap", ["forward", "backward"])
+@pytest.mark.parametrize("cluster_name", sorted(CLUSTERS))
 @pytest.mark.parametrize("prof", [resnet50_profile(), synthetic_profile(40)], ids=["resnet50", "chain40"])
-def test_the_recorded_score_is_the_mean_of_full_simulations(prof, overlap):
-    cluster = ClusterSpec.uniform(8, 1e9, 1e-3, queued_latency_s=2e-4)
+def test_the_recorded_score_is_the_mean_of_full_simulations(prof, cluster_name, overlap):
+    # the planner scales its cost model's bandwidth part; the oracle builds each scenario's from scratch
+    cluster = CLUSTERS[cluster_name]
     plan = make_plan("caramel", prof, cluster, overlap=overlap)
     assert plan.options["input_spread"] == DEFAULT_INPUT_SPREAD
     oracle = spread_step_time_reference_s(prof, cluster, plan, overlap, DEFAULT_INPUT_SPREAD)
-    assert plan.options["spread_step_time_s"] == pytest.approx(oracle, rel=1e-12)
+    assert plan.options["spread_step_time_s"] == pytest.approx(oracle, rel=1e-9)
     assert plan.predicted_step_time_s == pytest.approx(simulate(prof, cluster, plan, overlap=overlap).step_time_s)
 
 
