@@ -7,39 +7,25 @@ from caramel.cluster.spec import ClusterSpec
 from caramel.errors import CaramelError
 from caramel.plan.caramel_planner import default_cluster, plan_caramel
 from caramel.plan.plan import Plan
-from caramel.plan.planners import PLANNERS, make_plan, plan_from_groups, ready_sorted
+from caramel.plan.planners import PLANNERS, make_plan, plan_from_groups
 from caramel.plan.spread import DEFAULT_INPUT_SPREAD, spread_step_time_reference_s
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
+from tests.plan.exhaustive import CASES, consecutive_groupings
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _brute_force_best(prof, cluster, overlap):
     """Every grouping of consecutive (ready-order) parameters with every issue order."""
-    ps = ready_sorted(prof)
     best = None
-    for cuts in itertools.product([0, 1], repeat=len(ps) - 1):
-        groups, cur = [], [ps[0]]
-        for p, cut in zip(ps[1:], cuts):
-            if cut:
-                groups.append(cur)
-                cur = []
-            cur.append(p)
-        groups.append(cur)
+    for groups in consecutive_groupings(prof):
         for perm in itertools.permutations(range(len(groups))):
             plan = plan_from_groups("brute", prof, cluster.world_size, groups, order=[(b, 0) for b in perm])
             t = simulate(prof, cluster, plan, overlap=overlap, trace=False).step_time_s
             best = t if best is None else min(best, t)
     return best
-
-
-CASES = {  # name: (sizes, compute shares)
-    "equal": ([400_000] * 5, None),
-    "last-layer-big": ([200_000] * 4 + [2_000_000], None),
-    "front-heavy-compute": ([500_000] * 5, [5, 1, 1, 1, 1]),
-}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

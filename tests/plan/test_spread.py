@@ -1,27 +1,23 @@
 """Planning over a spread of inputs: the scenarios, the fast score against its oracle, the known
 best answers (by exhaustive search over the planner's orders), and the planner's option."""
-import itertools
 import math
 
 import pytest
 
 from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
-from caramel.plan.planners import make_plan, plan_from_groups, ready_sorted
+from caramel.plan.planners import make_plan, plan_from_groups
 from caramel.plan.spread import (DEFAULT_INPUT_SPREAD, check_input_spread, scaled_cluster, spread_factors,
                                  spread_step_time_reference_s)
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
 from caramel.sim.workload import param_need_s
+from tests.plan.exhaustive import CASES as EXHAUSTIVE_CASES
+from tests.plan.exhaustive import consecutive_groupings
 
 pytestmark = pytest.mark.timeout(300)
 
-CASES = {  # name: (sizes, compute shares)
-    "equal": ([400_000] * 5, None),
-    "last-layer-big": ([200_000] * 4 + [2_000_000], None),
-    "front-heavy-compute": ([500_000] * 5, [5, 1, 1, 1, 1]),
-    "uneven": ([100_000, 900_000, 300_000, 1_500_000, 50_000], [1, 3, 1, 2, 1]),
-}
+CASES = dict(EXHAUSTIVE_CASES, uneven=([100_000, 900_000, 300_000, 1_500_000, 50_000], [1, 3, 1, 2, 1]))
 
 
 def test_the_spread_is_nine_combinations_of_three_levels():
@@ -94,15 +90,8 @@ def test_over_the_spread_never_worse_than_the_baselines_or_the_plan_for_the_inpu
 def _brute_force_spread_best(prof, cluster, overlap):
     """Every grouping of consecutive (ready-order) parameters with every order the planner
     considers (the first k buckets to fill as they fill, the rest by first use)."""
-    ps, need, best = ready_sorted(prof), param_need_s(prof), math.inf
-    for cuts in itertools.product([0, 1], repeat=len(ps) - 1):
-        groups, cur = [], [ps[0]]
-        for p, cut in zip(ps[1:], cuts):
-            if cut:
-                groups.append(cur)
-                cur = []
-            cur.append(p)
-        groups.append(cur)
+    need, best = param_need_s(prof), math.inf
+    for groups in consecutive_groupings(prof):
         for k in range(len(groups) + 1):
             rest = sorted(range(k, len(groups)), key=lambda b: (min(need[p.index] for p in groups[b]), b))
             plan = plan_from_groups("brute", prof, cluster.world_size, groups,
