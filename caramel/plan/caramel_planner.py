@@ -40,8 +40,7 @@ from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
-from caramel.plan.spread import (DEFAULT_INPUT_SPREAD, Scenario, check_input_spread, spread_scenarios,
-                                 spread_step_time_s)
+from caramel.plan.spread import DEFAULT_INPUT_SPREAD, check_input_spread, spread_scenarios, spread_step_time_s
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 from caramel.sim.collectives import CommModel, hidden_transfer_s
 from caramel.sim.simulate import check_overlap, predict_step_time_s, simulate
@@ -129,7 +128,6 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     # so far (the baselines' groupings in DDP's order among them, from stage 1) is scored on it
     # again; a second local search on that mean gained nothing measurable on the saved bench
     # inputs and cost as much again, so the chunking below starts from the best of these
-    spread_s = None
     if input_spread > 0:
         search.rescore(spread_scenarios(cluster, input_spread, search.comm))
 
@@ -141,8 +139,8 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         if chunks != base.chunks:
             search.evaluate(Candidate(base.groups, chunks, base.order_name, base.bucket_order, chunk_cap))
     best = search.best
-    if search.scenarios is not None:
-        spread_s = spread_step_time_s(search._workload(best), search.scenarios, overlap, PLAN_ITERATIONS)
+    spread_s = (None if search.scenarios is None
+                else spread_step_time_s(search._workload(best), search.scenarios, overlap, PLAN_ITERATIONS))
     plan = search.to_plan(best)
     result = simulate(profile, cluster, plan, overlap=overlap, trace=False, comm=search.comm)
     plan.predicted_step_time_s = result.step_time_s
@@ -152,7 +150,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         "spread_step_time_s": spread_s,
         "chunk_cap_bytes": best.chunk_cap_bytes,
         "order": best.order_name,
-        "candidates_evaluated": len(search._candidates),
+        "candidates_evaluated": len(search._seen),
         "s_half_bytes": s_half,
         "s_half_queued_bytes": s_half_queued,
         "comm_model": search.comm.describe(),
@@ -179,9 +177,8 @@ class _Search:
         self.best: Candidate | None = None
         self.best_key: tuple | None = None
         self.count = 0
-        self._seen: dict[tuple, tuple] = {}
-        self._candidates: dict[tuple, Candidate] = {}
-        self.scenarios: list[Scenario] | None = None  # None: the inputs as given
+        self._seen: dict[tuple, tuple[tuple, Candidate]] = {}  # identity -> (sort key, candidate)
+        self.scenarios: list[CommModel] | None = None  # the spread's cost models; None: the inputs as given
 
     # -- sizes and the cost model
     def s_half_bytes(self, total: int, queued: bool = False) -> float:
@@ -229,25 +226,24 @@ class _Search:
         """Simulate a candidate (once per distinct plan); return its sort key."""
         ident = (cand.groups, cand.chunks, cand.bucket_order)
         if ident in self._seen:
-            return self._seen[ident]
+            return self._seen[ident][0]
         work = self._workload(cand)
         step = (predict_step_time_s(work, self.cluster, self.comm, self.overlap, PLAN_ITERATIONS) if self.scenarios is None
                 else spread_step_time_s(work, self.scenarios, self.overlap, PLAN_ITERATIONS))
         # step times within 1 ns are ties; then fewer collectives, then the earlier candidate
         key = (round(step, 9), sum(cand.chunks), self.count)
-        self._seen[ident] = key
-        self._candidates[ident] = cand
+        self._seen[ident] = (key, cand)
         self.count += 1
         if self.best_key is None or key < self.best_key:
             self.best, self.best_key = cand, key
         return key
 
-    def rescore(self, scenarios: list[Scenario]) -> None:
+    def rescore(self, scenarios: list[CommModel]) -> None:
         """Make the mean step time over `scenarios` the objective, and score every candidate seen
         so far again on it, in the order they were first seen (the tie-break)."""
-        seen = list(self._candidates.values())
+        seen = [cand for _, cand in self._seen.values()]
         self.scenarios = scenarios
-        self._seen, self._candidates = {}, {}
+        self._seen = {}
         self.best = self.best_key = None
         for cand in seen:
             self.evaluate(cand)

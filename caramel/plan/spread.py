@@ -22,7 +22,6 @@ import dataclasses
 import math
 import numbers
 import statistics
-from dataclasses import dataclass
 
 from caramel.cluster.spec import ClusterSpec
 from caramel.errors import CaramelError
@@ -34,17 +33,6 @@ from caramel.sim.workload import Workload
 
 DEFAULT_INPUT_SPREAD = 0.25  # about the half-range of the instance-to-instance spread above
 MAX_INPUT_SPREAD = 4.0
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """The inputs with every worker's compute time times `compute_scale` and the bandwidth times
-    `bandwidth_scale`."""
-
-    compute_scale: float
-    bandwidth_scale: float
-    cluster: ClusterSpec
-    comm: CommModel
 
 
 def check_input_spread(input_spread: float) -> float:
@@ -71,25 +59,25 @@ def scaled_cluster(cluster: ClusterSpec, compute_scale: float, bandwidth_scale: 
                                meta=dict(cluster.meta))
 
 
-def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel) -> list[Scenario]:
-    """The clusters (and cost models) to score a candidate on; built once per planning from the
-    cost model of the inputs as given. A collective's time is its latency plus bytes times
-    `per_byte_s`, and with every link scaled alike the bandwidth part scales inversely with the
-    bandwidth: the scaled model is `comm` with `per_byte_s / bandwidth_scale` (building each
-    from scratch re-runs the message-level model: 0.39 s apiece for halving-doubling on a
+def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel) -> list[CommModel]:
+    """One cost model per scenario, each holding its scaled cluster (`.cluster`); built once per
+    planning from the cost model of the inputs as given. A collective's time is its latency plus
+    bytes times `per_byte_s`, and with every link scaled alike the bandwidth part scales inversely
+    with the bandwidth: the scaled model is `comm` with `per_byte_s / bandwidth_scale` (building
+    each from scratch re-runs the message-level model: 0.39 s apiece for halving-doubling on a
     256-worker torus)."""
     out = []
     for c, b in spread_factors(input_spread):
         scaled = copy.copy(comm)
         scaled.cluster = scaled_cluster(cluster, c, b)
         scaled.per_byte_s = comm.per_byte_s / b
-        out.append(Scenario(c, b, scaled.cluster, scaled))
+        out.append(scaled)
     return out
 
 
-def spread_step_time_s(work: Workload, scenarios: list[Scenario], overlap: str, iterations: int) -> float:
+def spread_step_time_s(work: Workload, scenarios: list[CommModel], overlap: str, iterations: int) -> float:
     """Mean steady-state step time of one prebuilt workload over the scenarios (the planner's fast path)."""
-    return statistics.fmean(predict_step_time_s(work, s.cluster, s.comm, overlap, iterations) for s in scenarios)
+    return statistics.fmean(predict_step_time_s(work, s.cluster, s, overlap, iterations) for s in scenarios)
 
 
 def spread_step_time_reference_s(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str,

@@ -12,7 +12,7 @@ from caramel.plan.spread import DEFAULT_INPUT_SPREAD, spread_step_time_reference
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
-from tests.plan.exhaustive import CASES, consecutive_groupings
+from tests.plan.exhaustive import CASES, case_inputs, consecutive_groupings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,9 +32,7 @@ def _brute_force_best(prof, cluster, overlap):
 @pytest.mark.parametrize("bandwidth_bps", [1e8, 1e9])
 @pytest.mark.parametrize("overlap", ["forward", "backward"])
 def test_planner_finds_the_exhaustive_optimum(case, bandwidth_bps, overlap):
-    sizes, times = CASES[case]
-    prof = synthetic_profile(sizes_bytes=sizes, times_s=times)
-    cluster = ClusterSpec.uniform(4, bandwidth_bps, 1e-3)
+    prof, cluster = case_inputs(CASES[case], bandwidth_bps)
     plan = make_plan("caramel", prof, cluster, overlap=overlap, input_spread=0)  # the inputs exactly
     got = simulate(prof, cluster, plan, overlap=overlap, trace=False).step_time_s
     assert got == pytest.approx(_brute_force_best(prof, cluster, overlap), rel=1e-9)

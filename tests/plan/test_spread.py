@@ -13,11 +13,11 @@ from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
 from caramel.sim.workload import param_need_s
 from tests.plan.exhaustive import CASES as EXHAUSTIVE_CASES
-from tests.plan.exhaustive import consecutive_groupings
+from tests.plan.exhaustive import UNEVEN, case_inputs, consecutive_groupings
 
 pytestmark = pytest.mark.timeout(300)
 
-CASES = dict(EXHAUSTIVE_CASES, uneven=([100_000, 900_000, 300_000, 1_500_000, 50_000], [1, 3, 1, 2, 1]))
+CASES = dict(EXHAUSTIVE_CASES, uneven=UNEVEN)
 
 
 def test_the_spread_is_nine_combinations_of_three_levels():
@@ -106,18 +106,14 @@ def _brute_force_spread_best(prof, cluster, overlap):
 def test_planner_finds_the_exhaustive_optimum_over_the_spread(case, bandwidth_bps, overlap):
     # the search is a heuristic: at 300 Mbit/s the front-heavy case with forward overlap ends
     # 0.9% behind this optimum
-    sizes, times = CASES[case]
-    prof = synthetic_profile(sizes_bytes=sizes, times_s=times)
-    cluster = ClusterSpec.uniform(4, bandwidth_bps, 1e-3)
+    prof, cluster = case_inputs(CASES[case], bandwidth_bps)
     plan = make_plan("caramel", prof, cluster, overlap=overlap)
     assert plan.options["spread_step_time_s"] == pytest.approx(_brute_force_spread_best(prof, cluster, overlap), rel=1e-9)
 
 
 def test_the_spread_trades_a_little_on_the_exact_inputs_for_less_risk():
     # the plan for the inputs exactly is the faster on them, and the slower over the spread
-    sizes, times = CASES["uneven"]
-    prof = synthetic_profile(sizes_bytes=sizes, times_s=times)
-    cluster = ClusterSpec.uniform(4, 1e9, 1e-3)
+    prof, cluster = case_inputs(UNEVEN, 1e9)
     exact = make_plan("caramel", prof, cluster, overlap="backward", input_spread=0)
     robust = make_plan("caramel", prof, cluster, overlap="backward")
     assert exact.options["spread_step_time_s"] is None and exact.options["input_spread"] == 0
