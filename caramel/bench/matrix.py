@@ -20,14 +20,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import CaramelError
+from caramel.runtime.comm_priority import COMM_PRIORITIES
 from caramel.units import format_rate, parse_rate_bps
 
 # Strategy kinds the harness knows, with the options each accepts (option -> type).
 STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
     "ddp": {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "find_unused_parameters": bool,
-            "static_graph": bool},
+            "static_graph": bool,
+            # not torch's: DDP on a gloo group of its own whose threads get the priority the engine
+            # gives its own (caramel.runtime.comm_priority); "normal", DDP as users run it, by default
+            "comm_priority": str},
     # caramel passes any further option through to the planner (planner_options).
-    "caramel": {"planner": str, "overlap": str, "split_tied": bool},
+    "caramel": {"planner": str, "overlap": str, "split_tied": bool, "comm_priority": str},
 }
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm", "concurrent")
@@ -114,6 +118,9 @@ def parse_strategy(text: str) -> Strategy:
                                f"caramel:planner=fifo,overlap=backward)")
     if kind == "caramel" and "overlap" in options and options["overlap"] not in OVERLAPS:
         raise CaramelError(f"strategy {text!r}: overlap must be one of {', '.join(OVERLAPS)}, got {options['overlap']!r}")
+    if options.get("comm_priority", "auto") not in COMM_PRIORITIES:
+        raise CaramelError(f"strategy {text!r}: comm_priority must be one of {', '.join(COMM_PRIORITIES)}, "
+                           f"got {options['comm_priority']!r}")
     if kind == "ddp" and options.get("bucket_cap_mb", 1.0) <= 0:
         raise CaramelError(f"strategy {text!r}: bucket_cap_mb must be positive")
     return Strategy(kind, tuple(sorted(options.items())))

@@ -184,6 +184,9 @@ class Record:
     """caramel: the trial kept DDP's schedule and torch DDP ran it from then on (the engine's timeline stops there)"""
     plan: dict[str, Any] | None = None
     """caramel: the plan the engine ran last (`Engine.stats_dict()["plan"]`): order, bucket sizes, prediction, the link it assumed"""
+    comm_priority: dict[str, Any] | None = None
+    """the CPU priority its communication threads ran at (`caramel.runtime.comm_priority.CommPriority.to_dict()`);
+    None for DDP as users run it (normal priority, the job's own group)"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -224,7 +227,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
-            plan=st.get("plan"), timeline=raw.get("timeline", {}).get(name), **common))
+            plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
+            **common))
     return records
 
 
@@ -422,7 +426,7 @@ def format_breakdown(records: list[Record]) -> str:
                 if r.delegated_to_ddp:
                     trial += " (run by torch DDP from then on)"
             lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
-                         f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}")
+                         f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}{_priority_note(r.comm_priority)}")
             if r.plan and not r.delegated_to_ddp:
                 lines.append(f"    plan: {_plan_line(r.plan)}")
             if r.timeline and not r.delegated_to_ddp:
@@ -433,6 +437,15 @@ def format_breakdown(records: list[Record]) -> str:
                              f"{_ms(tl.get('busy_hidden_comm_s'))} ms of it behind real computation; "
                              f"blocked waiting {_ms(tl.get('wait_s'))} ms")
     return "\n".join(lines)
+
+
+def _priority_note(prio: dict[str, Any] | None) -> str:
+    """Where a strategy's communication threads ran at a priority of their own: which, and why not real-time."""
+    if not prio or prio.get("mode") == "normal":
+        return ""
+    if prio.get("applied") == "realtime":
+        return f"; communication threads at real-time priority ({prio.get('threads')} threads)"
+    return f"; communication threads at normal priority ({prio.get('reason')})"
 
 
 def _plan_line(plan: dict[str, Any]) -> str:

@@ -82,11 +82,35 @@ def build_ddp(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ct
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     kwargs = strategy.option_dict()
+    group, prio = _ddp_group(kwargs.pop("comm_priority", "normal"), ctx)
     if ctx.device.type == "cuda":
         kwargs.update(device_ids=[ctx.device.index], output_device=ctx.device.index)
-    wrapped = DDP(model, process_group=ctx.process_group, **kwargs)
+    wrapped = DDP(model, process_group=group, **kwargs)
     # DDP's optimizer holds the same parameters (DDP does not copy them), so it needs no rewrap.
-    return TrainRunner(strategy.name, wrapped, optimizer, inputs, targets, loss_fn, ctx.device)
+    return TrainRunner(strategy.name, wrapped, optimizer, inputs, targets, loss_fn, ctx.device,
+                       stats=(lambda: {"comm_priority": prio.to_dict()}) if prio is not None else None)
+
+
+def _ddp_group(mode: Any, ctx: StrategyContext):
+    """The process group DDP runs on: the job's own for `comm_priority="normal"` (DDP as users run
+    it); else a new gloo group over the same ranks whose threads get the priority the engine gives
+    its own (`caramel.runtime.comm_priority`), so that a table can tell the engine's schedule
+    from the threads' priority."""
+    from caramel.runtime.comm_priority import COMM_PRIORITIES, CommPriority
+
+    if mode not in COMM_PRIORITIES:
+        raise ValueError(f"ddp option comm_priority must be one of {', '.join(COMM_PRIORITIES)}, got {mode!r}")
+    if mode == "normal" or ctx.world_size == 1:
+        return ctx.process_group, None
+    if ctx.device.type != "cpu":
+        raise StrategyUnavailable(f"comm_priority={mode} applies to gloo's threads (CPU training); this job runs on {ctx.device}")
+    import torch.distributed as dist
+
+    prio = CommPriority.resolve(mode)
+    if mode == "realtime" and prio.reason is not None:
+        raise StrategyUnavailable(f"comm_priority=realtime: {prio.reason}")
+    ranks = dist.get_process_group_ranks(ctx.process_group or dist.group.WORLD)
+    return prio.start(lambda: dist.new_group(ranks, backend="gloo")), prio
 
 
 def caramel_api():

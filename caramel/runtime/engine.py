@@ -576,7 +576,7 @@ class Engine:
             "plan_fingerprint": self.plan.fingerprint if self.plan else None, "overlap": self.overlap,
             "buckets": len(self.buckets), "items": len(self.plan.order) if self.plan else 0,
             "overlap_trial": s.extra.get("overlap_trial"), "delegated_to_ddp": self.delegating,
-            "plan": self._plan_summary(),
+            "plan": self._plan_summary(), "comm_priority": s.extra.get("comm_priority"),
         }
 
     def _plan_summary(self) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from caramel.plan.plan import Plan
 from caramel.plan.planners import make_plan
 from caramel.profile.model_profile import ModelProfile, model_fingerprint
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype_name, unique_params
+from caramel.runtime.comm_priority import COMM_PRIORITIES, CommPriority
 from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
@@ -67,7 +68,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                 broadcast_buffers: bool = True, find_unused_parameters: bool = True, split_tied: bool = True,
                 profile_steps: int = 2, check_every: int = 100,
                 replan: str = "off", timeout_s: float | None = None, trial_steps: int = DEFAULT_TRIAL_STEPS,
-                trial_passes: int = DEFAULT_TRIAL_PASSES, **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
+                trial_passes: int = DEFAULT_TRIAL_PASSES, comm_priority: str = "auto",
+                **planner_options: Any) -> tuple[CaramelModel, torch.optim.Optimizer]:
     """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
@@ -84,6 +86,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     if isinstance(trial_passes, bool) or not isinstance(trial_passes, int) or trial_passes < 1:
         raise CaramelError(f"trial_passes must be an integer >= 1 (the most passes an undecided overlap trial runs), "
                            f"got {trial_passes!r}")
+    if not isinstance(comm_priority, str) or comm_priority not in COMM_PRIORITIES:
+        raise CaramelError(f"comm_priority must be one of {', '.join(COMM_PRIORITIES)}, got {comm_priority!r}")
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -123,10 +127,17 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
             if world == 1:
                 raise
             input_error, plan, profile = str(e), None, None
+        prio = CommPriority.resolve(comm_priority if world > 1 else "normal")
+        if comm_priority == "realtime" and prio.reason is not None and input_error is None:
+            input_error = (f"comm_priority='realtime': {prio.reason}; pass comm_priority='auto' to fall back to "
+                           "normal priority")
+            if world == 1:
+                raise CaramelError(input_error)
         # planner options are not compared: only rank 0 plans
         options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
+                   "comm_priority": comm_priority,
                    "plan": plan.fingerprint if plan is not None else None, "profile given": profile is not None,
                    "cluster": json.dumps(cluster.to_dict(), sort_keys=True, default=str) if cluster is not None else None}
         _check_same_model(signature, fingerprint, group, rank, world, options, input_error)
@@ -136,7 +147,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise
     _broadcast_state(model, group, world)
     _GROUP_COUNTER[0] += 1
-    comm = gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s) if world > 1 else _LocalGroup()
+    comm = (prio.start(lambda: gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
+            if world > 1 else _LocalGroup())
     trace_path = _trace_path(trace, rank, world)
     recorder = Recorder(rank, world, enabled=trace_path is not None)
     lazy_ok = steps_per_parameter(optimizer)
@@ -149,11 +161,13 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                              fingerprint, lazy_ok, profile_steps, check_every, replan,
                              trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers,
-                             trial_passes=trial_passes, find_unused_parameters=find_unused_parameters)
+                             trial_passes=trial_passes, find_unused_parameters=find_unused_parameters,
+                             comm_priority=prio)
     engine.controller = controller
     tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
     if tied:  # before any plan or profile, which see the split
-        engine.split_tied(tied, gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
+        engine.split_tied(tied, prio.start(lambda: gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1,
+                                                              timeout_s=timeout_s)))
     if world == 1:
         if recorder.enabled:
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
@@ -165,7 +179,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     else:
         controller.start_profiling()
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
-        sync = _BufferSync(model, engine, group, _GROUP_COUNTER[0], timeout_s)
+        sync = _BufferSync(model, engine, prio.start(lambda: gloo_group(f"buf{_GROUP_COUNTER[0]}", group, threads=1,
+                                                                        timeout_s=timeout_s)))
         engine.group_holders.append(sync)
         # first of the model's pre-hooks, as DDP broadcasts before the module runs: the broadcast
         # waits for the slowest peer, which is communication, not forward time, so the online
@@ -174,6 +189,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         # step's window)
         model.register_forward_pre_hook(sync.pre_forward, prepend=True)
         model.register_forward_hook(sync.post_forward, always_call=True)
+    if world > 1:
+        engine.stats.extra["comm_priority"] = prio.to_dict()
     wrapped = CaramelModel(model, engine)
     _LIVE_ENGINES.add(engine)
     if trace_path is not None:
@@ -259,7 +276,8 @@ class _Controller:
     def __init__(self, engine: Engine, model: nn.Module, names, params, group, rank: int, world: int,
                  planner: str, cluster: ClusterSpec | None, planner_options: dict, fingerprint: str,
                  lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off", trial_steps: int = 0,
-                 broadcast_buffers: bool = True, trial_passes: int = 1, find_unused_parameters: bool = True):
+                 broadcast_buffers: bool = True, trial_passes: int = 1, find_unused_parameters: bool = True,
+                 comm_priority: CommPriority | None = None):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
@@ -282,6 +300,7 @@ class _Controller:
         self.trial: OverlapTrial | None = None
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        self.comm_priority = comm_priority or CommPriority("normal")
         self.trial_passes = trial_passes
         self.muted = False  # mute_gradient_communication: the schedule in force stays
         engine.on_step_end = self.on_step_end
@@ -496,9 +515,24 @@ class _Controller:
             kwargs = {} if self.broadcast_buffers else {"broadcast_buffers": False}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                ddp = DistributedDataParallel(self.model, process_group=self.group,
+                ddp = DistributedDataParallel(self.model, process_group=self._ddp_group(),
                                               find_unused_parameters=self.find_unused_parameters, **kwargs)
         self.engine.delegate_to(ddp)
+
+    def _ddp_group(self):
+        """The group torch DDP runs on after a hand-over. The trial timed DDP's schedule on the
+        engine's own threads, so where those are at real-time priority (`comm_priority`) and the
+        job's group is the default gloo group, DDP gets a new gloo group over it whose threads
+        are raised the same way; otherwise the job's group itself (a subgroup cannot be copied
+        without every process of the job taking part)."""
+        if self.comm_priority.mode == "normal" or self.group is not dist.group.WORLD or dist.get_backend(self.group) != "gloo":
+            return self.group
+        import datetime
+
+        timeout = datetime.timedelta(seconds=self.engine.timeout_s)
+        group = self.comm_priority.start(lambda: dist.new_group(backend="gloo", timeout=timeout))
+        self.engine.stats.extra["comm_priority"] = self.comm_priority.to_dict()
+        return group
 
     def _periodic_check(self) -> None:
         """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,
@@ -654,10 +688,10 @@ class _BufferSync:
     not under no_sync), exactly when DDP does it. A group of its own, so it never queues
     behind gradients."""
 
-    def __init__(self, model: nn.Module, engine: Engine, group, n: int, timeout_s):
+    def __init__(self, model: nn.Module, engine: Engine, pg):
         self.buffers = [b for b in model.buffers()]
         self.engine = engine
-        self.pg = gloo_group(f"buf{n}", group, threads=1, timeout_s=timeout_s)
+        self.pg = pg
         from torch.distributed import BroadcastOptions
         self.opts = BroadcastOptions()
         self.opts.rootRank = 0

@@ -13,6 +13,8 @@ def test_strategy_names_are_canonical():
     assert parse_strategy("ddp").name == "ddp"
     assert parse_strategy("ddp:bucket_cap_mb=50").option_dict() == {"bucket_cap_mb": 50.0}
     assert parse_strategy("caramel:planner=caramel,max_chunks=4").option_dict()["max_chunks"] == 4
+    assert parse_strategy("ddp:comm_priority=realtime").option_dict() == {"comm_priority": "realtime"}
+    assert parse_strategy("caramel:comm_priority=normal").name == "caramel:comm_priority=normal"
 
 
 def test_strategy_list_keeps_variant_options_together():
@@ -21,7 +23,8 @@ def test_strategy_list_keeps_variant_options_together():
 
 
 @pytest.mark.parametrize("bad", ["fast", "ddp:planner=fifo", "caramel:overlap=sideways", "caramel:planner",
-                                 "caramel:=x", "ddp:bucket_cap_mb=-1", "ddp:bucket_cap_mb=big", "ddp,,caramel", "ddp,ddp"])
+                                 "caramel:=x", "ddp:bucket_cap_mb=-1", "ddp:bucket_cap_mb=big", "ddp,,caramel", "ddp,ddp",
+                                 "ddp:comm_priority=high", "caramel:comm_priority=1"])
 def test_bad_strategies_are_user_errors(bad):
     with pytest.raises(CaramelError):
         parse_strategies(bad)

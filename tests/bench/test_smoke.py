@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(150)
 def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     out, md, trace = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "trace"
     rc = main(["bench", "--model", "tiny_gpt", "--workers", "2", "--network", "loopback",
-               "--strategies", "ddp,caramel,caramel:planner=fifo,overlap=backward",
+               "--strategies", "ddp,caramel,caramel:planner=fifo,overlap=backward,ddp:comm_priority=auto",
                "--rounds", "2", "--steps", "3", "--warmup", "1", "--timeout", "100",
                "--json", str(out), "--markdown", str(md), "--trace", str(trace)])
     printed = capsys.readouterr().out
@@ -22,7 +22,7 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["format"] == "caramel.bench/1"
     recs = {r["strategy"]: r for r in data["records"]}
-    assert set(recs) == {"ddp", "caramel", "caramel:overlap=backward,planner=fifo"}
+    assert set(recs) == {"ddp", "caramel", "caramel:overlap=backward,planner=fifo", "ddp:comm_priority=auto"}
     for r in recs.values():
         assert r["skipped"] is None, r["skipped"]
         assert r["workers"] == 2 and r["model"] == "tiny_gpt" and r["network"] == "loopback (unshaped)"
@@ -43,6 +43,12 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     fifo = recs["caramel:overlap=backward,planner=fifo"]["plan"]
     assert fifo["planner"] == "fifo" and fifo["items"] >= 1 and recs["ddp"]["plan"] is None
     assert "timeline (mean per step)" in md.read_text()
+    # the engine's communication threads, and those of DDP's own group when asked: the priority they got
+    for name in ("caramel", "ddp:comm_priority=auto"):
+        prio = recs[name]["comm_priority"]
+        assert prio["mode"] == "auto" and prio["applied"] in ("realtime", "normal"), prio
+        assert (prio["applied"] == "realtime") == (prio["reason"] is None) == (prio["threads"] > 0), prio
+    assert recs["ddp"]["comm_priority"] is None
 
 
 @pytest.mark.parametrize("args", [["--strategies", "ddp,fast"], ["--model", "nope"], ["--bandwidth", "fast"],

@@ -62,6 +62,13 @@ def test_delegation_to_torch_ddp_is_exact(family):
         assert not any(flags[s] for s in range(6)) and all(flags[s] for s in range(6, 12)), flags
         assert not any(flags[s] for s in range(12, steps)), "a re-profile takes the gradients back"
         assert res["diff"] <= 2e-5, f"rank {rank} {family}: {res['diff']}"
+        # as the trial timed DDP's schedule: on threads at the engine's priority (a group of its own)
+        prio = res["comm_priority"]
+        engine_threads = 4 if family == "cnn_bn" else 2  # gradients, and the buffer broadcast's group
+        if prio["applied"] == "realtime":
+            assert not res["ddp_on_job_group"] and prio["threads"] > engine_threads, prio
+        else:
+            assert res["ddp_on_job_group"] and prio["threads"] == 0, prio
         assert res["after_shutdown"] and "caramel.shutdown()" in res["after_shutdown"], res["after_shutdown"]
 
 

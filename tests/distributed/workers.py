@@ -241,6 +241,9 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
         one(ddp, ropt, rsched, lambda o: torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.05), step)
         one(model, opt, sched, lambda o: caramel.clip_grad_norm_(o, 0.05), step)
         out["delegating"][step] = opt.engine.delegating
+        if step == 6:
+            out["ddp_on_job_group"] = opt.engine.ddp.process_group is dist.group.WORLD
+            out["comm_priority"] = opt.engine.stats_dict()["comm_priority"]
     opt.synchronize()
     out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
     out["stats"] = opt.engine.stats_dict()["delegated_to_ddp"]
