@@ -107,10 +107,14 @@ def _ddp_group(mode: Any, ctx: StrategyContext):
     import torch.distributed as dist
 
     prio = CommPriority.resolve(mode)
+    ranks = dist.get_process_group_ranks(ctx.process_group or dist.group.WORLD)
+    # every rank makes the group, whatever its own privilege says (new_group waits for all of
+    # them); a rank refused real-time priority reports it afterwards, and the harness then skips
+    # the strategy on every rank
+    group = prio.start(lambda: dist.new_group(ranks, backend="gloo"))
     if mode == "realtime" and prio.reason is not None:
         raise StrategyUnavailable(f"comm_priority=realtime: {prio.reason}")
-    ranks = dist.get_process_group_ranks(ctx.process_group or dist.group.WORLD)
-    return prio.start(lambda: dist.new_group(ranks, backend="gloo")), prio
+    return group, prio
 
 
 def caramel_api():

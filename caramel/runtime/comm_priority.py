@@ -19,19 +19,21 @@ the last 50 ms goes back to normal priority for a second, then is raised again. 
 3-10% of a core, so the governor stays out of the way until a thread spins.
 
 It needs Linux and the privilege to set a real-time policy (root with CAP_SYS_NICE, or an
-RLIMIT_RTPRIO above 0). `comm_priority="auto"` uses it where allowed and otherwise keeps
-normal priority and records why; `"realtime"` is an error where it is not allowed (found
-before anything is created: `realtime_refused`); `"normal"` leaves the threads alone. Only
-threads seen to start while one of the engine's own backends was built are changed, never
-those of the process group the user passed; torch DDP's only after a hand-over, on a group
-the engine made for it (`_Controller._ddp_group`).
+RLIMIT_RTPRIO of 2 or more, for the governor), and the kernel's real-time throttling on.
+`comm_priority="auto"` uses it where allowed and otherwise keeps normal priority and records
+why; `"realtime"` is an error where it is not allowed (found before anything is created:
+`realtime_refused`); `"normal"` leaves the threads alone. Only native threads seen to start
+while one of the engine's own backends was built are changed, never those of the process
+group the user passed; torch DDP's only after a hand-over, on a group the engine made for it
+(`_Controller._ddp_group`).
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 COMM_PRIORITIES = ("auto", "realtime", "normal")
@@ -45,23 +47,35 @@ T = TypeVar("T")
 
 
 def realtime_refused() -> str | None:
-    """Why this process cannot give a thread real-time priority, or None if it can. Tried on
-    a short-lived thread of its own, so nothing of the caller's changes."""
+    """Why this process cannot give its communication threads real-time priority with the
+    governor above them, or None if it can. Tried on a short-lived thread of its own (at the
+    governor's priority, the higher of the two), so nothing of the caller's changes."""
     if not hasattr(os, "sched_setscheduler") or _thread_ids() is None:
         return "real-time thread priority needs Linux (os.sched_setscheduler and /proc/self/task)"
+    if _rt_throttling_off():
+        return ("the kernel's real-time throttling is off (/proc/sys/kernel/sched_rt_runtime_us is -1): a "
+                "communication thread that spins could then keep a core from everything else for good")
     refused: list[str] = []
 
     def probe() -> None:
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(GOVERNOR_PRIORITY))
         except OSError as e:
-            refused.append(f"setting SCHED_FIFO was refused ({e.strerror or e}); it needs root with CAP_SYS_NICE "
-                           "or a positive RLIMIT_RTPRIO (ulimit -r)")
+            refused.append(f"setting SCHED_FIFO (priority {GOVERNOR_PRIORITY}) was refused ({e.strerror or e}); it "
+                           f"needs root with CAP_SYS_NICE or RLIMIT_RTPRIO >= {GOVERNOR_PRIORITY} (ulimit -r)")
 
     t = threading.Thread(target=probe, name="caramel-rt-probe")
     t.start()
     t.join()
     return refused[0] if refused else None
+
+
+def _rt_throttling_off() -> bool:
+    try:
+        with open("/proc/sys/kernel/sched_rt_runtime_us") as f:
+            return f.read().strip() == "-1"
+    except OSError:
+        return False
 
 
 @dataclass
@@ -74,6 +88,7 @@ class CommPriority:
     applied: str = "normal"
     reason: str | None = None
     threads: int = 0
+    tids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.mode in COMM_PRIORITIES, self.mode
@@ -98,8 +113,11 @@ class CommPriority:
             return build()
         before = _thread_ids() or set()
         result = build()
+        # the backend's threads are native; a Python thread started meanwhile elsewhere in the
+        # process (a logger, a checkpoint writer) is not the engine's to raise
+        python_threads = {t.native_id for t in threading.enumerate()}
         raised = []
-        for tid in sorted((_thread_ids() or set()) - before):
+        for tid in sorted((_thread_ids() or set()) - before - python_threads):
             try:
                 _raise(tid)
             except ProcessLookupError:
@@ -110,17 +128,21 @@ class CommPriority:
             raised.append(tid)
         if raised:
             self.threads += len(raised)
+            self.tids.extend(raised)
             self.applied = "realtime"
             governor().watch(raised)
         return result
 
     def to_dict(self) -> dict:
+        """What the threads got, and how often the governor lowered one of them for a rest."""
+        demotions = governor().demotions_of(self.tids) if self.tids else 0
         return {"mode": self.mode, "applied": self.applied, "reason": self.reason, "threads": self.threads,
-                "demotions": governor().demotions if self.threads else 0}
+                "demotions": demotions}
 
 
 def _raise(tid: int) -> None:
-    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+    # reset on fork: a thread it starts (an OpenMP team) is not raised, and not watched either
+    os.sched_setscheduler(tid, os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0), os.sched_param(REALTIME_PRIORITY))
 
 
 def _lower(tid: int) -> None:
@@ -136,56 +158,79 @@ class _Governor:
     """Puts a raised thread back to normal priority for `GOVERNOR_REST_S` when it used more than
     `GOVERNOR_MAX_CORE_SHARE` of a core over the last `GOVERNOR_WINDOW_S`, then raises it again.
     Runs on a daemon thread of its own at a higher real-time priority than the threads it
-    watches (it sleeps between looks); `demotions` counts the times it stepped in."""
+    watches (it sleeps between looks). It is Python, so it also needs the GIL: while raised
+    threads spin on every core and a starved main thread holds the GIL, it gets its turn
+    through the kernel's real-time throttling (5% of each core by default), within about a
+    second; `realtime_refused` refuses where that throttling is off."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.watched: dict[int, list] = {}  # tid -> [cpu_s, at_s, resting_until_s or None]
-        self.demotions = 0
+        self.demotions: dict[int, int] = {}  # tid -> times lowered for a rest
         self.thread: threading.Thread | None = None
 
     def watch(self, tids: list[int]) -> None:
         now = time.monotonic()
+        clocks = {}
+        for tid in tids:
+            try:
+                clocks[tid] = _cpu_s(tid)
+            except OSError:
+                continue  # already ended
         with self.lock:
-            for tid in tids:
-                try:
-                    self.watched[tid] = [_cpu_s(tid), now, None]
-                except OSError:
-                    continue
-            if self.thread is None:
+            for tid, cpu in clocks.items():
+                self.watched[tid] = [cpu, now, None]
+            start = self.thread is None
+            if start:
                 self.thread = threading.Thread(target=self._run, name="caramel-comm-governor", daemon=True)
-                self.thread.start()
+        if start:
+            self.thread.start()
+
+    def demotions_of(self, tids: list[int]) -> int:
+        with self.lock:
+            return sum(self.demotions.get(t, 0) for t in tids)
 
     def _run(self) -> None:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(GOVERNOR_PRIORITY))
-        except OSError:
-            pass  # it still runs; only later while a raised thread spins
+        except OSError as e:  # probed before any thread was raised: only a changed limit gets here
+            warnings.warn(f"caramel: the communication threads' governor runs at normal priority ({e}); a "
+                          "spinning raised thread may then starve it", RuntimeWarning, stacklevel=1)
         while True:
             time.sleep(GOVERNOR_WINDOW_S)
-            self.look(time.monotonic())
+            try:
+                self.look(time.monotonic())
+            except Exception as e:  # noqa: BLE001 - a guard that dies leaves the raised threads unguarded
+                warnings.warn(f"caramel: the communication threads' governor failed a look ({e!r}); going on",
+                              RuntimeWarning, stacklevel=1)
 
     def look(self, now: float) -> None:
-        """One round: demote the threads that kept a core busy, raise the rested ones again."""
+        """One round: demote the threads that kept a core busy, raise the rested ones again;
+        forget the threads that ended (their backend was destroyed)."""
         with self.lock:
             for tid, state in list(self.watched.items()):
                 try:
                     cpu = _cpu_s(tid)
-                    share = (cpu - state[0]) / max(now - state[1], 1e-6)
+                except OSError:  # the thread ended: its clock is gone
+                    del self.watched[tid]
+                    continue
+                share = (cpu - state[0]) / max(now - state[1], 1e-6)
+                state[0], state[1] = cpu, now
+                try:
                     if state[2] is None and share > GOVERNOR_MAX_CORE_SHARE:
                         _lower(tid)
                         state[2] = now + GOVERNOR_REST_S
-                        self.demotions += 1
+                        self.demotions[tid] = self.demotions.get(tid, 0) + 1
                     elif state[2] is not None and now >= state[2]:
                         _raise(tid)
                         state[2] = None
-                except OSError:  # the thread ended (its backend was destroyed)
+                except ProcessLookupError:
                     del self.watched[tid]
-                    continue
-                state[0], state[1] = cpu, now
 
 
 _GOVERNOR: list[_Governor] = []
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads, nor its governor
+    os.register_at_fork(after_in_child=_GOVERNOR.clear)
 
 
 def governor() -> _Governor:

@@ -104,6 +104,8 @@ class Engine:
         self.save_trace = None
         self.group_holders: list = []  # other objects holding a private group (`.pg`), released with it
         self.ddp: nn.Module | None = None  # torch DDP around the module, made on the first delegation
+        self.ddp_group = None  # a process group made for that DDP (released with the engine), or None
+        self.comm_priority = None  # the CommPriority its communication threads got (None: one process)
         self.delegating = False  # gradients go through self.ddp; the engine's hooks stand aside
         self.row_exchanges: list[RowExchange] = []  # tied embeddings whose rows travel apart (split_tied)
         self._rows_of_bucket: dict[int, list[RowExchange]] = {}
@@ -555,6 +557,14 @@ class Engine:
         self.delegating, self.ddp = False, None  # a later step is an error here too, not DDP quietly
         for holder in self.group_holders:
             holder.pg = None
+        if self.ddp_group is not None:
+            import torch.distributed as dist
+
+            group, self.ddp_group = self.ddp_group, None
+            try:
+                dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 - the job's default group may be gone already at exit
+                pass
 
     def remove_hooks(self) -> None:
         for h in self._hook_handles + self._grad_handles:
@@ -576,7 +586,8 @@ class Engine:
             "plan_fingerprint": self.plan.fingerprint if self.plan else None, "overlap": self.overlap,
             "buckets": len(self.buckets), "items": len(self.plan.order) if self.plan else 0,
             "overlap_trial": s.extra.get("overlap_trial"), "delegated_to_ddp": self.delegating,
-            "plan": self._plan_summary(), "comm_priority": s.extra.get("comm_priority"),
+            "plan": self._plan_summary(),
+            "comm_priority": self.comm_priority.to_dict() if self.comm_priority is not None else None,
         }
 
     def _plan_summary(self) -> dict[str, Any] | None:

@@ -190,7 +190,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         model.register_forward_pre_hook(sync.pre_forward, prepend=True)
         model.register_forward_hook(sync.post_forward, always_call=True)
     if world > 1:
-        engine.stats.extra["comm_priority"] = prio.to_dict()
+        engine.comm_priority = prio
     wrapped = CaramelModel(model, engine)
     _LIVE_ENGINES.add(engine)
     if trace_path is not None:
@@ -521,18 +521,18 @@ class _Controller:
 
     def _ddp_group(self):
         """The group torch DDP runs on after a hand-over. The trial timed DDP's schedule on the
-        engine's own threads, so where those are at real-time priority (`comm_priority`) and the
-        job's group is the default gloo group, DDP gets a new gloo group over it whose threads
-        are raised the same way; otherwise the job's group itself (a subgroup cannot be copied
-        without every process of the job taking part)."""
+        engine's own threads, so unless `comm_priority="normal"`, when the job's group is the
+        default gloo group, DDP gets a new gloo group over it whose threads get what the engine's
+        got (real-time where allowed; decided by the mode, the same on every rank, so that every
+        rank makes the group); otherwise the job's group itself (a subgroup cannot be copied
+        without every process of the job taking part). Released with the engine."""
         if self.comm_priority.mode == "normal" or self.group is not dist.group.WORLD or dist.get_backend(self.group) != "gloo":
             return self.group
         import datetime
 
         timeout = datetime.timedelta(seconds=self.engine.timeout_s)
-        group = self.comm_priority.start(lambda: dist.new_group(backend="gloo", timeout=timeout))
-        self.engine.stats.extra["comm_priority"] = self.comm_priority.to_dict()
-        return group
+        self.engine.ddp_group = self.comm_priority.start(lambda: dist.new_group(backend="gloo", timeout=timeout))
+        return self.engine.ddp_group
 
     def _periodic_check(self) -> None:
         """Every `check_every` steps, on every rank: one all-reduce (MAX) of the plan fingerprint,
