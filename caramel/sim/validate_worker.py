@@ -249,8 +249,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # reshapes the links): how much this model's compute slows while collectives stream, and
     # each configuration's step with its gradient communication muted.
     from caramel.distributed import gloo_group
+    from caramel.runtime.comm_priority import CommPriority
 
-    group = gloo_group("slowdown", None, threads=1, timeout_s=timeout_s)
+    # at the priority the engine gives its own threads (comm_priority="auto"), so that the
+    # slowdown is measured as the engine's collectives cause it
+    group = CommPriority.resolve("auto").start(lambda: gloo_group("slowdown", None, threads=1, timeout_s=timeout_s))
     grad_bytes = sum(p.bytes for p in profile.params if p.requires_grad)
     configs_at = {bw: [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw] for bw in bandwidths}
     slowdowns, muted = {}, {}
@@ -317,7 +320,11 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
     info = caramel.init_distributed(timeout_s=float(job["timeout_s"]))
     w = workload(job, torch.device(info.device))
     step = train_step(w, sgd(w.model, job["lr"]))
-    group = gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"]))
+    from caramel.runtime.comm_priority import CommPriority
+
+    # at the engine's priority, as the slowdown group above
+    group = CommPriority.resolve("auto").start(
+        lambda: gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"])))
     buf = torch.ones(job["bytes"] // 4)
 
     def reduce_all(out: list[float]) -> None:
