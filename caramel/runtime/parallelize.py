@@ -127,12 +127,11 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
             if world == 1:
                 raise
             input_error, plan, profile = str(e), None, None
+        # one process has no communication threads: nothing to raise, nothing to refuse
         prio = CommPriority.resolve(comm_priority if world > 1 else "normal")
         if comm_priority == "realtime" and prio.reason is not None and input_error is None:
             input_error = (f"comm_priority='realtime': {prio.reason}; pass comm_priority='auto' to fall back to "
                            "normal priority")
-            if world == 1:
-                raise CaramelError(input_error)
         # planner options are not compared: only rank 0 plans
         options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
