@@ -12,10 +12,15 @@ import os
 import socket
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 
 from caramel.errors import CaramelError
+
+if TYPE_CHECKING:
+    from caramel.runtime.comm_priority import CommPriority
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -137,12 +142,14 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
 
 
 def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int = 1,
-               timeout_s: float | None = None) -> dist.ProcessGroup | "dist.ProcessGroupGloo":
+               timeout_s: float | None = None, priority: "CommPriority | None" = None
+               ) -> dist.ProcessGroup | "dist.ProcessGroupGloo":
     """A private gloo backend over `group`'s ranks with `threads` worker threads.
 
     With one thread, collectives run strictly in the order they are issued: the engine relies
     on this so that its issue order is also the order bytes go on the wire. Every rank of
-    `group` must call this with the same `prefix`, in the same order.
+    `group` must call this with the same `prefix`, in the same order. With `priority`, the
+    backend's threads get it (`caramel.runtime.comm_priority.CommPriority.start`).
     """
     from torch.distributed import ProcessGroupGloo
     from torch.distributed.distributed_c10d import _get_default_store
@@ -157,8 +164,13 @@ def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int
     opts._timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     opts._threads = threads
     iface = os.environ.get("GLOO_SOCKET_IFNAME")
-    if iface:
-        opts._devices = [ProcessGroupGloo.create_device(interface=i) for i in iface.split(",")]
-    else:
-        opts._devices = [ProcessGroupGloo.create_default_device()]
-    return ProcessGroupGloo(store, rank, size, opts)
+
+    def build() -> "dist.ProcessGroupGloo":
+        # the devices start the loop threads, the backend its worker threads: both under `priority`
+        if iface:
+            opts._devices = [ProcessGroupGloo.create_device(interface=i) for i in iface.split(",")]
+        else:
+            opts._devices = [ProcessGroupGloo.create_default_device()]
+        return ProcessGroupGloo(store, rank, size, opts)
+
+    return build() if priority is None else priority.start(build)

@@ -81,13 +81,11 @@ def _rt_throttling_off() -> bool:
 @dataclass
 class CommPriority:
     """What was asked (`mode`, one of `COMM_PRIORITIES`) and what the engine's communication
-    threads got: `applied` is "realtime" or "normal", `reason` says why normal where real-time
-    was asked for or allowed, `threads` counts the threads raised."""
+    threads got: `tids` the threads raised, `reason` why normal priority where real-time was
+    asked for or allowed."""
 
     mode: str = "auto"
-    applied: str = "normal"
     reason: str | None = None
-    threads: int = 0
     tids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -106,6 +104,15 @@ class CommPriority:
     def allowed(self) -> bool:
         return self.mode != "normal" and self.reason is None
 
+    @property
+    def applied(self) -> str:
+        """"realtime" once any thread was raised, else "normal"."""
+        return "realtime" if self.tids else "normal"
+
+    @property
+    def threads(self) -> int:
+        return len(self.tids)
+
     def start(self, build: Callable[[], T]) -> T:
         """Run `build`, which creates a communication backend, and give the threads it
         started real-time priority when allowed."""
@@ -119,7 +126,7 @@ class CommPriority:
         raised = []
         for tid in sorted((_thread_ids() or set()) - before - python_threads):
             try:
-                _raise(tid)
+                raise_thread(tid)
             except ProcessLookupError:
                 continue  # a short-lived thread that has already ended
             except OSError as e:  # allowed a moment ago: keep what was raised, say why no more
@@ -127,9 +134,7 @@ class CommPriority:
                 break
             raised.append(tid)
         if raised:
-            self.threads += len(raised)
             self.tids.extend(raised)
-            self.applied = "realtime"
             governor().watch(raised)
         return result
 
@@ -140,12 +145,14 @@ class CommPriority:
                 "demotions": demotions}
 
 
-def _raise(tid: int) -> None:
+def raise_thread(tid: int) -> None:
+    """Thread `tid` of this process to `SCHED_FIFO` `REALTIME_PRIORITY`."""
     # reset on fork: a thread it starts (an OpenMP team) is not raised, and not watched either
     os.sched_setscheduler(tid, os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0), os.sched_param(REALTIME_PRIORITY))
 
 
-def _lower(tid: int) -> None:
+def lower_thread(tid: int) -> None:
+    """Thread `tid` of this process back to normal priority."""
     os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
@@ -218,11 +225,11 @@ class _Governor:
                 state[0], state[1] = cpu, now
                 try:
                     if state[2] is None and share > GOVERNOR_MAX_CORE_SHARE:
-                        _lower(tid)
+                        lower_thread(tid)
                         state[2] = now + GOVERNOR_REST_S
                         self.demotions[tid] = self.demotions.get(tid, 0) + 1
                     elif state[2] is not None and now >= state[2]:
-                        _raise(tid)
+                        raise_thread(tid)
                         state[2] = None
                 except ProcessLookupError:
                     del self.watched[tid]

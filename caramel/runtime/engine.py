@@ -558,8 +558,6 @@ class Engine:
         for holder in self.group_holders:
             holder.pg = None
         if self.ddp_group is not None:
-            import torch.distributed as dist
-
             group, self.ddp_group = self.ddp_group, None
             try:
                 dist.destroy_process_group(group)

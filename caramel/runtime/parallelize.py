@@ -146,7 +146,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise
     _broadcast_state(model, group, world)
     _GROUP_COUNTER[0] += 1
-    comm = (prio.start(lambda: gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s))
+    comm = (gloo_group(f"grad{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s, priority=prio)
             if world > 1 else _LocalGroup())
     trace_path = _trace_path(trace, rank, world)
     recorder = Recorder(rank, world, enabled=trace_path is not None)
@@ -165,8 +165,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     engine.controller = controller
     tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
     if tied:  # before any plan or profile, which see the split
-        engine.split_tied(tied, prio.start(lambda: gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1,
-                                                              timeout_s=timeout_s)))
+        engine.split_tied(tied, gloo_group(f"rows{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s,
+                                           priority=prio))
     if world == 1:
         if recorder.enabled:
             engine._install_forward_hooks()  # passthrough: no plan; forward events for the trace
@@ -178,8 +178,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     else:
         controller.start_profiling()
     if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
-        sync = _BufferSync(model, engine, prio.start(lambda: gloo_group(f"buf{_GROUP_COUNTER[0]}", group, threads=1,
-                                                                        timeout_s=timeout_s)))
+        sync = _BufferSync(model, engine, gloo_group(f"buf{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s,
+                                                     priority=prio))
         engine.group_holders.append(sync)
         # first of the model's pre-hooks, as DDP broadcasts before the module runs: the broadcast
         # waits for the slowest peer, which is communication, not forward time, so the online

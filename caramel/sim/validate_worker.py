@@ -253,7 +253,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     # at the priority the engine gives its own threads (comm_priority="auto"), so that the
     # slowdown is measured as the engine's collectives cause it
-    group = CommPriority.resolve("auto").start(lambda: gloo_group("slowdown", None, threads=1, timeout_s=timeout_s))
+    group = gloo_group("slowdown", None, threads=1, timeout_s=timeout_s, priority=CommPriority.resolve("auto"))
     grad_bytes = sum(p.bytes for p in profile.params if p.requires_grad)
     configs_at = {bw: [(i, c) for i, c in enumerate(job["configs"]) if c["bandwidth_bps"] == bw] for bw in bandwidths}
     slowdowns, muted = {}, {}
@@ -323,8 +323,8 @@ def measure_interference(job: dict[str, Any]) -> dict[str, Any] | None:
     from caramel.runtime.comm_priority import CommPriority
 
     # at the engine's priority, as the slowdown group above
-    group = CommPriority.resolve("auto").start(
-        lambda: gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"])))
+    group = gloo_group("interference", None, threads=1, timeout_s=float(job["timeout_s"]),
+                       priority=CommPriority.resolve("auto"))
     buf = torch.ones(job["bytes"] // 4)
 
     def reduce_all(out: list[float]) -> None:

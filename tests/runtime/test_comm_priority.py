@@ -94,7 +94,7 @@ def test_the_governor_lowers_a_spinning_thread_and_raises_it_again_after_its_res
             time.sleep(0.001)
         spinner, sleeper = tids
         for tid in tids:
-            cp._raise(tid)
+            cp.raise_thread(tid)
         gov = cp._Governor()  # not started: looked at by hand, so that the test owns the clock
         t0 = time.monotonic()
         gov.watched = {tid: [cp._cpu_s(tid), t0, None] for tid in tids}
