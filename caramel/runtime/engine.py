@@ -556,6 +556,8 @@ class Engine:
         self.comm = None
         self.delegating, self.ddp = False, None  # a later step is an error here too, not DDP quietly
         for holder in self.group_holders:
+            if hasattr(holder, "drain"):
+                holder.drain()
             holder.pg = None
         if self.ddp_group is not None:
             group, self.ddp_group = self.ddp_group, None

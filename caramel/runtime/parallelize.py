@@ -29,6 +29,7 @@ from caramel.plan.plan import Plan
 from caramel.plan.planners import make_plan
 from caramel.profile.model_profile import ModelProfile, model_fingerprint
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype_name, unique_params
+from caramel.runtime.buffer_sync import BufferSync, buffer_mode
 from caramel.runtime.comm_priority import COMM_PRIORITIES, CommPriority
 from caramel.runtime.engine import OVERLAPS, RELEASED, Engine
 from caramel.runtime.model import CaramelModel
@@ -65,7 +66,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
                 overlap: str = "auto", plan: Plan | str | os.PathLike | None = None,
                 profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
                 trace: str | os.PathLike | None = None, process_group: Any = None,
-                broadcast_buffers: bool = True, find_unused_parameters: bool = True, split_tied: bool = True,
+                broadcast_buffers: bool | str = True, find_unused_parameters: bool = True, split_tied: bool = True,
                 profile_steps: int = 2, check_every: int = 100,
                 replan: str = "off", timeout_s: float | None = None, trial_steps: int = DEFAULT_TRIAL_STEPS,
                 trial_passes: int = DEFAULT_TRIAL_PASSES, comm_priority: str = "auto",
@@ -94,6 +95,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         raise CaramelError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(model, CaramelModel) or hasattr(optimizer, "_caramel_engine"):
         raise CaramelError("model or optimizer is already parallelized")
+    buffers = buffer_mode(broadcast_buffers)
     if not isinstance(find_unused_parameters, bool):
         raise CaramelError(f"find_unused_parameters must be True or False, got {find_unused_parameters!r}")
     if not isinstance(split_tied, bool):
@@ -159,7 +161,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
     wrap_optimizer(optimizer, engine)
     controller = _Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                              fingerprint, lazy_ok, profile_steps, check_every, replan,
-                             trial_steps=trial_steps if auto else 0, broadcast_buffers=broadcast_buffers,
+                             trial_steps=trial_steps if auto else 0, broadcast_buffers=buffers is not None,
                              trial_passes=trial_passes, find_unused_parameters=find_unused_parameters,
                              comm_priority=prio)
     engine.controller = controller
@@ -177,9 +179,9 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, *, planner: 
         controller.plan_from_profile(profile)
     else:
         controller.start_profiling()
-    if broadcast_buffers and world > 1 and any(True for _ in model.buffers()):
-        sync = _BufferSync(model, engine, gloo_group(f"buf{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s,
-                                                     priority=prio))
+    if buffers and world > 1 and any(True for _ in model.buffers()):
+        sync = BufferSync(model, engine, gloo_group(f"buf{_GROUP_COUNTER[0]}", group, threads=1, timeout_s=timeout_s,
+                                                    priority=prio), mode=buffers)
         engine.group_holders.append(sync)
         # first of the model's pre-hooks, as DDP broadcasts before the module runs: the broadcast
         # waits for the slowest peer, which is communication, not forward time, so the online
@@ -679,44 +681,6 @@ class _Controller:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         self.engine.stats.extra["measured_queued_extra_s"] = float(t[0])
         return queued_latency_from_extra_s(float(t[0]), latency_s, self.world)
-
-
-class _BufferSync:
-    """DDP's buffer semantics: rank 0's buffers (BatchNorm statistics) are broadcast at the start
-    of a forward when the previous forward was a synchronized training forward (grad enabled,
-    not under no_sync), exactly when DDP does it. A group of its own, so it never queues
-    behind gradients."""
-
-    def __init__(self, model: nn.Module, engine: Engine, pg):
-        self.buffers = [b for b in model.buffers()]
-        self.engine = engine
-        self.pg = pg
-        from torch.distributed import BroadcastOptions
-        self.opts = BroadcastOptions()
-        self.opts.rootRank = 0
-        self.sync_next = True
-
-    def post_forward(self, _m, _args, _out) -> None:
-        self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
-
-    def pre_forward(self, _m, _args) -> None:
-        if not self.sync_next or self.engine.delegating:  # DDP broadcasts buffers itself
-            return
-        if self.pg is None:
-            raise CaramelError(RELEASED)
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for b in self.buffers:
-            by_dtype.setdefault(b.dtype, []).append(b)
-        recorder = self.engine.recorder
-        t0 = recorder.now()
-        for bufs in by_dtype.values():
-            flat = torch.cat([b.reshape(-1) for b in bufs])
-            self.pg.broadcast([flat], self.opts).wait()
-            off = 0
-            for b in bufs:
-                b.copy_(flat[off:off + b.numel()].view_as(b))
-                off += b.numel()
-        recorder.record("wait", "sync", "broadcast:buffers", t0, recorder.now())
 
 
 def _module_uses(profile: ModelProfile) -> dict[str, list[int]]:

@@ -39,16 +39,22 @@ def test_online_plan_uses_the_measured_latencies():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("broadcast_buffers", [True, False])
+@pytest.mark.parametrize("broadcast_buffers", ["forward", True, False])
 def test_online_profile_does_not_count_waiting_for_peers_as_compute(broadcast_buffers):
     from tests.distributed.workers import slow_peer_profile_worker
 
     delay_s = 0.3
     r0, _ = run_workers(slow_peer_profile_worker, 2, args=(delay_s, broadcast_buffers), timeout_s=100)
     assert not r0["profiling"]
-    # rank 0 really waited for its peer in the profiled steps: in the buffer broadcast at the
-    # forward's start, or without it, for the gradients' collectives in step() ...
-    waited = r0["forward_s"] if broadcast_buffers else r0["waits_s"]
+    # rank 0 really waited for its peer in every profiled step: in the buffer broadcast at the
+    # forward's start (DDP's timing, and the default's first forward), or else for the
+    # gradients' collectives in step() (the default's later broadcasts went out as the forward
+    # before ended, and are in by the next one) ...
+    waited = [f + w for f, w in zip(r0["forward_s"], r0["waits_s"])]
     assert min(waited) > 0.5 * delay_s, r0
+    if broadcast_buffers == "forward":
+        assert min(r0["forward_s"]) > 0.5 * delay_s, r0
+    elif broadcast_buffers:
+        assert max(r0["forward_s"][1:]) < 0.25 * delay_s, r0
     # ... and its profile (a small CNN: milliseconds per phase) holds none of it
     assert r0["forward_time_s"] < 0.25 * delay_s and r0["optimizer_time_s"] < 0.25 * delay_s, r0

@@ -178,7 +178,7 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
             "profiling": controller.profiling}
 
 
-def slow_peer_profile_worker(rank: int, world: int, delay_s: float, broadcast_buffers: bool) -> dict:
+def slow_peer_profile_worker(rank: int, world: int, delay_s: float, broadcast_buffers) -> dict:
     """Online profiling while rank 1 starts every step `delay_s` late: rank 0 waits for it in
     the buffer broadcast at the forward's start, or (rank-local buffers) for its collectives in
     step(); either wait is communication, not forward or optimizer time."""
@@ -373,3 +373,48 @@ def reprofile_mid_trial_worker(rank: int, world: int, steps: int) -> dict:
     out["settled"] = caramel.runtime.schedule_settled(opt)
     caramel.shutdown()
     return out
+
+
+def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: str, steps: int) -> dict:
+    """BatchNorm statistics changed between steps (reset on every rank, or on rank 0 only), and an
+    eval forward after a training step: buffers and parameters against DDP, which broadcasts
+    rank 0's buffers as each forward starts."""
+    def reset(model: nn.Module) -> None:
+        if who_resets == "all" or rank == 0:
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.reset_running_stats()
+
+    def run(model, opt, sched, w) -> list[torch.Tensor]:
+        evals = []
+        for step in range(steps):
+            x, y = batch("cnn_bn", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            if step == steps // 2:
+                reset(model.module)
+            if step % 3 == 1:  # eval forwards read the statistics rank 0 sent
+                model.eval()
+                with torch.no_grad():
+                    evals.append(model(x).detach().clone())
+                model.train()
+        return evals
+
+    w = fresh("cnn_bn")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    ref_evals = run(ddp, ropt, rsched, w)
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, overlap="forward", broadcast_buffers=broadcast_buffers, timeout_s=20)
+    try:
+        evals = run(model, opt, sched, w)
+        opt.synchronize()
+    except caramel.CaramelError as e:
+        return {"error": str(e)}
+    except RuntimeError as e:  # the peer that raised is gone
+        return {"error": f"peer: {e}"}
+    return {"error": None, "diff": max_diff(params_of(ddp.module), params_of(model.module)),
+            "eval_diff": max_diff(ref_evals, evals),
+            "buffers_equal": all(torch.equal(a, b) for a, b in zip(ddp.module.buffers(), model.module.buffers()))}
