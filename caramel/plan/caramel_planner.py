@@ -21,7 +21,8 @@ optionally cut into chunks. Every candidate is simulated (`caramel.sim`) with th
 the runtime will use; ties go to fewer collectives, then to the earlier candidate.
 The search runs on the inputs as given; then every candidate it simulated (the baselines'
 groupings in DDP's order among them) is simulated again over a spread of inputs (compute and
-bandwidth each up to `input_spread` off, `caramel.plan.spread`), the lowest mean wins, and its
+bandwidth each up to `input_spread` off, each point also with compute slowed beside communication
+by `contention_spread`, `caramel.plan.spread`), the lowest mean wins, and its
 large buckets are tried in chunks on that mean: the inputs are measurements that move between
 runs, and a plan tuned to one of them can sit on a cliff. (On the saved bench inputs, scoring
 only the best ten again kept a third of the gain; searching on the spread from the start, or a
@@ -40,7 +41,8 @@ from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
-from caramel.plan.spread import DEFAULT_INPUT_SPREAD, check_input_spread, spread_scenarios, spread_step_time_s
+from caramel.plan.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, Scenario, check_contention_spread,
+                                 check_input_spread, spread_scenarios, spread_step_time_s)
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 from caramel.sim.collectives import CommModel, hidden_transfer_s
 from caramel.sim.simulate import check_overlap, predict_step_time_s, simulate
@@ -83,11 +85,14 @@ class Candidate:
 @register_planner("caramel")
 def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
                  overlap: str = "forward", comm_model: str = "message",
-                 input_spread: float = DEFAULT_INPUT_SPREAD, **unused: Any) -> Plan:
+                 input_spread: float = DEFAULT_INPUT_SPREAD, contention_spread: float = DEFAULT_CONTENTION_SPREAD,
+                 **unused: Any) -> Plan:
     """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan over
-    the input spread (`input_spread=0`: the fastest on the inputs exactly)."""
+    the input spread, each point also with compute `1 + contention_spread` times slower beside a
+    collective (`input_spread=0`: the fastest on the inputs exactly)."""
     check_overlap(overlap)
     input_spread = check_input_spread(input_spread)
+    contention_spread = check_contention_spread(contention_spread)
     cluster, resized = _cluster_for(cluster, world_size)
     params = ready_sorted(profile)
     if not params:
@@ -129,7 +134,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     # again; a second local search on that mean gained nothing measurable on the saved bench
     # inputs and cost as much again, so the chunking below starts from the best of these
     if input_spread > 0:
-        search.rescore(spread_scenarios(cluster, input_spread, search.comm))
+        search.rescore(spread_scenarios(cluster, input_spread, search.comm, contention_spread))
 
     # stage 5: chunk the large buckets of the best candidate
     base = search.best
@@ -147,6 +152,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     plan.options = {
         "overlap": overlap,
         "input_spread": input_spread,
+        "contention_spread": contention_spread if input_spread > 0 else 0.0,
         "spread_step_time_s": spread_s,
         "chunk_cap_bytes": best.chunk_cap_bytes,
         "order": best.order_name,
@@ -178,7 +184,7 @@ class _Search:
         self.best_key: tuple | None = None
         self.count = 0
         self._seen: dict[tuple, tuple[tuple, Candidate]] = {}  # identity -> (sort key, candidate)
-        self.scenarios: list[CommModel] | None = None  # the spread's cost models; None: the inputs as given
+        self.scenarios: list[Scenario] | None = None  # the spread's points; None: the inputs as given
 
     # -- sizes and the cost model
     def s_half_bytes(self, total: int, queued: bool = False) -> float:
@@ -238,7 +244,7 @@ class _Search:
             self.best, self.best_key = cand, key
         return key
 
-    def rescore(self, scenarios: list[CommModel]) -> None:
+    def rescore(self, scenarios: list[Scenario]) -> None:
         """Make the mean step time over `scenarios` the objective, and score every candidate seen
         so far again on it, in the order they were first seen (the tie-break)."""
         seen = [cand for _, cand in self._seen.values()]

@@ -14,6 +14,17 @@ and 1 + s, the nine combinations weighted equally; `s = 0` is the inputs exactly
 planner searches on the inputs as given, then scores every candidate it simulated again by its
 mean step time over the spread and keeps the lowest (`caramel_planner.plan_caramel`,
 `input_spread`).
+
+Contention: each of those combinations is simulated twice, as measured and with compute
+running 1 + c times slower while a collective is in flight (`caramel.sim.engine`, CPU
+contention; `contention_spread` c). The profile is measured while the provisional plan's few
+large buckets leave backward mostly free of communication; the plan then streams beside it,
+and backward slows (on the 2-core test host, with the communication threads at real-time
+priority, GPT-2's 47 ms backward took 60 ms beside a 34 ms transfer: about 1.5x while the
+transfer ran). A plan that waits for the most urgent bucket while ready ones could use the
+link looks as fast as one that fills the link when backward runs at its profiled speed, and
+loses a whole transfer's worth when it does not (GPT-2 at 1 Gbit/s: 163.8 ms with the first,
+152.0 with the second, each its run's plan; docs/engine.md, "Contention in the spread").
 """
 from __future__ import annotations
 
@@ -32,7 +43,21 @@ from caramel.sim.simulate import predict_step_time_s, simulate
 from caramel.sim.workload import Workload
 
 DEFAULT_INPUT_SPREAD = 0.25  # about the half-range of the instance-to-instance spread above
+DEFAULT_CONTENTION_SPREAD = 0.5  # compute 1.5x slower beside a collective, as measured above
 MAX_INPUT_SPREAD = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One point of the spread: its cost model (holding its scaled cluster) and the compute slowdown
+    while a collective is in flight."""
+
+    comm: CommModel
+    compute_slowdown: float = 1.0
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.comm.cluster
 
 
 def check_input_spread(input_spread: float) -> float:
@@ -42,6 +67,21 @@ def check_input_spread(input_spread: float) -> float:
         raise CaramelError(f"input_spread must be a number from 0 (plan for the inputs exactly) to {MAX_INPUT_SPREAD:g}, "
                            f"as a fraction (0.25: compute and bandwidth each up to 25% off), got {input_spread!r}")
     return float(input_spread)
+
+
+def check_contention_spread(contention_spread: float) -> float:
+    """`contention_spread` as a float, or a `CaramelError` naming it."""
+    if isinstance(contention_spread, bool) or not isinstance(contention_spread, numbers.Real) \
+            or not math.isfinite(contention_spread) or not 0 <= contention_spread <= MAX_INPUT_SPREAD:
+        raise CaramelError(f"contention_spread must be a number from 0 (compute as profiled beside communication) to "
+                           f"{MAX_INPUT_SPREAD:g}, as a fraction (0.5: the spread also has compute 1.5x slower while a "
+                           f"collective is in flight), got {contention_spread!r}")
+    return float(contention_spread)
+
+
+def contention_levels(contention_spread: float) -> tuple[float, ...]:
+    """Compute slowdowns while a collective is in flight, each simulated at every spread point."""
+    return (1.0,) if contention_spread == 0 else (1.0, 1.0 + contention_spread)
 
 
 def spread_factors(input_spread: float) -> list[tuple[float, float]]:
@@ -59,9 +99,10 @@ def scaled_cluster(cluster: ClusterSpec, compute_scale: float, bandwidth_scale: 
                                meta=dict(cluster.meta))
 
 
-def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel) -> list[CommModel]:
-    """One cost model per scenario, each holding its scaled cluster (`.cluster`); built once per
-    planning from the cost model of the inputs as given. A collective's time is its latency plus
+def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel,
+                     contention_spread: float = 0.0) -> list[Scenario]:
+    """The spread's scenarios, each cost model holding its scaled cluster, at every contention
+    level; built once per planning from the cost model of the inputs as given. A collective's time is its latency plus
     bytes times `per_byte_s`, and with every link scaled alike the bandwidth part scales inversely
     with the bandwidth: the scaled model is `comm` with `per_byte_s / bandwidth_scale` (building
     each from scratch re-runs the message-level model: 0.39 s apiece for halving-doubling on a
@@ -71,19 +112,22 @@ def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel)
         scaled = copy.copy(comm)
         scaled.cluster = scaled_cluster(cluster, c, b)
         scaled.per_byte_s = comm.per_byte_s / b
-        out.append(scaled)
+        out.extend(Scenario(scaled, f) for f in contention_levels(contention_spread))
     return out
 
 
-def spread_step_time_s(work: Workload, scenarios: list[CommModel], overlap: str, iterations: int) -> float:
+def spread_step_time_s(work: Workload, scenarios: list[Scenario], overlap: str, iterations: int) -> float:
     """Mean steady-state step time of one prebuilt workload over the scenarios (the planner's fast path)."""
-    return statistics.fmean(predict_step_time_s(work, s.cluster, s, overlap, iterations) for s in scenarios)
+    return statistics.fmean(predict_step_time_s(work, s.cluster, s.comm, overlap, iterations,
+                                                compute_slowdown=s.compute_slowdown) for s in scenarios)
 
 
 def spread_step_time_reference_s(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str,
-                                 input_spread: float, comm_mode: str = "message", iterations: int = 3) -> float:
+                                 input_spread: float, comm_mode: str = "message", iterations: int = 3,
+                                 contention_spread: float = DEFAULT_CONTENTION_SPREAD) -> float:
     """The same mean from scratch, one full `simulate` per scenario: the test oracle."""
     return statistics.fmean(
         simulate(profile, scaled_cluster(cluster, c, b), plan, overlap=overlap, iterations=iterations, trace=False,
-                 comm=comm_mode).step_time_s
-        for c, b in spread_factors(check_input_spread(input_spread)))
+                 comm=comm_mode, compute_slowdown=f).step_time_s
+        for c, b in spread_factors(check_input_spread(input_spread))
+        for f in contention_levels(check_contention_spread(contention_spread)))

@@ -7,7 +7,8 @@ import pytest
 from caramel.cluster.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
 from caramel.plan.planners import make_plan, plan_from_groups
-from caramel.plan.spread import (DEFAULT_INPUT_SPREAD, check_input_spread, scaled_cluster, spread_factors,
+from caramel.plan.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, check_contention_spread,
+                                 check_input_spread, contention_levels, scaled_cluster, spread_factors,
                                  spread_step_time_reference_s)
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
@@ -112,15 +113,47 @@ def test_planner_finds_the_exhaustive_optimum_over_the_spread(case, bandwidth_bp
 
 
 def test_the_spread_trades_a_little_on_the_exact_inputs_for_less_risk():
-    # the plan for the inputs exactly is the faster on them, and the slower over the spread
+    # the plan for the inputs exactly is the faster on them, and the slower over the spread of
+    # inputs (the spread of contention, below, is left out here)
     prof, cluster = case_inputs(UNEVEN, 1e9)
     exact = make_plan("caramel", prof, cluster, overlap="backward", input_spread=0)
-    robust = make_plan("caramel", prof, cluster, overlap="backward")
+    robust = make_plan("caramel", prof, cluster, overlap="backward", contention_spread=0)
     assert exact.options["spread_step_time_s"] is None and exact.options["input_spread"] == 0
+    assert exact.options["contention_spread"] == 0
     assert exact.fingerprint != robust.fingerprint
     assert exact.predicted_step_time_s < robust.predicted_step_time_s
-    assert (spread_step_time_reference_s(prof, cluster, robust, "backward", DEFAULT_INPUT_SPREAD)
-            < spread_step_time_reference_s(prof, cluster, exact, "backward", DEFAULT_INPUT_SPREAD))
+    assert (spread_step_time_reference_s(prof, cluster, robust, "backward", DEFAULT_INPUT_SPREAD, contention_spread=0)
+            < spread_step_time_reference_s(prof, cluster, exact, "backward", DEFAULT_INPUT_SPREAD, contention_spread=0))
+
+
+def test_contention_levels():
+    assert contention_levels(0) == (1.0,) and contention_levels(0.5) == (1.0, 1.5)
+    assert DEFAULT_CONTENTION_SPREAD == 0.5
+
+
+@pytest.mark.parametrize("bad", [-0.1, 5.0, float("nan"), True, "0.5", None])
+def test_a_bad_contention_spread_is_named(bad):
+    with pytest.raises(CaramelError, match="contention_spread"):
+        check_contention_spread(bad)
+    with pytest.raises(CaramelError, match="contention_spread"):
+        make_plan("caramel", synthetic_profile(5), ClusterSpec.uniform(2, 1e9), contention_spread=bad)
+
+
+def test_the_contention_spread_trades_a_little_at_profiled_speed_for_less_loss_beside_communication():
+    # equal layers at 100 Mbit/s: without contention in the spread the planner keeps one bucket
+    # back until backward ends; with it, it sends two as they fill, which costs 1% when backward
+    # runs at its profiled speed and gains more when it slows beside the transfers
+    prof, cluster = case_inputs(CASES["equal"], 1e8)
+    plain = make_plan("caramel", prof, cluster, overlap="backward", contention_spread=0)
+    contended = make_plan("caramel", prof, cluster, overlap="backward")
+    assert plain.options["contention_spread"] == 0 and contended.options["contention_spread"] == DEFAULT_CONTENTION_SPREAD
+    assert plain.fingerprint != contended.fingerprint
+
+    def score(plan, c):
+        return spread_step_time_reference_s(prof, cluster, plan, "backward", DEFAULT_INPUT_SPREAD, contention_spread=c)
+    assert score(plain, 0) < score(contended, 0)
+    assert score(contended, DEFAULT_CONTENTION_SPREAD) < score(plain, DEFAULT_CONTENTION_SPREAD)
+    assert contended.options["spread_step_time_s"] == pytest.approx(score(contended, DEFAULT_CONTENTION_SPREAD), rel=1e-9)
 
 
 def test_planning_with_the_spread_is_deterministic():
