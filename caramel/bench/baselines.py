@@ -120,7 +120,7 @@ class CommOnly(Runner):
     name = "comm"
 
     def __init__(self, model: nn.Module, device: torch.device, process_group=None,
-                 bucket_cap_mb: float = DDP_BUCKET_CAP_MB):
+                 bucket_cap_mb: float = DDP_BUCKET_CAP_MB, priority: Any = None):
         params = trainable_params(model)
         dtypes = {p.dtype for p in params}
         # DDP buckets per dtype; the zoo models are single-dtype, and mixing would change the bytes.
@@ -132,6 +132,7 @@ class CommOnly(Runner):
         self.bucket_bytes = sizes
         self.device = device
         self.group = process_group
+        self.priority = priority  # the CommPriority of the group's threads; None: the job's group
 
     @property
     def total_bytes(self) -> int:
@@ -147,7 +148,10 @@ class CommOnly(Runner):
         sync_device(self.device)
 
     def stats(self) -> dict[str, Any]:
-        return {"buckets": len(self.buffers), "bytes_per_step": self.total_bytes}
+        out: dict[str, Any] = {"buckets": len(self.buffers), "bytes_per_step": self.total_bytes}
+        if self.priority is not None:
+            out["comm_priority"] = self.priority.to_dict()
+        return out
 
 
 class Concurrent(Runner):

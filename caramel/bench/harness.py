@@ -31,7 +31,7 @@ from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, t
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.report import job_step_times, median
-from caramel.bench.strategies import StrategyContext, StrategyUnavailable, build_strategy
+from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
 from caramel.models.zoo import Workload, get_model, param_count
@@ -138,7 +138,8 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     (with the reason) so the others still run."""
     probe = make_workload(config, settings.seed, ctx.device)
     compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
-    comm = CommOnly(probe.model, ctx.device)
+    group, prio = baseline_group(ctx)
+    comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
     runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}

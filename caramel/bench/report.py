@@ -187,6 +187,9 @@ class Record:
     comm_priority: dict[str, Any] | None = None
     """the CPU priority its communication threads ran at (`caramel.runtime.comm_priority.CommPriority.to_dict()`);
     None for DDP as users run it (normal priority, the job's own group)"""
+    baseline_priority: dict[str, Any] | None = None
+    """the priority the comm-only and concurrent baselines' communication threads ran at (as the
+    engine's by default, `caramel.bench.strategies.baseline_group`); None: the job's own group"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
@@ -208,7 +211,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                   intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
                   model_options=dict(cfg.get("model_options", {})), network=meta.get("network", "unknown"),
                   grad_bytes=meta.get("grad_bytes"), lower_bound_s=raw.get("lower_bound_s"), concurrent_s=concurrent_s,
-                  load_average=(meta.get("load_average") or [None])[0])
+                  load_average=(meta.get("load_average") or [None])[0],
+                  baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"))
     records = []
     for s in raw["strategies"]:
         name = s["name"]
@@ -372,7 +376,9 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "runs at its slowest rank's pace; a step boundary is not a synchronization point, so the slowest rank's "
         "time per step index would count a delay once on each rank), strategies interleaved in rounds in one job "
         "per configuration. compute/comm are the compute-only and comm-only baselines of the same job (compute at "
-        "its pace: the slowest rank's mean step per round, as its ranks never wait for one another); "
+        "its pace: the slowest rank's mean step per round, as its ranks never wait for one another; on CPU, "
+        "the comm-only and concurrent baselines' communication threads run at the priority the engine gives its "
+        "own by default, said per configuration below); "
         "concurrent is both at once, independent of each other (all communication issued at the top of the "
         "step, awaited at its end: perfect overlap as this host runs it, the cores' contention included, no "
         "dependencies); the estimated ceiling of a configuration is max(bound, min(concurrent, U)): a schedule "
@@ -409,6 +415,7 @@ def format_breakdown(records: list[Record]) -> str:
             conc = (f"; both at once {_ms(r0.concurrent_s)} ms"
                     + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms (E {_x(ceiling_e)}), DDP / ceiling {ceiling_x:.3f}x"
                        if ceiling_x else ""))
+        load += _baseline_priority_note(r0.baseline_priority)
         lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}{conc}")
         for r in rs:
@@ -437,6 +444,14 @@ def format_breakdown(records: list[Record]) -> str:
                              f"{_ms(tl.get('busy_hidden_comm_s'))} ms of it behind real computation; "
                              f"blocked waiting {_ms(tl.get('wait_s'))} ms")
     return "\n".join(lines)
+
+
+def _baseline_priority_note(prio: dict[str, Any] | None) -> str:
+    if not prio:
+        return ""
+    if prio.get("applied") == "realtime":
+        return ", baselines' communication threads at real-time priority"
+    return f", baselines' communication threads at normal priority ({prio.get('reason')})"
 
 
 def _priority_note(prio: dict[str, Any] | None) -> str:

@@ -91,6 +91,16 @@ def build_ddp(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ct
                        stats=(lambda: {"comm_priority": prio.to_dict()}) if prio is not None else None)
 
 
+def baseline_group(ctx: StrategyContext):
+    """The group the comm-only and concurrent baselines run on, and its priority: on CPU, a gloo
+    group of their own whose threads get the priority the engine gives its own by default
+    (`comm_priority="auto"`), so that the baselines measure communication as the engine's runs;
+    elsewhere (or alone) the job's own group."""
+    if ctx.device.type != "cpu" or ctx.world_size == 1:
+        return ctx.process_group, None
+    return _ddp_group("auto", ctx)
+
+
 def _ddp_group(mode: str, ctx: StrategyContext):
     """The process group DDP runs on: the job's own for `comm_priority="normal"` (DDP as users run
     it); else a new gloo group over the same ranks whose threads get the priority the engine gives

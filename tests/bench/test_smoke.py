@@ -49,6 +49,11 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert prio["mode"] == "auto" and prio["applied"] in ("realtime", "normal"), prio
         assert (prio["applied"] == "realtime") == (prio["reason"] is None) == (prio["threads"] > 0), prio
     assert recs["ddp"]["comm_priority"] is None
+    # the comm-only and concurrent baselines ran at the priority the engine's threads get by default
+    base = recs["ddp"]["baseline_priority"]
+    assert base["mode"] == "auto" and base["applied"] == recs["caramel"]["comm_priority"]["applied"], base
+    assert all(r["baseline_priority"] == base for r in recs.values())
+    assert ("baselines' communication threads at real-time priority" in md.read_text()) == (base["applied"] == "realtime")
 
 
 @pytest.mark.parametrize("args", [["--strategies", "ddp,fast"], ["--model", "nope"], ["--bandwidth", "fast"],
