@@ -11,15 +11,22 @@ Rank 0's buffers change only in its forwards (a backward or an optimizer step le
 alone), so what DDP sends at the start of forward k+1 is what rank 0 held when forward k ended.
 `mode="early"` (the default) therefore issues the broadcast when a synchronized training forward
 ends, while the link is free of this step's gradients, and the next forward only collects it.
+
 Code that changes buffers between a training forward and the next one (resetting statistics,
-loading a state dict, a backward that recomputes checkpointed forwards) bumps their version
-counters; a rank that sees its own buffers changed takes DDP's path for that forward instead (a
-broadcast made then). Programs run the same code on every rank, so every rank takes it; when
-ranks disagree, a marker in every payload turns the mismatch into an error naming the cause, not
-a silent shift. `mode="forward"` broadcasts at each forward's start, exactly as DDP.
+loading a state dict, a write through `.data`, a backward that recomputes checkpointed forwards)
+is caught by comparing each rank's buffers, byte for byte, with what they held when the forward
+ended (version counters miss `.data` writes and BatchNorm's own statistics updates). A rank that
+sees its buffers changed takes DDP's path for that forward instead: a broadcast made then.
+Programs run the same code on every rank, so every rank takes it. When ranks disagree, a marker
+in every payload turns the mismatch into an error naming the cause at the next broadcast, not a
+silent shift; a rank left waiting for a peer that never trains again fails at the group's
+timeout. Where buffers may change on some ranks only, `mode="forward"` broadcasts at each
+forward's start, exactly as DDP, and tolerates it.
 
 Every buffer travels in one payload of bytes (one collective however many dtypes), each buffer
-at an offset aligned for its dtype, and a last byte saying which kind of broadcast it is.
+at an offset aligned for its dtype, laid out from the buffers' current sizes at each broadcast
+(quantization observers resize theirs in the first forward), and a last byte saying which kind
+of broadcast it is.
 """
 from __future__ import annotations
 
@@ -63,31 +70,40 @@ class BufferSync:
         self.opts = dist.BroadcastOptions()
         self.opts.rootRank = 0
         self.sync_next = True  # DDP syncs before the first forward
-        self._pending: tuple[Any, torch.Tensor, list[tuple[int, int]]] | None = None  # (work, payload, versions)
-        self._layout: list[tuple[int, int]] = []  # (offset, bytes) per buffer
-        off = 0
-        for b in self.buffers:
-            off = -(-off // ALIGN_BYTES) * ALIGN_BYTES
-            self._layout.append((off, b.numel() * b.element_size()))
-            off += b.numel() * b.element_size()
-        self._payload_bytes = off + 1
+        self._pending: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (work, payload, own bytes then)
+        self._depth = 0  # a forward that calls the module again: only the outermost one counts
 
     # -- hooks
     def post_forward(self, _m, _args, _out) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth:
+            return
         self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
         if self.mode == "early" and self.sync_next and not self.engine.delegating and self.pg is not None:
             assert self._pending is None, "a forward ended twice without one starting"
-            payload = self._pack(EARLY)
+            own = self._pack(EARLY, always=True)
+            payload = own if self.rank == 0 else self._pack(EARLY)
             work = self.pg.broadcast([payload], self.opts)
-            self._pending = (work, payload, self._versions())
+            self._pending = (work, payload, own)
 
     def pre_forward(self, _m, _args) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return
+        try:
+            self._collect()
+        except BaseException:
+            self._depth = 0  # the forward does not run, so its post-hook will not either
+            raise
+
+    def _collect(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            work, payload, versions = pending
+            work, payload, own = pending
             t0 = self.engine.recorder.now()
             self._wait(work, payload, EARLY)
-            changed = self._versions() != versions
+            now = self._pack(EARLY, always=True)
+            changed = now.shape != own.shape or not torch.equal(now[:-1], own[:-1])
             if not changed and self.rank != 0:
                 self._unpack(payload)
             self.engine.recorder.record("wait", "sync", "broadcast:buffers", t0, self.engine.recorder.now())
@@ -114,20 +130,31 @@ class BufferSync:
                 pass
 
     # -- payload
-    def _versions(self) -> list[tuple[int, int]]:
-        return [(id(b), b._version) for b in self.buffers]
+    def _layout(self) -> tuple[list[tuple[int, int]], int]:
+        """(offset, bytes) per buffer at its current size, and the payload's length."""
+        out, off = [], 0
+        for b in self.buffers:
+            off = -(-off // ALIGN_BYTES) * ALIGN_BYTES
+            out.append((off, b.numel() * b.element_size()))
+            off += b.numel() * b.element_size()
+        return out, off + 1
 
-    def _pack(self, kind: int) -> torch.Tensor:
-        payload = torch.empty(self._payload_bytes, dtype=torch.uint8)
-        if self.rank == 0:
-            for b, (off, n) in zip(self.buffers, self._layout):
-                payload[off:off + n].copy_(b.detach().reshape(-1).view(torch.uint8))
+    def _pack(self, kind: int, always: bool = False) -> torch.Tensor:
+        """The payload: this rank's buffers on rank 0 (or `always`), else room to receive them."""
+        layout, size = self._layout()
+        payload = torch.zeros(size, dtype=torch.uint8)
+        if self.rank == 0 or always:
+            for b, (off, n) in zip(self.buffers, layout):
+                flat = b.detach().resolve_conj().contiguous().reshape(-1).cpu()
+                payload[off:off + n].copy_(flat.view(torch.uint8))
         payload[-1] = kind
         return payload
 
     def _unpack(self, payload: torch.Tensor) -> None:
+        layout, size = self._layout()
+        assert payload.numel() == size, "buffers changed size between the broadcast and now"
         with torch.no_grad():
-            for b, (off, n) in zip(self.buffers, self._layout):
+            for b, (off, n) in zip(self.buffers, layout):
                 b.copy_(payload[off:off + n].view(b.dtype).view(b.shape))
 
     def _wait(self, work: Any, payload: torch.Tensor, kind: int) -> None:

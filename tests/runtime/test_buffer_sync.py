@@ -28,7 +28,7 @@ def test_payload_round_trip_of_mixed_dtypes():
     receiver.rank = 1
     payload = sender._pack(kind=1)
     assert payload.dtype == torch.uint8 and int(payload[-1]) == 1
-    assert all(off % b.element_size() == 0 for b, (off, _) in zip(src.buffers(), sender._layout))
+    assert all(off % b.element_size() == 0 for b, (off, _) in zip(src.buffers(), sender._layout()[0]))
     receiver._unpack(payload)
     for a, b in zip(src.buffers(), dst.buffers()):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -48,3 +48,106 @@ def test_parallelize_rejects_a_bad_broadcast_buffers_before_anything_starts():
     with pytest.raises(caramel.CaramelError, match="broadcast_buffers must be .* got 'yes'"):
         caramel.parallelize(model, opt, broadcast_buffers="yes")
     assert not torch.distributed.is_initialized()
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+class _FakeGroup:
+    """Rank 0 of a group whose broadcasts complete at once; records the kind of each."""
+
+    def __init__(self):
+        self.kinds: list[int] = []
+
+    def rank(self):
+        return 0
+
+    def broadcast(self, tensors, _opts):
+        self.kinds.append(int(tensors[0][-1]))
+        return _Done()
+
+
+class _Recorder:
+    def now(self):
+        return 0.0
+
+    def record(self, *args, **kwargs):
+        pass
+
+
+class _HookedEngine(_Engine):
+    recorder = _Recorder()
+
+
+def _hooked(model: nn.Module, mode: str = "early") -> tuple[BufferSync, _FakeGroup]:
+    group = _FakeGroup()
+    sync = BufferSync(model, _HookedEngine(), group, mode=mode)
+    model.register_forward_pre_hook(sync.pre_forward, prepend=True)
+    model.register_forward_hook(sync.post_forward, always_call=True)
+    return sync, group
+
+
+EARLY_KIND, AT_FORWARD_KIND = 1, 2
+
+
+def test_strided_and_conjugate_buffers_round_trip():
+    src, dst = nn.Module(), nn.Module()
+    for m, seed in ((src, 3), (dst, 4)):
+        g = torch.Generator().manual_seed(seed)
+        m.register_buffer("strided", torch.randn(8, generator=g)[::2])
+        m.register_buffer("conj", torch.randn(3, generator=g, dtype=torch.complex64).conj())
+    sender, receiver = BufferSync(src, _Engine(), None), BufferSync(dst, _Engine(), None)
+    receiver.rank = 1
+    receiver._unpack(sender._pack(kind=1))
+    assert all(torch.equal(a, b) for a, b in zip(src.buffers(), dst.buffers()))
+
+
+def test_a_forward_that_calls_the_module_again_broadcasts_once():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+
+        def forward(self, x, inner=False):
+            return self.bn(x) if inner else self.bn(x) + self(x, inner=True)
+
+    model = Twice()
+    _, group = _hooked(model)
+    for _ in range(3):
+        model(torch.randn(4, 3))
+    # the first forward syncs at its start; each one sends as it ends
+    assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND, EARLY_KIND]
+
+
+def test_a_write_through_data_between_steps_takes_the_broadcast_at_the_forward_start():
+    # `.data` writes do not bump version counters; the byte comparison sees them
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    _, group = _hooked(model)
+    model(torch.randn(4, 3))
+    model(torch.randn(4, 3))
+    assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND]
+    model[1].running_mean.data.fill_(3.0)
+    model(torch.randn(4, 3))
+    assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND, AT_FORWARD_KIND, EARLY_KIND]
+
+
+def test_buffers_that_grow_in_the_first_forward_are_sent_at_their_new_size():
+    # quantization observers start with empty statistics and size them in the first forward
+    class Observer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("min_val", torch.tensor([]))
+
+        def forward(self, x):
+            self.min_val.resize_(x.shape[1])
+            self.min_val.copy_(x.min(0).values)
+            return x
+
+    model = Observer()
+    sync, group = _hooked(model)
+    model(torch.randn(4, 5))
+    model(torch.randn(4, 5))
+    assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND]
+    assert sync._layout()[1] == 5 * 4 + 1
