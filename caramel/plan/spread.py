@@ -60,23 +60,26 @@ class Scenario:
         return self.comm.cluster
 
 
+def _check_fraction(value: float, message: str) -> float:
+    """`value` as a float when it is a real number from 0 to MAX_INPUT_SPREAD, else a `CaramelError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or not 0 <= value <= MAX_INPUT_SPREAD:
+        raise CaramelError(f"{message}, got {value!r}")
+    return float(value)
+
+
 def check_input_spread(input_spread: float) -> float:
     """`input_spread` as a float, or a `CaramelError` naming it."""
-    if isinstance(input_spread, bool) or not isinstance(input_spread, numbers.Real) \
-            or not math.isfinite(input_spread) or not 0 <= input_spread <= MAX_INPUT_SPREAD:
-        raise CaramelError(f"input_spread must be a number from 0 (plan for the inputs exactly) to {MAX_INPUT_SPREAD:g}, "
-                           f"as a fraction (0.25: compute and bandwidth each up to 25% off), got {input_spread!r}")
-    return float(input_spread)
+    return _check_fraction(input_spread, f"input_spread must be a number from 0 (plan for the inputs exactly) to "
+                                         f"{MAX_INPUT_SPREAD:g}, as a fraction (0.25: compute and bandwidth each up to "
+                                         f"25% off)")
 
 
 def check_contention_spread(contention_spread: float) -> float:
     """`contention_spread` as a float, or a `CaramelError` naming it."""
-    if isinstance(contention_spread, bool) or not isinstance(contention_spread, numbers.Real) \
-            or not math.isfinite(contention_spread) or not 0 <= contention_spread <= MAX_INPUT_SPREAD:
-        raise CaramelError(f"contention_spread must be a number from 0 (compute as profiled beside communication) to "
-                           f"{MAX_INPUT_SPREAD:g}, as a fraction (0.5: the spread also has compute 1.5x slower while a "
-                           f"collective is in flight), got {contention_spread!r}")
-    return float(contention_spread)
+    return _check_fraction(contention_spread, f"contention_spread must be a number from 0 (compute as profiled beside "
+                                              f"communication) to {MAX_INPUT_SPREAD:g}, as a fraction (0.5: the spread "
+                                              f"also has compute 1.5x slower while a collective is in flight)")
 
 
 def contention_levels(contention_spread: float) -> tuple[float, ...]:
