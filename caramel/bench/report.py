@@ -477,6 +477,8 @@ def _plan_line(plan: dict[str, Any]) -> str:
     if plan.get("latency_s") is not None:
         queued = plan.get("queued_latency_s")
         link.append(f"alpha {plan['latency_s'] * 1e3:.2f} ms" + (f" ({queued * 1e3:.2f} ms queued)" if queued is not None else ""))
+    if plan.get("collective_cpu_s"):
+        link.append(f"{plan['collective_cpu_s'] * 1e3:.2f} ms CPU per collective")
     if link:
         parts.append("for " + ", ".join(link))
     return "; ".join(parts)

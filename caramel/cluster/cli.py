@@ -140,6 +140,9 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"queued behind another collective: latency {spec.queued_latency_s * 1e6:.1f} us per message "
               f"({q['queued_pieces']} back-to-back pieces of {q['queued_piece_bytes']} B took "
               f"{q['queued_extra_s'] * 1e3:.3f} ms more each than one all-reduce of them all)")
+        if spec.collective_cpu_s:
+            print(f"CPU time per collective on each worker: {spec.collective_cpu_s * 1e3:.3f} ms (what each of those "
+                  f"pieces added to a worker's process CPU time)")
     if args.json:
         spec.save(args.json)
         print(f"wrote {args.json}")

@@ -6,8 +6,8 @@ sweep of sizes, and rank 0 writes the fastest, median and mean time per size. `f
 ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B, by least squares
 on relative error (every size counts, not only the largest), and returns a `ClusterSpec`. With
 gloo, the job then times the same bytes as one all-reduce and as back-to-back pieces
-(`measure_queued_extra_s`) for the spec's `queued_latency_s`: what a collective queued behind
-another pays.
+(`measure_queued_extra`) for the spec's `queued_latency_s`, what a collective queued behind
+another pays, and its `collective_cpu_s`, the CPU time each collective costs a worker.
 
 Each size is summarized by the mean over repetitions (of the slowest rank's time): the cost a
 plan pays per collective on average. The fastest repetition would hide the host's wake-up
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 MIN_BYTES = 4 * 1024
 MAX_BYTES = 64 * 1024 * 1024
-# the queued latency's probe (`measure_queued_extra_s`): pieces sent whole and one by one
+# the queued latency's probe (`measure_queued_extra`): pieces sent whole and one by one
 QUEUED_PIECES = 16
 QUEUED_REPS = 5
 QUEUED_BACKLOG = 2  # a piece's transfer, in lone collectives' time
@@ -113,7 +113,7 @@ def _fit_once(sizes_bytes: list[int], times_s: list[float], world_size: int) -> 
 
 
 def queued_piece_bytes(latency_s: float, bandwidth_bps: float, world_size: int) -> int | None:
-    """Piece size for `measure_queued_extra_s`: about `QUEUED_BACKLOG` lone collectives' time at
+    """Piece size for `measure_queued_extra`: about `QUEUED_BACKLOG` lone collectives' time at
     `bandwidth_bps`, so the link stays busy while the next piece is prepared (a multiple of 4,
     at most `QUEUED_MAX_BYTES`). None when even that takes less than one lone collective: the
     next piece's fixed cost would not fit behind it, and what each piece adds would overstate
@@ -125,14 +125,24 @@ def queued_piece_bytes(latency_s: float, bandwidth_bps: float, world_size: int) 
     return int(min(want, QUEUED_MAX_BYTES)) // 4 * 4
 
 
-def measure_queued_extra_s(group: Any, piece_bytes: int, pieces: int = QUEUED_PIECES, reps: int = QUEUED_REPS) -> float:
-    """Seconds each extra collective adds on this rank when `pieces` x `piece_bytes` go as back-to-back
-    all-reduces instead of one (median of `reps` paired tries; may be slightly negative: noise).
+@dataclass(frozen=True)
+class QueuedExtra:
+    """What each extra back-to-back collective adds on one rank when the same bytes go as more pieces."""
+
+    extra_s: float  # wall time (may be slightly negative: noise)
+    cpu_s: float  # this process's CPU time: the backend's threads, the caller's, the kernel's on their behalf
+
+
+def measure_queued_extra(group: Any, piece_bytes: int, pieces: int = QUEUED_PIECES, reps: int = QUEUED_REPS) -> QueuedExtra:
+    """Seconds, of wall time and of this process's CPU time, each extra collective adds on this rank
+    when `pieces` x `piece_bytes` go as back-to-back all-reduces instead of one (medians of `reps`
+    paired tries).
 
     `group` is a gloo process group (its `allreduce([tensor])` returns a work). Every rank must
     call this with the same sizes, at the same point. With one backend thread (the engine's
     groups), a collective queued behind a large one costs this much more than its bytes: its
-    fixed cost is mostly spent while the previous one's bytes drain (`ClusterSpec`).
+    fixed cost is mostly spent while the previous one's bytes drain (`ClusterSpec`). Its CPU
+    cost is not hidden that way: it is `ClusterSpec.collective_cpu_s`.
     """
     import torch
 
@@ -141,21 +151,22 @@ def measure_queued_extra_s(group: Any, piece_bytes: int, pieces: int = QUEUED_PI
     whole = torch.zeros(numel * pieces)
     parts = list(whole.split(numel))
 
-    def timed(bufs: list) -> float:
-        t0 = time.perf_counter()
+    def timed(bufs: list) -> tuple[float, float]:
+        c0, t0 = time.process_time(), time.perf_counter()
         for w in [group.allreduce([b]) for b in bufs]:
             w.wait()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    extra = []
+    extra, cpu = [], []
     for _ in range(reps):
-        one, many = timed([whole]), timed(parts)
-        extra.append((many - one) / (pieces - 1))
-    return statistics.median(extra)
+        (one_s, one_cpu), (many_s, many_cpu) = timed([whole]), timed(parts)
+        extra.append((many_s - one_s) / (pieces - 1))
+        cpu.append((many_cpu - one_cpu) / (pieces - 1))
+    return QueuedExtra(statistics.median(extra), statistics.median(cpu))
 
 
 def queued_latency_from_extra_s(extra_s: float, latency_s: float, world_size: int) -> float:
-    """Per-message queued latency from `measure_queued_extra_s` (all 2(n-1) ring steps), within [0, latency_s]."""
+    """Per-message queued latency from `measure_queued_extra` (all 2(n-1) ring steps), within [0, latency_s]."""
     return min(max(extra_s / (2 * (max(world_size, 2) - 1)), 0.0), latency_s)
 
 
@@ -200,12 +211,15 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
                   "median_times_s": measured["median_times_s"], "outliers": fit.outliers,
                   "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
     }
-    queued_s = None
+    queued_s, cpu_s = None, 0.0
     if "queued_extra_s" in measured:
         queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
-        meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_piece_bytes", "queued_pieces",
-                                                             "queued_sized_for_latency_s")}
-    spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta, queued_latency_s=queued_s)
+        cpu_s = max(measured.get("queued_cpu_s", 0.0), 0.0)
+        meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_cpu_s", "queued_piece_bytes",
+                                                             "queued_pieces", "queued_sized_for_latency_s")
+                                   if k in measured}
+    spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta, queued_latency_s=queued_s,
+                               collective_cpu_s=cpu_s)
     return spec, fit
 
 
@@ -267,10 +281,11 @@ def _worker_main(argv: list[str]) -> int:
             piece = None
         if piece is not None:
             group = gloo_group("probe-queued", threads=1)
-            extra = torch.tensor([measure_queued_extra_s(group, piece)], dtype=torch.float64)
+            m = measure_queued_extra(group, piece)
+            extra = torch.tensor([m.extra_s, m.cpu_s], dtype=torch.float64)
             dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-            queued = {"queued_extra_s": float(extra[0]), "queued_piece_bytes": piece, "queued_pieces": QUEUED_PIECES,
-                      "queued_sized_for_latency_s": sized_for_s}
+            queued = {"queued_extra_s": float(extra[0]), "queued_cpu_s": float(extra[1]), "queued_piece_bytes": piece,
+                      "queued_pieces": QUEUED_PIECES, "queued_sized_for_latency_s": sized_for_s}
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,

@@ -13,6 +13,14 @@ messages: 0.5-2.9 ms for a lone tiny all-reduce, 1.6-2.1 ms each for tiny ones b
 -0.23 to 0.56 ms more per extra piece when 8 MB go as 8 or 32 back-to-back pieces;
 `docs/simulator.md`). `queued_latency_s=None`
 means the same as `latency_s`: every collective pays the whole latency.
+
+A collective also costs CPU time on each worker: the backend's threads and the kernel's network
+stack run on the cores the model computes on unless the host has cores to spare.
+`collective_cpu_s` is that cost per collective beyond its bytes' (the extra CPU time of sending
+the same bytes as one more collective); the simulator charges it to the compute a collective's
+start interrupts (`caramel.sim.engine`). Gloo over TCP on the 2-core emulated cluster: about
+0.35 ms per collective on each of 2 workers, 1.1 ms on each of 4 (docs/engine.md). 0 (the
+default): collectives cost compute nothing.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ class ClusterSpec:
     num_servers: int = 1  # parameter servers, for collective="ps"
     meta: dict[str, Any] = field(default_factory=dict)
     queued_latency_s: float | None = None  # per message, the least a collective queued behind another pays
+    collective_cpu_s: float = 0.0  # CPU time per collective on each worker's compute cores, beyond its bytes'
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -83,6 +92,9 @@ class ClusterSpec:
         q = self.queued_latency_s
         if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and q >= 0):
             raise FormatError(f"{source}: field 'queued_latency_s' must be a number >= 0 or null (the same as latency_s), got {q!r}")
+        c = self.collective_cpu_s
+        if isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
+            raise FormatError(f"{source}: field 'collective_cpu_s' must be a number of seconds >= 0, got {c!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -109,6 +121,7 @@ class ClusterSpec:
         spec.num_servers = data.get("num_servers", 1)
         spec.meta = require_mapping(data, "meta", source)
         spec.queued_latency_s = data.get("queued_latency_s")
+        spec.collective_cpu_s = data.get("collective_cpu_s", 0.0)
         spec.validate(source)
         return spec
 

@@ -86,14 +86,18 @@ class Candidate:
 def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
                  overlap: str = "forward", comm_model: str = "message",
                  input_spread: float = DEFAULT_INPUT_SPREAD, contention_spread: float = DEFAULT_CONTENTION_SPREAD,
-                 **unused: Any) -> Plan:
+                 collective_cpu_s: float | None = None, **unused: Any) -> Plan:
     """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan over
     the input spread, each point also with compute `1 + contention_spread` times slower beside a
-    collective (`input_spread=0`: the fastest on the inputs exactly)."""
+    collective (`input_spread=0`: the fastest on the inputs exactly). `collective_cpu_s`, when
+    given, replaces the cluster's CPU cost per collective (`ClusterSpec.collective_cpu_s`)."""
     check_overlap(overlap)
     input_spread = check_input_spread(input_spread)
     contention_spread = check_contention_spread(contention_spread)
     cluster, resized = _cluster_for(cluster, world_size)
+    if collective_cpu_s is not None:
+        cluster = dataclasses.replace(cluster, collective_cpu_s=_check_collective_cpu_s(collective_cpu_s),
+                                      meta=dict(cluster.meta))
     params = ready_sorted(profile)
     if not params:
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to reduce")
@@ -162,6 +166,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         "comm_model": search.comm.describe(),
         "cluster": {"workers": cluster.world_size, "bandwidth_bps": cluster.bandwidth_bps,
                     "latency_s": cluster.latency_s, "queued_latency_s": cluster.queued_latency_s,
+                    "collective_cpu_s": cluster.collective_cpu_s,
                     "collective": cluster.collective, "topology": cluster.topology},
         "predicted": {k: getattr(result, k) for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s")},
     }
@@ -341,6 +346,14 @@ def _num_chunks(nbytes: int, numel: int, chunk_cap: float) -> int:
     if chunk_cap <= 0 or nbytes <= 2 * chunk_cap:
         return 1
     return max(1, min(math.ceil(nbytes / chunk_cap), MAX_CHUNKS, numel))
+
+
+def _check_collective_cpu_s(value: Any) -> float:
+    """`collective_cpu_s` as a float, or a `CaramelError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CaramelError(f"collective_cpu_s must be a number of seconds >= 0 (the CPU time each collective costs "
+                           f"a worker's compute; 0: none), got {value!r}")
+    return float(value)
 
 
 def _cluster_for(cluster: ClusterSpec | None, world_size: int | None) -> tuple[ClusterSpec, dict | None]:

@@ -599,4 +599,5 @@ class Engine:
                 "bucket_bytes": [b.bytes for b in self.plan.buckets], "items": len(self.plan.order),
                 "predicted_step_time_s": self.plan.predicted_step_time_s,
                 "bandwidth_bps": cluster.get("bandwidth_bps"), "latency_s": cluster.get("latency_s"),
-                "queued_latency_s": cluster.get("queued_latency_s")}
+                "queued_latency_s": cluster.get("queued_latency_s"),
+                "collective_cpu_s": cluster.get("collective_cpu_s")}

@@ -627,12 +627,16 @@ class _Controller:
         latency_s = self._measure_latency_s()
         # every collective at the lone latency, only to size the queued probe (the same on every rank)
         rough_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, clear=False))
-        queued_s = self._measure_queued_latency_s(latency_s, rough_bps or base.bandwidth_bps)
+        queued_s, cpu_s = self._measure_queued_latency_s(latency_s, rough_bps or base.bandwidth_bps)
         measured_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, queued_s))
         self.engine.stats.extra["measured_latency_s"] = latency_s
         self.engine.stats.extra["measured_queued_latency_s"] = queued_s
+        # a collective's CPU time slows the model's compute only when both run on the CPU
+        on_cpu = all(p.device.type == "cpu" for p in self.params)
+        self.engine.stats.extra["measured_collective_cpu_s"] = cpu_s
         meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES)
-        base = dataclasses.replace(base, latency_s=latency_s, queued_latency_s=queued_s, meta=meta)
+        base = dataclasses.replace(base, latency_s=latency_s, queued_latency_s=queued_s, meta=meta,
+                                   collective_cpu_s=cpu_s if on_cpu else 0.0)
         if measured_bps <= 0:
             return base
         self.engine.stats.extra["measured_bandwidth_bps"] = measured_bps
@@ -664,23 +668,25 @@ class _Controller:
         dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
         return float(mean[0]) / (2 * (self.world - 1))
 
-    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> float | None:
+    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> tuple[float | None, float]:
         """Per-step latency of a collective issued while the link is still busy with the one
-        before it (`caramel.cluster.probe.measure_queued_extra_s` on the engine's group, pieces
-        sized for `bandwidth_bps`, the same on every rank; the slowest rank's), at most
-        `latency_s`; None when no piece of a sensible size takes long enough to tell (a link so
-        fast that every collective pays its whole latency). A plan's back-to-back buckets cost
-        far less each than a lone collective (0.19-0.28 ms per message against 0.25-1.45 ms on the
-        emulated cluster); the probe takes about 320 lone collectives' time (under a second there)."""
-        from caramel.cluster.probe import measure_queued_extra_s, queued_latency_from_extra_s, queued_piece_bytes
+        before it, at most `latency_s`, and the CPU time each collective costs a worker
+        (`caramel.cluster.probe.measure_queued_extra` on the engine's group, pieces sized for
+        `bandwidth_bps`, the same on every rank; the slowest rank's of each); (None, 0.0) when no
+        piece of a sensible size takes long enough to tell (a link so fast that every collective
+        pays its whole latency). A plan's back-to-back buckets cost far less time each than a
+        lone collective (0.19-0.28 ms per message against 0.25-1.45 ms on the emulated cluster),
+        but not less CPU; the probe takes about 320 lone collectives' time (under a second there)."""
+        from caramel.cluster.probe import measure_queued_extra, queued_latency_from_extra_s, queued_piece_bytes
 
         piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)
         if piece is None:
-            return None
-        t = torch.tensor([measure_queued_extra_s(self.engine.comm, piece)], dtype=torch.float64)
+            return None, 0.0
+        m = measure_queued_extra(self.engine.comm, piece)
+        t = torch.tensor([m.extra_s, m.cpu_s], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         self.engine.stats.extra["measured_queued_extra_s"] = float(t[0])
-        return queued_latency_from_extra_s(float(t[0]), latency_s, self.world)
+        return queued_latency_from_extra_s(float(t[0]), latency_s, self.world), max(float(t[1]), 0.0)
 
 
 def _module_uses(profile: ModelProfile) -> dict[str, list[int]]:

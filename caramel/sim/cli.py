@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
             rec = {
                 "planner": label, "overlap": overlap, "workers": cluster.world_size,
                 "bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
-                "queued_latency_s": cluster.queued_latency_s, "collective": cluster.collective, "topology": cluster.topology,
+                "queued_latency_s": cluster.queued_latency_s, "collective_cpu_s": cluster.collective_cpu_s,
+                "collective": cluster.collective, "topology": cluster.topology,
                 "buckets": len(plan.buckets), "items": plan.num_items(),
                 "step_time_s": result.step_time_s, "compute_time_s": result.compute_time_s,
                 "comm_time_s": result.comm_time_s, "exposed_comm_s": result.exposed_comm_s,

@@ -20,6 +20,10 @@ in flight. Compute then advances through the union of collective intervals at ra
 stays causal in one pass: a bucket's ready time only depends on collectives that started
 before it, and those are the items before it in the plan's order (issue times never decrease
 along the order), so ready times are computed item by item as the collectives are placed.
+Each collective also costs the cluster's `collective_cpu_s` of CPU: compute running when it
+starts pauses that long (the backend's threads at real-time priority preempt it). A collective
+that starts while the worker is blocked costs nothing: its core is free. So more, smaller
+collectives slow compute more than fewer, larger ones with the same bytes.
 
 Workers of equal speed have identical timelines, so the engine simulates one timeline per
 distinct speed (a 1024-worker uniform cluster is one timeline) and writes trace events for the
@@ -72,16 +76,19 @@ def speed_classes(speeds: list[float]) -> list[tuple[float, list[int]]]:
 
 class Busy:
     """The collectives' intervals so far (disjoint, in time order: one collective at a time), and
-    compute progress through them at rate 1/slowdown."""
+    compute progress through them: at rate 1/slowdown inside one, after a pause of `cpu_s` at the
+    start of each that begins while the compute runs."""
 
-    def __init__(self, slowdown: float):
-        assert slowdown >= 1.0
+    def __init__(self, slowdown: float, cpu_s: float = 0.0):
+        assert slowdown >= 1.0 and cpu_s >= 0.0
         self.slowdown = slowdown
+        self.cpu_s = cpu_s
+        self.idle = slowdown == 1.0 and cpu_s == 0.0
         self.starts: list[float] = []
         self.ends: list[float] = []
 
     def add(self, start: float, end: float) -> None:
-        if self.slowdown == 1.0 or end <= start:
+        if self.idle or end < start:
             return
         assert not self.ends or start >= self.ends[-1] - 1e-12, "collectives run one at a time"
         self.starts.append(start)
@@ -89,9 +96,9 @@ class Busy:
 
     def advance(self, t: float, work_s: float) -> float:
         """When `work_s` seconds of uncontended compute started at `t` finish."""
-        if self.slowdown == 1.0 or work_s <= 0.0:
+        if self.idle or work_s <= 0.0:
             return t + work_s
-        f = self.slowdown
+        f, t0 = self.slowdown, t
         i = bisect.bisect_right(self.ends, t)
         while i < len(self.starts):
             a, b = self.starts[i], self.ends[i]
@@ -100,11 +107,16 @@ class Busy:
                     return t + work_s
                 work_s -= a - t
                 t = a
-            busy = (b - t) / f
-            if work_s <= busy:
-                return t + work_s * f
-            work_s -= busy
-            t = b
+            if a >= t0:
+                # began while this compute ran (a pause that ran past the collective's start is
+                # still owed: the CPU work is the same)
+                t += self.cpu_s
+            if t < b:
+                busy = (b - t) / f
+                if work_s <= busy:
+                    return t + work_s * f
+                work_s -= busy
+                t = b
             i += 1
         return t + work_s
 
@@ -113,7 +125,7 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
                record: bool, compute_slowdown: float = 1.0) -> EngineRun:
     """Simulate `iterations` steps on every speed class; see the module docstring for semantics."""
     assert overlap in OVERLAPS and iterations >= 1
-    busy = Busy(compute_slowdown)
+    busy = Busy(compute_slowdown, comm.cluster.collective_cpu_s if comm.cluster.world_size > 1 else 0.0)
     lines = [Timeline(s, ranks) for s, ranks in speed_classes(speeds)]
     items = work.items
     transfers = [comm.transfer_s(it.bytes) if comm.cluster.world_size > 1 else 0.0 for it in items]

@@ -126,7 +126,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
         meta={"comm_model": comm.describe(), "iterations": iterations, "plan_fingerprint": plan.fingerprint,
               "plan_world_size": plan.world_size, "bandwidth_bps": cluster.bandwidth_bps,
               "latency_s": cluster.latency_s, "queued_latency_s": cluster.queued_latency_s,
-              "compute_slowdown": float(compute_slowdown)},
+              "collective_cpu_s": cluster.collective_cpu_s, "compute_slowdown": float(compute_slowdown)},
     )
     if trace:
         if trace_ranks is None:

@@ -34,8 +34,14 @@ def test_online_plan_uses_the_measured_latencies():
         assert res["queued_latency_s"] == pytest.approx(min(max(res["queued_extra_s"] / 2, 0.0), res["latency_s"]))
         assert res["plan_queued_latency_s"] == res["queued_latency_s"]
         assert res["plan_bandwidth_bps"] > 0
+        # 15 more collectives for the same bytes cost the process CPU time (the backend's
+        # threads, the kernel's TCP work): more than nothing, far less than a second each; the
+        # model computes on the CPU, so the plan is made for it
+        assert 1e-7 < res["collective_cpu_s"] < 1.0, res
+        assert res["plan_collective_cpu_s"] == res["collective_cpu_s"]
     assert results[0]["latency_s"] == results[1]["latency_s"], "the slowest rank's latency, agreed by all"
     assert results[0]["queued_latency_s"] == results[1]["queued_latency_s"]
+    assert results[0]["collective_cpu_s"] == results[1]["collective_cpu_s"]
 
 
 @pytest.mark.timeout(120)

@@ -172,6 +172,8 @@ def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
     return {"latency_s": opt.engine.stats.extra.get("measured_latency_s"),
             "queued_latency_s": opt.engine.stats.extra.get("measured_queued_latency_s"),
             "queued_extra_s": opt.engine.stats.extra.get("measured_queued_extra_s"),
+            "collective_cpu_s": opt.engine.stats.extra.get("measured_collective_cpu_s"),
+            "plan_collective_cpu_s": controller.plan_cluster.collective_cpu_s if controller.plan_cluster else None,
             "plan_latency_s": controller.plan_cluster.latency_s if controller.plan_cluster else None,
             "plan_queued_latency_s": controller.plan_cluster.queued_latency_s if controller.plan_cluster else None,
             "plan_bandwidth_bps": controller.plan_cluster.bandwidth_bps if controller.plan_cluster else None,

@@ -1,4 +1,5 @@
 """The caramel planner: known best answers (by exhaustive search), baselines, determinism, fallbacks."""
+import dataclasses
 import itertools
 
 import pytest
@@ -186,3 +187,31 @@ def test_a_plan_for_cheap_queued_collectives_is_faster_on_such_a_link():
     queued = ClusterSpec.uniform(2, 1e9, 1e-3, queued_latency_s=1e-4)
     coarse, fine = plan_caramel(profile, flat, input_spread=0), plan_caramel(profile, queued, input_spread=0)
     assert simulate(profile, queued, fine).step_time_s < 0.97 * simulate(profile, queued, coarse).step_time_s
+
+
+@pytest.mark.parametrize("profile", [resnet50_profile(), synthetic_profile(40)], ids=["resnet50", "chain40"])
+def test_collectives_that_cost_cpu_buy_coarser_plans(profile):
+    # each collective pauses the compute it interrupts for 2% of forward + backward (the
+    # backend's threads and the kernel's network stack on the cores the model computes on): the
+    # plan for such a host sends fewer collectives, and is faster there than the plan made for
+    # free collectives
+    cpu_s = 0.02 * (profile.forward_time_s + profile.backward_time_s)
+    # a link on which the gradients take about as long as forward + backward: compute matters
+    total_bits = 8 * sum(p.bytes for p in profile.trainable())
+    cluster = ClusterSpec.uniform(2, total_bits / (profile.forward_time_s + profile.backward_time_s), 1e-4,
+                                  queued_latency_s=2e-5)
+    costly = dataclasses.replace(cluster, collective_cpu_s=cpu_s, meta={})
+    free, coarse = plan_caramel(profile, cluster), plan_caramel(profile, costly)
+    assert coarse.options["cluster"]["collective_cpu_s"] == cpu_s
+    assert coarse.num_items() < free.num_items()
+    assert coarse.predicted_step_time_s == pytest.approx(simulate(profile, costly, coarse).step_time_s)
+    assert simulate(profile, costly, coarse).step_time_s < simulate(profile, costly, free).step_time_s
+    # the option replaces the cluster's value, either way
+    assert plan_caramel(profile, cluster, collective_cpu_s=cpu_s).to_dict() == coarse.to_dict()
+    assert plan_caramel(profile, costly, collective_cpu_s=0).num_items() == free.num_items()
+
+
+@pytest.mark.parametrize("bad", [-1e-3, float("inf"), "1ms", True])
+def test_a_bad_collective_cpu_is_named(bad):
+    with pytest.raises(CaramelError, match="collective_cpu_s must be a number of seconds"):
+        plan_caramel(synthetic_profile(4), ClusterSpec.uniform(2, 1e9), collective_cpu_s=bad)

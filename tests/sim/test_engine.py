@@ -246,6 +246,15 @@ def test_cluster_spec_round_trips_the_queued_latency(tmp_path):
     assert ClusterSpec.from_dict(old).effective_queued_latency_s == 1e-3
 
 
+def test_cluster_spec_round_trips_the_collective_cpu(tmp_path):
+    c = ClusterSpec.uniform(2, 5e8, 1e-3, collective_cpu_s=3.5e-4)
+    c.save(tmp_path / "c.json")
+    assert ClusterSpec.load(tmp_path / "c.json").collective_cpu_s == 3.5e-4
+    old = c.to_dict()
+    del old["collective_cpu_s"]  # a file from before the field: collectives cost compute nothing
+    assert ClusterSpec.from_dict(old).collective_cpu_s == 0.0
+
+
 def test_trace_round_trip(tmp_path):
     prof = two_layer_profile()
     res = simulate(prof, slow_link_cluster(), two_bucket_plan(prof))
@@ -284,6 +293,10 @@ def test_bad_inputs_name_the_field():
     for bad in (-1e-3, float("nan"), "1ms", True):
         with pytest.raises(FormatError, match="queued_latency_s"):
             ClusterSpec.uniform(2, 1e9, queued_latency_s=bad)
+        with pytest.raises(FormatError, match="collective_cpu_s"):
+            ClusterSpec.uniform(2, 1e9, collective_cpu_s=bad)
+    with pytest.raises(FormatError, match="collective_cpu_s"):
+        ClusterSpec.uniform(2, 1e9, collective_cpu_s=None)
     other = synthetic_profile(3)
     with pytest.raises(MismatchError, match="plan"):
         simulate(other, slow_link_cluster(), plan)
@@ -297,3 +310,45 @@ def test_plan_bytes_must_match_the_profile():
     plan.buckets[0].bytes = 999
     with pytest.raises(MismatchError, match=r"buckets\[0\].bytes"):
         simulate(prof, slow_link_cluster(), plan)
+
+
+def test_busy_charges_each_collective_cpu_to_the_compute_it_interrupts():
+    from caramel.sim.engine import Busy
+
+    b = Busy(1.0, cpu_s=0.25)
+    b.add(1.0, 2.0)
+    b.add(3.0, 5.0)
+    assert b.advance(0.0, 0.5) == pytest.approx(0.5)     # done before the first collective
+    assert b.advance(0.0, 1.5) == pytest.approx(1.75)    # paused 0.25 at 1.0
+    assert b.advance(0.0, 3.5) == pytest.approx(4.0)     # paused at 1.0 and at 3.0
+    assert b.advance(1.5, 1.0) == pytest.approx(2.5)     # began inside the first: already paid (or the core was free)
+    assert b.advance(5.0, 1.0) == pytest.approx(6.0)     # after both
+    # with a slowdown as well: the pause, then the rest of the collective at half speed
+    b2 = Busy(2.0, cpu_s=0.5)
+    b2.add(1.0, 3.0)
+    assert b2.advance(0.0, 1.5) == pytest.approx(2.5)    # 1.0 free, paused to 1.5, 0.5 of work in 1.0
+    assert b2.advance(0.0, 3.0) == pytest.approx(4.25)   # 1.0 free, pause, 0.75 in 1.5 s, 1.25 after 3.0
+    # a pause that runs past the next collective's start still pays that one's too
+    b3 = Busy(1.0, cpu_s=1.0)
+    b3.add(1.0, 1.2)
+    b3.add(1.5, 1.7)
+    assert b3.advance(0.0, 2.0) == pytest.approx(4.0)    # 1.0 of work, pauses 1.0-2.0 and 2.0-3.0, 1.0 more
+
+
+def test_collective_cpu_slows_the_compute_it_overlaps_hand_timeline():
+    # the forward-overlap timeline of test_forward_overlap_hand_timeline, with 0.3 s of CPU per
+    # collective: b0 starts at 2.0 while backward runs (1-3), so backward ends at 3.3 and b1,
+    # ready then, goes 3.3-4.5 (b0 2.0-3.2 was done); step 1's forward (3.3) waits for b1 to 4.5,
+    # no collective starts during it, ends at 4.5 + 0.1 + 0.5 + 0.1 + 0.5 = 5.7; backward 5.7,
+    # b0 ready at 6.7 starts at once and pauses it: ends 8.0. Period 8.0 - 3.3 = 4.7.
+    prof = two_layer_profile()
+    cl = slow_link_cluster()
+    cl.collective_cpu_s = 0.3
+    res = simulate(prof, cl, two_bucket_plan(prof), overlap="forward", iterations=4)
+    assert res.iteration_times_s == pytest.approx([3.3, 4.7, 4.7, 4.7])
+    (bwd,) = _events(res.trace, 0, "backward", 1)
+    assert (bwd.start_s, bwd.duration_s) == pytest.approx((5.7, 2.3))
+    # blocked while a collective starts: nothing to pause (step 1's forward waits 3.3-4.5)
+    (wait,) = _events(res.trace, 0, "wait:b1", 1)
+    assert (wait.start_s, wait.duration_s) == pytest.approx((3.3, 1.2))
+    assert res.meta["collective_cpu_s"] == 0.3
