@@ -26,7 +26,9 @@ forward's start, exactly as DDP, and tolerates it.
 Every buffer travels in one payload of bytes (one collective however many dtypes), each buffer
 at an offset aligned for its dtype, laid out from the buffers' current sizes at each broadcast
 (quantization observers resize theirs in the first forward), and a last byte saying which kind
-of broadcast it is.
+of broadcast it is. The payloads of the early broadcast (what this rank held, what it receives,
+what it holds at the next forward) are kept from step to step with a view per buffer, so
+packing and unpacking are one copy call each (on CPU buffers) while the sizes stay the same.
 """
 from __future__ import annotations
 
@@ -72,6 +74,9 @@ class BufferSync:
         self.sync_next = True  # DDP syncs before the first forward
         self._pending: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (work, payload, own bytes then)
         self._depth = 0  # a forward that calls the module again: only the outermost one counts
+        # the early broadcast's payloads by role, with their views, for one layout (`_slot`)
+        self._slots: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._slots_key: tuple | None = None
 
     # -- hooks
     def post_forward(self, _m, _args, _out) -> None:
@@ -81,8 +86,8 @@ class BufferSync:
         self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
         if self.mode == "early" and self.sync_next and not self.engine.delegating and self.pg is not None:
             assert self._pending is None, "a forward ended twice without one starting"
-            own = self._pack(EARLY, always=True)
-            payload = own if self.rank == 0 else self._pack(EARLY)
+            own = self._pack(EARLY, always=True, slot="own")
+            payload = own if self.rank == 0 else self._pack(EARLY, slot="recv")
             work = self.pg.broadcast([payload], self.opts)
             self._pending = (work, payload, own)
 
@@ -102,10 +107,10 @@ class BufferSync:
             work, payload, own = pending
             t0 = self.engine.recorder.now()
             self._wait(work, payload, EARLY)
-            now = self._pack(EARLY, always=True)
+            now = self._pack(EARLY, always=True, slot="now")
             changed = now.shape != own.shape or not torch.equal(now[:-1], own[:-1])
             if not changed and self.rank != 0:
-                self._unpack(payload)
+                self._unpack(payload, slot="recv")
             self.engine.recorder.record("wait", "sync", "broadcast:buffers", t0, self.engine.recorder.now())
             if not changed or self.engine.delegating:
                 return
@@ -139,8 +144,33 @@ class BufferSync:
             off += b.numel() * b.element_size()
         return out, off + 1
 
-    def _pack(self, kind: int, always: bool = False) -> torch.Tensor:
-        """The payload: this rank's buffers on rank 0 (or `always`), else room to receive them."""
+    def _slot(self, role: str) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The kept payload for `role` at the buffers' current layout and a view of it per buffer,
+        made again when a buffer changed size or dtype; None unless every buffer is on the CPU
+        (one copy call then moves them all)."""
+        key = tuple((b.shape, b.dtype, b.device) for b in self.buffers)
+        if key != self._slots_key:
+            self._slots, self._slots_key = {}, key
+        if not self.buffers or any(b.device.type != "cpu" for b in self.buffers):
+            return None
+        if role not in self._slots:
+            layout, size = self._layout()
+            payload = torch.zeros(size, dtype=torch.uint8)  # the alignment gaps stay zero
+            views = [payload[off:off + n].view(b.dtype).view(b.shape) for b, (off, n) in zip(self.buffers, layout)]
+            self._slots[role] = (payload, views)
+        return self._slots[role]
+
+    def _pack(self, kind: int, always: bool = False, slot: str | None = None) -> torch.Tensor:
+        """The payload: this rank's buffers on rank 0 (or `always`), else room to receive them.
+        With `slot`, the kept payload of that role (overwritten: the caller is done with it)."""
+        kept = self._slot(slot) if slot is not None else None
+        if kept is not None:
+            payload, views = kept
+            if self.rank == 0 or always:
+                with torch.no_grad():
+                    torch._foreach_copy_(views, self.buffers)
+            payload[-1] = kind
+            return payload
         layout, size = self._layout()
         payload = torch.zeros(size, dtype=torch.uint8)
         if self.rank == 0 or always:
@@ -150,10 +180,14 @@ class BufferSync:
         payload[-1] = kind
         return payload
 
-    def _unpack(self, payload: torch.Tensor) -> None:
-        layout, size = self._layout()
-        assert payload.numel() == size, "buffers changed size between the broadcast and now"
+    def _unpack(self, payload: torch.Tensor, slot: str | None = None) -> None:
+        kept = self._slot(slot) if slot is not None else None
         with torch.no_grad():
+            if kept is not None and kept[0] is payload:  # laid out for the buffers as they are
+                torch._foreach_copy_(self.buffers, kept[1])
+                return
+            layout, size = self._layout()
+            assert payload.numel() == size, "buffers changed size between the broadcast and now"
             for b, (off, n) in zip(self.buffers, layout):
                 b.copy_(payload[off:off + n].view(b.dtype).view(b.shape))
 

@@ -34,6 +34,25 @@ def test_payload_round_trip_of_mixed_dtypes():
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def test_kept_payloads_match_fresh_ones_and_follow_resizes():
+    # the early broadcast's payloads are kept between steps, a view per buffer: the same bytes
+    # as a payload made from scratch, reused while the sizes stay, made again when one changes
+    src, dst = _module(1), _module(2)
+    sender, receiver = BufferSync(src, _Engine(), None), BufferSync(dst, _Engine(), None)
+    receiver.rank = 1
+    kept = sender._pack(kind=1, always=True, slot="own")
+    assert torch.equal(kept, sender._pack(kind=1))
+    assert sender._pack(kind=1, always=True, slot="own") is kept
+    recv = receiver._pack(kind=1, slot="recv")
+    recv.copy_(kept)  # what the broadcast does
+    receiver._unpack(recv, slot="recv")
+    assert all(torch.equal(a, b) for a, b in zip(src.buffers(), dst.buffers()))
+    src.f32.resize_(4, 6).normal_()  # in place, as quantization observers do
+    grown = sender._pack(kind=1, always=True, slot="own")
+    assert grown is not kept and grown.numel() > kept.numel()
+    assert torch.equal(grown, sender._pack(kind=1))
+
+
 def test_broadcast_buffers_values():
     assert buffer_mode(True) == "early" and buffer_mode("early") == "early"
     assert buffer_mode("forward") == "forward" and buffer_mode(False) is None
