@@ -38,6 +38,7 @@ class FlatBucket:
         # updates are on every step's critical path
         self.views = [self.flat[o:o + p.numel()].view_as(p) for o, p in zip(self.offsets, params)]
         self._flag_values = [0.0] * len(params)
+        self._all_used_here = False  # set by seal()
         self.scale = 1.0 / world_size
         self.local_slot = {idx: j for j, idx in enumerate(self.indices)}
         # chunk views: the last chunk carries the usage flags
@@ -84,7 +85,12 @@ class FlatBucket:
         if self.scale != 1.0:
             self.flat[:self.numel].mul_(self.scale)
         self.flags.copy_(torch.tensor(self._flag_values, dtype=self.flags.dtype))
+        self._all_used_here = all(v == 1.0 for v in self._flag_values)
 
     def used(self) -> list[bool]:
-        """After the reduction: which parameters had a gradient on some rank."""
+        """After the reduction: which parameters had a gradient on some rank (every one when this
+        rank's backward gave each a gradient: the sum of the flags is then positive everywhere,
+        and reading the flags back is skipped)."""
+        if self._all_used_here:
+            return [True] * len(self.params)
         return (self.flags > 0).tolist()

@@ -77,6 +77,7 @@ class BufferSync:
         # the early broadcast's payloads by role, with their views, for one layout (`_slot`)
         self._slots: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._slots_key: tuple | None = None
+        self._slots_on_cpu = False
 
     # -- hooks
     def post_forward(self, _m, _args, _out) -> None:
@@ -151,7 +152,8 @@ class BufferSync:
         key = tuple((b.shape, b.dtype, b.device) for b in self.buffers)
         if key != self._slots_key:
             self._slots, self._slots_key = {}, key
-        if not self.buffers or any(b.device.type != "cpu" for b in self.buffers):
+            self._slots_on_cpu = bool(self.buffers) and all(b.device.type == "cpu" for b in self.buffers)
+        if not self._slots_on_cpu:
             return None
         if role not in self._slots:
             layout, size = self._layout()
