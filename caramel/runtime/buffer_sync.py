@@ -147,12 +147,14 @@ class BufferSync:
 
     def _slot(self, role: str) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """The kept payload for `role` at the buffers' current layout and a view of it per buffer,
-        made again when a buffer changed size or dtype; None unless every buffer is on the CPU
-        (one copy call then moves them all)."""
+        made again when a buffer changed size or dtype; None unless every buffer is on the CPU,
+        without the conjugate bit (one copy call then moves them all)."""
         key = tuple((b.shape, b.dtype, b.device) for b in self.buffers)
         if key != self._slots_key:
             self._slots, self._slots_key = {}, key
-            self._slots_on_cpu = bool(self.buffers) and all(b.device.type == "cpu" for b in self.buffers)
+            # foreach copies take neither other devices nor conjugate-bit buffers as targets
+            self._slots_on_cpu = bool(self.buffers) and all(b.device.type == "cpu" and not b.is_conj()
+                                                            for b in self.buffers)
         if not self._slots_on_cpu:
             return None
         if role not in self._slots:

@@ -280,6 +280,7 @@ class _Controller:
                  broadcast_buffers: bool = True, trial_passes: int = 1, find_unused_parameters: bool = True,
                  comm_priority: CommPriority | None = None):
         self.engine, self.model, self.names, self.params = engine, model, names, params
+        self._lone_cpu_s = 0.0  # process CPU time per tiny collective (`_measure_latency_s`)
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
@@ -660,12 +661,17 @@ class _Controller:
         buf = torch.zeros(256)
         self.engine.comm.allreduce([buf]).wait()  # the first may still be connecting
         times = []
+        c0 = time.process_time()
         for _ in range(LATENCY_PROBES):
             t0 = time.perf_counter()
             self.engine.comm.allreduce([buf]).wait()
             times.append(time.perf_counter() - t0)
-        mean = torch.tensor([sum(times) / len(times)], dtype=torch.float64)
+        cpu_s = (time.process_time() - c0) / LATENCY_PROBES
+        mean = torch.tensor([sum(times) / len(times), cpu_s], dtype=torch.float64)
         dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
+        # each tiny collective's process CPU time: the CPU cost per collective where the queued
+        # probe cannot run (`_measure_queued_latency_s`)
+        self._lone_cpu_s = float(mean[1])
         return float(mean[0]) / (2 * (self.world - 1))
 
     def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> tuple[float | None, float]:
@@ -674,14 +680,15 @@ class _Controller:
         (`caramel.cluster.probe.measure_queued_extra` on the engine's group, pieces sized for
         `bandwidth_bps`, the same on every rank; the slowest rank's of each); (None, 0.0) when no
         piece of a sensible size takes long enough to tell (a link so fast that every collective
-        pays its whole latency). A plan's back-to-back buckets cost far less time each than a
-        lone collective (0.19-0.28 ms per message against 0.25-1.45 ms on the emulated cluster),
-        but not less CPU; the probe takes about 320 lone collectives' time (under a second there)."""
+        pays its whole latency; the CPU time of the lone probes then, `_measure_latency_s`). A
+        plan's back-to-back buckets cost far less time each than a lone collective (0.19-0.28 ms
+        per message against 0.25-1.45 ms on the emulated cluster), but not less CPU; the probe
+        takes about 320 lone collectives' time (under a second there)."""
         from caramel.cluster.probe import measure_queued_extra, queued_latency_from_extra_s, queued_piece_bytes
 
         piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)
         if piece is None:
-            return None, 0.0
+            return None, max(self._lone_cpu_s, 0.0)
         m = measure_queued_extra(self.engine.comm, piece)
         t = torch.tensor([m.extra_s, m.cpu_s], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)

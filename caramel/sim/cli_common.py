@@ -28,6 +28,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, default_workers: int 
     g.add_argument("--latency", help="per-message latency: 50us, 1ms (default 50us)")
     g.add_argument("--queued-latency", help="per-message latency of a collective queued behind another "
                    "(ClusterSpec.queued_latency_s): 20us; default: the file's, else the same as --latency")
+    g.add_argument("--collective-cpu", help="CPU time each collective takes from a worker's compute "
+                   "(ClusterSpec.collective_cpu_s): 300us; default: the file's, else 0")
     g.add_argument("--collective", choices=COLLECTIVES, help="all-reduce algorithm (default ring)")
     g.add_argument("--topology", choices=TOPOLOGIES, help="network topology (default switch)")
     g.add_argument("--servers", type=int, help="parameter servers for --collective ps (default 1)")
@@ -59,8 +61,10 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         raise CaramelError(f"--servers must be a positive integer, got {args.servers}")
     bandwidth = parse_rate_bps(args.bandwidth) if args.bandwidth is not None else (spec.bandwidth_bps if spec else 1e9)
     latency = parse_latency_s(args.latency) if args.latency is not None else (spec.latency_s if spec else 50e-6)
-    queued = (parse_latency_s(args.queued_latency) if getattr(args, "queued_latency", None) is not None
+    queued = (parse_duration_arg_s(args.queued_latency, "--queued-latency") if getattr(args, "queued_latency", None) is not None
               else (spec.queued_latency_s if spec else None))
+    cpu = (parse_duration_arg_s(args.collective_cpu, "--collective-cpu") if getattr(args, "collective_cpu", None) is not None
+           else (spec.collective_cpu_s if spec else 0.0))
     if spec is not None and (workers is None or workers == spec.world_size):
         worker_list = spec.workers
     else:
@@ -74,17 +78,23 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         num_servers=args.servers or (spec.num_servers if spec else 1),
         meta=dict(spec.meta) if spec else {},
         queued_latency_s=queued,
+        collective_cpu_s=cpu,
     )
 
 
 def parse_latency_s(text: str) -> float:
     """A latency >= 0 (`0`, `50us`, `1ms`)."""
+    return parse_duration_arg_s(text, "--latency")
+
+
+def parse_duration_arg_s(text: str, flag: str) -> float:
+    """A duration >= 0 given to `flag` (`0`, `50us`, `1ms`), or an error naming the flag."""
     if str(text).strip() in ("0", "0s", "0us", "0ms"):
         return 0.0
     try:
         return parse_duration_s(text)
     except CaramelError:
-        raise CaramelError(f"--latency {text!r} is not understood; expected a duration >= 0 such as 50us or 1ms") from None
+        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 such as 50us or 1ms") from None
 
 
 def add_option_argument(parser: argparse.ArgumentParser) -> None:

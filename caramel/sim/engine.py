@@ -77,7 +77,8 @@ def speed_classes(speeds: list[float]) -> list[tuple[float, list[int]]]:
 class Busy:
     """The collectives' intervals so far (disjoint, in time order: one collective at a time), and
     compute progress through them: at rate 1/slowdown inside one, after a pause of `cpu_s` at the
-    start of each that begins while the compute runs."""
+    start of each that begins while the compute runs (at or after the moment it resumed, and
+    before the moment it would end)."""
 
     def __init__(self, slowdown: float, cpu_s: float = 0.0):
         assert slowdown >= 1.0 and cpu_s >= 0.0
@@ -103,7 +104,7 @@ class Busy:
         while i < len(self.starts):
             a, b = self.starts[i], self.ends[i]
             if t < a:
-                if work_s <= a - t:
+                if t + work_s <= a:  # not `work_s <= a - t`: a compute whose end starts `a` must never pay for it
                     return t + work_s
                 work_s -= a - t
                 t = a

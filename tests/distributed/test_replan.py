@@ -45,6 +45,19 @@ def test_online_plan_uses_the_measured_latencies():
 
 
 @pytest.mark.timeout(120)
+def test_without_the_queued_probe_the_cpu_per_collective_comes_from_the_lone_probes():
+    from tests.distributed.workers import measured_cluster_worker
+
+    results = run_workers(measured_cluster_worker, 2, args=(6, False), timeout_s=100)
+    for res in results:
+        assert res["queued_extra_s"] is None and res["queued_latency_s"] is None, res
+        # the tiny probes' process CPU time each: more than nothing, far less than a second
+        assert 1e-7 < res["collective_cpu_s"] < 1.0, res
+        assert res["plan_collective_cpu_s"] == res["collective_cpu_s"]
+    assert results[0]["collective_cpu_s"] == results[1]["collective_cpu_s"]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("broadcast_buffers", ["forward", True, False])
 def test_online_profile_does_not_count_waiting_for_peers_as_compute(broadcast_buffers):
     from tests.distributed.workers import slow_peer_profile_worker

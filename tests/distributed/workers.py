@@ -160,9 +160,14 @@ def shutdown_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
-def measured_cluster_worker(rank: int, world: int, steps: int) -> dict:
+def measured_cluster_worker(rank: int, world: int, steps: int, queued_probe: bool = True) -> dict:
     """Online profiling without a cluster spec: the plan is made for the latency and bandwidth
-    the job measured, and every rank holds the same numbers."""
+    the job measured, and every rank holds the same numbers. `queued_probe=False`: as on a link
+    too fast for the queued probe's pieces."""
+    if not queued_probe:
+        import caramel.cluster.probe as probe
+
+        probe.queued_piece_bytes = lambda *args: None
     w = fresh("cnn_bn")
     opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
     model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=1)

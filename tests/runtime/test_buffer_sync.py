@@ -121,6 +121,12 @@ def test_strided_and_conjugate_buffers_round_trip():
     receiver.rank = 1
     receiver._unpack(sender._pack(kind=1))
     assert all(torch.equal(a, b) for a, b in zip(src.buffers(), dst.buffers()))
+    # the kept payloads too (a conjugate-bit target takes the per-buffer path)
+    src.strided.mul_(2)
+    recv = receiver._pack(kind=1, slot="recv")
+    recv.copy_(sender._pack(kind=1, always=True, slot="own"))
+    receiver._unpack(recv, slot="recv")
+    assert all(torch.equal(a, b) for a, b in zip(src.buffers(), dst.buffers()))
 
 
 def test_a_forward_that_calls_the_module_again_broadcasts_once():

@@ -105,6 +105,8 @@ def test_synthetic_source(tmp_path):
     (["--planner", "magic"], "unknown planner"),
     (["--option", "novalue"], "--option"),
     (["--compute-slowdown", "0.5"], "compute_slowdown"),
+    (["--collective-cpu", "lots"], "--collective-cpu 'lots' is not understood"),
+    (["--queued-latency", "soon"], "--queued-latency 'soon' is not understood"),
 ])
 def test_bad_input_is_one_line_and_exit_2(profile_path, capsys, argv, needle):
     rc = main(["simulate", "--profile", str(profile_path), *argv])
@@ -130,3 +132,19 @@ def test_unknown_topology_in_cluster_file(tmp_path, profile_path, capsys):
     rc = main(["plan", "--profile", str(profile_path), "--cluster", str(spec)])
     err = capsys.readouterr().err
     assert rc == 2 and "topology" in err and "hypercube" in err
+
+
+def test_the_collective_cpu_comes_from_the_file_or_the_flag(tmp_path, profile_path):
+    # a spec saved by `caramel cluster probe` keeps its value; the flag overrides it
+    spec = tmp_path / "cluster.json"
+    ClusterSpec.uniform(2, 5e8, 1e-3, collective_cpu_s=5e-4).save(spec)
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--planner", "fifo",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == 5e-4
+    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--collective-cpu", "0",
+                 "--planner", "fifo", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == 0.0
+    assert main(["simulate", "--profile", str(profile_path), "--workers", "2", "--collective-cpu", "300us",
+                 "--planner", "fifo", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == pytest.approx(3e-4)

@@ -352,3 +352,18 @@ def test_collective_cpu_slows_the_compute_it_overlaps_hand_timeline():
     (wait,) = _events(res.trace, 0, "wait:b1", 1)
     assert (wait.start_s, wait.duration_s) == pytest.approx((3.3, 1.2))
     assert res.meta["collective_cpu_s"] == 0.3
+
+
+def test_a_compute_that_ends_where_a_collective_starts_never_pays_for_it():
+    # the last bucket is ready when backward ends and its collective starts then: backward,
+    # replayed after the collective is placed, must end at the same time, whatever the rounding
+    import random
+
+    from caramel.sim.engine import Busy
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        t, w = rng.uniform(0, 10), rng.uniform(0, 1)
+        b = Busy(1.0, cpu_s=0.3)
+        b.add(t + w, t + w + 1.0)
+        assert b.advance(t, w) == t + w
