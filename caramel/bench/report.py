@@ -447,20 +447,22 @@ def format_breakdown(records: list[Record]) -> str:
 
 
 def _baseline_priority_note(prio: dict[str, Any] | None) -> str:
-    if not prio:
-        return ""
-    if prio.get("applied") == "realtime":
-        return ", baselines' communication threads at real-time priority"
-    return f", baselines' communication threads at normal priority ({prio.get('reason')})"
+    """The priority the baselines' communication threads ran at, if they had a group of their own."""
+    return ", " + _threads_at(prio, "baselines' communication threads") if prio else ""
 
 
 def _priority_note(prio: dict[str, Any] | None) -> str:
     """Where a strategy's communication threads ran at a priority of their own: which, and why not real-time."""
     if not prio or prio.get("mode") == "normal":
         return ""
+    return "; " + _threads_at(prio, "communication threads", count=True)
+
+
+def _threads_at(prio: dict[str, Any], who: str, count: bool = False) -> str:
+    """`who` at real-time priority (how many threads, with `count`), or at normal priority and why."""
     if prio.get("applied") == "realtime":
-        return f"; communication threads at real-time priority ({prio.get('threads')} threads)"
-    return f"; communication threads at normal priority ({prio.get('reason')})"
+        return f"{who} at real-time priority" + (f" ({prio.get('threads')} threads)" if count else "")
+    return f"{who} at normal priority ({prio.get('reason')})"
 
 
 def _plan_line(plan: dict[str, Any]) -> str:

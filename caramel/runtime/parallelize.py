@@ -280,7 +280,6 @@ class _Controller:
                  broadcast_buffers: bool = True, trial_passes: int = 1, find_unused_parameters: bool = True,
                  comm_priority: CommPriority | None = None):
         self.engine, self.model, self.names, self.params = engine, model, names, params
-        self._lone_cpu_s = 0.0  # process CPU time per tiny collective (`_measure_latency_s`)
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
@@ -625,10 +624,12 @@ class _Controller:
         import dataclasses
 
         base = _default_cluster(self.world)
-        latency_s = self._measure_latency_s()
+        latency_s, lone_cpu_s = self._measure_latency_s()
         # every collective at the lone latency, only to size the queued probe (the same on every rank)
         rough_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, clear=False))
         queued_s, cpu_s = self._measure_queued_latency_s(latency_s, rough_bps or base.bandwidth_bps)
+        if cpu_s is None:  # no queued probe: each tiny probe's CPU time
+            cpu_s = lone_cpu_s
         measured_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, queued_s))
         self.engine.stats.extra["measured_latency_s"] = latency_s
         self.engine.stats.extra["measured_queued_latency_s"] = queued_s
@@ -650,10 +651,10 @@ class _Controller:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return float(t[0]) * 1000
 
-    def _measure_latency_s(self) -> float:
+    def _measure_latency_s(self) -> tuple[float, float]:
         """Per-step latency alpha of the ring model on an idle link: the mean time of
         `LATENCY_PROBES` tiny all-reduces on the engine's group, over the 2(n-1) steps of a
-        ring. The mean, not the fastest: a plan pays each collective's typical cost, and on a
+        ring; and the process CPU time each took (the slowest rank's of both). The mean, not the fastest: a plan pays each collective's typical cost, and on a
         virtual machine whose idle CPUs halt that includes waking the backend's thread (0.4 ms
         at best, 2-4 ms in half of the tries on the 2-core test host, where the default assumes
         50 us)."""
@@ -669,18 +670,15 @@ class _Controller:
         cpu_s = (time.process_time() - c0) / LATENCY_PROBES
         mean = torch.tensor([sum(times) / len(times), cpu_s], dtype=torch.float64)
         dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=self.group)
-        # each tiny collective's process CPU time: the CPU cost per collective where the queued
-        # probe cannot run (`_measure_queued_latency_s`)
-        self._lone_cpu_s = float(mean[1])
-        return float(mean[0]) / (2 * (self.world - 1))
+        return float(mean[0]) / (2 * (self.world - 1)), max(float(mean[1]), 0.0)
 
-    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> tuple[float | None, float]:
+    def _measure_queued_latency_s(self, latency_s: float, bandwidth_bps: float) -> tuple[float | None, float | None]:
         """Per-step latency of a collective issued while the link is still busy with the one
         before it, at most `latency_s`, and the CPU time each collective costs a worker
         (`caramel.cluster.probe.measure_queued_extra` on the engine's group, pieces sized for
-        `bandwidth_bps`, the same on every rank; the slowest rank's of each); (None, 0.0) when no
+        `bandwidth_bps`, the same on every rank; the slowest rank's of each); (None, None) when no
         piece of a sensible size takes long enough to tell (a link so fast that every collective
-        pays its whole latency; the CPU time of the lone probes then, `_measure_latency_s`). A
+        pays its whole latency). A
         plan's back-to-back buckets cost far less time each than a lone collective (0.19-0.28 ms
         per message against 0.25-1.45 ms on the emulated cluster), but not less CPU; the probe
         takes about 320 lone collectives' time (under a second there)."""
@@ -688,7 +686,7 @@ class _Controller:
 
         piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)
         if piece is None:
-            return None, max(self._lone_cpu_s, 0.0)
+            return None, None
         m = measure_queued_extra(self.engine.comm, piece)
         t = torch.tensor([m.extra_s, m.cpu_s], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)

@@ -77,17 +77,20 @@ def test_cluster_file_and_overrides(tmp_path, profile_path):
         [(3, 2e9, "tree", "forward"), (3, 2e9, "tree", "none")]
 
 
+def _simulated_cluster(tmp_path, profile_path, *argv: str) -> dict:
+    """The cluster a `caramel sim` of the fifo plan with these flags ran on (from its --json)."""
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--profile", str(profile_path), "--planner", "fifo", "--json", str(out), *argv]) == 0
+    return json.loads(out.read_text())["cluster"]
+
+
 def test_the_queued_latency_comes_from_the_file_or_the_flag(tmp_path, profile_path, capsys):
     spec = tmp_path / "cluster.json"
     ClusterSpec.uniform(2, 5e8, 1e-3, queued_latency_s=2e-4).save(spec)
-    out = tmp_path / "sim.json"
-    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--planner", "fifo",
-                 "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cluster"]["queued_latency_s"] == 2e-4
+    assert _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec))["queued_latency_s"] == 2e-4
     assert "latency 1000 us (200 us queued)" in capsys.readouterr().out
-    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--queued-latency", "50us",
-                 "--planner", "fifo", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cluster"]["queued_latency_s"] == pytest.approx(5e-5)
+    assert _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec), "--queued-latency", "50us")[
+        "queued_latency_s"] == pytest.approx(5e-5)
 
 
 def test_synthetic_source(tmp_path):
@@ -138,13 +141,8 @@ def test_the_collective_cpu_comes_from_the_file_or_the_flag(tmp_path, profile_pa
     # a spec saved by `caramel cluster probe` keeps its value; the flag overrides it
     spec = tmp_path / "cluster.json"
     ClusterSpec.uniform(2, 5e8, 1e-3, collective_cpu_s=5e-4).save(spec)
-    out = tmp_path / "sim.json"
-    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--planner", "fifo",
-                 "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == 5e-4
-    assert main(["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--collective-cpu", "0",
-                 "--planner", "fifo", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == 0.0
-    assert main(["simulate", "--profile", str(profile_path), "--workers", "2", "--collective-cpu", "300us",
-                 "--planner", "fifo", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cluster"]["collective_cpu_s"] == pytest.approx(3e-4)
+    assert _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec))["collective_cpu_s"] == 5e-4
+    assert _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec), "--collective-cpu", "0")[
+        "collective_cpu_s"] == 0.0
+    assert _simulated_cluster(tmp_path, profile_path, "--workers", "2", "--collective-cpu", "300us")[
+        "collective_cpu_s"] == pytest.approx(3e-4)
