@@ -343,9 +343,12 @@ class _Controller:
             assert len(cands) == 1
             self.adopt(cands[0].plan, source=source)
             return
-        preference = trial_preference([c.name for c in cands], planner or self.planner)
+        # a plan the user gave carries one prediction, for the mode it was made for, whatever
+        # mode its candidates run; the planner's plans each carry their own mode's
+        predicted = None if planner == "plan" else {c.name: c.plan.predicted_step_time_s for c in cands}
+        preference = trial_preference([c.name for c in cands], planner or self.planner, predicted)
         self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, preference=preference,
-                                  max_passes=self.trial_passes)
+                                  max_passes=self.trial_passes, predicted_s=predicted)
         self._adopt_candidate(self.trial.current, source)
 
     def _adopt_candidate(self, cand: Candidate, source: str) -> None:

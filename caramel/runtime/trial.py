@@ -25,11 +25,15 @@ Order of events (the same on every rank, at the same steps):
    several times larger than the job's pace varies);
 4. the chosen candidate is the most preferred one that the fastest does not beat by more than
    twice the standard error of their difference (a smaller lead is as likely luck as not on a
-   noisy host). The order of preference (`trial_preference`) is the trial's baseline (the
-   planner's plan with backward overlap: DDP's timing run by the engine), then the planner's
-   other plans, then DDP's schedule: handed to torch DDP it pays DDP's search for unused
-   parameters (docs/engine.md: 0.3-2.7% on 4 workers), and in the bench every hand-over on
-   record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x, 0.987x). If the chosen candidate is
+   noisy host). The order of preference (`trial_preference`) is the trial's baseline, then the
+   planner's other plans, then DDP's schedule: handed to torch DDP it pays DDP's search for
+   unused parameters (docs/engine.md: 0.3-2.7% on 4 workers), and in the bench every hand-over
+   on record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x, 0.987x). The baseline is the
+   planner's plan the simulator predicts fastest (each plan's `predicted_step_time_s`, for this
+   cluster and this host's measured contention): a measured lead within the noise is settled by
+   the other evidence there is (docs/engine.md has how the predictions ranked the modes against
+   the trials and the timed rounds). Without predictions it is the planner's
+   plan with backward overlap (DDP's timing run by the engine). If the chosen candidate is
    not the fastest (a lead within the noise), another pass of the same blocks runs (up to
    `max_passes`), every candidate's periods pooled over the passes; after the last pass the
    choice stands;
@@ -71,19 +75,27 @@ DEFAULT_TRIAL_PASSES = 3
 DDP_SCHEDULE = "fifo/backward"  # DDP's buckets, applied at step(), run by torch DDP itself
 
 
-def trial_baseline(names: list[str], planner: str) -> str | None:
-    """The candidate an undecided trial keeps: the planner's plan with backward overlap (for the
-    `fifo` planner that is DDP's schedule itself); None if it is not among `names`."""
-    name = f"{planner}/backward"
-    return name if name in names else None
+def trial_baseline(names: list[str], planner: str, predicted_s: dict[str, float | None] | None = None) -> str | None:
+    """The candidate an undecided trial keeps: the planner's plan (`planner/...` in `names`) the
+    simulator predicts fastest, when `predicted_s` holds a prediction for each of them (backward
+    overlap first on an exact tie); else the planner's plan with backward overlap (for the `fifo`
+    planner that is DDP's schedule itself). None if there is no such candidate."""
+    backward = f"{planner}/backward"
+    if backward not in names:
+        return None
+    own = [n for n in names if n.startswith(f"{planner}/")]
+    preds = predicted_s or {}
+    if own and all(preds.get(n) is not None for n in own):
+        return min(own, key=lambda n: (preds[n], n != backward, own.index(n)))
+    return backward
 
 
-def trial_preference(names: list[str], planner: str) -> list[str]:
+def trial_preference(names: list[str], planner: str, predicted_s: dict[str, float | None] | None = None) -> list[str]:
     """`names` in the order a tie within the noise is settled: the baseline (`trial_baseline`),
     the planner's other plans in trial order, then DDP's schedule run by torch DDP. Empty when
     there is no baseline: the fastest then wins outright and nothing is confirmed. `planner` is
     the prefix of the candidates' names (`plan` for a plan the user gave)."""
-    base = trial_baseline(names, planner)
+    base = trial_baseline(names, planner, predicted_s)
     if base is None:
         return []
     rest = [n for n in names if n != base]
@@ -177,9 +189,11 @@ class OverlapTrial:
     """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
     def __init__(self, candidates: list[Candidate], steps: int, group, world: int, preference: list[str] | None = None,
-                 max_passes: int = 1, confirm: bool = True):
+                 max_passes: int = 1, confirm: bool = True, predicted_s: dict[str, float | None] | None = None):
         """`preference`: candidate names, most preferred first (`trial_preference`); its first
-        is the baseline. Without one the fastest wins outright and nothing is confirmed."""
+        is the baseline. Without one the fastest wins outright and nothing is confirmed.
+        `predicted_s`: the simulator's step time per candidate, as chose the preference; only
+        reported (the result's `predicted_step_time_s`)."""
         assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
         assert preference is None or set(preference) <= {c.name for c in candidates}
         assert max_passes >= 1
@@ -190,6 +204,7 @@ class OverlapTrial:
         self.group, self.world = group, world
         self.max_passes = max_passes
         self.confirm = confirm
+        self.predicted_s = {k: v for k, v in (predicted_s or {}).items() if v is not None}
         self.passes = 1
         self.selection: dict | None = None
         """while a confirmation runs: what the passes found (the later `result` without its verdict)"""
@@ -270,7 +285,7 @@ class OverlapTrial:
                   "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
                   "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
                   "samples": {c.name: len(c.samples_s(paired)) for c in self.candidates}, "paired": paired,
-                  "confirmation": None}
+                  "predicted_step_time_s": dict(self.predicted_s), "confirmation": None}
         if self.confirm and self.baseline is not None and winner != self.baseline:
             return self._start_confirmation(result)
         self.result = result

@@ -4,6 +4,7 @@ overlap mode, three model families, three optimizers with an LR schedule, 2-4 wo
 import pytest
 
 from caramel.plan.planners import PLANNERS, _load_builtin_planners
+from caramel.runtime.trial import trial_baseline
 from caramel.testing import run_workers
 from tests.distributed.workers import parity_worker
 
@@ -28,7 +29,9 @@ def test_parity_with_ddp(world, planner):
                 assert value is not None and value["chosen"] in value["step_period_s"], f"rank {rank}: {key}: {value}"
                 expected = {f"{planner}/forward", f"{planner}/backward"} | ({"fifo/backward"} if planner != "fifo" else set())
                 assert set(value["step_period_s"]) == expected, value
-                assert value["baseline"] == f"{planner}/backward", value  # an undecided lead keeps it
+                # an undecided lead keeps the baseline: the plan predicted fastest, else backward
+                assert value["baseline"] == trial_baseline(sorted(expected), planner, value["predicted_step_time_s"]), value
+                assert (planner == "caramel") == bool(value["predicted_step_time_s"]), value  # only it simulates
                 assert value == results[0][key], f"rank {rank} chose differently from rank 0: {value} vs {results[0][key]}"
                 continue
             assert value <= TOL, f"rank {rank}: {key} differs by {value:g} (> {TOL})"

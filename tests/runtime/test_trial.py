@@ -89,6 +89,32 @@ def test_the_baseline_is_the_planners_backward_mode_run_by_the_engine():
     assert trial_preference(["caramel/forward"], "caramel") == []
 
 
+def test_the_baseline_is_the_plan_the_simulator_predicts_fastest():
+    names = ["caramel/forward", "caramel/backward", "fifo/backward"]
+    # forward predicted faster: it is the baseline, and a tie within the noise keeps it
+    predicted = {"caramel/forward": 0.0883, "caramel/backward": 0.1049, "fifo/backward": None}
+    pref = trial_preference(names, "caramel", predicted)
+    assert pref == ["caramel/forward", "caramel/backward", "fifo/backward"]
+    medians = {"caramel/forward": 0.1039, "caramel/backward": 0.1072, "fifo/backward": 0.1222}
+    noisy = {"caramel/forward": 0.002, "caramel/backward": 0.002, "fifo/backward": 0.002}
+    assert choose(medians, noisy, pref) == "caramel/forward"
+    # ... and a clear measured lead still beats the prediction
+    assert choose({**medians, "caramel/backward": 0.090}, noisy, pref) == "caramel/backward"
+    # backward predicted faster, or exactly as fast: backward
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.080}) == "caramel/backward"
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.0883}) == "caramel/backward"
+    # DDP's schedule is never the baseline of another planner, whatever its prediction
+    assert trial_baseline(names, "caramel", {**predicted, "fifo/backward": 0.01}) == "caramel/forward"
+    # a plan without a prediction: the backward plan, as without predictions at all
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": None}) == "caramel/backward"
+    assert trial_baseline(names, "caramel", None) == "caramel/backward"
+    # the fifo planner's own plans, predicted: its forward plan can be the baseline too
+    assert trial_preference(["fifo/forward", "fifo/backward"], "fifo",
+                            {"fifo/forward": 0.1, "fifo/backward": 0.2}) == ["fifo/forward", "fifo/backward"]
+    # without a backward candidate there is still no baseline
+    assert trial_preference(["caramel/forward"], "caramel", {"caramel/forward": 0.1}) == []
+
+
 def test_a_tie_with_the_fastest_goes_to_the_more_preferred():
     # DDP's schedule fastest by 0.2 ms over forward, both clearly ahead of backward (the
     # baseline): forward is the most preferred candidate within the noise of the fastest
