@@ -482,7 +482,7 @@ def _plan_line(plan: dict[str, Any]) -> str:
         queued = plan.get("queued_latency_s")
         link.append(f"alpha {plan['latency_s'] * 1e3:.2f} ms" + (f" ({queued * 1e3:.2f} ms queued)" if queued is not None else ""))
     if plan.get("collective_cpu_s"):
-        link.append(f"{plan['collective_cpu_s'] * 1e3:.2f} ms CPU per collective")
+        link.append(f"{plan['collective_cpu_s'] * 1e3:.2f} ms compute pause per collective")
     if link:
         parts.append("for " + ", ".join(link))
     return "; ".join(parts)

@@ -141,8 +141,11 @@ def _probe(args: argparse.Namespace) -> int:
               f"({q['queued_pieces']} back-to-back pieces of {q['queued_piece_bytes']} B took "
               f"{q['queued_extra_s'] * 1e3:.3f} ms more each than one all-reduce of them all)")
         if spec.collective_cpu_s:
-            print(f"CPU time per collective on each worker: {spec.collective_cpu_s * 1e3:.3f} ms (what each of those "
-                  f"pieces added to a worker's process CPU time)")
+            share = q.get("core_share", 1.0)
+            how = (f"what each of those pieces added to a worker's process CPU time ({q['queued_cpu_s'] * 1e3:.3f} ms), "
+                   f"times the {share:g} compute threads per core the workers share" if share > 1 else
+                   "what each of those pieces added to a worker's process CPU time")
+            print(f"compute pause per collective on each worker: {spec.collective_cpu_s * 1e3:.3f} ms ({how})")
     if args.json:
         spec.save(args.json)
         print(f"wrote {args.json}")

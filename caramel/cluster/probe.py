@@ -7,7 +7,9 @@ ring all-reduce model of DESIGN.md, t(S) = 2(n-1)·alpha + 2(n-1)/n · 8·S / B,
 on relative error (every size counts, not only the largest), and returns a `ClusterSpec`. With
 gloo, the job then times the same bytes as one all-reduce and as back-to-back pieces
 (`measure_queued_extra`) for the spec's `queued_latency_s`, what a collective queued behind
-another pays, and its `collective_cpu_s`, the CPU time each collective costs a worker.
+another pays, and its `collective_cpu_s`, the pause each collective's CPU time costs a worker's
+compute (that CPU time, times the compute threads per core where ranks share cores:
+`host_core_share`).
 
 Each size is summarized by the mean over repetitions (of the slowest rank's time): the cost a
 plan pays per collective on average. The fastest repetition would hide the host's wake-up
@@ -165,6 +167,45 @@ def measure_queued_extra(group: Any, piece_bytes: int, pieces: int = QUEUED_PIEC
     return QueuedExtra(statistics.median(extra), statistics.median(cpu))
 
 
+def host_core_share(group: Any = None) -> float:
+    """Compute threads per core where this job's ranks share cores, at least 1.
+
+    Ranks share cores when they run under one kernel (the same boot id: the emulated cluster's
+    namespaces all run on one host) with the same CPU affinity; each brings its intra-op threads
+    (`torch.get_num_threads()`). The share is the most threads any such set of cores carries,
+    over its size. Every rank of `group` must call this at the same point (one all-gather); all
+    get the same value.
+
+    Why: `ClusterSpec.collective_cpu_s` is the pause a collective's start costs a running
+    compute. Measured as this process's CPU time it is that pause only while each compute
+    thread has a core of its own. On saturated shared cores every rank waits for the CPU any of
+    them spends: 4 workers of 1 thread on 2 cores each lose twice a collective's CPU time."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            host = f.read().strip()
+    except OSError:
+        import socket
+        host = socket.gethostname()
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    mine = (host, tuple(cores), torch.get_num_threads())
+    everyone = [mine]
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+    return core_share(everyone)
+
+
+def core_share(ranks: list[tuple[str, tuple[int, ...], int]]) -> float:
+    """`host_core_share` from every rank's (host, cores it may run on, compute threads)."""
+    threads: dict[tuple, int] = {}
+    for host, cores, n in ranks:
+        threads[(host, tuple(cores))] = threads.get((host, tuple(cores)), 0) + n
+    return max([1.0] + [n / max(len(cores), 1) for (_host, cores), n in threads.items()])
+
+
 def queued_latency_from_extra_s(extra_s: float, latency_s: float, world_size: int) -> float:
     """Per-message queued latency from `measure_queued_extra` (all 2(n-1) ring steps), within [0, latency_s]."""
     return min(max(extra_s / (2 * (max(world_size, 2) - 1)), 0.0), latency_s)
@@ -214,9 +255,10 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
     queued_s, cpu_s = None, 0.0
     if "queued_extra_s" in measured:
         queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
-        cpu_s = max(measured.get("queued_cpu_s", 0.0), 0.0)
+        # the pause on a compute: the CPU time, times the threads each shared core carries
+        cpu_s = max(measured.get("queued_cpu_s", 0.0), 0.0) * measured.get("core_share", 1.0)
         meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_cpu_s", "queued_piece_bytes",
-                                                             "queued_pieces", "queued_sized_for_latency_s")
+                                                             "queued_pieces", "queued_sized_for_latency_s", "core_share")
                                    if k in measured}
     spec = ClusterSpec.uniform(world, fit.bandwidth_bps, fit.latency_s, meta=meta, queued_latency_s=queued_s,
                                collective_cpu_s=cpu_s)
@@ -285,7 +327,8 @@ def _worker_main(argv: list[str]) -> int:
             extra = torch.tensor([m.extra_s, m.cpu_s], dtype=torch.float64)
             dist.all_reduce(extra, op=dist.ReduceOp.MAX)
             queued = {"queued_extra_s": float(extra[0]), "queued_cpu_s": float(extra[1]), "queued_piece_bytes": piece,
-                      "queued_pieces": QUEUED_PIECES, "queued_sized_for_latency_s": sized_for_s}
+                      "queued_pieces": QUEUED_PIECES, "queued_sized_for_latency_s": sized_for_s,
+                      "core_share": host_core_share()}
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
         atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,

@@ -626,6 +626,8 @@ class _Controller:
         best rank's bandwidth: one all-reduce each, on every rank at the same step."""
         import dataclasses
 
+        from caramel.cluster.probe import host_core_share
+
         base = _default_cluster(self.world)
         latency_s, lone_cpu_s = self._measure_latency_s()
         # every collective at the lone latency, only to size the queued probe (the same on every rank)
@@ -636,12 +638,15 @@ class _Controller:
         measured_bps = self._agreed_bps(self.engine.measured_bandwidth_bps(latency_s, queued_s))
         self.engine.stats.extra["measured_latency_s"] = latency_s
         self.engine.stats.extra["measured_queued_latency_s"] = queued_s
-        # a collective's CPU time slows the model's compute only when both run on the CPU
+        # a collective's CPU time slows the model's compute only when both run on the CPU, and
+        # where ranks share saturated cores, every one of them by that CPU time times the share
         on_cpu = all(p.device.type == "cpu" for p in self.params)
+        share = host_core_share(self.group) if on_cpu else 1.0
         self.engine.stats.extra["measured_collective_cpu_s"] = cpu_s
-        meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES)
+        self.engine.stats.extra["measured_core_share"] = share
+        meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES, core_share=share)
         base = dataclasses.replace(base, latency_s=latency_s, queued_latency_s=queued_s, meta=meta,
-                                   collective_cpu_s=cpu_s if on_cpu else 0.0)
+                                   collective_cpu_s=cpu_s * share if on_cpu else 0.0)
         if measured_bps <= 0:
             return base
         self.engine.stats.extra["measured_bandwidth_bps"] = measured_bps

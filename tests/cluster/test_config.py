@@ -9,7 +9,7 @@ import pytest
 
 from caramel.cluster.config import ClusterConfig, auto_mtu, new_prefix
 from caramel.cluster.launch import normalize_exit_code, torchrun_target
-from caramel.cluster.probe import default_sizes, fit_alpha_beta
+from caramel.cluster.probe import core_share, default_sizes, fit_alpha_beta
 from caramel.cluster.state import ClusterState, StateStore, pid_start_time
 from caramel.errors import CaramelError, FormatError
 
@@ -218,3 +218,16 @@ def test_receive_buffer_cap_is_half_the_shaper_queue():
     assert receive_buffer_cap_bytes(1e9, 9000) == 3_125_000  # 50 ms of 1 Gbit/s is 6.25 MB
     assert receive_buffer_cap_bytes(50e6, 9000) == 156_250
     assert receive_buffer_cap_bytes(1e6, 9000) == 36_000  # never below 4 full frames
+
+
+def test_core_share_counts_the_threads_on_each_set_of_shared_cores():
+    # four workers of one thread on the same two cores of one host: two threads per core
+    assert core_share([("boot-a", (0, 1), 1)] * 4) == 2.0
+    # two of them: a core each, never below one
+    assert core_share([("boot-a", (0, 1), 1)] * 2) == 1.0
+    assert core_share([("boot-a", tuple(range(8)), 1)] * 2) == 1.0
+    # the most loaded set counts: two hosts, or two disjoint core sets of one host
+    assert core_share([("boot-a", (0, 1), 1)] * 2 + [("boot-b", (0, 1), 3)] * 2) == 3.0
+    assert core_share([("boot-a", (0,), 1), ("boot-a", (1,), 1)]) == 1.0
+    # intra-op threads count like ranks
+    assert core_share([("boot-a", (0, 1, 2, 3), 4)] * 2) == 2.0

@@ -91,8 +91,12 @@ def test_probe_cli_fits_the_shaped_bandwidth(tmp_path):
     assert queued["queued_sized_for_latency_s"] == pytest.approx(max(spec.latency_s, smallest))
     assert queued["queued_piece_bytes"] == queued_piece_bytes(queued["queued_sized_for_latency_s"], spec.bandwidth_bps, 2)
     assert spec.queued_latency_s == pytest.approx(min(max(queued["queued_extra_s"] / 2, 0.0), spec.latency_s))
-    # the CPU time each extra piece added to the slowest rank's process (never negative in the spec)
-    assert spec.collective_cpu_s == max(queued["queued_cpu_s"], 0.0)
+    # the CPU time each extra piece added to the slowest rank's process (never negative in the
+    # spec), times the threads per core of the cores the two workers share on this host
+    import os
+
+    assert queued["core_share"] == max(1.0, 2 / len(os.sched_getaffinity(0)))
+    assert spec.collective_cpu_s == pytest.approx(max(queued["queued_cpu_s"], 0.0) * queued["core_share"])
     assert 0 < spec.collective_cpu_s < 0.1, queued
 
 

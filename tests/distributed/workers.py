@@ -160,14 +160,19 @@ def shutdown_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
-def measured_cluster_worker(rank: int, world: int, steps: int, queued_probe: bool = True) -> dict:
+def measured_cluster_worker(rank: int, world: int, steps: int, queued_probe: bool = True, one_core: bool = False) -> dict:
     """Online profiling without a cluster spec: the plan is made for the latency and bandwidth
     the job measured, and every rank holds the same numbers. `queued_probe=False`: as on a link
-    too fast for the queued probe's pieces."""
+    too fast for the queued probe's pieces. `one_core=True`: every rank told it may run on core 0
+    only, as ranks sharing one core are."""
     if not queued_probe:
         import caramel.cluster.probe as probe
 
         probe.queued_piece_bytes = lambda *args: None
+    if one_core:
+        import os
+
+        os.sched_getaffinity = lambda pid: {0}
     w = fresh("cnn_bn")
     opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
     model, opt = caramel.parallelize(w.model, opt, overlap="backward", profile_steps=1)
@@ -178,6 +183,8 @@ def measured_cluster_worker(rank: int, world: int, steps: int, queued_probe: boo
             "queued_latency_s": opt.engine.stats.extra.get("measured_queued_latency_s"),
             "queued_extra_s": opt.engine.stats.extra.get("measured_queued_extra_s"),
             "collective_cpu_s": opt.engine.stats.extra.get("measured_collective_cpu_s"),
+            "core_share": opt.engine.stats.extra.get("measured_core_share"),
+            "cores": len(__import__("os").sched_getaffinity(0)),
             "plan_collective_cpu_s": controller.plan_cluster.collective_cpu_s if controller.plan_cluster else None,
             "plan_latency_s": controller.plan_cluster.latency_s if controller.plan_cluster else None,
             "plan_queued_latency_s": controller.plan_cluster.queued_latency_s if controller.plan_cluster else None,
