@@ -427,7 +427,7 @@ def format_breakdown(records: list[Record]) -> str:
             trial = ""
             if r.overlap_trial:
                 predicted = r.overlap_trial.get("predicted_step_time_s") or {}
-                periods = ", ".join(f"{m} {_ms(v)} ms" + (f" (predicted {_ms(predicted[m])})" if m in predicted else "")
+                periods = ", ".join(f"{m} {_ms(v)} ms" + (f" (predicted {_ms(predicted[m])} ms)" if m in predicted else "")
                                     for m, v in r.overlap_trial["step_period_s"].items())
                 trial = f"; overlap trial: {periods} -> {r.overlap_trial['chosen']}"
                 if note := confirmation_note(r.overlap_trial):

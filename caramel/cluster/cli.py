@@ -143,7 +143,7 @@ def _probe(args: argparse.Namespace) -> int:
         if spec.collective_cpu_s:
             share = q.get("core_share", 1.0)
             how = (f"what each of those pieces added to a worker's process CPU time ({q['queued_cpu_s'] * 1e3:.3f} ms), "
-                   f"times the {share:g} compute threads per core the workers share" if share > 1 else
+                   f"times the {share:g} workers per core that share this host's cores" if share > 1 else
                    "what each of those pieces added to a worker's process CPU time")
             print(f"compute pause per collective on each worker: {spec.collective_cpu_s * 1e3:.3f} ms ({how})")
     if args.json:

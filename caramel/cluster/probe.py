@@ -8,8 +8,8 @@ on relative error (every size counts, not only the largest), and returns a `Clus
 gloo, the job then times the same bytes as one all-reduce and as back-to-back pieces
 (`measure_queued_extra`) for the spec's `queued_latency_s`, what a collective queued behind
 another pays, and its `collective_cpu_s`, the pause each collective's CPU time costs a worker's
-compute (that CPU time, times the compute threads per core where ranks share cores:
-`host_core_share`).
+compute (that CPU time, times the ranks per core where ranks share cores: `host_core_share`;
+the spec holds it for the job that probed, its ranks on its cores).
 
 Each size is summarized by the mean over repetitions (of the slowest rank's time): the cost a
 plan pays per collective on average. The fastest repetition would hide the host's wake-up
@@ -168,19 +168,20 @@ def measure_queued_extra(group: Any, piece_bytes: int, pieces: int = QUEUED_PIEC
 
 
 def host_core_share(group: Any = None) -> float:
-    """Compute threads per core where this job's ranks share cores, at least 1.
+    """Ranks per core where this job's ranks share cores, at least 1.
 
     Ranks share cores when they run under one kernel (the same boot id: the emulated cluster's
-    namespaces all run on one host) with the same CPU affinity; each brings its intra-op threads
-    (`torch.get_num_threads()`). The share is the most threads any such set of cores carries,
-    over its size. Every rank of `group` must call this at the same point (one all-gather); all
-    get the same value.
+    namespaces all run on one host) on CPUs their affinities have in common. Each rank counts
+    `1 / len(its cores)` on every core it may run on; the share is the most any core carries.
+    Every rank of `group` must call this at the same point (one all-gather); all get the same
+    value. Not seen: CPU quotas (a container's `--cpus`), which leave the affinity whole.
 
     Why: `ClusterSpec.collective_cpu_s` is the pause a collective's start costs a running
-    compute. Measured as this process's CPU time it is that pause only while each compute
-    thread has a core of its own. On saturated shared cores every rank waits for the CPU any of
-    them spends: 4 workers of 1 thread on 2 cores each lose twice a collective's CPU time."""
-    import torch
+    compute. Measured as this process's CPU time it is that pause only while each rank has a
+    core of its own. Ranks sharing saturated cores all wait for the CPU any of them spends: a
+    collective's CPU time on each of 4 workers is 4 times that taken from 2 cores, 2 times it
+    from every worker's time. (Intra-op threads do not change this: a rank's threads wait for
+    the slowest of them, and the CPU still comes out of the same cores.)"""
     import torch.distributed as dist
 
     try:
@@ -190,7 +191,7 @@ def host_core_share(group: Any = None) -> float:
         import socket
         host = socket.gethostname()
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    mine = (host, tuple(cores), torch.get_num_threads())
+    mine = (host, tuple(cores))
     everyone = [mine]
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         everyone = [None] * dist.get_world_size(group)
@@ -198,12 +199,13 @@ def host_core_share(group: Any = None) -> float:
     return core_share(everyone)
 
 
-def core_share(ranks: list[tuple[str, tuple[int, ...], int]]) -> float:
-    """`host_core_share` from every rank's (host, cores it may run on, compute threads)."""
-    threads: dict[tuple, int] = {}
-    for host, cores, n in ranks:
-        threads[(host, tuple(cores))] = threads.get((host, tuple(cores)), 0) + n
-    return max([1.0] + [n / max(len(cores), 1) for (_host, cores), n in threads.items()])
+def core_share(ranks: list[tuple[str, tuple[int, ...]]]) -> float:
+    """`host_core_share` from every rank's (host, cores it may run on)."""
+    load: dict[tuple[str, int], float] = {}
+    for host, cores in ranks:
+        for c in cores:
+            load[(host, c)] = load.get((host, c), 0.0) + 1.0 / len(cores)
+    return max([1.0] + list(load.values()))
 
 
 def queued_latency_from_extra_s(extra_s: float, latency_s: float, world_size: int) -> float:
@@ -255,7 +257,7 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
     queued_s, cpu_s = None, 0.0
     if "queued_extra_s" in measured:
         queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
-        # the pause on a compute: the CPU time, times the threads each shared core carries
+        # the pause on a compute: the CPU time, times the ranks each shared core carries
         cpu_s = max(measured.get("queued_cpu_s", 0.0), 0.0) * measured.get("core_share", 1.0)
         meta["probe"]["queued"] = {k: measured[k] for k in ("queued_extra_s", "queued_cpu_s", "queued_piece_bytes",
                                                              "queued_pieces", "queued_sized_for_latency_s", "core_share")

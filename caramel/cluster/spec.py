@@ -18,12 +18,12 @@ A collective also costs CPU time on each worker: the backend's threads and the k
 stack run on the cores the model computes on unless the host has cores to spare.
 `collective_cpu_s` is that cost per collective beyond its bytes', as the pause it makes in a
 running compute: the extra CPU time of sending the same bytes as one more collective, times the
-compute threads per core where ranks share cores (`caramel.cluster.probe.host_core_share`: on
-saturated shared cores every rank waits for the CPU any of them spends). The simulator charges
-it to the compute a collective's start interrupts (`caramel.sim.engine`). Gloo over TCP on the
-2-core emulated cluster: about 0.35 ms of CPU per collective on each of 2 workers, 0.9-1.1 ms
-on each of 4, which share the 2 cores two to a core: a pause of 1.8-2.2 ms (docs/engine.md). 0
-(the default): collectives cost compute nothing.
+ranks per core where ranks share cores (`caramel.cluster.probe.host_core_share`: on shared
+cores every rank waits for the CPU any of them spends). The simulator charges it to the
+compute a collective's start interrupts (`caramel.sim.engine`). Gloo over TCP on the 2-core
+emulated cluster: about 0.35 ms of CPU per collective on each of 2 workers, 0.8-1.1 ms on each
+of 4, which share the 2 cores two to a core: a pause of 1.6-2.2 ms (docs/engine.md). 0 (the
+default): collectives cost compute nothing.
 """
 from __future__ import annotations
 

@@ -639,9 +639,10 @@ class _Controller:
         self.engine.stats.extra["measured_latency_s"] = latency_s
         self.engine.stats.extra["measured_queued_latency_s"] = queued_s
         # a collective's CPU time slows the model's compute only when both run on the CPU, and
-        # where ranks share saturated cores, every one of them by that CPU time times the share
+        # where ranks share cores, every one of them by that CPU time times the share (asked
+        # on every rank alike: it is a collective, and devices may differ between ranks)
         on_cpu = all(p.device.type == "cpu" for p in self.params)
-        share = host_core_share(self.group) if on_cpu else 1.0
+        share = host_core_share(self.group)
         self.engine.stats.extra["measured_collective_cpu_s"] = cpu_s
         self.engine.stats.extra["measured_core_share"] = share
         meta = dict(base.meta, measured="profiling steps", latency_probes=LATENCY_PROBES, core_share=share)

@@ -138,7 +138,7 @@ def test_overlap_trial_is_carried_into_the_record_and_the_evidence():
     # the simulator's predictions for the planner's plans, which set the trial's baseline
     trial["predicted_step_time_s"] = {"caramel/forward": 0.1104, "caramel/backward": 0.1272}
     md = format_markdown(summarize(raw), "caramel bench", {})
-    assert ("overlap trial: caramel/forward 118.0 ms (predicted 110.4), caramel/backward 125.0 ms (predicted 127.2), "
+    assert ("overlap trial: caramel/forward 118.0 ms (predicted 110.4 ms), caramel/backward 125.0 ms (predicted 127.2 ms), "
             "fifo/backward 179.0 ms -> caramel/backward") in md
 
 

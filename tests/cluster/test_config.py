@@ -220,14 +220,15 @@ def test_receive_buffer_cap_is_half_the_shaper_queue():
     assert receive_buffer_cap_bytes(1e6, 9000) == 36_000  # never below 4 full frames
 
 
-def test_core_share_counts_the_threads_on_each_set_of_shared_cores():
-    # four workers of one thread on the same two cores of one host: two threads per core
-    assert core_share([("boot-a", (0, 1), 1)] * 4) == 2.0
+def test_core_share_counts_the_ranks_on_each_core():
+    # four workers on the same two cores of one host: two per core
+    assert core_share([("boot-a", (0, 1))] * 4) == 2.0
     # two of them: a core each, never below one
-    assert core_share([("boot-a", (0, 1), 1)] * 2) == 1.0
-    assert core_share([("boot-a", tuple(range(8)), 1)] * 2) == 1.0
-    # the most loaded set counts: two hosts, or two disjoint core sets of one host
-    assert core_share([("boot-a", (0, 1), 1)] * 2 + [("boot-b", (0, 1), 3)] * 2) == 3.0
-    assert core_share([("boot-a", (0,), 1), ("boot-a", (1,), 1)]) == 1.0
-    # intra-op threads count like ranks
-    assert core_share([("boot-a", (0, 1, 2, 3), 4)] * 2) == 2.0
+    assert core_share([("boot-a", (0, 1))] * 2) == 1.0
+    assert core_share([("boot-a", tuple(range(8)))] * 2) == 1.0
+    # the most loaded core counts: two hosts, or two disjoint core sets of one host
+    assert core_share([("boot-a", (0, 1))] * 2 + [("boot-b", (0, 1))] * 6) == 3.0
+    assert core_share([("boot-a", (0,)), ("boot-a", (1,))]) == 1.0
+    # affinities that overlap: core 1 carries half of the first, half of the second and all of
+    # the third rank
+    assert core_share([("boot-a", (0, 1)), ("boot-a", (1, 2)), ("boot-a", (1,))]) == 2.0

@@ -92,7 +92,7 @@ def test_probe_cli_fits_the_shaped_bandwidth(tmp_path):
     assert queued["queued_piece_bytes"] == queued_piece_bytes(queued["queued_sized_for_latency_s"], spec.bandwidth_bps, 2)
     assert spec.queued_latency_s == pytest.approx(min(max(queued["queued_extra_s"] / 2, 0.0), spec.latency_s))
     # the CPU time each extra piece added to the slowest rank's process (never negative in the
-    # spec), times the threads per core of the cores the two workers share on this host
+    # spec), times the workers per core of the cores the two share on this host
     import os
 
     assert queued["core_share"] == max(1.0, 2 / len(os.sched_getaffinity(0)))

@@ -38,7 +38,7 @@ def test_online_plan_uses_the_measured_latencies():
         # threads, the kernel's TCP work): more than nothing, far less than a second each; the
         # model computes on the CPU, so the plan is made for it
         assert 1e-7 < res["collective_cpu_s"] < 1.0, res
-        # two ranks of one compute thread each on this host's cores: shared only if it has one
+        # two ranks on this host's cores: shared only if it has one
         assert res["core_share"] == max(1.0, 2 / res["cores"]), res
         assert res["plan_collective_cpu_s"] == pytest.approx(res["collective_cpu_s"] * res["core_share"])
     assert results[0]["latency_s"] == results[1]["latency_s"], "the slowest rank's latency, agreed by all"
@@ -52,8 +52,9 @@ def test_ranks_sharing_a_core_plan_for_their_cpu_time_times_the_share():
 
     results = run_workers(measured_cluster_worker, 2, args=(6, True, True), timeout_s=100)
     for res in results:
-        # both ranks, one thread each, on core 0: each waits for the CPU time of both
+        # both ranks on core 0: each waits for the CPU time of both
         assert res["cores"] == 1 and res["core_share"] == 2.0, res
+        assert 1e-7 < res["collective_cpu_s"] < 1.0, res
         assert res["plan_collective_cpu_s"] == pytest.approx(2 * res["collective_cpu_s"]), res
     assert results[0]["plan_collective_cpu_s"] == results[1]["plan_collective_cpu_s"]
 

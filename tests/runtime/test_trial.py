@@ -1,7 +1,7 @@
 """The overlap trial's bookkeeping and choice, on recorded step periods (one process)."""
 import pytest
 
-from caramel.runtime.trial import Candidate, OverlapTrial, choose, trial_baseline, trial_preference
+from caramel.runtime.trial import PREDICTED_TIE, Candidate, OverlapTrial, choose, trial_baseline, trial_preference
 
 
 def _cands() -> list[Candidate]:
@@ -100,9 +100,15 @@ def test_the_baseline_is_the_plan_the_simulator_predicts_fastest():
     assert choose(medians, noisy, pref) == "caramel/forward"
     # ... and a clear measured lead still beats the prediction
     assert choose({**medians, "caramel/backward": 0.090}, noisy, pref) == "caramel/backward"
-    # backward predicted faster, or exactly as fast: backward
+    # backward predicted faster, as fast, or slower by less than PREDICTED_TIE (3%): backward
+    assert PREDICTED_TIE == 0.03
     assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.080}) == "caramel/backward"
     assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.0883}) == "caramel/backward"
+    # (two plans that hide all their communication, predicted alike up to rounding)
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/forward": 0.03994320086433033,
+                                             "caramel/backward": 0.039943200864330335}) == "caramel/backward"
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.0883 * 1.029}) == "caramel/backward"
+    assert trial_baseline(names, "caramel", {**predicted, "caramel/backward": 0.0883 * 1.031}) == "caramel/forward"
     # DDP's schedule is never the baseline of another planner, whatever its prediction
     assert trial_baseline(names, "caramel", {**predicted, "fifo/backward": 0.01}) == "caramel/forward"
     # a plan without a prediction: the backward plan, as without predictions at all
