@@ -147,9 +147,9 @@ class BufferSync:
 
     def _slot(self, role: str) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """The kept payload for `role` at the buffers' current layout and a view of it per buffer,
-        made again when a buffer changed size or dtype; None unless every buffer is on the CPU,
+        made again when a buffer changed size, dtype, device or conjugate bit; None unless every buffer is on the CPU,
         without the conjugate bit (one copy call then moves them all)."""
-        key = tuple((b.shape, b.dtype, b.device) for b in self.buffers)
+        key = tuple((b.shape, b.dtype, b.device, b.is_conj()) for b in self.buffers)
         if key != self._slots_key:
             self._slots, self._slots_key = {}, key
             # foreach copies take neither other devices nor conjugate-bit buffers as targets

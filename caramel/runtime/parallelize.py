@@ -663,10 +663,10 @@ class _Controller:
     def _measure_latency_s(self) -> tuple[float, float]:
         """Per-step latency alpha of the ring model on an idle link: the mean time of
         `LATENCY_PROBES` tiny all-reduces on the engine's group, over the 2(n-1) steps of a
-        ring; and the process CPU time each took (the slowest rank's of both). The mean, not the fastest: a plan pays each collective's typical cost, and on a
-        virtual machine whose idle CPUs halt that includes waking the backend's thread (0.4 ms
-        at best, 2-4 ms in half of the tries on the 2-core test host, where the default assumes
-        50 us)."""
+        ring; and the process CPU time each took (the slowest rank's of both). The mean, not the
+        fastest: a plan pays each collective's typical cost, and on a virtual machine whose idle
+        CPUs halt that includes waking the backend's thread (0.4 ms at best, 2-4 ms in half of
+        the tries on the 2-core test host, where the default assumes 50 us)."""
         assert self.world > 1, "one process plans without profiling: no collectives to time"
         buf = torch.zeros(256)
         self.engine.comm.allreduce([buf]).wait()  # the first may still be connecting
@@ -687,10 +687,9 @@ class _Controller:
         (`caramel.cluster.probe.measure_queued_extra` on the engine's group, pieces sized for
         `bandwidth_bps`, the same on every rank; the slowest rank's of each); (None, None) when no
         piece of a sensible size takes long enough to tell (a link so fast that every collective
-        pays its whole latency). A
-        plan's back-to-back buckets cost far less time each than a lone collective (0.19-0.28 ms
-        per message against 0.25-1.45 ms on the emulated cluster), but not less CPU; the probe
-        takes about 320 lone collectives' time (under a second there)."""
+        pays its whole latency). A plan's back-to-back buckets cost far less time each than a lone
+        collective (0.19-0.28 ms per message against 0.25-1.45 ms on the emulated cluster), but
+        not less CPU; the probe takes about 320 lone collectives' time (under a second there)."""
         from caramel.cluster.probe import measure_queued_extra, queued_latency_from_extra_s, queued_piece_bytes
 
         piece = queued_piece_bytes(latency_s, bandwidth_bps, self.world)

@@ -91,7 +91,7 @@ def trial_baseline(names: list[str], planner: str, predicted_s: dict[str, float 
     own = [n for n in names if n.startswith(f"{planner}/")]
     preds = predicted_s or {}
     if own and all(preds.get(n) is not None for n in own):
-        best = min(own, key=lambda n: (preds[n], own.index(n)))
+        best = min(own, key=preds.__getitem__)  # the first in trial order on an exact tie
         if preds[backward] > preds[best] * (1 + PREDICTED_TIE):
             return best
     return backward

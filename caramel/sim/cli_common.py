@@ -28,8 +28,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, default_workers: int 
     g.add_argument("--latency", help="per-message latency: 50us, 1ms (default 50us)")
     g.add_argument("--queued-latency", help="per-message latency of a collective queued behind another "
                    "(ClusterSpec.queued_latency_s): 20us; default: the file's, else the same as --latency")
-    g.add_argument("--collective-cpu", help="CPU time each collective takes from a worker's compute "
-                   "(ClusterSpec.collective_cpu_s): 300us; default: the file's, else 0")
+    g.add_argument("--collective-cpu", help="pause each collective makes in a worker's compute, its CPU time "
+                   "times the ranks per shared core (ClusterSpec.collective_cpu_s): 300us; default: the file's, else 0")
     g.add_argument("--collective", choices=COLLECTIVES, help="all-reduce algorithm (default ring)")
     g.add_argument("--topology", choices=TOPOLOGIES, help="network topology (default switch)")
     g.add_argument("--servers", type=int, help="parameter servers for --collective ps (default 1)")
