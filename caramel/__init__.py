@@ -18,13 +18,15 @@ if TYPE_CHECKING:
 
     from caramel.distributed import DistInfo, init_distributed
     from caramel.profile.profiler import profile_model
-    from caramel.runtime import CaramelModel, parallelize, shutdown
+    from caramel.runtime.model import CaramelModel
+    from caramel.strategies.api import parallelize
+    from caramel.strategies.caramel.parallelize import shutdown
 
 # torch-dependent names load on first use, so that `caramel simulate`/`plan` start fast
 _LAZY = {
     "DistInfo": "caramel.distributed", "init_distributed": "caramel.distributed",
-    "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime", "parallelize": "caramel.runtime",
-    "shutdown": "caramel.runtime",
+    "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime.model", "parallelize": "caramel.strategies.api",
+    "shutdown": "caramel.strategies.caramel.parallelize",
 }
 
 

@@ -16,11 +16,11 @@ from caramel.errors import CaramelError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("caramel.train.cli", "train a model with Caramel on local workers, the emulated cluster, or under torchrun"),
     "bench": ("caramel.bench.cli", "run strategies side by side (DDP, Caramel variants) and report speedups"),
-    "profile": ("caramel.profile.cli", "profile a model: per-parameter sizes, gradient-ready and first-use times"),
-    "plan": ("caramel.plan.cli", "make a communication plan from a profile and a cluster spec"),
-    "simulate": ("caramel.sim.cli", "predict step time for planners on a (possibly imaginary) cluster"),
+    "profile": ("caramel.commands.profile", "profile a model: per-parameter sizes, gradient-ready and first-use times"),
+    "plan": ("caramel.commands.plan", "make a communication plan from a profile and a cluster spec"),
+    "simulate": ("caramel.commands.simulate", "predict step time for planners on a (possibly imaginary) cluster"),
     "cluster": ("caramel.cluster.cli", "emulated multi-node cluster on this host (network namespaces + tc)"),
-    "trace": ("caramel.trace.cli", "merge, plot and summarize timelines"),
+    "trace": ("caramel.commands.trace", "merge, plot and summarize timelines"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from caramel.bench.evidence import attach_evidence
 from caramel.bench.harness import make_job
-from caramel.bench.launch import LOOPBACK, NETWORKS, choose_network, launch_job
+from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.report import Record, check_targets, format_markdown, format_table, format_targets, summarize, write_records

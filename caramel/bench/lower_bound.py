@@ -57,7 +57,7 @@ def lower_bound_s(profile: Any | None, workers: int, grad_bytes: int, comm_s: fl
     if bound is None or profile is None or bandwidth_bps is None:
         return None
     try:
-        from caramel.cluster.spec import ClusterSpec
+        from caramel.topology.spec import ClusterSpec
 
         value = bound(profile, ClusterSpec.uniform(workers, bandwidth_bps, latency_s=0.0), overlap=overlap)
         return float(getattr(value, "step_time_s", value))

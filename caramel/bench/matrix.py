@@ -110,7 +110,7 @@ def parse_strategy(text: str) -> Strategy:
         elif kind == "ddp":
             raise CaramelError(f"strategy {text!r}: ddp has no option {key!r}; expected one of {', '.join(known)}")
     if kind == "caramel" and "planner" in options:
-        from caramel.plan.planners import planner_names
+        from caramel.strategies.planners import planner_names
 
         if options["planner"] not in planner_names():
             raise CaramelError(f"strategy {text!r}: unknown planner {options['planner']!r}; expected one of "

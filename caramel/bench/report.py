@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 from caramel.jsonio import format_tag, write_json
-from caramel.runtime.trial import confirmation_note
+from caramel.strategies.caramel.trial import confirmation_note
 from caramel.trace import metrics
 
 KIND = "bench"

@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     from caramel.cluster.emulated import EmulatedCluster
-    from caramel.cluster.probe import probe_cluster
+    from caramel.topology.probe import probe_cluster
 
     config = _config(args)
     sizes = None

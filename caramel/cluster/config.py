@@ -85,7 +85,7 @@ class ClusterConfig:
       work for every emulated link runs on the host's own cores, where a real cluster spends it
       on other machines and NICs: at 500 Mbit/s on the 2-core test host it slowed compute beside
       an all-reduce by 63% at 1500 bytes, 27% at 9000 and 8% at 62486, auto there
-      (docs/cluster.md, scripts/link_cost.py). A cluster that `set_bandwidth` will slow later
+      (docs/cluster.md, experiments/link_cost.py). A cluster that `set_bandwidth` will slow later
       should take the MTU of its slowest rate (`mtu=auto_mtu(slowest_bps)`), or its bucket grows
       past 1 ms there.
     """

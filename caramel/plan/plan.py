@@ -16,6 +16,9 @@ from caramel.errors import FormatError, MismatchError
 from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "plan"
+# When a bucket's averaged update is applied: just before its first use in the next forward,
+# at step() after overlapping backward (DDP), or after backward with no overlap at all.
+OVERLAPS = ("forward", "backward", "none")
 
 
 @dataclass

@@ -5,14 +5,15 @@
   first bucket 1 MB, as DDP does), issued in the order they fill.
 - `fusion`: what Horovod does. Gradients that become ready within one cycle
   (`cycle_time_ms`) are fused, up to a fixed threshold (`fusion_threshold_mb`).
-- `caramel`: window-aware batching, chunking and priority, chosen by simulation
-  (registered from `caramel.plan.caramel_planner`).
+- `caramel`: window-aware batching, chunking and priority, chosen by simulation; it lives with
+  its strategy (`caramel.strategies.caramel.planner`) and registers here.
+`caramel.strategies.planners.make_plan` runs any of them by name.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
 from caramel.plan.plan import Bucket, Plan
 from caramel.profile.model_profile import ModelProfile, ParamInfo
@@ -136,31 +137,6 @@ def plan_fusion(profile: ModelProfile, cluster: ClusterSpec | None = None, world
         groups.append(cur)
     return plan_from_groups("fusion", profile, _world(cluster, world_size), groups,
                             options={"fusion_threshold_mb": fusion_threshold_mb, "cycle_time_ms": cycle_time_ms})
-
-
-def make_plan(planner: str, profile: ModelProfile, cluster: ClusterSpec | None = None,
-              world_size: int | None = None, **options: Any) -> Plan:
-    """Run a registered planner by name."""
-    _load_builtin_planners()
-    if planner not in PLANNERS:
-        raise CaramelError(f"unknown planner {planner!r}; expected one of {', '.join(sorted(PLANNERS))}")
-    if not profile.trainable():
-        raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to reduce")
-    return PLANNERS[planner](profile, cluster, world_size=world_size, **options)
-
-
-def planner_names() -> list[str]:
-    """Every registered planner's name, built-ins included, sorted."""
-    _load_builtin_planners()
-    return sorted(PLANNERS)
-
-
-def _load_builtin_planners() -> None:
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("caramel.plan.caramel_planner") is not None:
-        importlib.import_module("caramel.plan.caramel_planner")  # registers "caramel"
 
 
 def _world(cluster: ClusterSpec | None, world_size: int | None) -> int:

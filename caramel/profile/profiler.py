@@ -277,7 +277,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         if p.requires_grad:
             handles.append(p.register_post_accumulate_grad_hook(on_ready(i)))
     # as the engine runs it: a tied embedding's part of the gradient apart (ready times follow)
-    from caramel.runtime.tied import TiedEmbedding, find_tied_embeddings
+    from caramel.profile.tied import TiedEmbedding, find_tied_embeddings
     tied = [TiedEmbedding(n, m, i, lambda: True) for n, m, i in find_tied_embeddings(model, params)] if split_tied else []
     for te in tied:
         te.on_rows_ready = lambda i: timer_ref[0].rows_ready(i) if timer_ref[0] is not None else None

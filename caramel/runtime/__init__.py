@@ -1,6 +1,2 @@
-"""The runtime: executes a Plan inside the user's training loop (see `engine.py`)."""
-from caramel.runtime.engine import Engine
-from caramel.runtime.model import CaramelModel
-from caramel.runtime.parallelize import mute_gradient_communication, parallelize, schedule_settled, shutdown
-
-__all__ = ["CaramelModel", "Engine", "mute_gradient_communication", "parallelize", "schedule_settled", "shutdown"]
+"""What strategies share at run time: buckets, gradient hooks, lazy updates, buffer and tied-row
+sync, communication-thread priority. The strategies compose these (`caramel.strategies`)."""

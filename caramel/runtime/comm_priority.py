@@ -4,7 +4,7 @@ A gloo collective advances only when the backend's threads of every rank get a c
 ring step waits for the receiving rank's loop thread to wake, read and reduce. Where training
 keeps every core busy (CPU training, or more ranks than cores), those threads queue behind
 compute for each step of every collective. On the 2-core test host with 4 ranks computing
-(`scripts/comm_priority.py`), a 600 KB all-reduce took 18 ms at normal priority, 18 ms with
+(`experiments/comm_priority.py`), a 600 KB all-reduce took 18 ms at normal priority, 18 ms with
 the computing thread at nice 19, and 5.6 ms with the threads at real-time priority. So the
 engine gives the threads of the backends it creates itself the lowest real-time priority
 (`SCHED_FIFO`, 1): they preempt compute the moment a message arrives and block again at once.

@@ -31,13 +31,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from caramel.errors import CaramelError
-from caramel.plan.plan import Plan
+from caramel.plan.plan import OVERLAPS, Plan
 from caramel.runtime.buckets import FlatBucket
-from caramel.runtime.tied import RowExchange, TiedEmbedding
-from caramel.sim.collectives import fixed_cost_s, hidden_transfer_s
+from caramel.profile.tied import TiedEmbedding
+from caramel.runtime.tied import RowExchange
+from caramel.plan.costs import fixed_cost_s, hidden_transfer_s
 from caramel.trace.recorder import Recorder
 
-OVERLAPS = ("forward", "backward", "none")
 RELEASED = "caramel.shutdown() released this model's communication group; parallelize the model again to keep training"
 
 

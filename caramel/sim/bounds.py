@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.collectives import CommModel
 from caramel.sim.workload import param_need_s, param_ready_s

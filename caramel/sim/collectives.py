@@ -25,7 +25,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
+from caramel.plan.costs import fixed_cost_s
 from caramel.sim.network import Flow, Network, simulate_flows
 
 Phase = tuple[list[Flow], int]  # flows that start together, and how many identical times in a row
@@ -183,22 +184,6 @@ def message_counts(cluster: ClusterSpec) -> tuple[int, float]:
         steps += repeat
         sent += repeat * sum(f.bytes for f in flows if f.src < n)
     return steps, sent / n
-
-
-def hidden_transfer_s(issue_s: float, link_free_s: float, prev_transfer_s: float) -> float | None:
-    """How much of the previous collective's transfer a collective issued at `issue_s` can spend
-    its fixed cost behind: what is left of it when the link frees at `link_free_s`, at most the
-    whole transfer; None when the link is already idle (the simulator, the planner and the
-    engine's bandwidth inference share this rule)."""
-    return min(prev_transfer_s, link_free_s - issue_s) if issue_s < link_free_s else None
-
-
-def fixed_cost_s(latency_s: float, queued_latency_s: float, after_transfer_s: float | None) -> float:
-    """A collective's fixed cost: `latency_s` on an idle link (`after_transfer_s` None), else that
-    less the transfer it hides behind, at least `queued_latency_s` (`CommModel`, `ClusterSpec`)."""
-    if after_transfer_s is None:
-        return latency_s
-    return max(queued_latency_s, latency_s - after_transfer_s)
 
 
 class CommModel:

@@ -7,7 +7,7 @@ kernel's network stack share a few cores, neither holds: measured on the 2-core 
 in the background, and the all-reduce gets 1.3-1.5x less goodput while the step runs.
 
 `Interference` holds the two slowdown factors, measured once per cluster size before any
-prediction (`caramel.sim.validate_worker.measure_interference`). `corrected_step_time_s` applies
+prediction (`experiments.validation.worker.measure_interference`). `corrected_step_time_s` applies
 them to a finished simulation to first order: in the simulated steady state, let O be the time
 per step during which the worker computes *and* a collective is in flight. If the step is bound
 by compute (no wait), the overlapped compute takes `compute_slowdown` times longer, so the step

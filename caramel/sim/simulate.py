@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
-from caramel.plan.plan import Plan
+from caramel.plan.plan import OVERLAPS, Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.collectives import CommModel
-from caramel.sim.engine import OVERLAPS, run_engine, steady_period_s, summarize_critical_path, trace_events
+from caramel.sim.event_loop import run_engine, steady_period_s, summarize_critical_path, trace_events
 from caramel.sim.workload import Workload, build_workload
 from caramel.trace.events import Trace
 
@@ -86,7 +86,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     planner reuses one across candidates). The trace holds every rank up to
     64 workers, else one rank per distinct worker speed, unless `trace_ranks` says otherwise.
     `compute_slowdown` (>= 1) is how much slower compute runs while a collective is in flight
-    (CPU contention; `caramel.sim.validate_calibrate.measure_slowdown` measures it for a model).
+    (CPU contention; `experiments.validation.calibrate.measure_slowdown` measures it for a model).
     """
     check_overlap(overlap)
     if isinstance(compute_slowdown, bool) or not isinstance(compute_slowdown, (int, float)) or not compute_slowdown >= 1.0:

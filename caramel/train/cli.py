@@ -18,7 +18,7 @@ from caramel.errors import CaramelError
 from caramel.jsonio import write_json
 from caramel.train.config import add_arguments as add_config_arguments
 from caramel.train.config import from_args
-from caramel.train.launch import launch, under_torchrun
+from caramel.train.workers import launch, under_torchrun
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -70,9 +70,7 @@ class OptimConfig:
 @dataclass
 class ParallelConfig:
     workers: int = opt(2, "worker processes on this machine, or hosts on the emulated cluster (count); ignored under torchrun, which sets WORLD_SIZE", minimum=1)
-    engine: str = opt("caramel", "data-parallel engine: caramel (caramel.parallelize) or ddp (torch DistributedDataParallel, for comparison)", choices=("caramel", "ddp"))
-    planner: str = opt("caramel", "Caramel planner: caramel, fifo (what DDP does) or fusion (what Horovod does)", choices=("caramel", "fifo", "fusion"))
-    overlap: str = opt("auto", "when reduced updates are applied: forward (lazily, before each module's next forward), backward (at step(), like DDP), none, or auto (time the forward and backward plans and DDP's schedule for a few steps after planning, keep the fastest)", choices=("auto", "forward", "backward", "none"))
+    strategy: str = opt("caramel", "how workers keep in step: NAME[:key=value,...] with the options caramel.parallelize takes, e.g. caramel, caramel:overlap=forward,planner=fifo, ddp, ddp:bucket_cap_mb=50")
     cluster: str = opt("auto", "where the workers run: on (the emulated multi-host cluster: network namespaces, shaped links; needs root and iproute2), off (plain local workers on loopback), or auto (on when root with iproute2 and not under torchrun or --max-restarts, else off)", choices=("auto", "on", "off"))
     bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = 1gbit with --cluster auto, unshaped with --cluster on)")
     max_restarts: int = opt(0, "torchrun --max-restarts: restart failed workers this many times; restarted workers resume from the last checkpoint (count)", minimum=0)
@@ -221,6 +219,11 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: model.heads ({cfg.model.heads}) must divide model.d_model ({cfg.model.d_model})")
     if cfg.parallel.bandwidth and cfg.parallel.cluster == "off":
         raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; use --cluster on or drop --bandwidth")
+    from caramel.strategies import STRATEGIES
+    try:
+        STRATEGIES.spec(cfg.parallel.strategy)
+    except CaramelError as e:
+        raise CaramelError(f"{source}: parallel.strategy: {e}") from None
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

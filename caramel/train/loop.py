@@ -21,7 +21,7 @@ from caramel.errors import CaramelError
 from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
-from caramel.train.engine import Dist, Engine, init_distributed
+from caramel.train.strategy import Dist, Parallel, init_distributed
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
 from caramel.train.workloads import TrainWorkload, build_workload
 
@@ -50,7 +50,7 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def evaluate(engine: Engine, wl: TrainWorkload, d: Dist, batch_size: int) -> dict[str, float]:
+def evaluate(engine: Parallel, wl: TrainWorkload, d: Dist, batch_size: int) -> dict[str, float]:
     """Validation loss and top-1 accuracy over every rank's validation shard (one all-reduce)."""
     engine.synchronize()
     module = engine.module
@@ -69,7 +69,7 @@ def evaluate(engine: Engine, wl: TrainWorkload, d: Dist, batch_size: int) -> dic
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count, "val_predictions": int(count)}
 
 
-def save_checkpoint(engine: Engine, scheduler, cfg: TrainConfig, d: Dist, sampler: ShardedSampler, step: int) -> Path | None:
+def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, sampler: ShardedSampler, step: int) -> Path | None:
     """All ranks: apply pending updates, gather RNG states; rank 0 writes; everyone waits for the write."""
     engine.synchronize()
     rngs: list[Any] = [None] * d.world_size
@@ -154,8 +154,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
-    trace_path = str(out_dir / "trace.json") if cfg.parallel.engine == "caramel" else None
-    engine = Engine(model, optimizer, cfg, trace_path)
+    trace_path = str(out_dir / "trace.json")
+    engine = Parallel(model, optimizer, cfg, trace_path)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0
     if state is not None:
@@ -177,8 +177,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(f"workload {wl.name}: {params:,} parameters; train {len(wl.train_set)} / val {len(wl.val_set)} {wl.sample_unit}; "
               f"{d.world_size} workers x {cfg.data.batch_size}; {sampler.describe()}"
               + (f"; resuming from {resumed_from} (step {start})" if resumed_from else ""), flush=True)
-        if engine.note:
-            print(f"note: {engine.note}", flush=True)
 
     total = cfg.run.steps
     stop_at = min(total, cfg.run.stop_after_steps) if cfg.run.stop_after_steps else total
@@ -260,7 +258,7 @@ def _truncate_metrics(path: Path, start: int) -> None:
     path.write_text("".join(k + "\n" for k in keep))
 
 
-def _merge_traces(engine: Engine, d: Dist, out_dir: Path) -> str | None:
+def _merge_traces(engine: Parallel, d: Dist, out_dir: Path) -> str | None:
     """Rank 0 merges the per-rank traces (written at synchronize) into one timeline file."""
     dist.barrier()  # every rank's trace file is on disk
     if d.world_size == 1:
@@ -286,9 +284,9 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
     summary = {
         "format": "caramel.train-summary/1",
         "workload": wl.name, "world_size": d.world_size, "batch_size_per_worker": cfg.data.batch_size,
-        "engine": engine.kind, "engine_note": engine.note,
-        "planner": stats.get("planner", cfg.parallel.planner if engine.kind == "caramel" else None),
-        "overlap": stats.get("overlap", cfg.parallel.overlap if engine.kind == "caramel" else None),
+        "strategy": engine.strategy,
+        "planner": stats.get("planner"),
+        "overlap": stats.get("overlap"),
         "start_step": start, "end_step": stop_at, "total_steps": cfg.run.steps, "finished": stop_at == cfg.run.steps,
         "resumed_from": resumed_from, "last_checkpoint": str(last_ckpt) if last_ckpt else None,
         "data": sampler.describe(), "remainder": cfg.data.remainder,

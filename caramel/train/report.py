@@ -6,7 +6,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from caramel.runtime.trial import confirmation_note
+from caramel.strategies.caramel.trial import confirmation_note
 from caramel.train.config import TrainConfig
 
 
@@ -41,7 +41,7 @@ def simulated_speedup_vs_ddp(cfg: TrainConfig, summary: dict[str, Any], engine: 
 
     Both are simulated from the profile the engine measured in this run's first steps, on the
     cluster the plan was made for: DDP as the `fifo` plan with `overlap="backward"`, this run as
-    its final plan and overlap mode. None when there is nothing to compare (DDP engine, one
+    its final plan and overlap mode. None when there is nothing to compare (the ddp strategy, one
     worker, or no profile).
     """
     opt = getattr(engine, "optimizer", None)
@@ -49,7 +49,7 @@ def simulated_speedup_vs_ddp(cfg: TrainConfig, summary: dict[str, Any], engine: 
     controller = getattr(caramel_engine, "controller", None)
     if controller is None or controller.profile is None or controller.plan_cluster is None or caramel_engine.plan is None:
         return None
-    from caramel.plan.planners import make_plan
+    from caramel.strategies.planners import make_plan
     from caramel.sim import simulate
 
     profile, cluster = controller.profile, controller.plan_cluster
@@ -65,16 +65,14 @@ def _ms(s: float | None) -> str:
 
 def format_summary(s: dict[str, Any]) -> str:
     """The end-of-run summary, one screen."""
-    engine = s["engine"] + (f" (planner {s['planner']}, overlap {s['overlap']})" if s["engine"] == "caramel" else "")
-    if s.get("engine_note"):
-        engine += f" [{s['engine_note']}]"
+    strategy = s["strategy"] + (f" (planner {s['planner']}, overlap {s['overlap']})" if s.get("planner") else "")
     steps = f"{s['end_step']} of {s['total_steps']}" + (f" (resumed at {s['start_step']})" if s["start_step"] else "")
     if not s["finished"]:
         steps += f"; stopped early, continue with --resume auto"
     lines = [
         "-" * 72,
         f"caramel train summary: {s['workload']}, {s['world_size']} workers x {s['batch_size_per_worker']} samples/step",
-        f"  engine         {engine}",
+        f"  strategy       {strategy}",
     ]
     trial = s.get("overlap_trial")
     if trial:
@@ -96,7 +94,7 @@ def format_summary(s: dict[str, Any]) -> str:
                  if s["exposed_comm_s"] is not None else "  exposed comm   n/a (the engine reports it; DDP does not)")
     sim = s.get("sim_speedup_vs_ddp")
     lines.append(f"  vs DDP (sim)   {sim:.2f}x the speed of DDP on this run's profile and link, per the simulator" if sim
-                 else "  vs DDP (sim)   n/a (DDP engine, one worker, or no profile)")
+                 else "  vs DDP (sim)   n/a (the ddp strategy, one worker, or no profile)")
     files = [s["metrics"]] + ([s["trace"]] if s.get("trace") else []) + ([s["last_checkpoint"]] if s.get("last_checkpoint") else [])
     lines.append(f"  files          {', '.join(files)}")
     lines.append("-" * 72)

@@ -9,7 +9,7 @@ import pytest
 
 from caramel.cluster.config import ClusterConfig, auto_mtu, new_prefix
 from caramel.cluster.launch import normalize_exit_code, torchrun_target
-from caramel.cluster.probe import core_share, default_sizes, fit_alpha_beta
+from caramel.topology.probe import core_share, default_sizes, fit_alpha_beta
 from caramel.cluster.state import ClusterState, StateStore, pid_start_time
 from caramel.errors import CaramelError, FormatError
 
@@ -196,7 +196,7 @@ def test_fit_keeps_mild_noise():
 
 
 def test_queued_probe_pieces_and_latency():
-    from caramel.cluster.probe import QUEUED_MAX_BYTES, QUEUED_MIN_BYTES, queued_latency_from_extra_s, queued_piece_bytes
+    from caramel.topology.probe import QUEUED_MAX_BYTES, QUEUED_MIN_BYTES, queued_latency_from_extra_s, queued_piece_bytes
 
     # a lone collective on 2 workers: 2 steps of 1 ms; a piece takes 2 of them (4 ms) at 500 Mbit/s
     assert queued_piece_bytes(1e-3, 500e6, 2) == 250_000

@@ -11,8 +11,8 @@ import pytest
 from caramel.cluster import netns
 from caramel.cluster.config import ClusterConfig
 from caramel.cluster.emulated import EmulatedCluster
-from caramel.cluster.probe import probe_cluster
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.probe import probe_cluster
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
 from tests.cluster.cluster_helpers import foreign, have, host_objects, named, needs_root
 
@@ -81,7 +81,7 @@ def test_probe_cli_fits_the_shaped_bandwidth(tmp_path):
     assert len(spec.meta["probe"]["sizes_bytes"]) == len(spec.meta["probe"]["times_s"]) >= 5
     # back-to-back pieces on the 80 Mbit/s link, sized for the fit; the spec's queued latency is
     # what each extra piece added, per message of the 2 ring steps, within [0, latency]
-    from caramel.cluster.probe import queued_piece_bytes
+    from caramel.topology.probe import queued_piece_bytes
 
     queued = spec.meta["probe"]["queued"]
     assert queued["queued_pieces"] == 16

@@ -321,10 +321,10 @@ def mismatch_worker(rank: int, world: int, what: str) -> str:
     if what == "plan_file" and rank == 1:  # a file that node 0 has and node 1 lacks
         options = {"plan": "/nonexistent/caramel-plan.json"}
     if what == "cluster" and rank == 1:  # "rank 0 plans", but every rank measures or takes its cluster
-        from caramel.cluster.spec import ClusterSpec
+        from caramel.topology.spec import ClusterSpec
         options = {"cluster": ClusterSpec.uniform(world, 1e9)}
     if what == "plan":  # rank 1's plan was made for 3 workers: rank 0, whose plan fits, must not wait on it
-        from caramel.plan.planners import make_plan
+        from caramel.strategies.planners import make_plan
         profile = caramel.profile_model(copy.deepcopy(model), torch.randn(4, 8), torch.randn(4, 4), F.mse_loss, steps=1)
         options = {"plan": make_plan("fifo", profile, world_size=3 if rank == 1 else world)}
     try:
@@ -338,7 +338,7 @@ def replan_worker(rank: int, world: int, steps: int) -> dict:
     """replan="auto" on loopback: the first plan assumes a 10 Tbit/s link, which loopback is not,
     so the engine must re-plan for what it measures, at the same step with the same plan on
     every rank, and still train exactly like DDP."""
-    from caramel.cluster.spec import ClusterSpec
+    from caramel.topology.spec import ClusterSpec
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))
     cm, copt, ddp, ropt = _pair(m, _sgd, replan="auto", check_every=5,

@@ -3,12 +3,11 @@ the concatenated global batch, for models without batch statistics), for every p
 overlap mode, three model families, three optimizers with an LR schedule, 2-4 workers."""
 import pytest
 
-from caramel.plan.planners import PLANNERS, _load_builtin_planners
-from caramel.runtime.trial import trial_baseline
+from caramel.strategies.planners import planner_names
+from caramel.strategies.caramel.trial import trial_baseline
 from caramel.testing import run_workers
 from tests.distributed.workers import parity_worker
 
-_load_builtin_planners()
 TOL = 1e-5
 STEPS = 24  # overlap="auto": 4 profiling steps, a trial pass of 12, a confirmation of 8
 # small caps so that models split into several buckets (and the planners have choices)
@@ -16,7 +15,7 @@ PLANNER_OPTIONS = {"fifo": {"bucket_cap_mb": 0.02, "first_bucket_mb": 0.005}, "f
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("planner", sorted(PLANNERS))
+@pytest.mark.parametrize("planner", planner_names())
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_parity_with_ddp(world, planner):
     results = run_workers(parity_worker, world, args=(planner, STEPS, PLANNER_OPTIONS.get(planner, {})), timeout_s=560)

@@ -166,7 +166,7 @@ def measured_cluster_worker(rank: int, world: int, steps: int, queued_probe: boo
     too fast for the queued probe's pieces. `one_core=True`: every rank told it may run on core 0
     only, as ranks sharing one core are."""
     if not queued_probe:
-        import caramel.cluster.probe as probe
+        import caramel.topology.probe as probe
 
         probe.queued_piece_bytes = lambda *args: None
     if one_core:
@@ -333,8 +333,8 @@ def plan_inputs_worker(rank: int, world: int, trace_dir: str) -> dict:
     import json
     from pathlib import Path
 
-    from caramel.cluster.spec import ClusterSpec
-    from caramel.plan.planners import make_plan
+    from caramel.topology.spec import ClusterSpec
+    from caramel.strategies.planners import make_plan
     from caramel.profile.model_profile import ModelProfile
 
     w = fresh("cnn_bn")

@@ -1,7 +1,7 @@
 """Every grouping of consecutive parameters, for the planner's exhaustive-search oracles."""
 import itertools
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.plan.planners import ready_sorted
 from caramel.sim.synthetic import synthetic_profile
 

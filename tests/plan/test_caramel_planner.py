@@ -4,12 +4,13 @@ import itertools
 
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
-from caramel.plan.caramel_planner import default_cluster, plan_caramel
+from caramel.strategies.caramel.planner import default_cluster, plan_caramel
 from caramel.plan.plan import Plan
-from caramel.plan.planners import PLANNERS, make_plan, plan_from_groups
-from caramel.plan.spread import DEFAULT_INPUT_SPREAD, spread_step_time_reference_s
+from caramel.plan.planners import PLANNERS, plan_from_groups
+from caramel.strategies.planners import make_plan
+from caramel.strategies.caramel.spread import DEFAULT_INPUT_SPREAD, spread_step_time_reference_s
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
@@ -141,7 +142,7 @@ def test_bad_options():
 
 
 def test_mixed_dtypes_frozen_params_and_uneven_workers():
-    from caramel.cluster.spec import WorkerSpec
+    from caramel.topology.spec import WorkerSpec
 
     prof = synthetic_profile(30)
     for i, p in enumerate(prof.params):

@@ -4,10 +4,11 @@ import math
 
 import pytest
 
-from caramel.cluster.spec import ClusterSpec, WorkerSpec
+from caramel.topology.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
-from caramel.plan.planners import make_plan, plan_from_groups
-from caramel.plan.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, check_contention_spread,
+from caramel.plan.planners import plan_from_groups
+from caramel.strategies.planners import make_plan
+from caramel.strategies.caramel.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, check_contention_spread,
                                  check_input_spread, contention_levels, scaled_cluster, spread_factors,
                                  spread_step_time_reference_s)
 from caramel.sim import simulate

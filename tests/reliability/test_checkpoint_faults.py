@@ -2,7 +2,7 @@
 back to the previous one, `caramel train --resume <damaged>` exits 2 with one line."""
 import pytest
 
-from caramel.faults.storage import OLD_STEP, checkpoint_experiment, flip_byte, truncate_half
+from experiments.faults.storage import OLD_STEP, checkpoint_experiment, flip_byte, truncate_half
 
 DAMAGES = {
     "bit-flip": (lambda d: flip_byte(d / "state.pt"), "corrupt"),

@@ -2,8 +2,8 @@
 finish silently with different parameters."""
 import pytest
 
-from caramel.faults.disagree import disagreement_experiment
-from caramel.faults.result import MatrixConfig
+from experiments.faults.disagree import disagreement_experiment
+from experiments.faults.result import MatrixConfig
 
 CFG = MatrixConfig(timeout_s=10.0)
 

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
 from caramel.jsonio import read_json
 from caramel.plan.plan import Plan
-from caramel.plan.planners import make_plan
+from caramel.strategies.planners import make_plan
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
 from caramel.trace.events import Trace, TraceEvent
 from caramel.train import config as train_config

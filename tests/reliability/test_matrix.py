@@ -2,8 +2,8 @@
 import pytest
 
 from caramel.errors import CaramelError
-from caramel.faults.matrix import render_markdown, select
-from caramel.faults.result import FAULTS, FaultResult, MatrixConfig, error_line
+from experiments.faults.matrix import render_markdown, select
+from experiments.faults.result import FAULTS, FaultResult, MatrixConfig, error_line
 
 
 def test_every_fault_class_is_registered():
@@ -20,10 +20,10 @@ def test_unknown_fault_names_are_a_caramel_error():
 def test_markdown_has_one_row_per_result_and_the_command():
     rs = [FaultResult("sigkill-worker", "process", "SIGKILL | rank 1", "x", True, 2.5, [1, -9], "m", "no", "none", True),
           FaultResult("plan-differs", "disagreement", "plans", "y", False, None, [None, 1], "", "n/a", "none", False)]
-    text = render_markdown(rs, "python scripts/fault_matrix.py", MatrixConfig())
+    text = render_markdown(rs, "python experiments/fault_matrix.py", MatrixConfig())
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(rows) == 2 and "2.50 s" in rows[0] and "SIGKILL \\| rank 1" in rows[0] and "**NO**" in rows[1]
-    assert "`python scripts/fault_matrix.py`" in text and "1 of 2 passed" in text
+    assert "`python experiments/fault_matrix.py`" in text and "1 of 2 passed" in text
 
 
 def test_error_line_strips_torch_rank_prefix():

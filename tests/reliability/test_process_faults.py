@@ -1,7 +1,7 @@
 """A worker killed (SIGKILL) or frozen (SIGSTOP) mid-run: every other worker must exit non-zero,
 in time, with the engine's message naming the failed collective.
 
-Workers are plain processes on loopback started by `caramel.faults.harness.LocalJob` (not
+Workers are plain processes on loopback started by `experiments.faults.harness.LocalJob` (not
 torchrun, whose agent would stop the survivors itself and hide what Caramel does). The
 collective timeout is 10 s (CARAMEL_TIMEOUT_S).
 """
@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from caramel.faults.process import ENGINE_MESSAGE, signal_experiment
-from caramel.faults.result import MatrixConfig
+from experiments.faults.process import ENGINE_MESSAGE, signal_experiment
+from experiments.faults.result import MatrixConfig
 
 CFG = MatrixConfig(timeout_s=10.0, kill_limit_s=60.0)
 # These tests turn the periodic plan check off so that the failing collective is always a

@@ -3,8 +3,8 @@ emulated cluster with replan="auto"."""
 import pytest
 
 from caramel.cluster.netns import support
-from caramel.faults.network import CUT_AT, RESTORE_AT, bandwidth_experiment
-from caramel.faults.restart import restart_experiment
+from experiments.faults.network import CUT_AT, RESTORE_AT, bandwidth_experiment
+from experiments.faults.restart import restart_experiment
 
 
 @pytest.mark.slow

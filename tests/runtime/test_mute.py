@@ -10,7 +10,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.testing import run_workers
 
-OVERLAPS = ("forward", "backward", "none")
+from caramel.plan.plan import OVERLAPS
 
 
 def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,8 +23,8 @@ def _muted_and_alone(model, probe, loss_fn, batches, rank: int, world: int, over
     beside a copy trained alone on the same batches; returns the muted optimizer (not yet
     released), the plan and the largest parameter difference."""
     import caramel
-    from caramel.plan.planners import make_plan
-    from caramel.runtime import mute_gradient_communication
+    from caramel.strategies.planners import make_plan
+    from caramel.strategies.caramel.parallelize import mute_gradient_communication
 
     ref = copy.deepcopy(model)
     profile = caramel.profile_model(copy.deepcopy(model), *probe, loss_fn, steps=1)
@@ -93,7 +93,7 @@ def test_muted_engine_mutes_a_tied_embeddings_rows():
 
 @pytest.mark.timeout(10)
 def test_mute_needs_an_optimizer_from_parallelize():
-    from caramel.runtime import mute_gradient_communication
+    from caramel.strategies.caramel.parallelize import mute_gradient_communication
 
     opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     with pytest.raises(CaramelError, match="not one that caramel.parallelize returned"):
@@ -117,7 +117,7 @@ def _online_worker(rank: int, world: int) -> dict:
     """Muting is refused while the engine profiles or trials; once settled it mutes, each rank then
     trains as its own single process would, and a changed module order starts no new profile."""
     import caramel
-    from caramel.runtime import mute_gradient_communication, schedule_settled
+    from caramel.strategies.caramel.parallelize import mute_gradient_communication, schedule_settled
 
     torch.manual_seed(0)
     model = _Reorders()

@@ -10,7 +10,8 @@ import torch.nn as nn
 
 from caramel.models import get_model
 from caramel.profile.profiler import profile_model, unique_params
-from caramel.runtime.tied import RowExchange, TiedEmbedding, find_tied_embeddings
+from caramel.profile.tied import TiedEmbedding, find_tied_embeddings
+from caramel.runtime.tied import RowExchange
 
 
 def _tiny():
@@ -89,7 +90,7 @@ def test_profile_sees_the_tied_gradient_early():
     assert split.params[tok].ready_order == 0  # the profile itself is unchanged
     from caramel.profile.model_profile import ModelProfile
     assert ModelProfile.from_dict(split.to_dict()).params[tok].rows_ready_time_s == rows
-    from caramel.sim.validate_worker import profile_for
+    from experiments.validation.worker import profile_for
     assert profile_for({"planner": "ddp"}, split).params[tok].ready_order == last
     assert profile_for({"planner": "caramel"}, split) is split
 

@@ -1,7 +1,7 @@
 """The overlap trial's bookkeeping and choice, on recorded step periods (one process)."""
 import pytest
 
-from caramel.runtime.trial import PREDICTED_TIE, Candidate, OverlapTrial, choose, trial_baseline, trial_preference
+from caramel.strategies.caramel.trial import PREDICTED_TIE, Candidate, OverlapTrial, choose, trial_baseline, trial_preference
 
 
 def _cands() -> list[Candidate]:

@@ -1,5 +1,5 @@
 """Small hand-checkable profiles and plans for the simulator tests."""
-from caramel.cluster.spec import ClusterSpec, WorkerSpec
+from caramel.topology.spec import ClusterSpec, WorkerSpec
 from caramel.plan.planners import plan_from_groups
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
 

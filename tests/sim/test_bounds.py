@@ -1,8 +1,8 @@
 """The lower bound: hand-computed values, and never above any simulated plan."""
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
-from caramel.plan.planners import make_plan
+from caramel.topology.spec import ClusterSpec
+from caramel.strategies.planners import make_plan
 from caramel.sim import lower_bound, simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
 

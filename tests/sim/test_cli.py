@@ -4,7 +4,7 @@ import json
 import pytest
 
 from caramel.cli import main
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.plan.plan import Plan
 from caramel.sim.synthetic import synthetic_profile
 from caramel.trace.events import Trace

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.sim.collectives import COLLECTIVE_MODELS, CommModel, closed_form_s, message_level_s
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,9 +1,9 @@
 """The event engine against hand-computed 2-worker timelines."""
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError, FormatError, MismatchError
-from caramel.plan.planners import make_plan
+from caramel.strategies.planners import make_plan
 from caramel.sim import simulate
 from caramel.sim.synthetic import synthetic_profile
 from caramel.trace.events import Trace
@@ -171,7 +171,7 @@ def test_compute_slowdown_must_be_a_factor_of_at_least_one(bad):
 
 
 def test_busy_advance_walks_collective_intervals():
-    from caramel.sim.engine import Busy
+    from caramel.sim.event_loop import Busy
 
     b = Busy(2.0)
     b.add(1.0, 2.0)
@@ -313,7 +313,7 @@ def test_plan_bytes_must_match_the_profile():
 
 
 def test_busy_charges_each_collective_cpu_to_the_compute_it_interrupts():
-    from caramel.sim.engine import Busy
+    from caramel.sim.event_loop import Busy
 
     b = Busy(1.0, cpu_s=0.25)
     b.add(1.0, 2.0)
@@ -359,7 +359,7 @@ def test_a_compute_that_ends_where_a_collective_starts_never_pays_for_it():
     # replayed after the collective is placed, must end at the same time, whatever the rounding
     import random
 
-    from caramel.sim.engine import Busy
+    from caramel.sim.event_loop import Busy
 
     rng = random.Random(0)
     for _ in range(2000):

@@ -3,9 +3,9 @@ import dataclasses
 
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
-from caramel.plan.planners import make_plan
+from caramel.strategies.planners import make_plan
 from caramel.sim.interference import Interference, corrected_step_time_s, overlap_per_step_s
 from caramel.sim.simulate import simulate
 from caramel.sim.synthetic import synthetic_profile

@@ -1,9 +1,9 @@
 """Synthetic profiles: shapes, orders, round trips; and the 1024-worker scale case runs."""
 import pytest
 
-from caramel.cluster.spec import ClusterSpec
+from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
-from caramel.plan.planners import make_plan
+from caramel.strategies.planners import make_plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim import simulate
 from caramel.sim.synthetic import resnet50_profile, synthetic_profile
@@ -41,7 +41,7 @@ def test_bad_synthetic_inputs():
 
 
 def test_1024_worker_ring_simulates():
-    # the speed target (< 5 s) is measured by `python -m caramel.sim.speed`, not asserted here
+    # the speed target (< 5 s) is measured by `python -m experiments.sim_speed`, not asserted here
     prof = resnet50_profile()
     c = ClusterSpec.uniform(1024, 10e9)
     res = simulate(prof, c, make_plan("fifo", prof, c), iterations=2)

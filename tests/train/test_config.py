@@ -18,8 +18,7 @@ def parse(argv: list[str]) -> TrainConfig:
 
 def test_defaults_are_the_documented_first_run():
     cfg = parse([])
-    assert (cfg.run.workload, cfg.parallel.workers, cfg.parallel.engine, cfg.parallel.planner, cfg.parallel.overlap) == \
-        ("char_gpt", 2, "caramel", "caramel", "auto")
+    assert (cfg.run.workload, cfg.parallel.workers, cfg.parallel.strategy) == ("char_gpt", 2, "caramel")
     assert cfg.data.remainder == "drop" and cfg.checkpoint.resume == "none"
 
 
@@ -96,3 +95,21 @@ def test_help_documents_every_option_with_default(capsys):
                  "--remainder", "--stop-after-steps", "--script", "--json"):
         assert flag in out
     assert "(samples)" in out and "(steps)" in out and "(seconds)" in out
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("caramel:overlpa=forward", "did you mean 'overlap'"),
+    ("dpp", "did you mean 'ddp'"),
+    ("caramel:overlap=sideways", "overlap must be one of"),
+    ("ddp:bucket_cap_mb=0", "bucket_cap_mb must be positive"),
+])
+def test_a_bad_strategy_is_one_clear_error(text, expected):
+    with pytest.raises(CaramelError, match=expected):
+        parse(["--strategy", text])
+
+
+def test_strategy_options_parse_by_type():
+    cfg = parse(["--strategy", "caramel:overlap=forward,planner=fifo,bucket_cap_mb=5"])
+    from caramel.strategies import STRATEGIES
+    spec = STRATEGIES.spec(cfg.parallel.strategy)
+    assert spec.options.bucket_cap_mb == 5.0 and spec.options.overlap == "forward"

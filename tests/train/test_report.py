@@ -3,7 +3,7 @@ from caramel.train.report import format_summary
 
 
 def _summary(**over):
-    s = {"engine": "caramel", "planner": "fifo", "overlap": "backward", "engine_note": None, "end_step": 240,
+    s = {"strategy": "caramel:planner=fifo", "planner": "fifo", "overlap": "backward", "end_step": 240,
          "total_steps": 240, "start_step": 0, "finished": True, "workload": "char_gpt", "world_size": 2,
          "batch_size_per_worker": 16, "data": "878 steps/epoch", "first_loss": 5.5, "final_loss": 2.4,
          "losses_averaged": 10, "median_step_time_s": 0.078, "samples_per_s": 409.0, "wall_s": 20.3,
@@ -18,7 +18,7 @@ def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
     text = format_summary(_summary(overlap_trial=trial))
     assert ("  overlap trial  kept fifo/backward (step period: caramel/forward 80.1 ms, "
             "caramel/backward 79.0 ms, fifo/backward 78.3 ms)") in text
-    assert "engine         caramel (planner fifo, overlap backward)" in text
+    assert "strategy       caramel:planner=fifo (planner fifo, overlap backward)" in text
     ddp = format_summary(_summary(overlap_trial=trial, delegated_to_ddp=True))
     assert "  overlap trial  kept fifo/backward, run by torch DDP (step period: " in ddp
     confirmed = {**trial, "chosen": "caramel/forward", "confirmation": {

@@ -63,7 +63,7 @@ def digits_baseline(tmp_path_factory):
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_digits_two_workers_learn(digits_baseline):
     out, s = digits_baseline
-    assert s["world_size"] == 2 and s["engine"] == "caramel" and s["finished"]
+    assert s["world_size"] == 2 and s["strategy"] == "caramel" and s["finished"]
     assert s["final_loss"] < s["first_loss"] - 1.0  # from ln(10) = 2.30 at the start
     assert s["val_accuracy"] > 0.7 and s["val_predictions"] == 180  # chance is 0.1; every validation image counted once
     assert "remainder dropped" in s["data"]
@@ -104,7 +104,7 @@ def test_char_gpt_two_workers_learn(tmp_path):
                           "--heads", "2", "--seq-len", "32", "--text-bytes", "100000", "--batch-size", "8", "--lr", "0.01",
                           "--warmup-steps", "5", "--checkpoint-every", "0")
     check_ok(result)
-    assert s["world_size"] == 2 and s["engine"] == "caramel"
+    assert s["world_size"] == 2 and s["strategy"] == "caramel"
     assert s["final_loss"] < s["first_loss"] - 1.5  # ln(256) = 5.55 at the start
     assert s["val_loss"] < s["first_loss"] - 1.5 and s["val_accuracy"] > 0.1
     assert (out / "trace.rank0.json").exists() and (out / "trace.rank1.json").exists()

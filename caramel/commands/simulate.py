@@ -1,0 +1,134 @@
+"""`caramel simulate`: predict step time for planners side by side on a (possibly imaginary) cluster.
+
+    caramel simulate --profile P.json --workers 64 --bandwidth 10gbit --planner fifo,caramel --json OUT
+
+Each (planner or plan file) x overlap mode is one record: the plan is made for the cluster and
+simulated; the table shows step time, compute, communication, exposed communication and the
+lower bound any schedule could reach. `--json OUT` writes `caramel.simulation/1` with the records;
+`--trace-dir DIR` writes each record's predicted timeline (`caramel.trace/1`).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from caramel.errors import CaramelError
+from caramel.jsonio import format_tag, write_json
+from caramel.plan.plan import OVERLAPS, Plan
+from caramel.strategies import STRATEGIES
+from caramel.strategies.planners import make_plan
+from caramel.sim.bounds import lower_bound
+from caramel.commands.common import (add_cluster_arguments, add_option_argument, add_profile_arguments,
+                                    cluster_from_args, load_profile, parse_options)
+from caramel.sim.collectives import CommModel
+from caramel.sim.simulate import simulate
+from caramel.units import format_rate
+
+KIND = "simulation"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_profile_arguments(parser)
+    add_cluster_arguments(parser)
+    parser.add_argument("--planner", default=None,
+                        help="comma-separated planners to compare (default fifo,fusion,caramel without --strategy)")
+    parser.add_argument("--strategy", action="append", default=[], metavar="NAME[:key=value,...]",
+                        help="simulate a strategy with its options, as parallelize runs it (repeatable; e.g. ddp, "
+                             "caramel:overlap=forward); with --strategy, --planner runs only when given")
+    parser.add_argument("--plan", action="append", default=[], metavar="PLAN.json",
+                        help="also simulate this plan file as is (repeatable)")
+    parser.add_argument("--overlap", default="forward",
+                        help=f"comma-separated overlap modes: {', '.join(OVERLAPS)} (default forward)")
+    parser.add_argument("--iterations", type=int, default=4, help="steps to unroll (default 4)")
+    parser.add_argument("--comm-model", choices=("message", "closed"), default="message",
+                        help="collectives as message-level steps with link sharing, or closed forms")
+    parser.add_argument("--compute-slowdown", type=float, default=1.0, metavar="F",
+                        help="compute runs F times slower while a collective is in flight (CPU contention; default 1)")
+    add_option_argument(parser)
+    parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
+    parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args)
+    cluster = cluster_from_args(args)
+    planner_text = args.planner if args.planner is not None else ("" if args.strategy else "fifo,fusion,caramel")
+    planners = [p.strip() for p in planner_text.split(",") if p.strip()]
+    strategies = [STRATEGIES.spec(text) for text in args.strategy]
+    overlaps = [o.strip() for o in args.overlap.split(",") if o.strip()]
+    for o in overlaps:
+        if o not in OVERLAPS:
+            raise CaramelError(f"--overlap {o!r} is not a mode; expected one of {', '.join(OVERLAPS)}")
+    if not planners and not args.plan and not strategies:
+        raise CaramelError("--planner is empty and no --plan or --strategy was given; nothing to simulate")
+    options = parse_options(args.option)
+    plans = [(f"file:{Path(p).name}", Plan.load(p)) for p in args.plan]
+    comm = CommModel(cluster, args.comm_model)
+
+    records: list[dict[str, Any]] = []
+    traces = []
+    for spec in strategies:
+        result = spec.info.simulator()(profile, cluster, spec.options, iterations=args.iterations)
+        bound = lower_bound(profile, cluster, result.overlap, comm=comm)
+        records.append(_record(spec.name, result.overlap, cluster, result, bound.step_time_s, None, args))
+        traces.append(result.trace)
+    for overlap in (overlaps if planners or plans else []):
+        bound = lower_bound(profile, cluster, overlap, comm=comm)
+        todo = [(name, None) for name in planners] + plans
+        for label, plan in todo:
+            if plan is None:
+                plan = make_plan(label, profile, cluster, overlap=overlap, comm_model=args.comm_model, **options)
+            result = simulate(profile, cluster, plan, overlap=overlap, iterations=args.iterations,
+                              trace=bool(args.trace_dir), comm=comm, compute_slowdown=args.compute_slowdown)
+            records.append(_record(label, overlap, cluster, result, bound.step_time_s, plan, args))
+            traces.append(result.trace)
+
+    _print_table(profile.model, cluster, records)
+    if args.trace_dir:
+        out = Path(args.trace_dir)
+        for rec, trace in zip(records, traces):
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{rec['planner']}-{rec['overlap']}-w{rec['workers']}")
+            trace.save(out / f"{name}.trace.json")
+        print(f"predicted traces: {out}/")
+    if args.json:
+        write_json(args.json, {"format": format_tag(KIND), "model": profile.model, "cluster": cluster.to_dict(),
+                               "iterations": args.iterations, "comm_model": comm.describe(), "records": records})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _record(label: str, overlap: str, cluster, result, bound_s: float, plan: Plan | None, args) -> dict[str, Any]:
+    return {
+        "planner": label, "overlap": overlap, "workers": cluster.world_size,
+        "bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
+        "queued_latency_s": cluster.queued_latency_s, "collective_cpu_s": cluster.collective_cpu_s,
+        "collective": cluster.collective, "topology": cluster.topology,
+        "buckets": len(plan.buckets) if plan is not None else None, "items": result.num_items,
+        "step_time_s": result.step_time_s, "compute_time_s": result.compute_time_s,
+        "comm_time_s": result.comm_time_s, "exposed_comm_s": result.exposed_comm_s,
+        "wait_time_s": result.wait_time_s, "link_utilization": result.link_utilization,
+        "lower_bound_s": bound_s, "plan_fingerprint": plan.fingerprint if plan is not None else None,
+        "critical_path": result.critical_path, "compute_slowdown": args.compute_slowdown,
+    }
+
+
+def _print_table(model: str, cluster, records: list[dict[str, Any]]) -> None:
+    queued = (f" ({cluster.effective_queued_latency_s * 1e6:g} us queued)" if cluster.queued_latency_s is not None else "")
+    print(f"model {model}, {cluster.world_size} workers, {format_rate(cluster.bandwidth_bps)}, "
+          f"latency {cluster.latency_s * 1e6:g} us{queued}, {cluster.collective} on {cluster.topology}")
+    head = ("planner", "overlap", "items", "step ms", "compute ms", "comm ms", "exposed ms", "bound ms", "speedup")
+    rows = []
+    base: dict[str, float] = {}
+    for r in records:
+        base.setdefault(r["overlap"], r["step_time_s"])
+        speedup = base[r["overlap"]] / r["step_time_s"] if r["step_time_s"] > 0 else 1.0
+        rows.append((r["planner"], r["overlap"], str(r["items"]), f"{r['step_time_s'] * 1e3:.2f}",
+                     f"{r['compute_time_s'] * 1e3:.2f}", f"{r['comm_time_s'] * 1e3:.2f}",
+                     f"{r['exposed_comm_s'] * 1e3:.2f}", f"{r['lower_bound_s'] * 1e3:.2f}", f"{speedup:.2f}x"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) if i >= 2 else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths))))
+    for row in rows:
+        print("  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print("speedup: versus the first row of the same overlap mode; bound: best step time any schedule could reach")

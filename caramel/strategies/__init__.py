@@ -1,0 +1,25 @@
+"""Strategies: the ways Caramel keeps workers' models in step, one registry, one folder each.
+
+    caramel.parallelize(model, optimizer, strategy="caramel", overlap="forward")
+    caramel.parallelize(model, optimizer, strategy="ddp:bucket_cap_mb=50")
+
+Each strategy's folder holds its options dataclass, its planner(s), its runtime and its
+simulator model side by side. `STRATEGIES.register(StrategyInfo(...))` adds one.
+"""
+from caramel.strategies.caramel.options import CaramelOptions
+from caramel.strategies.ddp.options import DdpOptions
+from caramel.strategies.registry import Registry, StrategyInfo, StrategySpec
+
+STRATEGIES = Registry()
+STRATEGIES.register(StrategyInfo(
+    "caramel", options=CaramelOptions,
+    parallelize="caramel.strategies.caramel.parallelize:parallelize_caramel",
+    simulate="caramel.strategies.caramel.simulate:simulate_caramel",
+    summary="all-reduce with window-aware buckets, chunks and order; updates applied in the next forward"))
+STRATEGIES.register(StrategyInfo(
+    "ddp", options=DdpOptions,
+    parallelize="caramel.strategies.ddp.runtime:parallelize_ddp",
+    simulate="caramel.strategies.ddp.simulate:simulate_ddp",
+    summary="torch DistributedDataParallel itself, optionally with prioritized communication threads"))
+
+__all__ = ["STRATEGIES", "Registry", "StrategyInfo", "StrategySpec"]

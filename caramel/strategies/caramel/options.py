@@ -1,0 +1,83 @@
+"""The Caramel strategy's knobs: how it plans, when updates apply, how it chooses and checks.
+
+`parallelize(model, optimizer, overlap="forward")` and `--strategy caramel:overlap=forward`
+both build a `CaramelOptions`; a misspelled name is an error that names the nearest option.
+Planner knobs belong to one planner each; setting one the chosen planner does not take is an
+error too, rather than a knob that silently does nothing.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from caramel.errors import CaramelError
+from caramel.plan.plan import OVERLAPS
+from caramel.plan.planners import PLANNERS
+from caramel.strategies.planners import planner_names  # noqa: F401 (registers every planner in PLANNERS)
+from caramel.runtime.comm_priority import COMM_PRIORITIES
+from caramel.strategies.caramel.trial import DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS
+
+# arguments every planner gets from the strategy itself, never from the user
+_PLANNER_INPUTS = ("profile", "cluster", "world_size", "overlap")
+
+
+@dataclass(frozen=True)
+class CaramelOptions:
+    """Defaults are what `caramel.parallelize(model, optimizer)` runs; see README for each."""
+
+    planner: str = "caramel"
+    overlap: str = field(default="auto", metadata={"choices": ("auto",) + OVERLAPS})
+    trial_steps: int = DEFAULT_TRIAL_STEPS
+    trial_passes: int = DEFAULT_TRIAL_PASSES
+    profile_steps: int = 2
+    check_every: int = 100
+    replan: str = field(default="off", metadata={"choices": ("off", "auto")})
+    comm_priority: str = field(default="auto", metadata={"choices": COMM_PRIORITIES})
+    split_tied: bool = True
+    # planner knobs (None: the planner's own default); each is checked against the planner
+    bucket_cap_mb: float | None = None
+    first_bucket_mb: float | None = None
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    comm_model: str | None = field(default=None, metadata={"choices": ("message", "closed")})
+    input_spread: float | None = None
+    contention_spread: float | None = None
+    collective_cpu_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.planner not in PLANNERS:
+            from caramel.strategies.options import unknown_name_error
+            raise unknown_name_error("planner", self.planner, sorted(PLANNERS))
+        if self.trial_steps < 2:
+            raise CaramelError(f"trial_steps must be an integer >= 2 (one transition step and at least one timed "
+                               f"step per overlap mode), got {self.trial_steps!r}")
+        if self.trial_passes < 1:
+            raise CaramelError(f"trial_passes must be an integer >= 1 (the most passes an undecided overlap trial "
+                               f"runs), got {self.trial_passes!r}")
+        if self.profile_steps < 1:
+            raise CaramelError(f"profile_steps must be >= 1, got {self.profile_steps}")
+        if self.check_every < 0:
+            raise CaramelError(f"check_every must be a whole number of steps >= 0, got {self.check_every!r}")
+        takes = planner_knobs(self.planner)
+        for name, value in self.planner_options().items():
+            if name not in takes:
+                owners = [p for p in sorted(PLANNERS) if name in planner_knobs(p)]
+                raise CaramelError(f"option {name} is for planner {' or '.join(owners)}, not {self.planner!r}; planner "
+                                   f"{self.planner!r} takes {', '.join(sorted(takes)) or 'no options'}")
+
+    def planner_options(self) -> dict[str, Any]:
+        """The planner knobs that were set, as keywords for `make_plan`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name in PLANNER_KNOBS and getattr(self, f.name) is not None}
+
+
+PLANNER_KNOBS = ("bucket_cap_mb", "first_bucket_mb", "fusion_threshold_mb", "cycle_time_ms", "comm_model",
+                 "input_spread", "contention_spread", "collective_cpu_s")
+
+
+def planner_knobs(planner: str) -> set[str]:
+    """The keyword options a registered planner's function takes (its signature is the truth)."""
+    params = inspect.signature(PLANNERS[planner]).parameters.values()
+    return {p.name for p in params if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+            if p.name not in _PLANNER_INPUTS}

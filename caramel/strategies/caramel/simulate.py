@@ -1,0 +1,23 @@
+"""The `caramel` strategy in the simulator: the planner's plan, replayed in the overlap mode it runs.
+
+With `overlap="auto"` the runtime times the planner's forward and backward plans and keeps the
+faster; the simulator predicts both and reports the faster, the same choice made on predictions.
+"""
+from __future__ import annotations
+
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim.simulate import SimResult, simulate
+from caramel.strategies.caramel.options import CaramelOptions
+from caramel.strategies.caramel.trial import AUTO_CANDIDATES
+from caramel.strategies.planners import make_plan
+from caramel.topology.spec import ClusterSpec
+
+
+def simulate_caramel(profile: ModelProfile, cluster: ClusterSpec, options: CaramelOptions,
+                     iterations: int = 4) -> SimResult:
+    modes = AUTO_CANDIDATES if options.overlap == "auto" else (options.overlap,)
+    results = []
+    for mode in modes:
+        plan = make_plan(options.planner, profile, cluster, overlap=mode, **options.planner_options())
+        results.append(simulate(profile, cluster, plan, overlap=mode, iterations=iterations))
+    return min(results, key=lambda r: r.step_time_s)

@@ -1,0 +1,1 @@
+"""The `ddp` strategy: torch's DistributedDataParallel itself, the reference every other strategy meets."""

@@ -1,0 +1,143 @@
+"""`ClusterSpec`: the workers and the network a plan runs on, for the planner and the simulator.
+
+Latency (alpha, seconds per message) and bandwidth (beta, bits per second per worker link)
+are either fitted from a probe of real all-reduces (`caramel cluster probe`) or written by
+hand for what-if questions.
+
+A collective's fixed cost depends on what the link did just before. On an idle link it pays the
+whole message latency (`latency_s`: waking the backend's thread and the peers', one round trip
+per step). Queued behind a collective whose bytes are still draining, it spends that cost while
+the link is busy anyway: it pays `latency_s` less the previous transfer's time, but at least
+`queued_latency_s` (gloo over TCP on the emulated cluster, 2 workers, per collective of 2
+messages: 0.5-2.9 ms for a lone tiny all-reduce, 1.6-2.1 ms each for tiny ones back to back,
+-0.23 to 0.56 ms more per extra piece when 8 MB go as 8 or 32 back-to-back pieces;
+`docs/simulator.md`). `queued_latency_s=None`
+means the same as `latency_s`: every collective pays the whole latency.
+
+A collective also costs CPU time on each worker: the backend's threads and the kernel's network
+stack run on the cores the model computes on unless the host has cores to spare.
+`collective_cpu_s` is that cost per collective beyond its bytes', as the pause it makes in a
+running compute: the extra CPU time of sending the same bytes as one more collective, times the
+ranks per core where ranks share cores (`caramel.topology.probe.host_core_share`: on shared
+cores every rank waits for the CPU any of them spends). The simulator charges it to the
+compute a collective's start interrupts (`caramel.sim.event_loop`). Gloo over TCP on the 2-core
+emulated cluster: about 0.35 ms of CPU per collective on each of 2 workers, 0.8-1.1 ms on each
+of 4, which share the 2 cores two to a core: a pause of 1.6-2.2 ms (docs/engine.md). 0 (the
+default): collectives cost compute nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from caramel.errors import FormatError
+from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
+
+KIND = "cluster"
+TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
+COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
+
+
+@dataclass
+class WorkerSpec:
+    """One worker. `speed` is relative compute speed: 0.5 takes twice as long as the profile says."""
+
+    name: str
+    speed: float = 1.0
+
+
+@dataclass
+class ClusterSpec:
+    """Workers, link bandwidth and latency, topology and collective algorithm."""
+
+    workers: list[WorkerSpec]
+    bandwidth_bps: float
+    latency_s: float = 50e-6
+    topology: str = "switch"
+    collective: str = "ring"
+    num_servers: int = 1  # parameter servers, for collective="ps"
+    meta: dict[str, Any] = field(default_factory=dict)
+    queued_latency_s: float | None = None  # per message, the least a collective queued behind another pays
+    collective_cpu_s: float = 0.0  # pause per collective in each worker's compute, beyond its bytes' (see above)
+
+    @property
+    def effective_queued_latency_s(self) -> float:
+        """The least latency a collective queued behind another pays (see the module docstring):
+        `queued_latency_s`, never more than `latency_s` (a queued collective never pays more than
+        a lone one; `latency_s` when None)."""
+        return self.latency_s if self.queued_latency_s is None else min(self.queued_latency_s, self.latency_s)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    @classmethod
+    def uniform(cls, workers: int, bandwidth_bps: float, latency_s: float = 50e-6, **kw: Any) -> "ClusterSpec":
+        """`workers` identical workers on links of `bandwidth_bps`."""
+        if not isinstance(workers, int) or workers < 1:
+            raise FormatError(f"workers must be a positive integer, got {workers!r}")
+        return cls([WorkerSpec(f"w{i}") for i in range(workers)], bandwidth_bps, latency_s, **kw)
+
+    def validate(self, source: str = "cluster spec") -> None:
+        if not self.workers:
+            raise FormatError(f"{source}: field 'workers' must list at least one worker")
+        for i, w in enumerate(self.workers):
+            if not (isinstance(w.speed, (int, float)) and math.isfinite(w.speed) and w.speed > 0):
+                raise FormatError(f"{source}: workers[{i}].speed must be a positive number, got {w.speed!r}")
+        if not (isinstance(self.bandwidth_bps, (int, float)) and math.isfinite(self.bandwidth_bps) and self.bandwidth_bps > 0):
+            raise FormatError(f"{source}: field 'bandwidth_bps' must be a positive number of bits per second, got {self.bandwidth_bps!r}")
+        if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise FormatError(f"{source}: field 'latency_s' must be a number >= 0, got {self.latency_s!r}")
+        q = self.queued_latency_s
+        if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and q >= 0):
+            raise FormatError(f"{source}: field 'queued_latency_s' must be a number >= 0 or null (the same as latency_s), got {q!r}")
+        c = self.collective_cpu_s
+        if isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
+            raise FormatError(f"{source}: field 'collective_cpu_s' must be a number of seconds >= 0, got {c!r}")
+        if self.topology not in TOPOLOGIES:
+            raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
+        if self.collective not in COLLECTIVES:
+            raise FormatError(f"{source}: unknown collective {self.collective!r}; expected one of {', '.join(COLLECTIVES)}")
+        if not isinstance(self.num_servers, int) or self.num_servers < 1:
+            raise FormatError(f"{source}: field 'num_servers' must be a positive integer, got {self.num_servers!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = format_tag(KIND)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<cluster>") -> "ClusterSpec":
+        check_format(data, KIND, source)
+        raw = require(data, "workers", list, source)
+        workers = [from_fields(WorkerSpec, w, f"{source}: workers[{i}]") for i, w in enumerate(raw)]
+        spec = cls.__new__(cls)
+        spec.workers = workers
+        spec.bandwidth_bps = require(data, "bandwidth_bps", (int, float), source)
+        spec.latency_s = data.get("latency_s", 50e-6)
+        spec.topology = data.get("topology", "switch")
+        spec.collective = data.get("collective", "ring")
+        spec.num_servers = data.get("num_servers", 1)
+        spec.meta = require_mapping(data, "meta", source)
+        spec.queued_latency_s = data.get("queued_latency_s")
+        spec.collective_cpu_s = data.get("collective_cpu_s", 0.0)
+        spec.validate(source)
+        return spec
+
+    def save(self, path) -> None:
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path) -> "ClusterSpec":
+        return cls.from_dict(read_json(path, KIND), str(path))
+
+    def allreduce_time_s(self, nbytes: float) -> float:
+        """Closed-form ring all-reduce time: 2(n-1)a + 2(n-1)/n * S/B (0 for one worker)."""
+        n = self.world_size
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * nbytes * 8 / self.bandwidth_bps
