@@ -179,10 +179,9 @@ def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
     overlap trial), so that the measured rounds time the schedule a long run would use; returns
     the steps taken.
 
-    The engine settles at the same step on every rank, so each rank asks its own runner, and one
-    collective afterwards checks that they agree. A collective per step would queue behind the
-    strategy's own transfers on the shaped link and slow the very steps the overlap trial times:
-    GPT-2 at 1 Gbit/s measured 270-350 ms per step in its trial against 182-214 in the rounds."""
+    Each rank asks its own runner (the engine settles at the same step on every rank) and one
+    collective afterwards checks that they agree: a collective per step would queue behind the
+    strategy's own transfers on the shaped link and slow the very steps the trial times."""
     steps = 0
     while steps < max_steps and not runner.settled():
         runner.step()
