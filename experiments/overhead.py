@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import caramel  # noqa: E402
 from caramel.bench.baselines import plain_step  # noqa: E402
-from caramel.bench.report import median, percentile  # noqa: E402
+from caramel.stats import median, percentile  # noqa: E402
 from caramel.jsonio import format_tag, write_json  # noqa: E402
 from caramel.models.zoo import get_model  # noqa: E402
 

@@ -1,12 +1,14 @@
 """`caramel bench`: DDP and Caramel strategies side by side, one job per configuration.
 
-Without selection flags it runs the default matrix (or `--quick`); `--model`, `--workers`,
-`--bandwidth`, `--batch-size` select one configuration. Prints a table; `--json OUT` and
-`--markdown OUT` write the records and the report (docs/benchmarks.md is such a report).
+Without selection flags it runs the default matrix (or `--quick`), whose points are defined by
+comm/compute ratios and get their link rates at run start; `--model`, `--workers`, `--ratio`
+or `--bandwidth` (a pinned rate), `--batch-size` select one configuration. Prints a table and a
+summary; `--json OUT` and `--markdown OUT` write the records and the report (docs/results/).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -14,11 +16,13 @@ import time
 from typing import Any
 
 from caramel.bench.evidence import attach_evidence
-from caramel.bench.harness import make_job
+from caramel.bench.harness import make_calibration_job, make_job
 from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
-from caramel.bench.report import Record, check_targets, format_markdown, format_table, format_targets, summarize, write_records
+from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates
+from caramel.bench.report import (FORMAT, Record, format_markdown, format_summary, format_table, summarize,
+                                  summarize_strategies, write_records)
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
@@ -28,13 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("one configuration (instead of the default matrix)")
     sel.add_argument("--model", help="zoo model name or path/to/file.py:factory")
     sel.add_argument("--workers", type=int, help="number of workers (processes), default 2")
-    sel.add_argument("--bandwidth", help="per-worker link rate in tc syntax, e.g. 300mbit (needs the emulated cluster)")
+    sel.add_argument("--ratio", type=float, metavar="R",
+                     help="target comm/compute, e.g. 1: the link rate is derived at run start from the measured compute "
+                          "time and the gradient bytes (needs 2+ workers and the emulated cluster)")
+    sel.add_argument("--bandwidth", help="pin the per-worker link rate instead, in tc syntax, e.g. 300mbit (what-ifs)")
     sel.add_argument("--batch-size", type=int, help="per-worker batch size (default: the model's)")
     sel.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                      help="extra zoo factory argument, e.g. width=16 (repeatable)")
     p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                   help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: ddp,caramel)")
+                   help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: "
+                        f"{','.join(DEFAULT_STRATEGIES)}; every row is compared with the stronger DDP variant)")
     p.add_argument("--rounds", type=int, help="interleaving rounds per configuration")
     p.add_argument("--steps", type=int, help="measured steps per strategy per round")
     p.add_argument("--warmup", type=int, help="unmeasured warm-up steps per strategy")
@@ -44,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulated links' MTU in bytes, or auto (default; see `caramel cluster run --help`)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per configuration, seconds (default 600)")
     p.add_argument("--trace", metavar="DIR", help="write caramel strategies' timelines under DIR/<configuration>/")
-    p.add_argument("--json", metavar="OUT", help="write the records (caramel.bench/1)")
+    p.add_argument("--json", metavar="OUT", help=f"write the records and the summary ({FORMAT})")
     p.add_argument("--markdown", metavar="OUT", help="write the markdown report")
 
 
@@ -65,7 +73,8 @@ def _model_options(items: list[str]) -> dict[str, Any]:
 
 def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     """The configurations and settings the flags ask for (flags override the matrix's settings)."""
-    single = any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size)) or args.model_option
+    single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio))
+              or args.model_option)
     base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
     settings = BenchSettings(
         rounds=args.rounds if args.rounds is not None else base.rounds,
@@ -75,24 +84,32 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     if not single:
         return list(QUICK_MATRIX if args.quick else DEFAULT_MATRIX), settings
     if args.quick:
-        raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--bandwidth")
+        raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--ratio/--bandwidth")
+    if args.ratio is not None and args.bandwidth is not None:
+        raise CaramelError(f"--ratio {args.ratio:g} and --bandwidth {args.bandwidth}: give one (a ratio derives the rate, "
+                           "a bandwidth pins it)")
+    if args.ratio is not None and not (math.isfinite(args.ratio) and args.ratio > 0):
+        raise CaramelError(f"--ratio {args.ratio:g}: expected a positive comm/compute ratio, e.g. 1")
+    workers = args.workers if args.workers is not None else 2
+    if args.ratio is not None and workers < 2:
+        raise CaramelError(f"--ratio needs --workers 2 or more (one worker sends nothing), got {workers}")
     model = args.model or "resnet18"
     options = _model_options(args.model_option)
     if args.model is None and not options:
         options = {"width": 16}
     batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
     get_model(model)  # a bad name or path fails here, before any worker starts
-    return [BenchConfig(model=model, workers=args.workers if args.workers is not None else 2,
-                        bandwidth=args.bandwidth, batch_size=batch, model_options=options)], settings
+    return [BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
+                        comm_ratio=args.ratio)], settings
 
 
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
-    for flag in ("model", "workers", "bandwidth", "batch_size", "rounds", "steps", "warmup", "trace", "json", "markdown"):
+    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "rounds", "steps", "warmup", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
-            parts += [f"--{flag.replace('_', '-')}", str(value)]
+            parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
     for item in args.model_option:
         parts += ["--model-option", item]
     if args.quick:
@@ -104,6 +121,23 @@ def command_line(args: argparse.Namespace) -> str:
     if args.mtu != "auto":
         parts += ["--mtu", str(args.mtu)]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def _network_for(args: argparse.Namespace, config: BenchConfig) -> str:
+    """Where the configuration runs (a ratio-defined point runs where its derived rate will be shaped)."""
+    return choose_network(args.network, config.bandwidth or (CALIBRATION_RATE if config.needs_rate else None))
+
+
+def _calibration_launcher(args: argparse.Namespace, settings: BenchSettings):
+    """Runs a compute-only job for a point under the same launcher, network and threads as its bench job."""
+    cal = calibration_settings(settings)
+
+    def launch(config: BenchConfig):
+        network = _network_for(args, config)
+        job = make_calibration_job(config, cal, network)
+        return launch_job(job, config.workers, CALIBRATION_RATE if network == "cluster" else None, network,
+                          timeout_s=args.timeout, strict=args.network == "cluster", mtu=args.mtu).raw
+    return launch
 
 
 def _trace_subdir(root: str, index: int, config: BenchConfig) -> str:
@@ -120,13 +154,15 @@ def run(args: argparse.Namespace) -> int:
     from caramel.cluster.config import parse_mtu
 
     parse_mtu(args.mtu, 1e9)  # a bad --mtu stops here, before any cluster is made
+    for config in configs:
+        _network_for(args, config)  # so does a network the configuration cannot run on
     load_start = os.getloadavg()[0]
     records: list[Record] = []
-    failures: list[str] = []
     networks: set[str] = set()
     t0 = time.time()
+    configs, failures = derive_rates(configs, _calibration_launcher(args, settings))
     for i, config in enumerate(configs):
-        network = choose_network(args.network, config.bandwidth)
+        network = _network_for(args, config)
         trace_dir = _trace_subdir(args.trace, i, config) if args.trace else None
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
@@ -147,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     if records:
         print(format_table(records))
         print()
-        print("Targets:\n" + format_targets(check_targets(records)).replace("**", ""))
+        print("Summary (against each configuration's stronger DDP variant):\n"
+              + format_summary(summarize_strategies(records)).replace("`", ""))
     meta = {"command": command_line(args), "wall_s": round(wall_s, 1), "networks": sorted(networks),
             "settings": vars(settings), "failures": failures}
     if args.json:
@@ -177,6 +214,6 @@ def _environment(settings: BenchSettings, networks: set[str], wall_s: float, loa
                         f"(+1 entry step per block, {settings.warmup_steps} warm-up steps), SGD momentum 0.9, synthetic data"),
         "wall time": f"{wall_s:.0f} s",
         "host load": (f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
-                      f"{os.cpu_count()} cores (other work on the host slows compute and shifts every regime "
-                      "toward compute-bound; the regimes above are measured, not assumed)"),
+                      f"{os.cpu_count()} cores (other work on the host slows compute; the rates were derived from "
+                      "compute measured at run start, and each row's comm/compute is measured in its own job)"),
     }

@@ -27,14 +27,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, trainable_params
+from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.report import job_step_times, median
+from caramel.bench.report import job_step_times
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
 from caramel.models.zoo import Workload, get_model, param_count
+from caramel.stats import median
 
 JOB_KIND = "bench_job"
 RAW_KIND = "bench_raw"
@@ -51,6 +52,11 @@ def make_job(config: BenchConfig, settings: BenchSettings, strategies: list[Stra
         "network": network,
         "trace_dir": trace_dir,
     }
+
+
+def make_calibration_job(config: BenchConfig, settings: BenchSettings, network: str) -> dict[str, Any]:
+    """A job that measures only the compute-only baseline (caramel.bench.rates derives rates from it)."""
+    return dict(make_job(config, settings, [], network), mode="calibrate")
 
 
 def _init_process_group(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -173,10 +179,9 @@ def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
     overlap trial), so that the measured rounds time the schedule a long run would use; returns
     the steps taken.
 
-    The engine settles at the same step on every rank, so each rank asks its own runner, and one
-    collective afterwards checks that they agree. A collective per step would queue behind the
-    strategy's own transfers on the shaped link and slow the very steps the overlap trial times:
-    GPT-2 at 1 Gbit/s measured 270-350 ms per step in its trial against 182-214 in the rounds."""
+    Each rank asks its own runner (the engine settles at the same step on every rank) and one
+    collective afterwards checks that they agree: a collective per step would queue behind the
+    strategy's own transfers on the shaped link and slow the very steps the trial times."""
     steps = 0
     while steps < max_steps and not runner.settled():
         runner.step()
@@ -212,6 +217,30 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
     return times
 
 
+def run_calibration(config: BenchConfig, settings: BenchSettings, rank: int, world: int,
+                    device: torch.device) -> dict[str, Any] | None:
+    """The compute-only baseline alone, warmed up, in rounds as the bench measures it; rank 0
+    returns every rank's step times, the gradient bytes and the comm-only baseline's buckets."""
+    w = make_workload(config, settings.seed, device)
+    runner = ComputeOnly(w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, device)
+    for _ in range(settings.warmup_steps):
+        runner.step()
+    times: list[float] = []
+    for _ in range(settings.rounds):
+        dist.barrier()
+        times += measure_block(runner, settings.steps_per_round)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank != 0:
+        return None
+    params = trainable_params(w.model)
+    sizes = [p.numel() * p.element_size() for p in params]
+    _log(rank, f"calibration: compute {1e3 * median(times):.1f} ms per step (rank 0)")
+    return {"format": format_tag(RAW_KIND), "mode": "calibrate", "config": config.to_dict(),
+            "settings": vars(settings).copy(), "step_times_s": {"compute": gathered}, "grad_bytes": sum(sizes),
+            "comm_buckets": len(ddp_bucket_bytes(sizes)), "meta": {"world_size": world}}
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     """Run one configuration on this rank; rank 0 returns the raw results of all ranks."""
     check_format(job, JOB_KIND, "bench job")
@@ -221,6 +250,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     torch.set_num_threads(1)  # one thread per worker: on a small host the workers share the cores
     rank, world, device = _init_process_group(settings.timeout_s)
     _log(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
+    if job.get("mode") == "calibrate":
+        return run_calibration(config, settings, rank, world, device)
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"))
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)

@@ -3,20 +3,19 @@
 A *strategy* is how gradients are synchronized: `ddp` (PyTorch DDP, default settings),
 `caramel` (default planner and overlap), or a variant such as
 `caramel:planner=fifo,overlap=backward`. A *configuration* is one launched job: a model at a
-batch size on N workers behind links of one bandwidth. Within a configuration every strategy,
-and the compute-only and communication-only baselines, run interleaved in rounds.
+batch size on N workers behind links of one rate. Within a configuration every strategy, and
+the compute-only and communication-only baselines, run interleaved in rounds.
 
-The matrices were chosen by measuring on a 2-core host with one thread per worker (see
-docs/benchmarks.md): the same ResNet-18 is made compute-bound, balanced or
-communication-bound by the link rate alone, so the comparison isolates the network. The
-regime a report shows is the *measured* one (comm-only / compute-only of the same job): on a
-host busy with other work compute slows down and every configuration drifts toward
-compute-bound.
+The matrices are defined by what each point means: a model and a target comm/compute ratio.
+The link rate that gives that ratio is derived at run start from the compute time measured on
+this host (`caramel.bench.rates`), so a faster or slower host keeps every point in its regime.
+A rate can still be pinned (`bandwidth`) for what-ifs.
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from caramel.errors import CaramelError
@@ -36,7 +35,19 @@ STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm", "concurrent")
 OVERLAPS = ("auto", "forward", "backward", "none")
-DEFAULT_STRATEGIES = ("ddp", "caramel")
+# Both DDP variants run by default: the reference of every row is the stronger of them.
+DEFAULT_STRATEGIES = ("ddp", "ddp:comm_priority=realtime", "caramel")
+# comm/compute below BALANCED_MIN_RATIO is compute-bound, above COMM_BOUND_MIN_RATIO comm-bound.
+BALANCED_MIN_RATIO = 0.75
+COMM_BOUND_MIN_RATIO = 1.5
+REGIMES = ("compute-bound", "balanced", "comm-bound")
+
+
+def regime_of_ratio(ratio: float) -> str:
+    """The regime a comm/compute ratio falls in."""
+    if ratio < BALANCED_MIN_RATIO:
+        return "compute-bound"
+    return "balanced" if ratio <= COMM_BOUND_MIN_RATIO else "comm-bound"
 
 
 @dataclass(frozen=True)
@@ -147,19 +158,28 @@ def parse_strategies(text: str) -> list[Strategy]:
 
 @dataclass
 class BenchConfig:
-    """One configuration: one launched job of `workers` processes on links of `bandwidth`."""
+    """One configuration: one launched job of `workers` processes.
+
+    A point of a matrix gives `comm_ratio` (the target comm/compute) and no `bandwidth`; the
+    rate is derived at run start and filled in (`with_rate`). A pinned `bandwidth` is used as
+    given; neither runs on unshaped loopback.
+    """
 
     model: str
     """zoo name or path/to/file.py:factory"""
     workers: int
-    bandwidth: str | None
-    """tc rate (e.g. 300mbit); None runs on unshaped loopback"""
+    bandwidth: str | None = None
+    """tc rate (e.g. 300mbit); None: derived from comm_ratio, or unshaped loopback without one"""
     batch_size: int | None = None
     """per-worker batch; None uses the model factory's default"""
     model_options: dict[str, Any] = field(default_factory=dict)
     """extra keyword arguments for the zoo factory (e.g. width=16)"""
     regime: str = "custom"
-    """what the configuration was chosen to exercise: compute-bound, balanced, comm-bound, custom"""
+    """the regime the point stands for: from comm_ratio, else custom (the measured one is reported)"""
+    comm_ratio: float | None = None
+    """target comm/compute: the ring all-reduce of the gradients takes this many compute steps"""
+    calibrated_compute_s: float | None = None
+    """the compute step measured at run start that the rate was derived from (None: pinned rate)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
@@ -168,16 +188,52 @@ class BenchConfig:
             self.bandwidth = format_rate(parse_rate_bps(self.bandwidth))
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise CaramelError(f"batch size must be a positive integer, got {self.batch_size!r}")
+        if self.comm_ratio is not None:
+            r = self.comm_ratio
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+                raise CaramelError(f"comm/compute ratio must be a positive number, got {r!r}")
+            if self.workers < 2:
+                raise CaramelError(f"a comm/compute ratio needs 2 or more workers (one worker sends nothing), got {self.workers}")
+            self.comm_ratio = float(r)
+            if self.regime == "custom":
+                self.regime = regime_of_ratio(self.comm_ratio)
 
     @property
     def bandwidth_bps(self) -> float | None:
         return None if self.bandwidth is None else parse_rate_bps(self.bandwidth)
 
     @property
+    def needs_rate(self) -> bool:
+        """A ratio-defined point whose rate is not derived yet."""
+        return self.comm_ratio is not None and self.bandwidth is None
+
+    @property
+    def rate_source(self) -> str | None:
+        """derived (from comm_ratio at run start), pinned (given), or None (unshaped loopback)."""
+        if self.bandwidth is None:
+            return None
+        return "derived" if self.comm_ratio is not None and self.calibrated_compute_s is not None else "pinned"
+
+    def with_rate(self, bandwidth: str, compute_s: float) -> "BenchConfig":
+        """This point with the rate derived from `compute_s`."""
+        return replace(self, bandwidth=bandwidth, calibrated_compute_s=compute_s)
+
+    @property
+    def workload_key(self) -> tuple:
+        """What a compute measurement depends on: model, batch, options, workers."""
+        return (self.model, self.batch_size, tuple(sorted(self.model_options.items())), self.workers)
+
+    @property
     def label(self) -> str:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
-        return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.bandwidth or 'loopback'}"
+        return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}"
+
+    @property
+    def link_label(self) -> str:
+        if self.bandwidth is None:
+            return f"comm/compute {self.comm_ratio:g}" if self.comm_ratio is not None else "loopback"
+        return self.bandwidth
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,31 +271,22 @@ class BenchSettings:
 
 _RESNET = dict(model="resnet18", batch_size=8, model_options={"width": 16})
 
-# 2 workers across the three regimes by link rate alone, a GPT-2-style transformer with a large
-# tied embedding, and 4 workers sharing the 2 cores, spanning comm/compute from about 0.5 to 2.
-# The rates are set from the comm-only baseline, which follows the link: ResNet-18/16's 2.8 MB of
-# gradients take 15.0, 37.5 and 61.0 ms at 1500, 600 and 375 mbit with two workers; GPT-2
-# (batch 2, 16.9 MB) takes 108.5 ms at 1250 mbit; four workers' ring takes ~70 ms at 500 mbit.
-# Compute is what moves: this host has run two workers' ResNet-18/16 step in 30-31 ms (every
-# published run since 2026-12-04 20:31) and in 40-43 ms (most runs before), GPT-2's in 52-54 and
-# 65-73 ms; four workers time-share the cores at 65-70 ms. So the ResNet rows measure
-# comm/compute ~0.49, ~1.2 and ~2.0 on the faster host and ~0.36, ~0.9 and ~1.5 on the slower,
-# GPT-2 ~2.0 and ~1.5, four workers ~1.0: on the slower host the comm-bound rows would measure
-# as balanced, at the 1.5 line, and still count in the geomean (docs/benchmarks.md: the
-# measured regime is the one reported and counted).
+# ResNet-18 on 2 workers compute-bound, balanced and communication-bound; GPT-2 (a large tied
+# embedding) communication-bound; 4 workers sharing the cores, balanced. Ratios, not rates: the
+# rates follow this host's compute speed (caramel.bench.rates).
 DEFAULT_MATRIX: list[BenchConfig] = [
-    BenchConfig(**_RESNET, workers=2, bandwidth="1500mbit", regime="compute-bound"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="600mbit", regime="balanced"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="375mbit", regime="comm-bound"),
-    BenchConfig(model="gpt2", batch_size=2, workers=2, bandwidth="1250mbit", regime="comm-bound"),
-    BenchConfig(**_RESNET, workers=4, bandwidth="500mbit", regime="balanced"),
+    BenchConfig(**_RESNET, workers=2, comm_ratio=0.5),
+    BenchConfig(**_RESNET, workers=2, comm_ratio=1.0),
+    BenchConfig(**_RESNET, workers=2, comm_ratio=2.0),
+    BenchConfig(model="gpt2", batch_size=2, workers=2, comm_ratio=2.0),
+    BenchConfig(**_RESNET, workers=4, comm_ratio=1.0),
 ]
-# 10 rounds: step times vary 10-20% from step to step here, and a speedup's 95% interval from 4
-# rounds was about +-5%, too wide to tell a 3% difference; 10 rounds take the matrix to ~7 minutes.
+# 10 rounds: step times vary 10-20% from step to step on a small host, and 4 rounds gave a
+# speedup interval of about +-5%, too wide to tell a 3% difference.
 DEFAULT_SETTINGS = BenchSettings(rounds=10, steps_per_round=8, warmup_steps=3)
 
 QUICK_MATRIX: list[BenchConfig] = [
-    BenchConfig(**_RESNET, workers=2, bandwidth="1500mbit", regime="compute-bound"),
-    BenchConfig(**_RESNET, workers=2, bandwidth="375mbit", regime="comm-bound"),
+    BenchConfig(**_RESNET, workers=2, comm_ratio=0.5),
+    BenchConfig(**_RESNET, workers=2, comm_ratio=2.0),
 ]
 QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=4, warmup_steps=1)

@@ -1,79 +1,54 @@
-"""Bench arithmetic and reports: raw per-step times -> records -> table, markdown, JSON.
+"""Bench arithmetic and reports: raw per-step times -> records -> table, summary, markdown, JSON.
 
 Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
 
 - a job's step time is, per step index, how far the slowest rank's clock advanced: the job
   progresses as fast as its slowest rank, so its clock after step k is the largest of the
-  ranks' cumulative times, and step k takes the difference (summed over a round: the slowest
-  rank's wall time). T = the median of those steps, p90 their 90th percentile. Not the slowest
-  rank's time per step index: a step boundary is not a synchronization point (with forward
-  overlap a rank waits for its peers in the next forward), ranks' step times can run in
-  opposite phase (80, 111, 68, 103 ms against 109, 72, 107, 58 ms), and the per-index maximum
-  then counts one delay twice, once on each rank (96 ms per step measured that way for a
-  schedule whose ranks both ran at 84 ms per step);
+  ranks' cumulative times, and step k takes the difference. T = the median of those steps, p90
+  their 90th percentile. Not the slowest rank's time per step index: a step boundary is not a
+  synchronization point (with forward overlap a rank waits for its peers in the next forward),
+  and ranks running in opposite phase would have one delay counted once on each rank;
 - T_comm is the median of the comm-only baseline; T_compute is the median over rounds of the
   compute-only baseline's pace, the slowest rank's mean step in the round: its ranks never wait
-  for one another, so with more workers than cores the scheduler can run some ranks alone on a
-  core (32 ms steps) while others queue (150-180 ms steps), and the per-step series would then
-  take most of its steps from whichever rank happened to run (a median of 44 ms for four ranks
-  whose slowest took 69 ms per step over the round, measured);
+  for one another, so with more workers than cores the per-step series would take most of its
+  steps from whichever rank happened to run alone on a core;
 - U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
-- T_concurrent is the median of the concurrent baseline (all of a step's communication beside
-  all of its compute, independent): perfect overlap as this host really runs it, contention
-  for the cores included, dependencies left out;
+  exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L);
+- T_concurrent is the concurrent baseline (all of a step's communication beside all of its
+  compute, independent): perfect overlap as this host runs it, contention included;
 - the estimated ceiling is max(bound, min(T_concurrent, U)): the simulator's lower bound has the
-  dependencies (a gradient is sent after it is computed, a layer waits for its update) but
-  no contention, T_concurrent the contention but no dependencies, U what no overlap at all
-  would cost; a schedule pays for both, so it is not expected to beat the ceiling, and
-  DDP / ceiling estimates the most any schedule could gain over DDP on this host (an estimate,
-  not a proof: a partial overlap could contend less than the concurrent baseline does), and
-  the ceiling's own E, (U - ceiling) / (U - L), is the most of E's range this host leaves to
-  any schedule;
-- exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L)
-  (the formulas are caramel.trace.metrics', shared with the trace tools);
-- speedup over DDP = T_ddp / T (same job, interleaved); its 95% interval comes from the rounds:
-  round k's DDP median over the strategy's median is one paired sample of the ratio (drift
-  between rounds hits both alike), and the interval is the point speedup times
-  exp(+-t * sd / sqrt(k)) of the per-round log ratios (Student's t, k - 1 degrees of freedom).
-
-A configuration's measured regime comes from comm/compute: below 0.75 compute-bound, up to
-1.5 balanced, above that communication-bound.
+  dependencies but no contention, T_concurrent the contention but no dependencies, U what no
+  overlap at all costs; a schedule pays for both, so it is not expected to beat the ceiling;
+- the reference of a configuration is the stronger (lower median) of the DDP variants measured
+  in it (`ddp`, and `ddp:comm_priority=realtime`, whose threads get the priority the engine
+  gives its own): speedup = T_ref / T, with its 95% interval from the paired rounds
+  (caramel.stats.paired_ratio_interval), and the share of the possible gain captured is
+  (T_ref - T) / (T_ref - ceiling);
+- a point's regime is the one its target comm/compute stands for (measured comm/compute for a
+  pinned rate): below 0.75 compute-bound, up to 1.5 balanced, above that communication-bound.
+  The summary takes the geomean speedup and the median share over balanced and comm-bound
+  points, and the worst speedup over all.
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
-from caramel.jsonio import format_tag, write_json
+from caramel.bench.matrix import REGIMES, regime_of_ratio
+from caramel.errors import FormatError
+from caramel.jsonio import write_json
+from caramel.stats import geomean, median, paired_ratio_interval, percentile
 from caramel.strategies.caramel.trial import confirmation_note
 from caramel.trace import metrics
 
-KIND = "bench"
-BALANCED_MIN_RATIO = 0.75
-COMM_BOUND_MIN_RATIO = 1.5
-# Targets from issue 3.
-MAX_SLOWDOWN = 0.03
-MIN_GEOMEAN_SPEEDUP = 1.3
-MIN_MEDIAN_EFFICIENCY = 0.9
+FORMAT = "caramel.bench/2"
+REFERENCE_KIND = "ddp"
+"""strategies of this kind are the reference candidates: the stronger of them is every row's baseline"""
+HEADLINE_REGIMES = ("balanced", "comm-bound")
 PLAN_LINE_BUCKETS = 8  # bucket sizes a report's plan line lists before "..."
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation (numpy's default); shared with trace metrics."""
-    xs = list(values)
-    assert xs, "percentile of no values"
-    return metrics.percentile(xs, q)
-
-
-def median(values: Iterable[float]) -> float:
-    return percentile(values, 50.0)
-
-
-def geomean(values: Iterable[float]) -> float:
-    xs = list(values)
-    assert xs and all(x > 0 for x in xs), "geometric mean needs positive values"
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def job_step_times(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
@@ -114,34 +89,9 @@ def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
     return None if math.isnan(e) else e
 
 
-# Student's t, two-sided 95%, by degrees of freedom (1..30); beyond, the normal 1.96.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
-MIN_ROUNDS_FOR_INTERVAL = 3
-
-
-def speedup_interval(ddp_s: list[float], strategy_s: list[float], steps_per_round: int) -> tuple[float, float] | None:
-    """95% interval of T_ddp / T from the per-round paired log ratios (module docstring), or None
-    with fewer than 3 rounds."""
-    assert steps_per_round > 0
-    k = min(len(ddp_s), len(strategy_s)) // steps_per_round
-    if k < MIN_ROUNDS_FOR_INTERVAL:
-        return None
-    logs = [math.log(median(ddp_s[i * steps_per_round:(i + 1) * steps_per_round])
-                     / median(strategy_s[i * steps_per_round:(i + 1) * steps_per_round])) for i in range(k)]
-    mean = sum(logs) / k
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (k - 1))
-    half = (_T95[k - 2] if k - 1 <= len(_T95) else 1.96) * sd / math.sqrt(k)
-    point = median(ddp_s) / median(strategy_s)
-    return point * math.exp(-half), point * math.exp(half)
-
-
 def regime_of(comm_s: float, compute_s: float) -> str:
-    ratio = comm_s / compute_s
-    if ratio < BALANCED_MIN_RATIO:
-        return "compute-bound"
-    return "balanced" if ratio <= COMM_BOUND_MIN_RATIO else "comm-bound"
+    """The measured regime: comm/compute of the baselines."""
+    return regime_of_ratio(comm_s / compute_s)
 
 
 @dataclass
@@ -151,6 +101,7 @@ class Record:
     model: str
     workers: int
     bandwidth: str | None
+    """the link rate the job ran at (derived from target_ratio, or pinned); None: unshaped loopback"""
     strategy: str
     step_time_median_s: float | None
     step_time_p90_s: float | None
@@ -158,22 +109,36 @@ class Record:
     compute_s: float
     comm_s: float
     exposed_comm_s: float | None
-    speedup_vs_ddp: float | None
+    reference: str | None
+    """the stronger DDP variant of this configuration (lower median), that `speedup` is against"""
+    reference_step_s: float | None
+    speedup: float | None
+    """T_reference / T, same job, interleaved"""
     efficiency: float | None
     comm_compute_ratio: float
+    """measured: the comm-only over the compute-only baseline of the same job"""
     regime: str
     """measured: compute-bound, balanced or comm-bound"""
     intended_regime: str
+    """the point's regime, from its target ratio (custom for a pinned rate)"""
     batch_size: int | None
     model_options: dict[str, Any]
     network: str
     steps: int
     grad_bytes: int | None
+    target_ratio: float | None = None
+    """the comm/compute the point is defined by (None: a pinned rate or loopback)"""
+    rate_source: str | None = None
+    """derived (from target_ratio at run start), pinned (given), or None (loopback)"""
+    calibrated_compute_s: float | None = None
+    """the compute step measured at run start that the rate was derived from"""
     lower_bound_s: float | None = None
     concurrent_s: float | None = None
-    """the concurrent baseline's median: perfect overlap as this host runs it (None in older raw files)"""
+    """the concurrent baseline's median: perfect overlap as this host runs it"""
+    share_captured: float | None = None
+    """(T_reference - T) / (T_reference - ceiling); None without a ceiling, or when the reference is at it"""
     speedup_ci95: tuple[float, float] | None = None
-    """95% interval of speedup_vs_ddp from the per-round paired ratios (None: fewer than 3 rounds, or no DDP)"""
+    """95% interval of speedup from the per-round paired ratios (None: fewer than 3 rounds, or the reference row)"""
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     load_average: float | None = None
@@ -183,16 +148,45 @@ class Record:
     delegated_to_ddp: bool = False
     """caramel: the trial kept DDP's schedule and torch DDP ran it from then on (the engine's timeline stops there)"""
     plan: dict[str, Any] | None = None
-    """caramel: the plan the engine ran last (`Engine.stats_dict()["plan"]`): order, bucket sizes, prediction, the link it assumed"""
+    """caramel: the plan the engine ran last (`Engine.stats_dict()["plan"]`)"""
     comm_priority: dict[str, Any] | None = None
-    """the CPU priority its communication threads ran at (`caramel.runtime.comm_priority.CommPriority.to_dict()`);
-    None for DDP as users run it (normal priority, the job's own group)"""
+    """the CPU priority its communication threads ran at (`CommPriority.to_dict()`); None: the job's own group"""
     baseline_priority: dict[str, Any] | None = None
-    """the priority the comm-only and concurrent baselines' communication threads ran at (as the
-    engine's by default, `caramel.bench.strategies.baseline_group`); None: the job's own group"""
+    """the priority the comm-only and concurrent baselines' communication threads ran at"""
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.strategy.partition(":")[0]
+
+    @property
+    def point_regime(self) -> str:
+        """The regime the summary counts the row in: the point's own, else the measured one."""
+        return self.intended_regime if self.intended_regime in REGIMES else self.regime
+
+
+def reference_of(medians: dict[str, float], kinds: dict[str, str]) -> str | None:
+    """The stronger DDP variant: the lowest median among measured strategies of REFERENCE_KIND
+    (the first listed on a tie); None when no DDP variant was measured."""
+    candidates = [n for n in medians if kinds.get(n) == REFERENCE_KIND]
+    return min(candidates, key=lambda n: medians[n]) if candidates else None
+
+
+def share_captured(reference_s: float | None, step_s: float | None, ceiling: float | None) -> float | None:
+    """(T_ref - T) / (T_ref - ceiling): 1 at the ceiling, 0 at the reference, negative when slower;
+    None without a ceiling or when the reference is already at (or below) it."""
+    if reference_s is None or step_s is None or ceiling is None or reference_s - ceiling <= 0:
+        return None
+    return (reference_s - step_s) / (reference_s - ceiling)
+
+
+def estimated_ceiling_s(lower_bound: float | None, concurrent: float | None, compute: float, comm: float) -> float | None:
+    """max(bound, min(T_concurrent, U)) (module docstring), or None without both inputs."""
+    if concurrent is None or lower_bound is None:
+        return None
+    return max(lower_bound, min(concurrent, compute + comm))
 
 
 def summarize(raw: dict[str, Any]) -> list[Record]:
@@ -203,14 +197,23 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     compute_s = median(round_means(series["compute"], spr))  # its pace (free_running_pace_s)
     comm_s = median(series["comm"])
     concurrent_s = median(series["concurrent"]) if series.get("concurrent") else None
-    ddp = series.get("ddp")
-    ddp_s = median(ddp) if ddp else None
+    kinds = {s["name"]: s["kind"] for s in raw["strategies"]}
+    medians = {s["name"]: median(series[s["name"]]) for s in raw["strategies"] if s["name"] in series}
+    ref = reference_of(medians, kinds)
+    ref_s = medians[ref] if ref else None
     ratio = comm_s / compute_s
+    lower_bound = raw.get("lower_bound_s")
+    ceiling = estimated_ceiling_s(lower_bound, concurrent_s, compute_s, comm_s)
+    target = cfg.get("comm_ratio")
     common = dict(model=cfg["model"], workers=cfg["workers"], bandwidth=cfg.get("bandwidth"), compute_s=compute_s,
                   comm_s=comm_s, comm_compute_ratio=ratio, regime=regime_of(comm_s, compute_s),
                   intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
                   model_options=dict(cfg.get("model_options", {})), network=meta.get("network", "unknown"),
-                  grad_bytes=meta.get("grad_bytes"), lower_bound_s=raw.get("lower_bound_s"), concurrent_s=concurrent_s,
+                  grad_bytes=meta.get("grad_bytes"), lower_bound_s=lower_bound, concurrent_s=concurrent_s,
+                  reference=ref, reference_step_s=ref_s, target_ratio=target,
+                  rate_source=(None if cfg.get("bandwidth") is None else
+                               "derived" if target is not None and cfg.get("calibrated_compute_s") is not None else "pinned"),
+                  calibrated_compute_s=cfg.get("calibrated_compute_s"),
                   load_average=(meta.get("load_average") or [None])[0],
                   baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"))
     records = []
@@ -218,17 +221,18 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
         name = s["name"]
         if name not in series:
             records.append(Record(strategy=name, step_time_median_s=None, step_time_p90_s=None, step_time_mean_s=None,
-                                  exposed_comm_s=None, speedup_vs_ddp=None, efficiency=None, steps=0,
+                                  exposed_comm_s=None, speedup=None, efficiency=None, steps=0,
                                   skipped=raw.get("skipped", {}).get(name, "not measured"), **common))
             continue
         xs = series[name]
-        t = median(xs)
+        t = medians[name]
         st = raw.get("stats", {}).get(name, {})
         wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
-        ci = speedup_interval(ddp, xs, spr) if ddp and spr and name != "ddp" else None
+        ci = paired_ratio_interval(series[ref], xs, spr) if ref and spr and name != ref else None
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
-            exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup_vs_ddp=(ddp_s / t) if ddp_s else None,
+            exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup=(ref_s / t) if ref_s else None,
+            share_captured=share_captured(ref_s, t, ceiling),
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
@@ -237,86 +241,92 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
 
 
 @dataclass
-class TargetResult:
-    name: str
-    met: bool | None
-    """None: not evaluable (e.g. no caramel records)"""
-    value: str
-    detail: str
+class StrategySummary:
+    """One non-DDP strategy over the whole run, against each configuration's reference."""
+
+    strategy: str
+    rows: int
+    """configurations where it and a reference were measured"""
+    headline_rows: int
+    """of those, balanced and comm-bound points"""
+    geomean_speedup: float | None
+    """over the balanced and comm-bound points"""
+    ceiling_geomean_speedup: float | None
+    """T_reference / ceiling over the same points (None unless every one has a ceiling)"""
+    median_share_captured: float | None
+    """over the balanced and comm-bound points that have a share"""
+    share_rows: int
+    worst_speedup: float | None
+    """the lowest speedup over every point"""
+    worst_ci95: tuple[float, float] | None
+    worst_configuration: str | None
 
 
-def check_targets(records: list[Record], strategy: str = "caramel") -> list[TargetResult]:
-    """Issue 3's three targets for `strategy` against ddp, evaluated honestly on what was measured."""
-    rows = [r for r in records if r.strategy == strategy and r.step_time_median_s is not None]
+def summarize_strategies(records: list[Record]) -> list[StrategySummary]:
+    """Per non-DDP strategy, in the order first seen: geomean speedup and median share captured
+    over the balanced and comm-bound points, and the worst row."""
+    names = list(dict.fromkeys(r.strategy for r in records if r.kind != REFERENCE_KIND))
     out = []
-    vs = [r for r in rows if r.speedup_vs_ddp is not None]
-    if vs:
-        worst = min(vs, key=lambda r: r.speedup_vs_ddp)
-        slowdown = 1.0 / worst.speedup_vs_ddp - 1.0
-        ci = (f" (95% interval of its speedup {worst.speedup_ci95[0]:.3f}x-{worst.speedup_ci95[1]:.3f}x)"
-              if worst.speedup_ci95 else "")
-        out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", slowdown <= MAX_SLOWDOWN,
-                                f"worst {slowdown:+.1%}", f"worst configuration: {config_label(worst)}{ci}"))
-    else:
-        out.append(TargetResult(f"{strategy} never slower than DDP by more than {MAX_SLOWDOWN:.0%}", None, "n/a",
-                                f"no configuration measured both {strategy} and ddp"))
-    bound = [r for r in vs if r.regime != "compute-bound"]
-    if bound:
-        g = geomean(r.speedup_vs_ddp for r in bound)
-        detail = f"over {len(bound)} configuration(s) with comm/compute >= {BALANCED_MIN_RATIO}"
-        ceilings = [c for c in (ceiling_speedup(r) for r in bound) if c is not None]
-        if len(ceilings) == len(bound):
-            detail += (f"; the estimated ceiling on this host (DDP / max(bound, min(concurrent, U)), measured in the same "
-                       f"runs) is {geomean(ceilings):.3f}x over the same configurations")
-        out.append(TargetResult(f"geomean speedup >= {MIN_GEOMEAN_SPEEDUP}x on balanced + comm-bound", g >= MIN_GEOMEAN_SPEEDUP,
-                                f"{g:.3f}x", detail))
-    else:
-        out.append(TargetResult(f"geomean speedup >= {MIN_GEOMEAN_SPEEDUP}x on balanced + comm-bound", None, "n/a",
-                                f"no measured configuration had comm/compute >= {BALANCED_MIN_RATIO}"))
-    es = [r.efficiency for r in rows if r.efficiency is not None]
-    if es:
-        m = median(es)
-        detail = f"over {len(es)} configuration(s)"
-        concurrent_e = [efficiency(r.concurrent_s, r.compute_s, r.comm_s) for r in rows
-                        if r.efficiency is not None and r.concurrent_s is not None]
-        if len(concurrent_e) == len(es) and all(e is not None for e in concurrent_e):
-            detail += (f"; the concurrent baseline (perfect overlap as this host runs it) reaches median E "
-                       f"{median(concurrent_e):.2f} over the same configurations")
-        ceiling_e = [efficiency(c, r.compute_s, r.comm_s) for r in rows if r.efficiency is not None
-                     for c in [ceiling_s(r)] if c is not None]
-        if len(ceiling_e) == len(es) and all(e is not None for e in ceiling_e):
-            cm = median(ceiling_e)
-            detail += f", the estimated ceiling (the bound's dependencies as well) median E {cm:.2f}"
-            if cm < MIN_MEDIAN_EFFICIENCY:
-                detail += (f": below {MIN_MEDIAN_EFFICIENCY}, so no schedule is expected to reach the target on this "
-                           "host, and the ceiling's E is the yardstick here")
-        out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", m >= MIN_MEDIAN_EFFICIENCY, f"{m:.2f}",
-                                detail))
-    else:
-        out.append(TargetResult(f"median efficiency E >= {MIN_MEDIAN_EFFICIENCY}", None, "n/a", "no efficiency measured"))
+    for name in names:
+        rows = [r for r in records if r.strategy == name and r.speedup is not None]
+        head = [r for r in rows if r.point_regime in HEADLINE_REGIMES]
+        shares = [r.share_captured for r in head if r.share_captured is not None]
+        ceilings = [ceiling_speedup(r) for r in head]
+        worst = min(rows, key=lambda r: r.speedup) if rows else None
+        out.append(StrategySummary(
+            strategy=name, rows=len(rows), headline_rows=len(head),
+            geomean_speedup=geomean(r.speedup for r in head) if head else None,
+            ceiling_geomean_speedup=geomean(ceilings) if head and all(c is not None for c in ceilings) else None,
+            median_share_captured=median(shares) if shares else None, share_rows=len(shares),
+            worst_speedup=worst.speedup if worst else None, worst_ci95=worst.speedup_ci95 if worst else None,
+            worst_configuration=config_label(worst) if worst else None))
     return out
+
+
+def format_summary(summaries: list[StrategySummary]) -> str:
+    """One line per strategy: measured facts, no verdicts."""
+    if not summaries:
+        return "- no strategy other than DDP was measured"
+    lines = []
+    for s in summaries:
+        if not s.rows:
+            lines.append(f"- `{s.strategy}`: no configuration measured it together with a DDP reference")
+            continue
+        parts = []
+        if s.geomean_speedup is not None:
+            ceil = f" (estimated ceiling {s.ceiling_geomean_speedup:.3f}x)" if s.ceiling_geomean_speedup else ""
+            parts.append(f"geomean speedup {s.geomean_speedup:.3f}x over {s.headline_rows} balanced and comm-bound "
+                         f"point(s){ceil}")
+        else:
+            parts.append("no balanced or comm-bound point")
+        if s.median_share_captured is not None:
+            parts.append(f"median share of the possible gain captured {s.median_share_captured:.0%} "
+                         f"({s.share_rows} point(s))")
+        ci = f" ({s.worst_ci95[0]:.3f}-{s.worst_ci95[1]:.3f})" if s.worst_ci95 else ""
+        parts.append(f"worst {s.worst_speedup:.3f}x{ci} on {s.worst_configuration}")
+        lines.append(f"- `{s.strategy}`: " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def ceiling_s(r: Record) -> float | None:
     """The estimated best step any schedule could reach on this host (module docstring), or None
     without the concurrent baseline and the bound."""
-    if r.concurrent_s is None or r.lower_bound_s is None:
-        return None
-    return max(r.lower_bound_s, min(r.concurrent_s, r.compute_s + r.comm_s))
+    return estimated_ceiling_s(r.lower_bound_s, r.concurrent_s, r.compute_s, r.comm_s)
 
 
 def ceiling_speedup(r: Record) -> float | None:
-    """DDP's step over the estimated ceiling: the most a schedule could be expected to gain over DDP here."""
+    """The reference's step over the estimated ceiling: the most a schedule could be expected to gain here."""
     c = ceiling_s(r)
-    if c is None or r.speedup_vs_ddp is None or r.step_time_median_s is None:
+    if c is None or r.reference_step_s is None:
         return None
-    return r.speedup_vs_ddp * r.step_time_median_s / c
+    return r.reference_step_s / c
 
 
 def config_label(r: Record) -> str:
     opts = "".join(f",{k}={v}" for k, v in sorted(r.model_options.items()))
     batch = f"b={r.batch_size}" if r.batch_size else ""
-    return f"{r.model}({batch}{opts}) x{r.workers} @ {r.bandwidth or 'loopback'}"
+    link = r.bandwidth or (f"comm/compute {r.target_ratio:g}" if r.target_ratio is not None else "loopback")
+    return f"{r.model}({batch}{opts}) x{r.workers} @ {link}"
 
 
 def _ms(x: float | None) -> str:
@@ -327,18 +337,21 @@ def _x(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-COLUMNS = ("configuration", "regime", "comm/comp", "strategy", "median ms", "p90 ms", "compute ms", "comm ms",
-           "concurrent ms", "exposed ms", "speedup", "95% interval", "E", "bound ms")
+COLUMNS = ("configuration", "point", "target", "comm/comp", "rate", "strategy", "median ms", "p90 ms", "compute ms",
+           "comm ms", "concurrent ms", "exposed ms", "reference", "speedup", "95% interval", "share", "E", "bound ms")
+_LEFT = (0, 1, 5, 12)
 
 
 def table_rows(records: list[Record]) -> list[list[str]]:
     rows = []
     for r in records:
-        rows.append([config_label(r), r.regime, _x(r.comm_compute_ratio), r.strategy,
-                     _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
-                     _ms(r.compute_s), _ms(r.comm_s), _ms(r.concurrent_s), _ms(r.exposed_comm_s), _x(r.speedup_vs_ddp, "{:.3f}x"),
+        rate = f"{r.bandwidth} ({r.rate_source})" if r.bandwidth else "loopback"
+        rows.append([config_label(r), r.point_regime, _x(r.target_ratio, "{:g}"), _x(r.comm_compute_ratio), rate,
+                     r.strategy, _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
+                     _ms(r.compute_s), _ms(r.comm_s), _ms(r.concurrent_s), _ms(r.exposed_comm_s), r.reference or "-",
+                     _x(r.speedup, "{:.3f}x"),
                      "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.2f}-{r.speedup_ci95[1]:.2f}",
-                     _x(r.efficiency), _ms(r.lower_bound_s)])
+                     _x(r.share_captured, "{:.0%}"), _x(r.efficiency), _ms(r.lower_bound_s)])
     return rows
 
 
@@ -346,7 +359,7 @@ def format_table(records: list[Record]) -> str:
     """A fixed-width terminal table, one row per configuration x strategy."""
     rows = [list(COLUMNS)] + table_rows(records)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i in (0, 1, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.ljust(w) if i in _LEFT else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in records:
@@ -355,46 +368,55 @@ def format_table(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def format_targets(results: list[TargetResult]) -> str:
-    word = {True: "MET", False: "NOT MET", None: "NOT EVALUATED"}
-    return "\n".join(f"- {t.name}: **{word[t.met]}** ({t.value}; {t.detail})" for t in results)
-
-
 def format_markdown(records: list[Record], command: str, environment: dict[str, Any], notes: str = "") -> str:
-    """The markdown report (docs/benchmarks.md is one of these)."""
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "|".join("---" if i in (0, 1, 3) else "---:" for i in range(len(COLUMNS))) + "|\n"
+    """The markdown report (docs/results/bench.md is one of these; docs/benchmarks.md defines its terms)."""
+    head = ("| " + " | ".join(COLUMNS) + " |\n|"
+            + "|".join("---" if i in _LEFT else "---:" for i in range(len(COLUMNS))) + "|\n")
     body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(records))
     env = "\n".join(f"- {k}: {v}" for k, v in environment.items())
     skipped = "".join(f"\n- skipped `{r.strategy}` on {config_label(r)}: {r.skipped}" for r in records if r.skipped)
     return (
-        "# Benchmarks: Caramel vs PyTorch DDP\n\n"
-        "Generated by `caramel bench`; rerun with:\n\n"
+        "# Bench: Caramel against the stronger DDP\n\n"
+        "Generated by `caramel bench` (definitions: docs/benchmarks.md); rerun with:\n\n"
         f"```\n{command}\n```\n\n"
         "## Environment\n\n" + env + "\n\n"
+        "## Points\n\n" + format_points(records) + "\n\n"
+        "## Summary\n\n" + format_summary(summarize_strategies(records)) + "\n\n"
         "## Results\n\n"
-        "Step times are medians (p90) over steps of how far the slowest rank's clock advanced per step (the job "
-        "runs at its slowest rank's pace; a step boundary is not a synchronization point, so the slowest rank's "
-        "time per step index would count a delay once on each rank), strategies interleaved in rounds in one job "
-        "per configuration. compute/comm are the compute-only and comm-only baselines of the same job (compute at "
-        "its pace: the slowest rank's mean step per round, as its ranks never wait for one another; on CPU, "
-        "the comm-only and concurrent baselines' communication threads run at the priority the engine gives its "
-        "own by default, said per configuration below); "
-        "concurrent is both at once, independent of each other (all communication issued at the top of the "
-        "step, awaited at its end: perfect overlap as this host runs it, the cores' contention included, no "
-        "dependencies); the estimated ceiling of a configuration is max(bound, min(concurrent, U)): a schedule "
-        "pays for the dependencies the bound has and for the contention the concurrent baseline has, so DDP / "
-        "ceiling estimates the most any schedule could gain over DDP here; "
-        "exposed = max(median - compute, 0); speedup = DDP median / strategy median, with its 95% interval from "
-        "the per-round paired ratios (the rounds' spread: a speedup whose interval holds 1.0 is not "
-        "distinguishable from DDP in this run); E = (U - T) / (U - L) with "
-        "U = compute + comm, L = max(compute, comm); bound = the simulator's lower bound for the "
-        "profiled model on links of the rate the comm-only baseline achieved. The regime is measured (comm/compute < 0.75 compute-bound, "
-        "<= 1.5 balanced, else comm-bound).\n\n"
+        "Medians (p90) of the job's step (how far the slowest rank's clock advanced), strategies interleaved in "
+        "rounds in one job per configuration. point: the regime the point stands for; target: its comm/compute; "
+        "comm/comp: measured in the job (comm-only over compute-only baseline); rate: the links' rate, derived "
+        "from the target at run start or pinned; concurrent: both baselines at once, independent (perfect overlap "
+        "as this host runs it); reference: the stronger DDP variant of the configuration; speedup: reference "
+        "median / strategy median, with its 95% interval from the paired rounds; share: (reference - T) / "
+        "(reference - ceiling), the ceiling being max(bound, min(concurrent, compute + comm)); "
+        "E = (U - T) / (U - L); bound: the simulator's lower bound on links of the rate the comm-only baseline "
+        "achieved.\n\n"
         + head + body + skipped + "\n\n"
-        "## Targets (issue 3)\n\n" + format_targets(check_targets(records)) + "\n\n"
         "## Where the time goes\n\n" + format_breakdown(records) + "\n"
         + (f"\n## Notes\n\n{notes.strip()}\n" if notes.strip() else "")
     )
+
+
+def format_points(records: list[Record]) -> str:
+    """Per configuration: the target, the compute time the rate was derived from, the rate, what was measured."""
+    lines = []
+    seen: set[str] = set()
+    for r in records:
+        label = config_label(r)
+        if label in seen:
+            continue
+        seen.add(label)
+        if r.rate_source == "derived":
+            how = (f"target comm/compute {r.target_ratio:g} ({r.intended_regime}): compute {_ms(r.calibrated_compute_s)} ms "
+                   f"at run start -> {r.bandwidth}")
+        elif r.rate_source == "pinned":
+            how = f"rate pinned at {r.bandwidth}"
+        else:
+            how = "unshaped loopback"
+        lines.append(f"- {label}: {how}; measured compute {_ms(r.compute_s)} ms, comm {_ms(r.comm_s)} ms, "
+                     f"comm/compute {r.comm_compute_ratio:.2f} ({r.regime}); reference {r.reference or '-'}")
+    return "\n".join(lines)
 
 
 def format_breakdown(records: list[Record]) -> str:
@@ -409,12 +431,11 @@ def format_breakdown(records: list[Record]) -> str:
         load = f", host load {r0.load_average:.1f}" if r0.load_average is not None else ""
         conc = ""
         if r0.concurrent_s is not None:
-            ddp = next((r for r in rs if r.strategy == "ddp"), None)
-            ceiling_x = ceiling_speedup(ddp) if ddp is not None else None
+            ceiling_x = ceiling_speedup(r0)
             ceiling_e = efficiency(ceiling_s(r0), r0.compute_s, r0.comm_s) if ceiling_x else None
             conc = (f"; both at once {_ms(r0.concurrent_s)} ms"
-                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms (E {_x(ceiling_e)}), DDP / ceiling {ceiling_x:.3f}x"
-                       if ceiling_x else ""))
+                    + (f"; estimated ceiling {_ms(ceiling_s(r0))} ms (E {_x(ceiling_e)}), {r0.reference} / ceiling "
+                       f"{ceiling_x:.3f}x" if ceiling_x else ""))
         load += _baseline_priority_note(r0.baseline_priority)
         lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}{conc}")
@@ -489,16 +510,64 @@ def _plan_line(plan: dict[str, Any]) -> str:
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`caramel.bench/1`: {"records": [...], "targets": [...], "meta": {...}}; each record also
-    carries its configuration's estimated ceiling (`ceiling_s`, None without the concurrent
-    baseline or the simulator's bound)."""
+    """`caramel.bench/2`: {"format", "records": [...], "summary": [...], "meta": {...}}; each record
+    also carries its configuration's estimated ceiling (`ceiling_s`, None without one)."""
     return {
-        "format": format_tag(KIND),
+        "format": FORMAT,
         "records": [dict(asdict(r), ceiling_s=ceiling_s(r)) for r in records],
-        "targets": [asdict(t) for t in check_targets(records)],
+        "summary": [asdict(s) for s in summarize_strategies(records)],
         "meta": dict(meta or {}),
     }
 
 
 def write_records(path, records: list[Record], meta: dict[str, Any] | None = None) -> None:
     write_json(path, to_json(records, meta))
+
+
+@dataclass
+class BenchResults:
+    """A bench JSON file read back."""
+
+    records: list[Record]
+    summary: list[StrategySummary]
+    meta: dict[str, Any]
+
+
+_DERIVED_KEYS = ("ceiling_s",)
+
+
+def from_json(data: Any, source: str = "<data>") -> BenchResults:
+    """Records, summary and meta of a `caramel.bench/2` document; a FormatError names the version expected."""
+    tag = data.get("format") if isinstance(data, dict) else None
+    if tag != FORMAT:
+        raise FormatError(f"{source}: format {tag!r} is not a bench result this version reads (expected {FORMAT!r}"
+                          + ("; caramel.bench/1 files come from the link-rate matrix and its targets, before the "
+                             "stronger-DDP reference" if tag == "caramel.bench/1" else "") + ")")
+    names = {f.name for f in fields(Record)}
+    try:
+        records = []
+        for d in data["records"]:
+            d = {k: v for k, v in d.items() if k not in _DERIVED_KEYS}
+            unknown = sorted(set(d) - names)
+            if unknown:
+                raise FormatError(f"{source}: unknown record keys {unknown}")
+            if d.get("speedup_ci95") is not None:
+                d["speedup_ci95"] = tuple(d["speedup_ci95"])
+            records.append(Record(**d))
+        summary = [StrategySummary(**dict(s, worst_ci95=tuple(s["worst_ci95"]) if s.get("worst_ci95") else None))
+                   for s in data.get("summary", [])]
+    except (KeyError, TypeError) as e:
+        raise FormatError(f"{source}: not a complete {FORMAT} document ({type(e).__name__}: {e})") from None
+    return BenchResults(records, summary, dict(data.get("meta", {})))
+
+
+def read_records(path: str | Path) -> BenchResults:
+    """Read a bench JSON file written by `write_records` (`caramel.bench/2` only)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file (expected a {FORMAT} JSON file)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: not valid JSON ({e}); expected a {FORMAT} file") from None
+    return from_json(data, str(path))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from caramel.stats import percentile  # noqa: F401  (the trace tools' percentile)
+
 Interval = tuple[float, float]
 
 
@@ -79,21 +81,6 @@ def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
 
 # ----------------------------------------------------------------------------------------------
 # statistics
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default).
-
-    Returns NaN for an empty sequence, so a missing metric stays visibly missing.
-    """
-    assert 0.0 <= q <= 100.0, q
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def mean(values: Sequence[float]) -> float:

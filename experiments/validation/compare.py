@@ -22,6 +22,7 @@ from typing import Any
 
 from caramel.errors import FormatError
 from caramel.jsonio import check_format, format_tag, read_json, require, write_json
+from caramel.stats import percentile
 
 KIND = "validation"
 TARGET_MEDIAN_ABS_ERROR = 0.03
@@ -75,16 +76,6 @@ class ValidationRecord:
         if len(self.measured_step_times_s) >= 2:
             return statistics.stdev(self.measured_step_times_s) / statistics.mean(self.measured_step_times_s)
         return 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    assert values and 0 <= q <= 100
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def ranking_pairs(records: list[ValidationRecord]) -> dict[str, int]:

@@ -17,7 +17,8 @@ import statistics
 from typing import Any
 
 from caramel.errors import CaramelError
-from experiments.validation.compare import ValidationRecord, ValidationReport, percentile, score, score_line
+from caramel.stats import percentile
+from experiments.validation.compare import ValidationRecord, ValidationReport, score, score_line
 from caramel.units import format_rate
 
 

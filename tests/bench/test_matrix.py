@@ -1,8 +1,8 @@
 """Strategy names, configurations and the shipped matrices."""
 import pytest
 
-from caramel.bench.matrix import (DEFAULT_MATRIX, QUICK_MATRIX, BenchConfig, BenchSettings, parse_strategies,
-                                  parse_strategy)
+from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_STRATEGIES, QUICK_MATRIX, BenchConfig, BenchSettings,
+                                  parse_strategies, parse_strategy)
 from caramel.errors import CaramelError
 
 
@@ -50,9 +50,29 @@ def test_config_validation():
         BenchSettings(rounds=0)
 
 
-def test_default_matrix_covers_regimes_and_a_four_worker_case():
-    two = [c for c in DEFAULT_MATRIX if c.workers == 2]
-    assert {c.regime for c in two} >= {"compute-bound", "balanced", "comm-bound"}
-    assert any(c.workers == 4 for c in DEFAULT_MATRIX)
-    assert all(c.bandwidth for c in DEFAULT_MATRIX + QUICK_MATRIX)
+def test_default_matrix_is_defined_by_ratios_not_rates():
+    two = [c for c in DEFAULT_MATRIX if c.workers == 2 and c.model == "resnet18"]
+    assert sorted(c.comm_ratio for c in two) == [0.5, 1.0, 2.0]
+    assert [c.regime for c in sorted(two, key=lambda c: c.comm_ratio)] == ["compute-bound", "balanced", "comm-bound"]
+    assert any(c.model == "gpt2" and 1.0 <= c.comm_ratio <= 2.0 for c in DEFAULT_MATRIX)
+    assert any(c.workers == 4 and c.comm_ratio == 1.0 for c in DEFAULT_MATRIX)
+    for c in DEFAULT_MATRIX + QUICK_MATRIX:
+        assert c.bandwidth is None and c.needs_rate and c.rate_source is None, c
+    assert {c.regime for c in QUICK_MATRIX} == {"compute-bound", "comm-bound"}
     assert BenchConfig.from_dict(DEFAULT_MATRIX[0].to_dict()) == DEFAULT_MATRIX[0]
+    assert "ddp" in DEFAULT_STRATEGIES and "ddp:comm_priority=realtime" in DEFAULT_STRATEGIES
+
+
+def test_a_point_gets_its_rate_and_keeps_its_meaning():
+    point = BenchConfig("resnet18", workers=2, comm_ratio=1)
+    assert point.label == "resnet18() x2 @ comm/compute 1" and point.regime == "balanced"
+    run = point.with_rate("612mbit", 0.031)
+    assert run.bandwidth == "612mbit" and run.comm_ratio == 1.0 and run.rate_source == "derived" and not run.needs_rate
+    assert run.label == "resnet18() x2 @ 612mbit" and point.bandwidth is None
+    assert BenchConfig.from_dict(run.to_dict()) == run
+    assert BenchConfig("resnet18", workers=2, bandwidth="1gbit").rate_source == "pinned"
+    assert point.workload_key == BenchConfig("resnet18", workers=2, comm_ratio=2).workload_key
+    for bad in (dict(workers=2, comm_ratio=0), dict(workers=2, comm_ratio=-1.0), dict(workers=2, comm_ratio=float("nan")),
+                dict(workers=1, comm_ratio=1.0), dict(workers=2, comm_ratio="1")):
+        with pytest.raises(CaramelError):
+            BenchConfig("mlp", **bad)

@@ -1,25 +1,14 @@
-"""The bench's arithmetic on recorded numbers: step series, baselines, E, speedup, targets."""
+"""The bench's arithmetic on recorded numbers: step series, baselines, E, reference, speedup, share, summary."""
 import json
 import math
 
 import pytest
 
 from caramel.bench import report
-from caramel.bench.report import (Record, check_targets, efficiency, format_markdown, format_table, geomean,
-                                  free_running_pace_s, job_step_times, median, percentile, regime_of, summarize, to_json)
-
-
-def test_percentile_matches_linear_interpolation():
-    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
-    assert median(xs) == 3.0
-    assert percentile(xs, 90) == pytest.approx(4.6)  # numpy.percentile(xs, 90)
-    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 5.0
-    assert median([1.0, 2.0, 3.0, 10.0]) == 2.5
-
-
-def test_geomean():
-    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert geomean([1.3]) == pytest.approx(1.3)
+from caramel.bench.report import (Record, efficiency, format_markdown, format_table, free_running_pace_s, job_step_times,
+                                  regime_of, summarize, summarize_strategies, to_json)
+from caramel.stats import median
+from caramel.errors import FormatError
 
 
 def test_job_step_time_is_how_far_the_slowest_ranks_clock_advanced():
@@ -106,8 +95,8 @@ def test_summarize_recorded_numbers():
     assert car.step_time_median_s == pytest.approx(0.120)
     assert car.step_time_p90_s == pytest.approx(0.120 + 0.8 * (0.128 - 0.120))
     assert car.step_time_mean_s == pytest.approx(0.368 / 3)
-    assert ddp.speedup_vs_ddp == pytest.approx(1.0)
-    assert car.speedup_vs_ddp == pytest.approx(0.181 / 0.120)
+    assert ddp.speedup == pytest.approx(1.0) and car.reference == "ddp"
+    assert car.speedup == pytest.approx(0.181 / 0.120)
     assert car.exposed_comm_s == pytest.approx(0.020)
     assert ddp.exposed_comm_s == pytest.approx(0.081)
     assert car.efficiency == pytest.approx((0.180 - 0.120) / (0.180 - 0.100))
@@ -182,68 +171,34 @@ def test_summarize_keeps_skipped_strategies_visible():
     times = {"compute": [[0.1]], "comm": [[0.05]], "ddp": [[0.15]]}
     recs = summarize(_raw(times, skipped={"caramel": "engine missing"}, workers=1))
     car = next(r for r in recs if r.strategy == "caramel")
-    assert car.skipped == "engine missing" and car.step_time_median_s is None and car.speedup_vs_ddp is None
+    assert car.skipped == "engine missing" and car.step_time_median_s is None and car.speedup is None
     assert "skipped caramel" in format_table(recs)
 
 
-def _rec(strategy, t, ddp_t, compute=0.1, comm=0.1, bandwidth="1gbit"):
+def _rec(strategy, t, ddp_t, compute=0.1, comm=0.1, bandwidth="1gbit", regime=None, concurrent=None, bound=None):
     return Record(model="m", workers=2, bandwidth=bandwidth, strategy=strategy, step_time_median_s=t,
                   step_time_p90_s=t, step_time_mean_s=t, compute_s=compute, comm_s=comm, exposed_comm_s=t - compute,
-                  speedup_vs_ddp=ddp_t / t, efficiency=efficiency(t, compute, comm),
-                  comm_compute_ratio=comm / compute, regime=regime_of(comm, compute), intended_regime="custom",
-                  batch_size=8, model_options={}, network="x", steps=10, grad_bytes=1)
-
-
-def test_targets_met():
-    recs = [_rec("caramel", 0.100, 0.100, comm=0.03, bandwidth="a"),   # compute-bound, equal
-            _rec("caramel", 0.105, 0.200, bandwidth="b"),              # balanced, 1.905x, E 0.95
-            _rec("caramel", 0.210, 0.300, comm=0.2, bandwidth="c")]    # comm-bound, 1.43x, E 0.9
-    res = check_targets(recs)
-    assert [t.met for t in res] == [True, True, True]
-    assert res[1].value == f"{math.sqrt(0.2 / 0.105 * 0.3 / 0.21):.3f}x"
-
-
-def test_targets_not_met_are_reported():
-    recs = [_rec("caramel", 0.104, 0.100, comm=0.03, bandwidth="a"),   # 4% slower
-            _rec("caramel", 0.180, 0.200, bandwidth="b")]              # 1.11x, E 0.2
-    slower, speed, eff = check_targets(recs)
-    assert slower.met is False and "+4.0%" in slower.value
-    assert speed.met is False and eff.met is False
-    assert check_targets([_rec("ddp", 0.1, 0.1)])[0].met is None  # nothing to evaluate
+                  reference="ddp", reference_step_s=ddp_t, speedup=ddp_t / t, efficiency=efficiency(t, compute, comm),
+                  comm_compute_ratio=comm / compute, regime=regime_of(comm, compute), intended_regime=regime or "custom",
+                  batch_size=8, model_options={}, network="x", steps=10, grad_bytes=1, concurrent_s=concurrent,
+                  lower_bound_s=bound,
+                  share_captured=report.share_captured(ddp_t, t, report.estimated_ceiling_s(bound, concurrent, compute, comm)))
 
 
 def test_json_and_markdown_outputs(tmp_path):
     recs = [_rec("ddp", 0.2, 0.2), _rec("caramel", 0.12, 0.2)]
     data = to_json(recs, {"command": "caramel bench"})
-    assert data["format"] == "caramel.bench/1"
+    assert data["format"] == "caramel.bench/2"
     for key in ("model", "workers", "bandwidth", "strategy", "step_time_median_s", "step_time_p90_s",
-                "compute_s", "comm_s", "speedup_vs_ddp", "efficiency"):
+                "compute_s", "comm_s", "reference", "speedup", "share_captured", "target_ratio", "rate_source",
+                "calibrated_compute_s", "ceiling_s", "efficiency"):
         assert key in data["records"][0]
     report.write_records(tmp_path / "r.json", recs)
-    assert json.loads((tmp_path / "r.json").read_text())["records"][1]["speedup_vs_ddp"] == pytest.approx(0.2 / 0.12)
+    assert json.loads((tmp_path / "r.json").read_text())["records"][1]["speedup"] == pytest.approx(0.2 / 0.12)
     md = format_markdown(recs, "caramel bench --quick", {"host": "test"})
     assert "caramel bench --quick" in md and "| caramel |" in md
-    assert "1.667x" in md and "Targets" in md
-
-
-def test_speedup_interval_from_paired_rounds():
-    from caramel.bench.report import speedup_interval
-
-    # every round exactly 2x: no spread, the interval is the point
-    ddp, car = [0.2, 0.2] * 4, [0.1, 0.1] * 4
-    assert speedup_interval(ddp, car, 2) == pytest.approx((2.0, 2.0))
-    # a machine-wide drift between rounds hits both alike and does not widen it
-    drift = [1.0, 1.0, 1.5, 1.5, 0.8, 0.8, 1.2, 1.2]
-    lo, hi = speedup_interval([0.2 * d for d in drift], [0.1 * d for d in drift], 2)
-    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
-    # rounds that disagree: the interval holds the point and narrows with more rounds alike
-    ddp6, car6 = [0.2] * 6, [0.09, 0.11, 0.1, 0.09, 0.11, 0.1]
-    lo3, hi3 = speedup_interval(ddp6[:3], car6[:3], 1)
-    lo6, hi6 = speedup_interval(ddp6, car6, 1)
-    point = 0.2 / 0.1
-    assert lo3 < point < hi3 and lo6 < point < hi6 and hi6 - lo6 < hi3 - lo3
-    # fewer than 3 rounds: no interval
-    assert speedup_interval([0.2] * 4, [0.1] * 4, 2) is None
+    assert "1.667x" in md and "## Summary" in md
+    assert "Target" not in md and "MET" not in md  # facts only: the targets live in docs/benchmarks.md
 
 
 def test_records_and_reports_carry_the_interval():
@@ -256,7 +211,7 @@ def test_records_and_reports_carry_the_interval():
     assert lo < 1.0 < hi and recs["ddp"].speedup_ci95 is None
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert f"| {lo:.2f}-{hi:.2f} |" in md
-    assert "95% interval of its speedup" in md
+    assert f"worst {recs['caramel'].speedup:.3f}x ({lo:.3f}-{hi:.3f})" in md
 
 
 def test_concurrent_baseline_gives_the_ceiling_on_this_host():
@@ -271,33 +226,125 @@ def test_concurrent_baseline_gives_the_ceiling_on_this_host():
     assert report.ceiling_s(car) == pytest.approx(0.150)
     assert report.ceiling_speedup(car) == pytest.approx(0.181 / 0.150)
     assert report.ceiling_speedup(recs["ddp"]) == pytest.approx(0.181 / 0.150)
-    speed = check_targets(list(recs.values()))[1]
-    assert speed.value == f"{0.181 / 0.160:.3f}x" and f"is {0.181 / 0.150:.3f}x over the same" in speed.detail
+    # share captured: (181 - 160) / (181 - 150)
+    assert car.share_captured == pytest.approx(0.021 / 0.031) and recs["ddp"].share_captured == pytest.approx(0.0)
+    (summary,) = summarize_strategies(list(recs.values()))
+    assert summary.geomean_speedup == pytest.approx(0.181 / 0.160)  # balanced by measurement (pinned rate)
+    assert summary.ceiling_geomean_speedup == pytest.approx(0.181 / 0.150)
     md = format_markdown(list(recs.values()), "caramel bench", {})
-    assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms (E 0.38), DDP / ceiling {0.181 / 0.150:.3f}x" in md
+    assert "| 150.0 |" in md and f"estimated ceiling 150.0 ms (E 0.38), ddp / ceiling {0.181 / 0.150:.3f}x" in md
+    assert f"(estimated ceiling {0.181 / 0.150:.3f}x)" in md
     assert [r["ceiling_s"] for r in to_json(list(recs.values()))["records"]] == pytest.approx([0.150, 0.150])
-    # E of the concurrent baseline itself: (180 - 150) / (180 - 100)
-    eff = check_targets(list(recs.values()))[2]
-    assert f"reaches median E {(0.180 - 0.150) / (0.180 - 0.100):.2f}" in eff.detail
-    # the ceiling (here the concurrent baseline) reaches E 0.375 < 0.9: the report says that no
-    # schedule is expected to meet the target here, and gives the ceiling's E per configuration
-    assert f"the estimated ceiling (the bound's dependencies as well) median E {0.375:.2f}: below 0.9" in eff.detail
-    # a host that leaves room: the ceiling is the bound (105 ms), E (180 - 105) / 80 >= 0.9
-    for r in recs.values():
-        r.concurrent_s = 0.102
-    roomy = check_targets(list(recs.values()))[2]
-    assert f"median E {(0.180 - 0.105) / 0.080:.2f}" in roomy.detail and "below" not in roomy.detail
-    for r in recs.values():
-        r.concurrent_s = 0.150
     # overlapping everything costs more than not overlapping (U): no overlap is the better estimate
     car.concurrent_s = 0.200
     assert report.ceiling_s(car) == pytest.approx(0.180)
     # the dependencies cost more than the contention: the bound decides
     car.concurrent_s, car.lower_bound_s = 0.120, 0.130
     assert report.ceiling_s(car) == pytest.approx(0.130)
-    # a raw file from before the baseline existed: no ceiling, nothing invented
+    # a raw file without the concurrent baseline: no ceiling, no share, nothing invented
     del times["concurrent"]
     old = {r.strategy: r for r in summarize(_raw(times))}
     assert old["caramel"].concurrent_s is None and report.ceiling_speedup(old["caramel"]) is None
-    assert "ceiling" not in check_targets(list(old.values()))[1].detail
-    assert "concurrent" not in check_targets(list(old.values()))[2].detail
+    assert old["caramel"].share_captured is None
+    assert summarize_strategies(list(old.values()))[0].ceiling_geomean_speedup is None
+
+
+def test_the_reference_is_the_stronger_ddp_variant_of_each_configuration():
+    rt = "ddp:comm_priority=realtime"
+    times = {"compute": [[0.100] * 6], "comm": [[0.080] * 6], "ddp": [[0.20] * 6], rt: [[0.18] * 6],
+             "caramel": [[0.12] * 6]}
+    raw = dict(_raw(times, strategies=("ddp", rt, "caramel")), settings={"steps_per_round": 2})
+    raw["strategies"][1]["kind"] = "ddp"
+    recs = {r.strategy: r for r in summarize(raw)}
+    assert {r.reference for r in recs.values()} == {rt}
+    assert recs["caramel"].speedup == pytest.approx(0.18 / 0.12) and recs[rt].speedup == pytest.approx(1.0)
+    assert recs["ddp"].speedup == pytest.approx(0.18 / 0.20)  # the weaker variant is slower than the reference
+    assert recs[rt].speedup_ci95 is None and recs["caramel"].speedup_ci95 == pytest.approx((1.5, 1.5))
+    # the other way round in another configuration: plain DDP is the stronger there
+    times[rt], times["ddp"] = [[0.20] * 6], [[0.18] * 6]
+    assert {r.reference for r in summarize(raw)} == {"ddp"}
+    # a tie goes to the first listed
+    times[rt] = [[0.18] * 6]
+    assert report.reference_of({"ddp": 0.18, rt: 0.18, "caramel": 0.1}, {"ddp": "ddp", rt: "ddp", "caramel": "caramel"}) == "ddp"
+    # the realtime variant was skipped (no privilege): plain DDP is the reference
+    del times[rt]
+    recs = {r.strategy: r for r in summarize(dict(raw, skipped={rt: "no privilege"}))}
+    assert recs["caramel"].reference == "ddp" and recs[rt].skipped == "no privilege"
+    # no DDP at all: no reference, no speedup
+    assert report.reference_of({"caramel": 0.1}, {"caramel": "caramel"}) is None
+
+
+def test_share_captured():
+    # reference 200 ms, ceiling 100 ms: 150 ms captured half of the possible gain
+    assert report.share_captured(0.200, 0.150, 0.100) == pytest.approx(0.5)
+    assert report.share_captured(0.200, 0.100, 0.100) == pytest.approx(1.0)
+    assert report.share_captured(0.200, 0.210, 0.100) == pytest.approx(-0.1)  # slower than the reference
+    assert report.share_captured(0.200, 0.150, 0.200) is None  # the reference is already at the ceiling
+    assert report.share_captured(0.200, 0.150, None) is None
+
+
+def test_summary_counts_balanced_and_comm_bound_points_and_names_the_worst_row():
+    recs = [_rec("ddp", 0.1, 0.1, bandwidth="a", regime="compute-bound"),
+            _rec("caramel", 0.104, 0.100, comm=0.03, bandwidth="a", regime="compute-bound", concurrent=0.1, bound=0.1),
+            _rec("ddp", 0.2, 0.2, bandwidth="b", regime="balanced"),
+            _rec("caramel", 0.125, 0.200, bandwidth="b", regime="balanced", concurrent=0.1, bound=0.1),   # 1.6x, share 0.75
+            _rec("caramel", 0.250, 0.300, comm=0.2, bandwidth="c", regime="comm-bound", concurrent=0.2, bound=0.2),  # 1.2x, 0.5
+            _rec("caramel:planner=fifo", 0.2, 0.2, bandwidth="b", regime="balanced")]
+    car, fifo = summarize_strategies(recs)
+    assert car.strategy == "caramel" and car.rows == 3 and car.headline_rows == 2
+    assert car.geomean_speedup == pytest.approx(math.sqrt(1.6 * 1.2))
+    assert car.median_share_captured == pytest.approx((0.75 + 0.5) / 2) and car.share_rows == 2
+    assert car.worst_speedup == pytest.approx(0.100 / 0.104) and car.worst_configuration == "m(b=8) x2 @ a"
+    assert car.ceiling_geomean_speedup == pytest.approx(math.sqrt(2.0 * 1.5))
+    assert fifo.geomean_speedup == pytest.approx(1.0) and fifo.median_share_captured is None
+    text = report.format_summary([car, fifo])
+    assert f"geomean speedup {math.sqrt(1.92):.3f}x over 2 balanced and comm-bound point(s)" in text
+    assert "median share of the possible gain captured 62% (2 point(s))" in text
+    assert f"worst {0.1 / 0.104:.3f}x on m(b=8) x2 @ a" in text
+    # the point's own regime counts, not the measured one: a compute-bound point that measured
+    # balanced on a slow host stays out of the geomean
+    recs[1].regime = "balanced"
+    assert summarize_strategies(recs)[0].headline_rows == 2
+    # a pinned rate has no point regime: the measured one counts
+    recs[1].intended_regime = "custom"
+    assert summarize_strategies(recs)[0].headline_rows == 3
+    assert summarize_strategies([_rec("ddp", 0.1, 0.1)]) == []
+
+
+def test_json_round_trip_and_the_version_it_reads(tmp_path):
+    times = {"compute": [[0.100] * 6], "comm": [[0.080] * 6], "concurrent": [[0.120] * 6],
+             "ddp": [[0.18, 0.18, 0.19, 0.19, 0.18, 0.18]], "caramel": [[0.13, 0.13, 0.12, 0.12, 0.13, 0.13]]}
+    raw = dict(_raw(times), settings={"steps_per_round": 2})
+    raw["config"].update(comm_ratio=1.0, calibrated_compute_s=0.098, bandwidth="612mbit")
+    recs = summarize(raw)
+    assert recs[1].target_ratio == 1.0 and recs[1].rate_source == "derived" and recs[1].calibrated_compute_s == 0.098
+    path = tmp_path / "bench.json"
+    report.write_records(path, recs, {"command": "caramel bench"})
+    back = report.read_records(path)
+    assert back.records == recs and back.meta == {"command": "caramel bench"}
+    assert back.summary == summarize_strategies(recs) and back.summary[0].worst_ci95 == recs[1].speedup_ci95
+    data = json.loads(path.read_text())
+    assert data["records"][1]["share_captured"] == pytest.approx(recs[1].share_captured)
+    assert data["summary"][0]["strategy"] == "caramel"
+    # a file of the previous format, or of none, is refused naming the version this reader expects
+    data["format"] = "caramel.bench/1"
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with pytest.raises(FormatError, match="expected 'caramel.bench/2'"):
+        report.read_records(tmp_path / "old.json")
+    with pytest.raises(FormatError, match="caramel.bench/2"):
+        report.read_records(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"format": "caramel.bench/2", "records": [{"model": 1}]}')
+    with pytest.raises(FormatError, match="not a complete caramel.bench/2"):
+        report.read_records(tmp_path / "bad.json")
+
+
+def test_markdown_lists_each_points_target_rate_and_measured_ratio():
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.121]]}
+    raw = _raw(times)
+    raw["config"].update(comm_ratio=1.0, calibrated_compute_s=0.098, bandwidth="612mbit", regime="balanced")
+    md = format_markdown(summarize(raw), "caramel bench", {})
+    assert ("- resnet18(b=8,width=16) x2 @ 612mbit: target comm/compute 1 (balanced): compute 98.0 ms at run start "
+            "-> 612mbit; measured compute 100.0 ms, comm 80.0 ms, comm/compute 0.80 (balanced); reference ddp") in md
+    assert "| 612mbit (derived) |" in md
+    pinned = _raw(times)
+    assert "rate pinned at 300mbit" in format_markdown(summarize(pinned), "caramel bench", {})

@@ -8,19 +8,21 @@ import pytest
 
 from caramel.cli import main
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(200)
 
 
 def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     out, md, trace = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "trace"
-    rc = main(["bench", "--model", "tiny_gpt", "--workers", "2", "--network", "loopback",
+    # --ratio: a compute-only calibration job runs first and the rate is derived from it (on
+    # loopback it is not applied, but it is derived and reported all the same)
+    rc = main(["bench", "--model", "tiny_gpt", "--workers", "2", "--network", "loopback", "--ratio", "1",
                "--strategies", "ddp,caramel,caramel:planner=fifo,overlap=backward,ddp:comm_priority=auto",
                "--rounds", "2", "--steps", "3", "--warmup", "1", "--timeout", "100",
                "--json", str(out), "--markdown", str(md), "--trace", str(trace)])
     printed = capsys.readouterr().out
     assert rc == 0
     data = json.loads(out.read_text())
-    assert data["format"] == "caramel.bench/1"
+    assert data["format"] == "caramel.bench/2"
     recs = {r["strategy"]: r for r in data["records"]}
     assert set(recs) == {"ddp", "caramel", "caramel:overlap=backward,planner=fifo", "ddp:comm_priority=auto"}
     for r in recs.values():
@@ -29,10 +31,18 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert r["steps"] == 6  # 2 rounds x 3 measured steps
         assert 0 < r["step_time_median_s"] <= r["step_time_p90_s"]
         assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["concurrent_s"] > 0
-        assert r["speedup_vs_ddp"] == pytest.approx(recs["ddp"]["step_time_median_s"] / r["step_time_median_s"])
-    assert recs["ddp"]["speedup_vs_ddp"] == 1.0
-    assert "caramel:overlap=backward,planner=fifo" in printed and "Targets" in printed
-    assert "caramel bench --model tiny_gpt" in md.read_text()
+        ref = recs[r["reference"]]
+        assert r["reference"] in ("ddp", "ddp:comm_priority=auto")
+        assert ref["step_time_median_s"] == min(recs["ddp"]["step_time_median_s"],
+                                                recs["ddp:comm_priority=auto"]["step_time_median_s"])
+        assert r["speedup"] == pytest.approx(ref["step_time_median_s"] / r["step_time_median_s"])
+        assert r["target_ratio"] == 1.0 and r["rate_source"] == "derived" and r["calibrated_compute_s"] > 0
+        assert r["bandwidth"] and r["intended_regime"] == "balanced"
+    assert recs[recs["ddp"]["reference"]]["speedup"] == 1.0
+    assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
+    assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
+    assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()
+    assert "target comm/compute 1 (balanced)" in md.read_text()
     # the engine wrote one timeline per caramel strategy and rank, and the report summarizes it;
     # rank 0 of each left the profile and cluster its plan was made from beside its timeline
     names = sorted(p.name for p in trace.rglob("*.json"))
@@ -56,11 +66,22 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     assert ("baselines' communication threads at real-time priority" in md.read_text()) == (base["applied"] == "realtime")
 
 
-@pytest.mark.parametrize("args", [["--strategies", "ddp,fast"], ["--model", "nope"], ["--bandwidth", "fast"],
-                                  ["--workers", "0"], ["--model", "missing.py:f"], ["--quick", "--workers", "2"],
-                                  ["--network", "cluster", "--model", "tiny_gpt"], ["--mtu", "jumbo"]])
-def test_bad_input_is_one_line_and_exit_2(args, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("args, names", [
+    (["--strategies", "ddp,fast"], "fast"), (["--model", "nope"], "nope"), (["--bandwidth", "fast"], "fast"),
+    (["--workers", "0"], "workers"), (["--model", "missing.py:f"], "missing.py"), (["--quick", "--workers", "2"], "--quick"),
+    (["--network", "cluster", "--model", "tiny_gpt"], "--network cluster"), (["--mtu", "jumbo"], "jumbo"),
+    (["--ratio", "0"], "--ratio 0"), (["--ratio", "-1", "--model", "tiny_gpt"], "--ratio -1"),
+    (["--ratio", "inf"], "--ratio inf"), (["--ratio", "1", "--bandwidth", "1gbit"], "--ratio 1 and --bandwidth"),
+    (["--ratio", "1", "--workers", "1"], "--ratio needs --workers"), (["--quick", "--ratio", "1"], "--quick")])
+def test_bad_input_is_one_line_and_exit_2(args, names, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["bench", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("caramel bench: error:"), err
+    assert names in err[0], err
+
+
+def test_a_ratio_that_is_not_a_number_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--ratio", "fast"])
+    assert e.value.code == 2 and "--ratio: invalid float value: 'fast'" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 import pytest
 
 from caramel.errors import FormatError
-from experiments.validation.compare import ValidationConfig, ValidationRecord, ValidationReport, percentile, ranking_pairs, score
+from caramel.stats import percentile
+from experiments.validation.compare import ValidationConfig, ValidationRecord, ValidationReport, ranking_pairs, score
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,0 +1,54 @@
+"""caramel.stats: the one percentile, median, geomean and paired-ratio interval."""
+import math
+
+import numpy as np
+import pytest
+
+from caramel.stats import geomean, median, paired_ratio_interval, percentile
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_percentile_matches_numpy_linear_interpolation():
+    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert median(xs) == 3.0
+    assert percentile(xs, 90) == pytest.approx(4.6) == float(np.percentile(xs, 90))
+    assert percentile(xs, 0) == 1.0 and percentile(xs, 100) == 5.0
+    assert median([1.0, 2.0, 3.0, 10.0]) == 2.5
+    assert percentile(iter([0, 10]), 90) == pytest.approx(9.0)  # any iterable
+    assert isinstance(percentile([1, 2], 50), float)
+
+
+def test_no_values_give_nan_and_bad_q_is_an_error():
+    assert math.isnan(percentile([], 50)) and math.isnan(median([]))
+    with pytest.raises(ValueError, match="0..100"):
+        percentile([1.0], 101)
+
+
+def test_geomean():
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([1.3]) == pytest.approx(1.3)
+    for bad in ([], [1.0, 0.0], [-1.0]):
+        with pytest.raises(ValueError, match="positive"):
+            geomean(bad)
+
+
+def test_paired_ratio_interval():
+    # every round exactly 2x: no spread, the interval is the point
+    assert paired_ratio_interval([0.2, 0.2] * 4, [0.1, 0.1] * 4, 2) == pytest.approx((2.0, 2.0))
+    # a machine-wide drift between rounds hits both alike and does not widen it
+    drift = [1.0, 1.0, 1.5, 1.5, 0.8, 0.8, 1.2, 1.2]
+    assert paired_ratio_interval([0.2 * d for d in drift], [0.1 * d for d in drift], 2) == pytest.approx((2.0, 2.0))
+    # rounds that disagree: the interval holds the point and narrows with more rounds alike
+    ref, cand = [0.2] * 6, [0.09, 0.11, 0.1, 0.09, 0.11, 0.1]
+    lo3, hi3 = paired_ratio_interval(ref[:3], cand[:3], 1)
+    lo6, hi6 = paired_ratio_interval(ref, cand, 1)
+    assert lo3 < 2.0 < hi3 and lo6 < 2.0 < hi6 and hi6 - lo6 < hi3 - lo3
+    # Student's t with k - 1 degrees of freedom: 3 rounds -> t = 4.303
+    logs = [math.log(0.2 / x) for x in cand[:3]]
+    sd = float(np.std(logs, ddof=1))
+    assert hi3 == pytest.approx(0.2 / 0.1 * math.exp(4.303 * sd / math.sqrt(3)), rel=1e-4)
+    # fewer than 3 rounds: no interval
+    assert paired_ratio_interval([0.2] * 4, [0.1] * 4, 2) is None
+    with pytest.raises(ValueError):
+        paired_ratio_interval([0.2] * 4, [0.1] * 4, 0)
