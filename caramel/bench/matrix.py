@@ -14,27 +14,15 @@ A rate can still be pinned (`bandwidth`) for what-ifs.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from caramel.errors import CaramelError
-from caramel.runtime.comm_priority import COMM_PRIORITIES
+from caramel.strategies.options import parse_spec
 from caramel.units import format_rate, parse_rate_bps
 
-# Strategy kinds the harness knows, with the options each accepts (option -> type).
-STRATEGY_OPTIONS: dict[str, dict[str, type]] = {
-    "ddp": {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "find_unused_parameters": bool,
-            "static_graph": bool,
-            # not torch's: DDP on a gloo group of its own whose threads get the priority the engine
-            # gives its own (caramel.runtime.comm_priority); "normal", DDP as users run it, by default
-            "comm_priority": str},
-    # caramel passes any further option through to the planner (planner_options).
-    "caramel": {"planner": str, "overlap": str, "split_tied": bool, "comm_priority": str},
-}
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm", "concurrent")
-OVERLAPS = ("auto", "forward", "backward", "none")
 # Both DDP variants run by default: the reference of every row is the stronger of them.
 DEFAULT_STRATEGIES = ("ddp", "ddp:comm_priority=realtime", "caramel")
 # comm/compute below BALANCED_MIN_RATIO is compute-bound, above COMM_BOUND_MIN_RATIO comm-bound.
@@ -52,7 +40,7 @@ def regime_of_ratio(ratio: float) -> str:
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to synchronize gradients, parsed from `kind[:key=value,...]`."""
+    """One registered strategy with the options a bench entry set (`caramel.strategies`)."""
 
     kind: str
     options: tuple[tuple[str, Any], ...] = ()
@@ -60,9 +48,12 @@ class Strategy:
     @property
     def name(self) -> str:
         """The canonical spelling, used as the strategy's name in every report."""
-        if not self.options:
-            return self.kind
-        return self.kind + ":" + ",".join(f"{k}={_format_value(v)}" for k, v in self.options)
+        return self.spec().name
+
+    def spec(self):
+        """The typed `StrategySpec` (validated against the strategy's options dataclass)."""
+        from caramel.strategies import STRATEGIES
+        return STRATEGIES.spec(self.kind, dict(self.options))
 
     def option_dict(self) -> dict[str, Any]:
         return dict(self.options)
@@ -75,66 +66,14 @@ class Strategy:
         return cls(data["kind"], tuple(sorted(data.get("options", {}).items())))
 
 
-def _format_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _parse_value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_strategy(text: str) -> Strategy:
-    """`caramel:planner=fifo,overlap=backward` -> Strategy; clear errors for anything else."""
-    text = text.strip()
-    kind, _, rest = text.partition(":")
-    if kind not in STRATEGY_OPTIONS:
-        raise CaramelError(f"strategy {text!r}: unknown kind {kind!r}; expected one of {', '.join(STRATEGY_OPTIONS)} "
-                           f"optionally followed by :key=value,... (e.g. caramel:planner=fifo,overlap=backward)")
-    options: dict[str, Any] = {}
-    if rest:
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            key, value = key.strip(), value.strip()
-            if not eq or not key or not value or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise CaramelError(f"strategy {text!r}: option {item!r} is not key=value (e.g. planner=fifo)")
-            if key in options:
-                raise CaramelError(f"strategy {text!r}: option {key!r} given twice")
-            options[key] = _parse_value(value)
-    known = STRATEGY_OPTIONS[kind]
-    for key, value in options.items():
-        if key in known:
-            want = known[key]
-            if want is float and isinstance(value, int) and not isinstance(value, bool):
-                value = options[key] = float(value)
-            if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
-                raise CaramelError(f"strategy {text!r}: option {key}={_format_value(value)} must be a {want.__name__}")
-        elif kind == "ddp":
-            raise CaramelError(f"strategy {text!r}: ddp has no option {key!r}; expected one of {', '.join(known)}")
-    if kind == "caramel" and "planner" in options:
-        from caramel.strategies.planners import planner_names
+    """`caramel:planner=fifo,overlap=backward` -> Strategy, checked by the strategy registry:
+    the same names, types and errors as `caramel.parallelize` and `caramel train --strategy`."""
+    from caramel.strategies import STRATEGIES
 
-        if options["planner"] not in planner_names():
-            raise CaramelError(f"strategy {text!r}: unknown planner {options['planner']!r}; expected one of "
-                               f"{', '.join(planner_names())} (options are separated by commas: "
-                               f"caramel:planner=fifo,overlap=backward)")
-    if kind == "caramel" and "overlap" in options and options["overlap"] not in OVERLAPS:
-        raise CaramelError(f"strategy {text!r}: overlap must be one of {', '.join(OVERLAPS)}, got {options['overlap']!r}")
-    if options.get("comm_priority", "auto") not in COMM_PRIORITIES:
-        raise CaramelError(f"strategy {text!r}: comm_priority must be one of {', '.join(COMM_PRIORITIES)}, "
-                           f"got {options['comm_priority']!r}")
-    if kind == "ddp" and options.get("bucket_cap_mb", 1.0) <= 0:
-        raise CaramelError(f"strategy {text!r}: bucket_cap_mb must be positive")
-    return Strategy(kind, tuple(sorted(options.items())))
+    spec = STRATEGIES.spec(text)
+    name, options = parse_spec(text)
+    return Strategy(spec.info.name, tuple(sorted(options.items())))
 
 
 def parse_strategies(text: str) -> list[Strategy]:

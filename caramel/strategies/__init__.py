@@ -15,7 +15,8 @@ STRATEGIES.register(StrategyInfo(
     "caramel", options=CaramelOptions,
     parallelize="caramel.strategies.caramel.parallelize:parallelize_caramel",
     simulate="caramel.strategies.caramel.simulate:simulate_caramel",
-    summary="all-reduce with window-aware buckets, chunks and order; updates applied in the next forward"))
+    summary="all-reduce with window-aware buckets, chunks and order; updates applied in the next forward",
+    records_trace=True))
 STRATEGIES.register(StrategyInfo(
     "ddp", options=DdpOptions,
     parallelize="caramel.strategies.ddp.runtime:parallelize_ddp",

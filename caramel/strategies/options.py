@@ -58,6 +58,9 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
             raise CaramelError(f"strategy {text!r}: option {item!r} is not key=value (e.g. overlap=forward)")
         if key in options:
             raise CaramelError(f"strategy {text!r}: option {key!r} given twice")
+        if ":" in value:
+            raise CaramelError(f"strategy {text!r}: option {key}={value!r} holds a ':'; options are separated by "
+                               f"commas (e.g. caramel:planner=fifo,overlap=backward)")
         options[key] = parse_value(value)
     return name, options
 

@@ -24,6 +24,7 @@ class StrategyInfo:
     parallelize: str
     simulate: str
     summary: str
+    records_trace: bool = False  # its runtime takes `trace=PATH` and writes a timeline there
 
     def runtime(self) -> Callable[..., Any]:
         return _resolve(self.parallelize)

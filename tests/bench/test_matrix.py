@@ -12,7 +12,11 @@ def test_strategy_names_are_canonical():
     assert s.name == "caramel:overlap=backward,planner=fifo"
     assert parse_strategy("ddp").name == "ddp"
     assert parse_strategy("ddp:bucket_cap_mb=50").option_dict() == {"bucket_cap_mb": 50.0}
-    assert parse_strategy("caramel:planner=caramel,max_chunks=4").option_dict()["max_chunks"] == 4
+    assert parse_strategy("caramel:planner=caramel,input_spread=0").option_dict()["input_spread"] == 0
+    with pytest.raises(CaramelError, match="unknown option 'max_chunks'"):  # never passed through unchecked
+        parse_strategy("caramel:max_chunks=4")
+    with pytest.raises(CaramelError, match="did you mean 'bucket_cap_mb'"):
+        parse_strategy("ddp:bucket_cap=50")
     assert parse_strategy("ddp:comm_priority=realtime").option_dict() == {"comm_priority": "realtime"}
     assert parse_strategy("caramel:comm_priority=normal").name == "caramel:comm_priority=normal"
 
@@ -33,7 +37,7 @@ def test_bad_strategies_are_user_errors(bad):
 def test_unknown_planner_is_caught_before_any_job_runs():
     # `:` instead of `,` between options made the planner "fifo:overlap=backward"; it used to
     # fail inside every worker after the cluster was up
-    with pytest.raises(CaramelError, match="unknown planner 'fifo:overlap=backward'.*separated by commas"):
+    with pytest.raises(CaramelError, match="planner='fifo:overlap=backward' holds a ':'; options are separated by commas"):
         parse_strategies("ddp,caramel:planner=fifo:overlap=backward")
     with pytest.raises(CaramelError, match="unknown planner 'fast'"):
         parse_strategies("caramel:planner=fast")

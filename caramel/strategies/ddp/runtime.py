@@ -28,13 +28,14 @@ def parallelize_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, options:
         raise CaramelError(f"strategy 'ddp': broadcast_buffers must be True or False, got {broadcast_buffers!r}")
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
-    group, prio = ddp_group(options.comm_priority, process_group, _device_of(model))
-    kwargs: dict[str, Any] = {}
     device = _device_of(model)
+    group, prio = ddp_group(options.comm_priority, process_group, device)
+    # True is DDP's default; torch warns when it is passed at all (it renames the flag)
+    kwargs: dict[str, Any] = {} if broadcast_buffers else {"broadcast_buffers": False}
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
     wrapped = nn.parallel.DistributedDataParallel(
-        model, process_group=group, bucket_cap_mb=options.bucket_cap_mb, broadcast_buffers=broadcast_buffers,
+        model, process_group=group, bucket_cap_mb=options.bucket_cap_mb,
         find_unused_parameters=bool(find_unused_parameters), gradient_as_bucket_view=options.gradient_as_bucket_view,
         static_graph=options.static_graph, **kwargs)
     wrapped.comm_priority = prio  # what the threads got (None: the job's own group)
