@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    from caramel.bench.jobs import worker_env
+    from caramel.cluster.local import worker_env
     from caramel.cluster.config import ClusterConfig
     from caramel.cluster.emulated import EmulatedCluster
 
-    env = {k: v for k, v in worker_env().items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
+    env = {k: v for k, v in worker_env(threads=1).items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
     results: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="caramel-link-cost-") as tmp:
         for rep in range(args.repeats):

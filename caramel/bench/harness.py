@@ -20,7 +20,6 @@ import platform
 import socket
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from caramel.bench.report import job_step_times
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
-from caramel.models.zoo import Workload, get_model, param_count
+from caramel.models.zoo import ModelBatch, get_model, param_count
 from caramel.stats import median
 
 JOB_KIND = "bench_job"
@@ -60,28 +59,17 @@ def make_calibration_job(config: BenchConfig, settings: BenchSettings, network: 
 
 
 def _init_process_group(timeout_s: float) -> tuple[int, int, torch.device]:
-    """Join the launcher's process group (torchrun environment); prefer the engine's own init."""
-    try:
-        import caramel
-        init = getattr(caramel, "init_distributed", None)
-    except ImportError:  # pragma: no cover
-        init = None
-    if init is not None:
-        info = init(timeout_s=timeout_s)
-        return info.rank, info.world_size, torch.device(info.device)
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            raise CaramelError("the bench harness must be started by torchrun or the emulated cluster (RANK is not set)")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
+    """Join the launcher's process group (torchrun's environment) as every Caramel program does."""
+    from caramel.distributed import init_distributed
+
+    info = init_distributed(timeout_s=timeout_s)
+    device = torch.device(info.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
+    return info.rank, info.world_size, device
 
 
-def make_workload(config: BenchConfig, seed: int, device: torch.device) -> Workload:
+def make_workload(config: BenchConfig, seed: int, device: torch.device) -> ModelBatch:
     """A fresh copy of the configuration's model and batch; identical on every rank for one seed."""
     factory = get_model(config.model)
     kwargs: dict[str, Any] = dict(config.model_options)

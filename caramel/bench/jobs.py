@@ -8,14 +8,12 @@ cluster (network namespaces, links shaped with tc) the bandwidth is real; on loo
 """
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import caramel.bench as _bench_pkg
 from caramel.errors import CaramelError
 from caramel.jsonio import read_json, write_json
 
@@ -30,22 +28,6 @@ class LaunchResult:
     raw: dict[str, Any] | None
     network: str
     log_tail: str
-
-
-def _repo_root() -> str:
-    """The directory that holds the `caramel` package, so workers import the same code as we do."""
-    return str(Path(_bench_pkg.__file__).resolve().parent.parent.parent)
-
-
-def worker_env(threads: int = 1) -> dict[str, str]:
-    """Environment for bench workers: our package importable, one compute thread each."""
-    env = dict(os.environ)
-    root = _repo_root()
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["MKL_NUM_THREADS"] = str(threads)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 def _emulated_cluster_class():
@@ -95,18 +77,10 @@ def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network
 
 
 def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tuple[int, str]:
-    """The workers as plain local processes on 127.0.0.1 (no torchrun: one torch import less per job)."""
-    from caramel.cluster.launch import NodeProcess, supervise
-    from caramel.distributed import free_port
+    """The workers as plain local processes on 127.0.0.1."""
+    from caramel.cluster.local import run_local
 
-    port = free_port()
-    nodes = []
-    for rank in range(workers):
-        env = worker_env()
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
-                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        nodes.append(NodeProcess(f"rank{rank}", [sys.executable] + target, env))
-    rc = supervise(nodes, out=log, timeout_s=timeout_s)
+    rc, nodes = run_local(workers, target, timeout_s, out=log, threads=1)
     return rc, "".join(nodes[0].lines[-40:])
 
 
@@ -117,7 +91,9 @@ def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth
     cls = _emulated_cluster_class()
     assert cls is not None and bandwidth is not None, "choose_network() returned cluster without a cluster or a rate"
     config = ClusterConfig(workers=workers, bandwidth_bps=bandwidth, fallback="error" if strict else "local", mtu=mtu)
-    env = {k: v for k, v in worker_env().items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
+    from caramel.cluster.local import worker_env
+
+    env = {k: v for k, v in worker_env(threads=1).items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
     with cls(config) as cluster:
         net = f"netns+tc {bandwidth} (mtu {config.mtu})" if cluster.mode == "netns" else LOOPBACK
         write_json(job_path, dict(job, network=net))

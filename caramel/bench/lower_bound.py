@@ -18,7 +18,7 @@ import importlib
 import sys
 from typing import Any
 
-from caramel.models.zoo import Workload
+from caramel.models.zoo import ModelBatch
 
 
 def _caramel_attr(module: str, name: str):
@@ -30,7 +30,7 @@ def _caramel_attr(module: str, name: str):
     return fn if callable(fn) else None
 
 
-def profile_workload(w: Workload, steps: int = 3) -> Any | None:
+def profile_workload(w: ModelBatch, steps: int = 3) -> Any | None:
     """A ModelProfile of `w` (a throwaway copy: profiling trains it), or None without a profiler."""
     profile_model = _caramel_attr("caramel", "profile_model")
     if profile_model is None:

@@ -27,7 +27,6 @@ import tempfile
 import threading
 from typing import Any, TextIO
 
-import caramel
 from caramel.cluster import netns
 from caramel.cluster.config import ClusterConfig, check_rate
 from caramel.cluster.launch import NodeProcess, supervise, torchrun_target
@@ -37,12 +36,6 @@ from caramel.units import format_rate
 
 BASE_MASTER_PORT = 29500
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _repo_root() -> str:
-    # The directory that holds the `caramel` package, so workers can import it even when it is
-    # not installed (torchrun puts the *script's* directory first on sys.path, not the cwd).
-    return os.path.dirname(os.path.abspath(list(caramel.__path__)[0]))
 
 
 class EmulatedCluster:
@@ -306,14 +299,9 @@ class EmulatedCluster:
 
     def env_for(self, worker: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment a process on `worker` gets: ours plus `extra`, threads and socket interface pinned."""
-        env = dict(os.environ)
-        env.update(extra or {})
-        env.setdefault("OMP_NUM_THREADS", "1")  # 2-core hosts: one thread per worker unless the user chose
-        env["PYTHONUNBUFFERED"] = "1"
-        root = _repo_root()
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in paths:
-            env["PYTHONPATH"] = os.pathsep.join(paths + [root])
+        from caramel.cluster.local import worker_env
+
+        env = worker_env(base={**os.environ, **(extra or {})})
         env["CARAMEL_CLUSTER"] = str(self.config.prefix)
         env["CARAMEL_CLUSTER_BANDWIDTH_BPS"] = f"{self.bandwidth_bps[worker]:g}"
         if self.mode == "netns":

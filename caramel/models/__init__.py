@@ -1,4 +1,4 @@
 """Model zoo (see `caramel.models.zoo`)."""
-from caramel.models.zoo import MODELS, Workload, get_model, lm_loss, param_count
+from caramel.models.zoo import MODELS, ModelBatch, get_model, lm_loss, param_count
 
-__all__ = ["MODELS", "Workload", "get_model", "lm_loss", "param_count"]
+__all__ = ["MODELS", "ModelBatch", "get_model", "lm_loss", "param_count"]

@@ -1,7 +1,7 @@
 """Model zoo: real shapes for benches, demos and parity tests.
 
-Each entry is a factory `f(batch_size: int, seed: int) -> Workload` registered in `MODELS`.
-A `Workload` bundles the model, one synthetic batch (inputs, targets) and the loss function,
+Each entry is a factory `f(batch_size: int, seed: int) -> ModelBatch` registered in `MODELS`.
+A `ModelBatch` bundles the model, one synthetic batch (inputs, targets) and the loss function,
 with `loss_fn(model(inputs), targets)` the loss of one worker's batch. A user model plugs in
 with `path/to/file.py:factory`, where `factory()` returns `(model, (inputs, targets), loss_fn)`.
 """
@@ -21,7 +21,7 @@ from caramel.errors import CaramelError
 
 
 @dataclass
-class Workload:
+class ModelBatch:
     name: str
     model: nn.Module
     inputs: torch.Tensor
@@ -29,7 +29,7 @@ class Workload:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-MODELS: dict[str, Callable[..., Workload]] = {}
+MODELS: dict[str, Callable[..., ModelBatch]] = {}
 
 
 def register(name: str):
@@ -77,21 +77,21 @@ class BranchyMLP(nn.Module):
 
 
 @register("mlp")
-def mlp(batch_size: int = 64, seed: int = 0, width: int = 1024, depth: int = 6) -> Workload:
+def mlp(batch_size: int = 64, seed: int = 0, width: int = 1024, depth: int = 6) -> ModelBatch:
     torch.manual_seed(seed)
     model = MLP([256] + [width] * (depth - 1) + [10])
     g = torch.Generator().manual_seed(seed + 1)
     x, y = torch.randn(batch_size, 256, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
-    return Workload("mlp", model, x, y, F.cross_entropy)
+    return ModelBatch("mlp", model, x, y, F.cross_entropy)
 
 
 @register("branchy_mlp")
-def branchy_mlp(batch_size: int = 16, seed: int = 0) -> Workload:
+def branchy_mlp(batch_size: int = 16, seed: int = 0) -> ModelBatch:
     torch.manual_seed(seed)
     model = BranchyMLP()
     g = torch.Generator().manual_seed(seed + 1)
     x, y = torch.randn(batch_size, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
-    return Workload("branchy_mlp", model, x, y, F.cross_entropy)
+    return ModelBatch("branchy_mlp", model, x, y, F.cross_entropy)
 
 
 # --- CNNs -----------------------------------------------------------------------------------
@@ -114,10 +114,10 @@ class SmallCNN(nn.Module):
 
 
 @register("small_cnn")
-def small_cnn(batch_size: int = 8, seed: int = 0) -> Workload:
+def small_cnn(batch_size: int = 8, seed: int = 0) -> ModelBatch:
     torch.manual_seed(seed)
     x, y = _images(batch_size, seed, size=16)
-    return Workload("small_cnn", SmallCNN(), x, y, F.cross_entropy)
+    return ModelBatch("small_cnn", SmallCNN(), x, y, F.cross_entropy)
 
 
 class BasicBlock(nn.Module):
@@ -160,10 +160,10 @@ class ResNet18(nn.Module):
 
 
 @register("resnet18")
-def resnet18(batch_size: int = 8, seed: int = 0, width: int = 64) -> Workload:
+def resnet18(batch_size: int = 8, seed: int = 0, width: int = 64) -> ModelBatch:
     torch.manual_seed(seed)
     x, y = _images(batch_size, seed)
-    return Workload("resnet18", ResNet18(width=width), x, y, F.cross_entropy)
+    return ModelBatch("resnet18", ResNet18(width=width), x, y, F.cross_entropy)
 
 
 _VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
@@ -190,10 +190,10 @@ class VGG16(nn.Module):
 
 
 @register("vgg16")
-def vgg16(batch_size: int = 8, seed: int = 0, width_div: int = 1) -> Workload:
+def vgg16(batch_size: int = 8, seed: int = 0, width_div: int = 1) -> ModelBatch:
     torch.manual_seed(seed)
     x, y = _images(batch_size, seed)
-    return Workload("vgg16", VGG16(width_div=width_div), x, y, F.cross_entropy)
+    return ModelBatch("vgg16", VGG16(width_div=width_div), x, y, F.cross_entropy)
 
 
 # --- Transformers ---------------------------------------------------------------------------
@@ -249,16 +249,16 @@ def _tokens(batch_size: int, seq: int, vocab: int, seed: int) -> tuple[torch.Ten
 
 
 @register("gpt2")
-def gpt2(batch_size: int = 4, seed: int = 0, d: int = 256, layers: int = 4, heads: int = 4, seq: int = 64, vocab: int = 4096) -> Workload:
+def gpt2(batch_size: int = 4, seed: int = 0, d: int = 256, layers: int = 4, heads: int = 4, seq: int = 64, vocab: int = 4096) -> ModelBatch:
     """A GPT-2-shaped model (small by default for CPU; `d=768, layers=12, vocab=50257` is GPT-2 small)."""
     torch.manual_seed(seed)
     model = GPT(vocab, d, layers, heads, seq)
     x, y = _tokens(batch_size, seq, vocab, seed)
-    return Workload("gpt2", model, x, y, lm_loss)
+    return ModelBatch("gpt2", model, x, y, lm_loss)
 
 
 @register("tiny_gpt")
-def tiny_gpt(batch_size: int = 4, seed: int = 0) -> Workload:
+def tiny_gpt(batch_size: int = 4, seed: int = 0) -> ModelBatch:
     """A tiny tied-embedding GPT for tests. Its attention has no biases: the key bias has an
     identically zero true gradient (softmax is shift-invariant), so its computed gradient is
     rounding noise that Adam amplifies into full-size steps, and a reference that sums in
@@ -266,12 +266,12 @@ def tiny_gpt(batch_size: int = 4, seed: int = 0) -> Workload:
     torch.manual_seed(seed)
     model = GPT(vocab=64, d=32, layers=2, heads=2, seq=16, attn_bias=False)
     x, y = _tokens(batch_size, 16, 64, seed)
-    return Workload("tiny_gpt", model, x, y, lm_loss)
+    return ModelBatch("tiny_gpt", model, x, y, lm_loss)
 
 
 # --- Lookup ---------------------------------------------------------------------------------
 
-def load_user_factory(spec: str) -> Callable[..., Workload]:
+def load_user_factory(spec: str) -> Callable[..., ModelBatch]:
     """`path/to/file.py:factory` -> a zoo-style factory wrapping the user's `factory()`."""
     path_str, _, fn_name = spec.rpartition(":")
     path = Path(path_str)
@@ -287,18 +287,18 @@ def load_user_factory(spec: str) -> Callable[..., Workload]:
     if not callable(fn):
         raise CaramelError(f"model {spec!r}: {path} has no callable named {fn_name!r}")
 
-    def factory(batch_size: int | None = None, seed: int = 0) -> Workload:
+    def factory(batch_size: int | None = None, seed: int = 0) -> ModelBatch:
         torch.manual_seed(seed)
         out = fn()
         if not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[0], nn.Module) and len(out[1]) == 2 and callable(out[2])):
             raise CaramelError(f"model {spec!r}: {fn_name}() must return (model, (inputs, targets), loss_fn)")
         model, (x, y), loss_fn = out
-        return Workload(path.stem, model, x, y, loss_fn)
+        return ModelBatch(path.stem, model, x, y, loss_fn)
 
     return factory
 
 
-def get_model(name: str) -> Callable[..., Workload]:
+def get_model(name: str) -> Callable[..., ModelBatch]:
     """A zoo factory by name, or a user factory from `file.py:factory`."""
     if name in MODELS:
         return MODELS[name]

@@ -269,8 +269,6 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
 
 def _worker_main(argv: list[str]) -> int:
     """Runs on every rank under torchrun: time all-reduces; rank 0 writes the fastest, median and mean times."""
-    import datetime
-
     import torch
     import torch.distributed as dist
 
@@ -281,9 +279,10 @@ def _worker_main(argv: list[str]) -> int:
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else torch.device("cpu")
+    from caramel.distributed import init_distributed
+
+    info = init_distributed(timeout_s=120)
+    device, backend = torch.device(info.device), info.backend
     fastest, medians, means, actual = [], [], [], []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)

@@ -3,8 +3,6 @@ configured `NAME[:key=value,...]` (`caramel`, `ddp`, ...), and the process group
 """
 from __future__ import annotations
 
-import datetime
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,43 +23,10 @@ class Dist:
 
 
 def init_distributed(timeout_s: float) -> Dist:
-    """Join (or create) the default process group from torchrun's environment; 1 process without it."""
-    _init_per_attempt_group(timeout_s)
-    if hasattr(caramel, "init_distributed"):
-        info = caramel.init_distributed(timeout_s=timeout_s)
-        return Dist(info.rank, info.world_size, info.local_rank, torch.device(info.device))
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:  # one process: a private group over a file store
-            import tempfile
-            store = dist.FileStore(tempfile.mktemp(prefix="caramel-train-store-"), 1)
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
-        else:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
-
-
-def _init_per_attempt_group(timeout_s: float) -> None:
-    """Under torchrun's agent store, rendezvous under a per-restart key prefix.
-
-    torchrun keeps one store across restarts; keys that a crashed attempt left there (our
-    engine's private gloo groups add their own) made the restarted workers read dead peers'
-    addresses ("Connection refused" in connectFullMesh). A prefix per attempt keeps every
-    attempt's keys apart, for the default group and everything built on its store.
-    """
-    if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "RANK" not in os.environ:
-        return
-    timeout = datetime.timedelta(seconds=timeout_s)
-    world = int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, store=dist.PrefixStore(f"caramel-train/attempt{attempt}/", store),
-                            rank=int(os.environ["RANK"]), world_size=world, timeout=timeout)
+    """Join (or create) the default process group from torchrun's environment (`caramel.init_distributed`:
+    NCCL with CUDA, else gloo; one process without torchrun; a key prefix per torchrun restart)."""
+    info = caramel.init_distributed(timeout_s=timeout_s)
+    return Dist(info.rank, info.world_size, info.local_rank, torch.device(info.device))
 
 
 class Parallel:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import caramel
+from caramel.cluster.local import worker_env
 from caramel.errors import CaramelError
 from caramel.jsonio import write_json
 from caramel.train.config import TrainConfig
@@ -24,22 +24,6 @@ from caramel.train.config import TrainConfig
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def repo_root() -> str:
-    """The directory holding the `caramel` package (workers import it from there when it is not installed)."""
-    return str(Path(list(caramel.__path__)[0]).resolve().parent)
-
-
-def worker_env() -> dict[str, str]:
-    """Our environment plus what workers need: importable caramel, one thread each unless the user chose."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if repo_root() not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([repo_root()] + paths)
-    return env
 
 
 def worker_command(cfg: TrainConfig, script_args: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from caramel.cluster.local import worker_env
 from caramel.distributed import free_port
 from caramel.errors import CaramelError
 from experiments.faults.worker import DONE_SUFFIX, PROGRESS_SUFFIX
@@ -60,11 +61,6 @@ class JobOutcome:
     hung: list[int]  # ranks still running at the limit
 
 
-def _repo_root() -> str:
-    import caramel
-    return str(Path(list(caramel.__path__)[0]).resolve().parent)
-
-
 class LocalJob:
     """`world_size` fault workers on loopback; see the module docstring."""
 
@@ -91,11 +87,9 @@ class LocalJob:
     def start(self) -> "LocalJob":
         cfg = self.config
         port = free_port()
-        env = dict(os.environ)
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([_repo_root()] + paths)
+        env = worker_env(threads=1)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(cfg.world_size),
-                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CARAMEL_TIMEOUT_S=f"{cfg.timeout_s:g}")
+                   CARAMEL_TIMEOUT_S=f"{cfg.timeout_s:g}")
         env.pop("CARAMEL_TRACE", None)
         for rank in range(cfg.world_size):
             renv = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), **cfg.rank_env.get(rank, {}))

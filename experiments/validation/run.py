@@ -269,14 +269,14 @@ class _BandwidthServer:
 
 def _run_loopback(workers: int, argv: list[str], timeout_s: float, log: TextIO) -> int:
     """Plain local processes on 127.0.0.1, no shaping (the smoke test's network)."""
-    from caramel.bench.jobs import worker_env
+    from caramel.cluster.local import worker_env
     from caramel.cluster.launch import NodeProcess, supervise
     from caramel.distributed import free_port
 
     port = free_port()
     nodes = []
     for rank in range(workers):
-        env = worker_env()
+        env = worker_env(threads=1)
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
                    GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         nodes.append(NodeProcess(f"rank{rank}", argv, env))
