@@ -1,0 +1,198 @@
+"""Split backward: input gradients now, chosen layers' weight gradients later, in a chosen order.
+
+Autograd computes each layer's input and weight gradients together, last layer first, so the
+first layer's weight gradient, the one the next forward needs first, is the last to exist. For
+the layers named here (Linear, Conv1d, Conv2d, Embedding), a forward under `recording()` runs
+through a function whose backward returns only the input gradient and keeps (input, output
+gradient); `run()` then computes the kept weight gradients in the order given (first layer
+first), accumulating into `.grad` and calling `on_ready(param)` as each exists, so a transfer
+can start while later layers' weight gradients are still being computed.
+
+The same arithmetic as autograd (`torch.nn.grad.conv*_weight`, `grad_output^T @ input`), in
+another order: a deferred layer keeps its input and output gradient until `run()`, which is the
+extra memory `deferred_bytes()` reports. Layers this cannot split (a padding mode other than
+zeros, an embedding with `max_norm`, `sparse` or `scale_grad_by_freq`, frozen weights) keep
+autograd's order; `splittable()` says which.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SPLIT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
+
+
+def splittable(module: nn.Module) -> bool:
+    """Whether `module`'s weight gradient can be computed apart from its input gradient here."""
+    if type(module) not in SPLIT_TYPES or not module.weight.requires_grad:
+        return False
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return module.padding_mode == "zeros" and not isinstance(module.padding, str)
+    if isinstance(module, nn.Embedding):
+        return module.max_norm is None and not module.sparse and not module.scale_grad_by_freq
+    return True
+
+
+@dataclass
+class _Pending:
+    module: nn.Module
+    saved: list[tuple[torch.Tensor, torch.Tensor]]  # (input, grad_output) per call in the forward
+
+
+class SplitBackward:
+    """Defers the weight gradients of `modules` (in the order their weight gradients should be
+    computed) for every forward run under `recording()`; `run()` computes them."""
+
+    def __init__(self, modules: list[nn.Module], on_ready: Callable[[nn.Parameter], None] | None = None):
+        bad = [type(m).__name__ for m in modules if not splittable(m)]
+        if bad:
+            raise ValueError(f"cannot split the backward of {', '.join(bad)} (see splittable())")
+        self.modules = list(modules)
+        self.on_ready = on_ready
+        self._pending: dict[int, _Pending] = {}
+        self._handles: list[Any] = []
+        self._active = False
+
+    # -- forward: route the modules through the splitting functions
+    def install(self) -> None:
+        """Give each module a forward that splits while recording (an instance attribute over the
+        class's forward, so hooks, `module.weight` swaps and the user's code are untouched)."""
+        for m in self.modules:
+            m.forward = self._splitting_forward(m)
+            self._handles.append(m)
+
+    def remove(self) -> None:
+        for m in self._handles:
+            if "forward" in m.__dict__:
+                del m.forward
+        self._handles.clear()
+
+    def recording(self) -> "_Recording":
+        """`with split.recording(): loss = model(x) ...`: forwards inside are split."""
+        return _Recording(self)
+
+    def _splitting_forward(self, module: nn.Module) -> Callable[..., torch.Tensor]:
+        plain = type(module).forward.__get__(module)
+
+        def forward(inp: torch.Tensor) -> torch.Tensor:
+            if not self._active or not torch.is_grad_enabled():
+                return plain(inp)
+            if isinstance(module, nn.Embedding):
+                return _EmbeddingSplit.apply(inp, module.weight, self, module)
+            return _DenseSplit.apply(inp, module.weight, module.bias, self, module)
+        return forward
+
+    def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> None:
+        self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out))
+
+    # -- after backward
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def deferred_bytes(self) -> int:
+        """Bytes held for the weight gradients not yet computed (inputs and output gradients)."""
+        return sum(t.numel() * t.element_size() for p in self._pending.values() for pair in p.saved for t in pair)
+
+    def run(self) -> None:
+        """Compute every kept weight gradient, in `modules` order; accumulate into `.grad`."""
+        with torch.no_grad():
+            for m in self.modules:
+                p = self._pending.pop(id(m), None)
+                if p is None:
+                    continue
+                for inp, g in p.saved:
+                    gw, gb = weight_grads(m, inp, g)
+                    _accumulate(m.weight, gw)
+                    if gb is not None and m.bias is not None and m.bias.requires_grad:
+                        _accumulate(m.bias, gb)
+                if self.on_ready is not None:
+                    self.on_ready(m.weight)
+                    if getattr(m, "bias", None) is not None and m.bias.requires_grad:
+                        self.on_ready(m.bias)
+        self._pending.clear()
+
+
+class _Recording:
+    def __init__(self, split: SplitBackward):
+        self.split = split
+
+    def __enter__(self) -> SplitBackward:
+        self.split._active = True
+        return self.split
+
+    def __exit__(self, *exc) -> None:
+        self.split._active = False
+
+
+def weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight gradient, bias gradient) of one call of `module` on `inp` with output gradient `g`."""
+    if isinstance(module, nn.Linear):
+        g2, x2 = g.reshape(-1, g.shape[-1]), inp.reshape(-1, inp.shape[-1])
+        return g2.t().mm(x2), g2.sum(0)
+    if isinstance(module, nn.Embedding):
+        gw = torch.zeros_like(module.weight)
+        gw.index_add_(0, inp.reshape(-1), g.reshape(-1, g.shape[-1]).to(gw.dtype))
+        if module.padding_idx is not None:
+            gw[module.padding_idx].zero_()
+        return gw, None
+    conv_weight = torch.nn.grad.conv1d_weight if isinstance(module, nn.Conv1d) else torch.nn.grad.conv2d_weight
+    gw = conv_weight(inp, module.weight.shape, g, module.stride, module.padding, module.dilation, module.groups)
+    dims = (0, 2) if isinstance(module, nn.Conv1d) else (0, 2, 3)
+    return gw, g.sum(dims)
+
+
+def _input_grad(module: nn.Module, inp: torch.Tensor, weight: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    if isinstance(module, nn.Linear):
+        return g.matmul(weight.to(g.dtype))
+    conv_input = torch.nn.grad.conv1d_input if isinstance(module, nn.Conv1d) else torch.nn.grad.conv2d_input
+    return conv_input(inp.shape, weight, g, module.stride, module.padding, module.dilation, module.groups)
+
+
+def _accumulate(param: nn.Parameter, grad: torch.Tensor) -> None:
+    grad = grad.to(param.dtype)
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+class _DenseSplit(torch.autograd.Function):
+    """Linear or convolution whose backward returns the input gradient only."""
+
+    @staticmethod
+    def forward(ctx, inp, weight, bias, split, module):
+        ctx.split, ctx.module = split, module
+        ctx.save_for_backward(inp, weight)
+        ctx.input_needs_grad = inp.requires_grad
+        if isinstance(module, nn.Linear):
+            return F.linear(inp, weight, bias)
+        return module._conv_forward(inp, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        inp, weight = ctx.saved_tensors
+        ctx.split._keep(ctx.module, inp, g)
+        gi = _input_grad(ctx.module, inp, weight, g) if ctx.input_needs_grad else None
+        return gi, None, None, None, None
+
+
+class _EmbeddingSplit(torch.autograd.Function):
+    """Embedding lookup whose weight gradient is kept for later (it has no input gradient)."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, split, module):
+        ctx.split, ctx.module = split, module
+        ctx.save_for_backward(ids)
+        return F.embedding(ids, weight, module.padding_idx)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (ids,) = ctx.saved_tensors
+        ctx.split._keep(ctx.module, ids, g)
+        return None, None, None, None

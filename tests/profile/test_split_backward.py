@@ -1,0 +1,94 @@
+"""Split backward: deferred weight gradients equal autograd's, arrive in the chosen order, and
+the input gradients flow on unchanged."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from caramel.profile.split_backward import SplitBackward, splittable
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8, padding_idx=0)
+        self.conv1 = nn.Conv1d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(1, 4, 3, stride=2, padding=1, bias=False)
+        self.fc1 = nn.Linear(4 * 4 * 4, 16)
+        self.fc2 = nn.Linear(16, 5)
+
+    def forward(self, ids):
+        h = self.emb(ids).transpose(1, 2)            # (B, 8, 8)
+        h = torch.relu(self.conv1(h)).unsqueeze(1)    # (B, 1, 8, 8)
+        h = torch.relu(self.conv2(h)).flatten(1)      # (B, 64)
+        h = torch.relu(self.fc1(h))
+        return self.fc2(self.fc1.weight.new_ones(1) * h[:, :16]) + self.fc2(h)  # fc2 used twice
+
+
+def _data(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 20, (6, 8), generator=g), torch.randn(6, 5, generator=g)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("names", [["emb"], ["emb", "conv1"], ["emb", "conv1", "conv2", "fc1", "fc2"], ["fc2"]])
+def test_deferred_gradients_equal_autograds(names):
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    ids, y = _data()
+    nn.functional.mse_loss(ref(ids), y).backward()
+    order = []
+    split = SplitBackward([getattr(model, n) for n in names], on_ready=lambda p: order.append(p))
+    split.install()
+    with split.recording():
+        loss = nn.functional.mse_loss(model(ids), y)
+    loss.backward()
+    for n in names:  # nothing accumulated yet for the deferred weights
+        assert getattr(model, n).weight.grad is None
+    assert split.pending() and split.deferred_bytes() > 0
+    split.run()
+    assert not split.pending()
+    want, got = _grads(ref), _grads(model)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-6), k
+    weights = [getattr(model, n).weight for n in names]
+    assert [p for p in order if any(p is w for w in weights)] == weights  # first layer first
+
+
+def test_accumulates_across_backwards_and_leaves_plain_forwards_alone():
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    split = SplitBackward([model.fc1, model.emb])
+    split.install()
+    for seed in (1, 2):
+        ids, y = _data(seed)
+        nn.functional.mse_loss(ref(ids), y).backward()
+        with split.recording():
+            nn.functional.mse_loss(model(ids), y).backward()
+        split.run()
+    ids, y = _data(3)
+    nn.functional.mse_loss(ref(ids), y).backward()
+    nn.functional.mse_loss(model(ids), y).backward()  # not recording: autograd's own order
+    assert not split.pending()
+    for k, v in _grads(ref).items():
+        assert torch.allclose(_grads(model)[k], v, atol=1e-6), k
+    split.remove()
+    assert "forward" not in model.fc1.__dict__
+
+
+def test_what_cannot_be_split_is_named():
+    assert not splittable(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect"))
+    assert not splittable(nn.Embedding(4, 2, max_norm=1.0))
+    assert not splittable(nn.LayerNorm(4))
+    frozen = nn.Linear(2, 2)
+    frozen.weight.requires_grad_(False)
+    assert not splittable(frozen)
+    with pytest.raises(ValueError, match="LayerNorm"):
+        SplitBackward([nn.LayerNorm(4)])
