@@ -47,8 +47,8 @@ def _init_per_attempt_group(timeout_s: float) -> None:
     """Under torchrun's agent store, rendezvous under a per-restart key prefix.
 
     torchrun keeps one store across restarts; keys that a crashed attempt left there (our
-    engine's private gloo groups add their own) made the restarted workers read dead peers'
-    addresses ("Connection refused" in connectFullMesh). A prefix per attempt keeps every
+    engine's private gloo groups add their own) would make the restarted workers read dead
+    peers' addresses ("Connection refused" in connectFullMesh). A prefix per attempt keeps every
     attempt's keys apart, for the default group and everything built on its store.
     """
     if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "RANK" not in os.environ:
