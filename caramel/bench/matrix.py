@@ -220,8 +220,8 @@ DEFAULT_MATRIX: list[BenchConfig] = [
     BenchConfig(model="gpt2", batch_size=2, workers=2, comm_ratio=2.0),
     BenchConfig(**_RESNET, workers=4, comm_ratio=1.0),
 ]
-# 10 rounds: step times vary 10-20% from step to step on a small host, and 4 rounds gave a
-# speedup interval of about +-5%, too wide to tell a 3% difference.
+# 10 rounds: step times are noisy on a small host, and fewer paired rounds leave the speedup
+# interval too wide to tell a few-percent difference (docs/results/notes.md, "Bench rounds").
 DEFAULT_SETTINGS = BenchSettings(rounds=10, steps_per_round=8, warmup_steps=3)
 
 QUICK_MATRIX: list[BenchConfig] = [

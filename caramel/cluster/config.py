@@ -83,9 +83,8 @@ class ClusterConfig:
     - `mtu`: link MTU in bytes, or `"auto"` (the default): `auto_mtu(bandwidth_bps)`, the largest
       frame within the bucket's 1 ms of traffic, 9000 to 65535 bytes. The kernel's per-packet
       work for every emulated link runs on the host's own cores, where a real cluster spends it
-      on other machines and NICs: at 500 Mbit/s on the 2-core test host it slowed compute beside
-      an all-reduce by 63% at 1500 bytes, 27% at 9000 and 8% at 62486, auto there
-      (docs/cluster.md, experiments/link_cost.py). A cluster that `set_bandwidth` will slow later
+      on other machines and NICs, so small frames slow the compute beside a transfer
+      (docs/results/cluster.md, "MTU"). A cluster that `set_bandwidth` will slow later
       should take the MTU of its slowest rate (`mtu=auto_mtu(slowest_bps)`), or its bucket grows
       past 1 ms there.
     """

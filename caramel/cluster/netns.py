@@ -128,15 +128,13 @@ def receive_buffer_cap_bytes(bandwidth_bps: float, mtu: int) -> int:
     A flow can have no more in flight than its receiver's buffer, so at this cap up to two flows
     into one egress (two process groups, or gloo's two threads) never overflow its tbf queue. At
     rates where 4 MTUs exceed half the queue (below about 11.5 Mbit/s at MTU 9000) that floor
-    wins, and a queue can still overflow. Uncapped (Linux lets a buffer grow to 6 MB), at
-    50 Mbit/s, where the queue holds 312 KB, a collective's 0.8 MB per direction overflowed
-    it: 4500-4900 drops and 2400-2700 retransmitted segments per worker in 210 back-to-back
-    all-reduce sequences. A tail drop waits for a loss probe at twice the queue-inflated round
-    trip (up to 100 ms), so seven sequences of the same 2.65 MB in 1-3 collectives had medians
-    of 446-522 ms, a small first collective 10-15% slower than the same bytes in two. Capped: no
-    drops, the same seven within 463-479 ms. The buffer holds 25 ms at this rate, more than a
-    receiving thread waits for a core; on links faster than `bandwidth_bps`, or with an emulated
-    round trip above a few ms (netem), it holds less and can limit a flow below the link's rate.
+    wins, and a queue can still overflow. Uncapped (Linux lets a buffer grow to 6 MB), a
+    collective's bytes overflow a slow link's queue, and a drop at its tail waits for a loss
+    probe at twice the queue-inflated round trip, so step times come to depend on the plan
+    (docs/results/cluster.md, "Receive buffers"). The buffer holds 25 ms at this rate, more than
+    a receiving thread waits for a core; on links faster than `bandwidth_bps`, or with an
+    emulated round trip above a few ms (netem), it holds less and can limit a flow below the
+    link's rate.
     """
     assert bandwidth_bps > 0 and mtu > 0
     return max(int(bandwidth_bps / 8 * TBF_QUEUE_S / 2), 4 * mtu)

@@ -2,9 +2,9 @@
 
 The event engine assumes a collective in flight costs the worker no compute, and compute costs
 the collective nothing. On a host where the workers' compute threads, Gloo's threads and the
-kernel's network stack share a few cores, neither holds: measured on the 2-core validation host
-(docs/simulator.md), a reference training step runs 1.3-1.8x slower while an all-reduce streams
-in the background, and the all-reduce gets 1.3-1.5x less goodput while the step runs.
+kernel's network stack share a few cores, neither holds: a training step runs slower while an
+all-reduce streams beside it, and the all-reduce gets less goodput while the step runs
+(docs/results/notes.md, "Interference").
 
 `Interference` holds the two slowdown factors, measured once per cluster size before any
 prediction (`experiments.validation.worker.measure_interference`). `corrected_step_time_s` applies

@@ -13,10 +13,9 @@ the spec holds it for the job that probed, its ranks on its cores).
 
 Each size is summarized by the mean over repetitions (of the slowest rank's time): the cost a
 plan pays per collective on average. The fastest repetition would hide the host's wake-up
-latency, which is part of every collective's cost: on the 2-core test host (a virtual machine
-whose idle CPUs halt) a 4 KiB all-reduce took 0.3-0.5 ms at best and 2-4 ms in about half of
-the repetitions, so a fit of the fastest times put alpha at 50-90 us where collectives cost
-about 1 ms more each. The fit drops at most a third of the sizes as outliers when they sit far
+latency, which is part of every collective's cost: on a host whose idle CPUs halt, a fit of the
+fastest times puts alpha far below what collectives really cost (docs/results/cluster.md,
+"Probe"). The fit drops at most a third of the sizes as outliers when they sit far
 off the line the others agree on; the fastest and median times are kept in `meta.probe`.
 """
 from __future__ import annotations
@@ -295,7 +294,7 @@ def _worker_main(argv: list[str]) -> int:
                 torch.cuda.synchronize(device)
             if k >= args.warmup:
                 samples.append(time.perf_counter() - t0)
-        # The slowest rank's time is the collective's time; take the median over repetitions.
+        # the slowest rank's time is the collective's time
         local = torch.tensor(samples, dtype=torch.float64, device=device)
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
         slowest = local.cpu().tolist()
@@ -312,8 +311,8 @@ def _worker_main(argv: list[str]) -> int:
 
         # pieces sized from the larger of the fitted latency and the smallest size's mean time:
         # a fit that puts alpha too low makes pieces too short to hide the next one's fixed
-        # cost behind, and what each adds then overstates the queued latency (1 Gbit/s here: a
-        # 258 us fit made 122 KB pieces that added 1.6 ms each, 1 ms fits 0.14-0.19 ms)
+        # cost behind, and what each adds then overstates the queued latency
+        # (docs/results/notes.md, "Probe piece size")
         n = dist.get_world_size()
         try:
             fit = fit_alpha_beta(actual, means, n)

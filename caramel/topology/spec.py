@@ -8,11 +8,8 @@ A collective's fixed cost depends on what the link did just before. On an idle l
 whole message latency (`latency_s`: waking the backend's thread and the peers', one round trip
 per step). Queued behind a collective whose bytes are still draining, it spends that cost while
 the link is busy anyway: it pays `latency_s` less the previous transfer's time, but at least
-`queued_latency_s` (gloo over TCP on the emulated cluster, 2 workers, per collective of 2
-messages: 0.5-2.9 ms for a lone tiny all-reduce, 1.6-2.1 ms each for tiny ones back to back,
--0.23 to 0.56 ms more per extra piece when 8 MB go as 8 or 32 back-to-back pieces;
-`docs/simulator.md`). `queued_latency_s=None`
-means the same as `latency_s`: every collective pays the whole latency.
+`queued_latency_s` (docs/results/notes.md, "Queued latency"). `queued_latency_s=None` means the
+same as `latency_s`: every collective pays the whole latency.
 
 A collective also costs CPU time on each worker: the backend's threads and the kernel's network
 stack run on the cores the model computes on unless the host has cores to spare.
@@ -20,9 +17,8 @@ stack run on the cores the model computes on unless the host has cores to spare.
 running compute: the extra CPU time of sending the same bytes as one more collective, times the
 ranks per core where ranks share cores (`caramel.topology.probe.host_core_share`: on shared
 cores every rank waits for the CPU any of them spends). The simulator charges it to the
-compute a collective's start interrupts (`caramel.sim.event_loop`). Gloo over TCP on the 2-core
-emulated cluster: about 0.35 ms of CPU per collective on each of 2 workers, 0.8-1.1 ms on each
-of 4, which share the 2 cores two to a core: a pause of 1.6-2.2 ms (docs/engine.md). 0 (the
+compute a collective's start interrupts (`caramel.sim.event_loop`); on a small host it is of
+the order of a millisecond (docs/results/engine.md, "Each collective's CPU time"). 0 (the
 default): collectives cost compute nothing.
 """
 from __future__ import annotations

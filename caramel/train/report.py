@@ -68,7 +68,7 @@ def format_summary(s: dict[str, Any]) -> str:
     strategy = s["strategy"] + (f" (planner {s['planner']}, overlap {s['overlap']})" if s.get("planner") else "")
     steps = f"{s['end_step']} of {s['total_steps']}" + (f" (resumed at {s['start_step']})" if s["start_step"] else "")
     if not s["finished"]:
-        steps += f"; stopped early, continue with --resume auto"
+        steps += "; stopped early, continue with --resume auto"
     lines = [
         "-" * 72,
         f"caramel train summary: {s['workload']}, {s['world_size']} workers x {s['batch_size_per_worker']} samples/step",
