@@ -21,8 +21,8 @@ from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates
-from caramel.bench.report import (FORMAT, Record, format_markdown, format_summary, format_table, summarize,
-                                  summarize_strategies, write_records)
+from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
+from caramel.bench.tables import format_markdown, format_summary, format_table
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model

@@ -5,8 +5,10 @@ import math
 import pytest
 
 from caramel.bench import report
-from caramel.bench.report import (Record, efficiency, format_markdown, format_table, free_running_pace_s, job_step_times,
-                                  regime_of, summarize, summarize_strategies, to_json)
+from caramel.bench import tables
+from caramel.bench.report import (Record, efficiency, free_running_pace_s, job_step_times, regime_of, summarize,
+                                  summarize_strategies, to_json)
+from caramel.bench.tables import format_markdown, format_table
 from caramel.stats import median
 from caramel.errors import FormatError
 
@@ -297,7 +299,7 @@ def test_summary_counts_balanced_and_comm_bound_points_and_names_the_worst_row()
     assert car.worst_speedup == pytest.approx(0.100 / 0.104) and car.worst_configuration == "m(b=8) x2 @ a"
     assert car.ceiling_geomean_speedup == pytest.approx(math.sqrt(2.0 * 1.5))
     assert fifo.geomean_speedup == pytest.approx(1.0) and fifo.median_share_captured is None
-    text = report.format_summary([car, fifo])
+    text = tables.format_summary([car, fifo])
     assert f"geomean speedup {math.sqrt(1.92):.3f}x over 2 balanced and comm-bound point(s)" in text
     assert "median share of the possible gain captured 62% (2 point(s))" in text
     assert f"worst {0.1 / 0.104:.3f}x on m(b=8) x2 @ a" in text
