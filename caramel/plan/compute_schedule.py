@@ -15,8 +15,8 @@ last deferred one, in forward order.
 
 - Modules after the region, and every parameter outside the region's modules, keep their
   measured ready times.
-- The region's backward starts at T0 = (the latest measured ready time of its parameters) -
-  (the sum of its modules' `backward_time_s`), as measured. From T0, going from the region's
+- The region's backward starts at T0 = (the latest measured ready time of its parameters, a
+  tied weight's rows counted) - (the sum of its modules' `backward_time_s`), as measured. From T0, going from the region's
   last module to its first: a deferred module computes its input gradient
   (`input_grad_time_s`); any other module there runs its whole backward and its parameters are
   ready when it ends. Then the deferred weight gradients run in the schedule's order (first
@@ -196,6 +196,12 @@ def _moves(profile: ModelProfile, m: ModuleInfo) -> list[int]:
     return [i for i in m.params if profile.params[i].ready_time_s is not None and profile.params[i].rows_ready_time_s is None]
 
 
+def _done_s(profile: ModelProfile, i: int) -> float | None:
+    """When parameter i's whole gradient was ready as measured (a tied weight's: when its rows were)."""
+    p = profile.params[i]
+    return p.rows_ready_time_s if p.rows_ready_time_s is not None else p.ready_time_s
+
+
 def deferred_profile(profile: ModelProfile, schedule: ComputeSchedule) -> ModelProfile:
     """The profile a backward deferring `schedule`'s weight gradients produces (module docstring's
     rule): new `ready_time_s` and `ready_order` for the region's parameters, everything else
@@ -208,7 +214,7 @@ def deferred_profile(profile: ModelProfile, schedule: ComputeSchedule) -> ModelP
                            f"({profile.meta[META_KEY]}); defer the measured profile instead")
     last, position = _region(profile, schedule)
     region = profile.modules[:last + 1]
-    end = max(profile.params[i].ready_time_s for m in region for i in _moves(profile, m))
+    end = max(_done_s(profile, i) for m in region for i in m.params if _done_s(profile, i) is not None)
     t = max(end - sum(m.backward_time_s for m in region), 0.0)
     ready: dict[int, float] = {}
     for m_idx in range(last, -1, -1):  # input gradients, last module first
@@ -255,8 +261,9 @@ def deferred_profile_reference(profile: ModelProfile, schedule: ComputeSchedule)
         i, w = m.input_grad_time_s, m.weight_grad_time_s
         total = i + w
         tasks.append((m.backward_time_s * w / total if total > 0 else 0.0, [p for p in m.params if p not in tied]))
-    region_params = [p for m in out.modules[:last + 1] for p in m.params if p not in tied]
-    t = max(out.params[p].ready_time_s for p in region_params) - sum(m.backward_time_s for m in out.modules[:last + 1])
+    done = [out.params[p].rows_ready_time_s if p in tied else out.params[p].ready_time_s
+            for m in out.modules[:last + 1] for p in m.params]
+    t = max(d for d in done if d is not None) - sum(m.backward_time_s for m in out.modules[:last + 1])
     t = max(t, 0.0)
     for seconds, ps in tasks:
         t += seconds
