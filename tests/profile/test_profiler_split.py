@@ -70,3 +70,13 @@ def test_tied_weights_are_not_split():
     assert by["mid"].splittable
     assert not by["tok"].splittable and not by["head"].splittable
     assert [prof.modules[i].name for i in deferrable_modules(prof)] == ["mid"]
+
+
+def test_caramel_profile_prints_windows_with_and_without_deferral(capsys):
+    from caramel.cli import main
+    assert main(["profile", "--model", "mlp", "--steps", "1", "--warmup", "0", "--defer", "2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "deferred weight gradients: 2 of" in out and "extra memory (cap" in out
+    assert "deferred: ready ms" in out and "window ms" in out
+    assert main(["profile", "--model", "mlp", "--steps", "1", "--warmup", "0", "--defer", "99"]) != 0
+    assert "--defer 99" in capsys.readouterr().err
