@@ -1,4 +1,5 @@
-"""`caramel profile`: per-parameter sizes, gradient-ready and first-use times, transfer windows."""
+"""`caramel profile`: per-parameter sizes, gradient-ready and first-use times, transfer windows,
+and the windows with deferred weight gradients (`--defer K`; `caramel.plan.compute_schedule`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,8 @@ import torch
 
 from caramel.errors import CaramelError
 from caramel.models import get_model
+from caramel.plan.compute_schedule import (deferrable_modules, deferred_profile, max_k, memory_cap_bytes, schedule_for,
+                                           undeferred_peak_bytes)
 from caramel.profile.profiler import profile_model
 from caramel.units import format_bytes
 
@@ -19,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads (default 1, as one worker per core)")
     parser.add_argument("--json", metavar="OUT", help="write the ModelProfile (caramel.profile/1 JSON) here")
     parser.add_argument("--top", type=int, default=10, help="show the N largest parameters (default 10)")
+    parser.add_argument("--defer", type=int, default=None, metavar="K",
+                        help="show the windows with the weight gradients of the K splittable modules nearest the input "
+                             "deferred (default: as many as fit 10%% of the estimated peak memory)")
     parser.add_argument("--no-split-tied", dest="split_tied", action="store_false",
                         help="profile a tied embedding's weight with its whole gradient, as parallelize(split_tied=False) "
                              "trains it (default: the embedding's rows apart, the weight ready early)")
@@ -31,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         raise CaramelError(f"--threads must be >= 1, got {args.threads}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CaramelError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.defer is not None and args.defer < 0:
+        raise CaramelError(f"--defer must be >= 0, got {args.defer}")
     torch.set_num_threads(args.threads)
     factory = get_model(args.model)
     w = factory(batch_size=args.batch_size) if args.batch_size else factory()
@@ -39,14 +47,34 @@ def run(args: argparse.Namespace) -> int:
     print(f"model {prof.model}: {len(prof.params)} parameters, {format_bytes(prof.total_grad_bytes())} of gradients, batch {prof.batch_size}")
     print(f"forward {prof.forward_time_s * 1e3:.2f} ms, backward {prof.backward_time_s * 1e3:.2f} ms, "
           f"optimizer {prof.optimizer_time_s * 1e3:.2f} ms (median of {prof.steps_measured} steps)")
-    windows = {w.param: w for w in prof.windows("forward")}
-    print(f"\n{'parameter':40s} {'bytes':>10s} {'ready ms':>9s} {'first use ms':>12s} {'window ms':>10s}")
-    for p in sorted(prof.trainable(), key=lambda p: -p.bytes)[:args.top]:
-        win = windows[p.index]
-        ready = f"{p.ready_time_s * 1e3:.2f}" if p.ready_time_s is not None else "-"
-        use = f"{p.first_use_time_s * 1e3:.2f}" if p.first_use_time_s is not None else "-"
-        print(f"{p.name[:40]:40s} {format_bytes(p.bytes):>10s} {ready:>9s} {use:>12s} {win.length_s * 1e3:>10.2f}")
+    splittable = deferrable_modules(prof)
+    k = max_k(prof) if args.defer is None else args.defer
+    if k > len(splittable):
+        raise CaramelError(f"--defer {k}: model {prof.model} has {len(splittable)} modules whose weight gradients "
+                           f"can be deferred")
+    schedule = schedule_for(prof, k)
+    deferred = deferred_profile(prof, schedule)
+    print(f"deferred weight gradients: {k} of {len(splittable)} splittable modules"
+          + (f" ({', '.join(schedule.modules[:4])}{', ...' if k > 4 else ''})" if k else "")
+          + f", {format_bytes(schedule.extra_bytes)} extra memory (cap {format_bytes(memory_cap_bytes(prof))}: 10% of "
+          f"an estimated peak of {format_bytes(undeferred_peak_bytes(prof))})")
+    print(print_windows(prof, deferred, args.top))
     if args.json:
         prof.save(args.json)
         print(f"\nwrote {args.json}")
     return 0
+
+
+def print_windows(prof, deferred, top: int) -> str:
+    """The `top` largest parameters: ready time, first use and window, without and with deferral."""
+    windows = {w.param: w for w in prof.windows("forward")}
+    after = {w.param: w for w in deferred.windows("forward")}
+    ready_after = {p.index: p.ready_time_s for p in deferred.params}
+    lines = [f"\n{'parameter':40s} {'bytes':>10s} {'ready ms':>9s} {'first use ms':>12s} {'window ms':>10s} "
+             f"{'deferred: ready ms':>18s} {'window ms':>10s}"]
+    ms = lambda t: f"{t * 1e3:.2f}" if t is not None else "-"  # noqa: E731
+    for p in sorted(prof.trainable(), key=lambda p: -p.bytes)[:top]:
+        lines.append(f"{p.name[:40]:40s} {format_bytes(p.bytes):>10s} {ms(p.ready_time_s):>9s} "
+                     f"{ms(p.first_use_time_s):>12s} {windows[p.index].length_s * 1e3:>10.2f} "
+                     f"{ms(ready_after[p.index]):>18s} {after[p.index].length_s * 1e3:>10.2f}")
+    return "\n".join(lines)

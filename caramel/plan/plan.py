@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from caramel.errors import FormatError, MismatchError
+from caramel.plan.compute_schedule import ComputeSchedule
 from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "plan"
@@ -60,9 +61,14 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
     predicted_step_time_s: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # Deferred weight gradients the runtime must run (`caramel.plan.compute_schedule`); None: none.
+    # The buckets, order and predicted_step_time_s were made for the profile it produces.
+    compute_schedule: ComputeSchedule | None = None
 
     def __post_init__(self) -> None:
         self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
+        if self.compute_schedule is not None and self.compute_schedule.empty:
+            self.compute_schedule = None  # deferring nothing is no schedule (and keeps the fingerprint)
 
     def validate(self, source: str = "plan") -> None:
         """Structural checks: ids, chunk counts, every item issued exactly once, no parameter twice."""
@@ -95,6 +101,8 @@ class Plan:
             "buckets": [[b.params, b.dtype, b.numel, b.num_chunks] for b in self.buckets],
             "order": [list(o) for o in self.order],
         }
+        if self.compute_schedule is not None:  # only when set, so that plans without one keep their fingerprints
+            core["compute_schedule"] = list(self.compute_schedule.modules)
         return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def num_items(self) -> int:
@@ -133,6 +141,11 @@ class Plan:
         predicted = data.get("predicted_step_time_s")
         if predicted is not None and (isinstance(predicted, bool) or not isinstance(predicted, (int, float))):
             raise FormatError(f"{source}: field 'predicted_step_time_s' must be a number or null")
+        schedule = data.get("compute_schedule")
+        if schedule is not None:
+            schedule = from_fields(ComputeSchedule, schedule, f"{source}: compute_schedule")
+            if schedule.k < 0 or schedule.extra_bytes < 0 or not all(isinstance(n, str) for n in schedule.modules):
+                raise FormatError(f"{source}: compute_schedule must have k >= 0, extra_bytes >= 0 and module names")
         names = require(data, "param_names", list, source)
         if not all(isinstance(n, str) for n in names):
             raise FormatError(f"{source}: field 'param_names' must list strings")
@@ -146,6 +159,7 @@ class Plan:
             options=require_mapping(data, "options", source),
             predicted_step_time_s=predicted,
             meta=require_mapping(data, "meta", source),
+            compute_schedule=schedule,
         )
         plan.validate(source)
         stored = data.get("fingerprint")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
+from caramel.plan.compute_schedule import ComputeSchedule, check_compute_schedule, profile_for_plan, schedule_for
 from caramel.plan.plan import Bucket, Plan
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 
@@ -104,21 +105,47 @@ def plan_from_groups(name: str, profile: ModelProfile, world_size: int, groups: 
     return plan
 
 
+def forced_schedule(profile: ModelProfile, compute_schedule: str | int) -> ComputeSchedule | None:
+    """The compute schedule of a planner that does not choose one (`fifo`, `fusion`): none for
+    "auto" and "off" (DDP and Horovod defer nothing), the first k deferrable modules for an int k."""
+    value = check_compute_schedule(compute_schedule)
+    if isinstance(value, str) or value == 0:
+        return None
+    return schedule_for(profile, value)
+
+
+def _with_schedule(plan: Plan, schedule: ComputeSchedule | None) -> Plan:
+    plan.compute_schedule = schedule
+    if schedule is not None:
+        plan.options["compute_schedule"] = schedule.k
+    return plan
+
+
 @register_planner("fifo")
 def plan_fifo(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
-              bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, **unused: Any) -> Plan:
-    """DDP's plan: ready order, fixed cap (first bucket smaller), issue as buckets fill."""
+              bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0, compute_schedule: str | int = "auto",
+              **unused: Any) -> Plan:
+    """DDP's plan: ready order, fixed cap (first bucket smaller), issue as buckets fill.
+    `compute_schedule=k` defers the first k splittable modules' weight gradients (the buckets
+    follow the ready order that produces); "auto" and "off" defer nothing."""
     _check_positive(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb)
+    schedule = forced_schedule(profile, compute_schedule)
+    profile = profile_for_plan(profile, schedule)
     groups = group_by_cap(ready_sorted(profile), [int(first_bucket_mb * MB), int(bucket_cap_mb * MB)])
-    return plan_from_groups("fifo", profile, _world(cluster, world_size), groups,
-                            options={"bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb})
+    return _with_schedule(plan_from_groups("fifo", profile, _world(cluster, world_size), groups,
+                                           options={"bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb}),
+                          schedule)
 
 
 @register_planner("fusion")
 def plan_fusion(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
-                fusion_threshold_mb: float = 64.0, cycle_time_ms: float = 5.0, **unused: Any) -> Plan:
-    """Horovod's plan: fuse what is ready within one cycle, up to a fixed threshold."""
+                fusion_threshold_mb: float = 64.0, cycle_time_ms: float = 5.0, compute_schedule: str | int = "auto",
+                **unused: Any) -> Plan:
+    """Horovod's plan: fuse what is ready within one cycle, up to a fixed threshold.
+    `compute_schedule` as for `fifo`: an int k is forced, "auto" and "off" defer nothing."""
     _check_positive(fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
+    schedule = forced_schedule(profile, compute_schedule)
+    profile = profile_for_plan(profile, schedule)
     cap = int(fusion_threshold_mb * MB)
     cycle = cycle_time_ms / 1000.0
     groups: list[list[ParamInfo]] = []
@@ -135,8 +162,10 @@ def plan_fusion(profile: ModelProfile, cluster: ClusterSpec | None = None, world
         size += p.bytes
     if cur:
         groups.append(cur)
-    return plan_from_groups("fusion", profile, _world(cluster, world_size), groups,
-                            options={"fusion_threshold_mb": fusion_threshold_mb, "cycle_time_ms": cycle_time_ms})
+    return _with_schedule(plan_from_groups("fusion", profile, _world(cluster, world_size), groups,
+                                           options={"fusion_threshold_mb": fusion_threshold_mb,
+                                                    "cycle_time_ms": cycle_time_ms}),
+                          schedule)
 
 
 def _world(cluster: ClusterSpec | None, world_size: int | None) -> int:

@@ -57,6 +57,13 @@ class ModuleInfo:
     forward_time_s: float  # until the next module started (or forward ended)
     backward_time_s: float  # share of backward attributed to this module's gradients
     params: list[int] = field(default_factory=list)  # indices of parameters whose first use is here
+    # Split backward (`caramel.profile.split_backward`), measured by `profile_model`; None (and
+    # `splittable` False) when unknown, as in older profiles and the engine's online profile.
+    splittable: bool = False  # its weight gradient can be deferred: a splittable layer whose parameters no other module uses
+    input_grad_time_s: float | None = None  # backward_time_s = input_grad_time_s + weight_grad_time_s (splittable only)
+    weight_grad_time_s: float | None = None  # its weight (and bias) gradient, computed apart (splittable only)
+    deferred_bytes: int | None = None  # what a deferral keeps alive until the weight gradient runs: input + output gradient, one step
+    input_bytes: int | None = None  # bytes of the tensors passed to its forward (the activation it saves, for the memory estimate)
 
 
 @dataclass

@@ -22,6 +22,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo, ready_orders
+from caramel.profile.split_backward import SplitBackward, splittable
+
+SPLIT_STEPS = 2  # steps of the split-backward measurement; each module's fastest weight gradient is kept
 
 ALIAS_ATTR = "_caramel_alias_of"  # on a tied embedding's alias: the parameter it stands for
 
@@ -254,7 +257,15 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                   warmup: int = 1, name: str | None = None, split_tied: bool = True) -> ModelProfile:
     """Profile `steps` training steps of `model` on one batch (after `warmup` steps).
 
-    The model and optimizer are trained for `warmup + steps + 1` steps; pass copies if that
+    Then `SPLIT_STEPS` more steps run with every splittable module's weight gradient deferred
+    (`caramel.profile.split_backward`), to time each one apart (`ModuleInfo.weight_grad_time_s`,
+    the fastest of those steps, at most the module's backward time; the rest of its measured
+    backward is `input_grad_time_s`) and measure what deferring it keeps alive
+    (`deferred_bytes`). A module is splittable here when `splittable()` says so, it ran its own
+    forward, and no other module uses its parameters (so never a tied embedding or the layer
+    sharing its weight). `input_bytes` is measured in the use-tracking forward.
+
+    The model and optimizer are trained for `warmup + steps + 1 + SPLIT_STEPS` steps; pass copies if that
     matters. Without an optimizer, SGD(lr=0) is used so that parameters do not change.
     `split_tied` profiles a tied embedding's weight as the engine trains it by default (its
     gradient ready when the output layer's part is, `caramel.runtime.tied`); set it as you will
@@ -282,12 +293,15 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     for te in tied:
         te.on_rows_ready = lambda i: timer_ref[0].rows_ready(i) if timer_ref[0] is not None else None
 
-    def one_step(timer: StepTimer | None, tracker: UseTracker | None = None) -> None:
+    def one_step(timer: StepTimer | None, tracker: UseTracker | None = None, split: SplitBackward | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
         if timer:
             timer.forward_start()
         if tracker:
             with tracker:
+                loss = loss_fn(model(inputs), targets)
+        elif split:
+            with split.recording():
                 loss = loss_fn(model(inputs), targets)
         else:
             loss = loss_fn(model(inputs), targets)
@@ -296,6 +310,12 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         loss.backward()
         if timer:
             timer.backward_end()
+        if split:
+            for m in split.modules:
+                split_bytes[m] = split.deferred_bytes(m)
+            split.run()
+            for m, sec in split.last_run_s.items():
+                split_s[m] = min(split_s.get(m, sec), sec)
         for te in tied:
             te.fold_into_weight()
         t = time.perf_counter()
@@ -303,11 +323,18 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         if timer:
             timer.step_end(time.perf_counter() - t)
 
+    split_s: dict[nn.Module, float] = {}
+    split_bytes: dict[nn.Module, int] = {}
+    input_bytes: dict[str, int] = {}
     try:
         for _ in range(warmup):
             one_step(None)
         tracker = UseTracker(model, params)
-        one_step(None, tracker)
+        sizes = _InputSizes(model, input_bytes)
+        try:
+            one_step(None, tracker)
+        finally:
+            sizes.remove()
         timer = StepTimer(model, tracker.module_order)
         timer_ref[0] = timer
         try:
@@ -315,6 +342,17 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                 one_step(timer)
         finally:
             timer.remove()
+        timer_ref[0] = None
+        named = dict(model.named_modules())
+        mods = [named[n] for n in tracker.module_order if n in named and _deferrable(named[n], n, params, tracker)]
+        if mods:
+            split = SplitBackward(mods, time_modules=True)
+            split.install()
+            try:
+                for _ in range(SPLIT_STEPS):
+                    one_step(None, split=split)
+            finally:
+                split.remove()
     finally:
         for h in handles:
             h.remove()
@@ -322,5 +360,57 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             te.remove()
         optimizer.zero_grad(set_to_none=True)
     batch = int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else 1
-    return build_profile(name or type(model).__name__, batch, model, tracker, timer.samples,
+    prof = build_profile(name or type(model).__name__, batch, model, tracker, timer.samples,
                          meta={"torch": torch.__version__, "threads": torch.get_num_threads()})
+    add_split_backward(prof, model, split_s, split_bytes, input_bytes)
+    return prof
+
+
+def _deferrable(module: nn.Module, name: str, params: list[nn.Parameter], tracker: UseTracker) -> bool:
+    """Whether the profiler measures `module`'s split backward: splittable, and every parameter
+    it holds used by it alone (a tied weight's rows, and a weight shared with another module,
+    keep autograd's order)."""
+    if not splittable(module):
+        return False
+    index = {id(p): i for i, p in enumerate(params)}
+    for p in module.parameters(recurse=False):
+        i = index.get(id(p))
+        if i is None or tracker.use_modules.get(i, [name]) != [name]:
+            return False
+    return True
+
+
+def add_split_backward(prof: ModelProfile, model: nn.Module, weight_s: dict[nn.Module, float],
+                       deferred: dict[nn.Module, int], input_bytes: dict[str, int]) -> None:
+    """Fill the split-backward fields of `prof.modules` from the split steps' measurements:
+    weight gradient = the fastest measured, at most the module's backward; input gradient = the
+    rest of its backward (so the two sum to `backward_time_s`)."""
+    named = dict(model.named_modules())
+    for info in prof.modules:
+        info.input_bytes = input_bytes.get(info.name)
+        m = named.get(info.name)
+        if m is None or m not in weight_s or m not in deferred:
+            continue
+        w = min(weight_s[m], info.backward_time_s)
+        info.splittable = True
+        info.weight_grad_time_s = w
+        info.input_grad_time_s = info.backward_time_s - w
+        info.deferred_bytes = deferred[m]
+
+
+class _InputSizes:
+    """Bytes of the tensors each module's forward is called with (summed over calls), one forward."""
+
+    def __init__(self, module: nn.Module, out: dict[str, int]):
+        self.handles = [m.register_forward_pre_hook(self._hook(name, out)) for name, m in module.named_modules()]
+
+    @staticmethod
+    def _hook(name: str, out: dict[str, int]):
+        def hook(_m, args):
+            n = sum(t.numel() * t.element_size() for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor))
+            out[name] = out.get(name, 0) + n
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()

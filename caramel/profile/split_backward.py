@@ -16,6 +16,7 @@ autograd's order; `splittable()` says which.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,14 +46,21 @@ class _Pending:
 
 class SplitBackward:
     """Defers the weight gradients of `modules` (in the order their weight gradients should be
-    computed) for every forward run under `recording()`; `run()` computes them."""
+    computed) for every forward run under `recording()`; `run()` computes them.
 
-    def __init__(self, modules: list[nn.Module], on_ready: Callable[[nn.Parameter], None] | None = None):
+    With `time_modules=True`, `run()` also times each module's weight-gradient computation
+    (synchronizing the device first for CUDA weights): `last_run_s` maps each module that ran
+    to its seconds, in run order (the profiler's measurement of `ModuleInfo.weight_grad_time_s`)."""
+
+    def __init__(self, modules: list[nn.Module], on_ready: Callable[[nn.Parameter], None] | None = None,
+                 time_modules: bool = False):
         bad = [type(m).__name__ for m in modules if not splittable(m)]
         if bad:
             raise ValueError(f"cannot split the backward of {', '.join(bad)} (see splittable())")
         self.modules = list(modules)
         self.on_ready = on_ready
+        self.time_modules = time_modules
+        self.last_run_s: dict[nn.Module, float] = {}
         self._pending: dict[int, _Pending] = {}
         self._handles: list[Any] = []
         self._active = False
@@ -93,22 +101,33 @@ class SplitBackward:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    def deferred_bytes(self) -> int:
-        """Bytes held for the weight gradients not yet computed (inputs and output gradients)."""
-        return sum(t.numel() * t.element_size() for p in self._pending.values() for pair in p.saved for t in pair)
+    def deferred_bytes(self, module: nn.Module | None = None) -> int:
+        """Bytes held for the weight gradients not yet computed (inputs and output gradients), of
+        every module or of `module` only."""
+        pending = self._pending.values() if module is None else [p for k, p in self._pending.items() if k == id(module)]
+        return sum(t.numel() * t.element_size() for p in pending for pair in p.saved for t in pair)
 
     def run(self) -> None:
         """Compute every kept weight gradient, in `modules` order; accumulate into `.grad`."""
+        self.last_run_s = {}
         with torch.no_grad():
             for m in self.modules:
                 p = self._pending.pop(id(m), None)
                 if p is None:
                     continue
+                sync = self.time_modules and m.weight.is_cuda
+                if sync:
+                    torch.cuda.synchronize(m.weight.device)
+                t0 = time.perf_counter()
                 for inp, g in p.saved:
                     gw, gb = weight_grads(m, inp, g)
                     _accumulate(m.weight, gw)
                     if gb is not None and m.bias is not None and m.bias.requires_grad:
                         _accumulate(m.bias, gb)
+                if self.time_modules:
+                    if sync:
+                        torch.cuda.synchronize(m.weight.device)
+                    self.last_run_s[m] = time.perf_counter() - t0
                 if self.on_ready is not None:
                     self.on_ready(m.weight)
                     if getattr(m, "bias", None) is not None and m.bias.requires_grad:

@@ -6,6 +6,7 @@ real shapes (25.6 M float32 values) and compute split by each layer's FLOPs.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from caramel.errors import CaramelError
@@ -37,6 +38,30 @@ def synthetic_profile(n_params: int | None = None, sizes_bytes: Sequence[int] | 
         raise CaramelError(f"times_s must give a share >= 0 per parameter ({len(sizes)} of them)")
     layers = [(f"layer{i}", "Linear", [(f"layer{i}.weight", s)]) for i, s in enumerate(sizes)]
     return _chain_profile(name, layers, weights, forward_time_s, backward_time_s, optimizer_time_s, dtype)
+
+
+SPLIT_TYPES = ("Linear", "Conv1d", "Conv2d", "Embedding")
+
+
+def with_split_backward(profile: ModelProfile, weight_share: float = 0.5, activation_bytes: int = 64 * 1024,
+                        splittable: Sequence[str] | None = None) -> ModelProfile:
+    """`profile` as `profile_model` would measure its split backward: every module of a splittable
+    type (or named in `splittable`) gets `weight_share` of its backward as its weight gradient,
+    the rest as its input gradient, and `deferred_bytes` of twice `activation_bytes` (its input
+    and output gradient); every module's `input_bytes` is `activation_bytes`."""
+    if not 0 <= weight_share <= 1:
+        raise CaramelError(f"weight_share must be between 0 and 1, got {weight_share!r}")
+    names = set(splittable) if splittable is not None else {m.name for m in profile.modules if m.type in SPLIT_TYPES}
+    modules = []
+    for m in profile.modules:
+        if m.name in names:
+            modules.append(dataclasses.replace(
+                m, splittable=True, input_grad_time_s=m.backward_time_s * (1 - weight_share),
+                weight_grad_time_s=m.backward_time_s * weight_share, deferred_bytes=2 * activation_bytes,
+                input_bytes=activation_bytes))
+        else:
+            modules.append(dataclasses.replace(m, input_bytes=activation_bytes))
+    return dataclasses.replace(profile, modules=modules)
 
 
 def resnet50_profile(forward_time_s: float = 0.08, backward_time_s: float = 0.16,

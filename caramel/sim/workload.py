@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from caramel.errors import MismatchError
+from caramel.plan.compute_schedule import profile_for_plan
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile, ParamInfo
 
@@ -120,9 +121,11 @@ def make_workload(profile: ModelProfile, buckets: list[BucketLoad], items: list[
 
 
 def build_workload(profile: ModelProfile, plan: Plan) -> Workload:
-    """Reduce a profile and a matching plan to what the event engine replays."""
+    """Reduce a profile and a matching plan to what the event engine replays: the measured
+    profile as the plan's compute schedule changes it (deferred weight gradients), if it has one."""
     check_plan_matches(profile, plan)
     plan.validate("plan")
+    profile = profile_for_plan(profile, plan.compute_schedule)
     ready = param_ready_s(profile)
     need = param_need_s(profile)
     total = plan.total_bytes() or 1

@@ -67,9 +67,9 @@ def test_ints_widen_to_floats_and_defaults_stay():
 
 
 def test_planner_knobs_come_from_the_planners_signatures():
-    assert planner_knobs("fifo") == {"bucket_cap_mb", "first_bucket_mb"}
-    assert planner_knobs("fusion") == {"fusion_threshold_mb", "cycle_time_ms"}
-    assert {"input_spread", "contention_spread", "collective_cpu_s", "comm_model"} <= planner_knobs("caramel")
+    assert planner_knobs("fifo") == {"bucket_cap_mb", "first_bucket_mb", "compute_schedule"}
+    assert planner_knobs("fusion") == {"fusion_threshold_mb", "cycle_time_ms", "compute_schedule"}
+    assert {"input_spread", "contention_spread", "collective_cpu_s", "comm_model", "compute_schedule"} <= planner_knobs("caramel")
     fields = {f.name for f in dataclasses.fields(CaramelOptions)}
     for planner in ("fifo", "fusion", "caramel"):
         assert planner_knobs(planner) <= fields, planner  # every planner knob can be set
@@ -91,3 +91,19 @@ def test_unknown_strategy_names_the_nearest():
     with pytest.raises(CaramelError, match="unknown strategy 'dpp'; did you mean 'ddp'"):
         STRATEGIES.get("dpp")
     assert {"caramel", "ddp"} <= set(STRATEGIES.names())
+
+
+@pytest.mark.parametrize("value", ["sometimes", -1, True, 1.5, None])
+def test_compute_schedule_bad_values_are_one_clear_error(value):
+    with pytest.raises(CaramelError, match="compute_schedule"):
+        build_options(CaramelOptions, {"compute_schedule": value})
+
+
+def test_compute_schedule_takes_auto_off_or_k_for_every_planner():
+    assert CaramelOptions().compute_schedule == "auto" and CaramelOptions().planner_options() == {}
+    assert build_options(CaramelOptions, {"compute_schedule": "off"}).planner_options() == {"compute_schedule": "off"}
+    name, values = parse_spec("caramel:planner=fifo,compute_schedule=2")
+    opts = build_options(CaramelOptions, values)
+    assert opts.compute_schedule == 2 and opts.planner_options() == {"compute_schedule": 2}
+    assert STRATEGIES.spec("caramel:compute_schedule=2").name == "caramel:compute_schedule=2"
+    assert build_options(CaramelOptions, {"planner": "fusion", "compute_schedule": 0}).compute_schedule == 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from caramel.errors import CaramelError
+from caramel.plan.compute_schedule import check_compute_schedule
 from caramel.plan.plan import OVERLAPS
 from caramel.plan.planners import PLANNERS
 from caramel.strategies.planners import planner_names  # noqa: F401 (registers every planner in PLANNERS)
@@ -44,6 +45,10 @@ class CaramelOptions:
     input_spread: float | None = None
     contention_spread: float | None = None
     collective_cpu_s: float | None = None
+    # deferred weight gradients (`caramel.plan.compute_schedule`): "auto" (the planner decides,
+    # k = 0 included; fifo and fusion defer nothing), "off", or k (forced: the k splittable
+    # modules nearest the input, for tests and benchmarks); every planner takes it
+    compute_schedule: str | int = "auto"
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
@@ -59,6 +64,7 @@ class CaramelOptions:
             raise CaramelError(f"profile_steps must be >= 1, got {self.profile_steps}")
         if self.check_every < 0:
             raise CaramelError(f"check_every must be a whole number of steps >= 0, got {self.check_every!r}")
+        check_compute_schedule(self.compute_schedule)
         takes = planner_knobs(self.planner)
         for name, value in self.planner_options().items():
             if name not in takes:
@@ -67,13 +73,15 @@ class CaramelOptions:
                                    f"{self.planner!r} takes {', '.join(sorted(takes)) or 'no options'}")
 
     def planner_options(self) -> dict[str, Any]:
-        """The planner knobs that were set, as keywords for `make_plan`."""
+        """The planner knobs that were set, as keywords for `make_plan` (`compute_schedule` when
+        not "auto", every planner's default)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name in PLANNER_KNOBS and getattr(self, f.name) is not None}
+                if f.name in PLANNER_KNOBS and getattr(self, f.name) is not None
+                and not (f.name == "compute_schedule" and self.compute_schedule == "auto")}
 
 
 PLANNER_KNOBS = ("bucket_cap_mb", "first_bucket_mb", "fusion_threshold_mb", "cycle_time_ms", "comm_model",
-                 "input_spread", "contention_spread", "collective_cpu_s")
+                 "input_spread", "contention_spread", "collective_cpu_s", "compute_schedule")
 
 
 def planner_knobs(planner: str) -> set[str]:

@@ -39,6 +39,8 @@ from typing import Any
 
 from caramel.topology.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
+from caramel.plan.compute_schedule import (ComputeSchedule, candidate_ks, check_compute_schedule, deferred_profile,
+                                           max_k, memory_cap_bytes, schedule_for)
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
 from caramel.strategies.caramel.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, Scenario, check_contention_spread,
@@ -62,6 +64,8 @@ SPLIT_ANYWHERE_MAX = 8  # a bucket of at most this many parameters may be split 
 ALL_KS_MAX_BUCKETS = 6  # up to this many buckets, local search tries every k of hybrid:k
 LOCAL_SEARCH_EVALS = 300  # simulations spent improving bucket boundaries
 PLAN_ITERATIONS = 3
+QUICK_RESCORE = 8  # screening a compute schedule: the best stage-1 candidates scored again on the spread
+DEFER_MARGIN = 0.01  # a deferral must beat no deferral by more than 1% of the objective (else k = 0)
 
 Groups = tuple[tuple[int, ...], ...]  # parameter indices per bucket, buckets in ready order
 
@@ -87,22 +91,70 @@ class Candidate:
 def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
                  overlap: str = "forward", comm_model: str = "message",
                  input_spread: float = DEFAULT_INPUT_SPREAD, contention_spread: float = DEFAULT_CONTENTION_SPREAD,
-                 collective_cpu_s: float | None = None, **unused: Any) -> Plan:
+                 collective_cpu_s: float | None = None, compute_schedule: str | int = "auto", **unused: Any) -> Plan:
     """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan over
     the input spread, each point also with compute `1 + contention_spread` times slower beside a
     collective (`input_spread=0`: the fastest on the inputs exactly). `collective_cpu_s`, when
-    given, replaces the cluster's CPU cost per collective (`ClusterSpec.collective_cpu_s`)."""
+    given, replaces the cluster's CPU cost per collective (`ClusterSpec.collective_cpu_s`).
+
+    `compute_schedule` (`caramel.plan.compute_schedule`): "auto" also chooses how many of the
+    splittable modules nearest the input defer their weight gradients (k = 0 included; only
+    within the memory cap), "off" defers none, an int k defers exactly k. The plan is made for
+    the profile that deferral produces and carries it in `Plan.compute_schedule`."""
     check_overlap(overlap)
     input_spread = check_input_spread(input_spread)
     contention_spread = check_contention_spread(contention_spread)
+    mode = check_compute_schedule(compute_schedule)
     cluster, resized = _cluster_for(cluster, world_size)
     if collective_cpu_s is not None:
         cluster = dataclasses.replace(cluster, collective_cpu_s=_check_collective_cpu_s(collective_cpu_s),
                                       meta=dict(cluster.meta))
-    params = ready_sorted(profile)
-    if not params:
+    if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to reduce")
-    search = _Search(profile, cluster, CommModel(cluster, comm_model), overlap)
+    comm = CommModel(cluster, comm_model)
+
+    def full(k: int) -> tuple[Plan, float]:
+        schedule = schedule_for(profile, k)
+        return _search_plan(deferred_profile(profile, schedule), cluster, comm, overlap, input_spread,
+                            contention_spread, schedule)
+
+    decision: dict[str, Any] = {"mode": mode}
+    if mode == "auto":
+        # each k in {0, 1, 2, 4, ..., K} (K: all deferrable modules within the memory cap) is
+        # screened by a short search (stage 1, its best candidates on the spread: ~0.07 s for 200
+        # parameters); the full search then runs once, for the chosen k. k = 0 is kept unless a
+        # deferral screens more than DEFER_MARGIN faster.
+        k_max = max_k(profile)
+        ks = candidate_ks(k_max)
+        chosen = 0
+        decision.update(k_max=k_max, memory_cap_bytes=memory_cap_bytes(profile), candidates=ks)
+        if k_max > 0:
+            screened = {k: _search_plan(deferred_profile(profile, schedule_for(profile, k)), cluster, comm, overlap,
+                                        input_spread, contention_spread, None, quick=True)[1] for k in ks}
+            best_k = min(ks, key=lambda k: (screened[k], k))
+            if screened[best_k] < screened[0] * (1 - DEFER_MARGIN):
+                chosen = best_k
+            decision["screened_s"] = {str(k): screened[k] for k in ks}
+        decision["chosen"] = chosen
+        plan, _ = full(chosen)
+    else:
+        plan, _ = full(0 if mode == "off" else mode)
+    plan.options["compute_schedule"] = decision
+    if resized:
+        plan.options["cluster_resized_from"] = resized
+    return plan
+
+
+def _search_plan(profile: ModelProfile, cluster: ClusterSpec, comm: CommModel, overlap: str, input_spread: float,
+                 contention_spread: float, schedule: ComputeSchedule | None,
+                 quick: bool = False) -> tuple[Plan, float]:
+    """The plan search for one (possibly deferred) profile: the plan and its objective (the mean
+    over the spread, or the step time on the inputs exactly with `input_spread=0`).
+
+    `quick` (screening a compute schedule): stage 1 only on the inputs, then the best
+    `QUICK_RESCORE` candidates scored on the spread; no plan is assembled (None)."""
+    params = ready_sorted(profile)
+    search = _Search(profile, cluster, comm, overlap)
     total = sum(p.bytes for p in params)
     s_half = search.s_half_bytes(total)
     s_half_queued = search.s_half_bytes(total, queued=True)
@@ -122,6 +174,11 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         for cand in search.basic_orders(groups):
             key = search.evaluate(cand)
             best_of[groups] = min(best_of.get(groups, key), key)
+
+    if quick:
+        if input_spread > 0:
+            search.rescore(spread_scenarios(cluster, input_spread, search.comm, contention_spread), QUICK_RESCORE)
+        return None, search.best_key[0]  # type: ignore[return-value]
 
     # stage 2: the best groupings with a sweep of k
     for groups in sorted(best_of, key=best_of.__getitem__)[:TOP_GROUPINGS]:
@@ -152,6 +209,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     spread_s = (None if search.scenarios is None
                 else spread_step_time_s(search._workload(best), search.scenarios, overlap, PLAN_ITERATIONS))
     plan = search.to_plan(best)
+    plan.compute_schedule = schedule if schedule is not None and not schedule.empty else None
     result = simulate(profile, cluster, plan, overlap=overlap, trace=False, comm=search.comm)
     plan.predicted_step_time_s = result.step_time_s
     plan.options = {
@@ -171,9 +229,7 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
                     "collective": cluster.collective, "topology": cluster.topology},
         "predicted": {k: getattr(result, k) for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_s")},
     }
-    if resized:
-        plan.options["cluster_resized_from"] = resized
-    return plan
+    return plan, search.best_key[0]
 
 
 class _Search:
@@ -250,10 +306,14 @@ class _Search:
             self.best, self.best_key = cand, key
         return key
 
-    def rescore(self, scenarios: list[Scenario]) -> None:
+    def rescore(self, scenarios: list[Scenario], limit: int | None = None) -> None:
         """Make the mean step time over `scenarios` the objective, and score every candidate seen
-        so far again on it, in the order they were first seen (the tie-break)."""
+        so far again on it, in the order they were first seen (the tie-break); with `limit`, only
+        the best `limit` of them (in that order)."""
         seen = [cand for _, cand in self._seen.values()]
+        if limit is not None:
+            keep = {id(c) for _, c in sorted(self._seen.values(), key=lambda kc: kc[0])[:limit]}
+            seen = [c for c in seen if id(c) in keep]
         self.scenarios = scenarios
         self._seen = {}
         self.best = self.best_key = None
