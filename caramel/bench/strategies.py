@@ -166,7 +166,7 @@ def build_caramel(strategy: Strategy, model, optimizer, inputs, targets, loss_fn
         return dict(s) if isinstance(s, dict) else dict(vars(s))
 
     def settled() -> bool:
-        from caramel.strategies.caramel.parallelize import schedule_settled
+        from caramel.runtime import schedule_settled
         return schedule_settled(opt)
 
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,

@@ -168,16 +168,6 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     return wrapped, optimizer
 
 
-def schedule_settled(optimizer: torch.optim.Optimizer) -> bool:
-    """True once the engine behind `optimizer` has settled on its schedule: online profiling and
-    any overlap trial are over (they end at the same step on every rank). It stays True until a
-    re-plan (a changed module order, `replan="auto"`) starts a new profile or trial."""
-    engine = getattr(optimizer, "_caramel_engine", None)
-    if engine is None:
-        raise CaramelError("schedule_settled: the optimizer is not one that caramel.parallelize returned")
-    return engine.controller is None or engine.controller.settled()
-
-
 def mute_gradient_communication(optimizer: torch.optim.Optimizer) -> None:
     """Headroom analysis, the engine's twin of torch DDP's `noop_hook`: from now on every gradient
     collective of the engine behind `optimizer` is a no-op, so each rank updates with its own
