@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     from caramel.profile.profiler import profile_model
     from caramel.runtime.model import CaramelModel
     from caramel.strategies.api import parallelize
-    from caramel.strategies.caramel.parallelize import shutdown
+    from caramel.strategies.api import shutdown
 
 # torch-dependent names load on first use, so that `caramel simulate`/`plan` start fast
 _LAZY = {
     "DistInfo": "caramel.distributed", "init_distributed": "caramel.distributed",
     "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime.model", "parallelize": "caramel.strategies.api",
-    "shutdown": "caramel.strategies.caramel.parallelize",
+    "shutdown": "caramel.strategies.api",
 }
 
 

@@ -174,3 +174,53 @@ def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int
         return ProcessGroupGloo(store, rank, size, opts)
 
     return build() if priority is None else priority.start(build)
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a tensor for a collective on `group` must live: the current CUDA device on an NCCL
+    group (NCCL moves CUDA tensors only), else the CPU (gloo, or a group with both backends)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def params_device(params: list[torch.Tensor]) -> torch.device:
+    """The one device the parameters live on: the engine's buckets, rows and collectives follow it."""
+    devices = {p.device for p in params}
+    if len(devices) != 1:
+        raise CaramelError("the model's parameters live on several devices ("
+                           + ", ".join(sorted(str(d) for d in devices)) + "); data-parallel training needs each "
+                           "rank's replica on one device: move the model with model.to(device) first")
+    return devices.pop()
+
+
+def comm_group_for(device: torch.device | str, parent: dist.ProcessGroup | None, name: str,
+                   priority: "CommPriority | None" = None, timeout_s: float | None = None) -> dist.ProcessGroup:
+    """The private group an engine's collectives on tensors of `device` run on, over `parent`'s ranks.
+
+    CPU tensors: a one-thread gloo group (`gloo_group`), whose threads get `priority`. CUDA
+    tensors: a new NCCL group over the same ranks (`dist.new_group(ranks, backend="nccl")`): one
+    communicator, whose collectives run on one CUDA stream in issue order, as the one-thread gloo
+    group runs them on the CPU. Not the parent group itself: the user's own collectives and the
+    controller's checks run there, and on one communicator they would slip in between the plan's
+    items; a released engine also destroys its own group, never the user's. `priority` does not
+    apply to NCCL (its progress is on the GPU). Every rank of `parent` calls this with the same
+    `name`, in the same order.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return gloo_group(name, parent, threads=1, timeout_s=timeout_s, priority=priority)
+    if device.type != "cuda":
+        raise CaramelError(f"parameters on {device.type} devices are not supported: the engine moves CPU tensors "
+                           "over gloo and CUDA tensors over NCCL")
+    if not dist.is_nccl_available():
+        backend = dist.get_backend(parent)
+        raise CaramelError(f"the model's parameters are on {device}, but this PyTorch build has no NCCL "
+                           f"(the process group's backend is {backend!r}); gloo would copy every CUDA tensor "
+                           "through the host. Install a CUDA build of PyTorch with NCCL, or train on the CPU")
+    parent = parent or dist.group.WORLD
+    ranks = dist.get_process_group_ranks(parent)
+    timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+    # a subgroup's ranks make it among themselves; the job's whole group is made by every rank
+    return dist.new_group(ranks, backend="nccl", timeout=timeout, group_desc=name,
+                          use_local_synchronization=parent is not dist.group.WORLD)

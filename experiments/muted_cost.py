@@ -1,6 +1,6 @@
 """What a strategy costs besides the network: 2 workers on loopback, every strategy built as the
 bench builds it, its gradient collectives made no-ops (torch's `noop_hook` for DDP,
-`caramel.runtime.mute_gradient_communication` for the engine), timed in interleaved rounds
+`caramel.strategies.caramel.parallelize.mute_gradient_communication` for the engine), timed in interleaved rounds
 beside the plain training step. Prints, per rank, each strategy's median step minus the plain
 step's.
 

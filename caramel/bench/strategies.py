@@ -111,7 +111,7 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
     def settled() -> bool:
         if engine is None:
             return True
-        from caramel.strategies.caramel.parallelize import schedule_settled
+        from caramel.runtime import schedule_settled
         return schedule_settled(opt)
 
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,

@@ -39,7 +39,8 @@ import torch.distributed as dist
 from torch import nn
 
 from caramel.errors import CaramelError
-from caramel.runtime.engine import RELEASED, Engine
+from caramel.runtime.dispatch import RELEASED
+from caramel.runtime.engine import Engine
 
 BUFFER_MODES = ("early", "forward")
 EARLY, AT_FORWARD = 1, 2  # the payload's marker byte
@@ -62,8 +63,10 @@ def buffer_mode(broadcast_buffers: Any) -> str | None:
 class BufferSync:
     """Rank 0's buffers on every rank before each forward that DDP would sync; see the module docstring."""
 
-    def __init__(self, model: nn.Module, engine: Engine, pg: Any, mode: str = "early"):
+    def __init__(self, model: nn.Module, engine: Engine, pg: Any, mode: str = "early",
+                 device: torch.device | str = "cpu"):
         assert mode in BUFFER_MODES
+        self.device = torch.device(device)  # where payloads live: the group's device (CUDA for NCCL)
         self.buffers = [b for b in model.buffers()]
         self.engine = engine
         self.pg = pg
@@ -153,8 +156,8 @@ class BufferSync:
         if key != self._slots_key:
             self._slots, self._slots_key = {}, key
             # foreach copies take neither other devices nor conjugate-bit buffers as targets
-            self._slots_on_cpu = bool(self.buffers) and all(b.device.type == "cpu" and not b.is_conj()
-                                                            for b in self.buffers)
+            self._slots_on_cpu = bool(self.buffers) and self.device.type == "cpu" and all(
+                b.device.type == "cpu" and not b.is_conj() for b in self.buffers)
         if not self._slots_on_cpu:
             return None
         if role not in self._slots:
@@ -176,10 +179,10 @@ class BufferSync:
             payload[-1] = kind
             return payload
         layout, size = self._layout()
-        payload = torch.zeros(size, dtype=torch.uint8)
+        payload = torch.zeros(size, dtype=torch.uint8, device=self.device)
         if self.rank == 0 or always:
             for b, (off, n) in zip(self.buffers, layout):
-                flat = b.detach().resolve_conj().contiguous().reshape(-1).cpu()
+                flat = b.detach().resolve_conj().contiguous().reshape(-1).to(self.device)
                 payload[off:off + n].copy_(flat.view(torch.uint8))
         payload[-1] = kind
         return payload

@@ -25,7 +25,7 @@ why; `"realtime"` is an error where it is not allowed (found before anything is 
 `realtime_refused`); `"normal"` leaves the threads alone. Only native threads seen to start
 while one of the engine's own backends was built are changed, never those of the process
 group the user passed; torch DDP's only after a hand-over, on a group the engine made for it
-(`_Controller._ddp_group`).
+(`caramel.strategies.caramel.handover`).
 """
 from __future__ import annotations
 

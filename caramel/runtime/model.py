@@ -46,12 +46,8 @@ class CaramelModel(nn.Module):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally, with no communication."""
-        old = self._engine.require_sync
-        self._engine.require_sync = False
-        try:
+        with self._engine.no_sync():
             yield
-        finally:
-            self._engine.require_sync = old
 
     def synchronize(self) -> None:
         """Apply every pending update (same as `optimizer.synchronize()`)."""

@@ -49,8 +49,7 @@ class CaramelOptimizerMixin:
     def synchronize(self) -> None:
         """Apply every pending update now (before evaluation, checkpointing, reading parameters)."""
         self._caramel_engine.synchronize()
-        if self._caramel_engine.save_trace is not None:
-            self._caramel_engine.save_trace()
+        self._caramel_engine.write_trace()
 
     def state_dict(self):
         self._caramel_engine.synchronize()

@@ -49,6 +49,7 @@ class RowExchange:
         w = tied.weight
         self.num_rows, self.row_numel = int(w.shape[0]), int(w[0].numel())
         self.dtype = w.dtype
+        self.device = w.device  # the payloads live beside the weight (CUDA tensors go over NCCL)
         self.capacity = 0  # rows per rank in the gather, agreed: it only grows, from the headers
         self.dense = False
         self._work = None
@@ -59,7 +60,7 @@ class RowExchange:
         return 8 + self.row_numel * self.dtype.itemsize
 
     def _pack(self, capacity: int) -> torch.Tensor:
-        buf = torch.zeros(HEADER_BYTES + capacity * self._row_bytes(), dtype=torch.uint8)
+        buf = torch.zeros(HEADER_BYTES + capacity * self._row_bytes(), dtype=torch.uint8, device=self.device)
         ids, rows = self._mine if self._mine is not None else (None, None)
         k = 0 if ids is None else int(ids.numel())
         buf[:HEADER_BYTES].view(torch.int64)[0] = k
@@ -77,7 +78,7 @@ class RowExchange:
         self._mine = None if taken is None else (taken[0], taken[1] * scale)
         if self.dense:
             # the whole weight's shape, and one usage flag: whether any rank had rows
-            full = torch.zeros(self.num_rows * self.row_numel + 1, dtype=self.dtype)
+            full = torch.zeros(self.num_rows * self.row_numel + 1, dtype=self.dtype, device=self.device)
             if self._mine is not None:
                 full[:-1].view(self.num_rows, self.row_numel).index_add_(0, self._mine[0], self._mine[1].reshape(-1, self.row_numel))
                 full[-1] = 1.0

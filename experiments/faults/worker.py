@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 def _plan_for(model, bucket_kb: float, world_size: int):
     """A fifo plan for `model` made here, without profiling (reverse registration order, DDP's first guess)."""
     from caramel.strategies.planners import make_plan
-    from caramel.strategies.caramel.parallelize import _registration_profile
+    from caramel.strategies.caramel.profiling import registration_profile
     from caramel.profile.profiler import unique_params
     names, params = unique_params(model)
     mb = bucket_kb / 1000.0
-    return make_plan("fifo", _registration_profile(names, params), world_size=world_size,
+    return make_plan("fifo", registration_profile(names, params), world_size=world_size,
                      bucket_cap_mb=mb, first_bucket_mb=mb)
 
 

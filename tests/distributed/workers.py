@@ -145,7 +145,7 @@ def shutdown_worker(rank: int, world: int, steps: int) -> dict:
     opt, sched = make_optimizer("sgd_momentum", m.parameters())
     model, opt = caramel.parallelize(m, opt, overlap="forward")
     train(model, opt, sched, w.loss_fn, "cnn_bn", rank, steps)
-    pending = bool(opt.engine._pending_apply)
+    pending = bool(opt.engine.has_pending_updates())
     caramel.shutdown()
     caramel.shutdown()  # idempotent
     out = {"pending_before": pending, "diff": max_diff(params_of(ddp.module), params_of(model.module)),
@@ -249,7 +249,7 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
 
     for step in range(steps):
         if step == 6:
-            controller._delegate_to_ddp()
+            controller.handover.hand_over()
         if step == 12:
             controller.start_profiling()
         one(ddp, ropt, rsched, lambda o: torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.05), step)
@@ -262,7 +262,7 @@ def delegation_worker(rank: int, world: int, family: str, steps: int) -> dict:
     out["diff"] = max_diff(params_of(ddp.module), params_of(model.module))
     out["stats"] = opt.engine.stats_dict()["delegated_to_ddp"]
     # handed over again, then shut down: a further step is an error, not torch DDP quietly going on
-    controller._delegate_to_ddp()
+    controller.handover.hand_over()
     caramel.shutdown()
     try:
         one(model, opt, sched, lambda o: None, steps)
@@ -285,7 +285,7 @@ def vouched_delegation_worker(rank: int, world: int, family: str, steps: int) ->
     out = {"error": None}
     for step in range(steps):
         if step == 6:
-            opt.engine.controller._delegate_to_ddp()
+            opt.engine.controller.handover.hand_over()
             out["search"] = opt.engine.ddp.find_unused_parameters
         x, y = batch(family, step, rank)
         try:

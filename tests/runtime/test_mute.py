@@ -117,7 +117,8 @@ def _online_worker(rank: int, world: int) -> dict:
     """Muting is refused while the engine profiles or trials; once settled it mutes, each rank then
     trains as its own single process would, and a changed module order starts no new profile."""
     import caramel
-    from caramel.strategies.caramel.parallelize import mute_gradient_communication, schedule_settled
+    from caramel.runtime import schedule_settled
+    from caramel.strategies.caramel.parallelize import mute_gradient_communication
 
     torch.manual_seed(0)
     model = _Reorders()

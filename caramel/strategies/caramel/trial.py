@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from caramel.distributed import collective_device
 from caramel.plan.plan import Plan
 
 # Modes an automatic choice considers, in order of trial (and of preference on an exact tie):
@@ -268,6 +269,7 @@ class OverlapTrial:
         t = torch.tensor([c.median_s(paired) for c in cands] + [c.median_error_s(paired) for c in cands],
                          dtype=torch.float64)
         if self.world > 1:
+            t = t.to(collective_device(self.group))
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         values = t.tolist()
         medians = {c.name: float(v) for c, v in zip(cands, values[:n])}

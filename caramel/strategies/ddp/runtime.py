@@ -1,7 +1,8 @@
 """Run the `ddp` strategy: wrap the model in torch's DistributedDataParallel.
 
 The optimizer is returned unchanged, with a `synchronize()` that does nothing (DDP applies every
-update at `step()`), so a loop written for any strategy runs on this one.
+update at `step()`), so a loop written for any strategy runs on this one. `session` is accepted
+and unused: torch owns DDP's groups.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from caramel.strategies.ddp.options import DdpOptions
 def parallelize_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, options: DdpOptions, *,
                     process_group: Any = None, broadcast_buffers: bool | str = True,
                     find_unused_parameters: bool | None = None, timeout_s: float | None = None,
-                    **unsupported: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+                    session: Any = None, **unsupported: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
     given = sorted(k for k, v in unsupported.items() if v is not None)
     if given:
         raise CaramelError(f"strategy 'ddp' takes no {', '.join(given)} (those are the caramel strategy's)")
