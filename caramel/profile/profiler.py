@@ -330,7 +330,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         for _ in range(warmup):
             one_step(None)
         tracker = UseTracker(model, params)
-        sizes = _InputSizes(model, input_bytes)
+        sizes = InputSizes(model, input_bytes)
         try:
             one_step(None, tracker)
         finally:
@@ -344,7 +344,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             timer.remove()
         timer_ref[0] = None
         named = dict(model.named_modules())
-        mods = [named[n] for n in tracker.module_order if n in named and _deferrable(named[n], n, params, tracker)]
+        mods = [named[n] for n in deferrable_modules(model, params, tracker)]
         if mods:
             split = SplitBackward(mods, time_modules=True)
             split.install()
@@ -364,6 +364,12 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                          meta={"torch": torch.__version__, "threads": torch.get_num_threads()})
     add_split_backward(prof, model, split_s, split_bytes, input_bytes)
     return prof
+
+
+def deferrable_modules(model: nn.Module, params: list[nn.Parameter], tracker: UseTracker) -> list[str]:
+    """Names of the modules whose weight gradients a plan may defer, in forward order."""
+    named = dict(model.named_modules())
+    return [n for n in tracker.module_order if n in named and _deferrable(named[n], n, params, tracker)]
 
 
 def _deferrable(module: nn.Module, name: str, params: list[nn.Parameter], tracker: UseTracker) -> bool:
@@ -398,7 +404,7 @@ def add_split_backward(prof: ModelProfile, model: nn.Module, weight_s: dict[nn.M
         info.deferred_bytes = deferred[m]
 
 
-class _InputSizes:
+class InputSizes:
     """Bytes of the tensors each module's forward is called with (summed over calls), one forward."""
 
     def __init__(self, module: nn.Module, out: dict[str, int]):

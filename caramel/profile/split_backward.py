@@ -53,17 +53,23 @@ class SplitBackward:
     to its seconds, in run order (the profiler's measurement of `ModuleInfo.weight_grad_time_s`)."""
 
     def __init__(self, modules: list[nn.Module], on_ready: Callable[[nn.Parameter], None] | None = None,
-                 time_modules: bool = False):
+                 time_modules: bool = False, on_keep: Callable[[], None] | None = None):
         bad = [type(m).__name__ for m in modules if not splittable(m)]
         if bad:
             raise ValueError(f"cannot split the backward of {', '.join(bad)} (see splittable())")
         self.modules = list(modules)
         self.on_ready = on_ready
+        self.on_keep = on_keep  # called inside backward each time a weight gradient is deferred
         self.time_modules = time_modules
         self.last_run_s: dict[nn.Module, float] = {}
         self._pending: dict[int, _Pending] = {}
         self._handles: list[Any] = []
         self._active = False
+        # The splitting functions take the weights from their module, not as inputs: autograd
+        # then has no edge to a weight, so nothing accumulates into it and no gradient hook of
+        # it fires (a hook fires even for a None gradient). This leaf ties their outputs into
+        # the graph when their input needs no gradient (the first layer's data).
+        self._anchor = torch.zeros((), requires_grad=True)
 
     # -- forward: route the modules through the splitting functions
     def install(self) -> None:
@@ -83,6 +89,11 @@ class SplitBackward:
         """`with split.recording(): loss = model(x) ...`: forwards inside are split."""
         return _Recording(self)
 
+    def set_recording(self, active: bool) -> None:
+        """The same as entering (True) or leaving (False) `recording()`, for callers whose
+        forward starts and ends in different hooks."""
+        self._active = active
+
     def _splitting_forward(self, module: nn.Module) -> Callable[..., torch.Tensor]:
         plain = type(module).forward.__get__(module)
 
@@ -90,12 +101,14 @@ class SplitBackward:
             if not self._active or not torch.is_grad_enabled():
                 return plain(inp)
             if isinstance(module, nn.Embedding):
-                return _EmbeddingSplit.apply(inp, module.weight, self, module)
-            return _DenseSplit.apply(inp, module.weight, module.bias, self, module)
+                return _EmbeddingSplit.apply(inp, self._anchor, self, module)
+            return _DenseSplit.apply(inp, self._anchor, self, module)
         return forward
 
     def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> None:
         self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out))
+        if self.on_keep is not None:
+            self.on_keep()
 
     # -- after backward
     def pending(self) -> bool:
@@ -183,9 +196,11 @@ class _DenseSplit(torch.autograd.Function):
     """Linear or convolution whose backward returns the input gradient only."""
 
     @staticmethod
-    def forward(ctx, inp, weight, bias, split, module):
+    def forward(ctx, inp, _anchor, split, module):
         ctx.split, ctx.module = split, module
-        ctx.save_for_backward(inp, weight)
+        weight, bias = module.weight.detach(), module.bias.detach() if module.bias is not None else None
+        ctx.save_for_backward(inp)
+        ctx.weight = weight
         ctx.input_needs_grad = inp.requires_grad
         if isinstance(module, nn.Linear):
             return F.linear(inp, weight, bias)
@@ -194,20 +209,20 @@ class _DenseSplit(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        inp, weight = ctx.saved_tensors
+        (inp,) = ctx.saved_tensors
         ctx.split._keep(ctx.module, inp, g)
-        gi = _input_grad(ctx.module, inp, weight, g) if ctx.input_needs_grad else None
-        return gi, None, None, None, None
+        gi = _input_grad(ctx.module, inp, ctx.weight, g) if ctx.input_needs_grad else None
+        return gi, None, None, None
 
 
 class _EmbeddingSplit(torch.autograd.Function):
     """Embedding lookup whose weight gradient is kept for later (it has no input gradient)."""
 
     @staticmethod
-    def forward(ctx, ids, weight, split, module):
+    def forward(ctx, ids, _anchor, split, module):
         ctx.split, ctx.module = split, module
         ctx.save_for_backward(ids)
-        return F.embedding(ids, weight, module.padding_idx)
+        return F.embedding(ids, module.weight.detach(), module.padding_idx)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

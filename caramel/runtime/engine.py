@@ -105,6 +105,8 @@ class Engine(EngineHooks):
         self._module_pos: dict[str, int] = {}
         self._param_index = {id(q): i for i, q in enumerate(params)}
         self._rows_of_bucket: dict[int, list[RowExchange]] = {}
+        self._split = None  # SplitBackward of the plan's compute schedule (hooks.set_compute_schedule)
+        self._split_names: list = []
         if not self.passthrough:
             self._install_grad_hooks()
 
@@ -254,6 +256,8 @@ class Engine(EngineHooks):
             if bs:
                 self._module_buckets[name] = bs
         self.install_forward_hooks()
+        schedule = getattr(plan, "compute_schedule", None)
+        self.set_compute_schedule(list(schedule.modules) if schedule is not None else [])
 
     # ---------------------------------------------------------------- waiting and applying
 
@@ -440,6 +444,7 @@ class Engine(EngineHooks):
                 pass
 
     def remove_hooks(self) -> None:
+        self.set_compute_schedule([])
         for h in self._hook_handles + self._grad_handles:
             h.remove()
         for ex in self.row_exchanges:

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from caramel.errors import CaramelError
+from caramel.profile.split_backward import SplitBackward
 from caramel.profile.tied import TiedEmbedding
 from caramel.runtime.buckets import FlatBucket
 from caramel.runtime.tied import RowExchange
@@ -44,6 +45,61 @@ class EngineHooks:
         return (not self.passthrough and not self.delegating and self.require_sync and self.plan is not None
                 and self.comm is not None)
 
+    def set_compute_schedule(self, modules: list[str], timed: bool = False) -> None:
+        """Defer the weight gradients of `modules` (names in `self.module`, in the order their
+        gradients are computed: `caramel.profile.split_backward`) in every forward whose
+        gradients the engine reduces; [] restores autograd's order. Each deferred gradient fills
+        its bucket the moment it exists, as a gradient hook would. `timed`: time each one
+        (`deferred_timings`), for the online profile."""
+        current = [n for n, _ in self._split_names] if self._split is not None else []
+        if modules == current and (self._split is None or self._split.time_modules == (timed or self.recorder.enabled)):
+            return
+        if self._split is not None:
+            self._split.remove()
+            self._split = None
+        self._split_names = []
+        if modules:
+            named = dict(self.module.named_modules())
+            missing = [n for n in modules if n not in named]
+            if missing:
+                raise CaramelError(f"the plan defers weight gradients of {', '.join(missing)}, which this model "
+                                   "does not have")
+            self._split_names = [(n, named[n]) for n in modules]
+            self._split = SplitBackward([named[n] for n in modules], on_ready=self._deferred_ready,
+                                        on_keep=self._queue_finalize, time_modules=timed or self.recorder.enabled)
+            self._split.install()
+
+    def _deferred_ready(self, param: nn.Parameter) -> None:
+        idx = self._param_index.get(id(param))
+        if idx is not None and param.requires_grad:
+            self._grad_hook(idx)(param)
+
+    def _queue_finalize(self) -> None:
+        """`_finalize_backward` runs when autograd ends this backward (queued once per backward)."""
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+
+    def _run_deferred(self) -> None:
+        """The deferred weight gradients, first layer first; each fills its bucket at once."""
+        t0 = self.recorder.now()
+        self._split_kept = {m: self._split.deferred_bytes(m) for _, m in self._split_names}
+        self._split.run()
+        if self.recorder.enabled:
+            # one event per module, laid end to end from the measured seconds: the plot marks them
+            t = t0
+            for name, m in self._split_names:
+                dt = self._split.last_run_s.get(m)
+                if dt is not None:
+                    self.recorder.record("compute", "deferred", f"wgrad:{name}", t, t + dt)
+                    t += dt
+
+    def deferred_timings(self) -> tuple[dict[nn.Module, float], dict[nn.Module, int]]:
+        """Seconds of each deferred weight gradient in the last backward, and the bytes each kept."""
+        if self._split is None:
+            return {}, {}
+        return dict(self._split.last_run_s), dict(getattr(self, "_split_kept", {}))
+
     def _install_grad_hooks(self) -> None:
         for i, p in enumerate(self.params):
             if p.requires_grad:
@@ -69,9 +125,7 @@ class EngineHooks:
         def hook(p: torch.Tensor) -> None:
             if self.passthrough or self.delegating or not self.require_sync or self.plan is None:
                 return
-            if not self._callback_queued:
-                self._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+            self._queue_finalize()
             b = self.bucket_of.get(idx)
             if b is None:
                 return
@@ -114,12 +168,16 @@ class EngineHooks:
         def hook(m, args):
             self._last_pos = -1
             self._fwd_t0 = self.recorder.now()
+            if self._split is not None:
+                self._split.set_recording(self._splits_now() and torch.is_grad_enabled())
             inner(m, args)
         return hook
 
     def _root_post_hook(self, _m, _args, _out) -> None:
         # Updates whose parameters this forward did not use are applied now, so the next
         # backward never overwrites a bucket that still holds unapplied gradients.
+        if self._split is not None:
+            self._split.set_recording(False)
         if self._pending_apply:
             self._wait_apply(sorted(self._pending_apply))
         self.recorder.record("compute", "forward", "forward", self._fwd_t0, self.recorder.now())
@@ -133,7 +191,10 @@ class EngineHooks:
             self._dispatcher.issue_ready(self.buckets)
 
     def _finalize_backward(self) -> None:
-        """End of backward: fill in parameters without gradients, issue everything left."""
+        """End of backward: the deferred weight gradients, then parameters without gradients
+        filled in and everything left issued."""
+        if self._split is not None and self._split.pending():
+            self._run_deferred()
         for fb in self.buckets:
             if fb.ready:
                 continue

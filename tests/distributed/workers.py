@@ -432,3 +432,54 @@ def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: s
     return {"error": None, "diff": max_diff(params_of(ddp.module), params_of(model.module)),
             "eval_diff": max_diff(ref_evals, evals),
             "buffers_equal": all(torch.equal(a, b) for a, b in zip(ddp.module.buffers(), model.module.buffers()))}
+
+
+def compute_schedule_worker(rank: int, world: int, steps: int, schedules: tuple, overlaps: tuple) -> dict:
+    """Deferred weight gradients forced on (k layers, or "all" the model has), every family and
+    optimizer, with no_sync accumulation and clipping in some steps, against DDP."""
+    out = {}
+    for family in FAMILIES:
+        for opt_kind in OPTIMIZERS:
+            w = fresh(family)
+            ref_model = copy.deepcopy(w.model)
+            ddp = torch.nn.parallel.DistributedDataParallel(ref_model, find_unused_parameters=(family == "mlp_unused"))
+            ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
+            _train_messy(ddp, ropt, rsched, w.loss_fn, family, rank, steps, clip=torch.nn.utils.clip_grad_norm_)
+            ref = params_of(ddp.module)
+            for k in schedules:
+                for overlap in overlaps:
+                    m = copy.deepcopy(w.model)
+                    opt, sched = make_optimizer(opt_kind, m.parameters())
+                    kk = _all_deferrable(m, w) if k == "all" else k
+                    model, opt = caramel.parallelize(m, opt, overlap=overlap, compute_schedule=kk)
+                    _train_messy(model, opt, sched, w.loss_fn, family, rank, steps,
+                                 clip=lambda ps, n, o=opt: caramel.clip_grad_norm_(o, n))
+                    opt.synchronize()
+                    out[(family, opt_kind, k, overlap)] = max_diff(ref, params_of(model.module))
+                    schedule = opt.engine.plan.compute_schedule
+                    out[(family, opt_kind, k, overlap, "deferred")] = list(schedule.modules) if schedule else []
+    return out
+
+
+def _all_deferrable(model: nn.Module, w) -> int:
+    """How many layers of `model` a plan may defer (what `compute_schedule="all"` stands for here)."""
+    from caramel.profile.profiler import profile_model
+    prof = profile_model(copy.deepcopy(model), w.inputs, w.targets, w.loss_fn, steps=1)
+    return sum(1 for m in prof.modules if m.splittable)
+
+
+def _train_messy(model, opt, sched, loss_fn, family, rank, steps, clip):
+    """Like `train`, with two micro-batches accumulated under no_sync every third step and the
+    global norm clipped every fourth."""
+    for step in range(steps):
+        x, y = batch(family, step, rank)
+        if step % 3 == 2:
+            with model.no_sync():
+                x2, y2 = batch(family, step + 100, rank)
+                loss_fn(model(x2), y2).backward()
+        loss_fn(model(x), y).backward()
+        if step % 4 == 3:
+            clip(model.parameters(), 0.5)
+        opt.step()
+        sched.step()
+        opt.zero_grad()

@@ -92,3 +92,21 @@ def test_what_cannot_be_split_is_named():
     assert not splittable(frozen)
     with pytest.raises(ValueError, match="LayerNorm"):
         SplitBackward([nn.LayerNorm(4)])
+
+
+def test_no_gradient_hook_fires_for_a_deferred_weight():
+    """Autograd sees no edge to a deferred weight: its post-accumulate hooks stay quiet (they
+    would fire even for a None gradient), so only `on_ready` reports it."""
+    torch.manual_seed(0)
+    model = Net()
+    fired = []
+    for n in ("emb", "conv1", "fc1"):
+        getattr(model, n).weight.register_post_accumulate_grad_hook(lambda p, n=n: fired.append(n))
+    split = SplitBackward([model.emb, model.conv1])
+    split.install()
+    ids, y = _data()
+    with split.recording():
+        nn.functional.mse_loss(model(ids), y).backward()
+    assert fired == ["fc1"]
+    split.run()
+    assert fired == ["fc1"] and model.emb.weight.grad is not None

@@ -169,7 +169,10 @@ class Controller:
         if self.profiler is not None:  # profiling again from the start
             self.profiler.detach()
             self.profiler.stop()
-        self.profiler = OnlineProfiler(self.engine, self.model, self.params, self.rank, self.profile_steps)
+        # the planner may defer weight gradients unless told not to: time them in one more step
+        split = self.planner_options.get("compute_schedule", "auto") != "off"
+        self.profiler = OnlineProfiler(self.engine, self.model, self.params, self.rank, self.profile_steps,
+                                       measure_split=split)
         self.engine.set_plan(plan, None)
         self.engine.set_mode(self.engine.overlap, sync_apply=True)
         self._install_hooks()

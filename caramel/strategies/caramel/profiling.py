@@ -2,8 +2,11 @@
 
 While no profile is given, the engine runs a provisional DDP-like plan (reverse registration
 order, updates at `step()`) and `OnlineProfiler` watches the user's own steps: step 1 records
-which module uses which parameter and the forward's module order; steps 2 .. 1 + profile_steps
-time forward, backward, each gradient's ready time and the optimizer. The provisional plan's
+which module uses which parameter and the forward's module order (step 0); step 1 runs with
+the weight gradients of every layer a plan may defer computed apart, each timed and its kept
+bytes counted (`caramel.profile.split_backward`, through the engine so the gradients still
+reach the buckets); steps 2 .. 1 + profile_steps time forward, backward, each gradient's ready
+time and the optimizer. The provisional plan's
 collectives are timed too (`Engine.start_measuring`), so that without a cluster spec from the
 user the plan is made for the link they show (`measured_cluster`): the latency of tiny
 all-reduces on an idle link, of back-to-back pieces on a busy one, the CPU time each costs,
@@ -20,7 +23,8 @@ import torch.nn as nn
 
 from caramel.distributed import collective_device
 from caramel.profile.model_profile import ModelProfile, ParamInfo
-from caramel.profile.profiler import StepTimer, UseTracker, build_profile, dtype_name
+from caramel.profile.profiler import (InputSizes, StepTimer, UseTracker, add_split_backward, build_profile,
+                                      deferrable_modules, dtype_name)
 from caramel.runtime.engine import Engine
 from caramel.topology.spec import ClusterSpec
 
@@ -30,9 +34,16 @@ LATENCY_PROBES = 8  # tiny all-reduces timed after the profiling steps (see meas
 class OnlineProfiler:
     """The profiling steps' hooks and timers; `step_end()` returns the profile once complete."""
 
-    def __init__(self, engine: Engine, model: nn.Module, params: list[nn.Parameter], rank: int, profile_steps: int):
+    def __init__(self, engine: Engine, model: nn.Module, params: list[nn.Parameter], rank: int, profile_steps: int,
+                 measure_split: bool = True):
         self.engine, self.model, self.params, self.rank = engine, model, params, rank
         self.profile_steps = profile_steps
+        self.measure_split = measure_split
+        self._split_on = False
+        self._weight_s: dict[nn.Module, float] = {}
+        self._kept: dict[nn.Module, int] = {}
+        self._input_bytes: dict[str, int] = {}
+        self._input_sizes: InputSizes | None = None
         self.phase_step = 0
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
@@ -43,16 +54,20 @@ class OnlineProfiler:
 
     def forward_pre(self) -> None:
         """Root forward starts (training forwards only)."""
-        if self.phase_step == 1 and self.tracker is None:
+        if self.phase_step == 0 and self.tracker is None:
             self.tracker = UseTracker(self.model, self.params)
             self.tracker.__enter__()
+        elif self._split_on and self._input_sizes is None:
+            self._input_sizes = InputSizes(self.model, self._input_bytes)
         elif self.phase_step >= 2 and self.timer is not None and self.timer.cur is None:
             self.timer.forward_start()
 
     def forward_post(self) -> None:
-        if self.tracker is not None and self.tracker._mode is not None and self.phase_step == 1:
+        if self.tracker is not None and self.tracker._mode is not None and self.phase_step == 0:
             self.tracker.__exit__(None, None, None)
             self.tracker._mode = None
+        elif self._input_sizes is not None:
+            self._input_sizes.remove()
         elif self.timer is not None and self.timer.cur is not None:
             self.timer.backward_start()
 
@@ -82,6 +97,15 @@ class OnlineProfiler:
             waited_s = self.engine.stats.last_wait_s - self._wait_at_bwd_end_s
             self.timer.step_end(max(0.0, elapsed_s - waited_s))
         self.phase_step += 1
+        if self.phase_step == 1 and self.measure_split:
+            names = deferrable_modules(self.model, self.params, self.tracker)
+            if names:
+                self.engine.set_compute_schedule(names, timed=True)
+                self._split_on = True
+        if self.phase_step == 2 and self._split_on:
+            self._weight_s, self._kept = self.engine.deferred_timings()
+            self.engine.set_compute_schedule([])
+            self._split_on = False
         if self.phase_step == 2:
             assert self.tracker is not None
             self.timer = StepTimer(self.model, self.tracker.module_order)
@@ -89,8 +113,10 @@ class OnlineProfiler:
             return None
         self.detach()
         self.timer.remove()
-        return build_profile(type(self.model).__name__, 0, self.model, self.tracker, self.timer.samples,
-                             meta={"online": True, "rank": self.rank})
+        profile = build_profile(type(self.model).__name__, 0, self.model, self.tracker, self.timer.samples,
+                                meta={"online": True, "rank": self.rank})
+        add_split_backward(profile, self.model, self._weight_s, self._kept, self._input_bytes)
+        return profile
 
     def detach(self) -> None:
         """The engine's callbacks removed (collectives are still timed until `stop`)."""
