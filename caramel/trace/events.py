@@ -15,7 +15,7 @@ from caramel.jsonio import check_format, format_tag, from_fields, read_json, req
 
 KIND = "trace"
 LANES = ("compute", "comm", "wait")
-EVENT_KINDS = ("forward", "backward", "optimizer", "ready", "issue", "comm", "wait", "apply", "step", "sync")
+EVENT_KINDS = ("forward", "backward", "deferred", "optimizer", "ready", "issue", "comm", "wait", "apply", "step", "sync")
 
 
 @dataclass

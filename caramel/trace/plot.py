@@ -16,7 +16,7 @@ from caramel.trace.events import LANES, Trace
 
 # one colour per event kind; anything unknown is grey
 KIND_COLORS = {
-    "forward": "#4C72B0", "backward": "#55A868", "optimizer": "#8172B2", "apply": "#8172B2",
+    "forward": "#4C72B0", "backward": "#55A868", "deferred": "#1B5E20", "optimizer": "#8172B2", "apply": "#8172B2",
     "comm": "#DD8452", "wait": "#C44E52", "step": "#999999", "sync": "#937860",
 }
 
