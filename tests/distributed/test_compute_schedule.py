@@ -20,6 +20,9 @@ def test_deferred_weight_gradients_match_ddp(world, schedules, overlaps):
     results = run_workers(compute_schedule_worker, world, args=(STEPS, schedules, overlaps), timeout_s=560)
     for rank, res in enumerate(results):
         for key, value in res.items():
+            if key[-1] == "profile":
+                assert value == [], f"rank {rank}: {key}: the online profile is wrong: {value[:3]}"
+                continue
             if key[-1] == "deferred":
                 k = key[2]
                 assert value, f"{key}: the plan defers nothing"

@@ -458,7 +458,19 @@ def compute_schedule_worker(rank: int, world: int, steps: int, schedules: tuple,
                     out[(family, opt_kind, k, overlap)] = max_diff(ref, params_of(model.module))
                     schedule = opt.engine.plan.compute_schedule
                     out[(family, opt_kind, k, overlap, "deferred")] = list(schedule.modules) if schedule else []
+                    out[(family, opt_kind, k, overlap, "profile")] = _profile_sanity(opt.engine.controller.profile)
     return out
+
+
+def _profile_sanity(prof) -> list[str]:
+    """What is wrong with an online profile measured with split steps (empty: nothing): its
+    forward and backward timed, every gradient ready within the backward it was timed in."""
+    bad = []
+    if not prof.forward_time_s > 0 or not prof.backward_time_s > 0:
+        bad.append(f"forward {prof.forward_time_s} s, backward {prof.backward_time_s} s")
+    bad += [f"{p.name} ready at {p.ready_time_s} s" for p in prof.params
+            if p.ready_time_s is not None and not 0 <= p.ready_time_s <= prof.backward_time_s * 1.5]
+    return bad
 
 
 def _all_deferrable(model: nn.Module, w) -> int:

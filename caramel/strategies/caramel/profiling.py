@@ -44,6 +44,7 @@ class OnlineProfiler:
         self._kept: dict[nn.Module, int] = {}
         self._input_bytes: dict[str, int] = {}
         self._input_sizes: InputSizes | None = None
+        self._sizes_taken = False
         self.phase_step = 0
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
@@ -57,7 +58,7 @@ class OnlineProfiler:
         if self.phase_step == 0 and self.tracker is None:
             self.tracker = UseTracker(self.model, self.params)
             self.tracker.__enter__()
-        elif self._split_on and self._input_sizes is None:
+        elif self._split_on and self._input_sizes is None and not self._sizes_taken:
             self._input_sizes = InputSizes(self.model, self._input_bytes)
         elif self.phase_step >= 2 and self.timer is not None and self.timer.cur is None:
             self.timer.forward_start()
@@ -67,7 +68,11 @@ class OnlineProfiler:
             self.tracker.__exit__(None, None, None)
             self.tracker._mode = None
         elif self._input_sizes is not None:
+            # one forward's sizes; left installed, this branch would shadow the timer's below
+            # at every later step (its forward never ended, its backward never started)
             self._input_sizes.remove()
+            self._input_sizes = None
+            self._sizes_taken = True
         elif self.timer is not None and self.timer.cur is not None:
             self.timer.backward_start()
 
