@@ -32,6 +32,7 @@ def timeline_evidence(trace_dir: str | Path, strategy_name: str, skip_steps: int
     try:
         from caramel.trace.load import load_traces
         from caramel.trace.summary import summarize
+        from caramel.trace.windows import mean_lead
 
         trace = load_traces([str(f) for f in files])
         try:
@@ -40,14 +41,16 @@ def timeline_evidence(trace_dir: str | Path, strategy_name: str, skip_steps: int
             summary = summarize(trace)
         agg = dict(summary.aggregate)
         agg.update(_net_of_waiting(trace, summary.rank_steps))
+        agg.update(mean_lead(trace, skip_steps) or {})
     except Exception as e:  # evidence is an extra; a trace the tools cannot read must not fail the bench
         print(f"caramel bench: cannot summarize the timeline of {strategy_name}: {type(e).__name__}: {e}", file=sys.stderr)
         return None
-    out = {k: float(agg[k]) for k in FIELDS + NET_FIELDS if isinstance(agg.get(k), (int, float)) and math.isfinite(agg[k])}
+    out = {k: float(agg[k]) for k in FIELDS + NET_FIELDS + WINDOW_FIELDS if isinstance(agg.get(k), (int, float)) and math.isfinite(agg[k])}
     return out or None
 
 
 NET_FIELDS = ("busy_compute_s", "busy_hidden_comm_s")
+WINDOW_FIELDS = ("first_bucket_lead_s", "deferred_s")  # caramel.trace.windows
 
 
 def _net_of_waiting(trace, rank_steps) -> dict[str, float]:

@@ -173,6 +173,9 @@ def format_breakdown(records: list[Record]) -> str:
                              f"communication {_ms(tl.get('comm_s'))} ms (alone: {_ms(r.comm_s)}), "
                              f"{_ms(tl.get('busy_hidden_comm_s'))} ms of it behind real computation; "
                              f"blocked waiting {_ms(tl.get('wait_s'))} ms")
+                if tl.get("deferred_s"):
+                    lines.append(f"    deferred weight gradients {_ms(tl['deferred_s'])} ms per step; the first-needed "
+                                 f"bucket ready {_ms(tl.get('first_bucket_lead_s'))} ms before backward ends")
     return "\n".join(lines)
 
 
@@ -201,6 +204,8 @@ def _plan_line(plan: dict[str, Any]) -> str:
     shown = ", ".join(f"{b / 1e6:.2f}" for b in sizes[:PLAN_LINE_BUCKETS]) + (", ..." if len(sizes) > PLAN_LINE_BUCKETS else "")
     parts = [f"{plan.get('planner')} {plan.get('order') or ''}".strip(),
              f"{len(sizes)} buckets ({shown} MB), {plan.get('items')} collectives"]
+    if plan.get("deferred_modules"):
+        parts.append(f"weight gradients of {len(plan['deferred_modules'])} layers deferred")
     if plan.get("predicted_step_time_s") is not None:
         parts.append(f"predicted {_ms(plan['predicted_step_time_s'])} ms")
     link = []

@@ -79,4 +79,6 @@ def plan_summary(plan: Plan | None) -> dict[str, Any] | None:
             "predicted_step_time_s": plan.predicted_step_time_s,
             "bandwidth_bps": cluster.get("bandwidth_bps"), "latency_s": cluster.get("latency_s"),
             "queued_latency_s": cluster.get("queued_latency_s"),
-            "collective_cpu_s": cluster.get("collective_cpu_s")}
+            "collective_cpu_s": cluster.get("collective_cpu_s"),
+            "deferred_modules": list(plan.compute_schedule.modules) if plan.compute_schedule else [],
+            "compute_schedule": plan.options.get("compute_schedule")}

@@ -91,7 +91,9 @@ def combine(traces: list[tuple[str, Trace]]) -> Trace:
             owner[r] = name
         events.extend(t.events)
     world = max(t.world_size for _, t in traces)
-    meta = {"merged_from": [n for n, _ in traces]}
+    # the plan's facts every rank shares (the first rank's), with where the events came from
+    shared = {k: v for k, v in min(traces, key=lambda nt: nt[1].meta.get("rank", 0))[1].meta.items() if k != "rank"}
+    meta = dict(shared, merged_from=[n for n, _ in traces])
     return Trace(traces[0][1].source, world, events, meta)
 
 

@@ -40,6 +40,7 @@ from caramel.strategies.caramel.trial import AUTO_CANDIDATES, Candidate
 from caramel.strategies.session import Session
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.recorder import Recorder
+from caramel.trace.windows import window_meta
 
 
 def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, options: CaramelOptions, *,
@@ -284,6 +285,8 @@ def _save_at_exit(engine: Engine, path: Path) -> None:
         e = ref()
         if e is not None and e.recorder.enabled:
             meta = {"plan": e.plan.fingerprint if e.plan else None, "overlap": e.overlap}
+            if e.plan is not None:
+                meta.update(window_meta(e.plan))
             try:
                 meta.update(_save_plan_inputs(e, path))
             except (OSError, ValueError) as err:  # the trace matters more than the plan's inputs
