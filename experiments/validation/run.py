@@ -142,6 +142,17 @@ DEFAULT_GROUPS: list[ModelGroup] = [
     ModelGroup("resnet18", 4, 4, ["250mbit"], [_s("fifo", "backward"), _s("fifo", "forward"), _s("caramel", "forward")],
                {"width": 16}),
 ]
+# Deferred weight gradients (compute_schedule forced to k layers, beside k = 0): the simulator's
+# replay of a deferred backward, on configurations it was not calibrated on.
+DEFERRAL_GROUPS: list[ModelGroup] = [
+    ModelGroup("resnet18", 8, 2, ["125mbit", "500mbit"],
+               [_s("caramel", "forward", compute_schedule="off"), _s("caramel", "forward", compute_schedule=2),
+                _s("caramel", "forward", compute_schedule=8)], {"width": 16}),
+    ModelGroup("gpt2", 2, 2, ["500mbit", "1gbit"],
+               [_s("caramel", "forward", compute_schedule="off"), _s("caramel", "forward", compute_schedule=4),
+                _s("caramel", "forward", compute_schedule=9)]),
+]
+MATRICES = {"default": DEFAULT_GROUPS, "deferral": DEFERRAL_GROUPS}
 DEFAULT_SETTINGS = ValidationSettings()
 QUICK_GROUPS: list[ModelGroup] = [
     ModelGroup("mlp", 8, 2, ["100mbit"], [_s("fifo", "backward"), _s("caramel", "forward")], {"width": 64, "depth": 3}),
@@ -436,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="score each saved run against the median of the others' measurements, beside the simulator (no run)")
     p.add_argument("--markdown", metavar="OUT", help="also write the table as Markdown")
     p.add_argument("--quick", action="store_true", help="2 configurations, few steps (the smoke test)")
+    p.add_argument("--matrix", choices=sorted(MATRICES), default="default",
+                   help="default: the planners and overlaps; deferral: compute_schedule forced to k layers")
     p.add_argument("--network", choices=NETWORKS, default="cluster",
                    help="cluster: netns + tc shaping (needs root); loopback: unshaped, needs --latency and --goodput")
     p.add_argument("--latency", type=float, help="alpha in seconds instead of calibrating (loopback)")
@@ -454,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.json:
             raise CaramelError("--json OUT is required for a run (the report is saved there after every model)")
-        groups = QUICK_GROUPS if args.quick else DEFAULT_GROUPS
+        groups = QUICK_GROUPS if args.quick else MATRICES[args.matrix]
         base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
         settings = ValidationSettings(**{**asdict(base), **({"rounds": args.rounds} if args.rounds else {}),
                                          **({"steps_per_round": args.steps} if args.steps else {})})
