@@ -62,7 +62,7 @@ def test_bad_values_are_one_clear_error(values, message):
 def test_ints_widen_to_floats_and_defaults_stay():
     opts = build_options(CaramelOptions, {"planner": "fifo", "bucket_cap_mb": 5})
     assert opts.bucket_cap_mb == 5.0 and isinstance(opts.bucket_cap_mb, float)
-    assert opts.planner_options() == {"bucket_cap_mb": 5.0, "compute_schedule": "off"}
+    assert opts.planner_options() == {"bucket_cap_mb": 5.0}
     assert build_options(CaramelOptions, {}) == CaramelOptions()
 
 
@@ -100,7 +100,7 @@ def test_compute_schedule_bad_values_are_one_clear_error(value):
 
 
 def test_compute_schedule_takes_auto_off_or_k_for_every_planner():
-    assert CaramelOptions().compute_schedule == "off" and CaramelOptions(compute_schedule="auto").planner_options() == {}
+    assert CaramelOptions().compute_schedule == "auto" and CaramelOptions(compute_schedule="auto").planner_options() == {}
     assert build_options(CaramelOptions, {"compute_schedule": "off"}).planner_options() == {"compute_schedule": "off"}
     name, values = parse_spec("caramel:planner=fifo,compute_schedule=2")
     opts = build_options(CaramelOptions, values)

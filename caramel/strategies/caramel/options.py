@@ -48,7 +48,7 @@ class CaramelOptions:
     # deferred weight gradients (`caramel.plan.compute_schedule`): "auto" (the planner decides,
     # k = 0 included; fifo and fusion defer nothing), "off", or k (forced: the k splittable
     # modules nearest the input, for tests and benchmarks); every planner takes it
-    compute_schedule: str | int = "off"
+    compute_schedule: str | int = "auto"
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
