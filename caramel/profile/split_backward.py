@@ -8,7 +8,7 @@ gradient); `run()` then computes the kept weight gradients in the order given (f
 first), accumulating into `.grad` and calling `on_ready(param)` as each exists, so a transfer
 can start while later layers' weight gradients are still being computed.
 
-The same arithmetic as autograd (`torch.nn.grad.conv*_weight`, `grad_output^T @ input`), in
+The same kernels as autograd (aten `convolution_backward`, `grad_output^T @ input`), so the same bits, in
 another order: a deferred layer keeps its input and output gradient until `run()`, which is the
 extra memory `deferred_bytes()` reports. Layers this cannot split (a padding mode other than
 zeros, an embedding with `max_norm`, `sparse` or `scale_grad_by_freq`, frozen weights) keep
@@ -171,10 +171,15 @@ def weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor) -> tuple
         if module.padding_idx is not None:
             gw[module.padding_idx].zero_()
         return gw, None
-    conv_weight = torch.nn.grad.conv1d_weight if isinstance(module, nn.Conv1d) else torch.nn.grad.conv2d_weight
-    gw = conv_weight(inp, module.weight.shape, g, module.stride, module.padding, module.dilation, module.groups)
-    dims = (0, 2) if isinstance(module, nn.Conv1d) else (0, 2, 3)
-    return gw, g.sum(dims)
+    # the kernel autograd's convolution backward runs, weight and bias only: its bias gradient is
+    # summed in another order than `g.sum(dims)`, and a resumed run must repeat the original's
+    # arithmetic bit for bit (a split step can fall anywhere in a run)
+    bias = module.bias
+    _, gw, gb = torch.ops.aten.convolution_backward(
+        g, inp, module.weight, [bias.shape[0]] if bias is not None else None, module.stride,
+        module.padding, module.dilation, False, [0] * (inp.dim() - 2), module.groups,
+        [False, True, bias is not None])  # splittable(): padding is a tuple of ints here
+    return gw, gb
 
 
 def _input_grad(module: nn.Module, inp: torch.Tensor, weight: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
