@@ -29,11 +29,16 @@ def sgd(params):
 
 
 def reference(steps: int, replicas: int = 1, opt: str = "sgd") -> dict[str, torch.Tensor]:
-    """Single-process training on the whole (all replicas') batch."""
+    """Single-process training on the whole (all replicas') batch; "sgd_micro": one SGD step
+    per microbatch, in order (what PipeDream would be without any staleness)."""
     model = make_model()
-    o = sgd(model.parameters()) if opt == "sgd" else torch.optim.Adam(model.parameters(), lr=1e-3)
+    o = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd(model.parameters())
     for step in range(steps):
-        xs, ys = zip(*(batch(step, r) for r in range(replicas)))
+        if opt == "sgd_micro":
+            xs, ys = batch(step // MICRO)
+            xs, ys = [xs.chunk(MICRO)[step % MICRO]], [ys.chunk(MICRO)[step % MICRO]]
+        else:
+            xs, ys = zip(*(batch(step, r) for r in range(replicas)))
         loss = F.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
         loss.backward()
         o.step()
@@ -75,3 +80,83 @@ def hybrid_worker(rank: int, world: int, steps: int) -> dict:
     for step in range(steps):
         pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
     return {"diff": max_diff(pipe.state_dict(), reference(steps, replicas=2)), "layout": pipe.layout.stage_indices}
+
+
+def pipedream_reference(steps: int, cuts: list[int], vertical_sync: bool) -> dict[str, torch.Tensor]:
+    """PipeDream's semantics in one process, written apart from the runtime: microbatch i's
+    forward at stage s uses that stage's weights after `base + max(0, i - warmup_s)` updates
+    (with vertical sync, stage 0's choice at every stage); its backward differentiates those
+    same weights; each stage then applies its own update, microbatch by microbatch."""
+    from torch.func import functional_call
+
+    from caramel.strategies.pipeline.layout import split_sequential
+
+    model = make_model()
+    stages = split_sequential(model, cuts)
+    n = len(stages)
+    opts = [sgd(s.parameters()) for s in stages]
+    history = [[{k: v.detach().clone() for k, v in s.named_parameters()}] for s in stages]
+    for step in range(steps):
+        xs, ys = batch(step)
+        for i, (x, y) in enumerate(zip(xs.chunk(MICRO), ys.chunk(MICRO))):
+            base = step * MICRO
+            picks = [base + max(0, i - min(MICRO, n - s - 1)) for s in range(n)]
+            if vertical_sync:
+                picks = [picks[0]] * n
+            leaves = [{k: v.detach().requires_grad_() for k, v in history[s][picks[s]].items()} for s in range(n)]
+            h = x
+            for s, stage in enumerate(stages):
+                h = functional_call(stage, leaves[s], (h,))
+            loss = F.cross_entropy(h, y)
+            flat = [t for d in leaves for t in d.values()]
+            grads = dict(zip(map(id, flat), torch.autograd.grad(loss, flat)))
+            for s, stage in enumerate(stages):
+                for (name, p), leaf in zip(stage.named_parameters(), leaves[s].values()):
+                    p.grad = grads[id(leaf)]
+                opts[s].step()
+                opts[s].zero_grad()
+                history[s].append({k: v.detach().clone() for k, v in stage.named_parameters()})
+    return model.state_dict()
+
+
+def pipedream_worker(rank: int, world: int, steps: int) -> dict:
+    """Asynchronous PipeDream, with and without vertical sync, against its one-process oracle;
+    the version log of every microbatch; a longer run's losses."""
+    out = {}
+    for vs in (False, True):
+        pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, schedule="pipedream",
+                                partition=[5], vertical_sync=vs)
+        for step in range(steps):
+            pipe.step(*batch(step), F.cross_entropy)
+        out[vs] = {"diff": max_diff(pipe.state_dict(), pipedream_reference(steps, [5], vs)),
+                   "no_stash_diff": max_diff(pipe.state_dict(), reference(steps * MICRO, opt="sgd_micro")),
+                   "log": pipe._runner.log}
+    pipe = caramel.pipeline(make_model(), plain_sgd, stages=2, microbatches=MICRO, schedule="pipedream",
+                            partition=[3])
+    out["losses"] = [float(pipe.step(*batch(step % 10), F.cross_entropy)) for step in range(CONVERGE_STEPS)]
+    return out
+
+
+CONVERGE_STEPS = 40
+
+
+def plain_sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def sequential_losses(steps: int) -> list[float]:
+    """What PipeDream's run would give without staleness: one plain SGD step per microbatch."""
+    model = make_model()
+    opt = plain_sgd(model.parameters())
+    out = []
+    for step in range(steps):
+        x, y = batch(step % 10)
+        losses = []
+        for xc, yc in zip(x.chunk(MICRO), y.chunk(MICRO)):
+            loss = F.cross_entropy(model(xc), yc)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        out.append(sum(losses) / MICRO)
+    return out
