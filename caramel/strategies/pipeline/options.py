@@ -24,11 +24,13 @@ class PipelineOptions:
     stages: int = 2
     microbatches: int = 4
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
-    partition: str = "auto"
+    partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
     replicas: int = 1
     vertical_sync: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.partition, int) and not isinstance(self.partition, bool):
+            object.__setattr__(self, "partition", str(self.partition))
         if self.stages < 1:
             raise CaramelError(f"stages must be >= 1, got {self.stages!r}")
         if self.microbatches < 1:

@@ -181,19 +181,33 @@ class Pipeline:
             self._runner.reset_versions()
 
 
+def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, options: PipelineOptions,
+                         **common: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The registry's `parallelize` entry: a pipeline is no (model, optimizer) pair that a user's
+    own loop can step (one forward and backward per rank cannot run microbatches across ranks),
+    so this says what to call instead."""
+    raise CaramelError(f"strategy 'pipeline' splits the model across workers: use caramel.pipeline(model, optimizer, "
+                       f"stages={options.stages}, microbatches={options.microbatches}, schedule={options.schedule!r}) "
+                       f"and its step(inputs, targets, loss_fn); `caramel bench --strategies pipeline:...` runs it so")
+
+
 def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int = 4,
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
-             vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None) -> Pipeline:
+             vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
+             options: PipelineOptions | None = None) -> Pipeline:
     """Cut `model` (an `nn.Sequential`) into `stages` across the ranks of `process_group` and
     return the `Pipeline` that trains it; see `PipelineOptions` for the knobs. `optimizer` is
-    the whole model's optimizer or a function that makes one from a stage's parameters."""
+    the whole model's optimizer or a function that makes one from a stage's parameters;
+    `options`, a ready `PipelineOptions`, replaces the option keywords."""
     from caramel.strategies.options import build_options
 
+    if not dist.is_initialized():
+        raise CaramelError("pipeline: torch.distributed is not initialized; call caramel.init_distributed() first")
+    if options is not None:
+        return Pipeline(model, optimizer, options, process_group=process_group, cluster=cluster)
     if not isinstance(partition, str):
         partition = "+".join(str(p) for p in partition) if isinstance(partition, (list, tuple)) else partition
     opts = build_options(PipelineOptions, dict(stages=stages, microbatches=microbatches, schedule=schedule,
                                                partition=partition, replicas=replicas, vertical_sync=vertical_sync),
                          where="pipeline")
-    if not dist.is_initialized():
-        raise CaramelError("pipeline: torch.distributed is not initialized; call caramel.init_distributed() first")
     return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster)

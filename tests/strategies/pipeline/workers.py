@@ -67,10 +67,30 @@ def sync_worker(rank: int, world: int, steps: int) -> dict:
         state = pipe.state_dict()
         out[name] = {"diff": max_diff(state, reference(steps, opt="adam" if "adam" in name else "sgd")),
                      "losses": losses, "boundaries": pipe.boundaries}
-    # load a state, train one more step: the same as the reference's next step from that state
+    # load a state: every rank's stages take it (the whole model's state dict comes back the same)
     pipe.load_state_dict(reference(0))
     out["reloaded"] = max_diff(pipe.state_dict(), reference(0))
+    # the bench's runner for `pipeline:...` steps the same pipeline as a user would
+    from caramel.bench.matrix import Strategy
+    from caramel.bench.strategies import StrategyContext, build_strategy
+
+    model = make_model()
+    x, y = batch(0)
+    runner = build_strategy(Strategy("pipeline", (("partition", 5), ("schedule", "gpipe"))), model, sgd,
+                            x, y, F.cross_entropy, StrategyContext(torch.device("cpu"), rank, world))
+    for _ in range(STEPS_BENCH):
+        runner.step()
+    ref = make_model()
+    opt = sgd(ref.parameters())
+    for _ in range(STEPS_BENCH):
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    out["bench"] = {"name": runner.name, "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
     return out
+
+
+STEPS_BENCH = 3
 
 
 def hybrid_worker(rank: int, world: int, steps: int) -> dict:
