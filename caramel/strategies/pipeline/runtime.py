@@ -7,8 +7,9 @@
 Synchronous schedules ("gpipe", "1f1b", "interleaved") are torch.distributed.pipelining's own:
 its `PipelineStage` and schedules run the microbatches, with gradients averaged over them (so a
 step equals one step on the whole batch). What torch lacks is added here: the partition (explicit
-or PipeDream's planner on a profile), the hybrid layout (stage replicas whose gradients are
-averaged over their replica group), one optimizer step per step, the loss on every rank and a
+or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own;
+torch's stage already runs a DDP-wrapped module with one all-reduce per step), one optimizer
+step per step, the loss on every rank and a
 whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
 """
 from __future__ import annotations
@@ -85,22 +86,8 @@ class Pipeline:
         args = (inputs.to(self.device),) if self.layout.holds_first else ()
         self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
                           return_outputs=False)
-        self._average_replica_grads()
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
-
-    def _average_replica_grads(self) -> None:
-        """Hybrid: the replicas of a stage average their gradients (one flat all-reduce)."""
-        if self.layout.replica_group is None:
-            return
-        grads = [p.grad for m in self.stage_modules for p in m.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.layout.replica_group)
-        flat /= self.layout.replicas
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset: offset + g.numel()].view_as(g))
-            offset += g.numel()
 
     def _share_loss(self, local: torch.Tensor | None) -> torch.Tensor:
         """The last stage's loss, broadcast along the pipeline, then averaged over replicas."""
@@ -131,8 +118,12 @@ class Pipeline:
                                           lay.pipeline_ranks, lay.pipeline_group, self.options.microbatches,
                                           vertical_sync=self.options.vertical_sync)
             return
+        # hybrid: torch's stage runs a DDP-wrapped module with no_sync() for all but the last
+        # microbatch's backward, so the replicas average their gradients once per step
+        runs = [m if lay.replica_group is None else nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
+                for m in self.stage_modules]
         torch_stages = [PipelineStage(m, i, n, self.device, group=lay.pipeline_group)
-                        for m, i in zip(self.stage_modules, lay.stage_indices)]
+                        for m, i in zip(runs, lay.stage_indices)]
         if self.options.schedule == "interleaved":
             self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
         else:
