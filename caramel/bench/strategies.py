@@ -144,4 +144,6 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
         pipe = caramel.pipeline(model, optimizer, options=strategy.spec().options, process_group=ctx.process_group)
     except CaramelError as e:
         raise StrategyUnavailable(str(e)) from None
-    return PipelineRunner(strategy.name, pipe, inputs, targets, loss_fn, ctx.device)
+    # one rank's batch per position: a step trains as many samples as data parallelism does
+    n = pipe.layout.positions
+    return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device)

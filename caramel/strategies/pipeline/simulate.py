@@ -132,10 +132,11 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
                       [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups])
 
 
-def costs_from_profile(profile: ModelProfile, microbatches: int) -> tuple[list[str], list[LayerCost]]:
+def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
     """Per-microbatch `LayerCost`s of the model's top-level layers, from the profile alone: the
-    profiled modules grouped by their first name component, times divided among `microbatches`
-    (linear in batch size), a layer's output the next layer's measured input."""
+    profiled modules grouped by their first name component, a step's batch `batches` times the
+    profile's cut into `microbatches` (times linear in batch size), a layer's output the next
+    layer's measured input."""
     names: list[str] = []
     groups: dict[str, list] = {}
     for m in profile.modules:
@@ -145,12 +146,13 @@ def costs_from_profile(profile: ModelProfile, microbatches: int) -> tuple[list[s
             groups[top] = []
         groups[top].append(m)
     pbytes = {p.index: p.bytes for p in profile.params}
+    scale = batches / microbatches
     out = []
     for k, name in enumerate(names):
         mods = groups[name]
         nxt = groups[names[k + 1]][0].input_bytes if k + 1 < len(names) else 0
-        out.append(LayerCost(sum(m.forward_time_s for m in mods) / microbatches,
-                             sum(m.backward_time_s for m in mods) / microbatches, (nxt or 0) // microbatches,
+        out.append(LayerCost(sum(m.forward_time_s for m in mods) * scale,
+                             sum(m.backward_time_s for m in mods) * scale, int((nxt or 0) * scale),
                              sum(pbytes[i] for m in mods for i in m.params)))
     return names, out
 
@@ -158,9 +160,11 @@ def costs_from_profile(profile: ModelProfile, microbatches: int) -> tuple[list[s
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
                       iterations: int = 4) -> SimResult:
     """The registry's simulator entry: one pipeline of `options.stages` over the first workers
-    (times `replicas`), partition from the options or PipeDream's balance on the profile."""
-    names, costs = costs_from_profile(profile, options.microbatches)
+    (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
+    pipeline's step takes one profile batch per position, so a step trains as many samples as
+    data parallelism over the same workers does (as the bench runs it)."""
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
+    names, costs = costs_from_profile(profile, options.microbatches, batches=positions)
     speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
     per_stage = [speeds[k % positions] for k in range(options.stages)]
     cuts = options.boundaries()
@@ -179,7 +183,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      link_utilization=min(1.0, sum(sc.transfer_s) * 2 * options.microbatches / sim.step_time_s),
                      comm_busy_fraction=min(1.0, comm / sim.step_time_s), iteration_times_s=[sim.step_time_s] * iterations,
                      critical_path={"slowest_stage": plan.slowest_stage, "stage_times_s": plan.stage_times_s},
-                     planner=f"pipeline:{options.schedule}", overlap="pipeline",
+                     planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
                      world_size=positions * options.replicas, num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches})
