@@ -53,6 +53,9 @@ class Pipeline:
         self.layout: Layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
                                           process_group)
         self.device = next(model.parameters()).device
+        if options.schedule == "pipedream" and self.device.type != "cpu":
+            raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
+                               f"this model is on {self.device}")
         self.partition: PartitionPlan | None = None  # the planner's, when partition="auto"
         self.boundaries: list[int] | None = options.boundaries()
         self.stage_modules: list[nn.Sequential] = []
