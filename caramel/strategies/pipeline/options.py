@@ -15,7 +15,9 @@ class PipelineOptions:
     cut into. `schedule`: "gpipe", "1f1b", "interleaved" (synchronous, torch's schedules) or
     "pipedream" (asynchronous 1F1B with weight stashing, an update per microbatch).
     `partition`: "auto" (PipeDream's dynamic program over per-layer costs) or the first layer
-    index of every stage after the first, e.g. "3" or "2+5" (`+`-separated on the command line).
+    index of every stage after the first, e.g. "3" or "2+5" (`+`-separated on the command line),
+    or, for a model that is no `nn.Sequential`, the modules that begin them ("layers.2"), cut by
+    torch.distributed.pipelining's tracer.
     `replicas`: data-parallel copies of each stage (hybrid); the world is stages x replicas
     (stages / stages-per-worker x replicas for "interleaved").
     `vertical_sync`: "pipedream" only: every stage runs a microbatch with the weight version
@@ -43,28 +45,32 @@ class PipelineOptions:
             raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
         self.boundaries()  # a malformed partition is an error now, not at the first step
 
-    def boundaries(self) -> list[int] | None:
-        """The explicit partition as a list of stage start indices, or None for "auto"."""
+    def boundaries(self) -> list[int] | list[str] | None:
+        """The explicit partition as stage start indices or module names, or None for "auto"."""
         return parse_partition(self.partition, self.stages)
 
 
-def parse_partition(partition: str | list[int] | tuple[int, ...], stages: int) -> list[int] | None:
-    """"auto" -> None; "3" / "2+5" / [2, 5] -> the first layer index of stages 1.. (increasing)."""
+def parse_partition(partition: str | list | tuple, stages: int) -> list[int] | list[str] | None:
+    """"auto" -> None; "3" / "2+5" / [2, 5] -> the first layer index of stages 1.. (increasing,
+    for an `nn.Sequential`); "layers.2+layers.4" -> the modules that begin stages 1.. (for any
+    model torch.distributed.pipelining can trace and split)."""
     if isinstance(partition, str):
         if partition == "auto":
             return None
-        try:
-            cuts = [int(p) for p in partition.replace(",", "+").split("+")]
-        except ValueError:
-            raise CaramelError(f"partition must be 'auto' or increasing layer indices like '2+5', "
-                               f"got {partition!r}") from None
-    elif isinstance(partition, (list, tuple)) and all(isinstance(p, int) and not isinstance(p, bool) for p in partition):
+        cuts: list = [p.strip() for p in partition.replace(",", "+").split("+")]
+    elif isinstance(partition, (list, tuple)):
         cuts = list(partition)
     else:
-        raise CaramelError(f"partition must be 'auto' or a list of layer indices, got {partition!r}")
+        raise CaramelError(f"partition must be 'auto', layer indices like '2+5' or module names like "
+                           f"'layers.2+layers.4', got {partition!r}")
+    if all(isinstance(c, int) or (isinstance(c, str) and c.isdigit()) for c in cuts):
+        cuts = [int(c) for c in cuts]
+        if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
+            raise CaramelError(f"partition {partition!r}: boundaries must be increasing layer indices >= 1")
+    elif not all(isinstance(c, str) and c and not c[0].isdigit() for c in cuts):
+        raise CaramelError(f"partition {partition!r}: expected all layer indices (2+5) or all module names "
+                           f"(layers.2+layers.4)")
     if len(cuts) != stages - 1:
         raise CaramelError(f"partition {partition!r} gives {len(cuts) + 1} stages; stages={stages} needs "
                            f"{stages - 1} boundaries")
-    if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
-        raise CaramelError(f"partition {partition!r}: boundaries must be increasing layer indices >= 1")
     return cuts

@@ -38,9 +38,10 @@ class Pipeline:
 
     def __init__(self, model: nn.Module, optimizer: OptimizerLike, options: PipelineOptions, *,
                  process_group: Any = None, cluster: ClusterSpec | None = None) -> None:
-        if not isinstance(model, nn.Sequential):
-            raise CaramelError(f"pipeline: the model must be an nn.Sequential (its children are the layers a "
-                               f"partition cuts between), got {type(model).__name__}")
+        cuts = options.boundaries()
+        if not isinstance(model, nn.Sequential) and not (cuts and isinstance(cuts[0], str)):
+            raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: name the modules that begin "
+                               f"stages 1.. (partition='layers.2+...') for torch's tracer to cut it there")
         if options.schedule == "pipedream" and options.replicas > 1:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
@@ -57,8 +58,8 @@ class Pipeline:
             raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
                                f"this model is on {self.device}")
         self.partition: PartitionPlan | None = None  # the planner's, when partition="auto"
-        self.boundaries: list[int] | None = options.boundaries()
-        self.stage_modules: list[nn.Sequential] = []
+        self.boundaries: list[int] | list[str] | None = cuts
+        self.stage_modules: list[nn.Module] = []
         self._runner: Any = None
         self._loss_fn: Callable | None = None
 
@@ -109,8 +110,11 @@ class Pipeline:
     def _build(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> None:
         if self.boundaries is None:
             self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
-        stages = split_sequential(self.model, self.boundaries)
-        self.stage_modules = [stages[i] for i in self.layout.stage_indices]
+        if isinstance(self.boundaries[0] if self.boundaries else 0, str):
+            self.stage_modules = self._traced_stages(sample)
+        else:
+            stages = split_sequential(self.model, self.boundaries)
+            self.stage_modules = [stages[i] for i in self.layout.stage_indices]
         params = [p for m in self.stage_modules for p in m.parameters()]
         if self.optimizer is None:
             self.optimizer = self._optimizer_arg(params)
@@ -131,6 +135,29 @@ class Pipeline:
             self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
         else:
             self._runner = _SYNC[self.options.schedule](torch_stages[0], self.options.microbatches, loss_fn=loss_fn)
+
+    def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
+        """torch's tracer cuts the model before each named module; its stage modules keep the
+        model's parameter names and the very same parameters (so the whole-model optimizer and
+        state dict hold)."""
+        from torch.distributed.pipelining import SplitPoint
+        from torch.distributed.pipelining import pipeline as trace_pipeline
+
+        names = dict(self.model.named_modules())
+        missing = [b for b in self.boundaries if b not in names]
+        if missing:
+            raise CaramelError(f"pipeline: partition names {missing}, which the model does not have "
+                               f"(its modules include {', '.join(list(names)[1:8])}, ...)")
+        try:
+            pipe = trace_pipeline(self.model, mb_args=(sample.to(self.device),),
+                                  split_spec={b: SplitPoint.BEGINNING for b in self.boundaries})
+        except Exception as e:  # noqa: BLE001 - torch.export's many failure types
+            raise CaramelError(f"pipeline: torch.distributed.pipelining could not trace and split "
+                               f"{type(self.model).__name__}: {type(e).__name__}: {e}") from None
+        if pipe.num_stages != self.options.stages:
+            raise CaramelError(f"pipeline: cutting at {self.boundaries} gave {pipe.num_stages} stages, "
+                               f"not stages={self.options.stages}")
+        return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
 
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> list[int]:
         """partition="auto": the job's first rank profiles the model on one microbatch (a copy, so
@@ -189,7 +216,8 @@ def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microb
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
              vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:
-    """Cut `model` (an `nn.Sequential`) into `stages` across the ranks of `process_group` and
+    """Cut `model` (an `nn.Sequential`, or any model torch's tracer can split at the modules
+    `partition` names) into `stages` across the ranks of `process_group` and
     return the `Pipeline` that trains it; see `PipelineOptions` for the knobs. `optimizer` is
     the whole model's optimizer or a function that makes one from a stage's parameters;
     `options`, a ready `PipelineOptions`, replaces the option keywords."""

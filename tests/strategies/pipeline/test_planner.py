@@ -96,5 +96,6 @@ def test_options_errors_name_the_input():
         PipelineOptions(stages=4, microbatches=2)
     with pytest.raises(CaramelError, match="vertical_sync"):
         PipelineOptions(vertical_sync=True)
-    with pytest.raises(CaramelError, match="partition must be 'auto'"):
-        PipelineOptions(partition="half")
+    with pytest.raises(CaramelError, match="all layer indices .* or all module names"):
+        PipelineOptions(stages=3, partition="2+layers.4")
+    assert PipelineOptions(partition="layers.2").boundaries() == ["layers.2"]

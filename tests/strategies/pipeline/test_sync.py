@@ -19,6 +19,12 @@ def test_sync_schedules_match_single_process():
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
 
 
+def test_traced_model_cut_at_a_named_module_matches_single_process():
+    for out in run_workers(workers.traced_worker, 2, args=(STEPS,), timeout_s=150):
+        assert out["diff"] <= 1e-5, out
+        assert "partition names ['layers.9']" in out["error"], out["error"]
+
+
 def test_hybrid_two_stages_two_replicas_match_whole_batch():
     ranks = run_workers(workers.hybrid_worker, 4, args=(STEPS,), timeout_s=150)
     assert [r["layout"] for r in ranks] == [(0,), (0,), (1,), (1,)]

@@ -93,6 +93,36 @@ def sync_worker(rank: int, world: int, steps: int) -> dict:
 STEPS_BENCH = 3
 
 
+def traced_worker(rank: int, world: int, steps: int) -> dict:
+    """A model that is no nn.Sequential (the zoo's MLP, a ModuleList in a loop), cut by torch's
+    tracer at a named module, against single-process training; a name it lacks is an error."""
+    from caramel.errors import CaramelError
+    from caramel.models import get_model
+
+    def fresh():
+        return get_model("mlp")(batch_size=BATCH, seed=0, width=32, depth=4)
+
+    w = fresh()
+    pipe = caramel.pipeline(w.model, torch.optim.Adam(w.model.parameters(), lr=1e-3), stages=2,
+                            microbatches=MICRO, schedule="1f1b", partition=["layers.2"])
+    ref = fresh().model
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    for step in range(steps):
+        x = batch(step)[0].repeat(1, 16)  # the MLP takes 256 features
+        y = batch(step)[1]
+        pipe.step(x, y, F.cross_entropy)
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    bad = caramel.pipeline(fresh().model, sgd, stages=2, microbatches=MICRO, partition="layers.9")
+    try:
+        bad.step(x, y, F.cross_entropy)
+        error = None
+    except CaramelError as e:
+        error = str(e)
+    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "error": error}
+
+
 def hybrid_worker(rank: int, world: int, steps: int) -> dict:
     """stages=2 x replicas=2: each replica trains its own batch; the result is whole-batch training."""
     pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, schedule="1f1b", partition=[3],
