@@ -22,7 +22,10 @@ def test_sync_schedules_match_single_process():
 def test_traced_model_cut_at_a_named_module_matches_single_process():
     for out in run_workers(workers.traced_worker, 2, args=(STEPS,), timeout_s=150):
         assert out["diff"] <= 1e-5, out
-        assert "partition names ['layers.9']" in out["error"], out["error"]
+        unknown, world, uneven = out["errors"]
+        assert "partition names ['layers.9']" in unknown, unknown
+        assert "stages=3 x replicas=1 needs 3 workers, the group has 2" in world, world
+        assert "must split into microbatches=4 equal parts" in uneven, uneven
 
 
 def test_hybrid_two_stages_two_replicas_match_whole_batch():

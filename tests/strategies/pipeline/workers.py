@@ -120,7 +120,16 @@ def traced_worker(rank: int, world: int, steps: int) -> dict:
         error = None
     except CaramelError as e:
         error = str(e)
-    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "error": error}
+    errors = [error]
+    for make in (lambda: caramel.pipeline(make_model(), sgd, stages=3, microbatches=MICRO, partition=[2, 4]),
+                 lambda: caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, partition=[3]).step(
+                     *batch(0, size=6), F.cross_entropy)):
+        try:
+            make()
+            errors.append(None)
+        except CaramelError as e:
+            errors.append(str(e))
+    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors}
 
 
 def hybrid_worker(rank: int, world: int, steps: int) -> dict:
