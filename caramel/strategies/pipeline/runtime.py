@@ -131,10 +131,14 @@ class Pipeline:
                 for m in self.stage_modules]
         torch_stages = [PipelineStage(m, i, n, self.device, group=lay.pipeline_group)
                         for m, i in zip(runs, lay.stage_indices)]
-        if self.options.schedule == "interleaved":
-            self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
-        else:
-            self._runner = _SYNC[self.options.schedule](torch_stages[0], self.options.microbatches, loss_fn=loss_fn)
+        try:
+            if self.options.schedule == "interleaved":
+                self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
+            else:
+                self._runner = _SYNC[self.options.schedule](torch_stages[0], self.options.microbatches, loss_fn=loss_fn)
+        except ValueError as e:  # torch's own checks of microbatches against stages
+            raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
+                               f"microbatches={self.options.microbatches}: {e}") from None
 
     def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """torch's tracer cuts the model before each named module; its stage modules keep the
@@ -169,7 +173,7 @@ class Pipeline:
         box: list[Any] = [None]
         if dist.get_rank() == ranks[0]:
             probe = copy.deepcopy(self.model)
-            prof = profile_model(probe, sample, sample_targets, loss_fn, steps=2, name="pipeline")
+            prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
             costs = layer_costs_from_profile(prof, probe, sample)
             cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
             speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
