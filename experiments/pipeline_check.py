@@ -5,7 +5,8 @@ with each schedule, interleaved round by round with DDP on the same samples per 
 schedule: the median step time; each stage's compute alone (its forward and backward on the
 microbatches, no communication), the slowest of which is the measured slowest stage; the
 measured bubble `1 - compute / step`. Rank 0 profiles the model and asks the simulator
-(`simulate_pipeline`, the partition the runtime chose) for the same numbers.
+(`simulate_pipeline`, the partition the runtime chose) for the same numbers; "replay" runs the
+simulator's schedule model on this run's measured stage compute instead of the profile's.
 
     python experiments/pipeline_check.py --steps 10 --microbatches 4
 """
@@ -122,7 +123,10 @@ def main() -> None:
     ranks = run_workers(worker, args.workers, args=(args.steps, args.microbatches, args.model), timeout_s=300)
     p, m = args.workers, args.microbatches
     print(f"{args.model}, {p} workers on loopback, {m} microbatches, batch {16 * p} per pipeline step")
-    print(f"{'strategy':10} {'step ms':>8} {'sim ms':>8} {'slowest stage ms':>17} {'bubble':>7} {'sim bubble':>10} {'(p-1)/(m+p-1)':>13}")
+    from caramel.strategies.pipeline.simulate import StageCosts, replay, schedule_actions
+
+    print(f"{'strategy':10} {'step ms':>8} {'sim ms':>8} {'replay ms':>9} {'slowest stage ms':>17} {'bubble':>7} "
+          f"{'sim bubble':>10} {'(p-1)/(m+p-1)':>13}")
     for name in (*SCHEDULES, "ddp"):
         step = max(r[name]["step_s"] for r in ranks)
         if name == "ddp":
@@ -131,7 +135,11 @@ def main() -> None:
         slowest = max(r[name]["stage_compute_s"] for r in ranks)
         bubble = 1 - sum(r[name]["stage_compute_s"] for r in ranks) / (p * step)
         r0 = ranks[0][name]
-        print(f"{name:10} {1e3 * step:8.1f} {1e3 * r0['sim_step_s']:8.1f} {1e3 * slowest:17.1f} {bubble:7.2f} "
+        # the schedule model alone: this run's measured stage compute (backward = 2 x forward), no link
+        per_mb = [r[name]["stage_compute_s"] / m for r in ranks]
+        rep = replay(StageCosts([t / 3 for t in per_mb], [2 * t / 3 for t in per_mb], [0.0] * (p - 1)),
+                     schedule_actions(name, p, p, m)).step_time_s
+        print(f"{name:10} {1e3 * step:8.1f} {1e3 * r0['sim_step_s']:8.1f} {1e3 * rep:9.1f} {1e3 * slowest:17.1f} {bubble:7.2f} "
               f"{r0['sim_bubble']:10.2f} {(p - 1) / (m + p - 1):13.2f}   cut {r0['boundaries']}")
     print(json.dumps(ranks[0], default=str))
 
