@@ -87,13 +87,14 @@ def sync_worker(rank: int, world: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad()
     out["bench"] = {"name": runner.name, "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
+    out["traced"] = traced(steps)
     return out
 
 
 STEPS_BENCH = 3
 
 
-def traced_worker(rank: int, world: int, steps: int) -> dict:
+def traced(steps: int) -> dict:
     """A model that is no nn.Sequential (the zoo's MLP, a ModuleList in a loop), cut by torch's
     tracer at a named module, against single-process training; a name it lacks is an error."""
     from caramel.errors import CaramelError
