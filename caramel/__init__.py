@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     from caramel.runtime.model import CaramelModel
     from caramel.strategies.api import parallelize
     from caramel.strategies.api import shutdown
+    from caramel.strategies.pipeline.runtime import pipeline
 
 # torch-dependent names load on first use, so that `caramel simulate`/`plan` start fast
 _LAZY = {
     "DistInfo": "caramel.distributed", "init_distributed": "caramel.distributed",
     "profile_model": "caramel.profile.profiler", "CaramelModel": "caramel.runtime.model", "parallelize": "caramel.strategies.api",
-    "shutdown": "caramel.strategies.api",
+    "shutdown": "caramel.strategies.api", "pipeline": "caramel.strategies.pipeline.runtime",
 }
 
 
@@ -38,7 +39,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 __all__ = [
     "CaramelError", "CaramelModel", "DistInfo", "FormatError", "MismatchError", "clip_grad_norm_",
-    "init_distributed", "parallelize", "profile_model", "shutdown", "simulate",
+    "init_distributed", "parallelize", "pipeline", "profile_model", "shutdown", "simulate",
 ]
 
 

@@ -94,6 +94,8 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
     import caramel
 
     spec = strategy.spec()
+    if spec.info.name == "pipeline":
+        return _pipeline_runner(strategy, model, optimizer, inputs, targets, loss_fn, ctx)
     extra = {"trace": _trace_path(ctx, strategy)} if spec.info.records_trace else {}
     try:
         wrapped, opt = caramel.parallelize(model, optimizer, spec.info.name, options=spec.options,
@@ -116,3 +118,32 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
 
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
                        finish=opt.synchronize, stats=stats, settled=settled)
+
+
+class PipelineRunner(Runner):
+    """`caramel.pipeline`'s own step (microbatches across the stages, then the update)."""
+
+    def __init__(self, name: str, pipe: Any, inputs, targets, loss_fn: Callable, device: torch.device):
+        self.name, self.pipe = name, pipe
+        self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
+
+    def step(self) -> None:
+        self.pipe.step(self.inputs, self.targets, self.loss_fn)
+        sync_device(self.device)
+
+    def stats(self) -> dict[str, Any]:
+        plan = self.pipe.partition
+        return {"boundaries": self.pipe.boundaries,
+                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None}
+
+
+def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:
+    import caramel
+
+    try:
+        pipe = caramel.pipeline(model, optimizer, options=strategy.spec().options, process_group=ctx.process_group)
+    except CaramelError as e:
+        raise StrategyUnavailable(str(e)) from None
+    # one rank's batch per position: a step trains as many samples as data parallelism does
+    n = pipe.layout.positions
+    return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device)

@@ -196,6 +196,19 @@ def vgg16(batch_size: int = 8, seed: int = 0, width_div: int = 1) -> ModelBatch:
     return ModelBatch("vgg16", VGG16(width_div=width_div), x, y, F.cross_entropy)
 
 
+@register("big_fc")
+def big_fc(batch_size: int = 16, seed: int = 0, hidden: int = 4096) -> ModelBatch:
+    """A small conv front and one large fully-connected layer (2048 x `hidden`, 33 MB at 4096),
+    as an `nn.Sequential` so pipelines can cut it: data parallelism sends that layer's gradient
+    every step, a pipeline only a batch of 2048-float activations."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(32 * 8 * 8, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    x, y = _images(batch_size, seed)
+    return ModelBatch("big_fc", model, x, y, F.cross_entropy)
+
+
 # --- Transformers ---------------------------------------------------------------------------
 
 class Block(nn.Module):

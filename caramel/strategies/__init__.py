@@ -8,6 +8,7 @@ simulator model side by side. `STRATEGIES.register(StrategyInfo(...))` adds one.
 """
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.ddp.options import DdpOptions
+from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.registry import Registry, StrategyInfo, StrategySpec
 
 STRATEGIES = Registry()
@@ -22,5 +23,10 @@ STRATEGIES.register(StrategyInfo(
     parallelize="caramel.strategies.ddp.runtime:parallelize_ddp",
     simulate="caramel.strategies.ddp.simulate:simulate_ddp",
     summary="torch DistributedDataParallel itself, optionally with prioritized communication threads"))
+STRATEGIES.register(StrategyInfo(
+    "pipeline", options=PipelineOptions,
+    parallelize="caramel.strategies.pipeline.runtime:parallelize_pipeline",
+    simulate="caramel.strategies.pipeline.simulate:simulate_pipeline",
+    summary="stages across workers (GPipe, 1F1B, interleaved, async PipeDream), PipeDream's partitioner, hybrid"))
 
 __all__ = ["STRATEGIES", "Registry", "StrategyInfo", "StrategySpec"]

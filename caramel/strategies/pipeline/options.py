@@ -1,0 +1,76 @@
+"""The pipeline strategy's knobs: how many stages, microbatches, which schedule, where to cut."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from caramel.errors import CaramelError
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """`stages`: pipeline stages in all (for "interleaved", a multiple of the workers per pipeline;
+    each worker then holds stages/workers of them). `microbatches`: pieces each step's batch is
+    cut into. `schedule`: "gpipe", "1f1b", "interleaved" (synchronous, torch's schedules) or
+    "pipedream" (asynchronous 1F1B with weight stashing, an update per microbatch).
+    `partition`: "auto" (PipeDream's dynamic program over per-layer costs) or the first layer
+    index of every stage after the first, e.g. "3" or "2+5" (`+`-separated on the command line),
+    or, for a model that is no `nn.Sequential`, the modules that begin them ("layers.2"), cut by
+    torch.distributed.pipelining's tracer.
+    `replicas`: data-parallel copies of each stage (hybrid); the world is stages x replicas
+    (stages / stages-per-worker x replicas for "interleaved").
+    `vertical_sync`: "pipedream" only: every stage runs a microbatch with the weight version
+    the first stage used for it, so a microbatch sees one consistent model."""
+
+    stages: int = 2
+    microbatches: int = 4
+    schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
+    partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
+    replicas: int = 1
+    vertical_sync: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.partition, int) and not isinstance(self.partition, bool):
+            object.__setattr__(self, "partition", str(self.partition))
+        if self.stages < 1:
+            raise CaramelError(f"stages must be >= 1, got {self.stages!r}")
+        if self.microbatches < 1:
+            raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
+        if self.replicas < 1:
+            raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
+        if self.vertical_sync and self.schedule != "pipedream":
+            raise CaramelError(f"vertical_sync applies to schedule=pipedream only, not {self.schedule!r}")
+        if self.schedule == "1f1b" and self.microbatches < self.stages:
+            raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
+        self.boundaries()  # a malformed partition is an error now, not at the first step
+
+    def boundaries(self) -> list[int] | list[str] | None:
+        """The explicit partition as stage start indices or module names, or None for "auto"."""
+        return parse_partition(self.partition, self.stages)
+
+
+def parse_partition(partition: str | list | tuple, stages: int) -> list[int] | list[str] | None:
+    """"auto" -> None; "3" / "2+5" / [2, 5] -> the first layer index of stages 1.. (increasing,
+    for an `nn.Sequential`); "layers.2+layers.4" -> the modules that begin stages 1.. (for any
+    model torch.distributed.pipelining can trace and split)."""
+    if isinstance(partition, str):
+        if partition == "auto":
+            return None
+        cuts: list = [p.strip() for p in partition.replace(",", "+").split("+")]
+    elif isinstance(partition, (list, tuple)):
+        cuts = list(partition)
+    else:
+        raise CaramelError(f"partition must be 'auto', layer indices like '2+5' or module names like "
+                           f"'layers.2+layers.4', got {partition!r}")
+    if all(isinstance(c, int) or (isinstance(c, str) and c.isdigit()) for c in cuts):
+        cuts = [int(c) for c in cuts]
+        if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
+            raise CaramelError(f"partition {partition!r}: boundaries must be increasing layer indices >= 1")
+    elif not all(isinstance(c, str) and c and not c[0].isdigit() for c in cuts):
+        raise CaramelError(f"partition {partition!r}: expected all layer indices (2+5) or all module names "
+                           f"(layers.2+layers.4)")
+    if len(cuts) != stages - 1:
+        raise CaramelError(f"partition {partition!r} gives {len(cuts) + 1} stages; stages={stages} needs "
+                           f"{stages - 1} boundaries")
+    return cuts

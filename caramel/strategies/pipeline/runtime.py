@@ -1,0 +1,239 @@
+"""`caramel.pipeline(...)`: a model cut into stages across workers, trained one step at a time.
+
+    pipe = caramel.pipeline(model, optimizer, stages=2, microbatches=4, schedule="1f1b")
+    loss = pipe.step(inputs, targets, loss_fn)   # every rank calls it with the same batch
+    state = pipe.state_dict()                    # the whole model's, on every rank
+
+Synchronous schedules ("gpipe", "1f1b", "interleaved") are torch.distributed.pipelining's own:
+its `PipelineStage` and schedules run the microbatches, with gradients averaged over them (so a
+step equals one step on the whole batch). What torch lacks is added here: the partition (explicit
+or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own;
+torch's stage already runs a DDP-wrapped module with one all-reduce per step), one optimizer
+step per step, the loss on every rank and a
+whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from caramel.errors import CaramelError
+from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
+from caramel.strategies.pipeline.options import PipelineOptions
+from caramel.strategies.pipeline.pipedream import PipeDreamStage
+from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
+from caramel.topology.spec import ClusterSpec
+
+OptimizerLike = torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+_SYNC = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class Pipeline:
+    """One rank's part of a pipeline: its stage(s), its groups, its optimizer."""
+
+    def __init__(self, model: nn.Module, optimizer: OptimizerLike, options: PipelineOptions, *,
+                 process_group: Any = None, cluster: ClusterSpec | None = None) -> None:
+        cuts = options.boundaries()
+        if not isinstance(model, nn.Sequential) and not (cuts and isinstance(cuts[0], str)):
+            raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: name the modules that begin "
+                               f"stages 1.. (partition='layers.2+...') for torch's tracer to cut it there")
+        if options.schedule == "pipedream" and options.replicas > 1:
+            raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
+        self.model, self.options, self.cluster = model, options, cluster
+        self._optimizer_arg = optimizer
+        self.optimizer: torch.optim.Optimizer | None = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+        if self.optimizer is None and not callable(optimizer):
+            raise CaramelError(f"pipeline: optimizer must be a torch optimizer or a function params -> optimizer, "
+                               f"got {type(optimizer).__name__}")
+        self.process_group = process_group
+        self.layout: Layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
+                                          process_group)
+        self.device = next(model.parameters()).device
+        if options.schedule == "pipedream" and self.device.type != "cpu":
+            raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
+                               f"this model is on {self.device}")
+        self.partition: PartitionPlan | None = None  # the planner's, when partition="auto"
+        self.boundaries: list[int] | list[str] | None = cuts
+        self.stage_modules: list[nn.Module] = []
+        self._runner: Any = None
+        self._loss_fn: Callable | None = None
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> torch.Tensor:
+        """One training step on this pipeline's batch (every rank passes it): the loss, averaged
+        over microbatches (and replicas), returned on every rank."""
+        m = self.options.microbatches
+        if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
+            raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
+                               f"split into microbatches={m} equal parts")
+        if self._runner is None:
+            self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
+        elif loss_fn is not self._loss_fn:
+            raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
+        if self.options.schedule == "pipedream":
+            local = self._runner.step(inputs, targets, loss_fn)
+        else:
+            local = self._sync_step(inputs, targets)
+        return self._share_loss(local)
+
+    def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        last = self.layout.holds_last(self.options.stages)
+        losses: list[torch.Tensor] = []
+        args = (inputs.to(self.device),) if self.layout.holds_first else ()
+        self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
+                          return_outputs=False)
+        self.optimizer.step()
+        return torch.stack(losses).mean().detach() if last else None
+
+    def _share_loss(self, local: torch.Tensor | None) -> torch.Tensor:
+        """The last stage's loss, broadcast along the pipeline, then averaged over replicas."""
+        lay = self.layout
+        src = lay.pipeline_ranks[(self.options.stages - 1) % lay.positions]
+        loss = local.detach().clone().float() if local is not None else torch.zeros((), dtype=torch.float32)
+        loss = loss.to(self.device)
+        dist.broadcast(loss, src=src, group=lay.pipeline_group)
+        if lay.replica_group is not None:
+            dist.all_reduce(loss, group=lay.replica_group)
+            loss /= lay.replicas
+        return loss
+
+    # --- building the stages at the first step ----------------------------------------------
+
+    def _build(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> None:
+        if self.boundaries is None:
+            self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
+        if isinstance(self.boundaries[0] if self.boundaries else 0, str):
+            self.stage_modules = self._traced_stages(sample)
+        else:
+            stages = split_sequential(self.model, self.boundaries)
+            self.stage_modules = [stages[i] for i in self.layout.stage_indices]
+        params = [p for m in self.stage_modules for p in m.parameters()]
+        if self.optimizer is None:
+            self.optimizer = self._optimizer_arg(params)
+        self._loss_fn = loss_fn
+        lay, n = self.layout, self.options.stages
+        if self.options.schedule == "pipedream":
+            self._runner = PipeDreamStage(self.stage_modules[0], lay.stage_indices[0], n, self.optimizer,
+                                          lay.pipeline_ranks, lay.pipeline_group, self.options.microbatches,
+                                          vertical_sync=self.options.vertical_sync)
+            return
+        # hybrid: torch's stage runs a DDP-wrapped module with no_sync() for all but the last
+        # microbatch's backward, so the replicas average their gradients once per step
+        runs = [m if lay.replica_group is None else nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
+                for m in self.stage_modules]
+        torch_stages = [PipelineStage(m, i, n, self.device, group=lay.pipeline_group)
+                        for m, i in zip(runs, lay.stage_indices)]
+        try:
+            if self.options.schedule == "interleaved":
+                self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
+            else:
+                self._runner = _SYNC[self.options.schedule](torch_stages[0], self.options.microbatches, loss_fn=loss_fn)
+        except ValueError as e:  # torch's own checks of microbatches against stages
+            raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
+                               f"microbatches={self.options.microbatches}: {e}") from None
+
+    def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
+        """torch's tracer cuts the model before each named module; its stage modules keep the
+        model's parameter names and the very same parameters (so the whole-model optimizer and
+        state dict hold)."""
+        from torch.distributed.pipelining import SplitPoint
+        from torch.distributed.pipelining import pipeline as trace_pipeline
+
+        names = dict(self.model.named_modules())
+        missing = [b for b in self.boundaries if b not in names]
+        if missing:
+            raise CaramelError(f"pipeline: partition names {missing}, which the model does not have "
+                               f"(its modules include {', '.join(list(names)[1:8])}, ...)")
+        try:
+            pipe = trace_pipeline(self.model, mb_args=(sample.to(self.device),),
+                                  split_spec={b: SplitPoint.BEGINNING for b in self.boundaries})
+        except Exception as e:  # noqa: BLE001 - torch.export's many failure types
+            raise CaramelError(f"pipeline: torch.distributed.pipelining could not trace and split "
+                               f"{type(self.model).__name__}: {type(e).__name__}: {e}") from None
+        if pipe.num_stages != self.options.stages:
+            raise CaramelError(f"pipeline: cutting at {self.boundaries} gave {pipe.num_stages} stages, "
+                               f"not stages={self.options.stages}")
+        return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
+
+    def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> list[int]:
+        """partition="auto": the job's first rank profiles the model on one microbatch (a copy, so
+        the real one is untouched), cuts it with `balanced_boundaries` (speeds from the cluster
+        spec, if any) and sends the cut to every rank."""
+        from caramel.profile.profiler import profile_model
+
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        box: list[Any] = [None]
+        if dist.get_rank() == ranks[0]:
+            probe = copy.deepcopy(self.model)
+            prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
+            costs = layer_costs_from_profile(prof, probe, sample)
+            cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
+            speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
+            speeds += [1.0] * (self.layout.positions - len(speeds))
+            per_stage = [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+            box[0] = balanced_boundaries(costs, per_stage, cluster)
+        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
+        self.partition = box[0]
+        return list(self.partition.boundaries)
+
+    # --- the whole model's state --------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state on every rank: each position contributes its stages' tensors
+        (CPU copies), gathered along the pipeline, in the model's own key order."""
+        if not self.stage_modules:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        own: dict[str, torch.Tensor] = {}
+        for m in self.stage_modules:
+            own.update({k: v.detach().cpu().clone() for k, v in m.state_dict().items()})
+        parts: list[Any] = [None] * self.layout.positions
+        dist.all_gather_object(parts, own, group=self.layout.pipeline_group)
+        merged = {k: v for part in parts for k, v in part.items()}
+        return {k: merged[k] for k in self.model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load the whole model's state (every rank passes all of it; each keeps its stages')."""
+        self.model.load_state_dict(state)
+        if self._runner is not None and self.options.schedule == "pipedream":
+            self._runner.reset_versions()
+
+
+def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, options: PipelineOptions,
+                         **common: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The registry's `parallelize` entry: a pipeline is no (model, optimizer) pair that a user's
+    own loop can step (one forward and backward per rank cannot run microbatches across ranks),
+    so this says what to call instead."""
+    raise CaramelError(f"strategy 'pipeline' splits the model across workers: use caramel.pipeline(model, optimizer, "
+                       f"stages={options.stages}, microbatches={options.microbatches}, schedule={options.schedule!r}) "
+                       f"and its step(inputs, targets, loss_fn); `caramel bench --strategies pipeline:...` runs it so")
+
+
+def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int = 4,
+             schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
+             vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
+             options: PipelineOptions | None = None) -> Pipeline:
+    """Cut `model` (an `nn.Sequential`, or any model torch's tracer can split at the modules
+    `partition` names) into `stages` across the ranks of `process_group` and
+    return the `Pipeline` that trains it; see `PipelineOptions` for the knobs. `optimizer` is
+    the whole model's optimizer or a function that makes one from a stage's parameters;
+    `options`, a ready `PipelineOptions`, replaces the option keywords."""
+    from caramel.strategies.options import build_options
+
+    if not dist.is_initialized():
+        raise CaramelError("pipeline: torch.distributed is not initialized; call caramel.init_distributed() first")
+    if options is not None:
+        return Pipeline(model, optimizer, options, process_group=process_group, cluster=cluster)
+    if not isinstance(partition, str):
+        partition = "+".join(str(p) for p in partition) if isinstance(partition, (list, tuple)) else partition
+    opts = build_options(PipelineOptions, dict(stages=stages, microbatches=microbatches, schedule=schedule,
+                                               partition=partition, replicas=replicas, vertical_sync=vertical_sync),
+                         where="pipeline")
+    return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster)

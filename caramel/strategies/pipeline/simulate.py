@@ -1,0 +1,189 @@
+"""The pipeline strategy in the simulator: per-stage compute lanes, activation transfers over
+the links between positions, the replicas' all-reduce at the end of the step.
+
+The schedule is data: each position's ordered list of (stage, "F" | "B", microbatch), the same
+order the runtime follows ("gpipe", "1f1b"/"pipedream": warmup forwards then one forward one
+backward; "interleaved": torch's own `pipeline_order`). `replay` walks the lists: an action
+starts when its position is free and its input has arrived (the previous stage's forward or the
+next stage's backward, plus one link transfer when they sit on different positions).
+
+    position 0 |F0|F1|F2|F3|        |B0|B1|B2|B3|      GPipe, 2 stages, 4 microbatches:
+    position 1    |F0|F1|F2|F3|B0|B1|B2|B3|            bubble = (p-1)/(m+p-1) of the step
+
+Asynchronous PipeDream drains at every `step()` in this runtime, so it replays like 1F1B.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim.simulate import SimResult
+from caramel.strategies.pipeline.options import PipelineOptions
+from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan, balanced_boundaries, transfer_time_s
+from caramel.topology.spec import ClusterSpec
+
+Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
+    per step: each stage's replica all-reduce."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    transfer_s: list[float]
+    allreduce_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PipelineSim:
+    step_time_s: float
+    busy_s: list[float]  # compute per position
+    finish_s: list[float]  # when each position's last action ends
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the positions over the step (before the replicas' all-reduce)."""
+        span = max(self.finish_s)
+        return 1 - sum(self.busy_s) / (span * len(self.busy_s))
+
+
+def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
+    """Each position's ordered actions, as the runtime runs them."""
+    m = microbatches
+    if schedule == "interleaved":
+        return _torch_order(stages, positions, m)
+    if positions != stages:
+        raise CaramelError(f"schedule={schedule} puts one stage per position; got {stages} stages on {positions}")
+    if schedule == "gpipe":
+        return [[(s, "F", i) for i in range(m)] + [(s, "B", i) for i in range(m)] for s in range(stages)]
+    if schedule not in ("1f1b", "pipedream"):
+        raise CaramelError(f"unknown pipeline schedule {schedule!r}")
+    out = []
+    for s in range(stages):
+        w = min(m, stages - s - 1)
+        acts = [(s, "F", i) for i in range(w)]
+        for k in range(m - w):
+            acts += [(s, "F", w + k), (s, "B", k)]
+        out.append(acts + [(s, "B", k) for k in range(m - w, m)])
+    return out
+
+
+def _torch_order(stages: int, positions: int, m: int) -> list[list[Action]]:
+    """torch's interleaved 1F1B order, read from its schedule built over placeholder stages."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    fake = [SimpleNamespace(num_stages=stages, group_size=positions, group_rank=0, is_last=False, stage_index=i)
+            for i in range(0, stages, positions)]
+    order = ScheduleInterleaved1F1B(fake, m, loss_fn=lambda out, target: out).pipeline_order
+    return [[(a.stage_index, a.computation_type.value, a.microbatch_index)
+             for a in order[p] if a is not None and a.computation_type.value in ("F", "B")] for p in range(positions)]
+
+
+def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
+    """Walk every position's list in order; an action waits for its position and its input."""
+    n = len(costs.forward_s)
+    where = {s: p for p, acts in enumerate(actions) for s, _, _ in acts}
+    done: dict[Action, float] = {}
+    free = [0.0] * len(actions)
+    busy = [0.0] * len(actions)
+    nxt = [0] * len(actions)
+    remaining = sum(map(len, actions))
+    while remaining:
+        progressed = False
+        for p, acts in enumerate(actions):
+            while nxt[p] < len(acts):
+                s, kind, i = acts[nxt[p]]
+                dep = (s - 1, "F", i) if kind == "F" else ((s, "F", i) if s == n - 1 else (s + 1, "B", i))
+                if dep[0] < 0:
+                    ready = 0.0
+                elif dep in done:
+                    link = costs.transfer_s[min(s, dep[0])] if where[dep[0]] != p else 0.0
+                    ready = done[dep] + link
+                else:
+                    break
+                dur = costs.forward_s[s] if kind == "F" else costs.backward_s[s]
+                start = max(free[p], ready)
+                free[p] = done[(s, kind, i)] = start + dur
+                busy[p] += dur
+                nxt[p] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
+    reduce = [max((costs.allreduce_s[s] for s in range(n) if where[s] == p), default=0.0) if costs.allreduce_s
+              else 0.0 for p in range(len(actions))]
+    return PipelineSim(max(f + r for f, r in zip(free, reduce)), busy, free)
+
+
+def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec, replicas: int = 1,
+                speeds: list[float] | None = None) -> StageCosts:
+    """Sum layers into stages (slowed by each stage's worker speed)."""
+    edges = [0, *boundaries, len(costs)]
+    speeds = speeds or [1.0] * (len(edges) - 1)
+    groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
+    return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
+                      [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
+                      [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
+                      [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups])
+
+
+def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
+    """Per-microbatch `LayerCost`s of the model's top-level layers, from the profile alone: the
+    profiled modules grouped by their first name component, a step's batch `batches` times the
+    profile's cut into `microbatches` (times linear in batch size), a layer's output the next
+    layer's measured input."""
+    names: list[str] = []
+    groups: dict[str, list] = {}
+    for m in profile.modules:
+        top = m.name.split(".")[0]
+        if top not in groups:
+            names.append(top)
+            groups[top] = []
+        groups[top].append(m)
+    pbytes = {p.index: p.bytes for p in profile.params}
+    scale = batches / microbatches
+    out = []
+    for k, name in enumerate(names):
+        mods = groups[name]
+        nxt = groups[names[k + 1]][0].input_bytes if k + 1 < len(names) else 0
+        out.append(LayerCost(sum(m.forward_time_s for m in mods) * scale,
+                             sum(m.backward_time_s for m in mods) * scale, int((nxt or 0) * scale),
+                             sum(pbytes[i] for m in mods for i in m.params)))
+    return names, out
+
+
+def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
+                      iterations: int = 4) -> SimResult:
+    """The registry's simulator entry: one pipeline of `options.stages` over the first workers
+    (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
+    pipeline's step takes one profile batch per position, so a step trains as many samples as
+    data parallelism over the same workers does (as the bench runs it)."""
+    positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
+    names, costs = costs_from_profile(profile, options.microbatches, batches=positions)
+    speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
+    per_stage = [speeds[k % positions] for k in range(options.stages)]
+    cuts = options.boundaries()
+    if cuts is None:
+        plan: PartitionPlan = balanced_boundaries(costs, per_stage, cluster)
+    else:
+        index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
+        plan = _plan(costs, cluster, [next(k for k, i in enumerate(index) if i >= c) for c in cuts], [1] * options.stages,
+                     per_stage)
+    sc = stage_costs(costs, plan.boundaries, cluster, options.replicas, per_stage)
+    sim = replay(sc, schedule_actions(options.schedule, options.stages, positions, options.microbatches))
+    compute = max(sim.busy_s)
+    comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches
+    return SimResult(step_time_s=sim.step_time_s, compute_time_s=compute, comm_time_s=comm,
+                     exposed_comm_s=sim.step_time_s - compute, wait_time_s=sim.step_time_s - sum(sim.busy_s) / len(sim.busy_s),
+                     link_utilization=min(1.0, sum(sc.transfer_s) * 2 * options.microbatches / sim.step_time_s),
+                     comm_busy_fraction=min(1.0, comm / sim.step_time_s), iteration_times_s=[sim.step_time_s] * iterations,
+                     critical_path={"slowest_stage": plan.slowest_stage, "stage_times_s": plan.stage_times_s},
+                     planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
+                     world_size=positions * options.replicas, num_items=options.microbatches,
+                     meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
+                           "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches})

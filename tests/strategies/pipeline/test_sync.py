@@ -1,0 +1,51 @@
+"""Synchronous pipelines (torch's schedules under caramel.pipeline) against single-process training."""
+from __future__ import annotations
+
+from caramel.testing import run_workers
+from tests.strategies.pipeline import workers
+
+STEPS = 10
+HYBRID_STEPS = 5  # four processes on two cores: fewer steps, the same bound
+
+
+def test_sync_schedules_match_single_process():
+    ranks = run_workers(workers.sync_worker, 2, args=(STEPS,), timeout_s=150)
+    for out in ranks:
+        for name in ("gpipe", "1f1b", "interleaved", "1f1b_auto_adam"):
+            assert out[name]["diff"] <= 1e-5, (name, out[name])
+            assert out[name]["losses"][-1] < out[name]["losses"][0], (name, out[name]["losses"])
+        assert out["reloaded"] == 0.0
+        assert out["bench"]["name"] == "pipeline:partition=5,schedule=gpipe" and out["bench"]["diff"] <= 1e-5
+        # a model that is no nn.Sequential, cut by torch's tracer at a named module
+        traced = out["traced"]
+        assert traced["diff"] <= 1e-5, traced
+        unknown, world, uneven = traced["errors"]
+        assert "partition names ['layers.9']" in unknown, unknown
+        assert "stages=3 x replicas=1 needs 3 workers, the group has 2" in world, world
+        assert "must split into microbatches=4 equal parts" in uneven, uneven
+    assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
+    assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
+
+
+def test_hybrid_two_stages_two_replicas_match_whole_batch():
+    ranks = run_workers(workers.hybrid_worker, 4, args=(HYBRID_STEPS,), timeout_s=150)
+    assert [r["layout"] for r in ranks] == [(0,), (0,), (1,), (1,)]
+    for out in ranks:
+        assert out["diff"] <= 1e-5, out
+
+
+def test_registered_with_typed_options_and_a_clear_redirect():
+    import pytest
+    import torch
+
+    import caramel
+    from caramel.errors import CaramelError
+    from caramel.strategies import STRATEGIES
+
+    spec = STRATEGIES.spec("pipeline:stages=3,partition=2+4,schedule=pipedream,vertical_sync=true")
+    assert spec.options.boundaries() == [2, 4] and spec.name.startswith("pipeline:")
+    with pytest.raises(CaramelError, match="did you mean 'stages'"):
+        STRATEGIES.spec("pipeline:stagse=2")
+    model = workers.make_model()
+    with pytest.raises(CaramelError, match=r"use caramel.pipeline\(model, optimizer"):
+        caramel.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), "pipeline")

@@ -1,0 +1,222 @@
+"""Worker functions for the pipeline tests (spawned; must be importable), and their oracles."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import caramel
+
+BATCH, MICRO = 8, 4
+
+
+def make_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32),
+                         nn.Tanh(), nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 10))
+
+
+def batch(step: int, replica: int = 0, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + 31 * step + replica)
+    x = torch.randn(size, 16, generator=g)
+    return x, (x[:, :10] * 3).argmax(dim=1)  # a learnable rule, so training converges
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def reference(steps: int, replicas: int = 1, opt: str = "sgd") -> dict[str, torch.Tensor]:
+    """Single-process training on the whole (all replicas') batch; "sgd_micro": one SGD step
+    per microbatch, in order (what PipeDream would be without any staleness)."""
+    model = make_model()
+    o = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd(model.parameters())
+    for step in range(steps):
+        if opt == "sgd_micro":
+            xs, ys = batch(step // MICRO)
+            xs, ys = [xs.chunk(MICRO)[step % MICRO]], [ys.chunk(MICRO)[step % MICRO]]
+        else:
+            xs, ys = zip(*(batch(step, r) for r in range(replicas)))
+        loss = F.cross_entropy(model(torch.cat(xs)), torch.cat(ys))
+        loss.backward()
+        o.step()
+        o.zero_grad()
+    return model.state_dict()
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert list(a) == list(b), (list(a), list(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def sync_worker(rank: int, world: int, steps: int) -> dict:
+    """Every synchronous schedule against single-process training; state dict round trip."""
+    out = {}
+    configs = {"gpipe": dict(schedule="gpipe", partition=[3]),
+               "1f1b": dict(schedule="1f1b", partition=[5]),
+               "interleaved": dict(schedule="interleaved", stages=4, partition=[2, 4, 6]),
+               "1f1b_auto_adam": dict(schedule="1f1b", partition="auto")}
+    for name, cfg in configs.items():
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3) if "adam" in name else sgd
+        cfg = {"stages": 2, **cfg}
+        pipe = caramel.pipeline(model, opt, microbatches=MICRO, **cfg)
+        losses = [float(pipe.step(*batch(step), F.cross_entropy)) for step in range(steps)]
+        state = pipe.state_dict()
+        out[name] = {"diff": max_diff(state, reference(steps, opt="adam" if "adam" in name else "sgd")),
+                     "losses": losses, "boundaries": pipe.boundaries}
+    # load a state: every rank's stages take it (the whole model's state dict comes back the same)
+    pipe.load_state_dict(reference(0))
+    out["reloaded"] = max_diff(pipe.state_dict(), reference(0))
+    # the bench's runner for `pipeline:...` steps the same pipeline as a user would
+    from caramel.bench.matrix import Strategy
+    from caramel.bench.strategies import StrategyContext, build_strategy
+
+    model = make_model()
+    x, y = batch(0)
+    runner = build_strategy(Strategy("pipeline", (("partition", 5), ("schedule", "gpipe"))), model, sgd,
+                            x, y, F.cross_entropy, StrategyContext(torch.device("cpu"), rank, world))
+    for _ in range(STEPS_BENCH):
+        runner.step()
+    ref = make_model()
+    opt = sgd(ref.parameters())
+    for _ in range(STEPS_BENCH):
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    out["bench"] = {"name": runner.name, "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
+    out["traced"] = traced(steps)
+    return out
+
+
+STEPS_BENCH = 3
+
+
+def traced(steps: int) -> dict:
+    """A model that is no nn.Sequential (the zoo's MLP, a ModuleList in a loop), cut by torch's
+    tracer at a named module, against single-process training; a name it lacks is an error."""
+    from caramel.errors import CaramelError
+    from caramel.models import get_model
+
+    def fresh():
+        return get_model("mlp")(batch_size=BATCH, seed=0, width=32, depth=4)
+
+    w = fresh()
+    pipe = caramel.pipeline(w.model, torch.optim.Adam(w.model.parameters(), lr=1e-3), stages=2,
+                            microbatches=MICRO, schedule="1f1b", partition=["layers.2"])
+    ref = fresh().model
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    for step in range(steps):
+        x = batch(step)[0].repeat(1, 16)  # the MLP takes 256 features
+        y = batch(step)[1]
+        pipe.step(x, y, F.cross_entropy)
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    bad = caramel.pipeline(fresh().model, sgd, stages=2, microbatches=MICRO, partition="layers.9")
+    try:
+        bad.step(x, y, F.cross_entropy)
+        error = None
+    except CaramelError as e:
+        error = str(e)
+    errors = [error]
+    for make in (lambda: caramel.pipeline(make_model(), sgd, stages=3, microbatches=MICRO, partition=[2, 4]),
+                 lambda: caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, partition=[3]).step(
+                     *batch(0, size=6), F.cross_entropy)):
+        try:
+            make()
+            errors.append(None)
+        except CaramelError as e:
+            errors.append(str(e))
+    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors}
+
+
+def hybrid_worker(rank: int, world: int, steps: int) -> dict:
+    """stages=2 x replicas=2: each replica trains its own batch; the result is whole-batch training."""
+    pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, schedule="1f1b", partition=[3],
+                            replicas=2)
+    for step in range(steps):
+        pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
+    return {"diff": max_diff(pipe.state_dict(), reference(steps, replicas=2)), "layout": pipe.layout.stage_indices}
+
+
+def pipedream_reference(steps: int, cuts: list[int], vertical_sync: bool) -> dict[str, torch.Tensor]:
+    """PipeDream's semantics in one process, written apart from the runtime: microbatch i's
+    forward at stage s uses that stage's weights after `base + max(0, i - warmup_s)` updates
+    (with vertical sync, stage 0's choice at every stage); its backward differentiates those
+    same weights; each stage then applies its own update, microbatch by microbatch."""
+    from torch.func import functional_call
+
+    from caramel.strategies.pipeline.layout import split_sequential
+
+    model = make_model()
+    stages = split_sequential(model, cuts)
+    n = len(stages)
+    opts = [sgd(s.parameters()) for s in stages]
+    history = [[{k: v.detach().clone() for k, v in s.named_parameters()}] for s in stages]
+    for step in range(steps):
+        xs, ys = batch(step)
+        for i, (x, y) in enumerate(zip(xs.chunk(MICRO), ys.chunk(MICRO))):
+            base = step * MICRO
+            picks = [base + max(0, i - min(MICRO, n - s - 1)) for s in range(n)]
+            if vertical_sync:
+                picks = [picks[0]] * n
+            leaves = [{k: v.detach().requires_grad_() for k, v in history[s][picks[s]].items()} for s in range(n)]
+            h = x
+            for s, stage in enumerate(stages):
+                h = functional_call(stage, leaves[s], (h,))
+            loss = F.cross_entropy(h, y)
+            flat = [t for d in leaves for t in d.values()]
+            grads = dict(zip(map(id, flat), torch.autograd.grad(loss, flat)))
+            for s, stage in enumerate(stages):
+                for (name, p), leaf in zip(stage.named_parameters(), leaves[s].values()):
+                    p.grad = grads[id(leaf)]
+                opts[s].step()
+                opts[s].zero_grad()
+                history[s].append({k: v.detach().clone() for k, v in stage.named_parameters()})
+    return model.state_dict()
+
+
+def pipedream_worker(rank: int, world: int, steps: int) -> dict:
+    """Asynchronous PipeDream, with and without vertical sync, against its one-process oracle;
+    the version log of every microbatch; a longer run's losses."""
+    out = {}
+    for vs in (False, True):
+        pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, schedule="pipedream",
+                                partition=[5], vertical_sync=vs)
+        for step in range(steps):
+            pipe.step(*batch(step), F.cross_entropy)
+        out[vs] = {"diff": max_diff(pipe.state_dict(), pipedream_reference(steps, [5], vs)),
+                   "no_stash_diff": max_diff(pipe.state_dict(), reference(steps * MICRO, opt="sgd_micro")),
+                   "log": pipe._runner.log}
+    pipe = caramel.pipeline(make_model(), plain_sgd, stages=2, microbatches=MICRO, schedule="pipedream",
+                            partition=[3])
+    out["losses"] = [float(pipe.step(*batch(step % 10), F.cross_entropy)) for step in range(CONVERGE_STEPS)]
+    return out
+
+
+CONVERGE_STEPS = 40
+
+
+def plain_sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def sequential_losses(steps: int) -> list[float]:
+    """What PipeDream's run would give without staleness: one plain SGD step per microbatch."""
+    model = make_model()
+    opt = plain_sgd(model.parameters())
+    out = []
+    for step in range(steps):
+        x, y = batch(step % 10)
+        losses = []
+        for xc, yc in zip(x.chunk(MICRO), y.chunk(MICRO)):
+            loss = F.cross_entropy(model(xc), yc)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        out.append(sum(losses) / MICRO)
+    return out
