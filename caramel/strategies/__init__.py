@@ -8,6 +8,7 @@ simulator model side by side. `STRATEGIES.register(StrategyInfo(...))` adds one.
 """
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.ddp.options import DdpOptions
+from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.registry import Registry, StrategyInfo, StrategySpec
 
 STRATEGIES = Registry()
@@ -22,5 +23,11 @@ STRATEGIES.register(StrategyInfo(
     parallelize="caramel.strategies.ddp.runtime:parallelize_ddp",
     simulate="caramel.strategies.ddp.simulate:simulate_ddp",
     summary="torch DistributedDataParallel itself, optionally with prioritized communication threads"))
+STRATEGIES.register(StrategyInfo(
+    "ps", options=PsOptions,
+    parallelize="caramel.strategies.ps.parallelize:parallelize_ps",
+    simulate="caramel.strategies.ps.simulate:simulate_ps",
+    summary="parameter servers colocated with the workers, TicTac-ordered pulls, bsp/ssp/asp",
+    records_trace=True))
 
 __all__ = ["STRATEGIES", "Registry", "StrategyInfo", "StrategySpec"]

@@ -1,0 +1,266 @@
+"""`PsEngine`: colocated parameter servers on torch.distributed, as one object per model.
+
+Every rank is a worker, and the ranks named by the plan's owners also serve a shard (BytePS's
+colocated mode). One step, for update u (= the step that produced the gradients):
+
+1. push: as each gradient becomes ready in backward it is reduced to its owner on the push
+   group (`dist.reduce`, async), in the plan's push order (an item is handed to the backend
+   only after every earlier one: TicTac's counter rule); `step()` pushes what never became
+   ready (zeros) and a per-parameter "someone used it" count;
+2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
+   only, with the hyper-parameters of the step that made the gradients;
+3. pull: every rank takes part in one broadcast per parameter from its owner on the pull
+   group, handed to the backend in the plan's pull order (the wire order is the planned
+   order); receivers land in a staging buffer;
+4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
+   waiting only for those still needed, so pulls overlap the forward.
+
+Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
+bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived;
+a forward waits only for parameters more than S updates old (asp: never, up to the bound).
+Push and pull run on two private groups, so each sees the same sequence of collectives on every
+rank whatever the timing. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.profile.profiler import unique_params
+from caramel.runtime.apply import snapshot_hparams
+from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
+from caramel.strategies.ps.planner import PsPlan
+
+ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
+
+
+@dataclass
+class _Update:
+    """The gradients of one step on their way to the servers."""
+
+    step: int
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter -> this rank's gradient / world (reduced in place at the owner)
+    works: list[Any] = field(default_factory=list)
+    used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
+    used_work: Any = None
+    hparams: list[dict[str, Any]] | None = None
+
+    def arrived(self) -> bool:
+        return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
+
+
+@dataclass
+class _Pull:
+    version: int  # updates the parameter holds once this lands
+    work: Any
+    buf: torch.Tensor
+
+
+class PsEngine:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
+                 push_group: Any, pull_group: Any, ranks: list[int], broadcast_buffers: bool):
+        self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
+        self.push_group, self.pull_group, self.ranks = push_group, pull_group, ranks
+        self.rank, self.world = dist.get_rank(push_group), dist.get_world_size(push_group)
+        self.bound = options.staleness_bound()
+        self.broadcast_buffers = broadcast_buffers and self.bound == 0
+        self.names, self.params = unique_params(module)
+        self.require_sync = True
+        self.steps = 0  # steps whose gradients were pushed
+        self.version = {i: 0 for i in plan.params}  # updates each parameter holds here
+        self.pending: deque[_Update] = deque()
+        self.pulls: dict[int, deque[_Pull]] = {i: deque() for i in plan.params}
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.current: _Update | None = None
+        self.ready: set[int] = set()
+        self.next_push = 0
+        self.send_log: deque[tuple[int, list[int]]] = deque(maxlen=ORDER_LOG_UPDATES)
+        self.handles: list[Any] = []
+        self.waits_for: dict[str, list[int]] = {}
+        self.wait_s = 0.0  # seconds spent waiting for pulls, all told
+        self.applied = 0  # updates applied (and pulled) so far
+        self.last_issue_t = 0.0  # when the latest update's first pull was handed to the backend
+        self.ready_callback: Any = None  # profiling: told each parameter whose gradient is ready
+        self._hook_handles()
+
+    # --- hooks -------------------------------------------------------------------------
+    def _hook_handles(self) -> None:
+        for i in self.plan.params:
+            self.handles.append(self.params[i].register_post_accumulate_grad_hook(self._on_ready(i)))
+
+    def set_waits(self, waits_for: dict[str, list[int]]) -> None:
+        """Module name -> the parameters its pre-hook brings up to date (those it uses first)."""
+        for h in getattr(self, "_module_handles", []):
+            h.remove()
+        self._module_handles = []
+        self.waits_for = waits_for
+        named = dict(self.module.named_modules())
+        for name, idx in waits_for.items():
+            if name in named and name != "":
+                self._module_handles.append(named[name].register_forward_pre_hook(self._pre_hook(idx)))
+
+    def _pre_hook(self, idx: list[int]):
+        def hook(_m, _args):
+            self.catch_up(idx)
+        return hook
+
+    def _on_ready(self, i: int):
+        def hook(_p):
+            if self.ready_callback is not None:
+                self.ready_callback(i)
+            if self.require_sync:
+                self.ready.add(i)
+                self._push_ready()
+        return hook
+
+    # --- push --------------------------------------------------------------------------
+    def _update(self) -> _Update:
+        if self.current is None:
+            self.current = _Update(self.steps, hparams=snapshot_hparams(self.optimizer))
+        return self.current
+
+    def _push(self, i: int) -> None:
+        p = self.params[i]
+        g = p.grad.detach() / self.world if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+        u = self._update()
+        u.grads[i] = g
+        u.works.append(dist.reduce(g, dst=self.ranks[self.plan.owner[i]], group=self.push_group, async_op=True))
+
+    def _push_ready(self) -> None:
+        order = self.plan.push_order
+        while self.next_push < len(order) and order[self.next_push] in self.ready:
+            self._push(order[self.next_push])
+            self.next_push += 1
+
+    def finish_pushes(self) -> None:
+        """At step(): push what never became ready (zeros) and who used what."""
+        u = self._update()
+        order = self.plan.push_order
+        while self.next_push < len(order):
+            self._push(order[self.next_push])
+            self.next_push += 1
+        u.used = torch.tensor([float(self.params[i].grad is not None) for i in self.plan.params],
+                              device=self.params[self.plan.params[0]].device)
+        u.used_work = dist.all_reduce(u.used, group=self.push_group, async_op=True)
+        self.pending.append(u)
+        self.current, self.ready, self.next_push = None, set(), 0
+        self.steps += 1
+
+    # --- apply and pull ------------------------------------------------------------------
+    def apply_due(self, force_all: bool = False) -> None:
+        """Apply every update that is due (older than the bound) or has already arrived."""
+        limit = ASP_BOUND_STEPS if self.bound is None else self.bound
+        while self.pending:
+            u = self.pending[0]
+            due = force_all or u.step < self.steps - limit
+            if not due and not u.arrived():
+                break
+            self.pending.popleft()
+            self._apply(u)
+
+    def _apply(self, u: _Update) -> None:
+        for w in u.works:
+            w.wait()
+        u.used_work.wait()
+        used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
+        mine = [i for i in self.plan.params if self.plan.owner[i] == self.rank]
+        self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
+        if mine:
+            self._step_shard([i for i in mine if used[i]], u)
+            for i in mine:
+                self.version[i] = u.step + 1
+        order = self.plan.pull_order_at(u.step)
+        issued_t = time.perf_counter()
+        for i in order:
+            p = self.params[i]
+            src = self.ranks[self.plan.owner[i]]
+            if self.plan.owner[i] == self.rank:
+                buf = p.detach().clone()
+                self.sends.append((dist.broadcast(buf, src=src, group=self.pull_group, async_op=True), buf))
+            else:
+                buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                work = dist.broadcast(buf, src=src, group=self.pull_group, async_op=True)
+                self.pulls[i].append(_Pull(u.step + 1, work, buf))
+        self.send_log.append((u.step, list(order)))
+        self.applied += 1
+        self.last_issue_t = issued_t
+
+    def _step_shard(self, idx: list[int], u: _Update) -> None:
+        """The user's optimizer on these parameters only, with their averaged gradients and the
+        hyper-parameters of step u (everything restored afterwards)."""
+        if not idx:
+            return
+        opt = self.optimizer
+        chosen = {id(self.params[i]): i for i in idx}
+        saved = [(g["params"], {k: g[k] for k in hp}) for g, hp in zip(opt.param_groups, u.hparams)]
+        swapped = [(self.params[i], self.params[i].grad) for i in idx]
+        try:
+            for g, hp in zip(opt.param_groups, u.hparams):
+                g.update(hp)
+                g["params"] = [p for p in g["params"] if id(p) in chosen]
+            for i in idx:
+                self.params[i].grad = u.grads[i]
+            opt._caramel_inner_step()
+        finally:
+            for g, (params, hp) in zip(opt.param_groups, saved):
+                g["params"] = params
+                g.update(hp)
+            for p, grad in swapped:
+                p.grad = grad
+
+    def _wait_sends(self) -> None:
+        for w, _ in self.sends:
+            w.wait()
+        self.sends = []
+
+    def required_version(self) -> int:
+        """The oldest version a forward may use now."""
+        limit = ASP_BOUND_STEPS if self.bound is None else self.bound
+        return self.steps - limit
+
+    def catch_up(self, idx: list[int], required: int | None = None) -> float:
+        """Copy in the landed pulls of `idx`, waiting for those older than allowed; returns the wait (s)."""
+        required = self.required_version() if required is None else required
+        waited = 0.0
+        for i in idx:
+            q = self.pulls.get(i)
+            while q and (self.version[i] < required or q[0].work.is_completed()):
+                pull = q.popleft()
+                t0 = time.perf_counter()
+                pull.work.wait()
+                waited += time.perf_counter() - t0
+                with torch.no_grad():
+                    self.params[i].copy_(pull.buf)
+                self.version[i] = pull.version
+        self.wait_s += waited
+        return waited
+
+    def synchronize(self) -> None:
+        """Every pushed update applied and pulled; rank 0's buffers everywhere (all ranks call this)."""
+        self.apply_due(force_all=True)
+        self.catch_up(self.plan.params, required=self.steps)
+        self._wait_sends()
+        if self.world > 1:
+            for b in self.module.buffers():
+                dist.broadcast(b, src=self.ranks[0], group=self.pull_group)
+
+    def sync_buffers(self) -> None:
+        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
+        if self.broadcast_buffers and self.world > 1 and torch.is_grad_enabled():
+            for b in self.module.buffers():
+                dist.broadcast(b, src=self.ranks[0], group=self.pull_group)
+
+    def staleness(self) -> int:
+        """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""
+        return self.steps - min(self.version.values(), default=self.steps)
+
+    def remove_hooks(self) -> None:
+        for h in self.handles + getattr(self, "_module_handles", []):
+            h.remove()
+        self.handles, self._module_handles = [], []
