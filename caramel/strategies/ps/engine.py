@@ -242,11 +242,13 @@ class PsEngine:
         return waited
 
     def synchronize(self) -> None:
-        """Every pushed update applied and pulled; rank 0's buffers everywhere (all ranks call this)."""
+        """Every pushed update applied and pulled (all ranks call this). Without the per-forward
+        buffer broadcast (ssp, asp) rank 0's buffers are sent here; with it (bsp) they are left
+        as DDP leaves them, each rank's own until the next forward."""
         self.apply_due(force_all=True)
         self.catch_up(self.plan.params, required=self.steps)
         self._wait_sends()
-        if self.world > 1:
+        if self.world > 1 and self.bound != 0:
             for b in self.module.buffers():
                 dist.broadcast(b, src=self.ranks[0], group=self.pull_group)
 

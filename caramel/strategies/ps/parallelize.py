@@ -312,13 +312,17 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
         raise CaramelError(f"strategy 'ps': broadcast_buffers must be True or False, got {broadcast_buffers!r}")
     if isinstance(optimizer, PsOptimizerMixin):
         raise CaramelError("strategy 'ps': this optimizer is already parallelized")
+    _, params = unique_params(model)
+    known = {id(p) for p in params}
+    if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
+        raise CaramelError("strategy 'ps': the optimizer holds parameters that are not the model's; "
+                           "make the optimizer from this model's parameters()")
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     options.check_world(len(ranks))
     kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
     groups = (dist.new_group(ranks, **kw), dist.new_group(ranks, **kw))
-    _, params = unique_params(model)
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=groups[0])
