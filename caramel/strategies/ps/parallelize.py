@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from caramel.distributed import init_distributed
+from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
@@ -300,6 +300,18 @@ def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: PsRun) -> torch.optim
     return optimizer
 
 
+def _group_timeout(parent: Any, timeout_s: float | None) -> datetime.timedelta:
+    """The private groups' collective timeout: `timeout_s`, else the parent group's own (so a
+    dead peer is detected as soon as the job's other collectives would detect it)."""
+    if timeout_s is None:
+        pg = parent or dist.group.WORLD
+        try:
+            return pg._get_backend(torch.device("cpu")).options._timeout
+        except Exception:  # noqa: BLE001 - not a gloo group, or a torch without these internals
+            pass
+    return datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+
+
 def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, *,
                    process_group: Any = None, broadcast_buffers: bool | str = True,
                    find_unused_parameters: bool | None = None, timeout_s: float | None = None,
@@ -321,8 +333,8 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     options.check_world(len(ranks))
-    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
-    groups = (dist.new_group(ranks, **kw), dist.new_group(ranks, **kw))
+    timeout = _group_timeout(process_group, timeout_s)
+    groups = (dist.new_group(ranks, timeout=timeout), dist.new_group(ranks, timeout=timeout))
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=groups[0])

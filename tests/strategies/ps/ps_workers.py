@@ -123,3 +123,24 @@ def checkpoint_worker(rank: int, world: int, steps: int, spec: str) -> dict:
            "params": len(list(resumed.module.parameters()))}
     caramel.shutdown()
     return out
+
+
+def dead_peer_worker(rank: int, world: int, timeout_s: float) -> dict:
+    """Rank 1 stops taking part after 4 steps (its process stays, silent); rank 0's next step
+    must fail within the timeout instead of hanging."""
+    import time
+
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, "ps", timeout_s=timeout_s)
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 4)
+    if rank == 1:
+        time.sleep(timeout_s + 2.5)
+        return {"error": None}
+    t0 = time.monotonic()
+    try:
+        train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 4)
+        opt.synchronize()
+        return {"error": None, "elapsed_s": time.monotonic() - t0}
+    except RuntimeError as e:
+        return {"error": str(e)[:300], "elapsed_s": time.monotonic() - t0}

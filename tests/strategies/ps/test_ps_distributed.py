@@ -6,7 +6,7 @@ import pytest
 
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
-from tests.strategies.ps.ps_workers import behaviour_worker, checkpoint_worker, parity_worker
+from tests.strategies.ps.ps_workers import behaviour_worker, checkpoint_worker, dead_peer_worker, parity_worker
 
 TOL = 1e-5
 
@@ -86,3 +86,10 @@ def test_checkpoint_and_resume_are_exact():
         assert res["diff"] == 0.0
         assert res["moved"] > 1e-3
         assert res["saved_state_entries"] == res["params"]
+
+
+def test_a_silent_peer_is_an_error_within_the_timeout():
+    res = run_workers(dead_peer_worker, 2, args=(2.0,), timeout_s=60)
+    assert res[0]["error"] is not None
+    assert "timed out" in res[0]["error"].lower() or "closed" in res[0]["error"].lower(), res[0]["error"]
+    assert res[0]["elapsed_s"] < 2.0 + 2.0
