@@ -61,12 +61,16 @@ class Parallel:
         """Clip the global gradient norm; Caramel must first finish every reduction (it synchronizes)."""
         if self.kind == "caramel":
             caramel.clip_grad_norm_(self.optimizer, max_norm)
+        elif self.kind == "ps":
+            from caramel.errors import CaramelError
+            raise CaramelError("strategy 'ps' does not clip gradients yet (they are pushed to the servers as "
+                               "backward makes them); set the clip option off or use caramel or ddp")
         else:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def stats(self) -> dict[str, Any]:
         """The engine's per-step statistics (exposed communication etc.); empty for DDP."""
-        engine = getattr(self.optimizer, "engine", None)
+        engine = getattr(self.optimizer, "engine", None) or getattr(self.optimizer, "ps", None)
         return dict(engine.stats_dict()) if engine is not None else {}
 
 

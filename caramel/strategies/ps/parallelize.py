@@ -209,13 +209,24 @@ class PsRun:
         if self.released:
             return
         try:
-            self.engine.synchronize()
+            if _registered(self.push_group) and _registered(self.pull_group):
+                self.engine.synchronize()  # else the job's groups are gone already: nothing can be sent
         finally:
             self.released = True
             self.engine.remove_hooks()
             for g in (self.push_group, self.pull_group):
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(g)
+
+
+def _registered(group: Any) -> bool:
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group)
+        return True
+    except (ValueError, RuntimeError):
+        return False
 
 
 class PsModel(nn.Module):
