@@ -3,14 +3,14 @@
 Every rank is a worker, and the ranks named by the plan's owners also serve a shard (BytePS's
 colocated mode). One step, for update u (= the step that produced the gradients):
 
-1. push: as each gradient becomes ready in backward it is reduced to its owner on the push
-   group (`dist.reduce`, async), in the plan's push order (an item is handed to the backend
+1. push: as each gradient becomes ready in backward it is reduced to its owner on that
+   server's push group (`dist.reduce`, async), in the plan's push order (an item is handed to the backend
    only after every earlier one: TicTac's counter rule); `step()` pushes what never became
    ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
-3. pull: every rank takes part in one broadcast per parameter from its owner on the pull
-   group, handed to the backend in the plan's pull order (the wire order is the planned
+3. pull: every rank takes part in one broadcast per parameter from its owner on that
+   server's pull group, handed to the backend in the plan's pull order (the wire order is the planned
    order); receivers land in a staging buffer;
 4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
    waiting only for those still needed, so pulls overlap the forward.
@@ -18,8 +18,9 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived;
 a forward waits only for parameters more than S updates old (asp: never, up to the bound).
-Push and pull run on two private groups, so each sees the same sequence of collectives on every
-rank whatever the timing. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
+Pushes and pulls run on private groups, one of each per server (`PsGroups`), so each group
+sees the same sequence of collectives on every rank whatever the timing, and different
+servers' transfers proceed side by side. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
 """
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 
 ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
+
+
+@dataclass
+class PsGroups:
+    """The private groups of one model (all over the same ranks). Each server shard has a push
+    group and a pull group of its own, so transfers to and from different servers run side by
+    side (a single group runs its collectives one after another), while each shard's transfers
+    keep the planned order; `control` carries the small all-reduces, plans and optimizer state,
+    `buffers` rank 0's buffers."""
+
+    control: Any
+    buffers: Any
+    push: list[Any]
+    pull: list[Any]
+
+    def all(self) -> list[Any]:
+        return [self.control, self.buffers, *self.push, *self.pull]
 
 
 @dataclass
@@ -64,10 +82,10 @@ class _Pull:
 
 class PsEngine:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
-                 push_group: Any, pull_group: Any, ranks: list[int], broadcast_buffers: bool):
+                 groups: PsGroups, ranks: list[int], broadcast_buffers: bool):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
-        self.push_group, self.pull_group, self.ranks = push_group, pull_group, ranks
-        self.rank, self.world = dist.get_rank(push_group), dist.get_world_size(push_group)
+        self.groups, self.ranks = groups, ranks
+        self.rank, self.world = dist.get_rank(groups.control), dist.get_world_size(groups.control)
         self.bound = options.staleness_bound()
         self.broadcast_buffers = broadcast_buffers and self.bound == 0
         self.names, self.params = unique_params(module)
@@ -130,7 +148,8 @@ class PsEngine:
         g = p.grad.detach() / self.world if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
         u = self._update()
         u.grads[i] = g
-        u.works.append(dist.reduce(g, dst=self.ranks[self.plan.owner[i]], group=self.push_group, async_op=True))
+        u.works.append(dist.reduce(g, dst=self.ranks[self.plan.owner[i]], group=self.groups.push[self.plan.owner[i]],
+                                   async_op=True))
 
     def _push_ready(self) -> None:
         order = self.plan.push_order
@@ -147,7 +166,7 @@ class PsEngine:
             self.next_push += 1
         u.used = torch.tensor([float(self.params[i].grad is not None) for i in self.plan.params],
                               device=self.params[self.plan.params[0]].device)
-        u.used_work = dist.all_reduce(u.used, group=self.push_group, async_op=True)
+        u.used_work = dist.all_reduce(u.used, group=self.groups.control, async_op=True)
         self.pending.append(u)
         self.current, self.ready, self.next_push = None, set(), 0
         self.steps += 1
@@ -182,10 +201,11 @@ class PsEngine:
             src = self.ranks[self.plan.owner[i]]
             if self.plan.owner[i] == self.rank:
                 buf = p.detach().clone()
-                self.sends.append((dist.broadcast(buf, src=src, group=self.pull_group, async_op=True), buf))
+                work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
+                self.sends.append((work, buf))
             else:
                 buf = torch.empty_like(p, memory_format=torch.contiguous_format)
-                work = dist.broadcast(buf, src=src, group=self.pull_group, async_op=True)
+                work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
                 self.pulls[i].append(_Pull(u.step + 1, work, buf))
         self.send_log.append((u.step, list(order)))
         self.applied += 1
@@ -250,13 +270,13 @@ class PsEngine:
         self._wait_sends()
         if self.world > 1 and self.bound != 0:
             for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.pull_group)
+                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
 
     def sync_buffers(self) -> None:
         """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
         if self.broadcast_buffers and self.world > 1 and torch.is_grad_enabled():
             for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.pull_group)
+                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
 
     def staleness(self) -> int:
         """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""

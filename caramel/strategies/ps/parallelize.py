@@ -26,7 +26,7 @@ from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
-from caramel.strategies.ps.engine import PsEngine
+from caramel.strategies.ps.engine import PsEngine, PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, make_ps_plan, provisional_plan
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
@@ -40,12 +40,12 @@ class PsRun:
     """One model under the ps strategy: its engine, its online profile, its per-step log."""
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, ranks: list[int],
-                 groups: tuple[Any, Any], broadcast_buffers: bool, profile: ModelProfile | None, cluster: Any,
+                 groups: PsGroups, broadcast_buffers: bool, profile: ModelProfile | None, cluster: Any,
                  trace: str | None):
         self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
-        self.push_group, self.pull_group = groups
+        self.groups = groups
         self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
-        self.rank = dist.get_rank(self.push_group)
+        self.rank = dist.get_rank(groups.control)
         self.shards = options.check_world(len(ranks))
         _, self.params = unique_params(module)
         trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
@@ -53,7 +53,7 @@ class PsRun:
             raise CaramelError("strategy 'ps': the model has no trainable parameters; there is nothing to serve")
         plan = provisional_plan(trainable, [self.params[i].numel() * self.params[i].element_size() for i in trainable],
                                 self.shards, options)
-        self.engine = PsEngine(module, optimizer, options, plan, self.push_group, self.pull_group, ranks, broadcast_buffers)
+        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks, broadcast_buffers)
         self.profiling = 0 if profile is not None else PROFILE_STEPS
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
@@ -74,7 +74,7 @@ class PsRun:
         e.sync_buffers()
         if self.profiling == PROFILE_STEPS and torch.is_grad_enabled():
             self.tracker = UseTracker(self.module, self.params).__enter__()
-        elif self.profiling and torch.is_grad_enabled() and self.tracker is not None:
+        elif self.profiling and torch.is_grad_enabled() and self.tracker is not None and self.timer is None:
             self.timer = StepTimer(self.module, self.tracker.module_order)
             self.timer.forward_start()
             e.ready_callback = self.timer.grad_ready
@@ -150,15 +150,14 @@ class PsRun:
                 if p.first_use_order is not None:
                     waits.setdefault(profile.modules[p.first_use_order].name, []).append(p.index)
             payload = [(plan.to_dict(), waits)]
-        dist.broadcast_object_list(payload, src=self.ranks[0], group=self.push_group)
+        dist.broadcast_object_list(payload, src=self.ranks[0], group=self.groups.control)
         plan_d, waits = payload[0]
         plan = PsPlan.from_dict(plan_d)
         old = self.engine
         old.synchronize()
-        move_state(self.optimizer, self.params, old.plan.owner, plan.owner, self.rank, self.push_group)
+        move_state(self.optimizer, self.params, old.plan.owner, plan.owner, self.rank, self.groups.control)
         old.remove_hooks()
-        e = PsEngine(self.module, self.optimizer, self.options, plan, self.push_group, self.pull_group, self.ranks,
-                     self.broadcast_buffers)
+        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.broadcast_buffers)
         e.steps, e.version, e.wait_s = old.steps, dict(old.version), old.wait_s
         e.set_waits(waits)
         self.unused = [i for i in plan.params if not any(i in v for v in waits.values())]
@@ -169,7 +168,7 @@ class PsRun:
         if self.released:
             return
         self.engine.synchronize()
-        gather_full_state(self.optimizer, self.params, self.engine.plan.owner, self.rank, self.push_group)
+        gather_full_state(self.optimizer, self.params, self.engine.plan.owner, self.rank, self.groups.control)
         self._gathered_at = self.engine.applied
         self.write_trace()
 
@@ -209,12 +208,12 @@ class PsRun:
         if self.released:
             return
         try:
-            if _registered(self.push_group) and _registered(self.pull_group):
+            if all(_registered(g) for g in self.groups.all()):
                 self.engine.synchronize()  # else the job's groups are gone already: nothing can be sent
         finally:
             self.released = True
             self.engine.remove_hooks()
-            for g in (self.push_group, self.pull_group):
+            for g in self.groups.all():
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(g)
 
@@ -239,9 +238,10 @@ class PsModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._run.before_forward()
-        out = self.module(*args, **kwargs)
-        self._run.after_forward()
-        return out
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self._run.after_forward()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -343,12 +343,14 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-    options.check_world(len(ranks))
     timeout = _group_timeout(process_group, timeout_s)
-    groups = (dist.new_group(ranks, timeout=timeout), dist.new_group(ranks, timeout=timeout))
+    shards = options.check_world(len(ranks))
+    groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
+                      push=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
+                      pull=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
-            dist.broadcast(t, src=ranks[0], group=groups[0])
+            dist.broadcast(t, src=ranks[0], group=groups.control)
     run = PsRun(model, optimizer, options, ranks, groups, bool(broadcast_buffers), profile, cluster,
                 str(trace) if trace else None)
     if session is not None:

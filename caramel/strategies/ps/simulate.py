@@ -3,12 +3,14 @@
 A model of what `caramel.strategies.ps.engine` does, step by step, per worker (its speed from
 the cluster spec), with the backend's behaviour made explicit:
 
-- the pushes of a step are one sequence of reduce collectives (the plan's push order) on one
-  group, the pulls one sequence of broadcasts (each update's pull order) on another; each
+- each server's pushes are one sequence of reduce collectives (the plan's push order) on its
+  own group, its pulls one sequence of broadcasts (each update's pull order) on another; each
   collective starts once every rank has handed it over and the previous one of its group is
-  done, and lasts latency + (n-1) x bytes / bandwidth (the owner's NIC receives, or sends, one
-  copy per other worker; the two groups use opposite directions of a full-duplex NIC, so they
-  are not made to share it);
+  done, and lasts latency + (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one
+  copy per other worker). Different servers' sequences run side by side; pushes and pulls use
+  opposite directions of a full-duplex NIC, so they are not made to share it (nor are a
+  worker's sends to different servers: with balanced shards they need no more than one
+  server's receives);
 - a worker hands over a push when its gradient and every earlier one in push order are ready
   (the counter rule); at step() it pushes the rest, then applies the updates that are due
   (older than the bound: it waits for their reductions) or have arrived, running its shard's
@@ -65,7 +67,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     reduced: dict[int, float] = {}  # update -> when its last reduction (and the used count) was done
     applied_at: dict[int, list[float]] = {}  # update -> when each rank handed over its pulls
     pending = [[] for _ in range(n)]  # per worker: updates not yet applied there
-    push_end = pull_end = 0.0
+    push_end, pull_end = [0.0] * shards, [0.0] * shards
     step_ends: list[list[float]] = [[] for _ in range(n)]
     waits = [0.0] * n
     pulled_upto = -1
@@ -89,9 +91,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 handed[i] = min(latest, bwd_end[w])
             issue.append(handed)
         for i in plan.push_order:
-            start = max(push_end, max(issue[w][i] for w in range(n)))
-            push_end = start + coll_s(i)
-        reduced[k] = push_end + (alpha if n > 1 else 0.0)
+            o = plan.owner[i]
+            start = max(push_end[o], max(issue[w][i] for w in range(n)))
+            push_end[o] = start + coll_s(i)
+        reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
         for w in range(n):
             pending[w].append(k)
             t = bwd_end[w]
@@ -112,15 +115,16 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             u = pulled_upto + 1
             arrive[u] = {}
             for i in plan.pull_order_at(u):
-                start = max(pull_end, max(applied_at[u]))
-                pull_end = start + coll_s(i)
-                arrive[u][i] = pull_end
+                o = plan.owner[i]
+                start = max(pull_end[o], max(applied_at[u]))
+                pull_end[o] = start + coll_s(i)
+                arrive[u][i] = pull_end[o]
             pulled_upto = u
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
-    # in the long run no step is shorter than one step's pushes, or pulls, back to back (each
+    # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up
-    group_s = sum(coll_s(i) for i in plan.params)
+    group_s = max(sum(coll_s(i) for i in plan.params if plan.owner[i] == o) for o in range(shards))
     step_s = max(max(periods), group_s)
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
