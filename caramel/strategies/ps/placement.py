@@ -6,9 +6,10 @@ So does a shard holding the parameters the next forward needs first: every worke
 that one server at the start of the step while the others idle. Three placements:
 
 - `roundrobin`: parameter k (registration order) to shard k mod n, blind to both;
-- `bytes`: largest first, each to the least-loaded shard (balances bytes only);
-- `balanced`: in the order the next forward needs them, each to the shard with the fewest
-  bytes so far, so the first-needed parameters are spread over every shard and bytes even out.
+- `bytes`: largest first, each to the shard with the fewest bytes (balances bytes only);
+- `balanced`: largest first, each to the shard whose heavier relative load, of all bytes or of
+  first-needed bytes (each over its even share), stays the least, so both even out and no shard
+  holds most of what the next forward needs first.
 """
 from __future__ import annotations
 
@@ -40,24 +41,33 @@ def place(sizes_bytes: list[int], need_order: list[int], shards: int, mode: str)
         raise CaramelError(f"placement: need order is not a permutation of the {n} parameters")
     if mode == "roundrobin":
         return [k % shards for k in range(n)]
-    if mode == "bytes":
-        walk = sorted(range(n), key=lambda k: (-sizes_bytes[k], k))
-    elif mode == "balanced":
-        walk = list(need_order)
-    else:
+    if mode not in ("bytes", "balanced"):
         raise CaramelError(f"placement must be balanced, bytes or roundrobin, got {mode!r}")
-    load = [0] * shards
+    early = _early(need_order) if mode == "balanced" else set()
+    total_share = max(sum(sizes_bytes), 1) / shards
+    early_share = max(sum(sizes_bytes[k] for k in early), 1) / shards
+    load, early_load = [0] * shards, [0] * shards
     owner = [0] * n
-    for k in walk:
-        s = min(range(shards), key=lambda j: (load[j], j))
+    for k in sorted(range(n), key=lambda k: (-sizes_bytes[k], k)):  # largest first (LPT)
+        extra = sizes_bytes[k] if k in early else 0
+
+        def cost(j: int) -> tuple[float, int, int]:
+            return (max((load[j] + sizes_bytes[k]) / total_share, (early_load[j] + extra) / early_share), load[j], j)
+        s = min(range(shards), key=cost)
         owner[k] = s
         load[s] += sizes_bytes[k]
+        early_load[s] += extra
     return owner
+
+
+def _early(need_order: list[int]) -> set[int]:
+    """The first-needed parameters: the first EARLY_SHARE of the need order."""
+    return set(need_order[:max(1, round(len(need_order) * EARLY_SHARE))]) if need_order else set()
 
 
 def shard_loads(sizes_bytes: list[int], need_order: list[int], owner: list[int], shards: int) -> list[ShardLoad]:
     """Bytes, parameter count and first-needed bytes per shard."""
-    early = set(need_order[:max(1, round(len(need_order) * EARLY_SHARE))]) if need_order else set()
+    early = _early(need_order)
     out = []
     for s in range(shards):
         mine = [k for k, o in enumerate(owner) if o == s]

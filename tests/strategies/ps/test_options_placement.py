@@ -73,3 +73,15 @@ def test_plan_orders_owners_and_round_trip():
     orders = {tuple(rnd.pull_order_at(u)) for u in range(20)}
     assert len(orders) > 5 and all(sorted(o) == [0, 1, 2, 3] for o in orders)
     assert rnd.pull_order_at(4) == rnd.pull_order_at(4)
+
+
+def test_balanced_placement_beats_round_robin_on_resnet50():
+    """Shard loads reported by the plan: balanced evens both the bytes and the first-needed bytes."""
+    from caramel.sim.synthetic import resnet50_profile
+
+    prof = resnet50_profile()
+    loads = {mode: make_ps_plan(prof, PsOptions(placement=mode), shards=4, bandwidth_Bps=1.25e8).predicted["shard_imbalance"]
+             for mode in ("balanced", "roundrobin", "bytes")}
+    assert loads["balanced"]["bytes_max_over_mean"] < 1.05 < loads["roundrobin"]["bytes_max_over_mean"]
+    assert loads["balanced"]["early_bytes_max_over_mean"] < loads["roundrobin"]["early_bytes_max_over_mean"]
+    assert loads["balanced"]["early_bytes_max_over_mean"] <= loads["bytes"]["early_bytes_max_over_mean"]
