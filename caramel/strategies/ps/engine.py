@@ -35,6 +35,7 @@ import torch.nn as nn
 
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
+from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 
@@ -53,9 +54,10 @@ class PsGroups:
     buffers: Any
     push: list[Any]
     pull: list[Any]
+    hier: Hierarchy | None = None  # hierarchical=True: node and leader groups (`hierarchy.py`)
 
     def all(self) -> list[Any]:
-        return [self.control, self.buffers, *self.push, *self.pull]
+        return [self.control, self.buffers, *self.push, *self.pull] + (self.hier.groups() if self.hier else [])
 
 
 @dataclass
@@ -68,6 +70,7 @@ class _Update:
     used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
+    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (parameter, node reduce) still to forward
 
     def arrived(self) -> bool:
         return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
@@ -84,7 +87,8 @@ class PsEngine:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
                  groups: PsGroups, ranks: list[int], broadcast_buffers: bool):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
-        self.groups, self.ranks = groups, ranks
+        self.groups, self.ranks, self.hier = groups, ranks, groups.hier
+        self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
         self.rank, self.world = dist.get_rank(groups.control), dist.get_world_size(groups.control)
         self.bound = options.staleness_bound()
         self.broadcast_buffers = broadcast_buffers and self.bound == 0
@@ -148,14 +152,43 @@ class PsEngine:
         g = p.grad.detach() / self.world if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
         u = self._update()
         u.grads[i] = g
-        u.works.append(dist.reduce(g, dst=self.ranks[self.plan.owner[i]], group=self.groups.push[self.plan.owner[i]],
-                                   async_op=True))
+        if self.hier is None:
+            u.works.append(dist.reduce(g, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
+                                       async_op=True))
+            return
+        work = dist.reduce(g, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
+        u.works.append(work)
+        if self.hier.is_leader:
+            u.relay.append((i, work))
+
+    def _forward_node_sums(self, u: _Update, force: bool) -> None:
+        """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
+        while u.relay:
+            i, work = u.relay[0]
+            if not force and not work.is_completed():
+                return
+            work.wait()
+            u.relay.popleft()
+            u.works.append(dist.reduce(u.grads[i], dst=self.ranks[self.server_of(i)],
+                                       group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
+
+    def server_of(self, i: int) -> int:
+        """The group rank serving parameter i."""
+        shard = self.plan.owner[i]
+        return self.hier.server(shard) if self.hier is not None else shard
+
+    def server_ranks(self) -> dict[int, int]:
+        return {i: self.server_of(i) for i in self.plan.params}
 
     def _push_ready(self) -> None:
         order = self.plan.push_order
         while self.next_push < len(order) and order[self.next_push] in self.ready:
             self._push(order[self.next_push])
             self.next_push += 1
+        if self.current is not None and self.current.relay:
+            self._forward_node_sums(self.current, force=False)
+        if self.relays:
+            self.relay_pulls()
 
     def finish_pushes(self) -> None:
         """At step(): push what never became ready (zeros) and who used what."""
@@ -164,6 +197,9 @@ class PsEngine:
         while self.next_push < len(order):
             self._push(order[self.next_push])
             self.next_push += 1
+        if self.hier is not None and self.hier.is_leader:
+            self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
+            self._forward_node_sums(u, force=True)
         u.used = torch.tensor([float(self.params[i].grad is not None) for i in self.plan.params],
                               device=self.params[self.plan.params[0]].device)
         u.used_work = dist.all_reduce(u.used, group=self.groups.control, async_op=True)
@@ -188,7 +224,7 @@ class PsEngine:
             w.wait()
         u.used_work.wait()
         used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
-        mine = [i for i in self.plan.params if self.plan.owner[i] == self.rank]
+        mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         if mine:
             self._step_shard([i for i in mine if used[i]], u)
@@ -198,8 +234,10 @@ class PsEngine:
         issued_t = time.perf_counter()
         for i in order:
             p = self.params[i]
-            src = self.ranks[self.plan.owner[i]]
-            if self.plan.owner[i] == self.rank:
+            src = self.ranks[self.server_of(i)]
+            if self.hier is not None:
+                self._pull_hierarchical(i, u.step + 1)
+            elif self.server_of(i) == self.rank:
                 buf = p.detach().clone()
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
                 self.sends.append((work, buf))
@@ -210,6 +248,39 @@ class PsEngine:
         self.send_log.append((u.step, list(order)))
         self.applied += 1
         self.last_issue_t = issued_t
+
+    def _pull_hierarchical(self, i: int, version: int) -> None:
+        """A leader pulls from the server among the leaders (or is the server) and queues the
+        relay to its node; any other rank pulls from its leader."""
+        p, h = self.params[i], self.hier
+        shard = self.plan.owner[i]
+        if not h.is_leader:
+            buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+            work = dist.broadcast(buf, src=self.ranks[h.leader], group=h.node_pull, async_op=True)
+            self.pulls[i].append(_Pull(version, work, buf))
+            return
+        if self.server_of(i) == self.rank:
+            buf = p.detach().clone()
+            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=h.lead_pull[shard], async_op=True), buf))
+            self.relays.append((None, buf))
+            return
+        buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+        work = dist.broadcast(buf, src=self.ranks[self.server_of(i)], group=h.lead_pull[shard], async_op=True)
+        self.pulls[i].append(_Pull(version, work, buf))
+        self.relays.append((work, buf))
+
+    def relay_pulls(self, force: bool = False) -> None:
+        """Hierarchical, at a leader: broadcast to the node, in pull order, each pull that has
+        landed (with `force`, all of them, waiting)."""
+        while self.relays:
+            work, buf = self.relays[0]
+            if work is not None and not work.is_completed():
+                if not force:
+                    return
+                work.wait()
+            self.relays.popleft()
+            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=self.hier.node_pull,
+                                              async_op=True), buf))
 
     def _step_shard(self, idx: list[int], u: _Update) -> None:
         """The user's optimizer on these parameters only, with their averaged gradients and the
@@ -247,6 +318,8 @@ class PsEngine:
     def catch_up(self, idx: list[int], required: int | None = None) -> float:
         """Copy in the landed pulls of `idx`, waiting for those older than allowed; returns the wait (s)."""
         required = self.required_version() if required is None else required
+        if self.relays:
+            self.relay_pulls()  # what has landed goes on to the node, whatever this rank waits for
         waited = 0.0
         for i in idx:
             q = self.pulls.get(i)
@@ -255,6 +328,8 @@ class PsEngine:
                 t0 = time.perf_counter()
                 pull.work.wait()
                 waited += time.perf_counter() - t0
+                if self.relays:
+                    self.relay_pulls()  # a leader never sits on what its node waits for
                 with torch.no_grad():
                     self.params[i].copy_(pull.buf)
                 self.version[i] = pull.version
@@ -266,6 +341,7 @@ class PsEngine:
         buffer broadcast (ssp, asp) rank 0's buffers are sent here; with it (bsp) they are left
         as DDP leaves them, each rank's own until the next forward."""
         self.apply_due(force_all=True)
+        self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)
         self._wait_sends()
         if self.world > 1 and self.bound != 0:

@@ -25,7 +25,8 @@ class PsOptions:
     order the servers send parameters back (TicTac's "tac"/"tic", "fifo" = the order gradients
     became ready, "random" = a fresh order each step). `placement`: how parameters are assigned
     to server shards (`caramel.strategies.ps.placement`). `hierarchical`: aggregate within a
-    node first (not built yet: an error says so)."""
+    node first, one gradient per node to the servers (`hierarchy.py`; the servers are then the
+    nodes' first ranks)."""
 
     servers: int = 0
     consistency: str = "bsp"
@@ -40,9 +41,6 @@ class PsOptions:
         if self.order not in ORDERS:
             raise CaramelError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         self.staleness_bound()  # checks the text
-        if self.hierarchical:
-            raise CaramelError("ps: hierarchical=true (aggregation within a node first) is not built yet; "
-                               "use hierarchical=false")
 
     def staleness_bound(self) -> int | None:
         """How many updates a worker's parameters may lag: 0 for bsp, S for ssp:S, None for asp."""
@@ -64,9 +62,12 @@ class PsOptions:
         raise CaramelError(f"consistency must be 'bsp', 'ssp:S' (S >= 0 steps, also written ssp_S) or 'asp', "
                            f"got {self.consistency!r}")
 
-    def check_world(self, world_size: int) -> int:
-        """The number of server shards for `world_size` ranks (an error when more are asked)."""
-        if self.servers > world_size:
-            raise CaramelError(f"ps: servers={self.servers} but the job has only {world_size} ranks; "
-                               f"servers must be between 0 (every rank) and {world_size}")
-        return self.servers or world_size
+    def check_world(self, world_size: int, local_size: int = 1) -> int:
+        """The number of server shards for `world_size` ranks in nodes of `local_size` (an
+        error when more are asked than there are ranks, or nodes when hierarchical)."""
+        hosts = world_size // local_size if self.hierarchical else world_size
+        if self.servers > hosts:
+            what = "nodes" if self.hierarchical else "ranks"
+            raise CaramelError(f"ps: servers={self.servers} but the job has only {hosts} {what}; "
+                               f"servers must be between 0 (every {what[:-1]}) and {hosts}")
+        return self.servers or hosts

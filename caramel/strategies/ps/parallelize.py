@@ -27,6 +27,7 @@ from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
 from caramel.strategies.ps.engine import PsEngine, PsGroups
+from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, make_ps_plan, provisional_plan
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
@@ -46,7 +47,7 @@ class PsRun:
         self.groups = groups
         self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
         self.rank = dist.get_rank(groups.control)
-        self.shards = options.check_world(len(ranks))
+        self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1)
         _, self.params = unique_params(module)
         trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
         if not trainable:
@@ -155,10 +156,10 @@ class PsRun:
         plan = PsPlan.from_dict(plan_d)
         old = self.engine
         old.synchronize()
-        move_state(self.optimizer, self.params, old.plan.owner, plan.owner, self.rank, self.groups.control)
         old.remove_hooks()
         e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.broadcast_buffers)
         e.steps, e.version, e.wait_s = old.steps, dict(old.version), old.wait_s
+        move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
         e.set_waits(waits)
         self.unused = [i for i in plan.params if not any(i in v for v in waits.values())]
         self.engine = e
@@ -168,7 +169,7 @@ class PsRun:
         if self.released:
             return
         self.engine.synchronize()
-        gather_full_state(self.optimizer, self.params, self.engine.plan.owner, self.rank, self.groups.control)
+        gather_full_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank, self.groups.control)
         self._gathered_at = self.engine.applied
         self.write_trace()
 
@@ -176,7 +177,7 @@ class PsRun:
         return self.engine.world == 1 or getattr(self, "_gathered_at", -1) == self.engine.applied
 
     def after_load(self) -> None:
-        keep_own_state(self.optimizer, self.params, self.engine.plan.owner, self.rank)
+        keep_own_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank)
         self._gathered_at = -1
 
     def stats_dict(self) -> dict[str, Any]:
@@ -344,10 +345,13 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     timeout = _group_timeout(process_group, timeout_s)
-    shards = options.check_world(len(ranks))
+    local = local_world_size(len(ranks)) if options.hierarchical else 1
+    shards = options.check_world(len(ranks), local)
     groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
-                      push=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
-                      pull=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
+                      push=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
+                      pull=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
+    if options.hierarchical:
+        groups.hier = make_hierarchy(ranks, ranks.index(dist.get_rank()), local, shards, timeout)
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=groups.control)

@@ -144,3 +144,28 @@ def dead_peer_worker(rank: int, world: int, timeout_s: float) -> dict:
         return {"error": None, "elapsed_s": time.monotonic() - t0}
     except RuntimeError as e:
         return {"error": str(e)[:300], "elapsed_s": time.monotonic() - t0}
+
+
+def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
+    """Nodes of `local` ranks: ps with hierarchical aggregation against DDP (BatchNorm CNN and
+    tied transformer), and with ssp:2; owners are the nodes' first ranks."""
+    import os
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(local)
+    out = {}
+    for family in ("cnn_bn", "gpt_tied"):
+        w = fresh(family)
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+        ropt, rsched = make_optimizer("adam", ddp.parameters())
+        train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+        model, opt = _ps(family, "adam", steps, rank, "ps:hierarchical=true")
+        out[(family, "diff")] = max_diff(params_of(ddp.module), params_of(model.module))
+        out[(family, "servers")] = sorted(set(opt.ps.engine.server_ranks().values()))
+        out[(family, "sent")] = [o for _, o in opt.ps.engine.send_log]
+        out[(family, "expected")] = [opt.ps.engine.plan.pull_order_at(u) for u, _ in opt.ps.engine.send_log]
+        caramel.shutdown()
+    model, opt = _ps("gpt_tied", "adam", steps, rank, "ps:hierarchical=true,consistency=ssp_2")
+    out["ssp_params"] = [t.numpy() for t in params_of(model.module)]
+    out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
+    caramel.shutdown()
+    return out

@@ -26,7 +26,6 @@ def test_spec_parses_and_defaults():
     ("ps:consistency=bulk", "consistency must be 'bsp', 'ssp:S'"),
     ("ps:servers=-1", "servers must be >= 0"),
     ("ps:placement=hash", "placement must be one of balanced, bytes, roundrobin"),
-    ("ps:hierarchical=true", "not built yet"),
     ("ps:ordr=tac", "did you mean 'order'"),
 ])
 def test_bad_input_is_one_clear_error(text, message):
@@ -34,11 +33,21 @@ def test_bad_input_is_one_clear_error(text, message):
         STRATEGIES.spec(text)
 
 
-def test_more_servers_than_ranks_is_an_error():
+def test_more_servers_than_ranks_is_an_error(monkeypatch):
     opts = PsOptions(servers=3)
     assert opts.check_world(4) == 3 and PsOptions().check_world(4) == 4
     with pytest.raises(CaramelError, match="servers=3 but the job has only 2 ranks"):
         opts.check_world(2)
+    assert PsOptions(hierarchical=True).check_world(4, local_size=2) == 2  # one server per node
+    with pytest.raises(CaramelError, match="servers=3 but the job has only 2 nodes"):
+        PsOptions(hierarchical=True, servers=3).check_world(4, local_size=2)
+    from caramel.strategies.ps.hierarchy import local_world_size
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(CaramelError, match="needs LOCAL_WORLD_SIZE"):
+        local_world_size(4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(CaramelError, match="whole nodes"):
+        local_world_size(4)
 
 
 def test_balanced_placement_spreads_the_first_needed_parameters():

@@ -6,7 +6,8 @@ import pytest
 
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
-from tests.strategies.ps.ps_workers import behaviour_worker, checkpoint_worker, dead_peer_worker, parity_worker
+from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, dead_peer_worker, hierarchical_worker,
+                                            parity_worker)
 
 TOL = 1e-5
 
@@ -93,3 +94,16 @@ def test_a_silent_peer_is_an_error_within_the_timeout():
     assert res[0]["error"] is not None
     assert "timed out" in res[0]["error"].lower() or "closed" in res[0]["error"].lower(), res[0]["error"]
     assert res[0]["elapsed_s"] < 2.0 + 2.0
+
+
+def test_hierarchical_aggregation_equals_ddp():
+    """Two nodes of two ranks: gradients summed within the node, then across nodes at the
+    servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order."""
+    results = run_workers(hierarchical_worker, 4, args=(8, 2), timeout_s=200)
+    for res in results:
+        for family in ("cnn_bn", "gpt_tied"):
+            assert res[(family, "diff")] <= TOL
+            assert res[(family, "servers")] == [0, 2]
+            assert res[(family, "sent")] == res[(family, "expected")]
+        assert max(res["ssp_staleness"]) <= 2
+        assert all(np.array_equal(a, b) for a, b in zip(results[0]["ssp_params"], res["ssp_params"]))
