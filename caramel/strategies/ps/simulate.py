@@ -18,6 +18,11 @@ the cluster spec), with the backend's behaviour made explicit:
 - the next forward runs the profile's modules in order, each once the pulls of the parameters
   it uses first, of the update it must see (S behind), have landed.
 
+With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
+workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
+a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
+servers are the leaders.
+
 The step time is the slowest worker's mean period over the second half of the unrolled steps. TicTac's predicted E and S of
 the order are in `meta`, next to the shard loads.
 """
@@ -37,9 +42,21 @@ MIN_ITERATIONS = 8
 STEADY_STEPS_PER_BOUND = 20
 
 
+def _workers_per_node(cluster: ClusterSpec) -> int:
+    """hierarchical=True: the cluster spec's `meta["workers_per_node"]` (consecutive workers)."""
+    raw = cluster.meta.get("workers_per_node")
+    if raw is None:
+        raise CaramelError("ps: simulating hierarchical=true needs the cluster spec's meta.workers_per_node "
+                           "(how many consecutive workers share a node)")
+    if not isinstance(raw, int) or raw < 1 or cluster.world_size % raw:
+        raise CaramelError(f"ps: meta.workers_per_node must divide the {cluster.world_size} workers, got {raw!r}")
+    return raw
+
+
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
-    shards = options.check_world(n)
+    local = _workers_per_node(cluster) if options.hierarchical else 1
+    shards = options.check_world(n, local)
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to serve")
     bound = options.staleness_bound()
@@ -54,13 +71,24 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         if p.first_use_order is not None:
             uses[p.first_use_order].append(p.index)
     total = sum(size[i] for i in plan.params) or 1
-    shard_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == s) for s in range(n)]
+    # the worker serving shard s: s, or with hierarchy the first worker of node s
+    serves = {s * local: s for s in range(shards)}
+    shard_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == serves[w]) if w in serves else 0
+                   for w in range(n)]
+    node_Bps = float(cluster.meta.get("node_bandwidth_bps", cluster.bandwidth_bps)) / 8
     speed = [w.speed for w in cluster.workers]
     # staleness lets a backlog of transfers build up slowly: unroll well past the bound
     iters = max(iterations, MIN_ITERATIONS) + STEADY_STEPS_PER_BOUND * S
 
+    def stage_s(members: int, nbytes: float, rate_Bps: float) -> float:
+        return 0.0 if members == 1 else alpha + (members - 1) * nbytes / rate_Bps
+
     def coll_s(i: int) -> float:
-        return 0.0 if n == 1 else alpha + (n - 1) * size[i] / Bps
+        """One push (or pull): flat, among all workers; hierarchical, within the node, then
+        among the nodes' leaders (the two stages in sequence)."""
+        if local == 1:
+            return stage_s(n, size[i], Bps)
+        return stage_s(local, size[i], node_Bps) + stage_s(n // local, size[i], Bps)
 
     clock = [0.0] * n  # each worker's time: when its next forward may start
     arrive: dict[int, dict[int, float]] = {}  # update -> parameter -> when its pull landed everywhere
@@ -129,7 +157,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
     comm_s = 2 * sum(coll_s(i) for i in plan.params)
-    bw_s = 2 * sum((n - 1) * size[i] / Bps for i in plan.params) if n > 1 else 0.0
+    bw_s = 2 * sum((n // local - 1) * size[i] / Bps for i in plan.params)
     events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
               for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
     return SimResult(
@@ -143,4 +171,5 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         trace=Trace("predicted", n, events, meta={"strategy": "ps"}),
         meta={"strategy": "ps", "consistency": options.consistency, "order": options.order,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
+              "workers_per_node": local,
               "periods_s": periods})

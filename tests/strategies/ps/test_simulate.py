@@ -49,3 +49,15 @@ def test_staleness_hides_a_slow_worker_and_communication(profile):
 def test_more_servers_than_workers_is_an_error(profile):
     with pytest.raises(CaramelError, match="servers=8 but the job has only 4 ranks"):
         sim("ps:servers=8", profile, ClusterSpec.uniform(4, 1e9))
+
+
+def test_hierarchy_sends_one_gradient_per_node(profile):
+    flat = ClusterSpec.uniform(8, 1e9)
+    nodes = ClusterSpec.uniform(8, 1e9)
+    nodes.meta.update(workers_per_node=4, node_bandwidth_bps=100e9)
+    hier = sim("ps:hierarchical=true", profile, nodes)
+    assert hier.meta["workers_per_node"] == 4
+    assert hier.step_time_s < sim("ps", profile, flat).step_time_s
+    assert hier.comm_time_s < sim("ps", profile, flat).comm_time_s
+    with pytest.raises(CaramelError, match="workers_per_node"):
+        sim("ps:hierarchical=true", profile, flat)
