@@ -16,7 +16,8 @@ colocated mode). One step, for update u (= the step that produced the gradients)
    waiting only for those still needed, so pulls overlap the forward.
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
-bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived;
+bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
+or every rank has pushed it;
 a forward waits only for parameters more than S updates old (asp: never, up to the bound).
 Pushes and pulls run on private groups, one of each per server (`PsGroups`), so each group
 sees the same sequence of collectives on every rank whatever the timing, and different
@@ -71,6 +72,11 @@ class _Update:
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
     relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (parameter, node reduce) still to forward
+
+    def everyone_pushed(self) -> bool:
+        """Every rank has handed over this step's gradients (its count arrived): the reductions
+        are on the wire, so waiting for them costs a transfer, never a straggler."""
+        return self.used_work is not None and self.used_work.is_completed()
 
     def arrived(self) -> bool:
         return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
@@ -214,7 +220,7 @@ class PsEngine:
         while self.pending:
             u = self.pending[0]
             due = force_all or u.step < self.steps - limit
-            if not due and not u.arrived():
+            if not due and not u.arrived() and not u.everyone_pushed():
                 break
             self.pending.popleft()
             self._apply(u)
