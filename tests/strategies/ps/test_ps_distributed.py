@@ -90,16 +90,16 @@ def test_checkpoint_and_resume_are_exact():
 
 
 def test_a_silent_peer_is_an_error_within_the_timeout():
-    res = run_workers(dead_peer_worker, 2, args=(2.0,), timeout_s=60)
+    res = run_workers(dead_peer_worker, 2, args=(1.0,), timeout_s=60)
     assert res[0]["error"] is not None
     assert "timed out" in res[0]["error"].lower() or "closed" in res[0]["error"].lower(), res[0]["error"]
-    assert res[0]["elapsed_s"] < 2.0 + 2.0
+    assert res[0]["elapsed_s"] < 1.0 + 2.0
 
 
 def test_hierarchical_aggregation_equals_ddp():
     """Two nodes of two ranks: gradients summed within the node, then across nodes at the
     servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order."""
-    results = run_workers(hierarchical_worker, 4, args=(8, 2), timeout_s=200)
+    results = run_workers(hierarchical_worker, 4, args=(6, 2), timeout_s=200)
     for res in results:
         for family in ("cnn_bn", "gpt_tied"):
             assert res[(family, "diff")] <= TOL
