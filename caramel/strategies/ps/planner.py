@@ -4,7 +4,8 @@ Made once from a `ModelProfile` (on rank 0, then broadcast), as data: the push o
 order gradients become ready (fifo, as DDP reduces them); the pull order is the strategy's
 `order` (TicTac's TAC or TIC over the next forward's DAG, fifo, or a per-step random order);
 placement assigns every trainable parameter to a server shard. `predicted` holds TicTac's E and
-S of the order under the time oracle, next to those of fifo and of the registration order.
+S of the order under the time oracle, next to those of fifo, of the registration order and of
+random orders (the mean makespan of a few shuffles).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from caramel.strategies.ps.placement import imbalance, place, shard_loads
 from caramel.strategies.ps.tictac import efficiency, graph_from_profile, makespan, tac_order, tic_order
 
 DEFAULT_LATENCY_S = 50e-6  # per transfer, when no cluster spec says otherwise
+RANDOM_SAMPLES = 16  # shuffles averaged for order="random"'s predicted makespan
 
 
 @dataclass
@@ -87,6 +89,12 @@ def make_ps_plan(profile: ModelProfile, options: PsOptions, shards: int, latency
         m = makespan(graph, order)
         E, S = efficiency(comp, comm, m)
         predicted[name] = {"makespan_s": m, "E": E, "S": S}
+    shuffled = [list(range(len(index))) for _ in range(RANDOM_SAMPLES)]
+    for k, order in enumerate(shuffled):
+        random.Random(k).shuffle(order)
+    m = sum(makespan(graph, o) for o in shuffled) / RANDOM_SAMPLES
+    E, S = efficiency(comp, comm, m)
+    predicted["random"] = {"makespan_s": m, "E": E, "S": S}  # the mean of RANDOM_SAMPLES shuffles
     loads = shard_loads(sizes, need, owner, shards)
     predicted["shard_imbalance"] = imbalance(loads)
     return PsPlan([index[k] for k in range(len(index))], {index[k]: owner[k] for k in range(len(index))},

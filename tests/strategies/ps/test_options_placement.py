@@ -77,6 +77,7 @@ def test_plan_orders_owners_and_round_trip():
     assert plan.push_order == [3, 2, 1, 0]  # backward produces the last layer's gradient first
     assert sorted(set(plan.owner.values())) == [0, 1]
     assert plan.predicted["tac"]["E"] >= plan.predicted["fifo"]["E"]
+    assert plan.predicted["tac"]["makespan_s"] <= plan.predicted["random"]["makespan_s"]
     assert PsPlan.from_dict(plan.to_dict()) == plan
     rnd = make_ps_plan(prof, PsOptions(order="random", seed=3), shards=2, latency_s=1e-4, bandwidth_Bps=1e6)
     orders = {tuple(rnd.pull_order_at(u)) for u in range(20)}
