@@ -95,6 +95,11 @@ def checkpoint_worker(rank: int, world: int, steps: int, spec: str) -> dict:
 
     w = fresh("gpt_tied")
     opt, sched = make_optimizer("adamw", w.model.parameters())
+    try:  # first, rank 1 asks for another order than rank 0: one clear error on every rank
+        caramel.parallelize(w.model, opt, spec if rank == 0 else spec + ":order=tic")
+        mismatch = None
+    except caramel.CaramelError as e:
+        mismatch = str(e)
     ref, opt = caramel.parallelize(w.model, opt, spec)
     run(ref, opt, sched, w, 0)
     run(ref, opt, sched, w, steps)
@@ -120,7 +125,7 @@ def checkpoint_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     out = {"diff": max_diff(params_of(ref.module), params_of(resumed.module)),
            "moved": max_diff(params_of(fresh("gpt_tied").model), params_of(resumed.module)),
            "saved_state_entries": len(saved[0]["opt"]["state"]),
-           "params": len(list(resumed.module.parameters()))}
+           "params": len(list(resumed.module.parameters())), "mismatch": mismatch}
     caramel.shutdown()
     return out
 
@@ -169,3 +174,4 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
     caramel.shutdown()
     return out
+

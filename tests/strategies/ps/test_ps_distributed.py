@@ -82,8 +82,10 @@ def test_stats_and_server_state(behaviour):
 
 def test_checkpoint_and_resume_are_exact():
     """Saved on rank 0 only after synchronize (server state included), loaded into a fresh
-    model and optimizer on every rank: the resumed run equals the uninterrupted one."""
+    model and optimizer on every rank: the resumed run equals the uninterrupted one. (First,
+    ranks asking for different options get one clear error each.)"""
     for res in run_workers(checkpoint_worker, 2, args=(5, "ps"), timeout_s=180):
+        assert "ranks [1] have other options than rank 0 (ps:order=tic vs ps)" in res["mismatch"]
         assert res["diff"] == 0.0
         assert res["moved"] > 1e-3
         assert res["saved_state_entries"] == res["params"]
