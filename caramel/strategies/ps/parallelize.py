@@ -26,6 +26,7 @@ from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError, MismatchError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
+from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, steps_per_parameter
 from caramel.strategies.ps.engine import PsEngine, PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
@@ -351,6 +352,10 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
         raise CaramelError(f"strategy 'ps': broadcast_buffers must be True or False, got {broadcast_buffers!r}")
     if isinstance(optimizer, PsOptimizerMixin):
         raise CaramelError("strategy 'ps': this optimizer is already parallelized")
+    if not steps_per_parameter(optimizer):
+        raise CaramelError(f"strategy 'ps': each server applies the optimizer to its own shard, which is exact only for "
+                           f"optimizers that update each parameter from its own gradient and state "
+                           f"({', '.join(PER_PARAMETER_OPTIMIZERS)}); got {type(optimizer).__name__}")
     _, params = unique_params(model)
     known = {id(p) for p in params}
     if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):

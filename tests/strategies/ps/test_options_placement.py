@@ -95,3 +95,15 @@ def test_balanced_placement_beats_round_robin_on_resnet50():
     assert loads["balanced"]["bytes_max_over_mean"] < 1.05 < loads["roundrobin"]["bytes_max_over_mean"]
     assert loads["balanced"]["early_bytes_max_over_mean"] < loads["roundrobin"]["early_bytes_max_over_mean"]
     assert loads["balanced"]["early_bytes_max_over_mean"] <= loads["bytes"]["early_bytes_max_over_mean"]
+
+
+def test_optimizers_the_servers_cannot_split_are_refused_before_any_setup():
+    import torch
+
+    import caramel
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(CaramelError, match="got LBFGS"):
+        caramel.parallelize(model, torch.optim.LBFGS(model.parameters()), "ps")
+    with pytest.raises(CaramelError, match="not the model's"):
+        caramel.parallelize(model, torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), "ps")
