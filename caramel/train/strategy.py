@@ -37,6 +37,10 @@ class Parallel:
 
         spec = STRATEGIES.spec(cfg.parallel.strategy)
         self.kind, self.strategy = spec.info.name, spec.name
+        if self.kind == "ps" and cfg.optim.clip_grad_norm > 0:
+            from caramel.errors import CaramelError
+            raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
+                               "makes them); set --clip-grad-norm 0 or use caramel or ddp")
         extra: dict[str, Any] = {}
         if self.kind == "caramel":
             extra["trace"] = trace_path
@@ -61,10 +65,6 @@ class Parallel:
         """Clip the global gradient norm; Caramel must first finish every reduction (it synchronizes)."""
         if self.kind == "caramel":
             caramel.clip_grad_norm_(self.optimizer, max_norm)
-        elif self.kind == "ps":
-            from caramel.errors import CaramelError
-            raise CaramelError("strategy 'ps' does not clip gradients yet (they are pushed to the servers as "
-                               "backward makes them); set the clip option off or use caramel or ddp")
         else:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
