@@ -155,6 +155,9 @@ class Record:
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
+    ps: dict[str, Any] | None = None
+    """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
+    imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
 
     @property
     def kind(self) -> str:
@@ -235,8 +238,18 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
-            **common))
+            ps=_ps_summary(st), **common))
     return records
+
+
+def _ps_summary(st: dict[str, Any]) -> dict[str, Any] | None:
+    """The few numbers of a ps run's stats a report row carries (None for other strategies)."""
+    if st.get("strategy") != "ps":
+        return None
+    predicted = st.get("predicted") or {}
+    return {"E_median": st.get("E_median"), "S": st.get("S"), "max_staleness": max(st.get("staleness") or [0]),
+            "order": st.get("order"), "predicted_E": (predicted.get(st.get("order")) or {}).get("E"),
+            "shard_imbalance": predicted.get("shard_imbalance")}
 
 
 @dataclass

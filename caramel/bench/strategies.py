@@ -105,9 +105,13 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
     engine = getattr(opt, "engine", None)
     prio = getattr(wrapped, "comm_priority", None)
 
+    reporter = getattr(opt, "ps", None)  # the ps strategy's run: TicTac's E and S, staleness, shard loads
+
     def stats() -> dict[str, Any]:
         if engine is not None:
             return dict(engine.stats_dict())
+        if reporter is not None:
+            return dict(reporter.stats_dict())
         return {"comm_priority": prio.to_dict()} if prio is not None else {}
 
     def settled() -> bool:

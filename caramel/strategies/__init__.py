@@ -9,6 +9,7 @@ simulator model side by side. `STRATEGIES.register(StrategyInfo(...))` adds one.
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.ddp.options import DdpOptions
 from caramel.strategies.pipeline.options import PipelineOptions
+from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.registry import Registry, StrategyInfo, StrategySpec
 
 STRATEGIES = Registry()
@@ -28,5 +29,11 @@ STRATEGIES.register(StrategyInfo(
     parallelize="caramel.strategies.pipeline.runtime:parallelize_pipeline",
     simulate="caramel.strategies.pipeline.simulate:simulate_pipeline",
     summary="stages across workers (GPipe, 1F1B, interleaved, async PipeDream), PipeDream's partitioner, hybrid"))
+STRATEGIES.register(StrategyInfo(
+    "ps", options=PsOptions,
+    parallelize="caramel.strategies.ps.parallelize:parallelize_ps",
+    simulate="caramel.strategies.ps.simulate:simulate_ps",
+    summary="parameter servers colocated with the workers, TicTac-ordered pulls, bsp/ssp/asp",
+    records_trace=True))
 
 __all__ = ["STRATEGIES", "Registry", "StrategyInfo", "StrategySpec"]

@@ -37,6 +37,10 @@ class Parallel:
 
         spec = STRATEGIES.spec(cfg.parallel.strategy)
         self.kind, self.strategy = spec.info.name, spec.name
+        if self.kind == "ps" and cfg.optim.clip_grad_norm > 0:
+            from caramel.errors import CaramelError
+            raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
+                               "makes them); set --clip-grad-norm 0 or use caramel or ddp")
         extra: dict[str, Any] = {}
         if self.kind == "caramel":
             extra["trace"] = trace_path
@@ -66,7 +70,7 @@ class Parallel:
 
     def stats(self) -> dict[str, Any]:
         """The engine's per-step statistics (exposed communication etc.); empty for DDP."""
-        engine = getattr(self.optimizer, "engine", None)
+        engine = getattr(self.optimizer, "engine", None) or getattr(self.optimizer, "ps", None)
         return dict(engine.stats_dict()) if engine is not None else {}
 
 

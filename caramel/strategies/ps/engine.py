@@ -1,0 +1,370 @@
+"""`PsEngine`: colocated parameter servers on torch.distributed, as one object per model.
+
+Every rank is a worker, and the ranks named by the plan's owners also serve a shard (BytePS's
+colocated mode). One step, for update u (= the step that produced the gradients):
+
+1. push: as each gradient becomes ready in backward it is reduced to its owner on that
+   server's push group (`dist.reduce`, async), in the plan's push order (an item is handed to the backend
+   only after every earlier one: TicTac's counter rule); `step()` pushes what never became
+   ready (zeros) and a per-parameter "someone used it" count;
+2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
+   only, with the hyper-parameters of the step that made the gradients;
+3. pull: every rank takes part in one broadcast per parameter from its owner on that
+   server's pull group, handed to the backend in the plan's pull order (the wire order is the planned
+   order); receivers land in a staging buffer;
+4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
+   waiting only for those still needed, so pulls overlap the forward.
+
+Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
+bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
+or every rank has pushed it;
+a forward waits only for parameters more than S updates old (asp: never, up to the bound).
+Pushes and pulls run on private groups, one of each per server (`PsGroups`), so each group
+sees the same sequence of collectives on every rank whatever the timing, and different
+servers' transfers proceed side by side. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.profile.profiler import unique_params
+from caramel.runtime.apply import snapshot_hparams
+from caramel.strategies.ps.hierarchy import Hierarchy
+from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
+from caramel.strategies.ps.planner import PsPlan
+
+ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
+
+
+@dataclass
+class PsGroups:
+    """The private groups of one model (all over the same ranks). Each server shard has a push
+    group and a pull group of its own, so transfers to and from different servers run side by
+    side (a single group runs its collectives one after another), while each shard's transfers
+    keep the planned order; `control` carries the small all-reduces, plans and optimizer state,
+    `buffers` rank 0's buffers."""
+
+    control: Any
+    buffers: Any
+    push: list[Any]
+    pull: list[Any]
+    hier: Hierarchy | None = None  # hierarchical=True: node and leader groups (`hierarchy.py`)
+
+    def all(self) -> list[Any]:
+        return [self.control, self.buffers, *self.push, *self.pull] + (self.hier.groups() if self.hier else [])
+
+
+@dataclass
+class _Update:
+    """The gradients of one step on their way to the servers."""
+
+    step: int
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter -> this rank's gradient / world (reduced in place at the owner)
+    works: list[Any] = field(default_factory=list)
+    used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
+    used_work: Any = None
+    hparams: list[dict[str, Any]] | None = None
+    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (parameter, node reduce) still to forward
+
+    def everyone_pushed(self) -> bool:
+        """Every rank has handed over this step's gradients (its count arrived): the reductions
+        are on the wire, so waiting for them costs a transfer, never a straggler."""
+        return self.used_work is not None and self.used_work.is_completed()
+
+    def arrived(self) -> bool:
+        return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
+
+
+@dataclass
+class _Pull:
+    version: int  # updates the parameter holds once this lands
+    work: Any
+    buf: torch.Tensor
+
+
+class PsEngine:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
+                 groups: PsGroups, ranks: list[int], broadcast_buffers: bool):
+        self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
+        self.groups, self.ranks, self.hier = groups, ranks, groups.hier
+        self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
+        self.rank, self.world = dist.get_rank(groups.control), dist.get_world_size(groups.control)
+        self.bound = options.staleness_bound()
+        self.broadcast_buffers = broadcast_buffers and self.bound == 0
+        self.names, self.params = unique_params(module)
+        self.require_sync = True
+        self.steps = 0  # steps whose gradients were pushed
+        self.version = {i: 0 for i in plan.params}  # updates each parameter holds here
+        self.pending: deque[_Update] = deque()
+        self.pulls: dict[int, deque[_Pull]] = {i: deque() for i in plan.params}
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.current: _Update | None = None
+        self.ready: set[int] = set()
+        self.next_push = 0
+        self.send_log: deque[tuple[int, list[int]]] = deque(maxlen=ORDER_LOG_UPDATES)
+        self.handles: list[Any] = []
+        self.waits_for: dict[str, list[int]] = {}
+        self.wait_s = 0.0  # seconds spent waiting for pulls, all told
+        self.applied = 0  # updates applied (and pulled) so far
+        self.last_issue_t = 0.0  # when the latest update's first pull was handed to the backend
+        self.ready_callback: Any = None  # profiling: told each parameter whose gradient is ready
+        self._hook_handles()
+
+    # --- hooks -------------------------------------------------------------------------
+    def _hook_handles(self) -> None:
+        for i in self.plan.params:
+            self.handles.append(self.params[i].register_post_accumulate_grad_hook(self._on_ready(i)))
+
+    def set_waits(self, waits_for: dict[str, list[int]]) -> None:
+        """Module name -> the parameters its pre-hook brings up to date (those it uses first)."""
+        for h in getattr(self, "_module_handles", []):
+            h.remove()
+        self._module_handles = []
+        self.waits_for = waits_for
+        named = dict(self.module.named_modules())
+        for name, idx in waits_for.items():
+            if name in named and name != "":
+                self._module_handles.append(named[name].register_forward_pre_hook(self._pre_hook(idx)))
+
+    def _pre_hook(self, idx: list[int]):
+        def hook(_m, _args):
+            self.catch_up(idx)
+        return hook
+
+    def _on_ready(self, i: int):
+        def hook(_p):
+            if self.ready_callback is not None:
+                self.ready_callback(i)
+            if self.require_sync:
+                self.ready.add(i)
+                self._push_ready()
+        return hook
+
+    # --- push --------------------------------------------------------------------------
+    def _update(self) -> _Update:
+        if self.current is None:
+            self.current = _Update(self.steps, hparams=snapshot_hparams(self.optimizer))
+        return self.current
+
+    def _push(self, i: int) -> None:
+        p = self.params[i]
+        g = p.grad.detach() / self.world if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+        u = self._update()
+        u.grads[i] = g
+        if self.hier is None:
+            u.works.append(dist.reduce(g, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
+                                       async_op=True))
+            return
+        work = dist.reduce(g, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
+        u.works.append(work)
+        if self.hier.is_leader:
+            u.relay.append((i, work))
+
+    def _forward_node_sums(self, u: _Update, force: bool) -> None:
+        """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
+        while u.relay:
+            i, work = u.relay[0]
+            if not force and not work.is_completed():
+                return
+            work.wait()
+            u.relay.popleft()
+            u.works.append(dist.reduce(u.grads[i], dst=self.ranks[self.server_of(i)],
+                                       group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
+
+    def server_of(self, i: int) -> int:
+        """The group rank serving parameter i."""
+        shard = self.plan.owner[i]
+        return self.hier.server(shard) if self.hier is not None else shard
+
+    def server_ranks(self) -> dict[int, int]:
+        return {i: self.server_of(i) for i in self.plan.params}
+
+    def _push_ready(self) -> None:
+        order = self.plan.push_order
+        while self.next_push < len(order) and order[self.next_push] in self.ready:
+            self._push(order[self.next_push])
+            self.next_push += 1
+        if self.current is not None and self.current.relay:
+            self._forward_node_sums(self.current, force=False)
+        if self.relays:
+            self.relay_pulls()
+
+    def finish_pushes(self) -> None:
+        """At step(): push what never became ready (zeros) and who used what."""
+        u = self._update()
+        order = self.plan.push_order
+        while self.next_push < len(order):
+            self._push(order[self.next_push])
+            self.next_push += 1
+        if self.hier is not None and self.hier.is_leader:
+            self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
+            self._forward_node_sums(u, force=True)
+        u.used = torch.tensor([float(self.params[i].grad is not None) for i in self.plan.params],
+                              device=self.params[self.plan.params[0]].device)
+        u.used_work = dist.all_reduce(u.used, group=self.groups.control, async_op=True)
+        self.pending.append(u)
+        self.current, self.ready, self.next_push = None, set(), 0
+        self.steps += 1
+
+    # --- apply and pull ------------------------------------------------------------------
+    def apply_due(self, force_all: bool = False) -> None:
+        """Apply every update that is due (older than the bound) or has already arrived."""
+        limit = ASP_BOUND_STEPS if self.bound is None else self.bound
+        while self.pending:
+            u = self.pending[0]
+            due = force_all or u.step < self.steps - limit
+            if not due and not u.arrived() and not u.everyone_pushed():
+                break
+            self.pending.popleft()
+            self._apply(u)
+
+    def _apply(self, u: _Update) -> None:
+        for w in u.works:
+            w.wait()
+        u.used_work.wait()
+        used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
+        mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
+        self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
+        if mine:
+            self._step_shard([i for i in mine if used[i]], u)
+            for i in mine:
+                self.version[i] = u.step + 1
+        order = self.plan.pull_order_at(u.step)
+        issued_t = time.perf_counter()
+        for i in order:
+            p = self.params[i]
+            src = self.ranks[self.server_of(i)]
+            if self.hier is not None:
+                self._pull_hierarchical(i, u.step + 1)
+            elif self.server_of(i) == self.rank:
+                buf = p.detach().clone()
+                work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
+                self.sends.append((work, buf))
+            else:
+                buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
+                self.pulls[i].append(_Pull(u.step + 1, work, buf))
+        self.send_log.append((u.step, list(order)))
+        self.applied += 1
+        self.last_issue_t = issued_t
+
+    def _pull_hierarchical(self, i: int, version: int) -> None:
+        """A leader pulls from the server among the leaders (or is the server) and queues the
+        relay to its node; any other rank pulls from its leader."""
+        p, h = self.params[i], self.hier
+        shard = self.plan.owner[i]
+        if not h.is_leader:
+            buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+            work = dist.broadcast(buf, src=self.ranks[h.leader], group=h.node_pull, async_op=True)
+            self.pulls[i].append(_Pull(version, work, buf))
+            return
+        if self.server_of(i) == self.rank:
+            buf = p.detach().clone()
+            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=h.lead_pull[shard], async_op=True), buf))
+            self.relays.append((None, buf))
+            return
+        buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+        work = dist.broadcast(buf, src=self.ranks[self.server_of(i)], group=h.lead_pull[shard], async_op=True)
+        self.pulls[i].append(_Pull(version, work, buf))
+        self.relays.append((work, buf))
+
+    def relay_pulls(self, force: bool = False) -> None:
+        """Hierarchical, at a leader: broadcast to the node, in pull order, each pull that has
+        landed (with `force`, all of them, waiting)."""
+        while self.relays:
+            work, buf = self.relays[0]
+            if work is not None and not work.is_completed():
+                if not force:
+                    return
+                work.wait()
+            self.relays.popleft()
+            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=self.hier.node_pull,
+                                              async_op=True), buf))
+
+    def _step_shard(self, idx: list[int], u: _Update) -> None:
+        """The user's optimizer on these parameters only, with their averaged gradients and the
+        hyper-parameters of step u (everything restored afterwards)."""
+        if not idx:
+            return
+        opt = self.optimizer
+        chosen = {id(self.params[i]): i for i in idx}
+        saved = [(g["params"], {k: g[k] for k in hp}) for g, hp in zip(opt.param_groups, u.hparams)]
+        swapped = [(self.params[i], self.params[i].grad) for i in idx]
+        try:
+            for g, hp in zip(opt.param_groups, u.hparams):
+                g.update(hp)
+                g["params"] = [p for p in g["params"] if id(p) in chosen]
+            for i in idx:
+                self.params[i].grad = u.grads[i]
+            opt._caramel_inner_step()
+        finally:
+            for g, (params, hp) in zip(opt.param_groups, saved):
+                g["params"] = params
+                g.update(hp)
+            for p, grad in swapped:
+                p.grad = grad
+
+    def _wait_sends(self) -> None:
+        for w, _ in self.sends:
+            w.wait()
+        self.sends = []
+
+    def required_version(self) -> int:
+        """The oldest version a forward may use now."""
+        limit = ASP_BOUND_STEPS if self.bound is None else self.bound
+        return self.steps - limit
+
+    def catch_up(self, idx: list[int], required: int | None = None) -> float:
+        """Copy in the landed pulls of `idx`, waiting for those older than allowed; returns the wait (s)."""
+        required = self.required_version() if required is None else required
+        if self.relays:
+            self.relay_pulls()  # what has landed goes on to the node, whatever this rank waits for
+        waited = 0.0
+        for i in idx:
+            q = self.pulls.get(i)
+            while q and (self.version[i] < required or q[0].work.is_completed()):
+                pull = q.popleft()
+                t0 = time.perf_counter()
+                pull.work.wait()
+                waited += time.perf_counter() - t0
+                if self.relays:
+                    self.relay_pulls()  # a leader never sits on what its node waits for
+                with torch.no_grad():
+                    self.params[i].copy_(pull.buf)
+                self.version[i] = pull.version
+        self.wait_s += waited
+        return waited
+
+    def synchronize(self) -> None:
+        """Every pushed update applied and pulled (all ranks call this). Without the per-forward
+        buffer broadcast (ssp, asp) rank 0's buffers are sent here; with it (bsp) they are left
+        as DDP leaves them, each rank's own until the next forward."""
+        self.apply_due(force_all=True)
+        self.relay_pulls(force=True)
+        self.catch_up(self.plan.params, required=self.steps)
+        self._wait_sends()
+        if self.world > 1 and self.bound != 0:
+            for b in self.module.buffers():
+                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+
+    def sync_buffers(self) -> None:
+        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
+        if self.broadcast_buffers and self.world > 1 and torch.is_grad_enabled():
+            for b in self.module.buffers():
+                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+
+    def staleness(self) -> int:
+        """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""
+        return self.steps - min(self.version.values(), default=self.steps)
+
+    def remove_hooks(self) -> None:
+        for h in self.handles + getattr(self, "_module_handles", []):
+            h.remove()
+        self.handles, self._module_handles = [], []

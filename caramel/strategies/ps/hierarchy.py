@@ -1,0 +1,77 @@
+"""Hierarchical aggregation (Parameter Hub): one gradient per node to the servers, one pull per node.
+
+With `hierarchical=True` the ranks form nodes of `LOCAL_WORLD_SIZE` consecutive ranks (as
+torchrun numbers them); rank 0 of each node is its leader, and the servers are leaders (shard
+s on node s). A push is a reduce within the node to the leader, then, once that has landed, a
+reduce among the leaders to the server; a pull is a broadcast among the leaders from the
+server, then, once that has landed, a broadcast within the node from the leader (the leader
+*relays* it). The leader relays in the plan's pull order, so every node group sees the same
+sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the
+rest before it waits for its node's gradients (the node's ranks may be waiting for those
+pulls). Only (nodes - 1) copies of a shard cross a server's NIC instead of (ranks - 1).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from caramel.errors import CaramelError
+
+
+@dataclass
+class Hierarchy:
+    local_size: int
+    leader: int  # group rank of this rank's node leader
+    node_push: Any  # this node's groups
+    node_pull: Any
+    lead_push: list[Any]  # per shard, over the leaders (not a group of this rank unless it leads)
+    lead_pull: list[Any]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader == self._rank
+
+    def server(self, shard: int) -> int:
+        """The group rank serving `shard`: the leader of node `shard`."""
+        return shard * self.local_size
+
+    def groups(self) -> list[Any]:
+        mine = [self.node_push, self.node_pull]
+        return mine + (list(self.lead_push) + list(self.lead_pull) if self.is_leader else [])
+
+    _rank: int = 0
+
+
+def local_world_size(world: int) -> int:
+    """LOCAL_WORLD_SIZE (torchrun sets it): how many consecutive ranks share a node."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE")
+    if raw is None:
+        raise CaramelError("ps: hierarchical=true needs LOCAL_WORLD_SIZE (the ranks per node; torchrun sets it)")
+    try:
+        local = int(raw)
+    except ValueError:
+        raise CaramelError(f"ps: LOCAL_WORLD_SIZE must be a positive integer, got {raw!r}") from None
+    if local < 1 or world % local:
+        raise CaramelError(f"ps: hierarchical=true needs the {world} ranks to form whole nodes of "
+                           f"LOCAL_WORLD_SIZE={local} ranks each")
+    return local
+
+
+def make_hierarchy(ranks: list[int], rank: int, local: int, shards: int, timeout: datetime.timedelta) -> Hierarchy:
+    """The node and leader groups (every rank creates every group, in the same order)."""
+    nodes = len(ranks) // local
+    node_groups = []
+    for node in range(nodes):
+        members = ranks[node * local:(node + 1) * local]
+        node_groups.append((dist.new_group(members, timeout=timeout), dist.new_group(members, timeout=timeout)))
+    leaders = [ranks[node * local] for node in range(nodes)]
+    lead_push = [dist.new_group(leaders, timeout=timeout) for _ in range(shards)]
+    lead_pull = [dist.new_group(leaders, timeout=timeout) for _ in range(shards)]
+    mine = rank // local
+    h = Hierarchy(local, mine * local, *node_groups[mine], lead_push, lead_pull)
+    h._rank = rank
+    return h

@@ -1,0 +1,73 @@
+"""The `ps` strategy's knobs: servers, consistency, pull order, hierarchy and placement.
+
+    caramel.parallelize(model, opt, strategy="ps:order=tac,consistency=ssp:2")
+
+`consistency` is text (`"bsp"`, `"ssp:S"`, `"asp"`); since a spec separates options with
+commas and forbids ':' in values on the command line, `ssp_S` (e.g. `ssp_2`) is accepted there
+too and means the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from caramel.errors import CaramelError
+
+ORDERS = ("tac", "tic", "fifo", "random")
+PLACEMENTS = ("balanced", "bytes", "roundrobin")
+ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
+
+
+@dataclass(frozen=True)
+class PsOptions:
+    """`servers`: how many ranks serve a shard (0: every rank, BytePS's colocated mode; N: ranks
+    0..N-1). `consistency`: "bsp" (every worker uses the parameters of the previous step),
+    "ssp:S" (at most S updates behind), "asp" (never waits; see ASP_BOUND_STEPS). `order`: the
+    order the servers send parameters back (TicTac's "tac"/"tic", "fifo" = the order gradients
+    became ready, "random" = a fresh order each step). `placement`: how parameters are assigned
+    to server shards (`caramel.strategies.ps.placement`). `hierarchical`: aggregate within a
+    node first, one gradient per node to the servers (`hierarchy.py`; the servers are then the
+    nodes' first ranks)."""
+
+    servers: int = 0
+    consistency: str = "bsp"
+    order: str = field(default="tac", metadata={"choices": ORDERS})
+    placement: str = field(default="balanced", metadata={"choices": PLACEMENTS})
+    hierarchical: bool = False
+    seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
+
+    def __post_init__(self) -> None:
+        if self.servers < 0:
+            raise CaramelError(f"servers must be >= 0 (0: every rank serves a shard), got {self.servers}")
+        if self.order not in ORDERS:
+            raise CaramelError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        self.staleness_bound()  # checks the text
+
+    def staleness_bound(self) -> int | None:
+        """How many updates a worker's parameters may lag: 0 for bsp, S for ssp:S, None for asp."""
+        text = self.consistency.strip().lower()
+        if text == "bsp":
+            return 0
+        if text == "asp":
+            return None
+        for prefix in ("ssp:", "ssp_"):
+            if text.startswith(prefix):
+                raw = text[len(prefix):]
+                try:
+                    s = int(raw)
+                except ValueError:
+                    break
+                if s < 0:
+                    raise CaramelError(f"consistency {self.consistency!r}: the staleness bound S must be >= 0, got {s}")
+                return s
+        raise CaramelError(f"consistency must be 'bsp', 'ssp:S' (S >= 0 steps, also written ssp_S) or 'asp', "
+                           f"got {self.consistency!r}")
+
+    def check_world(self, world_size: int, local_size: int = 1) -> int:
+        """The number of server shards for `world_size` ranks in nodes of `local_size` (an
+        error when more are asked than there are ranks, or nodes when hierarchical)."""
+        hosts = world_size // local_size if self.hierarchical else world_size
+        if self.servers > hosts:
+            what = "nodes" if self.hierarchical else "ranks"
+            raise CaramelError(f"ps: servers={self.servers} but the job has only {hosts} {what}; "
+                               f"servers must be between 0 (every {what[:-1]}) and {hosts}")
+        return self.servers or hosts

@@ -1,0 +1,383 @@
+"""Run the `ps` strategy: `parallelize_ps` wraps the model and the user's optimizer around a
+`PsEngine` (`caramel.strategies.ps.engine`) and plans it.
+
+Without a `profile=`, the first two steps profile the model online (step 0 records which module
+first uses each parameter, step 1 times the modules and gradients, both with every pull
+finished before the forward, which also times the pulls alone); rank 0 then makes the plan
+(`caramel.strategies.ps.planner`), every rank receives it, and optimizer state moves to the
+new placement. From then on pulls overlap the forward and every step logs TicTac's E and S and
+its staleness (`stats_dict()`, and the trace when `trace=PATH`).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.distributed import init_distributed, resolve_timeout_s
+from caramel.errors import CaramelError, MismatchError
+from caramel.profile.model_profile import ModelProfile
+from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
+from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, steps_per_parameter
+from caramel.strategies.ps.engine import PsEngine, PsGroups
+from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
+from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, make_ps_plan, provisional_plan
+from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
+from caramel.strategies.options import to_spec
+from caramel.strategies.ps.tictac import efficiency
+from caramel.trace.events import Trace, TraceEvent
+
+PROFILE_STEPS = 2
+
+
+class PsRun:
+    """One model under the ps strategy: its engine, its online profile, its per-step log."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, ranks: list[int],
+                 groups: PsGroups, broadcast_buffers: bool, profile: ModelProfile | None, cluster: Any,
+                 trace: str | None):
+        self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
+        self.groups = groups
+        self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
+        self.rank = dist.get_rank(groups.control)
+        self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1)
+        _, self.params = unique_params(module)
+        trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
+        if not trainable:
+            raise CaramelError("strategy 'ps': the model has no trainable parameters; there is nothing to serve")
+        plan = provisional_plan(trainable, [self.params[i].numel() * self.params[i].element_size() for i in trainable],
+                                self.shards, options)
+        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks, broadcast_buffers)
+        self.profiling = 0 if profile is not None else PROFILE_STEPS
+        self.tracker: UseTracker | None = None
+        self.timer: StepTimer | None = None
+        self.pull_comm_s: float | None = None
+        self.unused: list[int] = []
+        self.log: list[dict[str, Any]] = []
+        self.released = False
+        self._fwd_t0 = self._wait0 = self._step_end = 0.0
+        self.t0 = time.perf_counter()
+        if profile is not None:
+            self._adopt_plan(profile)
+
+    # --- the user's loop ----------------------------------------------------------------
+    def before_forward(self) -> None:
+        if self.released:
+            raise CaramelError("strategy 'ps': this model was shut down (caramel.shutdown()); parallelize it again")
+        e = self.engine
+        e.sync_buffers()
+        if self.profiling == PROFILE_STEPS and torch.is_grad_enabled():
+            self.tracker = UseTracker(self.module, self.params).__enter__()
+        elif self.profiling and torch.is_grad_enabled() and self.tracker is not None and self.timer is None:
+            self.timer = StepTimer(self.module, self.tracker.module_order)
+            self.timer.forward_start()
+            e.ready_callback = self.timer.grad_ready
+        if self.profiling:
+            e.catch_up(e.plan.params, required=e.steps)
+        self._fwd_t0, self._wait0 = time.perf_counter(), e.wait_s
+        e.catch_up(e.waits_for.get("", []))
+
+    def after_forward(self) -> None:
+        now = time.perf_counter()
+        if self.tracker is not None and self.tracker._mode is not None and self.profiling == PROFILE_STEPS:
+            self.tracker.__exit__(None, None, None)
+            self.tracker._mode = None
+        if self.timer is not None and self.timer.cur is not None:
+            self.timer.backward_start()
+        if self.profiling or not torch.is_grad_enabled():
+            return
+        e = self.engine
+        forward_s, wait_s = now - self._fwd_t0, e.wait_s - self._wait0
+        entry = {"step": e.steps, "start_s": self._fwd_t0 - self.t0, "forward_s": forward_s, "wait_s": wait_s,
+                 "staleness": e.staleness()}
+        comm = self.pull_comm_s if self.pull_comm_s is not None else e.plan.predicted.get("comm_s")
+        if comm is not None and self._step_end >= e.last_issue_t > 0:
+            # TicTac's makespan of the pulls + forward: from the first pull handed to the backend
+            # to the forward's end; the worker computes all of it but the waits (the time between
+            # step() and forward, e.g. loading the batch, overlaps the pulls as the forward does)
+            makespan = now - e.last_issue_t
+            entry["E"], entry["S"] = efficiency(makespan - wait_s, comm, makespan)
+        self.log.append(entry)
+
+    def step(self) -> bool:
+        e = self.engine
+        if self.timer is not None and self.timer.cur is not None:
+            self.timer.backward_end()
+        e.catch_up(self.unused)
+        e.finish_pushes()
+        if self.profiling:
+            e.apply_due(force_all=True)
+            e.catch_up(e.plan.params, required=e.steps)
+            alone = time.perf_counter() - e.last_issue_t  # every pull, nothing else running
+            self.pull_comm_s = alone if self.pull_comm_s is None else min(self.pull_comm_s, alone)
+            if self.timer is not None and self.timer.cur is not None:
+                self.timer.step_end(0.0)
+            self.profiling -= 1
+            if not self.profiling:
+                self._plan_online()
+        else:
+            e.apply_due()
+        self._step_end = time.perf_counter()
+        return True
+
+    # --- planning -------------------------------------------------------------------------
+    def _plan_online(self) -> None:
+        e = self.engine
+        e.ready_callback = None
+        profile = None
+        if self.rank == 0:
+            profile = build_profile(type(self.module).__name__, 0, self.module, self.tracker, self.timer.samples)
+        self.timer.remove()
+        self.tracker = self.timer = None
+        self._adopt_plan(profile)
+
+    def _adopt_plan(self, profile: ModelProfile | None) -> None:
+        """Rank 0 plans from `profile`; every rank takes the plan, moves optimizer state and hooks."""
+        payload: list[Any] = [None]
+        if self.rank == 0:
+            latency, bandwidth = DEFAULT_LATENCY_S, None
+            if self.cluster is not None:
+                latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
+            plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s)
+            waits: dict[str, list[int]] = {}
+            for p in profile.trainable():
+                if p.first_use_order is not None:
+                    waits.setdefault(profile.modules[p.first_use_order].name, []).append(p.index)
+            payload = [(plan.to_dict(), waits)]
+        dist.broadcast_object_list(payload, src=self.ranks[0], group=self.groups.control)
+        plan_d, waits = payload[0]
+        plan = PsPlan.from_dict(plan_d)
+        old = self.engine
+        old.synchronize()
+        old.remove_hooks()
+        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.broadcast_buffers)
+        e.steps, e.version, e.wait_s = old.steps, dict(old.version), old.wait_s
+        move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
+        e.set_waits(waits)
+        self.unused = [i for i in plan.params if not any(i in v for v in waits.values())]
+        self.engine = e
+
+    # --- sync points, state, reports ------------------------------------------------------
+    def synchronize(self) -> None:
+        if self.released:
+            return
+        self.engine.synchronize()
+        gather_full_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank, self.groups.control)
+        self._gathered_at = self.engine.applied
+        self.write_trace()
+
+    def full_state_ready(self) -> bool:
+        return self.engine.world == 1 or getattr(self, "_gathered_at", -1) == self.engine.applied
+
+    def after_load(self) -> None:
+        keep_own_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank)
+        self._gathered_at = -1
+
+    def stats_dict(self) -> dict[str, Any]:
+        e, plan = self.engine, self.engine.plan
+        steady = self.log[len(self.log) // 4:]
+        Es = [x["E"] for x in steady if "E" in x]
+        return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
+                "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
+                "E_median": statistics.median(Es) if Es else None,
+                "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
+                "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
+                "predicted": plan.predicted, "shard_loads": plan.loads,
+                "pull_comm_s": self.pull_comm_s}
+
+    def write_trace(self) -> None:
+        if not self.trace_path:
+            return
+        path = Path(self.trace_path)
+        if self.engine.world > 1:
+            path = path.with_name(f"{path.stem}.rank{self.rank}{path.suffix or '.json'}")
+        events = []
+        for x in self.log:
+            events.append(TraceEvent(self.rank, "compute", "forward", "forward", x["start_s"], x["forward_s"], x["step"]))
+            if x["wait_s"] > 0:
+                events.append(TraceEvent(self.rank, "comm", "wait", "pull wait", x["start_s"], x["wait_s"], x["step"]))
+        Trace("measured", self.engine.world, events, meta={"ps": self.stats_dict(), "per_step": self.log}).save(path)
+
+    def release(self) -> None:
+        if self.released:
+            return
+        try:
+            if all(_registered(g) for g in self.groups.all()):
+                self.engine.synchronize()  # else the job's groups are gone already: nothing can be sent
+        finally:
+            self.released = True
+            self.engine.remove_hooks()
+            for g in self.groups.all():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(g)
+
+
+def _registered(group: Any) -> bool:
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group)
+        return True
+    except (ValueError, RuntimeError):
+        return False
+
+
+class PsModel(nn.Module):
+    """The user's module behind a DDP-shaped wrapper (`.module`, `no_sync()`)."""
+
+    def __init__(self, module: nn.Module, run: PsRun):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_run", run)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._run.before_forward()
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self._run.after_forward()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally; nothing is pushed."""
+        e = self._run.engine
+        e.require_sync = False
+        try:
+            yield
+        finally:
+            self._run.engine.require_sync = True
+
+    def synchronize(self) -> None:
+        self._run.synchronize()
+
+
+class PsOptimizerMixin:
+    """Mixed in front of the user's optimizer class: `step()` pushes and lets the servers apply."""
+
+    _ps_run: PsRun
+    _ps_base: type
+
+    def step(self, closure=None):  # noqa: D401 - same contract as torch.optim.Optimizer.step
+        if closure is not None:
+            raise CaramelError("strategy 'ps': optimizer.step(closure) is not supported (the servers apply the update)")
+        self._opt_called = True  # tells LR schedulers a step happened
+        self._ps_run.step()
+        return None
+
+    def _caramel_inner_step(self) -> None:
+        self._ps_base.step(self)
+
+    def synchronize(self) -> None:
+        """All ranks: every update applied and pulled, the servers' state gathered for state_dict()."""
+        self._ps_run.synchronize()
+
+    def state_dict(self):
+        if not self._ps_run.full_state_ready():
+            raise CaramelError("strategy 'ps': optimizer.state_dict() holds every server's state only right after "
+                               "optimizer.synchronize() on every rank; call that first")
+        return self._ps_base.state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        self._ps_run.engine.synchronize()
+        out = self._ps_base.load_state_dict(self, state_dict)
+        self._ps_run.after_load()
+        return out
+
+    @property
+    def ps(self) -> PsRun:
+        return self._ps_run
+
+
+def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: PsRun) -> torch.optim.Optimizer:
+    base = type(optimizer)
+    cls = type(f"Ps{base.__name__}", (PsOptimizerMixin, base), {"_ps_base": base})
+    patched = "step" in vars(optimizer)  # an LR scheduler made before parallelize() patched it
+    if patched:
+        del optimizer.step
+    optimizer.__class__ = cls
+    optimizer._ps_run = run
+    if patched:
+        @functools.wraps(cls.step)
+        def step(*args, **kwargs):
+            return cls.step(optimizer, *args, **kwargs)
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        optimizer.step = step
+    return optimizer
+
+
+def _check_same_everywhere(options: PsOptions, params: list[nn.Parameter], group: Any) -> None:
+    """Every rank must run the same options on the same parameter shapes (else collectives would
+    pair up wrongly or wait forever): one clear error on every rank, naming what differs."""
+    mine = (to_spec("ps", options), [tuple(p.shape) for p in params])
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if differ:
+        what = "options" if any(everyone[r][0] != everyone[0][0] for r in differ) else "parameter shapes"
+        raise MismatchError(f"strategy 'ps': ranks {differ} have other {what} than rank 0 "
+                            f"({everyone[differ[0]][0]} vs {everyone[0][0]}); every rank must parallelize the same "
+                            f"model with the same options")
+
+
+def _group_timeout(parent: Any, timeout_s: float | None) -> datetime.timedelta:
+    """The private groups' collective timeout: `timeout_s`, else the parent group's own (so a
+    dead peer is detected as soon as the job's other collectives would detect it)."""
+    if timeout_s is None:
+        pg = parent or dist.group.WORLD
+        try:
+            return pg._get_backend(torch.device("cpu")).options._timeout
+        except Exception:  # noqa: BLE001 - not a gloo group, or a torch without these internals
+            pass
+    return datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+
+
+def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, *,
+                   process_group: Any = None, broadcast_buffers: bool | str = True,
+                   find_unused_parameters: bool | None = None, timeout_s: float | None = None,
+                   plan: Any = None, profile: ModelProfile | None = None, cluster: Any = None,
+                   trace: str | None = None, session: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """`caramel.parallelize(model, optimizer, "ps", ...)`; see the module docstring."""
+    if plan is not None:
+        raise CaramelError("strategy 'ps' takes no plan= (it plans its own pushes and pulls from the profile)")
+    if broadcast_buffers not in (True, False):
+        raise CaramelError(f"strategy 'ps': broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+    if isinstance(optimizer, PsOptimizerMixin):
+        raise CaramelError("strategy 'ps': this optimizer is already parallelized")
+    if not steps_per_parameter(optimizer):
+        raise CaramelError(f"strategy 'ps': each server applies the optimizer to its own shard, which is exact only for "
+                           f"optimizers that update each parameter from its own gradient and state "
+                           f"({', '.join(PER_PARAMETER_OPTIMIZERS)}); got {type(optimizer).__name__}")
+    _, params = unique_params(model)
+    known = {id(p) for p in params}
+    if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
+        raise CaramelError("strategy 'ps': the optimizer holds parameters that are not the model's; "
+                           "make the optimizer from this model's parameters()")
+    if not dist.is_initialized():
+        init_distributed(timeout_s=timeout_s)
+    ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+    _check_same_everywhere(options, params, process_group)  # on the parent, before any group of ours exists
+    timeout = _group_timeout(process_group, timeout_s)
+    local = local_world_size(len(ranks)) if options.hierarchical else 1
+    shards = options.check_world(len(ranks), local)
+    groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
+                      push=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
+                      pull=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
+    if options.hierarchical:
+        groups.hier = make_hierarchy(ranks, ranks.index(dist.get_rank()), local, shards, timeout)
+    with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
+        for t in list(params) + list(model.buffers()):
+            dist.broadcast(t, src=ranks[0], group=groups.control)
+    run = PsRun(model, optimizer, options, ranks, groups, bool(broadcast_buffers), profile, cluster,
+                str(trace) if trace else None)
+    if session is not None:
+        session.register(run)
+    return PsModel(model, run), _wrap_optimizer(optimizer, run)

@@ -1,0 +1,111 @@
+"""The PS plan: who serves each parameter, the order gradients are pushed and parameters pulled.
+
+Made once from a `ModelProfile` (on rank 0, then broadcast), as data: the push order is the
+order gradients become ready (fifo, as DDP reduces them); the pull order is the strategy's
+`order` (TicTac's TAC or TIC over the next forward's DAG, fifo, or a per-step random order);
+placement assigns every trainable parameter to a server shard. `predicted` holds TicTac's E and
+S of the order under the time oracle, next to those of fifo, of the registration order and of
+random orders (the mean makespan of a few shuffles).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from caramel.profile.model_profile import ModelProfile
+from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.ps.placement import imbalance, place, shard_loads
+from caramel.strategies.ps.tictac import efficiency, graph_from_profile, makespan, tac_order, tic_order
+
+DEFAULT_LATENCY_S = 50e-6  # per transfer, when no cluster spec says otherwise
+RANDOM_SAMPLES = 16  # shuffles averaged for order="random"'s predicted makespan
+
+
+@dataclass
+class PsPlan:
+    """Parameter indices (`model.parameters()` order, tied ones once) throughout."""
+
+    params: list[int]  # the trainable parameters, the ones pushed and pulled
+    owner: dict[int, int]  # parameter -> server shard (= the rank serving it)
+    push_order: list[int]
+    pull_order: list[int]  # for order="random" the first step's; `pull_order_at` gives each step's
+    order: str
+    seed: int = 0
+    shards: int = 1
+    predicted: dict[str, Any] = field(default_factory=dict)
+    loads: list[dict[str, Any]] = field(default_factory=list)
+    placement: str = "balanced"
+
+    def pull_order_at(self, update: int) -> list[int]:
+        """The order of this update's pulls (a fresh shuffle per update for order="random",
+        the same on every rank)."""
+        if self.order != "random":
+            return self.pull_order
+        out = list(self.params)
+        random.Random(self.seed * 1_000_003 + update).shuffle(out)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["owner"] = {str(k): v for k, v in self.owner.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PsPlan":
+        d = dict(d)
+        d["owner"] = {int(k): v for k, v in d["owner"].items()}
+        return cls(**d)
+
+
+def provisional_plan(params: list[int], sizes_bytes: list[int], shards: int, options: PsOptions) -> PsPlan:
+    """Before a profile exists: push in reverse registration order (as backward usually
+    produces gradients), pull in registration order, round-robin shards."""
+    owner = place(sizes_bytes, list(range(len(params))), shards, "roundrobin")
+    return PsPlan(list(params), {i: owner[k] for k, i in enumerate(params)}, list(reversed(params)), list(params),
+                  order=options.order, seed=options.seed, shards=shards, placement="roundrobin")
+
+
+def make_ps_plan(profile: ModelProfile, options: PsOptions, shards: int, latency_s: float = DEFAULT_LATENCY_S,
+                 bandwidth_Bps: float | None = None, pull_comm_s: float | None = None) -> PsPlan:
+    """The plan for `profile`. The time oracle of a recv is latency + bytes / bandwidth; with
+    `pull_comm_s` (every pull measured back to back) the bandwidth is fitted to it."""
+    sizes = [p.bytes for p in profile.trainable()]
+    total = sum(sizes)
+    if bandwidth_Bps is None:
+        if pull_comm_s is not None and pull_comm_s > len(sizes) * latency_s and total > 0:
+            bandwidth_Bps = total / (pull_comm_s - len(sizes) * latency_s)
+        else:
+            bandwidth_Bps = 1.25e9  # 10 Gbit/s
+    graph, index = graph_from_profile(profile, latency_s, bandwidth_Bps)
+    orders = {"tac": tac_order(graph), "tic": tic_order(graph), "fifo": _fifo(profile, index),
+              "registration": list(range(len(index)))}
+    chosen = orders.get(options.order, orders["registration"])
+    need = orders["tac"]  # placement's need order: when the next forward needs them
+    owner = place(sizes, need, shards, options.placement)
+    comm, comp = sum(graph.recv_s), sum(graph.compute_s)
+    predicted: dict[str, Any] = {"comm_s": comm, "compute_s": comp, "latency_s": latency_s, "bandwidth_Bps": bandwidth_Bps}
+    for name, order in orders.items():
+        m = makespan(graph, order)
+        E, S = efficiency(comp, comm, m)
+        predicted[name] = {"makespan_s": m, "E": E, "S": S}
+    shuffled = [list(range(len(index))) for _ in range(RANDOM_SAMPLES)]
+    for k, order in enumerate(shuffled):
+        random.Random(k).shuffle(order)
+    m = sum(makespan(graph, o) for o in shuffled) / RANDOM_SAMPLES
+    E, S = efficiency(comp, comm, m)
+    predicted["random"] = {"makespan_s": m, "E": E, "S": S}  # the mean of RANDOM_SAMPLES shuffles
+    loads = shard_loads(sizes, need, owner, shards)
+    predicted["shard_imbalance"] = imbalance(loads)
+    return PsPlan([index[k] for k in range(len(index))], {index[k]: owner[k] for k in range(len(index))},
+                  [index[k] for k in orders["fifo"]], [index[k] for k in chosen], order=options.order,
+                  seed=options.seed, shards=shards, predicted=predicted,
+                  loads=[x.to_dict() for x in loads], placement=options.placement)
+
+
+def _fifo(profile: ModelProfile, index: list[int]) -> list[int]:
+    """Positions in the order gradients become ready (never-ready ones last, by index)."""
+    params = profile.params
+    return sorted(range(len(index)), key=lambda k: (params[index[k]].ready_order is None,
+                                                   params[index[k]].ready_order or 0, index[k]))
+

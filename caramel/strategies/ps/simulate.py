@@ -1,0 +1,175 @@
+"""The `ps` strategy in the simulator: colocated servers, ordered pushes and pulls, bsp/ssp/asp.
+
+A model of what `caramel.strategies.ps.engine` does, step by step, per worker (its speed from
+the cluster spec), with the backend's behaviour made explicit:
+
+- each server's pushes are one sequence of reduce collectives (the plan's push order) on its
+  own group, its pulls one sequence of broadcasts (each update's pull order) on another; each
+  collective starts once every rank has handed it over and the previous one of its group is
+  done, and lasts latency + (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one
+  copy per other worker). Different servers' sequences run side by side; pushes and pulls use
+  opposite directions of a full-duplex NIC, so they are not made to share it (nor are a
+  worker's sends to different servers: with balanced shards they need no more than one
+  server's receives);
+- a worker hands over a push when its gradient and every earlier one in push order are ready
+  (the counter rule); at step() it pushes the rest, then applies the updates that are due
+  (older than the bound: it waits for their reductions) or have arrived, running its shard's
+  share of the optimizer, and hands over their pulls;
+- the next forward runs the profile's modules in order, each once the pulls of the parameters
+  it uses first, of the update it must see (S behind), have landed.
+
+With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
+workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
+a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
+servers are the leaders.
+
+The step time is the slowest worker's mean period over the second half of the unrolled steps. TicTac's predicted E and S of
+the order are in `meta`, next to the shard loads.
+"""
+from __future__ import annotations
+
+import statistics
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim.simulate import SimResult
+from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
+from caramel.strategies.ps.planner import make_ps_plan
+from caramel.topology.spec import ClusterSpec
+from caramel.trace.events import Trace, TraceEvent
+
+MIN_ITERATIONS = 8
+STEADY_STEPS_PER_BOUND = 20
+
+
+def _workers_per_node(cluster: ClusterSpec) -> int:
+    """hierarchical=True: the cluster spec's `meta["workers_per_node"]` (consecutive workers)."""
+    raw = cluster.meta.get("workers_per_node")
+    if raw is None:
+        raise CaramelError("ps: simulating hierarchical=true needs the cluster spec's meta.workers_per_node "
+                           "(how many consecutive workers share a node)")
+    if not isinstance(raw, int) or raw < 1 or cluster.world_size % raw:
+        raise CaramelError(f"ps: meta.workers_per_node must divide the {cluster.world_size} workers, got {raw!r}")
+    return raw
+
+
+def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
+    n = cluster.world_size
+    local = _workers_per_node(cluster) if options.hierarchical else 1
+    shards = options.check_world(n, local)
+    if not profile.trainable():
+        raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to serve")
+    bound = options.staleness_bound()
+    S = ASP_BOUND_STEPS if bound is None else bound
+    Bps = cluster.bandwidth_bps / 8
+    alpha = cluster.latency_s
+    plan = make_ps_plan(profile, options, shards, alpha, Bps)
+    size = {p.index: p.bytes for p in profile.params}
+    ready = {p.index: (p.ready_time_s if p.ready_time_s is not None else profile.backward_time_s) for p in profile.params}
+    uses: list[list[int]] = [[] for _ in profile.modules]
+    for p in profile.trainable():
+        if p.first_use_order is not None:
+            uses[p.first_use_order].append(p.index)
+    total = sum(size[i] for i in plan.params) or 1
+    # the worker serving shard s: s, or with hierarchy the first worker of node s
+    serves = {s * local: s for s in range(shards)}
+    shard_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == serves[w]) if w in serves else 0
+                   for w in range(n)]
+    node_Bps = float(cluster.meta.get("node_bandwidth_bps", cluster.bandwidth_bps)) / 8
+    speed = [w.speed for w in cluster.workers]
+    # staleness lets a backlog of transfers build up slowly: unroll well past the bound
+    iters = max(iterations, MIN_ITERATIONS) + STEADY_STEPS_PER_BOUND * S
+
+    def stage_s(members: int, nbytes: float, rate_Bps: float) -> float:
+        return 0.0 if members == 1 else alpha + (members - 1) * nbytes / rate_Bps
+
+    def coll_s(i: int) -> float:
+        """One push (or pull): flat, among all workers; hierarchical, within the node, then
+        among the nodes' leaders (the two stages in sequence)."""
+        if local == 1:
+            return stage_s(n, size[i], Bps)
+        return stage_s(local, size[i], node_Bps) + stage_s(n // local, size[i], Bps)
+
+    clock = [0.0] * n  # each worker's time: when its next forward may start
+    arrive: dict[int, dict[int, float]] = {}  # update -> parameter -> when its pull landed everywhere
+    reduced: dict[int, float] = {}  # update -> when its last reduction (and the used count) was done
+    applied_at: dict[int, list[float]] = {}  # update -> when each rank handed over its pulls
+    pending = [[] for _ in range(n)]  # per worker: updates not yet applied there
+    push_end, pull_end = [0.0] * shards, [0.0] * shards
+    step_ends: list[list[float]] = [[] for _ in range(n)]
+    waits = [0.0] * n
+    pulled_upto = -1
+    for k in range(iters):
+        need = k - 1 - S  # the update this forward must see
+        issue: list[dict[int, float]] = []
+        bwd_end = [0.0] * n
+        for w in range(n):
+            t = clock[w]
+            for m, mod in enumerate(profile.modules):
+                land = max((arrive[need][i] for i in uses[m]), default=0.0) if need >= 0 else 0.0
+                if land > t:
+                    waits[w] += land - t
+                    t = land
+                t += mod.forward_time_s / speed[w]
+            fwd_end = t
+            bwd_end[w] = fwd_end + profile.backward_time_s / speed[w]
+            handed, latest = {}, fwd_end
+            for i in plan.push_order:
+                latest = max(latest, fwd_end + ready[i] / speed[w])
+                handed[i] = min(latest, bwd_end[w])
+            issue.append(handed)
+        for i in plan.push_order:
+            o = plan.owner[i]
+            start = max(push_end[o], max(issue[w][i] for w in range(n)))
+            push_end[o] = start + coll_s(i)
+        reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
+        for w in range(n):
+            pending[w].append(k)
+            t = bwd_end[w]
+            while pending[w]:
+                u = pending[w][0]
+                if u <= k - S:
+                    if reduced[u] > t:
+                        waits[w] += reduced[u] - t
+                        t = reduced[u]
+                elif reduced[u] > t:
+                    break
+                pending[w].pop(0)
+                t += profile.optimizer_time_s * shard_bytes[w] / total / speed[w]
+                applied_at.setdefault(u, [0.0] * n)[w] = t
+            clock[w] = t
+            step_ends[w].append(t)
+        while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
+            u = pulled_upto + 1
+            arrive[u] = {}
+            for i in plan.pull_order_at(u):
+                o = plan.owner[i]
+                start = max(pull_end[o], max(applied_at[u]))
+                pull_end[o] = start + coll_s(i)
+                arrive[u][i] = pull_end[o]
+            pulled_upto = u
+    warm = iters // 2
+    periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
+    # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
+    # group runs its collectives one at a time), whatever backlog staleness has let build up
+    group_s = max(sum(coll_s(i) for i in plan.params if plan.owner[i] == o) for o in range(shards))
+    step_s = max(max(periods), group_s)
+    compute_s = max((profile.forward_time_s + profile.backward_time_s
+                     + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
+    comm_s = 2 * sum(coll_s(i) for i in plan.params)
+    bw_s = 2 * sum((n // local - 1) * size[i] / Bps for i in plan.params)
+    events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
+              for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
+    return SimResult(
+        step_time_s=step_s, compute_time_s=compute_s, comm_time_s=comm_s, exposed_comm_s=max(step_s - compute_s, 0.0),
+        wait_time_s=statistics.mean(waits) / iters, link_utilization=min(bw_s / step_s, 1.0) if step_s > 0 else 0.0,
+        comm_busy_fraction=min(comm_s / step_s, 1.0) if step_s > 0 else 0.0,
+        iteration_times_s=[b - a for a, b in zip([0.0] + step_ends[0][:-1], step_ends[0])],
+        critical_path={"bound": "communication" if group_s >= max(periods) else "compute",
+                       "slowest_worker": periods.index(max(periods))},
+        planner=f"ps:{options.order}", overlap="forward", world_size=n, num_items=len(plan.params),
+        trace=Trace("predicted", n, events, meta={"strategy": "ps"}),
+        meta={"strategy": "ps", "consistency": options.consistency, "order": options.order,
+              "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
+              "workers_per_node": local,
+              "periods_s": periods})

@@ -1,0 +1,62 @@
+"""The servers' optimizer state: each rank keeps its shard's; gathered for a checkpoint, moved
+when the placement changes.
+
+The optimizer object is the user's on every rank, but its `state` holds entries only for the
+parameters that rank serves (only the owner steps a parameter). `gather_full_state` makes every
+rank hold every entry, as one optimizer over the whole model would, so that `state_dict()` on
+any rank (the training loop saves from rank 0 only) is the whole server state.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in state.items()}
+
+
+def _to(state: dict[str, Any], p: nn.Parameter) -> dict[str, Any]:
+    # Adam's "step" stays on the CPU (as torch keeps it unless capturable); the rest follows p
+    return {k: (v.to(p.device) if torch.is_tensor(v) and k != "step" else v) for k, v in state.items()}
+
+
+def _exchange(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], send: list[int], group: Any) -> dict[int, dict]:
+    """All ranks: every rank's state of the parameters `send` names, merged (index -> state)."""
+    mine = {i: _to_cpu(optimizer.state[params[i]]) for i in send if params[i] in optimizer.state}
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    merged: dict[int, dict] = {}
+    for part in everyone:
+        merged.update(part)
+    return merged
+
+
+def gather_full_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], owner: dict[int, int],
+                      rank: int, group: Any) -> None:
+    """Every rank gets the state of every parameter (all ranks call this)."""
+    merged = _exchange(optimizer, params, [i for i, o in owner.items() if o == rank], group)
+    for i, st in merged.items():
+        if owner[i] != rank:
+            optimizer.state[params[i]] = _to(st, params[i])
+
+
+def keep_own_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], owner: dict[int, int], rank: int) -> None:
+    """Drop the state of the parameters another rank serves."""
+    for i, o in owner.items():
+        if o != rank:
+            optimizer.state.pop(params[i], None)
+
+
+def move_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], old: dict[int, int],
+               new: dict[int, int], rank: int, group: Any) -> None:
+    """A new placement: each moved parameter's state goes from its old server to its new one."""
+    moved = [i for i in new if old.get(i) != new[i]]
+    merged = _exchange(optimizer, params, [i for i in moved if old.get(i) == rank], group)
+    for i in moved:
+        if new[i] == rank and i in merged:
+            optimizer.state[params[i]] = _to(merged[i], params[i])
+    keep_own_state(optimizer, params, new, rank)

@@ -1,0 +1,177 @@
+"""Worker functions of the ps strategy's multi-process tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import caramel
+from tests.distributed.workers import FAMILIES, OPTIMIZERS, batch, fresh, make_optimizer, max_diff, params_of, train
+
+
+def _ps(family: str, opt_kind: str, steps: int, rank: int, spec: str, **kw):
+    w = fresh(family)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer(opt_kind, m.parameters())
+    model, opt = caramel.parallelize(m, opt, spec, **kw)
+    train(model, opt, sched, w.loss_fn, family, rank, steps)
+    opt.synchronize()
+    return model, opt
+
+
+def parity_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], families: tuple[str, ...] = tuple(FAMILIES)) -> dict:
+    """Every family x optimizer (LR scheduler included) under each ps spec, against DDP."""
+    out = {}
+    for family in families:
+        for opt_kind in OPTIMIZERS:
+            w = fresh(family)
+            ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=(family == "mlp_unused"))
+            ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
+            train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+            ref = params_of(ddp.module)
+            for spec in specs:
+                model, opt = _ps(family, opt_kind, steps, rank, spec)
+                out[(family, opt_kind, spec)] = max_diff(ref, params_of(model.module))
+                out[(family, opt_kind, spec, "moved")] = max_diff(params_of(w.model), params_of(model.module))
+                out[(family, opt_kind, spec, "state")] = len(opt.state)
+            caramel.shutdown()
+    return out
+
+
+
+def _numpy(model) -> list:
+    return [t.numpy() for t in params_of(model.module)]
+
+
+def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float) -> dict:
+    """Per spec, on the tied transformer with Adam: the recorded wire (send) order of every
+    update and the plan's, the owners, staleness per step, stats and the final parameters.
+    Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step."""
+    import time
+
+    out = {}
+    for spec in specs:
+        name, slow = spec.removesuffix("+slow"), spec.endswith("+slow")
+        w = fresh("gpt_tied")
+        opt, sched = make_optimizer("adam", w.model.parameters())
+        model, opt = caramel.parallelize(w.model, opt, name)
+        for step in range(steps):
+            if slow and rank == 1:
+                time.sleep(slow_rank_s)
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        staleness = list(opt.ps.engine.staleness() for _ in range(1))
+        try:
+            opt.state_dict()
+            early_state_error = None
+        except caramel.CaramelError as e:
+            early_state_error = str(e)
+        opt.synchronize()
+        run = opt.ps
+        plan = run.engine.plan
+        out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
+                     "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
+                     "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
+                     "lag_before_sync": staleness[0]}
+        caramel.shutdown()
+    return out
+
+
+def checkpoint_worker(rank: int, world: int, steps: int, spec: str) -> dict:
+    """Train 2*steps at once, or steps, checkpoint (state_dict on rank 0 only, as `caramel
+    train` does), resume into a fresh model and optimizer on every rank, and steps more."""
+    import torch.distributed as dist
+
+    def run(model, opt, sched, w, first):
+        for step in range(first, first + steps):
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    w = fresh("gpt_tied")
+    opt, sched = make_optimizer("adamw", w.model.parameters())
+    try:  # first, rank 1 asks for another order than rank 0: one clear error on every rank
+        caramel.parallelize(w.model, opt, spec if rank == 0 else spec + ":order=tic")
+        mismatch = None
+    except caramel.CaramelError as e:
+        mismatch = str(e)
+    ref, opt = caramel.parallelize(w.model, opt, spec)
+    run(ref, opt, sched, w, 0)
+    run(ref, opt, sched, w, steps)
+    opt.synchronize()
+    w2 = fresh("gpt_tied")
+    opt2, sched2 = make_optimizer("adamw", w2.model.parameters())
+    model, opt2 = caramel.parallelize(w2.model, opt2, spec)
+    run(model, opt2, sched2, w2, 0)
+    opt2.synchronize()
+    saved = [None]
+    if rank == 0:
+        saved = [{"model": copy.deepcopy(model.module.state_dict()), "opt": copy.deepcopy(opt2.state_dict()),
+                  "sched": sched2.state_dict()}]
+    dist.broadcast_object_list(saved, src=0)
+    w3 = fresh("gpt_tied")
+    opt3, sched3 = make_optimizer("adamw", w3.model.parameters())
+    w3.model.load_state_dict(saved[0]["model"])
+    resumed, opt3 = caramel.parallelize(w3.model, opt3, spec)
+    opt3.load_state_dict(saved[0]["opt"])
+    sched3.load_state_dict(saved[0]["sched"])
+    run(resumed, opt3, sched3, w3, steps)
+    opt3.synchronize()
+    out = {"diff": max_diff(params_of(ref.module), params_of(resumed.module)),
+           "moved": max_diff(params_of(fresh("gpt_tied").model), params_of(resumed.module)),
+           "saved_state_entries": len(saved[0]["opt"]["state"]),
+           "params": len(list(resumed.module.parameters())), "mismatch": mismatch}
+    caramel.shutdown()
+    return out
+
+
+def dead_peer_worker(rank: int, world: int, timeout_s: float) -> dict:
+    """Rank 1 stops taking part after 4 steps (its process stays, silent); rank 0's next step
+    must fail within the timeout instead of hanging."""
+    import time
+
+    w = fresh("cnn_bn")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, "ps", timeout_s=timeout_s)
+    train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 4)
+    if rank == 1:
+        time.sleep(timeout_s + 2.5)
+        return {"error": None}
+    t0 = time.monotonic()
+    try:
+        train(model, opt, sched, w.loss_fn, "cnn_bn", rank, 4)
+        opt.synchronize()
+        return {"error": None, "elapsed_s": time.monotonic() - t0}
+    except RuntimeError as e:
+        return {"error": str(e)[:300], "elapsed_s": time.monotonic() - t0}
+
+
+def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
+    """Nodes of `local` ranks: ps with hierarchical aggregation against DDP (BatchNorm CNN and
+    tied transformer), and with ssp:2; owners are the nodes' first ranks."""
+    import os
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(local)
+    out = {}
+    for family in ("cnn_bn", "gpt_tied"):
+        w = fresh(family)
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+        ropt, rsched = make_optimizer("adam", ddp.parameters())
+        train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+        model, opt = _ps(family, "adam", steps, rank, "ps:hierarchical=true")
+        out[(family, "diff")] = max_diff(params_of(ddp.module), params_of(model.module))
+        out[(family, "servers")] = sorted(set(opt.ps.engine.server_ranks().values()))
+        out[(family, "sent")] = [o for _, o in opt.ps.engine.send_log]
+        out[(family, "expected")] = [opt.ps.engine.plan.pull_order_at(u) for u, _ in opt.ps.engine.send_log]
+        caramel.shutdown()
+    model, opt = _ps("gpt_tied", "adam", steps, rank, "ps:hierarchical=true,consistency=ssp_2")
+    out["ssp_params"] = [t.numpy() for t in params_of(model.module)]
+    out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
+    caramel.shutdown()
+    return out
+

@@ -1,0 +1,111 @@
+"""The ps strategy on 2 gloo workers: DDP parity, wire order, consistency, checkpoints."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caramel.testing import run_workers
+from caramel.strategies.ps.options import ASP_BOUND_STEPS
+from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, dead_peer_worker, hierarchical_worker,
+                                            parity_worker)
+
+TOL = 1e-5
+
+
+def test_bsp_equals_ddp_on_the_parity_models():
+    """20 steps, every family (BatchNorm, tied transformer, unused parameters) x SGD momentum /
+    Adam / AdamW with an LR scheduler: within 1e-5 of DDP, and the model did train."""
+    results = run_workers(parity_worker, 2, args=(20, ("ps",)), timeout_s=240)
+    for res in results:
+        diffs = {k: v for k, v in res.items() if len(k) == 3}
+        assert len(diffs) == 9
+        assert max(diffs.values()) <= TOL, diffs
+        assert min(v for k, v in res.items() if k[-1] == "moved") > 1e-3
+        assert all(v > 0 for k, v in res.items() if k[-1] == "state")  # the whole server state after synchronize
+
+
+SPECS = ("ps", "ps:consistency=ssp_0", "ps:order=random", "ps:consistency=ssp_2+slow", "ps+slow",
+         "ps:consistency=asp", "ps:servers=1,placement=roundrobin")
+
+
+@pytest.fixture(scope="module")
+def behaviour():
+    return run_workers(behaviour_worker, 2, args=(10, SPECS, 0.03), timeout_s=240)
+
+
+def test_the_wire_order_is_the_planned_order(behaviour):
+    """Every update's broadcasts were handed to the backend in the plan's order, the same on
+    both ranks; order=random gives a fresh order per update."""
+    for spec in SPECS:
+        r0, r1 = behaviour[0][spec], behaviour[1][spec]
+        assert len(r0["sent"]) >= 8
+        assert [o for _, o in r0["sent"]] == r0["expected"], spec
+        assert r0["sent"] == r1["sent"], spec
+    random_orders = {tuple(o) for _, o in behaviour[0]["ps:order=random"]["sent"]}
+    assert len(random_orders) >= 5
+    assert behaviour[0]["ps"]["stats"]["order"] == "tac"
+
+
+def test_ssp0_is_bsp_bit_for_bit_and_every_rank_ends_equal(behaviour):
+    for spec in SPECS:
+        a, b = behaviour[0][spec]["params"], behaviour[1][spec]["params"]
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), spec
+    bsp = behaviour[0]["ps"]["params"]
+    for spec in ("ps:consistency=ssp_0", "ps+slow", "ps:order=random"):
+        assert all(np.array_equal(x, y) for x, y in zip(bsp, behaviour[0][spec]["params"])), spec
+    one_server = behaviour[0]["ps:servers=1,placement=roundrobin"]
+    assert set(one_server["owner"].values()) == {0}
+    assert max(float(np.abs(x - y).max()) for x, y in zip(bsp, one_server["params"])) <= TOL
+
+
+def test_staleness_is_bounded_and_used(behaviour):
+    """With rank 1 slowed, ssp:2 lets rank 0 run two updates ahead (never more); bsp never does."""
+    for rank in (0, 1):
+        assert set(behaviour[rank]["ps+slow"]["stats"]["staleness"]) == {0}
+        assert max(behaviour[rank]["ps:consistency=ssp_2+slow"]["stats"]["staleness"]) <= 2
+        assert max(behaviour[rank]["ps:consistency=asp"]["stats"]["staleness"]) <= ASP_BOUND_STEPS
+    assert max(behaviour[0]["ps:consistency=ssp_2+slow"]["stats"]["staleness"]) == 2
+    stale = behaviour[0]["ps:consistency=ssp_2+slow"]["params"]
+    assert max(float(np.abs(x - y).max()) for x, y in zip(behaviour[0]["ps"]["params"], stale)) > 1e-5
+
+
+def test_stats_and_server_state(behaviour):
+    for spec in SPECS:
+        res = behaviour[0][spec]
+        assert "synchronize" in res["early_state_error"]
+        assert res["state_entries"] == len(res["params"])  # every server's state, on every rank
+        stats = res["stats"]
+        assert stats["E_median"] is not None and stats["S"] is not None
+        assert stats["predicted"]["tac"]["E"] >= stats["predicted"]["fifo"]["E"]
+        assert sum(x["bytes"] for x in stats["shard_loads"]) > 0
+
+
+def test_checkpoint_and_resume_are_exact():
+    """Saved on rank 0 only after synchronize (server state included), loaded into a fresh
+    model and optimizer on every rank: the resumed run equals the uninterrupted one. (First,
+    ranks asking for different options get one clear error each.)"""
+    for res in run_workers(checkpoint_worker, 2, args=(5, "ps"), timeout_s=180):
+        assert "ranks [1] have other options than rank 0 (ps:order=tic vs ps)" in res["mismatch"]
+        assert res["diff"] == 0.0
+        assert res["moved"] > 1e-3
+        assert res["saved_state_entries"] == res["params"]
+
+
+def test_a_silent_peer_is_an_error_within_the_timeout():
+    res = run_workers(dead_peer_worker, 2, args=(1.0,), timeout_s=60)
+    assert res[0]["error"] is not None
+    assert "timed out" in res[0]["error"].lower() or "closed" in res[0]["error"].lower(), res[0]["error"]
+    assert res[0]["elapsed_s"] < 1.0 + 2.0
+
+
+def test_hierarchical_aggregation_equals_ddp():
+    """Two nodes of two ranks: gradients summed within the node, then across nodes at the
+    servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order."""
+    results = run_workers(hierarchical_worker, 4, args=(6, 2), timeout_s=200)
+    for res in results:
+        for family in ("cnn_bn", "gpt_tied"):
+            assert res[(family, "diff")] <= TOL
+            assert res[(family, "servers")] == [0, 2]
+            assert res[(family, "sent")] == res[(family, "expected")]
+        assert max(res["ssp_staleness"]) <= 2
+        assert all(np.array_equal(a, b) for a, b in zip(results[0]["ssp_params"], res["ssp_params"]))

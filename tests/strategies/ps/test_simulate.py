@@ -1,0 +1,63 @@
+"""The ps strategy's simulator model: order, consistency, slow workers, one worker."""
+from __future__ import annotations
+
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.sim.synthetic import synthetic_profile
+from caramel.strategies import STRATEGIES
+from caramel.topology.spec import ClusterSpec
+
+
+def sim(spec: str, profile, cluster):
+    s = STRATEGIES.spec(spec)
+    return s.info.simulator()(profile, cluster, s.options, iterations=4)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    # a chain of 12 layers, the first ones big (as a CNN's are not; a comm-bound MLP's are)
+    return synthetic_profile(sizes_bytes=[400_000 - 30_000 * k for k in range(12)], forward_time_s=0.02,
+                             backward_time_s=0.04, optimizer_time_s=0.002)
+
+
+def test_one_worker_is_compute_only(profile):
+    r = sim("ps", profile, ClusterSpec.uniform(1, 1e9))
+    assert r.step_time_s == pytest.approx(profile.step_time_s)
+    assert r.comm_time_s == 0.0
+
+
+def test_tac_beats_random_and_fifo_when_communication_bound(profile):
+    cluster = ClusterSpec.uniform(4, 1e9)
+    tac, rnd, fifo = (sim(s, profile, cluster) for s in ("ps", "ps:order=random", "ps:order=fifo"))
+    assert tac.step_time_s < rnd.step_time_s and tac.step_time_s < fifo.step_time_s
+    assert tac.meta["tictac"]["tac"]["E"] >= tac.meta["tictac"]["fifo"]["E"]
+    assert tac.step_time_s >= tac.compute_time_s
+    assert len(tac.trace.events) > 0
+
+
+def test_staleness_hides_a_slow_worker_and_communication(profile):
+    cluster = ClusterSpec.uniform(4, 1e9)
+    cluster.workers[3].speed = 1 / 1.5
+    bsp, ssp = sim("ps", profile, cluster), sim("ps:consistency=ssp_2", profile, cluster)
+    assert ssp.step_time_s < bsp.step_time_s
+    even = sim("ps", profile, ClusterSpec.uniform(4, 1e9))
+    assert bsp.step_time_s > even.step_time_s  # the slowed worker holds everyone back under bsp
+    assert ssp.step_time_s >= 1.5 * profile.compute_time_s * 0.99  # never faster than the slow worker's compute
+
+
+def test_more_servers_than_workers_is_an_error(profile):
+    with pytest.raises(CaramelError, match="servers=8 but the job has only 4 ranks"):
+        sim("ps:servers=8", profile, ClusterSpec.uniform(4, 1e9))
+
+
+def test_hierarchy_sends_one_gradient_per_node(profile):
+    flat = ClusterSpec.uniform(8, 1e9)
+    nodes = ClusterSpec.uniform(8, 1e9)
+    nodes.meta.update(workers_per_node=4, node_bandwidth_bps=100e9)
+    hier = sim("ps:hierarchical=true", profile, nodes)
+    assert hier.meta["workers_per_node"] == 4
+    assert hier.step_time_s < sim("ps", profile, flat).step_time_s
+    assert hier.comm_time_s < sim("ps", profile, flat).comm_time_s
+    with pytest.raises(CaramelError, match="workers_per_node"):
+        sim("ps:hierarchical=true", profile, flat)
