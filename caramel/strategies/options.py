@@ -58,7 +58,9 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
             raise CaramelError(f"strategy {text!r}: option {item!r} is not key=value (e.g. overlap=forward)")
         if key in options:
             raise CaramelError(f"strategy {text!r}: option {key!r} given twice")
-        if ":" in value:
+        # a value may hold a ':' (consistency=ssp:2, compression=topk:0.01); one holding a
+        # ':' and then another key=value is options joined by ':' instead of ','
+        if ":" in value and "=" in value:
             raise CaramelError(f"strategy {text!r}: option {key}={value!r} holds a ':'; options are separated by "
                                f"commas (e.g. caramel:planner=fifo,overlap=backward)")
         options[key] = parse_value(value)

@@ -107,3 +107,9 @@ def test_compute_schedule_takes_auto_off_or_k_for_every_planner():
     assert opts.compute_schedule == 2 and opts.planner_options() == {"compute_schedule": 2}
     assert STRATEGIES.spec("caramel:compute_schedule=2").name == "caramel:compute_schedule=2"
     assert build_options(CaramelOptions, {"planner": "fusion", "compute_schedule": 0}).compute_schedule == 0
+
+
+def test_a_value_may_hold_a_colon_but_not_options_joined_by_one():
+    assert parse_spec("ps:consistency=ssp:2,order=tic") == ("ps", {"consistency": "ssp:2", "order": "tic"})
+    with pytest.raises(CaramelError, match="holds a ':'; options are separated by commas"):
+        parse_spec("caramel:planner=fifo:overlap=backward")

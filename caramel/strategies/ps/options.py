@@ -2,9 +2,8 @@
 
     caramel.parallelize(model, opt, strategy="ps:order=tac,consistency=ssp:2")
 
-`consistency` is text (`"bsp"`, `"ssp:S"`, `"asp"`); since a spec separates options with
-commas and forbids ':' in values on the command line, `ssp_S` (e.g. `ssp_2`) is accepted there
-too and means the same.
+`consistency` is text (`"bsp"`, `"ssp:S"`, `"asp"`), the same in a spec
+(`ps:consistency=ssp:2`); `ssp_S` (e.g. `ssp_2`) is accepted too and means the same.
 """
 from __future__ import annotations
 
