@@ -135,6 +135,8 @@ class Controller:
         if profile.fingerprint() != self.fingerprint:
             raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
                                 f"(profile has {len(profile.params)} parameters, model has {len(self.params)})")
+        if self.planner_options.get("branch_order") == "auto" and "branches" not in profile.meta and self.rank == 0:
+            profile.meta.update(self.engine.branch_forward.describe())  # the blocks the planner may reorder
         self.profile = profile
         self.module_uses = module_uses(profile)
         data = [None]
