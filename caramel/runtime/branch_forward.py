@@ -44,9 +44,9 @@ class BranchForward:
         self.restore()
         if perms:
             gm = self.graph().reordered(perms)
-            self._installed = gm.forward
+            self._installed = gm.forward  # one bound method: restore() knows it by identity
             # an instance attribute: nn.Module.__call__ runs it with the model's own hooks around it
-            object.__setattr__(self.model, "forward", gm.forward)
+            object.__setattr__(self.model, "forward", self._installed)
             self.order = perms
 
     def perms(self, module_order: list[str]) -> dict[int, tuple[int, ...]]:
