@@ -4,8 +4,9 @@ independent branches in the plan's order (`Plan.module_order`).
 The reordered forward is a `torch.fx.GraphModule` over the model's own module objects
 (`caramel.profile.branches`), set as the model instance's `forward`: `model(x)` still runs the
 model's hooks, every module the engine hooks is still called (its pre-hook applies its updates
-before its first use), and the parameters, buffers and `state_dict` are the model's own. A plan
-without a module order, or `restore()`, puts the model's own forward back.
+before its first use), and the parameters, buffers and `state_dict` are the model's own. FX
+fixes each module's `training` flag at trace time, so in any other mode (`model.eval()`) the
+model's own forward runs. A plan without a module order, or `restore()`, puts it back for good.
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ class BranchForward:
     def __init__(self, model: nn.Module):
         self.model = model
         self._graph: BranchGraph | None = None
-        self._installed: Any = None  # the bound forward we set on the model, or None
+        self._installed: Any = None  # the forward we set on the model, or None
+        self._traced_flags: list[bool] = []  # every module's `training` when traced
         self.order: dict[int, tuple[int, ...]] = {}  # per block (of the traced graph): the branch order in force
 
     def graph(self) -> BranchGraph:
         if self._graph is None:
+            self._traced_flags = [m.training for m in self.model.modules()]
             self._graph = find_branches(self.model)
         return self._graph
 
@@ -44,9 +47,20 @@ class BranchForward:
         self.restore()
         if perms:
             gm = self.graph().reordered(perms)
-            self._installed = gm.forward  # one bound method: restore() knows it by identity
+            own = type(self.model).forward.__get__(self.model)
+            modules = list(self.model.modules())
+            traced = self._traced_flags
+
+            def forward(*args, **kwargs):
+                # FX bakes `self.training` in as it was when traced (F.dropout(x, training=self.training),
+                # `if self.training:`): in another mode the model's own forward runs
+                if [m.training for m in modules] != traced:
+                    return own(*args, **kwargs)
+                return gm(*args, **kwargs)
+
+            self._installed = forward
             # an instance attribute: nn.Module.__call__ runs it with the model's own hooks around it
-            object.__setattr__(self.model, "forward", self._installed)
+            object.__setattr__(self.model, "forward", forward)
             self.order = perms
 
     def perms(self, module_order: list[str]) -> dict[int, tuple[int, ...]]:

@@ -184,3 +184,27 @@ def test_every_permutation_of_a_three_branch_block_is_exact():
     ref = model(x)
     for perm in itertools.permutations(range(3)):
         assert torch.equal(g.reordered({0: perm})(x), ref)
+
+
+def test_another_training_mode_runs_the_models_own_forward():
+    class Drop(nn.Module):  # FX bakes training=True in when traced in training mode
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cat([self.a(x), F.dropout(self.b(x), 0.5, training=self.training)], 1)
+
+    torch.manual_seed(0)
+    model, x = Drop(), torch.randn(3, 4)
+    bf = BranchForward(model)
+    bf.apply(["b", "a"])
+    assert bf.order == {0: (1, 0)}
+    model.eval()
+    assert torch.equal(model(x), torch.cat([model.a(x), model.b(x)], 1))  # no dropout in eval
+    model.train()
+    torch.manual_seed(1)
+    out = model(x)
+    torch.manual_seed(1)
+    bf.restore()
+    assert torch.equal(out, model(x))  # one random branch: the same stream in either order
