@@ -64,11 +64,13 @@ def branch_order_worker(rank: int, world: int, steps: int) -> dict:
     cluster = ClusterSpec.uniform(world, 8 * prof.total_grad_bytes() / prof.compute_time_s, 50e-6)
     # input_spread=0 and no deferral: one search per candidate order, so the test plans fast
     model, opt = caramel.parallelize(m, opt, overlap="forward", branch_order="auto", cluster=cluster, profile=prof,
-                                     input_spread=0, compute_schedule="off")
+                                     input_spread=0, compute_schedule="off", check_every=3)
     _train(model, opt, w.loss_fn, rank, steps)
     opt.synchronize()
     engine = opt.engine
     return {"diff": max_diff(params_of(ddp.module), params_of(model.module)),
             "module_order": engine.plan.module_order, "running": engine.branch_forward.order,
             "decision": engine.plan.options.get("branch_order"),
+            # the periodic checks (every 3 steps) saw the modules run in the plan's order
+            "order_changes": engine.stats.extra.get("order_changes", 0), "replans": engine.stats.replans,
             "state_dict_keys": list(model.module.state_dict()) == list(w.model.state_dict())}

@@ -17,5 +17,6 @@ def test_reordered_towers_match_ddp():
         assert res["module_order"][0].startswith("deep"), res["module_order"]  # the conv tower first
         assert res["running"] == {0: (1, 0)}, f"rank {rank}: the reordered forward is not installed"
         assert res["state_dict_keys"]
+        assert res["order_changes"] == 0 and res["replans"] == 0, res
         assert res["diff"] <= TOL, f"rank {rank}: parameters differ from DDP's by {res['diff']:g} (> {TOL})"
     assert results[0]["module_order"] == results[1]["module_order"]
