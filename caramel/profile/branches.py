@@ -66,7 +66,9 @@ class BranchGraph:
         """A GraphModule whose forward runs block i's branches in `orders[i]` (a permutation of
         its branch indices; blocks not named keep theirs). It calls the model's own module objects."""
         assert self.gm is not None, self.reason
-        moved: dict[fx.Node, int] = {}  # first node of each reordered region -> block
+        # each reordered region is emitted where its last node was: every value a region node
+        # reads from outside it is defined before that, and only the join (after it) reads the region
+        moved: dict[fx.Node, int] = {}  # last node of each reordered region -> block
         skip: set[fx.Node] = set()
         for i, order in orders.items():
             block = self.blocks[i]
@@ -75,7 +77,7 @@ class BranchGraph:
             if sorted(order) != list(range(len(block.branches))):
                 raise ValueError(f"block {i}: {order} is not a permutation of its {len(block.branches)} branches")
             nodes = [n for comp in self._regions[i] for n in comp]
-            moved[min(nodes, key=self._position)] = i
+            moved[max(nodes, key=self._position)] = i
             skip.update(nodes)
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
@@ -94,6 +96,7 @@ class BranchGraph:
                         copy(m)
             elif n not in skip:
                 copy(n)
+        graph.lint()  # every value defined before its use
         return fx.GraphModule(self.gm, graph, class_name=type(self.gm).__name__)
 
     def _position(self, n: fx.Node) -> int:

@@ -25,6 +25,7 @@ class BranchForward:
         self._graph: BranchGraph | None = None
         self._installed: Any = None  # the forward we set on the model, or None
         self._traced_flags: list[bool] = []  # every module's `training` when traced
+        self.failed: str | None = None  # why the last order asked for could not be built
         self.order: dict[int, tuple[int, ...]] = {}  # per block (of the traced graph): the branch order in force
 
     def graph(self) -> BranchGraph:
@@ -46,7 +47,11 @@ class BranchForward:
             return
         self.restore()
         if perms:
-            gm = self.graph().reordered(perms)
+            try:
+                gm = self.graph().reordered(perms)
+            except (ValueError, RuntimeError) as e:  # the order is a speed choice: never fail a step over it
+                self.failed = f"{type(e).__name__}: {e}"
+                return
             own = type(self.model).forward.__get__(self.model)
             modules = list(self.model.modules())
             traced = self._traced_flags

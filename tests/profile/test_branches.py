@@ -208,3 +208,23 @@ def test_another_training_mode_runs_the_models_own_forward():
     torch.manual_seed(1)
     bf.restore()
     assert torch.equal(out, model(x))  # one random branch: the same stream in either order
+
+
+def test_a_branch_reading_a_later_value_from_outside_stays_valid():
+    class Late(nn.Module):  # branch b reads y, computed between the branches from a value before the fork
+        def __init__(self):
+            super().__init__()
+            self.pre, self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.pre(x)
+            ha = self.a(h)
+            y = self.c(x)
+            hb = self.b(h) + y
+            return torch.cat([ha, hb], 1)
+
+    torch.manual_seed(0)
+    model, x = Late(), torch.randn(2, 4)
+    g = find_branches(model)
+    assert [b.branches for b in g.blocks] == [(("a",), ("b",))]
+    assert torch.equal(g.reordered({0: (1, 0)})(x), model(x))
