@@ -11,7 +11,7 @@ from caramel.profile.profiler import profile_model
 from caramel.topology.spec import ClusterSpec
 from tests.distributed.workers import max_diff, params_of
 
-OPTIONS = {"vocab": 20000, "seq": 32, "channels": 64}
+OPTIONS = {"vocab": 5000, "seq": 16, "channels": 16}
 
 
 def _batch(step: int, rank: int):
