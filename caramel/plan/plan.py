@@ -64,6 +64,9 @@ class Plan:
     # Deferred weight gradients the runtime must run (`caramel.plan.compute_schedule`); None: none.
     # The buckets, order and predicted_step_time_s were made for the profile it produces.
     compute_schedule: ComputeSchedule | None = None
+    # The forward order of the profiled modules the plan was made for, when the planner runs
+    # independent branches in another order (`caramel.plan.branch_order`); None: the model's own.
+    module_order: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
@@ -103,6 +106,8 @@ class Plan:
         }
         if self.compute_schedule is not None:  # only when set, so that plans without one keep their fingerprints
             core["compute_schedule"] = list(self.compute_schedule.modules)
+        if self.module_order is not None:  # likewise: plans without one keep their fingerprints
+            core["module_order"] = list(self.module_order)
         return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def num_items(self) -> int:
@@ -146,6 +151,9 @@ class Plan:
             schedule = from_fields(ComputeSchedule, schedule, f"{source}: compute_schedule")
             if schedule.k < 0 or schedule.extra_bytes < 0 or not all(isinstance(n, str) for n in schedule.modules):
                 raise FormatError(f"{source}: compute_schedule must have k >= 0, extra_bytes >= 0 and module names")
+        module_order = data.get("module_order")  # absent from older plans: the model's own order
+        if module_order is not None and not (isinstance(module_order, list) and all(isinstance(n, str) for n in module_order)):
+            raise FormatError(f"{source}: field 'module_order' must list module names, or be null")
         names = require(data, "param_names", list, source)
         if not all(isinstance(n, str) for n in names):
             raise FormatError(f"{source}: field 'param_names' must list strings")
@@ -160,6 +168,7 @@ class Plan:
             predicted_step_time_s=predicted,
             meta=require_mapping(data, "meta", source),
             compute_schedule=schedule,
+            module_order=module_order,
         )
         plan.validate(source)
         stored = data.get("fingerprint")
