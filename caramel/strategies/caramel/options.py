@@ -50,6 +50,9 @@ class CaramelOptions:
     # k = 0 included; fifo and fusion defer nothing), "off", or k (forced: the k splittable
     # modules nearest the input, for tests and benchmarks); every planner takes it
     compute_schedule: str | int = "auto"
+    # the cap on what "auto" may defer: extra bytes kept alive, as a share of the undeferred peak
+    # (None: 0.1); caramel planner only
+    defer_memory_fraction: float | None = None
     # independent branches (`caramel.plan.branch_order`): "auto" lets the caramel planner run them
     # in the order their updates arrive when simulation says that is faster; "off" keeps the model's
     branch_order: str = field(default="off", metadata={"choices": BRANCH_ORDER_MODES})
@@ -69,6 +72,10 @@ class CaramelOptions:
         if self.check_every < 0:
             raise CaramelError(f"check_every must be a whole number of steps >= 0, got {self.check_every!r}")
         check_compute_schedule(self.compute_schedule)
+        f = self.defer_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 0):
+            raise CaramelError(f"defer_memory_fraction must be a number >= 0 (extra bytes deferred weight gradients "
+                               f"may keep alive, as a share of the undeferred peak), got {f!r}")
         check_branch_order(self.branch_order)
         takes = planner_knobs(self.planner)
         for name, value in self.planner_options().items():
@@ -88,7 +95,7 @@ class CaramelOptions:
 
 PLANNER_KNOBS = ("bucket_cap_mb", "first_bucket_mb", "fusion_threshold_mb", "cycle_time_ms", "comm_model",
                  "input_spread", "contention_spread", "collective_cpu_s", "compute_schedule",
-                 "branch_order")
+                 "defer_memory_fraction", "branch_order")
 
 
 def planner_knobs(planner: str) -> set[str]:
