@@ -35,6 +35,14 @@ def load() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return (x_tr - mean) / std, train.targets, (x_te - mean) / std, test.targets
 
 
+def thin(curve: list[dict], points: int = 40) -> list[dict]:
+    """At most `points` evenly spaced rows of a curve, the last one always kept (keeps the JSON small)."""
+    if len(curve) <= points:
+        return curve
+    keep = sorted({round(i * (len(curve) - 1) / (points - 1)) for i in range(points)})
+    return [curve[i] for i in keep]
+
+
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).double().mean())
 
@@ -51,7 +59,7 @@ def run_admm(data, options: AdmmOptions) -> dict:
         curve.append({"iteration": it + 1, "train_s": clock, "test_accuracy": accuracy(model.predict(x_te), y_te),
                       "train_accuracy": accuracy(model.predict(x_tr), y_tr), **m})
     return {"options": {k: getattr(options, k) for k in options.__dataclass_fields__}, "curve": curve,
-            "train_s": clock, "test_accuracy": curve[-1]["test_accuracy"], "initial_weights": None, "model": model}
+            "train_s": clock, "test_accuracy": curve[-1]["test_accuracy"], "model": model}
 
 
 def run_adam(data, init: torch.nn.Sequential, budget_s: float, lr: float, batch: int, seed: int) -> dict:
@@ -111,7 +119,8 @@ def main() -> None:
             admm = run_admm(data, opts)
             init = DlAdmm(data[0][:10], data[1][:10], 10, opts).to_module()  # the same initial weights
             adam = run_adam(data, init, admm["train_s"], args.adam_lr, args.adam_batch, seed)
-            del admm["model"], admm["initial_weights"]
+            del admm["model"]
+            admm["curve"], adam["curve"] = thin(admm["curve"]), thin(adam["curve"])
             runs.append({"seed": seed, "solve": solve, "dladmm": admm, "adam": adam})
             print(f"seed {seed} {solve:9s}: dlADMM {100 * admm['test_accuracy']:.2f}% in {admm['train_s']:.1f} s "
                   f"({iterations[solve]} iterations); Adam {100 * adam['test_accuracy']:.2f}% in {adam['train_s']:.1f} s "

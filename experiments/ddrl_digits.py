@@ -8,19 +8,27 @@ workers (so, by the sampler's design, every worker count trains on the same glob
 For ddrl the workers first fit the feature hierarchy, each on its share of the training images,
 merging statistics (`workload_info.ddrl_fit_s`); then only the MLP head trains. Reported: test
 accuracy, fit seconds, training-loop seconds and samples/s per worker count. On a machine
-with fewer cores than workers the workers share cores, which bounds what scaling can show.
+with fewer cores than workers the workers share cores, which bounds what scaling can show, so
+the fit's compute per rank is also timed in this process (one thread, median of 3): the fit
+on 1/W of the training images, the work each of W ranks does between merges.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import torch
+
+from caramel.ddrl import DdrlExtractor
 from caramel.jsonio import write_json
+from caramel.train.data import digits_datasets
 
 
 def train_run(workload: str, workers: int, steps: int, global_batch: int, seed: int, out: Path) -> dict:
@@ -39,6 +47,17 @@ def train_run(workload: str, workers: int, steps: int, global_batch: int, seed: 
             "samples_per_s": s["samples_per_s"], "fit_s": info.get("ddrl_fit_s"),
             "fit_images_per_rank": info.get("ddrl_fit_images_per_rank"), "features": info.get("ddrl_features"),
             "command": " ".join(["caramel", *argv[3:-2]])}
+
+
+def fit_per_rank_s(workers: int, repeats: int = 3) -> float:
+    """Median seconds of fitting the extractor on one rank's share (every `workers`-th image)."""
+    images = digits_datasets(0.2)[0].inputs[::workers]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        DdrlExtractor.fit(images)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -63,8 +82,13 @@ def main() -> None:
                     print(f"{workload:6s} x{workers} seed {seed}: {100 * row['test_accuracy']:.2f}% "
                           f"({row['test_samples']} test images){fit}, loop {row['train_loop_s']:.1f} s, "
                           f"{row['samples_per_s']:.0f} samples/s", flush=True)
+    torch.set_num_threads(1)
+    fit = {}
+    for workers in (int(w) for w in args.workers.split(",")):
+        fit[str(workers)] = fit_per_rank_s(workers)
+        print(f"fit compute per rank with {workers} worker(s): {fit[str(workers)]:.2f} s", flush=True)
     if args.json:
-        write_json(args.json, {"format": "caramel.ddrl-digits/1", "rows": rows})
+        write_json(args.json, {"format": "caramel.ddrl-digits/1", "rows": rows, "fit_per_rank_s": fit})
 
 
 if __name__ == "__main__":
