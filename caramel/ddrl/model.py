@@ -27,11 +27,16 @@ def allreduce_total(group: dist.ProcessGroup | None = None) -> Reducer:
 
 
 class DdrlNet(nn.Module):
-    """Extractor (buffers only) then `layers` hidden ReLU layers of `hidden` units and a linear output."""
+    """The extractor, then `layers` hidden ReLU layers of `hidden` units and a linear output.
+
+    The extractor is held outside the module tree on purpose: it is the same on every rank by
+    construction and never changes, so it must not travel with the buffers that data-parallel
+    strategies broadcast every step (about 0.5 MB here), nor fill checkpoints; a resumed job
+    refits it from the same data and seed. It follows the input's device."""
 
     def __init__(self, extractor: DdrlExtractor, hidden: int, layers: int, dropout: float, classes: int = 10):
         super().__init__()
-        self.extractor = extractor
+        object.__setattr__(self, "extractor", extractor)  # not a submodule: see the class docstring
         dims = [extractor.out_features] + [hidden] * layers
         blocks: list[nn.Module] = []
         for a, b in zip(dims[:-1], dims[1:]):
@@ -39,6 +44,8 @@ class DdrlNet(nn.Module):
         self.head = nn.Sequential(*blocks, nn.Linear(dims[-1], classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.extractor.feat_mean.device != images.device:
+            self.extractor.to(images.device)
         with torch.no_grad():
             features = self.extractor(images)
         return self.head(features)

@@ -52,7 +52,9 @@ def test_a_small_run_learns_the_digits():
     train_x, train_y, test_x, test_y = images[:700], labels[:700], images[700:], labels[700:]
     torch.manual_seed(0)
     net = DdrlNet(DdrlExtractor.fit(train_x, OPTIONS), hidden=32, layers=1, dropout=0.0)
+    # only the head is trained, and the fixed extractor is no buffer that strategies would broadcast
     assert [name for name, _ in net.named_parameters()] == ["head.0.weight", "head.0.bias", "head.3.weight", "head.3.bias"]
+    assert list(net.buffers()) == []
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(8):
