@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from caramel.ddrl.options import DdrlOptions
-from caramel.ddrl.stats import Reducer, moments, serial_total, spherical_kmeans, zca
+from caramel.ddrl.stats import Reducer, mean_var, moments, serial_total, spherical_kmeans, zca
 from caramel.errors import CaramelError
 
 FIT_BATCH = 512  # images per chunk while encoding the training shard (bounds memory)
@@ -97,6 +97,6 @@ class DdrlExtractor(nn.Module):
                 maps = torch.cat([layer(c) for c in maps.split(FIT_BATCH)])
             probe = cls(layers, torch.zeros(1), torch.ones(1))
             feats = torch.cat([probe.raw(c) for c in images.float().split(FIT_BATCH)])
-            mean, cov, _ = moments(feats, total)
-            std = cov.diagonal().clamp(min=0.0).sqrt() + 1e-3
+            mean, var = mean_var(feats, total)  # per feature only: a 768 x 768 covariance would be 4.7 MB to merge
+            std = var.sqrt() + 1e-3
         return cls(layers, mean, std)

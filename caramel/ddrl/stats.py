@@ -30,6 +30,16 @@ def moments(x: torch.Tensor, total: Reducer) -> tuple[torch.Tensor, torch.Tensor
     return mean, cov, n
 
 
+def mean_var(x: torch.Tensor, total: Reducer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and variance of each column of x over every rank (one merge of count, sum, sum of squares)."""
+    x = x.double()
+    packed = total(torch.cat([torch.tensor([float(len(x))], dtype=torch.float64), x.sum(0), (x * x).sum(0)]))
+    dim = x.shape[1]
+    n = packed[0]
+    mean = packed[1:1 + dim] / n
+    return mean, (packed[1 + dim:] / n - mean * mean).clamp(min=0.0)
+
+
 def zca(cov: torch.Tensor, eps: float) -> torch.Tensor:
     """The ZCA whitening matrix V (L + eps)^-1/2 V^T of a covariance."""
     vals, vecs = torch.linalg.eigh(cov)

@@ -17,8 +17,9 @@ def digits(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(d.images[:n], dtype=torch.float32).unsqueeze(1) / 16.0, torch.tensor(d.target[:n])
 
 
-def fit_worker(rank: int, world: int, n: int) -> dict:
-    images, _ = digits(n)
+def fit_worker(rank: int, world: int, images: list) -> dict:
+    """Images arrive as nested lists from the parent: no scikit-learn import in the workers."""
+    images = torch.tensor(images, dtype=torch.float32)
     extractor, info = fit_distributed(images, OPTIONS)
     # plain lists: tensors would travel as shared-memory handles that die with this process
     return {"buffers": {k: v.tolist() for k, v in extractor.state_dict().items()}, "info": info}

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from caramel.ddrl import DdrlExtractor, DdrlNet, DdrlOptions
-from caramel.ddrl.stats import moments, spherical_kmeans
+from caramel.ddrl.stats import mean_var, moments, spherical_kmeans
 from caramel.errors import CaramelError
 from caramel.testing import run_workers
 from tests.ddrl.ddrl_workers import OPTIONS, digits, fit_worker
@@ -28,15 +28,17 @@ def test_merged_statistics_equal_the_statistics_of_all_the_data():
                                                                            other.sum(0), (other.T @ other).reshape(-1)]))
         assert n == 50
         assert torch.allclose(mean, x.mean(0)) and torch.allclose(cov, torch.cov(x.T, correction=0))
+    mean, var = mean_var(halves[0], lambda t: t + torch.cat([torch.tensor([30.0], dtype=t.dtype), halves[1].sum(0),
+                                                                (halves[1] ** 2).sum(0)]))
+    assert torch.allclose(mean, x.mean(0)) and torch.allclose(var, x.var(0, correction=0))
     d = spherical_kmeans(x, 3, 5, seed=0, total=lambda t: t)
     assert torch.allclose(d.norm(dim=1), torch.ones(3, dtype=torch.float64))
 
 
 @pytest.mark.timeout(120)
 def test_fit_across_two_processes_equals_the_single_process_fit():
-    n = 240
-    results = run_workers(fit_worker, world_size=2, args=(n,), timeout_s=100)
-    images, _ = digits(n)
+    images, _ = digits(240)
+    results = run_workers(fit_worker, world_size=2, args=(images.tolist(),), timeout_s=100)
     serial = DdrlExtractor.fit(images, OPTIONS).state_dict()
     assert [r["info"]["ddrl_fit_images_per_rank"] for r in results] == [120, 120]
     for rank in range(2):
