@@ -114,7 +114,12 @@ def main() -> None:
     torch.set_num_threads(1)
     data = load()
     seeds = [int(s) for s in args.seeds.split(",")]
-    iterations = dict(zip(("backtrack", "exact"), (int(i) for i in args.iterations.split(","))))
+    try:
+        iterations = dict(zip(("backtrack", "exact"), (int(i) for i in args.iterations.split(",", 1))))
+        if len(iterations) != 2 or min(iterations.values()) < 1:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--iterations {args.iterations!r}: expected two positive counts, backtrack,exact (e.g. 200,60)") from None
     runs = []
     for seed in seeds:
         for solve in ("backtrack", "exact"):

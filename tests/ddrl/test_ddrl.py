@@ -81,9 +81,16 @@ def test_bad_input_gets_a_clear_error():
         DdrlExtractor.fit(torch.rand(20, 1, 8, 8), DdrlOptions(patches=(3, 5), centroids=(4, 4), kmeans_iterations=1))
 
 
-def test_caramel_train_offers_the_workload():
+def test_caramel_train_builds_the_workload():
+    """What `caramel train --workload ddrl` builds on one process (no group: the fit is local)."""
     from caramel.train.config import TrainConfig, apply_dict
-    from caramel.train.workloads import WORKLOADS
+    from caramel.train.workloads import build_workload
 
-    assert "ddrl" in WORKLOADS
-    assert apply_dict(TrainConfig(), {"run": {"workload": "ddrl"}}, "test").run.workload == "ddrl"
+    cfg = apply_dict(TrainConfig(), {"run": {"workload": "ddrl"}, "data": {"val_fraction": 0.2},
+                                     "model": {"d_model": 16, "layers": 1}}, "test")
+    wl = build_workload(cfg)
+    assert wl.name == "ddrl" and len(wl.val_set) == 359
+    assert wl.info["ddrl_features"] == 768 and wl.info["ddrl_fit_images_per_rank"] == len(wl.train_set)
+    assert wl.info["ddrl_fit_s"] > 0
+    x, _ = wl.val_set.batch(torch.arange(4))
+    assert wl.model(x).shape == (4, 10)
