@@ -27,7 +27,7 @@ def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple[str,
 
 @dataclass
 class RunConfig:
-    workload: str = opt("char_gpt", "what to train: char_gpt (byte-level GPT on the Python standard library's source) or digits (scikit-learn's 8x8 digits)", choices=("char_gpt", "digits"))
+    workload: str = opt("char_gpt", "what to train: char_gpt (byte-level GPT on the Python standard library's source), digits (a small CNN on scikit-learn's 8x8 digits) or ddrl (DDRL features fitted across the workers, then an MLP head, on the same digits)", choices=("char_gpt", "digits", "ddrl"))
     steps: int = opt(240, "optimizer steps to train in total (steps); the LR schedule spans them", minimum=1)
     stop_after_steps: int = opt(0, "stop (with a checkpoint) after this step, as a time-boxed or preempted job would; resume later with --resume auto (steps; 0 = run to --steps)", minimum=0)
     seed: int = opt(0, "random seed for model init, data order and dropout (integer)", minimum=0)
@@ -49,8 +49,8 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    d_model: int = opt(128, "char_gpt: embedding width; digits: hidden width (features)", minimum=1)
-    layers: int = opt(2, "char_gpt: transformer blocks; digits: hidden layers (count)", minimum=1)
+    d_model: int = opt(128, "char_gpt: embedding width; digits, ddrl: hidden width (features)", minimum=1)
+    layers: int = opt(2, "char_gpt: transformer blocks; digits, ddrl: hidden layers (count)", minimum=1)
     heads: int = opt(4, "char_gpt: attention heads; must divide d_model (count)", minimum=1)
     dropout: float = opt(0.1, "dropout probability (fraction in [0, 1))", minimum=0.0)
 

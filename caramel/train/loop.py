@@ -303,6 +303,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "wall_s": wall_s,
         "metrics": str(metrics_path),
         "trace": trace_file,
+        "workload_info": wl.info,
     }
     summary["sim_speedup_vs_ddp"] = simulated_speedup_vs_ddp(cfg, summary, engine)
     return summary

@@ -5,8 +5,8 @@ predictions, so the loop can report validation loss and accuracy for any of them
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,7 @@ class TrainWorkload:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     sample_unit: str  # what one sample is, for the banner ("sequences of 64 bytes", "images")
     tokens_per_sample: int  # predictions per sample (accuracy and loss are averaged over these)
+    info: dict[str, Any] = field(default_factory=dict)  # what building it measured (goes into the summary)
 
     def correct(self, logits: torch.Tensor, targets: torch.Tensor) -> int:
         """Number of correct top-1 predictions (per token for language models)."""
@@ -78,6 +79,19 @@ def digits(cfg: TrainConfig) -> TrainWorkload:
     train, val = digits_datasets(cfg.data.val_fraction)
     model = DigitsNet(cfg.model.d_model, cfg.model.layers, cfg.model.dropout)
     return TrainWorkload("digits", model, train, val, F.cross_entropy, "8x8 images", 1)
+
+
+@register("ddrl")
+def ddrl(cfg: TrainConfig) -> TrainWorkload:
+    """DDRL on the digits: a feature hierarchy fitted from statistics that every rank gathers on
+    its part of the training images and merges (caramel.ddrl), then a small MLP head, the only
+    trained part, trained data-parallel by the loop like any model."""
+    from caramel.ddrl.model import DdrlNet, fit_distributed
+
+    train, val = digits_datasets(cfg.data.val_fraction)
+    extractor, info = fit_distributed(train.inputs)
+    model = DdrlNet(extractor, cfg.model.d_model, cfg.model.layers, cfg.model.dropout)
+    return TrainWorkload("ddrl", model, train, val, F.cross_entropy, "8x8 images", 1, info)
 
 
 def build_workload(cfg: TrainConfig) -> TrainWorkload:
