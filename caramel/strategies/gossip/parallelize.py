@@ -152,7 +152,9 @@ class GossipRun:
         """All ranks: a copy of the model holding the workers' average of every gossiped tensor
         (personalized ones stay this worker's own)."""
         self.synchronize()
-        avg = copy.deepcopy(self.module)
+        avg = copy.deepcopy(self.module, memo={id(self): self})  # the hooks' run is not copied...
+        for m in avg.modules():
+            m._forward_pre_hooks.clear()  # ...and the copy has none: it is not gossiped
         names = {n for n, _ in self.shared} | {n for n, _ in self.shared_buffers}
         with torch.no_grad():
             for n, t in list(avg.named_parameters()) + list(avg.named_buffers()):

@@ -136,7 +136,10 @@ def personal_worker(rank: int, world: int, steps: int) -> dict:
         opt.zero_grad()
     opt.synchronize()
     local_ids = {id(p) for n, p in w.model.named_parameters() if n.startswith(PERSONAL)}
-    out = {"names": names, "stats": opt.gossip.stats_dict(),
+    avg = dict(opt.gossip.averaged_module().named_parameters())
+    x, _ = batch("gpt_tied", 0, rank)
+    out = {"average_is_own": all(torch.equal(avg[n], p) for n, p in w.model.named_parameters()),
+           "average_runs": bool(torch.isfinite(opt.gossip.averaged_module()(x)).all()),"names": names, "stats": opt.gossip.stats_dict(),
            "params": {n: p.detach().numpy().copy() for n, p in w.model.named_parameters()},
            "local_sent": any(local_ids & s for s in sent)}
     caramel.shutdown()

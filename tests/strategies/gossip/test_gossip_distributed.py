@@ -45,6 +45,8 @@ def test_workers_agree_bit_for_bit_on_the_complete_graph(two):
 def test_personalized_parameters_stay_local_and_differ(two):
     p0, p1 = two[0]["personal"], two[1]["personal"]
     assert not p0["local_sent"] and not p1["local_sent"]
+    # the average of a body the complete graph has mixed is that body; a head averages with no one
+    assert p0["average_is_own"] and p1["average_is_own"] and p0["average_runs"]
     assert p0["stats"]["personalized"] and all(n.startswith(PERSONAL) for n in p0["stats"]["personalized"])
     for name, value in p0["params"].items():
         same = np.array_equal(value, p1["params"][name])
