@@ -76,3 +76,20 @@ def test_options_by_spec_and_their_errors():
         STRATEGIES.spec("gossip:topolgy=ring")
     with pytest.raises(CaramelError, match="consensus_every must be >= 0"):
         STRATEGIES.spec("gossip", {"consensus_every": -1})
+
+
+def test_optimizers_the_algorithm_cannot_use_are_refused():
+    import torch
+
+    from caramel.strategies.gossip.parallelize import _check_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    spec = lambda text: STRATEGIES.spec(text).options  # noqa: E731
+    _check_optimizer(torch.optim.AdamW(params), spec("gossip:algorithm=adam"))
+    _check_optimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9), spec("gossip:algorithm=momentum"))
+    with pytest.raises(CaramelError, match="pass torch.optim.Adam or AdamW, got SGD"):
+        _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=adam"))
+    with pytest.raises(CaramelError, match="needs SGD with momentum > 0"):
+        _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=momentum"))
+    with pytest.raises(CaramelError, match="SGD \\(momentum > 0\\), Adam and AdamW keep; got RMSprop"):
+        _check_optimizer(torch.optim.RMSprop(params), spec("gossip:algorithm=momentum"))
