@@ -303,6 +303,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "samples_per_s": d.world_size * cfg.data.batch_size / step_s if step_s else None,
         "exposed_comm_s": statistics.median(waits) if waits else None,
         "bytes_per_step": stats.get("bytes_per_step"),
+        "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),
         "wall_s": wall_s,

@@ -42,6 +42,8 @@ class Parallel:
             raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
                                "makes them); set --clip-grad-norm 0 or use caramel or ddp")
         extra: dict[str, Any] = {}
+        if self.kind == "gossip":
+            extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
         if self.kind == "caramel":
             extra["trace"] = trace_path
             if cfg.parallel.bandwidth and cfg.parallel.cluster != "off":

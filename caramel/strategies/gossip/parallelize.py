@@ -56,6 +56,7 @@ class GossipRun:
         self.steps = 0
         self.log: list[dict[str, Any]] = []
         self.consensus: list[tuple[int, float]] = []
+        self.mixing = describe(options.topology, self.world)
         self.released = False
         self.restored: dict[str, torch.Tensor] = {}
         self.t0 = time.perf_counter()
@@ -89,6 +90,8 @@ class GossipRun:
             self._measure_consensus()
         self.recording = False
         self._entry = {"step": self.steps, "start_s": t0 - self.t0}
+        if self.consensus and self.consensus[-1][0] == self.steps:
+            self._entry["consensus"] = self.consensus[-1][1]
         return self.exchange.wait_s - wait0
 
     def after_update(self, flush_wait_s: float) -> None:
@@ -100,7 +103,9 @@ class GossipRun:
         sent0 = self.exchange.bytes_sent
         self.exchange.start(nb)
         per_peer = (self.exchange.bytes_sent - sent0) // max(len(nb.send), 1)
+        prev = self.log[-1]["wait_s"] if self.log else 0.0
         self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.exchange.wait_s, peers=list(nb.send),
+                           step_wait_s=self.exchange.wait_s - prev,
                            bytes_per_peer=per_peer, end_s=time.perf_counter() - self.t0)
         self.log.append(self._entry)
         self.steps += 1
@@ -164,16 +169,15 @@ class GossipRun:
         return avg
 
     def stats_dict(self) -> dict[str, Any]:
-        steady = self.log[len(self.log) // 4:]
-        waits = [b["wait_s"] - a["wait_s"] for a, b in zip(steady, steady[1:])]
+        """What reports show (cheap: `caramel train` reads it every step)."""
+        last = self.log[-1] if self.log else {}
         return {"strategy": "gossip", "topology": self.options.topology, "algorithm": self.options.algorithm,
-                "steps": self.steps, "workers": self.world, "mixing": describe(self.options.topology, self.world),
-                "personalized": list(self.local_names), "consensus": [list(c) for c in self.consensus],
+                "steps": self.steps, "workers": self.world, "mixing": self.mixing,
+                "personalized": self.local_names, "consensus": self.consensus,
                 "consensus_last": self.consensus[-1][1] if self.consensus else None,
-                "bytes_per_peer_per_step": self.log[-1]["bytes_per_peer"] if self.log else None,
-                "peers_last_step": self.log[-1]["peers"] if self.log else None,
+                "bytes_per_peer_per_step": last.get("bytes_per_peer"), "peers_last_step": last.get("peers"),
                 "bytes_sent": self.exchange.bytes_sent, "wait_s": self.exchange.wait_s,
-                "last_wait_s": waits[-1] if waits else None}
+                "last_wait_s": last.get("step_wait_s")}
 
     def write_trace(self) -> None:
         if not self.trace_path:

@@ -63,10 +63,10 @@ def test_checkpoint_resumes_exactly(two):
 
 
 def test_consensus_shrinks_at_the_topologys_rate_on_four_workers():
-    """lr=0: only mixing moves the parameters. Ring and exponential graphs on 4 workers shrink
-    the squared distance by rate^2 = 1/9 per step; one-peer exponential averages exactly in its
-    period of 2 steps; the workers' average never moves."""
-    specs = ("gossip:topology=ring", "gossip:topology=exponential", "gossip:topology=one_peer_exponential")
+    """lr=0: only mixing moves the parameters. The ring on 4 workers shrinks the squared
+    distance by rate^2 = 1/9 per step; one-peer exponential averages exactly in its period of 2
+    steps; the workers' average never moves."""
+    specs = ("gossip:topology=ring", "gossip:topology=one_peer_exponential")
     res = run_workers(consensus_worker, 4, args=(4, specs), timeout_s=180)
     for spec in specs:
         d = [v for _, v in res[0][spec]["consensus"]]
