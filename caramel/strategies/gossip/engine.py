@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from caramel.strategies.gossip.topology import Neighbours
 
@@ -128,10 +127,10 @@ class Exchange:
                 offset += t.numel()
 
 
-def make_buckets(module: nn.Module, tensors: list[tuple[str, torch.Tensor]], owner: dict[int, str],
+def make_buckets(tensors: list[tuple[str, torch.Tensor]], owner: dict[int, str],
                  order: list[str], cap_bytes: float) -> list[Bucket]:
-    """Group `tensors` ((owner-key, tensor)) into buckets in the order their owning modules
-    first ran (`order`; modules that never ran last), cut at `cap_bytes` and at dtype changes."""
+    """Group `tensors` ((name, tensor)) into buckets in the order their owning modules (`owner`:
+    id -> module) first ran (`order`; modules that never ran last), cut at `cap_bytes` and dtype changes."""
     rank_of = {m: k for k, m in enumerate(order)}
     ordered = sorted(tensors, key=lambda nt: rank_of.get(owner.get(id(nt[1]), ""), len(order)))
     buckets: list[Bucket] = []

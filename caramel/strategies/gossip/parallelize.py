@@ -98,7 +98,7 @@ class GossipRun:
         """After the user's optimizer applied the update: hand this step's parameters to the neighbours."""
         W = self.matrices[self.steps % len(self.matrices)]
         nb = neighbours(W, self.rank)
-        self.exchange.set_buckets(make_buckets(self.module, self._tensors(), self._owners(), self.order,
+        self.exchange.set_buckets(make_buckets(self._tensors(), self._owners(), self.order,
                                                self.options.bucket_cap_mb * 2 ** 20))
         sent0 = self.exchange.bytes_sent
         self.exchange.start(nb)

@@ -93,3 +93,19 @@ def test_optimizers_the_algorithm_cannot_use_are_refused():
         _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=momentum"))
     with pytest.raises(CaramelError, match="SGD \\(momentum > 0\\), Adam and AdamW keep; got RMSprop"):
         _check_optimizer(torch.optim.RMSprop(params), spec("gossip:algorithm=momentum"))
+
+
+def test_buckets_follow_forward_order_and_the_cap():
+    import torch
+
+    from caramel.strategies.gossip.engine import make_buckets
+
+    a, b, c, d = torch.zeros(100), torch.zeros(100), torch.zeros(100), torch.zeros(10, dtype=torch.float64)
+    unused = torch.zeros(5)
+    owner = {id(a): "late", id(b): "early", id(c): "early", id(d): "mid", id(unused): "never"}
+    buckets = make_buckets([("a", a), ("b", b), ("c", c), ("d", d), ("u", unused)], owner,
+                           ["early", "mid", "late"], cap_bytes=800)
+    # early's two tensors fit one 800-byte bucket; the float64 one starts its own; unused last
+    assert [[id(t) for t in bk.tensors] for bk in buckets] == [[id(b), id(c)], [id(d)], [id(a), id(unused)]]
+    assert buckets[0].modules == {"early"} and buckets[2].modules == {"late", "never"}
+    assert [bk.nbytes for bk in buckets] == [800, 80, 420]
