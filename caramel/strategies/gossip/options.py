@@ -4,8 +4,9 @@
     caramel.parallelize(model, opt, "gossip", personalize="head")      # DePRL: the head stays local
 
 `personalize` names module/parameter prefixes joined by `+` (`head+norm_f`): a spec's options
-are already separated by commas. `topology` is a built-in name or a JSON file holding a mixing
-matrix (a list of rows, one per worker), checked when the world size is known.
+are already separated by commas. `topology` is a built-in name, a JSON file holding a mixing
+matrix (a list of rows, one per worker) or, from Python, the matrix itself as a list of rows
+(`W.tolist()` of a tensor); a matrix is checked when the world size is known.
 """
 from __future__ import annotations
 
@@ -29,14 +30,18 @@ class GossipOptions:
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
     into messages of about this size, in forward order, so the first modules can mix first."""
 
-    topology: str = "ring"
+    topology: str | list = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
     personalize: str = ""
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.topology not in TOPOLOGIES and not self.topology.endswith(".json"):
+        if isinstance(self.topology, list):
+            if not self.topology or not all(isinstance(row, list) for row in self.topology):
+                raise CaramelError(f"topology given as a matrix must be a list of rows (lists of weights), "
+                                   f"got {self.topology!r}")
+        elif self.topology not in TOPOLOGIES and not self.topology.endswith(".json"):
             raise CaramelError(f"topology must be one of {', '.join(TOPOLOGIES)} or a mixing-matrix file NAME.json, "
                                f"got {self.topology!r}")
         if self.consensus_every < 0:

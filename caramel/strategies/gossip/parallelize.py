@@ -41,9 +41,10 @@ class GossipRun:
         self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
         self.group, self.control, self.trace_path = group, control, trace
         self.world, self.rank = len(ranks), ranks.index(dist.get_rank())
+        self.mixing_name = options.topology if isinstance(options.topology, str) else "matrix"
         self.matrices = [mixing_matrix(options.topology, self.world, t) for t in range(period(options.topology, self.world))]
         for W in self.matrices:
-            check_mixing(W, self.world, source=f"gossip topology {options.topology!r}",
+            check_mixing(W, self.world, source=f"gossip topology {self.mixing_name!r}",
                          require_connected=len(self.matrices) == 1)
         names, params = unique_params(module)
         self.shared = [(n, p) for n, p in zip(names, params) if not options.is_local(n)]
@@ -171,7 +172,7 @@ class GossipRun:
     def stats_dict(self) -> dict[str, Any]:
         """What reports show (cheap: `caramel train` reads it every step)."""
         last = self.log[-1] if self.log else {}
-        return {"strategy": "gossip", "topology": self.options.topology, "algorithm": self.options.algorithm,
+        return {"strategy": "gossip", "topology": self.mixing_name, "algorithm": self.options.algorithm,
                 "steps": self.steps, "workers": self.world, "mixing": self.mixing,
                 "personalized": self.local_names, "consensus": self.consensus,
                 "consensus_last": self.consensus[-1][1] if self.consensus else None,
@@ -359,8 +360,8 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-    if options.topology.endswith(".json"):
-        mixing_matrix(options.topology, len(ranks))  # a bad file is an error before any group exists
+    if isinstance(options.topology, list) or options.topology.endswith(".json"):
+        mixing_matrix(options.topology, len(ranks))  # a bad matrix is an error before any group exists
     _check_same_everywhere(options, model, process_group)
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     group, control = (dist.new_group(ranks, timeout=timeout) for _ in range(2))

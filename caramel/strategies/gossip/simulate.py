@@ -135,6 +135,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
     ar = allreduce_step_s(profile, cluster, rates, jit, total // per_tensor)
     info = describe(options.topology, n)
+    name = info["topology"]
     return SimResult(
         step_time_s=step_s, compute_time_s=compute_s, comm_time_s=send_s, exposed_comm_s=max(step_s - compute_s, 0.0),
         wait_time_s=statistics.mean(waits) / steps,
@@ -143,10 +144,10 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         iteration_times_s=[b - a for a, b in zip([0.0] + end[0][:-1], end[0])],
         critical_path={"bound": "communication" if step_s > compute_s * 1.05 else "compute",
                        "slowest_worker": periods.index(max(periods))},
-        planner=f"gossip:{options.topology}", overlap="forward" if in_forward else "backward",
+        planner=f"gossip:{name}", overlap="forward" if in_forward else "backward",
         world_size=n, num_items=len(shared),
         trace=Trace("predicted", n, events, meta={"strategy": "gossip"}),
-        meta={"strategy": "gossip", "topology": options.topology, "algorithm": options.algorithm,
+        meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
               "mixing": info, "bytes_per_peer_per_step": total, "periods_s": periods,
               "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
 

@@ -46,7 +46,7 @@ def _exp_offsets(n: int) -> list[int]:
     return [2 ** k for k in range(max(1, math.ceil(math.log2(n))))] if n > 1 else []
 
 
-def period(topology: str, n: int) -> int:
+def period(topology: str | list, n: int) -> int:
     """Steps after which a time-varying topology repeats (1 for static ones)."""
     return len(_exp_offsets(n)) if topology == "one_peer_exponential" and n > 1 else 1
 
@@ -56,10 +56,18 @@ def torus_shape(n: int) -> tuple[int, int]:
     return rows, n // rows
 
 
-def mixing_matrix(topology: str, n: int, step: int = 0) -> np.ndarray:
-    """The n x n mixing matrix of `topology` at `step` (a .json name is read from the file)."""
+def mixing_matrix(topology: str | list, n: int, step: int = 0) -> np.ndarray:
+    """The n x n mixing matrix of `topology` at `step` (a .json name is read from the file; a
+    list of rows is the matrix itself)."""
     if n < 1:
         raise CaramelError(f"gossip needs at least one worker, got {n}")
+    if isinstance(topology, list):
+        try:
+            W = np.array(topology, dtype=float)
+        except (TypeError, ValueError):
+            raise CaramelError(f"topology: expected a matrix of {n} rows of {n} numbers") from None
+        check_mixing(W, n, source="topology matrix")
+        return W
     if topology.endswith(".json"):
         return load_matrix(topology, n)
     if n == 1:
@@ -154,7 +162,7 @@ def neighbours(W: np.ndarray, rank: int) -> Neighbours:
     return Neighbours(float(W[rank, rank]), recv, send)
 
 
-def describe(topology: str, n: int) -> dict:
+def describe(topology: str | list, n: int) -> dict:
     """What a report says about a topology: peers per step, per-step rate and spectral gap, and
     for a time-varying one the rate of one whole period (per step, as a geometric mean)."""
     p = period(topology, n)
@@ -164,7 +172,7 @@ def describe(topology: str, n: int) -> dict:
         prod = W @ prod
     per_period = rate(prod) ** (1.0 / p) if n > 1 else 0.0
     step_rate = max(rate(W) for W in mats)
-    return {"topology": topology, "workers": n, "period_steps": p,
+    return {"topology": topology if isinstance(topology, str) else "matrix", "workers": n, "period_steps": p,
             "peers_per_step": max(len(neighbours(W, i).send) for W in mats for i in range(n)),
             "rate_per_step": step_rate, "spectral_gap": max(0.0, 1.0 - step_rate),
             "rate_per_step_over_period": per_period}

@@ -109,3 +109,16 @@ def test_buckets_follow_forward_order_and_the_cap():
     assert [[id(t) for t in bk.tensors] for bk in buckets] == [[id(b), id(c)], [id(d)], [id(a), id(unused)]]
     assert buckets[0].modules == {"early"} and buckets[2].modules == {"late", "never"}
     assert [bk.nbytes for bk in buckets] == [800, 80, 420]
+
+
+def test_a_matrix_given_from_python():
+    W = [[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [0.5, 0.0, 0.5]]
+    o = STRATEGIES.spec("gossip", {"topology": W}).options
+    assert mixing_matrix(o.topology, 3).tolist() == W
+    assert describe(o.topology, 3)["topology"] == "matrix" and describe(o.topology, 3)["peers_per_step"] == 1
+    with pytest.raises(CaramelError, match="topology matrix: expected a 4 x 4 matrix for 4 workers"):
+        mixing_matrix(o.topology, 4)
+    with pytest.raises(CaramelError, match="must be a list of rows"):
+        STRATEGIES.spec("gossip", {"topology": [0.5, 0.5]})
+    with pytest.raises(CaramelError, match="topology must be str or list"):
+        STRATEGIES.spec("gossip", {"topology": 3})
