@@ -105,7 +105,9 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
     engine = getattr(opt, "engine", None)
     prio = getattr(wrapped, "comm_priority", None)
 
-    reporter = getattr(opt, "ps", None)  # the ps strategy's run: TicTac's E and S, staleness, shard loads
+    # the ps strategy's run (TicTac's E and S, staleness, shard loads) or the gossip strategy's
+    # (consensus distance, bytes per peer, mixing rate)
+    reporter = getattr(opt, "ps", None) or getattr(opt, "gossip", None)
 
     def stats() -> dict[str, Any]:
         if engine is not None:

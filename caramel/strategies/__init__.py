@@ -8,6 +8,7 @@ simulator model side by side. `STRATEGIES.register(StrategyInfo(...))` adds one.
 """
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.ddp.options import DdpOptions
+from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.registry import Registry, StrategyInfo, StrategySpec
@@ -34,6 +35,12 @@ STRATEGIES.register(StrategyInfo(
     parallelize="caramel.strategies.ps.parallelize:parallelize_ps",
     simulate="caramel.strategies.ps.simulate:simulate_ps",
     summary="parameter servers colocated with the workers, TicTac-ordered pulls, bsp/ssp/asp",
+    records_trace=True))
+STRATEGIES.register(StrategyInfo(
+    "gossip", options=GossipOptions,
+    parallelize="caramel.strategies.gossip.parallelize:parallelize_gossip",
+    simulate="caramel.strategies.gossip.simulate:simulate_gossip",
+    summary="decentralized: parameters mixed with neighbours over a topology, overlapped with the next forward",
     records_trace=True))
 
 __all__ = ["STRATEGIES", "Registry", "StrategyInfo", "StrategySpec"]

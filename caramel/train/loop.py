@@ -53,7 +53,7 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
 def evaluate(engine: Parallel, wl: TrainWorkload, d: Dist, batch_size: int) -> dict[str, float]:
     """Validation loss and top-1 accuracy over every rank's validation shard (one all-reduce)."""
     engine.synchronize()
-    module = engine.module
+    module = engine.eval_module()
     was_training = module.training
     module.eval()
     n = min(len(wl.val_set), VAL_MAX_SAMPLES)
@@ -74,17 +74,21 @@ def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, samp
     engine.synchronize()
     rngs: list[Any] = [None] * d.world_size
     dist.all_gather_object(rngs, ckpt.rng_state())
+    workers = engine.worker_states()  # gossip: every worker's own model and optimizer
+    model = engine.eval_module() if workers is not None else engine.module
     path = None
     if d.rank == 0:
         epoch, index = sampler.position(step)
         state = {
             "step": step, "epoch": epoch, "index": index,
-            "model": {k: v.detach().cpu() for k, v in engine.module.state_dict().items()},
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "optimizer": engine.optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": rngs,
             "config": cfg.to_dict(),
         }
+        if workers is not None:
+            state["gossip_workers"] = workers
         path = ckpt.save(cfg.checkpoint_dir(), step, state, d.world_size, cfg.checkpoint.keep_last)
     dist.barrier()
     return path
@@ -164,6 +168,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             scheduler.load_state_dict(state["scheduler"])
         except (ValueError, KeyError) as e:
             raise CaramelError(f"checkpoint {resumed_from}: optimizer state does not fit this model ({e})") from None
+        engine.load_worker_state(state, d.rank)
         ckpt.set_rng_state(state["rng"][d.rank])
         start = state["step"]
     else:
@@ -298,6 +303,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "samples_per_s": d.world_size * cfg.data.batch_size / step_s if step_s else None,
         "exposed_comm_s": statistics.median(waits) if waits else None,
         "bytes_per_step": stats.get("bytes_per_step"),
+        "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),
         "wall_s": wall_s,

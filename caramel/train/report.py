@@ -92,6 +92,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  throughput     {s['samples_per_s']:.0f} samples/s, median step {_ms(s['median_step_time_s'])}, wall {s['wall_s']:.1f} s")
     lines.append(f"  exposed comm   {_ms(s['exposed_comm_s'])} per step (median time blocked on communication)"
                  if s["exposed_comm_s"] is not None else "  exposed comm   n/a (the engine reports it; DDP does not)")
+    if s.get("consensus_distance") is not None:
+        lines.append(f"  consensus      {s['consensus_distance']:.3g} (gossip: mean squared distance of the workers' "
+                     f"parameters to their average, last measured)")
     sim = s.get("sim_speedup_vs_ddp")
     lines.append(f"  vs DDP (sim)   {sim:.2f}x the speed of DDP on this run's profile and link, per the simulator" if sim
                  else "  vs DDP (sim)   n/a (the ddp strategy, one worker, or no profile)")

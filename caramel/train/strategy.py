@@ -42,6 +42,8 @@ class Parallel:
             raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
                                "makes them); set --clip-grad-norm 0 or use caramel or ddp")
         extra: dict[str, Any] = {}
+        if self.kind == "gossip":
+            extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
         if self.kind == "caramel":
             extra["trace"] = trace_path
             if cfg.parallel.bandwidth and cfg.parallel.cluster != "off":
@@ -61,6 +63,26 @@ class Parallel:
         """Apply every pending update (Caramel may defer them; DDP has none)."""
         self.optimizer.synchronize()
 
+    def eval_module(self) -> nn.Module:
+        """The model to evaluate and checkpoint: the user's model, or under gossip (where every
+        worker's differs) the workers' average (all ranks must call it)."""
+        if self.kind == "gossip":
+            return self.optimizer.gossip.averaged_module()
+        return self.module
+
+    def worker_states(self) -> list[Any] | None:
+        """Under gossip, every worker's own state (all ranks call; rank order), else None."""
+        if self.kind != "gossip":
+            return None
+        states: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(states, self.optimizer.gossip.worker_state())
+        return states
+
+    def load_worker_state(self, state: dict[str, Any], rank: int) -> None:
+        """Resume this worker's own gossip state from a checkpoint's `gossip_workers`."""
+        if self.kind == "gossip" and state.get("gossip_workers"):
+            self.optimizer.gossip.load_worker_state(state["gossip_workers"][rank])
+
     def clip_grad_norm_(self, max_norm: float) -> None:
         """Clip the global gradient norm; Caramel must first finish every reduction (it synchronizes)."""
         if self.kind == "caramel":
@@ -70,7 +92,8 @@ class Parallel:
 
     def stats(self) -> dict[str, Any]:
         """The engine's per-step statistics (exposed communication etc.); empty for DDP."""
-        engine = getattr(self.optimizer, "engine", None) or getattr(self.optimizer, "ps", None)
+        engine = (getattr(self.optimizer, "engine", None) or getattr(self.optimizer, "ps", None)
+                  or getattr(self.optimizer, "gossip", None))
         return dict(engine.stats_dict()) if engine is not None else {}
 
 

@@ -1,0 +1,1 @@
+"""The `gossip` strategy: decentralized training over a mixing topology (docs/gossip.md)."""

@@ -1,0 +1,147 @@
+"""The gossip exchange: after each optimizer step every worker sends its parameters to its
+out-neighbours with batched point-to-point transfers, and mixes what its in-neighbours sent.
+
+    step t:   optimizer.step()  ->  start(t): buckets in forward order, one batch of isend/irecv each
+    step t+1: forward pre-hook of module m  ->  mix the buckets holding m's tensors (waits only for them)
+              optimizer.step()  ->  flush(): mix whatever no forward needed (unused modules), then ...
+
+A bucket's mix is x <- sum_j W[i, j] x_j over the sender's snapshot and the received copies,
+summed in rank order so that workers meant to agree (the complete graph) agree bit for bit.
+`mix_in_forward=False` leaves every mix to `flush()` at the next step (Wang et al.'s overlapped
+form: the gradient is computed at the un-mixed parameters while they travel).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from caramel.strategies.gossip.topology import Neighbours
+
+
+@dataclass
+class Bucket:
+    """Tensors mixed together: one message per peer. `tensors` are live (parameters, buffers,
+    momentum buffers); `modules` the modules whose forward needs them mixed first."""
+
+    tensors: list[torch.Tensor]
+    modules: set[str] = field(default_factory=set)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+@dataclass
+class InFlight:
+    works: list[Any]
+    sent: torch.Tensor
+    received: dict[int, torch.Tensor]
+    neighbours: Neighbours
+
+
+class Exchange:
+    """Start, wait for and apply one step's gossip at a time over `group` (global `ranks`)."""
+
+    def __init__(self, group: Any, ranks: list[int], rank: int, mix_in_forward: bool):
+        self.group, self.ranks, self.rank = group, ranks, rank
+        self.mix_in_forward = mix_in_forward
+        self.buckets: list[Bucket] = []
+        self.by_module: dict[str, list[int]] = {}
+        self.pending: dict[int, InFlight] = {}
+        self.wait_s = 0.0  # time blocked on arrivals, in total
+        self.bytes_sent = 0  # in total, every peer counted
+
+    def set_buckets(self, buckets: list[Bucket]) -> None:
+        self.buckets = buckets
+        self.by_module = {}
+        for b, bucket in enumerate(buckets):
+            for m in bucket.modules:
+                self.by_module.setdefault(m, []).append(b)
+
+    def start(self, nb: Neighbours) -> None:
+        """Snapshot every bucket and hand its sends and receives to the backend (non-blocking)."""
+        assert not self.pending, "a gossip step started before the previous one was mixed"
+        for b, bucket in enumerate(self.buckets):
+            sent = torch.cat([t.detach().reshape(-1) for t in bucket.tensors])
+            received = {j: torch.empty_like(sent) for j, _ in nb.recv}
+            ops = [dist.P2POp(dist.isend, sent, self.ranks[j], self.group, tag=b) for j in nb.send]
+            ops += [dist.P2POp(dist.irecv, received[j], self.ranks[j], self.group, tag=b) for j, _ in nb.recv]
+            works = dist.batch_isend_irecv(ops) if ops else []
+            self.bytes_sent += sent.numel() * sent.element_size() * len(nb.send)
+            self.pending[b] = InFlight(works, sent, received, nb)
+
+    def before_module(self, name: str) -> None:
+        """Forward pre-hook: mix the pending buckets this module's tensors are in."""
+        if self.mix_in_forward and self.pending:
+            for b in self.by_module.get(name, ()):
+                if b in self.pending:
+                    self._mix(b)
+
+    def flush(self) -> None:
+        """Mix every pending bucket (at step(), and at every sync point)."""
+        for b in sorted(self.pending):
+            self._mix(b)
+
+    def settle(self) -> None:
+        """Wait until every pending transfer has landed, without mixing (algorithm=adam's sync
+        point: the mix belongs to the next update)."""
+        for b in sorted(self.pending):
+            self._wait(self.pending[b])
+
+    def pending_values(self) -> dict[int, torch.Tensor]:
+        """id(tensor) -> the value its pending mix will give it (for checkpoints), nothing applied."""
+        out = {}
+        for b in sorted(self.pending):
+            mixed, offset = self._combine(self.pending[b]), 0
+            for t in self.buckets[b].tensors:
+                out[id(t)] = mixed[offset:offset + t.numel()].view_as(t).clone()
+                offset += t.numel()
+        return out
+
+    def _wait(self, f: InFlight) -> None:
+        t0 = time.perf_counter()
+        for w in f.works:
+            w.wait()
+        f.works = []
+        self.wait_s += time.perf_counter() - t0
+
+    def _combine(self, f: InFlight) -> torch.Tensor:
+        self._wait(f)
+        parts = sorted([(self.rank, f.neighbours.self_weight, f.sent)] + [(j, w, f.received[j]) for j, w in f.neighbours.recv],
+                       key=lambda x: x[0])
+        mixed = parts[0][2].mul(parts[0][1])
+        for _, w, x in parts[1:]:
+            mixed.add_(x, alpha=w)
+        return mixed
+
+    def _mix(self, b: int) -> None:
+        mixed = self._combine(self.pending.pop(b))
+        offset = 0
+        with torch.no_grad():
+            for t in self.buckets[b].tensors:
+                t.copy_(mixed[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+def make_buckets(tensors: list[tuple[str, torch.Tensor]], owner: dict[int, str],
+                 order: list[str], cap_bytes: float) -> list[Bucket]:
+    """Group `tensors` ((name, tensor)) into buckets in the order their owning modules (`owner`:
+    id -> module) first ran (`order`; modules that never ran last), cut at `cap_bytes` and dtype changes."""
+    rank_of = {m: k for k, m in enumerate(order)}
+    ordered = sorted(tensors, key=lambda nt: rank_of.get(owner.get(id(nt[1]), ""), len(order)))
+    buckets: list[Bucket] = []
+    size, dtype = 0, None
+    for _, t in ordered:
+        if not buckets or size + t.numel() * t.element_size() > cap_bytes and buckets[-1].tensors or t.dtype != dtype:
+            buckets.append(Bucket([]))
+            size, dtype = 0, t.dtype
+        buckets[-1].tensors.append(t)
+        size += t.numel() * t.element_size()
+        m = owner.get(id(t))
+        if m is not None:
+            buckets[-1].modules.add(m)
+    return buckets

@@ -1,0 +1,374 @@
+"""Run the `gossip` strategy: `parallelize_gossip` wraps the model and the user's optimizer
+around an `Exchange` (`caramel.strategies.gossip.engine`).
+
+Every worker starts from rank 0's model (as DDP does) and then keeps its own parameters: after
+each `optimizer.step()` they go to the worker's out-neighbours of the step's mixing matrix
+(`topology.py`), and each module mixes what arrived just before its next forward. Workers'
+parameters differ between mixes; `GossipRun.consensus` records by how much, and
+`averaged_module()` gives the workers' average (for evaluation and reports).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import functools
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.distributed import init_distributed, resolve_timeout_s
+from caramel.errors import CaramelError, MismatchError
+from caramel.profile.profiler import unique_params
+from caramel.strategies.gossip.engine import Exchange, make_buckets
+from caramel.strategies.gossip.options import GossipOptions
+from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
+from caramel.strategies.options import to_spec
+from caramel.trace.events import Trace, TraceEvent
+
+MOMENTUM_KEYS = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg"}
+
+
+class GossipRun:
+    """One model under the gossip strategy: its exchange, step count and per-step log."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, ranks: list[int],
+                 group: Any, control: Any, trace: str | None):
+        self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
+        self.group, self.control, self.trace_path = group, control, trace
+        self.world, self.rank = len(ranks), ranks.index(dist.get_rank())
+        self.mixing_name = options.topology if isinstance(options.topology, str) else "matrix"
+        self.matrices = [mixing_matrix(options.topology, self.world, t) for t in range(period(options.topology, self.world))]
+        for W in self.matrices:
+            check_mixing(W, self.world, source=f"gossip topology {self.mixing_name!r}",
+                         require_connected=len(self.matrices) == 1)
+        names, params = unique_params(module)
+        self.shared = [(n, p) for n, p in zip(names, params) if not options.is_local(n)]
+        self.local_names = [n for n in names if options.is_local(n)]
+        self.shared_buffers = [(n, b) for n, b in module.named_buffers()
+                               if b.is_floating_point() and not options.is_local(n)]
+        self.exchange = Exchange(group, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
+        self.order: list[str] = []
+        self.recording = True
+        self.steps = 0
+        self.log: list[dict[str, Any]] = []
+        self.consensus: list[tuple[int, float]] = []
+        self.mixing = describe(options.topology, self.world)
+        self.released = False
+        self.restored: dict[str, torch.Tensor] = {}
+        self.t0 = time.perf_counter()
+        self._hooks = [m.register_forward_pre_hook(functools.partial(self._pre_hook, name))
+                       for name, m in module.named_modules()]
+
+    # --- the user's loop ------------------------------------------------------------------
+    def _pre_hook(self, name: str, _module: nn.Module, _args: Any) -> None:
+        if self.released:
+            raise CaramelError("strategy 'gossip': this model was shut down (caramel.shutdown()); parallelize it again")
+        if self.recording and name not in self.order:
+            self.order.append(name)
+        self.exchange.before_module(name)
+
+    def before_update(self) -> float:
+        """At optimizer.step(): mix what is still pending (all of it for algorithm=adam) and
+        measure the consensus distance of the parameters this step's forward used."""
+        t0 = time.perf_counter()
+        wait0 = self.exchange.wait_s
+        due = self.options.consensus_every and self.steps % self.options.consensus_every == 0
+        if self.options.algorithm == "adam" and due:
+            self._measure_consensus()
+        self.exchange.flush()
+        if self.restored:  # a resumed worker's pending mix, from its checkpoint
+            with torch.no_grad():
+                for name, t in self._tensors():
+                    if name in self.restored:
+                        t.copy_(self.restored[name])
+            self.restored = {}
+        if self.options.algorithm != "adam" and due:
+            self._measure_consensus()
+        self.recording = False
+        self._entry = {"step": self.steps, "start_s": t0 - self.t0}
+        if self.consensus and self.consensus[-1][0] == self.steps:
+            self._entry["consensus"] = self.consensus[-1][1]
+        return self.exchange.wait_s - wait0
+
+    def after_update(self, flush_wait_s: float) -> None:
+        """After the user's optimizer applied the update: hand this step's parameters to the neighbours."""
+        W = self.matrices[self.steps % len(self.matrices)]
+        nb = neighbours(W, self.rank)
+        self.exchange.set_buckets(make_buckets(self._tensors(), self._owners(), self.order,
+                                               self.options.bucket_cap_mb * 2 ** 20))
+        sent0 = self.exchange.bytes_sent
+        self.exchange.start(nb)
+        per_peer = (self.exchange.bytes_sent - sent0) // max(len(nb.send), 1)
+        prev = self.log[-1]["wait_s"] if self.log else 0.0
+        self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.exchange.wait_s, peers=list(nb.send),
+                           step_wait_s=self.exchange.wait_s - prev,
+                           bytes_per_peer=per_peer, end_s=time.perf_counter() - self.t0)
+        self.log.append(self._entry)
+        self.steps += 1
+
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        out = [(n, p) for n, p in self.shared] + [(n, b) for n, b in self.shared_buffers]
+        if self.options.algorithm == "momentum":
+            key = self._momentum_key()
+            for n, p in self.shared:
+                buf = self.optimizer.state.get(p, {}).get(key)
+                if isinstance(buf, torch.Tensor):
+                    out.append((n + ":" + key, buf))
+        return out
+
+    def _momentum_key(self) -> str:
+        return momentum_key(self.optimizer)
+
+    def _owners(self) -> dict[int, str]:
+        """Each tensor's owning module: the first module (in forward order) holding it directly."""
+        owner: dict[int, str] = {}
+        mods = dict(self.module.named_modules())
+        for name in self.order + [n for n in mods if n not in self.order]:
+            for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
+                if t is not None:
+                    owner.setdefault(id(t), name)
+        if self.options.algorithm == "momentum":
+            key = self._momentum_key()
+            for _, p in self.shared:
+                buf = self.optimizer.state.get(p, {}).get(key)
+                if isinstance(buf, torch.Tensor) and id(p) in owner:
+                    owner[id(buf)] = owner[id(p)]
+        return owner
+
+    # --- metrics --------------------------------------------------------------------------
+    def _measure_consensus(self) -> None:
+        """Mean over workers of ||x_i - mean_j x_j||^2 over the gossiped parameters (two all-reduces)."""
+        if not self.shared:
+            return
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for _, p in self.shared])
+            mean = flat.clone()
+            dist.all_reduce(mean, group=self.control)
+            mean /= self.world
+            d = ((flat - mean) ** 2).sum().reshape(1)
+            dist.all_reduce(d, group=self.control)
+        self.consensus.append((self.steps, float(d) / self.world))
+
+    def averaged_module(self) -> nn.Module:
+        """All ranks: a copy of the model holding the workers' average of every gossiped tensor
+        (personalized ones stay this worker's own)."""
+        self.synchronize()
+        avg = copy.deepcopy(self.module, memo={id(self): self})  # the hooks' run is not copied...
+        for m in avg.modules():
+            m._forward_pre_hooks.clear()  # ...and the copy has none: it is not gossiped
+        names = {n for n, _ in self.shared} | {n for n, _ in self.shared_buffers}
+        with torch.no_grad():
+            for n, t in list(avg.named_parameters()) + list(avg.named_buffers()):
+                if n in names:
+                    dist.all_reduce(t.data, group=self.control)
+                    t.data /= self.world
+        return avg
+
+    def stats_dict(self) -> dict[str, Any]:
+        """What reports show (cheap: `caramel train` reads it every step)."""
+        last = self.log[-1] if self.log else {}
+        return {"strategy": "gossip", "topology": self.mixing_name, "algorithm": self.options.algorithm,
+                "steps": self.steps, "workers": self.world, "mixing": self.mixing,
+                "personalized": self.local_names, "consensus": self.consensus,
+                "consensus_last": self.consensus[-1][1] if self.consensus else None,
+                "bytes_per_peer_per_step": last.get("bytes_per_peer"), "peers_last_step": last.get("peers"),
+                "bytes_sent": self.exchange.bytes_sent, "wait_s": self.exchange.wait_s,
+                "last_wait_s": last.get("step_wait_s")}
+
+    def write_trace(self) -> None:
+        if not self.trace_path:
+            return
+        path = Path(self.trace_path)
+        if self.world > 1:
+            path = path.with_name(f"{path.stem}.rank{self.rank}{path.suffix or '.json'}")
+        events = [TraceEvent(self.rank, "comm", "gossip", f"send to {x['peers']}", x["end_s"], 0.0, x["step"],
+                             bytes=x["bytes_per_peer"] * len(x["peers"])) for x in self.log]
+        Trace("measured", self.world, events, meta={"gossip": self.stats_dict(), "per_step": self.log}).save(path)
+
+    # --- sync points, state ---------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Every transfer landed. dpsgd/momentum: every pending mix applied (the next forward
+        would apply it anyway). adam: nothing applied, the mix belongs to the next update, so
+        evaluating or saving never changes the trajectory."""
+        if self.released:
+            return
+        if self.exchange.mix_in_forward:
+            self.exchange.flush()
+        else:
+            self.exchange.settle()
+        self.write_trace()
+
+    def worker_state(self) -> dict[str, Any]:
+        """This worker's own model, optimizer, gossip step, module order and (adam) pending mix."""
+        self.synchronize()
+        by_id = self.exchange.pending_values()
+        pending = {name: by_id[id(t)] for name, t in self._tensors() if id(t) in by_id}
+        pending.update(self.restored)
+        return {"model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "steps": self.steps, "order": list(self.order),
+                "pending_mix": pending}
+
+    def load_worker_state(self, state: dict[str, Any]) -> None:
+        """Resume this worker from `worker_state()` (call on every rank, before the next step)."""
+        if self.exchange.pending:
+            raise CaramelError("strategy 'gossip': load a worker state right after parallelize(), before any step")
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps, self.order, self.recording = int(state["steps"]), list(state["order"]), False
+        self.restored = dict(state["pending_mix"])
+
+    def release(self) -> None:
+        if self.released:
+            return
+        try:
+            if all(_registered(g) for g in (self.group, self.control)):
+                self.exchange.flush()
+        finally:
+            self.released = True
+            for h in self._hooks:
+                h.remove()
+            for g in (self.group, self.control):
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(g)
+
+
+def momentum_key(optimizer: torch.optim.Optimizer) -> str:
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENTUM_KEYS:
+            return MOMENTUM_KEYS[cls.__name__]
+    raise CaramelError(f"strategy 'gossip': algorithm=momentum exchanges the optimizer's momentum buffers, which "
+                       f"SGD (momentum > 0), Adam and AdamW keep; got {type(optimizer).__name__}")
+
+
+def _registered(group: Any) -> bool:
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group)
+        return True
+    except (ValueError, RuntimeError):
+        return False
+
+
+class GossipModel(nn.Module):
+    """The user's module behind a DDP-shaped wrapper (`.module`, `no_sync()`)."""
+
+    def __init__(self, module: nn.Module, run: GossipRun):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_run", run)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients never leave a worker under gossip: accumulating them needs nothing special."""
+        yield
+
+    def synchronize(self) -> None:
+        self._run.synchronize()
+
+
+class GossipOptimizerMixin:
+    """Mixed in front of the user's optimizer class: `step()` mixes, updates, and sends."""
+
+    _gossip_run: GossipRun
+    _gossip_base: type
+
+    def step(self, closure=None):  # noqa: D401 - same contract as torch.optim.Optimizer.step
+        run = self._gossip_run
+        self._opt_called = True  # tells LR schedulers a step happened
+        waited = run.before_update()
+        out = self._gossip_base.step(self, closure)
+        run.after_update(waited)
+        return out
+
+    def synchronize(self) -> None:
+        """Every pending mix applied (eval, checkpoint, exit); workers' parameters still differ."""
+        self._gossip_run.synchronize()
+
+    @property
+    def gossip(self) -> GossipRun:
+        return self._gossip_run
+
+
+def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: GossipRun) -> torch.optim.Optimizer:
+    base = type(optimizer)
+    cls = type(f"Gossip{base.__name__}", (GossipOptimizerMixin, base), {"_gossip_base": base})
+    patched = "step" in vars(optimizer)  # an LR scheduler made before parallelize() patched it
+    if patched:
+        del optimizer.step
+    optimizer.__class__ = cls
+    optimizer._gossip_run = run
+    if patched:
+        @functools.wraps(cls.step)
+        def step(*args, **kwargs):
+            return cls.step(optimizer, *args, **kwargs)
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        optimizer.step = step
+    return optimizer
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:
+    if options.algorithm == "momentum":
+        key = momentum_key(optimizer)
+        if key == "momentum_buffer" and any(g.get("momentum", 0) <= 0 for g in optimizer.param_groups):
+            raise CaramelError("strategy 'gossip': algorithm=momentum needs SGD with momentum > 0 in every "
+                               "parameter group (there is no momentum buffer to exchange otherwise)")
+    if options.algorithm == "adam" and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise CaramelError(f"strategy 'gossip': algorithm=adam is decentralized Adam(W) (Wang et al.); "
+                           f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
+
+
+def _check_same_everywhere(options: GossipOptions, module: nn.Module, group: Any) -> None:
+    """Every rank must run the same options on the same parameter shapes (else the exchange
+    would pair up wrongly or wait forever): one clear error on every rank."""
+    mine = (to_spec("gossip", options), [(n, tuple(p.shape)) for n, p in module.named_parameters()])
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if differ:
+        what = "options" if any(everyone[r][0] != everyone[0][0] for r in differ) else "parameters"
+        raise MismatchError(f"strategy 'gossip': ranks {differ} have other {what} than rank 0 "
+                            f"({everyone[differ[0]][0]} vs {everyone[0][0]}); every rank must parallelize the same "
+                            f"model with the same options")
+
+
+def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, *,
+                       process_group: Any = None, broadcast_buffers: bool | str = True,
+                       find_unused_parameters: bool | None = None, timeout_s: float | None = None,
+                       plan: Any = None, profile: Any = None, cluster: Any = None,
+                       trace: str | None = None, session: Any = None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """`caramel.parallelize(model, optimizer, "gossip", ...)`; see the module docstring.
+    `broadcast_buffers` has no meaning here (floating buffers are gossiped like parameters)."""
+    if plan is not None or profile is not None:
+        raise CaramelError("strategy 'gossip' takes no plan= or profile= (its exchange follows the topology)")
+    if isinstance(optimizer, GossipOptimizerMixin):
+        raise CaramelError("strategy 'gossip': this optimizer is already parallelized")
+    _check_optimizer(optimizer, options)
+    _, params = unique_params(model)
+    known = {id(p) for p in params}
+    if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
+        raise CaramelError("strategy 'gossip': the optimizer holds parameters that are not the model's; "
+                           "make the optimizer from this model's parameters()")
+    if not dist.is_initialized():
+        init_distributed(timeout_s=timeout_s)
+    ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+    if isinstance(options.topology, list) or options.topology.endswith(".json"):
+        mixing_matrix(options.topology, len(ranks))  # a bad matrix is an error before any group exists
+    _check_same_everywhere(options, model, process_group)
+    timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
+    group, control = (dist.new_group(ranks, timeout=timeout) for _ in range(2))
+    with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
+        for t in list(params) + list(model.buffers()):
+            dist.broadcast(t, src=ranks[0], group=control)
+    run = GossipRun(model, optimizer, options, ranks, group, control, str(trace) if trace else None)
+    if session is not None:
+        session.register(run)
+    return GossipModel(model, run), _wrap_optimizer(optimizer, run)

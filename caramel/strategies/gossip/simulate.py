@@ -1,0 +1,169 @@
+"""The `gossip` strategy in the simulator, and Wang et al.'s question: does gossip beat all-reduce
+on this model, cluster, link costs and compute jitter?
+
+Per worker and step, what `caramel.strategies.gossip.parallelize` does:
+
+- after its update (step k-1) worker j sends its gossiped bytes to each out-neighbour of step
+  k-1's matrix, in forward order; the messages share j's sending rate and the receiver's
+  receiving rate (`worker_bandwidth_bps`), so the first c bytes from j land at i at
+  start + latency + c x max(out-degree_j, in-degree_i) / min(rate_j, rate_i);
+- the next forward runs the profile's modules in order, each once the bytes up to its own
+  parameters have landed from every in-neighbour (algorithm=adam: no wait in the forward; all
+  of it must have landed before the update);
+- compute is the profile's, divided by the worker's speed and multiplied by its step's jitter.
+
+Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
+(default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
+compute time at each step is scaled by a uniform draw from [1 - f, 1 + f] (seeded).
+
+The all-reduce it is compared with (`meta["allreduce"]`), under the same links and jitter:
+every step waits for the slowest worker's forward and backward, then the part of a ring
+all-reduce (2(n-1) latencies + 2(n-1)/n x bytes at the slowest link's rate) that backward did
+not hide, then the update. The step time is the mean period over the second half of the
+unrolled steps (all workers' mean; a gossip worker may run ahead of a far one).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile
+from caramel.sim.simulate import SimResult
+from caramel.strategies.gossip.options import GossipOptions
+from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
+from caramel.topology.spec import ClusterSpec
+from caramel.trace.events import Trace, TraceEvent
+
+MIN_ITERATIONS = 40
+
+
+def _rates(cluster: ClusterSpec) -> list[float]:
+    raw = cluster.meta.get("worker_bandwidth_bps")
+    if raw is None:
+        return [cluster.bandwidth_bps / 8] * cluster.world_size
+    if not isinstance(raw, list) or len(raw) != cluster.world_size or any(not (isinstance(r, (int, float)) and r > 0) for r in raw):
+        raise CaramelError(f"cluster meta.worker_bandwidth_bps must list {cluster.world_size} positive rates in bit/s, got {raw!r}")
+    return [r / 8 for r in raw]
+
+
+def _jitter(cluster: ClusterSpec, steps: int) -> list[list[float]]:
+    """Per worker, per step, the compute-time factor."""
+    n = cluster.world_size
+    out = [[1.0] * steps for _ in range(n)]
+    raw = cluster.meta.get("compute_jitter")
+    if raw is None:
+        return out
+    try:
+        rank, frac, seed = int(raw["rank"]), float(raw["fraction"]), int(raw.get("seed", 0))
+    except (TypeError, KeyError, ValueError):
+        raise CaramelError(f"cluster meta.compute_jitter must be {{'rank': R, 'fraction': F, 'seed': S}}, got {raw!r}") from None
+    if not 0 <= rank < n or not 0 <= frac < 1:
+        raise CaramelError(f"cluster meta.compute_jitter: rank must be in 0..{n - 1} and fraction in [0, 1), got {raw!r}")
+    rng = random.Random(seed)
+    out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
+    return out
+
+
+def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: GossipOptions, iterations: int = 4) -> SimResult:
+    n = cluster.world_size
+    if not profile.trainable():
+        raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to gossip")
+    mats = [mixing_matrix(options.topology, n, t) for t in range(period(options.topology, n))]
+    rates, alpha = _rates(cluster), cluster.latency_s
+    steps = max(iterations, MIN_ITERATIONS)
+    jit = _jitter(cluster, steps)
+    speed = [w.speed for w in cluster.workers]
+    per_tensor = 2 if options.algorithm == "momentum" else 1
+    shared = [p for p in profile.trainable() if not options.is_local(p.name)]
+    # bytes that must have landed before module m runs: every gossiped parameter first used there or earlier
+    by_module = [0] * len(profile.modules)
+    unused = 0
+    for p in shared:
+        if p.first_use_order is None:
+            unused += p.bytes * per_tensor
+        else:
+            by_module[p.first_use_order] += p.bytes * per_tensor
+    cum, total = [], 0
+    for b in by_module:
+        total += b
+        cum.append(total)
+    total += unused
+    in_forward = options.algorithm != "adam"
+
+    def compute(w: int, k: int, seconds: float) -> float:
+        return seconds / speed[w] * jit[w][k]
+
+    end = [[0.0] * steps for _ in range(n)]
+    waits = [0.0] * n
+    events = []
+    for k in range(steps):
+        W = mats[(k - 1) % len(mats)] if k else None
+        nbs = [neighbours(W, i) for i in range(n)] if W is not None else None
+        for w in range(n):
+            t = end[w][k - 1] if k else 0.0
+
+            def landed(c: float) -> float:
+                if nbs is None or c == 0:
+                    return 0.0
+                arrive = 0.0
+                for j, _ in nbs[w].recv:
+                    share = max(len(nbs[j].send), len(nbs[w].recv))
+                    arrive = max(arrive, end[j][k - 1] + alpha + c * share / min(rates[j], rates[w]))
+                return arrive
+
+            start = t
+            for m, mod in enumerate(profile.modules):
+                if in_forward:
+                    need = landed(cum[m])
+                    if need > t:
+                        waits[w] += need - t
+                        t = need
+                t += compute(w, k, mod.forward_time_s)
+            t += compute(w, k, profile.backward_time_s)
+            need = landed(total)
+            if need > t:
+                waits[w] += need - t
+                t = need
+            t += compute(w, k, profile.optimizer_time_s)
+            end[w][k] = t
+            events.append(TraceEvent(w, "compute", "step", "step", start, t - start, k))
+    warm = steps // 2
+    periods = [(e[-1] - e[warm]) / (steps - 1 - warm) for e in end]
+    step_s = statistics.mean(periods)
+    compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] for w in range(n))
+    send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
+    ar = allreduce_step_s(profile, cluster, rates, jit, total // per_tensor)
+    info = describe(options.topology, n)
+    name = info["topology"]
+    return SimResult(
+        step_time_s=step_s, compute_time_s=compute_s, comm_time_s=send_s, exposed_comm_s=max(step_s - compute_s, 0.0),
+        wait_time_s=statistics.mean(waits) / steps,
+        link_utilization=min(send_s / step_s, 1.0) if step_s > 0 else 0.0,
+        comm_busy_fraction=min(send_s / step_s, 1.0) if step_s > 0 else 0.0,
+        iteration_times_s=[b - a for a, b in zip([0.0] + end[0][:-1], end[0])],
+        critical_path={"bound": "communication" if step_s > compute_s * 1.05 else "compute",
+                       "slowest_worker": periods.index(max(periods))},
+        planner=f"gossip:{name}", overlap="forward" if in_forward else "backward",
+        world_size=n, num_items=len(shared),
+        trace=Trace("predicted", n, events, meta={"strategy": "gossip"}),
+        meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
+              "mixing": info, "bytes_per_peer_per_step": total, "periods_s": periods,
+              "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
+
+
+def allreduce_step_s(profile: ModelProfile, cluster: ClusterSpec, rates: list[float], jit: list[list[float]],
+                     nbytes: int) -> float:
+    """Mean synchronous step time of ring all-reduce data parallelism under the same links and
+    jitter (module docstring): every step waits for the slowest worker."""
+    n = cluster.world_size
+    speed = [w.speed for w in cluster.workers]
+    comm = 2 * (n - 1) * cluster.latency_s + 2 * (n - 1) / n * nbytes / min(rates) if n > 1 else 0.0
+    steps = len(jit[0])
+    times = []
+    for k in range(steps):
+        fb = max((profile.forward_time_s + profile.backward_time_s) / speed[w] * jit[w][k] for w in range(n))
+        bwd = min(profile.backward_time_s / speed[w] * jit[w][k] for w in range(n))
+        opt = max(profile.optimizer_time_s / speed[w] * jit[w][k] for w in range(n))
+        times.append(fb + max(comm - bwd, 0.0) + opt)
+    return statistics.mean(times[steps // 2:])

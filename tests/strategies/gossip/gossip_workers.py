@@ -1,0 +1,185 @@
+"""Worker functions of the gossip strategy's multi-process tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import caramel
+from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
+
+
+def _gossip(family: str, opt_kind: str, steps: int, rank: int, spec: str):
+    w = fresh(family)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer(opt_kind, m.parameters())
+    model, opt = caramel.parallelize(m, opt, spec)
+    train(model, opt, sched, w.loss_fn, family, rank, steps)
+    opt.synchronize()
+    return model, opt
+
+
+def reference(family: str, opt_kind: str, steps: int, world: int, spec: str) -> list[list[torch.Tensor]]:
+    """Every worker of a gossip run, simulated in one process: each copy steps on its own batches,
+    then the copies mix with the step's matrix (dpsgd, momentum: after the step, momentum buffers
+    too for momentum; adam: the previous step's parameters, just before the update)."""
+    from caramel.strategies import STRATEGIES
+    from caramel.strategies.gossip.topology import mixing_matrix
+
+    options = STRATEGIES.spec(spec).options
+    w = fresh(family)
+    models = [copy.deepcopy(w.model) for _ in range(world)]
+    opts = [make_optimizer(opt_kind, m.parameters()) for m in models]
+    cta = options.algorithm == "adam"
+
+    def mix(step: int) -> None:
+        W = mixing_matrix(options.topology, world, step)
+        kinds = [[list(m.parameters()) for m in models]]  # per kind: every worker's list of tensors
+        if options.algorithm == "momentum":
+            key = "momentum_buffer" if opt_kind == "sgd_momentum" else "exp_avg"
+            kinds.append([[o.state[p][key] for p in m.parameters()] for m, (o, _) in zip(models, opts)])
+        with torch.no_grad():
+            for per_worker in kinds:
+                for tensors in zip(*per_worker):  # one tensor, on every worker
+                    new = [sum(float(W[i, j]) * tensors[j] for j in range(world) if W[i, j] > 0) for i in range(world)]
+                    for t, v in zip(tensors, new):
+                        t.copy_(v)
+
+    for step in range(steps):
+        for r, m in enumerate(models):
+            x, y = batch(family, step, r)
+            w.loss_fn(m(x), y).backward()
+        if cta and step > 0:
+            mix(step - 1)  # the parameters the gradients were computed at, mixed before the update
+        for o, sch in opts:
+            o.step()
+            sch.step()
+            o.zero_grad()
+        if not cta:
+            mix(step)
+    return [params_of(m) for m in models]
+
+
+def parity_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
+    """Each (family, optimizer, spec): the max abs difference of this worker's parameters from
+    DDP's and from the one-process reference of every worker (`reference`), and how far they moved."""
+    out = {}
+    for family, opt_kind, spec in cases:
+        w = fresh(family)
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+        ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
+        train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+        model, opt = _gossip(family, opt_kind, steps, rank, spec)
+        mine = params_of(model.module)
+        key = (family, opt_kind, spec)
+        out[key + ("ddp",)] = max_diff(params_of(ddp.module), mine)
+        out[key + ("reference",)] = max_diff(reference(family, opt_kind, steps, world, spec)[rank], mine)
+        out[key + ("moved",)] = max_diff(params_of(w.model), mine)
+        out[key + ("bytes",)] = opt.gossip.stats_dict()["bytes_per_peer_per_step"]
+        out[key + ("params",)] = [t.numpy() for t in mine]
+        caramel.shutdown()
+    return out
+
+
+def _average(tensors: list[torch.Tensor], world: int) -> list[torch.Tensor]:
+    for t in tensors:
+        torch.distributed.all_reduce(t)
+        t /= world
+    return tensors
+
+
+def consensus_worker(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:
+    """lr=0 from different parameters on every worker: only mixing moves them. Per spec, the
+    measured consensus distance per step and every worker's final parameters."""
+    out = {}
+    for spec in specs:
+        w = fresh("gpt_tied")
+        opt = torch.optim.SGD(w.model.parameters(), lr=0.0)
+        model, opt = caramel.parallelize(w.model, opt, spec, consensus_every=1)
+        with torch.no_grad():  # after parallelize's broadcast: every worker elsewhere
+            gen = torch.Generator().manual_seed(100 + rank)
+            for p in w.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen))
+        start_mean = _average(params_of(w.model), world)
+        for step in range(steps):
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        out[spec] = {"consensus": opt.gossip.stats_dict()["consensus"],
+                     "mean_drift": max_diff(start_mean, _average(params_of(w.model), world)),
+                     "params": [t.numpy() for t in params_of(w.model)]}
+        caramel.shutdown()
+    return out
+
+
+def personal_worker(rank: int, world: int, steps: int) -> dict:
+    """DePRL: the head (`lm_head` of the tiny transformer, here untied) stays local; every
+    worker's batches differ, so heads diverge while the body mixes."""
+    w = fresh("gpt_tied")
+    opt = torch.optim.SGD(w.model.parameters(), lr=0.05, momentum=0.9)
+    names = [n for n, _ in w.model.named_parameters()]
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=complete,algorithm=momentum",
+                                     personalize=PERSONAL, consensus_every=1)
+    sent = []
+    real_start = opt.gossip.exchange.start
+
+    def spy(nb):
+        real_start(nb)
+        sent.append({id(t) for b in opt.gossip.exchange.buckets for t in b.tensors})
+    opt.gossip.exchange.start = spy
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    local_ids = {id(p) for n, p in w.model.named_parameters() if n.startswith(PERSONAL)}
+    avg = dict(opt.gossip.averaged_module().named_parameters())
+    x, _ = batch("gpt_tied", 0, rank)
+    out = {"average_is_own": all(torch.equal(avg[n], p) for n, p in w.model.named_parameters()),
+           "average_runs": bool(torch.isfinite(opt.gossip.averaged_module()(x)).all()),"names": names, "stats": opt.gossip.stats_dict(),
+           "params": {n: p.detach().numpy().copy() for n, p in w.model.named_parameters()},
+           "local_sent": any(local_ids & s for s in sent)}
+    caramel.shutdown()
+    return out
+
+
+PERSONAL = "blocks.1"
+
+
+def checkpoint_worker(rank: int, world: int, steps: int, at: int, spec: str) -> dict:
+    """Train `steps` steps straight; then train `at` steps, save each worker's state, make a fresh
+    model and optimizer, load it, and train the rest: the parameters must be equal, bit for bit."""
+    def run(stop: int, state=None):
+        w = fresh("gpt_tied")
+        opt, sched = make_optimizer("adamw", w.model.parameters())
+        model, opt = caramel.parallelize(w.model, opt, spec)
+        first = 0
+        if state is not None:
+            opt.gossip.load_worker_state(state["worker"])
+            sched.load_state_dict(state["sched"])
+            first = state["step"]
+        for step in range(first, stop):
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        saved = {"worker": opt.gossip.worker_state(), "sched": sched.state_dict(), "step": stop}
+        return params_of(w.model), saved
+
+    straight, _ = run(steps)
+    caramel.shutdown()
+    _, saved = run(at)
+    caramel.shutdown()
+    resumed, _ = run(steps, copy.deepcopy(saved))
+    caramel.shutdown()
+    return {"diff": max_diff(straight, resumed), "params": [t.numpy() for t in straight]}
+
+
+def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
+    """Everything the 2-worker tests check, in one job (spawning costs more than the checks)."""
+    return {"parity": parity_worker(rank, world, steps, cases), "personal": personal_worker(rank, world, steps),
+            "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam")}

@@ -1,0 +1,82 @@
+"""The gossip strategy on gloo workers: DDP parity where mixing makes it an identity, parity with
+a one-process reference of every worker otherwise, consensus at the rate the topology predicts,
+personalized parameters that never leave their worker, exact resume."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caramel.strategies.gossip.topology import describe
+from caramel.testing import run_workers
+from tests.strategies.gossip.gossip_workers import PERSONAL, consensus_worker, two_worker_suite
+
+pytestmark = pytest.mark.timeout(200)
+STEPS = 4
+CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr m_i, averaged = DDP's step
+         ("gpt_tied", "sgd_momentum", "gossip:algorithm=momentum"),   # 2-worker ring = complete
+         ("gpt_tied", "adamw", "gossip:algorithm=adam"))              # not DDP: local Adam moments
+
+
+@pytest.fixture(scope="module")
+def two():
+    return run_workers(two_worker_suite, 2, args=(STEPS, CASES), timeout_s=180)
+
+
+def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
+    for rank in (0, 1):
+        res = two[rank]["parity"]
+        for case in CASES:
+            assert res[case + ("reference",)] <= 1e-6, (case, res[case + ("reference",)])
+            assert res[case + ("moved",)] > 1e-3, case
+        for case in CASES[:2]:
+            assert res[case + ("ddp",)] <= 1e-5, (case, res[case + ("ddp",)])
+        # local Adam moments differ per worker: not DDP's trajectory, and the test can tell
+        assert res[CASES[2] + ("ddp",)] > 1e-4
+        # momentum sends the momentum buffers as well: twice the bytes
+        assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
+
+
+def test_workers_agree_bit_for_bit_on_the_complete_graph(two):
+    for case in CASES[:2]:
+        a, b = two[0]["parity"][case + ("params",)], two[1]["parity"][case + ("params",)]
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), case
+
+
+def test_personalized_parameters_stay_local_and_differ(two):
+    p0, p1 = two[0]["personal"], two[1]["personal"]
+    assert not p0["local_sent"] and not p1["local_sent"]
+    # the average of a body the complete graph has mixed is that body; a head averages with no one
+    assert p0["average_is_own"] and p1["average_is_own"] and p0["average_runs"]
+    assert p0["stats"]["personalized"] and all(n.startswith(PERSONAL) for n in p0["stats"]["personalized"])
+    for name, value in p0["params"].items():
+        same = np.array_equal(value, p1["params"][name])
+        assert same != name.startswith(PERSONAL), name  # body mixed to one value, heads apart
+    # the body's consensus (complete graph) is exact at every measured step
+    assert max(d for _, d in p0["stats"]["consensus"]) < 1e-12
+
+
+def test_checkpoint_resumes_exactly(two):
+    for rank in (0, 1):
+        assert two[rank]["checkpoint"]["diff"] == 0.0
+    a, b = two[0]["checkpoint"]["params"], two[1]["checkpoint"]["params"]
+    assert any(not np.array_equal(x, y) for x, y in zip(a, b))  # adam: workers really differ
+
+
+def test_consensus_shrinks_at_the_topologys_rate_on_four_workers():
+    """lr=0: only mixing moves the parameters. The ring on 4 workers shrinks the squared
+    distance by rate^2 = 1/9 per step; one-peer exponential averages exactly in its period of 2
+    steps; the workers' average never moves."""
+    specs = ("gossip:topology=ring", "gossip:topology=one_peer_exponential")
+    res = run_workers(consensus_worker, 4, args=(4, specs), timeout_s=180)
+    for spec in specs:
+        d = [v for _, v in res[0][spec]["consensus"]]
+        assert len(d) == 4 and d[0] > 1.0
+        assert all(r[spec]["consensus"] == res[0][spec]["consensus"] for r in res)
+        assert max(r[spec]["mean_drift"] for r in res) < 1e-5
+        if spec.endswith("one_peer_exponential"):
+            assert describe("one_peer_exponential", 4)["rate_per_step_over_period"] < 1e-12
+            assert d[2] < 1e-10 * d[0] and d[3] < 1e-10 * d[0]
+        else:
+            rate = describe(spec.split("=")[1], 4)["rate_per_step"]
+            for a, b in zip(d, d[1:]):
+                assert b / a == pytest.approx(rate ** 2, rel=1e-3)
