@@ -12,7 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from caramel.errors import FormatError, MismatchError
+from caramel.errors import CaramelError, FormatError, MismatchError
+from caramel.plan.compression import check_plan_compression
 from caramel.plan.compute_schedule import ComputeSchedule
 from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
@@ -64,11 +65,19 @@ class Plan:
     # Deferred weight gradients the runtime must run (`caramel.plan.compute_schedule`); None: none.
     # The buckets, order and predicted_step_time_s were made for the profile it produces.
     compute_schedule: ComputeSchedule | None = None
+    # One codec name per bucket (`caramel.plan.compression`); None: every bucket uncompressed.
+    compression: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
         if self.compute_schedule is not None and self.compute_schedule.empty:
             self.compute_schedule = None  # deferring nothing is no schedule (and keeps the fingerprint)
+        if self.compression is not None and all(c == "none" for c in self.compression):
+            self.compression = None  # compressing nothing is no compression (and keeps the fingerprint)
+
+    def codec_of(self, bucket: int) -> str:
+        """The codec name bucket `bucket` is sent with ("none" without compression)."""
+        return "none" if self.compression is None else self.compression[bucket]
 
     def validate(self, source: str = "plan") -> None:
         """Structural checks: ids, chunk counts, every item issued exactly once, no parameter twice."""
@@ -91,6 +100,11 @@ class Plan:
         expected = {(b.id, c) for b in self.buckets for c in range(b.num_chunks)}
         if len(self.order) != len(expected) or set(self.order) != expected:
             raise FormatError(f"{source}: field 'order' must list every (bucket, chunk) exactly once ({len(expected)} items), got {len(self.order)}")
+        if self.compression is not None:
+            try:
+                check_plan_compression(self.compression, len(self.buckets), source)
+            except CaramelError as e:
+                raise FormatError(str(e)) from None
 
     @property
     def fingerprint(self) -> str:
@@ -103,6 +117,8 @@ class Plan:
         }
         if self.compute_schedule is not None:  # only when set, so that plans without one keep their fingerprints
             core["compute_schedule"] = list(self.compute_schedule.modules)
+        if self.compression is not None:  # likewise
+            core["compression"] = list(self.compression)
         return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def num_items(self) -> int:
@@ -125,6 +141,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["order"] = [list(o) for o in self.order]
+        if self.compression is None:
+            del d["compression"]  # plans without compression keep their files as they were
         d["format"] = format_tag(KIND)
         d["fingerprint"] = self.fingerprint
         return d
@@ -146,6 +164,9 @@ class Plan:
             schedule = from_fields(ComputeSchedule, schedule, f"{source}: compute_schedule")
             if schedule.k < 0 or schedule.extra_bytes < 0 or not all(isinstance(n, str) for n in schedule.modules):
                 raise FormatError(f"{source}: compute_schedule must have k >= 0, extra_bytes >= 0 and module names")
+        compression = data.get("compression")
+        if compression is not None and not (isinstance(compression, list) and all(isinstance(c, str) for c in compression)):
+            raise FormatError(f"{source}: field 'compression' must list one codec name per bucket, or be null")
         names = require(data, "param_names", list, source)
         if not all(isinstance(n, str) for n in names):
             raise FormatError(f"{source}: field 'param_names' must list strings")
@@ -160,6 +181,7 @@ class Plan:
             predicted_step_time_s=predicted,
             meta=require_mapping(data, "meta", source),
             compute_schedule=schedule,
+            compression=compression,
         )
         plan.validate(source)
         stored = data.get("fingerprint")

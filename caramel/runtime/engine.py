@@ -36,6 +36,7 @@ from caramel.errors import CaramelError
 from caramel.plan.plan import OVERLAPS, Plan
 from caramel.runtime.apply import apply_buckets, group_subsets, snapshot_hparams
 from caramel.runtime.buckets import FlatBucket
+from caramel.runtime.compression import Compressor
 from caramel.runtime.dispatch import RELEASED, Dispatcher
 from caramel.runtime.hooks import EngineHooks
 from caramel.runtime.stats import EngineStats, plan_summary
@@ -82,7 +83,9 @@ class Engine(EngineHooks):
         self.passthrough = world_size == 1
         self._overlap = overlap
         self._sync_apply = True  # apply at step() (profiling phase, or a plan-less fallback)
-        self._dispatcher = Dispatcher(comm_group, recorder)
+        # codec state (error feedback) per parameter, kept across plans and in checkpoints
+        self.compressor = Compressor(params, names, world_size)
+        self._dispatcher = Dispatcher(comm_group, recorder, self.compressor)
         self._controller: Controller | None = None
         self._on_grad_ready: list[Callable[[int], None]] = []
         self._on_backward_end: list[Callable[[], None]] = []
@@ -238,7 +241,7 @@ class Engine(EngineHooks):
         self.buckets = [FlatBucket(b, [self.params[i] for i in b.params], self.world_size) for b in plan.buckets]
         self.bucket_of = {i: b.id for b in plan.buckets for i in b.params}
         self._map_rows()
-        self._dispatcher.reset(plan.order)
+        self._dispatcher.reset(plan.order, plan.compression)
         self._group_subsets = group_subsets(self.optimizer, self.buckets)
         uses: dict[str, set[int]] = {}
         for name, m in self.module.named_modules():

@@ -17,6 +17,7 @@ from caramel.plan.plan import OVERLAPS
 from caramel.plan.planners import PLANNERS
 from caramel.strategies.planners import planner_names  # noqa: F401 (registers every planner in PLANNERS)
 from caramel.runtime.comm_priority import COMM_PRIORITIES
+from caramel.strategies.caramel.adaptive_compression import check_compression
 from caramel.strategies.caramel.trial import DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS
 
 # arguments every planner gets from the strategy itself, never from the user
@@ -49,8 +50,12 @@ class CaramelOptions:
     # k = 0 included; fifo and fusion defer nothing), "off", or k (forced: the k splittable
     # modules nearest the input, for tests and benchmarks); every planner takes it
     compute_schedule: str | int = "auto"
+    # gradient codec for every bucket (none, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
+    # per bucket, from the measured link and the simulator (`adaptive_compression`)
+    compression: str = "none"
 
     def __post_init__(self) -> None:
+        check_compression(self.compression)
         if self.planner not in PLANNERS:
             from caramel.strategies.options import unknown_name_error
             raise unknown_name_error("planner", self.planner, sorted(PLANNERS))

@@ -1,0 +1,75 @@
+"""Worker functions for the compression and balance tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import caramel
+from caramel.plan.planners import group_by_cap, plan_from_groups, ready_sorted
+from caramel.profile.profiler import profile_model
+from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of
+
+FAMILY = "mlp_unused"  # several buckets, and a parameter no rank uses in some steps
+
+
+def _plan(w, world: int):
+    """Small buckets, the largest in 2 chunks: the codecs see several buckets and chunks."""
+    prof = profile_model(copy.deepcopy(w.model), w.inputs, w.targets, w.loss_fn, steps=1)
+    groups = group_by_cap(ready_sorted(prof), [2048])
+    chunks = [2 if sum(prof.params[p.index].numel for p in g) > 64 else 1 for g in groups]
+    return plan_from_groups("handmade", prof, world, groups, chunks=chunks)
+
+
+def _run(w, plan, compression: str, rank: int, steps: int, start: int = 0, state=None):
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, plan=plan, overlap="forward", compression=compression)
+    if state is not None:
+        model.module.load_state_dict(state[0])
+        opt.load_state_dict(state[1])
+    for step in range(start, start + steps):
+        x, y = batch(FAMILY, step, rank)
+        loss = w.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    return model, opt
+
+
+def compression_worker(rank: int, world: int, steps: int) -> dict:
+    torch.set_num_threads(1)
+    w = fresh(FAMILY)
+    plan = _plan(w, world)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    for step in range(steps):
+        x, y = batch(FAMILY, step, rank)
+        w.loss_fn(ddp(x), y).backward()
+        ropt.step()
+        ropt.zero_grad()
+    del rsched
+    ref = params_of(ddp.module)
+    out = {"buckets": len(plan.buckets), "items": len(plan.order)}
+    for codec in ("fp16", "bf16", "topk:0.3", "powersgd:2"):
+        model, opt = _run(w, plan, codec, rank, steps)
+        mine = params_of(model.module)
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+        out[(codec, "vs_ddp")] = max_diff(ref, mine)
+        out[(codec, "across_ranks")] = max(max_diff(gathered[0], g) for g in gathered)
+        out[(codec, "state_keys")] = sorted(opt.state_dict().get("caramel_compression", {}))
+    # a checkpoint resumes exactly: error feedback travels in the optimizer's state_dict
+    half = steps // 2
+    model, opt = _run(w, plan, "topk:0.3", rank, half)
+    state = (copy.deepcopy(model.module.state_dict()), copy.deepcopy(opt.state_dict()))
+    whole = params_of(_run(w, plan, "topk:0.3", rank, steps)[0].module)
+    resumed = params_of(_run(w, plan, "topk:0.3", rank, steps - half, start=half, state=state)[0].module)
+    out["resume"] = max_diff(whole, resumed)
+    # and without the state, it would not (the test can fail)
+    cold = params_of(_run(w, plan, "topk:0.3", rank, steps - half, start=half,
+                          state=(state[0], {k: v for k, v in state[1].items() if k != "caramel_compression"}))[0].module)
+    out["resume_without_state"] = max_diff(whole, cold)
+    return out
+
