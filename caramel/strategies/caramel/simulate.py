@@ -2,11 +2,14 @@
 
 With `overlap="auto"` the runtime times the planner's forward and backward plans and keeps the
 faster; the simulator predicts both and reports the faster, the same choice made on predictions.
+The plan carries the codecs the `compression` option picks (`adaptive_compression`), so their
+wire bytes and compute are in the prediction.
 """
 from __future__ import annotations
 
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.simulate import SimResult, simulate
+from caramel.strategies.caramel.adaptive_compression import compress_plan
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES
 from caramel.strategies.planners import make_plan
@@ -19,5 +22,6 @@ def simulate_caramel(profile: ModelProfile, cluster: ClusterSpec, options: Caram
     results = []
     for mode in modes:
         plan = make_plan(options.planner, profile, cluster, overlap=mode, **options.planner_options())
+        plan = compress_plan(plan, options.compression, profile, cluster, mode)
         results.append(simulate(profile, cluster, plan, overlap=mode, iterations=iterations))
     return min(results, key=lambda r: r.step_time_s)
