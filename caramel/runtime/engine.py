@@ -85,6 +85,7 @@ class Engine(EngineHooks):
         self._sync_apply = True  # apply at step() (profiling phase, or a plan-less fallback)
         # codec state (error feedback) per parameter, kept across plans and in checkpoints
         self.compressor = Compressor(params, names, world_size)
+        self.grad_scale: float | None = None  # this rank's gradient weight; None: 1 / world size
         self._dispatcher = Dispatcher(comm_group, recorder, self.compressor)
         self._controller: Controller | None = None
         self._on_grad_ready: list[Callable[[int], None]] = []
@@ -155,6 +156,14 @@ class Engine(EngineHooks):
         update to `step()` whatever the mode (profiling, or module uses not yet known)."""
         assert overlap in OVERLAPS
         self._overlap, self._sync_apply = overlap, sync_apply
+
+    def set_grad_scale(self, scale: float | None) -> None:
+        """Weight this rank's gradients by `scale` in the sum the ranks reduce (None: 1 / world
+        size, the mean over equal batches). Unequal batches: local batch / global batch, so the
+        sum is the global batch's mean gradient. Takes effect with the next bucket sealed."""
+        self.grad_scale = scale
+        for fb in self.buckets:
+            fb.scale = 1.0 / self.world_size if scale is None else scale
 
     def start_measuring(self) -> None:
         """Time the gradient collectives (for `measured_bandwidth_bps`) until `stop_measuring`."""
@@ -239,6 +248,9 @@ class Engine(EngineHooks):
         self.plan = plan
         self.recorder.instant("wait", "sync", f"plan:{plan.fingerprint}")
         self.buckets = [FlatBucket(b, [self.params[i] for i in b.params], self.world_size) for b in plan.buckets]
+        if self.grad_scale is not None:
+            for fb in self.buckets:
+                fb.scale = self.grad_scale
         self.bucket_of = {i: b.id for b in plan.buckets for i in b.params}
         self._map_rows()
         self._dispatcher.reset(plan.order, plan.compression)

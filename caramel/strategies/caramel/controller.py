@@ -46,6 +46,7 @@ class Controller:
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
         self.profile_steps = profile_steps
         self.compression = compression
+        self.balancer = None  # a `balance.Balancer` with balance="batch" (set by parallelize)
         # auto compression follows the link: the bandwidth checks of replan="auto" run with it
         self.checks = PeriodicCheck(engine, group, rank, world, check_every, "auto" if compression == "auto" else replan)
         self.handover = Handover(engine, model, group, comm_priority or CommPriority("normal"), broadcast_buffers,
@@ -100,7 +101,8 @@ class Controller:
             return [(f"{self.planner}/{self.engine.overlap}", self.planner, self.engine.overlap)]
         specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
         # torch DDP runs its buckets uncompressed: no candidate when every bucket must be compressed
-        if self.planner != "fifo" and self.compression in ("none", "auto"):
+        # nor with unequal shares: DDP averages with equal weights
+        if self.planner != "fifo" and self.compression in ("none", "auto") and self.balancer is None:
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 
@@ -216,6 +218,8 @@ class Controller:
 
     # -- after every step
     def on_step_end(self) -> None:
+        if self.balancer is not None:
+            self.balancer.step_end()
         if self.uses_pending and self.use_tracker is not None and self.use_tracker._mode is None:
             uses: dict[str, list[int]] = {}
             for idx, mods in self.use_tracker.use_modules.items():

@@ -53,9 +53,15 @@ class CaramelOptions:
     # gradient codec for every bucket (none, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
     # per bucket, from the measured link and the simulator (`adaptive_compression`)
     compression: str = "none"
+    # "batch": per-rank shares of the global batch follow measured speed (`balance`), decided
+    # every `balance_every` steps (0: never; the shares the sampler starts with stay)
+    balance: str = field(default="off", metadata={"choices": ("off", "batch")})
+    balance_every: int = 10
 
     def __post_init__(self) -> None:
         check_compression(self.compression)
+        if self.balance_every < 0:
+            raise CaramelError(f"balance_every must be a whole number of steps >= 0, got {self.balance_every!r}")
         if self.planner not in PLANNERS:
             from caramel.strategies.options import unknown_name_error
             raise unknown_name_error("planner", self.planner, sorted(PLANNERS))

@@ -73,3 +73,77 @@ def compression_worker(rank: int, world: int, steps: int) -> dict:
     out["resume_without_state"] = max_diff(whole, cold)
     return out
 
+
+
+def _toy(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(96, 8, generator=g), torch.randn(96, 4, generator=g)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return model, x, y
+
+
+class _Slow(torch.nn.Module):
+    """The toy model, `delay_s` slower per sample (an emulated slow worker)."""
+
+    def __init__(self, inner: torch.nn.Module, delay_s: float):
+        super().__init__()
+        self.inner, self.delay_s = inner, delay_s
+
+    def forward(self, x):
+        import time
+        time.sleep(self.delay_s * x.shape[0])
+        return self.inner(x)
+
+
+def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict:
+    """Unequal, changing shares against single-process training on the union batch; then a
+    slowed rank 1 and the shares the balancer measures for it."""
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+    from caramel.strategies.caramel.balance import balanced_sampler
+    torch.set_num_threads(1)
+    out = {}
+    # 1. forced shares: [2, 6], then [5, 3] from the first undrawn batch (4: batch 3 is drawn as i == 3)
+    model, x, y = _toy()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = caramel.parallelize(model, opt, overlap="forward", balance="batch", balance_every=0)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=3, counts=[2, 6][:world] if world == 2 else None)
+    seen = []
+    for i, idx in enumerate(sampler):
+        if i == 3:
+            sampler.schedule.change([5, 3], sampler.schedule.drawn)
+        if i == steps:
+            break
+        seen.append(len(idx))
+        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    whole = ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)
+    for i, idx in zip(range(steps), whole):
+        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
+        ropt.step()
+        ropt.zero_grad()
+    out["union"] = max_diff(params_of(ref), params_of(model.module))
+    out["sizes"] = seen
+    # 2. rank 1 slowed 2 ms per sample: the balancer moves samples to rank 0
+    inner, x, y = _toy()
+    slow = _Slow(inner, 0.002 if rank == 1 else 0.0)
+    opt = torch.optim.SGD(slow.parameters(), lr=0.05)
+    model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=4)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
+    drawn = []
+    for epoch in range(2):
+        for idx in sampler:
+            drawn.append(idx)
+            torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+    opt.synchronize()
+    out["counts"] = sampler.schedule.current
+    out["changes"] = len(opt.engine.controller.balancer.changes)
+    out["drawn"] = drawn
+    return out
