@@ -23,10 +23,11 @@ from caramel.errors import CaramelError
 
 CODECS = ("none", "fp16", "bf16", "topk", "powersgd")
 LOSSY = ("topk", "powersgd")  # with error feedback
-# Codec compute, seconds per byte of fp32 gradient, on one CPU core (measured on the bench's
-# models with `caramel.runtime.compression.time_codec`; a GPU is far faster). Encode runs in
-# backward on the compute thread, decode before the update.
-DEFAULT_CODEC_S_PER_BYTE = {"none": 0.0, "fp16": 0.25e-9, "bf16": 0.25e-9, "topk": 4e-9, "powersgd": 1.5e-9}
+# Codec compute, seconds per byte of fp32 gradient, encode plus decode on one CPU core, as
+# `caramel.runtime.compression.time_codec(codec, 2**20)` measured it on the project's 2-core
+# host (fp16 0.21e-9, bf16 0.05-0.1e-9, topk:0.01 4.1e-9, powersgd:4 3.8e-9; a GPU is far faster).
+# Encode runs in backward on the compute thread, decode before the update.
+DEFAULT_CODEC_S_PER_BYTE = {"none": 0.0, "fp16": 0.2e-9, "bf16": 0.1e-9, "topk": 4e-9, "powersgd": 4e-9}
 
 
 @dataclass(frozen=True)
