@@ -38,7 +38,7 @@ def _run(w, plan, compression: str, rank: int, steps: int, start: int = 0, state
     return model, opt
 
 
-def compression_worker(rank: int, world: int, steps: int) -> dict:
+def compression_worker(rank: int, world: int, steps: int, online_steps: int = 14) -> dict:
     torch.set_num_threads(1)
     w = fresh(FAMILY)
     plan = _plan(w, world)
@@ -60,6 +60,25 @@ def compression_worker(rank: int, world: int, steps: int) -> dict:
         out[(codec, "vs_ddp")] = max_diff(ref, mine)
         out[(codec, "across_ranks")] = max(max_diff(gathered[0], g) for g in gathered)
         out[(codec, "state_keys")] = sorted(opt.state_dict().get("caramel_compression", {}))
+    # online profiling, planning and the overlap trial with a codec: fp16 everywhere, or auto
+    # (loopback is fast: whatever it picks, the result stays within fp16's rounding of DDP)
+    for codec in ("fp16", "auto"):
+        m = copy.deepcopy(w.model)
+        opt, _ = make_optimizer("sgd_momentum", m.parameters())
+        model, opt = caramel.parallelize(m, opt, compression=codec, trial_steps=2, trial_passes=1)
+        ddp2 = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
+        ropt2, _ = make_optimizer("sgd_momentum", ddp2.parameters())
+        for step in range(online_steps):
+            x, y = batch(FAMILY, step, rank)
+            for mod, o in ((model, opt), (ddp2, ropt2)):
+                w.loss_fn(mod(x), y).backward()
+                o.step()
+                o.zero_grad()
+        opt.synchronize()
+        engine = opt.engine
+        out[(codec, "online_vs_ddp")] = max_diff(params_of(ddp2.module), params_of(model.module))
+        out[(codec, "online_codecs")] = engine.plan.compression
+        out[(codec, "online_trial")] = sorted((engine.stats.extra.get("overlap_trial") or {}).get("step_period_s", {}))
     # a checkpoint resumes exactly: error feedback travels in the optimizer's state_dict
     half = steps // 2
     model, opt = _run(w, plan, "topk:0.3", rank, half)

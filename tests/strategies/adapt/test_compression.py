@@ -135,5 +135,10 @@ def test_codecs_on_two_ranks_against_ddp_and_a_resumed_checkpoint():
         # the lossy codecs really compress (they differ from DDP) and keep error feedback
         for codec in ("topk:0.3", "powersgd:2"):
             assert res[(codec, "vs_ddp")] > 1e-4 and res[(codec, "state_keys")] == ["q", "residual"], (codec, res)
+        # without a plan: online profiling, planning and the overlap trial, with fp16 or auto
+        assert res[("fp16", "online_vs_ddp")] <= 1e-3 and res[("auto", "online_vs_ddp")] <= 1e-3, res
+        assert res[("fp16", "online_codecs")] == ["fp16"] * len(res[("fp16", "online_codecs")]), res
+        assert "fifo/backward" not in res[("fp16", "online_trial")], res  # torch DDP would send uncompressed
+        assert res[("auto", "online_codecs")] is None or set(res[("auto", "online_codecs")]) <= {"fp16", "none"}, res
         assert res["resume"] == 0.0, res
         assert res["resume_without_state"] > 1e-4, res
