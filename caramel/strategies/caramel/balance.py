@@ -16,6 +16,7 @@ the union of the ranks' batches. Use the sampler `balanced_sampler` returns, one
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch.nn as nn
 
 from caramel.data.share_sampler import ShareSampler, ShareSchedule, counts_from_rates
 from caramel.errors import CaramelError
+from caramel.topology.spec import ClusterSpec
 
 WINDOW_STEPS = 10  # per-sample compute times kept (the median of them is the estimate)
 MIN_GAIN = 0.05  # new counts must be predicted to shorten the step by more than 5%
@@ -101,3 +103,11 @@ def balanced_sampler(optimizer: torch.optim.Optimizer, dataset_len: int, global_
     schedule = ShareSchedule(global_batch, balancer.world, counts)
     balancer.attach(schedule)
     return ShareSampler(dataset_len, schedule, balancer.rank, seed)
+
+
+def balanced_cluster(cluster: ClusterSpec) -> ClusterSpec:
+    """What `balance="batch"` makes of uneven workers, for the simulator: shares proportional to
+    speed give every worker the compute of global batch / total speed, so each runs the profile's
+    step at the mean speed (the bytes reduced do not change; whole-sample rounding is ignored)."""
+    mean = sum(w.speed for w in cluster.workers) / cluster.world_size
+    return dataclasses.replace(cluster, workers=[dataclasses.replace(w, speed=mean) for w in cluster.workers])

@@ -60,3 +60,16 @@ def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
     drawn = [i for res in results for b in res["drawn"] for i in b]
     per_epoch = 96 // 8 * 8
     assert len(drawn) == 2 * per_epoch and all(drawn.count(i) == 2 for i in set(drawn))  # each sample once per epoch
+
+
+def test_the_simulator_predicts_balanced_shares_on_uneven_workers():
+    from caramel.strategies.caramel.simulate import simulate_caramel
+    from caramel.topology.spec import ClusterSpec, WorkerSpec
+    from tests.sim.helpers import two_layer_profile
+    prof = two_layer_profile()
+    uneven = ClusterSpec([WorkerSpec("fast", 1.0), WorkerSpec("slow", 0.5)], bandwidth_bps=1e9, latency_s=1e-6)
+    equal = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward"}))
+    balanced = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward", "balance": "batch"}))
+    # compute 3.2 s at speed 1: 6.4 s on the slow worker with equal shares, 3.2 / 0.75 balanced
+    assert equal.step_time_s == pytest.approx(6.4, rel=0.02)
+    assert balanced.step_time_s == pytest.approx(3.2 / 0.75, rel=0.02)
