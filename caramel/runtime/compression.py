@@ -127,7 +127,7 @@ class Compressor:
 
     def _powersgd(self, comm: Any, fb: FlatBucket, spec: CodecSpec) -> _Decoded:
         r = spec.rank
-        res = self._bucket_residual(fb)
+        self._bucket_residual(fb)  # every residual of the bucket a view of one buffer, filled from the last plan's
         mats, dense_views = [], []
         for j, p in enumerate(fb.params):
             view = fb.views[j]
@@ -173,7 +173,6 @@ class Compressor:
                 self.residual[idx].view_as(m).copy_(local - approx)
                 m.copy_(approx)
                 self.q[idx] = q_sum.clone()
-        del res  # built above so every residual of the bucket is a view of one buffer
         return _Decoded([work], decode, early=False)
 
     # ------------------------------------------------------------ checkpoints
