@@ -10,6 +10,7 @@ from caramel.errors import CaramelError
 from caramel.models import get_model
 from caramel.plan.compute_schedule import (deferrable_modules, deferred_profile, max_k, memory_cap_bytes, schedule_for,
                                            undeferred_peak_bytes)
+from caramel.profile.branches import find_branches
 from caramel.profile.profiler import profile_model
 from caramel.units import format_bytes
 
@@ -59,6 +60,13 @@ def run(args: argparse.Namespace) -> int:
           + f", {format_bytes(schedule.extra_bytes)} extra memory (cap {format_bytes(memory_cap_bytes(prof))}: 10% of "
           f"an estimated peak of {format_bytes(undeferred_peak_bytes(prof))})")
     print(print_windows(prof, deferred, args.top))
+    # the blocks `branch_order="auto"` may reorder, kept in the profile for `caramel plan`/`simulate`
+    branches = find_branches(w.model)
+    prof.meta.update(branches=[b.to_dict() for b in branches.blocks], branches_reason=branches.reason)
+    print(f"\nindependent branches: {branches.reason}" if branches.reason else
+          f"\nindependent branches: {len(branches.blocks)} blocks, {len(branches.reorderable())} reorderable"
+          + "".join(f"\n  block {i}: {len(b.branches)} branches ({', '.join(br[0] for br in b.branches)})"
+                    + (f", fixed: {b.fixed}" if b.fixed else "") for i, b in enumerate(branches.blocks[:8])))
     if args.json:
         prof.save(args.json)
         print(f"\nwrote {args.json}")

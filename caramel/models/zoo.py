@@ -209,6 +209,42 @@ def big_fc(batch_size: int = 16, seed: int = 0, hidden: int = 4096) -> ModelBatc
     return ModelBatch("big_fc", model, x, y, F.cross_entropy)
 
 
+# --- Branchy models --------------------------------------------------------------------------
+
+class TwoTower(nn.Module):
+    """Two independent towers over the same tokens, then a head: a wide tower (one large
+    embedding: many bytes, little compute) and a deep tower (1-d convolutions over a small
+    embedding: the opposite). Forward may run the towers in either order
+    (`caramel.profile.branches`); which runs first decides which gradients are ready first."""
+
+    def __init__(self, vocab: int = 62500, dim: int = 64, channels: int = 128, small_vocab: int = 256,
+                 classes: int = 10):
+        super().__init__()
+        self.small_vocab = small_vocab
+        self.wide_emb = nn.Embedding(vocab, dim)
+        self.wide_proj = nn.Linear(dim, channels)
+        self.deep_emb = nn.Embedding(small_vocab, dim)
+        self.deep = nn.Sequential(nn.Conv1d(dim, channels, 5, padding=2), nn.ReLU(),
+                                  nn.Conv1d(channels, channels, 5, padding=2), nn.ReLU(),
+                                  nn.Conv1d(channels, channels, 5, padding=2), nn.ReLU())
+        self.head = nn.Linear(2 * channels, classes)
+
+    def forward(self, idx):
+        wide = torch.relu(self.wide_proj(self.wide_emb(idx).mean(1)))
+        deep = self.deep(self.deep_emb(torch.remainder(idx, self.small_vocab)).transpose(1, 2)).mean(2)
+        return self.head(torch.cat([wide, deep], 1))
+
+
+@register("two_tower")
+def two_tower(batch_size: int = 32, seed: int = 0, vocab: int = 62500, seq: int = 64, channels: int = 128) -> ModelBatch:
+    """`vocab` x 64 embedding (62500: 4M parameters, 16 MB) beside a 3-layer conv tower over `seq` tokens."""
+    torch.manual_seed(seed)
+    model = TwoTower(vocab=vocab, channels=channels)
+    g = torch.Generator().manual_seed(seed + 1)
+    x, y = torch.randint(0, vocab, (batch_size, seq), generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+    return ModelBatch("two_tower", model, x, y, F.cross_entropy)
+
+
 # --- Transformers ---------------------------------------------------------------------------
 
 class Block(nn.Module):

@@ -67,6 +67,9 @@ class Plan:
     compute_schedule: ComputeSchedule | None = None
     # One codec name per bucket (`caramel.plan.compression`); None: every bucket uncompressed.
     compression: list[str] | None = None
+    # The forward order of the profiled modules the plan was made for, when the planner runs
+    # independent branches in another order (`caramel.plan.branch_order`); None: the model's own.
+    module_order: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
@@ -119,6 +122,8 @@ class Plan:
             core["compute_schedule"] = list(self.compute_schedule.modules)
         if self.compression is not None:  # likewise
             core["compression"] = list(self.compression)
+        if self.module_order is not None:  # likewise: plans without one keep their fingerprints
+            core["module_order"] = list(self.module_order)
         return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def num_items(self) -> int:
@@ -167,6 +172,9 @@ class Plan:
         compression = data.get("compression")
         if compression is not None and not (isinstance(compression, list) and all(isinstance(c, str) for c in compression)):
             raise FormatError(f"{source}: field 'compression' must list one codec name per bucket, or be null")
+        module_order = data.get("module_order")  # absent from older plans: the model's own order
+        if module_order is not None and not (isinstance(module_order, list) and all(isinstance(n, str) for n in module_order)):
+            raise FormatError(f"{source}: field 'module_order' must list module names, or be null")
         names = require(data, "param_names", list, source)
         if not all(isinstance(n, str) for n in names):
             raise FormatError(f"{source}: field 'param_names' must list strings")
@@ -182,6 +190,7 @@ class Plan:
             meta=require_mapping(data, "meta", source),
             compute_schedule=schedule,
             compression=compression,
+            module_order=module_order,
         )
         plan.validate(source)
         stored = data.get("fingerprint")

@@ -35,6 +35,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.plan.plan import OVERLAPS, Plan
 from caramel.runtime.apply import apply_buckets, group_subsets, snapshot_hparams
+from caramel.runtime.branch_forward import BranchForward
 from caramel.runtime.buckets import FlatBucket
 from caramel.runtime.compression import Compressor
 from caramel.runtime.dispatch import RELEASED, Dispatcher
@@ -111,6 +112,7 @@ class Engine(EngineHooks):
         self._rows_of_bucket: dict[int, list[RowExchange]] = {}
         self._split = None  # SplitBackward of the plan's compute schedule (hooks.set_compute_schedule)
         self._split_names: list = []
+        self.branch_forward = BranchForward(module)  # the plan's branch order (traced on first use)
         if not self.passthrough:
             self._install_grad_hooks()
 
@@ -263,7 +265,9 @@ class Engine(EngineHooks):
                     uses.setdefault(name, set()).add(idx)
         for name, idxs in (module_uses or {}).items():
             uses.setdefault(name, set()).update(idxs)
-        self._module_pos = {name: k for k, name in enumerate(module_order or [])}
+        # a plan with its own module order runs the model's branches in it (`branch_forward`)
+        self.branch_forward.apply(plan.module_order)
+        self._module_pos = {name: k for k, name in enumerate(plan.module_order or module_order or [])}
         self._order_changed = False
         self._module_buckets = {}
         for name, idxs in uses.items():
@@ -460,6 +464,7 @@ class Engine(EngineHooks):
 
     def remove_hooks(self) -> None:
         self.set_compute_schedule([])
+        self.branch_forward.restore()
         for h in self._hook_handles + self._grad_handles:
             h.remove()
         for ex in self.row_exchanges:

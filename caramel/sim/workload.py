@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from caramel.errors import MismatchError
+from caramel.plan.branch_order import reordered_profile
 from caramel.plan.compute_schedule import profile_for_plan
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile, ParamInfo
@@ -125,6 +126,8 @@ def build_workload(profile: ModelProfile, plan: Plan) -> Workload:
     profile as the plan's compute schedule changes it (deferred weight gradients), if it has one."""
     check_plan_matches(profile, plan)
     plan.validate("plan")
+    if plan.module_order is not None:
+        profile = reordered_profile(profile, plan.module_order)
     profile = profile_for_plan(profile, plan.compute_schedule)
     ready = param_ready_s(profile)
     need = param_need_s(profile)

@@ -92,6 +92,26 @@ def case_frozen(rank, world):
     return _diff(cm.module, ddp.module)
 
 
+def case_frozen_with_deferred_weight_gradients(rank, world):
+    """A frozen first layer is not split; the two layers after it defer their weight gradients."""
+    torch.manual_seed(0)
+    m = SmallCNN()
+    m.conv1.weight.requires_grad_(False)
+    cm, copt, ddp, ropt = _pair(m, _sgd, compute_schedule=2)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step * 13 + rank)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        for mod, o in ((cm, copt), (ddp, ropt)):
+            F.cross_entropy(mod(x), y).backward()
+            o.step()
+            o.zero_grad()
+    copt.synchronize()
+    schedule = copt.engine.plan.compute_schedule
+    if schedule is None or len(schedule.modules) != 2 or "conv1" in schedule.modules:
+        return f"expected two deferred layers after the frozen conv1, got {schedule and schedule.modules}"
+    return _diff(cm.module, ddp.module)
+
+
 def case_unused_some_steps(rank, world):
     torch.manual_seed(0)
     cm, copt, ddp, ropt = _pair(BranchyMLP(d_in=16, classes=4), _adamw, find_unused=True)

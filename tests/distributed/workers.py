@@ -434,17 +434,21 @@ def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: s
             "buffers_equal": all(torch.equal(a, b) for a, b in zip(ddp.module.buffers(), model.module.buffers()))}
 
 
-def compute_schedule_worker(rank: int, world: int, steps: int, schedules: tuple, overlaps: tuple) -> dict:
+def compute_schedule_worker(rank: int, world: int, steps: int, schedules: tuple, overlaps: tuple,
+                            dtype: torch.dtype = torch.float32) -> dict:
     """Deferred weight gradients forced on (k layers, or "all" the model has), every family and
-    optimizer, with no_sync accumulation and clipping in some steps, against DDP."""
+    optimizer, with no_sync accumulation and clipping in some steps, against DDP, in `dtype`."""
     out = {}
     for family in FAMILIES:
         for opt_kind in OPTIMIZERS:
             w = fresh(family)
+            w.model.to(dtype)
+            w.inputs = _as(w.inputs, dtype)
             ref_model = copy.deepcopy(w.model)
             ddp = torch.nn.parallel.DistributedDataParallel(ref_model, find_unused_parameters=(family == "mlp_unused"))
             ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
-            _train_messy(ddp, ropt, rsched, w.loss_fn, family, rank, steps, clip=torch.nn.utils.clip_grad_norm_)
+            _train_messy(ddp, ropt, rsched, w.loss_fn, family, rank, steps, clip=torch.nn.utils.clip_grad_norm_,
+                         dtype=dtype)
             ref = params_of(ddp.module)
             for k in schedules:
                 for overlap in overlaps:
@@ -453,7 +457,7 @@ def compute_schedule_worker(rank: int, world: int, steps: int, schedules: tuple,
                     kk = _all_deferrable(m, w) if k == "all" else k
                     model, opt = caramel.parallelize(m, opt, overlap=overlap, compute_schedule=kk)
                     _train_messy(model, opt, sched, w.loss_fn, family, rank, steps,
-                                 clip=lambda ps, n, o=opt: caramel.clip_grad_norm_(o, n))
+                                 clip=lambda ps, n, o=opt: caramel.clip_grad_norm_(o, n), dtype=dtype)
                     opt.synchronize()
                     out[(family, opt_kind, k, overlap)] = max_diff(ref, params_of(model.module))
                     schedule = opt.engine.plan.compute_schedule
@@ -480,14 +484,20 @@ def _all_deferrable(model: nn.Module, w) -> int:
     return sum(1 for m in prof.modules if m.splittable)
 
 
-def _train_messy(model, opt, sched, loss_fn, family, rank, steps, clip):
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def _train_messy(model, opt, sched, loss_fn, family, rank, steps, clip, dtype=torch.float32):
     """Like `train`, with two micro-batches accumulated under no_sync every third step and the
     global norm clipped every fourth."""
     for step in range(steps):
         x, y = batch(family, step, rank)
+        x = _as(x, dtype)
         if step % 3 == 2:
             with model.no_sync():
                 x2, y2 = batch(family, step + 100, rank)
+                x2 = _as(x2, dtype)
                 loss_fn(model(x2), y2).backward()
         loss_fn(model(x), y).backward()
         if step % 4 == 3:

@@ -53,6 +53,21 @@ def test_auto_respects_the_memory_cap():
     assert decision["k_max"] == 1 and decision["chosen"] <= 1
 
 
+def test_defer_memory_fraction_moves_the_cap():
+    prof = with_split_backward(first_layer_heavy(), weight_share=0.5, activation_bytes=400 * 1024)
+    cluster = ClusterSpec.uniform(4, 1e9, 50e-6)
+    tight = make_plan("caramel", prof, cluster, input_spread=0, defer_memory_fraction=0)
+    loose = make_plan("caramel", prof, cluster, input_spread=0, defer_memory_fraction=1.0)
+    assert tight.options["compute_schedule"]["k_max"] == 0 and tight.compute_schedule is None
+    assert loose.options["compute_schedule"]["k_max"] == 8
+    assert tight.options["compute_schedule"]["memory_cap_bytes"] == 0
+    opts = build_options(CaramelOptions, parse_spec("caramel:defer_memory_fraction=0.5")[1])
+    assert opts.planner_options() == {"defer_memory_fraction": 0.5}
+    for bad in (-0.1, "lots"):
+        with pytest.raises(CaramelError, match="defer_memory_fraction"):
+            build_options(CaramelOptions, {"defer_memory_fraction": bad})
+
+
 def test_a_profile_without_split_timings_plans_as_before():
     prof = synthetic_profile(sizes_bytes=[4 * MB] + [MB // 4] * 7, times_s=[1] * 8)
     cluster = ClusterSpec.uniform(4, 1e9, 50e-6)

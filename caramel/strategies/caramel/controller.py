@@ -9,6 +9,7 @@ at the same step on every rank, from numbers every rank holds alike.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -142,6 +143,9 @@ class Controller:
         if profile.fingerprint() != self.fingerprint:
             raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
                                 f"(profile has {len(profile.params)} parameters, model has {len(self.params)})")
+        if self.planner_options.get("branch_order") == "auto" and "branches" not in profile.meta and self.rank == 0:
+            # the blocks the planner may reorder (a copy: a profile the user passed stays as it was)
+            profile = dataclasses.replace(profile, meta={**profile.meta, **self.engine.branch_forward.describe()})
         self.profile = profile
         self.module_uses = module_uses(profile)
         data = [None]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from caramel.errors import CaramelError
+from caramel.plan.branch_order import BRANCH_ORDER_MODES, check_branch_order
 from caramel.plan.compute_schedule import check_compute_schedule
 from caramel.plan.plan import OVERLAPS
 from caramel.plan.planners import PLANNERS
@@ -50,6 +51,12 @@ class CaramelOptions:
     # k = 0 included; fifo and fusion defer nothing), "off", or k (forced: the k splittable
     # modules nearest the input, for tests and benchmarks); every planner takes it
     compute_schedule: str | int = "auto"
+    # the cap on what "auto" may defer: extra bytes kept alive, as a share of the undeferred peak
+    # (None: 0.1); caramel planner only
+    defer_memory_fraction: float | None = None
+    # independent branches (`caramel.plan.branch_order`): "auto" lets the caramel planner run them
+    # in the order their updates arrive when simulation says that is faster; "off" keeps the model's
+    branch_order: str = field(default="off", metadata={"choices": BRANCH_ORDER_MODES})
     # gradient codec for every bucket (none, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
     # per bucket, from the measured link and the simulator (`adaptive_compression`)
     compression: str = "none"
@@ -76,6 +83,11 @@ class CaramelOptions:
         if self.check_every < 0:
             raise CaramelError(f"check_every must be a whole number of steps >= 0, got {self.check_every!r}")
         check_compute_schedule(self.compute_schedule)
+        f = self.defer_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 0):
+            raise CaramelError(f"defer_memory_fraction must be a number >= 0 (extra bytes deferred weight gradients "
+                               f"may keep alive, as a share of the undeferred peak), got {f!r}")
+        check_branch_order(self.branch_order)
         takes = planner_knobs(self.planner)
         for name, value in self.planner_options().items():
             if name not in takes:
@@ -88,11 +100,13 @@ class CaramelOptions:
         not "auto", every planner's default)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name in PLANNER_KNOBS and getattr(self, f.name) is not None
-                and not (f.name == "compute_schedule" and self.compute_schedule == "auto")}
+                and not (f.name == "compute_schedule" and self.compute_schedule == "auto")
+                and not (f.name == "branch_order" and self.branch_order == "off")}
 
 
 PLANNER_KNOBS = ("bucket_cap_mb", "first_bucket_mb", "fusion_threshold_mb", "cycle_time_ms", "comm_model",
-                 "input_spread", "contention_spread", "collective_cpu_s", "compute_schedule")
+                 "input_spread", "contention_spread", "collective_cpu_s", "compute_schedule",
+                 "defer_memory_fraction", "branch_order")
 
 
 def planner_knobs(planner: str) -> set[str]:

@@ -39,10 +39,13 @@ from typing import Any
 
 from caramel.topology.spec import ClusterSpec, WorkerSpec
 from caramel.errors import CaramelError
-from caramel.plan.compute_schedule import (ComputeSchedule, candidate_ks, check_compute_schedule, deferred_profile,
-                                           max_k, memory_cap_bytes, schedule_for)
+from caramel.plan.branch_order import check_branch_order
+from caramel.plan.compute_schedule import (DEFAULT_MEMORY_FRACTION, ComputeSchedule, candidate_ks,
+                                           check_compute_schedule, deferred_profile, max_k, memory_cap_bytes,
+                                           schedule_for)
 from caramel.plan.plan import Bucket, Plan
 from caramel.plan.planners import MB, PLANNERS, group_by_cap, plan_from_groups, ready_sorted, register_planner
+from caramel.strategies.caramel.branch_choice import choose_branch_order
 from caramel.strategies.caramel.spread import (DEFAULT_CONTENTION_SPREAD, DEFAULT_INPUT_SPREAD, Scenario, check_contention_spread,
                                  check_input_spread, spread_scenarios, spread_step_time_s)
 from caramel.profile.model_profile import ModelProfile, ParamInfo
@@ -91,7 +94,9 @@ class Candidate:
 def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, world_size: int | None = None,
                  overlap: str = "forward", comm_model: str = "message",
                  input_spread: float = DEFAULT_INPUT_SPREAD, contention_spread: float = DEFAULT_CONTENTION_SPREAD,
-                 collective_cpu_s: float | None = None, compute_schedule: str | int = "auto", **unused: Any) -> Plan:
+                 collective_cpu_s: float | None = None, compute_schedule: str | int = "auto",
+                 branch_order: str = "off", defer_memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+                 **unused: Any) -> Plan:
     """Simulate candidate bucket caps, chunk sizes and issue orders; return the fastest plan over
     the input spread, each point also with compute `1 + contention_spread` times slower beside a
     collective (`input_spread=0`: the fastest on the inputs exactly). `collective_cpu_s`, when
@@ -99,8 +104,13 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
 
     `compute_schedule` (`caramel.plan.compute_schedule`): "auto" also chooses how many of the
     splittable modules nearest the input defer their weight gradients (k = 0 included; only
-    within the memory cap), "off" defers none, an int k defers exactly k. The plan is made for
-    the profile that deferral produces and carries it in `Plan.compute_schedule`."""
+    within the memory cap: `defer_memory_fraction` of the undeferred peak), "off" defers none,
+    an int k defers exactly k. The plan is made for
+    the profile that deferral produces and carries it in `Plan.compute_schedule`.
+
+    `branch_order` ("off" | "auto", `caramel.strategies.caramel.branch_choice`): "auto" may run a
+    model's independent branches (`profile.meta["branches"]`) in another order, when simulation
+    says it is faster; the plan is then made for that order and carries it in `Plan.module_order`."""
     check_overlap(overlap)
     input_spread = check_input_spread(input_spread)
     contention_spread = check_contention_spread(contention_spread)
@@ -112,6 +122,10 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to reduce")
     comm = CommModel(cluster, comm_model)
+    module_order, branch_decision = None, {"mode": check_branch_order(branch_order)}
+    if branch_order == "auto":
+        profile, module_order, branch_decision = choose_branch_order(
+            profile, comm.per_byte_s, lambda prof: _search_plan(prof, cluster, comm, overlap, input_spread, contention_spread, None))
 
     def full(k: int) -> tuple[Plan, float]:
         schedule = schedule_for(profile, k)
@@ -124,10 +138,11 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
         # screened by a short search (stage 1, its best candidates on the spread: ~0.07 s for 200
         # parameters); the full search then runs once, for the chosen k. k = 0 is kept unless a
         # deferral screens more than DEFER_MARGIN faster.
-        k_max = max_k(profile)
+        cap_bytes = memory_cap_bytes(profile, defer_memory_fraction)
+        k_max = max_k(profile, cap_bytes)
         ks = candidate_ks(k_max)
         chosen = 0
-        decision.update(k_max=k_max, memory_cap_bytes=memory_cap_bytes(profile), candidates=ks)
+        decision.update(k_max=k_max, memory_cap_bytes=cap_bytes, candidates=ks)
         if k_max > 0:
             screened = {k: _search_plan(deferred_profile(profile, schedule_for(profile, k)), cluster, comm, overlap,
                                         input_spread, contention_spread, None, quick=True)[1] for k in ks}
@@ -140,6 +155,8 @@ def plan_caramel(profile: ModelProfile, cluster: ClusterSpec | None = None, worl
     else:
         plan, _ = full(0 if mode == "off" else mode)
     plan.options["compute_schedule"] = decision
+    plan.options["branch_order"] = branch_decision
+    plan.module_order = module_order
     if resized:
         plan.options["cluster_resized_from"] = resized
     return plan
