@@ -22,7 +22,7 @@ from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRA
                                   BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates
 from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
-from caramel.bench.tables import format_markdown, format_summary, format_table
+from caramel.bench.tables import format_markdown, format_summary, format_table, format_uneven
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "time and the gradient bytes (needs 2+ workers and the emulated cluster)")
     sel.add_argument("--bandwidth", help="pin the per-worker link rate instead, in tc syntax, e.g. 300mbit (what-ifs)")
     sel.add_argument("--batch-size", type=int, help="per-worker batch size (default: the model's)")
+    sel.add_argument("--slow-worker", metavar="RANK:FACTOR",
+                     help="emulate a straggler: that worker's compute FACTOR times slower (a calibrated delay), "
+                          "e.g. 1:2")
     sel.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                      help="extra zoo factory argument, e.g. width=16 (repeatable)")
     p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
@@ -73,7 +76,8 @@ def _model_options(items: list[str]) -> dict[str, Any]:
 
 def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     """The configurations and settings the flags ask for (flags override the matrix's settings)."""
-    single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio))
+    single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio,
+                                          args.slow_worker))
               or args.model_option)
     base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
     settings = BenchSettings(
@@ -84,7 +88,8 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     if not single:
         return list(QUICK_MATRIX if args.quick else DEFAULT_MATRIX), settings
     if args.quick:
-        raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--ratio/--bandwidth")
+        raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--ratio/--bandwidth/"
+                           "--slow-worker")
     if args.ratio is not None and args.bandwidth is not None:
         raise CaramelError(f"--ratio {args.ratio:g} and --bandwidth {args.bandwidth}: give one (a ratio derives the rate, "
                            "a bandwidth pins it)")
@@ -100,13 +105,13 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
     get_model(model)  # a bad name or path fails here, before any worker starts
     return [BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
-                        comm_ratio=args.ratio)], settings
+                        comm_ratio=args.ratio, slow_worker=args.slow_worker)], settings
 
 
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
-    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "rounds", "steps", "warmup", "trace", "json", "markdown"):
+    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "slow_worker", "rounds", "steps", "warmup", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
@@ -182,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
 
     if records:
         print(format_table(records))
+        uneven = format_uneven(records)
+        if uneven:
+            print(uneven)
         print()
         print("Summary (against each configuration's stronger DDP variant):\n"
               + format_summary(summarize_strategies(records)).replace("`", ""))
@@ -191,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         write_records(args.json, records, meta)
     if args.markdown:
         env = _environment(settings, networks, wall_s, load_start)
-        notes = "\n".join(f"- FAILED: {f}" for f in failures)
+        notes = "\n".join([f"- FAILED: {f}" for f in failures] + [f"- {line}" for line in format_uneven(records).splitlines()])
         atomic_write_text(args.markdown, format_markdown(records, command_line(args), env, notes))
     if failures:
         print("caramel bench: " + "; ".join(failures), file=sys.stderr)

@@ -30,6 +30,7 @@ from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, d
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.report import job_step_times
+from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
@@ -125,12 +126,15 @@ def _log(rank: int, msg: str) -> None:
 
 
 def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
-                  ctx: StrategyContext) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
+                  ctx: StrategyContext, delay_per_sample_s: float = 0.0
+                  ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
     """Baselines and strategies, each strategy on its own identical model copy (the concurrent
     baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
     their timing is used); a strategy that fails to build on any rank is skipped on all of them
     (with the reason) so the others still run."""
     probe = make_workload(config, settings.seed, ctx.device)
+    if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
+        slow_down(probe.model, delay_per_sample_s)
     compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
     group, prio = baseline_group(ctx)
     comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
@@ -140,6 +144,8 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     for strategy in strategies:
         t_build = time.perf_counter()
         w = make_workload(config, settings.seed, ctx.device)
+        if delay_per_sample_s:
+            slow_down(w.model, delay_per_sample_s)
         error, runner = None, None
         try:
             runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
@@ -244,7 +250,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
 
-    runners, skipped, build_s = build_runners(config, settings, strategies, ctx)
+    slow = _slow_worker(config, settings, rank, world, device)
+    runners, skipped, build_s = build_runners(config, settings, strategies, ctx,
+                                              slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0)
     _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
     times = measure_rounds(runners, settings, config.label, rank)
@@ -289,8 +297,27 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "comm_buckets": runners["comm"].stats().get("buckets"),
             "measure_wall_s": measure_wall_s,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
+            "slow_worker": slow,
+            "local_batch": int(workload.inputs.shape[0]),
         },
     }
+
+
+def _slow_worker(config: BenchConfig, settings: BenchSettings, rank: int, world: int,
+                 device: torch.device) -> dict[str, Any] | None:
+    """The emulated slow worker's delay (`caramel.bench.straggler`), the same dict on every rank."""
+    if not config.slow_worker:
+        return None
+    slow_rank, factor = config.slow_worker
+    w = make_workload(config, settings.seed, device)
+    mine = per_sample_compute_s(w.model, w.inputs, w.targets, w.loss_fn)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    per_sample = gathered[slow_rank]
+    _log(rank, f"slow worker: rank {slow_rank} sleeps {factor - 1:g} x {1e3 * per_sample:.2f} ms per sample "
+               "after each training forward (a calibrated delay, not a CPU quota)")
+    return {"rank": slow_rank, "factor": factor, "method": "calibrated delay",
+            "compute_per_sample_s": per_sample, "delay_per_sample_s": (factor - 1.0) * per_sample}
 
 
 def _sgd(model: torch.nn.Module, settings: BenchSettings) -> torch.optim.Optimizer:

@@ -119,6 +119,8 @@ class BenchConfig:
     """target comm/compute: the ring all-reduce of the gradients takes this many compute steps"""
     calibrated_compute_s: float | None = None
     """the compute step measured at run start that the rate was derived from (None: pinned rate)"""
+    slow_worker: list | None = None
+    """[rank, factor]: that worker's compute made factor times slower (`caramel.bench.straggler`)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
@@ -127,6 +129,8 @@ class BenchConfig:
             self.bandwidth = format_rate(parse_rate_bps(self.bandwidth))
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise CaramelError(f"batch size must be a positive integer, got {self.batch_size!r}")
+        if self.slow_worker is not None:
+            self.slow_worker = check_slow_worker(self.slow_worker, self.workers)
         if self.comm_ratio is not None:
             r = self.comm_ratio
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
@@ -166,7 +170,8 @@ class BenchConfig:
     def label(self) -> str:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
-        return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}"
+        slow = f", rank {self.slow_worker[0]} x{self.slow_worker[1]:g} slower" if self.slow_worker else ""
+        return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}{slow}"
 
     @property
     def link_label(self) -> str:
@@ -180,6 +185,24 @@ class BenchConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
         return cls(**data)
+
+
+def check_slow_worker(value: Any, workers: int) -> list:
+    """`[rank, factor]` from a list or `RANK:FACTOR` text (`RANK=FACTOR` too); a clear error otherwise."""
+    if isinstance(value, str):
+        rank, sep, factor = value.replace("=", ":").partition(":")
+        try:
+            value = [int(rank), float(factor)] if sep else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise CaramelError("--slow-worker expects RANK:FACTOR, e.g. 1:2 (rank 1 computes 2x slower)")
+    rank, factor = value
+    if not (isinstance(rank, int) and 0 <= rank < workers):
+        raise CaramelError(f"slow worker rank must be between 0 and {workers - 1}, got {rank!r}")
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1):
+        raise CaramelError(f"slow worker factor must be a number >= 1 (1: not slowed), got {factor!r}")
+    return [rank, float(factor)]
 
 
 @dataclass

@@ -155,6 +155,12 @@ class Record:
     timeline: dict[str, float] | None = None
     """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
     skipped: str | None = None
+    samples_per_s: float | None = None
+    """the global batch (local batch x workers, the same for every strategy) over the median step"""
+    share_counts: list[int] | None = None
+    """caramel with balance="batch": the per-rank shares of the global batch in force at the end"""
+    slow_worker: dict[str, Any] | None = None
+    """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
@@ -238,7 +244,9 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
-            ps=_ps_summary(st), **common))
+            ps=_ps_summary(st), share_counts=st.get("share_counts"),
+            samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
+            slow_worker=meta.get("slow_worker"), **common))
     return records
 
 

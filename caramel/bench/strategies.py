@@ -122,6 +122,10 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
         from caramel.runtime import schedule_settled
         return schedule_settled(opt)
 
+    if getattr(spec.options, "balance", "off") == "batch":
+        from caramel.bench.straggler import BalancedRunner
+        return BalancedRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device, ctx.world_size,
+                              finish=opt.synchronize, stats=stats, settled=settled)
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
                        finish=opt.synchronize, stats=stats, settled=settled)
 

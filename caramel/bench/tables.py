@@ -219,3 +219,20 @@ def _plan_line(plan: dict[str, Any]) -> str:
     if link:
         parts.append("for " + ", ".join(link))
     return "; ".join(parts)
+
+
+def format_uneven(records: list[Record]) -> str:
+    """Samples per second per strategy, with the shares `balance="batch"` ended on and the
+    emulated slow worker, for configurations with a slow worker or balanced shares ('' if none)."""
+    lines = []
+    for label in dict.fromkeys(config_label(r) for r in records):
+        rows = [r for r in records if config_label(r) == label and r.samples_per_s is not None]
+        if not rows or not any(r.slow_worker or r.share_counts for r in rows):
+            continue
+        slow = rows[0].slow_worker
+        how = (f"; rank {slow['rank']} {slow['factor']:g}x slower ({slow['method']}: "
+               f"{1e3 * slow['delay_per_sample_s']:.2f} ms per sample)") if slow else ""
+        parts = [f"{r.strategy} {r.samples_per_s:.1f}" + (f" (shares {r.share_counts})" if r.share_counts else "")
+                 for r in rows]
+        lines.append(f"samples/s on {label}{how}: " + ", ".join(parts))
+    return "\n".join(lines)

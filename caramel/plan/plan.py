@@ -12,7 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from caramel.errors import FormatError, MismatchError
+from caramel.errors import CaramelError, FormatError, MismatchError
+from caramel.plan.compression import check_plan_compression
 from caramel.plan.compute_schedule import ComputeSchedule
 from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
 
@@ -64,6 +65,8 @@ class Plan:
     # Deferred weight gradients the runtime must run (`caramel.plan.compute_schedule`); None: none.
     # The buckets, order and predicted_step_time_s were made for the profile it produces.
     compute_schedule: ComputeSchedule | None = None
+    # One codec name per bucket (`caramel.plan.compression`); None: every bucket uncompressed.
+    compression: list[str] | None = None
     # The forward order of the profiled modules the plan was made for, when the planner runs
     # independent branches in another order (`caramel.plan.branch_order`); None: the model's own.
     module_order: list[str] | None = None
@@ -72,6 +75,12 @@ class Plan:
         self.order = [tuple(item) for item in self.order]  # type: ignore[misc]
         if self.compute_schedule is not None and self.compute_schedule.empty:
             self.compute_schedule = None  # deferring nothing is no schedule (and keeps the fingerprint)
+        if self.compression is not None and all(c == "none" for c in self.compression):
+            self.compression = None  # compressing nothing is no compression (and keeps the fingerprint)
+
+    def codec_of(self, bucket: int) -> str:
+        """The codec name bucket `bucket` is sent with ("none" without compression)."""
+        return "none" if self.compression is None else self.compression[bucket]
 
     def validate(self, source: str = "plan") -> None:
         """Structural checks: ids, chunk counts, every item issued exactly once, no parameter twice."""
@@ -94,6 +103,11 @@ class Plan:
         expected = {(b.id, c) for b in self.buckets for c in range(b.num_chunks)}
         if len(self.order) != len(expected) or set(self.order) != expected:
             raise FormatError(f"{source}: field 'order' must list every (bucket, chunk) exactly once ({len(expected)} items), got {len(self.order)}")
+        if self.compression is not None:
+            try:
+                check_plan_compression(self.compression, len(self.buckets), source)
+            except CaramelError as e:
+                raise FormatError(str(e)) from None
 
     @property
     def fingerprint(self) -> str:
@@ -106,6 +120,8 @@ class Plan:
         }
         if self.compute_schedule is not None:  # only when set, so that plans without one keep their fingerprints
             core["compute_schedule"] = list(self.compute_schedule.modules)
+        if self.compression is not None:  # likewise
+            core["compression"] = list(self.compression)
         if self.module_order is not None:  # likewise: plans without one keep their fingerprints
             core["module_order"] = list(self.module_order)
         return hashlib.sha256(json.dumps(core, separators=(",", ":")).encode()).hexdigest()[:16]
@@ -130,6 +146,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["order"] = [list(o) for o in self.order]
+        if self.compression is None:
+            del d["compression"]  # plans without compression keep their files as they were
         d["format"] = format_tag(KIND)
         d["fingerprint"] = self.fingerprint
         return d
@@ -151,6 +169,9 @@ class Plan:
             schedule = from_fields(ComputeSchedule, schedule, f"{source}: compute_schedule")
             if schedule.k < 0 or schedule.extra_bytes < 0 or not all(isinstance(n, str) for n in schedule.modules):
                 raise FormatError(f"{source}: compute_schedule must have k >= 0, extra_bytes >= 0 and module names")
+        compression = data.get("compression")
+        if compression is not None and not (isinstance(compression, list) and all(isinstance(c, str) for c in compression)):
+            raise FormatError(f"{source}: field 'compression' must list one codec name per bucket, or be null")
         module_order = data.get("module_order")  # absent from older plans: the model's own order
         if module_order is not None and not (isinstance(module_order, list) and all(isinstance(n, str) for n in module_order)):
             raise FormatError(f"{source}: field 'module_order' must list module names, or be null")
@@ -168,6 +189,7 @@ class Plan:
             predicted_step_time_s=predicted,
             meta=require_mapping(data, "meta", source),
             compute_schedule=schedule,
+            compression=compression,
             module_order=module_order,
         )
         plan.validate(source)

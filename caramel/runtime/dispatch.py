@@ -16,6 +16,7 @@ import torch
 
 from caramel.errors import CaramelError
 from caramel.runtime.buckets import FlatBucket
+from caramel.runtime.compression import Compressor
 from caramel.runtime.stats import bandwidth_from_log
 from caramel.trace.recorder import Recorder
 
@@ -52,8 +53,10 @@ class LocalGroup:
 class Dispatcher:
     """Issues the plan's items on `comm` in order; times them while measuring."""
 
-    def __init__(self, comm: Any, recorder: Recorder):
+    def __init__(self, comm: Any, recorder: Recorder, compressor: Compressor | None = None):
         self.comm = comm  # None once released
+        self.compressor = compressor
+        self.codecs: list[str] | None = None  # per bucket (the plan's); None: none compressed
         self.recorder = recorder
         self.order: list[tuple[int, int]] = []
         self.next_item = 0
@@ -63,8 +66,9 @@ class Dispatcher:
         self._done_t: dict[tuple[int, int], float] = {}
         self.log: collections.deque = collections.deque(maxlen=100_000)
 
-    def reset(self, order: list[tuple[int, int]]) -> None:
+    def reset(self, order: list[tuple[int, int]], codecs: list[str] | None = None) -> None:
         self.order = order
+        self.codecs = codecs
         self.next_item = 0
 
     def start_measuring(self) -> None:
@@ -91,11 +95,15 @@ class Dispatcher:
                 self._issue_t[(b, c)] = t
             if self.comm is None:
                 raise CaramelError(RELEASED)
-            work = self.comm.allreduce([fb.chunks[c]])
-            fb.works[c] = work
-            if self.measuring:
-                self.recorder.instant("comm", "issue", f"issue:b{b}c{c}", at=t, bucket=b, chunk=c)
+            if self.codecs is None:
+                work = self.comm.allreduce([fb.chunks[c]])
                 nbytes = fb.chunks[c].numel() * fb.flat.element_size()
+            else:
+                work, nbytes = self.compressor.issue(self.comm, fb, c, self.codecs[b])
+            fb.works[c] = work
+            if self.measuring and work is not None:
+                self.recorder.instant("comm", "issue", f"issue:b{b}c{c}", at=t, bucket=b, chunk=c)
+                # the bytes on the wire (compressed), so the measured bandwidth is the link's
                 work.get_future().add_done_callback(lambda _f, key=(b, c), n=nbytes: self._on_done(key, n))
             self.next_item += 1
 

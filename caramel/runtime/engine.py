@@ -37,6 +37,7 @@ from caramel.plan.plan import OVERLAPS, Plan
 from caramel.runtime.apply import apply_buckets, group_subsets, snapshot_hparams
 from caramel.runtime.branch_forward import BranchForward
 from caramel.runtime.buckets import FlatBucket
+from caramel.runtime.compression import Compressor
 from caramel.runtime.dispatch import RELEASED, Dispatcher
 from caramel.runtime.hooks import EngineHooks
 from caramel.runtime.stats import EngineStats, plan_summary
@@ -83,7 +84,10 @@ class Engine(EngineHooks):
         self.passthrough = world_size == 1
         self._overlap = overlap
         self._sync_apply = True  # apply at step() (profiling phase, or a plan-less fallback)
-        self._dispatcher = Dispatcher(comm_group, recorder)
+        # codec state (error feedback) per parameter, kept across plans and in checkpoints
+        self.compressor = Compressor(params, names, world_size)
+        self.grad_scale: float | None = None  # this rank's gradient weight; None: 1 / world size
+        self._dispatcher = Dispatcher(comm_group, recorder, self.compressor)
         self._controller: Controller | None = None
         self._on_grad_ready: list[Callable[[int], None]] = []
         self._on_backward_end: list[Callable[[], None]] = []
@@ -154,6 +158,14 @@ class Engine(EngineHooks):
         update to `step()` whatever the mode (profiling, or module uses not yet known)."""
         assert overlap in OVERLAPS
         self._overlap, self._sync_apply = overlap, sync_apply
+
+    def set_grad_scale(self, scale: float | None) -> None:
+        """Weight this rank's gradients by `scale` in the sum the ranks reduce (None: 1 / world
+        size, the mean over equal batches). Unequal batches: local batch / global batch, so the
+        sum is the global batch's mean gradient. Takes effect with the next bucket sealed."""
+        self.grad_scale = scale
+        for fb in self.buckets:
+            fb.scale = 1.0 / self.world_size if scale is None else scale
 
     def start_measuring(self) -> None:
         """Time the gradient collectives (for `measured_bandwidth_bps`) until `stop_measuring`."""
@@ -238,9 +250,12 @@ class Engine(EngineHooks):
         self.plan = plan
         self.recorder.instant("wait", "sync", f"plan:{plan.fingerprint}")
         self.buckets = [FlatBucket(b, [self.params[i] for i in b.params], self.world_size) for b in plan.buckets]
+        if self.grad_scale is not None:
+            for fb in self.buckets:
+                fb.scale = self.grad_scale
         self.bucket_of = {i: b.id for b in plan.buckets for i in b.params}
         self._map_rows()
-        self._dispatcher.reset(plan.order)
+        self._dispatcher.reset(plan.order, plan.compression)
         self._group_subsets = group_subsets(self.optimizer, self.buckets)
         uses: dict[str, set[int]] = {}
         for name, m in self.module.named_modules():

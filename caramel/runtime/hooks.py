@@ -207,7 +207,7 @@ class EngineHooks:
         for ex in self.row_exchanges:
             ex.start()
         self.recorder.record("compute", "backward", "backward", getattr(self, "_bwd_t0", self._fwd_t0), self.recorder.now())
-        self._dispatcher.reset(self.plan.order)
+        self._dispatcher.reset(self.plan.order, self.plan.compression)
         for fb in self.buckets:
             fb.new_iteration()
         self._callback_queued = False

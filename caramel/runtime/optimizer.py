@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from caramel.runtime.compression import STATE_KEY as COMPRESSION_STATE_KEY
+
 # Optimizers whose update of a parameter depends only on that parameter's own gradient and
 # state, so that applying them bucket by bucket equals one step over all parameters.
 PER_PARAMETER_OPTIMIZERS = (
@@ -52,11 +54,18 @@ class CaramelOptimizerMixin:
         self._caramel_engine.write_trace()
 
     def state_dict(self):
+        """The optimizer's state, and the engine's compression state (error feedback) when it has any."""
         self._caramel_engine.synchronize()
-        return self._caramel_base.state_dict(self)
+        state = self._caramel_base.state_dict(self)
+        codec_state = self._caramel_engine.compressor.state_dict()
+        if codec_state:
+            state[COMPRESSION_STATE_KEY] = codec_state
+        return state
 
     def load_state_dict(self, state_dict):
         self._caramel_engine.synchronize()
+        state_dict = dict(state_dict)
+        self._caramel_engine.compressor.load_state_dict(state_dict.pop(COMPRESSION_STATE_KEY, None) or {})
         return self._caramel_base.load_state_dict(self, state_dict)
 
     @property

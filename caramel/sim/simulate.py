@@ -14,6 +14,7 @@ from caramel.errors import CaramelError
 from caramel.plan.plan import OVERLAPS, Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.collectives import CommModel
+from caramel.sim.compression import compress_workload
 from caramel.sim.event_loop import run_engine, steady_period_s, summarize_critical_path, trace_events
 from caramel.sim.workload import Workload, build_workload
 from caramel.trace.events import Trace
@@ -97,7 +98,7 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     if isinstance(comm, str):
         comm = CommModel(cluster, comm)
     assert comm.cluster is cluster or comm.cluster.world_size == cluster.world_size
-    work = build_workload(profile, plan)
+    work = compress_workload(build_workload(profile, plan), profile, plan)
     speeds = [w.speed for w in cluster.workers]
     run = run_engine(work, speeds, comm, overlap, iterations, record=trace, compute_slowdown=float(compute_slowdown))
 

@@ -23,6 +23,7 @@ from caramel.profile.profiler import UseTracker
 from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.dispatch import LocalGroup
 from caramel.runtime.engine import Engine
+from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
@@ -38,13 +39,17 @@ class Controller:
                  rank: int, world: int, planner: str, cluster: ClusterSpec | None, planner_options: dict,
                  fingerprint: str, lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off",
                  trial_steps: int = 0, broadcast_buffers: bool = True, trial_passes: int = 1,
-                 find_unused_parameters: bool = True, comm_priority: CommPriority | None = None):
+                 find_unused_parameters: bool = True, comm_priority: CommPriority | None = None,
+                 compression: str = "none"):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
         self.profile_steps = profile_steps
-        self.checks = PeriodicCheck(engine, group, rank, world, check_every, replan)
+        self.compression = compression
+        self.balancer = None  # a `balance.Balancer` with balance="batch" (set by parallelize)
+        # auto compression follows the link: the bandwidth checks of replan="auto" run with it
+        self.checks = PeriodicCheck(engine, group, rank, world, check_every, "auto" if compression == "auto" else replan)
         self.handover = Handover(engine, model, group, comm_priority or CommPriority("normal"), broadcast_buffers,
                                  find_unused_parameters)
         self.plan_cluster: ClusterSpec | None = None  # what the plan in force was made for
@@ -96,7 +101,9 @@ class Controller:
         if not self.trial_steps:
             return [(f"{self.planner}/{self.engine.overlap}", self.planner, self.engine.overlap)]
         specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
-        if self.planner != "fifo":
+        # torch DDP runs its buckets uncompressed: no candidate when every bucket must be compressed
+        # nor with unequal shares: DDP averages with equal weights
+        if self.planner != "fifo" and self.compression in ("none", "auto") and self.balancer is None:
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 
@@ -147,9 +154,10 @@ class Controller:
         specs = self.trial_specs()
         if self.rank == 0:
             # the user's planner options are for the user's planner; DDP's schedule keeps its defaults
-            data = [[make_plan(planner, profile, cluster, world_size=self.world, overlap=overlap,
-                               **(self.planner_options if planner == self.planner else {})).to_dict()
-                     for _, planner, overlap in specs]]
+            data = [[self._compressed(name, make_plan(planner, profile, cluster, world_size=self.world, overlap=overlap,
+                                                      **(self.planner_options if planner == self.planner else {})),
+                                      profile, cluster, overlap).to_dict()
+                     for name, planner, overlap in specs]]
         if self.world > 1:
             src = dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0
             dist.broadcast_object_list(data, src=src, group=self.group)
@@ -157,12 +165,21 @@ class Controller:
                  for (name, _, overlap), d in zip(specs, data[0])]
         self.adopt_or_try(cands, source="plan from rank 0")
 
+    def _compressed(self, name: str, plan: Plan, profile: ModelProfile, cluster: ClusterSpec, overlap: str) -> Plan:
+        """The candidate with the codecs the `compression` option asks for (rank 0, before the
+        broadcast: auto's choice travels in the plan). DDP's schedule stays uncompressed."""
+        if name == DDP_SCHEDULE:
+            return plan
+        return compress_plan(plan, self.compression, profile, cluster, overlap)
+
     # -- online profiling inside the user's first steps
     def start_profiling(self) -> None:
         """A provisional DDP-like plan (reverse registration order) while the first steps are measured."""
         if not any(p.requires_grad for p in self.params):
             raise CaramelError("model has no trainable parameters (every parameter has requires_grad=False)")
         plan = make_plan("fifo", registration_profile(self.names, self.params), world_size=self.world)
+        if self.compression not in ("none", "auto"):  # a fixed codec runs from the first step
+            plan = with_codecs(plan, [self.compression] * len(plan.buckets))
         self.engine.synchronize()
         self.handover.take_back()
         # a trial still running (a changed module order seen by a periodic check mid-trial) ends
@@ -205,6 +222,8 @@ class Controller:
 
     # -- after every step
     def on_step_end(self) -> None:
+        if self.balancer is not None:
+            self.balancer.step_end()
         if self.uses_pending and self.use_tracker is not None and self.use_tracker._mode is None:
             uses: dict[str, list[int]] = {}
             for idx, mods in self.use_tracker.use_modules.items():

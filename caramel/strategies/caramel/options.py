@@ -18,6 +18,7 @@ from caramel.plan.plan import OVERLAPS
 from caramel.plan.planners import PLANNERS
 from caramel.strategies.planners import planner_names  # noqa: F401 (registers every planner in PLANNERS)
 from caramel.runtime.comm_priority import COMM_PRIORITIES
+from caramel.strategies.caramel.adaptive_compression import check_compression
 from caramel.strategies.caramel.trial import DEFAULT_TRIAL_PASSES, DEFAULT_TRIAL_STEPS
 
 # arguments every planner gets from the strategy itself, never from the user
@@ -56,8 +57,18 @@ class CaramelOptions:
     # independent branches (`caramel.plan.branch_order`): "auto" lets the caramel planner run them
     # in the order their updates arrive when simulation says that is faster; "off" keeps the model's
     branch_order: str = field(default="off", metadata={"choices": BRANCH_ORDER_MODES})
+    # gradient codec for every bucket (none, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
+    # per bucket, from the measured link and the simulator (`adaptive_compression`)
+    compression: str = "none"
+    # "batch": per-rank shares of the global batch follow measured speed (`balance`), decided
+    # every `balance_every` steps (0: never; the shares the sampler starts with stay)
+    balance: str = field(default="off", metadata={"choices": ("off", "batch")})
+    balance_every: int = 10
 
     def __post_init__(self) -> None:
+        check_compression(self.compression)
+        if self.balance_every < 0:
+            raise CaramelError(f"balance_every must be a whole number of steps >= 0, got {self.balance_every!r}")
         if self.planner not in PLANNERS:
             from caramel.strategies.options import unknown_name_error
             raise unknown_name_error("planner", self.planner, sorted(PLANNERS))

@@ -34,6 +34,8 @@ from caramel.runtime.dispatch import RELEASED, LocalGroup
 from caramel.runtime.engine import Engine
 from caramel.runtime.model import CaramelModel
 from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
+from caramel.strategies.caramel.adaptive_compression import with_codecs
+from caramel.strategies.caramel.balance import Balancer
 from caramel.strategies.caramel.controller import Controller
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, Candidate
@@ -66,6 +68,10 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     comm_priority, split_tied = options.comm_priority, options.split_tied
     profile_steps, check_every, replan = options.profile_steps, options.check_every, options.replan
     planner_options = options.planner_options()
+    compression, balance, balance_every = options.compression, options.balance, options.balance_every
+    if balance == "batch":
+        # a tied embedding's rows travel apart, weighted 1 / world size: not by share
+        split_tied = False
     find_unused_parameters = True if find_unused_parameters is None else find_unused_parameters
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -108,7 +114,7 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
         options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
-                   "comm_priority": comm_priority,
+                   "comm_priority": comm_priority, "compression": compression, "balance": balance, "balance_every": balance_every,
                    "plan": plan.fingerprint if plan is not None else None, "profile given": profile is not None,
                    "cluster": json.dumps(cluster.to_dict(), sort_keys=True, default=str) if cluster is not None else None}
         _check_same_model(signature, fingerprint, group, rank, world, options, input_error)
@@ -138,7 +144,9 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                             fingerprint, lazy_ok, profile_steps, check_every, replan,
                             trial_steps=trial_steps if auto else 0, broadcast_buffers=buffers is not None,
                             trial_passes=trial_passes, find_unused_parameters=find_unused_parameters,
-                            comm_priority=prio)
+                            comm_priority=prio, compression=compression)
+    if balance == "batch":
+        controller.balancer = Balancer(engine, model, group, rank, world, balance_every)
     tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
     if tied:  # before any plan or profile, which see the split
         engine.split_tied(tied, private_group("rows"))
@@ -146,6 +154,10 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
         if recorder.enabled:
             engine.install_forward_hooks()  # passthrough: no plan; forward events for the trace
     elif plan is not None:
+        if compression not in ("none", "auto"):
+            # a fixed codec applies to a given plan too (auto needs a profile to simulate; a
+            # given plan keeps the codecs it carries)
+            plan = with_codecs(plan, [compression] * len(plan.buckets))
         modes = AUTO_CANDIDATES if auto else (overlap,)
         controller.adopt_or_try([Candidate(f"plan/{m}", m, plan) for m in modes], source="plan", planner="plan")
     elif profile is not None:

@@ -1,0 +1,168 @@
+"""Worker functions for the compression and balance tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import caramel
+from caramel.plan.planners import group_by_cap, plan_from_groups, ready_sorted
+from caramel.profile.profiler import profile_model
+from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of
+
+FAMILY = "mlp_unused"  # several buckets, and a parameter no rank uses in some steps
+
+
+def _plan(w, world: int):
+    """Small buckets, the largest in 2 chunks: the codecs see several buckets and chunks."""
+    prof = profile_model(copy.deepcopy(w.model), w.inputs, w.targets, w.loss_fn, steps=1)
+    groups = group_by_cap(ready_sorted(prof), [2048])
+    chunks = [2 if sum(prof.params[p.index].numel for p in g) > 64 else 1 for g in groups]
+    return plan_from_groups("handmade", prof, world, groups, chunks=chunks)
+
+
+def _run(w, plan, compression: str, rank: int, steps: int, start: int = 0, state=None):
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, plan=plan, overlap="forward", compression=compression)
+    if state is not None:
+        model.module.load_state_dict(state[0])
+        opt.load_state_dict(state[1])
+    for step in range(start, start + steps):
+        x, y = batch(FAMILY, step, rank)
+        loss = w.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    return model, opt
+
+
+def compression_worker(rank: int, world: int, steps: int, online_steps: int = 14) -> dict:
+    torch.set_num_threads(1)
+    w = fresh(FAMILY)
+    plan = _plan(w, world)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    for step in range(steps):
+        x, y = batch(FAMILY, step, rank)
+        w.loss_fn(ddp(x), y).backward()
+        ropt.step()
+        ropt.zero_grad()
+    del rsched
+    ref = params_of(ddp.module)
+    out = {"buckets": len(plan.buckets), "items": len(plan.order)}
+    for codec in ("fp16", "bf16", "topk:0.3", "powersgd:2"):
+        model, opt = _run(w, plan, codec, rank, steps)
+        mine = params_of(model.module)
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+        out[(codec, "vs_ddp")] = max_diff(ref, mine)
+        out[(codec, "across_ranks")] = max(max_diff(gathered[0], g) for g in gathered)
+        out[(codec, "state_keys")] = sorted(opt.state_dict().get("caramel_compression", {}))
+    # online profiling, planning and the overlap trial with a codec: fp16 everywhere, or auto
+    # (loopback is fast: whatever it picks, the result stays within fp16's rounding of DDP)
+    for codec in ("fp16", "auto"):
+        m = copy.deepcopy(w.model)
+        opt, _ = make_optimizer("sgd_momentum", m.parameters())
+        model, opt = caramel.parallelize(m, opt, compression=codec, trial_steps=2, trial_passes=1)
+        ddp2 = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
+        ropt2, _ = make_optimizer("sgd_momentum", ddp2.parameters())
+        for step in range(online_steps):
+            x, y = batch(FAMILY, step, rank)
+            for mod, o in ((model, opt), (ddp2, ropt2)):
+                w.loss_fn(mod(x), y).backward()
+                o.step()
+                o.zero_grad()
+        opt.synchronize()
+        engine = opt.engine
+        out[(codec, "online_vs_ddp")] = max_diff(params_of(ddp2.module), params_of(model.module))
+        out[(codec, "online_codecs")] = engine.plan.compression
+        out[(codec, "online_trial")] = sorted((engine.stats.extra.get("overlap_trial") or {}).get("step_period_s", {}))
+    # a checkpoint resumes exactly: error feedback travels in the optimizer's state_dict
+    half = steps // 2
+    model, opt = _run(w, plan, "topk:0.3", rank, half)
+    state = (copy.deepcopy(model.module.state_dict()), copy.deepcopy(opt.state_dict()))
+    whole = params_of(_run(w, plan, "topk:0.3", rank, steps)[0].module)
+    resumed = params_of(_run(w, plan, "topk:0.3", rank, steps - half, start=half, state=state)[0].module)
+    out["resume"] = max_diff(whole, resumed)
+    # and without the state, it would not (the test can fail)
+    cold = params_of(_run(w, plan, "topk:0.3", rank, steps - half, start=half,
+                          state=(state[0], {k: v for k, v in state[1].items() if k != "caramel_compression"}))[0].module)
+    out["resume_without_state"] = max_diff(whole, cold)
+    return out
+
+
+
+def _toy(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(96, 8, generator=g), torch.randn(96, 4, generator=g)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    return model, x, y
+
+
+class _Slow(torch.nn.Module):
+    """The toy model, `delay_s` slower per sample (an emulated slow worker)."""
+
+    def __init__(self, inner: torch.nn.Module, delay_s: float):
+        super().__init__()
+        self.inner, self.delay_s = inner, delay_s
+
+    def forward(self, x):
+        import time
+        time.sleep(self.delay_s * x.shape[0])
+        return self.inner(x)
+
+
+def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict:
+    """Unequal, changing shares against single-process training on the union batch; then a
+    slowed rank 1 and the shares the balancer measures for it."""
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+    from caramel.strategies.caramel.balance import balanced_sampler
+    torch.set_num_threads(1)
+    out = {}
+    # 1. forced shares: [2, 6], then [5, 3] from the first undrawn batch (4: batch 3 is drawn as i == 3)
+    model, x, y = _toy()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = caramel.parallelize(model, opt, overlap="forward", balance="batch", balance_every=0)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=3, counts=[2, 6][:world] if world == 2 else None)
+    seen = []
+    for i, idx in enumerate(sampler):
+        if i == 3:
+            sampler.schedule.change([5, 3], sampler.schedule.drawn)
+        if i == steps:
+            break
+        seen.append(len(idx))
+        loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    whole = ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)
+    for i, idx in zip(range(steps), whole):
+        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
+        ropt.step()
+        ropt.zero_grad()
+    out["union"] = max_diff(params_of(ref), params_of(model.module))
+    out["sizes"] = seen
+    # 2. rank 1 slowed 2 ms per sample: the balancer moves samples to rank 0
+    inner, x, y = _toy()
+    slow = _Slow(inner, 0.002 if rank == 1 else 0.0)
+    opt = torch.optim.SGD(slow.parameters(), lr=0.05)
+    model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=4)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
+    drawn = []
+    for epoch in range(2):
+        for idx in sampler:
+            drawn.append(idx)
+            torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+    opt.synchronize()
+    out["counts"] = sampler.schedule.current
+    out["changes"] = len(opt.engine.controller.balancer.changes)
+    out["drawn"] = drawn
+    return out

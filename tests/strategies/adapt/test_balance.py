@@ -1,0 +1,75 @@
+"""balance="batch": the share schedule and sampler (no sample lost or repeated, across changes
+and a resume), the counts from measured rates, and a 2-rank gloo run against single-process
+training on the union batch, then with a slowed rank."""
+import pytest
+import torch
+
+from caramel.data.share_sampler import ShareSampler, ShareSchedule, counts_from_rates
+from caramel.errors import CaramelError
+from caramel.strategies.caramel.options import CaramelOptions
+from caramel.strategies.options import build_options
+from caramel.testing import run_workers
+
+torch.set_num_threads(1)
+
+
+def test_counts_follow_rates_and_sum_to_the_global_batch():
+    assert counts_from_rates([1.0, 1.0], 8) == [4, 4]
+    assert counts_from_rates([2.0, 1.0], 12) == [8, 4]
+    assert counts_from_rates([1.0, 1000.0], 8) == [1, 7]  # every rank keeps a sample
+    assert sum(counts_from_rates([0.3, 0.5, 0.7], 31)) == 31
+
+
+def test_every_sample_once_per_epoch_across_share_changes_and_a_resume():
+    sched = [ShareSchedule(10, 3) for _ in range(3)]
+    samplers = [ShareSampler(53, s, r, seed=1) for r, s in enumerate(sched)]
+    taken = [[] for _ in range(3)]
+    iters = [iter(s) for s in samplers]
+    for i in range(5):  # 5 global batches per epoch (53 // 10)
+        if i == 2:
+            for s in sched:
+                s.change([1, 2, 7], s.drawn)
+        if i == 3:  # rank 2 resumes from a saved schedule
+            saved = sched[2].state_dict()
+            sched[2] = ShareSchedule(10, 3)
+            sched[2].load_state_dict(saved)
+            samplers[2] = ShareSampler(53, sched[2], 2, seed=1)
+            iters[2] = iter(samplers[2])
+        for r in range(3):
+            taken[r].append(next(iters[r]))
+    assert [len(b) for b in taken[2]] == [3, 3, 7, 7, 7]
+    flat = [i for r in range(3) for b in taken[r] for i in b]
+    assert len(flat) == 50 and len(set(flat)) == 50  # none lost (of the 50 drawn) or repeated
+
+
+def test_balance_options_are_checked():
+    assert build_options(CaramelOptions, {"balance": "batch"}).balance == "batch"
+    with pytest.raises(CaramelError, match="balance must be one of off, batch"):
+        build_options(CaramelOptions, {"balance": "dropout"})
+
+
+@pytest.mark.timeout(240)
+def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
+    from tests.strategies.adapt.adapt_workers import balance_worker
+    results = run_workers(balance_worker, 2, args=(6, 8), timeout_s=220)
+    for rank, res in enumerate(results):
+        assert res["union"] <= 1e-5, res["union"]
+        assert res["sizes"] == ([2, 2, 2, 2, 5, 5] if rank == 0 else [6, 6, 6, 6, 3, 3])
+        # rank 1 sleeps 2 ms per sample: the measured shares give rank 0 more
+        assert res["changes"] >= 1 and res["counts"][0] > res["counts"][1], res["counts"]
+    drawn = [i for res in results for b in res["drawn"] for i in b]
+    per_epoch = 96 // 8 * 8
+    assert len(drawn) == 2 * per_epoch and all(drawn.count(i) == 2 for i in set(drawn))  # each sample once per epoch
+
+
+def test_the_simulator_predicts_balanced_shares_on_uneven_workers():
+    from caramel.strategies.caramel.simulate import simulate_caramel
+    from caramel.topology.spec import ClusterSpec, WorkerSpec
+    from tests.sim.helpers import two_layer_profile
+    prof = two_layer_profile()
+    uneven = ClusterSpec([WorkerSpec("fast", 1.0), WorkerSpec("slow", 0.5)], bandwidth_bps=1e9, latency_s=1e-6)
+    equal = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward"}))
+    balanced = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward", "balance": "batch"}))
+    # compute 3.2 s at speed 1: 6.4 s on the slow worker with equal shares, 3.2 / 0.75 balanced
+    assert equal.step_time_s == pytest.approx(6.4, rel=0.02)
+    assert balanced.step_time_s == pytest.approx(3.2 / 0.75, rel=0.02)
