@@ -37,6 +37,15 @@ def test_fifo_and_sebf_on_one_port_known_answers():
     assert heavy.avg_weighted_jct_s == pytest.approx((20 * 10 + 11) / 2)
 
 
+def test_weighted_srjf_finishes_the_job_with_less_work_left_first():
+    # job 0: 100 B then (next step) 1000 B; job 1: 200 B; all 0 -> 1, all released at 0
+    cs = [Coflow(0, 0, 0, 0, (Flow(0, 1, 100.0),), (), 0.0), Coflow(1, 0, 1, 0, (Flow(0, 1, 1000.0),), (0,), 0.0),
+          Coflow(2, 1, 0, 0, (Flow(0, 1, 200.0),), (), 0.0)]
+    w = _workload(cs, [Job(0, 1.0, 0.0, (0, 1), (0, 1)), Job(1, 1.0, 0.0, (0, 1), (2,))])
+    np.testing.assert_allclose(simulate(w, HEURISTICS["sebf"]).jct_s, [13.0, 3.0])  # job 0's 100 B first
+    np.testing.assert_allclose(simulate(w, HEURISTICS["weighted_srjf"]).jct_s, [13.0, 2.0])  # job 1 first
+
+
 def test_madd_paces_a_coflow_to_its_bottleneck_and_backfills():
     # A: 0->1 200 B and 2->3 100 B; B (lower priority): 2->3 100 B. MADD gives A's short flow
     # half of port 2, so B gets the other half: both finish at 2 s, not A at 2 s and B at 3 s.

@@ -143,6 +143,17 @@ class FabricSim:
             down[f.dst] += b
         return float(max(up.max(), down.max()) / self.workload.port_bandwidth_Bps)
 
+    def job_bottleneck_s(self, job: int) -> float:
+        """The same over all of a job's unfinished coflows, those not yet released included."""
+        up = np.zeros(self.workload.num_ports)
+        down = np.zeros(self.workload.num_ports)
+        for cid in self.workload.jobs[job].coflows:
+            if np.isnan(self.finished_s[cid]):
+                for f, b in zip(self.workload.coflows[cid].flows, self.remaining[cid]):
+                    up[f.src] += b
+                    down[f.dst] += b
+        return float(max(up.max(), down.max()) / self.workload.port_bandwidth_Bps)
+
 
 @dataclass(frozen=True)
 class Result:

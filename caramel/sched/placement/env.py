@@ -17,7 +17,7 @@ from caramel.sched.placement.heuristics import PlacementState
 from caramel.sched.placement.instances import InstanceOptions, random_instance
 from caramel.sched.placement.problem import Instance
 
-NUM_FEATURES = 14
+NUM_FEATURES = 15
 
 
 class PlacementEnv(gym.Env):
@@ -82,6 +82,8 @@ class PlacementEnv(gym.Env):
         left_mb = sum(inst.tasks[u].weights_mb[j] for u in range(len(inst.tasks))
                       for j in range(len(s.placement[u]), len(inst.tasks[u].gflop)))
         wished = s.wished_mb()
+        cloud_score = float(self._scores[inst.cloud])
+        mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
         obs = np.zeros((self.k, NUM_FEATURES), np.float32)
         for i, k in enumerate(self._order):
             fits = np.isfinite(self._scores[k])
@@ -94,7 +96,9 @@ class PlacementEnv(gym.Env):
                       free / max(inst.memory_mb[k], 1e-9) if edge else 1.0,
                       min(np.log1p(left_mb / max(s.free_mb.sum(), 1e-9)), 10.0), min(regret, 10.0),
                       s.placed / s.total_layers, inst.node_gflops[k] / 1000.0,
-                      min(np.log1p(wished[k] / max(free, 1e-9)), 10.0) if edge else 0.0]
+                      min(np.log1p(wished[k] / max(free, 1e-9)), 10.0) if edge else 0.0,
+                      # what this node saves over the cloud per MB of its memory the layer takes
+                      (cloud_score - self._scores[k]) / self.scale_s * mean_mb / need_mb if edge and fits else 0.0]
         return obs
 
 
