@@ -8,6 +8,8 @@ decisions is minus the integral of the objective's count over that time, in unit
 workload's mean isolated coflow time: for `cct` the number of released, unfinished coflows
 (so an episode's return is minus the sum of coflow completion times), for `weighted_jct` the
 weights of the arrived, unfinished jobs (minus the weighted sum of job completion times).
+The cost before the first choice is added to the first step's reward; a workload that never
+needs a choice ends at `reset` (its schedule is the base heuristic's; `run_policy` handles it).
 """
 from __future__ import annotations
 
