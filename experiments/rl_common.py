@@ -1,0 +1,35 @@
+"""Shared by the RL scheduling experiments: seed ranges, option specs, a deterministic actor."""
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.errors import CaramelError
+from caramel.strategies.options import build_options, parse_spec
+
+
+def seed_range(text: str) -> list[int]:
+    """`1000:1064` -> 1000..1063."""
+    lo, sep, hi = text.partition(":")
+    try:
+        seeds = list(range(int(lo), int(hi))) if sep else [int(lo)]
+    except ValueError:
+        raise CaramelError(f"seeds {text!r}: expected START:STOP (e.g. 1000:1064) or one integer") from None
+    if not seeds:
+        raise CaramelError(f"seeds {text!r}: the range is empty")
+    return seeds
+
+
+def options_from(cls, text: str, what: str):
+    """An options dataclass from `key=value,...` (the same parser as strategy specs)."""
+    _, values = parse_spec(f"{what}:{text}" if text else what)
+    return build_options(cls, values, what)
+
+
+def actor(model):
+    """`obs -> action` of a trained PPO model, deterministic (the highest-scoring candidate)."""
+    return lambda obs: int(model.predict(obs, deterministic=True)[0])
+
+
+def summary(values: list[float]) -> dict:
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "std": float(arr.std()), "n": int(arr.size)}

@@ -1,0 +1,77 @@
+"""Edge-cloud placement: the ILP against brute force, memory limits, the heuristics on a hand-made
+instance, and the environment's reward (minus the cost) and action 0 (greedy_regret)."""
+import numpy as np
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.sched.placement import (HEURISTICS, Instance, InstanceOptions, Task, brute_force, random_instance,
+                                     solve_ilp)
+from caramel.strategies.options import build_options
+
+TINY = InstanceOptions(num_tasks=2, num_layers=3, num_edge=2)
+
+
+def _one_layer(memory_mb: float) -> Instance:
+    """One task of one 1-GFLOP, 10 MB layer at edge node 0 (10 GFLOP/s); the cloud 100 GFLOP/s
+    over a 10 MB/s, 10 ms link; input 1 MB, result 1 MB."""
+    bw = np.array([[np.inf, 10.0], [10.0, np.inf]])
+    lat = np.array([[0.0, 0.01], [0.01, 0.0]])
+    task = Task(source=0, gflop=(1.0,), weights_mb=(10.0,), out_mb=(1.0,), in_mb=1.0, current=(0,))
+    return Instance((task,), (10.0, 100.0), (memory_mb,), bw, lat, migration_weight=1.0)
+
+
+def test_costs_by_hand_and_memory_forces_the_cloud():
+    inst = _one_layer(memory_mb=20.0)
+    assert inst.cost_s([[0]]) == pytest.approx(0.1)  # 1 GFLOP at 10 GFLOP/s, no hop, no move
+    # cloud: hop in 0.01 + 0.1, 0.01 s compute, migrate 0.01 + 1.0, hop back 0.01 + 0.1
+    assert inst.cost_s([[1]]) == pytest.approx(1.24)
+    assert solve_ilp(inst).placement == [[0]]
+    squeezed = _one_layer(memory_mb=5.0)
+    for solve in (solve_ilp, brute_force):
+        assert solve(squeezed).placement == [[1]]
+    for name, heuristic in HEURISTICS.items():
+        assert heuristic(squeezed) == [[1]], name
+        assert heuristic(inst) == ([[1]] if name == "all_cloud" else [[0]]), name
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_ilp_is_optimal_against_brute_force(seed):
+    inst = random_instance(TINY, seed)
+    exact, ilp = brute_force(inst), solve_ilp(inst)
+    assert ilp.optimal and inst.feasible(ilp.placement)
+    assert ilp.cost_s == pytest.approx(exact.cost_s, rel=1e-9)
+    for heuristic in HEURISTICS.values():
+        p = heuristic(inst)
+        assert inst.feasible(p) and inst.cost_s(p) >= exact.cost_s - 1e-9
+
+
+def test_options_and_instance_errors():
+    with pytest.raises(CaramelError, match="did you mean 'num_tasks'"):
+        build_options(InstanceOptions, {"num_task": 3}, "instances")
+    with pytest.raises(CaramelError, match="num_tasks, num_layers and num_edge must be >= 1"):
+        build_options(InstanceOptions, {"num_edge": 0}, "instances")
+    inst = _one_layer(1.0)
+    with pytest.raises(CaramelError, match="source must be an edge node"):
+        Instance((Task(1, (1.0,), (1.0,), (1.0,), 1.0, (0,)),), inst.node_gflops, inst.memory_mb,
+                 inst.bandwidth_MBps, inst.latency_s)
+    with pytest.raises(CaramelError, match="brute force would try"):
+        brute_force(random_instance(InstanceOptions(num_tasks=4, num_layers=4), 0))
+
+
+def test_env_return_is_minus_the_cost_and_action_zero_is_greedy_regret():
+    from caramel.sched.placement.env import PlacementEnv, run_policy
+    opts = InstanceOptions(num_tasks=4, num_layers=4, num_edge=3)
+    env = PlacementEnv(opts, [0])
+    inst = random_instance(opts, 5)
+    env.reset(options={"instance": inst})
+    total, done = 0.0, False
+    while not done:
+        _, reward, done, _, _ = env.step(0)
+        total += reward
+    assert env.placement() == HEURISTICS["greedy_regret"](inst)
+    assert total * env.scale_s == pytest.approx(-inst.cost_s(env.placement()), rel=1e-9)
+    # any action sequence gives a feasible placement (nodes without room are masked)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        p = run_policy(env, inst, lambda obs: int(rng.integers(len(obs))))
+        assert inst.feasible(p)
