@@ -54,15 +54,25 @@ class ShardCache:
                 raise CaramelError(f"cache directory {str(self.directory)!r} has {free} bytes free, "
                                    f"less than the cache budget of {self.budget_bytes} bytes; lower the budget or free space")
 
-    def _entries(self) -> list[os.DirEntry]:
-        return [e for e in os.scandir(self.directory) if e.is_file() and not e.name.startswith(".")]
+    def _entries(self) -> list[tuple[str, int, int]]:
+        """(name, size, mtime_ns) of every entry; one another worker evicts meanwhile is left out."""
+        out = []
+        for e in os.scandir(self.directory):
+            if e.name.startswith("."):
+                continue  # temporary files of writes in progress
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            out.append((e.name, st.st_size, st.st_mtime_ns))
+        return out
 
     def used_bytes(self) -> int:
-        return sum(e.stat().st_size for e in self._entries()) if self.directory.is_dir() else 0
+        return sum(size for _, size, _ in self._entries()) if self.directory.is_dir() else 0
 
     def names(self) -> set[str]:
         """The shards cached now."""
-        return {e.name for e in self._entries()}
+        return {name for name, _, _ in self._entries()}
 
     def get(self, info: ShardInfo) -> bytes | None:
         """The cached shard, or None (a miss); a damaged entry is removed and counts as a miss."""
@@ -83,17 +93,17 @@ class ShardCache:
         """Keep a shard, evicting the least recently used ones to stay within budget; False if it cannot fit."""
         if len(data) > self.budget_bytes:
             return False
-        entries = sorted(self._entries(), key=lambda e: e.stat().st_mtime_ns)
-        used = sum(e.stat().st_size for e in entries)
-        for e in entries:
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        used = sum(size for _, size, _ in entries)
+        for name, size, _ in entries:
             if used + len(data) <= self.budget_bytes:
                 break
-            if e.name == info.name:
+            if name == info.name:
                 continue
             try:
-                size = e.stat().st_size
-                os.unlink(e.path)
+                os.unlink(self.directory / name)
             except FileNotFoundError:  # another worker evicted it first
+                used -= size
                 continue
             used -= size
             self.stats.evictions += 1

@@ -46,6 +46,7 @@ class Link:
 class _Handler(BaseHTTPRequestHandler):
     server: "ShardServer"
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and a small body in separate writes would wait for a delayed ACK
 
     def log_message(self, *args) -> None:  # quiet: benchmarks print their own tables
         pass
@@ -121,6 +122,13 @@ class ShardServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
+
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client that went away (a loader worker shut down) is not the server's error
+        super().handle_error(request, client_address)
 
     def count(self, nbytes: int) -> None:
         with self._count_lock:
