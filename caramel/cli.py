@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("caramel.commands.profile", "profile a model: per-parameter sizes, gradient-ready and first-use times"),
     "plan": ("caramel.commands.plan", "make a communication plan from a profile and a cluster spec"),
     "simulate": ("caramel.commands.simulate", "predict step time for planners on a (possibly imaginary) cluster"),
+    "tune": ("caramel.commands.tune", "search plan knobs with the simulator; the tuner next to random search and TPE"),
     "cluster": ("caramel.cluster.cli", "emulated multi-node cluster on this host (network namespaces + tc)"),
     "trace": ("caramel.commands.trace", "merge, plot and summarize timelines"),
 }
