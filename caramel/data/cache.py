@@ -9,12 +9,15 @@ cached. A directory without room for the budget is an error naming it.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from caramel.data.format import DataError, ShardInfo, check_shard
 from caramel.errors import CaramelError
@@ -88,6 +91,17 @@ class ShardCache:
         self.stats.hits += 1
         self.stats.bytes_read_local += len(data)
         return data
+
+    @contextmanager
+    def fetching(self, info: ShardInfo) -> Iterator[None]:
+        """Hold the shard's fetch lock: a rank's loader workers read the same shards at about the
+        same time, and without it each would fetch a missing shard from the store itself."""
+        with open(self.directory / f".{info.name}.lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def put(self, info: ShardInfo, data: bytes) -> bool:
         """Keep a shard, evicting the least recently used ones to stay within budget; False if it cannot fit."""

@@ -43,8 +43,11 @@ class ShardedDataset(torch.utils.data.Dataset):
         info = self.index.shards[k]
         data = self.cache.get(info)
         if data is None:
-            data = self.store.read_shard(info)
-            self.cache.put(info, data)
+            with self.cache.fetching(info):
+                data = self.cache.get(info)  # another worker may have fetched it while this one waited
+                if data is None:
+                    data = self.store.read_shard(info)
+                    self.cache.put(info, data)
         self._memory[k] = data
         while len(self._memory) > MEMORY_SHARDS:
             self._memory.popitem(last=False)
