@@ -19,3 +19,12 @@ def test_locality_reads_nothing_remote_after_the_first_epoch():
     # locality: epoch 1 fetches each rank's home shards once (the index reads fall in it too), epoch 2 nothing
     assert rows["locality"]["remote_bytes_per_epoch_first"] >= data
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0 and rows["locality"]["hit_rate_steady"] == 1.0
+
+
+def test_bad_input_is_named(capsys):
+    from caramel.cli import main
+
+    assert main(["data-bench", "--modes", "remote,fast"]) == 2
+    assert "'fast' is not a mode" in capsys.readouterr().err
+    assert main(["data-bench", "--epochs", "1"]) == 2
+    assert "--epochs >= 2" in capsys.readouterr().err
