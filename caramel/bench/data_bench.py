@@ -75,7 +75,8 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, barrier,
             for mode in cfg.modes:
                 cache_dir = None if mode == "remote" else f"{workdir}/cache-{rnd}-{mode}"
                 opts = LoaderOptions(batch_size=cfg.batch_size, num_workers=cfg.loader_workers, cache_dir=cache_dir,
-                                     cache_budget_bytes=budget, locality=(mode == "locality"), seed=cfg.seed + rnd)
+                                     cache_budget_bytes=budget, locality=(mode == "locality"), seed=cfg.seed + rnd,
+                                     persistent_workers=cfg.loader_workers > 0)
                 loader = make_loader(url, rank, cfg.ranks, opts)
                 for epoch in range(cfg.epochs):
                     barrier.wait()

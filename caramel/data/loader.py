@@ -75,6 +75,7 @@ class LoaderOptions:
     locality: bool = True
     seed: int = 0
     mix_shards: int = 2
+    persistent_workers: bool = False  # keep worker processes across epochs (no start-up cost per epoch)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.num_workers < 0 or self.prefetch_factor < 1:
@@ -95,7 +96,7 @@ def make_loader(url: str, rank: int, world_size: int, options: LoaderOptions):
                                    cached=cache.names if cache is not None else None, mix_shards=options.mix_shards)
     kwargs: dict[str, Any] = {}
     if options.num_workers > 0:
-        kwargs.update(prefetch_factor=options.prefetch_factor, persistent_workers=False,
+        kwargs.update(prefetch_factor=options.prefetch_factor, persistent_workers=options.persistent_workers,
                       multiprocessing_context="fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
     return StatefulDataLoader(dataset, batch_size=options.batch_size, sampler=sampler, drop_last=True,
                               num_workers=options.num_workers, **kwargs)
