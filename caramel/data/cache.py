@@ -77,8 +77,9 @@ class ShardCache:
         """The shards cached now."""
         return {name for name, _, _ in self._entries()}
 
-    def get(self, info: ShardInfo) -> bytes | None:
-        """The cached shard, or None (a miss); a damaged entry is removed and counts as a miss."""
+    def get(self, info: ShardInfo, recheck: bool = False) -> bytes | None:
+        """The cached shard, or None (a miss); a damaged entry is removed and counts as a miss.
+        `recheck`: a second look after waiting for the fetch lock, whose miss was counted already."""
         path = self.directory / info.name
         try:
             data = path.read_bytes()
@@ -86,7 +87,7 @@ class ShardCache:
             _touch(path)
         except (FileNotFoundError, DataError):
             path.unlink(missing_ok=True)
-            self.stats.misses += 1
+            self.stats.misses += 0 if recheck else 1
             return None
         self.stats.hits += 1
         self.stats.bytes_read_local += len(data)

@@ -44,7 +44,7 @@ class ShardedDataset(torch.utils.data.Dataset):
         data = self.cache.get(info)
         if data is None:
             with self.cache.fetching(info):
-                data = self.cache.get(info)  # another worker may have fetched it while this one waited
+                data = self.cache.get(info, recheck=True)  # another worker may have fetched it while this one waited
                 if data is None:
                     data = self.store.read_shard(info)
                     self.cache.put(info, data)
