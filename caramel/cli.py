@@ -16,9 +16,11 @@ from caramel.errors import CaramelError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("caramel.train.cli", "train a model with Caramel on local workers, the emulated cluster, or under torchrun"),
     "bench": ("caramel.bench.cli", "run strategies side by side (DDP, Caramel variants) and report speedups"),
+    "data-bench": ("caramel.bench.data_cli", "data loading side by side: remote reads, a shard cache, the locality-aware sampler"),
     "profile": ("caramel.commands.profile", "profile a model: per-parameter sizes, gradient-ready and first-use times"),
     "plan": ("caramel.commands.plan", "make a communication plan from a profile and a cluster spec"),
     "simulate": ("caramel.commands.simulate", "predict step time for planners on a (possibly imaginary) cluster"),
+    "tune": ("caramel.commands.tune", "search plan knobs with the simulator; the tuner next to random search and TPE"),
     "cluster": ("caramel.cluster.cli", "emulated multi-node cluster on this host (network namespaces + tc)"),
     "trace": ("caramel.commands.trace", "merge, plot and summarize timelines"),
 }

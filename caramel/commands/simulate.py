@@ -21,10 +21,10 @@ from caramel.strategies import STRATEGIES
 from caramel.strategies.planners import make_plan
 from caramel.sim.bounds import lower_bound
 from caramel.commands.common import (add_cluster_arguments, add_option_argument, add_profile_arguments,
-                                    cluster_from_args, load_profile, parse_options)
+                                    cluster_from_args, load_profile, parse_duration_arg_s, parse_options)
 from caramel.sim.collectives import CommModel
 from caramel.sim.simulate import simulate
-from caramel.units import format_rate
+from caramel.units import format_bytes, format_rate, parse_rate_bps, parse_size_bytes
 
 KIND = "simulation"
 
@@ -47,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-slowdown", type=float, default=1.0, metavar="F",
                         help="compute runs F times slower while a collective is in flight (CPU contention; default 1)")
     add_option_argument(parser)
+    data = parser.add_argument_group("data loading (caramel.data.io_model; all optional, --data-sample-bytes turns it on)")
+    data.add_argument("--data-sample-bytes", help="bytes per sample: 150kb, 3mb")
+    data.add_argument("--data-batch", type=int, default=32, help="samples per rank per step (default 32)")
+    data.add_argument("--data-bandwidth", default="1gbit", help="the store's link, shared by all ranks (default 1gbit)")
+    data.add_argument("--data-latency", default="1ms", help="per request to the store (default 1ms)")
+    data.add_argument("--data-hit-rate", type=float, default=0.0, help="share of samples read from the local cache (default 0)")
+    data.add_argument("--data-request-bytes", help="bytes per store request (a shard: 64mb); default one sample (range reads)")
+    data.add_argument("--data-loader-workers", type=int, default=2, help="prefetching workers per rank (default 2; 0: serial)")
+    data.add_argument("--data-local-per-sample", default="0", help="local read + decode time per sample: 50us (default 0)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -85,7 +94,16 @@ def run(args: argparse.Namespace) -> int:
             records.append(_record(label, overlap, cluster, result, bound.step_time_s, plan, args))
             traces.append(result.trace)
 
+    data_model = _data_model(args, cluster.world_size)
+    if data_model is not None:
+        for rec in records:
+            rec["data"] = data_model.describe()
+            rec["data_time_s"] = data_model.data_time_s()
+            rec["step_time_with_data_s"] = data_model.step_time_s(rec["step_time_s"])
+            rec["bottleneck"] = data_model.bottleneck(rec["step_time_s"])
     _print_table(profile.model, cluster, records)
+    if data_model is not None:
+        _print_data(data_model, records)
     if args.trace_dir:
         out = Path(args.trace_dir)
         for rec, trace in zip(records, traces):
@@ -97,6 +115,31 @@ def run(args: argparse.Namespace) -> int:
                                "iterations": args.iterations, "comm_model": comm.describe(), "records": records})
         print(f"wrote {args.json}")
     return 0
+
+
+def _data_model(args: argparse.Namespace, ranks: int):
+    """The I/O model the --data-* flags describe, or None without --data-sample-bytes."""
+    if not args.data_sample_bytes:
+        return None
+    from caramel.data.io_model import DataLoadModel
+
+    return DataLoadModel(
+        sample_bytes=parse_size_bytes(args.data_sample_bytes), batch_size=args.data_batch, ranks=ranks,
+        store_bandwidth_bps=parse_rate_bps(args.data_bandwidth),
+        store_latency_s=parse_duration_arg_s(args.data_latency, "--data-latency"), hit_rate=args.data_hit_rate,
+        request_bytes=parse_size_bytes(args.data_request_bytes) if args.data_request_bytes else None,
+        loader_workers=args.data_loader_workers,
+        local_s_per_sample=parse_duration_arg_s(args.data_local_per_sample, "--data-local-per-sample"))
+
+
+def _print_data(model, records: list[dict[str, Any]]) -> None:
+    print(f"data: {model.ranks} ranks x {model.batch_size} samples of {format_bytes(model.sample_bytes)}, "
+          f"hit rate {model.hit_rate:.0%}, store {format_rate(model.store_bandwidth_bps)} shared, "
+          f"{model.store_latency_s * 1e3:g} ms/request, {model.loader_workers} loader workers: "
+          f"{model.data_time_s() * 1e3:.2f} ms of loading per step")
+    for r in records:
+        print(f"  {r['planner']} {r['overlap']}: step {r['step_time_with_data_s'] * 1e3:.2f} ms with data "
+              f"({r['step_time_s'] * 1e3:.2f} ms without); bottleneck: {r['bottleneck']}")
 
 
 def _record(label: str, overlap: str, cluster, result, bound_s: float, plan: Plan | None, args) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""`caramel tune`: search plan knobs for a model and cluster; the tuner next to random search and
+Optuna's TPE at the same budget of measurements, against an exhaustive sweep.
+
+    caramel tune --synthetic resnet50 --workers 8 --bandwidth 1gbit --planner fifo \\
+        --knob bucket_cap_mb=log:1|2|5|10|25|50|100 --knob first_bucket_mb=log:0.25|1|4 \\
+        --knob overlap=forward|backward --budget 8 --seeds 5 --plan-out best.plan.json --json tune.json
+
+The measurement is the simulator's detailed model (docs/tune.md says why); every method's
+trials are in the report (caramel.tune/1), and the best configuration's plan is written as a
+file `parallelize(plan=...)` loads.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from caramel.commands.common import add_cluster_arguments, add_profile_arguments, cluster_from_args, load_profile
+from caramel.errors import CaramelError
+from caramel.jsonio import format_tag, write_json
+from caramel.tune.objective import SimulatorObjective
+from caramel.tune.search import model_guided, random_search, tpe_search
+from caramel.tune.space import parse_space
+
+METHODS = ("model", "random", "tpe")
+DEFAULT_KNOBS = ["bucket_cap_mb=log:1|2|5|10|25|50|100", "first_bucket_mb=log:0.25|1|4", "overlap=forward|backward"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_profile_arguments(parser)
+    add_cluster_arguments(parser)
+    parser.add_argument("--planner", default="fifo", help="the planner whose knobs are searched (default fifo)")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=a|b|c",
+                        help=f"a knob and its choices (repeatable; default {' '.join(DEFAULT_KNOBS)})")
+    parser.add_argument("--budget", type=int, default=8, help="measurements per method per seed (default 8)")
+    parser.add_argument("--seeds", type=int, default=5, help="independent runs of each method (default 5)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated among {', '.join(METHODS)}")
+    parser.add_argument("--compute-slowdown", type=float, default=1.2,
+                        help="CPU contention in the measurement model (default 1.2)")
+    parser.add_argument("--plan-out", metavar="PLAN.json", help="write the best measured configuration's plan")
+    parser.add_argument("--json", metavar="OUT", help="write every trial and the sweep (caramel.tune/1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            raise CaramelError(f"--methods: {m!r} is not a method; expected among {', '.join(METHODS)}")
+    if args.budget < 1 or args.seeds < 1:
+        raise CaramelError("--budget and --seeds must be positive")
+    space = parse_space(args.knob or DEFAULT_KNOBS)
+    objective = SimulatorObjective(load_profile(args), cluster_from_args(args), args.planner, args.compute_slowdown)
+    candidates = space.candidates()
+    sweep = [(c, objective.measure(c)) for c in candidates]  # the exhaustive reference
+    best_config, best_s = min(sweep, key=lambda x: x[1])
+    target = best_s * 1.02
+    runs = {m: [] for m in methods}
+    for seed in range(args.seeds):
+        for m in methods:
+            if m == "model":
+                runs[m].append(model_guided(space, objective.predict, objective.measure, args.budget, seed=seed))
+            elif m == "random":
+                runs[m].append(random_search(space, objective.measure, args.budget, seed=seed))
+            else:
+                runs[m].append(tpe_search(space, objective.measure, args.budget, seed=seed))
+    print(f"{len(candidates)} candidates; exhaustive sweep best {best_s * 1e3:.2f} ms at {best_config}; "
+          f"budget {args.budget} measurements ({args.budget / len(candidates):.0%} of the sweep), {args.seeds} seeds")
+    print(f"{'method':8}  {'mean best ms':>12}  {'within 2%':>9}  {'median trials to 2%':>19}")
+    rows = []
+    for m, results in runs.items():
+        bests = [r.best.measured_s for r in results]
+        reach = [r.trials_to_reach(target) for r in results]
+        hit = [n for n in reach if n is not None]
+        rows.append({"method": m, "mean_best_s": statistics.mean(bests), "within_2pct": len(hit), "runs": len(results),
+                     "trials_to_2pct": reach})
+        med = f"{statistics.median(hit):g}" if hit else "-"
+        print(f"{m:8}  {statistics.mean(bests) * 1e3:12.2f}  {len(hit):>4}/{len(results):<4}  {med:>19}")
+    overall = min((r.best for rs in runs.values() for r in rs), key=lambda t: t.measured_s)
+    if args.plan_out:
+        plan, overlap = objective.plan(overall.config)
+        plan.save(args.plan_out)
+        print(f"wrote {args.plan_out} ({overall.config}, {overall.measured_s * 1e3:.2f} ms; run it with overlap={overlap})")
+    if args.json:
+        write_json(args.json, {"format": format_tag("tune"), "planner": args.planner, "budget": args.budget,
+                               "space": [{"name": k.name, "choices": list(k.choices), "log": k.log} for k in space.knobs],
+                               "sweep": [{"config": c, "measured_s": s} for c, s in sweep], "rows": rows,
+                               "runs": {m: [r.to_dict() for r in rs] for m, rs in runs.items()}})
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,143 @@
+"""Each worker's shard cache: whole shards on its local disk, within a byte budget, least
+recently used evicted first.
+
+Entries are written atomically (temporary file, sync, rename) and checked against the index's
+sha256 when read back, so a half-written or damaged entry is never returned: it is dropped and
+the shard fetched again. Recency is the file's mtime (touched on each hit), so several loader
+worker processes can share one directory and the sampler in the main process sees what they
+cached. A directory without room for the budget is an error naming it.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from caramel.data.format import DataError, ShardInfo, check_shard
+from caramel.errors import CaramelError
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes_read_local: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class ShardCache:
+    """Shards by name under `directory`, at most `budget_bytes` in all."""
+
+    def __init__(self, directory: str | os.PathLike, budget_bytes: int, check_space: bool = True):
+        if budget_bytes < 0:
+            raise CaramelError(f"cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.directory = Path(directory)
+        self.budget_bytes = int(budget_bytes)
+        self.stats = CacheStats()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CaramelError(f"cache directory {str(self.directory)!r} cannot be created ({e.strerror})") from None
+        if not os.access(self.directory, os.W_OK):
+            raise CaramelError(f"cache directory {str(self.directory)!r} is not writable")
+        if check_space:
+            free = shutil.disk_usage(self.directory).free + self.used_bytes()
+            if free < self.budget_bytes:
+                raise CaramelError(f"cache directory {str(self.directory)!r} has {free} bytes free, "
+                                   f"less than the cache budget of {self.budget_bytes} bytes; lower the budget or free space")
+
+    def _entries(self) -> list[tuple[str, int, int]]:
+        """(name, size, mtime_ns) of every entry; one another worker evicts meanwhile is left out."""
+        out = []
+        for e in os.scandir(self.directory):
+            if e.name.startswith("."):
+                continue  # temporary files of writes in progress
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            out.append((e.name, st.st_size, st.st_mtime_ns))
+        return out
+
+    def used_bytes(self) -> int:
+        return sum(size for _, size, _ in self._entries()) if self.directory.is_dir() else 0
+
+    def names(self) -> set[str]:
+        """The shards cached now."""
+        return {name for name, _, _ in self._entries()}
+
+    def get(self, info: ShardInfo, recheck: bool = False) -> bytes | None:
+        """The cached shard, or None (a miss); a damaged entry is removed and counts as a miss.
+        `recheck`: a second look after waiting for the fetch lock, whose miss was counted already."""
+        path = self.directory / info.name
+        try:
+            data = path.read_bytes()
+            check_shard(info, data, str(path))
+            _touch(path)
+        except (FileNotFoundError, DataError):
+            path.unlink(missing_ok=True)
+            self.stats.misses += 0 if recheck else 1
+            return None
+        self.stats.hits += 1
+        self.stats.bytes_read_local += len(data)
+        return data
+
+    @contextmanager
+    def fetching(self, info: ShardInfo) -> Iterator[None]:
+        """Hold the shard's fetch lock: a rank's loader workers read the same shards at about the
+        same time, and without it each would fetch a missing shard from the store itself."""
+        with open(self.directory / f".{info.name}.lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def put(self, info: ShardInfo, data: bytes) -> bool:
+        """Keep a shard, evicting the least recently used ones to stay within budget; False if it cannot fit."""
+        if len(data) > self.budget_bytes:
+            return False
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        used = sum(size for _, size, _ in entries)
+        for name, size, _ in entries:
+            if used + len(data) <= self.budget_bytes:
+                break
+            if name == info.name:
+                continue
+            try:
+                os.unlink(self.directory / name)
+            except FileNotFoundError:  # another worker evicted it first
+                used -= size
+                continue
+            used -= size
+            self.stats.evictions += 1
+        fd, tmp = tempfile.mkstemp(prefix=f".{info.name}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.directory / info.name)
+            _touch(self.directory / info.name)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            raise CaramelError(f"cache directory {str(self.directory)!r}: cannot write {info.name} ({e.strerror})") from None
+        return True
+
+
+def _touch(path: Path) -> None:
+    """Mark `path` most recently used. The time is given explicitly: file systems stamp files with a
+    coarse clock (milliseconds), which would tie shards read one after another."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))

@@ -1,0 +1,78 @@
+"""How long a step waits for its data: an analytical model of loading from a shared store.
+
+Each of `ranks` ranks needs `batch_size` samples of `sample_bytes` per step. A share
+`hit_rate` is read locally (page cache or disk, `local_s_per_sample` each: read plus decode,
+measured); the rest comes from the store in requests of `request_bytes` (a whole shard when
+shards are cached, one sample for range reads), each paying `store_latency_s` plus `request_overhead_s` (CPU time of a request, measured), over the store's
+link of `store_bandwidth_bps`, which all ranks share. `loader_workers` processes per rank
+fetch in parallel, so latency and local work divide among them; the link does not:
+
+    remote_s = requests * (latency + overhead) / k  +  ranks * remote_bytes * 8 / bandwidth
+    local_s  = batch * local_s_per_sample / min(k, cores per rank)
+    data_s   = remote_s + local_s
+
+With workers prefetching ahead of the step, the step takes max(compute_s, data_s); without
+(`loader_workers=0`) the two add. Data is the bottleneck when data_s > compute_s.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from caramel.errors import CaramelError
+
+
+@dataclass(frozen=True)
+class DataLoadModel:
+    """The inputs of the model; every name carries its unit."""
+
+    sample_bytes: float
+    batch_size: int
+    ranks: int
+    store_bandwidth_bps: float
+    store_latency_s: float = 0.0
+    hit_rate: float = 0.0
+    request_bytes: float | None = None  # None: one sample per request (range reads)
+    loader_workers: int = 2
+    local_s_per_sample: float = 0.0
+    cores_per_rank: float = 1.0
+    request_overhead_s: float = 0.0  # client + server CPU per request, measured on an unshaped link
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hit_rate <= 1.0:
+            raise CaramelError(f"hit_rate must be within [0, 1], got {self.hit_rate}")
+        if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
+            raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
+                               f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
+        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0:
+            raise CaramelError("store_latency_s, loader_workers and local_s_per_sample must be >= 0")
+        if self.request_bytes is not None and self.request_bytes <= 0:
+            raise CaramelError(f"request_bytes must be positive, got {self.request_bytes}")
+
+    def remote_bytes_per_step(self) -> float:
+        """Bytes one rank fetches from the store per step."""
+        return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes
+
+    def data_time_s(self) -> float:
+        """Seconds of loading one rank's batch, spread over its loader workers."""
+        k = max(self.loader_workers, 1)
+        remote = self.remote_bytes_per_step()
+        per_request = self.request_bytes or self.sample_bytes
+        requests = remote / per_request if remote > 0 else 0.0
+        if self.request_bytes is None:
+            requests = math.ceil(requests - 1e-9)
+        remote_s = requests * (self.store_latency_s + self.request_overhead_s) / k + self.ranks * remote * 8.0 / self.store_bandwidth_bps
+        local_s = self.batch_size * self.local_s_per_sample / max(min(k, self.cores_per_rank), 1.0)
+        return remote_s + local_s
+
+    def step_time_s(self, compute_s: float) -> float:
+        """The step time with this data path: prefetched when there are workers, serial otherwise."""
+        data = self.data_time_s()
+        return max(compute_s, data) if self.loader_workers > 0 else compute_s + data
+
+    def bottleneck(self, compute_s: float) -> str:
+        return "data" if self.data_time_s() > compute_s else "compute+comm"
+
+    def describe(self) -> dict[str, Any]:
+        return dict(asdict(self), data_time_s=self.data_time_s(), remote_bytes_per_step=self.remote_bytes_per_step())

@@ -1,0 +1,124 @@
+"""The sample format round-trips, writes atomically, and is read back through local and http
+stores; the shard cache evicts least recently used shards and never returns a damaged entry."""
+import os
+
+import pytest
+import torch
+
+from caramel.data.cache import ShardCache
+from caramel.data.format import INDEX_NAME, DataError, DatasetIndex, decode_sample, write_dataset
+from caramel.data.serve import serve_directory
+from caramel.data.store import Store
+from caramel.errors import CaramelError, FormatError
+
+torch.set_num_threads(1)
+
+
+def _samples(n):
+    return [(torch.arange(6, dtype=torch.float32) + i, torch.tensor(i)) for i in range(n)]
+
+
+def _decode_all(store):
+    index = store.index()
+    out = []
+    for k, info in enumerate(index.shards):
+        data = store.read_shard(info)
+        out += [decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "t") for p in range(info.num_samples)]
+    return out
+
+
+@pytest.mark.parametrize("via", ["path", "file", "http"])
+def test_round_trip(tmp_path, via):
+    samples = _samples(23)
+    index = write_dataset(tmp_path / "ds", samples, samples_per_shard=5)
+    assert [s.num_samples for s in index.shards] == [5, 5, 5, 5, 3]
+    assert index.locate(12) == (2, 2)
+    if via == "http":
+        with serve_directory(tmp_path / "ds") as server:
+            store = Store(server.url)
+            got = _decode_all(store)
+            one = decode_sample(store.read_sample_bytes(index.shards[2], 2), "t")
+            assert server.requests_served == 1 + 5 + 1
+    else:
+        store = Store(str(tmp_path / "ds") if via == "path" else f"file://{tmp_path / 'ds'}")
+        got = _decode_all(store)
+        one = decode_sample(store.read_sample_bytes(index.shards[2], 2), "t")
+    assert len(got) == 23
+    for (x, y), (gx, gy) in zip(samples, got):
+        assert torch.equal(x, gx) and torch.equal(y, gy)
+    assert torch.equal(one[0], samples[12][0])
+    assert store.stats.bytes_fetched == index.nbytes + (index.shards[2].offsets[3] - index.shards[2].offsets[2]) + \
+        len((tmp_path / "ds" / INDEX_NAME).read_bytes())
+
+
+def test_failed_write_leaves_no_index_and_no_partial_files(tmp_path):
+    def samples():
+        yield from _samples(7)
+        raise RuntimeError("source died")
+
+    with pytest.raises(RuntimeError):
+        write_dataset(tmp_path / "ds", samples(), samples_per_shard=3)
+    names = sorted(os.listdir(tmp_path / "ds"))
+    assert INDEX_NAME not in names
+    assert not [n for n in names if n.endswith(".tmp")]
+    assert names == ["shard-00000.bin", "shard-00001.bin"]  # whole shards only; unreadable without an index
+    with pytest.raises(CaramelError, match="index.json is not there"):
+        Store(str(tmp_path / "ds")).index()
+
+
+def test_corrupt_shard_and_bad_index_are_named(tmp_path):
+    write_dataset(tmp_path / "ds", _samples(4), samples_per_shard=2)
+    shard = tmp_path / "ds" / "shard-00001.bin"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    store = Store(str(tmp_path / "ds"))
+    with pytest.raises(DataError, match="shard-00001.bin.*corrupt"):
+        store.read_shard(store.index().shards[1])
+    with pytest.raises(DataError, match="corrupt sample"):
+        decode_sample(b"not a tensor file", "x/shard-00001.bin sample 0")
+    (tmp_path / "ds" / INDEX_NAME).write_text('{"format": "caramel.plan/1"}')
+    with pytest.raises(FormatError, match="caramel.dataset/1"):
+        Store(str(tmp_path / "ds")).index()
+
+
+def test_unreachable_url_is_named():
+    with serve_directory(os.getcwd()) as server:
+        url = server.url
+    with pytest.raises(CaramelError, match=f"data store '{url}/nowhere'"):
+        Store(url + "/nowhere").index()
+
+
+def test_cache_evicts_least_recently_used_and_drops_damaged_entries(tmp_path):
+    index = write_dataset(tmp_path / "ds", _samples(8), samples_per_shard=2)
+    store = Store(str(tmp_path / "ds"))
+    shards = index.shards
+    size = max(s.nbytes for s in shards)
+    cache = ShardCache(tmp_path / "cache", budget_bytes=2 * size + size // 2)  # room for two shards
+    for info in shards[:2]:
+        assert cache.get(info) is None
+        assert cache.put(info, store.read_shard(info))
+    os.utime(tmp_path / "cache" / shards[0].name, ns=(1, 1))  # shard 0 least recent ...
+    os.utime(tmp_path / "cache" / shards[1].name, ns=(2, 2))
+    assert cache.get(shards[0]) is not None  # ... until this hit makes shard 1 the least recent
+    cache.put(shards[2], store.read_shard(shards[2]))
+    assert cache.names() == {shards[0].name, shards[2].name}
+    assert cache.used_bytes() <= cache.budget_bytes and cache.stats.evictions == 1
+    # a damaged entry (e.g. a crash mid-copy by another tool) is a miss, removed, never returned
+    (tmp_path / "cache" / shards[2].name).write_bytes(b"half")
+    assert cache.get(shards[2]) is None
+    assert shards[2].name not in cache.names()
+    assert cache.stats.hits == 1 and cache.stats.misses == 3
+
+
+def test_cache_directory_without_space_is_an_error(tmp_path):
+    with pytest.raises(CaramelError, match=f"cache directory '{tmp_path}'.*bytes free"):
+        ShardCache(tmp_path, budget_bytes=1 << 62)
+
+
+def test_index_parse_rejects_offsets_that_do_not_cover_the_shard(tmp_path):
+    index = write_dataset(tmp_path / "ds", _samples(2), samples_per_shard=2)
+    d = index.to_dict()
+    d["shards"][0]["offsets"][-1] += 1
+    with pytest.raises(FormatError, match="offsets"):
+        DatasetIndex.from_dict(d, "idx")

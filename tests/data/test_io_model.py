@@ -1,0 +1,24 @@
+"""The I/O model's arithmetic: the link is shared, latency divides among workers, hits are free of the store."""
+import pytest
+
+from caramel.data.io_model import DataLoadModel
+from caramel.errors import CaramelError
+
+
+def test_terms():
+    m = DataLoadModel(sample_bytes=1e4, batch_size=10, ranks=4, store_bandwidth_bps=1e8, store_latency_s=1e-3,
+                      loader_workers=2)
+    # 10 range reads: 10 ms latency over 2 workers, 4 ranks x 1e5 bytes over 1e8 bit/s = 32 ms
+    assert m.data_time_s() == pytest.approx(5e-3 + 32e-3)
+    half = DataLoadModel(**{**m.__dict__, "hit_rate": 0.5, "request_bytes": 5e4, "local_s_per_sample": 1e-4})
+    # 5e4 remote bytes in one request: 0.5 ms + 16 ms; 10 local samples at 0.1 ms on one core
+    assert half.data_time_s() == pytest.approx(0.5e-3 + 16e-3 + 1e-3)
+    assert half.step_time_s(compute_s=0.03) == 0.03 and half.bottleneck(0.03) == "compute+comm"
+    assert m.step_time_s(compute_s=0.01) == pytest.approx(m.data_time_s()) and m.bottleneck(0.01) == "data"
+    serial = DataLoadModel(**{**m.__dict__, "loader_workers": 0})
+    assert serial.step_time_s(0.01) == pytest.approx(0.01 + 10e-3 + 32e-3)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(CaramelError, match="hit_rate"):
+        DataLoadModel(1, 1, 1, 1.0, hit_rate=1.5)
