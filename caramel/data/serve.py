@@ -87,15 +87,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body:
             return
+        # counted before each write, not after the last: a client holding every byte must also
+        # see them counted (a count after the write raced the client's next look at it)
+        self.server.count(0, request=True)
         with open(path, "rb") as f:
             f.seek(start)
             left = end - start
             while left > 0:
                 chunk = f.read(min(CHUNK_BYTES, left))
                 self.server.link.send(len(chunk))
+                self.server.count(len(chunk))
                 self.wfile.write(chunk)
                 left -= len(chunk)
-        self.server.count(end - start)
 
     def do_GET(self) -> None:
         self._respond(True)
@@ -130,9 +133,9 @@ class ShardServer(ThreadingHTTPServer):
             return  # a client that went away (a loader worker shut down) is not the server's error
         super().handle_error(request, client_address)
 
-    def count(self, nbytes: int) -> None:
+    def count(self, nbytes: int, request: bool = False) -> None:
         with self._count_lock:
-            self.requests_served += 1
+            self.requests_served += int(request)
             self.bytes_served += nbytes
 
 
