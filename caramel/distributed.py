@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import socket
 from dataclasses import dataclass
 
@@ -50,10 +51,32 @@ def resolve_timeout_s(timeout_s: float | None = None) -> float:
 
 
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
+    """A TCP port on loopback that was free a moment ago, chosen below the kernel's ephemeral
+    range (as torchrun's 29500 is): a port from `bind(0)` is one the kernel may hand out again
+    as the source port of another process's connection before our store binds it."""
+    low = _ephemeral_low()
+    rng = random.Random()  # seeded from the OS: two processes picking at once rarely agree
+    if low > 12000:
+        for _ in range(64):
+            port = rng.randrange(10000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a connection's source port (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _info() -> DistInfo:

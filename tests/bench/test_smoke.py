@@ -19,8 +19,9 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
                "--strategies", "ddp,caramel,caramel:planner=fifo,overlap=backward,ddp:comm_priority=auto",
                "--rounds", "2", "--steps", "3", "--warmup", "1", "--timeout", "100",
                "--json", str(out), "--markdown", str(md), "--trace", str(trace)])
-    printed = capsys.readouterr().out
-    assert rc == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, (printed + captured.err)[-3000:]
     data = json.loads(out.read_text())
     assert data["format"] == "caramel.bench/2"
     recs = {r["strategy"]: r for r in data["records"]}
