@@ -77,13 +77,19 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, engine: Any) -> torch.optim
     """Swap `optimizer`'s class for a Caramel subclass bound to `engine` (idempotent per object)."""
     base = optimizer._caramel_base if isinstance(optimizer, CaramelOptimizerMixin) else type(optimizer)
     cls = type(f"Caramel{base.__name__}", (CaramelOptimizerMixin, base), {"_caramel_base": base})
-    # An LR scheduler created before parallelize() patched `optimizer.step` on the instance to
-    # call the original class's step; re-point it at ours, keeping the scheduler's marker.
+    return rebind_class(optimizer, cls, _caramel_engine=engine)
+
+
+def rebind_class(optimizer: torch.optim.Optimizer, cls: type, **attrs: Any) -> torch.optim.Optimizer:
+    """Give `optimizer` the class `cls` (a strategy's mixin over its own class) and set `attrs`
+    on it. An LR scheduler created before parallelize() patched `optimizer.step` on the instance
+    to call the original class's step; it is re-pointed at `cls`'s, keeping the scheduler's marker."""
     patched = "step" in vars(optimizer)
     if patched:
         del optimizer.step
     optimizer.__class__ = cls
-    optimizer._caramel_engine = engine
+    for name, value in attrs.items():
+        setattr(optimizer, name, value)
     if patched:
         @functools.wraps(cls.step)
         def step(*args, **kwargs):

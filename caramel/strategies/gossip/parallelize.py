@@ -24,6 +24,7 @@ import torch.nn as nn
 from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError, MismatchError
 from caramel.profile.profiler import unique_params
+from caramel.runtime.optimizer import rebind_class
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
@@ -301,18 +302,7 @@ class GossipOptimizerMixin:
 def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: GossipRun) -> torch.optim.Optimizer:
     base = type(optimizer)
     cls = type(f"Gossip{base.__name__}", (GossipOptimizerMixin, base), {"_gossip_base": base})
-    patched = "step" in vars(optimizer)  # an LR scheduler made before parallelize() patched it
-    if patched:
-        del optimizer.step
-    optimizer.__class__ = cls
-    optimizer._gossip_run = run
-    if patched:
-        @functools.wraps(cls.step)
-        def step(*args, **kwargs):
-            return cls.step(optimizer, *args, **kwargs)
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-        optimizer.step = step
-    return optimizer
+    return rebind_class(optimizer, cls, _gossip_run=run)
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import statistics
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError, MismatchError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
-from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, steps_per_parameter
+from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, steps_per_parameter
 from caramel.strategies.ps.engine import PsEngine, PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
@@ -300,18 +299,7 @@ class PsOptimizerMixin:
 def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: PsRun) -> torch.optim.Optimizer:
     base = type(optimizer)
     cls = type(f"Ps{base.__name__}", (PsOptimizerMixin, base), {"_ps_base": base})
-    patched = "step" in vars(optimizer)  # an LR scheduler made before parallelize() patched it
-    if patched:
-        del optimizer.step
-    optimizer.__class__ = cls
-    optimizer._ps_run = run
-    if patched:
-        @functools.wraps(cls.step)
-        def step(*args, **kwargs):
-            return cls.step(optimizer, *args, **kwargs)
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-        optimizer.step = step
-    return optimizer
+    return rebind_class(optimizer, cls, _ps_run=run)
 
 
 def _check_same_everywhere(options: PsOptions, params: list[nn.Parameter], group: Any) -> None:
