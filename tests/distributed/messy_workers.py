@@ -76,11 +76,12 @@ def _adamw(params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
-def case_frozen(rank, world):
+def _train_frozen_conv1(rank, opt_fn, **kw):
+    """SmallCNN with conv1's weight frozen, trained with Caramel and DDP side by side."""
     torch.manual_seed(0)
     m = SmallCNN()
     m.conv1.weight.requires_grad_(False)
-    cm, copt, ddp, ropt = _pair(m, _adamw)
+    cm, copt, ddp, ropt = _pair(m, opt_fn, **kw)
     for step in range(STEPS):
         g = torch.Generator().manual_seed(step * 13 + rank)
         x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
@@ -89,23 +90,17 @@ def case_frozen(rank, world):
             o.step()
             o.zero_grad()
     copt.synchronize()
+    return cm, copt, ddp
+
+
+def case_frozen(rank, world):
+    cm, _, ddp = _train_frozen_conv1(rank, _adamw)
     return _diff(cm.module, ddp.module)
 
 
 def case_frozen_with_deferred_weight_gradients(rank, world):
     """A frozen first layer is not split; the two layers after it defer their weight gradients."""
-    torch.manual_seed(0)
-    m = SmallCNN()
-    m.conv1.weight.requires_grad_(False)
-    cm, copt, ddp, ropt = _pair(m, _sgd, compute_schedule=2)
-    for step in range(STEPS):
-        g = torch.Generator().manual_seed(step * 13 + rank)
-        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
-        for mod, o in ((cm, copt), (ddp, ropt)):
-            F.cross_entropy(mod(x), y).backward()
-            o.step()
-            o.zero_grad()
-    copt.synchronize()
+    cm, copt, ddp = _train_frozen_conv1(rank, _sgd, compute_schedule=2)
     schedule = copt.engine.plan.compute_schedule
     if schedule is None or len(schedule.modules) != 2 or "conv1" in schedule.modules:
         return f"expected two deferred layers after the frozen conv1, got {schedule and schedule.modules}"
