@@ -22,7 +22,7 @@ from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRA
                                   BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates
 from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
-from caramel.bench.tables import format_markdown, format_summary, format_table, format_uneven
+from caramel.bench.tables import format_markdown, format_predictions, format_summary, format_table, format_uneven
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
@@ -190,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         uneven = format_uneven(records)
         if uneven:
             print(uneven)
+        print()
+        print("The simulator against the measurement:\n" + format_predictions(records).replace("`", ""))
         print()
         print("Summary (against each configuration's stronger DDP variant):\n"
               + format_summary(summarize_strategies(records)).replace("`", ""))

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.prediction import predict_strategies
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
@@ -270,6 +271,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         return None
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
+    bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -280,6 +282,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "step_times_s": {n: [g[n] for g in gathered] for n in runners},
         "stats": stats,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
+        "predicted": predict_strategies(profile, [s.name for s in strategies if s.name in runners], world,
+                                        bandwidth_bps, slow),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),
@@ -292,7 +296,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "threads_per_worker": torch.get_num_threads(),
             "param_count": param_count(workload.model),
             "grad_bytes": grad_bytes,
-            "effective_bandwidth_bps": effective_bandwidth_bps(grad_bytes, world, comm_s),
+            "effective_bandwidth_bps": bandwidth_bps,
             "load_average": os.getloadavg(),
             "comm_buckets": runners["comm"].stats().get("buckets"),
             "measure_wall_s": measure_wall_s,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from caramel.bench.matrix import REGIMES, regime_of_ratio
+from caramel.bench.prediction import prediction_error
 from caramel.errors import FormatError
 from caramel.jsonio import write_json
 from caramel.stats import geomean, median, paired_ratio_interval, percentile
@@ -161,6 +162,14 @@ class Record:
     """caramel with balance="batch": the per-rank shares of the global batch in force at the end"""
     slow_worker: dict[str, Any] | None = None
     """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
+    predicted_step_s: float | None = None
+    """the strategy's simulator model on the profile and achieved link rate (`caramel.bench.prediction`)"""
+    prediction_error: float | None = None
+    """predicted / measured median - 1"""
+    prediction_exact: bool | None = None
+    """whether the strategy trains DDP's parameters (only those are recommended)"""
+    prediction_note: str | None = None
+    """why there is no prediction"""
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
@@ -236,6 +245,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
         t = medians[name]
         st = raw.get("stats", {}).get(name, {})
         wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
+        pred = raw.get("predicted", {}).get(name, {})
         ci = paired_ratio_interval(series[ref], xs, spr) if ref and spr and name != ref else None
         records.append(Record(
             strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
@@ -246,7 +256,9 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
-            slow_worker=meta.get("slow_worker"), **common))
+            slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
+            prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),
+            prediction_note=pred.get("error"), **common))
     return records
 
 

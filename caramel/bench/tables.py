@@ -8,6 +8,7 @@ from typing import Any
 
 from caramel.bench.report import (PLAN_LINE_BUCKETS, Record, StrategySummary, ceiling_s, ceiling_speedup, config_label,
                                   efficiency, summarize_strategies)
+from caramel.bench.prediction import ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, records_accuracy, recommendation_checks
 from caramel.strategies.caramel.trial import confirmation_note
 
 
@@ -100,7 +101,8 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "E = (U - T) / (U - L); bound: the simulator's lower bound on links of the rate the comm-only baseline "
         "achieved.\n\n"
         + head + body + skipped + "\n\n"
-        "## Where the time goes\n\n" + format_breakdown(records) + "\n"
+        "## Where the time goes\n\n" + format_breakdown(records) + "\n\n"
+        "## The simulator against the measurement\n\n" + format_predictions(records) + "\n"
         + (f"\n## Notes\n\n{notes.strip()}\n" if notes.strip() else "")
     )
 
@@ -235,4 +237,38 @@ def format_uneven(records: list[Record]) -> str:
         parts = [f"{r.strategy} {r.samples_per_s:.1f}" + (f" (shares {r.share_counts})" if r.share_counts else "")
                  for r in rows]
         lines.append(f"samples/s on {label}{how}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def format_predictions(records: list[Record]) -> str:
+    """Per configuration each strategy's predicted step beside its measured median, the
+    recommendation check, and the accuracy per strategy kind ('' without predictions)."""
+    if not any(r.predicted_step_s is not None or r.prediction_note for r in records):
+        return "- no predictions (one worker, or no profile)"
+    lines = ["Each strategy's simulator model on the profile taken after the rounds and the link rate the "
+             "comm-only baseline achieved; the strategies' own measured steps are not used "
+             "(`caramel.bench.prediction`).", ""]
+    for label in dict.fromkeys(config_label(r) for r in records):
+        parts = []
+        for r in (r for r in records if config_label(r) == label):
+            if r.predicted_step_s is None:
+                parts.append(f"{r.strategy} not modelled ({r.prediction_note or 'no prediction'})")
+            else:
+                err = f" ({r.prediction_error:+.0%})" if r.prediction_error is not None else ""
+                parts.append(f"{r.strategy} {_ms(r.predicted_step_s)} ms vs {_ms(r.step_time_median_s)} ms{err}")
+        lines.append(f"- {label}: " + "; ".join(parts))
+    checks = recommendation_checks(records, config_label)
+    if checks:
+        hits = sum(c.hit for c in checks)
+        lines += ["", f"Recommendation (the fastest predicted of the strategies that train DDP's parameters) was the "
+                      f"measured fastest or within {RECOMMENDATION_TOLERANCE:.0%} of it on {hits} of {len(checks)} "
+                      "configuration(s):"]
+        lines += [f"- {c.configuration}: recommended {c.recommended} ({_ms(c.recommended_step_s)} ms), measured "
+                  f"fastest {c.fastest} ({_ms(c.fastest_step_s)} ms): " + ("hit" if c.hit else f"miss, {c.slowdown:+.0%}")
+                  for c in checks]
+    acc = records_accuracy(records)
+    if acc:
+        lines += ["", f"Accuracy per strategy kind (|predicted / measured - 1|; target {ACCURACY_TARGET:.0%}):"]
+        lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}, "
+                  f"{a['within_target']:.0%} of {a['rows']} row(s) within the target" for k, a in acc.items()]
     return "\n".join(lines)

@@ -40,6 +40,11 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert r["target_ratio"] == 1.0 and r["rate_source"] == "derived" and r["calibrated_compute_s"] > 0
         assert r["bandwidth"] and r["intended_regime"] == "balanced"
     assert recs[recs["ddp"]["reference"]]["speedup"] == 1.0
+    # every strategy's simulator prediction from the profile and the achieved rate, beside its median
+    for r in recs.values():
+        assert r["predicted_step_s"] > 0 and r["prediction_exact"] is True, r
+        assert r["prediction_error"] == pytest.approx(r["predicted_step_s"] / r["step_time_median_s"] - 1)
+    assert "The simulator against the measurement" in md.read_text() and "Recommendation" in md.read_text()
     assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
     assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
     assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()

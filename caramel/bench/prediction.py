@@ -1,0 +1,122 @@
+"""The simulator's prediction of every strategy the bench measured, and how good it was.
+
+After the measured rounds the harness has a profile taken on every worker side by side and the
+link rate the comm-only baseline achieved (`caramel.bench.lower_bound`). From those two alone,
+never from the strategies' own measured steps, each strategy's simulator model predicts its
+step (`caramel.strategies.recommend.predict`, what `caramel plan --strategy auto` and
+`caramel simulate --strategy` run). The report sets each prediction beside the measured median,
+so the simulator's accuracy is claimed on configurations it was not calibrated on, and checks
+the recommendation: is the strategy the simulator ranks fastest the measured fastest, or within
+`RECOMMENDATION_TOLERANCE` of it?
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from caramel.stats import median
+
+RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed the fastest's by this share
+ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
+
+
+def bench_cluster(world: int, bandwidth_bps: float, slow_worker: dict[str, Any] | None = None):
+    """The ClusterSpec a bench configuration ran on, as far as the bench knows it: `world`
+    workers on links of the achieved rate, the emulated slow worker at 1/factor speed."""
+    from caramel.topology.spec import ClusterSpec, WorkerSpec
+
+    speeds = [1.0] * world
+    if slow_worker:
+        speeds[int(slow_worker["rank"])] = 1.0 / float(slow_worker["factor"])
+    return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
+                       bandwidth_bps=bandwidth_bps, meta={"source": "bench: achieved rate of the comm-only baseline"})
+
+
+def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
+                       slow_worker: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Per strategy name: {"step_time_s", "exact", "error"}; {} without a profile or a rate (one
+    worker, no communication). A failure is the strategy's `error`, never the bench's."""
+    if profile is None or bandwidth_bps is None or world < 2:
+        return {}
+    from caramel.strategies.recommend import predict
+
+    cluster = bench_cluster(world, bandwidth_bps, slow_worker)
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        try:
+            (p,) = predict(profile, cluster, [name])
+            out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error}
+        except Exception as e:  # a prediction is an extra: it must never fail the bench
+            print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
+            out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def prediction_error(predicted_s: float | None, measured_s: float | None) -> float | None:
+    """predicted / measured - 1 (positive: the simulator expected a slower step)."""
+    if predicted_s is None or not measured_s:
+        return None
+    return predicted_s / measured_s - 1.0
+
+
+@dataclass(frozen=True)
+class RecommendationCheck:
+    """One configuration: the simulator's pick among the exact strategies measured there,
+    against the measured fastest of the same set."""
+
+    configuration: str
+    recommended: str
+    fastest: str
+    recommended_step_s: float
+    fastest_step_s: float
+
+    @property
+    def slowdown(self) -> float:
+        """How much slower the recommendation ran than the fastest (0: it was the fastest)."""
+        return self.recommended_step_s / self.fastest_step_s - 1.0
+
+    @property
+    def hit(self) -> bool:
+        return self.slowdown <= RECOMMENDATION_TOLERANCE
+
+
+def check_recommendation(configuration: str, rows: list[tuple[str, float | None, float | None, bool]]
+                         ) -> RecommendationCheck | None:
+    """`rows`: (strategy, measured median, predicted step, exact) of one configuration. None
+    when fewer than two exact strategies were both measured and predicted."""
+    pool = [(n, m, p) for n, m, p, exact in rows if exact and m is not None and p is not None]
+    if len(pool) < 2:
+        return None
+    rec = min(pool, key=lambda r: r[2])
+    fast = min(pool, key=lambda r: r[1])
+    return RecommendationCheck(configuration, rec[0], fast[0], rec[1], fast[1])
+
+
+def accuracy_by_kind(errors: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """Per strategy kind: the median and largest |error| and the share of rows within
+    ACCURACY_TARGET, over (kind, error) pairs."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in dict.fromkeys(k for k, _ in errors):
+        errs = [abs(e) for k, e in errors if k == kind]
+        out[kind] = {"rows": len(errs), "median_abs_error": median(errs), "max_abs_error": max(errs),
+                     "within_target": sum(e <= ACCURACY_TARGET for e in errs) / len(errs)}
+    return out
+
+
+def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck]:
+    """`check_recommendation` per configuration of bench records (`label(record)` names the
+    configuration), in the order first seen."""
+    out = []
+    for conf in dict.fromkeys(label(r) for r in records):
+        rows = [(r.strategy, r.step_time_median_s, r.predicted_step_s, bool(r.prediction_exact))
+                for r in records if label(r) == conf]
+        check = check_recommendation(conf, rows)
+        if check is not None:
+            out.append(check)
+    return out
+
+
+def records_accuracy(records: list[Any]) -> dict[str, dict[str, float]]:
+    """`accuracy_by_kind` over bench records that have both a measured median and a prediction."""
+    return accuracy_by_kind([(r.kind, r.prediction_error) for r in records if r.prediction_error is not None])

@@ -1,0 +1,94 @@
+"""Which strategy to run: every candidate simulated on one profile and cluster, the fastest
+recommended.
+
+    preds = predict(profile, cluster, candidates(cluster.world_size))
+    best = recommend(preds)              # the fastest that trains DDP's parameters
+
+A candidate is a strategy spec (`"ps:order=tac"`); its prediction is the strategy's own
+simulator model (the registry's `simulate`), the same one `caramel simulate --strategy` runs,
+so `caramel plan --strategy auto` and the bench's per-strategy predictions agree by
+construction. Strategies that change the training arithmetic (gossip, stale or asynchronous
+parameter servers, asynchronous PipeDream, lossy compression) are predicted like the rest but
+recommended only when the caller allows approximate training: a faster step that trains a
+different model is not a drop-in replacement for DDP.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile
+from caramel.strategies import STRATEGIES
+from caramel.topology.spec import ClusterSpec
+
+# Per strategy: does a spec with these options train the same parameters as DDP (up to
+# floating-point reordering)? A strategy missing here is treated as approximate.
+_EXACT: dict[str, Callable[[Any], bool]] = {
+    "ddp": lambda o: True,
+    "caramel": lambda o: o.compression in ("none", "off"),
+    "ps": lambda o: o.staleness_bound() == 0,
+    "pipeline": lambda o: o.schedule != "pipedream",
+    "gossip": lambda o: False,
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One candidate's simulated step; `error` says why there is none (e.g. the model cannot
+    be cut into that many stages)."""
+
+    strategy: str
+    step_time_s: float | None
+    exact: bool
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_exact(spec_text: str) -> bool:
+    """Whether the strategy `spec_text` trains DDP's parameters (see `_EXACT`)."""
+    spec = STRATEGIES.spec(spec_text)
+    rule = _EXACT.get(spec.info.name)
+    return bool(rule(spec.options)) if rule is not None else False
+
+
+def candidates(world_size: int, approximate: bool = False) -> list[str]:
+    """The default candidate set for `world_size` workers: DDP, Caramel, a parameter server and
+    synchronous pipelines of 2 stages (hybrid with world/2 replicas when that divides) and of
+    every worker; with `approximate`, gossip on a ring and SSP(2) parameter servers too."""
+    if world_size < 1:
+        raise CaramelError(f"world_size must be >= 1, got {world_size}")
+    out = ["ddp", "caramel", "ps"]
+    if world_size >= 2 and world_size % 2 == 0:
+        out.append("pipeline:stages=2" + (f",replicas={world_size // 2}" if world_size > 2 else ""))
+    if world_size > 2:
+        out.append(f"pipeline:stages={world_size},microbatches={max(4, world_size)}")
+    if approximate:
+        out += ["ps:consistency=ssp:2", "gossip:topology=ring"]
+    return out
+
+
+def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], iterations: int = 4) -> list[Prediction]:
+    """Each spec's simulated step time on `cluster`, in the given order. A malformed spec is an
+    error; a spec the simulator cannot model here (too few layers to cut, more servers than
+    ranks) is a Prediction with its reason, so the other candidates still count."""
+    parsed = [STRATEGIES.spec(text) for text in specs]  # bad input: one clear error before any work
+    out = []
+    for text, spec in zip(specs, parsed):
+        exact = is_exact(text)
+        try:
+            result = spec.info.simulator()(profile, cluster, spec.options, iterations=iterations)
+        except CaramelError as e:
+            out.append(Prediction(text, None, exact, str(e)))
+            continue
+        out.append(Prediction(text, float(result.step_time_s), exact))
+    return out
+
+
+def recommend(predictions: list[Prediction], approximate: bool = False) -> Prediction | None:
+    """The fastest predicted candidate (exact ones only unless `approximate`); None if none
+    could be predicted. Ties go to the candidate listed first (DDP first by default)."""
+    pool = [p for p in predictions if p.step_time_s is not None and (approximate or p.exact)]
+    return min(pool, key=lambda p: p.step_time_s) if pool else None

@@ -1,0 +1,33 @@
+"""The bench's prediction check: accuracy per kind and the recommendation against the measurement."""
+import pytest
+
+from caramel.bench.prediction import (accuracy_by_kind, bench_cluster, check_recommendation, prediction_error,
+                                      predict_strategies)
+from caramel.sim.synthetic import synthetic_profile
+
+
+def test_the_recommendation_is_the_fastest_predicted_exact_strategy_against_the_measured_fastest():
+    rows = [("ddp", 0.100, 0.090, True), ("caramel", 0.080, 0.085, True), ("ps", 0.120, 0.070, True),
+            ("gossip", 0.050, 0.040, False), ("pipeline", None, 0.010, True)]
+    check = check_recommendation("c", rows)
+    assert (check.recommended, check.fastest) == ("ps", "caramel")  # gossip is not exact, pipeline not measured
+    assert check.slowdown == pytest.approx(0.5) and not check.hit
+    near = check_recommendation("c", [("ddp", 0.100, 0.09, True), ("caramel", 0.097, 0.10, True)])
+    assert near.recommended == "ddp" and near.hit  # 3% slower than the fastest: within 5%
+    assert check_recommendation("c", [("ddp", 0.1, 0.1, True), ("gossip", 0.05, 0.04, False)]) is None
+
+
+def test_accuracy_per_kind():
+    acc = accuracy_by_kind([("ps", 0.05), ("ps", -0.20), ("ps", 0.08), ("ddp", -0.01)])
+    assert acc["ps"] == {"rows": 3, "median_abs_error": pytest.approx(0.08), "max_abs_error": pytest.approx(0.20),
+                         "within_target": pytest.approx(2 / 3)}
+    assert acc["ddp"]["rows"] == 1
+    assert prediction_error(0.11, 0.10) == pytest.approx(0.1) and prediction_error(None, 0.1) is None
+
+
+def test_the_bench_cluster_slows_the_emulated_straggler_and_predictions_never_raise():
+    cluster = bench_cluster(3, 2e8, {"rank": 1, "factor": 2.0})
+    assert [w.speed for w in cluster.workers] == [1.0, 0.5, 1.0] and cluster.bandwidth_bps == 2e8
+    preds = predict_strategies(synthetic_profile(6), ["ddp", "ps:servers=9"], 3, 2e8, None)
+    assert preds["ddp"]["step_time_s"] > 0 and preds["ps:servers=9"]["step_time_s"] is None
+    assert predict_strategies(None, ["ddp"], 3, 2e8) == {} and predict_strategies(synthetic_profile(2), ["ddp"], 1, None) == {}

@@ -1,0 +1,66 @@
+"""The strategy recommendation: every candidate through its own simulator, the fastest exact one picked."""
+import json
+
+import pytest
+
+from caramel.cli import main
+from caramel.errors import CaramelError
+from caramel.sim.synthetic import synthetic_profile
+from caramel.strategies import STRATEGIES
+from caramel.strategies.recommend import Prediction, candidates, is_exact, predict, recommend
+from caramel.topology.spec import ClusterSpec
+
+
+def test_exactness_follows_the_training_arithmetic():
+    assert is_exact("ddp") and is_exact("caramel") and is_exact("ps") and is_exact("pipeline:schedule=gpipe")
+    assert not is_exact("ps:consistency=ssp:2") and is_exact("ps:consistency=ssp:0")
+    assert not is_exact("gossip:topology=ring") and not is_exact("pipeline:schedule=pipedream")
+    assert not is_exact("caramel:compression=fp16")
+
+
+def test_predictions_are_each_strategys_own_simulator():
+    profile, cluster = synthetic_profile(12, name="chain12"), ClusterSpec.uniform(4, 1e9)
+    specs = candidates(4, approximate=True)
+    assert specs[:3] == ["ddp", "caramel", "ps"] and "gossip:topology=ring" in specs
+    preds = predict(profile, cluster, specs)
+    assert [p.strategy for p in preds] == specs
+    for p in preds:
+        spec = STRATEGIES.spec(p.strategy)
+        assert p.step_time_s == pytest.approx(spec.info.simulator()(profile, cluster, spec.options).step_time_s)
+    best = recommend(preds)
+    assert best.exact and best.step_time_s == min(p.step_time_s for p in preds if p.exact)
+    fastest = recommend(preds, approximate=True)
+    assert fastest.step_time_s == min(p.step_time_s for p in preds)
+
+
+def test_a_candidate_the_simulator_cannot_model_carries_its_reason():
+    preds = predict(synthetic_profile(3), ClusterSpec.uniform(2, 1e9), ["ddp", "ps:servers=5"])
+    assert preds[0].step_time_s > 0 and preds[1].step_time_s is None and "servers=5" in preds[1].error
+    assert recommend(preds).strategy == "ddp"
+    assert recommend([Prediction("gossip", 1.0, exact=False)]) is None
+
+
+def test_a_malformed_candidate_is_one_error_before_any_simulation():
+    with pytest.raises(CaramelError, match="nope"):
+        predict(synthetic_profile(3), ClusterSpec.uniform(2, 1e9), ["ddp", "nope"])
+
+
+def test_plan_strategy_auto_ranks_and_writes_the_recommendation(tmp_path, capsys):
+    out = tmp_path / "rec.json"
+    rc = main(["plan", "--synthetic", "chain8", "--workers", "2", "--bandwidth", "100mbit", "--strategy", "auto",
+               "--candidates", "ddp;caramel;gossip:topology=ring", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["format"] == "caramel.recommendation/1"
+    preds = {p["strategy"]: p for p in data["predictions"]}
+    assert set(preds) == {"ddp", "caramel", "gossip:topology=ring"}
+    assert data["recommended"] == min(("ddp", "caramel"), key=lambda n: preds[n]["step_time_s"])
+    assert f"recommended: {data['recommended']}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, needle", [(["--strategy", "ddp"], "--strategy auto"),
+                                          (["--approximate"], "--strategy auto"),
+                                          (["--strategy", "auto", "--candidates", ";"], "--candidates")])
+def test_plan_recommendation_bad_input_is_one_error(args, needle, capsys):
+    assert main(["plan", "--synthetic", "chain4", "--workers", "2"] + args) == 2
+    assert needle in capsys.readouterr().err
