@@ -283,7 +283,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "predicted": predict_strategies(profile, [s.name for s in strategies if s.name in runners], world,
-                                        bandwidth_bps, slow),
+                                        bandwidth_bps, [median(g["compute"]) for g in gathered]),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),

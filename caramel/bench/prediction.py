@@ -1,9 +1,9 @@
 """The simulator's prediction of every strategy the bench measured, and how good it was.
 
-After the measured rounds the harness has a profile taken on every worker side by side and the
-link rate the comm-only baseline achieved (`caramel.bench.lower_bound`). From those two alone,
-never from the strategies' own measured steps, each strategy's simulator model predicts its
-step (`caramel.strategies.recommend.predict`, what `caramel plan --strategy auto` and
+After the measured rounds the harness has a profile taken on every worker side by side, each
+rank's compute-only baseline (the plain training step, no communication) and the link rate the
+comm-only baseline achieved (`caramel.bench.lower_bound`). From those alone, never from the
+strategies' own measured steps, each strategy's simulator model predicts its step (`caramel.strategies.recommend.predict`, what `caramel plan --strategy auto` and
 `caramel simulate --strategy` run). The report sets each prediction beside the measured median,
 so the simulator's accuracy is claimed on configurations it was not calibrated on, and checks
 the recommendation: is the strategy the simulator ranks fastest the measured fastest, or within
@@ -21,27 +21,37 @@ RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed 
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
 
 
-def bench_cluster(world: int, bandwidth_bps: float, slow_worker: dict[str, Any] | None = None):
-    """The ClusterSpec a bench configuration ran on, as far as the bench knows it: `world`
-    workers on links of the achieved rate, the emulated slow worker at 1/factor speed."""
+def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
+    """Each rank's speed relative to the profile: the profile's step over the rank's own plain
+    step (its compute-only baseline), so that the simulator replays the profile at the pace each
+    rank trained at in this job: the host's contention and an emulated slow worker included."""
+    return [profile_step_s / c if c > 0 else 1.0 for c in rank_compute_s]
+
+
+def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None):
+    """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
+    workers at `speeds` (default 1) on links of the achieved rate."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
-    speeds = [1.0] * world
-    if slow_worker:
-        speeds[int(slow_worker["rank"])] = 1.0 / float(slow_worker["factor"])
+    speeds = speeds or [1.0] * world
+    if len(speeds) != world:
+        raise ValueError(f"{len(speeds)} worker speeds for {world} workers")
     return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
-                       bandwidth_bps=bandwidth_bps, meta={"source": "bench: achieved rate of the comm-only baseline"})
+                       bandwidth_bps=bandwidth_bps, meta={"source": "bench: achieved rate of the comm-only baseline, "
+                                                                    "speeds from each rank's compute-only baseline"})
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
-                       slow_worker: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+                       rank_compute_s: list[float] | None = None) -> dict[str, dict[str, Any]]:
     """Per strategy name: {"step_time_s", "exact", "error"}; {} without a profile or a rate (one
-    worker, no communication). A failure is the strategy's `error`, never the bench's."""
+    worker, no communication). `rank_compute_s`: each rank's compute-only median (`worker_speeds`);
+    None replays the profile as measured. A failure is the strategy's `error`, never the bench's."""
     if profile is None or bandwidth_bps is None or world < 2:
         return {}
     from caramel.strategies.recommend import predict
 
-    cluster = bench_cluster(world, bandwidth_bps, slow_worker)
+    speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
+    cluster = bench_cluster(world, bandwidth_bps, speeds)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:

@@ -2,7 +2,7 @@
 import pytest
 
 from caramel.bench.prediction import (accuracy_by_kind, bench_cluster, check_recommendation, prediction_error,
-                                      predict_strategies)
+                                      predict_strategies, worker_speeds)
 from caramel.sim.synthetic import synthetic_profile
 
 
@@ -25,9 +25,14 @@ def test_accuracy_per_kind():
     assert prediction_error(0.11, 0.10) == pytest.approx(0.1) and prediction_error(None, 0.1) is None
 
 
-def test_the_bench_cluster_slows_the_emulated_straggler_and_predictions_never_raise():
-    cluster = bench_cluster(3, 2e8, {"rank": 1, "factor": 2.0})
+def test_each_rank_runs_at_the_pace_of_its_own_plain_step_and_predictions_never_raise():
+    # a rank whose plain step took twice the profile's (e.g. the emulated slow worker) is half as fast
+    assert worker_speeds(0.05, [0.05, 0.1, 0.04]) == pytest.approx([1.0, 0.5, 1.25])
+    cluster = bench_cluster(3, 2e8, [1.0, 0.5, 1.0])
     assert [w.speed for w in cluster.workers] == [1.0, 0.5, 1.0] and cluster.bandwidth_bps == 2e8
+    profile = synthetic_profile(6)
+    slow = predict_strategies(profile, ["ddp"], 3, 2e8, [profile.step_time_s * f for f in (1, 2, 1)])
+    assert slow["ddp"]["step_time_s"] > predict_strategies(profile, ["ddp"], 3, 2e8)["ddp"]["step_time_s"]
     preds = predict_strategies(synthetic_profile(6), ["ddp", "ps:servers=9"], 3, 2e8, None)
     assert preds["ddp"]["step_time_s"] > 0 and preds["ps:servers=9"]["step_time_s"] is None
     assert predict_strategies(None, ["ddp"], 3, 2e8) == {} and predict_strategies(synthetic_profile(2), ["ddp"], 1, None) == {}
