@@ -39,9 +39,10 @@ class Pipeline:
     def __init__(self, model: nn.Module, optimizer: OptimizerLike, options: PipelineOptions, *,
                  process_group: Any = None, cluster: ClusterSpec | None = None) -> None:
         cuts = options.boundaries()
-        if not isinstance(model, nn.Sequential) and not (cuts and isinstance(cuts[0], str)):
-            raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: name the modules that begin "
-                               f"stages 1.. (partition='layers.2+...') for torch's tracer to cut it there")
+        if not isinstance(model, nn.Sequential) and cuts and not isinstance(cuts[0], str):
+            raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: layer indices {cuts} do not "
+                               f"apply; name the modules that begin stages 1.. (partition='layers.2+...') or use "
+                               f"partition='auto'")
         if options.schedule == "pipedream" and options.replicas > 1:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
@@ -163,26 +164,32 @@ class Pipeline:
                                f"not stages={self.options.stages}")
         return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
 
-    def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> list[int]:
+    def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor,
+                         loss_fn: Callable) -> list[int] | list[str]:
         """partition="auto": the job's first rank profiles the model on one microbatch (a copy, so
         the real one is untouched), cuts it with `balanced_boundaries` (speeds from the cluster
-        spec, if any) and sends the cut to every rank."""
+        spec, if any) and sends the cut to every rank: layer indices for an `nn.Sequential`, the
+        names of the modules that begin stages 1.. for any other model (`units.py`)."""
         from caramel.profile.profiler import profile_model
+        from caramel.strategies.pipeline.units import forward_units, unit_costs
 
         ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
         box: list[Any] = [None]
         if dist.get_rank() == ranks[0]:
             probe = copy.deepcopy(self.model)
             prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
-            costs = layer_costs_from_profile(prof, probe, sample)
+            sequential = isinstance(probe, nn.Sequential)
+            units = None if sequential else forward_units(probe, sample)
+            costs = layer_costs_from_profile(prof, probe, sample) if sequential else unit_costs(prof, probe, units, sample)
             cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
             speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
             speeds += [1.0] * (self.layout.positions - len(speeds))
             per_stage = [speeds[k % self.layout.positions] for k in range(self.options.stages)]
-            box[0] = balanced_boundaries(costs, per_stage, cluster)
+            plan = balanced_boundaries(costs, per_stage, cluster)
+            box[0] = (plan, None if units is None else [units[i].name for i in plan.boundaries])
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
-        self.partition = box[0]
-        return list(self.partition.boundaries)
+        self.partition, names = box[0]
+        return list(self.partition.boundaries) if names is None else names
 
     # --- the whole model's state --------------------------------------------------------------
 

@@ -19,12 +19,16 @@ def test_sync_schedules_match_single_process():
         # a model that is no nn.Sequential, cut by torch's tracer at a named module
         traced = out["traced"]
         assert traced["diff"] <= 1e-5, traced
+        # partition="auto" there: a module name chosen by the partitioner, the same on every rank
+        assert traced["auto_diff"] <= 1e-5 and len(traced["auto_boundaries"]) == 1, traced
+        assert traced["auto_boundaries"][0].startswith("layers."), traced
         unknown, world, uneven = traced["errors"]
         assert "partition names ['layers.9']" in unknown, unknown
         assert "stages=3 x replicas=1 needs 3 workers, the group has 2" in world, world
         assert "must split into microbatches=4 equal parts" in uneven, uneven
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
+    assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]
 
 
 def test_hybrid_two_stages_two_replicas_match_whole_batch():

@@ -103,15 +103,19 @@ def traced(steps: int) -> dict:
     def fresh():
         return get_model("mlp")(batch_size=BATCH, seed=0, width=32, depth=4)
 
-    w = fresh()
+    w, auto_w = fresh(), fresh()
     pipe = caramel.pipeline(w.model, torch.optim.Adam(w.model.parameters(), lr=1e-3), stages=2,
                             microbatches=MICRO, schedule="1f1b", partition=["layers.2"])
+    # partition="auto" on a model that is no nn.Sequential: the partitioner names the cut itself
+    auto = caramel.pipeline(auto_w.model, torch.optim.Adam(auto_w.model.parameters(), lr=1e-3), stages=2,
+                            microbatches=MICRO, schedule="1f1b")
     ref = fresh().model
     opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
     for step in range(steps):
         x = batch(step)[0].repeat(1, 16)  # the MLP takes 256 features
         y = batch(step)[1]
         pipe.step(x, y, F.cross_entropy)
+        auto.step(x, y, F.cross_entropy)
         F.cross_entropy(ref(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -130,7 +134,8 @@ def traced(steps: int) -> dict:
             errors.append(None)
         except CaramelError as e:
             errors.append(str(e))
-    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors}
+    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors,
+            "auto_diff": max_diff(auto.state_dict(), ref.state_dict()), "auto_boundaries": auto.boundaries}
 
 
 def hybrid_worker(rank: int, world: int, steps: int) -> dict:

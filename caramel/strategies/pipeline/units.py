@@ -1,0 +1,89 @@
+"""Where a model that is no `nn.Sequential` may be cut: its units in the order they run.
+
+`partition="auto"` on an `nn.Sequential` cuts between children. Any other model is cut by
+torch's tracer before named modules (`Pipeline._traced_stages`); to choose those names the
+partitioner needs the same thing a Sequential gives for free: a chain of units with a cost and
+an activation size each. The units are the model's top-level children, with containers that
+are never called themselves (an `nn.ModuleList` run in a loop, an `nn.ModuleDict`) replaced by
+their children, ordered by when each first runs in one forward pass. A unit that runs twice in
+one forward (a shared module) is no cut point: the error asks for the partition by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile
+from caramel.strategies.pipeline.planner import LayerCost
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict)
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str  # the module's qualified name in the model (what torch's SplitPoint takes)
+    output_bytes: int  # its output activation, per `sample`
+
+
+def _candidates(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    out = []
+    for name, child in model.named_children():
+        full = f"{prefix}{name}"
+        if isinstance(child, _CONTAINERS):
+            out += _candidates(child, full + ".")
+        else:
+            out.append((full, child))
+    return out
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def forward_units(model: nn.Module, sample: torch.Tensor) -> list[Unit]:
+    """The model's units in the order one forward of `sample` runs them (module docstring);
+    units that never run are left out (they hold no step of the chain)."""
+    calls: dict[str, list[int]] = {}
+    order: list[str] = []
+    handles = []
+    for name, module in _candidates(model):
+        def hook(_m, _inputs, output, name=name):
+            if name not in calls:
+                order.append(name)
+            calls.setdefault(name, []).append(_tensor_bytes(output))
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for h in handles:
+            h.remove()
+    twice = [n for n in order if len(calls[n]) > 1]
+    if twice:
+        raise CaramelError(f"pipeline: partition='auto' cuts between the modules a forward runs once, but "
+                           f"{', '.join(twice)} run(s) more than once; name the modules that begin stages 1.. "
+                           f"(partition='{order[1] if len(order) > 1 else 'name'}+...')")
+    return [Unit(n, calls[n][0]) for n in order]
+
+
+def unit_costs(profile: ModelProfile, model: nn.Module, units: list[Unit], sample: torch.Tensor) -> list[LayerCost]:
+    """One `LayerCost` per unit: the profiled modules under it (the profile's batch scaled to
+    `sample`'s), its output bytes and its parameters' bytes."""
+    scale = sample.shape[0] / profile.batch_size
+    modules = dict(model.named_modules())
+    out = []
+    for u in units:
+        under = [m for m in profile.modules if m.name == u.name or m.name.startswith(u.name + ".")]
+        params = sum(p.numel() * p.element_size() for p in modules[u.name].parameters())
+        out.append(LayerCost(sum(m.forward_time_s for m in under) * scale,
+                             sum(m.backward_time_s for m in under) * scale, u.output_bytes, params))
+    return out

@@ -1,0 +1,52 @@
+"""Cut points of a model that is no nn.Sequential: its units in the order a forward runs them."""
+import pytest
+import torch
+import torch.nn as nn
+
+from caramel.errors import CaramelError
+from caramel.profile.model_profile import ModelProfile, ModuleInfo
+from caramel.strategies.pipeline.units import forward_units, unit_costs
+
+
+class Net(nn.Module):
+    """Defined in another order than it runs; a ModuleList run in a loop; a module never run."""
+
+    def __init__(self, share: bool = False):
+        super().__init__()
+        self.head = nn.Linear(8, 3)
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.stem = nn.Linear(4, 8)
+        self.unused = nn.Linear(2, 2)
+        self.share = share
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = torch.relu(b(x))
+        if self.share:
+            x = self.blocks[0](x)
+        return self.head(x)
+
+
+def test_units_follow_the_forward_and_expand_containers():
+    units = forward_units(Net(), torch.randn(5, 4))
+    assert [u.name for u in units] == ["stem", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert [u.output_bytes for u in units] == [5 * 8 * 4] * 4 + [5 * 3 * 4]
+
+
+def test_a_module_run_twice_is_no_cut_point():
+    with pytest.raises(CaramelError, match="blocks.0 run"):
+        forward_units(Net(share=True), torch.randn(5, 4))
+
+
+def test_unit_costs_sum_the_profiled_modules_under_each_unit():
+    net = Net()
+    mods = [ModuleInfo(name=n, type="Linear", forward_start_s=0.0, forward_time_s=f, backward_time_s=2 * f)
+            for n, f in [("stem", 1.0), ("blocks.0", 2.0), ("blocks.1", 3.0), ("blocks.2", 4.0), ("head", 5.0)]]
+    prof = ModelProfile(model="net", batch_size=10, forward_time_s=15.0, backward_time_s=30.0, optimizer_time_s=0.0,
+                        params=[], modules=mods)
+    units = forward_units(net, torch.randn(5, 4))
+    costs = unit_costs(prof, net, units, torch.randn(5, 4))  # half the profile's batch: half its times
+    assert [c.forward_s for c in costs] == [0.5, 1.0, 1.5, 2.0, 2.5]
+    assert [c.backward_s for c in costs] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert costs[0].param_bytes == (4 * 8 + 8) * 4 and costs[-1].output_bytes == 5 * 3 * 4
