@@ -83,3 +83,17 @@ def test_bad_measurements_and_unknown_candidates_are_refused():
         table().ledger().measure(cfg(8, "forward"))
     with pytest.raises(CaramelError, match="measured nothing"):
         evaluate("random", 0, table().ledger(), table())
+
+
+def test_summary_row_counts_targets_and_never_as_infinitely_many_steps():
+    from caramel.commands.tune_report import summary_row
+    from caramel.tune.ledger import Outcome
+
+    outcomes = [Outcome("random", 0, 2, 20, 0.080, 0.0, 20),   # within 2%, 20 of 100 steps: met
+                Outcome("random", 1, 3, 21, 0.0815, 0.01875, 21),  # within 2% but over a fifth: not met
+                Outcome("random", 2, 2, 18, 0.090, 0.125, None)]  # never within 2%
+    row = summary_row("random", outcomes, [20, 40, None], sweep_steps=100)
+    assert row["within_2pct"] == 2 and row["target_met"] == 1 and row["runs"] == 3
+    assert row["steps_used"] == 20 and row["steps_used_share"] == 0.2
+    assert row["median_steps_to_2pct"] == 40 and row["steps_to_2pct"] == [20, 40, None]
+    assert summary_row("random", outcomes, [None, None, 40], 100)["median_steps_to_2pct"] == float("inf")
