@@ -14,12 +14,12 @@ ROUNDS, STEPS, WARMUP = 2, 2, 1
 
 
 def test_candidates_are_measured_in_one_bench_job_and_charged_in_steps(tmp_path, capsys):
-    pytest.importorskip("optuna")
     out, plan = tmp_path / "tune.json", tmp_path / "best.plan.json"
     rc = main(["tune", "--measure", "real", "--model", "mlp", "--model-option", "width=64", "--model-option", "depth=3",
                "--batch-size", "8", "--workers", "2", "--network", "loopback",
                "--knob", "bucket_cap_mb=0.005|1", "--knob", "overlap=backward",
-               "--budget", "1", "--seeds", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", str(WARMUP),
+               "--methods", "model,random", "--budget", "1", "--seeds", "2",  # TPE's charging: test_ledger
+               "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", str(WARMUP),
                "--timeout", "150", "--json", str(out), "--plan-out", str(plan)])
     captured = capsys.readouterr()
     assert rc == 0, (captured.out + captured.err)[-3000:]
