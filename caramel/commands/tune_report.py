@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import statistics
 from typing import Any
 
@@ -104,10 +105,24 @@ def print_report(sweep: RealSweep, rows: list[dict[str, Any]], predict, args: ar
           "measured one within 2%)")
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The `caramel tune` command that reproduces this run (into the JSON report)."""
+    parts = ["caramel", "tune", "--measure", "real", "--network", args.network]
+    for flag in ("ratio", "bandwidth", "workers", "model", "batch_size", "planner", "methods", "budget", "seeds",
+                 "rounds", "steps", "warmup"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    for flag, items in (("--model-option", args.model_option), ("--knob", args.knob)):
+        for item in items:
+            parts += [flag, item]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def report_json(args: argparse.Namespace, sweep: RealSweep, space: Space, predict, rows, outcomes, trials) -> dict:
     table = sweep.table
     return {
-        "format": format_tag("tune"), "measure": "real", "planner": args.planner, "budget": args.budget,
+        "format": format_tag("tune"), "measure": "real", "command": command_line(args), "planner": args.planner, "budget": args.budget,
         "seeds": args.seeds, "tolerance": TOLERANCE, "step_share": STEP_SHARE,
         "space": [{"name": k.name, "choices": list(k.choices), "log": k.log} for k in space.knobs],
         "bench": {"config": sweep.config.to_dict(), "network": sweep.network, "rounds": args.rounds,

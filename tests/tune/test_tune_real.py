@@ -25,6 +25,8 @@ def test_candidates_are_measured_in_one_bench_job_and_charged_in_steps(tmp_path,
     assert rc == 0, (captured.out + captured.err)[-3000:]
     report = json.loads(out.read_text())
     assert report["format"] == "caramel.tune/1" and report["measure"] == "real"
+    assert report["command"].startswith("caramel tune --measure real --network loopback --workers 2 --model mlp")
+    assert "--knob 'bucket_cap_mb=0.005|1'" in report["command"]
     records = {r["strategy"]: r for r in report["bench"]["records"]}
     # the reference and both candidates ran in the same job, as caramel strategies with the planner's options
     assert set(records) == {"ddp", "caramel:bucket_cap_mb=0.005,overlap=backward,planner=fifo",
