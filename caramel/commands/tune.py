@@ -72,11 +72,21 @@ def run(args: argparse.Namespace) -> int:
         if args.profile or args.synthetic:
             raise CaramelError("--measure real profiles the --model it runs; --profile and --synthetic are for "
                                "--measure simulated")
+        ignored = [f"--{f.replace('_', '-')}" for f in ("cluster", "latency", "queued_latency", "collective_cpu",
+                                                          "collective", "topology", "servers")
+                   if getattr(args, f, None) is not None]
+        if ignored:
+            raise CaramelError(f"--measure real runs on the emulated cluster or loopback of --workers and --bandwidth/"
+                               f"--ratio; {', '.join(ignored)} describe(s) a simulated cluster")
         from caramel.commands.tune_report import run_real
 
         return run_real(args, space, methods)
     if not (args.profile or args.synthetic):
         raise CaramelError("--measure simulated needs a model: --profile P.json or --synthetic NAME")
+    real_only = [f"--{f.replace('_', '-')}" for f in ("model", "ratio", "batch_size") if getattr(args, f) is not None]
+    if real_only or args.model_option:
+        raise CaramelError(f"{', '.join(real_only + ['--model-option'] * bool(args.model_option))}: for --measure real "
+                           "only; --measure simulated takes the model from --profile or --synthetic")
     return _run_simulated(args, space, methods)
 
 

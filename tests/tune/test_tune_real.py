@@ -57,7 +57,8 @@ def test_candidates_are_measured_in_one_bench_job_and_charged_in_steps(tmp_path,
 @pytest.mark.parametrize("args, names", [
     (["--knob", "nope=1|2"], "nope"), (["--synthetic", "chain4"], "--profile and --synthetic"),
     (["--ratio", "1", "--bandwidth", "1gbit"], "--ratio 1 and --bandwidth"),
-    (["--model", "no_such_model"], "no_such_model"), (["--model-option", "width"], "--model-option")])
+    (["--model", "no_such_model"], "no_such_model"), (["--model-option", "width"], "--model-option"),
+    (["--latency", "1ms"], "--latency describe(s) a simulated cluster")])
 def test_bad_real_input_is_named_before_any_worker_starts(args, names, capsys):
     assert main(["tune", "--measure", "real", "--network", "loopback", *args]) == 2
     err = capsys.readouterr().err
@@ -67,3 +68,5 @@ def test_bad_real_input_is_named_before_any_worker_starts(args, names, capsys):
 def test_simulated_needs_a_profile(capsys):
     assert main(["tune"]) == 2
     assert "--profile P.json or --synthetic NAME" in capsys.readouterr().err
+    assert main(["tune", "--synthetic", "chain4", "--ratio", "1"]) == 2
+    assert "--ratio: for --measure real only" in capsys.readouterr().err
