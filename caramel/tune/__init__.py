@@ -4,5 +4,7 @@
 model-guided search (Chameleon-style: score every candidate with the corrected model, cluster
 the most promising, measure one representative per cluster, correct the model, repeat) and the
 baselines users have today (random search, Optuna's TPE) under the same measurement budget;
-`objective` builds the simulator-backed model and measurement for a profile and cluster.
+`objective` builds the simulator-backed model and measurement for a profile and cluster;
+`ledger` answers measurements of real steps taken in advance and charges each method the real
+steps of the candidates it asks for.
 """

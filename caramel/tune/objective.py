@@ -2,8 +2,9 @@
 
 `predict` plans the candidate and simulates it with closed-form collectives (fast, no link
 sharing); `measure` simulates the same plan with message-level collectives, link sharing and
-CPU contention (`compute_slowdown`), the simulator's most detailed model. Measuring real steps
-on the cluster fits the same `measure` slot; `caramel tune` does not do that yet.
+CPU contention (`compute_slowdown`), the simulator's most detailed model. `caramel tune
+--measure real` keeps `predict` and puts real training steps in the `measure` slot instead
+(`caramel.tune.ledger`; the command layer runs them).
 
 A candidate's `overlap` knob goes to the simulator, every other knob to the planner.
 """
