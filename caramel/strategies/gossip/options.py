@@ -5,12 +5,16 @@
 
 `personalize` names module/parameter prefixes joined by `+` (`head+norm_f`): a spec's options
 are already separated by commas. `topology` is a built-in name, a JSON file holding a mixing
-matrix (a list of rows, one per worker) or, from Python, the matrix itself as a list of rows
-(`W.tolist()` of a tensor); a matrix is checked when the world size is known.
+matrix (a list of rows, one per worker) or, from Python, the matrix itself: a 2-D tensor or numpy
+array, or a list of rows; it is kept as a list of rows and checked (square for the world size,
+non-negative, doubly stochastic, connected) when the world size is known.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+import torch
 
 from caramel.errors import CaramelError
 
@@ -30,13 +34,16 @@ class GossipOptions:
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
     into messages of about this size, in forward order, so the first modules can mix first."""
 
-    topology: str | list = "ring"
+    topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
     personalize: str = ""
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.topology, (torch.Tensor, np.ndarray)):
+            # kept as a list of rows: options compare, print and travel (JSON, the spec name) as plain data
+            object.__setattr__(self, "topology", matrix_rows(self.topology))
         if isinstance(self.topology, list):
             if not self.topology or not all(isinstance(row, list) for row in self.topology):
                 raise CaramelError(f"topology given as a matrix must be a list of rows (lists of weights), "
@@ -59,3 +66,18 @@ class GossipOptions:
     def is_local(self, name: str) -> bool:
         """Whether the parameter `name` stays on its worker (matches a prefix at a dot boundary)."""
         return any(name == p or name.startswith(p + ".") for p in self.local_prefixes())
+
+
+def matrix_rows(W: torch.Tensor | np.ndarray) -> list:
+    """A 2-D tensor or array of weights as a list of rows of floats (a clear error otherwise)."""
+    what = "tensor" if isinstance(W, torch.Tensor) else "array"
+    if W.ndim != 2:
+        raise CaramelError(f"topology given as a {what} must be a 2-D mixing matrix (one row per worker), "
+                           f"got shape {tuple(W.shape)}")
+    if isinstance(W, torch.Tensor):
+        if W.is_complex() or not (W.is_floating_point() or W.dtype in (torch.int32, torch.int64, torch.uint8)):
+            raise CaramelError(f"topology given as a tensor must hold real weights, got dtype {W.dtype}")
+        return W.detach().to("cpu", torch.float64).tolist()
+    if not np.issubdtype(W.dtype, np.floating) and not np.issubdtype(W.dtype, np.integer):
+        raise CaramelError(f"topology given as an array must hold real weights, got dtype {W.dtype}")
+    return W.astype(np.float64).tolist()
