@@ -32,13 +32,17 @@ class GossipOptions:
     Adam or AdamW). `personalize`: parameters under these name prefixes are never sent (DePRL).
     `consensus_every`: every N steps all workers measure their consensus distance (an
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
-    into messages of about this size, in forward order, so the first modules can mix first."""
+    into messages of about this size, in forward order, so the first modules can mix first.
+    `head_steps`: DePRL's tau: with `personalize`, each cycle is `head_steps` optimizer steps
+    that update only the personalized parameters (the body frozen, nothing sent) and then one
+    that updates only the body and gossips it; 0 (the default): head and body step together."""
 
     topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
     personalize: str = ""
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
+    head_steps: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, (torch.Tensor, np.ndarray)):
@@ -55,6 +59,15 @@ class GossipOptions:
             raise CaramelError(f"consensus_every must be >= 0 steps (0: never measure), got {self.consensus_every}")
         if not self.bucket_cap_mb > 0:
             raise CaramelError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if isinstance(self.head_steps, bool) or not isinstance(self.head_steps, int) or self.head_steps < 0:
+            raise CaramelError(f"head_steps must be an integer >= 0 (DePRL's tau; 0: head and body step together), "
+                               f"got {self.head_steps!r}")
+        if self.head_steps and not self.local_prefixes():
+            raise CaramelError(f"head_steps={self.head_steps} steps a personalized head: name it with personalize= "
+                               "(e.g. personalize=head)")
+        if self.head_steps and self.algorithm == "adam":
+            raise CaramelError("head_steps is built for algorithm=dpsgd and momentum; algorithm=adam mixes at the next "
+                               "update, which a head-only step would move")
         for prefix in self.local_prefixes():
             if not prefix or " " in prefix:
                 raise CaramelError(f"personalize must be name prefixes joined by '+' (e.g. head+norm_f), "

@@ -206,8 +206,37 @@ def tensor_worker(rank: int, world: int, steps: int) -> dict:
             "errors": errors}
 
 
+def deprl_worker(rank: int, world: int, steps: int, tau: int) -> dict:
+    """DePRL with tau head steps per body step: per step, how far the step's update moved the
+    head and the body (measured around `opt.step()`, after the forward applied any pending mix)
+    and the bytes it sent; the final parameters."""
+    w = fresh("gpt_tied")
+    opt = torch.optim.SGD(w.model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=complete", personalize=PERSONAL, head_steps=tau)
+    named = dict(w.model.named_parameters())
+    head = [n for n in named if n.startswith(PERSONAL)]
+    body = [n for n in named if not n.startswith(PERSONAL)]
+    moved = []
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        before = {n: p.detach().clone() for n, p in named.items()}
+        grads_kept = all(named[n].grad is not None for n in named)
+        opt.step()
+        grads_kept = grads_kept and all(named[n].grad is not None for n in named)
+        moved.append({part: max(float((named[n] - before[n]).abs().max()) for n in names)
+                      for part, names in (("head", head), ("body", body))} | {
+                     "bytes": opt.gossip.log[-1]["bytes_per_peer"], "grads_kept": grads_kept})
+        opt.zero_grad()
+    opt.synchronize()
+    out = {"moved": moved, "params": {n: p.detach().numpy().copy() for n, p in named.items()},
+           "stats": {k: v for k, v in opt.gossip.stats_dict().items() if k in ("head_steps", "steps")}}
+    caramel.shutdown()
+    return out
+
+
 def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
     """Everything the 2-worker tests check, in one job (spawning costs more than the checks)."""
     return {"parity": parity_worker(rank, world, steps, cases), "personal": personal_worker(rank, world, steps),
-            "tensor": tensor_worker(rank, world, steps),
+            "tensor": tensor_worker(rank, world, steps), "deprl": deprl_worker(rank, world, 6, 2),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam")}

@@ -143,3 +143,12 @@ def test_a_matrix_given_as_a_tensor_or_array_is_kept_as_rows_and_checked():
         mixing_matrix(nan.topology, 2)
     with pytest.raises(CaramelError, match="not doubly stochastic: row 1 sums to 1.2"):
         mixing_matrix(torch.tensor([[0.4, 0.4], [0.6, 0.6]]).tolist(), 2)
+
+
+def test_head_steps_needs_a_personalized_head_and_a_mix_it_does_not_move():
+    assert STRATEGIES.spec("gossip", {"personalize": "head", "head_steps": 3}).options.head_steps == 3
+    for values, match in (({"head_steps": 2}, "name it with personalize="),
+                          ({"personalize": "head", "head_steps": -1}, "head_steps must be an integer >= 0"),
+                          ({"personalize": "head", "head_steps": 2, "algorithm": "adam"}, "algorithm=adam")):
+        with pytest.raises(CaramelError, match=match):
+            STRATEGIES.spec("gossip", values)
