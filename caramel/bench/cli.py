@@ -17,6 +17,7 @@ from typing import Any
 
 from caramel.bench.evidence import attach_evidence
 from caramel.bench.harness import make_calibration_job, make_job
+from caramel.bench.hetero import describe, format_versus, versus_best_allreduce
 from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
@@ -40,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sel.add_argument("--slow-worker", metavar="RANK:FACTOR",
                      help="emulate a straggler: that worker's compute FACTOR times slower (a calibrated delay), "
                           "e.g. 1:2")
+    sel.add_argument("--slow-link", metavar="RANK:FACTOR",
+                     help="that worker's link at the others' rate / FACTOR, e.g. 2:4 (emulated cluster only)")
+    sel.add_argument("--jitter", metavar="RANK:FRACTION[:SEED]",
+                     help="that worker's step time varies by up to +/-FRACTION per step, seeded, e.g. 1:0.5:0 "
+                          "(every worker padded to a nominal step; caramel.bench.hetero)")
     sel.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                      help="extra zoo factory argument, e.g. width=16 (repeatable)")
     p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
@@ -77,7 +83,7 @@ def _model_options(items: list[str]) -> dict[str, Any]:
 def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     """The configurations and settings the flags ask for (flags override the matrix's settings)."""
     single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio,
-                                          args.slow_worker))
+                                          args.slow_worker, args.slow_link, args.jitter))
               or args.model_option)
     base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
     settings = BenchSettings(
@@ -89,7 +95,7 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
         return list(QUICK_MATRIX if args.quick else DEFAULT_MATRIX), settings
     if args.quick:
         raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--ratio/--bandwidth/"
-                           "--slow-worker")
+                           "--slow-worker/--slow-link/--jitter")
     if args.ratio is not None and args.bandwidth is not None:
         raise CaramelError(f"--ratio {args.ratio:g} and --bandwidth {args.bandwidth}: give one (a ratio derives the rate, "
                            "a bandwidth pins it)")
@@ -105,13 +111,15 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
     get_model(model)  # a bad name or path fails here, before any worker starts
     return [BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
-                        comm_ratio=args.ratio, slow_worker=args.slow_worker)], settings
+                        comm_ratio=args.ratio, slow_worker=args.slow_worker, slow_link=args.slow_link,
+                        jitter=args.jitter)], settings
 
 
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
-    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "slow_worker", "rounds", "steps", "warmup", "trace", "json", "markdown"):
+    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "slow_worker", "slow_link", "jitter",
+                 "rounds", "steps", "warmup", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
@@ -160,9 +168,13 @@ def run(args: argparse.Namespace) -> int:
 
     parse_mtu(args.mtu, 1e9)  # a bad --mtu stops here, before any cluster is made
     for config in configs:
-        _network_for(args, config)  # so does a network the configuration cannot run on
+        # a network the configuration cannot run on stops here, and so does a slow link without one
+        if _network_for(args, config) != "cluster" and config.slow_link:
+            raise CaramelError(f"--slow-link {args.slow_link}: needs the emulated cluster and a link rate (--ratio or "
+                               "--bandwidth); on loopback there is no link to slow")
     load_start = os.getloadavg()[0]
     records: list[Record] = []
+    versus: list[dict[str, Any]] = []
     networks: set[str] = set()
     t0 = time.time()
     configs, failures = derive_rates(configs, _calibration_launcher(args, settings))
@@ -172,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
         result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
-                            strict=args.network == "cluster", mtu=args.mtu)
+                            strict=args.network == "cluster", mtu=args.mtu, slow_link=config.slow_link)
         networks.add(result.network)
         if config.bandwidth is not None and result.network == LOOPBACK:
             print(f"caramel bench: {config.label} ran on unshaped loopback; the bandwidth {config.bandwidth} was NOT applied",
@@ -183,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         attach_evidence(result.raw, trace_dir)
         records += summarize(result.raw)
+        versus += [dict(v, config=config.label) for v in versus_best_allreduce(result.raw)]
     wall_s = time.time() - t0
 
     if records:
@@ -195,13 +208,23 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("Summary (against each configuration's stronger DDP variant):\n"
               + format_summary(summarize_strategies(records)).replace("`", ""))
+    if versus:
+        print("\n" + format_versus(versus))
     meta = {"command": command_line(args), "wall_s": round(wall_s, 1), "networks": sorted(networks),
             "settings": vars(settings), "failures": failures}
+    if versus:
+        meta["gossip_vs_best_allreduce"] = versus
+    uneven = {c.label: {"slow_link": c.slow_link, "jitter": c.jitter} for c in configs if c.slow_link or c.jitter}
+    if uneven:
+        meta["heterogeneity"] = uneven
     if args.json:
         write_records(args.json, records, meta)
     if args.markdown:
         env = _environment(settings, networks, wall_s, load_start)
-        notes = "\n".join([f"- FAILED: {f}" for f in failures] + [f"- {line}" for line in format_uneven(records).splitlines()])
+        if uneven:
+            env["heterogeneity"] = "; ".join(f"{k}: {describe(v)}" for k, v in uneven.items())
+        notes = "\n".join([f"- FAILED: {f}" for f in failures] + [f"- {line}" for line in format_uneven(records).splitlines()]
+                          + [f"- {line}" for line in format_versus(versus).splitlines()])
         atomic_write_text(args.markdown, format_markdown(records, command_line(args), env, notes))
     if failures:
         print("caramel bench: " + "; ".join(failures), file=sys.stderr)

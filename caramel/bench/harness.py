@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
+from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import predict_strategies
@@ -127,15 +128,21 @@ def _log(rank: int, msg: str) -> None:
 
 
 def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
-                  ctx: StrategyContext, delay_per_sample_s: float = 0.0
+                  ctx: StrategyContext, delay_per_sample_s: float = 0.0, jitter: dict[str, Any] | None = None
                   ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
     """Baselines and strategies, each strategy on its own identical model copy (the concurrent
     baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
     their timing is used); a strategy that fails to build on any rank is skipped on all of them
     (with the reason) so the others still run."""
+    def handicap(model: torch.nn.Module) -> None:
+        if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
+            slow_down(model, delay_per_sample_s)
+        if jitter:  # --jitter: every model replays the same seeded draws (caramel.bench.hetero)
+            jitter_down(model, jitter["compute_per_sample_s"],
+                        JitterSchedule(jitter["fraction"], jitter["seed"], jittered=jitter["rank"] == ctx.rank))
+
     probe = make_workload(config, settings.seed, ctx.device)
-    if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
-        slow_down(probe.model, delay_per_sample_s)
+    handicap(probe.model)
     compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
     group, prio = baseline_group(ctx)
     comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
@@ -145,8 +152,7 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     for strategy in strategies:
         t_build = time.perf_counter()
         w = make_workload(config, settings.seed, ctx.device)
-        if delay_per_sample_s:
-            slow_down(w.model, delay_per_sample_s)
+        handicap(w.model)
         error, runner = None, None
         try:
             runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
@@ -252,8 +258,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
 
     slow = _slow_worker(config, settings, rank, world, device)
+    jitter = _jitter(config, settings, world, device)
     runners, skipped, build_s = build_runners(config, settings, strategies, ctx,
-                                              slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0)
+                                              slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0,
+                                              jitter)
     _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
     times = measure_rounds(runners, settings, config.label, rank)
@@ -302,6 +310,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "measure_wall_s": measure_wall_s,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
             "slow_worker": slow,
+            "jitter": jitter,
+            "slow_link": config.slow_link,
             "local_batch": int(workload.inputs.shape[0]),
         },
     }
@@ -322,6 +332,22 @@ def _slow_worker(config: BenchConfig, settings: BenchSettings, rank: int, world:
                "after each training forward (a calibrated delay, not a CPU quota)")
     return {"rank": slow_rank, "factor": factor, "method": "calibrated delay",
             "compute_per_sample_s": per_sample, "delay_per_sample_s": (factor - 1.0) * per_sample}
+
+
+def _jitter(config: BenchConfig, settings: BenchSettings, world: int, device: torch.device) -> dict[str, Any] | None:
+    """--jitter's schedule and the compute it scales (the ranks' median per-sample compute), the
+    same dict on every rank."""
+    if not config.jitter:
+        return None
+    rank, fraction, seed = config.jitter
+    w = make_workload(config, settings.seed, device)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, per_sample_compute_s(w.model, w.inputs, w.targets, w.loss_fn))
+    per_sample = median(gathered)
+    _log(dist.get_rank(), f"jitter: every rank padded to {nominal_factor(fraction):.2f} x {1e3 * per_sample:.2f} ms per "
+                          f"sample, rank {rank}'s step scaled by a draw from [{1 - fraction:g}, {1 + fraction:g}] (seed {seed})")
+    return {"rank": rank, "fraction": fraction, "seed": seed, "method": "calibrated sleep, padded to a nominal step",
+            "compute_per_sample_s": per_sample, "nominal_factor": nominal_factor(fraction)}
 
 
 def _sgd(model: torch.nn.Module, settings: BenchSettings) -> torch.optim.Optimizer:

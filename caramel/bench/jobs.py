@@ -55,20 +55,25 @@ def choose_network(requested: str, bandwidth: str | None) -> str:
 
 
 def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
-               timeout_s: float, log=None, strict: bool = False, mtu: int | str = "auto") -> LaunchResult:
+               timeout_s: float, log=None, strict: bool = False, mtu: int | str = "auto",
+               slow_link: list | None = None) -> LaunchResult:
     """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure).
 
     On the cluster, `strict` makes a host that cannot build namespaces an error instead of a
     fallback to loopback, and `mtu` is the links' MTU (`ClusterConfig.mtu`; the network's
-    description names the one used).
+    description names the one used). `slow_link` `[rank, factor]` shapes that worker's link at
+    `bandwidth` / factor (cluster only: on loopback there is no link to slow).
     """
     log = log if log is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="caramel-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "raw.json"
         target = ["-m", HARNESS_MODULE, str(job_path), str(out_path)]
         if network == "cluster":
-            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict, mtu)
+            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict, mtu,
+                                            slow_link)
         else:
+            if slow_link:
+                raise CaramelError(f"a slow link ({slow_link}) needs the emulated cluster; this job runs on {LOOPBACK}")
             net = LOOPBACK
             write_json(job_path, dict(job, network=net))
             rc, tail = _run_loopback(workers, target, timeout_s, log)
@@ -85,17 +90,26 @@ def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tup
 
 
 def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],
-                    timeout_s: float, log, strict: bool, mtu: int | str) -> tuple[int, str, str]:
-    from caramel.cluster.config import ClusterConfig
+                    timeout_s: float, log, strict: bool, mtu: int | str,
+                    slow_link: list | None = None) -> tuple[int, str, str]:
+    from caramel.bench.hetero import link_rates_bps
+    from caramel.cluster.config import ClusterConfig, auto_mtu
+    from caramel.units import format_rate, parse_rate_bps
 
     cls = _emulated_cluster_class()
     assert cls is not None and bandwidth is not None, "choose_network() returned cluster without a cluster or a rate"
+    rates = link_rates_bps(parse_rate_bps(bandwidth), workers, slow_link)
+    if slow_link and str(mtu).strip() == "auto":
+        mtu = auto_mtu(min(rates))  # ClusterConfig's advice for a link slowed later: the slowest rate's MTU
     config = ClusterConfig(workers=workers, bandwidth_bps=bandwidth, fallback="error" if strict else "local", mtu=mtu)
     from caramel.cluster.local import worker_env
 
     env = {k: v for k, v in worker_env(threads=1).items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
     with cls(config) as cluster:
         net = f"netns+tc {bandwidth} (mtu {config.mtu})" if cluster.mode == "netns" else LOOPBACK
+        if slow_link:
+            cluster.set_bandwidth(slow_link[0], rates[slow_link[0]])  # an error on the loopback fallback
+            net += f", worker {slow_link[0]}'s link {format_rate(rates[slow_link[0]])}"
         write_json(job_path, dict(job, network=net))
         rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
     return int(rc), "", net

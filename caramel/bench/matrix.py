@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from caramel.bench.hetero import check_jitter, check_slow_link
 from caramel.errors import CaramelError
 from caramel.strategies.options import parse_spec
 from caramel.units import format_rate, parse_rate_bps
@@ -121,6 +122,10 @@ class BenchConfig:
     """the compute step measured at run start that the rate was derived from (None: pinned rate)"""
     slow_worker: list | None = None
     """[rank, factor]: that worker's compute made factor times slower (`caramel.bench.straggler`)"""
+    slow_link: list | None = None
+    """[rank, factor]: that worker's link at the others' rate / factor (`caramel.bench.hetero`)"""
+    jitter: list | None = None
+    """[rank, fraction, seed]: that worker's step time varies by up to +/-fraction (`caramel.bench.hetero`)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
@@ -131,6 +136,10 @@ class BenchConfig:
             raise CaramelError(f"batch size must be a positive integer, got {self.batch_size!r}")
         if self.slow_worker is not None:
             self.slow_worker = check_slow_worker(self.slow_worker, self.workers)
+        if self.slow_link is not None:
+            self.slow_link = check_slow_link(self.slow_link, self.workers)
+        if self.jitter is not None:
+            self.jitter = check_jitter(self.jitter, self.workers)
         if self.comm_ratio is not None:
             r = self.comm_ratio
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
@@ -171,6 +180,10 @@ class BenchConfig:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
         slow = f", rank {self.slow_worker[0]} x{self.slow_worker[1]:g} slower" if self.slow_worker else ""
+        if self.slow_link:
+            slow += f", rank {self.slow_link[0]}'s link /{self.slow_link[1]:g}"
+        if self.jitter:
+            slow += f", rank {self.jitter[0]} jitter +/-{self.jitter[1]:g} (seed {self.jitter[2]})"
         return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}{slow}"
 
     @property

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from caramel.bench.hetero import nominal_factor
 from caramel.bench.matrix import BenchConfig, BenchSettings
 from caramel.errors import CaramelError
 from caramel.units import format_rate
@@ -69,8 +70,13 @@ class Calibration:
 
     def rate(self, config: BenchConfig, latency_s: float = LINK_LATENCY_S) -> str:
         assert config.comm_ratio is not None
-        return rate_text(derive_rate_bps(self.grad_bytes, config.workers, self.compute_s, config.comm_ratio,
+        return rate_text(derive_rate_bps(self.grad_bytes, config.workers, self.step_s(config), config.comm_ratio,
                                          latency_s, self.collectives))
+
+    def step_s(self, config: BenchConfig) -> float:
+        """The compute step the point's ratio refers to: padded to the nominal step under --jitter
+        (`caramel.bench.hetero`), so that jitter changes the variance and not the regime."""
+        return self.compute_s * (nominal_factor(config.jitter[1]) if config.jitter else 1.0)
 
 
 def calibration_settings(settings: BenchSettings) -> BenchSettings:
@@ -113,7 +119,7 @@ def derive_rates(configs: list[BenchConfig], launch: Launch, log=None) -> tuple[
         if cal is None:
             failures.append(f"{config.label}: the compute-only calibration job failed; no rate derived")
             continue
-        derived = config.with_rate(cal.rate(config), cal.compute_s)
+        derived = config.with_rate(cal.rate(config), cal.step_s(config))
         print(f"caramel bench: {derived.label}: compute {cal.compute_s * 1e3:.1f} ms, {cal.grad_bytes / 1e6:.2f} MB of "
               f"gradients in {cal.collectives} collective(s) -> comm/compute {config.comm_ratio:g} at {derived.bandwidth}",
               file=log, flush=True)

@@ -5,12 +5,16 @@
 
 `personalize` names module/parameter prefixes joined by `+` (`head+norm_f`): a spec's options
 are already separated by commas. `topology` is a built-in name, a JSON file holding a mixing
-matrix (a list of rows, one per worker) or, from Python, the matrix itself as a list of rows
-(`W.tolist()` of a tensor); a matrix is checked when the world size is known.
+matrix (a list of rows, one per worker) or, from Python, the matrix itself: a 2-D tensor or numpy
+array, or a list of rows; it is kept as a list of rows and checked (square for the world size,
+non-negative, doubly stochastic, connected) when the world size is known.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+import torch
 
 from caramel.errors import CaramelError
 
@@ -28,15 +32,22 @@ class GossipOptions:
     Adam or AdamW). `personalize`: parameters under these name prefixes are never sent (DePRL).
     `consensus_every`: every N steps all workers measure their consensus distance (an
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
-    into messages of about this size, in forward order, so the first modules can mix first."""
+    into messages of about this size, in forward order, so the first modules can mix first.
+    `head_steps`: DePRL's tau: with `personalize`, each cycle is `head_steps` optimizer steps
+    that update only the personalized parameters (the body frozen, nothing sent) and then one
+    that updates only the body and gossips it; 0 (the default): head and body step together."""
 
-    topology: str | list = "ring"
+    topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
     personalize: str = ""
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
+    head_steps: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.topology, (torch.Tensor, np.ndarray)):
+            # kept as a list of rows: options compare, print and travel (JSON, the spec name) as plain data
+            object.__setattr__(self, "topology", matrix_rows(self.topology))
         if isinstance(self.topology, list):
             if not self.topology or not all(isinstance(row, list) for row in self.topology):
                 raise CaramelError(f"topology given as a matrix must be a list of rows (lists of weights), "
@@ -48,6 +59,15 @@ class GossipOptions:
             raise CaramelError(f"consensus_every must be >= 0 steps (0: never measure), got {self.consensus_every}")
         if not self.bucket_cap_mb > 0:
             raise CaramelError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if isinstance(self.head_steps, bool) or not isinstance(self.head_steps, int) or self.head_steps < 0:
+            raise CaramelError(f"head_steps must be an integer >= 0 (DePRL's tau; 0: head and body step together), "
+                               f"got {self.head_steps!r}")
+        if self.head_steps and not self.local_prefixes():
+            raise CaramelError(f"head_steps={self.head_steps} steps a personalized head: name it with personalize= "
+                               "(e.g. personalize=head)")
+        if self.head_steps and self.algorithm == "adam":
+            raise CaramelError("head_steps is built for algorithm=dpsgd and momentum; algorithm=adam mixes at the next "
+                               "update, which a head-only step would move")
         for prefix in self.local_prefixes():
             if not prefix or " " in prefix:
                 raise CaramelError(f"personalize must be name prefixes joined by '+' (e.g. head+norm_f), "
@@ -59,3 +79,18 @@ class GossipOptions:
     def is_local(self, name: str) -> bool:
         """Whether the parameter `name` stays on its worker (matches a prefix at a dot boundary)."""
         return any(name == p or name.startswith(p + ".") for p in self.local_prefixes())
+
+
+def matrix_rows(W: torch.Tensor | np.ndarray) -> list:
+    """A 2-D tensor or array of weights as a list of rows of floats (a clear error otherwise)."""
+    what = "tensor" if isinstance(W, torch.Tensor) else "array"
+    if W.ndim != 2:
+        raise CaramelError(f"topology given as a {what} must be a 2-D mixing matrix (one row per worker), "
+                           f"got shape {tuple(W.shape)}")
+    if isinstance(W, torch.Tensor):
+        if W.is_complex() or not (W.is_floating_point() or W.dtype in (torch.int32, torch.int64, torch.uint8)):
+            raise CaramelError(f"topology given as a tensor must hold real weights, got dtype {W.dtype}")
+        return W.detach().to("cpu", torch.float64).tolist()
+    if not np.issubdtype(W.dtype, np.floating) and not np.issubdtype(W.dtype, np.integer):
+        raise CaramelError(f"topology given as an array must hold real weights, got dtype {W.dtype}")
+    return W.astype(np.float64).tolist()

@@ -50,6 +50,7 @@ class GossipRun:
         names, params = unique_params(module)
         self.shared = [(n, p) for n, p in zip(names, params) if not options.is_local(n)]
         self.local_names = [n for n in names if options.is_local(n)]
+        self.local_params = [p for n, p in zip(names, params) if options.is_local(n)]
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
                                if b.is_floating_point() and not options.is_local(n)]
         self.exchange = Exchange(group, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
@@ -96,9 +97,30 @@ class GossipRun:
             self._entry["consensus"] = self.consensus[-1][1]
         return self.exchange.wait_s - wait0
 
+    def head_step(self) -> bool:
+        """Whether this step updates only the personalized head (DePRL's tau, `head_steps`):
+        the first head_steps steps of every cycle of head_steps + 1."""
+        tau = self.options.head_steps
+        return bool(tau) and self.steps % (tau + 1) < tau
+
+    def frozen(self) -> list[torch.Tensor]:
+        """The parameters this step leaves alone: the body on a head step, the head on a body step
+        (none without head_steps)."""
+        if not self.options.head_steps:
+            return []
+        return [p for _, p in self.shared] if self.head_step() else list(self.local_params)
+
     def after_update(self, flush_wait_s: float) -> None:
-        """After the user's optimizer applied the update: hand this step's parameters to the neighbours."""
-        W = self.matrices[self.steps % len(self.matrices)]
+        """After the user's optimizer applied the update: hand this step's parameters to the
+        neighbours (not after a head-only step: the body did not change)."""
+        if self.head_step():
+            self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.exchange.wait_s, peers=[], step_wait_s=0.0,
+                               bytes_per_peer=0, head_only=True, end_s=time.perf_counter() - self.t0)
+            self.log.append(self._entry)
+            self.steps += 1
+            return
+        # one mix per cycle: a time-varying topology walks its matrices once per mix
+        W = self.matrices[(self.steps // (self.options.head_steps + 1)) % len(self.matrices)]
         nb = neighbours(W, self.rank)
         self.exchange.set_buckets(make_buckets(self._tensors(), self._owners(), self.order,
                                                self.options.bucket_cap_mb * 2 ** 20))
@@ -175,7 +197,7 @@ class GossipRun:
         last = self.log[-1] if self.log else {}
         return {"strategy": "gossip", "topology": self.mixing_name, "algorithm": self.options.algorithm,
                 "steps": self.steps, "workers": self.world, "mixing": self.mixing,
-                "personalized": self.local_names, "consensus": self.consensus,
+                "personalized": self.local_names, "head_steps": self.options.head_steps, "consensus": self.consensus,
                 "consensus_last": self.consensus[-1][1] if self.consensus else None,
                 "bytes_per_peer_per_step": last.get("bytes_per_peer"), "peers_last_step": last.get("peers"),
                 "bytes_sent": self.exchange.bytes_sent, "wait_s": self.exchange.wait_s,
@@ -286,7 +308,15 @@ class GossipOptimizerMixin:
         run = self._gossip_run
         self._opt_called = True  # tells LR schedulers a step happened
         waited = run.before_update()
-        out = self._gossip_base.step(self, closure)
+        frozen = run.frozen()
+        grads = [p.grad for p in frozen]
+        for p in frozen:  # an optimizer skips a parameter without a gradient (no decay, no momentum)
+            p.grad = None
+        try:
+            out = self._gossip_base.step(self, closure)
+        finally:
+            for p, g in zip(frozen, grads):
+                p.grad = g
         run.after_update(waited)
         return out
 

@@ -10,7 +10,8 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 - the next forward runs the profile's modules in order, each once the bytes up to its own
   parameters have landed from every in-neighbour (algorithm=adam: no wait in the forward; all
   of it must have landed before the update);
-- compute is the profile's, divided by the worker's speed and multiplied by its step's jitter.
+- compute is the profile's, divided by the worker's speed and multiplied by its step's jitter;
+- with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes.
 
 Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
 (default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
@@ -71,7 +72,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to gossip")
     mats = [mixing_matrix(options.topology, n, t) for t in range(period(options.topology, n))]
     rates, alpha = _rates(cluster), cluster.latency_s
-    steps = max(iterations, MIN_ITERATIONS)
+    steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
     jit = _jitter(cluster, steps)
     speed = [w.speed for w in cluster.workers]
     per_tensor = 2 if options.algorithm == "momentum" else 1
@@ -97,8 +98,10 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     end = [[0.0] * steps for _ in range(n)]
     waits = [0.0] * n
     events = []
+    cycle = options.head_steps + 1  # DePRL: only the last step of each cycle sends (the body)
     for k in range(steps):
-        W = mats[(k - 1) % len(mats)] if k else None
+        sent = k > 0 and (k - 1) % cycle == cycle - 1
+        W = mats[((k - 1) // cycle) % len(mats)] if sent else None
         nbs = [neighbours(W, i) for i in range(n)] if W is not None else None
         for w in range(n):
             t = end[w][k - 1] if k else 0.0

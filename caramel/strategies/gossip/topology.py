@@ -15,7 +15,8 @@ which the distance to the average shrinks at least, per step; 1 - rate is the sp
   (m = ceil(log2 n)) and averages with the one it receives from; with n a power of two, m steps
   in a row average exactly.
 - `complete`: every worker 1/n (exact averaging, all-reduce's result).
-- a JSON file: the user's matrix, checked (`check_mixing`).
+- a JSON file, or from Python a tensor, array or list of rows: the user's matrix, checked
+  (`check_mixing`).
 """
 from __future__ import annotations
 
@@ -113,6 +114,8 @@ def check_mixing(W: np.ndarray, n: int, source: str = "mixing matrix", require_c
     time-varying topology, connected only over its period) connected."""
     if W.shape != (n, n):
         raise CaramelError(f"{source}: expected a {n} x {n} matrix for {n} workers, got shape {tuple(W.shape)}")
+    if not np.isfinite(W).all():  # NaN compares false with every tolerance below
+        raise CaramelError(f"{source}: weights must be finite numbers (found {W[~np.isfinite(W)][0]:g})")
     if (W < -TOL).any():
         raise CaramelError(f"{source}: weights must be >= 0 (found {W.min():g})")
     rows, cols = W.sum(axis=1), W.sum(axis=0)

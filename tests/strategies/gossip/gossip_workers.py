@@ -19,14 +19,14 @@ def _gossip(family: str, opt_kind: str, steps: int, rank: int, spec: str):
     return model, opt
 
 
-def reference(family: str, opt_kind: str, steps: int, world: int, spec: str) -> list[list[torch.Tensor]]:
+def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, options=None) -> list[list[torch.Tensor]]:
     """Every worker of a gossip run, simulated in one process: each copy steps on its own batches,
     then the copies mix with the step's matrix (dpsgd, momentum: after the step, momentum buffers
     too for momentum; adam: the previous step's parameters, just before the update)."""
     from caramel.strategies import STRATEGIES
     from caramel.strategies.gossip.topology import mixing_matrix
 
-    options = STRATEGIES.spec(spec).options
+    options = options if options is not None else STRATEGIES.spec(spec).options
     w = fresh(family)
     models = [copy.deepcopy(w.model) for _ in range(world)]
     opts = [make_optimizer(opt_kind, m.parameters()) for m in models]
@@ -179,7 +179,64 @@ def checkpoint_worker(rank: int, world: int, steps: int, at: int, spec: str) -> 
     return {"diff": max_diff(straight, resumed), "params": [t.numpy() for t in straight]}
 
 
+def tensor_worker(rank: int, world: int, steps: int) -> dict:
+    """`topology=` a tensor: trained against the one-process reference of that matrix, and the
+    errors of a tensor of the wrong size and of one that is not doubly stochastic."""
+    from caramel.errors import CaramelError
+    from caramel.strategies import STRATEGIES
+
+    W = torch.tensor([[0.75, 0.25], [0.25, 0.75]], dtype=torch.float32)
+    w = fresh("gpt_tied")
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, "gossip", topology=W)
+    train(model, opt, sched, w.loss_fn, "gpt_tied", rank, steps)
+    opt.synchronize()
+    ref = reference("gpt_tied", "sgd_momentum", steps, world, "gossip", STRATEGIES.spec("gossip", {"topology": W}).options)
+    errors = {}
+    for key, bad in (("size", torch.full((3, 3), 1 / 3)), ("stochastic", torch.tensor([[0.6, 0.4], [0.6, 0.4]]))):
+        mb = copy.deepcopy(w.model)
+        try:
+            caramel.parallelize(mb, torch.optim.SGD(mb.parameters(), lr=0.1), "gossip", topology=bad)
+            errors[key] = None
+        except CaramelError as e:
+            errors[key] = str(e)
+    return {"reference": max_diff(params_of(model.module), ref[rank]),
+            "params": [t.numpy() for t in params_of(m)], "topology": opt.gossip.stats_dict().get("topology"),
+            "errors": errors}
+
+
+def deprl_worker(rank: int, world: int, steps: int, tau: int) -> dict:
+    """DePRL with tau head steps per body step: per step, how far the step's update moved the
+    head and the body (measured around `opt.step()`, after the forward applied any pending mix)
+    and the bytes it sent; the final parameters."""
+    w = fresh("gpt_tied")
+    opt = torch.optim.SGD(w.model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=complete", personalize=PERSONAL, head_steps=tau)
+    named = dict(w.model.named_parameters())
+    head = [n for n in named if n.startswith(PERSONAL)]
+    body = [n for n in named if not n.startswith(PERSONAL)]
+    moved = []
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        before = {n: p.detach().clone() for n, p in named.items()}
+        grads_kept = all(named[n].grad is not None for n in named)
+        opt.step()
+        grads_kept = grads_kept and all(named[n].grad is not None for n in named)
+        moved.append({part: max(float((named[n] - before[n]).abs().max()) for n in names)
+                      for part, names in (("head", head), ("body", body))} | {
+                     "bytes": opt.gossip.log[-1]["bytes_per_peer"], "grads_kept": grads_kept})
+        opt.zero_grad()
+    opt.synchronize()
+    out = {"moved": moved, "params": {n: p.detach().numpy().copy() for n, p in named.items()},
+           "stats": {k: v for k, v in opt.gossip.stats_dict().items() if k in ("head_steps", "steps")}}
+    caramel.shutdown()
+    return out
+
+
 def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
     """Everything the 2-worker tests check, in one job (spawning costs more than the checks)."""
     return {"parity": parity_worker(rank, world, steps, cases), "personal": personal_worker(rank, world, steps),
+            "tensor": tensor_worker(rank, world, steps), "deprl": deprl_worker(rank, world, 6, 2),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam")}

@@ -80,3 +80,29 @@ def test_consensus_shrinks_at_the_topologys_rate_on_four_workers():
             rate = describe(spec.split("=")[1], 4)["rate_per_step"]
             for a, b in zip(d, d[1:]):
                 assert b / a == pytest.approx(rate ** 2, rel=1e-3)
+
+
+def test_a_mixing_matrix_given_as_a_tensor_trains_and_bad_ones_are_refused(two):
+    for rank in (0, 1):
+        res = two[rank]["tensor"]
+        assert res["reference"] <= 1e-6, res["reference"]
+        assert res["topology"] == "matrix"
+        assert "expected a 2 x 2 matrix for 2 workers, got shape (3, 3)" in res["errors"]["size"]
+        assert "not doubly stochastic: column 0 sums to 1.2" in res["errors"]["stochastic"]
+    # 3/4 on itself: the workers mix but do not agree after a few steps
+    assert any(not np.array_equal(x, y) for x, y in zip(two[0]["tensor"]["params"], two[1]["tensor"]["params"]))
+
+
+def test_deprl_tau_head_steps_then_one_body_step_that_alone_is_gossiped(two):
+    for rank in (0, 1):
+        res = two[rank]["deprl"]
+        assert res["stats"] == {"head_steps": 2, "steps": 6}
+        for step, m in enumerate(res["moved"]):
+            assert m["grads_kept"], step  # the frozen part's gradients are back after the step
+            if step % 3 < 2:  # head steps: the body frozen (no decay, no momentum), nothing sent
+                assert m["body"] == 0.0 and m["head"] > 1e-4 and m["bytes"] == 0, (step, m)
+            else:  # the body step: the head frozen, the body updated and gossiped
+                assert m["head"] == 0.0 and m["body"] > 1e-4 and m["bytes"] > 0, (step, m)
+    p0, p1 = two[0]["deprl"]["params"], two[1]["deprl"]["params"]
+    for name, value in p0.items():  # the complete graph mixed the bodies to one value; heads apart
+        assert np.array_equal(value, p1[name]) != name.startswith(PERSONAL), name

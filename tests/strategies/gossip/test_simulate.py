@@ -59,3 +59,14 @@ def test_gossip_beats_allreduce_under_jitter_and_a_slow_link(profile):
         sim("gossip", profile, ClusterSpec.uniform(**base, meta={"worker_bandwidth_bps": [1e9]}))
     with pytest.raises(CaramelError, match="compute_jitter"):
         sim("gossip", profile, ClusterSpec.uniform(**base, meta={"compute_jitter": {"rank": 9, "fraction": 0.5}}))
+
+
+def test_deprl_head_steps_send_once_per_cycle(profile):
+    slow = ClusterSpec.uniform(4, 2e8)
+    body = sim("gossip:personalize=layer11", profile, slow)
+    tau = sim("gossip:personalize=layer11,head_steps=3", profile, slow)
+    assert profile.step_time_s < tau.step_time_s < body.step_time_s
+    # at most a quarter (one exposed exchange per cycle of 4, a chain of waits between neighbours
+    # cut by the head steps), well above none
+    share = (tau.step_time_s - profile.step_time_s) / (body.step_time_s - profile.step_time_s)
+    assert 0.125 < share <= 0.25 * 1.01, share

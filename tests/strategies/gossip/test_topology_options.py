@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from caramel.errors import CaramelError
 from caramel.strategies import STRATEGIES
@@ -122,3 +123,32 @@ def test_a_matrix_given_from_python():
         STRATEGIES.spec("gossip", {"topology": [0.5, 0.5]})
     with pytest.raises(CaramelError, match="topology must be str or list"):
         STRATEGIES.spec("gossip", {"topology": 3})
+
+
+def test_a_matrix_given_as_a_tensor_or_array_is_kept_as_rows_and_checked():
+    W = [[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [0.5, 0.0, 0.5]]
+    for given in (torch.tensor(W), torch.tensor(W, dtype=torch.float64), np.array(W)):
+        o = STRATEGIES.spec("gossip", {"topology": given}).options
+        assert o.topology == W and mixing_matrix(o.topology, 3).tolist() == W
+    assert STRATEGIES.spec("gossip", {"topology": torch.tensor(W)}) == STRATEGIES.spec("gossip", {"topology": W})
+    with pytest.raises(CaramelError, match=r"expected a 2 x 2 matrix for 2 workers, got shape \(3, 3\)"):
+        mixing_matrix(STRATEGIES.spec("gossip", {"topology": torch.tensor(W)}).options.topology, 2)
+    for bad, match in ((torch.ones(3), r"2-D mixing matrix .* got shape \(3,\)"),
+                       (torch.ones(2, 2, dtype=torch.bool), "real weights, got dtype torch.bool"),
+                       (np.array([["a", "b"], ["c", "d"]]), "real weights")):
+        with pytest.raises(CaramelError, match=match):
+            STRATEGIES.spec("gossip", {"topology": bad})
+    nan = STRATEGIES.spec("gossip", {"topology": torch.tensor([[float("nan"), 1.0], [1.0, 0.0]])}).options
+    with pytest.raises(CaramelError, match="weights must be finite numbers"):
+        mixing_matrix(nan.topology, 2)
+    with pytest.raises(CaramelError, match="not doubly stochastic: row 1 sums to 1.2"):
+        mixing_matrix(torch.tensor([[0.4, 0.4], [0.6, 0.6]]).tolist(), 2)
+
+
+def test_head_steps_needs_a_personalized_head_and_a_mix_it_does_not_move():
+    assert STRATEGIES.spec("gossip", {"personalize": "head", "head_steps": 3}).options.head_steps == 3
+    for values, match in (({"head_steps": 2}, "name it with personalize="),
+                          ({"personalize": "head", "head_steps": -1}, "head_steps must be an integer >= 0"),
+                          ({"personalize": "head", "head_steps": 2, "algorithm": "adam"}, "algorithm=adam")):
+        with pytest.raises(CaramelError, match=match):
+            STRATEGIES.spec("gossip", values)
