@@ -72,15 +72,22 @@ class Pipeline:
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
             raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
                                f"split into microbatches={m} equal parts")
-        if self._runner is None:
-            self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
-        elif loss_fn is not self._loss_fn:
-            raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
+        self.prepare(inputs, targets, loss_fn)
         if self.options.schedule == "pipedream":
             local = self._runner.step(inputs, targets, loss_fn)
         else:
             local = self._sync_step(inputs, targets)
         return self._share_loss(local)
+
+    def prepare(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """Cut the model and build this rank's stage(s) for batches like `inputs` (the first
+        `step` does it too); a training loop calls it early to know `stage_modules` before the
+        first step, e.g. to load each stage's optimizer state. Every rank calls it."""
+        m = self.options.microbatches
+        if self._runner is None:
+            self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
+        elif loss_fn is not self._loss_fn:
+            raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
 
     def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         assert self.optimizer is not None
