@@ -144,7 +144,8 @@ class PipelineRunner(Runner):
     def stats(self) -> dict[str, Any]:
         plan = self.pipe.partition
         return {"boundaries": self.pipe.boundaries,
-                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None}
+                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None,
+                **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
 
 
 def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:

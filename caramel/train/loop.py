@@ -232,7 +232,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if metrics:
             metrics.close()
     wall_s = time.perf_counter() - t_run
-    trace_file = _merge_traces(engine, d, out_dir) if engine.kind == "caramel" else None
+    trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
     summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
     if main:
         from caramel.jsonio import write_json
@@ -302,6 +302,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "samples_per_s": d.world_size * cfg.data.batch_size / step_s if step_s else None,
         "exposed_comm_s": statistics.median(waits) if waits else None,
         "bytes_per_step": stats.get("bytes_per_step"),
+        "bubble_fraction": stats.get("bubble_fraction"),  # pipeline: measured idle share of the step
         "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),

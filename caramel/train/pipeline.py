@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -81,10 +82,11 @@ class PipelineParallel:
 
     def __init__(self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any, strategy: str,
                  sampler: ShardedSampler, start: int, batch: Callable[[torch.Tensor], tuple], loss_fn: Callable,
-                 saved: dict[str, Any] | None = None) -> None:
+                 saved: dict[str, Any] | None = None, trace_path: str | None = None) -> None:
         import caramel
 
         self.strategy, self.model, self.optimizer, self.options = strategy, model, optimizer, options
+        self.trace_path, self.first_step, self.steps_done, self.bubble = trace_path, start, 0, {}
         self.view = sequential_view(name, model)
         if saved is not None:  # the resumed run cuts where the first one did
             options = dataclasses.replace(options, partition="+".join(str(b) for b in saved["boundaries"]) or "auto")
@@ -106,6 +108,7 @@ class PipelineParallel:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, clip_grad_norm: float) -> torch.Tensor:
         """Microbatches through the stages, then the update (inside `Pipeline.step`)."""
+        self.steps_done += 1
         return self.pipe.step(x, y, loss_fn)
 
     # --- sync points --------------------------------------------------------------------------
@@ -115,7 +118,10 @@ class PipelineParallel:
         return self.model
 
     def synchronize(self) -> None:
-        """Bring every rank's copy of the other stages up to date (all ranks call it)."""
+        """Bring every rank's copy of the other stages up to date, measure the bubble so far and
+        write this rank's timeline (all ranks call it)."""
+        self.bubble = self.pipe.bubble_stats()
+        self._write_trace()
         whole = self.pipe.state_dict()
         mine = self.view.state_dict()
         with torch.no_grad():
@@ -156,7 +162,23 @@ class PipelineParallel:
         pass
 
     def stats(self) -> dict[str, Any]:
+        """Options in force and the bubble measured at the last `synchronize` (no collective)."""
         o = self.pipe.options
-        return {"planner": f"pipeline:{o.schedule}", "overlap": None, "boundaries": self.pipe.boundaries,
-                "microbatches": o.microbatches}
+        return {"planner": f"pipeline:{o.schedule}", "overlap": "n/a", "boundaries": self.pipe.boundaries,
+                "microbatches": o.microbatches, **self.bubble}
+
+    def _write_trace(self) -> None:
+        """Every timed stage action of the steps kept, on this rank's compute lane (Perfetto-ready
+        after `caramel trace`), the bubble in its meta: trace.rank<r>.json beside trace.json."""
+        if not self.trace_path or self.pipe.timer is None:
+            return
+        from caramel.trace.events import Trace
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        path = Path(self.trace_path)
+        if world > 1:
+            path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+        first = self.first_step + self.steps_done - len(self.pipe.timer.steps)
+        Trace("measured", world, self.pipe.timer.events(rank, first),
+              {"strategy": self.strategy, **self.bubble}).save(path)
 

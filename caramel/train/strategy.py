@@ -47,7 +47,7 @@ def make_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainCo
                            "each stage on its own worker); set --clip-grad-norm 0")
     return PipelineParallel(wl.name, model, optimizer, spec.options, spec.name, sampler, start,
                             lambda idx: tuple(t.to(model_device(model)) for t in wl.train_set.batch(idx)), wl.loss_fn,
-                            (saved or {}).get("pipeline"))
+                            (saved or {}).get("pipeline"), trace_path)
 
 
 class Parallel:

@@ -15,6 +15,10 @@ import torch
 from caramel.testing import run_workers
 
 STEPS = 6
+# an explicit cut (before the hidden layers of the digits view): straight and resumed runs cut alike
+SCHEDULES = ["pipeline:stages=2,microbatches=2,schedule=1f1b,partition=4",
+             "pipeline:stages=2,microbatches=2,schedule=pipedream,partition=4"]
+AUTO = "pipeline:stages=2,microbatches=2,schedule=gpipe,partition=auto"
 
 
 def _cfg(out: Path, strategy: str, **extra):
@@ -47,6 +51,10 @@ def resume_worker(rank: int, world: int, root: str, strategies: list[str]) -> di
                 rows = [json.loads(line) for line in (base / name / "metrics.jsonl").read_text().splitlines()]
                 losses[name] = [(r["step"], r["loss"]) for r in rows if r["kind"] == "train"]
         out[strategy] = {"straight": straight, "resumed": resumed, "losses": losses}
+    # partition=auto profiles (timings differ run to run): the resumed run must cut where the first half did
+    auto = Path(root) / "auto"
+    train(_cfg(auto, AUTO, run={"stop_after_steps": STEPS // 2}))
+    out["auto"] = train(_cfg(auto, AUTO, checkpoint={"resume": "auto"}))
     return out
 
 
@@ -65,7 +73,7 @@ def _flat(x, prefix=""):
 
 @pytest.mark.timeout(150)
 def test_pipeline_train_resumes_exactly_and_logs_the_whole_models_losses(tmp_path):
-    strategies = ["pipeline:stages=2,microbatches=2,schedule=1f1b", "pipeline:stages=2,microbatches=2,schedule=pipedream"]
+    strategies = SCHEDULES
     ranks = run_workers(resume_worker, 2, args=(str(tmp_path), strategies), timeout_s=140)
     for strategy in strategies:
         r0, r1 = ranks[0][strategy], ranks[1][strategy]
@@ -85,6 +93,11 @@ def test_pipeline_train_resumes_exactly_and_logs_the_whole_models_losses(tmp_pat
         # validation is the whole model's: recompute it here from the checkpoint, one process
         assert straight["val_loss"] == pytest.approx(_val_loss(_final_state(straight)), rel=1e-5)
         assert straight["val_predictions"] == 180
+    auto = ranks[0]["auto"]
+    half, end = (_final_state({"last_checkpoint": str(Path(auto["last_checkpoint"]).parent / f"ckpt-{k:09d}")})
+                 for k in (STEPS // 2, STEPS))
+    assert auto["start_step"] == STEPS // 2 and half["pipeline"] == end["pipeline"]
+    assert len(end["pipeline"]["boundaries"]) == 1
 
 
 def _val_loss(state: dict) -> float:

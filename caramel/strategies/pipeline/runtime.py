@@ -26,6 +26,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
+from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
 
@@ -61,6 +62,7 @@ class Pipeline:
         self.boundaries: list[int] | list[str] | None = cuts
         self.stage_modules: list[nn.Module] = []
         self._runner: Any = None
+        self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
 
     # --- the step ---------------------------------------------------------------------------
@@ -97,6 +99,8 @@ class Pipeline:
         args = (inputs.to(self.device),) if self.layout.holds_first else ()
         self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
                           return_outputs=False)
+        if self.timer is not None:
+            self.timer.end_step()
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
 
@@ -146,6 +150,10 @@ class Pipeline:
         except ValueError as e:  # torch's own checks of microbatches against stages
             raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
                                f"microbatches={self.options.microbatches}: {e}") from None
+        self.timer = StageTimer()
+        for st in torch_stages:
+            self.timer.wrap_stage(st)
+        self.timer.wrap_loss(self._runner)
 
     def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """torch's tracer cuts the model before each named module; its stage modules keep the
@@ -190,6 +198,21 @@ class Pipeline:
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
         self.partition = box[0]
         return list(self.partition.boundaries)
+
+    # --- measured bubble ----------------------------------------------------------------------
+
+    def bubble_stats(self) -> dict[str, Any]:
+        """The measured bubble fraction of each position of this rank's pipeline (median over
+        the steps so far, the first left out as warm-up), see `timing.py` for the definition.
+        A collective along the pipeline: all its ranks call it."""
+        mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
+        parts: list[Any] = [None] * self.layout.positions
+        dist.all_gather_object(parts, mine, group=self.layout.pipeline_group)
+        out = bubble_fractions(parts)
+        m, p = self.options.microbatches, self.layout.positions
+        if self.options.schedule in ("gpipe", "1f1b"):
+            out["bubble_fraction_ideal"] = (p - 1) / (m + p - 1)  # equal stages, free transfers
+        return out
 
     # --- the whole model's state --------------------------------------------------------------
 
