@@ -89,7 +89,8 @@ class PipelineParallel:
         self.trace_path, self.first_step, self.steps_done, self.bubble = trace_path, start, 0, {}
         self.view = sequential_view(name, model)
         if saved is not None:  # the resumed run cuts where the first one did
-            options = dataclasses.replace(options, partition="+".join(str(b) for b in saved["boundaries"]) or "auto")
+            options = dataclasses.replace(options, partition="+".join(str(b) for b in saved["boundaries"]) or "auto",
+                                          microbatches=saved["microbatches"])
         self.pipe = caramel.pipeline(self.view, optimizer, options=options)
         lay = self.pipe.layout
         self.samplers = [dataclasses.replace(sampler, rank=r) for r in lay.pipeline_ranks]

@@ -18,7 +18,7 @@ STEPS = 6
 # an explicit cut (before the hidden layers of the digits view): straight and resumed runs cut alike
 SCHEDULES = ["pipeline:stages=2,microbatches=2,schedule=1f1b,partition=4",
              "pipeline:stages=2,microbatches=2,schedule=pipedream,partition=4"]
-AUTO = "pipeline:stages=2,microbatches=2,schedule=gpipe,partition=auto"
+AUTO = "pipeline:stages=2,schedule=gpipe"  # partition and microbatches "auto"
 
 
 def _cfg(out: Path, strategy: str, **extra):
@@ -51,7 +51,7 @@ def resume_worker(rank: int, world: int, root: str, strategies: list[str]) -> di
                 rows = [json.loads(line) for line in (base / name / "metrics.jsonl").read_text().splitlines()]
                 losses[name] = [(r["step"], r["loss"]) for r in rows if r["kind"] == "train"]
         out[strategy] = {"straight": straight, "resumed": resumed, "losses": losses}
-    # partition=auto profiles (timings differ run to run): the resumed run must cut where the first half did
+    # partition and microbatches "auto" profile (timings differ run to run): the resumed run keeps the first half's
     auto = Path(root) / "auto"
     train(_cfg(auto, AUTO, run={"stop_after_steps": STEPS // 2}))
     out["auto"] = train(_cfg(auto, AUTO, checkpoint={"resume": "auto"}))

@@ -15,6 +15,7 @@ whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -58,6 +59,7 @@ class Pipeline:
         if options.schedule == "pipedream" and self.device.type != "cpu":
             raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
                                f"this model is on {self.device}")
+        self.microbatch_predictions_s: dict[int, float] = {}  # microbatches="auto": candidate -> simulated step
         self.partition: PartitionPlan | None = None  # the planner's, when partition="auto"
         self.boundaries: list[int] | list[str] | None = cuts
         self.stage_modules: list[nn.Module] = []
@@ -70,11 +72,11 @@ class Pipeline:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> torch.Tensor:
         """One training step on this pipeline's batch (every rank passes it): the loss, averaged
         over microbatches (and replicas), returned on every rank."""
+        self.prepare(inputs, targets, loss_fn)
         m = self.options.microbatches
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
             raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
                                f"split into microbatches={m} equal parts")
-        self.prepare(inputs, targets, loss_fn)
         if self.options.schedule == "pipedream":
             local = self._runner.step(inputs, targets, loss_fn)
         else:
@@ -85,8 +87,13 @@ class Pipeline:
         """Cut the model and build this rank's stage(s) for batches like `inputs` (the first
         `step` does it too); a training loop calls it early to know `stage_modules` before the
         first step, e.g. to load each stage's optimizer state. Every rank calls it."""
-        m = self.options.microbatches
         if self._runner is None:
+            if self.options.microbatches == "auto":
+                self._choose_microbatches(inputs, targets, loss_fn)
+            m = self.options.microbatches
+            if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
+                raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
+                                   f"split into microbatches={m} equal parts")
             self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
         elif loss_fn is not self._loss_fn:
             raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
@@ -178,6 +185,57 @@ class Pipeline:
                                f"not stages={self.options.stages}")
         return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
 
+    def _choose_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """microbatches="auto": the job's first rank profiles a copy of the model at the largest
+        and the smallest candidate microbatch, fits each layer's fixed and per-sample cost, and
+        lets the simulator pick the count (and, with partition="auto", the cut for it); every
+        rank receives both."""
+        from caramel.strategies.pipeline.microbatches import candidates
+
+        o, lay = self.options, self.layout
+        if not isinstance(self.model, nn.Sequential) or (self.boundaries and isinstance(self.boundaries[0], str)):
+            raise CaramelError("pipeline: microbatches='auto' profiles the layers of an nn.Sequential; give a count "
+                               "(microbatches=4) for a model cut by torch's tracer")
+        batch = inputs.shape[0]
+        cands = candidates(batch, o.schedule, o.stages, lay.positions)
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        box: list[Any] = [None]
+        if dist.get_rank() == ranks[0]:
+            if len(cands) == 1:
+                box[0] = (cands[0], None, {})
+            else:
+                box[0] = self._simulate_counts(inputs, targets, loss_fn, cands)
+        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
+        m, plan, table = box[0]
+        self.microbatch_predictions_s = table  # candidate -> simulated step (s)
+        if plan is not None and self.boundaries is None:
+            self.partition, self.boundaries = plan, list(plan.boundaries)
+        self.options = dataclasses.replace(o, microbatches=m)
+
+    def _simulate_counts(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
+                         cands: list[int]) -> tuple[int, PartitionPlan, dict[int, float]]:
+        from caramel.profile.profiler import profile_model
+        from caramel.strategies.pipeline.microbatches import choose_microbatches, fit_scaling
+
+        o, lay = self.options, self.layout
+        probe = copy.deepcopy(self.model)
+        sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
+        costs = []
+        for n in sizes:
+            prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
+            costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
+        cluster, per_stage = self._cluster_and_speeds()
+        fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
+        choice = choose_microbatches(fit_scaling(costs[0], sizes[0], costs[1], sizes[1]), inputs.shape[0], o.schedule,
+                                     o.stages, lay.positions, cluster, per_stage, fixed_cuts, o.replicas)
+        return choice.microbatches, choice.plan, choice.predicted_step_s
+
+    def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
+        cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
+        speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
+        speeds += [1.0] * (self.layout.positions - len(speeds))
+        return cluster, [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> list[int]:
         """partition="auto": the job's first rank profiles the model on one microbatch (a copy, so
         the real one is untouched), cuts it with `balanced_boundaries` (speeds from the cluster
@@ -190,10 +248,7 @@ class Pipeline:
             probe = copy.deepcopy(self.model)
             prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
             costs = layer_costs_from_profile(prof, probe, sample)
-            cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
-            speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
-            speeds += [1.0] * (self.layout.positions - len(speeds))
-            per_stage = [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+            cluster, per_stage = self._cluster_and_speeds()
             box[0] = balanced_boundaries(costs, per_stage, cluster)
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
         self.partition = box[0]
@@ -246,7 +301,7 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
                        f"and its step(inputs, targets, loss_fn); `caramel bench --strategies pipeline:...` runs it so")
 
 
-def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int = 4,
+def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
              vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:
