@@ -303,6 +303,8 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "exposed_comm_s": statistics.median(waits) if waits else None,
         "bytes_per_step": stats.get("bytes_per_step"),
         "bubble_fraction": stats.get("bubble_fraction"),  # pipeline: measured idle share of the step
+        "pipeline": {k: stats[k] for k in ("boundaries", "microbatches", "bubble_fraction_per_stage",
+                                           "bubble_fraction_ideal") if k in stats} or None,
         "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),
