@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,9 @@ from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
 from caramel.models.zoo import ModelBatch, get_model, param_count
 from caramel.stats import median
+
+if TYPE_CHECKING:
+    from caramel.bench.wire import WireMeter
 
 JOB_KIND = "bench_job"
 RAW_KIND = "bench_raw"
@@ -190,7 +193,7 @@ def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
 
 
 def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int,
-                   wire: "WireMeter | None" = None) -> dict[str, list[float]]:
+                   wire: WireMeter | None = None) -> dict[str, list[float]]:
     """Warm every runner up and let it settle, then `rounds` rounds of one block each, the order
     rotating per round (`wire`: counts each block's transmitted bytes)."""
     names = list(runners)
