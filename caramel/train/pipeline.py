@@ -153,7 +153,7 @@ class PipelineParallel:
                                         "param_groups": state["param_groups"]})
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        return {"pipeline": {"boundaries": [int(b) for b in self.pipe.boundaries or []],
+        return {"pipeline": {"boundaries": list(self.pipe.boundaries or []),  # layer indices or module names
                              "microbatches": self.pipe.options.microbatches}}
 
     def worker_states(self) -> None:
