@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,9 @@ from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
 from caramel.models.zoo import ModelBatch, get_model, param_count
 from caramel.stats import median
+
+if TYPE_CHECKING:
+    from caramel.bench.wire import WireMeter
 
 JOB_KIND = "bench_job"
 RAW_KIND = "bench_raw"
@@ -196,9 +199,10 @@ def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
     return steps
 
 
-def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int) -> dict[str, list[float]]:
+def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int,
+                   wire: WireMeter | None = None) -> dict[str, list[float]]:
     """Warm every runner up and let it settle, then `rounds` rounds of one block each, the order
-    rotating per round."""
+    rotating per round (`wire`: counts each block's transmitted bytes)."""
     names = list(runners)
     for name in names:
         for _ in range(settings.warmup_steps):
@@ -209,7 +213,11 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
     for r in range(settings.rounds):
         for name in round_order(names, r):
             dist.barrier()
-            times[name] += measure_block(runners[name], settings.steps_per_round)
+            if wire is None:
+                times[name] += measure_block(runners[name], settings.steps_per_round)
+            else:
+                with wire.count(name, settings.steps_per_round + 1):  # + the block's entry step
+                    times[name] += measure_block(runners[name], settings.steps_per_round)
         # rank 0's own view; the compute-only baseline at its pace, as the report takes it
         _log(rank, f"{label}: round {r + 1}/{settings.rounds} medians (compute: mean) "
                    + ", ".join(f"{n}={1e3 * (sum(t) / len(t) if n == 'compute' else median(t)):.1f}ms"
@@ -264,7 +272,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                                               jitter)
     _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
-    times = measure_rounds(runners, settings, config.label, rank)
+    from caramel.bench.wire import WireMeter, merge_ranks
+    # a namespace of its own per worker: its interfaces' counters are this worker's bytes on the wire
+    wire = WireMeter() if str(job.get("network", "")).startswith("netns") else None
+    times = measure_rounds(runners, settings, config.label, rank, wire)
     measure_wall_s = time.time() - t_start
     stats = {n: _jsonable(r.stats()) for n, r in runners.items()}
     # Profiled on every rank at once, so compute sees the same contention as in the rounds.
@@ -275,6 +286,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
+    wire_ranks: list[Any] = [None] * world
+    dist.all_gather_object(wire_ranks, wire.totals() if wire is not None else None)
     if rank != 0:
         return None
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
@@ -289,6 +302,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "runners": list(runners),
         "step_times_s": {n: [g[n] for g in gathered] for n in runners},
         "stats": stats,
+        "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "predicted": predict_strategies(profile, [s.name for s in strategies if s.name in runners], world,
                                         bandwidth_bps, [median(g["compute"]) for g in gathered]),

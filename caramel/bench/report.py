@@ -173,6 +173,9 @@ class Record:
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
+    wire_bytes_per_sample: float | None = None
+    """bytes all workers transmitted per training sample, measured on their interfaces (`caramel.bench.wire`;
+    None on shared loopback)"""
 
     @property
     def kind(self) -> str:
@@ -258,8 +261,18 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),
-            prediction_note=pred.get("error"), **common))
+            prediction_note=pred.get("error"),
+            wire_bytes_per_sample=_wire_per_sample((raw.get("wire_tx") or {}).get(name), meta.get("local_batch"),
+                                                   cfg["workers"]), **common))
     return records
+
+
+def _wire_per_sample(wire: dict[str, int] | None, local_batch: int | None, workers: int) -> float | None:
+    """The job's transmitted bytes over the samples its steps trained (every strategy trains the
+    global batch, local x workers, per step)."""
+    if not wire or not wire.get("steps") or not local_batch:
+        return None
+    return wire["bytes"] / (wire["steps"] * local_batch * workers)
 
 
 def _ps_summary(st: dict[str, Any]) -> dict[str, Any] | None:

@@ -5,11 +5,13 @@ DistributedDataParallel) included, so the bench measures what users run.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from caramel.bench.baselines import Runner, plain_step, sync_device
@@ -130,6 +132,11 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
                        finish=opt.synchronize, stats=stats, settled=settled)
 
 
+def ctx_rank() -> int:
+    """This process's rank (0 outside a process group): only rank 0 prints."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 class PipelineRunner(Runner):
     """`caramel.pipeline`'s own step (microbatches across the stages, then the update)."""
 
@@ -138,13 +145,24 @@ class PipelineRunner(Runner):
         self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
 
     def step(self) -> None:
+        first = self.pipe.stage_modules == []
         self.pipe.step(self.inputs, self.targets, self.loss_fn)
         sync_device(self.device)
+        if first and self.pipe.microbatch_predictions_s and ctx_rank() == 0:
+            table = ", ".join(f"{m}: {1e3 * t:.1f}" for m, t in self.pipe.microbatch_predictions_s.items())
+            print(f"[bench] {self.name}: microbatches=auto chose {self.pipe.options.microbatches}, cut "
+                  f"{self.pipe.boundaries} (simulated step ms by count: {table})", file=sys.stderr, flush=True)
 
     def stats(self) -> dict[str, Any]:
         plan = self.pipe.partition
-        return {"boundaries": self.pipe.boundaries,
-                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None}
+        out = {"boundaries": self.pipe.boundaries, "microbatches": self.pipe.options.microbatches,
+               "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None,
+               **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
+        if ctx_rank() == 0 and out.get("bubble_fraction") is not None:
+            print(f"[bench] {self.name}: measured bubble {out['bubble_fraction']:.3f} per stage "
+                  f"{[round(f, 3) for f in out['bubble_fraction_per_stage']]} (textbook "
+                  f"{out.get('bubble_fraction_ideal', float('nan')):.3f})", file=sys.stderr, flush=True)
+        return out
 
 
 def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:

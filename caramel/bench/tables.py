@@ -46,7 +46,8 @@ def _x(x: float | None, fmt: str = "{:.2f}") -> str:
 
 
 COLUMNS = ("configuration", "point", "target", "comm/comp", "rate", "strategy", "median ms", "p90 ms", "compute ms",
-           "comm ms", "concurrent ms", "exposed ms", "reference", "speedup", "95% interval", "share", "E", "bound ms")
+           "comm ms", "concurrent ms", "exposed ms", "reference", "speedup", "95% interval", "share", "E", "bound ms",
+           "wire kB/sample")
 _LEFT = (0, 1, 5, 12)
 
 
@@ -59,7 +60,8 @@ def table_rows(records: list[Record]) -> list[list[str]]:
                      _ms(r.compute_s), _ms(r.comm_s), _ms(r.concurrent_s), _ms(r.exposed_comm_s), r.reference or "-",
                      _x(r.speedup, "{:.3f}x"),
                      "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.2f}-{r.speedup_ci95[1]:.2f}",
-                     _x(r.share_captured, "{:.0%}"), _x(r.efficiency), _ms(r.lower_bound_s)])
+                     _x(r.share_captured, "{:.0%}"), _x(r.efficiency), _ms(r.lower_bound_s),
+                     _x(None if r.wire_bytes_per_sample is None else r.wire_bytes_per_sample / 1e3, "{:.1f}")])
     return rows
 
 
@@ -99,7 +101,8 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "median / strategy median, with its 95% interval from the paired rounds; share: (reference - T) / "
         "(reference - ceiling), the ceiling being max(bound, min(concurrent, compute + comm)); "
         "E = (U - T) / (U - L); bound: the simulator's lower bound on links of the rate the comm-only baseline "
-        "achieved.\n\n"
+        "achieved; wire: kB all workers transmitted per training sample, read from their network "
+        "namespaces' interface counters (headers included; not measured on shared loopback).\n\n"
         + head + body + skipped + "\n\n"
         "## Where the time goes\n\n" + format_breakdown(records) + "\n\n"
         "## The simulator against the measurement\n\n" + format_predictions(records) + "\n"

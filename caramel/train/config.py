@@ -221,9 +221,17 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; use --cluster on or drop --bandwidth")
     from caramel.strategies import STRATEGIES
     try:
-        STRATEGIES.spec(cfg.parallel.strategy)
+        spec = STRATEGIES.spec(cfg.parallel.strategy)
     except CaramelError as e:
         raise CaramelError(f"{source}: parallel.strategy: {e}") from None
+    if spec.info.name == "pipeline" and not cfg.run.script:
+        if cfg.run.workload == "char_gpt":
+            raise CaramelError(f"{source}: parallel.strategy pipeline cannot cut workload char_gpt (its input embedding "
+                               f"is tied to its output layer, which would sit on the first and the last stage); "
+                               f"use --workload digits or ddrl")
+        if cfg.optim.clip_grad_norm > 0:
+            raise CaramelError(f"{source}: parallel.strategy pipeline does not clip gradients (each stage updates on "
+                               f"its own worker inside the pipeline's step); set optim.clip_grad_norm to 0")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

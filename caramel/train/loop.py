@@ -21,7 +21,7 @@ from caramel.errors import CaramelError
 from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
-from caramel.train.strategy import Dist, Parallel, init_distributed
+from caramel.train.strategy import Dist, Parallel, init_distributed, make_engine
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
 from caramel.train.workloads import TrainWorkload, build_workload
 
@@ -75,6 +75,8 @@ def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, samp
     rngs: list[Any] = [None] * d.world_size
     dist.all_gather_object(rngs, ckpt.rng_state())
     workers = engine.worker_states()  # gossip: every worker's own model and optimizer
+    optimizer_state = engine.optimizer_state()  # pipeline: gathered from the stages' owners
+    extra = engine.checkpoint_extra()  # pipeline: its cut, so a resumed run cuts alike
     model = engine.eval_module() if workers is not None else engine.module
     path = None
     if d.rank == 0:
@@ -82,10 +84,11 @@ def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, samp
         state = {
             "step": step, "epoch": epoch, "index": index,
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "optimizer": engine.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "rng": rngs,
             "config": cfg.to_dict(),
+            **extra,
         }
         if workers is not None:
             state["gossip_workers"] = workers
@@ -159,12 +162,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
     trace_path = str(out_dir / "trace.json")
-    engine = Parallel(model, optimizer, cfg, trace_path)
+    engine = make_engine(model, optimizer, cfg, trace_path, wl, sampler, state["step"] if state is not None else 0, state)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0
     if state is not None:
         try:
-            engine.optimizer.load_state_dict(state["optimizer"])
+            engine.load_optimizer_state(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
         except (ValueError, KeyError) as e:
             raise CaramelError(f"checkpoint {resumed_from}: optimizer state does not fit this model ({e})") from None
@@ -195,15 +198,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         for step in range(start, stop_at):
             t0 = time.perf_counter()
-            x, y = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(step)))
-            loss = wl.loss_fn(engine.model(x), y)
-            loss.backward()
-            if cfg.optim.clip_grad_norm > 0:
-                engine.clip_grad_norm_(cfg.optim.clip_grad_norm)
-            engine.optimizer.step()
+            x, y = (t.to(d.device) for t in wl.train_set.batch(engine.batch_indices(sampler, step)))
+            # pipeline: the loss of its whole batch, on every rank (not only the last stage's)
+            loss = engine.train_step(x, y, wl.loss_fn, cfg.optim.clip_grad_norm)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
-            engine.optimizer.zero_grad(set_to_none=True)
             loss_value = loss.item()
             step_s = time.perf_counter() - t0
             done = step + 1
@@ -233,7 +232,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if metrics:
             metrics.close()
     wall_s = time.perf_counter() - t_run
-    trace_file = _merge_traces(engine, d, out_dir) if engine.kind == "caramel" else None
+    trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
     summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
     if main:
         from caramel.jsonio import write_json
@@ -303,6 +302,9 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "samples_per_s": d.world_size * cfg.data.batch_size / step_s if step_s else None,
         "exposed_comm_s": statistics.median(waits) if waits else None,
         "bytes_per_step": stats.get("bytes_per_step"),
+        "bubble_fraction": stats.get("bubble_fraction"),  # pipeline: measured idle share of the step
+        "pipeline": {k: stats[k] for k in ("boundaries", "microbatches", "bubble_fraction_per_stage",
+                                           "bubble_fraction_ideal") if k in stats} or None,
         "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),

@@ -29,6 +29,27 @@ def init_distributed(timeout_s: float) -> Dist:
     return Dist(info.rank, info.world_size, info.local_rank, torch.device(info.device))
 
 
+def make_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, trace_path: str | None,
+                wl: Any, sampler: Any, start: int, saved: dict[str, Any] | None) -> Any:
+    """`Parallel`, or for the pipeline strategy (which splits the model rather than wrapping
+    it) `PipelineParallel`, built on the batch of step `start` (its cut may need a sample);
+    `saved`: a resumed checkpoint's strategy entries."""
+    from caramel.strategies import STRATEGIES
+
+    spec = STRATEGIES.spec(cfg.parallel.strategy)
+    if spec.info.name != "pipeline":
+        return Parallel(model, optimizer, cfg, trace_path)
+    from caramel.train.pipeline import PipelineParallel
+
+    if cfg.optim.clip_grad_norm > 0:
+        from caramel.errors import CaramelError
+        raise CaramelError("strategy 'pipeline' does not clip gradients (the update runs inside the pipeline's step, "
+                           "each stage on its own worker); set --clip-grad-norm 0")
+    return PipelineParallel(wl.name, model, optimizer, spec.options, spec.name, sampler, start,
+                            lambda idx: tuple(t.to(model_device(model)) for t in wl.train_set.batch(idx)), wl.loss_fn,
+                            (saved or {}).get("pipeline"), trace_path)
+
+
 class Parallel:
     """The wrapped model and optimizer plus the few strategy-specific calls the loop needs."""
 
@@ -53,6 +74,31 @@ class Parallel:
                 extra["cluster"] = ClusterSpec.uniform(dist.get_world_size(), parse_rate_bps(cfg.parallel.bandwidth))
         self.model, self.optimizer = caramel.parallelize(model, optimizer, options=spec.options, strategy=self.kind,
                                                          **extra)
+
+    def batch_indices(self, sampler: Any, step: int) -> torch.Tensor:
+        """This rank's samples at `step` (its own shard)."""
+        return sampler.indices(step)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any, clip_grad_norm: float) -> torch.Tensor:
+        """Forward, backward, (clipping,) the update: the loss of this rank's batch."""
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        if clip_grad_norm > 0:
+            self.clip_grad_norm_(clip_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer state a checkpoint holds (all ranks call it)."""
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """Strategy-specific entries of a checkpoint (none here)."""
+        return {}
 
     @property
     def module(self) -> nn.Module:

@@ -12,7 +12,9 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
 class PipelineOptions:
     """`stages`: pipeline stages in all (for "interleaved", a multiple of the workers per pipeline;
     each worker then holds stages/workers of them). `microbatches`: pieces each step's batch is
-    cut into. `schedule`: "gpipe", "1f1b", "interleaved" (synchronous, torch's schedules) or
+    cut into, or "auto" (the default): the count whose simulated step is fastest, from per-layer
+    times profiled at two microbatch sizes (a fixed cost per microbatch plus one per sample; see
+    `microbatches.py`). `schedule`: "gpipe", "1f1b", "interleaved" (synchronous, torch's schedules) or
     "pipedream" (asynchronous 1F1B with weight stashing, an update per microbatch).
     `partition`: "auto" (PipeDream's dynamic program over per-layer costs) or the first layer
     index of every stage after the first, e.g. "3" or "2+5" (`+`-separated on the command line),
@@ -24,7 +26,7 @@ class PipelineOptions:
     the first stage used for it, so a microbatch sees one consistent model."""
 
     stages: int = 2
-    microbatches: int = 4
+    microbatches: int | str = "auto"
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
     partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
     replicas: int = 1
@@ -35,13 +37,16 @@ class PipelineOptions:
             object.__setattr__(self, "partition", str(self.partition))
         if self.stages < 1:
             raise CaramelError(f"stages must be >= 1, got {self.stages!r}")
-        if self.microbatches < 1:
+        if isinstance(self.microbatches, str):
+            if self.microbatches != "auto":
+                raise CaramelError(f"microbatches must be a count >= 1 or 'auto', got {self.microbatches!r}")
+        elif self.microbatches < 1:
             raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
         if self.replicas < 1:
             raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
         if self.vertical_sync and self.schedule != "pipedream":
             raise CaramelError(f"vertical_sync applies to schedule=pipedream only, not {self.schedule!r}")
-        if self.schedule == "1f1b" and self.microbatches < self.stages:
+        if self.schedule == "1f1b" and isinstance(self.microbatches, int) and self.microbatches < self.stages:
             raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
         self.boundaries()  # a malformed partition is an error now, not at the first step
 

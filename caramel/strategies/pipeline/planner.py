@@ -118,7 +118,9 @@ def brute_force_partition(costs: list[LayerCost], cluster: ClusterSpec, max_stag
 
 def balanced_boundaries(costs: list[LayerCost], speeds: list[float], cluster: ClusterSpec) -> PartitionPlan:
     """One stage per worker, in order, worker k `speeds[k]` times as fast as the reference:
-    the cut that minimizes the slowest stage or link (dynamic program, O(layers^2 x stages))."""
+    the cut that minimizes the slowest stage or link (dynamic program, O(layers^2 x stages)).
+    Among equally slow cuts (one layer much slower than the rest ties many), the one whose links
+    take the least time in all: the fewest bytes on the wire."""
     n, k = len(costs), len(speeds)
     if k > n:
         raise CaramelError(f"pipeline: {k} stages need at least {k} layers, the model has {n}")
@@ -126,20 +128,21 @@ def balanced_boundaries(costs: list[LayerCost], speeds: list[float], cluster: Cl
         raise CaramelError(f"pipeline: worker speeds must be positive, got {speeds}")
 
     @lru_cache(maxsize=None)
-    def best(j: int, s: int) -> tuple[float, tuple[int, ...]]:
-        """Layers [0, j) on workers [0, s): (slowest, cuts)."""
+    def best(j: int, s: int) -> tuple[float, float, tuple[int, ...]]:
+        """Layers [0, j) on workers [0, s): (slowest, links' total, cuts), least in that order
+        (the slowest exactly; the total is a tie-break)."""
         if s == 1:
-            return stage_time_s(costs[:j], 1, cluster, speeds[0]), ()
-        top = (float("inf"), ())
+            return stage_time_s(costs[:j], 1, cluster, speeds[0]), 0.0, ()
+        top = (float("inf"), float("inf"), ())
         for i in range(s - 1, j):
-            head, cuts = best(i, s - 1)
+            head, links, cuts = best(i, s - 1)
             link = transfer_time_s(costs[i - 1].output_bytes, cluster)
             t = max(head, link, stage_time_s(costs[i:j], 1, cluster, speeds[s - 1]))
-            if t < top[0]:
-                top = (t, cuts + (i,))
+            if (t, links + link) < top[:2]:
+                top = (t, links + link, cuts + (i,))
         return top
 
-    _, cuts = best(n, k)
+    _, _, cuts = best(n, k)
     return _plan(costs, cluster, list(cuts), [1] * k, speeds)
 
 

@@ -15,6 +15,7 @@ whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -26,6 +27,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
+from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
 
@@ -58,10 +60,12 @@ class Pipeline:
         if options.schedule == "pipedream" and self.device.type != "cpu":
             raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
                                f"this model is on {self.device}")
+        self.microbatch_predictions_s: dict[int, float] = {}  # microbatches="auto": candidate -> simulated step
         self.partition: PartitionPlan | None = None  # the planner's, when partition="auto"
         self.boundaries: list[int] | list[str] | None = cuts
         self.stage_modules: list[nn.Module] = []
         self._runner: Any = None
+        self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
 
     # --- the step ---------------------------------------------------------------------------
@@ -69,19 +73,31 @@ class Pipeline:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> torch.Tensor:
         """One training step on this pipeline's batch (every rank passes it): the loss, averaged
         over microbatches (and replicas), returned on every rank."""
+        self.prepare(inputs, targets, loss_fn)
         m = self.options.microbatches
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
             raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
                                f"split into microbatches={m} equal parts")
-        if self._runner is None:
-            self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
-        elif loss_fn is not self._loss_fn:
-            raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
         if self.options.schedule == "pipedream":
             local = self._runner.step(inputs, targets, loss_fn)
         else:
             local = self._sync_step(inputs, targets)
         return self._share_loss(local)
+
+    def prepare(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """Cut the model and build this rank's stage(s) for batches like `inputs` (the first
+        `step` does it too); a training loop calls it early to know `stage_modules` before the
+        first step, e.g. to load each stage's optimizer state. Every rank calls it."""
+        if self._runner is None:
+            if self.options.microbatches == "auto":
+                self._choose_microbatches(inputs, targets, loss_fn)
+            m = self.options.microbatches
+            if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
+                raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
+                                   f"split into microbatches={m} equal parts")
+            self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
+        elif loss_fn is not self._loss_fn:
+            raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
 
     def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         assert self.optimizer is not None
@@ -91,6 +107,8 @@ class Pipeline:
         args = (inputs.to(self.device),) if self.layout.holds_first else ()
         self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
                           return_outputs=False)
+        if self.timer is not None:
+            self.timer.end_step()
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
 
@@ -140,6 +158,10 @@ class Pipeline:
         except ValueError as e:  # torch's own checks of microbatches against stages
             raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
                                f"microbatches={self.options.microbatches}: {e}") from None
+        self.timer = StageTimer()
+        for st in torch_stages:
+            self.timer.wrap_stage(st)
+        self.timer.wrap_loss(self._runner)
 
     def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """torch's tracer cuts the model before each named module; its stage modules keep the
@@ -164,6 +186,57 @@ class Pipeline:
                                f"not stages={self.options.stages}")
         return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
 
+    def _choose_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """microbatches="auto": the job's first rank profiles a copy of the model at the largest
+        and the smallest candidate microbatch, fits each layer's fixed and per-sample cost, and
+        lets the simulator pick the count (and, with partition="auto", the cut for it); every
+        rank receives both."""
+        from caramel.strategies.pipeline.microbatches import candidates
+
+        o, lay = self.options, self.layout
+        if not isinstance(self.model, nn.Sequential) or (self.boundaries and isinstance(self.boundaries[0], str)):
+            raise CaramelError("pipeline: microbatches='auto' profiles the layers of an nn.Sequential; give a count "
+                               "(microbatches=4) for a model cut by torch's tracer")
+        batch = inputs.shape[0]
+        cands = candidates(batch, o.schedule, o.stages, lay.positions)
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        box: list[Any] = [None]
+        if dist.get_rank() == ranks[0]:
+            if len(cands) == 1:
+                box[0] = (cands[0], None, {})
+            else:
+                box[0] = self._simulate_counts(inputs, targets, loss_fn, cands)
+        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
+        m, plan, table = box[0]
+        self.microbatch_predictions_s = table  # candidate -> simulated step (s)
+        if plan is not None and self.boundaries is None:
+            self.partition, self.boundaries = plan, list(plan.boundaries)
+        self.options = dataclasses.replace(o, microbatches=m)
+
+    def _simulate_counts(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
+                         cands: list[int]) -> tuple[int, PartitionPlan, dict[int, float]]:
+        from caramel.profile.profiler import profile_model
+        from caramel.strategies.pipeline.microbatches import choose_microbatches, fit_scaling
+
+        o, lay = self.options, self.layout
+        probe = copy.deepcopy(self.model)
+        sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
+        costs = []
+        for n in sizes:
+            prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
+            costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
+        cluster, per_stage = self._cluster_and_speeds()
+        fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
+        choice = choose_microbatches(fit_scaling(costs[0], sizes[0], costs[1], sizes[1]), inputs.shape[0], o.schedule,
+                                     o.stages, lay.positions, cluster, per_stage, fixed_cuts, o.replicas)
+        return choice.microbatches, choice.plan, choice.predicted_step_s
+
+    def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
+        cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
+        speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
+        speeds += [1.0] * (self.layout.positions - len(speeds))
+        return cluster, [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor,
                          loss_fn: Callable) -> list[int] | list[str]:
         """partition="auto": the job's first rank profiles the model on one microbatch (a copy, so
@@ -181,15 +254,27 @@ class Pipeline:
             sequential = isinstance(probe, nn.Sequential)
             units = None if sequential else forward_units(probe, sample)
             costs = layer_costs_from_profile(prof, probe, sample) if sequential else unit_costs(prof, probe, units, sample)
-            cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
-            speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
-            speeds += [1.0] * (self.layout.positions - len(speeds))
-            per_stage = [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+            cluster, per_stage = self._cluster_and_speeds()
             plan = balanced_boundaries(costs, per_stage, cluster)
             box[0] = (plan, None if units is None else [units[i].name for i in plan.boundaries])
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
         self.partition, names = box[0]
         return list(self.partition.boundaries) if names is None else names
+
+    # --- measured bubble ----------------------------------------------------------------------
+
+    def bubble_stats(self) -> dict[str, Any]:
+        """The measured bubble fraction of each position of this rank's pipeline (median over
+        the steps so far, the first left out as warm-up), see `timing.py` for the definition.
+        A collective along the pipeline: all its ranks call it."""
+        mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
+        parts: list[Any] = [None] * self.layout.positions
+        dist.all_gather_object(parts, mine, group=self.layout.pipeline_group)
+        out = bubble_fractions(parts)
+        m, p = self.options.microbatches, self.layout.positions
+        if self.options.schedule in ("gpipe", "1f1b"):
+            out["bubble_fraction_ideal"] = (p - 1) / (m + p - 1)  # equal stages, free transfers
+        return out
 
     # --- the whole model's state --------------------------------------------------------------
 
@@ -223,7 +308,7 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
                        f"and its step(inputs, targets, loss_fn); `caramel bench --strategies pipeline:...` runs it so")
 
 
-def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int = 4,
+def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
              vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:

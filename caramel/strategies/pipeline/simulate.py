@@ -164,6 +164,9 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     pipeline's step takes one profile batch per position, so a step trains as many samples as
     data parallelism over the same workers does (as the bench runs it)."""
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
+    auto_note = None
+    if options.microbatches == "auto":
+        options, auto_note = _auto_microbatches(profile, cluster, options, positions)
     names, costs = costs_from_profile(profile, options.microbatches, batches=positions)
     speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
     per_stage = [speeds[k % positions] for k in range(options.stages)]
@@ -186,4 +189,30 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
                      world_size=positions * options.replicas, num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
-                           "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches})
+                           "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
+                           "microbatches": options.microbatches, "microbatches_auto": auto_note})
+
+
+def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
+                       positions: int) -> tuple[PipelineOptions, str]:
+    """microbatches="auto" from one profile: it measures one batch size only, so no fixed cost per
+    microbatch can be fitted (the runtime profiles two sizes); per-sample costs and the links'
+    latency per transfer decide."""
+    import dataclasses
+
+    from caramel.strategies.pipeline.microbatches import ScalingCost, choose_microbatches
+
+    batch = profile.batch_size * positions
+    names, whole = costs_from_profile(profile, 1, batches=positions)
+    layers = [ScalingCost(0.0, c.forward_s / batch, 0.0, c.backward_s / batch, c.output_bytes / batch, c.param_bytes)
+              for c in whole]
+    cuts = options.boundaries()
+    fixed = None
+    if cuts is not None:  # the same mapping of layer indices to profiled layers as simulate_pipeline's
+        index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
+        fixed = [next(k for k, i in enumerate(index) if i >= c) for c in cuts]
+    speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
+    choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
+                                 [speeds[k % positions] for k in range(options.stages)], fixed, options.replicas)
+    return (dataclasses.replace(options, microbatches=choice.microbatches),
+            f"chosen by simulation from one profile (no per-microbatch fixed cost): {choice.microbatches}")

@@ -99,3 +99,13 @@ def test_options_errors_name_the_input():
     with pytest.raises(CaramelError, match="all layer indices .* or all module names"):
         PipelineOptions(stages=3, partition="2+layers.4")
     assert PipelineOptions(partition="layers.2").boundaries() == ["layers.2"]
+
+
+def test_equally_slow_cuts_prefer_the_smaller_activation():
+    # one layer dominates: every cut before it is equally slow; the one after the layer that
+    # shrinks the activation 4x sends the fewest bytes (big_fc: cut before the FC, not after conv2)
+    costs = [LayerCost(0.003, 0.006, 32_000, 0), LayerCost(0.0, 0.0, 32_000, 0), LayerCost(0.0, 0.0, 8_000, 0),
+             LayerCost(0.03, 0.09, 40, 0)]
+    plan = balanced_boundaries(costs, [1.0, 1.0], ClusterSpec.uniform(2, 1e9))
+    assert plan.boundaries == [3] and plan.slowest_s == pytest.approx(0.12)
+    assert plan.slowest_s == brute_force_balanced(costs, [1.0, 1.0], ClusterSpec.uniform(2, 1e9)).slowest_s
