@@ -3,6 +3,7 @@ configured `NAME[:key=value,...]` (`caramel`, `ddp`, ...), and the process group
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,11 @@ class Parallel:
             from caramel.errors import CaramelError
             raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
                                "makes them); set --clip-grad-norm 0 or use caramel or ddp")
+        if self.kind == "ps" and (spec.options.dedicated or os.environ.get("CARAMEL_PS_SERVERS", "0").strip() not in ("", "0")):
+            from caramel.errors import CaramelError
+            raise CaramelError("caramel train does not run dedicated ps servers yet (its data shards, validation and "
+                               "checkpoints span every rank); drop dedicated=true / CARAMEL_PS_SERVERS, or run your "
+                               "own script with `caramel cluster run --ps-servers N`")
         extra: dict[str, Any] = {}
         if self.kind == "gossip":
             extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
