@@ -39,7 +39,7 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.state import hparams_key, step_shard
+from caramel.strategies.ps.state import clip_shard, hparams_key, step_shard
 
 CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers -> dedicated servers (`server.py`)
 
@@ -64,9 +64,11 @@ class PsGroups:
     dedicated: list[int] = field(default_factory=list)
     cmd: Any = None
     hp: Any = None
+    clip: Any = None  # clip_grad_norm > 0: the servers' all-reduce of their shards' squared norms
+
 
     def all(self) -> list[Any]:
-        extra = [self.cmd, self.hp] if self.dedicated else []
+        extra = ([self.cmd, self.hp] if self.dedicated else []) + ([self.clip] if self.clip is not None else [])
         mine = [self.control, self.buffers, *self.push, *self.pull, *extra] + (self.hier.groups() if self.hier else [])
         return [g for g in mine if g is not dist.GroupMember.NON_GROUP_MEMBER]  # dedicated: not every group has every rank
 
@@ -252,6 +254,9 @@ class PsEngine:
         u.used_work.wait()
         used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
         mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
+        if self.groups.clip is not None:  # every rank takes part (a non-server adds 0), in update order
+            clip_shard(u.grads, [i for i in mine if used[i]], self.options.clip_grad_norm, self.groups.clip,
+                       self.params[self.plan.params[0]].device)
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         if mine:
             self._step_shard([i for i in mine if used[i]], u)

@@ -36,6 +36,7 @@ class PsOptions:
     hierarchical: bool = False
     dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
+    clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
     def __post_init__(self) -> None:
         if self.servers < 0:
@@ -43,6 +44,9 @@ class PsOptions:
         if self.order not in ORDERS:
             raise CaramelError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         self.staleness_bound()  # checks the text
+        if not self.clip_grad_norm >= 0:
+            raise CaramelError(f"clip_grad_norm must be >= 0 (the largest L2 norm of the averaged gradient; 0 = no "
+                               f"clipping), got {self.clip_grad_norm}")
         if self.dedicated and self.hierarchical:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
 

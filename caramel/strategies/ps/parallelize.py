@@ -371,16 +371,23 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
     local = local_world_size(len(ranks)) if options.hierarchical else 1
     dedicated = dedicated_servers(options, len(ranks))
     shards = options.check_world(len(ranks), local, dedicated)
-    groups = make_groups(ranks, dedicated, timeout) if dedicated else PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
-                      push=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
-                      pull=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
+    clip = options.clip_grad_norm > 0
+    if dedicated:
+        groups = make_groups(ranks, dedicated, timeout, clip)
+    else:
+        flat = not options.hierarchical
+        groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
+                          push=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)] if flat else [],
+                          pull=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)] if flat else [])
+    if clip and not dedicated:  # colocated: every rank calls it (a rank serving nothing adds 0)
+        groups.clip = dist.new_group(ranks, timeout=timeout)
     if options.hierarchical:
         groups.hier = make_hierarchy(ranks, ranks.index(dist.get_rank()), local, shards, timeout)
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=groups.control)
     if dist.get_rank(groups.control) in groups.dedicated:
-        serve_and_leave(model, optimizer, first_plan(params, shards, options), groups, ranks)
+        serve_and_leave(model, optimizer, first_plan(params, shards, options), groups, ranks, options.clip_grad_norm)
     run = PsRun(model, optimizer, options, ranks, groups, bool(broadcast_buffers), profile, cluster,
                 str(trace) if trace else None)
     if session is not None:

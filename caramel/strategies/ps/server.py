@@ -42,7 +42,7 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state, step_shard
+from caramel.strategies.ps.state import clip_shard, gather_full_state, keep_own_state, move_state, step_shard
 
 SERVERS_ENV = "CARAMEL_PS_SERVERS"  # set by the launcher (`caramel cluster run --ps-servers N`)
 SERVER_IDLE_TIMEOUT_S = 24 * 3600.0  # how long a server waits for the workers' next message
@@ -100,7 +100,7 @@ def command(groups: PsGroups, rank: int, n_params: int, code: int, device: torch
             dist.send(torch.zeros(1, device=device), dst=dist.get_global_rank(groups.cmd, s), group=groups.cmd)
 
 
-def make_groups(ranks: list[int], servers: int, timeout: datetime.timedelta) -> PsGroups:
+def make_groups(ranks: list[int], servers: int, timeout: datetime.timedelta, clip: bool = False) -> PsGroups:
     """The groups of a job with dedicated servers (every rank creates every group, in order):
     control over all; buffers over the workers; per shard, push and pull over the workers and
     that shard's server, so a transfer involves no other server; cmd over all, patient."""
@@ -112,14 +112,16 @@ def make_groups(ranks: list[int], servers: int, timeout: datetime.timedelta) -> 
     pull = [dist.new_group(workers + [ranks[s]], timeout=timeout) for s in served_by]
     cmd = dist.new_group(ranks, timeout=max(timeout, datetime.timedelta(seconds=SERVER_IDLE_TIMEOUT_S)))
     hp = dist.new_group([ranks[0]] + [ranks[s] for s in served_by], timeout=timeout)
-    return PsGroups(control, buffers, push, pull, dedicated=served_by, cmd=cmd, hp=hp)
+    clip_group = dist.new_group([ranks[s] for s in served_by], timeout=timeout) if clip else None
+    return PsGroups(control, buffers, push, pull, dedicated=served_by, cmd=cmd, hp=hp, clip=clip_group)
 
 
 class PsServer:
     """One dedicated server: its shard of the user's optimizer, driven by the workers' messages."""
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, plan: PsPlan, groups: PsGroups,
-                 ranks: list[int]):
+                 ranks: list[int], clip_grad_norm: float = 0.0):
+        self.clip_grad_norm = clip_grad_norm
         self.module, self.optimizer, self.plan, self.groups, self.ranks = module, optimizer, plan, groups, ranks
         self.rank = dist.get_rank(groups.control)
         self.shard = groups.dedicated.index(self.rank)
@@ -174,6 +176,8 @@ class PsServer:
         for w in works:
             w.wait()
         counted = dict(zip(self.plan.params, used))
+        if self.groups.clip is not None:
+            clip_shard(grads, [i for i in mine if counted[i] > 0], self.clip_grad_norm, self.groups.clip, self.device)
         step_shard(self.optimizer, self.params, [i for i in mine if counted[i] > 0], grads, self.hparams,
                    lambda: type(self.optimizer).step(self.optimizer))
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
@@ -232,9 +236,9 @@ def send_values(params: list[nn.Parameter], idx: list[int], ranks: list[int], gr
 
 
 def serve_and_leave(model: nn.Module, optimizer: torch.optim.Optimizer, plan: PsPlan, groups: PsGroups,
-                    ranks: list[int]) -> None:
+                    ranks: list[int], clip_grad_norm: float = 0.0) -> None:
     """A dedicated server rank: serve until the workers are done, then leave the script (exit 0)."""
-    server = PsServer(model, optimizer, plan, groups, ranks)
+    server = PsServer(model, optimizer, plan, groups, ranks, clip_grad_norm)
     try:
         stats = server.serve()
     finally:

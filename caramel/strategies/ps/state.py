@@ -87,6 +87,19 @@ def step_shard(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], idx
             p.grad = grad
 
 
+def clip_shard(grads: dict[int, torch.Tensor], idx: list[int], max_norm: float, group: Any, device: torch.device) -> None:
+    """Scale this shard's averaged gradients `idx` so that the global L2 norm over every shard
+    (one all-reduce of the squared norms on `group`, which every server calls) is at most
+    `max_norm`: what `torch.nn.utils.clip_grad_norm_` does on DDP's averaged gradients."""
+    sq = torch.zeros(1, device=device)
+    if idx:
+        sq += torch.stack([torch.linalg.vector_norm(grads[i]) for i in idx]).pow(2).sum()
+    dist.all_reduce(sq, group=group)
+    coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)  # torch's clip_coef and epsilon
+    for i in idx:
+        grads[i].mul_(coef)
+
+
 def hparams_key(hparams: list[dict[str, Any]] | None) -> Any:
     """A comparable form of a hyper-parameter snapshot (tensors as lists)."""
     if hparams is None:

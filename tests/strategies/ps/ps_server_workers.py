@@ -17,6 +17,7 @@ import torch.distributed as dist
 import caramel
 from caramel.strategies.ps.server import ServerFinished
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
+from tests.strategies.ps.ps_workers import train_clipped
 
 
 def _run(family: str, opt_kind: str, spec: str, steps: int, rank: int, first: int = 0, load: dict | None = None):
@@ -50,7 +51,8 @@ def parity_worker(rank: int, world: int, steps: int, servers: int, cases: tuple[
             ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), process_group=group,
                                                             find_unused_parameters=(family == "mlp_unused"))
             ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
-            train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+            clip = float(spec.split("clip_grad_norm=")[1].split(",")[0]) if "clip_grad_norm=" in spec else 0.0
+            out[(family, opt_kind, spec, "clipped")] = train_clipped(ddp, ropt, rsched, w.loss_fn, family, rank, steps, clip)
             model, opt, _ = _run(family, opt_kind, spec, steps, rank)
             out[(family, opt_kind, spec)] = max_diff(params_of(ddp.module), params_of(model.module))
             out[(family, opt_kind, spec, "moved")] = max_diff(params_of(fresh(family).model), params_of(model.module))

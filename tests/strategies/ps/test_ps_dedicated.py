@@ -9,7 +9,8 @@ from tests.strategies.ps.ps_server_workers import bad_input_worker, dead_server_
 TOL = 1e-5
 CASES = (("cnn_bn", "sgd_momentum", "ps:servers=2,dedicated=true"),
          ("gpt_tied", "adam", "ps:servers=2,dedicated=true"),
-         ("mlp_unused", "adamw", "ps:servers=2,dedicated=true,consistency=ssp:0,order=tic"))
+         ("mlp_unused", "adamw", "ps:servers=2,dedicated=true,consistency=ssp:0,order=tic"),
+         ("cnn_bn", "adamw", "ps:servers=2,dedicated=true,clip_grad_norm=0.1"))
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +22,15 @@ def suite():
 def test_bsp_with_dedicated_servers_equals_ddp_over_the_workers(suite):
     """2 workers + 2 server processes, 20 steps, LR scheduler: the workers' parameters are
     within 1e-5 of DDP's over the workers' batches; the servers (ranks 2 and 3) served every
-    step of their shards, and the whole server state reaches state_dict()."""
+    step of their shards, and the whole server state reaches state_dict(). In the last case the
+    servers clip the gradient norm, against DDP + torch.nn.utils.clip_grad_norm_."""
     for rank in (0, 1):
         res = suite[rank]["parity"]
         for case in CASES:
             assert res[case] <= TOL, (case, res[case])
             assert res[case + ("moved",)] > 1e-3
             assert res[case + ("state",)] > 0
+        assert res[CASES[-1] + ("clipped",)] >= 15  # the servers' clipping mattered (DDP clipped most steps)
         assert res[CASES[0] + ("owners",)] == [2, 3]
     for rank in (2, 3):
         for case in CASES:
