@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster_options(run)
     run.add_argument("--max-restarts", type=int, default=0,
                      help="restart all nodes together up to this many times after a failure (c10d rendezvous; default 0)")
+    run.add_argument("--ps-servers", type=int, default=0, metavar="N",
+                     help="of the workers x nproc-per-node ranks, the last N are dedicated parameter servers of the "
+                          "script's `ps` strategy (sets CARAMEL_PS_SERVERS=N; the last node(s) here; default 0)")
     run.add_argument("--json", metavar="OUT", help="write the cluster description and exit code here")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- python train.py [args...]")
 
@@ -92,10 +95,12 @@ def _run(args: argparse.Namespace) -> int:
     torchrun_target(cmd)  # a missing script fails here, before the host is touched
     if args.max_restarts < 0:
         raise CaramelError(f"--max-restarts must be an integer >= 0, got {args.max_restarts}")
+    env = _ps_servers_env(args.ps_servers, config.workers * args.nproc_per_node)
     start = time.time()
     with EmulatedCluster(config) as cluster:
         print(f"caramel cluster: {cluster.describe()}", file=sys.stderr)
-        rc = cluster.run(cmd, nproc_per_node=args.nproc_per_node, timeout_s=timeout_s, max_restarts=args.max_restarts)
+        rc = cluster.run(cmd, nproc_per_node=args.nproc_per_node, env=env, timeout_s=timeout_s,
+                         max_restarts=args.max_restarts)
         info = cluster.info()
     if args.json:
         write_json(args.json, {"format": format_tag("cluster-run"), "cluster": info, "command": cmd,
@@ -103,6 +108,18 @@ def _run(args: argparse.Namespace) -> int:
     if rc != 0:
         print(f"caramel cluster: job failed with exit code {rc}", file=sys.stderr)
     return rc
+
+
+def _ps_servers_env(servers: int, ranks: int) -> dict[str, str] | None:
+    """CARAMEL_PS_SERVERS for the job's ranks: the last `servers` of them only serve (`ps`)."""
+    from caramel.strategies.ps.server import SERVERS_ENV
+
+    if servers == 0:
+        return None
+    if not 0 < servers < ranks:
+        raise CaramelError(f"--ps-servers {servers}: the job has {ranks} ranks (--workers x --nproc-per-node) and "
+                           f"at least one must be a worker; expected 0 to {ranks - 1}")
+    return {SERVERS_ENV: str(servers)}
 
 
 def _probe(args: argparse.Namespace) -> int:

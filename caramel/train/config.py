@@ -75,6 +75,7 @@ class ParallelConfig:
     bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = 1gbit with --cluster auto, unshaped with --cluster on)")
     max_restarts: int = opt(0, "torchrun --max-restarts: restart failed workers this many times; restarted workers resume from the last checkpoint (count)", minimum=0)
     timeout_s: float = opt(300.0, "collective timeout (seconds)", minimum=1.0)
+    slow_worker: str = opt("", "emulate a straggler: RANK:FACTOR makes that worker FACTOR times slower, sleeping (FACTOR-1) x its measured forward+backward after each backward (empty = none)")
 
 
 @dataclass

@@ -134,6 +134,21 @@ def resolve_resume(cfg: TrainConfig, d: Dist) -> tuple[str | None, dict | None]:
     return path, state
 
 
+def slow_worker(spec: str, world_size: int) -> tuple[int, float]:
+    """`--slow-worker RANK:FACTOR` as (rank, factor); (-1, 1.0) when empty."""
+    if not spec.strip():
+        return -1, 1.0
+    rank, _, factor = spec.partition(":")
+    try:
+        r, f = int(rank), float(factor)
+    except ValueError:
+        r, f = -1, 0.0
+    if not (0 <= r < world_size and f >= 1.0):
+        raise CaramelError(f"--slow-worker must be RANK:FACTOR with 0 <= RANK < {world_size} workers and FACTOR >= 1 "
+                           f"(e.g. 1:1.5), got {spec!r}")
+    return r, f
+
+
 def _maybe_crash(step: int, rank: int) -> None:
     spec = os.environ.get(CRASH_ENV)
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -192,6 +207,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     last_val: dict[str, float] = {}
     last_ckpt: Path | None = None
     samples_per_step = d.world_size * cfg.data.batch_size
+    slow_rank, factor = slow_worker(cfg.parallel.slow_worker, d.world_size)
+    slow_factor = factor if d.rank == slow_rank else 1.0
     progress = Progress(total, start, enabled=main)
     metrics = open(metrics_path, "a") if main else None
     t_run = time.perf_counter()
@@ -199,8 +216,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for step in range(start, stop_at):
             t0 = time.perf_counter()
             x, y = (t.to(d.device) for t in wl.train_set.batch(engine.batch_indices(sampler, step)))
+            t_compute = time.perf_counter()
             # pipeline: the loss of its whole batch, on every rank (not only the last stage's)
             loss = engine.train_step(x, y, wl.loss_fn, cfg.optim.clip_grad_norm)
+            if slow_factor > 1:  # the emulated straggler: its compute takes slow_factor times as long
+                time.sleep((slow_factor - 1) * (time.perf_counter() - t_compute))
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             loss_value = loss.item()

@@ -3,6 +3,8 @@ configured `NAME[:key=value,...]` (`caramel`, `ddp`, ...), and the process group
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +60,19 @@ class Parallel:
 
         spec = STRATEGIES.spec(cfg.parallel.strategy)
         self.kind, self.strategy = spec.info.name, spec.name
+        options = spec.options
         if self.kind == "ps" and cfg.optim.clip_grad_norm > 0:
+            # the gradients leave for the servers as backward makes them: the servers clip them
+            if options.clip_grad_norm not in (0.0, cfg.optim.clip_grad_norm):
+                from caramel.errors import CaramelError
+                raise CaramelError(f"--clip-grad-norm {cfg.optim.clip_grad_norm:g} and the strategy's clip_grad_norm="
+                                   f"{options.clip_grad_norm:g} differ; give one")
+            options = dataclasses.replace(options, clip_grad_norm=cfg.optim.clip_grad_norm)
+        if self.kind == "ps" and (spec.options.dedicated or os.environ.get("CARAMEL_PS_SERVERS", "0").strip() not in ("", "0")):
             from caramel.errors import CaramelError
-            raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
-                               "makes them); set --clip-grad-norm 0 or use caramel or ddp")
+            raise CaramelError("caramel train does not run dedicated ps servers yet (its data shards, validation and "
+                               "checkpoints span every rank); drop dedicated=true / CARAMEL_PS_SERVERS, or run your "
+                               "own script with `caramel cluster run --ps-servers N`")
         extra: dict[str, Any] = {}
         if self.kind == "gossip":
             extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
@@ -72,7 +83,7 @@ class Parallel:
                 from caramel.topology.spec import ClusterSpec
                 from caramel.units import parse_rate_bps
                 extra["cluster"] = ClusterSpec.uniform(dist.get_world_size(), parse_rate_bps(cfg.parallel.bandwidth))
-        self.model, self.optimizer = caramel.parallelize(model, optimizer, options=spec.options, strategy=self.kind,
+        self.model, self.optimizer = caramel.parallelize(model, optimizer, options=options, strategy=self.kind,
                                                          **extra)
 
     def batch_indices(self, sampler: Any, step: int) -> torch.Tensor:
@@ -133,6 +144,8 @@ class Parallel:
         """Clip the global gradient norm; Caramel must first finish every reduction (it synchronizes)."""
         if self.kind == "caramel":
             caramel.clip_grad_norm_(self.optimizer, max_norm)
+        elif self.kind == "ps":
+            pass  # the servers clip the averaged gradient before they apply it (clip_grad_norm in the options)
         else:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 

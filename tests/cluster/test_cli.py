@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(120)
     (["--workers", "2"], "command is empty"),
     (["--workers", "2", "--mtu", "70000", "--", "python", "{script}"], "mtu must be 'auto' or an integer number of bytes"),
     (["--workers", "2", "--timeout", "soon", "--", "python", "{script}"], "duration 'soon'"),
+    (["--workers", "2", "--ps-servers", "2", "--", "python", "{script}"], "--ps-servers 2: the job has 2 ranks"),
+    (["--workers", "2", "--ps-servers", "-1", "--", "python", "{script}"], "expected 0 to 1"),
 ])
 def test_bad_run_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, needle):
     script = tmp_path / "train.py"
@@ -106,9 +108,10 @@ def test_list_and_cleanup_touch_only_dead_clusters(tmp_path, capsys):
 @pytest.mark.timeout(150)
 def test_cli_run_with_several_processes_per_node(tmp_path, capfd):
     script = tmp_path / "ranks.py"
-    script.write_text("import os\nprint('hello', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['GLOO_SOCKET_IFNAME'])\n")
+    script.write_text("import os\nprint('hello', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['GLOO_SOCKET_IFNAME'],"
+                      " os.environ['CARAMEL_PS_SERVERS'])\n")
     before = host_objects()
-    rc = main(["cluster", "run", "--workers", "2", "--bandwidth", "50mbit", "--nproc-per-node", "2",
+    rc = main(["cluster", "run", "--workers", "2", "--bandwidth", "50mbit", "--nproc-per-node", "2", "--ps-servers", "1",
                "--state-dir", str(tmp_path / "state"), "--timeout", "120s", "--json", str(tmp_path / "run.json"),
                "--", "python", str(script)])
     out = capfd.readouterr().out
@@ -117,6 +120,6 @@ def test_cli_run_with_several_processes_per_node(tmp_path, capfd):
     assert info["exit_code"] == 0 and info["format"] == "caramel.cluster-run/1"
     ifaces = info["cluster"]["interfaces"]
     for rank in range(4):
-        assert f"[rank{rank}] hello {rank} 4 {ifaces[rank // 2]}" in out, out
+        assert f"[rank{rank}] hello {rank} 4 {ifaces[rank // 2]} 1" in out, out  # the last rank is the ps server
     assert foreign(host_objects()) == foreign(before)
     assert not any(n.startswith(info["cluster"]["prefix"]) for v in host_objects().values() for n in v)

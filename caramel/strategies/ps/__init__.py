@@ -1,1 +1,1 @@
-"""The `ps` strategy: parameter servers colocated with the workers, TicTac-ordered pulls, SSP/ASP."""
+"""The `ps` strategy: parameter servers (colocated or dedicated processes), TicTac-ordered pulls, SSP/ASP."""

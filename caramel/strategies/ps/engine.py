@@ -39,6 +39,9 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
+from caramel.strategies.ps.state import clip_shard, hparams_key, step_shard
+
+CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers -> dedicated servers (`server.py`)
 
 ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
 
@@ -56,9 +59,18 @@ class PsGroups:
     push: list[Any]
     pull: list[Any]
     hier: Hierarchy | None = None  # hierarchical=True: node and leader groups (`hierarchy.py`)
+    # dedicated servers (`server.py`): the group rank serving each shard (empty: colocated), the
+    # group carrying the workers' commands to them, and rank 0 -> servers for hyper-parameters
+    dedicated: list[int] = field(default_factory=list)
+    cmd: Any = None
+    hp: Any = None
+    clip: Any = None  # clip_grad_norm > 0: the servers' all-reduce of their shards' squared norms
+
 
     def all(self) -> list[Any]:
-        return [self.control, self.buffers, *self.push, *self.pull] + (self.hier.groups() if self.hier else [])
+        extra = ([self.cmd, self.hp] if self.dedicated else []) + ([self.clip] if self.clip is not None else [])
+        mine = [self.control, self.buffers, *self.push, *self.pull, *extra] + (self.hier.groups() if self.hier else [])
+        return [g for g in mine if g is not dist.GroupMember.NON_GROUP_MEMBER]  # dedicated: not every group has every rank
 
 
 @dataclass
@@ -96,6 +108,8 @@ class PsEngine:
         self.groups, self.ranks, self.hier = groups, ranks, groups.hier
         self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
         self.rank, self.world = dist.get_rank(groups.control), dist.get_world_size(groups.control)
+        self.workers = self.world - len(groups.dedicated)  # gradients are averaged over the workers only
+        self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
         self.bound = options.staleness_bound()
         self.broadcast_buffers = broadcast_buffers and self.bound == 0
         self.names, self.params = unique_params(module)
@@ -155,7 +169,7 @@ class PsEngine:
 
     def _push(self, i: int) -> None:
         p = self.params[i]
-        g = p.grad.detach() / self.world if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+        g = p.grad.detach() / self.workers if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
         u = self._update()
         u.grads[i] = g
         if self.hier is None:
@@ -181,6 +195,8 @@ class PsEngine:
     def server_of(self, i: int) -> int:
         """The group rank serving parameter i."""
         shard = self.plan.owner[i]
+        if self.groups.dedicated:
+            return self.groups.dedicated[shard]
         return self.hier.server(shard) if self.hier is not None else shard
 
     def server_ranks(self) -> dict[int, int]:
@@ -206,9 +222,16 @@ class PsEngine:
         if self.hier is not None and self.hier.is_leader:
             self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
             self._forward_node_sums(u, force=True)
-        u.used = torch.tensor([float(self.params[i].grad is not None) for i in self.plan.params],
-                              device=self.params[self.plan.params[0]].device)
-        u.used_work = dist.all_reduce(u.used, group=self.groups.control, async_op=True)
+        used = [float(self.params[i].grad is not None) for i in self.plan.params]
+        send_hp = False
+        if self.groups.dedicated:  # the step's message to the servers: who used what, then the command
+            send_hp = self.rank == 0 and hparams_key(u.hparams) != self.sent_hparams
+            used += [float(CMD_STEP) if self.rank == 0 else 0.0, float(send_hp)]
+        u.used = torch.tensor(used, device=self.params[self.plan.params[0]].device)
+        u.used_work = dist.all_reduce(u.used, group=self.groups.cmd or self.groups.control, async_op=True)
+        if send_hp:  # an LR scheduler moved: the servers apply this step with the new values
+            dist.broadcast_object_list([u.hparams], src=self.ranks[0], group=self.groups.hp)
+            self.sent_hparams = hparams_key(u.hparams)
         self.pending.append(u)
         self.current, self.ready, self.next_push = None, set(), 0
         self.steps += 1
@@ -231,6 +254,9 @@ class PsEngine:
         u.used_work.wait()
         used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
         mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
+        if self.groups.clip is not None:  # every rank takes part (a non-server adds 0), in update order
+            clip_shard(u.grads, [i for i in mine if used[i]], self.options.clip_grad_norm, self.groups.clip,
+                       self.params[self.plan.params[0]].device)
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         if mine:
             self._step_shard([i for i in mine if used[i]], u)
@@ -289,27 +315,7 @@ class PsEngine:
                                               async_op=True), buf))
 
     def _step_shard(self, idx: list[int], u: _Update) -> None:
-        """The user's optimizer on these parameters only, with their averaged gradients and the
-        hyper-parameters of step u (everything restored afterwards)."""
-        if not idx:
-            return
-        opt = self.optimizer
-        chosen = {id(self.params[i]): i for i in idx}
-        saved = [(g["params"], {k: g[k] for k in hp}) for g, hp in zip(opt.param_groups, u.hparams)]
-        swapped = [(self.params[i], self.params[i].grad) for i in idx]
-        try:
-            for g, hp in zip(opt.param_groups, u.hparams):
-                g.update(hp)
-                g["params"] = [p for p in g["params"] if id(p) in chosen]
-            for i in idx:
-                self.params[i].grad = u.grads[i]
-            opt._caramel_inner_step()
-        finally:
-            for g, (params, hp) in zip(opt.param_groups, saved):
-                g["params"] = params
-                g.update(hp)
-            for p, grad in swapped:
-                p.grad = grad
+        step_shard(self.optimizer, self.params, idx, u.grads, u.hparams, self.optimizer._caramel_inner_step)
 
     def _wait_sends(self) -> None:
         for w, _ in self.sends:
@@ -350,13 +356,13 @@ class PsEngine:
         self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)
         self._wait_sends()
-        if self.world > 1 and self.bound != 0:
+        if self.workers > 1 and self.bound != 0:
             for b in self.module.buffers():
                 dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
 
     def sync_buffers(self) -> None:
         """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
-        if self.broadcast_buffers and self.world > 1 and torch.is_grad_enabled():
+        if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
             for b in self.module.buffers():
                 dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
 
@@ -368,3 +374,4 @@ class PsEngine:
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
+

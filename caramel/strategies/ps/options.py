@@ -19,7 +19,9 @@ ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall befor
 @dataclass(frozen=True)
 class PsOptions:
     """`servers`: how many ranks serve a shard (0: every rank, BytePS's colocated mode; N: ranks
-    0..N-1). `consistency`: "bsp" (every worker uses the parameters of the previous step),
+    0..N-1, which also train). `dedicated`: the servers are extra processes that only serve, the
+    job's last `servers` ranks (BytePS's server processes; `server.py`; CARAMEL_PS_SERVERS=N from
+    the launcher means the same). `consistency`: "bsp" (every worker uses the parameters of the previous step),
     "ssp:S" (at most S updates behind), "asp" (never waits; see ASP_BOUND_STEPS). `order`: the
     order the servers send parameters back (TicTac's "tac"/"tic", "fifo" = the order gradients
     became ready, "random" = a fresh order each step). `placement`: how parameters are assigned
@@ -32,7 +34,9 @@ class PsOptions:
     order: str = field(default="tac", metadata={"choices": ORDERS})
     placement: str = field(default="balanced", metadata={"choices": PLACEMENTS})
     hierarchical: bool = False
+    dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
+    clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
     def __post_init__(self) -> None:
         if self.servers < 0:
@@ -40,6 +44,11 @@ class PsOptions:
         if self.order not in ORDERS:
             raise CaramelError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         self.staleness_bound()  # checks the text
+        if not self.clip_grad_norm >= 0:
+            raise CaramelError(f"clip_grad_norm must be >= 0 (the largest L2 norm of the averaged gradient; 0 = no "
+                               f"clipping), got {self.clip_grad_norm}")
+        if self.dedicated and self.hierarchical:
+            raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
 
     def staleness_bound(self) -> int | None:
         """How many updates a worker's parameters may lag: 0 for bsp, S for ssp:S, None for asp."""
@@ -61,9 +70,12 @@ class PsOptions:
         raise CaramelError(f"consistency must be 'bsp', 'ssp:S' (S >= 0 steps, also written ssp_S) or 'asp', "
                            f"got {self.consistency!r}")
 
-    def check_world(self, world_size: int, local_size: int = 1) -> int:
+    def check_world(self, world_size: int, local_size: int = 1, dedicated: int = 0) -> int:
         """The number of server shards for `world_size` ranks in nodes of `local_size` (an
-        error when more are asked than there are ranks, or nodes when hierarchical)."""
+        error when more are asked than there are ranks, or nodes when hierarchical); with
+        `dedicated` server processes (resolved by `server.dedicated_servers`), that many."""
+        if dedicated:
+            return dedicated
         hosts = world_size // local_size if self.hierarchical else world_size
         if self.servers > hosts:
             what = "nodes" if self.hierarchical else "ranks"

@@ -26,10 +26,11 @@ from caramel.errors import CaramelError, MismatchError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
 from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, steps_per_parameter
-from caramel.strategies.ps.engine import PsEngine, PsGroups
+from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_PLAN, PsEngine, PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
-from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, make_ps_plan, provisional_plan
+from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, make_ps_plan
+from caramel.strategies.ps.server import command, dedicated_servers, make_groups, send_load, send_values, serve_and_leave
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
 from caramel.strategies.options import to_spec
 from caramel.strategies.ps.tictac import efficiency
@@ -48,13 +49,9 @@ class PsRun:
         self.groups = groups
         self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
         self.rank = dist.get_rank(groups.control)
-        self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1)
+        self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1, len(groups.dedicated))
         _, self.params = unique_params(module)
-        trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
-        if not trainable:
-            raise CaramelError("strategy 'ps': the model has no trainable parameters; there is nothing to serve")
-        plan = provisional_plan(trainable, [self.params[i].numel() * self.params[i].element_size() for i in trainable],
-                                self.shards, options)
+        plan = first_plan(self.params, self.shards, options)
         self.engine = PsEngine(module, optimizer, options, plan, groups, ranks, broadcast_buffers)
         self.profiling = 0 if profile is not None else PROFILE_STEPS
         self.tracker: UseTracker | None = None
@@ -152,6 +149,8 @@ class PsRun:
                 if p.first_use_order is not None:
                     waits.setdefault(profile.modules[p.first_use_order].name, []).append(p.index)
             payload = [(plan.to_dict(), waits)]
+        if self.groups.dedicated:
+            self._tell_servers(CMD_PLAN)
         dist.broadcast_object_list(payload, src=self.ranks[0], group=self.groups.control)
         plan_d, waits = payload[0]
         plan = PsPlan.from_dict(plan_d)
@@ -159,8 +158,10 @@ class PsRun:
         old.synchronize()
         old.remove_hooks()
         e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.broadcast_buffers)
-        e.steps, e.version, e.wait_s = old.steps, dict(old.version), old.wait_s
+        e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
+        if self.groups.dedicated:
+            send_values(self.params, plan.params, self.ranks, self.groups.control)
         e.set_waits(waits)
         self.unused = [i for i in plan.params if not any(i in v for v in waits.values())]
         self.engine = e
@@ -170,16 +171,23 @@ class PsRun:
         if self.released:
             return
         self.engine.synchronize()
+        if self.groups.dedicated:
+            self._tell_servers(CMD_GATHER)
         gather_full_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank, self.groups.control)
         self._gathered_at = self.engine.applied
         self.write_trace()
 
+    def _tell_servers(self, code: int) -> None:
+        command(self.groups, self.rank, len(self.engine.plan.params), code, self.params[self.engine.plan.params[0]].device)
+
     def full_state_ready(self) -> bool:
         return self.engine.world == 1 or getattr(self, "_gathered_at", -1) == self.engine.applied
 
-    def after_load(self) -> None:
+    def after_load(self, state_dict: dict[str, Any]) -> None:
         keep_own_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank)
         self._gathered_at = -1
+        if self.groups.dedicated:  # the servers hold the parameters and state they update: send them rank 0's
+            send_load(self.groups, self.ranks, self.rank, self.params, state_dict, len(self.engine.plan.params))
 
     def stats_dict(self) -> dict[str, Any]:
         e, plan = self.engine, self.engine.plan
@@ -212,6 +220,8 @@ class PsRun:
         try:
             if all(_registered(g) for g in self.groups.all()):
                 self.engine.synchronize()  # else the job's groups are gone already: nothing can be sent
+                if self.groups.dedicated:
+                    self._tell_servers(CMD_DONE)  # the servers leave (their scripts exit)
         finally:
             self.released = True
             self.engine.remove_hooks()
@@ -288,7 +298,7 @@ class PsOptimizerMixin:
     def load_state_dict(self, state_dict):
         self._ps_run.engine.synchronize()
         out = self._ps_base.load_state_dict(self, state_dict)
-        self._ps_run.after_load()
+        self._ps_run.after_load(state_dict)
         return out
 
     @property
@@ -349,23 +359,38 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
     if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
         raise CaramelError("strategy 'ps': the optimizer holds parameters that are not the model's; "
                            "make the optimizer from this model's parameters()")
+    if session is not None and any(isinstance(r, PsRun) and r.groups.dedicated and not r.released
+                                   for r in session.live_engines()):
+        raise CaramelError("strategy 'ps': dedicated servers serve one model at a time; call caramel.shutdown() "
+                           "(the servers then leave) before parallelizing another model")
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     _check_same_everywhere(options, params, process_group)  # on the parent, before any group of ours exists
     timeout = _group_timeout(process_group, timeout_s)
     local = local_world_size(len(ranks)) if options.hierarchical else 1
-    shards = options.check_world(len(ranks), local)
-    groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
-                      push=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)],
-                      pull=[] if options.hierarchical else [dist.new_group(ranks, timeout=timeout) for _ in range(shards)])
+    dedicated = dedicated_servers(options, len(ranks))
+    shards = options.check_world(len(ranks), local, dedicated)
+    clip = options.clip_grad_norm > 0
+    if dedicated:
+        groups = make_groups(ranks, dedicated, timeout, clip)
+    else:
+        flat = not options.hierarchical
+        groups = PsGroups(*(dist.new_group(ranks, timeout=timeout) for _ in range(2)),
+                          push=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)] if flat else [],
+                          pull=[dist.new_group(ranks, timeout=timeout) for _ in range(shards)] if flat else [])
+    if clip and not dedicated:  # colocated: every rank calls it (a rank serving nothing adds 0)
+        groups.clip = dist.new_group(ranks, timeout=timeout)
     if options.hierarchical:
         groups.hier = make_hierarchy(ranks, ranks.index(dist.get_rank()), local, shards, timeout)
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=groups.control)
+    if dist.get_rank(groups.control) in groups.dedicated:
+        serve_and_leave(model, optimizer, first_plan(params, shards, options), groups, ranks, options.clip_grad_norm)
     run = PsRun(model, optimizer, options, ranks, groups, bool(broadcast_buffers), profile, cluster,
                 str(trace) if trace else None)
     if session is not None:
         session.register(run)
     return PsModel(model, run), _wrap_optimizer(optimizer, run)
+

@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.placement import imbalance, place, shard_loads
@@ -108,4 +109,12 @@ def _fifo(profile: ModelProfile, index: list[int]) -> list[int]:
     params = profile.params
     return sorted(range(len(index)), key=lambda k: (params[index[k]].ready_order is None,
                                                    params[index[k]].ready_order or 0, index[k]))
+
+
+def first_plan(params: list[Any], shards: int, options: PsOptions) -> PsPlan:
+    """The provisional plan every rank derives alike, until the online profile's."""
+    trainable = [i for i, p in enumerate(params) if p.requires_grad]
+    if not trainable:
+        raise CaramelError("strategy 'ps': the model has no trainable parameters; there is nothing to serve")
+    return provisional_plan(trainable, [params[i].numel() * params[i].element_size() for i in trainable], shards, options)
 

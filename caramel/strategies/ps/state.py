@@ -1,5 +1,5 @@
 """The servers' optimizer state: each rank keeps its shard's; gathered for a checkpoint, moved
-when the placement changes.
+when the placement changes; and the step that updates a shard with it (`step_shard`).
 
 The optimizer object is the user's on every rank, but its `state` holds entries only for the
 parameters that rank serves (only the owner steps a parameter). `gather_full_state` makes every
@@ -60,3 +60,48 @@ def move_state(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], old
         if new[i] == rank and i in merged:
             optimizer.state[params[i]] = _to(merged[i], params[i])
     keep_own_state(optimizer, params, new, rank)
+
+
+def step_shard(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], idx: list[int],
+               grads: dict[int, torch.Tensor], hparams: list[dict[str, Any]] | None, inner_step: Any) -> None:
+    """The user's optimizer on these parameters only, with their averaged gradients and the
+    hyper-parameters of the step that made them (everything restored afterwards)."""
+    if not idx:
+        return
+    chosen = {id(params[i]) for i in idx}
+    hparams = hparams if hparams is not None else [{} for _ in optimizer.param_groups]
+    saved = [(g["params"], {k: g[k] for k in hp}) for g, hp in zip(optimizer.param_groups, hparams)]
+    swapped = [(params[i], params[i].grad) for i in idx]
+    try:
+        for g, hp in zip(optimizer.param_groups, hparams):
+            g.update(hp)
+            g["params"] = [p for p in g["params"] if id(p) in chosen]
+        for i in idx:
+            params[i].grad = grads[i]
+        inner_step()
+    finally:
+        for g, (ps, hp) in zip(optimizer.param_groups, saved):
+            g["params"] = ps
+            g.update(hp)
+        for p, grad in swapped:
+            p.grad = grad
+
+
+def clip_shard(grads: dict[int, torch.Tensor], idx: list[int], max_norm: float, group: Any, device: torch.device) -> None:
+    """Scale this shard's averaged gradients `idx` so that the global L2 norm over every shard
+    (one all-reduce of the squared norms on `group`, which every server calls) is at most
+    `max_norm`: what `torch.nn.utils.clip_grad_norm_` does on DDP's averaged gradients."""
+    sq = torch.zeros(1, device=device)
+    if idx:
+        sq += torch.stack([torch.linalg.vector_norm(grads[i]) for i in idx]).pow(2).sum()
+    dist.all_reduce(sq, group=group)
+    coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)  # torch's clip_coef and epsilon
+    for i in idx:
+        grads[i].mul_(coef)
+
+
+def hparams_key(hparams: list[dict[str, Any]] | None) -> Any:
+    """A comparable form of a hyper-parameter snapshot (tensors as lists)."""
+    if hparams is None:
+        return None
+    return [sorted((k, v.tolist() if torch.is_tensor(v) else v) for k, v in g.items()) for g in hparams]

@@ -175,3 +175,37 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     caramel.shutdown()
     return out
 
+
+
+def train_clipped(model, opt, sched, loss_fn, family: str, rank: int, steps: int, clip_here: float) -> int:
+    """`train` with torch's clip_grad_norm_(clip_here) after each backward (0: none, the
+    servers clip); returns how many steps the norm exceeded `clip_here`."""
+    clipped = 0
+    for step in range(steps):
+        x, y = batch(family, step, rank)
+        loss_fn(model(x), y).backward()
+        if clip_here:
+            clipped += int(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_here) > clip_here)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return clipped
+
+
+def clip_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str, float], ...]) -> dict:
+    """Per (family, optimizer, spec, max norm): ps with the servers clipping against DDP with
+    torch.nn.utils.clip_grad_norm_ after each backward."""
+    out = {}
+    for family, opt_kind, spec, max_norm in cases:
+        w = fresh(family)
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+        ropt, rsched = make_optimizer(opt_kind, ddp.parameters())
+        out[(spec, "clipped")] = train_clipped(ddp, ropt, rsched, w.loss_fn, family, rank, steps, max_norm)
+        m = copy.deepcopy(w.model)
+        opt, sched = make_optimizer(opt_kind, m.parameters())
+        model, opt = caramel.parallelize(m, opt, spec)
+        train_clipped(model, opt, sched, w.loss_fn, family, rank, steps, 0.0)
+        opt.synchronize()
+        out[spec] = max_diff(params_of(ddp.module), params_of(model.module))
+        caramel.shutdown()
+    return out

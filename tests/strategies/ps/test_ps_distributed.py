@@ -6,7 +6,7 @@ import pytest
 
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
-from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, dead_peer_worker, hierarchical_worker,
+from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker, hierarchical_worker,
                                             parity_worker)
 
 TOL = 1e-5
@@ -109,3 +109,17 @@ def test_hierarchical_aggregation_equals_ddp():
             assert res[(family, "sent")] == res[(family, "expected")]
         assert max(res["ssp_staleness"]) <= 2
         assert all(np.array_equal(a, b) for a, b in zip(results[0]["ssp_params"], res["ssp_params"]))
+
+
+CLIP_CASES = (("cnn_bn", "adam", "ps:servers=1,consistency=ssp:0,clip_grad_norm=0.1", 0.1),)  # rank 1 serves nothing: adds 0
+
+
+def test_servers_clip_like_ddp_with_clip_grad_norm():
+    """The servers clip the averaged gradient's global norm (their shards' squared norms summed
+    in one all-reduce): 20 steps equal DDP + torch.nn.utils.clip_grad_norm_ within 1e-5, on a
+    run where the norm was over the limit at most steps. (Two servers clipping: the dedicated
+    servers' suite.)"""
+    for res in run_workers(clip_worker, 2, args=(20, CLIP_CASES), timeout_s=180):
+        for _, _, spec, _ in CLIP_CASES:
+            assert res[(spec, "clipped")] >= 15, res
+            assert res[spec] <= TOL, (spec, res[spec])
