@@ -31,7 +31,7 @@ _NAME = re.compile(r"^ckpt-(\d+)$")
 # Config keys that may change across a resume; everything else must match for the run to continue exactly.
 RESUMABLE_CHANGES = {
     "run": {"stop_after_steps", "out_dir", "log_every_steps", "val_every_steps"},
-    "parallel": {"strategy", "cluster", "bandwidth", "max_restarts", "timeout_s", "workers"},
+    "parallel": {"strategy", "cluster", "bandwidth", "max_restarts", "timeout_s", "workers", "slow_worker"},
     "checkpoint": {"every_steps", "keep_last", "resume", "dir"},
 }
 

@@ -75,6 +75,7 @@ class ParallelConfig:
     bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = 1gbit with --cluster auto, unshaped with --cluster on)")
     max_restarts: int = opt(0, "torchrun --max-restarts: restart failed workers this many times; restarted workers resume from the last checkpoint (count)", minimum=0)
     timeout_s: float = opt(300.0, "collective timeout (seconds)", minimum=1.0)
+    slow_worker: str = opt("", "emulate a straggler: RANK:FACTOR makes that worker's forward + backward FACTOR times slower with a calibrated delay, not a CPU quota (e.g. 1:2; empty = none)")
 
 
 @dataclass
@@ -224,6 +225,9 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         STRATEGIES.spec(cfg.parallel.strategy)
     except CaramelError as e:
         raise CaramelError(f"{source}: parallel.strategy: {e}") from None
+    if cfg.parallel.slow_worker:
+        from caramel.profile.slowdown import parse_slow_worker
+        parse_slow_worker(cfg.parallel.slow_worker, f"{source}: parallel.slow_worker")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

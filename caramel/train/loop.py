@@ -22,6 +22,7 @@ from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
 from caramel.train.strategy import Dist, Parallel, init_distributed
+from caramel.train.uneven import BatchSource, emulate_slow_worker
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
 from caramel.train.workloads import TrainWorkload, build_workload
 
@@ -158,8 +159,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
+    x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
+    slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
     trace_path = str(out_dir / "trace.json")
     engine = Parallel(model, optimizer, cfg, trace_path)
+    batches = BatchSource(sampler, engine.optimizer, engine.balance, d.world_size * cfg.data.batch_size,
+                          len(wl.train_set), cfg.run.seed, resuming=state is not None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0
     if state is not None:
@@ -195,7 +200,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         for step in range(start, stop_at):
             t0 = time.perf_counter()
-            x, y = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(step)))
+            x, y = (t.to(d.device) for t in wl.train_set.batch(batches.indices(step)))
             loss = wl.loss_fn(engine.model(x), y)
             loss.backward()
             if cfg.optim.clip_grad_norm > 0:
@@ -235,6 +240,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     wall_s = time.perf_counter() - t_run
     trace_file = _merge_traces(engine, d, out_dir) if engine.kind == "caramel" else None
     summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
+    summary.update(batches.summary(), **({"slow_worker": slow} if slow else {}))
     if main:
         from caramel.jsonio import write_json
         write_json(out_dir / "summary.json", summary)

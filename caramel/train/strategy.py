@@ -37,6 +37,7 @@ class Parallel:
 
         spec = STRATEGIES.spec(cfg.parallel.strategy)
         self.kind, self.strategy = spec.info.name, spec.name
+        self.balance = getattr(spec.options, "balance", "off")  # "batch": the loop draws batches by share
         if self.kind == "ps" and cfg.optim.clip_grad_norm > 0:
             from caramel.errors import CaramelError
             raise CaramelError("strategy 'ps' does not clip gradients yet (they leave for the servers as backward "
