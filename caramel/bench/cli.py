@@ -220,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
         records += summarize(result.raw)
         if phases is not None:
             result.raw["bandwidth_trace"]["applied"] = result.trace_applied or []
-            by_phase.append({"config": config.label, "trace": args.bandwidth_trace, "phases": phase_results(result.raw)})
+            replans = {n: st.get("replans") for n, st in result.raw.get("stats", {}).items() if st.get("replans") is not None}
+            by_phase.append({"config": config.label, "trace": args.bandwidth_trace, "phases": phase_results(result.raw),
+                             "replans": replans})
     wall_s = time.time() - t0
 
     if records:

@@ -67,7 +67,9 @@ def phase_results(raw: dict[str, Any]) -> list[dict[str, Any]]:
         runners: dict[str, dict[str, Any]] = {}
         for name in where:
             sel = [d for d, p in zip(steps[name], where[name]) if p == k]
-            row: dict[str, Any] = {"steps": len(sel), "median_step_s": median(sel) if sel else None}
+            # the mean and the longest show what a median hides: a re-plan's or a trial's slow steps
+            row: dict[str, Any] = {"steps": len(sel), "median_step_s": median(sel) if sel else None,
+                                   "mean_step_s": sum(sel) / len(sel) if sel else None, "max_step_s": max(sel, default=None)}
             if name not in BASELINES:
                 row["samples_per_s"] = samples * len(sel) / sum(sel) if sel else None
             runners[name] = row
@@ -94,12 +96,14 @@ def format_phases(results: list[dict[str, Any]], title: str = "") -> str:
         ratio = f", measured comm/compute {ph['comm_compute']:.2f}" if ph["comm_compute"] else ""
         lines += ["", f"Phase {ph['phase'] + 1}: {ph['rate']} ({format_rate(ph['rate_bps'])}), {ph['duration_s']:g} s "
                       f"planned, steps counted in {span}{ratio}", "",
-                  "| runner | steps | median step | samples/s | vs best |", "|---|---:|---:|---:|---:|"]
+                  "| runner | steps | median step | mean step | longest | samples/s | vs best |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for name, r in ph["runners"].items():
-            med = f"{r['median_step_s'] * 1e3:.1f} ms" if r["median_step_s"] is not None else "-"
+            med, mean, top = (f"{r[k] * 1e3:.1f} ms" if r.get(k) is not None else "-"
+                              for k in ("median_step_s", "mean_step_s", "max_step_s"))
             sps = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "-"
             vs = f"{r['vs_best']:.3f}" if r.get("vs_best") else "-"
-            lines.append(f"| `{name}` | {r['steps']} | {med} | {sps} | {vs} |")
+            lines.append(f"| `{name}` | {r['steps']} | {med} | {mean} | {top} | {sps} | {vs} |")
     if results and results[0].get("unattributed_steps"):
         skipped = {n: c for n, c in results[0]["unattributed_steps"].items() if c}
         if skipped:

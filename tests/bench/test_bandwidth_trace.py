@@ -101,6 +101,7 @@ def test_phase_results_give_each_strategy_its_samples_per_second_in_each_phase()
     assert fast["fast"]["steps"] == 3 and fast["fast"]["samples_per_s"] == pytest.approx(16 / 0.1)
     assert fast["slow"]["samples_per_s"] == pytest.approx(16 / 0.2) and fast["slow"]["vs_best"] == pytest.approx(0.5)
     assert slow["fast"]["median_step_s"] == pytest.approx(0.2) and slow["slow"]["vs_best"] == pytest.approx(0.2)
+    assert slow["slow"]["mean_step_s"] == pytest.approx(1.0) and fast["fast"]["max_step_s"] == pytest.approx(0.1)
     assert "samples_per_s" not in slow["comm"] and slow["comm"]["median_step_s"] == pytest.approx(0.5)
     ph = phase_results(_raw(applied))
     assert ph[1]["comm_compute"] == pytest.approx(5.0) and ph[1]["window_s"] == [pytest.approx(4.3), None]
