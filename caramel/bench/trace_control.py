@@ -64,6 +64,9 @@ class TraceClock:
 
         flag = torch.tensor([1 if rounds_done == 0 or (self.rank == 0 and self.running()) else 0], dtype=torch.int64)
         if dist.is_initialized() and dist.get_world_size() > 1:
+            from caramel.distributed import collective_device
+
+            flag = flag.to(collective_device())  # NCCL reduces CUDA tensors only
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
