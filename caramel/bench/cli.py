@@ -8,6 +8,7 @@ summary; `--json OUT` and `--markdown OUT` write the records and the report (doc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shlex
@@ -15,13 +16,15 @@ import sys
 import time
 from typing import Any
 
+from caramel.bench.bandwidth_trace import BandwidthTrace, load_trace
 from caramel.bench.evidence import attach_evidence
 from caramel.bench.harness import make_calibration_job, make_job
 from caramel.bench.hetero import describe, format_versus, versus_best_allreduce
 from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
+from caramel.bench.phases import format_phases, phase_results
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   BenchConfig, BenchSettings, parse_strategies)
-from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates
+from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates, rate_text
 from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
 from caramel.bench.tables import format_markdown, format_predictions, format_summary, format_table, format_uneven
 from caramel.errors import CaramelError
@@ -48,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "(every worker padded to a nominal step; caramel.bench.hetero)")
     sel.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                      help="extra zoo factory argument, e.g. width=16 (repeatable)")
+    p.add_argument("--bandwidth-trace", metavar="FILE",
+                   help="change the links' rate during the measured rounds: JSON [{\"duration_s\": 30, \"rate\": \"x1\"}, "
+                        "{\"duration_s\": 30, \"rate\": \"x0.1\"}] or CSV duration_s,rate lines; xF is F times the "
+                        "configuration's rate (--ratio or --bandwidth); rounds run until the last phase ends and the "
+                        "report gives each phase's throughput (the emulated cluster, root)")
     p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: "
@@ -118,8 +126,8 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
-    for flag in ("model", "workers", "ratio", "bandwidth", "batch_size", "slow_worker", "slow_link", "jitter",
-                 "rounds", "steps", "warmup", "trace", "json", "markdown"):
+    for flag in ("model", "workers", "ratio", "bandwidth", "bandwidth_trace", "batch_size", "slow_worker", "slow_link",
+                 "jitter", "rounds", "steps", "warmup", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
@@ -159,11 +167,34 @@ def _trace_subdir(root: str, index: int, config: BenchConfig) -> str:
     return os.path.join(os.path.abspath(root), f"{index:02d}-{safe}-w{config.workers}-{config.bandwidth or 'loopback'}")
 
 
+def _trace_phases(trace: BandwidthTrace, config: BenchConfig) -> tuple[BenchConfig, list[dict[str, Any]]]:
+    """The trace's phases in bits per second for `config` (x rates times its rate), and the
+    configuration with a rate to build its links at (an absolute trace's phase 0 when it has none)."""
+    phases = trace.resolve(config.bandwidth_bps)
+    if config.bandwidth is None:
+        config = dataclasses.replace(config, bandwidth=rate_text(phases[0]["rate_bps"]))
+    return config, phases
+
+
+def _check_trace_args(args: argparse.Namespace) -> BandwidthTrace | None:
+    if not args.bandwidth_trace:
+        return None
+    if args.rounds is not None:
+        raise CaramelError(f"--rounds {args.rounds} with --bandwidth-trace: the rounds run until the trace's last phase "
+                           "ends; set the phases' duration_s instead")
+    if args.network == "loopback":
+        raise CaramelError("--bandwidth-trace changes the emulated cluster's links; it cannot run with --network loopback")
+    return load_trace(args.bandwidth_trace)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
     strategies = parse_strategies(args.strategies)
+    trace = _check_trace_args(args)
     configs, settings = select(args)
+    if trace is not None:  # absolute-only traces build their links at phase 0's rate; relative ones need a base
+        configs = [c if c.needs_rate else _trace_phases(trace, c)[0] for c in configs]
     from caramel.cluster.config import parse_mtu
 
     parse_mtu(args.mtu, 1e9)  # a bad --mtu stops here, before any cluster is made
@@ -178,13 +209,16 @@ def run(args: argparse.Namespace) -> int:
     networks: set[str] = set()
     t0 = time.time()
     configs, failures = derive_rates(configs, _calibration_launcher(args, settings))
+    by_phase: list[dict[str, Any]] = []
     for i, config in enumerate(configs):
         network = _network_for(args, config)
         trace_dir = _trace_subdir(args.trace, i, config) if args.trace else None
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
-        result = launch_job(job, config.workers, config.bandwidth, network, timeout_s=args.timeout,
-                            strict=args.network == "cluster", mtu=args.mtu, slow_link=config.slow_link)
+        phases = _trace_phases(trace, config)[1] if trace is not None else None
+        result = launch_job(job, config.workers, rate_text(phases[0]["rate_bps"]) if phases else config.bandwidth, network,
+                            timeout_s=args.timeout + (trace.total_s if trace is not None else 0.0),
+                            strict=args.network == "cluster", mtu=args.mtu, slow_link=config.slow_link, trace=phases)
         networks.add(result.network)
         if config.bandwidth is not None and result.network == LOOPBACK:
             print(f"caramel bench: {config.label} ran on unshaped loopback; the bandwidth {config.bandwidth} was NOT applied",
@@ -196,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
         attach_evidence(result.raw, trace_dir)
         records += summarize(result.raw)
         versus += [dict(v, config=config.label) for v in versus_best_allreduce(result.raw)]
+        if phases is not None:
+            result.raw["bandwidth_trace"]["applied"] = result.trace_applied or []
+            replans = {n: st.get("replans") for n, st in result.raw.get("stats", {}).items() if st.get("replans") is not None}
+            by_phase.append({"config": config.label, "trace": args.bandwidth_trace, "phases": phase_results(result.raw),
+                             "replans": replans})
     wall_s = time.time() - t0
 
     if records:
@@ -210,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
               + format_summary(summarize_strategies(records)).replace("`", ""))
     if versus:
         print("\n" + format_versus(versus))
+    for entry in by_phase:
+        print("\n" + format_phases(entry["phases"], f"Bandwidth trace {entry['trace']}, {entry['config']}:").replace("`", ""))
     meta = {"command": command_line(args), "wall_s": round(wall_s, 1), "networks": sorted(networks),
             "settings": vars(settings), "failures": failures}
     if versus:
@@ -217,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     uneven = {c.label: {"slow_link": c.slow_link, "jitter": c.jitter} for c in configs if c.slow_link or c.jitter}
     if uneven:
         meta["heterogeneity"] = uneven
+    if by_phase:
+        meta["bandwidth_trace"] = by_phase
     if args.json:
         write_records(args.json, records, meta)
     if args.markdown:
@@ -224,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
         if uneven:
             env["heterogeneity"] = "; ".join(f"{k}: {describe(v)}" for k, v in uneven.items())
         notes = "\n".join([f"- FAILED: {f}" for f in failures] + [f"- {line}" for line in format_uneven(records).splitlines()]
-                          + [f"- {line}" for line in format_versus(versus).splitlines()])
+                          + [f"- {line}" for line in format_versus(versus).splitlines()]
+                          + [format_phases(e["phases"], f"\nBandwidth trace {e['trace']}, {e['config']}:") for e in by_phase])
         atomic_write_text(args.markdown, format_markdown(records, command_line(args), env, notes))
     if failures:
         print("caramel bench: " + "; ".join(failures), file=sys.stderr)

@@ -34,6 +34,7 @@ from caramel.bench.prediction import predict_strategies
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
+from caramel.bench.trace_control import TraceClock
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
 from caramel.models.zoo import ModelBatch, get_model, param_count
@@ -90,16 +91,22 @@ def make_workload(config: BenchConfig, seed: int, device: torch.device) -> Model
     return w
 
 
-def measure_block(runner: Runner, steps: int) -> list[float]:
-    """Per-step times of `steps` steps in steady state (see the module docstring)."""
+def measure_block(runner: Runner, steps: int, stamps: list[list[float]] | None = None) -> list[float]:
+    """Per-step times of `steps` steps in steady state (see the module docstring); with
+    `stamps`, each step's wall-clock [start, end] is appended to it (a bandwidth trace's phases)."""
     runner.step()  # entry step, unmeasured
     times = []
     t_prev = time.perf_counter()
+    wall_prev = time.time()
     for _ in range(steps):
         runner.step()
         t = time.perf_counter()
         times.append(t - t_prev)
         t_prev = t
+        if stamps is not None:
+            wall = time.time()
+            stamps.append([wall_prev, wall])
+            wall_prev = wall
     runner.finish()
     return times
 
@@ -200,9 +207,10 @@ def settle(runner: Runner, name: str, max_steps: int = MAX_SETTLE_STEPS) -> int:
 
 
 def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: str, rank: int,
-                   wire: WireMeter | None = None) -> dict[str, list[float]]:
+                   trace: TraceClock | None = None, wire: WireMeter | None = None) -> dict[str, list[float]]:
     """Warm every runner up and let it settle, then `rounds` rounds of one block each, the order
-    rotating per round (`wire`: counts each block's transmitted bytes)."""
+    rotating per round (`wire`: counts each block's transmitted bytes; with a bandwidth `trace`:
+    rounds until its last phase ends)."""
     names = list(runners)
     for name in names:
         for _ in range(settings.warmup_steps):
@@ -210,16 +218,21 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
         settle(runners[name], name)
         dist.barrier()
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(settings.rounds):
+    if trace is not None:
+        trace.start()
+    r = 0
+    while trace.more(r) if trace is not None else r < settings.rounds:
         for name in round_order(names, r):
             dist.barrier()
+            stamps = trace.stamps_for(name) if trace is not None else None
             if wire is None:
-                times[name] += measure_block(runners[name], settings.steps_per_round)
+                times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
             else:
                 with wire.count(name, settings.steps_per_round + 1):  # + the block's entry step
-                    times[name] += measure_block(runners[name], settings.steps_per_round)
+                    times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
+        r += 1
         # rank 0's own view; the compute-only baseline at its pace, as the report takes it
-        _log(rank, f"{label}: round {r + 1}/{settings.rounds} medians (compute: mean) "
+        _log(rank, f"{label}: round {r}/{'trace' if trace is not None else settings.rounds} medians (compute: mean) "
                    + ", ".join(f"{n}={1e3 * (sum(t) / len(t) if n == 'compute' else median(t)):.1f}ms"
                                for n, t in times.items()))
     dist.barrier()
@@ -275,7 +288,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     from caramel.bench.wire import WireMeter, merge_ranks
     # a namespace of its own per worker: its interfaces' counters are this worker's bytes on the wire
     wire = WireMeter() if str(job.get("network", "")).startswith("netns") else None
-    times = measure_rounds(runners, settings, config.label, rank, wire)
+    trace = TraceClock.from_job(job, rank)
+    times = measure_rounds(runners, settings, config.label, rank, trace=trace, wire=wire)
     measure_wall_s = time.time() - t_start
     stats = {n: _jsonable(r.stats()) for n, r in runners.items()}
     # Profiled on every rank at once, so compute sees the same contention as in the rounds.
@@ -288,6 +302,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     dist.all_gather_object(gathered, times)
     wire_ranks: list[Any] = [None] * world
     dist.all_gather_object(wire_ranks, wire.totals() if wire is not None else None)
+    stamps: list[Any] = [None] * world
+    if trace is not None:
+        dist.all_gather_object(stamps, trace.stamps)
     if rank != 0:
         return None
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
@@ -328,6 +345,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "slow_link": config.slow_link,
             "local_batch": int(workload.inputs.shape[0]),
         },
+        **({"step_stamps_s": {n: [s[n] for s in stamps] for n in runners},
+            "bandwidth_trace": {"phases": job["bandwidth_trace"]["phases"]}} if trace is not None else {}),
     }
 
 

@@ -28,6 +28,8 @@ class LaunchResult:
     raw: dict[str, Any] | None
     network: str
     log_tail: str
+    trace_applied: list[dict[str, Any]] | None = None
+    """with a bandwidth trace: the rate changes the controller made (`TraceController.applied`)"""
 
 
 def _emulated_cluster_class():
@@ -56,21 +58,29 @@ def choose_network(requested: str, bandwidth: str | None) -> str:
 
 def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
                timeout_s: float, log=None, strict: bool = False, mtu: int | str = "auto",
-               slow_link: list | None = None) -> LaunchResult:
+               slow_link: list | None = None, trace: list[dict[str, Any]] | None = None) -> LaunchResult:
     """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure).
 
     On the cluster, `strict` makes a host that cannot build namespaces an error instead of a
     fallback to loopback, and `mtu` is the links' MTU (`ClusterConfig.mtu`; the network's
     description names the one used). `slow_link` `[rank, factor]` shapes that worker's link at
-    `bandwidth` / factor (cluster only: on loopback there is no link to slow).
+    `bandwidth` / factor (cluster only: on loopback there is no link to slow). `trace`: the
+    resolved phases of a bandwidth trace (`BandwidthTrace.resolve`), applied to the links during
+    the measured rounds; it needs the emulated cluster, and `bandwidth` should be phase 0's rate.
     """
     log = log if log is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="caramel-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "raw.json"
         target = ["-m", HARNESS_MODULE, str(job_path), str(out_path)]
+        applied = None
+        if trace is not None:
+            if network != "cluster":
+                raise CaramelError("a bandwidth trace changes the emulated cluster's links; it cannot run on "
+                                   f"{network} (use --network cluster, as root)")
+            job = dict(job, bandwidth_trace={"phases": trace, "marker": str(Path(tmp) / "trace-start")})
         if network == "cluster":
-            rc, tail, net = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log, strict, mtu,
-                                            slow_link)
+            rc, tail, net, applied = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log,
+                                                     strict or trace is not None, mtu, slow_link)
         else:
             if slow_link:
                 raise CaramelError(f"a slow link ({slow_link}) needs the emulated cluster; this job runs on {LOOPBACK}")
@@ -78,7 +88,7 @@ def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network
             write_json(job_path, dict(job, network=net))
             rc, tail = _run_loopback(workers, target, timeout_s, log)
         raw = read_json(out_path, "bench_raw") if rc == 0 and out_path.exists() else None
-        return LaunchResult(rc, raw, net, tail)
+        return LaunchResult(rc, raw, net, tail, applied)
 
 
 def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tuple[int, str]:
@@ -91,7 +101,7 @@ def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tup
 
 def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],
                     timeout_s: float, log, strict: bool, mtu: int | str,
-                    slow_link: list | None = None) -> tuple[int, str, str]:
+                    slow_link: list | None = None) -> tuple[int, str, str, list | None]:
     from caramel.bench.hetero import link_rates_bps
     from caramel.cluster.config import ClusterConfig, auto_mtu
     from caramel.units import format_rate, parse_rate_bps
@@ -111,5 +121,20 @@ def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth
             cluster.set_bandwidth(slow_link[0], rates[slow_link[0]])  # an error on the loopback fallback
             net += f", worker {slow_link[0]}'s link {format_rate(rates[slow_link[0]])}"
         write_json(job_path, dict(job, network=net))
-        rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
-    return int(rc), "", net
+        controller = None
+        if job.get("bandwidth_trace"):
+            from caramel.bench.trace_control import TraceController
+
+            def set_rate(bps: float) -> None:  # a slow link stays that many times slower than the others
+                for i, r in enumerate(link_rates_bps(bps, workers, slow_link)):
+                    cluster.set_bandwidth(i, r)
+            spec = job["bandwidth_trace"]
+            controller = TraceController(spec["phases"], spec["marker"], set_rate, log=log)
+            controller.start()
+        try:
+            rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
+        finally:
+            if controller is not None:
+                controller.stop()
+                controller.join(timeout=30.0)
+    return int(rc), "", net, controller.applied if controller is not None else None

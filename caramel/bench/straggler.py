@@ -1,12 +1,9 @@
 """Uneven workers in the bench: an emulated slow worker, and the runner for `balance="batch"`.
 
 `--slow-worker RANK:FACTOR` makes that rank's compute FACTOR times slower with a calibrated
-delay (not a CPU quota): the job first times the model's forward and backward per sample on
-each rank, with no communication, and the slow rank then sleeps (FACTOR - 1) times that, per
-sample of its local batch, after every training forward. The delay scales with the local
-batch, so a worker given fewer samples by `balance="batch"` is slowed by less, as a slower CPU
-would be. The sleep holds no lock, so communication threads keep running, as they would on a
-slow CPU with a spare core.
+delay (not a CPU quota; `caramel.profile.slowdown`): the job first times the model's forward
+and backward per sample on each rank, with no communication, and the slow rank then sleeps
+(FACTOR - 1) times that, per sample of its local batch, after every training forward.
 
 `BalancedRunner` draws each step's local batch from a pool of one global batch (every rank's
 fixed batch, repeated world-size times) through the balancer's sampler, so every strategy
@@ -14,9 +11,7 @@ trains the same global batch per step and step times compare as samples per seco
 """
 from __future__ import annotations
 
-import copy
 import itertools
-import time
 from typing import Any
 
 import torch
@@ -24,28 +19,7 @@ import torch.nn as nn
 
 from caramel.bench.baselines import plain_step, sync_device
 from caramel.bench.strategies import TrainRunner
-from caramel.stats import median
-
-CALIBRATION_STEPS = 3
-
-
-def per_sample_compute_s(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> float:
-    """Median seconds of forward + backward per sample, on a copy (no communication, no update)."""
-    m = copy.deepcopy(model)
-    times = []
-    for _ in range(CALIBRATION_STEPS + 1):
-        t0 = time.perf_counter()
-        loss_fn(m(inputs), targets).backward()
-        times.append(time.perf_counter() - t0)
-    return median(times[1:]) / max(int(inputs.shape[0]), 1)
-
-
-def slow_down(model: nn.Module, delay_per_sample_s: float) -> None:
-    """After every training forward of `model`, sleep `delay_per_sample_s` per sample of its input."""
-    def hook(_m, args, _out):
-        if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-            time.sleep(delay_per_sample_s * int(args[0].shape[0]))
-    model.register_forward_hook(hook)
+from caramel.profile.slowdown import per_sample_compute_s, slow_down  # noqa: F401 (the harness's names)
 
 
 class BalancedRunner(TrainRunner):

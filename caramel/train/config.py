@@ -75,7 +75,7 @@ class ParallelConfig:
     bandwidth: str = opt("", "emulated cluster: link rate per host, tc syntax (e.g. 500mbit, 1gbit; empty = 1gbit with --cluster auto, unshaped with --cluster on)")
     max_restarts: int = opt(0, "torchrun --max-restarts: restart failed workers this many times; restarted workers resume from the last checkpoint (count)", minimum=0)
     timeout_s: float = opt(300.0, "collective timeout (seconds)", minimum=1.0)
-    slow_worker: str = opt("", "emulate a straggler: RANK:FACTOR makes that worker FACTOR times slower, sleeping (FACTOR-1) x its measured forward+backward after each backward (empty = none)")
+    slow_worker: str = opt("", "emulate a straggler: RANK:FACTOR makes that worker's forward + backward FACTOR times slower with a calibrated delay, not a CPU quota (e.g. 1:2; empty = none)")
 
 
 @dataclass
@@ -233,6 +233,9 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         if cfg.optim.clip_grad_norm > 0:
             raise CaramelError(f"{source}: parallel.strategy pipeline does not clip gradients (each stage updates on "
                                f"its own worker inside the pipeline's step); set optim.clip_grad_norm to 0")
+    if cfg.parallel.slow_worker:
+        from caramel.profile.slowdown import parse_slow_worker
+        parse_slow_worker(cfg.parallel.slow_worker, f"{source}: parallel.slow_worker")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

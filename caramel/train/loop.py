@@ -22,6 +22,7 @@ from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
 from caramel.train.strategy import Dist, Parallel, init_distributed, make_engine
+from caramel.train.uneven import BatchSource, emulate_slow_worker
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
 from caramel.train.workloads import TrainWorkload, build_workload
 
@@ -134,21 +135,6 @@ def resolve_resume(cfg: TrainConfig, d: Dist) -> tuple[str | None, dict | None]:
     return path, state
 
 
-def slow_worker(spec: str, world_size: int) -> tuple[int, float]:
-    """`--slow-worker RANK:FACTOR` as (rank, factor); (-1, 1.0) when empty."""
-    if not spec.strip():
-        return -1, 1.0
-    rank, _, factor = spec.partition(":")
-    try:
-        r, f = int(rank), float(factor)
-    except ValueError:
-        r, f = -1, 0.0
-    if not (0 <= r < world_size and f >= 1.0):
-        raise CaramelError(f"--slow-worker must be RANK:FACTOR with 0 <= RANK < {world_size} workers and FACTOR >= 1 "
-                           f"(e.g. 1:1.5), got {spec!r}")
-    return r, f
-
-
 def _maybe_crash(step: int, rank: int) -> None:
     spec = os.environ.get(CRASH_ENV)
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -176,8 +162,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
+    x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
+    slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
     trace_path = str(out_dir / "trace.json")
     engine = make_engine(model, optimizer, cfg, trace_path, wl, sampler, state["step"] if state is not None else 0, state)
+    balanced = getattr(engine, "balance", "off") == "batch"
+    batches = BatchSource(sampler, engine.optimizer, "batch" if balanced else "off", d.world_size * cfg.data.batch_size,
+                          len(wl.train_set), cfg.run.seed, resuming=state is not None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0
     if state is not None:
@@ -207,20 +198,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     last_val: dict[str, float] = {}
     last_ckpt: Path | None = None
     samples_per_step = d.world_size * cfg.data.batch_size
-    slow_rank, factor = slow_worker(cfg.parallel.slow_worker, d.world_size)
-    slow_factor = factor if d.rank == slow_rank else 1.0
     progress = Progress(total, start, enabled=main)
     metrics = open(metrics_path, "a") if main else None
     t_run = time.perf_counter()
     try:
         for step in range(start, stop_at):
             t0 = time.perf_counter()
-            x, y = (t.to(d.device) for t in wl.train_set.batch(engine.batch_indices(sampler, step)))
-            t_compute = time.perf_counter()
+            idx = batches.indices(step) if balanced else engine.batch_indices(sampler, step)
+            x, y = (t.to(d.device) for t in wl.train_set.batch(idx))
             # pipeline: the loss of its whole batch, on every rank (not only the last stage's)
             loss = engine.train_step(x, y, wl.loss_fn, cfg.optim.clip_grad_norm)
-            if slow_factor > 1:  # the emulated straggler: its compute takes slow_factor times as long
-                time.sleep((slow_factor - 1) * (time.perf_counter() - t_compute))
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             loss_value = loss.item()
@@ -254,6 +241,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     wall_s = time.perf_counter() - t_run
     trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
     summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
+    summary.update(batches.summary(), **({"slow_worker": slow} if slow else {}))
     if main:
         from caramel.jsonio import write_json
         write_json(out_dir / "summary.json", summary)

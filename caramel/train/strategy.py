@@ -61,6 +61,7 @@ class Parallel:
         spec = STRATEGIES.spec(cfg.parallel.strategy)
         self.kind, self.strategy = spec.info.name, spec.name
         options = spec.options
+        self.balance = getattr(spec.options, "balance", "off")  # "batch": the loop draws batches by share
         if self.kind == "ps" and cfg.optim.clip_grad_norm > 0:
             # the gradients leave for the servers as backward makes them: the servers clip them
             if options.clip_grad_norm not in (0.0, cfg.optim.clip_grad_norm):

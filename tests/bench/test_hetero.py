@@ -106,8 +106,8 @@ class _FakeCluster:
 def test_the_slow_link_is_shaped_at_its_rate_with_the_slowest_rates_mtu(monkeypatch, tmp_path):
     monkeypatch.setattr(jobs, "_emulated_cluster_class", lambda: _FakeCluster)
     job = {"format": "x"}
-    rc, _, net = jobs._run_on_cluster(job, tmp_path / "job.json", 4, "400mbit", ["-c", "pass"], 10.0, None, True, "auto",
-                                      [1, 4.0])
+    rc, _, net, _applied = jobs._run_on_cluster(job, tmp_path / "job.json", 4, "400mbit", ["-c", "pass"], 10.0, None, True, "auto",
+                                                [1, 4.0])
     cluster = _FakeCluster.made[-1]
     assert rc == 0 and cluster.rates == {1: 100e6} and cluster.config.mtu == 12486  # auto_mtu(100 Mbit/s)
     assert "worker 1's link 100mbit" in net

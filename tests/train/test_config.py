@@ -113,18 +113,3 @@ def test_strategy_options_parse_by_type():
     from caramel.strategies import STRATEGIES
     spec = STRATEGIES.spec(cfg.parallel.strategy)
     assert spec.options.bucket_cap_mb == 5.0 and spec.options.overlap == "forward"
-
-
-@pytest.mark.parametrize("spec, expected", [("", (-1, 1.0)), ("1:1.5", (1, 1.5)), ("0:2", (0, 2.0))])
-def test_slow_worker_is_rank_and_factor(spec, expected):
-    from caramel.train.loop import slow_worker
-
-    assert slow_worker(spec, 2) == expected
-
-
-@pytest.mark.parametrize("spec", ["2:1.5", "1:0.5", "x", "1:fast"])
-def test_a_bad_slow_worker_names_the_flag(spec):
-    from caramel.train.loop import slow_worker
-
-    with pytest.raises(CaramelError, match="--slow-worker must be RANK:FACTOR"):
-        slow_worker(spec, 2)

@@ -139,3 +139,15 @@ def test_corrupt_checkpoint_is_refused_before_workers_start(digits_baseline, tmp
     result, _ = run_train(tmp_path / "run", *DIGITS, "--resume", str(bad))
     assert result.returncode == 2
     assert "state.pt is corrupt" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_balanced_batches_give_a_slowed_worker_fewer_samples(tmp_path):
+    out = tmp_path / "run"
+    result, s = run_train(out, "--workload", "digits", "--workers", "2", "--batch-size", "32", "--steps", "20",
+                          "--strategy", "caramel:balance=batch", "--slow-worker", "1:3", "--log-every-steps", "5")
+    check_ok(result)
+    assert s["slow_worker"]["rank"] == 1 and s["slow_worker"]["delay_per_sample_s"] > 0
+    first, last = s["share_changes"][0][1], s["share_counts"]
+    assert first == [32, 32] and sum(last) == 64 and last[0] > last[1], s["share_changes"]  # rank 1 is 3x slower
+    assert s["val_predictions"] == 180 and s["final_loss"] < s["first_loss"]

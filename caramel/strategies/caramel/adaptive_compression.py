@@ -22,7 +22,7 @@ from caramel.topology.spec import ClusterSpec
 
 AUTO_CODEC = "fp16"  # lossless enough to keep accuracy (NetSenseML's point: only compress when it pays)
 AUTO_MARGIN = 0.02  # the compressed plan must be predicted > 2% faster than the uncompressed one
-COMPRESSIONS = "none, fp16, bf16, topk:FRACTION, powersgd:RANK or auto"
+COMPRESSIONS = "none (or off), fp16, bf16, topk:FRACTION, powersgd:RANK or auto"
 
 
 def check_compression(value: str) -> None:

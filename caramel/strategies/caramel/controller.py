@@ -101,9 +101,11 @@ class Controller:
         if not self.trial_steps:
             return [(f"{self.planner}/{self.engine.overlap}", self.planner, self.engine.overlap)]
         specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
-        # torch DDP runs its buckets uncompressed: no candidate when every bucket must be compressed
-        # nor with unequal shares: DDP averages with equal weights
-        if self.planner != "fifo" and self.compression in ("none", "auto") and self.balancer is None:
+        # torch DDP runs its buckets uncompressed: no candidate when every bucket must be compressed;
+        # nor with "auto", which must keep timing its own collectives to see the link change (the
+        # engine measures nothing while torch DDP runs); nor with unequal shares: DDP averages
+        # with equal weights
+        if self.planner != "fifo" and self.compression == "none" and self.balancer is None:
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 

@@ -57,7 +57,7 @@ class CaramelOptions:
     # independent branches (`caramel.plan.branch_order`): "auto" lets the caramel planner run them
     # in the order their updates arrive when simulation says that is faster; "off" keeps the model's
     branch_order: str = field(default="off", metadata={"choices": BRANCH_ORDER_MODES})
-    # gradient codec for every bucket (none, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
+    # gradient codec for every bucket (none or off, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
     # per bucket, from the measured link and the simulator (`adaptive_compression`)
     compression: str = "none"
     # "batch": per-rank shares of the global batch follow measured speed (`balance`), decided
@@ -66,6 +66,8 @@ class CaramelOptions:
     balance_every: int = 10
 
     def __post_init__(self) -> None:
+        if self.compression == "off":  # the issue's spelling of "none"
+            object.__setattr__(self, "compression", "none")
         check_compression(self.compression)
         if self.balance_every < 0:
             raise CaramelError(f"balance_every must be a whole number of steps >= 0, got {self.balance_every!r}")

@@ -28,6 +28,7 @@ def test_codec_names_parse_and_bad_ones_say_what_is_expected():
         with pytest.raises(CaramelError, match="compression"):
             build_options(CaramelOptions, {"compression": bad})
     assert build_options(CaramelOptions, {"compression": "auto"}).compression == "auto"
+    assert build_options(CaramelOptions, {"compression": "off"}).compression == "none"  # the spelling
 
 
 def test_wire_bytes_of_each_codec():
@@ -142,3 +143,20 @@ def test_codecs_on_two_ranks_against_ddp_and_a_resumed_checkpoint():
         assert res[("auto", "online_codecs")] is None or set(res[("auto", "online_codecs")]) <= {"fp16", "none"}, res
         assert res["resume"] == 0.0, res
         assert res["resume_without_state"] > 1e-4, res
+
+
+def test_auto_never_hands_the_job_to_torch_ddp_so_it_keeps_watching_the_link():
+    from types import SimpleNamespace
+
+    from caramel.strategies.caramel.controller import Controller
+    from caramel.strategies.caramel.trial import DDP_SCHEDULE
+
+    def names(compression):
+        c = Controller.__new__(Controller)  # trial_specs reads only these fields
+        c.trial_steps, c.planner, c.compression, c.balancer = 5, "caramel", compression, None
+        c.engine = SimpleNamespace(overlap="forward")
+        return [name for name, _, _ in c.trial_specs()]
+
+    assert DDP_SCHEDULE in names("none")
+    assert DDP_SCHEDULE not in names("auto") and DDP_SCHEDULE not in names("fp16")
+    assert names("auto") == ["caramel/forward", "caramel/backward"]
