@@ -119,6 +119,13 @@ def precheck(cfg: TrainConfig) -> None:
     """Checks worth doing once, before any worker starts, so that mistakes get one clean error line."""
     if cfg.run.script and not Path(cfg.run.script).is_file():
         raise CaramelError(f"--script {cfg.run.script}: no such file (expected a Python training script)")
+    from caramel.strategies import STRATEGIES
+    spec = STRATEGIES.spec(cfg.parallel.strategy)
+    if spec.info.name == "pipeline" and spec.options.schedule != "interleaved" and not cfg.run.script:
+        need = spec.options.stages * spec.options.replicas
+        if cfg.parallel.workers != need:
+            raise CaramelError(f"--strategy {cfg.parallel.strategy}: stages={spec.options.stages} x replicas="
+                               f"{spec.options.replicas} needs --workers {need}, got --workers {cfg.parallel.workers}")
     if cfg.checkpoint.resume not in ("none", "auto"):
         from caramel.train import checkpoint
         checkpoint.load(cfg.checkpoint.resume)

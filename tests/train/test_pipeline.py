@@ -124,3 +124,15 @@ def test_pipeline_config_errors_name_the_input(tmp_path):
         from caramel.train.config import TrainConfig, apply_dict
         apply_dict(TrainConfig(), {"run": {"workload": "digits"}, "optim": {"clip_grad_norm": 1.0},
                                    "parallel": {"strategy": "pipeline"}}, "test")
+
+
+def test_pipeline_needs_as_many_workers_as_stages_before_any_starts(tmp_path):
+    from caramel.errors import CaramelError
+    from caramel.train.workers import precheck
+
+    cfg = _cfg(tmp_path, "pipeline:stages=3")
+    cfg.parallel.workers = 2
+    with pytest.raises(CaramelError, match="stages=3 x replicas=1 needs --workers 3, got --workers 2"):
+        precheck(cfg)
+    cfg.parallel.workers = 3
+    precheck(cfg)
