@@ -52,6 +52,14 @@ def test_checkpoint_and_resume_with_dedicated_servers_are_exact(suite):
         assert [s["messages"]["load"] for s in served] == [0, 0, 1]
 
 
+def test_ssp_runs_ahead_of_a_slow_worker_with_dedicated_servers(suite):
+    """With new hyper-parameters every step (sent to the servers without waiting), rank 0 still
+    runs up to 2 updates ahead of a slowed rank 1, never more."""
+    assert max(suite[0]["ssp"]["staleness"]) == 2
+    assert max(suite[1]["ssp"]["staleness"]) <= 2
+    assert suite[2]["ssp"]["steps"] == 10 and suite[3]["ssp"]["steps"] == 10
+
+
 def test_a_silent_server_is_an_error_within_the_timeout():
     res = run_workers(dead_server_worker, 3, args=(1.0,), timeout_s=60)
     for worker in res[:2]:
