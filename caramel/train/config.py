@@ -222,9 +222,13 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: parallel.bandwidth ({cfg.parallel.bandwidth!r}) shapes the emulated cluster's links; use --cluster on or drop --bandwidth")
     from caramel.strategies import STRATEGIES
     try:
-        STRATEGIES.spec(cfg.parallel.strategy)
+        spec = STRATEGIES.spec(cfg.parallel.strategy)
     except CaramelError as e:
         raise CaramelError(f"{source}: parallel.strategy: {e}") from None
+    if getattr(spec.options, "dedicated", False):
+        raise CaramelError(f"{source}: parallel.strategy {cfg.parallel.strategy!r}: caramel train does not run dedicated "
+                           f"ps servers yet (its data shards, validation and checkpoints span every rank); drop "
+                           f"dedicated=true, or run your own script with `caramel cluster run --ps-servers N`")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:
