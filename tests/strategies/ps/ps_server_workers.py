@@ -68,9 +68,11 @@ def parity_worker(rank: int, world: int, steps: int, servers: int, cases: tuple[
     return out
 
 
-def suite_worker(rank: int, world: int, steps: int, servers: int, cases: tuple, ckpt_steps: int, ckpt_spec: str) -> dict:
-    """`parity_worker`, then `checkpoint_worker`, in one job (one start-up for both)."""
-    return {"parity": parity_worker(rank, world, steps, servers, cases),
+def suite_worker(rank: int, world: int, bad: tuple, steps: int, servers: int, cases: tuple, ckpt_steps: int,
+                 ckpt_spec: str) -> dict:
+    """`bad_input_worker`, `parity_worker`, `checkpoint_worker`, `ssp_worker` in one job (one start-up)."""
+    return {"bad": bad_input_worker(rank, world, bad),
+            "parity": parity_worker(rank, world, steps, servers, cases),
             "checkpoint": checkpoint_worker(rank, world, ckpt_steps, servers, ckpt_spec),
             "ssp": ssp_worker(rank, world, 10, servers, 0.03)}
 
