@@ -73,6 +73,9 @@ def parse_strategy(text: str) -> Strategy:
     from caramel.strategies import STRATEGIES
 
     spec = STRATEGIES.spec(text)
+    if getattr(spec.options, "dedicated", False):
+        raise CaramelError(f"strategy {text!r}: caramel bench does not run dedicated ps servers yet (every bench rank "
+                           f"trains); time them with examples/ps_servers.py under caramel cluster run --ps-servers N")
     name, options = parse_spec(text)
     return Strategy(spec.info.name, tuple(sorted(options.items())))
 

@@ -236,6 +236,10 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
     if cfg.parallel.slow_worker:
         from caramel.profile.slowdown import parse_slow_worker
         parse_slow_worker(cfg.parallel.slow_worker, f"{source}: parallel.slow_worker")
+    if getattr(spec.options, "dedicated", False):
+        raise CaramelError(f"{source}: parallel.strategy {cfg.parallel.strategy!r}: caramel train does not run dedicated "
+                           f"ps servers yet (its data shards, validation and checkpoints span every rank); drop "
+                           f"dedicated=true, or run your own script with `caramel cluster run --ps-servers N`")
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

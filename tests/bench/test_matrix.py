@@ -80,3 +80,8 @@ def test_a_point_gets_its_rate_and_keeps_its_meaning():
                 dict(workers=1, comm_ratio=1.0), dict(workers=2, comm_ratio="1")):
         with pytest.raises(CaramelError):
             BenchConfig("mlp", **bad)
+
+
+def test_dedicated_ps_servers_are_refused_before_any_job_runs():
+    with pytest.raises(CaramelError, match="does not run dedicated ps servers yet"):
+        parse_strategies("ddp,ps:servers=1,dedicated=true")

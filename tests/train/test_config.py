@@ -51,6 +51,7 @@ def test_bool_flags_and_json_round_trip(tmp_path):
     ("[model]\nd_model = 30\nheads = 4\n", "model.heads (4) must divide model.d_model (30)"),
     ("[parallel]\ncluster = \"off\"\nbandwidth = \"1gbit\"\n", "use --cluster on"),
     ("[parallel]\ncluster = \"on\"\nbandwidth = \"fast\"\n", "bandwidth 'fast' is not understood"),
+    ("[parallel]\nstrategy = \"ps:servers=1,dedicated=true\"\n", "caramel train does not run dedicated ps servers"),
     ("[run\nsteps = 1\n", "not valid TOML"),
     ("run = 3\n", "[run] must be a table"),
 ])

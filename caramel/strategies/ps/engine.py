@@ -39,7 +39,7 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.state import clip_shard, hparams_key, step_shard
+from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
 
 CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers -> dedicated servers (`server.py`)
 
@@ -230,7 +230,8 @@ class PsEngine:
         u.used = torch.tensor(used, device=self.params[self.plan.params[0]].device)
         u.used_work = dist.all_reduce(u.used, group=self.groups.cmd or self.groups.control, async_op=True)
         if send_hp:  # an LR scheduler moved: the servers apply this step with the new values
-            dist.broadcast_object_list([u.hparams], src=self.ranks[0], group=self.groups.hp)
+            # without waiting: the servers read them only once every worker has reached step()
+            self.sends += send_object(u.hparams, self.ranks[0], self.groups.hp, u.used.device)
             self.sent_hparams = hparams_key(u.hparams)
         self.pending.append(u)
         self.current, self.ready, self.next_push = None, set(), 0

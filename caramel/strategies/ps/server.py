@@ -42,7 +42,8 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.state import clip_shard, gather_full_state, keep_own_state, move_state, step_shard
+from caramel.strategies.ps.state import (clip_shard, gather_full_state, keep_own_state, move_state, recv_object,
+                                         step_shard)
 
 SERVERS_ENV = "CARAMEL_PS_SERVERS"  # set by the launcher (`caramel cluster run --ps-servers N`)
 SERVER_IDLE_TIMEOUT_S = 24 * 3600.0  # how long a server waits for the workers' next message
@@ -166,9 +167,7 @@ class PsServer:
 
     def _step(self, used: list[float], send_hp: bool) -> None:
         if send_hp:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=self.ranks[0], group=self.groups.hp)
-            self.hparams = box[0]
+            self.hparams = recv_object(self.ranks[0], self.groups.hp, self.device)
         me = self.ranks[self.rank]
         mine = [i for i in self.plan.push_order if self.plan.owner[i] == self.shard]
         grads = {i: torch.zeros_like(self.params[i], memory_format=torch.contiguous_format) for i in mine}

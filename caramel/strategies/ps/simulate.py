@@ -55,6 +55,9 @@ def _workers_per_node(cluster: ClusterSpec) -> int:
 
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
+    if options.dedicated:
+        raise CaramelError("caramel simulate does not model dedicated ps servers yet (dedicated=true); drop it to "
+                           "simulate servers=N as N of the workers serving")
     local = _workers_per_node(cluster) if options.hierarchical else 1
     shards = options.check_world(n, local)
     if not profile.trainable():

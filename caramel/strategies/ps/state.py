@@ -8,6 +8,7 @@ any rank (the training loop saves from rank 0 only) is the whole server state.
 """
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import torch
@@ -98,6 +99,23 @@ def clip_shard(grads: dict[int, torch.Tensor], idx: list[int], max_norm: float, 
     coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)  # torch's clip_coef and epsilon
     for i in idx:
         grads[i].mul_(coef)
+
+
+def send_object(obj: Any, src: int, group: Any, device: torch.device) -> list[tuple[Any, torch.Tensor]]:
+    """Broadcast a picklable object from `src` without waiting (its length, then its bytes);
+    returns the transfers, to be waited for before the group goes."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    return [(dist.broadcast(t, src=src, group=group, async_op=True), t) for t in (length, data)]
+
+
+def recv_object(src: int, group: Any, device: torch.device) -> Any:
+    """The receiving side of `send_object`."""
+    length = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(length, src=src, group=group)
+    data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=src, group=group)
+    return pickle.loads(data.cpu().numpy().tobytes())
 
 
 def hparams_key(hparams: list[dict[str, Any]] | None) -> Any:

@@ -68,10 +68,35 @@ def parity_worker(rank: int, world: int, steps: int, servers: int, cases: tuple[
     return out
 
 
-def suite_worker(rank: int, world: int, steps: int, servers: int, cases: tuple, ckpt_steps: int, ckpt_spec: str) -> dict:
-    """`parity_worker`, then `checkpoint_worker`, in one job (one start-up for both)."""
-    return {"parity": parity_worker(rank, world, steps, servers, cases),
-            "checkpoint": checkpoint_worker(rank, world, ckpt_steps, servers, ckpt_spec)}
+def suite_worker(rank: int, world: int, bad: tuple, steps: int, servers: int, cases: tuple, ckpt_steps: int,
+                 ckpt_spec: str) -> dict:
+    """`bad_input_worker`, `parity_worker`, `checkpoint_worker`, `ssp_worker` in one job (one start-up)."""
+    return {"bad": bad_input_worker(rank, world, bad),
+            "parity": parity_worker(rank, world, steps, servers, cases),
+            "checkpoint": checkpoint_worker(rank, world, ckpt_steps, servers, ckpt_spec),
+            "ssp": ssp_worker(rank, world, 10, servers, 0.03)}
+
+
+def ssp_worker(rank: int, world: int, steps: int, servers: int, slow_s: float) -> dict:
+    """ssp:2 with an LR scheduler (new hyper-parameters every step) and rank 1 sleeping
+    `slow_s` before each step: rank 0 must still run ahead, up to the bound."""
+    w = fresh("gpt_tied")
+    opt, sched = make_optimizer("adam", w.model.parameters())
+    try:
+        model, opt = caramel.parallelize(w.model, opt, f"ps:servers={servers},dedicated=true,consistency=ssp:2")
+    except ServerFinished as done:
+        return done.stats
+    for step in range(steps):
+        if rank == 1:
+            time.sleep(slow_s)
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    staleness = opt.ps.stats_dict()["staleness"]
+    caramel.shutdown()
+    return {"staleness": staleness}
 
 
 def checkpoint_worker(rank: int, world: int, steps: int, servers: int, spec: str) -> dict:

@@ -4,25 +4,28 @@ from __future__ import annotations
 import pytest
 
 from caramel.testing import run_workers
-from tests.strategies.ps.ps_server_workers import bad_input_worker, dead_server_worker, suite_worker
+from tests.strategies.ps.ps_server_workers import dead_server_worker, suite_worker
 
 TOL = 1e-5
-CASES = (("cnn_bn", "sgd_momentum", "ps:servers=2,dedicated=true"),
+CASES = (("cnn_bn", "sgd_momentum", "ps:servers=2,dedicated=true,clip_grad_norm=0.1"),
          ("gpt_tied", "adam", "ps:servers=2,dedicated=true"),
-         ("mlp_unused", "adamw", "ps:servers=2,dedicated=true,consistency=ssp:0,order=tic"),
-         ("cnn_bn", "adamw", "ps:servers=2,dedicated=true,clip_grad_norm=0.1"))
+         ("mlp_unused", "adamw", "ps:servers=2,dedicated=true,consistency=ssp:0,order=tic"))
+BAD = (("ps:servers=4,dedicated=true", None, "4 dedicated servers but the job has only 4 ranks"),
+       ("ps:dedicated=true", None, "dedicated=true needs servers=N >= 1"),
+       ("ps:servers=2", "1", "servers=2 but CARAMEL_PS_SERVERS=1"),
+       ("ps", "x", "CARAMEL_PS_SERVERS must be an integer"))
 
 
 @pytest.fixture(scope="module")
 def suite():
     """One job of 2 workers + 2 server processes runs the parity cases, then the checkpoint case."""
-    return run_workers(suite_worker, 4, args=(20, 2, CASES, 3, "ps:servers=2,dedicated=true"), timeout_s=240)
+    return run_workers(suite_worker, 4, args=(BAD, 20, 2, CASES, 3, "ps:servers=2,dedicated=true"), timeout_s=240)
 
 
 def test_bsp_with_dedicated_servers_equals_ddp_over_the_workers(suite):
     """2 workers + 2 server processes, 20 steps, LR scheduler: the workers' parameters are
     within 1e-5 of DDP's over the workers' batches; the servers (ranks 2 and 3) served every
-    step of their shards, and the whole server state reaches state_dict(). In the last case the
+    step of their shards, and the whole server state reaches state_dict(). In the first case the
     servers clip the gradient norm, against DDP + torch.nn.utils.clip_grad_norm_."""
     for rank in (0, 1):
         res = suite[rank]["parity"]
@@ -30,7 +33,7 @@ def test_bsp_with_dedicated_servers_equals_ddp_over_the_workers(suite):
             assert res[case] <= TOL, (case, res[case])
             assert res[case + ("moved",)] > 1e-3
             assert res[case + ("state",)] > 0
-        assert res[CASES[-1] + ("clipped",)] >= 15  # the servers' clipping mattered (DDP clipped most steps)
+        assert res[CASES[0] + ("clipped",)] >= 15  # the servers' clipping mattered (DDP clipped most steps)
         assert res[CASES[0] + ("owners",)] == [2, 3]
     for rank in (2, 3):
         for case in CASES:
@@ -52,6 +55,14 @@ def test_checkpoint_and_resume_with_dedicated_servers_are_exact(suite):
         assert [s["messages"]["load"] for s in served] == [0, 0, 1]
 
 
+def test_ssp_runs_ahead_of_a_slow_worker_with_dedicated_servers(suite):
+    """With new hyper-parameters every step (sent to the servers without waiting), rank 0 still
+    runs up to 2 updates ahead of a slowed rank 1, never more."""
+    assert max(suite[0]["ssp"]["staleness"]) == 2
+    assert max(suite[1]["ssp"]["staleness"]) <= 2
+    assert suite[2]["ssp"]["steps"] == 10 and suite[3]["ssp"]["steps"] == 10
+
+
 def test_a_silent_server_is_an_error_within_the_timeout():
     res = run_workers(dead_server_worker, 3, args=(1.0,), timeout_s=60)
     for worker in res[:2]:
@@ -61,17 +72,11 @@ def test_a_silent_server_is_an_error_within_the_timeout():
     assert res[2]["error"] is not None  # the server, resumed, finds its workers gone
 
 
-BAD = (("ps:servers=2,dedicated=true", None, "2 dedicated servers but the job has only 2 ranks"),
-       ("ps:dedicated=true", None, "dedicated=true needs servers=N >= 1"),
-       ("ps:servers=2", "1", "servers=2 but CARAMEL_PS_SERVERS=1"),
-       ("ps", "x", "CARAMEL_PS_SERVERS must be an integer"))
-
-
-def test_bad_dedicated_server_counts_are_one_clear_error():
+def test_bad_dedicated_server_counts_are_one_clear_error(suite):
     """More servers than ranks (no worker left), none, a count that contradicts the launcher's,
     a launcher count that is no number: each is one error naming it, on every rank."""
-    for errors in run_workers(bad_input_worker, 2, args=(BAD,), timeout_s=60):
-        for (spec, env, expected), err in zip(BAD, errors):
+    for rank in range(4):
+        for (spec, env, expected), err in zip(BAD, suite[rank]["bad"]):
             assert err is not None and expected in err, (spec, env, err)
 
 

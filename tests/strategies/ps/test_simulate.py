@@ -61,3 +61,8 @@ def test_hierarchy_sends_one_gradient_per_node(profile):
     assert hier.comm_time_s < sim("ps", profile, flat).comm_time_s
     with pytest.raises(CaramelError, match="workers_per_node"):
         sim("ps:hierarchical=true", profile, flat)
+
+
+def test_dedicated_servers_are_not_simulated_silently(profile):
+    with pytest.raises(CaramelError, match="does not model dedicated ps servers"):
+        sim("ps:servers=1,dedicated=true", profile, ClusterSpec.uniform(4, 1e9))
