@@ -49,6 +49,9 @@ def support() -> Support:
     return Support(True)
 
 
+DUMP_RETRIES = 5  # `ip link show` again when the kernel says the dump was interrupted
+
+
 def sh(args: list[str], *, check: bool = True, timeout_s: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run one ip/tc command; a failure raises ClusterError with the command and its message."""
     try:
@@ -72,8 +75,16 @@ def list_netns() -> list[str]:
 def list_links(netns: str | None = None) -> list[str]:
     """Interface names in the host namespace (or in `netns`), without the `@peer` suffix."""
     cmd = ["ip", "-o", "link", "show"] if netns is None else ["ip", "-n", netns, "-o", "link", "show"]
+    for _ in range(DUMP_RETRIES):
+        proc = sh(cmd, check=False)
+        # a netlink dump that raced with another process adding or deleting links may miss some
+        # (older iproute2 warns and exits 0, newer fails): ask again
+        if "interrupted" not in proc.stderr.lower():
+            break
+    if proc.returncode != 0:
+        proc = sh(cmd)  # still failing: raise it with its message
     names = []
-    for line in sh(cmd).stdout.splitlines():
+    for line in proc.stdout.splitlines():
         parts = line.split(":", 2)
         if len(parts) >= 2:
             names.append(parts[1].strip().split("@")[0])

@@ -158,10 +158,12 @@ def test_teardown_on_exception_and_only_what_it_created(tmp_path):
 def test_same_prefix_twice_is_refused_before_creating_anything(tmp_path):
     cfg = _config(tmp_path)
     with EmulatedCluster(cfg):
-        before = host_objects()
+        # this cluster's objects and no other cluster's: tests on the other xdist worker may
+        # build and remove clusters of their own meanwhile
+        before = named(host_objects(), cfg.prefix), foreign(host_objects())
         with pytest.raises(CaramelError, match="already in use"):
             EmulatedCluster(ClusterConfig(workers=2, prefix=cfg.prefix, state_dir=cfg.state_dir, quiet=True)).start()
-        assert host_objects() == before
+        assert (named(host_objects(), cfg.prefix), foreign(host_objects())) == before
 
 
 def test_failed_setup_removes_partial_cluster(tmp_path, monkeypatch):
