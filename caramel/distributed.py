@@ -164,6 +164,18 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     return _info()
 
 
+def group_alive(group) -> bool:
+    """Whether `group` can still carry collectives: the default group is up and knows it (a
+    strategy's release() after the user destroyed the process group must not send)."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group)
+        return True
+    except (ValueError, RuntimeError):
+        return False
+
+
 def gloo_group(prefix: str, group: dist.ProcessGroup | None = None, threads: int = 1,
                timeout_s: float | None = None, priority: "CommPriority | None" = None
                ) -> dist.ProcessGroup | "dist.ProcessGroupGloo":

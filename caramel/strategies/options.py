@@ -143,3 +143,22 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return dataclasses.MISSING
+
+
+def check_same_everywhere(name: str, options: Any, shapes: list, group: Any, shapes_word: str = "parameters") -> None:
+    """Every rank of `group` must run strategy `name` with the same options on the same
+    parameter `shapes` (else collectives would pair up wrongly or wait forever): one clear
+    `MismatchError` on every rank, naming the ranks and what differs (options or `shapes_word`)."""
+    import torch.distributed as dist
+
+    from caramel.errors import MismatchError
+
+    mine = (to_spec(name, options), shapes)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if differ:
+        what = "options" if any(everyone[r][0] != everyone[0][0] for r in differ) else shapes_word
+        raise MismatchError(f"strategy '{name}': ranks {differ} have other {what} than rank 0 "
+                            f"({everyone[differ[0]][0]} vs {everyone[0][0]}); every rank must parallelize the same "
+                            f"model with the same options")

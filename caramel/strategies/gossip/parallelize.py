@@ -21,14 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from caramel.distributed import init_distributed, resolve_timeout_s
-from caramel.errors import CaramelError, MismatchError
+from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
+from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
 from caramel.runtime.optimizer import rebind_class
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
-from caramel.strategies.options import to_spec
+from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
 
 MOMENTUM_KEYS = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg"}
@@ -249,7 +249,7 @@ class GossipRun:
         if self.released:
             return
         try:
-            if all(_registered(g) for g in (self.group, self.control)):
+            if all(group_alive(g) for g in (self.group, self.control)):
                 self.exchange.flush()
         finally:
             self.released = True
@@ -266,16 +266,6 @@ def momentum_key(optimizer: torch.optim.Optimizer) -> str:
             return MOMENTUM_KEYS[cls.__name__]
     raise CaramelError(f"strategy 'gossip': algorithm=momentum exchanges the optimizer's momentum buffers, which "
                        f"SGD (momentum > 0), Adam and AdamW keep; got {type(optimizer).__name__}")
-
-
-def _registered(group: Any) -> bool:
-    if not dist.is_initialized():
-        return False
-    try:
-        dist.get_rank(group)
-        return True
-    except (ValueError, RuntimeError):
-        return False
 
 
 class GossipModel(nn.Module):
@@ -346,20 +336,6 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -
                            f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
 
 
-def _check_same_everywhere(options: GossipOptions, module: nn.Module, group: Any) -> None:
-    """Every rank must run the same options on the same parameter shapes (else the exchange
-    would pair up wrongly or wait forever): one clear error on every rank."""
-    mine = (to_spec("gossip", options), [(n, tuple(p.shape)) for n, p in module.named_parameters()])
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-    if differ:
-        what = "options" if any(everyone[r][0] != everyone[0][0] for r in differ) else "parameters"
-        raise MismatchError(f"strategy 'gossip': ranks {differ} have other {what} than rank 0 "
-                            f"({everyone[differ[0]][0]} vs {everyone[0][0]}); every rank must parallelize the same "
-                            f"model with the same options")
-
-
 def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, *,
                        process_group: Any = None, broadcast_buffers: bool | str = True,
                        find_unused_parameters: bool | None = None, timeout_s: float | None = None,
@@ -382,7 +358,8 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     if isinstance(options.topology, list) or options.topology.endswith(".json"):
         mixing_matrix(options.topology, len(ranks))  # a bad matrix is an error before any group exists
-    _check_same_everywhere(options, model, process_group)
+    check_same_everywhere("gossip", options, [(n, tuple(p.shape)) for n, p in model.named_parameters()],
+                          process_group)
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     group, control = (dist.new_group(ranks, timeout=timeout) for _ in range(2))
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from caramel.distributed import init_distributed, resolve_timeout_s
-from caramel.errors import CaramelError, MismatchError
+from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
+from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
 from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, steps_per_parameter
@@ -32,7 +32,7 @@ from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, make_ps_plan
 from caramel.strategies.ps.server import command, dedicated_servers, make_groups, send_load, send_values, serve_and_leave
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
-from caramel.strategies.options import to_spec
+from caramel.strategies.options import check_same_everywhere
 from caramel.strategies.ps.tictac import efficiency
 from caramel.trace.events import Trace, TraceEvent
 
@@ -218,7 +218,7 @@ class PsRun:
         if self.released:
             return
         try:
-            if all(_registered(g) for g in self.groups.all()):
+            if all(group_alive(g) for g in self.groups.all()):
                 self.engine.synchronize()  # else the job's groups are gone already: nothing can be sent
                 if self.groups.dedicated:
                     self._tell_servers(CMD_DONE)  # the servers leave (their scripts exit)
@@ -228,16 +228,6 @@ class PsRun:
             for g in self.groups.all():
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(g)
-
-
-def _registered(group: Any) -> bool:
-    if not dist.is_initialized():
-        return False
-    try:
-        dist.get_rank(group)
-        return True
-    except (ValueError, RuntimeError):
-        return False
 
 
 class PsModel(nn.Module):
@@ -312,20 +302,6 @@ def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: PsRun) -> torch.optim
     return rebind_class(optimizer, cls, _ps_run=run)
 
 
-def _check_same_everywhere(options: PsOptions, params: list[nn.Parameter], group: Any) -> None:
-    """Every rank must run the same options on the same parameter shapes (else collectives would
-    pair up wrongly or wait forever): one clear error on every rank, naming what differs."""
-    mine = (to_spec("ps", options), [tuple(p.shape) for p in params])
-    everyone: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-    if differ:
-        what = "options" if any(everyone[r][0] != everyone[0][0] for r in differ) else "parameter shapes"
-        raise MismatchError(f"strategy 'ps': ranks {differ} have other {what} than rank 0 "
-                            f"({everyone[differ[0]][0]} vs {everyone[0][0]}); every rank must parallelize the same "
-                            f"model with the same options")
-
-
 def _group_timeout(parent: Any, timeout_s: float | None) -> datetime.timedelta:
     """The private groups' collective timeout: `timeout_s`, else the parent group's own (so a
     dead peer is detected as soon as the job's other collectives would detect it)."""
@@ -366,7 +342,8 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
     if not dist.is_initialized():
         init_distributed(timeout_s=timeout_s)
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-    _check_same_everywhere(options, params, process_group)  # on the parent, before any group of ours exists
+    # on the parent, before any group of ours exists
+    check_same_everywhere("ps", options, [tuple(p.shape) for p in params], process_group, "parameter shapes")
     timeout = _group_timeout(process_group, timeout_s)
     local = local_world_size(len(ranks)) if options.hierarchical else 1
     dedicated = dedicated_servers(options, len(ranks))
