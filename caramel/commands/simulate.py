@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     traces = []
     for spec in strategies:
-        result = spec.info.simulator()(profile, cluster, spec.options, iterations=args.iterations)
+        result = spec.simulate(profile, cluster, args.iterations)
         bound = lower_bound(profile, cluster, result.overlap, comm=comm)
         records.append(_record(spec.name, result.overlap, cluster, result, bound.step_time_s, None, args))
         traces.append(result.trace)

@@ -79,7 +79,7 @@ def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], itera
     for text, spec in zip(specs, parsed):
         exact = is_exact(text)
         try:
-            result = spec.info.simulator()(profile, cluster, spec.options, iterations=iterations)
+            result = spec.simulate(profile, cluster, iterations)
         except CaramelError as e:
             out.append(Prediction(text, None, exact, str(e)))
             continue

@@ -45,6 +45,10 @@ class StrategySpec:
         """The canonical spelling: options that differ from their defaults, sorted."""
         return to_spec(self.info.name, self.options)
 
+    def simulate(self, profile: Any, cluster: Any, iterations: int = 4) -> Any:
+        """This strategy with these options in its simulator model (a `caramel.sim.SimResult`)."""
+        return self.info.simulator()(profile, cluster, self.options, iterations=iterations)
+
 
 def _resolve(target: str) -> Callable[..., Any]:
     module, _, attr = target.partition(":")

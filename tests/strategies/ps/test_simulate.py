@@ -10,8 +10,7 @@ from caramel.topology.spec import ClusterSpec
 
 
 def sim(spec: str, profile, cluster):
-    s = STRATEGIES.spec(spec)
-    return s.info.simulator()(profile, cluster, s.options, iterations=4)
+    return STRATEGIES.spec(spec).simulate(profile, cluster)
 
 
 @pytest.fixture(scope="module")
