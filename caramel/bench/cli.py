@@ -30,6 +30,7 @@ from caramel.bench.tables import format_markdown, format_predictions, format_sum
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
+from caramel.strategies.options import parse_value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,18 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", metavar="OUT", help="write the markdown report")
 
 
-def _model_options(items: list[str]) -> dict[str, Any]:
+def model_options(items: list[str]) -> dict[str, Any]:
+    """`--model-option KEY=VALUE` items as factory keywords (values through the one value parser)."""
     out: dict[str, Any] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
             raise CaramelError(f"--model-option {item!r}: expected KEY=VALUE, e.g. width=16")
-        for conv in (int, float, str):
-            try:
-                out[key.strip()] = conv(value.strip())
-                break
-            except ValueError:
-                continue
+        out[key.strip()] = parse_value(value.strip())
     return out
 
 
@@ -104,6 +101,12 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     if args.quick:
         raise CaramelError("--quick selects the quick matrix; it cannot be combined with --model/--workers/--ratio/--bandwidth/"
                            "--slow-worker/--slow-link/--jitter")
+    return [single_config(args)], settings
+
+
+def single_config(args: argparse.Namespace) -> BenchConfig:
+    """The one configuration --model/--workers/--ratio/--bandwidth/... describe (the defaults:
+    ResNet-18 at width 16, batch 8, 2 workers); `caramel tune --measure real` shares it."""
     if args.ratio is not None and args.bandwidth is not None:
         raise CaramelError(f"--ratio {args.ratio:g} and --bandwidth {args.bandwidth}: give one (a ratio derives the rate, "
                            "a bandwidth pins it)")
@@ -113,14 +116,14 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     if args.ratio is not None and workers < 2:
         raise CaramelError(f"--ratio needs --workers 2 or more (one worker sends nothing), got {workers}")
     model = args.model or "resnet18"
-    options = _model_options(args.model_option)
+    options = model_options(args.model_option)
     if args.model is None and not options:
         options = {"width": 16}
     batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
     get_model(model)  # a bad name or path fails here, before any worker starts
-    return [BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
-                        comm_ratio=args.ratio, slow_worker=args.slow_worker, slow_link=args.slow_link,
-                        jitter=args.jitter)], settings
+    return BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
+                       comm_ratio=args.ratio, slow_worker=getattr(args, "slow_worker", None),
+                       slow_link=getattr(args, "slow_link", None), jitter=getattr(args, "jitter", None))
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from caramel.bench.cli import single_config
 from caramel.bench.harness import make_calibration_job, make_job, make_workload
 from caramel.bench.jobs import LOOPBACK, choose_network, launch_job
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
@@ -25,7 +26,6 @@ from caramel.bench.rates import CALIBRATION_RATE, LINK_LATENCY_S, calibration_se
 from caramel.bench.report import summarize
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
-from caramel.strategies.options import parse_value
 from caramel.topology.spec import ClusterSpec
 from caramel.tune.ledger import Measured, MeasuredTable
 from caramel.tune.space import Config, Space
@@ -77,32 +77,6 @@ def candidate_strategy(planner: str, config: Config) -> Strategy:
     return strategy
 
 
-def bench_config(args: argparse.Namespace) -> BenchConfig:
-    from caramel.models.zoo import get_model
-
-    if args.ratio is not None and args.bandwidth is not None:
-        raise CaramelError(f"--ratio {args.ratio:g} and --bandwidth {args.bandwidth}: give one")
-    model = args.model or "resnet18"
-    options = _model_options(args.model_option)
-    if args.model is None and not options:
-        options = {"width": 16}
-    batch = args.batch_size if args.batch_size is not None else (8 if args.model is None else None)
-    get_model(model)  # a bad name or path fails here, before any worker starts
-    workers = args.workers if args.workers is not None else 2
-    return BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
-                       comm_ratio=args.ratio)
-
-
-def _model_options(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise CaramelError(f"--model-option {item!r}: expected KEY=VALUE, e.g. width=16")
-        out[key.strip()] = parse_value(value.strip())
-    return out
-
-
 def _settings(args: argparse.Namespace) -> BenchSettings:
     return BenchSettings(rounds=args.rounds, steps_per_round=args.steps, warmup_steps=args.warmup,
                          timeout_s=min(args.timeout, 300.0))
@@ -129,7 +103,7 @@ def run_sweep(args: argparse.Namespace, space: Space, planner: str, log=None) ->
     log = log if log is not None else sys.stderr
     candidates = space.candidates()
     strategies = [candidate_strategy(planner, c) for c in candidates]
-    config, settings = bench_config(args), _settings(args)
+    config, settings = single_config(args), _settings(args)
     strict = args.network == "cluster"
     network = choose_network(args.network, config.bandwidth or (CALIBRATION_RATE if config.needs_rate else None))
     cal = calibration_settings(settings)
