@@ -21,23 +21,26 @@ def format_tag(kind: str) -> str:
     return f"caramel.{kind}/{FORMAT_VERSION}"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` so that readers see either the old file or the whole new one."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one
+    (a temporary file beside it, flushed to disk, then renamed; removed on any failure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:

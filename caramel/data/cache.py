@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Iterator
 
 from caramel.data.format import DataError, ShardInfo, check_shard
 from caramel.errors import CaramelError
+from caramel.jsonio import atomic_write_bytes
 
 
 @dataclass
@@ -122,16 +122,10 @@ class ShardCache:
                 continue
             used -= size
             self.stats.evictions += 1
-        fd, tmp = tempfile.mkstemp(prefix=f".{info.name}.", suffix=".tmp", dir=self.directory)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.directory / info.name)
+            atomic_write_bytes(self.directory / info.name, data)
             _touch(self.directory / info.name)
         except OSError as e:
-            Path(tmp).unlink(missing_ok=True)
             raise CaramelError(f"cache directory {str(self.directory)!r}: cannot write {info.name} ({e.strerror})") from None
         return True
 

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -25,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from caramel.errors import CaramelError, FormatError
-from caramel.jsonio import check_format, format_tag, write_json
+from caramel.jsonio import atomic_write_bytes, check_format, format_tag, write_json
 
 KIND = "dataset"
 INDEX_NAME = "index.json"
@@ -157,19 +156,6 @@ def check_shard(info: ShardInfo, data: bytes, where: str) -> bytes:
     return data
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_dataset(directory: str | os.PathLike, samples: Iterable[Sequence[torch.Tensor]],
                   samples_per_shard: int) -> DatasetIndex:
     """Write `samples` (tuples of tensors) as shards of `samples_per_shard` and the index, atomically."""
@@ -188,7 +174,7 @@ def write_dataset(directory: str | os.PathLike, samples: Iterable[Sequence[torch
         for c in chunk:
             offsets.append(offsets[-1] + len(c))
         name = f"shard-{len(shards):05d}.bin"
-        _atomic_write_bytes(out / name, data)
+        atomic_write_bytes(out / name, data)
         shards.append(ShardInfo(name, len(data), hashlib.sha256(data).hexdigest(), tuple(offsets)))
         chunk.clear()
 
