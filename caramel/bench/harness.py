@@ -402,11 +402,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job = read_json(argv[0], JOB_KIND)
     raw = run_job(job)
+    if dist.is_initialized():
+        # Every rank leaves together: a rank that tears gloo down while a peer still works
+        # (rank 1 right after the calibration's gather) can abort in gloo's threads.
+        dist.barrier()
+        dist.destroy_process_group()
     if raw is not None:
         write_json(argv[1], raw)
         _log(0, "results written")
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return 0
 
 
