@@ -30,13 +30,14 @@ def _caramel_attr(module: str, name: str):
     return fn if callable(fn) else None
 
 
-def profile_workload(w: ModelBatch, steps: int = 3) -> Any | None:
-    """A ModelProfile of `w` (a throwaway copy: profiling trains it), or None without a profiler."""
+def profile_workload(w: ModelBatch, steps: int = 3, small_batch_size: int | None = None) -> Any | None:
+    """A ModelProfile of `w` (a throwaway copy: profiling trains it), or None without a profiler;
+    `small_batch_size`: its modules timed at that batch too (`profile_model`)."""
     profile_model = _caramel_attr("caramel", "profile_model")
     if profile_model is None:
         return None
     try:
-        return profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=steps)
+        return profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=steps, small_batch_size=small_batch_size)
     except Exception as e:  # the bound is an extra; it must never fail the bench
         print(f"[bench] no profile for the lower bound: {type(e).__name__}: {e}", file=sys.stderr)
         return None

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads (default 1, as one worker per core)")
     parser.add_argument("--json", metavar="OUT", help="write the ModelProfile (caramel.profile/1 JSON) here")
+    parser.add_argument("--small-batch", type=int, default=None, metavar="N",
+                        help="also time every module on N samples (below the batch), so a pipeline's microbatches "
+                             "get a fixed cost per call in `caramel simulate`/`plan` (default: one size only)")
     parser.add_argument("--top", type=int, default=10, help="show the N largest parameters (default 10)")
     parser.add_argument("--defer", type=int, default=None, metavar="K",
                         help="show the windows with the weight gradients of the K splittable modules nearest the input "
@@ -44,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
     factory = get_model(args.model)
     w = factory(batch_size=args.batch_size) if args.batch_size else factory()
     prof = profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=args.steps, warmup=args.warmup, name=w.name,
-                         split_tied=args.split_tied)
+                         split_tied=args.split_tied, small_batch_size=args.small_batch)
     print(f"model {prof.model}: {len(prof.params)} parameters, {format_bytes(prof.total_grad_bytes())} of gradients, batch {prof.batch_size}")
+    if prof.small_batch_size:
+        print(f"modules also timed at batch {prof.small_batch_size} (a fixed cost per microbatch for pipelines)")
     print(f"forward {prof.forward_time_s * 1e3:.2f} ms, backward {prof.backward_time_s * 1e3:.2f} ms, "
           f"optimizer {prof.optimizer_time_s * 1e3:.2f} ms (median of {prof.steps_measured} steps)")
     splittable = deferrable_modules(prof)

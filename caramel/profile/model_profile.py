@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from caramel.errors import FormatError
+from caramel.errors import CaramelError, FormatError
 from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, require_number, write_json
 
 KIND = "profile"
@@ -64,6 +64,10 @@ class ModuleInfo:
     weight_grad_time_s: float | None = None  # its weight (and bias) gradient, computed apart (splittable only)
     deferred_bytes: int | None = None  # what a deferral keeps alive until the weight gradient runs: input + output gradient, one step
     input_bytes: int | None = None  # bytes of the tensors passed to its forward (the activation it saves, for the memory estimate)
+    # The same module at the profile's `small_batch_size` (`ModelProfile.with_small_batch`): two sizes
+    # let a model of a pipeline's microbatches fit a fixed cost per call; None when not measured.
+    small_batch_forward_time_s: float | None = None
+    small_batch_backward_time_s: float | None = None
 
 
 @dataclass
@@ -92,6 +96,7 @@ class ModelProfile:
     modules: list[ModuleInfo]
     steps_measured: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
+    small_batch_size: int | None = None  # the second batch size its modules were timed at, if any
 
     @property
     def step_time_s(self) -> float:
@@ -144,6 +149,26 @@ class ModelProfile:
             p.ready_order = orders.get(p.index)
         return out
 
+    def with_small_batch(self, small: "ModelProfile") -> "ModelProfile":
+        """This profile with each module's times at `small`'s (smaller) batch size beside its
+        own, matched by module name: what fits a fixed cost per call (a layer reads its whole
+        weight again for every microbatch, whatever its size). A module `small` lacks keeps None."""
+        import copy
+
+        if small.fingerprint() != self.fingerprint():
+            raise CaramelError(f"profile of {small.model!r} at batch {small.batch_size} is of another model than "
+                               f"{self.model!r}: parameters differ")
+        if not 0 < small.batch_size < self.batch_size:
+            raise CaramelError(f"a small-batch profile needs a batch size in [1, {self.batch_size}), got {small.batch_size}")
+        by_name = {m.name: m for m in small.modules}
+        out = copy.deepcopy(self)
+        out.small_batch_size = small.batch_size
+        for m in out.modules:
+            other = by_name.get(m.name)
+            m.small_batch_forward_time_s = other.forward_time_s if other else None
+            m.small_batch_backward_time_s = other.backward_time_s if other else None
+        return out
+
     def fingerprint(self) -> str:
         """Hash of what a plan depends on structurally: parameter names, shapes, dtypes, trainability."""
         return model_fingerprint([(p.name, p.shape, p.dtype, p.requires_grad) for p in self.params])
@@ -174,7 +199,12 @@ class ModelProfile:
             modules=modules,
             steps_measured=int(require_number(data, "steps_measured", source, default=1, minimum=0)),
             meta=require_mapping(data, "meta", source),
+            small_batch_size=data.get("small_batch_size"),
         )
+        small = prof.small_batch_size
+        if small is not None and (not isinstance(small, int) or isinstance(small, bool)
+                                  or not 0 < small < prof.batch_size):
+            raise FormatError(f"{source}: field 'small_batch_size' must be an integer in [1, batch_size), got {small!r}")
         for name in ("forward_time_s", "backward_time_s", "optimizer_time_s"):
             if getattr(prof, name) < 0:
                 raise FormatError(f"{source}: field {name!r} must be >= 0, got {getattr(prof, name)}")

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo, ready_orders
 from caramel.profile.split_backward import SplitBackward, splittable
 
@@ -254,7 +255,8 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
 def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                   optimizer: torch.optim.Optimizer | None = None, steps: int = 3,
-                  warmup: int = 1, name: str | None = None, split_tied: bool = True) -> ModelProfile:
+                  warmup: int = 1, name: str | None = None, split_tied: bool = True,
+                  small_batch_size: int | None = None) -> ModelProfile:
     """Profile `steps` training steps of `model` on one batch (after `warmup` steps).
 
     Then `SPLIT_STEPS` more steps run with every splittable module's weight gradient deferred
@@ -269,10 +271,20 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     matters. Without an optimizer, SGD(lr=0) is used so that parameters do not change.
     `split_tied` profiles a tied embedding's weight as the engine trains it by default (its
     gradient ready when the output layer's part is, `caramel.runtime.tied`); set it as you will
-    pass it to `caramel.parallelize`.
+    pass it to `caramel.parallelize`. `small_batch_size`: also time every module on the first
+    that many samples (`ModelProfile.with_small_batch`), for the pipeline's microbatch model.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if small_batch_size is not None:
+        batch = int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else 1
+        if not 0 < small_batch_size < batch:
+            raise CaramelError(f"small_batch_size must be in [1, {batch}) (below the batch's {batch} samples), "
+                               f"got {small_batch_size}")
+        full = profile_model(model, inputs, targets, loss_fn, optimizer, steps, warmup, name, split_tied)
+        small = profile_model(model, inputs[:small_batch_size], targets[:small_batch_size], loss_fn, optimizer, steps,
+                              warmup, name, split_tied)
+        return full.with_small_batch(small)
     names, params = unique_params(model)
     optimizer = optimizer or torch.optim.SGD([p for p in params if p.requires_grad], lr=0.0)
     handles = []

@@ -17,49 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from caramel.errors import CaramelError
-from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan, balanced_boundaries
+from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
 from caramel.strategies.pipeline.simulate import replay, schedule_actions, stage_costs
+
+__all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice"]
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32
-
-
-@dataclass(frozen=True)
-class ScalingCost:
-    """One layer's cost at any microbatch size: fixed per microbatch plus per sample."""
-
-    fixed_forward_s: float
-    per_sample_forward_s: float
-    fixed_backward_s: float
-    per_sample_backward_s: float
-    output_bytes_per_sample: float
-    param_bytes: int
-
-    def at(self, samples: float) -> LayerCost:
-        return LayerCost(self.fixed_forward_s + self.per_sample_forward_s * samples,
-                         self.fixed_backward_s + self.per_sample_backward_s * samples,
-                         int(self.output_bytes_per_sample * samples), self.param_bytes)
-
-
-def fit_scaling(small: list[LayerCost], small_samples: int, large: list[LayerCost], large_samples: int) -> list[ScalingCost]:
-    """Per layer, the line through its measured times at two microbatch sizes. Noise can tilt
-    a line below zero at either end; the fixed part is kept within [0, the smaller time] and the
-    per-sample part non-negative, so no size is ever predicted to cost less than nothing."""
-    if len(small) != len(large) or not 0 < small_samples < large_samples:
-        raise CaramelError(f"fit_scaling: need the same layers at two sizes small < large, got {len(small)} layers at "
-                           f"{small_samples} and {len(large)} at {large_samples}")
-
-    def line(t_small: float, t_large: float) -> tuple[float, float]:
-        slope = max(0.0, (t_large - t_small) / (large_samples - small_samples))
-        fixed = min(max(0.0, t_small - slope * small_samples), t_small)
-        return fixed, slope
-
-    out = []
-    for s, g in zip(small, large):
-        ff, fs = line(s.forward_s, g.forward_s)
-        bf, bs = line(s.backward_s, g.backward_s)
-        out.append(ScalingCost(ff, fs, bf, bs, g.output_bytes / large_samples, g.param_bytes))
-    return out
 
 
 def candidates(batch: int, schedule: str, stages: int, positions: int) -> list[int]:

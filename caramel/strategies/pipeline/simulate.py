@@ -21,7 +21,8 @@ from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan, balanced_boundaries, transfer_time_s
+from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, _plan, balanced_boundaries,
+                                                 fit_scaling, transfer_time_s)
 from caramel.topology.spec import ClusterSpec
 
 Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
@@ -132,11 +133,12 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
                       [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups])
 
 
-def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
-    """Per-microbatch `LayerCost`s of the model's top-level layers, from the profile alone: the
-    profiled modules grouped by their first name component, a step's batch `batches` times the
-    profile's cut into `microbatches` (times linear in batch size), a layer's output the next
-    layer's measured input."""
+def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
+    """Each top-level layer's cost at any microbatch size, from the profile alone: the profiled
+    modules grouped by their first name component, a layer's output the next layer's measured
+    input. With module times at a second batch size (`small_batch_size`) each layer's time is the
+    line through both (`fit_scaling`: a fixed cost per call plus per sample); without, times are
+    proportional to the samples (no fixed cost)."""
     names: list[str] = []
     groups: dict[str, list] = {}
     for m in profile.modules:
@@ -146,15 +148,32 @@ def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 
             groups[top] = []
         groups[top].append(m)
     pbytes = {p.index: p.bytes for p in profile.params}
-    scale = batches / microbatches
+    b = profile.batch_size
+    small = profile.small_batch_size
     out = []
     for k, name in enumerate(names):
         mods = groups[name]
         nxt = groups[names[k + 1]][0].input_bytes if k + 1 < len(names) else 0
-        out.append(LayerCost(sum(m.forward_time_s for m in mods) * scale,
-                             sum(m.backward_time_s for m in mods) * scale, int((nxt or 0) * scale),
-                             sum(pbytes[i] for m in mods for i in m.params)))
+        large = LayerCost(sum(m.forward_time_s for m in mods), sum(m.backward_time_s for m in mods), int(nxt or 0),
+                          sum(pbytes[i] for m in mods for i in m.params))
+        measured = small is not None and all(m.small_batch_forward_time_s is not None
+                                             and m.small_batch_backward_time_s is not None for m in mods)
+        if measured:
+            at_small = LayerCost(sum(m.small_batch_forward_time_s for m in mods),
+                                 sum(m.small_batch_backward_time_s for m in mods), 0, large.param_bytes)
+            (fit,) = fit_scaling([at_small], small, [large], b)
+        else:
+            fit = ScalingCost(0.0, large.forward_s / b, 0.0, large.backward_s / b, large.output_bytes / b, large.param_bytes)
+        out.append(fit)
     return names, out
+
+
+def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
+    """Per-microbatch `LayerCost`s of the model's top-level layers (`scaling_from_profile`), a
+    step's batch `batches` times the profile's cut into `microbatches`."""
+    names, layers = scaling_from_profile(profile)
+    samples = profile.batch_size * batches / microbatches
+    return names, [layer.at(samples) for layer in layers]
 
 
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
@@ -195,17 +214,15 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
 
 def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
                        positions: int) -> tuple[PipelineOptions, str]:
-    """microbatches="auto" from one profile: it measures one batch size only, so no fixed cost per
-    microbatch can be fitted (the runtime profiles two sizes); per-sample costs and the links'
-    latency per transfer decide."""
+    """microbatches="auto" from the profile: with module times at two batch sizes each layer has
+    a fixed cost per microbatch, as in the runtime's choice; with one size only per-sample costs
+    and the links' latency per transfer decide, which favours more microbatches."""
     import dataclasses
 
-    from caramel.strategies.pipeline.microbatches import ScalingCost, choose_microbatches
+    from caramel.strategies.pipeline.microbatches import choose_microbatches
 
     batch = profile.batch_size * positions
-    names, whole = costs_from_profile(profile, 1, batches=positions)
-    layers = [ScalingCost(0.0, c.forward_s / batch, 0.0, c.backward_s / batch, c.output_bytes / batch, c.param_bytes)
-              for c in whole]
+    names, layers = scaling_from_profile(profile)
     cuts = options.boundaries()
     fixed = None
     if cuts is not None:  # the same mapping of layer indices to profiled layers as simulate_pipeline's
@@ -215,4 +232,6 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
     choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
                                  [speeds[k % positions] for k in range(options.stages)], fixed, options.replicas)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
-            f"chosen by simulation from one profile (no per-microbatch fixed cost): {choice.microbatches}")
+            "chosen by simulation from the profile "
+            + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")
+            + f": {choice.microbatches}")

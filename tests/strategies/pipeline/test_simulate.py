@@ -55,3 +55,71 @@ def test_simulate_from_a_profile():
     assert fast.meta["boundaries"] and 0 < fast.meta["bubble_fraction"] < 1
     cut = simulate_pipeline(prof, ClusterSpec.uniform(2, 1e10), PipelineOptions(stages=2, partition="4"))
     assert cut.meta["boundaries"] == ["4"]
+
+
+def _profile_at_two_sizes():
+    from caramel.profile.profiler import profile_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+    return profile_model(model, x, y, nn.functional.cross_entropy, steps=1, small_batch_size=8)
+
+
+def _set_affine_times(prof, fixed_s: float, per_sample_s: float):
+    """Every module's forward fixed_s + per_sample_s x samples (backward twice that), at both sizes."""
+    for m in prof.modules:
+        m.forward_time_s, m.small_batch_forward_time_s = (fixed_s + per_sample_s * prof.batch_size,
+                                                          fixed_s + per_sample_s * prof.small_batch_size)
+        m.backward_time_s, m.small_batch_backward_time_s = 2 * m.forward_time_s, 2 * m.small_batch_forward_time_s
+
+
+def test_a_profile_at_two_sizes_gives_each_layer_a_fixed_cost_per_microbatch():
+    from caramel.strategies.pipeline.simulate import costs_from_profile
+
+    prof = _profile_at_two_sizes()
+    assert prof.small_batch_size == 8
+    assert all(m.small_batch_forward_time_s is not None and m.small_batch_backward_time_s is not None for m in prof.modules)
+    _set_affine_times(prof, fixed_s=1e-3, per_sample_s=1e-4)
+    names, costs = costs_from_profile(prof, microbatches=4, batches=2)  # 16 samples per microbatch
+    per_layer = {n: sum(1 for m in prof.modules if m.name.split(".")[0] == n) for n in names}
+    for n, c in zip(names, costs):
+        assert c.forward_s == pytest.approx(per_layer[n] * (1e-3 + 1e-4 * 16))
+        assert c.backward_s == pytest.approx(2 * c.forward_s)
+    prof.small_batch_size = None  # one size: times proportional to the samples, no fixed cost
+    _, scaled = costs_from_profile(prof, microbatches=4, batches=2)
+    for n, c in zip(names, scaled):
+        assert c.forward_s == pytest.approx(per_layer[n] * (1e-3 + 1e-4 * 32) * 16 / 32)
+
+
+def test_auto_microbatches_take_the_fixed_cost_from_a_two_size_profile():
+    prof = _profile_at_two_sizes()
+    _set_affine_times(prof, fixed_s=5e-3, per_sample_s=1e-5)  # calls dominate: few microbatches
+    cluster = ClusterSpec.uniform(2, 1e10)
+    two = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, schedule="gpipe"))
+    prof.small_batch_size = None
+    one = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, schedule="gpipe"))
+    assert "two batch sizes" in two.meta["microbatches_auto"] and "one batch size" in one.meta["microbatches_auto"]
+    assert two.meta["microbatches"] == 1 < one.meta["microbatches"]
+
+
+def test_small_batch_profiles_are_checked():
+    from caramel.errors import FormatError
+    from caramel.profile.model_profile import ModelProfile
+    from caramel.profile.profiler import profile_model
+
+    prof = _profile_at_two_sizes()
+    again = ModelProfile.from_dict(prof.to_dict())
+    assert again.small_batch_size == 8 and [m.small_batch_forward_time_s for m in again.modules] == \
+        [m.small_batch_forward_time_s for m in prof.modules]
+    for bad in (0, 32, "8"):
+        with pytest.raises(FormatError, match="small_batch_size"):
+            ModelProfile.from_dict({**prof.to_dict(), "small_batch_size": bad})
+    model = nn.Sequential(nn.Linear(16, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    for bad in (0, 8):
+        with pytest.raises(CaramelError, match=r"small_batch_size must be in \[1, 8\)"):
+            profile_model(model, x, y, nn.functional.cross_entropy, steps=1, small_batch_size=bad)
+    other = profile_model(model, x, y, nn.functional.cross_entropy, steps=1)
+    with pytest.raises(CaramelError, match="another model"):
+        prof.with_small_batch(other)
