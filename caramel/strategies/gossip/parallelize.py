@@ -31,7 +31,11 @@ from caramel.strategies.gossip.topology import check_mixing, describe, mixing_ma
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
 
-MOMENTUM_KEYS = {"SGD": "momentum_buffer", "Adam": "exp_avg", "AdamW": "exp_avg"}
+# The optimizer state algorithm=momentum mixes. Adam's second moment goes with its first: a
+# mixed first moment over this worker's own second moment divides a neighbour's momentum by a
+# near-zero denominator wherever this worker's gradients are zero and the neighbour's are not
+# (digits' border pixels: the loss reached 3e6 by step 5).
+MOMENTUM_KEYS = {"SGD": ("momentum_buffer",), "Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq")}
 
 
 class GossipRun:
@@ -137,15 +141,12 @@ class GossipRun:
     def _tensors(self) -> list[tuple[str, torch.Tensor]]:
         out = [(n, p) for n, p in self.shared] + [(n, b) for n, b in self.shared_buffers]
         if self.options.algorithm == "momentum":
-            key = self._momentum_key()
-            for n, p in self.shared:
-                buf = self.optimizer.state.get(p, {}).get(key)
-                if isinstance(buf, torch.Tensor):
-                    out.append((n + ":" + key, buf))
+            for key in momentum_keys(self.optimizer):
+                for n, p in self.shared:
+                    buf = self.optimizer.state.get(p, {}).get(key)
+                    if isinstance(buf, torch.Tensor):
+                        out.append((n + ":" + key, buf))
         return out
-
-    def _momentum_key(self) -> str:
-        return momentum_key(self.optimizer)
 
     def _owners(self) -> dict[int, str]:
         """Each tensor's owning module: the first module (in forward order) holding it directly."""
@@ -156,11 +157,11 @@ class GossipRun:
                 if t is not None:
                     owner.setdefault(id(t), name)
         if self.options.algorithm == "momentum":
-            key = self._momentum_key()
-            for _, p in self.shared:
-                buf = self.optimizer.state.get(p, {}).get(key)
-                if isinstance(buf, torch.Tensor) and id(p) in owner:
-                    owner[id(buf)] = owner[id(p)]
+            for key in momentum_keys(self.optimizer):
+                for _, p in self.shared:
+                    buf = self.optimizer.state.get(p, {}).get(key)
+                    if isinstance(buf, torch.Tensor) and id(p) in owner:
+                        owner[id(buf)] = owner[id(p)]
         return owner
 
     # --- metrics --------------------------------------------------------------------------
@@ -260,7 +261,8 @@ class GossipRun:
                     dist.destroy_process_group(g)
 
 
-def momentum_key(optimizer: torch.optim.Optimizer) -> str:
+def momentum_keys(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """The optimizer-state entries algorithm=momentum gossips with each parameter."""
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENTUM_KEYS:
             return MOMENTUM_KEYS[cls.__name__]
@@ -327,8 +329,8 @@ def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: GossipRun) -> torch.o
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:
     if options.algorithm == "momentum":
-        key = momentum_key(optimizer)
-        if key == "momentum_buffer" and any(g.get("momentum", 0) <= 0 for g in optimizer.param_groups):
+        keys = momentum_keys(optimizer)
+        if keys == ("momentum_buffer",) and any(g.get("momentum", 0) <= 0 for g in optimizer.param_groups):
             raise CaramelError("strategy 'gossip': algorithm=momentum needs SGD with momentum > 0 in every "
                                "parameter group (there is no momentum buffer to exchange otherwise)")
     if options.algorithm == "adam" and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):

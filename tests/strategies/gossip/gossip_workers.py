@@ -36,8 +36,8 @@ def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, opt
         W = mixing_matrix(options.topology, world, step)
         kinds = [[list(m.parameters()) for m in models]]  # per kind: every worker's list of tensors
         if options.algorithm == "momentum":
-            key = "momentum_buffer" if opt_kind == "sgd_momentum" else "exp_avg"
-            kinds.append([[o.state[p][key] for p in m.parameters()] for m, (o, _) in zip(models, opts)])
+            for key in ("momentum_buffer",) if opt_kind == "sgd_momentum" else ("exp_avg", "exp_avg_sq"):
+                kinds.append([[o.state[p][key] for p in m.parameters()] for m, (o, _) in zip(models, opts)])
         with torch.no_grad():
             for per_worker in kinds:
                 for tensors in zip(*per_worker):  # one tensor, on every worker
@@ -235,8 +235,33 @@ def deprl_worker(rank: int, world: int, steps: int, tau: int) -> dict:
     return out
 
 
+def sparse_adam_worker(rank: int, world: int, steps: int) -> dict:
+    """algorithm=momentum with AdamW where one input feature is always zero on rank 0 (as
+    digits' border pixels are on some batches): that weight's gradients are zero there and not on
+    rank 1. Returns the largest parameter move per step over lr."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    lr = 1e-2
+    model, opt = caramel.parallelize(model, torch.optim.AdamW(model.parameters(), lr=lr), "gossip:algorithm=momentum")
+    g = torch.Generator().manual_seed(100 + rank)
+    moves = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+        if rank == 0:
+            x[:, 0] = 0.0
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        opt.synchronize()  # the mix applied, so the move counts it
+        moves.append(max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before)))
+    caramel.shutdown()
+    return {"max_move_over_lr": max(moves) / lr, "finite": all(m == m for m in moves)}
+
+
 def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
     """Everything the 2-worker tests check, in one job (spawning costs more than the checks)."""
     return {"parity": parity_worker(rank, world, steps, cases), "personal": personal_worker(rank, world, steps),
+            "sparse_adam": sparse_adam_worker(rank, world, 2 * steps),
             "tensor": tensor_worker(rank, world, steps), "deprl": deprl_worker(rank, world, 6, 2),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam")}

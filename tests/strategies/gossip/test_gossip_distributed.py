@@ -14,7 +14,8 @@ pytestmark = pytest.mark.timeout(200)
 STEPS = 4
 CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr m_i, averaged = DDP's step
          ("gpt_tied", "sgd_momentum", "gossip:algorithm=momentum"),   # 2-worker ring = complete
-         ("gpt_tied", "adamw", "gossip:algorithm=adam"))              # not DDP: local Adam moments
+         ("gpt_tied", "adamw", "gossip:algorithm=adam"),              # not DDP: local Adam moments
+         ("gpt_tied", "adamw", "gossip:algorithm=momentum"))          # both Adam moments mixed
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,17 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
             assert res[case + ("ddp",)] <= 1e-5, (case, res[case + ("ddp",)])
         # local Adam moments differ per worker: not DDP's trajectory, and the test can tell
         assert res[CASES[2] + ("ddp",)] > 1e-4
-        # momentum sends the momentum buffers as well: twice the bytes
+        # momentum sends the momentum buffers as well: twice the bytes; Adam's two moments, three times
         assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
+        assert res[CASES[3] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
+
+
+def test_momentum_gossip_with_adam_stays_bounded_where_one_worker_sees_no_gradient(two):
+    # Adam moves a parameter by about lr per step; a first moment mixed over an unmixed second
+    # moment divides rank 1's momentum by rank 0's zero there and moves it by ~lr x 1e6
+    for rank in (0, 1):
+        res = two[rank]["sparse_adam"]
+        assert res["finite"] and res["max_move_over_lr"] < 3, res
 
 
 def test_workers_agree_bit_for_bit_on_the_complete_graph(two):
