@@ -14,7 +14,7 @@ from caramel.errors import CaramelError
 
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
-DEFAULT_BUCKET_CAP_MB = 4.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
+DEFAULT_BUCKET_CAP_MB = 1.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
 ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
 
 

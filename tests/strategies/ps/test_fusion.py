@@ -52,7 +52,7 @@ def test_fused_plan_on_resnet50_orders_buckets():
     fused = make_ps_plan(prof, PsOptions(), shards=4, bandwidth_Bps=1.25e8)
     unfused = make_ps_plan(prof, PsOptions(bucket_cap_mb=0), shards=4, bandwidth_Bps=1.25e8)
     assert len(unfused.buckets) == len(unfused.params) == 161
-    assert 4 <= len(fused.buckets) < 161 // 4  # a few hundred KB-sized tensors per bucket
+    assert 4 <= len(fused.buckets) < 161 // 2  # a bucket holds the small tensors beside a big one
     assert fused.predicted["buckets"] == len(fused.buckets)
     for b in fused.buckets:
         assert len({fused.owner[i] for i in b}) == 1
