@@ -77,7 +77,10 @@ def bucket_graph(graph: PullGraph, buckets: list[list[int]], latency_s: float, b
 
 
 def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One new contiguous 1-D tensor holding `tensors` one after another."""
+    """One new contiguous tensor holding `tensors` one after another (a lone tensor keeps its
+    shape, so an unfused transfer is the tensor as it was)."""
+    if len(tensors) == 1:
+        return tensors[0].detach().clone(memory_format=torch.contiguous_format)
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
@@ -90,3 +93,15 @@ def unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor
         out.append(flat[at:at + n].view(t.shape))
         at += n
     return out
+
+
+def send_buf(params: list[torch.Tensor]) -> torch.Tensor:
+    """A server's copy of a bucket's parameters (they may change before it is sent)."""
+    return flatten(params)
+
+
+def recv_buf(params: list[torch.Tensor]) -> torch.Tensor:
+    """Where a bucket of `params` lands: shaped as `flatten(params)` is."""
+    if len(params) == 1:
+        return torch.empty_like(params[0], memory_format=torch.contiguous_format)
+    return torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)

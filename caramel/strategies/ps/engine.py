@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
-from caramel.strategies.ps.buckets import flatten, unflatten
+from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
@@ -174,17 +174,11 @@ class PsEngine:
     def _push(self, b: int) -> None:
         members = self.plan.buckets[b]
         u = self._update()
-        if len(members) == 1:  # unfused: the gradient itself, no copy into a flat tensor
-            p = self.params[members[0]]
-            g = p.grad.detach() / self.workers if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
-            u.grads[members[0]] = g
-            flat = g
-        else:
-            flat = flatten([self.params[i].grad if self.params[i].grad is not None else torch.zeros_like(self.params[i])
-                            for i in members])
-            flat.div_(self.workers)
-            for i, view in zip(members, unflatten(flat, [self.params[i] for i in members])):
-                u.grads[i] = view
+        grads = [self.params[i].grad for i in members]
+        flat = flatten([g if g is not None else torch.zeros_like(self.params[i]) for i, g in zip(members, grads)])
+        flat.div_(self.workers)
+        for i, view in zip(members, unflatten(flat, [self.params[i] for i in members])):
+            u.grads[i] = view
         u.flats[b] = flat
         i = members[0]
         if self.hier is None:
@@ -299,22 +293,13 @@ class PsEngine:
         self.last_issue_t = issued_t
 
     def _send_buf(self, members: list[int]) -> torch.Tensor:
-        """A server's copy of a bucket's parameters, flat (the parameters may change before it is sent)."""
-        if len(members) == 1:
-            return self.params[members[0]].detach().clone()
-        return flatten([self.params[i].detach() for i in members])
+        return send_buf([self.params[i] for i in members])
 
     def _recv_buf(self, members: list[int]) -> torch.Tensor:
-        if len(members) == 1:
-            return torch.empty_like(self.params[members[0]], memory_format=torch.contiguous_format)
-        p = self.params[members[0]]
-        return torch.empty(sum(self.params[i].numel() for i in members), dtype=p.dtype, device=p.device)
+        return recv_buf([self.params[i] for i in members])
 
     def _expect(self, members: list[int], version: int, work: Any, buf: torch.Tensor) -> None:
         """Each parameter of a bucket being pulled lands with the bucket (a view of its buffer)."""
-        if len(members) == 1:
-            self.pulls[members[0]].append(_Pull(version, work, buf))
-            return
         for i, view in zip(members, unflatten(buf, [self.params[i] for i in members])):
             self.pulls[i].append(_Pull(version, work, view))
 

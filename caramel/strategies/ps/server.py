@@ -39,7 +39,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
-from caramel.strategies.ps.buckets import flatten, unflatten
+from caramel.strategies.ps.buckets import recv_buf, send_buf, unflatten
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
@@ -173,9 +173,7 @@ class PsServer:
         # the shard's buckets in push order, each one flat tensor, as the workers send them
         buckets = [members for members in self.plan.buckets if self.plan.owner[members[0]] == self.shard]
         mine = [i for members in buckets for i in members]
-        flats = [torch.zeros(sum(self.params[i].numel() for i in m), dtype=self.params[m[0]].dtype, device=self.device)
-                 if len(m) > 1 else torch.zeros_like(self.params[m[0]], memory_format=torch.contiguous_format)
-                 for m in buckets]
+        flats = [recv_buf([self.params[i] for i in m]).zero_() for m in buckets]
         works = [dist.reduce(f, dst=me, group=self.groups.push[self.shard], async_op=True) for f in flats]
         grads = {i: v for m, f in zip(buckets, flats) for i, v in zip(m, unflatten(f, [self.params[i] for i in m]))}
         for w in works:
@@ -188,8 +186,7 @@ class PsServer:
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         for bucket in self.plan.bucket_pull_at(self.steps):
             if self.plan.bucket_owner(bucket) == self.shard:
-                members = self.plan.buckets[bucket]
-                buf = flatten([self.params[i] for i in members]) if len(members) > 1 else self.params[members[0]].detach().clone()
+                buf = send_buf([self.params[i] for i in self.plan.buckets[bucket]])
                 self.sends.append((dist.broadcast(buf, src=me, group=self.groups.pull[self.shard], async_op=True), buf))
         self.steps += 1
 
