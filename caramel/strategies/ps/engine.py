@@ -380,14 +380,26 @@ class PsEngine:
         self.catch_up(self.plan.params, required=self.steps)
         self._wait_sends()
         if self.workers > 1 and self.bound != 0:
-            for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+            self._broadcast_buffers()
 
     def sync_buffers(self) -> None:
         """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
         if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
-            for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+            self._broadcast_buffers()
+
+    def _broadcast_buffers(self) -> None:
+        """Rank 0's buffers, one broadcast per dtype and device (fused as DDP's coalesced
+        broadcast: per buffer, BatchNorm's three per layer would cost a collective each)."""
+        kinds: dict[str, list[torch.Tensor]] = {}
+        for b in self.module.buffers():
+            kinds.setdefault(f"{b.dtype}@{b.device}", []).append(b)
+        for bufs in kinds.values():
+            flat = flatten(bufs)
+            dist.broadcast(flat, src=self.ranks[0], group=self.groups.buffers)
+            if self.rank != 0:
+                with torch.no_grad():
+                    for b, view in zip(bufs, unflatten(flat, bufs)):
+                        b.copy_(view)
 
     def staleness(self) -> int:
         """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""
