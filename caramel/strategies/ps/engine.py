@@ -3,13 +3,14 @@
 Every rank is a worker, and the ranks named by the plan's owners also serve a shard (BytePS's
 colocated mode). One step, for update u (= the step that produced the gradients):
 
-1. push: as each gradient becomes ready in backward it is reduced to its owner on that
-   server's push group (`dist.reduce`, async), in the plan's push order (an item is handed to the backend
-   only after every earlier one: TicTac's counter rule); `step()` pushes what never became
-   ready (zeros) and a per-parameter "someone used it" count;
+1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
+   shard fused into one flat tensor, `buckets.py`) it is reduced to its owner on that server's
+   push group (`dist.reduce`, async), in the plan's bucket order (a bucket is handed to the
+   backend only after every earlier one: TicTac's counter rule); `step()` pushes what never
+   became ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
-3. pull: every rank takes part in one broadcast per parameter from its owner on that
+3. pull: every rank takes part in one broadcast per bucket from its owner on that
    server's pull group, handed to the backend in the plan's pull order (the wire order is the planned
    order); receivers land in a staging buffer;
 4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
@@ -36,6 +37,7 @@ import torch.nn as nn
 
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
+from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
@@ -78,12 +80,13 @@ class _Update:
     """The gradients of one step on their way to the servers."""
 
     step: int
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter -> this rank's gradient / world (reduced in place at the owner)
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter -> this rank's gradient / world (a view of its bucket's flat tensor, reduced in place at the owner)
+    flats: dict[int, torch.Tensor] = field(default_factory=dict)  # bucket -> its flat gradient tensor
     works: list[Any] = field(default_factory=list)
     used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
-    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (parameter, node reduce) still to forward
+    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (bucket, node reduce) still to forward
 
     def everyone_pushed(self) -> bool:
         """Every rank has handed over this step's gradients (its count arrived): the reductions
@@ -121,7 +124,8 @@ class PsEngine:
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.current: _Update | None = None
         self.ready: set[int] = set()
-        self.next_push = 0
+        self.next_push = 0  # the next bucket (plan.buckets position) to push
+        self.bucket_of = {i: b for b, members in enumerate(plan.buckets) for i in members}
         self.send_log: deque[tuple[int, list[int]]] = deque(maxlen=ORDER_LOG_UPDATES)
         self.handles: list[Any] = []
         self.waits_for: dict[str, list[int]] = {}
@@ -167,29 +171,35 @@ class PsEngine:
             self.current = _Update(self.steps, hparams=snapshot_hparams(self.optimizer))
         return self.current
 
-    def _push(self, i: int) -> None:
-        p = self.params[i]
-        g = p.grad.detach() / self.workers if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+    def _push(self, b: int) -> None:
+        members = self.plan.buckets[b]
         u = self._update()
-        u.grads[i] = g
+        grads = [self.params[i].grad for i in members]
+        flat = flatten([g if g is not None else torch.zeros_like(self.params[i]) for i, g in zip(members, grads)])
+        flat.div_(self.workers)
+        for i, view in zip(members, unflatten(flat, [self.params[i] for i in members])):
+            u.grads[i] = view
+        u.flats[b] = flat
+        i = members[0]
         if self.hier is None:
-            u.works.append(dist.reduce(g, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
+            u.works.append(dist.reduce(flat, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
                                        async_op=True))
             return
-        work = dist.reduce(g, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
+        work = dist.reduce(flat, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
         u.works.append(work)
         if self.hier.is_leader:
-            u.relay.append((i, work))
+            u.relay.append((b, work))
 
     def _forward_node_sums(self, u: _Update, force: bool) -> None:
         """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
         while u.relay:
-            i, work = u.relay[0]
+            b, work = u.relay[0]
             if not force and not work.is_completed():
                 return
             work.wait()
             u.relay.popleft()
-            u.works.append(dist.reduce(u.grads[i], dst=self.ranks[self.server_of(i)],
+            i = self.plan.buckets[b][0]
+            u.works.append(dist.reduce(u.flats[b], dst=self.ranks[self.server_of(i)],
                                        group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
 
     def server_of(self, i: int) -> int:
@@ -203,9 +213,9 @@ class PsEngine:
         return {i: self.server_of(i) for i in self.plan.params}
 
     def _push_ready(self) -> None:
-        order = self.plan.push_order
-        while self.next_push < len(order) and order[self.next_push] in self.ready:
-            self._push(order[self.next_push])
+        buckets = self.plan.buckets
+        while self.next_push < len(buckets) and all(i in self.ready for i in buckets[self.next_push]):
+            self._push(self.next_push)
             self.next_push += 1
         if self.current is not None and self.current.relay:
             self._forward_node_sums(self.current, force=False)
@@ -215,9 +225,8 @@ class PsEngine:
     def finish_pushes(self) -> None:
         """At step(): push what never became ready (zeros) and who used what."""
         u = self._update()
-        order = self.plan.push_order
-        while self.next_push < len(order):
-            self._push(order[self.next_push])
+        while self.next_push < len(self.plan.buckets):
+            self._push(self.next_push)
             self.next_push += 1
         if self.hier is not None and self.hier.is_leader:
             self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
@@ -263,43 +272,56 @@ class PsEngine:
             self._step_shard([i for i in mine if used[i]], u)
             for i in mine:
                 self.version[i] = u.step + 1
-        order = self.plan.pull_order_at(u.step)
+        order = self.plan.bucket_pull_at(u.step)
         issued_t = time.perf_counter()
-        for i in order:
-            p = self.params[i]
+        for b in order:
+            members = self.plan.buckets[b]
+            i = members[0]
             src = self.ranks[self.server_of(i)]
             if self.hier is not None:
-                self._pull_hierarchical(i, u.step + 1)
+                self._pull_hierarchical(b, u.step + 1)
             elif self.server_of(i) == self.rank:
-                buf = p.detach().clone()
+                buf = self._send_buf(members)
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
                 self.sends.append((work, buf))
             else:
-                buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+                buf = self._recv_buf(members)
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
-                self.pulls[i].append(_Pull(u.step + 1, work, buf))
-        self.send_log.append((u.step, list(order)))
+                self._expect(members, u.step + 1, work, buf)
+        self.send_log.append((u.step, [i for b in order for i in self.plan.buckets[b]]))
         self.applied += 1
         self.last_issue_t = issued_t
 
-    def _pull_hierarchical(self, i: int, version: int) -> None:
+    def _send_buf(self, members: list[int]) -> torch.Tensor:
+        return send_buf([self.params[i] for i in members])
+
+    def _recv_buf(self, members: list[int]) -> torch.Tensor:
+        return recv_buf([self.params[i] for i in members])
+
+    def _expect(self, members: list[int], version: int, work: Any, buf: torch.Tensor) -> None:
+        """Each parameter of a bucket being pulled lands with the bucket (a view of its buffer)."""
+        for i, view in zip(members, unflatten(buf, [self.params[i] for i in members])):
+            self.pulls[i].append(_Pull(version, work, view))
+
+    def _pull_hierarchical(self, b: int, version: int) -> None:
         """A leader pulls from the server among the leaders (or is the server) and queues the
         relay to its node; any other rank pulls from its leader."""
-        p, h = self.params[i], self.hier
+        members, h = self.plan.buckets[b], self.hier
+        i = members[0]
         shard = self.plan.owner[i]
         if not h.is_leader:
-            buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+            buf = self._recv_buf(members)
             work = dist.broadcast(buf, src=self.ranks[h.leader], group=h.node_pull, async_op=True)
-            self.pulls[i].append(_Pull(version, work, buf))
+            self._expect(members, version, work, buf)
             return
         if self.server_of(i) == self.rank:
-            buf = p.detach().clone()
+            buf = self._send_buf(members)
             self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=h.lead_pull[shard], async_op=True), buf))
             self.relays.append((None, buf))
             return
-        buf = torch.empty_like(p, memory_format=torch.contiguous_format)
+        buf = self._recv_buf(members)
         work = dist.broadcast(buf, src=self.ranks[self.server_of(i)], group=h.lead_pull[shard], async_op=True)
-        self.pulls[i].append(_Pull(version, work, buf))
+        self._expect(members, version, work, buf)
         self.relays.append((work, buf))
 
     def relay_pulls(self, force: bool = False) -> None:
@@ -358,14 +380,26 @@ class PsEngine:
         self.catch_up(self.plan.params, required=self.steps)
         self._wait_sends()
         if self.workers > 1 and self.bound != 0:
-            for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+            self._broadcast_buffers()
 
     def sync_buffers(self) -> None:
         """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
         if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
-            for b in self.module.buffers():
-                dist.broadcast(b, src=self.ranks[0], group=self.groups.buffers)
+            self._broadcast_buffers()
+
+    def _broadcast_buffers(self) -> None:
+        """Rank 0's buffers, one broadcast per dtype and device (fused as DDP's coalesced
+        broadcast: per buffer, BatchNorm's three per layer would cost a collective each)."""
+        kinds: dict[str, list[torch.Tensor]] = {}
+        for b in self.module.buffers():
+            kinds.setdefault(f"{b.dtype}@{b.device}", []).append(b)
+        for bufs in kinds.values():
+            flat = flatten(bufs)
+            dist.broadcast(flat, src=self.ranks[0], group=self.groups.buffers)
+            if self.rank != 0:
+                with torch.no_grad():
+                    for b, view in zip(bufs, unflatten(flat, bufs)):
+                        b.copy_(view)
 
     def staleness(self) -> int:
         """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""

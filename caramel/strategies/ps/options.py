@@ -7,12 +7,14 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from caramel.errors import CaramelError
 
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
+DEFAULT_BUCKET_CAP_MB = 1.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
 ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
 
 
@@ -27,7 +29,9 @@ class PsOptions:
     became ready, "random" = a fresh order each step). `placement`: how parameters are assigned
     to server shards (`caramel.strategies.ps.placement`). `hierarchical`: aggregate within a
     node first, one gradient per node to the servers (`hierarchy.py`; the servers are then the
-    nodes' first ranks)."""
+    nodes' first ranks). `bucket_cap_mb`: parameters of one shard are fused into buckets of at
+    most this many MB (2**20 bytes), each pushed and pulled as one collective (`buckets.py`);
+    0 turns fusion off (one collective per tensor)."""
 
     servers: int = 0
     consistency: str = "bsp"
@@ -36,6 +40,7 @@ class PsOptions:
     hierarchical: bool = False
     dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
     def __post_init__(self) -> None:
@@ -47,6 +52,10 @@ class PsOptions:
         if not self.clip_grad_norm >= 0:
             raise CaramelError(f"clip_grad_norm must be >= 0 (the largest L2 norm of the averaged gradient; 0 = no "
                                f"clipping), got {self.clip_grad_norm}")
+        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
+                or not math.isfinite(self.bucket_cap_mb) or self.bucket_cap_mb < 0:
+            raise CaramelError(f"bucket_cap_mb must be a finite number >= 0 (MB per fused push and pull; 0 = no "
+                               f"fusion, one collective per tensor), got {self.bucket_cap_mb!r}")
         if self.dedicated and self.hierarchical:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
 

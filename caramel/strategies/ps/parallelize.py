@@ -29,7 +29,7 @@ from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, st
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_PLAN, PsEngine, PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
-from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, make_ps_plan
+from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, kind_of, make_ps_plan
 from caramel.strategies.ps.server import command, dedicated_servers, make_groups, send_load, send_values, serve_and_leave
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
 from caramel.strategies.options import check_same_everywhere
@@ -143,7 +143,9 @@ class PsRun:
             latency, bandwidth = DEFAULT_LATENCY_S, None
             if self.cluster is not None:
                 latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
-            plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s)
+            plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s,
+                                pull_transfers=len(self.engine.plan.buckets),
+                                kinds={i: kind_of(self.params[i]) for i in self.engine.plan.params})
             waits: dict[str, list[int]] = {}
             for p in profile.trainable():
                 if p.first_use_order is not None:
@@ -195,6 +197,7 @@ class PsRun:
         Es = [x["E"] for x in steady if "E" in x]
         return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
                 "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
+                "buckets": len(plan.buckets), "bucket_cap_mb": self.options.bucket_cap_mb,
                 "E_median": statistics.median(Es) if Es else None,
                 "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,

@@ -3,7 +3,9 @@
 Made once from a `ModelProfile` (on rank 0, then broadcast), as data: the push order is the
 order gradients become ready (fifo, as DDP reduces them); the pull order is the strategy's
 `order` (TicTac's TAC or TIC over the next forward's DAG, fifo, or a per-step random order);
-placement assigns every trainable parameter to a server shard. `predicted` holds TicTac's E and
+placement assigns every trainable parameter to a server shard, and parameters of one shard are
+fused into buckets (`buckets.py`), the unit that is pushed and pulled: the pull order orders
+buckets, TicTac's over the graph whose recvs are the buckets. `predicted` holds TicTac's E and
 S of the order under the time oracle, next to those of fifo, of the registration order and of
 random orders (the mean makespan of a few shuffles).
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
+from caramel.strategies.ps.buckets import bucket_graph, cap_bytes, check_buckets, make_buckets
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.placement import imbalance, place, shard_loads
 from caramel.strategies.ps.tictac import efficiency, graph_from_profile, makespan, tac_order, tic_order
@@ -37,15 +40,31 @@ class PsPlan:
     predicted: dict[str, Any] = field(default_factory=dict)
     loads: list[dict[str, Any]] = field(default_factory=list)
     placement: str = "balanced"
+    buckets: list[list[int]] = field(default_factory=list)  # fused transfers, in push order (each: parameters)
+    bucket_pull: list[int] = field(default_factory=list)  # bucket ids in pull order (order="random": the first step's)
 
-    def pull_order_at(self, update: int) -> list[int]:
-        """The order of this update's pulls (a fresh shuffle per update for order="random",
-        the same on every rank)."""
+    def __post_init__(self) -> None:
+        if not self.buckets:  # a plan made without fusion: one bucket per tensor
+            self.buckets = [[i] for i in self.push_order]
+            pos = {i: b for b, (i,) in enumerate(self.buckets)}
+            self.bucket_pull = [pos[i] for i in self.pull_order]
+        check_buckets(self.buckets, self.params, self.owner)
+
+    def bucket_owner(self, b: int) -> int:
+        return self.owner[self.buckets[b][0]]
+
+    def bucket_pull_at(self, update: int) -> list[int]:
+        """The buckets of this update's pulls, in order (a fresh shuffle per update for
+        order="random", the same on every rank)."""
         if self.order != "random":
-            return self.pull_order
-        out = list(self.params)
+            return self.bucket_pull
+        out = list(range(len(self.buckets)))
         random.Random(self.seed * 1_000_003 + update).shuffle(out)
         return out
+
+    def pull_order_at(self, update: int) -> list[int]:
+        """The parameters of this update's pulls in the order they go (bucket by bucket)."""
+        return [i for b in self.bucket_pull_at(update) for i in self.buckets[b]]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -59,38 +78,56 @@ class PsPlan:
         return cls(**d)
 
 
-def provisional_plan(params: list[int], sizes_bytes: list[int], shards: int, options: PsOptions) -> PsPlan:
+def provisional_plan(params: list[int], sizes_bytes: list[int], shards: int, options: PsOptions,
+                     kinds: list[str] | None = None) -> PsPlan:
     """Before a profile exists: push in reverse registration order (as backward usually
-    produces gradients), pull in registration order, round-robin shards."""
-    owner = place(sizes_bytes, list(range(len(params))), shards, "roundrobin")
-    return PsPlan(list(params), {i: owner[k] for k, i in enumerate(params)}, list(reversed(params)), list(params),
-                  order=options.order, seed=options.seed, shards=shards, placement="roundrobin")
+    produces gradients), pull in registration order, round-robin shards; buckets as the
+    options say (`kinds`: each parameter's dtype and device, all alike when not given)."""
+    placed = place(sizes_bytes, list(range(len(params))), shards, "roundrobin")
+    owner = {i: placed[k] for k, i in enumerate(params)}
+    push = list(reversed(params))
+    buckets = make_buckets(push, owner, dict(zip(params, sizes_bytes)), dict(zip(params, kinds or [""] * len(params))),
+                           cap_bytes(options.bucket_cap_mb))
+    first = {i: k for k, i in enumerate(params)}
+    pull = sorted(range(len(buckets)), key=lambda b: min(first[i] for i in buckets[b]))
+    return PsPlan(list(params), owner, push, [i for b in pull for i in buckets[b]], order=options.order,
+                  seed=options.seed, shards=shards, placement="roundrobin", buckets=buckets, bucket_pull=pull)
 
 
 def make_ps_plan(profile: ModelProfile, options: PsOptions, shards: int, latency_s: float = DEFAULT_LATENCY_S,
-                 bandwidth_Bps: float | None = None, pull_comm_s: float | None = None) -> PsPlan:
+                 bandwidth_Bps: float | None = None, pull_comm_s: float | None = None,
+                 pull_transfers: int | None = None, kinds: dict[int, str] | None = None) -> PsPlan:
     """The plan for `profile`. The time oracle of a recv is latency + bytes / bandwidth; with
-    `pull_comm_s` (every pull measured back to back) the bandwidth is fitted to it."""
+    `pull_comm_s` (every pull measured back to back, `pull_transfers` collectives, by default
+    one per tensor) the bandwidth is fitted to it. `kinds`: parameter -> dtype and device, which
+    a bucket must not mix (the profile's dtype when not given)."""
     sizes = [p.bytes for p in profile.trainable()]
     total = sum(sizes)
     if bandwidth_Bps is None:
-        if pull_comm_s is not None and pull_comm_s > len(sizes) * latency_s and total > 0:
-            bandwidth_Bps = total / (pull_comm_s - len(sizes) * latency_s)
+        n = len(sizes) if pull_transfers is None else pull_transfers
+        if pull_comm_s is not None and pull_comm_s > n * latency_s and total > 0:
+            bandwidth_Bps = total / (pull_comm_s - n * latency_s)
         else:
             bandwidth_Bps = 1.25e9  # 10 Gbit/s
-    graph, index = graph_from_profile(profile, latency_s, bandwidth_Bps)
-    orders = {"tac": tac_order(graph), "tic": tic_order(graph), "fifo": _fifo(profile, index),
-              "registration": list(range(len(index)))}
-    chosen = orders.get(options.order, orders["registration"])
-    need = orders["tac"]  # placement's need order: when the next forward needs them
+    pgraph, index = graph_from_profile(profile, latency_s, bandwidth_Bps)
+    need = tac_order(pgraph)  # placement's need order: when the next forward needs each tensor
     owner = place(sizes, need, shards, options.placement)
+    fifo = _fifo(profile, index)
+    kind = {k: (kinds or {}).get(index[k], profile.params[index[k]].dtype) for k in range(len(index))}
+    buckets = make_buckets(fifo, dict(enumerate(owner)), dict(enumerate(sizes)), kind, cap_bytes(options.bucket_cap_mb))
+    graph = bucket_graph(pgraph, buckets, latency_s, bandwidth_Bps, sizes)
+    first = [min(b) for b in buckets]  # registration: by each bucket's first-registered tensor
+    orders = {"tac": tac_order(graph), "tic": tic_order(graph), "fifo": list(range(len(buckets))),
+              "registration": sorted(range(len(buckets)), key=lambda b: first[b])}
+    chosen = orders.get(options.order, orders["registration"])
     comm, comp = sum(graph.recv_s), sum(graph.compute_s)
-    predicted: dict[str, Any] = {"comm_s": comm, "compute_s": comp, "latency_s": latency_s, "bandwidth_Bps": bandwidth_Bps}
+    predicted: dict[str, Any] = {"comm_s": comm, "compute_s": comp, "latency_s": latency_s, "bandwidth_Bps": bandwidth_Bps,
+                                 "buckets": len(buckets), "bucket_cap_mb": options.bucket_cap_mb}
     for name, order in orders.items():
         m = makespan(graph, order)
         E, S = efficiency(comp, comm, m)
         predicted[name] = {"makespan_s": m, "E": E, "S": S}
-    shuffled = [list(range(len(index))) for _ in range(RANDOM_SAMPLES)]
+    shuffled = [list(range(len(buckets))) for _ in range(RANDOM_SAMPLES)]
     for k, order in enumerate(shuffled):
         random.Random(k).shuffle(order)
     m = sum(makespan(graph, o) for o in shuffled) / RANDOM_SAMPLES
@@ -99,9 +136,10 @@ def make_ps_plan(profile: ModelProfile, options: PsOptions, shards: int, latency
     loads = shard_loads(sizes, need, owner, shards)
     predicted["shard_imbalance"] = imbalance(loads)
     return PsPlan([index[k] for k in range(len(index))], {index[k]: owner[k] for k in range(len(index))},
-                  [index[k] for k in orders["fifo"]], [index[k] for k in chosen], order=options.order,
+                  [index[k] for k in fifo], [index[k] for b in chosen for k in buckets[b]], order=options.order,
                   seed=options.seed, shards=shards, predicted=predicted,
-                  loads=[x.to_dict() for x in loads], placement=options.placement)
+                  loads=[x.to_dict() for x in loads], placement=options.placement,
+                  buckets=[[index[k] for k in b] for b in buckets], bucket_pull=list(chosen))
 
 
 def _fifo(profile: ModelProfile, index: list[int]) -> list[int]:
@@ -116,5 +154,11 @@ def first_plan(params: list[Any], shards: int, options: PsOptions) -> PsPlan:
     trainable = [i for i, p in enumerate(params) if p.requires_grad]
     if not trainable:
         raise CaramelError("strategy 'ps': the model has no trainable parameters; there is nothing to serve")
-    return provisional_plan(trainable, [params[i].numel() * params[i].element_size() for i in trainable], shards, options)
+    return provisional_plan(trainable, [params[i].numel() * params[i].element_size() for i in trainable], shards, options,
+                            [kind_of(params[i]) for i in trainable])
+
+
+def kind_of(p: Any) -> str:
+    """What a bucket must share to be concatenated: dtype and device."""
+    return f"{p.dtype}@{p.device}"
 

@@ -39,6 +39,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
+from caramel.strategies.ps.buckets import recv_buf, send_buf, unflatten
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
@@ -169,9 +170,12 @@ class PsServer:
         if send_hp:
             self.hparams = recv_object(self.ranks[0], self.groups.hp, self.device)
         me = self.ranks[self.rank]
-        mine = [i for i in self.plan.push_order if self.plan.owner[i] == self.shard]
-        grads = {i: torch.zeros_like(self.params[i], memory_format=torch.contiguous_format) for i in mine}
-        works = [dist.reduce(grads[i], dst=me, group=self.groups.push[self.shard], async_op=True) for i in mine]
+        # the shard's buckets in push order, each one flat tensor, as the workers send them
+        buckets = [members for members in self.plan.buckets if self.plan.owner[members[0]] == self.shard]
+        mine = [i for members in buckets for i in members]
+        flats = [recv_buf([self.params[i] for i in m]).zero_() for m in buckets]
+        works = [dist.reduce(f, dst=me, group=self.groups.push[self.shard], async_op=True) for f in flats]
+        grads = {i: v for m, f in zip(buckets, flats) for i, v in zip(m, unflatten(f, [self.params[i] for i in m]))}
         for w in works:
             w.wait()
         counted = dict(zip(self.plan.params, used))
@@ -180,9 +184,9 @@ class PsServer:
         step_shard(self.optimizer, self.params, [i for i in mine if counted[i] > 0], grads, self.hparams,
                    lambda: type(self.optimizer).step(self.optimizer))
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
-        for i in self.plan.pull_order_at(self.steps):
-            if self.plan.owner[i] == self.shard:
-                buf = self.params[i].detach().clone()
+        for bucket in self.plan.bucket_pull_at(self.steps):
+            if self.plan.bucket_owner(bucket) == self.shard:
+                buf = send_buf([self.params[i] for i in self.plan.buckets[bucket]])
                 self.sends.append((dist.broadcast(buf, src=me, group=self.groups.pull[self.shard], async_op=True), buf))
         self.steps += 1
 

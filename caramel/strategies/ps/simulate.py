@@ -3,16 +3,18 @@
 A model of what `caramel.strategies.ps.engine` does, step by step, per worker (its speed from
 the cluster spec), with the backend's behaviour made explicit:
 
-- each server's pushes are one sequence of reduce collectives (the plan's push order) on its
-  own group, its pulls one sequence of broadcasts (each update's pull order) on another; each
+- the unit of transfer is the plan's bucket (`buckets.py`: parameters of one shard fused up
+  to `bucket_cap_mb`), so a bucket pays one latency for all its bytes;
+- each server's pushes are one sequence of reduce collectives (the plan's bucket push order) on
+  its own group, its pulls one sequence of broadcasts (each update's bucket pull order) on another; each
   collective starts once every rank has handed it over and the previous one of its group is
   done, and lasts latency + (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one
   copy per other worker). Different servers' sequences run side by side; pushes and pulls use
   opposite directions of a full-duplex NIC, so they are not made to share it (nor are a
   worker's sends to different servers: with balanced shards they need no more than one
   server's receives);
-- a worker hands over a push when its gradient and every earlier one in push order are ready
-  (the counter rule); at step() it pushes the rest, then applies the updates that are due
+- a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
+  ready (the counter rule); at step() it pushes the rest, then applies the updates that are due
   (older than the bound: it waits for their reductions) or have arrived, running its shard's
   share of the optimizer, and hands over their pulls;
 - the next forward runs the profile's modules in order, each once the pulls of the parameters
@@ -86,12 +88,16 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     def stage_s(members: int, nbytes: float, rate_Bps: float) -> float:
         return 0.0 if members == 1 else alpha + (members - 1) * nbytes / rate_Bps
 
-    def coll_s(i: int) -> float:
-        """One push (or pull): flat, among all workers; hierarchical, within the node, then
-        among the nodes' leaders (the two stages in sequence)."""
+    buckets = plan.buckets
+    bucket_bytes = [sum(size[i] for i in b) for b in buckets]
+    bucket_owner = [plan.bucket_owner(b) for b in range(len(buckets))]
+
+    def coll_s(b: int) -> float:
+        """One bucket's push (or pull): flat, among all workers; hierarchical, within the node,
+        then among the nodes' leaders (the two stages in sequence)."""
         if local == 1:
-            return stage_s(n, size[i], Bps)
-        return stage_s(local, size[i], node_Bps) + stage_s(n // local, size[i], Bps)
+            return stage_s(n, bucket_bytes[b], Bps)
+        return stage_s(local, bucket_bytes[b], node_Bps) + stage_s(n // local, bucket_bytes[b], Bps)
 
     clock = [0.0] * n  # each worker's time: when its next forward may start
     arrive: dict[int, dict[int, float]] = {}  # update -> parameter -> when its pull landed everywhere
@@ -117,14 +123,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             fwd_end = t
             bwd_end[w] = fwd_end + profile.backward_time_s / speed[w]
             handed, latest = {}, fwd_end
-            for i in plan.push_order:
-                latest = max(latest, fwd_end + ready[i] / speed[w])
-                handed[i] = min(latest, bwd_end[w])
+            for b, members in enumerate(buckets):
+                latest = max([latest] + [fwd_end + ready[i] / speed[w] for i in members])
+                handed[b] = min(latest, bwd_end[w])
             issue.append(handed)
-        for i in plan.push_order:
-            o = plan.owner[i]
-            start = max(push_end[o], max(issue[w][i] for w in range(n)))
-            push_end[o] = start + coll_s(i)
+        for b in range(len(buckets)):
+            o = bucket_owner[b]
+            start = max(push_end[o], max(issue[w][b] for w in range(n)))
+            push_end[o] = start + coll_s(b)
         reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
         for w in range(n):
             pending[w].append(k)
@@ -145,21 +151,22 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
             u = pulled_upto + 1
             arrive[u] = {}
-            for i in plan.pull_order_at(u):
-                o = plan.owner[i]
+            for b in plan.bucket_pull_at(u):
+                o = bucket_owner[b]
                 start = max(pull_end[o], max(applied_at[u]))
-                pull_end[o] = start + coll_s(i)
-                arrive[u][i] = pull_end[o]
+                pull_end[o] = start + coll_s(b)
+                for i in buckets[b]:
+                    arrive[u][i] = pull_end[o]
             pulled_upto = u
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up
-    group_s = max(sum(coll_s(i) for i in plan.params if plan.owner[i] == o) for o in range(shards))
+    group_s = max(sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o) for o in range(shards))
     step_s = max(max(periods), group_s)
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
-    comm_s = 2 * sum(coll_s(i) for i in plan.params)
+    comm_s = 2 * sum(coll_s(b) for b in range(len(buckets)))
     bw_s = 2 * sum((n // local - 1) * size[i] / Bps for i in plan.params)
     events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
               for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
@@ -170,9 +177,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         iteration_times_s=[b - a for a, b in zip([0.0] + step_ends[0][:-1], step_ends[0])],
         critical_path={"bound": "communication" if group_s >= max(periods) else "compute",
                        "slowest_worker": periods.index(max(periods))},
-        planner=f"ps:{options.order}", overlap="forward", world_size=n, num_items=len(plan.params),
+        planner=f"ps:{options.order}", overlap="forward", world_size=n, num_items=len(buckets),
         trace=Trace("predicted", n, events, meta={"strategy": "ps"}),
         meta={"strategy": "ps", "consistency": options.consistency, "order": options.order,
+              "buckets": len(buckets), "bucket_cap_mb": options.bucket_cap_mb,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
               "workers_per_node": local,
               "periods_s": periods})

@@ -209,3 +209,19 @@ def clip_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, 
         out[spec] = max_diff(params_of(ddp.module), params_of(model.module))
         caramel.shutdown()
     return out
+
+
+def fusion_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
+    """Per (family, optimizer, spec): the final parameters after `steps` steps (LR scheduler
+    included), the plan's buckets and owners, and what went on the wire per update."""
+    out = {}
+    for family, opt_kind, spec in cases:
+        model, opt = _ps(family, opt_kind, steps, rank, spec)
+        plan = opt.ps.engine.plan
+        out[(family, opt_kind, spec)] = {
+            "params": _numpy(model), "buckets": [list(b) for b in plan.buckets], "owner": dict(plan.owner),
+            "trainable": list(plan.params), "sent": list(opt.ps.engine.send_log),
+            "expected": [plan.pull_order_at(u) for u, _ in opt.ps.engine.send_log],
+            "stats_buckets": opt.ps.stats_dict()["buckets"]}
+        caramel.shutdown()
+    return out

@@ -72,14 +72,14 @@ def test_balanced_placement_spreads_the_first_needed_parameters():
 
 def test_plan_orders_owners_and_round_trip():
     prof = synthetic_profile(sizes_bytes=[4000, 1000, 2000, 3000], forward_time_s=0.01)
-    plan = make_ps_plan(prof, PsOptions(), shards=2, latency_s=1e-4, bandwidth_Bps=1e6)
+    plan = make_ps_plan(prof, PsOptions(bucket_cap_mb=0), shards=2, latency_s=1e-4, bandwidth_Bps=1e6)
     assert plan.pull_order == [0, 1, 2, 3]  # a chain: first needed first
     assert plan.push_order == [3, 2, 1, 0]  # backward produces the last layer's gradient first
     assert sorted(set(plan.owner.values())) == [0, 1]
     assert plan.predicted["tac"]["E"] >= plan.predicted["fifo"]["E"]
     assert plan.predicted["tac"]["makespan_s"] <= plan.predicted["random"]["makespan_s"]
     assert PsPlan.from_dict(plan.to_dict()) == plan
-    rnd = make_ps_plan(prof, PsOptions(order="random", seed=3), shards=2, latency_s=1e-4, bandwidth_Bps=1e6)
+    rnd = make_ps_plan(prof, PsOptions(order="random", seed=3, bucket_cap_mb=0), shards=2, latency_s=1e-4, bandwidth_Bps=1e6)
     orders = {tuple(rnd.pull_order_at(u)) for u in range(20)}
     assert len(orders) > 5 and all(sorted(o) == [0, 1, 2, 3] for o in orders)
     assert rnd.pull_order_at(4) == rnd.pull_order_at(4)

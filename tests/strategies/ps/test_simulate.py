@@ -28,7 +28,8 @@ def test_one_worker_is_compute_only(profile):
 
 def test_tac_beats_random_and_fifo_when_communication_bound(profile):
     cluster = ClusterSpec.uniform(4, 1e9)
-    tac, rnd, fifo = (sim(s, profile, cluster) for s in ("ps", "ps:order=random", "ps:order=fifo"))
+    # per tensor (no fusion): 12 transfers per server to order; fused, each server has one bucket
+    tac, rnd, fifo = (sim(f"ps:bucket_cap_mb=0,order={o}", profile, cluster) for o in ("tac", "random", "fifo"))
     assert tac.step_time_s < rnd.step_time_s and tac.step_time_s < fifo.step_time_s
     assert tac.meta["tictac"]["tac"]["E"] >= tac.meta["tictac"]["fifo"]["E"]
     assert tac.step_time_s >= tac.compute_time_s
