@@ -1,0 +1,113 @@
+"""The data bench's report: the measured inputs of the I/O model, the per-mode summary (step
+time and its parts, speedup with its interval, remote bytes, hit rate by tier, the model's
+prediction) and the table."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+from caramel.data.format import DatasetIndex, decode_sample
+from caramel.data.io_model import DataLoadModel
+from caramel.data.serve import serve_directory
+from caramel.data.store import Store
+from caramel.stats import median, paired_ratio_interval
+
+
+def local_s_per_sample(url: str, index: DatasetIndex) -> float:
+    """Decode time of one sample from a shard in memory (the model's local term), measured."""
+    info = index.shards[0]
+    data = Store(url).read_shard(info)
+    t0 = time.perf_counter()
+    reps = 0
+    while time.perf_counter() - t0 < 0.2:
+        for p in range(info.num_samples):
+            decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench")
+        reps += info.num_samples
+    return (time.perf_counter() - t0) / reps
+
+
+def request_overhead_s(directory: str) -> float:
+    """Median time of one range read from an unshaped server: the per-request CPU cost on this machine."""
+    with serve_directory(directory) as server:
+        store = Store(server.url)
+        info = store.index().shards[0]
+        times = []
+        for p in range(min(20, info.num_samples * 4)):
+            t0 = time.perf_counter()
+            store.read_sample_bytes(info, p % info.num_samples)
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def summarize(cfg, results: dict[str, Any], index: DatasetIndex, local_s: float, overhead_s: float,
+              budget: tuple[int, int], source: str, served: bool) -> dict[str, Any]:
+    sample_bytes = index.nbytes / index.num_samples
+    shard_bytes = index.nbytes / len(index.shards)
+    per_epoch = len(next(iter(results.values())).epoch_step_s)
+    steady = [i for i in range(per_epoch) if i % cfg.epochs >= 1]
+    first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
+    samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
+    rows = []
+    base = results.get("remote")
+    ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
+    for mode, r in results.items():
+        epoch_means = [_mean(r.epoch_step_s[i]) for i in steady]
+        remote = _mean([r.epoch_remote_bytes[i] for i in steady])
+        tiers = {k: _mean([r.epoch_tiers[i][k] for i in steady]) for k in r.epoch_tiers[0]}
+        hit = (tiers["memory_hits"] + tiers["disk_hits"]) / samples_per_epoch
+        model = DataLoadModel(sample_bytes=sample_bytes, batch_size=cfg.batch_size, ranks=cfg.ranks,
+                              store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
+                              hit_rate=min(hit, 1.0), request_bytes=None if mode == "remote" else shard_bytes,
+                              loader_workers=cfg.loader_workers, local_s_per_sample=local_s,
+                              request_overhead_s=overhead_s)
+        row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
+               "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
+               "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
+               "sync_s_steady": median([r.epoch_sync_s[i] for i in steady]),
+               "remote_bytes_per_epoch_steady": remote,
+               "remote_bytes_per_epoch_first": _mean([r.epoch_remote_bytes[i] for i in first]),
+               "requests_per_epoch_steady": _mean([r.epoch_requests[i] for i in steady]),
+               "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
+               "memory_hit_rate_steady": tiers["memory_hits"] / samples_per_epoch,
+               "predicted_step_s": model.step_time_s(cfg.compute_s), "predicted_data_s": model.data_time_s()}
+        row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
+        if ref is not None:
+            row["speedup_vs_remote"] = median(ref) / median(epoch_means)
+            row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
+            base_remote = _mean([base.epoch_remote_bytes[i] for i in steady])
+            row["remote_bytes_cut"] = 1.0 - remote / max(base_remote, 1)
+        rows.append(row)
+    return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
+            "remote_bytes_from": "server" if served else "loader workers' counters",
+            "local_s_per_sample": local_s, "request_overhead_s": overhead_s,
+            "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
+            "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
+            "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows}
+
+
+def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
+    """The side-by-side table (terminal or markdown)."""
+    head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
+            "remote MB/epoch", "hit rate (memory)", "bytes cut", "model ms", "model error"]
+    lines = []
+    for r in report["rows"]:
+        ci = r.get("speedup_ci95")
+        lines.append([r["mode"], f"{r['step_s_epoch1'] * 1e3:.1f}", f"{r['step_s_steady'] * 1e3:.1f}",
+                      f"{r['wait_s_steady'] * 1e3:.1f}", f"{r['sync_s_steady'] * 1e3:.1f}",
+                      f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
+                      f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
+                      f"{r['hit_rate_steady']:.0%} ({r['memory_hit_rate_steady']:.0%})",
+                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
+                      f"{r['prediction_error']:+.0%}"])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in [head] + lines)
