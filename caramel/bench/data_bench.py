@@ -59,6 +59,7 @@ class DataBenchConfig:
     modes: tuple[str, ...] = MODES
     seed: int = 0
     timeout_s: float = 600.0
+    calibration_steps: int = 40  # steps of compute and all-reduce without data, at start: the model's compute+comm
 
 
 @dataclass
@@ -113,6 +114,14 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
     try:
         counters = TierCounters()  # before the loaders fork their workers, which inherit it
         token = torch.zeros(1)
+        no_data = []
+        for _ in range(cfg.calibration_steps):
+            t0 = time.perf_counter()
+            time.sleep(cfg.compute_s)
+            dist.all_reduce(token)
+            no_data.append(time.perf_counter() - t0)
+        if rank == 0:
+            queue.put(sorted(no_data)[len(no_data) // 2])
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
@@ -123,10 +132,12 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                     before = counters.snapshot()
                     steps, waits, syncs = [], [], []
                     last = time.perf_counter()
-                    it = iter(loader)
+                    it = None
                     while True:
                         t0 = time.perf_counter()
                         try:
+                            if it is None:  # starting the epoch (workers told to begin) is part of the first wait
+                                it = iter(loader)
                             next(it)
                         except StopIteration:
                             break
@@ -150,6 +161,20 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         dist.destroy_process_group()
 
 
+def _get(queue, procs, timeout_s: float):
+    """The next message; a rank that died meanwhile is an error at once, not after the timeout."""
+    import queue as queues
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return queue.get(timeout=1.0)
+        except queues.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
+
+
 def is_local(url: str) -> bool:
     """A directory on this machine (served behind the emulated link) rather than a remote store."""
     return "://" not in url or url.startswith("file://")
@@ -157,7 +182,7 @@ def is_local(url: str) -> bool:
 
 def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, Any]:
     """Run every mode, every round, on the store at `url` (None: a generated data set); return the report."""
-    from caramel.bench.data_report import local_s_per_sample, request_overhead_s, summarize
+    from caramel.bench.data_report import measure_local_costs, request_overhead_s, summarize
 
     for m in cfg.modes:
         if m not in MODES:
@@ -178,16 +203,18 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             else:
                 data_url, overhead_s = url, 0.0
                 index = Store(url).index()
-            local_s = local_s_per_sample(data_url, index)
+            costs = measure_local_costs(data_url, index, cfg.batch_size, str(workdir))
+            costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)
-            results = _run_ranks(cfg, data_url, workdir, budget, server)
-        return summarize(cfg, results, index, local_s, overhead_s, budget,
-                         source=url or "generated", served=server is not None)
+            results, costs["compute_comm_s"] = _run_ranks(cfg, data_url, workdir, budget, server)
+        return summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server) -> dict[str, ModeResult]:
+def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int],
+               server) -> tuple[dict[str, ModeResult], float | None]:
+    """Each mode's results, and the median step of compute and all-reduce alone (before the modes)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -197,7 +224,9 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()
+    compute_comm_s = None
     try:
+        compute_comm_s = _get(queue, procs, cfg.timeout_s)
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 for _epoch in range(cfg.epochs):
@@ -209,7 +238,7 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
                         results[mode].epoch_requests.append(server.requests_served - q0)
                     tiers: dict[str, int] = {}
                     for _ in range(cfg.ranks):
-                        rank, counts, steps, wait_s, sync_s = queue.get(timeout=cfg.timeout_s)
+                        rank, counts, steps, wait_s, sync_s = _get(queue, procs, cfg.timeout_s)
                         tiers = {k: tiers.get(k, 0) + v for k, v in counts.items()}
                         if rank == 0:
                             results[mode].epoch_step_s.append(steps)
@@ -229,4 +258,4 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if bad:
         raise RuntimeError(f"a rank process failed (exit codes {bad})")
-    return results
+    return results, compute_comm_s

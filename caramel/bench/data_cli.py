@@ -81,9 +81,12 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
 def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown_out: str | None) -> int:
     result = run_data_bench(cfg, url)
     print(format_rows(result))
-    print(f"local decode {result['local_s_per_sample'] * 1e6:.0f} us/sample, request overhead "
-          f"{result['request_overhead_s'] * 1e3:.2f} ms (measured; the model's inputs); remote bytes from the "
-          f"{result['remote_bytes_from']}")
+    c = result["measured_costs"]
+    print(f"the model's inputs, measured alone: decode {c['local_s_per_sample'] * 1e6:.0f} us/sample, disk read "
+          f"{c['disk_s_per_read'] * 1e3:.2f} ms/shard, batch trip {c['batch_s_pipe'] * 1e3:.2f} ms by pipe and "
+          f"{c['batch_s_shared'] * 1e3:.2f} ms by shared memory, compute+all-reduce "
+          f"{(c['compute_comm_s'] or 0) * 1e3:.2f} ms, request overhead {c['request_overhead_s'] * 1e3:.2f} ms; "
+          f"remote bytes from the {result['remote_bytes_from']}")
     if json_out:
         atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if markdown_out:

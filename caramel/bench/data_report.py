@@ -8,24 +8,55 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import torch
+
+from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
+from caramel.data.transport import PIPE_MAX_BYTES, WorkerCollate, received
 from caramel.stats import median, paired_ratio_interval
 
 
-def local_s_per_sample(url: str, index: DatasetIndex) -> float:
-    """Decode time of one sample from a shard in memory (the model's local term), measured."""
+def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
+    """The model's local inputs, each measured on its own on this machine: decoding one sample
+    from memory, reading one shard back from the disk cache (checksum included), and one batch's
+    collate and trip from a loader worker to this process, by pipe and by shared memory."""
     info = index.shards[0]
     data = Store(url).read_shard(info)
-    t0 = time.perf_counter()
-    reps = 0
+    samples = [decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench") for p in range(info.num_samples)]
+    t0, reps = time.perf_counter(), 0
     while time.perf_counter() - t0 < 0.2:
         for p in range(info.num_samples):
             decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench")
         reps += info.num_samples
-    return (time.perf_counter() - t0) / reps
+    decode_s = (time.perf_counter() - t0) / reps
+    cache = ShardCache(os.path.join(workdir, "measure-cache"), info.nbytes)
+    cache.put(info, data)
+    t0, reads = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.2:
+        cache.get(info)
+        reads += 1
+    disk_s = (time.perf_counter() - t0) / reads
+    return {"local_s_per_sample": decode_s, "disk_s_per_read": disk_s,
+            "batch_s_pipe": _batch_trip_s(samples, batch_size, WorkerCollate()),
+            "batch_s_shared": _batch_trip_s(samples, batch_size, None)}
+
+
+def _batch_trip_s(samples: list, batch_size: int, collate) -> float:
+    """Seconds per batch through a one-worker DataLoader over samples already decoded in memory."""
+    batches = 60
+    items = [samples[i % len(samples)] for i in range(batches * batch_size)]
+    kwargs = {"collate_fn": collate} if collate is not None else {}
+    loader = torch.utils.data.DataLoader(items, batch_size=batch_size, num_workers=1, persistent_workers=True,
+                                         multiprocessing_context="fork", **kwargs)
+    for _ in loader:  # the first pass starts the worker
+        pass
+    t0 = time.perf_counter()
+    for b in loader:
+        received(b)
+    return (time.perf_counter() - t0) / batches
 
 
 def request_overhead_s(directory: str) -> float:
@@ -45,10 +76,24 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def summarize(cfg, results: dict[str, Any], index: DatasetIndex, local_s: float, overhead_s: float,
+def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float) -> DataLoadModel:
+    """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
+    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe."""
+    shard_bytes = index.nbytes / len(index.shards)
+    pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
+    return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
+                         store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
+                         hit_rate=min(hit, 1.0), memory_hit_rate=min(memory_hit, hit, 1.0),
+                         request_bytes=None if mode == "remote" else shard_bytes,
+                         loader_workers=cfg.loader_workers, local_s_per_sample=costs["local_s_per_sample"],
+                         request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
+                         batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
+                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0))
+
+
+def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str, float],
               budget: tuple[int, int], source: str, served: bool) -> dict[str, Any]:
     sample_bytes = index.nbytes / index.num_samples
-    shard_bytes = index.nbytes / len(index.shards)
     per_epoch = len(next(iter(results.values())).epoch_step_s)
     steady = [i for i in range(per_epoch) if i % cfg.epochs >= 1]
     first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
@@ -61,11 +106,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, local_s: float,
         remote = _mean([r.epoch_remote_bytes[i] for i in steady])
         tiers = {k: _mean([r.epoch_tiers[i][k] for i in steady]) for k in r.epoch_tiers[0]}
         hit = (tiers["memory_hits"] + tiers["disk_hits"]) / samples_per_epoch
-        model = DataLoadModel(sample_bytes=sample_bytes, batch_size=cfg.batch_size, ranks=cfg.ranks,
-                              store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
-                              hit_rate=min(hit, 1.0), request_bytes=None if mode == "remote" else shard_bytes,
-                              loader_workers=cfg.loader_workers, local_s_per_sample=local_s,
-                              request_overhead_s=overhead_s)
+        model = predict(cfg, mode, index, costs, hit, tiers["memory_hits"] / samples_per_epoch)
+        compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
@@ -75,7 +117,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, local_s: float,
                "requests_per_epoch_steady": _mean([r.epoch_requests[i] for i in steady]),
                "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
                "memory_hit_rate_steady": tiers["memory_hits"] / samples_per_epoch,
-               "predicted_step_s": model.step_time_s(cfg.compute_s), "predicted_data_s": model.data_time_s()}
+               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s()}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
@@ -85,7 +127,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, local_s: float,
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "local_s_per_sample": local_s, "request_overhead_s": overhead_s,
+            "measured_costs": costs, "local_s_per_sample": costs["local_s_per_sample"],
+            "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
             "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows}

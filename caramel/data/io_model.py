@@ -8,8 +8,15 @@ link of `store_bandwidth_bps`, which all ranks share. `loader_workers` processes
 fetch in parallel, so latency and local work divide among them; the link does not:
 
     remote_s = requests * (latency + overhead) / k  +  ranks * remote_bytes * 8 / bandwidth
-    local_s  = batch * local_s_per_sample / min(k, cores per rank)
+    local_s  = (batch * local_s_per_sample + disk reads * disk_s_per_read + batch_overhead_s)
+               / min(k, cores per rank)
     data_s   = remote_s + local_s
+
+The hits come from two tiers: `memory_hit_rate` of the samples from the loader worker's memory
+(decode only) and the rest of `hit_rate` from the disk cache, where a sample whose shard is
+not in memory costs one read of the whole shard (`disk_s_per_read`: read plus checksum, measured)
+and the shard's other samples then come from memory. `batch_overhead_s` is each batch's fixed
+cost in a worker (collate, the trip to the training process), measured for the transport used.
 
 With workers prefetching ahead of the step, the step takes max(compute_s, data_s); without
 (`loader_workers=0`) the two add. Data is the bottleneck when data_s > compute_s.
@@ -38,10 +45,18 @@ class DataLoadModel:
     local_s_per_sample: float = 0.0
     cores_per_rank: float = 1.0
     request_overhead_s: float = 0.0  # client + server CPU per request, measured on an unshaped link
+    memory_hit_rate: float = 0.0  # of all samples, served from the memory tier (part of hit_rate)
+    disk_s_per_read: float = 0.0  # one shard read from the disk cache, checksum included
+    batch_overhead_s: float = 0.0  # per batch in a worker: collate and the trip to the training process
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
             raise CaramelError(f"hit_rate must be within [0, 1], got {self.hit_rate}")
+        if not 0.0 <= self.memory_hit_rate <= self.hit_rate + 1e-12:
+            raise CaramelError(f"memory_hit_rate must be within [0, hit_rate={self.hit_rate}], got {self.memory_hit_rate}")
+        if self.disk_s_per_read < 0 or self.batch_overhead_s < 0:
+            raise CaramelError(f"disk_s_per_read and batch_overhead_s must be >= 0, got {self.disk_s_per_read}, "
+                               f"{self.batch_overhead_s}")
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
@@ -63,7 +78,9 @@ class DataLoadModel:
         if self.request_bytes is None:
             requests = math.ceil(requests - 1e-9)
         remote_s = requests * (self.store_latency_s + self.request_overhead_s) / k + self.ranks * remote * 8.0 / self.store_bandwidth_bps
-        local_s = self.batch_size * self.local_s_per_sample / max(min(k, self.cores_per_rank), 1.0)
+        disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size
+        local_work = self.batch_size * self.local_s_per_sample + disk_reads * self.disk_s_per_read + self.batch_overhead_s
+        local_s = local_work / max(min(k, self.cores_per_rank), 1.0)
         return remote_s + local_s
 
     def step_time_s(self, compute_s: float) -> float:

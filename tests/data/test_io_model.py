@@ -22,3 +22,14 @@ def test_terms():
 def test_bad_input_is_named():
     with pytest.raises(CaramelError, match="hit_rate"):
         DataLoadModel(1, 1, 1, 1.0, hit_rate=1.5)
+
+
+def test_cache_tiers():
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=2, store_bandwidth_bps=1e8, loader_workers=2,
+                local_s_per_sample=1e-4, disk_s_per_read=2e-3, batch_overhead_s=1e-3)
+    memory = DataLoadModel(**base, hit_rate=1.0, memory_hit_rate=1.0)
+    assert memory.data_time_s() == pytest.approx(10 * 1e-4 + 1e-3)  # decode and the batch's trip, no disk
+    disk = DataLoadModel(**base, hit_rate=1.0, memory_hit_rate=0.8)
+    assert disk.data_time_s() == pytest.approx(memory.data_time_s() + 2 * 2e-3)  # 2 samples' shards from disk
+    with pytest.raises(CaramelError, match="memory_hit_rate"):
+        DataLoadModel(**base, hit_rate=0.5, memory_hit_rate=0.6)
