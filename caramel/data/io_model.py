@@ -7,15 +7,22 @@ shards are cached, one sample for range reads), each paying `store_latency_s` pl
 link of `store_bandwidth_bps`, which all ranks share. `loader_workers` processes per rank
 fetch in parallel, so latency and local work divide among them; the link does not:
 
-    remote_s = requests * (latency + overhead) / k  +  ranks * remote_bytes * 8 / bandwidth
+    wait_s   = requests * (latency + overhead) / k          (each worker waits for its requests)
+    link_s   = ranks * remote_bytes * 8 / bandwidth           (the shared link moves every rank's bytes)
+    remote_s = max(wait_s, link_s) + min(wait_s, link_s) / c, c = k * ranks requests in flight
     local_s  = (batch * local_s_per_sample + disk reads * disk_s_per_read + batch_overhead_s)
                / min(k, cores per rank)
     data_s   = remote_s + local_s
 
-The hits come from two tiers: `memory_hit_rate` of the samples from the loader worker's memory
-(decode only) and the rest of `hit_rate` from the disk cache, where a sample whose shard is
-not in memory costs one read of the whole shard (`disk_s_per_read`: read plus checksum, measured)
-and the shard's other samples then come from memory. `batch_overhead_s` is each batch's fixed
+With one request in flight (c = 1) a request's wait and its transfer add up; with c in flight
+the link moves one request's bytes while the others wait, so the shorter phase hides behind the
+longer one but for 1/c of it.
+
+A miss fetches `request_bytes`; when a shard is fetched for only some of its samples (a cache
+that evicts it before the rest are read) the store sends `fetch_amplification` bytes per byte
+of the missed samples. The hits come from two tiers: `memory_hit_rate` of the samples from the loader worker's memory
+(decode only) and the rest of `hit_rate` from the disk cache, where one read of a whole shard
+(`disk_s_per_read`: read plus checksum, measured) serves `samples_per_disk_read` samples. `batch_overhead_s` is each batch's fixed
 cost in a worker (collate, the trip to the training process), measured for the transport used.
 
 With workers prefetching ahead of the step, the step takes max(compute_s, data_s); without
@@ -48,15 +55,19 @@ class DataLoadModel:
     memory_hit_rate: float = 0.0  # of all samples, served from the memory tier (part of hit_rate)
     disk_s_per_read: float = 0.0  # one shard read from the disk cache, checksum included
     batch_overhead_s: float = 0.0  # per batch in a worker: collate and the trip to the training process
+    samples_per_disk_read: float = 1.0  # samples served by one shard read from the disk cache
+    fetch_amplification: float = 1.0  # bytes fetched per byte of the missed samples (a shard fetched for a few of them)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
             raise CaramelError(f"hit_rate must be within [0, 1], got {self.hit_rate}")
         if not 0.0 <= self.memory_hit_rate <= self.hit_rate + 1e-12:
             raise CaramelError(f"memory_hit_rate must be within [0, hit_rate={self.hit_rate}], got {self.memory_hit_rate}")
-        if self.disk_s_per_read < 0 or self.batch_overhead_s < 0:
-            raise CaramelError(f"disk_s_per_read and batch_overhead_s must be >= 0, got {self.disk_s_per_read}, "
-                               f"{self.batch_overhead_s}")
+        if self.fetch_amplification < 1:
+            raise CaramelError(f"fetch_amplification must be >= 1, got {self.fetch_amplification}")
+        if self.disk_s_per_read < 0 or self.batch_overhead_s < 0 or self.samples_per_disk_read < 1:
+            raise CaramelError(f"disk_s_per_read and batch_overhead_s must be >= 0 and samples_per_disk_read >= 1, "
+                               f"got {self.disk_s_per_read}, {self.batch_overhead_s}, {self.samples_per_disk_read}")
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
@@ -67,7 +78,7 @@ class DataLoadModel:
 
     def remote_bytes_per_step(self) -> float:
         """Bytes one rank fetches from the store per step."""
-        return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes
+        return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes * self.fetch_amplification
 
     def data_time_s(self) -> float:
         """Seconds of loading one rank's batch, spread over its loader workers."""
@@ -77,8 +88,10 @@ class DataLoadModel:
         requests = remote / per_request if remote > 0 else 0.0
         if self.request_bytes is None:
             requests = math.ceil(requests - 1e-9)
-        remote_s = requests * (self.store_latency_s + self.request_overhead_s) / k + self.ranks * remote * 8.0 / self.store_bandwidth_bps
-        disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size
+        wait_s = requests * (self.store_latency_s + self.request_overhead_s) / k
+        link_s = self.ranks * remote * 8.0 / self.store_bandwidth_bps
+        remote_s = max(wait_s, link_s) + min(wait_s, link_s) / (k * self.ranks)
+        disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size / self.samples_per_disk_read
         local_work = self.batch_size * self.local_s_per_sample + disk_reads * self.disk_s_per_read + self.batch_overhead_s
         local_s = local_work / max(min(k, self.cores_per_rank), 1.0)
         return remote_s + local_s
@@ -86,10 +99,10 @@ class DataLoadModel:
     def step_time_s(self, compute_s: float) -> float:
         """The step time with this data path: prefetched when there are workers, serial otherwise."""
         data = self.data_time_s()
-        return max(compute_s, data) if self.loader_workers > 0 else compute_s + data
+        return max(compute_s + self.batch_overhead_s, data) if self.loader_workers > 0 else compute_s + data
 
     def bottleneck(self, compute_s: float) -> str:
-        return "data" if self.data_time_s() > compute_s else "compute+comm"
+        return "data" if self.data_time_s() > compute_s + self.batch_overhead_s else "compute+comm"
 
     def describe(self) -> dict[str, Any]:
         return dict(asdict(self), data_time_s=self.data_time_s(), remote_bytes_per_step=self.remote_bytes_per_step())

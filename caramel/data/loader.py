@@ -38,30 +38,32 @@ class ShardedDataset(torch.utils.data.Dataset):
         self.store, self.cache, self.counters = store, cache, counters
         self.memory = memory if memory is not None else MemoryCache(0)
         self.index = store.index()
-        self._current: tuple[int, bytes] | None = None  # the shard in use: kept whatever the memory budget
+        self._current: tuple[int, bytes, str] | None = None  # the shard in use (kept whatever the memory budget)
 
     def __len__(self) -> int:
         return self.index.num_samples
 
-    def _shard_bytes(self, k: int) -> tuple[bytes, str, int]:
-        """The shard's bytes, the tier that served them and the store bytes fetched for them."""
+    def _shard_bytes(self, k: int) -> tuple[bytes, str, int, bool]:
+        """The shard's bytes, the tier they came from, the store bytes fetched now and whether the disk was read now.
+        Samples of the shard in use count for the tier that brought it: a shard fetched from the
+        store makes all of its samples misses, not one miss and the rest memory hits."""
         if self._current is not None and self._current[0] == k:
-            return self._current[1], "memory_hits", 0
+            return self._current[1], self._current[2], 0, False
         info = self.index.shards[k]
-        data, tier, fetched = self.memory.get(info.name), "memory_hits", 0
+        data, tier, fetched, disk_read = self.memory.get(info.name), "memory_hits", 0, False
         if data is None:
-            data, tier = self.cache.get(info), "disk_hits"
+            data, tier, disk_read = self.cache.get(info), "disk_hits", True
         if data is None:
             with self.cache.fetching(info):
                 data = self.cache.get(info, recheck=True)  # another worker may have fetched it while this one waited
                 if data is None:
-                    data, tier = self.store.read_shard(info), "misses"
+                    data, tier, disk_read = self.store.read_shard(info), "misses", False
                     fetched = len(data)
                     self.cache.put(info, data)
         if tier != "memory_hits":
             self.memory.put(info.name, data)  # whole and checked: the disk read and the fetch both check sha256
-        self._current = (k, data)
-        return data, tier, fetched
+        self._current = (k, data, tier)
+        return data, tier, fetched, disk_read
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
         k, pos = self.index.locate(int(i))
@@ -72,9 +74,9 @@ class ShardedDataset(torch.utils.data.Dataset):
             if self.counters is not None:
                 self.counters.add("misses", 1, len(data))
             return decode_sample(data, where)
-        data, tier, fetched = self._shard_bytes(k)
+        data, tier, fetched, disk_read = self._shard_bytes(k)
         if self.counters is not None:
-            self.counters.add(tier, 1 if fetched else 0, fetched)
+            self.counters.add(tier, 1 if fetched else 0, fetched, int(disk_read))
         return decode_sample(data[info.offsets[pos]:info.offsets[pos + 1]], where)
 
 

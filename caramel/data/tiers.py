@@ -11,8 +11,9 @@ process).
 
 `TierCounters` are shared by a rank's loader worker processes (an array in shared memory,
 inherited through fork), so the process that drives the loader can read what its workers
-fetched: samples served from memory, from the disk cache and from the store, and the store's
-requests and bytes.
+fetched: samples served from memory, from the disk cache and from the store (a sample counts
+for the tier its shard's bytes came from, also when its shard was already in use), the
+store's requests and bytes, and the shard reads from disk.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from caramel.errors import CaramelError
 
-FIELDS = ("memory_hits", "disk_hits", "misses", "store_requests", "store_bytes")
+FIELDS = ("memory_hits", "disk_hits", "misses", "store_requests", "store_bytes", "disk_reads")
 
 
 class MemoryCache:
@@ -73,6 +74,7 @@ class TierSnapshot:
     misses: int = 0
     store_requests: int = 0
     store_bytes: int = 0
+    disk_reads: int = 0  # whole shards read back from the disk cache
 
     def __sub__(self, other: "TierSnapshot") -> "TierSnapshot":
         return TierSnapshot(*(getattr(self, f) - getattr(other, f) for f in FIELDS))
@@ -96,14 +98,16 @@ class TierCounters:
     def __init__(self) -> None:
         self._array = multiprocessing.get_context("fork").Array("q", len(FIELDS), lock=True)
 
-    def add(self, tier: str, store_requests: int = 0, store_bytes: int = 0) -> None:
-        """One sample served by `tier` (memory_hits, disk_hits or misses), with what the store sent for it."""
+    def add(self, tier: str, store_requests: int = 0, store_bytes: int = 0, disk_reads: int = 0) -> None:
+        """One sample served by `tier` (memory_hits, disk_hits or misses), with what the store sent
+        and the shard reads from disk it took."""
         if self._array is None:
             return
         with self._array.get_lock():
             self._array[FIELDS.index(tier)] += 1
             self._array[3] += store_requests
             self._array[4] += store_bytes
+            self._array[5] += disk_reads
 
     def snapshot(self) -> TierSnapshot:
         if self._array is None:

@@ -65,7 +65,7 @@ def test_a_shard_that_failed_half_way_is_in_no_tier(dataset, tmp_path):
     finally:
         _FailingStore.fail = True
     s = counters.snapshot()
-    assert (s.misses, s.memory_hits, s.disk_hits, s.store_requests) == (1, 1, 1, 1)
+    assert (s.misses, s.memory_hits, s.disk_hits, s.store_requests, s.disk_reads) == (1, 1, 1, 1, 1)
 
 
 def test_counters_see_the_workers_tiers(dataset, tmp_path):
@@ -79,10 +79,10 @@ def test_counters_see_the_workers_tiers(dataset, tmp_path):
         seen.append(sorted(int(i) for _, y in loader for i in y))
         delta = counters.snapshot() - before
         assert delta.samples == 24
-        if epoch == 0:
-            assert delta.misses == 4 and delta.store_requests == 4  # each of the rank's 4 shards fetched once
+        if epoch == 0:  # each of the rank's 4 shards fetched once, by one of the workers
+            assert delta.store_requests == 4 and delta.misses >= 6 and delta.disk_reads <= 4
         else:  # persistent workers keep their memory tiers: no store, at most a disk read per shard per worker
-            assert delta.misses == 0 and delta.store_bytes == 0 and delta.disk_hits <= 8 and delta.hit_rate == 1.0
+            assert delta.misses == 0 and delta.store_bytes == 0 and delta.disk_reads <= 8 and delta.hit_rate == 1.0
     assert seen[0] == seen[1] == list(range(24))
 
 
