@@ -18,6 +18,9 @@ def test_terms():
     assert m.step_time_s(compute_s=0.01) == pytest.approx(m.data_time_s()) and m.bottleneck(0.01) == "data"
     serial = DataLoadModel(**{**m.__dict__, "loader_workers": 0})
     assert serial.step_time_s(0.01) == pytest.approx(0.01 + 32e-3 + 10e-3 / 4)  # the 4 ranks' requests overlap
+    busy = DataLoadModel(**{**m.__dict__, "request_overhead_s": 1e-3})
+    # the store handles 4 ranks x 10 requests of 1 ms one after another: 40 ms, more than the link's 32
+    assert busy.data_time_s() == pytest.approx(40e-3 + 5e-3 / 8)
     alone = DataLoadModel(**{**m.__dict__, "loader_workers": 1, "ranks": 1})
     assert alone.data_time_s() == pytest.approx(10e-3 + 8e-3)  # one request in flight: wait and transfer add up
 
