@@ -23,6 +23,16 @@ from caramel.jsonio import atomic_write_text
 from caramel.units import parse_duration_s, parse_rate_bps, parse_size_bytes
 
 
+def _duration_s(text: str, flag: str) -> float:
+    """A duration >= 0 (`0` allowed: no compute, an unshaped latency), or one error naming the flag."""
+    if str(text).strip().rstrip("smu") in ("0", "0.0", ""):
+        return 0.0
+    try:
+        return parse_duration_s(text)
+    except CaramelError:
+        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 such as 2ms") from None
+
+
 def add_loading_arguments(p, modes_flag: str = "--modes", epochs_flag: str = "--epochs") -> None:
     """The options of how the ranks load (shared by `bench --data` and `data-bench`)."""
     d = DataBenchConfig()
@@ -73,8 +83,8 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
     served = url is None or is_local(url)
     rate = parse_rate_bps(args.store_rate) if args.store_rate else (DataBenchConfig().store_rate_bps if served else None)
     return DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
-                           epochs=args.data_epochs, compute_s=parse_duration_s(args.compute), store_rate_bps=rate,
-                           store_latency_s=parse_duration_s(args.store_latency) if served else 0.0,
+                           epochs=args.data_epochs, compute_s=_duration_s(args.compute, "--compute"), store_rate_bps=rate,
+                           store_latency_s=_duration_s(args.store_latency, "--store-latency") if served else 0.0,
                            cache_share=args.cache_share, memory_share=args.memory_share, modes=modes, **generated)
 
 

@@ -11,7 +11,8 @@ import argparse
 import time
 
 from caramel.errors import CaramelError
-from caramel.units import parse_duration_s, parse_rate_bps, parse_size_bytes
+from caramel.commands.common import parse_duration_arg_s
+from caramel.units import parse_rate_bps, parse_size_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         Store(args.directory).index()  # a directory without a data set is named now, not on the first request
         rate = parse_rate_bps(args.rate) if args.rate else None
-        with serve_directory(args.directory, args.host, args.port, rate, parse_duration_s(args.latency)) as server:
+        with serve_directory(args.directory, args.host, args.port, rate, parse_duration_arg_s(args.latency, "--latency")) as server:
             print(f"serving {args.directory} at {server.url}", flush=True)
             try:
                 time.sleep(args.seconds) if args.seconds is not None else _forever()

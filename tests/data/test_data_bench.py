@@ -60,6 +60,8 @@ def test_bad_input_is_named(capsys, tmp_path):
     assert "'fast' is not a mode" in capsys.readouterr().err
     assert main(["data-bench", "--epochs", "1"]) == 2
     assert "epochs >= 2" in capsys.readouterr().err
+    assert main(["bench", "--data", str(tmp_path), "--compute", "fast"]) == 2
+    assert "--compute 'fast' is not understood" in capsys.readouterr().err
     assert main(["bench", "--data", str(tmp_path / "nothing")]) == 2
     assert f"data store '{tmp_path / 'nothing'}'" in capsys.readouterr().err
     assert main(["data", "serve", str(tmp_path)]) == 2
@@ -74,3 +76,25 @@ def test_data_make_writes_a_readable_data_set(tmp_path, capsys):
                  "--samples-per-shard", "4"]) == 0
     index = Store(str(tmp_path / "ds")).index()
     assert index.num_samples == 10 and len(index.shards) == 3
+
+
+def test_data_serve_serves_a_data_set_for_a_while(store_dir, capsys):
+    import threading
+    import time
+
+    import caramel.commands.data  # noqa: F401  imported here, so the server's seconds are not spent importing
+    from caramel.cli import main
+    from caramel.data.store import Store
+
+    result = {}
+    t = threading.Thread(target=lambda: result.update(rc=main(["data", "serve", str(store_dir), "--port", "0",
+                                                               "--rate", "100mbit", "--seconds", "4"])))
+    t.start()
+    deadline = time.monotonic() + 4
+    while "serving" not in result.setdefault("out", "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result["out"] += capsys.readouterr().out
+    url = result["out"].split(" at ")[1].split()[0]
+    assert Store(url).index().num_samples == SAMPLES  # read through the served link
+    t.join(timeout=10)
+    assert result["rc"] == 0 and "served 1 requests" in capsys.readouterr().out
