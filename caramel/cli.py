@@ -16,7 +16,8 @@ from caramel.errors import CaramelError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("caramel.train.cli", "train a model with Caramel on local workers, the emulated cluster, or under torchrun"),
     "bench": ("caramel.bench.cli", "run strategies side by side (DDP, Caramel variants) and report speedups"),
-    "data-bench": ("caramel.bench.data_cli", "data loading side by side: remote reads, a shard cache, the locality-aware sampler"),
+    "data-bench": ("caramel.bench.data_cli", "data loading side by side on a generated data set (see bench --data URL)"),
+    "data": ("caramel.commands.data", "make a sharded data set, or serve one over http behind an emulated link"),
     "profile": ("caramel.commands.profile", "profile a model: per-parameter sizes, gradient-ready and first-use times"),
     "plan": ("caramel.commands.plan", "make a communication plan from a profile and a cluster spec"),
     "simulate": ("caramel.commands.simulate", "predict step time for planners on a (possibly imaginary) cluster"),

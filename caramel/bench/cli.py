@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulated links' MTU in bytes, or auto (default; see `caramel cluster run --help`)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per configuration, seconds (default 600)")
     p.add_argument("--trace", metavar="DIR", help="write caramel strategies' timelines under DIR/<configuration>/")
+    data = p.add_argument_group("data loading (instead of strategies): the plain loader vs caramel.data on a store")
+    data.add_argument("--data", metavar="URL", help="the data set's store: a directory made by `caramel data make` "
+                      "(served behind --store-rate) or an http(s)/s3 URL; uses --workers, --batch-size, --rounds")
+    from caramel.bench.data_cli import add_loading_arguments
+
+    add_loading_arguments(data, modes_flag="--data-modes", epochs_flag="--data-epochs")
     p.add_argument("--json", metavar="OUT", help=f"write the records and the summary ({FORMAT})")
     p.add_argument("--markdown", metavar="OUT", help="write the markdown report")
 
@@ -193,6 +199,10 @@ def _check_trace_args(args: argparse.Namespace) -> BandwidthTrace | None:
 def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
+    if args.data:
+        from caramel.bench.data_cli import run_bench_data
+
+        return run_bench_data(args)
     strategies = parse_strategies(args.strategies)
     trace = _check_trace_args(args)
     configs, settings = select(args)

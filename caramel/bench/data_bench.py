@@ -1,15 +1,20 @@
-"""The data-loading benchmark: plain remote reads, a shard cache, and the locality-aware
-sampler, side by side on the same store, several epochs each.
+"""The data-loading benchmark: the plain loader, a shard cache, and the locality-aware sampler,
+side by side on the same store, several epochs each.
+
+The store is a URL: a local directory (or file:// URL) is served over http on loopback behind
+an emulated link (`store_rate_bps`, `store_latency_s`); an http(s):// or s3:// URL is read as it
+is, over whatever link leads to it. Without a URL a random data set is generated and served.
 
 W rank processes (gloo, one tiny all-reduce per step so ranks move in lockstep as data-parallel
 training does) each run every mode in turn, each round; a barrier that the parent joins marks
 every epoch, so the parent reads the server's byte counter per mode and epoch. A step is the
 wait for the next batch plus `compute_s` of sleep standing in for the model (a sleep, so the
-loader workers keep the CPUs). Modes:
+loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 
-- `remote`: DistributedSampler order, no cache, one range read per sample (a plain Dataset over remote files);
-- `cached`: DistributedSampler order, whole shards cached per rank (LRU, `cache_share` of a rank's share of the data);
-- `locality`: the locality-aware sampler over the same cache.
+- `remote`: torch's own `DataLoader` + `DistributedSampler` over the store, one range read per
+  sample, no cache (what a user has without `caramel.data`);
+- `cached`: `caramel.data`'s loader in DistributedSampler order, whole shards cached per rank;
+- `locality`: `caramel.data`'s loader with the locality-aware sampler over the same cache.
 """
 from __future__ import annotations
 
@@ -19,17 +24,18 @@ import shutil
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from caramel.data.format import write_dataset
-from caramel.data.io_model import DataLoadModel
-from caramel.data.loader import LoaderOptions, make_loader
+from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
-from caramel.stats import median, paired_ratio_interval
+from caramel.data.store import Store
+from caramel.data.tiers import TierCounters
+from caramel.errors import CaramelError
 
 MODES = ("remote", "cached", "locality")
 
@@ -37,58 +43,115 @@ MODES = ("remote", "cached", "locality")
 @dataclass
 class DataBenchConfig:
     ranks: int = 2
-    samples: int = 512
+    samples: int = 512  # the generated data set (no URL)
     sample_bytes: int = 16 * 1024
     samples_per_shard: int = 16
     batch_size: int = 8
     loader_workers: int = 2
+    prefetch_factor: int = 2
     epochs: int = 3
     rounds: int = 2
     compute_s: float = 0.004
-    store_rate_bps: float = 100e6
+    store_rate_bps: float | None = 100e6  # the emulated link of a served directory; for a URL, the model's input
     store_latency_s: float = 0.002
-    cache_share: float = 1.0  # cache budget per rank, as a share of the rank's 1/W of the data
+    cache_share: float = 1.0  # disk cache budget per rank, as a share of the rank's 1/W of the data
+    memory_share: float | None = None  # memory tier per loader worker, same unit (None: as cache_share)
     modes: tuple[str, ...] = MODES
     seed: int = 0
     timeout_s: float = 600.0
+    calibration_steps: int = 40  # steps of compute and all-reduce without data, at start: the model's compute+comm
 
 
 @dataclass
 class ModeResult:
     mode: str
     epoch_step_s: list[list[float]] = field(default_factory=list)  # [round*epoch] -> per-step times (rank 0)
+    epoch_wait_s: list[float] = field(default_factory=list)  # [round*epoch] -> rank 0's mean wait for a batch
+    epoch_sync_s: list[float] = field(default_factory=list)  # [round*epoch] -> rank 0's mean all-reduce
+    epoch_tiers: list[dict[str, int]] = field(default_factory=list)  # [round*epoch] -> all ranks' tier counts
     epoch_remote_bytes: list[int] = field(default_factory=list)  # [round*epoch], all ranks, from the server
     epoch_requests: list[int] = field(default_factory=list)
 
 
-def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, barrier, queue) -> None:
+def budgets(cfg: DataBenchConfig, index: DatasetIndex) -> tuple[int, int]:
+    """(disk cache bytes per rank, memory tier bytes per worker): shares of a rank's home shards."""
+    shard_bytes = index.nbytes / len(index.shards)
+    home = math.ceil(index.num_samples / cfg.ranks / (index.num_samples / len(index.shards))) * shard_bytes
+    memory_share = cfg.cache_share if cfg.memory_share is None else cfg.memory_share
+    return int(cfg.cache_share * home), int(memory_share * home)
+
+
+def _loader(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str, budget: tuple[int, int],
+            counters: TierCounters):
+    """(loader, the sampler to set_epoch or None) of one mode."""
+    if mode == "remote":
+        from caramel.data.loader import ShardedDataset
+
+        dataset = ShardedDataset(Store(url), counters=counters)
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=cfg.ranks, rank=rank, shuffle=True,
+                                                      seed=cfg.seed + rnd, drop_last=True)
+        kwargs: dict[str, Any] = {}
+        if cfg.loader_workers > 0:
+            kwargs = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True, multiprocessing_context="fork")
+        return torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                                           num_workers=cfg.loader_workers, **kwargs), sampler
+    from caramel.data.loader import LoaderOptions, make_loader
+
+    opts = LoaderOptions(batch_size=cfg.batch_size, num_workers=cfg.loader_workers, prefetch_factor=cfg.prefetch_factor,
+                         cache_dir=f"{workdir}/cache-{rnd}-{mode}", cache_budget_bytes=budget[0],
+                         memory_budget_bytes=budget[1], locality=(mode == "locality"), seed=cfg.seed + rnd)
+    return make_loader(url, rank, cfg.ranks, opts, counters=counters), None
+
+
+def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue) -> None:
+    import datetime
+
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/pg", rank=rank, world_size=cfg.ranks,
-                            timeout=__import__("datetime").timedelta(seconds=cfg.timeout_s))
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
-        shard_bytes = cfg.samples_per_shard * _encoded_sample_bytes(cfg)
-        budget = int(cfg.cache_share * math.ceil(cfg.samples / cfg.ranks / cfg.samples_per_shard) * shard_bytes)
+        counters = TierCounters()  # before the loaders fork their workers, which inherit it
         token = torch.zeros(1)
+        no_data = []
+        for _ in range(cfg.calibration_steps):
+            t0 = time.perf_counter()
+            time.sleep(cfg.compute_s)
+            dist.all_reduce(token)
+            no_data.append(time.perf_counter() - t0)
+        if rank == 0:
+            queue.put(sorted(no_data)[len(no_data) // 2])
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
-                cache_dir = None if mode == "remote" else f"{workdir}/cache-{rnd}-{mode}"
-                opts = LoaderOptions(batch_size=cfg.batch_size, num_workers=cfg.loader_workers, cache_dir=cache_dir,
-                                     cache_budget_bytes=budget, locality=(mode == "locality"), seed=cfg.seed + rnd,
-                                     persistent_workers=cfg.loader_workers > 0)
-                loader = make_loader(url, rank, cfg.ranks, opts)
+                loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
                 for epoch in range(cfg.epochs):
+                    if sampler is not None:
+                        sampler.set_epoch(epoch)
                     barrier.wait()
-                    times, last = [], time.perf_counter()
-                    for _batch in loader:
+                    before = counters.snapshot()
+                    steps, waits, syncs = [], [], []
+                    last = time.perf_counter()
+                    it = None
+                    while True:
+                        t0 = time.perf_counter()
+                        try:
+                            if it is None:  # starting the epoch (workers told to begin) is part of the first wait
+                                it = iter(loader)
+                            next(it)
+                        except StopIteration:
+                            break
+                        t1 = time.perf_counter()
                         time.sleep(cfg.compute_s)
+                        t2 = time.perf_counter()
                         dist.all_reduce(token)
                         now = time.perf_counter()
-                        times.append(now - last)
+                        steps.append(now - last)
+                        waits.append(t1 - t0)
+                        syncs.append(now - t2)
                         last = now
-                    if rank == 0:
-                        queue.put((rnd, mode, epoch, times))
+                    queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits),
+                               sum(syncs) / len(syncs)))
                     barrier.wait()
                 del loader
     except BaseException:
@@ -98,142 +161,101 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, barrier,
         dist.destroy_process_group()
 
 
-def _encoded_sample_bytes(cfg: DataBenchConfig) -> int:
-    from caramel.data.format import encode_sample
+def _get(queue, procs, timeout_s: float):
+    """The next message; a rank that died meanwhile is an error at once, not after the timeout."""
+    import queue as queues
 
-    return len(encode_sample((torch.zeros(cfg.sample_bytes, dtype=torch.uint8), torch.tensor(0))))
-
-
-def _local_s_per_sample(directory: Path) -> float:
-    """Read + decode time of one sample from a local shard (the model's local term), measured."""
-    from caramel.data.format import decode_sample
-    from caramel.data.store import Store
-
-    store = Store(str(directory))
-    info = store.index().shards[0]
-    t0 = time.perf_counter()
-    reps = 0
-    while time.perf_counter() - t0 < 0.2:
-        data = (directory / info.name).read_bytes()
-        for p in range(info.num_samples):
-            decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench")
-        reps += info.num_samples
-    return (time.perf_counter() - t0) / reps
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return queue.get(timeout=1.0)
+        except queues.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
 
 
-def _request_overhead_s(directory: Path) -> float:
-    """Median time of one range read from an unshaped server: the per-request CPU cost on this machine."""
-    from caramel.data.store import Store
-
-    with serve_directory(directory) as server:
-        store = Store(server.url)
-        info = store.index().shards[0]
-        times = []
-        for p in range(min(20, info.num_samples * 4)):
-            t0 = time.perf_counter()
-            store.read_sample_bytes(info, p % info.num_samples)
-            times.append(time.perf_counter() - t0)
-    return median(times)
+def is_local(url: str) -> bool:
+    """A directory on this machine (served behind the emulated link) rather than a remote store."""
+    return "://" not in url or url.startswith("file://")
 
 
-def run_data_bench(cfg: DataBenchConfig) -> dict[str, Any]:
-    """Run every mode, every round; return the records (JSON-ready)."""
-    import torch.multiprocessing as mp
+def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, Any]:
+    """Run every mode, every round, on the store at `url` (None: a generated data set); return the report."""
+    from caramel.bench.data_report import measure_local_costs, request_overhead_s, summarize
 
     for m in cfg.modes:
-        assert m in MODES, m
+        if m not in MODES:
+            raise CaramelError(f"data bench mode {m!r} is not one of {', '.join(MODES)}")
     workdir = Path(tempfile.mkdtemp(prefix="caramel-data-bench-"))
     try:
-        g = torch.Generator().manual_seed(cfg.seed)
-        write_dataset(workdir / "data", ((torch.randint(0, 256, (cfg.sample_bytes,), dtype=torch.uint8, generator=g),
-                                          torch.tensor(i)) for i in range(cfg.samples)), cfg.samples_per_shard)
-        local_s = _local_s_per_sample(workdir / "data")
-        overhead_s = _request_overhead_s(workdir / "data")
-        ctx = mp.get_context("spawn")
-        barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
-        results = {m: ModeResult(m) for m in cfg.modes}
-        with serve_directory(workdir / "data", rate_bps=cfg.store_rate_bps, latency_s=cfg.store_latency_s) as server:
-            procs = [ctx.Process(target=_rank_main, args=(r, cfg, server.url, str(workdir), barrier, queue))
-                     for r in range(cfg.ranks)]
-            for p in procs:
-                p.start()
-            try:
-                for _rnd in range(cfg.rounds):
-                    for mode in cfg.modes:
-                        for _epoch in range(cfg.epochs):
-                            barrier.wait()
-                            b0, q0 = server.bytes_served, server.requests_served
-                            barrier.wait()
-                            results[mode].epoch_remote_bytes.append(server.bytes_served - b0)
-                            results[mode].epoch_requests.append(server.requests_served - q0)
-                            results[mode].epoch_step_s.append(queue.get(timeout=cfg.timeout_s)[3])
-            except threading.BrokenBarrierError:
-                pass  # a rank failed; its exit code says so below
-            finally:
-                for p in procs:
-                    p.join(timeout=30)
-                    if p.is_alive():
-                        p.kill()
-            bad = [p.exitcode for p in procs if p.exitcode != 0]
-            if bad:
-                raise RuntimeError(f"a rank process failed (exit codes {bad})")
-        return _summarize(cfg, results, local_s, overhead_s, _encoded_sample_bytes(cfg))
+        with ExitStack() as stack:
+            server = None
+            if url is None or is_local(url):
+                directory = Path(url.removeprefix("file://")) if url else workdir / "data"
+                if url is None:
+                    write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
+                index = Store(str(directory)).index()  # a missing or damaged data set is named here, before serving
+                overhead_s = request_overhead_s(str(directory))
+                server = stack.enter_context(serve_directory(directory, rate_bps=cfg.store_rate_bps,
+                                                             latency_s=cfg.store_latency_s))
+                data_url = server.url
+            else:
+                data_url, overhead_s = url, 0.0
+                index = Store(url).index()
+            costs = measure_local_costs(data_url, index, cfg.batch_size, str(workdir))
+            costs["request_overhead_s"] = overhead_s
+            budget = budgets(cfg, index)
+            results, costs["compute_comm_s"] = _run_ranks(cfg, data_url, workdir, budget, server)
+        return summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _summarize(cfg: DataBenchConfig, results: dict[str, ModeResult], local_s: float, overhead_s: float,
-               sample_bytes: int) -> dict[str, Any]:
-    steady = {m: [i for i in range(len(r.epoch_step_s)) if i % cfg.epochs >= 1] for m, r in results.items()}
-    needed = cfg.samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks * sample_bytes  # per epoch
-    rows = []
-    base = results.get("remote")
-    for mode, r in results.items():
-        idx = steady[mode]
-        epoch_means = [sum(r.epoch_step_s[i]) / len(r.epoch_step_s[i]) for i in idx]
-        first = [sum(r.epoch_step_s[i]) / len(r.epoch_step_s[i]) for i in range(len(r.epoch_step_s)) if i % cfg.epochs == 0]
-        remote = sum(r.epoch_remote_bytes[i] for i in idx) / max(len(idx), 1)
-        hit = max(0.0, 1.0 - remote / needed)
-        model = DataLoadModel(sample_bytes=sample_bytes, batch_size=cfg.batch_size, ranks=cfg.ranks,
-                              store_bandwidth_bps=cfg.store_rate_bps, store_latency_s=cfg.store_latency_s, hit_rate=hit,
-                              request_bytes=None if mode == "remote" else cfg.samples_per_shard * sample_bytes,
-                              loader_workers=cfg.loader_workers, local_s_per_sample=local_s,
-                              request_overhead_s=overhead_s)
-        row = {"mode": mode, "step_s_epoch1": median(first), "step_s_steady": median(epoch_means),
-               "epoch_means_steady_s": epoch_means, "remote_bytes_per_epoch_steady": remote,
-               "remote_bytes_per_epoch_first": sum(r.epoch_remote_bytes[i] for i in range(len(r.epoch_step_s))
-                                                   if i % cfg.epochs == 0) / cfg.rounds,
-               "requests_per_epoch_steady": sum(r.epoch_requests[i] for i in idx) / max(len(idx), 1),
-               "hit_rate_steady": hit, "predicted_step_s": model.step_time_s(cfg.compute_s),
-               "predicted_data_s": model.data_time_s()}
-        row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
-        if base is not None:
-            ref = [sum(base.epoch_step_s[i]) / len(base.epoch_step_s[i]) for i in steady["remote"]]
-            row["speedup_vs_remote"] = median(ref) / median(epoch_means)
-            row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
-            row["remote_bytes_cut"] = 1.0 - remote / max(sum(base.epoch_remote_bytes[i] for i in steady["remote"])
-                                                         / len(steady["remote"]), 1)
-        rows.append(row)
-    return {"format": "caramel.data-bench/1", "config": asdict(cfg), "local_s_per_sample": local_s, "request_overhead_s": overhead_s,
-            "encoded_sample_bytes": sample_bytes, "data_bytes": sample_bytes * cfg.samples,
-            "cpu_count": os.cpu_count(), "rows": rows}
+def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int],
+               server) -> tuple[dict[str, ModeResult], float | None]:
+    """Each mode's results, and the median step of compute and all-reduce alone (before the modes)."""
+    import torch.multiprocessing as mp
 
-
-def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown)."""
-    head = ["mode", "epoch 1 ms", "epochs 2+ ms", "speedup", "95% interval", "remote MB/epoch", "hit rate",
-            "bytes cut", "model ms", "model error"]
-    lines = []
-    for r in report["rows"]:
-        ci = r.get("speedup_ci95")
-        lines.append([r["mode"], f"{r['step_s_epoch1'] * 1e3:.1f}", f"{r['step_s_steady'] * 1e3:.1f}",
-                      f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
-                      f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}", f"{r['hit_rate_steady']:.0%}",
-                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                      f"{r['prediction_error']:+.0%}"])
-    if markdown:
-        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])
-    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in [head] + lines)
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
+    results = {m: ModeResult(m) for m in cfg.modes}
+    procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue))
+             for r in range(cfg.ranks)]
+    for p in procs:
+        p.start()
+    compute_comm_s = None
+    try:
+        compute_comm_s = _get(queue, procs, cfg.timeout_s)
+        for _rnd in range(cfg.rounds):
+            for mode in cfg.modes:
+                for _epoch in range(cfg.epochs):
+                    barrier.wait()
+                    b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
+                    barrier.wait()
+                    if server is not None:
+                        results[mode].epoch_remote_bytes.append(server.bytes_served - b0)
+                        results[mode].epoch_requests.append(server.requests_served - q0)
+                    tiers: dict[str, int] = {}
+                    for _ in range(cfg.ranks):
+                        rank, counts, steps, wait_s, sync_s = _get(queue, procs, cfg.timeout_s)
+                        tiers = {k: tiers.get(k, 0) + v for k, v in counts.items()}
+                        if rank == 0:
+                            results[mode].epoch_step_s.append(steps)
+                            results[mode].epoch_wait_s.append(wait_s)
+                            results[mode].epoch_sync_s.append(sync_s)
+                    results[mode].epoch_tiers.append(tiers)
+                    if server is None:  # a store this bench does not run: what the ranks' workers counted
+                        results[mode].epoch_remote_bytes.append(tiers["store_bytes"])
+                        results[mode].epoch_requests.append(tiers["store_requests"])
+    except threading.BrokenBarrierError:
+        pass  # a rank failed; its exit code says so below
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    if bad:
+        raise RuntimeError(f"a rank process failed (exit codes {bad})")
+    return results, compute_comm_s

@@ -1,61 +1,117 @@
-"""`caramel data-bench`: plain remote reads vs a shard cache vs the locality-aware sampler.
+"""The data-loading benchmark's commands: `caramel bench --data URL` on an existing store, and
+`caramel data-bench` on a generated one.
 
-    caramel data-bench --ranks 2 --epochs 3 --rounds 3 --store-rate 100mbit --cache-share 1 --markdown OUT.md
+    caramel data make /srv/ds --samples 512 --sample-bytes 16kb --samples-per-shard 16
+    caramel bench --data /srv/ds --workers 2 --rounds 3 --data-epochs 3 --store-rate 100mbit
+    caramel bench --data http://10.0.0.1:8000 --workers 2        # a store over a real (or tc-shaped) link
+    caramel data-bench --ranks 2 --epochs 3 --rounds 3 --cache-share 1 --markdown OUT.md
 
-A generated data set is served on loopback by `caramel.data.serve` behind an emulated link
-(rate and per-request latency); each mode runs the same epochs; the table gives step times,
-the speedup over remote reads with its 95% interval, remote bytes, hit rate and the I/O
-model's prediction (docs/data.md).
+A local directory is served on loopback by `caramel.data.serve` behind an emulated link (rate
+and per-request latency); an http(s)/s3 URL is read as it is. Each mode runs the same epochs;
+the table gives step times and their parts, the speedup over the plain loader with its 95%
+interval, remote bytes, hit rate and the I/O model's prediction (docs/data.md).
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from caramel.bench.data_bench import MODES, DataBenchConfig, format_rows, run_data_bench
+from caramel.bench.data_bench import MODES, DataBenchConfig, is_local, run_data_bench
+from caramel.bench.data_report import format_rows
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.units import parse_duration_s, parse_rate_bps, parse_size_bytes
 
 
+def _duration_s(text: str, flag: str) -> float:
+    """A duration >= 0 (`0` allowed: no compute, an unshaped latency), or one error naming the flag."""
+    if str(text).strip().rstrip("smu") in ("0", "0.0", ""):
+        return 0.0
+    try:
+        return parse_duration_s(text)
+    except CaramelError:
+        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 such as 2ms") from None
+
+
+def add_loading_arguments(p, modes_flag: str = "--modes", epochs_flag: str = "--epochs") -> None:
+    """The options of how the ranks load (shared by `bench --data` and `data-bench`)."""
+    d = DataBenchConfig()
+    p.add_argument("--loader-workers", type=int, default=d.loader_workers, help="prefetching workers per rank")
+    p.add_argument(epochs_flag, dest="data_epochs", type=int, default=d.epochs,
+                   help=f"epochs per mode per round (the first is cold; default {d.epochs})")
+    p.add_argument("--compute", default="4ms", help="stand-in compute per step (a sleep; default 4ms)")
+    p.add_argument("--store-rate", help="a served directory's emulated link, shared by all ranks (default 100mbit); "
+                   "for a URL, the link's known rate, used by the model only")
+    p.add_argument("--store-latency", default="2ms", help="per request, of a served directory (default 2ms)")
+    p.add_argument("--cache-share", type=float, default=d.cache_share,
+                   help="disk cache per rank as a share of its 1/W of the data (default 1)")
+    p.add_argument("--memory-share", type=float,
+                   help="memory tier per loader worker, same unit (default: as --cache-share; 0: none)")
+    p.add_argument(modes_flag, dest="data_modes", default=",".join(MODES),
+                   help=f"comma-separated among {', '.join(MODES)}")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`caramel data-bench`: a generated data set."""
     d = DataBenchConfig()
     p.add_argument("--ranks", type=int, default=d.ranks, help=f"rank processes (default {d.ranks})")
     p.add_argument("--samples", type=int, default=d.samples, help=f"samples in the data set (default {d.samples})")
     p.add_argument("--sample-bytes", default=str(d.sample_bytes), help=f"bytes per sample (default {d.sample_bytes})")
     p.add_argument("--samples-per-shard", type=int, default=d.samples_per_shard)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per rank per step")
-    p.add_argument("--loader-workers", type=int, default=d.loader_workers, help="prefetching workers per rank")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="epochs per mode per round (the first is cold)")
     p.add_argument("--rounds", type=int, default=d.rounds, help="rounds (each mode once per round, fresh caches)")
-    p.add_argument("--compute", default="4ms", help="stand-in compute per step (a sleep; default 4ms)")
-    p.add_argument("--store-rate", default="100mbit", help="the store's link, shared by all ranks (default 100mbit)")
-    p.add_argument("--store-latency", default="2ms", help="per request (default 2ms)")
-    p.add_argument("--cache-share", type=float, default=d.cache_share,
-                   help="cache budget per rank as a share of its 1/W of the data (default 1)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated among {', '.join(MODES)}")
-    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/1)")
+    add_loading_arguments(p)
+    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/2)")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown")
 
 
-def run(args: argparse.Namespace) -> int:
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: int, url: str | None,
+                **generated) -> DataBenchConfig:
+    """The bench configuration from the shared options; one CaramelError naming a bad one."""
+    modes = tuple(m.strip() for m in args.data_modes.split(",") if m.strip())
     for m in modes:
         if m not in MODES:
-            raise CaramelError(f"--modes: {m!r} is not a mode; expected among {', '.join(MODES)}")
-    if args.ranks < 1 or args.epochs < 2 or args.rounds < 1 or args.cache_share < 0:
-        raise CaramelError("--ranks >= 1, --epochs >= 2 (the first is cold), --rounds >= 1, --cache-share >= 0 expected")
-    cfg = DataBenchConfig(ranks=args.ranks, samples=args.samples, sample_bytes=parse_size_bytes(args.sample_bytes),
-                          samples_per_shard=args.samples_per_shard, batch_size=args.batch_size,
-                          loader_workers=args.loader_workers, epochs=args.epochs, rounds=args.rounds,
-                          compute_s=parse_duration_s(args.compute), store_rate_bps=parse_rate_bps(args.store_rate),
-                          store_latency_s=parse_duration_s(args.store_latency), cache_share=args.cache_share, modes=modes)
-    report = run_data_bench(cfg)
-    print(format_rows(report))
-    print(f"local read+decode {report['local_s_per_sample'] * 1e6:.0f} us/sample, request overhead "
-          f"{report['request_overhead_s'] * 1e3:.2f} ms (measured; the model's inputs)")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=1, sort_keys=True) + "\n")
-    if args.markdown:
-        atomic_write_text(args.markdown, format_rows(report, markdown=True) + "\n")
+            raise CaramelError(f"data modes: {m!r} is not a mode; expected among {', '.join(MODES)}")
+    if ranks < 1 or args.data_epochs < 2 or rounds < 1 or args.cache_share < 0 or batch_size < 1:
+        raise CaramelError("ranks >= 1, epochs >= 2 (the first is cold), rounds >= 1, batch size >= 1 and "
+                           f"--cache-share >= 0 expected, got {ranks}, {args.data_epochs}, {rounds}, {batch_size}, "
+                           f"{args.cache_share}")
+    if args.memory_share is not None and args.memory_share < 0:
+        raise CaramelError(f"--memory-share must be >= 0, got {args.memory_share}")
+    if args.loader_workers < 0:
+        raise CaramelError(f"--loader-workers must be >= 0, got {args.loader_workers}")
+    served = url is None or is_local(url)
+    rate = parse_rate_bps(args.store_rate) if args.store_rate else (DataBenchConfig().store_rate_bps if served else None)
+    return DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
+                           epochs=args.data_epochs, compute_s=_duration_s(args.compute, "--compute"), store_rate_bps=rate,
+                           store_latency_s=_duration_s(args.store_latency, "--store-latency") if served else 0.0,
+                           cache_share=args.cache_share, memory_share=args.memory_share, modes=modes, **generated)
+
+
+def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown_out: str | None) -> int:
+    result = run_data_bench(cfg, url)
+    print(format_rows(result))
+    c = result["measured_costs"]
+    print(f"the model's inputs, measured alone: decode {c['local_s_per_sample'] * 1e6:.0f} us/sample, disk read "
+          f"{c['disk_s_per_read'] * 1e3:.2f} ms/shard, batch trip {c['batch_s_pipe'] * 1e3:.2f} ms by pipe and "
+          f"{c['batch_s_shared'] * 1e3:.2f} ms by shared memory, compute+all-reduce "
+          f"{(c['compute_comm_s'] or 0) * 1e3:.2f} ms, request overhead {c['request_overhead_s'] * 1e3:.2f} ms; "
+          f"remote bytes from the {result['remote_bytes_from']}")
+    if json_out:
+        atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
+    if markdown_out:
+        atomic_write_text(markdown_out, format_rows(result, markdown=True) + "\n")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from(args, args.ranks, args.batch_size, args.rounds, None, samples=args.samples,
+                      sample_bytes=parse_size_bytes(args.sample_bytes), samples_per_shard=args.samples_per_shard)
+    return report(cfg, None, args.json, args.markdown)
+
+
+def run_bench_data(args: argparse.Namespace) -> int:
+    """`caramel bench --data URL`: the bench's --workers ranks, --batch-size, --rounds on that store."""
+    cfg = config_from(args, args.workers or 2, args.batch_size or DataBenchConfig().batch_size,
+                      args.rounds or DataBenchConfig().rounds, args.data, timeout_s=args.timeout)
+    return report(cfg, args.data, args.json, args.markdown)

@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data-request-bytes", help="bytes per store request (a shard: 64mb); default one sample (range reads)")
     data.add_argument("--data-loader-workers", type=int, default=2, help="prefetching workers per rank (default 2; 0: serial)")
     data.add_argument("--data-local-per-sample", default="0", help="local read + decode time per sample: 50us (default 0)")
+    data.add_argument("--data-memory-hit-rate", type=float, default=0.0,
+                      help="share of samples from the loader's memory tier, part of --data-hit-rate (default 0)")
+    data.add_argument("--data-disk-per-read", default="0", help="one shard read from the disk cache: 2ms (default 0)")
+    data.add_argument("--data-batch-overhead", default="0",
+                      help="per batch in a loader worker, collate and transport: 300us (default 0)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -129,7 +134,10 @@ def _data_model(args: argparse.Namespace, ranks: int):
         store_latency_s=parse_duration_arg_s(args.data_latency, "--data-latency"), hit_rate=args.data_hit_rate,
         request_bytes=parse_size_bytes(args.data_request_bytes) if args.data_request_bytes else None,
         loader_workers=args.data_loader_workers,
-        local_s_per_sample=parse_duration_arg_s(args.data_local_per_sample, "--data-local-per-sample"))
+        local_s_per_sample=parse_duration_arg_s(args.data_local_per_sample, "--data-local-per-sample"),
+        memory_hit_rate=args.data_memory_hit_rate,
+        disk_s_per_read=parse_duration_arg_s(args.data_disk_per_read, "--data-disk-per-read"),
+        batch_overhead_s=parse_duration_arg_s(args.data_batch_overhead, "--data-batch-overhead"))
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:

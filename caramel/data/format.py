@@ -189,3 +189,13 @@ def write_dataset(directory: str | os.PathLike, samples: Iterable[Sequence[torch
     index = DatasetIndex(tuple(shards))
     write_json(out / INDEX_NAME, index.to_dict())
     return index
+
+
+def write_random_dataset(directory: str | os.PathLike, samples: int, sample_bytes: int, samples_per_shard: int,
+                         seed: int = 0) -> DatasetIndex:
+    """A benchmark data set: `samples` of (`sample_bytes` random bytes as uint8, the sample's index)."""
+    if samples < 1 or sample_bytes < 1:
+        raise CaramelError(f"a random data set needs samples >= 1 and sample_bytes >= 1, got {samples}, {sample_bytes}")
+    g = torch.Generator().manual_seed(seed)
+    return write_dataset(directory, ((torch.randint(0, 256, (sample_bytes,), dtype=torch.uint8, generator=g),
+                                      torch.tensor(i)) for i in range(samples)), samples_per_shard)

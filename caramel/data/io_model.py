@@ -1,18 +1,33 @@
 """How long a step waits for its data: an analytical model of loading from a shared store.
 
-Each of `ranks` ranks needs `batch_size` samples of `sample_bytes` per step. A share
-`hit_rate` is read locally (page cache or disk, `local_s_per_sample` each: read plus decode,
-measured); the rest comes from the store in requests of `request_bytes` (a whole shard when
-shards are cached, one sample for range reads), each paying `store_latency_s` plus `request_overhead_s` (CPU time of a request, measured), over the store's
-link of `store_bandwidth_bps`, which all ranks share. `loader_workers` processes per rank
-fetch in parallel, so latency and local work divide among them; the link does not:
+Each of `ranks` ranks needs `batch_size` samples of `sample_bytes` per step. A share `hit_rate`
+is read locally; the rest comes from the store in requests of `request_bytes` (a whole shard
+when shards are cached, one sample for range reads), each waiting `store_latency_s` and costing
+`request_overhead_s` of the store's CPU (measured; one store serves every rank, so like the
+link of `store_bandwidth_bps` it is shared). `loader_workers` (k) processes per rank fetch in
+parallel, so waits and local work divide among them; the link and the store do not:
 
-    remote_s = requests * (latency + overhead) / k  +  ranks * remote_bytes * 8 / bandwidth
-    local_s  = batch * local_s_per_sample / min(k, cores per rank)
+    wait_s   = requests * latency / k                    (each worker waits for its requests)
+    link_s   = max(ranks * remote_bytes * 8 / bandwidth, ranks * requests * overhead)
+    remote_s = max(wait_s, link_s) + min(wait_s, link_s) / c,   c = k * ranks requests in flight
+    local_s  = (batch * local_s_per_sample + disk reads * disk_s_per_read + batch_overhead_s)
+               / min(k, cores per rank)
     data_s   = remote_s + local_s
 
-With workers prefetching ahead of the step, the step takes max(compute_s, data_s); without
-(`loader_workers=0`) the two add. Data is the bottleneck when data_s > compute_s.
+With one request in flight (c = 1) a request's wait and its transfer add up; with c in flight
+the link moves one request's bytes while the others wait, so the shorter phase hides behind the
+longer one but for 1/c of it. A shard fetched for only some of its samples (a cache that evicts
+it before the rest are read) costs `fetch_amplification` bytes per byte of the missed samples.
+
+The hits come from two tiers: `memory_hit_rate` of the samples from the loader worker's memory
+(decode only, `local_s_per_sample`) and the rest of `hit_rate` from the disk cache, where one
+read of a whole shard (`disk_s_per_read`: read plus checksum, measured) serves
+`samples_per_disk_read` samples. `batch_overhead_s` is each batch's fixed cost (collate, the
+trip from the worker to the training process), measured for the transport used.
+
+With workers prefetching the step takes max(compute_s + batch_overhead_s, data_s) (the training
+process receives each batch itself, which no prefetching hides); without (`loader_workers=0`)
+the two add. Data is the bottleneck when data_s exceeds the compute side.
 """
 from __future__ import annotations
 
@@ -37,11 +52,23 @@ class DataLoadModel:
     loader_workers: int = 2
     local_s_per_sample: float = 0.0
     cores_per_rank: float = 1.0
-    request_overhead_s: float = 0.0  # client + server CPU per request, measured on an unshaped link
+    request_overhead_s: float = 0.0  # CPU per request, measured on an unshaped link; the store's, shared by all ranks
+    memory_hit_rate: float = 0.0  # of all samples, served from the memory tier (part of hit_rate)
+    disk_s_per_read: float = 0.0  # one shard read from the disk cache, checksum included
+    batch_overhead_s: float = 0.0  # per batch in a worker: collate and the trip to the training process
+    samples_per_disk_read: float = 1.0  # samples served by one shard read from the disk cache
+    fetch_amplification: float = 1.0  # bytes fetched per byte of the missed samples (a shard fetched for a few of them)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
             raise CaramelError(f"hit_rate must be within [0, 1], got {self.hit_rate}")
+        if not 0.0 <= self.memory_hit_rate <= self.hit_rate + 1e-12:
+            raise CaramelError(f"memory_hit_rate must be within [0, hit_rate={self.hit_rate}], got {self.memory_hit_rate}")
+        if self.fetch_amplification < 1:
+            raise CaramelError(f"fetch_amplification must be >= 1, got {self.fetch_amplification}")
+        if self.disk_s_per_read < 0 or self.batch_overhead_s < 0 or self.samples_per_disk_read < 1:
+            raise CaramelError(f"disk_s_per_read and batch_overhead_s must be >= 0 and samples_per_disk_read >= 1, "
+                               f"got {self.disk_s_per_read}, {self.batch_overhead_s}, {self.samples_per_disk_read}")
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
@@ -52,7 +79,7 @@ class DataLoadModel:
 
     def remote_bytes_per_step(self) -> float:
         """Bytes one rank fetches from the store per step."""
-        return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes
+        return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes * self.fetch_amplification
 
     def data_time_s(self) -> float:
         """Seconds of loading one rank's batch, spread over its loader workers."""
@@ -62,17 +89,21 @@ class DataLoadModel:
         requests = remote / per_request if remote > 0 else 0.0
         if self.request_bytes is None:
             requests = math.ceil(requests - 1e-9)
-        remote_s = requests * (self.store_latency_s + self.request_overhead_s) / k + self.ranks * remote * 8.0 / self.store_bandwidth_bps
-        local_s = self.batch_size * self.local_s_per_sample / max(min(k, self.cores_per_rank), 1.0)
+        wait_s = requests * self.store_latency_s / k
+        link_s = max(self.ranks * remote * 8.0 / self.store_bandwidth_bps, self.ranks * requests * self.request_overhead_s)
+        remote_s = max(wait_s, link_s) + min(wait_s, link_s) / (k * self.ranks)
+        disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size / self.samples_per_disk_read
+        local_work = self.batch_size * self.local_s_per_sample + disk_reads * self.disk_s_per_read + self.batch_overhead_s
+        local_s = local_work / max(min(k, self.cores_per_rank), 1.0)
         return remote_s + local_s
 
     def step_time_s(self, compute_s: float) -> float:
         """The step time with this data path: prefetched when there are workers, serial otherwise."""
         data = self.data_time_s()
-        return max(compute_s, data) if self.loader_workers > 0 else compute_s + data
+        return max(compute_s + self.batch_overhead_s, data) if self.loader_workers > 0 else compute_s + data
 
     def bottleneck(self, compute_s: float) -> str:
-        return "data" if self.data_time_s() > compute_s else "compute+comm"
+        return "data" if self.data_time_s() > compute_s + self.batch_overhead_s else "compute+comm"
 
     def describe(self) -> dict[str, Any]:
         return dict(asdict(self), data_time_s=self.data_time_s(), remote_bytes_per_step=self.remote_bytes_per_step())

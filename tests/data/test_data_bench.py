@@ -1,30 +1,100 @@
-"""The data bench end to end, small: two gloo ranks, a throttled server, remote reads vs the
-locality-aware sampler; the server's byte counts say what each mode fetched."""
+"""The data bench end to end, small: two gloo ranks on a store, the plain DataLoader +
+DistributedSampler vs the locality-aware loader; the server's byte counts and the loader
+workers' own counts say what each mode fetched."""
 import pytest
 
 from caramel.bench.data_bench import DataBenchConfig, run_data_bench
+from caramel.data.format import write_random_dataset
+from caramel.data.serve import serve_directory
+
+SAMPLES = 64
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    write_random_dataset(root, SAMPLES, 2048, 8)
+    return root
+
+
+def _config(**kw):
+    return DataBenchConfig(**dict(dict(ranks=2, batch_size=4, loader_workers=0, epochs=2, rounds=1, compute_s=0.0,
+                                       store_rate_bps=200e6, store_latency_s=0.0, cache_share=1.0,
+                                       modes=("remote", "locality"), timeout_s=60), **kw))
 
 
 @pytest.mark.timeout(120)
-def test_locality_reads_nothing_remote_after_the_first_epoch():
-    cfg = DataBenchConfig(ranks=2, samples=64, sample_bytes=2048, samples_per_shard=8, batch_size=4, loader_workers=0,
-                          epochs=2, rounds=1, compute_s=0.0, store_rate_bps=200e6, store_latency_s=0.0,
-                          cache_share=1.0, modes=("remote", "locality"), timeout_s=60)
-    report = run_data_bench(cfg)
+def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(store_dir):
+    report = run_data_bench(_config(), str(store_dir))
     rows = {r["mode"]: r for r in report["rows"]}
-    data = report["encoded_sample_bytes"] * 64
-    # remote: every sample of the epoch by a range read, every epoch
+    data = report["data_bytes"]
+    assert report["remote_bytes_from"] == "server" and report["num_samples"] == SAMPLES
+    # the plain loader: every sample of the epoch by a range read, every epoch, all of them misses
     assert rows["remote"]["remote_bytes_per_epoch_steady"] == data
-    assert rows["remote"]["requests_per_epoch_steady"] == 64
-    # locality: epoch 1 fetches each rank's home shards once (the index reads fall in it too), epoch 2 nothing
+    assert rows["remote"]["requests_per_epoch_steady"] == SAMPLES
+    assert rows["remote"]["tiers_per_epoch_steady"]["misses"] == SAMPLES
+    assert rows["remote"]["tiers_per_epoch_steady"]["store_bytes"] == data  # the workers' count is the server's
+    # locality: epoch 1 fetches each rank's home shards once, epoch 2 nothing
     assert rows["locality"]["remote_bytes_per_epoch_first"] >= data
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0 and rows["locality"]["hit_rate_steady"] == 1.0
 
 
-def test_bad_input_is_named(capsys):
+@pytest.mark.timeout(120)
+def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
+    with serve_directory(store_dir) as server:
+        report = run_data_bench(_config(loader_workers=1), server.url)
+        served = server.bytes_served
+    rows = {r["mode"]: r for r in report["rows"]}
+    assert report["remote_bytes_from"] == "loader workers' counters" and report["source"] == server.url
+    assert rows["remote"]["remote_bytes_per_epoch_steady"] == report["data_bytes"]
+    assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0 and rows["locality"]["hit_rate_steady"] == 1.0
+    assert rows["locality"]["remote_bytes_per_epoch_first"] == report["data_bytes"]  # each shard once, in a worker
+    counted = sum(r["remote_bytes_per_epoch_steady"] + r["remote_bytes_per_epoch_first"] for r in rows.values())
+    assert 0 < counted <= served  # the server also sent the index and the model's measurement reads
+
+
+def test_bad_input_is_named(capsys, tmp_path):
     from caramel.cli import main
 
     assert main(["data-bench", "--modes", "remote,fast"]) == 2
     assert "'fast' is not a mode" in capsys.readouterr().err
     assert main(["data-bench", "--epochs", "1"]) == 2
-    assert "--epochs >= 2" in capsys.readouterr().err
+    assert "epochs >= 2" in capsys.readouterr().err
+    assert main(["bench", "--data", str(tmp_path), "--compute", "fast"]) == 2
+    assert "--compute 'fast' is not understood" in capsys.readouterr().err
+    assert main(["bench", "--data", str(tmp_path / "nothing")]) == 2
+    assert f"data store '{tmp_path / 'nothing'}'" in capsys.readouterr().err
+    assert main(["data", "serve", str(tmp_path)]) == 2
+    assert "index.json is not there" in capsys.readouterr().err
+
+
+def test_data_make_writes_a_readable_data_set(tmp_path, capsys):
+    from caramel.cli import main
+    from caramel.data.store import Store
+
+    assert main(["data", "make", str(tmp_path / "ds"), "--samples", "10", "--sample-bytes", "1kb",
+                 "--samples-per-shard", "4"]) == 0
+    index = Store(str(tmp_path / "ds")).index()
+    assert index.num_samples == 10 and len(index.shards) == 3
+
+
+def test_data_serve_serves_a_data_set_for_a_while(store_dir, capsys):
+    import threading
+    import time
+
+    import caramel.commands.data  # noqa: F401  imported here, so the server's seconds are not spent importing
+    from caramel.cli import main
+    from caramel.data.store import Store
+
+    result = {}
+    t = threading.Thread(target=lambda: result.update(rc=main(["data", "serve", str(store_dir), "--port", "0",
+                                                               "--rate", "100mbit", "--seconds", "4"])))
+    t.start()
+    deadline = time.monotonic() + 4
+    while "serving" not in result.setdefault("out", "") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result["out"] += capsys.readouterr().out
+    url = result["out"].split(" at ")[1].split()[0]
+    assert Store(url).index().num_samples == SAMPLES  # read through the served link
+    t.join(timeout=10)
+    assert result["rc"] == 0 and "served 1 requests" in capsys.readouterr().out

@@ -8,17 +8,37 @@ from caramel.errors import CaramelError
 def test_terms():
     m = DataLoadModel(sample_bytes=1e4, batch_size=10, ranks=4, store_bandwidth_bps=1e8, store_latency_s=1e-3,
                       loader_workers=2)
-    # 10 range reads: 10 ms latency over 2 workers, 4 ranks x 1e5 bytes over 1e8 bit/s = 32 ms
-    assert m.data_time_s() == pytest.approx(5e-3 + 32e-3)
+    # 10 range reads: 10 ms latency over 2 workers, 4 ranks x 1e5 bytes over 1e8 bit/s = 32 ms;
+    # 8 requests in flight: the waits hide behind the link's transfers but for 1/8 of them
+    assert m.data_time_s() == pytest.approx(32e-3 + 5e-3 / 8)
     half = DataLoadModel(**{**m.__dict__, "hit_rate": 0.5, "request_bytes": 5e4, "local_s_per_sample": 1e-4})
-    # 5e4 remote bytes in one request: 0.5 ms + 16 ms; 10 local samples at 0.1 ms on one core
-    assert half.data_time_s() == pytest.approx(0.5e-3 + 16e-3 + 1e-3)
+    # 5e4 remote bytes in one request: 16 ms + 0.5 ms / 8; 10 local samples at 0.1 ms on one core
+    assert half.data_time_s() == pytest.approx(16e-3 + 0.5e-3 / 8 + 1e-3)
     assert half.step_time_s(compute_s=0.03) == 0.03 and half.bottleneck(0.03) == "compute+comm"
     assert m.step_time_s(compute_s=0.01) == pytest.approx(m.data_time_s()) and m.bottleneck(0.01) == "data"
     serial = DataLoadModel(**{**m.__dict__, "loader_workers": 0})
-    assert serial.step_time_s(0.01) == pytest.approx(0.01 + 10e-3 + 32e-3)
+    assert serial.step_time_s(0.01) == pytest.approx(0.01 + 32e-3 + 10e-3 / 4)  # the 4 ranks' requests overlap
+    busy = DataLoadModel(**{**m.__dict__, "request_overhead_s": 1e-3})
+    # the store handles 4 ranks x 10 requests of 1 ms one after another: 40 ms, more than the link's 32
+    assert busy.data_time_s() == pytest.approx(40e-3 + 5e-3 / 8)
+    alone = DataLoadModel(**{**m.__dict__, "loader_workers": 1, "ranks": 1})
+    assert alone.data_time_s() == pytest.approx(10e-3 + 8e-3)  # one request in flight: wait and transfer add up
 
 
 def test_bad_input_is_named():
     with pytest.raises(CaramelError, match="hit_rate"):
         DataLoadModel(1, 1, 1, 1.0, hit_rate=1.5)
+
+
+def test_cache_tiers():
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=2, store_bandwidth_bps=1e8, loader_workers=2,
+                local_s_per_sample=1e-4, disk_s_per_read=2e-3, batch_overhead_s=1e-3)
+    memory = DataLoadModel(**base, hit_rate=1.0, memory_hit_rate=1.0)
+    assert memory.data_time_s() == pytest.approx(10 * 1e-4 + 1e-3)  # decode and the batch's trip, no disk
+    disk = DataLoadModel(**base, hit_rate=1.0, memory_hit_rate=0.8)
+    assert disk.data_time_s() == pytest.approx(memory.data_time_s() + 2 * 2e-3)  # 2 samples' shards from disk
+    shared = DataLoadModel(**base, hit_rate=1.0, memory_hit_rate=0.8, samples_per_disk_read=2)
+    assert shared.data_time_s() == pytest.approx(memory.data_time_s() + 2e-3)  # one read serves both
+    assert memory.step_time_s(compute_s=5e-3) == pytest.approx(6e-3)  # the batch's trip is not prefetched
+    with pytest.raises(CaramelError, match="memory_hit_rate"):
+        DataLoadModel(**base, hit_rate=0.5, memory_hit_rate=0.6)

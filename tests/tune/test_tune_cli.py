@@ -35,3 +35,15 @@ def test_simulate_reports_the_data_bound_step(capsys):
                  "--data-sample-bytes", "1mb", "--data-batch", "64", "--data-bandwidth", "1gbit"]) == 0
     text = capsys.readouterr().out
     assert "bottleneck: data" in text  # 4 x 64 MB over 1 gbit/s: about 2 s per step of loading
+
+
+def test_simulate_counts_the_cache_tiers(capsys):
+    base = ["simulate", "--synthetic", "chain8", "--workers", "2", "--planner", "fifo", "--data-sample-bytes", "16kb",
+            "--data-batch", "8", "--data-hit-rate", "1", "--data-local-per-sample", "20us", "--data-loader-workers", "1"]
+    assert main(base + ["--data-memory-hit-rate", "1"]) == 0
+    memory = capsys.readouterr().out
+    assert "0.16 ms of loading per step" in memory  # 8 decodes of 20 us, nothing from disk or the store
+    assert main(base + ["--data-memory-hit-rate", "0.75", "--data-disk-per-read", "1ms"]) == 0
+    assert "2.16 ms of loading per step" in capsys.readouterr().out  # 2 of the 8 samples' shards read from disk
+    assert main(base + ["--data-memory-hit-rate", "0.5", "--data-hit-rate", "0.25"]) == 2
+    assert "memory_hit_rate" in capsys.readouterr().err

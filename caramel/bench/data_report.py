@@ -1,0 +1,166 @@
+"""The data bench's report: the measured inputs of the I/O model, the per-mode summary (step
+time and its parts, speedup with its interval, remote bytes, hit rate by tier, the model's
+prediction) and the table."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from caramel.data.cache import ShardCache
+from caramel.data.format import DatasetIndex, decode_sample
+from caramel.data.io_model import DataLoadModel
+from caramel.data.serve import serve_directory
+from caramel.data.store import Store
+from caramel.data.transport import PIPE_MAX_BYTES, WorkerCollate, received
+from caramel.stats import median, paired_ratio_interval
+
+
+def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
+    """The model's local inputs, each measured on its own on this machine: decoding one sample
+    from memory, reading one shard back from the disk cache (checksum included), and one batch's
+    collate and trip from a loader worker to this process, by pipe and by shared memory."""
+    info = index.shards[0]
+    data = Store(url).read_shard(info)
+    samples = [decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench") for p in range(info.num_samples)]
+    t0, reps = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.2:
+        for p in range(info.num_samples):
+            decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench")
+        reps += info.num_samples
+    decode_s = (time.perf_counter() - t0) / reps
+    cache = ShardCache(os.path.join(workdir, "measure-cache"), info.nbytes)
+    cache.put(info, data)
+    t0, reads = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.2:
+        cache.get(info)
+        reads += 1
+    disk_s = (time.perf_counter() - t0) / reads
+    return {"local_s_per_sample": decode_s, "disk_s_per_read": disk_s,
+            "batch_s_pipe": _batch_trip_s(samples, batch_size, WorkerCollate()),
+            "batch_s_shared": _batch_trip_s(samples, batch_size, None)}
+
+
+def _batch_trip_s(samples: list, batch_size: int, collate) -> float:
+    """Seconds per batch through a one-worker DataLoader over samples already decoded in memory."""
+    batches = 60
+    items = [samples[i % len(samples)] for i in range(batches * batch_size)]
+    kwargs = {"collate_fn": collate} if collate is not None else {}
+    loader = torch.utils.data.DataLoader(items, batch_size=batch_size, num_workers=1, persistent_workers=True,
+                                         multiprocessing_context="fork", **kwargs)
+    for _ in loader:  # the first pass starts the worker
+        pass
+    t0 = time.perf_counter()
+    for b in loader:
+        received(b)
+    return (time.perf_counter() - t0) / batches
+
+
+def request_overhead_s(directory: str) -> float:
+    """Median time of one range read from an unshaped server: the per-request CPU cost on this machine."""
+    with serve_directory(directory) as server:
+        store = Store(server.url)
+        info = store.index().shards[0]
+        times = []
+        for p in range(min(20, info.num_samples * 4)):
+            t0 = time.perf_counter()
+            store.read_sample_bytes(info, p % info.num_samples)
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float,
+            samples_per_disk_read: float = 1.0, amplification: float = 1.0) -> DataLoadModel:
+    """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
+    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe."""
+    shard_bytes = index.nbytes / len(index.shards)
+    pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
+    return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
+                         store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
+                         hit_rate=min(hit, 1.0), memory_hit_rate=min(memory_hit, hit, 1.0),
+                         request_bytes=None if mode == "remote" else shard_bytes,
+                         loader_workers=cfg.loader_workers, local_s_per_sample=costs["local_s_per_sample"],
+                         request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
+                         batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
+                         samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
+                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0))
+
+
+def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str, float],
+              budget: tuple[int, int], source: str, served: bool) -> dict[str, Any]:
+    sample_bytes = index.nbytes / index.num_samples
+    per_epoch = len(next(iter(results.values())).epoch_step_s)
+    steady = [i for i in range(per_epoch) if i % cfg.epochs >= 1]
+    first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
+    samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
+    rows = []
+    base = results.get("remote")
+    ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
+    for mode, r in results.items():
+        epoch_means = [_mean(r.epoch_step_s[i]) for i in steady]
+        remote = _mean([r.epoch_remote_bytes[i] for i in steady])
+        tiers = {k: _mean([r.epoch_tiers[i][k] for i in steady]) for k in r.epoch_tiers[0]}
+        # by bytes, as the store sees it (a shard fetched this epoch and then served from memory is no hit)
+        hit = max(0.0, 1.0 - remote / (samples_per_epoch * sample_bytes))
+        memory_share = tiers["memory_hits"] / samples_per_epoch
+        per_read = tiers["disk_hits"] / tiers["disk_reads"] if tiers.get("disk_reads") else 1.0
+        # the model takes the samples' hit rate and how many bytes each missed sample cost the store
+        sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
+        amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
+        model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
+                        per_read, amplification)
+        compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+        row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
+               "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
+               "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
+               "sync_s_steady": median([r.epoch_sync_s[i] for i in steady]),
+               "remote_bytes_per_epoch_steady": remote,
+               "remote_bytes_per_epoch_first": _mean([r.epoch_remote_bytes[i] for i in first]),
+               "requests_per_epoch_steady": _mean([r.epoch_requests[i] for i in steady]),
+               "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
+               "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
+               "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
+               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s()}
+        row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
+        if ref is not None:
+            row["speedup_vs_remote"] = median(ref) / median(epoch_means)
+            row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
+            base_remote = _mean([base.epoch_remote_bytes[i] for i in steady])
+            row["remote_bytes_cut"] = 1.0 - remote / max(base_remote, 1)
+        rows.append(row)
+    return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
+            "remote_bytes_from": "server" if served else "loader workers' counters",
+            "measured_costs": costs, "local_s_per_sample": costs["local_s_per_sample"],
+            "request_overhead_s": costs["request_overhead_s"],
+            "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
+            "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
+            "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows}
+
+
+def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
+    """The side-by-side table (terminal or markdown)."""
+    head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error"]
+    lines = []
+    for r in report["rows"]:
+        ci = r.get("speedup_ci95")
+        lines.append([r["mode"], f"{r['step_s_epoch1'] * 1e3:.1f}", f"{r['step_s_steady'] * 1e3:.1f}",
+                      f"{r['wait_s_steady'] * 1e3:.1f}", f"{r['sync_s_steady'] * 1e3:.1f}",
+                      f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
+                      f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
+                      f"{r['hit_rate_steady']:.0%}", f"{r['memory_share_steady']:.0%}",
+                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
+                      f"{r['prediction_error']:+.0%}"])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in [head] + lines)

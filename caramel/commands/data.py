@@ -1,0 +1,62 @@
+"""`caramel data`: make a data set in the sharded format, and serve a directory over http
+behind an emulated link (the store for `caramel bench --data URL`, e.g. inside one of
+`caramel cluster`'s network namespaces).
+
+    caramel data make /srv/ds --samples 512 --sample-bytes 16kb --samples-per-shard 16
+    caramel data serve /srv/ds --host 0.0.0.0 --port 8000 --rate 100mbit --latency 2ms
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from caramel.errors import CaramelError
+from caramel.commands.common import parse_duration_arg_s
+from caramel.units import parse_rate_bps, parse_size_bytes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    make = sub.add_parser("make", help="write a random data set (uint8 samples and their indices) to DIR")
+    make.add_argument("directory", metavar="DIR")
+    make.add_argument("--samples", type=int, default=512, help="samples (default 512)")
+    make.add_argument("--sample-bytes", default="16kb", help="bytes per sample (default 16kb)")
+    make.add_argument("--samples-per-shard", type=int, default=16, help="samples per shard file (default 16)")
+    make.add_argument("--seed", type=int, default=0)
+    serve = sub.add_parser("serve", help="serve DIR over http (GET, HEAD, byte ranges) behind an emulated link")
+    serve.add_argument("directory", metavar="DIR")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    serve.add_argument("--rate", help="the link's rate shared by all clients, e.g. 100mbit (default: unshaped)")
+    serve.add_argument("--latency", default="0", help="delay before each response, e.g. 2ms (default 0)")
+    serve.add_argument("--seconds", type=float, help="stop after this long (default: until interrupted)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.data_command == "make":
+        from caramel.data.format import write_random_dataset
+
+        index = write_random_dataset(args.directory, args.samples, parse_size_bytes(args.sample_bytes),
+                                     args.samples_per_shard, args.seed)
+        print(f"{args.directory}: {index.num_samples} samples in {len(index.shards)} shards, {index.nbytes} bytes")
+        return 0
+    if args.data_command == "serve":
+        from caramel.data.serve import serve_directory
+        from caramel.data.store import Store
+
+        Store(args.directory).index()  # a directory without a data set is named now, not on the first request
+        rate = parse_rate_bps(args.rate) if args.rate else None
+        with serve_directory(args.directory, args.host, args.port, rate, parse_duration_arg_s(args.latency, "--latency")) as server:
+            print(f"serving {args.directory} at {server.url}", flush=True)
+            try:
+                time.sleep(args.seconds) if args.seconds is not None else _forever()
+            except KeyboardInterrupt:
+                pass
+            print(f"served {server.requests_served} requests, {server.bytes_served} bytes")
+        return 0
+    raise CaramelError("caramel data: expected an action, make or serve")
+
+
+def _forever() -> None:
+    while True:
+        time.sleep(3600)
