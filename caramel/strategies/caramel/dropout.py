@@ -18,6 +18,7 @@ the simulator's bytes do not change. With nothing dropped anywhere nothing is mu
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import statistics
 from typing import Any
@@ -30,6 +31,7 @@ from caramel.errors import CaramelError
 from caramel.profile.dropout_groups import Group, Narrowing, find_groups
 from caramel.profile.dropout_table import DropoutTable, random_kept
 from caramel.strategies.caramel.balance import MIN_GAIN, WINDOW_STEPS
+from caramel.topology.spec import ClusterSpec
 
 
 def load_table(path: str | None, model: nn.Module) -> tuple[DropoutTable, list[Group]]:
@@ -157,6 +159,19 @@ class DropoutBalancer:
             mult = self._reducing.get(idx)
             if mult is not None:
                 fb.grad_view(fb.local_slot[idx]).view(self.engine.params[idx].shape).mul_(mult)
+
+
+def dropout_cluster(cluster: ClusterSpec, table: DropoutTable) -> ClusterSpec:
+    """What `balance="dropout"` makes of uneven workers, for the simulator: a worker s times
+    slower than the fastest (by more than `MIN_GAIN`) computes at speed / the time ratio of the
+    entry `table` picks for s, as `DropoutBalancer` would choose (bytes reduced do not change)."""
+    fastest = max(w.speed for w in cluster.workers)
+    workers = []
+    for w in cluster.workers:
+        s = fastest / w.speed
+        ratio = table.choose(s).time_ratio if s > 1.0 + MIN_GAIN else 1.0
+        workers.append(dataclasses.replace(w, speed=w.speed / ratio))
+    return dataclasses.replace(cluster, workers=workers)
 
 
 def _indicator(kept: torch.Tensor | None, units: int) -> torch.Tensor:

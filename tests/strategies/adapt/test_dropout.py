@@ -107,3 +107,19 @@ def test_a_slowed_rank_is_given_a_drop(tmp_path):
     for res in results:
         assert res["fractions"] == [0.0, 0.5] and res["changes"] >= 1, res
     assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
+
+
+def test_the_simulator_scales_the_slow_worker_by_its_entry(tmp_path):
+    from caramel.strategies.caramel.simulate import simulate_caramel
+    from caramel.topology.spec import ClusterSpec, WorkerSpec
+    from tests.sim.helpers import two_layer_profile
+    prof = two_layer_profile()
+    uneven = ClusterSpec([WorkerSpec("fast", 1.0), WorkerSpec("slow", 0.5)], bandwidth_bps=1e9, latency_s=1e-6)
+    table = _table(tmp_path / "t.json")
+    equal = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward"}))
+    dropped = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward", "balance": "dropout",
+                                                                            "dropout_table": table}))
+    # compute 3.2 s at speed 1: 6.4 s on the slow worker; slowness 2 picks fraction 0.5 (ratio 0.4): 2.56 s,
+    # under the fast worker's 3.2 s
+    assert equal.step_time_s == pytest.approx(6.4, rel=0.02)
+    assert dropped.step_time_s == pytest.approx(3.2, rel=0.02)
