@@ -160,6 +160,8 @@ class Record:
     """the global batch (local batch x workers, the same for every strategy) over the median step"""
     share_counts: list[int] | None = None
     """caramel with balance="batch": the per-rank shares of the global batch in force at the end"""
+    dropout_fractions: list[float] | None = None
+    """caramel with balance="dropout": each rank's fraction of units dropped at the end"""
     slow_worker: dict[str, Any] | None = None
     """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
     predicted_step_s: float | None = None
@@ -258,6 +260,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"),
+            dropout_fractions=st.get("dropout_fractions"),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),

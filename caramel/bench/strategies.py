@@ -113,7 +113,11 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
 
     def stats() -> dict[str, Any]:
         if engine is not None:
-            return dict(engine.stats_dict())
+            out = dict(engine.stats_dict())
+            balancer = getattr(engine.controller, "balancer", None)
+            if hasattr(balancer, "fractions"):  # balance="dropout": the drops in force at the end
+                out["dropout_fractions"] = list(balancer.fractions)
+            return out
         if reporter is not None:
             return dict(reporter.stats_dict())
         return {"comm_priority": prio.to_dict()} if prio is not None else {}

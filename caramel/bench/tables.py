@@ -227,7 +227,8 @@ def _plan_line(plan: dict[str, Any]) -> str:
 
 
 def format_uneven(records: list[Record]) -> str:
-    """Samples per second per strategy, with the shares `balance="batch"` ended on and the
+    """Samples per second per strategy, with the shares `balance="batch"` (the drops of
+    `balance="dropout"`) ended on and the
     emulated slow worker, for configurations with a slow worker or balanced shares ('' if none)."""
     lines = []
     for label in dict.fromkeys(config_label(r) for r in records):
@@ -238,7 +239,7 @@ def format_uneven(records: list[Record]) -> str:
         how = (f"; rank {slow['rank']} {slow['factor']:g}x slower ({slow['method']}: "
                f"{1e3 * slow['delay_per_sample_s']:.2f} ms per sample)") if slow else ""
         parts = [f"{r.strategy} {r.samples_per_s:.1f}" + (f" (shares {r.share_counts})" if r.share_counts else "")
-                 for r in rows]
+                 + (f" (drops {r.dropout_fractions})" if r.dropout_fractions else "") for r in rows]
         lines.append(f"samples/s on {label}{how}: " + ", ".join(parts))
     return "\n".join(lines)
 

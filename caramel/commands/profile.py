@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-split-tied", dest="split_tied", action="store_false",
                         help="profile a tied embedding's weight with its whole gradient, as parallelize(split_tied=False) "
                              "trains it (default: the embedding's rows apart, the weight ready early)")
+    parser.add_argument("--dropout-table", metavar="OUT",
+                        help="instead of the profile: measure the cost-versus-accuracy table of structured dropout "
+                             "(balance='dropout') and write it here (caramel.dropout-table/1 JSON)")
+    parser.add_argument("--dropout-fractions", default="0,0.125,0.25,0.5",
+                        help="with --dropout-table: the fractions of units dropped (default 0,0.125,0.25,0.5)")
+    parser.add_argument("--dropout-train-steps", type=int, default=30,
+                        help="with --dropout-table: SGD steps trained per fraction before the held-out loss (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise CaramelError(f"--defer must be >= 0, got {args.defer}")
     torch.set_num_threads(args.threads)
     factory = get_model(args.model)
+    if args.dropout_table:
+        return _dropout_table(args, factory)
     w = factory(batch_size=args.batch_size) if args.batch_size else factory()
     prof = profile_model(w.model, w.inputs, w.targets, w.loss_fn, steps=args.steps, warmup=args.warmup, name=w.name,
                          split_tied=args.split_tied, small_batch_size=args.small_batch)
@@ -75,6 +84,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         prof.save(args.json)
         print(f"\nwrote {args.json}")
+    return 0
+
+
+def _dropout_table(args: argparse.Namespace, factory) -> int:
+    from caramel.profile.dropout_table import check_fractions, measure_table
+    fractions = check_fractions(args.dropout_fractions)
+    if args.dropout_train_steps < 1:
+        raise CaramelError(f"--dropout-train-steps must be >= 1, got {args.dropout_train_steps}")
+    table = measure_table(args.model, factory, args.batch_size, fractions, time_steps=args.steps,
+                          train_steps=args.dropout_train_steps)
+    print(f"model {table.model}: {len(table.groups)} droppable groups ({', '.join(table.groups)})")
+    print("fraction  time ratio  held-out loss  increase")
+    for e in table.entries:
+        print(f"{e.fraction:8.3f}  {e.time_ratio:10.3f}  {e.val_loss:13.4f}  {e.loss_increase:+8.4f}")
+    table.save(args.dropout_table)
+    print(f"wrote {args.dropout_table}")
     return 0
 
 

@@ -5,7 +5,9 @@ CPU quota: time the model's forward and backward per sample on that rank (alone,
 communication, no update), then sleep (FACTOR - 1) times that per sample of the local batch
 after every training forward. The delay scales with the local batch, so a worker given fewer
 samples (`balance="batch"`) is slowed by less, as a slower CPU would be; the sleep holds no
-lock, so communication threads keep running. Used by `caramel bench --slow-worker` and
+lock, so communication threads keep running. A model that drops units (`balance="dropout"`)
+sets `model.caramel_compute_ratio`, its compute against the full model's (from its measured
+table); the delay is scaled by it, as a slower CPU would run the narrower model. Used by `caramel bench --slow-worker` and
 `caramel train --slow-worker`.
 """
 from __future__ import annotations
@@ -36,9 +38,10 @@ def per_sample_compute_s(model: nn.Module, inputs: torch.Tensor, targets: torch.
 
 def slow_down(model: nn.Module, delay_per_sample_s: float) -> None:
     """After every training forward of `model`, sleep `delay_per_sample_s` per sample of its input."""
-    def hook(_m, args, _out):
+    def hook(m, args, _out):
         if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-            time.sleep(delay_per_sample_s * int(args[0].shape[0]))
+            ratio = getattr(m, "caramel_compute_ratio", None)
+            time.sleep(delay_per_sample_s * int(args[0].shape[0]) * (ratio() if ratio is not None else 1.0))
     model.register_forward_hook(hook)
 
 

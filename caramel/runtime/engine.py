@@ -87,6 +87,9 @@ class Engine(EngineHooks):
         # codec state (error feedback) per parameter, kept across plans and in checkpoints
         self.compressor = Compressor(params, names, world_size)
         self.grad_scale: float | None = None  # this rank's gradient weight; None: 1 / world size
+        # called with a bucket id once its reduction is complete, before any update reads it
+        # (balance="dropout" rescales the units only some ranks computed); None: nothing
+        self.reduce_fixup: Callable[[int], None] | None = None
         self._dispatcher = Dispatcher(comm_group, recorder, self.compressor)
         self._controller: Controller | None = None
         self._on_grad_ready: list[Callable[[int], None]] = []
@@ -285,9 +288,11 @@ class Engine(EngineHooks):
         t_start = tb0 = self.recorder.now()
         for b in bucket_ids:
             fb = self.buckets[b]
+            waited = False
             for c, work in enumerate(fb.works):
                 if work is None:
                     continue
+                waited = True
                 try:
                     work.wait()
                 except Exception as e:  # noqa: BLE001 - re-raised with context
@@ -299,6 +304,8 @@ class Engine(EngineHooks):
                     issue, done = self._dispatcher.pop_times((b, c), tb0)
                     self.recorder.record("comm", "comm", f"allreduce:b{b}c{c}", issue, done or self.recorder.now(),
                                          bucket=b, chunk=c, nbytes=fb.chunks[c].numel() * fb.flat.element_size())
+            if waited and self.reduce_fixup is not None:
+                self.reduce_fixup(b)
             for ex in self._rows_of_bucket.get(b, ()):
                 if ex.pending():
                     # after the bucket's all-reduce, which overwrites the view: add every rank's rows

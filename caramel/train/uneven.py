@@ -10,7 +10,8 @@ samples) is cut into the shares the engine's balancer sets (`balanced_sampler`):
 global batch per step as with equal shares, so the same samples are seen at the same step and
 samples per second compare. The epoch's order is the share sampler's own permutation, and the
 partial last global batch is dropped. Resuming keeps no share schedule yet: a resumed run with
-balance="batch" is refused.
+balance="batch" is refused. With balance="dropout" the summary adds the drop fractions in force
+at the end and their changes ([step, fractions] pairs).
 """
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ class BatchSource:
     def __init__(self, sharded, optimizer: torch.optim.Optimizer, balance: str, global_batch: int, dataset_len: int,
                  seed: int, resuming: bool):
         self.sharded, self.shares = sharded, None
+        engine = getattr(optimizer, "_caramel_engine", None)
+        self.balancer = getattr(getattr(engine, "controller", None), "balancer", None)
         if balance != "batch":
             return
         if resuming:
@@ -70,6 +73,9 @@ class BatchSource:
         return out
 
     def summary(self) -> dict[str, Any]:
+        if hasattr(self.balancer, "fractions"):  # balance="dropout": the drops in force, and their changes
+            return {"dropout_fractions": list(self.balancer.fractions),
+                    "dropout_changes": [[c["step"], c["fractions"]] for c in self.balancer.changes]}
         if self.shares is None:
             return {}
         return {"share_counts": list(self.shares.schedule.current),

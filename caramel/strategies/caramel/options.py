@@ -60,15 +60,26 @@ class CaramelOptions:
     # gradient codec for every bucket (none or off, fp16, bf16, topk:FRACTION, powersgd:RANK), or "auto":
     # per bucket, from the measured link and the simulator (`adaptive_compression`)
     compression: str = "none"
-    # "batch": per-rank shares of the global batch follow measured speed (`balance`), decided
-    # every `balance_every` steps (0: never; the shares the sampler starts with stay)
-    balance: str = field(default="off", metadata={"choices": ("off", "batch")})
+    # "batch": per-rank shares of the global batch follow measured speed (`balance`); "dropout":
+    # a slow rank drops a fraction of units, chosen from `dropout_table` (`dropout`); decided
+    # every `balance_every` steps (0: never; the shares the sampler starts with stay, nothing dropped)
+    balance: str = field(default="off", metadata={"choices": ("off", "batch", "dropout")})
     balance_every: int = 10
+    # balance="dropout": the model's caramel.dropout-table/1 JSON (caramel profile --dropout-table)
+    dropout_table: str | None = None
 
     def __post_init__(self) -> None:
         if self.compression == "off":  # the issue's spelling of "none"
             object.__setattr__(self, "compression", "none")
         check_compression(self.compression)
+        if self.dropout_table is not None and self.balance != "dropout":
+            raise CaramelError(f"dropout_table is for balance='dropout', not balance={self.balance!r}")
+        if self.balance == "dropout" and not self.dropout_table:
+            raise CaramelError("balance='dropout' needs dropout_table=PATH, the model's cost-versus-accuracy table "
+                               "(caramel profile --model MODEL --dropout-table PATH)")
+        if self.balance == "dropout" and self.compute_schedule not in ("auto", "off"):
+            raise CaramelError(f"balance='dropout' runs no deferred weight gradients (its narrow layers have forwards "
+                               f"of their own); leave compute_schedule at 'auto' or 'off', got {self.compute_schedule!r}")
         if self.balance_every < 0:
             raise CaramelError(f"balance_every must be a whole number of steps >= 0, got {self.balance_every!r}")
         if self.planner not in PLANNERS:

@@ -37,6 +37,7 @@ from caramel.runtime.optimizer import steps_per_parameter, wrap_optimizer
 from caramel.strategies.caramel.adaptive_compression import with_codecs
 from caramel.strategies.caramel.balance import Balancer
 from caramel.strategies.caramel.controller import Controller
+from caramel.strategies.caramel.dropout import DropoutBalancer, load_table
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, Candidate
 from caramel.strategies.session import Session
@@ -69,9 +70,13 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     profile_steps, check_every, replan = options.profile_steps, options.check_every, options.replan
     planner_options = options.planner_options()
     compression, balance, balance_every = options.compression, options.balance, options.balance_every
-    if balance == "batch":
-        # a tied embedding's rows travel apart, weighted 1 / world size: not by share
+    if balance in ("batch", "dropout"):
+        # a tied embedding's rows travel apart, weighted 1 / world size: not by share nor by unit
         split_tied = False
+    dropout = load_table(options.dropout_table, model) if balance == "dropout" else None
+    if dropout is not None:
+        # deferred weight gradients route the same layers through forwards of their own
+        planner_options = dict(planner_options, compute_schedule="off")
     find_unused_parameters = True if find_unused_parameters is None else find_unused_parameters
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -115,6 +120,7 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
                    "comm_priority": comm_priority, "compression": compression, "balance": balance, "balance_every": balance_every,
+                   "dropout_table": json.dumps(dropout[0].to_dict(), sort_keys=True) if dropout else None,
                    "plan": plan.fingerprint if plan is not None else None, "profile given": profile is not None,
                    "cluster": json.dumps(cluster.to_dict(), sort_keys=True, default=str) if cluster is not None else None}
         _check_same_model(signature, fingerprint, group, rank, world, options, input_error)
@@ -147,6 +153,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                             comm_priority=prio, compression=compression)
     if balance == "batch":
         controller.balancer = Balancer(engine, model, group, rank, world, balance_every)
+    elif dropout is not None and world > 1:
+        controller.balancer = DropoutBalancer(engine, model, group, rank, world, balance_every, *dropout)
     tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []
     if tied:  # before any plan or profile, which see the split
         engine.split_tied(tied, private_group("rows"))

@@ -1,0 +1,116 @@
+"""Worker functions for the balance="dropout" tests (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import caramel
+from caramel.models.zoo import SmallCNN
+from caramel.profile.slowdown import slow_down
+from caramel.strategies.caramel.dropout import kept_units
+from tests.distributed.workers import max_diff, params_of
+
+
+def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(6, 3, 16, 16, generator=g), torch.randint(0, 10, (6,), generator=g)
+
+
+def _train(model, opt, steps: int, rank: int, start: int = 0) -> None:
+    for s in range(start, start + steps):
+        x, y = _data(s, rank)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+
+
+def _fresh():
+    torch.manual_seed(0)
+    return SmallCNN()
+
+
+def zero_fraction_worker(rank: int, world: int, table: str, steps: int) -> dict:
+    """balance='off' against balance='dropout' that never drops: the same parameters, bit for bit."""
+    torch.set_num_threads(1)
+    out = []
+    for options in ({}, {"balance": "dropout", "dropout_table": table, "balance_every": 0}):
+        m = _fresh()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        model, opt = caramel.parallelize(m, opt, overlap="forward", **options)
+        _train(model, opt, steps, rank)
+        out.append(params_of(model.module))
+    return {"same": all(torch.equal(a, b) for a, b in zip(*out)), "diff": max_diff(*out)}
+
+
+def _computed(rank_kept: list[dict[str, torch.Tensor]], model: SmallCNN) -> list[dict[str, torch.Tensor]]:
+    """Per rank, 1.0 on the parameter entries that rank computed (written out for SmallCNN: the
+    reference does not use the strategy's own bookkeeping)."""
+    out = []
+    for kept in rank_kept:
+        k1, k2 = (torch.zeros(n).index_fill_(0, kept[g], 1.0) for g, n in (("conv1", 8), ("conv2", 16)))
+        fc_cols = k2.repeat_interleave(16)
+        out.append({"conv1.weight": k1.view(8, 1, 1, 1).expand(8, 3, 3, 3), "bn1.weight": k1, "bn1.bias": k1,
+                    "conv2.weight": (k2[:, None] * k1[None, :]).view(16, 8, 1, 1).expand(16, 8, 3, 3),
+                    "bn2.weight": k2, "bn2.bias": k2, "fc.weight": fc_cols[None, :].expand(10, 256),
+                    "fc.bias": torch.ones(10)})
+    return out
+
+
+def fixed_masks_worker(rank: int, world: int, table: str, fractions: list[float]) -> dict:
+    """Two undropped steps, then one step with fixed fractions: SGD lr 1, so the update is minus
+    the averaged gradient; against each entry's mean over the ranks that computed it."""
+    torch.set_num_threads(1)
+    m = _fresh()
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=0)
+    _train(model, opt, 2, rank)
+    balancer = opt.engine.controller.balancer
+    balancer.set_fractions(fractions)
+    before = copy.deepcopy(model.module.state_dict())
+    _train(model, opt, 1, rank, start=2)
+    # the reference: every rank's narrowed gradient, computed here in one process
+    kept = [{g: kept_units(0, 2, r, gi, n, fractions[r]) for gi, (g, n) in enumerate((("conv1", 8), ("conv2", 16)))}
+            for r in range(world)]
+    kept = [{g: (torch.arange(n) if k is None else k) for (g, k), n in zip(kr.items(), (8, 16))} for kr in kept]
+    grads = []
+    for r in range(world):
+        ref = _fresh()
+        ref.load_state_dict(before)
+        x, y = _data(2, r)
+        # the narrow model, written out by hand: sliced weights, input scaled by units / kept
+        k1, k2 = kept[r]["conv1"], kept[r]["conv2"]
+        h = F.conv2d(x, ref.conv1.weight[k1], padding=1)
+        h = F.batch_norm(h, None, None, ref.bn1.weight[k1], ref.bn1.bias[k1], True)
+        h = F.max_pool2d(F.relu(h), 2) * (8 / len(k1))
+        h = F.conv2d(h, ref.conv2.weight[k2][:, k1], padding=1)
+        h = F.batch_norm(h, None, None, ref.bn2.weight[k2], ref.bn2.bias[k2], True)
+        h = torch.flatten(F.max_pool2d(F.relu(h), 2), 1) * (16 / len(k2))
+        cols = (k2[:, None] * 16 + torch.arange(16)).reshape(-1)
+        loss = F.cross_entropy(F.linear(h, ref.fc.weight[:, cols], ref.fc.bias), y)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in ref.named_parameters()})
+    masks = _computed(kept, model.module)
+    diffs = {}
+    for n, p in model.module.named_parameters():
+        total = sum(g[n] * mk[n] for g, mk in zip(grads, masks))
+        count = sum(mk[n] for mk in masks)
+        expected = before[n] - torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+        diffs[n] = float((p.detach() - expected).abs().max())
+    dropped = {n: float((grads[1][n] == 0).float().mean()) for n in ("conv2.weight", "fc.weight")}
+    return {"diffs": diffs, "dropped_share": dropped}
+
+
+def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
+    """Rank 1 sleeps 4 ms per sample after its forward: the balancer gives it the table's fastest entry."""
+    torch.set_num_threads(1)
+    m = _fresh()
+    if rank == 1:
+        slow_down(m, 0.004)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
+    _train(model, opt, steps, rank)
+    b = opt.engine.controller.balancer
+    return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio()}

@@ -1,0 +1,125 @@
+"""balance="dropout": droppable groups, the table (its checks and its lookup), and 2-rank gloo
+runs: nothing dropped is bit-identical to balance='off'; fixed masks give each entry the mean
+over the ranks that computed it; a slowed rank is given a drop."""
+import json
+
+import pytest
+import torch
+
+from caramel.errors import CaramelError
+from caramel.models.zoo import SmallCNN, get_model
+from caramel.profile.dropout_groups import Narrowing, find_groups
+from caramel.profile.dropout_table import DropoutTable, check_fractions
+from caramel.strategies.caramel.options import CaramelOptions
+from caramel.strategies.options import build_options
+from caramel.testing import run_workers
+
+torch.set_num_threads(1)
+
+ENTRIES = [{"fraction": 0.0, "time_ratio": 1.0, "val_loss": 2.0, "loss_increase": 0.0},
+           {"fraction": 0.125, "time_ratio": 0.9, "val_loss": 2.002, "loss_increase": 0.002},
+           {"fraction": 0.25, "time_ratio": 0.75, "val_loss": 2.01, "loss_increase": 0.01},
+           {"fraction": 0.5, "time_ratio": 0.4, "val_loss": 2.2, "loss_increase": 0.2}]
+
+
+def _table(path, groups=("conv1", "conv2"), entries=ENTRIES):
+    path.write_text(json.dumps({"format": "caramel.dropout-table/1", "model": "small_cnn", "groups": list(groups),
+                                "entries": entries}))
+    return str(path)
+
+
+def test_groups_are_the_units_read_by_one_next_layer_only():
+    assert [(g.name, g.consumer_name, g.spatial, len(g.norms)) for g in find_groups(SmallCNN())] == \
+        [("conv1", "conv2", 1, 1), ("conv2", "fc", 16, 1)]
+    # a residual block: only its first convolution; the residual path's channels never
+    names = [g.name for g in find_groups(get_model("resnet18")(batch_size=2).model)]
+    assert names and all(n.endswith(".conv1") and n.startswith("layer") for n in names)
+    with pytest.raises(CaramelError, match="Linear or Conv2d whose output reaches exactly one"):
+        find_groups(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_narrowing_computes_only_kept_units_and_nothing_dropped_is_the_model():
+    m = SmallCNN()
+    x = torch.randn(3, 3, 16, 16)
+    y0 = m(x)
+    narrow = Narrowing(find_groups(m))
+    assert torch.equal(m(x), y0)
+    narrow.set_kept({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)})
+    m(x).sum().backward()
+    assert m.conv1.weight.grad[[1, 3, 4, 6, 7]].abs().sum() == 0 and m.conv1.weight.grad[[0, 2, 5]].abs().sum() > 0
+    assert m.fc.weight.grad[:, 128:].abs().sum() == 0 and m.fc.weight.grad[:, :128].abs().sum() > 0
+
+
+def test_the_lookup_picks_the_least_costly_entry_fast_enough(tmp_path):
+    t = DropoutTable.load(_table(tmp_path / "t.json"))
+    assert t.choose(1.0).fraction == 0.0
+    assert t.choose(1.05).fraction == 0.125  # 0.125, 0.25 and 0.5 are fast enough: 0.125 costs least
+    assert t.choose(1.2).fraction == 0.25  # 0.9 x 1.2 > 1: 0.25 and 0.5 are, 0.25 costs less
+    assert t.choose(2.0).fraction == 0.5  # only 0.5 (0.4 x 2 <= 1)
+    assert t.choose(3.0).fraction == 0.5  # nothing is: the fastest
+    assert t.ratio(0.25) == 0.75
+
+
+def test_bad_tables_and_options_are_errors(tmp_path):
+    with pytest.raises(CaramelError, match="needs dropout_table=PATH"):
+        build_options(CaramelOptions, {"balance": "dropout"})
+    with pytest.raises(CaramelError, match="dropout_table is for balance='dropout'"):
+        build_options(CaramelOptions, {"dropout_table": "t.json"})
+    with pytest.raises(CaramelError, match="balance must be one of off, batch, dropout"):
+        build_options(CaramelOptions, {"balance": "filters"})
+    with pytest.raises(CaramelError, match="format"):
+        DropoutTable.from_dict({"format": "caramel.profile/1"})
+    bad = dict(ENTRIES[1], time_ratio=0)
+    with pytest.raises(CaramelError, match=r"entries\[1\].time_ratio must be a number > 0"):
+        DropoutTable.load(_table(tmp_path / "a.json", entries=[ENTRIES[0], bad]))
+    with pytest.raises(CaramelError, match="needs an entry with fraction 0"):
+        DropoutTable.load(_table(tmp_path / "b.json", entries=ENTRIES[1:]))
+    with pytest.raises(CaramelError, match=r"entries\[0\] needs numbers"):
+        DropoutTable.load(_table(tmp_path / "c.json", entries=[{"fraction": 0.0}]))
+    with pytest.raises(CaramelError, match="cannot read it as JSON"):
+        DropoutTable.load(tmp_path / "missing.json")
+    with pytest.raises(CaramelError, match="--dropout-fractions"):
+        check_fractions("0,1.5")
+    t = DropoutTable.load(_table(tmp_path / "d.json", groups=["layers.0"]))
+    with pytest.raises(CaramelError, match=r"measured for groups \['layers.0'\].*\['conv1', 'conv2'\]"):
+        t.check_groups(["conv1", "conv2"])
+
+
+@pytest.mark.timeout(120)
+def test_nothing_dropped_is_bit_identical_to_balance_off(tmp_path):
+    from tests.strategies.adapt.dropout_workers import zero_fraction_worker
+    for res in run_workers(zero_fraction_worker, 2, args=(_table(tmp_path / "t.json"), 5), timeout_s=100):
+        assert res["same"], res["diff"]
+
+
+@pytest.mark.timeout(120)
+def test_fixed_masks_average_each_unit_over_the_ranks_that_kept_it(tmp_path):
+    from tests.strategies.adapt.dropout_workers import fixed_masks_worker
+    for res in run_workers(fixed_masks_worker, 2, args=(_table(tmp_path / "t.json"), [0.25, 0.5]), timeout_s=100):
+        assert max(res["diffs"].values()) <= 1e-5, res["diffs"]
+        assert res["dropped_share"]["conv2.weight"] >= 0.5  # rank 1 kept half of conv2's rows: a real drop
+
+
+@pytest.mark.timeout(120)
+def test_a_slowed_rank_is_given_a_drop(tmp_path):
+    from tests.strategies.adapt.dropout_workers import decide_worker
+    results = run_workers(decide_worker, 2, args=(_table(tmp_path / "t.json"), 12), timeout_s=100)
+    for res in results:
+        assert res["fractions"] == [0.0, 0.5] and res["changes"] >= 1, res
+    assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
+
+
+def test_the_simulator_scales_the_slow_worker_by_its_entry(tmp_path):
+    from caramel.strategies.caramel.simulate import simulate_caramel
+    from caramel.topology.spec import ClusterSpec, WorkerSpec
+    from tests.sim.helpers import two_layer_profile
+    prof = two_layer_profile()
+    uneven = ClusterSpec([WorkerSpec("fast", 1.0), WorkerSpec("slow", 0.5)], bandwidth_bps=1e9, latency_s=1e-6)
+    table = _table(tmp_path / "t.json")
+    equal = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward"}))
+    dropped = simulate_caramel(prof, uneven, build_options(CaramelOptions, {"overlap": "forward", "balance": "dropout",
+                                                                            "dropout_table": table}))
+    # compute 3.2 s at speed 1: 6.4 s on the slow worker; slowness 2 picks fraction 0.5 (ratio 0.4): 2.56 s,
+    # under the fast worker's 3.2 s
+    assert equal.step_time_s == pytest.approx(6.4, rel=0.02)
+    assert dropped.step_time_s == pytest.approx(3.2, rel=0.02)
