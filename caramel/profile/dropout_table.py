@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
 
 from caramel.errors import CaramelError
 from caramel.jsonio import write_json
