@@ -3,8 +3,9 @@
 
     python -m experiments.edge_placement --ppo total_timesteps=20000 \
         --json docs/results/rl/edge_placement.json
-    python -m experiments.edge_placement --teacher rollout --train-mid num_tasks=10,num_layers=8 \
-        --ppo width=64 --json docs/results/rl/edge_placement_improved.json
+    python -m experiments.edge_placement --teacher ilp --ppo width=64 \
+        --improve rounds=3,episodes=100,epochs=40,learning_rate=1e-3 --test-seeds 0:20 --large-seeds 0:5 \
+        --large-time-limit-s 5 --json docs/results/rl/edge_placement_improved.json
 
 Trains the candidate-scoring policy on random instances with the training seeds (`--train`
 options, and `--train-mid` ones too if given), by PPO alone (`--teacher none`) or by imitating a
