@@ -24,7 +24,7 @@ from caramel.sched.coflow.heuristics import HEURISTICS
 from caramel.sched.coflow.workload import TraceOptions, Workload, synthetic_trace
 
 OBJECTIVES = ("cct", "weighted_jct")
-NUM_FEATURES = 14
+NUM_FEATURES = 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class CoflowEnv(gym.Env):
         k = options.max_candidates
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(k, NUM_FEATURES), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(k)
-        self._base = HEURISTICS[options.base]
+        self.base_scheduler = HEURISTICS[options.base]
         self._cache: dict[int, Workload] = {}
         self.sim: FabricSim | None = None
 
@@ -78,14 +78,19 @@ class CoflowEnv(gym.Env):
 
     def step(self, action: int):
         sim = self.sim
-        cands = self._candidates()
+        cands = self.candidates()
         a = int(action) if int(action) < len(cands) else 0
-        order = [cands[a]] + [c for c in self._base(sim) if c != cands[a]]
+        order = [cands[a]] + [c for c in self.base_scheduler(sim) if c != cands[a]]
         reward = self._carry + self._advance(order)
         self._carry = 0.0
         reward += self._run_until_choice()
         done = sim.done
         return (np.zeros(self.observation_space.shape, np.float32) if done else self._observe()), reward, done, False, {}
+
+    @property
+    def episode_done(self) -> bool:
+        """True when the workload has run to its end (at reset: it never needed a choice)."""
+        return self.sim.done
 
     def result(self) -> Result:
         return Result.of(self.sim)
@@ -118,16 +123,18 @@ class CoflowEnv(gym.Env):
         self._job_bytes = np.array([sum(w.coflows[c].bytes for c in j.coflows) for j in w.jobs])
         self._steps = np.array([1 + max(w.coflows[c].step for c in j.coflows) for j in w.jobs])
 
-    def _candidates(self) -> list[int]:
-        return self._base(self.sim)[:self.options.max_candidates]
+    def candidates(self) -> list[int]:
+        return self.base_scheduler(self.sim)[:self.options.max_candidates]
 
     def _observe(self) -> np.ndarray:
         sim, w = self.sim, self.sim.workload
         k = self.options.max_candidates
         obs = np.zeros((k, NUM_FEATURES), np.float32)
-        cands = self._candidates()
+        cands = self.candidates()
         byte_scale = w.port_bandwidth_Bps * self.scale_s
         ports = {c: {f.src for f in w.coflows[c].flows} | {f.dst for f in w.coflows[c].flows} for c in sim.active}
+        jobs = self._job_features()
+        first_key = jobs[w.coflows[cands[0]].job][0] if cands else 1.0
         for i, c in enumerate(cands):
             co = w.coflows[c]
             job = w.jobs[co.job]
@@ -140,8 +147,38 @@ class CoflowEnv(gym.Env):
                       np.log1p((sim.now_s - sim.released_s[c]) / self.scale_s), float(len(step_left) == 1),
                       len(step_left) / 10, np.log1p(job_left / byte_scale),
                       (self._steps[co.job] - co.step) / self._steps[co.job], share / k,
-                      np.log1p(bott / job.weight), len(sim.active) / k]
+                      np.log1p(bott / job.weight), len(sim.active) / k, *self._job_row(jobs[co.job], first_key)]
         return obs
+
+    def _job_features(self) -> dict[int, list[float]]:
+        """Per job with an active coflow: its work left at its busiest port over its weight (weighted
+        SRJF's key), its critical path left (per unfinished step: the release delay still to come
+        and its coflows' bottlenecks), the time since it arrived, its rank by the key, its active
+        coflows."""
+        sim, w = self.sim, self.sim.workload
+        active_jobs: dict[int, int] = {}
+        for c in sim.active:
+            active_jobs[w.coflows[c].job] = active_jobs.get(w.coflows[c].job, 0) + 1
+        out = {}
+        for j, n_active in active_jobs.items():
+            job = w.jobs[j]
+            steps: dict[int, list[int]] = {}
+            for c in job.coflows:
+                if np.isnan(sim.finished_s[c]):
+                    steps.setdefault(w.coflows[c].step, []).append(c)
+            path = 0.0
+            for cs in steps.values():
+                unreleased = [w.coflows[c].delay_s for c in cs if np.isnan(sim.released_s[c])]
+                path += max(unreleased, default=0.0) + max(sim.bottleneck_s(c) for c in cs)
+            out[j] = [sim.job_bottleneck_s(j) / job.weight, path, sim.now_s - job.arrival_s, 0, n_active]
+        for rank, j in enumerate(sorted(out, key=lambda j: out[j][0])):
+            out[j][3] = rank
+        return out
+
+    def _job_row(self, f: list, first_key: float) -> list[float]:
+        k, scale = self.options.max_candidates, self.scale_s
+        return [np.log1p(f[0] / scale), np.log1p(f[1] / scale), np.log1p(f[2] / scale), f[3] / k, f[4] / k,
+                np.log1p(f[0] / max(first_key, 1e-12))]
 
 
 def run_policy(env: CoflowEnv, workload: Workload, act) -> Result:

@@ -9,6 +9,7 @@ step); `simulate` runs a whole workload under one scheduler function.
 """
 from __future__ import annotations
 
+import copy
 import heapq
 from dataclasses import dataclass
 from typing import Callable
@@ -90,6 +91,14 @@ class FabricSim:
     @property
     def done(self) -> bool:
         return not self.active and not self._releases
+
+    def clone(self) -> "FabricSim":
+        """An independent copy of the state (the workload shared): to try a choice and run on."""
+        c = copy.copy(self)
+        c.remaining = [r.copy() for r in self.remaining]
+        c.released_s, c.finished_s, c.waiting = self.released_s.copy(), self.finished_s.copy(), self.waiting.copy()
+        c._releases, c.active = list(self._releases), list(self.active)
+        return c
 
     def _release_due(self) -> None:
         while self._releases and self._releases[0][0] <= self.now_s:

@@ -17,7 +17,7 @@ from caramel.sched.placement.heuristics import PlacementState
 from caramel.sched.placement.instances import InstanceOptions, random_instance
 from caramel.sched.placement.problem import Instance
 
-NUM_FEATURES = 15
+NUM_FEATURES = 19
 
 
 class PlacementEnv(gym.Env):
@@ -52,11 +52,11 @@ class PlacementEnv(gym.Env):
         return self._observe(), {}
 
     def step(self, action: int):
-        nodes = self._order
+        nodes = self.order
         a = int(action)
         if a >= len(nodes) or not np.isfinite(self._scores[nodes[a]]):
             a = 0  # a masked row (only a random or untrained agent picks one): the best node instead
-        added = self.state.place(self._task, nodes[a])
+        added = self.state.place(self.task, nodes[a])
         done = self.state.done
         if not done:
             self._next()
@@ -68,24 +68,26 @@ class PlacementEnv(gym.Env):
 
     def _next(self) -> None:
         s = self.state
-        self._task = s.most_regret_task()
-        self._scores = s.scores(self._task)
-        self._order = [int(k) for k in np.argsort(self._scores, kind="stable")]
+        self.task = s.most_regret_task()
+        self._scores = s.scores(self.task)
+        self.order = [int(k) for k in np.argsort(self._scores, kind="stable")]
 
     def _observe(self) -> np.ndarray:
-        s, inst, t = self.state, self.state.inst, self._task
+        s, inst, t = self.state, self.state.inst, self.task
         layer = len(s.placement[t])
         need_mb = inst.tasks[t].weights_mb[layer]
-        best = float(self._scores[self._order[0]])
-        second = float(self._scores[self._order[1]]) if len(self._order) > 1 else best
+        best = float(self._scores[self.order[0]])
+        second = float(self._scores[self.order[1]]) if len(self.order) > 1 else best
         regret = (second - best) / self.scale_s if np.isfinite(second) else 10.0
         left_mb = sum(inst.tasks[u].weights_mb[j] for u in range(len(inst.tasks))
                       for j in range(len(s.placement[u]), len(inst.tasks[u].gflop)))
         wished = s.wished_mb()
         cloud_score = float(self._scores[inst.cloud])
         mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+        task = inst.tasks[t]
+        n_layers = len(task.gflop)
         obs = np.zeros((self.k, NUM_FEATURES), np.float32)
-        for i, k in enumerate(self._order):
+        for i, k in enumerate(self.order):
             fits = np.isfinite(self._scores[k])
             step = s.step_s(t, k)
             edge = k != inst.cloud
@@ -98,7 +100,13 @@ class PlacementEnv(gym.Env):
                       s.placed / s.total_layers, inst.node_gflops[k] / 1000.0,
                       min(np.log1p(wished[k] / max(free, 1e-9)), 10.0) if edge else 0.0,
                       # what this node saves over the cloud per MB of its memory the layer takes
-                      (cloud_score - self._scores[k]) / self.scale_s * mean_mb / need_mb if edge and fits else 0.0]
+                      (cloud_score - self._scores[k]) / self.scale_s * mean_mb / need_mb if edge and fits else 0.0,
+                      # migration the option costs, layers of this task still to place, the
+                      # weights they hold over this node's room, the task's own layer weight
+                      inst.migration_weight * inst.hop_s(task.weights_mb[layer], task.current[layer], k) / self.scale_s,
+                      (n_layers - layer) / n_layers,
+                      min(np.log1p(sum(task.weights_mb[layer:]) / max(free, 1e-9)), 10.0) if edge else 0.0,
+                      need_mb / mean_mb]
         return obs
 
 

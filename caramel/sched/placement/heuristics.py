@@ -11,6 +11,8 @@ edge memory left. The heuristics:
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from caramel.sched.placement.problem import Instance
@@ -50,6 +52,13 @@ class PlacementState:
     @property
     def done(self) -> bool:
         return self.placed == self.total_layers
+
+    def clone(self) -> "PlacementState":
+        """An independent copy (the instance and cost-to-go tables shared): to try a choice."""
+        c = copy.copy(self)
+        c.placement = [list(p) for p in self.placement]
+        c.prev, c.free_mb, c._wish_mb = list(self.prev), self.free_mb.copy(), list(self._wish_mb)
+        return c
 
     def open_tasks(self) -> list[int]:
         return [t for t, p in enumerate(self.placement) if len(p) < len(self.inst.tasks[t].gflop)]

@@ -32,9 +32,17 @@ class Solution:
     bound_s: float  # a proven lower bound on the optimum (the cost itself when optimal)
 
 
-def solve_ilp(inst: Instance, time_limit_s: float | None = None) -> Solution:
-    """The optimum placement (or HiGHS's best within `time_limit_s`, marked not optimal)."""
+def solve_ilp(inst: Instance, time_limit_s: float | None = None,
+              fixed: list[list[int]] | None = None) -> Solution:
+    """The optimum placement (or HiGHS's best within `time_limit_s`, marked not optimal).
+    `fixed` holds, per task, nodes its first layers must take (a partial placement to complete:
+    the best completion of a prefix, as a training label)."""
     start = time.perf_counter()
+    if fixed is not None and (len(fixed) != len(inst.tasks)
+                              or any(len(f) > len(t.gflop) or any(not 0 <= n < inst.num_nodes for n in f)
+                                     for f, t in zip(fixed, inst.tasks))):
+        raise CaramelError(f"fixed must hold, per task ({len(inst.tasks)}), at most its layer count of nodes "
+                           f"0..{inst.num_nodes - 1}; got {fixed}")
     k = inst.num_nodes
     cost: list[float] = []
     rows: list[int] = []
@@ -83,9 +91,13 @@ def solve_ilp(inst: Instance, time_limit_s: float | None = None) -> Solution:
         row([(x_index[t][layer][e], inst.tasks[t].weights_mb[layer])
              for t in range(len(inst.tasks)) for layer in range(len(inst.tasks[t].gflop))], -np.inf, mem)
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
+    low_bound = np.zeros(len(cost))
+    for t, prefix in enumerate(fixed or []):
+        for layer, node in enumerate(prefix):
+            low_bound[x_index[t][layer][node]] = 1.0
     options = {"time_limit": time_limit_s} if time_limit_s is not None else {}
     res = milp(np.array(cost), constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
-               integrality=np.array(integer), bounds=Bounds(0.0, 1.0), options=options)
+               integrality=np.array(integer), bounds=Bounds(low_bound, 1.0), options=options)
     if res.x is None:
         raise CaramelError(f"HiGHS found no placement: {res.message}")
     placement = [[int(np.argmax([res.x[i] for i in xs[layer]])) for layer in range(len(xs))] for xs in x_index]
