@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     train, test = seed_range(args.train_seeds), seed_range(args.test_seeds)
     if set(train) & set(test):
         raise SystemExit("training and test seeds overlap; the test traces must be held out")
+    if args.teacher == "none" and (args.improve or args.finetune_steps):
+        raise SystemExit("--improve, --finetune-steps shape the imitation of a teacher; pass --teacher too")
+    if args.finetune_steps < 0:
+        raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
     start = time.perf_counter()
     train_env = CoflowEnv(train_trace, train, env_opts)

@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     test, large_seeds = seed_range(args.test_seeds), seed_range(args.large_seeds)
     if set(train) & (set(test) | set(large_seeds)):
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
+    if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid):
+        raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
+    if args.finetune_steps < 0:
+        raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:

@@ -23,6 +23,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from caramel.errors import CaramelError
+
 # the environment (mid-episode) -> per candidate row, the cost of picking it (then the teacher's
 # base to the end); inf for rows that are not candidates
 Teacher = Callable[[gym.Env], np.ndarray]
@@ -42,10 +44,13 @@ class ImproveOptions:
     seed: int = 0  # episode draws and minibatch order
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.episodes < 1 or self.epochs < 1 or self.batch_size < 2:
-            raise ValueError("rounds, episodes, epochs must be >= 1 and batch_size >= 2")
-        if self.learning_rate <= 0 or self.cross_entropy < 0:
-            raise ValueError("learning_rate must be > 0 and cross_entropy >= 0")
+        for name, low in (("rounds", 1), ("episodes", 1), ("epochs", 1), ("batch_size", 2)):
+            if getattr(self, name) < low:
+                raise CaramelError(f"improve option {name} must be >= {low}, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise CaramelError(f"improve option learning_rate must be > 0, got {self.learning_rate}")
+        if not self.cross_entropy >= 0:
+            raise CaramelError(f"improve option cross_entropy must be >= 0, got {self.cross_entropy}")
 
 
 def actor_parameters(model) -> list[torch.nn.Parameter]:

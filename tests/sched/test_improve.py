@@ -64,3 +64,12 @@ def test_placement_rollout_never_loses_to_greedy_regret_and_state_clones():
         assert inst.feasible(r) and inst.cost_s(r) <= inst.cost_s(g) * (1 + 1e-12)
         better += inst.cost_s(r) < inst.cost_s(g) * (1 - 1e-9)
     assert better > 0
+
+
+def test_bad_improve_options_name_the_option():
+    from caramel.sched.improve import ImproveOptions
+
+    for field, value in (("rounds", 0), ("episodes", 0), ("epochs", 0), ("batch_size", 1),
+                         ("learning_rate", 0.0), ("cross_entropy", -1.0)):
+        with pytest.raises(CaramelError, match=f"improve option {field} must be"):
+            ImproveOptions(**{field: value})
