@@ -81,6 +81,15 @@ def budgets(cfg: DataBenchConfig, index: DatasetIndex) -> tuple[int, int]:
     return int(cfg.cache_share * home), int(memory_share * home)
 
 
+def check_batches(cfg: DataBenchConfig, num_samples: int) -> None:
+    """Each rank gets num_samples // ranks samples and drops a partial batch: it needs one full batch
+    per epoch, or it has no step to time."""
+    if num_samples // cfg.ranks < cfg.batch_size:
+        raise CaramelError(f"--batch-size {cfg.batch_size}: each of the {cfg.ranks} ranks gets {num_samples // cfg.ranks} "
+                           f"of the {num_samples} samples, less than one batch; expected a batch size <= "
+                           f"{num_samples // cfg.ranks} (or fewer ranks, more samples)")
+
+
 def _loader(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str, budget: tuple[int, int],
             counters: TierCounters):
     """(loader, the sampler to set_epoch or None) of one mode."""
@@ -194,6 +203,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             if url is None or is_local(url):
                 directory = Path(url.removeprefix("file://")) if url else workdir / "data"
                 if url is None:
+                    check_batches(cfg, cfg.samples)
                     write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
                 index = Store(str(directory)).index()  # a missing or damaged data set is named here, before serving
                 overhead_s = request_overhead_s(str(directory))
@@ -203,6 +213,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             else:
                 data_url, overhead_s = url, 0.0
                 index = Store(url).index()
+            check_batches(cfg, index.num_samples)
             costs = measure_local_costs(data_url, index, cfg.batch_size, str(workdir))
             costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)

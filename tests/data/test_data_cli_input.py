@@ -55,3 +55,12 @@ def test_a_duration_without_a_number_or_unit_is_refused(text):
 def test_data_serve_refuses_a_non_positive_time(store_dir, capsys, seconds):
     assert main(["data", "serve", str(store_dir), "--port", "0", "--seconds", seconds]) == 2
     assert "--seconds must be a positive number of seconds" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_size_above_a_ranks_share_is_refused_before_the_ranks_start(store_dir, capsys):
+    # 8 samples over 2 ranks: 4 each, so a batch of 5 would leave every rank without a step
+    assert main(["bench", "--data", str(store_dir), "--workers", "2", "--batch-size", "5"]) == 2
+    assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
+    assert main(["data-bench", "--samples", "8", "--ranks", "2", "--batch-size", "5"]) == 2
+    assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
