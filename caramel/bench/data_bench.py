@@ -7,8 +7,9 @@ is, over whatever link leads to it. Without a URL a random data set is generated
 
 W rank processes (gloo, one tiny all-reduce per step so ranks move in lockstep as data-parallel
 training does) each run every mode in turn, each round; a barrier that the parent joins marks
-every epoch, so the parent reads the server's byte counter per mode and epoch. A step is the
-wait for the next batch plus `compute_s` of sleep standing in for the model (a sleep, so the
+every epoch, so the parent reads the server's byte counter per mode and epoch (before it
+releases the ranks, so none of an epoch's requests escapes the count). A step is the wait for
+the next batch plus `compute_s` of sleep standing in for the model (a sleep, so the
 loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 
 - `remote`: torch's own `DataLoader` + `DistributedSampler` over the store, one range read per
@@ -18,6 +19,7 @@ loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -112,6 +114,40 @@ def _loader(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, work
     return make_loader(url, rank, cfg.ranks, opts, counters=counters), None
 
 
+def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue, counters: TierCounters,
+                sync) -> None:
+    """One mode's epochs on one rank, each step timed; each epoch's counts and times go to `queue`.
+    The iterator is local, so none outlives the call (with persistent workers it holds them)."""
+    for epoch in range(cfg.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        barrier.wait()  # every rank ready: the parent reads the server's counters now...
+        barrier.wait()  # ...and only then are the ranks released, so no request of the epoch precedes them
+        before = counters.snapshot()
+        steps, waits, syncs = [], [], []
+        it = None
+        last = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                if it is None:  # starting the epoch (workers told to begin) is part of the first wait
+                    it = iter(loader)
+                next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            time.sleep(cfg.compute_s)
+            t2 = time.perf_counter()
+            sync()
+            now = time.perf_counter()
+            steps.append(now - last)
+            waits.append(t1 - t0)
+            syncs.append(now - t2)
+            last = now
+        queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits), sum(syncs) / len(syncs)))
+        barrier.wait()
+
+
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue) -> None:
     import datetime
 
@@ -134,35 +170,11 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
-                for epoch in range(cfg.epochs):
-                    if sampler is not None:
-                        sampler.set_epoch(epoch)
-                    barrier.wait()
-                    before = counters.snapshot()
-                    steps, waits, syncs = [], [], []
-                    last = time.perf_counter()
-                    it = None
-                    while True:
-                        t0 = time.perf_counter()
-                        try:
-                            if it is None:  # starting the epoch (workers told to begin) is part of the first wait
-                                it = iter(loader)
-                            next(it)
-                        except StopIteration:
-                            break
-                        t1 = time.perf_counter()
-                        time.sleep(cfg.compute_s)
-                        t2 = time.perf_counter()
-                        dist.all_reduce(token)
-                        now = time.perf_counter()
-                        steps.append(now - last)
-                        waits.append(t1 - t0)
-                        syncs.append(now - t2)
-                        last = now
-                    queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits),
-                               sum(syncs) / len(syncs)))
-                    barrier.wait()
-                del loader
+                _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
+                # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent
+                # workers down here, between modes, not inside the next mode's first timed step
+                del loader, sampler
+                gc.collect()  # and if a reference cycle holds the iterator, now rather than during a later step
     except BaseException:
         barrier.abort()  # the parent and the other ranks stop waiting at once
         raise
@@ -241,9 +253,10 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 for _epoch in range(cfg.epochs):
-                    barrier.wait()
+                    barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
-                    barrier.wait()
+                    barrier.wait()  # released
+                    barrier.wait()  # the epoch ended
                     if server is not None:
                         results[mode].epoch_remote_bytes.append(server.bytes_served - b0)
                         results[mode].epoch_requests.append(server.requests_served - q0)
