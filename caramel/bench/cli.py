@@ -196,12 +196,31 @@ def _check_trace_args(args: argparse.Namespace) -> BandwidthTrace | None:
     return load_trace(args.bandwidth_trace)
 
 
+# the options of the strategies bench that mean nothing to `--data` (dest, flag, its unset value)
+_NOT_WITH_DATA = (("model", "--model", None), ("ratio", "--ratio", None), ("bandwidth", "--bandwidth", None),
+                  ("slow_worker", "--slow-worker", None), ("slow_link", "--slow-link", None), ("jitter", "--jitter", None),
+                  ("model_option", "--model-option", []), ("bandwidth_trace", "--bandwidth-trace", None),
+                  ("quick", "--quick", False), ("strategies", "--strategies", ",".join(DEFAULT_STRATEGIES)),
+                  ("steps", "--steps", None), ("warmup", "--warmup", None), ("network", "--network", "auto"),
+                  ("mtu", "--mtu", "auto"), ("trace", "--trace", None))
+
+
+def _refuse_strategy_flags(args: argparse.Namespace) -> None:
+    """A strategies-bench flag given with --data is an error, not silently ignored."""
+    for dest, flag, unset in _NOT_WITH_DATA:
+        if getattr(args, dest, unset) != unset:
+            raise CaramelError(f"{flag} has no meaning with --data: --data runs the data-loading bench (the plain "
+                               "loader vs caramel.data), which takes --workers, --batch-size, --rounds, --timeout, "
+                               "--json, --markdown and the data-loading options")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
     if args.data:
         from caramel.bench.data_cli import run_bench_data
 
+        _refuse_strategy_flags(args)
         return run_bench_data(args)
     strategies = parse_strategies(args.strategies)
     trace = _check_trace_args(args)

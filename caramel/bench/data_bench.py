@@ -7,8 +7,9 @@ is, over whatever link leads to it. Without a URL a random data set is generated
 
 W rank processes (gloo, one tiny all-reduce per step so ranks move in lockstep as data-parallel
 training does) each run every mode in turn, each round; a barrier that the parent joins marks
-every epoch, so the parent reads the server's byte counter per mode and epoch. A step is the
-wait for the next batch plus `compute_s` of sleep standing in for the model (a sleep, so the
+every epoch, so the parent reads the server's byte counter per mode and epoch (before it
+releases the ranks, so none of an epoch's requests escapes the count). A step is the wait for
+the next batch plus `compute_s` of sleep standing in for the model (a sleep, so the
 loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 
 - `remote`: torch's own `DataLoader` + `DistributedSampler` over the store, one range read per
@@ -18,6 +19,7 @@ loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -81,6 +83,15 @@ def budgets(cfg: DataBenchConfig, index: DatasetIndex) -> tuple[int, int]:
     return int(cfg.cache_share * home), int(memory_share * home)
 
 
+def check_batches(cfg: DataBenchConfig, num_samples: int) -> None:
+    """Each rank gets num_samples // ranks samples and drops a partial batch: it needs one full batch
+    per epoch, or it has no step to time."""
+    if num_samples // cfg.ranks < cfg.batch_size:
+        raise CaramelError(f"--batch-size {cfg.batch_size}: each of the {cfg.ranks} ranks gets {num_samples // cfg.ranks} "
+                           f"of the {num_samples} samples, less than one batch; expected a batch size <= "
+                           f"{num_samples // cfg.ranks} (or fewer ranks, more samples)")
+
+
 def _loader(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str, budget: tuple[int, int],
             counters: TierCounters):
     """(loader, the sampler to set_epoch or None) of one mode."""
@@ -101,6 +112,40 @@ def _loader(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, work
                          cache_dir=f"{workdir}/cache-{rnd}-{mode}", cache_budget_bytes=budget[0],
                          memory_budget_bytes=budget[1], locality=(mode == "locality"), seed=cfg.seed + rnd)
     return make_loader(url, rank, cfg.ranks, opts, counters=counters), None
+
+
+def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue, counters: TierCounters,
+                sync) -> None:
+    """One mode's epochs on one rank, each step timed; each epoch's counts and times go to `queue`.
+    The iterator is local, so none outlives the call (with persistent workers it holds them)."""
+    for epoch in range(cfg.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        barrier.wait()  # every rank ready: the parent reads the server's counters now...
+        barrier.wait()  # ...and only then are the ranks released, so no request of the epoch precedes them
+        before = counters.snapshot()
+        steps, waits, syncs = [], [], []
+        it = None
+        last = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                if it is None:  # starting the epoch (workers told to begin) is part of the first wait
+                    it = iter(loader)
+                next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            time.sleep(cfg.compute_s)
+            t2 = time.perf_counter()
+            sync()
+            now = time.perf_counter()
+            steps.append(now - last)
+            waits.append(t1 - t0)
+            syncs.append(now - t2)
+            last = now
+        queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits), sum(syncs) / len(syncs)))
+        barrier.wait()
 
 
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue) -> None:
@@ -125,35 +170,11 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
-                for epoch in range(cfg.epochs):
-                    if sampler is not None:
-                        sampler.set_epoch(epoch)
-                    barrier.wait()
-                    before = counters.snapshot()
-                    steps, waits, syncs = [], [], []
-                    last = time.perf_counter()
-                    it = None
-                    while True:
-                        t0 = time.perf_counter()
-                        try:
-                            if it is None:  # starting the epoch (workers told to begin) is part of the first wait
-                                it = iter(loader)
-                            next(it)
-                        except StopIteration:
-                            break
-                        t1 = time.perf_counter()
-                        time.sleep(cfg.compute_s)
-                        t2 = time.perf_counter()
-                        dist.all_reduce(token)
-                        now = time.perf_counter()
-                        steps.append(now - last)
-                        waits.append(t1 - t0)
-                        syncs.append(now - t2)
-                        last = now
-                    queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits),
-                               sum(syncs) / len(syncs)))
-                    barrier.wait()
-                del loader
+                _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
+                # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent
+                # workers down here, between modes, not inside the next mode's first timed step
+                del loader, sampler
+                gc.collect()  # and if a reference cycle holds the iterator, now rather than during a later step
     except BaseException:
         barrier.abort()  # the parent and the other ranks stop waiting at once
         raise
@@ -194,6 +215,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             if url is None or is_local(url):
                 directory = Path(url.removeprefix("file://")) if url else workdir / "data"
                 if url is None:
+                    check_batches(cfg, cfg.samples)
                     write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
                 index = Store(str(directory)).index()  # a missing or damaged data set is named here, before serving
                 overhead_s = request_overhead_s(str(directory))
@@ -203,6 +225,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             else:
                 data_url, overhead_s = url, 0.0
                 index = Store(url).index()
+            check_batches(cfg, index.num_samples)
             costs = measure_local_costs(data_url, index, cfg.batch_size, str(workdir))
             costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)
@@ -230,9 +253,10 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 for _epoch in range(cfg.epochs):
-                    barrier.wait()
+                    barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
-                    barrier.wait()
+                    barrier.wait()  # released
+                    barrier.wait()  # the epoch ended
                     if server is not None:
                         results[mode].epoch_remote_bytes.append(server.bytes_served - b0)
                         results[mode].epoch_requests.append(server.requests_served - q0)

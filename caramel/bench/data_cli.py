@@ -15,22 +15,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 
 from caramel.bench.data_bench import MODES, DataBenchConfig, is_local, run_data_bench
 from caramel.bench.data_report import format_rows
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
-from caramel.units import parse_duration_s, parse_rate_bps, parse_size_bytes
+from caramel.units import parse_rate_bps, parse_size_bytes
+
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)?")
+_SECONDS_PER = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 def _duration_s(text: str, flag: str) -> float:
-    """A duration >= 0 (`0` allowed: no compute, an unshaped latency), or one error naming the flag."""
-    if str(text).strip().rstrip("smu") in ("0", "0.0", ""):
-        return 0.0
-    try:
-        return parse_duration_s(text)
-    except CaramelError:
-        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 such as 2ms") from None
+    """A duration >= 0: a number with an optional unit s, ms or us (`0` allowed: no compute, an
+    unshaped latency); a unit alone or anything else is one error naming the flag."""
+    m = _DURATION.fullmatch(str(text).strip())
+    value = float(m.group(1)) * _SECONDS_PER[m.group(2)] if m else math.nan
+    if not math.isfinite(value):
+        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0: a number with an optional "
+                           "unit s, ms or us, such as 2ms")
+    return value
+
+
+def _at_least(value: int, minimum: int, flag: str, why: str = "") -> int:
+    if value < minimum:
+        raise CaramelError(f"{flag} must be >= {minimum}{why}, got {value}")
+    return value
 
 
 def add_loading_arguments(p, modes_flag: str = "--modes", epochs_flag: str = "--epochs") -> None:
@@ -66,16 +78,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: int, url: str | None,
-                **generated) -> DataBenchConfig:
+                ranks_flag: str = "--ranks", epochs_flag: str = "--epochs", **generated) -> DataBenchConfig:
     """The bench configuration from the shared options; one CaramelError naming a bad one."""
     modes = tuple(m.strip() for m in args.data_modes.split(",") if m.strip())
     for m in modes:
         if m not in MODES:
             raise CaramelError(f"data modes: {m!r} is not a mode; expected among {', '.join(MODES)}")
-    if ranks < 1 or args.data_epochs < 2 or rounds < 1 or args.cache_share < 0 or batch_size < 1:
-        raise CaramelError("ranks >= 1, epochs >= 2 (the first is cold), rounds >= 1, batch size >= 1 and "
-                           f"--cache-share >= 0 expected, got {ranks}, {args.data_epochs}, {rounds}, {batch_size}, "
-                           f"{args.cache_share}")
+    _at_least(ranks, 1, ranks_flag)
+    _at_least(args.data_epochs, 2, epochs_flag, " (the first is cold)")
+    _at_least(rounds, 1, "--rounds")
+    _at_least(batch_size, 1, "--batch-size")
+    if not args.cache_share >= 0:
+        raise CaramelError(f"--cache-share must be >= 0, got {args.cache_share}")
     if args.memory_share is not None and args.memory_share < 0:
         raise CaramelError(f"--memory-share must be >= 0, got {args.memory_share}")
     if args.loader_workers < 0:
@@ -111,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench_data(args: argparse.Namespace) -> int:
-    """`caramel bench --data URL`: the bench's --workers ranks, --batch-size, --rounds on that store."""
-    cfg = config_from(args, args.workers or 2, args.batch_size or DataBenchConfig().batch_size,
-                      args.rounds or DataBenchConfig().rounds, args.data, timeout_s=args.timeout)
+    """`caramel bench --data URL`: the bench's --workers ranks, --batch-size, --rounds on that store
+    (unset: the data bench's defaults; 0 is refused, not taken for unset)."""
+    d = DataBenchConfig()
+    cfg = config_from(args, d.ranks if args.workers is None else args.workers,
+                      d.batch_size if args.batch_size is None else args.batch_size,
+                      d.rounds if args.rounds is None else args.rounds, args.data, ranks_flag="--workers",
+                      epochs_flag="--data-epochs", timeout_s=args.timeout)
     return report(cfg, args.data, args.json, args.markdown)

@@ -8,6 +8,7 @@ behind an emulated link (the store for `caramel bench --data URL`, e.g. inside o
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from caramel.errors import CaramelError
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         from caramel.data.serve import serve_directory
         from caramel.data.store import Store
 
+        if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
+            raise CaramelError(f"--seconds must be a positive number of seconds, got {args.seconds:g}")
         Store(args.directory).index()  # a directory without a data set is named now, not on the first request
         rate = parse_rate_bps(args.rate) if args.rate else None
         with serve_directory(args.directory, args.host, args.port, rate, parse_duration_arg_s(args.latency, "--latency")) as server:

@@ -59,7 +59,7 @@ def test_bad_input_is_named(capsys, tmp_path):
     assert main(["data-bench", "--modes", "remote,fast"]) == 2
     assert "'fast' is not a mode" in capsys.readouterr().err
     assert main(["data-bench", "--epochs", "1"]) == 2
-    assert "epochs >= 2" in capsys.readouterr().err
+    assert "--epochs must be >= 2" in capsys.readouterr().err
     assert main(["bench", "--data", str(tmp_path), "--compute", "fast"]) == 2
     assert "--compute 'fast' is not understood" in capsys.readouterr().err
     assert main(["bench", "--data", str(tmp_path / "nothing")]) == 2

@@ -1,0 +1,66 @@
+"""Bad input to the data-loading bench's commands: every option is either used or refused with
+one error naming it; nothing is silently ignored or replaced by a default."""
+import pytest
+
+from caramel.bench.data_cli import _duration_s
+from caramel.cli import main
+from caramel.errors import CaramelError
+
+
+@pytest.fixture()
+def store_dir(tmp_path):
+    from caramel.data.format import write_random_dataset
+
+    write_random_dataset(tmp_path, 8, 64, 4)
+    return tmp_path
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--strategies", "ddp"], "--strategies"), (["--model", "resnet18"], "--model"), (["--ratio", "1"], "--ratio"),
+    (["--bandwidth", "100mbit"], "--bandwidth"), (["--steps", "5"], "--steps"), (["--quick"], "--quick"),
+    (["--network", "loopback"], "--network"), (["--model-option", "width=8"], "--model-option"),
+])
+def test_strategy_flags_with_data_are_refused(store_dir, capsys, flags, named):
+    assert main(["bench", "--data", str(store_dir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{named} has no meaning with --data" in err and "data-loading bench" in err
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--rounds", "--batch-size"])
+def test_zero_is_refused_not_taken_for_the_default(store_dir, capsys, flag):
+    assert main(["bench", "--data", str(store_dir), flag, "0"]) == 2
+    assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_data_bench_names_the_flag_out_of_range(capsys):
+    assert main(["data-bench", "--ranks", "0"]) == 2
+    assert "--ranks must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["data-bench", "--epochs", "1"]) == 2
+    assert "--epochs must be >= 2 (the first is cold), got 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, seconds", [("0", 0.0), ("0ms", 0.0), ("2ms", 0.002), ("1.5", 1.5), ("50us", 50e-6),
+                                           ("3 s", 3.0)])
+def test_durations_parse_a_number_with_an_optional_unit(text, seconds):
+    assert _duration_s(text, "--compute") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["ms", "s", "us", "", "-1ms", "2min", "fast", "1e999"])
+def test_a_duration_without_a_number_or_unit_is_refused(text):
+    with pytest.raises(CaramelError, match=f"--compute {text!r} is not understood"):
+        _duration_s(text, "--compute")
+
+
+@pytest.mark.parametrize("seconds", ["-1", "0", "nan"])
+def test_data_serve_refuses_a_non_positive_time(store_dir, capsys, seconds):
+    assert main(["data", "serve", str(store_dir), "--port", "0", "--seconds", seconds]) == 2
+    assert "--seconds must be a positive number of seconds" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_size_above_a_ranks_share_is_refused_before_the_ranks_start(store_dir, capsys):
+    # 8 samples over 2 ranks: 4 each, so a batch of 5 would leave every rank without a step
+    assert main(["bench", "--data", str(store_dir), "--workers", "2", "--batch-size", "5"]) == 2
+    assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
+    assert main(["data-bench", "--samples", "8", "--ranks", "2", "--batch-size", "5"]) == 2
+    assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
