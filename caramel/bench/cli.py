@@ -214,6 +214,18 @@ def _refuse_strategy_flags(args: argparse.Namespace) -> None:
                                "--json, --markdown and the data-loading options")
 
 
+def _refuse_data_flags(args: argparse.Namespace) -> None:
+    """A data-loading flag given without --data is an error, not silently ignored."""
+    from caramel.bench.data_cli import add_loading_arguments
+
+    loading = argparse.ArgumentParser(add_help=False)
+    add_loading_arguments(loading, modes_flag="--data-modes", epochs_flag="--data-epochs")
+    for action in loading._actions:
+        if getattr(args, action.dest, action.default) != action.default:
+            raise CaramelError(f"{action.option_strings[0]} is a data-loading option: it needs --data URL (the "
+                               "data-loading bench); the strategies bench does not read it")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise CaramelError(f"--timeout must be positive, got {args.timeout}")
@@ -222,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
         _refuse_strategy_flags(args)
         return run_bench_data(args)
+    _refuse_data_flags(args)
     strategies = parse_strategies(args.strategies)
     trace = _check_trace_args(args)
     configs, settings = select(args)

@@ -26,6 +26,13 @@ def test_strategy_flags_with_data_are_refused(store_dir, capsys, flags, named):
     assert f"{named} has no meaning with --data" in err and "data-loading bench" in err
 
 
+@pytest.mark.parametrize("flags", [["--data-epochs", "5"], ["--cache-share", "0.5"], ["--compute", "8ms"],
+                                   ["--store-rate", "50mbit"], ["--data-modes", "remote"]])
+def test_data_flags_without_data_are_refused(capsys, flags):
+    assert main(["bench", "--model", "small_cnn", *flags]) == 2
+    assert f"{flags[0]} is a data-loading option: it needs --data URL" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--workers", "--rounds", "--batch-size"])
 def test_zero_is_refused_not_taken_for_the_default(store_dir, capsys, flag):
     assert main(["bench", "--data", str(store_dir), flag, "0"]) == 2
