@@ -96,6 +96,13 @@ def test_a_copy_of_a_narrowed_model_computes_with_its_own_weights():
     assert set(m.state_dict()) == set(SmallCNN().state_dict())
 
 
+def test_dropout_table_flags_without_the_table_are_errors(capsys):
+    from caramel.cli import main
+    for flag, value in (("--dropout-fractions", "0,0.5"), ("--dropout-train-steps", "5")):
+        assert main(["profile", "--model", "mlp", "--steps", "1", flag, value]) != 0
+        assert f"{flag} is only for measuring a dropout table: add --dropout-table OUT" in capsys.readouterr().err
+
+
 def test_the_lookup_picks_the_least_costly_entry_fast_enough(tmp_path):
     t = DropoutTable.load(_table(tmp_path / "t.json"))
     assert t.choose(1.0).fraction == 0.0
