@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dropout-table", metavar="OUT",
                         help="instead of the profile: measure the cost-versus-accuracy table of structured dropout "
                              "(balance='dropout') and write it here (caramel.dropout-table/1 JSON)")
-    parser.add_argument("--dropout-fractions", default="0,0.125,0.25,0.5",
+    parser.add_argument("--dropout-fractions", default=None,
                         help="with --dropout-table: the fractions of units dropped (default 0,0.125,0.25,0.5)")
-    parser.add_argument("--dropout-train-steps", type=int, default=30,
+    parser.add_argument("--dropout-train-steps", type=int, default=None,
                         help="with --dropout-table: SGD steps trained per fraction before the held-out loss (default 30)")
 
 
@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         raise CaramelError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.defer is not None and args.defer < 0:
         raise CaramelError(f"--defer must be >= 0, got {args.defer}")
+    if not args.dropout_table:
+        for flag, value in (("--dropout-fractions", args.dropout_fractions), ("--dropout-train-steps", args.dropout_train_steps)):
+            if value is not None:
+                raise CaramelError(f"{flag} is only for measuring a dropout table: add --dropout-table OUT, or drop {flag}")
     torch.set_num_threads(args.threads)
     factory = get_model(args.model)
     if args.dropout_table:
@@ -89,11 +93,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _dropout_table(args: argparse.Namespace, factory) -> int:
     from caramel.profile.dropout_table import check_fractions, measure_table
-    fractions = check_fractions(args.dropout_fractions)
-    if args.dropout_train_steps < 1:
-        raise CaramelError(f"--dropout-train-steps must be >= 1, got {args.dropout_train_steps}")
+    fractions = check_fractions(args.dropout_fractions or "0,0.125,0.25,0.5")
+    train_steps = 30 if args.dropout_train_steps is None else args.dropout_train_steps
+    if train_steps < 1:
+        raise CaramelError(f"--dropout-train-steps must be >= 1, got {train_steps}")
     table = measure_table(args.model, factory, args.batch_size, fractions, time_steps=args.steps,
-                          train_steps=args.dropout_train_steps)
+                          train_steps=train_steps)
     print(f"model {table.model}: {len(table.groups)} droppable groups ({', '.join(table.groups)})")
     print("fraction  time ratio  held-out loss  increase")
     for e in table.entries:

@@ -15,7 +15,8 @@ block qualify; channels on a residual path never do.
 `W[:, kept]` for the consumer, BatchNorm's per-channel parameters and statistics sliced too),
 with the consumer's input scaled by units / kept as inverted dropout does. Autograd scatters
 the sliced parameters' gradients back into full-size tensors with zeros in dropped units, so
-buckets keep their dense sizes. With nothing dropped the model's own forwards run, unchanged.
+buckets keep their dense sizes. With nothing dropped the model's own forwards run, unchanged,
+and so they do while evaluating (eval() or no_grad): validation scores the whole model.
 """
 from __future__ import annotations
 
@@ -144,40 +145,52 @@ class Narrowing:
     """Forwards of the groups' layers that compute only the kept units (module docstring).
 
     `set_kept({group name: sorted index tensor or None})` takes effect at the next forward;
-    None (or every unit) keeps the layer's own forward for that group."""
+    None (or every unit) keeps the layer's own forward for that group. A group narrows only
+    while its producer is in train() mode and autograd is on: evaluation (eval() or no_grad)
+    computes the whole model. Each patched layer holds a `_NarrowForward` that names its module,
+    so a deepcopy (or pickle) of the model narrows its own layers with its own copy of the kept
+    units, never the original's."""
 
     def __init__(self, groups: list[Group]):
         self.groups = groups
         self.kept: dict[str, torch.Tensor | None] = {g.name: None for g in groups}
-        self._out: dict[int, Group] = {id(g.producer): g for g in groups}
-        self._in: dict[int, Group] = {id(g.consumer): g for g in groups}
-        self._norm: dict[int, Group] = {id(m): g for g in groups for m in g.norms}
-        seen: set[int] = set()
+        roles: dict[int, list] = {}
         for g in groups:
-            for m in [g.producer, g.consumer] + g.norms:
-                if id(m) not in seen:
-                    seen.add(id(m))
-                    self._patch(m)
+            roles.setdefault(id(g.producer), [g.producer, None, None, None])[1] = g
+            roles.setdefault(id(g.consumer), [g.consumer, None, None, None])[2] = g
+            for n in g.norms:
+                roles.setdefault(id(n), [n, None, None, None])[3] = g
+        for m, out_g, in_g, norm_g in roles.values():
+            m.forward = _NarrowForward(m, self, out_g, in_g, norm_g)  # an instance attribute: __call__ runs it
 
     def set_kept(self, kept: dict[str, torch.Tensor | None]) -> None:
         for g in self.groups:
             k = kept.get(g.name)
             self.kept[g.name] = None if k is None or len(k) == g.units else k
 
-    def _patch(self, m: nn.Module) -> None:
-        own = m.forward  # the bound method of the module's class
+    def active(self, g: Group | None) -> torch.Tensor | None:
+        """The kept units of `g` now, or None where it computes whole (nothing dropped, or evaluating)."""
+        if g is None or not (g.producer.training and torch.is_grad_enabled()):
+            return None
+        return self.kept[g.name]
 
-        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            out_g, in_g, norm_g = self._out.get(id(m)), self._in.get(id(m)), self._norm.get(id(m))
-            out_k = self.kept[out_g.name] if out_g is not None else None
-            in_k = self.kept[in_g.name] if in_g is not None else None
-            norm_k = self.kept[norm_g.name] if norm_g is not None else None
-            if out_k is None and in_k is None and norm_k is None:
-                return own(x, *args, **kwargs)
-            if norm_g is not None:
-                return _narrow_norm(m, x, norm_k)
-            return _narrow_layer(m, x, out_k, in_k, in_g)
-        m.forward = forward  # an instance attribute: nn.Module.__call__ (and its hooks) run it
+
+class _NarrowForward:
+    """A patched layer's forward: narrow where its groups drop units, else the class's own.
+    A plain object of this module (not a closure), so copies and pickles rebind to their module."""
+
+    def __init__(self, module: nn.Module, narrowing: Narrowing, out_g: Group | None, in_g: Group | None,
+                 norm_g: Group | None):
+        self.module, self.narrowing, self.out_g, self.in_g, self.norm_g = module, narrowing, out_g, in_g, norm_g
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        m, n = self.module, self.narrowing
+        out_k, in_k, norm_k = n.active(self.out_g), n.active(self.in_g), n.active(self.norm_g)
+        if out_k is None and in_k is None and norm_k is None:
+            return type(m).forward(m, x, *args, **kwargs)
+        if self.norm_g is not None:
+            return _narrow_norm(m, x, norm_k)
+        return _narrow_layer(m, x, out_k, in_k, self.in_g)
 
 
 def _narrow_layer(m: nn.Module, x: torch.Tensor, out_k: torch.Tensor | None, in_k: torch.Tensor | None,

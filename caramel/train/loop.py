@@ -166,8 +166,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
     trace_path = str(out_dir / "trace.json")
     engine = make_engine(model, optimizer, cfg, trace_path, wl, sampler, state["step"] if state is not None else 0, state)
-    balanced = getattr(engine, "balance", "off") == "batch"
-    batches = BatchSource(sampler, engine.optimizer, "batch" if balanced else "off", d.world_size * cfg.data.batch_size,
+    balance = getattr(engine, "balance", "off")
+    balanced = balance == "batch"
+    batches = BatchSource(sampler, engine.optimizer, balance, d.world_size * cfg.data.batch_size,
                           len(wl.train_set), cfg.run.seed, resuming=state is not None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0

@@ -9,8 +9,8 @@ With `--strategy caramel:balance=batch` each step's global batch (workers x batc
 samples) is cut into the shares the engine's balancer sets (`balanced_sampler`): the same
 global batch per step as with equal shares, so the same samples are seen at the same step and
 samples per second compare. The epoch's order is the share sampler's own permutation, and the
-partial last global batch is dropped. Resuming keeps no share schedule yet: a resumed run with
-balance="batch" is refused. With balance="dropout" the summary adds the drop fractions in force
+partial last global batch is dropped. Resuming keeps no share schedule yet, nor
+balance="dropout"'s drop fractions and mask step counter: a resumed run with either is refused. With balance="dropout" the summary adds the drop fractions in force
 at the end and their changes ([step, fractions] pairs).
 """
 from __future__ import annotations
@@ -55,11 +55,12 @@ class BatchSource:
         self.sharded, self.shares = sharded, None
         engine = getattr(optimizer, "_caramel_engine", None)
         self.balancer = getattr(getattr(engine, "controller", None), "balancer", None)
+        if balance in ("batch", "dropout") and resuming:
+            kept = "share schedule" if balance == "batch" else "drop fractions and mask step"
+            raise CaramelError(f"resuming a run with balance='{balance}' is not supported yet (the {kept} is not "
+                               "checkpointed by caramel train); start afresh with --resume none")
         if balance != "batch":
             return
-        if resuming:
-            raise CaramelError("resuming a run with balance='batch' is not supported yet (the share schedule is not "
-                               "checkpointed by caramel train); start afresh with --resume none")
         if sharded.remainder != "drop":
             raise CaramelError("balance='batch' drops the partial last global batch of an epoch; use --remainder drop")
         from caramel.strategies.caramel.balance import balanced_sampler

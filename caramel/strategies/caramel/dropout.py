@@ -30,6 +30,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.profile.dropout_groups import Group, Narrowing, find_groups
 from caramel.profile.dropout_table import DropoutTable, random_kept
+from caramel.profile.slowdown import set_compute_ratio
 from caramel.strategies.caramel.balance import MIN_GAIN, WINDOW_STEPS
 from caramel.topology.spec import ClusterSpec
 
@@ -72,7 +73,7 @@ class DropoutBalancer:
         engine.reduce_fixup = self._fixup
         engine.add_listeners(backward_end=self._backward_end)
         # an emulated slow worker (caramel.profile.slowdown) scales its delay by this rank's drop
-        model.caramel_compute_ratio = self.compute_ratio
+        set_compute_ratio(model, self.compute_ratio)
         self._draw()
 
     def compute_ratio(self) -> float:

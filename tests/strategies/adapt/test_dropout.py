@@ -50,6 +50,59 @@ def test_narrowing_computes_only_kept_units_and_nothing_dropped_is_the_model():
     assert m.fc.weight.grad[:, 128:].abs().sum() == 0 and m.fc.weight.grad[:, :128].abs().sum() > 0
 
 
+def test_evaluation_computes_the_whole_model_even_with_units_dropped():
+    import copy
+    m = SmallCNN()
+    ref = copy.deepcopy(m)  # never narrowed
+    x = torch.randn(3, 3, 16, 16)
+    narrow = Narrowing(find_groups(m))
+    narrow.set_kept({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)})
+    assert not torch.allclose(m(x), ref(x))  # training: narrowed
+    ref.load_state_dict(m.state_dict())  # the same BatchNorm statistics from here on
+    with torch.no_grad():  # no_grad alone computes whole
+        assert torch.equal(m(x), ref(x))
+    m.eval()
+    ref.eval()
+    with torch.no_grad():  # what caramel train's validation runs
+        assert torch.equal(m(x), ref(x))
+    assert torch.equal(m(x), ref(x))  # eval() with autograd on: whole too
+    m.train()
+    assert not torch.allclose(m(x), ref.train()(x))  # back to training: narrowed again
+
+
+def test_a_copy_of_a_narrowed_model_computes_with_its_own_weights():
+    import copy
+    import io
+    m = SmallCNN()
+    x = torch.randn(3, 3, 16, 16)
+    narrow = Narrowing(find_groups(m))
+    narrow.set_kept({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)})
+    c = copy.deepcopy(m)
+    with torch.no_grad():
+        for p in c.parameters():
+            p.zero_()
+    assert torch.equal(c(x), torch.zeros(3, 10)) and m(x).abs().sum() > 0  # narrowed and whole alike: zero
+    with torch.no_grad():
+        for p in c.parameters():
+            p.normal_()
+    c(x).sum().backward()  # the copy's own drops, its own gradients; none reach the original
+    assert c.conv1.weight.grad[[1, 3, 4, 6, 7]].abs().sum() == 0 and c.conv1.weight.grad[[0, 2, 5]].abs().sum() > 0
+    assert m.conv1.weight.grad is None
+    narrow.set_kept({})  # the original's narrowing no longer steers the copy
+    assert c.conv1.forward.narrowing is not narrow and c.conv1.forward.module is c.conv1
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    torch.save(m, buf)  # the whole module pickles too (no closure, no balancer on it)
+    assert set(m.state_dict()) == set(SmallCNN().state_dict())
+
+
+def test_dropout_table_flags_without_the_table_are_errors(capsys):
+    from caramel.cli import main
+    for flag, value in (("--dropout-fractions", "0,0.5"), ("--dropout-train-steps", "5")):
+        assert main(["profile", "--model", "mlp", "--steps", "1", flag, value]) != 0
+        assert f"{flag} is only for measuring a dropout table: add --dropout-table OUT" in capsys.readouterr().err
+
+
 def test_the_lookup_picks_the_least_costly_entry_fast_enough(tmp_path):
     t = DropoutTable.load(_table(tmp_path / "t.json"))
     assert t.choose(1.0).fraction == 0.0
