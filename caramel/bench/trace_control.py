@@ -90,7 +90,10 @@ class TraceController(threading.Thread):
     def _wait_marker(self) -> float | None:
         while not self._halt.is_set():
             if self.marker.exists():
-                return float(self.marker.read_text())
+                try:
+                    return float(self.marker.read_text())
+                except ValueError:
+                    pass  # created but not yet written: read it again at the next poll
             self._halt.wait(MARKER_POLL_S)
         return None
 

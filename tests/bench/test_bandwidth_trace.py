@@ -220,3 +220,16 @@ def test_the_cli_refuses_a_trace_it_cannot_run_before_any_job_starts(tmp_path):
     f.write_text("30,1gbit\n30,100mbit\n")
     cfg, _ = _trace_phases(_check_trace_args(_args("--bandwidth-trace", str(f))), BenchConfig(model="resnet18", workers=2))
     assert cfg.bandwidth == "1gbit"
+
+
+def test_a_marker_created_before_its_time_is_written_is_read_again(tmp_path):
+    marker, calls = tmp_path / "start", []
+    marker.write_text("")  # created, not yet written: what a reader can see mid-write
+    ctl = TraceController([{"start_s": 0.0, "duration_s": 0.05, "rate_bps": 1e9, "rate": "x1"},
+                           {"start_s": 0.05, "duration_s": 0.05, "rate_bps": 1e8, "rate": "x0.1"}],
+                          marker, lambda bps: calls.append(bps), log=open("/dev/null", "w"))
+    ctl.start()
+    time.sleep(0.2)
+    marker.write_text(repr(time.time()))
+    ctl.join(timeout=5)
+    assert not ctl.is_alive() and calls == [1e8]
