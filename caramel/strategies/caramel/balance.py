@@ -1,12 +1,15 @@
 """`balance="batch"`: each worker's share of the global batch follows its measured speed.
 
 A synchronous step lasts as long as its slowest worker; with equal shares a worker twice as
-slow doubles every step. Here each rank times its own compute per sample (the step's period
-minus its waits on communication, over its local batch), in a moving window; every
-`balance_every` steps the ranks all-gather those times and every rank computes the same new
-counts, proportional to each one's samples per second (`caramel.data.share_sampler`), kept only
-when they are predicted to shorten the step by more than `MIN_GAIN`. The new counts apply from
-the first batch no rank has drawn yet.
+slow doubles every step. Here each rank times its own compute (the step's period minus its
+waits on communication) per local batch size, in a moving window per size, and fits a fixed
+cost plus a per-sample cost (`fit_cost`) once it has seen two sizes: charging the per-step
+costs (optimizer, Python, the engine) per sample would make a rank given fewer samples look
+slower per sample, and the shares would overshoot and swing. Every `balance_every` steps the
+ranks all-gather their fits and every rank computes the same new counts, those that minimize
+the slowest rank's predicted compute (`counts_for_costs`), kept only when they are predicted to
+shorten the step by more than `MIN_GAIN`. The new counts apply from the first batch no rank
+has drawn yet.
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -24,12 +27,46 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from caramel.data.share_sampler import ShareSampler, ShareSchedule, counts_from_rates
+from caramel.data.share_sampler import ShareSampler, ShareSchedule
 from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
-WINDOW_STEPS = 10  # per-sample compute times kept (the median of them is the estimate)
+WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
+FIT_SIZES = 4  # the most recent local batch sizes whose times enter the fit
 MIN_GAIN = 0.05  # new counts must be predicted to shorten the step by more than 5%
+
+
+def fit_cost(medians: dict[int, float]) -> tuple[float, float]:
+    """(fixed_s, per_sample_s) of t = fixed + per_sample * n through the (n, t) points: least
+    squares over two or more sizes; from one size, or where the fit is not physical (a negative
+    part), all of it per sample through the origin."""
+    points = [(n, t) for n, t in medians.items() if n > 0]
+    if not points:
+        return 0.0, 0.0
+    if len(points) >= 2:
+        mean_n = sum(n for n, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        var = sum((n - mean_n) ** 2 for n, _ in points)
+        slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / var
+        fixed = mean_t - slope * mean_n
+        if slope > 0.0 and fixed >= 0.0:
+            return fixed, slope
+    return 0.0, sum(t * n for n, t in points) / sum(n * n for n, _ in points)
+
+
+def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> list[int]:
+    """Whole-sample counts summing to `global_batch`, each >= 1, that minimize the slowest rank's
+    fixed + per_sample * count: each sample goes, in turn, to the rank that would finish it
+    first (optimal for this min-max; ties to the lower rank, so every rank computes the same)."""
+    counts = [1] * len(costs)
+    for _ in range(global_batch - len(costs)):
+        r = min(range(len(costs)), key=lambda k: (costs[k][0] + costs[k][1] * (counts[k] + 1), k))
+        counts[r] += 1
+    return counts
+
+
+def predicted_s(costs: list[tuple[float, float]], counts: list[int]) -> float:
+    return max(a + b * n for (a, b), n in zip(costs, counts))
 
 
 class Balancer:
@@ -38,7 +75,7 @@ class Balancer:
     def __init__(self, engine: Any, model: nn.Module, group: Any, rank: int, world: int, every: int):
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every
         self.schedule: ShareSchedule | None = None
-        self.times: collections.deque = collections.deque(maxlen=WINDOW_STEPS)
+        self.times: collections.OrderedDict[int, collections.deque] = collections.OrderedDict()  # size -> compute s
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
@@ -66,28 +103,32 @@ class Balancer:
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
         stats = self.engine.stats
         if stats.last_step_s is not None and self.local_batch:
-            self.times.append(max(stats.last_step_s - stats.last_wait_s, 0.0) / self.local_batch)
+            window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
+            window.append(max(stats.last_step_s - stats.last_wait_s, 0.0))
+            self.times.move_to_end(self.local_batch)
+            while len(self.times) > FIT_SIZES:
+                self.times.popitem(last=False)
         self._steps += 1
         if self.every and self._steps % self.every == 0 and self.world > 1:
             self._decide()
 
     def _decide(self) -> None:
-        mine = statistics.median(self.times) if self.times else 0.0
+        mine = fit_cost({n: statistics.median(q) for n, q in self.times.items()})
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
-        times = [t for t, _ in gathered]
-        if min(times) <= 0.0:
+        costs = [c for c, _ in gathered]
+        if min(b for _, b in costs) <= 0.0:
             return  # some rank has no measurement yet
         old = self.schedule.current
-        new = counts_from_rates([1.0 / t for t in times], self.schedule.global_batch)
-        old_s = max(t * n for t, n in zip(times, old))
-        new_s = max(t * n for t, n in zip(times, new))
+        new = counts_for_costs(costs, self.schedule.global_batch)
+        old_s, new_s = predicted_s(costs, old), predicted_s(costs, new)
         if new == old or new_s >= old_s * (1.0 - MIN_GAIN):
             return
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
         record = {"step": self.engine.stats.step, "from_batch": start, "counts": new, "previous": list(old),
-                  "s_per_sample": times, "predicted_step_s": new_s, "previous_step_s": old_s}
+                  "fixed_s": [a for a, _ in costs], "s_per_sample": [b for _, b in costs],
+                  "predicted_step_s": new_s, "previous_step_s": old_s}
         self.changes.append(record)
         self.engine.stats.log("share_changes", record)
 

@@ -20,6 +20,45 @@ def test_counts_follow_rates_and_sum_to_the_global_batch():
     assert sum(counts_from_rates([0.3, 0.5, 0.7], 31)) == 31
 
 
+def test_the_cost_fit_separates_fixed_from_per_sample_time():
+    from caramel.strategies.caramel.balance import fit_cost
+    assert fit_cost({64: 0.010 + 64 * 0.001, 128: 0.010 + 128 * 0.001}) == pytest.approx((0.010, 0.001))
+    assert fit_cost({100: 0.2}) == pytest.approx((0.0, 0.002))  # one size: all of it per sample
+    # noise that makes the line fall with n is not physical: through the origin instead
+    assert fit_cost({10: 0.30, 20: 0.25}) == pytest.approx((0.0, (3.0 + 5.0) / 500.0))
+
+
+def test_counts_minimize_the_slowest_rank_with_fixed_costs():
+    from caramel.strategies.caramel.balance import counts_for_costs, predicted_s
+    assert counts_for_costs([(0.0, 1.0), (0.0, 2.0)], 12) == [8, 4]
+    assert counts_for_costs([(10.0, 1.0), (0.0, 1.0)], 20) == [5, 15]  # rank 0 pays 10 samples' worth per step
+    counts = counts_for_costs([(0.3, 0.01), (0.1, 0.03), (0.0, 0.02)], 97)
+    best = min(predicted_s([(0.3, 0.01), (0.1, 0.03), (0.0, 0.02)], [a, b, 97 - a - b])
+               for a in range(1, 96) for b in range(1, 97 - a))
+    assert sum(counts) == 97 and predicted_s([(0.3, 0.01), (0.1, 0.03), (0.0, 0.02)], counts) == pytest.approx(best)
+
+
+def test_two_sizes_put_the_shares_where_the_ranks_finish_together():
+    """Ranks whose step is a fixed cost plus a per-sample cost (rank 1's per-sample cost 2x):
+    from equal shares the per-sample estimate misses (the fixed cost dilutes the difference);
+    after one change the fit has two sizes and lands on the counts that equalize the ranks."""
+    from caramel.strategies.caramel.balance import counts_for_costs, fit_cost, predicted_s
+    true = [(0.020, 0.0002), (0.020, 0.0004)]
+    seen: list[dict[int, float]] = [{}, {}]
+    counts = [128, 128]
+    history = []
+    for _ in range(3):
+        for r, (a, b) in enumerate(true):
+            seen[r][counts[r]] = a + b * counts[r]
+        costs = [fit_cost(s) for s in seen]
+        counts = counts_for_costs(costs, 256)
+        history.append(counts)
+    ideal = counts_for_costs(true, 256)
+    assert history[0][1] > ideal[1]  # the per-sample estimate gives the slow rank too many
+    assert history[1] == ideal and history[2] == ideal
+    assert predicted_s(true, ideal) < predicted_s(true, history[0])
+
+
 def test_every_sample_once_per_epoch_across_share_changes_and_a_resume():
     sched = [ShareSchedule(10, 3) for _ in range(3)]
     samplers = [ShareSampler(53, s, r, seed=1) for r, s in enumerate(sched)]
