@@ -30,7 +30,7 @@ from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, d
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.prediction import predict_strategies
+from caramel.bench.prediction import link_costs, predict_strategies, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
@@ -300,6 +300,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     profile = profile_workload(workload, small_batch_size=small)
     dist.barrier()
     _log(rank, "profiled for the lower bound")
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
+    # the collectives' fixed costs on these links, for the predictions (after the rounds: it
+    # perturbs nothing measured)
+    probed = probe_link(grad_bytes, device, dist.get_backend())
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -310,9 +314,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         dist.all_gather_object(stamps, trace.stamps)
     if rank != 0:
         return None
-    grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
+    names = [s.name for s in strategies if s.name in runners]
+    compute_medians = [median(g["compute"]) for g in gathered]
+    link = link_costs(probed)
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -324,8 +330,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
-        "predicted": predict_strategies(profile, [s.name for s in strategies if s.name in runners], world,
-                                        bandwidth_bps, [median(g["compute"]) for g in gathered]),
+        "predicted": predict_strategies(profile, names, world, bandwidth_bps, compute_medians, link),
+        "predicted_rate_only": predict_strategies(profile, names, world, bandwidth_bps, compute_medians),
+        "link_fit": link,
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),

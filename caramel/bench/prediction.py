@@ -19,6 +19,8 @@ from caramel.stats import median
 
 RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed the fastest's by this share
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
+PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
+LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
 
 
 def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
@@ -28,30 +30,37 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
     return [profile_step_s / c if c > 0 else 1.0 for c in rank_compute_s]
 
 
-def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None):
+def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
+                  link: dict[str, Any] | None = None):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
-    workers at `speeds` (default 1) on links of the achieved rate."""
+    workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
+    collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
+    None: the spec's defaults)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
     if len(speeds) != world:
         raise ValueError(f"{len(speeds)} worker speeds for {world} workers")
+    costs = {k: link[k] for k in LINK_FIELDS if link and link.get(k) is not None}
     return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
-                       bandwidth_bps=bandwidth_bps, meta={"source": "bench: achieved rate of the comm-only baseline, "
-                                                                    "speeds from each rank's compute-only baseline"})
+                       bandwidth_bps=bandwidth_bps, **costs,
+                       meta={"source": "bench: achieved rate of the comm-only baseline, speeds from each rank's "
+                                       "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")})
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
-                       rank_compute_s: list[float] | None = None) -> dict[str, dict[str, Any]]:
+                       rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None
+                       ) -> dict[str, dict[str, Any]]:
     """Per strategy name: {"step_time_s", "exact", "error"}; {} without a profile or a rate (one
     worker, no communication). `rank_compute_s`: each rank's compute-only median (`worker_speeds`);
-    None replays the profile as measured. A failure is the strategy's `error`, never the bench's."""
+    None replays the profile as measured. `link`: the probe's fixed costs (`bench_cluster`). A
+    failure is the strategy's `error`, never the bench's."""
     if profile is None or bandwidth_bps is None or world < 2:
         return {}
     from caramel.strategies.recommend import predict
 
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
-    cluster = bench_cluster(world, bandwidth_bps, speeds)
+    cluster = bench_cluster(world, bandwidth_bps, speeds, link)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
@@ -61,6 +70,38 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
             print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
             out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def probe_link(grad_bytes: int, device: Any, backend: str, points: int = PROBE_POINTS) -> dict[str, Any] | None:
+    """Every rank, at the same point: all-reduces from 4 KB up to the model's gradient bytes
+    (geometric), timed by `caramel.topology.probe.measure_in_job`; the measurements, or None
+    where the probe failed (a prediction is an extra: it never fails the bench)."""
+    from caramel.topology.probe import MIN_BYTES, measure_in_job
+
+    top = max(int(grad_bytes), 2 * MIN_BYTES)
+    sizes = sorted({int(MIN_BYTES * (top / MIN_BYTES) ** (k / (points - 1))) // 4 * 4 for k in range(points)})
+    try:
+        return measure_in_job(sizes, PROBE_REPS, 2, device, backend)
+    except Exception as e:
+        print(f"[bench] no link probe: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+
+
+def link_costs(measured: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The fixed costs per collective (`LINK_FIELDS`) fitted to `probe_link`'s measurements, with
+    the fit's own rate and error for the record; None without measurements or a fit."""
+    if measured is None:
+        return None
+    from caramel.topology.probe import spec_from_measured
+
+    try:
+        spec, fit = spec_from_measured(measured, {"source": "bench link probe"}, PROBE_REPS)
+    except Exception as e:
+        print(f"[bench] no link fit: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    return {"latency_s": spec.latency_s, "queued_latency_s": spec.queued_latency_s,
+            "collective_cpu_s": spec.collective_cpu_s, "fit_bandwidth_bps": fit.bandwidth_bps,
+            "fit_max_rel_error": fit.max_rel_error, "probe": spec.meta.get("probe")}
 
 
 def prediction_error(predicted_s: float | None, measured_s: float | None) -> float | None:

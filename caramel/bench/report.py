@@ -172,6 +172,8 @@ class Record:
     """whether the strategy trains DDP's parameters (only those are recommended)"""
     prediction_note: str | None = None
     """why there is no prediction"""
+    predicted_rate_only_s: float | None = None
+    """the same model without the job's probed fixed costs per collective (the spec's defaults)"""
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
@@ -265,6 +267,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),
             prediction_note=pred.get("error"),
+            predicted_rate_only_s=raw.get("predicted_rate_only", {}).get(name, {}).get("step_time_s"),
             wire_bytes_per_sample=_wire_per_sample((raw.get("wire_tx") or {}).get(name), meta.get("local_batch"),
                                                    cfg["workers"]), **common))
     return records

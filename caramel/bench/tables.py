@@ -8,7 +8,8 @@ from typing import Any
 
 from caramel.bench.report import (PLAN_LINE_BUCKETS, Record, StrategySummary, ceiling_s, ceiling_speedup, config_label,
                                   efficiency, summarize_strategies)
-from caramel.bench.prediction import ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, records_accuracy, recommendation_checks
+from caramel.bench.prediction import (ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, accuracy_by_kind, prediction_error,
+                                      records_accuracy, recommendation_checks)
 from caramel.strategies.caramel.trial import confirmation_note
 
 
@@ -249,9 +250,9 @@ def format_predictions(records: list[Record]) -> str:
     recommendation check, and the accuracy per strategy kind ('' without predictions)."""
     if not any(r.predicted_step_s is not None or r.prediction_note for r in records):
         return "- no predictions (one worker, or no profile)"
-    lines = ["Each strategy's simulator model on the profile taken after the rounds and the link rate the "
-             "comm-only baseline achieved; the strategies' own measured steps are not used "
-             "(`caramel.bench.prediction`).", ""]
+    lines = ["Each strategy's simulator model on the profile taken after the rounds, the link rate the "
+             "comm-only baseline achieved and the fixed costs per collective a probe of the same links fitted "
+             "after the rounds; the strategies' own measured steps are not used (`caramel.bench.prediction`).", ""]
     for label in dict.fromkeys(config_label(r) for r in records):
         parts = []
         for r in (r for r in records if config_label(r) == label):
@@ -275,4 +276,9 @@ def format_predictions(records: list[Record]) -> str:
         lines += ["", f"Accuracy per strategy kind (|predicted / measured - 1|; target {ACCURACY_TARGET:.0%}):"]
         lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}, "
                   f"{a['within_target']:.0%} of {a['rows']} row(s) within the target" for k, a in acc.items()]
+    bare = accuracy_by_kind([(r.kind, prediction_error(r.predicted_rate_only_s, r.step_time_median_s)) for r in records
+                             if prediction_error(r.predicted_rate_only_s, r.step_time_median_s) is not None])
+    if bare and any(r.predicted_rate_only_s != r.predicted_step_s for r in records):
+        lines += ["", "The same without the probed fixed costs per collective (the link rate alone):"]
+        lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}" for k, a in bare.items()]
     return "\n".join(lines)

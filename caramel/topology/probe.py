@@ -243,16 +243,19 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
             raise CaramelError(f"the probe job failed (exit code {rc}); see the worker output above")
         with open(result_path) as f:
             measured = json.load(f)
-    fit = fit_alpha_beta(measured["sizes_bytes"], measured["mean_times_s"], measured["world_size"])
-    meta: dict[str, Any] = {
-        "source": "caramel cluster probe",
-        "cluster": cluster.info(),
-        "nominal_bandwidth_bps": nominal,
-        "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "summary": "mean", "reps": reps,
-                  "fastest_times_s": measured["times_s"],
-                  "median_times_s": measured["median_times_s"], "outliers": fit.outliers,
-                  "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")},
-    }
+    return spec_from_measured(measured, {"source": "caramel cluster probe", "cluster": cluster.info(),
+                                         "nominal_bandwidth_bps": nominal}, reps)
+
+
+def spec_from_measured(measured: dict[str, Any], meta: dict[str, Any], reps: int) -> tuple[ClusterSpec, AlphaBetaFit]:
+    """The ClusterSpec fitted to `measure_in_job`'s results (`meta` joins the spec's meta)."""
+    world = measured["world_size"]
+    fit = fit_alpha_beta(measured["sizes_bytes"], measured["mean_times_s"], world)
+    meta = {**meta,
+            "probe": {"sizes_bytes": fit.sizes_bytes, "times_s": fit.times_s, "summary": "mean", "reps": reps,
+                      "fastest_times_s": measured["times_s"],
+                      "median_times_s": measured["median_times_s"], "outliers": fit.outliers,
+                      "max_rel_error": fit.max_rel_error, "backend": measured.get("backend")}}
     queued_s, cpu_s = None, 0.0
     if "queued_extra_s" in measured:
         queued_s = queued_latency_from_extra_s(measured["queued_extra_s"], fit.latency_s, world)
@@ -266,33 +269,24 @@ def probe_cluster(cluster: "EmulatedCluster", sizes_bytes: list[int] | None = No
     return spec, fit
 
 
-def _worker_main(argv: list[str]) -> int:
-    """Runs on every rank under torchrun: time all-reduces; rank 0 writes the fastest, median and mean times."""
+def measure_in_job(sizes: list[int], reps: int, warmup: int, device: Any, backend: str) -> dict[str, Any]:
+    """Time all-reduces of `sizes` bytes on the default group (every rank calls this at the same
+    point; every rank returns the same numbers: the slowest rank's time per repetition), and with
+    gloo what a queued collective adds (`measure_queued_extra`). `spec_from_measured` fits them."""
     import torch
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser(prog="python -m caramel.topology.probe")
-    p.add_argument("--out", required=True)
-    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    args = p.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    from caramel.distributed import init_distributed
-
-    info = init_distributed(timeout_s=120)
-    device, backend = torch.device(info.device), info.backend
     fastest, medians, means, actual = [], [], [], []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
         samples = []
-        for k in range(args.warmup + args.reps):
+        for k in range(warmup + reps):
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(t)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if k >= args.warmup:
+            if k >= warmup:
                 samples.append(time.perf_counter() - t0)
         # the slowest rank's time is the collective's time
         local = torch.tensor(samples, dtype=torch.float64, device=device)
@@ -329,11 +323,29 @@ def _worker_main(argv: list[str]) -> int:
             queued = {"queued_extra_s": float(extra[0]), "queued_cpu_s": float(extra[1]), "queued_piece_bytes": piece,
                       "queued_pieces": QUEUED_PIECES, "queued_sized_for_latency_s": sized_for_s,
                       "core_share": host_core_share()}
+    return {"world_size": dist.get_world_size(), "backend": backend, "sizes_bytes": actual, "times_s": fastest,
+            "median_times_s": medians, "mean_times_s": means, **queued}
+
+
+def _worker_main(argv: list[str]) -> int:
+    """Runs on every rank under torchrun: time all-reduces; rank 0 writes the fastest, median and mean times."""
+    import torch
+    import torch.distributed as dist
+
+    p = argparse.ArgumentParser(prog="python -m caramel.topology.probe")
+    p.add_argument("--out", required=True)
+    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    from caramel.distributed import init_distributed
+
+    info = init_distributed(timeout_s=120)
+    measured = measure_in_job(sizes, args.reps, args.warmup, torch.device(info.device), info.backend)
     if dist.get_rank() == 0:
         from caramel.jsonio import atomic_write_text
-        atomic_write_text(args.out, json.dumps({"world_size": dist.get_world_size(), "backend": backend,
-                                                "sizes_bytes": actual, "times_s": fastest,
-                                                "median_times_s": medians, "mean_times_s": means, **queued}))
+        atomic_write_text(args.out, json.dumps(measured))
     dist.destroy_process_group()
     return 0
 

@@ -36,3 +36,22 @@ def test_each_rank_runs_at_the_pace_of_its_own_plain_step_and_predictions_never_
     preds = predict_strategies(synthetic_profile(6), ["ddp", "ps:servers=9"], 3, 2e8, None)
     assert preds["ddp"]["step_time_s"] > 0 and preds["ps:servers=9"]["step_time_s"] is None
     assert predict_strategies(None, ["ddp"], 3, 2e8) == {} and predict_strategies(synthetic_profile(2), ["ddp"], 1, None) == {}
+
+
+def test_the_probed_fixed_costs_enter_the_cluster_and_raise_the_predictions():
+    from caramel.bench.prediction import link_costs
+    alpha, rate, n = 1e-3, 1e8, 2
+    sizes = [4096, 65536, 1048576, 4194304]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * 8 * s / rate for s in sizes]
+    link = link_costs({"world_size": n, "backend": "nccl", "sizes_bytes": sizes, "times_s": times,
+                       "median_times_s": times, "mean_times_s": times})
+    assert link["latency_s"] == pytest.approx(alpha) and link["fit_bandwidth_bps"] == pytest.approx(rate)
+    assert link["queued_latency_s"] is None and link["collective_cpu_s"] == 0.0  # no gloo queued probe here
+    assert bench_cluster(n, 2e8, None, link).latency_s == pytest.approx(alpha)
+    assert link_costs(None) is None and link_costs({"world_size": n, "sizes_bytes": [4096], "times_s": [1e-3],
+                                                    "median_times_s": [1e-3], "mean_times_s": [1e-3]}) is None
+    profile = synthetic_profile(6)
+    bare = predict_strategies(profile, ["ddp", "ps"], n, 2e8)
+    probed = predict_strategies(profile, ["ddp", "ps"], n, 2e8, None, link)
+    for name in ("ddp", "ps"):  # a millisecond per collective against the spec's 50 us
+        assert probed[name]["step_time_s"] > bare[name]["step_time_s"]
