@@ -174,6 +174,8 @@ class Record:
     """why there is no prediction"""
     predicted_rate_only_s: float | None = None
     """the same model without the job's probed fixed costs per collective (the spec's defaults)"""
+    link_fit: dict[str, Any] | None = None
+    """the fixed costs per collective the job's probe fitted (`caramel.bench.prediction.link_costs`)"""
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
@@ -239,7 +241,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                                "derived" if target is not None and cfg.get("calibrated_compute_s") is not None else "pinned"),
                   calibrated_compute_s=cfg.get("calibrated_compute_s"),
                   load_average=(meta.get("load_average") or [None])[0],
-                  baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"))
+                  baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"),
+                  link_fit={k: v for k, v in (raw.get("link_fit") or {}).items() if k != "probe"} or None)
     records = []
     for s in raw["strategies"]:
         name = s["name"]
