@@ -25,6 +25,13 @@ workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, defau
 a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
 servers are the leaders.
 
+With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
+cluster spec lists the workers only): each push is a reduce over the workers and the shard's
+server (its NIC receives one copy per worker), handed to the server only once every worker has
+reached step() (the runtime's step message: pushes are queued during backward but do not
+overlap it on the wire); each server applies its shard's optimizer as soon as its reductions
+have landed, then broadcasts the shard back; workers run no optimizer.
+
 The step time is the slowest worker's mean period over the second half of the unrolled steps. TicTac's predicted E and S of
 the order are in `meta`, next to the shard loads.
 """
@@ -57,11 +64,11 @@ def _workers_per_node(cluster: ClusterSpec) -> int:
 
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
-    if options.dedicated:
-        raise CaramelError("caramel simulate does not model dedicated ps servers yet (dedicated=true); drop it to "
-                           "simulate servers=N as N of the workers serving")
+    if options.dedicated and options.servers < 1:
+        raise CaramelError("ps: dedicated=true needs servers=N >= 1 (the server hosts beside the cluster spec's workers)")
+    dedicated = options.servers if options.dedicated else 0
     local = _workers_per_node(cluster) if options.hierarchical else 1
-    shards = options.check_world(n, local)
+    shards = options.check_world(n, local, dedicated)
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to serve")
     bound = options.staleness_bound()
@@ -77,9 +84,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             uses[p.first_use_order].append(p.index)
     total = sum(size[i] for i in plan.params) or 1
     # the worker serving shard s: s, or with hierarchy the first worker of node s
-    serves = {s * local: s for s in range(shards)}
+    serves = {} if dedicated else {s * local: s for s in range(shards)}
     shard_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == serves[w]) if w in serves else 0
                    for w in range(n)]
+    server_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == s) for s in range(shards)]
     node_Bps = float(cluster.meta.get("node_bandwidth_bps", cluster.bandwidth_bps)) / 8
     speed = [w.speed for w in cluster.workers]
     # staleness lets a backlog of transfers build up slowly: unroll well past the bound
@@ -95,6 +103,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     def coll_s(b: int) -> float:
         """One bucket's push (or pull): flat, among all workers; hierarchical, within the node,
         then among the nodes' leaders (the two stages in sequence)."""
+        if dedicated:  # the workers and the shard's server
+            return stage_s(n + 1, bucket_bytes[b], Bps)
         if local == 1:
             return stage_s(n, bucket_bytes[b], Bps)
         return stage_s(local, bucket_bytes[b], node_Bps) + stage_s(n // local, bucket_bytes[b], Bps)
@@ -127,11 +137,15 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 latest = max([latest] + [fwd_end + ready[i] / speed[w] for i in members])
                 handed[b] = min(latest, bwd_end[w])
             issue.append(handed)
+        # dedicated: a server joins the step's pushes once every worker's step message is in
+        joined = max(bwd_end) + alpha if dedicated else 0.0
         for b in range(len(buckets)):
             o = bucket_owner[b]
-            start = max(push_end[o], max(issue[w][b] for w in range(n)))
+            start = max(push_end[o], joined, max(issue[w][b] for w in range(n)))
             push_end[o] = start + coll_s(b)
         reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
+        if dedicated:  # each server applies its shard when its own reductions are in
+            applied_at[k] = [push_end[o] + profile.optimizer_time_s * server_bytes[o] / total for o in range(shards)]
         for w in range(n):
             pending[w].append(k)
             t = bwd_end[w]
@@ -145,7 +159,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                     break
                 pending[w].pop(0)
                 t += profile.optimizer_time_s * shard_bytes[w] / total / speed[w]
-                applied_at.setdefault(u, [0.0] * n)[w] = t
+                if not dedicated:
+                    applied_at.setdefault(u, [0.0] * n)[w] = t
             clock[w] = t
             step_ends[w].append(t)
         while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
@@ -153,7 +168,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             arrive[u] = {}
             for b in plan.bucket_pull_at(u):
                 o = bucket_owner[b]
-                start = max(pull_end[o], max(applied_at[u]))
+                start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
                 pull_end[o] = start + coll_s(b)
                 for i in buckets[b]:
                     arrive[u][i] = pull_end[o]
@@ -167,7 +182,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
     comm_s = 2 * sum(coll_s(b) for b in range(len(buckets)))
-    bw_s = 2 * sum((n // local - 1) * size[i] / Bps for i in plan.params)
+    bw_s = 2 * sum((n if dedicated else n // local - 1) * size[i] / Bps for i in plan.params)
     events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
               for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
     return SimResult(
@@ -182,5 +197,5 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         meta={"strategy": "ps", "consistency": options.consistency, "order": options.order,
               "buckets": len(buckets), "bucket_cap_mb": options.bucket_cap_mb,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
-              "workers_per_node": local,
+              "workers_per_node": local, "dedicated_servers": dedicated,
               "periods_s": periods})

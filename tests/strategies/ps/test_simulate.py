@@ -63,6 +63,23 @@ def test_hierarchy_sends_one_gradient_per_node(profile):
         sim("ps:hierarchical=true", profile, flat)
 
 
-def test_dedicated_servers_are_not_simulated_silently(profile):
-    with pytest.raises(CaramelError, match="does not model dedicated ps servers"):
-        sim("ps:servers=1,dedicated=true", profile, ClusterSpec.uniform(4, 1e9))
+def test_dedicated_servers_receive_every_workers_copy_and_join_at_step(profile):
+    """Comm-bound: a dedicated server's NIC takes one copy per worker (colocated: per other
+    worker), so one dedicated server is slower than two colocated ones and two dedicated servers
+    halve its load; pushes wait for every worker's step(), so no push hides behind backward."""
+    slow = ClusterSpec.uniform(2, 50e6)
+    colocated = sim("ps", profile, slow)
+    one = sim("ps:servers=1,dedicated=true", profile, slow)
+    two = sim("ps:servers=2,dedicated=true", profile, slow)
+    assert one.meta["dedicated_servers"] == 1 and two.meta["dedicated_servers"] == 2
+    assert one.step_time_s > two.step_time_s > colocated.step_time_s
+    total_bytes = sum(p.bytes for p in profile.trainable())
+    wire_s = 2 * 2 * total_bytes * 8 / 50e6  # push and pull, two copies each through one server's NIC
+    # pulls may overlap the next forward, but no push overlaps backward
+    assert one.step_time_s >= wire_s + profile.backward_time_s
+    # the workers run no optimizer: with compute only (a fast link) the step is forward + backward
+    fast = sim("ps:servers=2,dedicated=true", profile, ClusterSpec.uniform(2, 1e15, latency_s=0.0))
+    assert fast.step_time_s == pytest.approx(profile.forward_time_s + profile.backward_time_s
+                                             + profile.optimizer_time_s / 2, rel=0.05)
+    with pytest.raises(CaramelError, match="servers=N >= 1"):
+        sim("ps:dedicated=true", profile, slow)
