@@ -77,7 +77,10 @@ def test_stats_and_server_state(behaviour):
         assert res["state_entries"] == len(res["params"])  # every server's state, on every rank
         stats = res["stats"]
         assert stats["E_median"] is not None and stats["S"] is not None
-        assert stats["predicted"]["tac"]["E"] >= stats["predicted"]["fifo"]["E"]
+        # E of every order, from the online profile; which order wins on it depends on the
+        # timings measured (TAC >= FIFO on fixed profiles: test_options_placement, test_simulate)
+        for order in ("tac", "tic", "fifo", "random"):
+            assert stats["predicted"][order]["E"] <= 1.0 + 1e-9 and stats["predicted"][order]["makespan_s"] > 0
         assert sum(x["bytes"] for x in stats["shard_loads"]) > 0
 
 
