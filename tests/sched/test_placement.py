@@ -75,3 +75,31 @@ def test_env_return_is_minus_the_cost_and_action_zero_is_greedy_regret():
     for _ in range(5):
         p = run_policy(env, inst, lambda obs: int(rng.integers(len(obs))))
         assert inst.feasible(p)
+
+
+@pytest.mark.parametrize("opts", [InstanceOptions(), InstanceOptions(num_tasks=6, num_layers=5, num_edge=5,
+                                                                     memory_fraction=0.15)])
+def test_tables_and_vectorized_observation_equal_the_reference_loops(opts):
+    """Along episodes of random actions: the table lookups, the next task and the observation
+    equal the per-(task, node) Python loops they replace, exactly."""
+    from caramel.sched.placement.env import PlacementEnv
+    env = PlacementEnv(opts, [0])
+    for seed in range(3):
+        inst = random_instance(opts, seed)
+        rng = np.random.default_rng(seed)
+        obs, _ = env.reset(options={"instance": inst})
+        s, steps = env.state, 0
+        for t in range(len(inst.tasks)):
+            want = [[[inst.step_s(t, lay, a, b) for b in range(inst.num_nodes)] for a in range(inst.num_nodes)]
+                    for lay in range(opts.num_layers)]
+            assert np.array_equal(s.tables.step[t], want) and np.array_equal(s.h[t], inst.cost_to_go(t))
+        done = False
+        while not done:
+            assert np.array_equal(obs, env._observe_reference())
+            assert env.task == s._most_regret_task_reference()
+            for t in s.open_tasks():
+                assert np.array_equal(s.scores(t), s._scores_reference(t))
+                assert np.array_equal(s._wish_mb[t], s._wish_reference(t))
+            obs, _, done, _, _ = env.step(int(rng.integers(inst.num_nodes)))
+            steps += 1
+        assert steps == s.total_layers and inst.feasible(env.placement())
