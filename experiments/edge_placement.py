@@ -20,7 +20,8 @@ time limit (its best placement and proven lower bound are reported) and the meth
 compared with greedy_regret. The rollout of greedy_regret is reported too, as a lookahead
 baseline apart from the policy. `--decode` picks how the policy places (caramel.sched.placement.decode):
 `greedy` (row `ppo`) and/or `sample:N` (row `ppo_sample:N`, the cheapest of N rollouts, the
-first greedy, the others drawn from the policy with `--decode-seed`). Solve times are wall-clock seconds per instance on one thread.
+first greedy, the others drawn from the policy with `--decode-seed`). Solve times are
+wall-clock seconds per instance on one thread.
 """
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ def policy_name(decoding: Decoding) -> str:
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool) -> dict:
-    env = PlacementEnv(options, [0])
     learned = [policy_name(d) for d in decodings]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
@@ -62,7 +62,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
 
         def solver(name: str, d: Decoding):
             def solve(i):
-                decoded[name] = decode(env, i, policy, d, seed=decode_seed * 1_000_003 + s)
+                decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
                 return decoded[name].placement
             return solve
 

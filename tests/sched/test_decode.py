@@ -2,7 +2,6 @@
 sampling keeps the cheapest of N feasible rollouts (rollout 0 is the greedy one, so it never
 loses to greedy), is deterministic for a seed, batches the N rollouts into one forward pass
 per step, and refuses a bad N."""
-import numpy as np
 import pytest
 import torch
 
@@ -29,17 +28,16 @@ def test_greedy_decoding_is_the_deterministic_actor(model):
     for seed in range(3):
         inst = random_instance(OPTS, seed)
         want = run_policy(env, inst, lambda obs: int(model.predict(obs, deterministic=True)[0]))
-        got = decode(env, inst, model.policy, parse_decoding("greedy"))
+        got = decode(inst, model.policy, parse_decoding("greedy"))
         assert got.placement == want and got.rollout == 0 and got.costs_s == [inst.cost_s(want)]
 
 
 def test_sampling_keeps_the_cheapest_feasible_rollout_and_never_loses_to_greedy(model):
-    env = PlacementEnv(OPTS, [0])
     won = 0
     for seed in range(6):
         inst = random_instance(OPTS, seed)
-        greedy = decode(env, inst, model.policy, Decoding(1))
-        best = decode(env, inst, model.policy, parse_decoding("sample:16"), seed=seed)
+        greedy = decode(inst, model.policy, Decoding(1))
+        best = decode(inst, model.policy, parse_decoding("sample:16"), seed=seed)
         assert inst.feasible(best.placement) and len(best.costs_s) == 16
         assert best.costs_s[0] == greedy.cost_s  # rollout 0 is the greedy one
         assert best.cost_s == min(best.costs_s) == inst.cost_s(best.placement) <= greedy.cost_s
@@ -49,10 +47,9 @@ def test_sampling_keeps_the_cheapest_feasible_rollout_and_never_loses_to_greedy(
 
 
 def test_sampling_is_deterministic_for_a_seed(model):
-    env = PlacementEnv(OPTS, [0])
     inst = random_instance(OPTS, 7)
-    a, b = (decode(env, inst, model.policy, Decoding(8), seed=5) for _ in range(2))
-    c = decode(env, inst, model.policy, Decoding(8), seed=6)
+    a, b = (decode(inst, model.policy, Decoding(8), seed=5) for _ in range(2))
+    c = decode(inst, model.policy, Decoding(8), seed=6)
     assert a == b
     assert c.costs_s != a.costs_s
 
@@ -66,7 +63,7 @@ def test_rollouts_share_one_forward_pass_per_step(model):
             return model.policy.get_distribution(obs)
 
     inst = random_instance(OPTS, 1)
-    decode(PlacementEnv(OPTS, [0]), inst, Counting(), Decoding(12), seed=0)
+    decode(inst, Counting(), Decoding(12), seed=0)
     assert calls == [(12, OPTS.num_edge + 1, 19)] * (OPTS.num_tasks * OPTS.num_layers)
 
 

@@ -103,3 +103,26 @@ def test_tables_and_vectorized_observation_equal_the_reference_loops(opts):
             obs, _, done, _, _ = env.step(int(rng.integers(inst.num_nodes)))
             steps += 1
         assert steps == s.total_layers and inst.feasible(env.placement())
+
+
+def test_batched_rollouts_equal_single_environments():
+    """N episodes stepped as arrays: the same observations, placements and costs as N
+    `PlacementEnv`s given the same actions, exactly (some actions hit rows without room)."""
+    from caramel.sched.placement.batch import BatchPlacement
+    from caramel.sched.placement.env import PlacementEnv
+    opts = InstanceOptions(num_tasks=5, num_layers=4, num_edge=4, memory_fraction=0.2)
+    for seed in range(3):
+        inst, n = random_instance(opts, seed), 6
+        batch, envs = BatchPlacement(inst, n), [PlacementEnv(opts, [0]) for _ in range(n)]
+        obs = np.stack([e.reset(options={"instance": inst})[0] for e in envs])
+        rng = np.random.default_rng(seed)
+        while not batch.done:
+            assert np.array_equal(batch.observe(), obs)
+            actions = rng.integers(inst.num_nodes, size=n)
+            batch.step(actions)
+            obs = np.stack([e.step(int(a))[0] for e, a in zip(envs, actions)])
+        assert all(e.state.done for e in envs)
+        assert batch.placements() == [e.placement() for e in envs]
+        assert np.array_equal(batch.cost_s, [e.state.cost_s for e in envs])
+    with pytest.raises(CaramelError, match="actions must be 6 rows in 0..4"):
+        batch.step(np.full(n, 5))

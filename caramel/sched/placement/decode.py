@@ -6,9 +6,9 @@ the same instance side by side, draws each step's node from the policy's distrib
 every complete placement with the exact objective (`Instance.cost_s`) and keeps the cheapest.
 Rollout 0 is the greedy one, so the result is never worse than greedy decoding (ties go to the
 lowest rollout, so to greedy). All rollouts place the same number of layers, so they step in
-lockstep and the network runs once per step on an (N, K, F) batch, not N times; the
-environments themselves step one by one. Draws come from a seeded torch generator: the same
-seed gives the same placement.
+lockstep (`batch.BatchPlacement`, the N episodes as arrays) and the network runs once per step
+on the (N, K, F) batch, not N times. Draws come from a seeded torch generator: the same seed
+gives the same placement.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from caramel.errors import CaramelError
-from caramel.sched.placement.env import PlacementEnv
+from caramel.sched.placement.batch import BatchPlacement
 from caramel.sched.placement.problem import Instance
 
 
@@ -69,24 +69,20 @@ def step_probabilities(policy, observations: np.ndarray) -> torch.Tensor:
         return policy.get_distribution(obs).distribution.probs
 
 
-def decode(env: PlacementEnv, inst: Instance, policy, decoding: Decoding, seed: int = 0) -> Decoded:
-    """Place `inst` with the actor-critic `policy` (a `caramel.sched.rl.CandidatePolicy`) and
-    `decoding`; `env` is reset to the instance and cloned per rollout."""
+def decode(inst: Instance, policy, decoding: Decoding, seed: int = 0) -> Decoded:
+    """Place `inst` with the actor-critic `policy` (a `caramel.sched.rl.CandidatePolicy` trained
+    on `PlacementEnv`, whose observations `BatchPlacement` reproduces) and `decoding`."""
     if not isinstance(decoding, Decoding):
         raise CaramelError(f"decoding must be a Decoding (parse_decoding('sample:16')), got {decoding!r}")
     gen = torch.Generator().manual_seed(int(seed))
-    obs, _ = env.reset(options={"instance": inst})
-    envs = [env] + [env.clone() for _ in range(decoding.samples - 1)]
-    batch = np.repeat(obs[None], decoding.samples, axis=0)
-    done = False
-    while not done:
-        probs = step_probabilities(policy, batch)
+    rollouts = BatchPlacement(inst, decoding.samples)
+    while not rollouts.done:
+        probs = step_probabilities(policy, rollouts.observe())
         actions = probs.argmax(dim=1)  # the row SB3's deterministic predict picks
         if decoding.samples > 1:
             actions[1:] = torch.multinomial(probs[1:], 1, generator=gen).squeeze(1)
-        for i, (e, a) in enumerate(zip(envs, actions.tolist())):
-            batch[i], _, done, _, _ = e.step(a)
-    placements = [e.placement() for e in envs]
+        rollouts.step(actions.numpy())
+    placements = rollouts.placements()
     costs = [inst.cost_s(p) for p in placements]
     best = int(np.argmin(costs))  # the first cheapest: greedy on a tie
     distinct = len({tuple(map(tuple, p)) for p in placements})

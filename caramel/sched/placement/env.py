@@ -9,8 +9,6 @@ an episode's return is minus the placement's cost over that scale.
 """
 from __future__ import annotations
 
-import copy
-
 import gymnasium as gym
 import numpy as np
 
@@ -72,12 +70,6 @@ class PlacementEnv(gym.Env):
 
     def placement(self) -> list[list[int]]:
         return self.state.placement
-
-    def clone(self) -> "PlacementEnv":
-        """An independent copy mid-episode (instance and tables shared): one more rollout from here."""
-        c = copy.copy(self)
-        c.state, c._left_mb = self.state.clone(), self._left_mb.copy()
-        return c
 
     def _next(self) -> None:
         s = self.state

@@ -31,6 +31,8 @@ class StepTables:
         self.step = np.zeros((t_count, lmax, k, k))
         self.h = np.zeros((t_count, lmax, k))
         self.weights_mb = np.zeros((t_count, lmax))
+        self.source = np.array([t.source for t in inst.tasks], dtype=int)
+        self.current = np.zeros((t_count, lmax), dtype=int)  # where each layer runs now
         nodes = np.arange(k)
         speeds = np.asarray(inst.node_gflops, dtype=float)
         lat, bw = inst.latency_s, inst.bandwidth_MBps
@@ -49,8 +51,12 @@ class StepTables:
             step[-1] = step[-1] + back[None, :]
             self.step[t, :n] = step
             self.weights_mb[t, :n] = weights
+            self.current[t, :n] = current
             for layer in range(n - 2, -1, -1):
                 self.h[t, layer] = np.min(self.step[t, layer + 1] + self.h[t, layer + 1][None, :], axis=1)
         # suffix sums of each task's weights, summed left to right as Python's sum() does
         self.weights_from_mb = [[float(sum(t.weights_mb[j:])) for j in range(len(t.weights_mb) + 1)]
                                 for t in inst.tasks]
+        self.weights_from_mb_table = np.zeros((t_count, lmax + 1))
+        for t, sums in enumerate(self.weights_from_mb):
+            self.weights_from_mb_table[t, :len(sums)] = sums
