@@ -9,7 +9,8 @@
     # the same policy decoded greedily and as the best of N sampled placements
     python -m experiments.edge_placement --teacher ilp --ppo width=64 \
         --improve rounds=3,episodes=100,epochs=40,learning_rate=1e-3 --test-seeds 0:20 --large-seeds 0:5 \
-        --large-time-limit-s 5 --decode greedy,sample:16,sample:64 --json docs/results/rl/edge_placement_sampled.json
+        --large-time-limit-s 5 --decode greedy,sample:16,sample:128,sample:1024 \
+        --json docs/results/rl/edge_placement_sampled.json
 
 Trains the candidate-scoring policy on random instances with the training seeds (`--train`
 options, and `--train-mid` ones too if given), by PPO alone (`--teacher none`) or by imitating a
