@@ -6,6 +6,11 @@
     python -m experiments.edge_placement --teacher ilp --ppo width=64 \
         --improve rounds=3,episodes=100,epochs=40,learning_rate=1e-3 --test-seeds 0:20 --large-seeds 0:5 \
         --large-time-limit-s 5 --json docs/results/rl/edge_placement_improved.json
+    # the same policy decoded greedily and as the best of N sampled placements
+    python -m experiments.edge_placement --teacher ilp --ppo width=64 \
+        --improve rounds=3,episodes=100,epochs=40,learning_rate=1e-3 --test-seeds 0:20 --large-seeds 0:5 \
+        --large-time-limit-s 5 --decode greedy,sample:16,sample:128,sample:1024 \
+        --json docs/results/rl/edge_placement_sampled.json
 
 Trains the candidate-scoring policy on random instances with the training seeds (`--train`
 options, and `--train-mid` ones too if given), by PPO alone (`--teacher none`) or by imitating a
@@ -14,7 +19,10 @@ then `--finetune-steps` of PPO if asked), then on held-out seeds: small instance
 every method's gap to the optimum is reported; large instances (`--large`) where HiGHS gets a
 time limit (its best placement and proven lower bound are reported) and the methods are
 compared with greedy_regret. The rollout of greedy_regret is reported too, as a lookahead
-baseline apart from the policy. Solve times are wall-clock seconds per instance on one thread.
+baseline apart from the policy. `--decode` picks how the policy places (caramel.sched.placement.decode):
+`greedy` (row `ppo`) and/or `sample:N` (row `ppo_sample:N`, the cheapest of N rollouts, the
+first greedy, the others drawn from the policy with `--decode-seed`). Solve times are
+wall-clock seconds per instance on one thread.
 """
 from __future__ import annotations
 
@@ -26,24 +34,40 @@ import torch
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
-from caramel.sched.placement.env import PlacementEnv, run_policy
+from caramel.sched.placement.decode import Decoding, decode, parse_decoding
+from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
-from experiments.rl_common import actor, options_from, seed_range, summary
+from experiments.rl_common import options_from, seed_range, summary
 
 TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 
 
-def evaluate(options: InstanceOptions, seeds: list[int], act, time_limit_s: float, reference: str,
-             rollout: bool) -> dict:
-    env = PlacementEnv(options, [0])
-    extra = ["ppo", "rollout", "ilp"] if rollout else ["ppo", "ilp"]
+def policy_name(decoding: Decoding) -> str:
+    """The learned policy's row: `ppo` decoded greedily, `ppo_sample:N` the best of N rollouts."""
+    return "ppo" if decoding.samples == 1 else f"ppo_{decoding.name}"
+
+
+def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
+             time_limit_s: float, reference: str, rollout: bool) -> dict:
+    learned = [policy_name(d) for d in decodings]
+    extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
+    sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d in zip(learned, decodings)
+               if d.samples > 1}
     bounds, optimal = [], 0
     for s in seeds:
         inst = random_instance(options, s)
-        methods = list(HEURISTICS.items()) + [("ppo", lambda i: run_policy(env, i, act))]
+        decoded = {}
+
+        def solver(name: str, d: Decoding):
+            def solve(i):
+                decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
+                return decoded[name].placement
+            return solve
+
+        methods = list(HEURISTICS.items()) + [(n, solver(n, d)) for n, d in zip(learned, decodings)]
         for name, h in methods + ([("rollout", rollout_placement)] if rollout else []):
             start = time.perf_counter()
             p = h(inst)
@@ -55,6 +79,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], act, time_limit_s: floa
         times["ilp"].append(sol.solve_s)
         bounds.append(sol.bound_s)
         optimal += int(sol.optimal)
+        for name, stats in sampled.items():
+            stats["won_by_a_sample"] += int(decoded[name].rollout > 0)
+            stats["distinct_placements"].append(decoded[name].distinct)
     ref = costs[reference]
     best = [min(costs[n][i] for n in HEURISTICS) for i in range(len(seeds))]
     return {
@@ -65,6 +92,10 @@ def evaluate(options: InstanceOptions, seeds: list[int], act, time_limit_s: floa
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
         "solve_s": {n: summary(v) for n, v in times.items()},
+        # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
+        # many different placements the N rollouts made per instance
+        "sampling": {n: {"won_by_a_sample": v["won_by_a_sample"],
+                         "distinct_placements": summary(v["distinct_placements"])} for n, v in sampled.items()},
         # "ppo" is the learned policy, however trained; wins and losses per instance
         "vs_best_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best))),
                                   "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best)))}
@@ -88,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test-seeds", default="0:40")
     ap.add_argument("--large-seeds", default="0:10")
     ap.add_argument("--large-time-limit-s", type=float, default=10.0)
+    ap.add_argument("--decode", default="greedy",
+                    help="the policy's decodings, comma-separated: greedy and/or sample:N (best of N rollouts, "
+                         "rollout 0 greedy), e.g. greedy,sample:16")
+    ap.add_argument("--decode-seed", type=int, default=0, help="seed of the sampled rollouts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -105,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
+    decodings = [parse_decoding(d) for d in args.decode.split(",")]
+    if len({d.samples for d in decodings}) != len(decodings):
+        raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:
@@ -120,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.finetune_steps > 0:
             model.learn(total_timesteps=args.finetune_steps)
     train_s = time.perf_counter() - start
-    act = actor(model)
     report = {
         "experiment": "edge_placement", "train": vars(train_opts), "ppo": vars(ppo),
         "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
@@ -128,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
-        "small": evaluate(small, test, act, None, "ilp", True),
-        "large": evaluate(large, large_seeds, act, args.large_time_limit_s, "greedy_regret",
-                          args.large_rollout),
+        "decode": [d.name for d in decodings], "decode_seed": args.decode_seed,
+        "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True),
+        "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
+                          "greedy_regret", args.large_rollout),
     }
     for key in ("small", "large"):
         r = report[key]

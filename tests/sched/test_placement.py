@@ -75,3 +75,54 @@ def test_env_return_is_minus_the_cost_and_action_zero_is_greedy_regret():
     for _ in range(5):
         p = run_policy(env, inst, lambda obs: int(rng.integers(len(obs))))
         assert inst.feasible(p)
+
+
+@pytest.mark.parametrize("opts", [InstanceOptions(), InstanceOptions(num_tasks=6, num_layers=5, num_edge=5,
+                                                                     memory_fraction=0.15)])
+def test_tables_and_vectorized_observation_equal_the_reference_loops(opts):
+    """Along episodes of random actions: the table lookups, the next task and the observation
+    equal the per-(task, node) Python loops they replace, exactly."""
+    from caramel.sched.placement.env import PlacementEnv
+    env = PlacementEnv(opts, [0])
+    for seed in range(3):
+        inst = random_instance(opts, seed)
+        rng = np.random.default_rng(seed)
+        obs, _ = env.reset(options={"instance": inst})
+        s, steps = env.state, 0
+        for t in range(len(inst.tasks)):
+            want = [[[inst.step_s(t, lay, a, b) for b in range(inst.num_nodes)] for a in range(inst.num_nodes)]
+                    for lay in range(opts.num_layers)]
+            assert np.array_equal(s.tables.step[t], want) and np.array_equal(s.h[t], inst.cost_to_go(t))
+        done = False
+        while not done:
+            assert np.array_equal(obs, env._observe_reference())
+            assert env.task == s._most_regret_task_reference()
+            for t in s.open_tasks():
+                assert np.array_equal(s.scores(t), s._scores_reference(t))
+                assert np.array_equal(s._wish_mb[t], s._wish_reference(t))
+            obs, _, done, _, _ = env.step(int(rng.integers(inst.num_nodes)))
+            steps += 1
+        assert steps == s.total_layers and inst.feasible(env.placement())
+
+
+def test_batched_rollouts_equal_single_environments():
+    """N episodes stepped as arrays: the same observations, placements and costs as N
+    `PlacementEnv`s given the same actions, exactly (some actions hit rows without room)."""
+    from caramel.sched.placement.batch import BatchPlacement
+    from caramel.sched.placement.env import PlacementEnv
+    opts = InstanceOptions(num_tasks=5, num_layers=4, num_edge=4, memory_fraction=0.2)
+    for seed in range(3):
+        inst, n = random_instance(opts, seed), 6
+        batch, envs = BatchPlacement(inst, n), [PlacementEnv(opts, [0]) for _ in range(n)]
+        obs = np.stack([e.reset(options={"instance": inst})[0] for e in envs])
+        rng = np.random.default_rng(seed)
+        while not batch.done:
+            assert np.array_equal(batch.observe(), obs)
+            actions = rng.integers(inst.num_nodes, size=n)
+            batch.step(actions)
+            obs = np.stack([e.step(int(a))[0] for e, a in zip(envs, actions)])
+        assert all(e.state.done for e in envs)
+        assert batch.placements() == [e.placement() for e in envs]
+        assert np.array_equal(batch.cost_s, [e.state.cost_s for e in envs])
+    with pytest.raises(CaramelError, match="actions must be 6 rows in 0..4"):
+        batch.step(np.full(n, 5))

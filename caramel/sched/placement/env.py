@@ -45,9 +45,13 @@ class PlacementEnv(gym.Env):
         if inst.num_nodes != self.k:
             raise CaramelError(f"instance has {inst.num_nodes} nodes; this environment was made for {self.k}")
         self.state = PlacementState(inst)
-        free_optimum = sum(float(np.min([inst.step_s(t, 0, task.source, k) + self.state.h[t][0, k]
-                                         for k in range(self.k)])) for t, task in enumerate(inst.tasks))
+        tb = self.state.tables
+        free_optimum = sum(float(np.min(tb.step[t, 0, task.source] + tb.h[t, 0])) for t, task in enumerate(inst.tasks))
         self.scale_s = free_optimum / self.state.total_layers
+        # constant over the episode: the mean layer weight, each layer's weights in task order
+        # (zeroed as placed: their running sum, in that order, is Python's sum of what is left)
+        self._mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+        self._left_mb = tb.weights_mb.copy()
         self._next()
         return self._observe(), {}
 
@@ -56,6 +60,7 @@ class PlacementEnv(gym.Env):
         a = int(action)
         if a >= len(nodes) or not np.isfinite(self._scores[nodes[a]]):
             a = 0  # a masked row (only a random or untrained agent picks one): the best node instead
+        self._left_mb[self.task, len(self.state.placement[self.task])] = 0.0
         added = self.state.place(self.task, nodes[a])
         done = self.state.done
         if not done:
@@ -70,9 +75,55 @@ class PlacementEnv(gym.Env):
         s = self.state
         self.task = s.most_regret_task()
         self._scores = s.scores(self.task)
-        self.order = [int(k) for k in np.argsort(self._scores, kind="stable")]
+        self._order = np.argsort(self._scores, kind="stable")
+        self.order = [int(k) for k in self._order]
 
     def _observe(self) -> np.ndarray:
+        """The (K, F) table, built with array operations over the K rows; equal, element for
+        element, to `_observe_reference` (tested), whose per-row Python loop cost as much as
+        choosing the next task."""
+        s, inst, t, tb = self.state, self.state.inst, self.task, self.state.tables
+        layer = len(s.placement[t])
+        task = inst.tasks[t]
+        need_mb, n_layers = task.weights_mb[layer], len(task.gflop)
+        o, scores = self._order, self._scores[self._order]
+        best = float(scores[0])
+        second = float(scores[1]) if self.k > 1 else best
+        regret = (second - best) / self.scale_s if np.isfinite(second) else 10.0
+        left_mb = float(np.cumsum(self._left_mb.ravel())[-1])  # left to right, as sum() adds
+        wished = s.wished_mb()
+        cloud_score = float(self._scores[inst.cloud])
+        fits = np.isfinite(scores)
+        edge = o != inst.cloud
+        free = np.append(s.free_mb, np.inf)[o]
+        room = np.maximum(free, 1e-9)
+        obs = np.empty((self.k, NUM_FEATURES), np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            obs[:, 0] = fits
+            obs[:, 1] = np.arange(self.k) / self.k
+            obs[:, 2] = tb.step[t, layer, s.prev[t], o] / self.scale_s
+            obs[:, 3] = tb.h[t, layer, o] / self.scale_s
+            obs[:, 4] = np.where(fits, np.minimum((scores - best) / self.scale_s, 10.0), 10.0)
+            obs[:, 5] = ~edge
+            obs[:, 6] = o == task.source
+            obs[:, 7] = np.minimum(np.log1p(free / need_mb), 10.0)
+            obs[:, 8] = np.where(edge, free / np.maximum(np.append(inst.memory_mb, 1.0)[o], 1e-9), 1.0)
+            obs[:, 9] = min(np.log1p(left_mb / max(s.free_mb.sum(), 1e-9)), 10.0)
+            obs[:, 10] = min(regret, 10.0)
+            obs[:, 11] = s.placed / s.total_layers
+            obs[:, 12] = np.asarray(inst.node_gflops)[o] / 1000.0
+            obs[:, 13] = np.where(edge, np.minimum(np.log1p(wished[o] / room), 10.0), 0.0)
+            obs[:, 14] = np.where(edge & fits, (cloud_score - scores) / self.scale_s * self._mean_mb / need_mb, 0.0)
+            cur = task.current[layer]
+            hop = np.where(o == cur, 0.0, inst.latency_s[cur, o] + need_mb / inst.bandwidth_MBps[cur, o])
+            obs[:, 15] = inst.migration_weight * hop / self.scale_s
+            obs[:, 16] = (n_layers - layer) / n_layers
+            obs[:, 17] = np.where(edge, np.minimum(np.log1p(tb.weights_from_mb[t][layer] / room), 10.0), 0.0)
+            obs[:, 18] = need_mb / self._mean_mb
+        return obs.astype(np.float32)
+
+    def _observe_reference(self) -> np.ndarray:
+        """The observation, one row at a time in Python: what `_observe` must equal."""
         s, inst, t = self.state, self.state.inst, self.task
         layer = len(s.placement[t])
         need_mb = inst.tasks[t].weights_mb[layer]

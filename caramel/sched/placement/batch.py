@@ -1,0 +1,152 @@
+"""N rollouts of one placement instance as arrays with a leading rollout axis.
+
+Sampling decoding (`decode`) runs N episodes of the same instance in lockstep (every episode
+places one layer per step). Stepping N `PlacementEnv`s one by one costs N times the Python work
+of one step; here each step is one set of array operations over all N: pick each rollout's next
+task (greedy_regret's order), sort its nodes, build the (N, K, F) observation, place the chosen
+layers. Every array holds what the N single environments would, computed by the same float
+operations, so observations, placements and costs equal theirs exactly (tested).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.errors import CaramelError
+from caramel.sched.placement.env import NUM_FEATURES
+from caramel.sched.placement.heuristics import MEMORY_SLACK_MB
+from caramel.sched.placement.problem import Instance
+from caramel.sched.placement.tables import StepTables
+
+
+class BatchPlacement:
+    """`rollouts` episodes of `inst`, observed and stepped together."""
+
+    def __init__(self, inst: Instance, rollouts: int, tables: StepTables | None = None):
+        if rollouts < 1:
+            raise CaramelError(f"BatchPlacement needs rollouts >= 1, got {rollouts}")
+        self.inst, self.n = inst, rollouts
+        self.tables = tb = tables if tables is not None else StepTables(inst)
+        t_count, lmax = tb.weights_mb.shape
+        self.k = inst.num_nodes
+        self._rows, self._tasks = np.arange(rollouts), np.arange(t_count)
+        self.next_layer = np.zeros((rollouts, t_count), dtype=int)
+        self.prev = np.tile(np.array([t.source for t in inst.tasks]), (rollouts, 1))
+        self.free_mb = np.tile(np.array(inst.memory_mb, dtype=float), (rollouts, 1))
+        self.cost_s = np.zeros(rollouts)
+        self.nodes = np.full((rollouts, t_count, lmax), -1)
+        self.left_mb = np.tile(tb.weights_mb, (rollouts, 1, 1))
+        self.total_layers, self.placed = int(tb.num_layers.sum()), 0
+        self.wish_mb = np.zeros((rollouts, t_count, self.k))
+        for t in range(t_count):
+            self._rewish(t * np.ones(rollouts, dtype=int))
+        # as PlacementEnv.reset: the memory-free optimum per layer, the mean layer weight
+        free_optimum = sum(float(np.min(tb.step[t, 0, task.source] + tb.h[t, 0])) for t, task in enumerate(inst.tasks))
+        self.scale_s = free_optimum / self.total_layers
+        self.mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+        self._next()
+
+    @property
+    def done(self) -> bool:
+        return self.placed == self.total_layers
+
+    def placements(self) -> list[list[list[int]]]:
+        return [[[int(x) for x in self.nodes[i, t, :n]] for t, n in enumerate(self.tables.num_layers)]
+                for i in range(self.n)]
+
+    def _rewish(self, task: np.ndarray) -> None:
+        """Per rollout, the memory-free best continuation of `task[i]` from where it stands."""
+        tb, rows = self.tables, self._rows
+        wish = np.zeros((self.n, self.k))
+        prev = self.prev[rows, task]
+        start, stop = self.next_layer[rows, task], tb.num_layers[task]
+        for layer in range(int(start.min()), int(stop.max())):
+            active = (layer >= start) & (layer < stop)
+            at = min(layer, tb.step.shape[1] - 1)
+            best = np.argmin(tb.step[task, at, prev] + tb.h[task, at], axis=1)
+            prev = np.where(active, best, prev)
+            wish[rows, prev] += np.where(active, tb.weights_mb[task, at], 0.0)
+        self.wish_mb[rows, task] = wish
+
+    def _next(self) -> None:
+        """Each rollout's next task (the open one with most regret; ties: lowest index), its
+        node scores, and the nodes in score order."""
+        tb = self.tables
+        layer = np.minimum(self.next_layer, tb.step.shape[1] - 1)
+        s = tb.step[self._tasks, layer, self.prev] + tb.h[self._tasks, layer]  # (N, T, K)
+        fits = np.ones_like(s, dtype=bool)
+        fits[..., :-1] = tb.weights_mb[self._tasks, layer][..., None] <= self.free_mb[:, None, :] + MEMORY_SLACK_MB
+        s = np.where(fits, s, np.inf)
+        ordered = np.sort(s, axis=2)
+        with np.errstate(invalid="ignore"):
+            regret = np.where(np.isfinite(ordered[..., 1]), ordered[..., 1] - ordered[..., 0], np.inf)
+        regret[self.next_layer >= tb.num_layers] = -np.inf
+        self.task = np.argmax(regret, axis=1)
+        self.scores = s[self._rows, self.task]
+        self.order = np.argsort(self.scores, axis=1, kind="stable")
+
+    def observe(self) -> np.ndarray:
+        """(N, K, F): each rollout's `PlacementEnv` observation."""
+        tb, inst, rows, t = self.tables, self.inst, self._rows, self.task
+        layer = self.next_layer[rows, t]
+        need = tb.weights_mb[t, layer][:, None]
+        n_layers = tb.num_layers[t]
+        o = self.order
+        scores = np.take_along_axis(self.scores, o, axis=1)
+        best, second = scores[:, :1], scores[:, 1:2]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            regret = np.where(np.isfinite(second), (second - best) / self.scale_s, 10.0)
+            left_mb = np.cumsum(self.left_mb.reshape(self.n, -1), axis=1)[:, -1:]  # left to right, as sum()
+            wished = np.take_along_axis(np.sum(self.wish_mb, axis=1), o, axis=1)
+            cloud_score = self.scores[:, inst.cloud][:, None]
+            fits = np.isfinite(scores)
+            edge = o != inst.cloud
+            free = np.take_along_axis(np.append(self.free_mb, np.full((self.n, 1), np.inf), axis=1), o, axis=1)
+            room = np.maximum(free, 1e-9)
+            obs = np.empty((self.n, self.k, NUM_FEATURES))
+            obs[..., 0] = fits
+            obs[..., 1] = np.arange(self.k) / self.k
+            obs[..., 2] = tb.step[t[:, None], layer[:, None], self.prev[rows, t][:, None], o] / self.scale_s
+            obs[..., 3] = tb.h[t[:, None], layer[:, None], o] / self.scale_s
+            obs[..., 4] = np.where(fits, np.minimum((scores - best) / self.scale_s, 10.0), 10.0)
+            obs[..., 5] = ~edge
+            obs[..., 6] = o == tb.source[t][:, None]
+            obs[..., 7] = np.minimum(np.log1p(free / need), 10.0)
+            obs[..., 8] = np.where(edge, free / np.maximum(np.append(inst.memory_mb, 1.0)[o], 1e-9), 1.0)
+            obs[..., 9] = np.minimum(np.log1p(left_mb / np.maximum(self.free_mb.sum(axis=1, keepdims=True), 1e-9)),
+                                     10.0)
+            obs[..., 10] = np.minimum(regret, 10.0)
+            obs[..., 11] = self.placed / self.total_layers
+            obs[..., 12] = np.asarray(inst.node_gflops)[o] / 1000.0
+            obs[..., 13] = np.where(edge, np.minimum(np.log1p(wished / room), 10.0), 0.0)
+            obs[..., 14] = np.where(edge & fits, (cloud_score - scores) / self.scale_s * self.mean_mb / need, 0.0)
+            cur = tb.current[t, layer][:, None]
+            hop = np.where(o == cur, 0.0, inst.latency_s[cur, o] + need / inst.bandwidth_MBps[cur, o])
+            obs[..., 15] = inst.migration_weight * hop / self.scale_s
+            obs[..., 16] = ((n_layers - layer) / n_layers)[:, None]
+            obs[..., 17] = np.where(edge, np.minimum(np.log1p(tb.weights_from_mb_table[t, layer][:, None] / room),
+                                                     10.0), 0.0)
+            obs[..., 18] = need / self.mean_mb
+        return obs.astype(np.float32)
+
+    def step(self, actions: np.ndarray) -> None:
+        """Place each rollout's layer on the node of its row `actions[i]` (a row without room:
+        row 0, as `PlacementEnv.step` does)."""
+        tb, rows, t = self.tables, self._rows, self.task
+        a = np.asarray(actions, dtype=int)
+        if a.shape != (self.n,) or (a < 0).any() or (a >= self.k).any():
+            raise CaramelError(f"actions must be {self.n} rows in 0..{self.k - 1}, got {actions!r}")
+        node = self.order[rows, a]
+        bad = ~np.isfinite(self.scores[rows, node])
+        node = np.where(bad, self.order[:, 0], node)
+        layer = self.next_layer[rows, t]
+        self.cost_s += tb.step[t, layer, self.prev[rows, t], node]
+        edge = node != self.inst.cloud
+        self.free_mb[rows[edge], node[edge]] -= tb.weights_mb[t[edge], layer[edge]]
+        self.left_mb[rows, t, layer] = 0.0
+        self.nodes[rows, t, layer] = node
+        self.next_layer[rows, t] += 1
+        self.prev[rows, t] = node
+        self.placed += 1
+        self._rewish(t)
+        if not self.done:
+            self._next()
