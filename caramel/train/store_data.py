@@ -135,9 +135,12 @@ class StoreBatches:
         self.steps_per_epoch = sharded.steps_per_epoch
         assert len(self.loader) == self.steps_per_epoch, (len(self.loader), self.steps_per_epoch)
         self._it: Iterator | None = None
+        self._next_step: int | None = None
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         """The next batch (the loop asks for steps in order, from the resumed step on)."""
+        assert self._next_step in (None, step), f"step {step} asked after step {self._next_step - 1}"
+        self._next_step = step + 1
         if self._it is None:
             self._it = iter(self.loader)
         try:

@@ -3,13 +3,11 @@ global order, stopped mid-epoch and resumed with another (empty) cache directory
 parameters of the in-memory run, bit for bit, and logs the same losses at every step."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.train.test_runs import REPO, RUN_TIMEOUT_S, check_ok, run_train, train_losses
+from caramel.cli import main
+from tests.train.test_runs import RUN_TIMEOUT_S, check_ok, run_train, train_losses
 
 # 1617 digits, 2 x 64 per step -> 12 steps per epoch: step 14 is mid-way through the second epoch
 ARGS = ["--workload", "digits", "--workers", "2", "--batch-size", "64", "--steps", "16", "--checkpoint-every", "0",
@@ -21,11 +19,10 @@ def final_model(out) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)
-def test_store_run_stopped_and_resumed_matches_the_in_memory_run(tmp_path):
+def test_store_run_stopped_and_resumed_matches_the_in_memory_run(tmp_path, capsys):
     store = tmp_path / "digits"
-    made = subprocess.run([sys.executable, "-m", "caramel.cli", "data", "make", str(store), "--workload", "digits"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0 and "1617 samples" in made.stdout, made.stderr
+    assert main(["data", "make", str(store), "--workload", "digits"]) == 0
+    assert "digits training split, 1617 samples" in capsys.readouterr().out
     memory, out = tmp_path / "memory", tmp_path / "store"
     check_ok(run_train(memory, *ARGS)[0])
     data = ["--data", f"file://{store}", "--data-order", "global", "--loader-workers", "1"]

@@ -105,11 +105,16 @@ def test_a_store_of_other_samples_is_one_clear_error(tmp_path):
         check_store(cfg)
 
 
-def test_a_bad_url_is_named_before_any_worker_starts(tmp_path):
+def test_a_bad_url_is_named_before_any_worker_starts(tmp_path, capsys):
     with pytest.raises(CaramelError, match=r"data store .*nowhere.*index.json is not there"):
         precheck(config(tmp_path, str(tmp_path / "nowhere")))
     with pytest.raises(CaramelError, match=r"data store 'http://127.0.0.1:9/ds'.*cannot read index.json"):
         precheck(config(tmp_path, "http://127.0.0.1:9/ds"))
+    from caramel.cli import main  # the command: exit code 2 and the one line, no traceback
+    assert main(["train", "--workload", "digits", "--cluster", "off", "--out-dir", str(tmp_path / "run"),
+                 "--data", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "index.json is not there" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("override, message", [
