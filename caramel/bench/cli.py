@@ -201,8 +201,8 @@ _NOT_WITH_DATA = (("model", "--model", None), ("ratio", "--ratio", None), ("band
                   ("slow_worker", "--slow-worker", None), ("slow_link", "--slow-link", None), ("jitter", "--jitter", None),
                   ("model_option", "--model-option", []), ("bandwidth_trace", "--bandwidth-trace", None),
                   ("quick", "--quick", False), ("strategies", "--strategies", ",".join(DEFAULT_STRATEGIES)),
-                  ("steps", "--steps", None), ("warmup", "--warmup", None), ("network", "--network", "auto"),
-                  ("mtu", "--mtu", "auto"), ("trace", "--trace", None))
+                  ("steps", "--steps", None), ("warmup", "--warmup", None),
+                  ("mtu", "--mtu", "auto"), ("trace", "--trace", None))  # --network: loopback or cluster store
 
 
 def _refuse_strategy_flags(args: argparse.Namespace) -> None:
@@ -211,7 +211,7 @@ def _refuse_strategy_flags(args: argparse.Namespace) -> None:
         if getattr(args, dest, unset) != unset:
             raise CaramelError(f"{flag} has no meaning with --data: --data runs the data-loading bench (the plain "
                                "loader vs caramel.data), which takes --workers, --batch-size, --rounds, --timeout, "
-                               "--json, --markdown and the data-loading options")
+                               "--network, --json, --markdown and the data-loading options")
 
 
 def _refuse_data_flags(args: argparse.Namespace) -> None:

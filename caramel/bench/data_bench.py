@@ -2,8 +2,10 @@
 side by side on the same store, several epochs each.
 
 The store is a URL: a local directory (or file:// URL) is served over http on loopback behind
-an emulated link (`store_rate_bps`, `store_latency_s`); an http(s):// or s3:// URL is read as it
-is, over whatever link leads to it. Without a URL a random data set is generated and served.
+an emulated link (`store_rate_bps`, `store_latency_s`), or with `network="cluster"` by a
+`caramel data serve` process on its own host of an emulated cluster behind a tc-shaped link,
+each rank on a host of its own (`data_cluster`); an http(s):// or s3:// URL is read as it is,
+over whatever link leads to it. Without a URL a random data set is generated and served.
 
 W rank processes (gloo, one tiny all-reduce per step so ranks move in lockstep as data-parallel
 training does) each run every mode in turn, each round; a barrier that the parent joins marks
@@ -62,6 +64,8 @@ class DataBenchConfig:
     seed: int = 0
     timeout_s: float = 600.0
     calibration_steps: int = 40  # steps of compute and all-reduce without data, at start: the model's compute+comm
+    network: str = "loopback"  # where a served directory is served: "loopback" (token bucket) or "cluster" (tc)
+    rank_rate_bps: float = 10e9  # network="cluster": each rank host's link (the store's link is the one under test)
 
 
 @dataclass
@@ -148,11 +152,15 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
         barrier.wait()
 
 
-def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue) -> None:
+def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
+               host: tuple[str, str] | None = None) -> None:
     import datetime
 
     import torch.distributed as dist
 
+    if host is not None:  # network="cluster": this rank's own host, before any thread or socket exists
+        from caramel.bench.data_cluster import enter_host
+        enter_host(*host)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/pg", rank=rank, world_size=cfg.ranks,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
@@ -208,11 +216,28 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
     for m in cfg.modes:
         if m not in MODES:
             raise CaramelError(f"data bench mode {m!r} is not one of {', '.join(MODES)}")
+    if cfg.network not in ("loopback", "cluster"):
+        raise CaramelError(f"data bench network {cfg.network!r}: expected loopback or cluster")
+    if cfg.network == "cluster" and url is not None and not is_local(url):
+        raise CaramelError(f"--network cluster serves a local directory from a host of the emulated cluster; "
+                           f"{url!r} is a remote store, read as it is: give a directory (or file:// URL) or drop --network")
     workdir = Path(tempfile.mkdtemp(prefix="caramel-data-bench-"))
     try:
         with ExitStack() as stack:
-            server = None
-            if url is None or is_local(url):
+            server, cluster, hosts = None, None, None
+            if cfg.network == "cluster":
+                from caramel.bench.data_cluster import cluster_store
+
+                directory = Path(url.removeprefix("file://")) if url else workdir / "data"
+                if url is None:
+                    check_batches(cfg, cfg.samples)
+                    write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
+                index = Store(str(directory)).index()
+                overhead_s = request_overhead_s(str(directory))
+                cluster = stack.enter_context(cluster_store(str(directory.resolve()), cfg.ranks, cfg.store_rate_bps,
+                                                            cfg.store_latency_s, cfg.rank_rate_bps))
+                data_url, hosts = cluster.url, cluster.rank_hosts
+            elif url is None or is_local(url):
                 directory = Path(url.removeprefix("file://")) if url else workdir / "data"
                 if url is None:
                     check_batches(cfg, cfg.samples)
@@ -226,24 +251,30 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
                 data_url, overhead_s = url, 0.0
                 index = Store(url).index()
             check_batches(cfg, index.num_samples)
-            costs = measure_local_costs(data_url, index, cfg.batch_size, str(workdir))
+            # the local costs read one shard from the directory when the store's host is out of this one's reach
+            costs = measure_local_costs(str(directory) if cluster else data_url, index, cfg.batch_size, str(workdir))
             costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)
-            results, costs["compute_comm_s"] = _run_ranks(cfg, data_url, workdir, budget, server)
-        return summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
+            results, costs["compute_comm_s"] = _run_ranks(cfg, data_url, workdir, budget, server, hosts)
+        report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
+        if cluster is not None:
+            from caramel.bench.data_cluster import cluster_report
+            report["cluster"] = cluster_report(cluster, results, cfg)
+        return report
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int],
-               server) -> tuple[dict[str, ModeResult], float | None]:
+               server, hosts: list[tuple[str, str]] | None = None) -> tuple[dict[str, ModeResult], float | None]:
     """Each mode's results, and the median step of compute and all-reduce alone (before the modes)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
     results = {m: ModeResult(m) for m in cfg.modes}
-    procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue))
+    procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
+                                                  hosts[r] if hosts else None))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()

@@ -4,6 +4,7 @@
     caramel data make /srv/ds --samples 512 --sample-bytes 16kb --samples-per-shard 16
     caramel bench --data /srv/ds --workers 2 --rounds 3 --data-epochs 3 --store-rate 100mbit
     caramel bench --data http://10.0.0.1:8000 --workers 2        # a store over a real (or tc-shaped) link
+    caramel bench --data /srv/ds --network cluster --store-rate 100mbit   # served from a cluster host, tc link
     caramel data-bench --ranks 2 --epochs 3 --rounds 3 --cache-share 1 --markdown OUT.md
 
 A local directory is served on loopback by `caramel.data.serve` behind an emulated link (rate
@@ -131,5 +132,6 @@ def run_bench_data(args: argparse.Namespace) -> int:
     cfg = config_from(args, d.ranks if args.workers is None else args.workers,
                       d.batch_size if args.batch_size is None else args.batch_size,
                       d.rounds if args.rounds is None else args.rounds, args.data, ranks_flag="--workers",
-                      epochs_flag="--data-epochs", timeout_s=args.timeout)
+                      epochs_flag="--data-epochs", timeout_s=args.timeout,
+                      network="cluster" if args.network == "cluster" else "loopback")  # auto: loopback, as before
     return report(cfg, args.data, args.json, args.markdown)

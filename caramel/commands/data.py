@@ -3,6 +3,7 @@ behind an emulated link (the store for `caramel bench --data URL`, e.g. inside o
 `caramel cluster`'s network namespaces).
 
     caramel data make /srv/ds --samples 512 --sample-bytes 16kb --samples-per-shard 16
+    caramel data make /srv/digits --workload digits        # the training split, for caramel train --data
     caramel data serve /srv/ds --host 0.0.0.0 --port 8000 --rate 100mbit --latency 2ms
 """
 from __future__ import annotations
@@ -18,12 +19,21 @@ from caramel.units import parse_rate_bps, parse_size_bytes
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="data_command", metavar="ACTION")
-    make = sub.add_parser("make", help="write a random data set (uint8 samples and their indices) to DIR")
+    make = sub.add_parser("make", help="write a random data set (uint8 samples and their indices), or a "
+                                       "workload's training split (--workload), to DIR")
     make.add_argument("directory", metavar="DIR")
     make.add_argument("--samples", type=int, default=512, help="samples (default 512)")
     make.add_argument("--sample-bytes", default="16kb", help="bytes per sample (default 16kb)")
     make.add_argument("--samples-per-shard", type=int, default=16, help="samples per shard file (default 16)")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--workload", choices=("digits", "char_gpt"),
+                      help="write this caramel train workload's training split (input, target) instead of random "
+                           "samples, for `caramel train --data DIR` (--samples and --sample-bytes do not apply)")
+    make.add_argument("--val-fraction", type=float, default=0.1,
+                      help="--workload: the share held out for validation, as caramel train's --val-fraction (default 0.1)")
+    make.add_argument("--seq-len", type=int, default=64, help="--workload char_gpt: tokens per sample (default 64)")
+    make.add_argument("--text-bytes", type=int, default=2_000_000,
+                      help="--workload char_gpt: bytes of standard-library source (default 2000000)")
     serve = sub.add_parser("serve", help="serve DIR over http (GET, HEAD, byte ranges) behind an emulated link")
     serve.add_argument("directory", metavar="DIR")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -34,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data_command == "make" and args.workload:
+        index = _make_workload_store(args)
+        print(f"{args.directory}: {args.workload} training split, {index.num_samples} samples in "
+              f"{len(index.shards)} shards, {index.nbytes} bytes")
+        return 0
     if args.data_command == "make":
         from caramel.data.format import write_random_dataset
 
@@ -58,6 +73,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"served {server.requests_served} requests, {server.bytes_served} bytes")
         return 0
     raise CaramelError("caramel data: expected an action, make or serve")
+
+
+def _make_workload_store(args: argparse.Namespace):
+    from caramel.train.config import TrainConfig, apply_dict
+    from caramel.train.store_data import write_workload_store
+
+    cfg = apply_dict(TrainConfig(), {"run": {"workload": args.workload},
+                                     "data": {"val_fraction": args.val_fraction, "seq_len": args.seq_len,
+                                              "text_bytes": args.text_bytes}}, "caramel data make")
+    return write_workload_store(args.directory, cfg, args.samples_per_shard)
 
 
 def _forever() -> None:

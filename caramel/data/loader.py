@@ -136,19 +136,25 @@ class _Received:
         return len(self.inner)
 
 
-def make_loader(url: str, rank: int, world_size: int, options: LoaderOptions, counters: TierCounters | None = None):
-    """A StatefulDataLoader over the dataset at `url` for one rank (the rank's cache in its own directory)."""
+def make_loader(url: str, rank: int, world_size: int, options: LoaderOptions, counters: TierCounters | None = None,
+                sampler: torch.utils.data.Sampler[int] | None = None):
+    """A StatefulDataLoader over the dataset at `url` for one rank (the rank's cache in its own directory).
+    `sampler`: an order of the caller's own (stateful, for resuming) instead of `LocalityAwareSampler`."""
     store = Store(url)
     cache = None
     if options.cache_dir is not None:
         cache = ShardCache(os.path.join(options.cache_dir, f"rank{rank}"), options.cache_budget_bytes)
     dataset = ShardedDataset(store, cache, MemoryCache(options.memory_budget_bytes if cache is not None else 0), counters)
-    sampler = LocalityAwareSampler(dataset.index, world_size, rank, seed=options.seed, locality=options.locality,
-                                   cached=cache.names if cache is not None else None, mix_shards=options.mix_shards)
+    if sampler is None:
+        sampler = LocalityAwareSampler(dataset.index, world_size, rank, seed=options.seed, locality=options.locality,
+                                       cached=cache.names if cache is not None else None, mix_shards=options.mix_shards)
     kwargs: dict[str, Any] = {}
     if options.num_workers > 0:
         kwargs.update(prefetch_factor=options.prefetch_factor, persistent_workers=options.persistent_workers,
                       multiprocessing_context="fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None,
                       collate_fn=WorkerCollate(options.pipe_max_batch_bytes))
+    # its own generator: starting an epoch draws the workers' base seed from it, and drawing from
+    # torch's global one would shift the training process's random stream (dropout) per epoch
     return _stateful_loader_class()(dataset, batch_size=options.batch_size, sampler=sampler, drop_last=True,
-                                    num_workers=options.num_workers, **kwargs)
+                                    num_workers=options.num_workers, generator=torch.Generator().manual_seed(options.seed),
+                                    **kwargs)

@@ -33,6 +33,7 @@ RESUMABLE_CHANGES = {
     "run": {"stop_after_steps", "out_dir", "log_every_steps", "val_every_steps"},
     "parallel": {"strategy", "cluster", "bandwidth", "max_restarts", "timeout_s", "workers", "slow_worker"},
     "checkpoint": {"every_steps", "keep_last", "resume", "dir"},
+    "data": {"cache_dir"},  # a new cache directory changes no batch of the resumed epoch (its order is in the checkpoint)
 }
 
 
@@ -170,12 +171,16 @@ def latest_valid(ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
 
 def check_compatible(state: dict[str, Any], config: dict[str, Any], world_size: int, model: torch.nn.Module, source: str) -> None:
     """Refuse (CaramelError) a checkpoint whose config, world size or parameter shapes differ from this run."""
+    from caramel.train.config import TrainConfig
+
+    defaults = TrainConfig().to_dict()  # a key newer than the checkpoint had its default when it was written
     diffs = []
     for section, values in config.items():
         saved = state["config"].get(section, {})
         for key, value in values.items():
-            if key not in RESUMABLE_CHANGES.get(section, set()) and saved.get(key) != value:
-                diffs.append(f"{section}.{key} = {saved.get(key)!r} in the checkpoint, {value!r} now")
+            was = saved.get(key, defaults.get(section, {}).get(key))
+            if key not in RESUMABLE_CHANGES.get(section, set()) and was != value:
+                diffs.append(f"{section}.{key} = {was!r} in the checkpoint, {value!r} now")
     if diffs:
         raise CaramelError(f"checkpoint {source} does not match this run: {'; '.join(diffs)}")
     if len(state["rng"]) != world_size:

@@ -45,6 +45,11 @@ class DataConfig:
     val_fraction: float = opt(0.1, "fraction of the data held out for validation (fraction in (0, 1))", minimum=0.0)
     remainder: str = opt("drop", "what to do with the samples that do not fill a whole global batch at the end of an epoch: drop them, or pad by repeating samples from the start of the epoch", choices=("drop", "pad"))
     shuffle: bool = opt(True, "reshuffle the training set every epoch (seeded by --seed and the epoch)")
+    url: str = opt("", "read the training batches from this data store (path, file://, http(s)://, s3:// URL) through caramel.data's loader (shard cache, loader workers, locality sampler) instead of the built-in training set; write one with `caramel data make DIR --workload NAME` (empty = in memory)", flag="--data")
+    cache_dir: str = opt("", "--data: local directory of each rank's shard cache (path; empty = OUT_DIR/data-cache)", flag="--cache-dir")
+    cache_budget_mib: int = opt(1024, "--data: shard cache size per rank on local disk (MiB)", minimum=0)
+    loader_workers: int = opt(2, "--data: loader worker processes per rank, prefetching ahead of the step (count; 0 = load in the training process)", minimum=0)
+    data_order: str = opt("locality", "--data: sample order: locality (each rank reads its own 1/W of the store, cached shards first) or global (the in-memory run's global shuffle: the same batches, every rank reading most shards)", choices=("locality", "global"))
 
 
 @dataclass
@@ -240,6 +245,9 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         raise CaramelError(f"{source}: parallel.strategy {cfg.parallel.strategy!r}: caramel train does not run dedicated "
                            f"ps servers yet (its data shards, validation and checkpoints span every rank); drop "
                            f"dedicated=true, or run your own script with `caramel cluster run --ps-servers N`")
+    if cfg.data.url:
+        from caramel.train.store_data import check_config
+        check_config(cfg, source)
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:

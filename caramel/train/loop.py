@@ -2,7 +2,9 @@
 
 Resuming is exact: the data position is the step count (see `ShardedSampler`), and model,
 optimizer, LR schedule and every rank's RNG states come back from the checkpoint, so a resumed
-run produces the same losses, bit for bit, as one that was never interrupted.
+run produces the same losses, bit for bit, as one that was never interrupted. With `--data URL`
+the batches come from the store through `caramel.data`'s loader (`store_data.StoreBatches`),
+whose state (every rank's) is in the checkpoint too.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from caramel.errors import CaramelError
 from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
+from caramel.train.store_data import StoreBatches, check_store
 from caramel.train.strategy import Dist, Parallel, init_distributed, make_engine
 from caramel.train.uneven import BatchSource, emulate_slow_worker
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
@@ -70,11 +73,15 @@ def evaluate(engine: Parallel, wl: TrainWorkload, d: Dist, batch_size: int) -> d
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count, "val_predictions": int(count)}
 
 
-def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, sampler: ShardedSampler, step: int) -> Path | None:
-    """All ranks: apply pending updates, gather RNG states; rank 0 writes; everyone waits for the write."""
+def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, sampler: ShardedSampler, step: int,
+                    store: StoreBatches | None = None) -> Path | None:
+    """All ranks: apply pending updates, gather RNG states (and loader states); rank 0 writes; everyone waits for the write."""
     engine.synchronize()
     rngs: list[Any] = [None] * d.world_size
     dist.all_gather_object(rngs, ckpt.rng_state())
+    loaders: list[Any] = [None] * d.world_size
+    if store is not None:
+        dist.all_gather_object(loaders, store.state_dict())
     workers = engine.worker_states()  # gossip: every worker's own model and optimizer
     optimizer_state = engine.optimizer_state()  # pipeline: gathered from the stages' owners
     extra = engine.checkpoint_extra()  # pipeline: its cut, so a resumed run cuts alike
@@ -93,6 +100,8 @@ def save_checkpoint(engine: Parallel, scheduler, cfg: TrainConfig, d: Dist, samp
         }
         if workers is not None:
             state["gossip_workers"] = workers
+        if store is not None:
+            state["data_loader"] = loaders
         path = ckpt.save(cfg.checkpoint_dir(), step, state, d.world_size, cfg.checkpoint.keep_last)
     dist.barrier()
     return path
@@ -155,8 +164,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(f"caramel train: rank 0 of {d.world_size} on {d.device}; effective config:\n{cfg.describe()}", flush=True)
     wl = build_workload(cfg)
     model = wl.model.to(d.device)
-    sampler = ShardedSampler(len(wl.train_set), d.world_size, d.rank, cfg.data.batch_size, cfg.run.seed,
+    n_train = check_store(cfg) if cfg.data.url else len(wl.train_set)
+    sampler = ShardedSampler(n_train, d.world_size, d.rank, cfg.data.batch_size, cfg.run.seed,
                              cfg.data.shuffle, cfg.data.remainder)
+    store = StoreBatches(cfg, sampler, d.rank, d.world_size) if cfg.data.url else None
     optimizer = make_optimizer(cfg, model)
     resumed_from, state = resolve_resume(cfg, d)
     if state is not None:
@@ -179,6 +190,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         except (ValueError, KeyError) as e:
             raise CaramelError(f"checkpoint {resumed_from}: optimizer state does not fit this model ({e})") from None
         engine.load_worker_state(state, d.rank)
+        if store is not None:
+            if "data_loader" not in state:
+                raise CaramelError(f"checkpoint {resumed_from} holds no data loader state for --data")
+            store.load_state_dict(state["data_loader"][d.rank])
         ckpt.set_rng_state(state["rng"][d.rank])
         start = state["step"]
     else:
@@ -189,7 +204,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if main:
         _truncate_metrics(metrics_path, start)
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        print(f"workload {wl.name}: {params:,} parameters; train {len(wl.train_set)} / val {len(wl.val_set)} {wl.sample_unit}; "
+        source = f" from {cfg.data.url} ({cfg.data.data_order} order)" if store is not None else ""
+        print(f"workload {wl.name}: {params:,} parameters; train {n_train}{source} / val {len(wl.val_set)} {wl.sample_unit}; "
               f"{d.world_size} workers x {cfg.data.batch_size}; {sampler.describe()}"
               + (f"; resuming from {resumed_from} (step {start})" if resumed_from else ""), flush=True)
 
@@ -205,8 +221,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         for step in range(start, stop_at):
             t0 = time.perf_counter()
-            idx = batches.indices(step) if balanced else engine.batch_indices(sampler, step)
-            x, y = (t.to(d.device) for t in wl.train_set.batch(idx))
+            if store is not None:
+                x, y = (t.to(d.device) for t in store.batch(step))
+            else:
+                idx = batches.indices(step) if balanced else engine.batch_indices(sampler, step)
+                x, y = (t.to(d.device) for t in wl.train_set.batch(idx))
             # pipeline: the loss of its whole batch, on every rank (not only the last stage's)
             loss = engine.train_step(x, y, wl.loss_fn, cfg.optim.clip_grad_norm)
             lr = scheduler.get_last_lr()[0]
@@ -229,7 +248,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or done == stop_at:
                 if metrics:
                     metrics.flush()
-                last_ckpt = save_checkpoint(engine, scheduler, cfg, d, sampler, done)
+                last_ckpt = save_checkpoint(engine, scheduler, cfg, d, sampler, done, store)
         finished = stop_at == total
         if finished:
             last_val = evaluate(engine, wl, d, cfg.data.batch_size)
@@ -239,6 +258,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         progress.close()
         if metrics:
             metrics.close()
+        if store is not None:
+            store.close()
     wall_s = time.perf_counter() - t_run
     trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
     summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
@@ -303,6 +324,8 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "start_step": start, "end_step": stop_at, "total_steps": cfg.run.steps, "finished": stop_at == cfg.run.steps,
         "resumed_from": resumed_from, "last_checkpoint": str(last_ckpt) if last_ckpt else None,
         "data": sampler.describe(), "remainder": cfg.data.remainder,
+        "data_store": {"url": cfg.data.url, "order": cfg.data.data_order, "loader_workers": cfg.data.loader_workers}
+        if cfg.data.url else None,
         "first_loss": history[0]["loss"] if history else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
         "losses_averaged": len(tail),

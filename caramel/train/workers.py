@@ -126,6 +126,9 @@ def precheck(cfg: TrainConfig) -> None:
         if cfg.parallel.workers != need:
             raise CaramelError(f"--strategy {cfg.parallel.strategy}: stages={spec.options.stages} x replicas="
                                f"{spec.options.replicas} needs --workers {need}, got --workers {cfg.parallel.workers}")
+    if cfg.data.url:
+        from caramel.train.store_data import check_store
+        check_store(cfg)  # an unreachable store or one of other samples: one line, before any worker starts
     if cfg.checkpoint.resume not in ("none", "auto"):
         from caramel.train import checkpoint
         checkpoint.load(cfg.checkpoint.resume)

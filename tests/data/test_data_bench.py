@@ -98,3 +98,26 @@ def test_data_serve_serves_a_data_set_for_a_while(store_dir, capsys):
     assert Store(url).index().num_samples == SAMPLES  # read through the served link
     t.join(timeout=10)
     assert result["rc"] == 0 and "served 1 requests" in capsys.readouterr().out
+
+
+def test_network_cluster_refuses_a_remote_url(capsys):
+    from caramel.cli import main
+
+    assert main(["bench", "--data", "http://198.18.0.1:8000", "--network", "cluster"]) == 2
+    assert "--network cluster serves a local directory" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_a_store_served_from_a_cluster_host_is_read_over_its_link_and_left_clean(store_dir):
+    from caramel.cluster import netns
+
+    if not netns.support().ok:
+        pytest.skip(f"no emulated cluster here: {netns.support().reason}")
+    report = run_data_bench(_config(network="cluster", rank_rate_bps=1e9), str(store_dir))
+    rows, data, c = {r["mode"]: r for r in report["rows"]}, report["data_bytes"], report["cluster"]
+    assert report["remote_bytes_from"] != "server" and c["store_url"].startswith("http://198.1")
+    assert rows["remote"]["remote_bytes_per_epoch_steady"] == data  # every sample by a range read, over the link
+    assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0
+    # the server process's own count: what the ranks' workers counted, plus each rank's index reads
+    assert c["server_totals"]["bytes"] > 0 and c["server_minus_counted_bytes"] == 0
+    assert c["namespaces_left"] == [] and not [ns for ns in netns.list_netns() if ns.startswith(c["hosts"][0][:9])]

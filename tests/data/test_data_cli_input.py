@@ -18,7 +18,7 @@ def store_dir(tmp_path):
 @pytest.mark.parametrize("flags, named", [
     (["--strategies", "ddp"], "--strategies"), (["--model", "resnet18"], "--model"), (["--ratio", "1"], "--ratio"),
     (["--bandwidth", "100mbit"], "--bandwidth"), (["--steps", "5"], "--steps"), (["--quick"], "--quick"),
-    (["--network", "loopback"], "--network"), (["--model-option", "width=8"], "--model-option"),
+    (["--mtu", "9000"], "--mtu"), (["--model-option", "width=8"], "--model-option"),
 ])
 def test_strategy_flags_with_data_are_refused(store_dir, capsys, flags, named):
     assert main(["bench", "--data", str(store_dir), *flags]) == 2

@@ -1,0 +1,129 @@
+"""`caramel train --data`'s batches, in process: the global order gives the in-memory run's very
+batches; the locality order reads each rank's home once per epoch; the loader's state resumes
+mid-epoch and at an epoch's end, through a weights_only checkpoint round trip and a fresh cache;
+and a bad store or option is one clear error."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from caramel.data.format import write_dataset, write_random_dataset
+from caramel.errors import CaramelError
+from caramel.train.config import TrainConfig, apply_dict
+from caramel.train.data import ShardedSampler
+from caramel.train.store_data import StoreBatches, check_store, write_workload_store
+from caramel.train.workers import precheck
+
+torch.set_num_threads(1)
+N = 100  # samples of the numbered store: 2 ranks x batch 8 -> 6 steps per epoch, 4 samples left out
+
+
+def config(tmp_path, url: str, **data) -> TrainConfig:
+    values = {"url": url, "batch_size": 8, "loader_workers": 1, "cache_dir": str(tmp_path / "cache"), **data}
+    return apply_dict(TrainConfig(), {"run": {"workload": "digits", "out_dir": str(tmp_path / "out")}, "data": values}, "test")
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    """A digits-shaped store whose image i is filled with i, so a batch says which samples it holds."""
+    root = tmp_path_factory.mktemp("numbered")
+    write_dataset(root, ((torch.full((1, 8, 8), float(i)), torch.tensor(i % 10)) for i in range(N)), samples_per_shard=7)
+    return root
+
+
+def ids(batch) -> list[int]:
+    return batch[0][:, 0, 0, 0].long().tolist()
+
+
+def batches(cfg: TrainConfig, rank: int, world: int, steps: int, state=None, start: int = 0):
+    sharded = ShardedSampler(check_store(cfg), world, rank, cfg.data.batch_size, cfg.run.seed)
+    source = StoreBatches(cfg, sharded, rank, world)
+    if state is not None:
+        source.load_state_dict(state)
+    try:
+        out = [source.batch(s) for s in range(start, start + steps)]
+        return out, source.state_dict()
+    finally:
+        source.close()
+
+
+def test_global_order_gives_the_in_memory_batches(tmp_path):
+    from caramel.train.data import digits_datasets
+
+    store = tmp_path / "digits"
+    cfg = config(tmp_path, f"file://{store}", data_order="global", batch_size=64)
+    assert write_workload_store(store, cfg, samples_per_shard=16).num_samples == 1617
+    train, _ = digits_datasets(cfg.data.val_fraction)
+    sharded = ShardedSampler(len(train), 2, 1, 64, cfg.run.seed)
+    got, _ = batches(cfg, 1, 2, sharded.steps_per_epoch + 3)  # crosses into the second epoch
+    for step, (x, y) in enumerate(got):
+        mx, my = train.batch(sharded.indices(step))
+        assert torch.equal(x, mx) and torch.equal(y, my) and x.dtype == mx.dtype, step
+
+
+def test_locality_order_reads_every_home_sample_once_per_epoch(numbered, tmp_path):
+    cfg = config(tmp_path, str(numbered))
+    epochs = {0: [], 1: []}
+    for rank in range(2):
+        got, _ = batches(cfg, rank, 2, 12)
+        for step, b in enumerate(got):
+            assert len(b[0]) == 8
+            epochs[step // 6] += [(rank, i) for i in ids(b)]
+    for seen in epochs.values():
+        flat = [i for _, i in seen]
+        assert len(flat) == len(set(flat)) == 2 * 6 * 8  # no sample twice in an epoch, across ranks
+        assert all(rank * 50 <= i < (rank + 1) * 50 for rank, i in seen)  # each rank's home: its half
+    assert [i for _, i in epochs[0]] != [i for _, i in epochs[1]]  # reshuffled per epoch
+
+
+@pytest.mark.parametrize("order", ["locality", "global"])
+@pytest.mark.parametrize("stop", [9, 6])  # mid-epoch, and exactly at the end of the first epoch
+def test_resume_through_a_checkpoint_gives_the_same_batches(numbered, tmp_path, order, stop):
+    cfg = config(tmp_path, str(numbered), data_order=order)
+    whole, _ = batches(cfg, 1, 2, 14)
+    head, state = batches(cfg, 1, 2, stop)
+    buf = io.BytesIO()
+    torch.save({"data_loader": [state]}, buf)  # as the checkpoint holds it, loaded as caramel train loads it
+    state = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)["data_loader"][0]
+    fresh = config(tmp_path, str(numbered), data_order=order, cache_dir=str(tmp_path / "other-cache"))
+    tail, _ = batches(fresh, 1, 2, 14 - stop, state=state, start=stop)
+    assert [ids(b) for b in head + tail] == [ids(b) for b in whole]
+
+
+def test_a_store_of_other_samples_is_one_clear_error(tmp_path):
+    write_random_dataset(tmp_path / "rand", 32, 100, 8)
+    with pytest.raises(CaramelError, match=r"samples are \(uint8\[100\], int64\[\]\), but workload digits takes "
+                                           r"\(input, target\) = \(float32\[1, 8, 8\], int64\[\]\).*data make"):
+        check_store(config(tmp_path, str(tmp_path / "rand")))
+    cfg = config(tmp_path, str(tmp_path / "gpt"))
+    cfg.run.workload, cfg.data.seq_len, cfg.data.text_bytes = "char_gpt", 16, 20_000
+    write_workload_store(tmp_path / "gpt", cfg, 64)
+    cfg.data.seq_len = 32
+    with pytest.raises(CaramelError, match=r"int64\[16\].*char_gpt takes .*int64\[32\]"):
+        check_store(cfg)
+
+
+def test_a_bad_url_is_named_before_any_worker_starts(tmp_path, capsys):
+    with pytest.raises(CaramelError, match=r"data store .*nowhere.*index.json is not there"):
+        precheck(config(tmp_path, str(tmp_path / "nowhere")))
+    with pytest.raises(CaramelError, match=r"data store 'http://127.0.0.1:9/ds'.*cannot read index.json"):
+        precheck(config(tmp_path, "http://127.0.0.1:9/ds"))
+    from caramel.cli import main  # the command: exit code 2 and the one line, no traceback
+    assert main(["train", "--workload", "digits", "--cluster", "off", "--out-dir", str(tmp_path / "run"),
+                 "--data", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "index.json is not there" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"run": {"workload": "ddrl"}}, "workload ddrl cannot train from a store"),
+    ({"data": {"remainder": "pad", "url": "ds"}}, "use --remainder drop or --data-order global"),
+    ({"parallel": {"strategy": "pipeline:stages=2"}}, "does not feed strategy pipeline"),
+    ({"parallel": {"strategy": "caramel:balance=batch"}}, "does not feed balance='batch'"),
+    ({"run": {"script": "x.py"}}, "a --script reads its own data"),
+])
+def test_options_data_cannot_go_with_are_refused(tmp_path, override, message):
+    with pytest.raises(CaramelError, match=message):
+        apply_dict(TrainConfig(), {"run": {"workload": "digits"}, "data": {"url": "ds"}, **override}, "test")
