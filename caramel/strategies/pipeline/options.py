@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from caramel.errors import CaramelError
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
+REPLICA_REDUCES = ("ddp", "caramel")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class PipelineOptions:
     torch.distributed.pipelining's tracer.
     `replicas`: data-parallel copies of each stage (hybrid); the world is stages x replicas
     (stages / stages-per-worker x replicas for "interleaved").
+    `replica_reduce`: how a stage's replicas average their gradients once per step: "ddp" (torch
+    DDP around the stage module) or "caramel" (Caramel's engine on the replica group, planned
+    from a profile of the stage, updates applied lazily in the next step's first forward;
+    `replica_reduce.py`); "caramel" runs with "gpipe" and "1f1b".
     `vertical_sync`: "pipedream" only: every stage runs a microbatch with the weight version
     the first stage used for it, so a microbatch sees one consistent model."""
 
@@ -30,6 +35,7 @@ class PipelineOptions:
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
     partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
     replicas: int = 1
+    replica_reduce: str = field(default="ddp", metadata={"choices": REPLICA_REDUCES})
     vertical_sync: bool = False
 
     def __post_init__(self) -> None:
@@ -44,6 +50,11 @@ class PipelineOptions:
             raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
         if self.replicas < 1:
             raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
+        if self.replica_reduce not in REPLICA_REDUCES:
+            raise CaramelError(f"replica_reduce must be one of {', '.join(REPLICA_REDUCES)}, got {self.replica_reduce!r}")
+        if self.replica_reduce == "caramel" and self.replicas > 1 and self.schedule not in ("gpipe", "1f1b"):
+            raise CaramelError(f"replica_reduce=caramel runs with schedule gpipe or 1f1b, not {self.schedule!r} "
+                               f"(use replica_reduce=ddp)")
         if self.vertical_sync and self.schedule != "pipedream":
             raise CaramelError(f"vertical_sync applies to schedule=pipedream only, not {self.schedule!r}")
         if self.schedule == "1f1b" and isinstance(self.microbatches, int) and self.microbatches < self.stages:

@@ -1,0 +1,43 @@
+"""Worker functions for the hybrid tests whose replicas reduce with Caramel's engine (spawned)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import caramel
+from tests.strategies.pipeline.workers import MICRO, batch, make_model, max_diff, reference, sgd
+
+STEPS = 10
+
+
+def caramel_reduce_worker(rank: int, world: int, steps: int = STEPS) -> dict:
+    """stages=2 x replicas=2, replica_reduce="caramel": gpipe and 1f1b, SGD with momentum (an
+    optimizer made per stage) and Adam (the whole model's optimizer), against single-process
+    training on the whole batch; a reload between steps keeps it exact; the engine reduced."""
+    out = {}
+    configs = {"gpipe_sgd": ("gpipe", "sgd", [3]), "1f1b_adam": ("1f1b", "adam", [5])}
+    for name, (schedule, opt, cut) in configs.items():
+        model = make_model()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd
+        pipe = caramel.pipeline(model, optimizer, stages=2, microbatches=MICRO, schedule=schedule, partition=cut,
+                                replicas=2, replica_reduce="caramel")
+        half = steps // 2
+        for step in range(half):
+            pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
+        engine = pipe._engine
+        pending = engine.has_pending_updates()  # the last step's update waits for the next forward
+        # the state dict applies what is pending; loading it back changes nothing
+        mid = pipe.state_dict()
+        pipe.load_state_dict(mid)
+        for step in range(half, steps):
+            pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
+        final = pipe.state_dict()
+        out[name] = {"diff": max_diff(final, reference(steps, replicas=2, opt=opt)),
+                     # controls: training moved on after the reload, and one replica's batch alone
+                     # (no reduction) gives other parameters
+                     "moved": max_diff(final, mid), "alone_diff": max_diff(final, reference(steps, opt=opt)),
+                     "mid_diff": max_diff(mid, reference(half, replicas=2, opt=opt)),
+                     "pending_after_step": pending, "steps": engine.stats.step,
+                     "buckets": len(engine.buckets), "planner": engine.plan.planner,
+                     "world": engine.world_size}
+    return out
