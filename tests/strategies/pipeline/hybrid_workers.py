@@ -1,4 +1,4 @@
-"""Worker functions for the hybrid tests whose replicas reduce with Caramel's engine (spawned)."""
+"""Worker functions for the hybrid (data x pipeline) tests (spawned; must be importable)."""
 from __future__ import annotations
 
 import torch
@@ -10,22 +10,24 @@ from tests.strategies.pipeline.workers import MICRO, batch, make_model, max_diff
 STEPS = 10
 
 
-def caramel_reduce_worker(rank: int, world: int, steps: int = STEPS) -> dict:
-    """stages=2 x replicas=2, replica_reduce="caramel": gpipe and 1f1b, SGD with momentum (an
-    optimizer made per stage) and Adam (the whole model's optimizer), against single-process
-    training on the whole batch; a reload between steps keeps it exact; the engine reduced."""
+def hybrid_worker(rank: int, world: int, steps: int = STEPS) -> dict:
+    """stages=2 x replicas=2, each replica on its own batch, against single-process training on
+    the whole batch: replica_reduce="ddp" (1f1b, SGD with momentum) and "caramel" (gpipe with SGD
+    momentum, an optimizer made per stage; 1f1b with Adam, the whole model's optimizer); a
+    state-dict save and reload halfway must change nothing."""
     out = {}
-    configs = {"gpipe_sgd": ("gpipe", "sgd", [3]), "1f1b_adam": ("1f1b", "adam", [5])}
-    for name, (schedule, opt, cut) in configs.items():
+    configs = {"ddp_1f1b_sgd": ("ddp", "1f1b", "sgd", [3]), "caramel_gpipe_sgd": ("caramel", "gpipe", "sgd", [3]),
+               "caramel_1f1b_adam": ("caramel", "1f1b", "adam", [5])}
+    for name, (reduce, schedule, opt, cut) in configs.items():
         model = make_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd
         pipe = caramel.pipeline(model, optimizer, stages=2, microbatches=MICRO, schedule=schedule, partition=cut,
-                                replicas=2, replica_reduce="caramel")
+                                replicas=2, replica_reduce=reduce)
         half = steps // 2
         for step in range(half):
             pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
-        engine = pipe._engine
-        pending = engine.has_pending_updates()  # the last step's update waits for the next forward
+        engine = pipe._engine  # None with DDP
+        pending = engine is not None and engine.has_pending_updates()  # waits for the next forward
         # the state dict applies what is pending; loading it back changes nothing
         mid = pipe.state_dict()
         pipe.load_state_dict(mid)
@@ -37,7 +39,8 @@ def caramel_reduce_worker(rank: int, world: int, steps: int = STEPS) -> dict:
                      # (no reduction) gives other parameters
                      "moved": max_diff(final, mid), "alone_diff": max_diff(final, reference(steps, opt=opt)),
                      "mid_diff": max_diff(mid, reference(half, replicas=2, opt=opt)),
-                     "pending_after_step": pending, "steps": engine.stats.step,
-                     "buckets": len(engine.buckets), "planner": engine.plan.planner,
-                     "world": engine.world_size}
+                     "layout": pipe.layout.stage_indices, "pending_after_step": pending}
+        if engine is not None:
+            out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
+                             world=engine.world_size)
     return out

@@ -1,4 +1,4 @@
-"""Hybrid pipelines whose stage replicas average their gradients with Caramel's engine."""
+"""Hybrid pipelines (2 stages x 2 replicas): the replicas' gradients averaged by DDP or Caramel's engine."""
 from __future__ import annotations
 
 import pytest
@@ -8,13 +8,17 @@ from caramel.testing import run_workers
 from tests.strategies.pipeline import hybrid_workers
 
 
-def test_caramel_replica_reduce_matches_whole_batch_training():
-    ranks = run_workers(hybrid_workers.caramel_reduce_worker, 4, args=(hybrid_workers.STEPS,), timeout_s=200)
+def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel():
+    ranks = run_workers(hybrid_workers.hybrid_worker, 4, args=(hybrid_workers.STEPS,), timeout_s=200)
+    assert [r["caramel_1f1b_adam"]["layout"] for r in ranks] == [(0,), (0,), (1,), (1,)]
     for out in ranks:
-        for name in ("gpipe_sgd", "1f1b_adam"):
+        for name in ("ddp_1f1b_sgd", "caramel_gpipe_sgd", "caramel_1f1b_adam"):
             r = out[name]
             assert r["diff"] <= 1e-5 and r["mid_diff"] <= 1e-5, (name, r)
             assert r["moved"] > 1e-4 and r["alone_diff"] > 1e-3, (name, r)  # the comparison can fail
+        assert not out["ddp_1f1b_sgd"]["pending_after_step"]
+        for name in ("caramel_gpipe_sgd", "caramel_1f1b_adam"):
+            r = out[name]
             # the engine ran every step on the replica group, its last update deferred
             assert r["world"] == 2 and r["steps"] == hybrid_workers.STEPS and r["planner"] == "caramel", (name, r)
             assert r["pending_after_step"] and r["buckets"] >= 1, (name, r)
