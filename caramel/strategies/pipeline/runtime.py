@@ -7,10 +7,10 @@
 Synchronous schedules ("gpipe", "1f1b", "interleaved") are torch.distributed.pipelining's own:
 its `PipelineStage` and schedules run the microbatches, with gradients averaged over them (so a
 step equals one step on the whole batch). What torch lacks is added here: the partition (explicit
-or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own;
-torch's stage already runs a DDP-wrapped module with one all-reduce per step), one optimizer
-step per step, the loss on every rank and a
-whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
+or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own,
+averaging gradients once per step: torch's stage already drives a DDP-wrapped module; Caramel's
+engine is driven by `replica_reduce.py`), one optimizer step per step, the loss on every rank
+and a whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
 """
 from __future__ import annotations
 

@@ -10,11 +10,12 @@ from tests.strategies.pipeline.workers import MICRO, batch, make_model, max_diff
 STEPS = 10
 
 
-def hybrid_worker(rank: int, world: int, steps: int = STEPS) -> dict:
+def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = None) -> dict:
     """stages=2 x replicas=2, each replica on its own batch, against single-process training on
     the whole batch: replica_reduce="ddp" (1f1b, SGD with momentum) and "caramel" (gpipe with SGD
     momentum, an optimizer made per stage; 1f1b with Adam, the whole model's optimizer); a
-    state-dict save and reload halfway must change nothing."""
+    state-dict save and reload halfway must change nothing. With `root`, also `train_resume`
+    there (in the same processes: one spawn for both)."""
     out = {}
     configs = {"ddp_1f1b_sgd": ("ddp", "1f1b", "sgd", [3]), "caramel_gpipe_sgd": ("caramel", "gpipe", "sgd", [3]),
                "caramel_1f1b_adam": ("caramel", "1f1b", "adam", [5])}
@@ -43,4 +44,34 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS) -> dict:
         if engine is not None:
             out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
                              world=engine.world_size)
+    if root is not None:
+        out["train"] = train_resume(root, rank)
     return out
+
+
+TRAIN_STRATEGY = "pipeline:stages=2,replicas=2,microbatches=2,schedule=1f1b,partition=4,replica_reduce=caramel"
+
+
+def train_resume(root: str, rank: int) -> dict | None:
+    """`caramel train` on the hybrid with Caramel's replica reduction: 6 steps straight against 3,
+    stop, resume, 3 (dropout on). On rank 0 (which writes the checkpoints and the metrics): which
+    keys of the final checkpoint differ, and both runs' losses."""
+    import json
+    from pathlib import Path
+
+    from caramel.train.loop import train
+    from tests.train.test_pipeline import STEPS, _cfg, _final_state, _flat
+
+    base = Path(root)
+    straight = train(_cfg(base / "straight", TRAIN_STRATEGY))
+    train(_cfg(base / "resumed", TRAIN_STRATEGY, run={"stop_after_steps": STEPS // 2}))
+    resumed = train(_cfg(base / "resumed", TRAIN_STRATEGY, checkpoint={"resume": "auto"}))
+    if rank != 0:
+        return None
+    a, b = _flat(_final_state(straight)), _flat(_final_state(resumed))
+    keys = [k for k in a if k.startswith(("/model", "/optimizer", "/scheduler", "/pipeline"))]
+    differ = [k for k in keys if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
+    losses = {name: [(r["step"], r["loss"]) for r in map(json.loads, (base / name / "metrics.jsonl").read_text().splitlines())
+                     if r["kind"] == "train"] for name in ("straight", "resumed")}
+    return {"differ": differ, "keys": len(keys), "optimizer_keys": sum(k.startswith("/optimizer/state/") for k in keys),
+            "start_step": resumed["start_step"], "losses": losses}

@@ -8,8 +8,8 @@ from caramel.testing import run_workers
 from tests.strategies.pipeline import hybrid_workers
 
 
-def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel():
-    ranks = run_workers(hybrid_workers.hybrid_worker, 4, args=(hybrid_workers.STEPS,), timeout_s=200)
+def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel(tmp_path):
+    ranks = run_workers(hybrid_workers.hybrid_worker, 4, args=(hybrid_workers.STEPS, str(tmp_path)), timeout_s=280)
     assert [r["caramel_1f1b_adam"]["layout"] for r in ranks] == [(0,), (0,), (1,), (1,)]
     for out in ranks:
         for name in ("ddp_1f1b_sgd", "caramel_gpipe_sgd", "caramel_1f1b_adam"):
@@ -22,6 +22,12 @@ def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel():
             # the engine ran every step on the replica group, its last update deferred
             assert r["world"] == 2 and r["steps"] == hybrid_workers.STEPS and r["planner"] == "caramel", (name, r)
             assert r["pending_after_step"] and r["buckets"] >= 1, (name, r)
+    # caramel train on it: stop after 3 steps and resume for 3 gives the 6 straight steps' model,
+    # optimizer state (both stages' merged) and losses, bit for bit (the engine's updates are
+    # lazy: the checkpoint must apply the last step's)
+    run = ranks[0]["train"]
+    assert run["start_step"] == 3 and run["optimizer_keys"] > 0 and run["differ"] == [], run
+    assert run["losses"]["straight"] == run["losses"]["resumed"] and len(run["losses"]["straight"]) == 6, run
 
 
 def test_replica_reduce_option_is_typed_and_checked():
