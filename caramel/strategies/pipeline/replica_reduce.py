@@ -1,4 +1,4 @@
-"""Hybrid pipelines whose stage replicas average their gradients with Caramel's engine.
+"""Hybrid pipelines: how a stage's replicas average their gradients (DDP's stage fix, Caramel's engine).
 
 `replica_reduce="caramel"`: each stage module is handed to the caramel strategy on its replica
 group (`parallelize_caramel`), with a plan made from a profile of that stage, so the replicas
@@ -24,6 +24,9 @@ stages before it, its loss the real one on the last stage and a stand-in of the 
 elsewhere); the replica group's first rank plans from its profile and sends the plan to the
 others. No online profiling, overlap trial, periodic check or deferred weight gradients: those
 watch one forward and one backward per step, and a pipeline step runs several of each.
+
+`replica_reduce="ddp"` runs `DDPStage`: torch's stage over DDP, its first-step shape inference
+kept out of DDP's reducer.
 """
 from __future__ import annotations
 
@@ -51,6 +54,19 @@ class CaramelStage(PipelineStage):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=True)
         with self.engine.no_sync():
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=False)
+
+
+class DDPStage(PipelineStage):
+    """torch's pipeline stage over a DDP-wrapped module, its shape-inference forward run under
+    `no_sync()`. torch runs that forward through DDP outside `no_sync()` at the first step, so
+    DDP's reducer expects a backward that never comes (the inference differentiates the inputs
+    only); the next no-sync microbatch backward then feeds its bucket rebuild, which counts every
+    parameter twice and stops the second step (`rebuilt parameter indices size is not same as
+    original model parameters size`), seen with 2 microbatches."""
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with self.submod.no_sync():
+            return super()._forward_metadata_inference(*args, **kwargs)
 
 
 def stage_input(stages: list[nn.Module], index: int, sample: torch.Tensor) -> tuple[torch.Tensor, ...]:

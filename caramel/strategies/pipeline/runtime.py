@@ -27,6 +27,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
+from caramel.strategies.pipeline.replica_reduce import DDPStage
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
@@ -156,7 +157,8 @@ class Pipeline:
             runs = [m if lay.replica_group is None else
                     nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
                     for m in self.stage_modules]
-            torch_stages = [PipelineStage(m, i, n, self.device, group=lay.pipeline_group)
+            stage_cls = PipelineStage if lay.replica_group is None else DDPStage
+            torch_stages = [stage_cls(m, i, n, self.device, group=lay.pipeline_group)
                             for m, i in zip(runs, lay.stage_indices)]
         m = self.options.microbatches
         try:
