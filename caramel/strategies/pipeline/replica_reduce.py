@@ -18,6 +18,8 @@ What torch's pipelining stage does for DDP is done here for the engine:
 - *Pending updates.* `optimizer.step()` only records the step; the pipeline flushes what is
   pending (`flush`) before it reads or loads parameters (state dicts, checkpoints); the
   optimizer's own `state_dict()` flushes too (`caramel.runtime.optimizer`).
+- *Buffers.* The replica group's first rank's buffers reach the others once per step, after the
+  schedule (`broadcast_buffers`), not at each forward as the engine would.
 
 The plan: every rank profiles a copy of its stage on one microbatch (its input computed by the
 stages before it, its loss the real one on the last stage and a stand-in of the same cost shape
@@ -34,6 +36,7 @@ import copy
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
@@ -105,6 +108,24 @@ def stage_plan_source(module: nn.Module, args: tuple[torch.Tensor, ...], targets
                                      name="pipeline-stage", split_tied=False)}
 
 
+def broadcast_buffers(module: nn.Module, group: Any) -> None:
+    """The replica group's first rank's buffers (BatchNorm statistics) on every replica, once per
+    step after the schedule, as DDP leaves them: one broadcast per dtype. The engine's own buffer
+    broadcast is off: it writes the buffers as each forward starts, and the microbatches' earlier
+    forwards have saved them for their backwards still to come."""
+    buffers = [b for b in module.buffers()]
+    if not buffers:
+        return
+    src = dist.get_global_rank(group, 0)
+    with torch.no_grad():
+        for dtype in dict.fromkeys(b.dtype for b in buffers):
+            same = [b for b in buffers if b.dtype == dtype]
+            flat = torch._utils._flatten_dense_tensors(same)
+            dist.broadcast(flat, src=src, group=group)
+            for b, v in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                b.copy_(v)
+
+
 def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replica_group: Any, replicas: int,
                      microbatches: int, source: dict[str, Any]) -> Any:
     """Hand `module` (one stage) and the optimizer that steps it to Caramel's engine on
@@ -116,7 +137,7 @@ def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replic
 
     options = CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off")
     parallelize_caramel(module, optimizer, options, process_group=replica_group, session=DEFAULT_SESSION,
-                        optimizer_holds_more=True, **source)
+                        broadcast_buffers=False, optimizer_holds_more=True, **source)
     engine = optimizer._caramel_engine
     engine.set_grad_scale(1.0 / (replicas * microbatches))
     return engine

@@ -27,7 +27,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
-from caramel.strategies.pipeline.replica_reduce import DDPStage
+from caramel.strategies.pipeline.replica_reduce import DDPStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
@@ -111,6 +111,8 @@ class Pipeline:
                           return_outputs=False)
         if self.timer is not None:
             self.timer.end_step()
+        if self._engine is not None:
+            broadcast_buffers(self.stage_modules[0], self.layout.replica_group)
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
 

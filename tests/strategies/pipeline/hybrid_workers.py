@@ -45,9 +45,25 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = 
         if engine is not None:
             out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
                              world=engine.world_size)
+    out["batchnorm"] = batchnorm_buffers()
     if root is not None:
         out["train"] = train_resume(root, rank)
     return out
+
+
+def batchnorm_buffers(steps: int = 3) -> dict[str, list]:
+    """A model with BatchNorm, replica_reduce="caramel": its running statistics after `steps`
+    steps (each replica sees its own batch; the replicas must end with the same ones)."""
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 32), nn.BatchNorm1d(32),
+                          nn.Tanh(), nn.Linear(32, 10))
+    pipe = caramel.pipeline(model, sgd, stages=2, microbatches=MICRO, schedule="1f1b", partition=[3], replicas=2,
+                            replica_reduce="caramel")
+    for step in range(steps):
+        pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
+    return {k: v.tolist() for m in pipe.stage_modules for k, v in m.named_buffers()}
 
 
 TRAIN_STRATEGY = "pipeline:stages=2,replicas=2,microbatches=2,schedule=1f1b,partition=4,replica_reduce=caramel"

@@ -22,6 +22,12 @@ def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel(tmp_pat
             # the engine ran every step on the replica group, its last update deferred
             assert r["world"] == 2 and r["steps"] == hybrid_workers.STEPS and r["planner"] == "caramel", (name, r)
             assert r["pending_after_step"] and r["buckets"] >= 1, (name, r)
+    # BatchNorm statistics: each stage's replicas end with the first replica's (they saw other
+    # batches), and they moved from their initial values
+    bn = [r["batchnorm"] for r in ranks]
+    assert bn[0] == bn[1] and bn[2] == bn[3] and set(bn[0]) != set(bn[2]), bn
+    # (>=: torch's shape-inference forward at the first step updates them too)
+    assert bn[0]["1.running_mean"] != [0.0] * 32 and bn[0]["1.num_batches_tracked"] >= 3 * 4
     # caramel train on it: stop after 3 steps and resume for 3 gives the 6 straight steps' model,
     # optimizer state (both stages' merged) and losses, bit for bit (the engine's updates are
     # lazy: the checkpoint must apply the last step's)
