@@ -68,7 +68,7 @@ class Pipeline:
         self._runner: Any = None
         self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
-        self._engine: Any = None  # replica_reduce="caramel" with replicas: the engine of this rank's stage
+        self._engine: Any = None  # replicas reduced by Caramel's engine: the engine of this rank's stage
 
     # --- the step ---------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ class Pipeline:
                                           vertical_sync=self.options.vertical_sync)
             return
         scale_grads = True  # torch's schedule divides the gradients by the microbatch count
-        if lay.replica_group is not None and self.options.replica_reduce == "caramel":
+        if lay.replica_group is not None and self.options.replica_reducer() == "caramel":
             # Caramel's engine on the replica group; it folds that division into the reduction
             torch_stages = [self._caramel_stage(stages, sample, sample_targets, loss_fn)]
             scale_grads = False
@@ -193,7 +193,7 @@ class Pipeline:
                             group=lay.pipeline_group)
 
     def flush(self) -> None:
-        """Apply every update Caramel's engine still holds (replica_reduce="caramel" defers each
+        """Apply every update Caramel's engine still holds (the caramel replica reduction defers each
         to the next step's forward); a no-op otherwise. Reading or loading parameters does it."""
         if self._engine is not None:
             self._engine.synchronize()
@@ -347,7 +347,7 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
 
 def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
-             replica_reduce: str = "ddp", vertical_sync: bool = False, process_group: Any = None,
+             replica_reduce: str = "auto", vertical_sync: bool = False, process_group: Any = None,
              cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:
     """Cut `model` (an `nn.Sequential`, or any model torch's tracer can split at the modules

@@ -42,10 +42,15 @@ def test_replica_reduce_option_is_typed_and_checked():
 
     spec = STRATEGIES.spec("pipeline:stages=2,replicas=2,replica_reduce=caramel")
     assert spec.options.replica_reduce == "caramel"
-    assert STRATEGIES.spec("pipeline:replicas=2").options.replica_reduce == "ddp"
-    with pytest.raises(CaramelError, match="replica_reduce must be one of ddp, caramel, got 'nccl'"):
+    # "auto" (the default): Caramel's engine where it runs, DDP with interleaved
+    assert STRATEGIES.spec("pipeline:replicas=2").options.replica_reducer() == "caramel"
+    assert STRATEGIES.spec("pipeline:replicas=2,schedule=gpipe").options.replica_reducer() == "caramel"
+    interleaved = STRATEGIES.spec("pipeline:stages=4,replicas=2,schedule=interleaved").options
+    assert interleaved.replica_reduce == "auto" and interleaved.replica_reducer() == "ddp"
+    assert STRATEGIES.spec("pipeline:replicas=2,replica_reduce=ddp").options.replica_reducer() == "ddp"
+    with pytest.raises(CaramelError, match="replica_reduce must be one of auto, caramel, ddp, got 'nccl'"):
         STRATEGIES.spec("pipeline:replicas=2,replica_reduce=nccl")
-    with pytest.raises(CaramelError, match="replica_reduce must be one of ddp, caramel"):
+    with pytest.raises(CaramelError, match="replica_reduce must be one of auto, caramel, ddp"):
         PipelineOptions(replica_reduce="gossip")
     with pytest.raises(CaramelError, match="replica_reduce=caramel runs with schedule gpipe or 1f1b, not 'interleaved'"):
         PipelineOptions(stages=4, replicas=2, schedule="interleaved", replica_reduce="caramel")
