@@ -53,7 +53,8 @@ class PipelineOptions:
         if self.replicas < 1:
             raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
         if self.replica_reduce not in REPLICA_REDUCES:
-            raise CaramelError(f"replica_reduce must be one of {', '.join(REPLICA_REDUCES)}, got {self.replica_reduce!r}")
+            raise CaramelError(f"replica_reduce must be one of {', '.join(REPLICA_REDUCES)}, "
+                               f"got {self.replica_reduce!r}")
         if self.replica_reduce == "caramel" and self.replicas > 1 and self.schedule not in CARAMEL_REDUCE_SCHEDULES:
             raise CaramelError(f"replica_reduce=caramel runs with schedule gpipe or 1f1b, not {self.schedule!r} "
                                f"(use replica_reduce=ddp)")

@@ -167,7 +167,8 @@ class Pipeline:
             if self.options.schedule == "interleaved":
                 self._runner = ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
             else:
-                self._runner = _SYNC[self.options.schedule](torch_stages[0], m, loss_fn=loss_fn, scale_grads=scale_grads)
+                self._runner = _SYNC[self.options.schedule](torch_stages[0], m, loss_fn=loss_fn,
+                                                            scale_grads=scale_grads)
         except ValueError as e:  # torch's own checks of microbatches against stages
             raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
                                f"microbatches={self.options.microbatches}: {e}") from None

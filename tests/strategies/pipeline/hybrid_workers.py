@@ -18,7 +18,8 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = 
     there (in the same processes: one spawn for both)."""
     out = {}
     # DDP with 2 microbatches: torch's shape-inference forward through DDP once broke its second step
-    configs = {"ddp_1f1b_sgd": ("ddp", "1f1b", "sgd", [3], 2), "caramel_gpipe_sgd": ("caramel", "gpipe", "sgd", [3], MICRO),
+    configs = {"ddp_1f1b_sgd": ("ddp", "1f1b", "sgd", [3], 2),
+               "caramel_gpipe_sgd": ("caramel", "gpipe", "sgd", [3], MICRO),
                "caramel_1f1b_adam": ("caramel", "1f1b", "adam", [5], MICRO)}
     for name, (reduce, schedule, opt, cut, micro) in configs.items():
         model = make_model()
@@ -88,7 +89,8 @@ def train_resume(root: str, rank: int) -> dict | None:
     a, b = _flat(_final_state(straight)), _flat(_final_state(resumed))
     keys = [k for k in a if k.startswith(("/model", "/optimizer", "/scheduler", "/pipeline"))]
     differ = [k for k in keys if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
-    losses = {name: [(r["step"], r["loss"]) for r in map(json.loads, (base / name / "metrics.jsonl").read_text().splitlines())
-                     if r["kind"] == "train"] for name in ("straight", "resumed")}
+    rows = {name: map(json.loads, (base / name / "metrics.jsonl").read_text().splitlines())
+            for name in ("straight", "resumed")}
+    losses = {name: [(r["step"], r["loss"]) for r in rs if r["kind"] == "train"] for name, rs in rows.items()}
     return {"differ": differ, "keys": len(keys), "optimizer_keys": sum(k.startswith("/optimizer/state/") for k in keys),
             "start_step": resumed["start_step"], "losses": losses}

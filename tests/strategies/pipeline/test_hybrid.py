@@ -52,5 +52,6 @@ def test_replica_reduce_option_is_typed_and_checked():
         STRATEGIES.spec("pipeline:replicas=2,replica_reduce=nccl")
     with pytest.raises(CaramelError, match="replica_reduce must be one of auto, caramel, ddp"):
         PipelineOptions(replica_reduce="gossip")
-    with pytest.raises(CaramelError, match="replica_reduce=caramel runs with schedule gpipe or 1f1b, not 'interleaved'"):
+    with pytest.raises(CaramelError,
+                       match="replica_reduce=caramel runs with schedule gpipe or 1f1b, not 'interleaved'"):
         PipelineOptions(stages=4, replicas=2, schedule="interleaved", replica_reduce="caramel")
