@@ -51,7 +51,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                         find_unused_parameters: bool | None = None, plan: Plan | str | os.PathLike | None = None,
                         profile: ModelProfile | str | os.PathLike | None = None, cluster: ClusterSpec | None = None,
                         trace: str | os.PathLike | None = None, timeout_s: float | None = None,
-                        session: Session | None = None) -> tuple[CaramelModel, torch.optim.Optimizer]:
+                        session: Session | None = None,
+                        optimizer_holds_more: bool = False) -> tuple[CaramelModel, torch.optim.Optimizer]:
     """Wrap `model` and `optimizer` for data-parallel training with Caramel's engine.
 
     Returns `(model, optimizer)`: a DDP-like wrapper module and the same optimizer object,
@@ -60,6 +61,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     planner's "forward" and "backward" plans and DDP's schedule for a few steps each after
     planning and keeps the fastest (`caramel.strategies.caramel.trial`). `session` names the
     engine's private groups and releases them at shutdown (`caramel.strategies.session`).
+    `optimizer_holds_more`: the optimizer may also hold parameters of other modules (a pipeline
+    stage's part of the whole model's optimizer); the engine reduces and applies `model`'s only.
     """
     if session is None:
         raise CaramelError("parallelize_caramel needs the session that owns its engine; "
@@ -91,7 +94,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     # leaves nothing behind (a default process group made here is destroyed again); with
     # several ranks, what one rank finds wrong is raised on every rank after one all-gather
     names, params = unique_params(model)
-    _check_optimizer_params(optimizer, params)
+    if not optimizer_holds_more:
+        _check_optimizer_params(optimizer, params)
     signature = [(n, list(p.shape), dtype_name(p.dtype), p.requires_grad) for n, p in zip(names, params)]
     fingerprint = model_fingerprint(signature)
     made_default_group = not dist.is_initialized()

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from caramel.errors import CaramelError
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
+REPLICA_REDUCES = ("auto", "caramel", "ddp")
+CARAMEL_REDUCE_SCHEDULES = ("gpipe", "1f1b")  # one stage per rank: one engine per optimizer
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,11 @@ class PipelineOptions:
     torch.distributed.pipelining's tracer.
     `replicas`: data-parallel copies of each stage (hybrid); the world is stages x replicas
     (stages / stages-per-worker x replicas for "interleaved").
+    `replica_reduce`: how a stage's replicas average their gradients once per step: "caramel"
+    (Caramel's engine on the replica group, planned from a profile of the stage, updates applied
+    lazily in the next step's first forward; `replica_reduce.py`; "gpipe" and "1f1b" only), "ddp"
+    (torch DDP around the stage module), or "auto" (the default): "caramel" where it runs, else
+    "ddp" (measured faster and tested exact: docs/pipeline.md).
     `vertical_sync`: "pipedream" only: every stage runs a microbatch with the weight version
     the first stage used for it, so a microbatch sees one consistent model."""
 
@@ -30,6 +37,7 @@ class PipelineOptions:
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
     partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
     replicas: int = 1
+    replica_reduce: str = field(default="auto", metadata={"choices": REPLICA_REDUCES})
     vertical_sync: bool = False
 
     def __post_init__(self) -> None:
@@ -44,11 +52,23 @@ class PipelineOptions:
             raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
         if self.replicas < 1:
             raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
+        if self.replica_reduce not in REPLICA_REDUCES:
+            raise CaramelError(f"replica_reduce must be one of {', '.join(REPLICA_REDUCES)}, "
+                               f"got {self.replica_reduce!r}")
+        if self.replica_reduce == "caramel" and self.replicas > 1 and self.schedule not in CARAMEL_REDUCE_SCHEDULES:
+            raise CaramelError(f"replica_reduce=caramel runs with schedule gpipe or 1f1b, not {self.schedule!r} "
+                               f"(use replica_reduce=ddp)")
         if self.vertical_sync and self.schedule != "pipedream":
             raise CaramelError(f"vertical_sync applies to schedule=pipedream only, not {self.schedule!r}")
         if self.schedule == "1f1b" and isinstance(self.microbatches, int) and self.microbatches < self.stages:
             raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
         self.boundaries()  # a malformed partition is an error now, not at the first step
+
+    def replica_reducer(self) -> str:
+        """"caramel" or "ddp": what averages the replicas' gradients ("auto" resolved)."""
+        if self.replica_reduce != "auto":
+            return self.replica_reduce
+        return "caramel" if self.schedule in CARAMEL_REDUCE_SCHEDULES else "ddp"
 
     def boundaries(self) -> list[int] | list[str] | None:
         """The explicit partition as stage start indices or module names, or None for "auto"."""

@@ -7,10 +7,10 @@
 Synchronous schedules ("gpipe", "1f1b", "interleaved") are torch.distributed.pipelining's own:
 its `PipelineStage` and schedules run the microbatches, with gradients averaged over them (so a
 step equals one step on the whole batch). What torch lacks is added here: the partition (explicit
-or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own;
-torch's stage already runs a DDP-wrapped module with one all-reduce per step), one optimizer
-step per step, the loss on every rank and a
-whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
+or PipeDream's planner on a profile), the hybrid layout (stage replicas in a group of their own,
+averaging gradients once per step: torch's stage already drives a DDP-wrapped module; Caramel's
+engine is driven by `replica_reduce.py`), one optimizer step per step, the loss on every rank
+and a whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, weight stashing).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
+from caramel.strategies.pipeline.replica_reduce import DDPStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
@@ -67,6 +68,7 @@ class Pipeline:
         self._runner: Any = None
         self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
+        self._engine: Any = None  # replicas reduced by Caramel's engine: the engine of this rank's stage
 
     # --- the step ---------------------------------------------------------------------------
 
@@ -109,6 +111,8 @@ class Pipeline:
                           return_outputs=False)
         if self.timer is not None:
             self.timer.end_step()
+        if self._engine is not None:
+            broadcast_buffers(self.stage_modules[0], self.layout.replica_group)
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
 
@@ -130,10 +134,10 @@ class Pipeline:
         if self.boundaries is None:
             self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
         if isinstance(self.boundaries[0] if self.boundaries else 0, str):
-            self.stage_modules = self._traced_stages(sample)
+            stages = self._traced_stages(sample)
         else:
             stages = split_sequential(self.model, self.boundaries)
-            self.stage_modules = [stages[i] for i in self.layout.stage_indices]
+        self.stage_modules = [stages[i] for i in self.layout.stage_indices]
         params = [p for m in self.stage_modules for p in m.parameters()]
         if self.optimizer is None:
             self.optimizer = self._optimizer_arg(params)
@@ -144,17 +148,27 @@ class Pipeline:
                                           lay.pipeline_ranks, lay.pipeline_group, self.options.microbatches,
                                           vertical_sync=self.options.vertical_sync)
             return
-        # hybrid: torch's stage runs a DDP-wrapped module with no_sync() for all but the last
-        # microbatch's backward, so the replicas average their gradients once per step
-        runs = [m if lay.replica_group is None else nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
-                for m in self.stage_modules]
-        torch_stages = [PipelineStage(m, i, n, self.device, group=lay.pipeline_group)
-                        for m, i in zip(runs, lay.stage_indices)]
+        scale_grads = True  # torch's schedule divides the gradients by the microbatch count
+        if lay.replica_group is not None and self.options.replica_reducer() == "caramel":
+            # Caramel's engine on the replica group; it folds that division into the reduction
+            torch_stages = [self._caramel_stage(stages, sample, sample_targets, loss_fn)]
+            scale_grads = False
+        else:
+            # hybrid: torch's stage runs a DDP-wrapped module with no_sync() for all but the last
+            # microbatch's backward, so the replicas average their gradients once per step
+            runs = [m if lay.replica_group is None else
+                    nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
+                    for m in self.stage_modules]
+            stage_cls = PipelineStage if lay.replica_group is None else DDPStage
+            torch_stages = [stage_cls(m, i, n, self.device, group=lay.pipeline_group)
+                            for m, i in zip(runs, lay.stage_indices)]
+        m = self.options.microbatches
         try:
             if self.options.schedule == "interleaved":
-                self._runner = ScheduleInterleaved1F1B(torch_stages, self.options.microbatches, loss_fn=loss_fn)
+                self._runner = ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
             else:
-                self._runner = _SYNC[self.options.schedule](torch_stages[0], self.options.microbatches, loss_fn=loss_fn)
+                self._runner = _SYNC[self.options.schedule](torch_stages[0], m, loss_fn=loss_fn,
+                                                            scale_grads=scale_grads)
         except ValueError as e:  # torch's own checks of microbatches against stages
             raise CaramelError(f"pipeline: schedule={self.options.schedule}, stages={n}, "
                                f"microbatches={self.options.microbatches}: {e}") from None
@@ -162,6 +176,28 @@ class Pipeline:
         for st in torch_stages:
             self.timer.wrap_stage(st)
         self.timer.wrap_loss(self._runner)
+
+    def _caramel_stage(self, stages: list[nn.Module], sample: torch.Tensor, sample_targets: torch.Tensor,
+                       loss_fn: Callable) -> PipelineStage:
+        """This rank's one stage, its replicas reduced by Caramel's engine (`replica_reduce.py`)."""
+        from caramel.strategies.pipeline.replica_reduce import (CaramelStage, caramel_replicas, stage_input,
+                                                                stage_plan_source)
+
+        lay, (index,) = self.layout, self.layout.stage_indices
+        last = index == self.options.stages - 1
+        args = stage_input(stages, index, sample.to(self.device))
+        source = stage_plan_source(stages[index], args, sample_targets.to(self.device), loss_fn if last else None,
+                                   lay.replicas)
+        self._engine = caramel_replicas(stages[index], self.optimizer, lay.replica_group, lay.replicas,
+                                        self.options.microbatches, source)
+        return CaramelStage(stages[index], index, self.options.stages, self.device, self._engine,
+                            group=lay.pipeline_group)
+
+    def flush(self) -> None:
+        """Apply every update Caramel's engine still holds (the caramel replica reduction defers each
+        to the next step's forward); a no-op otherwise. Reading or loading parameters does it."""
+        if self._engine is not None:
+            self._engine.synchronize()
 
     def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
         """torch's tracer cuts the model before each named module; its stage modules keep the
@@ -184,7 +220,7 @@ class Pipeline:
         if pipe.num_stages != self.options.stages:
             raise CaramelError(f"pipeline: cutting at {self.boundaries} gave {pipe.num_stages} stages, "
                                f"not stages={self.options.stages}")
-        return [pipe.get_stage_module(i) for i in self.layout.stage_indices]
+        return [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
 
     def _choose_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
         """microbatches="auto": the job's first rank profiles a copy of the model at the largest
@@ -281,6 +317,7 @@ class Pipeline:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state on every rank: each position contributes its stages' tensors
         (CPU copies), gathered along the pipeline, in the model's own key order."""
+        self.flush()
         if not self.stage_modules:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         own: dict[str, torch.Tensor] = {}
@@ -293,6 +330,7 @@ class Pipeline:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load the whole model's state (every rank passes all of it; each keeps its stages')."""
+        self.flush()  # a pending update must not land on the loaded parameters
         self.model.load_state_dict(state)
         if self._runner is not None and self.options.schedule == "pipedream":
             self._runner.reset_versions()
@@ -310,7 +348,8 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
 
 def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
-             vertical_sync: bool = False, process_group: Any = None, cluster: ClusterSpec | None = None,
+             replica_reduce: str = "auto", vertical_sync: bool = False, process_group: Any = None,
+             cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:
     """Cut `model` (an `nn.Sequential`, or any model torch's tracer can split at the modules
     `partition` names) into `stages` across the ranks of `process_group` and
@@ -326,6 +365,7 @@ def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microb
     if not isinstance(partition, str):
         partition = "+".join(str(p) for p in partition) if isinstance(partition, (list, tuple)) else partition
     opts = build_options(PipelineOptions, dict(stages=stages, microbatches=microbatches, schedule=schedule,
-                                               partition=partition, replicas=replicas, vertical_sync=vertical_sync),
+                                               partition=partition, replicas=replicas, replica_reduce=replica_reduce,
+                                               vertical_sync=vertical_sync),
                          where="pipeline")
     return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster)

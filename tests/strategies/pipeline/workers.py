@@ -138,15 +138,6 @@ def traced(steps: int) -> dict:
             "auto_diff": max_diff(auto.state_dict(), ref.state_dict()), "auto_boundaries": auto.boundaries}
 
 
-def hybrid_worker(rank: int, world: int, steps: int) -> dict:
-    """stages=2 x replicas=2: each replica trains its own batch; the result is whole-batch training."""
-    pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=MICRO, schedule="1f1b", partition=[3],
-                            replicas=2)
-    for step in range(steps):
-        pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
-    return {"diff": max_diff(pipe.state_dict(), reference(steps, replicas=2)), "layout": pipe.layout.stage_indices}
-
-
 def pipedream_reference(steps: int, cuts: list[int], vertical_sync: bool) -> dict[str, torch.Tensor]:
     """PipeDream's semantics in one process, written apart from the runtime: microbatch i's
     forward at stage s uses that stage's weights after `base + max(0, i - warmup_s)` updates

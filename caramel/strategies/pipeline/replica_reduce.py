@@ -1,0 +1,143 @@
+"""Hybrid pipelines: how a stage's replicas average their gradients (DDP's stage fix, Caramel's engine).
+
+`replica_reduce="caramel"`: each stage module is handed to the caramel strategy on its replica
+group (`parallelize_caramel`), with a plan made from a profile of that stage, so the replicas
+reduce in the planner's buckets and order, and each update is applied lazily, per bucket, just
+before the next step's first microbatch forward uses it (`overlap="forward"`).
+
+What torch's pipelining stage does for DDP is done here for the engine:
+
+- *One reduction per step.* `CaramelStage` runs every microbatch's backward but the last under
+  the engine's `no_sync()`, so gradients accumulate in `p.grad`; the last backward's gradient
+  hooks copy the accumulated sum into the buckets and the all-reduces start while that backward
+  still runs.
+- *Gradient scaling folded into the reduction.* torch's schedule divides `p.grad` by the
+  microbatch count after the last backward, too late for gradients already copied into the
+  engine's buckets: the schedule runs with `scale_grads=False` and each rank's bucket weight is
+  `1 / (replicas x microbatches)`, so the sum over replicas is the whole batch's mean gradient.
+- *Pending updates.* `optimizer.step()` only records the step; the pipeline flushes what is
+  pending (`flush`) before it reads or loads parameters (state dicts, checkpoints); the
+  optimizer's own `state_dict()` flushes too (`caramel.runtime.optimizer`).
+- *Buffers.* The replica group's first rank's buffers reach the others once per step, after the
+  schedule (`broadcast_buffers`), not at each forward as the engine would.
+
+The plan: every rank profiles a copy of its stage on one microbatch (its input computed by the
+stages before it, its loss the real one on the last stage and a stand-in of the same cost shape
+elsewhere); the replica group's first rank plans from its profile and sends the plan to the
+others. No online profiling, overlap trial, periodic check or deferred weight gradients: those
+watch one forward and one backward per step, and a pipeline step runs several of each.
+
+`replica_reduce="ddp"` runs `DDPStage`: torch's stage over DDP, its first-step shape inference
+kept out of DDP's reducer.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage
+
+PROFILE_STEPS = 3
+
+
+class CaramelStage(PipelineStage):
+    """torch's pipeline stage whose module's gradients the Caramel engine `engine` reduces: all
+    backwards but the step's last accumulate locally (torch does the same with DDP's `no_sync`)."""
+
+    def __init__(self, submodule: nn.Module, stage_index: int, num_stages: int, device: torch.device,
+                 engine: Any, group: Any = None) -> None:
+        super().__init__(submodule, stage_index, num_stages, device, group=group)
+        self.engine = engine
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        if last_backward:
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=True)
+        with self.engine.no_sync():
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=False)
+
+
+class DDPStage(PipelineStage):
+    """torch's pipeline stage over a DDP-wrapped module, its shape-inference forward run under
+    `no_sync()`. torch runs that forward through DDP outside `no_sync()` at the first step, so
+    DDP's reducer expects a backward that never comes (the inference differentiates the inputs
+    only); the next no-sync microbatch backward then feeds its bucket rebuild, which counts every
+    parameter twice and stops the second step (`rebuilt parameter indices size is not same as
+    original model parameters size`), seen with 2 microbatches."""
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with self.submod.no_sync():
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+
+def stage_input(stages: list[nn.Module], index: int, sample: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The input of stage `index` on `sample`: the stages before it run on copies, without
+    gradients (the real modules stay untouched)."""
+    args: tuple[torch.Tensor, ...] = (sample,)
+    with torch.no_grad():
+        for m in stages[:index]:
+            out = copy.deepcopy(m)(*args)
+            args = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return args
+
+
+def stage_plan_source(module: nn.Module, args: tuple[torch.Tensor, ...], targets: torch.Tensor,
+                      loss_fn: Callable | None, replicas: int) -> dict[str, Any]:
+    """What the engine plans from, as `parallelize` keywords: a profile of a copy of `module` on
+    one microbatch. A stage other than the last has no loss of its own: the stand-in
+    `mean(output^2)` gives its backward the same work (a backward's cost does not depend on the
+    values of the gradient it receives). A stage that takes several tensors (a traced model cut
+    where several activations cross) cannot be profiled with one input: it gets DDP's buckets
+    in reverse registration order (the "fifo" planner) instead."""
+    from caramel.profile.profiler import profile_model, unique_params
+    from caramel.strategies.caramel.profiling import registration_profile
+    from caramel.strategies.planners import make_plan
+
+    if len(args) != 1:
+        names, params = unique_params(module)
+        return {"plan": make_plan("fifo", registration_profile(names, params), world_size=replicas)}
+
+    def stand_in(out: Any, _targets: torch.Tensor) -> torch.Tensor:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return sum(o.float().pow(2).mean() for o in outs if torch.is_tensor(o) and o.is_floating_point())
+
+    return {"profile": profile_model(copy.deepcopy(module), args[0], targets,
+                                     loss_fn if loss_fn is not None else stand_in, steps=PROFILE_STEPS,
+                                     name="pipeline-stage", split_tied=False)}
+
+
+def broadcast_buffers(module: nn.Module, group: Any) -> None:
+    """The replica group's first rank's buffers (BatchNorm statistics) on every replica, once per
+    step after the schedule, as DDP leaves them: one broadcast per dtype. The engine's own buffer
+    broadcast is off: it writes the buffers as each forward starts, and the microbatches' earlier
+    forwards have saved them for their backwards still to come."""
+    buffers = [b for b in module.buffers()]
+    if not buffers:
+        return
+    src = dist.get_global_rank(group, 0)
+    with torch.no_grad():
+        for dtype in dict.fromkeys(b.dtype for b in buffers):
+            same = [b for b in buffers if b.dtype == dtype]
+            flat = torch._utils._flatten_dense_tensors(same)
+            dist.broadcast(flat, src=src, group=group)
+            for b, v in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                b.copy_(v)
+
+
+def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replica_group: Any, replicas: int,
+                     microbatches: int, source: dict[str, Any]) -> Any:
+    """Hand `module` (one stage) and the optimizer that steps it to Caramel's engine on
+    `replica_group`; returns the engine. Each rank's gradients weigh 1 / (replicas x
+    microbatches) in the sum (module docstring)."""
+    from caramel.strategies.api import DEFAULT_SESSION
+    from caramel.strategies.caramel.options import CaramelOptions
+    from caramel.strategies.caramel.parallelize import parallelize_caramel
+
+    options = CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off")
+    parallelize_caramel(module, optimizer, options, process_group=replica_group, session=DEFAULT_SESSION,
+                        broadcast_buffers=False, optimizer_holds_more=True, **source)
+    engine = optimizer._caramel_engine
+    engine.set_grad_scale(1.0 / (replicas * microbatches))
+    return engine
