@@ -30,7 +30,7 @@ from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, d
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.prediction import link_costs, predict_strategies, probe_link
+from caramel.bench.prediction import link_costs, net_bandwidth_bps, predict_strategies, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
@@ -303,7 +303,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
     # the collectives' fixed costs on these links, for the predictions (after the rounds: it
     # perturbs nothing measured)
-    probed = probe_link(grad_bytes, device, dist.get_backend())
+    probed = probe_link(grad_bytes, device, dist.get_backend(), world)
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -319,6 +319,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     names = [s.name for s in strategies if s.name in runners]
     compute_medians = [median(g["compute"]) for g in gathered]
     link = link_costs(probed)
+    # with the probed fixed costs charged per collective, the rate they are netted out of
+    net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, runners["comm"].stats().get("buckets", 1), link)
+    if link is not None:
+        link["net_bandwidth_bps"] = net_bps
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -330,7 +334,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
-        "predicted": predict_strategies(profile, names, world, bandwidth_bps, compute_medians, link),
+        "predicted": predict_strategies(profile, names, world, net_bps, compute_medians, link),
         "predicted_rate_only": predict_strategies(profile, names, world, bandwidth_bps, compute_medians),
         "link_fit": link,
         "meta": {

@@ -72,19 +72,32 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
     return out
 
 
-def probe_link(grad_bytes: int, device: Any, backend: str, points: int = PROBE_POINTS) -> dict[str, Any] | None:
+def probe_link(grad_bytes: int, device: Any, backend: str, world: int, points: int = PROBE_POINTS
+               ) -> dict[str, Any] | None:
     """Every rank, at the same point: all-reduces from 4 KB up to the model's gradient bytes
     (geometric), timed by `caramel.topology.probe.measure_in_job`; the measurements, or None
-    where the probe failed (a prediction is an extra: it never fails the bench)."""
+    with one worker or where a rank could not hold the probe's tensors (a prediction is an
+    extra: it never fails the bench). The ranks agree on that before the first collective, so
+    a rank that cannot probe never leaves the others waiting in one."""
+    if world < 2:
+        return None
+    import torch
+    import torch.distributed as dist
+
     from caramel.topology.probe import MIN_BYTES, measure_in_job
 
     top = max(int(grad_bytes), 2 * MIN_BYTES)
     sizes = sorted({int(MIN_BYTES * (top / MIN_BYTES) ** (k / (points - 1))) // 4 * 4 for k in range(points)})
     try:
-        return measure_in_job(sizes, PROBE_REPS, 2, device, backend)
+        torch.empty(max(sizes) // 4, dtype=torch.float32, device=device)
+        ok = torch.ones(1, device=device)
     except Exception as e:
-        print(f"[bench] no link probe: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"[bench] no link probe on this rank: {type(e).__name__}: {e}", file=sys.stderr)
+        ok = torch.zeros(1, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item() < 1:
         return None
+    return measure_in_job(sizes, PROBE_REPS, 2, device, backend)
 
 
 def link_costs(measured: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -102,6 +115,26 @@ def link_costs(measured: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"latency_s": spec.latency_s, "queued_latency_s": spec.queued_latency_s,
             "collective_cpu_s": spec.collective_cpu_s, "fit_bandwidth_bps": fit.bandwidth_bps,
             "fit_max_rel_error": fit.max_rel_error, "probe": spec.meta.get("probe")}
+
+
+def net_bandwidth_bps(grad_bytes: int, world: int, comm_s: float, buckets: int,
+                      link: dict[str, Any] | None) -> float | None:
+    """The link rate the comm-only baseline achieved once its collectives' fixed costs are taken
+    out: `buckets` ring all-reduces issued back to back pay 2(n-1) latencies for the first and
+    2(n-1) queued latencies for each other (`caramel.topology.spec`), so a prediction that
+    charges those costs again per collective does not count them twice. Without `link`, or
+    when the fixed costs would take half the time or more (the fit does not describe these
+    transfers), the rate with them in (`effective_bandwidth_bps`)."""
+    from caramel.bench.lower_bound import effective_bandwidth_bps
+
+    gross = effective_bandwidth_bps(grad_bytes, world, comm_s)
+    if gross is None or not link or link.get("latency_s") is None:
+        return gross
+    queued = link["queued_latency_s"] if link.get("queued_latency_s") is not None else link["latency_s"]
+    fixed_s = 2 * (world - 1) * (link["latency_s"] + max(buckets - 1, 0) * min(queued, link["latency_s"]))
+    if fixed_s >= 0.5 * comm_s:
+        return gross
+    return effective_bandwidth_bps(grad_bytes, world, comm_s - fixed_s)
 
 
 def prediction_error(predicted_s: float | None, measured_s: float | None) -> float | None:

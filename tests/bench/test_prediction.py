@@ -55,3 +55,14 @@ def test_the_probed_fixed_costs_enter_the_cluster_and_raise_the_predictions():
     probed = predict_strategies(profile, ["ddp", "ps"], n, 2e8, None, link)
     for name in ("ddp", "ps"):  # a millisecond per collective against the spec's 50 us
         assert probed[name]["step_time_s"] > bare[name]["step_time_s"]
+
+
+def test_the_rate_is_netted_of_the_fixed_costs_the_predictions_charge_again():
+    from caramel.bench.lower_bound import effective_bandwidth_bps
+    from caramel.bench.prediction import net_bandwidth_bps
+    link = {"latency_s": 1e-3, "queued_latency_s": 0.5e-3}
+    # 2 workers, 2 buckets back to back: 2(n-1) x (1 ms + 0.5 ms) of the 100 ms are fixed costs
+    assert net_bandwidth_bps(10**6, 2, 0.1, 2, link) == pytest.approx(effective_bandwidth_bps(10**6, 2, 0.097))
+    assert net_bandwidth_bps(10**6, 2, 0.1, 2, None) == effective_bandwidth_bps(10**6, 2, 0.1)
+    # fixed costs of half the time or more: the fit does not describe these transfers
+    assert net_bandwidth_bps(10**6, 2, 0.004, 2, link) == effective_bandwidth_bps(10**6, 2, 0.004)

@@ -6,7 +6,8 @@ waits on communication) per local batch size, in a moving window per size, and f
 cost plus a per-sample cost (`fit_cost`) once it has seen two sizes: charging the per-step
 costs (optimizer, Python, the engine) per sample would make a rank given fewer samples look
 slower per sample, and the shares would overshoot and swing. Every `balance_every` steps the
-ranks all-gather their fits and every rank computes the same new counts, those that minimize
+ranks all-gather their fits (sizes closer than `MIN_SPREAD` keep the last fitted fixed cost
+and re-estimate only the per-sample one) and every rank computes the same new counts, those that minimize
 the slowest rank's predicted compute (`counts_for_costs`), kept only when they are predicted to
 shorten the step by more than `MIN_GAIN`. The new counts apply from the first batch no rank
 has drawn yet.
@@ -33,25 +34,30 @@ from caramel.topology.spec import ClusterSpec
 
 WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
 FIT_SIZES = 4  # the most recent local batch sizes whose times enter the fit
+MIN_SPREAD = 1.2  # the largest fitted size over the smallest, for the slope to be trusted
 MIN_GAIN = 0.05  # new counts must be predicted to shorten the step by more than 5%
 
 
-def fit_cost(medians: dict[int, float]) -> tuple[float, float]:
-    """(fixed_s, per_sample_s) of t = fixed + per_sample * n through the (n, t) points: least
-    squares over two or more sizes; from one size, or where the fit is not physical (a negative
-    part), all of it per sample through the origin."""
+def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> tuple[float, float, bool]:
+    """(fixed_s, per_sample_s, fitted) of t = fixed + per_sample * n through the (n, t) points.
+    Least squares when the sizes spread by `MIN_SPREAD` or more (`fitted`: True); sizes a few
+    samples apart make the slope mostly noise, so then the per-sample cost is re-estimated
+    under `prior_fixed_s` (the last fitted fixed cost), or without one, and where the fit is
+    not physical (a negative part), all of the time is charged per sample through the origin."""
     points = [(n, t) for n, t in medians.items() if n > 0]
     if not points:
-        return 0.0, 0.0
-    if len(points) >= 2:
-        mean_n = sum(n for n, _ in points) / len(points)
+        return 0.0, 0.0, False
+    sizes = [n for n, _ in points]
+    if len(points) >= 2 and max(sizes) >= MIN_SPREAD * min(sizes):
+        mean_n = sum(sizes) / len(points)
         mean_t = sum(t for _, t in points) / len(points)
-        var = sum((n - mean_n) ** 2 for n, _ in points)
+        var = sum((n - mean_n) ** 2 for n in sizes)
         slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / var
         fixed = mean_t - slope * mean_n
         if slope > 0.0 and fixed >= 0.0:
-            return fixed, slope
-    return 0.0, sum(t * n for n, t in points) / sum(n * n for n, _ in points)
+            return fixed, slope, True
+    fixed = prior_fixed_s if prior_fixed_s is not None and all(t > prior_fixed_s for _, t in points) else 0.0
+    return fixed, sum((t - fixed) * n for n, t in points) / sum(n * n for n in sizes), False
 
 
 def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> list[int]:
@@ -76,6 +82,7 @@ class Balancer:
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every
         self.schedule: ShareSchedule | None = None
         self.times: collections.OrderedDict[int, collections.deque] = collections.OrderedDict()  # size -> compute s
+        self.fixed_s: float | None = None  # this rank's fixed cost per step, from the last trusted fit
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
@@ -113,7 +120,10 @@ class Balancer:
             self._decide()
 
     def _decide(self) -> None:
-        mine = fit_cost({n: statistics.median(q) for n, q in self.times.items()})
+        fixed, per_sample, fitted = fit_cost({n: statistics.median(q) for n, q in self.times.items()}, self.fixed_s)
+        if fitted:
+            self.fixed_s = fixed
+        mine = (fixed, per_sample)
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
         costs = [c for c, _ in gathered]

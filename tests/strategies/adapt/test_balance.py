@@ -22,10 +22,18 @@ def test_counts_follow_rates_and_sum_to_the_global_batch():
 
 def test_the_cost_fit_separates_fixed_from_per_sample_time():
     from caramel.strategies.caramel.balance import fit_cost
-    assert fit_cost({64: 0.010 + 64 * 0.001, 128: 0.010 + 128 * 0.001}) == pytest.approx((0.010, 0.001))
-    assert fit_cost({100: 0.2}) == pytest.approx((0.0, 0.002))  # one size: all of it per sample
+    fixed, per_sample, fitted = fit_cost({64: 0.010 + 64 * 0.001, 128: 0.010 + 128 * 0.001})
+    assert (fixed, per_sample) == pytest.approx((0.010, 0.001)) and fitted
+    assert fit_cost({100: 0.2}) == pytest.approx((0.0, 0.002, False))  # one size: all of it per sample
     # noise that makes the line fall with n is not physical: through the origin instead
-    assert fit_cost({10: 0.30, 20: 0.25}) == pytest.approx((0.0, (3.0 + 5.0) / 500.0))
+    assert fit_cost({10: 0.30, 20: 0.25}) == pytest.approx((0.0, (3.0 + 5.0) / 500.0, False))
+    # sizes 2 samples apart: the slope would be noise (0.1 ms per sample here, against 0.31);
+    # the last fitted fixed cost stays and the per-sample cost is re-estimated under it
+    close = {128: 0.0500, 130: 0.0502}
+    fixed, per_sample, fitted = fit_cost(close, prior_fixed_s=0.010)
+    assert not fitted and fixed == 0.010
+    assert per_sample == pytest.approx((0.040 * 128 + 0.0402 * 130) / (128 ** 2 + 130 ** 2))
+    assert fit_cost(close)[:2] == pytest.approx((0.0, (0.05 * 128 + 0.0502 * 130) / (128 ** 2 + 130 ** 2)))
 
 
 def test_counts_minimize_the_slowest_rank_with_fixed_costs():
@@ -50,7 +58,7 @@ def test_two_sizes_put_the_shares_where_the_ranks_finish_together():
     for _ in range(3):
         for r, (a, b) in enumerate(true):
             seen[r][counts[r]] = a + b * counts[r]
-        costs = [fit_cost(s) for s in seen]
+        costs = [fit_cost(s)[:2] for s in seen]
         counts = counts_for_costs(costs, 256)
         history.append(counts)
     ideal = counts_for_costs(true, 256)

@@ -78,6 +78,7 @@ def test_dedicated_servers_receive_every_workers_copy_and_join_at_step(profile):
     # pulls may overlap the next forward, but no push overlaps backward
     assert one.step_time_s >= wire_s + profile.backward_time_s
     # the workers run no optimizer: with compute only (a fast link) the step is forward + backward
+    # and the server's apply of its shard (half the optimizer), which the next forward waits for
     fast = sim("ps:servers=2,dedicated=true", profile, ClusterSpec.uniform(2, 1e15, latency_s=0.0))
     assert fast.step_time_s == pytest.approx(profile.forward_time_s + profile.backward_time_s
                                              + profile.optimizer_time_s / 2, rel=0.05)
