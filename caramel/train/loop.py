@@ -164,7 +164,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(f"caramel train: rank 0 of {d.world_size} on {d.device}; effective config:\n{cfg.describe()}", flush=True)
     wl = build_workload(cfg)
     model = wl.model.to(d.device)
-    n_train = check_store(cfg) if cfg.data.url else len(wl.train_set)
+    n_train = check_store(cfg, len(wl.train_set)) if cfg.data.url else len(wl.train_set)
     sampler = ShardedSampler(n_train, d.world_size, d.rank, cfg.data.batch_size, cfg.run.seed,
                              cfg.data.shuffle, cfg.data.remainder)
     store = StoreBatches(cfg, sampler, d.rank, d.world_size) if cfg.data.url else None
@@ -173,8 +173,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
-    x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
-    slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
+    slow = None
+    if cfg.parallel.slow_worker:  # calibrated on a batch of the training split (a store holds the same samples)
+        x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
+        slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
     trace_path = str(out_dir / "trace.json")
     engine = make_engine(model, optimizer, cfg, trace_path, wl, sampler, state["step"] if state is not None else 0, state)
     balance = getattr(engine, "balance", "off")

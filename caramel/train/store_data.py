@@ -6,8 +6,11 @@ A store is what `caramel data make DIR --workload NAME` writes: the workload's t
 one sample per (input, target) pair, in `caramel.data`'s sharded format. Before any worker
 starts, `check_store` reads the store's index and first sample and compares its tensors with
 what the workload's model takes (`expected_sample`): a random store, a store of another
-workload or another `--seq-len` is one CaramelError naming both. Validation keeps reading the
-workload's built-in validation set (the store holds the training split only).
+workload or another `--seq-len` is one CaramelError naming both; so is a store of another
+split (its sample count differs from the workload's training split under this run's
+--val-fraction, --text-bytes, --seq-len): its indices would run past the training set, or its
+samples include what this run validates on. Validation keeps reading the workload's built-in
+validation set (the store holds the training split only).
 
 Two orders (`--data-order`):
 - `locality` (default): `caramel.data`'s `LocalityAwareSampler`: rank r reads its home (the
@@ -74,9 +77,9 @@ def check_config(cfg: TrainConfig, source: str = "config") -> None:
                            f"by index); drop balance=batch or --data")
 
 
-def check_store(cfg: TrainConfig) -> int:
+def store_samples(cfg: TrainConfig) -> int:
     """Read the store's index and first sample; CaramelError unless its samples are what the
-    workload's model takes. Returns the number of training samples."""
+    workload's model takes. Returns the number of samples the store holds."""
     want = expected_sample(cfg)
     store = Store(cfg.data.url)
     index = store.index()
@@ -88,6 +91,30 @@ def check_store(cfg: TrainConfig) -> int:
                            f"takes (input, target) = {_describe(want)}; write a store for it with "
                            f"`caramel data make DIR --workload {cfg.run.workload}`")
     return index.num_samples
+
+
+def _split_options(cfg: TrainConfig) -> str:
+    """The options that decide the workload's training split, as flags with this run's values."""
+    split = f"--val-fraction {cfg.data.val_fraction:g}"
+    if cfg.run.workload == "char_gpt":
+        split += f" --text-bytes {cfg.data.text_bytes} --seq-len {cfg.data.seq_len}"
+    return split
+
+
+def check_store(cfg: TrainConfig, n_train: int | None = None) -> int:
+    """`store_samples`, and CaramelError unless the store holds exactly the workload's training
+    split (`n_train` samples; computed from the config when not given): a store of another split
+    would index past the training set, or train on what this run validates on. Returns n_train."""
+    have = store_samples(cfg)
+    if n_train is None:
+        n_train = len(workload_train_split(cfg))
+    if have != n_train:
+        split = _split_options(cfg)
+        raise CaramelError(f"--data {cfg.data.url}: the store holds {have} samples, but workload {cfg.run.workload}'s "
+                           f"training split ({split}) has {n_train}; train with the split options the store was "
+                           f"made with, or write it again with `caramel data make DIR --workload "
+                           f"{cfg.run.workload} {split}`")
+    return n_train
 
 
 class GlobalOrderSampler(torch.utils.data.Sampler[int]):
@@ -169,12 +196,7 @@ class StoreBatches:
 def write_workload_store(directory: str | os.PathLike, cfg: TrainConfig, samples_per_shard: int) -> Any:
     """The workload's training split as a store `caramel train --data` reads (its validation split stays out)."""
     expected_sample(cfg)
-    from caramel.train.data import char_datasets, digits_datasets
-
-    if cfg.run.workload == "digits":
-        train, _ = digits_datasets(cfg.data.val_fraction)
-    else:
-        train, _ = char_datasets(cfg.data.text_bytes, cfg.data.seq_len, cfg.data.val_fraction)
+    train = workload_train_split(cfg)
 
     def samples():
         for start in range(0, len(train), 256):
@@ -182,3 +204,12 @@ def write_workload_store(directory: str | os.PathLike, cfg: TrainConfig, samples
             yield from zip(x, y)
 
     return write_dataset(directory, samples(), samples_per_shard)
+
+
+def workload_train_split(cfg: TrainConfig) -> Any:
+    """The built-in workload's training split (what a store for it must hold, sample for sample)."""
+    from caramel.train.data import char_datasets, digits_datasets
+
+    if cfg.run.workload == "digits":
+        return digits_datasets(cfg.data.val_fraction)[0]
+    return char_datasets(cfg.data.text_bytes, cfg.data.seq_len, cfg.data.val_fraction)[0]

@@ -13,7 +13,7 @@ from caramel.data.format import write_dataset, write_random_dataset
 from caramel.errors import CaramelError
 from caramel.train.config import TrainConfig, apply_dict
 from caramel.train.data import ShardedSampler
-from caramel.train.store_data import StoreBatches, check_store, write_workload_store
+from caramel.train.store_data import StoreBatches, check_store, store_samples, write_workload_store
 from caramel.train.workers import precheck
 
 torch.set_num_threads(1)
@@ -38,7 +38,7 @@ def ids(batch) -> list[int]:
 
 
 def batches(cfg: TrainConfig, rank: int, world: int, steps: int, state=None, start: int = 0):
-    sharded = ShardedSampler(check_store(cfg), world, rank, cfg.data.batch_size, cfg.run.seed)
+    sharded = ShardedSampler(store_samples(cfg), world, rank, cfg.data.batch_size, cfg.run.seed)
     source = StoreBatches(cfg, sharded, rank, world)
     if state is not None:
         source.load_state_dict(state)
@@ -103,6 +103,24 @@ def test_a_store_of_other_samples_is_one_clear_error(tmp_path):
     cfg.data.seq_len = 32
     with pytest.raises(CaramelError, match=r"int64\[16\].*char_gpt takes .*int64\[32\]"):
         check_store(cfg)
+
+
+def test_a_store_of_another_split_is_named_before_any_worker_starts(tmp_path):
+    """A store made with --val-fraction 0.05 (1707 samples) holds samples that --val-fraction 0.1
+    validates on, and indices past its 1617 training samples: refused by the precheck."""
+    made = config(tmp_path, str(tmp_path / "digits"), val_fraction=0.05)
+    assert write_workload_store(tmp_path / "digits", made, samples_per_shard=64).num_samples == 1707
+    assert check_store(made) == 1707
+    with pytest.raises(CaramelError, match=r"holds 1707 samples, but workload digits's training split "
+                                           r"\(--val-fraction 0.1\) has 1617.*--val-fraction 0.1"):
+        precheck(config(tmp_path, str(tmp_path / "digits")))
+    gpt = config(tmp_path, str(tmp_path / "gpt"))
+    gpt.run.workload, gpt.data.seq_len, gpt.data.text_bytes = "char_gpt", 16, 20_000
+    n = write_workload_store(tmp_path / "gpt", gpt, 256).num_samples
+    gpt.data.text_bytes = 30_000
+    with pytest.raises(CaramelError, match=rf"holds {n} samples, but workload char_gpt's training split "
+                                           r"\(--val-fraction 0.1 --text-bytes 30000 --seq-len 16\) has \d+"):
+        precheck(gpt)
 
 
 def test_a_bad_url_is_named_before_any_worker_starts(tmp_path, capsys):
