@@ -23,7 +23,7 @@ from caramel.errors import CaramelError
 from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
-from caramel.train.store_data import StoreBatches, check_store
+from caramel.train.store_data import StoreBatches, check_store, clear_default_cache
 from caramel.train.strategy import Dist, Parallel, init_distributed, make_engine
 from caramel.train.uneven import BatchSource, emulate_slow_worker
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
@@ -167,9 +167,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     n_train = check_store(cfg, len(wl.train_set)) if cfg.data.url else len(wl.train_set)
     sampler = ShardedSampler(n_train, d.world_size, d.rank, cfg.data.batch_size, cfg.run.seed,
                              cfg.data.shuffle, cfg.data.remainder)
-    store = StoreBatches(cfg, sampler, d.rank, d.world_size) if cfg.data.url else None
     optimizer = make_optimizer(cfg, model)
     resumed_from, state = resolve_resume(cfg, d)
+    store = None
+    if cfg.data.url:
+        if state is None and clear_default_cache(cfg, d.rank) and main:
+            print(f"fresh start: emptied the shard cache {Path(cfg.run.out_dir) / 'data-cache'} of earlier runs", flush=True)
+        store = StoreBatches(cfg, sampler, d.rank, d.world_size)
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])

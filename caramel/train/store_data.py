@@ -21,12 +21,15 @@ Two orders (`--data-order`):
   batches the in-memory run trains on, so the same parameters bit for bit, with every rank
   reading most shards (the cache must hold the whole set to help).
 
+A fresh run (no checkpoint resumed) empties its rank's default cache (OUT_DIR/data-cache) first,
+so the same command and seed give the same batches run after run; a given --cache-dir is kept.
 Resuming is exact: the loader's `state_dict()` (sampler epoch, position and the epoch's shard
 order, which depended on the cache when the epoch began) goes into the checkpoint per rank.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -146,8 +149,27 @@ class GlobalOrderSampler(torch.utils.data.Sampler[int]):
         self.epoch, self.yielded = int(state["epoch"]), int(state["yielded"])
 
 
+def default_cache_dir(cfg: TrainConfig) -> str:
+    return str(Path(cfg.run.out_dir) / "data-cache")
+
+
+def clear_default_cache(cfg: TrainConfig, rank: int) -> bool:
+    """A fresh (not resumed) run empties this rank's cache when it is the default one inside
+    OUT_DIR: the locality order follows what the cache holds when each epoch starts, so a cache
+    left by an earlier run would give a fresh run other batches than the same command's first
+    run. A given --cache-dir is the user's to keep (shared across runs on purpose). True if
+    anything was removed."""
+    if cfg.data.cache_dir:
+        return False
+    mine = Path(default_cache_dir(cfg)) / f"rank{rank}"  # make_loader's per-rank directory
+    if not mine.is_dir() or not any(mine.iterdir()):
+        return False
+    shutil.rmtree(mine)
+    return True
+
+
 def loader_options(cfg: TrainConfig) -> LoaderOptions:
-    cache_dir = cfg.data.cache_dir or str(Path(cfg.run.out_dir) / "data-cache")
+    cache_dir = cfg.data.cache_dir or default_cache_dir(cfg)
     return LoaderOptions(batch_size=cfg.data.batch_size, num_workers=cfg.data.loader_workers,
                          cache_dir=cache_dir, cache_budget_bytes=cfg.data.cache_budget_mib * MIB,
                          locality=True, seed=cfg.run.seed)
