@@ -67,6 +67,10 @@ def check_config(cfg: TrainConfig, source: str = "config") -> None:
     if cfg.run.script:
         raise CaramelError(f"{source}: data.url ({cfg.data.url!r}) feeds a built-in workload; a --script reads its own data")
     expected_sample(cfg)
+    if cfg.data.data_order == "locality" and not cfg.data.shuffle:
+        raise CaramelError(f"{source}: data.shuffle false: --data-order locality always shuffles each rank's home per "
+                           f"epoch (seeded by --seed); use --data-order global for the unshuffled order, or drop "
+                           f"--no-shuffle")
     if cfg.data.data_order == "locality" and cfg.data.remainder == "pad":
         raise CaramelError(f"{source}: data.remainder 'pad' repeats samples of the global order; with --data-order "
                            f"locality each rank reads its own home: use --remainder drop or --data-order global")
@@ -182,9 +186,18 @@ class StoreBatches:
         order = GlobalOrderSampler(sharded) if cfg.data.data_order == "global" else None
         self.loader = make_loader(cfg.data.url, rank, world_size, loader_options(cfg), sampler=order)
         self.steps_per_epoch = sharded.steps_per_epoch
+        self.sharded, self.order, self.world_size = sharded, cfg.data.data_order, world_size
         assert len(self.loader) == self.steps_per_epoch, (len(self.loader), self.steps_per_epoch)
         self._it: Iterator | None = None
         self._next_step: int | None = None
+
+    def describe(self) -> str:
+        """One line for the start banner and the summary: the order these batches are read in."""
+        if self.order == "global":
+            return f"{self.sharded.describe()}; global order from the store"
+        n, used = self.sharded.num_samples, self.steps_per_epoch * self.sharded.batch_size * self.world_size
+        return (f"{self.steps_per_epoch} steps/epoch, locality order (each rank reads its home of "
+                f"{n // self.world_size} samples, cached shards first; {n - used} samples/epoch unused)")
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         """The next batch (the loop asks for steps in order, from the resumed step on)."""

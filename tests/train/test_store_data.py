@@ -153,7 +153,48 @@ def test_a_bad_url_is_named_before_any_worker_starts(tmp_path, capsys):
     ({"parallel": {"strategy": "pipeline:stages=2"}}, "does not feed strategy pipeline"),
     ({"parallel": {"strategy": "caramel:balance=batch"}}, "does not feed balance='batch'"),
     ({"run": {"script": "x.py"}}, "a --script reads its own data"),
+    ({"data": {"shuffle": False, "url": "ds"}}, r"shuffle false: --data-order locality always shuffles.*--data-order global"),
 ])
 def test_options_data_cannot_go_with_are_refused(tmp_path, override, message):
     with pytest.raises(CaramelError, match=message):
         apply_dict(TrainConfig(), {"run": {"workload": "digits"}, "data": {"url": "ds"}, **override}, "test")
+
+
+@pytest.mark.parametrize("values, named", [
+    ({"cache_dir": "/tmp/c"}, "--cache-dir /tmp/c"),
+    ({"cache_budget_mib": 8, "loader_workers": 0}, "--cache-budget-mib 8, --loader-workers 0"),
+    ({"data_order": "global"}, "--data-order global"),
+])
+def test_options_only_data_reads_are_refused_without_it(values, named):
+    with pytest.raises(CaramelError, match=f"test: {named}: only used with --data URL"):
+        apply_dict(TrainConfig(), {"run": {"workload": "digits"}, "data": values}, "test")
+    apply_dict(TrainConfig(), {"run": {"workload": "digits"}, "data": {**values, "url": "ds"}}, "test")  # with it: fine
+    apply_dict(TrainConfig(), {"data": {"loader_workers": 2, "data_order": "locality"}}, "test")  # the defaults: fine
+
+
+def test_a_config_file_may_set_what_a_data_flag_completes(tmp_path):
+    """The fields are checked together after the flags: a file's loader options for --data on the command line."""
+    from caramel.cli import build_parser
+    from caramel.train.config import from_args
+
+    def parse(*argv: str) -> TrainConfig:
+        return from_args(build_parser(only="train").parse_args(["train", "--config", str(path), *argv]))
+    path = tmp_path / "run.toml"
+    path.write_text('[data]\nloader_workers = 1\ndata_order = "global"\n')
+    cfg = parse("--data", "ds", "--workload", "digits")
+    assert (cfg.data.url, cfg.data.loader_workers, cfg.data.data_order) == ("ds", 1, "global")
+    with pytest.raises(CaramelError, match=r"config .*run.toml with the command line: --loader-workers 1, "
+                                           r"--data-order global: only used with --data"):
+        parse("--workload", "digits")
+
+
+def test_the_summary_line_names_the_order_read(numbered, tmp_path):
+    for order, says in [("locality", "6 steps/epoch, locality order (each rank reads its home of 50 samples, cached "
+                                     "shards first; 4 samples/epoch unused)"),
+                        ("global", "6 steps/epoch, remainder dropped (4 samples/epoch unused); global order from the store")]:
+        cfg = config(tmp_path, str(numbered), data_order=order)
+        source = StoreBatches(cfg, ShardedSampler(N, 2, 0, 8, 0), 0, 2)
+        try:
+            assert source.describe() == says
+        finally:
+            source.close()
