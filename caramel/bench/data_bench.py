@@ -221,6 +221,8 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
     if cfg.network == "cluster" and url is not None and not is_local(url):
         raise CaramelError(f"--network cluster serves a local directory from a host of the emulated cluster; "
                            f"{url!r} is a remote store, read as it is: give a directory (or file:// URL) or drop --network")
+    if cfg.network == "cluster" and not cfg.store_rate_bps:
+        raise CaramelError("--network cluster shapes the store's link with tc: give --store-rate (e.g. 100mbit)")
     workdir = Path(tempfile.mkdtemp(prefix="caramel-data-bench-"))
     try:
         with ExitStack() as stack:
@@ -235,7 +237,8 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
                 index = Store(str(directory)).index()
                 overhead_s = request_overhead_s(str(directory))
                 cluster = stack.enter_context(cluster_store(str(directory.resolve()), cfg.ranks, cfg.store_rate_bps,
-                                                            cfg.store_latency_s, cfg.rank_rate_bps))
+                                                            cfg.store_latency_s, cfg.rank_rate_bps,
+                                                            workdir / "store-server.log"))
                 data_url, hosts = cluster.url, cluster.rank_hosts
             elif url is None or is_local(url):
                 directory = Path(url.removeprefix("file://")) if url else workdir / "data"

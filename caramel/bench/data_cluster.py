@@ -54,7 +54,11 @@ def enter_host(namespace: str, interface: str) -> None:
     """Move this process into `namespace` (a named one, /run/netns) and make gloo use `interface`.
     Called first thing in a spawned rank process: threads started earlier would stay behind."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    except OSError as e:
+        raise CaramelError(f"cannot enter network namespace {namespace}: /run/netns/{namespace}: {e.strerror} "
+                           f"(the bench's cluster was torn down, or never made)") from None
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
@@ -64,8 +68,19 @@ def enter_host(namespace: str, interface: str) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
-def _wait_ready(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The server's "serving DIR at URL" line; its error output if it exits or stays silent."""
+def log_tail(path: str | os.PathLike, lines: int = 5) -> str:
+    """The last `lines` lines of the server's error log ('' when it wrote none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))  # a long log: its end is what tells
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _wait_ready(proc: subprocess.Popen, timeout_s: float, log_path: str | os.PathLike) -> str:
+    """The server's "serving DIR at URL" line; the end of its error log if it exits or stays silent."""
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     while time.monotonic() < deadline:
@@ -77,9 +92,10 @@ def _wait_ready(proc: subprocess.Popen, timeout_s: float) -> str:
             if line == "" and proc.poll() is not None:
                 break
     proc.kill()
-    err = proc.stderr.read() if proc.stderr else ""
+    proc.wait()
+    tail = log_tail(log_path, 1)
     raise CaramelError(f"the store's server in the cluster did not start within {timeout_s:g} s: "
-                       f"{err.strip().splitlines()[-1] if err.strip() else f'exit code {proc.poll()}'}")
+                       f"{tail or f'exit code {proc.poll()}'} (its log: {log_path})")
 
 
 def _stop(proc: subprocess.Popen) -> dict[str, int]:
@@ -97,13 +113,14 @@ def _stop(proc: subprocess.Popen) -> dict[str, int]:
 
 @contextmanager
 def cluster_store(directory: str, ranks: int, store_rate_bps: float, store_latency_s: float,
-                  rank_rate_bps: float) -> Iterator[ClusterStore]:
-    """An emulated cluster of `ranks` rank hosts and one store host serving `directory`."""
+                  rank_rate_bps: float, log_path: str | os.PathLike) -> Iterator[ClusterStore]:
+    """An emulated cluster of `ranks` rank hosts and one store host serving `directory`; the
+    server's stderr goes to `log_path` (a pipe nobody reads while the bench runs could fill and
+    block the server), and its tail is printed if the block fails."""
     from caramel.cluster.config import ClusterConfig, auto_mtu
     from caramel.cluster.emulated import EmulatedCluster
 
-    if not store_rate_bps:
-        raise CaramelError("--network cluster shapes the store's link with tc: give --store-rate (e.g. 100mbit)")
+    assert store_rate_bps, "run_data_bench refuses --network cluster without --store-rate"
     config = ClusterConfig(workers=ranks + 1, bandwidth_bps=rank_rate_bps, fallback="error", quiet=True,
                            mtu=auto_mtu(min(store_rate_bps, rank_rate_bps)))
     with EmulatedCluster(config) as cluster:
@@ -112,14 +129,20 @@ def cluster_store(directory: str, ranks: int, store_rate_bps: float, store_laten
         address = cluster.address(store_host)
         argv = [sys.executable, "-m", "caramel.cli", "data", "serve", str(directory), "--host", address,
                 "--port", str(STORE_PORT), "--latency", f"{store_latency_s * 1e3:g}ms"]
-        proc = cluster.exec(store_host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with open(log_path, "w") as log:  # the child holds its own copy of the descriptor
+            proc = cluster.exec(store_host, argv, stdout=subprocess.PIPE, stderr=log, text=True)
         store = ClusterStore(f"http://{address}:{STORE_PORT}",
                              [(config.netns(r), config.worker_veth(r)) for r in range(ranks)],
                              {**cluster.info(), "store_host": config.netns(store_host), "store_command": " ".join(argv)},
                              os.path.getsize(os.path.join(directory, "index.json")))
         try:
-            _wait_ready(proc, READY_TIMEOUT_S)
+            _wait_ready(proc, READY_TIMEOUT_S, log_path)
             yield store
+        except BaseException:
+            tail = log_tail(log_path)
+            if tail:
+                print(f"the store's server log ({log_path}) ends:\n{tail}", file=sys.stderr, flush=True)
+            raise
         finally:
             store.served = _stop(proc)
 

@@ -174,8 +174,9 @@ def coerce(section: str, name: str, value: Any, source: str) -> Any:
     return value
 
 
-def apply_dict(cfg: TrainConfig, data: Any, source: str) -> TrainConfig:
-    """Override `cfg` from a nested {section: {key: value}} mapping, checking every key and value."""
+def apply_dict(cfg: TrainConfig, data: Any, source: str, check: bool = True) -> TrainConfig:
+    """Override `cfg` from a nested {section: {key: value}} mapping, checking every key and value
+    (and, with `check`, the fields together: `validate`)."""
     if not isinstance(data, dict):
         raise CaramelError(f"{source}: expected a table of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
     for section, values in data.items():
@@ -185,11 +186,12 @@ def apply_dict(cfg: TrainConfig, data: Any, source: str) -> TrainConfig:
             raise CaramelError(f"{source}: [{section}] must be a table of keys, got {values!r}")
         for name, value in values.items():
             setattr(getattr(cfg, section), name, coerce(section, name, value, source))
-    return validate(cfg, source)
+    return validate(cfg, source) if check else cfg
 
 
-def load_file(path: str | Path, cfg: TrainConfig | None = None) -> TrainConfig:
-    """Read a TOML config (or the JSON `caramel train` writes for its workers) over `cfg` (defaults)."""
+def load_file(path: str | Path, cfg: TrainConfig | None = None, check: bool = True) -> TrainConfig:
+    """Read a TOML config (or the JSON `caramel train` writes for its workers) over `cfg` (defaults);
+    `check=False` leaves `validate` to the caller (flags still to come may complete the file)."""
     path = Path(path)
     cfg = cfg or TrainConfig()
     try:
@@ -212,7 +214,7 @@ def load_file(path: str | Path, cfg: TrainConfig | None = None) -> TrainConfig:
             data = tomllib.loads(raw.decode())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise CaramelError(f"config {path}: not valid TOML ({e})") from None
-    return apply_dict(cfg, data, f"config {path}")
+    return apply_dict(cfg, data, f"config {path}", check)
 
 
 def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
@@ -248,6 +250,8 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
     if cfg.data.url:
         from caramel.train.store_data import check_config
         check_config(cfg, source)
+    else:
+        _check_store_only(cfg, source)
     if cfg.parallel.bandwidth:
         from caramel.units import parse_rate_bps
         try:
@@ -255,6 +259,19 @@ def validate(cfg: TrainConfig, source: str = "config") -> TrainConfig:
         except CaramelError as e:
             raise CaramelError(f"{source}: parallel.bandwidth: {e}") from None
     return cfg
+
+
+STORE_ONLY = ("cache_dir", "cache_budget_mib", "loader_workers", "data_order")  # DataConfig fields only --data reads
+
+
+def _check_store_only(cfg: TrainConfig, source: str) -> None:
+    """An option only --data reads, given without it, is an error rather than ignored."""
+    given = [(f, getattr(cfg.data, f.name)) for f in dataclasses.fields(DataConfig)
+             if f.name in STORE_ONLY and getattr(cfg.data, f.name) != f.default]
+    if given:
+        names = ", ".join(f"{flag_name(f)} {value}" for f, value in given)
+        raise CaramelError(f"{source}: {names}: only used with --data URL (without it the batches come from the "
+                           f"in-memory training set); give --data or drop {'them' if len(given) > 1 else 'it'}")
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -277,10 +294,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults, then `--config FILE`, then every flag the user gave."""
-    cfg = load_file(args.config) if getattr(args, "config", None) else TrainConfig()
     overrides: dict[str, dict[str, Any]] = {}
     for key, value in vars(args).items():
         if key.startswith("cfg__") and value is not None:
             _, section, name = key.split("__", 2)
             overrides.setdefault(section, {})[name] = value
-    return apply_dict(cfg, overrides, "command line")
+    config = getattr(args, "config", None)
+    if not config:
+        return apply_dict(TrainConfig(), overrides, "command line")
+    # the fields are checked together once the flags are in: a file may set --loader-workers
+    # for the --data URL a flag gives
+    cfg = apply_dict(load_file(config, check=False), overrides, "command line", check=False)
+    return validate(cfg, f"config {config} with the command line" if overrides else f"config {config}")

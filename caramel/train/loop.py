@@ -23,7 +23,7 @@ from caramel.errors import CaramelError
 from caramel.train import checkpoint as ckpt
 from caramel.train.config import TrainConfig
 from caramel.train.data import ShardedSampler, val_shard
-from caramel.train.store_data import StoreBatches, check_store
+from caramel.train.store_data import StoreBatches, check_store, clear_default_cache
 from caramel.train.strategy import Dist, Parallel, init_distributed, make_engine
 from caramel.train.uneven import BatchSource, emulate_slow_worker
 from caramel.train.report import Progress, format_summary, simulated_speedup_vs_ddp
@@ -164,17 +164,24 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(f"caramel train: rank 0 of {d.world_size} on {d.device}; effective config:\n{cfg.describe()}", flush=True)
     wl = build_workload(cfg)
     model = wl.model.to(d.device)
-    n_train = check_store(cfg) if cfg.data.url else len(wl.train_set)
+    n_train = check_store(cfg, len(wl.train_set)) if cfg.data.url else len(wl.train_set)
     sampler = ShardedSampler(n_train, d.world_size, d.rank, cfg.data.batch_size, cfg.run.seed,
                              cfg.data.shuffle, cfg.data.remainder)
-    store = StoreBatches(cfg, sampler, d.rank, d.world_size) if cfg.data.url else None
     optimizer = make_optimizer(cfg, model)
     resumed_from, state = resolve_resume(cfg, d)
+    store = None
+    if cfg.data.url:
+        if state is None and clear_default_cache(cfg, d.rank) and main:
+            print(f"fresh start: emptied the shard cache {Path(cfg.run.out_dir) / 'data-cache'} of earlier runs", flush=True)
+        store = StoreBatches(cfg, sampler, d.rank, d.world_size)
+    data_desc = store.describe() if store is not None else sampler.describe()
     if state is not None:
         ckpt.check_compatible(state, cfg.to_dict(), d.world_size, model, resumed_from)
         model.load_state_dict(state["model"])
-    x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
-    slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
+    slow = None
+    if cfg.parallel.slow_worker:  # calibrated on a batch of the training split (a store holds the same samples)
+        x0, y0 = (t.to(d.device) for t in wl.train_set.batch(sampler.indices(0)))
+        slow = emulate_slow_worker(cfg.parallel.slow_worker, d.rank, d.world_size, model, x0, y0, wl.loss_fn)
     trace_path = str(out_dir / "trace.json")
     engine = make_engine(model, optimizer, cfg, trace_path, wl, sampler, state["step"] if state is not None else 0, state)
     balance = getattr(engine, "balance", "off")
@@ -206,7 +213,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         source = f" from {cfg.data.url} ({cfg.data.data_order} order)" if store is not None else ""
         print(f"workload {wl.name}: {params:,} parameters; train {n_train}{source} / val {len(wl.val_set)} {wl.sample_unit}; "
-              f"{d.world_size} workers x {cfg.data.batch_size}; {sampler.describe()}"
+              f"{d.world_size} workers x {cfg.data.batch_size}; {data_desc}"
               + (f"; resuming from {resumed_from} (step {start})" if resumed_from else ""), flush=True)
 
     total = cfg.run.steps
@@ -262,7 +269,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             store.close()
     wall_s = time.perf_counter() - t_run
     trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
-    summary = _summary(cfg, d, wl, sampler, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
+    summary = _summary(cfg, d, wl, data_desc, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
     summary.update(batches.summary(), **({"slow_worker": slow} if slow else {}))
     if main:
         from caramel.jsonio import write_json
@@ -308,7 +315,7 @@ def _merge_traces(engine: Parallel, d: Dist, out_dir: Path) -> str | None:
     return str(merged)
 
 
-def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path,
+def _summary(cfg, d, wl, data_desc, engine, history, val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path,
              trace_file) -> dict[str, Any]:
     steady = [r["step_time_s"] for r in history[min(len(history) - 1, 5):]] if history else []  # skip warm-up steps
     step_s = statistics.median(steady) if steady else None
@@ -323,7 +330,7 @@ def _summary(cfg, d, wl, sampler, engine, history, val, start, stop_at, wall_s, 
         "overlap": stats.get("overlap"),
         "start_step": start, "end_step": stop_at, "total_steps": cfg.run.steps, "finished": stop_at == cfg.run.steps,
         "resumed_from": resumed_from, "last_checkpoint": str(last_ckpt) if last_ckpt else None,
-        "data": sampler.describe(), "remainder": cfg.data.remainder,
+        "data": data_desc, "remainder": cfg.data.remainder,
         "data_store": {"url": cfg.data.url, "order": cfg.data.data_order, "loader_workers": cfg.data.loader_workers}
         if cfg.data.url else None,
         "first_loss": history[0]["loss"] if history else None,

@@ -6,8 +6,11 @@ A store is what `caramel data make DIR --workload NAME` writes: the workload's t
 one sample per (input, target) pair, in `caramel.data`'s sharded format. Before any worker
 starts, `check_store` reads the store's index and first sample and compares its tensors with
 what the workload's model takes (`expected_sample`): a random store, a store of another
-workload or another `--seq-len` is one CaramelError naming both. Validation keeps reading the
-workload's built-in validation set (the store holds the training split only).
+workload or another `--seq-len` is one CaramelError naming both; so is a store of another
+split (its sample count differs from the workload's training split under this run's
+--val-fraction, --text-bytes, --seq-len): its indices would run past the training set, or its
+samples include what this run validates on. Validation keeps reading the workload's built-in
+validation set (the store holds the training split only).
 
 Two orders (`--data-order`):
 - `locality` (default): `caramel.data`'s `LocalityAwareSampler`: rank r reads its home (the
@@ -18,12 +21,15 @@ Two orders (`--data-order`):
   batches the in-memory run trains on, so the same parameters bit for bit, with every rank
   reading most shards (the cache must hold the whole set to help).
 
+A fresh run (no checkpoint resumed) empties its rank's default cache (OUT_DIR/data-cache) first,
+so the same command and seed give the same batches run after run; a given --cache-dir is kept.
 Resuming is exact: the loader's `state_dict()` (sampler epoch, position and the epoch's shard
 order, which depended on the cache when the epoch began) goes into the checkpoint per rank.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -61,6 +67,10 @@ def check_config(cfg: TrainConfig, source: str = "config") -> None:
     if cfg.run.script:
         raise CaramelError(f"{source}: data.url ({cfg.data.url!r}) feeds a built-in workload; a --script reads its own data")
     expected_sample(cfg)
+    if cfg.data.data_order == "locality" and not cfg.data.shuffle:
+        raise CaramelError(f"{source}: data.shuffle false: --data-order locality always shuffles each rank's home per "
+                           f"epoch (seeded by --seed); use --data-order global for the unshuffled order, or drop "
+                           f"--no-shuffle")
     if cfg.data.data_order == "locality" and cfg.data.remainder == "pad":
         raise CaramelError(f"{source}: data.remainder 'pad' repeats samples of the global order; with --data-order "
                            f"locality each rank reads its own home: use --remainder drop or --data-order global")
@@ -74,9 +84,9 @@ def check_config(cfg: TrainConfig, source: str = "config") -> None:
                            f"by index); drop balance=batch or --data")
 
 
-def check_store(cfg: TrainConfig) -> int:
+def store_samples(cfg: TrainConfig) -> int:
     """Read the store's index and first sample; CaramelError unless its samples are what the
-    workload's model takes. Returns the number of training samples."""
+    workload's model takes. Returns the number of samples the store holds."""
     want = expected_sample(cfg)
     store = Store(cfg.data.url)
     index = store.index()
@@ -88,6 +98,30 @@ def check_store(cfg: TrainConfig) -> int:
                            f"takes (input, target) = {_describe(want)}; write a store for it with "
                            f"`caramel data make DIR --workload {cfg.run.workload}`")
     return index.num_samples
+
+
+def _split_options(cfg: TrainConfig) -> str:
+    """The options that decide the workload's training split, as flags with this run's values."""
+    split = f"--val-fraction {cfg.data.val_fraction:g}"
+    if cfg.run.workload == "char_gpt":
+        split += f" --text-bytes {cfg.data.text_bytes} --seq-len {cfg.data.seq_len}"
+    return split
+
+
+def check_store(cfg: TrainConfig, n_train: int | None = None) -> int:
+    """`store_samples`, and CaramelError unless the store holds exactly the workload's training
+    split (`n_train` samples; computed from the config when not given): a store of another split
+    would index past the training set, or train on what this run validates on. Returns n_train."""
+    have = store_samples(cfg)
+    if n_train is None:
+        n_train = len(workload_train_split(cfg))
+    if have != n_train:
+        split = _split_options(cfg)
+        raise CaramelError(f"--data {cfg.data.url}: the store holds {have} samples, but workload {cfg.run.workload}'s "
+                           f"training split ({split}) has {n_train}; train with the split options the store was "
+                           f"made with, or write it again with `caramel data make DIR --workload "
+                           f"{cfg.run.workload} {split}`")
+    return n_train
 
 
 class GlobalOrderSampler(torch.utils.data.Sampler[int]):
@@ -119,8 +153,27 @@ class GlobalOrderSampler(torch.utils.data.Sampler[int]):
         self.epoch, self.yielded = int(state["epoch"]), int(state["yielded"])
 
 
+def default_cache_dir(cfg: TrainConfig) -> str:
+    return str(Path(cfg.run.out_dir) / "data-cache")
+
+
+def clear_default_cache(cfg: TrainConfig, rank: int) -> bool:
+    """A fresh (not resumed) run empties this rank's cache when it is the default one inside
+    OUT_DIR: the locality order follows what the cache holds when each epoch starts, so a cache
+    left by an earlier run would give a fresh run other batches than the same command's first
+    run. A given --cache-dir is the user's to keep (shared across runs on purpose). True if
+    anything was removed."""
+    if cfg.data.cache_dir:
+        return False
+    mine = Path(default_cache_dir(cfg)) / f"rank{rank}"  # make_loader's per-rank directory
+    if not mine.is_dir() or not any(mine.iterdir()):
+        return False
+    shutil.rmtree(mine)
+    return True
+
+
 def loader_options(cfg: TrainConfig) -> LoaderOptions:
-    cache_dir = cfg.data.cache_dir or str(Path(cfg.run.out_dir) / "data-cache")
+    cache_dir = cfg.data.cache_dir or default_cache_dir(cfg)
     return LoaderOptions(batch_size=cfg.data.batch_size, num_workers=cfg.data.loader_workers,
                          cache_dir=cache_dir, cache_budget_bytes=cfg.data.cache_budget_mib * MIB,
                          locality=True, seed=cfg.run.seed)
@@ -133,9 +186,18 @@ class StoreBatches:
         order = GlobalOrderSampler(sharded) if cfg.data.data_order == "global" else None
         self.loader = make_loader(cfg.data.url, rank, world_size, loader_options(cfg), sampler=order)
         self.steps_per_epoch = sharded.steps_per_epoch
+        self.sharded, self.order, self.world_size = sharded, cfg.data.data_order, world_size
         assert len(self.loader) == self.steps_per_epoch, (len(self.loader), self.steps_per_epoch)
         self._it: Iterator | None = None
         self._next_step: int | None = None
+
+    def describe(self) -> str:
+        """One line for the start banner and the summary: the order these batches are read in."""
+        if self.order == "global":
+            return f"{self.sharded.describe()}; global order from the store"
+        n, used = self.sharded.num_samples, self.steps_per_epoch * self.sharded.batch_size * self.world_size
+        return (f"{self.steps_per_epoch} steps/epoch, locality order (each rank reads its home of "
+                f"{n // self.world_size} samples, cached shards first; {n - used} samples/epoch unused)")
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         """The next batch (the loop asks for steps in order, from the resumed step on)."""
@@ -169,12 +231,7 @@ class StoreBatches:
 def write_workload_store(directory: str | os.PathLike, cfg: TrainConfig, samples_per_shard: int) -> Any:
     """The workload's training split as a store `caramel train --data` reads (its validation split stays out)."""
     expected_sample(cfg)
-    from caramel.train.data import char_datasets, digits_datasets
-
-    if cfg.run.workload == "digits":
-        train, _ = digits_datasets(cfg.data.val_fraction)
-    else:
-        train, _ = char_datasets(cfg.data.text_bytes, cfg.data.seq_len, cfg.data.val_fraction)
+    train = workload_train_split(cfg)
 
     def samples():
         for start in range(0, len(train), 256):
@@ -182,3 +239,12 @@ def write_workload_store(directory: str | os.PathLike, cfg: TrainConfig, samples
             yield from zip(x, y)
 
     return write_dataset(directory, samples(), samples_per_shard)
+
+
+def workload_train_split(cfg: TrainConfig) -> Any:
+    """The built-in workload's training split (what a store for it must hold, sample for sample)."""
+    from caramel.train.data import char_datasets, digits_datasets
+
+    if cfg.run.workload == "digits":
+        return digits_datasets(cfg.data.val_fraction)[0]
+    return char_datasets(cfg.data.text_bytes, cfg.data.seq_len, cfg.data.val_fraction)[0]

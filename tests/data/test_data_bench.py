@@ -121,3 +121,39 @@ def test_a_store_served_from_a_cluster_host_is_read_over_its_link_and_left_clean
     # the server process's own count: what the ranks' workers counted, plus each rank's index reads
     assert c["server_totals"]["bytes"] > 0 and c["server_minus_counted_bytes"] == 0
     assert c["namespaces_left"] == [] and not [ns for ns in netns.list_netns() if ns.startswith(c["hosts"][0][:9])]
+
+
+def test_entering_a_missing_namespace_is_one_clear_error():
+    from caramel.bench.data_cluster import enter_host
+    from caramel.errors import CaramelError
+
+    with pytest.raises(CaramelError, match="network namespace caramel-no-such-host: /run/netns/caramel-no-such-host"):
+        enter_host("caramel-no-such-host", "veth0")
+
+
+def test_network_cluster_without_a_store_rate_is_refused_up_front(store_dir, monkeypatch):
+    import caramel.bench.data_bench as bench
+    from caramel.errors import CaramelError
+
+    monkeypatch.setattr(bench.tempfile, "mkdtemp", lambda **_: pytest.fail("the bench started before the check"))
+    with pytest.raises(CaramelError, match="--network cluster shapes the store's link with tc: give --store-rate"):
+        run_data_bench(_config(network="cluster", store_rate_bps=None), str(store_dir))
+
+
+@pytest.mark.timeout(30)
+def test_the_store_servers_error_output_goes_to_its_log_and_its_end_is_named(tmp_path):
+    """256 KiB of stderr would fill a pipe nobody reads and block the server; into a file it
+    cannot, and the failure names the log's last line."""
+    import subprocess
+    import sys
+
+    from caramel.bench.data_cluster import _wait_ready
+    from caramel.errors import CaramelError
+
+    log = tmp_path / "store-server.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('x' * 262144 + '\\nboom\\n'); "
+                                 "sys.exit(3)"], stdout=subprocess.PIPE, stderr=f, text=True)
+    with pytest.raises(CaramelError, match=rf"did not start within 20 s: boom \(its log: {log}\)"):
+        _wait_ready(proc, 20, log)
+    assert proc.returncode == 3

@@ -71,3 +71,24 @@ def test_a_batch_size_above_a_ranks_share_is_refused_before_the_ranks_start(stor
     assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
     assert main(["data-bench", "--samples", "8", "--ranks", "2", "--batch-size", "5"]) == 2
     assert "--batch-size 5: each of the 2 ranks gets 4 of the 8 samples" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--workload", "digits", "--samples", "64"], "--samples 64: not used for --workload digits"),
+    (["--workload", "char_gpt", "--sample-bytes", "1kb", "--seed", "3"],
+     "--sample-bytes 1kb, --seed 3: not used for --workload char_gpt"),
+    (["--workload", "digits", "--seq-len", "32"], "--seq-len 32: not used for --workload digits"),
+    (["--val-fraction", "0.2"], "--val-fraction 0.2: not used for a random set (no --workload)"),
+    (["--text-bytes", "5000", "--seq-len", "8"], "--seq-len 8, --text-bytes 5000: not used for a random set"),
+])
+def test_data_make_refuses_options_its_set_does_not_use(tmp_path, capsys, flags, named):
+    assert main(["data", "make", str(tmp_path / "ds"), *flags]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_data_make_takes_the_options_its_set_uses(tmp_path, capsys):
+    assert main(["data", "make", str(tmp_path / "r"), "--samples", "8", "--sample-bytes", "64", "--seed", "1"]) == 0
+    assert "8 samples" in capsys.readouterr().out
+    assert main(["data", "make", str(tmp_path / "d"), "--workload", "digits", "--val-fraction", "0.05"]) == 0
+    assert "1707 samples" in capsys.readouterr().out

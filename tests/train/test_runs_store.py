@@ -1,6 +1,7 @@
-"""`caramel train --data URL` end to end, 2 local workers: training from a file:// store in the
-global order, stopped mid-epoch and resumed with another (empty) cache directory, ends with the
-parameters of the in-memory run, bit for bit, and logs the same losses at every step."""
+"""`caramel train --data URL` end to end: 2 local workers training from a file:// store in the
+global order, stopped mid-epoch and resumed with another (empty) cache directory, end with the
+parameters of the in-memory run, bit for bit, and log the same losses at every step; a fresh
+run empties the default cache (OUT_DIR/data-cache) that an earlier run left."""
 from __future__ import annotations
 
 import pytest
@@ -37,3 +38,28 @@ def test_store_run_stopped_and_resumed_matches_the_in_memory_run(tmp_path, capsy
     mine, theirs = final_model(out), final_model(memory)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert any((tmp_path / "cache-b" / "rank1").iterdir())  # the resumed run read through its shard cache
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_fresh_run_empties_the_default_cache_and_keeps_a_given_one(tmp_path):
+    """The locality order follows the cache, so a fresh run starts from an empty default cache
+    (what an earlier run left there would change its batches); a --cache-dir is the user's."""
+    store, out = tmp_path / "digits", tmp_path / "run"
+    assert main(["data", "make", str(store), "--workload", "digits", "--samples-per-shard", "64"]) == 0
+    stale = out / "data-cache" / "rank0" / "left-by-an-earlier-run"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
+    result, s = run_train(out, "--workload", "digits", "--workers", "1", "--steps", "2", "--batch-size", "64",
+                          "--data", str(store), "--loader-workers", "0")
+    check_ok(result)
+    assert "emptied the shard cache" in result.stdout
+    assert not stale.exists() and any(stale.parent.iterdir())  # emptied, then filled by this run
+
+    from caramel.train.store_data import clear_default_cache
+    from caramel.train.config import TrainConfig, apply_dict
+    given = tmp_path / "mine" / "rank0" / "kept"
+    given.parent.mkdir(parents=True)
+    given.write_bytes(b"x")
+    cfg = apply_dict(TrainConfig(), {"run": {"workload": "digits", "out_dir": str(out)},
+                                     "data": {"url": str(store), "cache_dir": str(tmp_path / "mine")}}, "test")
+    assert not clear_default_cache(cfg, 0) and given.exists()
