@@ -43,7 +43,32 @@ from torch.distributed.pipelining import PipelineStage
 PROFILE_STEPS = 3
 
 
-class CaramelStage(PipelineStage):
+class KeepBuffersStage(PipelineStage):
+    """torch's pipeline stage whose first-step shape inference leaves the module's buffers as
+    they were. torch runs that inference as a real forward (and backward) of the stage's module:
+    on the first stage with the first microbatch, on the others with uninitialized tensors of the
+    received shapes (`torch.empty`), so a BatchNorm there folds garbage, often inf or NaN, into
+    its running statistics for good, and every stage counts one batch too many. The buffers are
+    saved before the inference's forward and put back once torch has finished with it (its
+    backward may still read them)."""
+
+    _saved_buffers: list[torch.Tensor] | None = None
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        if self._saved_buffers is None:
+            self._saved_buffers = [b.detach().clone() for b in self.submod.buffers()]
+        return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _post_metadata_inference_cleanup(self) -> None:
+        super()._post_metadata_inference_cleanup()
+        if self._saved_buffers is not None:
+            with torch.no_grad():
+                for b, saved in zip(self.submod.buffers(), self._saved_buffers):
+                    b.copy_(saved)
+            self._saved_buffers = None
+
+
+class CaramelStage(KeepBuffersStage):
     """torch's pipeline stage whose module's gradients the Caramel engine `engine` reduces: all
     backwards but the step's last accumulate locally (torch does the same with DDP's `no_sync`)."""
 
@@ -59,7 +84,7 @@ class CaramelStage(PipelineStage):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=False)
 
 
-class DDPStage(PipelineStage):
+class DDPStage(KeepBuffersStage):
     """torch's pipeline stage over a DDP-wrapped module, its shape-inference forward run under
     `no_sync()`. torch runs that forward through DDP outside `no_sync()` at the first step, so
     DDP's reducer expects a backward that never comes (the inference differentiates the inputs

@@ -27,7 +27,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
-from caramel.strategies.pipeline.replica_reduce import DDPStage, broadcast_buffers
+from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
@@ -159,7 +159,7 @@ class Pipeline:
             runs = [m if lay.replica_group is None else
                     nn.parallel.DistributedDataParallel(m, process_group=lay.replica_group)
                     for m in self.stage_modules]
-            stage_cls = PipelineStage if lay.replica_group is None else DDPStage
+            stage_cls = KeepBuffersStage if lay.replica_group is None else DDPStage
             torch_stages = [stage_cls(m, i, n, self.device, group=lay.pipeline_group)
                             for m, i in zip(runs, lay.stage_indices)]
         m = self.options.microbatches

@@ -1,6 +1,8 @@
 """Hybrid pipelines (2 stages x 2 replicas): the replicas' gradients averaged by DDP or Caramel's engine."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from caramel.errors import CaramelError
@@ -26,8 +28,12 @@ def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel(tmp_pat
     # batches), and they moved from their initial values
     bn = [r["batchnorm"] for r in ranks]
     assert bn[0] == bn[1] and bn[2] == bn[3] and set(bn[0]) != set(bn[2]), bn
-    # (>=: torch's shape-inference forward at the first step updates them too)
-    assert bn[0]["1.running_mean"] != [0.0] * 32 and bn[0]["1.num_batches_tracked"] >= 3 * 4
+    # torch's first-step shape inference runs a forward on uninitialized inputs in the second
+    # stage; it must leave no trace: finite statistics, exactly the microbatches trained
+    assert bn[0]["1.running_mean"] != [0.0] * 32
+    for r in bn:
+        assert all(math.isfinite(x) for k, v in r.items() if "running" in k for x in v), r
+        assert all(v == 3 * hybrid_workers.MICRO for k, v in r.items() if k.endswith("num_batches_tracked")), r
     # caramel train on it: stop after 3 steps and resume for 3 gives the 6 straight steps' model,
     # optimizer state (both stages' merged) and losses, bit for bit (the engine's updates are
     # lazy: the checkpoint must apply the last step's)
