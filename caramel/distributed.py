@@ -219,6 +219,23 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def broadcast_coalesced(tensors: list[torch.Tensor], src: int, group: dist.ProcessGroup | None = None) -> None:
+    """`src`'s values of `tensors` (a module's buffers) on every rank of `group`, one broadcast per
+    dtype and device, as DDP's coalesced buffer broadcast does: one per tensor would cost
+    BatchNorm's three buffers per layer a collective each. `src` is a global rank."""
+    kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        kinds.setdefault((t.dtype, t.device), []).append(t)
+    receiving = dist.get_rank() != src
+    with torch.no_grad():
+        for same in kinds.values():
+            flat = torch._utils._flatten_dense_tensors([t.detach() for t in same])
+            dist.broadcast(flat, src=src, group=group)
+            if receiving:
+                for t, view in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                    t.copy_(view)
+
+
 def params_device(params: list[torch.Tensor]) -> torch.device:
     """The one device the parameters live on: the engine's buckets, rows and collectives follow it."""
     devices = {p.device for p in params}

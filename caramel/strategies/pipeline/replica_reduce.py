@@ -40,6 +40,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
+from caramel.distributed import broadcast_coalesced
+
 PROFILE_STEPS = 3
 
 
@@ -135,20 +137,10 @@ def stage_plan_source(module: nn.Module, args: tuple[torch.Tensor, ...], targets
 
 def broadcast_buffers(module: nn.Module, group: Any) -> None:
     """The replica group's first rank's buffers (BatchNorm statistics) on every replica, once per
-    step after the schedule, as DDP leaves them: one broadcast per dtype. The engine's own buffer
+    step after the schedule, as DDP leaves them (`broadcast_coalesced`). The engine's own buffer
     broadcast is off: it writes the buffers as each forward starts, and the microbatches' earlier
     forwards have saved them for their backwards still to come."""
-    buffers = [b for b in module.buffers()]
-    if not buffers:
-        return
-    src = dist.get_global_rank(group, 0)
-    with torch.no_grad():
-        for dtype in dict.fromkeys(b.dtype for b in buffers):
-            same = [b for b in buffers if b.dtype == dtype]
-            flat = torch._utils._flatten_dense_tensors(same)
-            dist.broadcast(flat, src=src, group=group)
-            for b, v in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-                b.copy_(v)
+    broadcast_coalesced(list(module.buffers()), dist.get_global_rank(group, 0), group)
 
 
 def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replica_group: Any, replicas: int,

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
@@ -388,18 +389,8 @@ class PsEngine:
             self._broadcast_buffers()
 
     def _broadcast_buffers(self) -> None:
-        """Rank 0's buffers, one broadcast per dtype and device (fused as DDP's coalesced
-        broadcast: per buffer, BatchNorm's three per layer would cost a collective each)."""
-        kinds: dict[str, list[torch.Tensor]] = {}
-        for b in self.module.buffers():
-            kinds.setdefault(f"{b.dtype}@{b.device}", []).append(b)
-        for bufs in kinds.values():
-            flat = flatten(bufs)
-            dist.broadcast(flat, src=self.ranks[0], group=self.groups.buffers)
-            if self.rank != 0:
-                with torch.no_grad():
-                    for b, view in zip(bufs, unflatten(flat, bufs)):
-                        b.copy_(view)
+        """Rank 0's buffers, coalesced per dtype and device."""
+        broadcast_coalesced(list(self.module.buffers()), self.ranks[0], self.groups.buffers)
 
     def staleness(self) -> int:
         """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""
