@@ -97,19 +97,6 @@ def equal_counts(global_batch: int, world_size: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(world_size)]
 
 
-def counts_from_rates(rates: list[float], global_batch: int) -> list[int]:
-    """Counts proportional to `rates` (samples per second), each >= 1, summing to `global_batch`
-    (largest remainders get the leftover samples; ties to the lower rank)."""
-    n = len(rates)
-    total = sum(rates)
-    ideal = [1 + (global_batch - n) * r / total for r in rates]
-    counts = [int(x) for x in ideal]
-    left = global_batch - sum(counts)
-    for r in sorted(range(n), key=lambda r: (-(ideal[r] - counts[r]), r))[:left]:
-        counts[r] += 1
-    return counts
-
-
 def check_counts(counts: list[int], global_batch: int, world_size: int) -> None:
     if len(counts) != world_size or sum(counts) != global_batch or min(counts) < 1:
         raise ValueError(f"counts {counts} must give each of {world_size} ranks at least one sample and sum to "

@@ -4,7 +4,7 @@ training on the union batch, then with a slowed rank."""
 import pytest
 import torch
 
-from caramel.data.share_sampler import ShareSampler, ShareSchedule, counts_from_rates
+from caramel.data.share_sampler import ShareSampler, ShareSchedule
 from caramel.errors import CaramelError
 from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.options import build_options
@@ -14,6 +14,10 @@ torch.set_num_threads(1)
 
 
 def test_counts_follow_rates_and_sum_to_the_global_batch():
+    from caramel.strategies.caramel.balance import counts_for_costs
+
+    def counts_from_rates(rates, global_batch):  # no fixed cost: a rank's time is n / rate
+        return counts_for_costs([(0.0, 1.0 / r) for r in rates], global_batch)
     assert counts_from_rates([1.0, 1.0], 8) == [4, 4]
     assert counts_from_rates([2.0, 1.0], 12) == [8, 4]
     assert counts_from_rates([1.0, 1000.0], 8) == [1, 7]  # every rank keeps a sample
