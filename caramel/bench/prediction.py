@@ -201,6 +201,8 @@ def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck
     return out
 
 
-def records_accuracy(records: list[Any]) -> dict[str, dict[str, float]]:
-    """`accuracy_by_kind` over bench records that have both a measured median and a prediction."""
-    return accuracy_by_kind([(r.kind, r.prediction_error) for r in records if r.prediction_error is not None])
+def records_accuracy(records: list[Any], predicted: str = "predicted_step_s") -> dict[str, dict[str, float]]:
+    """`accuracy_by_kind` over bench records that have both a measured median and the prediction
+    in their field `predicted` (`predicted_rate_only_s`: the one without the probed fixed costs)."""
+    errors = [(r.kind, prediction_error(getattr(r, predicted), r.step_time_median_s)) for r in records]
+    return accuracy_by_kind([(kind, e) for kind, e in errors if e is not None])

@@ -8,8 +8,7 @@ from typing import Any
 
 from caramel.bench.report import (PLAN_LINE_BUCKETS, Record, StrategySummary, ceiling_s, ceiling_speedup, config_label,
                                   efficiency, summarize_strategies)
-from caramel.bench.prediction import (ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, accuracy_by_kind, prediction_error,
-                                      records_accuracy, recommendation_checks)
+from caramel.bench.prediction import ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, records_accuracy, recommendation_checks
 from caramel.strategies.caramel.trial import confirmation_note
 
 
@@ -276,8 +275,7 @@ def format_predictions(records: list[Record]) -> str:
         lines += ["", f"Accuracy per strategy kind (|predicted / measured - 1|; target {ACCURACY_TARGET:.0%}):"]
         lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}, "
                   f"{a['within_target']:.0%} of {a['rows']} row(s) within the target" for k, a in acc.items()]
-    bare = accuracy_by_kind([(r.kind, prediction_error(r.predicted_rate_only_s, r.step_time_median_s)) for r in records
-                             if prediction_error(r.predicted_rate_only_s, r.step_time_median_s) is not None])
+    bare = records_accuracy(records, "predicted_rate_only_s")
     if bare and any(r.predicted_rate_only_s != r.predicted_step_s for r in records):
         lines += ["", "The same without the probed fixed costs per collective (the link rate alone):"]
         lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}" for k, a in bare.items()]

@@ -85,9 +85,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     total = sum(size[i] for i in plan.params) or 1
     # the worker serving shard s: s, or with hierarchy the first worker of node s
     serves = {} if dedicated else {s * local: s for s in range(shards)}
-    shard_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == serves[w]) if w in serves else 0
-                   for w in range(n)]
     server_bytes = [sum(size[i] for i in plan.params if plan.owner[i] == s) for s in range(shards)]
+    shard_bytes = [server_bytes[serves[w]] if w in serves else 0 for w in range(n)]  # what each worker serves
     node_Bps = float(cluster.meta.get("node_bandwidth_bps", cluster.bandwidth_bps)) / 8
     speed = [w.speed for w in cluster.workers]
     # staleness lets a backlog of transfers build up slowly: unroll well past the bound
