@@ -149,9 +149,13 @@ class Narrowing:
     while its producer is in train() mode and autograd is on: evaluation (eval() or no_grad)
     computes the whole model. Each patched layer holds a `_NarrowForward` that names its module,
     so a deepcopy (or pickle) of the model narrows its own layers with its own copy of the kept
-    units, never the original's."""
+    units, never the original's.
 
-    def __init__(self, groups: list[Group]):
+    `install=False` leaves the layers' own forwards in place until `install()`; `remove()` puts
+    them back. A rank that drops nothing runs without the patched forwards at all
+    (`DropoutBalancer` installs them only while it drops)."""
+
+    def __init__(self, groups: list[Group], install: bool = True):
         self.groups = groups
         self.kept: dict[str, torch.Tensor | None] = {g.name: None for g in groups}
         roles: dict[int, list] = {}
@@ -160,8 +164,26 @@ class Narrowing:
             roles.setdefault(id(g.consumer), [g.consumer, None, None, None])[2] = g
             for n in g.norms:
                 roles.setdefault(id(n), [n, None, None, None])[3] = g
-        for m, out_g, in_g, norm_g in roles.values():
-            m.forward = _NarrowForward(m, self, out_g, in_g, norm_g)  # an instance attribute: __call__ runs it
+        self._roles = list(roles.values())
+        self.installed = False
+        if install:
+            self.install()
+
+    def install(self) -> None:
+        """Patch the groups' layers (an instance attribute `forward`: `__call__` runs it, and the
+        module's hooks still run around it)."""
+        if not self.installed:
+            for m, out_g, in_g, norm_g in self._roles:
+                m.forward = _NarrowForward(m, self, out_g, in_g, norm_g)
+            self.installed = True
+
+    def remove(self) -> None:
+        """Give the layers their own forwards back (the kept units stay recorded)."""
+        if self.installed:
+            for m, *_ in self._roles:
+                if isinstance(m.__dict__.get("forward"), _NarrowForward):
+                    del m.forward
+            self.installed = False
 
     def set_kept(self, kept: dict[str, torch.Tensor | None]) -> None:
         for g in self.groups:

@@ -199,11 +199,14 @@ class BufferSync:
                 b.copy_(payload[off:off + n].view(b.dtype).view(b.shape))
 
     def _wait(self, work: Any, payload: torch.Tensor, kind: int) -> None:
+        t0 = self.engine.recorder.now()
         try:
             work.wait()
         except Exception as e:  # noqa: BLE001 - re-raised with context
             raise RuntimeError(f"caramel: rank {self.rank}: the buffer broadcast failed: {e}. A peer may have died "
                                f"or hung") from e
+        # blocked on rank 0 as on a gradient bucket: not this rank's compute (balance= times compute)
+        self.engine.count_wait(self.engine.recorder.now() - t0)
         got = int(payload[-1])
         if got != kind:
             what = {EARLY: "as its last training forward ended", AT_FORWARD: "as its forward started"}

@@ -145,6 +145,10 @@ class Engine(EngineHooks, EngineReduced):
         """Time blocked on communication since the last `step()` that reduced (or passed through)."""
         return self._wait_acc
 
+    def count_wait(self, seconds: float) -> None:
+        """Add time blocked on a collective outside the gradient buckets (the buffer broadcast)."""
+        self._wait_acc += seconds
+
     def has_pending_updates(self) -> bool:
         return bool(self._pending_apply)
 

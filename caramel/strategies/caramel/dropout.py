@@ -3,9 +3,11 @@
 Resource-aware structured dropout (DISTREAL). Each rank times its own compute per step (the
 step's period minus its waits on communication, in the moving window of `balance="batch"`),
 divided by the table's time ratio of the drop it ran, so the estimate is the full model's.
-Every `balance_every` steps the ranks all-gather those times and every rank computes every
-rank's drop fraction alike: a rank s = t / min t times slower than the fastest (by more than
-`MIN_GAIN`) takes the table's entry (`caramel.profile.dropout_table.DropoutTable.choose`).
+Every `balance_every` steps the ranks all-gather each window's median and spread and every
+rank computes every rank's drop fraction alike (`caramel.strategies.caramel.dropout_rule`): a
+rank s = t / min t times slower than the fastest, by more than `MIN_GAIN` and clearly beyond
+the windows' noise, takes the table's entry (`DropoutTable.choose`), once two consecutive
+decisions agree.
 
 Which units rank r drops at step i is a seeded draw of (seed, i, r, group), so every rank
 knows every rank's masks without communication. This rank runs narrow kernels on its kept
@@ -13,14 +15,18 @@ units (`caramel.profile.dropout_groups.Narrowing`); a dropped unit's gradient is
 After a bucket's reduction each gradient entry is multiplied by world / (number of ranks that
 computed it) (`Engine.reduce_fixup`): the sum each rank pre-divided by the world size becomes
 the mean over only the ranks that kept the unit. Buckets keep their dense sizes, so plans and
-the simulator's bytes do not change. With nothing dropped anywhere nothing is multiplied.
+the simulator's bytes do not change.
+
+With nothing dropped anywhere the option stays out of the step: no masks are drawn, the
+layers run their own forwards (the narrow ones are installed only while this rank drops) and
+no reduced bucket is visited; what remains is the timing of each step and, every
+`balance_every` steps, one all-gather of two numbers per rank.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import hashlib
-import statistics
 from typing import Any
 
 import torch
@@ -32,6 +38,7 @@ from caramel.profile.dropout_groups import Group, Narrowing, find_groups
 from caramel.profile.dropout_table import DropoutTable, random_kept
 from caramel.profile.slowdown import set_compute_ratio
 from caramel.strategies.caramel.balance import MIN_GAIN, WINDOW_STEPS
+from caramel.strategies.caramel.dropout_rule import Confirmation, propose, window_stats
 from caramel.topology.spec import ClusterSpec
 
 
@@ -61,7 +68,8 @@ class DropoutBalancer:
                  table: DropoutTable, groups: list[Group], seed: int = 0):
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every
         self.table, self.groups, self.seed = table, groups, seed
-        self.narrowing = Narrowing(groups)
+        self.narrowing = Narrowing(groups, install=False)  # installed while this rank drops
+        self.confirmation = Confirmation()
         self.fractions = [0.0] * world
         self.times: collections.deque = collections.deque(maxlen=WINDOW_STEPS)
         self.changes: list[dict[str, Any]] = []
@@ -70,7 +78,6 @@ class DropoutBalancer:
         self._layers = _layer_params(groups, index)
         self._current: dict[int, torch.Tensor] = {}  # param index -> multiplier, the step being computed
         self._reducing: dict[int, torch.Tensor] = {}  # the same, for the step whose buckets are reduced
-        engine.reduce_fixup = self._fixup
         engine.add_listeners(backward_end=self._backward_end)
         # an emulated slow worker (caramel.profile.slowdown) scales its delay by this rank's drop
         set_compute_ratio(model, self.compute_ratio)
@@ -91,7 +98,7 @@ class DropoutBalancer:
         """After every reduced step: record this rank's full-model compute; every `every` steps,
         decide; draw the next step's masks."""
         stats = self.engine.stats
-        if stats.last_step_s is not None:
+        if stats.last_step_s:  # 0.0 until a step has a period (the first has none)
             self.times.append(max(stats.last_step_s - stats.last_wait_s, 0.0) / self.compute_ratio())
         self.step += 1
         if self.every and self.step % self.every == 0 and self.world > 1:
@@ -99,23 +106,29 @@ class DropoutBalancer:
         self._draw()
 
     def _decide(self) -> None:
-        mine = statistics.median(self.times) if self.times else 0.0
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, mine, group=self.group)
-        if min(gathered) <= 0.0:
-            return  # some rank has no measurement yet
-        fastest = min(gathered)
-        new = [0.0 if t <= fastest * (1.0 + MIN_GAIN) else self.table.choose(t / fastest).fraction for t in gathered]
-        if new == self.fractions:
+        # one all-gather of a small tensor (all_gather_object pickles and runs two collectives)
+        nccl = dist.get_backend(self.group) == "nccl"
+        device = self.engine.params[0].device if nccl and self.engine.params else torch.device("cpu")
+        mine = torch.tensor(window_stats(self.times), dtype=torch.float64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine, group=self.group)
+        stats = [(float(t[0]), float(t[1])) for t in gathered]
+        new = self.confirmation.confirm(propose(stats, self.table), self.fractions)
+        if new is None:
             return
         record = {"step": self.engine.stats.step, "fractions": new, "previous": list(self.fractions),
-                  "compute_s": list(gathered)}
+                  "compute_s": [m for m, _ in stats], "spread_s": [sd for _, sd in stats]}
         self.fractions = new
         self.changes.append(record)
         self.engine.stats.log("dropout_changes", record)
 
     def _draw(self) -> None:
         """This step's kept units on this rank, and the gradient multipliers of every rank's drops."""
+        if not any(self.fractions):  # nothing dropped anywhere: the model's own forwards, nothing to fix up
+            self.narrowing.set_kept({})
+            self.narrowing.remove()
+            self._current = {}
+            return
         kept, masks = {}, {}
         for gi, g in enumerate(self.groups):
             per_rank = [kept_units(self.seed, self.step, r, gi, g.units, self.fractions[r]) for r in range(self.world)]
@@ -123,6 +136,10 @@ class DropoutBalancer:
             if any(k is not None for k in per_rank):
                 masks[g.name] = torch.stack([_indicator(k, g.units) for k in per_rank])  # world x units
         self.narrowing.set_kept(kept)
+        if all(k is None for k in kept.values()):
+            self.narrowing.remove()  # this rank drops nothing: its layers' own forwards
+        else:
+            self.narrowing.install()
         self._current = self._multipliers(masks) if masks else {}
 
     def _multipliers(self, masks: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -150,7 +167,9 @@ class DropoutBalancer:
         return out
 
     def _backward_end(self) -> None:
+        # the buckets reduced next are this step's: visit them only where some rank dropped
         self._reducing = self._current
+        self.engine.reduce_fixup = self._fixup if self._reducing else None
 
     def _fixup(self, b: int) -> None:
         if not self._reducing:

@@ -42,7 +42,13 @@ def zero_fraction_worker(rank: int, world: int, table: str, steps: int) -> dict:
         model, opt = caramel.parallelize(m, opt, overlap="forward", **options)
         _train(model, opt, steps, rank)
         out.append(params_of(model.module))
-    return {"same": all(torch.equal(a, b) for a, b in zip(*out)), "diff": max_diff(*out)}
+    return {"same": all(torch.equal(a, b) for a, b in zip(*out)), "diff": max_diff(*out),
+            "patched": _patched(model.module)}
+
+
+def _patched(model: torch.nn.Module) -> list[str]:
+    """The modules running a forward of their own (the narrow ones), not their class's."""
+    return [n for n, m in model.named_modules() if "forward" in m.__dict__]
 
 
 def _computed(rank_kept: list[dict[str, torch.Tensor]], model: SmallCNN) -> list[dict[str, torch.Tensor]]:
@@ -100,7 +106,10 @@ def fixed_masks_worker(rank: int, world: int, table: str, fractions: list[float]
         expected = before[n] - torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
         diffs[n] = float((p.detach() - expected).abs().max())
     dropped = {n: float((grads[1][n] == 0).float().mean()) for n in ("conv2.weight", "fc.weight")}
-    return {"diffs": diffs, "dropped_share": dropped}
+    patched_while_dropping = _patched(model.module)
+    balancer.set_fractions([0.0, 0.0])  # nothing dropped again: the layers' own forwards come back
+    return {"diffs": diffs, "dropped_share": dropped, "patched": patched_while_dropping,
+            "patched_after": _patched(model.module)}
 
 
 def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:

@@ -143,6 +143,7 @@ def test_nothing_dropped_is_bit_identical_to_balance_off(tmp_path):
     from tests.strategies.adapt.dropout_workers import zero_fraction_worker
     for res in run_workers(zero_fraction_worker, 2, args=(_table(tmp_path / "t.json"), 5), timeout_s=100):
         assert res["same"], res["diff"]
+        assert res["patched"] == []  # nothing dropped: no narrow forward was installed
 
 
 @pytest.mark.timeout(120)
@@ -151,12 +152,14 @@ def test_fixed_masks_average_each_unit_over_the_ranks_that_kept_it(tmp_path):
     for res in run_workers(fixed_masks_worker, 2, args=(_table(tmp_path / "t.json"), [0.25, 0.5]), timeout_s=100):
         assert max(res["diffs"].values()) <= 1e-5, res["diffs"]
         assert res["dropped_share"]["conv2.weight"] >= 0.5  # rank 1 kept half of conv2's rows: a real drop
+        assert res["patched"] == ["conv1", "bn1", "conv2", "bn2", "fc"] and res["patched_after"] == []
 
 
 @pytest.mark.timeout(120)
 def test_a_slowed_rank_is_given_a_drop(tmp_path):
     from tests.strategies.adapt.dropout_workers import decide_worker
-    results = run_workers(decide_worker, 2, args=(_table(tmp_path / "t.json"), 12), timeout_s=100)
+    # decisions every 4 steps; a drop applies when two in a row agree (dropout_rule)
+    results = run_workers(decide_worker, 2, args=(_table(tmp_path / "t.json"), 20), timeout_s=100)
     for res in results:
         assert res["fractions"] == [0.0, 0.5] and res["changes"] >= 1, res
     assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
