@@ -35,6 +35,7 @@ import json
 import time
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    threadpool_limits(1)  # numpy's BLAS too: one thread, as torch and the heuristics
     train_opts = options_from(InstanceOptions, args.train, "train")
     small = options_from(InstanceOptions, args.small, "small")
     large = options_from(InstanceOptions, args.large, "large")

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance
 from caramel.sched.placement.batch import BatchPlacement
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    threadpool_limits(1)  # numpy's BLAS too: one thread, as torch and the heuristics
     opts = options_from(InstanceOptions, args.large, "large")
     seeds = seed_range(args.seeds)
     samples = [int(n) for n in args.samples.split(",")]

@@ -77,16 +77,17 @@ class NumpyPolicy:
         valid = x[..., 0] > 0.5
         pad = ~valid
         pad[pad.all(axis=1)] = False  # no candidate at all: attend anyway, as the encoder does
-        h = np.tanh(np.tanh(x @ self.embed1_w + self.embed1_b) @ self.embed2_w + self.embed2_b)  # (N, K, d)
+        # the per-row layers as one (N*K, .) matrix product each (batched 3-D products cost more)
+        h = np.tanh(np.tanh(x.reshape(n * k, -1) @ self.embed1_w + self.embed1_b) @ self.embed2_w + self.embed2_b)
         qkv = (h @ self.qkv_w + self.qkv_b).reshape(n, k, 3, self.heads, hd).transpose(2, 0, 3, 1, 4)
         q, kk, v = qkv[0], qkv[1], qkv[2]  # (N, H, K, hd)
         att = (q * np.float32(1.0 / np.sqrt(hd))) @ kk.transpose(0, 1, 3, 2)  # (N, H, K, K)
         att = np.where(pad[:, None, None, :], np.float32(-np.inf), att)
         att = np.exp(att - att.max(axis=-1, keepdims=True))
         att /= att.sum(axis=-1, keepdims=True)
-        ctx = (att @ v).transpose(0, 2, 1, 3).reshape(n, k, d) @ self.out_w + self.out_b
+        ctx = (att @ v).transpose(0, 2, 1, 3).reshape(n * k, d) @ self.out_w + self.out_b
         h = np.tanh(np.concatenate([h, ctx], axis=-1) @ self.mix_w + self.mix_b)
-        logits = h @ self.score_w + self.score_b + self.lean
+        logits = (h @ self.score_w).reshape(n, k) + self.score_b + self.lean
         logits = np.where(valid, logits, np.float32(MASKED_LOGIT))
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
