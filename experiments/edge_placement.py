@@ -21,8 +21,12 @@ time limit (its best placement and proven lower bound are reported) and the meth
 compared with greedy_regret. The rollout of greedy_regret is reported too, as a lookahead
 baseline apart from the policy. `--decode` picks how the policy places (caramel.sched.placement.decode):
 `greedy` (row `ppo`) and/or `sample:N` (row `ppo_sample:N`, the cheapest of N rollouts, the
-first greedy, the others drawn from the policy with `--decode-seed`). Solve times are
-wall-clock seconds per instance on one thread.
+first greedy, the others drawn from the policy with `--decode-seed`). `--decoder fast` (the
+default) decodes with the network exported to numpy once after training (`decode_fast`, the
+export's time reported apart), `reference` through torch (`decode`, as the results before it
+were measured); `--check-reference` also runs the reference on every instance and counts the
+instances where it decides exactly the same. Solve times are wall-clock seconds per instance on
+one thread, everything the decoder does per instance included (its tables, every step).
 """
 from __future__ import annotations
 
@@ -31,11 +35,13 @@ import json
 import time
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
+from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
 from experiments.rl_common import options_from, seed_range, summary
@@ -49,13 +55,18 @@ def policy_name(decoding: Decoding) -> str:
 
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
-             time_limit_s: float, reference: str, rollout: bool) -> dict:
+             time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
+             check_reference: bool = False) -> dict:
+    """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
+    `check_reference`: also run (and time) the reference decoder on every instance and count
+    the instances where it decides exactly as the timed decoder did."""
     learned = [policy_name(d) for d in decodings]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d in zip(learned, decodings)
                if d.samples > 1}
+    checks = {n: {"same_decisions": 0, "solve_s": []} for n in learned}
     bounds, optimal = [], 0
     for s in seeds:
         inst = random_instance(options, s)
@@ -63,7 +74,10 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
 
         def solver(name: str, d: Decoding):
             def solve(i):
-                decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
+                if fast is not None:
+                    decoded[name] = decode_fast(i, fast, d, seed=decode_seed * 1_000_003 + s)
+                else:
+                    decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
                 return decoded[name].placement
             return solve
 
@@ -79,6 +93,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         times["ilp"].append(sol.solve_s)
         bounds.append(sol.bound_s)
         optimal += int(sol.optimal)
+        for name, d in zip(learned, decodings) if check_reference else ():
+            start = time.perf_counter()
+            ref_decoded = decode(inst, policy, d, seed=decode_seed * 1_000_003 + s)
+            checks[name]["solve_s"].append(time.perf_counter() - start)
+            checks[name]["same_decisions"] += int(ref_decoded == decoded[name])
         for name, stats in sampled.items():
             stats["won_by_a_sample"] += int(decoded[name].rollout > 0)
             stats["distinct_placements"].append(decoded[name].distinct)
@@ -94,6 +113,10 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "solve_s": {n: summary(v) for n, v in times.items()},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
+        # the reference (torch) decoder on the same instances: its solve time, and on how many
+        # instances every rollout's placement and cost equal the timed decoder's
+        "reference_decoder": {n: {"same_decisions": v["same_decisions"], "solve_s": summary(v["solve_s"])}
+                              for n, v in checks.items()} if check_reference else None,
         "sampling": {n: {"won_by_a_sample": v["won_by_a_sample"],
                          "distinct_placements": summary(v["distinct_placements"])} for n, v in sampled.items()},
         # "ppo" is the learned policy, however trained; wins and losses per instance
@@ -123,9 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the policy's decodings, comma-separated: greedy and/or sample:N (best of N rollouts, "
                          "rollout 0 greedy), e.g. greedy,sample:16")
     ap.add_argument("--decode-seed", type=int, default=0, help="seed of the sampled rollouts")
+    ap.add_argument("--decoder", default="fast", choices=["fast", "reference"],
+                    help="fast: the network exported to numpy once (decode_fast); reference: through torch (decode)")
+    ap.add_argument("--check-reference", action="store_true",
+                    help="also run the reference decoder on every instance: its time, and whether it decides the same")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    threadpool_limits(1)  # numpy's BLAS too: one thread, as torch and the heuristics
     train_opts = options_from(InstanceOptions, args.train, "train")
     small = options_from(InstanceOptions, args.small, "small")
     large = options_from(InstanceOptions, args.large, "large")
@@ -158,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.finetune_steps > 0:
             model.learn(total_timesteps=args.finetune_steps)
     train_s = time.perf_counter() - start
+    start = time.perf_counter()
+    fast = NumpyPolicy.from_policy(model.policy) if args.decoder == "fast" else None
+    export_s = time.perf_counter() - start  # once per trained policy, not per instance
     report = {
         "experiment": "edge_placement", "train": vars(train_opts), "ppo": vars(ppo),
         "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
@@ -165,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
-        "decode": [d.name for d in decodings], "decode_seed": args.decode_seed,
-        "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True),
+        "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
+        "policy_export_s": export_s if fast is not None else None,
+        "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True, fast,
+                          args.check_reference),
         "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
-                          "greedy_regret", args.large_rollout),
+                          "greedy_regret", args.large_rollout, fast, args.check_reference),
     }
     for key in ("small", "large"):
         r = report[key]
@@ -176,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{n} {v['mean']:+.2f}" for n, v in r["gap_to_reference_pct"].items())
             + f"; ilp optimal {r['ilp_proven_optimal']}/{r['seeds'][1] - r['seeds'][0]}; solve s: "
             + ", ".join(f"{n} {v['mean']:.4f}" for n, v in r["solve_s"].items()))
+        if r["reference_decoder"]:
+            print(f"{key}, reference decoder: " + ", ".join(
+                f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"
+                for n, v in r["reference_decoder"].items()))
     print(f"trained ({args.teacher}) in {train_s:.0f} s; {report['policy_parameters']} policy parameters")
     if args.json:
         with open(args.json, "w") as f:

@@ -18,6 +18,25 @@ from caramel.sched.placement.problem import Instance
 from caramel.sched.placement.tables import StepTables
 
 
+def wish_table(tb: StepTables, k: int) -> np.ndarray:
+    """(T, L + 1, K, K): [t, l, a] is the edge memory, per node, that task t's memory-free best
+    continuation from layer l after node a takes (zeros once l is past the task's end). Built
+    once per instance, all (t, l, a) walked together a layer at a time, each one's weights
+    added in chain order from zero as `_rewish_reference` adds them, so the same floats."""
+    t_count, lmax = tb.weights_mb.shape
+    table = np.zeros((t_count, lmax + 1, k, k))
+    ti, li, ai = np.meshgrid(np.arange(t_count), np.arange(lmax + 1), np.arange(k), indexing="ij")
+    prev = ai.copy()
+    for offset in range(lmax):
+        layer = li + offset
+        active = layer < tb.num_layers[ti]
+        at = np.minimum(layer, lmax - 1)
+        best = np.argmin(tb.step[ti, at, prev] + tb.h[ti, at], axis=-1)
+        prev = np.where(active, best, prev)
+        table[ti, li, ai, prev] += np.where(active, tb.weights_mb[ti, at], 0.0)
+    return table
+
+
 class BatchPlacement:
     """`rollouts` episodes of `inst`, observed and stepped together."""
 
@@ -31,19 +50,51 @@ class BatchPlacement:
         self._rows, self._tasks = np.arange(rollouts), np.arange(t_count)
         self.next_layer = np.zeros((rollouts, t_count), dtype=int)
         self.prev = np.tile(np.array([t.source for t in inst.tasks]), (rollouts, 1))
-        self.free_mb = np.tile(np.array(inst.memory_mb, dtype=float), (rollouts, 1))
+        # memory left per node, the cloud's column inf (it never runs out): `free_mb` is the edge view
+        self._free_ext = np.full((rollouts, self.k), np.inf)
+        self._free_ext[:, :-1] = inst.memory_mb
+        self.free_mb = self._free_ext[:, :-1]
         self.cost_s = np.zeros(rollouts)
         self.nodes = np.full((rollouts, t_count, lmax), -1)
         self.left_mb = np.tile(tb.weights_mb, (rollouts, 1, 1))
         self.total_layers, self.placed = int(tb.num_layers.sum()), 0
-        self.wish_mb = np.zeros((rollouts, t_count, self.k))
-        for t in range(t_count):
-            self._rewish(t * np.ones(rollouts, dtype=int))
+        self._wish_table = wish_table(tb, self.k)
+        self.wish_mb = np.tile(self._wish_table[self._tasks, 0, self.prev[0]], (rollouts, 1, 1))
         # as PlacementEnv.reset: the memory-free optimum per layer, the mean layer weight
         free_optimum = sum(float(np.min(tb.step[t, 0, task.source] + tb.h[t, 0])) for t, task in enumerate(inst.tasks))
         self.scale_s = free_optimum / self.total_layers
         self.mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+        self._static_tables()
+        # each task's next layer's lookahead scores before the memory check, and its weights:
+        # they change only when the task places a layer
+        self._base = np.tile(tb.step[self._tasks, 0, self.prev[0]] + tb.h[:, 0], (rollouts, 1, 1))
+        self._need = np.tile(tb.weights_mb[:, 0], (rollouts, 1))
         self._next()
+
+    def _static_tables(self) -> None:
+        """The observation's columns that depend only on (task, layer, node), and the step costs
+        over the scale, computed once per instance by the float operations `observe` used to do
+        per step (so the same values): each step gathers them instead of recomputing."""
+        tb, inst = self.tables, self.inst
+        t_count, lmax = tb.weights_mb.shape
+        nodes = np.arange(self.k)
+        need = tb.weights_mb[:, :, None]  # (T, L, 1)
+        cur = tb.current[:, :, None]
+        n_layers = tb.num_layers[:, None, None]
+        static = np.zeros((t_count, lmax, self.k, NUM_FEATURES))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            static[..., 3] = tb.h / self.scale_s
+            static[..., 5] = nodes == inst.cloud
+            static[..., 6] = nodes == tb.source[:, None, None]
+            static[..., 12] = np.asarray(inst.node_gflops)[nodes] / 1000.0
+            hop = np.where(nodes == cur, 0.0, inst.latency_s[cur, nodes] + need / inst.bandwidth_MBps[cur, nodes])
+            static[..., 15] = inst.migration_weight * hop / self.scale_s
+            static[..., 16] = (n_layers - np.arange(lmax)[None, :, None]) / n_layers
+            static[..., 18] = need / self.mean_mb
+        self._static = static.astype(np.float32)
+        self._step_scaled = tb.step / self.scale_s
+        self._row_pos = np.arange(self.k) / self.k
+        self._memory_ext = np.maximum(np.append(inst.memory_mb, 1.0), 1e-9)
 
     @property
     def done(self) -> bool:
@@ -54,7 +105,13 @@ class BatchPlacement:
                 for i in range(self.n)]
 
     def _rewish(self, task: np.ndarray) -> None:
-        """Per rollout, the memory-free best continuation of `task[i]` from where it stands."""
+        """Per rollout, the memory-free best continuation of `task[i]` from where it stands: one
+        lookup in the instance's `wish_table` (equal to `_rewish_reference`, tested)."""
+        rows = self._rows
+        self.wish_mb[rows, task] = self._wish_table[task, self.next_layer[rows, task], self.prev[rows, task]]
+
+    def _rewish_reference(self, task: np.ndarray) -> None:
+        """`_rewish` walking the continuation a layer at a time (a loop per step)."""
         tb, rows = self.tables, self._rows
         wish = np.zeros((self.n, self.k))
         prev = self.prev[rows, task]
@@ -70,63 +127,49 @@ class BatchPlacement:
     def _next(self) -> None:
         """Each rollout's next task (the open one with most regret; ties: lowest index), its
         node scores, and the nodes in score order."""
-        tb = self.tables
-        layer = np.minimum(self.next_layer, tb.step.shape[1] - 1)
-        s = tb.step[self._tasks, layer, self.prev] + tb.h[self._tasks, layer]  # (N, T, K)
-        fits = np.ones_like(s, dtype=bool)
-        fits[..., :-1] = tb.weights_mb[self._tasks, layer][..., None] <= self.free_mb[:, None, :] + MEMORY_SLACK_MB
-        s = np.where(fits, s, np.inf)
+        fits = self._need[..., None] <= self._free_ext[:, None, :] + MEMORY_SLACK_MB  # the cloud: <= inf
+        s = np.where(fits, self._base, np.inf)  # (N, T, K)
         ordered = np.sort(s, axis=2)
         with np.errstate(invalid="ignore"):
             regret = np.where(np.isfinite(ordered[..., 1]), ordered[..., 1] - ordered[..., 0], np.inf)
-        regret[self.next_layer >= tb.num_layers] = -np.inf
+        regret[self.next_layer >= self.tables.num_layers] = -np.inf
         self.task = np.argmax(regret, axis=1)
         self.scores = s[self._rows, self.task]
         self.order = np.argsort(self.scores, axis=1, kind="stable")
 
     def observe(self) -> np.ndarray:
-        """(N, K, F): each rollout's `PlacementEnv` observation."""
+        """(N, K, F) float32: each rollout's `PlacementEnv` observation (tested equal)."""
         tb, inst, rows, t = self.tables, self.inst, self._rows, self.task
         layer = self.next_layer[rows, t]
         need = tb.weights_mb[t, layer][:, None]
-        n_layers = tb.num_layers[t]
-        o = self.order
-        scores = np.take_along_axis(self.scores, o, axis=1)
+        o, tc, lc = self.order, t[:, None], layer[:, None]
+        obs = self._static[tc, lc, o]  # a fresh (N, K, F) array; float64 values stored round as astype
+        obs[..., 1] = self._row_pos
+        obs[..., 2] = self._step_scaled[tc, lc, self.prev[rows, t][:, None], o]
+        scores = self.scores[rows[:, None], o]
         best, second = scores[:, :1], scores[:, 1:2]
         with np.errstate(invalid="ignore", divide="ignore"):
             regret = np.where(np.isfinite(second), (second - best) / self.scale_s, 10.0)
             left_mb = np.cumsum(self.left_mb.reshape(self.n, -1), axis=1)[:, -1:]  # left to right, as sum()
-            wished = np.take_along_axis(np.sum(self.wish_mb, axis=1), o, axis=1)
+            wished = np.sum(self.wish_mb, axis=1)[rows[:, None], o]
             cloud_score = self.scores[:, inst.cloud][:, None]
             fits = np.isfinite(scores)
             edge = o != inst.cloud
-            free = np.take_along_axis(np.append(self.free_mb, np.full((self.n, 1), np.inf), axis=1), o, axis=1)
+            free = self._free_ext[rows[:, None], o]
             room = np.maximum(free, 1e-9)
-            obs = np.empty((self.n, self.k, NUM_FEATURES))
             obs[..., 0] = fits
-            obs[..., 1] = np.arange(self.k) / self.k
-            obs[..., 2] = tb.step[t[:, None], layer[:, None], self.prev[rows, t][:, None], o] / self.scale_s
-            obs[..., 3] = tb.h[t[:, None], layer[:, None], o] / self.scale_s
             obs[..., 4] = np.where(fits, np.minimum((scores - best) / self.scale_s, 10.0), 10.0)
-            obs[..., 5] = ~edge
-            obs[..., 6] = o == tb.source[t][:, None]
             obs[..., 7] = np.minimum(np.log1p(free / need), 10.0)
-            obs[..., 8] = np.where(edge, free / np.maximum(np.append(inst.memory_mb, 1.0)[o], 1e-9), 1.0)
+            obs[..., 8] = np.where(edge, free / self._memory_ext[o], 1.0)
             obs[..., 9] = np.minimum(np.log1p(left_mb / np.maximum(self.free_mb.sum(axis=1, keepdims=True), 1e-9)),
                                      10.0)
             obs[..., 10] = np.minimum(regret, 10.0)
             obs[..., 11] = self.placed / self.total_layers
-            obs[..., 12] = np.asarray(inst.node_gflops)[o] / 1000.0
             obs[..., 13] = np.where(edge, np.minimum(np.log1p(wished / room), 10.0), 0.0)
             obs[..., 14] = np.where(edge & fits, (cloud_score - scores) / self.scale_s * self.mean_mb / need, 0.0)
-            cur = tb.current[t, layer][:, None]
-            hop = np.where(o == cur, 0.0, inst.latency_s[cur, o] + need / inst.bandwidth_MBps[cur, o])
-            obs[..., 15] = inst.migration_weight * hop / self.scale_s
-            obs[..., 16] = ((n_layers - layer) / n_layers)[:, None]
             obs[..., 17] = np.where(edge, np.minimum(np.log1p(tb.weights_from_mb_table[t, layer][:, None] / room),
                                                      10.0), 0.0)
-            obs[..., 18] = need / self.mean_mb
-        return obs.astype(np.float32)
+        return obs
 
     def step(self, actions: np.ndarray) -> None:
         """Place each rollout's layer on the node of its row `actions[i]` (a row without room:
@@ -148,5 +191,8 @@ class BatchPlacement:
         self.prev[rows, t] = node
         self.placed += 1
         self._rewish(t)
+        at = np.minimum(layer + 1, tb.step.shape[1] - 1)  # a finished task's row is masked by regret
+        self._base[rows, t] = tb.step[t, at, node] + tb.h[t, at]
+        self._need[rows, t] = tb.weights_mb[t, at]
         if not self.done:
             self._next()
