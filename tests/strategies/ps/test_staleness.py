@@ -14,7 +14,7 @@ from caramel.strategies.ps.parallelize import PROFILE_STEPS
 from caramel.testing import run_workers
 from tests.strategies.ps.ps_workers import pace_worker
 
-STEPS = 10
+STEPS = 8
 SLOW_S = 0.12  # rank 1's sleep per step: far above any step's own work, even on a loaded machine
 PLAIN, PACE = "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace"
 PREDICT = "ps:consistency=ssp:2,staleness=predict"
