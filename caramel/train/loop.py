@@ -344,6 +344,8 @@ def _summary(cfg, d, wl, data_desc, engine, history, val, start, stop_at, wall_s
         "bubble_fraction": stats.get("bubble_fraction"),  # pipeline: measured idle share of the step
         "pipeline": {k: stats[k] for k in ("boundaries", "microbatches", "bubble_fraction_per_stage",
                                            "bubble_fraction_ideal") if k in stats} or None,
+        # ps ssp/asp: how many updates rank 0's parameters lagged, averaged over its forwards
+        "staleness_mean": statistics.mean(stats["staleness"]) if stats.get("staleness") else None,
         "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),

@@ -42,6 +42,7 @@ from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
 from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
+from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
 
 CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers -> dedicated servers (`server.py`)
@@ -134,6 +135,8 @@ class PsEngine:
         self.applied = 0  # updates applied (and pulled) so far
         self.last_issue_t = 0.0  # when the latest update's first pull was handed to the backend
         self.ready_callback: Any = None  # profiling: told each parameter whose gradient is ready
+        self.stale = StalenessControl(self, options.staleness) if options.staleness != "none" and self.bound != 0 \
+            else None  # staleness=pace/predict (`staleness.py`); bsp is untouched
         self._hook_handles()
 
     # --- hooks -------------------------------------------------------------------------
@@ -154,7 +157,7 @@ class PsEngine:
 
     def _pre_hook(self, idx: list[int]):
         def hook(_m, _args):
-            self.catch_up(idx)
+            self.catch_up(idx, forward=True)
         return hook
 
     def _on_ready(self, i: int):
@@ -233,6 +236,8 @@ class PsEngine:
             self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
             self._forward_node_sums(u, force=True)
         used = [float(self.params[i].grad is not None) for i in self.plan.params]
+        if self.stale is not None:  # each rank's busy seconds, in its own slot: who is the slowest
+            used += self.stale.busy_slots()
         send_hp = False
         if self.groups.dedicated:  # the step's message to the servers: who used what, then the command
             send_hp = self.rank == 0 and hparams_key(u.hparams) != self.sent_hparams
@@ -259,18 +264,27 @@ class PsEngine:
             self.pending.popleft()
             self._apply(u)
 
+    def apply_next(self) -> None:
+        self._apply(self.pending.popleft())
+
     def _apply(self, u: _Update) -> None:
         for w in u.works:
             w.wait()
         u.used_work.wait()
-        used = {i: bool(c > 0) for i, c in zip(self.plan.params, u.used.tolist())}
+        counts = u.used.tolist()
+        used = {i: bool(c > 0) for i, c in zip(self.plan.params, counts)}
+        if self.stale is not None:
+            self.stale.applied(counts)
         mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
         if self.groups.clip is not None:  # every rank takes part (a non-server adds 0), in update order
             clip_shard(u.grads, [i for i in mine if used[i]], self.options.clip_grad_norm, self.groups.clip,
                        self.params[self.plan.params[0]].device)
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         if mine:
-            self._step_shard([i for i in mine if used[i]], u)
+            if self.stale is not None:
+                self.stale.owner_step(mine, lambda: self._step_shard([i for i in mine if used[i]], u))
+            else:
+                self._step_shard([i for i in mine if used[i]], u)
             for i in mine:
                 self.version[i] = u.step + 1
         order = self.plan.bucket_pull_at(u.step)
@@ -351,8 +365,9 @@ class PsEngine:
         limit = ASP_BOUND_STEPS if self.bound is None else self.bound
         return self.steps - limit
 
-    def catch_up(self, idx: list[int], required: int | None = None) -> float:
-        """Copy in the landed pulls of `idx`, waiting for those older than allowed; returns the wait (s)."""
+    def catch_up(self, idx: list[int], required: int | None = None, forward: bool = False) -> float:
+        """Copy in the landed pulls of `idx`, waiting for those older than allowed (`forward`:
+        a forward is about to use them); returns the wait (s)."""
         required = self.required_version() if required is None else required
         if self.relays:
             self.relay_pulls()  # what has landed goes on to the node, whatever this rank waits for
@@ -366,9 +381,13 @@ class PsEngine:
                 waited += time.perf_counter() - t0
                 if self.relays:
                     self.relay_pulls()  # a leader never sits on what its node waits for
+                if self.stale is not None:
+                    self.stale.landing(i, pull.buf)
                 with torch.no_grad():
                     self.params[i].copy_(pull.buf)
                 self.version[i] = pull.version
+        if forward and self.stale is not None:
+            self.stale.extrapolate(idx)
         self.wait_s += waited
         return waited
 
@@ -379,6 +398,8 @@ class PsEngine:
         self.apply_due(force_all=True)
         self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)
+        if self.stale is not None:
+            self.stale.restore(self.plan.params)
         self._wait_sends()
         if self.workers > 1 and self.bound != 0:
             self._broadcast_buffers()

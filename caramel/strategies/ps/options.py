@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from caramel.errors import CaramelError
+from caramel.strategies.ps.staleness import MODES as STALENESS
 
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
@@ -31,7 +32,12 @@ class PsOptions:
     node first, one gradient per node to the servers (`hierarchy.py`; the servers are then the
     nodes' first ranks). `bucket_cap_mb`: parameters of one shard are fused into buckets of at
     most this many MB (2**20 bytes), each pushed and pulled as one collective (`buckets.py`);
-    0 turns fusion off (one collective per tensor)."""
+    0 turns fusion off (one collective per tensor). `staleness`: what ssp/asp do about stale
+    gradients: "none" (a forward uses whatever has landed, within the bound), "pace" (a worker
+    ahead of the slowest waits for its push before the next forward, so the lead the bound
+    allows hides transfers, not a straggler), "predict" (pace, and each forward runs on the
+    parameters extrapolated by their latest update to the version its gradient is applied to);
+    `staleness.py`; bsp is unchanged."""
 
     servers: int = 0
     consistency: str = "bsp"
@@ -41,6 +47,7 @@ class PsOptions:
     dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
+    staleness: str = field(default="none", metadata={"choices": STALENESS})
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
     def __post_init__(self) -> None:
@@ -49,6 +56,9 @@ class PsOptions:
         if self.order not in ORDERS:
             raise CaramelError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         self.staleness_bound()  # checks the text
+        if self.staleness not in STALENESS:
+            raise CaramelError(f"staleness must be one of {', '.join(STALENESS)} (what ssp/asp do about stale "
+                               f"gradients), got {self.staleness!r}")
         if not self.clip_grad_norm >= 0:
             raise CaramelError(f"clip_grad_norm must be >= 0 (the largest L2 norm of the averaged gradient; 0 = no "
                                f"clipping), got {self.clip_grad_norm}")
@@ -56,6 +66,8 @@ class PsOptions:
                 or not math.isfinite(self.bucket_cap_mb) or self.bucket_cap_mb < 0:
             raise CaramelError(f"bucket_cap_mb must be a finite number >= 0 (MB per fused push and pull; 0 = no "
                                f"fusion, one collective per tensor), got {self.bucket_cap_mb!r}")
+        if self.dedicated and self.staleness != "none":
+            raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
 

@@ -79,8 +79,10 @@ class PsRun:
             e.ready_callback = self.timer.grad_ready
         if self.profiling:
             e.catch_up(e.plan.params, required=e.steps)
+        if e.stale is not None and not self.profiling and torch.is_grad_enabled():
+            e.stale.pace()  # before the forward's clock starts: waiting for a straggler is not a pull wait
         self._fwd_t0, self._wait0 = time.perf_counter(), e.wait_s
-        e.catch_up(e.waits_for.get("", []))
+        e.catch_up(e.waits_for.get("", []), forward=torch.is_grad_enabled())
 
     def after_forward(self) -> None:
         now = time.perf_counter()
@@ -122,6 +124,8 @@ class PsRun:
                 self._plan_online()
         else:
             e.apply_due()
+        if self.engine.stale is not None:  # the engine the online plan may just have replaced
+            self.engine.stale.step_done()
         self._step_end = time.perf_counter()
         return True
 
@@ -201,6 +205,7 @@ class PsRun:
                 "E_median": statistics.median(Es) if Es else None,
                 "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
+                "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
                 "predicted": plan.predicted, "shard_loads": plan.loads,
                 "pull_comm_s": self.pull_comm_s}
 

@@ -225,3 +225,42 @@ def fusion_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str
             "stats_buckets": opt.ps.stats_dict()["buckets"]}
         caramel.shutdown()
     return out
+
+
+def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float) -> dict:
+    """Per spec, rank 1 sleeping `slow_rank_s` before every step under ssp:S, S > 0: when each
+    forward of this rank began (after the strategy's own waits: a pre-hook on the inner model)
+    and when each step() was called (perf_counter, one clock for every process of the machine),
+    the staleness log, the final parameters and (predict) what each forward used."""
+    import time
+
+    out = {}
+    for spec in specs:
+        w = fresh("gpt_tied")
+        opt, sched = make_optimizer("adam", w.model.parameters())
+        forward_at: list[float] = []
+        w.model.register_forward_pre_hook(lambda _m, _a: forward_at.append(time.perf_counter()))
+        model, opt = caramel.parallelize(w.model, opt, spec)
+        seen: list[dict] = []  # predict: per training forward, each parameter's version, value used and true value
+        if "predict" in spec:
+            def record(_m, _a, _out):
+                e = opt.ps.engine
+                if torch.is_grad_enabled() and not opt.ps.profiling and e.stale is not None:
+                    seen.append({i: (e.version[i], e.steps, e.params[i].detach().numpy().copy(),
+                                     e.stale.base.get(i, e.params[i]).detach().numpy().copy()) for i in e.plan.params})
+            w.model.register_forward_hook(record)
+        step_at = []
+        for step in range(steps):
+            if rank == 1 and "ssp:0" not in spec and ":" in spec:
+                time.sleep(slow_rank_s)
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            step_at.append(time.perf_counter())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        opt.synchronize()
+        out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen,
+                     "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"]}
+        caramel.shutdown()
+    return out

@@ -1,0 +1,139 @@
+"""What ssp/asp do about stale gradients (`ps:staleness=...`; docs/ps.md, Staleness).
+
+Under ssp:S a gradient of step t is computed on parameters up to S updates old and applied on
+top of update t - 1 (the servers apply updates in order). With one slow worker that staleness
+comes from two places:
+
+- a fast worker runs ahead of the slowest, up to the bound: its gradient is computed on
+  parameters older than the slowest worker's, though its lead buys nothing (the next reduction
+  needs the slowest worker's gradient anyway). `pace` removes that: a forward first waits until
+  every rank has pushed the previous step; the slowest rank (the one with the most busy seconds
+  at the latest applied update, each rank's own work, its waits excluded) waits for no one;
+- hiding the transfers: the slowest worker starts step t before update t - 1 has come back,
+  so even paced, gradients are about one update old. `predict` (pace, and) runs each forward
+  on the parameters extrapolated to the version its gradient will be applied to, w + tau *
+  delta (delta: the parameter's latest update, tau: the updates it lacks), the weight
+  prediction of SpecTrain (Chen et al. 2018) and PipeMare; the true values are kept aside and
+  put back before the owner's optimizer steps, before a pull lands and at `synchronize()`.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from caramel.errors import CaramelError
+
+if TYPE_CHECKING:
+    from caramel.strategies.ps.engine import PsEngine
+
+MODES = ("none", "pace", "predict")
+
+
+class StalenessControl:
+    """The staleness handling of one engine (staleness=pace or predict under ssp/asp)."""
+
+    def __init__(self, engine: PsEngine, mode: str):
+        if engine.groups.dedicated:  # the servers read a step's message at a fixed length
+            raise CaramelError(f"ps: staleness={mode} does not combine with dedicated servers yet; use colocated "
+                               f"servers (dedicated=false) or staleness=none")
+        self.e, self.predicting = engine, mode == "predict"
+        self.peer_busy_s: list[float] = []  # every rank's busy seconds at the latest applied update
+        self.busy_since: float | None = None
+        self.busy_wait0 = 0.0
+        self.wait_s = 0.0  # seconds spent waiting for the slowest worker's push
+        self.base: dict[int, torch.Tensor] = {}  # predict: the true value of a parameter now extrapolated
+        self.delta: dict[int, torch.Tensor] = {}  # predict: each parameter's latest update
+        self.at: dict[int, tuple[int, int]] = {}  # predict: (version, step) each extrapolation was made at
+
+    # --- pace --------------------------------------------------------------------------
+    def busy_slots(self) -> list[float]:
+        """This step's busy seconds in this rank's slot (zeros elsewhere): the count all-reduce
+        sums them into every rank's."""
+        e = self.e
+        busy = 0.0
+        if self.busy_since is not None:
+            busy = time.perf_counter() - self.busy_since - (e.wait_s + self.wait_s - self.busy_wait0)
+        return [busy if r == e.rank else 0.0 for r in range(e.world)]
+
+    def applied(self, counts: list[float]) -> None:
+        n = len(self.e.plan.params)
+        self.peer_busy_s = counts[n:n + self.e.world]
+
+    def slowest(self) -> bool:
+        """This rank was the busiest at the latest applied update (ties: the lowest rank);
+        unknown (every rank waits) before the first."""
+        busy = self.peer_busy_s
+        return bool(busy) and max(busy) > 0 and max(range(len(busy)), key=lambda r: (busy[r], -r)) == self.e.rank
+
+    def pace(self) -> float:
+        """Before a training forward: unless this rank is the slowest, wait until every rank has
+        pushed the previous step; then apply what has arrived (never waiting: its pulls start
+        and land during the forward). Returns the wait (s)."""
+        e, waited = self.e, 0.0
+        if e.pending and not self.slowest():
+            t0 = time.perf_counter()
+            e.pending[-1].used_work.wait()  # the latest pushed update: every rank has pushed it
+            waited = time.perf_counter() - t0
+            self.wait_s += waited
+        while e.pending and e.pending[0].arrived():  # the reductions are in: applying costs no wait
+            e.apply_next()
+        return waited
+
+    def step_done(self) -> None:
+        """The end of `step()`: a rank's own work (its busy seconds) starts here."""
+        self.busy_since, self.busy_wait0 = time.perf_counter(), self.e.wait_s + self.wait_s
+
+    # --- predict -----------------------------------------------------------------------
+    @torch.no_grad()
+    def landing(self, i: int, value: torch.Tensor) -> None:
+        """A new version of parameter i arrives (a pull, or the owner's step): its update is the
+        new value less the true current one; the parameter is true again."""
+        if not self.predicting:
+            return
+        p = self.e.params[i]
+        old = self.base.pop(i, None)
+        self.delta[i] = value - (old if old is not None else p)
+
+    def owner_step(self, mine: list[int], step) -> None:
+        """The owner's optimizer steps its shard `mine` (`step()`) from the true values; with
+        predict, the step's change is each parameter's latest update."""
+        self.restore(mine)
+        before = {i: self.e.params[i].detach().clone() for i in mine} if self.predicting else {}
+        step()
+        with torch.no_grad():
+            for i, old in before.items():
+                self.delta[i] = self.e.params[i] - old
+
+    @torch.no_grad()
+    def restore(self, idx: list[int]) -> None:
+        """Put back the true values of these parameters (before the owner's optimizer steps them)."""
+        for i in idx:
+            old = self.base.pop(i, None)
+            if old is not None:
+                self.e.params[i].copy_(old)
+
+    def extrapolate(self, idx: list[int]) -> None:
+        """A training forward is about to use these: each at w + tau * delta, tau = the updates
+        it lacks (its gradient is applied on top of the latest one)."""
+        if not self.predicting or not torch.is_grad_enabled():
+            return
+        with torch.no_grad():
+            self._extrapolate(idx)
+
+    def _extrapolate(self, idx: list[int]) -> None:
+        e = self.e
+        for i in idx:
+            tau = e.steps - e.version[i]
+            d = self.delta.get(i)
+            if tau <= 0 or d is None:
+                self.restore([i])
+                continue
+            if i in self.base and self.at.get(i) == (e.version[i], e.steps):
+                continue  # already there: another copy would bump the version autograd checks
+            p = e.params[i]
+            if i not in self.base:
+                self.base[i] = p.detach().clone()
+            p.copy_(self.base[i] + tau * d)
+            self.at[i] = (e.version[i], e.steps)

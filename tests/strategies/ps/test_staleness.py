@@ -1,0 +1,78 @@
+"""`ps:staleness=pace`: under ssp a worker ahead of the slowest waits for its push instead of
+computing on older parameters; `staleness=predict` also extrapolates the parameters a forward
+uses to the version its gradient is applied to."""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.ps.parallelize import PROFILE_STEPS
+from caramel.testing import run_workers
+from tests.strategies.ps.ps_workers import pace_worker
+
+STEPS = 8
+SLOW_S = 0.12  # rank 1's sleep per step: far above any step's own work, even on a loaded machine
+PLAIN, PACE = "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace"
+PREDICT = "ps:consistency=ssp:2,staleness=predict"
+SPECS = (PLAIN, PACE, PREDICT)  # ssp:0 with staleness=predict is bsp bit for bit: test_ps_distributed
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_workers(pace_worker, 2, args=(STEPS, SPECS, SLOW_S), timeout_s=180)
+
+
+def _lead(runs, spec: str) -> list[float]:
+    """Per step t after the profiling steps: how long before the slowed rank 1 called step()
+    for t - 1 the fast rank 0 began forward t (> 0: rank 0 ran ahead of the slowest worker)."""
+    first = PROFILE_STEPS + 1
+    return [runs[1][spec]["step_at"][t - 1] - runs[0][spec]["forward_at"][t] for t in range(first, STEPS)]
+
+
+def test_pace_never_lets_a_worker_compute_ahead_of_the_slowest(runs):
+    assert max(_lead(runs, PACE)) < 0, _lead(runs, PACE)
+    assert max(_lead(runs, PLAIN)) > SLOW_S / 2  # without it rank 0 runs ahead
+    assert runs[0][PACE]["pace_wait_s"] > SLOW_S and runs[0][PLAIN]["pace_wait_s"] == 0
+    steady = slice(PROFILE_STEPS + 2, None)
+    assert statistics.mean(runs[0][PACE]["staleness"][steady]) < statistics.mean(runs[0][PLAIN]["staleness"][steady])
+    assert max(runs[0][PACE]["staleness"]) <= 2
+
+
+def test_every_rank_ends_equal(runs):
+    for spec in SPECS:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0][spec]["params"], runs[1][spec]["params"])), spec
+
+
+def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
+    """A forward of step t uses w_v + (t - v) * (w_v - w_(v-1)) for a parameter at version v,
+    with the true values w of each version as every rank observed them (not the engine's
+    bookkeeping); the true values of a version are the same on both ranks."""
+    true: dict[tuple[int, int], np.ndarray] = {}
+    for rank in (0, 1):
+        for seen in runs[rank][PREDICT]["seen"]:
+            for i, (v, _t, _used, base) in seen.items():
+                if (i, v) in true:
+                    assert np.array_equal(true[(i, v)], base), (rank, i, v)
+                true[(i, v)] = base
+    checked = 0
+    for rank in (0, 1):
+        for seen in runs[rank][PREDICT]["seen"]:
+            for i, (v, t, used, base) in seen.items():
+                if t == v or (i, v - 1) not in true:
+                    assert t > v or np.array_equal(used, base)
+                    continue
+                want = true[(i, v)] + (t - v) * (true[(i, v)] - true[(i, v - 1)])
+                np.testing.assert_allclose(used, want, rtol=1e-5, atol=1e-6)
+                checked += 1
+    assert checked >= 20
+    # the extrapolation changes what is learned, and synchronize() leaves every rank equal (checked above)
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][PREDICT]["params"], runs[0][PACE]["params"]))
+
+
+def test_an_unknown_staleness_is_one_clear_error():
+    with pytest.raises(CaramelError, match="staleness must be one of none, pace, predict"):
+        PsOptions(consistency="ssp:2", staleness="lr")
