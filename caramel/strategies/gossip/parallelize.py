@@ -42,9 +42,9 @@ class GossipRun:
     """One model under the gossip strategy: its exchange, step count and per-step log."""
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, ranks: list[int],
-                 group: Any, control: Any, trace: str | None):
+                 groups: tuple[Any, Any], control: Any, trace: str | None):
         self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
-        self.group, self.control, self.trace_path = group, control, trace
+        self.groups, self.control, self.trace_path = groups, control, trace
         self.world, self.rank = len(ranks), ranks.index(dist.get_rank())
         self.mixing_name = options.topology if isinstance(options.topology, str) else "matrix"
         self.matrices = [mixing_matrix(options.topology, self.world, t) for t in range(period(options.topology, self.world))]
@@ -57,7 +57,7 @@ class GossipRun:
         self.local_params = [p for n, p in zip(names, params) if options.is_local(n)]
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
                                if b.is_floating_point() and not options.is_local(n)]
-        self.exchange = Exchange(group, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
+        self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
         self.order: list[str] = []
         self.recording = True
         self.steps = 0
@@ -250,13 +250,13 @@ class GossipRun:
         if self.released:
             return
         try:
-            if all(group_alive(g) for g in (self.group, self.control)):
+            if all(group_alive(g) for g in (*self.groups, self.control)):
                 self.exchange.flush()
         finally:
             self.released = True
             for h in self._hooks:
                 h.remove()
-            for g in (self.group, self.control):
+            for g in (*self.groups, self.control):
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(g)
 
@@ -363,11 +363,11 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     check_same_everywhere("gossip", options, [(n, tuple(p.shape)) for n, p in model.named_parameters()],
                           process_group)
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
-    group, control = (dist.new_group(ranks, timeout=timeout) for _ in range(2))
+    up, down, control = (dist.new_group(ranks, timeout=timeout) for _ in range(3))
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=control)
-    run = GossipRun(model, optimizer, options, ranks, group, control, str(trace) if trace else None)
+    run = GossipRun(model, optimizer, options, ranks, (up, down), control, str(trace) if trace else None)
     if session is not None:
         session.register(run)
     return GossipModel(model, run), _wrap_optimizer(optimizer, run)
