@@ -31,12 +31,13 @@ Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
 @dataclass(frozen=True)
 class StageCosts:
     """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
-    per step: each stage's replica all-reduce."""
+    per step: each stage's replica all-reduce, then its optimizer step."""
 
     forward_s: list[float]
     backward_s: list[float]
     transfer_s: list[float]
     allreduce_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -117,20 +118,26 @@ def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
     reduce = [max((costs.allreduce_s[s] for s in range(n) if where[s] == p), default=0.0) if costs.allreduce_s
               else 0.0 for p in range(len(actions))]
-    return PipelineSim(max(f + r for f, r in zip(free, reduce)), busy, free)
+    update = [sum(costs.update_s[s] for s in range(n) if where[s] == p) if costs.update_s else 0.0
+              for p in range(len(actions))]
+    return PipelineSim(max(f + r + u for f, r, u in zip(free, reduce, update)), busy, free)
 
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec, replicas: int = 1,
-                speeds: list[float] | None = None) -> StageCosts:
-    """Sum layers into stages (slowed by each stage's worker speed)."""
+                speeds: list[float] | None = None, optimizer_s: float = 0.0) -> StageCosts:
+    """Sum layers into stages (slowed by each stage's worker speed). `optimizer_s`: the whole
+    model's optimizer step, shared among the stages by their parameters' bytes."""
     edges = [0, *boundaries, len(costs)]
     speeds = speeds or [1.0] * (len(edges) - 1)
     groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    total = sum(c.param_bytes for c in costs)
     ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
     return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
-                      [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups])
+                      [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups],
+                      [optimizer_s * sum(c.param_bytes for c in g) / total / sp if total else 0.0
+                       for g, sp in zip(groups, speeds)])
 
 
 def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
@@ -196,7 +203,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
         index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
         plan = _plan(costs, cluster, [next(k for k, i in enumerate(index) if i >= c) for c in cuts], [1] * options.stages,
                      per_stage)
-    sc = stage_costs(costs, plan.boundaries, cluster, options.replicas, per_stage)
+    sc = stage_costs(costs, plan.boundaries, cluster, options.replicas, per_stage, profile.optimizer_time_s)
     sim = replay(sc, schedule_actions(options.schedule, options.stages, positions, options.microbatches))
     compute = max(sim.busy_s)
     comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches

@@ -42,6 +42,19 @@ def test_replica_allreduce_ends_the_step_and_deadlock_is_an_error():
         replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.0]), [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]])
 
 
+def test_each_stage_pays_its_share_of_the_optimizer_step_after_its_reduce():
+    from caramel.strategies.pipeline.planner import LayerCost
+    from caramel.strategies.pipeline.simulate import stage_costs
+
+    layers = [LayerCost(1.0, 1.0, 8, 300), LayerCost(1.0, 1.0, 8, 100)]
+    sc = stage_costs(layers, [1], ClusterSpec.uniform(2, 1e9), speeds=[1.0, 0.5], optimizer_s=0.4)
+    assert sc.update_s == pytest.approx([0.3, 0.2])  # 3/4 of the bytes; 1/4 on a worker at half speed
+    acts = schedule_actions("gpipe", 2, 2, 2)
+    base = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.0]), acts)
+    both = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.0], [0.0, 3.0], [0.5, 0.25]), acts)
+    assert both.step_time_s == pytest.approx(max(base.finish_s[0] + 0.5, base.finish_s[1] + 3.0 + 0.25))
+
+
 def test_simulate_from_a_profile():
     from caramel.profile.profiler import profile_model
 
