@@ -205,9 +205,9 @@ class BufferSync:
         except Exception as e:  # noqa: BLE001 - re-raised with context
             raise RuntimeError(f"caramel: rank {self.rank}: the buffer broadcast failed: {e}. A peer may have died "
                                f"or hung") from e
+        got = int(payload[-1])  # on a GPU wait() only orders streams; reading the kind blocks the host
         # blocked on rank 0 as on a gradient bucket: not this rank's compute (balance= times compute)
         self.engine.count_wait(self.engine.recorder.now() - t0)
-        got = int(payload[-1])
         if got != kind:
             what = {EARLY: "as its last training forward ended", AT_FORWARD: "as its forward started"}
             raise CaramelError(

@@ -179,3 +179,32 @@ def test_buffers_that_grow_in_the_first_forward_are_sent_at_their_new_size():
     model(torch.randn(4, 5))
     assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND]
     assert sync._layout()[1] == 5 * 4 + 1
+
+
+def test_time_blocked_on_the_broadcast_counts_as_the_steps_wait():
+    """balance= times a rank's compute as its step less its waits: a rank blocked on rank 0's
+    buffers is waiting, not computing."""
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            return self.t
+
+    class SlowWork:
+        def wait(self):
+            clock.t += 0.25  # rank 0 sends its buffers a quarter second later
+
+    class Engine(_Engine):
+        recorder = clock = Clock()
+        waits: list[float] = []
+
+        def count_wait(self, seconds):
+            self.waits.append(seconds)
+
+    engine = Engine()
+    clock = engine.clock
+    sync = BufferSync(_module(0), engine, None)
+    sync.rank = 1
+    payload = sync._pack(kind=EARLY_KIND)
+    sync._wait(SlowWork(), payload, EARLY_KIND)
+    assert engine.waits == [0.25]

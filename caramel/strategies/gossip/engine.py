@@ -49,8 +49,8 @@ class Exchange:
     `groups` is (up, down): a message from a lower to a higher index travels on `up`, the
     other way on `down`, so each connection carries one direction. Gloo moves a pair's two
     directions over one socket; measured on the emulated cluster (2 workers, 348 Mbit/s,
-    2.8 MB each way at once), one group took 130 ms in about half the exchanges (one direction
-    after the other) where one group per direction took 66 ms, the link's rate
+    2.8 MB each way at once), one group took 131-136 ms in about half the exchanges (one
+    direction after the other) where one group per direction took 67 ms, the link's rate
     (docs/gossip.md, "One connection per direction")."""
 
     def __init__(self, groups: tuple[Any, Any], ranks: list[int], rank: int, mix_in_forward: bool):

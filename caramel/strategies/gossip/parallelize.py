@@ -364,6 +364,10 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
                           process_group)
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     up, down, control = (dist.new_group(ranks, timeout=timeout) for _ in range(3))
+    # A group's first batch_isend_irecv must involve all its ranks (NCCL); a one-peer topology
+    # leaves some ranks without a message on `down` at the first exchange, so set both up here.
+    for g in (up, down):
+        dist.barrier(group=g)
     with torch.no_grad():  # every worker starts from rank 0's model, as DDP does
         for t in list(params) + list(model.buffers()):
             dist.broadcast(t, src=ranks[0], group=control)

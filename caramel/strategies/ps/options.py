@@ -66,6 +66,9 @@ class PsOptions:
                 or not math.isfinite(self.bucket_cap_mb) or self.bucket_cap_mb < 0:
             raise CaramelError(f"bucket_cap_mb must be a finite number >= 0 (MB per fused push and pull; 0 = no "
                                f"fusion, one collective per tensor), got {self.bucket_cap_mb!r}")
+        if self.staleness != "none" and self.staleness_bound() == 0:
+            raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
+                               f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
         if self.dedicated and self.staleness != "none":
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:

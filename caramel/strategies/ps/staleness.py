@@ -74,7 +74,9 @@ class StalenessControl:
         e, waited = self.e, 0.0
         if e.pending and not self.slowest():
             t0 = time.perf_counter()
-            e.pending[-1].used_work.wait()  # the latest pushed update: every rank has pushed it
+            latest = e.pending[-1]
+            latest.used_work.wait()  # the latest pushed update: every rank has pushed it
+            latest.used.tolist()  # on a GPU, wait() only orders streams: reading the count blocks the host
             waited = time.perf_counter() - t0
             self.wait_s += waited
         while e.pending and e.pending[0].arrived():  # the reductions are in: applying costs no wait

@@ -18,8 +18,9 @@ def test_sync_schedules_match_single_process():
         # a model that is no nn.Sequential, cut by torch's tracer at a named module
         traced = out["traced"]
         assert traced["diff"] <= 1e-5, traced
-        # its stages run torch's generated code, not the node-by-node fx interpreter
-        assert traced["interpreted"] == [], traced["interpreted"]
+        # its stages run torch's generated code, not the node-by-node fx interpreter (torch builds
+        # the stages from modules with that switch; if it stops, this fix needs another look)
+        assert traced["switchable"] and not any(on for _, on in traced["switchable"]), traced["switchable"]
         # partition="auto" there: a module name chosen by the partitioner, the same on every rank
         assert traced["auto_diff"] <= 1e-5 and len(traced["auto_boundaries"]) == 1, traced
         assert traced["auto_boundaries"][0].startswith("layers."), traced

@@ -134,9 +134,9 @@ def traced(steps: int) -> dict:
             errors.append(None)
         except CaramelError as e:
             errors.append(str(e))
-    interpreted = [n for m in pipe.stage_modules for n, sub in m.named_modules()
-                   if getattr(sub, "_run_with_interpreter", False)]
-    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors, "interpreted": interpreted,
+    switchable = [(n, sub._run_with_interpreter) for m in pipe.stage_modules for n, sub in m.named_modules()
+                  if hasattr(sub, "_run_with_interpreter")]
+    return {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "errors": errors, "switchable": switchable,
             "auto_diff": max_diff(auto.state_dict(), ref.state_dict()), "auto_boundaries": auto.boundaries}
 
 

@@ -25,7 +25,7 @@ def test_bsp_equals_ddp_on_the_parity_models():
 
 
 RANDOM = "ps:order=random,bucket_cap_mb=0"  # per tensor: enough transfers for many distinct orders
-SPECS = ("ps", "ps:consistency=ssp_0,staleness=predict", RANDOM, "ps:consistency=ssp_2+slow", "ps+slow",
+SPECS = ("ps", "ps:consistency=ssp_0", RANDOM, "ps:consistency=ssp_2+slow", "ps+slow",
          "ps:consistency=asp", "ps:servers=1,placement=roundrobin")
 
 
@@ -52,7 +52,7 @@ def test_ssp0_is_bsp_bit_for_bit_and_every_rank_ends_equal(behaviour):
         a, b = behaviour[0][spec]["params"], behaviour[1][spec]["params"]
         assert all(np.array_equal(x, y) for x, y in zip(a, b)), spec
     bsp = behaviour[0]["ps"]["params"]
-    for spec in ("ps:consistency=ssp_0,staleness=predict", "ps+slow", RANDOM):
+    for spec in ("ps:consistency=ssp_0", "ps+slow", RANDOM):
         assert all(np.array_equal(x, y) for x, y in zip(bsp, behaviour[0][spec]["params"])), spec
     one_server = behaviour[0]["ps:servers=1,placement=roundrobin"]
     assert set(one_server["owner"].values()) == {0}

@@ -18,7 +18,7 @@ STEPS = 8
 SLOW_S = 0.12  # rank 1's sleep per step: far above any step's own work, even on a loaded machine
 PLAIN, PACE = "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace"
 PREDICT = "ps:consistency=ssp:2,staleness=predict"
-SPECS = (PLAIN, PACE, PREDICT)  # ssp:0 with staleness=predict is bsp bit for bit: test_ps_distributed
+SPECS = (PLAIN, PACE, PREDICT)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,6 @@ def test_pace_never_lets_a_worker_compute_ahead_of_the_slowest(runs):
     assert runs[0][PACE]["pace_wait_s"] > SLOW_S and runs[0][PLAIN]["pace_wait_s"] == 0
     steady = slice(PROFILE_STEPS + 2, None)
     assert statistics.mean(runs[0][PACE]["staleness"][steady]) < statistics.mean(runs[0][PLAIN]["staleness"][steady])
-    assert max(runs[0][PACE]["staleness"]) <= 2
 
 
 def test_every_rank_ends_equal(runs):
@@ -76,3 +75,6 @@ def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
 def test_an_unknown_staleness_is_one_clear_error():
     with pytest.raises(CaramelError, match="staleness must be one of none, pace, predict"):
         PsOptions(consistency="ssp:2", staleness="lr")
+    for consistency in ("bsp", "ssp:0"):  # nothing stale to correct: refused, not ignored
+        with pytest.raises(CaramelError, match=f"consistency={consistency} never has"):
+            PsOptions(consistency=consistency, staleness="pace")
