@@ -10,11 +10,13 @@ Times, interleaved in rounds on the same model and batch (one compute thread):
 - `gather`: the decision's all-gather, once per `balance_every` steps, measured apart by the
   2-process bench (not here: one process has no peer).
 
-    PYTHONPATH=. .venv/bin/python experiments/dropout_idle_overhead.py --model mlp --rounds 10
+    PYTHONPATH=. .venv/bin/python experiments/dropout_idle_overhead.py --model mlp --rounds 20 \
+        --json docs/results/adapt-dropout-idle-overhead.json
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -69,6 +71,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the medians here")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plain, wrapped = get_model(args.model)(), get_model(args.model)()
@@ -108,6 +111,12 @@ def main() -> None:
             print(f"  wrapped      {1e3 * m:8.3f} ms per step ({100 * (m - base) / base:+.2f}% vs plain)")
         else:
             print(f"  {n:12s} {1e6 * m:8.1f} us per step ({100 * m / base:.3f}% of a plain step)")
+    if args.json:
+        out = {"format": "caramel.dropout-idle-overhead/1", "model": args.model, "groups": len(groups),
+               "world": args.world, "rounds": args.rounds, "steps": args.steps, "torch": torch.__version__,
+               "median_s": med, "wrapped_vs_plain": med["wrapped"] / base - 1.0}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 if __name__ == "__main__":
     main()
