@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from caramel.jsonio import write_json
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -97,8 +99,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(json.dumps(out, indent=1), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            write_json(args.json, out)
     dist.destroy_process_group()
 
 

@@ -16,7 +16,6 @@ Times, interleaved in rounds on the same model and batch (one compute thread):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from caramel.jsonio import write_json  # noqa: E402
 from caramel.models.zoo import get_model  # noqa: E402
 from caramel.profile.dropout_groups import Narrowing, find_groups  # noqa: E402
 from caramel.profile.dropout_table import DropoutTable  # noqa: E402
@@ -115,8 +115,7 @@ def main() -> None:
         out = {"format": "caramel.dropout-idle-overhead/1", "model": args.model, "groups": len(groups),
                "world": args.world, "rounds": args.rounds, "steps": args.steps, "torch": torch.__version__,
                "median_s": med, "wrapped_vs_plain": med["wrapped"] / base - 1.0}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.json, out)
 
 if __name__ == "__main__":
     main()

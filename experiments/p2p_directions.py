@@ -21,6 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from caramel.jsonio import write_json
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -75,8 +77,7 @@ def main() -> None:
                "times_ms": {k: [round(t, 1) for t in v] for k, v in times.items()}}
         print(json.dumps(out, indent=1), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            write_json(args.json, out)
     dist.destroy_process_group()
 
 

@@ -21,6 +21,8 @@ import warnings
 
 import torch
 
+from caramel.jsonio import write_json
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -94,8 +96,7 @@ def main() -> None:
            "generated_over_eager": med["generated"] / med["eager"]}
     print(json.dumps(out, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":
