@@ -130,14 +130,14 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
     edges = [0, *boundaries, len(costs)]
     speeds = speeds or [1.0] * (len(edges) - 1)
     groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
-    total = sum(c.param_bytes for c in costs)
+    stage_bytes = [sum(c.param_bytes for c in g) for g in groups]
+    total = sum(stage_bytes)
     ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
     return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
-                      [ring.allreduce_time_s(sum(c.param_bytes for c in g)) for g in groups],
-                      [optimizer_s * sum(c.param_bytes for c in g) / total / sp if total else 0.0
-                       for g, sp in zip(groups, speeds)])
+                      [ring.allreduce_time_s(nbytes) for nbytes in stage_bytes],
+                      [optimizer_s * nbytes / total / sp if total else 0.0 for nbytes, sp in zip(stage_bytes, speeds)])
 
 
 def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
