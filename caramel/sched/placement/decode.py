@@ -82,8 +82,13 @@ def decode(inst: Instance, policy, decoding: Decoding, seed: int = 0) -> Decoded
         if decoding.samples > 1:
             actions[1:] = torch.multinomial(probs[1:], 1, generator=gen).squeeze(1)
         rollouts.step(actions.numpy())
+    return best_of(inst, rollouts)
+
+
+def best_of(inst: Instance, rollouts: BatchPlacement) -> Decoded:
+    """The cheapest of finished `rollouts` (the first on a tie: greedy, rollout 0, wins)."""
     placements = rollouts.placements()
     costs = [inst.cost_s(p) for p in placements]
-    best = int(np.argmin(costs))  # the first cheapest: greedy on a tie
+    best = int(np.argmin(costs))
     distinct = len({tuple(map(tuple, p)) for p in placements})
     return Decoded([list(p) for p in placements[best]], costs[best], best, costs, distinct)

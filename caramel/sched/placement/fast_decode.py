@@ -23,7 +23,7 @@ import torch
 
 from caramel.errors import CaramelError
 from caramel.sched.placement.batch import BatchPlacement
-from caramel.sched.placement.decode import Decoded, Decoding
+from caramel.sched.placement.decode import Decoded, Decoding, best_of
 from caramel.sched.placement.problem import Instance
 from caramel.sched.rl import MASKED_LOGIT
 
@@ -108,8 +108,4 @@ def decode_fast(inst: Instance, policy: NumpyPolicy, decoding: Decoding, seed: i
             # the reference's draw, from the same generator: the same rows for the same probabilities
             actions[1:] = torch.multinomial(torch.from_numpy(probs[1:]), 1, generator=gen).squeeze(1).numpy()
         rollouts.step(actions)
-    placements = rollouts.placements()
-    costs = [inst.cost_s(p) for p in placements]
-    best = int(np.argmin(costs))  # the first cheapest: greedy on a tie
-    distinct = len({tuple(map(tuple, p)) for p in placements})
-    return Decoded([list(p) for p in placements[best]], costs[best], best, costs, distinct)
+    return best_of(inst, rollouts)
