@@ -33,10 +33,12 @@ def parallelize_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, options:
     group, prio = ddp_group(options.comm_priority, process_group, device)
     # True is DDP's default; torch warns when it is passed at all (it renames the flag)
     kwargs: dict[str, Any] = {} if broadcast_buffers else {"broadcast_buffers": False}
+    if options.bucket_cap_mb is not None:  # passing torch's default explicitly would drop its 1 MB first bucket
+        kwargs["bucket_cap_mb"] = options.bucket_cap_mb
     if device.type == "cuda":
         kwargs.update(device_ids=[device.index], output_device=device.index)
     wrapped = nn.parallel.DistributedDataParallel(
-        model, process_group=group, bucket_cap_mb=options.bucket_cap_mb,
+        model, process_group=group,
         find_unused_parameters=bool(find_unused_parameters), gradient_as_bucket_view=options.gradient_as_bucket_view,
         static_graph=options.static_graph, **kwargs)
     wrapped.comm_priority = prio  # what the threads got (None: the job's own group)
