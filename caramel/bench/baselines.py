@@ -16,6 +16,7 @@ T_concurrent, what overlapping everything really costs here.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -162,11 +163,24 @@ class Concurrent(Runner):
 
     def __init__(self, compute: ComputeOnly, comm: CommOnly):
         self.compute, self.comm = compute, comm
+        # per step on CPU: (the compute's duration, how long a collective was in flight during
+        # it), seconds, for caramel.bench.contention; a GPU's compute and transfers do not share
+        # the host's cores that way
+        self.spans: list[tuple[float, float]] = []
 
     def step(self) -> None:
-        # Issued first, awaited last: the whole step's compute is available to hide it.
-        works = self.comm.issue()
+        if self.comm.device.type != "cpu":
+            # Issued first, awaited last: the whole step's compute is available to hide it.
+            works = self.comm.issue()
+            self.compute.step()
+            for w in works:
+                w.wait()
+            sync_device(self.comm.device)
+            return
+        ends: list[float] = []
+        t0 = time.perf_counter()
+        done = [w.get_future().then(lambda _, ends=ends: ends.append(time.perf_counter())) for w in self.comm.issue()]
         self.compute.step()
-        for w in works:
-            w.wait()
-        sync_device(self.comm.device)
+        t1 = time.perf_counter()
+        torch.futures.wait_all(done)
+        self.spans.append((t1 - t0, min(max(ends, default=t0), t1) - t0))

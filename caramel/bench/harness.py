@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
+from caramel.bench.contention import job_slowdown
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
@@ -309,6 +310,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     dist.all_gather_object(gathered, times)
     wire_ranks: list[Any] = [None] * world
     dist.all_gather_object(wire_ranks, wire.totals() if wire is not None else None)
+    spans: list[Any] = [None] * world
+    dist.all_gather_object(spans, runners["concurrent"].spans)
     stamps: list[Any] = [None] * world
     if trace is not None:
         dist.all_gather_object(stamps, trace.stamps)
@@ -318,6 +321,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     compute_medians = [median(g["compute"]) for g in gathered]
+    slowdown = job_slowdown(compute_medians, spans)
     link = link_costs(probed)
     # with the probed fixed costs charged per collective, the rate they are netted out of
     net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, runners["comm"].stats().get("buckets", 1), link)
@@ -334,7 +338,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
-        "predicted": predict_strategies(profile, names, world, net_bps, compute_medians, link),
+        "predicted": predict_strategies(profile, names, world, net_bps, compute_medians, link, slowdown),
+        "compute_slowdown": slowdown,
         "predicted_rate_only": predict_strategies(profile, names, world, bandwidth_bps, compute_medians),
         "link_fit": link,
         "meta": {

@@ -31,11 +31,12 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
 
 
 def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
-                  link: dict[str, Any] | None = None):
+                  link: dict[str, Any] | None = None, compute_slowdown: float = 1.0):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
-    None: the spec's defaults)."""
+    None: the spec's defaults); `compute_slowdown`: compute's slowdown beside the collectives
+    (`caramel.bench.contention`)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
@@ -43,24 +44,26 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
         raise ValueError(f"{len(speeds)} worker speeds for {world} workers")
     costs = {k: link[k] for k in LINK_FIELDS if link and link.get(k) is not None}
     return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
-                       bandwidth_bps=bandwidth_bps, **costs,
+                       bandwidth_bps=bandwidth_bps, compute_slowdown=compute_slowdown, **costs,
                        meta={"source": "bench: achieved rate of the comm-only baseline, speeds from each rank's "
-                                       "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")})
+                                       "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")
+                                       + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")})
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
-                       rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None
-                       ) -> dict[str, dict[str, Any]]:
+                       rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None,
+                       compute_slowdown: float = 1.0) -> dict[str, dict[str, Any]]:
     """Per strategy name: {"step_time_s", "exact", "error"}; {} without a profile or a rate (one
     worker, no communication). `rank_compute_s`: each rank's compute-only median (`worker_speeds`);
-    None replays the profile as measured. `link`: the probe's fixed costs (`bench_cluster`). A
-    failure is the strategy's `error`, never the bench's."""
+    None replays the profile as measured. `link`, `compute_slowdown`: the probe's fixed costs
+    and the measured contention (`bench_cluster`). A failure is the strategy's `error`, never
+    the bench's."""
     if profile is None or bandwidth_bps is None or world < 2:
         return {}
     from caramel.strategies.recommend import predict
 
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
-    cluster = bench_cluster(world, bandwidth_bps, speeds, link)
+    cluster = bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:

@@ -173,9 +173,13 @@ class Record:
     prediction_note: str | None = None
     """why there is no prediction"""
     predicted_rate_only_s: float | None = None
-    """the same model without the job's probed fixed costs per collective (the spec's defaults)"""
+    """the same model from the link rate alone: no probed fixed costs per collective (the spec's
+    defaults), no CPU contention"""
     link_fit: dict[str, Any] | None = None
     """the fixed costs per collective the job's probe fitted (`caramel.bench.prediction.link_costs`)"""
+    compute_slowdown: float | None = None
+    """how much slower compute ran beside the collectives in the concurrent baseline, slowest rank
+    (`caramel.bench.contention`); the predictions' ClusterSpec carries it"""
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
@@ -242,7 +246,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                   calibrated_compute_s=cfg.get("calibrated_compute_s"),
                   load_average=(meta.get("load_average") or [None])[0],
                   baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"),
-                  link_fit={k: v for k, v in (raw.get("link_fit") or {}).items() if k != "probe"} or None)
+                  link_fit={k: v for k, v in (raw.get("link_fit") or {}).items() if k != "probe"} or None,
+                  compute_slowdown=raw.get("compute_slowdown"))
     records = []
     for s in raw["strategies"]:
         name = s["name"]

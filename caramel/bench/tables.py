@@ -260,7 +260,10 @@ def format_predictions(records: list[Record]) -> str:
             else:
                 err = f" ({r.prediction_error:+.0%})" if r.prediction_error is not None else ""
                 parts.append(f"{r.strategy} {_ms(r.predicted_step_s)} ms vs {_ms(r.step_time_median_s)} ms{err}")
-        lines.append(f"- {label}: " + "; ".join(parts))
+        rows = [r for r in records if config_label(r) == label]
+        f = rows[0].compute_slowdown if rows else None
+        slowed = f" (compute {f:.2f}x slower beside transfers)" if f is not None and f > 1 else ""
+        lines.append(f"- {label}{slowed}: " + "; ".join(parts))
     checks = recommendation_checks(records, config_label)
     if checks:
         hits = sum(c.hit for c in checks)
@@ -277,6 +280,6 @@ def format_predictions(records: list[Record]) -> str:
                   f"{a['within_target']:.0%} of {a['rows']} row(s) within the target" for k, a in acc.items()]
     bare = records_accuracy(records, "predicted_rate_only_s")
     if bare and any(r.predicted_rate_only_s != r.predicted_step_s for r in records):
-        lines += ["", "The same without the probed fixed costs per collective (the link rate alone):"]
+        lines += ["", "The same from the link rate alone (no probed fixed costs per collective, no CPU contention):"]
         lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}" for k, a in bare.items()]
     return "\n".join(lines)

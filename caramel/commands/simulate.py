@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=4, help="steps to unroll (default 4)")
     parser.add_argument("--comm-model", choices=("message", "closed"), default="message",
                         help="collectives as message-level steps with link sharing, or closed forms")
-    parser.add_argument("--compute-slowdown", type=float, default=1.0, metavar="F",
-                        help="compute runs F times slower while a collective is in flight (CPU contention; default 1)")
+    parser.add_argument("--compute-slowdown", type=float, default=None, metavar="F",
+                        help="compute runs F times slower while a collective is in flight (CPU contention; "
+                             "default: the cluster spec's compute_slowdown, 1 unless it says)")
     add_option_argument(parser)
     data = parser.add_argument_group("data loading (caramel.data.io_model; all optional, --data-sample-bytes turns it on)")
     data.add_argument("--data-sample-bytes", help="bytes per sample: 150kb, 3mb")
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args)
     cluster = cluster_from_args(args)
+    if args.compute_slowdown is not None:  # the flag overrides what the spec says, for every model below
+        cluster.compute_slowdown = args.compute_slowdown
+        cluster.validate("--compute-slowdown")
     planner_text = args.planner if args.planner is not None else ("" if args.strategy else "fifo,fusion,caramel")
     planners = [p.strip() for p in planner_text.split(",") if p.strip()]
     strategies = [STRATEGIES.spec(text) for text in args.strategy]
@@ -161,7 +165,7 @@ def _record(label: str, overlap: str, cluster, result, bound_s: float, plan: Pla
         "comm_time_s": result.comm_time_s, "exposed_comm_s": result.exposed_comm_s,
         "wait_time_s": result.wait_time_s, "link_utilization": result.link_utilization,
         "lower_bound_s": bound_s, "plan_fingerprint": plan.fingerprint if plan is not None else None,
-        "critical_path": result.critical_path, "compute_slowdown": args.compute_slowdown,
+        "critical_path": result.critical_path, "compute_slowdown": cluster.compute_slowdown,
     }
 
 

@@ -78,7 +78,7 @@ def predict_step_time_s(work: Workload, cluster: ClusterSpec, comm: CommModel, o
 
 def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: str = "forward",
              iterations: int = 4, *, trace: bool = True, trace_ranks: list[int] | None = None,
-             comm: CommModel | str = "message", compute_slowdown: float = 1.0) -> SimResult:
+             comm: CommModel | str = "message", compute_slowdown: float | None = None) -> SimResult:
     """Predict how `plan` runs for `profile` on `cluster`.
 
     `iterations` steps are unrolled (at least 2 for a steady state that includes the overlap
@@ -87,9 +87,12 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     planner reuses one across candidates). The trace holds every rank up to
     64 workers, else one rank per distinct worker speed, unless `trace_ranks` says otherwise.
     `compute_slowdown` (>= 1) is how much slower compute runs while a collective is in flight
-    (CPU contention; `experiments.validation.calibrate.measure_slowdown` measures it for a model).
+    (CPU contention; `experiments.validation.calibrate.measure_slowdown` measures it for a model);
+    None takes the cluster's (`ClusterSpec.compute_slowdown`).
     """
     check_overlap(overlap)
+    if compute_slowdown is None:
+        compute_slowdown = cluster.compute_slowdown
     if isinstance(compute_slowdown, bool) or not isinstance(compute_slowdown, (int, float)) or not compute_slowdown >= 1.0:
         raise CaramelError(f"compute_slowdown must be a factor >= 1 (1 = no CPU contention), got {compute_slowdown!r}")
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:

@@ -20,6 +20,11 @@ cores every rank waits for the CPU any of them spends). The simulator charges it
 compute a collective's start interrupts (`caramel.sim.event_loop`); on a small host it is of
 the order of a millisecond (docs/results/engine.md, "Each collective's CPU time"). 0 (the
 default): collectives cost compute nothing.
+
+Beyond that fixed pause, the bytes themselves cost CPU while they move: `compute_slowdown` is how
+many times slower compute runs while a collective is in flight (1, the default: not at all). The
+bench measures it per configuration from its concurrent baseline (`caramel.bench.contention`);
+the simulator's event engine slows compute by it through every collective's interval.
 """
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ class ClusterSpec:
     meta: dict[str, Any] = field(default_factory=dict)
     queued_latency_s: float | None = None  # per message, the least a collective queued behind another pays
     collective_cpu_s: float = 0.0  # pause per collective in each worker's compute, beyond its bytes' (see above)
+    compute_slowdown: float = 1.0  # compute runs this many times slower while a collective is in flight
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -94,6 +100,10 @@ class ClusterSpec:
         c = self.collective_cpu_s
         if isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
             raise FormatError(f"{source}: field 'collective_cpu_s' must be a number of seconds >= 0, got {c!r}")
+        f = self.compute_slowdown
+        if isinstance(f, bool) or not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 1):
+            raise FormatError(f"{source}: field 'compute_slowdown' must be a factor >= 1 (1: collectives do not "
+                              f"slow compute), got {f!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -121,6 +131,7 @@ class ClusterSpec:
         spec.meta = require_mapping(data, "meta", source)
         spec.queued_latency_s = data.get("queued_latency_s")
         spec.collective_cpu_s = data.get("collective_cpu_s", 0.0)
+        spec.compute_slowdown = data.get("compute_slowdown", 1.0)
         spec.validate(source)
         return spec
 

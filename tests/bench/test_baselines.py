@@ -1,4 +1,5 @@
 """The comm-only baseline buckets gradients exactly as DDP does."""
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -27,7 +28,11 @@ def test_bucket_bytes_cover_every_gradient_once():
     assert sum(ddp_bucket_bytes([p.numel() * 4 for p in params])) == total
 
 
-def test_concurrent_issues_all_communication_before_the_compute_and_awaits_it_after(monkeypatch):
+@pytest.mark.parametrize("comm_s, compute_s", [(0.05, 0.1), (0.2, 0.05)])
+def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_overlap(monkeypatch, comm_s, compute_s):
+    import threading
+    import time
+
     from caramel.bench import baselines
     from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent
 
@@ -35,24 +40,31 @@ def test_concurrent_issues_all_communication_before_the_compute_and_awaits_it_af
     compute = ComputeOnly(w.model, torch.optim.SGD(w.model.parameters(), lr=0.1), w.inputs, w.targets, w.loss_fn,
                           torch.device("cpu"))
     comm = CommOnly(w.model, torch.device("cpu"))
-    events = []
+    events, futures = [], []
 
-    class Work:
-        def __init__(self, i):
-            self.i = i
+    class Work:  # a collective in flight for comm_s
+        def __init__(self, buf):
+            self.fut = torch.futures.Future()
+            futures.append(self.fut)
+            threading.Timer(comm_s, lambda: self.fut.set_result([buf])).start()
 
-        def wait(self):
-            events.append(("wait", self.i))
+        def get_future(self):
+            return self.fut
 
     def all_reduce(buf, group=None, async_op=False):
         assert async_op, "the concurrent baseline must not block on a collective before computing"
-        events.append(("issue", len(events)))
-        return Work(len(events) - 1)
+        events.append("issue")
+        return Work(buf)
 
     monkeypatch.setattr(baselines.dist, "all_reduce", all_reduce)
-    real_step = compute.step
-    monkeypatch.setattr(compute, "step", lambda: (events.append(("compute", None)), real_step()))
-    Concurrent(compute, comm).step()
-    kinds = [k for k, _ in events]
-    n = len(comm.buffers)
-    assert kinds == ["issue"] * n + ["compute"] + ["wait"] * n
+    monkeypatch.setattr(compute, "step", lambda: (events.append("compute"), time.sleep(compute_s)))
+    concurrent = Concurrent(compute, comm)
+    concurrent.step()
+    assert events == ["issue"] * len(comm.buffers) + ["compute"]
+    assert all(f.done() for f in futures)  # awaited before the step returns
+    ((took_s, overlap_s),) = concurrent.spans
+    assert took_s >= compute_s
+    if comm_s > compute_s:  # in flight through the whole compute
+        assert overlap_s == took_s
+    else:
+        assert comm_s <= overlap_s <= took_s
