@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 
-__all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice"]
+__all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32
@@ -42,6 +43,23 @@ def candidates(batch: int, schedule: str, stages: int, positions: int, period: i
                            + (f", replicas repeating every {period} microbatches" if period > 1 else "")
                            + f"; pass a batch divisible by {max(low, period)} or more")
     return out
+
+
+def profiled_scaling(model: Any, inputs: Any, targets: Any, loss_fn: Callable, cands: list[int]) -> list[ScalingCost]:
+    """Each layer's fitted cost line, from profiles of a copy of `model` (an `nn.Sequential`) at
+    the smallest and the largest candidate microbatch."""
+    import copy
+
+    from caramel.profile.profiler import profile_model
+    from caramel.strategies.pipeline.planner import layer_costs_from_profile
+
+    probe = copy.deepcopy(model)
+    sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
+    costs = []
+    for n in sizes:
+        prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
+        costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
+    return fit_scaling(costs[0], sizes[0], costs[1], sizes[1])
 
 
 @dataclass(frozen=True)

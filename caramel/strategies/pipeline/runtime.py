@@ -111,11 +111,8 @@ class Pipeline:
         self.optimizer.zero_grad(set_to_none=True)
         last = self.layout.holds_last(self.options.stages)
         losses: list[torch.Tensor] = []
-        if isinstance(self._runner, VirtualPipelines):
-            total = self._runner.step(inputs.to(self.device), targets.to(self.device))
-            self.timer.end_step()
-            self.optimizer.step()
-            return total  # the sum of this rank's microbatch losses (`_share_loss` averages)
+        if isinstance(self._runner, VirtualPipelines):  # the sum of this rank's microbatch losses
+            return self._runner.step(inputs.to(self.device), targets.to(self.device), self.optimizer)
         args = (inputs.to(self.device),) if self.layout.holds_first else ()
         self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
                           return_outputs=False)
@@ -131,9 +128,8 @@ class Pipeline:
         lay = self.layout
         loss = local.detach().clone().float() if local is not None else torch.zeros((), dtype=torch.float32)
         loss = loss.to(self.device)
-        if isinstance(lay, ReplicatedLayout):  # each last-stage replica holds its microbatches' sum
-            dist.all_reduce(loss, group=lay.group)
-            return loss / self.options.microbatches
+        if isinstance(self._runner, VirtualPipelines):
+            return self._runner.share_loss(loss)
         src = lay.pipeline_ranks[(self.options.stages - 1) % lay.positions]
         dist.broadcast(loss, src=src, group=lay.pipeline_group)
         if lay.replica_group is not None:
@@ -272,20 +268,13 @@ class Pipeline:
 
     def _simulate_counts(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
                          cands: list[int]) -> tuple[int, PartitionPlan, dict[int, float]]:
-        from caramel.profile.profiler import profile_model
-        from caramel.strategies.pipeline.microbatches import choose_microbatches, fit_scaling
+        from caramel.strategies.pipeline.microbatches import choose_microbatches, profiled_scaling
 
         o, lay = self.options, self.layout
-        probe = copy.deepcopy(self.model)
-        sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
-        costs = []
-        for n in sizes:
-            prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
-            costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
         cluster, per_stage = self._cluster_and_speeds()
         fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
-        choice = choose_microbatches(fit_scaling(costs[0], sizes[0], costs[1], sizes[1]), inputs.shape[0], o.schedule,
-                                     o.stages, lay.positions, cluster, per_stage, fixed_cuts,
+        choice = choose_microbatches(profiled_scaling(self.model, inputs, targets, loss_fn, cands), inputs.shape[0],
+                                     o.schedule, o.stages, lay.positions, cluster, per_stage, fixed_cuts,
                                      o.replica_counts() if o.unequal_replicas else o.replicas)
         return choice.microbatches, choice.plan, choice.predicted_step_s
 
@@ -328,7 +317,7 @@ class Pipeline:
         the steps so far, the first left out as warm-up), see `timing.py` for the definition.
         A collective along the pipeline: all its ranks call it."""
         mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
-        group, size = self._gather_group()
+        group, size = self.layout.gather_group
         parts: list[Any] = [None] * size
         dist.all_gather_object(parts, mine, group=group)
         out = bubble_fractions(parts)  # unequal replicas: per rank, stage-major
@@ -348,18 +337,11 @@ class Pipeline:
         own: dict[str, torch.Tensor] = {}
         for m in self.stage_modules:
             own.update({k: v.detach().cpu().clone() for k, v in m.state_dict().items()})
-        group, size = self._gather_group()
+        group, size = self.layout.gather_group
         parts: list[Any] = [None] * size
         dist.all_gather_object(parts, own, group=group)
         merged = {k: v for part in parts for k, v in part.items()}
         return {k: merged[k] for k in self.model.state_dict()}
-
-    def _gather_group(self) -> tuple[Any, int]:
-        """Where every stage is held once or more: this rank's pipeline, or with unequal replicas
-        (no pipeline of one's own) the whole job."""
-        if isinstance(self.layout, ReplicatedLayout):
-            return self.layout.group, sum(self.layout.counts)
-        return self.layout.pipeline_group, self.layout.positions
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load the whole model's state (every rank passes all of it; each keeps its stages')."""

@@ -84,6 +84,11 @@ class ReplicatedLayout:
     def holds_last(self, stages: int) -> bool:
         return self.stage == stages - 1
 
+    @property
+    def gather_group(self) -> tuple[Any, int]:
+        """A group holding every stage (some more than once), and its size: the whole job."""
+        return self.group, sum(self.counts)
+
 
 def stage_ranks(counts: tuple[int, ...]) -> list[list[int]]:
     """Group ranks of each stage's replicas, stage-major: [2, 1] -> [[0, 1], [2]]."""
@@ -136,6 +141,7 @@ class VirtualPipelines:
             raise CaramelError(f"pipeline: replicas={'+'.join(map(str, layout.counts))} deals microbatches "
                                f"round-robin: microbatches must be a multiple of {layout.period}, got {microbatches}")
         self.module, self.layout, self.stages, self.microbatches = module, layout, stages, microbatches
+        self.timer = timer
         self.runs: list[tuple[int, Any]] = []
         for v, group, _ in layout.virtual:
             stage = KeepBuffersStage(module, layout.stage, stages, device, group=group)
@@ -148,12 +154,15 @@ class VirtualPipelines:
             timer.wrap_loss(run)
             self.runs.append((v, run))
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        """Run this rank's virtual pipelines in increasing v, then reduce the stage's gradients
-        over its replicas. Returns the sum of this rank's microbatch losses (last stage), else None."""
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, optimizer: torch.optim.Optimizer
+             ) -> torch.Tensor | None:
+        """Run this rank's virtual pipelines in increasing v, reduce the stage's gradients over its
+        replicas and step `optimizer` (gradients zeroed first). Returns the sum of this rank's
+        microbatch losses (last stage), else None."""
         lay, m = self.layout, self.microbatches
         first, last = lay.holds_first, lay.holds_last(self.stages)
         xs, ys = inputs.chunk(m), targets.chunk(m)
+        optimizer.zero_grad(set_to_none=True)
         total: torch.Tensor | None = None
         for v, run in self.runs:
             mine = range(v, m, lay.period)
@@ -164,8 +173,16 @@ class VirtualPipelines:
             if last:
                 part = torch.stack([x.detach() for x in losses]).sum()
                 total = part if total is None else total + part
+        self.timer.end_step()
         self._reduce()
+        optimizer.step()
         return total
+
+    def share_loss(self, local: torch.Tensor) -> torch.Tensor:
+        """The whole batch's loss on every rank: each last-stage replica's sum (zero elsewhere),
+        summed over the job, over the microbatches."""
+        dist.all_reduce(local, group=self.layout.group)
+        return local / self.microbatches
 
     def _reduce(self) -> None:
         """Sum each gradient over the stage's replicas and divide by the step's microbatches."""

@@ -8,7 +8,8 @@ from caramel.testing import run_workers
 from tests.strategies.pipeline import unequal_workers
 
 # name: (replicas, schedule, optimizer, microbatches, batch)
-THREE = {"2+1_gpipe_sgd": ("2+1", "gpipe", "sgd", 4, 8), "1+2_1f1b_adam": ([1, 2], "1f1b", "adam", 4, 8)}
+THREE = {"2+1_gpipe_sgd": ("2+1", "gpipe", "sgd", 4, 8), "1+2_1f1b_adam": ([1, 2], "1f1b", "adam", 4, 8),
+         "2+1_1f1b_auto": ("2+1", "1f1b", "sgd", "auto", 8)}
 
 
 def test_unequal_replicas_match_whole_batch_training_on_3_workers():
@@ -23,6 +24,10 @@ def test_unequal_replicas_match_whole_batch_training_on_3_workers():
             assert abs(r["losses"][0] - r["first_loss"]) <= 1e-5, (name, r["losses"][0], r["first_loss"])
     for name in THREE:
         assert len({tuple(r[name]["losses"]) for r in ranks}) == 1  # the loss is on every rank
+    # "auto": one count for all ranks, a multiple of the 2 virtual pipelines with 2 microbatches each
+    # (1F1B's bound per pipeline), among those that split the batch of 8
+    auto = {(r["2+1_1f1b_auto"]["microbatches"], tuple(r["2+1_1f1b_auto"]["boundaries"])) for r in ranks}
+    assert len(auto) == 1 and next(iter(auto))[0] in (4, 8), auto
 
 
 def test_unequal_replicas_on_4_workers():

@@ -30,8 +30,9 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS) -> 
         model = make_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd
         stages = len(str(replicas).split("+")) if isinstance(replicas, str) else len(replicas)
+        # microbatches="auto": the count and the cut both chosen from a profile (on rank 0, sent to all)
         pipe = caramel.pipeline(model, optimizer, stages=stages, microbatches=micro, schedule=schedule,
-                                partition=[3, 5][: stages - 1], replicas=replicas)
+                                partition="auto" if micro == "auto" else [3, 5][: stages - 1], replicas=replicas)
         losses = [float(pipe.step(*batch(step, size=size), F.cross_entropy)) for step in range(steps)]
         final = pipe.state_dict()
         half = size // 2
@@ -39,7 +40,8 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS) -> 
                      # control: the first half of each batch alone gives other parameters
                      "half_diff": max_diff(final, oracle(steps, opt, size, slice(0, half))),
                      "stage": pipe.layout.stage, "replica": pipe.layout.replica,
-                     "virtual": [v for v, _, _ in pipe.layout.virtual], "bubble": pipe.bubble_stats()}
+                     "virtual": [v for v, _, _ in pipe.layout.virtual], "bubble": pipe.bubble_stats(),
+                     "microbatches": pipe.options.microbatches, "boundaries": pipe.boundaries}
         # the first loss equals the oracle's first loss on the whole batch (every rank has it)
         x, y = batch(0, size=size)
         with torch.no_grad():
