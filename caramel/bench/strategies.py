@@ -166,6 +166,13 @@ class PipelineRunner(Runner):
             print(f"[bench] {self.name}: measured bubble {out['bubble_fraction']:.3f} per stage "
                   f"{[round(f, 3) for f in out['bubble_fraction_per_stage']]} (textbook "
                   f"{out.get('bubble_fraction_ideal', float('nan')):.3f})", file=sys.stderr, flush=True)
+            m = self.pipe.options.microbatches
+            # the partitioner's compute per step of each stage (a replica's share), against each
+            # rank's measured compute (median busy time per step)
+            predicted = [round(1e3 * t * m, 1) for t in plan.stage_times_s] if plan is not None else None
+            print(f"[bench] {self.name}: cut {self.pipe.boundaries}, predicted busy ms per stage {predicted}, "
+                  f"measured busy ms per rank {[round(1e3 * b, 1) for b in out.get('busy_s_per_stage', [])]}",
+                  file=sys.stderr, flush=True)
         return out
 
 
@@ -177,5 +184,6 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
     except CaramelError as e:
         raise StrategyUnavailable(str(e)) from None
     # one rank's batch per position: a step trains as many samples as data parallelism does
-    n = pipe.layout.positions
+    # (unequal replicas: the whole job is one pipeline, one rank's batch per worker)
+    n = len(pipe.layout.pipeline_ranks)
     return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device)

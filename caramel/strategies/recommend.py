@@ -56,13 +56,19 @@ def is_exact(spec_text: str) -> bool:
 
 def candidates(world_size: int, approximate: bool = False) -> list[str]:
     """The default candidate set for `world_size` workers: DDP, Caramel, a parameter server and
-    synchronous pipelines of 2 stages (hybrid with world/2 replicas when that divides) and of
-    every worker; with `approximate`, gossip on a ring and SSP(2) parameter servers too."""
+    synchronous pipelines of 2 stages (hybrid with world/2 replicas when that divides; with an
+    odd world, unequal replicas: all but one worker on either stage, `unequal.py`) and of every
+    worker; with `approximate`, gossip on a ring and SSP(2) parameter servers too."""
     if world_size < 1:
         raise CaramelError(f"world_size must be >= 1, got {world_size}")
     out = ["ddp", "caramel", "ps"]
     if world_size >= 2 and world_size % 2 == 0:
         out.append("pipeline:stages=2" + (f",replicas={world_size // 2}" if world_size > 2 else ""))
+    if world_size > 2 and world_size % 2:
+        # 1F1B needs >= 2 microbatches per virtual pipeline; there are world - 1 of them
+        m = 2 * (world_size - 1)
+        out += [f"pipeline:stages=2,replicas={world_size - 1}+1,microbatches={m}",
+                f"pipeline:stages=2,replicas=1+{world_size - 1},microbatches={m}"]
     if world_size > 2:
         out.append(f"pipeline:stages={world_size},microbatches={max(4, world_size)}")
     if approximate:

@@ -122,10 +122,12 @@ def precheck(cfg: TrainConfig) -> None:
     from caramel.strategies import STRATEGIES
     spec = STRATEGIES.spec(cfg.parallel.strategy)
     if spec.info.name == "pipeline" and spec.options.schedule != "interleaved" and not cfg.run.script:
-        need = spec.options.stages * spec.options.replicas
+        need = spec.options.workers()
         if cfg.parallel.workers != need:
-            raise CaramelError(f"--strategy {cfg.parallel.strategy}: stages={spec.options.stages} x replicas="
-                               f"{spec.options.replicas} needs --workers {need}, got --workers {cfg.parallel.workers}")
+            what = (f"replicas={spec.options.replicas} (their sum)" if spec.options.unequal_replicas
+                    else f"stages={spec.options.stages} x replicas={spec.options.replicas}")
+            raise CaramelError(f"--strategy {cfg.parallel.strategy}: {what} needs --workers {need}, "
+                               f"got --workers {cfg.parallel.workers}")
     if cfg.data.url:
         from caramel.train.store_data import check_store
         check_store(cfg)  # an unreachable store or one of other samples: one line, before any worker starts

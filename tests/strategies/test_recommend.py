@@ -33,6 +33,17 @@ def test_predictions_are_each_strategys_own_simulator():
     assert fastest.step_time_s == min(p.step_time_s for p in preds)
 
 
+def test_an_odd_world_gets_unequal_replica_pipelines_among_the_candidates():
+    specs = candidates(3)
+    assert "pipeline:stages=2,replicas=2+1,microbatches=4" in specs
+    assert "pipeline:stages=2,replicas=1+2,microbatches=4" in specs
+    assert not any("+" in s for s in candidates(4))  # an even world splits evenly
+    profile, cluster = synthetic_profile(12, name="chain12"), ClusterSpec.uniform(3, 1e9)
+    preds = {p.strategy: p for p in predict(profile, cluster, specs)}
+    for name in ("pipeline:stages=2,replicas=2+1,microbatches=4", "pipeline:stages=2,replicas=1+2,microbatches=4"):
+        assert preds[name].exact and preds[name].step_time_s > 0, preds[name]
+
+
 def test_a_candidate_the_simulator_cannot_model_carries_its_reason():
     preds = predict(synthetic_profile(3), ClusterSpec.uniform(2, 1e9), ["ddp", "ps:servers=5"])
     assert preds[0].step_time_s > 0 and preds[1].step_time_s is None and "servers=5" in preds[1].error

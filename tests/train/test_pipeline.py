@@ -136,3 +136,7 @@ def test_pipeline_needs_as_many_workers_as_stages_before_any_starts(tmp_path):
         precheck(cfg)
     cfg.parallel.workers = 3
     precheck(cfg)
+    cfg = _cfg(tmp_path, "pipeline:stages=2,replicas=2+1,schedule=gpipe,microbatches=4")
+    cfg.parallel.workers = 4
+    with pytest.raises(CaramelError, match=r"replicas=2\+1 \(their sum\) needs --workers 3, got --workers 4"):
+        precheck(cfg)

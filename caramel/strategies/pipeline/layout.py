@@ -54,6 +54,11 @@ class Layout:
     def holds_last(self, stages: int) -> bool:
         return stages - 1 in self.stage_indices
 
+    @property
+    def gather_group(self) -> tuple[Any, int]:
+        """A group holding every stage once, and its size: this rank's pipeline."""
+        return self.pipeline_group, self.positions
+
 
 def make_layout(stages: int, replicas: int, interleaved: bool, process_group: Any = None) -> Layout:
     """Build the groups (every rank of `process_group` must call this, in the same order)."""

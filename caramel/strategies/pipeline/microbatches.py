@@ -14,28 +14,52 @@ With `fixed = 0` this is the textbook answer (more is better); with a large `fix
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
-from caramel.strategies.pipeline.simulate import replay, schedule_actions, stage_costs
+from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 
-__all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice"]
+__all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32
 
 
-def candidates(batch: int, schedule: str, stages: int, positions: int) -> list[int]:
+def candidates(batch: int, schedule: str, stages: int, positions: int, period: int = 1) -> list[int]:
     """Microbatch counts that split `batch` evenly and the schedule accepts (1F1B: m >= stages;
-    interleaved: a multiple of the workers per pipeline), at most `MAX_MICROBATCHES`."""
-    low = stages if schedule == "1f1b" else 1
-    out = [m for m in range(low, min(batch, MAX_MICROBATCHES) + 1) if batch % m == 0
+    interleaved: a multiple of the workers per pipeline), at most `MAX_MICROBATCHES`. `period`
+    (unequal replicas: the counts' least common multiple): m a multiple of it, and 1F1B's bound
+    holds for each of the m / period microbatches of a virtual pipeline."""
+    low = stages * period if schedule == "1f1b" else 1
+    out = [m for m in range(low, min(batch, MAX_MICROBATCHES) + 1) if batch % m == 0 and m % period == 0
            and (schedule != "interleaved" or m % positions == 0)]
     if not out:
         raise CaramelError(f"pipeline: no microbatch count splits the batch of {batch} for schedule={schedule} with "
-                           f"stages={stages}; pass a batch divisible by {low} or more")
+                           f"stages={stages}"
+                           + (f", replicas repeating every {period} microbatches" if period > 1 else "")
+                           + f"; pass a batch divisible by {max(low, period)} or more")
     return out
+
+
+def profiled_scaling(model: Any, inputs: Any, targets: Any, loss_fn: Callable, cands: list[int]) -> list[ScalingCost]:
+    """Each layer's fitted cost line, from profiles of a copy of `model` (an `nn.Sequential`) at
+    the smallest and the largest candidate microbatch."""
+    import copy
+
+    from caramel.profile.profiler import profile_model
+    from caramel.strategies.pipeline.planner import layer_costs_from_profile
+
+    probe = copy.deepcopy(model)
+    sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
+    costs = []
+    for n in sizes:
+        prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
+        costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
+    return fit_scaling(costs[0], sizes[0], costs[1], sizes[1])
 
 
 @dataclass(frozen=True)
@@ -47,16 +71,23 @@ class MicrobatchChoice:
 
 def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, stages: int, positions: int,
                         cluster: ClusterSpec, speeds: list[float] | None = None, cuts: list[int] | None = None,
-                        replicas: int = 1) -> MicrobatchChoice:
+                        replicas: int | tuple[int, ...] = 1) -> MicrobatchChoice:
     """The candidate with the fastest simulated step (ties: fewer microbatches, fewer updates to
-    stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate."""
+    stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate.
+    `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`)."""
     speeds = speeds or [1.0] * stages
+    unequal = not isinstance(replicas, int)
+    counts = tuple(replicas) if unequal else (1,) * stages
+    plan_speeds = [sp * r for sp, r in zip(speeds, counts)]  # a stage on r replicas runs 1/r of the microbatches
     table: dict[int, tuple[float, PartitionPlan]] = {}
-    for m in candidates(batch, schedule, stages, positions):
+    for m in candidates(batch, schedule, stages, positions, math.lcm(*counts)):
         costs = [layer.at(batch / m) for layer in layers]
-        plan = balanced_boundaries(costs, speeds, cluster) if cuts is None else _plan(costs, cluster, cuts, [1] * stages, speeds)
-        sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds),
-                     schedule_actions(schedule, stages, positions, m))
+        plan = (balanced_boundaries(costs, plan_speeds, cluster) if cuts is None
+                else _plan(costs, cluster, cuts, [1] * stages, plan_speeds))
+        plan = dataclasses.replace(plan, replicas=list(counts)) if unequal else plan
+        actions = (replicated_actions(schedule, counts, m) if unequal
+                   else schedule_actions(schedule, stages, positions, m))
+        sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds), actions)
         table[m] = (sim.step_time_s, plan)
     best = min(table, key=lambda m: (table[m][0], m))
     return MicrobatchChoice(best, table[best][1], {m: t for m, (t, _) in table.items()})

@@ -1,6 +1,7 @@
 """The pipeline strategy's knobs: how many stages, microbatches, which schedule, where to cut."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from caramel.errors import CaramelError
@@ -8,6 +9,7 @@ from caramel.errors import CaramelError
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
 REPLICA_REDUCES = ("auto", "caramel", "ddp")
 CARAMEL_REDUCE_SCHEDULES = ("gpipe", "1f1b")  # one stage per rank: one engine per optimizer
+UNEQUAL_SCHEDULES = ("gpipe", "1f1b")  # unequal replica counts: torch's schedule per virtual pipeline
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,9 @@ class PipelineOptions:
     or, for a model that is no `nn.Sequential`, the modules that begin them ("layers.2"), cut by
     torch.distributed.pipelining's tracer.
     `replicas`: data-parallel copies of each stage (hybrid); the world is stages x replicas
-    (stages / stages-per-worker x replicas for "interleaved").
+    (stages / stages-per-worker x replicas for "interleaved"). Or one count per stage,
+    "2+1" (a list [2, 1] from Python): the world is their sum, microbatch m runs on replica
+    m mod count of each stage (`unequal.py`; "gpipe" and "1f1b"); equal counts mean one int.
     `replica_reduce`: how a stage's replicas average their gradients once per step: "caramel"
     (Caramel's engine on the replica group, planned from a profile of the stage, updates applied
     lazily in the next step's first forward; `replica_reduce.py`; "gpipe" and "1f1b" only), "ddp"
@@ -36,7 +40,7 @@ class PipelineOptions:
     microbatches: int | str = "auto"
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
     partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
-    replicas: int = 1
+    replicas: int | str | list[int] | tuple[int, ...] = 1  # per stage: "2+1" or [2, 1]
     replica_reduce: str = field(default="auto", metadata={"choices": REPLICA_REDUCES})
     vertical_sync: bool = False
 
@@ -50,12 +54,30 @@ class PipelineOptions:
                 raise CaramelError(f"microbatches must be a count >= 1 or 'auto', got {self.microbatches!r}")
         elif self.microbatches < 1:
             raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
-        if self.replicas < 1:
-            raise CaramelError(f"replicas must be >= 1, got {self.replicas!r}")
+        counts = parse_replicas(self.replicas, self.stages)
+        # canonical: one int when every stage has the same count, else "2+1" (prints and parses back)
+        object.__setattr__(self, "replicas", counts[0] if len(set(counts)) == 1 else "+".join(map(str, counts)))
         if self.replica_reduce not in REPLICA_REDUCES:
             raise CaramelError(f"replica_reduce must be one of {', '.join(REPLICA_REDUCES)}, "
                                f"got {self.replica_reduce!r}")
-        if self.replica_reduce == "caramel" and self.replicas > 1 and self.schedule not in CARAMEL_REDUCE_SCHEDULES:
+        if self.unequal_replicas:
+            if self.schedule not in UNEQUAL_SCHEDULES:
+                raise CaramelError(f"replicas={self.replicas} (one count per stage) runs with schedule gpipe or 1f1b, "
+                                   f"not {self.schedule!r}")
+            if self.replica_reduce != "auto":
+                raise CaramelError(f"replicas={self.replicas}: unequal replica counts average gradients with a plain "
+                                   f"all-reduce per stage; leave replica_reduce=auto, not {self.replica_reduce!r}")
+            period = self.replica_period
+            if isinstance(self.microbatches, int) and self.microbatches % period:
+                raise CaramelError(f"replicas={self.replicas} deals microbatches round-robin: microbatches must be a "
+                                   f"multiple of {period} (the counts' least common multiple), got {self.microbatches}")
+            if (self.schedule == "1f1b" and isinstance(self.microbatches, int)
+                    and self.microbatches // period < self.stages):
+                raise CaramelError(f"replicas={self.replicas}, schedule=1f1b: each of the {period} virtual pipelines "
+                                   f"needs >= stages ({self.stages}) microbatches: microbatches >= "
+                                   f"{period * self.stages}, got {self.microbatches}")
+        if (self.replica_reduce == "caramel" and self.replica_counts()[0] > 1
+                and self.schedule not in CARAMEL_REDUCE_SCHEDULES):
             raise CaramelError(f"replica_reduce=caramel runs with schedule gpipe or 1f1b, not {self.schedule!r} "
                                f"(use replica_reduce=ddp)")
         if self.vertical_sync and self.schedule != "pipedream":
@@ -63,6 +85,29 @@ class PipelineOptions:
         if self.schedule == "1f1b" and isinstance(self.microbatches, int) and self.microbatches < self.stages:
             raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
         self.boundaries()  # a malformed partition is an error now, not at the first step
+
+    def replica_counts(self) -> tuple[int, ...]:
+        """The replicas of each stage (equal counts repeated; `interleaved`: one per position)."""
+        if isinstance(self.replicas, int):
+            return (self.replicas,) * self.stages
+        return tuple(int(c) for c in self.replicas.split("+"))
+
+    @property
+    def unequal_replicas(self) -> bool:
+        return isinstance(self.replicas, str)
+
+    @property
+    def replica_period(self) -> int:
+        """Microbatches before the round-robin repeats: the counts' least common multiple (the
+        number of virtual pipelines)."""
+        return math.lcm(*self.replica_counts())
+
+    def workers(self, positions: int | None = None) -> int:
+        """Workers the job needs: stages x replicas, the counts' sum when they differ
+        (`positions`: workers per pipeline, for interleaved)."""
+        if self.unequal_replicas:
+            return sum(self.replica_counts())
+        return (positions or self.stages) * self.replicas
 
     def replica_reducer(self) -> str:
         """"caramel" or "ddp": what averages the replicas' gradients ("auto" resolved)."""
@@ -73,6 +118,27 @@ class PipelineOptions:
     def boundaries(self) -> list[int] | list[str] | None:
         """The explicit partition as stage start indices or module names, or None for "auto"."""
         return parse_partition(self.partition, self.stages)
+
+
+def parse_replicas(replicas: int | str | list | tuple, stages: int) -> tuple[int, ...]:
+    """2 -> (2,) * stages; "2+1" / [2, 1] -> (2, 1): one count >= 1 per stage."""
+    bad = CaramelError(f"replicas must be a count >= 1 or one count per stage like '2+1', got {replicas!r}")
+    if isinstance(replicas, bool):
+        raise bad
+    if isinstance(replicas, int):
+        if replicas < 1:
+            raise CaramelError(f"replicas must be >= 1, got {replicas!r}")
+        return (replicas,) * stages
+    parts = replicas.replace(",", "+").split("+") if isinstance(replicas, str) else list(replicas)
+    if not all((isinstance(p, int) and not isinstance(p, bool)) or (isinstance(p, str) and p.strip().isdigit())
+               for p in parts):
+        raise bad
+    counts = tuple(int(p) for p in parts)
+    if any(c < 1 for c in counts):
+        raise CaramelError(f"replicas {replicas!r}: every stage needs >= 1 replica")
+    if len(counts) != stages:
+        raise CaramelError(f"replicas {replicas!r} gives {len(counts)} counts; stages={stages} needs one per stage")
+    return counts
 
 
 def parse_partition(partition: str | list | tuple, stages: int) -> list[int] | list[str] | None:

@@ -29,6 +29,7 @@ from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
+from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
 
@@ -46,7 +47,7 @@ class Pipeline:
             raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: layer indices {cuts} do not "
                                f"apply; name the modules that begin stages 1.. (partition='layers.2+...') or use "
                                f"partition='auto'")
-        if options.schedule == "pipedream" and options.replicas > 1:
+        if options.schedule == "pipedream" and options.workers() > options.stages:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
         self._optimizer_arg = optimizer
@@ -55,8 +56,12 @@ class Pipeline:
             raise CaramelError(f"pipeline: optimizer must be a torch optimizer or a function params -> optimizer, "
                                f"got {type(optimizer).__name__}")
         self.process_group = process_group
-        self.layout: Layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
-                                          process_group)
+        self.layout: Layout | ReplicatedLayout
+        if options.unequal_replicas:  # one count per stage: virtual pipelines (unequal.py)
+            self.layout = make_replicated_layout(options.replica_counts(), process_group)
+        else:
+            self.layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
+                                      process_group)
         self.device = next(model.parameters()).device
         if options.schedule == "pipedream" and self.device.type != "cpu":
             raise CaramelError(f"pipeline: schedule=pipedream runs on CPU tensors (gloo point to point); "
@@ -106,6 +111,8 @@ class Pipeline:
         self.optimizer.zero_grad(set_to_none=True)
         last = self.layout.holds_last(self.options.stages)
         losses: list[torch.Tensor] = []
+        if isinstance(self._runner, VirtualPipelines):  # the sum of this rank's microbatch losses
+            return self._runner.step(inputs.to(self.device), targets.to(self.device), self.optimizer)
         args = (inputs.to(self.device),) if self.layout.holds_first else ()
         self._runner.step(*args, target=targets.to(self.device) if last else None, losses=losses if last else None,
                           return_outputs=False)
@@ -119,9 +126,11 @@ class Pipeline:
     def _share_loss(self, local: torch.Tensor | None) -> torch.Tensor:
         """The last stage's loss, broadcast along the pipeline, then averaged over replicas."""
         lay = self.layout
-        src = lay.pipeline_ranks[(self.options.stages - 1) % lay.positions]
         loss = local.detach().clone().float() if local is not None else torch.zeros((), dtype=torch.float32)
         loss = loss.to(self.device)
+        if isinstance(self._runner, VirtualPipelines):
+            return self._runner.share_loss(loss)
+        src = lay.pipeline_ranks[(self.options.stages - 1) % lay.positions]
         dist.broadcast(loss, src=src, group=lay.pipeline_group)
         if lay.replica_group is not None:
             dist.all_reduce(loss, group=lay.replica_group)
@@ -147,6 +156,11 @@ class Pipeline:
             self._runner = PipeDreamStage(self.stage_modules[0], lay.stage_indices[0], n, self.optimizer,
                                           lay.pipeline_ranks, lay.pipeline_group, self.options.microbatches,
                                           vertical_sync=self.options.vertical_sync)
+            return
+        if isinstance(lay, ReplicatedLayout):
+            self.timer = StageTimer()
+            self._runner = VirtualPipelines(self.stage_modules[0], lay, n, self.device, self.options.schedule,
+                                            self.options.microbatches, loss_fn, self.timer)
             return
         scale_grads = True  # torch's schedule divides the gradients by the microbatch count
         if lay.replica_group is not None and self.options.replica_reducer() == "caramel":
@@ -237,7 +251,7 @@ class Pipeline:
             raise CaramelError("pipeline: microbatches='auto' profiles the layers of an nn.Sequential; give a count "
                                "(microbatches=4) for a model cut by torch's tracer")
         batch = inputs.shape[0]
-        cands = candidates(batch, o.schedule, o.stages, lay.positions)
+        cands = candidates(batch, o.schedule, o.stages, lay.positions, o.replica_period if o.unequal_replicas else 1)
         ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
         box: list[Any] = [None]
         if dist.get_rank() == ranks[0]:
@@ -254,20 +268,14 @@ class Pipeline:
 
     def _simulate_counts(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
                          cands: list[int]) -> tuple[int, PartitionPlan, dict[int, float]]:
-        from caramel.profile.profiler import profile_model
-        from caramel.strategies.pipeline.microbatches import choose_microbatches, fit_scaling
+        from caramel.strategies.pipeline.microbatches import choose_microbatches, profiled_scaling
 
         o, lay = self.options, self.layout
-        probe = copy.deepcopy(self.model)
-        sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
-        costs = []
-        for n in sizes:
-            prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
-            costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
         cluster, per_stage = self._cluster_and_speeds()
         fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
-        choice = choose_microbatches(fit_scaling(costs[0], sizes[0], costs[1], sizes[1]), inputs.shape[0], o.schedule,
-                                     o.stages, lay.positions, cluster, per_stage, fixed_cuts, o.replicas)
+        choice = choose_microbatches(profiled_scaling(self.model, inputs, targets, loss_fn, cands), inputs.shape[0],
+                                     o.schedule, o.stages, lay.positions, cluster, per_stage, fixed_cuts,
+                                     o.replica_counts() if o.unequal_replicas else o.replicas)
         return choice.microbatches, choice.plan, choice.predicted_step_s
 
     def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
@@ -294,6 +302,8 @@ class Pipeline:
             units = None if sequential else forward_units(probe, sample)
             costs = layer_costs_from_profile(prof, probe, sample) if sequential else unit_costs(prof, probe, units, sample)
             cluster, per_stage = self._cluster_and_speeds()
+            if self.options.unequal_replicas:  # a stage on r replicas runs 1/r of the microbatches
+                per_stage = [sp * r for sp, r in zip(per_stage, self.options.replica_counts())]
             plan = balanced_boundaries(costs, per_stage, cluster)
             box[0] = (plan, None if units is None else [units[i].name for i in plan.boundaries])
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
@@ -307,11 +317,12 @@ class Pipeline:
         the steps so far, the first left out as warm-up), see `timing.py` for the definition.
         A collective along the pipeline: all its ranks call it."""
         mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
-        parts: list[Any] = [None] * self.layout.positions
-        dist.all_gather_object(parts, mine, group=self.layout.pipeline_group)
-        out = bubble_fractions(parts)
+        group, size = self.layout.gather_group
+        parts: list[Any] = [None] * size
+        dist.all_gather_object(parts, mine, group=group)
+        out = bubble_fractions(parts)  # unequal replicas: per rank, stage-major
         m, p = self.options.microbatches, self.layout.positions
-        if self.options.schedule in ("gpipe", "1f1b"):
+        if self.options.schedule in ("gpipe", "1f1b") and not self.options.unequal_replicas:
             out["bubble_fraction_ideal"] = (p - 1) / (m + p - 1)  # equal stages, free transfers
         return out
 
@@ -326,8 +337,9 @@ class Pipeline:
         own: dict[str, torch.Tensor] = {}
         for m in self.stage_modules:
             own.update({k: v.detach().cpu().clone() for k, v in m.state_dict().items()})
-        parts: list[Any] = [None] * self.layout.positions
-        dist.all_gather_object(parts, own, group=self.layout.pipeline_group)
+        group, size = self.layout.gather_group
+        parts: list[Any] = [None] * size
+        dist.all_gather_object(parts, own, group=group)
         merged = {k: v for part in parts for k, v in part.items()}
         return {k: merged[k] for k in self.model.state_dict()}
 
@@ -350,7 +362,7 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
 
 
 def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
-             schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int = 1,
+             schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int | str | list[int] = 1,
              replica_reduce: str = "auto", vertical_sync: bool = False, process_group: Any = None,
              cluster: ClusterSpec | None = None,
              options: PipelineOptions | None = None) -> Pipeline:

@@ -11,9 +11,17 @@ next stage's backward, plus one link transfer when they sit on different positio
     position 1    |F0|F1|F2|F3|B0|B1|B2|B3|            bubble = (p-1)/(m+p-1) of the step
 
 Asynchronous PipeDream drains at every `step()` in this runtime, so it replays like 1F1B.
+
+Unequal replica counts (`replicas="2+1"`) replay one lane per rank (`replicated_actions`): the
+rank holding replica j of stage s runs the virtual pipelines v = j, j + r_s, ... (v < the counts'
+least common multiple L) one after another, each the schedule's own order over microbatches v,
+v + L, ..., as `unequal.py` runs them; a transfer is charged when an action's input comes from
+another lane.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -74,6 +82,22 @@ def schedule_actions(schedule: str, stages: int, positions: int, microbatches: i
     return out
 
 
+def replicated_actions(schedule: str, counts: tuple[int, ...] | list[int], microbatches: int) -> list[list[Action]]:
+    """Each rank's ordered actions with `counts[s]` replicas of stage s (ranks stage-major), as
+    the runtime runs them: its virtual pipelines in increasing v, each the schedule's order over
+    its microbatches (global indices v, v + L, v + 2L, ...)."""
+    period, stages = math.lcm(*counts), len(counts)
+    if microbatches % period:
+        raise CaramelError(f"replicas {'+'.join(map(str, counts))}: microbatches must be a multiple of {period}, "
+                           f"got {microbatches}")
+    per_virtual = schedule_actions(schedule, stages, stages, microbatches // period)
+    lanes = []
+    for s, r in enumerate(counts):
+        for j in range(r):
+            lanes.append([(s, kind, v + period * k) for v in range(j, period, r) for _, kind, k in per_virtual[s]])
+    return lanes
+
+
 def _torch_order(stages: int, positions: int, m: int) -> list[list[Action]]:
     """torch's interleaved 1F1B order, read from its schedule built over placeholder stages."""
     from torch.distributed.pipelining import ScheduleInterleaved1F1B
@@ -88,7 +112,8 @@ def _torch_order(stages: int, positions: int, m: int) -> list[list[Action]]:
 def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
     """Walk every position's list in order; an action waits for its position and its input."""
     n = len(costs.forward_s)
-    where = {s: p for p, acts in enumerate(actions) for s, _, _ in acts}
+    where = {a: p for p, acts in enumerate(actions) for a in acts}  # the lane of every action
+    held = [{s for s, _, _ in acts} for acts in actions]
     done: dict[Action, float] = {}
     free = [0.0] * len(actions)
     busy = [0.0] * len(actions)
@@ -103,7 +128,7 @@ def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
                 if dep[0] < 0:
                     ready = 0.0
                 elif dep in done:
-                    link = costs.transfer_s[min(s, dep[0])] if where[dep[0]] != p else 0.0
+                    link = costs.transfer_s[min(s, dep[0])] if where[dep] != p else 0.0
                     ready = done[dep] + link
                 else:
                     break
@@ -116,27 +141,29 @@ def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
                 progressed = True
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    reduce = [max((costs.allreduce_s[s] for s in range(n) if where[s] == p), default=0.0) if costs.allreduce_s
-              else 0.0 for p in range(len(actions))]
-    update = [sum(costs.update_s[s] for s in range(n) if where[s] == p) if costs.update_s else 0.0
+    reduce = [max((costs.allreduce_s[s] for s in held[p]), default=0.0) if costs.allreduce_s else 0.0
               for p in range(len(actions))]
+    update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(len(actions))]
     return PipelineSim(max(f + r + u for f, r, u in zip(free, reduce, update)), busy, free)
 
 
-def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec, replicas: int = 1,
-                speeds: list[float] | None = None, optimizer_s: float = 0.0) -> StageCosts:
-    """Sum layers into stages (slowed by each stage's worker speed). `optimizer_s`: the whole
+def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
+                replicas: int | tuple[int, ...] | list[int] = 1, speeds: list[float] | None = None,
+                optimizer_s: float = 0.0) -> StageCosts:
+    """Sum layers into stages (slowed by each stage's worker speed). `replicas`: of every stage,
+    or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
     model's optimizer step, shared among the stages by their parameters' bytes."""
     edges = [0, *boundaries, len(costs)]
     speeds = speeds or [1.0] * (len(edges) - 1)
     groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
     stage_bytes = [sum(c.param_bytes for c in g) for g in groups]
     total = sum(stage_bytes)
-    ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
+    counts = [replicas] * len(groups) if isinstance(replicas, int) else list(replicas)
+    rings = [ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in counts]
     return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
-                      [ring.allreduce_time_s(nbytes) for nbytes in stage_bytes],
+                      [ring.allreduce_time_s(nbytes) for ring, nbytes in zip(rings, stage_bytes)],
                       [optimizer_s * nbytes / total / sp if total else 0.0 for nbytes, sp in zip(stage_bytes, speeds)])
 
 
@@ -189,22 +216,33 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
     pipeline's step takes one profile batch per position, so a step trains as many samples as
     data parallelism over the same workers does (as the bench runs it)."""
+    unequal = options.unequal_replicas
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
     auto_note = None
     if options.microbatches == "auto":
         options, auto_note = _auto_microbatches(profile, cluster, options, positions)
-    names, costs = costs_from_profile(profile, options.microbatches, batches=positions)
+    # equal replicas: each pipeline takes one batch per position; unequal: the one global batch, one per worker
+    names, costs = costs_from_profile(profile, options.microbatches, batches=options.workers(positions)
+                                      if unequal else positions)
     speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
     per_stage = [speeds[k % positions] for k in range(options.stages)]
+    counts = options.replica_counts() if unequal else (1,) * options.stages
+    # round-robin: each replica of stage s runs 1/r_s of the microbatches, as a worker r_s times as fast would
+    plan_speeds = [sp * r for sp, r in zip(per_stage, counts)]
     cuts = options.boundaries()
     if cuts is None:
-        plan: PartitionPlan = balanced_boundaries(costs, per_stage, cluster)
+        plan: PartitionPlan = balanced_boundaries(costs, plan_speeds, cluster)
     else:
         index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
         plan = _plan(costs, cluster, [next(k for k, i in enumerate(index) if i >= c) for c in cuts], [1] * options.stages,
-                     per_stage)
-    sc = stage_costs(costs, plan.boundaries, cluster, options.replicas, per_stage, profile.optimizer_time_s)
-    sim = replay(sc, schedule_actions(options.schedule, options.stages, positions, options.microbatches))
+                     plan_speeds)
+    if unequal:
+        plan = dataclasses.replace(plan, replicas=list(counts))
+    sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
+                     profile.optimizer_time_s)
+    actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
+               else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
+    sim = replay(sc, actions)
     compute = max(sim.busy_s)
     comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches
     return SimResult(step_time_s=sim.step_time_s, compute_time_s=compute, comm_time_s=comm,
@@ -213,7 +251,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      comm_busy_fraction=min(1.0, comm / sim.step_time_s), iteration_times_s=[sim.step_time_s] * iterations,
                      critical_path={"slowest_stage": plan.slowest_stage, "stage_times_s": plan.stage_times_s},
                      planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
-                     world_size=positions * options.replicas, num_items=options.microbatches,
+                     world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note})
@@ -224,11 +262,10 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
     """microbatches="auto" from the profile: with module times at two batch sizes each layer has
     a fixed cost per microbatch, as in the runtime's choice; with one size only per-sample costs
     and the links' latency per transfer decide, which favours more microbatches."""
-    import dataclasses
 
     from caramel.strategies.pipeline.microbatches import choose_microbatches
 
-    batch = profile.batch_size * positions
+    batch = profile.batch_size * (options.workers(positions) if options.unequal_replicas else positions)
     names, layers = scaling_from_profile(profile)
     cuts = options.boundaries()
     fixed = None
@@ -237,7 +274,8 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
         fixed = [next(k for k, i in enumerate(index) if i >= c) for c in cuts]
     speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
     choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
-                                 [speeds[k % positions] for k in range(options.stages)], fixed, options.replicas)
+                                 [speeds[k % positions] for k in range(options.stages)], fixed,
+                                 options.replica_counts() if options.unequal_replicas else options.replicas)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "
             + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")

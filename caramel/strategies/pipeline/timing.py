@@ -100,10 +100,11 @@ def bubble_fractions(per_position: list[list[tuple[float, float]]], skip_steps: 
     if steps == 0:
         return {"bubble_fraction": None, "bubble_fraction_per_stage": [], "bubble_steps": 0}
     first = skip_steps if steps > skip_steps else 0
-    per_stage = []
+    per_stage, busy = [], []
     for pos in per_position:
         fr = [1 - pos[k][1] / per_position[0][k][0] for k in range(first, steps) if per_position[0][k][0] > 0]
         per_stage.append(statistics.median(fr) if fr else None)
+        busy.append(statistics.median(pos[k][1] for k in range(first, steps)))
     known = [f for f in per_stage if f is not None]
     return {"bubble_fraction": sum(known) / len(known) if known else None, "bubble_fraction_per_stage": per_stage,
-            "bubble_steps": steps - first}
+            "busy_s_per_stage": busy, "bubble_steps": steps - first}

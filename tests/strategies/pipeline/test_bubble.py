@@ -113,4 +113,5 @@ def test_bubble_fractions_use_the_first_positions_span():
     # position 0 spans 10 s busy 8; position 1 busy 8 within a shorter span of its own: both 0.2
     out = bubble_fractions([[(99.0, 1.0), (10.0, 8.0)], [(50.0, 1.0), (8.0, 8.0)]])
     assert out["bubble_fraction_per_stage"] == pytest.approx([0.2, 0.2]) and out["bubble_steps"] == 1
+    assert out["busy_s_per_stage"] == pytest.approx([8.0, 8.0])  # each position's compute, after the warm-up step
     assert bubble_fractions([[], []])["bubble_fraction"] is None

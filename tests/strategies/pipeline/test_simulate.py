@@ -136,3 +136,50 @@ def test_small_batch_profiles_are_checked():
     other = profile_model(model, x, y, nn.functional.cross_entropy, steps=1)
     with pytest.raises(CaramelError, match="another model"):
         prof.with_small_batch(other)
+
+
+def test_unequal_replicas_replay_the_runtimes_round_robin():
+    from caramel.strategies.pipeline.simulate import replicated_actions
+    from caramel.strategies.pipeline.unequal import virtual_chains
+
+    # stage 0 (F = B = 2) on 2 replicas, stage 1 (F = B = 1) on 1, GPipe, 4 microbatches, free links.
+    # rank 0 runs virtual pipeline 0 (m0, m2), rank 1 pipeline 1 (m1, m3), rank 2 both in turn:
+    #   rank 0  F0 0-2, F2 2-4,                 B0 6-8, B2 8-10
+    #   rank 1  F1 0-2, F3 2-4,                                  B1 10-12, B3 12-14
+    #   rank 2  F0 2-3, F2 4-5, B0 5-6, B2 6-7, F1 7-8, F3 8-9, B1 9-10, B3 10-11
+    lanes = replicated_actions("gpipe", (2, 1), 4)
+    assert lanes[0] == [(0, "F", 0), (0, "F", 2), (0, "B", 0), (0, "B", 2)]
+    assert lanes[2] == [(1, k, m) for m2 in ((0, 2), (1, 3)) for k in "FB" for m in m2]
+    sim = replay(StageCosts([2.0, 1.0], [2.0, 1.0], [0.0]), lanes)
+    assert sim.step_time_s == pytest.approx(14.0) and sim.busy_s == pytest.approx([8.0, 8.0, 8.0])
+    # every action sits on the rank the runtime's layout gives its microbatch (`unequal.virtual_chains`)
+    for counts, schedule, m in (((2, 1), "gpipe", 4), ((1, 3), "1f1b", 6), ((3, 2), "gpipe", 12),
+                                ((1, 2, 1), "1f1b", 6)):
+        chains, period = virtual_chains(counts), len(virtual_chains(counts))
+        lanes = replicated_actions(schedule, counts, m)
+        assert sorted(a for lane in lanes for a in lane) == sorted((s, k, i) for s in range(len(counts))
+                                                                   for k in "FB" for i in range(m))
+        assert all(chains[i % period][s] == rank for rank, lane in enumerate(lanes) for s, _, i in lane)
+        replay(StageCosts([1.0] * len(counts), [2.0] * len(counts), [0.1] * (len(counts) - 1)), lanes)  # no deadlock
+    # equal counts of one are the plain schedule
+    assert replicated_actions("1f1b", (1, 1), 4) == schedule_actions("1f1b", 2, 2, 4)
+    with pytest.raises(CaramelError, match="microbatches must be a multiple of 6"):
+        replicated_actions("gpipe", (2, 3), 4)
+
+
+def test_simulate_unequal_replicas_from_a_profile():
+    from caramel.profile.profiler import profile_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    prof = profile_model(model, x, y, nn.functional.cross_entropy, steps=1)
+    cluster = ClusterSpec.uniform(3, 1e10)
+    sim = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, replicas="2+1", schedule="gpipe", microbatches=4,
+                                                           partition="4"))  # the heavy layers on 2 replicas
+    assert sim.world_size == 3 and sim.num_items == 4
+    # the planner's stage times (a stage on r replicas as a worker r times as fast) and the replayed
+    # lanes (each replica computing its microbatches) agree on the busiest rank's compute per step
+    assert sim.compute_time_s == pytest.approx(sim.meta["predicted_slowest_stage_s"])
+    auto = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, replicas="2+1", schedule="1f1b"))
+    assert auto.num_items % 2 == 0 and auto.num_items // 2 >= 2  # a multiple of the period, 1F1B's bound per pipeline

@@ -1,0 +1,73 @@
+"""Unequal replica counts per stage (`replicas="2+1"`): virtual pipelines against single-process training."""
+from __future__ import annotations
+
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.testing import run_workers
+from tests.strategies.pipeline import unequal_workers
+
+# name: (replicas, schedule, optimizer, microbatches, batch)
+THREE = {"2+1_gpipe_sgd": ("2+1", "gpipe", "sgd", 4, 8), "1+2_1f1b_adam": ([1, 2], "1f1b", "adam", 4, 8),
+         "2+1_1f1b_auto": ("2+1", "1f1b", "sgd", "auto", 8)}
+
+
+def test_unequal_replicas_match_whole_batch_training_on_3_workers():
+    ranks = run_workers(unequal_workers.unequal_worker, 3, args=(THREE,), timeout_s=150)
+    assert [(r["2+1_gpipe_sgd"]["stage"], r["2+1_gpipe_sgd"]["replica"]) for r in ranks] == [(0, 0), (0, 1), (1, 0)]
+    assert [r["2+1_gpipe_sgd"]["virtual"] for r in ranks] == [[0], [1], [0, 1]]
+    assert [r["1+2_1f1b_adam"]["virtual"] for r in ranks] == [[0, 1], [0], [1]]
+    for out in ranks:
+        for name, r in out.items():
+            assert r["diff"] <= 1e-5, (name, r["diff"])
+            assert r["half_diff"] > 1e-3, (name, r["half_diff"])  # the comparison can fail
+            assert abs(r["losses"][0] - r["first_loss"]) <= 1e-5, (name, r["losses"][0], r["first_loss"])
+    for name in THREE:
+        assert len({tuple(r[name]["losses"]) for r in ranks}) == 1  # the loss is on every rank
+    # "auto": one count for all ranks, a multiple of the 2 virtual pipelines with 2 microbatches each
+    # (1F1B's bound per pipeline), among those that split the batch of 8
+    auto = {(r["2+1_1f1b_auto"]["microbatches"], tuple(r["2+1_1f1b_auto"]["boundaries"])) for r in ranks}
+    assert len(auto) == 1 and next(iter(auto))[0] in (4, 8), auto
+
+
+def test_unequal_replicas_on_4_workers():
+    # three virtual pipelines (3+1, 1+3), and three stages with a replicated middle one
+    configs = {"3+1_gpipe_sgd": ("3+1", "gpipe", "sgd", 6, 12), "1+3_1f1b_adam": ("1+3", "1f1b", "adam", 6, 12),
+               "1+2+1_gpipe_sgd": ("1+2+1", "gpipe", "sgd", 4, 8)}
+    ranks = run_workers(unequal_workers.unequal_worker, 4, args=(configs,), timeout_s=150)
+    assert [r["3+1_gpipe_sgd"]["virtual"] for r in ranks] == [[0], [1], [2], [0, 1, 2]]
+    assert [r["1+3_1f1b_adam"]["virtual"] for r in ranks] == [[0, 1, 2], [0], [1], [2]]
+    assert [r["1+2+1_gpipe_sgd"]["stage"] for r in ranks] == [0, 1, 1, 2]
+    for out in ranks:
+        for name in configs:
+            r = out[name]
+            assert r["diff"] <= 1e-5 and r["half_diff"] > 1e-3, (name, r["diff"], r["half_diff"])
+        assert "replicas=2+1 needs 3 workers (their sum), the group has 4" in out["world_error"], out["world_error"]
+
+
+def test_unequal_replica_options_are_typed_and_checked():
+    from caramel.strategies import STRATEGIES
+    from caramel.strategies.options import to_spec
+    from caramel.strategies.pipeline.options import PipelineOptions
+
+    spec = STRATEGIES.spec("pipeline:replicas=2+1,schedule=gpipe,microbatches=4")
+    assert spec.options.replica_counts() == (2, 1) and spec.options.unequal_replicas
+    assert spec.options.replica_period == 2 and spec.options.workers() == 3
+    assert to_spec("pipeline", spec.options) == spec.name  # prints the way it parses
+    assert PipelineOptions(replicas=[2, 1]).replicas == "2+1"
+    assert PipelineOptions(replicas=[2, 2]).replicas == 2  # equal counts: the equal-replica runtime
+    assert PipelineOptions(stages=3, replicas=(3, 1, 2)).replica_period == 6
+    bad = {
+        "gives 3 counts; stages=2 needs one per stage": dict(replicas=[2, 1, 1]),
+        "every stage needs >= 1 replica": dict(replicas="2+0"),
+        "one count per stage like '2\\+1', got 'a\\+1'": dict(replicas="a+1"),
+        "runs with schedule gpipe or 1f1b, not 'pipedream'": dict(replicas="2+1", schedule="pipedream"),
+        "microbatches must be a multiple of 6": dict(stages=2, replicas="3+2", microbatches=4),
+        "leave replica_reduce=auto, not 'caramel'": dict(replicas="2+1", replica_reduce="caramel"),
+        "each of the 2 virtual pipelines needs >= stages \\(2\\) microbatches": dict(replicas="2+1", microbatches=2),
+    }
+    for message, kwargs in bad.items():
+        with pytest.raises(CaramelError, match=message):
+            PipelineOptions(**kwargs)
+    with pytest.raises(CaramelError, match="option replicas must be"):
+        STRATEGIES.spec("pipeline:replicas=1.5")
