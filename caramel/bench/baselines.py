@@ -50,6 +50,9 @@ class Runner:
         """False while the strategy is still choosing its schedule (profiling, trials): warm-up goes on."""
         return True
 
+    def start_measuring(self) -> None:
+        """Warm-up is over: forget what the warm-up steps recorded."""
+
 
 def trainable_params(model: nn.Module) -> list[nn.Parameter]:
     """Parameters that get gradients, each once (tied parameters count once), in registration order."""
@@ -164,9 +167,12 @@ class Concurrent(Runner):
     def __init__(self, compute: ComputeOnly, comm: CommOnly):
         self.compute, self.comm = compute, comm
         # per step on CPU: (the compute's duration, how long a collective was in flight during
-        # it), seconds, for caramel.bench.contention; a GPU's compute and transfers do not share
-        # the host's cores that way
-        self.spans: list[tuple[float, float]] = []
+        # it, seconds; how many collectives started during it), for caramel.bench.contention; a
+        # GPU's compute and transfers do not share the host's cores that way
+        self.spans: list[tuple[float, float, int]] = []
+
+    def start_measuring(self) -> None:
+        self.spans.clear()
 
     def step(self) -> None:
         if self.comm.device.type != "cpu":
@@ -183,4 +189,6 @@ class Concurrent(Runner):
         self.compute.step()
         t1 = time.perf_counter()
         torch.futures.wait_all(done)
-        self.spans.append((t1 - t0, min(max(ends, default=t0), t1) - t0))
+        # the backend runs a group's collectives one at a time: each starts as the one before ends
+        starts = [t0] + sorted(ends)[:-1]
+        self.spans.append((t1 - t0, min(max(ends, default=t0), t1) - t0, sum(t < t1 for t in starts)))

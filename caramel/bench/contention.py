@@ -1,45 +1,61 @@
 """How much slower compute runs while collectives are in flight, from the concurrent baseline.
 
 The concurrent baseline issues a step's all-reduces and runs the compute-only step beside them
-(`caramel.bench.baselines.Concurrent`). Each of its steps records how long the compute took and
+(`caramel.bench.baselines.Concurrent`). Each of its steps records how long the compute took,
 for how long a collective was in flight during it (from the compute's start to the last
-collective's completion, at most the compute's end). The event engine's model of contention:
-compute runs f times slower while a collective is in flight, so in O seconds of overlap it
-gets O / f of its work done. With compute C alone (the compute-only baseline's median), the
-compute beside the transfers takes C_beside = C + O (1 - 1/f), so
+collective's completion, at most the compute's end) and how many collectives started during
+it. The event engine's model of contention (`caramel.sim.event_loop.Busy`): each collective
+that starts while compute runs pauses it for the cluster's `collective_cpu_s` p, and for the
+rest of the collective's interval compute runs f times slower, so k starts in O seconds of
+overlap leave (O - k p) / f of its work done. With compute C alone (the compute-only
+baseline's median), the compute beside the transfers takes C_beside = C + O - (O - k p) / f, so
 
-    f = O / (O - (C_beside - C))
+    f = (O - k p) / (O - (C_beside - C))
 
-per rank, from the medians of its steps (C_beside = C gives 1; a compute slowed through all
-of it, O = C_beside, gives C_beside / C). The job's factor is the slowest rank's: a synchronous
-step waits for it (the validation experiment takes it the same way). Where the collectives
-overlap too little of the compute to tell (O under `MIN_OVERLAP_SHARE` of C), a rank gives no
-factor (as does one whose delay is longer than the overlap itself, which no slowdown
-explains); no rank with one means no evidence of contention, factor 1. The factor goes into the
-predictions' ClusterSpec (`compute_slowdown`), which the event engine applies to the ddp and
-caramel models; the ps, gossip and pipeline simulators do not model contention.
+per rank, from the medians of its steps (a delay of just the pauses gives 1; a compute slowed
+through all of it, O = C_beside and p = 0, gives C_beside / C). The job's factor is the slowest rank's: a
+synchronous step waits for it (the validation experiment takes it the same way).
+
+A rank whose collectives overlap too little of the compute to tell (O under
+`MIN_OVERLAP_SHARE` of C, or filled by the pauses) gives no factor. A delay as long as the overlap or longer, which no
+finite f explains (compute that made no progress at all), counts as `MAX_SLOWDOWN`, as does
+any larger f: beyond it the baseline has measured a stall, not a share of the cores. No rank
+with a factor means no evidence of contention: 1.
+
+The factor is measured with the baselines' thread priority (real-time where allowed, as the
+caramel engine runs its own); plain `ddp` runs its threads at normal priority, and its
+prediction takes the same factor.
 """
 from __future__ import annotations
 
 from caramel.stats import median
 
 MIN_OVERLAP_SHARE = 0.1  # below this share of the compute, the overlap says nothing about a slowdown
+MAX_SLOWDOWN = 4.0  # compute on a core shared with the backend's threads, the kernel and up to 3 more ranks
 
 
-def rank_slowdown(compute_alone_s: float, spans: list[tuple[float, float]]) -> float | None:
+def rank_slowdown(compute_alone_s: float, spans: list[tuple[float, float, int]],
+                  collective_cpu_s: float = 0.0) -> float | None:
     """One rank's factor from its compute-only median and its concurrent steps' (compute
-    duration, overlap) spans, in seconds; None when the overlap is too short to tell."""
+    duration, overlap, collectives started) spans; None when the overlap is too short to tell."""
     if not spans or compute_alone_s <= 0:
         return None
-    beside = median([c for c, _ in spans])
-    overlap = median([o for _, o in spans])
+    beside = median([c for c, _, _ in spans])
+    overlap = median([o for _, o, _ in spans])
+    if overlap < MIN_OVERLAP_SHARE * compute_alone_s:
+        return None
+    working = overlap - median([k for _, _, k in spans]) * collective_cpu_s  # the overlap less the pauses
+    if working <= 0:
+        return None
     extra = beside - compute_alone_s
-    if overlap < MIN_OVERLAP_SHARE * compute_alone_s or extra >= overlap:
-        return None  # too little overlap to tell, or more delay than the model can put in it
-    return max(1.0, overlap / (overlap - extra))
+    if overlap - extra <= working / MAX_SLOWDOWN:
+        return MAX_SLOWDOWN
+    return max(1.0, working / (overlap - extra))
 
 
-def job_slowdown(compute_alone_s: list[float], spans: list[list[tuple[float, float]]]) -> float:
+def job_slowdown(compute_alone_s: list[float], spans: list[list[tuple[float, float, int]]],
+                 collective_cpu_s: float = 0.0) -> float:
     """The slowest rank's factor (module docstring); 1 without evidence on any rank."""
-    factors = [f for f in (rank_slowdown(c, s) for c, s in zip(compute_alone_s, spans)) if f is not None]
+    factors = [f for f in (rank_slowdown(c, s, collective_cpu_s) for c, s in zip(compute_alone_s, spans))
+               if f is not None]
     return max(factors, default=1.0)

@@ -217,6 +217,7 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
         for _ in range(settings.warmup_steps):
             runners[name].step()
         settle(runners[name], name)
+        runners[name].start_measuring()
         dist.barrier()
     times: dict[str, list[float]] = {n: [] for n in names}
     if trace is not None:
@@ -321,8 +322,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     compute_medians = [median(g["compute"]) for g in gathered]
-    slowdown = job_slowdown(compute_medians, spans)
     link = link_costs(probed)
+    # the probe's pause per collective is charged apart, as the event engine charges it
+    slowdown = job_slowdown(compute_medians, spans, (link or {}).get("collective_cpu_s") or 0.0)
     # with the probed fixed costs charged per collective, the rate they are netted out of
     net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, runners["comm"].stats().get("buckets", 1), link)
     if link is not None:

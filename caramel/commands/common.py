@@ -80,6 +80,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         meta=dict(spec.meta) if spec else {},
         queued_latency_s=queued,
         collective_cpu_s=cpu,
+        compute_slowdown=spec.compute_slowdown if spec else 1.0,
     )
 
 

@@ -69,10 +69,12 @@ def check_overlap(overlap: str) -> None:
 
 
 def predict_step_time_s(work: Workload, cluster: ClusterSpec, comm: CommModel, overlap: str = "forward",
-                        iterations: int = 4, compute_slowdown: float = 1.0) -> float:
-    """Steady-state step time only, for a prebuilt workload: the planner's fast path (no checks, no trace)."""
+                        iterations: int = 4, compute_slowdown: float | None = None) -> float:
+    """Steady-state step time only, for a prebuilt workload: the planner's fast path (no checks, no
+    trace); `compute_slowdown` None takes the cluster's, as `simulate` does."""
+    f = cluster.compute_slowdown if compute_slowdown is None else compute_slowdown
     run = run_engine(work, [w.speed for w in cluster.workers], comm, overlap, iterations, record=False,
-                     compute_slowdown=compute_slowdown)
+                     compute_slowdown=f)
     return max(steady_period_s(ln) for ln in run.timelines)
 
 

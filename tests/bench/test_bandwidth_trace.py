@@ -6,6 +6,7 @@ import time
 import pytest
 
 from caramel.bench.bandwidth_trace import load_trace, parse_trace
+from caramel.bench.baselines import Runner
 from caramel.bench.phases import attribute, phase_results, phase_windows
 from caramel.bench.trace_control import TraceController
 from caramel.errors import CaramelError
@@ -150,7 +151,7 @@ def test_a_stopped_controller_changes_nothing_and_a_failed_change_is_logged(tmp_
     assert ctl.applied[1]["error"] == "tc said no" and "ended" not in ctl.applied[1]
 
 
-class _Runner:
+class _Runner(Runner):
     def __init__(self, step_s: float):
         self.step_s = step_s
 

@@ -1,4 +1,5 @@
 """The harness's round order (one process)."""
+from caramel.bench.baselines import Runner
 from caramel.bench.harness import round_order
 
 
@@ -10,7 +11,7 @@ def test_rounds_rotate_so_every_runner_leads_once_and_keeps_its_neighbours():
     assert keys == ["ddp", "caramel", "compute"]  # not reordered in place
 
 
-class _Runner:
+class _Runner(Runner):
     """Settles after `settle_at` steps; counts them."""
 
     def __init__(self, settle_at: int):

@@ -46,6 +46,14 @@ def test_compute_slowdown_what_if(tmp_path, profile_path, capsys):
     slowed = json.loads(out.read_text())["records"][0]
     assert slowed["compute_slowdown"] == 2.0 and calm["compute_slowdown"] == 1.0
     assert slowed["step_time_s"] > calm["step_time_s"]
+    # a cluster spec's own factor is the default, and the flag overrides it
+    spec = tmp_path / "cluster.json"
+    ClusterSpec.uniform(2, 1e9, compute_slowdown=2.0).save(spec)
+    from_spec = ["simulate", "--profile", str(profile_path), "--cluster", str(spec), "--planner", "fifo"]
+    assert main(from_spec + ["--json", str(out)]) == 0
+    assert json.loads(out.read_text())["records"][0] == slowed
+    assert main(from_spec + ["--compute-slowdown", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["records"][0] == calm
 
 
 def test_plan_then_simulate_the_file(tmp_path, profile_path, capsys):

@@ -42,7 +42,7 @@ def test_the_simulated_buckets_are_the_ones_torch_builds():
     assert capped == [2 * MB, 2 * MB, 2 * MB]
 
 
-@pytest.mark.parametrize("cap", [0, -1.0, float("nan")])
-def test_a_cap_that_is_not_positive_is_an_error(cap):
-    with pytest.raises(CaramelError, match="bucket_cap_mb must be positive"):
+@pytest.mark.parametrize("cap", [0, -1.0, float("nan"), float("inf"), True, "5"])
+def test_a_cap_that_is_not_a_positive_number_is_an_error(cap):
+    with pytest.raises(CaramelError, match="bucket_cap_mb must be a positive, finite number"):
         DdpOptions(bucket_cap_mb=cap)

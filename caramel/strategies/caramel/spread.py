@@ -83,7 +83,8 @@ def check_contention_spread(contention_spread: float) -> float:
 
 
 def contention_levels(contention_spread: float) -> tuple[float, ...]:
-    """Compute slowdowns while a collective is in flight, each simulated at every spread point."""
+    """Compute slowdowns while a collective is in flight, each simulated at every spread point,
+    as multiples of the cluster spec's own `compute_slowdown`."""
     return (1.0,) if contention_spread == 0 else (1.0, 1.0 + contention_spread)
 
 
@@ -115,7 +116,8 @@ def spread_scenarios(cluster: ClusterSpec, input_spread: float, comm: CommModel,
         scaled = copy.copy(comm)
         scaled.cluster = scaled_cluster(cluster, c, b)
         scaled.per_byte_s = comm.per_byte_s / b
-        out.extend(Scenario(scaled, f) for f in contention_levels(contention_spread))
+        # the levels are relative to the contention the cluster spec already states
+        out.extend(Scenario(scaled, f * cluster.compute_slowdown) for f in contention_levels(contention_spread))
     return out
 
 
@@ -131,6 +133,6 @@ def spread_step_time_reference_s(profile: ModelProfile, cluster: ClusterSpec, pl
     """The same mean from scratch, one full `simulate` per scenario: the test oracle."""
     return statistics.fmean(
         simulate(profile, scaled_cluster(cluster, c, b), plan, overlap=overlap, iterations=iterations, trace=False,
-                 comm=comm_mode, compute_slowdown=f).step_time_s
+                 comm=comm_mode, compute_slowdown=f * cluster.compute_slowdown).step_time_s
         for c, b in spread_factors(check_input_spread(input_spread))
         for f in contention_levels(check_contention_spread(contention_spread)))

@@ -1,6 +1,7 @@
 """DDP's own knobs, as `DistributedDataParallel` names them, plus the priority of its threads."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from caramel.errors import CaramelError
@@ -32,5 +33,7 @@ class DdpOptions:
         return self.bucket_cap_mb, self.bucket_cap_mb
 
     def __post_init__(self) -> None:
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise CaramelError(f"bucket_cap_mb must be positive, got {self.bucket_cap_mb!r}")
+        c = self.bucket_cap_mb
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0):
+            raise CaramelError(f"bucket_cap_mb must be a positive, finite number of megabytes (or None: torch's "
+                               f"default), got {c!r}")
