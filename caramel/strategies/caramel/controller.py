@@ -24,6 +24,7 @@ from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.dispatch import LocalGroup
 from caramel.runtime.engine import Engine
 from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
+from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
@@ -285,6 +286,21 @@ class Controller:
         self.engine.stats.count_replan()
         self.engine.stats.log("bandwidth_replans", {"step": self.engine.stats.step, "assumed_bps": assumed,
                                                     "measured_bps": measured_bps, "plan": self.engine.plan.fingerprint})
+
+    # -- checkpoints
+    def adaptive_state(self) -> dict[str, Any]:
+        """What a resumed run needs of this controller's adaptation (`balance_state`); {} for none.
+        The plan, and with it compression="auto"'s choice, is not in it: a resumed engine
+        profiles and plans again."""
+        if self.balancer is None:
+            return {}
+        return {"balance": balancer_state(self.balancer, self.rank, self.world)}
+
+    def load_adaptive_state(self, state: dict[str, Any]) -> None:
+        """Restore `adaptive_state()` (every rank, the same `state`); balance state for a run
+        with balance="off" is ignored (nothing adapts to it)."""
+        if state.get("balance") is not None and self.balancer is not None:
+            load_balancer_state(self.balancer, state["balance"], self.rank, self.world)
 
     # -- headroom analysis
     def mute(self) -> None:

@@ -116,7 +116,8 @@ class DropoutBalancer:
         new = self.confirmation.confirm(propose(stats, self.table), self.fractions)
         if new is None:
             return
-        record = {"step": self.engine.stats.step, "fractions": new, "previous": list(self.fractions),
+        # the balancer's own step count: the engine's restarts at 0 in a resumed run, this one is restored
+        record = {"step": self.step, "fractions": new, "previous": list(self.fractions),
                   "compute_s": [m for m, _ in stats], "spread_s": [sd for _, sd in stats]}
         self.fractions = new
         self.changes.append(record)
