@@ -13,8 +13,9 @@ import torch
 
 from caramel.runtime.compression import STATE_KEY as COMPRESSION_STATE_KEY
 
-# what the strategy's controller has learned (the balancers' windows and decisions), as its
-# `adaptive_state()` gives it; absent when there is none, and in checkpoints older than it
+# what the strategy's controller has learned (the balancers' windows and decisions, auto
+# compression's plan), as its `adaptive_state()` gives it; absent when there is none, and in
+# checkpoints older than it
 ADAPTIVE_STATE_KEY = "caramel_adaptive"
 
 # Optimizers whose update of a parameter depends only on that parameter's own gradient and
@@ -67,8 +68,9 @@ class CaramelOptimizerMixin:
         if codec_state:
             state[COMPRESSION_STATE_KEY] = codec_state
         adaptive = getattr(engine.controller, "adaptive_state", None)
-        if adaptive is not None and adaptive():
-            state[ADAPTIVE_STATE_KEY] = adaptive()
+        learned = adaptive() if adaptive is not None else None
+        if learned:
+            state[ADAPTIVE_STATE_KEY] = learned
         return state
 
     def load_state_dict(self, state_dict):

@@ -131,9 +131,48 @@ def batch_resume_worker(rank: int, world: int, steps: int, half: int) -> dict:
     return _compare(out)
 
 
+def auto_resume_worker(rank: int, world: int, steps: int, half: int) -> dict:
+    """compression="auto" planned for a 1 Mbit/s link (given, so the choice does not follow the
+    loopback's speed): the plan compresses. The run saves at `half` and goes on; fresh objects
+    loaded from that checkpoint run the same steps (the plan comes from the profile's timings,
+    so both arms start from the one checkpoint). No bandwidth check falls within the 8 steps."""
+    from caramel.topology.spec import ClusterSpec
+
+    torch.set_num_threads(1)
+    xs, ys = _dataset()
+    options = {"compression": "auto", "cluster": ClusterSpec.uniform(world, 1e6)}
+
+    def run(model, opt, first: int, last: int) -> None:
+        for s in range(first, last):
+            g = torch.Generator().manual_seed(1000 * s + rank)
+            idx = torch.randint(0, SAMPLES, (6,), generator=g).tolist()
+            F.cross_entropy(model(xs[idx]), ys[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+
+    def result(model, opt) -> dict:
+        return {"params": params_of(model.module), "plan": opt.engine.plan.fingerprint,
+                "codecs": list(opt.engine.plan.compression or []), "replans": opt.engine.stats.replans}
+
+    model, opt = _build(options, None)
+    run(model, opt, 0, half)
+    saved = _roundtrip({"model": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                        "optimizer": opt.state_dict()})
+    at_save = opt.engine.plan.fingerprint
+    run(model, opt, half, steps)
+    full = {**result(model, opt), "plan_at_save": at_save}
+    model, opt = _build(options, saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    profiling = opt.engine.controller.profiling
+    run(model, opt, half, steps)
+    return _compare([full, {**result(model, opt), "profiling_after_load": profiling}])
+
+
 def resume_worker(rank: int, world: int, table: str) -> dict:
-    """Both balancers in one spawn (8 steps, saved at 3 and at 5)."""
-    return {"dropout": dropout_resume_worker(rank, world, table, 8, 3), "batch": batch_resume_worker(rank, world, 8, 5)}
+    """Both balancers and compression="auto" in one spawn (8 steps, saved at 3, 5 and 5)."""
+    return {"dropout": dropout_resume_worker(rank, world, table, 8, 3), "batch": batch_resume_worker(rank, world, 8, 5),
+            "auto": auto_resume_worker(rank, world, 8, 5)}
 
 
 def _compare(out: list[dict]) -> dict:

@@ -1,7 +1,8 @@
-"""A run with balance="dropout" or "batch" stopped at N/2 and resumed from its checkpoint in
-fresh objects equals the run never stopped: the balancer's state (steps, fractions or shares,
-the confirmation, every rank's window) and the parameters, bit for bit (2-rank gloo; the
-balancers' clock is faked, `resume_workers`, so every decision is deterministic)."""
+"""A run with balance="dropout" or "batch", or compression="auto", stopped at N/2 and resumed
+from its checkpoint in fresh objects equals the run never stopped: the balancer's state (steps,
+fractions or shares, the confirmation, every rank's window), auto's plan, and the parameters,
+bit for bit (2-rank gloo; the balancers' clock is faked, `resume_workers`, so every decision is
+deterministic)."""
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.timeout(120)
-def test_resumed_dropout_and_batch_runs_keep_their_decisions_windows_and_parameters(tmp_path):
+def test_resumed_dropout_batch_and_auto_runs_keep_their_decisions_and_parameters(tmp_path):
     from tests.strategies.adapt.resume_workers import resume_worker
     for res in run_workers(resume_worker, 2, args=(_table(tmp_path / "t.json"),), timeout_s=110):
         # dropout, decisions every 2 steps: proposed at step 2, saved at 3, confirmed at 4 (a
@@ -30,6 +31,13 @@ def test_resumed_dropout_and_batch_runs_keep_their_decisions_windows_and_paramet
         assert full["fixed_s"] is not None and len(full["times"]) == 2, full
         assert resumed == {**full, "start": 5}
         assert res["batch"]["same_params"]
+        # compression="auto" on a 1 Mbit/s link: fp16 on some bucket; the resumed engine runs
+        # the saved plan at once (no uncompressed profiling steps), to the same parameters
+        full, resumed = res["auto"]["full"], res["auto"]["resumed"]
+        assert "fp16" in full["codecs"] and full["plan"] == full["plan_at_save"] and full["replans"] == 1, full
+        assert resumed["profiling_after_load"] is False and resumed["plan"] == full["plan"]
+        assert resumed["codecs"] == full["codecs"] and resumed["replans"] == 0
+        assert res["auto"]["same_params"]
 
 
 class _Stub:
