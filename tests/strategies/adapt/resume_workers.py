@@ -162,6 +162,10 @@ def auto_resume_worker(rank: int, world: int, steps: int, half: int) -> dict:
     at_save = opt.engine.plan.fingerprint
     run(model, opt, half, steps)
     full = {**result(model, opt), "plan_at_save": at_save}
+    # a checkpoint from before the entry existed: loads, and the engine profiles as it always did
+    _, older = _build(options, saved["model"])
+    older.load_state_dict({k: v for k, v in saved["optimizer"].items() if k != "caramel_adaptive"})
+    full["older_checkpoint_profiles"] = older.engine.controller.profiling
     model, opt = _build(options, saved["model"])
     opt.load_state_dict(saved["optimizer"])
     profiling = opt.engine.controller.profiling

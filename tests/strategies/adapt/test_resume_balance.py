@@ -36,6 +36,7 @@ def test_resumed_dropout_batch_and_auto_runs_keep_their_decisions_and_parameters
         full, resumed = res["auto"]["full"], res["auto"]["resumed"]
         assert "fp16" in full["codecs"] and full["plan"] == full["plan_at_save"] and full["replans"] == 1, full
         assert resumed["profiling_after_load"] is False and resumed["plan"] == full["plan"]
+        assert full.pop("older_checkpoint_profiles") is True  # without the entry: loads, profiles as before
         assert resumed["codecs"] == full["codecs"] and resumed["replans"] == 0
         assert res["auto"]["same_params"]
 

@@ -331,6 +331,12 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     opt2.load_state_dict(ckpt["opt"])
     sched2.load_state_dict(ckpt["sched"])
     resumed_at, resumed_probe = state(opt2), probe(opt2)
+    # a checkpoint from before the entry existed: loads, and the run profiles as it always did
+    w3 = fresh("gpt_tied")
+    opt3, _ = make_optimizer("adam", w3.model.parameters())
+    _, opt3 = caramel.parallelize(w3.model, opt3, spec)
+    opt3.load_state_dict({k: v for k, v in ckpt["opt"].items() if k != "caramel_ps"})
+    older = {"profiling": opt3.ps.profiling, "steps": opt3.ps.engine.steps}
     run(resumed, opt2, sched2, w2, half, steps - half)
     opt2.synchronize()
     out = {
@@ -339,7 +345,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
         "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values)),
         "full_end_plan": full_end, "resumed_end_plan": opt2.ps.engine.plan.to_dict(),
         "resumed_end_steps": opt2.ps.engine.steps, "resumed_profiled": opt2.ps.profiling,
-        "params": _numpy(resumed), "entry_keys": sorted(ckpt["opt"]["caramel_ps"]),
+        "params": _numpy(resumed), "older": older,
     }
     caramel.shutdown()
     return out

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from caramel.errors import CaramelError
+from caramel.strategies.ps.parallelize import PROFILE_STEPS
 from caramel.strategies.ps.resume import restore
 from caramel.testing import run_workers
 from tests.strategies.ps.ps_workers import predict_resume_worker
@@ -32,6 +33,7 @@ def test_a_resumed_predict_run_keeps_its_plan_steps_and_latest_updates():
         # the resumed run goes on with that plan (no profiling steps) to the same step count
         assert res["resumed_profiled"] == 0 and res["resumed_end_steps"] == STEPS
         assert res["resumed_end_plan"] == res["full_end_plan"]
+        assert res["older"] == {"profiling": PROFILE_STEPS, "steps": 0}  # no entry: loads, profiles as before
     assert all(np.array_equal(a, b) for a, b in zip(results[0]["params"], results[1]["params"]))
 
 
