@@ -16,6 +16,8 @@ Gradients are weighted by share: a rank whose forward saw n of the global batch'
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
 sum the ranks reduce is the global batch's mean gradient, as if one process had trained on
 the union of the ranks' batches. Use the sampler `balanced_sampler` returns, one batch per step.
+The windows, fitted fixed cost and share schedule are checkpointed with the optimizer's state
+dict (`caramel.strategies.caramel.balance_state`).
 """
 from __future__ import annotations
 

@@ -21,6 +21,9 @@ With nothing dropped anywhere the option stays out of the step: no masks are dra
 layers run their own forwards (the narrow ones are installed only while this rank drops) and
 no reduced bucket is visited; what remains is the timing of each step and, every
 `balance_every` steps, one all-gather of two numbers per rank.
+
+The mask step, fractions, confirmation and window are checkpointed with the optimizer's state
+dict (`caramel.strategies.caramel.balance_state`).
 """
 from __future__ import annotations
 
