@@ -13,6 +13,11 @@ import torch
 
 from caramel.runtime.compression import STATE_KEY as COMPRESSION_STATE_KEY
 
+# what the strategy's controller has learned (the balancers' windows and decisions, auto
+# compression's plan), as its `adaptive_state()` gives it; absent when there is none, and in
+# checkpoints older than it
+ADAPTIVE_STATE_KEY = "caramel_adaptive"
+
 # Optimizers whose update of a parameter depends only on that parameter's own gradient and
 # state, so that applying them bucket by bucket equals one step over all parameters.
 PER_PARAMETER_OPTIMIZERS = (
@@ -54,19 +59,30 @@ class CaramelOptimizerMixin:
         self._caramel_engine.write_trace()
 
     def state_dict(self):
-        """The optimizer's state, and the engine's compression state (error feedback) when it has any."""
-        self._caramel_engine.synchronize()
+        """The optimizer's state, the engine's compression state (error feedback) and the
+        controller's adaptive state (balance windows and decisions) when it has any."""
+        engine = self._caramel_engine
+        engine.synchronize()
         state = self._caramel_base.state_dict(self)
-        codec_state = self._caramel_engine.compressor.state_dict()
+        codec_state = engine.compressor.state_dict()
         if codec_state:
             state[COMPRESSION_STATE_KEY] = codec_state
+        adaptive = getattr(engine.controller, "adaptive_state", None)
+        learned = adaptive() if adaptive is not None else None
+        if learned:
+            state[ADAPTIVE_STATE_KEY] = learned
         return state
 
     def load_state_dict(self, state_dict):
-        self._caramel_engine.synchronize()
+        engine = self._caramel_engine
+        engine.synchronize()
         state_dict = dict(state_dict)
-        self._caramel_engine.compressor.load_state_dict(state_dict.pop(COMPRESSION_STATE_KEY, None) or {})
-        return self._caramel_base.load_state_dict(self, state_dict)
+        engine.compressor.load_state_dict(state_dict.pop(COMPRESSION_STATE_KEY, None) or {})
+        adaptive = state_dict.pop(ADAPTIVE_STATE_KEY, None)
+        out = self._caramel_base.load_state_dict(self, state_dict)
+        if adaptive and engine.controller is not None and hasattr(engine.controller, "load_adaptive_state"):
+            engine.controller.load_adaptive_state(adaptive)
+        return out
 
     @property
     def engine(self):

@@ -187,7 +187,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     balance = getattr(engine, "balance", "off")
     balanced = balance == "batch"
     batches = BatchSource(sampler, engine.optimizer, balance, d.world_size * cfg.data.batch_size,
-                          len(wl.train_set), cfg.run.seed, resuming=state is not None)
+                          len(wl.train_set), cfg.run.seed)
     scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda s: lr_factor(cfg, s))
     start = 0
     if state is not None:

@@ -15,6 +15,8 @@ import torch.nn as nn
 import caramel
 from caramel.train.config import TrainConfig
 
+RANK_COMPRESSION_KEY = "caramel_compression_ranks"  # every rank's error feedback, in rank order
+
 
 @dataclass
 class Dist:
@@ -102,10 +104,30 @@ class Parallel:
         return loss
 
     def optimizer_state(self) -> dict[str, Any]:
-        """The optimizer state a checkpoint holds (all ranks call it)."""
-        return self.optimizer.state_dict()
+        """The optimizer state a checkpoint holds (all ranks call it). Under caramel the parts
+        each rank holds for itself (error feedback, the balancers' windows) are gathered from
+        every rank: the checkpoint is written by rank 0 alone."""
+        state = self.optimizer.state_dict()
+        if self.kind == "caramel" and dist.is_initialized() and dist.get_world_size() > 1:
+            from caramel.runtime.optimizer import ADAPTIVE_STATE_KEY, COMPRESSION_STATE_KEY
+            from caramel.strategies.caramel.balance_state import merge_rank_states
+
+            mine = (state.get(COMPRESSION_STATE_KEY), (state.get(ADAPTIVE_STATE_KEY) or {}).get("balance"))
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+            if any(codec for codec, _ in everyone):
+                state[RANK_COMPRESSION_KEY] = [codec or {} for codec, _ in everyone]
+            balance = merge_rank_states([b for _, b in everyone])
+            if balance is not None:
+                state[ADAPTIVE_STATE_KEY] = {**state[ADAPTIVE_STATE_KEY], "balance": balance}
+        return state
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        per_rank = state.pop(RANK_COMPRESSION_KEY, None)
+        if per_rank is not None:  # this rank's own error feedback, not rank 0's
+            from caramel.runtime.optimizer import COMPRESSION_STATE_KEY
+            state[COMPRESSION_STATE_KEY] = per_rank[dist.get_rank()]
         self.optimizer.load_state_dict(state)
 
     def checkpoint_extra(self) -> dict[str, Any]:

@@ -9,9 +9,11 @@ With `--strategy caramel:balance=batch` each step's global batch (workers x batc
 samples) is cut into the shares the engine's balancer sets (`balanced_sampler`): the same
 global batch per step as with equal shares, so the same samples are seen at the same step and
 samples per second compare. The epoch's order is the share sampler's own permutation, and the
-partial last global batch is dropped. Resuming keeps no share schedule yet, nor
-balance="dropout"'s drop fractions and mask step counter: a resumed run with either is refused. With balance="dropout" the summary adds the drop fractions in force
-at the end and their changes ([step, fractions] pairs).
+partial last global batch is dropped. A resumed run continues with the share schedule,
+balance="dropout"'s fractions, mask step and confirmation, and each rank's timing window: they
+travel in the optimizer state (`caramel.strategies.caramel.balance_state`). With
+balance="dropout" the summary adds the drop fractions in force at the end and their changes
+([step, fractions] pairs).
 """
 from __future__ import annotations
 
@@ -51,14 +53,10 @@ class BatchSource:
     balance="batch" the share sampler's (module docstring)."""
 
     def __init__(self, sharded, optimizer: torch.optim.Optimizer, balance: str, global_batch: int, dataset_len: int,
-                 seed: int, resuming: bool):
+                 seed: int):
         self.sharded, self.shares = sharded, None
         engine = getattr(optimizer, "_caramel_engine", None)
         self.balancer = getattr(getattr(engine, "controller", None), "balancer", None)
-        if balance in ("batch", "dropout") and resuming:
-            kept = "share schedule" if balance == "batch" else "drop fractions and mask step"
-            raise CaramelError(f"resuming a run with balance='{balance}' is not supported yet (the {kept} is not "
-                               "checkpointed by caramel train); start afresh with --resume none")
         if balance != "batch":
             return
         if sharded.remainder != "drop":

@@ -20,13 +20,9 @@ def test_slow_worker_takes_rank_and_factor_and_names_the_key_when_bad():
             validate(cfg, "cfg")
 
 
-def test_batches_by_share_and_dropout_refuse_a_resume_and_shares_a_padded_epoch():
+def test_batches_by_share_refuse_a_padded_epoch():
     drop = ShardedSampler(1000, 2, 0, 32)
-    with pytest.raises(CaramelError, match="resuming a run with balance='batch' is not supported"):
-        BatchSource(drop, None, "batch", 64, 1000, 0, resuming=True)
-    with pytest.raises(CaramelError, match="resuming a run with balance='dropout' is not supported.*drop fractions"):
-        BatchSource(drop, None, "dropout", 64, 1000, 0, resuming=True)
     with pytest.raises(CaramelError, match="use --remainder drop"):
-        BatchSource(ShardedSampler(1000, 2, 0, 32, remainder="pad"), None, "batch", 64, 1000, 0, resuming=False)
-    equal = BatchSource(drop, None, "off", 64, 1000, 0, resuming=True)  # without balance: the sharded slices
+        BatchSource(ShardedSampler(1000, 2, 0, 32, remainder="pad"), None, "batch", 64, 1000, 0)
+    equal = BatchSource(drop, None, "off", 64, 1000, 0)  # without balance: the sharded slices
     assert equal.indices(3).tolist() == drop.indices(3).tolist() and equal.summary() == {}

@@ -16,6 +16,8 @@ Gradients are weighted by share: a rank whose forward saw n of the global batch'
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
 sum the ranks reduce is the global batch's mean gradient, as if one process had trained on
 the union of the ranks' batches. Use the sampler `balanced_sampler` returns, one batch per step.
+The windows, fitted fixed cost and share schedule are checkpointed with the optimizer's state
+dict (`caramel.strategies.caramel.balance_state`).
 """
 from __future__ import annotations
 
@@ -86,12 +88,26 @@ class Balancer:
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
+        self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
 
     def attach(self, schedule: ShareSchedule) -> None:
         if schedule.world_size != self.world:
             raise CaramelError(f"the share schedule is for {schedule.world_size} ranks, this job has {self.world}")
         self.schedule = schedule
+        if self.pending_schedule is not None:
+            self.restore_schedule(self.pending_schedule)
+
+    def restore_schedule(self, state: dict[str, Any]) -> None:
+        """A checkpoint's share schedule (`ShareSchedule.state_dict`); kept until the sampler attaches."""
+        if self.schedule is None:
+            self.pending_schedule = state
+            return
+        try:
+            self.schedule.load_state_dict(state)
+        except (ValueError, KeyError) as e:
+            raise CaramelError(f"balance='batch': the checkpoint's share schedule does not fit this run ({e})") from None
+        self.pending_schedule = None
 
     def _pre_forward(self, _m, args, kwargs) -> None:
         if self.schedule is None or not torch.is_grad_enabled():
@@ -136,7 +152,7 @@ class Balancer:
             return
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
-        record = {"step": self.engine.stats.step, "from_batch": start, "counts": new, "previous": list(old),
+        record = {"step": self._steps, "from_batch": start, "counts": new, "previous": list(old),
                   "fixed_s": [a for a, _ in costs], "s_per_sample": [b for _, b in costs],
                   "predicted_step_s": new_s, "previous_step_s": old_s}
         self.changes.append(record)

@@ -24,12 +24,15 @@ from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.dispatch import LocalGroup
 from caramel.runtime.engine import Engine
 from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
+from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
+
+AUTO_PLAN_VERSION = 1  # the checkpoint entry of compression="auto"'s plan (`adaptive_state`)
 
 
 class Controller:
@@ -285,6 +288,48 @@ class Controller:
         self.engine.stats.count_replan()
         self.engine.stats.log("bandwidth_replans", {"step": self.engine.stats.step, "assumed_bps": assumed,
                                                     "measured_bps": measured_bps, "plan": self.engine.plan.fingerprint})
+
+    # -- checkpoints
+    def adaptive_state(self) -> dict[str, Any]:
+        """What a resumed run needs of this controller's adaptation; {} for none: the balancer's
+        state (`balance_state`) and, with compression="auto" once settled, the plan in force
+        with its profile and the link it was made for (auto's on/off choice lives in the plan)."""
+        out: dict[str, Any] = {}
+        if self.balancer is not None:
+            out["balance"] = balancer_state(self.balancer, self.rank, self.world)
+        if (self.compression == "auto" and self.settled() and not self.engine.delegating
+                and self.profile is not None and self.plan_cluster is not None and self.engine.plan is not None):
+            out["auto_plan"] = {"version": AUTO_PLAN_VERSION, "plan": self.engine.plan.to_dict(),
+                                "overlap": self.engine.overlap, "profile": self.profile.to_dict(),
+                                "cluster": self.plan_cluster.to_dict()}
+        return out
+
+    def load_adaptive_state(self, state: dict[str, Any]) -> None:
+        """Restore `adaptive_state()` (every rank, the same `state`); balance state for a run
+        with balance="off" is ignored (nothing adapts to it)."""
+        if state.get("balance") is not None and self.balancer is not None:
+            load_balancer_state(self.balancer, state["balance"], self.rank, self.world)
+        saved = state.get("auto_plan")
+        if saved is not None and self.compression == "auto":
+            self._resume_plan(saved)
+
+    def _resume_plan(self, saved: dict[str, Any]) -> None:
+        """compression="auto": run the checkpoint's plan (with its codecs) from the next step
+        instead of profiling again, which would run uncompressed and decide afresh; a profile of
+        another model, or a controller past its first profile, keeps its own course."""
+        version = saved.get("version")
+        if not isinstance(version, int) or version > AUTO_PLAN_VERSION:
+            raise CaramelError(f"checkpoint: compression='auto' plan entry version {version!r} is newer than this "
+                               f"caramel reads ({AUTO_PLAN_VERSION}); resume with the caramel that saved it")
+        profile = ModelProfile.from_dict(saved["profile"], source="checkpoint")
+        if not self.profiling or self.trial is not None or profile.fingerprint() != self.fingerprint:
+            return
+        self.profiler.detach()
+        self.profiler.stop()
+        self.profiler = None
+        self.profile, self.module_uses = profile, module_uses(profile)
+        self.plan_cluster = ClusterSpec.from_dict(saved["cluster"], source="checkpoint")
+        self.adopt(Plan.from_dict(saved["plan"], source="checkpoint"), source="checkpoint", overlap=saved["overlap"])
 
     # -- headroom analysis
     def mute(self) -> None:

@@ -21,6 +21,9 @@ With nothing dropped anywhere the option stays out of the step: no masks are dra
 layers run their own forwards (the narrow ones are installed only while this rank drops) and
 no reduced bucket is visited; what remains is the timing of each step and, every
 `balance_every` steps, one all-gather of two numbers per rank.
+
+The mask step, fractions, confirmation and window are checkpointed with the optimizer's state
+dict (`caramel.strategies.caramel.balance_state`).
 """
 from __future__ import annotations
 
@@ -116,7 +119,8 @@ class DropoutBalancer:
         new = self.confirmation.confirm(propose(stats, self.table), self.fractions)
         if new is None:
             return
-        record = {"step": self.engine.stats.step, "fractions": new, "previous": list(self.fractions),
+        # the balancer's own step count: the engine's restarts at 0 in a resumed run, this one is restored
+        record = {"step": self.step, "fractions": new, "previous": list(self.fractions),
                   "compute_s": [m for m, _ in stats], "spread_s": [sd for _, sd in stats]}
         self.fractions = new
         self.changes.append(record)

@@ -29,6 +29,7 @@ from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, st
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_PLAN, PsEngine, PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
 from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.ps.resume import STATE_KEY as PS_STATE_KEY, restore, run_state
 from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, kind_of, make_ps_plan
 from caramel.strategies.ps.server import command, dedicated_servers, make_groups, send_load, send_values, serve_and_leave
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
@@ -291,11 +292,17 @@ class PsOptimizerMixin:
         if not self._ps_run.full_state_ready():
             raise CaramelError("strategy 'ps': optimizer.state_dict() holds every server's state only right after "
                                "optimizer.synchronize() on every rank; call that first")
-        return self._ps_base.state_dict(self)
+        state = self._ps_base.state_dict(self)
+        state[PS_STATE_KEY] = run_state(self._ps_run)  # plan, step count, staleness (`resume.py`)
+        return state
 
     def load_state_dict(self, state_dict):
         self._ps_run.engine.synchronize()
+        state_dict = dict(state_dict)
+        entry = state_dict.pop(PS_STATE_KEY, None)
         out = self._ps_base.load_state_dict(self, state_dict)
+        if entry is not None:  # before after_load: each rank keeps the state of the plan it adopts
+            restore(self._ps_run, entry)
         self._ps_run.after_load(state_dict)
         return out
 

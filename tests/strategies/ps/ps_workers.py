@@ -264,3 +264,88 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"]}
         caramel.shutdown()
     return out
+
+
+def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
+    """`steps` steps uninterrupted, checkpointed at steps // 2 (rank 0's state dicts through
+    torch.save / torch.load(weights_only=True), as `caramel train` does), against fresh model,
+    optimizer and engine objects loaded from that checkpoint: the staleness state, the plan and
+    step count at the resume point, and what a forward one update behind would compute on
+    (`probe`: the extrapolation the restored state makes, deterministic, unlike the timing of
+    which pulls have landed that decides it in a run)."""
+    import io
+
+    import torch.distributed as dist
+
+    half = steps // 2
+
+    def run(model, opt, sched, w, first, n):
+        for step in range(first, first + n):
+            x, y = batch("gpt_tied", step, rank)
+            w.loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    def state(opt) -> dict:
+        e = opt.ps.engine
+        return {"steps": e.steps, "plan": e.plan.to_dict(), "profiling": opt.ps.profiling,
+                "versions": sorted(set(e.version.values())), "peer_busy_s": list(e.stale.peer_busy_s),
+                # numpy: tensors cross the result queue through shared memory, gone once a worker exits
+                "delta": {e.names[i]: d.detach().numpy().copy() for i, d in e.stale.delta.items()}}
+
+    def probe(opt) -> list[torch.Tensor]:
+        e = opt.ps.engine
+        e.steps += 1  # every parameter lacks one update: a forward would use w + delta
+        try:
+            with torch.no_grad():
+                e.stale._extrapolate(e.plan.params)
+            out = [e.params[i].detach().clone() for i in e.plan.params]
+            e.stale.restore(e.plan.params)
+        finally:
+            e.steps -= 1
+        return out
+
+    w = fresh("gpt_tied")
+    opt, sched = make_optimizer("adam", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, spec)
+    run(model, opt, sched, w, 0, half)
+    opt.synchronize()
+    saved = [None]
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, buf)
+        saved = [buf.getvalue()]
+    dist.broadcast_object_list(saved, src=0)
+    full_at, full_probe = state(opt), probe(opt)
+    true_values = [p.detach().clone() for p in model.module.parameters()]
+    run(model, opt, sched, w, half, steps - half)
+    opt.synchronize()
+    full_end = opt.ps.engine.plan.to_dict()
+
+    ckpt = torch.load(io.BytesIO(saved[0]), weights_only=True)
+    w2 = fresh("gpt_tied")
+    opt2, sched2 = make_optimizer("adam", w2.model.parameters())
+    w2.model.load_state_dict(ckpt["model"])
+    resumed, opt2 = caramel.parallelize(w2.model, opt2, spec)
+    opt2.load_state_dict(ckpt["opt"])
+    sched2.load_state_dict(ckpt["sched"])
+    resumed_at, resumed_probe = state(opt2), probe(opt2)
+    # a checkpoint from before the entry existed: loads, and the run profiles as it always did
+    w3 = fresh("gpt_tied")
+    opt3, _ = make_optimizer("adam", w3.model.parameters())
+    _, opt3 = caramel.parallelize(w3.model, opt3, spec)
+    opt3.load_state_dict({k: v for k, v in ckpt["opt"].items() if k != "caramel_ps"})
+    older = {"profiling": opt3.ps.profiling, "steps": opt3.ps.engine.steps}
+    run(resumed, opt2, sched2, w2, half, steps - half)
+    opt2.synchronize()
+    out = {
+        "full_at": full_at, "resumed_at": resumed_at,
+        "same_probe": all(torch.equal(a, b) for a, b in zip(full_probe, resumed_probe)),
+        "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values)),
+        "full_end_plan": full_end, "resumed_end_plan": opt2.ps.engine.plan.to_dict(),
+        "resumed_end_steps": opt2.ps.engine.steps, "resumed_profiled": opt2.ps.profiling,
+        "params": _numpy(resumed), "older": older,
+    }
+    caramel.shutdown()
+    return out

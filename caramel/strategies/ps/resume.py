@@ -1,0 +1,108 @@
+"""What a `ps` checkpoint holds besides the servers' optimizer state, so that a resumed run
+goes on as the uninterrupted one would.
+
+Without it a resumed run starts over: two profiling steps (run synchronously, as bsp), a new
+plan from their timings (another placement or order may come out), the step count at 0, and
+under `staleness=predict` no latest update to extrapolate with, so the first forwards that
+lack an update are not extrapolated. The `caramel_ps` entry of `optimizer.state_dict()`
+(`VERSION`) carries:
+
+- the plan in force, which module's pre-hook waits for which parameters, the parameters no
+  module uses, and the pulls' measured time: a resumed run adopts the plan and does not
+  profile again (`restore`);
+- the steps pushed so far (every update is applied and pulled at `synchronize()`, so every
+  parameter is at that version);
+- with `staleness=pace` or `predict`: every rank's busy seconds at the latest update (who is
+  the slowest) and, with predict, each parameter's latest update by name.
+
+All of it is the same on every rank once `synchronize()` has run (each rank's latest update of
+a parameter is the same difference of the same two versions), so the state dict of any one
+rank resumes all of them; `caramel train` saves rank 0's. A checkpoint without the entry (saved
+before it existed) loads as before: the run profiles again. A plan that does not fit the
+resumed run (other shards, other parameters) is not adopted: the run profiles again, with one
+note on stdout; a newer entry version is refused with one error. With dedicated servers only
+the optimizer state is restored (the servers keep their own plan and step count).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from caramel.errors import CaramelError
+from caramel.strategies.ps.planner import PsPlan
+
+if TYPE_CHECKING:
+    from caramel.strategies.ps.parallelize import PsRun
+
+STATE_KEY = "caramel_ps"
+VERSION = 1
+
+
+def run_state(run: PsRun) -> dict[str, Any]:
+    """The entry (module docstring); call after `synchronize()` on every rank."""
+    e = run.engine
+    planned = not run.profiling
+    out: dict[str, Any] = {
+        "version": VERSION, "steps": e.steps,
+        "plan": e.plan.to_dict() if planned else None,
+        "waits": {k: list(v) for k, v in e.waits_for.items()} if planned else None,
+        "unused": list(run.unused) if planned else None,
+        "pull_comm_s": run.pull_comm_s,
+        "staleness": None,
+    }
+    if e.stale is not None:
+        out["staleness"] = {"peer_busy_s": [float(x) for x in e.stale.peer_busy_s],
+                            "delta": {e.names[i]: d.detach().cpu().clone() for i, d in e.stale.delta.items()}}
+    return out
+
+
+def restore(run: PsRun, entry: dict[str, Any]) -> None:
+    """Adopt the saved plan (if it fits), step count and staleness state (every rank, after the
+    optimizer's own state is loaded and before each rank drops the state it does not serve)."""
+    version = entry.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise CaramelError(f"strategy 'ps': checkpoint entry {STATE_KEY!r} has version {version!r}, newer than this "
+                           f"caramel reads ({VERSION}); resume with the caramel that saved it")
+    if run.groups.dedicated:  # the servers keep their own plan and count (a new plan reaches them by CMD_PLAN)
+        return
+    plan = _fitting_plan(run, entry.get("plan"))
+    if plan is not None:
+        from caramel.strategies.ps.engine import PsEngine
+
+        old = run.engine
+        old.remove_hooks()
+        e = PsEngine(run.module, run.optimizer, run.options, plan, run.groups, run.ranks, run.broadcast_buffers)
+        e.wait_s, e.sent_hparams = old.wait_s, old.sent_hparams
+        e.set_waits({k: [int(i) for i in v] for k, v in entry["waits"].items()})
+        run.unused = [int(i) for i in entry["unused"]]
+        run.engine, run.profiling = e, 0
+        if run.tracker is not None or run.timer is not None:  # a profiling step had begun: drop it
+            run.tracker = run.timer = None
+    e = run.engine
+    e.steps = int(entry["steps"])
+    e.version = {i: e.steps for i in e.plan.params}
+    if entry.get("pull_comm_s") is not None:
+        run.pull_comm_s = float(entry["pull_comm_s"])
+    stale = entry.get("staleness")
+    if stale is not None and e.stale is not None:
+        e.stale.peer_busy_s = [float(x) for x in stale["peer_busy_s"]]
+        if e.stale.predicting:
+            index = {n: i for i, n in enumerate(e.names)}
+            e.stale.base, e.stale.at = {}, {}
+            e.stale.delta = {index[n]: d.to(e.params[index[n]].device, e.params[index[n]].dtype)
+                             for n, d in stale["delta"].items() if n in index}
+
+
+def _fitting_plan(run: PsRun, saved: dict[str, Any] | None) -> PsPlan | None:
+    if saved is None:
+        return None
+    try:
+        plan = PsPlan.from_dict(saved)
+    except (TypeError, ValueError, KeyError, CaramelError) as e:
+        print(f"strategy 'ps': the checkpoint's plan does not load ({e}); profiling again", flush=True)
+        return None
+    current = run.engine.plan
+    if plan.shards != current.shards or sorted(plan.params) != sorted(current.params):
+        print("strategy 'ps': the checkpoint's plan is for other shards or parameters; profiling again", flush=True)
+        return None
+    return plan
+

@@ -1,0 +1,47 @@
+"""`ps:staleness=predict` resumed from a checkpoint: the fresh objects hold the uninterrupted
+run's plan, step count and staleness state (each parameter's latest update, who is the
+slowest), so the first forward that lacks an update is extrapolated as it would have been; the
+run does not profile again (2-rank gloo)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.strategies.ps.parallelize import PROFILE_STEPS
+from caramel.strategies.ps.resume import restore
+from caramel.testing import run_workers
+from tests.strategies.ps.ps_workers import predict_resume_worker
+
+STEPS = 8
+PREDICT = "ps:consistency=ssp:2,staleness=predict"
+
+
+@pytest.mark.timeout(150)
+def test_a_resumed_predict_run_keeps_its_plan_steps_and_latest_updates():
+    results = run_workers(predict_resume_worker, 2, args=(STEPS, PREDICT), timeout_s=140)
+    for res in results:
+        full, resumed = res["full_at"], res["resumed_at"]
+        assert full["profiling"] == 0 and full["steps"] == STEPS // 2 and full["versions"] == [STEPS // 2]
+        assert len(full["delta"]) == len(full["plan"]["params"])  # every parameter's latest update
+        assert resumed.keys() == full.keys()
+        for key in ("steps", "plan", "profiling", "versions", "peer_busy_s"):
+            assert resumed[key] == full[key], key
+        assert full["delta"].keys() == resumed["delta"].keys()
+        assert all(np.array_equal(full["delta"][n], resumed["delta"][n]) for n in full["delta"])
+        assert res["probe_moves"] > 0 and res["same_probe"]  # an extrapolation happened, the same one
+        # the resumed run goes on with that plan (no profiling steps) to the same step count
+        assert res["resumed_profiled"] == 0 and res["resumed_end_steps"] == STEPS
+        assert res["resumed_end_plan"] == res["full_end_plan"]
+        assert res["older"] == {"profiling": PROFILE_STEPS, "steps": 0}  # no entry: loads, profiles as before
+    assert all(np.array_equal(a, b) for a, b in zip(results[0]["params"], results[1]["params"]))
+
+
+class _Run:
+    class groups:  # noqa: N801 - the attribute a PsRun has
+        dedicated: list = []
+
+
+def test_a_newer_entry_is_one_clear_error():
+    with pytest.raises(CaramelError, match="'caramel_ps' has version 2, newer than this caramel reads"):
+        restore(_Run(), {"version": 2})
