@@ -27,11 +27,10 @@ import torch
 import torch.distributed as dist
 
 from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
-from caramel.bench.contention import job_slowdown
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.prediction import link_costs, net_bandwidth_bps, predict_strategies, probe_link
+from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
@@ -322,13 +321,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     compute_medians = [median(g["compute"]) for g in gathered]
-    link = link_costs(probed)
-    # the probe's pause per collective is charged apart, as the event engine charges it
-    slowdown = job_slowdown(compute_medians, spans, (link or {}).get("collective_cpu_s") or 0.0)
-    # with the probed fixed costs charged per collective, the rate they are netted out of
-    net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, runners["comm"].stats().get("buckets", 1), link)
-    if link is not None:
-        link["net_bandwidth_bps"] = net_bps
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -340,10 +332,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
-        "predicted": predict_strategies(profile, names, world, net_bps, compute_medians, link, slowdown),
-        "compute_slowdown": slowdown,
-        "predicted_rate_only": predict_strategies(profile, names, world, bandwidth_bps, compute_medians),
-        "link_fit": link,
+        **job_predictions(profile, names, world, grad_bytes, comm_s, runners["comm"].stats().get("buckets", 1),
+                          compute_medians, spans, probed),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from caramel.bench.contention import job_slowdown
 from caramel.stats import median
 
 RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed the fastest's by this share
@@ -73,6 +74,30 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
             print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
             out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def job_predictions(profile: Any | None, names: list[str], world: int, grad_bytes: int, comm_s: float,
+                    comm_buckets: int, rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None
+                    ) -> dict[str, Any]:
+    """Everything a job's raw results say about the models: each strategy's prediction with the
+    probed fixed costs (`probed`, `probe_link`'s measurements) and the measured contention (the
+    concurrent baseline's `spans` per rank), the same from the achieved link rate alone, the fit
+    and the contention factor. Inputs are the baselines, the probe and the profile: never a
+    strategy's own steps."""
+    from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
+
+    link = link_costs(probed)
+    # the probe's pause per collective is charged apart, as the event engine charges it
+    slowdown = job_slowdown(rank_compute_s, spans, (link or {}).get("collective_cpu_s") or 0.0)
+    # with the probed fixed costs charged per collective, the rate they are netted out of
+    net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, comm_buckets, link)
+    if link is not None:
+        link["net_bandwidth_bps"] = net_bps
+    rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
+    return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown),
+            "compute_slowdown": slowdown,
+            "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s),
+            "link_fit": link}
 
 
 def probe_link(grad_bytes: int, device: Any, backend: str, world: int, points: int = PROBE_POINTS
