@@ -62,9 +62,9 @@ def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_
     concurrent.step()
     assert events == ["issue"] * len(comm.buffers) + ["compute"]
     assert all(f.done() for f in futures)  # awaited before the step returns
-    ((took_s, overlap_s),) = concurrent.spans
+    ((took_s, overlap_s, started),) = concurrent.spans
     assert took_s >= compute_s
-    if comm_s > compute_s:  # in flight through the whole compute
-        assert overlap_s == took_s
-    else:
-        assert comm_s <= overlap_s <= took_s
+    if comm_s > compute_s:  # in flight through the whole compute; only the first started during it
+        assert overlap_s == took_s and started == 1
+    else:  # every collective (all ending at comm_s here) started before the compute ended
+        assert comm_s <= overlap_s <= took_s and started == len(comm.buffers)

@@ -102,7 +102,7 @@ def test_help_documents_every_option_with_default(capsys):
     ("caramel:overlpa=forward", "did you mean 'overlap'"),
     ("dpp", "did you mean 'ddp'"),
     ("caramel:overlap=sideways", "overlap must be one of"),
-    ("ddp:bucket_cap_mb=0", "bucket_cap_mb must be positive"),
+    ("ddp:bucket_cap_mb=0", "bucket_cap_mb must be a positive"),
 ])
 def test_a_bad_strategy_is_one_clear_error(text, expected):
     with pytest.raises(CaramelError, match=expected):
