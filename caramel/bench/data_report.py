@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
+from caramel.bench.data_contention import contention_factor
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -77,7 +78,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float,
-            samples_per_disk_read: float = 1.0, amplification: float = 1.0) -> DataLoadModel:
+            samples_per_disk_read: float = 1.0, amplification: float = 1.0, contention: float = 1.0) -> DataLoadModel:
     """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
     The plain loader's batches travel by shared memory, caramel.data's small ones by pipe."""
     shard_bytes = index.nbytes / len(index.shards)
@@ -90,7 +91,18 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
                          request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
                          batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
-                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0))
+                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention)
+
+
+def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:
+    """The model's contention factor from the calibration beside busy workers (run before the modes):
+    its step against compute + all-reduce alone plus the batch's trip alone by the transport it used."""
+    loaded = costs.get("loaded")
+    if not loaded:
+        return 1.0
+    pipe = cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
+    return contention_factor(loaded["step_s"], costs.get("compute_comm_s"),
+                             costs["batch_s_pipe"] if pipe else costs["batch_s_shared"])
 
 
 def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str, float],
@@ -101,6 +113,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
     first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
     samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
     rows = []
+    contention = measured_contention(cfg, index, costs)
     base = results.get("remote")
     ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
     for mode, r in results.items():
@@ -115,8 +128,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
         amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
-                        per_read, amplification)
+                        per_read, amplification, contention)
         compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+        alone = replace(model, contention=1.0)  # the model without the contention term, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
@@ -127,8 +141,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
-               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s()}
+               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s(),
+               "predicted_step_s_without_contention": alone.step_time_s(compute_comm)}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
+        row["prediction_error_without_contention"] = row["predicted_step_s_without_contention"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
             row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
@@ -137,7 +153,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "measured_costs": costs, "local_s_per_sample": costs["local_s_per_sample"],
+            "measured_costs": costs, "contention": contention, "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
