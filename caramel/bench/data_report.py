@@ -78,9 +78,12 @@ def _mean(xs: list[float]) -> float:
 
 
 def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float,
-            samples_per_disk_read: float = 1.0, amplification: float = 1.0, contention: float = 1.0) -> DataLoadModel:
+            samples_per_disk_read: float = 1.0, amplification: float = 1.0, contention: float = 1.0,
+            byte_hit_rate: float = 0.0) -> DataLoadModel:
     """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
-    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe."""
+    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe. The
+    locality sampler reads the cached shards first, so its epoch's misses (1 - the byte hit rate
+    of its steps) come last; the other modes spread them over the epoch."""
     shard_bytes = index.nbytes / len(index.shards)
     pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
     return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
@@ -91,7 +94,8 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
                          request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
                          batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
-                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention)
+                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
+                         remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0)
 
 
 def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:
@@ -128,9 +132,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
         amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
-                        per_read, amplification, contention)
+                        per_read, amplification, contention, hit)
         compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
-        alone = replace(model, contention=1.0)  # the model without the contention term, for comparison
+        alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
@@ -142,9 +146,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
                "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s(),
-               "predicted_step_s_without_contention": alone.step_time_s(compute_comm)}
+               "predicted_step_s_before": alone.step_time_s(compute_comm)}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
-        row["prediction_error_without_contention"] = row["predicted_step_s_without_contention"] / row["step_s_steady"] - 1.0
+        row["prediction_error_before"] = row["predicted_step_s_before"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
             row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
