@@ -165,9 +165,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
 
 
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown)."""
+    """The side-by-side table (terminal or markdown); "before" is the model's error without its
+    contention and misses-last terms."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
-            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error"]
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error", "before"]
     lines = []
     for r in report["rows"]:
         ci = r.get("speedup_ci95")
@@ -177,7 +178,8 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
                       f"{r['hit_rate_steady']:.0%}", f"{r['memory_share_steady']:.0%}",
                       f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                      f"{r['prediction_error']:+.0%}"])
+                      f"{r['prediction_error']:+.0%}",
+                      f"{r['prediction_error_before']:+.0%}" if "prediction_error_before" in r else "-"])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])
