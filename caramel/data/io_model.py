@@ -29,7 +29,8 @@ A sampler that reads what is cached first (the locality-aware one) does not spre
 over the epoch: its first steps fetch nothing and its last `remote_steps_share` (1 - the byte
 hit rate) fetch all the epoch's remote bytes, so the mean step is that share of steps at
 data_s(remote bytes / share) and the rest at data_s(0), each against the compute side. A link
-that is the bottleneck only in the misses' steps still sets them: max(mean) < mean(max).
+that is the bottleneck only in the misses' steps still sets those: the mean of the steps' maxima,
+not the maximum of the means.
 
 With workers prefetching the step takes max((compute_s + batch_overhead_s) x contention, data_s)
 (the training process receives each batch itself, which no prefetching hides); without
