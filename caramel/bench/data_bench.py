@@ -152,8 +152,16 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
         barrier.wait()
 
 
+def _calibrates_loaded(cfg: DataBenchConfig, samples: list | None) -> bool:
+    """Whether the ranks time steps beside busy loader workers before the modes (the model's
+    contention): with workers, samples, and steps beyond the calibration's warm-up."""
+    from caramel.bench.data_contention import WARMUP_STEPS
+
+    return bool(samples) and cfg.loader_workers > 0 and cfg.calibration_steps > WARMUP_STEPS
+
+
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
-               host: tuple[str, str] | None = None) -> None:
+               host: tuple[str, str] | None = None, samples: list | None = None) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -175,6 +183,14 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
             no_data.append(time.perf_counter() - t0)
         if rank == 0:
             queue.put(sorted(no_data)[len(no_data) // 2])
+        if _calibrates_loaded(cfg, samples):  # the same steps beside busy loader workers: the model's contention
+            from caramel.bench.data_contention import loaded_steps
+
+            loaded = loaded_steps(samples, cfg.batch_size, cfg.loader_workers, cfg.prefetch_factor,
+                                  cfg.calibration_steps, cfg.compute_s, lambda: dist.all_reduce(token))
+            gc.collect()  # its workers gone before the first mode
+            if rank == 0:
+                queue.put(loaded)
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
@@ -211,6 +227,7 @@ def is_local(url: str) -> bool:
 
 def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, Any]:
     """Run every mode, every round, on the store at `url` (None: a generated data set); return the report."""
+    from caramel.bench.data_contention import calibration_samples
     from caramel.bench.data_report import measure_local_costs, request_overhead_s, summarize
 
     for m in cfg.modes:
@@ -258,7 +275,9 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             costs = measure_local_costs(str(directory) if cluster else data_url, index, cfg.batch_size, str(workdir))
             costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)
-            results, costs["compute_comm_s"] = _run_ranks(cfg, data_url, workdir, budget, server, hosts)
+            samples = calibration_samples(str(directory) if cluster else data_url, index)
+            results, costs["compute_comm_s"], costs["loaded"] = _run_ranks(cfg, data_url, workdir, budget, server,
+                                                                           hosts, samples)
         report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
         if cluster is not None:
             from caramel.bench.data_cluster import cluster_report
@@ -268,22 +287,26 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int],
-               server, hosts: list[tuple[str, str]] | None = None) -> tuple[dict[str, ModeResult], float | None]:
-    """Each mode's results, and the median step of compute and all-reduce alone (before the modes)."""
+def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server,
+               hosts: list[tuple[str, str]] | None = None, samples: list | None = None
+               ) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
+    """Each mode's results, the median step of compute and all-reduce alone, and (with `samples`
+    and loader workers) the same steps beside busy workers (`data_contention`), both before the modes."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
     results = {m: ModeResult(m) for m in cfg.modes}
     procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
-                                                  hosts[r] if hosts else None))
+                                                  hosts[r] if hosts else None, samples))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()
-    compute_comm_s = None
+    compute_comm_s, loaded = None, None
     try:
         compute_comm_s = _get(queue, procs, cfg.timeout_s)
+        if _calibrates_loaded(cfg, samples):
+            loaded = _get(queue, procs, cfg.timeout_s)
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 for _epoch in range(cfg.epochs):
@@ -316,4 +339,4 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if bad:
         raise RuntimeError(f"a rank process failed (exit codes {bad})")
-    return results, compute_comm_s
+    return results, compute_comm_s, loaded

@@ -112,6 +112,11 @@ def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown
           f"{c['batch_s_shared'] * 1e3:.2f} ms by shared memory, compute+all-reduce "
           f"{(c['compute_comm_s'] or 0) * 1e3:.2f} ms, request overhead {c['request_overhead_s'] * 1e3:.2f} ms; "
           f"remote bytes from the {result['remote_bytes_from']}")
+    if c.get("loaded"):
+        lo = c["loaded"]
+        print(f"beside busy loader workers (before the modes): step {lo['step_s'] * 1e3:.2f} ms (wait "
+              f"{lo['wait_s'] * 1e3:.2f}, compute {lo['compute_s'] * 1e3:.2f}, all-reduce {lo['sync_s'] * 1e3:.2f}): "
+              f"the model's contention x{result['contention']:.2f}")
     if json_out:
         atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if markdown_out:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
+from caramel.bench.data_contention import contention_factor
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -77,9 +78,12 @@ def _mean(xs: list[float]) -> float:
 
 
 def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float,
-            samples_per_disk_read: float = 1.0, amplification: float = 1.0) -> DataLoadModel:
+            samples_per_disk_read: float = 1.0, amplification: float = 1.0, contention: float = 1.0,
+            byte_hit_rate: float = 0.0) -> DataLoadModel:
     """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
-    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe."""
+    The plain loader's batches travel by shared memory, caramel.data's small ones by pipe. The
+    locality sampler reads the cached shards first, so its epoch's misses (1 - the byte hit rate
+    of its steps) come last; the other modes spread them over the epoch."""
     shard_bytes = index.nbytes / len(index.shards)
     pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
     return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
@@ -90,7 +94,19 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
                          request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
                          batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
-                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0))
+                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
+                         remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0)
+
+
+def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:
+    """The model's contention factor from the calibration beside busy workers (run before the modes):
+    its step against compute + all-reduce alone plus the batch's trip alone by the transport it used."""
+    loaded = costs.get("loaded")
+    if not loaded:
+        return 1.0
+    pipe = cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
+    return contention_factor(loaded["step_s"], costs.get("compute_comm_s"),
+                             costs["batch_s_pipe"] if pipe else costs["batch_s_shared"])
 
 
 def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str, float],
@@ -101,6 +117,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
     first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
     samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
     rows = []
+    contention = measured_contention(cfg, index, costs)
     base = results.get("remote")
     ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
     for mode, r in results.items():
@@ -115,8 +132,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
         amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
-                        per_read, amplification)
+                        per_read, amplification, contention, hit)
         compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+        alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
@@ -127,8 +145,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
-               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s()}
+               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s(),
+               "predicted_step_s_before": alone.step_time_s(compute_comm)}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
+        row["prediction_error_before"] = row["predicted_step_s_before"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
             row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
@@ -137,7 +157,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "measured_costs": costs, "local_s_per_sample": costs["local_s_per_sample"],
+            "measured_costs": costs, "contention": contention, "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
@@ -145,9 +165,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
 
 
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown)."""
+    """The side-by-side table (terminal or markdown); "before" is the model's error without its
+    contention and misses-last terms."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
-            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error"]
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error", "before"]
     lines = []
     for r in report["rows"]:
         ci = r.get("speedup_ci95")
@@ -157,7 +178,8 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
                       f"{r['hit_rate_steady']:.0%}", f"{r['memory_share_steady']:.0%}",
                       f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                      f"{r['prediction_error']:+.0%}"])
+                      f"{r['prediction_error']:+.0%}",
+                      f"{r['prediction_error_before']:+.0%}" if "prediction_error_before" in r else "-"])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])

@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data-disk-per-read", default="0", help="one shard read from the disk cache: 2ms (default 0)")
     data.add_argument("--data-batch-overhead", default="0",
                       help="per batch in a loader worker, collate and transport: 300us (default 0)")
+    data.add_argument("--data-contention", type=float, default=1.0,
+                      help="the step's compute side runs this much longer beside busy loader workers "
+                           "(>= 1; `caramel bench --data` measures it; default 1)")
+    data.add_argument("--data-misses-last", action="store_true",
+                      help="the sampler reads cached shards first (locality): an epoch's misses fall in its last "
+                           "1 - hit rate of the steps")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -141,7 +147,9 @@ def _data_model(args: argparse.Namespace, ranks: int):
         local_s_per_sample=parse_duration_arg_s(args.data_local_per_sample, "--data-local-per-sample"),
         memory_hit_rate=args.data_memory_hit_rate,
         disk_s_per_read=parse_duration_arg_s(args.data_disk_per_read, "--data-disk-per-read"),
-        batch_overhead_s=parse_duration_arg_s(args.data_batch_overhead, "--data-batch-overhead"))
+        batch_overhead_s=parse_duration_arg_s(args.data_batch_overhead, "--data-batch-overhead"),
+        contention=args.data_contention,
+        remote_steps_share=max(1.0 - args.data_hit_rate, 1e-9) if args.data_misses_last else 1.0)
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:

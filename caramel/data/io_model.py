@@ -25,9 +25,19 @@ read of a whole shard (`disk_s_per_read`: read plus checksum, measured) serves
 `samples_per_disk_read` samples. `batch_overhead_s` is each batch's fixed cost (collate, the
 trip from the worker to the training process), measured for the transport used.
 
-With workers prefetching the step takes max(compute_s + batch_overhead_s, data_s) (the training
-process receives each batch itself, which no prefetching hides); without (`loader_workers=0`)
-the two add. Data is the bottleneck when data_s exceeds the compute side.
+A sampler that reads what is cached first (the locality-aware one) does not spread the misses
+over the epoch: its first steps fetch nothing and its last `remote_steps_share` (1 - the byte
+hit rate) fetch all the epoch's remote bytes, so the mean step is that share of steps at
+data_s(remote bytes / share) and the rest at data_s(0), each against the compute side. A link
+that is the bottleneck only in the misses' steps still sets those: the mean of the steps' maxima,
+not the maximum of the means.
+
+With workers prefetching the step takes max((compute_s + batch_overhead_s) x contention, data_s)
+(the training process receives each batch itself, which no prefetching hides); without
+(`loader_workers=0`) the two add. `contention` (>= 1, measured: 1 with cores to spare) is how
+much longer that compute side takes while the loader workers prefetch on the same cores than
+its parts measured alone (the data bench measures it before the modes it scores,
+`caramel.bench.data_contention`). Data is the bottleneck when data_s exceeds the compute side.
 """
 from __future__ import annotations
 
@@ -58,12 +68,18 @@ class DataLoadModel:
     batch_overhead_s: float = 0.0  # per batch in a worker: collate and the trip to the training process
     samples_per_disk_read: float = 1.0  # samples served by one shard read from the disk cache
     fetch_amplification: float = 1.0  # bytes fetched per byte of the missed samples (a shard fetched for a few of them)
+    contention: float = 1.0  # compute side's slowdown beside prefetching workers on shared cores, measured; 1: none
+    remote_steps_share: float = 1.0  # of an epoch's steps, those that fetch its remote bytes (1: every step alike)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
             raise CaramelError(f"hit_rate must be within [0, 1], got {self.hit_rate}")
         if not 0.0 <= self.memory_hit_rate <= self.hit_rate + 1e-12:
             raise CaramelError(f"memory_hit_rate must be within [0, hit_rate={self.hit_rate}], got {self.memory_hit_rate}")
+        if not self.contention >= 1:
+            raise CaramelError(f"contention must be >= 1 (1: no slowdown beside the loader workers), got {self.contention}")
+        if not 0.0 < self.remote_steps_share <= 1.0:
+            raise CaramelError(f"remote_steps_share must be within (0, 1], got {self.remote_steps_share}")
         if self.fetch_amplification < 1:
             raise CaramelError(f"fetch_amplification must be >= 1, got {self.fetch_amplification}")
         if self.disk_s_per_read < 0 or self.batch_overhead_s < 0 or self.samples_per_disk_read < 1:
@@ -82,9 +98,13 @@ class DataLoadModel:
         return (1.0 - self.hit_rate) * self.batch_size * self.sample_bytes * self.fetch_amplification
 
     def data_time_s(self) -> float:
-        """Seconds of loading one rank's batch, spread over its loader workers."""
+        """Seconds of loading one rank's batch, spread over its loader workers (the epoch's remote
+        bytes spread over all its steps)."""
+        return self._data_s(self.remote_bytes_per_step())
+
+    def _data_s(self, remote: float) -> float:
+        """Seconds of loading one rank's batch of which `remote` bytes come from the store."""
         k = max(self.loader_workers, 1)
-        remote = self.remote_bytes_per_step()
         per_request = self.request_bytes or self.sample_bytes
         requests = remote / per_request if remote > 0 else 0.0
         if self.request_bytes is None:
@@ -98,12 +118,25 @@ class DataLoadModel:
         return remote_s + local_s
 
     def step_time_s(self, compute_s: float) -> float:
-        """The step time with this data path: prefetched when there are workers, serial otherwise."""
-        data = self.data_time_s()
-        return max(compute_s + self.batch_overhead_s, data) if self.loader_workers > 0 else compute_s + data
+        """The mean step time with this data path: prefetched when there are workers, serial
+        otherwise; with `remote_steps_share` s < 1, the mean of s of the steps fetching all the
+        epoch's remote bytes and 1 - s fetching none."""
+        remote = self.remote_bytes_per_step()
+        if self.remote_steps_share >= 1.0 or remote <= 0:
+            return self._step_s(compute_s, self.data_time_s())
+        s = self.remote_steps_share
+        return s * self._step_s(compute_s, self._data_s(remote / s)) + (1 - s) * self._step_s(compute_s, self._data_s(0.0))
+
+    def _step_s(self, compute_s: float, data_s: float) -> float:
+        return max(self.compute_side_s(compute_s), data_s) if self.loader_workers > 0 else compute_s + data_s
+
+    def compute_side_s(self, compute_s: float) -> float:
+        """The prefetched step's side that no worker hides: compute, all-reduce and the batch's
+        receipt, stretched by the measured contention for the cores."""
+        return (compute_s + self.batch_overhead_s) * self.contention
 
     def bottleneck(self, compute_s: float) -> str:
-        return "data" if self.data_time_s() > compute_s + self.batch_overhead_s else "compute+comm"
+        return "data" if self.data_time_s() > self.compute_side_s(compute_s) else "compute+comm"
 
     def describe(self) -> dict[str, Any]:
         return dict(asdict(self), data_time_s=self.data_time_s(), remote_bytes_per_step=self.remote_bytes_per_step())

@@ -37,6 +37,9 @@ def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(
     # locality: epoch 1 fetches each rank's home shards once, epoch 2 nothing
     assert rows["locality"]["remote_bytes_per_epoch_first"] >= data
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0 and rows["locality"]["hit_rate_steady"] == 1.0
+    # no loader workers: nothing to calibrate beside, no contention term; locality read no byte remote: no phases
+    assert report["measured_costs"]["loaded"] is None and report["contention"] == 1.0
+    assert all(r["predicted_step_s"] == r["predicted_step_s_before"] for r in rows.values())
 
 
 @pytest.mark.timeout(120)
@@ -51,6 +54,11 @@ def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
     assert rows["locality"]["remote_bytes_per_epoch_first"] == report["data_bytes"]  # each shard once, in a worker
     counted = sum(r["remote_bytes_per_epoch_steady"] + r["remote_bytes_per_epoch_first"] for r in rows.values())
     assert 0 < counted <= served  # the server also sent the index and the model's measurement reads
+    # with a worker the ranks timed their steps beside it before the modes: the model's contention
+    loaded, costs = report["measured_costs"]["loaded"], report["measured_costs"]
+    assert loaded["step_s"] >= loaded["wait_s"] + loaded["compute_s"] + loaded["sync_s"] > 0
+    assert report["contention"] == pytest.approx(max(1.0, loaded["step_s"] / (costs["compute_comm_s"] + costs["batch_s_pipe"])))
+    assert all(r["predicted_step_s"] >= r["predicted_step_s_before"] for r in rows.values())
 
 
 def test_bad_input_is_named(capsys, tmp_path):

@@ -42,3 +42,50 @@ def test_cache_tiers():
     assert memory.step_time_s(compute_s=5e-3) == pytest.approx(6e-3)  # the batch's trip is not prefetched
     with pytest.raises(CaramelError, match="memory_hit_rate"):
         DataLoadModel(**base, hit_rate=0.5, memory_hit_rate=0.6)
+
+
+def test_contention_stretches_the_compute_side_only():
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=2, store_bandwidth_bps=1e8, loader_workers=2,
+                local_s_per_sample=1e-4, batch_overhead_s=1e-3, hit_rate=1.0, memory_hit_rate=1.0)
+    alone = DataLoadModel(**base)
+    assert DataLoadModel(**base, contention=1.0) == alone  # 1 is the model without the term
+    busy = DataLoadModel(**base, contention=1.5)
+    # compute 5 ms + the batch's 1 ms receipt, 1.5x as long beside the busy workers; loading itself unchanged
+    assert busy.step_time_s(compute_s=5e-3) == pytest.approx(9e-3) and alone.step_time_s(5e-3) == pytest.approx(6e-3)
+    assert busy.data_time_s() == alone.data_time_s()
+    # a data-bound step stays the data's: 4 ranks' misses over the link take 32 ms, more than 1.5 x 6 ms
+    link = dict(base, hit_rate=0.0, memory_hit_rate=0.0, ranks=4)
+    assert DataLoadModel(**link, contention=1.5).step_time_s(5e-3) == pytest.approx(DataLoadModel(**link).data_time_s())
+    # the term can turn the bottleneck: 2 ms of decode against 1.6 ms of compute side, 2.4 ms stretched
+    edge = dict(base, local_s_per_sample=2e-4, batch_overhead_s=0.0, loader_workers=1)
+    assert DataLoadModel(**edge).bottleneck(1.6e-3) == "data"
+    assert DataLoadModel(**edge, contention=1.5).bottleneck(1.6e-3) == "compute+comm"
+    serial = dict(base, loader_workers=0)  # without workers nothing prefetches beside the step: data and compute add
+    assert DataLoadModel(**serial, contention=1.5).step_time_s(5e-3) == DataLoadModel(**serial).step_time_s(5e-3)
+    for bad in (0.9, float("nan")):
+        with pytest.raises(CaramelError, match="contention must be >= 1"):
+            DataLoadModel(**base, contention=bad)
+
+
+def test_misses_read_last_cost_their_own_steps():
+    # 4 ranks, half of each batch's bytes from the store: 16 ms of link per step spread evenly, under 20 ms of compute
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=4, store_bandwidth_bps=1e8, loader_workers=2, hit_rate=0.5,
+                request_bytes=5e4)
+    even = DataLoadModel(**base)
+    assert even.step_time_s(compute_s=20e-3) == 20e-3
+    assert DataLoadModel(**base, remote_steps_share=1.0) == even  # 1: the model without the term
+    # the cached half of the epoch first: its steps fetch nothing (20 ms of compute), the other half
+    # fetches the whole epoch's misses, 32 ms of link per step, which the compute no longer hides
+    last = DataLoadModel(**base, remote_steps_share=0.5)
+    assert last.step_time_s(compute_s=20e-3) == pytest.approx(0.5 * 20e-3 + 0.5 * 32e-3)
+    assert last.data_time_s() == even.data_time_s()  # the epoch's loading is the same, only where it falls moves
+    # with no compute to hide behind the split changes nothing: the same bytes cross the same link
+    assert last.step_time_s(compute_s=0.0) == pytest.approx(even.step_time_s(compute_s=0.0)) == pytest.approx(16e-3)
+    # a little compute: the cached steps cost it, 1 ms, while the evenly spread ones hid it behind the link
+    assert last.step_time_s(compute_s=1e-3) == pytest.approx(0.5 * 1e-3 + 0.5 * 32e-3)
+    # nothing remote: no step has misses to wait for, whatever the share
+    cached = dict(base, hit_rate=1.0)
+    assert DataLoadModel(**cached, remote_steps_share=0.1).step_time_s(5e-3) == DataLoadModel(**cached).step_time_s(5e-3)
+    for bad in (0.0, 1.5):
+        with pytest.raises(CaramelError, match="remote_steps_share"):
+            DataLoadModel(**base, remote_steps_share=bad)

@@ -47,3 +47,23 @@ def test_simulate_counts_the_cache_tiers(capsys):
     assert "2.16 ms of loading per step" in capsys.readouterr().out  # 2 of the 8 samples' shards read from disk
     assert main(base + ["--data-memory-hit-rate", "0.5", "--data-hit-rate", "0.25"]) == 2
     assert "memory_hit_rate" in capsys.readouterr().err
+    assert main(base + ["--data-memory-hit-rate", "1", "--data-contention", "0.5"]) == 2
+    assert "contention must be >= 1" in capsys.readouterr().err
+
+
+def test_simulate_takes_the_measured_contention_and_misses_last(capsys, tmp_path):
+    import json
+
+    base = ["simulate", "--synthetic", "chain8", "--workers", "2", "--planner", "fifo", "--data-sample-bytes", "16kb",
+            "--data-batch", "8", "--data-hit-rate", "0.5", "--data-request-bytes", "256kb", "--data-latency", "0",
+            "--data-bandwidth", "15mbit"]
+    steps = {}
+    for name, extra in {"plain": [], "contended": ["--data-contention", "2"], "last": ["--data-misses-last"]}.items():
+        assert main(base + extra + ["--json", str(tmp_path / f"{name}.json")]) == 0
+        rec = json.loads((tmp_path / f"{name}.json").read_text())["records"][0]
+        steps[name] = (rec["step_time_s"], rec["step_time_with_data_s"], rec["data_time_s"])
+    compute, plain, data = steps["plain"]
+    assert data < compute < 2 * data and plain == compute  # 2 x 64 KB per step over 15 mbit/s hides behind the compute
+    assert steps["contended"][1] == pytest.approx(2 * compute)  # the compute side, twice as long
+    # half the steps carry all the misses (twice the link time, more than the compute) and half none
+    assert steps["last"][1] == pytest.approx(2 * data / 2 + compute / 2) and steps["last"][1] > plain
