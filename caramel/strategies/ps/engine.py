@@ -291,6 +291,7 @@ class PsEngine:
     def _apply(self, u: _Update) -> None:
         for w in u.works:
             w.wait()
+        u.works = []  # a gloo send or receive waited twice waits for a second message: never again
         u.used_work.wait()
         for flat, parts in u.sums:  # this server's buckets: the other workers' pushes, in rank order
             for part in parts:
