@@ -7,9 +7,11 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
   k-1's matrix, in forward order; the messages share j's sending rate and the receiver's
   receiving rate (`worker_bandwidth_bps`), so the first c bytes from j land at i at
   start + latency + c x max(out-degree_j, in-degree_i) / min(rate_j, rate_i);
-- the next forward runs the profile's modules in order, each once the bytes up to its own
-  parameters have landed from every in-neighbour (algorithm=adam: no wait in the forward; all
-  of it must have landed before the update);
+- the bytes travel as the runtime's messages (`bucket_cap_mb`, cut as `engine.make_buckets`
+  cuts them: `message_needs`), and the next forward runs the profile's modules in order, each
+  once every message holding one of its parameters has landed from every in-neighbour, all of
+  it: a model smaller than the cap is one message, which the first module waits for
+  (algorithm=adam: no wait in the forward; all of it must have landed before the update);
 - compute is the profile's, divided by the worker's speed and multiplied by its step's jitter;
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes.
 
@@ -66,6 +68,37 @@ def _jitter(cluster: ClusterSpec, steps: int) -> list[list[float]]:
     return out
 
 
+def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float) -> tuple[list[int], int]:
+    """Per module, the bytes of the exchange that must have landed before its forward runs, and
+    the exchange's total, cut into messages as `engine.make_buckets` cuts them.
+
+    The tensors go in the order their module first ran (never used: last), a module's
+    parameters before their momentum buffers (`per_tensor` = 2); a message closes before a
+    tensor that would take it past `cap_bytes`. Messages travel one after another, and a
+    module's pre-hook mixes every message holding one of its tensors, each only once all of
+    it has landed: so a module waits for the bytes up to the end of the last such message."""
+    order = sorted(shared, key=lambda p: modules if p.first_use_order is None else p.first_use_order)
+    tensors: list[tuple[int | None, int]] = []
+    for m in dict.fromkeys(p.first_use_order for p in order):
+        mine = [p for p in order if p.first_use_order == m]
+        tensors += [(m, p.bytes) for p in mine] * per_tensor  # parameters, then (momentum) their buffers
+    need, sent, size = [0] * modules, 0, 0
+    open_: list[int | None] = []
+    for m, nbytes in tensors:
+        if open_ and size + nbytes > cap_bytes:
+            for owner in open_:
+                if owner is not None:
+                    need[owner] = sent
+            open_, size = [], 0
+        open_.append(m)
+        size += nbytes
+        sent += nbytes
+    for owner in open_:
+        if owner is not None:
+            need[owner] = sent
+    return need, sent
+
+
 def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: GossipOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if not profile.trainable():
@@ -77,19 +110,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     speed = [w.speed for w in cluster.workers]
     per_tensor = 2 if options.algorithm == "momentum" else 1
     shared = [p for p in profile.trainable() if not options.is_local(p.name)]
-    # bytes that must have landed before module m runs: every gossiped parameter first used there or earlier
-    by_module = [0] * len(profile.modules)
-    unused = 0
-    for p in shared:
-        if p.first_use_order is None:
-            unused += p.bytes * per_tensor
-        else:
-            by_module[p.first_use_order] += p.bytes * per_tensor
-    cum, total = [], 0
-    for b in by_module:
-        total += b
-        cum.append(total)
-    total += unused
+    need, total = message_needs(shared, len(profile.modules), per_tensor, options.bucket_cap_mb * 2 ** 20)
     in_forward = options.algorithm != "adam"
 
     def compute(w: int, k: int, seconds: float) -> float:
@@ -118,16 +139,16 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
             start = t
             for m, mod in enumerate(profile.modules):
                 if in_forward:
-                    need = landed(cum[m])
-                    if need > t:
-                        waits[w] += need - t
-                        t = need
+                    due = landed(need[m])
+                    if due > t:
+                        waits[w] += due - t
+                        t = due
                 t += compute(w, k, mod.forward_time_s)
             t += compute(w, k, profile.backward_time_s)
-            need = landed(total)
-            if need > t:
-                waits[w] += need - t
-                t = need
+            due = landed(total)
+            if due > t:
+                waits[w] += due - t
+                t = due
             t += compute(w, k, profile.optimizer_time_s)
             end[w][k] = t
             events.append(TraceEvent(w, "compute", "step", "step", start, t - start, k))

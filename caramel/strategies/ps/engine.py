@@ -4,8 +4,9 @@ Every rank is a worker, and the ranks named by the plan's owners also serve a sh
 colocated mode). One step, for update u (= the step that produced the gradients):
 
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
-   shard fused into one flat tensor, `buckets.py`) it is reduced to its owner on that server's
-   push group (`dist.reduce`, async), in the plan's bucket order (a bucket is handed to the
+   shard fused into one flat tensor, `buckets.py`) it goes to its owner on that server's push
+   group (every other worker sends it, the owner adds them up: `_send_push`; with dedicated
+   servers or a hierarchy a `dist.reduce`), in the plan's bucket order (a bucket is handed to the
    backend only after every earlier one: TicTac's counter rule); `step()` pushes what never
    became ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
@@ -89,6 +90,7 @@ class _Update:
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
     relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (bucket, node reduce) still to forward
+    sums: list[tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (flat, the other workers' pushes) to add in
 
     def everyone_pushed(self) -> bool:
         """Every rank has handed over this step's gradients (its count arrived): the reductions
@@ -185,6 +187,9 @@ class PsEngine:
             u.grads[i] = view
         u.flats[b] = flat
         i = members[0]
+        if self.hier is None and not self.groups.dedicated:
+            self._send_push(u, b, flat, self.server_of(i), self.groups.push[self.plan.owner[i]])
+            return
         if self.hier is None:
             u.works.append(dist.reduce(flat, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
                                        async_op=True))
@@ -193,6 +198,22 @@ class PsEngine:
         u.works.append(work)
         if self.hier.is_leader:
             u.relay.append((b, work))
+
+    def _send_push(self, u: _Update, b: int, flat: torch.Tensor, server: int, group: Any) -> None:
+        """Bucket `b`'s push as a parameter server's push: every other worker sends its copy to
+        the server, which adds them to its own, in rank order, once they are in (`_apply`). Not gloo's
+        reduce: that runs a ring reduce-scatter and then a gather, so the server sends half of
+        every bucket back out and, with 2 servers, each direction of a link carries 3/4 of the
+        model's bytes a step instead of 1/2 (docs/ps.md, "Simulator against runtime")."""
+        if server != self.rank:
+            u.works.append(dist.isend(flat, self.ranks[server], group=group, tag=b))
+            return
+        parts = []
+        for j in range(self.workers):
+            if j != self.rank:
+                parts.append(torch.empty_like(flat))
+                u.works.append(dist.irecv(parts[-1], self.ranks[j], group=group, tag=b))
+        u.sums.append((flat, parts))
 
     def _forward_node_sums(self, u: _Update, force: bool) -> None:
         """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
@@ -270,7 +291,12 @@ class PsEngine:
     def _apply(self, u: _Update) -> None:
         for w in u.works:
             w.wait()
+        u.works = []  # a gloo send or receive waited twice waits for a second message: never again
         u.used_work.wait()
+        for flat, parts in u.sums:  # this server's buckets: the other workers' pushes, in rank order
+            for part in parts:
+                flat.add_(part)
+        u.sums = []
         counts = u.used.tolist()
         used = {i: bool(c > 0) for i, c in zip(self.plan.params, counts)}
         if self.stale is not None:

@@ -5,11 +5,11 @@ the cluster spec), with the backend's behaviour made explicit:
 
 - the unit of transfer is the plan's bucket (`buckets.py`: parameters of one shard fused up
   to `bucket_cap_mb`), so a bucket pays one latency for all its bytes;
-- each server's pushes are one sequence of reduce collectives (the plan's bucket push order) on
-  its own group, its pulls one sequence of broadcasts (each update's bucket pull order) on another; each
-  collective starts once every rank has handed it over and the previous one of its group is
-  done, and lasts latency + (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one
-  copy per other worker). Different servers' sequences run side by side; pushes and pulls use
+- each server's pushes are one sequence of transfers (the plan's bucket push order: every other
+  worker sends the bucket to the server, `engine._send_push`) on its own group, its pulls one
+  sequence of broadcasts (each update's bucket pull order) on another; each starts once every
+  rank has handed it over and the previous one of its group is done, and lasts latency +
+  (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one copy per other worker). Different servers' sequences run side by side; pushes and pulls use
   opposite directions of a full-duplex NIC, so they are not made to share it (nor are a
   worker's sends to different servers: with balanced shards they need no more than one
   server's receives);

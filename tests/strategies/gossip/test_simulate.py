@@ -31,8 +31,11 @@ def test_more_peers_cost_more_when_communication_bound(profile):
     ring, expo, one, full = (sim(f"gossip:topology={t}", profile, slow).step_time_s
                              for t in ("ring", "exponential", "one_peer_exponential", "complete"))
     assert one < ring < expo < full
-    fast = ClusterSpec.uniform(8, 1e11)  # communication hides in the forward: all alike, compute-bound
-    assert sim("gossip:topology=complete", profile, fast).step_time_s == pytest.approx(profile.step_time_s, rel=0.02)
+    # communication cut into messages hides in the forward: all alike, compute-bound (as one
+    # message the first module would wait for all of it)
+    fast = ClusterSpec.uniform(8, 1e11)
+    assert sim("gossip:topology=complete,bucket_cap_mb=0.5", profile, fast).step_time_s == pytest.approx(
+        profile.step_time_s, rel=0.02)
     # momentum sends twice the bytes
     assert sim("gossip:algorithm=momentum", profile, slow).step_time_s > ring
 
@@ -69,3 +72,51 @@ def test_deprl_head_steps_send_once_per_cycle(profile):
     # cut by the head steps), well above none
     share = (tau.step_time_s - profile.step_time_s) / (body.step_time_s - profile.step_time_s)
     assert 0.125 < share <= 0.25 * 1.01, share
+
+
+def test_messages_are_cut_as_the_runtime_cuts_them():
+    """`message_needs` against the runtime's own `make_buckets` on a real module: each module
+    waits for the end of the last message holding one of its tensors."""
+    import torch
+
+    from caramel.profile.model_profile import ParamInfo
+    from caramel.strategies.gossip.engine import make_buckets
+    from caramel.strategies.gossip.simulate import message_needs
+
+    sizes = [40, 100, 30, 70, 10]  # floats per layer
+    layers = [torch.nn.Linear(1, s, bias=False) for s in sizes]
+    tensors = [(f"l{k}", m.weight) for k, m in enumerate(layers)]
+    owner = {id(m.weight): f"l{k}" for k, m in enumerate(layers)}
+    order = [f"l{k}" for k in (0, 1, 2, 3)]  # l4 never ran: it goes last, and no forward waits for it
+    cap = 150 * 4
+    buckets = make_buckets(tensors, owner, order, cap)
+    ends, sent = {}, 0
+    for b in buckets:
+        sent += b.nbytes
+        for m in b.modules:
+            ends[m] = sent
+    params = [ParamInfo(index=k, name=f"l{k}.weight", shape=[s, 1], dtype="float32", numel=s, bytes=4 * s,
+                        requires_grad=True, first_use_order=k if k < 4 else None) for k, s in enumerate(sizes)]
+    need, total = message_needs(params, 5, 1, cap)
+    assert total == sum(4 * s for s in sizes)
+    assert need[:4] == [ends[f"l{k}"] for k in range(4)]
+    assert need[:4] == [4 * 140, 4 * 140, 4 * 250, 4 * 250] and need[4] == 0
+    need2, total2 = message_needs(params, 5, 2, cap)  # momentum: each layer's buffer beside it
+    assert total2 == 2 * total and need2[0] == 4 * 80
+
+
+def test_a_model_in_one_message_waits_for_all_of_it():
+    """2 workers: with the model in one message (the runtime's 4 MB default above a 2.8 MB
+    model) the first module waits for every byte, so nothing of the exchange hides behind the
+    forward; smaller messages let the first modules start while the rest travels."""
+    prof = synthetic_profile(sizes_bytes=[300_000] * 8, forward_time_s=0.02, backward_time_s=0.04,
+                             optimizer_time_s=0.002)
+    cluster = ClusterSpec.uniform(2, 1e8, latency_s=0.0)
+    comm = sum(p.bytes for p in prof.trainable()) / (1e8 / 8)  # 192 ms: communication-bound
+    whole = sim("gossip:bucket_cap_mb=4", prof, cluster)
+    assert whole.step_time_s == pytest.approx(comm + prof.step_time_s, rel=1e-9)
+    small = sim("gossip:bucket_cap_mb=0.3", prof, cluster)  # one layer per message
+    assert small.step_time_s < whole.step_time_s - 0.015
+    # the last layer's message lands, then the last layer's forward, backward and update
+    last = prof.modules[-1].forward_time_s
+    assert small.step_time_s == pytest.approx(comm + last + prof.backward_time_s + prof.optimizer_time_s, rel=1e-9)

@@ -349,3 +349,42 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     }
     caramel.shutdown()
     return out
+
+
+def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
+    """Colocated bsp, one tensor per bucket: every operation handed to a push group during
+    `steps` steps of the MLP with unused parameters and SGD momentum (op, the group's shard,
+    the peer's group rank, bytes), and the largest difference from DDP's parameters."""
+    import torch.distributed as dist
+
+    w = fresh("mlp_unused")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    train(ddp, ropt, rsched, w.loss_fn, "mlp_unused", rank, steps)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("sgd_momentum", m.parameters())
+    model, opt = caramel.parallelize(m, opt, "ps:bucket_cap_mb=0")
+    groups = opt.ps.groups
+    push = {id(g): s for s, g in enumerate(groups.push)}
+    seen: list[tuple[str, int, int | None, int]] = []
+    real = {n: getattr(dist, n) for n in ("isend", "irecv", "reduce")}
+
+    def spy(name):
+        def call(tensor, *args, group=None, **kw):
+            if id(group) in push:
+                peer = args[0] if args else kw.get("dst", kw.get("src"))
+                seen.append((name, push[id(group)], dist.get_group_rank(group, peer), tensor.numel() * tensor.element_size()))
+            return real[name](tensor, *args, group=group, **kw)
+        return call
+
+    for n in real:
+        setattr(dist, n, spy(n))
+    try:
+        train(model, opt, sched, w.loss_fn, "mlp_unused", rank, steps)
+        opt.synchronize()
+    finally:
+        for n, f in real.items():
+            setattr(dist, n, f)
+    out = {"seen": seen, "diff": max_diff(params_of(ddp.module), params_of(model.module))}
+    caramel.shutdown()
+    return out

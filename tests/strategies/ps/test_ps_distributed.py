@@ -7,7 +7,7 @@ import pytest
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
 from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker, hierarchical_worker,
-                                            parity_worker)
+                                            parity_worker, push_traffic_worker)
 
 TOL = 1e-5
 
@@ -127,3 +127,24 @@ def test_servers_clip_like_ddp_with_clip_grad_norm():
         for _, _, spec, _ in CLIP_CASES:
             assert res[(spec, "clipped")] >= 15, res
             assert res[spec] <= TOL, (spec, res[spec])
+
+
+def test_a_push_is_a_send_to_the_server():
+    """3 ranks: each push is what the model (and a parameter server) has it be, the other
+    workers sending their bucket to the shard's server, and no collective in which the server
+    sends too (gloo's reduce sends half of every bucket back out of the server); still DDP's
+    parameters."""
+    results = run_workers(push_traffic_worker, 3, args=(4,), timeout_s=120)
+    sent, received = [], []
+    for rank, res in enumerate(results):
+        assert res["diff"] <= TOL
+        assert res["seen"], "no push went through the push groups"
+        for op, shard, peer, nbytes in res["seen"]:
+            assert op in ("isend", "irecv"), op
+            if op == "isend":  # shard s is served by rank s (colocated)
+                assert rank != shard and peer == shard
+                sent.append((rank, shard, nbytes))
+            else:
+                assert rank == shard and peer != shard
+                received.append((peer, shard, nbytes))
+    assert sorted(sent) == sorted(received)
