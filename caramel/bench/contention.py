@@ -13,18 +13,21 @@ baseline's median), the compute beside the transfers takes C_beside = C + O - (O
     f = (O - k p) / (O - (C_beside - C))
 
 per rank, from the medians of its steps (a delay of just the pauses gives 1; a compute slowed
-through all of it, O = C_beside and p = 0, gives C_beside / C). The job's factor is the slowest rank's: a
-synchronous step waits for it (the validation experiment takes it the same way).
+through all of it, O = C_beside and p = 0, gives C_beside / C). The job's factor is the
+slowest rank's: a synchronous step waits for it (the validation experiment takes it the same
+way).
 
 A rank whose collectives overlap too little of the compute to tell (O under
-`MIN_OVERLAP_SHARE` of C, or filled by the pauses) gives no factor. A delay as long as the overlap or longer, which no
-finite f explains (compute that made no progress at all), counts as `MAX_SLOWDOWN`, as does
-any larger f: beyond it the baseline has measured a stall, not a share of the cores. No rank
-with a factor means no evidence of contention: 1.
+`MIN_OVERLAP_SHARE` of C, or filled by the pauses) gives no factor. A delay as long as the
+overlap or longer, which no finite f explains (compute that made no progress at all), counts
+as `MAX_SLOWDOWN`, as does any larger f: beyond it the baseline has measured a stall, not a
+share of the cores. No rank with a factor means no evidence of contention: 1.
 
-The factor is measured with the baselines' thread priority (real-time where allowed, as the
-caramel engine runs its own); plain `ddp` runs its threads at normal priority, and its
-prediction takes the same factor.
+The factor goes into the predictions' ClusterSpec (`compute_slowdown`): the event engine
+applies it to the ddp and caramel models, the gossip simulator to compute beside its exchange;
+the ps and pipeline simulators do not model contention. It is measured with the baselines'
+thread priority (real-time where allowed, as the caramel engine runs its own); plain `ddp`
+runs its threads at normal priority, and its prediction takes the same factor.
 """
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
   it: a model smaller than the cap is one message, which the first module waits for
   (algorithm=adam: no wait in the forward; all of it must have landed before the update);
 - compute is the profile's, divided by the worker's speed and multiplied by its step's jitter;
-- with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes.
+- with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;
+- compute runs the cluster's `compute_slowdown` times slower while the worker's exchange of
+  that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default).
 
 Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
 (default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
@@ -32,6 +34,7 @@ import statistics
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
+from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
@@ -136,6 +139,13 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                     arrive = max(arrive, end[j][k - 1] + alpha + c * share / min(rates[j], rates[w]))
                 return arrive
 
+            # contention: compute runs the cluster's compute_slowdown times slower while this
+            # step's exchange is on the wire (from the first send to the last landing)
+            busy = Busy(cluster.compute_slowdown)
+            if nbs is not None and n > 1:
+                sends_end = end[w][k - 1] + alpha + total * len(nbs[w].send) / rates[w]
+                first = min([end[j][k - 1] for j, _ in nbs[w].recv] + [end[w][k - 1]])
+                busy.add(first, max(landed(total), sends_end))
             start = t
             for m, mod in enumerate(profile.modules):
                 if in_forward:
@@ -143,13 +153,13 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                     if due > t:
                         waits[w] += due - t
                         t = due
-                t += compute(w, k, mod.forward_time_s)
-            t += compute(w, k, profile.backward_time_s)
+                t = busy.advance(t, compute(w, k, mod.forward_time_s))
+            t = busy.advance(t, compute(w, k, profile.backward_time_s))
             due = landed(total)
             if due > t:
                 waits[w] += due - t
                 t = due
-            t += compute(w, k, profile.optimizer_time_s)
+            t = busy.advance(t, compute(w, k, profile.optimizer_time_s))
             end[w][k] = t
             events.append(TraceEvent(w, "compute", "step", "step", start, t - start, k))
     warm = steps // 2

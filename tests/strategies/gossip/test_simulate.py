@@ -120,3 +120,19 @@ def test_a_model_in_one_message_waits_for_all_of_it():
     # the last layer's message lands, then the last layer's forward, backward and update
     last = prof.modules[-1].forward_time_s
     assert small.step_time_s == pytest.approx(comm + last + prof.backward_time_s + prof.optimizer_time_s, rel=1e-9)
+
+
+def test_compute_beside_the_exchange_runs_at_the_clusters_slowdown():
+    from caramel.strategies.gossip.options import GossipOptions
+    from caramel.strategies.gossip.simulate import simulate_gossip
+
+    profile = synthetic_profile(sizes_bytes=[1 << 20] * 8)  # 30 ms forward, 60 ms backward
+
+    def step_ms(bandwidth_bps: float, f: float, cap_mb: float) -> float:
+        cluster = ClusterSpec.uniform(2, bandwidth_bps, compute_slowdown=f)
+        return simulate_gossip(profile, cluster, GossipOptions(bucket_cap_mb=cap_mb)).step_time_s * 1e3
+
+    # small messages: the forward runs while later ones are on the wire, and slows
+    assert step_ms(3e9, 1.5, 0.5) > step_ms(3e9, 1.0, 0.5) + 3.0
+    # communication-bound: the forward waits for each message anyway, the slower compute hides in it
+    assert step_ms(2e8, 1.5, 0.5) == pytest.approx(step_ms(2e8, 1.0, 0.5))
