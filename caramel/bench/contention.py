@@ -24,8 +24,8 @@ as `MAX_SLOWDOWN`, as does any larger f: beyond it the baseline has measured a s
 share of the cores. No rank with a factor means no evidence of contention: 1.
 
 The factor goes into the predictions' ClusterSpec (`compute_slowdown`): the event engine
-applies it to the ddp and caramel models, the gossip simulator to compute beside its exchange;
-the ps and pipeline simulators do not model contention. It is measured with the baselines'
+applies it to the ddp and caramel models, the gossip and ps simulators to compute beside their
+exchanges, pushes and pulls; the pipeline simulator does not model contention. It is measured with the baselines'
 thread priority (real-time where allowed, as the caramel engine runs its own); plain `ddp`
 runs its threads at normal priority, and its prediction takes the same factor.
 """

@@ -89,6 +89,14 @@ class Busy:
         self.starts: list[float] = []
         self.ends: list[float] = []
 
+    @classmethod
+    def over(cls, slowdown: float, starts: list[float], ends: list[float]) -> "Busy":
+        """A Busy over disjoint intervals already in time order (`starts[i]` to `ends[i]`)."""
+        busy = cls(slowdown)
+        if not busy.idle:
+            busy.starts, busy.ends = starts, ends
+        return busy
+
     def add(self, start: float, end: float) -> None:
         if self.idle or end < start:
             return

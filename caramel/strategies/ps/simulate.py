@@ -18,7 +18,11 @@ the cluster spec), with the backend's behaviour made explicit:
   (older than the bound: it waits for their reductions) or have arrived, running its shard's
   share of the optimizer, and hands over their pulls;
 - the next forward runs the profile's modules in order, each once the pulls of the parameters
-  it uses first, of the update it must see (S behind), have landed.
+  it uses first, of the update it must see (S behind), have landed;
+- compute runs the cluster's `compute_slowdown` times slower while any push or pull is in
+  flight (CPU contention, `caramel.bench.contention`; 1 by default): the forward beside the
+  pulls, the backward beside the pushes it hands over (placed once, then again with the
+  backward they slowed).
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
@@ -37,10 +41,12 @@ the order are in `meta`, next to the shard loads.
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
+from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
@@ -49,6 +55,48 @@ from caramel.trace.events import Trace, TraceEvent
 
 MIN_ITERATIONS = 8
 STEADY_STEPS_PER_BOUND = 20
+
+
+class Wire:
+    """Every push and pull scheduled so far, as disjoint intervals in time order, for CPU
+    contention: compute runs `slowdown` times slower while any of them is in flight (every
+    worker takes part in every shard's transfers)."""
+
+    def __init__(self, slowdown: float):
+        self.slowdown = slowdown
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def add(self, spans: list[tuple[float, float]]) -> None:
+        if self.slowdown > 1.0:
+            for a, b in spans:
+                _merge_into(self.starts, self.ends, a, b)
+
+    def busy(self, after_s: float, extra: list[tuple[float, float]] = ()) -> Busy:
+        """The event engine's `Busy` over the intervals (and `extra`) that end after `after_s`."""
+        if self.slowdown <= 1.0:
+            return Busy(1.0)
+        i = bisect.bisect_right(self.ends, after_s)
+        starts, ends = self.starts[i:], self.ends[i:]
+        for a, b in extra:
+            _merge_into(starts, ends, a, b)
+        return Busy.over(self.slowdown, starts, ends)
+
+    def forget_before(self, t_s: float) -> None:
+        """Drop the intervals that ended before `t_s`, when no worker computes before it any more."""
+        i = bisect.bisect_right(self.ends, t_s)
+        del self.starts[:i], self.ends[:i]
+
+
+def _merge_into(starts: list[float], ends: list[float], a: float, b: float) -> None:
+    """Add [a, b] to the disjoint, ordered intervals `starts`/`ends`, merging what it touches."""
+    if b <= a:
+        return
+    i = bisect.bisect_left(ends, a)  # the first interval that does not end before a
+    j = bisect.bisect_right(starts, b)  # the intervals from i to j touch [a, b]
+    if i < j:
+        a, b = min(a, starts[i]), max(b, ends[j - 1])
+    starts[i:j], ends[i:j] = [a], [b]
 
 
 def _workers_per_node(cluster: ClusterSpec) -> int:
@@ -98,6 +146,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     buckets = plan.buckets
     bucket_bytes = [sum(size[i] for i in b) for b in buckets]
     bucket_owner = [plan.bucket_owner(b) for b in range(len(buckets))]
+    bucket_ready = [max((ready[i] for i in b), default=0.0) for b in buckets]
 
     def coll_s(b: int) -> float:
         """One bucket's push (or pull): flat, among all workers; hierarchical, within the node,
@@ -117,31 +166,55 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     step_ends: list[list[float]] = [[] for _ in range(n)]
     waits = [0.0] * n
     pulled_upto = -1
+    wire = Wire(cluster.compute_slowdown)
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
-        issue: list[dict[int, float]] = []
-        bwd_end = [0.0] * n
+        wire.forget_before(min(clock))
+        fwd_ends = [0.0] * n
         for w in range(n):
             t = clock[w]
+            busy = wire.busy(t)
             for m, mod in enumerate(profile.modules):
                 land = max((arrive[need][i] for i in uses[m]), default=0.0) if need >= 0 else 0.0
                 if land > t:
                     waits[w] += land - t
                     t = land
-                t += mod.forward_time_s / speed[w]
-            fwd_end = t
-            bwd_end[w] = fwd_end + profile.backward_time_s / speed[w]
-            handed, latest = {}, fwd_end
-            for b, members in enumerate(buckets):
-                latest = max([latest] + [fwd_end + ready[i] / speed[w] for i in members])
-                handed[b] = min(latest, bwd_end[w])
-            issue.append(handed)
-        # dedicated: a server joins the step's pushes once every worker's step message is in
-        joined = max(bwd_end) + alpha if dedicated else 0.0
-        for b in range(len(buckets)):
-            o = bucket_owner[b]
-            start = max(push_end[o], joined, max(issue[w][b] for w in range(n)))
-            push_end[o] = start + coll_s(b)
+                t = busy.advance(t, mod.forward_time_s / speed[w])
+            fwd_ends[w] = t
+
+        def backward(with_pushes: list[tuple[float, float]]) -> tuple[list[float], list[dict[int, float]]]:
+            """Each worker's backward end and its buckets' hand-over times, slowed by the
+            transfers on the wire (this step's pushes: `with_pushes`)."""
+            ends, issue = [], []
+            for w in range(n):
+                busy = wire.busy(fwd_ends[w], with_pushes)
+                end = busy.advance(fwd_ends[w], profile.backward_time_s / speed[w])
+                handed, latest = {}, fwd_ends[w]
+                for b in range(len(buckets)):  # a bucket is handed over once its last gradient is ready
+                    latest = max(latest, busy.advance(fwd_ends[w], bucket_ready[b] / speed[w]))
+                    handed[b] = min(latest, end)
+                ends.append(end)
+                issue.append(handed)
+            return ends, issue
+
+        def push(issue: list[dict[int, float]], bwd_end: list[float]) -> tuple[list[float], list[tuple[float, float]]]:
+            ends, spans = list(push_end), []
+            # dedicated: a server joins the step's pushes once every worker's step message is in
+            joined = max(bwd_end) + alpha if dedicated else 0.0
+            for b in range(len(buckets)):
+                o = bucket_owner[b]
+                start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
+                ends[o] = start + coll_s(b)
+                spans.append((start, ends[o]))
+            return ends, spans
+
+        bwd_end, issue = backward([])
+        ends, spans = push(issue, bwd_end)
+        if wire.slowdown > 1.0:  # once more, the backward slowed by the pushes it overlaps
+            bwd_end, issue = backward(spans)
+            ends, spans = push(issue, bwd_end)
+        push_end = ends
+        wire.add(spans)
         reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
         if dedicated:  # each server applies its shard when its own reductions are in
             applied_at[k] = [push_end[o] + profile.optimizer_time_s * server_bytes[o] / total for o in range(shards)]
@@ -169,6 +242,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 o = bucket_owner[b]
                 start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
                 pull_end[o] = start + coll_s(b)
+                wire.add([(start, pull_end[o])])
                 for i in buckets[b]:
                     arrive[u][i] = pull_end[o]
             pulled_upto = u

@@ -84,3 +84,29 @@ def test_dedicated_servers_receive_every_workers_copy_and_join_at_step(profile):
                                              + profile.optimizer_time_s / 2, rel=0.05)
     with pytest.raises(CaramelError, match="servers=N >= 1"):
         sim("ps:dedicated=true", profile, slow)
+
+
+def test_compute_beside_the_pushes_and_pulls_runs_at_the_clusters_slowdown():
+    profile = synthetic_profile(sizes_bytes=[1 << 20] * 8)  # 30 ms forward, 60 ms backward
+
+    def step_ms(spec: str, f: float) -> float:
+        return STRATEGIES.spec(spec).simulate(profile, ClusterSpec.uniform(2, 1e9, compute_slowdown=f)).step_time_s * 1e3
+
+    for spec in ("ps", "ps:consistency=ssp:2", "ps:bucket_cap_mb=0"):
+        calm, slowed = step_ms(spec, 1.0), step_ms(spec, 1.5)
+        # pulls overlap the forward and pushes the backward: at most 1.5x the compute is added
+        assert calm + 5.0 < slowed < calm + 0.5 * 90.0, (spec, calm, slowed)
+
+
+def test_the_wire_keeps_its_transfers_as_disjoint_ordered_intervals():
+    from caramel.strategies.ps.simulate import Wire
+
+    wire = Wire(2.0)
+    wire.add([(5.0, 6.0), (1.0, 2.0), (1.5, 3.0), (8.0, 9.0), (2.9, 5.5), (10.0, 10.0)])
+    assert (wire.starts, wire.ends) == ([1.0, 8.0], [6.0, 9.0])
+    busy = wire.busy(7.0, extra=[(9.5, 11.0)])  # only what ends after 7 s, plus this step's pushes
+    assert (busy.starts, busy.ends) == ([8.0, 9.5], [9.0, 11.0]) and wire.starts == [1.0, 8.0]
+    assert busy.advance(7.5, 1.0) == 8.0 + 2 * 0.5  # 0.5 s of work before the transfer, the rest at half speed
+    wire.forget_before(7.0)
+    assert (wire.starts, wire.ends) == ([8.0], [9.0])
+    assert Wire(1.0).busy(0.0).advance(0.0, 1.0) == 1.0  # no contention: nothing recorded
