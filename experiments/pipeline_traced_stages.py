@@ -2,7 +2,7 @@
 
 A model that is no `nn.Sequential` is cut into stages by torch's tracer, whose stage modules
 run their graph through `torch.fx.Interpreter` unless switched to the generated code (what
-`Pipeline` does, `runtime._compiled_forward`). This times one microbatch's forward and backward
+`Pipeline` does, `units.compiled_forward`). This times one microbatch's forward and backward
 three ways, interleaved round by round on one thread: the whole model run eagerly, the two
 traced stages on the interpreter, the same stages on the generated code (the second stage's
 input gradient carried back into the first, as the pipeline does). It checks the stages'
@@ -40,7 +40,7 @@ def main() -> None:
     from torch.distributed.pipelining import pipeline as trace_pipeline
 
     from caramel.models import get_model
-    from caramel.strategies.pipeline.runtime import _compiled_forward
+    from caramel.strategies.pipeline.units import compiled_forward
 
     w = get_model(args.model)(seed=0, width=args.width, batch_size=max(8, args.microbatch))
     x, y = w.inputs[:args.microbatch], w.targets[:args.microbatch]
@@ -75,7 +75,7 @@ def main() -> None:
 
     def generated() -> None:
         for s in stages:
-            _compiled_forward(s)
+            compiled_forward(s)
         traced()
 
     ways = {"eager": eager, "interpreter": interpreted, "generated": generated}

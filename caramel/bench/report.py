@@ -186,6 +186,11 @@ class Record:
     wire_bytes_per_sample: float | None = None
     """bytes all workers transmitted per training sample, measured on their interfaces (`caramel.bench.wire`;
     None on shared loopback)"""
+    pipeline: dict[str, Any] | None = None
+    """pipeline: the cut it ran (`boundaries`), its microbatches, the measured bubble (mean and per
+    stage or, with unequal replicas, per rank), each rank's measured compute per step
+    (`busy_s_per_stage`, median) and the partitioner's (`predicted_busy_s_per_stage`), from
+    `PipelineRunner.stats()` (rank 0)"""
 
     @property
     def kind(self) -> str:
@@ -269,7 +274,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
-            ps=_ps_summary(st), share_counts=st.get("share_counts"),
+            ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st),
             dropout_fractions=st.get("dropout_fractions"),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
@@ -287,6 +292,18 @@ def _wire_per_sample(wire: dict[str, int] | None, local_batch: int | None, worke
     if not wire or not wire.get("steps") or not local_batch:
         return None
     return wire["bytes"] / (wire["steps"] * local_batch * workers)
+
+
+PIPELINE_STATS = ("boundaries", "microbatches", "bubble_fraction", "bubble_fraction_per_stage",
+                  "bubble_fraction_ideal", "busy_s_per_stage", "predicted_busy_s_per_stage",
+                  "predicted_slowest_stage_s", "bubble_steps")
+
+
+def _pipeline_summary(kind: str, st: dict[str, Any]) -> dict[str, Any] | None:
+    """The cut, bubble and busy times a pipeline run's stats carry (None for other strategies)."""
+    if kind != "pipeline" or not st:
+        return None
+    return {k: st.get(k) for k in PIPELINE_STATS}
 
 
 def _ps_summary(st: dict[str, Any]) -> dict[str, Any] | None:

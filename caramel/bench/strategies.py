@@ -159,17 +159,18 @@ class PipelineRunner(Runner):
 
     def stats(self) -> dict[str, Any]:
         plan = self.pipe.partition
-        out = {"boundaries": self.pipe.boundaries, "microbatches": self.pipe.options.microbatches,
+        m = self.pipe.options.microbatches
+        out = {"boundaries": self.pipe.boundaries, "microbatches": m,
                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None,
+               # the partitioner's compute per step of each stage (a replica's share with replicas)
+               "predicted_busy_s_per_stage": [t * m for t in plan.stage_times_s] if plan is not None else None,
                **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
         if ctx_rank() == 0 and out.get("bubble_fraction") is not None:
             print(f"[bench] {self.name}: measured bubble {out['bubble_fraction']:.3f} per stage "
                   f"{[round(f, 3) for f in out['bubble_fraction_per_stage']]} (textbook "
                   f"{out.get('bubble_fraction_ideal', float('nan')):.3f})", file=sys.stderr, flush=True)
-            m = self.pipe.options.microbatches
-            # the partitioner's compute per step of each stage (a replica's share), against each
-            # rank's measured compute (median busy time per step)
-            predicted = [round(1e3 * t * m, 1) for t in plan.stage_times_s] if plan is not None else None
+            # the partitioner's compute per step of each stage against each rank's measured one
+            predicted = [round(1e3 * t, 1) for t in out["predicted_busy_s_per_stage"] or []] or None
             print(f"[bench] {self.name}: cut {self.pipe.boundaries}, predicted busy ms per stage {predicted}, "
                   f"measured busy ms per rank {[round(1e3 * b, 1) for b in out.get('busy_s_per_stage', [])]}",
                   file=sys.stderr, flush=True)

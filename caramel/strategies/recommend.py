@@ -20,6 +20,7 @@ from typing import Any, Callable
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies import STRATEGIES
+from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
 from caramel.topology.spec import ClusterSpec
 
 # Per strategy: does a spec with these options train the same parameters as DDP (up to
@@ -57,14 +58,15 @@ def is_exact(spec_text: str) -> bool:
 def candidates(world_size: int, approximate: bool = False) -> list[str]:
     """The default candidate set for `world_size` workers: DDP, Caramel, a parameter server and
     synchronous pipelines of 2 stages (hybrid with world/2 replicas when that divides; with an
-    odd world, unequal replicas: all but one worker on either stage, `unequal.py`) and of every
+    odd world, unequal replicas: all but one worker on either stage, `unequal.py`, while their
+    world - 1 virtual pipelines stay within `MAX_VIRTUAL_PIPELINES`) and of every
     worker; with `approximate`, gossip on a ring and SSP(2) parameter servers too."""
     if world_size < 1:
         raise CaramelError(f"world_size must be >= 1, got {world_size}")
     out = ["ddp", "caramel", "ps"]
     if world_size >= 2 and world_size % 2 == 0:
         out.append("pipeline:stages=2" + (f",replicas={world_size // 2}" if world_size > 2 else ""))
-    if world_size > 2 and world_size % 2:
+    if world_size > 2 and world_size % 2 and world_size - 1 <= MAX_VIRTUAL_PIPELINES:
         # 1F1B needs >= 2 microbatches per virtual pipeline; there are world - 1 of them
         m = 2 * (world_size - 1)
         out += [f"pipeline:stages=2,replicas={world_size - 1}+1,microbatches={m}",

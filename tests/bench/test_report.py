@@ -350,3 +350,19 @@ def test_markdown_lists_each_points_target_rate_and_measured_ratio():
     assert "| 612mbit (derived) |" in md
     pinned = _raw(times)
     assert "rate pinned at 300mbit" in format_markdown(summarize(pinned), "caramel bench", {})
+
+
+def test_a_pipelines_cut_bubble_and_busy_times_are_carried_into_its_record():
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "pipeline:replicas=2+1": [[0.111]]}
+    raw = _raw(times, strategies=("ddp", "pipeline:replicas=2+1"), workers=3)
+    raw["stats"]["pipeline:replicas=2+1"] = {
+        "boundaries": ["layer4"], "microbatches": 4, "predicted_slowest_stage_s": 0.0092,
+        "predicted_busy_s_per_stage": [0.0367, 0.0224], "bubble_fraction": 0.41,
+        "bubble_fraction_per_stage": [0.52, 0.38, 0.33], "busy_s_per_stage": [0.0416, 0.0543, 0.0393],
+        "bubble_steps": 31}
+    recs = {r.strategy: r for r in summarize(raw)}
+    pipe = recs["pipeline:replicas=2+1"].pipeline
+    assert pipe["boundaries"] == ["layer4"] and pipe["busy_s_per_stage"] == [0.0416, 0.0543, 0.0393]
+    assert pipe["predicted_busy_s_per_stage"] == [0.0367, 0.0224] and pipe["bubble_fraction"] == 0.41
+    assert pipe["bubble_fraction_ideal"] is None  # unequal replicas have no textbook fraction
+    assert recs["ddp"].pipeline is None

@@ -38,6 +38,9 @@ def test_an_odd_world_gets_unequal_replica_pipelines_among_the_candidates():
     assert "pipeline:stages=2,replicas=2+1,microbatches=4" in specs
     assert "pipeline:stages=2,replicas=1+2,microbatches=4" in specs
     assert not any("+" in s for s in candidates(4))  # an even world splits evenly
+    # w - 1 virtual pipelines: offered up to the limit of 16, not past it (19 workers: 18)
+    assert "pipeline:stages=2,replicas=16+1,microbatches=32" in candidates(17)
+    assert not any("+" in s for s in candidates(19))
     profile, cluster = synthetic_profile(12, name="chain12"), ClusterSpec.uniform(3, 1e9)
     preds = {p.strategy: p for p in predict(profile, cluster, specs)}
     for name in ("pipeline:stages=2,replicas=2+1,microbatches=4", "pipeline:stages=2,replicas=1+2,microbatches=4"):

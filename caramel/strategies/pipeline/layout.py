@@ -46,6 +46,7 @@ class Layout:
     pipeline_group: Any  # carries activations and their gradients between positions
     replica_group: Any  # None with one replica; else the ranks that hold the same stages
     pipeline_ranks: tuple[int, ...]  # global ranks along this rank's pipeline, by position
+    created: tuple[Any, ...] = ()  # the groups make_layout made that hold this rank (to destroy at close)
 
     @property
     def holds_first(self) -> bool:
@@ -86,5 +87,34 @@ def make_layout(stages: int, replicas: int, interleaved: bool, process_group: An
         for p in range(positions):
             replica_groups.append(dist.new_group([ranks[p * replicas + r] for r in range(replicas)]))
     own = tuple(range(position, stages, positions))
-    return Layout(positions, replicas, position, replica, own, pipeline_groups[replica if replicas > 1 else 0],
-                  replica_groups[position], tuple(ranks[p * replicas + replica] for p in range(positions)))
+    pipeline_group = pipeline_groups[replica if replicas > 1 else 0]
+    created = (pipeline_group, replica_groups[position]) if replicas > 1 else ()
+    return Layout(positions, replicas, position, replica, own, pipeline_group, replica_groups[position],
+                  tuple(ranks[p * replicas + replica] for p in range(positions)), created)
+
+
+def stage_ranks(counts: tuple[int, ...] | list[int]) -> list[list[int]]:
+    """Group ranks of each stage's replicas, stage-major: [2, 1] -> [[0, 1], [2]]."""
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+def stage_speeds(worker_speeds: list[float], counts: tuple[int, ...] | list[int], positions: int | None = None
+                 ) -> list[float]:
+    """Each stage's compute speed: the slowest of the workers that run it (its replicas reduce
+    together, so the stage's step waits for the slowest). `worker_speeds` by group rank (missing
+    ones 1.0); `counts`: replicas per stage; ranks are stage-major for unequal counts and
+    `position * replicas + replica` for equal ones, where with `positions` < stages
+    ("interleaved") stage k lives on position k mod positions."""
+    counts = list(counts)
+    equal = len(set(counts)) == 1
+    if equal and positions is not None and positions != len(counts):
+        r = counts[0]
+        per_position = stage_ranks([r] * positions)
+        ranks = [per_position[k % positions] for k in range(len(counts))]
+    else:  # equal counts without interleaving are stage-major too: position * r + replica
+        ranks = stage_ranks(counts)
+    return [min(worker_speeds[g] if g < len(worker_speeds) else 1.0 for g in rs) for rs in ranks]

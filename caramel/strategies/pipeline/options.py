@@ -10,6 +10,11 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved", "pipedream")
 REPLICA_REDUCES = ("auto", "caramel", "ddp")
 CARAMEL_REDUCE_SCHEDULES = ("gpipe", "1f1b")  # one stage per rank: one engine per optimizer
 UNEQUAL_SCHEDULES = ("gpipe", "1f1b")  # unequal replica counts: torch's schedule per virtual pipeline
+# Unequal counts run lcm(counts) virtual pipelines, each a process group and a torch schedule on
+# every rank it passes through, and a step needs a multiple of lcm(counts) microbatches (x stages
+# for 1f1b). Past 16 the groups and the microbatches (32+ slivers of a batch for 2 stages) cost
+# more than a slightly slower layout with friendlier counts (3+4+5 would need 60 groups).
+MAX_VIRTUAL_PIPELINES = 16
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,10 @@ class PipelineOptions:
                 raise CaramelError(f"replicas={self.replicas}: unequal replica counts average gradients with a plain "
                                    f"all-reduce per stage; leave replica_reduce=auto, not {self.replica_reduce!r}")
             period = self.replica_period
+            if period > MAX_VIRTUAL_PIPELINES:
+                raise CaramelError(f"replicas={self.replicas} runs lcm = {period} virtual pipelines (a process group "
+                                   f"and >= {period} microbatches each step); at most {MAX_VIRTUAL_PIPELINES} are "
+                                   f"allowed: choose counts whose least common multiple is <= {MAX_VIRTUAL_PIPELINES}")
             if isinstance(self.microbatches, int) and self.microbatches % period:
                 raise CaramelError(f"replicas={self.replicas} deals microbatches round-robin: microbatches must be a "
                                    f"multiple of {period} (the counts' least common multiple), got {self.microbatches}")

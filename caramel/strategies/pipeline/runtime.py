@@ -14,6 +14,7 @@ and a whole-model state dict. "pipedream" runs `PipeDreamStage` (asynchronous, w
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from typing import Any, Callable
@@ -24,11 +25,12 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from caramel.errors import CaramelError
-from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
+from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential, stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
+from caramel.strategies.pipeline.units import traced_stages
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.topology.spec import ClusterSpec
@@ -74,12 +76,17 @@ class Pipeline:
         self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
         self._engine: Any = None  # replicas reduced by Caramel's engine: the engine of this rank's stage
+        self.closed = False
+        from caramel.strategies.api import DEFAULT_SESSION
+
+        DEFAULT_SESSION.register(self)  # caramel.shutdown() and the exit handler close it (`release`)
 
     # --- the step ---------------------------------------------------------------------------
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> torch.Tensor:
         """One training step on this pipeline's batch (every rank passes it): the loss, averaged
         over microbatches (and replicas), returned on every rank."""
+        self._check_open()
         self.prepare(inputs, targets, loss_fn)
         m = self.options.microbatches
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
@@ -95,6 +102,7 @@ class Pipeline:
         """Cut the model and build this rank's stage(s) for batches like `inputs` (the first
         `step` does it too); a training loop calls it early to know `stage_modules` before the
         first step, e.g. to load each stage's optimizer state. Every rank calls it."""
+        self._check_open()
         if self._runner is None:
             if self.options.microbatches == "auto":
                 self._choose_microbatches(inputs, targets, loss_fn)
@@ -143,7 +151,7 @@ class Pipeline:
         if self.boundaries is None:
             self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
         if isinstance(self.boundaries[0] if self.boundaries else 0, str):
-            stages = self._traced_stages(sample)
+            stages = traced_stages(self.model, self.boundaries, self.options.stages, sample.to(self.device))
         else:
             stages = split_sequential(self.model, self.boundaries)
         self.stage_modules = [stages[i] for i in self.layout.stage_indices]
@@ -207,37 +215,36 @@ class Pipeline:
         return CaramelStage(stages[index], index, self.options.stages, self.device, self._engine,
                             group=lay.pipeline_group)
 
+    def close(self) -> None:
+        """Destroy the process groups this pipeline made (its virtual pipelines, or a hybrid's
+        pipeline and replica groups) and release Caramel's engine, if it reduces the replicas;
+        pending updates are applied first. Local to the rank (no collective), idempotent; the
+        pipeline cannot step or gather afterwards. `caramel.shutdown()` and the exit handler
+        close every pipeline still open."""
+        if self.closed:
+            return
+        with contextlib.suppress(Exception):  # a dead peer at exit: nothing left to apply
+            self.flush()
+        self.closed = True
+        if self._engine is not None:
+            self._engine.release()
+        self._runner = None  # DDP and torch's stages hold the groups; drop them before the groups go
+        for group in self.layout.created:
+            with contextlib.suppress(Exception):  # the job's default group may be gone already at exit
+                dist.destroy_process_group(group)
+
+    release = close  # the name `Session.shutdown` calls
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise CaramelError("pipeline: closed (close() or caramel.shutdown() destroyed its process groups); "
+                               "make a new caramel.pipeline(...) to train on")
+
     def flush(self) -> None:
         """Apply every update Caramel's engine still holds (the caramel replica reduction defers each
         to the next step's forward); a no-op otherwise. Reading or loading parameters does it."""
         if self._engine is not None:
             self._engine.synchronize()
-
-    def _traced_stages(self, sample: torch.Tensor) -> list[nn.Module]:
-        """torch's tracer cuts the model before each named module; its stage modules keep the
-        model's parameter names and the very same parameters (so the whole-model optimizer and
-        state dict hold)."""
-        from torch.distributed.pipelining import SplitPoint
-        from torch.distributed.pipelining import pipeline as trace_pipeline
-
-        names = dict(self.model.named_modules())
-        missing = [b for b in self.boundaries if b not in names]
-        if missing:
-            raise CaramelError(f"pipeline: partition names {missing}, which the model does not have "
-                               f"(its modules include {', '.join(list(names)[1:8])}, ...)")
-        try:
-            pipe = trace_pipeline(self.model, mb_args=(sample.to(self.device),),
-                                  split_spec={b: SplitPoint.BEGINNING for b in self.boundaries})
-        except Exception as e:  # noqa: BLE001 - torch.export's many failure types
-            raise CaramelError(f"pipeline: torch.distributed.pipelining could not trace and split "
-                               f"{type(self.model).__name__}: {type(e).__name__}: {e}") from None
-        if pipe.num_stages != self.options.stages:
-            raise CaramelError(f"pipeline: cutting at {self.boundaries} gave {pipe.num_stages} stages, "
-                               f"not stages={self.options.stages}")
-        stages = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
-        for stage in stages:
-            _compiled_forward(stage)
-        return stages
 
     def _choose_microbatches(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
         """microbatches="auto": the job's first rank profiles a copy of the model at the largest
@@ -280,9 +287,9 @@ class Pipeline:
 
     def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
         cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
-        speeds = [w.speed for w in cluster.workers[: self.layout.positions]]
-        speeds += [1.0] * (self.layout.positions - len(speeds))
-        return cluster, [speeds[k % self.layout.positions] for k in range(self.options.stages)]
+        # each stage at its slowest worker's speed, the workers taken by this layout's ranks
+        return cluster, stage_speeds([w.speed for w in cluster.workers], self.options.replica_counts(),
+                                     self.layout.positions)
 
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor,
                          loss_fn: Callable) -> list[int] | list[str]:
@@ -316,6 +323,7 @@ class Pipeline:
         """The measured bubble fraction of each position of this rank's pipeline (median over
         the steps so far, the first left out as warm-up), see `timing.py` for the definition.
         A collective along the pipeline: all its ranks call it."""
+        self._check_open()
         mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
         group, size = self.layout.gather_group
         parts: list[Any] = [None] * size
@@ -331,6 +339,7 @@ class Pipeline:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state on every rank: each position contributes its stages' tensors
         (CPU copies), gathered along the pipeline, in the model's own key order."""
+        self._check_open()
         self.flush()
         if not self.stage_modules:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
@@ -384,16 +393,3 @@ def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microb
                                                vertical_sync=vertical_sync),
                          where="pipeline")
     return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster)
-
-
-def _compiled_forward(stage: nn.Module) -> None:
-    """Run a traced stage's submodules through their generated code, not `torch.fx.Interpreter`.
-
-    torch's splitter builds the stages from `InterpreterModule`s, which by default execute their
-    graph node by node in Python: on CPU that made ResNet-18's stages 25-35% slower than the same
-    layers run eagerly (docs/pipeline.md, "Traced stages"). The generated code runs the same graph
-    with the same parameters, so the results are the same."""
-    for module in stage.modules():
-        if getattr(module, "_run_with_interpreter", False):
-            module._run_with_interpreter = False
-

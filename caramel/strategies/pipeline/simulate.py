@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.simulate import SimResult
+from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, _plan, balanced_boundaries,
                                                  fit_scaling, transfer_time_s)
@@ -224,8 +225,8 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     # equal replicas: each pipeline takes one batch per position; unequal: the one global batch, one per worker
     names, costs = costs_from_profile(profile, options.microbatches, batches=options.workers(positions)
                                       if unequal else positions)
-    speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
-    per_stage = [speeds[k % positions] for k in range(options.stages)]
+    # each stage at its slowest worker's speed (the job's ranks, laid out as the runtime does)
+    per_stage = stage_speeds([w.speed for w in cluster.workers], options.replica_counts(), positions)
     counts = options.replica_counts() if unequal else (1,) * options.stages
     # round-robin: each replica of stage s runs 1/r_s of the microbatches, as a worker r_s times as fast would
     plan_speeds = [sp * r for sp, r in zip(per_stage, counts)]
@@ -272,9 +273,9 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
     if cuts is not None:  # the same mapping of layer indices to profiled layers as simulate_pipeline's
         index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
         fixed = [next(k for k, i in enumerate(index) if i >= c) for c in cuts]
-    speeds = [w.speed for w in cluster.workers][:positions] + [1.0] * positions
     choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
-                                 [speeds[k % positions] for k in range(options.stages)], fixed,
+                                 stage_speeds([w.speed for w in cluster.workers], options.replica_counts(), positions),
+                                 fixed,
                                  options.replica_counts() if options.unequal_replicas else options.replicas)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "

@@ -27,11 +27,20 @@ of its microbatches' loss gradients; a plain all-reduce (sum) on the stage's rep
 division by the step's microbatch count give the mean over all microbatches: the whole batch's
 gradient, whichever replica ran which microbatch and however many each ran. (Caramel's engine
 and DDP reduce one module per stage object and per step; here several stage objects share a
-module, so neither fits without more work.) BatchNorm buffers: the replica group's first rank's,
-broadcast once per step, as for equal replicas.
+module, so neither fits without more work.) The replicas start from the replica group's first
+rank's parameters and buffers (broadcast when the stage is built, as DDP's constructor does for
+equal replicas), so ranks that built the model with different seeds still train one model.
+BatchNorm buffers: the replica group's first rank's, broadcast once per step, as for equal
+replicas.
+
+*One batch.* The whole job is one pipeline: stage 0's replicas read the inputs and the last
+stage's the targets, each from its own rank's arguments. At the first step every rank sends a
+digest of its batch to all (`check_same_batch`), and a rank that passed another batch than the
+job's first rank is an error, not a silently mixed batch.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,7 +50,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+from caramel.distributed import broadcast_coalesced
 from caramel.errors import CaramelError
+from caramel.strategies.pipeline.layout import stage_ranks
 from caramel.strategies.pipeline.replica_reduce import KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer
 
@@ -60,6 +71,7 @@ class ReplicatedLayout:
     replica_group: Any  # None when this stage has one replica
     group: Any  # the job's group (the loss and the state dict travel on it)
     pipeline_ranks: tuple[int, ...]  # every global rank: the whole job is one pipeline taking one batch
+    created: tuple[Any, ...] = ()  # every group new_group gave this rank (to destroy at close)
 
     @property
     def period(self) -> int:
@@ -90,15 +102,6 @@ class ReplicatedLayout:
         return self.group, sum(self.counts)
 
 
-def stage_ranks(counts: tuple[int, ...]) -> list[list[int]]:
-    """Group ranks of each stage's replicas, stage-major: [2, 1] -> [[0, 1], [2]]."""
-    out, start = [], 0
-    for c in counts:
-        out.append(list(range(start, start + c)))
-        start += c
-    return out
-
-
 def virtual_chains(counts: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Group ranks along each virtual pipeline v = 0..L-1: replica `v mod r_s` of each stage."""
     per_stage = stage_ranks(counts)
@@ -116,20 +119,39 @@ def make_replicated_layout(counts: tuple[int, ...], process_group: Any = None) -
         raise CaramelError(f"pipeline: replicas={spec} needs {sum(counts)} workers (their sum), the group has {world}")
     per_stage = stage_ranks(counts)
     stage = next(s for s, rs in enumerate(per_stage) if me in rs)
-    virtual = []
+    virtual, created = [], []
     for v, chain in enumerate(virtual_chains(counts)):
         # stage-major ranks keep each chain in stage order, as new_group's sorted ranks number it
         group = dist.new_group([ranks[g] for g in chain])
         if me in chain:
             virtual.append((v, group, tuple(ranks[g] for g in chain)))
+            created.append(group)
     replica_group = None
     for s, rs in enumerate(per_stage):
         if len(rs) > 1:
             g = dist.new_group([ranks[r] for r in rs])
             if s == stage:
                 replica_group = g
+                created.append(g)
     return ReplicatedLayout(tuple(counts), stage, per_stage[stage].index(me), tuple(virtual), replica_group,
-                            process_group, tuple(ranks))
+                            process_group, tuple(ranks), tuple(created))
+
+
+def check_same_batch(inputs: torch.Tensor, targets: torch.Tensor, group: Any, spec: str) -> None:
+    """Every rank of `group` passed the same batch (a digest of its bytes, gathered once): stage
+    0's replicas read the inputs and the last stage's the targets, each from its own arguments."""
+    digest = hashlib.sha1()
+    for t in (inputs, targets):
+        digest.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    mine = digest.hexdigest()
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    other = [r for r, d in enumerate(every) if d != every[0]]
+    if other:
+        raise CaramelError(f"pipeline: replicas={spec} trains one batch across the whole job (stage 0's replicas read "
+                           f"the inputs, the last stage's the targets): every rank must pass the same batch to "
+                           f"step(), but rank(s) {other} of the group passed another than rank 0")
 
 
 class VirtualPipelines:
@@ -142,6 +164,10 @@ class VirtualPipelines:
                                f"round-robin: microbatches must be a multiple of {layout.period}, got {microbatches}")
         self.module, self.layout, self.stages, self.microbatches = module, layout, stages, microbatches
         self.timer = timer
+        self.checked = False  # the first step checks that every rank passed the same batch
+        if layout.replica_group is not None:  # one starting point for the replicas, as DDP's constructor
+            broadcast_coalesced([*module.parameters(), *module.buffers()],
+                                dist.get_global_rank(layout.replica_group, 0), layout.replica_group)
         self.runs: list[tuple[int, Any]] = []
         for v, group, _ in layout.virtual:
             stage = KeepBuffersStage(module, layout.stage, stages, device, group=group)
@@ -160,6 +186,9 @@ class VirtualPipelines:
         replicas and step `optimizer` (gradients zeroed first). Returns the sum of this rank's
         microbatch losses (last stage), else None."""
         lay, m = self.layout, self.microbatches
+        if not self.checked:
+            check_same_batch(inputs, targets, lay.group, "+".join(map(str, lay.counts)))
+            self.checked = True
         first, last = lay.holds_first, lay.holds_last(self.stages)
         xs, ys = inputs.chunk(m), targets.chunk(m)
         optimizer.zero_grad(set_to_none=True)

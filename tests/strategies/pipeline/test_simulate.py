@@ -183,3 +183,47 @@ def test_simulate_unequal_replicas_from_a_profile():
     assert sim.compute_time_s == pytest.approx(sim.meta["predicted_slowest_stage_s"])
     auto = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, replicas="2+1", schedule="1f1b"))
     assert auto.num_items % 2 == 0 and auto.num_items // 2 >= 2  # a multiple of the period, 1F1B's bound per pipeline
+
+
+def _with_speeds(speeds: list[float]) -> ClusterSpec:
+    from caramel.topology.spec import WorkerSpec
+
+    return ClusterSpec([WorkerSpec(f"w{i}", sp) for i, sp in enumerate(speeds)], 1e10)
+
+
+def test_each_stage_runs_at_its_slowest_workers_speed_in_the_runtimes_rank_layout():
+    from caramel.strategies.pipeline.layout import stage_speeds
+
+    # unequal counts, ranks stage-major: 2+1 is stage 0 on ranks 0, 1 and stage 1 on rank 2
+    assert stage_speeds([1.0, 1.0, 0.25], (2, 1)) == [1.0, 0.25]
+    assert stage_speeds([1.0, 0.25, 1.0], (2, 1)) == [0.25, 1.0]
+    assert stage_speeds([0.5, 1.0, 1.0, 0.75], (1, 2, 1)) == [0.5, 1.0, 0.75]
+    # equal hybrid: rank = position x replicas + replica; interleaved: stage k on position k mod positions
+    assert stage_speeds([1.0, 0.5, 1.0, 1.0], (2, 2)) == [0.5, 1.0]
+    assert stage_speeds([1.0, 1.0, 1.0, 0.5], (2, 2, 2, 2), positions=2) == [1.0, 0.5, 1.0, 0.5]
+    assert stage_speeds([0.5], (1, 1)) == [0.5, 1.0]  # a spec with fewer workers: the rest at full speed
+    # the runtime's planner reads the same (its cluster spec, this rank's layout)
+    from types import SimpleNamespace
+
+    from caramel.strategies.pipeline.runtime import Pipeline
+
+    pipe = SimpleNamespace(cluster=_with_speeds([1.0, 1.0, 0.25]), layout=SimpleNamespace(positions=2),
+                           options=PipelineOptions(replicas="2+1", microbatches=4))
+    assert Pipeline._cluster_and_speeds(pipe)[1] == [1.0, 0.25]
+
+
+def test_a_slow_worker_slows_the_step_of_the_stage_it_runs():
+    prof = _profile_at_two_sizes()
+    _set_affine_times(prof, fixed_s=1e-4, per_sample_s=1e-4)
+    unequal = PipelineOptions(stages=2, replicas="2+1", schedule="gpipe", microbatches=4, partition="2")
+    uniform = simulate_pipeline(prof, _with_speeds([1.0, 1.0, 1.0]), unequal).step_time_s
+    slow_last = simulate_pipeline(prof, _with_speeds([1.0, 1.0, 0.25]), unequal)
+    slow_replica = simulate_pipeline(prof, _with_speeds([1.0, 0.25, 1.0]), unequal)
+    assert slow_last.step_time_s > 1.5 * uniform  # the one stage-1 worker at a quarter speed
+    # a slow stage-0 replica slows stage 0 (the first layers), not stage 1: the two differ
+    assert slow_replica.step_time_s > 1.5 * uniform and slow_replica.step_time_s != slow_last.step_time_s
+    assert slow_replica.critical_path["stage_times_s"][0] > slow_last.critical_path["stage_times_s"][0]
+    # equal hybrid (ranks 2, 3 hold stage 1): the slow rank 3 is no longer read as a stage-0 worker
+    hybrid = PipelineOptions(stages=2, replicas=2, schedule="gpipe", microbatches=4, partition="2")
+    assert simulate_pipeline(prof, _with_speeds([1.0, 1.0, 1.0, 0.25]), hybrid).step_time_s > \
+        1.5 * simulate_pipeline(prof, _with_speeds([1.0] * 4), hybrid).step_time_s

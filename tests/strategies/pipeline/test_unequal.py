@@ -18,12 +18,19 @@ def test_unequal_replicas_match_whole_batch_training_on_3_workers():
     assert [r["2+1_gpipe_sgd"]["virtual"] for r in ranks] == [[0], [1], [0, 1]]
     assert [r["1+2_1f1b_adam"]["virtual"] for r in ranks] == [[0, 1], [0], [1]]
     for out in ranks:
-        for name, r in out.items():
+        for name, r in ((n, out[n]) for n in THREE):
             assert r["diff"] <= 1e-5, (name, r["diff"])
             assert r["half_diff"] > 1e-3, (name, r["half_diff"])  # the comparison can fail
             assert abs(r["losses"][0] - r["first_loss"]) <= 1e-5, (name, r["losses"][0], r["first_loss"])
     for name in THREE:
         assert len({tuple(r[name]["losses"]) for r in ranks}) == 1  # the loss is on every rank
+    # rank-dependent seeds (the first config): stage 0's replicas end with one set of weights, and
+    # the job trains the model of each stage's first rank (failed before the construction broadcast)
+    assert ranks[0]["2+1_gpipe_sgd"]["own"] == ranks[1]["2+1_gpipe_sgd"]["own"]
+    for r in ranks:  # another batch on rank 1: one error on every rank, before the schedule runs
+        assert "every rank must pass the same batch" in r["batch_error"] and "rank(s) [1]" in r["batch_error"]
+        for name in THREE:
+            assert_closed(r[name]["close"])
     # "auto": one count for all ranks, a multiple of the 2 virtual pipelines with 2 microbatches each
     # (1F1B's bound per pipeline), among those that split the batch of 8
     auto = {(r["2+1_1f1b_auto"]["microbatches"], tuple(r["2+1_1f1b_auto"]["boundaries"])) for r in ranks}
@@ -43,6 +50,16 @@ def test_unequal_replicas_on_4_workers():
             r = out[name]
             assert r["diff"] <= 1e-5 and r["half_diff"] > 1e-3, (name, r["diff"], r["half_diff"])
         assert "replicas=2+1 needs 3 workers (their sum), the group has 4" in out["world_error"], out["world_error"]
+        for close in [out[name]["close"] for name in configs] + [out["equal_close"]]:  # equal: caramel.shutdown()
+            assert_closed(close)
+    assert ranks[0]["3+1_gpipe_sgd"]["own"] == ranks[2]["3+1_gpipe_sgd"]["own"]  # built from seeds 0 and 2
+
+
+def assert_closed(close: dict) -> None:
+    """The pipeline's constructor made >= 2 groups (its virtual pipelines, or a hybrid's pipeline and
+    replica groups), all recorded to destroy; none is left after close(); a later step is an error."""
+    assert close["made"] == close["created"] >= 2 and close["left"] == 0, close
+    assert "closed" in close["error"], close
 
 
 def test_unequal_replica_options_are_typed_and_checked():
@@ -69,5 +86,8 @@ def test_unequal_replica_options_are_typed_and_checked():
     for message, kwargs in bad.items():
         with pytest.raises(CaramelError, match=message):
             PipelineOptions(**kwargs)
+    with pytest.raises(CaramelError, match="replicas=3\\+4\\+5 runs lcm = 60 virtual pipelines.*at most 16"):
+        PipelineOptions(stages=3, replicas="3+4+5", microbatches=60)
+    assert PipelineOptions(stages=2, replicas="16+1", schedule="gpipe", microbatches=16).replica_period == 16  # the limit itself runs
     with pytest.raises(CaramelError, match="option replicas must be"):
         STRATEGIES.spec("pipeline:replicas=1.5")

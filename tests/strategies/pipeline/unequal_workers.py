@@ -7,12 +7,14 @@ import torch.nn.functional as F
 import caramel
 from tests.strategies.pipeline.workers import batch, make_model, max_diff, sgd
 
-STEPS = 6
+STEPS = 3
 
 
-def oracle(steps: int, opt: str, size: int, keep: slice = slice(None)) -> dict[str, torch.Tensor]:
-    """Single-process training on each step's whole batch (or only its samples `keep`)."""
-    model = make_model()
+def oracle(steps: int, opt: str, size: int, keep: slice = slice(None), firsts: list[int] | None = None,
+           cuts: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """Single-process training on each step's whole batch (or only its samples `keep`), from
+    `start(firsts, cuts)` (each stage's layers from its first rank's seed; all seed 0 by default)."""
+    model = start(firsts, cuts) if firsts else make_model()
     o = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd(model.parameters())
     for step in range(steps):
         x, y = batch(step, size=size)
@@ -24,31 +26,90 @@ def oracle(steps: int, opt: str, size: int, keep: slice = slice(None)) -> dict[s
 
 def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS) -> dict:
     """Each config (replicas, schedule, optimizer, microbatches, batch size) trained `steps`
-    steps, every rank passing the same whole batch; its parameters against the oracle's."""
+    steps, every rank passing the same whole batch; its parameters against the oracle's; then
+    closed (its process groups destroyed). The first config builds each rank's model from the
+    rank's own seed: a stage's replicas start from its first rank's parameters, as DDP's do."""
+    from torch.distributed.distributed_c10d import _world
+
     out = {}
-    for name, (replicas, schedule, opt, micro, size) in configs.items():
-        model = make_model()
+    for k, (name, (replicas, schedule, opt, micro, size)) in enumerate(configs.items()):
+        model = make_model(seed=rank if k == 0 else 0)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if opt == "adam" else sgd
         stages = len(str(replicas).split("+")) if isinstance(replicas, str) else len(replicas)
+        before = len(_world.pg_map)
         # microbatches="auto": the count and the cut both chosen from a profile (on rank 0, sent to all)
         pipe = caramel.pipeline(model, optimizer, stages=stages, microbatches=micro, schedule=schedule,
                                 partition="auto" if micro == "auto" else [3, 5][: stages - 1], replicas=replicas)
+        made = len(_world.pg_map) - before
         losses = [float(pipe.step(*batch(step, size=size), F.cross_entropy)) for step in range(steps)]
         final = pipe.state_dict()
         half = size // 2
-        out[name] = {"diff": max_diff(final, oracle(steps, opt, size)), "losses": losses,
+        # the first config's start: each stage from its first rank's seed (stage-major ranks)
+        firsts = [sum(pipe.layout.counts[:s]) for s in range(stages)] if k == 0 else [0] * stages
+        cuts = [0, *pipe.boundaries, len(model)]
+        out[name] = {"diff": max_diff(final, oracle(steps, opt, size, firsts=firsts, cuts=cuts)), "losses": losses,
                      # control: the first half of each batch alone gives other parameters
-                     "half_diff": max_diff(final, oracle(steps, opt, size, slice(0, half))),
+                     "half_diff": max_diff(final, oracle(steps, opt, size, slice(0, half), firsts, cuts)),
                      "stage": pipe.layout.stage, "replica": pipe.layout.replica,
                      "virtual": [v for v, _, _ in pipe.layout.virtual], "bubble": pipe.bubble_stats(),
-                     "microbatches": pipe.options.microbatches, "boundaries": pipe.boundaries}
+                     "microbatches": pipe.options.microbatches, "boundaries": pipe.boundaries,
+                     # this rank's stage as plain floats (tensors in the result queue outlive no worker)
+                     "own": torch.cat([v.detach().reshape(-1).float()
+                                       for v in pipe.stage_modules[0].state_dict().values()]).tolist()}
         # the first loss equals the oracle's first loss on the whole batch (every rank has it)
         x, y = batch(0, size=size)
         with torch.no_grad():
-            out[name]["first_loss"] = float(F.cross_entropy(make_model()(x), y))
+            out[name]["first_loss"] = float(F.cross_entropy(start(firsts, cuts)(x), y))
+        out[name]["close"] = closes(pipe, made)
+    if world == 3:
+        out["batch_error"] = other_batch(rank)
     if world == 4:  # counts that do not sum to the world: one clear error on every rank, before any group
         try:
             caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", replicas="2+1")
         except caramel.CaramelError as e:
             out["world_error"] = str(e)
+        # the equal hybrid's pipeline and replica groups go too, here by caramel.shutdown()
+        before = len(_world.pg_map)
+        pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", partition=[3],
+                                replicas=2, replica_reduce="ddp")
+        made = len(_world.pg_map) - before
+        pipe.step(*batch(0), F.cross_entropy)
+        out["equal_close"] = closes(pipe, made, shutdown=True)
     return out
+
+
+def start(firsts: list[int], cuts: list[int]) -> torch.nn.Sequential:
+    """The model the job starts from: stage s's layers (cuts[s]..cuts[s+1]) from seed firsts[s]."""
+    model = make_model(seed=firsts[0])
+    for s, seed in enumerate(firsts):
+        if seed != firsts[0]:
+            model[cuts[s]: cuts[s + 1]].load_state_dict(make_model(seed=seed)[cuts[s]: cuts[s + 1]].state_dict())
+    return model
+
+
+def other_batch(rank: int) -> str | None:
+    """Rank 1 passes another batch than the others: one error on every rank at the first step."""
+    pipe = caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", partition=[3],
+                            replicas="2+1")
+    try:
+        pipe.step(*batch(0, replica=int(rank == 1)), F.cross_entropy)
+    except caramel.CaramelError as e:
+        return str(e)
+    finally:
+        pipe.close()
+    return None
+
+
+def closes(pipe, made: int, shutdown: bool = False) -> dict:
+    """The process groups the pipeline made (`made` more in torch's map) are gone after close()
+    (or caramel.shutdown()); stepping afterwards is an error."""
+    from torch.distributed.distributed_c10d import _world
+
+    caramel.shutdown() if shutdown else pipe.close()
+    left = sum(g in _world.pg_map for g in pipe.layout.created)
+    try:
+        pipe.step(*batch(1), F.cross_entropy)
+        error = None
+    except caramel.CaramelError as e:
+        error = str(e)
+    return {"made": made, "created": len(pipe.layout.created), "left": left, "error": error}
