@@ -69,8 +69,11 @@ class StalenessControl:
 
     def pace(self) -> float:
         """Before a training forward: unless this rank is the slowest, wait until every rank has
-        pushed the previous step; then apply what has arrived (never waiting: its pulls start
-        and land during the forward). Returns the wait (s)."""
+        pushed the previous step; then apply every update all ranks have pushed (its pulls start
+        and land during the forward). Applying one waits at most for its transfer, never for a
+        straggler: gloo's point-to-point pushes cannot be polled for completion (`is_completed()`
+        stays false until waited), so "every rank pushed it" is the test, not "it has arrived".
+        Returns the wait (s)."""
         e, waited = self.e, 0.0
         if e.pending and not self.slowest():
             t0 = time.perf_counter()
@@ -79,7 +82,7 @@ class StalenessControl:
             latest.used.tolist()  # on a GPU, wait() only orders streams: reading the count blocks the host
             waited = time.perf_counter() - t0
             self.wait_s += waited
-        while e.pending and e.pending[0].arrived():  # the reductions are in: applying costs no wait
+        while e.pending and (e.pending[0].arrived() or e.pending[0].everyone_pushed()):
             e.apply_next()
         return waited
 

@@ -234,6 +234,8 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
     the staleness log, the final parameters and (predict) what each forward used."""
     import time
 
+    from caramel.strategies.ps.staleness import StalenessControl
+
     out = {}
     for spec in specs:
         w = fresh("gpt_tied")
@@ -241,6 +243,14 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
         forward_at: list[float] = []
         w.model.register_forward_pre_hook(lambda _m, _a: forward_at.append(time.perf_counter()))
         model, opt = caramel.parallelize(w.model, opt, spec)
+        paced: list[int] = []  # pace: per forward, the updates it applied before the forward ran
+
+        def counted(control, pace=StalenessControl.pace, paced=paced):
+            before = len(control.e.pending)
+            waited = pace(control)
+            paced.append(before - len(control.e.pending))
+            return waited
+        StalenessControl.pace = counted  # the engine is rebuilt after profiling: count on the class
         seen: list[dict] = []  # predict: per training forward, each parameter's version, value used and true value
         if "predict" in spec:
             def record(_m, _a, _out):
@@ -260,7 +270,8 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             sched.step()
             opt.zero_grad()
         opt.synchronize()
-        out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen,
+        StalenessControl.pace = counted.__defaults__[0]
+        out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"]}
         caramel.shutdown()
     return out

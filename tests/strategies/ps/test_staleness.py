@@ -39,6 +39,8 @@ def test_pace_never_lets_a_worker_compute_ahead_of_the_slowest(runs):
     assert runs[0][PACE]["pace_wait_s"] > SLOW_S and runs[0][PLAIN]["pace_wait_s"] == 0
     steady = slice(PROFILE_STEPS + 2, None)
     assert statistics.mean(runs[0][PACE]["staleness"][steady]) < statistics.mean(runs[0][PLAIN]["staleness"][steady])
+    # the fast rank, once it has waited for the slow one, applies that step's update before its forward
+    assert sum(runs[0][PACE]["paced"][PROFILE_STEPS + 1:]) > 0, runs[0][PACE]["paced"]
 
 
 def test_every_rank_ends_equal(runs):
