@@ -72,7 +72,8 @@ def main() -> None:
         profile = profiles[key]
         link = r["link_fit"]
         speeds = worker_speeds(profile.step_time_s, [r["compute_s"]] * r["workers"])
-        cluster = bench_cluster(r["workers"], link["net_bandwidth_bps"], speeds, link)
+        cluster = bench_cluster(r["workers"], link["net_bandwidth_bps"], speeds, link,
+                                r.get("compute_slowdown") or 1.0)  # the contention the bench measured, if any
         now = spec.simulate(profile, cluster).step_time_s
         before = olds[spec.info.name](profile, cluster, spec.options).step_time_s
         m = r["step_time_median_s"]

@@ -112,7 +112,8 @@ class Parallel:
             from caramel.runtime.optimizer import ADAPTIVE_STATE_KEY, COMPRESSION_STATE_KEY
             from caramel.strategies.caramel.balance_state import merge_rank_states
 
-            mine = (state.get(COMPRESSION_STATE_KEY), (state.get(ADAPTIVE_STATE_KEY) or {}).get("balance"))
+            # on the host: rank 0 unpickles every rank's tensors, which must not land on their GPUs
+            mine = _on_cpu((state.get(COMPRESSION_STATE_KEY), (state.get(ADAPTIVE_STATE_KEY) or {}).get("balance")))
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
             if any(codec for codec, _ in everyone):
@@ -182,3 +183,14 @@ class Parallel:
 def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def _on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in it copied to the host (dicts, lists and tuples walked)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj

@@ -19,8 +19,9 @@ All of it is the same on every rank once `synchronize()` has run (each rank's la
 a parameter is the same difference of the same two versions), so the state dict of any one
 rank resumes all of them; `caramel train` saves rank 0's. A checkpoint without the entry (saved
 before it existed) loads as before: the run profiles again. A plan that does not fit the
-resumed run (other shards, other parameters) is not adopted: the run profiles again, with one
-note on stdout; a newer entry version is refused with one error. With dedicated servers only
+resumed run (other shards, other parameters, or a plan made with another `order`,
+`placement`, `seed` or `bucket_cap_mb`) is not adopted: the run profiles again, with one
+note on stdout; an entry that is no mapping or lacks its fields is one error; a newer entry version is refused with one error. With dedicated servers only
 the optimizer state is restored (the servers keep their own plan and step count).
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ def run_state(run: PsRun) -> dict[str, Any]:
     out: dict[str, Any] = {
         "version": VERSION, "steps": e.steps,
         "plan": e.plan.to_dict() if planned else None,
+        "plan_options": _plan_options(run),
         "waits": {k: list(v) for k, v in e.waits_for.items()} if planned else None,
         "unused": list(run.unused) if planned else None,
         "pull_comm_s": run.pull_comm_s,
@@ -55,16 +57,35 @@ def run_state(run: PsRun) -> dict[str, Any]:
     return out
 
 
+PLAN_OPTIONS = ("order", "placement", "seed", "bucket_cap_mb")  # the options a plan is made from
+
+
+def _plan_options(run: PsRun) -> dict[str, Any]:
+    return {k: getattr(run.options, k) for k in PLAN_OPTIONS}
+
+
 def restore(run: PsRun, entry: dict[str, Any]) -> None:
     """Adopt the saved plan (if it fits), step count and staleness state (every rank, after the
     optimizer's own state is loaded and before each rank drops the state it does not serve)."""
+    if not isinstance(entry, dict):
+        raise CaramelError(f"strategy 'ps': checkpoint entry {STATE_KEY!r} must be a mapping, got {type(entry).__name__}")
     version = entry.get("version")
     if not isinstance(version, int) or version > VERSION:
         raise CaramelError(f"strategy 'ps': checkpoint entry {STATE_KEY!r} has version {version!r}, newer than this "
                            f"caramel reads ({VERSION}); resume with the caramel that saved it")
+    missing = [k for k in ("steps", "plan", "waits", "unused") if k not in entry]
+    if missing:
+        raise CaramelError(f"strategy 'ps': checkpoint entry {STATE_KEY!r} lacks {', '.join(missing)}; "
+                           "it was not written by caramel")
     if run.groups.dedicated:  # the servers keep their own plan and count (a new plan reaches them by CMD_PLAN)
         return
-    plan = _fitting_plan(run, entry.get("plan"))
+    saved_options = entry.get("plan_options")
+    if saved_options is not None and saved_options != _plan_options(run):
+        print(f"strategy 'ps': the checkpoint's plan was made with {saved_options}, this run asks for "
+              f"{_plan_options(run)}; profiling again", flush=True)
+        plan = None
+    else:
+        plan = _fitting_plan(run, entry.get("plan"))
     if plan is not None:
         from caramel.strategies.ps.engine import PsEngine
 
