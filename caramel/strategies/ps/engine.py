@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,72 +39,15 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
-from caramel.strategies.ps.hierarchy import Hierarchy
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
+from caramel.strategies.ps.transfers import Pull, PsGroups, Update
 
 CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers -> dedicated servers (`server.py`)
 
 ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
-
-
-@dataclass
-class PsGroups:
-    """The private groups of one model (all over the same ranks). Each server shard has a push
-    group and a pull group of its own, so transfers to and from different servers run side by
-    side (a single group runs its collectives one after another), while each shard's transfers
-    keep the planned order; `control` carries the small all-reduces, plans and optimizer state,
-    `buffers` rank 0's buffers."""
-
-    control: Any
-    buffers: Any
-    push: list[Any]
-    pull: list[Any]
-    hier: Hierarchy | None = None  # hierarchical=True: node and leader groups (`hierarchy.py`)
-    # dedicated servers (`server.py`): the group rank serving each shard (empty: colocated), the
-    # group carrying the workers' commands to them, and rank 0 -> servers for hyper-parameters
-    dedicated: list[int] = field(default_factory=list)
-    cmd: Any = None
-    hp: Any = None
-    clip: Any = None  # clip_grad_norm > 0: the servers' all-reduce of their shards' squared norms
-
-
-    def all(self) -> list[Any]:
-        extra = ([self.cmd, self.hp] if self.dedicated else []) + ([self.clip] if self.clip is not None else [])
-        mine = [self.control, self.buffers, *self.push, *self.pull, *extra] + (self.hier.groups() if self.hier else [])
-        return [g for g in mine if g is not dist.GroupMember.NON_GROUP_MEMBER]  # dedicated: not every group has every rank
-
-
-@dataclass
-class _Update:
-    """The gradients of one step on their way to the servers."""
-
-    step: int
-    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # parameter -> this rank's gradient / world (a view of its bucket's flat tensor, reduced in place at the owner)
-    flats: dict[int, torch.Tensor] = field(default_factory=dict)  # bucket -> its flat gradient tensor
-    works: list[Any] = field(default_factory=list)
-    used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
-    used_work: Any = None
-    hparams: list[dict[str, Any]] | None = None
-    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (bucket, node reduce) still to forward
-    sums: list[tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (flat, the other workers' pushes) to add in
-
-    def everyone_pushed(self) -> bool:
-        """Every rank has handed over this step's gradients (its count arrived): the reductions
-        are on the wire, so waiting for them costs a transfer, never a straggler."""
-        return self.used_work is not None and self.used_work.is_completed()
-
-    def arrived(self) -> bool:
-        return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
-
-
-@dataclass
-class _Pull:
-    version: int  # updates the parameter holds once this lands
-    work: Any
-    buf: torch.Tensor
 
 
 class PsEngine:
@@ -123,10 +65,10 @@ class PsEngine:
         self.require_sync = True
         self.steps = 0  # steps whose gradients were pushed
         self.version = {i: 0 for i in plan.params}  # updates each parameter holds here
-        self.pending: deque[_Update] = deque()
-        self.pulls: dict[int, deque[_Pull]] = {i: deque() for i in plan.params}
+        self.pending: deque[Update] = deque()
+        self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
-        self.current: _Update | None = None
+        self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
         self.bucket_of = {i: b for b, members in enumerate(plan.buckets) for i in members}
@@ -172,9 +114,9 @@ class PsEngine:
         return hook
 
     # --- push --------------------------------------------------------------------------
-    def _update(self) -> _Update:
+    def _update(self) -> Update:
         if self.current is None:
-            self.current = _Update(self.steps, hparams=snapshot_hparams(self.optimizer))
+            self.current = Update(self.steps, hparams=snapshot_hparams(self.optimizer))
         return self.current
 
     def _push(self, b: int) -> None:
@@ -199,7 +141,7 @@ class PsEngine:
         if self.hier.is_leader:
             u.relay.append((b, work))
 
-    def _send_push(self, u: _Update, b: int, flat: torch.Tensor, server: int, group: Any) -> None:
+    def _send_push(self, u: Update, b: int, flat: torch.Tensor, server: int, group: Any) -> None:
         """Bucket `b`'s push as a parameter server's push: every other worker sends its copy to
         the server, which adds them to its own, in rank order, once they are in (`_apply`). Not gloo's
         reduce: that runs a ring reduce-scatter and then a gather, so the server sends half of
@@ -215,7 +157,7 @@ class PsEngine:
                 u.works.append(dist.irecv(parts[-1], self.ranks[j], group=group, tag=b))
         u.sums.append((flat, parts))
 
-    def _forward_node_sums(self, u: _Update, force: bool) -> None:
+    def _forward_node_sums(self, u: Update, force: bool) -> None:
         """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
         while u.relay:
             b, work = u.relay[0]
@@ -288,7 +230,7 @@ class PsEngine:
     def apply_next(self) -> None:
         self._apply(self.pending.popleft())
 
-    def _apply(self, u: _Update) -> None:
+    def _apply(self, u: Update) -> None:
         for w in u.works:
             w.wait()
         u.works = []  # a gloo send or receive waited twice waits for a second message: never again
@@ -342,7 +284,7 @@ class PsEngine:
     def _expect(self, members: list[int], version: int, work: Any, buf: torch.Tensor) -> None:
         """Each parameter of a bucket being pulled lands with the bucket (a view of its buffer)."""
         for i, view in zip(members, unflatten(buf, [self.params[i] for i in members])):
-            self.pulls[i].append(_Pull(version, work, view))
+            self.pulls[i].append(Pull(version, work, view))
 
     def _pull_hierarchical(self, b: int, version: int) -> None:
         """A leader pulls from the server among the leaders (or is the server) and queues the
@@ -378,7 +320,7 @@ class PsEngine:
             self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=self.hier.node_pull,
                                               async_op=True), buf))
 
-    def _step_shard(self, idx: list[int], u: _Update) -> None:
+    def _step_shard(self, idx: list[int], u: Update) -> None:
         step_shard(self.optimizer, self.params, idx, u.grads, u.hparams, self.optimizer._caramel_inner_step)
 
     def _wait_sends(self) -> None:

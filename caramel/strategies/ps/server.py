@@ -40,7 +40,8 @@ from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import recv_buf, send_buf, unflatten
-from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, PsGroups
+from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP
+from caramel.strategies.ps.transfers import PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.state import (clip_shard, gather_full_state, keep_own_state, move_state, recv_object,
