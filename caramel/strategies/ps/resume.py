@@ -96,7 +96,11 @@ def restore(run: PsRun, entry: dict[str, Any]) -> None:
         e.set_waits({k: [int(i) for i in v] for k, v in entry["waits"].items()})
         run.unused = [int(i) for i in entry["unused"]]
         run.engine, run.profiling = e, 0
-        if run.tracker is not None or run.timer is not None:  # a profiling step had begun: drop it
+        if run.tracker is not None or run.timer is not None:  # a profiling step had begun: undo its hooks
+            if run.tracker is not None and run.tracker._mode is not None:
+                run.tracker.__exit__(None, None, None)
+            if run.timer is not None:
+                run.timer.remove()
             run.tracker = run.timer = None
     e = run.engine
     e.steps = int(entry["steps"])
