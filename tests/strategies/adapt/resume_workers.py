@@ -76,6 +76,18 @@ def _build(options: dict, model_state: dict | None):
     return caramel.parallelize(m, opt, overlap="forward", **options)
 
 
+def _batch(step: int, rank: int) -> list[int]:
+    """Rank `rank`'s 6 sample indices at `step`, the same in every arm of a comparison."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, SAMPLES, (6,), generator=g).tolist()
+
+
+def _step(model, opt, xs: torch.Tensor, ys: torch.Tensor, idx: list[int]) -> None:
+    F.cross_entropy(model(xs[idx]), ys[idx]).backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def _run(options: dict, rank: int, steps: int, half: int, per_sample_s: float, resume: bool) -> tuple:
     """(parameters, balancer) after `steps`, uninterrupted or resumed from a checkpoint at `half`."""
     xs, ys = _dataset()
@@ -98,11 +110,8 @@ def _run(options: dict, rank: int, steps: int, half: int, per_sample_s: float, r
             idx = sampler.batch(s)
             sampler.schedule.drawn = s + 1  # as caramel train's BatchSource: these shares are drawn
         else:
-            g = torch.Generator().manual_seed(1000 * s + rank)
-            idx = torch.randint(0, SAMPLES, (6,), generator=g).tolist()
-        F.cross_entropy(model(xs[idx]), ys[idx]).backward()
-        opt.step()
-        opt.zero_grad()
+            idx = _batch(s, rank)
+        _step(model, opt, xs, ys, idx)
     opt.synchronize()
     return params_of(model.module), opt.engine.controller.balancer, start
 
@@ -144,11 +153,7 @@ def auto_resume_worker(rank: int, world: int, steps: int, half: int) -> dict:
 
     def run(model, opt, first: int, last: int) -> None:
         for s in range(first, last):
-            g = torch.Generator().manual_seed(1000 * s + rank)
-            idx = torch.randint(0, SAMPLES, (6,), generator=g).tolist()
-            F.cross_entropy(model(xs[idx]), ys[idx]).backward()
-            opt.step()
-            opt.zero_grad()
+            _step(model, opt, xs, ys, _batch(s, rank))
         opt.synchronize()
 
     def result(model, opt) -> dict:
