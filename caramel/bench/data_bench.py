@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from caramel.bench.data_contention import timed_step
 from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
@@ -130,23 +131,21 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
         before = counters.snapshot()
         steps, waits, syncs = [], [], []
         it = None
+
+        def fetch() -> None:
+            nonlocal it
+            if it is None:  # starting the epoch (workers told to begin) is part of the first wait
+                it = iter(loader)
+            next(it)
         last = time.perf_counter()
         while True:
-            t0 = time.perf_counter()
             try:
-                if it is None:  # starting the epoch (workers told to begin) is part of the first wait
-                    it = iter(loader)
-                next(it)
+                waited, _, synced, now = timed_step(fetch, cfg.compute_s, sync)
             except StopIteration:
                 break
-            t1 = time.perf_counter()
-            time.sleep(cfg.compute_s)
-            t2 = time.perf_counter()
-            sync()
-            now = time.perf_counter()
             steps.append(now - last)
-            waits.append(t1 - t0)
-            syncs.append(now - t2)
+            waits.append(waited)
+            syncs.append(synced)
             last = now
         queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits), sum(syncs) / len(syncs)))
         barrier.wait()

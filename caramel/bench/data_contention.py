@@ -23,6 +23,7 @@ scored steps: the modes run after it.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -34,6 +35,20 @@ from caramel.data.transport import WorkerCollate, received
 from caramel.errors import CaramelError
 
 WARMUP_STEPS = 2  # the first steps start the workers and fill the prefetch queue: not a steady step
+
+
+def timed_step(fetch: Callable[[], Any], compute_s: float, sync: Callable[[], None]) -> tuple[float, float, float, float]:
+    """One data-bench step: `fetch` the batch, `compute_s` of sleep, `sync` (the all-reduce).
+    Returns (wait, compute, sync) seconds and the step's end (perf_counter); the calibration
+    and the scored modes time the very same step. A StopIteration from `fetch` propagates."""
+    t0 = time.perf_counter()
+    fetch()
+    t1 = time.perf_counter()
+    time.sleep(compute_s)
+    t2 = time.perf_counter()
+    sync()
+    end = time.perf_counter()
+    return t1 - t0, t2 - t1, end - t2, end
 
 
 def calibration_samples(url: str, index: DatasetIndex) -> list[Any]:
@@ -58,22 +73,17 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
                                          prefetch_factor=prefetch_factor, collate_fn=WorkerCollate(),
                                          multiprocessing_context="fork")
     it = iter(loader)
+    fetch = functools.partial(lambda batches: received(next(batches)), it)
     step, wait, compute, comm = [], [], [], []
     last = time.perf_counter()
     for _ in range(steps):
-        t0 = time.perf_counter()
-        received(next(it))
-        t1 = time.perf_counter()
-        time.sleep(compute_s)
-        t2 = time.perf_counter()
-        sync()
-        now = time.perf_counter()
+        waited, computed, synced, now = timed_step(fetch, compute_s, sync)
         step.append(now - last)
-        wait.append(t1 - t0)
-        compute.append(t2 - t1)
-        comm.append(now - t2)
+        wait.append(waited)
+        compute.append(computed)
+        comm.append(synced)
         last = now
-    del it, loader  # the workers stop here, before the modes start
+    del fetch, it, loader  # the workers stop here, before the modes start
     def mean(xs: list[float]) -> float:
         kept = xs[WARMUP_STEPS:]
         return sum(kept) / len(kept)
