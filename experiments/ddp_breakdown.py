@@ -14,35 +14,25 @@ leaves out, on 2 workers (run under `caramel cluster run`):
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from caramel.jsonio import write_json
+from experiments.cluster_job import join, median_ms, model_arguments, report, workload
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--json", default=None)
+    model_arguments(ap, steps=20)
     args = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    from caramel.models import get_model
+    join()
 
     def fresh():
-        return get_model(args.model)(seed=0, width=args.width, batch_size=args.batch_size)
+        return workload(args)
 
-    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    med = median_ms
     out: dict = {"format": "caramel.ddp-breakdown/1", "model": args.model, "width": args.width,
                  "batch_size": args.batch_size, "steps": args.steps, "torch": torch.__version__}
     w = fresh()
@@ -96,11 +86,7 @@ def main() -> None:
         dist.broadcast(buf, 0)
         bt.append(time.perf_counter() - t)
     out["buffer_bytes"], out["buffer_broadcast_alone_ms"] = nbytes, med(bt)
-    if dist.get_rank() == 0:
-        print(json.dumps(out, indent=1), flush=True)
-        if args.json:
-            write_json(args.json, out)
-    dist.destroy_process_group()
+    report(out, args.json)
 
 
 if __name__ == "__main__":

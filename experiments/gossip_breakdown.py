@@ -18,41 +18,31 @@ below its measured step. This times, on 2 workers, in one process:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 
-from caramel.jsonio import write_json
+from experiments.cluster_job import join, median_ms, model_arguments, report, workload
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=25)
+    model_arguments(ap, steps=25)
     ap.add_argument("--caps", default="4,0.25", help="gossip bucket_cap_mb values to time, comma-separated")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    rank = join()
     import caramel
     from caramel.bench.strategies import StrategyContext, baseline_group
-    from caramel.models import get_model
     from caramel.strategies.gossip.options import GossipOptions
     from caramel.strategies.gossip.topology import neighbours
 
-    rank = dist.get_rank()
-    med = lambda xs: round(statistics.median(xs) * 1e3, 2)  # noqa: E731
+    med = lambda xs: round(median_ms(xs), 2)  # noqa: E731
 
     def fresh():
-        return get_model(args.model)(seed=0, width=args.width, batch_size=args.batch_size)
+        return workload(args)
 
     def plain(w, opt):
         loss = w.loss_fn(w.model(w.inputs), w.targets)
@@ -106,7 +96,6 @@ def main() -> None:
             marks.setdefault(name, []).append(v)
 
         orig_before, orig_after = run.before_update, run.after_update
-        base_step = run.optimizer._gossip_base.step
 
         def before_update():
             t = time.perf_counter()
@@ -155,11 +144,7 @@ def main() -> None:
         res["exchange_alone_ms"] = timed(exchange_only)
         out[f"gossip_cap_{cap:g}"] = res
         caramel.shutdown()
-    if rank == 0:
-        print(json.dumps(out, indent=1), flush=True)
-        if args.json:
-            write_json(args.json, out)
-    dist.destroy_process_group()
+    report(out, args.json)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ for reference. Rank 0 prints (and writes) every time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -21,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from caramel.jsonio import write_json
+from experiments.cluster_job import join, report
 
 
 def main() -> None:
@@ -30,9 +29,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join(quiet=False), dist.get_world_size()
     if world != 2:
         raise SystemExit(f"p2p_directions needs exactly 2 ranks, got {world}")
     peer = 1 - rank
@@ -70,15 +67,11 @@ def main() -> None:
     ways = {"one_group": one_group(1), "one_group_8_pieces": one_group(8), "group_per_direction": per_direction,
             "allreduce": lambda: dist.all_reduce(x)}
     times = {name: timed(f) for name, f in ways.items()}
-    if rank == 0:
-        out = {"format": "caramel.p2p-directions/1", "mb_each_way": args.mb, "reps": args.reps,
-               "bandwidth_bps": os.environ.get("CARAMEL_CLUSTER_BANDWIDTH_BPS"), "torch": torch.__version__,
-               "median_ms": {k: statistics.median(v) for k, v in times.items()},
-               "times_ms": {k: [round(t, 1) for t in v] for k, v in times.items()}}
-        print(json.dumps(out, indent=1), flush=True)
-        if args.json:
-            write_json(args.json, out)
-    dist.destroy_process_group()
+    out = {"format": "caramel.p2p-directions/1", "mb_each_way": args.mb, "reps": args.reps,
+           "bandwidth_bps": os.environ.get("CARAMEL_CLUSTER_BANDWIDTH_BPS"), "torch": torch.__version__,
+           "median_ms": {k: statistics.median(v) for k, v in times.items()},
+           "times_ms": {k: [round(t, 1) for t in v] for k, v in times.items()}}
+    report(out, args.json)
 
 
 if __name__ == "__main__":

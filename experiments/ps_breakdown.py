@@ -18,42 +18,32 @@ server 25-30% below its measured step. This times, on 2 workers, in one process:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 
-from caramel.jsonio import write_json
+from experiments.cluster_job import join, median_ms, model_arguments, report, workload
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--width", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=25)
+    model_arguments(ap, steps=25)
     ap.add_argument("--options", default="", help="ps options as in a spec, e.g. bucket_cap_mb=4")
     ap.add_argument("--no-broadcast-buffers", action="store_true", help="parallelize with broadcast_buffers=False")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    rank = join()
     import caramel
     from caramel.bench.strategies import StrategyContext, baseline_group
-    from caramel.models import get_model
     from caramel.strategies import STRATEGIES
     from caramel.strategies.ps.engine import PsEngine
 
-    rank = dist.get_rank()
-    med = lambda xs: round(statistics.median(xs) * 1e3, 2)  # noqa: E731
+    med = lambda xs: round(median_ms(xs), 2)  # noqa: E731
 
     def fresh():
-        return get_model(args.model)(seed=0, width=args.width, batch_size=args.batch_size)
+        return workload(args)
 
     def timed(f, reps=12):
         f()
@@ -175,11 +165,7 @@ def main() -> None:
     res["shard0_pulls_alone_ms"] = timed(one(dist.broadcast, 0))
     out["ps"] = res
     caramel.shutdown()
-    if rank == 0:
-        print(json.dumps(out, indent=1), flush=True)
-        if args.json:
-            write_json(args.json, out)
-    dist.destroy_process_group()
+    report(out, args.json)
 
 
 if __name__ == "__main__":
