@@ -26,7 +26,8 @@ from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRA
                                   BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates, rate_text
 from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
-from caramel.bench.tables import format_markdown, format_predictions, format_summary, format_table, format_uneven
+from caramel.bench.tables import (format_markdown, format_predictions, format_summary, format_table, format_tuning,
+                                  format_uneven)
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
@@ -60,10 +61,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
                    help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: "
-                        f"{','.join(DEFAULT_STRATEGIES)}; every row is compared with the stronger DDP variant)")
+                        f"{','.join(DEFAULT_STRATEGIES)}; every row is compared with the strongest DDP variant; "
+                        "ddp:bucket_cap_mb=tuned screens bucket caps in the job and runs the fastest)")
     p.add_argument("--rounds", type=int, help="interleaving rounds per configuration")
     p.add_argument("--steps", type=int, help="measured steps per strategy per round")
     p.add_argument("--warmup", type=int, help="unmeasured warm-up steps per strategy")
+    p.add_argument("--screen-rounds", type=int, metavar="N",
+                   help="rounds of one block (--steps steps) per value when a strategy has a tuned option, e.g. "
+                        "ddp:bucket_cap_mb=tuned: the job screens the values first and runs the fastest (default 4; "
+                        "3 with --quick)")
     p.add_argument("--network", choices=NETWORKS, default="auto",
                    help="cluster: shaped links (root); loopback: unshaped local workers; auto: cluster when possible")
     p.add_argument("--mtu", default="auto",
@@ -101,7 +107,8 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
         rounds=args.rounds if args.rounds is not None else base.rounds,
         steps_per_round=args.steps if args.steps is not None else base.steps_per_round,
         warmup_steps=args.warmup if args.warmup is not None else base.warmup_steps,
-        lr=base.lr, seed=base.seed, timeout_s=min(args.timeout, base.timeout_s))
+        lr=base.lr, seed=base.seed, timeout_s=min(args.timeout, base.timeout_s),
+        screen_rounds=args.screen_rounds if args.screen_rounds is not None else base.screen_rounds)
     if not single:
         return list(QUICK_MATRIX if args.quick else DEFAULT_MATRIX), settings
     if args.quick:
@@ -136,7 +143,7 @@ def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
     for flag in ("model", "workers", "ratio", "bandwidth", "bandwidth_trace", "batch_size", "slow_worker", "slow_link",
-                 "jitter", "rounds", "steps", "warmup", "trace", "json", "markdown"):
+                 "jitter", "rounds", "steps", "warmup", "screen_rounds", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
@@ -201,7 +208,7 @@ _NOT_WITH_DATA = (("model", "--model", None), ("ratio", "--ratio", None), ("band
                   ("slow_worker", "--slow-worker", None), ("slow_link", "--slow-link", None), ("jitter", "--jitter", None),
                   ("model_option", "--model-option", []), ("bandwidth_trace", "--bandwidth-trace", None),
                   ("quick", "--quick", False), ("strategies", "--strategies", ",".join(DEFAULT_STRATEGIES)),
-                  ("steps", "--steps", None), ("warmup", "--warmup", None),
+                  ("steps", "--steps", None), ("warmup", "--warmup", None), ("screen_rounds", "--screen-rounds", None),
                   ("mtu", "--mtu", "auto"), ("trace", "--trace", None))  # --network: loopback or cluster store
 
 
@@ -290,6 +297,10 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("The simulator against the measurement:\n" + format_predictions(records).replace("`", ""))
         print()
+        tuned = format_tuning(records)
+        if tuned:
+            print("Tuned references (screened in the job before the rounds):\n" + tuned.replace("`", "").replace("**", ""))
+            print()
         print("Summary (against each configuration's stronger DDP variant):\n"
               + format_summary(summarize_strategies(records)).replace("`", ""))
     if versus:

@@ -27,11 +27,13 @@ import torch
 import torch.distributed as dist
 
 from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
+from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
+from caramel.bench.screening import as_screened, predictions_by_name, tuned_runner
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.bench.trace_control import TraceClock
@@ -91,32 +93,6 @@ def make_workload(config: BenchConfig, seed: int, device: torch.device) -> Model
     return w
 
 
-def measure_block(runner: Runner, steps: int, stamps: list[list[float]] | None = None) -> list[float]:
-    """Per-step times of `steps` steps in steady state (see the module docstring); with
-    `stamps`, each step's wall-clock [start, end] is appended to it (a bandwidth trace's phases)."""
-    runner.step()  # entry step, unmeasured
-    times = []
-    t_prev = time.perf_counter()
-    wall_prev = time.time()
-    for _ in range(steps):
-        runner.step()
-        t = time.perf_counter()
-        times.append(t - t_prev)
-        t_prev = t
-        if stamps is not None:
-            wall = time.time()
-            stamps.append([wall_prev, wall])
-            wall_prev = wall
-    runner.finish()
-    return times
-
-
-def round_order(keys: list, r: int) -> list:
-    """The order of round `r`: `keys` rotated by `r`, so that drift and position effects hit
-    every runner equally over the rounds."""
-    return keys[r % len(keys):] + keys[:r % len(keys)]
-
-
 def _agree(error: str | None) -> str | None:
     """All ranks learn whether any rank failed, so they all skip the same runners (no hang)."""
     errors: list[str | None] = [None] * dist.get_world_size()
@@ -139,11 +115,12 @@ def _log(rank: int, msg: str) -> None:
 
 def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
                   ctx: StrategyContext, delay_per_sample_s: float = 0.0, jitter: dict[str, Any] | None = None
-                  ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float]]:
+                  ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float], dict[str, dict[str, Any]]]:
     """Baselines and strategies, each strategy on its own identical model copy (the concurrent
     baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
     their timing is used); a strategy that fails to build on any rank is skipped on all of them
-    (with the reason) so the others still run."""
+    (with the reason) so the others still run. A strategy with a tuned option is screened here
+    (`caramel.bench.screening.tuned_runner`); the last item is each one's screening record (`Screening.to_dict()`)."""
     def handicap(model: torch.nn.Module) -> None:
         if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
             slow_down(model, delay_per_sample_s)
@@ -159,8 +136,10 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}
-    for strategy in strategies:
-        t_build = time.perf_counter()
+    tuning: dict[str, dict[str, Any]] = {}
+
+    def build(strategy: Strategy) -> tuple[Runner | None, str | None]:
+        """One strategy on a fresh model copy; the error every rank agrees on, if any rank failed."""
         w = make_workload(config, settings.seed, ctx.device)
         handicap(w.model)
         error, runner = None, None
@@ -170,14 +149,21 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
             error = str(e)
         except Exception as e:  # reported, not fatal: the other strategies still get measured
             error = f"{type(e).__name__}: {e}"
-        error = _agree(error)
+        return runner, _agree(error)
+
+    for strategy in strategies:
+        t_build = time.perf_counter()
+        if strategy.tuned:
+            runner, error = tuned_runner(strategy, build, settings, ctx.rank, tuning)
+        else:
+            runner, error = build(strategy)
         if error:
             skipped[strategy.name] = error
             _log(ctx.rank, f"skipping {strategy.name}: {error}")
         else:
             runners[strategy.name] = runner
             build_s[strategy.name] = time.perf_counter() - t_build
-    return runners, skipped, build_s
+    return runners, skipped, build_s, tuning
 
 
 # online profiling (4 steps) + an overlap trial of up to 3 passes of 30 steps and a confirmation
@@ -281,7 +267,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     slow = _slow_worker(config, settings, rank, world, device)
     jitter = _jitter(config, settings, world, device)
-    runners, skipped, build_s = build_runners(config, settings, strategies, ctx,
+    runners, skipped, build_s, tuning = build_runners(config, settings, strategies, ctx,
                                               slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0,
                                               jitter)
     _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
@@ -320,6 +306,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
+    concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     compute_medians = [median(g["compute"]) for g in gathered]
     return {
         "format": format_tag(RAW_KIND),
@@ -332,8 +319,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
-        **job_predictions(profile, names, world, grad_bytes, comm_s, runners["comm"].stats().get("buckets", 1),
-                          compute_medians, spans, probed),
+        "tuning": tuning,
+        **predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes, comm_s,
+                                              runners["comm"].stats().get("buckets", 1), compute_medians, spans, probed),
+                              concrete),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),

@@ -25,7 +25,8 @@ from caramel.units import format_rate, parse_rate_bps
 # Baselines are measured in every configuration; they are not strategies a user selects.
 BASELINES = ("compute", "comm", "concurrent")
 # Both DDP variants run by default: the reference of every row is the stronger of them.
-DEFAULT_STRATEGIES = ("ddp", "ddp:comm_priority=realtime", "caramel")
+# The tuned one screens DDP's bucket caps in the job (`caramel.bench.screening`): the strongest DDP.
+DEFAULT_STRATEGIES = ("ddp", "ddp:comm_priority=realtime", "ddp:bucket_cap_mb=tuned,comm_priority=realtime", "caramel")
 # comm/compute below BALANCED_MIN_RATIO is compute-bound, above COMM_BOUND_MIN_RATIO comm-bound.
 BALANCED_MIN_RATIO = 0.75
 COMM_BOUND_MIN_RATIO = 1.5
@@ -39,45 +40,104 @@ def regime_of_ratio(ratio: float) -> str:
     return "balanced" if ratio <= COMM_BOUND_MIN_RATIO else "comm-bound"
 
 
+# `KEY=tuned` in a bench strategy: the bench screens these values of that option in the job and
+# runs the fastest (`caramel.bench.screening`, where the grid is justified). None: the option
+# left unset (torch's default buckets: a 1 MB first bucket, then 25 MB).
+TUNED = "tuned"
+BUCKET_CAP_GRID_MB: tuple[float | None, ...] = (None, 0.25, 0.5, 1.0, 2.0, 4.0, 25.0)
+TUNABLE: dict[tuple[str, str], tuple[Any, ...]] = {("ddp", "bucket_cap_mb"): BUCKET_CAP_GRID_MB}
+
+
+def value_label(value: Any) -> str:
+    """A grid value as the reports write it: `default` for the option left unset."""
+    return "default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One registered strategy with the options a bench entry set (`caramel.strategies`)."""
 
     kind: str
     options: tuple[tuple[str, Any], ...] = ()
+    tuned: tuple[str, ...] = ()
+    """options given as `tuned`: the bench screens their grid (TUNABLE) in the job and runs the fastest"""
 
     @property
     def name(self) -> str:
-        """The canonical spelling, used as the strategy's name in every report."""
-        return self.spec().name
+        """The canonical spelling, used as the strategy's name in every report (`KEY=tuned` kept)."""
+        name = self.spec().name
+        if not self.tuned:
+            return name
+        kind, _, rest = name.partition(":")
+        items = (rest.split(",") if rest else []) + [f"{k}={TUNED}" for k in self.tuned]
+        return kind + ":" + ",".join(sorted(items, key=lambda item: item.partition("=")[0]))
 
     def spec(self):
-        """The typed `StrategySpec` (validated against the strategy's options dataclass)."""
+        """The typed `StrategySpec` (validated against the strategy's options dataclass); a tuned
+        option is left at its default here (`candidates()` sets it)."""
         from caramel.strategies import STRATEGIES
         return STRATEGIES.spec(self.kind, dict(self.options))
+
+    def candidates(self) -> list[tuple[Any, "Strategy"]]:
+        """(value, concrete strategy) per value of the tuned option's grid, in grid order; [] when
+        nothing is tuned. A None value leaves the option unset (its default)."""
+        if not self.tuned:
+            return []
+        (key,) = self.tuned  # split_tuned allows one: TUNABLE has one option per kind
+        out = []
+        for value in TUNABLE[(self.kind, key)]:
+            options = dict(self.options) if value is None else {**dict(self.options), key: value}
+            out.append((value, Strategy(self.kind, tuple(sorted(options.items())))))
+        return out
 
     def option_dict(self) -> dict[str, Any]:
         return dict(self.options)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "options": self.option_dict(), "name": self.name}
+        out = {"kind": self.kind, "options": self.option_dict(), "name": self.name}
+        return dict(out, tuned=list(self.tuned)) if self.tuned else out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Strategy":
-        return cls(data["kind"], tuple(sorted(data.get("options", {}).items())))
+        return cls(data["kind"], tuple(sorted(data.get("options", {}).items())), tuple(data.get("tuned", ())))
+
+
+def split_tuned(text: str, kind: str, options: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The options of `text` without those given as `tuned`, and those names; a clear error for
+    `tuned` on an option the bench does not screen, and for a word other than `tuned` where a
+    tunable option expects a number."""
+    tunable = ", ".join(f"{k}:{o}={TUNED}" for k, o in TUNABLE)
+    fixed: dict[str, Any] = {}
+    tuned: list[str] = []
+    for key, value in options.items():
+        screened = (kind, key) in TUNABLE
+        if value == TUNED and screened:
+            tuned.append(key)
+        elif value == TUNED:
+            raise CaramelError(f"strategy {text!r}: {key}={TUNED}: the bench screens only {tunable}; give {key} a value")
+        elif screened and isinstance(value, str):
+            grid = ", ".join(value_label(v) for v in TUNABLE[(kind, key)])
+            raise CaramelError(f"strategy {text!r}: {key}={value!r}: expected a number or {TUNED!r} (the bench "
+                               f"screens {grid} in the job and runs the fastest)")
+        else:
+            fixed[key] = value
+    return fixed, tuple(tuned)
 
 
 def parse_strategy(text: str) -> Strategy:
     """`caramel:planner=fifo,overlap=backward` -> Strategy, checked by the strategy registry:
-    the same names, types and errors as `caramel.parallelize` and `caramel train --strategy`."""
+    the same names, types and errors as `caramel.parallelize` and `caramel train --strategy`;
+    `ddp:bucket_cap_mb=tuned` leaves the cap to the bench's screening (`caramel.bench.screening`)."""
     from caramel.strategies import STRATEGIES
 
-    spec = STRATEGIES.spec(text)
+    name, options = parse_spec(text)
+    kind = STRATEGIES.get(name).name
+    fixed, tuned = split_tuned(text, kind, options)
+    spec = STRATEGIES.spec(kind, fixed)
     if getattr(spec.options, "dedicated", False):
         raise CaramelError(f"strategy {text!r}: caramel bench does not run dedicated ps servers yet (every bench rank "
                            f"trains); time them with examples/ps_servers.py under caramel cluster run --ps-servers N")
-    name, options = parse_spec(text)
-    return Strategy(spec.info.name, tuple(sorted(options.items())))
+    return Strategy(spec.info.name, tuple(sorted(fixed.items())), tuned)
 
 
 def parse_strategies(text: str) -> list[Strategy]:
@@ -235,9 +295,11 @@ class BenchSettings:
     seed: int = 0
     timeout_s: float = 300.0
     """process-group timeout and, times the number of strategies, the job's wall-clock limit"""
+    screen_rounds: int = 4
+    """rounds of one block per grid value when a strategy has a tuned option (`caramel.bench.screening`)"""
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "steps_per_round"):
+        for name in ("rounds", "steps_per_round", "screen_rounds"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise CaramelError(f"{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -267,4 +329,4 @@ QUICK_MATRIX: list[BenchConfig] = [
     BenchConfig(**_RESNET, workers=2, comm_ratio=0.5),
     BenchConfig(**_RESNET, workers=2, comm_ratio=2.0),
 ]
-QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=4, warmup_steps=1)
+QUICK_SETTINGS = BenchSettings(rounds=3, steps_per_round=4, warmup_steps=1, screen_rounds=3)

@@ -20,8 +20,9 @@ Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
   dependencies but no contention, T_concurrent the contention but no dependencies, U what no
   overlap at all costs; a schedule pays for both, so it is not expected to beat the ceiling;
 - the reference of a configuration is the stronger (lower median) of the DDP variants measured
-  in it (`ddp`, and `ddp:comm_priority=realtime`, whose threads get the priority the engine
-  gives its own): speedup = T_ref / T, with its 95% interval from the paired rounds
+  in it (`ddp`, `ddp:comm_priority=realtime`, whose threads get the priority the engine gives
+  its own, and `ddp:bucket_cap_mb=tuned,comm_priority=realtime`, whose bucket cap the job
+  screened first, caramel.bench.screening): speedup = T_ref / T, with its 95% interval from the paired rounds
   (caramel.stats.paired_ratio_interval), and the share of the possible gain captured is
   (T_ref - T) / (T_ref - ceiling);
 - a point's regime is the one its target comm/compute stands for (measured comm/compute for a
@@ -183,6 +184,9 @@ class Record:
     ps: dict[str, Any] | None = None
     """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
     imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
+    tuning: dict[str, Any] | None = None
+    """a strategy with a tuned option (`ddp:bucket_cap_mb=tuned`): its screening in the job, every
+    value's median, the one chosen and the runner-up's gap (`caramel.bench.screening.Screening`)"""
     wire_bytes_per_sample: float | None = None
     """bytes all workers transmitted per training sample, measured on their interfaces (`caramel.bench.wire`;
     None on shared loopback)"""
@@ -275,7 +279,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st),
-            dropout_fractions=st.get("dropout_fractions"),
+            dropout_fractions=st.get("dropout_fractions"), tuning=(raw.get("tuning") or {}).get(name),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from caramel.bench.matrix import value_label
 from caramel.bench.report import (PLAN_LINE_BUCKETS, Record, StrategySummary, ceiling_s, ceiling_speedup, config_label,
                                   efficiency, summarize_strategies)
 from caramel.bench.prediction import ACCURACY_TARGET, RECOMMENDATION_TOLERANCE, records_accuracy, recommendation_checks
@@ -84,6 +85,7 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
             + "|".join("---" if i in _LEFT else "---:" for i in range(len(COLUMNS))) + "|\n")
     body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(records))
     env = "\n".join(f"- {k}: {v}" for k, v in environment.items())
+    tuning = format_tuning(records)
     skipped = "".join(f"\n- skipped `{r.strategy}` on {config_label(r)}: {r.skipped}" for r in records if r.skipped)
     return (
         "# Bench: Caramel against the stronger DDP\n\n"
@@ -91,7 +93,12 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         f"```\n{command}\n```\n\n"
         "## Environment\n\n" + env + "\n\n"
         "## Points\n\n" + format_points(records) + "\n\n"
-        "## Summary\n\n" + format_summary(summarize_strategies(records)) + "\n\n"
+        + (("## Tuned references\n\nA strategy with a `KEY=tuned` option had that option screened in its job before "
+            "the rounds, on the same processes, links and thread priority: each value's median job step over the "
+            "screening, the lowest chosen, its runner-up's gap with the paired-rounds interval, and the chosen "
+            "value measured afresh in the interleaved rounds (`caramel.bench.screening`).\n\n"
+            + tuning + "\n\n") if tuning else "")
+        + "## Summary\n\n" + format_summary(summarize_strategies(records)) + "\n\n"
         "## Results\n\n"
         "Medians (p90) of the job's step (how far the slowest rank's clock advanced), strategies interleaved in "
         "rounds in one job per configuration. point: the regime the point stands for; target: its comm/compute; "
@@ -126,8 +133,38 @@ def format_points(records: list[Record]) -> str:
             how = f"rate pinned at {r.bandwidth}"
         else:
             how = "unshaped loopback"
+        ref = next((x for x in records if config_label(x) == label and x.strategy == r.reference), None)
+        chosen = (f" ({ref.tuning['option']}={value_label(ref.tuning['chosen'])} chosen)"
+                  if ref is not None and ref.tuning else "")
         lines.append(f"- {label}: {how}; measured compute {_ms(r.compute_s)} ms, comm {_ms(r.comm_s)} ms, "
-                     f"comm/compute {r.comm_compute_ratio:.2f} ({r.regime}); reference {r.reference or '-'}")
+                     f"comm/compute {r.comm_compute_ratio:.2f} ({r.regime}); reference {r.reference or '-'}{chosen}")
+    return "\n".join(lines)
+
+
+def format_tuning(records: list[Record]) -> str:
+    """Per configuration and tuned strategy: every screened value's median, the one chosen, the
+    runner-up's gap with its interval, and the chosen value's median in the rounds ('' if none)."""
+    lines = []
+    for r in records:
+        t = r.tuning
+        if not t:
+            continue
+        best = t["values"].index(t["chosen"])
+        values = ", ".join((f"**{value_label(v)} {_ms(m)}**" if i == best else f"{value_label(v)} {_ms(m)}")
+                           for i, (v, m) in enumerate(zip(t["values"], t["median_s"])))
+        per_value = t["steps"] // max(t["rounds"], 1)
+        line = (f"- {config_label(r)}, `{r.strategy}`: {t['option']} screened in {t['rounds']} rounds x {per_value} "
+                f"steps ({t['steps']} steps per value), median ms: {values} -> {value_label(t['chosen'])} "
+                f"(`{t['chosen_strategy']}`)")
+        if t.get("runner_up_gap") is not None:
+            ci = t.get("runner_up_ci95")
+            line += (f"; runner-up {value_label(t['runner_up'])} {t['runner_up_gap']:+.1%}"
+                     + (f" (runner-up / chosen {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+        if r.step_time_median_s is not None:
+            line += f"; in the rounds {_ms(r.step_time_median_s)} ms"
+        if t.get("skipped"):
+            line += "; not built: " + "; ".join(f"{n} ({e})" for n, e in t["skipped"].items())
+        lines.append(line)
     return "\n".join(lines)
 
 

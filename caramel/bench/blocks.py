@@ -1,0 +1,39 @@
+"""How the bench times a block of steps, and the order runners take their turns in a round.
+
+No barrier inside a measured block: one unmeasured entry step (so a strategy that overlaps
+communication with the *next* forward is in its steady state), then `steps` steps, each timed
+from the top of the loop to the top of the next iteration, exactly the time a user's loop
+spends per iteration. `finish()` then drains what is still pending, unmeasured. The harness's
+interleaved rounds and the reference's screening (`caramel.bench.screening`) both time this way.
+"""
+from __future__ import annotations
+
+import time
+
+from caramel.bench.baselines import Runner
+
+
+def measure_block(runner: Runner, steps: int, stamps: list[list[float]] | None = None) -> list[float]:
+    """Per-step times of `steps` steps in steady state (see the module docstring); with
+    `stamps`, each step's wall-clock [start, end] is appended to it (a bandwidth trace's phases)."""
+    runner.step()  # entry step, unmeasured
+    times = []
+    t_prev = time.perf_counter()
+    wall_prev = time.time()
+    for _ in range(steps):
+        runner.step()
+        t = time.perf_counter()
+        times.append(t - t_prev)
+        t_prev = t
+        if stamps is not None:
+            wall = time.time()
+            stamps.append([wall_prev, wall])
+            wall_prev = wall
+    runner.finish()
+    return times
+
+
+def round_order(keys: list, r: int) -> list:
+    """The order of round `r`: `keys` rotated by `r`, so that drift and position effects hit
+    every runner equally over the rounds."""
+    return keys[r % len(keys):] + keys[:r % len(keys)]
