@@ -115,6 +115,10 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
            period: int = 0) -> PipelineSim:
     """Walk every position's list in order; an action waits for its position and its input.
 
+    A lane sends one transfer at a time, in its actions' order (a worker's sends share its
+    link): a transfer starts when its action ends or the lane's previous send has landed,
+    whichever is later, so microbatches that finish faster than the link carries them queue.
+
     `compute_slowdown` (the cluster's, measured by the bench: `caramel.bench.contention`):
     compute on a lane runs that many times slower while a transfer from or to that lane is on
     the wire (its backend's threads share the cores). A transfer's interval depends on when its
@@ -153,6 +157,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
     done: dict[Action, float] = {}
     free = [0.0] * lanes
     landed = [0.0] * lanes  # when this lane's sends so far have all arrived
+    arrival: dict[Action, float] = {}  # when an action's output reached the lane that needs it
     busy = [0.0] * lanes
     nxt = [0] * lanes
     remaining = sum(map(len, actions))
@@ -165,8 +170,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
                 if dep[0] < 0:
                     ready = 0.0
                 elif dep in done:
-                    link = costs.transfer_s[min(s, dep[0])] if where[dep] != p else 0.0
-                    ready = done[dep] + link
+                    ready = arrival.get(dep, done[dep])  # another lane's output: when its send landed
                 else:
                     break
                 if period and nxt[p] and acts[nxt[p] - 1][2] % period != i % period:
@@ -177,10 +181,10 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
                 busy[p] += end - start
                 to = (s + 1, "F", i) if kind == "F" and s < n - 1 else ((s - 1, "B", i) if kind == "B" and s > 0 else None)
                 if to is not None and where[to] != p:  # a send on the wire: both ends' threads work
-                    arrive = end + costs.transfer_s[min(s, to[0])]
-                    landed[p] = max(landed[p], arrive)
-                    wires[p].append((end, arrive))
-                    wires[where[to]].append((end, arrive))
+                    sent = max(end, landed[p])  # one send at a time leaves a lane, in its order
+                    arrival[(s, kind, i)] = landed[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
+                    wires[p].append((sent, arrive))
+                    wires[where[to]].append((sent, arrive))
                 nxt[p] += 1
                 remaining -= 1
                 progressed = True

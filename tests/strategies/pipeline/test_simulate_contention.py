@@ -52,3 +52,14 @@ def test_an_explicit_partition_maps_onto_the_profiled_layers():
     assert profiled_cuts(["0", "1", "3", "4"], [2]) == [2]  # a Sequential's index: the first layer at or after it
     with pytest.raises(CaramelError, match=r"partition 'layer2.0'.*top-level modules"):
         profiled_cuts(names, ["layer2.0"])
+
+
+def test_a_lanes_sends_queue_on_its_link():
+    # 2 stages, GPipe, 3 microbatches, F = B = 1, each transfer 2: the forwards end 1 apart but the
+    # link carries one activation every 2. By hand:
+    #   lane 0  F0 0-1, F1 1-2, F2 2-3; sends 1-3, 3-5, 5-7
+    #   lane 1  F0 3-4, F1 5-6, F2 7-8, B0 8-9, B1 9-10, B2 10-11; sends 9-11, 11-13, 13-15
+    #   lane 0  B0 11-12, B1 13-14, B2 15-16
+    sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [2.0]), schedule_actions("gpipe", 2, 2, 3))
+    assert sim.step_time_s == pytest.approx(16.0)  # 12 if transfers on one link could overlap
+    assert sim.busy_s == pytest.approx([6.0, 6.0])
