@@ -5,7 +5,9 @@ The schedule is data: each position's ordered list of (stage, "F" | "B", microba
 order the runtime follows ("gpipe", "1f1b"/"pipedream": warmup forwards then one forward one
 backward; "interleaved": torch's own `pipeline_order`). `replay` walks the lists: an action
 starts when its position is free and its input has arrived (the previous stage's forward or the
-next stage's backward, plus one link transfer when they sit on different positions).
+next stage's backward, plus one link transfer when they sit on different positions). A
+position's sends queue on its link, and its compute runs the cluster's `compute_slowdown` times
+slower while one of its transfers is on the wire (CPU contention, `caramel.bench.contention`).
 
     position 0 |F0|F1|F2|F3|        |B0|B1|B2|B3|      GPipe, 2 stages, 4 microbatches:
     position 1    |F0|F1|F2|F3|B0|B1|B2|B3|            bubble = (p-1)/(m+p-1) of the step
@@ -16,7 +18,7 @@ Unequal replica counts (`replicas="2+1"`) replay one lane per rank (`replicated_
 rank holding replica j of stage s runs the virtual pipelines v = j, j + r_s, ... (v < the counts'
 least common multiple L) one after another, each the schedule's own order over microbatches v,
 v + L, ..., as `unequal.py` runs them; a transfer is charged when an action's input comes from
-another lane.
+another lane, and a lane starts its next virtual pipeline once the previous one's sends landed.
 """
 from __future__ import annotations
 
@@ -330,6 +332,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
+                           "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note})
 

@@ -1,6 +1,8 @@
 """The pipeline simulator's contention and send-completion terms, on hand-computed timelines."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from caramel.errors import CaramelError
@@ -63,3 +65,23 @@ def test_a_lanes_sends_queue_on_its_link():
     sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [2.0]), schedule_actions("gpipe", 2, 2, 3))
     assert sim.step_time_s == pytest.approx(16.0)  # 12 if transfers on one link could overlap
     assert sim.busy_s == pytest.approx([6.0, 6.0])
+
+
+def test_the_registry_entry_takes_the_clusters_measured_slowdown():
+    from caramel.profile.model_profile import ModelProfile, ModuleInfo
+    from caramel.strategies.pipeline.options import PipelineOptions
+    from caramel.strategies.pipeline.simulate import simulate_pipeline
+    from caramel.topology.spec import ClusterSpec
+
+    # two layers of 10 ms forward and 20 ms backward per 8 samples, 1 MiB of activations between them
+    mods = [ModuleInfo(name=str(k), type="Linear", forward_start_s=0.01 * k, forward_time_s=0.010,
+                       backward_time_s=0.020, input_bytes=2 ** 20) for k in range(2)]
+    prof = ModelProfile(model="two", batch_size=8, forward_time_s=0.02, backward_time_s=0.04, optimizer_time_s=0.0,
+                        params=[], modules=mods)
+    options = PipelineOptions(stages=2, schedule="gpipe", microbatches=4, partition="1")
+    # 2 x 8 samples in 4 microbatches: 5 ms forwards, 4.2 ms per activation, sent beside the next forward
+    slow_link = ClusterSpec.uniform(2, 1e9)
+    plain = simulate_pipeline(prof, slow_link, options)
+    slowed = simulate_pipeline(prof, dataclasses.replace(slow_link, compute_slowdown=2.0), options)
+    assert slowed.step_time_s > plain.step_time_s and slowed.meta["compute_slowdown"] == 2.0
+    assert sum(slowed.meta["busy_s_per_lane"]) > sum(plain.meta["busy_s_per_lane"])
