@@ -9,6 +9,10 @@ This replays each pipeline strategy's prediction from those inputs three ways:
 - `sends`: a rank on several virtual pipelines starts the next once its sends have landed;
 - `model`: and compute beside a transfer slowed by the measured factor (the simulator's model);
 
+(all three queue a lane's sends on its link and end a lane's part of the step at its last
+send's landing, which the simulator before these terms did not: on the runs in
+docs/results/pipeline_contention/ that changed one prediction, `1+2` of run A, 207.6 -> 213.8 ms)
+
 and sets beside the measured step each rank's measured busy time (median per step) against
 the model's busy time per lane, and the median forward and backward per microbatch of each
 rank against the model's per-stage costs. Nothing is fitted: the factor is the job's own
