@@ -181,7 +181,6 @@ class PipelineRunner(Runner):
                   file=sys.stderr, flush=True)
         return out
 
-
     def _save_actions(self) -> None:
         """This rank's timed compute actions of the kept steps (`StepTiming.actions`: kind, stage,
         microbatch, start, end on the host's monotonic clock), to compare with the simulator's lanes."""

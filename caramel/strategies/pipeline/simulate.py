@@ -125,7 +125,8 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
     compute on a lane runs that many times slower while a transfer from or to that lane is on
     the wire (its backend's threads share the cores). A transfer's interval depends on when its
     sender finished, which depends on the slowdown: the replay is repeated, each pass slowing
-    compute beside the previous pass's transfers, until the step stops changing.
+    compute beside the previous pass's transfers, until the transfers stop moving (at most
+    `MAX_CONTENTION_PASSES` passes).
 
     `period` (unequal replicas: the virtual pipelines' count L): microbatch i belongs to virtual
     pipeline i mod L. torch's schedule returns only after its sends complete, so a lane starts
