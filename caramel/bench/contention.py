@@ -25,7 +25,8 @@ share of the cores. No rank with a factor means no evidence of contention: 1.
 
 The factor goes into the predictions' ClusterSpec (`compute_slowdown`): the event engine
 applies it to the ddp and caramel models, the gossip and ps simulators to compute beside their
-exchanges, pushes and pulls; the pipeline simulator does not model contention. It is measured with the baselines'
+exchanges, pushes and pulls, the pipeline simulator to compute beside a lane's activation and
+gradient transfers. It is measured with the baselines'
 thread priority (real-time where allowed, as the caramel engine runs its own); plain `ddp`
 runs its threads at normal priority, and its prediction takes the same factor.
 """

@@ -49,6 +49,9 @@ JOB_KIND = "bench_job"
 RAW_KIND = "bench_raw"
 
 
+PREDICTION_INPUTS = "prediction_inputs.json"  # under the job's trace directory (`--trace`)
+
+
 def make_job(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
              network: str, trace_dir: str | None = None) -> dict[str, Any]:
     """The job file every rank reads: what to run and how."""
@@ -304,6 +307,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if rank != 0:
         return None
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
+    if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/pipeline_contention.py)
+        save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
+                               runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
+                               spans, probed)
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
@@ -348,6 +355,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         **({"step_stamps_s": {n: [s[n] for s in stamps] for n in runners},
             "bandwidth_trace": {"phases": job["bandwidth_trace"]["phases"]}} if trace is not None else {}),
     }
+
+
+def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,
+                           rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None) -> None:
+    """What `job_predictions` takes, as JSON: a later model can be replayed on this job's
+    measurements without running it again."""
+    path.write_text(json.dumps(_jsonable({
+        "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
+        "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed})))
 
 
 def _slow_worker(config: BenchConfig, settings: BenchSettings, rank: int, world: int,

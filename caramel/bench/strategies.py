@@ -5,6 +5,7 @@ DistributedDataParallel) included, so the bench measures what users run.
 """
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,9 +145,11 @@ def ctx_rank() -> int:
 class PipelineRunner(Runner):
     """`caramel.pipeline`'s own step (microbatches across the stages, then the update)."""
 
-    def __init__(self, name: str, pipe: Any, inputs, targets, loss_fn: Callable, device: torch.device):
+    def __init__(self, name: str, pipe: Any, inputs, targets, loss_fn: Callable, device: torch.device,
+                 trace_dir: str | None = None):
         self.name, self.pipe = name, pipe
         self.inputs, self.targets, self.loss_fn, self.device = inputs, targets, loss_fn, device
+        self.trace_dir = trace_dir
 
     def step(self) -> None:
         first = self.pipe.stage_modules == []
@@ -165,6 +168,8 @@ class PipelineRunner(Runner):
                # the partitioner's compute per step of each stage (a replica's share with replicas)
                "predicted_busy_s_per_stage": [t * m for t in plan.stage_times_s] if plan is not None else None,
                **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
+        if self.trace_dir and self.pipe.timer is not None:
+            self._save_actions()
         if ctx_rank() == 0 and out.get("bubble_fraction") is not None:
             print(f"[bench] {self.name}: measured bubble {out['bubble_fraction']:.3f} per stage "
                   f"{[round(f, 3) for f in out['bubble_fraction_per_stage']]} (textbook "
@@ -175,6 +180,13 @@ class PipelineRunner(Runner):
                   f"measured busy ms per rank {[round(1e3 * b, 1) for b in out.get('busy_s_per_stage', [])]}",
                   file=sys.stderr, flush=True)
         return out
+
+    def _save_actions(self) -> None:
+        """This rank's timed compute actions of the kept steps (`StepTiming.actions`: kind, stage,
+        microbatch, start, end on the host's monotonic clock), to compare with the simulator's lanes."""
+        steps = [[list(a) for a in st.actions] for st in self.pipe.timer.steps]
+        path = Path(self.trace_dir) / f"pipeline_actions.{trace_file_stem(self.name)}.rank{ctx_rank()}.json"
+        path.write_text(json.dumps({"strategy": self.name, "rank": ctx_rank(), "steps": steps}))
 
 
 def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:
@@ -187,4 +199,5 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
     # one rank's batch per position: a step trains as many samples as data parallelism does
     # (unequal replicas: the whole job is one pipeline, one rank's batch per worker)
     n = len(pipe.layout.pipeline_ranks)
-    return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device)
+    return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device,
+                          ctx.trace_dir)

@@ -56,7 +56,16 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     names = sorted(p.name for p in trace.rglob("*.json"))
     assert len([n for n in names if n.endswith((".rank0.json", ".rank1.json"))]) == 4, names
     assert len([n for n in names if n.endswith((".rank0.profile.json", ".rank0.cluster.json"))]) == 4, names
-    assert len(names) == 8, names
+    assert len(names) == 9 and "prediction_inputs.json" in names, names
+    # the predictions' inputs, saved beside them, give the same predictions when replayed
+    from caramel.bench.prediction import job_predictions
+    from caramel.profile.model_profile import ModelProfile
+
+    (saved,) = (json.loads(p.read_text()) for p in trace.rglob("prediction_inputs.json"))
+    again = job_predictions(ModelProfile.from_dict(saved["profile"]), list(recs), saved["world"], saved["grad_bytes"],
+                            saved["comm_s"], saved["comm_buckets"], saved["rank_compute_s"], saved["spans"],
+                            saved["probed"])["predicted"]
+    assert {n: again[n]["step_time_s"] for n in recs} == pytest.approx({n: r["predicted_step_s"] for n, r in recs.items()})
     assert recs["caramel"]["timeline"]["compute_s"] > 0 and recs["ddp"]["timeline"] is None
     fifo = recs["caramel:overlap=backward,planner=fifo"]["plan"]
     assert fifo["planner"] == "fifo" and fifo["items"] >= 1 and recs["ddp"]["plan"] is None

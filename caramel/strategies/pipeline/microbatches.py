@@ -87,7 +87,8 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
         plan = dataclasses.replace(plan, replicas=list(counts)) if unequal else plan
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
-        sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds), actions)
+        sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds), actions, cluster.compute_slowdown,
+                     math.lcm(*counts) if unequal else 0)
         table[m] = (sim.step_time_s, plan)
     best = min(table, key=lambda m: (table[m][0], m))
     return MicrobatchChoice(best, table[best][1], {m: t for m, (t, _) in table.items()})

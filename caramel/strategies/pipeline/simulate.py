@@ -5,7 +5,9 @@ The schedule is data: each position's ordered list of (stage, "F" | "B", microba
 order the runtime follows ("gpipe", "1f1b"/"pipedream": warmup forwards then one forward one
 backward; "interleaved": torch's own `pipeline_order`). `replay` walks the lists: an action
 starts when its position is free and its input has arrived (the previous stage's forward or the
-next stage's backward, plus one link transfer when they sit on different positions).
+next stage's backward, plus one link transfer when they sit on different positions). A
+position's sends queue on its link, and its compute runs the cluster's `compute_slowdown` times
+slower while one of its transfers is on the wire (CPU contention, `caramel.bench.contention`).
 
     position 0 |F0|F1|F2|F3|        |B0|B1|B2|B3|      GPipe, 2 stages, 4 microbatches:
     position 1    |F0|F1|F2|F3|B0|B1|B2|B3|            bubble = (p-1)/(m+p-1) of the step
@@ -16,7 +18,7 @@ Unequal replica counts (`replicas="2+1"`) replay one lane per rank (`replicated_
 rank holding replica j of stage s runs the virtual pipelines v = j, j + r_s, ... (v < the counts'
 least common multiple L) one after another, each the schedule's own order over microbatches v,
 v + L, ..., as `unequal.py` runs them; a transfer is charged when an action's input comes from
-another lane.
+another lane, and a lane starts its next virtual pipeline once the previous one's sends landed.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from types import SimpleNamespace
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
+from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
@@ -110,15 +113,56 @@ def _torch_order(stages: int, positions: int, m: int) -> list[list[Action]]:
              for a in order[p] if a is not None and a.computation_type.value in ("F", "B")] for p in range(positions)]
 
 
-def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
-    """Walk every position's list in order; an action waits for its position and its input."""
+def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: float = 1.0,
+           period: int = 0) -> PipelineSim:
+    """Walk every position's list in order; an action waits for its position and its input.
+
+    A lane sends one transfer at a time, in its actions' order (a worker's sends share its
+    link): a transfer starts when its action ends or the lane's previous send has landed,
+    whichever is later, so microbatches that finish faster than the link carries them queue.
+
+    `compute_slowdown` (the cluster's, measured by the bench: `caramel.bench.contention`):
+    compute on a lane runs that many times slower while a transfer from or to that lane is on
+    the wire (its backend's threads share the cores). A transfer's interval depends on when its
+    sender finished, which depends on the slowdown: the replay is repeated, each pass slowing
+    compute beside the previous pass's transfers, until the transfers stop moving (at most
+    `MAX_CONTENTION_PASSES` passes).
+
+    `period` (unequal replicas: the virtual pipelines' count L): microbatch i belongs to virtual
+    pipeline i mod L. torch's schedule returns only after its sends complete, so a lane starts
+    its next virtual pipeline only once the previous one's sends have landed; with any layout a
+    lane's part of the step (and its all-reduce) ends when its last send has landed."""
+    if compute_slowdown < 1.0:
+        raise CaramelError(f"compute_slowdown must be >= 1 (1: transfers do not slow compute), got {compute_slowdown}")
+    beside: list[list[tuple[float, float]]] | None = None
+    for _ in range(MAX_CONTENTION_PASSES):
+        sim, wires = _replay_once(costs, actions, period, compute_slowdown, beside)
+        if compute_slowdown == 1.0 or wires == beside:
+            break
+        beside = wires
+    return sim
+
+
+MAX_CONTENTION_PASSES = 12  # the transfers' intervals settle in a few passes; a cycle ends here, deterministically
+
+
+def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, slowdown: float,
+                 beside: list[list[tuple[float, float]]] | None) -> tuple[PipelineSim, list[list[tuple[float, float]]]]:
+    """One pass of `replay`: compute slowed beside `beside[p]` (disjoint, ordered intervals of
+    lane p); returns the step and this pass's transfer intervals per lane."""
     n = len(costs.forward_s)
     where = {a: p for p, acts in enumerate(actions) for a in acts}  # the lane of every action
     held = [{s for s, _, _ in acts} for acts in actions]
+    lanes = len(actions)
+    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
+               for w in (beside or [[]] * lanes)]
+    wires: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
     done: dict[Action, float] = {}
-    free = [0.0] * len(actions)
-    busy = [0.0] * len(actions)
-    nxt = [0] * len(actions)
+    free = [0.0] * lanes
+    landed = [0.0] * lanes  # when this lane's sends so far have all arrived
+    arrival: dict[Action, float] = {}  # when an action's output reached the lane that needs it
+    busy = [0.0] * lanes
+    nxt = [0] * lanes
     remaining = sum(map(len, actions))
     while remaining:
         progressed = False
@@ -129,23 +173,43 @@ def replay(costs: StageCosts, actions: list[list[Action]]) -> PipelineSim:
                 if dep[0] < 0:
                     ready = 0.0
                 elif dep in done:
-                    link = costs.transfer_s[min(s, dep[0])] if where[dep] != p else 0.0
-                    ready = done[dep] + link
+                    ready = arrival.get(dep, done[dep])  # another lane's output: when its send landed
                 else:
                     break
+                if period and nxt[p] and acts[nxt[p] - 1][2] % period != i % period:
+                    free[p] = max(free[p], landed[p])  # the previous virtual pipeline's schedule has returned
                 dur = costs.forward_s[s] if kind == "F" else costs.backward_s[s]
                 start = max(free[p], ready)
-                free[p] = done[(s, kind, i)] = start + dur
-                busy[p] += dur
+                free[p] = done[(s, kind, i)] = end = busy_in[p].advance(start, dur)
+                busy[p] += end - start
+                to = (s + 1, "F", i) if kind == "F" and s < n - 1 else ((s - 1, "B", i) if kind == "B" and s > 0 else None)
+                if to is not None and where[to] != p:  # a send on the wire: both ends' threads work
+                    sent = max(end, landed[p])  # one send at a time leaves a lane, in its order
+                    arrival[(s, kind, i)] = landed[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
+                    wires[p].append((sent, arrive))
+                    wires[where[to]].append((sent, arrive))
                 nxt[p] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
+    finish = [max(f, sent) for f, sent in zip(free, landed)]
     reduce = [max((costs.allreduce_s[s] for s in held[p]), default=0.0) if costs.allreduce_s else 0.0
-              for p in range(len(actions))]
-    update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(len(actions))]
-    return PipelineSim(max(f + r + u for f, r, u in zip(free, reduce, update)), busy, free)
+              for p in range(lanes)]
+    update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
+    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
+            [_disjoint(w) for w in wires])
+
+
+def _disjoint(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `spans` as disjoint intervals in time order (empty ones dropped)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(x for x in spans if x[1] > x[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
@@ -211,6 +275,23 @@ def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 
     return names, [layer.at(samples) for layer in layers]
 
 
+def profiled_cuts(names: list[str], cuts: list[int] | list[str]) -> list[int]:
+    """An explicit partition on the profile's top-level layers: a layer index (`nn.Sequential`)
+    cuts before the first profiled layer at or after it; a module name (a traced model) before
+    the top-level module of that name."""
+    index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
+    out = []
+    for c in cuts:
+        if isinstance(c, str):
+            if c not in names:
+                raise CaramelError(f"partition {c!r}: the simulator cuts before the profile's top-level modules "
+                                   f"{names}; name one of them")
+            out.append(names.index(c))
+        else:
+            out.append(next(k for k, i in enumerate(index) if i >= c))
+    return out
+
+
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
                       iterations: int = 4) -> SimResult:
     """The registry's simulator entry: one pipeline of `options.stages` over the first workers
@@ -234,16 +315,14 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     if cuts is None:
         plan: PartitionPlan = balanced_boundaries(costs, plan_speeds, cluster)
     else:
-        index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
-        plan = _plan(costs, cluster, [next(k for k, i in enumerate(index) if i >= c) for c in cuts], [1] * options.stages,
-                     plan_speeds)
+        plan = _plan(costs, cluster, profiled_cuts(names, cuts), [1] * options.stages, plan_speeds)
     if unequal:
         plan = dataclasses.replace(plan, replicas=list(counts))
     sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
                      profile.optimizer_time_s)
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
-    sim = replay(sc, actions)
+    sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0)
     compute = max(sim.busy_s)
     comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches
     return SimResult(step_time_s=sim.step_time_s, compute_time_s=compute, comm_time_s=comm,
@@ -254,6 +333,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
+                           "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note})
 
@@ -271,8 +351,7 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
     cuts = options.boundaries()
     fixed = None
     if cuts is not None:  # the same mapping of layer indices to profiled layers as simulate_pipeline's
-        index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
-        fixed = [next(k for k, i in enumerate(index) if i >= c) for c in cuts]
+        fixed = profiled_cuts(names, cuts)
     choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
                                  stage_speeds([w.speed for w in cluster.workers], options.replica_counts(), positions),
                                  fixed,

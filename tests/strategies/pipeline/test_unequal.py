@@ -6,14 +6,17 @@ import pytest
 from caramel.errors import CaramelError
 from caramel.testing import run_workers
 from tests.strategies.pipeline import unequal_workers
+from tests.train import unequal_resume
 
 # name: (replicas, schedule, optimizer, microbatches, batch)
 THREE = {"2+1_gpipe_sgd": ("2+1", "gpipe", "sgd", 4, 8), "1+2_1f1b_adam": ([1, 2], "1f1b", "adam", 4, 8),
          "2+1_1f1b_auto": ("2+1", "1f1b", "sgd", "auto", 8)}
 
 
-def test_unequal_replicas_match_whole_batch_training_on_3_workers():
-    ranks = run_workers(unequal_workers.unequal_worker, 3, args=(THREE,), timeout_s=150)
+@pytest.mark.timeout(420)  # two spawns of 3 processes; each bounded by its own limit
+def test_unequal_replicas_match_whole_batch_training_on_3_workers(tmp_path):
+    ranks = run_workers(unequal_workers.unequal_worker, 3, args=(THREE, unequal_workers.STEPS, str(tmp_path)),
+                        timeout_s=220)
     assert [(r["2+1_gpipe_sgd"]["stage"], r["2+1_gpipe_sgd"]["replica"]) for r in ranks] == [(0, 0), (0, 1), (1, 0)]
     assert [r["2+1_gpipe_sgd"]["virtual"] for r in ranks] == [[0], [1], [0, 1]]
     assert [r["1+2_1f1b_adam"]["virtual"] for r in ranks] == [[0, 1], [0], [1]]
@@ -35,6 +38,10 @@ def test_unequal_replicas_match_whole_batch_training_on_3_workers():
     # (1F1B's bound per pipeline), among those that split the batch of 8
     auto = {(r["2+1_1f1b_auto"]["microbatches"], tuple(r["2+1_1f1b_auto"]["boundaries"])) for r in ranks}
     assert len(auto) == 1 and next(iter(auto))[0] in (4, 8), auto
+    # caramel train on 2+1: 6 steps straight against 3, stop, and 3 more resumed in fresh
+    # processes give the same parameters, optimizer state, LR schedule and losses, bit for bit
+    resumed = run_workers(unequal_resume.resume_worker, 3, args=(str(tmp_path),), timeout_s=160)
+    unequal_resume.check(tmp_path, [r["train"] for r in ranks], resumed)
 
 
 def test_unequal_replicas_on_4_workers():

@@ -24,7 +24,7 @@ def oracle(steps: int, opt: str, size: int, keep: slice = slice(None), firsts: l
     return model.state_dict()
 
 
-def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS) -> dict:
+def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, train_root: str | None = None) -> dict:
     """Each config (replicas, schedule, optimizer, microbatches, batch size) trained `steps`
     steps, every rank passing the same whole batch; its parameters against the oracle's; then
     closed (its process groups destroyed). The first config builds each rank's model from the
@@ -63,6 +63,10 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS) -> 
         out[name]["close"] = closes(pipe, made)
     if world == 3:
         out["batch_error"] = other_batch(rank)
+    if train_root is not None:  # `caramel train`'s straight run and first half, resumed in a fresh spawn
+        from tests.train.unequal_resume import first_half
+
+        out["train"] = first_half(train_root)
     if world == 4:  # counts that do not sum to the world: one clear error on every rank, before any group
         try:
             caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", replicas="2+1")
