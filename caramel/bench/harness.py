@@ -31,6 +31,7 @@ from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import job_predictions, probe_link
+from caramel.bench.traffic_probe import probe_traffic
 from caramel.bench.report import job_step_times
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
@@ -305,6 +306,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # the collectives' fixed costs on these links, for the predictions (after the rounds: it
     # perturbs nothing measured)
     probed = probe_link(grad_bytes, device, dist.get_backend(), world)
+    # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
+    traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -333,7 +336,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         **job_predictions(profile, names, world, grad_bytes, comm_s, runners["comm"].stats().get("buckets", 1),
-                          compute_medians, spans, probed),
+                          compute_medians, spans, probed, traffic),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),
