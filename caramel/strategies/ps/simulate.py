@@ -14,7 +14,8 @@ the cluster spec), with the backend's behaviour made explicit:
   worker's sends to different servers: with balanced shards they need no more than one
   server's receives);
 - a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
-  ready (the counter rule); at step() it pushes the rest, then applies the updates that are due
+  ready (the counter rule); at step() it pushes the rest and the used-count all-reduce (a
+  ring's 2(r-1) latencies once the last push is in), then applies the updates that are due
   (older than the bound: it waits for their reductions) or have arrived, running its shard's
   share of the optimizer, and hands over their pulls;
 - the next forward runs the profile's modules in order, each once the pulls of the parameters
@@ -22,7 +23,14 @@ the cluster spec), with the backend's behaviour made explicit:
 - compute runs the cluster's `compute_slowdown` times slower while any push or pull is in
   flight (CPU contention, `caramel.bench.contention`; 1 by default): the forward beside the
   pulls, the backward beside the pushes it hands over (placed once, then again with the
-  backward they slowed).
+  backward they slowed);
+- the links (colocated, flat; the cluster spec's meta, measured by the bench's
+  `caramel.bench.traffic_probe`, each left out when not given): a small message waits behind
+  the bulk data queued on its way, at most `link_queue_s` behind each transfer (`queues.py`):
+  gloo's note that a receiver is ready, which each push and pull waits for, and, under bsp,
+  rank 0's buffers at each forward (the profile's `buffer_bytes` in `buffer_broadcasts`
+  rounds, before which the forward does not start); the pushes run at `push_efficiency` of the
+  rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
@@ -280,7 +288,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                         "handed": [[rel(issue[w][b]) for b in range(len(buckets))] for w in range(n)],
                         "pushes": [(b, bucket_owner[b], rel(a), rel(z)) for b, (a, z) in enumerate(spans)],
                         "pulls_before": [(b, bucket_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
-        reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
+        # then the used-count all-reduce (every rank, the servers too), a small ring: 2(r-1) messages
+        reduced[k] = max(push_end) + 2 * (n + dedicated - 1) * alpha
         if dedicated:  # each server applies its shard when its own reductions are in
             applied_at[k] = [push_end[o] + profile.optimizer_time_s * server_bytes[o] / total for o in range(shards)]
         for w in range(n):

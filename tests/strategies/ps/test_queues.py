@@ -88,3 +88,16 @@ def test_the_links_efficiency_for_each_pattern_slows_the_flat_servers_transfers(
 def test_bad_traffic_inputs_are_named(profile, meta, what):
     with pytest.raises(CaramelError, match=what):
         step_s("ps", profile, **meta)
+
+
+def test_the_used_count_all_reduce_costs_a_rings_latencies_after_the_last_push(profile):
+    """On an unbounded link only latencies remain: the pull's and the used-count ring's 2(n-1)."""
+    def exposed_ms(n: int, latency_s: float) -> float:
+        cluster = ClusterSpec.uniform(n, 1e15, latency_s=latency_s)
+        return (STRATEGIES.spec("ps").simulate(profile, cluster).step_time_s - profile.step_time_s) * 1e3
+
+    for n in (2, 4):
+        extra = exposed_ms(n, 1e-3) - exposed_ms(n, 0.0)
+        # the last push (1 latency), the used count (2(n-1)), the first module's pull (1), at most the
+        # optimizer's share of a faster step
+        assert 2 * (n - 1) + 2 - 0.5 < extra < 2 * (n - 1) + 2 + 0.5, (n, extra)
