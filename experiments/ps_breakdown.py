@@ -5,12 +5,18 @@ server below its measured step. This times, on any number of workers, in one pro
 
 - the compute-only step (no communication), as the bench's baseline, and an all-reduce of the
   model's gradient bytes on a group like the comm-only baseline's (`baseline_group`);
-- the plan's pushes alone (one `dist.reduce` per bucket to its shard's server, every shard's
+- the plan's pushes alone (each bucket sent to its shard's server as the engine does, every shard's
   sequence on its own push group, side by side) and its pulls alone (one `dist.broadcast` per
   bucket), with nothing else running;
 - ps steps through `caramel.parallelize`: the forward (and its wait for pulls), backward, and
   `optimizer.step()` split into the wait for the step's reductions, the shard's optimizer
-  and the rest (pushes of what never became ready, the used-count all-reduce, pull hand-over).
+  and the rest (pushes of what never became ready, the used-count all-reduce, pull hand-over);
+  per rank, the median time into the step of each event (rank 0's buffers in, each bucket
+  handed over, each push or receive done, the used count in, the pulls issued), and the CPU
+  time of a step;
+- the model's account of the same step (`meta.pieces_s`, `meta.timeline_s`), replayed on a
+  profile taken in this job with the bench's traffic probe (`caramel.bench.traffic_probe`),
+  and without the probe's inputs.
 
     caramel cluster run --workers 2 --bandwidth 264mbit -- \\
         python experiments/ps_breakdown.py --json docs/results/ps_breakdown.json
@@ -34,7 +40,8 @@ def main() -> None:
     ap.add_argument("--options", default="", help="ps options as in a spec, e.g. bucket_cap_mb=4")
     ap.add_argument("--no-broadcast-buffers", action="store_true", help="parallelize with broadcast_buffers=False")
     ap.add_argument("--slowdown", type=float, default=1.0,
-                    help="compute's slowdown beside the transfers for the model's account (the bench's concurrent baseline)")
+                    help="compute's slowdown beside the transfers for the model's account "
+                         "(the bench's concurrent baseline)")
     ap.add_argument("--latency", type=float, default=None, help="latency per transfer (s) for the model's account")
     args = ap.parse_args()
     rank = join()
@@ -183,7 +190,8 @@ def main() -> None:
             if k != "t0":
                 mine.setdefault(k, []).append(v)
     per_rank: list = [None] * world
-    dist.all_gather_object(per_rank, {k: round(statistics.median(v), 2) for k, v in sorted(mine.items(), key=lambda kv: statistics.median(kv[1]))})
+    ordered = sorted(mine.items(), key=lambda kv: statistics.median(kv[1]))  # in the order they happen
+    dist.all_gather_object(per_rank, {k: round(statistics.median(v), 2) for k, v in ordered})
     res["timeline_ms_per_rank"] = per_rank
     e = run.engine
     plan = e.plan

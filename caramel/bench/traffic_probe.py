@@ -71,7 +71,6 @@ def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_RE
     for src in (1, 0):
         for _ in range(reps):
             dist.barrier()
-            t0 = time.perf_counter()
             w = bulk()
             if rank in (0, 1):
                 time.sleep(start_s)

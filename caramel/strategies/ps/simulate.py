@@ -184,7 +184,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     bucket_owner = [plan.bucket_owner(b) for b in range(len(buckets))]
     bucket_ready = [max((ready[i] for i in b), default=0.0) for b in buckets]
 
-    flat_Bps = {"push": Bps * _efficiency(cluster, "push_efficiency"), "pull": Bps * _efficiency(cluster, "pull_efficiency")}
+    flat_Bps = {kind: Bps * _efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
 
     def coll_s(b: int, kind: str = "push") -> float:
         """One bucket's push (or pull): flat, among all workers (every server's at once: the
@@ -204,7 +204,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     push_end, pull_end = [0.0] * shards, [0.0] * shards
     step_ends: list[list[float]] = [[] for _ in range(n)]
     waits = [0.0] * n
-    pieces: list[list[tuple[float, float, float, float]]] = [[] for _ in range(n)]  # (forward, its waits, backward, step())
+    # per worker and step: (forward, its waits, backward, step())
+    pieces: list[list[tuple[float, float, float, float]]] = [[] for _ in range(n)]
     last_pulls: list[tuple[int, float, float]] = []  # the latest update's pulls: (bucket, start, end)
     timeline: dict = {}
     pulled_upto = -1
