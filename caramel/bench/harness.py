@@ -32,6 +32,7 @@ from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import job_predictions, probe_link
+from caramel.bench.traffic_probe import probe_traffic
 from caramel.bench.report import job_step_times
 from caramel.bench.screening import as_screened, predictions_by_name, tuned_runner
 from caramel.bench.straggler import per_sample_compute_s, slow_down
@@ -294,6 +295,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # the collectives' fixed costs on these links, for the predictions (after the rounds: it
     # perturbs nothing measured)
     probed = probe_link(grad_bytes, device, dist.get_backend(), world)
+    # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
+    traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -328,7 +331,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "tuning": tuning,
         **predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes, comm_s,
-                                              runners["comm"].stats().get("buckets", 1), compute_medians, spans, probed),
+                                              runners["comm"].stats().get("buckets", 1), compute_medians, spans, probed,
+                                              traffic),
                               concrete),
         "meta": {
             "world_size": world,

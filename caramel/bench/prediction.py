@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from caramel.bench.contention import job_slowdown
+from caramel.bench.traffic_probe import efficiency
 from caramel.stats import median
 
 RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed the fastest's by this share
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
 PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
+PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency")  # what the traffic probe adds to its meta (the ps model's)
 
 
 def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
@@ -36,7 +38,8 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
-    None: the spec's defaults); `compute_slowdown`: compute's slowdown beside the collectives
+    None: the spec's defaults) and `PS_FIELDS` (`caramel.bench.traffic_probe`; the spec's meta,
+    read by the ps model); `compute_slowdown`: compute's slowdown beside the collectives
     (`caramel.bench.contention`)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
@@ -44,11 +47,14 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     if len(speeds) != world:
         raise ValueError(f"{len(speeds)} worker speeds for {world} workers")
     costs = {k: link[k] for k in LINK_FIELDS if link and link.get(k) is not None}
+    queue = {k: link[k] for k in PS_FIELDS if link and link.get(k) is not None}
     return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
                        bandwidth_bps=bandwidth_bps, compute_slowdown=compute_slowdown, **costs,
                        meta={"source": "bench: achieved rate of the comm-only baseline, speeds from each rank's "
                                        "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")
-                                       + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")})
+                                       + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")
+                                       + (", ps traffic from the job's probe" if queue else ""),
+                             **queue})
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
@@ -77,12 +83,13 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
 
 
 def job_predictions(profile: Any | None, names: list[str], world: int, grad_bytes: int, comm_s: float,
-                    comm_buckets: int, rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None
-                    ) -> dict[str, Any]:
+                    comm_buckets: int, rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
+                    traffic: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a job's raw results say about the models: each strategy's prediction with the
     probed fixed costs (`probed`, `probe_link`'s measurements) and the measured contention (the
-    concurrent baseline's `spans` per rank), the same from the achieved link rate alone, the fit
-    and the contention factor. Inputs are the baselines, the probe and the profile: never a
+    concurrent baseline's `spans` per rank) and how the links carry a parameter server's traffic
+    (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
+    factor. Inputs are the baselines, the probe and the profile: never a
     strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
@@ -93,6 +100,10 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, comm_buckets, link)
     if link is not None:
         link["net_bandwidth_bps"] = net_bps
+    if traffic is not None:  # the ps model's inputs (`bench_cluster`)
+        link = {**(link or {}), "traffic_probe": traffic, "link_queue_s": traffic.get("queue_s"),
+                "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
+                "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown),
             "compute_slowdown": slowdown,

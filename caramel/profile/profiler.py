@@ -249,7 +249,12 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
             backward_time_s=bwd_share[name],
             params=[p.index for p in infos if p.first_use_order == k],
         ))
-    return ModelProfile(model_name, batch_size, fwd, bwd, opt, infos, modules, len(samples), dict(meta or {}))
+    # what a data-parallel strategy that sends rank 0's buffers at each forward sends: their bytes,
+    # in one broadcast per dtype and device (`caramel.distributed.broadcast_coalesced`)
+    buffers = list(module.buffers())
+    meta = {"buffer_bytes": sum(b.numel() * b.element_size() for b in buffers),
+            "buffer_broadcasts": len({(b.dtype, b.device) for b in buffers}), **(meta or {})}
+    return ModelProfile(model_name, batch_size, fwd, bwd, opt, infos, modules, len(samples), meta)
 
 
 def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,

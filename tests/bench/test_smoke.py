@@ -47,6 +47,9 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert 1.0 <= r["compute_slowdown"] <= 4.0, r
         assert r["prediction_error"] == pytest.approx(r["predicted_step_s"] / r["step_time_median_s"] - 1)
     assert "The simulator against the measurement" in md.read_text() and "Recommendation" in md.read_text()
+    # the ps model's inputs were probed on the job's links (`caramel.bench.traffic_probe`)
+    probe = recs["ddp"]["link_fit"]["traffic_probe"]
+    assert probe["bulk_s"] > 0 and probe["all_to_all_s"] > 0 and probe["broadcasts_s"] > 0, probe
     assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
     assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
     assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()

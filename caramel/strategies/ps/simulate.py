@@ -14,7 +14,8 @@ the cluster spec), with the backend's behaviour made explicit:
   worker's sends to different servers: with balanced shards they need no more than one
   server's receives);
 - a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
-  ready (the counter rule); at step() it pushes the rest, then applies the updates that are due
+  ready (the counter rule); at step() it pushes the rest and the used-count all-reduce (a
+  ring's 2(r-1) latencies once the last push is in), then applies the updates that are due
   (older than the bound: it waits for their reductions) or have arrived, running its shard's
   share of the optimizer, and hands over their pulls;
 - the next forward runs the profile's modules in order, each once the pulls of the parameters
@@ -22,7 +23,14 @@ the cluster spec), with the backend's behaviour made explicit:
 - compute runs the cluster's `compute_slowdown` times slower while any push or pull is in
   flight (CPU contention, `caramel.bench.contention`; 1 by default): the forward beside the
   pulls, the backward beside the pushes it hands over (placed once, then again with the
-  backward they slowed).
+  backward they slowed);
+- the links (colocated, flat; the cluster spec's meta, measured by the bench's
+  `caramel.bench.traffic_probe`, each left out when not given): a small message waits behind
+  the bulk data queued on its way, at most `link_queue_s` behind each transfer (`queues.py`):
+  gloo's note that a receiver is ready, which each push and pull waits for, and, under bsp,
+  rank 0's buffers at each forward (the profile's `buffer_bytes` in `buffer_broadcasts`
+  rounds, before which the forward does not start); the pushes run at `push_efficiency` of the
+  rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
@@ -50,6 +58,7 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
+from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
@@ -110,6 +119,33 @@ def _workers_per_node(cluster: ClusterSpec) -> int:
     return raw
 
 
+def _link_queue_s(cluster: ClusterSpec) -> float:
+    """The most a small message waits behind one bulk transfer (`queues.py`): the cluster spec's
+    `meta["link_queue_s"]` (the bench measures it, `caramel.bench.traffic_probe`); 0, no queues
+    modelled, when not given."""
+    raw = cluster.meta.get("link_queue_s")
+    if raw is None:
+        return 0.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw >= 0:
+        raise CaramelError(f"ps: meta.link_queue_s must be a number of seconds >= 0 (the most a small message waits "
+                           f"behind one bulk transfer on a link), got {raw!r}")
+    return float(raw)
+
+
+def _efficiency(cluster: ClusterSpec, key: str) -> float:
+    """The share of the link rate the colocated servers' pushes (`push_efficiency`: every worker
+    sending to every other at once) or pulls (`pull_efficiency`: every server broadcasting at
+    once) achieve: the cluster spec's meta (the bench measures both, `caramel.bench.traffic_probe`),
+    1 when not given."""
+    raw = cluster.meta.get(key)
+    if raw is None:
+        return 1.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw <= 1:
+        raise CaramelError(f"ps: meta.{key} must be a number in (0, 1] (the share of the link rate the servers' "
+                           f"{key.split('_')[0]}es achieve), got {raw!r}")
+    return float(raw)
+
+
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if options.dedicated and options.servers < 1:
@@ -148,13 +184,16 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     bucket_owner = [plan.bucket_owner(b) for b in range(len(buckets))]
     bucket_ready = [max((ready[i] for i in b), default=0.0) for b in buckets]
 
-    def coll_s(b: int) -> float:
-        """One bucket's push (or pull): flat, among all workers; hierarchical, within the node,
-        then among the nodes' leaders (the two stages in sequence)."""
+    flat_Bps = {kind: Bps * _efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
+
+    def coll_s(b: int, kind: str = "push") -> float:
+        """One bucket's push (or pull): flat, among all workers (every server's at once: the
+        rate the links achieve for that pattern); hierarchical, within the node, then among
+        the nodes' leaders (the two stages in sequence)."""
         if dedicated:  # the workers and the shard's server
             return stage_s(n + 1, bucket_bytes[b], Bps)
         if local == 1:
-            return stage_s(n, bucket_bytes[b], Bps)
+            return stage_s(n, bucket_bytes[b], flat_Bps[kind])
         return stage_s(local, bucket_bytes[b], node_Bps) + stage_s(n // local, bucket_bytes[b], Bps)
 
     clock = [0.0] * n  # each worker's time: when its next forward may start
@@ -165,22 +204,39 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     push_end, pull_end = [0.0] * shards, [0.0] * shards
     step_ends: list[list[float]] = [[] for _ in range(n)]
     waits = [0.0] * n
+    # per worker and step: (forward, its waits, backward, step())
+    pieces: list[list[tuple[float, float, float, float]]] = [[] for _ in range(n)]
+    last_pulls: list[tuple[int, float, float]] = []  # the latest update's pulls: (bucket, start, end)
+    timeline: dict = {}
     pulled_upto = -1
     wire = Wire(cluster.compute_slowdown)
+    # flat colocated servers: small messages wait behind the bulk transfers (`queues.py`)
+    queue_s = _link_queue_s(cluster)
+    queues = Queues(n, queue_s) if queue_s > 0 and not dedicated and local == 1 and n > 1 else None
+    rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
+    buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
+        if queues is not None:
+            queues.forget_before(min(clock))
+        # bsp: rank 0's buffers at every forward's start, behind what the links carry then
+        begin = broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else clock
         fwd_ends = [0.0] * n
         for w in range(n):
             t = clock[w]
             busy = wire.busy(t)
+            fwd_wait = max(begin[w] - t, 0.0)
+            t += fwd_wait
             for m, mod in enumerate(profile.modules):
                 land = max((arrive[need][i] for i in uses[m]), default=0.0) if need >= 0 else 0.0
                 if land > t:
-                    waits[w] += land - t
+                    fwd_wait += land - t
                     t = land
                 t = busy.advance(t, mod.forward_time_s / speed[w])
+            waits[w] += fwd_wait
             fwd_ends[w] = t
+            pieces[w].append((t - clock[w], fwd_wait, 0.0, 0.0))
 
         def backward(with_pushes: list[tuple[float, float]]) -> tuple[list[float], list[dict[int, float]]]:
             """Each worker's backward end and its buckets' hand-over times, slowed by the
@@ -201,11 +257,18 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             ends, spans = list(push_end), []
             # dedicated: a server joins the step's pushes once every worker's step message is in
             joined = max(bwd_end) + alpha if dedicated else 0.0
+            now = [Backlog(queues.ingress[0].cap_s) for _ in range(n)] if queues is not None else []  # this step's
             for b in range(len(buckets)):
                 o = bucket_owner[b]
                 start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
+                if queues is not None:  # the server's "ready" note reaches every sender through the queues
+                    h = issue[o][b]
+                    start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
+                                           for w in range(n) if w != o])
                 ends[o] = start + coll_s(b)
                 spans.append((start, ends[o]))
+                if queues is not None:
+                    now[o].add(start, ends[o])
             return ends, spans
 
         bwd_end, issue = backward([])
@@ -215,7 +278,19 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             ends, spans = push(issue, bwd_end)
         push_end = ends
         wire.add(spans)
-        reduced[k] = max(push_end) + (alpha if n > 1 else 0.0)
+        if queues is not None:
+            for b, (a, z) in enumerate(spans):
+                queues.ingress[bucket_owner[b]].add(a, z)
+        if k == iters - 2:  # one steady step, as the runtime's timing script records it
+            t0 = min(clock)
+            rel = lambda x: x - t0  # noqa: E731
+            timeline = {"forward_start": [rel(c) for c in clock], "forward_end": [rel(x) for x in fwd_ends],
+                        "backward_end": [rel(x) for x in bwd_end],
+                        "handed": [[rel(issue[w][b]) for b in range(len(buckets))] for w in range(n)],
+                        "pushes": [(b, bucket_owner[b], rel(a), rel(z)) for b, (a, z) in enumerate(spans)],
+                        "pulls_before": [(b, bucket_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
+        # then the used-count all-reduce (every rank, the servers too), a small ring: 2(r-1) messages
+        reduced[k] = max(push_end) + 2 * (n + dedicated - 1) * alpha
         if dedicated:  # each server applies its shard when its own reductions are in
             applied_at[k] = [push_end[o] + profile.optimizer_time_s * server_bytes[o] / total for o in range(shards)]
         for w in range(n):
@@ -235,13 +310,21 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                     applied_at.setdefault(u, [0.0] * n)[w] = t
             clock[w] = t
             step_ends[w].append(t)
+            f, fw, _, _ = pieces[w][-1]
+            pieces[w][-1] = (f, fw, bwd_end[w] - fwd_ends[w], t - bwd_end[w])
         while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
             u = pulled_upto + 1
             arrive[u] = {}
+            last_pulls = []
             for b in plan.bucket_pull_at(u):
                 o = bucket_owner[b]
                 start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
-                pull_end[o] = start + coll_s(b)
+                if queues is not None:  # every receiver's "ready" note reaches the server through the queues
+                    start = max([start] + [a + queues.wait(w, o, a) for w, a in enumerate(applied_at[u]) if w != o])
+                pull_end[o] = start + coll_s(b, "pull")
+                if queues is not None:
+                    queues.egress[o].add(start, pull_end[o])
+                last_pulls.append((b, start, pull_end[o]))
                 wire.add([(start, pull_end[o])])
                 for i in buckets[b]:
                     arrive[u][i] = pull_end[o]
@@ -250,11 +333,12 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up
-    group_s = max(sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o) for o in range(shards))
+    group_s = max(sum(coll_s(b, kind) for b in range(len(buckets)) if bucket_owner[b] == o)
+                  for o in range(shards) for kind in ("push", "pull"))
     step_s = max(max(periods), group_s)
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
-    comm_s = 2 * sum(coll_s(b) for b in range(len(buckets)))
+    comm_s = sum(coll_s(b, kind) for b in range(len(buckets)) for kind in ("push", "pull"))
     bw_s = 2 * sum((n if dedicated else n // local - 1) * size[i] / Bps for i in plan.params)
     events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
               for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
@@ -271,4 +355,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
               "buckets": len(buckets), "bucket_cap_mb": options.bucket_cap_mb,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
               "workers_per_node": local, "dedicated_servers": dedicated,
-              "periods_s": periods})
+              "periods_s": periods, "timeline_s": timeline,
+              # the slowest worker's mean steady step, piece by piece (as experiments/ps_breakdown.py times them)
+              "pieces_s": dict(zip(("forward", "forward_wait", "backward", "optimizer_step"),
+                                   (statistics.mean(x) for x in zip(*pieces[periods.index(max(periods))][warm:]))))})

@@ -1,0 +1,35 @@
+"""The traffic probe's measurements as the ps model's inputs (the probe itself runs in test_smoke)."""
+from __future__ import annotations
+
+import pytest
+
+from caramel.bench.prediction import bench_cluster, job_predictions
+from caramel.bench.traffic_probe import efficiency
+
+
+def test_efficiency_is_the_ideal_time_of_the_pattern_over_the_measured_one():
+    probed = {"all_to_all_s": 0.05, "broadcasts_s": 0.04, "all_to_all_bytes": 1_000_000}
+    # 4 ranks: each link carries 3 shards of 1 MB, 24 Mbit, 30 ms at 800 Mbit/s
+    assert efficiency(probed, "all_to_all", 4, 800e6) == pytest.approx(0.03 / 0.05)
+    assert efficiency(probed, "broadcasts", 4, 800e6) == pytest.approx(0.03 / 0.04)
+    assert efficiency(probed, "all_to_all", 4, 100e6) == 1.0  # faster than the rate: noise, never a speed-up
+    assert efficiency(None, "all_to_all", 4, 800e6) is None
+    assert efficiency(probed, "all_to_all", 4, None) is None
+
+
+def test_the_probe_reaches_the_ps_models_cluster_spec_and_only_it():
+    link = {"latency_s": 1e-4, "link_queue_s": 0.006, "push_efficiency": 0.7, "pull_efficiency": None}
+    spec = bench_cluster(2, 1e9, link=link)
+    assert spec.meta["link_queue_s"] == 0.006 and spec.meta["push_efficiency"] == 0.7
+    assert "pull_efficiency" not in spec.meta and spec.latency_s == 1e-4
+    assert "link_queue_s" not in bench_cluster(2, 1e9).meta
+
+
+def test_job_predictions_take_the_traffic_probe_into_the_link_fit_but_not_the_rate_only_ones():
+    traffic = {"queue_s": 0.005, "bulk_s": 0.1, "bulk_bytes": 4_000_000, "all_to_all_s": 0.02,
+               "broadcasts_s": 0.02, "all_to_all_bytes": 1_000_000}
+    out = job_predictions(None, [], 2, 2_000_000, 0.016, 1, [0.03, 0.03], [[], []], None, traffic)
+    # a ring's 2 MB at 2 workers in 16 ms: 1 Gbit/s; a 1 MB shard one way takes 8 ms of the probe's 20
+    assert out["link_fit"]["link_queue_s"] == 0.005
+    assert out["link_fit"]["push_efficiency"] == pytest.approx(0.4)
+    assert out["predicted"] == {} and out["predicted_rate_only"] == {}  # no profile: no prediction
