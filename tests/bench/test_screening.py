@@ -227,11 +227,15 @@ def _harness_worker(rank: int, world: int) -> dict:
     screening.screen = lambda runners, st: (events.append("screen"), screen(runners, st))[1]
     # "auto" makes every candidate a gloo group of its own, whatever this host's privilege
     groups, threads = len(_world.pg_map), _threads()
-    runners, skipped, _, tuning = harness.build_runners(
-        config, settings, [parse_strategy("ddp:bucket_cap_mb=tuned,comm_priority=auto"), parse_strategy("ddp")], ctx)
+    gc.disable()  # no automatic collection: only build_runners' own gc.collect() frees the candidates' cycles
+    try:
+        runners, skipped, _, tuning = harness.build_runners(
+            config, settings, [parse_strategy("ddp:bucket_cap_mb=tuned,comm_priority=auto"), parse_strategy("ddp")], ctx)
+        # gc.get_objects() still lists garbage that no collection has freed yet
+        ddps = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    finally:
+        gc.enable()
     groups, threads = len(_world.pg_map) - groups, _threads() - threads
-    # gc.get_objects() still lists garbage that no collection has freed yet
-    ddps = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
     # the threads one gloo group holds here, and that destroying it frees them
     before = _threads()
     g = dist.new_group(list(range(world)), backend="gloo")
