@@ -197,7 +197,7 @@ def resolve_tuned(built: dict[str, Any], build: Callable[[Strategy], tuple[Runne
         release(candidates)
         seconds[name] = time.perf_counter() - t0
     if screened:
-        gc.collect()  # the candidates' DDPs sit in reference cycles: freed now, not during the rounds
+        gc.collect()  # what of the candidates sits in reference cycles is freed now, not at a collection mid-round
     for name, candidates in screened.items():  # untrained, its --jitter draws from the first, as every other
         t0 = time.perf_counter()
         runner, error = build(chosen(candidates.strategy, tuning[name]))
