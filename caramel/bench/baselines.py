@@ -53,6 +53,11 @@ class Runner:
     def start_measuring(self) -> None:
         """Warm-up is over: forget what the warm-up steps recorded."""
 
+    def close(self) -> None:
+        """Free now what gc would free late or never: a process group made for this runner alone
+        (its threads and connections), and the runner's hold on its model. Called on every rank
+        in the same order; the runner is not stepped again."""
+
 
 def trainable_params(model: nn.Module) -> list[nn.Parameter]:
     """Parameters that get gradients, each once (tied parameters count once), in registration order."""

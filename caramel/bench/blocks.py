@@ -37,3 +37,13 @@ def round_order(keys: list, r: int) -> list:
     """The order of round `r`: `keys` rotated by `r`, so that drift and position effects hit
     every runner equally over the rounds."""
     return keys[r % len(keys):] + keys[:r % len(keys)]
+
+
+def balanced_order(keys: list, r: int) -> list:
+    """The order of screening round `r`: a serpentine of rotations (round 2k is `keys` rotated by
+    2k, round 2k+1 the same reversed), so that over every pair of rounds each key's positions sum
+    to len(keys) - 1: an even number of rounds gives every key the same mean position, whatever
+    the number of keys (a rotation alone needs len(keys) rounds for that); the rotation by 2k
+    hands the first slot to a different key in each of the first rounds."""
+    order = round_order(keys, 2 * (r // 2))
+    return order[::-1] if r % 2 else order

@@ -23,7 +23,7 @@ from caramel.bench.hetero import describe, format_versus, versus_best_allreduce
 from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.phases import format_phases, phase_results
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
-                                  BenchConfig, BenchSettings, parse_strategies)
+                                  QUICK_STRATEGIES, BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates, rate_text
 from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
 from caramel.bench.tables import (format_markdown, format_predictions, format_summary, format_table, format_tuning,
@@ -58,8 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "{\"duration_s\": 30, \"rate\": \"x0.1\"}] or CSV duration_s,rate lines; xF is F times the "
                         "configuration's rate (--ratio or --bandwidth); rounds run until the last phase ends and the "
                         "report gives each phase's throughput (the emulated cluster, root)")
-    p.add_argument("--quick", action="store_true", help="the small matrix (under 3 minutes)")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+    p.add_argument("--quick", action="store_true",
+                   help=f"the small matrix (under 3 minutes), by default with {','.join(QUICK_STRATEGIES)}: "
+                        "without the tuned DDP, whose screening would about double it")
+    p.add_argument("--strategies",
                    help="comma-separated: ddp, caramel, caramel:planner=fifo,overlap=backward, ... (default: "
                         f"{','.join(DEFAULT_STRATEGIES)}; every row is compared with the strongest DDP variant; "
                         "ddp:bucket_cap_mb=tuned screens bucket caps in the job and runs the fastest)")
@@ -139,6 +141,13 @@ def single_config(args: argparse.Namespace) -> BenchConfig:
                        slow_link=getattr(args, "slow_link", None), jitter=getattr(args, "jitter", None))
 
 
+def strategies_text(args: argparse.Namespace) -> str:
+    """--strategies as given, else the defaults (--quick's leave the tuned DDP out)."""
+    if args.strategies is not None:
+        return args.strategies
+    return ",".join(QUICK_STRATEGIES if args.quick else DEFAULT_STRATEGIES)
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
@@ -151,7 +160,7 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--model-option", item]
     if args.quick:
         parts.append("--quick")
-    if args.strategies != ",".join(DEFAULT_STRATEGIES):
+    if args.strategies is not None:
         parts += ["--strategies", args.strategies]
     if args.network != "auto":
         parts += ["--network", args.network]
@@ -207,7 +216,7 @@ def _check_trace_args(args: argparse.Namespace) -> BandwidthTrace | None:
 _NOT_WITH_DATA = (("model", "--model", None), ("ratio", "--ratio", None), ("bandwidth", "--bandwidth", None),
                   ("slow_worker", "--slow-worker", None), ("slow_link", "--slow-link", None), ("jitter", "--jitter", None),
                   ("model_option", "--model-option", []), ("bandwidth_trace", "--bandwidth-trace", None),
-                  ("quick", "--quick", False), ("strategies", "--strategies", ",".join(DEFAULT_STRATEGIES)),
+                  ("quick", "--quick", False), ("strategies", "--strategies", None),
                   ("steps", "--steps", None), ("warmup", "--warmup", None), ("screen_rounds", "--screen-rounds", None),
                   ("mtu", "--mtu", "auto"), ("trace", "--trace", None))  # --network: loopback or cluster store
 
@@ -242,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         _refuse_strategy_flags(args)
         return run_bench_data(args)
     _refuse_data_flags(args)
-    strategies = parse_strategies(args.strategies)
+    strategies = parse_strategies(strategies_text(args))
     trace = _check_trace_args(args)
     configs, settings = select(args)
     if trace is not None:  # absolute-only traces build their links at phase 0's rate; relative ones need a base

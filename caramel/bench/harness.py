@@ -34,7 +34,7 @@ from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.traffic_probe import probe_traffic
 from caramel.bench.report import job_step_times
-from caramel.bench.screening import as_screened, predictions_by_name, tuned_runner
+from caramel.bench.screening import Candidates, as_screened, build_candidates, predictions_by_name, resolve_tuned
 from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.bench.trace_control import TraceClock
@@ -123,8 +123,10 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     """Baselines and strategies, each strategy on its own identical model copy (the concurrent
     baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
     their timing is used); a strategy that fails to build on any rank is skipped on all of them
-    (with the reason) so the others still run. A strategy with a tuned option is screened here
-    (`caramel.bench.screening.tuned_runner`); the last item is each one's screening record (`Screening.to_dict()`)."""
+    (with the reason) so the others still run. A strategy with a tuned option has every value
+    built with the others, screened once all are built, every candidate closed, and the chosen
+    value built afresh (`caramel.bench.screening`); the last item is each one's screening record
+    (`Screening.to_dict()`)."""
     def handicap(model: torch.nn.Module) -> None:
         if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
             slow_down(model, delay_per_sample_s)
@@ -140,7 +142,6 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}
-    tuning: dict[str, dict[str, Any]] = {}
 
     def build(strategy: Strategy) -> tuple[Runner | None, str | None]:
         """One strategy on a fresh model copy; the error every rank agrees on, if any rank failed."""
@@ -155,18 +156,23 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
             error = f"{type(e).__name__}: {e}"
         return runner, _agree(error)
 
+    built: dict[str, Runner | Candidates] = {}
     for strategy in strategies:
         t_build = time.perf_counter()
-        if strategy.tuned:
-            runner, error = tuned_runner(strategy, build, settings, ctx.rank, tuning)
-        else:
-            runner, error = build(strategy)
+        runner, error = build_candidates(strategy, build) if strategy.tuned else build(strategy)
         if error:
             skipped[strategy.name] = error
             _log(ctx.rank, f"skipping {strategy.name}: {error}")
         else:
-            runners[strategy.name] = runner
+            built[strategy.name] = runner
             build_s[strategy.name] = time.perf_counter() - t_build
+    tuning, failed, tune_s = resolve_tuned(built, build, settings, ctx.rank)
+    for name, error in failed.items():
+        skipped[name] = error
+        _log(ctx.rank, f"skipping {name}: {error}")
+    for name, seconds in tune_s.items():
+        build_s[name] += seconds
+    runners.update(built)
     return runners, skipped, build_s, tuning
 
 

@@ -1,16 +1,22 @@
 """A tuned reference: the bench screens a grid of one option's values in the job and runs the fastest.
 
 `--strategies ddp:bucket_cap_mb=tuned` asks for the strongest DDP the bench can build here, not
-torch's default. In the job, before the interleaved rounds, on the same processes, links and
-thread priority as everything else: each value of the grid (`caramel.bench.matrix.TUNABLE`) gets
-its own runner on an identical model copy, `warmup_steps` unmeasured steps, then
-`screen_rounds` rounds of one block of `steps_per_round` steps each, the order rotating per
-round as in the measured rounds. Every rank gathers every rank's times and takes the job's step
-(the slowest rank's clock, `job_step_times`), so all ranks see the same numbers and pick the same
-value: the lowest median, the first in grid order on a tie. The winner's runner then takes its
-turn in the interleaved rounds under the tuned name; its screening times are not used again, so
-the reference's reported step is measured afresh and not biased low by the pick (noise can only
-make the pick a near-tie's other value, and the report gives the runner-up's gap and its interval).
+torch's default. In the job, once every strategy of the job is built (so the screening runs
+beside the same built runners, processes, links and thread priority as the rounds) and before the
+interleaved rounds: each value of the grid (`caramel.bench.matrix.TUNABLE`) gets its own runner
+on an identical model copy, `warmup_steps` unmeasured steps, then `screen_rounds` rounds of one
+block of `steps_per_round` steps each, in a serpentine order (`balanced_order`). Every rank
+gathers every rank's times and takes the job's step (the slowest rank's clock, `job_step_times`),
+so all ranks see the same numbers and pick the same value: the lowest median, the first in grid
+order on a tie. Every candidate is then closed on every rank in grid order (`Runner.close`: a
+candidate's own gloo group, with its threads and connections, is destroyed) and the harness
+builds the chosen value afresh for the rounds, so it starts there as every other strategy does:
+untrained model, its `--jitter` draws from the first. Its screening times are not used again,
+so the reference's reported step is measured afresh and not biased low by the pick (noise can
+only make the pick a near-tie's other value, and the report gives the runner-up's gap and its
+interval). A first value that fails to build ends the screening with its error (a refusal no
+value escapes, such as real-time priority not allowed, costs one build and one message); a later
+value that fails is left out and recorded.
 
 The bucket-cap grid, torch's default (a 1 MB first bucket, then 25 MB), then 0.25, 0.5, 1, 2, 4
 and 25 MB: doubling steps over the range where the measured optimum of the zoo's models lies
@@ -24,12 +30,14 @@ many steps as three more strategies in the default 10 rounds of 8.
 """
 from __future__ import annotations
 
+import gc
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from caramel.bench.baselines import Runner
-from caramel.bench.blocks import measure_block, round_order
+from caramel.bench.blocks import balanced_order, measure_block
 from caramel.bench.matrix import BenchSettings, Strategy, value_label
 from caramel.bench.report import job_step_times
 from caramel.stats import median, paired_ratio_interval
@@ -52,6 +60,9 @@ class Screening:
     chosen: Any
     chosen_strategy: str
     runner_up: Any = None
+    """the runner-up's grid value (None is also torch's default cap: read `runner_up_strategy`)"""
+    runner_up_strategy: str | None = None
+    """the runner-up's concrete strategy (None only with one candidate)"""
     runner_up_gap: float | None = None
     """the runner-up's median over the chosen value's, minus 1 (None with one candidate)"""
     runner_up_ci95: tuple[float, float] | None = None
@@ -83,14 +94,14 @@ def select(option: str, values: list[Any], strategies: list[str], series: list[l
                     rounds=rounds, steps=len(series[best]), chosen=values[best], chosen_strategy=strategies[best],
                     skipped=dict(skipped or {}))
     if second is not None:
-        out.runner_up = values[second]
+        out.runner_up, out.runner_up_strategy = values[second], strategies[second]
         out.runner_up_gap = medians[second] / medians[best] - 1.0
         out.runner_up_ci95 = paired_ratio_interval(series[second], series[best], steps_per_round)
     return out
 
 
 def screen(runners: dict[str, Runner], settings: BenchSettings) -> dict[str, list[float]]:
-    """Warm each candidate up, time `screen_rounds` rotating rounds of one block each; on every
+    """Warm each candidate up, time `screen_rounds` serpentine rounds of one block each; on every
     rank, each candidate's job step times over all ranks (one collective after the rounds: none
     inside them, where it would queue behind the candidates' own transfers)."""
     import torch.distributed as dist
@@ -102,7 +113,7 @@ def screen(runners: dict[str, Runner], settings: BenchSettings) -> dict[str, lis
     names = list(runners)
     local: dict[str, list[float]] = {n: [] for n in names}
     for r in range(settings.screen_rounds):
-        for name in round_order(names, r):
+        for name in balanced_order(names, r):
             dist.barrier()
             local[name] += measure_block(runners[name], settings.steps_per_round)
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -110,47 +121,98 @@ def screen(runners: dict[str, Runner], settings: BenchSettings) -> dict[str, lis
     return {n: job_step_times([g[n] for g in gathered], settings.steps_per_round) for n in names}
 
 
-def screen_strategy(strategy: Strategy, runners: dict[str, Runner], values: dict[str, Any],
-                    settings: BenchSettings, skipped: dict[str, str], rank: int) -> tuple[Runner, Screening]:
-    """Screen the built candidates of `strategy` (concrete name -> runner, in grid order; `values`:
-    concrete name -> grid value) and return the winner's runner with the record."""
-    series = screen(runners, settings)
-    names = list(runners)
+@dataclass
+class Candidates:
+    """The built runners of one tuned strategy's grid, waiting for the screening."""
+
+    strategy: Strategy
+    runners: dict[str, Runner]
+    """concrete strategy name -> runner, in grid order"""
+    values: dict[str, Any]
+    """concrete strategy name -> grid value"""
+    failed: dict[str, str]
+    """concrete strategy name -> why it could not be built"""
+
+
+def build_candidates(strategy: Strategy, build: Callable[[Strategy], tuple[Runner | None, str | None]]
+                     ) -> tuple[Candidates | None, str | None]:
+    """Every grid value of `strategy` built by `build` (a runner, or the error all ranks agree
+    on), in grid order. The first value's failure stops there with one error, nothing else
+    built; a later value's failure is recorded and the rest go on."""
+    out = Candidates(strategy, {}, {}, {})
+    for value, concrete in strategy.candidates():
+        runner, error = build(concrete)
+        if error or runner is None:
+            if not out.runners:
+                return None, f"its first value {concrete.name} could not be built, so no other was tried: " + (
+                    error or "not built")
+            out.failed[concrete.name] = error or "not built"
+        else:
+            out.runners[concrete.name], out.values[concrete.name] = runner, value
+    return out, None
+
+
+def screen_candidates(candidates: Candidates, settings: BenchSettings, rank: int) -> Screening:
+    """Screen the built candidates (all ranks at once) and return the record of the choice."""
+    strategy, names = candidates.strategy, list(candidates.runners)
     (option,) = strategy.tuned
-    result = select(option, [values[n] for n in names], names, [series[n] for n in names], settings.screen_rounds,
-                    settings.steps_per_round, skipped)
+    if rank == 0:
+        print(f"[bench] {strategy.name}: screening {len(names)} values, {settings.screen_rounds} rounds x "
+              f"{settings.steps_per_round} steps each", file=sys.stderr, flush=True)
+    series = screen(candidates.runners, settings)
+    result = select(option, [candidates.values[n] for n in names], names, [series[n] for n in names],
+                    settings.screen_rounds, settings.steps_per_round, candidates.failed)
     if rank == 0:
         print(f"[bench] {strategy.name}: screened " + ", ".join(
             f"{value_label(v)} {1e3 * t:.1f} ms" for v, t in zip(result.values, result.median_s))
               + f" -> {option}={value_label(result.chosen)}" + (
                   f" (runner-up {value_label(result.runner_up)} {result.runner_up_gap:+.1%})"
                   if result.runner_up_gap is not None else ""), file=sys.stderr, flush=True)
-    return runners[result.chosen_strategy], result
+    return result
 
 
-def tuned_runner(strategy: Strategy, build: Callable[[Strategy], tuple[Runner | None, str | None]],
-                 settings: BenchSettings, rank: int, tuning: dict[str, dict[str, Any]]) -> tuple[Runner | None, str | None]:
-    """A strategy with a tuned option in the harness: every grid value built by `build` (a
-    runner, or the error all ranks agree on; values that fail are left out and recorded),
-    screened, the fastest's runner returned; the record goes to `tuning`. An error only when no
-    value could be built."""
-    built: dict[str, Runner] = {}
-    values: dict[str, Any] = {}
+def release(candidates: Candidates) -> None:
+    """Close every candidate, in grid order (the same order on every rank: closing destroys a
+    candidate's own process group). Only after the screening's gather: no rank closes a group a
+    peer still has a transfer on. The caller runs gc.collect() once afterwards."""
+    for runner in candidates.runners.values():
+        runner.close()
+    candidates.runners.clear()
+
+
+def resolve_tuned(built: dict[str, Any], build: Callable[[Strategy], tuple[Runner | None, str | None]],
+                  settings: BenchSettings, rank: int
+                  ) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, float]]:
+    """Once every strategy is built (`built`: name -> runner, or a tuned one's `Candidates`):
+    screen each tuned strategy, close all its candidates, gc once, and build each choice afresh
+    in its place in `built` (removed if it fails to build again). Returns the screening records
+    (`Screening.to_dict()`), the errors, and the seconds each took."""
+    screened = {n: c for n, c in built.items() if isinstance(c, Candidates)}
+    tuning: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
-    for value, concrete in strategy.candidates():
-        runner, error = build(concrete)
+    seconds: dict[str, float] = {}
+    for name, candidates in screened.items():  # beside every runner the rounds will run
+        t0 = time.perf_counter()
+        tuning[name] = screen_candidates(candidates, settings, rank).to_dict()
+        release(candidates)
+        seconds[name] = time.perf_counter() - t0
+    if screened:
+        gc.collect()  # what of the candidates sits in reference cycles is freed now, not at a collection mid-round
+    for name, candidates in screened.items():  # untrained, its --jitter draws from the first, as every other
+        t0 = time.perf_counter()
+        runner, error = build(chosen(candidates.strategy, tuning[name]))
         if error or runner is None:
-            failed[concrete.name] = error or "not built"
+            failed[name] = f"the chosen {tuning[name]['chosen_strategy']} could not be built again: {error}"
+            del built[name]
         else:
-            built[concrete.name], values[concrete.name] = runner, value
-    if not built:
-        return None, "no value of the grid could be built: " + "; ".join(f"{n}: {e}" for n, e in failed.items())
-    if rank == 0:
-        print(f"[bench] {strategy.name}: screening {len(built)} values, {settings.screen_rounds} rounds x "
-              f"{settings.steps_per_round} steps each", file=sys.stderr, flush=True)
-    runner, result = screen_strategy(strategy, built, values, settings, failed, rank)
-    tuning[strategy.name] = result.to_dict()
-    return runner, None
+            built[name] = runner
+            seconds[name] += time.perf_counter() - t0
+    return tuning, failed, seconds
+
+
+def chosen(strategy: Strategy, record: dict[str, Any]) -> Strategy:
+    """The concrete strategy the screening `record` (`Screening.to_dict()`) chose for `strategy`."""
+    return next(c for _, c in strategy.candidates() if c.name == record["chosen_strategy"])
 
 
 def as_screened(names: list[str], tuning: dict[str, dict[str, Any]]) -> dict[str, str]:

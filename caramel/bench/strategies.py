@@ -41,7 +41,8 @@ class TrainRunner(Runner):
 
     def __init__(self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets,
                  loss_fn: Callable, device: torch.device, finish: Callable[[], None] | None = None,
-                 stats: Callable[[], dict[str, Any]] | None = None, settled: Callable[[], bool] | None = None):
+                 stats: Callable[[], dict[str, Any]] | None = None, settled: Callable[[], bool] | None = None,
+                 close: Callable[[], None] | None = None):
         self.name = name
         self.model, self.optimizer = model, optimizer
         self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
@@ -49,6 +50,7 @@ class TrainRunner(Runner):
         self._finish = finish
         self._stats = stats
         self._settled = settled
+        self._close = close
 
     def step(self) -> None:
         plain_step(self.model, self.optimizer, self.inputs, self.targets, self.loss_fn)
@@ -64,6 +66,13 @@ class TrainRunner(Runner):
 
     def settled(self) -> bool:
         return self._settled() if self._settled is not None else True
+
+    def close(self) -> None:
+        close, self._close = self._close, None
+        if close is not None:
+            close()
+        # the wrapped model (a DDP sits in reference cycles) becomes garbage for the next gc.collect()
+        self.model = self.optimizer = self._finish = self._stats = self._settled = None
 
 
 def baseline_group(ctx: StrategyContext):
@@ -129,12 +138,16 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
         from caramel.runtime import schedule_settled
         return schedule_settled(opt)
 
+    def close() -> None:
+        if spec.info.name == "ddp" and prio is not None:  # ddp_group made this gloo group for this DDP alone
+            dist.destroy_process_group(wrapped.process_group)
+
     if getattr(spec.options, "balance", "off") == "batch":
         from caramel.bench.straggler import BalancedRunner
         return BalancedRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device, ctx.world_size,
                               finish=opt.synchronize, stats=stats, settled=settled)
     return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
-                       finish=opt.synchronize, stats=stats, settled=settled)
+                       finish=opt.synchronize, stats=stats, settled=settled, close=close)
 
 
 def ctx_rank() -> int:

@@ -94,9 +94,10 @@ def format_markdown(records: list[Record], command: str, environment: dict[str, 
         "## Environment\n\n" + env + "\n\n"
         "## Points\n\n" + format_points(records) + "\n\n"
         + (("## Tuned references\n\nA strategy with a `KEY=tuned` option had that option screened in its job before "
-            "the rounds, on the same processes, links and thread priority: each value's median job step over the "
-            "screening, the lowest chosen, its runner-up's gap with the paired-rounds interval, and the chosen "
-            "value measured afresh in the interleaved rounds (`caramel.bench.screening`).\n\n"
+            "the rounds, once every strategy was built, on the same processes, links and thread priority: each "
+            "value's median job step over the screening (its blocks alternating with the other values' only), the "
+            "lowest chosen, its runner-up's gap with the paired-rounds interval, and the chosen value built afresh "
+            "and measured in the interleaved rounds (`caramel.bench.screening`).\n\n"
             + tuning + "\n\n") if tuning else "")
         + "## Summary\n\n" + format_summary(summarize_strategies(records)) + "\n\n"
         "## Results\n\n"

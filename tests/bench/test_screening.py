@@ -1,11 +1,11 @@
 """The tuned reference: `KEY=tuned` parsing, the screening's choice on injected times, its
 record in reports, and the screening across two ranks (the pick must be the same on both)."""
-import time
 
 import pytest
 
 from caramel.bench import screening
 from caramel.bench.baselines import Runner
+from caramel.bench.blocks import balanced_order, round_order
 from caramel.bench.matrix import (BUCKET_CAP_GRID_MB, DEFAULT_STRATEGIES, BenchSettings, Strategy, parse_strategies,
                                   parse_strategy)
 from caramel.bench.report import summarize
@@ -77,6 +77,12 @@ def test_screen_rounds_setting_and_flag(tmp_path, capsys, monkeypatch):
     bench_cli.add_arguments(parser)
     assert bench_cli.select(parser.parse_args([]))[1].screen_rounds == 4
     assert bench_cli.select(parser.parse_args(["--quick"]))[1].screen_rounds == 3
+    # --quick leaves the tuned DDP out of its defaults; asked for by name, it is screened in 3 rounds
+    assert bench_cli.strategies_text(parser.parse_args([])) == ",".join(DEFAULT_STRATEGIES)
+    quick = bench_cli.strategies_text(parser.parse_args(["--quick"]))
+    assert quick == "ddp,ddp:comm_priority=realtime,caramel" and "tuned" not in bench_cli.command_line(
+        parser.parse_args(["--quick"]))
+    assert bench_cli.strategies_text(parser.parse_args(["--quick", "--strategies", TUNED])) == TUNED
     args = parser.parse_args(["--model", "tiny_gpt", "--screen-rounds", "6"])
     assert bench_cli.select(args)[1].screen_rounds == 6 and "--screen-rounds 6" in bench_cli.command_line(args)
     monkeypatch.chdir(tmp_path)
@@ -128,37 +134,85 @@ def test_predictions_of_a_tuned_strategy_are_those_of_the_value_it_ran():
     assert out["predicted_rate_only"] == {} and out["link_fit"] is None
 
 
-class _Sleeper(Runner):
-    """A step that sleeps this rank's share of `delays_s`; counts its steps."""
+def test_screening_order_gives_every_value_the_same_mean_position_over_a_pair_of_rounds():
+    keys = list("abcdefg")  # 7 values, as in the bucket-cap grid
+    orders = [balanced_order(keys, r) for r in range(4)]
+    assert orders[0] == keys and orders[1] == keys[::-1] and orders[2] == keys[2:] + keys[:2]
+    assert all(sorted(o) == keys for o in orders)
+    positions = {k: [o.index(k) for o in orders] for k in keys}
+    assert all(sum(p) == 2 * (len(keys) - 1) for p in positions.values()), positions
+    assert len({o[0] for o in orders}) == 4  # the first slot after the barrier goes round too
+    # a rotation alone leaves 4 rounds over 7 values unbalanced (what the screening used before)
+    assert len({sum(round_order(keys, r).index(k) for r in range(4)) for k in keys}) > 1
 
-    def __init__(self, delay_s: float):
-        self.delay_s, self.steps = delay_s, 0
+
+class _Ticker(Runner):
+    """A step that advances this worker's fake clock by `step_s` (no sleep: the times the
+    screening sees are exact whatever the host's load); counts its steps and its close."""
+
+    def __init__(self, clock: list, step_s: float):
+        self.clock, self.step_s, self.steps, self.closed = clock, step_s, 0, False
 
     def step(self) -> None:
         self.steps += 1
-        time.sleep(self.delay_s)
+        self.clock[0] += self.step_s
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _screen_worker(rank: int, world: int) -> dict:
-    # "uneven" is fast on rank 0 and slow on rank 1: the job waits for rank 1, so "even" wins
-    # on both ranks although rank 0 alone would pick "uneven"
-    delays = {"ddp:bucket_cap_mb=0.5": [0.001, 0.012][rank], "ddp:bucket_cap_mb=1": 0.005}
+    import time
+    from types import SimpleNamespace
+
+    from caramel.bench import blocks
+
+    clock = [0.0]
+    blocks.time = SimpleNamespace(perf_counter=lambda: clock[0], time=time.time)  # this worker's, until the end
+    try:
+        return _screen_on(rank, clock)
+    finally:
+        blocks.time = time
+
+
+def _screen_on(rank: int, clock: list) -> dict:
+    # "0.5" is fast on rank 0 and slow on rank 1: the job waits for rank 1, so "1" wins on both
+    # ranks although rank 0 alone would pick "0.5"
+    step_s = {"ddp": 0.020, "ddp:bucket_cap_mb=0.5": [0.001, 0.012][rank], "ddp:bucket_cap_mb=1": 0.005}
+    made: dict = {}
 
     def build(s: Strategy):
-        if s.name == "ddp":
+        made[s.name] = made.get(s.name, 0) + 1
+        if s.name == "ddp:bucket_cap_mb=2":
             return None, "refused on rank 1"  # the error every rank agreed on
-        return (_Sleeper(delays[s.name]), None) if s.name in delays else (None, "not in this test's grid")
+        return (_Ticker(clock, step_s[s.name]), None) if s.name in step_s else (None, "not in this test's grid")
 
-    tuning: dict = {}
     settings = BenchSettings(rounds=1, steps_per_round=3, warmup_steps=1, screen_rounds=3)
-    runner, error = screening.tuned_runner(parse_strategy("ddp:bucket_cap_mb=tuned"), build, settings, rank, tuning)
-    t = tuning["ddp:bucket_cap_mb=tuned"]
-    return {"error": error, "chosen": t["chosen"], "values": t["values"], "steps": runner.steps,
-            "skipped": sorted(t["skipped"]), "medians": t["median_s"]}
+    candidates, error = screening.build_candidates(parse_strategy("ddp:bucket_cap_mb=tuned"), build)
+    runners = dict(candidates.runners)
+    t = screening.screen_candidates(candidates, settings, rank).to_dict()
+    screening.release(candidates)
+    # a first value that fails ends it there: one build, one error
+    first: list = []
+    none, first_error = screening.build_candidates(
+        parse_strategy("ddp:bucket_cap_mb=tuned"), lambda s: (first.append(s.name), (None, "realtime refused"))[1])
+    return {"error": error, "tuning": t, "steps": {n: r.steps for n, r in runners.items()}, "made": made,
+            "closed": [r.closed for r in runners.values()], "left": len(candidates.runners),
+            "first": first, "first_error": first_error, "none": none}
+
+
+def _threads() -> int:
+    import os
+    return len(os.listdir("/proc/self/task"))
 
 
 def _harness_worker(rank: int, world: int) -> dict:
+    import gc
+
     import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _world
+    from torch.nn.parallel import DistributedDataParallel
 
     from caramel.bench import harness
     from caramel.bench.matrix import BenchConfig
@@ -167,31 +221,81 @@ def _harness_worker(rank: int, world: int) -> dict:
     config = BenchConfig(model="tiny_gpt", workers=world)
     settings = BenchSettings(rounds=1, steps_per_round=1, warmup_steps=0, screen_rounds=1)
     ctx = StrategyContext(device=torch.device("cpu"), rank=rank, world_size=world)
-    runners, skipped, _, tuning = harness.build_runners(config, settings, [parse_strategy("ddp:bucket_cap_mb=tuned")], ctx)
-    t = tuning["ddp:bucket_cap_mb=tuned"]
-    cap = t["chosen"]
-    return {"skipped": skipped, "values": t["values"], "chosen": cap, "names": sorted(runners),
-            "cap_bytes": runners["ddp:bucket_cap_mb=tuned"].model.bucket_bytes_cap,
-            "expected_bytes": int((25.0 if cap is None else cap) * 1024 * 1024)}
+    events: list[str] = []
+    build_strategy, screen = harness.build_strategy, screening.screen
+    harness.build_strategy = lambda s, *a, **k: (events.append(s.name), build_strategy(s, *a, **k))[1]
+    screening.screen = lambda runners, st: (events.append("screen"), screen(runners, st))[1]
+    # "auto" makes every candidate a gloo group of its own, whatever this host's privilege
+    groups, threads = len(_world.pg_map), _threads()
+    gc.disable()  # no automatic collection: only build_runners' own gc.collect() frees the candidates' cycles
+    try:
+        runners, skipped, _, tuning = harness.build_runners(
+            config, settings, [parse_strategy("ddp:bucket_cap_mb=tuned,comm_priority=auto"), parse_strategy("ddp")], ctx)
+        # gc.get_objects() still lists garbage that no collection has freed yet
+        ddps = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    groups, threads = len(_world.pg_map) - groups, _threads() - threads
+    # the threads one gloo group holds here, and that destroying it frees them
+    before = _threads()
+    g = dist.new_group(list(range(world)), backend="gloo")
+    per_group = _threads() - before
+    dist.barrier(group=g)  # both ranks connected before either closes its end
+    dist.destroy_process_group(g)
+    del g
+    gc.collect()
+    t = tuning[TUNED_AUTO]
+    kept = runners[TUNED_AUTO]
+    fresh = harness.make_workload(config, settings.seed, ctx.device).model
+    return {"skipped": skipped, "values": t["values"], "chosen": t["chosen"], "chosen_strategy": t["chosen_strategy"],
+            "names": list(runners), "kept_name": kept.name, "events": events,
+            "cap_bytes": kept.model.bucket_bytes_cap, "cap_default": kept.model.bucket_bytes_cap_default,
+            "first_bucket_bytes": kept.model._bucket_config.first_bucket_bytes_cap,
+            "untrained": all(torch.equal(a, b) for a, b in zip(kept.model.module.parameters(), fresh.parameters())),
+            "ddps": ddps,
+            "groups": groups, "threads": threads, "per_group": per_group, "threads_back": _threads() - before}
 
 
 def _worker(rank: int, world: int) -> dict:
-    return {"sleepers": _screen_worker(rank, world), "harness": _harness_worker(rank, world)}
+    return {"fake": _screen_worker(rank, world), "harness": _harness_worker(rank, world)}
+
+
+TUNED_AUTO = "ddp:bucket_cap_mb=tuned,comm_priority=auto"
 
 
 def test_every_rank_picks_the_same_value_and_the_harness_keeps_the_chosen_ddp():
     from caramel.testing import run_workers
 
     results = run_workers(_worker, 2, timeout_s=120)  # one spawn for both checks
-    for res in (r["sleepers"] for r in results):
-        assert res["error"] is None and res["chosen"] == 1.0 and res["values"] == [0.5, 1.0], res
-        assert res["steps"] == 1 + 3 * (1 + 3)  # warm-up, then 3 rounds of an entry step and 3 timed
-        assert "ddp" in res["skipped"] and len(res["skipped"]) == 5, res
-        assert res["medians"][0] >= 0.012 > res["medians"][1] >= 0.005, res
-    assert results[0]["sleepers"]["medians"] == results[1]["sleepers"]["medians"]
-    # real DDP in the harness: every cap of the grid built and screened, the chosen one's runner kept
+    for res in (r["fake"] for r in results):
+        t = res["tuning"]
+        assert res["error"] is None and t["values"] == [None, 0.5, 1.0], res
+        assert t["median_s"] == pytest.approx([0.020, 0.012, 0.005]), res  # the slowest rank's, exactly
+        assert (t["chosen"], t["chosen_strategy"]) == (1.0, "ddp:bucket_cap_mb=1"), res
+        assert (t["runner_up"], t["runner_up_strategy"]) == (0.5, "ddp:bucket_cap_mb=0.5"), res
+        assert t["runner_up_gap"] == pytest.approx(0.012 / 0.005 - 1), res
+        assert res["steps"] == {n: 1 + 3 * (1 + 3) for n in res["steps"]}  # warm-up, 3 rounds of entry + 3 timed
+        assert sorted(t["skipped"]) == ["ddp:bucket_cap_mb=0.25", "ddp:bucket_cap_mb=2", "ddp:bucket_cap_mb=25",
+                                        "ddp:bucket_cap_mb=4"], res
+        assert set(res["made"].values()) == {1} and len(res["made"]) == len(BUCKET_CAP_GRID_MB), res
+        assert res["closed"] == [True, True, True] and res["left"] == 0, res
+        assert res["first"] == ["ddp"] and res["none"] is None, res
+        assert res["first_error"].count("realtime refused") == 1 and "ddp" in res["first_error"], res
+    assert results[0]["fake"]["tuning"] == results[1]["fake"]["tuning"]
+    # real DDP in the harness: every cap built, then the plain ddp, then the screening, then the
+    # chosen cap built afresh; only its DDP and group outlive build_runners
     for res in (r["harness"] for r in results):
+        cands = [c.name for _, c in parse_strategy(TUNED_AUTO).candidates()]
+        assert res["events"] == cands + ["ddp", "screen", res["chosen_strategy"]], res
         assert res["skipped"] == {} and res["values"] == list(BUCKET_CAP_GRID_MB), res
-        assert res["names"] == ["comm", "compute", "concurrent", "ddp:bucket_cap_mb=tuned"], res
-        assert res["cap_bytes"] == res["expected_bytes"], res
+        assert res["names"] == ["compute", "comm", "concurrent", TUNED_AUTO, "ddp"], res
+        assert res["kept_name"] == res["chosen_strategy"] and res["untrained"], res
+        cap = res["chosen"]
+        assert res["cap_bytes"] == int((25.0 if cap is None else cap) * 1024 * 1024), res
+        assert res["cap_default"] == (cap is None), res  # torch's default keeps its 1 MiB first bucket
+        assert res["first_bucket_bytes"] == (1024 * 1024 if cap is None else res["cap_bytes"]), res
+        assert res["ddps"] == 2, res  # the kept one and the plain ddp: no candidate left for a late gc
+        assert res["groups"] == 2, res  # the baselines' group and the kept one's
+        assert res["per_group"] > 0 and res["threads_back"] == 0, res
+        assert res["threads"] <= 2 * res["per_group"] + 1, res  # + the priority governor, where allowed
     assert results[0]["harness"]["chosen"] == results[1]["harness"]["chosen"]
