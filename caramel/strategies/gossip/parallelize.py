@@ -61,7 +61,7 @@ class GossipRun:
         self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
         # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
         self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False))
-                        if options.algorithm == "tracking" else None)
+                        if options.tracks else None)
         self.order: list[str] = []
         self.recording = True
         self.steps = 0
@@ -156,7 +156,7 @@ class GossipRun:
 
     def _tensors(self) -> list[tuple[str, torch.Tensor]]:
         out = [(n, p) for n, p in self.shared] + [(n, b) for n, b in self.shared_buffers]
-        if self.options.algorithm == "momentum":
+        if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for n, p in self.shared:
                     buf = self.optimizer.state.get(p, {}).get(key)
@@ -172,7 +172,7 @@ class GossipRun:
             for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
                 if t is not None:
                     owner.setdefault(id(t), name)
-        if self.options.algorithm == "momentum":
+        if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for _, p in self.shared:
                     buf = self.optimizer.state.get(p, {}).get(key)
@@ -286,20 +286,20 @@ class GossipRun:
                     dist.destroy_process_group(g)
 
 
-def momentum_keys(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
-    """The optimizer-state entries algorithm=momentum gossips with each parameter."""
+def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
+    """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENTUM_KEYS:
             return MOMENTUM_KEYS[cls.__name__]
-    raise CaramelError(f"strategy 'gossip': algorithm=momentum exchanges the optimizer's momentum buffers, which "
+    raise CaramelError(f"strategy 'gossip': algorithm={algorithm} exchanges the optimizer's momentum buffers, which "
                        f"SGD (momentum > 0), Adam and AdamW keep; got {type(optimizer).__name__}")
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:
-    if options.algorithm == "momentum":
-        keys = momentum_keys(optimizer)
+    if options.mixes_moments:
+        keys = momentum_keys(optimizer, options.algorithm)
         if keys == ("momentum_buffer",) and any(g.get("momentum", 0) <= 0 for g in optimizer.param_groups):
-            raise CaramelError("strategy 'gossip': algorithm=momentum needs SGD with momentum > 0 in every "
+            raise CaramelError(f"strategy 'gossip': algorithm={options.algorithm} needs SGD with momentum > 0 in every "
                                "parameter group (there is no momentum buffer to exchange otherwise)")
     if options.algorithm == "adam" and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise CaramelError(f"strategy 'gossip': algorithm=adam is decentralized Adam(W) (Wang et al.); "

@@ -115,11 +115,11 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
     jit = _jitter(cluster, steps)
     speed = [w.speed for w in cluster.workers]
-    per_tensor = 2 if options.algorithm == "momentum" else 1
+    per_tensor = 2 if options.mixes_moments else 1
     shared = [p for p in profile.trainable() if not options.is_local(p.name)]
     need, total = message_needs(shared, len(profile.modules), per_tensor, options.bucket_cap_mb * 2 ** 20)
     in_forward = options.algorithm != "adam"
-    tracking = options.algorithm == "tracking"
+    tracking = options.tracks
     tracker_bytes = sum(p.bytes for p in shared) if tracking else 0  # one tracker per gossiped parameter
 
     def compute(w: int, k: int, seconds: float) -> float:

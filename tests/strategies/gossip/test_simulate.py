@@ -147,3 +147,5 @@ def test_tracking_sends_twice_the_bytes_and_waits_for_the_trackers_before_the_up
     assert tracking.meta["bytes_per_peer_per_step"] == 2 * dpsgd.meta["bytes_per_peer_per_step"] == 2 * model_bytes
     exchange_s = cluster.latency_s + model_bytes * 2 / (cluster.bandwidth_bps / 8)  # a ring worker: 2 peers share its link
     assert tracking.step_time_s == pytest.approx(dpsgd.step_time_s + exchange_s, rel=1e-9)
+    # with the moment buffers as well (priced as SGD's one buffer, as algorithm=momentum is)
+    assert sim("gossip:algorithm=tracking_momentum", profile, cluster).meta["bytes_per_peer_per_step"] == 3 * model_bytes

@@ -33,8 +33,12 @@ def test_the_trackers_sum_is_the_gradients_sum_at_every_step(four):
 
 def test_complete_graph_tracking_takes_ddps_adamw_step(four):
     for res in (r["complete"] for r in four):
-        assert res["tracking"]["moved"] > 1e-3
-        assert res["tracking"]["ddp"] <= 1e-6, res["tracking"]
+        for algorithm in ("tracking", "tracking_momentum"):
+            assert res[algorithm]["moved"] > 1e-3
+            assert res[algorithm]["ddp"] <= 1e-6, (algorithm, res[algorithm])
+        # parameters + trackers, and AdamW's two moments on top
+        assert res["tracking"]["bytes"] == 2 * res["dpsgd"]["bytes"]
+        assert res["tracking_momentum"]["bytes"] == 4 * res["dpsgd"]["bytes"]
         assert res["dpsgd"]["ddp"] > 1e-4, res["dpsgd"]  # local Adam moments: the test can tell
 
 
@@ -50,8 +54,9 @@ def test_a_closure_and_a_state_without_tracker_are_refused(four):
 
 
 def test_bad_tracking_options_are_refused():
-    with pytest.raises(CaramelError, match="head_steps .* algorithm=tracking"):
-        GossipOptions(algorithm="tracking", personalize="head", head_steps=1)
+    for algorithm in ("tracking", "tracking_momentum"):
+        with pytest.raises(CaramelError, match="head_steps .* algorithm=tracking"):
+            GossipOptions(algorithm=algorithm, personalize="head", head_steps=1)
     with pytest.raises(CaramelError, match="algorithm must be one of .*tracking.* got 'trackng'"):
         GossipOptions(algorithm="trackng")
     with pytest.raises(CaramelError, match="algorithm"):

@@ -52,20 +52,21 @@ def invariant_worker(rank: int, world: int, steps: int) -> dict:
 
 def complete_worker(rank: int, world: int, steps: int) -> dict:
     """AdamW on the complete graph: tracking's trackers are the average gradient, so every worker
-    takes DDP's step; dpsgd's local Adam does not."""
+    takes DDP's step (with or without the moments mixed); dpsgd's local Adam does not."""
     w = fresh("gpt_tied")
     ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
     ropt, rsched = make_optimizer("adamw", ddp.parameters())
     train(ddp, ropt, rsched, w.loss_fn, "gpt_tied", rank, steps)
     out = {}
-    for algorithm in ("tracking", "dpsgd"):
+    for algorithm in ("tracking", "tracking_momentum", "dpsgd"):
         m = copy.deepcopy(w.model)
         opt, sched = make_optimizer("adamw", m.parameters())
         model, opt = caramel.parallelize(m, opt, f"gossip:topology=complete,algorithm={algorithm}")
         train(model, opt, sched, w.loss_fn, "gpt_tied", rank, steps)
         opt.synchronize()
         out[algorithm] = {"ddp": max_diff(params_of(ddp.module), params_of(m)),
-                          "moved": max_diff(params_of(w.model), params_of(m))}
+                          "moved": max_diff(params_of(w.model), params_of(m)),
+                          "bytes": opt.gossip.stats_dict()["bytes_per_peer_per_step"]}
         caramel.shutdown()
     return out
 
