@@ -165,13 +165,24 @@ class GossipRun:
         return out
 
     def _owners(self) -> dict[int, str]:
-        """Each tensor's owning module: the first module (in forward order) holding it directly."""
+        """Each tensor's owning module: the first module (in forward order) holding it directly;
+        for a module whose forward never ran, its nearest ancestor that ran. A parent may use a
+        child's tensors without calling it (nn.MultiheadAttention's out_proj): mixed at a later
+        module's pre-hook instead, they would change after their use and before backward."""
         owner: dict[int, str] = {}
         mods = dict(self.module.named_modules())
-        for name in self.order + [n for n in mods if n not in self.order]:
+        ran = set(self.order)
+
+        def runner(name: str) -> str:
+            up = name
+            while up and up not in ran:
+                up = up.rpartition(".")[0]
+            return up if up in ran else name
+
+        for name in self.order + [n for n in mods if n not in ran]:
             for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
                 if t is not None:
-                    owner.setdefault(id(t), name)
+                    owner.setdefault(id(t), runner(name))
         if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for _, p in self.shared:

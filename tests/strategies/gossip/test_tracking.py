@@ -53,6 +53,12 @@ def test_a_closure_and_a_state_without_tracker_are_refused(four):
         assert "has none" in res["state"] and "tracker" in res["state"]
 
 
+def test_a_childs_tensors_its_parent_uses_are_mixed_before_the_parent_runs(four):
+    # tracking_momentum's moments double the messages; any algorithm whose messages are cut there
+    for res in (r["unrun_child"] for r in four):
+        assert res["ok"], res["error"]
+
+
 def test_bad_tracking_options_are_refused():
     for algorithm in ("tracking", "tracking_momentum"):
         with pytest.raises(CaramelError, match="head_steps .* algorithm=tracking"):

@@ -98,8 +98,46 @@ def refusals_worker(rank: int, world: int) -> dict:
     return out
 
 
+class _AttnNet(torch.nn.Module):
+    """nn.MultiheadAttention uses its out_proj's parameters without calling out_proj."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h, _ = self.attn(h, h, h)
+        return self.head(h).mean(1)
+
+
+def unrun_child_worker(rank: int, world: int, steps: int) -> dict:
+    """Messages cut so that the head's tensors and out_proj's share the last one (3,300 bytes:
+    inp | in_proj | head + out_proj): mixed at the head's pre-hook, out_proj's weight would
+    change after the attention used it and before backward (autograd refuses)."""
+    torch.manual_seed(0)
+    m = _AttnNet()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    model, opt = caramel.parallelize(m, opt, "gossip:topology=ring,algorithm=tracking_momentum",
+                                     bucket_cap_mb=3300 / 2 ** 20)
+    gen = torch.Generator().manual_seed(rank)
+    try:
+        for _ in range(steps):
+            x = torch.randn(2, 3, 8, generator=gen)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        out = {"ok": True, "error": ""}
+    except RuntimeError as e:
+        out = {"ok": False, "error": str(e)[:200]}
+    caramel.shutdown()
+    return out
+
+
 def four_worker_suite(rank: int, world: int, steps: int) -> dict:
     """Everything the tracking tests check on 4 workers, in one job (spawning costs more)."""
     return {"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, RING),
-            "refusals": refusals_worker(rank, world)}
+            "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps)}
