@@ -19,7 +19,7 @@ import torch
 from caramel.errors import CaramelError
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
-ALGORITHMS = ("dpsgd", "momentum", "adam")
+ALGORITHMS = ("dpsgd", "momentum", "adam", "tracking", "tracking_momentum")
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,10 @@ class GossipOptions:
     forward), "momentum" (the same, plus the optimizer's first-moment buffers, Balu et al.),
     "adam" (Wang et al.'s overlapped form: the parameters a step's gradient is computed at are
     exchanged during its forward and backward and mixed just before the next update; takes
-    Adam or AdamW). `personalize`: parameters under these name prefixes are never sent (DePRL).
+    Adam or AdamW), "tracking" (gradient tracking, `tracking.py`: each worker's optimizer steps
+    with a mixed estimate of the workers' average gradient; any torch.optim optimizer; twice
+    dpsgd's bytes), "tracking_momentum" (tracking, plus the moment buffers mixed as "momentum"
+    mixes them). `personalize`: parameters under these name prefixes are never sent (DePRL).
     `consensus_every`: every N steps all workers measure their consensus distance (an
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
     into messages of about this size, in forward order, so the first modules can mix first.
@@ -65,6 +68,11 @@ class GossipOptions:
         if self.head_steps and not self.local_prefixes():
             raise CaramelError(f"head_steps={self.head_steps} steps a personalized head: name it with personalize= "
                                "(e.g. personalize=head)")
+        if self.algorithm not in ALGORITHMS:
+            raise CaramelError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.head_steps and self.tracks:
+            raise CaramelError(f"head_steps is built for algorithm=dpsgd and momentum; algorithm={self.algorithm} corrects "
+                               "its tracker with every step's body gradient, which a head-only step sets aside")
         if self.head_steps and self.algorithm == "adam":
             raise CaramelError("head_steps is built for algorithm=dpsgd and momentum; algorithm=adam mixes at the next "
                                "update, which a head-only step would move")
@@ -72,6 +80,16 @@ class GossipOptions:
             if not prefix or " " in prefix:
                 raise CaramelError(f"personalize must be name prefixes joined by '+' (e.g. head+norm_f), "
                                    f"got {self.personalize!r}")
+
+    @property
+    def tracks(self) -> bool:
+        """Whether each worker's optimizer steps with a gradient tracker (`tracking.py`)."""
+        return self.algorithm in ("tracking", "tracking_momentum")
+
+    @property
+    def mixes_moments(self) -> bool:
+        """Whether the optimizer's moment buffers are gossiped with the parameters."""
+        return self.algorithm in ("momentum", "tracking_momentum")
 
     def local_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.personalize.split("+")) if self.personalize.strip() else ()

@@ -15,7 +15,7 @@ import datetime
 import functools
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,11 @@ import torch.nn as nn
 from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
-from caramel.runtime.optimizer import rebind_class
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
+from caramel.strategies.gossip.tracking import Tracker
+from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
 
@@ -58,6 +59,9 @@ class GossipRun:
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
                                if b.is_floating_point() and not options.is_local(n)]
         self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
+        # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
+        self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False))
+                        if options.tracks else None)
         self.order: list[str] = []
         self.recording = True
         self.steps = 0
@@ -82,7 +86,7 @@ class GossipRun:
         """At optimizer.step(): mix what is still pending (all of it for algorithm=adam) and
         measure the consensus distance of the parameters this step's forward used."""
         t0 = time.perf_counter()
-        wait0 = self.exchange.wait_s
+        wait0, self._sent0 = self.wait_s, self.bytes_sent
         due = self.options.consensus_every and self.steps % self.options.consensus_every == 0
         if self.options.algorithm == "adam" and due:
             self._measure_consensus()
@@ -93,13 +97,26 @@ class GossipRun:
                     if name in self.restored:
                         t.copy_(self.restored[name])
             self.restored = {}
+        if self.tracker is not None:
+            W = self.matrices[self.steps % len(self.matrices)]
+            self.tracker.swap_in(neighbours(W, self.rank), self.options.bucket_cap_mb * 2 ** 20)
         if self.options.algorithm != "adam" and due:
             self._measure_consensus()
         self.recording = False
         self._entry = {"step": self.steps, "start_s": t0 - self.t0}
         if self.consensus and self.consensus[-1][0] == self.steps:
             self._entry["consensus"] = self.consensus[-1][1]
-        return self.exchange.wait_s - wait0
+        return self.wait_s - wait0
+
+    @property
+    def wait_s(self) -> float:
+        """Time blocked on arrivals, in total (the parameters' and the trackers' exchanges)."""
+        return self.exchange.wait_s + (self.tracker.exchange.wait_s if self.tracker else 0.0)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes sent, in total, every peer counted."""
+        return self.exchange.bytes_sent + (self.tracker.exchange.bytes_sent if self.tracker else 0)
 
     def head_step(self) -> bool:
         """Whether this step updates only the personalized head (DePRL's tau, `head_steps`):
@@ -118,7 +135,7 @@ class GossipRun:
         """After the user's optimizer applied the update: hand this step's parameters to the
         neighbours (not after a head-only step: the body did not change)."""
         if self.head_step():
-            self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.exchange.wait_s, peers=[], step_wait_s=0.0,
+            self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.wait_s, peers=[], step_wait_s=0.0,
                                bytes_per_peer=0, head_only=True, end_s=time.perf_counter() - self.t0)
             self.log.append(self._entry)
             self.steps += 1
@@ -128,19 +145,18 @@ class GossipRun:
         nb = neighbours(W, self.rank)
         self.exchange.set_buckets(make_buckets(self._tensors(), self._owners(), self.order,
                                                self.options.bucket_cap_mb * 2 ** 20))
-        sent0 = self.exchange.bytes_sent
         self.exchange.start(nb)
-        per_peer = (self.exchange.bytes_sent - sent0) // max(len(nb.send), 1)
+        per_peer = (self.bytes_sent - self._sent0) // max(len(nb.send), 1)  # with this step's trackers
         prev = self.log[-1]["wait_s"] if self.log else 0.0
-        self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.exchange.wait_s, peers=list(nb.send),
-                           step_wait_s=self.exchange.wait_s - prev,
+        self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.wait_s, peers=list(nb.send),
+                           step_wait_s=self.wait_s - prev,
                            bytes_per_peer=per_peer, end_s=time.perf_counter() - self.t0)
         self.log.append(self._entry)
         self.steps += 1
 
     def _tensors(self) -> list[tuple[str, torch.Tensor]]:
         out = [(n, p) for n, p in self.shared] + [(n, b) for n, b in self.shared_buffers]
-        if self.options.algorithm == "momentum":
+        if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for n, p in self.shared:
                     buf = self.optimizer.state.get(p, {}).get(key)
@@ -149,14 +165,25 @@ class GossipRun:
         return out
 
     def _owners(self) -> dict[int, str]:
-        """Each tensor's owning module: the first module (in forward order) holding it directly."""
+        """Each tensor's owning module: the first module (in forward order) holding it directly;
+        for a module whose forward never ran, its nearest ancestor that ran. A parent may use a
+        child's tensors without calling it (nn.MultiheadAttention's out_proj): mixed at a later
+        module's pre-hook instead, they would change after their use and before backward."""
         owner: dict[int, str] = {}
         mods = dict(self.module.named_modules())
-        for name in self.order + [n for n in mods if n not in self.order]:
+        ran = set(self.order)
+
+        def runner(name: str) -> str:
+            up = name
+            while up and up not in ran:
+                up = up.rpartition(".")[0]
+            return up if up in ran else name
+
+        for name in self.order + [n for n in mods if n not in ran]:
             for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
                 if t is not None:
-                    owner.setdefault(id(t), name)
-        if self.options.algorithm == "momentum":
+                    owner.setdefault(id(t), runner(name))
+        if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for _, p in self.shared:
                     buf = self.optimizer.state.get(p, {}).get(key)
@@ -201,7 +228,7 @@ class GossipRun:
                 "personalized": self.local_names, "head_steps": self.options.head_steps, "consensus": self.consensus,
                 "consensus_last": self.consensus[-1][1] if self.consensus else None,
                 "bytes_per_peer_per_step": last.get("bytes_per_peer"), "peers_last_step": last.get("peers"),
-                "bytes_sent": self.exchange.bytes_sent, "wait_s": self.exchange.wait_s,
+                "bytes_sent": self.bytes_sent, "wait_s": self.wait_s,
                 "last_wait_s": last.get("step_wait_s")}
 
     def write_trace(self) -> None:
@@ -228,19 +255,28 @@ class GossipRun:
         self.write_trace()
 
     def worker_state(self) -> dict[str, Any]:
-        """This worker's own model, optimizer, gossip step, module order and (adam) pending mix."""
+        """This worker's own model, optimizer, gossip step, module order, (adam) pending mix and
+        (tracking) gradient tracker."""
         self.synchronize()
         by_id = self.exchange.pending_values()
         pending = {name: by_id[id(t)] for name, t in self._tensors() if id(t) in by_id}
         pending.update(self.restored)
-        return {"model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(), "steps": self.steps, "order": list(self.order),
-                "pending_mix": pending}
+        state = {"model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+                 "optimizer": self.optimizer.state_dict(), "steps": self.steps, "order": list(self.order),
+                 "pending_mix": pending}
+        if self.tracker is not None:
+            state["tracker"] = self.tracker.state_dict()
+        return state
 
     def load_worker_state(self, state: dict[str, Any]) -> None:
         """Resume this worker from `worker_state()` (call on every rank, before the next step)."""
         if self.exchange.pending:
             raise CaramelError("strategy 'gossip': load a worker state right after parallelize(), before any step")
+        if self.tracker is not None:
+            if "tracker" not in state:
+                raise CaramelError("strategy 'gossip': algorithm=tracking resumes each worker's gradient tracker, "
+                                   "and this worker state has none (saved under another algorithm)")
+            self.tracker.load_state_dict(state["tracker"])
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps, self.order, self.recording = int(state["steps"]), list(state["order"]), False
@@ -261,77 +297,20 @@ class GossipRun:
                     dist.destroy_process_group(g)
 
 
-def momentum_keys(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
-    """The optimizer-state entries algorithm=momentum gossips with each parameter."""
+def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
+    """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENTUM_KEYS:
             return MOMENTUM_KEYS[cls.__name__]
-    raise CaramelError(f"strategy 'gossip': algorithm=momentum exchanges the optimizer's momentum buffers, which "
+    raise CaramelError(f"strategy 'gossip': algorithm={algorithm} exchanges the optimizer's momentum buffers, which "
                        f"SGD (momentum > 0), Adam and AdamW keep; got {type(optimizer).__name__}")
 
 
-class GossipModel(nn.Module):
-    """The user's module behind a DDP-shaped wrapper (`.module`, `no_sync()`)."""
-
-    def __init__(self, module: nn.Module, run: GossipRun):
-        super().__init__()
-        self.module = module
-        object.__setattr__(self, "_run", run)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Gradients never leave a worker under gossip: accumulating them needs nothing special."""
-        yield
-
-    def synchronize(self) -> None:
-        self._run.synchronize()
-
-
-class GossipOptimizerMixin:
-    """Mixed in front of the user's optimizer class: `step()` mixes, updates, and sends."""
-
-    _gossip_run: GossipRun
-    _gossip_base: type
-
-    def step(self, closure=None):  # noqa: D401 - same contract as torch.optim.Optimizer.step
-        run = self._gossip_run
-        self._opt_called = True  # tells LR schedulers a step happened
-        waited = run.before_update()
-        frozen = run.frozen()
-        grads = [p.grad for p in frozen]
-        for p in frozen:  # an optimizer skips a parameter without a gradient (no decay, no momentum)
-            p.grad = None
-        try:
-            out = self._gossip_base.step(self, closure)
-        finally:
-            for p, g in zip(frozen, grads):
-                p.grad = g
-        run.after_update(waited)
-        return out
-
-    def synchronize(self) -> None:
-        """Every pending mix applied (eval, checkpoint, exit); workers' parameters still differ."""
-        self._gossip_run.synchronize()
-
-    @property
-    def gossip(self) -> GossipRun:
-        return self._gossip_run
-
-
-def _wrap_optimizer(optimizer: torch.optim.Optimizer, run: GossipRun) -> torch.optim.Optimizer:
-    base = type(optimizer)
-    cls = type(f"Gossip{base.__name__}", (GossipOptimizerMixin, base), {"_gossip_base": base})
-    return rebind_class(optimizer, cls, _gossip_run=run)
-
-
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:
-    if options.algorithm == "momentum":
-        keys = momentum_keys(optimizer)
+    if options.mixes_moments:
+        keys = momentum_keys(optimizer, options.algorithm)
         if keys == ("momentum_buffer",) and any(g.get("momentum", 0) <= 0 for g in optimizer.param_groups):
-            raise CaramelError("strategy 'gossip': algorithm=momentum needs SGD with momentum > 0 in every "
+            raise CaramelError(f"strategy 'gossip': algorithm={options.algorithm} needs SGD with momentum > 0 in every "
                                "parameter group (there is no momentum buffer to exchange otherwise)")
     if options.algorithm == "adam" and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise CaramelError(f"strategy 'gossip': algorithm=adam is decentralized Adam(W) (Wang et al.); "
@@ -374,4 +353,4 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     run = GossipRun(model, optimizer, options, ranks, (up, down), control, str(trace) if trace else None)
     if session is not None:
         session.register(run)
-    return GossipModel(model, run), _wrap_optimizer(optimizer, run)
+    return GossipModel(model, run), wrap_optimizer(optimizer, run)

@@ -15,7 +15,11 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 - compute is the profile's, divided by the worker's speed and multiplied by its step's jitter;
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;
 - compute runs the cluster's `compute_slowdown` times slower while the worker's exchange of
-  that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default).
+  that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default);
+- algorithm=tracking: after its backward each worker sends its trackers (the gossiped
+  parameters' bytes again) to step k's out-neighbours, and its update waits until every
+  in-neighbour's trackers have landed (the tracker and parameter messages are not modelled
+  sharing a link: one follows the other within a step).
 
 Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
 (default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
@@ -111,10 +115,12 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
     jit = _jitter(cluster, steps)
     speed = [w.speed for w in cluster.workers]
-    per_tensor = 2 if options.algorithm == "momentum" else 1
+    per_tensor = 2 if options.mixes_moments else 1
     shared = [p for p in profile.trainable() if not options.is_local(p.name)]
     need, total = message_needs(shared, len(profile.modules), per_tensor, options.bucket_cap_mb * 2 ** 20)
     in_forward = options.algorithm != "adam"
+    tracking = options.tracks
+    tracker_bytes = sum(p.bytes for p in shared) if tracking else 0  # one tracker per gossiped parameter
 
     def compute(w: int, k: int, seconds: float) -> float:
         return seconds / speed[w] * jit[w][k]
@@ -123,6 +129,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     waits = [0.0] * n
     events = []
     cycle = options.head_steps + 1  # DePRL: only the last step of each cycle sends (the body)
+    ready, starts, busies = [0.0] * n, [0.0] * n, [Busy(cluster.compute_slowdown) for _ in range(n)]
     for k in range(steps):
         sent = k > 0 and (k - 1) % cycle == cycle - 1
         W = mats[((k - 1) // cycle) % len(mats)] if sent else None
@@ -159,9 +166,19 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
             if due > t:
                 waits[w] += due - t
                 t = due
-            t = busy.advance(t, compute(w, k, profile.optimizer_time_s))
+            ready[w], starts[w], busies[w] = t, start, busy
+        for w in range(n):
+            t = ready[w]
+            if tracking and n > 1:  # the update waits for the in-neighbours' trackers of this step
+                Wk = mats[k % len(mats)]
+                due = max(ready[j] + alpha + tracker_bytes * max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv))
+                          / min(rates[j], rates[w]) for j, _ in neighbours(Wk, w).recv)
+                if due > t:
+                    waits[w] += due - t
+                    t = due
+            t = busies[w].advance(t, compute(w, k, profile.optimizer_time_s))
             end[w][k] = t
-            events.append(TraceEvent(w, "compute", "step", "step", start, t - start, k))
+            events.append(TraceEvent(w, "compute", "step", "step", starts[w], t - starts[w], k))
     warm = steps // 2
     periods = [(e[-1] - e[warm]) / (steps - 1 - warm) for e in end]
     step_s = statistics.mean(periods)
@@ -182,7 +199,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         world_size=n, num_items=len(shared),
         trace=Trace("predicted", n, events, meta={"strategy": "gossip"}),
         meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
-              "mixing": info, "bytes_per_peer_per_step": total, "periods_s": periods,
+              "mixing": info, "bytes_per_peer_per_step": total + tracker_bytes, "periods_s": periods,
               "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
 
 

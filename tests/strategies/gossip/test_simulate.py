@@ -136,3 +136,16 @@ def test_compute_beside_the_exchange_runs_at_the_clusters_slowdown():
     assert step_ms(3e9, 1.5, 0.5) > step_ms(3e9, 1.0, 0.5) + 3.0
     # communication-bound: the forward waits for each message anyway, the slower compute hides in it
     assert step_ms(2e8, 1.5, 0.5) == pytest.approx(step_ms(2e8, 1.0, 0.5))
+
+
+def test_tracking_sends_twice_the_bytes_and_waits_for_the_trackers_before_the_update(profile):
+    """Uniform workers: the trackers leave after backward and land before the update, nothing to
+    hide them behind, so the step grows by exactly one exchange of the model's bytes to two peers."""
+    cluster = ClusterSpec.uniform(4, 1e9)
+    dpsgd, tracking = sim("gossip", profile, cluster), sim("gossip:algorithm=tracking", profile, cluster)
+    model_bytes = sum(p.bytes for p in profile.trainable())
+    assert tracking.meta["bytes_per_peer_per_step"] == 2 * dpsgd.meta["bytes_per_peer_per_step"] == 2 * model_bytes
+    exchange_s = cluster.latency_s + model_bytes * 2 / (cluster.bandwidth_bps / 8)  # a ring worker: 2 peers share its link
+    assert tracking.step_time_s == pytest.approx(dpsgd.step_time_s + exchange_s, rel=1e-9)
+    # with the moment buffers as well (priced as SGD's one buffer, as algorithm=momentum is)
+    assert sim("gossip:algorithm=tracking_momentum", profile, cluster).meta["bytes_per_peer_per_step"] == 3 * model_bytes

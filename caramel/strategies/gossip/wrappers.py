@@ -1,0 +1,79 @@
+"""What `caramel.parallelize(..., "gossip")` hands back: the user's module behind a DDP-shaped
+wrapper, and the user's optimizer whose `step()` mixes, updates (with the trackers in place of
+the gradients under algorithm=tracking) and sends (`parallelize.GossipRun` does the work)."""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from caramel.errors import CaramelError
+from caramel.runtime.optimizer import rebind_class
+
+if TYPE_CHECKING:
+    from caramel.strategies.gossip.parallelize import GossipRun
+
+
+class GossipModel(nn.Module):
+    """The user's module behind a DDP-shaped wrapper (`.module`, `no_sync()`)."""
+
+    def __init__(self, module: nn.Module, run: GossipRun):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_run", run)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients never leave a worker under gossip: accumulating them needs nothing special."""
+        yield
+
+    def synchronize(self) -> None:
+        self._run.synchronize()
+
+
+class GossipOptimizerMixin:
+    """Mixed in front of the user's optimizer class: `step()` mixes, updates, and sends."""
+
+    _gossip_run: GossipRun
+    _gossip_base: type
+
+    def step(self, closure=None):  # noqa: D401 - same contract as torch.optim.Optimizer.step
+        run = self._gossip_run
+        if closure is not None and run.tracker is not None:
+            raise CaramelError("strategy 'gossip': algorithm=tracking steps with the trackers it mixed from this "
+                               "step's gradients; a closure would compute new ones inside step(). Call "
+                               "backward() before optimizer.step() without a closure")
+        self._opt_called = True  # tells LR schedulers a step happened
+        waited = run.before_update()
+        frozen = run.frozen()
+        grads = [p.grad for p in frozen]
+        for p in frozen:  # an optimizer skips a parameter without a gradient (no decay, no momentum)
+            p.grad = None
+        try:
+            out = self._gossip_base.step(self, closure)
+        finally:
+            for p, g in zip(frozen, grads):
+                p.grad = g
+            if run.tracker is not None:
+                run.tracker.swap_out()  # the user's gradients are their own again
+        run.after_update(waited)
+        return out
+
+    def synchronize(self) -> None:
+        """Every pending mix applied (eval, checkpoint, exit); workers' parameters still differ."""
+        self._gossip_run.synchronize()
+
+    @property
+    def gossip(self) -> GossipRun:
+        return self._gossip_run
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer, run: GossipRun) -> torch.optim.Optimizer:
+    base = type(optimizer)
+    cls = type(f"Gossip{base.__name__}", (GossipOptimizerMixin, base), {"_gossip_base": base})
+    return rebind_class(optimizer, cls, _gossip_run=run)

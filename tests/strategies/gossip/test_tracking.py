@@ -1,0 +1,70 @@
+"""algorithm=tracking (gradient tracking) on 4 gloo workers: the tracking invariant, DDP's step
+on the complete graph, exact resume, and clear refusals."""
+from __future__ import annotations
+
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.strategies import STRATEGIES
+from caramel.strategies.gossip.options import GossipOptions
+from caramel.testing import run_workers
+from tests.strategies.gossip.tracking_workers import four_worker_suite
+
+pytestmark = pytest.mark.timeout(200)
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def four():
+    return run_workers(four_worker_suite, 4, args=(STEPS,), timeout_s=180)
+
+
+def test_the_trackers_sum_is_the_gradients_sum_at_every_step(four):
+    for res in (r["invariant"] for r in four):
+        assert len(res["sum_gap"]) == STEPS
+        for gap, scale, from_mean, from_own in zip(res["sum_gap"], res["scale"], res["from_mean"], res["from_own"]):
+            assert gap <= 1e-12 * scale, (gap, scale)
+            # on a ring a tracker is neither the average gradient nor the worker's own
+            assert from_mean > 1e-6 * scale and from_own > 1e-6 * scale, (from_mean, from_own, scale)
+        assert all(res["grads_kept"])  # after step() p.grad is the worker's own gradient again
+        assert res["skipped_unused"]  # no gradient anywhere: no update, no weight decay
+        assert res["bytes_per_peer"] == 2 * res["param_bytes"]  # parameters + trackers
+
+
+def test_complete_graph_tracking_takes_ddps_adamw_step(four):
+    for res in (r["complete"] for r in four):
+        for algorithm in ("tracking", "tracking_momentum"):
+            assert res[algorithm]["moved"] > 1e-3
+            assert res[algorithm]["ddp"] <= 1e-6, (algorithm, res[algorithm])
+        # parameters + trackers, and AdamW's two moments on top
+        assert res["tracking"]["bytes"] == 2 * res["dpsgd"]["bytes"]
+        assert res["tracking_momentum"]["bytes"] == 4 * res["dpsgd"]["bytes"]
+        assert res["dpsgd"]["ddp"] > 1e-4, res["dpsgd"]  # local Adam moments: the test can tell
+
+
+def test_tracking_resumes_exactly(four):
+    for res in (r["checkpoint"] for r in four):
+        assert res["diff"] == 0.0
+
+
+def test_a_closure_and_a_state_without_tracker_are_refused(four):
+    for res in (r["refusals"] for r in four):
+        assert "algorithm=tracking" in res["closure"] and "closure" in res["closure"]
+        assert "has none" in res["state"] and "tracker" in res["state"]
+
+
+def test_a_childs_tensors_its_parent_uses_are_mixed_before_the_parent_runs(four):
+    # tracking_momentum's moments double the messages; any algorithm whose messages are cut there
+    for res in (r["unrun_child"] for r in four):
+        assert res["ok"], res["error"]
+
+
+def test_bad_tracking_options_are_refused():
+    for algorithm in ("tracking", "tracking_momentum"):
+        with pytest.raises(CaramelError, match="head_steps .* algorithm=tracking"):
+            GossipOptions(algorithm=algorithm, personalize="head", head_steps=1)
+    with pytest.raises(CaramelError, match="algorithm must be one of .*tracking.* got 'trackng'"):
+        GossipOptions(algorithm="trackng")
+    with pytest.raises(CaramelError, match="algorithm"):
+        STRATEGIES.spec("gossip:algorithm=trackng")
+    assert STRATEGIES.spec("gossip:algorithm=tracking").options.algorithm == "tracking"

@@ -1,0 +1,143 @@
+"""Worker functions of the gradient-tracking tests (algorithm=tracking; spawned, so importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+import caramel
+from caramel.errors import CaramelError
+from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
+from tests.strategies.gossip.gossip_workers import checkpoint_worker
+
+RING = "gossip:topology=ring,algorithm=tracking"
+
+
+def invariant_worker(rank: int, world: int, steps: int) -> dict:
+    """Float64 branchy MLP (one Linear never used: no gradient anywhere) on a ring: after every
+    step, the trackers' sum against the gradients' sum, how far a tracker is from the average
+    gradient and from its own, and whether the user's gradients are back after step()."""
+    w = fresh("mlp_unused")
+    m = w.model.double()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    model, opt = caramel.parallelize(m, opt, RING)
+    tracker = opt.gossip.tracker
+    out = {"sum_gap": [], "from_mean": [], "from_own": [], "grads_kept": [], "scale": [], "skipped_unused": True}
+    for step in range(steps):
+        x, y = batch("mlp_unused", step, rank)
+        w.loss_fn(model(x.double()), y).backward()
+        grads = [None if p.grad is None else p.grad.clone() for p in tracker.params]
+        unused = [p.detach().clone() for p in m.unused.parameters()]
+        opt.step()
+        out["grads_kept"].append(all((g is None and p.grad is None) or (g is not None and torch.equal(g, p.grad))
+                                     for g, p in zip(grads, tracker.params)))
+        out["skipped_unused"] &= all(torch.equal(a, p) for a, p in zip(unused, m.unused.parameters()))
+        own = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, tracker.params)])
+        ys = torch.cat([t.reshape(-1) for t in tracker.y])
+        gap, mean = ys - own, own.clone()
+        dist.all_reduce(gap)  # sum_i y_i - sum_i g_i
+        dist.all_reduce(mean)
+        mean /= world
+        out["sum_gap"].append(float(gap.abs().max()))
+        out["scale"].append(float(own.abs().max()))
+        out["from_mean"].append(float((ys - mean).abs().max()))
+        out["from_own"].append(float((ys - own).abs().max()))
+        opt.zero_grad()
+    out["bytes_per_peer"] = opt.gossip.stats_dict()["bytes_per_peer_per_step"]
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
+    caramel.shutdown()
+    return out
+
+
+def complete_worker(rank: int, world: int, steps: int) -> dict:
+    """AdamW on the complete graph: tracking's trackers are the average gradient, so every worker
+    takes DDP's step (with or without the moments mixed); dpsgd's local Adam does not."""
+    w = fresh("gpt_tied")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("adamw", ddp.parameters())
+    train(ddp, ropt, rsched, w.loss_fn, "gpt_tied", rank, steps)
+    out = {}
+    for algorithm in ("tracking", "tracking_momentum", "dpsgd"):
+        m = copy.deepcopy(w.model)
+        opt, sched = make_optimizer("adamw", m.parameters())
+        model, opt = caramel.parallelize(m, opt, f"gossip:topology=complete,algorithm={algorithm}")
+        train(model, opt, sched, w.loss_fn, "gpt_tied", rank, steps)
+        opt.synchronize()
+        out[algorithm] = {"ddp": max_diff(params_of(ddp.module), params_of(m)),
+                          "moved": max_diff(params_of(w.model), params_of(m)),
+                          "bytes": opt.gossip.stats_dict()["bytes_per_peer_per_step"]}
+        caramel.shutdown()
+    return out
+
+
+def refusals_worker(rank: int, world: int) -> dict:
+    """A closure, and a worker state saved without a tracker, each get one clear error."""
+    out = {}
+    w = fresh("gpt_tied")
+    opt, _ = make_optimizer("adamw", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, RING)
+    try:
+        opt.step(lambda: w.loss_fn(model(*batch("gpt_tied", 0, rank)[:1]), batch("gpt_tied", 0, rank)[1]))
+    except CaramelError as e:
+        out["closure"] = str(e)
+    caramel.shutdown()
+    w = fresh("gpt_tied")
+    opt, _ = make_optimizer("adamw", w.model.parameters())
+    _, opt = caramel.parallelize(w.model, opt, "gossip:topology=ring")
+    state = opt.gossip.worker_state()
+    caramel.shutdown()
+    w = fresh("gpt_tied")
+    opt, _ = make_optimizer("adamw", w.model.parameters())
+    _, opt = caramel.parallelize(w.model, opt, RING)
+    try:
+        opt.gossip.load_worker_state(state)
+    except CaramelError as e:
+        out["state"] = str(e)
+    caramel.shutdown()
+    return out
+
+
+class _AttnNet(torch.nn.Module):
+    """nn.MultiheadAttention uses its out_proj's parameters without calling out_proj."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h, _ = self.attn(h, h, h)
+        return self.head(h).mean(1)
+
+
+def unrun_child_worker(rank: int, world: int, steps: int) -> dict:
+    """Messages cut so that the head's tensors and out_proj's share the last one (3,300 bytes:
+    inp | in_proj | head + out_proj): mixed at the head's pre-hook, out_proj's weight would
+    change after the attention used it and before backward (autograd refuses)."""
+    torch.manual_seed(0)
+    m = _AttnNet()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    model, opt = caramel.parallelize(m, opt, "gossip:topology=ring,algorithm=tracking_momentum",
+                                     bucket_cap_mb=3300 / 2 ** 20)
+    gen = torch.Generator().manual_seed(rank)
+    try:
+        for _ in range(steps):
+            x = torch.randn(2, 3, 8, generator=gen)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        out = {"ok": True, "error": ""}
+    except RuntimeError as e:
+        out = {"ok": False, "error": str(e)[:200]}
+    caramel.shutdown()
+    return out
+
+
+def four_worker_suite(rank: int, world: int, steps: int) -> dict:
+    """Everything the tracking tests check on 4 workers, in one job (spawning costs more)."""
+    return {"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
+            "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, RING),
+            "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps)}
