@@ -13,6 +13,11 @@ another order: a deferred layer keeps its input and output gradient until `run()
 extra memory `deferred_bytes()` reports. Layers this cannot split (a padding mode other than
 zeros, an embedding with `max_norm`, `sparse` or `scale_grad_by_freq`, frozen weights) keep
 autograd's order; `splittable()` says which.
+
+The other way round, a dense layer named `early` computes its weight gradient inside backward
+*before* its input gradient and hands it over at once: in a network whose first gradient to be
+ready is a large layer's (a language model's output layer), the transfer starts while that
+layer's input gradient is still being computed, instead of after it. Nothing is kept.
 """
 from __future__ import annotations
 
@@ -53,11 +58,18 @@ class SplitBackward:
     to its seconds, in run order (the profiler's measurement of `ModuleInfo.weight_grad_time_s`)."""
 
     def __init__(self, modules: list[nn.Module], on_ready: Callable[[nn.Parameter], None] | None = None,
-                 time_modules: bool = False, on_keep: Callable[[], None] | None = None):
-        bad = [type(m).__name__ for m in modules if not splittable(m)]
+                 time_modules: bool = False, on_keep: Callable[[], None] | None = None,
+                 early: list[nn.Module] = ()):
+        bad = [type(m).__name__ for m in list(modules) + list(early) if not splittable(m)]
         if bad:
             raise ValueError(f"cannot split the backward of {', '.join(bad)} (see splittable())")
+        bad = [type(m).__name__ for m in early if isinstance(m, nn.Embedding)]
+        if bad or any(m in modules for m in early):
+            raise ValueError("an early weight gradient needs a dense layer that is not also deferred")
         self.modules = list(modules)
+        self.early = list(early)
+        self._early_ids = {id(m) for m in early}
+        self._calls: dict[int, int] = {}  # early module -> its recorded calls whose backward has not run
         self.on_ready = on_ready
         self.on_keep = on_keep  # called inside backward each time a weight gradient is deferred
         self.time_modules = time_modules
@@ -75,7 +87,7 @@ class SplitBackward:
     def install(self) -> None:
         """Give each module a forward that splits while recording (an instance attribute over the
         class's forward, so hooks, `module.weight` swaps and the user's code are untouched)."""
-        for m in self.modules:
+        for m in self.modules + self.early:
             m.forward = self._splitting_forward(m)
             self._handles.append(m)
 
@@ -100,10 +112,30 @@ class SplitBackward:
         def forward(inp: torch.Tensor) -> torch.Tensor:
             if not self._active or not torch.is_grad_enabled():
                 return plain(inp)
+            if id(module) in self._early_ids:
+                self._calls[id(module)] = self._calls.get(id(module), 0) + 1
             if isinstance(module, nn.Embedding):
                 return _EmbeddingSplit.apply(inp, self._anchor, self, module)
             return _DenseSplit.apply(inp, self._anchor, self, module)
         return forward
+
+    def _early(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> bool:
+        """An early module's weight gradient, computed and handed over now (before its input
+        gradient); False for a deferred module."""
+        if id(module) not in self._early_ids or self._calls.get(id(module), 0) != 1:
+            return False  # deferred, or called more than once: its gradient is a sum, kept for run()
+        self._calls[id(module)] = 0
+        with torch.no_grad():
+            gw, gb = weight_grads(module, inp, grad_out)
+            _accumulate(module.weight, gw)
+            has_bias = gb is not None and module.bias is not None and module.bias.requires_grad
+            if has_bias:
+                _accumulate(module.bias, gb)
+        if self.on_ready is not None:
+            self.on_ready(module.weight)
+            if has_bias:
+                self.on_ready(module.bias)
+        return True
 
     def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> None:
         self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out))
@@ -124,7 +156,8 @@ class SplitBackward:
         """Compute every kept weight gradient, in `modules` order; accumulate into `.grad`."""
         self.last_run_s = {}
         with torch.no_grad():
-            for m in self.modules:
+            for m in self.modules + self.early:
+                self._calls.pop(id(m), None)
                 p = self._pending.pop(id(m), None)
                 if p is None:
                     continue
@@ -215,7 +248,8 @@ class _DenseSplit(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         (inp,) = ctx.saved_tensors
-        ctx.split._keep(ctx.module, inp, g)
+        if not ctx.split._early(ctx.module, inp, g):
+            ctx.split._keep(ctx.module, inp, g)
         gi = _input_grad(ctx.module, inp, ctx.weight, g) if ctx.input_needs_grad else None
         return gi, None, None, None
 

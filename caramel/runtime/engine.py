@@ -113,6 +113,11 @@ class Engine(EngineHooks, EngineReduced):
         self._rows_of_bucket: dict[int, list[RowExchange]] = {}
         self._split = None  # SplitBackward of the plan's compute schedule (hooks.set_compute_schedule)
         self._split_names: list = []
+        self._early_names: list = []  # (name, module) of the early weight gradients in force
+        self._early_wanted: list[str] = []
+        # the dense layers filling the plan's first collective compute their weight gradient
+        # before their input gradient, so that collective starts sooner (`set_plan`)
+        self.early_weight_grads = True
         self.branch_forward = BranchForward(module)  # the plan's branch order (traced on first use)
         if not self.passthrough:
             self._install_grad_hooks()
@@ -281,6 +286,10 @@ class Engine(EngineHooks, EngineReduced):
                 self._module_buckets[name] = bs
         self.install_forward_hooks()
         schedule = getattr(plan, "compute_schedule", None)
+        # only with the profiled module uses: a weight read outside its module's call must be known
+        first = (set(plan.buckets[plan.order[0][0]].params)
+                 if plan.order and self.early_weight_grads and module_uses is not None else set())
+        self._early_wanted = self.early_candidates(uses, first) if first else []
         self.set_compute_schedule(list(schedule.modules) if schedule is not None else [])
 
     # ---------------------------------------------------------------- waiting and applying
@@ -422,6 +431,7 @@ class Engine(EngineHooks, EngineReduced):
                 pass
 
     def remove_hooks(self) -> None:
+        self._early_wanted = []
         self.set_compute_schedule([])
         self.branch_forward.restore()
         for h in self._hook_handles + self._grad_handles:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from caramel.errors import CaramelError
-from caramel.profile.split_backward import SplitBackward
+from caramel.profile.split_backward import SplitBackward, splittable
 from caramel.profile.tied import TiedEmbedding
 from caramel.runtime.buckets import FlatBucket
 from caramel.runtime.tied import RowExchange
@@ -50,24 +50,52 @@ class EngineHooks:
         gradients are computed: `caramel.profile.split_backward`) in every forward whose
         gradients the engine reduces; [] restores autograd's order. Each deferred gradient fills
         its bucket the moment it exists, as a gradient hook would. `timed`: time each one
-        (`deferred_timings`), for the online profile."""
+        (`deferred_timings`), for the online profile. The plan's early weight gradients
+        (`Engine.set_plan`) stay, except for a module deferred here."""
+        early = [n for n in self._early_wanted if n not in modules]
         current = [n for n, _ in self._split_names] if self._split is not None else []
-        if modules == current and (self._split is None or self._split.time_modules == (timed or self.recorder.enabled)):
+        current_early = [n for n, _ in self._early_names] if self._split is not None else []
+        if (modules == current and early == current_early
+                and (self._split is None or self._split.time_modules == (timed or self.recorder.enabled))):
             return
         if self._split is not None:
             self._split.remove()
             self._split = None
-        self._split_names = []
-        if modules:
+        self._split_names, self._early_names = [], []
+        if modules or early:
             named = dict(self.module.named_modules())
-            missing = [n for n in modules if n not in named]
+            missing = [n for n in modules + early if n not in named]
             if missing:
-                raise CaramelError(f"the plan defers weight gradients of {', '.join(missing)}, which this model "
+                raise CaramelError(f"the plan splits the backward of {', '.join(missing)}, which this model "
                                    "does not have")
             self._split_names = [(n, named[n]) for n in modules]
+            self._early_names = [(n, named[n]) for n in early]
             self._split = SplitBackward([named[n] for n in modules], on_ready=self._deferred_ready,
-                                        on_keep=self._queue_finalize, time_modules=timed or self.recorder.enabled)
+                                        on_keep=self._queue_finalize, time_modules=timed or self.recorder.enabled,
+                                        early=[named[n] for n in early])
             self._split.install()
+
+    def early_candidates(self, uses: dict[str, set[int]], bucket_params: set[int]) -> list[str]:
+        """The dense layers whose weight is in `bucket_params` and whose weight gradient can go
+        early: splittable, and no other module uses the weight or bias through autograd (a tied
+        output layer qualifies when its embedding's part travels apart as rows)."""
+        users: dict[int, set[str]] = {}
+        for name, idxs in uses.items():
+            for i in idxs:
+                users.setdefault(i, set()).add(name)
+        apart = {ex.tied.name for ex in self.row_exchanges}
+        named = dict(self.module.named_modules())
+        out = []
+        for name in sorted(uses):
+            m = named.get(name)
+            if m is None or isinstance(m, nn.Embedding) or not splittable(m):
+                continue
+            if self._param_index.get(id(m.weight)) not in bucket_params:
+                continue
+            own = [p for p in (m.weight, getattr(m, "bias", None)) if p is not None and p.requires_grad]
+            if all(users.get(self._param_index.get(id(p)), set()) - {name} <= apart for p in own):
+                out.append(name)
+        return out
 
     def _deferred_ready(self, param: nn.Parameter) -> None:
         idx = self._param_index.get(id(param))

@@ -110,3 +110,59 @@ def test_no_gradient_hook_fires_for_a_deferred_weight():
     assert fired == ["fc1"]
     split.run()
     assert fired == ["fc1"] and model.emb.weight.grad is not None
+
+
+def test_an_early_weight_gradient_is_handed_over_before_its_input_gradient_is_computed():
+    """fc1 goes early: its weight gradient (bit for bit autograd's) is delivered inside backward,
+    before conv2's gradient, which needs fc1's input gradient, exists; nothing is kept."""
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    ids, y = _data()
+    nn.functional.mse_loss(ref(ids), y).backward()
+    events = []
+    model.conv2.weight.register_post_accumulate_grad_hook(lambda p: events.append("conv2"))
+    split = SplitBackward([], on_ready=lambda p: events.append("fc1.weight" if p is model.fc1.weight else "fc1.bias"),
+                          early=[model.fc1])
+    split.install()
+    with split.recording():
+        loss = nn.functional.mse_loss(model(ids), y)
+    loss.backward()
+    assert events == ["fc1.weight", "fc1.bias", "conv2"]
+    assert not split.pending()
+    want, got = _grads(ref), _grads(model)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max().item())
+
+
+def test_an_early_layer_called_twice_is_kept_and_delivered_once_as_the_sum():
+    """fc2 runs twice in the forward: an early hand-over of the first backward call would deliver
+    half a gradient, so both calls are kept and `run()` delivers the sum once."""
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    ids, y = _data()
+    nn.functional.mse_loss(ref(ids), y).backward()
+    ready = []
+    split = SplitBackward([], on_ready=ready.append, early=[model.fc2])
+    split.install()
+    for _ in range(2):  # a second step: the call count starts afresh after run()
+        model.zero_grad(set_to_none=True)
+        ready.clear()
+        with split.recording():
+            loss = nn.functional.mse_loss(model(ids), y)
+        loss.backward()
+        assert ready == [] and split.pending()
+        split.run()
+        assert ready == [model.fc2.weight, model.fc2.bias]
+        for k, v in _grads(ref).items():
+            assert torch.allclose(_grads(model)[k], v, atol=1e-6), k
+
+
+def test_an_early_layer_must_be_dense_and_not_deferred():
+    model = Net()
+    with pytest.raises(ValueError, match="dense layer"):
+        SplitBackward([model.fc1], early=[model.fc1])
+    with pytest.raises(ValueError, match="dense layer"):
+        SplitBackward([], early=[model.emb])

@@ -38,6 +38,9 @@ class CaramelOptions:
     replan: str = field(default="off", metadata={"choices": ("off", "auto")})
     comm_priority: str = field(default="auto", metadata={"choices": COMM_PRIORITIES})
     split_tied: bool = True
+    # the dense layers filling the plan's first collective compute their weight gradient before
+    # their input gradient, so that collective starts sooner (`caramel.profile.split_backward`)
+    early_weight_grad: bool = True
     # planner knobs (None: the planner's own default); each is checked against the planner
     bucket_cap_mb: float | None = None
     first_bucket_mb: float | None = None

@@ -70,6 +70,7 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     planner, overlap = options.planner, options.overlap
     trial_steps, trial_passes = options.trial_steps, options.trial_passes
     comm_priority, split_tied = options.comm_priority, options.split_tied
+    early_weight_grad = options.early_weight_grad
     profile_steps, check_every, replan = options.profile_steps, options.check_every, options.replan
     planner_options = options.planner_options()
     compression, balance, balance_every = options.compression, options.balance, options.balance_every
@@ -120,7 +121,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
             input_error = (f"comm_priority='realtime': {prio.reason}; pass comm_priority='auto' to fall back to "
                            "normal priority")
         # planner options are not compared: only rank 0 plans
-        options = {"planner": planner, "overlap": overlap, "split_tied": split_tied, "broadcast_buffers": broadcast_buffers,
+        options = {"planner": planner, "overlap": overlap, "split_tied": split_tied,
+                   "early_weight_grad": early_weight_grad, "broadcast_buffers": broadcast_buffers,
                    "find_unused_parameters": find_unused_parameters, "profile_steps": profile_steps,
                    "check_every": check_every, "replan": replan, "trial_steps": trial_steps, "trial_passes": trial_passes,
                    "comm_priority": comm_priority, "compression": compression, "balance": balance, "balance_every": balance_every,
@@ -149,6 +151,7 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
         auto, overlap = False, "backward"  # updates cannot be split per bucket: nothing to try
     engine = Engine(model, optimizer, params, names, comm, world, rank, AUTO_CANDIDATES[0] if auto else overlap,
                     recorder, timeout_s, comm_priority=prio if world > 1 else None)
+    engine.early_weight_grads = early_weight_grad
     wrap_optimizer(optimizer, engine)
     controller = Controller(engine, model, names, params, group, rank, world, planner, cluster, planner_options,
                             fingerprint, lazy_ok, profile_steps, check_every, replan,

@@ -1,0 +1,32 @@
+"""Worker for the early weight gradient test (spawned; must be importable)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import caramel
+from tests.distributed.workers import fresh, make_optimizer, max_diff, params_of, train
+
+
+def early_weight_grad_worker(rank: int, world: int, steps: int) -> dict:
+    """The tied transformer with and without early weight gradients, against DDP: the parameters'
+    largest difference and the layers that went early once the plan was in force."""
+    out = {}
+    w = fresh("gpt_tied")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("adam", ddp.parameters())
+    train(ddp, ropt, rsched, w.loss_fn, "gpt_tied", rank, steps)
+    ref = params_of(ddp.module)
+    for early in (True, False):
+        m = copy.deepcopy(w.model)
+        opt, sched = make_optimizer("adam", m.parameters())
+        model, opt = caramel.parallelize(m, opt, planner="caramel", overlap="forward", early_weight_grad=early)
+        train(model, opt, sched, w.loss_fn, "gpt_tied", rank, steps)
+        opt.synchronize()
+        out[(early, "diff")] = max_diff(ref, params_of(model.module))
+        out[(early, "early")] = [name for name, _ in opt.engine._early_names]
+        out[(early, "first bucket")] = sorted(opt.engine.names[i] for i in
+                                              opt.engine.plan.buckets[opt.engine.plan.order[0][0]].params)
+        caramel.shutdown()
+    return out

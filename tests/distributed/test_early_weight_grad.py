@@ -1,0 +1,21 @@
+"""Early weight gradients are exact: the tied transformer's output layer, whose gradient fills the
+plan's first collective, computes it before its input gradient, and the parameters still equal
+DDP's after the profiling steps and several planned ones."""
+import pytest
+
+from caramel.testing import run_workers
+from tests.distributed.early_workers import early_weight_grad_worker
+
+TOL = 1e-5
+STEPS = 12  # the online profile takes 4, the plan runs the rest
+
+
+@pytest.mark.timeout(300)
+def test_early_weight_gradient_of_the_tied_output_layer_matches_ddp():
+    results = run_workers(early_weight_grad_worker, 2, args=(STEPS,), timeout_s=280)
+    for rank, res in enumerate(results):
+        assert "tok.weight" in res[(True, "first bucket")], res
+        assert res[(True, "early")] == ["head"], f"rank {rank}: {res}"
+        assert res[(False, "early")] == [], f"rank {rank}: {res}"
+        for early in (True, False):
+            assert res[(early, "diff")] <= TOL, f"rank {rank}: early={early}: differs by {res[(early, 'diff')]:g}"
