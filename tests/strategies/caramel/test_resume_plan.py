@@ -1,0 +1,30 @@
+"""A caramel run with a fixed compression mode (none, fp16, topk, powersgd), checkpointed after
+3 of 6 steps and resumed in fresh processes, equals the run never stopped, losses and
+parameters bit for bit: the resumed engine adopts the checkpoint's plan instead of profiling
+and planning again (2-rank gloo, `plan_resume_workers`)."""
+import pytest
+import torch
+
+from caramel.testing import run_workers
+from tests.strategies.caramel.plan_resume_workers import MODES
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.timeout(280)
+def test_every_compression_mode_resumes_bit_for_bit(tmp_path):
+    from tests.strategies.caramel.plan_resume_workers import full_worker, resumed_worker
+    full = run_workers(full_worker, 2, args=(str(tmp_path),), timeout_s=130)
+    resumed = run_workers(resumed_worker, 2, args=(str(tmp_path),), timeout_s=130)
+    for rank in range(2):
+        f, r = full[rank], resumed[rank]
+        assert f["topk"]["codecs"] == ["topk:0.1"] and f["powersgd"]["codecs"] == ["powersgd:2"], f
+        for mode in MODES:
+            assert r[mode]["profiling_after_load"] is False, (mode, r[mode])
+            assert r[mode]["plan"] == r[mode]["full_plan"], mode
+            assert r[mode]["losses"] == r[mode]["full_losses"][3:], (mode, r[mode])
+            assert r[mode]["same_params"], (mode, r[mode])
+        other = r["other_options"]
+        assert other["profiling_after_load"] is True
+        if rank == 0:
+            assert "compression" in other["said"] and "topk:0.1" in other["said"] and "profiling again" in other["said"], other
