@@ -84,6 +84,18 @@ def resumed_worker(rank: int, world: int, root: str) -> dict:
         out[mode] = {"losses": losses, "full_losses": full["losses"], "plan": plan, "full_plan": full["plan"],
                      "profiling_after_load": profiling, "same_params": all(torch.equal(a, b) for a, b in pairs),
                      "max_param_diff": max(float((a - b).abs().max()) for a, b in pairs)}
+    # a plan torch DDP ran (DDP's schedule won the overlap trial): handed to torch DDP again at
+    # once; uncompressed, two ranks' sums do not depend on who reduces them
+    saved = torch.load(_path(root, "none", rank), weights_only=True)
+    adaptive = saved["optimizer"]["caramel_adaptive"]
+    adaptive["plan"] = {**adaptive["plan"], "ddp": True, "overlap": "backward"}
+    model, opt = _build({}, saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    delegating = opt.engine.delegating
+    losses = _train(model, opt, rank, HALF, STEPS)
+    full = torch.load(_path(root, "none.final", rank), weights_only=True)
+    out["ddp"] = {"delegating_after_load": delegating, "same_losses": losses == full["losses"][HALF:],
+                  "same_params": all(torch.equal(a, b) for a, b in zip(full["params"], params_of(model.module)))}
     # a plan saved for other options is not adopted: the run says so and profiles again
     saved = torch.load(_path(root, "topk", rank), weights_only=True)
     model, opt = _build({"compression": "topk:0.2"}, saved["model"])

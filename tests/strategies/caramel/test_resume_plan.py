@@ -1,7 +1,8 @@
 """A caramel run with a fixed compression mode (none, fp16, topk, powersgd), checkpointed after
 3 of 6 steps and resumed in fresh processes, equals the run never stopped, losses and
 parameters bit for bit: the resumed engine adopts the checkpoint's plan instead of profiling
-and planning again (2-rank gloo, `plan_resume_workers`)."""
+and planning again (2-rank gloo, `plan_resume_workers`). A saved plan that torch DDP ran is
+handed to torch DDP again; one made with other options is not adopted, and rank 0 says so."""
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ def test_every_compression_mode_resumes_bit_for_bit(tmp_path):
             assert r[mode]["plan"] == r[mode]["full_plan"], mode
             assert r[mode]["losses"] == r[mode]["full_losses"][3:], (mode, r[mode])
             assert r[mode]["same_params"], (mode, r[mode])
+        assert r["ddp"] == {"delegating_after_load": True, "same_losses": True, "same_params": True}, r["ddp"]
         other = r["other_options"]
         assert other["profiling_after_load"] is True
         if rank == 0:
