@@ -30,3 +30,24 @@ def test_every_compression_mode_resumes_bit_for_bit(tmp_path):
         assert other["profiling_after_load"] is True
         if rank == 0:
             assert "compression" in other["said"] and "topk:0.1" in other["said"] and "profiling again" in other["said"], other
+
+
+def test_a_bad_or_newer_plan_entry_is_one_clear_error_and_an_auto_plan_fits_auto_only():
+    from types import SimpleNamespace
+
+    from caramel.errors import CaramelError
+    from caramel.strategies.caramel.plan_state import _unfit, restore_plan
+
+    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"})
+    with pytest.raises(CaramelError, match="'plan' must be a mapping, got list"):
+        restore_plan(c, [])
+    with pytest.raises(CaramelError, match="version 3, newer than this caramel reads"):
+        restore_plan(c, {"version": 3})
+    with pytest.raises(CaramelError, match="lacks profile, cluster"):
+        restore_plan(c, {"version": 2, "plan": {}, "overlap": "forward"})
+    legacy = {"version": 1, "plan": {"world_size": 2, "model_fingerprint": "f"}}
+    assert _unfit(c, legacy, legacy=True) == "it was made with compression='auto' (this run 'topk:0.1')"
+    c.plan_inputs = {"compression": "auto"}
+    assert _unfit(c, legacy, legacy=True) is None
+    assert _unfit(c, {"plan": {"world_size": 4, "model_fingerprint": "f"}, "inputs": c.plan_inputs}, False) == \
+        "it was made for 4 workers, this job has 2"
