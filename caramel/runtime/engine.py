@@ -292,6 +292,10 @@ class Engine(EngineHooks, EngineReduced):
         self._early_wanted = self.early_candidates(uses, first) if first else []
         self.set_compute_schedule(list(schedule.modules) if schedule is not None else [])
 
+    def module_order(self) -> list[str]:
+        """The forward's module order the plan in force runs against (`set_plan`'s)."""
+        return sorted(self._module_pos, key=self._module_pos.__getitem__)
+
     # ---------------------------------------------------------------- waiting and applying
 
     def _wait(self, bucket_ids: list[int]) -> None:

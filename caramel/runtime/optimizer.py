@@ -13,8 +13,8 @@ import torch
 
 from caramel.runtime.compression import STATE_KEY as COMPRESSION_STATE_KEY
 
-# what the strategy's controller has learned (the balancers' windows and decisions, auto
-# compression's plan), as its `adaptive_state()` gives it; absent when there is none, and in
+# what the strategy's controller has learned (the balancers' windows and decisions, the plan in
+# force once settled), as its `adaptive_state()` gives it; absent when there is none, and in
 # checkpoints older than it
 ADAPTIVE_STATE_KEY = "caramel_adaptive"
 

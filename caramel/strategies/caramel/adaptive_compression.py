@@ -9,7 +9,8 @@ The controller decides again whenever it re-plans for a measured bandwidth more 
 plan's (`checks.bandwidth_replan_cluster`), so compression goes on when the link slows and off
 when it recovers, at the same step on every rank (rank 0 decides; the plan carries the choice).
 A checkpoint keeps the choice: the settled plan, its profile and link travel in the optimizer's
-state dict (`Controller.adaptive_state`), and a resumed engine adopts them instead of profiling.
+state dict (`plan_state`, as for every other compression mode), and a resumed engine adopts
+them instead of profiling.
 fp16 keeps no error feedback, so there is no residual to carry.
 """
 from __future__ import annotations

@@ -27,12 +27,11 @@ from caramel.strategies.caramel.adaptive_compression import compress_plan, with_
 from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
 from caramel.strategies.caramel.handover import Handover
+from caramel.strategies.caramel.plan_state import KEY as PLAN_KEY, LEGACY_AUTO_KEY, plan_state, restore_plan
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
-
-AUTO_PLAN_VERSION = 1  # the checkpoint entry of compression="auto"'s plan (`adaptive_state`)
 
 
 class Controller:
@@ -43,13 +42,14 @@ class Controller:
                  fingerprint: str, lazy_ok: bool, profile_steps: int, check_every: int, replan: str = "off",
                  trial_steps: int = 0, broadcast_buffers: bool = True, trial_passes: int = 1,
                  find_unused_parameters: bool = True, comm_priority: CommPriority | None = None,
-                 compression: str = "none"):
+                 compression: str = "none", plan_inputs: dict[str, Any] | None = None):
         self.engine, self.model, self.names, self.params = engine, model, names, params
         self.group, self.rank, self.world = group, rank, world
         self.planner, self.cluster, self.planner_options = planner, cluster, planner_options
         self.fingerprint, self.lazy_ok = fingerprint, lazy_ok
         self.profile_steps = profile_steps
         self.compression = compression
+        self.plan_inputs = plan_inputs or {}  # what a plan is made from, compared when a checkpoint's is adopted
         self.balancer = None  # a `balance.Balancer` with balance="batch" (set by parallelize)
         # auto compression follows the link: the bandwidth checks of replan="auto" run with it
         self.checks = PeriodicCheck(engine, group, rank, world, check_every, "auto" if compression == "auto" else replan)
@@ -77,8 +77,9 @@ class Controller:
         return not self.profiling and self.trial is None and not self.uses_pending
 
     # -- the plan in force
-    def adopt(self, plan: Plan, source: str, overlap: str | None = None) -> None:
-        """Run `plan` (in `overlap`, else the mode in force) from the next step, on every rank."""
+    def adopt(self, plan: Plan, source: str, overlap: str | None = None, module_order: list[str] | None = None) -> None:
+        """Run `plan` (in `overlap`, else the mode in force) from the next step, on every rank;
+        `module_order`: the forward's order when no profile gives it (a checkpoint's)."""
         overlap = overlap or self.engine.overlap
         self.engine.synchronize()
         self.handover.take_back()
@@ -86,7 +87,7 @@ class Controller:
         if plan.world_size != self.world:
             raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
         self._check_same_plan(plan)
-        order = [m.name for m in self.profile.modules] if self.profile is not None else None
+        order = [m.name for m in self.profile.modules] if self.profile is not None else module_order
         self.engine.set_plan(plan, self.module_uses, order)
         sync_apply = overlap != "forward" or not self.lazy_ok
         if self.module_uses is None and not sync_apply:
@@ -292,44 +293,26 @@ class Controller:
     # -- checkpoints
     def adaptive_state(self) -> dict[str, Any]:
         """What a resumed run needs of this controller's adaptation; {} for none: the balancer's
-        state (`balance_state`) and, with compression="auto" once settled, the plan in force
-        with its profile and the link it was made for (auto's on/off choice lives in the plan)."""
+        state (`balance_state`) and, once settled, the plan in force with what it was made from
+        (`plan_state`), for every compression mode."""
         out: dict[str, Any] = {}
         if self.balancer is not None:
             out["balance"] = balancer_state(self.balancer, self.rank, self.world)
-        if (self.compression == "auto" and self.settled() and not self.engine.delegating
-                and self.profile is not None and self.plan_cluster is not None and self.engine.plan is not None):
-            out["auto_plan"] = {"version": AUTO_PLAN_VERSION, "plan": self.engine.plan.to_dict(),
-                                "overlap": self.engine.overlap, "profile": self.profile.to_dict(),
-                                "cluster": self.plan_cluster.to_dict()}
+        plan = plan_state(self)
+        if plan is not None:
+            out[PLAN_KEY] = plan
         return out
 
     def load_adaptive_state(self, state: dict[str, Any]) -> None:
         """Restore `adaptive_state()` (every rank, the same `state`); balance state for a run
-        with balance="off" is ignored (nothing adapts to it)."""
+        with balance="off" is ignored (nothing adapts to it). A saved plan is adopted instead of
+        profiling when it was made for this run's options (`plan_state.restore_plan`)."""
         if state.get("balance") is not None and self.balancer is not None:
             load_balancer_state(self.balancer, state["balance"], self.rank, self.world)
-        saved = state.get("auto_plan")
-        if saved is not None and self.compression == "auto":
-            self._resume_plan(saved)
-
-    def _resume_plan(self, saved: dict[str, Any]) -> None:
-        """compression="auto": run the checkpoint's plan (with its codecs) from the next step
-        instead of profiling again, which would run uncompressed and decide afresh; a profile of
-        another model, or a controller past its first profile, keeps its own course."""
-        version = saved.get("version")
-        if not isinstance(version, int) or version > AUTO_PLAN_VERSION:
-            raise CaramelError(f"checkpoint: compression='auto' plan entry version {version!r} is newer than this "
-                               f"caramel reads ({AUTO_PLAN_VERSION}); resume with the caramel that saved it")
-        profile = ModelProfile.from_dict(saved["profile"], source="checkpoint")
-        if not self.profiling or self.trial is not None or profile.fingerprint() != self.fingerprint:
-            return
-        self.profiler.detach()
-        self.profiler.stop()
-        self.profiler = None
-        self.profile, self.module_uses = profile, module_uses(profile)
-        self.plan_cluster = ClusterSpec.from_dict(saved["cluster"], source="checkpoint")
-        self.adopt(Plan.from_dict(saved["plan"], source="checkpoint"), source="checkpoint", overlap=saved["overlap"])
+        if state.get(PLAN_KEY) is not None:
+            restore_plan(self, state[PLAN_KEY])
+        elif state.get(LEGACY_AUTO_KEY) is not None:
+            restore_plan(self, state[LEGACY_AUTO_KEY], legacy=True)
 
     # -- headroom analysis
     def mute(self) -> None:

@@ -39,6 +39,7 @@ from caramel.strategies.caramel.balance import Balancer
 from caramel.strategies.caramel.controller import Controller
 from caramel.strategies.caramel.dropout import DropoutBalancer, load_table
 from caramel.strategies.caramel.options import CaramelOptions
+from caramel.strategies.caramel.plan_state import plan_inputs
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, Candidate
 from caramel.strategies.session import Session
 from caramel.topology.spec import ClusterSpec
@@ -157,7 +158,10 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                             fingerprint, lazy_ok, profile_steps, check_every, replan,
                             trial_steps=trial_steps if auto else 0, broadcast_buffers=buffers is not None,
                             trial_passes=trial_passes, find_unused_parameters=find_unused_parameters,
-                            comm_priority=prio, compression=compression)
+                            comm_priority=prio, compression=compression,
+                            plan_inputs=plan_inputs(planner=planner, planner_options=planner_options, overlap=overlap,
+                                                    compression=compression, split_tied=split_tied, balance=balance,
+                                                    cluster=cluster, plan=plan, profile=profile))
     if balance == "batch":
         controller.balancer = Balancer(engine, model, group, rank, world, balance_every)
     elif dropout is not None and world > 1:
