@@ -26,7 +26,14 @@ def early_weight_grad_worker(rank: int, world: int, steps: int) -> dict:
         opt.synchronize()
         out[(early, "diff")] = max_diff(ref, params_of(model.module))
         out[(early, "early")] = [name for name, _ in opt.engine._early_names]
-        out[(early, "first bucket")] = sorted(opt.engine.names[i] for i in
-                                              opt.engine.plan.buckets[opt.engine.plan.order[0][0]].params)
+        first = [opt.engine.names[i] for i in opt.engine.plan.buckets[opt.engine.plan.order[0][0]].params]
+        out[(early, "first bucket")] = sorted(first)
+        # which layers the plan in force makes eligible depends on the profiled timings (the first
+        # collective's contents), so the expected set is derived from it: the plain dense layers
+        # whose weight travels first (attention's out_proj is read functionally, never called)
+        by_name = dict(model.module.named_parameters())
+        first_ids = {id(by_name[n]) for n in first}
+        out[(early, "eligible")] = sorted(name for name, mod in model.module.named_modules()
+                                          if type(mod) is torch.nn.Linear and id(mod.weight) in first_ids)
         caramel.shutdown()
     return out

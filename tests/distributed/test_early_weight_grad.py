@@ -15,7 +15,8 @@ def test_early_weight_gradient_of_the_tied_output_layer_matches_ddp():
     results = run_workers(early_weight_grad_worker, 2, args=(STEPS,), timeout_s=280)
     for rank, res in enumerate(results):
         assert "tok.weight" in res[(True, "first bucket")], res
-        assert res[(True, "early")] == ["head"], f"rank {rank}: {res}"
+        assert "head" in res[(True, "early")], f"rank {rank}: {res}"
+        assert sorted(res[(True, "early")]) == res[(True, "eligible")], f"rank {rank}: {res}"
         assert res[(False, "early")] == [], f"rank {rank}: {res}"
         for early in (True, False):
             assert res[(early, "diff")] <= TOL, f"rank {rank}: early={early}: differs by {res[(early, 'diff')]:g}"
