@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from caramel.errors import CaramelError
+
 SPLIT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
 
 
@@ -82,6 +84,10 @@ class SplitBackward:
         # it fires (a hook fires even for a None gradient). This leaf ties their outputs into
         # the graph when their input needs no gradient (the first layer's data).
         self._anchor = torch.zeros((), requires_grad=True)
+        # held so the node stays the one the graphs use: a backward that will not execute it
+        # (`torch.autograd.grad`, `backward(inputs=...)` without the parameters) accumulates into
+        # no `.grad`, so a split weight gradient must not either
+        self._anchor_node = torch.autograd.graph.get_gradient_edge(self._anchor).node
 
     # -- forward: route the modules through the splitting functions
     def install(self) -> None:
@@ -118,6 +124,18 @@ class SplitBackward:
                 return _EmbeddingSplit.apply(inp, self._anchor, self, module)
             return _DenseSplit.apply(inp, self._anchor, self, module)
         return forward
+
+    def accumulating(self) -> bool:
+        """Inside a split module's backward: whether this backward accumulates into `.grad` (a
+        `.backward()`), not a `torch.autograd.grad` or a `backward(inputs=...)` that leaves the
+        weights out. Raises for `create_graph=True`: the split input gradient carries no graph
+        through the weight, so a second derivative through it would be silently wrong."""
+        if torch.is_grad_enabled():
+            raise CaramelError(
+                "backward(create_graph=True) (a double backward, e.g. a gradient penalty) runs through "
+                "a layer whose weight gradient caramel computes apart; pass early_weight_grad=False and "
+                "compute_schedule='off' to parallelize(), or take the second derivative outside it")
+        return torch._C._will_engine_execute_node(self._anchor_node)
 
     def _early(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> bool:
         """An early module's weight gradient, computed and handed over now (before its input
@@ -245,10 +263,9 @@ class _DenseSplit(torch.autograd.Function):
         return module._conv_forward(inp, weight, bias)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         (inp,) = ctx.saved_tensors
-        if not ctx.split._early(ctx.module, inp, g):
+        if ctx.split.accumulating() and not ctx.split._early(ctx.module, inp, g):
             ctx.split._keep(ctx.module, inp, g)
         gi = _input_grad(ctx.module, inp, ctx.weight, g) if ctx.input_needs_grad else None
         return gi, None, None, None
@@ -264,8 +281,8 @@ class _EmbeddingSplit(torch.autograd.Function):
         return F.embedding(ids, module.weight.detach(), module.padding_idx)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         (ids,) = ctx.saved_tensors
-        ctx.split._keep(ctx.module, ids, g)
+        if ctx.split.accumulating():
+            ctx.split._keep(ctx.module, ids, g)
         return None, None, None, None

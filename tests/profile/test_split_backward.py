@@ -166,3 +166,41 @@ def test_an_early_layer_must_be_dense_and_not_deferred():
         SplitBackward([model.fc1], early=[model.fc1])
     with pytest.raises(ValueError, match="dense layer"):
         SplitBackward([], early=[model.emb])
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_autograd_grad_through_a_split_layer_touches_no_grad(deferred):
+    """`torch.autograd.grad` (an input's gradient, as adversarial training takes) accumulates into
+    no `.grad`: a split layer then neither accumulates, nor hands over, nor keeps its weight
+    gradient; the input gradient is autograd's; a `.backward()` after it still delivers."""
+    torch.manual_seed(0)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    x = torch.randn(6, 64, requires_grad=True)
+    want = torch.autograd.grad(ref.fc2(torch.relu(ref.fc1(x))).sum(), x)[0]
+    ready = []
+    split = SplitBackward([model.fc1] if deferred else [], on_ready=ready.append,
+                          early=[] if deferred else [model.fc1])
+    split.install()
+    with split.recording():
+        out = model.fc2(torch.relu(model.fc1(x))).sum()
+    got = torch.autograd.grad(out, x, retain_graph=True)[0]
+    assert torch.equal(got, want)
+    assert model.fc1.weight.grad is None and ready == [] and not split.pending()
+    out.backward()
+    split.run()
+    assert model.fc1.weight in ready and model.fc1.weight.grad is not None
+
+
+def test_a_double_backward_through_a_split_layer_is_an_error():
+    """A gradient penalty's `create_graph=True` would drop the second-order terms through the
+    weight the split layer detaches: refused with the option that avoids it named."""
+    from caramel.errors import CaramelError
+    model = Net()
+    split = SplitBackward([], early=[model.fc1])
+    split.install()
+    x = torch.randn(6, 64, requires_grad=True)
+    with split.recording():
+        out = model.fc2(torch.relu(model.fc1(x))).sum()
+    with pytest.raises(CaramelError, match="early_weight_grad=False"):
+        torch.autograd.grad(out, x, create_graph=True)
