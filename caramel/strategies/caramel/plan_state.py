@@ -30,6 +30,8 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
 from caramel.errors import CaramelError
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile
@@ -83,10 +85,17 @@ def restore_plan(c: Controller, entry: Any, legacy: bool = False) -> None:
         raise CaramelError(f"checkpoint: the caramel entry {key!r} lacks {', '.join(missing)}; it was not written by caramel")
     if c.world == 1:
         return  # one process runs no plan
-    why = _unfit(c, entry, legacy)
-    if why is not None:
+    # one decision for the job: a rank that adopted while another profiled again would wait in
+    # the plan check's collective while the other ran its profiling steps (ranks may differ in
+    # what is not compared elsewhere, e.g. planner options only rank 0 uses)
+    whys: list[str | None] = [None] * c.world
+    dist.all_gather_object(whys, _unfit(c, entry, legacy), group=c.group)
+    unfit = [(r, w) for r, w in enumerate(whys) if w is not None]
+    if unfit:
         if c.rank == 0:
-            print(f"caramel: the checkpoint's plan is not adopted: {why}; profiling again", flush=True)
+            r, why = unfit[0]
+            print(f"caramel: the checkpoint's plan is not adopted: {why} (rank {r}); the schedule is "
+                  f"chosen again", flush=True)
         return
     plan = Plan.from_dict(entry["plan"], source="checkpoint")
     profile = ModelProfile.from_dict(entry["profile"], source="checkpoint") if entry["profile"] is not None else None

@@ -29,7 +29,7 @@ def test_every_compression_mode_resumes_bit_for_bit(tmp_path):
         other = r["other_options"]
         assert other["profiling_after_load"] is True
         if rank == 0:
-            assert "compression" in other["said"] and "topk:0.1" in other["said"] and "profiling again" in other["said"], other
+            assert "compression" in other["said"] and "topk:0.1" in other["said"] and "chosen again" in other["said"], other
 
 
 def test_a_bad_or_newer_plan_entry_is_one_clear_error_and_an_auto_plan_fits_auto_only():
