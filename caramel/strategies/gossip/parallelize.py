@@ -27,7 +27,7 @@ from caramel.profile.profiler import unique_params
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
-from caramel.strategies.gossip.tracking import Tracker
+from caramel.strategies.gossip.tracking import Tracker, check_dense_grads
 from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
@@ -329,7 +329,9 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     if isinstance(optimizer, GossipOptimizerMixin):
         raise CaramelError("strategy 'gossip': this optimizer is already parallelized")
     _check_optimizer(optimizer, options)
-    _, params = unique_params(model)
+    names, params = unique_params(model)
+    if options.tracks:  # before any process group exists
+        check_dense_grads(model, [(n, p) for n, p in zip(names, params) if not options.is_local(n)])
     known = {id(p) for p in params}
     if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
         raise CaramelError("strategy 'gossip': the optimizer holds parameters that are not the model's; "
