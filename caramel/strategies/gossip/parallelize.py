@@ -166,23 +166,19 @@ class GossipRun:
 
     def _owners(self) -> dict[int, str]:
         """Each tensor's owning module: the first module (in forward order) holding it directly;
-        for a module whose forward never ran, its nearest ancestor that ran. A parent may use a
-        child's tensors without calling it (nn.MultiheadAttention's out_proj): mixed at a later
-        module's pre-hook instead, they would change after their use and before backward."""
+        for a module whose forward never ran, the first module that ran (the root). Such tensors
+        are read by some other module (nn.MultiheadAttention reads its out_proj's; a model may
+        read `dec.proj.weight` inside `enc`), and which one is not known: mixed at a later
+        module's pre-hook they would change after their use and before backward (autograd
+        refuses). Not the nearest ancestor that ran: `enc` may run before `dec`."""
         owner: dict[int, str] = {}
         mods = dict(self.module.named_modules())
         ran = set(self.order)
-
-        def runner(name: str) -> str:
-            up = name
-            while up and up not in ran:
-                up = up.rpartition(".")[0]
-            return up if up in ran else name
-
+        first = self.order[0] if self.order else ""
         for name in self.order + [n for n in mods if n not in ran]:
             for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
                 if t is not None:
-                    owner.setdefault(id(t), runner(name))
+                    owner.setdefault(id(t), name if name in ran else first)
         if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for _, p in self.shared:

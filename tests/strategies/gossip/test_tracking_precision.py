@@ -45,7 +45,7 @@ def test_low_precision_trackers_keep_the_invariant_to_float32_precision(dtype):
 def test_a_sparse_gradient_is_refused_with_the_parameters_name():
     p = torch.nn.Parameter(torch.zeros(10, 4))
     tracker = _tracker([p])
-    p.grad = torch.sparse_coo_tensor([[1, 3]], torch.ones(2, 4), (10, 4))
+    p.grad = torch.sparse_coo_tensor([[1, 3]], torch.ones(2, 4), (10, 4), check_invariants=True)
     with pytest.raises(CaramelError, match=r"algorithm=tracking .*'p0' gets sparse gradients.*sparse=False"):
         tracker.swap_in(ALONE, 2 ** 20)
 
