@@ -11,7 +11,8 @@ g_i(t-1). At each `optimizer.step()` (ATC-DIGing's form, Nedic, Olshevsky and Sh
 With a doubly-stochastic W the trackers' sum is the gradients' sum at every step (the tracking
 invariant: sum_i y_i(t) = sum_i g_i(t)), so each worker's Adam normalizes by the second moment of
 an estimate of the average gradient, not of its own quarter-batch one; with the complete graph
-every y_i is the average and each worker takes DDP's step. The mix comes after the correction,
+every y_i is the average and each worker takes DDP's step (unless a gradient is clipped: clipping
+acts on g_i, the optimizer steps with the unclipped y_i). The mix comes after the correction,
 so the trackers' disagreement shrinks by W at every step and a worker's stochastic-gradient
 noise is mixed before its optimizer sees it. The price: the tracker exchange needs this step's
 gradients and must land before the update (no overlap with the next forward).
