@@ -72,6 +72,7 @@ class SplitBackward:
         self.early = list(early)
         self._early_ids = {id(m) for m in early}
         self._calls: dict[int, int] = {}  # early module -> its recorded calls whose backward has not run
+        self._handovers = 0  # early weight gradients handed over inside backward (see `handovers`)
         self.on_ready = on_ready
         self.on_keep = on_keep  # called inside backward each time a weight gradient is deferred
         self.time_modules = time_modules
@@ -143,6 +144,7 @@ class SplitBackward:
         if id(module) not in self._early_ids or self._calls.get(id(module), 0) != 1:
             return False  # deferred, or called more than once: its gradient is a sum, kept for run()
         self._calls[id(module)] = 0
+        self._handovers += 1
         with torch.no_grad():
             gw, gb = weight_grads(module, inp, grad_out)
             _accumulate(module.weight, gw)
@@ -154,6 +156,13 @@ class SplitBackward:
             if has_bias:
                 self.on_ready(module.bias)
         return True
+
+    @property
+    def handovers(self) -> int:
+        """How many early weight gradients were handed over before their input gradient, in
+        total (the fallback that keeps a gradient for `run()` is also exact, so only this count
+        tells that the early path ran)."""
+        return self._handovers
 
     def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> None:
         self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out))

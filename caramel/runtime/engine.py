@@ -112,6 +112,7 @@ class Engine(EngineHooks, EngineReduced):
         self._param_index = {id(q): i for i, q in enumerate(params)}
         self._rows_of_bucket: dict[int, list[RowExchange]] = {}
         self._split = None  # SplitBackward of the plan's compute schedule (hooks.set_compute_schedule)
+        self._handovers_before = 0  # early hand-overs of the SplitBackwards replaced since
         self._split_names: list = []
         self._early_names: list = []  # (name, module) of the early weight gradients in force
         self._early_wanted: list[str] = []

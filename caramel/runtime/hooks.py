@@ -59,6 +59,7 @@ class EngineHooks:
                 and (self._split is None or self._split.time_modules == (timed or self.recorder.enabled))):
             return
         if self._split is not None:
+            self._handovers_before += self._split.handovers
             self._split.remove()
             self._split = None
         self._split_names, self._early_names = [], []
@@ -74,6 +75,12 @@ class EngineHooks:
                                         on_keep=self._queue_finalize, time_modules=timed or self.recorder.enabled,
                                         early=[named[n] for n in early])
             self._split.install()
+
+    @property
+    def early_handovers(self) -> int:
+        """Early weight gradients handed over inside backward so far, in total (read-only; a
+        test's proof that the early path ran, since the fallback gives the same gradients)."""
+        return self._handovers_before + (self._split.handovers if self._split is not None else 0)
 
     def early_candidates(self, uses: dict[str, set[int]], bucket_params: set[int]) -> list[str]:
         """The dense layers whose weight is in `bucket_params` and whose weight gradient can go

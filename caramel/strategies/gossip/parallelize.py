@@ -27,7 +27,7 @@ from caramel.profile.profiler import unique_params
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
-from caramel.strategies.gossip.tracking import Tracker
+from caramel.strategies.gossip.tracking import Tracker, check_dense_grads
 from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
@@ -166,23 +166,19 @@ class GossipRun:
 
     def _owners(self) -> dict[int, str]:
         """Each tensor's owning module: the first module (in forward order) holding it directly;
-        for a module whose forward never ran, its nearest ancestor that ran. A parent may use a
-        child's tensors without calling it (nn.MultiheadAttention's out_proj): mixed at a later
-        module's pre-hook instead, they would change after their use and before backward."""
+        for a module whose forward never ran, the first module that ran (the root). Such tensors
+        are read by some other module (nn.MultiheadAttention reads its out_proj's; a model may
+        read `dec.proj.weight` inside `enc`), and which one is not known: mixed at a later
+        module's pre-hook they would change after their use and before backward (autograd
+        refuses). Not the nearest ancestor that ran: `enc` may run before `dec`."""
         owner: dict[int, str] = {}
         mods = dict(self.module.named_modules())
         ran = set(self.order)
-
-        def runner(name: str) -> str:
-            up = name
-            while up and up not in ran:
-                up = up.rpartition(".")[0]
-            return up if up in ran else name
-
+        first = self.order[0] if self.order else ""
         for name in self.order + [n for n in mods if n not in ran]:
             for t in list(mods[name]._parameters.values()) + list(mods[name]._buffers.values()):
                 if t is not None:
-                    owner.setdefault(id(t), runner(name))
+                    owner.setdefault(id(t), name if name in ran else first)
         if self.options.mixes_moments:
             for key in momentum_keys(self.optimizer):
                 for _, p in self.shared:
@@ -329,7 +325,9 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     if isinstance(optimizer, GossipOptimizerMixin):
         raise CaramelError("strategy 'gossip': this optimizer is already parallelized")
     _check_optimizer(optimizer, options)
-    _, params = unique_params(model)
+    names, params = unique_params(model)
+    if options.tracks:  # before any process group exists
+        check_dense_grads(model, [(n, p) for n, p in zip(names, params) if not options.is_local(n)])
     known = {id(p) for p in params}
     if any(id(p) not in known for g in optimizer.param_groups for p in g["params"]):
         raise CaramelError("strategy 'gossip': the optimizer holds parameters that are not the model's; "

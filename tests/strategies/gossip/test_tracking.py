@@ -59,6 +59,13 @@ def test_a_childs_tensors_its_parent_uses_are_mixed_before_the_parent_runs(four)
         assert res["ok"], res["error"]
 
 
+def test_a_weight_an_earlier_module_reads_is_mixed_before_it_runs(four):
+    # enc reads dec.proj.weight; dec.proj never runs and dec runs after enc
+    for res in (r["enc_dec"] for r in four):
+        assert res["order"].index("enc") < res["order"].index("dec") and "dec.proj" not in res["order"]
+        assert res["ok"], res["error"]
+
+
 def test_bad_tracking_options_are_refused():
     for algorithm in ("tracking", "tracking_momentum"):
         with pytest.raises(CaramelError, match="head_steps .* algorithm=tracking"):

@@ -136,8 +136,61 @@ def unrun_child_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
+class _Dec(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)  # never called: `enc` reads its weight
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, h):
+        return self.out(h)
+
+
+class _Enc(torch.nn.Module):
+    def __init__(self, dec: _Dec):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.dec = [dec]  # a plain list: not a submodule
+
+    def forward(self, x):
+        return torch.nn.functional.linear(self.inp(x).tanh(), self.dec[0].proj.weight)
+
+
+class _EncDec(torch.nn.Module):
+    """`enc` reads `dec.proj.weight` without calling `dec.proj`; `dec` runs after `enc`."""
+
+    def __init__(self):
+        super().__init__()
+        self.dec = _Dec()
+        self.enc = _Enc(self.dec)
+
+    def forward(self, x):
+        return self.dec(self.enc(x)).mean(0)
+
+
+def enc_dec_worker(rank: int, world: int, steps: int) -> dict:
+    """One tensor per message: `dec.proj.weight` (its module never runs) mixed at `dec`'s
+    pre-hook would change after `enc` used it and before backward (autograd refuses)."""
+    torch.manual_seed(0)
+    m = _EncDec()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    model, opt = caramel.parallelize(m, opt, "gossip:topology=ring", bucket_cap_mb=1e-6)
+    gen = torch.Generator().manual_seed(rank)
+    try:
+        for _ in range(steps):
+            model(torch.randn(3, 8, generator=gen)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        out = {"ok": True, "error": "", "order": list(opt.gossip.order)}
+    except RuntimeError as e:
+        out = {"ok": False, "error": str(e)[:200], "order": list(opt.gossip.order)}
+    caramel.shutdown()
+    return out
+
+
 def four_worker_suite(rank: int, world: int, steps: int) -> dict:
     """Everything the tracking tests check on 4 workers, in one job (spawning costs more)."""
     return {"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, RING),
-            "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps)}
+            "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps),
+            "enc_dec": enc_dec_worker(rank, world, steps)}
