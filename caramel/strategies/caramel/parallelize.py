@@ -80,8 +80,9 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
         split_tied = False
     dropout = load_table(options.dropout_table, model) if balance == "dropout" else None
     if dropout is not None:
-        # deferred weight gradients route the same layers through forwards of their own
+        # deferred and early weight gradients route the same layers through forwards of their own
         planner_options = dict(planner_options, compute_schedule="off")
+        early_weight_grad = False
     find_unused_parameters = True if find_unused_parameters is None else find_unused_parameters
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")

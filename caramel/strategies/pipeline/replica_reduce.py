@@ -152,7 +152,11 @@ def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replic
     from caramel.strategies.caramel.options import CaramelOptions
     from caramel.strategies.caramel.parallelize import parallelize_caramel
 
-    options = CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off")
+    # no split layers (deferred or early weight gradients): a stage runs several microbatches'
+    # forwards before their backwards, and the engine's applied updates would change the weights
+    # the split layers saved for backward
+    options = CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off",
+                             early_weight_grad=False)
     parallelize_caramel(module, optimizer, options, process_group=replica_group, session=DEFAULT_SESSION,
                         broadcast_buffers=False, optimizer_holds_more=True, **source)
     engine = optimizer._caramel_engine
