@@ -77,12 +77,21 @@ def restore_plan(c: Controller, entry: Any, legacy: bool = False) -> None:
     if not isinstance(entry, dict):
         raise CaramelError(f"checkpoint: the caramel entry {key!r} must be a mapping, got {type(entry).__name__}")
     version = entry.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CaramelError(f"checkpoint: the caramel entry {key!r} has version {version!r}, expected an integer "
+                           f"from 1 to {VERSION}; it was not written by caramel")
+    if version > VERSION:
         raise CaramelError(f"checkpoint: the caramel entry {key!r} has version {version!r}, newer than this caramel "
                            f"reads ({VERSION}); resume with the caramel that saved it")
     missing = [k for k in ("plan", "overlap", "profile", "cluster") if k not in entry]
     if missing:
         raise CaramelError(f"checkpoint: the caramel entry {key!r} lacks {', '.join(missing)}; it was not written by caramel")
+    bad = [k for k in ("plan", "inputs", "module_uses") if entry.get(k) is not None and not isinstance(entry[k], dict)]
+    if "steps" in entry and not all(k in entry for k in ("step_calls", "order_replans")):
+        bad.append("steps (without step_calls and order_replans)")
+    if bad:
+        raise CaramelError(f"checkpoint: the caramel entry {key!r} has malformed {', '.join(bad)} (plan, inputs and "
+                           f"module_uses are mappings; steps comes with step_calls and order_replans)")
     if c.world == 1:
         return  # one process runs no plan
     # one decision for the job: a rank that adopted while another profiled again would wait in

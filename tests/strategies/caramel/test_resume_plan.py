@@ -43,6 +43,14 @@ def test_a_bad_or_newer_plan_entry_is_one_clear_error_and_an_auto_plan_fits_auto
         restore_plan(c, [])
     with pytest.raises(CaramelError, match="version 3, newer than this caramel reads"):
         restore_plan(c, {"version": 3})
+    for version in (True, "2", None, 0):
+        with pytest.raises(CaramelError, match=f"version {version!r}, expected an integer from 1 to 2"):
+            restore_plan(c, {"version": version})
+    base = {"version": 2, "plan": {}, "overlap": "forward", "profile": None, "cluster": None}
+    with pytest.raises(CaramelError, match="malformed inputs"):
+        restore_plan(c, {**base, "inputs": ["compression"]})
+    with pytest.raises(CaramelError, match="malformed steps"):
+        restore_plan(c, {**base, "steps": 3})
     with pytest.raises(CaramelError, match="lacks profile, cluster"):
         restore_plan(c, {"version": 2, "plan": {}, "overlap": "forward"})
     legacy = {"version": 1, "plan": {"world_size": 2, "model_fingerprint": "f"}}
