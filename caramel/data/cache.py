@@ -124,9 +124,12 @@ class ShardCache:
             self.stats.evictions += 1
         try:
             atomic_write_bytes(self.directory / info.name, data)
-            _touch(self.directory / info.name)
         except OSError as e:
             raise CaramelError(f"cache directory {str(self.directory)!r}: cannot write {info.name} ({e.strerror})") from None
+        try:
+            _touch(self.directory / info.name)
+        except FileNotFoundError:
+            pass  # another worker evicted it between the rename and the touch: kept, then evicted
         return True
 
 

@@ -122,3 +122,21 @@ def test_index_parse_rejects_offsets_that_do_not_cover_the_shard(tmp_path):
     d["shards"][0]["offsets"][-1] += 1
     with pytest.raises(FormatError, match="offsets"):
         DatasetIndex.from_dict(d, "idx")
+
+
+def test_an_entry_another_worker_evicts_right_after_its_write_is_no_error(tmp_path, monkeypatch):
+    """Loader workers share the cache: another's eviction may remove a shard between this
+    worker's rename and its recency stamp; that is the shard evicted, not a failed write."""
+    import caramel.data.cache as cache_module
+    index = write_dataset(tmp_path / "ds", _samples(4), samples_per_shard=2)
+    info = index.shards[0]
+    cache = ShardCache(tmp_path / "cache", budget_bytes=1 << 20)
+    write = cache_module.atomic_write_bytes
+
+    def write_then_evicted(path, data):
+        write(path, data)
+        os.unlink(path)  # the other worker's eviction
+
+    monkeypatch.setattr(cache_module, "atomic_write_bytes", write_then_evicted)
+    assert cache.put(info, Store(str(tmp_path / "ds")).read_shard(info))
+    assert cache.get(info) is None  # evicted: a miss, never a half entry
