@@ -16,26 +16,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import caramel
-from caramel.models.zoo import SmallCNN
 from tests.distributed.workers import params_of
 from tests.strategies.adapt.resume_workers import _batch, _dataset
+from tests.strategies.adapt.resume_workers import _build as build_smallcnn
 
 STEPS, HALF = 6, 3
 # every fixed codec; the planner splits SmallCNN into several buckets where the provisional plan
 # of a re-profiling engine has one, so top-k would pick other entries during those steps
 MODES = {"none": {}, "fp16": {"compression": "fp16"}, "topk": {"compression": "topk:0.1"},
          "powersgd": {"compression": "powersgd:2"}}
-COMMON = {"overlap": "forward", "profile_steps": 1}  # settled after 3 steps: uses, split, 1 timed
+# with build_smallcnn's overlap="forward": settled after 3 steps (uses, split, 1 timed)
+COMMON = {"profile_steps": 1}
 
 
 def _build(options: dict, model_state: dict | None):
-    torch.manual_seed(0)
-    m = SmallCNN()
-    if model_state is not None:
-        m.load_state_dict(model_state)
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    return caramel.parallelize(m, opt, **COMMON, **options)
+    return build_smallcnn({**COMMON, **options}, model_state)
 
 
 def _train(model, opt, rank: int, first: int, last: int) -> list[float]:
