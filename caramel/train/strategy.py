@@ -76,6 +76,9 @@ class Parallel:
             raise CaramelError("caramel train does not run dedicated ps servers yet (its data shards, validation and "
                                "checkpoints span every rank); drop dedicated=true / CARAMEL_PS_SERVERS, or run your "
                                "own script with `caramel cluster run --ps-servers N`")
+        if self.kind == "gossip" and cfg.optim.clip_grad_norm > 0 and options.tracks and options.overlap_trackers:
+            # overlapped trackers leave in backward, before the clipping; formed at step() they track the clipped gradients
+            options = dataclasses.replace(options, overlap_trackers=False)
         extra: dict[str, Any] = {}
         if self.kind == "gossip":
             extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
