@@ -25,7 +25,7 @@ def four(trace_dir):
 
 
 def test_overlapped_trackers_give_the_reference_parameters_bit_for_bit(four):
-    """Trackers sent from the gradient hooks, in messages of 2 KB, against every tracker formed
+    """Trackers sent from the gradient hooks, in messages of 8 KB, against every tracker formed
     and sent at step(): the same parameters to the last bit after 12 steps (AdamW, SGD with
     momentum, BatchNorm, a tied embedding, accumulation in and outside no_sync())."""
     for res in (r["overlap"] for r in four):

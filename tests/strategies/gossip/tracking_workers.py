@@ -222,7 +222,7 @@ def overlap_worker(rank: int, world: int, steps: int, trace_dir: str) -> dict:
             opt, sched = make_optimizer(kind, m.parameters())
             spec = f"gossip:topology=ring,algorithm={algorithm},overlap_trackers={str(overlap).lower()}"
             trace = f"{trace_dir}/{family}-{algorithm}.json" if overlap and traced else None
-            model, opt = caramel.parallelize(m, opt, spec, tracker_bucket_cap_mb=2e-3, trace=trace)
+            model, opt = caramel.parallelize(m, opt, spec, tracker_bucket_cap_mb=8e-3, trace=trace)
             _train_accumulating(model, opt, sched, w.loss_fn, family, rank, steps, micro, accumulate)
             opt.synchronize()  # writes the trace
             res[overlap] = (params_of(m), opt.gossip.stats_dict())
