@@ -309,6 +309,8 @@ class GossipRun:
         try:
             if all(group_alive(g) for g in (*self.groups, self.control)):
                 self.exchange.flush()
+                if self.tracker is not None:  # trackers a backward sent, with no step() after it
+                    self.tracker.exchange.settle()
         finally:
             self.released = True
             for h in self._hooks:

@@ -50,7 +50,7 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
-from caramel.strategies.gossip.volume import moment_keys, peer_bytes
+from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
@@ -127,7 +127,7 @@ def tracker_messages(shared: list, modules: int, cap_bytes: float, backward_time
     out: list[tuple[float, int]] = []
     size = 0
     for p in order:
-        nbytes = peer_bytes("tracking", "SGD", [(p.numel, _dtype(p.dtype))], 0).trackers
+        nbytes = p.numel * tracker_dtype(_dtype(p.dtype)).itemsize
         ready = backward_time_s if p.ready_time_s is None else p.ready_time_s
         if not out or size + nbytes > cap_bytes:
             out.append((ready, 0))

@@ -16,8 +16,9 @@ acts on g_i, the optimizer steps with the unclipped y_i). The mix comes after th
 so the trackers' disagreement shrinks by W at every step and a worker's stochastic-gradient
 noise is mixed before its optimizer sees it.
 
-The exchange needs this step's gradients and must land before the update. `overlap=True`
-starts it where the data allows: a tracker message leaves from the gradient hooks as soon as
+The exchange needs this step's gradients and must land before the update (sent with the
+parameters after the update, y would be mixed before g(t) is added: DSGT's form, another
+algorithm, docs/gossip.md). `overlap=True` starts it where the data allows: a tracker message leaves from the gradient hooks as soon as
 its parameters' gradients are final in backward (messages cut in reverse forward order, the
 order backward meets the modules), and step() waits for each only before the update, so it
 hides behind the rest of backward. The values sent are the reference's: z is formed from the
