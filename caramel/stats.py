@@ -40,6 +40,18 @@ def geomean(values: Iterable[float]) -> float:
     return float(np.exp(np.mean(np.log(xs))))
 
 
+def paired_rounds_interval(reference_rounds: Sequence[float], candidate_rounds: Sequence[float], point: float,
+                           confidence: float = 0.95) -> tuple[float, float] | None:
+    """`paired_ratio_interval` from per-round medians already taken (a bench record's
+    `round_medians_s`), around `point` (the ratio of the rows' overall medians)."""
+    k = min(len(reference_rounds), len(candidate_rounds))
+    if k < MIN_PAIRED_ROUNDS:
+        return None
+    logs = np.array([math.log(r / c) for r, c in zip(reference_rounds[:k], candidate_rounds[:k])])
+    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, k - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(k)
+    return point * math.exp(-half), point * math.exp(half)
+
+
 def paired_ratio_interval(reference: Sequence[float], candidate: Sequence[float], per_round: int,
                           confidence: float = 0.95) -> tuple[float, float] | None:
     """The interval of median(reference) / median(candidate) from rounds measured in pairs.

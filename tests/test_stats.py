@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from caramel.stats import geomean, median, paired_ratio_interval, percentile
+from caramel.stats import geomean, median, paired_ratio_interval, paired_rounds_interval, percentile
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,3 +52,12 @@ def test_paired_ratio_interval():
     assert paired_ratio_interval([0.2] * 4, [0.1] * 4, 2) is None
     with pytest.raises(ValueError):
         paired_ratio_interval([0.2] * 4, [0.1] * 4, 0)
+
+
+def test_paired_rounds_interval_is_paired_ratio_interval_from_round_medians():
+    rng = np.random.default_rng(0)
+    ref, cand = list(1 + rng.random(80)), list(1.5 + rng.random(80))
+    rounds = [(median(ref[i:i + 8]), median(cand[i:i + 8])) for i in range(0, 80, 8)]
+    got = paired_rounds_interval([r for r, _ in rounds], [c for _, c in rounds], median(ref) / median(cand))
+    assert got == pytest.approx(paired_ratio_interval(ref, cand, 8), rel=1e-12)
+    assert paired_rounds_interval([1.0, 2.0], [1.0, 2.0], 1.0) is None  # too few rounds

@@ -140,6 +140,8 @@ class Record:
     """(T_reference - T) / (T_reference - ceiling); None without a ceiling, or when the reference is at it"""
     speedup_ci95: tuple[float, float] | None = None
     """95% interval of speedup from the per-round paired ratios (None: fewer than 3 rounds, or the reference row)"""
+    round_medians_s: list[float] | None = None
+    """per round, the median job step: any two rows of a configuration pair by round (`caramel.stats.paired_rounds_interval`)"""
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     load_average: float | None = None
@@ -276,6 +278,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup=(ref_s / t) if ref_s else None,
             share_captured=share_captured(ref_s, t, ceiling),
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
+            round_medians_s=[median(xs[i:i + spr]) for i in range(0, len(xs), spr)] if spr else None,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st),

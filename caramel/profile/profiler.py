@@ -45,6 +45,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The torch.optim class an optimizer is (its own class name when none)."""
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith("torch.optim") and cls is not torch.optim.Optimizer:
+            return cls.__name__
+    return type(optimizer).__name__
+
+
 class _ModuleStack:
     """Which module is running: pushed by forward pre-hooks, popped by forward hooks."""
 
@@ -253,7 +261,10 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
     # in one broadcast per dtype and device (`caramel.distributed.broadcast_coalesced`)
     buffers = list(module.buffers())
     meta = {"buffer_bytes": sum(b.numel() * b.element_size() for b in buffers),
-            "buffer_broadcasts": len({(b.dtype, b.device) for b in buffers}), **(meta or {})}
+            "buffer_broadcasts": len({(b.dtype, b.device) for b in buffers}),
+            # what gossip exchanges beside the parameters (`caramel.strategies.gossip.volume`)
+            "float_buffers": {n: b.numel() * b.element_size() for n, b in module.named_buffers() if b.is_floating_point()},
+            **(meta or {})}
     return ModelProfile(model_name, batch_size, fwd, bwd, opt, infos, modules, len(samples), meta)
 
 
@@ -291,6 +302,8 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                               warmup, name, split_tied)
         return full.with_small_batch(small)
     names, params = unique_params(model)
+    # the optimizer's class, for what gossip's moment-mixing algorithms send (`gossip.volume`)
+    opt_meta = {"optimizer": optimizer_class(optimizer)} if optimizer is not None else {}
     optimizer = optimizer or torch.optim.SGD([p for p in params if p.requires_grad], lr=0.0)
     handles = []
     timer_ref: list[StepTimer | None] = [None]
@@ -378,7 +391,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
         optimizer.zero_grad(set_to_none=True)
     batch = int(inputs.shape[0]) if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else 1
     prof = build_profile(name or type(model).__name__, batch, model, tracker, timer.samples,
-                         meta={"torch": torch.__version__, "threads": torch.get_num_threads()})
+                         meta={"torch": torch.__version__, "threads": torch.get_num_threads(), **opt_meta})
     add_split_backward(prof, model, split_s, split_bytes, input_bytes)
     return prof
 

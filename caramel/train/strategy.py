@@ -76,6 +76,8 @@ class Parallel:
             raise CaramelError("caramel train does not run dedicated ps servers yet (its data shards, validation and "
                                "checkpoints span every rank); drop dedicated=true / CARAMEL_PS_SERVERS, or run your "
                                "own script with `caramel cluster run --ps-servers N`")
+        if self.kind == "gossip":
+            options = gossip_options_for_clipping(options, cfg.optim.clip_grad_norm)
         extra: dict[str, Any] = {}
         if self.kind == "gossip":
             extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
@@ -194,3 +196,12 @@ def _on_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_on_cpu(v) for v in obj)
     return obj
+
+
+def gossip_options_for_clipping(options: Any, clip_grad_norm: float) -> Any:
+    """Gossip tracking's trackers formed at step() when the loop clips: overlapped, they would
+    leave in backward, before the clipping (and step() refuses the changed gradients)."""
+    if clip_grad_norm > 0 and options.tracks and options.overlap_trackers:
+        return dataclasses.replace(options, overlap_trackers=False)
+    return options
+

@@ -53,9 +53,12 @@ class Exchange:
     direction after the other) where one group per direction took 67 ms, the link's rate
     (docs/gossip.md, "One connection per direction")."""
 
-    def __init__(self, groups: tuple[Any, Any], ranks: list[int], rank: int, mix_in_forward: bool):
+    def __init__(self, groups: tuple[Any, Any], ranks: list[int], rank: int, mix_in_forward: bool, tag_base: int = 0):
         self.groups, self.ranks, self.rank = groups, ranks, rank
         self.mix_in_forward = mix_in_forward
+        # bucket b travels with tag tag_base + b: the trackers' exchange may be in flight beside
+        # the parameters' (started in backward while unused modules' buckets still wait)
+        self.tag_base = tag_base
         self.buckets: list[Bucket] = []
         self.by_module: dict[str, list[int]] = {}
         self.pending: dict[int, InFlight] = {}
@@ -72,19 +75,31 @@ class Exchange:
     def start(self, nb: Neighbours) -> None:
         """Snapshot every bucket and hand its sends and receives to the backend (non-blocking)."""
         assert not self.pending, "a gossip step started before the previous one was mixed"
-        for b, bucket in enumerate(self.buckets):
-            sent = torch.cat([t.detach().reshape(-1) for t in bucket.tensors])
-            received = {j: torch.empty_like(sent) for j, _ in nb.recv}
-            by_group: dict[int, list[Any]] = {0: [], 1: []}  # batch_isend_irecv takes one group's ops
-            for j in nb.send:
-                g = 0 if self.rank < j else 1
-                by_group[g].append(dist.P2POp(dist.isend, sent, self.ranks[j], self.groups[g], tag=b))
-            for j, _ in nb.recv:
-                g = 0 if j < self.rank else 1
-                by_group[g].append(dist.P2POp(dist.irecv, received[j], self.ranks[j], self.groups[g], tag=b))
-            works = [w for ops in by_group.values() if ops for w in dist.batch_isend_irecv(ops)]
-            self.bytes_sent += sent.numel() * sent.element_size() * len(nb.send)
-            self.pending[b] = InFlight(works, sent, received, nb)
+        for b in range(len(self.buckets)):
+            self.start_bucket(b, nb)
+
+    def start_bucket(self, b: int, nb: Neighbours, sent: torch.Tensor | None = None) -> None:
+        """Send bucket b (`sent`: the flat values to send, else a snapshot of its tensors) to
+        nb's out-neighbours and receive theirs (non-blocking)."""
+        assert b not in self.pending, f"gossip bucket {b} started twice"
+        if sent is None:
+            sent = torch.cat([t.detach().reshape(-1) for t in self.buckets[b].tensors])
+        received = {j: torch.empty_like(sent) for j, _ in nb.recv}
+        by_group: dict[int, list[Any]] = {0: [], 1: []}  # batch_isend_irecv takes one group's ops
+        tag = self.tag_base + b
+        for j in nb.send:
+            g = 0 if self.rank < j else 1
+            by_group[g].append(dist.P2POp(dist.isend, sent, self.ranks[j], self.groups[g], tag=tag))
+        for j, _ in nb.recv:
+            g = 0 if j < self.rank else 1
+            by_group[g].append(dist.P2POp(dist.irecv, received[j], self.ranks[j], self.groups[g], tag=tag))
+        works = [w for ops in by_group.values() if ops for w in dist.batch_isend_irecv(ops)]
+        self.bytes_sent += sent.numel() * sent.element_size() * len(nb.send)
+        self.pending[b] = InFlight(works, sent, received, nb)
+
+    def drop(self, b: int) -> None:
+        """Wait for bucket b's transfers and discard them (its values changed: sent again)."""
+        self._wait(self.pending.pop(b))
 
     def before_module(self, name: str) -> None:
         """Forward pre-hook: mix the pending buckets this module's tensors are in."""

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from caramel.errors import CaramelError
+from caramel.strategies.gossip.volume import MIXES_MOMENTS, TRACKS
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
 ALGORITHMS = ("dpsgd", "momentum", "adam", "tracking", "tracking_momentum")
@@ -38,7 +39,13 @@ class GossipOptions:
     into messages of about this size, in forward order, so the first modules can mix first.
     `head_steps`: DePRL's tau: with `personalize`, each cycle is `head_steps` optimizer steps
     that update only the personalized parameters (the body frozen, nothing sent) and then one
-    that updates only the body and gossips it; 0 (the default): head and body step together."""
+    that updates only the body and gossips it; 0 (the default): head and body step together.
+    `overlap_trackers` (tracking): each tracker message leaves from the gradient hooks as soon as
+    its parameters' gradients are final in backward, and step() waits for it only before the
+    update (`tracking.py`); false: every tracker is formed and sent at step() (the reference
+    path, which also allows editing the gradients between backward and step(), e.g. clipping).
+    `tracker_bucket_cap_mb`: the size of one tracker message when overlapped (smaller lets the
+    last modules' trackers leave earlier in backward)."""
 
     topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
@@ -46,6 +53,8 @@ class GossipOptions:
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
     head_steps: int = 0
+    overlap_trackers: bool = True
+    tracker_bucket_cap_mb: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, (torch.Tensor, np.ndarray)):
@@ -62,6 +71,10 @@ class GossipOptions:
             raise CaramelError(f"consensus_every must be >= 0 steps (0: never measure), got {self.consensus_every}")
         if not self.bucket_cap_mb > 0:
             raise CaramelError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if not self.tracker_bucket_cap_mb > 0:
+            raise CaramelError(f"tracker_bucket_cap_mb must be > 0, got {self.tracker_bucket_cap_mb}")
+        if not isinstance(self.overlap_trackers, bool):
+            raise CaramelError(f"overlap_trackers must be true or false, got {self.overlap_trackers!r}")
         if isinstance(self.head_steps, bool) or not isinstance(self.head_steps, int) or self.head_steps < 0:
             raise CaramelError(f"head_steps must be an integer >= 0 (DePRL's tau; 0: head and body step together), "
                                f"got {self.head_steps!r}")
@@ -84,12 +97,12 @@ class GossipOptions:
     @property
     def tracks(self) -> bool:
         """Whether each worker's optimizer steps with a gradient tracker (`tracking.py`)."""
-        return self.algorithm in ("tracking", "tracking_momentum")
+        return self.algorithm in TRACKS
 
     @property
     def mixes_moments(self) -> bool:
         """Whether the optimizer's moment buffers are gossiped with the parameters."""
-        return self.algorithm in ("momentum", "tracking_momentum")
+        return self.algorithm in MIXES_MOMENTS
 
     def local_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.personalize.split("+")) if self.personalize.strip() else ()

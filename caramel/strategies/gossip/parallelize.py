@@ -28,15 +28,14 @@ from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.tracking import Tracker, check_dense_grads
+from caramel.strategies.gossip.volume import MOMENT_KEYS, moment_keys as keys_for
 from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
 
-# The optimizer state algorithm=momentum mixes. Adam's second moment goes with its first: a
-# mixed first moment over this worker's own second moment divides a neighbour's momentum by a
-# near-zero denominator wherever this worker's gradients are zero and the neighbour's are not
-# (digits' border pixels: the loss reached 3e6 by step 5).
-MOMENTUM_KEYS = {"SGD": ("momentum_buffer",), "Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq")}
+# The trackers' messages carry tags from here on, apart from the parameters' (both may be in
+# flight at once when the trackers leave in backward).
+TRACKER_TAG_BASE = 1 << 20
 
 
 class GossipRun:
@@ -60,8 +59,11 @@ class GossipRun:
                                if b.is_floating_point() and not options.is_local(n)]
         self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
         # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
-        self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False))
+        self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False,
+                                                      tag_base=TRACKER_TAG_BASE),
+                                overlap=options.overlap_trackers, layout=self._tracker_layout)
                         if options.tracks else None)
+        self._sent_mark = (0, 0)  # bytes sent (parameters', trackers') when the last step's exchange started
         self.order: list[str] = []
         self.recording = True
         self.steps = 0
@@ -73,6 +75,9 @@ class GossipRun:
         self.t0 = time.perf_counter()
         self._hooks = [m.register_forward_pre_hook(functools.partial(self._pre_hook, name))
                        for name, m in module.named_modules()]
+        if self.tracker is not None and self.tracker.overlap:
+            self._hooks += [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, k))
+                            for k, (_, p) in enumerate(self.shared)]
 
     # --- the user's loop ------------------------------------------------------------------
     def _pre_hook(self, name: str, _module: nn.Module, _args: Any) -> None:
@@ -82,11 +87,25 @@ class GossipRun:
             self.order.append(name)
         self.exchange.before_module(name)
 
+    def _grad_ready(self, k: int, _param: torch.Tensor) -> None:
+        self.tracker.grad_ready(k)
+
+    def _tracker_layout(self) -> tuple[Any, list]:
+        """This step's neighbours and tracker messages (overlap_trackers): cut at
+        tracker_bucket_cap_mb in reverse forward order, the order backward finishes the
+        modules' gradients, so the last modules' trackers leave first."""
+        W = self.matrices[self.steps % len(self.matrices)]
+        owners = self._owners()
+        y_owner = {id(y): owners[id(p)] for (_, p), y in zip(self.shared, self.tracker.y) if id(p) in owners}
+        buckets = make_buckets(list(zip(self.tracker.names, self.tracker.y)), y_owner, self.order[::-1],
+                               self.options.tracker_bucket_cap_mb * 2 ** 20)
+        return neighbours(W, self.rank), buckets
+
     def before_update(self) -> float:
         """At optimizer.step(): mix what is still pending (all of it for algorithm=adam) and
         measure the consensus distance of the parameters this step's forward used."""
         t0 = time.perf_counter()
-        wait0, self._sent0 = self.wait_s, self.bytes_sent
+        wait0 = self.wait_s
         due = self.options.consensus_every and self.steps % self.options.consensus_every == 0
         if self.options.algorithm == "adam" and due:
             self._measure_consensus()
@@ -135,6 +154,7 @@ class GossipRun:
         """After the user's optimizer applied the update: hand this step's parameters to the
         neighbours (not after a head-only step: the body did not change)."""
         if self.head_step():
+            self._sent_mark = (self.exchange.bytes_sent, self._sent_mark[1])
             self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.wait_s, peers=[], step_wait_s=0.0,
                                bytes_per_peer=0, head_only=True, end_s=time.perf_counter() - self.t0)
             self.log.append(self._entry)
@@ -146,11 +166,14 @@ class GossipRun:
         self.exchange.set_buckets(make_buckets(self._tensors(), self._owners(), self.order,
                                                self.options.bucket_cap_mb * 2 ** 20))
         self.exchange.start(nb)
-        per_peer = (self.bytes_sent - self._sent0) // max(len(nb.send), 1)  # with this step's trackers
+        # with this step's trackers (sent in backward or at step(), since the last exchange started)
+        sent = (self.exchange.bytes_sent, self.tracker.exchange.bytes_sent if self.tracker else 0)
+        per_peer = [(now - then) // max(len(nb.send), 1) for now, then in zip(sent, self._sent_mark)]
+        self._sent_mark = sent
         prev = self.log[-1]["wait_s"] if self.log else 0.0
         self._entry.update(flush_wait_s=flush_wait_s, wait_s=self.wait_s, peers=list(nb.send),
-                           step_wait_s=self.wait_s - prev,
-                           bytes_per_peer=per_peer, end_s=time.perf_counter() - self.t0)
+                           step_wait_s=self.wait_s - prev, bytes_per_peer=sum(per_peer),
+                           tracker_bytes_per_peer=per_peer[1], end_s=time.perf_counter() - self.t0)
         self.log.append(self._entry)
         self.steps += 1
 
@@ -224,6 +247,8 @@ class GossipRun:
                 "personalized": self.local_names, "head_steps": self.options.head_steps, "consensus": self.consensus,
                 "consensus_last": self.consensus[-1][1] if self.consensus else None,
                 "bytes_per_peer_per_step": last.get("bytes_per_peer"), "peers_last_step": last.get("peers"),
+                "tracker_bytes_per_peer_per_step": last.get("tracker_bytes_per_peer"),
+                "tracker_messages_in_backward": self.tracker.sent_in_backward if self.tracker else 0,
                 "bytes_sent": self.bytes_sent, "wait_s": self.wait_s,
                 "last_wait_s": last.get("step_wait_s")}
 
@@ -266,7 +291,7 @@ class GossipRun:
 
     def load_worker_state(self, state: dict[str, Any]) -> None:
         """Resume this worker from `worker_state()` (call on every rank, before the next step)."""
-        if self.exchange.pending:
+        if self.exchange.pending or (self.tracker is not None and self.tracker.exchange.pending):
             raise CaramelError("strategy 'gossip': load a worker state right after parallelize(), before any step")
         if self.tracker is not None:
             if "tracker" not in state:
@@ -284,6 +309,8 @@ class GossipRun:
         try:
             if all(group_alive(g) for g in (*self.groups, self.control)):
                 self.exchange.flush()
+                if self.tracker is not None:  # trackers a backward sent, with no step() after it
+                    self.tracker.exchange.settle()
         finally:
             self.released = True
             for h in self._hooks:
@@ -295,11 +322,15 @@ class GossipRun:
 
 def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
     """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
+    return keys_for(optimizer_name(optimizer), algorithm)
+
+
+def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
+    """The torch.optim class an optimizer is (a subclass counts as its base), for `volume`."""
     for cls in type(optimizer).__mro__:
-        if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENTUM_KEYS:
-            return MOMENTUM_KEYS[cls.__name__]
-    raise CaramelError(f"strategy 'gossip': algorithm={algorithm} exchanges the optimizer's momentum buffers, which "
-                       f"SGD (momentum > 0), Adam and AdamW keep; got {type(optimizer).__name__}")
+        if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENT_KEYS:
+            return cls.__name__
+    return type(optimizer).__name__
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:

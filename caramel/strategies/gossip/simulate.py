@@ -16,10 +16,18 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;
 - compute runs the cluster's `compute_slowdown` times slower while the worker's exchange of
   that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default);
-- algorithm=tracking: after its backward each worker sends its trackers (the gossiped
-  parameters' bytes again) to step k's out-neighbours, and its update waits until every
-  in-neighbour's trackers have landed (the tracker and parameter messages are not modelled
-  sharing a link: one follows the other within a step).
+- what travels is priced by `volume.peer_bytes`, the runtime's own definition: each
+  parameter, its moment buffers (momentum, tracking_momentum: the optimizer the profile names
+  in `meta["optimizer"]`, SGD's one buffer when it names none; Adam/AdamW two), the floating
+  buffers (`meta["float_buffers"]`, each in its module's message) and the trackers (at least
+  float32);
+- algorithm=tracking: each worker sends its trackers to step k's out-neighbours and its update
+  waits until every in-neighbour's trackers have landed. With `overlap_trackers` (the
+  runtime's default) they leave as the runtime cuts them (`tracker_messages`: reverse forward
+  order, `tracker_bucket_cap_mb`), each once the last of its parameters' gradients is ready in
+  the sender's backward (the profile's `ready_time_s`, scaled to that backward's duration), one
+  after another on the link; without, all of them after the sender's backward (the tracker and
+  parameter messages are not modelled sharing a link: one follows the other within a step).
 
 Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
 (default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
@@ -42,6 +50,7 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
+from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
@@ -75,20 +84,23 @@ def _jitter(cluster: ClusterSpec, steps: int) -> list[list[float]]:
     return out
 
 
-def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float) -> tuple[list[int], int]:
+def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float,
+                  buffers: list[tuple[int | None, int]] = ()) -> tuple[list[int], int]:
     """Per module, the bytes of the exchange that must have landed before its forward runs, and
     the exchange's total, cut into messages as `engine.make_buckets` cuts them.
 
     The tensors go in the order their module first ran (never used: last), a module's
-    parameters before their momentum buffers (`per_tensor` = 2); a message closes before a
-    tensor that would take it past `cap_bytes`. Messages travel one after another, and a
-    module's pre-hook mixes every message holding one of its tensors, each only once all of
-    it has landed: so a module waits for the bytes up to the end of the last such message."""
+    parameters, then its floating `buffers` ((module index or None, bytes)), then its moment
+    buffers (`per_tensor` - 1 of each parameter, key by key, as `GossipRun._tensors` lists
+    them); a message closes before a tensor that would take it past `cap_bytes`. Messages
+    travel one after another, and a module's pre-hook mixes every message holding one of its
+    tensors, each only once all of it has landed: so a module waits for the bytes up to the
+    end of the last such message."""
     order = sorted(shared, key=lambda p: modules if p.first_use_order is None else p.first_use_order)
     tensors: list[tuple[int | None, int]] = []
-    for m in dict.fromkeys(p.first_use_order for p in order):
-        mine = [p for p in order if p.first_use_order == m]
-        tensors += [(m, p.bytes) for p in mine] * per_tensor  # parameters, then (momentum) their buffers
+    for m in dict.fromkeys([p.first_use_order for p in order] + [m for m, _ in buffers]):
+        mine = [(m, p.bytes) for p in order if p.first_use_order == m]
+        tensors += mine + [(m, nbytes) for owner, nbytes in buffers if owner == m] + mine * (per_tensor - 1)
     need, sent, size = [0] * modules, 0, 0
     open_: list[int | None] = []
     for m, nbytes in tensors:
@@ -106,6 +118,34 @@ def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float)
     return need, sent
 
 
+def tracker_messages(shared: list, modules: int, cap_bytes: float, backward_time_s: float) -> list[tuple[float, int]]:
+    """The overlapped trackers' messages in the order the runtime cuts them
+    (`GossipRun._tracker_layout`: reverse forward order, a parameter no module used with the
+    first module, so last; cut at `cap_bytes`), each as (when its last gradient is ready, since
+    backward start; its bytes). A tracker is at least float32: a bf16 parameter's is twice its bytes."""
+    order = sorted(shared, key=lambda p: -(p.first_use_order or 0))  # stable: parameter order within a module
+    out: list[tuple[float, int]] = []
+    size = 0
+    for p in order:
+        nbytes = p.numel * tracker_dtype(_dtype(p.dtype)).itemsize
+        ready = backward_time_s if p.ready_time_s is None else p.ready_time_s
+        if not out or size + nbytes > cap_bytes:
+            out.append((ready, 0))
+            size = 0
+        out[-1] = (max(out[-1][0], ready), out[-1][1] + nbytes)
+        size += nbytes
+    return out
+
+
+def _dtype(name: str):
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CaramelError(f"profile parameter dtype {name!r} is not a torch dtype")
+    return dtype
+
+
 def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: GossipOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if not profile.trainable():
@@ -115,12 +155,22 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
     jit = _jitter(cluster, steps)
     speed = [w.speed for w in cluster.workers]
-    per_tensor = 2 if options.mixes_moments else 1
+    optimizer = str(profile.meta.get("optimizer", "SGD"))  # a profile that names none: SGD's one buffer
+    per_tensor = 1 + len(moment_keys(optimizer, options.algorithm))
     shared = [p for p in profile.trainable() if not options.is_local(p.name)]
-    need, total = message_needs(shared, len(profile.modules), per_tensor, options.bucket_cap_mb * 2 ** 20)
+    module_of = {m.name: k for k, m in enumerate(profile.modules)}
+    buffers = [(module_of.get(name.rpartition(".")[0]), int(nbytes))
+               for name, nbytes in profile.meta.get("float_buffers", {}).items() if not options.is_local(name)]
+    need, total = message_needs(shared, len(profile.modules), per_tensor, options.bucket_cap_mb * 2 ** 20, buffers)
+    priced = peer_bytes(options.algorithm, optimizer, [(p.numel, _dtype(p.dtype)) for p in shared],
+                        sum(b for _, b in buffers))
+    assert total == priced.parameters, (total, priced)  # the messages hold what the runtime sends
     in_forward = options.algorithm != "adam"
     tracking = options.tracks
-    tracker_bytes = sum(p.bytes for p in shared) if tracking else 0  # one tracker per gossiped parameter
+    tracker_bytes = priced.trackers
+    overlapped = tracking and options.overlap_trackers
+    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_bucket_cap_mb * 2 ** 20,
+                              profile.backward_time_s) if overlapped else [])
 
     def compute(w: int, k: int, seconds: float) -> float:
         return seconds / speed[w] * jit[w][k]
@@ -130,6 +180,19 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     events = []
     cycle = options.head_steps + 1  # DePRL: only the last step of each cycle sends (the body)
     ready, starts, busies = [0.0] * n, [0.0] * n, [Busy(cluster.compute_slowdown) for _ in range(n)]
+    backward = [(0.0, 0.0)] * n  # per worker, this step's backward (start, end)
+    def trackers_landed(j: int, w: int, Wk) -> float:
+        """When the last of j's trackers of this step lands at w: after j's backward, or (overlap)
+        message by message as j's backward makes them ready, one after another on the link."""
+        per_byte = max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv)) / min(rates[j], rates[w])
+        if not overlapped:
+            return ready[j] + alpha + tracker_bytes * per_byte
+        (b0, b1), link = backward[j], 0.0
+        scale = (b1 - b0) / profile.backward_time_s if profile.backward_time_s > 0 else 0.0
+        for ready_s, nbytes in tmsgs:
+            link = max(link, b0 + ready_s * scale) + nbytes * per_byte
+        return link + alpha
+
     for k in range(steps):
         sent = k > 0 and (k - 1) % cycle == cycle - 1
         W = mats[((k - 1) // cycle) % len(mats)] if sent else None
@@ -161,7 +224,9 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                         waits[w] += due - t
                         t = due
                 t = busy.advance(t, compute(w, k, mod.forward_time_s))
+            bwd0 = t
             t = busy.advance(t, compute(w, k, profile.backward_time_s))
+            backward[w] = (bwd0, t)
             due = landed(total)
             if due > t:
                 waits[w] += due - t
@@ -171,8 +236,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
             t = ready[w]
             if tracking and n > 1:  # the update waits for the in-neighbours' trackers of this step
                 Wk = mats[k % len(mats)]
-                due = max(ready[j] + alpha + tracker_bytes * max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv))
-                          / min(rates[j], rates[w]) for j, _ in neighbours(Wk, w).recv)
+                due = max(trackers_landed(j, w, Wk) for j, _ in neighbours(Wk, w).recv)
                 if due > t:
                     waits[w] += due - t
                     t = due
@@ -184,7 +248,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     step_s = statistics.mean(periods)
     compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] for w in range(n))
     send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
-    ar = allreduce_step_s(profile, cluster, rates, jit, total // per_tensor)
+    ar = allreduce_step_s(profile, cluster, rates, jit, sum(p.bytes for p in shared))
     info = describe(options.topology, n)
     name = info["topology"]
     return SimResult(
@@ -199,7 +263,8 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         world_size=n, num_items=len(shared),
         trace=Trace("predicted", n, events, meta={"strategy": "gossip"}),
         meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
-              "mixing": info, "bytes_per_peer_per_step": total + tracker_bytes, "periods_s": periods,
+              "mixing": info, "bytes_per_peer_per_step": priced.total,
+              "tracker_bytes_per_peer_per_step": priced.trackers, "periods_s": periods,
               "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
 
 

@@ -14,18 +14,32 @@ an estimate of the average gradient, not of its own quarter-batch one; with the 
 every y_i is the average and each worker takes DDP's step (unless a gradient is clipped: clipping
 acts on g_i, the optimizer steps with the unclipped y_i). The mix comes after the correction,
 so the trackers' disagreement shrinks by W at every step and a worker's stochastic-gradient
-noise is mixed before its optimizer sees it. The price: the tracker exchange needs this step's
-gradients and must land before the update (no overlap with the next forward).
+noise is mixed before its optimizer sees it.
+
+The exchange needs this step's gradients and must land before the update (sent with the
+parameters after the update, y would be mixed before g(t) is added: DSGT's form, another
+algorithm, docs/gossip.md). `overlap=True` starts it where the data allows: a tracker message leaves from the gradient hooks as soon as
+its parameters' gradients are final in backward (messages cut in reverse forward order, the
+order backward meets the modules), and step() waits for each only before the update, so it
+hides behind the rest of backward. The values sent are the reference's: z is formed from the
+same gradient with the same operations, and step() checks, bit for bit, that each message
+sent in backward is what it would send now (clipping or unscaling the gradients in between is
+refused: the neighbours already mixed the old values). `overlap=False` forms and sends every
+tracker at step() (the reference path).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from caramel.errors import CaramelError
-from caramel.strategies.gossip.engine import Exchange, make_buckets
+from caramel.strategies.gossip.engine import Bucket, Exchange, make_buckets
 from caramel.strategies.gossip.topology import Neighbours
+from caramel.strategies.gossip.volume import tracker_dtype
+
+# A tensor's bits as integers of its width: compares NaN and -0.0 exactly.
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Tracker:
@@ -35,15 +49,27 @@ class Tracker:
     Both are kept in at least float32 (a bf16/fp16 parameter's tracker is float32, and travels
     so): the invariant sum_i y_i = sum_i g_i holds only as far as each step's y + g - g_prev and
     mix are exact, and a low-precision tracker's rounding would pile up in it, never corrected.
-    g_prev holds a low-precision gradient exactly, so the user's gradient comes back unchanged."""
+    g_prev holds a low-precision gradient exactly, so the user's gradient comes back unchanged.
 
-    def __init__(self, shared: list[tuple[str, torch.Tensor]], exchange: Exchange):
+    With `overlap`, `layout()` gives this step's neighbours and tracker buckets (built at the
+    step's first ready gradient) and `grad_ready(k)` is parameter k's post-accumulate hook;
+    `armed` is False while the last forward ran inside `no_sync()` (no message leaves)."""
+
+    def __init__(self, shared: list[tuple[str, torch.Tensor]], exchange: Exchange, overlap: bool = False,
+                 layout: Callable[[], tuple[Neighbours, list[Bucket]]] | None = None):
         self.names = [n for n, _ in shared]
         self.params = [p for _, p in shared]
         self.y = [torch.zeros_like(p, dtype=tracker_dtype(p.dtype), memory_format=torch.contiguous_format)
                   for p in self.params]
         self.g_prev = [torch.zeros_like(y) for y in self.y]
         self.exchange = exchange
+        self.overlap, self.layout = overlap, layout
+        self.armed = True
+        self.nb: Neighbours | None = None
+        self.members: list[list[int]] | None = None  # per bucket, its parameters' positions (None: not laid out)
+        self.slot: dict[int, int] = {}  # parameter position -> bucket
+        self.fired: list[set[int]] = []  # per bucket, the parameters whose gradient is final this step
+        self.sent_in_backward = 0  # tracker messages that left from the gradient hooks, in total
 
     @property
     def nbytes(self) -> int:
@@ -56,6 +82,17 @@ class Tracker:
         for name, p in zip(self.names, self.params):
             if p.grad is not None and p.grad.layout != torch.strided:
                 raise CaramelError(sparse_refusal(name))
+        if self.overlap:
+            self._swap_in_overlapped()
+        else:
+            self._swap_in_at_step(nb, cap_bytes)
+        with torch.no_grad():
+            for p, y in zip(self.params, self.y):
+                if p.grad is not None:
+                    p.grad.copy_(y)
+
+    def _swap_in_at_step(self, nb: Neighbours, cap_bytes: float) -> None:
+        """The reference path: every tracker formed, sent and mixed here."""
         with torch.no_grad():
             for p, y, g_prev in zip(self.params, self.y, self.g_prev):
                 if p.grad is None:
@@ -67,10 +104,66 @@ class Tracker:
         self.exchange.set_buckets(make_buckets(list(zip(self.names, self.y)), {}, [], cap_bytes))
         self.exchange.start(nb)
         self.exchange.flush()
+
+    def _swap_in_overlapped(self) -> None:
+        """The messages backward started must hold what the reference would send now; the rest
+        leave now. Then every message is mixed into the trackers (waiting for each in turn)."""
+        if self.members is None:
+            self._lay_out()
+        ex = self.exchange
         with torch.no_grad():
-            for p, y in zip(self.params, self.y):
-                if p.grad is not None:
-                    p.grad.copy_(y)
+            for b in range(len(self.members)):
+                z = self._z(b)
+                if b not in ex.pending:
+                    ex.start_bucket(b, self.nb, z)
+                elif not torch.equal(z.view(_BITS[z.element_size()]), ex.pending[b].sent.view(_BITS[z.element_size()])):
+                    ex.flush()  # let every transfer land before the error
+                    raise CaramelError(changed_refusal([self.names[k] for k in self.members[b]]))
+            for p, g_prev in zip(self.params, self.g_prev):
+                if p.grad is None:
+                    g_prev.zero_()
+                else:
+                    g_prev.copy_(p.grad)
+        ex.flush()  # each bucket's mix is copied into its trackers y
+        self.members = None
+
+    def grad_ready(self, k: int) -> None:
+        """Parameter k's gradient is final for this backward: once every gradient of its bucket
+        is, send the bucket's z. A gradient made final again before step() (a second backward
+        outside no_sync(), gradients accumulating) withdraws its bucket, sent again once its
+        gradients are final again; as with DDP, every worker must run the same backwards."""
+        p = self.params[k]
+        if not (self.overlap and self.armed) or p.grad is None or p.grad.layout != torch.strided:
+            return
+        if self.members is None:
+            self._lay_out()
+        b = self.slot[k]
+        if k in self.fired[b]:
+            if b in self.exchange.pending:
+                self.exchange.drop(b)
+            self.fired[b] = set()
+        self.fired[b].add(k)
+        if len(self.fired[b]) == len(self.members[b]):
+            with torch.no_grad():
+                self.exchange.start_bucket(b, self.nb, self._z(b))
+            self.sent_in_backward += 1
+
+    def _lay_out(self) -> None:
+        self.nb, buckets = self.layout()
+        self.exchange.set_buckets(buckets)
+        position = {id(y): k for k, y in enumerate(self.y)}
+        self.members = [[position[id(t)] for t in bucket.tensors] for bucket in buckets]
+        self.slot = {k: b for b, ks in enumerate(self.members) for k in ks}
+        self.fired = [set() for _ in buckets]
+
+    def _z(self, b: int) -> torch.Tensor:
+        """Bucket b's y + g - g_prev, flat, by the reference path's operations (out of place:
+        y changes only when the mix lands)."""
+        parts = []
+        for k in self.members[b]:
+            p, y, g_prev = self.params[k], self.y[k], self.g_prev[k]
+            parts.append((y.sub(g_prev) if p.grad is None else y.add(p.grad).sub_(g_prev)).reshape(-1))
+        return torch.cat(parts)
 
     def swap_out(self) -> None:
         """After the update: each parameter's gradient is the worker's own again."""
@@ -90,9 +183,12 @@ class Tracker:
                 g.copy_(state["g_prev"][n])
 
 
-def tracker_dtype(dtype: torch.dtype) -> torch.dtype:
-    """A parameter's tracker dtype: its own when at least float32 wide, else float32."""
-    return torch.promote_types(dtype, torch.float32)
+def changed_refusal(names: list[str]) -> str:
+    return (f"strategy 'gossip': algorithm=tracking sent the trackers of {', '.join(names[:3])}"
+            f"{' ...' if len(names) > 3 else ''} during backward (overlap_trackers=true), and their gradients changed "
+            "between backward and optimizer.step() (gradient clipping, GradScaler.unscale_, an edit of p.grad); the "
+            "neighbours already mixed the old values. Set overlap_trackers=false to form the trackers at step() "
+            "from the gradients as they are then")
 
 
 def sparse_refusal(name: str) -> str:

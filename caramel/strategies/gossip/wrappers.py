@@ -23,14 +23,23 @@ class GossipModel(nn.Module):
         super().__init__()
         self.module = module
         object.__setattr__(self, "_run", run)
+        self._in_no_sync = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._run.tracker is not None:  # as DDP: the forward decides whether its backward sends
+            self._run.tracker.armed = not self._in_no_sync
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Gradients never leave a worker under gossip: accumulating them needs nothing special."""
-        yield
+        """Gradients never leave a worker under gossip: accumulating them needs nothing special,
+        except with overlapped trackers (algorithm=tracking), which leave in backward: a
+        backward whose forward ran in here sends none (each later backward would send them again)."""
+        before, self._in_no_sync = self._in_no_sync, True
+        try:
+            yield
+        finally:
+            self._in_no_sync = before
 
     def synchronize(self) -> None:
         self._run.synchronize()

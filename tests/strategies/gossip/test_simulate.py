@@ -2,6 +2,8 @@
 and Wang et al.'s comparison with all-reduce under a slow link and compute jitter."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from caramel.errors import CaramelError
@@ -139,13 +141,30 @@ def test_compute_beside_the_exchange_runs_at_the_clusters_slowdown():
 
 
 def test_tracking_sends_twice_the_bytes_and_waits_for_the_trackers_before_the_update(profile):
-    """Uniform workers: the trackers leave after backward and land before the update, nothing to
-    hide them behind, so the step grows by exactly one exchange of the model's bytes to two peers."""
+    """Uniform workers, trackers sent at step() (the reference path): nothing to hide them
+    behind, so the step grows by exactly one exchange of the model's bytes to two peers."""
     cluster = ClusterSpec.uniform(4, 1e9)
-    dpsgd, tracking = sim("gossip", profile, cluster), sim("gossip:algorithm=tracking", profile, cluster)
+    dpsgd = sim("gossip", profile, cluster)
+    tracking = sim("gossip:algorithm=tracking,overlap_trackers=false", profile, cluster)
     model_bytes = sum(p.bytes for p in profile.trainable())
     assert tracking.meta["bytes_per_peer_per_step"] == 2 * dpsgd.meta["bytes_per_peer_per_step"] == 2 * model_bytes
     exchange_s = cluster.latency_s + model_bytes * 2 / (cluster.bandwidth_bps / 8)  # a ring worker: 2 peers share its link
     assert tracking.step_time_s == pytest.approx(dpsgd.step_time_s + exchange_s, rel=1e-9)
-    # with the moment buffers as well (priced as SGD's one buffer, as algorithm=momentum is)
+    # the moment buffers as well: a profile naming no optimizer is priced as SGD's one buffer,
+    # one naming AdamW as its two
     assert sim("gossip:algorithm=tracking_momentum", profile, cluster).meta["bytes_per_peer_per_step"] == 3 * model_bytes
+    adamw = dataclasses.replace(profile, meta={**profile.meta, "optimizer": "AdamW"})
+    assert sim("gossip:algorithm=tracking_momentum", adamw, cluster).meta["bytes_per_peer_per_step"] == 4 * model_bytes
+
+
+def test_overlapped_trackers_hide_behind_backward(profile):
+    """overlap_trackers: each tracker message leaves once its gradients are ready, so the step is
+    between dpsgd's and the reference path's; in one message (the cap above the model) it
+    leaves at backward's end, as the reference's do."""
+    cluster = ClusterSpec.uniform(4, 1e9)
+    dpsgd = sim("gossip", profile, cluster).step_time_s
+    at_step = sim("gossip:algorithm=tracking,overlap_trackers=false", profile, cluster).step_time_s
+    overlapped = sim("gossip:algorithm=tracking,tracker_bucket_cap_mb=0.5", profile, cluster).step_time_s
+    assert dpsgd < overlapped < at_step - 0.01
+    one = sim("gossip:algorithm=tracking,tracker_bucket_cap_mb=100", profile, cluster).step_time_s
+    assert one == pytest.approx(at_step, rel=1e-9)

@@ -152,3 +152,19 @@ def test_head_steps_needs_a_personalized_head_and_a_mix_it_does_not_move():
                           ({"personalize": "head", "head_steps": 2, "algorithm": "adam"}, "algorithm=adam")):
         with pytest.raises(CaramelError, match=match):
             STRATEGIES.spec("gossip", values)
+
+
+def test_overlap_trackers_options_and_caramel_train_clipping_picks_the_reference_path():
+    from caramel.strategies.gossip.options import GossipOptions
+    from caramel.train.strategy import gossip_options_for_clipping
+
+    spec = STRATEGIES.spec("gossip:algorithm=tracking,tracker_bucket_cap_mb=0.25")
+    assert spec.options.overlap_trackers and spec.options.tracker_bucket_cap_mb == 0.25
+    assert not STRATEGIES.spec("gossip:algorithm=tracking,overlap_trackers=false").options.overlap_trackers
+    with pytest.raises(CaramelError, match="tracker_bucket_cap_mb must be > 0, got 0"):
+        GossipOptions(algorithm="tracking", tracker_bucket_cap_mb=0)
+    # clipping edits the gradients after backward: the trackers are formed at step() instead
+    assert not gossip_options_for_clipping(spec.options, 1.0).overlap_trackers
+    assert gossip_options_for_clipping(spec.options, 0.0).overlap_trackers
+    dpsgd = GossipOptions()
+    assert gossip_options_for_clipping(dpsgd, 1.0) is dpsgd

@@ -8,15 +8,67 @@ from caramel.errors import CaramelError
 from caramel.strategies import STRATEGIES
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.testing import run_workers
-from tests.strategies.gossip.tracking_workers import four_worker_suite
+from tests.strategies.gossip.tracking_workers import OVERLAP_CASES, four_worker_suite
 
 pytestmark = pytest.mark.timeout(200)
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def four():
-    return run_workers(four_worker_suite, 4, args=(STEPS,), timeout_s=180)
+def trace_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tracking-traces")
+
+
+@pytest.fixture(scope="module")
+def four(trace_dir):
+    return run_workers(four_worker_suite, 4, args=(STEPS, str(trace_dir)), timeout_s=180)
+
+
+def test_overlapped_trackers_give_the_reference_parameters_bit_for_bit(four):
+    """Trackers sent from the gradient hooks, in messages of 8 KB, against every tracker formed
+    and sent at step(): the same parameters to the last bit after 12 steps (tracking and
+    tracking_momentum; AdamW, SGD with momentum, BatchNorm, a tied embedding, accumulation in
+    and outside no_sync())."""
+    for res in (r["overlap"] for r in four):
+        assert sorted(k for k in res if k != "clipped") == sorted(f"{c[0]}-{c[2]}" for c in OVERLAP_CASES)
+        for case in (k for k in res if k != "clipped"):
+            r = res[case]
+            assert r["steps"] == 3 * STEPS and r["moved"] > 1e-4, (case, r)
+            assert r["diff"] == 0.0, (case, r)
+            # most messages left in backward (a few wait for a parameter no backward reached);
+            # the reference sent none there
+            assert r["in_backward"] >= 3 * STEPS * 2 and r["reference_in_backward"] == 0, (case, r)
+
+
+def test_a_gradient_edited_after_backward_is_refused_with_overlapped_trackers(four):
+    for res in (r["overlap"] for r in four):
+        assert "overlap_trackers=false" in res["clipped"] and "changed" in res["clipped"], res["clipped"]
+
+
+def test_the_simulator_prices_the_bytes_the_runtime_sends_per_link(four, trace_dir):
+    """Each traced step's bytes per link (parameters, moments, buffers, trackers), against what
+    the simulator prices for a profile of the same model and optimizer."""
+    from caramel.profile.profiler import profile_model
+    from caramel.strategies.gossip.simulate import simulate_gossip
+    from caramel.topology.spec import ClusterSpec
+    from caramel.trace.events import Trace
+    from tests.distributed.workers import fresh, make_optimizer
+
+    for family, kind, algorithm, _, _, traced in OVERLAP_CASES:
+        if not traced:
+            continue
+        w = fresh(family)
+        opt, _ = make_optimizer(kind, w.model.parameters())
+        prof = profile_model(w.model, w.inputs, w.targets, w.loss_fn, opt, steps=1, warmup=0)
+        priced = simulate_gossip(prof, ClusterSpec.uniform(4, 1e9), GossipOptions(algorithm=algorithm)).meta
+        for rank in range(4):
+            trace = Trace.load(trace_dir / f"{family}-{algorithm}.rank{rank}.json")
+            steps = trace.meta["per_step"]
+            assert len(trace.events) == len(steps) == 3 * STEPS
+            for ev, step in zip(trace.events, steps):
+                assert len(step["peers"]) == 2  # a ring
+                assert ev.bytes / 2 == priced["bytes_per_peer_per_step"], (family, algorithm, ev.bytes, priced)
+                assert step["tracker_bytes_per_peer"] == priced["tracker_bytes_per_peer_per_step"]
 
 
 def test_the_trackers_sum_is_the_gradients_sum_at_every_step(four):

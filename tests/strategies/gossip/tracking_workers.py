@@ -1,6 +1,7 @@
 """Worker functions of the gradient-tracking tests (algorithm=tracking; spawned, so importable)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -188,9 +189,67 @@ def enc_dec_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
-def four_worker_suite(rank: int, world: int, steps: int) -> dict:
+# (family, optimizer, algorithm, micro-batches per step, how they accumulate, traced)
+OVERLAP_CASES = [("gpt_tied", "adamw", "tracking_momentum", 1, "", True),
+                 ("cnn_bn", "sgd_momentum", "tracking_momentum", 2, "no_sync", True),
+                 ("cnn_bn", "sgd_momentum", "tracking", 2, "plain", False)]
+
+
+def _train_accumulating(model, opt, sched, loss_fn, family, rank, steps, micro, accumulate):
+    for step in range(steps):
+        for i in range(micro):
+            x, y = batch(family, micro * step + i, rank)
+            ctx = model.no_sync() if accumulate == "no_sync" and i < micro - 1 else contextlib.nullcontext()
+            with ctx:
+                loss_fn(model(x), y).backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
+def overlap_worker(rank: int, world: int, steps: int, trace_dir: str) -> dict:
+    """overlap_trackers (each tracker message sent from the gradient hooks once its gradients are
+    final) against the reference path (every tracker formed and sent at step()), on a ring:
+    the parameters after `steps` steps, the tracker messages that left in backward, and (traced)
+    each step's bytes per link. Gradients accumulated in no_sync() and outside it (messages
+    withdrawn and sent again). Then a gradient clipped after backward: refused."""
+    out = {}
+    for family, kind, algorithm, micro, accumulate, traced in OVERLAP_CASES:
+        w = fresh(family)
+        res = {}
+        for overlap in (False, True):
+            m = copy.deepcopy(w.model)
+            opt, sched = make_optimizer(kind, m.parameters())
+            spec = f"gossip:topology=ring,algorithm={algorithm},overlap_trackers={str(overlap).lower()}"
+            trace = f"{trace_dir}/{family}-{algorithm}.json" if overlap and traced else None
+            model, opt = caramel.parallelize(m, opt, spec, tracker_bucket_cap_mb=8e-3, trace=trace)
+            _train_accumulating(model, opt, sched, w.loss_fn, family, rank, steps, micro, accumulate)
+            opt.synchronize()  # writes the trace
+            res[overlap] = (params_of(m), opt.gossip.stats_dict())
+            caramel.shutdown()
+        out[f"{family}-{algorithm}"] = {"diff": max_diff(res[False][0], res[True][0]),
+                                        "moved": max_diff(params_of(w.model), res[True][0]),
+                                        "in_backward": res[True][1]["tracker_messages_in_backward"],
+                                        "reference_in_backward": res[False][1]["tracker_messages_in_backward"],
+                                        "steps": res[True][1]["steps"]}
+    w = fresh("gpt_tied")
+    opt, _ = make_optimizer("adamw", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=ring,algorithm=tracking")
+    x, y = batch("gpt_tied", 0, rank)
+    w.loss_fn(model(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+    try:
+        opt.step()
+        out["clipped"] = ""
+    except CaramelError as e:
+        out["clipped"] = str(e)
+    caramel.shutdown()
+    return out
+
+
+def four_worker_suite(rank: int, world: int, steps: int, trace_dir: str = "") -> dict:
     """Everything the tracking tests check on 4 workers, in one job (spawning costs more)."""
-    return {"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
+    return {"overlap": overlap_worker(rank, world, 3 * steps, trace_dir),"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, RING),
             "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps),
             "enc_dec": enc_dec_worker(rank, world, steps)}
