@@ -335,7 +335,8 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
-                           "microbatches": options.microbatches, "microbatches_auto": auto_note})
+                           "microbatches": options.microbatches, "microbatches_auto": auto_note,
+                           "replicas": options.replicas, "stages": options.stages})
 
 
 def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
