@@ -301,7 +301,7 @@ def _wire_per_sample(wire: dict[str, int] | None, local_batch: int | None, worke
 
 PIPELINE_STATS = ("boundaries", "microbatches", "replicas", "stages", "bubble_fraction", "bubble_fraction_per_stage",
                   "bubble_fraction_ideal", "busy_s_per_stage", "predicted_busy_s_per_stage",
-                  "predicted_slowest_stage_s", "bubble_steps", "planned_at")
+                  "predicted_slowest_stage_s", "bubble_steps", "planned_at", "replica_candidates_s")
 
 
 def _pipeline_summary(kind: str, st: dict[str, Any], predicted_plan: dict[str, Any] | None = None,

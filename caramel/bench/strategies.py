@@ -172,6 +172,12 @@ class PipelineRunner(Runner):
         first = self.pipe.stage_modules == []
         self.pipe.step(self.inputs, self.targets, self.loss_fn)
         sync_device(self.device)
+        if first and self.pipe.replica_choice is not None and ctx_rank() == 0:
+            c = self.pipe.replica_choice
+            table = ", ".join(f"{k}: {1e3 * t:.1f}" for k, t in c.candidates_s.items())
+            print(f"[bench] {self.name}: replicas=auto chose {'+'.join(map(str, c.counts))}, {c.microbatches} "
+                  f"microbatches, cut {self.pipe.boundaries} (simulated step ms by stages x microbatches: {table})",
+                  file=sys.stderr, flush=True)
         if first and self.pipe.microbatch_predictions_s and ctx_rank() == 0:
             table = ", ".join(f"{m}: {1e3 * t:.1f}" for m, t in self.pipe.microbatch_predictions_s.items())
             print(f"[bench] {self.name}: microbatches=auto chose {self.pipe.options.microbatches}, cut "
@@ -185,8 +191,13 @@ class PipelineRunner(Runner):
         out = {"boundaries": self.pipe.boundaries, "microbatches": m, "replicas": self.pipe.options.replicas,
                "stages": self.pipe.options.stages, "planned_at": cluster_summary(self.pipe.cluster),
                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None,
-               # the partitioner's compute per step of each stage (a replica's share with replicas)
-               "predicted_busy_s_per_stage": [t * m for t in plan.stage_times_s] if plan is not None else None,
+               # the partitioner's compute per step of each stage (a replica's share with replicas;
+               # replicas=auto: its per-step stage times, the all-reduce included)
+               "predicted_busy_s_per_stage": (None if plan is None else list(plan.stage_times_s)
+                                              if self.pipe.replica_choice is not None
+                                              else [t * m for t in plan.stage_times_s]),
+               "replica_candidates_s": (self.pipe.replica_choice.candidates_s
+                                        if self.pipe.replica_choice is not None else None),
                **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
         if self.trace_dir and self.pipe.timer is not None:
             self._save_actions()

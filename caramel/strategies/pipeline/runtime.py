@@ -52,7 +52,7 @@ class Pipeline:
             raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: layer indices {cuts} do not "
                                f"apply; name the modules that begin stages 1.. (partition='layers.2+...') or use "
                                f"partition='auto'")
-        if options.schedule == "pipedream" and options.workers() > options.stages:
+        if options.schedule == "pipedream" and not options.auto_replicas and options.workers() > options.stages:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
         self.plan_profile = profile  # plan from it (as the simulator does) instead of profiling
@@ -62,8 +62,12 @@ class Pipeline:
             raise CaramelError(f"pipeline: optimizer must be a torch optimizer or a function params -> optimizer, "
                                f"got {type(optimizer).__name__}")
         self.process_group = process_group
-        self.layout: Layout | ReplicatedLayout
-        if options.unequal_replicas:  # one count per stage: virtual pipelines (unequal.py)
+        self.layout: Layout | ReplicatedLayout | None
+        self.replica_choice: Any = None  # replicas="auto": the chosen plan and every candidate's simulated step
+        self._split_batch = 1  # replicas="auto" chose r equal counts: each of the r pipelines takes 1/r of the batch
+        if options.auto_replicas:  # the groups are made once the counts are chosen, at the first step
+            self.layout = None
+        elif options.unequal_replicas:  # one count per stage: virtual pipelines (unequal.py)
             self.layout = make_replicated_layout(options.replica_counts(), process_group)
         else:
             self.layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
@@ -92,6 +96,7 @@ class Pipeline:
         over microbatches (and replicas), returned on every rank."""
         self._check_open()
         self.prepare(inputs, targets, loss_fn)
+        inputs, targets = self._own_part(inputs, targets)
         m = self.options.microbatches
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
             raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
@@ -108,6 +113,9 @@ class Pipeline:
         first step, e.g. to load each stage's optimizer state. Every rank calls it."""
         self._check_open()
         if self._runner is None:
+            if self.layout is None:
+                self._choose_replicas(inputs, targets, loss_fn)
+            inputs, targets = self._own_part(inputs, targets)
             if self.options.microbatches == "auto":
                 self._choose_microbatches(inputs, targets, loss_fn)
             m = self.options.microbatches
@@ -117,6 +125,77 @@ class Pipeline:
             self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
         elif loss_fn is not self._loss_fn:
             raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
+
+    def _own_part(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """replicas="auto" with r equal counts runs r pipelines, each on its replica's r-th of the
+        batch every rank passes; otherwise the batch itself."""
+        r = self._split_batch
+        if r == 1:
+            return inputs, targets
+        if inputs.shape[0] % r or targets.shape[0] != inputs.shape[0]:
+            raise CaramelError(f"pipeline: replicas=auto chose {r} equal replicas per stage: the batch "
+                               f"({inputs.shape[0]} inputs, {targets.shape[0]} targets) must split into {r} equal parts")
+        j, n = self.layout.replica, inputs.shape[0] // r
+        return inputs[j * n:(j + 1) * n], targets[j * n:(j + 1) * n]
+
+    def _choose_replicas(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """replicas="auto": the job's first rank profiles a copy of the model (or takes the handed
+        profile), fits each top-level layer's cost at two microbatch sizes, and picks the cut, the
+        counts and, if "auto", the stage and microbatch counts (`auto_replicas.choose_replicas`);
+        every rank receives the choice and builds the layout: equal counts as a hybrid of r
+        pipelines (each on 1/r of the batch), unequal ones as virtual pipelines."""
+        from caramel.strategies.pipeline.auto_replicas import choose_replicas
+
+        o = self.options
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        world = len(ranks)
+        box: list[Any] = [None]
+        if dist.get_rank() == ranks[0]:
+            prof = self._replica_profile(inputs, targets, loss_fn, o)
+            names, layers = scaling_from_profile(prof)
+            cluster = self.cluster or ClusterSpec.uniform(world, 1e9)
+            if cluster.world_size != world:
+                raise CaramelError(f"pipeline: replicas=auto: the cluster spec has {cluster.world_size} workers, the "
+                                   f"group {world}")
+            try:
+                choice = choose_replicas(layers, inputs.shape[0], o.schedule, cluster,
+                                         None if o.stages == "auto" else o.stages,
+                                         None if o.microbatches == "auto" else o.microbatches,
+                                         prof.optimizer_time_s or 0.0)
+                box[0] = (choice, [names[c] for c in choice.plan.boundaries])
+            except CaramelError as e:
+                box[0] = str(e)
+        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
+        if isinstance(box[0], str):  # one error on every rank, not a hang
+            raise CaramelError(box[0])
+        choice, names = box[0]
+        counts, m = choice.counts, choice.microbatches
+        self.replica_choice, self.partition = choice, choice.plan
+        self.boundaries = [int(n) for n in names] if isinstance(self.model, nn.Sequential) else names
+        if len(set(counts)) == 1:  # r pipelines of the chosen cut, each on its r-th of the batch
+            r = counts[0]
+            self.options = dataclasses.replace(o, stages=len(counts), replicas=r, microbatches=m // r)
+            self.layout = make_layout(len(counts), r, False, self.process_group)
+            self._split_batch = r
+        else:
+            self.options = dataclasses.replace(o, stages=len(counts), replicas="+".join(map(str, counts)),
+                                               microbatches=m)
+            self.layout = make_replicated_layout(tuple(counts), self.process_group)
+
+    def _replica_profile(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
+                         o: PipelineOptions) -> ModelProfile:
+        """The handed profile, or one of a copy of the model at the largest candidate microbatch
+        with the smallest timed too (a fixed cost per microbatch plus one per sample)."""
+        if self.plan_profile is not None:
+            return self.plan_profile
+        from caramel.profile.profiler import profile_model
+
+        batch = inputs.shape[0]
+        counts = [o.microbatches] if isinstance(o.microbatches, int) else [m for m in range(1, min(batch, 32) + 1)
+                                                                           if batch % m == 0]
+        large, small = batch // min(counts), batch // max(counts)
+        return profile_model(copy.deepcopy(self.model), inputs[:large], targets[:large], loss_fn, steps=5,
+                             name="pipeline", small_batch_size=small if small < large else None)
 
     def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         assert self.optimizer is not None
@@ -233,7 +312,7 @@ class Pipeline:
         if self._engine is not None:
             self._engine.release()
         self._runner = None  # DDP and torch's stages hold the groups; drop them before the groups go
-        for group in self.layout.created:
+        for group in self.layout.created if self.layout is not None else ():
             with contextlib.suppress(Exception):  # the job's default group may be gone already at exit
                 dist.destroy_process_group(group)
 
@@ -297,6 +376,8 @@ class Pipeline:
 
     def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
         cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
+        if self.options.auto_replicas:
+            raise CaramelError("pipeline: replicas=auto is resolved before planning")
         # each stage at its slowest worker's speed, the workers taken by this layout's ranks
         return cluster, stage_speeds([w.speed for w in cluster.workers], self.options.replica_counts(),
                                      self.layout.positions)

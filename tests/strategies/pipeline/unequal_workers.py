@@ -67,6 +67,8 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, tra
         from tests.train.unequal_resume import first_half
 
         out["train"] = first_half(train_root)
+    if world == 4:
+        out["auto"] = auto_replicas(rank)
     if world == 4:  # counts that do not sum to the world: one clear error on every rank, before any group
         try:
             caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", replicas="2+1")
@@ -79,6 +81,26 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, tra
         made = len(_world.pg_map) - before
         pipe.step(*batch(0), F.cross_entropy)
         out["equal_close"] = closes(pipe, made, shutdown=True)
+    return out
+
+
+def auto_replicas(rank: int, size: int = 12) -> dict:
+    """replicas="auto" and stages="auto" with 6 microbatches: rank 0 profiles and chooses the cut,
+    the stage count and each stage's replicas (at 100 Mbit/s, so the all-reduce weighs), every
+    rank builds that layout; the parameters against single-process training on the whole batch."""
+    from caramel.topology.spec import ClusterSpec
+
+    pipe = caramel.pipeline(make_model(), sgd, stages="auto", replicas="auto", microbatches=6, schedule="gpipe",
+                            cluster=ClusterSpec.uniform(4, 1e8))
+    losses = [float(pipe.step(*batch(step, size=size), F.cross_entropy)) for step in range(STEPS)]
+    final = pipe.state_dict()
+    choice = pipe.replica_choice
+    out = {"counts": choice.counts, "microbatches": choice.microbatches, "boundaries": pipe.boundaries,
+           "partition_replicas": pipe.partition.replicas, "slowest_s": pipe.partition.slowest_s,
+           "options": (pipe.options.stages, pipe.options.replicas, pipe.options.microbatches), "losses": losses,
+           "diff": max_diff(final, oracle(STEPS, "sgd", size)),
+           "half_diff": max_diff(final, oracle(STEPS, "sgd", size, slice(0, size // 2)))}
+    pipe.close()
     return out
 
 

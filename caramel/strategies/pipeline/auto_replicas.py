@@ -1,0 +1,181 @@
+"""`replicas="auto"`: stage boundaries and data-parallel replicas per stage, for the synchronous runtime.
+
+PipeDream's dynamic program (`planner.pipedream_partition`) prices a stage on r replicas at its
+asynchronous pace, `max(compute, allreduce) / r` per microbatch. The synchronous schedules (gpipe,
+1f1b) run a stage's share of the step's M microbatches and then all-reduce its gradients once,
+after the drain, so here a stage costs, per step,
+
+    T(a..b, r, ranks) = (M / r) * compute(a..b) / speed(ranks) + allreduce(params(a..b), r)
+    C(i)              = M * (activation out of layer i-1 and its gradient back, one link)
+
+and the dynamic program takes PipeDream's recurrence over layers and workers with two changes:
+every worker is used (the runtime has no idle rank: the counts sum to the world), and only
+counts the runtime can run are taken: microbatch k goes to replica k mod r of each stage, so
+every count divides M, their least common multiple L is at most `MAX_VIRTUAL_PIPELINES`, and
+1F1B gives each virtual pipeline M / L >= stages microbatches. The state carries L so far.
+Stage s's ranks are stage-major (the runtime's layout), each stage at its slowest rank's speed.
+
+Neither the fill and drain nor how the links overlap compute is in T; so where the stage count
+or the microbatch count is free, each candidate's best plan is replayed by the pipeline
+simulator (`simulate.replay`, the runtime's order) and the fastest step wins.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from caramel.errors import CaramelError
+from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
+from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, ScalingCost, transfer_time_s
+from caramel.topology.spec import ClusterSpec
+
+MAX_MICROBATCHES = 32
+
+
+def stage_step_s(layers: list[LayerCost], replicas: int, microbatches: int, cluster: ClusterSpec,
+                 speed: float = 1.0) -> float:
+    """A stage's part of a synchronous step: its replica's microbatches, then its all-reduce."""
+    compute = sum(c.compute_s for c in layers) / speed * microbatches / replicas
+    ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
+    return compute + ring.allreduce_time_s(sum(c.param_bytes for c in layers))
+
+
+def feasible(counts: tuple[int, ...] | list[int], microbatches: int, schedule: str) -> bool:
+    """Whether the runtime runs these counts with M microbatches (`unequal.py`'s round-robin)."""
+    period = math.lcm(*counts)
+    return (period <= MAX_VIRTUAL_PIPELINES and microbatches % period == 0
+            and (schedule != "1f1b" or microbatches // period >= len(counts)))
+
+
+def _plan(costs: list[LayerCost], cluster: ClusterSpec, cuts: list[int], counts: list[int], microbatches: int,
+          speeds: list[float]) -> PartitionPlan:
+    """A plan's per-step stage and link times (`PartitionPlan.slowest_s` is then per step)."""
+    edges, out, first = [0, *cuts, len(costs)], [], 0
+    for (a, b), r in zip(zip(edges[:-1], edges[1:]), counts):
+        out.append(stage_step_s(costs[a:b], r, microbatches, cluster, min(_speeds(speeds, first, r))))
+        first += r
+    links = [microbatches * transfer_time_s(costs[c - 1].output_bytes, cluster) for c in cuts]
+    return PartitionPlan(list(cuts), list(counts), out, links)
+
+
+def _speeds(speeds: list[float], first: int, r: int) -> list[float]:
+    return [speeds[g] if g < len(speeds) else 1.0 for g in range(first, first + r)]
+
+
+def replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
+                      schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
+    """The dynamic program above: exactly `stages` stages on all `cluster.world_size` workers,
+    the slowest stage or link per step least; None when no feasible counts exist."""
+    n, w_all, m = len(costs), cluster.world_size, microbatches
+    speeds = speeds or [w.speed for w in cluster.workers]
+    if stages > min(n, w_all):
+        return None
+    divisors = [r for r in range(1, w_all + 1) if m % r == 0]
+    inf = (math.inf, ())
+
+    @lru_cache(maxsize=None)
+    def best(j: int, w: int, s: int, period: int) -> tuple[float, tuple[tuple[int, int], ...]]:
+        """Layers [0, j) on workers [0, w) in exactly s stages whose counts' lcm is `period`:
+        (slowest, ((first layer, replicas), ...))."""
+        if s == 1:
+            if w != period or w not in divisors:
+                return inf
+            return stage_step_s(costs[:j], w, m, cluster, min(_speeds(speeds, 0, w))), ((0, w),)
+        top = inf
+        for i in range(s - 1, j):
+            link = m * transfer_time_s(costs[i - 1].output_bytes, cluster)
+            for r in divisors:
+                if r > w - (s - 1):
+                    break
+                tail = stage_step_s(costs[i:j], r, m, cluster, min(_speeds(speeds, w - r, r)))
+                for head_period in {p for p in range(1, period + 1) if period % p == 0 and math.lcm(p, r) == period}:
+                    head, plan = best(i, w - r, s - 1, head_period)
+                    t = max(head, link, tail)
+                    if t < top[0]:
+                        top = (t, plan + ((i, r),))
+        return top
+
+    periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)
+               if m % p == 0 and (schedule != "1f1b" or m // p >= stages)]
+    t, plan = min((best(n, w_all, stages, p) for p in periods), key=lambda x: x[0], default=inf)
+    if not plan:
+        return None
+    return _plan(costs, cluster, [i for i, _ in plan[1:]], [r for _, r in plan], m, speeds)
+
+
+def brute_force_replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
+                                  schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
+    """Every cut into `stages` and every feasible count vector summing to the world (small
+    inputs only): the test oracle."""
+    speeds = speeds or [w.speed for w in cluster.workers]
+    w = cluster.world_size
+    plans = [_plan(costs, cluster, list(cuts), list(counts), microbatches, speeds)
+             for cuts in itertools.combinations(range(1, len(costs)), stages - 1)
+             for counts in itertools.product(range(1, w + 1), repeat=stages)
+             if sum(counts) == w and feasible(counts, microbatches, schedule)]
+    return min(plans, key=lambda p: p.slowest_s, default=None)
+
+
+@dataclass(frozen=True)
+class ReplicaChoice:
+    """What `replicas="auto"` runs: the cut and counts (`plan`, per-step times), the step's
+    microbatches in all (a pipeline of equal counts r runs microbatches / r each), and every
+    candidate's simulated step, keyed "stages x microbatches"."""
+
+    plan: PartitionPlan
+    microbatches: int
+    predicted_step_s: float
+    candidates_s: dict[str, float]
+
+    @property
+    def counts(self) -> list[int]:
+        return list(self.plan.replicas)
+
+    @property
+    def stages(self) -> int:
+        return len(self.plan.replicas)
+
+
+def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluster: ClusterSpec,
+                    stages: int | None = None, microbatches: int | None = None,
+                    optimizer_s: float = 0.0) -> ReplicaChoice:
+    """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
+    (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
+    simulated fastest of them (ties: fewer stages, fewer microbatches)."""
+    from caramel.strategies.pipeline.simulate import replay, replicated_actions, stage_costs
+
+    if schedule not in ("gpipe", "1f1b"):
+        raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b, not {schedule!r}")
+    w = cluster.world_size
+    stage_options = [stages] if stages is not None else list(range(2, min(w, len(layers)) + 1))
+    counts_m = [microbatches] if microbatches is not None else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1)
+                                                                if batch % m == 0]
+    speeds = [wk.speed for wk in cluster.workers]
+    table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
+    for s in stage_options:
+        for m in counts_m:
+            if batch % m:
+                continue
+            costs = [layer.at(batch / m) for layer in layers]
+            plan = replica_partition(costs, cluster, s, m, schedule, speeds)
+            if plan is None:
+                continue
+            firsts = list(itertools.accumulate([0, *plan.replicas[:-1]]))
+            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, plan.replicas)]
+            sc = stage_costs(costs, plan.boundaries, cluster, tuple(plan.replicas), per_stage, optimizer_s)
+            sim = replay(sc, replicated_actions(schedule, tuple(plan.replicas), m), cluster.compute_slowdown,
+                         math.lcm(*plan.replicas))
+            table[(s, m)] = (sim.step_time_s, plan)
+    if not table:
+        raise CaramelError(f"replicas=auto: no replica counts for "
+                           f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "
+                           f"{'microbatches=' + str(microbatches) if microbatches else 'any microbatch count of the batch of ' + str(batch)} "
+                           f"with schedule={schedule} (each count must divide the microbatches, their least common "
+                           f"multiple <= {MAX_VIRTUAL_PIPELINES}{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
+                           f"give another microbatch count or stages")
+    key = min(table, key=lambda k: (table[k][0], k))
+    step, plan = table[key]
+    return ReplicaChoice(plan, key[1], step,
+                         {f"{s}x{m}": t for (s, m), (t, _) in sorted(table.items())})
