@@ -15,9 +15,11 @@ every count divides M, their least common multiple L is at most `MAX_VIRTUAL_PIP
 1F1B gives each virtual pipeline M / L >= stages microbatches. The state carries L so far.
 Stage s's ranks are stage-major (the runtime's layout), each stage at its slowest rank's speed.
 
-Neither the fill and drain nor how the links overlap compute is in T; so where the stage count
-or the microbatch count is free, each candidate's best plan is replayed by the pipeline
-simulator (`simulate.replay`, the runtime's order) and the fastest step wins.
+Neither the fill and drain nor how the links overlap compute is in T; so each candidate (a
+stage count and a microbatch count, where they are free) has its plan replayed by the pipeline
+simulator (`simulate.replay`, the runtime's order), beside the same counts cut to balance
+compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
+simulated step wins.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from functools import lru_cache
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
-from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, ScalingCost, transfer_time_s
+from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
+                                                 transfer_time_s)
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32
@@ -162,12 +165,19 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
             plan = replica_partition(costs, cluster, s, m, schedule, speeds)
             if plan is None:
                 continue
-            firsts = list(itertools.accumulate([0, *plan.replicas[:-1]]))
-            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, plan.replicas)]
-            sc = stage_costs(costs, plan.boundaries, cluster, tuple(plan.replicas), per_stage, optimizer_s)
-            sim = replay(sc, replicated_actions(schedule, tuple(plan.replicas), m), cluster.compute_slowdown,
-                         math.lcm(*plan.replicas))
-            table[(s, m)] = (sim.step_time_s, plan)
+            counts = tuple(plan.replicas)
+            firsts = list(itertools.accumulate([0, *counts[:-1]]))
+            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, counts)]
+            # the program's cut, and the compute-balanced one for its counts (what partition="auto"
+            # gives those counts): its link term charges every transfer unoverlapped, so where the
+            # two differ the simulator, which overlaps them as the runtime does, decides
+            balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
+            for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced))):
+                sc = stage_costs(costs, list(cuts), cluster, counts, per_stage, optimizer_s)
+                step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
+                              math.lcm(*counts)).step_time_s
+                if (s, m) not in table or step < table[(s, m)][0]:
+                    table[(s, m)] = (step, _plan(costs, cluster, list(cuts), list(counts), m, speeds))
     if not table:
         raise CaramelError(f"replicas=auto: no replica counts for "
                            f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "
