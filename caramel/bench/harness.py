@@ -128,7 +128,7 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     built with the others, screened once all are built, every candidate closed, and the chosen
     value built afresh (`caramel.bench.screening`); the last item is each one's screening record
     (`Screening.to_dict()`). `plan_inputs` (the job's profile, gradient bytes and link probe; a
-    job with a pipeline): the baselines run one block first, and `ctx` gets the ClusterSpec and
+    job with a pipeline): the baselines run their rounds first, and `ctx` gets the ClusterSpec and
     profile the pipelines plan from (`caramel.bench.pipeline_plan`)."""
     def handicap(model: torch.nn.Module) -> None:
         if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
@@ -148,8 +148,8 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
 
         profile, grad_bytes, probed = plan_inputs
         ctx.pipeline_profile = profile
-        ctx.pipeline_cluster = measure_plan_cluster(runners, settings.steps_per_round, settings.warmup_steps, profile,
-                                                    ctx.world_size, grad_bytes, probed)
+        ctx.pipeline_cluster = measure_plan_cluster(runners, settings.steps_per_round, settings.rounds,
+                                                    settings.warmup_steps, profile, ctx.world_size, grad_bytes, probed)
         _log(ctx.rank, f"pipelines plan at {cluster_summary(ctx.pipeline_cluster)}")
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}

@@ -6,8 +6,8 @@ one microbatch on its first rank alone and plans for 1 Gbit/s links and equal wo
 bench predicts it from the job's profile at the link rate and worker speeds the job measured:
 on 3-worker ResNet-18 points the two cut differently (docs/pipeline.md). So, in a job with a
 pipeline, before any strategy is built: the workload is profiled and the links probed (both
-reused by the predictions), the three baselines run one block each (all ranks at once, as in
-the rounds), and the ClusterSpec is derived by the predictions' own functions
+reused by the predictions), the three baselines run as in the rounds (all ranks at once, the
+order rotating, as many rounds), and the ClusterSpec is derived by the predictions' own functions
 (`measured_link`, `worker_speeds`, `bench_cluster`). Every pipeline plans from that profile
 and that spec (`caramel.pipeline(..., cluster=, profile=)`). The predictions still take the
 rounds' baselines; where the two cuts still differ the bench warns (`cut_mismatch`).
@@ -23,21 +23,27 @@ from caramel.bench.blocks import measure_block
 from caramel.stats import median
 
 
-def measure_plan_cluster(runners: dict[str, Any], steps: int, warmup_steps: int, profile: Any, world: int,
-                         grad_bytes: int, probed: dict[str, Any] | None) -> Any:
-    """The ClusterSpec the predictions would build from one block of each baseline (every rank
-    calls it; the spec is rank 0's, broadcast, so every rank plans alike)."""
+def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmup_steps: int, profile: Any,
+                         world: int, grad_bytes: int, probed: dict[str, Any] | None) -> Any:
+    """The ClusterSpec the predictions would build from the three baselines measured as the
+    rounds measure them (`rounds` rounds of one block of `steps` each, the order rotating; every
+    rank calls it; the spec is rank 0's, broadcast, so every rank plans alike). One block each
+    was too few: a rank's compute step in the job's first block can be far from its pace later
+    (speeds 1.44, 2.41, 2.39 against 2.03, 1.70, 1.73 in the rounds of one run)."""
+    from caramel.bench.blocks import round_order
     from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
     from caramel.bench.report import job_step_times
 
-    mine: dict[str, list[float]] = {}
-    for name in ("compute", "comm", "concurrent"):
-        runner = runners[name]
+    names = ["compute", "comm", "concurrent"]
+    mine: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:
         for _ in range(warmup_steps):
-            runner.step()
-        runner.start_measuring()
-        dist.barrier()
-        mine[name] = measure_block(runner, steps)
+            runners[name].step()
+        runners[name].start_measuring()
+    for r in range(rounds):
+        for name in round_order(names, r):
+            dist.barrier()
+            mine[name] += measure_block(runners[name], steps)
     spans = list(runners["concurrent"].spans)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, (mine, spans))

@@ -27,14 +27,15 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable
 
 from caramel.errors import CaramelError
-from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
+from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
 from caramel.topology.spec import ClusterSpec
 
-MAX_MICROBATCHES = 32
+MAX_MICROBATCHES = 32  # as `microbatches="auto"` (microbatches.py)
 
 
 def stage_step_s(layers: list[LayerCost], replicas: int, microbatches: int, cluster: ClusterSpec,
@@ -189,3 +190,48 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     step, plan = table[key]
     return ReplicaChoice(plan, key[1], step,
                          {f"{s}x{m}": t for (s, m), (t, _) in sorted(table.items())})
+
+
+def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets: Any, loss_fn: Callable,
+                      cluster: ClusterSpec | None, profile: Any, process_group: Any = None
+                      ) -> tuple[ReplicaChoice, list[str]]:
+    """The runtime's side (every rank of `process_group` calls it): the group's first rank takes
+    `profile` or profiles a copy of `model` at the largest candidate microbatch with the
+    smallest timed too (a fixed cost per microbatch plus one per sample), chooses on the
+    profile's layers, and sends the choice and the names of the layers that begin stages 1..;
+    a choice that cannot be made is one error on every rank."""
+    import copy
+
+    import torch.distributed as dist
+
+    from caramel.strategies.pipeline.simulate import scaling_from_profile
+
+    ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+    box: list[Any] = [None]
+    if dist.get_rank() == ranks[0]:
+        try:
+            batch = inputs.shape[0]
+            if profile is None:
+                from caramel.profile.profiler import profile_model
+
+                counts = ([options.microbatches] if isinstance(options.microbatches, int)
+                          else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1) if batch % m == 0])
+                large, small = batch // min(counts), batch // max(counts)
+                profile = profile_model(copy.deepcopy(model), inputs[:large], targets[:large], loss_fn, steps=5,
+                                        name="pipeline", small_batch_size=small if small < large else None)
+            names, layers = scaling_from_profile(profile)
+            cluster = cluster or ClusterSpec.uniform(len(ranks), 1e9)
+            if cluster.world_size != len(ranks):
+                raise CaramelError(f"pipeline: replicas=auto: the cluster spec has {cluster.world_size} workers, the "
+                                   f"group {len(ranks)}")
+            choice = choose_replicas(layers, batch, options.schedule, cluster,
+                                     None if options.stages == "auto" else options.stages,
+                                     None if options.microbatches == "auto" else options.microbatches,
+                                     profile.optimizer_time_s or 0.0)
+            box[0] = (choice, [names[c] for c in choice.plan.boundaries])
+        except CaramelError as e:
+            box[0] = str(e)
+    dist.broadcast_object_list(box, src=ranks[0], group=process_group)
+    if isinstance(box[0], str):
+        raise CaramelError(box[0])
+    return box[0]

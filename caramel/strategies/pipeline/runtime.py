@@ -139,40 +139,18 @@ class Pipeline:
         return inputs[j * n:(j + 1) * n], targets[j * n:(j + 1) * n]
 
     def _choose_replicas(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
-        """replicas="auto": the job's first rank profiles a copy of the model (or takes the handed
-        profile), fits each top-level layer's cost at two microbatch sizes, and picks the cut, the
-        counts and, if "auto", the stage and microbatch counts (`auto_replicas.choose_replicas`);
-        every rank receives the choice and builds the layout: equal counts as a hybrid of r
-        pipelines (each on 1/r of the batch), unequal ones as virtual pipelines."""
-        from caramel.strategies.pipeline.auto_replicas import choose_replicas
+        """replicas="auto": the job's first rank chooses the cut and counts, every rank receives
+        them (`auto_replicas.agree_on_replicas`) and builds the layout: equal counts r as a hybrid
+        of r pipelines (each on its r-th of the batch), unequal ones as virtual pipelines."""
+        from caramel.strategies.pipeline.auto_replicas import agree_on_replicas
 
         o = self.options
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        world = len(ranks)
-        box: list[Any] = [None]
-        if dist.get_rank() == ranks[0]:
-            prof = self._replica_profile(inputs, targets, loss_fn, o)
-            names, layers = scaling_from_profile(prof)
-            cluster = self.cluster or ClusterSpec.uniform(world, 1e9)
-            if cluster.world_size != world:
-                raise CaramelError(f"pipeline: replicas=auto: the cluster spec has {cluster.world_size} workers, the "
-                                   f"group {world}")
-            try:
-                choice = choose_replicas(layers, inputs.shape[0], o.schedule, cluster,
-                                         None if o.stages == "auto" else o.stages,
-                                         None if o.microbatches == "auto" else o.microbatches,
-                                         prof.optimizer_time_s or 0.0)
-                box[0] = (choice, [names[c] for c in choice.plan.boundaries])
-            except CaramelError as e:
-                box[0] = str(e)
-        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
-        if isinstance(box[0], str):  # one error on every rank, not a hang
-            raise CaramelError(box[0])
-        choice, names = box[0]
+        choice, names = agree_on_replicas(self.model, o, inputs, targets, loss_fn, self.cluster, self.plan_profile,
+                                          self.process_group)
         counts, m = choice.counts, choice.microbatches
         self.replica_choice, self.partition = choice, choice.plan
         self.boundaries = [int(n) for n in names] if isinstance(self.model, nn.Sequential) else names
-        if len(set(counts)) == 1:  # r pipelines of the chosen cut, each on its r-th of the batch
+        if len(set(counts)) == 1:
             r = counts[0]
             self.options = dataclasses.replace(o, stages=len(counts), replicas=r, microbatches=m // r)
             self.layout = make_layout(len(counts), r, False, self.process_group)
@@ -181,21 +159,6 @@ class Pipeline:
             self.options = dataclasses.replace(o, stages=len(counts), replicas="+".join(map(str, counts)),
                                                microbatches=m)
             self.layout = make_replicated_layout(tuple(counts), self.process_group)
-
-    def _replica_profile(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
-                         o: PipelineOptions) -> ModelProfile:
-        """The handed profile, or one of a copy of the model at the largest candidate microbatch
-        with the smallest timed too (a fixed cost per microbatch plus one per sample)."""
-        if self.plan_profile is not None:
-            return self.plan_profile
-        from caramel.profile.profiler import profile_model
-
-        batch = inputs.shape[0]
-        counts = [o.microbatches] if isinstance(o.microbatches, int) else [m for m in range(1, min(batch, 32) + 1)
-                                                                           if batch % m == 0]
-        large, small = batch // min(counts), batch // max(counts)
-        return profile_model(copy.deepcopy(self.model), inputs[:large], targets[:large], loss_fn, steps=5,
-                             name="pipeline", small_batch_size=small if small < large else None)
 
     def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         assert self.optimizer is not None
@@ -376,8 +339,6 @@ class Pipeline:
 
     def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:
         cluster = self.cluster or ClusterSpec.uniform(self.layout.positions, 1e9)
-        if self.options.auto_replicas:
-            raise CaramelError("pipeline: replicas=auto is resolved before planning")
         # each stage at its slowest worker's speed, the workers taken by this layout's ranks
         return cluster, stage_speeds([w.speed for w in cluster.workers], self.options.replica_counts(),
                                      self.layout.positions)
