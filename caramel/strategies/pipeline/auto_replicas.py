@@ -68,45 +68,69 @@ def _speeds(speeds: list[float], first: int, r: int) -> list[float]:
     return [speeds[g] if g < len(speeds) else 1.0 for g in range(first, first + r)]
 
 
-def replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
-                      schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
-    """The dynamic program above: exactly `stages` stages on all `cluster.world_size` workers,
-    the slowest stage or link per step least; None when no feasible counts exist."""
-    n, w_all, m = len(costs), cluster.world_size, microbatches
-    speeds = speeds or [w.speed for w in cluster.workers]
-    if stages > min(n, w_all):
-        return None
-    divisors = [r for r in range(1, w_all + 1) if m % r == 0]
-    inf = (math.inf, ())
+class _Program:
+    """The dynamic program for one microbatch count, shared by every stage count asked of it
+    (its table does not depend on the target); stage costs from prefix sums, O(1) each."""
 
-    @lru_cache(maxsize=None)
-    def best(j: int, w: int, s: int, period: int) -> tuple[float, tuple[tuple[int, int], ...]]:
+    def __init__(self, costs: list[LayerCost], cluster: ClusterSpec, microbatches: int, schedule: str,
+                 speeds: list[float]):
+        self.costs, self.cluster, self.m, self.schedule = costs, cluster, microbatches, schedule
+        self.speeds = [speeds[g] if g < len(speeds) else 1.0 for g in range(cluster.world_size)]
+        self.compute = list(itertools.accumulate((c.compute_s for c in costs), initial=0.0))
+        self.params = list(itertools.accumulate((c.param_bytes for c in costs), initial=0))
+        self.divisors = [r for r in range(1, cluster.world_size + 1) if microbatches % r == 0]
+        self.rings = {r: ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in self.divisors}
+        self.links = [0.0] + [microbatches * transfer_time_s(c.output_bytes, cluster) for c in costs]
+        self.best = lru_cache(maxsize=None)(self._best)
+
+    def _stage(self, a: int, b: int, r: int, first: int) -> float:
+        """`stage_step_s` of layers [a, b) on workers [first, first + r)."""
+        speed = min(self.speeds[first:first + r])
+        return ((self.compute[b] - self.compute[a]) / speed * self.m / r
+                + self.rings[r].allreduce_time_s(self.params[b] - self.params[a]))
+
+    def _best(self, j: int, w: int, s: int, period: int) -> tuple[float, tuple[tuple[int, int], ...]]:
         """Layers [0, j) on workers [0, w) in exactly s stages whose counts' lcm is `period`:
         (slowest, ((first layer, replicas), ...))."""
         if s == 1:
-            if w != period or w not in divisors:
-                return inf
-            return stage_step_s(costs[:j], w, m, cluster, min(_speeds(speeds, 0, w))), ((0, w),)
-        top = inf
+            if w != period or w not in self.rings:
+                return math.inf, ()
+            return self._stage(0, j, w, 0), ((0, w),)
+        top: tuple[float, tuple[tuple[int, int], ...]] = (math.inf, ())
         for i in range(s - 1, j):
-            link = m * transfer_time_s(costs[i - 1].output_bytes, cluster)
-            for r in divisors:
+            for r in self.divisors:
                 if r > w - (s - 1):
                     break
-                tail = stage_step_s(costs[i:j], r, m, cluster, min(_speeds(speeds, w - r, r)))
-                for head_period in {p for p in range(1, period + 1) if period % p == 0 and math.lcm(p, r) == period}:
-                    head, plan = best(i, w - r, s - 1, head_period)
-                    t = max(head, link, tail)
+                tail = max(self.links[i], self._stage(i, j, r, w - r))
+                if tail >= top[0]:
+                    continue
+                for head_period in range(1, period + 1):
+                    if period % head_period or math.lcm(head_period, r) != period:
+                        continue
+                    head, plan = self.best(i, w - r, s - 1, head_period)
+                    t = max(head, tail)
                     if t < top[0]:
                         top = (t, plan + ((i, r),))
         return top
 
-    periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)
-               if m % p == 0 and (schedule != "1f1b" or m // p >= stages)]
-    t, plan = min((best(n, w_all, stages, p) for p in periods), key=lambda x: x[0], default=inf)
-    if not plan:
-        return None
-    return _plan(costs, cluster, [i for i, _ in plan[1:]], [r for _, r in plan], m, speeds)
+    def plan(self, stages: int) -> PartitionPlan | None:
+        """Exactly `stages` stages on every worker, the slowest stage or link least."""
+        n, w = len(self.costs), self.cluster.world_size
+        if stages > min(n, w):
+            return None
+        periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)
+                   if self.m % p == 0 and (self.schedule != "1f1b" or self.m // p >= stages)]
+        _, best = min((self.best(n, w, stages, p) for p in periods), key=lambda x: x[0], default=(math.inf, ()))
+        if not best:
+            return None
+        return _plan(self.costs, self.cluster, [i for i, _ in best[1:]], [r for _, r in best], self.m, self.speeds)
+
+
+def replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
+                      schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
+    """The dynamic program above: exactly `stages` stages on all `cluster.world_size` workers,
+    the slowest stage or link per step least; None when no feasible counts exist."""
+    return _Program(costs, cluster, microbatches, schedule, speeds or [w.speed for w in cluster.workers]).plan(stages)
 
 
 def brute_force_replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
@@ -158,12 +182,15 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                                                                 if batch % m == 0]
     speeds = [wk.speed for wk in cluster.workers]
     table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
+    programs: dict[int, _Program] = {}
     for s in stage_options:
         for m in counts_m:
             if batch % m:
                 continue
             costs = [layer.at(batch / m) for layer in layers]
-            plan = replica_partition(costs, cluster, s, m, schedule, speeds)
+            if m not in programs:
+                programs[m] = _Program(costs, cluster, m, schedule, speeds)
+            plan = programs[m].plan(s)
             if plan is None:
                 continue
             counts = tuple(plan.replicas)
