@@ -118,7 +118,8 @@ def _log(rank: int, msg: str) -> None:
 
 
 def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
-                  ctx: StrategyContext, delay_per_sample_s: float = 0.0, jitter: dict[str, Any] | None = None
+                  ctx: StrategyContext, delay_per_sample_s: float = 0.0, jitter: dict[str, Any] | None = None,
+                  plan_inputs: tuple[Any, int, dict[str, Any] | None] | None = None
                   ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float], dict[str, dict[str, Any]]]:
     """Baselines and strategies, each strategy on its own identical model copy (the concurrent
     baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
@@ -126,7 +127,9 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     (with the reason) so the others still run. A strategy with a tuned option has every value
     built with the others, screened once all are built, every candidate closed, and the chosen
     value built afresh (`caramel.bench.screening`); the last item is each one's screening record
-    (`Screening.to_dict()`)."""
+    (`Screening.to_dict()`). `plan_inputs` (the job's profile, gradient bytes and link probe; a
+    job with a pipeline): the baselines run their rounds first, and `ctx` gets the ClusterSpec and
+    profile the pipelines plan from (`caramel.bench.pipeline_plan`)."""
     def handicap(model: torch.nn.Module) -> None:
         if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
             slow_down(model, delay_per_sample_s)
@@ -140,6 +143,14 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     group, prio = baseline_group(ctx)
     comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
     runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
+    if plan_inputs is not None:
+        from caramel.bench.pipeline_plan import cluster_summary, measure_plan_cluster
+
+        profile, grad_bytes, probed = plan_inputs
+        ctx.pipeline_profile = profile
+        ctx.pipeline_cluster = measure_plan_cluster(runners, settings.steps_per_round, settings.rounds,
+                                                    settings.warmup_steps, profile, ctx.world_size, grad_bytes, probed)
+        _log(ctx.rank, f"pipelines plan at {cluster_summary(ctx.pipeline_cluster)}")
     skipped: dict[str, str] = {}
     build_s: dict[str, float] = {}
 
@@ -277,9 +288,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     slow = _slow_worker(config, settings, rank, world, device)
     jitter = _jitter(config, settings, world, device)
+    profile = probed = None
+    plan_inputs = None
+    if any(s.kind == "pipeline" for s in strategies) and world > 1:
+        # the pipelines plan from the profile and cluster the predictions use (`caramel.bench.pipeline_plan`)
+        profile, grad_bytes = _job_profile(config, settings, device, strategies)
+        probed = probe_link(grad_bytes, device, dist.get_backend(), world)
+        plan_inputs = (profile, grad_bytes, probed)
     runners, skipped, build_s, tuning = build_runners(config, settings, strategies, ctx,
                                               slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0,
-                                              jitter)
+                                              jitter, plan_inputs)
     _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
     from caramel.bench.wire import WireMeter, merge_ranks
@@ -289,18 +307,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     times = measure_rounds(runners, settings, config.label, rank, trace=trace, wire=wire)
     measure_wall_s = time.time() - t_start
     stats = {n: _jsonable(r.stats()) for n, r in runners.items()}
-    # Profiled on every rank at once, so compute sees the same contention as in the rounds.
-    workload = make_workload(config, settings.seed, device)  # a throwaway copy: profiling trains it
-    # a pipeline's microbatches pay a fixed cost per call: time the modules at a quarter batch too
-    batch = int(workload.inputs.shape[0]) if getattr(workload.inputs, "dim", lambda: 0)() > 0 else 1
-    small = batch // 4 if any(s.kind == "pipeline" for s in strategies) and batch >= 4 else None
-    profile = profile_workload(workload, small_batch_size=small)
-    dist.barrier()
-    _log(rank, "profiled for the lower bound")
-    grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
-    # the collectives' fixed costs on these links, for the predictions (after the rounds: it
-    # perturbs nothing measured)
-    probed = probe_link(grad_bytes, device, dist.get_backend(), world)
+    if profile is None:
+        profile, grad_bytes = _job_profile(config, settings, device, strategies)
+        # the collectives' fixed costs on these links, for the predictions (after the rounds: it
+        # perturbs nothing measured)
+        probed = probe_link(grad_bytes, device, dist.get_backend(), world)
+    workload = make_workload(config, settings.seed, device)
     # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
     traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
 
@@ -324,6 +336,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     compute_medians = [median(g["compute"]) for g in gathered]
+    predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
+                                                      comm_s, runners["comm"].stats().get("buckets", 1),
+                                                      compute_medians, spans, probed, traffic), concrete)
+    from caramel.bench.pipeline_plan import cut_mismatches
     return {
         "format": format_tag(RAW_KIND),
         "config": config.to_dict(),
@@ -336,10 +352,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
         "tuning": tuning,
-        **predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes, comm_s,
-                                              runners["comm"].stats().get("buckets", 1), compute_medians, spans, probed,
-                                              traffic),
-                              concrete),
+        **predictions,
+        "pipeline_plan_mismatch": cut_mismatches({n: stats[n] for n in names if n in stats},
+                                                 predictions.get("predicted") or {}),
         "meta": {
             "world_size": world,
             "network": job.get("network", "unknown"),
@@ -365,6 +380,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         **({"step_stamps_s": {n: [s[n] for s in stamps] for n in runners},
             "bandwidth_trace": {"phases": job["bandwidth_trace"]["phases"]}} if trace is not None else {}),
     }
+
+
+def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.device,
+                 strategies: list[Strategy]) -> tuple[Any, int]:
+    """The workload's profile and gradient bytes. Profiled on every rank at once, so compute sees
+    the same contention as in the rounds."""
+    workload = make_workload(config, settings.seed, device)  # a throwaway copy: profiling trains it
+    # a pipeline's microbatches pay a fixed cost per call: time the modules at a quarter batch too
+    batch = int(workload.inputs.shape[0]) if getattr(workload.inputs, "dim", lambda: 0)() > 0 else 1
+    small = batch // 4 if any(s.kind == "pipeline" for s in strategies) and batch >= 4 else None
+    profile = profile_workload(workload, small_batch_size=small)
+    dist.barrier()
+    _log(dist.get_rank(), "profiled for the lower bound and the predictions")
+    return profile, sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
 
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,

@@ -75,7 +75,8 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
     for name in names:
         try:
             (p,) = predict(profile, cluster, [name])
-            out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error}
+            out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error,
+                         **({"plan": p.plan} if p.plan else {})}
         except Exception as e:  # a prediction is an extra: it must never fail the bench
             print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
             out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}"}
@@ -93,13 +94,7 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
-    link = link_costs(probed)
-    # the probe's pause per collective is charged apart, as the event engine charges it
-    slowdown = job_slowdown(rank_compute_s, spans, (link or {}).get("collective_cpu_s") or 0.0)
-    # with the probed fixed costs charged per collective, the rate they are netted out of
-    net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, comm_buckets, link)
-    if link is not None:
-        link["net_bandwidth_bps"] = net_bps
+    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
     if traffic is not None:  # the ps model's inputs (`bench_cluster`)
         link = {**(link or {}), "traffic_probe": traffic, "link_queue_s": traffic.get("queue_s"),
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
@@ -109,6 +104,22 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
             "compute_slowdown": slowdown,
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s),
             "link_fit": link}
+
+
+def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int, rank_compute_s: list[float],
+                  spans: list[Any], probed: dict[str, Any] | None) -> tuple[dict[str, Any] | None, float, float | None]:
+    """From a job's baselines and probe: the link's fixed costs (`link_costs`, with the net rate
+    added), the compute slowdown beside collectives and the net link rate: what
+    `job_predictions` and the pipeline runtime's cluster (`caramel.bench.pipeline_plan`) build
+    their ClusterSpec from."""
+    link = link_costs(probed)
+    # the probe's pause per collective is charged apart, as the event engine charges it
+    slowdown = job_slowdown(rank_compute_s, spans, (link or {}).get("collective_cpu_s") or 0.0)
+    # with the probed fixed costs charged per collective, the rate they are netted out of
+    net_bps = net_bandwidth_bps(grad_bytes, world, comm_s, comm_buckets, link)
+    if link is not None:
+        link["net_bandwidth_bps"] = net_bps
+    return link, slowdown, net_bps
 
 
 def probe_link(grad_bytes: int, device: Any, backend: str, world: int, points: int = PROBE_POINTS

@@ -281,7 +281,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             round_medians_s=[median(xs[i:i + spr]) for i in range(0, len(xs), spr)] if spr else None,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
-            ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st),
+            ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st, pred.get("plan"),
+                                                                (raw.get("pipeline_plan_mismatch") or {}).get(name)),
             dropout_fractions=st.get("dropout_fractions"), tuning=(raw.get("tuning") or {}).get(name),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
@@ -301,16 +302,19 @@ def _wire_per_sample(wire: dict[str, int] | None, local_batch: int | None, worke
     return wire["bytes"] / (wire["steps"] * local_batch * workers)
 
 
-PIPELINE_STATS = ("boundaries", "microbatches", "bubble_fraction", "bubble_fraction_per_stage",
+PIPELINE_STATS = ("boundaries", "microbatches", "replicas", "stages", "bubble_fraction", "bubble_fraction_per_stage",
                   "bubble_fraction_ideal", "busy_s_per_stage", "predicted_busy_s_per_stage",
-                  "predicted_slowest_stage_s", "bubble_steps")
+                  "predicted_slowest_stage_s", "bubble_steps", "planned_at", "replica_candidates_s")
 
 
-def _pipeline_summary(kind: str, st: dict[str, Any]) -> dict[str, Any] | None:
-    """The cut, bubble and busy times a pipeline run's stats carry (None for other strategies)."""
+def _pipeline_summary(kind: str, st: dict[str, Any], predicted_plan: dict[str, Any] | None = None,
+                      mismatch: str | None = None) -> dict[str, Any] | None:
+    """The cut, bubble and busy times a pipeline run's stats carry (None for other strategies),
+    beside the prediction's own plan (`predicted_plan`: its cut, counts, microbatches) and what
+    differs between the two (`plan_mismatch`, None when they agree)."""
     if kind != "pipeline" or not st:
         return None
-    return {k: st.get(k) for k in PIPELINE_STATS}
+    return {**{k: st.get(k) for k in PIPELINE_STATS}, "predicted_plan": predicted_plan, "plan_mismatch": mismatch}
 
 
 def _ps_summary(st: dict[str, Any]) -> dict[str, Any] | None:

@@ -34,6 +34,10 @@ class StrategyContext:
     process_group: Any = None
     trace_dir: str | None = None
     """when set, caramel strategies write their timeline here (one file per strategy and rank)"""
+    pipeline_cluster: Any = None
+    """the ClusterSpec pipelines plan at (`caramel.bench.pipeline_plan`); None: the runtime's default"""
+    pipeline_profile: Any = None
+    """the job's profile, which pipelines plan from as the predictions do; None: they profile themselves"""
 
 
 class TrainRunner(Runner):
@@ -168,6 +172,12 @@ class PipelineRunner(Runner):
         first = self.pipe.stage_modules == []
         self.pipe.step(self.inputs, self.targets, self.loss_fn)
         sync_device(self.device)
+        if first and self.pipe.replica_choice is not None and ctx_rank() == 0:
+            c = self.pipe.replica_choice
+            table = ", ".join(f"{k}: {1e3 * t:.1f}" for k, t in c.candidates_s.items())
+            print(f"[bench] {self.name}: replicas=auto chose {'+'.join(map(str, c.counts))}, {c.microbatches} "
+                  f"microbatches, cut {self.pipe.boundaries} (simulated step ms by stages x microbatches: {table})",
+                  file=sys.stderr, flush=True)
         if first and self.pipe.microbatch_predictions_s and ctx_rank() == 0:
             table = ", ".join(f"{m}: {1e3 * t:.1f}" for m, t in self.pipe.microbatch_predictions_s.items())
             print(f"[bench] {self.name}: microbatches=auto chose {self.pipe.options.microbatches}, cut "
@@ -176,10 +186,18 @@ class PipelineRunner(Runner):
     def stats(self) -> dict[str, Any]:
         plan = self.pipe.partition
         m = self.pipe.options.microbatches
-        out = {"boundaries": self.pipe.boundaries, "microbatches": m,
+        from caramel.bench.pipeline_plan import cluster_summary
+
+        out = {"boundaries": self.pipe.boundaries, "microbatches": m, "replicas": self.pipe.options.replicas,
+               "stages": self.pipe.options.stages, "planned_at": cluster_summary(self.pipe.cluster),
                "predicted_slowest_stage_s": plan.slowest_s if plan is not None else None,
-               # the partitioner's compute per step of each stage (a replica's share with replicas)
-               "predicted_busy_s_per_stage": [t * m for t in plan.stage_times_s] if plan is not None else None,
+               # the partitioner's compute per step of each stage (a replica's share with replicas;
+               # replicas=auto: its per-step stage times, the all-reduce included)
+               "predicted_busy_s_per_stage": (None if plan is None else list(plan.stage_times_s)
+                                              if self.pipe.replica_choice is not None
+                                              else [t * m for t in plan.stage_times_s]),
+               "replica_candidates_s": (self.pipe.replica_choice.candidates_s
+                                        if self.pipe.replica_choice is not None else None),
                **self.pipe.bubble_stats()}  # every rank calls stats(), in one order: a collective is safe
         if self.trace_dir and self.pipe.timer is not None:
             self._save_actions()
@@ -206,11 +224,12 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
     import caramel
 
     try:
-        pipe = caramel.pipeline(model, optimizer, options=strategy.spec().options, process_group=ctx.process_group)
+        pipe = caramel.pipeline(model, optimizer, options=strategy.spec().options, process_group=ctx.process_group,
+                                cluster=ctx.pipeline_cluster, profile=ctx.pipeline_profile)
     except CaramelError as e:
         raise StrategyUnavailable(str(e)) from None
     # one rank's batch per position: a step trains as many samples as data parallelism does
-    # (unequal replicas: the whole job is one pipeline, one rank's batch per worker)
-    n = len(pipe.layout.pipeline_ranks)
+    # (unequal or chosen replicas: the whole job is one pipeline, one rank's batch per worker)
+    n = ctx.world_size if pipe.layout is None else len(pipe.layout.pipeline_ranks)
     return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device,
                           ctx.trace_dir)

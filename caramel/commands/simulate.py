@@ -93,11 +93,20 @@ def run(args: argparse.Namespace) -> int:
 
     records: list[dict[str, Any]] = []
     traces = []
+    chosen: list[str] = []  # what a strategy chose itself (a pipeline's replicas=auto)
     for spec in strategies:
         result = spec.simulate(profile, cluster, args.iterations)
         bound = lower_bound(profile, cluster, result.overlap, comm=comm)
         records.append(_record(spec.name, result.overlap, cluster, result, bound.step_time_s, None, args))
         traces.append(result.trace)
+        auto = (result.meta or {}).get("replicas_auto")
+        if auto:
+            records[-1]["chosen"] = {"replicas": auto["counts"], "microbatches": auto["microbatches"],
+                                     "boundaries": result.meta["boundaries"],
+                                     "predicted_slowest_stage_s": auto["predicted_slowest_stage_s"]}
+            chosen.append(f"{spec.name}: chose replicas {'+'.join(map(str, auto['counts']))}, "
+                          f"{auto['microbatches']} microbatches, cut before {result.meta['boundaries']} "
+                          f"(slowest stage {1e3 * auto['predicted_slowest_stage_s']:.1f} ms per step)")
     for overlap in (overlaps if planners or plans else []):
         bound = lower_bound(profile, cluster, overlap, comm=comm)
         todo = [(name, None) for name in planners] + plans
@@ -117,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             rec["step_time_with_data_s"] = data_model.step_time_s(rec["step_time_s"])
             rec["bottleneck"] = data_model.bottleneck(rec["step_time_s"])
     _print_table(profile.model, cluster, records)
+    for line in chosen:
+        print(line)
     if data_model is not None:
         _print_data(data_model, records)
     if args.trace_dir:

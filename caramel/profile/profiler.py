@@ -264,8 +264,26 @@ def build_profile(model_name: str, batch_size: int, module: nn.Module, uses: Use
             "buffer_broadcasts": len({(b.dtype, b.device) for b in buffers}),
             # what gossip exchanges beside the parameters (`caramel.strategies.gossip.volume`)
             "float_buffers": {n: b.numel() * b.element_size() for n, b in module.named_buffers() if b.is_floating_point()},
-            **(meta or {})}
+            **_cut_units(module), **(meta or {})}
     return ModelProfile(model_name, batch_size, fwd, bwd, opt, infos, modules, len(samples), meta)
+
+
+def _cut_units(model: nn.Module) -> dict[str, list[str]]:
+    """{"cut_units": names} when a top-level child is a container never called itself (a
+    `ModuleList` run in a loop, a `ModuleDict`): the modules a pipeline can cut before are then
+    its children (`caramel.strategies.pipeline.units`), and the pipeline simulator groups the
+    profile by them; {} otherwise (the top-level children are the units)."""
+    containers = (nn.ModuleList, nn.ModuleDict)
+
+    def units(m: nn.Module, prefix: str) -> list[str]:
+        out = []
+        for name, child in m.named_children():
+            out += units(child, f"{prefix}{name}.") if isinstance(child, containers) else [f"{prefix}{name}"]
+        return out
+
+    if not any(isinstance(c, containers) for c in model.children()):
+        return {}
+    return {"cut_units": units(model, "")}
 
 
 def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,

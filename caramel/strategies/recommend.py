@@ -43,6 +43,8 @@ class Prediction:
     step_time_s: float | None
     exact: bool
     error: str | None = None
+    plan: dict[str, Any] | None = None
+    """what the model chose where the strategy chooses (a pipeline's cut, counts, microbatches)"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +80,10 @@ def candidates(world_size: int, approximate: bool = False) -> list[str]:
     return out
 
 
+PLAN_KEYS = ("boundaries", "microbatches", "replicas", "stages", "predicted_slowest_stage_s")
+"""a simulation's choices (`SimResult.meta`) a prediction keeps"""
+
+
 def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], iterations: int = 4) -> list[Prediction]:
     """Each spec's simulated step time on `cluster`, in the given order. A malformed spec is an
     error; a spec the simulator cannot model here (too few layers to cut, more servers than
@@ -91,7 +97,8 @@ def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], itera
         except CaramelError as e:
             out.append(Prediction(text, None, exact, str(e)))
             continue
-        out.append(Prediction(text, float(result.step_time_s), exact))
+        plan = {k: result.meta[k] for k in PLAN_KEYS if k in (result.meta or {})}
+        out.append(Prediction(text, float(result.step_time_s), exact, plan=plan or None))
     return out
 
 

@@ -121,6 +121,9 @@ def precheck(cfg: TrainConfig) -> None:
         raise CaramelError(f"--script {cfg.run.script}: no such file (expected a Python training script)")
     from caramel.strategies import STRATEGIES
     spec = STRATEGIES.spec(cfg.parallel.strategy)
+    if spec.info.name == "pipeline" and spec.options.auto_replicas:
+        raise CaramelError(f"--strategy {cfg.parallel.strategy}: caramel train does not choose replica counts "
+                           f"(replicas=auto); give the counts (replicas=2, or one per stage like 2+1)")
     if spec.info.name == "pipeline" and spec.options.schedule != "interleaved" and not cfg.run.script:
         need = spec.options.workers()
         if cfg.parallel.workers != need:

@@ -140,3 +140,5 @@ def test_pipeline_needs_as_many_workers_as_stages_before_any_starts(tmp_path):
     cfg.parallel.workers = 4
     with pytest.raises(CaramelError, match=r"replicas=2\+1 \(their sum\) needs --workers 3, got --workers 4"):
         precheck(cfg)
+    with pytest.raises(CaramelError, match=r"does not choose replica counts \(replicas=auto\)"):
+        precheck(_cfg(tmp_path, "pipeline:replicas=auto"))

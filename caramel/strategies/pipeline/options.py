@@ -39,19 +39,29 @@ class PipelineOptions:
     (torch DDP around the stage module), or "auto" (the default): "caramel" where it runs, else
     "ddp" (measured faster and tested exact: docs/pipeline.md).
     `vertical_sync`: "pipedream" only: every stage runs a microbatch with the weight version
-    the first stage used for it, so a microbatch sees one consistent model."""
+    the first stage used for it, so a microbatch sees one consistent model.
+    `replicas="auto"` ("gpipe", "1f1b"; `auto_replicas.py`): the first rank profiles the model
+    and a dynamic program over the world's workers picks the cut and each stage's count,
+    the replicas' all-reduce priced from the cluster spec; `stages` fixes the stage count,
+    `stages="auto"` lets it choose that too; with a fixed `microbatches` only counts that
+    divide it are taken. Every rank then passes the same, whole batch."""
 
-    stages: int = 2
+    stages: int | str = 2
     microbatches: int | str = "auto"
     schedule: str = field(default="1f1b", metadata={"choices": SCHEDULES})
     partition: str | int = "auto"  # an int: the one cut of two stages (as the command line parses "3")
-    replicas: int | str | list[int] | tuple[int, ...] = 1  # per stage: "2+1" or [2, 1]
+    replicas: int | str | list[int] | tuple[int, ...] = 1  # per stage: "2+1" or [2, 1]; or "auto"
     replica_reduce: str = field(default="auto", metadata={"choices": REPLICA_REDUCES})
     vertical_sync: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.partition, int) and not isinstance(self.partition, bool):
             object.__setattr__(self, "partition", str(self.partition))
+        if self.replicas == "auto" or self.stages == "auto":
+            self._check_auto()
+            return
+        if not isinstance(self.stages, int) or isinstance(self.stages, bool):
+            raise CaramelError(f"stages must be a count >= 1 (or 'auto' with replicas=auto), got {self.stages!r}")
         if self.stages < 1:
             raise CaramelError(f"stages must be >= 1, got {self.stages!r}")
         if isinstance(self.microbatches, str):
@@ -95,15 +105,47 @@ class PipelineOptions:
             raise CaramelError(f"schedule=1f1b needs microbatches >= stages ({self.stages}), got {self.microbatches}")
         self.boundaries()  # a malformed partition is an error now, not at the first step
 
+    def _check_auto(self) -> None:
+        """replicas="auto": what the choice needs (`auto_replicas.py`), each refused with what to use."""
+        if self.replicas != "auto":
+            raise CaramelError(f"stages='auto' is chosen with the replica counts: give replicas=auto too, "
+                               f"not replicas={self.replicas!r}")
+        if self.stages != "auto" and (not isinstance(self.stages, int) or isinstance(self.stages, bool)
+                                      or self.stages < 2):
+            raise CaramelError(f"replicas=auto: stages must be a count >= 2 or 'auto', got {self.stages!r}")
+        if self.schedule not in UNEQUAL_SCHEDULES:
+            raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b (unequal counts run only "
+                               f"there), not {self.schedule!r}")
+        if self.replica_reduce != "auto":
+            raise CaramelError(f"replicas=auto: leave replica_reduce=auto (equal counts reduce with Caramel's engine, "
+                               f"unequal ones with a plain all-reduce), not {self.replica_reduce!r}")
+        if self.partition != "auto":
+            raise CaramelError(f"replicas=auto chooses the cut with the counts: leave partition=auto, "
+                               f"not {self.partition!r}")
+        if isinstance(self.microbatches, str):
+            if self.microbatches != "auto":
+                raise CaramelError(f"microbatches must be a count >= 1 or 'auto', got {self.microbatches!r}")
+        elif self.microbatches < 1:
+            raise CaramelError(f"microbatches must be >= 1, got {self.microbatches!r}")
+        if self.vertical_sync:
+            raise CaramelError("vertical_sync applies to schedule=pipedream only")
+
+    @property
+    def auto_replicas(self) -> bool:
+        """The counts (and maybe the stages) are chosen at the first step."""
+        return self.replicas == "auto"
+
     def replica_counts(self) -> tuple[int, ...]:
         """The replicas of each stage (equal counts repeated; `interleaved`: one per position)."""
+        if self.auto_replicas:
+            raise CaramelError("replicas=auto: the counts are chosen at the pipeline's first step")
         if isinstance(self.replicas, int):
             return (self.replicas,) * self.stages
         return tuple(int(c) for c in self.replicas.split("+"))
 
     @property
     def unequal_replicas(self) -> bool:
-        return isinstance(self.replicas, str)
+        return isinstance(self.replicas, str) and not self.auto_replicas
 
     @property
     def replica_period(self) -> int:
@@ -114,6 +156,8 @@ class PipelineOptions:
     def workers(self, positions: int | None = None) -> int:
         """Workers the job needs: stages x replicas, the counts' sum when they differ
         (`positions`: workers per pipeline, for interleaved)."""
+        if self.auto_replicas:
+            raise CaramelError("replicas=auto runs on every worker of the job: the counts are chosen to sum to it")
         if self.unequal_replicas:
             return sum(self.replica_counts())
         return (positions or self.stages) * self.replicas
@@ -126,6 +170,8 @@ class PipelineOptions:
 
     def boundaries(self) -> list[int] | list[str] | None:
         """The explicit partition as stage start indices or module names, or None for "auto"."""
+        if self.auto_replicas:
+            return None
         return parse_partition(self.partition, self.stages)
 
 

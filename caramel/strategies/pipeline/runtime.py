@@ -33,6 +33,8 @@ from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.units import traced_stages
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
+from caramel.strategies.pipeline.simulate import profiled_cuts, scaling_from_profile
+from caramel.profile.model_profile import ModelProfile
 from caramel.topology.spec import ClusterSpec
 
 OptimizerLike = torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -43,23 +45,29 @@ class Pipeline:
     """One rank's part of a pipeline: its stage(s), its groups, its optimizer."""
 
     def __init__(self, model: nn.Module, optimizer: OptimizerLike, options: PipelineOptions, *,
-                 process_group: Any = None, cluster: ClusterSpec | None = None) -> None:
+                 process_group: Any = None, cluster: ClusterSpec | None = None,
+                 profile: ModelProfile | None = None) -> None:
         cuts = options.boundaries()
         if not isinstance(model, nn.Sequential) and cuts and not isinstance(cuts[0], str):
             raise CaramelError(f"pipeline: a {type(model).__name__} is no nn.Sequential: layer indices {cuts} do not "
                                f"apply; name the modules that begin stages 1.. (partition='layers.2+...') or use "
                                f"partition='auto'")
-        if options.schedule == "pipedream" and options.workers() > options.stages:
+        if options.schedule == "pipedream" and not options.auto_replicas and options.workers() > options.stages:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
+        self.plan_profile = profile  # plan from it (as the simulator does) instead of profiling
         self._optimizer_arg = optimizer
         self.optimizer: torch.optim.Optimizer | None = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
         if self.optimizer is None and not callable(optimizer):
             raise CaramelError(f"pipeline: optimizer must be a torch optimizer or a function params -> optimizer, "
                                f"got {type(optimizer).__name__}")
         self.process_group = process_group
-        self.layout: Layout | ReplicatedLayout
-        if options.unequal_replicas:  # one count per stage: virtual pipelines (unequal.py)
+        self.layout: Layout | ReplicatedLayout | None
+        self.replica_choice: Any = None  # replicas="auto": the chosen plan and every candidate's simulated step
+        self._split_batch = 1  # replicas="auto" chose r equal counts: each of the r pipelines takes 1/r of the batch
+        if options.auto_replicas:  # the groups are made once the counts are chosen, at the first step
+            self.layout = None
+        elif options.unequal_replicas:  # one count per stage: virtual pipelines (unequal.py)
             self.layout = make_replicated_layout(options.replica_counts(), process_group)
         else:
             self.layout = make_layout(options.stages, options.replicas, options.schedule == "interleaved",
@@ -88,6 +96,7 @@ class Pipeline:
         over microbatches (and replicas), returned on every rank."""
         self._check_open()
         self.prepare(inputs, targets, loss_fn)
+        inputs, targets = self._own_part(inputs, targets)
         m = self.options.microbatches
         if inputs.shape[0] % m or targets.shape[0] != inputs.shape[0]:
             raise CaramelError(f"pipeline: the batch ({inputs.shape[0]} inputs, {targets.shape[0]} targets) must "
@@ -104,6 +113,9 @@ class Pipeline:
         first step, e.g. to load each stage's optimizer state. Every rank calls it."""
         self._check_open()
         if self._runner is None:
+            if self.layout is None:
+                self._choose_replicas(inputs, targets, loss_fn)
+            inputs, targets = self._own_part(inputs, targets)
             if self.options.microbatches == "auto":
                 self._choose_microbatches(inputs, targets, loss_fn)
             m = self.options.microbatches
@@ -113,6 +125,40 @@ class Pipeline:
             self._build(inputs[: inputs.shape[0] // m], targets[: targets.shape[0] // m], loss_fn)
         elif loss_fn is not self._loss_fn:
             raise CaramelError("pipeline: step() got another loss_fn than at the first step; make a new pipeline")
+
+    def _own_part(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """replicas="auto" with r equal counts runs r pipelines, each on its replica's r-th of the
+        batch every rank passes; otherwise the batch itself."""
+        r = self._split_batch
+        if r == 1:
+            return inputs, targets
+        if inputs.shape[0] % r or targets.shape[0] != inputs.shape[0]:
+            raise CaramelError(f"pipeline: replicas=auto chose {r} equal replicas per stage: the batch "
+                               f"({inputs.shape[0]} inputs, {targets.shape[0]} targets) must split into {r} equal parts")
+        j, n = self.layout.replica, inputs.shape[0] // r
+        return inputs[j * n:(j + 1) * n], targets[j * n:(j + 1) * n]
+
+    def _choose_replicas(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable) -> None:
+        """replicas="auto": the job's first rank chooses the cut and counts, every rank receives
+        them (`auto_replicas.agree_on_replicas`) and builds the layout: equal counts r as a hybrid
+        of r pipelines (each on its r-th of the batch), unequal ones as virtual pipelines."""
+        from caramel.strategies.pipeline.auto_replicas import agree_on_replicas
+
+        o = self.options
+        choice, names = agree_on_replicas(self.model, o, inputs, targets, loss_fn, self.cluster, self.plan_profile,
+                                          self.process_group)
+        counts, m = choice.counts, choice.microbatches
+        self.replica_choice, self.partition = choice, choice.plan
+        self.boundaries = [int(n) for n in names] if isinstance(self.model, nn.Sequential) else names
+        if len(set(counts)) == 1:
+            r = counts[0]
+            self.options = dataclasses.replace(o, stages=len(counts), replicas=r, microbatches=m // r)
+            self.layout = make_layout(len(counts), r, False, self.process_group)
+            self._split_batch = r
+        else:
+            self.options = dataclasses.replace(o, stages=len(counts), replicas="+".join(map(str, counts)),
+                                               microbatches=m)
+            self.layout = make_replicated_layout(tuple(counts), self.process_group)
 
     def _sync_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         assert self.optimizer is not None
@@ -229,7 +275,7 @@ class Pipeline:
         if self._engine is not None:
             self._engine.release()
         self._runner = None  # DDP and torch's stages hold the groups; drop them before the groups go
-        for group in self.layout.created:
+        for group in self.layout.created if self.layout is not None else ():
             with contextlib.suppress(Exception):  # the job's default group may be gone already at exit
                 dist.destroy_process_group(group)
 
@@ -254,7 +300,8 @@ class Pipeline:
         from caramel.strategies.pipeline.microbatches import candidates
 
         o, lay = self.options, self.layout
-        if not isinstance(self.model, nn.Sequential) or (self.boundaries and isinstance(self.boundaries[0], str)):
+        if self.plan_profile is None and (not isinstance(self.model, nn.Sequential)
+                                          or (self.boundaries and isinstance(self.boundaries[0], str))):
             raise CaramelError("pipeline: microbatches='auto' profiles the layers of an nn.Sequential; give a count "
                                "(microbatches=4) for a model cut by torch's tracer")
         batch = inputs.shape[0]
@@ -270,7 +317,7 @@ class Pipeline:
         m, plan, table = box[0]
         self.microbatch_predictions_s = table  # candidate -> simulated step (s)
         if plan is not None and self.boundaries is None:
-            self.partition, self.boundaries = plan, list(plan.boundaries)
+            self.partition, self.boundaries = plan, self._cut_names(plan.boundaries)
         self.options = dataclasses.replace(o, microbatches=m)
 
     def _simulate_counts(self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
@@ -280,7 +327,12 @@ class Pipeline:
         o, lay = self.options, self.layout
         cluster, per_stage = self._cluster_and_speeds()
         fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
-        choice = choose_microbatches(profiled_scaling(self.model, inputs, targets, loss_fn, cands), inputs.shape[0],
+        if self.plan_profile is not None:
+            names, layers = scaling_from_profile(self.plan_profile)
+            fixed_cuts = profiled_cuts(names, fixed_cuts) if fixed_cuts is not None else None
+        else:
+            layers = profiled_scaling(self.model, inputs, targets, loss_fn, cands)
+        choice = choose_microbatches(layers, inputs.shape[0],
                                      o.schedule, o.stages, lay.positions, cluster, per_stage, fixed_cuts,
                                      o.replica_counts() if o.unequal_replicas else o.replicas)
         return choice.microbatches, choice.plan, choice.predicted_step_s
@@ -290,6 +342,25 @@ class Pipeline:
         # each stage at its slowest worker's speed, the workers taken by this layout's ranks
         return cluster, stage_speeds([w.speed for w in cluster.workers], self.options.replica_counts(),
                                      self.layout.positions)
+
+    def _plan_speeds(self) -> list[float]:
+        """Each stage's speed for the partitioner: its slowest worker's, times its replica count
+        with unequal counts (a stage on r replicas runs 1/r of the microbatches)."""
+        per_stage = self._cluster_and_speeds()[1]
+        if self.options.unequal_replicas:
+            per_stage = [sp * r for sp, r in zip(per_stage, self.options.replica_counts())]
+        return per_stage
+
+    def _cut_names(self, cuts: list[int]) -> list[int] | list[str]:
+        """A plan's cut as the runtime takes it: planned on the handed profile, cuts index its
+        top-level layers, given back as the layer index (an `nn.Sequential`'s child) or the
+        module name (a traced model) that begins each stage; otherwise as they are."""
+        if self.plan_profile is None:
+            return list(cuts)
+        names, _ = scaling_from_profile(self.plan_profile)
+        if isinstance(self.model, nn.Sequential):
+            return [int(names[c]) for c in cuts]
+        return [names[c] for c in cuts]
 
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor,
                          loss_fn: Callable) -> list[int] | list[str]:
@@ -302,16 +373,17 @@ class Pipeline:
 
         ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
         box: list[Any] = [None]
-        if dist.get_rank() == ranks[0]:
+        if dist.get_rank() == ranks[0] and self.plan_profile is not None:  # the simulator's costs
+            _, layers = scaling_from_profile(self.plan_profile)
+            plan = balanced_boundaries([c.at(sample.shape[0]) for c in layers], self._plan_speeds(), self._cluster_and_speeds()[0])
+            box[0] = (plan, self._cut_names(plan.boundaries))
+        elif dist.get_rank() == ranks[0]:
             probe = copy.deepcopy(self.model)
             prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
             sequential = isinstance(probe, nn.Sequential)
             units = None if sequential else forward_units(probe, sample)
             costs = layer_costs_from_profile(prof, probe, sample) if sequential else unit_costs(prof, probe, units, sample)
-            cluster, per_stage = self._cluster_and_speeds()
-            if self.options.unequal_replicas:  # a stage on r replicas runs 1/r of the microbatches
-                per_stage = [sp * r for sp, r in zip(per_stage, self.options.replica_counts())]
-            plan = balanced_boundaries(costs, per_stage, cluster)
+            plan = balanced_boundaries(costs, self._plan_speeds(), self._cluster_and_speeds()[0])
             box[0] = (plan, None if units is None else [units[i].name for i in plan.boundaries])
         dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
         self.partition, names = box[0]
@@ -373,23 +445,27 @@ def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, opt
 def pipeline(model: nn.Module, optimizer: OptimizerLike, stages: int = 2, microbatches: int | str = "auto",
              schedule: str = "1f1b", partition: str | list[int] = "auto", *, replicas: int | str | list[int] = 1,
              replica_reduce: str = "auto", vertical_sync: bool = False, process_group: Any = None,
-             cluster: ClusterSpec | None = None,
+             cluster: ClusterSpec | None = None, profile: ModelProfile | None = None,
              options: PipelineOptions | None = None) -> Pipeline:
     """Cut `model` (an `nn.Sequential`, or any model torch's tracer can split at the modules
     `partition` names) into `stages` across the ranks of `process_group` and
     return the `Pipeline` that trains it; see `PipelineOptions` for the knobs. `optimizer` is
     the whole model's optimizer or a function that makes one from a stage's parameters;
-    `options`, a ready `PipelineOptions`, replaces the option keywords."""
+    `cluster`: the links and worker speeds to plan for (default: 1 Gbit/s, equal workers);
+    `profile`: a `caramel.profile_model` profile of the model (its top-level modules) to plan
+    the cut, the microbatches and the replicas from, as `caramel simulate` does, instead of
+    profiling at the first step; `options`, a ready `PipelineOptions`, replaces the option
+    keywords."""
     from caramel.strategies.options import build_options
 
     if not dist.is_initialized():
         raise CaramelError("pipeline: torch.distributed is not initialized; call caramel.init_distributed() first")
     if options is not None:
-        return Pipeline(model, optimizer, options, process_group=process_group, cluster=cluster)
+        return Pipeline(model, optimizer, options, process_group=process_group, cluster=cluster, profile=profile)
     if not isinstance(partition, str):
         partition = "+".join(str(p) for p in partition) if isinstance(partition, (list, tuple)) else partition
     opts = build_options(PipelineOptions, dict(stages=stages, microbatches=microbatches, schedule=schedule,
                                                partition=partition, replicas=replicas, replica_reduce=replica_reduce,
                                                vertical_sync=vertical_sync),
                          where="pipeline")
-    return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster)
+    return Pipeline(model, optimizer, opts, process_group=process_group, cluster=cluster, profile=profile)

@@ -234,14 +234,16 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
 
 def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
     """Each top-level layer's cost at any microbatch size, from the profile alone: the profiled
-    modules grouped by their first name component, a layer's output the next layer's measured
-    input. With module times at a second batch size (`small_batch_size`) each layer's time is the
+    modules grouped by their first name component (by the children of a top-level `ModuleList`
+    or `ModuleDict` where the profile names them, `cut_units`: where a pipeline can cut), a
+    layer's output the next layer's measured input. With module times at a second batch size (`small_batch_size`) each layer's time is the
     line through both (`fit_scaling`: a fixed cost per call plus per sample); without, times are
     proportional to the samples (no fixed cost)."""
     names: list[str] = []
     groups: dict[str, list] = {}
+    units = profile.meta.get("cut_units") or []
     for m in profile.modules:
-        top = m.name.split(".")[0]
+        top = next((u for u in units if m.name == u or m.name.startswith(u + ".")), m.name.split(".")[0])
         if top not in groups:
             names.append(top)
             groups[top] = []
@@ -298,6 +300,9 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
     pipeline's step takes one profile batch per position, so a step trains as many samples as
     data parallelism over the same workers does (as the bench runs it)."""
+    replica_note = None
+    if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
+        options, replica_note = _auto_replicas(profile, cluster, options)
     unequal = options.unequal_replicas
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
     auto_note = None
@@ -335,7 +340,29 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
-                           "microbatches": options.microbatches, "microbatches_auto": auto_note})
+                           "microbatches": options.microbatches, "microbatches_auto": auto_note,
+                           "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note})
+
+
+def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions
+                   ) -> tuple[PipelineOptions, dict]:
+    """replicas="auto" resolved as the runtime resolves it, on the batch the bench gives it (one
+    profile batch per worker): the counts, stages, microbatches (per pipeline for equal counts)
+    and the cut, as explicit options."""
+    from caramel.strategies.pipeline.auto_replicas import choose_replicas
+
+    names, layers = scaling_from_profile(profile)
+    choice = choose_replicas(layers, profile.batch_size * cluster.world_size, options.schedule, cluster,
+                             None if options.stages == "auto" else options.stages,
+                             None if options.microbatches == "auto" else options.microbatches,
+                             profile.optimizer_time_s)
+    counts, m = choice.counts, choice.microbatches
+    equal = len(set(counts)) == 1
+    concrete = dataclasses.replace(options, stages=len(counts), replicas=counts[0] if equal else "+".join(map(str, counts)),
+                                   microbatches=m // counts[0] if equal else m,
+                                   partition="+".join(names[c] for c in choice.plan.boundaries))
+    return concrete, {"counts": counts, "microbatches": m, "predicted_slowest_stage_s": choice.plan.slowest_s,
+                      "candidates_s": choice.candidates_s}
 
 
 def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,

@@ -28,6 +28,11 @@ def test_sync_schedules_match_single_process():
         assert "partition names ['layers.9']" in unknown, unknown
         assert "stages=3 x replicas=1 needs 3 workers, the group has 2" in world, world
         assert "must split into microbatches=4 equal parts" in uneven, uneven
+        # the bench's pipeline handed the job's profile and cluster: cut where the simulator cuts,
+        # between the MLP's ModuleList children, and trained exactly
+        planned = out["planned"]
+        assert planned["units"] and all(u.startswith("layers.") for u in planned["units"][1:-1]), planned
+        assert planned["cut"] == planned["predicted"] and planned["diff"] <= 1e-5, planned
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
     assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]

@@ -60,6 +60,15 @@ def test_unequal_replicas_on_4_workers():
         for close in [out[name]["close"] for name in configs] + [out["equal_close"]]:  # equal: caramel.shutdown()
             assert_closed(close)
     assert ranks[0]["3+1_gpipe_sgd"]["own"] == ranks[2]["3+1_gpipe_sgd"]["own"]  # built from seeds 0 and 2
+    # replicas="auto": every rank took rank 0's choice and trained the whole batch exactly; the
+    # compute-heavy front got 3 of the 4 workers (3+1), and where only
+    # 2+2 divides the microbatches, two pipelines of 2 microbatches each
+    for name, counts, options in (("3+1", [3, 1], (2, "3+1", 6)), ("2x2", [2, 2], (2, 2, 2))):
+        auto = [r["auto"][name] for r in ranks]
+        assert len({(tuple(a["boundaries"]), tuple(a["losses"])) for a in auto}) == 1, auto
+        for a in auto:
+            assert a["counts"] == a["partition_replicas"] == counts and a["options"] == options, a
+            assert a["diff"] <= 1e-5 and a["half_diff"] > 1e-3, (name, a["diff"], a["half_diff"])
 
 
 def assert_closed(close: dict) -> None:

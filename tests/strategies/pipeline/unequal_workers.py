@@ -67,6 +67,8 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, tra
         from tests.train.unequal_resume import first_half
 
         out["train"] = first_half(train_root)
+    if world == 4:
+        out["auto"] = auto_replicas(rank)
     if world == 4:  # counts that do not sum to the world: one clear error on every rank, before any group
         try:
             caramel.pipeline(make_model(), sgd, stages=2, microbatches=4, schedule="gpipe", replicas="2+1")
@@ -79,6 +81,47 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, tra
         made = len(_world.pg_map) - before
         pipe.step(*batch(0), F.cross_entropy)
         out["equal_close"] = closes(pipe, made, shutdown=True)
+    return out
+
+
+def auto_replicas(rank: int, size: int = 12) -> dict:
+    """replicas="auto" from a profile of the model whose first linear layer is made 50x slower
+    (so the choice is certain): with stages="auto" and 6 microbatches the front gets 3 of
+    the 4 workers (3+1, virtual pipelines); with 2 stages and 4 microbatches only 2+2 divides
+    the count (two pipelines, each on half the batch). Each against single-process training on
+    the whole batch; every rank reports rank 0's choice."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from caramel.profile.profiler import profile_model
+    from caramel.topology.spec import ClusterSpec
+
+    box = [None]
+    if rank == 0:
+        x, y = batch(0, size=size)
+        prof = profile_model(make_model(), x, y, F.cross_entropy, steps=2, small_batch_size=2)
+        slow = {"0"}  # the first nn.Linear
+        prof.modules = [dataclasses.replace(m, forward_time_s=50 * m.forward_time_s,
+                                            backward_time_s=50 * m.backward_time_s,
+                                            small_batch_forward_time_s=50 * m.small_batch_forward_time_s,
+                                            small_batch_backward_time_s=50 * m.small_batch_backward_time_s)
+                        if m.name in slow else m for m in prof.modules]
+        box[0] = prof
+    dist.broadcast_object_list(box, src=0)
+    out = {}
+    for name, kwargs in (("3+1", dict(stages="auto", microbatches=6)), ("2x2", dict(stages=2, microbatches=4))):
+        pipe = caramel.pipeline(make_model(), sgd, replicas="auto", schedule="gpipe", profile=box[0],
+                                cluster=ClusterSpec.uniform(4, 1e10), **kwargs)
+        losses = [float(pipe.step(*batch(step, size=size), F.cross_entropy)) for step in range(STEPS)]
+        final = pipe.state_dict()
+        choice = pipe.replica_choice
+        out[name] = {"counts": choice.counts, "microbatches": choice.microbatches, "boundaries": pipe.boundaries,
+                     "partition_replicas": pipe.partition.replicas, "slowest_s": pipe.partition.slowest_s,
+                     "options": (pipe.options.stages, pipe.options.replicas, pipe.options.microbatches),
+                     "losses": losses, "diff": max_diff(final, oracle(STEPS, "sgd", size)),
+                     "half_diff": max_diff(final, oracle(STEPS, "sgd", size, slice(0, size // 2)))}
+        pipe.close()
     return out
 
 

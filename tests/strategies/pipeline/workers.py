@@ -88,7 +88,42 @@ def sync_worker(rank: int, world: int, steps: int) -> dict:
         opt.zero_grad()
     out["bench"] = {"name": runner.name, "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
     out["traced"] = traced(steps)
+    out["planned"] = planned(rank, world)
     return out
+
+
+def planned(rank: int, world: int) -> dict:
+    """The bench hands a pipeline the job's profile and cluster (`caramel.bench.pipeline_plan`):
+    the runtime then cuts where the simulator's prediction does, here on a model whose layers
+    are a ModuleList (the zoo's MLP, cut by torch's tracer between its children)."""
+    import torch.distributed as dist
+
+    from caramel.bench.matrix import Strategy
+    from caramel.bench.strategies import StrategyContext, build_strategy
+    from caramel.models import get_model
+    from caramel.profile.profiler import profile_model
+    from caramel.strategies import STRATEGIES
+    from caramel.topology.spec import ClusterSpec
+
+    def fresh():
+        return get_model("mlp")(batch_size=BATCH, seed=0, width=32, depth=4)
+
+    x, y = batch(0)[0].repeat(1, 16), batch(0)[1]
+    box = [profile_model(fresh().model, x, y, F.cross_entropy, steps=2, small_batch_size=2) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # rank 0's, as the runtime plans on rank 0
+    cluster = ClusterSpec.uniform(world, 1e8)
+    strategy = Strategy("pipeline", (("microbatches", 4),))
+    ctx = StrategyContext(torch.device("cpu"), rank, world, pipeline_cluster=cluster, pipeline_profile=box[0])
+    w = fresh()
+    runner = build_strategy(strategy, w.model, torch.optim.SGD(w.model.parameters(), lr=0.05), x, y,
+                            F.cross_entropy, ctx)
+    runner.step()
+    predicted = STRATEGIES.spec(strategy.name).simulate(box[0], cluster, 1).meta["boundaries"]
+    ref = fresh().model
+    F.cross_entropy(ref(torch.cat([x] * world)), torch.cat([y] * world)).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.05).step()
+    return {"cut": runner.pipe.boundaries, "predicted": predicted, "units": box[0].meta.get("cut_units"),
+            "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
 
 
 STEPS_BENCH = 3

@@ -1,0 +1,89 @@
+"""The cluster and profile a bench hands a pipeline's runtime, so that it cuts as the prediction does.
+
+A pipeline picks its cut (`partition="auto"`), its microbatch count and, with
+`replicas="auto"`, its replica counts at its first step. Given nothing, the runtime profiles
+one microbatch on its first rank alone and plans for 1 Gbit/s links and equal workers, while the
+bench predicts it from the job's profile at the link rate and worker speeds the job measured:
+on 3-worker ResNet-18 points the two cut differently (docs/pipeline.md). So, in a job with a
+pipeline, before any strategy is built: the workload is profiled and the links probed (both
+reused by the predictions), the three baselines run as in the rounds (all ranks at once, the
+order rotating, as many rounds), and the ClusterSpec is derived by the predictions' own functions
+(`measured_link`, `worker_speeds`, `bench_cluster`). Every pipeline plans from that profile
+and that spec (`caramel.pipeline(..., cluster=, profile=)`). The predictions still take the
+rounds' baselines; where the two cuts still differ the bench warns (`cut_mismatch`).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch.distributed as dist
+
+from caramel.bench.blocks import measure_block
+from caramel.stats import median
+
+
+def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmup_steps: int, profile: Any,
+                         world: int, grad_bytes: int, probed: dict[str, Any] | None) -> Any:
+    """The ClusterSpec the predictions would build from the three baselines measured as the
+    rounds measure them (`rounds` rounds of one block of `steps` each, the order rotating; every
+    rank calls it; the spec is rank 0's, broadcast, so every rank plans alike). One block each
+    was too few: a rank's compute step in the job's first block can be far from its pace later
+    (speeds 1.44, 2.41, 2.39 against 2.03, 1.70, 1.73 in the rounds of one run)."""
+    from caramel.bench.blocks import round_order
+    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
+    from caramel.bench.report import job_step_times
+
+    names = ["compute", "comm", "concurrent"]
+    mine: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:
+        for _ in range(warmup_steps):
+            runners[name].step()
+        runners[name].start_measuring()
+    for r in range(rounds):
+        for name in round_order(names, r):
+            dist.barrier()
+            mine[name] += measure_block(runners[name], steps)
+    spans = list(runners["concurrent"].spans)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (mine, spans))
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        rank_compute = [median(g["compute"]) for g, _ in gathered]
+        comm_s = median(job_step_times([g["comm"] for g, _ in gathered], steps))
+        buckets = runners["comm"].stats().get("buckets", 1)
+        link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, buckets, rank_compute,
+                                                [s for _, s in gathered], probed)
+        speeds = worker_speeds(profile.step_time_s, rank_compute)
+        box[0] = bench_cluster(world, net_bps, speeds, link, slowdown) if net_bps else None
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def cluster_summary(cluster: Any) -> dict[str, Any] | None:
+    """What a pipeline's record keeps of the spec it planned at."""
+    if cluster is None:
+        return None
+    return {"bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
+            "speeds": [w.speed for w in cluster.workers], "compute_slowdown": cluster.compute_slowdown}
+
+
+def cut_mismatches(stats: dict[str, dict[str, Any]], predicted: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Per pipeline strategy whose runtime cut (or counts, or microbatches) differs from its
+    prediction's: what differs. Printed by the bench, kept in the raw results."""
+    out = {}
+    for name, st in stats.items():
+        plan = (predicted.get(name) or {}).get("plan")
+        if not plan or "boundaries" not in st:
+            continue
+        ran = {"boundaries": [str(b) for b in st.get("boundaries") or []], "microbatches": st.get("microbatches"),
+               "replicas": st.get("replicas")}
+        model = {"boundaries": [str(b) for b in plan.get("boundaries") or []],
+                 "microbatches": plan.get("microbatches"), "replicas": plan.get("replicas")}
+        diff = [f"{k}: ran {ran[k]}, predicted {model[k]}" for k in ran
+                if model[k] is not None and ran[k] is not None and ran[k] != model[k]]
+        if diff:
+            out[name] = "; ".join(diff)
+            print(f"[bench] warning: {name}: the runtime's plan differs from the prediction's ({out[name]})",
+                  file=sys.stderr, flush=True)
+    return out

@@ -1,0 +1,264 @@
+"""`replicas="auto"`: stage boundaries and data-parallel replicas per stage, for the synchronous runtime.
+
+PipeDream's dynamic program (`planner.pipedream_partition`) prices a stage on r replicas at its
+asynchronous pace, `max(compute, allreduce) / r` per microbatch. The synchronous schedules (gpipe,
+1f1b) run a stage's share of the step's M microbatches and then all-reduce its gradients once,
+after the drain, so here a stage costs, per step,
+
+    T(a..b, r, ranks) = (M / r) * compute(a..b) / speed(ranks) + allreduce(params(a..b), r)
+    C(i)              = M * (activation out of layer i-1 and its gradient back, one link)
+
+and the dynamic program takes PipeDream's recurrence over layers and workers with two changes:
+every worker is used (the runtime has no idle rank: the counts sum to the world), and only
+counts the runtime can run are taken: microbatch k goes to replica k mod r of each stage, so
+every count divides M, their least common multiple L is at most `MAX_VIRTUAL_PIPELINES`, and
+1F1B gives each virtual pipeline M / L >= stages microbatches. The state carries L so far.
+Stage s's ranks are stage-major (the runtime's layout), each stage at its slowest rank's speed.
+
+Neither the fill and drain nor how the links overlap compute is in T; so each candidate (a
+stage count and a microbatch count, where they are free) has its plan replayed by the pipeline
+simulator (`simulate.replay`, the runtime's order), beside the same counts cut to balance
+compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
+simulated step wins.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from caramel.errors import CaramelError
+from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
+from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
+                                                 transfer_time_s)
+from caramel.topology.spec import ClusterSpec
+
+MAX_MICROBATCHES = 32  # as `microbatches="auto"` (microbatches.py)
+
+
+def stage_step_s(layers: list[LayerCost], replicas: int, microbatches: int, cluster: ClusterSpec,
+                 speed: float = 1.0) -> float:
+    """A stage's part of a synchronous step: its replica's microbatches, then its all-reduce."""
+    compute = sum(c.compute_s for c in layers) / speed * microbatches / replicas
+    ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
+    return compute + ring.allreduce_time_s(sum(c.param_bytes for c in layers))
+
+
+def feasible(counts: tuple[int, ...] | list[int], microbatches: int, schedule: str) -> bool:
+    """Whether the runtime runs these counts with M microbatches (`unequal.py`'s round-robin)."""
+    period = math.lcm(*counts)
+    return (period <= MAX_VIRTUAL_PIPELINES and microbatches % period == 0
+            and (schedule != "1f1b" or microbatches // period >= len(counts)))
+
+
+def _plan(costs: list[LayerCost], cluster: ClusterSpec, cuts: list[int], counts: list[int], microbatches: int,
+          speeds: list[float]) -> PartitionPlan:
+    """A plan's per-step stage and link times (`PartitionPlan.slowest_s` is then per step)."""
+    edges, out, first = [0, *cuts, len(costs)], [], 0
+    for (a, b), r in zip(zip(edges[:-1], edges[1:]), counts):
+        out.append(stage_step_s(costs[a:b], r, microbatches, cluster, min(_speeds(speeds, first, r))))
+        first += r
+    links = [microbatches * transfer_time_s(costs[c - 1].output_bytes, cluster) for c in cuts]
+    return PartitionPlan(list(cuts), list(counts), out, links)
+
+
+def _speeds(speeds: list[float], first: int, r: int) -> list[float]:
+    return [speeds[g] if g < len(speeds) else 1.0 for g in range(first, first + r)]
+
+
+class _Program:
+    """The dynamic program for one microbatch count, shared by every stage count asked of it
+    (its table does not depend on the target); stage costs from prefix sums, O(1) each."""
+
+    def __init__(self, costs: list[LayerCost], cluster: ClusterSpec, microbatches: int, schedule: str,
+                 speeds: list[float]):
+        self.costs, self.cluster, self.m, self.schedule = costs, cluster, microbatches, schedule
+        self.speeds = [speeds[g] if g < len(speeds) else 1.0 for g in range(cluster.world_size)]
+        self.compute = list(itertools.accumulate((c.compute_s for c in costs), initial=0.0))
+        self.params = list(itertools.accumulate((c.param_bytes for c in costs), initial=0))
+        self.divisors = [r for r in range(1, cluster.world_size + 1) if microbatches % r == 0]
+        self.rings = {r: ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in self.divisors}
+        self.links = [0.0] + [microbatches * transfer_time_s(c.output_bytes, cluster) for c in costs]
+        self.best = lru_cache(maxsize=None)(self._best)
+
+    def _stage(self, a: int, b: int, r: int, first: int) -> float:
+        """`stage_step_s` of layers [a, b) on workers [first, first + r)."""
+        speed = min(self.speeds[first:first + r])
+        return ((self.compute[b] - self.compute[a]) / speed * self.m / r
+                + self.rings[r].allreduce_time_s(self.params[b] - self.params[a]))
+
+    def _best(self, j: int, w: int, s: int, period: int) -> tuple[float, tuple[tuple[int, int], ...]]:
+        """Layers [0, j) on workers [0, w) in exactly s stages whose counts' lcm is `period`:
+        (slowest, ((first layer, replicas), ...))."""
+        if s == 1:
+            if w != period or w not in self.rings:
+                return math.inf, ()
+            return self._stage(0, j, w, 0), ((0, w),)
+        top: tuple[float, tuple[tuple[int, int], ...]] = (math.inf, ())
+        for i in range(s - 1, j):
+            for r in self.divisors:
+                if r > w - (s - 1):
+                    break
+                tail = max(self.links[i], self._stage(i, j, r, w - r))
+                if tail >= top[0]:
+                    continue
+                for head_period in range(1, period + 1):
+                    if period % head_period or math.lcm(head_period, r) != period:
+                        continue
+                    head, plan = self.best(i, w - r, s - 1, head_period)
+                    t = max(head, tail)
+                    if t < top[0]:
+                        top = (t, plan + ((i, r),))
+        return top
+
+    def plan(self, stages: int) -> PartitionPlan | None:
+        """Exactly `stages` stages on every worker, the slowest stage or link least."""
+        n, w = len(self.costs), self.cluster.world_size
+        if stages > min(n, w):
+            return None
+        periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)
+                   if self.m % p == 0 and (self.schedule != "1f1b" or self.m // p >= stages)]
+        _, best = min((self.best(n, w, stages, p) for p in periods), key=lambda x: x[0], default=(math.inf, ()))
+        if not best:
+            return None
+        return _plan(self.costs, self.cluster, [i for i, _ in best[1:]], [r for _, r in best], self.m, self.speeds)
+
+
+def replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
+                      schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
+    """The dynamic program above: exactly `stages` stages on all `cluster.world_size` workers,
+    the slowest stage or link per step least; None when no feasible counts exist."""
+    return _Program(costs, cluster, microbatches, schedule, speeds or [w.speed for w in cluster.workers]).plan(stages)
+
+
+def brute_force_replica_partition(costs: list[LayerCost], cluster: ClusterSpec, stages: int, microbatches: int,
+                                  schedule: str = "gpipe", speeds: list[float] | None = None) -> PartitionPlan | None:
+    """Every cut into `stages` and every feasible count vector summing to the world (small
+    inputs only): the test oracle."""
+    speeds = speeds or [w.speed for w in cluster.workers]
+    w = cluster.world_size
+    plans = [_plan(costs, cluster, list(cuts), list(counts), microbatches, speeds)
+             for cuts in itertools.combinations(range(1, len(costs)), stages - 1)
+             for counts in itertools.product(range(1, w + 1), repeat=stages)
+             if sum(counts) == w and feasible(counts, microbatches, schedule)]
+    return min(plans, key=lambda p: p.slowest_s, default=None)
+
+
+@dataclass(frozen=True)
+class ReplicaChoice:
+    """What `replicas="auto"` runs: the cut and counts (`plan`, per-step times), the step's
+    microbatches in all (a pipeline of equal counts r runs microbatches / r each), and every
+    candidate's simulated step, keyed "stages x microbatches"."""
+
+    plan: PartitionPlan
+    microbatches: int
+    predicted_step_s: float
+    candidates_s: dict[str, float]
+
+    @property
+    def counts(self) -> list[int]:
+        return list(self.plan.replicas)
+
+    @property
+    def stages(self) -> int:
+        return len(self.plan.replicas)
+
+
+def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluster: ClusterSpec,
+                    stages: int | None = None, microbatches: int | None = None,
+                    optimizer_s: float = 0.0) -> ReplicaChoice:
+    """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
+    (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
+    simulated fastest of them (ties: fewer stages, fewer microbatches)."""
+    from caramel.strategies.pipeline.simulate import replay, replicated_actions, stage_costs
+
+    if schedule not in ("gpipe", "1f1b"):
+        raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b, not {schedule!r}")
+    w = cluster.world_size
+    stage_options = [stages] if stages is not None else list(range(2, min(w, len(layers)) + 1))
+    counts_m = [microbatches] if microbatches is not None else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1)
+                                                                if batch % m == 0]
+    speeds = [wk.speed for wk in cluster.workers]
+    table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
+    programs: dict[int, _Program] = {}
+    for s in stage_options:
+        for m in counts_m:
+            if batch % m:
+                continue
+            costs = [layer.at(batch / m) for layer in layers]
+            if m not in programs:
+                programs[m] = _Program(costs, cluster, m, schedule, speeds)
+            plan = programs[m].plan(s)
+            if plan is None:
+                continue
+            counts = tuple(plan.replicas)
+            firsts = list(itertools.accumulate([0, *counts[:-1]]))
+            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, counts)]
+            # the program's cut, and the compute-balanced one for its counts (what partition="auto"
+            # gives those counts): its link term charges every transfer unoverlapped, so where the
+            # two differ the simulator, which overlaps them as the runtime does, decides
+            balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
+            for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced))):
+                sc = stage_costs(costs, list(cuts), cluster, counts, per_stage, optimizer_s)
+                step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
+                              math.lcm(*counts)).step_time_s
+                if (s, m) not in table or step < table[(s, m)][0]:
+                    table[(s, m)] = (step, _plan(costs, cluster, list(cuts), list(counts), m, speeds))
+    if not table:
+        raise CaramelError(f"replicas=auto: no replica counts for "
+                           f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "
+                           f"{'microbatches=' + str(microbatches) if microbatches else 'any microbatch count of the batch of ' + str(batch)} "
+                           f"with schedule={schedule} (each count must divide the microbatches, their least common "
+                           f"multiple <= {MAX_VIRTUAL_PIPELINES}{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
+                           f"give another microbatch count or stages")
+    key = min(table, key=lambda k: (table[k][0], k))
+    step, plan = table[key]
+    return ReplicaChoice(plan, key[1], step,
+                         {f"{s}x{m}": t for (s, m), (t, _) in sorted(table.items())})
+
+
+def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets: Any, loss_fn: Callable,
+                      cluster: ClusterSpec | None, profile: Any, process_group: Any = None
+                      ) -> tuple[ReplicaChoice, list[str]]:
+    """The runtime's side (every rank of `process_group` calls it): the group's first rank takes
+    `profile` or profiles a copy of `model` at the largest candidate microbatch with the
+    smallest timed too (a fixed cost per microbatch plus one per sample), chooses on the
+    profile's layers, and sends the choice and the names of the layers that begin stages 1..;
+    a choice that cannot be made is one error on every rank."""
+    import copy
+
+    import torch.distributed as dist
+
+    from caramel.strategies.pipeline.simulate import scaling_from_profile
+
+    ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+    box: list[Any] = [None]
+    if dist.get_rank() == ranks[0]:
+        try:
+            batch = inputs.shape[0]
+            if profile is None:
+                from caramel.profile.profiler import profile_model
+
+                counts = ([options.microbatches] if isinstance(options.microbatches, int)
+                          else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1) if batch % m == 0])
+                large, small = batch // min(counts), batch // max(counts)
+                profile = profile_model(copy.deepcopy(model), inputs[:large], targets[:large], loss_fn, steps=5,
+                                        name="pipeline", small_batch_size=small if small < large else None)
+            names, layers = scaling_from_profile(profile)
+            cluster = cluster or ClusterSpec.uniform(len(ranks), 1e9)
+            if cluster.world_size != len(ranks):
+                raise CaramelError(f"pipeline: replicas=auto: the cluster spec has {cluster.world_size} workers, the "
+                                   f"group {len(ranks)}")
+            choice = choose_replicas(layers, batch, options.schedule, cluster,
+                                     None if options.stages == "auto" else options.stages,
+                                     None if options.microbatches == "auto" else options.microbatches,
+                                     profile.optimizer_time_s or 0.0)
+            box[0] = (choice, [names[c] for c in choice.plan.boundaries])
+        except CaramelError as e:
+            box[0] = str(e)
+    dist.broadcast_object_list(box, src=ranks[0], group=process_group)
+    if isinstance(box[0], str):
+        raise CaramelError(box[0])
+    return box[0]
