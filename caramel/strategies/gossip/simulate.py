@@ -168,8 +168,8 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     in_forward = options.algorithm != "adam"
     tracking = options.tracks
     tracker_bytes = priced.trackers
-    overlapped = tracking and options.overlap_trackers
-    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_bucket_cap_mb * 2 ** 20,
+    overlapped = tracking and options.overlaps_trackers
+    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_cap_mb * 2 ** 20,
                               profile.backward_time_s) if overlapped else [])
 
     def compute(w: int, k: int, seconds: float) -> float:
