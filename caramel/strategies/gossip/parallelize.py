@@ -23,12 +23,12 @@ import torch.nn as nn
 
 from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
-from caramel.profile.profiler import unique_params
+from caramel.profile.profiler import optimizer_class, unique_params
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.tracking import Tracker, check_dense_grads
-from caramel.strategies.gossip.volume import MOMENT_KEYS, moment_keys as keys_for
+from caramel.strategies.gossip.volume import moment_keys as keys_for
 from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
@@ -351,15 +351,8 @@ class GossipRun:
 
 def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
     """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
-    return keys_for(optimizer_name(optimizer), algorithm)
-
-
-def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """The torch.optim class an optimizer is (a subclass counts as its base), for `volume`."""
-    for cls in type(optimizer).__mro__:
-        if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENT_KEYS:
-            return cls.__name__
-    return type(optimizer).__name__
+    # the class name the profiler records for the simulator: both price by one name
+    return keys_for(optimizer_class(optimizer), algorithm)
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:

@@ -20,12 +20,14 @@ The exchange needs this step's gradients and must land before the update (sent w
 parameters after the update, y would be mixed before g(t) is added: DSGT's form, another
 algorithm, docs/gossip.md). `overlap=True` starts it where the data allows: a tracker message leaves from the gradient hooks as soon as
 its parameters' gradients are final in backward (messages cut in reverse forward order, the
-order backward meets the modules), and step() waits for each only before the update, so it
-hides behind the rest of backward. The values sent are the reference's: z is formed from the
-same gradient with the same operations, and step() checks, bit for bit, that each message
-sent in backward is what it would send now (clipping or unscaling the gradients in between is
-refused: the neighbours already mixed the old values). `overlap=False` forms and sends every
-tracker at step() (the reference path).
+order backward meets the modules, agreed by every rank at the first step()); the end of the
+backward sends the messages no hook did, so every armed backward sends each message once.
+step() waits for each only before the update, so it hides behind the rest of backward. The
+values sent are the reference's: z is formed from the same gradient with the same
+operations, and step() checks that each gradient is the tensor backward left, unedited (its
+version counter: clipping or unscaling in between is refused, the neighbours already mixed
+the old values; an edit through `.data` escapes the counter). `overlap=False` forms and
+sends every tracker at step() (the reference path).
 """
 from __future__ import annotations
 
@@ -215,7 +217,7 @@ class Tracker:
 
 
 def changed_refusal(names: list[str]) -> str:
-    return (f"strategy 'gossip': algorithm=tracking sent the trackers of {', '.join(names[:3])}"
+    return (f"strategy 'gossip': algorithm=tracking sends the trackers of {', '.join(names[:3])}"
             f"{' ...' if len(names) > 3 else ''} during backward (overlap_trackers=true), and their gradients changed "
             "between backward and optimizer.step() (gradient clipping, GradScaler.unscale_, an edit of p.grad); the "
             "neighbours already mixed the old values. Set overlap_trackers=false to form the trackers at step() "
