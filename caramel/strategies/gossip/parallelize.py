@@ -390,8 +390,9 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     if isinstance(options.topology, list) or options.topology.endswith(".json"):
         mixing_matrix(options.topology, len(ranks))  # a bad matrix is an error before any group exists
-    check_same_everywhere("gossip", options, [(n, tuple(p.shape)) for n, p in model.named_parameters()],
-                          process_group)
+    # frozen parameters are not gossiped: ranks freezing different ones would cut other messages
+    check_same_everywhere("gossip", options, [(n, tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()],
+                          process_group, "parameters (shapes, requires_grad)")
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     up, down, control = (dist.new_group(ranks, timeout=timeout) for _ in range(3))
     # A group's first batch_isend_irecv must involve all its ranks (NCCL); a one-peer topology

@@ -156,3 +156,8 @@ def test_a_clip_that_never_binds_is_refused_at_step_zero_on_every_rank(four):
     for res in (r["divergent"] for r in four):
         assert "overlap_trackers=false" in res["late_clip"] and "changed" in res["late_clip"], res["late_clip"]
         assert res["late_clip_untouched"]
+
+
+def test_ranks_freezing_different_parameters_are_refused(four):
+    for res in (r["divergent"] for r in four):
+        assert "ranks [1] have other parameters (shapes, requires_grad)" in res["frozen_on_one_rank"], res

@@ -345,6 +345,14 @@ def divergent_worker(rank: int, world: int, steps: int) -> dict:
     out["late_clip_untouched"] = (not tracker.exchange.pending
                                   and all(not y.any() and not g.any() for y, g in zip(tracker.y, tracker.g_prev)))
     caramel.shutdown()
+    m = _Branchy()
+    m.a.weight.requires_grad_(rank != 1)  # frozen on one rank only: its messages would differ
+    try:
+        caramel.parallelize(m, torch.optim.SGD(m.parameters(), lr=0.1), RING, timeout_s=30)
+        out["frozen_on_one_rank"] = ""
+    except CaramelError as e:
+        out["frozen_on_one_rank"] = str(e)
+    caramel.shutdown()
     return out
 
 
