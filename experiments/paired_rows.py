@@ -30,7 +30,13 @@ def main() -> None:
             raise SystemExit(f"--pair {pair!r}: expected REFERENCE=CANDIDATE, two of {sorted(names)}")
         ref_name, cand_name = match[0]
         for ref in (r for r in records if r.strategy == ref_name):
-            cand = next(r for r in records if r.strategy == cand_name and config_label(r) == config_label(ref))
+            cand = next((r for r in records if r.strategy == cand_name and config_label(r) == config_label(ref)), None)
+            if cand is None:
+                raise SystemExit(f"--pair {pair!r}: {args.bench_json} has no {cand_name!r} row for "
+                                 f"{config_label(ref)} (it has one for {ref_name!r})")
+            if not ref.step_time_median_s or not cand.step_time_median_s:
+                raise SystemExit(f"--pair {pair!r}: {config_label(ref)} has no median step time for "
+                                 f"{ref_name if not ref.step_time_median_s else cand_name!r} (a failed row?)")
             point = ref.step_time_median_s / cand.step_time_median_s
             ci = (paired_rounds_interval(ref.round_medians_s, cand.round_medians_s, point)
                   if ref.round_medians_s and cand.round_medians_s else None)

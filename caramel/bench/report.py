@@ -278,7 +278,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup=(ref_s / t) if ref_s else None,
             share_captured=share_captured(ref_s, t, ceiling),
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
-            round_medians_s=[median(xs[i:i + spr]) for i in range(0, len(xs), spr)] if spr else None,
+            # whole rounds only, as paired_ratio_interval takes them (a partial last round is no pair)
+            round_medians_s=[median(xs[i * spr:(i + 1) * spr]) for i in range(len(xs) // spr)] if spr else None,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st, pred.get("plan"),

@@ -200,8 +200,14 @@ def _on_cpu(obj: Any) -> Any:
 
 def gossip_options_for_clipping(options: Any, clip_grad_norm: float) -> Any:
     """Gossip tracking's trackers formed at step() when the loop clips: overlapped, they would
-    leave in backward, before the clipping (and step() refuses the changed gradients)."""
-    if clip_grad_norm > 0 and options.tracks and options.overlap_trackers:
+    leave in backward, before the clipping (and step() refuses the changed gradients). Only
+    the default moves; an explicit overlap_trackers=true with clipping is an error."""
+    if clip_grad_norm > 0 and options.tracks and options.overlap_trackers is None:
         return dataclasses.replace(options, overlap_trackers=False)
+    if clip_grad_norm > 0 and options.tracks and options.overlap_trackers:
+        from caramel.errors import CaramelError
+        raise CaramelError(f"--clip-grad-norm {clip_grad_norm:g} clips the gradients after backward, and "
+                           f"overlap_trackers=true sends algorithm={options.algorithm}'s trackers during backward, "
+                           "before the clipping; drop overlap_trackers=true (caramel train then forms them at "
+                           "step()) or --clip-grad-norm")
     return options
-

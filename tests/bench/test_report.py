@@ -213,6 +213,9 @@ def test_records_and_reports_carry_the_interval():
     assert lo < 1.0 < hi and recs["ddp"].speedup_ci95 is None
     md = format_markdown(list(recs.values()), "caramel bench", {})
     assert f"| {lo:.2f}-{hi:.2f} |" in md
+    # the rounds a record keeps are the whole rounds its interval paired (a partial last one is dropped)
+    raw["step_times_s"] = {k: [v[0] + [0.5]] for k, v in times.items()}
+    assert [r.round_medians_s for r in summarize(raw) if r.strategy == "caramel"] == [[0.19, 0.18, 0.19]]
     assert f"worst {recs['caramel'].speedup:.3f}x ({lo:.3f}-{hi:.3f})" in md
 
 

@@ -45,7 +45,8 @@ class GossipOptions:
     update (`tracking.py`); false: every tracker is formed and sent at step() (the reference
     path, which also allows editing the gradients between backward and step(), e.g. clipping).
     `tracker_bucket_cap_mb`: the size of one tracker message when overlapped (smaller lets the
-    last modules' trackers leave earlier in backward)."""
+    last modules' trackers leave earlier in backward; default 1). Both are errors under an
+    algorithm without trackers."""
 
     topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
@@ -53,8 +54,8 @@ class GossipOptions:
     consensus_every: int = 10
     bucket_cap_mb: float = 4.0
     head_steps: int = 0
-    overlap_trackers: bool = True
-    tracker_bucket_cap_mb: float = 1.0
+    overlap_trackers: bool | None = None  # None: true under the tracking algorithms
+    tracker_bucket_cap_mb: float | None = None  # None: 1 MB under the tracking algorithms
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, (torch.Tensor, np.ndarray)):
@@ -71,9 +72,9 @@ class GossipOptions:
             raise CaramelError(f"consensus_every must be >= 0 steps (0: never measure), got {self.consensus_every}")
         if not self.bucket_cap_mb > 0:
             raise CaramelError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-        if not self.tracker_bucket_cap_mb > 0:
+        if self.tracker_bucket_cap_mb is not None and not self.tracker_bucket_cap_mb > 0:
             raise CaramelError(f"tracker_bucket_cap_mb must be > 0, got {self.tracker_bucket_cap_mb}")
-        if not isinstance(self.overlap_trackers, bool):
+        if self.overlap_trackers is not None and not isinstance(self.overlap_trackers, bool):
             raise CaramelError(f"overlap_trackers must be true or false, got {self.overlap_trackers!r}")
         if isinstance(self.head_steps, bool) or not isinstance(self.head_steps, int) or self.head_steps < 0:
             raise CaramelError(f"head_steps must be an integer >= 0 (DePRL's tau; 0: head and body step together), "
@@ -83,6 +84,10 @@ class GossipOptions:
                                "(e.g. personalize=head)")
         if self.algorithm not in ALGORITHMS:
             raise CaramelError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        for key in ("overlap_trackers", "tracker_bucket_cap_mb"):
+            if getattr(self, key) is not None and not self.tracks:
+                raise CaramelError(f"{key} sets the trackers' exchange of algorithm=tracking and tracking_momentum; "
+                                   f"algorithm={self.algorithm} has no trackers (remove {key})")
         if self.head_steps and self.tracks:
             raise CaramelError(f"head_steps is built for algorithm=dpsgd and momentum; algorithm={self.algorithm} corrects "
                                "its tracker with every step's body gradient, which a head-only step sets aside")
@@ -98,6 +103,16 @@ class GossipOptions:
     def tracks(self) -> bool:
         """Whether each worker's optimizer steps with a gradient tracker (`tracking.py`)."""
         return self.algorithm in TRACKS
+
+    @property
+    def overlaps_trackers(self) -> bool:
+        """Whether the trackers leave from the gradient hooks (`overlap_trackers`, default true)."""
+        return self.tracks and self.overlap_trackers is not False
+
+    @property
+    def tracker_cap_mb(self) -> float:
+        """One overlapped tracker message's size (`tracker_bucket_cap_mb`, default 1 MB)."""
+        return 1.0 if self.tracker_bucket_cap_mb is None else self.tracker_bucket_cap_mb
 
     @property
     def mixes_moments(self) -> bool:

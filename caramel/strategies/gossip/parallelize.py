@@ -23,12 +23,12 @@ import torch.nn as nn
 
 from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
-from caramel.profile.profiler import unique_params
+from caramel.profile.profiler import optimizer_class, unique_params
 from caramel.strategies.gossip.engine import Exchange, make_buckets
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.tracking import Tracker, check_dense_grads
-from caramel.strategies.gossip.volume import MOMENT_KEYS, moment_keys as keys_for
+from caramel.strategies.gossip.volume import moment_keys as keys_for
 from caramel.strategies.gossip.wrappers import GossipModel, GossipOptimizerMixin, wrap_optimizer
 from caramel.strategies.options import check_same_everywhere
 from caramel.trace.events import Trace, TraceEvent
@@ -52,7 +52,10 @@ class GossipRun:
             check_mixing(W, self.world, source=f"gossip topology {self.mixing_name!r}",
                          require_connected=len(self.matrices) == 1)
         names, params = unique_params(module)
-        self.shared = [(n, p) for n, p in zip(names, params) if not options.is_local(n)]
+        # A parameter frozen at parallelize() (requires_grad=False) is neither gossiped nor tracked:
+        # it is rank 0's everywhere and nothing moves it (its mix would only add rounding).
+        self.shared = [(n, p) for n, p in zip(names, params) if not options.is_local(n) and p.requires_grad]
+        self.fixed = [(n, p) for n, p in zip(names, params) if not options.is_local(n) and not p.requires_grad]
         self.local_names = [n for n in names if options.is_local(n)]
         self.local_params = [p for n, p in zip(names, params) if options.is_local(n)]
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
@@ -61,11 +64,12 @@ class GossipRun:
         # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
         self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False,
                                                       tag_base=TRACKER_TAG_BASE),
-                                overlap=options.overlap_trackers, layout=self._tracker_layout)
+                                overlap=options.overlaps_trackers, layout=self._tracker_layout)
                         if options.tracks else None)
         self._sent_mark = (0, 0)  # bytes sent (parameters', trackers') when the last step's exchange started
         self.order: list[str] = []
         self.recording = True
+        self.agreed = False  # whether `order` is every rank's (agreed at the first step())
         self.steps = 0
         self.log: list[dict[str, Any]] = []
         self.consensus: list[tuple[int, float]] = []
@@ -87,18 +91,33 @@ class GossipRun:
             self.order.append(name)
         self.exchange.before_module(name)
 
+    def _agree_order(self) -> None:
+        """One module order on every rank, for both exchanges' messages: each rank records the
+        modules its own forwards ran before the first step(), and a module skipped on one rank
+        (data-dependent control flow) would move every later tensor to another place in its
+        messages, mixing one tensor into another. Rank 0's order, then the modules only
+        other ranks ran, in rank order."""
+        orders: list[list[str]] = [[] for _ in range(self.world)]
+        dist.all_gather_object(orders, self.order, group=self.control)
+        agreed: list[str] = []
+        for order in orders:
+            agreed += [m for m in order if m not in agreed]
+        self.order, self.recording, self.agreed = agreed, False, True
+        if self.tracker is not None:
+            self.tracker.agreed = True
+
     def _grad_ready(self, k: int, _param: torch.Tensor) -> None:
         self.tracker.grad_ready(k)
 
     def _tracker_layout(self) -> tuple[Any, list]:
         """This step's neighbours and tracker messages (overlap_trackers): cut at
-        tracker_bucket_cap_mb in reverse forward order, the order backward finishes the
-        modules' gradients, so the last modules' trackers leave first."""
+        tracker_bucket_cap_mb in reverse forward order (the agreed one), the order backward
+        finishes the modules' gradients, so the last modules' trackers leave first."""
         W = self.matrices[self.steps % len(self.matrices)]
         owners = self._owners()
         y_owner = {id(y): owners[id(p)] for (_, p), y in zip(self.shared, self.tracker.y) if id(p) in owners}
         buckets = make_buckets(list(zip(self.tracker.names, self.tracker.y)), y_owner, self.order[::-1],
-                               self.options.tracker_bucket_cap_mb * 2 ** 20)
+                               self.options.tracker_cap_mb * 2 ** 20)
         return neighbours(W, self.rank), buckets
 
     def before_update(self) -> float:
@@ -106,6 +125,13 @@ class GossipRun:
         measure the consensus distance of the parameters this step's forward used."""
         t0 = time.perf_counter()
         wait0 = self.wait_s
+        if not self.agreed:
+            self._agree_order()
+        for name, p in self.fixed:
+            if p.grad is not None:
+                raise CaramelError(f"strategy 'gossip': parameter {name!r} was frozen (requires_grad=False) at "
+                                   "parallelize(), so it is not gossiped, and it has a gradient now; unfreeze it "
+                                   "before parallelize()")
         due = self.options.consensus_every and self.steps % self.options.consensus_every == 0
         if self.options.algorithm == "adam" and due:
             self._measure_consensus()
@@ -301,6 +327,9 @@ class GossipRun:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps, self.order, self.recording = int(state["steps"]), list(state["order"]), False
+        self.agreed = False  # agreed again at the next step(): the states may come from different runs
+        if self.tracker is not None:
+            self.tracker.agreed = False
         self.restored = dict(state["pending_mix"])
 
     def release(self) -> None:
@@ -322,15 +351,8 @@ class GossipRun:
 
 def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
     """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
-    return keys_for(optimizer_name(optimizer), algorithm)
-
-
-def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
-    """The torch.optim class an optimizer is (a subclass counts as its base), for `volume`."""
-    for cls in type(optimizer).__mro__:
-        if cls.__module__.startswith("torch.optim") and cls.__name__ in MOMENT_KEYS:
-            return cls.__name__
-    return type(optimizer).__name__
+    # the class name the profiler records for the simulator: both price by one name
+    return keys_for(optimizer_class(optimizer), algorithm)
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -> None:
@@ -368,8 +390,9 @@ def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, optio
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     if isinstance(options.topology, list) or options.topology.endswith(".json"):
         mixing_matrix(options.topology, len(ranks))  # a bad matrix is an error before any group exists
-    check_same_everywhere("gossip", options, [(n, tuple(p.shape)) for n, p in model.named_parameters()],
-                          process_group)
+    # frozen parameters are not gossiped: ranks freezing different ones would cut other messages
+    check_same_everywhere("gossip", options, [(n, tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()],
+                          process_group, "parameters (shapes, requires_grad)")
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     up, down, control = (dist.new_group(ranks, timeout=timeout) for _ in range(3))
     # A group's first batch_isend_irecv must involve all its ranks (NCCL); a one-peer topology

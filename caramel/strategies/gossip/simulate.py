@@ -121,17 +121,19 @@ def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float,
 def tracker_messages(shared: list, modules: int, cap_bytes: float, backward_time_s: float) -> list[tuple[float, int]]:
     """The overlapped trackers' messages in the order the runtime cuts them
     (`GossipRun._tracker_layout`: reverse forward order, a parameter no module used with the
-    first module, so last; cut at `cap_bytes`), each as (when its last gradient is ready, since
-    backward start; its bytes). A tracker is at least float32: a bf16 parameter's is twice its bytes."""
+    first module, so last; cut at `cap_bytes` and where the tracker dtype changes), each as (when
+    its last gradient is ready, since backward start; its bytes). A tracker is at least float32:
+    a bf16 parameter's is twice its bytes."""
     order = sorted(shared, key=lambda p: -(p.first_use_order or 0))  # stable: parameter order within a module
     out: list[tuple[float, int]] = []
-    size = 0
+    size, dtype = 0, None
     for p in order:
-        nbytes = p.numel * tracker_dtype(_dtype(p.dtype)).itemsize
+        tdtype = tracker_dtype(_dtype(p.dtype))
+        nbytes = p.numel * tdtype.itemsize
         ready = backward_time_s if p.ready_time_s is None else p.ready_time_s
-        if not out or size + nbytes > cap_bytes:
+        if not out or size + nbytes > cap_bytes or tdtype != dtype:
             out.append((ready, 0))
-            size = 0
+            size, dtype = 0, tdtype
         out[-1] = (max(out[-1][0], ready), out[-1][1] + nbytes)
         size += nbytes
     return out
@@ -168,8 +170,8 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     in_forward = options.algorithm != "adam"
     tracking = options.tracks
     tracker_bytes = priced.trackers
-    overlapped = tracking and options.overlap_trackers
-    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_bucket_cap_mb * 2 ** 20,
+    overlapped = tracking and options.overlaps_trackers
+    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_cap_mb * 2 ** 20,
                               profile.backward_time_s) if overlapped else [])
 
     def compute(w: int, k: int, seconds: float) -> float:

@@ -20,12 +20,14 @@ The exchange needs this step's gradients and must land before the update (sent w
 parameters after the update, y would be mixed before g(t) is added: DSGT's form, another
 algorithm, docs/gossip.md). `overlap=True` starts it where the data allows: a tracker message leaves from the gradient hooks as soon as
 its parameters' gradients are final in backward (messages cut in reverse forward order, the
-order backward meets the modules), and step() waits for each only before the update, so it
-hides behind the rest of backward. The values sent are the reference's: z is formed from the
-same gradient with the same operations, and step() checks, bit for bit, that each message
-sent in backward is what it would send now (clipping or unscaling the gradients in between is
-refused: the neighbours already mixed the old values). `overlap=False` forms and sends every
-tracker at step() (the reference path).
+order backward meets the modules, agreed by every rank at the first step()); the end of the
+backward sends the messages no hook did, so every armed backward sends each message once.
+step() waits for each only before the update, so it hides behind the rest of backward. The
+values sent are the reference's: z is formed from the same gradient with the same
+operations, and step() checks that each gradient is the tensor backward left, unedited (its
+version counter: clipping or unscaling in between is refused, the neighbours already mixed
+the old values; an edit through `.data` escapes the counter). `overlap=False` forms and
+sends every tracker at step() (the reference path).
 """
 from __future__ import annotations
 
@@ -37,9 +39,6 @@ from caramel.errors import CaramelError
 from caramel.strategies.gossip.engine import Bucket, Exchange, make_buckets
 from caramel.strategies.gossip.topology import Neighbours
 from caramel.strategies.gossip.volume import tracker_dtype
-
-# A tensor's bits as integers of its width: compares NaN and -0.0 exactly.
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Tracker:
@@ -68,7 +67,10 @@ class Tracker:
         self.nb: Neighbours | None = None
         self.members: list[list[int]] | None = None  # per bucket, its parameters' positions (None: not laid out)
         self.slot: dict[int, int] = {}  # parameter position -> bucket
-        self.fired: list[set[int]] = []  # per bucket, the parameters whose gradient is final this step
+        self.fired: list[set[int]] = []  # per bucket, the parameters whose gradient is final this backward
+        self.agreed = False  # whether every rank's message layout is the same (from the first step() on)
+        self.in_backward = False  # an armed backward is running (its end-of-backward callback queued)
+        self.seen: list[tuple[int, int] | None] | None = None  # each gradient as the last armed backward left it
         self.sent_in_backward = 0  # tracker messages that left from the gradient hooks, in total
 
     @property
@@ -106,47 +108,78 @@ class Tracker:
         self.exchange.flush()
 
     def _swap_in_overlapped(self) -> None:
-        """The messages backward started must hold what the reference would send now; the rest
-        leave now. Then every message is mixed into the trackers (waiting for each in turn)."""
+        """The messages backward started must hold what the reference would send now: every
+        gradient is the tensor the last backward left, unedited (same object, same version
+        counter), checked before any message leaves here; the rest leave now. Then every
+        message is mixed into the trackers (waiting for each in turn)."""
+        ex = self.exchange
+        changed = [] if self.seen is None else [k for k, v in enumerate(self.seen) if v != self._version(k)]
+        if changed:
+            ex.settle()  # the neighbours' messages land, none is mixed: the trackers stay as they were
+            ex.pending.clear()
+            self.members, self.seen = None, None
+            raise CaramelError(changed_refusal([self.names[k] for k in changed]))
         if self.members is None:
             self._lay_out()
-        ex = self.exchange
         with torch.no_grad():
             for b in range(len(self.members)):
-                z = self._z(b)
                 if b not in ex.pending:
-                    ex.start_bucket(b, self.nb, z)
-                elif not torch.equal(z.view(_BITS[z.element_size()]), ex.pending[b].sent.view(_BITS[z.element_size()])):
-                    ex.flush()  # let every transfer land before the error
-                    raise CaramelError(changed_refusal([self.names[k] for k in self.members[b]]))
+                    ex.start_bucket(b, self.nb, self._z(b))
             for p, g_prev in zip(self.params, self.g_prev):
                 if p.grad is None:
                     g_prev.zero_()
                 else:
                     g_prev.copy_(p.grad)
         ex.flush()  # each bucket's mix is copied into its trackers y
-        self.members = None
+        self.members, self.seen = None, None
 
     def grad_ready(self, k: int) -> None:
         """Parameter k's gradient is final for this backward: once every gradient of its bucket
-        is, send the bucket's z. A gradient made final again before step() (a second backward
-        outside no_sync(), gradients accumulating) withdraws its bucket, sent again once its
-        gradients are final again; as with DDP, every worker must run the same backwards."""
-        p = self.params[k]
-        if not (self.overlap and self.armed) or p.grad is None or p.grad.layout != torch.strided:
+        is, send the bucket's z. The backward's first final gradient queues `_end_backward`,
+        which sends every message no hook sent (parameters this backward did not reach), so
+        every armed backward sends every message exactly once on every rank. A later armed
+        backward before step() (gradients accumulating outside no_sync()) withdraws them all
+        first, and sends them all again; as with DDP, every worker must run the same backwards."""
+        if not (self.overlap and self.armed):
+            return
+        ex = self.exchange
+        if not self.in_backward:
+            self.in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+            for b in sorted(ex.pending):
+                ex.drop(b)
+            self.fired = [set() for _ in self.fired]
+        if not self.agreed:  # the first step: no message layout every rank agrees on yet
             return
         if self.members is None:
             self._lay_out()
         b = self.slot[k]
-        if k in self.fired[b]:
-            if b in self.exchange.pending:
-                self.exchange.drop(b)
-            self.fired[b] = set()
         self.fired[b].add(k)
-        if len(self.fired[b]) == len(self.members[b]):
-            with torch.no_grad():
-                self.exchange.start_bucket(b, self.nb, self._z(b))
-            self.sent_in_backward += 1
+        if len(self.fired[b]) == len(self.members[b]) and b not in ex.pending:
+            self._send(b)
+
+    def _end_backward(self) -> None:
+        """End of an armed backward: send what the hooks did not, and note each gradient as
+        the backward left it (what step() checks)."""
+        self.in_backward = False
+        if self.agreed:
+            if self.members is None:
+                self._lay_out()
+            for b in range(len(self.members)):
+                if b not in self.exchange.pending:
+                    self._send(b)
+        self.seen = [self._version(k) for k in range(len(self.params))]
+
+    def _send(self, b: int) -> None:
+        with torch.no_grad():
+            self.exchange.start_bucket(b, self.nb, self._z(b))
+        self.sent_in_backward += 1
+
+    def _version(self, k: int) -> tuple[int, int] | None:
+        """Which tensor parameter k's gradient is, and its version counter (bumped by every
+        in-place edit through autograd's view of it: clip_grad_norm_, grad.mul_, unscale_)."""
+        g = self.params[k].grad
+        return None if g is None else (id(g), g._version)
 
     def _lay_out(self) -> None:
         self.nb, buckets = self.layout()
@@ -184,7 +217,7 @@ class Tracker:
 
 
 def changed_refusal(names: list[str]) -> str:
-    return (f"strategy 'gossip': algorithm=tracking sent the trackers of {', '.join(names[:3])}"
+    return (f"strategy 'gossip': algorithm=tracking sends the trackers of {', '.join(names[:3])}"
             f"{' ...' if len(names) > 3 else ''} during backward (overlap_trackers=true), and their gradients changed "
             "between backward and optimizer.step() (gradient clipping, GradScaler.unscale_, an edit of p.grad); the "
             "neighbours already mixed the old values. Set overlap_trackers=false to form the trackers at step() "

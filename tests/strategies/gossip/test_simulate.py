@@ -168,3 +168,16 @@ def test_overlapped_trackers_hide_behind_backward(profile):
     assert dpsgd < overlapped < at_step - 0.01
     one = sim("gossip:algorithm=tracking,tracker_bucket_cap_mb=100", profile, cluster).step_time_s
     assert one == pytest.approx(at_step, rel=1e-9)
+
+
+def test_tracker_messages_are_cut_where_the_tracker_dtype_changes():
+    """As the runtime's make_buckets cuts them: float64 and float32 trackers never share a message
+    (a bf16 parameter's tracker is float32: no cut between it and a float32 one)."""
+    from caramel.profile.model_profile import ParamInfo
+    from caramel.strategies.gossip.simulate import tracker_messages
+
+    dtypes = ["float32", "bfloat16", "float64", "float32"]
+    params = [ParamInfo(index=k, name=f"l{k}.weight", shape=[4], dtype=d, numel=4, bytes=4 * 4, requires_grad=True,
+                        ready_time_s=0.01 * (4 - k), first_use_order=k) for k, d in enumerate(dtypes)]
+    # reverse forward order: l3 (f32), l2 (f64), l1 (bf16 -> f32), l0 (f32), one cap for all
+    assert [nbytes for _, nbytes in tracker_messages(params, 4, 1e9, 0.05)] == [16, 32, 32]

@@ -159,12 +159,27 @@ def test_overlap_trackers_options_and_caramel_train_clipping_picks_the_reference
     from caramel.train.strategy import gossip_options_for_clipping
 
     spec = STRATEGIES.spec("gossip:algorithm=tracking,tracker_bucket_cap_mb=0.25")
-    assert spec.options.overlap_trackers and spec.options.tracker_bucket_cap_mb == 0.25
-    assert not STRATEGIES.spec("gossip:algorithm=tracking,overlap_trackers=false").options.overlap_trackers
+    assert spec.options.overlaps_trackers and spec.options.tracker_cap_mb == 0.25
+    assert STRATEGIES.spec("gossip:algorithm=tracking").options.tracker_cap_mb == 1.0
+    assert not STRATEGIES.spec("gossip:algorithm=tracking,overlap_trackers=false").options.overlaps_trackers
     with pytest.raises(CaramelError, match="tracker_bucket_cap_mb must be > 0, got 0"):
         GossipOptions(algorithm="tracking", tracker_bucket_cap_mb=0)
-    # clipping edits the gradients after backward: the trackers are formed at step() instead
-    assert not gossip_options_for_clipping(spec.options, 1.0).overlap_trackers
-    assert gossip_options_for_clipping(spec.options, 0.0).overlap_trackers
+    # clipping edits the gradients after backward: the trackers are formed at step() instead...
+    assert not gossip_options_for_clipping(spec.options, 1.0).overlaps_trackers
+    assert gossip_options_for_clipping(spec.options, 0.0).overlaps_trackers
     dpsgd = GossipOptions()
     assert gossip_options_for_clipping(dpsgd, 1.0) is dpsgd
+
+
+def test_tracker_options_without_trackers_or_against_clipping_are_errors():
+    from caramel.train.strategy import gossip_options_for_clipping
+
+    for algorithm in ("dpsgd", "momentum", "adam"):
+        for option in ("overlap_trackers=true", "overlap_trackers=false", "tracker_bucket_cap_mb=2"):
+            with pytest.raises(CaramelError, match=f"{option.split('=')[0]} .*algorithm={algorithm} has no trackers"):
+                STRATEGIES.spec(f"gossip:algorithm={algorithm},{option}")
+    # ...but an explicit overlap_trackers=true is the user's choice: not silently dropped
+    explicit = STRATEGIES.spec("gossip:algorithm=tracking,overlap_trackers=true").options
+    with pytest.raises(CaramelError, match="--clip-grad-norm 1 .*overlap_trackers=true"):
+        gossip_options_for_clipping(explicit, 1.0)
+    assert gossip_options_for_clipping(explicit, 0.0) is explicit

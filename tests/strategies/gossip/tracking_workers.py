@@ -247,9 +247,118 @@ def overlap_worker(rank: int, world: int, steps: int, trace_dir: str) -> dict:
     return out
 
 
+class _Branchy(torch.nn.Module):
+    """`stem` (its weight frozen), then `body` and `a`, each skipped where a forward says so
+    (data-dependent control flow): ranks' first forwards may run different modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(4, 4)
+        self.body = torch.nn.Linear(4, 4)
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_body=True, use_a=True):
+        h = self.stem(x).tanh()
+        h = self.body(h) if use_body else h
+        return (self.a(h) if use_a else h).pow(2).sum()
+
+
+# (case, stem.weight frozen, rank 1's first forward skips `a`, micro-batches accumulating outside
+# no_sync() with `body` used in the first one on even ranks and in the second on odd ranks)
+DIVERGENT_CASES = [("first_forward", False, True, False), ("frozen", True, False, False),
+                   ("accumulate", False, False, True)]
+
+
+def _divergent_loop(rank, case, overlap, steps):
+    _, frozen, skip_first, accumulate = next(c for c in DIVERGENT_CASES if c[0] == case)
+    torch.manual_seed(0)
+    m = _Branchy().double()
+    m.stem.weight.requires_grad_(not frozen)
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.05)
+    gen = torch.Generator().manual_seed(rank)
+    gaps, scale = [], 0.0
+    try:
+        model, opt = caramel.parallelize(m, opt, f"gossip:topology=ring,algorithm=tracking,"
+                                         f"overlap_trackers={str(overlap).lower()}", tracker_bucket_cap_mb=1e-4,
+                                         timeout_s=30)
+        tracker = opt.gossip.tracker
+        for step in range(steps):
+            for micro in range(2 if accumulate else 1):
+                use_a = not (skip_first and rank == 1 and step == 0)
+                use_body = not accumulate or (micro == 0) == (rank % 2 == 0)
+                model(torch.randn(8, 4, generator=gen, dtype=torch.float64), use_body, use_a).backward()
+            opt.step()
+            opt.zero_grad()
+            gap = torch.cat([(y - g).reshape(-1) for y, g in zip(tracker.y, tracker.g_prev)])
+            scale = max(scale, float(torch.cat([g.reshape(-1) for g in tracker.g_prev]).abs().max()))
+            dist.all_reduce(gap)  # sum_i y_i - sum_i g_i
+            gaps.append(float(gap.abs().max()))
+        res = {"error": "", "gaps": gaps, "scale": scale, "params": params_of(m), "frozen": m.stem.weight.clone()}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    caramel.shutdown()
+    return res
+
+
+def divergent_worker(rank: int, world: int, steps: int) -> dict:
+    """Ranks that run different modules (a first forward that skips one, micro-batches
+    accumulating outside no_sync() with different parameters touched per rank) and a frozen
+    weight, with the trackers overlapped and on the reference path: the tracking invariant and
+    the parameters. Then dpsgd on the complete graph with a divergent first forward: every
+    rank must hold the same average. Then a clip that never binds: refused on every rank at
+    step 0, the trackers untouched."""
+    out = {}
+    for case, *_ in DIVERGENT_CASES:
+        res = {overlap: _divergent_loop(rank, case, overlap, steps) for overlap in (False, True)}
+        out[case] = {"errors": [res[False]["error"], res[True]["error"]]}
+        if not any(out[case]["errors"]):
+            out[case].update(gaps=res[True]["gaps"], ref_gaps=res[False]["gaps"], scale=res[True]["scale"],
+                             diff=max_diff(res[False]["params"], res[True]["params"]),
+                             frozen_kept=torch.equal(res[True]["frozen"], res[False]["frozen"]))
+    torch.manual_seed(0)
+    m = _Branchy()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    model, opt = caramel.parallelize(m, opt, "gossip:topology=complete", timeout_s=30)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(3):
+        model(torch.randn(8, 4, generator=gen), True, not (rank == 1 and step == 0)).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+    mean = flat.clone()
+    dist.all_reduce(mean)
+    out["dpsgd_spread"] = float((flat - mean / world).abs().max())
+    caramel.shutdown()
+    torch.manual_seed(0)
+    m = _Branchy()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    model, opt = caramel.parallelize(m, opt, RING, timeout_s=30)
+    model(torch.randn(8, 4)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)  # never binds: scales by exactly 1
+    try:
+        opt.step()
+        out["late_clip"] = ""
+    except CaramelError as e:
+        out["late_clip"] = str(e)
+    tracker = opt.gossip.tracker
+    out["late_clip_untouched"] = (not tracker.exchange.pending
+                                  and all(not y.any() and not g.any() for y, g in zip(tracker.y, tracker.g_prev)))
+    caramel.shutdown()
+    m = _Branchy()
+    m.a.weight.requires_grad_(rank != 1)  # frozen on one rank only: its messages would differ
+    try:
+        caramel.parallelize(m, torch.optim.SGD(m.parameters(), lr=0.1), RING, timeout_s=30)
+        out["frozen_on_one_rank"] = ""
+    except CaramelError as e:
+        out["frozen_on_one_rank"] = str(e)
+    caramel.shutdown()
+    return out
+
+
 def four_worker_suite(rank: int, world: int, steps: int, trace_dir: str = "") -> dict:
     """Everything the tracking tests check on 4 workers, in one job (spawning costs more)."""
-    return {"overlap": overlap_worker(rank, world, 3 * steps, trace_dir),"invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
+    return {"overlap": overlap_worker(rank, world, 3 * steps, trace_dir), "invariant": invariant_worker(rank, world, steps), "complete": complete_worker(rank, world, steps),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, RING),
             "refusals": refusals_worker(rank, world), "unrun_child": unrun_child_worker(rank, world, steps),
-            "enc_dec": enc_dec_worker(rank, world, steps)}
+            "enc_dec": enc_dec_worker(rank, world, steps), "divergent": divergent_worker(rank, world, steps)}
