@@ -30,7 +30,7 @@ from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
-from caramel.strategies.pipeline.units import traced_stages
+from caramel.strategies.pipeline.units import traced_stages, with_cut_units
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.strategies.pipeline.simulate import profiled_cuts, scaling_from_profile
@@ -55,6 +55,8 @@ class Pipeline:
         if options.schedule == "pipedream" and not options.auto_replicas and options.workers() > options.stages:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
+        if profile is not None and not isinstance(model, nn.Sequential):
+            profile = with_cut_units(profile, model)
         self.plan_profile = profile  # plan from it (as the simulator does) instead of profiling
         self._optimizer_arg = optimizer
         self.optimizer: torch.optim.Optimizer | None = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
@@ -389,8 +391,11 @@ class Pipeline:
     def bubble_stats(self) -> dict[str, Any]:
         """The measured bubble fraction of each position of this rank's pipeline (median over
         the steps so far, the first left out as warm-up), see `timing.py` for the definition.
-        A collective along the pipeline: all its ranks call it."""
+        A collective along the pipeline: all its ranks call it (replicas="auto" before its first step:
+        no steps, no collective)."""
         self._check_open()
+        if self.layout is None:  # replicas="auto" before its first step: no layout, no step measured yet
+            return bubble_fractions([[]])
         mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
         group, size = self.layout.gather_group
         parts: list[Any] = [None] * size

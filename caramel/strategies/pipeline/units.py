@@ -10,6 +10,7 @@ one forward (a shared module) is no cut point: the error asks for the partition 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,15 @@ def _candidates(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module
         else:
             out.append((full, child))
     return out
+
+
+def with_cut_units(profile: ModelProfile, model: nn.Module) -> ModelProfile:
+    """`profile` with the model's cut points (`cut_units`) when it lacks them and the model has
+    a container child: a profile made before they were recorded would otherwise group a
+    `ModuleList` as one layer, and a plan on it cut before the list, which the tracer cannot."""
+    if "cut_units" in profile.meta or not any(isinstance(c, _CONTAINERS) for c in model.children()):
+        return profile
+    return dataclasses.replace(profile, meta={**profile.meta, "cut_units": [n for n, _ in _candidates(model)]})
 
 
 def _tensor_bytes(value) -> int:

@@ -34,6 +34,8 @@ def test_sync_schedules_match_single_process():
         assert planned["units"] and all(u.startswith("layers.") for u in planned["units"][1:-1]), planned
         assert planned["cut"] == planned["predicted"] and planned["diff"] <= 1e-5, planned
         assert planned["planned_at"] and planned["profile_handed"], planned
+        old_cut, old_diff = planned["old_profile"]
+        assert old_cut[0].startswith("layers.") and old_diff <= 1e-5, planned["old_profile"]
         # a tied weight split across stages would train frozen: the bench reports the pipeline unavailable
         assert out["tied"] is not None and "tok.weight = head.weight" in out["tied"], out["tied"]
         # an nn.Sequential with named children, cut from a profile: exact; its options rebuild the same cut

@@ -121,6 +121,14 @@ def planned(rank: int, world: int) -> dict:
                             F.cross_entropy, ctx)
     runner.step()
     predicted = STRATEGIES.spec(strategy.name).simulate(box[0], cluster, 1).meta["boundaries"]
+    # a profile made before cut_units were recorded: the runtime still cuts between the list's children
+    old = copy.deepcopy(box[0])
+    old.meta.pop("cut_units")
+    w_old = fresh()
+    old_runner = build_strategy(strategy, w_old.model, torch.optim.SGD(w_old.model.parameters(), lr=0.05), x, y,
+                                F.cross_entropy, StrategyContext(torch.device("cpu"), rank, world,
+                                                                 pipeline_cluster=cluster, pipeline_profile=old))
+    old_runner.step()
     ref = fresh().model
     F.cross_entropy(ref(torch.cat([x] * world)), torch.cat([y] * world)).backward()
     torch.optim.SGD(ref.parameters(), lr=0.05).step()
@@ -130,7 +138,8 @@ def planned(rank: int, world: int) -> dict:
             "diff": max_diff(runner.pipe.state_dict(), ref.state_dict()),
             # the hand-off itself: the runtime planned at the bench's cluster, from its very profile
             "planned_at": runner.stats()["planned_at"] == cluster_summary(cluster),
-            "profile_handed": runner.pipe.plan_profile is box[0]}
+            "profile_handed": runner.pipe.plan_profile is box[0],
+            "old_profile": (old_runner.pipe.boundaries, max_diff(old_runner.pipe.state_dict(), ref.state_dict()))}
 
 
 def named_sequential(rank: int) -> dict:
