@@ -43,7 +43,7 @@ def test_sync_schedules_match_single_process():
             named = out["named"][name]
             assert isinstance(named, dict) and named["diff"] <= 1e-5, (name, named)
             assert named["again"] == named["cut"] and not named["replanned"], (name, named)
-            assert named["partition"] == "+".join(map(str, named["cut"])), (name, named)
+            assert named["partition"] == "+".join(map(str, named["cut"])) and named["before"] == 0, (name, named)
         assert "planning failed on rank 0" in out["named"]["bad_profile"], out["named"]["bad_profile"]
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]

@@ -170,10 +170,11 @@ def named_sequential(rank: int) -> dict:
         try:
             pipe = caramel.pipeline(named(), sgd, stages=2, schedule="gpipe", profile=box[0],
                                     cluster=ClusterSpec.uniform(2, 1e9), **kw)
+            before = pipe.bubble_stats()["bubble_steps"]  # replicas="auto": no layout yet
             pipe.step(x, y, F.cross_entropy)
             again = caramel.pipeline(named(), sgd, options=pipe.options)
             again.step(x, y, F.cross_entropy)
-            out[name] = {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "cut": pipe.boundaries,
+            out[name] = {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "cut": pipe.boundaries, "before": before,
                          "partition": pipe.options.partition, "again": again.boundaries,
                          "replanned": again.partition is not None}
             pipe.close()
