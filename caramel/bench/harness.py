@@ -312,7 +312,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         # the collectives' fixed costs on these links, for the predictions (after the rounds: it
         # perturbs nothing measured)
         probed = probe_link(grad_bytes, device, dist.get_backend(), world)
-    workload = make_workload(config, settings.seed, device)
+    # the workload's facts from the compute-only baseline's copy (its hooks add no parameters)
+    workload = runners["compute"]
     # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
     traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
 

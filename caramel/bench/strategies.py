@@ -169,16 +169,21 @@ class PipelineRunner(Runner):
         self.trace_dir = trace_dir
 
     def step(self) -> None:
-        first = self.pipe.stage_modules == []
         self.pipe.step(self.inputs, self.targets, self.loss_fn)
         sync_device(self.device)
-        if first and self.pipe.replica_choice is not None and ctx_rank() == 0:
+
+    def prepare(self) -> None:
+        """Cut and build the stages now (every rank), so that a model the pipeline cannot run
+        (e.g. a tied weight split across stages) is refused while the bench builds strategies,
+        not in the middle of a measurement; then say what the planner chose."""
+        self.pipe.prepare(self.inputs, self.targets, self.loss_fn)
+        if self.pipe.replica_choice is not None and ctx_rank() == 0:
             c = self.pipe.replica_choice
             table = ", ".join(f"{k}: {1e3 * t:.1f}" for k, t in c.candidates_s.items())
             print(f"[bench] {self.name}: replicas=auto chose {'+'.join(map(str, c.counts))}, {c.microbatches} "
                   f"microbatches, cut {self.pipe.boundaries} (simulated step ms by stages x microbatches: {table})",
                   file=sys.stderr, flush=True)
-        if first and self.pipe.microbatch_predictions_s and ctx_rank() == 0:
+        if self.pipe.microbatch_predictions_s and ctx_rank() == 0:
             table = ", ".join(f"{m}: {1e3 * t:.1f}" for m, t in self.pipe.microbatch_predictions_s.items())
             print(f"[bench] {self.name}: microbatches=auto chose {self.pipe.options.microbatches}, cut "
                   f"{self.pipe.boundaries} (simulated step ms by count: {table})", file=sys.stderr, flush=True)
@@ -231,5 +236,11 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
     # one rank's batch per position: a step trains as many samples as data parallelism does
     # (unequal or chosen replicas: the whole job is one pipeline, one rank's batch per worker)
     n = ctx.world_size if pipe.layout is None else len(pipe.layout.pipeline_ranks)
-    return PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn, ctx.device,
-                          ctx.trace_dir)
+    runner = PipelineRunner(strategy.name, pipe, torch.cat([inputs] * n), torch.cat([targets] * n), loss_fn,
+                            ctx.device, ctx.trace_dir)
+    try:
+        runner.prepare()
+    except CaramelError as e:
+        pipe.close()
+        raise StrategyUnavailable(str(e)) from None
+    return runner

@@ -49,7 +49,8 @@ def stage_step_s(layers: list[LayerCost], replicas: int, microbatches: int, clus
 def feasible(counts: tuple[int, ...] | list[int], microbatches: int, schedule: str) -> bool:
     """Whether the runtime runs these counts with M microbatches (`unequal.py`'s round-robin)."""
     period = math.lcm(*counts)
-    return (period <= MAX_VIRTUAL_PIPELINES and microbatches % period == 0
+    # equal counts run as a hybrid of r pipelines, no virtual pipelines: no limit on r
+    return ((period <= MAX_VIRTUAL_PIPELINES or len(set(counts)) == 1) and microbatches % period == 0
             and (schedule != "1f1b" or microbatches // period >= len(counts)))
 
 
@@ -104,8 +105,12 @@ class _Program:
                 tail = max(self.links[i], self._stage(i, j, r, w - r))
                 if tail >= top[0]:
                     continue
+                if period > MAX_VIRTUAL_PIPELINES and r != period:
+                    continue  # past the virtual pipelines' limit only equal counts run (`feasible`)
                 for head_period in range(1, period + 1):
                     if period % head_period or math.lcm(head_period, r) != period:
+                        continue
+                    if period > MAX_VIRTUAL_PIPELINES and head_period != period:
                         continue
                     head, plan = self.best(i, w - r, s - 1, head_period)
                     t = max(head, tail)
@@ -118,8 +123,10 @@ class _Program:
         n, w = len(self.costs), self.cluster.world_size
         if stages > min(n, w):
             return None
-        periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)
-                   if self.m % p == 0 and (self.schedule != "1f1b" or self.m // p >= stages)]
+        # counts whose lcm is p; past the virtual pipelines' limit, only equal counts w / stages
+        periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)] + (
+            [w // stages] if w % stages == 0 and w // stages > MAX_VIRTUAL_PIPELINES else [])
+        periods = [p for p in periods if self.m % p == 0 and (self.schedule != "1f1b" or self.m // p >= stages)]
         _, best = min((self.best(n, w, stages, p) for p in periods), key=lambda x: x[0], default=(math.inf, ()))
         if not best:
             return None
@@ -177,6 +184,14 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     if schedule not in ("gpipe", "1f1b"):
         raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b, not {schedule!r}")
     w = cluster.world_size
+    if w < 2:
+        raise CaramelError(f"replicas=auto: a pipeline of 2 or more stages needs 2 or more workers; the group has {w}")
+    if len(layers) < 2:
+        raise CaramelError(f"replicas=auto: a pipeline of 2 or more stages needs 2 or more layers; the model has "
+                           f"{len(layers)}")
+    if stages is not None and stages > min(w, len(layers)):
+        raise CaramelError(f"replicas=auto: stages={stages} needs {stages} workers and {stages} layers; the group has "
+                           f"{w} workers, the model {len(layers)} layers: give stages <= {min(w, len(layers))}")
     stage_options = [stages] if stages is not None else list(range(2, min(w, len(layers)) + 1))
     counts_m = [microbatches] if microbatches is not None else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1)
                                                                 if batch % m == 0]
@@ -211,7 +226,7 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                            f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "
                            f"{'microbatches=' + str(microbatches) if microbatches else 'any microbatch count of the batch of ' + str(batch)} "
                            f"with schedule={schedule} (each count must divide the microbatches, their least common "
-                           f"multiple <= {MAX_VIRTUAL_PIPELINES}{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
+                           f"multiple <= {MAX_VIRTUAL_PIPELINES} unless they are equal{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
                            f"give another microbatch count or stages")
     key = min(table, key=lambda k: (table[k][0], k))
     step, plan = table[key]
@@ -258,6 +273,8 @@ def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets
             box[0] = (choice, [names[c] for c in choice.plan.boundaries])
         except CaramelError as e:
             box[0] = str(e)
+        except Exception as e:  # noqa: BLE001 - any failure here must reach every rank, or they wait forever
+            box[0] = f"pipeline: replicas=auto: planning failed on rank {ranks[0]}: {type(e).__name__}: {e}"
     dist.broadcast_object_list(box, src=ranks[0], group=process_group)
     if isinstance(box[0], str):
         raise CaramelError(box[0])

@@ -30,7 +30,7 @@ from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
-from caramel.strategies.pipeline.units import traced_stages
+from caramel.strategies.pipeline.units import traced_stages, with_cut_units
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.strategies.pipeline.simulate import profiled_cuts, scaling_from_profile
@@ -55,6 +55,8 @@ class Pipeline:
         if options.schedule == "pipedream" and not options.auto_replicas and options.workers() > options.stages:
             raise CaramelError("pipeline: schedule=pipedream runs without replicas (replicas=1)")
         self.model, self.options, self.cluster = model, options, cluster
+        if profile is not None and not isinstance(model, nn.Sequential):
+            profile = with_cut_units(profile, model)
         self.plan_profile = profile  # plan from it (as the simulator does) instead of profiling
         self._optimizer_arg = optimizer
         self.optimizer: torch.optim.Optimizer | None = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
@@ -149,7 +151,7 @@ class Pipeline:
                                           self.process_group)
         counts, m = choice.counts, choice.microbatches
         self.replica_choice, self.partition = choice, choice.plan
-        self.boundaries = [int(n) for n in names] if isinstance(self.model, nn.Sequential) else names
+        self.boundaries = _child_indices(self.model, names) if isinstance(self.model, nn.Sequential) else names
         if len(set(counts)) == 1:
             r = counts[0]
             self.options = dataclasses.replace(o, stages=len(counts), replicas=r, microbatches=m // r)
@@ -196,6 +198,8 @@ class Pipeline:
     def _build(self, sample: torch.Tensor, sample_targets: torch.Tensor, loss_fn: Callable) -> None:
         if self.boundaries is None:
             self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
+        if self.options.partition == "auto":  # `options` is then the whole layout: rebuilding from it keeps the cut
+            self.options = dataclasses.replace(self.options, partition="+".join(map(str, self.boundaries)))
         if isinstance(self.boundaries[0] if self.boundaries else 0, str):
             stages = traced_stages(self.model, self.boundaries, self.options.stages, sample.to(self.device))
         else:
@@ -306,15 +310,9 @@ class Pipeline:
                                "(microbatches=4) for a model cut by torch's tracer")
         batch = inputs.shape[0]
         cands = candidates(batch, o.schedule, o.stages, lay.positions, o.replica_period if o.unequal_replicas else 1)
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        box: list[Any] = [None]
-        if dist.get_rank() == ranks[0]:
-            if len(cands) == 1:
-                box[0] = (cands[0], None, {})
-            else:
-                box[0] = self._simulate_counts(inputs, targets, loss_fn, cands)
-        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
-        m, plan, table = box[0]
+        m, plan, table = _first_rank_plans(
+            lambda: (cands[0], None, {}) if len(cands) == 1 else self._simulate_counts(inputs, targets, loss_fn, cands),
+            self.process_group, "microbatches='auto'")
         self.microbatch_predictions_s = table  # candidate -> simulated step (s)
         if plan is not None and self.boundaries is None:
             self.partition, self.boundaries = plan, self._cut_names(plan.boundaries)
@@ -359,7 +357,7 @@ class Pipeline:
             return list(cuts)
         names, _ = scaling_from_profile(self.plan_profile)
         if isinstance(self.model, nn.Sequential):
-            return [int(names[c]) for c in cuts]
+            return _child_indices(self.model, [names[c] for c in cuts])
         return [names[c] for c in cuts]
 
     def _plan_boundaries(self, sample: torch.Tensor, sample_targets: torch.Tensor,
@@ -371,22 +369,21 @@ class Pipeline:
         from caramel.profile.profiler import profile_model
         from caramel.strategies.pipeline.units import forward_units, unit_costs
 
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        box: list[Any] = [None]
-        if dist.get_rank() == ranks[0] and self.plan_profile is not None:  # the simulator's costs
-            _, layers = scaling_from_profile(self.plan_profile)
-            plan = balanced_boundaries([c.at(sample.shape[0]) for c in layers], self._plan_speeds(), self._cluster_and_speeds()[0])
-            box[0] = (plan, self._cut_names(plan.boundaries))
-        elif dist.get_rank() == ranks[0]:
+        def plan() -> tuple[PartitionPlan, list[int] | list[str] | None]:
+            if self.plan_profile is not None:  # the simulator's costs
+                _, layers = scaling_from_profile(self.plan_profile)
+                plan = balanced_boundaries([c.at(sample.shape[0]) for c in layers], self._plan_speeds(),
+                                           self._cluster_and_speeds()[0])
+                return plan, self._cut_names(plan.boundaries)
             probe = copy.deepcopy(self.model)
             prof = profile_model(probe, sample, sample_targets, loss_fn, steps=5, name="pipeline")
             sequential = isinstance(probe, nn.Sequential)
             units = None if sequential else forward_units(probe, sample)
             costs = layer_costs_from_profile(prof, probe, sample) if sequential else unit_costs(prof, probe, units, sample)
             plan = balanced_boundaries(costs, self._plan_speeds(), self._cluster_and_speeds()[0])
-            box[0] = (plan, None if units is None else [units[i].name for i in plan.boundaries])
-        dist.broadcast_object_list(box, src=ranks[0], group=self.process_group)
-        self.partition, names = box[0]
+            return plan, None if units is None else [units[i].name for i in plan.boundaries]
+
+        self.partition, names = _first_rank_plans(plan, self.process_group, "partition='auto'")
         return list(self.partition.boundaries) if names is None else names
 
     # --- measured bubble ----------------------------------------------------------------------
@@ -394,8 +391,11 @@ class Pipeline:
     def bubble_stats(self) -> dict[str, Any]:
         """The measured bubble fraction of each position of this rank's pipeline (median over
         the steps so far, the first left out as warm-up), see `timing.py` for the definition.
-        A collective along the pipeline: all its ranks call it."""
+        A collective along the pipeline: all its ranks call it (replicas="auto" before its first step:
+        no steps, no collective)."""
         self._check_open()
+        if self.layout is None:  # replicas="auto" before its first step: no layout, no step measured yet
+            return bubble_fractions([[]])
         mine = [(s.span_s, s.busy_s) for s in self.timer.steps] if self.timer is not None else []
         group, size = self.layout.gather_group
         parts: list[Any] = [None] * size
@@ -430,6 +430,32 @@ class Pipeline:
         self.model.load_state_dict(state)
         if self._runner is not None and self.options.schedule == "pipedream":
             self._runner.reset_versions()
+
+
+def _child_indices(model: nn.Sequential, names: list[str]) -> list[int]:
+    """The positions of an `nn.Sequential`'s children named `names` (its children need not be
+    named by their index: `nn.Sequential(OrderedDict(...))`)."""
+    children = [n for n, _ in model.named_children()]
+    return [children.index(n) for n in names]
+
+
+def _first_rank_plans(plan: Callable[[], Any], group: Any, what: str) -> Any:
+    """`plan()` on the group's first rank, its result sent to every rank; if it fails there,
+    every rank raises the same error (the others would otherwise wait for the result forever)."""
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    box: list[Any] = [None]
+    if dist.get_rank() == ranks[0]:
+        try:
+            box[0] = ("ok", plan())
+        except CaramelError as e:
+            box[0] = ("error", str(e))
+        except Exception as e:  # noqa: BLE001 - any failure must reach every rank
+            box[0] = ("error", f"pipeline: {what}: planning failed on rank {ranks[0]}: {type(e).__name__}: {e}")
+    dist.broadcast_object_list(box, src=ranks[0], group=group)
+    status, value = box[0]
+    if status == "error":
+        raise CaramelError(value)
+    return value
 
 
 def parallelize_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer, options: PipelineOptions,

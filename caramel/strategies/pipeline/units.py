@@ -10,6 +10,7 @@ one forward (a shared module) is no cut point: the error asks for the partition 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,15 @@ def _candidates(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module
         else:
             out.append((full, child))
     return out
+
+
+def with_cut_units(profile: ModelProfile, model: nn.Module) -> ModelProfile:
+    """`profile` with the model's cut points (`cut_units`) when it lacks them and the model has
+    a container child: a profile made before they were recorded would otherwise group a
+    `ModuleList` as one layer, and a plan on it cut before the list, which the tracer cannot."""
+    if "cut_units" in profile.meta or not any(isinstance(c, _CONTAINERS) for c in model.children()):
+        return profile
+    return dataclasses.replace(profile, meta={**profile.meta, "cut_units": [n for n, _ in _candidates(model)]})
 
 
 def _tensor_bytes(value) -> int:
@@ -109,9 +119,31 @@ def traced_stages(model: nn.Module, boundaries: list[str], stages: int, sample: 
     if pipe.num_stages != stages:
         raise CaramelError(f"pipeline: cutting at {boundaries} gave {pipe.num_stages} stages, not stages={stages}")
     out = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
+    _require_own_parameters(model, out, boundaries)
     for stage in out:
         compiled_forward(stage)
     return out
+
+
+def _require_own_parameters(model: nn.Module, stages: list[nn.Module], boundaries: list[str]) -> None:
+    """Every stage parameter must be one of the model's own: the optimizer holds those. torch's
+    splitter gives a tied parameter (one Parameter used by modules on different stages) a new
+    copy on each stage that uses it; the copies get gradients the optimizer never sees and the
+    model's own Parameter none, so the tied weight would silently stay frozen."""
+    own = {id(p) for p in model.parameters()}
+    foreign = sorted({n for s in stages for n, p in s.named_parameters(remove_duplicate=False) if id(p) not in own})
+    if not foreign:
+        return
+    aliases: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    tied = [names for names in aliases.values() if len(names) > 1 and any(n in foreign for n in names)]
+    what = ("; ".join(" = ".join(names) for names in tied) if tied else ", ".join(foreign))
+    raise CaramelError(f"pipeline: the model ties parameters ({what}) whose uses the cut at {boundaries} puts on "
+                       f"different stages: torch's tracer gives each stage its own copy, which the optimizer "
+                       f"never updates, so the tied weight would train frozen. Untie them (e.g. "
+                       f"`model.head.weight = nn.Parameter(model.tok.weight.detach().clone())`) or cut so that "
+                       f"every use of a tied parameter is on one stage")
 
 
 def compiled_forward(stage: nn.Module) -> None:

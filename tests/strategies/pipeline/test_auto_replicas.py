@@ -125,3 +125,23 @@ def test_simulator_takes_the_runtime_choice():
                              optimizer_s=prof.optimizer_time_s)
     assert result.meta["replicas_auto"]["counts"] == choice.counts
     assert result.step_time_s == pytest.approx(choice.predicted_step_s)
+
+
+def test_equal_counts_past_the_virtual_pipeline_limit():
+    # 64 workers in 2 stages of 32 replicas: a hybrid of 32 pipelines, not 32 virtual ones
+    layers = [ScalingCost(0.0, c.forward_s / 8, 0.0, c.backward_s / 8, c.output_bytes / 8, c.param_bytes)
+              for c in FRONT + TAIL]
+    assert feasible((32, 32), 32, "gpipe") and not feasible((32, 16, 16), 32, "gpipe")
+    choice = choose_replicas(layers, 64, "gpipe", ClusterSpec.uniform(64, 1e9), stages=2, microbatches=32)
+    assert choice.counts == [32, 32]
+
+
+def test_impossible_stage_counts_say_why():
+    layers = [ScalingCost(0.0, c.forward_s / 8, 0.0, c.backward_s / 8, c.output_bytes / 8, c.param_bytes)
+              for c in FRONT + TAIL]
+    with pytest.raises(CaramelError, match="needs 2 or more workers; the group has 1"):
+        choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(1, 1e9))
+    with pytest.raises(CaramelError, match="stages=4 needs 4 workers.*the group has 3 workers"):
+        choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(3, 1e9), stages=4)
+    with pytest.raises(CaramelError, match=f"the model {len(layers)} layers"):
+        choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(64, 1e9), stages=len(layers) + 1)

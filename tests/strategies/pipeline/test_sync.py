@@ -33,6 +33,18 @@ def test_sync_schedules_match_single_process():
         planned = out["planned"]
         assert planned["units"] and all(u.startswith("layers.") for u in planned["units"][1:-1]), planned
         assert planned["cut"] == planned["predicted"] and planned["diff"] <= 1e-5, planned
+        assert planned["planned_at"] and planned["profile_handed"], planned
+        old_cut, old_diff = planned["old_profile"]
+        assert old_cut[0].startswith("layers.") and old_diff <= 1e-5, planned["old_profile"]
+        # a tied weight split across stages would train frozen: the bench reports the pipeline unavailable
+        assert out["tied"] is not None and "tok.weight = head.weight" in out["tied"], out["tied"]
+        # an nn.Sequential with named children, cut from a profile: exact; its options rebuild the same cut
+        for name in ("partition", "replicas"):
+            named = out["named"][name]
+            assert isinstance(named, dict) and named["diff"] <= 1e-5, (name, named)
+            assert named["again"] == named["cut"] and not named["replanned"], (name, named)
+            assert named["partition"] == "+".join(map(str, named["cut"])) and named["before"] == 0, (name, named)
+        assert "planning failed on rank 0" in out["named"]["bad_profile"], out["named"]["bad_profile"]
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
     assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]

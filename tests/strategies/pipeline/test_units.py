@@ -5,7 +5,7 @@ import torch.nn as nn
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile, ModuleInfo
-from caramel.strategies.pipeline.units import forward_units, unit_costs
+from caramel.strategies.pipeline.units import forward_units, traced_stages, unit_costs
 
 
 class Net(nn.Module):
@@ -50,3 +50,35 @@ def test_unit_costs_sum_the_profiled_modules_under_each_unit():
     assert [c.forward_s for c in costs] == [0.5, 1.0, 1.5, 2.0, 2.5]
     assert [c.backward_s for c in costs] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert costs[0].param_bytes == (4 * 8 + 8) * 4 and costs[-1].output_bytes == 5 * 3 * 4
+
+
+def test_a_tied_weight_split_across_stages_is_refused():
+    from caramel.models.zoo import tiny_gpt
+
+    mb = tiny_gpt(batch_size=4, seed=0)  # tok.weight is head.weight: first and last stage
+    with pytest.raises(CaramelError, match=r"tok\.weight = head\.weight.*Untie them"):
+        traced_stages(mb.model, ["blocks.1"], 2, mb.inputs[:2])
+
+
+class TiedFront(nn.Module):
+    """Two uses of one weight, both before the cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.b.weight = self.a.weight
+        self.c = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_a_tied_weight_on_one_stage_keeps_the_models_parameter():
+    net = TiedFront()
+    stages = traced_stages(net, ["c"], 2, torch.randn(3, 6))
+    own = {id(p) for p in net.parameters()}
+    assert all(id(p) in own for s in stages for p in s.parameters())
+    x = torch.randn(3, 6)
+    stages[1](stages[0](x)).sum().backward()
+    assert net.a.weight.grad is not None and net.a.weight.grad.abs().sum() > 0

@@ -87,6 +87,8 @@ def sync_worker(rank: int, world: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad()
     out["bench"] = {"name": runner.name, "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
+    out["tied"] = tied_in_bench(rank, world)
+    out["named"] = named_sequential(rank)
     out["traced"] = traced(steps)
     out["planned"] = planned(rank, world)
     return out
@@ -119,11 +121,90 @@ def planned(rank: int, world: int) -> dict:
                             F.cross_entropy, ctx)
     runner.step()
     predicted = STRATEGIES.spec(strategy.name).simulate(box[0], cluster, 1).meta["boundaries"]
+    # a profile made before cut_units were recorded: the runtime still cuts between the list's children
+    old = copy.deepcopy(box[0])
+    old.meta.pop("cut_units")
+    w_old = fresh()
+    old_runner = build_strategy(strategy, w_old.model, torch.optim.SGD(w_old.model.parameters(), lr=0.05), x, y,
+                                F.cross_entropy, StrategyContext(torch.device("cpu"), rank, world,
+                                                                 pipeline_cluster=cluster, pipeline_profile=old))
+    old_runner.step()
     ref = fresh().model
     F.cross_entropy(ref(torch.cat([x] * world)), torch.cat([y] * world)).backward()
     torch.optim.SGD(ref.parameters(), lr=0.05).step()
+    from caramel.bench.pipeline_plan import cluster_summary
+
     return {"cut": runner.pipe.boundaries, "predicted": predicted, "units": box[0].meta.get("cut_units"),
-            "diff": max_diff(runner.pipe.state_dict(), ref.state_dict())}
+            "diff": max_diff(runner.pipe.state_dict(), ref.state_dict()),
+            # the hand-off itself: the runtime planned at the bench's cluster, from its very profile
+            "planned_at": runner.stats()["planned_at"] == cluster_summary(cluster),
+            "profile_handed": runner.pipe.plan_profile is box[0],
+            "old_profile": (old_runner.pipe.boundaries, max_diff(old_runner.pipe.state_dict(), ref.state_dict()))}
+
+
+def named_sequential(rank: int) -> dict:
+    """An nn.Sequential whose children have names, not indices, cut from a profile (partition=
+    "auto", and replicas="auto"): trains as single-process training does; rebuilt from the
+    options it reports, it keeps the cut. A planning failure on rank 0 alone (a profile that is
+    none) is one error on every rank, not a hang."""
+    from collections import OrderedDict
+
+    import torch.distributed as dist
+
+    from caramel.errors import CaramelError
+    from caramel.profile.profiler import profile_model
+    from caramel.topology.spec import ClusterSpec
+
+    def named() -> nn.Sequential:
+        return nn.Sequential(OrderedDict((f"l{i}", m) for i, m in enumerate(make_model())))
+
+    x, y = batch(0)
+    box = [profile_model(named(), x, y, F.cross_entropy, steps=2, small_batch_size=2) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ref = named()
+    opt = sgd(ref.parameters())
+    F.cross_entropy(ref(x), y).backward()
+    opt.step()
+    out = {}
+    for name, kw in (("partition", dict(microbatches=MICRO)), ("replicas", dict(microbatches=2, replicas="auto"))):
+        try:
+            pipe = caramel.pipeline(named(), sgd, stages=2, schedule="gpipe", profile=box[0],
+                                    cluster=ClusterSpec.uniform(2, 1e9), **kw)
+            before = pipe.bubble_stats()["bubble_steps"]  # replicas="auto": no layout yet
+            pipe.step(x, y, F.cross_entropy)
+            again = caramel.pipeline(named(), sgd, options=pipe.options)
+            again.step(x, y, F.cross_entropy)
+            out[name] = {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "cut": pipe.boundaries, "before": before,
+                         "partition": pipe.options.partition, "again": again.boundaries,
+                         "replanned": again.partition is not None}
+            pipe.close()
+            again.close()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = f"{type(e).__name__}: {e}"
+    try:
+        caramel.pipeline(named(), sgd, stages=2, microbatches=2, schedule="gpipe", replicas="auto",
+                         profile=box[0] if rank else "no profile").step(x, y, F.cross_entropy)
+        out["bad_profile"] = None
+    except CaramelError as e:
+        out["bad_profile"] = str(e)
+    return out
+
+
+def tied_in_bench(rank: int, world: int) -> str | None:
+    """The bench's pipeline on a model whose tied embedding/head weight a cut splits across
+    stages: reported unavailable (with the reason) while strategies are built."""
+    from caramel.bench.matrix import Strategy
+    from caramel.bench.strategies import StrategyContext, StrategyUnavailable, build_strategy
+    from caramel.models.zoo import tiny_gpt
+
+    w = tiny_gpt(batch_size=4, seed=0)
+    try:
+        build_strategy(Strategy("pipeline", (("microbatches", 2), ("partition", "blocks.1"))), w.model,
+                       torch.optim.SGD(w.model.parameters(), lr=0.1), w.inputs, w.targets, w.loss_fn,
+                       StrategyContext(torch.device("cpu"), rank, world))
+    except StrategyUnavailable as e:
+        return str(e)
+    return None
 
 
 STEPS_BENCH = 3
