@@ -8,6 +8,7 @@ with an error instead of a silent wait.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import random
 import socket
@@ -174,7 +175,7 @@ def _import_group_defaults() -> None:
     destroy_process_group() leaves its gloo threads and connections running until the
     interpreter's teardown, where a rank can abort ('terminate called without an active
     exception') while its peer exits. Imported first, the defaults are None."""
-    import torch.distributed.nn.functional  # noqa: F401
+    importlib.import_module("torch.distributed.nn.functional")
 
 
 def group_alive(group) -> bool:
