@@ -8,7 +8,9 @@ with one compute thread. Return values come back in rank order. A worker that ra
 
 Workers are forked from a multiprocessing forkserver that imported torch and torch._dynamo
 (which the first optimizer step imports) once: a fresh process each, without the ~3 s of CPU
-per worker those imports cost, which on a small host is most of a short test's time.
+per worker those imports cost, which on a small host is most of a short test's time. Each
+worker takes the caller's current environment, working directory and sys.path, as a spawned
+one would.
 """
 from __future__ import annotations
 
@@ -25,7 +27,12 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 """imported by the forkserver before it forks any worker"""
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, out: Any, timeout_s: float) -> None:
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, out: Any, timeout_s: float,
+            env: dict[str, str]) -> None:
+    # the caller's environment as it is now, as a spawned process would see it (a forked
+    # worker starts with the forkserver's, copied when the server started)
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     import torch
@@ -56,7 +63,9 @@ def run_workers(fn: Callable, world_size: int, args: tuple = (), timeout_s: floa
     ctx.set_forkserver_preload(list(PRELOAD))
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, out, collective_timeout_s), daemon=True)
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, out, collective_timeout_s, env),
+                         daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
