@@ -8,6 +8,7 @@ with an error instead of a silent wait.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import random
 import socket
@@ -141,6 +142,7 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     """
     if dist.is_initialized():
         return _info()
+    _import_group_defaults()
     timeout = datetime.timedelta(seconds=resolve_timeout_s(timeout_s))
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
@@ -162,6 +164,18 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     return _info()
+
+
+def _import_group_defaults() -> None:
+    """Import, while no group exists, the torch module whose default arguments are the default
+    group (`group=group.WORLD` in torch.distributed.nn.functional).
+
+    The first optimizer step imports torch._dynamo, which imports that module; imported after
+    the group is made, its defaults hold the group for the life of the process, so that
+    destroy_process_group() leaves its gloo threads and connections running until the
+    interpreter's teardown, where a rank can abort ('terminate called without an active
+    exception') while its peer exits. Imported first, the defaults are None."""
+    importlib.import_module("torch.distributed.nn.functional")
 
 
 def group_alive(group) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -320,6 +321,19 @@ def all_cases_worker(rank: int, world: int) -> dict:
         except Exception as e:  # noqa: BLE001 - reported per case
             import traceback
             out[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    return out
+
+
+def mismatch_cases_worker(rank: int, world: int, whats: list[str]) -> dict[str, str]:
+    """`mismatch_worker` for each case in turn, in one process group: each case's error ends the
+    same collectives on every rank, and the ranks check that they are at the same case before
+    the next one starts."""
+    out = {}
+    for what in whats:
+        out[what] = mismatch_worker(rank, world, what)
+        seen: list = [None] * world
+        dist.all_gather_object(seen, what)
+        assert seen == [what] * world, f"rank {rank}: the ranks left the mismatch cases apart: {seen}"
     return out
 
 

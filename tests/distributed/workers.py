@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -33,10 +34,22 @@ def make_optimizer(kind: str, params) -> tuple[torch.optim.Optimizer, torch.opti
 
 
 def batch(family: str, step: int, rank: int):
-    """This rank's batch at this step: deterministic, different on every rank and step."""
+    """This rank's batch at this step: deterministic, different on every rank and step.
+
+    Made by the zoo factory, which also builds (and here discards) a model and seeds torch's
+    global generator; a worker asks for the same batch once per run it compares, so the batch
+    and the generator's state after it are made once and replayed: copies of the same tensors,
+    and the same global generator state as a fresh call leaves."""
+    x, y, rng = _batch_made(family, step, rank)
+    torch.set_rng_state(rng)
+    return x.clone(), y.clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_made(family: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     name, bs, _ = FAMILIES[family]
-    w = get_model(name)(batch_size=bs, seed=1000 + 31 * step + rank)
-    return w.inputs, w.targets
+    w = get_model(name)(batch_size=bs, seed=1000 + 31 * step + rank)  # seeds the global generator first
+    return w.inputs, w.targets, torch.get_rng_state()
 
 
 def fresh(family: str):

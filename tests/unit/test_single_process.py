@@ -43,6 +43,48 @@ def test_single_process_without_torchrun(tmp_path):
     assert "OK" in proc.stdout
 
 
+TEARDOWN_SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch, torch.distributed as dist, caramel
+
+    def gloo_threads():
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                names.append(open(f"/proc/self/task/{t}/comm").read().strip())
+            except OSError:
+                pass
+        return sorted(n for n in names if "gloo" in n)
+
+    caramel.init_distributed()
+    end = time.monotonic() + 10  # the backend's threads name themselves once running
+    while len(gloo_threads()) < 2 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert gloo_threads(), "no gloo thread to look for"
+    assert "torch._dynamo" not in sys.modules  # else the step below imports nothing
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(3, 2)).sum().backward()
+    opt.step()
+    assert "torch._dynamo" in sys.modules  # the import that would pin the group
+    dist.destroy_process_group()
+    assert gloo_threads() == [], gloo_threads()
+    print("OK")
+""")
+
+
+@pytest.mark.timeout(60)
+def test_destroying_the_group_after_an_optimizer_step_stops_its_threads(tmp_path):
+    """The first optimizer step imports torch modules whose default arguments would hold the
+    default group: destroy_process_group() must still end its gloo threads, not leave them to
+    the interpreter's teardown (where a rank can abort while its peer exits)."""
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN_SCRIPT)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout
+
+
 @pytest.fixture
 def no_group_left_behind():
     """A check that fails after `parallelize` set up the default group (world size 1) must not
