@@ -30,7 +30,6 @@ def test_bucket_bytes_cover_every_gradient_once():
 
 @pytest.mark.parametrize("comm_s, compute_s", [(0.05, 0.1), (0.2, 0.05)])
 def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_overlap(monkeypatch, comm_s, compute_s):
-    import threading
     import time
 
     from caramel.bench import baselines
@@ -42,11 +41,18 @@ def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_
     comm = CommOnly(w.model, torch.device("cpu"))
     events, futures = [], []
 
-    class Work:  # a collective in flight for comm_s
+    # The fake collectives end when the test says, not on a timer, so a loaded host's late
+    # wake-ups cannot move an end across the compute's: a short collective ends comm_s into the
+    # compute; a long one only once the step waits for it, after the compute has ended.
+    def finish_all():
+        for fut, buf in futures:
+            if not fut.done():
+                fut.set_result([buf])
+
+    class Work:
         def __init__(self, buf):
             self.fut = torch.futures.Future()
-            futures.append(self.fut)
-            threading.Timer(comm_s, lambda: self.fut.set_result([buf])).start()
+            futures.append((self.fut, buf))
 
         def get_future(self):
             return self.fut
@@ -56,15 +62,32 @@ def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_
         events.append("issue")
         return Work(buf)
 
+    def compute_step():
+        events.append("compute")
+        if comm_s < compute_s:
+            time.sleep(comm_s)
+            finish_all()
+            time.sleep(compute_s - comm_s)
+        else:
+            time.sleep(compute_s)
+
+    wait_all = torch.futures.wait_all
+
+    def finish_then_wait(futs):
+        assert not any(f.done() for f, _ in futures) or comm_s < compute_s
+        finish_all()
+        return wait_all(futs)
+
     monkeypatch.setattr(baselines.dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(compute, "step", lambda: (events.append("compute"), time.sleep(compute_s)))
+    monkeypatch.setattr(compute, "step", compute_step)
+    monkeypatch.setattr(torch.futures, "wait_all", finish_then_wait)
     concurrent = Concurrent(compute, comm)
     concurrent.step()
     assert events == ["issue"] * len(comm.buffers) + ["compute"]
-    assert all(f.done() for f in futures)  # awaited before the step returns
+    assert all(f.done() for f, _ in futures)  # awaited before the step returns
     ((took_s, overlap_s, started),) = concurrent.spans
     assert took_s >= compute_s
     if comm_s > compute_s:  # in flight through the whole compute; only the first started during it
         assert overlap_s == took_s and started == 1
-    else:  # every collective (all ending at comm_s here) started before the compute ended
+    else:  # every collective (all ending comm_s in) started before the compute ended
         assert comm_s <= overlap_s <= took_s and started == len(comm.buffers)
