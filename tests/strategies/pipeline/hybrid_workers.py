@@ -47,8 +47,46 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = 
             out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
                              world=engine.world_size)
     out["batchnorm"] = batchnorm_buffers()
+    out["tied"] = tied_replicas(rank)
     if root is not None:
         out["train"] = train_resume(root, rank)
+    return out
+
+
+def tied_replicas(rank: int, steps: int = STEPS) -> dict:
+    """tiny_gpt's tied embedding/head weight split across the 2 stages, 2 replicas each on its half
+    of the batch (replica_reduce="auto" takes DDP for it), gpipe, SGD with momentum, a state-dict
+    save and reload halfway; against single-process training on the whole batch. Every rank's
+    copy of the tied weight, gathered; replica_reduce="caramel" is refused."""
+    import torch.distributed as dist
+
+    from caramel.errors import CaramelError
+    from caramel.models.zoo import tiny_gpt
+
+    w, ref = tiny_gpt(batch_size=8, seed=0), tiny_gpt(batch_size=8, seed=0)
+    pipe = caramel.pipeline(w.model, sgd, stages=2, microbatches=2, schedule="gpipe", partition="blocks.1",
+                            replicas=2)
+    opt = sgd(ref.model.parameters())
+    for step in range(steps):
+        j = pipe.layout.replica if pipe.layout is not None else rank % 2
+        pipe.step(w.inputs[4 * j:4 * j + 4], w.targets[4 * j:4 * j + 4], w.loss_fn)
+        ref.loss_fn(ref.model(ref.inputs), ref.targets).backward()
+        opt.step()
+        opt.zero_grad()
+        if step == steps // 2:
+            pipe.load_state_dict(pipe.state_dict())
+    copies: list = [None] * dist.get_world_size()
+    dist.all_gather_object(copies, w.model.tok.weight.detach().clone())
+    out = {"diff": max_diff(pipe.state_dict(), ref.model.state_dict()), "ddp": pipe._engine is None,
+           "copies_equal": all(torch.equal(copies[0], c) for c in copies[1:])}
+    pipe.close()
+    c = tiny_gpt(batch_size=8, seed=0)
+    try:
+        caramel.pipeline(c.model, sgd, stages=2, microbatches=2, partition="blocks.1", replicas=2,
+                         replica_reduce="caramel").step(c.inputs, c.targets, c.loss_fn)
+        out["caramel"] = None
+    except CaramelError as e:
+        out["caramel"] = str(e)
     return out
 
 
