@@ -30,6 +30,7 @@ from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
+from caramel.strategies.pipeline.tied import share_tied
 from caramel.strategies.pipeline.units import traced_stages, with_cut_units
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
@@ -206,8 +207,9 @@ class Pipeline:
         tied = []
         if isinstance(self.boundaries[0] if self.boundaries else 0, str):
             stages, tied = traced_stages(self.model, self.boundaries, self.options.stages, sample.to(self.device))
-        else:
+        else:  # a tied parameter of two children is the same Parameter on both stages: summed all the same
             stages = split_sequential(self.model, self.boundaries)
+            tied = share_tied(self.model, stages)
         self.stage_modules = [stages[i] for i in self.layout.stage_indices]
         if tied:
             self._tie(tied)

@@ -85,3 +85,17 @@ def test_a_tied_weight_on_one_stage_keeps_the_models_parameter():
     x = torch.randn(3, 6)
     stages[1](stages[0](x)).sum().backward()
     assert net.a.weight.grad is not None and net.a.weight.grad.abs().sum() > 0
+
+
+def test_a_tied_weight_of_two_sequential_children_is_found_on_both_stages():
+    from caramel.strategies.pipeline.layout import split_sequential
+    from caramel.strategies.pipeline.tied import share_tied
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 6))
+    net[3].weight = net[0].weight
+    tied = share_tied(net, split_sequential(net, [2]))
+    assert [(set(w.names), w.stages) for w in tied] == [({"0.weight", "3.weight"}, (0, 1))]
+    assert share_tied(net, split_sequential(net, [3])) != []  # 0 and 3 still apart
+    net[3].weight = nn.Parameter(net[0].weight.detach().clone())
+    assert share_tied(net, split_sequential(net, [2])) == []

@@ -216,6 +216,25 @@ def tied_in_bench(rank: int, world: int) -> dict:
            "one_tensor": bool(torch.equal(state["tok.weight"], state["head.weight"])),
            "moved": float((copies[0] - tiny_gpt(batch_size=4, seed=0).model.tok.weight.detach()).abs().max())}
     pipe.close()
+
+    def tied_seq():  # an nn.Sequential whose first and last layers share a weight: one Parameter on both stages
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16))
+        net[4].weight = net[0].weight
+        return net
+
+    seq, ref_seq = tied_seq(), tied_seq()
+    pipe = caramel.pipeline(seq, sgd, stages=2, microbatches=2, schedule="gpipe", partition=[2])
+    opt = sgd(ref_seq.parameters())
+    for step in range(10):
+        pipe.step(*batch(step), F.cross_entropy)
+        F.cross_entropy(ref_seq(batch(step)[0]), batch(step)[1]).backward()
+        opt.step()
+        opt.zero_grad()
+    dist.all_gather_object(copies, seq[0].weight.detach().clone())
+    out["sequential"] = {"diff": max_diff(pipe.state_dict(), ref_seq.state_dict()),
+                         "copies_equal": bool(torch.equal(copies[0], copies[1]))}
+    pipe.close()
     b = tiny_gpt(batch_size=4, seed=0)
     try:
         runner = build_strategy(Strategy("pipeline", (("microbatches", 2), ("partition", "blocks.1"),
