@@ -174,7 +174,7 @@ class PipelineRunner(Runner):
 
     def prepare(self) -> None:
         """Cut and build the stages now (every rank), so that a model the pipeline cannot run
-        (e.g. a tied weight split across stages) is refused while the bench builds strategies,
+        (e.g. pipedream with a tied weight split across stages) is refused while the bench builds strategies,
         not in the middle of a measurement; then say what the planner chose."""
         self.pipe.prepare(self.inputs, self.targets, self.loss_fn)
         if self.pipe.replica_choice is not None and ctx_rank() == 0:

@@ -30,6 +30,7 @@ from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
 from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
+from caramel.strategies.pipeline.tied import share_tied
 from caramel.strategies.pipeline.units import traced_stages, with_cut_units
 from caramel.strategies.pipeline.unequal import ReplicatedLayout, VirtualPipelines, make_replicated_layout
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
@@ -86,6 +87,7 @@ class Pipeline:
         self.timer: StageTimer | None = None  # synchronous schedules: each compute action timed
         self._loss_fn: Callable | None = None
         self._engine: Any = None  # replicas reduced by Caramel's engine: the engine of this rank's stage
+        self._tied: Any = None  # `TiedGrads` when a tied weight's uses are on different stages
         self.closed = False
         from caramel.strategies.api import DEFAULT_SESSION
 
@@ -176,6 +178,8 @@ class Pipeline:
             self.timer.end_step()
         if self._engine is not None:
             broadcast_buffers(self.stage_modules[0], self.layout.replica_group)
+        if self._tied is not None:  # after the microbatches' accumulation and the replicas' reduction
+            self._tied.reduce()
         self.optimizer.step()
         return torch.stack(losses).mean().detach() if last else None
 
@@ -200,11 +204,15 @@ class Pipeline:
             self.boundaries = self._plan_boundaries(sample, sample_targets, loss_fn)
         if self.options.partition == "auto":  # `options` is then the whole layout: rebuilding from it keeps the cut
             self.options = dataclasses.replace(self.options, partition="+".join(map(str, self.boundaries)))
+        tied = []
         if isinstance(self.boundaries[0] if self.boundaries else 0, str):
-            stages = traced_stages(self.model, self.boundaries, self.options.stages, sample.to(self.device))
-        else:
+            stages, tied = traced_stages(self.model, self.boundaries, self.options.stages, sample.to(self.device))
+        else:  # a tied parameter of two children is the same Parameter on both stages: summed all the same
             stages = split_sequential(self.model, self.boundaries)
+            tied = share_tied(self.model, stages)
         self.stage_modules = [stages[i] for i in self.layout.stage_indices]
+        if tied:
+            self._tie(tied)
         params = [p for m in self.stage_modules for p in m.parameters()]
         if self.optimizer is None:
             self.optimizer = self._optimizer_arg(params)
@@ -221,7 +229,7 @@ class Pipeline:
                                             self.options.microbatches, loss_fn, self.timer)
             return
         scale_grads = True  # torch's schedule divides the gradients by the microbatch count
-        if lay.replica_group is not None and self.options.replica_reducer() == "caramel":
+        if lay.replica_group is not None and self.options.replica_reducer() == "caramel" and self._tied is None:
             # Caramel's engine on the replica group; it folds that division into the reduction
             torch_stages = [self._caramel_stage(stages, sample, sample_targets, loss_fn)]
             scale_grads = False
@@ -248,6 +256,25 @@ class Pipeline:
         for st in torch_stages:
             self.timer.wrap_stage(st)
         self.timer.wrap_loss(self._runner)
+
+    def _tie(self, tied: list) -> None:
+        """Tied weights on several stages: sum their gradients over the holders each step
+        (`tied.py`); refuse where a step's update is not one optimizer step after that sum."""
+        from caramel.strategies.pipeline.tied import TiedGrads
+
+        o, lay = self.options, self.layout
+        what = "; ".join(" = ".join(w.names) for w in tied)
+        if o.schedule == "pipedream":
+            raise CaramelError(f"pipeline: schedule=pipedream cannot train a tied weight split across stages "
+                               f"({what}): its stages step apart, on stashed weight versions, so the copies would "
+                               f"drift; use schedule='1f1b' or 'gpipe', or cut so every use is on one stage")
+        if isinstance(lay, ReplicatedLayout):
+            raise CaramelError(f"pipeline: replicas={o.replicas} (unequal counts) cannot train a tied weight split "
+                               f"across stages ({what}); use equal replicas or cut so every use is on one stage")
+        if lay.replica_group is not None and o.replica_reduce == "caramel":
+            raise CaramelError(f"pipeline: replica_reduce='caramel' defers each update past the step and cannot sum "
+                               f"a tied weight split across stages ({what}); use replica_reduce='ddp' (or 'auto')")
+        self._tied = TiedGrads(self.model, tied, lay.positions, lay.replicas, lay.replica, self.process_group)
 
     def _caramel_stage(self, stages: list[nn.Module], sample: torch.Tensor, sample_targets: torch.Tensor,
                        loss_fn: Callable) -> PipelineStage:
@@ -279,6 +306,9 @@ class Pipeline:
         if self._engine is not None:
             self._engine.release()
         self._runner = None  # DDP and torch's stages hold the groups; drop them before the groups go
+        if self._tied is not None:
+            with contextlib.suppress(Exception):
+                self._tied.close()
         for group in self.layout.created if self.layout is not None else ():
             with contextlib.suppress(Exception):  # the job's default group may be gone already at exit
                 dist.destroy_process_group(group)

@@ -241,9 +241,8 @@ def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[Scaling
     proportional to the samples (no fixed cost)."""
     names: list[str] = []
     groups: dict[str, list] = {}
-    units = profile.meta.get("cut_units") or []
     for m in profile.modules:
-        top = next((u for u in units if m.name == u or m.name.startswith(u + ".")), m.name.split(".")[0])
+        top = _layer_of(profile, m.name)
         if top not in groups:
             names.append(top)
             groups[top] = []
@@ -267,6 +266,33 @@ def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[Scaling
             fit = ScalingCost(0.0, large.forward_s / b, 0.0, large.backward_s / b, large.output_bytes / b, large.param_bytes)
         out.append(fit)
     return names, out
+
+
+def _layer_of(profile: ModelProfile, module: str) -> str:
+    """The top-level layer (`scaling_from_profile`'s grouping) a profiled module belongs to."""
+    units = profile.meta.get("cut_units") or []
+    return next((u for u in units if module == u or module.startswith(u + ".")), module.split(".")[0])
+
+
+def with_tied_allreduce(sc: StageCosts, profile: ModelProfile, names: list[str], boundaries: list[int],
+                        positions: int, cluster: ClusterSpec) -> StageCosts:
+    """`sc` with each tied parameter's gradient sum (`tied.py`): a parameter the profile saw
+    used by layers on stages at different positions is all-reduced over those positions after
+    the replicas' reduction; every holding stage waits for it (its bytes at the link rate)."""
+    edges = [0, *boundaries, len(names)]
+    stage_of = {n: next(s for s in range(len(edges) - 1) if edges[s] <= k < edges[s + 1]) for k, n in enumerate(names)}
+    extra = [0.0] * (len(edges) - 1)
+    for p in profile.params:
+        stages = {stage_of[layer] for layer in (_layer_of(profile, m) for m in p.use_modules) if layer in stage_of}
+        held = {s % positions for s in stages}
+        if len(held) > 1:
+            ring = ClusterSpec.uniform(len(held), cluster.bandwidth_bps, cluster.latency_s)
+            for s in stages:
+                extra[s] += ring.allreduce_time_s(p.bytes)
+    if not any(extra):
+        return sc
+    base = sc.allreduce_s or [0.0] * len(extra)
+    return dataclasses.replace(sc, allreduce_s=[a + e for a, e in zip(base, extra)])
 
 
 def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
@@ -325,6 +351,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
         plan = dataclasses.replace(plan, replicas=list(counts))
     sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
                      profile.optimizer_time_s)
+    sc = with_tied_allreduce(sc, profile, names, plan.boundaries, positions, cluster)
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
     sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0)

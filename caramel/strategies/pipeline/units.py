@@ -19,6 +19,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies.pipeline.planner import LayerCost
+from caramel.strategies.pipeline.tied import TiedWeight, share_tied
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
 
@@ -99,10 +100,12 @@ def unit_costs(profile: ModelProfile, model: nn.Module, units: list[Unit], sampl
     return out
 
 
-def traced_stages(model: nn.Module, boundaries: list[str], stages: int, sample: torch.Tensor) -> list[nn.Module]:
+def traced_stages(model: nn.Module, boundaries: list[str], stages: int, sample: torch.Tensor
+                  ) -> tuple[list[nn.Module], list[TiedWeight]]:
     """torch's tracer cuts `model` before each module named in `boundaries`; its stage modules
     keep the model's parameter names and the very same parameters (so the whole-model optimizer
-    and state dict hold)."""
+    and state dict hold), a tied one included (`tied.share_tied`); also the tied parameters
+    that end on more than one stage, whose gradients the pipeline sums over their holders."""
     from torch.distributed.pipelining import SplitPoint
     from torch.distributed.pipelining import pipeline as trace_pipeline
 
@@ -119,31 +122,10 @@ def traced_stages(model: nn.Module, boundaries: list[str], stages: int, sample: 
     if pipe.num_stages != stages:
         raise CaramelError(f"pipeline: cutting at {boundaries} gave {pipe.num_stages} stages, not stages={stages}")
     out = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
-    _require_own_parameters(model, out, boundaries)
+    tied = share_tied(model, out)
     for stage in out:
         compiled_forward(stage)
-    return out
-
-
-def _require_own_parameters(model: nn.Module, stages: list[nn.Module], boundaries: list[str]) -> None:
-    """Every stage parameter must be one of the model's own: the optimizer holds those. torch's
-    splitter gives a tied parameter (one Parameter used by modules on different stages) a new
-    copy on each stage that uses it; the copies get gradients the optimizer never sees and the
-    model's own Parameter none, so the tied weight would silently stay frozen."""
-    own = {id(p) for p in model.parameters()}
-    foreign = sorted({n for s in stages for n, p in s.named_parameters(remove_duplicate=False) if id(p) not in own})
-    if not foreign:
-        return
-    aliases: dict[int, list[str]] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(n)
-    tied = [names for names in aliases.values() if len(names) > 1 and any(n in foreign for n in names)]
-    what = ("; ".join(" = ".join(names) for names in tied) if tied else ", ".join(foreign))
-    raise CaramelError(f"pipeline: the model ties parameters ({what}) whose uses the cut at {boundaries} puts on "
-                       f"different stages: torch's tracer gives each stage its own copy, which the optimizer "
-                       f"never updates, so the tied weight would train frozen. Untie them (e.g. "
-                       f"`model.head.weight = nn.Parameter(model.tok.weight.detach().clone())`) or cut so that "
-                       f"every use of a tied parameter is on one stage")
+    return out, tied
 
 
 def compiled_forward(stage: nn.Module) -> None:

@@ -47,8 +47,45 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = 
             out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
                              world=engine.world_size)
     out["batchnorm"] = batchnorm_buffers()
+    out["tied"] = tied_replicas(rank)
     if root is not None:
         out["train"] = train_resume(root, rank)
+    return out
+
+
+def tied_replicas(rank: int, steps: int = STEPS) -> dict:
+    """A weight tied between the first and the last layer, split across the 2 stages, 2 replicas
+    each on its own batch (replica_reduce="auto" takes DDP for it), gpipe, SGD with momentum, a
+    state-dict save and reload halfway; against single-process training on the whole batch.
+    Every rank's copy of the tied weight, gathered; replica_reduce="caramel" is refused. (The
+    traced GPT case is the sync test's: tracing costs seconds per rank.)"""
+    import torch.distributed as dist
+
+    from caramel.errors import CaramelError
+    from tests.strategies.pipeline.workers import tied_sequential
+
+    net, ref = tied_sequential(), tied_sequential()
+    pipe = caramel.pipeline(net, sgd, stages=2, microbatches=2, schedule="gpipe", partition=[2], replicas=2)
+    opt = sgd(ref.parameters())
+    for step in range(steps):
+        pipe.step(*batch(step, pipe.layout.replica), F.cross_entropy)
+        xs, ys = zip(*(batch(step, r) for r in range(2)))
+        F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+        opt.zero_grad()
+        if step == steps // 2:
+            pipe.load_state_dict(pipe.state_dict())
+    copies: list = [None] * dist.get_world_size()
+    dist.all_gather_object(copies, net[0].weight.detach().clone())
+    out = {"diff": max_diff(pipe.state_dict(), ref.state_dict()), "ddp": pipe._engine is None,
+           "copies_equal": all(torch.equal(copies[0], c) for c in copies[1:])}
+    pipe.close()
+    try:
+        caramel.pipeline(tied_sequential(), sgd, stages=2, microbatches=2, partition=[2], replicas=2,
+                         replica_reduce="caramel").step(*batch(0, rank % 2), F.cross_entropy)
+        out["caramel"] = None
+    except CaramelError as e:
+        out["caramel"] = str(e)
     return out
 
 

@@ -19,6 +19,10 @@ def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel(tmp_pat
             assert r["diff"] <= 1e-5 and r["mid_diff"] <= 1e-5, (name, r)
             assert r["moved"] > 1e-4 and r["alone_diff"] > 1e-3, (name, r)  # the comparison can fail
         assert not out["ddp_1f1b_sgd"]["pending_after_step"]
+        # a tied weight split across the stages, with replicas: summed over its holders after DDP's average
+        tied = out["tied"]
+        assert tied["diff"] <= 1e-5 and tied["copies_equal"] and tied["ddp"], tied
+        assert "replica_reduce='caramel' defers each update" in tied["caramel"], tied["caramel"]
         for name in ("caramel_gpipe_sgd", "caramel_1f1b_adam"):
             r = out[name]
             # the engine ran every step on the replica group, its last update deferred

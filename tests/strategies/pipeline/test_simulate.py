@@ -227,3 +227,28 @@ def test_a_slow_worker_slows_the_step_of_the_stage_it_runs():
     hybrid = PipelineOptions(stages=2, replicas=2, schedule="gpipe", microbatches=4, partition="2")
     assert simulate_pipeline(prof, _with_speeds([1.0, 1.0, 1.0, 0.25]), hybrid).step_time_s > \
         1.5 * simulate_pipeline(prof, _with_speeds([1.0] * 4), hybrid).step_time_s
+
+
+def test_a_tied_weight_split_across_stages_adds_its_gradients_all_reduce():
+    from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
+
+    def profile(head_uses_tok: bool) -> ModelProfile:
+        tok = ParamInfo(0, "tok.weight", [1000, 1000], "float32", 10 ** 6, 4 * 10 ** 6, True,
+                        use_modules=["tok", "head"] if head_uses_tok else ["tok"])
+        blk = ParamInfo(1, "blk.weight", [10, 10], "float32", 100, 400, True, use_modules=["blk"])
+        mods = [ModuleInfo(n, "Linear", 0.0, 0.01, 0.02, params=ps, input_bytes=4000)
+                for n, ps in [("tok", [0]), ("blk", [1]), ("head", [])]]
+        return ModelProfile(model="tied", batch_size=8, forward_time_s=0.03, backward_time_s=0.06,
+                            optimizer_time_s=0.0, params=[tok, blk], modules=mods)
+
+    cluster = ClusterSpec.uniform(2, 1e9, 1e-4)
+    opts = PipelineOptions(stages=2, microbatches=2, partition="blk")
+    tied, untied = simulate_pipeline(profile(True), cluster, opts), simulate_pipeline(profile(False), cluster, opts)
+    # the first and the last stage sum the 4 MB gradient: a 2-member ring all-reduce at the link rate
+    assert tied.step_time_s - untied.step_time_s == pytest.approx(2 * 1e-4 + 4e6 * 8 / 1e9)
+    # both uses on one stage: autograd sums them there, nothing to send
+    one = PipelineOptions(stages=2, microbatches=2, partition="head")
+    prof = profile(True)
+    prof.params[0].use_modules = ["tok", "blk"]
+    assert simulate_pipeline(prof, cluster, one).step_time_s == pytest.approx(
+        simulate_pipeline(profile(False), cluster, one).step_time_s)

@@ -36,8 +36,14 @@ def test_sync_schedules_match_single_process():
         assert planned["planned_at"] and planned["profile_handed"], planned
         old_cut, old_diff = planned["old_profile"]
         assert old_cut[0].startswith("layers.") and old_diff <= 1e-5, planned["old_profile"]
-        # a tied weight split across stages would train frozen: the bench reports the pipeline unavailable
-        assert out["tied"] is not None and "tok.weight = head.weight" in out["tied"], out["tied"]
+        # a tied weight split across stages: its gradient summed over the two holders, trained exactly,
+        # the copies bit-identical, one tensor in the state dict; the bench runs such a pipeline
+        tied = out["tied"]
+        assert tied["diff"] <= 1e-5 and tied["copies_equal"] and tied["one_tensor"], tied
+        assert tied["moved"] > 1e-3 and tied["bench"] == "ok", tied
+        for name in ("sequential", "interleaved"):
+            assert tied[name]["diff"] <= 1e-5 and tied[name]["copies_equal"], (name, tied[name])
+        assert "schedule=pipedream cannot train a tied weight" in tied["pipedream"], tied["pipedream"]
         # an nn.Sequential with named children, cut from a profile: exact; its options rebuild the same cut
         for name in ("partition", "replicas"):
             named = out["named"][name]

@@ -32,6 +32,7 @@ def test_unequal_replicas_match_whole_batch_training_on_3_workers(tmp_path):
     assert ranks[0]["2+1_gpipe_sgd"]["own"] == ranks[1]["2+1_gpipe_sgd"]["own"]
     for r in ranks:  # another batch on rank 1: one error on every rank, before the schedule runs
         assert "every rank must pass the same batch" in r["batch_error"] and "rank(s) [1]" in r["batch_error"]
+        assert "replicas=2+1 (unequal counts) cannot train a tied weight" in (r["tied_error"] or ""), r["tied_error"]
         for name in THREE:
             assert_closed(r[name]["close"])
     # "auto": one count for all ranks, a multiple of the 2 virtual pipelines with 2 microbatches each

@@ -52,12 +52,14 @@ def test_unit_costs_sum_the_profiled_modules_under_each_unit():
     assert costs[0].param_bytes == (4 * 8 + 8) * 4 and costs[-1].output_bytes == 5 * 3 * 4
 
 
-def test_a_tied_weight_split_across_stages_is_refused():
+def test_a_tied_weight_split_across_stages_is_the_models_parameter_on_both():
     from caramel.models.zoo import tiny_gpt
 
     mb = tiny_gpt(batch_size=4, seed=0)  # tok.weight is head.weight: first and last stage
-    with pytest.raises(CaramelError, match=r"tok\.weight = head\.weight.*Untie them"):
-        traced_stages(mb.model, ["blocks.1"], 2, mb.inputs[:2])
+    stages, tied = traced_stages(mb.model, ["blocks.1"], 2, mb.inputs[:2])
+    own = {id(p) for p in mb.model.parameters()}
+    assert all(id(p) in own for s in stages for p in s.parameters())
+    assert [(set(w.names), w.stages) for w in tied] == [({"tok.weight", "head.weight"}, (0, 1))]
 
 
 class TiedFront(nn.Module):
@@ -76,9 +78,24 @@ class TiedFront(nn.Module):
 
 def test_a_tied_weight_on_one_stage_keeps_the_models_parameter():
     net = TiedFront()
-    stages = traced_stages(net, ["c"], 2, torch.randn(3, 6))
+    stages, tied = traced_stages(net, ["c"], 2, torch.randn(3, 6))
+    assert tied == []
     own = {id(p) for p in net.parameters()}
     assert all(id(p) in own for s in stages for p in s.parameters())
     x = torch.randn(3, 6)
     stages[1](stages[0](x)).sum().backward()
     assert net.a.weight.grad is not None and net.a.weight.grad.abs().sum() > 0
+
+
+def test_a_tied_weight_of_two_sequential_children_is_found_on_both_stages():
+    from caramel.strategies.pipeline.layout import split_sequential
+    from caramel.strategies.pipeline.tied import share_tied
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Linear(6, 6))
+    net[3].weight = net[0].weight
+    tied = share_tied(net, split_sequential(net, [2]))
+    assert [(set(w.names), w.stages) for w in tied] == [({"0.weight", "3.weight"}, (0, 1))]
+    assert share_tied(net, split_sequential(net, [3])) != []  # 0 and 3 still apart
+    net[3].weight = nn.Parameter(net[0].weight.detach().clone())
+    assert share_tied(net, split_sequential(net, [2])) == []

@@ -63,6 +63,14 @@ def unequal_worker(rank: int, world: int, configs: dict, steps: int = STEPS, tra
         out[name]["close"] = closes(pipe, made)
     if world == 3:
         out["batch_error"] = other_batch(rank)
+        from tests.strategies.pipeline.workers import tied_sequential
+
+        try:  # a tied weight split across the stages: refused with unequal counts
+            caramel.pipeline(tied_sequential(), sgd, stages=2, microbatches=4, schedule="gpipe", partition=[2],
+                             replicas="2+1").step(*batch(0, size=8), F.cross_entropy)
+            out["tied_error"] = None
+        except caramel.CaramelError as e:
+            out["tied_error"] = str(e)
     if train_root is not None:  # `caramel train`'s straight run and first half, resumed in a fresh spawn
         from tests.train.unequal_resume import first_half
 

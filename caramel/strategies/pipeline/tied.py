@@ -1,0 +1,102 @@
+"""Tied weights split across stages: one Parameter per holder, their gradients summed each step.
+
+torch's splitter gives every stage that uses a tied parameter (GPT-2's `head.weight = tok.weight`)
+its own new copy, which no optimizer holds. `share_tied` points each stage back at the model's
+own Parameter under every name it has there, so the optimizer (the whole model's, or one made
+from the stage's parameters) steps it under the model's names. On each rank that Parameter then
+gets only its stages' part of the gradient; as Megatron-LM does for its embedding/output weight,
+`TiedGrads.reduce` sums the parts over the ranks holding a use (one group per pipeline, made
+once), after the schedule's microbatch accumulation and the replicas' reduction and before the
+optimizer step. Every holder then has the full gradient, the same optimizer state and so takes
+the same update: the copies stay equal (they start equal: the first holder's value is broadcast).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from caramel.errors import CaramelError
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    names: tuple[str, ...]  # the model's names of the parameter (its aliases)
+    stages: tuple[int, ...]  # the stages whose modules hold it, ascending
+
+
+def share_tied(model: nn.Module, stages: list[nn.Module]) -> list[TiedWeight]:
+    """Replace each stage parameter that is not one of the model's own (a splitter's copy) by the
+    model's Parameter of the same name; the tied parameters that end on more than one stage."""
+    own = {id(p) for p in model.parameters()}
+    aliases: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    for stage in stages:
+        for name, p in list(stage.named_parameters(remove_duplicate=False)):
+            if id(p) in own:
+                continue
+            try:
+                original = model.get_parameter(name)
+            except AttributeError:
+                raise CaramelError(f"pipeline: torch's tracer made a stage parameter {name!r} that the model does "
+                                   f"not have; cut elsewhere") from None
+            owner, _, attr = name.rpartition(".")
+            setattr(stage.get_submodule(owner) if owner else stage, attr, original)
+    out = []
+    for key, names in aliases.items():
+        if len(names) < 2:
+            continue
+        holders = tuple(i for i, s in enumerate(stages) if any(id(p) == key for p in s.parameters()))
+        if len(holders) > 1:
+            out.append(TiedWeight(tuple(names), holders))
+    return out
+
+
+class TiedGrads:
+    """The groups that sum each tied weight's gradient over its holders (module docstring).
+
+    Ranks are laid out as `make_layout` does: group rank `position * replicas + replica`, stage
+    k on position k mod positions. Replica j's holders form one group: the replicas' reduction
+    has already averaged each stage's part, so the sum is the tied weight's whole gradient."""
+
+    def __init__(self, model: nn.Module, tied: list[TiedWeight], positions: int, replicas: int, replica: int,
+                 process_group: Any = None):
+        ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+        self.params: list[nn.Parameter] = []
+        self.groups: list[Any] = []  # per tied weight, this rank's group (None: it holds no use)
+        self.created: list[Any] = []
+        me = dist.get_rank()
+        for w in tied:
+            held = sorted({k % positions for k in w.stages})
+            mine = None
+            if len(held) > 1:  # on one position autograd already sums the uses
+                for j in range(replicas):  # every rank makes every group, in one order
+                    members = [ranks[p * replicas + j] for p in held]
+                    group = dist.new_group(members)
+                    if me in members:
+                        mine = (group, members[0])
+                        self.created.append(group)
+            self.params.append(model.get_parameter(w.names[0]))
+            self.groups.append(mine)
+        with torch.no_grad():
+            for p, g in zip(self.params, self.groups):
+                if g is not None:
+                    dist.broadcast(p.data, src=g[1], group=g[0])
+
+    def reduce(self) -> None:
+        """Sum each tied weight's gradient over its holders (a holder without a use adds zeros)."""
+        for p, g in zip(self.params, self.groups):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=g[0])
+
+    def close(self) -> None:
+        for group in self.created:
+            dist.destroy_process_group(group)
+        self.created = []
