@@ -46,14 +46,20 @@ def share_tied(model: nn.Module, stages: list[nn.Module]) -> list[TiedWeight]:
                                    f"not have; cut elsewhere") from None
             owner, _, attr = name.rpartition(".")
             setattr(stage.get_submodule(owner) if owner else stage, attr, original)
-    out = []
-    for key, names in aliases.items():
-        if len(names) < 2:
-            continue
-        holders = tuple(i for i, s in enumerate(stages) if any(id(p) == key for p in s.parameters()))
-        if len(holders) > 1:
-            out.append(TiedWeight(tuple(names), holders))
-    return out
+    # tied: one model Parameter held by several stages, under one name or several (a module on
+    # one stage and `F.linear(h, self.a.weight)` on a later one share a single name)
+    holders: dict[int, list[int]] = {}
+    for i, stage in enumerate(stages):
+        for p in stage.parameters():  # each Parameter once per stage
+            holders.setdefault(id(p), []).append(i)
+    return [TiedWeight(tuple(names), tuple(holders[key])) for key, names in aliases.items()
+            if len(holders.get(key, ())) > 1]
+
+
+def shared_positions(tied: list[TiedWeight], positions: int) -> list[TiedWeight]:
+    """The tied weights of which one rank holds several stages (stage k on position k mod
+    positions): their gradients would be one `grad` scaled and stepped once per stage."""
+    return [w for w in tied if len({k % positions for k in w.stages}) < len(w.stages)]
 
 
 class TiedGrads:
@@ -73,7 +79,7 @@ class TiedGrads:
         for w in tied:
             held = sorted({k % positions for k in w.stages})
             mine = None
-            if len(held) > 1:  # on one position autograd already sums the uses
+            if len(held) > 1:  # `Pipeline._tie` refuses two holders on one position: one per rank
                 for j in range(replicas):  # every rank makes every group, in one order
                     members = [ranks[p * replicas + j] for p in held]
                     group = dist.new_group(members)
