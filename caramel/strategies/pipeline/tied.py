@@ -94,13 +94,24 @@ class TiedGrads:
                     dist.broadcast(p.data, src=g[1], group=g[0])
 
     def reduce(self) -> None:
-        """Sum each tied weight's gradient over its holders (a holder without a use adds zeros)."""
+        """Sum each tied weight's gradient over its holders (a holder without a gradient adds
+        zeros). A frozen weight is left alone; where no holder had a gradient this step every
+        holder keeps `grad` None, as an untied weight would, so weight decay or momentum does
+        not move it: one more element in the sum counts the holders with a gradient."""
         for p, g in zip(self.params, self.groups):
-            if g is None:
+            if g is None or not p.requires_grad:
                 continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=g[0])
+            buf = torch.zeros(p.numel() + 1, dtype=p.dtype, device=p.device)
+            if p.grad is not None:
+                buf[:-1].copy_(p.grad.reshape(-1))
+                buf[-1] = 1
+            dist.all_reduce(buf, group=g[0])
+            if buf[-1].item() == 0:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = buf[:-1].view_as(p).clone()
+            else:
+                p.grad.copy_(buf[:-1].view_as(p))
 
     def close(self) -> None:
         for group in self.created:

@@ -136,3 +136,22 @@ def test_two_stages_of_one_rank_using_a_tied_weight_are_refused():
     pipe.layout = SimpleNamespace(positions=2, replicas=1, replica_group=None)
     with pytest.raises(CaramelError, match=r"one rank would hold two stages.*0.weight = 2.weight on stages \[0, 2\]"):
         pipe._tie(tied)
+
+
+def test_tied_grads_leave_a_frozen_or_unused_weight_without_a_gradient(tmp_path):
+    import torch.distributed as dist
+
+    from caramel.strategies.pipeline.tied import TiedGrads
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        frozen, unused, used = (nn.Parameter(torch.ones(3)) for _ in range(3))
+        frozen.requires_grad_(False)
+        used.grad = torch.full((3,), 2.0)
+        tg = TiedGrads.__new__(TiedGrads)  # one holder here: the sum over a one-rank group
+        tg.params, tg.groups, tg.created = [frozen, unused, used], [(dist.group.WORLD, 0)] * 3, []
+        tg.reduce()
+        assert frozen.grad is None and unused.grad is None  # the optimizer then skips them
+        assert torch.equal(used.grad, torch.full((3,), 2.0))
+    finally:
+        dist.destroy_process_group()
