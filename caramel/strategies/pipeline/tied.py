@@ -42,6 +42,11 @@ def share_tied(model: nn.Module, stages: list[nn.Module]) -> list[TiedWeight]:
             try:
                 original = model.get_parameter(name)
             except AttributeError:
+                called = [part.partition("@")[0] for part in name.split(".") if "@" in part]
+                if called:  # the tracer's name for a module's second call: `a@1`
+                    raise CaramelError(f"pipeline: module {called[0]!r} is called on both sides of the cut (torch's "
+                                       f"tracer copied its parameter as {name!r}); cut so that every call of it is "
+                                       f"on one stage") from None
                 raise CaramelError(f"pipeline: torch's tracer made a stage parameter {name!r} that the model does "
                                    f"not have; cut elsewhere") from None
             owner, _, attr = name.rpartition(".")

@@ -155,3 +155,20 @@ def test_tied_grads_leave_a_frozen_or_unused_weight_without_a_gradient(tmp_path)
         assert torch.equal(used.grad, torch.full((3,), 2.0))
     finally:
         dist.destroy_process_group()
+
+
+class ReusedAcrossTheCut(nn.Module):
+    """Module `a` called before and after the cut at `b`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.a(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_a_module_called_on_both_sides_of_the_cut_is_named():
+    with pytest.raises(CaramelError, match="module 'a' is called on both sides of the cut"):
+        traced_stages(ReusedAcrossTheCut(), ["b"], 2, torch.randn(3, 6))
