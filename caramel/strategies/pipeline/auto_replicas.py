@@ -74,8 +74,9 @@ class _Program:
     (its table does not depend on the target); stage costs from prefix sums, O(1) each."""
 
     def __init__(self, costs: list[LayerCost], cluster: ClusterSpec, microbatches: int, schedule: str,
-                 speeds: list[float]):
+                 speeds: list[float], equal_counts: bool = False):
         self.costs, self.cluster, self.m, self.schedule = costs, cluster, microbatches, schedule
+        self.equal_counts = equal_counts  # only equal counts (a weight tied across layers: `tied.py`)
         self.speeds = [speeds[g] if g < len(speeds) else 1.0 for g in range(cluster.world_size)]
         self.compute = list(itertools.accumulate((c.compute_s for c in costs), initial=0.0))
         self.params = list(itertools.accumulate((c.param_bytes for c in costs), initial=0))
@@ -105,12 +106,14 @@ class _Program:
                 tail = max(self.links[i], self._stage(i, j, r, w - r))
                 if tail >= top[0]:
                     continue
-                if period > MAX_VIRTUAL_PIPELINES and r != period:
-                    continue  # past the virtual pipelines' limit only equal counts run (`feasible`)
+                # past the virtual pipelines' limit only equal counts run (`feasible`)
+                only_equal = self.equal_counts or period > MAX_VIRTUAL_PIPELINES
+                if only_equal and r != period:
+                    continue
                 for head_period in range(1, period + 1):
                     if period % head_period or math.lcm(head_period, r) != period:
                         continue
-                    if period > MAX_VIRTUAL_PIPELINES and head_period != period:
+                    if only_equal and head_period != period:
                         continue
                     head, plan = self.best(i, w - r, s - 1, head_period)
                     t = max(head, tail)
@@ -126,6 +129,8 @@ class _Program:
         # counts whose lcm is p; past the virtual pipelines' limit, only equal counts w / stages
         periods = [p for p in range(1, MAX_VIRTUAL_PIPELINES + 1)] + (
             [w // stages] if w % stages == 0 and w // stages > MAX_VIRTUAL_PIPELINES else [])
+        if self.equal_counts:
+            periods = [w // stages] if w % stages == 0 else []
         periods = [p for p in periods if self.m % p == 0 and (self.schedule != "1f1b" or self.m // p >= stages)]
         _, best = min((self.best(n, w, stages, p) for p in periods), key=lambda x: x[0], default=(math.inf, ()))
         if not best:
@@ -175,10 +180,11 @@ class ReplicaChoice:
 
 def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluster: ClusterSpec,
                     stages: int | None = None, microbatches: int | None = None,
-                    optimizer_s: float = 0.0) -> ReplicaChoice:
+                    optimizer_s: float = 0.0, equal_counts: bool = False) -> ReplicaChoice:
     """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
-    simulated fastest of them (ties: fewer stages, fewer microbatches)."""
+    simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
+    equal counts, the runtime's one layout for a weight tied across stages (`tied.py`)."""
     from caramel.strategies.pipeline.simulate import replay, replicated_actions, stage_costs
 
     if schedule not in ("gpipe", "1f1b"):
@@ -204,7 +210,7 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                 continue
             costs = [layer.at(batch / m) for layer in layers]
             if m not in programs:
-                programs[m] = _Program(costs, cluster, m, schedule, speeds)
+                programs[m] = _Program(costs, cluster, m, schedule, speeds, equal_counts)
             plan = programs[m].plan(s)
             if plan is None:
                 continue
@@ -226,7 +232,8 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                            f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "
                            f"{'microbatches=' + str(microbatches) if microbatches else 'any microbatch count of the batch of ' + str(batch)} "
                            f"with schedule={schedule} (each count must divide the microbatches, their least common "
-                           f"multiple <= {MAX_VIRTUAL_PIPELINES} unless they are equal{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
+                           f"multiple <= {MAX_VIRTUAL_PIPELINES} unless they are equal"
+                           f"{'; a weight tied across layers takes equal counts only' if equal_counts else ''}{', and 1f1b needs microbatches / lcm >= stages' if schedule == '1f1b' else ''}); "
                            f"give another microbatch count or stages")
     key = min(table, key=lambda k: (table[k][0], k))
     step, plan = table[key]
@@ -246,7 +253,7 @@ def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets
 
     import torch.distributed as dist
 
-    from caramel.strategies.pipeline.simulate import scaling_from_profile
+    from caramel.strategies.pipeline.simulate import scaling_from_profile, shares_a_weight
 
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     box: list[Any] = [None]
@@ -269,7 +276,7 @@ def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets
             choice = choose_replicas(layers, batch, options.schedule, cluster,
                                      None if options.stages == "auto" else options.stages,
                                      None if options.microbatches == "auto" else options.microbatches,
-                                     profile.optimizer_time_s or 0.0)
+                                     profile.optimizer_time_s or 0.0, shares_a_weight(profile))
             box[0] = (choice, [names[c] for c in choice.plan.boundaries])
         except CaramelError as e:
             box[0] = str(e)

@@ -213,7 +213,7 @@ class Pipeline:
         self.stage_modules = [stages[i] for i in self.layout.stage_indices]
         if tied:
             self._tie(tied)
-        params = [p for m in self.stage_modules for p in m.parameters()]
+        params = list({id(p): p for m in self.stage_modules for p in m.parameters()}.values())  # each once
         if self.optimizer is None:
             self.optimizer = self._optimizer_arg(params)
         self._loss_fn = loss_fn
@@ -260,10 +260,17 @@ class Pipeline:
     def _tie(self, tied: list) -> None:
         """Tied weights on several stages: sum their gradients over the holders each step
         (`tied.py`); refuse where a step's update is not one optimizer step after that sum."""
-        from caramel.strategies.pipeline.tied import TiedGrads
+        from caramel.strategies.pipeline.tied import TiedGrads, shared_positions
 
         o, lay = self.options, self.layout
         what = "; ".join(" = ".join(w.names) for w in tied)
+        shared = shared_positions(tied, lay.positions) if not isinstance(lay, ReplicatedLayout) else []
+        if shared:
+            where = "; ".join(f"{' = '.join(w.names)} on stages {list(w.stages)}" for w in shared)
+            raise CaramelError(f"pipeline: one rank would hold two stages that use the same tied weight ({where}), "
+                               f"whose gradient torch's schedule scales once per stage; use a partition that "
+                               f"puts those uses on one stage or on stages of different ranks, or a schedule "
+                               f"with one stage per rank ('1f1b' or 'gpipe')")
         if o.schedule == "pipedream":
             raise CaramelError(f"pipeline: schedule=pipedream cannot train a tied weight split across stages "
                                f"({what}): its stages step apart, on stashed weight versions, so the copies would "

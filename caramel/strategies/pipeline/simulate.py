@@ -274,6 +274,12 @@ def _layer_of(profile: ModelProfile, module: str) -> str:
     return next((u for u in units if module == u or module.startswith(u + ".")), module.split(".")[0])
 
 
+def shares_a_weight(profile: ModelProfile) -> bool:
+    """Whether the profile saw a parameter used by two or more of its layers: a cut may split
+    that tied weight across stages, which the runtime trains with equal replica counts only."""
+    return any(len({_layer_of(profile, m) for m in p.use_modules}) > 1 for p in profile.params)
+
+
 def with_tied_allreduce(sc: StageCosts, profile: ModelProfile, names: list[str], boundaries: list[int],
                         positions: int, cluster: ClusterSpec) -> StageCosts:
     """`sc` with each tied parameter's gradient sum (`tied.py`): a parameter the profile saw
@@ -382,7 +388,7 @@ def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
     choice = choose_replicas(layers, profile.batch_size * cluster.world_size, options.schedule, cluster,
                              None if options.stages == "auto" else options.stages,
                              None if options.microbatches == "auto" else options.microbatches,
-                             profile.optimizer_time_s)
+                             profile.optimizer_time_s, shares_a_weight(profile))
     counts, m = choice.counts, choice.microbatches
     equal = len(set(counts)) == 1
     concrete = dataclasses.replace(options, stages=len(counts), replicas=counts[0] if equal else "+".join(map(str, counts)),

@@ -42,18 +42,29 @@ def share_tied(model: nn.Module, stages: list[nn.Module]) -> list[TiedWeight]:
             try:
                 original = model.get_parameter(name)
             except AttributeError:
+                called = [part.partition("@")[0] for part in name.split(".") if "@" in part]
+                if called:  # the tracer's name for a module's second call: `a@1`
+                    raise CaramelError(f"pipeline: module {called[0]!r} is called on both sides of the cut (torch's "
+                                       f"tracer copied its parameter as {name!r}); cut so that every call of it is "
+                                       f"on one stage") from None
                 raise CaramelError(f"pipeline: torch's tracer made a stage parameter {name!r} that the model does "
                                    f"not have; cut elsewhere") from None
             owner, _, attr = name.rpartition(".")
             setattr(stage.get_submodule(owner) if owner else stage, attr, original)
-    out = []
-    for key, names in aliases.items():
-        if len(names) < 2:
-            continue
-        holders = tuple(i for i, s in enumerate(stages) if any(id(p) == key for p in s.parameters()))
-        if len(holders) > 1:
-            out.append(TiedWeight(tuple(names), holders))
-    return out
+    # tied: one model Parameter held by several stages, under one name or several (a module on
+    # one stage and `F.linear(h, self.a.weight)` on a later one share a single name)
+    holders: dict[int, list[int]] = {}
+    for i, stage in enumerate(stages):
+        for p in stage.parameters():  # each Parameter once per stage
+            holders.setdefault(id(p), []).append(i)
+    return [TiedWeight(tuple(names), tuple(holders[key])) for key, names in aliases.items()
+            if len(holders.get(key, ())) > 1]
+
+
+def shared_positions(tied: list[TiedWeight], positions: int) -> list[TiedWeight]:
+    """The tied weights of which one rank holds several stages (stage k on position k mod
+    positions): their gradients would be one `grad` scaled and stepped once per stage."""
+    return [w for w in tied if len({k % positions for k in w.stages}) < len(w.stages)]
 
 
 class TiedGrads:
@@ -73,7 +84,7 @@ class TiedGrads:
         for w in tied:
             held = sorted({k % positions for k in w.stages})
             mine = None
-            if len(held) > 1:  # on one position autograd already sums the uses
+            if len(held) > 1:  # `Pipeline._tie` refuses two holders on one position: one per rank
                 for j in range(replicas):  # every rank makes every group, in one order
                     members = [ranks[p * replicas + j] for p in held]
                     group = dist.new_group(members)
@@ -88,13 +99,24 @@ class TiedGrads:
                     dist.broadcast(p.data, src=g[1], group=g[0])
 
     def reduce(self) -> None:
-        """Sum each tied weight's gradient over its holders (a holder without a use adds zeros)."""
+        """Sum each tied weight's gradient over its holders (a holder without a gradient adds
+        zeros). A frozen weight is left alone; where no holder had a gradient this step every
+        holder keeps `grad` None, as an untied weight would, so weight decay or momentum does
+        not move it: one more element in the sum counts the holders with a gradient."""
         for p, g in zip(self.params, self.groups):
-            if g is None:
+            if g is None or not p.requires_grad:
                 continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=g[0])
+            buf = torch.zeros(p.numel() + 1, dtype=p.dtype, device=p.device)
+            if p.grad is not None:
+                buf[:-1].copy_(p.grad.reshape(-1))
+                buf[-1] = 1
+            dist.all_reduce(buf, group=g[0])
+            if buf[-1].item() == 0:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = buf[:-1].view_as(p).clone()
+            else:
+                p.grad.copy_(buf[:-1].view_as(p))
 
     def close(self) -> None:
         for group in self.created:

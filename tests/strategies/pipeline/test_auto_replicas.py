@@ -145,3 +145,28 @@ def test_impossible_stage_counts_say_why():
         choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(3, 1e9), stages=4)
     with pytest.raises(CaramelError, match=f"the model {len(layers)} layers"):
         choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(64, 1e9), stages=len(layers) + 1)
+
+
+def test_a_weight_tied_across_layers_gets_equal_counts_only():
+    from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
+    from caramel.strategies.pipeline.simulate import shares_a_weight
+
+    # a heavy layer with 8 MB of weights, a light one: 3+1 untied
+    layers = [ScalingCost(0.0, c.forward_s / 8, 0.0, c.backward_s / 8, c.output_bytes / 8, c.param_bytes)
+              for c in [LayerCost(0.02, 0.04, 400_000, 8_000_000), LayerCost(0.005, 0.005, 4_000, 0)]]
+    cluster = ClusterSpec.uniform(4, 1e9)
+    assert choose_replicas(layers, 24, "gpipe", cluster, stages=2, microbatches=12).counts == [3, 1]
+    tied = choose_replicas(layers, 24, "gpipe", cluster, stages=2, microbatches=12, equal_counts=True)
+    assert tied.counts == [2, 2]
+    free = choose_replicas(layers, 24, "gpipe", cluster, equal_counts=True)
+    assert len(set(free.counts)) == 1
+    with pytest.raises(CaramelError, match="tied across layers takes equal counts"):
+        choose_replicas(layers, 24, "gpipe", ClusterSpec.uniform(3, 1e9), stages=2, equal_counts=True)
+
+    def profile(uses):
+        mods = [ModuleInfo(name=n, type="Linear", forward_start_s=0.0, forward_time_s=1.0, backward_time_s=1.0)
+                for n in ("a", "b")]
+        return ModelProfile(model="m", batch_size=4, forward_time_s=2.0, backward_time_s=2.0, optimizer_time_s=0.0,
+                            params=[ParamInfo(index=0, name="a.weight", shape=[2, 2], dtype="float32", numel=4, bytes=16, requires_grad=True,
+                                              use_modules=uses)], modules=mods)
+    assert shares_a_weight(profile(["a", "b"])) and not shares_a_weight(profile(["a"]))

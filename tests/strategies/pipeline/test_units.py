@@ -99,3 +99,76 @@ def test_a_tied_weight_of_two_sequential_children_is_found_on_both_stages():
     assert share_tied(net, split_sequential(net, [3])) != []  # 0 and 3 still apart
     net[3].weight = nn.Parameter(net[0].weight.detach().clone())
     assert share_tied(net, split_sequential(net, [2])) == []
+
+
+class OneNameTwoStages(nn.Module):
+    """`a.weight` used again, under its one name, by a functional call after the cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.b(torch.relu(self.a(x)))
+        return torch.nn.functional.linear(h, self.a.weight)
+
+
+def test_a_weight_used_on_two_stages_under_one_name_is_tied():
+    net = OneNameTwoStages()
+    stages, tied = traced_stages(net, ["b"], 2, torch.randn(3, 6))
+    assert [(w.names, w.stages) for w in tied] == [(("a.weight",), (0, 1))]
+    assert all(net.a.weight is p for s in stages for n, p in s.named_parameters() if n == "a.weight")
+
+
+def test_two_stages_of_one_rank_using_a_tied_weight_are_refused():
+    from types import SimpleNamespace
+
+    from caramel.strategies.pipeline.options import PipelineOptions
+    from caramel.strategies.pipeline.runtime import Pipeline
+    from caramel.strategies.pipeline.tied import TiedWeight, shared_positions
+
+    tied = [TiedWeight(("0.weight", "2.weight"), (0, 2))]  # interleaved, 4 stages on 2 ranks: both on rank 0
+    assert shared_positions(tied, 2) == tied
+    assert shared_positions([TiedWeight(("0.weight", "4.weight"), (0, 3))], 2) == []
+    pipe = Pipeline.__new__(Pipeline)
+    pipe.options = PipelineOptions(stages=4, schedule="interleaved")
+    pipe.layout = SimpleNamespace(positions=2, replicas=1, replica_group=None)
+    with pytest.raises(CaramelError, match=r"one rank would hold two stages.*0.weight = 2.weight on stages \[0, 2\]"):
+        pipe._tie(tied)
+
+
+def test_tied_grads_leave_a_frozen_or_unused_weight_without_a_gradient(tmp_path):
+    import torch.distributed as dist
+
+    from caramel.strategies.pipeline.tied import TiedGrads
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        frozen, unused, used = (nn.Parameter(torch.ones(3)) for _ in range(3))
+        frozen.requires_grad_(False)
+        used.grad = torch.full((3,), 2.0)
+        tg = TiedGrads.__new__(TiedGrads)  # one holder here: the sum over a one-rank group
+        tg.params, tg.groups, tg.created = [frozen, unused, used], [(dist.group.WORLD, 0)] * 3, []
+        tg.reduce()
+        assert frozen.grad is None and unused.grad is None  # the optimizer then skips them
+        assert torch.equal(used.grad, torch.full((3,), 2.0))
+    finally:
+        dist.destroy_process_group()
+
+
+class ReusedAcrossTheCut(nn.Module):
+    """Module `a` called before and after the cut at `b`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.a(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_a_module_called_on_both_sides_of_the_cut_is_named():
+    with pytest.raises(CaramelError, match="module 'a' is called on both sides of the cut"):
+        traced_stages(ReusedAcrossTheCut(), ["b"], 2, torch.randn(3, 6))
