@@ -226,31 +226,26 @@ def tied_in_bench(rank: int, world: int) -> dict:
            "moved": float((copies[0] - tiny_gpt(batch_size=4, seed=0).model.tok.weight.detach()).abs().max())}
     pipe.close()
 
-    seq, ref_seq = tied_sequential(), tied_sequential()
-    pipe = caramel.pipeline(seq, sgd, stages=2, microbatches=2, schedule="gpipe", partition=[2])
-    opt = sgd(ref_seq.parameters())
-    for step in range(10):
-        pipe.step(*batch(step), F.cross_entropy)
-        F.cross_entropy(ref_seq(batch(step)[0]), batch(step)[1]).backward()
-        opt.step()
-        opt.zero_grad()
-    dist.all_gather_object(copies, seq[0].weight.detach().clone())
-    out["sequential"] = {"diff": max_diff(pipe.state_dict(), ref_seq.state_dict()),
-                         "copies_equal": bool(torch.equal(copies[0], copies[1]))}
-    pipe.close()
+    def tied_against_single_process(**pipeline_options) -> dict:
+        """10 steps of a tied Sequential's pipeline beside one process on the whole batch."""
+        seq, ref_seq = tied_sequential(), tied_sequential()
+        pipe = caramel.pipeline(seq, sgd, **pipeline_options)
+        opt = sgd(ref_seq.parameters())
+        for step in range(10):
+            pipe.step(*batch(step), F.cross_entropy)
+            F.cross_entropy(ref_seq(batch(step)[0]), batch(step)[1]).backward()
+            opt.step()
+            opt.zero_grad()
+        dist.all_gather_object(copies, seq[0].weight.detach().clone())
+        result = {"diff": max_diff(pipe.state_dict(), ref_seq.state_dict()),
+                  "copies_equal": bool(torch.equal(copies[0], copies[1]))}
+        pipe.close()
+        return result
+
+    out["sequential"] = tied_against_single_process(stages=2, microbatches=2, schedule="gpipe", partition=[2])
     # interleaved, 4 stages on 2 ranks: the first (rank 0) and the last (rank 1) stage share it
-    seq, ref_seq = tied_sequential(), tied_sequential()
-    pipe = caramel.pipeline(seq, sgd, stages=4, microbatches=4, schedule="interleaved", partition=[1, 2, 4])
-    opt = sgd(ref_seq.parameters())
-    for step in range(10):
-        pipe.step(*batch(step), F.cross_entropy)
-        F.cross_entropy(ref_seq(batch(step)[0]), batch(step)[1]).backward()
-        opt.step()
-        opt.zero_grad()
-    dist.all_gather_object(copies, seq[0].weight.detach().clone())
-    out["interleaved"] = {"diff": max_diff(pipe.state_dict(), ref_seq.state_dict()),
-                          "copies_equal": bool(torch.equal(copies[0], copies[1]))}
-    pipe.close()
+    out["interleaved"] = tied_against_single_process(stages=4, microbatches=4, schedule="interleaved",
+                                                     partition=[1, 2, 4])
     b = tiny_gpt(batch_size=4, seed=0)
     try:
         runner = build_strategy(Strategy("pipeline", (("microbatches", 2), ("partition", "blocks.1"),
