@@ -27,8 +27,8 @@ Order of events (the same on every rank, at the same steps):
    twice the standard error of their difference (a smaller lead is as likely luck as not on a
    noisy host). The order of preference (`trial_preference`) is the trial's baseline, then the
    planner's other plans, then DDP's schedule: handed to torch DDP it pays DDP's search for
-   unused parameters (docs/engine.md: 0.3-2.7% on 4 workers), and in the bench every hand-over
-   on record ran behind plain DDP (0.956x, 0.955x, 0.942x, 0.967x, 0.987x). The baseline is the
+   unused parameters (docs/engine.md, "DDP's schedule, run by torch DDP"), and in the bench every
+   hand-over on record ran behind plain DDP (docs/results/engine-history.md). The baseline is the
    planner's plan the simulator predicts fastest by more than `PREDICTED_TIE` (each plan's
    `predicted_step_time_s`, simulated for the cluster it was made for: on a measured cluster its
    rate, latencies and each collective's pause in compute): a measured lead within the noise is
