@@ -41,13 +41,13 @@ unrolled steps (all workers' mean; a gossip worker may run ahead of a far one).
 """
 from __future__ import annotations
 
-import random
 import statistics
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
+from caramel.strategies.gossip.links import flow_share, jitter_factors, link_rates
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
@@ -55,33 +55,6 @@ from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
 MIN_ITERATIONS = 40
-
-
-def _rates(cluster: ClusterSpec) -> list[float]:
-    raw = cluster.meta.get("worker_bandwidth_bps")
-    if raw is None:
-        return [cluster.bandwidth_bps / 8] * cluster.world_size
-    if not isinstance(raw, list) or len(raw) != cluster.world_size or any(not (isinstance(r, (int, float)) and r > 0) for r in raw):
-        raise CaramelError(f"cluster meta.worker_bandwidth_bps must list {cluster.world_size} positive rates in bit/s, got {raw!r}")
-    return [r / 8 for r in raw]
-
-
-def _jitter(cluster: ClusterSpec, steps: int) -> list[list[float]]:
-    """Per worker, per step, the compute-time factor."""
-    n = cluster.world_size
-    out = [[1.0] * steps for _ in range(n)]
-    raw = cluster.meta.get("compute_jitter")
-    if raw is None:
-        return out
-    try:
-        rank, frac, seed = int(raw["rank"]), float(raw["fraction"]), int(raw.get("seed", 0))
-    except (TypeError, KeyError, ValueError):
-        raise CaramelError(f"cluster meta.compute_jitter must be {{'rank': R, 'fraction': F, 'seed': S}}, got {raw!r}") from None
-    if not 0 <= rank < n or not 0 <= frac < 1:
-        raise CaramelError(f"cluster meta.compute_jitter: rank must be in 0..{n - 1} and fraction in [0, 1), got {raw!r}")
-    rng = random.Random(seed)
-    out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
-    return out
 
 
 def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float,
@@ -153,9 +126,9 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to gossip")
     mats = [mixing_matrix(options.topology, n, t) for t in range(period(options.topology, n))]
-    rates, alpha = _rates(cluster), cluster.latency_s
+    rates, alpha = link_rates(cluster), cluster.latency_s
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
-    jit = _jitter(cluster, steps)
+    jit = jitter_factors(cluster, steps)
     speed = [w.speed for w in cluster.workers]
     optimizer = str(profile.meta.get("optimizer", "SGD"))  # a profile that names none: SGD's one buffer
     per_tensor = 1 + len(moment_keys(optimizer, options.algorithm))
@@ -177,47 +150,65 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     def compute(w: int, k: int, seconds: float) -> float:
         return seconds / speed[w] * jit[w][k]
 
+    def per_byte(Wk, j: int, w: int) -> float:
+        """Seconds per byte from j to w: the flows through either link share its rate, and
+        together achieve `flow_share` of it."""
+        flows = max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv))
+        return flows / (min(rates[j], rates[w]) * flow_share(cluster, flows))
+
     end = [[0.0] * steps for _ in range(n)]
     waits = [0.0] * n
     events = []
     cycle = options.head_steps + 1  # DePRL: only the last step of each cycle sends (the body)
     ready, starts, busies = [0.0] * n, [0.0] * n, [Busy(cluster.compute_slowdown) for _ in range(n)]
     backward = [(0.0, 0.0)] * n  # per worker, this step's backward (start, end)
+    sends_end = [0.0] * n  # per worker, when this step's parameter messages have left its link
+
     def trackers_landed(j: int, w: int, Wk) -> float:
-        """When the last of j's trackers of this step lands at w: after j's backward, or (overlap)
-        message by message as j's backward makes them ready, one after another on the link."""
-        per_byte = max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv)) / min(rates[j], rates[w])
+        """When the last of j's trackers of this step lands at w. A gloo send waits for its
+        receiver's recv (rendezvous), posted when w reaches the same point; j's link sends its
+        parameter messages first. Without overlap both post at step(); with, message by
+        message as each backward makes it ready, one after another on j's link."""
+        pb = per_byte(Wk, j, w)
         if not overlapped:
-            return ready[j] + alpha + tracker_bytes * per_byte
-        (b0, b1), link = backward[j], 0.0
-        scale = (b1 - b0) / profile.backward_time_s if profile.backward_time_s > 0 else 0.0
+            return max(ready[j], ready[w] + alpha, sends_end[j]) + alpha + tracker_bytes * pb
+        (b0, b1), (c0, c1), link = backward[j], backward[w], sends_end[j]
+        back_s = profile.backward_time_s
+        scale_j = (b1 - b0) / back_s if back_s > 0 else 0.0
+        scale_w = (c1 - c0) / back_s if back_s > 0 else 0.0
         for ready_s, nbytes in tmsgs:
-            link = max(link, b0 + ready_s * scale) + nbytes * per_byte
+            link = max(link, b0 + ready_s * scale_j, c0 + ready_s * scale_w + alpha) + nbytes * pb
         return link + alpha
 
     for k in range(steps):
         sent = k > 0 and (k - 1) % cycle == cycle - 1
         W = mats[((k - 1) // cycle) % len(mats)] if sent else None
         nbs = [neighbours(W, i) for i in range(n)] if W is not None else None
+
+        def leaves(j: int, w: int) -> float:
+            """When j's messages to w start: gloo sends once w's recv is posted (w's update
+            of the step before, its ready-notice a latency away) and j's send is."""
+            return max(end[j][k - 1], end[w][k - 1] + alpha)
+
+        if nbs is not None:
+            sends_end = [max((leaves(w, i) + alpha + total * per_byte(W, w, i) for i in nbs[w].send),
+                             default=end[w][k - 1]) for w in range(n)]
+        else:
+            sends_end = [0.0] * n
         for w in range(n):
             t = end[w][k - 1] if k else 0.0
 
             def landed(c: float) -> float:
                 if nbs is None or c == 0:
                     return 0.0
-                arrive = 0.0
-                for j, _ in nbs[w].recv:
-                    share = max(len(nbs[j].send), len(nbs[w].recv))
-                    arrive = max(arrive, end[j][k - 1] + alpha + c * share / min(rates[j], rates[w]))
-                return arrive
+                return max((leaves(j, w) + alpha + c * per_byte(W, j, w) for j, _ in nbs[w].recv), default=0.0)
 
             # contention: compute runs the cluster's compute_slowdown times slower while this
             # step's exchange is on the wire (from the first send to the last landing)
             busy = Busy(cluster.compute_slowdown)
             if nbs is not None and n > 1:
-                sends_end = end[w][k - 1] + alpha + total * len(nbs[w].send) / rates[w]
-                first = min([end[j][k - 1] for j, _ in nbs[w].recv] + [end[w][k - 1]])
-                busy.add(first, max(landed(total), sends_end))
+                first = min([leaves(j, w) for j, _ in nbs[w].recv] + [leaves(w, i) for i in nbs[w].send] + [t])
+                busy.add(first, max(landed(total), sends_end[w]))
             start = t
             for m, mod in enumerate(profile.modules):
                 if in_forward:
@@ -227,7 +218,14 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                         t = due
                 t = busy.advance(t, compute(w, k, mod.forward_time_s))
             bwd0 = t
-            t = busy.advance(t, compute(w, k, profile.backward_time_s))
+            if overlapped and n > 1 and tmsgs:
+                # from the first tracker message's leaving, the trackers' exchange is on the
+                # wire for the rest of backward: that part runs at the contention's slowdown
+                first_s = min(tmsgs[0][0], profile.backward_time_s)
+                t = busy.advance(t, compute(w, k, first_s))
+                t += compute(w, k, profile.backward_time_s - first_s) * cluster.compute_slowdown
+            else:
+                t = busy.advance(t, compute(w, k, profile.backward_time_s))
             backward[w] = (bwd0, t)
             due = landed(total)
             if due > t:
@@ -248,6 +246,9 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     warm = steps // 2
     periods = [(e[-1] - e[warm]) / (steps - 1 - warm) for e in end]
     step_s = statistics.mean(periods)
+    # the bench's statistic: per step, how far the slowest worker's clock advanced; its median
+    job = [max(e[k] for e in end) for k in range(warm, steps)]
+    job_median_s = statistics.median(b - a for a, b in zip(job, job[1:]))
     compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] for w in range(n))
     send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
     ar = allreduce_step_s(profile, cluster, rates, jit, sum(p.bytes for p in shared))
@@ -267,6 +268,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
               "mixing": info, "bytes_per_peer_per_step": priced.total,
               "tracker_bytes_per_peer_per_step": priced.trackers, "periods_s": periods,
+              "job_step_median_s": job_median_s,
               "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
 
 
