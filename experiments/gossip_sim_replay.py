@@ -7,10 +7,10 @@ configuration's model here, replays it at the pace each record's compute-only st
 predicts every gossip row three ways: the model of `--ref` on the cluster the bench built (no
 slow link, no jitter: what the bench printed), the same model on the cluster the configuration
 ran (`--slow-link`: the slow worker's rate; `--jitter`: the seeded draws), and this tree's model
-on that cluster. Each against the measured median; the strategies' own steps are never inputs.
+on that cluster, the jitter as the bench emulates it. Each against the measured median; the strategies' own steps are never inputs.
 
     python experiments/gossip_sim_replay.py docs/results/gossip-bench-jitter-2.json ... --ref main \\
-        --json docs/results/gossip-sim-replay.json
+        --profile docs/results/gossip-sim-profile.json --json docs/results/gossip-sim-replay.json
 """
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from caramel.jsonio import write_json
 from experiments.predict_again import old_simulator
 
 
-def heterogeneous(cluster, meta: dict, workers: int, net_bps: float):
+def heterogeneous(cluster, meta: dict, workers: int, net_bps: float, pause: bool = False):
     """`cluster` with the configuration's slow link and jitter in its meta. The comm-only ring
     all-reduce runs at the slowest link's pace, so with `--slow-link R:F` the measured net rate
-    is the slow link's and the others' is F times it."""
+    is the slow link's and the others' is F times it. `pause`: the jitter as the bench emulates
+    it (a sleep after the forward, `caramel.strategies.gossip.links`)."""
     import dataclasses
 
     from caramel.bench.hetero import link_rates_bps
@@ -40,7 +41,8 @@ def heterogeneous(cluster, meta: dict, workers: int, net_bps: float):
         extra["worker_bandwidth_bps"] = link_rates_bps(net_bps * factor, workers, [rank, factor])
     if uneven.get("jitter"):
         rank, fraction, seed = uneven["jitter"]
-        extra["compute_jitter"] = {"rank": rank, "fraction": fraction, "seed": seed}
+        extra["compute_jitter"] = {"rank": rank, "fraction": fraction, "seed": seed,
+                                   **({"pause_after_forward": True} if pause else {})}
     return dataclasses.replace(cluster, meta={**cluster.meta, **extra}), uneven
 
 
@@ -49,6 +51,7 @@ def main() -> None:
     ap.add_argument("bench_json", nargs="+")
     ap.add_argument("--ref", required=True, help="git commit whose gossip simulate.py is the 'before' model")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, help="a saved profile of the records' model to replay (else one taken here)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from caramel.bench.harness import make_workload
@@ -68,6 +71,9 @@ def main() -> None:
             if spec.info.name != "gossip" or r.get("step_time_median_s") is None:
                 continue
             key = (r["model"], json.dumps(r.get("model_options") or {}, sort_keys=True), r["batch_size"])
+            if key not in profiles and args.profile:
+                from caramel.profile.model_profile import ModelProfile
+                profiles[key] = ModelProfile.load(args.profile)
             if key not in profiles:
                 cfg = BenchConfig(model=r["model"], workers=r["workers"], model_options=dict(r.get("model_options") or {}),
                                   batch_size=r["batch_size"])
@@ -81,10 +87,17 @@ def main() -> None:
             speeds = worker_speeds(profile.step_time_s, [r["compute_s"]] * r["workers"])
             bench = bench_cluster(r["workers"], net, speeds, link or None, r.get("compute_slowdown") or 1.0)
             ran, uneven = heterogeneous(bench, data["meta"], r["workers"], net)
+            # this tree's model takes the bench's jitter as it is emulated: compute at the pace
+            # the padded compute-only step shows without its padding (nominal = 1 / (1 - f)),
+            # the pause after the forward on top
+            nominal = 1.0 / (1.0 - uneven["jitter"][1]) if uneven.get("jitter") else 1.0
+            unpadded = bench_cluster(r["workers"], net, worker_speeds(profile.step_time_s, [r["compute_s"] / nominal] * r["workers"]),
+                                     link or None, r.get("compute_slowdown") or 1.0)
+            ran_new, _ = heterogeneous(unpadded, data["meta"], r["workers"], net, pause=True)
             m = r["step_time_median_s"]
             old_bench = before(profile, bench, spec.options)
             old_ran = before(profile, ran, spec.options)
-            new = simulate_gossip(profile, ran, spec.options)
+            new = simulate_gossip(profile, ran_new, spec.options)
             row = {"file": Path(path).name, "strategy": r["strategy"], "workers": r["workers"],
                    "bandwidth": r["bandwidth"], "uneven": uneven or None, "measured_s": m,
                    "bench_predicted_s": r.get("predicted_step_s"), "old_bench_cluster_s": old_bench.step_time_s,
@@ -101,6 +114,7 @@ def main() -> None:
                   f" new {pct(row['error_new'])} new median {pct(row['error_new_job_median'])}", flush=True)
     if args.json:
         write_json(args.json, {"format": "caramel.gossip-sim-replay/1", "ref": args.ref, "command": " ".join(sys.argv),
+                               "profile": args.profile,
                                "profile_step_s": {k[0]: p.step_time_s for k, p in profiles.items()}, "rows": rows})
 
 

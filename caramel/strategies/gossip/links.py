@@ -2,6 +2,14 @@
 spec's rate and latency: each worker's link rate, one worker's compute jitter, and the share of
 a link's rate that concurrent peer flows achieve.
 
+Jitter. `compute_jitter` {"rank", "fraction", "seed"} scales worker rank's compute per step by a
+uniform draw from [1 - f, 1 + f] (seeded). With `"pause_after_forward": true` it describes the
+bench's emulation instead (`caramel.bench.hetero`): compute cannot be made faster, so every
+worker runs its compute as profiled and sleeps after its forward for (nominal x draw - 1) x its
+forward + backward, nominal = 1 / (1 - f), draw 1 for the workers not jittered. A sleep is not
+compute: it does not slow beside transfers, and the exchange cannot hide behind the modules'
+forward for longer than their real compute.
+
 Flows. The bench's comm-only baseline, whose rate the predictions take, is a ring all-reduce:
 one flow into and one out of each link. A gossip worker sends to d peers and receives from d
 at once, one gloo connection (and send/receive thread) per peer and direction; on a shared
@@ -29,22 +37,28 @@ def link_rates(cluster: ClusterSpec) -> list[float]:
     return [r / 8 for r in raw]
 
 
-def jitter_factors(cluster: ClusterSpec, steps: int) -> list[list[float]]:
-    """Per worker, per step, the compute-time factor (meta `compute_jitter`)."""
+def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None]:
+    """Per worker, per step, the draw (meta `compute_jitter`), and the nominal factor when the
+    jitter is the bench's pause after the forward (module docstring), else None."""
     n = cluster.world_size
     out = [[1.0] * steps for _ in range(n)]
     raw = cluster.meta.get("compute_jitter")
     if raw is None:
-        return out
+        return out, None
+    shape = "{'rank': R, 'fraction': F, 'seed': S, 'pause_after_forward': bool (optional)}"
     try:
         rank, frac, seed = int(raw["rank"]), float(raw["fraction"]), int(raw.get("seed", 0))
-    except (TypeError, KeyError, ValueError):
-        raise CaramelError(f"cluster meta.compute_jitter must be {{'rank': R, 'fraction': F, 'seed': S}}, got {raw!r}") from None
+        pause = raw.get("pause_after_forward", False)
+        unknown = set(raw) - {"rank", "fraction", "seed", "pause_after_forward"}
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise CaramelError(f"cluster meta.compute_jitter must be {shape}, got {raw!r}") from None
+    if unknown or not isinstance(pause, bool):
+        raise CaramelError(f"cluster meta.compute_jitter must be {shape}, got {raw!r}")
     if not 0 <= rank < n or not 0 <= frac < 1:
         raise CaramelError(f"cluster meta.compute_jitter: rank must be in 0..{n - 1} and fraction in [0, 1), got {raw!r}")
     rng = random.Random(seed)
     out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
-    return out
+    return out, (1.0 / (1.0 - frac) if pause else None)
 
 
 def flow_share(cluster: ClusterSpec, flows: int) -> float:

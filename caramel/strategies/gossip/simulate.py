@@ -4,18 +4,25 @@ on this model, cluster, link costs and compute jitter?
 Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 
 - after its update (step k-1) worker j sends its gossiped bytes to each out-neighbour of step
-  k-1's matrix, in forward order; the messages share j's sending rate and the receiver's
-  receiving rate (`worker_bandwidth_bps`), so the first c bytes from j land at i at
-  start + latency + c x max(out-degree_j, in-degree_i) / min(rate_j, rate_i);
+  k-1's matrix, in forward order. A gloo send waits for its receiver's recv (rendezvous: the
+  receiver posts it at its own update and its notice takes a latency), so a message starts at
+  max(end_j, end_i + latency): a worker never streams ahead into a neighbour that is behind.
+  The messages share j's sending rate and the receiver's receiving rate
+  (`worker_bandwidth_bps`), and d concurrent peer flows achieve `links.flow_share` of the
+  rate together (the traffic probe's `push_efficiency` at n - 1 flows), so the first c bytes
+  land at start + latency + c x d / (min(rate_j, rate_i) x share(d)), d = max(out-degree_j,
+  in-degree_i);
 - the bytes travel as the runtime's messages (`bucket_cap_mb`, cut as `engine.make_buckets`
   cuts them: `message_needs`), and the next forward runs the profile's modules in order, each
   once every message holding one of its parameters has landed from every in-neighbour, all of
   it: a model smaller than the cap is one message, which the first module waits for
   (algorithm=adam: no wait in the forward; all of it must have landed before the update);
-- compute is the profile's, divided by the worker's speed and multiplied by its step's jitter;
+- compute is the profile's, divided by the worker's speed and multiplied by its step's jitter
+  (or, the bench's emulation, followed by a pause after the forward: `links`);
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;
 - compute runs the cluster's `compute_slowdown` times slower while the worker's exchange of
-  that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default);
+  that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default), and
+  so does the rest of backward once its first overlapped tracker message has left;
 - what travels is priced by `volume.peer_bytes`, the runtime's own definition: each
   parameter, its moment buffers (momentum, tracking_momentum: the optimizer the profile names
   in `meta["optimizer"]`, SGD's one buffer when it names none; Adam/AdamW two), the floating
@@ -26,18 +33,22 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
   runtime's default) they leave as the runtime cuts them (`tracker_messages`: reverse forward
   order, `tracker_bucket_cap_mb`), each once the last of its parameters' gradients is ready in
   the sender's backward (the profile's `ready_time_s`, scaled to that backward's duration), one
-  after another on the link; without, all of them after the sender's backward (the tracker and
-  parameter messages are not modelled sharing a link: one follows the other within a step).
+  after another on the link, after the sender's parameter messages of the step (one link),
+  and each once the receiver has made the same message ready (rendezvous); without, all of
+  them once both have finished backward.
 
-Cluster spec `meta` (both optional): `worker_bandwidth_bps`, a list of each worker's link rate
-(default the cluster's); `compute_jitter`, `{"rank": r, "fraction": f, "seed": s}`: worker r's
-compute time at each step is scaled by a uniform draw from [1 - f, 1 + f] (seeded).
+Cluster spec `meta` (all optional; `caramel.strategies.gossip.links`): `worker_bandwidth_bps`, a
+list of each worker's link rate (default the cluster's); `compute_jitter`, `{"rank": r,
+"fraction": f, "seed": s}`: worker r's compute time at each step is scaled by a uniform draw
+from [1 - f, 1 + f] (seeded); `push_efficiency`: the flows' share of the rate at n - 1 peers.
 
 The all-reduce it is compared with (`meta["allreduce"]`), under the same links and jitter:
 every step waits for the slowest worker's forward and backward, then the part of a ring
 all-reduce (2(n-1) latencies + 2(n-1)/n x bytes at the slowest link's rate) that backward did
 not hide, then the update. The step time is the mean period over the second half of the
-unrolled steps (all workers' mean; a gossip worker may run ahead of a far one).
+unrolled steps (all workers' mean; a gossip worker may run ahead of a far one);
+`meta["job_step_median_s"]` is the bench's statistic over the same steps: the median of how
+far the slowest worker's clock advanced per step (under jitter below the mean).
 """
 from __future__ import annotations
 
@@ -128,7 +139,13 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     mats = [mixing_matrix(options.topology, n, t) for t in range(period(options.topology, n))]
     rates, alpha = link_rates(cluster), cluster.latency_s
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
-    jit = jitter_factors(cluster, steps)
+    jit, nominal = jitter_factors(cluster, steps)
+    if nominal is not None:  # the bench's emulation: compute as profiled, a pause after the forward
+        pauses = [[(nominal * d - 1.0) * (profile.forward_time_s + profile.backward_time_s) / w.speed for d in draws]
+                  for draws, w in zip(jit, cluster.workers)]
+        jit = [[1.0] * steps for _ in range(n)]
+    else:
+        pauses = [[0.0] * steps for _ in range(n)]
     speed = [w.speed for w in cluster.workers]
     optimizer = str(profile.meta.get("optimizer", "SGD"))  # a profile that names none: SGD's one buffer
     per_tensor = 1 + len(moment_keys(optimizer, options.algorithm))
@@ -217,6 +234,7 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                         waits[w] += due - t
                         t = due
                 t = busy.advance(t, compute(w, k, mod.forward_time_s))
+            t += pauses[w][k]  # a sleep: not slowed by the transfers
             bwd0 = t
             if overlapped and n > 1 and tmsgs:
                 # from the first tracker message's leaving, the trackers' exchange is on the
@@ -249,9 +267,10 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
     # the bench's statistic: per step, how far the slowest worker's clock advanced; its median
     job = [max(e[k] for e in end) for k in range(warm, steps)]
     job_median_s = statistics.median(b - a for a, b in zip(job, job[1:]))
-    compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] for w in range(n))
+    compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] + statistics.mean(pauses[w])
+                    for w in range(n))
     send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
-    ar = allreduce_step_s(profile, cluster, rates, jit, sum(p.bytes for p in shared))
+    ar = allreduce_step_s(profile, cluster, rates, jit, sum(p.bytes for p in shared), pauses)
     info = describe(options.topology, n)
     name = info["topology"]
     return SimResult(
@@ -273,16 +292,18 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
 
 
 def allreduce_step_s(profile: ModelProfile, cluster: ClusterSpec, rates: list[float], jit: list[list[float]],
-                     nbytes: int) -> float:
+                     nbytes: int, pauses: list[list[float]] | None = None) -> float:
     """Mean synchronous step time of ring all-reduce data parallelism under the same links and
-    jitter (module docstring): every step waits for the slowest worker."""
+    jitter (module docstring): every step waits for the slowest worker (`pauses`: each worker's
+    sleep after its forward per step, the bench's jitter emulation)."""
     n = cluster.world_size
     speed = [w.speed for w in cluster.workers]
     comm = 2 * (n - 1) * cluster.latency_s + 2 * (n - 1) / n * nbytes / min(rates) if n > 1 else 0.0
     steps = len(jit[0])
     times = []
     for k in range(steps):
-        fb = max((profile.forward_time_s + profile.backward_time_s) / speed[w] * jit[w][k] for w in range(n))
+        fb = max((profile.forward_time_s + profile.backward_time_s) / speed[w] * jit[w][k]
+                 + (pauses[w][k] if pauses else 0.0) for w in range(n))
         bwd = min(profile.backward_time_s / speed[w] * jit[w][k] for w in range(n))
         opt = max(profile.optimizer_time_s / speed[w] * jit[w][k] for w in range(n))
         times.append(fb + max(comm - bwd, 0.0) + opt)
