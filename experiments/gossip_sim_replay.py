@@ -10,7 +10,7 @@ ran (`--slow-link`: the slow worker's rate; `--jitter`: the seeded draws), and t
 on that cluster, the jitter as the bench emulates it. Each against the measured median; the strategies' own steps are never inputs.
 
     python experiments/gossip_sim_replay.py docs/results/gossip-bench-jitter-2.json ... --ref main \\
-        --profile docs/results/gossip-sim-profile.json --json docs/results/gossip-sim-replay.json
+        --profile resnet18=docs/results/gossip-sim-profile.json --json docs/results/gossip-sim-replay.json
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def main() -> None:
     ap.add_argument("bench_json", nargs="+")
     ap.add_argument("--ref", required=True, help="git commit whose gossip simulate.py is the 'before' model")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--profile", default=None, help="a saved profile of the records' model to replay (else one taken here)")
+    ap.add_argument("--profile", default=None,
+                    help="MODEL=PATH: a saved profile to replay for the records of bench model MODEL (else one taken here)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from caramel.bench.harness import make_workload
@@ -71,15 +72,18 @@ def main() -> None:
             if spec.info.name != "gossip" or r.get("step_time_median_s") is None:
                 continue
             key = (r["model"], json.dumps(r.get("model_options") or {}, sort_keys=True), r["batch_size"])
-            if key not in profiles and args.profile:
+            saved_for, _, saved = (args.profile or "").partition("=")
+            if key not in profiles and saved and saved_for == r["model"]:
                 from caramel.profile.model_profile import ModelProfile
-                profiles[key] = ModelProfile.load(args.profile)
+                profiles[key] = ModelProfile.load(saved)
+                if profiles[key].batch_size != r["batch_size"]:
+                    raise SystemExit(f"--profile {args.profile}: batch {profiles[key].batch_size}, the records' {r['batch_size']}")
             if key not in profiles:
                 cfg = BenchConfig(model=r["model"], workers=r["workers"], model_options=dict(r.get("model_options") or {}),
                                   batch_size=r["batch_size"])
                 profiles[key] = profile_workload(make_workload(cfg, 0, torch.device("cpu")))
             profile = profiles[key]
-            link = r["link_fit"] or {}
+            link = r.get("link_fit") or {}
             net = link.get("net_bandwidth_bps")
             if net is None:  # no probe fit recorded: the rate with the fixed costs in
                 from caramel.bench.lower_bound import effective_bandwidth_bps
