@@ -17,7 +17,10 @@ host's cores and through one shaped link d flows carry less than d times 1/d of 
 traffic probe measures it at d = n - 1 (`caramel.bench.traffic_probe`: every rank sends a shard
 to every other at once; `push_efficiency` in the cluster meta, as the ps model reads it). At
 d = 1 the share is 1 by definition of the rate; between the two it is interpolated linearly
-in the number of extra flows. Without the probe's measurement: 1 (no evidence).
+in the number of extra flows (an assumption: the probe measures only the end point). The
+probe's messages are a shard (the gradient bytes / n), a gossip message the model: the share
+is taken as independent of the size. Without the probe's measurement: 1 (no evidence). The
+bench passes it to every prediction's cluster (`caramel.bench.prediction.bench_cluster`).
 """
 from __future__ import annotations
 
