@@ -142,13 +142,15 @@ def test_compute_beside_the_exchange_runs_at_the_clusters_slowdown():
 
 def test_tracking_sends_twice_the_bytes_and_waits_for_the_trackers_before_the_update(profile):
     """Uniform workers, trackers sent at step() (the reference path): nothing to hide them
-    behind, so the step grows by exactly one exchange of the model's bytes to two peers."""
+    behind, so the step grows by exactly one exchange of the model's bytes to two peers (gloo's
+    rendezvous: the data leaves once the receiver's recv notice has arrived)."""
     cluster = ClusterSpec.uniform(4, 1e9)
     dpsgd = sim("gossip", profile, cluster)
     tracking = sim("gossip:algorithm=tracking,overlap_trackers=false", profile, cluster)
     model_bytes = sum(p.bytes for p in profile.trainable())
     assert tracking.meta["bytes_per_peer_per_step"] == 2 * dpsgd.meta["bytes_per_peer_per_step"] == 2 * model_bytes
-    exchange_s = cluster.latency_s + model_bytes * 2 / (cluster.bandwidth_bps / 8)  # a ring worker: 2 peers share its link
+    # the receiver's recv notice, then the data; a ring worker's 2 peers share its link
+    exchange_s = 2 * cluster.latency_s + model_bytes * 2 / (cluster.bandwidth_bps / 8)
     assert tracking.step_time_s == pytest.approx(dpsgd.step_time_s + exchange_s, rel=1e-9)
     # the moment buffers as well: a profile naming no optimizer is priced as SGD's one buffer,
     # one naming AdamW as its two
