@@ -373,6 +373,10 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     tied_s = [t - a for t, a in zip(with_tied_allreduce(alone, profile, names, plan.boundaries, positions,
                                                         cluster).allreduce_s, alone.allreduce_s)]
     mode = reduce or reduce_mode(options, any(tied_s))
+    if mode != "after" and (unequal or options.schedule not in ("gpipe", "1f1b")):
+        raise CaramelError(f"pipeline simulation: reduce={mode!r} replays equal replicas of gpipe or 1f1b only; "
+                           f"this layout (replicas={options.replicas}, schedule={options.schedule}) reduces after "
+                           f"the drain (reduce='after' or None)")
     sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
                      profile.optimizer_time_s, mode)
     sc = with_tied_allreduce(sc, profile, names, plan.boundaries, positions, cluster)

@@ -99,3 +99,5 @@ def test_the_registry_entry_prices_an_equal_hybrids_reduction_as_the_runtime_run
     assert caramel.step_time_s < ddp.step_time_s
     with pytest.raises(CaramelError, match="reduce must be one of"):
         simulate_pipeline(prof, cluster, opts, reduce="lazy")
+    with pytest.raises(CaramelError, match="equal replicas of gpipe or 1f1b only"):
+        simulate_pipeline(prof, ClusterSpec.uniform(3, 1e6), dataclasses.replace(opts, replicas="2+1", microbatches=4), reduce="forward")
