@@ -395,7 +395,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      link_utilization=min(1.0, sum(sc.transfer_s) * 2 * options.microbatches / sim.step_time_s),
                      comm_busy_fraction=min(1.0, comm / sim.step_time_s), iteration_times_s=[sim.step_time_s] * iterations,
                      critical_path={"slowest_stage": plan.slowest_stage, "stage_times_s": plan.stage_times_s},
-                     planner=f"pipeline:{options.schedule}", overlap="none" if mode == "after" else mode,
+                     planner=f"pipeline:{options.schedule}", overlap="none",  # replicas: meta["replica_reduce_model"]
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
