@@ -17,7 +17,8 @@ Stage s's ranks are stage-major (the runtime's layout), each stage at its slowes
 
 Neither the fill and drain nor how the links overlap compute is in T; so each candidate (a
 stage count and a microbatch count, where they are free) has its plan replayed by the pipeline
-simulator (`simulate.replay`, the runtime's order), beside the same counts cut to balance
+simulator (`simulate.replay`, the runtime's order; equal counts, whose replicas Caramel's engine
+reduces during the drain and the next fill, by `overlap.replay_overlapped`), beside the same counts cut to balance
 compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
 simulated step wins.
 """
@@ -185,7 +186,8 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
     simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
     equal counts, the runtime's one layout for a weight tied across stages (`tied.py`)."""
-    from caramel.strategies.pipeline.simulate import replay, replicated_actions, stage_costs
+    from caramel.strategies.pipeline.overlap import replay_overlapped
+    from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 
     if schedule not in ("gpipe", "1f1b"):
         raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b, not {schedule!r}")
@@ -221,10 +223,17 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
             # gives those counts): its link term charges every transfer unoverlapped, so where the
             # two differ the simulator, which overlaps them as the runtime does, decides
             balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
+            # equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's engine
+            # (DDP where a weight tied across stages may be split), overlapped as `overlap.py` replays it
+            mode = "after" if len(set(counts)) > 1 or counts[0] == 1 else ("backward" if equal_counts else "forward")
             for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced))):
-                sc = stage_costs(costs, list(cuts), cluster, counts, per_stage, optimizer_s)
-                step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
-                              math.lcm(*counts)).step_time_s
+                sc = stage_costs(costs, list(cuts), cluster, counts, per_stage, optimizer_s, mode)
+                if mode == "after":
+                    step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
+                                  math.lcm(*counts)).step_time_s
+                else:
+                    step = replay_overlapped(sc, schedule_actions(schedule, s, s, m // counts[0]), mode,
+                                             cluster.compute_slowdown).step_time_s
                 if (s, m) not in table or step < table[(s, m)][0]:
                     table[(s, m)] = (step, _plan(costs, cluster, list(cuts), list(counts), m, speeds))
     if not table:

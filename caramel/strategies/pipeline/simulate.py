@@ -33,6 +33,7 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
+from caramel.strategies.pipeline.overlap import REDUCE_MODES, ReduceBuckets, replay_overlapped, stage_buckets
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, _plan, balanced_boundaries,
                                                  fit_scaling, transfer_time_s)
 from caramel.topology.spec import ClusterSpec
@@ -43,13 +44,15 @@ Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
 @dataclass(frozen=True)
 class StageCosts:
     """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
-    per step: each stage's replica all-reduce, then its optimizer step."""
+    per step: each stage's replica all-reduce, then its optimizer step; `buckets`: the same
+    all-reduce bucket by bucket, where the replay overlaps it with compute (`overlap.py`)."""
 
     forward_s: list[float]
     backward_s: list[float]
     transfer_s: list[float]
     allreduce_s: list[float] = field(default_factory=list)
     update_s: list[float] = field(default_factory=list)
+    buckets: list[ReduceBuckets] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,11 @@ def _disjoint(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
                 replicas: int | tuple[int, ...] | list[int] = 1, speeds: list[float] | None = None,
-                optimizer_s: float = 0.0) -> StageCosts:
+                optimizer_s: float = 0.0, reduce: str = "after") -> StageCosts:
     """Sum layers into stages (slowed by each stage's worker speed). `replicas`: of every stage,
     or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
-    model's optimizer step, shared among the stages by their parameters' bytes."""
+    model's optimizer step, shared among the stages by their parameters' bytes. `reduce`
+    ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket."""
     edges = [0, *boundaries, len(costs)]
     speeds = speeds or [1.0] * (len(edges) - 1)
     groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
@@ -225,11 +229,17 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
     total = sum(stage_bytes)
     counts = [replicas] * len(groups) if isinstance(replicas, int) else list(replicas)
     rings = [ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in counts]
+    update = [optimizer_s * nbytes / total / sp if total else 0.0 for nbytes, sp in zip(stage_bytes, speeds)]
+    buckets = []
+    if reduce != "after":
+        buckets = [stage_buckets([c.forward_s / sp for c in g], [c.backward_s / sp for c in g],
+                                 [c.param_bytes for c in g], r, cluster, u, reduce)
+                   for g, sp, r, u in zip(groups, speeds, counts, update)]
     return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
                       [ring.allreduce_time_s(nbytes) for ring, nbytes in zip(rings, stage_bytes)],
-                      [optimizer_s * nbytes / total / sp if total else 0.0 for nbytes, sp in zip(stage_bytes, speeds)])
+                      update, buckets)
 
 
 def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
@@ -327,11 +337,15 @@ def profiled_cuts(names: list[str], cuts: list[int] | list[str]) -> list[int]:
 
 
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
-                      iterations: int = 4) -> SimResult:
+                      iterations: int = 4, reduce: str | None = None) -> SimResult:
     """The registry's simulator entry: one pipeline of `options.stages` over the first workers
     (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
     pipeline's step takes one profile batch per position, so a step trains as many samples as
-    data parallelism over the same workers does (as the bench runs it)."""
+    data parallelism over the same workers does (as the bench runs it). `reduce`: how the
+    replicas' all-reduce is priced (`overlap.REDUCE_MODES`; None: as the runtime runs it,
+    `reduce_mode`; "after": the drain-then-reduce reference)."""
+    if reduce is not None and reduce not in REDUCE_MODES:
+        raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     replica_note = None
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
         options, replica_note = _auto_replicas(profile, cluster, options)
@@ -355,12 +369,25 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
         plan = _plan(costs, cluster, profiled_cuts(names, cuts), [1] * options.stages, plan_speeds)
     if unequal:
         plan = dataclasses.replace(plan, replicas=list(counts))
+    alone = stage_costs(costs, plan.boundaries, cluster, 1)
+    tied_s = [t - a for t, a in zip(with_tied_allreduce(alone, profile, names, plan.boundaries, positions,
+                                                        cluster).allreduce_s, alone.allreduce_s)]
+    mode = reduce or reduce_mode(options, any(tied_s))
+    if mode != "after" and (unequal or options.schedule not in ("gpipe", "1f1b")):
+        raise CaramelError(f"pipeline simulation: reduce={mode!r} replays equal replicas of gpipe or 1f1b only; "
+                           f"this layout (replicas={options.replicas}, schedule={options.schedule}) reduces after "
+                           f"the drain (reduce='after' or None)")
     sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
-                     profile.optimizer_time_s)
+                     profile.optimizer_time_s, mode)
     sc = with_tied_allreduce(sc, profile, names, plan.boundaries, positions, cluster)
+    if mode != "after" and any(tied_s):  # the tied weight's sum runs after the schedule, before the update
+        sc = dataclasses.replace(sc, update_s=[u + t for u, t in zip(sc.update_s, tied_s)])
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
-    sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0)
+    if mode == "after":
+        sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0)
+    else:
+        sim = replay_overlapped(sc, actions, mode, cluster.compute_slowdown)
     compute = max(sim.busy_s)
     comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches
     return SimResult(step_time_s=sim.step_time_s, compute_time_s=compute, comm_time_s=comm,
@@ -368,13 +395,24 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      link_utilization=min(1.0, sum(sc.transfer_s) * 2 * options.microbatches / sim.step_time_s),
                      comm_busy_fraction=min(1.0, comm / sim.step_time_s), iteration_times_s=[sim.step_time_s] * iterations,
                      critical_path={"slowest_stage": plan.slowest_stage, "stage_times_s": plan.stage_times_s},
-                     planner=f"pipeline:{options.schedule}", overlap="none",  # replicas reduce after the drain
+                     planner=f"pipeline:{options.schedule}", overlap="none",  # replicas: meta["replica_reduce_model"]
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note,
-                           "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note})
+                           "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note,
+                           "replica_reduce_model": mode})
+
+
+def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
+    """How the runtime reduces this layout's replicas, as `overlap.py` replays it: "forward"
+    (Caramel's engine), "backward" (DDP), or "after" (no replicas; unequal counts' plain
+    all-reduce; interleaved, whose lanes hold several stages, kept at the drain). A tied weight
+    split across stages makes the runtime reduce with DDP (`runtime.Pipeline._build`)."""
+    if options.unequal_replicas or options.schedule not in ("gpipe", "1f1b") or options.replicas == 1:
+        return "after"
+    return "backward" if tied_split or options.replica_reducer() == "ddp" else "forward"
 
 
 def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions

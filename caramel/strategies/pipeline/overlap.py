@@ -1,0 +1,210 @@
+"""The replicas' reduction as the runtime overlaps it with the pipeline: several steps replayed
+back to back, each stage's buckets reduced while its neighbours still compute.
+
+An equal hybrid (r pipelines of one stage per position) averages each stage's gradients over its
+replica group once per step, bucket by bucket, the last layers' first (backward makes their
+gradients first). When each bucket starts and what waits for it depends on the reduction:
+
+- `"forward"` (`replica_reduce="caramel"`, `replica_reduce.py`): the buckets' all-reduces start
+  in the stage's last backward of the step, as soon as their gradients are ready, one at a time
+  on the lane's link; the step returns at once (the update is lazy), and the next step's first
+  forward of the stage waits, layer by layer, for the bucket holding that layer's parameters and
+  applies its update there (its share of the optimizer step). So the last stage's reduction
+  runs while the earlier stages drain and refill; the first stage's is exposed but for what the
+  rest of its last backward hides.
+- `"backward"` (`replica_reduce="ddp"`): DDP starts its buckets in the same last backward, but
+  that backward returns only once every bucket is reduced (DDP's reducer waits before autograd
+  returns), so its gradient send, the rest of the lane's step and the optimizer step wait.
+- `"after"` (the plain all-reduce of unequal counts, and the reference the two above replaced):
+  the whole stage reduced after its drain, then its optimizer step (`simulate.replay`).
+
+A bucket is a layer of the profile that holds parameters (`ReduceBuckets`; DDP: torch's buckets,
+a first one of `DDP_FIRST_BUCKET_BYTES`, then `DDP_BUCKET_BYTES`), priced by the simulator's
+collective model over the stage's r replicas (`caramel.sim.collectives.CommModel`: a collective
+queued behind another pays the queued latency). While a bucket is on the wire the lane's compute
+runs the cluster's `compute_slowdown` slower, as beside a transfer. The replicas of a stage run
+the same timeline (each stage at its slowest rank's speed), so one lane per position stands for
+them all. The step is the steady period of the lanes' step ends (`STEPS` steps replayed, the
+first, whose forward has no update to wait for, left out). Not modelled: an activation sent
+while a bucket is on the same link shares its bandwidth (both go at full rate here).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from caramel.errors import CaramelError
+from caramel.sim.collectives import CommModel
+from caramel.sim.event_loop import Busy
+from caramel.topology.spec import ClusterSpec
+
+REDUCE_MODES = ("after", "backward", "forward")
+STEPS = 5  # replayed back to back; the period is measured over all but the first
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch's first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`)
+DDP_BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class ReduceBuckets:
+    """One stage's replica reduction, per step, its buckets in issue order (last layers first):
+    each bucket's collective, the stage's backward compute (of one microbatch) done when its
+    gradients are all ready, the forward compute done before its parameters are first used, and
+    its share of the optimizer step."""
+
+    time_s: list[float]
+    ready_s: list[float]
+    need_s: list[float]
+    apply_s: list[float]
+    queued_time_s: list[float]  # the collective when it starts queued behind the previous one
+
+
+def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: list[int], replicas: int,
+                  cluster: ClusterSpec, update_s: float, mode: str) -> ReduceBuckets:
+    """The buckets of one stage whose layers (in forward order) cost `forward_s`, `backward_s`
+    (per microbatch, at the stage's speed) and hold `param_bytes`; `update_s` is the stage's
+    optimizer step, shared among its buckets by bytes."""
+    ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s,
+                               queued_latency_s=cluster.queued_latency_s)
+    comm = CommModel(ring, mode="closed")
+    n, total = len(forward_s), sum(param_bytes)
+    groups: list[list[int]] = []  # layer indices of each bucket, in issue order
+    if mode == "backward":  # torch's buckets over the parameters in reverse order
+        for k in reversed(range(n)):
+            if not param_bytes[k]:
+                continue
+            cap = DDP_FIRST_BUCKET_BYTES if len(groups) <= 1 else DDP_BUCKET_BYTES
+            if not groups or sum(param_bytes[j] for j in groups[-1]) >= cap:
+                groups.append([])
+            groups[-1].append(k)
+    else:  # one bucket per layer that holds parameters
+        groups = [[k] for k in reversed(range(n)) if param_bytes[k]]
+    before_fwd = list(itertools.accumulate(forward_s, initial=0.0))
+    after_bwd = list(itertools.accumulate(reversed(backward_s), initial=0.0))  # backward of the last j layers
+    nbytes = [sum(param_bytes[k] for k in g) for g in groups]
+    first_transfer = [comm.transfer_s(b) for b in nbytes]
+    return ReduceBuckets([comm.time_s(b) for b in nbytes],
+                         [after_bwd[n - min(g)] for g in groups],
+                         [before_fwd[min(g)] for g in groups],
+                         [update_s * b / total if total else 0.0 for b in nbytes],
+                         [comm.time_s(b, after_transfer_s=t) for b, t in zip(nbytes, [0.0, *first_transfer[:-1]])])
+
+
+def replay_overlapped(costs, actions: list[list[tuple[int, str, int]]], mode: str, compute_slowdown: float = 1.0,
+                      steps: int = STEPS):
+    """`simulate.replay` for an equal layout whose replicas reduce in `mode` ("forward" or
+    "backward"): `STEPS` steps of `actions` (one stage per lane, the schedule's order), each
+    stage's reduction from `costs.buckets`; compute slowed beside transfers and buckets on its
+    lane's wire, repeated until those intervals settle (as `replay`). Returns the steady step."""
+    from caramel.strategies.pipeline.simulate import MAX_CONTENTION_PASSES
+
+    if mode not in ("forward", "backward"):
+        raise CaramelError(f"overlapped reduction: mode must be 'forward' or 'backward', got {mode!r}")
+    if compute_slowdown < 1.0:
+        raise CaramelError(f"compute_slowdown must be >= 1 (1: transfers do not slow compute), got {compute_slowdown}")
+    if any(len({s for s, _, _ in acts}) != 1 for acts in actions) or len(costs.buckets) != len(costs.forward_s):
+        raise CaramelError("overlapped reduction: one stage per lane and one ReduceBuckets per stage")
+    beside = None
+    for _ in range(MAX_CONTENTION_PASSES):
+        sim, wires = _once(costs, actions, mode, steps, compute_slowdown, beside)
+        if compute_slowdown == 1.0 or wires == beside:
+            break
+        beside = wires
+    return sim
+
+
+def _once(costs, actions, mode: str, steps: int, slowdown: float, beside):
+    """One pass of `replay_overlapped`: the steady step and this pass's wire intervals per lane."""
+    from caramel.strategies.pipeline.simulate import PipelineSim, _disjoint
+
+    n, lanes = len(costs.forward_s), len(actions)
+    m = sum(1 for _, kind, _ in actions[0] if kind == "F")
+    unrolled = [[(s, kind, k * m + i) for k in range(steps) for s, kind, i in acts] for acts in actions]
+    where = {a: p for p, acts in enumerate(unrolled) for a in acts}
+    per_step = [len(acts) for acts in actions]
+    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
+               for w in (beside or [[]] * lanes)]
+    wires: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
+    done: dict = {}
+    arrival: dict = {}
+    free, landed, link = [0.0] * lanes, [0.0] * lanes, [0.0] * lanes
+    reduced: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends (forward mode)
+    step_end = [[0.0] * steps for _ in range(lanes)]
+    busy = [[0.0] * steps for _ in range(lanes)]
+    nxt, remaining = [0] * lanes, sum(map(len, unrolled))
+    while remaining:
+        progressed = False
+        for p, acts in enumerate(unrolled):
+            while nxt[p] < len(acts):
+                s, kind, j = acts[nxt[p]]
+                k, i = divmod(j, m)
+                dep = (s - 1, "F", j) if kind == "F" else ((s, "F", j) if s == n - 1 else (s + 1, "B", j))
+                if dep[0] < 0:
+                    ready = 0.0
+                elif dep in done:
+                    ready = arrival.get(dep, done[dep])
+                else:
+                    break
+                if k and nxt[p] % per_step[p] == 0:  # the lane's previous step has returned
+                    free[p] = max(free[p], step_end[p][k - 1])
+                start = max(free[p], ready)
+                b = costs.buckets[s]
+                if kind == "F" and i == 0 and k and mode == "forward":
+                    end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced[p])
+                else:
+                    end = busy_in[p].advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
+                    computed = end - start
+                busy[p][k] += computed
+                if kind == "B" and i == m - 1:  # the step's last backward: its buckets go on the wire
+                    ends = _issue(b, start, busy_in[p], link, p, wires[p])
+                    reduced[p] = ends
+                    if mode == "backward" and ends:
+                        end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
+                free[p] = done[(s, kind, j)] = end
+                to = (s + 1, "F", j) if kind == "F" and s < n - 1 else ((s - 1, "B", j) if kind == "B" and s > 0 else None)
+                if to is not None and where[to] != p:
+                    sent = max(end, landed[p])
+                    arrival[(s, kind, j)] = landed[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
+                    wires[p].append((sent, arrive))
+                    wires[where[to]].append((sent, arrive))
+                nxt[p] += 1
+                remaining -= 1
+                progressed = True
+                if nxt[p] % per_step[p] == 0:  # the lane's part of step k: its sends landed (and DDP's update)
+                    step_end[p][k] = max(free[p], landed[p]) + (costs.update_s[s] if mode == "backward"
+                                                                and costs.update_s else 0.0)
+        if not progressed:
+            raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
+    span = max((e[-1] - e[0]) / (steps - 1) for e in step_end) if steps > 1 else max(e[0] for e in step_end)
+    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy]
+    return PipelineSim(span, busy_step, [span] * lanes), [_disjoint(w) for w in wires]
+
+
+def _issue(b: ReduceBuckets, start: float, busy: Busy, link: list[float], p: int,
+           wire: list[tuple[float, float]]) -> list[float]:
+    """Place a stage's buckets on lane p's link from its last backward begun at `start`: each
+    once its gradients are ready and the previous bucket is done; returns their ends."""
+    ends = []
+    for k, (t, ready_s) in enumerate(zip(b.time_s, b.ready_s)):
+        ready = busy.advance(start, ready_s)
+        queued = k > 0 and link[p] > ready
+        begin = max(ready, link[p])
+        link[p] = end = begin + (b.queued_time_s[k] if queued else t)
+        wire.append((begin, end))
+        ends.append(end)
+    return ends
+
+
+def _gated_forward(busy: Busy, start: float, forward_s: float, b: ReduceBuckets,
+                   ends: list[float]) -> tuple[float, float]:
+    """The step's first forward of a stage whose previous step's buckets end at `ends`: each
+    layer waits for its bucket, then applies its update, before it computes. Returns its end
+    and its compute (the waits left out)."""
+    t, done, computed = start, 0.0, 0.0
+    for need_s, apply_s, end in sorted(zip(b.need_s, b.apply_s, ends)):
+        t, before = busy.advance(t, need_s - done), t
+        computed += t - before
+        t, before = busy.advance(max(t, end), apply_s), max(t, end)
+        computed += t - before
+        done = need_s
+    t, before = busy.advance(t, forward_s - done), t
+    return t, computed + t - before

@@ -1,0 +1,214 @@
+"""The pipeline simulator's replica reduction, old (after the drain) against new (overlapped as
+the runtime runs it, `caramel/strategies/pipeline/overlap.py`), on recorded bench runs.
+
+Two kinds of input:
+
+- `--exact RUN_DIR...`: runs recorded with `--trace` (`bench.json` and
+  `trace/*/prediction_inputs.json`): each pipeline row's prediction replayed from the run's own
+  inputs, as the bench made it (`experiments/pipeline_contention.py`'s cluster), both ways.
+- `--rebuilt RUN_DIR...`: runs recorded without their inputs (the bench JSON only). The profile
+  is borrowed (`--profile`: a saved `prediction_inputs.json` or `caramel profile` JSON of the same
+  model; resized to the run's batch through its two-size fit), the link from the record
+  (`link_fit`, `compute_slowdown`), and every worker's speed scaled by one factor chosen so that
+  the old model's DDP prediction equals the one the run recorded. The old model's pipeline
+  predictions on it are set beside the recorded ones: they show how close the rebuilt inputs
+  are. An approximation, said so in every row.
+
+    PYTHONPATH=. python experiments/pipeline_overlap_replay.py --exact docs/results/pipeline_contention/run_d3 \
+        --rebuilt docs/results/pipeline_replicas_auto/run_h --profile PROFILE.json --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _measured_actions(trace: Path, strategy: str, skip: int) -> list[dict[str, float]]:
+    """Per rank: median forward and backward per microbatch (ms), from its timed actions."""
+    import statistics
+
+    from caramel.bench.strategies import trace_file_stem
+
+    out = []
+    for f in sorted(trace.glob(f"pipeline_actions.{trace_file_stem(strategy)}.rank*.json"),
+                    key=lambda p: int(p.stem.rpartition("rank")[2])):
+        steps = json.loads(f.read_text())["steps"][skip:]
+        row = {}
+        for kind in "FB":
+            durs = [b - a for st in steps for k, _, mb, a, b in st if k == kind and mb >= 0]
+            row[kind] = round(1e3 * statistics.median(durs), 2) if durs else None
+        out.append(row)
+    return out
+
+
+def _exact_cluster(d: dict[str, Any]):
+    from caramel.bench.contention import job_slowdown
+    from caramel.bench.prediction import bench_cluster, link_costs, net_bandwidth_bps, worker_speeds
+    from caramel.profile.model_profile import ModelProfile
+
+    prof = ModelProfile.from_dict(d["profile"])
+    link = link_costs(d["probed"])
+    slowdown = job_slowdown(d["rank_compute_s"], d["spans"], (link or {}).get("collective_cpu_s") or 0.0)
+    net = net_bandwidth_bps(d["grad_bytes"], d["world"], d["comm_s"], d["comm_buckets"], link)
+    return prof, bench_cluster(d["world"], net, worker_speeds(prof.step_time_s, d["rank_compute_s"]), link, slowdown)
+
+
+def _both(prof, cluster, strategy: str) -> tuple[float, float, dict]:
+    from caramel.strategies import STRATEGIES
+    from caramel.strategies.pipeline.simulate import simulate_pipeline
+
+    options = STRATEGIES.spec(strategy).options
+    new = simulate_pipeline(prof, cluster, options)
+    old = simulate_pipeline(prof, cluster, options, reduce="after")
+    return old.step_time_s, new.step_time_s, new.meta
+
+
+def _row(run: str, rec: dict[str, Any], old: float, new: float, meta: dict, note: str) -> dict[str, Any]:
+    measured = rec["step_time_median_s"]
+    return {"run": run, "configuration": f"{rec['model']} x{rec['workers']} @ {rec['bandwidth']}",
+            "strategy": rec["strategy"], "measured_ms": 1e3 * measured,
+            "recorded_prediction_ms": 1e3 * rec["predicted_step_s"] if rec.get("predicted_step_s") else None,
+            "old_ms": 1e3 * old, "new_ms": 1e3 * new, "old_error": old / measured - 1, "new_error": new / measured - 1,
+            "reduce_model": meta.get("replica_reduce_model"), "layout": {k: meta.get(k) for k in
+                                                                           ("stages", "replicas", "microbatches", "boundaries")},
+            "inputs": note}
+
+
+def _with_measured_compute(prof, cluster, strategy: str, per_rank: list[dict[str, float]]) -> tuple[float, float]:
+    """Old and new steps with each stage's forward and backward per microbatch replaced by the
+    mean over its ranks of the run's own timed actions (`pipeline_contention._measured_actions`:
+    wall time, contention included, so no slowdown is added); the buckets' ready and need times
+    scaled alike. Isolates the reduction's pricing from the profile's compute."""
+    import dataclasses
+
+    from caramel.strategies import STRATEGIES
+    from caramel.strategies.pipeline import simulate as sim
+    from caramel.strategies.pipeline.overlap import ReduceBuckets
+
+    options = STRATEGIES.spec(strategy).options
+    replay, overlapped = sim.replay, sim.replay_overlapped
+
+    def measured(costs):
+        n = len(costs.forward_s)
+        r = len(per_rank) // n  # equal layout: rank = position x replicas + replica
+        fwd = [sum(per_rank[s * r + j]["F"] for j in range(r)) / r / 1e3 for s in range(n)]
+        bwd = [sum(per_rank[s * r + j]["B"] for j in range(r)) / r / 1e3 for s in range(n)]
+        buckets = [ReduceBuckets(b.time_s, [t * bw / costs.backward_s[s] for t in b.ready_s],
+                                 [t * fw / costs.forward_s[s] for t in b.need_s], b.apply_s, b.queued_time_s)
+                   for s, (b, fw, bw) in enumerate(zip(costs.buckets, fwd, bwd))]
+        return dataclasses.replace(costs, forward_s=fwd, backward_s=bwd, buckets=buckets)
+
+    sim.replay = lambda costs, actions, slowdown=1.0, period=0: replay(measured(costs), actions, 1.0, period)
+    sim.replay_overlapped = lambda costs, actions, mode, slowdown=1.0: overlapped(measured(costs), actions, mode, 1.0)
+    try:
+        new = sim.simulate_pipeline(prof, cluster, options).step_time_s
+        old = sim.simulate_pipeline(prof, cluster, options, reduce="after").step_time_s
+    finally:
+        sim.replay, sim.replay_overlapped = replay, overlapped
+    return old, new
+
+
+def exact(run_dir: Path) -> list[dict[str, Any]]:
+    bench = json.loads((run_dir / "bench.json").read_text())
+    rows = []
+    for inputs in sorted((run_dir / "trace").glob("*/prediction_inputs.json")):
+        prof, cluster = _exact_cluster(json.loads(inputs.read_text()))
+        tag = inputs.parent.name.split("-")  # NN-model-wW-rate
+        for rec in bench["records"]:
+            if (not rec["strategy"].startswith("pipeline") or rec["step_time_median_s"] is None
+                    or f"w{rec['workers']}" != tag[-2] or rec["bandwidth"] != tag[-1] or rec["model"] not in tag[1]):
+                continue
+            row = _row(run_dir.name, rec, *_both(prof, cluster, rec["strategy"]), "exact: the run's own inputs")
+            per_rank = _measured_actions(inputs.parent, rec["strategy"], 4)
+            if per_rank and all(a["F"] and a["B"] for a in per_rank) and rec.get("pipeline", {}).get("replicas") in (2, 3, 4):
+                old, new = _with_measured_compute(prof, cluster, rec["strategy"], per_rank)
+                row.update(measured_compute_old_ms=1e3 * old, measured_compute_new_ms=1e3 * new,
+                           measured_compute_old_error=1e3 * old / row["measured_ms"] - 1,
+                           measured_compute_new_error=1e3 * new / row["measured_ms"] - 1,
+                           measured_f_b_ms_per_rank=per_rank)
+            rows.append(row)
+    return rows
+
+
+def resized(prof, batch: int):
+    """`prof` at another batch size: each module's time on the line through its two timed sizes
+    (`small_batch_size`), its activation bytes in proportion."""
+    out = copy.deepcopy(prof)
+    b, s = prof.batch_size, prof.small_batch_size
+    for m in out.modules:
+        for big, small in (("forward_time_s", "small_batch_forward_time_s"), ("backward_time_s", "small_batch_backward_time_s")):
+            t, ts = getattr(m, big), getattr(m, small)
+            slope = (t - ts) / (b - s)
+            setattr(m, big, max(t + slope * (batch - b), 0.0))
+        if m.input_bytes:
+            m.input_bytes = int(m.input_bytes * batch / b)
+    scale = sum(m.forward_time_s for m in out.modules) / max(sum(m.forward_time_s for m in prof.modules), 1e-12)
+    out.forward_time_s *= scale
+    out.backward_time_s *= scale
+    out.batch_size = batch
+    return out
+
+
+def rebuilt(run_dir: Path, profile_path: Path) -> list[dict[str, Any]]:
+    from caramel.bench.prediction import bench_cluster
+    from caramel.profile.model_profile import ModelProfile
+    from caramel.strategies.recommend import predict
+
+    bench = json.loads((run_dir / "bench.json").read_text())
+    raw = json.loads(profile_path.read_text())
+    base = ModelProfile.from_dict(raw.get("profile", raw))
+    rows = []
+    ddp = next(r for r in bench["records"] if r["strategy"] == "ddp")
+    prof = resized(base, ddp["batch_size"]) if ddp.get("batch_size") and ddp["batch_size"] != base.batch_size else base
+    fit = ddp["link_fit"]
+    link = {k: fit[k] for k in ("latency_s", "queued_latency_s", "collective_cpu_s")}
+
+    def cluster_at(speed: float):
+        return bench_cluster(ddp["workers"], fit["net_bandwidth_bps"], [speed] * ddp["workers"], link,
+                             ddp["compute_slowdown"])
+
+    lo, hi = 0.05, 20.0  # the speed at which the DDP model gives the recorded DDP prediction (monotone)
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        (p,) = predict(prof, cluster_at(mid), ["ddp"])
+        lo, hi = (mid, hi) if p.step_time_s > ddp["predicted_step_s"] else (lo, mid)
+    cluster = cluster_at((lo * hi) ** 0.5)
+    note = (f"rebuilt: profile {profile_path} at batch {prof.batch_size}, link from the record, speeds "
+            f"{cluster.workers[0].speed:.3f} (DDP's recorded prediction)")
+    for rec in bench["records"]:
+        if rec["strategy"].startswith("pipeline") and rec["step_time_median_s"] is not None:
+            rows.append(_row(run_dir.name, rec, *_both(prof, cluster, rec["strategy"]), note))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--exact", nargs="*", default=[], help="run directories with bench.json and trace/")
+    ap.add_argument("--rebuilt", nargs="*", default=[], help="run directories with bench.json only")
+    ap.add_argument("--profile", action="append", default=[],
+                    help="MODEL=PATH: the profile borrowed for --rebuilt runs of that model")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    profiles = dict(p.split("=", 1) for p in args.profile)
+    rows = [r for d in args.exact for r in exact(Path(d))]
+    for d in args.rebuilt:
+        model = json.loads((Path(d) / "bench.json").read_text())["records"][0]["model"]
+        rows += rebuilt(Path(d), Path(profiles[model]))
+    for r in rows:
+        rec = f"{r['recorded_prediction_ms']:.1f}" if r["recorded_prediction_ms"] else "-"
+        print(f"{r['run']:6} {r['strategy'][:44]:44} measured {r['measured_ms']:6.1f}  recorded {rec:>6}  "
+              f"old {r['old_ms']:6.1f} ({r['old_error']:+.0%})  new {r['new_ms']:6.1f} ({r['new_error']:+.0%})  "
+              f"[{r['reduce_model']}] {r['layout']}")
+        if "measured_compute_new_ms" in r:
+            print(f"{'':6} with the run's measured F/B per stage: old {r['measured_compute_old_ms']:6.1f} "
+                  f"({r['measured_compute_old_error']:+.0%})  new {r['measured_compute_new_ms']:6.1f} "
+                  f"({r['measured_compute_new_error']:+.0%})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
