@@ -42,6 +42,9 @@ def test_the_wire_order_is_the_planned_order(behaviour):
         assert len(r0["sent"]) >= 8
         assert [o for _, o in r0["sent"]] == r0["expected"], spec
         assert r0["sent"] == r1["sent"], spec
+        for r in (r0, r1):  # a colocated server hands its own pulls to the backend one by one, in that order
+            assert r["issued"] == r["mine_expected"], spec
+        assert r0["issued"], spec
     random_orders = {tuple(o) for _, o in behaviour[0][RANDOM]["sent"]}
     assert len(random_orders) >= 5
     assert behaviour[0]["ps"]["stats"]["order"] == "tac"
