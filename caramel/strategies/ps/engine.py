@@ -40,6 +40,7 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
+from caramel.strategies.ps.buffer_sync import EarlyBuffers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.sender import SerialSender
@@ -63,6 +64,9 @@ class PsEngine:
         self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
         self.bound = options.staleness_bound()
         self.broadcast_buffers = broadcast_buffers and self.bound == 0
+        # flat colocated bsp: rank 0's buffers go at step(), ahead of the pulls (`buffer_sync.py`)
+        self.early_buffers = EarlyBuffers(module, ranks[0], groups.buffers) \
+            if self.broadcast_buffers and self.workers > 1 and groups.hier is None and not groups.dedicated else None
         self.names, self.params = unique_params(module)
         self.require_sync = True
         self.steps = 0  # steps whose gradients were pushed
@@ -258,6 +262,8 @@ class PsEngine:
                 self._step_shard([i for i in mine if used[i]], u)
             for i in mine:
                 self.version[i] = u.step + 1
+        if self.early_buffers is not None and u.step == self.steps - 1 and self.steps > 0:
+            self.early_buffers.send()  # before the pulls: it must not queue behind them
         order = self.plan.bucket_pull_at(u.step)
         issued_t = time.perf_counter()
         for b in order:
@@ -371,13 +377,17 @@ class PsEngine:
         if self.stale is not None:
             self.stale.restore(self.plan.params)
         self._wait_sends()
+        if self.early_buffers is not None:
+            self.early_buffers.drop()  # the next training forward broadcasts them as DDP does
         if self.workers > 1 and self.bound != 0:
             self._broadcast_buffers()
 
     def sync_buffers(self) -> None:
-        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
+        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only);
+        after a step(), those it sent ahead of the pulls."""
         if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
-            self._broadcast_buffers()
+            if self.early_buffers is None or not self.early_buffers.take():
+                self._broadcast_buffers()
 
     def _broadcast_buffers(self) -> None:
         """Rank 0's buffers, coalesced per dtype and device."""

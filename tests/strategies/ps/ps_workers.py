@@ -34,6 +34,12 @@ def parity_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], fam
                 out[(family, opt_kind, spec)] = max_diff(ref, params_of(model.module))
                 out[(family, opt_kind, spec, "moved")] = max_diff(params_of(w.model), params_of(model.module))
                 out[(family, opt_kind, spec, "state")] = len(opt.state)
+                # BatchNorm statistics as DDP leaves them (sent at step(), ahead of the pulls, under bsp)
+                if list(ddp.module.buffers()):
+                    out[(family, opt_kind, spec, "buffers")] = max_diff([b.double() for b in ddp.module.buffers()],
+                                                                        [b.double() for b in model.module.buffers()])
+                early = opt.ps.engine.early_buffers
+                out[(family, opt_kind, spec, "early")] = early.taken if early is not None else -1
             caramel.shutdown()
     return out
 

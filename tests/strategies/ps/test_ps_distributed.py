@@ -22,6 +22,10 @@ def test_bsp_equals_ddp_on_the_parity_models():
         assert max(diffs.values()) <= TOL, diffs
         assert min(v for k, v in res.items() if k[-1] == "moved") > 1e-3
         assert all(v > 0 for k, v in res.items() if k[-1] == "state")  # the whole server state after synchronize
+        assert len([k for k in res if k[-1] == "buffers"]) == 3
+        assert max(v for k, v in res.items() if k[-1] == "buffers") <= TOL
+        # with BatchNorm, every training forward after the profiling steps took rank 0's buffers sent at step()
+        assert min(v for k, v in res.items() if k[0] == "cnn_bn" and k[-1] == "early") >= 20 - 3
 
 
 RANDOM = "ps:order=random,bucket_cap_mb=0"  # per tensor: enough transfers for many distinct orders
