@@ -29,8 +29,9 @@ the cluster spec), with the backend's behaviour made explicit:
   `caramel.bench.traffic_probe`, each left out when not given): a small message waits behind
   the bulk data queued on its way, at most `link_queue_s` behind each transfer (`queues.py`):
   gloo's note that a receiver is ready, which each push and pull waits for, and, under bsp,
-  rank 0's buffers at each forward (the profile's `buffer_bytes` in `buffer_broadcasts`
-  rounds, before which the forward does not start); the pushes run at `push_efficiency` of the
+  rank 0's buffers (the profile's `buffer_bytes` in `buffer_broadcasts` rounds, before which
+  the forward does not start), sent at step() just before the pulls (`buffer_sync.py`; the
+  first forward's at its start); the pushes run at `push_efficiency` of the
   rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
@@ -219,13 +220,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     queues = Queues(n, queue_s) if queue_s > 0 and not dedicated and local == 1 and n > 1 else None
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
+    early = None  # bsp: when rank 0's buffers sent at step() reach each rank
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
         if queues is not None:
             queues.forget_before(min(clock))
-        # bsp: rank 0's buffers at every forward's start, behind what the links carry then
-        begin = broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else clock
+        # bsp: rank 0's buffers, sent at the last step() ahead of the pulls (the first forward: at its start)
+        begin = early if early is not None else broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else clock
         fwd_ends = [0.0] * n
         for w in range(n):
             t = clock[w]
@@ -316,6 +318,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             step_ends[w].append(t)
             f, fw, _, _ = pieces[w][-1]
             pieces[w][-1] = (f, fw, bwd_end[w] - fwd_ends[w], t - bwd_end[w])
+        early = broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else None  # before the pulls
         while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
             u = pulled_upto + 1
             arrive[u] = {}
