@@ -14,8 +14,10 @@ pushed, and pulled, as one flattened tensor:
 - buckets are listed in the order they become complete in backward (the position of their
   last parameter in the push order), the order they are pushed.
 
-Pulls are ordered per bucket (TicTac over the bucket graph, `bucket_graph`), so the order the
-forward needs parameters in still decides what comes back first.
+Pulls have buckets of their own (`make_pull_buckets`): the parameters of one shard in the
+order the next forward first uses them, up to a smaller cap, so the first module's pull is not
+one bucket with half the model in it. Pulls are ordered per pull bucket (TicTac over the bucket
+graph, `bucket_graph`); every order moves the same pull buckets, so orders differ in order only.
 """
 from __future__ import annotations
 
@@ -51,6 +53,18 @@ def make_buckets(push_order: list[int], owner: dict[int, int], sizes: dict[int, 
         open_[key] = (members + [i], nbytes + sizes[i])
     done += [m for m, _ in open_.values() if m]
     return sorted(done, key=lambda b: pos[b[-1]])
+
+
+def make_pull_buckets(need_order: list[int], owner: dict[int, int], sizes: dict[int, int], kinds: dict[int, str],
+                      cap: int) -> list[list[int]]:
+    """Pull buckets: per shard and kind, consecutive parameters of `need_order` (the order the
+    next forward first uses them) up to `cap` bytes each (`make_buckets`' rule), listed by their
+    first-needed parameter. Push buckets follow the order gradients are ready, which is the
+    reverse: a pull bucket made of them lands whole, so the first module would wait for every
+    parameter that shares its push bucket."""
+    pos = {i: k for k, i in enumerate(need_order)}
+    buckets = make_buckets(need_order, owner, sizes, kinds, cap)
+    return sorted(buckets, key=lambda b: pos[b[0]])
 
 
 def check_buckets(buckets: list[list[int]], params: list[int], owner: dict[int, int]) -> None:

@@ -11,9 +11,10 @@ colocated mode). One step, for update u (= the step that produced the gradients)
    became ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
-3. pull: every rank takes part in one broadcast per bucket from its owner on that
-   server's pull group, handed to the backend in the plan's pull order (the wire order is the planned
-   order); receivers land in a staging buffer;
+3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
+   the order the forward needs them) from its owner on that server's pull group, in the plan's
+   pull order; the colocated server hands them to the backend one at a time (`sender.py`), so
+   the wire order is the planned order; receivers land in a staging buffer;
 4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
    waiting only for those still needed, so pulls overlap the forward.
 
@@ -39,8 +40,10 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
+from caramel.strategies.ps.buffer_sync import EarlyBuffers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
+from caramel.strategies.ps.sender import SerialSender
 from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
 from caramel.strategies.ps.transfers import Pull, PsGroups, Update
@@ -61,6 +64,9 @@ class PsEngine:
         self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
         self.bound = options.staleness_bound()
         self.broadcast_buffers = broadcast_buffers and self.bound == 0
+        # flat colocated bsp: rank 0's buffers go at step(), ahead of the pulls (`buffer_sync.py`)
+        self.early_buffers = EarlyBuffers(module, ranks[0], groups.buffers) \
+            if self.broadcast_buffers and self.workers > 1 and groups.hier is None and not groups.dedicated else None
         self.names, self.params = unique_params(module)
         self.require_sync = True
         self.steps = 0  # steps whose gradients were pushed
@@ -68,6 +74,7 @@ class PsEngine:
         self.pending: deque[Update] = deque()
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sender = SerialSender()  # flat colocated servers: this rank's pulls, one at a time
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -255,23 +262,24 @@ class PsEngine:
                 self._step_shard([i for i in mine if used[i]], u)
             for i in mine:
                 self.version[i] = u.step + 1
+        if self.early_buffers is not None and u.step == self.steps - 1 and self.steps > 0:
+            self.early_buffers.send()  # before the pulls: it must not queue behind them
         order = self.plan.bucket_pull_at(u.step)
         issued_t = time.perf_counter()
         for b in order:
-            members = self.plan.buckets[b]
+            members = self.plan.pull_buckets[b]
             i = members[0]
             src = self.ranks[self.server_of(i)]
             if self.hier is not None:
                 self._pull_hierarchical(b, u.step + 1)
             elif self.server_of(i) == self.rank:
                 buf = self._send_buf(members)
-                work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
-                self.sends.append((work, buf))
+                self.sends.append((self.sender.submit(buf, src, self.groups.pull[self.plan.owner[i]], b), buf))
             else:
                 buf = self._recv_buf(members)
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
                 self._expect(members, u.step + 1, work, buf)
-        self.send_log.append((u.step, [i for b in order for i in self.plan.buckets[b]]))
+        self.send_log.append((u.step, [i for b in order for i in self.plan.pull_buckets[b]]))
         self.applied += 1
         self.last_issue_t = issued_t
 
@@ -289,7 +297,7 @@ class PsEngine:
     def _pull_hierarchical(self, b: int, version: int) -> None:
         """A leader pulls from the server among the leaders (or is the server) and queues the
         relay to its node; any other rank pulls from its leader."""
-        members, h = self.plan.buckets[b], self.hier
+        members, h = self.plan.pull_buckets[b], self.hier
         i = members[0]
         shard = self.plan.owner[i]
         if not h.is_leader:
@@ -369,13 +377,17 @@ class PsEngine:
         if self.stale is not None:
             self.stale.restore(self.plan.params)
         self._wait_sends()
+        if self.early_buffers is not None:
+            self.early_buffers.drop()  # the next training forward broadcasts them as DDP does
         if self.workers > 1 and self.bound != 0:
             self._broadcast_buffers()
 
     def sync_buffers(self) -> None:
-        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only)."""
+        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only);
+        after a step(), those it sent ahead of the pulls."""
         if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
-            self._broadcast_buffers()
+            if self.early_buffers is None or not self.early_buffers.take():
+                self._broadcast_buffers()
 
     def _broadcast_buffers(self) -> None:
         """Rank 0's buffers, coalesced per dtype and device."""
@@ -389,4 +401,5 @@ class PsEngine:
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
+        self.sender.close()
 

@@ -16,6 +16,7 @@ from caramel.strategies.ps.staleness import MODES as STALENESS
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
 DEFAULT_BUCKET_CAP_MB = 1.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
+DEFAULT_PULL_BUCKET_CAP_MB = 1.0  # per pull bucket (need order); docs/ps.md (Pull buckets) has the simulated caps
 ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
 
 
@@ -32,7 +33,9 @@ class PsOptions:
     node first, one gradient per node to the servers (`hierarchy.py`; the servers are then the
     nodes' first ranks). `bucket_cap_mb`: parameters of one shard are fused into buckets of at
     most this many MB (2**20 bytes), each pushed and pulled as one collective (`buckets.py`);
-    0 turns fusion off (one collective per tensor). `staleness`: what ssp/asp do about stale
+    0 turns fusion off (one collective per tensor). `pull_bucket_cap_mb`: pulls are fused apart,
+    the parameters of one shard in the order the next forward needs them, up to the smaller of
+    the two caps (`buckets.make_pull_buckets`). `staleness`: what ssp/asp do about stale
     gradients: "none" (a forward uses whatever has landed, within the bound), "pace" (a worker
     ahead of the slowest waits for its push before the next forward, so the lead the bound
     allows hides transfers, not a straggler), "predict" (pace, and each forward runs on the
@@ -47,6 +50,7 @@ class PsOptions:
     dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
+    pull_bucket_cap_mb: float = DEFAULT_PULL_BUCKET_CAP_MB
     staleness: str = field(default="none", metadata={"choices": STALENESS})
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
@@ -62,10 +66,11 @@ class PsOptions:
         if not self.clip_grad_norm >= 0:
             raise CaramelError(f"clip_grad_norm must be >= 0 (the largest L2 norm of the averaged gradient; 0 = no "
                                f"clipping), got {self.clip_grad_norm}")
-        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
-                or not math.isfinite(self.bucket_cap_mb) or self.bucket_cap_mb < 0:
-            raise CaramelError(f"bucket_cap_mb must be a finite number >= 0 (MB per fused push and pull; 0 = no "
-                               f"fusion, one collective per tensor), got {self.bucket_cap_mb!r}")
+        for name, what in (("bucket_cap_mb", "MB per fused push and pull; 0 = no fusion, one collective per tensor"),
+                           ("pull_bucket_cap_mb", "MB per fused pull, at most bucket_cap_mb; 0 = one pull per tensor")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise CaramelError(f"{name} must be a finite number >= 0 ({what}), got {value!r}")
         if self.staleness != "none" and self.staleness_bound() == 0:
             raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
                                f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
@@ -73,6 +78,10 @@ class PsOptions:
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
+
+    def pull_cap_mb(self) -> float:
+        """The cap of a pull bucket: never above the push buckets' (bucket_cap_mb=0 is unfused throughout)."""
+        return min(self.bucket_cap_mb, self.pull_bucket_cap_mb)
 
     def staleness_bound(self) -> int | None:
         """How many updates a worker's parameters may lag: 0 for bsp, S for ssp:S, None for asp."""

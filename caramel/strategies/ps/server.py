@@ -186,8 +186,8 @@ class PsServer:
                    lambda: type(self.optimizer).step(self.optimizer))
         self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
         for bucket in self.plan.bucket_pull_at(self.steps):
-            if self.plan.bucket_owner(bucket) == self.shard:
-                buf = send_buf([self.params[i] for i in self.plan.buckets[bucket]])
+            if self.plan.pull_owner(bucket) == self.shard:
+                buf = send_buf([self.params[i] for i in self.plan.pull_buckets[bucket]])
                 self.sends.append((dist.broadcast(buf, src=me, group=self.groups.pull[self.shard], async_op=True), buf))
         self.steps += 1
 

@@ -4,7 +4,8 @@ A model of what `caramel.strategies.ps.engine` does, step by step, per worker (i
 the cluster spec), with the backend's behaviour made explicit:
 
 - the unit of transfer is the plan's bucket (`buckets.py`: parameters of one shard fused up
-  to `bucket_cap_mb`), so a bucket pays one latency for all its bytes;
+  to `bucket_cap_mb` in ready order for a push, in need order up to the pull cap for a pull),
+  so a bucket pays one latency for all its bytes;
 - each server's pushes are one sequence of transfers (the plan's bucket push order: every other
   worker sends the bucket to the server, `engine._send_push`) on its own group, its pulls one
   sequence of broadcasts (each update's bucket pull order) on another; each starts once every
@@ -28,8 +29,9 @@ the cluster spec), with the backend's behaviour made explicit:
   `caramel.bench.traffic_probe`, each left out when not given): a small message waits behind
   the bulk data queued on its way, at most `link_queue_s` behind each transfer (`queues.py`):
   gloo's note that a receiver is ready, which each push and pull waits for, and, under bsp,
-  rank 0's buffers at each forward (the profile's `buffer_bytes` in `buffer_broadcasts`
-  rounds, before which the forward does not start); the pushes run at `push_efficiency` of the
+  rank 0's buffers (the profile's `buffer_bytes` in `buffer_broadcasts` rounds, before which
+  the forward does not start), sent at step() just before the pulls (`buffer_sync.py`; the
+  first forward's at its start); the pushes run at `push_efficiency` of the
   rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
@@ -183,18 +185,21 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     bucket_bytes = [sum(size[i] for i in b) for b in buckets]
     bucket_owner = [plan.bucket_owner(b) for b in range(len(buckets))]
     bucket_ready = [max((ready[i] for i in b), default=0.0) for b in buckets]
+    pull_bytes = [sum(size[i] for i in b) for b in plan.pull_buckets]
+    pull_owner = [plan.pull_owner(b) for b in range(len(plan.pull_buckets))]
 
     flat_Bps = {kind: Bps * _efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
 
     def coll_s(b: int, kind: str = "push") -> float:
-        """One bucket's push (or pull): flat, among all workers (every server's at once: the
-        rate the links achieve for that pattern); hierarchical, within the node, then among
-        the nodes' leaders (the two stages in sequence)."""
+        """One push bucket's push (or pull bucket's pull): flat, among all workers (every
+        server's at once: the rate the links achieve for that pattern); hierarchical, within the
+        node, then among the nodes' leaders (the two stages in sequence)."""
+        nbytes = bucket_bytes[b] if kind == "push" else pull_bytes[b]
         if dedicated:  # the workers and the shard's server
-            return stage_s(n + 1, bucket_bytes[b], Bps)
+            return stage_s(n + 1, nbytes, Bps)
         if local == 1:
-            return stage_s(n, bucket_bytes[b], flat_Bps[kind])
-        return stage_s(local, bucket_bytes[b], node_Bps) + stage_s(n // local, bucket_bytes[b], Bps)
+            return stage_s(n, nbytes, flat_Bps[kind])
+        return stage_s(local, nbytes, node_Bps) + stage_s(n // local, nbytes, Bps)
 
     clock = [0.0] * n  # each worker's time: when its next forward may start
     arrive: dict[int, dict[int, float]] = {}  # update -> parameter -> when its pull landed everywhere
@@ -215,13 +220,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     queues = Queues(n, queue_s) if queue_s > 0 and not dedicated and local == 1 and n > 1 else None
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
+    early = None  # bsp: when rank 0's buffers sent at step() reach each rank
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
         if queues is not None:
             queues.forget_before(min(clock))
-        # bsp: rank 0's buffers at every forward's start, behind what the links carry then
-        begin = broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else clock
+        # bsp: rank 0's buffers, sent at the last step() ahead of the pulls (the first forward: at its start)
+        begin = early if early is not None else broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else clock
         fwd_ends = [0.0] * n
         for w in range(n):
             t = clock[w]
@@ -288,7 +294,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                         "backward_end": [rel(x) for x in bwd_end],
                         "handed": [[rel(issue[w][b]) for b in range(len(buckets))] for w in range(n)],
                         "pushes": [(b, bucket_owner[b], rel(a), rel(z)) for b, (a, z) in enumerate(spans)],
-                        "pulls_before": [(b, bucket_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
+                        "pulls_before": [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
         # then the used-count all-reduce (every rank, the servers too), a small ring: 2(r-1) messages
         reduced[k] = max(push_end) + 2 * (n + dedicated - 1) * alpha
         if dedicated:  # each server applies its shard when its own reductions are in
@@ -312,12 +318,13 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             step_ends[w].append(t)
             f, fw, _, _ = pieces[w][-1]
             pieces[w][-1] = (f, fw, bwd_end[w] - fwd_ends[w], t - bwd_end[w])
+        early = broadcast_rounds(queues, 0, clock, rounds, buffer_s)[1] if rounds else None  # before the pulls
         while pulled_upto + 1 <= k and all(pulled_upto + 1 not in pending[w] for w in range(n)):
             u = pulled_upto + 1
             arrive[u] = {}
             last_pulls = []
             for b in plan.bucket_pull_at(u):
-                o = bucket_owner[b]
+                o = pull_owner[b]
                 start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
                 if queues is not None:  # every receiver's "ready" note reaches the server through the queues
                     start = max([start] + [a + queues.wait(w, o, a) for w, a in enumerate(applied_at[u]) if w != o])
@@ -326,19 +333,19 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                     queues.egress[o].add(start, pull_end[o])
                 last_pulls.append((b, start, pull_end[o]))
                 wire.add([(start, pull_end[o])])
-                for i in buckets[b]:
+                for i in plan.pull_buckets[b]:
                     arrive[u][i] = pull_end[o]
             pulled_upto = u
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up
-    group_s = max(sum(coll_s(b, kind) for b in range(len(buckets)) if bucket_owner[b] == o)
-                  for o in range(shards) for kind in ("push", "pull"))
+    group_s = max(max(sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o),
+                      sum(coll_s(b, "pull") for b in range(len(pull_bytes)) if pull_owner[b] == o)) for o in range(shards))
     step_s = max(max(periods), group_s)
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
-    comm_s = sum(coll_s(b, kind) for b in range(len(buckets)) for kind in ("push", "pull"))
+    comm_s = sum(coll_s(b) for b in range(len(buckets))) + sum(coll_s(b, "pull") for b in range(len(pull_bytes)))
     bw_s = 2 * sum((n if dedicated else n // local - 1) * size[i] / Bps for i in plan.params)
     events = [TraceEvent(w, "compute", "step", "step", a, b - a, k)
               for w in range(n) for k, (a, b) in enumerate(zip([0.0] + step_ends[w][:-1], step_ends[w]))]
@@ -353,6 +360,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
         trace=Trace("predicted", n, events, meta={"strategy": "ps"}),
         meta={"strategy": "ps", "consistency": options.consistency, "order": options.order,
               "buckets": len(buckets), "bucket_cap_mb": options.bucket_cap_mb,
+              "pull_buckets": len(pull_bytes), "pull_bucket_cap_mb": options.pull_cap_mb(),
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
               "workers_per_node": local, "dedicated_servers": dedicated,
               "periods_s": periods, "timeline_s": timeline,

@@ -34,6 +34,12 @@ def parity_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], fam
                 out[(family, opt_kind, spec)] = max_diff(ref, params_of(model.module))
                 out[(family, opt_kind, spec, "moved")] = max_diff(params_of(w.model), params_of(model.module))
                 out[(family, opt_kind, spec, "state")] = len(opt.state)
+                # BatchNorm statistics as DDP leaves them (sent at step(), ahead of the pulls, under bsp)
+                if list(ddp.module.buffers()):
+                    out[(family, opt_kind, spec, "buffers")] = max_diff([b.double() for b in ddp.module.buffers()],
+                                                                        [b.double() for b in model.module.buffers()])
+                early = opt.ps.engine.early_buffers
+                out[(family, opt_kind, spec, "early")] = early.taken if early is not None else -1
             caramel.shutdown()
     return out
 
@@ -72,8 +78,10 @@ def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], 
         opt.synchronize()
         run = opt.ps
         plan = run.engine.plan
+        mine = [b for u, _ in run.engine.send_log for b in plan.bucket_pull_at(u)
+                if run.engine.server_of(plan.pull_buckets[b][0]) == run.engine.rank]
         out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
-                     "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
+                     "issued": list(run.engine.sender.issued), "mine_expected": mine, "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
                      "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
                      "lag_before_sync": staleness[0]}
         caramel.shutdown()

@@ -55,8 +55,8 @@ def test_fused_plan_on_resnet50_orders_buckets():
     assert fused.predicted["buckets"] == len(fused.buckets)
     for b in fused.buckets:
         assert len({fused.owner[i] for i in b}) == 1
-    # the pull order is the buckets in TAC order, each bucket's parameters together
-    assert fused.pull_order == [i for b in fused.bucket_pull for i in fused.buckets[b]]
+    # the pull order is the pull buckets in TAC order, each bucket's parameters together
+    assert fused.pull_order == [i for b in fused.bucket_pull for i in fused.pull_buckets[b]]
     assert fused.owner == unfused.owner  # placement does not depend on fusion
     assert PsPlan.from_dict(fused.to_dict()) == fused
 

@@ -22,6 +22,10 @@ def test_bsp_equals_ddp_on_the_parity_models():
         assert max(diffs.values()) <= TOL, diffs
         assert min(v for k, v in res.items() if k[-1] == "moved") > 1e-3
         assert all(v > 0 for k, v in res.items() if k[-1] == "state")  # the whole server state after synchronize
+        assert len([k for k in res if k[-1] == "buffers"]) == 3
+        assert max(v for k, v in res.items() if k[-1] == "buffers") <= TOL
+        # with BatchNorm, every training forward after the profiling steps took rank 0's buffers sent at step()
+        assert min(v for k, v in res.items() if k[0] == "cnn_bn" and k[-1] == "early") >= 20 - 3
 
 
 RANDOM = "ps:order=random,bucket_cap_mb=0"  # per tensor: enough transfers for many distinct orders
@@ -42,6 +46,9 @@ def test_the_wire_order_is_the_planned_order(behaviour):
         assert len(r0["sent"]) >= 8
         assert [o for _, o in r0["sent"]] == r0["expected"], spec
         assert r0["sent"] == r1["sent"], spec
+        for r in (r0, r1):  # a colocated server hands its own pulls to the backend one by one, in that order
+            assert r["issued"] == r["mine_expected"], spec
+        assert r0["issued"], spec
     random_orders = {tuple(o) for _, o in behaviour[0][RANDOM]["sent"]}
     assert len(random_orders) >= 5
     assert behaviour[0]["ps"]["stats"]["order"] == "tac"

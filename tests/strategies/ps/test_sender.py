@@ -1,0 +1,103 @@
+"""The colocated server's pull sender and the pull buckets: units, no processes."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from caramel.strategies.ps import sender as sender_mod
+from caramel.strategies.ps.buckets import make_pull_buckets
+from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.ps.planner import PsPlan, make_ps_plan
+from caramel.sim.synthetic import synthetic_profile
+
+
+class FakeWork:
+    def __init__(self, log: list, k: int, fail: bool):
+        self.log, self.k, self.fail = log, k, fail
+
+    def wait(self) -> bool:
+        time.sleep(0.01)  # the send on the wire
+        self.log.append(("done", self.k))
+        if self.fail:
+            raise RuntimeError("peer gone")
+        return True
+
+
+def fake_broadcast(log: list, fail_at: int = -1):
+    def broadcast(buf, src, group, async_op):
+        k = int(buf[0])
+        log.append(("issue", k, threading.current_thread().name))
+        return FakeWork(log, k, k == fail_at)
+    return broadcast
+
+
+def test_pulls_go_to_the_backend_one_at_a_time_in_order(monkeypatch):
+    """Gloo runs two of a group's collectives at once: handed over together, a later pull may
+    leave first. The sender hands the next only once the previous has left."""
+    log: list = []
+    monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log))
+    s = sender_mod.SerialSender()
+    handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k) for k in range(4)]
+    for h in handles:
+        assert h.wait()
+    s.close()
+    assert [x[:2] for x in log] == [(e, k) for k in range(4) for e in ("issue", "done")]
+    assert s.issued == [0, 1, 2, 3]
+    assert all(x[2] == "caramel-ps-sender" for x in log if x[0] == "issue")
+
+
+def test_a_failed_pull_fails_every_later_one_and_nothing_hangs(monkeypatch):
+    log: list = []
+    monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log, fail_at=1))
+    s = sender_mod.SerialSender()
+    handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k) for k in range(3)]
+    assert handles[0].wait()
+    for h in handles[1:]:
+        with pytest.raises(RuntimeError, match="peer gone"):
+            h.wait()
+    s.close()
+    assert ("issue", 2) not in [x[:2] for x in log]  # nothing more goes to a failed peer
+
+
+def test_pull_buckets_follow_the_need_order_per_shard():
+    # need order 0..5; shards alternate; 100 bytes each, cap 250: two per bucket
+    owner = {i: i % 2 for i in range(6)}
+    sizes = {i: 100 for i in range(6)}
+    kinds = {i: "f32" for i in range(6)}
+    assert make_pull_buckets(list(range(6)), owner, sizes, kinds, 250) == [[0, 2], [1, 3], [4], [5]]
+
+
+def test_the_first_needed_pull_bucket_holds_only_the_first_layers():
+    """Push buckets follow the ready order (last layer first), so the last push bucket of a
+    shard holds its first layers and whatever else fits; pull buckets start at the first
+    layer. Every order moves the same pull buckets."""
+    prof = synthetic_profile(sizes_bytes=[300_000] * 8, forward_time_s=0.02, backward_time_s=0.04,
+                             optimizer_time_s=0.002)
+    plans = {o: make_ps_plan(prof, PsOptions(order=o, placement="roundrobin", bucket_cap_mb=1.0,
+                                             pull_bucket_cap_mb=0.5), shards=1, bandwidth_Bps=1e8)
+             for o in ("tac", "tic", "fifo", "random")}
+    tac = plans["tac"]
+    assert tac.pull_buckets[tac.bucket_pull[0]] == [0]  # alone: two would pass 0.5 MB
+    assert all(p.pull_buckets == tac.pull_buckets for p in plans.values())
+    assert tac.buckets != tac.pull_buckets
+    assert tac.predicted["pull_buckets"] == len(tac.pull_buckets) == 8
+
+
+def test_a_plan_from_before_pull_buckets_pulls_its_push_buckets():
+    d = make_ps_plan(synthetic_profile(sizes_bytes=[1000] * 4, forward_time_s=0.01, backward_time_s=0.02,
+                                       optimizer_time_s=0.001), PsOptions(), shards=2).to_dict()
+    d.pop("pull_buckets")
+    d["bucket_pull"] = list(range(len(d["buckets"])))
+    old = PsPlan.from_dict(d)
+    assert old.pull_buckets == old.buckets
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "x"])
+def test_a_bad_pull_cap_is_one_error_naming_it(value):
+    from caramel.errors import CaramelError
+    from caramel.strategies import STRATEGIES
+    with pytest.raises(CaramelError, match="pull_bucket_cap_mb"):
+        STRATEGIES.spec(f"ps:pull_bucket_cap_mb={value}").options
