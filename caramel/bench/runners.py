@@ -18,10 +18,10 @@ from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner
 from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.screening import Candidates, build_candidates, resolve_tuned
-from caramel.bench.straggler import per_sample_compute_s, slow_down
 from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
 from caramel.errors import CaramelError
 from caramel.models.zoo import ModelBatch, get_model
+from caramel.profile.slowdown import per_sample_compute_s, slow_down
 from caramel.stats import median
 
 
