@@ -7,8 +7,8 @@ with one compute thread. Return values come back in rank order. A worker that ra
 `run_workers` raise with that worker's traceback; a job that exceeds `timeout_s` is killed.
 
 Workers are forked from a multiprocessing forkserver that imported torch and torch._dynamo
-(which the first optimizer step imports) once: a fresh process each, without the ~3 s of CPU
-per worker those imports cost, which on a small host is most of a short test's time. Each
+(which the first optimizer step imports) once: a fresh process each, without the seconds of
+CPU per worker those imports cost, which on a small host is most of a short test's time. Each
 worker takes the caller's current environment, working directory and sys.path, as a spawned
 one would.
 """

@@ -10,7 +10,6 @@ Exit code 0 when every experiment behaved as promised, 1 otherwise, 2 for bad ar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path

@@ -33,11 +33,12 @@ def old_simulator(ref: str, kind: str):
     """`kind`'s simulate function as it was at git `ref`, loaded beside this tree's modules."""
     path, fn = SIMULATE[kind]
     src = subprocess.run(["git", "show", f"{ref}:{path}"], check=True, capture_output=True, text=True).stdout
-    f = Path(tempfile.mkdtemp()) / f"old_{kind}_simulate.py"
-    f.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"old_{kind}_simulate", f)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="caramel-old-sim-") as tmp:  # the loaded module outlives its file
+        f = Path(tmp) / f"old_{kind}_simulate.py"
+        f.write_text(src)
+        spec = importlib.util.spec_from_file_location(f"old_{kind}_simulate", f)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     return getattr(mod, fn)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import shutil
 import tempfile
 import threading

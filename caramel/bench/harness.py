@@ -26,22 +26,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent, Runner, ddp_bucket_bytes, trainable_params
+from caramel.bench.baselines import ComputeOnly, Runner, ddp_bucket_bytes, trainable_params
 from caramel.bench.blocks import measure_block, round_order
-from caramel.bench.hetero import JitterSchedule, jitter_down, nominal_factor
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.prediction import job_predictions, probe_link
-from caramel.bench.traffic_probe import probe_traffic
 from caramel.bench.report import job_step_times
-from caramel.bench.screening import Candidates, as_screened, build_candidates, predictions_by_name, resolve_tuned
-from caramel.bench.straggler import per_sample_compute_s, slow_down
-from caramel.bench.strategies import StrategyContext, StrategyUnavailable, baseline_group, build_strategy
+from caramel.bench.runners import bench_sgd, build_runners, jitter_of, log_rank0, make_workload, slow_worker_of
+from caramel.bench.screening import as_screened, predictions_by_name
+from caramel.bench.strategies import StrategyContext
 from caramel.bench.trace_control import TraceClock
+from caramel.bench.traffic_probe import probe_traffic
 from caramel.errors import CaramelError
 from caramel.jsonio import check_format, format_tag, read_json, write_json
-from caramel.models.zoo import ModelBatch, get_model, param_count
+from caramel.models.zoo import param_count
 from caramel.stats import median
+
+# re-exported: the runners' setup lived here, and callers import these names from this module
+__all__ = ["JOB_KIND", "PREDICTION_INPUTS", "RAW_KIND", "build_runners", "make_calibration_job", "make_job",
+           "make_workload", "measure_block", "measure_rounds", "round_order", "run_calibration", "run_job", "settle"]
 
 if TYPE_CHECKING:
     from caramel.bench.wire import WireMeter
@@ -80,111 +83,6 @@ def _init_process_group(timeout_s: float) -> tuple[int, int, torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return info.rank, info.world_size, device
-
-
-def make_workload(config: BenchConfig, seed: int, device: torch.device) -> ModelBatch:
-    """A fresh copy of the configuration's model and batch; identical on every rank for one seed."""
-    factory = get_model(config.model)
-    kwargs: dict[str, Any] = dict(config.model_options)
-    if config.batch_size is not None:
-        kwargs["batch_size"] = config.batch_size
-    try:
-        w = factory(seed=seed, **kwargs)
-    except TypeError as e:
-        raise CaramelError(f"model {config.model!r} does not accept options {sorted(kwargs)}: {e}") from None
-    w.model.to(device)
-    w.inputs, w.targets = w.inputs.to(device), w.targets.to(device)
-    return w
-
-
-def _agree(error: str | None) -> str | None:
-    """All ranks learn whether any rank failed, so they all skip the same runners (no hang)."""
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    bad: dict[str, list[int]] = {}
-    for r, e in enumerate(errors):
-        if e:
-            bad.setdefault(e, []).append(r)
-    if not bad:
-        return None
-    if len(bad) == 1 and len(next(iter(bad.values()))) == len(errors):
-        return next(iter(bad))
-    return "; ".join(f"rank {','.join(map(str, ranks))}: {e}" for e, ranks in bad.items())
-
-
-def _log(rank: int, msg: str) -> None:
-    if rank == 0:
-        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list[Strategy],
-                  ctx: StrategyContext, delay_per_sample_s: float = 0.0, jitter: dict[str, Any] | None = None,
-                  plan_inputs: tuple[Any, int, dict[str, Any] | None] | None = None
-                  ) -> tuple[dict[str, Runner], dict[str, str], dict[str, float], dict[str, dict[str, Any]]]:
-    """Baselines and strategies, each strategy on its own identical model copy (the concurrent
-    baseline reuses the compute-only baseline's model and the comm-only baseline's buffers: only
-    their timing is used); a strategy that fails to build on any rank is skipped on all of them
-    (with the reason) so the others still run. A strategy with a tuned option has every value
-    built with the others, screened once all are built, every candidate closed, and the chosen
-    value built afresh (`caramel.bench.screening`); the last item is each one's screening record
-    (`Screening.to_dict()`). `plan_inputs` (the job's profile, gradient bytes and link probe; a
-    job with a pipeline): the baselines run their rounds first, and `ctx` gets the ClusterSpec and
-    profile the pipelines plan from (`caramel.bench.pipeline_plan`)."""
-    def handicap(model: torch.nn.Module) -> None:
-        if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
-            slow_down(model, delay_per_sample_s)
-        if jitter:  # --jitter: every model replays the same seeded draws (caramel.bench.hetero)
-            jitter_down(model, jitter["compute_per_sample_s"],
-                        JitterSchedule(jitter["fraction"], jitter["seed"], jittered=jitter["rank"] == ctx.rank))
-
-    probe = make_workload(config, settings.seed, ctx.device)
-    handicap(probe.model)
-    compute = ComputeOnly(probe.model, _sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
-    group, prio = baseline_group(ctx)
-    comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
-    runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}
-    if plan_inputs is not None:
-        from caramel.bench.pipeline_plan import cluster_summary, measure_plan_cluster
-
-        profile, grad_bytes, probed = plan_inputs
-        ctx.pipeline_profile = profile
-        ctx.pipeline_cluster = measure_plan_cluster(runners, settings.steps_per_round, settings.rounds,
-                                                    settings.warmup_steps, profile, ctx.world_size, grad_bytes, probed)
-        _log(ctx.rank, f"pipelines plan at {cluster_summary(ctx.pipeline_cluster)}")
-    skipped: dict[str, str] = {}
-    build_s: dict[str, float] = {}
-
-    def build(strategy: Strategy) -> tuple[Runner | None, str | None]:
-        """One strategy on a fresh model copy; the error every rank agrees on, if any rank failed."""
-        w = make_workload(config, settings.seed, ctx.device)
-        handicap(w.model)
-        error, runner = None, None
-        try:
-            runner = build_strategy(strategy, w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, ctx)
-        except StrategyUnavailable as e:
-            error = str(e)
-        except Exception as e:  # reported, not fatal: the other strategies still get measured
-            error = f"{type(e).__name__}: {e}"
-        return runner, _agree(error)
-
-    built: dict[str, Runner | Candidates] = {}
-    for strategy in strategies:
-        t_build = time.perf_counter()
-        runner, error = build_candidates(strategy, build) if strategy.tuned else build(strategy)
-        if error:
-            skipped[strategy.name] = error
-            _log(ctx.rank, f"skipping {strategy.name}: {error}")
-        else:
-            built[strategy.name] = runner
-            build_s[strategy.name] = time.perf_counter() - t_build
-    tuning, failed, tune_s = resolve_tuned(built, build, settings, ctx.rank)
-    for name, error in failed.items():
-        skipped[name] = error
-        _log(ctx.rank, f"skipping {name}: {error}")
-    for name, seconds in tune_s.items():
-        build_s[name] += seconds
-    runners.update(built)
-    return runners, skipped, build_s, tuning
 
 
 # online profiling (4 steps) + an overlap trial of up to 3 passes of 30 steps and a confirmation
@@ -240,7 +138,7 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
                     times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
         r += 1
         # rank 0's own view; the compute-only baseline at its pace, as the report takes it
-        _log(rank, f"{label}: round {r}/{'trace' if trace is not None else settings.rounds} medians (compute: mean) "
+        log_rank0(rank, f"{label}: round {r}/{'trace' if trace is not None else settings.rounds} medians (compute: mean) "
                    + ", ".join(f"{n}={1e3 * (sum(t) / len(t) if n == 'compute' else median(t)):.1f}ms"
                                for n, t in times.items()))
     dist.barrier()
@@ -252,7 +150,7 @@ def run_calibration(config: BenchConfig, settings: BenchSettings, rank: int, wor
     """The compute-only baseline alone, warmed up, in rounds as the bench measures it; rank 0
     returns every rank's step times, the gradient bytes and the comm-only baseline's buckets."""
     w = make_workload(config, settings.seed, device)
-    runner = ComputeOnly(w.model, _sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, device)
+    runner = ComputeOnly(w.model, bench_sgd(w.model, settings), w.inputs, w.targets, w.loss_fn, device)
     for _ in range(settings.warmup_steps):
         runner.step()
     times: list[float] = []
@@ -265,7 +163,7 @@ def run_calibration(config: BenchConfig, settings: BenchSettings, rank: int, wor
         return None
     params = trainable_params(w.model)
     sizes = [p.numel() * p.element_size() for p in params]
-    _log(rank, f"calibration: compute {1e3 * median(times):.1f} ms per step (rank 0)")
+    log_rank0(rank, f"calibration: compute {1e3 * median(times):.1f} ms per step (rank 0)")
     return {"format": format_tag(RAW_KIND), "mode": "calibrate", "config": config.to_dict(),
             "settings": vars(settings).copy(), "step_times_s": {"compute": gathered}, "grad_bytes": sum(sizes),
             "comm_buckets": len(ddp_bucket_bytes(sizes)), "meta": {"world_size": world}}
@@ -279,15 +177,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     strategies = [Strategy.from_dict(s) for s in job["strategies"]]
     torch.set_num_threads(1)  # one thread per worker: on a small host the workers share the cores
     rank, world, device = _init_process_group(settings.timeout_s)
-    _log(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
+    log_rank0(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
     if job.get("mode") == "calibrate":
         return run_calibration(config, settings, rank, world, device)
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"))
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
 
-    slow = _slow_worker(config, settings, rank, world, device)
-    jitter = _jitter(config, settings, world, device)
+    slow = slow_worker_of(config, settings, rank, world, device)
+    jitter = jitter_of(config, settings, world, device)
     profile = probed = None
     plan_inputs = None
     if any(s.kind == "pipeline" for s in strategies) and world > 1:
@@ -298,7 +196,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     runners, skipped, build_s, tuning = build_runners(config, settings, strategies, ctx,
                                               slow["delay_per_sample_s"] if slow and slow["rank"] == rank else 0.0,
                                               jitter, plan_inputs)
-    _log(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
+    log_rank0(rank, "built " + ", ".join(f"{n} ({build_s[n]:.1f} s)" if n in build_s else n for n in runners) + "; warming up")
     t_start = time.time()
     from caramel.bench.wire import WireMeter, merge_ranks
     # a namespace of its own per worker: its interfaces' counters are this worker's bytes on the wire
@@ -393,7 +291,7 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
     small = batch // 4 if any(s.kind == "pipeline" for s in strategies) and batch >= 4 else None
     profile = profile_workload(workload, small_batch_size=small)
     dist.barrier()
-    _log(dist.get_rank(), "profiled for the lower bound and the predictions")
+    log_rank0(dist.get_rank(), "profiled for the lower bound and the predictions")
     return profile, sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
 
 
@@ -404,43 +302,6 @@ def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, com
     path.write_text(json.dumps(_jsonable({
         "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
         "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed})))
-
-
-def _slow_worker(config: BenchConfig, settings: BenchSettings, rank: int, world: int,
-                 device: torch.device) -> dict[str, Any] | None:
-    """The emulated slow worker's delay (`caramel.bench.straggler`), the same dict on every rank."""
-    if not config.slow_worker:
-        return None
-    slow_rank, factor = config.slow_worker
-    w = make_workload(config, settings.seed, device)
-    mine = per_sample_compute_s(w.model, w.inputs, w.targets, w.loss_fn)
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, mine)
-    per_sample = gathered[slow_rank]
-    _log(rank, f"slow worker: rank {slow_rank} sleeps {factor - 1:g} x {1e3 * per_sample:.2f} ms per sample "
-               "after each training forward (a calibrated delay, not a CPU quota)")
-    return {"rank": slow_rank, "factor": factor, "method": "calibrated delay",
-            "compute_per_sample_s": per_sample, "delay_per_sample_s": (factor - 1.0) * per_sample}
-
-
-def _jitter(config: BenchConfig, settings: BenchSettings, world: int, device: torch.device) -> dict[str, Any] | None:
-    """--jitter's schedule and the compute it scales (the ranks' median per-sample compute), the
-    same dict on every rank."""
-    if not config.jitter:
-        return None
-    rank, fraction, seed = config.jitter
-    w = make_workload(config, settings.seed, device)
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, per_sample_compute_s(w.model, w.inputs, w.targets, w.loss_fn))
-    per_sample = median(gathered)
-    _log(dist.get_rank(), f"jitter: every rank padded to {nominal_factor(fraction):.2f} x {1e3 * per_sample:.2f} ms per "
-                          f"sample, rank {rank}'s step scaled by a draw from [{1 - fraction:g}, {1 + fraction:g}] (seed {seed})")
-    return {"rank": rank, "fraction": fraction, "seed": seed, "method": "calibrated sleep, padded to a nominal step",
-            "compute_per_sample_s": per_sample, "nominal_factor": nominal_factor(fraction)}
-
-
-def _sgd(model: torch.nn.Module, settings: BenchSettings) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=0.9)
 
 
 def _jsonable(value: Any) -> Any:
@@ -465,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     if raw is not None:
         write_json(argv[1], raw)
-        _log(0, "results written")
+        log_rank0(0, "results written")
     return 0
 
 

@@ -22,8 +22,8 @@ from caramel.errors import CaramelError
 from caramel.units import format_rate
 
 LINK_LATENCY_S = 1e-4
-"""α per ring step of one collective on the emulated links: the comm-only baseline measured
-within ~0.2 ms per collective of S/B at 375 Mbit/s-1.5 Gbit/s, on 2 and 4 workers"""
+"""α per ring step of one collective on the emulated links: what the comm-only baseline measured
+above S/B (docs/benchmarks.md, "The matrix: defined by comm/compute, rates derived at run start")"""
 CALIBRATION_RATE = "10gbit"
 """the links a calibration job runs on: it sends nothing but its own step times"""
 CALIBRATION_ROUNDS = 5

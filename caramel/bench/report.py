@@ -1,237 +1,38 @@
-"""Bench arithmetic and reports: raw per-step times -> records -> table, summary, markdown, JSON.
+"""Bench reports: a raw job's per-step times -> records -> per-strategy summary -> JSON.
 
-Definitions (shared/DESIGN.md, "Metrics everyone uses here"):
-
-- a job's step time is, per step index, how far the slowest rank's clock advanced: the job
-  progresses as fast as its slowest rank, so its clock after step k is the largest of the
-  ranks' cumulative times, and step k takes the difference. T = the median of those steps, p90
-  their 90th percentile. Not the slowest rank's time per step index: a step boundary is not a
-  synchronization point (with forward overlap a rank waits for its peers in the next forward),
-  and ranks running in opposite phase would have one delay counted once on each rank;
-- T_comm is the median of the comm-only baseline; T_compute is the median over rounds of the
-  compute-only baseline's pace, the slowest rank's mean step in the round: its ranks never wait
-  for one another, so with more workers than cores the per-step series would take most of its
-  steps from whichever rank happened to run alone on a core;
-- U = T_compute + T_comm (no overlap), L = max(T_compute, T_comm) (perfect overlap);
-  exposed communication = max(T - T_compute, 0); efficiency E = (U - T) / (U - L);
-- T_concurrent is the concurrent baseline (all of a step's communication beside all of its
-  compute, independent): perfect overlap as this host runs it, contention included;
-- the estimated ceiling is max(bound, min(T_concurrent, U)): the simulator's lower bound has the
-  dependencies but no contention, T_concurrent the contention but no dependencies, U what no
-  overlap at all costs; a schedule pays for both, so it is not expected to beat the ceiling;
-- the reference of a configuration is the stronger (lower median) of the DDP variants measured
-  in it (`ddp`, `ddp:comm_priority=realtime`, whose threads get the priority the engine gives
-  its own, and `ddp:bucket_cap_mb=tuned,comm_priority=realtime`, whose bucket cap the job
-  screened first, caramel.bench.screening): speedup = T_ref / T, with its 95% interval from the paired rounds
-  (caramel.stats.paired_ratio_interval), and the share of the possible gain captured is
-  (T_ref - T) / (T_ref - ceiling);
-- a point's regime is the one its target comm/compute stands for (measured comm/compute for a
-  pinned rate): below 0.75 compute-bound, up to 1.5 balanced, above that communication-bound.
-  The summary takes the geomean speedup and the median share over balanced and comm-bound
-  points, and the worst speedup over all.
+The definitions and their arithmetic (step time, T_compute, U and L, the ceiling, the
+reference, the regimes) are in `caramel.bench.step_metrics`; the row is
+`caramel.bench.record.Record`, the markdown tables `caramel.bench.tables`. Their names are
+importable from here as well.
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from caramel.bench.matrix import REGIMES, regime_of_ratio
 from caramel.bench.prediction import prediction_error
+from caramel.bench.record import Record, ceiling_s, ceiling_speedup, config_label
+from caramel.bench.step_metrics import (REFERENCE_KIND, efficiency, estimated_ceiling_s, free_running_pace_s,
+                                        job_step_times, reference_of, regime_of, round_means, share_captured)
 from caramel.errors import FormatError
 from caramel.jsonio import write_json
 from caramel.stats import geomean, median, paired_ratio_interval, percentile
 from caramel.trace import metrics
 
+__all__ = ["FORMAT", "HEADLINE_REGIMES", "PLAN_LINE_BUCKETS", "REFERENCE_KIND", "BenchResults", "Record",
+           "StrategySummary", "ceiling_s", "ceiling_speedup", "config_label", "efficiency", "estimated_ceiling_s",
+           "free_running_pace_s", "from_json", "job_step_times", "read_records", "reference_of", "regime_of",
+           "round_means", "share_captured", "summarize", "summarize_strategies", "to_json", "write_records"]
+
 FORMAT = "caramel.bench/2"
-REFERENCE_KIND = "ddp"
-"""strategies of this kind are the reference candidates: the stronger of them is every row's baseline"""
 HEADLINE_REGIMES = ("balanced", "comm-bound")
 PLAN_LINE_BUCKETS = 8  # bucket sizes a report's plan line lists before "..."
 
 
-def job_step_times(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
-    """Per step index, how far the slowest rank's clock advanced (module docstring); the clocks
-    start together at each round of `steps_per_round` steps (default: one round)."""
-    assert rank_times and all(len(t) == len(rank_times[0]) for t in rank_times), "ranks must time the same steps"
-    n = len(rank_times[0])
-    block = steps_per_round or n or 1
-    out: list[float] = []
-    for start in range(0, n, block):
-        clocks = [0.0] * len(rank_times)
-        job = 0.0
-        for k in range(start, min(start + block, n)):
-            for r, ts in enumerate(rank_times):
-                clocks[r] += ts[k]
-            step = max(clocks) - job
-            job += step
-            out.append(step)
-    return out
-
-
-def round_means(steps: list[float], steps_per_round: int | None = None) -> list[float]:
-    """The mean of each round of `steps_per_round` steps (default: one round) of a job's series:
-    over a round, `job_step_times` adds up to the slowest rank's time for the round."""
-    block = steps_per_round or len(steps) or 1
-    return [sum(steps[i:i + block]) / len(steps[i:i + block]) for i in range(0, len(steps), block)]
-
-
-def free_running_pace_s(rank_times: list[list[float]], steps_per_round: int | None = None) -> list[float]:
-    """Per round, the slowest rank's mean step: the pace of ranks that never synchronize (the
-    compute-only baseline; module docstring)."""
-    return round_means(job_step_times(rank_times, steps_per_round), steps_per_round)
-
-
-def efficiency(step_s: float, compute_s: float, comm_s: float) -> float | None:
-    """E = (U - T) / (U - L); None when U == L (nothing to overlap: one of the two is zero)."""
-    e = metrics.scheduling_efficiency(step_s, compute_s, comm_s)
-    return None if math.isnan(e) else e
-
-
-def regime_of(comm_s: float, compute_s: float) -> str:
-    """The measured regime: comm/compute of the baselines."""
-    return regime_of_ratio(comm_s / compute_s)
-
-
-@dataclass
-class Record:
-    """One configuration x strategy: the row of every report."""
-
-    model: str
-    workers: int
-    bandwidth: str | None
-    """the link rate the job ran at (derived from target_ratio, or pinned); None: unshaped loopback"""
-    strategy: str
-    step_time_median_s: float | None
-    step_time_p90_s: float | None
-    step_time_mean_s: float | None
-    compute_s: float
-    comm_s: float
-    exposed_comm_s: float | None
-    reference: str | None
-    """the stronger DDP variant of this configuration (lower median), that `speedup` is against"""
-    reference_step_s: float | None
-    speedup: float | None
-    """T_reference / T, same job, interleaved"""
-    efficiency: float | None
-    comm_compute_ratio: float
-    """measured: the comm-only over the compute-only baseline of the same job"""
-    regime: str
-    """measured: compute-bound, balanced or comm-bound"""
-    intended_regime: str
-    """the point's regime, from its target ratio (custom for a pinned rate)"""
-    batch_size: int | None
-    model_options: dict[str, Any]
-    network: str
-    steps: int
-    grad_bytes: int | None
-    target_ratio: float | None = None
-    """the comm/compute the point is defined by (None: a pinned rate or loopback)"""
-    rate_source: str | None = None
-    """derived (from target_ratio at run start), pinned (given), or None (loopback)"""
-    calibrated_compute_s: float | None = None
-    """the compute step measured at run start that the rate was derived from"""
-    lower_bound_s: float | None = None
-    concurrent_s: float | None = None
-    """the concurrent baseline's median: perfect overlap as this host runs it"""
-    share_captured: float | None = None
-    """(T_reference - T) / (T_reference - ceiling); None without a ceiling, or when the reference is at it"""
-    speedup_ci95: tuple[float, float] | None = None
-    """95% interval of speedup from the per-round paired ratios (None: fewer than 3 rounds, or the reference row)"""
-    round_medians_s: list[float] | None = None
-    """per round, the median job step: any two rows of a configuration pair by round (`caramel.stats.paired_rounds_interval`)"""
-    engine_wait_per_step_s: float | None = None
-    """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
-    load_average: float | None = None
-    """the host's 1-minute load average when the configuration's rounds ended"""
-    overlap_trial: dict[str, Any] | None = None
-    """caramel with overlap="auto": the trial's step period per candidate schedule (slowest rank) and the one chosen"""
-    delegated_to_ddp: bool = False
-    """caramel: the trial kept DDP's schedule and torch DDP ran it from then on (the engine's timeline stops there)"""
-    plan: dict[str, Any] | None = None
-    """caramel: the plan the engine ran last (`Engine.stats_dict()["plan"]`)"""
-    comm_priority: dict[str, Any] | None = None
-    """the CPU priority its communication threads ran at (`CommPriority.to_dict()`); None: the job's own group"""
-    baseline_priority: dict[str, Any] | None = None
-    """the priority the comm-only and concurrent baselines' communication threads ran at"""
-    timeline: dict[str, float] | None = None
-    """with --trace: mean per-step compute_s, comm_s, hidden_comm_s, exposed_comm_s, wait_s from the timeline"""
-    skipped: str | None = None
-    samples_per_s: float | None = None
-    """the global batch (local batch x workers, the same for every strategy) over the median step"""
-    share_counts: list[int] | None = None
-    """caramel with balance="batch": the per-rank shares of the global batch in force at the end"""
-    dropout_fractions: list[float] | None = None
-    """caramel with balance="dropout": each rank's fraction of units dropped at the end"""
-    slow_worker: dict[str, Any] | None = None
-    """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
-    predicted_step_s: float | None = None
-    """the strategy's simulator model on the profile and achieved link rate (`caramel.bench.prediction`)"""
-    prediction_error: float | None = None
-    """predicted / measured median - 1"""
-    prediction_exact: bool | None = None
-    """whether the strategy trains DDP's parameters (only those are recommended)"""
-    prediction_note: str | None = None
-    """why there is no prediction"""
-    predicted_rate_only_s: float | None = None
-    """the same model from the link rate alone: no probed fixed costs per collective (the spec's
-    defaults), no CPU contention"""
-    link_fit: dict[str, Any] | None = None
-    """the fixed costs per collective the job's probe fitted (`caramel.bench.prediction.link_costs`)"""
-    compute_slowdown: float | None = None
-    """how much slower compute ran beside the collectives in the concurrent baseline, slowest rank
-    (`caramel.bench.contention`); the predictions' ClusterSpec carries it"""
-    ps: dict[str, Any] | None = None
-    """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
-    imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
-    tuning: dict[str, Any] | None = None
-    """a strategy with a tuned option (`ddp:bucket_cap_mb=tuned`): its screening in the job, every
-    value's median, the one chosen and the runner-up's gap (`caramel.bench.screening.Screening`)"""
-    wire_bytes_per_sample: float | None = None
-    """bytes all workers transmitted per training sample, measured on their interfaces (`caramel.bench.wire`;
-    None on shared loopback)"""
-    pipeline: dict[str, Any] | None = None
-    """pipeline: the cut it ran (`boundaries`), its microbatches, the measured bubble (mean and per
-    stage or, with unequal replicas, per rank), each rank's measured compute per step
-    (`busy_s_per_stage`, median) and the partitioner's (`predicted_busy_s_per_stage`), from
-    `PipelineRunner.stats()` (rank 0)"""
-
-    @property
-    def kind(self) -> str:
-        return self.strategy.partition(":")[0]
-
-    @property
-    def point_regime(self) -> str:
-        """The regime the summary counts the row in: the point's own, else the measured one."""
-        return self.intended_regime if self.intended_regime in REGIMES else self.regime
-
-
-def reference_of(medians: dict[str, float], kinds: dict[str, str]) -> str | None:
-    """The stronger DDP variant: the lowest median among measured strategies of REFERENCE_KIND
-    (the first listed on a tie); None when no DDP variant was measured."""
-    candidates = [n for n in medians if kinds.get(n) == REFERENCE_KIND]
-    return min(candidates, key=lambda n: medians[n]) if candidates else None
-
-
-def share_captured(reference_s: float | None, step_s: float | None, ceiling: float | None) -> float | None:
-    """(T_ref - T) / (T_ref - ceiling): 1 at the ceiling, 0 at the reference, negative when slower;
-    None without a ceiling or when the reference is already at (or below) it."""
-    if reference_s is None or step_s is None or ceiling is None or reference_s - ceiling <= 0:
-        return None
-    return (reference_s - step_s) / (reference_s - ceiling)
-
-
-def estimated_ceiling_s(lower_bound: float | None, concurrent: float | None, compute: float, comm: float) -> float | None:
-    """max(bound, min(T_concurrent, U)) (module docstring), or None without both inputs."""
-    if concurrent is None or lower_bound is None:
-        return None
-    return max(lower_bound, min(concurrent, compute + comm))
-
-
 def summarize(raw: dict[str, Any]) -> list[Record]:
-    """Records for every strategy of one raw job (see module docstring for the arithmetic)."""
+    """Records for every strategy of one raw job (the arithmetic: `caramel.bench.step_metrics`)."""
     cfg, meta = raw["config"], raw.get("meta", {})
     spr = raw.get("settings", {}).get("steps_per_round")
     series = {name: job_step_times(rt, spr) for name, rt in raw["step_times_s"].items()}
@@ -369,27 +170,6 @@ def summarize_strategies(records: list[Record]) -> list[StrategySummary]:
             worst_speedup=worst.speedup if worst else None, worst_ci95=worst.speedup_ci95 if worst else None,
             worst_configuration=config_label(worst) if worst else None))
     return out
-
-
-def ceiling_s(r: Record) -> float | None:
-    """The estimated best step any schedule could reach on this host (module docstring), or None
-    without the concurrent baseline and the bound."""
-    return estimated_ceiling_s(r.lower_bound_s, r.concurrent_s, r.compute_s, r.comm_s)
-
-
-def ceiling_speedup(r: Record) -> float | None:
-    """The reference's step over the estimated ceiling: the most a schedule could be expected to gain here."""
-    c = ceiling_s(r)
-    if c is None or r.reference_step_s is None:
-        return None
-    return r.reference_step_s / c
-
-
-def config_label(r: Record) -> str:
-    opts = "".join(f",{k}={v}" for k, v in sorted(r.model_options.items()))
-    batch = f"b={r.batch_size}" if r.batch_size else ""
-    link = r.bandwidth or (f"comm/compute {r.target_ratio:g}" if r.target_ratio is not None else "loopback")
-    return f"{r.model}({batch}{opts}) x{r.workers} @ {link}"
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -20,8 +20,8 @@ value that fails is left out and recorded.
 
 The bucket-cap grid, torch's default (a 1 MB first bucket, then 25 MB), then 0.25, 0.5, 1, 2, 4
 and 25 MB: doubling steps over the range where the measured optimum of the zoo's models lies
-(0.5-1 MB for ResNet-18 width 16, 2.8 MB of gradients, docs/results/ddp-bucket-caps-ratio1.md),
-where neighbours differed by at most 6%, so a finer grid gains little; 0.25 MB is already about
+(ResNet-18 width 16, 2.8 MB of gradients: docs/results/ddp-bucket-caps-ratio1.md), where
+neighbouring caps differed little, so a finer grid gains little; 0.25 MB is already about
 11 collectives for ResNet-18 (more for GPT-2's 16.9 MB), each paying the link's fixed cost; 4 MB
 lets GPT-2 start early with a few large buckets; 25 MB given explicitly is torch's cap with no
 small first bucket (one bucket after backward for ResNet-18): the other end. Seven values of

@@ -19,7 +19,6 @@ import torch.nn as nn
 
 from caramel.bench.baselines import plain_step, sync_device
 from caramel.bench.strategies import TrainRunner
-from caramel.profile.slowdown import per_sample_compute_s, slow_down  # noqa: F401 (the harness's names)
 
 
 class BalancedRunner(TrainRunner):

@@ -8,8 +8,9 @@ through, a small broadcast runs on a group of its own, once from rank 1 (its dat
 the bulk) and once from rank 0 (its data goes the other way, but gloo's note that rank 1 is
 ready to receive goes behind the bulk). The wait is when rank 0 has the small broadcast less
 when it started; the probe's result is the median over both kinds and the repetitions. A
-TCP flow keeps only so much queued on a shaped link (on the emulated cluster 6-10 ms at 170
-Mbit/s to 1.4 Gbit/s, docs/ps.md), so the wait is that, not the bulk's time left.
+TCP flow keeps only so much queued on a shaped link (measured on the emulated cluster:
+docs/results/ps-history.md, "Queues and patterns (issue 28)", and docs/results/link_queue_*.json),
+so the wait is that, not the bulk's time left.
 
 Measured on ranks 0 and 1 (every rank creates the groups and meets the barriers); the others
 wait. A bulk too short to outlast the quarter-way start plus a few ms of queue gives only a
@@ -17,11 +18,11 @@ lower bound; the probe then reports no queue (no evidence: the model leaves queu
 
 All to all. Every rank sends a shard's worth (the gradient bytes over the ranks) to every other
 at once, as the colocated servers' pushes (and pulls) do: with n - 1 flows into each link and
-every rank's transfers on a shared host's cores this runs below the rate a ring achieves (on
-the emulated cluster at 4 workers on 2 cores 0.7-0.75 of it, docs/ps.md). The slowest rank's
-time, the median of the repetitions; `efficiency` turns it into a share of a rate. And every
-rank broadcasting a shard at once, as the servers' pulls do (gloo's broadcast relays through
-the receivers, so it fares better: 0.9 of the rate where the all-to-all gets 0.65).
+every rank's transfers on a shared host's cores this runs below the rate a ring achieves (at 4
+workers on 2 cores; the shares measured: docs/results/ps-history.md, "Queues and patterns
+(issue 28)"). The slowest rank's time, the median of the repetitions; `efficiency` turns it
+into a share of a rate. And every rank broadcasting a shard at once, as the servers' pulls do
+(gloo's broadcast relays through the receivers, so it fares better than the all-to-all).
 """
 from __future__ import annotations
 

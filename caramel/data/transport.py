@@ -2,10 +2,9 @@
 
 PyTorch's default puts every tensor of a batch in its own shared-memory segment and passes the
 segment's file descriptor over a socket: no copy of the bytes, but a fixed cost per tensor
-(create, map, send, map again, unmap) of the order of half a millisecond on a small machine,
-which for small batches is more than copying them. Measured on the 2-core development machine
-(batch of 8 x 16 KiB, 2 workers, all in memory): 1.5 ms per batch with shared memory, 0.27 ms
-pickled through the worker's pipe. So a batch of at most `pipe_max_bytes` travels as numpy
+(create, map, send, map again, unmap), which for small batches is more than copying them
+(measured: docs/data.md, "Transport", and the batch trip by pipe and by shared memory in
+docs/results/data-bench-store.md). So a batch of at most `pipe_max_bytes` travels as numpy
 arrays through the pipe (one copy) and becomes tensors again in the training process without
 another copy; a larger batch keeps shared memory.
 """

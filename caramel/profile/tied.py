@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from caramel.profile.profiler import ALIAS_ATTR
+from caramel.profile.recorders import ALIAS_ATTR
 
 
 def find_tied_embeddings(module: nn.Module, params: list[nn.Parameter]) -> list[tuple[str, nn.Embedding, int]]:

@@ -4,8 +4,8 @@ start of each forward), with the broadcast moved off the critical path.
 torch DDP broadcasts rank 0's buffers at the start of every forward that follows a synchronized
 training forward. There it costs a round trip and waits for the slowest rank; with Caramel's
 forward overlap it would also queue on the link behind the previous step's gradients, which
-still stream while the next forward begins (measured on the emulated cluster: 5 ms of a 51 ms
-ResNet-18 step at 500 Mbit/s with 2 workers, 10-47 ms with 4).
+still stream while the next forward begins (how long that held the forward on the emulated
+cluster: docs/results/engine.md, "Buffers sent as the forward ends").
 
 Rank 0's buffers change only in its forwards (a backward or an optimizer step leaves them
 alone), so what DDP sends at the start of forward k+1 is what rank 0 held when forward k ended.

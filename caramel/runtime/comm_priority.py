@@ -4,19 +4,21 @@ A gloo collective advances only when the backend's threads of every rank get a c
 ring step waits for the receiving rank's loop thread to wake, read and reduce. Where training
 keeps every core busy (CPU training, or more ranks than cores), those threads queue behind
 compute for each step of every collective. On the 2-core test host with 4 ranks computing
-(`experiments/comm_priority.py`), a 600 KB all-reduce took 18 ms at normal priority, 18 ms with
-the computing thread at nice 19, and 5.6 ms with the threads at real-time priority. So the
+(`experiments/comm_priority.py`), an all-reduce took several times longer at normal priority
+than with the threads at real-time priority, and a nice value on the computing thread did not
+close the gap (docs/results/engine.md, "Communication thread priority, one collective"). So the
 engine gives the threads of the backends it creates itself the lowest real-time priority
 (`SCHED_FIFO`, 1): they preempt compute the moment a message arrives and block again at once.
 They do a few copies and sums per byte.
 
 A real-time thread that does not block starves everything else on its core, and gloo's tcp
 loop can busy-spin (pytorch/gloo#246): seen here as a livelock, the raised loop threads of two
-ranks taking both cores while the main threads that would end the spin waited for one (a 3-rank
-test on 2 cores went from 24 s to over 200 s, in half the runs). So a governor (`_Governor`, one
-per process) watches the raised threads' CPU time: a thread that used more than half a core over
-the last 50 ms goes back to normal priority for a second, then is raised again. Normal use is
-3-10% of a core, so the governor stays out of the way until a thread spins.
+ranks taking both cores while the main threads that would end the spin waited for one (how
+much slower a test ran: docs/results/engine-history.md, "Communication thread priority in
+full"). So a governor (`_Governor`, one per process) watches the raised threads' CPU time: a
+thread that used more than half a core over the last 50 ms goes back to normal priority for a
+second, then is raised again. Normal use is a small share of a core (the same page), so the
+governor stays out of the way until a thread spins.
 
 It needs Linux and the privilege to set a real-time policy (root with CAP_SYS_NICE, or an
 RLIMIT_RTPRIO of 2 or more, for the governor), and the kernel's real-time throttling on.

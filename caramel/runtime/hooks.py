@@ -191,8 +191,9 @@ class EngineHooks:
                 todo = [b for b in bucket_ids if b in self._pending_apply]
                 if todo:
                     # buckets whose collectives are already done go along: one optimizer call
-                    # instead of one each (each costs ~0.4 ms besides its arithmetic); applying
-                    # an update before the first module that uses it is as exact as at it
+                    # instead of one each (each call has a fixed cost besides its arithmetic,
+                    # docs/results/engine.md, "The engine's own cost"); applying an update
+                    # before the first module that uses it is as exact as at it
                     done = [b for b in self._pending_apply if b not in todo and self._reduced_already(b)]
                     self._wait_apply(sorted(todo + done))
         return hook

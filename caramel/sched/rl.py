@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import torch
 from stable_baselines3 import PPO
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
@@ -99,13 +100,19 @@ class PpoOptions:
 
 
 def make_ppo(env: gym.Env, options: PpoOptions) -> PPO:
-    """An untrained PPO agent with the candidate-scoring policy (CPU, one thread's worth)."""
-    return PPO(CandidatePolicy, env, learning_rate=options.learning_rate, n_steps=options.n_steps,
-               batch_size=options.batch_size, n_epochs=options.n_epochs, gamma=options.gamma,
-               ent_coef=options.ent_coef, seed=options.seed, device="cpu", verbose=0,
-               policy_kwargs=dict(features_extractor_class=CandidateEncoder,
-                                  features_extractor_kwargs=dict(width=options.width),
-                                  net_arch=dict(pi=[], vf=[64]), prior=options.prior))
+    """An untrained PPO agent with the candidate-scoring policy (CPU, one thread's worth).
+
+    It logs nowhere: left to itself, `learn` makes a logger that creates an empty
+    `SB3-<time>` folder in the system temp dir on every call, and verbose=0 writes nothing to it.
+    """
+    model = PPO(CandidatePolicy, env, learning_rate=options.learning_rate, n_steps=options.n_steps,
+                batch_size=options.batch_size, n_epochs=options.n_epochs, gamma=options.gamma,
+                ent_coef=options.ent_coef, seed=options.seed, device="cpu", verbose=0,
+                policy_kwargs=dict(features_extractor_class=CandidateEncoder,
+                                   features_extractor_kwargs=dict(width=options.width),
+                                   net_arch=dict(pi=[], vf=[64]), prior=options.prior))
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 def train_ppo(env: gym.Env, options: PpoOptions) -> PPO:

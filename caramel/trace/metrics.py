@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
-from caramel.stats import percentile  # noqa: F401  (the trace tools' percentile)
 
 Interval = tuple[float, float]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from caramel.errors import CaramelError, FormatError
 from caramel.jsonio import format_tag, write_json
+from caramel.stats import percentile
 from caramel.trace import metrics as m
 from caramel.trace.events import Trace
 from caramel.units import format_bytes
@@ -187,8 +188,8 @@ def summarize(trace: Trace, warmup_steps: int = 0) -> TraceSummary:
     by_compute = sorted(rank_rows, key=lambda r: (r["compute_s"], r["rank"]))
     aggregate = {
         "steps": len(steps),
-        "step_time_p50_s": m.percentile(times, 50),
-        "step_time_p90_s": m.percentile(times, 90),
+        "step_time_p50_s": percentile(times, 50),
+        "step_time_p90_s": percentile(times, 90),
         "step_time_mean_s": m.mean(times),
         "compute_s": m.mean([s.compute_s for s in steps]),
         "comm_s": m.mean([s.comm_s for s in steps]),

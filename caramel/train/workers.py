@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from caramel.cluster.local import worker_env
@@ -50,17 +52,23 @@ def run_worker(cfg: TrainConfig, script_args: list[str]) -> dict | None:
 def launch_local(cfg: TrainConfig, script_args: list[str]) -> int:
     """Start `cfg.parallel.workers` local workers with `torchrun --standalone`; return its exit code."""
     cmd = worker_command(cfg, script_args)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+    # torchrun's per-attempt files (its error reports) go to a directory we delete: without
+    # --log-dir it makes one in the system temp dir and leaves it there
+    log_dir = tempfile.mkdtemp(prefix="caramel-torchrun-")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--log-dir", log_dir,
                 "--nproc-per-node", str(cfg.parallel.workers), "--max-restarts", str(cfg.parallel.max_restarts)]
     argv = torchrun + cmd[1:]  # torchrun runs `-m caramel.cli ...` with the same interpreter
     print(f"caramel train: starting {cfg.parallel.workers} local workers: {' '.join(argv)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(argv, env=worker_env(), start_new_session=True)
     try:
-        return proc.wait()
-    except BaseException:
-        # Ctrl-C or an error here: torchrun forwards SIGTERM to its workers; make sure nothing outlives us.
-        _stop(proc)
-        raise
+        proc = subprocess.Popen(argv, env=worker_env(), start_new_session=True)
+        try:
+            return proc.wait()
+        except BaseException:
+            # Ctrl-C or an error here: torchrun forwards SIGTERM to its workers; make sure nothing outlives us.
+            _stop(proc)
+            raise
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

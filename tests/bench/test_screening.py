@@ -214,7 +214,7 @@ def _harness_worker(rank: int, world: int) -> dict:
     from torch.distributed.distributed_c10d import _world
     from torch.nn.parallel import DistributedDataParallel
 
-    from caramel.bench import harness
+    from caramel.bench import runners as bench_runners
     from caramel.bench.matrix import BenchConfig
     from caramel.bench.strategies import StrategyContext
 
@@ -222,14 +222,14 @@ def _harness_worker(rank: int, world: int) -> dict:
     settings = BenchSettings(rounds=1, steps_per_round=1, warmup_steps=0, screen_rounds=1)
     ctx = StrategyContext(device=torch.device("cpu"), rank=rank, world_size=world)
     events: list[str] = []
-    build_strategy, screen = harness.build_strategy, screening.screen
-    harness.build_strategy = lambda s, *a, **k: (events.append(s.name), build_strategy(s, *a, **k))[1]
+    build_strategy, screen = bench_runners.build_strategy, screening.screen
+    bench_runners.build_strategy = lambda s, *a, **k: (events.append(s.name), build_strategy(s, *a, **k))[1]
     screening.screen = lambda runners, st: (events.append("screen"), screen(runners, st))[1]
     # "auto" makes every candidate a gloo group of its own, whatever this host's privilege
     groups, threads = len(_world.pg_map), _threads()
     gc.disable()  # no automatic collection: only build_runners' own gc.collect() frees the candidates' cycles
     try:
-        runners, skipped, _, tuning = harness.build_runners(
+        runners, skipped, _, tuning = bench_runners.build_runners(
             config, settings, [parse_strategy("ddp:bucket_cap_mb=tuned,comm_priority=auto"), parse_strategy("ddp")], ctx)
         # gc.get_objects() still lists garbage that no collection has freed yet
         ddps = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
@@ -246,7 +246,7 @@ def _harness_worker(rank: int, world: int) -> dict:
     gc.collect()
     t = tuning[TUNED_AUTO]
     kept = runners[TUNED_AUTO]
-    fresh = harness.make_workload(config, settings.seed, ctx.device).model
+    fresh = bench_runners.make_workload(config, settings.seed, ctx.device).model
     return {"skipped": skipped, "values": t["values"], "chosen": t["chosen"], "chosen_strategy": t["chosen_strategy"],
             "names": list(runners), "kept_name": kept.name, "events": events,
             "cap_bytes": kept.model.bucket_bytes_cap, "cap_default": kept.model.bucket_bytes_cap_default,

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from caramel.bench.matrix import BenchConfig, check_slow_worker
-from caramel.bench.straggler import slow_down
 from caramel.errors import CaramelError
+from caramel.profile.slowdown import slow_down
 
 torch.set_num_threads(1)
 

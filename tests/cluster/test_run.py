@@ -11,7 +11,6 @@ import pytest
 from caramel.cluster import netns
 from caramel.cluster.config import ClusterConfig
 from caramel.cluster.emulated import EmulatedCluster
-from caramel.topology.probe import probe_cluster
 from caramel.topology.spec import ClusterSpec
 from caramel.errors import CaramelError
 from tests.cluster.cluster_helpers import foreign, have, host_objects, named, needs_root

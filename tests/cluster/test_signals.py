@@ -2,7 +2,6 @@
 nothing is left behind, or, after SIGKILL, `cleanup` removes exactly the dead cluster."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

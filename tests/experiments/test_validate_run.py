@@ -1,7 +1,6 @@
 """The validation runner: calibration fit, the matrix, turning raw per-rank times into records,
 the reshaping handshake, and a 2-configuration smoke run on loopback (real processes, real engine)."""
 import statistics
-import subprocess
 import sys
 import time
 

@@ -24,7 +24,7 @@ from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
 from caramel.trace.events import Trace, TraceEvent
 from caramel.train import config as train_config
 from caramel.units import parse_duration_s, parse_rate_bps, parse_size_bytes
-from tests.reliability.fuzzing import damaged_text, json_values, mutated
+from tests.reliability.fuzzing import damaged_text, mutated
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -72,3 +72,14 @@ def test_best_row_keeps_the_base_on_near_ties():
     assert best_row(np.array([1.0, 1.0 - 1e-9, 2.0])) == 0
     assert best_row(np.array([1.0, 0.5, 0.5, np.inf])) == 1
     np.testing.assert_allclose(relative_regret(np.array([2.0, 1.0, np.inf])), [1.0, 0.0, 0.0])
+
+
+def test_learning_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # gettempdir() caches its first answer
+    torch.set_num_threads(1)
+    env = CoflowEnv(TraceOptions(num_jobs=3, max_steps=1), [0])
+    make_ppo(env, QUICK).learn(total_timesteps=QUICK.total_timesteps)
+    assert list(tmp_path.iterdir()) == []

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from caramel.errors import CaramelError, FormatError
+from caramel.stats import percentile
 from caramel.trace import metrics as m
 from caramel.trace.events import Trace
 from caramel.trace.summary import compare, format_summary, summarize
@@ -107,8 +108,8 @@ def test_metric_formulas():
     assert m.union_intervals([(0, 1), (1, 2), (5, 6), (5.5, 5.7), (3, 3)]) == [(0, 2), (5, 6)]
     assert m.intersect_length([(0, 4)], [(1, 2), (3, 6)]) == pytest.approx(2)
     assert m.clip([(0, 10)], 2, 5) == [(2, 5)]
-    assert m.percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
-    assert m.percentile([5], 90) == 5 and math.isnan(m.percentile([], 50))
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert percentile([5], 90) == 5 and math.isnan(percentile([], 50))
     assert m.no_overlap_bound_s(3, 2) == 5 and m.perfect_overlap_bound_s(3, 2) == 3
     # U = 5, L = 3: T_iter 4 is halfway
     assert m.scheduling_efficiency(4, 3, 2) == pytest.approx(0.5)

@@ -55,7 +55,6 @@ def test_single_process_trace_has_rank_and_steps(tmp_path):
 
 
 def test_initialized_group_supplies_its_own_rank(tmp_path):
-    import torch
     import torch.distributed as dist
 
     store = dist.FileStore(str(tmp_path / "store"), 1)

@@ -89,12 +89,18 @@ def test_stop_and_resume_gives_the_same_losses_bit_for_bit(digits_baseline, tmp_
 def test_torchrun_restart_resumes_from_the_last_checkpoint(digits_baseline, tmp_path):
     base_out, _ = digits_baseline
     out = tmp_path / "run"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     # rank 1 dies after step 20 (5 steps past the step-15 checkpoint); torchrun restarts both workers.
-    result, s = run_train(out, *DIGITS, "--max-restarts", "1", env_extra={"CARAMEL_TRAIN_CRASH_AT_STEP": "20:1"})
+    result, s = run_train(out, *DIGITS, "--max-restarts", "1",
+                          env_extra={"CARAMEL_TRAIN_CRASH_AT_STEP": "20:1", "TMPDIR": str(tmp)})
     check_ok(result)
     assert "exiting at step 20" in result.stdout + result.stderr
     assert s["start_step"] == 15 and s["finished"]
     assert train_losses(out) == train_losses(base_out)
+    # torchrun's logs of both attempts went to a directory the launcher removed (torch's compile
+    # cache, torchinductor_<user>, is torch's own to keep)
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

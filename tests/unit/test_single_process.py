@@ -1,5 +1,4 @@
 """One process, no torchrun: the same script runs unchanged and trains exactly like plain PyTorch."""
-import copy
 import subprocess
 import sys
 import textwrap

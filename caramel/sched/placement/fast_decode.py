@@ -3,7 +3,8 @@ once, its forward pass as a few float32 array operations per step.
 
 `decode.decode` (the reference, kept as is) runs the network through stable-baselines3 at every
 step: tensor conversion, the encoder, the head, a torch `Categorical`, each op dispatched by
-torch on tensors of 4 rows; most of its ~0.5 ms per step is that dispatch, not arithmetic.
+torch on tensors of 4 rows; most of its time per step is that dispatch, not arithmetic
+(docs/results/rl-scheduling-history.md, "Decoding: where the time went").
 `NumpyPolicy` holds the same weights as numpy arrays and computes the same function (embedding
 MLP, two-head self-attention with the padding mask, mix layer, row scores plus the prior's lean,
 masked rows, softmax) in float32. It is the same network, not a copy trained apart, but its

@@ -13,7 +13,7 @@ from caramel.strategies.pipeline.planner import (LayerCost, balanced_boundaries,
                                                  brute_force_partition, layer_costs_from_profile,
                                                  pipedream_partition)
 from caramel.strategies.pipeline.shards import shard_ratios, shard_sizes
-from caramel.topology.spec import ClusterSpec, WorkerSpec
+from caramel.topology.spec import ClusterSpec
 
 
 def random_costs(rng: random.Random, n: int) -> list[LayerCost]:
