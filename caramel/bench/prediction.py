@@ -23,7 +23,8 @@ RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed 
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
 PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
-PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency")  # what the traffic probe adds to its meta (the ps model's)
+# what the traffic probe adds to its meta: the ps model reads all three, the gossip model push_efficiency
+PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency")
 
 
 def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
@@ -39,8 +40,10 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
     None: the spec's defaults) and `PS_FIELDS` (`caramel.bench.traffic_probe`; the spec's meta,
-    read by the ps model); `compute_slowdown`: compute's slowdown beside the collectives
-    (`caramel.bench.contention`)."""
+    read by the ps model, and `push_efficiency` by the gossip model too: its concurrent peer
+    flows' share of the rate, `caramel.strategies.gossip.links`); `compute_slowdown`: compute's
+    slowdown beside the collectives (`caramel.bench.contention`; gossip also slows backward by it
+    while its overlapped trackers are on the wire)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world

@@ -30,13 +30,15 @@ from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
 
-def link_rates(cluster: ClusterSpec) -> list[float]:
+def link_rate_Bps(cluster: ClusterSpec) -> list[float]:
     """Each worker's link rate in bytes/s: meta `worker_bandwidth_bps` (bit/s) or the cluster's."""
     raw = cluster.meta.get("worker_bandwidth_bps")
     if raw is None:
         return [cluster.bandwidth_bps / 8] * cluster.world_size
-    if not isinstance(raw, list) or len(raw) != cluster.world_size or any(not (isinstance(r, (int, float)) and r > 0) for r in raw):
-        raise CaramelError(f"cluster meta.worker_bandwidth_bps must list {cluster.world_size} positive rates in bit/s, got {raw!r}")
+    if (not isinstance(raw, list) or len(raw) != cluster.world_size
+            or any(isinstance(r, bool) or not (isinstance(r, (int, float)) and r > 0) for r in raw)):
+        raise CaramelError(f"cluster meta.worker_bandwidth_bps must list {cluster.world_size} positive rates in "
+                           f"bit/s, got {raw!r}")
     return [r / 8 for r in raw]
 
 
@@ -48,17 +50,25 @@ def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]],
     raw = cluster.meta.get("compute_jitter")
     if raw is None:
         return out, None
-    shape = "{'rank': R, 'fraction': F, 'seed': S, 'pause_after_forward': bool (optional)}"
-    try:
-        rank, frac, seed = int(raw["rank"]), float(raw["fraction"]), int(raw.get("seed", 0))
-        pause = raw.get("pause_after_forward", False)
-        unknown = set(raw) - {"rank", "fraction", "seed", "pause_after_forward"}
-    except (TypeError, KeyError, ValueError, AttributeError):
-        raise CaramelError(f"cluster meta.compute_jitter must be {shape}, got {raw!r}") from None
-    if unknown or not isinstance(pause, bool):
-        raise CaramelError(f"cluster meta.compute_jitter must be {shape}, got {raw!r}")
-    if not 0 <= rank < n or not 0 <= frac < 1:
-        raise CaramelError(f"cluster meta.compute_jitter: rank must be in 0..{n - 1} and fraction in [0, 1), got {raw!r}")
+    keys = ("rank", "fraction", "seed", "pause_after_forward")
+    if not isinstance(raw, dict):
+        raise CaramelError(f"cluster meta.compute_jitter must be a dict with keys {', '.join(keys)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(keys), key=str)
+    if unknown:
+        raise CaramelError(f"cluster meta.compute_jitter: unknown key(s) {', '.join(map(repr, unknown))}; "
+                           f"expected {', '.join(keys)}")
+    if "rank" not in raw or "fraction" not in raw:
+        raise CaramelError(f"cluster meta.compute_jitter needs 'rank' and 'fraction', got {raw!r}")
+    rank, frac, seed = raw["rank"], raw["fraction"], raw.get("seed", 0)
+    pause = raw.get("pause_after_forward", False)
+    if not _is_int(rank) or not 0 <= rank < n:
+        raise CaramelError(f"cluster meta.compute_jitter.rank must be an int in 0..{n - 1}, got {rank!r}")
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
+        raise CaramelError(f"cluster meta.compute_jitter.fraction must be a number in [0, 1), got {frac!r}")
+    if not _is_int(seed):
+        raise CaramelError(f"cluster meta.compute_jitter.seed must be an int, got {seed!r}")
+    if not isinstance(pause, bool):
+        raise CaramelError(f"cluster meta.compute_jitter.pause_after_forward must be true or false, got {pause!r}")
     rng = random.Random(seed)
     out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
     return out, (1.0 / (1.0 - frac) if pause else None)
@@ -69,9 +79,17 @@ def flow_share(cluster: ClusterSpec, flows: int) -> float:
     docstring): 1 for one flow, meta `push_efficiency` for n - 1, linear between."""
     n = cluster.world_size
     raw = cluster.meta.get("push_efficiency")
-    if raw is None or flows <= 1 or n <= 2:
+    if raw is None:
         return 1.0
+    # checked whatever the flows, as the ps model checks it (`caramel.strategies.ps.simulate`)
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw <= 1:
-        raise CaramelError(f"cluster meta.push_efficiency must be a share of the link rate in (0, 1], got {raw!r}")
+        raise CaramelError(f"cluster meta.push_efficiency must be a number in (0, 1] (the share of the link rate "
+                           f"n - 1 concurrent flows achieve), got {raw!r}")
+    if flows <= 1 or n <= 2:
+        return 1.0
     extra = min(flows, n - 1) - 1
     return 1.0 - (1.0 - raw) * extra / (n - 2)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

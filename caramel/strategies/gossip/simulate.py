@@ -22,7 +22,9 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;
 - compute runs the cluster's `compute_slowdown` times slower while the worker's exchange of
   that step is on the wire (CPU contention, `caramel.bench.contention`; 1 by default), and
-  so does the rest of backward once its first overlapped tracker message has left;
+  while its overlapped trackers are: from the first tracker message's leaving (behind the
+  parameter messages) for the trackers' transfer time on its link (`tracker_wire_s`), so on
+  a fast link backward barely slows;
 - what travels is priced by `volume.peer_bytes`, the runtime's own definition: each
   parameter, its moment buffers (momentum, tracking_momentum: the optimizer the profile names
   in `meta["optimizer"]`, SGD's one buffer when it names none; Adam/AdamW two), the floating
@@ -47,8 +49,11 @@ every step waits for the slowest worker's forward and backward, then the part of
 all-reduce (2(n-1) latencies + 2(n-1)/n x bytes at the slowest link's rate) that backward did
 not hide, then the update. The step time is the mean period over the second half of the
 unrolled steps (all workers' mean; a gossip worker may run ahead of a far one);
-`meta["job_step_median_s"]` is the bench's statistic over the same steps: the median of how
-far the slowest worker's clock advanced per step (under jitter below the mean).
+`meta["job_step_median_s"]` is the job-step median in steady state: over the same steps of one
+continuous run, the median of how far the slowest worker's clock advanced per step (under
+jitter below the mean). The bench's statistic (`caramel.bench.report.job_step_times`) restarts
+the job clock at every round, so under jitter, where the coupling builds up across steps, the
+two need not agree.
 """
 from __future__ import annotations
 
@@ -58,7 +63,7 @@ from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
-from caramel.strategies.gossip.links import flow_share, jitter_factors, link_rates
+from caramel.strategies.gossip.links import flow_share, jitter_factors, link_rate_Bps
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
@@ -102,13 +107,15 @@ def message_needs(shared: list, modules: int, per_tensor: int, cap_bytes: float,
     return need, sent
 
 
-def tracker_messages(shared: list, modules: int, cap_bytes: float, backward_time_s: float) -> list[tuple[float, int]]:
+def tracker_messages(shared: list, modules: int, cap_bytes: float,
+                     backward_time_s: float) -> list[tuple[float, int]]:
     """The overlapped trackers' messages in the order the runtime cuts them
     (`GossipRun._tracker_layout`: reverse forward order, a parameter no module used with the
     first module, so last; cut at `cap_bytes` and where the tracker dtype changes), each as (when
     its last gradient is ready, since backward start; its bytes). A tracker is at least float32:
     a bf16 parameter's is twice its bytes."""
-    order = sorted(shared, key=lambda p: -(p.first_use_order or 0))  # stable: parameter order within a module
+    # sorted() is stable: parameter order within a module
+    order = sorted(shared, key=lambda p: -(p.first_use_order or 0))
     out: list[tuple[float, int]] = []
     size, dtype = 0, None
     for p in order:
@@ -132,20 +139,145 @@ def _dtype(name: str):
     return dtype
 
 
-def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: GossipOptions, iterations: int = 4) -> SimResult:
+def s_per_byte(cluster: ClusterSpec, rate_Bps: list[float], W, j: int, w: int) -> float:
+    """Seconds per byte from j to w under mixing matrix `W`: the flows through either link share
+    its rate, and together achieve `flow_share` of it."""
+    flows = max(len(neighbours(W, j).send), len(neighbours(W, w).recv))
+    return flows / (min(rate_Bps[j], rate_Bps[w]) * flow_share(cluster, flows))
+
+
+class StepLinks:
+    """One step's parameter exchange: sent under matrix `W` (None: the step sends nothing) after
+    each worker's update of the step before (`prev_end_s`)."""
+
+    def __init__(self, cluster: ClusterSpec, rate_Bps: list[float], prev_end_s: list[float], W, total_bytes: int):
+        n = cluster.world_size
+        self.cluster, self.rate_Bps, self.alpha_s, self.W = cluster, rate_Bps, cluster.latency_s, W
+        self.prev_end_s = prev_end_s
+        self.nbs = [neighbours(W, i) for i in range(n)] if W is not None else None
+        self.total_bytes = total_bytes
+        # per worker, when its parameter messages of this step have left its link
+        self.sends_end_s = ([max((self.leaves_s(w, i) + self.alpha_s + total_bytes * self.s_per_byte(w, i)
+                                  for i in self.nbs[w].send), default=prev_end_s[w]) for w in range(n)]
+                            if self.nbs is not None else [0.0] * n)
+
+    def s_per_byte(self, j: int, w: int) -> float:
+        return s_per_byte(self.cluster, self.rate_Bps, self.W, j, w)
+
+    def leaves_s(self, j: int, w: int) -> float:
+        """When j's messages to w start: gloo sends once w's recv is posted (w's update of the
+        step before, its ready-notice a latency away) and j's send is."""
+        return max(self.prev_end_s[j], self.prev_end_s[w] + self.alpha_s)
+
+    def landed_s(self, w: int, nbytes: float) -> float:
+        """When the first `nbytes` of the exchange have landed at w from every in-neighbour."""
+        if self.nbs is None or nbytes == 0:
+            return 0.0
+        return max((self.leaves_s(j, w) + self.alpha_s + nbytes * self.s_per_byte(j, w) for j, _ in self.nbs[w].recv),
+                   default=0.0)
+
+    def busy(self, w: int, slowdown: float) -> Busy:
+        """Worker w's contention: compute runs `slowdown` times slower while this step's
+        exchange is on the wire, from its first send to its last landing."""
+        busy = Busy(slowdown)
+        if self.nbs is not None and len(self.prev_end_s) > 1:
+            first_s = min([self.leaves_s(j, w) for j, _ in self.nbs[w].recv]
+                          + [self.leaves_s(w, i) for i in self.nbs[w].send] + [self.prev_end_s[w]])
+            busy.add(first_s, max(self.landed_s(w, self.total_bytes), self.sends_end_s[w]))
+        return busy
+
+
+class TrackerLink:
+    """The trackers' exchange of a step (algorithm=tracking): `messages` are the overlapped ones
+    (`tracker_messages`; empty: all of them at the update, `overlap_trackers=false`)."""
+
+    def __init__(self, alpha_s: float, tracker_bytes: int, messages: list[tuple[float, int]], backward_time_s: float):
+        self.alpha_s, self.tracker_bytes, self.messages = alpha_s, tracker_bytes, messages
+        self.backward_time_s = backward_time_s
+
+    def landed_s(self, j: int, w: int, s_per_byte: float, ready_s: list[float], sends_end_s: list[float],
+                 backward_s: list[tuple[float, float]]) -> float:
+        """When the last of j's trackers of this step lands at w. A gloo send waits for its
+        receiver's recv (rendezvous), posted when w reaches the same point; j's link sends its
+        parameter messages first (`sends_end_s`). Without overlap both post at their update
+        (`ready_s`); with, message by message as each backward (`backward_s`: start, end) makes
+        it ready, one after another on j's link."""
+        alpha_s = self.alpha_s
+        if not self.messages:
+            return max(ready_s[j], ready_s[w] + alpha_s, sends_end_s[j]) + alpha_s + self.tracker_bytes * s_per_byte
+        (b0, b1), (c0, c1), link_s = backward_s[j], backward_s[w], sends_end_s[j]
+        back_s = self.backward_time_s
+        scale_j = (b1 - b0) / back_s if back_s > 0 else 0.0
+        scale_w = (c1 - c0) / back_s if back_s > 0 else 0.0
+        for ready, nbytes in self.messages:
+            link_s = max(link_s, b0 + ready * scale_j, c0 + ready * scale_w + alpha_s) + nbytes * s_per_byte
+        return link_s + alpha_s
+
+    def wire_s(self, w: int, s_per_byte_to: list[float]) -> float:
+        """How long worker w's trackers occupy its link: their bytes at the pace of its flows to
+        its out-neighbours (`s_per_byte_to`, one per out-neighbour)."""
+        return max((self.tracker_bytes * pb for pb in s_per_byte_to), default=0.0)
+
+
+def run_compute(busy: Busy, t: float, forward_s: list[float], due_s: list[float], pause_s: float,
+                backward_s: float, trackers: tuple[float, float, float] | None = None) -> tuple[float, float, float]:
+    """One worker's forward and backward from `t`, through its contention `busy`: module m's
+    forward (`forward_s[m]`) once its bytes have landed (`due_s[m]`), then the bench's `pause_s`
+    (a sleep: not slowed by transfers), then backward. `trackers` = (compute before the first
+    overlapped tracker message is ready, the trackers' wire time, when the link is free of the
+    parameter messages): the trackers are on the wire from the later of the last two for their
+    wire time, and compute in that span runs slowed too. Returns (backward start, backward end,
+    time spent waiting for bytes)."""
+    wait_s = 0.0
+    for f_s, due in zip(forward_s, due_s):
+        if due > t:
+            wait_s += due - t
+            t = due
+        t = busy.advance(t, f_s)
+    t += pause_s
+    bwd0 = t
+    if trackers is None:
+        return bwd0, busy.advance(t, backward_s), wait_s
+    first_s, wire_s, link_free_s = trackers
+    first_s = min(first_s, backward_s)
+    t = busy.advance(t, first_s)
+    on_wire_s = max(t, link_free_s)
+    # the parameter exchange's span is already slowed: the trackers' adds only what lies beyond it
+    start_s = max([on_wire_s] + busy.ends[-1:])
+    if on_wire_s + wire_s > start_s:
+        busy.add(start_s, on_wire_s + wire_s)
+    return bwd0, busy.advance(t, backward_s - first_s), wait_s
+
+
+def job_step_median_s(end_s: list[list[float]], warm: int) -> float:
+    """The job-step median in steady state: per step from `warm` on, how far the slowest
+    worker's clock (`end_s[w][k]`) advanced; their median."""
+    job = [max(e[k] for e in end_s) for k in range(warm, len(end_s[0]))]
+    return statistics.median(b - a for a, b in zip(job, job[1:]))
+
+
+def _jitter_and_pauses_s(profile: ModelProfile, cluster: ClusterSpec, steps: int):
+    """Per worker and step, the compute's scale and the pause after the forward (`links`)."""
+    n = cluster.world_size
+    jit, nominal = jitter_factors(cluster, steps)
+    if nominal is None:
+        return jit, [[0.0] * steps for _ in range(n)]
+    # the bench's emulation: compute as profiled, a pause after the forward
+    fb_s = profile.forward_time_s + profile.backward_time_s
+    pauses_s = [[(nominal * d - 1.0) * fb_s / w.speed for d in draws] for draws, w in zip(jit, cluster.workers)]
+    return [[1.0] * steps for _ in range(n)], pauses_s
+
+
+def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: GossipOptions,
+                    iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to gossip")
     mats = [mixing_matrix(options.topology, n, t) for t in range(period(options.topology, n))]
-    rates, alpha = link_rates(cluster), cluster.latency_s
+    rate_Bps = link_rate_Bps(cluster)
+    flow_share(cluster, 1)  # checks meta.push_efficiency whatever the topology and world size
     steps = max(iterations, MIN_ITERATIONS, 8 * (options.head_steps + 1))
-    jit, nominal = jitter_factors(cluster, steps)
-    if nominal is not None:  # the bench's emulation: compute as profiled, a pause after the forward
-        pauses = [[(nominal * d - 1.0) * (profile.forward_time_s + profile.backward_time_s) / w.speed for d in draws]
-                  for draws, w in zip(jit, cluster.workers)]
-        jit = [[1.0] * steps for _ in range(n)]
-    else:
-        pauses = [[0.0] * steps for _ in range(n)]
+    jit, pauses_s = _jitter_and_pauses_s(profile, cluster, steps)
     speed = [w.speed for w in cluster.workers]
     optimizer = str(profile.meta.get("optimizer", "SGD"))  # a profile that names none: SGD's one buffer
     per_tensor = 1 + len(moment_keys(optimizer, options.algorithm))
@@ -158,127 +290,69 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
                         sum(b for _, b in buffers))
     assert total == priced.parameters, (total, priced)  # the messages hold what the runtime sends
     in_forward = options.algorithm != "adam"
-    tracking = options.tracks
-    tracker_bytes = priced.trackers
+    tracking = options.tracks and n > 1
     overlapped = tracking and options.overlaps_trackers
-    tmsgs = (tracker_messages(shared, len(profile.modules), options.tracker_cap_mb * 2 ** 20,
-                              profile.backward_time_s) if overlapped else [])
+    trackers = TrackerLink(cluster.latency_s, priced.trackers,
+                           tracker_messages(shared, len(profile.modules), options.tracker_cap_mb * 2 ** 20,
+                                            profile.backward_time_s) if overlapped else [],
+                           profile.backward_time_s)
 
-    def compute(w: int, k: int, seconds: float) -> float:
-        return seconds / speed[w] * jit[w][k]
-
-    def per_byte(Wk, j: int, w: int) -> float:
-        """Seconds per byte from j to w: the flows through either link share its rate, and
-        together achieve `flow_share` of it."""
-        flows = max(len(neighbours(Wk, j).send), len(neighbours(Wk, w).recv))
-        return flows / (min(rates[j], rates[w]) * flow_share(cluster, flows))
-
-    end = [[0.0] * steps for _ in range(n)]
-    waits = [0.0] * n
+    end_s = [[0.0] * steps for _ in range(n)]
+    waits_s = [0.0] * n
     events = []
     cycle = options.head_steps + 1  # DePRL: only the last step of each cycle sends (the body)
-    ready, starts, busies = [0.0] * n, [0.0] * n, [Busy(cluster.compute_slowdown) for _ in range(n)]
-    backward = [(0.0, 0.0)] * n  # per worker, this step's backward (start, end)
-    sends_end = [0.0] * n  # per worker, when this step's parameter messages have left its link
-
-    def trackers_landed(j: int, w: int, Wk) -> float:
-        """When the last of j's trackers of this step lands at w. A gloo send waits for its
-        receiver's recv (rendezvous), posted when w reaches the same point; j's link sends its
-        parameter messages first. Without overlap both post at step(); with, message by
-        message as each backward makes it ready, one after another on j's link."""
-        pb = per_byte(Wk, j, w)
-        if not overlapped:
-            return max(ready[j], ready[w] + alpha, sends_end[j]) + alpha + tracker_bytes * pb
-        (b0, b1), (c0, c1), link = backward[j], backward[w], sends_end[j]
-        back_s = profile.backward_time_s
-        scale_j = (b1 - b0) / back_s if back_s > 0 else 0.0
-        scale_w = (c1 - c0) / back_s if back_s > 0 else 0.0
-        for ready_s, nbytes in tmsgs:
-            link = max(link, b0 + ready_s * scale_j, c0 + ready_s * scale_w + alpha) + nbytes * pb
-        return link + alpha
-
+    ready_s, starts_s, busies = [0.0] * n, [0.0] * n, [Busy(cluster.compute_slowdown) for _ in range(n)]
+    backward_s = [(0.0, 0.0)] * n  # per worker, this step's backward (start, end)
     for k in range(steps):
         sent = k > 0 and (k - 1) % cycle == cycle - 1
-        W = mats[((k - 1) // cycle) % len(mats)] if sent else None
-        nbs = [neighbours(W, i) for i in range(n)] if W is not None else None
-
-        def leaves(j: int, w: int) -> float:
-            """When j's messages to w start: gloo sends once w's recv is posted (w's update
-            of the step before, its ready-notice a latency away) and j's send is."""
-            return max(end[j][k - 1], end[w][k - 1] + alpha)
-
-        if nbs is not None:
-            sends_end = [max((leaves(w, i) + alpha + total * per_byte(W, w, i) for i in nbs[w].send),
-                             default=end[w][k - 1]) for w in range(n)]
-        else:
-            sends_end = [0.0] * n
+        links = StepLinks(cluster, rate_Bps, [e[k - 1] for e in end_s] if k else [0.0] * n,
+                          mats[((k - 1) // cycle) % len(mats)] if sent else None, total)
+        Wk = mats[k % len(mats)]
         for w in range(n):
-            t = end[w][k - 1] if k else 0.0
-
-            def landed(c: float) -> float:
-                if nbs is None or c == 0:
-                    return 0.0
-                return max((leaves(j, w) + alpha + c * per_byte(W, j, w) for j, _ in nbs[w].recv), default=0.0)
-
-            # contention: compute runs the cluster's compute_slowdown times slower while this
-            # step's exchange is on the wire (from the first send to the last landing)
-            busy = Busy(cluster.compute_slowdown)
-            if nbs is not None and n > 1:
-                first = min([leaves(j, w) for j, _ in nbs[w].recv] + [leaves(w, i) for i in nbs[w].send] + [t])
-                busy.add(first, max(landed(total), sends_end[w]))
-            start = t
-            for m, mod in enumerate(profile.modules):
-                if in_forward:
-                    due = landed(need[m])
-                    if due > t:
-                        waits[w] += due - t
-                        t = due
-                t = busy.advance(t, compute(w, k, mod.forward_time_s))
-            t += pauses[w][k]  # a sleep: not slowed by the transfers
-            bwd0 = t
-            if overlapped and n > 1 and tmsgs:
-                # from the first tracker message's leaving, the trackers' exchange is on the
-                # wire for the rest of backward: that part runs at the contention's slowdown
-                first_s = min(tmsgs[0][0], profile.backward_time_s)
-                t = busy.advance(t, compute(w, k, first_s))
-                t += compute(w, k, profile.backward_time_s - first_s) * cluster.compute_slowdown
-            else:
-                t = busy.advance(t, compute(w, k, profile.backward_time_s))
-            backward[w] = (bwd0, t)
-            due = landed(total)
-            if due > t:
-                waits[w] += due - t
-                t = due
-            ready[w], starts[w], busies[w] = t, start, busy
+            t = links.prev_end_s[w]
+            scale = jit[w][k] / speed[w]
+            busy = links.busy(w, cluster.compute_slowdown)
+            due = [links.landed_s(w, need[m]) if in_forward else 0.0 for m in range(len(profile.modules))]
+            tracker_span = None
+            if overlapped and trackers.messages:
+                wire_s = trackers.wire_s(w, [s_per_byte(cluster, rate_Bps, Wk, w, i) for i in neighbours(Wk, w).send])
+                tracker_span = (trackers.messages[0][0] * scale, wire_s, links.sends_end_s[w])
+            bwd0, t, wait_s = run_compute(busy, t, [mod.forward_time_s * scale for mod in profile.modules], due,
+                                          pauses_s[w][k], profile.backward_time_s * scale, tracker_span)
+            backward_s[w] = (bwd0, t)
+            landed = links.landed_s(w, total)
+            if landed > t:
+                wait_s += landed - t
+                t = landed
+            waits_s[w] += wait_s
+            ready_s[w], starts_s[w], busies[w] = t, links.prev_end_s[w], busy
         for w in range(n):
-            t = ready[w]
-            if tracking and n > 1:  # the update waits for the in-neighbours' trackers of this step
-                Wk = mats[k % len(mats)]
-                due = max(trackers_landed(j, w, Wk) for j, _ in neighbours(Wk, w).recv)
+            t = ready_s[w]
+            if tracking:  # the update waits for the in-neighbours' trackers of this step
+                due = max(trackers.landed_s(j, w, s_per_byte(cluster, rate_Bps, Wk, j, w), ready_s, links.sends_end_s,
+                                            backward_s) for j, _ in neighbours(Wk, w).recv)
                 if due > t:
-                    waits[w] += due - t
+                    waits_s[w] += due - t
                     t = due
-            t = busies[w].advance(t, compute(w, k, profile.optimizer_time_s))
-            end[w][k] = t
-            events.append(TraceEvent(w, "compute", "step", "step", starts[w], t - starts[w], k))
+            t = busies[w].advance(t, profile.optimizer_time_s * jit[w][k] / speed[w])
+            end_s[w][k] = t
+            events.append(TraceEvent(w, "compute", "step", "step", starts_s[w], t - starts_s[w], k))
     warm = steps // 2
-    periods = [(e[-1] - e[warm]) / (steps - 1 - warm) for e in end]
+    periods = [(e[-1] - e[warm]) / (steps - 1 - warm) for e in end_s]
     step_s = statistics.mean(periods)
-    # the bench's statistic: per step, how far the slowest worker's clock advanced; its median
-    job = [max(e[k] for e in end) for k in range(warm, steps)]
-    job_median_s = statistics.median(b - a for a, b in zip(job, job[1:]))
-    compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] + statistics.mean(pauses[w])
+    compute_s = max(statistics.mean(jit[w]) * profile.step_time_s / speed[w] + statistics.mean(pauses_s[w])
                     for w in range(n))
-    send_s = max(alpha + total * len(neighbours(W, w).send) / rates[w] for W in mats for w in range(n)) if n > 1 else 0.0
-    ar = allreduce_step_s(profile, cluster, rates, jit, sum(p.bytes for p in shared), pauses)
+    send_s = (max(cluster.latency_s + total * len(neighbours(W, w).send) / rate_Bps[w] for W in mats for w in range(n))
+              if n > 1 else 0.0)
+    ar = allreduce_step_s(profile, cluster, rate_Bps, jit, sum(p.bytes for p in shared), pauses_s)
     info = describe(options.topology, n)
     name = info["topology"]
     return SimResult(
         step_time_s=step_s, compute_time_s=compute_s, comm_time_s=send_s, exposed_comm_s=max(step_s - compute_s, 0.0),
-        wait_time_s=statistics.mean(waits) / steps,
+        wait_time_s=statistics.mean(waits_s) / steps,
         link_utilization=min(send_s / step_s, 1.0) if step_s > 0 else 0.0,
         comm_busy_fraction=min(send_s / step_s, 1.0) if step_s > 0 else 0.0,
-        iteration_times_s=[b - a for a, b in zip([0.0] + end[0][:-1], end[0])],
+        iteration_times_s=[b - a for a, b in zip([0.0] + end_s[0][:-1], end_s[0])],
         critical_path={"bound": "communication" if step_s > compute_s * 1.05 else "compute",
                        "slowest_worker": periods.index(max(periods))},
         planner=f"gossip:{name}", overlap="forward" if in_forward else "backward",
@@ -287,24 +361,24 @@ def simulate_gossip(profile: ModelProfile, cluster: ClusterSpec, options: Gossip
         meta={"strategy": "gossip", "topology": name, "algorithm": options.algorithm,
               "mixing": info, "bytes_per_peer_per_step": priced.total,
               "tracker_bytes_per_peer_per_step": priced.trackers, "periods_s": periods,
-              "job_step_median_s": job_median_s,
+              "job_step_median_s": job_step_median_s(end_s, warm),
               "allreduce": {"step_time_s": ar, "gossip_speedup": ar / step_s if step_s > 0 else None}})
 
 
-def allreduce_step_s(profile: ModelProfile, cluster: ClusterSpec, rates: list[float], jit: list[list[float]],
-                     nbytes: int, pauses: list[list[float]] | None = None) -> float:
+def allreduce_step_s(profile: ModelProfile, cluster: ClusterSpec, rate_Bps: list[float], jit: list[list[float]],
+                     nbytes: int, pauses_s: list[list[float]] | None = None) -> float:
     """Mean synchronous step time of ring all-reduce data parallelism under the same links and
-    jitter (module docstring): every step waits for the slowest worker (`pauses`: each worker's
+    jitter (module docstring): every step waits for the slowest worker (`pauses_s`: each worker's
     sleep after its forward per step, the bench's jitter emulation)."""
     n = cluster.world_size
     speed = [w.speed for w in cluster.workers]
-    comm = 2 * (n - 1) * cluster.latency_s + 2 * (n - 1) / n * nbytes / min(rates) if n > 1 else 0.0
+    comm_s = 2 * (n - 1) * cluster.latency_s + 2 * (n - 1) / n * nbytes / min(rate_Bps) if n > 1 else 0.0
     steps = len(jit[0])
     times = []
     for k in range(steps):
         fb = max((profile.forward_time_s + profile.backward_time_s) / speed[w] * jit[w][k]
-                 + (pauses[w][k] if pauses else 0.0) for w in range(n))
+                 + (pauses_s[w][k] if pauses_s else 0.0) for w in range(n))
         bwd = min(profile.backward_time_s / speed[w] * jit[w][k] for w in range(n))
         opt = max(profile.optimizer_time_s / speed[w] * jit[w][k] for w in range(n))
-        times.append(fb + max(comm - bwd, 0.0) + opt)
+        times.append(fb + max(comm_s - bwd, 0.0) + opt)
     return statistics.mean(times[steps // 2:])

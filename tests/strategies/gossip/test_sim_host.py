@@ -1,7 +1,8 @@
 """The gossip simulator's host and transport effects, each against what the earlier model did:
 gloo's rendezvous (a send waits for its receiver's recv), concurrent peer flows below the
 link's rate, compute slowed beside the overlapped trackers, trackers queued behind the
-parameter messages on one link, and the bench's jitter emulated as a pause after the forward."""
+parameter messages on one link, and the bench's jitter emulated as a pause after the forward; then
+the pieces each step is built of, on schedules small enough to compute by hand."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,9 @@ import pytest
 from caramel.errors import CaramelError
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
-from caramel.strategies.gossip.simulate import tracker_messages
+from caramel.sim.event_loop import Busy
+from caramel.strategies.gossip.simulate import (TrackerLink, allreduce_step_s, job_step_median_s, run_compute,
+                                                tracker_messages)
 from caramel.topology.spec import ClusterSpec, WorkerSpec
 
 
@@ -55,17 +58,27 @@ def test_concurrent_peer_flows_run_at_the_probed_share_of_the_rate(profile):
         sim("gossip", profile, ClusterSpec.uniform(**base, meta={"push_efficiency": 1.5}))
 
 
-def test_backward_slows_once_the_overlapped_trackers_are_on_the_wire(profile):
-    """A link too fast to wait on: the trackers' exchange costs no time, but from its first
-    message's leaving the rest of backward runs at the cluster's compute slowdown."""
+def test_backward_slows_only_while_the_overlapped_trackers_are_on_the_wire(profile):
+    """A link too fast to wait on: the trackers are on the wire for ~0 s, so the compute
+    slowdown changes nothing. At 1 Gbit/s a worker's 2.4 MB of trackers take 19.2 ms per peer
+    flow, inside the rest of backward (35 ms after the first message is ready): backward grows
+    by that span x (1 - 1 / slowdown), a ring at n = 4 sending to 2 peers twice the span."""
     spec = "gossip:algorithm=tracking,tracker_bucket_cap_mb=0.5"
+    first_s = tracker_messages(profile.trainable(), len(profile.modules), 0.5 * 2 ** 20,
+                               profile.backward_time_s)[0][0]
+    assert 0 < first_s < profile.backward_time_s
     fast = dict(workers=4, bandwidth_bps=1e13, latency_s=0.0)
     plain = sim(spec, profile, ClusterSpec.uniform(**fast)).step_time_s
     slowed = sim(spec, profile, ClusterSpec.uniform(**fast, compute_slowdown=1.5)).step_time_s
-    first_s = tracker_messages(profile.trainable(), len(profile.modules), 0.5 * 2 ** 20, profile.backward_time_s)[0][0]
-    assert 0 < first_s < profile.backward_time_s
     assert plain == pytest.approx(profile.step_time_s, rel=1e-3)
-    assert slowed == pytest.approx(profile.step_time_s + 0.5 * (profile.backward_time_s - first_s), rel=1e-3)
+    assert slowed == pytest.approx(plain, rel=1e-4)
+    wire_s = model_bytes(profile) / (1e9 / 8)  # float32: the trackers are the parameters' bytes
+    assert wire_s < profile.backward_time_s - first_s
+    for workers, flows in ((2, 1), (4, 2)):
+        gbit = dict(workers=workers, bandwidth_bps=1e9, latency_s=0.0)
+        plain = sim(spec, profile, ClusterSpec.uniform(**gbit)).step_time_s
+        slowed = sim(spec, profile, ClusterSpec.uniform(**gbit, compute_slowdown=1.5)).step_time_s
+        assert slowed - plain == pytest.approx(flows * wire_s * (1 - 1 / 1.5), rel=1e-6)
 
 
 def test_trackers_queue_behind_the_parameter_messages_on_one_link():
@@ -94,7 +107,89 @@ def test_the_benchs_jitter_is_a_pause_after_the_forward(profile):
     fb_s = profile.forward_time_s + profile.backward_time_s
     assert padded.step_time_s >= profile.step_time_s + fb_s - 1e-9
     assert padded.meta["job_step_median_s"] >= profile.step_time_s + fb_s - 1e-9
-    contended = sim("gossip", profile, ClusterSpec.uniform(**free, compute_slowdown=2.0, meta={"compute_jitter": pause}))
+    contended = sim("gossip", profile,
+                    ClusterSpec.uniform(**free, compute_slowdown=2.0, meta={"compute_jitter": pause}))
     assert contended.step_time_s == pytest.approx(padded.step_time_s, rel=1e-3)
-    with pytest.raises(CaramelError, match="compute_jitter"):
-        sim("gossip", profile, ClusterSpec.uniform(**free, meta={"compute_jitter": {**pause, "pause": True}}))
+    # the all-reduce it is compared with waits for the pauses too: rank 0 (not jittered) sleeps
+    # the forward + backward every step
+    assert padded.meta["allreduce"]["step_time_s"] >= profile.step_time_s + fb_s - 1e-9
+
+
+def test_a_pause_is_not_slowed_by_the_transfers():
+    """The exchange is on the wire for the first 70 ms (compute at half speed): a 20 ms forward
+    takes 40 ms, the 60 ms pause runs at its own length though the exchange ends inside it,
+    then backward 40 ms uncontended."""
+    busy = Busy(2.0)
+    busy.add(0.0, 0.07)
+    assert run_compute(busy, 0.0, [0.02], [0.0], 0.06, 0.04) == pytest.approx((0.10, 0.14, 0.0))
+    # a forward waits for its bytes, and the wait is counted
+    assert run_compute(Busy(2.0), 0.0, [0.01, 0.01], [0.0, 0.05], 0.0, 0.0) == pytest.approx((0.06, 0.06, 0.04))
+
+
+def test_the_trackers_slow_backward_for_their_wire_time_only():
+    """Backward of 40 ms, the first tracker message ready after 10 ms, the trackers 20 ms on
+    the wire at slowdown 2: 10 ms of backward's compute is lost; on a free link nothing. Inside
+    the parameter exchange's span (already slowed) they add nothing, past its end that part."""
+    assert run_compute(Busy(2.0), 0.0, [], [], 0.0, 0.04, (0.01, 0.02, 0.0)) == pytest.approx((0.0, 0.05, 0.0))
+    assert run_compute(Busy(2.0), 0.0, [], [], 0.0, 0.04, (0.01, 0.0, 0.0)) == pytest.approx((0.0, 0.04, 0.0))
+    # queued behind parameter messages leaving the link at 35 ms: on the wire 35-55 ms, 5 ms of backward lost
+    assert run_compute(Busy(2.0), 0.0, [], [], 0.0, 0.04, (0.01, 0.02, 0.035)) == pytest.approx((0.0, 0.045, 0.0))
+    for exchange_end_s, end_s in ((0.05, 0.065), (0.03, 0.06)):  # trackers on the wire 20-40 ms
+        busy = Busy(2.0)
+        busy.add(0.0, exchange_end_s)
+        assert run_compute(busy, 0.0, [], [], 0.0, 0.04, (0.01, 0.02, 0.0)) == pytest.approx((0.0, end_s, 0.0))
+
+
+def test_trackers_land_behind_the_parameter_messages_and_the_receivers_recv():
+    """1 kB of trackers at 1 us per byte, 1 ms latency. Without overlap: they leave once both
+    workers are at their update and j's parameter messages have left its link. With: message
+    by message, each once both backwards have made it ready, behind the parameter messages."""
+    link = TrackerLink(0.001, 1000, [], 0.04)
+    backward = [(1.0, 1.04), (1.0, 1.04)]
+    assert link.landed_s(0, 1, 1e-6, [1.0, 1.0], [2.0, 0.0], backward) == pytest.approx(2.002)
+    assert link.landed_s(0, 1, 1e-6, [1.0, 3.0], [2.0, 0.0], backward) == pytest.approx(3.003)
+    over = TrackerLink(0.0, 1000, [(0.01, 1000)], 0.04)
+    assert over.landed_s(0, 1, 1e-6, [0.0, 0.0], [1.5, 0.0], backward) == pytest.approx(1.501)
+    assert over.landed_s(0, 1, 1e-6, [0.0, 0.0], [0.0, 0.0], [(1.0, 1.04), (1.2, 1.28)]) == pytest.approx(1.221)
+
+
+def test_the_job_step_median_is_a_median_of_the_slowest_clock():
+    """Per step the slowest worker's clock: 0, 2, 3, 5, 10; its advances 2, 1, 2, 5: median 2
+    (mean 2.5)."""
+    assert job_step_median_s([[0, 1, 3, 4, 10], [0, 2, 3, 5, 6]], 0) == 2
+    assert job_step_median_s([[0, 1, 3, 4, 10], [0, 2, 3, 5, 6]], 2) == 3.5
+
+
+def test_the_allreduce_waits_for_the_slowest_workers_pause(profile):
+    """A free link: every step is the forward + backward plus the longer pause, then the update."""
+    cluster = ClusterSpec.uniform(2, 1e13, latency_s=0.0)
+    fb_s = profile.forward_time_s + profile.backward_time_s
+    step_s = allreduce_step_s(profile, cluster, [1e12, 1e12], [[1.0] * 4] * 2, 8, [[0.1] * 4, [0.0] * 4])
+    assert step_s == pytest.approx(fb_s + 0.1 + profile.optimizer_time_s)
+
+
+@pytest.mark.parametrize("meta, match", [
+    ({"push_efficiency": "fast"}, r"push_efficiency must be a number in \(0, 1\].*'fast'"),
+    ({"push_efficiency": True}, "push_efficiency"),
+    ({"compute_jitter": {"rank": 1.9, "fraction": 0.5}}, r"compute_jitter.rank must be an int in 0..3, got 1.9"),
+    ({"compute_jitter": {"rank": True, "fraction": 0.5}}, "compute_jitter.rank"),
+    ({"compute_jitter": {"rank": 4, "fraction": 0.5}}, "compute_jitter.rank"),
+    ({"compute_jitter": {"rank": "2", "fraction": 0.5}}, "compute_jitter.rank"),
+    ({"compute_jitter": {"rank": 1, "fraction": "0.5"}}, r"compute_jitter.fraction must be a number in \[0, 1\)"),
+    ({"compute_jitter": {"rank": 1, "fraction": 1.0}}, "compute_jitter.fraction"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "seed": 2.7}}, "compute_jitter.seed must be an int"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "seed": False}}, "compute_jitter.seed"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "sed": 3}}, r"unknown key\(s\) 'sed'; expected rank, fraction"),
+    ({"compute_jitter": {"rank": 1}}, "needs 'rank' and 'fraction'"),
+    ({"compute_jitter": [1, 0.5]}, "compute_jitter must be a dict"),
+])
+def test_bad_cluster_meta_is_one_clear_error(profile, meta, match):
+    """Checked whatever the topology: one peer sends one flow, so push_efficiency is never used
+    at n = 4 and 4 workers, yet a bad one is still an error."""
+    with pytest.raises(CaramelError, match=match):
+        sim("gossip:topology=one_peer_exponential", profile, ClusterSpec.uniform(4, 1e9, meta=meta))
+
+
+def test_push_efficiency_is_checked_on_two_workers(profile):
+    with pytest.raises(CaramelError, match="push_efficiency"):
+        sim("gossip", profile, ClusterSpec.uniform(2, 1e9, meta={"push_efficiency": -3}))
