@@ -51,7 +51,8 @@ def _row(run: str, rec: dict[str, Any], old: float, new: float, old_meta: dict, 
             "recorded_prediction_ms": 1e3 * rec["predicted_step_s"] if rec.get("predicted_step_s") else None,
             "old_ms": 1e3 * old, "new_ms": 1e3 * new, "old_error": old / measured - 1, "new_error": new / measured - 1,
             "reduce_model": meta.get("replica_reduce_model"), "layout": {k: meta.get(k) for k in LAYOUT},
-            "old_layout": {k: old_meta.get(k) for k in LAYOUT}, "ran_layout": {k: ran.get(k) for k in LAYOUT},
+            "old_layout": {k: old_meta.get(k) for k in LAYOUT},
+            "ran_layout": {**{k: ran.get(k) for k in LAYOUT}, "boundaries": [str(b) for b in ran.get("boundaries") or []]},
             "inputs": note}
 
 
