@@ -35,6 +35,8 @@ from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineO
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
+from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
+                                                  stage_costs)
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32  # as `microbatches="auto"` (microbatches.py)
@@ -192,9 +194,6 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     bytes, a cut that splits one sums them over positions and reduces with DDP). `reducer`: the
     options' `replica_reducer()` ("caramel" or "ddp"). `reduce="after"` prices every candidate's
     reduction after the drain, as the chooser did before `overlap.py` (a reference only)."""
-    from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
-                                                      stage_costs)
-
     if reduce not in (None, "after"):
         raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
     if reducer not in ("caramel", "ddp"):

@@ -43,7 +43,8 @@ Not modelled:
   per step for Caramel's engine, before every microbatch's forward for DDP) and the Python
   between steps: here the next step's first forward starts as soon as the lane is free. On
   run J (docs/results/pipeline_overlap/) the stage-0 ranks idle a median 8-12 ms between the
-  last backward and the next forward, 5-7% of the step, which this model leaves out.
+  last backward and the next forward, 5-7% of the step, which this model leaves out (the
+  collectives themselves would price at some 2-3 ms there; the profile has no buffer sizes).
 """
 from __future__ import annotations
 
