@@ -18,7 +18,7 @@ the model's busy time per lane, and the median forward and backward per microbat
 rank against the model's per-stage costs. Nothing is fitted: the factor is the job's own
 concurrent-baseline measurement (`caramel.bench.contention`).
 
-    python experiments/pipeline_contention.py --bench run.json --trace DIR [--json out.json]
+    PYTHONPATH=. python experiments/pipeline_contention.py --bench run.json --trace DIR [--json out.json]
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _inputs_cluster(d: dict[str, Any]):
+def inputs_cluster(d: dict[str, Any]):
+    """The profile and the cluster the bench derived from a run's `prediction_inputs.json`."""
     from caramel.bench.contention import job_slowdown
     from caramel.bench.prediction import bench_cluster, link_costs, net_bandwidth_bps, worker_speeds
     from caramel.profile.model_profile import ModelProfile
@@ -42,27 +43,44 @@ def _inputs_cluster(d: dict[str, Any]):
     return prof, cluster
 
 
+def pinned(prof, cluster, options):
+    """`options` with replicas="auto" resolved (unpatched, as the bench resolved it): the layout
+    is fixed before any term of the model is switched off, so the chooser's candidates are not
+    priced with the terms under test."""
+    from caramel.strategies.pipeline import simulate as sim
+
+    return sim._auto_replicas(prof, cluster, options)[0] if options.auto_replicas else options
+
+
 def _simulate(prof, cluster, options, terms: str) -> tuple[float, list[float], Any]:
-    """The step, the busy time per lane and the stage costs, with `terms` of the model."""
+    """The step, the busy time per lane and the stage costs, with `terms` of the model. Equal
+    hybrids of gpipe/1f1b replay through `overlap.replay_overlapped` (their reduction
+    overlapped, as priced since docs/results/pipeline_overlap/), the rest through `replay`."""
     from caramel.strategies.pipeline import simulate as sim
 
     seen: dict[str, Any] = {}
-    replay = sim.replay
+    replay, overlapped = sim.replay, sim.replay_overlapped
 
     def spy(costs, actions, slowdown=1.0, period=0):
         out = replay(costs, actions, slowdown if terms == "model" else 1.0, period if terms != "plain" else 0)
         seen.update(costs=costs, busy=out.busy_s)
         return out
 
-    sim.replay = spy
+    def spy_overlapped(costs, actions, mode, slowdown=1.0):  # one schedule per lane: no period to drop
+        out = overlapped(costs, actions, mode, slowdown if terms == "model" else 1.0)
+        seen.update(costs=costs, busy=out.busy_s)
+        return out
+
+    options = pinned(prof, cluster, options)
+    sim.replay, sim.replay_overlapped = spy, spy_overlapped
     try:
-        step = sim.simulate_pipeline(prof, cluster, options).step_time_s
+        result = sim.simulate_pipeline(prof, cluster, options)
     finally:
-        sim.replay = replay
-    return step, seen["busy"], seen["costs"]
+        sim.replay, sim.replay_overlapped = replay, overlapped
+    return result.step_time_s, seen["busy"], seen["costs"], result.meta["replica_reduce_model"]
 
 
-def _measured_actions(trace: Path, strategy: str, skip: int) -> list[dict[str, float]]:
+def measured_actions(trace: Path, strategy: str, skip: int) -> list[dict[str, float]]:
     """Per rank: median forward and backward per microbatch (ms), from its timed actions."""
     from caramel.bench.strategies import trace_file_stem
 
@@ -83,7 +101,7 @@ def replay_run(bench: dict[str, Any], trace_root: Path, skip: int) -> list[dict[
 
     rows = []
     for inputs in sorted(trace_root.glob("*/prediction_inputs.json")):
-        prof, cluster = _inputs_cluster(json.loads(inputs.read_text()))
+        prof, cluster = inputs_cluster(json.loads(inputs.read_text()))
         tag = inputs.parent.name.split("-")  # NN-model-wW-rate
         for rec in bench["records"]:
             if (not rec["strategy"].startswith("pipeline") or rec["step_time_median_s"] is None or f"w{rec['workers']}" != tag[-2]
@@ -97,15 +115,17 @@ def replay_run(bench: dict[str, Any], trace_root: Path, skip: int) -> list[dict[
                 "configuration": inputs.parent.name, "strategy": rec["strategy"],
                 "compute_slowdown": cluster.compute_slowdown, "measured_ms": 1e3 * measured,
                 "bench_predicted_ms": 1e3 * rec["predicted_step_s"] if rec.get("predicted_step_s") else None,
-                **{f"{t}_ms": 1e3 * s for t, (s, _, _) in steps.items()},
-                **{f"{t}_error": s / measured - 1 for t, (s, _, _) in steps.items()},
+                **{f"{t}_ms": 1e3 * s for t, (s, _, _, _) in steps.items()},
+                **{f"{t}_error": s / measured - 1 for t, (s, _, _, _) in steps.items()},
                 "measured_busy_ms_per_rank": [1e3 * b for b in (rec.get("pipeline") or {}).get("busy_s_per_stage", [])],
                 "model_busy_ms_per_lane": [1e3 * b for b in steps["model"][1]],
-                "measured_f_b_ms_per_rank": _measured_actions(inputs.parent, rec["strategy"], skip),
+                "measured_f_b_ms_per_rank": measured_actions(inputs.parent, rec["strategy"], skip),
                 "model_f_b_ms_per_stage": [{"F": round(1e3 * f, 2), "B": round(1e3 * b, 2)}
                                            for f, b in zip(costs.forward_s, costs.backward_s)],
                 "model_transfer_ms": [1e3 * t for t in costs.transfer_s],
-                "model_allreduce_ms": [1e3 * t for t in costs.allreduce_s]})
+                # the serial all-reduce per stage; "forward"/"backward" replay it per bucket, overlapped
+                "model_allreduce_ms": [1e3 * t for t in costs.allreduce_s],
+                "model_replica_reduce": steps["model"][3]})
     return rows
 
 

@@ -25,75 +25,67 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _measured_actions(trace: Path, strategy: str, skip: int) -> list[dict[str, float]]:
-    """Per rank: median forward and backward per microbatch (ms), from its timed actions."""
-    import statistics
-
-    from caramel.bench.strategies import trace_file_stem
-
-    out = []
-    for f in sorted(trace.glob(f"pipeline_actions.{trace_file_stem(strategy)}.rank*.json"),
-                    key=lambda p: int(p.stem.rpartition("rank")[2])):
-        steps = json.loads(f.read_text())["steps"][skip:]
-        row = {}
-        for kind in "FB":
-            durs = [b - a for st in steps for k, _, mb, a, b in st if k == kind and mb >= 0]
-            row[kind] = round(1e3 * statistics.median(durs), 2) if durs else None
-        out.append(row)
-    return out
+from experiments.pipeline_contention import inputs_cluster, measured_actions
 
 
-def _exact_cluster(d: dict[str, Any]):
-    from caramel.bench.contention import job_slowdown
-    from caramel.bench.prediction import bench_cluster, link_costs, net_bandwidth_bps, worker_speeds
-    from caramel.profile.model_profile import ModelProfile
-
-    prof = ModelProfile.from_dict(d["profile"])
-    link = link_costs(d["probed"])
-    slowdown = job_slowdown(d["rank_compute_s"], d["spans"], (link or {}).get("collective_cpu_s") or 0.0)
-    net = net_bandwidth_bps(d["grad_bytes"], d["world"], d["comm_s"], d["comm_buckets"], link)
-    return prof, bench_cluster(d["world"], net, worker_speeds(prof.step_time_s, d["rank_compute_s"]), link, slowdown)
-
-
-def _both(prof, cluster, strategy: str) -> tuple[float, float, dict]:
+def _both(prof, cluster, strategy: str) -> tuple[float, float, dict, dict]:
+    """The old model (`reduce="after"`: every replica reduction after the drain, `replicas=auto`
+    chosen on that pricing too, as before `overlap.py`) and the new one (as the runtime runs it)."""
     from caramel.strategies import STRATEGIES
     from caramel.strategies.pipeline.simulate import simulate_pipeline
 
     options = STRATEGIES.spec(strategy).options
     new = simulate_pipeline(prof, cluster, options)
     old = simulate_pipeline(prof, cluster, options, reduce="after")
-    return old.step_time_s, new.step_time_s, new.meta
+    return old.step_time_s, new.step_time_s, old.meta, new.meta
 
 
-def _row(run: str, rec: dict[str, Any], old: float, new: float, meta: dict, note: str) -> dict[str, Any]:
+LAYOUT = ("stages", "replicas", "microbatches", "boundaries")
+
+
+def _row(run: str, rec: dict[str, Any], old: float, new: float, old_meta: dict, meta: dict, note: str) -> dict[str, Any]:
     measured = rec["step_time_median_s"]
+    ran = rec.get("pipeline") or {}
     return {"run": run, "configuration": f"{rec['model']} x{rec['workers']} @ {rec['bandwidth']}",
             "strategy": rec["strategy"], "measured_ms": 1e3 * measured,
             "recorded_prediction_ms": 1e3 * rec["predicted_step_s"] if rec.get("predicted_step_s") else None,
             "old_ms": 1e3 * old, "new_ms": 1e3 * new, "old_error": old / measured - 1, "new_error": new / measured - 1,
-            "reduce_model": meta.get("replica_reduce_model"), "layout": {k: meta.get(k) for k in
-                                                                           ("stages", "replicas", "microbatches", "boundaries")},
+            "reduce_model": meta.get("replica_reduce_model"), "layout": {k: meta.get(k) for k in LAYOUT},
+            "old_layout": {k: old_meta.get(k) for k in LAYOUT},
+            "ran_layout": {**{k: ran.get(k) for k in LAYOUT}, "boundaries": [str(b) for b in ran.get("boundaries") or []]},
             "inputs": note}
 
 
-def _with_measured_compute(prof, cluster, strategy: str, per_rank: list[dict[str, float]]) -> tuple[float, float]:
-    """Old and new steps with each stage's forward and backward per microbatch replaced by the
-    mean over its ranks of the run's own timed actions (`pipeline_contention._measured_actions`:
-    wall time, contention included, so no slowdown is added); the buckets' ready and need times
-    scaled alike. Isolates the reduction's pricing from the profile's compute."""
+def _ran_options(strategy: str, ran: dict[str, Any]):
+    """The strategy's options pinned to the layout the run recorded (stages, equal replicas,
+    microbatches per pipeline, cut)."""
     import dataclasses
 
     from caramel.strategies import STRATEGIES
-    from caramel.strategies.pipeline import simulate as sim
-    from caramel.strategies.pipeline.overlap import ReduceBuckets
 
-    options = STRATEGIES.spec(strategy).options
+    return dataclasses.replace(STRATEGIES.spec(strategy).options, stages=ran["stages"], replicas=ran["replicas"],
+                               microbatches=ran["microbatches"], partition="+".join(ran["boundaries"]))
+
+
+def _with_measured_compute(prof, cluster, options, per_rank: list[dict[str, float]]) -> tuple[float, float]:
+    """Old and new steps of `options` (an equal layout, pinned: no chooser runs, so every replay
+    below is of that one layout) with each stage's forward and backward per microbatch replaced
+    by the mean over its ranks of the run's own timed actions
+    (`pipeline_contention.measured_actions`: wall time, contention included, so no slowdown is
+    added); the buckets' ready and need times scaled alike. Isolates the reduction's pricing
+    from the profile's compute."""
+    import dataclasses
+
+    from caramel.strategies.pipeline import simulate as sim
+    from caramel.strategies.pipeline.timeline import ReduceBuckets
+
     replay, overlapped = sim.replay, sim.replay_overlapped
+    r = options.replicas  # rank = position x replicas + replica
 
     def measured(costs):
         n = len(costs.forward_s)
-        r = len(per_rank) // n  # equal layout: rank = position x replicas + replica
+        if len(per_rank) != n * r:
+            raise ValueError(f"measured compute: {len(per_rank)} ranks for {n} stages x {r} replicas")
         fwd = [sum(per_rank[s * r + j]["F"] for j in range(r)) / r / 1e3 for s in range(n)]
         bwd = [sum(per_rank[s * r + j]["B"] for j in range(r)) / r / 1e3 for s in range(n)]
         buckets = [ReduceBuckets(b.time_s, [t * bw / costs.backward_s[s] for t in b.ready_s],
@@ -115,16 +107,17 @@ def exact(run_dir: Path) -> list[dict[str, Any]]:
     bench = json.loads((run_dir / "bench.json").read_text())
     rows = []
     for inputs in sorted((run_dir / "trace").glob("*/prediction_inputs.json")):
-        prof, cluster = _exact_cluster(json.loads(inputs.read_text()))
+        prof, cluster = inputs_cluster(json.loads(inputs.read_text()))
         tag = inputs.parent.name.split("-")  # NN-model-wW-rate
         for rec in bench["records"]:
             if (not rec["strategy"].startswith("pipeline") or rec["step_time_median_s"] is None
                     or f"w{rec['workers']}" != tag[-2] or rec["bandwidth"] != tag[-1] or rec["model"] not in tag[1]):
                 continue
             row = _row(run_dir.name, rec, *_both(prof, cluster, rec["strategy"]), "exact: the run's own inputs")
-            per_rank = _measured_actions(inputs.parent, rec["strategy"], 4)
+            per_rank = measured_actions(inputs.parent, rec["strategy"], 4)
             if per_rank and all(a["F"] and a["B"] for a in per_rank) and rec.get("pipeline", {}).get("replicas") in (2, 3, 4):
-                old, new = _with_measured_compute(prof, cluster, rec["strategy"], per_rank)
+                old, new = _with_measured_compute(prof, cluster, _ran_options(rec["strategy"], rec["pipeline"]),
+                                                  per_rank)
                 row.update(measured_compute_old_ms=1e3 * old, measured_compute_new_ms=1e3 * new,
                            measured_compute_old_error=1e3 * old / row["measured_ms"] - 1,
                            measured_compute_new_error=1e3 * new / row["measured_ms"] - 1,
@@ -202,6 +195,10 @@ def main() -> None:
         print(f"{r['run']:6} {r['strategy'][:44]:44} measured {r['measured_ms']:6.1f}  recorded {rec:>6}  "
               f"old {r['old_ms']:6.1f} ({r['old_error']:+.0%})  new {r['new_ms']:6.1f} ({r['new_error']:+.0%})  "
               f"[{r['reduce_model']}] {r['layout']}")
+        if r["old_layout"] != r["layout"]:
+            print(f"{'':6} old model's layout {r['old_layout']}")
+        if r["ran_layout"]["stages"] is not None and any(r["ran_layout"][k] != r["layout"][k] for k in LAYOUT):
+            print(f"{'':6} the run ran {r['ran_layout']}")
         if "measured_compute_new_ms" in r:
             print(f"{'':6} with the run's measured F/B per stage: old {r['measured_compute_old_ms']:6.1f} "
                   f"({r['measured_compute_old_error']:+.0%})  new {r['measured_compute_new_ms']:6.1f} "

@@ -34,6 +34,9 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
+from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
+from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
+                                                  stage_costs)
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32  # as `microbatches="auto"` (microbatches.py)
@@ -181,14 +184,22 @@ class ReplicaChoice:
 
 def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluster: ClusterSpec,
                     stages: int | None = None, microbatches: int | None = None,
-                    optimizer_s: float = 0.0, equal_counts: bool = False) -> ReplicaChoice:
+                    optimizer_s: float = 0.0, equal_counts: bool = False, ties: list[TiedWeight] | None = None,
+                    reducer: str = "caramel", reduce: str | None = None) -> ReplicaChoice:
     """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
     simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
-    equal counts, the runtime's one layout for a weight tied across stages (`tied.py`)."""
-    from caramel.strategies.pipeline.overlap import replay_overlapped
-    from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
-
+    equal counts, the runtime's one layout for a weight tied across stages (`tied.py`); `ties`:
+    those weights, priced as `simulate_pipeline` prices them (every holding stage reduces their
+    bytes, a cut that splits one sums them over positions and reduces with DDP). `reducer`: the
+    options' `replica_reducer()` ("caramel" or "ddp"). `reduce="after"` prices every candidate's
+    reduction after the drain, as the chooser did before `overlap.py` (a reference only)."""
+    if reduce not in (None, "after"):
+        raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
+    if reducer not in ("caramel", "ddp"):
+        raise CaramelError(f"replicas=auto: reducer must be 'caramel' or 'ddp', got {reducer!r}")
+    ties = ties or []
+    equal_counts = equal_counts or bool(ties)
     if schedule not in ("gpipe", "1f1b"):
         raise CaramelError(f"replicas=auto chooses counts for schedule gpipe or 1f1b, not {schedule!r}")
     w = cluster.world_size
@@ -223,11 +234,15 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
             # gives those counts): its link term charges every transfer unoverlapped, so where the
             # two differ the simulator, which overlaps them as the runtime does, decides
             balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
-            # equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's engine
-            # (DDP where a weight tied across stages may be split), overlapped as `overlap.py` replays it
-            mode = "after" if len(set(counts)) > 1 or counts[0] == 1 else ("backward" if equal_counts else "forward")
             for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced))):
-                sc = stage_costs(costs, list(cuts), cluster, counts, per_stage, optimizer_s, mode)
+                # equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's engine (DDP where
+                # asked, or where this cut splits a tied weight), overlapped as `overlap.py` replays it
+                tied_s = tied_allreduce_s(ties, list(cuts), len(costs), s, cluster)
+                mode = ("after" if reduce == "after" or len(set(counts)) > 1 or counts[0] == 1
+                        else "backward" if reducer == "ddp" or any(tied_s) else "forward")
+                sc = stage_costs(with_held_bytes(costs, ties, list(cuts)), list(cuts), cluster, counts, per_stage,
+                                 optimizer_s, mode)
+                sc = with_tied(sc, tied_s, mode)
                 if mode == "after":
                     step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
                                   math.lcm(*counts)).step_time_s
@@ -262,7 +277,7 @@ def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets
 
     import torch.distributed as dist
 
-    from caramel.strategies.pipeline.simulate import scaling_from_profile, shares_a_weight
+    from caramel.strategies.pipeline.profile_costs import scaling_from_profile, shares_a_weight, tied_weights
 
     ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
     box: list[Any] = [None]
@@ -285,7 +300,8 @@ def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets
             choice = choose_replicas(layers, batch, options.schedule, cluster,
                                      None if options.stages == "auto" else options.stages,
                                      None if options.microbatches == "auto" else options.microbatches,
-                                     profile.optimizer_time_s or 0.0, shares_a_weight(profile))
+                                     profile.optimizer_time_s or 0.0, shares_a_weight(profile),
+                                     ties=tied_weights(profile, names), reducer=options.replica_reducer())
             box[0] = (choice, [names[c] for c in choice.plan.boundaries])
         except CaramelError as e:
             box[0] = str(e)

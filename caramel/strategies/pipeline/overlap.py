@@ -1,5 +1,7 @@
-"""The replicas' reduction as the runtime overlaps it with the pipeline: several steps replayed
-back to back, each stage's buckets reduced while its neighbours still compute.
+"""The replicas' reduction overlapped with the pipeline, in a simplified model of the runtime's:
+several steps replayed back to back, each stage's buckets reduced while its neighbours still
+compute. Simplified: the buckets and their order are this module's (below), not the engine's
+plan, and the runtime's small per-step collectives are left out (see the end).
 
 An equal hybrid (r pipelines of one stage per position) averages each stage's gradients over its
 replica group once per step, bucket by bucket, the last layers' first (backward makes their
@@ -25,17 +27,34 @@ queued behind another pays the queued latency). While a bucket is on the wire th
 runs the cluster's `compute_slowdown` slower, as beside a transfer. The replicas of a stage run
 the same timeline (each stage at its slowest rank's speed), so one lane per position stands for
 them all. The step is the steady period of the lanes' step ends (`STEPS` steps replayed, the
-first, whose forward has no update to wait for, left out). Not modelled: an activation sent
-while a bucket is on the same link shares its bandwidth (both go at full rate here).
+first, whose forward has no update to wait for, left out).
+
+Not modelled:
+- an activation sent while a bucket is on the same link shares its bandwidth (both go at full
+  rate here);
+- Caramel's engine plans each stage's buckets with its own planner (`replica_reduce.py`, the
+  default `caramel` plan): it groups and may chunk parameters and issues them in `ready`,
+  `need` or `hybrid:k` order. Here the buckets are one per top-level layer, always issued in
+  ready order (last layer first, each as soon as its gradients are ready); under a `need`
+  order the engine issues nothing before the first layer's bucket is ready, so this model can
+  hide more of the reduction than the engine does;
+- the runtime's per-step small collectives (`runtime.Pipeline._share_loss`: the loss broadcast
+  along the pipeline and all-reduced over the replicas; the replicas' buffer broadcasts, once
+  per step for Caramel's engine, before every microbatch's forward for DDP) and the Python
+  between steps: here the next step's first forward starts as soon as the lane is free. On
+  run J (docs/results/pipeline_overlap/) the stage-0 ranks idle a median 8-12 ms between the
+  last backward and the next forward, 5-7% of the step, which this model leaves out (the
+  collectives themselves would price at some 2-3 ms there; the profile has no buffer sizes).
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 from caramel.errors import CaramelError
 from caramel.sim.collectives import CommModel
 from caramel.sim.event_loop import Busy
+from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, ReduceBuckets,
+                                                  StageCosts, disjoint)
 from caramel.topology.spec import ClusterSpec
 
 REDUCE_MODES = ("after", "backward", "forward")
@@ -44,25 +63,13 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch's first bucket (`dist._DEFAULT_FIRST_B
 DDP_BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 
 
-@dataclass(frozen=True)
-class ReduceBuckets:
-    """One stage's replica reduction, per step, its buckets in issue order (last layers first):
-    each bucket's collective, the stage's backward compute (of one microbatch) done when its
-    gradients are all ready, the forward compute done before its parameters are first used, and
-    its share of the optimizer step."""
-
-    time_s: list[float]
-    ready_s: list[float]
-    need_s: list[float]
-    apply_s: list[float]
-    queued_time_s: list[float]  # the collective when it starts queued behind the previous one
-
-
 def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: list[int], replicas: int,
                   cluster: ClusterSpec, update_s: float, mode: str) -> ReduceBuckets:
     """The buckets of one stage whose layers (in forward order) cost `forward_s`, `backward_s`
     (per microbatch, at the stage's speed) and hold `param_bytes`; `update_s` is the stage's
     optimizer step, shared among its buckets by bytes."""
+    if mode not in ("forward", "backward"):
+        raise CaramelError(f"stage_buckets: mode must be 'forward' (Caramel's engine) or 'backward' (DDP), got {mode!r}")
     ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s,
                                queued_latency_s=cluster.queued_latency_s)
     comm = CommModel(ring, mode="closed")
@@ -89,14 +96,12 @@ def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: 
                          [comm.time_s(b, after_transfer_s=t) for b, t in zip(nbytes, [0.0, *first_transfer[:-1]])])
 
 
-def replay_overlapped(costs, actions: list[list[tuple[int, str, int]]], mode: str, compute_slowdown: float = 1.0,
-                      steps: int = STEPS):
+def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str, compute_slowdown: float = 1.0,
+                      steps: int = STEPS) -> PipelineSim:
     """`simulate.replay` for an equal layout whose replicas reduce in `mode` ("forward" or
     "backward"): `STEPS` steps of `actions` (one stage per lane, the schedule's order), each
     stage's reduction from `costs.buckets`; compute slowed beside transfers and buckets on its
     lane's wire, repeated until those intervals settle (as `replay`). Returns the steady step."""
-    from caramel.strategies.pipeline.simulate import MAX_CONTENTION_PASSES
-
     if mode not in ("forward", "backward"):
         raise CaramelError(f"overlapped reduction: mode must be 'forward' or 'backward', got {mode!r}")
     if compute_slowdown < 1.0:
@@ -112,10 +117,9 @@ def replay_overlapped(costs, actions: list[list[tuple[int, str, int]]], mode: st
     return sim
 
 
-def _once(costs, actions, mode: str, steps: int, slowdown: float, beside):
+def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, slowdown: float,
+          beside: list[list[tuple[float, float]]] | None) -> tuple[PipelineSim, list[list[tuple[float, float]]]]:
     """One pass of `replay_overlapped`: the steady step and this pass's wire intervals per lane."""
-    from caramel.strategies.pipeline.simulate import PipelineSim, _disjoint
-
     n, lanes = len(costs.forward_s), len(actions)
     m = sum(1 for _, kind, _ in actions[0] if kind == "F")
     unrolled = [[(s, kind, k * m + i) for k in range(steps) for s, kind, i in acts] for acts in actions]
@@ -126,10 +130,10 @@ def _once(costs, actions, mode: str, steps: int, slowdown: float, beside):
     wires: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
     done: dict = {}
     arrival: dict = {}
-    free, landed, link = [0.0] * lanes, [0.0] * lanes, [0.0] * lanes
-    reduced: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends (forward mode)
-    step_end = [[0.0] * steps for _ in range(lanes)]
-    busy = [[0.0] * steps for _ in range(lanes)]
+    free_s, landed_s, link_free_s = [0.0] * lanes, [0.0] * lanes, [0.0] * lanes
+    reduced_s: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends (forward mode)
+    step_end_s = [[0.0] * steps for _ in range(lanes)]
+    busy_s = [[0.0] * steps for _ in range(lanes)]
     nxt, remaining = [0] * lanes, sum(map(len, unrolled))
     while remaining:
         progressed = False
@@ -145,50 +149,50 @@ def _once(costs, actions, mode: str, steps: int, slowdown: float, beside):
                 else:
                     break
                 if k and nxt[p] % per_step[p] == 0:  # the lane's previous step has returned
-                    free[p] = max(free[p], step_end[p][k - 1])
-                start = max(free[p], ready)
+                    free_s[p] = max(free_s[p], step_end_s[p][k - 1])
+                start = max(free_s[p], ready)
                 b = costs.buckets[s]
                 if kind == "F" and i == 0 and k and mode == "forward":
-                    end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced[p])
+                    end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced_s[p])
                 else:
                     end = busy_in[p].advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
                     computed = end - start
-                busy[p][k] += computed
+                busy_s[p][k] += computed
                 if kind == "B" and i == m - 1:  # the step's last backward: its buckets go on the wire
-                    ends = _issue(b, start, busy_in[p], link, p, wires[p])
-                    reduced[p] = ends
+                    ends = _issue(b, start, busy_in[p], link_free_s, p, wires[p])
+                    reduced_s[p] = ends
                     if mode == "backward" and ends:
                         end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
-                free[p] = done[(s, kind, j)] = end
+                free_s[p] = done[(s, kind, j)] = end
                 to = (s + 1, "F", j) if kind == "F" and s < n - 1 else ((s - 1, "B", j) if kind == "B" and s > 0 else None)
                 if to is not None and where[to] != p:
-                    sent = max(end, landed[p])
-                    arrival[(s, kind, j)] = landed[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
+                    sent = max(end, landed_s[p])
+                    arrival[(s, kind, j)] = landed_s[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
                     wires[p].append((sent, arrive))
                     wires[where[to]].append((sent, arrive))
                 nxt[p] += 1
                 remaining -= 1
                 progressed = True
                 if nxt[p] % per_step[p] == 0:  # the lane's part of step k: its sends landed (and DDP's update)
-                    step_end[p][k] = max(free[p], landed[p]) + (costs.update_s[s] if mode == "backward"
+                    step_end_s[p][k] = max(free_s[p], landed_s[p]) + (costs.update_s[s] if mode == "backward"
                                                                 and costs.update_s else 0.0)
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    span = max((e[-1] - e[0]) / (steps - 1) for e in step_end) if steps > 1 else max(e[0] for e in step_end)
-    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy]
-    return PipelineSim(span, busy_step, [span] * lanes), [_disjoint(w) for w in wires]
+    span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
+    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
+    return PipelineSim(span, busy_step, [span] * lanes), [disjoint(w) for w in wires]
 
 
-def _issue(b: ReduceBuckets, start: float, busy: Busy, link: list[float], p: int,
+def _issue(b: ReduceBuckets, start: float, busy: Busy, link_free_s: list[float], p: int,
            wire: list[tuple[float, float]]) -> list[float]:
     """Place a stage's buckets on lane p's link from its last backward begun at `start`: each
     once its gradients are ready and the previous bucket is done; returns their ends."""
     ends = []
     for k, (t, ready_s) in enumerate(zip(b.time_s, b.ready_s)):
         ready = busy.advance(start, ready_s)
-        queued = k > 0 and link[p] > ready
-        begin = max(ready, link[p])
-        link[p] = end = begin + (b.queued_time_s[k] if queued else t)
+        queued = k > 0 and link_free_s[p] > ready
+        begin = max(ready, link_free_s[p])
+        link_free_s[p] = end = begin + (b.queued_time_s[k] if queued else t)
         wire.append((begin, end))
         ends.append(end)
     return ends

@@ -18,7 +18,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import make_layout, stage_speeds
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
-from caramel.strategies.pipeline.simulate import profiled_cuts, scaling_from_profile
+from caramel.strategies.pipeline.profile_costs import profiled_cuts, scaling_from_profile
 from caramel.strategies.pipeline.unequal import make_replicated_layout
 from caramel.topology.spec import ClusterSpec
 

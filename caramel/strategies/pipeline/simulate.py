@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from caramel.errors import CaramelError
@@ -33,40 +32,14 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.overlap import REDUCE_MODES, ReduceBuckets, replay_overlapped, stage_buckets
-from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, _plan, balanced_boundaries,
-                                                 fit_scaling, transfer_time_s)
+from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, stage_buckets
+from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan, balanced_boundaries, transfer_time_s
+from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
+                                                       shares_a_weight, tied_allreduce_s, tied_weights,
+                                                       with_held_bytes, with_tied)
+from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
+                                                  disjoint)
 from caramel.topology.spec import ClusterSpec
-
-Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
-
-
-@dataclass(frozen=True)
-class StageCosts:
-    """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
-    per step: each stage's replica all-reduce, then its optimizer step; `buckets`: the same
-    all-reduce bucket by bucket, where the replay overlaps it with compute (`overlap.py`)."""
-
-    forward_s: list[float]
-    backward_s: list[float]
-    transfer_s: list[float]
-    allreduce_s: list[float] = field(default_factory=list)
-    update_s: list[float] = field(default_factory=list)
-    buckets: list[ReduceBuckets] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PipelineSim:
-    step_time_s: float
-    busy_s: list[float]  # compute per position
-    finish_s: list[float]  # when each position's last action ends
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the positions over the step (before the replicas' all-reduce)."""
-        span = max(self.finish_s)
-        return 1 - sum(self.busy_s) / (span * len(self.busy_s))
-
 
 def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
     """Each position's ordered actions, as the runtime runs them."""
@@ -146,9 +119,6 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
     return sim
 
 
-MAX_CONTENTION_PASSES = 12  # the transfers' intervals settle in a few passes; a cycle ends here, deterministically
-
-
 def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, slowdown: float,
                  beside: list[list[tuple[float, float]]] | None) -> tuple[PipelineSim, list[list[tuple[float, float]]]]:
     """One pass of `replay`: compute slowed beside `beside[p]` (disjoint, ordered intervals of
@@ -201,18 +171,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
               for p in range(lanes)]
     update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
     return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
-            [_disjoint(w) for w in wires])
-
-
-def _disjoint(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of `spans` as disjoint intervals in time order (empty ones dropped)."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(x for x in spans if x[1] > x[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+            [disjoint(w) for w in wires])
 
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
@@ -222,118 +181,26 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
     or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
     model's optimizer step, shared among the stages by their parameters' bytes. `reduce`
     ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket."""
+    if reduce not in REDUCE_MODES:
+        raise CaramelError(f"stage_costs: reduce must be one of {REDUCE_MODES}, got {reduce!r}")
     edges = [0, *boundaries, len(costs)]
     speeds = speeds or [1.0] * (len(edges) - 1)
     groups = [costs[a:b] for a, b in zip(edges[:-1], edges[1:])]
     stage_bytes = [sum(c.param_bytes for c in g) for g in groups]
-    total = sum(stage_bytes)
+    total_bytes = sum(stage_bytes)
     counts = [replicas] * len(groups) if isinstance(replicas, int) else list(replicas)
     rings = [ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in counts]
-    update = [optimizer_s * nbytes / total / sp if total else 0.0 for nbytes, sp in zip(stage_bytes, speeds)]
+    update_s = [optimizer_s * nbytes / total_bytes / sp if total_bytes else 0.0 for nbytes, sp in zip(stage_bytes, speeds)]
     buckets = []
     if reduce != "after":
         buckets = [stage_buckets([c.forward_s / sp for c in g], [c.backward_s / sp for c in g],
                                  [c.param_bytes for c in g], r, cluster, u, reduce)
-                   for g, sp, r, u in zip(groups, speeds, counts, update)]
+                   for g, sp, r, u in zip(groups, speeds, counts, update_s)]
     return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
                       [ring.allreduce_time_s(nbytes) for ring, nbytes in zip(rings, stage_bytes)],
-                      update, buckets)
-
-
-def scaling_from_profile(profile: ModelProfile) -> tuple[list[str], list[ScalingCost]]:
-    """Each top-level layer's cost at any microbatch size, from the profile alone: the profiled
-    modules grouped by their first name component (by the children of a top-level `ModuleList`
-    or `ModuleDict` where the profile names them, `cut_units`: where a pipeline can cut), a
-    layer's output the next layer's measured input. With module times at a second batch size (`small_batch_size`) each layer's time is the
-    line through both (`fit_scaling`: a fixed cost per call plus per sample); without, times are
-    proportional to the samples (no fixed cost)."""
-    names: list[str] = []
-    groups: dict[str, list] = {}
-    for m in profile.modules:
-        top = _layer_of(profile, m.name)
-        if top not in groups:
-            names.append(top)
-            groups[top] = []
-        groups[top].append(m)
-    pbytes = {p.index: p.bytes for p in profile.params}
-    b = profile.batch_size
-    small = profile.small_batch_size
-    out = []
-    for k, name in enumerate(names):
-        mods = groups[name]
-        nxt = groups[names[k + 1]][0].input_bytes if k + 1 < len(names) else 0
-        large = LayerCost(sum(m.forward_time_s for m in mods), sum(m.backward_time_s for m in mods), int(nxt or 0),
-                          sum(pbytes[i] for m in mods for i in m.params))
-        measured = small is not None and all(m.small_batch_forward_time_s is not None
-                                             and m.small_batch_backward_time_s is not None for m in mods)
-        if measured:
-            at_small = LayerCost(sum(m.small_batch_forward_time_s for m in mods),
-                                 sum(m.small_batch_backward_time_s for m in mods), 0, large.param_bytes)
-            (fit,) = fit_scaling([at_small], small, [large], b)
-        else:
-            fit = ScalingCost(0.0, large.forward_s / b, 0.0, large.backward_s / b, large.output_bytes / b, large.param_bytes)
-        out.append(fit)
-    return names, out
-
-
-def _layer_of(profile: ModelProfile, module: str) -> str:
-    """The top-level layer (`scaling_from_profile`'s grouping) a profiled module belongs to."""
-    units = profile.meta.get("cut_units") or []
-    return next((u for u in units if module == u or module.startswith(u + ".")), module.split(".")[0])
-
-
-def shares_a_weight(profile: ModelProfile) -> bool:
-    """Whether the profile saw a parameter used by two or more of its layers: a cut may split
-    that tied weight across stages, which the runtime trains with equal replica counts only."""
-    return any(len({_layer_of(profile, m) for m in p.use_modules}) > 1 for p in profile.params)
-
-
-def with_tied_allreduce(sc: StageCosts, profile: ModelProfile, names: list[str], boundaries: list[int],
-                        positions: int, cluster: ClusterSpec) -> StageCosts:
-    """`sc` with each tied parameter's gradient sum (`tied.py`): a parameter the profile saw
-    used by layers on stages at different positions is all-reduced over those positions after
-    the replicas' reduction; every holding stage waits for it (its bytes at the link rate)."""
-    edges = [0, *boundaries, len(names)]
-    stage_of = {n: next(s for s in range(len(edges) - 1) if edges[s] <= k < edges[s + 1]) for k, n in enumerate(names)}
-    extra = [0.0] * (len(edges) - 1)
-    for p in profile.params:
-        stages = {stage_of[layer] for layer in (_layer_of(profile, m) for m in p.use_modules) if layer in stage_of}
-        held = {s % positions for s in stages}
-        if len(held) > 1:
-            ring = ClusterSpec.uniform(len(held), cluster.bandwidth_bps, cluster.latency_s)
-            for s in stages:
-                extra[s] += ring.allreduce_time_s(p.bytes)
-    if not any(extra):
-        return sc
-    base = sc.allreduce_s or [0.0] * len(extra)
-    return dataclasses.replace(sc, allreduce_s=[a + e for a, e in zip(base, extra)])
-
-
-def costs_from_profile(profile: ModelProfile, microbatches: int, batches: int = 1) -> tuple[list[str], list[LayerCost]]:
-    """Per-microbatch `LayerCost`s of the model's top-level layers (`scaling_from_profile`), a
-    step's batch `batches` times the profile's cut into `microbatches`."""
-    names, layers = scaling_from_profile(profile)
-    samples = profile.batch_size * batches / microbatches
-    return names, [layer.at(samples) for layer in layers]
-
-
-def profiled_cuts(names: list[str], cuts: list[int] | list[str]) -> list[int]:
-    """An explicit partition on the profile's top-level layers: a layer index (`nn.Sequential`)
-    cuts before the first profiled layer at or after it; a module name (a traced model) before
-    the top-level module of that name."""
-    index = [int(n) if n.isdigit() else k for k, n in enumerate(names)]
-    out = []
-    for c in cuts:
-        if isinstance(c, str):
-            if c not in names:
-                raise CaramelError(f"partition {c!r}: the simulator cuts before the profile's top-level modules "
-                                   f"{names}; name one of them")
-            out.append(names.index(c))
-        else:
-            out.append(next(k for k, i in enumerate(index) if i >= c))
-    return out
+                      update_s, buckets)
 
 
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
@@ -348,7 +215,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     replica_note = None
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
-        options, replica_note = _auto_replicas(profile, cluster, options)
+        options, replica_note = _auto_replicas(profile, cluster, options, reduce)
     unequal = options.unequal_replicas
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
     auto_note = None
@@ -369,19 +236,19 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
         plan = _plan(costs, cluster, profiled_cuts(names, cuts), [1] * options.stages, plan_speeds)
     if unequal:
         plan = dataclasses.replace(plan, replicas=list(counts))
-    alone = stage_costs(costs, plan.boundaries, cluster, 1)
-    tied_s = [t - a for t, a in zip(with_tied_allreduce(alone, profile, names, plan.boundaries, positions,
-                                                        cluster).allreduce_s, alone.allreduce_s)]
+    ties = tied_weights(profile, names)
+    tied_s = tied_allreduce_s(ties, plan.boundaries, len(names), positions, cluster)
     mode = reduce or reduce_mode(options, any(tied_s))
-    if mode != "after" and (unequal or options.schedule not in ("gpipe", "1f1b")):
-        raise CaramelError(f"pipeline simulation: reduce={mode!r} replays equal replicas of gpipe or 1f1b only; "
-                           f"this layout (replicas={options.replicas}, schedule={options.schedule}) reduces after "
-                           f"the drain (reduce='after' or None)")
-    sc = stage_costs(costs, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
-                     profile.optimizer_time_s, mode)
-    sc = with_tied_allreduce(sc, profile, names, plan.boundaries, positions, cluster)
-    if mode != "after" and any(tied_s):  # the tied weight's sum runs after the schedule, before the update
-        sc = dataclasses.replace(sc, update_s=[u + t for u, t in zip(sc.update_s, tied_s)])
+    if mode != "after" and (unequal or options.schedule not in ("gpipe", "1f1b") or options.replicas == 1):
+        raise CaramelError(f"pipeline simulation: reduce={mode!r} replays equal replicas of gpipe or 1f1b only "
+                           f"(replicas >= 2); this layout (replicas={options.replicas}, schedule={options.schedule}) reduces "
+                           f"after the drain (reduce='after' or None)")
+    if any(tied_s) and not unequal and options.replicas > 1 and options.replica_reduce == "caramel":
+        raise CaramelError("pipeline: replica_reduce='caramel' defers each update past the step and cannot sum "
+                           "a tied weight split across stages; use replica_reduce='ddp' (or 'auto')")
+    sc = stage_costs(with_held_bytes(costs, ties, plan.boundaries), plan.boundaries, cluster,
+                     counts if unequal else options.replicas, per_stage, profile.optimizer_time_s, mode)
+    sc = with_tied(sc, tied_s, mode)
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
     if mode == "after":
@@ -408,25 +275,29 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
 def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
     """How the runtime reduces this layout's replicas, as `overlap.py` replays it: "forward"
     (Caramel's engine), "backward" (DDP), or "after" (no replicas; unequal counts' plain
-    all-reduce; interleaved, whose lanes hold several stages, kept at the drain). A tied weight
-    split across stages makes the runtime reduce with DDP (`runtime.Pipeline._build`)."""
+    all-reduce; interleaved, whose lanes hold several stages, kept at the drain). With
+    `replica_reduce="auto"` a tied weight split across stages makes the runtime reduce with DDP
+    (`runtime.Pipeline._build`); an explicit "caramel" is refused there (`simulate_pipeline`)."""
     if options.unequal_replicas or options.schedule not in ("gpipe", "1f1b") or options.replicas == 1:
         return "after"
     return "backward" if tied_split or options.replica_reducer() == "ddp" else "forward"
 
 
-def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions
+def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, reduce: str | None = None
                    ) -> tuple[PipelineOptions, dict]:
     """replicas="auto" resolved as the runtime resolves it, on the batch the bench gives it (one
     profile batch per worker): the counts, stages, microbatches (per pipeline for equal counts)
-    and the cut, as explicit options."""
+    and the cut, as explicit options. `reduce="after"` prices every candidate after the drain
+    (the chooser before the overlapped reduction)."""
     from caramel.strategies.pipeline.auto_replicas import choose_replicas
 
     names, layers = scaling_from_profile(profile)
     choice = choose_replicas(layers, profile.batch_size * cluster.world_size, options.schedule, cluster,
                              None if options.stages == "auto" else options.stages,
                              None if options.microbatches == "auto" else options.microbatches,
-                             profile.optimizer_time_s, shares_a_weight(profile))
+                             profile.optimizer_time_s, shares_a_weight(profile),
+                             ties=tied_weights(profile, names), reducer=options.replica_reducer(),
+                             reduce="after" if reduce == "after" else None)
     counts, m = choice.counts, choice.microbatches
     equal = len(set(counts)) == 1
     concrete = dataclasses.replace(options, stages=len(counts), replicas=counts[0] if equal else "+".join(map(str, counts)),

@@ -111,7 +111,7 @@ def test_simulator_takes_the_runtime_choice():
 
     from caramel.profile.profiler import profile_model
     from caramel.strategies import STRATEGIES
-    from caramel.strategies.pipeline.simulate import scaling_from_profile
+    from caramel.strategies.pipeline.profile_costs import scaling_from_profile
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -149,7 +149,7 @@ def test_impossible_stage_counts_say_why():
 
 def test_a_weight_tied_across_layers_gets_equal_counts_only():
     from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
-    from caramel.strategies.pipeline.simulate import shares_a_weight
+    from caramel.strategies.pipeline.profile_costs import shares_a_weight
 
     # a heavy layer with 8 MB of weights, a light one: 3+1 untied
     layers = [ScalingCost(0.0, c.forward_s / 8, 0.0, c.backward_s / 8, c.output_bytes / 8, c.param_bytes)

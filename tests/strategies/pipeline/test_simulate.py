@@ -88,7 +88,7 @@ def _set_affine_times(prof, fixed_s: float, per_sample_s: float):
 
 
 def test_a_profile_at_two_sizes_gives_each_layer_a_fixed_cost_per_microbatch():
-    from caramel.strategies.pipeline.simulate import costs_from_profile
+    from caramel.strategies.pipeline.profile_costs import costs_from_profile
 
     prof = _profile_at_two_sizes()
     assert prof.small_batch_size == 8

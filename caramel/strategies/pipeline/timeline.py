@@ -1,0 +1,64 @@
+"""The pipeline simulator's shared types: the per-stage costs a replay walks, its result, and the
+contention fixed point's helpers. Both replays (`simulate.replay`, after the drain, and
+`overlap.replay_overlapped`, the replicas' reduction overlapped) read and return these, so they
+live apart from either to keep the imports one-way (simulate -> overlap -> timeline)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Action = tuple[int, str, int]  # (stage, "F" or "B", microbatch)
+MAX_CONTENTION_PASSES = 12  # the transfers' intervals settle in a few passes; a cycle ends here, deterministically
+
+
+@dataclass(frozen=True)
+class ReduceBuckets:
+    """One stage's replica reduction, per step, its buckets in issue order (last layers first):
+    each bucket's collective, the stage's backward compute (of one microbatch) done when its
+    gradients are all ready, the forward compute done before its parameters are first used, and
+    its share of the optimizer step (all in seconds)."""
+
+    time_s: list[float]
+    ready_s: list[float]
+    need_s: list[float]
+    apply_s: list[float]
+    queued_time_s: list[float]  # the collective when it starts queued behind the previous one
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
+    per step: each stage's replica all-reduce, then its optimizer step; `buckets`: the same
+    all-reduce bucket by bucket, where the replay overlaps it with compute (`overlap.py`)."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    transfer_s: list[float]
+    allreduce_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
+    buckets: list[ReduceBuckets] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PipelineSim:
+    step_time_s: float
+    busy_s: list[float]  # compute per position
+    finish_s: list[float]  # when each position's part of the step ends (see `bubble_fraction`)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the positions over `max(finish_s)`. `simulate.replay`: the schedule's
+        span, before the replicas' all-reduce after the drain. `overlap.replay_overlapped`: the
+        steady step, so it also counts what of the overlapped reduction stays exposed."""
+        span = max(self.finish_s)
+        return 1 - sum(self.busy_s) / (span * len(self.busy_s))
+
+
+def disjoint(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `spans` as disjoint intervals in time order (empty ones dropped)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(x for x in spans if x[1] > x[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
