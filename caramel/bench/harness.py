@@ -30,6 +30,7 @@ from caramel.bench.baselines import ComputeOnly, Runner, ddp_bucket_bytes, train
 from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.runners import bench_sgd, build_runners, jitter_of, log_rank0, make_workload, slow_worker_of
@@ -235,9 +236,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     compute_medians = [median(g["compute"]) for g in gathered]
+    # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
+    hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
+                           local_batch=int(workload.inputs.shape[0]))
     predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
                                                       comm_s, runners["comm"].stats().get("buckets", 1),
-                                                      compute_medians, spans, probed, traffic), concrete)
+                                                      compute_medians, spans, probed, traffic, hetero), concrete)
     from caramel.bench.pipeline_plan import cut_mismatches
     return {
         "format": format_tag(RAW_KIND),
