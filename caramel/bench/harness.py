@@ -228,17 +228,17 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if rank != 0:
         return None
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
+    # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
+    hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
+                           local_batch=int(workload.inputs.shape[0]))
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/pipeline_contention.py)
         save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
                                runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
-                               spans, probed)
+                               spans, probed, hetero)
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     compute_medians = [median(g["compute"]) for g in gathered]
-    # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
-    hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
-                           local_batch=int(workload.inputs.shape[0]))
     predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
                                                       comm_s, runners["comm"].stats().get("buckets", 1),
                                                       compute_medians, spans, probed, traffic, hetero), concrete)
@@ -300,12 +300,14 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
 
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,
-                           rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None) -> None:
+                           rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
+                           hetero: Heterogeneity | None = None) -> None:
     """What `job_predictions` takes, as JSON: a later model can be replayed on this job's
     measurements without running it again."""
     path.write_text(json.dumps(_jsonable({
         "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
-        "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed})))
+        "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed,
+        "heterogeneity": hetero.to_dict() if hetero else None})))
 
 
 def _jsonable(value: Any) -> Any:

@@ -120,8 +120,8 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     concurrent baseline's `spans` per rank) and how the links carry a parameter server's traffic
     (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
     factor; `hetero`: the configuration's uneven workers, and under "prediction_inputs" what a
-    replay needs (each rank's compute median, the heterogeneity, the clusters the predictions
-    ran on). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
+    replay needs (the profile, each rank's compute median, the heterogeneity, the clusters the
+    predictions ran on). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
     link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
@@ -137,7 +137,8 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
                                                       hetero=hetero),
             "link_fit": link,
-            "prediction_inputs": {"rank_compute_s": list(rank_compute_s),
+            "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
+                                  "rank_compute_s": list(rank_compute_s),
                                   "heterogeneity": (hetero or Heterogeneity()).to_dict(),
                                   "clusters": {k: c.to_dict() for k, c in clusters.items()}}}
 

@@ -59,7 +59,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                   load_average=(meta.get("load_average") or [None])[0],
                   baseline_priority=raw.get("stats", {}).get("comm", {}).get("comm_priority"),
                   link_fit={k: v for k, v in (raw.get("link_fit") or {}).items() if k != "probe"} or None,
-                  compute_slowdown=raw.get("compute_slowdown"), prediction_inputs=raw.get("prediction_inputs"))
+                  compute_slowdown=raw.get("compute_slowdown"), prediction_inputs={k: v for k, v in (raw.get("prediction_inputs") or {}).items() if k != "profile"} or None)
     records = []
     for s in raw["strategies"]:
         name = s["name"]

@@ -86,6 +86,15 @@ def test_the_job_records_what_a_replay_of_its_predictions_needs():
     assert inputs["clusters"]["jitter"]["meta"]["compute_jitter"]["pause_after_forward"] is True
     assert len(inputs["clusters"]["base"]["meta"]["worker_bandwidth_bps"]) == 4
     assert out["predicted"]["ddp"]["ignores"] == ["jitter"] and out["predicted_rate_only"]["ddp"]["ignores"] == ["jitter"]
+    # the record alone replays the predictions: the profile and each strategy's cluster
+    from caramel.profile.model_profile import ModelProfile
+    from caramel.strategies.recommend import predict
+    from caramel.topology.spec import ClusterSpec
+
+    replayed = ModelProfile.from_dict(inputs["profile"])
+    for name, which in ((GOSSIP, "jitter"), ("ddp", "base")):
+        (p,) = predict(replayed, ClusterSpec.from_dict(inputs["clusters"][which]), [name])
+        assert p.step_time_s == pytest.approx(out["predicted"][name]["step_time_s"])
 
 
 def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accuracy():
@@ -99,7 +108,7 @@ def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accura
            "step_times_s": times, "meta": {"network": "netns+tc 300mbit", "grad_bytes": 1000},
            "predicted": {"ddp": {"step_time_s": 0.14, "exact": True, "ignores": ["jitter"]},
                          GOSSIP: {"step_time_s": 0.16, "exact": False}},
-           "prediction_inputs": {"rank_compute_s": [0.1, 0.1]}}
+           "prediction_inputs": {"rank_compute_s": [0.1, 0.1], "profile": {"model": "mlp"}}}
     recs = {r.strategy: r for r in summarize(raw)}
     assert recs["ddp"].prediction_ignores == ["jitter"] and recs[GOSSIP].prediction_ignores is None
     assert recs["ddp"].prediction_inputs == {"rank_compute_s": [0.1, 0.1]}
