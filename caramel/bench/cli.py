@@ -267,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()[0]
     records: list[Record] = []
     versus: list[dict[str, Any]] = []
+    inputs: dict[str, Any] = {}  # per configuration: what a replay of its predictions needs
     networks: set[str] = set()
     t0 = time.time()
     configs, failures = derive_rates(configs, _calibration_launcher(args, settings))
@@ -290,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         attach_evidence(result.raw, trace_dir)
         records += summarize(result.raw)
+        if result.raw.get("prediction_inputs"):
+            inputs[config.label] = result.raw["prediction_inputs"]
         versus += [dict(v, config=config.label) for v in versus_best_allreduce(result.raw)]
         if phases is not None:
             result.raw["bandwidth_trace"]["applied"] = result.trace_applied or []
@@ -323,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
     uneven = {c.label: {"slow_link": c.slow_link, "jitter": c.jitter} for c in configs if c.slow_link or c.jitter}
     if uneven:
         meta["heterogeneity"] = uneven
+    if inputs:  # a replay of the predictions needs the profile too (`caramel.bench.hetero_prediction`)
+        meta["prediction_inputs"] = inputs
     if by_phase:
         meta["bandwidth_trace"] = by_phase
     if args.json:

@@ -30,6 +30,7 @@ from caramel.bench.baselines import ComputeOnly, Runner, ddp_bucket_bytes, train
 from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.runners import bench_sgd, build_runners, jitter_of, log_rank0, make_workload, slow_worker_of
@@ -227,17 +228,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if rank != 0:
         return None
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
+    # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
+    hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
+                           local_batch=int(workload.inputs.shape[0]))
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/pipeline_contention.py)
         save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
                                runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
-                               spans, probed)
+                               spans, probed, hetero)
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     compute_medians = [median(g["compute"]) for g in gathered]
     predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
                                                       comm_s, runners["comm"].stats().get("buckets", 1),
-                                                      compute_medians, spans, probed, traffic), concrete)
+                                                      compute_medians, spans, probed, traffic, hetero), concrete)
     from caramel.bench.pipeline_plan import cut_mismatches
     return {
         "format": format_tag(RAW_KIND),
@@ -296,12 +300,14 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
 
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,
-                           rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None) -> None:
+                           rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
+                           hetero: Heterogeneity | None = None) -> None:
     """What `job_predictions` takes, as JSON: a later model can be replayed on this job's
     measurements without running it again."""
     path.write_text(json.dumps(_jsonable({
         "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
-        "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed})))
+        "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed,
+        "heterogeneity": hetero.to_dict() if hetero else None})))
 
 
 def _jsonable(value: Any) -> Any:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from caramel.bench.contention import job_slowdown
+from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.traffic_probe import efficiency
 from caramel.stats import median
 
@@ -35,7 +36,8 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
 
 
 def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
-                  link: dict[str, Any] | None = None, compute_slowdown: float = 1.0):
+                  link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
+                  uneven: dict[str, Any] | None = None):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
@@ -43,7 +45,8 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     read by the ps model, and `push_efficiency` by the gossip model too: its concurrent peer
     flows' share of the rate, `caramel.strategies.gossip.links`); `compute_slowdown`: compute's
     slowdown beside the collectives (`caramel.bench.contention`; gossip also slows backward by it
-    while its overlapped trackers are on the wire)."""
+    while its overlapped trackers are on the wire); `uneven`: meta a heterogeneous configuration
+    adds (`worker_bandwidth_bps`, `compute_jitter`: `caramel.bench.hetero_prediction`)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
@@ -56,45 +59,72 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
                        meta={"source": "bench: achieved rate of the comm-only baseline, speeds from each rank's "
                                        "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")
                                        + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")
-                                       + (", ps traffic from the job's probe" if queue else ""),
-                             **queue})
+                                       + (", ps traffic from the job's probe" if queue else "")
+                                       + (", heterogeneity: " + ", ".join(uneven) if uneven else ""),
+                             **queue, **(uneven or {})})
+
+
+def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_compute_s: list[float] | None = None,
+                        link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
+                        hetero: Heterogeneity | None = None) -> dict[str, Any]:
+    """The ClusterSpecs the predictions run on: "base" for every strategy, and "jitter" (with a
+    `--jitter` configuration) for the simulators that read the bench's jitter emulation, its
+    speeds from the unpadded compute (`caramel.bench.hetero_prediction`)."""
+    hetero = hetero or Heterogeneity()
+    uneven: dict[str, Any] = {}
+    rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
+    if rates:
+        uneven["worker_bandwidth_bps"] = rates
+    speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
+    out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven)}
+    if hetero.jitter:
+        unpadded = hetero.unpadded_compute_s(rank_compute_s) if rank_compute_s else None
+        out["jitter"] = bench_cluster(world, bandwidth_bps,
+                                      worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
+                                      compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
+    return out
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
                        rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None,
-                       compute_slowdown: float = 1.0) -> dict[str, dict[str, Any]]:
-    """Per strategy name: {"step_time_s", "exact", "error"}; {} without a profile or a rate (one
-    worker, no communication). `rank_compute_s`: each rank's compute-only median (`worker_speeds`);
-    None replays the profile as measured. `link`, `compute_slowdown`: the probe's fixed costs
-    and the measured contention (`bench_cluster`). A failure is the strategy's `error`, never
-    the bench's."""
+                       compute_slowdown: float = 1.0, hetero: Heterogeneity | None = None) -> dict[str, dict[str, Any]]:
+    """Per strategy name: {"step_time_s", "exact", "error", "cluster", "ignores"}; {} without a
+    profile or a rate (one worker, no communication). `rank_compute_s`: each rank's compute-only
+    median (`worker_speeds`); None replays the profile as measured. `link`, `compute_slowdown`:
+    the probe's fixed costs and the measured contention (`bench_cluster`). `hetero`: the
+    configuration's uneven workers (`prediction_clusters`); "cluster" names the one a strategy
+    ran on, "ignores" the inputs its simulator does not take. A failure is the strategy's
+    `error`, never the bench's."""
     if profile is None or bandwidth_bps is None or world < 2:
         return {}
     from caramel.strategies.recommend import predict
 
-    speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
-    cluster = bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown)
+    hetero = hetero or Heterogeneity()
+    clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
+        which = "jitter" if hetero.reads_jitter(name) else "base"
+        marks = {"cluster": which, **({"ignores": hetero.ignored_by(name)} if hetero.ignored_by(name) else {})}
         try:
-            (p,) = predict(profile, cluster, [name])
+            (p,) = predict(profile, clusters[which], [name])
             out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error,
-                         **({"plan": p.plan} if p.plan else {})}
+                         **({"plan": p.plan} if p.plan else {}), **marks}
         except Exception as e:  # a prediction is an extra: it must never fail the bench
             print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
-            out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}"}
+            out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}", **marks}
     return out
 
 
 def job_predictions(profile: Any | None, names: list[str], world: int, grad_bytes: int, comm_s: float,
                     comm_buckets: int, rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
-                    traffic: dict[str, Any] | None = None) -> dict[str, Any]:
+                    traffic: dict[str, Any] | None = None, hetero: Heterogeneity | None = None) -> dict[str, Any]:
     """Everything a job's raw results say about the models: each strategy's prediction with the
     probed fixed costs (`probed`, `probe_link`'s measurements) and the measured contention (the
     concurrent baseline's `spans` per rank) and how the links carry a parameter server's traffic
     (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
-    factor. Inputs are the baselines, the probe and the profile: never a
-    strategy's own steps."""
+    factor; `hetero`: the configuration's uneven workers, and under "prediction_inputs" what a
+    replay needs (the profile, each rank's compute median, the heterogeneity, the clusters the
+    predictions ran on). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
     link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
@@ -103,10 +133,17 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
                 "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
-    return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown),
+    clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero)
+                if profile is not None and net_bps is not None and world > 1 else {})
+    return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero),
             "compute_slowdown": slowdown,
-            "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s),
-            "link_fit": link}
+            "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
+                                                      hetero=hetero),
+            "link_fit": link,
+            "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
+                                  "rank_compute_s": list(rank_compute_s),
+                                  "heterogeneity": (hetero or Heterogeneity()).to_dict(),
+                                  "clusters": {k: c.to_dict() for k, c in clusters.items()}}}
 
 
 def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int, rank_compute_s: list[float],
@@ -256,6 +293,8 @@ def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck
 
 def records_accuracy(records: list[Any], predicted: str = "predicted_step_s") -> dict[str, dict[str, float]]:
     """`accuracy_by_kind` over bench records that have both a measured median and the prediction
-    in their field `predicted` (`predicted_rate_only_s`: the one without the probed fixed costs)."""
-    errors = [(r.kind, prediction_error(getattr(r, predicted), r.step_time_median_s)) for r in records]
+    in their field `predicted` (`predicted_rate_only_s`: the one without the probed fixed costs),
+    and whose simulator took every input of the configuration (no `prediction_ignores`)."""
+    errors = [(r.kind, prediction_error(getattr(r, predicted), r.step_time_median_s)) for r in records
+              if not getattr(r, "prediction_ignores", None)]
     return accuracy_by_kind([(kind, e) for kind, e in errors if e is not None])

@@ -88,6 +88,14 @@ class Record:
     """whether the strategy trains DDP's parameters (only those are recommended)"""
     prediction_note: str | None = None
     """why there is no prediction"""
+    prediction_ignores: list[str] | None = None
+    """the configuration's heterogeneity (slow_link, jitter, slow_worker) the strategy's simulator
+    does not take: the prediction is marked, not counted toward the accuracy
+    (`caramel.bench.hetero_prediction`)"""
+    prediction_inputs: dict[str, Any] | None = None
+    """what a replay of the job's predictions needs beyond the profile (in the file's meta
+    `prediction_inputs`, per configuration): each rank's compute-only median, the heterogeneity
+    and the ClusterSpecs the predictions ran on"""
     predicted_rate_only_s: float | None = None
     """the same model from the link rate alone: no probed fixed costs per collective (the spec's
     defaults), no CPU contention"""
