@@ -5,7 +5,7 @@ from caramel.bench.hetero import JitterSchedule, link_rates_bps
 from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, predict_strategies, prediction_clusters
 from caramel.sim.synthetic import synthetic_profile
-from caramel.strategies.gossip.links import jitter_factors, link_rates
+from caramel.strategies.gossip.links import jitter_factors, link_rate_Bps
 
 GOSSIP = "gossip:topology=ring"
 NAMES = ["ddp", "caramel", GOSSIP, "ps"]
@@ -27,7 +27,7 @@ def test_the_slow_link_is_each_workers_rate_in_the_shaped_ratio_at_the_achieved_
     assert base.meta["worker_bandwidth_bps"] == pytest.approx([2e8 * r / min(shaped) for r in shaped])
     assert base.meta["worker_bandwidth_bps"] == pytest.approx([8e8, 8e8, 2e8, 8e8])
     assert base.bandwidth_bps == 2e8  # the all-reduce models' one rate: the bottleneck as measured
-    assert link_rates(base) == pytest.approx([1e8, 1e8, 2.5e7, 1e8])  # what the gossip simulator reads, bytes/s
+    assert link_rate_Bps(base) == pytest.approx([1e8, 1e8, 2.5e7, 1e8])  # what the gossip simulator reads, bytes/s
     preds = predict_strategies(profile, NAMES, 4, 2e8, [profile.step_time_s] * 4, hetero=hetero)
     assert preds["ps"]["ignores"] == ["slow_link"]  # prices every link at the bottleneck
     assert all("ignores" not in preds[n] for n in ("ddp", "caramel", GOSSIP))
