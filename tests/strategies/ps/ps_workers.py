@@ -38,8 +38,8 @@ def parity_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], fam
                 if list(ddp.module.buffers()):
                     out[(family, opt_kind, spec, "buffers")] = max_diff([b.double() for b in ddp.module.buffers()],
                                                                         [b.double() for b in model.module.buffers()])
-                early = opt.ps.engine.early_buffers
-                out[(family, opt_kind, spec, "early")] = early.taken if early is not None else -1
+                sync = opt.ps.buffer_sync
+                out[(family, opt_kind, spec, "early")] = sync.early_taken if sync is not None else -1
             caramel.shutdown()
     return out
 
@@ -405,5 +405,25 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
         for n, f in real.items():
             setattr(dist, n, f)
     out = {"seen": seen, "diff": max_diff(params_of(ddp.module), params_of(model.module))}
+    caramel.shutdown()
+    return out
+
+
+def no_sync_bn_worker(rank: int, world: int, steps: int, spec: str) -> dict:
+    """cnn_bn with a micro-batch accumulated under no_sync every third step (`_train_messy`, no
+    clipping), against DDP: DDP broadcasts buffers only at a forward that follows a synchronized
+    training forward, so the forward after a no_sync one takes none."""
+    from tests.distributed.workers import _train_messy
+
+    w = fresh("cnn_bn")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    _train_messy(ddp, ropt, rsched, w.loss_fn, "cnn_bn", rank, steps, clip=lambda *a: None)
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, spec, timeout_s=20)
+    _train_messy(model, opt, sched, w.loss_fn, "cnn_bn", rank, steps, clip=lambda *a: None)
+    opt.synchronize()
+    out = {"diff": max_diff(params_of(ddp.module), params_of(model.module)),
+           "buffers": max_diff([b.double() for b in ddp.module.buffers()], [b.double() for b in model.module.buffers()])}
     caramel.shutdown()
     return out
