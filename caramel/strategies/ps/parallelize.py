@@ -51,7 +51,7 @@ class PsRun:
                  trace: str | None):
         self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
         self.groups = groups
-        self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
+        self.cluster, self.trace_path = cluster, trace
         self.rank = dist.get_rank(groups.control)
         self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1, len(groups.dedicated))
         _, self.params = unique_params(module)
@@ -166,7 +166,7 @@ class PsRun:
             if self.cluster is not None:
                 latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
             plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s,
-                                pull_transfers=len(self.engine.plan.buckets),
+                                pull_transfers=len(self.engine.plan.pull_buckets),
                                 kinds={i: kind_of(self.params[i]) for i in self.engine.plan.params})
             waits: dict[str, list[int]] = {}
             for p in profile.trainable():
@@ -220,6 +220,7 @@ class PsRun:
         return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
                 "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
                 "buckets": len(plan.buckets), "bucket_cap_mb": self.options.bucket_cap_mb,
+                "pull_buckets": len(plan.pull_buckets), "pull_bucket_cap_mb": self.options.pull_cap_mb(),
                 "E_median": statistics.median(Es) if Es else None,
                 "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,

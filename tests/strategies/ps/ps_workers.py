@@ -52,14 +52,36 @@ def _numpy(model) -> list:
 def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float) -> dict:
     """Per spec, on the tied transformer with Adam: the recorded wire (send) order of every
     update and the plan's, the owners, staleness per step, stats and the final parameters.
-    Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step."""
+    Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step. The
+    sender's broadcasts on the real gloo groups are logged as ("issue"/"done", None, time)."""
     import time
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from caramel.strategies.ps import sender as sender_mod
+
+    class Logged:
+        def __init__(self, work, tag, log):
+            self.work, self.tag, self.log = work, tag, log
+
+        def wait(self):
+            self.work.wait()
+            self.log.append(("done", self.tag, time.perf_counter()))
+
+    def logging_dist(log):
+        def broadcast(buf, src, group, async_op):
+            log.append(("issue", None, time.perf_counter()))  # the tag is SerialSender's issued[-1]
+            return Logged(dist.broadcast(buf, src=src, group=group, async_op=async_op), None, log)
+        return SimpleNamespace(broadcast=broadcast, get_backend=dist.get_backend)
 
     out = {}
     for spec in specs:
         name, slow = spec.removesuffix("+slow"), spec.endswith("+slow")
         w = fresh("gpt_tied")
         opt, sched = make_optimizer("adam", w.model.parameters())
+        wire: list = []
+        sender_mod.dist = logging_dist(wire)
         model, opt = caramel.parallelize(w.model, opt, name)
         for step in range(steps):
             if slow and rank == 1:
@@ -83,8 +105,9 @@ def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], 
         out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
                      "issued": list(run.engine.sender.issued), "mine_expected": mine, "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
                      "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
-                     "lag_before_sync": staleness[0]}
+                     "lag_before_sync": staleness[0], "wire": wire}
         caramel.shutdown()
+        sender_mod.dist = dist
     return out
 
 
