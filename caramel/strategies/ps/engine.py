@@ -20,11 +20,11 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
-or every rank has pushed it;
-a forward waits only for parameters more than S updates old (asp: never, up to the bound).
-Pushes and pulls run on private groups, one of each per server (`PsGroups`), so each group
-sees the same sequence of collectives on every rank whatever the timing, and different
-servers' transfers proceed side by side. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
+or every rank has pushed it; a forward waits only for parameters more than S updates old
+(asp: never, up to the bound). Pushes and pulls run on private groups, one of each per server
+(`PsGroups`), so each group sees the same sequence of collectives on every rank whatever the
+timing, and different servers' transfers proceed side by side. Gradient accumulation
+(`no_sync`) and tied parameters work as in DDP.
 """
 from __future__ import annotations
 
@@ -373,9 +373,8 @@ class PsEngine:
         return waited
 
     def synchronize(self) -> None:
-        """Every pushed update applied and pulled (all ranks call this). Without the per-forward
-        buffer broadcast (ssp, asp) rank 0's buffers are sent here; with it (bsp) they are left
-        as DDP leaves them, each rank's own until the next forward."""
+        """Every pushed update applied and pulled (all ranks call this); ssp/asp send rank 0's
+        buffers here, bsp leaves each rank its own until the next forward, as DDP does."""
         self.apply_due(force_all=True)
         self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)

@@ -76,14 +76,14 @@ class PsRun:
     def before_forward(self) -> None:
         if self.released:
             raise CaramelError("strategy 'ps': this model was shut down (caramel.shutdown()); parallelize it again")
-        e = self.engine
-        if self.buffer_sync is not None:
-            self.buffer_sync.pre_forward(None, None)  # before the forward's clock starts, as DDP's broadcast
+        e, sync = self.engine, self.buffer_sync
+        if sync is not None:
+            sync.pre_forward(None, None)  # before the forward's clock starts, as DDP's broadcast
         try:
             self._before_forward(e)
         except BaseException:
-            if self.buffer_sync is not None:  # the forward will not run: unwind what pre_forward began
-                self.buffer_sync.post_forward(None, None, None)
+            if sync is not None:  # the forward will not run: unwind what pre_forward began
+                sync.post_forward(None, None, None)
             raise
 
     def _before_forward(self, e: PsEngine) -> None:
