@@ -23,6 +23,10 @@ silent shift; a rank left waiting for a peer that never trains again fails at th
 timeout. Where buffers may change on some ranks only, `mode="forward"` broadcasts at each
 forward's start, exactly as DDP, and tolerates it.
 
+`send_at="call"` leaves the early broadcast to the owner, who calls `send_early()` when the link
+suits it (the ps strategy: at step(), ahead of its pulls, docs/ps.md); the check at the next
+forward is the same, so buffers changed after that call still take DDP's path.
+
 Every buffer travels in one payload of bytes (one collective however many dtypes), each buffer
 at an offset aligned for its dtype, laid out from the buffers' current sizes at each broadcast
 (quantization observers resize theirs in the first forward), and a last byte saying which kind
@@ -43,6 +47,7 @@ from caramel.runtime.dispatch import RELEASED
 from caramel.runtime.engine import Engine
 
 BUFFER_MODES = ("early", "forward")
+SEND_AT = ("forward_end", "call")  # when mode="early" sends: as a training forward ends, or at send_early()
 EARLY, AT_FORWARD = 1, 2  # the payload's marker byte
 ALIGN_BYTES = 16  # any dtype's element size divides it
 
@@ -64,8 +69,9 @@ class BufferSync:
     """Rank 0's buffers on every rank before each forward that DDP would sync; see the module docstring."""
 
     def __init__(self, model: nn.Module, engine: Engine, pg: Any, mode: str = "early",
-                 device: torch.device | str = "cpu"):
-        assert mode in BUFFER_MODES
+                 device: torch.device | str = "cpu", send_at: str = "forward_end"):
+        assert mode in BUFFER_MODES and send_at in SEND_AT
+        self.send_at = send_at
         self.device = torch.device(device)  # where payloads live: the group's device (CUDA for NCCL)
         self.buffers = [b for b in model.buffers()]
         self.engine = engine
@@ -77,6 +83,7 @@ class BufferSync:
         self.sync_next = True  # DDP syncs before the first forward
         self._pending: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (work, payload, own bytes then)
         self._depth = 0  # a forward that calls the module again: only the outermost one counts
+        self.early_taken = 0  # forwards that took the early broadcast (buffers unchanged since it left)
         # the early broadcast's payloads by role, with their views, for one layout (`_slot`)
         self._slots: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._slots_key: tuple | None = None
@@ -88,8 +95,15 @@ class BufferSync:
         if self._depth:
             return
         self.sync_next = torch.is_grad_enabled() and self.engine.require_sync
-        if self.mode == "early" and self.sync_next and not self.engine.delegating and self.pg is not None:
+        if self.send_at == "forward_end":
             assert self._pending is None, "a forward ended twice without one starting"
+            self.send_early()
+
+    def send_early(self) -> None:
+        """Issue the early broadcast of what this rank holds now, if the next forward is one DDP
+        syncs; one still pending (no forward collected it) is finished and dropped first."""
+        if self.mode == "early" and self.sync_next and not self.engine.delegating and self.pg is not None:
+            self.drain()
             own = self._pack(EARLY, always=True, slot="own")
             payload = own if self.rank == 0 else self._pack(EARLY, slot="recv")
             work = self.pg.broadcast([payload], self.opts)
@@ -113,6 +127,7 @@ class BufferSync:
             self._wait(work, payload, EARLY)
             now = self._pack(EARLY, always=True, slot="now")
             changed = now.shape != own.shape or not torch.equal(now[:-1], own[:-1])
+            self.early_taken += not changed
             if not changed and self.rank != 0:
                 self._unpack(payload, slot="recv")
             self.engine.recorder.record("wait", "sync", "broadcast:buffers", t0, self.engine.recorder.now())

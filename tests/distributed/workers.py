@@ -402,14 +402,26 @@ def reprofile_mid_trial_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
-def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: str, steps: int) -> dict:
-    """BatchNorm statistics changed between steps (reset on every rank, or on rank 0 only), and an
-    eval forward after a training step: buffers and parameters against DDP, which broadcasts
-    rank 0's buffers as each forward starts."""
+def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: str, steps: int,
+                         strategy: str = "caramel", change: str = "reset", change_at: int | None = None) -> dict:
+    """BatchNorm statistics changed after step `change_at` (default steps // 2), on every rank or on
+    rank 0 only, and an eval forward after a training step: buffers and parameters against DDP,
+    which broadcasts rank 0's buffers as each forward starts. `change`: "reset"
+    (reset_running_stats), "load" (a load_state_dict of the first step's buffers) or
+    "forwards" (3 no-grad train-mode forwards, as precise-BN recomputation)."""
+    change_at = steps // 2 if change_at is None else change_at
+    saved: dict = {}
+
     def reset(model: nn.Module) -> None:
         if who_resets == "all" or rank == 0:
+            if change == "load":  # the buffers only: parameters loaded with pulls in flight are another matter
+                model.load_state_dict(saved["buffers"], strict=False)
+                return
+            with torch.no_grad():
+                for k in range(3 if change == "forwards" else 0):
+                    model(batch("cnn_bn", 50 + k, rank)[0])
             for m in model.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                if change == "reset" and isinstance(m, nn.modules.batchnorm._BatchNorm):
                     m.reset_running_stats()
 
     def run(model, opt, sched, w) -> list[torch.Tensor]:
@@ -420,7 +432,10 @@ def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: s
             opt.step()
             sched.step()
             opt.zero_grad()
-            if step == steps // 2:
+            if step == 0:
+                buffers = {n for n, _ in model.module.named_buffers()}
+                saved["buffers"] = {k: v.clone() for k, v in model.module.state_dict().items() if k in buffers}
+            if step == change_at:
                 reset(model.module)
             if step % 3 == 1:  # eval forwards read the statistics rank 0 sent
                 model.eval()
@@ -434,7 +449,8 @@ def buffer_change_worker(rank: int, world: int, broadcast_buffers, who_resets: s
     ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
     ref_evals = run(ddp, ropt, rsched, w)
     opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
-    model, opt = caramel.parallelize(w.model, opt, overlap="forward", broadcast_buffers=broadcast_buffers, timeout_s=20)
+    kw = {"overlap": "forward"} if strategy == "caramel" else {}
+    model, opt = caramel.parallelize(w.model, opt, strategy, broadcast_buffers=broadcast_buffers, timeout_s=20, **kw)
     try:
         evals = run(model, opt, sched, w)
         opt.synchronize()

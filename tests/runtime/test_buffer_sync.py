@@ -103,9 +103,9 @@ class _HookedEngine(_Engine):
         pass
 
 
-def _hooked(model: nn.Module, mode: str = "early") -> tuple[BufferSync, _FakeGroup]:
+def _hooked(model: nn.Module, mode: str = "early", send_at: str = "forward_end") -> tuple[BufferSync, _FakeGroup]:
     group = _FakeGroup()
-    sync = BufferSync(model, _HookedEngine(), group, mode=mode)
+    sync = BufferSync(model, _HookedEngine(), group, mode=mode, send_at=send_at)
     model.register_forward_pre_hook(sync.pre_forward, prepend=True)
     model.register_forward_hook(sync.post_forward, always_call=True)
     return sync, group
@@ -208,3 +208,24 @@ def test_time_blocked_on_the_broadcast_counts_as_the_steps_wait():
     payload = sync._pack(kind=EARLY_KIND)
     sync._wait(SlowWork(), payload, EARLY_KIND)
     assert engine.waits == [0.25]
+
+
+def test_send_at_call_sends_when_called_and_checks_at_the_forward():
+    # the ps strategy sends at step(); a forward only collects, or broadcasts when buffers changed
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    sync, group = _hooked(model, send_at="call")
+    model(torch.randn(4, 3))
+    assert group.kinds == [AT_FORWARD_KIND]  # the first forward; none sent as it ended
+    sync.send_early()
+    sync.send_early()  # a second call finishes and drops the first: one pending at most
+    model(torch.randn(4, 3))
+    assert group.kinds == [AT_FORWARD_KIND, EARLY_KIND, EARLY_KIND] and sync.early_taken == 1
+    sync.send_early()
+    model[1].reset_running_stats()
+    model(torch.randn(4, 3))
+    assert group.kinds[-2:] == [EARLY_KIND, AT_FORWARD_KIND] and sync.early_taken == 1
+    with torch.no_grad():
+        model(torch.randn(4, 3))  # synced at its start (a training forward came before) ...
+    n = len(group.kinds)
+    sync.send_early()  # ... but DDP syncs none after a no-grad forward: nothing to send
+    assert group.kinds[-1] == AT_FORWARD_KIND and len(group.kinds) == n

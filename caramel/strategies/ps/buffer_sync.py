@@ -1,16 +1,17 @@
-"""bsp: rank 0's buffers (BatchNorm statistics), sent at step() ahead of the pulls.
+"""bsp: rank 0's buffers (BatchNorm statistics) by the runtime's `BufferSync`, sent at step().
 
-DDP broadcasts rank 0's buffers as each training forward starts, and the ps engine did the
-same. Under ps that small broadcast leaves rank 0 just after rank 0's own pulls were handed
-to the link, so it waits in the queue behind them, and the forward cannot start before it
+DDP broadcasts rank 0's buffers as a forward starts (when the forward before was a synchronized
+training one). Under ps that small broadcast leaves rank 0 just after rank 0's own pulls were
+handed to the link, so it waits in the queue behind them, and the forward cannot start before it
 lands: on ResNet-18/16 at 335 Mbit/s every forward began only once most pulls were through,
-whatever their order (TicTac's measured S was 0.97 where the forward is a third of the pulls:
-the wait was counted as compute). Sent as step() hands over the pulls, before them, it is
-never behind them; the next training forward only copies it in.
+whatever their order. Sent as step() hands over the pulls, before them, it is never behind them.
 
-The buffers sent are rank 0's as its step() leaves them, the ones DDP would send at the next
-training forward unless rank 0 changes them in between (a train-mode forward outside the
-training step, say): then the other ranks get the values of step() (docs/ps.md, Limits).
+The runtime's `BufferSync` (caramel/runtime/buffer_sync.py) does the rest as for the caramel
+strategy: DDP's rule for which forwards sync (`no_sync` and no-grad forwards included), and at
+the next forward each rank compares its buffers with what they held when the early broadcast left;
+buffers changed since (reset_running_stats, a model-only load_state_dict, extra train-mode
+forwards) take DDP's path, a broadcast at that forward. Flat colocated bsp sends early; dedicated
+servers, hierarchical runs and `broadcast_buffers="forward"` broadcast at the forward only.
 """
 from __future__ import annotations
 
@@ -20,44 +21,35 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from caramel.runtime.buffer_sync import BufferSync, buffer_mode
+from caramel.trace.recorder import Recorder
 
-class EarlyBuffers:
-    """One early broadcast of `module`'s buffers from global rank `src`, per dtype and device."""
 
-    def __init__(self, module: nn.Module, src: int, group: Any):
-        self.module, self.src, self.group = module, src, group
-        self.pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
-        self.taken = 0  # forwards that took buffers sent early
+class _PsHost:
+    """What `BufferSync` asks of its engine, answered by the ps run (whose engine a re-plan replaces)."""
 
-    def send(self) -> None:
-        """Every rank, at step(), before the pulls are handed over."""
-        self.drop()
-        kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for t in self.module.buffers():
-            kinds.setdefault((t.dtype, t.device), []).append(t)
-        with torch.no_grad():
-            for same in kinds.values():
-                flat = torch._utils._flatten_dense_tensors([t.detach() for t in same])
-                self.pending.append((dist.broadcast(flat, src=self.src, group=self.group, async_op=True), flat, same))
+    delegating = False
 
-    def take(self) -> bool:
-        """At a training forward: copy in what was sent early; False when nothing was (the
-        caller then broadcasts as DDP does)."""
-        if not self.pending:
-            return False
-        receiving = dist.get_rank() != self.src
-        with torch.no_grad():
-            for work, flat, same in self.pending:
-                work.wait()
-                if receiving:
-                    for t, view in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-                        t.copy_(view)
-        self.pending = []
-        self.taken += 1
-        return True
+    def __init__(self, run: Any, rank: int, world: int):
+        self.run = run
+        self.recorder = Recorder(rank, world, enabled=False)
 
-    def drop(self) -> None:
-        """Finish a send no forward took (its values are stale by now) without copying it in."""
-        for work, _, _ in self.pending:
-            work.wait()
-        self.pending = []
+    @property
+    def require_sync(self) -> bool:
+        return self.run.engine.require_sync
+
+    def count_wait(self, _seconds: float) -> None:
+        """ps times its forwards after the buffers have landed: nothing to take out."""
+
+
+def ps_buffer_sync(run: Any, module: nn.Module, broadcast_buffers: Any, group: Any, early: bool) -> BufferSync | None:
+    """The run's buffer sync, or None (no buffers, one worker, rank-local buffers, or ssp/asp,
+    which send rank 0's buffers at synchronize() only). `early`: flat colocated bsp."""
+    mode = buffer_mode(broadcast_buffers)
+    if mode is None or run.engine.bound != 0 or run.engine.workers < 2 or not any(True for _ in module.buffers()):
+        return None
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = next(module.parameters()).device
+    return BufferSync(module, _PsHost(run, dist.get_rank(group), dist.get_world_size(group)), group,
+                      mode=mode if early else "forward", device=device, send_at="call")

@@ -20,11 +20,11 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
-or every rank has pushed it;
-a forward waits only for parameters more than S updates old (asp: never, up to the bound).
-Pushes and pulls run on private groups, one of each per server (`PsGroups`), so each group
-sees the same sequence of collectives on every rank whatever the timing, and different
-servers' transfers proceed side by side. Gradient accumulation (`no_sync`) and tied parameters work as in DDP.
+or every rank has pushed it; a forward waits only for parameters more than S updates old
+(asp: never, up to the bound). Pushes and pulls run on private groups, one of each per server
+(`PsGroups`), so each group sees the same sequence of collectives on every rank whatever the
+timing, and different servers' transfers proceed side by side. Gradient accumulation
+(`no_sync`) and tied parameters work as in DDP.
 """
 from __future__ import annotations
 
@@ -40,10 +40,9 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
-from caramel.strategies.ps.buffer_sync import EarlyBuffers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.sender import SerialSender
+from caramel.strategies.ps.sender import SerialSender, uses_sender
 from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
 from caramel.strategies.ps.transfers import Pull, PsGroups, Update
@@ -55,7 +54,7 @@ ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for insp
 
 class PsEngine:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
-                 groups: PsGroups, ranks: list[int], broadcast_buffers: bool):
+                 groups: PsGroups, ranks: list[int], buffer_sync: Any = None):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
         self.groups, self.ranks, self.hier = groups, ranks, groups.hier
         self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
@@ -63,10 +62,7 @@ class PsEngine:
         self.workers = self.world - len(groups.dedicated)  # gradients are averaged over the workers only
         self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
         self.bound = options.staleness_bound()
-        self.broadcast_buffers = broadcast_buffers and self.bound == 0
-        # flat colocated bsp: rank 0's buffers go at step(), ahead of the pulls (`buffer_sync.py`)
-        self.early_buffers = EarlyBuffers(module, ranks[0], groups.buffers) \
-            if self.broadcast_buffers and self.workers > 1 and groups.hier is None and not groups.dedicated else None
+        self.buffer_sync = buffer_sync  # bsp: rank 0's buffers, sent early at step() (`buffer_sync.py`)
         self.names, self.params = unique_params(module)
         self.require_sync = True
         self.steps = 0  # steps whose gradients were pushed
@@ -74,7 +70,8 @@ class PsEngine:
         self.pending: deque[Update] = deque()
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
-        self.sender = SerialSender()  # flat colocated servers: this rank's pulls, one at a time
+        # flat colocated servers on gloo: this rank's pulls, one at a time (`sender.py`)
+        self.sender = SerialSender() if uses_sender(groups.pull) and groups.hier is None else None
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -254,7 +251,7 @@ class PsEngine:
         if self.groups.clip is not None:  # every rank takes part (a non-server adds 0), in update order
             clip_shard(u.grads, [i for i in mine if used[i]], self.options.clip_grad_norm, self.groups.clip,
                        self.params[self.plan.params[0]].device)
-        self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
+        self._reap_sends()
         if mine:
             if self.stale is not None:
                 self.stale.owner_step(mine, lambda: self._step_shard([i for i in mine if used[i]], u))
@@ -262,8 +259,8 @@ class PsEngine:
                 self._step_shard([i for i in mine if used[i]], u)
             for i in mine:
                 self.version[i] = u.step + 1
-        if self.early_buffers is not None and u.step == self.steps - 1 and self.steps > 0:
-            self.early_buffers.send()  # before the pulls: it must not queue behind them
+        if self.buffer_sync is not None and u.step == self.steps - 1:
+            self.buffer_sync.send_early()  # before the pulls: it must not queue behind them
         order = self.plan.bucket_pull_at(u.step)
         issued_t = time.perf_counter()
         for b in order:
@@ -273,8 +270,9 @@ class PsEngine:
             if self.hier is not None:
                 self._pull_hierarchical(b, u.step + 1)
             elif self.server_of(i) == self.rank:
-                buf = self._send_buf(members)
-                self.sends.append((self.sender.submit(buf, src, self.groups.pull[self.plan.owner[i]], b), buf))
+                buf, group = self._send_buf(members), self.groups.pull[self.plan.owner[i]]
+                self.sends.append((self.sender.submit(buf, src, group, b, f"pull of bucket {b} (shard {self.plan.owner[i]})")
+                                   if self.sender is not None else dist.broadcast(buf, src=src, group=group, async_op=True), buf))
             else:
                 buf = self._recv_buf(members)
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
@@ -331,6 +329,13 @@ class PsEngine:
     def _step_shard(self, idx: list[int], u: Update) -> None:
         step_shard(self.optimizer, self.params, idx, u.grads, u.hparams, self.optimizer._caramel_inner_step)
 
+    def _reap_sends(self) -> None:
+        """Forget the sends that are through; one that failed raises here, naming the pull."""
+        flags = [w.is_completed() for w, _ in self.sends]
+        done, self.sends = [w for (w, _), f in zip(self.sends, flags) if f], [s for s, f in zip(self.sends, flags) if not f]
+        for w in done:
+            w.wait()
+
     def _wait_sends(self) -> None:
         for w, _ in self.sends:
             w.wait()
@@ -368,30 +373,18 @@ class PsEngine:
         return waited
 
     def synchronize(self) -> None:
-        """Every pushed update applied and pulled (all ranks call this). Without the per-forward
-        buffer broadcast (ssp, asp) rank 0's buffers are sent here; with it (bsp) they are left
-        as DDP leaves them, each rank's own until the next forward."""
+        """Every pushed update applied and pulled (all ranks call this); ssp/asp send rank 0's
+        buffers here, bsp leaves each rank its own until the next forward, as DDP does."""
         self.apply_due(force_all=True)
         self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)
         if self.stale is not None:
             self.stale.restore(self.plan.params)
         self._wait_sends()
-        if self.early_buffers is not None:
-            self.early_buffers.drop()  # the next training forward broadcasts them as DDP does
-        if self.workers > 1 and self.bound != 0:
-            self._broadcast_buffers()
-
-    def sync_buffers(self) -> None:
-        """As DDP: rank 0's buffers at the start of every forward that builds a graph (bsp only);
-        after a step(), those it sent ahead of the pulls."""
-        if self.broadcast_buffers and self.workers > 1 and torch.is_grad_enabled():
-            if self.early_buffers is None or not self.early_buffers.take():
-                self._broadcast_buffers()
-
-    def _broadcast_buffers(self) -> None:
-        """Rank 0's buffers, coalesced per dtype and device."""
-        broadcast_coalesced(list(self.module.buffers()), self.ranks[0], self.groups.buffers)
+        if self.buffer_sync is not None:
+            self.buffer_sync.drain()  # the next forward DDP syncs broadcasts them as DDP does
+        if self.workers > 1 and self.bound != 0:  # rank 0's buffers, coalesced per dtype and device
+            broadcast_coalesced(list(self.module.buffers()), self.ranks[0], self.groups.buffers)
 
     def staleness(self) -> int:
         """Updates this rank's parameters lag the steps pushed so far (the worst parameter)."""
@@ -401,5 +394,6 @@ class PsEngine:
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
-        self.sender.close()
+        if self.sender is not None:
+            self.sender.close()
 

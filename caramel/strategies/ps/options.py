@@ -16,7 +16,6 @@ from caramel.strategies.ps.staleness import MODES as STALENESS
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
 DEFAULT_BUCKET_CAP_MB = 1.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
-DEFAULT_PULL_BUCKET_CAP_MB = 1.0  # per pull bucket (need order); docs/ps.md (Pull buckets) has the simulated caps
 ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
 
 
@@ -34,8 +33,9 @@ class PsOptions:
     nodes' first ranks). `bucket_cap_mb`: parameters of one shard are fused into buckets of at
     most this many MB (2**20 bytes), each pushed and pulled as one collective (`buckets.py`);
     0 turns fusion off (one collective per tensor). `pull_bucket_cap_mb`: pulls are fused apart,
-    the parameters of one shard in the order the next forward needs them, up to the smaller of
-    the two caps (`buckets.make_pull_buckets`). `staleness`: what ssp/asp do about stale
+    the parameters of one shard in the order the next forward needs them, up to this cap (None:
+    `bucket_cap_mb`; at most `bucket_cap_mb`; `buckets.make_pull_buckets`; the simulated caps are
+    in docs/results/ps-history.md, "The order, a third look"). `staleness`: what ssp/asp do about stale
     gradients: "none" (a forward uses whatever has landed, within the bound), "pace" (a worker
     ahead of the slowest waits for its push before the next forward, so the lead the bound
     allows hides transfers, not a straggler), "predict" (pace, and each forward runs on the
@@ -50,7 +50,7 @@ class PsOptions:
     dedicated: bool = False
     seed: int = 0  # order="random": the seed of the per-step orders (the same on every rank)
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
-    pull_bucket_cap_mb: float = DEFAULT_PULL_BUCKET_CAP_MB
+    pull_bucket_cap_mb: float | None = None
     staleness: str = field(default="none", metadata={"choices": STALENESS})
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
 
@@ -69,8 +69,14 @@ class PsOptions:
         for name, what in (("bucket_cap_mb", "MB per fused push and pull; 0 = no fusion, one collective per tensor"),
                            ("pull_bucket_cap_mb", "MB per fused pull, at most bucket_cap_mb; 0 = one pull per tensor")):
             value = getattr(self, name)
+            if value is None and name == "pull_bucket_cap_mb":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CaramelError(f"{name} must be a finite number >= 0 ({what}), got {value!r}")
+        if self.pull_bucket_cap_mb is not None and self.pull_bucket_cap_mb > self.bucket_cap_mb:
+            raise CaramelError(f"pull_bucket_cap_mb ({self.pull_bucket_cap_mb:g}) must be at most bucket_cap_mb "
+                               f"({self.bucket_cap_mb:g}; 0 = unfused): a pull bucket is a part of one shard's "
+                               f"push buckets' parameters; lower pull_bucket_cap_mb or raise bucket_cap_mb")
         if self.staleness != "none" and self.staleness_bound() == 0:
             raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
                                f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
@@ -80,8 +86,8 @@ class PsOptions:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
 
     def pull_cap_mb(self) -> float:
-        """The cap of a pull bucket: never above the push buckets' (bucket_cap_mb=0 is unfused throughout)."""
-        return min(self.bucket_cap_mb, self.pull_bucket_cap_mb)
+        """The cap of a pull bucket: pull_bucket_cap_mb, or bucket_cap_mb when that is not given."""
+        return self.bucket_cap_mb if self.pull_bucket_cap_mb is None else self.pull_bucket_cap_mb
 
     def staleness_bound(self) -> int | None:
         """How many updates a worker's parameters may lag: 0 for bsp, S for ssp:S, None for asp."""

@@ -25,7 +25,9 @@ from caramel.distributed import group_alive, init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.profile.profiler import StepTimer, UseTracker, build_profile, unique_params
+from caramel.runtime.buffer_sync import buffer_mode
 from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, steps_per_parameter
+from caramel.strategies.ps.buffer_sync import ps_buffer_sync
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_PLAN, PsEngine
 from caramel.strategies.ps.transfers import PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
@@ -45,16 +47,19 @@ class PsRun:
     """One model under the ps strategy: its engine, its online profile, its per-step log."""
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, ranks: list[int],
-                 groups: PsGroups, broadcast_buffers: bool, profile: ModelProfile | None, cluster: Any,
+                 groups: PsGroups, broadcast_buffers: bool | str, profile: ModelProfile | None, cluster: Any,
                  trace: str | None):
         self.module, self.optimizer, self.options, self.ranks = module, optimizer, options, ranks
         self.groups = groups
-        self.broadcast_buffers, self.cluster, self.trace_path = broadcast_buffers, cluster, trace
+        self.cluster, self.trace_path = cluster, trace
         self.rank = dist.get_rank(groups.control)
         self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1, len(groups.dedicated))
         _, self.params = unique_params(module)
         plan = first_plan(self.params, self.shards, options)
-        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks, broadcast_buffers)
+        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks)
+        self.buffer_sync = ps_buffer_sync(self, module, broadcast_buffers, groups.buffers,
+                                          early=groups.hier is None and not groups.dedicated)
+        self.engine.buffer_sync = self.buffer_sync
         self.profiling = 0 if profile is not None else PROFILE_STEPS
         self.tracker: UseTracker | None = None
         self.timer: StepTimer | None = None
@@ -71,8 +76,17 @@ class PsRun:
     def before_forward(self) -> None:
         if self.released:
             raise CaramelError("strategy 'ps': this model was shut down (caramel.shutdown()); parallelize it again")
-        e = self.engine
-        e.sync_buffers()
+        e, sync = self.engine, self.buffer_sync
+        if sync is not None:
+            sync.pre_forward(None, None)  # before the forward's clock starts, as DDP's broadcast
+        try:
+            self._before_forward(e)
+        except BaseException:
+            if sync is not None:  # the forward will not run: unwind what pre_forward began
+                sync.post_forward(None, None, None)
+            raise
+
+    def _before_forward(self, e: PsEngine) -> None:
         if self.profiling == PROFILE_STEPS and torch.is_grad_enabled():
             self.tracker = UseTracker(self.module, self.params).__enter__()
         elif self.profiling and torch.is_grad_enabled() and self.tracker is not None and self.timer is None:
@@ -88,6 +102,8 @@ class PsRun:
 
     def after_forward(self) -> None:
         now = time.perf_counter()
+        if self.buffer_sync is not None:
+            self.buffer_sync.post_forward(None, None, None)
         if self.tracker is not None and self.tracker._mode is not None and self.profiling == PROFILE_STEPS:
             self.tracker.__exit__(None, None, None)
             self.tracker._mode = None
@@ -150,7 +166,7 @@ class PsRun:
             if self.cluster is not None:
                 latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
             plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s,
-                                pull_transfers=len(self.engine.plan.buckets),
+                                pull_transfers=len(self.engine.plan.pull_buckets),
                                 kinds={i: kind_of(self.params[i]) for i in self.engine.plan.params})
             waits: dict[str, list[int]] = {}
             for p in profile.trainable():
@@ -165,7 +181,7 @@ class PsRun:
         old = self.engine
         old.synchronize()
         old.remove_hooks()
-        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.broadcast_buffers)
+        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.buffer_sync)
         e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
         if self.groups.dedicated:
@@ -204,6 +220,7 @@ class PsRun:
         return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
                 "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
                 "buckets": len(plan.buckets), "bucket_cap_mb": self.options.bucket_cap_mb,
+                "pull_buckets": len(plan.pull_buckets), "pull_bucket_cap_mb": self.options.pull_cap_mb(),
                 "E_median": statistics.median(Es) if Es else None,
                 "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
@@ -338,8 +355,7 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
     """`caramel.parallelize(model, optimizer, "ps", ...)`; see the module docstring."""
     if plan is not None:
         raise CaramelError("strategy 'ps' takes no plan= (it plans its own pushes and pulls from the profile)")
-    if broadcast_buffers not in (True, False):
-        raise CaramelError(f"strategy 'ps': broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+    buffer_mode(broadcast_buffers)  # True/"early", "forward" or False, before anything starts
     if isinstance(optimizer, PsOptimizerMixin):
         raise CaramelError("strategy 'ps': this optimizer is already parallelized")
     if not steps_per_parameter(optimizer):
@@ -381,7 +397,7 @@ def parallelize_ps(model: nn.Module, optimizer: torch.optim.Optimizer, options: 
             dist.broadcast(t, src=ranks[0], group=groups.control)
     if dist.get_rank(groups.control) in groups.dedicated:
         serve_and_leave(model, optimizer, first_plan(params, shards, options), groups, ranks, options.clip_grad_norm)
-    run = PsRun(model, optimizer, options, ranks, groups, bool(broadcast_buffers), profile, cluster,
+    run = PsRun(model, optimizer, options, ranks, groups, broadcast_buffers, profile, cluster,
                 str(trace) if trace else None)
     if session is not None:
         session.register(run)

@@ -57,11 +57,12 @@ def run_state(run: PsRun) -> dict[str, Any]:
     return out
 
 
-PLAN_OPTIONS = ("order", "placement", "seed", "bucket_cap_mb")  # the options a plan is made from
+PLAN_OPTIONS = ("order", "placement", "seed", "bucket_cap_mb", "pull_bucket_cap_mb")  # the options a plan is made from
 
 
 def _plan_options(run: PsRun) -> dict[str, Any]:
-    return {k: getattr(run.options, k) for k in PLAN_OPTIONS}
+    """The plan's options, the pull cap as in effect (a default one is bucket_cap_mb)."""
+    return {k: run.options.pull_cap_mb() if k == "pull_bucket_cap_mb" else getattr(run.options, k) for k in PLAN_OPTIONS}
 
 
 def restore(run: PsRun, entry: dict[str, Any]) -> None:
@@ -80,6 +81,8 @@ def restore(run: PsRun, entry: dict[str, Any]) -> None:
     if run.groups.dedicated:  # the servers keep their own plan and count (a new plan reaches them by CMD_PLAN)
         return
     saved_options = entry.get("plan_options")
+    if isinstance(saved_options, dict) and "pull_bucket_cap_mb" not in saved_options:  # saved before pull buckets:
+        saved_options = {**saved_options, "pull_bucket_cap_mb": saved_options.get("bucket_cap_mb")}  # pulls = pushes
     if saved_options is not None and saved_options != _plan_options(run):
         print(f"strategy 'ps': the checkpoint's plan was made with {saved_options}, this run asks for "
               f"{_plan_options(run)}; profiling again", flush=True)
@@ -91,7 +94,7 @@ def restore(run: PsRun, entry: dict[str, Any]) -> None:
 
         old = run.engine
         old.remove_hooks()
-        e = PsEngine(run.module, run.optimizer, run.options, plan, run.groups, run.ranks, run.broadcast_buffers)
+        e = PsEngine(run.module, run.optimizer, run.options, plan, run.groups, run.ranks, run.buffer_sync)
         e.wait_s, e.sent_hparams = old.wait_s, old.sent_hparams
         e.set_waits({k: [int(i) for i in v] for k, v in entry["waits"].items()})
         run.unused = [int(i) for i in entry["unused"]]

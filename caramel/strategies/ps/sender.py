@@ -9,24 +9,38 @@ order is the planned order. Receivers still post every receive at once: their "r
 reach the server while the bucket before is on the wire. One thread per engine, started at
 the first pull; each group sees its collectives from one thread only (the server's own
 shard's pull group carries only its sends).
+
+Gloo only: on NCCL a second thread issuing on one of several communicators of the same device
+is unsafe, every rank must launch a device's collectives in the same order, `wait()` does not
+block the host (so the thread would order nothing), and NCCL runs one group's collectives in
+order on its stream anyway. The engine uses the sender only when every pull group is gloo and
+broadcasts from the main thread otherwise (`uses_sender`).
 """
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-SENDER_JOIN_S = 5.0  # at close: how long to wait for the thread to finish what it was handed
+from caramel.errors import CaramelError
+
+ISSUED_KEPT = 1024  # the latest tags handed to the backend, kept for inspection
+
+
+def uses_sender(groups: list[Any]) -> bool:
+    """The ordered sender thread only where every pull group is gloo (see the module docstring)."""
+    return bool(groups) and all(dist.get_backend(g) == "gloo" for g in groups)
 
 
 class SentPull:
-    """One broadcast handed to the sender: waited on like a backend work."""
+    """One broadcast handed to the sender: waited on like a backend work; `what` names it in errors."""
 
-    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int):
-        self.buf, self.src, self.group, self.tag = buf, src, group, tag
+    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int, what: str):
+        self.buf, self.src, self.group, self.tag, self.what = buf, src, group, tag, what
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -36,7 +50,7 @@ class SentPull:
     def wait(self) -> bool:
         self.done.wait()
         if self.error is not None:
-            raise self.error
+            raise CaramelError(f"ps: {self.what} failed: {self.error}") from self.error
         return True
 
 
@@ -46,10 +60,10 @@ class SerialSender:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[SentPull | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self.issued: list[int] = []  # the tags (pull buckets), in the order handed to the backend
+        self.issued: deque[int] = deque(maxlen=ISSUED_KEPT)  # the latest tags (pull buckets), in the order sent
 
-    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1) -> SentPull:
-        item = SentPull(buf, src, group, tag)
+    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1, what: str = "") -> SentPull:
+        item = SentPull(buf, src, group, tag, what or f"pull {tag}")
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="caramel-ps-sender", daemon=True)
             self._thread.start()
@@ -57,23 +71,26 @@ class SerialSender:
         return item
 
     def _run(self) -> None:
-        failed: BaseException | None = None
+        failed: SentPull | None = None
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            if failed is None:  # after a failure (a dead peer, a timeout) the rest fail alike, never hang
+            if failed is None:
                 try:
                     self.issued.append(item.tag)
                     dist.broadcast(item.buf, src=item.src, group=item.group, async_op=True).wait()
-                except BaseException as e:  # handed to whoever waits for this pull
-                    failed = e
-            item.error = failed
+                except BaseException as e:  # handed to whoever waits for this pull (`SentPull.wait`)
+                    item.error, failed = e, item
+            else:  # after a failure (a dead peer, a timeout) the rest are not sent: never a hang
+                item.error = RuntimeError(f"not sent: the earlier {failed.what} failed ({failed.error})")
             item.done.set()
 
     def close(self) -> None:
-        """Finish what was handed over, then stop the thread."""
+        """Finish what was handed over, then stop the thread. The join has no time limit of its
+        own: each broadcast the thread waits on ends by the pull group's timeout at the latest,
+        and after a failure the rest end at once, so the groups are never destroyed under it."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join(SENDER_JOIN_S)
+            self._thread.join()
             self._thread = None

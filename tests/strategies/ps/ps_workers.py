@@ -38,8 +38,8 @@ def parity_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], fam
                 if list(ddp.module.buffers()):
                     out[(family, opt_kind, spec, "buffers")] = max_diff([b.double() for b in ddp.module.buffers()],
                                                                         [b.double() for b in model.module.buffers()])
-                early = opt.ps.engine.early_buffers
-                out[(family, opt_kind, spec, "early")] = early.taken if early is not None else -1
+                sync = opt.ps.buffer_sync
+                out[(family, opt_kind, spec, "early")] = sync.early_taken if sync is not None else -1
             caramel.shutdown()
     return out
 
@@ -52,14 +52,36 @@ def _numpy(model) -> list:
 def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float) -> dict:
     """Per spec, on the tied transformer with Adam: the recorded wire (send) order of every
     update and the plan's, the owners, staleness per step, stats and the final parameters.
-    Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step."""
+    Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step. The
+    sender's broadcasts on the real gloo groups are logged as ("issue"/"done", None, time)."""
     import time
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from caramel.strategies.ps import sender as sender_mod
+
+    class Logged:
+        def __init__(self, work, tag, log):
+            self.work, self.tag, self.log = work, tag, log
+
+        def wait(self):
+            self.work.wait()
+            self.log.append(("done", self.tag, time.perf_counter()))
+
+    def logging_dist(log):
+        def broadcast(buf, src, group, async_op):
+            log.append(("issue", None, time.perf_counter()))  # the tag is SerialSender's issued[-1]
+            return Logged(dist.broadcast(buf, src=src, group=group, async_op=async_op), None, log)
+        return SimpleNamespace(broadcast=broadcast, get_backend=dist.get_backend)
 
     out = {}
     for spec in specs:
         name, slow = spec.removesuffix("+slow"), spec.endswith("+slow")
         w = fresh("gpt_tied")
         opt, sched = make_optimizer("adam", w.model.parameters())
+        wire: list = []
+        sender_mod.dist = logging_dist(wire)
         model, opt = caramel.parallelize(w.model, opt, name)
         for step in range(steps):
             if slow and rank == 1:
@@ -83,8 +105,9 @@ def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], 
         out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
                      "issued": list(run.engine.sender.issued), "mine_expected": mine, "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
                      "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
-                     "lag_before_sync": staleness[0]}
+                     "lag_before_sync": staleness[0], "wire": wire}
         caramel.shutdown()
+        sender_mod.dist = dist
     return out
 
 
@@ -405,5 +428,25 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
         for n, f in real.items():
             setattr(dist, n, f)
     out = {"seen": seen, "diff": max_diff(params_of(ddp.module), params_of(model.module))}
+    caramel.shutdown()
+    return out
+
+
+def no_sync_bn_worker(rank: int, world: int, steps: int, spec: str) -> dict:
+    """cnn_bn with a micro-batch accumulated under no_sync every third step (`_train_messy`, no
+    clipping), against DDP: DDP broadcasts buffers only at a forward that follows a synchronized
+    training forward, so the forward after a no_sync one takes none."""
+    from tests.distributed.workers import _train_messy
+
+    w = fresh("cnn_bn")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
+    _train_messy(ddp, ropt, rsched, w.loss_fn, "cnn_bn", rank, steps, clip=lambda *a: None)
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, spec, timeout_s=20)
+    _train_messy(model, opt, sched, w.loss_fn, "cnn_bn", rank, steps, clip=lambda *a: None)
+    opt.synchronize()
+    out = {"diff": max_diff(params_of(ddp.module), params_of(model.module)),
+           "buffers": max_diff([b.double() for b in ddp.module.buffers()], [b.double() for b in model.module.buffers()])}
     caramel.shutdown()
     return out

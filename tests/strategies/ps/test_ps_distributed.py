@@ -6,8 +6,9 @@ import pytest
 
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
+from tests.distributed.workers import buffer_change_worker
 from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker, hierarchical_worker,
-                                            parity_worker, push_traffic_worker)
+                                            no_sync_bn_worker, parity_worker, push_traffic_worker)
 
 TOL = 1e-5
 
@@ -48,7 +49,11 @@ def test_the_wire_order_is_the_planned_order(behaviour):
         assert r0["sent"] == r1["sent"], spec
         for r in (r0, r1):  # a colocated server hands its own pulls to the backend one by one, in that order
             assert r["issued"] == r["mine_expected"], spec
-        assert r0["issued"], spec
+        assert r0["issued"] and r0["wire"], spec
+        for r in (r0, r1):  # on the real gloo groups: each broadcast leaves before the next is handed over
+            wire = r["wire"]
+            assert len(wire) >= 2 * len(r["issued"]), spec  # this engine's sends (and the profiling engine's)
+            assert [e[0] for e in wire] == ["issue", "done"] * (len(wire) // 2), spec
     random_orders = {tuple(o) for _, o in behaviour[0][RANDOM]["sent"]}
     assert len(random_orders) >= 5
     assert behaviour[0]["ps"]["stats"]["order"] == "tac"
@@ -155,3 +160,31 @@ def test_a_push_is_a_send_to_the_server():
                 assert rank == shard and peer != shard
                 received.append((peer, shard, nbytes))
     assert sorted(sent) == sorted(received)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("change", ["reset", "load", "forwards"])
+def test_bsp_buffers_changed_after_step_on_every_rank_match_ddp(change):
+    """Statistics changed on every rank between step() and the next forward (reset, a model-only
+    load_state_dict, precise-BN forwards) two steps before the end: the early broadcast sent at
+    step() is stale, so every rank takes DDP's broadcast at the forward; buffers equal DDP's."""
+    for rank, res in enumerate(run_workers(buffer_change_worker, 2, args=(True, "all", 8, "ps", change, 6),
+                                           timeout_s=100)):
+        assert res["error"] is None, f"rank {rank}: {res['error']}"
+        assert res["diff"] <= TOL and res["eval_diff"] <= TOL, f"rank {rank}: {res}"
+        assert res["buffers_equal"], f"rank {rank}: buffers (num_batches_tracked included) differ from DDP's: {res}"
+
+
+@pytest.mark.timeout(120)
+def test_bsp_forward_mode_takes_rank_zero_only_changes_as_ddp():
+    """broadcast_buffers="forward": no early send, rank 0's buffers at each synced forward, as DDP."""
+    for rank, res in enumerate(run_workers(buffer_change_worker, 2, args=("forward", "rank0", 8, "ps", "reset", 6),
+                                           timeout_s=100)):
+        assert res["error"] is None, f"rank {rank}: {res['error']}"
+        assert res["diff"] <= TOL and res["eval_diff"] <= TOL and res["buffers_equal"], f"rank {rank}: {res}"
+
+
+@pytest.mark.timeout(120)
+def test_bsp_no_sync_with_batchnorm_matches_ddp():
+    for rank, res in enumerate(run_workers(no_sync_bn_worker, 2, args=(9, "ps"), timeout_s=100)):
+        assert res["diff"] <= TOL and res["buffers"] <= TOL, f"rank {rank}: {res}"

@@ -28,6 +28,22 @@ def test_a_plan_made_with_other_options_is_not_adopted(capsys):
     assert "profiling again" in capsys.readouterr().out
 
 
+def test_a_plan_made_with_another_pull_cap_is_not_adopted(capsys):
+    run = _run(pull_bucket_cap_mb=0.25)
+    restore(run, _entry(pull_bucket_cap_mb=1.0))
+    assert "profiling again" in capsys.readouterr().out
+
+
+def test_an_entry_saved_before_pull_buckets_reads_as_pulls_equal_pushes(capsys, monkeypatch):
+    import caramel.strategies.ps.resume as resume
+    seen = []
+    monkeypatch.setattr(resume, "_fitting_plan", lambda run, plan: seen.append(plan))
+    restore(_run(), _entry())  # no pull_bucket_cap_mb saved; the default pull cap is bucket_cap_mb's
+    assert seen == [{"not": "read"}] and "profiling again" not in capsys.readouterr().out
+    restore(_run(pull_bucket_cap_mb=0.5), _entry())
+    assert "profiling again" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("entry, message", [
     ([1, 2], "must be a mapping"),
     ({"version": 1, "steps": 3}, "lacks plan, waits, unused"),

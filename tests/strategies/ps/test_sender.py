@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from caramel.errors import CaramelError
 from caramel.strategies.ps import sender as sender_mod
 from caramel.strategies.ps.buckets import make_pull_buckets
 from caramel.strategies.ps.options import PsOptions
@@ -45,7 +46,7 @@ def test_pulls_go_to_the_backend_one_at_a_time_in_order(monkeypatch):
         assert h.wait()
     s.close()
     assert [x[:2] for x in log] == [(e, k) for k in range(4) for e in ("issue", "done")]
-    assert s.issued == [0, 1, 2, 3]
+    assert list(s.issued) == [0, 1, 2, 3]
     assert all(x[2] == "caramel-ps-sender" for x in log if x[0] == "issue")
 
 
@@ -53,13 +54,33 @@ def test_a_failed_pull_fails_every_later_one_and_nothing_hangs(monkeypatch):
     log: list = []
     monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log, fail_at=1))
     s = sender_mod.SerialSender()
-    handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k) for k in range(3)]
+    handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k, what=f"pull of bucket {k} (shard 0)") for k in range(3)]
     assert handles[0].wait()
-    for h in handles[1:]:
-        with pytest.raises(RuntimeError, match="peer gone"):
-            h.wait()
+    with pytest.raises(CaramelError, match=r"ps: pull of bucket 1 \(shard 0\) failed: peer gone") as failed:
+        handles[1].wait()
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    with pytest.raises(CaramelError, match=r"pull of bucket 2 .* not sent: the earlier pull of bucket 1"):
+        handles[2].wait()
     s.close()
     assert ("issue", 2) not in [x[:2] for x in log]  # nothing more goes to a failed peer
+
+
+def test_the_sender_thread_is_for_gloo_only(monkeypatch):
+    backends = {"a": "gloo", "b": "nccl"}
+    monkeypatch.setattr(sender_mod.dist, "get_backend", lambda g: backends[g])
+    assert sender_mod.uses_sender(["a", "a"]) and not sender_mod.uses_sender(["a", "b"])
+    assert not sender_mod.uses_sender([])
+
+
+def test_the_issued_log_is_bounded(monkeypatch):
+    monkeypatch.setattr(sender_mod.dist, "broadcast", lambda buf, src, group, async_op: FakeWork([], 0, False))
+    monkeypatch.setattr(sender_mod, "ISSUED_KEPT", 4)
+    monkeypatch.setattr(FakeWork, "wait", lambda self: True)
+    s = sender_mod.SerialSender()
+    for h in [s.submit(torch.zeros(1), 0, None, tag=k) for k in range(10)]:
+        h.wait()
+    s.close()
+    assert list(s.issued) == [6, 7, 8, 9]
 
 
 def test_pull_buckets_follow_the_need_order_per_shard():
@@ -86,6 +107,21 @@ def test_the_first_needed_pull_bucket_holds_only_the_first_layers():
     assert tac.predicted["pull_buckets"] == len(tac.pull_buckets) == 8
 
 
+def test_the_first_needed_pull_bucket_holds_the_first_layers_several_to_a_bucket():
+    """100 KB tensors, pull cap 0.25 MB: two to a pull bucket, in need order, while the one push
+    bucket (ready order) holds all eight; TAC's first pull is the first two layers."""
+    prof = synthetic_profile(sizes_bytes=[100_000] * 8, forward_time_s=0.02, backward_time_s=0.04,
+                             optimizer_time_s=0.002)
+    plans = {o: make_ps_plan(prof, PsOptions(order=o, placement="roundrobin", bucket_cap_mb=1.0,
+                                             pull_bucket_cap_mb=0.25), shards=1, bandwidth_Bps=1e8)
+             for o in ("tac", "fifo")}
+    tac = plans["tac"]
+    assert sorted(map(sorted, tac.pull_buckets)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert tac.pull_buckets[tac.bucket_pull[0]] == [0, 1]
+    assert len(tac.buckets) == 1 and sorted(tac.buckets[0]) == list(range(8))
+    assert plans["fifo"].pull_buckets == tac.pull_buckets
+
+
 def test_a_plan_from_before_pull_buckets_pulls_its_push_buckets():
     d = make_ps_plan(synthetic_profile(sizes_bytes=[1000] * 4, forward_time_s=0.01, backward_time_s=0.02,
                                        optimizer_time_s=0.001), PsOptions(), shards=2).to_dict()
@@ -101,3 +137,17 @@ def test_a_bad_pull_cap_is_one_error_naming_it(value):
     from caramel.strategies import STRATEGIES
     with pytest.raises(CaramelError, match="pull_bucket_cap_mb"):
         STRATEGIES.spec(f"ps:pull_bucket_cap_mb={value}").options
+
+
+@pytest.mark.parametrize("spec", ["ps:pull_bucket_cap_mb=4", "ps:bucket_cap_mb=0,pull_bucket_cap_mb=0.5"])
+def test_a_pull_cap_above_the_push_cap_is_one_error_naming_both(spec):
+    from caramel.errors import CaramelError
+    from caramel.strategies import STRATEGIES
+    with pytest.raises(CaramelError, match=r"pull_bucket_cap_mb \(.*\) must be at most bucket_cap_mb"):
+        STRATEGIES.spec(spec).options
+
+
+def test_the_pull_cap_defaults_to_the_push_cap():
+    from caramel.strategies.ps.options import PsOptions
+    assert PsOptions(bucket_cap_mb=0).pull_cap_mb() == 0 and PsOptions(bucket_cap_mb=4).pull_cap_mb() == 4
+    assert PsOptions(bucket_cap_mb=4, pull_bucket_cap_mb=0.5).pull_cap_mb() == 0.5
