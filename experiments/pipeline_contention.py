@@ -7,7 +7,10 @@ This replays each pipeline strategy's prediction from those inputs three ways:
 
 - `plain`: no contention and no send completion (compute_slowdown 1, one schedule per lane);
 - `sends`: a rank on several virtual pipelines starts the next once its sends have landed;
-- `model`: and compute beside a transfer slowed by the measured factor (the simulator's model);
+- `model`: and compute beside a transfer slowed by the measured factor (the model before
+  gloo's rendezvous: a transfer starts when its action ends);
+- `posted`: and each transfer as the schedule posts it, starting once the receiver's recv is
+  posted (the simulator's model, `transport.py`);
 
 (all three queue a lane's sends on its link and end a lane's part of the step at its last
 send's landing, which the simulator before these terms did not: on the runs in
@@ -61,13 +64,17 @@ def _simulate(prof, cluster, options, terms: str) -> tuple[float, list[float], A
     seen: dict[str, Any] = {}
     replay, overlapped = sim.replay, sim.replay_overlapped
 
-    def spy(costs, actions, slowdown=1.0, period=0):
-        out = replay(costs, actions, slowdown if terms == "model" else 1.0, period if terms != "plain" else 0)
+    contended = terms in ("model", "posted")
+
+    def spy(costs, actions, slowdown=1.0, period=0, posting=None):
+        out = replay(costs, actions, slowdown if contended else 1.0, period if terms != "plain" else 0,
+                     posting if terms == "posted" else None)
         seen.update(costs=costs, busy=out.busy_s)
         return out
 
-    def spy_overlapped(costs, actions, mode, slowdown=1.0):  # one schedule per lane: no period to drop
-        out = overlapped(costs, actions, mode, slowdown if terms == "model" else 1.0)
+    def spy_overlapped(costs, actions, mode, slowdown=1.0, posting=None):  # one schedule per lane: no period to drop
+        out = overlapped(costs, actions, mode, slowdown if contended else 1.0,
+                         posting=posting if terms == "posted" else None)
         seen.update(costs=costs, busy=out.busy_s)
         return out
 
@@ -109,7 +116,7 @@ def replay_run(bench: dict[str, Any], trace_root: Path, skip: int) -> list[dict[
                 continue
             options = STRATEGIES.spec(rec["strategy"]).options
             measured = rec["step_time_median_s"]
-            steps = {t: _simulate(prof, cluster, options, t) for t in ("plain", "sends", "model")}
+            steps = {t: _simulate(prof, cluster, options, t) for t in ("plain", "sends", "model", "posted")}
             costs = steps["model"][2]
             rows.append({
                 "configuration": inputs.parent.name, "strategy": rec["strategy"],
@@ -118,7 +125,7 @@ def replay_run(bench: dict[str, Any], trace_root: Path, skip: int) -> list[dict[
                 **{f"{t}_ms": 1e3 * s for t, (s, _, _, _) in steps.items()},
                 **{f"{t}_error": s / measured - 1 for t, (s, _, _, _) in steps.items()},
                 "measured_busy_ms_per_rank": [1e3 * b for b in (rec.get("pipeline") or {}).get("busy_s_per_stage", [])],
-                "model_busy_ms_per_lane": [1e3 * b for b in steps["model"][1]],
+                "model_busy_ms_per_lane": [1e3 * b for b in steps["posted"][1]],
                 "measured_f_b_ms_per_rank": measured_actions(inputs.parent, rec["strategy"], skip),
                 "model_f_b_ms_per_stage": [{"F": round(1e3 * f, 2), "B": round(1e3 * b, 2)}
                                            for f, b in zip(costs.forward_s, costs.backward_s)],
@@ -139,7 +146,7 @@ def main() -> None:
     rows = replay_run(json.loads(Path(args.bench).read_text()), Path(args.trace), args.skip)
     for r in rows:
         print(f"{r['configuration']} {r['strategy']} (f {r['compute_slowdown']:.2f}): measured {r['measured_ms']:.1f} ms; "
-              + ", ".join(f"{t} {r[t + '_ms']:.1f} ({r[t + '_error']:+.0%})" for t in ("plain", "sends", "model")))
+              + ", ".join(f"{t} {r[t + '_ms']:.1f} ({r[t + '_error']:+.0%})" for t in ("plain", "sends", "model", "posted")))
         print(f"    busy per rank measured {[round(b, 1) for b in r['measured_busy_ms_per_rank']]}, "
               f"model {[round(b, 1) for b in r['model_busy_ms_per_lane']]}")
         print(f"    F/B per rank measured {r['measured_f_b_ms_per_rank']}, model per stage {r['model_f_b_ms_per_stage']}")

@@ -1,5 +1,8 @@
-"""The pipeline simulator's replica reduction, old (after the drain) against new (overlapped as
-the runtime runs it, `caramel/strategies/pipeline/overlap.py`), on recorded bench runs.
+"""The pipeline simulator, old against new, on recorded bench runs: "old" starts each
+activation's or gradient's transfer when its action ends (`transport="eager"`), "new" when the
+schedule has posted both ends (`transport="rendezvous"`, `caramel/strategies/pipeline/transport.py`);
+both with the replicas' reduction overlapped as the runtime runs it (`overlap.py`). "drain" is
+the model before that (`reduce="after"`, eager), kept in the JSON for comparison.
 
 Two kinds of input:
 
@@ -10,7 +13,7 @@ Two kinds of input:
   is borrowed (`--profile`: a saved `prediction_inputs.json` or `caramel profile` JSON of the same
   model; resized to the run's batch through its two-size fit), the link from the record
   (`link_fit`, `compute_slowdown`), and every worker's speed scaled by one factor chosen so that
-  the old model's DDP prediction equals the one the run recorded. The old model's pipeline
+  the model's DDP prediction equals the one the run recorded. The drain model's pipeline
   predictions on it are set beside the recorded ones: they show how close the rebuilt inputs
   are. An approximation, said so in every row.
 
@@ -28,28 +31,31 @@ from typing import Any
 from experiments.pipeline_contention import inputs_cluster, measured_actions
 
 
-def _both(prof, cluster, strategy: str) -> tuple[float, float, dict, dict]:
-    """The old model (`reduce="after"`: every replica reduction after the drain, `replicas=auto`
-    chosen on that pricing too, as before `overlap.py`) and the new one (as the runtime runs it)."""
+def _both(prof, cluster, strategy: str) -> tuple[float, float, dict, dict, float]:
+    """The old model (eager transfers) and the new one (rendezvous), both with the reduction as
+    the runtime runs it; and the drain model's step (`reduce="after"`, eager)."""
     from caramel.strategies import STRATEGIES
     from caramel.strategies.pipeline.simulate import simulate_pipeline
 
     options = STRATEGIES.spec(strategy).options
     new = simulate_pipeline(prof, cluster, options)
-    old = simulate_pipeline(prof, cluster, options, reduce="after")
-    return old.step_time_s, new.step_time_s, old.meta, new.meta
+    old = simulate_pipeline(prof, cluster, options, transport="eager")
+    drain = simulate_pipeline(prof, cluster, options, reduce="after", transport="eager")
+    return old.step_time_s, new.step_time_s, old.meta, new.meta, drain.step_time_s
 
 
 LAYOUT = ("stages", "replicas", "microbatches", "boundaries")
 
 
-def _row(run: str, rec: dict[str, Any], old: float, new: float, old_meta: dict, meta: dict, note: str) -> dict[str, Any]:
+def _row(run: str, rec: dict[str, Any], old: float, new: float, old_meta: dict, meta: dict, drain: float,
+         note: str) -> dict[str, Any]:
     measured = rec["step_time_median_s"]
     ran = rec.get("pipeline") or {}
     return {"run": run, "configuration": f"{rec['model']} x{rec['workers']} @ {rec['bandwidth']}",
             "strategy": rec["strategy"], "measured_ms": 1e3 * measured,
             "recorded_prediction_ms": 1e3 * rec["predicted_step_s"] if rec.get("predicted_step_s") else None,
             "old_ms": 1e3 * old, "new_ms": 1e3 * new, "old_error": old / measured - 1, "new_error": new / measured - 1,
+            "drain_ms": 1e3 * drain, "drain_error": drain / measured - 1,
             "reduce_model": meta.get("replica_reduce_model"), "layout": {k: meta.get(k) for k in LAYOUT},
             "old_layout": {k: old_meta.get(k) for k in LAYOUT},
             "ran_layout": {**{k: ran.get(k) for k in LAYOUT}, "boundaries": [str(b) for b in ran.get("boundaries") or []]},
@@ -93,11 +99,13 @@ def _with_measured_compute(prof, cluster, options, per_rank: list[dict[str, floa
                    for s, (b, fw, bw) in enumerate(zip(costs.buckets, fwd, bwd))]
         return dataclasses.replace(costs, forward_s=fwd, backward_s=bwd, buckets=buckets)
 
-    sim.replay = lambda costs, actions, slowdown=1.0, period=0: replay(measured(costs), actions, 1.0, period)
-    sim.replay_overlapped = lambda costs, actions, mode, slowdown=1.0: overlapped(measured(costs), actions, mode, 1.0)
+    sim.replay = lambda costs, actions, slowdown=1.0, period=0, posting=None: replay(measured(costs), actions, 1.0,
+                                                                                      period, posting)
+    sim.replay_overlapped = lambda costs, actions, mode, slowdown=1.0, posting=None: overlapped(
+        measured(costs), actions, mode, 1.0, posting=posting)
     try:
         new = sim.simulate_pipeline(prof, cluster, options).step_time_s
-        old = sim.simulate_pipeline(prof, cluster, options, reduce="after").step_time_s
+        old = sim.simulate_pipeline(prof, cluster, options, transport="eager").step_time_s
     finally:
         sim.replay, sim.replay_overlapped = replay, overlapped
     return old, new
@@ -193,6 +201,7 @@ def main() -> None:
     for r in rows:
         rec = f"{r['recorded_prediction_ms']:.1f}" if r["recorded_prediction_ms"] else "-"
         print(f"{r['run']:6} {r['strategy'][:44]:44} measured {r['measured_ms']:6.1f}  recorded {rec:>6}  "
+              f"drain {r['drain_ms']:6.1f} ({r['drain_error']:+.0%})  "
               f"old {r['old_ms']:6.1f} ({r['old_error']:+.0%})  new {r['new_ms']:6.1f} ({r['new_error']:+.0%})  "
               f"[{r['reduce_model']}] {r['layout']}")
         if r["old_layout"] != r["layout"]:

@@ -185,7 +185,8 @@ class ReplicaChoice:
 def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluster: ClusterSpec,
                     stages: int | None = None, microbatches: int | None = None,
                     optimizer_s: float = 0.0, equal_counts: bool = False, ties: list[TiedWeight] | None = None,
-                    reducer: str = "caramel", reduce: str | None = None) -> ReplicaChoice:
+                    reducer: str = "caramel", reduce: str | None = None,
+                    transport: str = "rendezvous") -> ReplicaChoice:
     """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
     simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
@@ -193,7 +194,12 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     those weights, priced as `simulate_pipeline` prices them (every holding stage reduces their
     bytes, a cut that splits one sums them over positions and reduces with DDP). `reducer`: the
     options' `replica_reducer()` ("caramel" or "ddp"). `reduce="after"` prices every candidate's
-    reduction after the drain, as the chooser did before `overlap.py` (a reference only)."""
+    reduction after the drain, as the chooser did before `overlap.py` (a reference only).
+    `transport`: "rendezvous" (each schedule's sends and recvs as it posts them, `transport.py`)
+    or "eager" (a transfer starts when its action ends; a reference only)."""
+    if transport not in ("rendezvous", "eager"):
+        raise CaramelError(f"replicas=auto: transport must be 'rendezvous' or 'eager', got {transport!r}")
+    posting = schedule if transport == "rendezvous" else None
     if reduce not in (None, "after"):
         raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
     if reducer not in ("caramel", "ddp"):
@@ -245,10 +251,10 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                 sc = with_tied(sc, tied_s, mode)
                 if mode == "after":
                     step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
-                                  math.lcm(*counts)).step_time_s
+                                  math.lcm(*counts), posting).step_time_s
                 else:
                     step = replay_overlapped(sc, schedule_actions(schedule, s, s, m // counts[0]), mode,
-                                             cluster.compute_slowdown).step_time_s
+                                             cluster.compute_slowdown, posting=posting).step_time_s
                 if (s, m) not in table or step < table[(s, m)][0]:
                     table[(s, m)] = (step, _plan(costs, cluster, list(cuts), list(counts), m, speeds))
     if not table:

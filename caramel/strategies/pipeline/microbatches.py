@@ -71,10 +71,12 @@ class MicrobatchChoice:
 
 def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, stages: int, positions: int,
                         cluster: ClusterSpec, speeds: list[float] | None = None, cuts: list[int] | None = None,
-                        replicas: int | tuple[int, ...] = 1) -> MicrobatchChoice:
+                        replicas: int | tuple[int, ...] = 1, transport: str = "rendezvous") -> MicrobatchChoice:
     """The candidate with the fastest simulated step (ties: fewer microbatches, fewer updates to
     stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate.
-    `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`)."""
+    `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`).
+    `transport`: as `simulate.simulate_pipeline`'s ("eager": a reference only)."""
+    posting = schedule if transport == "rendezvous" else None
     speeds = speeds or [1.0] * stages
     unequal = not isinstance(replicas, int)
     counts = tuple(replicas) if unequal else (1,) * stages
@@ -88,7 +90,7 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
         sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds), actions, cluster.compute_slowdown,
-                     math.lcm(*counts) if unequal else 0)
+                     math.lcm(*counts) if unequal else 0, posting)
         table[m] = (sim.step_time_s, plan)
     best = min(table, key=lambda m: (table[m][0], m))
     return MicrobatchChoice(best, table[best][1], {m: t for m, (t, _) in table.items()})

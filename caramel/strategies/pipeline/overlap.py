@@ -55,6 +55,7 @@ from caramel.sim.collectives import CommModel
 from caramel.sim.event_loop import Busy
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, ReduceBuckets,
                                                   StageCosts, disjoint)
+from caramel.strategies.pipeline.transport import lane_programs, run_programs
 from caramel.topology.spec import ClusterSpec
 
 REDUCE_MODES = ("after", "backward", "forward")
@@ -97,11 +98,13 @@ def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: 
 
 
 def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str, compute_slowdown: float = 1.0,
-                      steps: int = STEPS) -> PipelineSim:
+                      steps: int = STEPS, posting: str | None = None) -> PipelineSim:
     """`simulate.replay` for an equal layout whose replicas reduce in `mode` ("forward" or
     "backward"): `STEPS` steps of `actions` (one stage per lane, the schedule's order), each
     stage's reduction from `costs.buckets`; compute slowed beside transfers and buckets on its
-    lane's wire, repeated until those intervals settle (as `replay`). Returns the steady step."""
+    lane's wire, repeated until those intervals settle (as `replay`). Returns the steady step.
+    `posting`: the schedule whose sends and recvs are replayed as it posts them
+    (`transport.py`; None: a transfer starts when its action ends, as `replay`'s)."""
     if mode not in ("forward", "backward"):
         raise CaramelError(f"overlapped reduction: mode must be 'forward' or 'backward', got {mode!r}")
     if compute_slowdown < 1.0:
@@ -110,7 +113,8 @@ def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str,
         raise CaramelError("overlapped reduction: one stage per lane and one ReduceBuckets per stage")
     beside = None
     for _ in range(MAX_CONTENTION_PASSES):
-        sim, wires = _once(costs, actions, mode, steps, compute_slowdown, beside)
+        sim, wires = (_once(costs, actions, mode, steps, compute_slowdown, beside) if posting is None
+                      else _once_posted(costs, actions, mode, steps, posting, compute_slowdown, beside))
         if compute_slowdown == 1.0 or wires == beside:
             break
         beside = wires
@@ -181,6 +185,49 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
     span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
     busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
     return PipelineSim(span, busy_step, [span] * lanes), [disjoint(w) for w in wires]
+
+
+def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, posting: str,
+                 slowdown: float, beside: list[list[tuple[float, float]]] | None
+                 ) -> tuple[PipelineSim, list[list[tuple[float, float]]]]:
+    """`_once` with each step's sends and recvs as `posting` places them (`transport.py`)."""
+    n, lanes = len(costs.forward_s), len(actions)
+    m = sum(1 for _, kind, _ in actions[0] if kind == "F")
+    unrolled = [[(s, kind, k * m + i) for k in range(steps) for s, kind, i in acts] for acts in actions]
+    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
+               for w in (beside or [[]] * lanes)]
+    buckets_on: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
+    link_free_s = [0.0] * lanes
+    reduced_s: list[list[float]] = [[] for _ in range(lanes)]
+    step_end_s = [[0.0] * steps for _ in range(lanes)]
+    busy_s = [[0.0] * steps for _ in range(lanes)]
+
+    def compute(p: int, a: Action, start: float) -> float:
+        s, kind, j = a
+        k, i = divmod(j, m)
+        b = costs.buckets[s]
+        if kind == "F" and i == 0 and k and mode == "forward":
+            end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced_s[p])
+        else:
+            end = busy_in[p].advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
+            computed = end - start
+        busy_s[p][k] += computed
+        if kind == "B" and i == m - 1:  # the step's last backward: its buckets go on the wire
+            reduced_s[p] = ends = _issue(b, start, busy_in[p], link_free_s, p, buckets_on[p])
+            if mode == "backward" and ends:
+                end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
+        return end
+
+    def on_end(p: int, k: int, t: float) -> float:  # the lane's part of step k has returned
+        s = actions[p][0][0]
+        step_end_s[p][k] = t + (costs.update_s[s] if mode == "backward" and costs.update_s else 0.0)
+        return step_end_s[p][k]
+
+    programs = lane_programs(posting, unrolled, n, lambda j: j // m)
+    _, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute, on_end)
+    span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
+    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
+    return PipelineSim(span, busy_step, [span] * lanes), [disjoint(w + u) for w, u in zip(wires, buckets_on)]
 
 
 def _issue(b: ReduceBuckets, start: float, busy: Busy, link_free_s: list[float], p: int,

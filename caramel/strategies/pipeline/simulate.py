@@ -39,6 +39,9 @@ from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profi
                                                        with_held_bytes, with_tied)
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
                                                   disjoint)
+from caramel.strategies.pipeline.transport import lane_programs, run_programs
+
+TRANSPORTS = ("rendezvous", "eager")
 from caramel.topology.spec import ClusterSpec
 
 def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
@@ -90,8 +93,13 @@ def _torch_order(stages: int, positions: int, m: int) -> list[list[Action]]:
 
 
 def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: float = 1.0,
-           period: int = 0) -> PipelineSim:
+           period: int = 0, posting: str | None = None) -> PipelineSim:
     """Walk every position's list in order; an action waits for its position and its input.
+
+    `posting` (a schedule's name, `transport.POSTINGS`): each lane's sends and recvs as that
+    schedule posts them, a transfer starting once its receiver has posted the recv, and the
+    schedule's waits on its sends (`transport.py`). None: the model before that, below, where a
+    transfer starts when its action ends and only the step's end waits for sends.
 
     A lane sends one transfer at a time, in its actions' order (a worker's sends share its
     link): a transfer starts when its action ends or the lane's previous send has landed,
@@ -112,7 +120,8 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
         raise CaramelError(f"compute_slowdown must be >= 1 (1: transfers do not slow compute), got {compute_slowdown}")
     beside: list[list[tuple[float, float]]] | None = None
     for _ in range(MAX_CONTENTION_PASSES):
-        sim, wires = _replay_once(costs, actions, period, compute_slowdown, beside)
+        sim, wires = (_replay_once(costs, actions, period, compute_slowdown, beside) if posting is None
+                      else _replay_posted(costs, actions, period, posting, compute_slowdown, beside))
         if compute_slowdown == 1.0 or wires == beside:
             break
         beside = wires
@@ -174,6 +183,29 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
             [disjoint(w) for w in wires])
 
 
+def _replay_posted(costs: StageCosts, actions: list[list[Action]], period: int, posting: str, slowdown: float,
+                   beside: list[list[tuple[float, float]]] | None) -> tuple[PipelineSim, list[list[tuple[float, float]]]]:
+    """One pass of `replay` with the schedule's posting (`transport.run_programs`)."""
+    n, lanes = len(costs.forward_s), len(actions)
+    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
+               for w in (beside or [[]] * lanes)]
+    busy = [0.0] * lanes
+
+    def compute(p: int, a: Action, start: float) -> float:
+        end = busy_in[p].advance(start, costs.forward_s[a[0]] if a[1] == "F" else costs.backward_s[a[0]])
+        busy[p] += end - start
+        return end
+
+    programs = lane_programs(posting, actions, n, (lambda i: i % period) if period else (lambda i: 0))
+    finish, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute)
+    held = [{s for s, _, _ in acts} for acts in actions]
+    reduce = [max((costs.allreduce_s[s] for s in held[p]), default=0.0) if costs.allreduce_s else 0.0
+              for p in range(lanes)]
+    update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
+    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
+            [disjoint(w) for w in wires])
+
+
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
                 replicas: int | tuple[int, ...] | list[int] = 1, speeds: list[float] | None = None,
                 optimizer_s: float = 0.0, reduce: str = "after") -> StageCosts:
@@ -200,27 +232,32 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
                       [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
                       [ring.allreduce_time_s(nbytes) for ring, nbytes in zip(rings, stage_bytes)],
-                      update_s, buckets)
+                      update_s, buckets, cluster.latency_s)
 
 
 def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
-                      iterations: int = 4, reduce: str | None = None) -> SimResult:
+                      iterations: int = 4, reduce: str | None = None, transport: str = "rendezvous") -> SimResult:
     """The registry's simulator entry: one pipeline of `options.stages` over the first workers
     (times `replicas`), partition from the options or PipeDream's balance on the profile. Each
     pipeline's step takes one profile batch per position, so a step trains as many samples as
     data parallelism over the same workers does (as the bench runs it). `reduce`: how the
     replicas' all-reduce is priced (`overlap.REDUCE_MODES`; None: as the runtime runs it,
-    `reduce_mode`; "after": the drain-then-reduce reference)."""
+    `reduce_mode`; "after": the drain-then-reduce reference). `transport`: "rendezvous", each
+    transfer as the schedule posts it and gloo starts it (`transport.py`), or "eager", a
+    transfer starting when its action ends (the model before; a reference only), for the
+    choosers of `replicas="auto"` and `microbatches="auto"` too."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
+    if transport not in TRANSPORTS:
+        raise CaramelError(f"pipeline simulation: transport must be one of {TRANSPORTS}, got {transport!r}")
     replica_note = None
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
-        options, replica_note = _auto_replicas(profile, cluster, options, reduce)
+        options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)
     unequal = options.unequal_replicas
     positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
     auto_note = None
     if options.microbatches == "auto":
-        options, auto_note = _auto_microbatches(profile, cluster, options, positions)
+        options, auto_note = _auto_microbatches(profile, cluster, options, positions, transport)
     # equal replicas: each pipeline takes one batch per position; unequal: the one global batch, one per worker
     names, costs = costs_from_profile(profile, options.microbatches, batches=options.workers(positions)
                                       if unequal else positions)
@@ -251,10 +288,11 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     sc = with_tied(sc, tied_s, mode)
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
+    posting = options.schedule if transport == "rendezvous" else None
     if mode == "after":
-        sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0)
+        sim = replay(sc, actions, cluster.compute_slowdown, math.lcm(*counts) if unequal else 0, posting)
     else:
-        sim = replay_overlapped(sc, actions, mode, cluster.compute_slowdown)
+        sim = replay_overlapped(sc, actions, mode, cluster.compute_slowdown, posting=posting)
     compute = max(sim.busy_s)
     comm = sum(sc.allreduce_s) + sum(sc.transfer_s) * 2 * options.microbatches
     return SimResult(step_time_s=sim.step_time_s, compute_time_s=compute, comm_time_s=comm,
@@ -269,7 +307,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note,
                            "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note,
-                           "replica_reduce_model": mode})
+                           "replica_reduce_model": mode, "transport": transport})
 
 
 def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
@@ -283,8 +321,8 @@ def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
     return "backward" if tied_split or options.replica_reducer() == "ddp" else "forward"
 
 
-def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, reduce: str | None = None
-                   ) -> tuple[PipelineOptions, dict]:
+def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, reduce: str | None = None,
+                   transport: str = "rendezvous") -> tuple[PipelineOptions, dict]:
     """replicas="auto" resolved as the runtime resolves it, on the batch the bench gives it (one
     profile batch per worker): the counts, stages, microbatches (per pipeline for equal counts)
     and the cut, as explicit options. `reduce="after"` prices every candidate after the drain
@@ -297,7 +335,7 @@ def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
                              None if options.microbatches == "auto" else options.microbatches,
                              profile.optimizer_time_s, shares_a_weight(profile),
                              ties=tied_weights(profile, names), reducer=options.replica_reducer(),
-                             reduce="after" if reduce == "after" else None)
+                             reduce="after" if reduce == "after" else None, transport=transport)
     counts, m = choice.counts, choice.microbatches
     equal = len(set(counts)) == 1
     concrete = dataclasses.replace(options, stages=len(counts), replicas=counts[0] if equal else "+".join(map(str, counts)),
@@ -308,7 +346,7 @@ def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
 
 
 def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
-                       positions: int) -> tuple[PipelineOptions, str]:
+                       positions: int, transport: str = "rendezvous") -> tuple[PipelineOptions, str]:
     """microbatches="auto" from the profile: with module times at two batch sizes each layer has
     a fixed cost per microbatch, as in the runtime's choice; with one size only per-sample costs
     and the links' latency per transfer decide, which favours more microbatches."""
@@ -324,7 +362,8 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
     choice = choose_microbatches(layers, batch, options.schedule, options.stages, positions, cluster,
                                  stage_speeds([w.speed for w in cluster.workers], options.replica_counts(), positions),
                                  fixed,
-                                 options.replica_counts() if options.unequal_replicas else options.replicas)
+                                 options.replica_counts() if options.unequal_replicas else options.replicas,
+                                 transport)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "
             + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")

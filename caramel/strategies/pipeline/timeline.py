@@ -28,7 +28,8 @@ class ReduceBuckets:
 class StageCosts:
     """Per microbatch: each stage's forward and backward, each boundary's one-way transfer;
     per step: each stage's replica all-reduce, then its optimizer step; `buckets`: the same
-    all-reduce bucket by bucket, where the replay overlaps it with compute (`overlap.py`)."""
+    all-reduce bucket by bucket, where the replay overlaps it with compute (`overlap.py`);
+    `latency_s`: the links' one-way latency (a recv's notice to its sender, `transport.py`)."""
 
     forward_s: list[float]
     backward_s: list[float]
@@ -36,6 +37,7 @@ class StageCosts:
     allreduce_s: list[float] = field(default_factory=list)
     update_s: list[float] = field(default_factory=list)
     buckets: list[ReduceBuckets] = field(default_factory=list)
+    latency_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -80,8 +80,10 @@ def test_the_registry_entry_takes_the_clusters_measured_slowdown():
                         params=[], modules=mods)
     options = PipelineOptions(stages=2, schedule="gpipe", microbatches=4, partition="1")
     # 2 x 8 samples in 4 microbatches: 5 ms forwards, 4.2 ms per activation, sent beside the next forward
+    # (eager transfers: with gloo's rendezvous stage 1 posts each recv after its previous forward, so
+    # no transfer overlaps compute on this step's critical path; test_sim_transport.py)
     slow_link = ClusterSpec.uniform(2, 1e9)
-    plain = simulate_pipeline(prof, slow_link, options)
-    slowed = simulate_pipeline(prof, dataclasses.replace(slow_link, compute_slowdown=2.0), options)
+    plain = simulate_pipeline(prof, slow_link, options, transport="eager")
+    slowed = simulate_pipeline(prof, dataclasses.replace(slow_link, compute_slowdown=2.0), options, transport="eager")
     assert slowed.step_time_s > plain.step_time_s and slowed.meta["compute_slowdown"] == 2.0
     assert sum(slowed.meta["busy_s_per_lane"]) > sum(plain.meta["busy_s_per_lane"])

@@ -101,7 +101,7 @@ def test_the_overlapped_reduction_changes_the_choice():
               ScalingCost(0.0, 9.5e-4, 0.0, 9e-4, 4000, 2_000_000)]
     cluster = ClusterSpec.uniform(4, 1e9, 5e-4)
     overlapped = choose_replicas(layers, 12, "gpipe", cluster, stages=2)
-    after = choose_replicas(layers, 12, "gpipe", cluster, stages=2, reduce="after")
+    after = choose_replicas(layers, 12, "gpipe", cluster, stages=2, reduce="after", transport="eager")  # the old chooser
     assert (overlapped.counts, overlapped.microbatches) == ([2, 2], 2)
     assert (after.counts, after.microbatches) == ([3, 1], 12)
     # DDP's reduction (the backward waits for it) prices the equal candidates higher than the engine's

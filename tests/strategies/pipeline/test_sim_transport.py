@@ -1,0 +1,70 @@
+"""The pipeline simulator's transfers as the schedules post them (gloo's rendezvous), on timelines
+computed by hand: forward 1, backward 2, a transfer 0.5 (latency 0.1 of it), two stages."""
+from __future__ import annotations
+
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.strategies.pipeline.overlap import replay_overlapped
+from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions
+from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
+from caramel.strategies.pipeline.transport import lane_programs
+
+COSTS = StageCosts([1.0, 1.0], [2.0, 2.0], [0.5], latency_s=0.1)
+
+
+def test_1f1b_sends_an_activation_only_once_the_receiver_posts_its_recv():
+    acts = schedule_actions("1f1b", 2, 2, 2)
+    # eager: stage 0 sends F1 at 2 (lands 2.5); stage 1 runs F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5,
+    # B1 5.5-7.5 (gradient lands 8.0); stage 0's B0 5.0-7.0, B1 8.0-10.0
+    assert replay(COSTS, acts).step_time_s == pytest.approx(10.0)
+    # torch's 1F1B: stage 1 posts F1's recv with B0's send, at 4.5; the notice reaches stage 0 at
+    # 4.6, F1 lands 5.1: stage 1's F1 5.1-6.1, B1 6.1-8.1, lands 8.6; stage 0 (waiting for F1's
+    # send and B0 together until 5.1) B0 5.1-7.1, B1 8.6-10.6
+    sim = replay(COSTS, acts, posting="1f1b")
+    assert sim.step_time_s == pytest.approx(10.6)
+    assert sim.finish_s == pytest.approx([10.6, 8.6])
+
+
+def test_gpipe_receiver_posts_each_recv_after_its_previous_action():
+    acts = schedule_actions("gpipe", 2, 2, 2)
+    assert replay(COSTS, acts).step_time_s == pytest.approx(10.0)
+    # F1's recv posted at 2.5 (after stage 1's F0): lands 3.1; stage 1 F1 3.1-4.1, B0 4.1-6.1
+    # (lands 6.6), B1 6.1-8.1; stage 0 posts B1's recv after its B0 (6.6-8.6): lands 9.2, B1 9.2-11.2
+    sim = replay(COSTS, acts, posting="gpipe")
+    assert sim.step_time_s == pytest.approx(11.2)
+    assert sim.finish_s == pytest.approx([11.2, 9.2])
+
+
+@pytest.mark.parametrize("posting", ["gpipe", "1f1b", "pipedream"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (3, 7)])
+def test_free_transfers_keep_the_closed_form(posting, p, m):
+    sim = replay(StageCosts([1.0] * p, [2.0] * p, [0.0] * (p - 1)), schedule_actions(posting, p, p, m), posting=posting)
+    assert sim.step_time_s == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_interleaved_and_unequal_replicas_run_their_own_order():
+    costs = StageCosts([0.5] * 4, [1.0] * 4, [0.0] * 3)
+    acts = schedule_actions("interleaved", 4, 2, 4)
+    assert replay(costs, acts, posting="interleaved").step_time_s == pytest.approx(replay(costs, acts).step_time_s)
+    lanes = replicated_actions("1f1b", (2, 1), 4)
+    free = StageCosts([2.0, 1.0], [2.0, 1.0], [0.0])
+    assert replay(free, lanes, period=2, posting="1f1b").step_time_s == pytest.approx(
+        replay(free, lanes, period=2).step_time_s)
+    # a stage-0 replica's transfer waits for the shared stage-1 rank to reach its virtual pipeline
+    slow = StageCosts([2.0, 1.0], [2.0, 1.0], [0.3], latency_s=0.1)
+    assert replay(slow, lanes, period=2, posting="1f1b").step_time_s > replay(slow, lanes, period=2).step_time_s
+
+
+def test_the_overlapped_replay_takes_the_same_posting():
+    none = ReduceBuckets([], [], [], [], [])
+    costs = StageCosts([1.0, 1.0], [2.0, 2.0], [0.5], [], [], [none, none], latency_s=0.1)
+    one = replay_overlapped(costs, schedule_actions("1f1b", 2, 2, 2), "forward", steps=1, posting="1f1b")
+    assert one.step_time_s == pytest.approx(10.6)
+
+
+def test_bad_postings_and_deadlocks_are_errors():
+    with pytest.raises(CaramelError, match="posting must be one of"):
+        lane_programs("bogus", schedule_actions("gpipe", 2, 2, 2), 2)
+    with pytest.raises(CaramelError, match="deadlocks"):
+        replay(COSTS, [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]], posting="gpipe")
