@@ -39,10 +39,9 @@ from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profi
                                                        with_held_bytes, with_tied)
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
                                                   disjoint)
-from caramel.strategies.pipeline.transport import lane_programs, run_programs
-
-TRANSPORTS = ("rendezvous", "eager")
+from caramel.strategies.pipeline.transport import lane_programs, posting_for, run_programs
 from caramel.topology.spec import ClusterSpec
+
 
 def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
     """Each position's ordered actions, as the runtime runs them."""
@@ -248,8 +247,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     choosers of `replicas="auto"` and `microbatches="auto"` too."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
-    if transport not in TRANSPORTS:
-        raise CaramelError(f"pipeline simulation: transport must be one of {TRANSPORTS}, got {transport!r}")
+    posting_for(transport, options.schedule, "pipeline simulation")
     replica_note = None
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
         options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)

@@ -35,7 +35,16 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.timeline import Action
 
 POSTINGS = ("gpipe", "1f1b", "pipedream", "interleaved")
+TRANSPORTS = ("rendezvous", "eager")  # the simulator's transfer models: as posted, or at the action's end
 Op = tuple  # ("recv", msg) | ("send", msg) | ("wait", msgs) | ("run", action) | ("end", segment)
+
+
+def posting_for(transport: str, schedule: str, what: str) -> str | None:
+    """The posting a `transport` replays `schedule` with (None: eager); an unknown transport is
+    an error naming `what` asked for it and the allowed values."""
+    if transport not in TRANSPORTS:
+        raise CaramelError(f"{what}: transport must be one of {TRANSPORTS}, got {transport!r}")
+    return schedule if transport == "rendezvous" else None
 
 
 def source(a: Action, n: int) -> Action | None:

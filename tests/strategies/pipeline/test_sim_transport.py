@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from caramel.errors import CaramelError
+from caramel.strategies.pipeline.auto_replicas import choose_replicas
+from caramel.strategies.pipeline.microbatches import choose_microbatches
 from caramel.strategies.pipeline.overlap import replay_overlapped
+from caramel.strategies.pipeline.planner import ScalingCost
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions
 from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
-from caramel.strategies.pipeline.transport import lane_programs
+from caramel.strategies.pipeline.transport import TRANSPORTS, lane_programs
+from caramel.topology.spec import ClusterSpec
 
 COSTS = StageCosts([1.0, 1.0], [2.0, 2.0], [0.5], latency_s=0.1)
 
@@ -34,6 +38,16 @@ def test_gpipe_receiver_posts_each_recv_after_its_previous_action():
     sim = replay(COSTS, acts, posting="gpipe")
     assert sim.step_time_s == pytest.approx(11.2)
     assert sim.finish_s == pytest.approx([11.2, 9.2])
+
+
+@pytest.mark.parametrize("transport", ["bogus", "Rendezvous"])
+def test_the_choosers_name_an_unknown_transport(transport):
+    layers, cluster = [ScalingCost(0.0, 1e-3, 0.0, 1e-3, 10, 10)] * 2, ClusterSpec.uniform(2, 1e9)
+    allowed = str(TRANSPORTS).replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(CaramelError, match=rf"microbatches=auto: transport must be one of {allowed}, got '{transport}'"):
+        choose_microbatches(layers, 8, "gpipe", 2, 2, cluster, transport=transport)
+    with pytest.raises(CaramelError, match=rf"replicas=auto: transport must be one of {allowed}, got '{transport}'"):
+        choose_replicas(layers, 8, "gpipe", cluster, transport=transport)
 
 
 @pytest.mark.parametrize("posting", ["gpipe", "1f1b", "pipedream"])
