@@ -40,6 +40,17 @@ def test_gpipe_receiver_posts_each_recv_after_its_previous_action():
     assert sim.finish_s == pytest.approx([11.2, 9.2])
 
 
+def test_an_order_other_than_the_schedules_is_an_error():
+    alternating = [[(s, k, i) for i in range(2) for k in "FB"] for s in range(2)]
+    # torch's 1F1B runs min(m, p - s) = 2 warmup forwards on stage 0 before its first backward
+    with pytest.raises(CaramelError, match=r"stage 0's actions are not in 1f1b's order"):
+        lane_programs("1f1b", alternating, 2)
+    with pytest.raises(CaramelError, match=r"stage 0's actions are not in gpipe's order"):
+        lane_programs("gpipe", alternating, 2)
+    lane_programs("1f1b", schedule_actions("1f1b", 2, 2, 2), 2)  # the runtime's own orders pass
+    lane_programs("gpipe", schedule_actions("gpipe", 2, 2, 2), 2)
+
+
 @pytest.mark.parametrize("transport", ["bogus", "Rendezvous"])
 def test_the_choosers_name_an_unknown_transport(transport):
     layers, cluster = [ScalingCost(0.0, 1e-3, 0.0, 1e-3, 10, 10)] * 2, ClusterSpec.uniform(2, 1e9)
@@ -81,4 +92,5 @@ def test_bad_postings_and_deadlocks_are_errors():
     with pytest.raises(CaramelError, match="posting must be one of"):
         lane_programs("bogus", schedule_actions("gpipe", 2, 2, 2), 2)
     with pytest.raises(CaramelError, match="deadlocks"):
-        replay(COSTS, [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]], posting="gpipe")
+        # pipedream posts per action and takes any order: stage 1 waits for a forward never run
+        replay(COSTS, [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]], posting="pipedream")
