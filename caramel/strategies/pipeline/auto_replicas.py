@@ -37,6 +37,7 @@ from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, Scali
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
 from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
                                                   stage_costs)
+from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
 
 MAX_MICROBATCHES = 32  # as `microbatches="auto"` (microbatches.py)
@@ -197,9 +198,7 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     reduction after the drain, as the chooser did before `overlap.py` (a reference only).
     `transport`: "rendezvous" (each schedule's sends and recvs as it posts them, `transport.py`)
     or "eager" (a transfer starts when its action ends; a reference only)."""
-    if transport not in ("rendezvous", "eager"):
-        raise CaramelError(f"replicas=auto: transport must be 'rendezvous' or 'eager', got {transport!r}")
-    posting = schedule if transport == "rendezvous" else None
+    posting = posting_for(transport, schedule, "replicas=auto")
     if reduce not in (None, "after"):
         raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
     if reducer not in ("caramel", "ddp"):

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
+from caramel.strategies.pipeline.transport import posting_for
 
 __all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]
 from caramel.topology.spec import ClusterSpec
@@ -76,7 +77,7 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
     stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate.
     `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`).
     `transport`: as `simulate.simulate_pipeline`'s ("eager": a reference only)."""
-    posting = schedule if transport == "rendezvous" else None
+    posting = posting_for(transport, schedule, "microbatches=auto")
     speeds = speeds or [1.0] * stages
     unequal = not isinstance(replicas, int)
     counts = tuple(replicas) if unequal else (1,) * stages

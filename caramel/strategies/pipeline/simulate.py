@@ -7,7 +7,8 @@ backward; "interleaved": torch's own `pipeline_order`). `replay` walks the lists
 starts when its position is free and its input has arrived (the previous stage's forward or the
 next stage's backward, plus one link transfer when they sit on different positions). A
 position's sends queue on its link, and its compute runs the cluster's `compute_slowdown` times
-slower while one of its transfers is on the wire (CPU contention, `caramel.bench.contention`).
+slower while one of its transfers is on the wire (CPU contention, `caramel.bench.contention`;
+with the schedules' posting mostly only the sender's, `replay`).
 
     position 0 |F0|F1|F2|F3|        |B0|B1|B2|B3|      GPipe, 2 stages, 4 microbatches:
     position 1    |F0|F1|F2|F3|B0|B1|B2|B3|            bubble = (p-1)/(m+p-1) of the step
@@ -39,10 +40,9 @@ from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profi
                                                        with_held_bytes, with_tied)
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
                                                   disjoint)
-from caramel.strategies.pipeline.transport import lane_programs, run_programs
-
-TRANSPORTS = ("rendezvous", "eager")
+from caramel.strategies.pipeline.transport import lane_programs, posting_for, run_programs
 from caramel.topology.spec import ClusterSpec
+
 
 def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
     """Each position's ordered actions, as the runtime runs them."""
@@ -110,7 +110,12 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
     the wire (its backend's threads share the cores). A transfer's interval depends on when its
     sender finished, which depends on the slowdown: the replay is repeated, each pass slowing
     compute beside the previous pass's transfers, until the transfers stop moving (at most
-    `MAX_CONTENTION_PASSES` passes).
+    `MAX_CONTENTION_PASSES` passes). With the gpipe, 1f1b and pipedream postings a lane waits
+    on each recv as soon as it posts it, so it never computes beside an incoming transfer, only
+    beside its own sends (1f1b: in warmup and cooldown only, its steady phase waits each send
+    before computing); that moves the step only where the receiver had posted first (the sender
+    is the slower stage), else the late send still goes when the recv is posted. The
+    interleaved posting computes beside recvs posted ahead.
 
     `period` (unequal replicas: the virtual pipelines' count L): microbatch i belongs to virtual
     pipeline i mod L. torch's schedule returns only after its sends complete, so a lane starts
@@ -248,8 +253,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     choosers of `replicas="auto"` and `microbatches="auto"` too."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
-    if transport not in TRANSPORTS:
-        raise CaramelError(f"pipeline simulation: transport must be one of {TRANSPORTS}, got {transport!r}")
+    posting_for(transport, options.schedule, "pipeline simulation")
     replica_note = None
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
         options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)

@@ -35,7 +35,16 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.timeline import Action
 
 POSTINGS = ("gpipe", "1f1b", "pipedream", "interleaved")
+TRANSPORTS = ("rendezvous", "eager")  # the simulator's transfer models: as posted, or at the action's end
 Op = tuple  # ("recv", msg) | ("send", msg) | ("wait", msgs) | ("run", action) | ("end", segment)
+
+
+def posting_for(transport: str, schedule: str, what: str) -> str | None:
+    """The posting a `transport` replays `schedule` with (None: eager); an unknown transport is
+    an error naming `what` asked for it and the allowed values."""
+    if transport not in TRANSPORTS:
+        raise CaramelError(f"{what}: transport must be one of {TRANSPORTS}, got {transport!r}")
+    return schedule if transport == "rendezvous" else None
 
 
 def source(a: Action, n: int) -> Action | None:
@@ -54,8 +63,27 @@ def target(a: Action, n: int) -> Action | None:
     return (s - 1, "B", i) if s > 0 else None
 
 
+def _schedule_order(schedule: str, acts: list[Action], n: int) -> list[Action]:
+    """The order torch's schedule runs `acts`' microbatches in on their stage (gpipe: every
+    forward, then every backward; 1f1b: `min(m, n - s)` warmup forwards, then one backward and
+    one forward until the forwards run out, then the backwards), in `acts`' forward order."""
+    s, fwd = acts[0][0], [a[2] for a in acts if a[1] == "F"]
+    if schedule == "gpipe":
+        return [(s, "F", i) for i in fwd] + [(s, "B", i) for i in fwd]
+    warm = min(len(fwd), n - s)
+    out = [(s, "F", i) for i in fwd[:warm]]
+    for k, i in enumerate(fwd):
+        out += [(s, "B", i)] + ([(s, "F", fwd[warm + k])] if warm + k < len(fwd) else [])
+    return out
+
+
 def _torch_program(schedule: str, acts: list[Action], n: int) -> list[Op]:
-    """One lane's ops for one run of a single-stage schedule over `acts` (one stage)."""
+    """One lane's ops for one run of a single-stage schedule over `acts` (one stage). The ops
+    are placed by where torch's schedule places them, so `acts` must be in that schedule's own
+    order (pipedream posts per action and takes any)."""
+    if schedule != "pipedream" and acts != _schedule_order(schedule, acts, n):
+        raise CaramelError(f"pipeline simulation: stage {acts[0][0]}'s actions are not in {schedule}'s order "
+                           f"(got {acts}, expected {_schedule_order(schedule, acts, n)})")
     out: list[Op] = []
 
     def recv(a):
@@ -150,8 +178,6 @@ def lane_programs(posting: str, actions: list[list[Action]], n: int,
             runs[-1].append(a)
         for run in runs:
             ops += _torch_program(posting, run, n) + [("end", segment(run[0][2]))]
-        if [op[1] for op in ops if op[0] == "run"] != acts:
-            raise CaramelError("pipeline simulation: the posting's order differs from the replayed schedule")
         out.append(ops)
     return out
 

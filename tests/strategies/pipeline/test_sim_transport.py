@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from caramel.errors import CaramelError
+from caramel.strategies.pipeline.auto_replicas import choose_replicas
+from caramel.strategies.pipeline.microbatches import choose_microbatches
 from caramel.strategies.pipeline.overlap import replay_overlapped
+from caramel.strategies.pipeline.planner import ScalingCost
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions
 from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
-from caramel.strategies.pipeline.transport import lane_programs
+from caramel.strategies.pipeline.transport import TRANSPORTS, lane_programs
+from caramel.topology.spec import ClusterSpec
 
 COSTS = StageCosts([1.0, 1.0], [2.0, 2.0], [0.5], latency_s=0.1)
 
@@ -34,6 +38,48 @@ def test_gpipe_receiver_posts_each_recv_after_its_previous_action():
     sim = replay(COSTS, acts, posting="gpipe")
     assert sim.step_time_s == pytest.approx(11.2)
     assert sim.finish_s == pytest.approx([11.2, 9.2])
+
+
+def test_compute_slowdown_moves_the_step_only_through_a_sender_on_the_critical_path():
+    acts = schedule_actions("gpipe", 2, 2, 2)
+    # equal stages: stage 0's F1 runs beside F0's transfer (1-1.5): 1-2.25, sent at 2.25, but
+    # stage 1 posts F1's recv only at 2.5 (after its F0), so F1 lands at 3.1 as with f = 1;
+    # stage 1's B1 beside B0's transfer (6.1-6.6) ends at 8.35, but stage 0 posts at 8.6
+    sim = replay(COSTS, acts, compute_slowdown=2.0, posting="gpipe")
+    assert sim.step_time_s == pytest.approx(11.2)
+    assert sim.busy_s == pytest.approx([6.25, 6.25])
+    # stage 0 the slower (F 2, B 2 against 1, 1): stage 1 has posted F1's recv at 3.5 when stage 0
+    # sends it. f = 1: F1 sent at 4, lands 4.5; stage 1 F1 4.5-5.5, B0 5.5-6.5, B1 6.5-7.5; stage 0
+    # B0 7.0-9.0, posts B1's recv at 9.0, B1 lands 9.6, runs 9.6-11.6
+    slow0 = StageCosts([2.0, 1.0], [2.0, 1.0], [0.5], latency_s=0.1)
+    assert replay(slow0, acts, posting="gpipe").step_time_s == pytest.approx(11.6)
+    # f = 2: stage 0's F1 runs its first 0.5 s beside F0's transfer (2-2.5) at half speed: 2-4.25,
+    # lands 4.75, and everything after moves by 0.25 (stage 1's B1 beside B0's transfer 6.75-7.25
+    # ends at 8.0, before stage 0 posts B1's recv at 9.25): B1 lands 9.85, stage 0 ends 11.85
+    sim = replay(slow0, acts, compute_slowdown=2.0, posting="gpipe")
+    assert sim.step_time_s == pytest.approx(11.85)
+    assert sim.busy_s == pytest.approx([8.25, 4.25])
+
+
+def test_an_order_other_than_the_schedules_is_an_error():
+    alternating = [[(s, k, i) for i in range(2) for k in "FB"] for s in range(2)]
+    # torch's 1F1B runs min(m, p - s) = 2 warmup forwards on stage 0 before its first backward
+    with pytest.raises(CaramelError, match=r"stage 0's actions are not in 1f1b's order"):
+        lane_programs("1f1b", alternating, 2)
+    with pytest.raises(CaramelError, match=r"stage 0's actions are not in gpipe's order"):
+        lane_programs("gpipe", alternating, 2)
+    lane_programs("1f1b", schedule_actions("1f1b", 2, 2, 2), 2)  # the runtime's own orders pass
+    lane_programs("gpipe", schedule_actions("gpipe", 2, 2, 2), 2)
+
+
+@pytest.mark.parametrize("transport", ["bogus", "Rendezvous"])
+def test_the_choosers_name_an_unknown_transport(transport):
+    layers, cluster = [ScalingCost(0.0, 1e-3, 0.0, 1e-3, 10, 10)] * 2, ClusterSpec.uniform(2, 1e9)
+    allowed = str(TRANSPORTS).replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(CaramelError, match=rf"microbatches=auto: transport must be one of {allowed}, got '{transport}'"):
+        choose_microbatches(layers, 8, "gpipe", 2, 2, cluster, transport=transport)
+    with pytest.raises(CaramelError, match=rf"replicas=auto: transport must be one of {allowed}, got '{transport}'"):
+        choose_replicas(layers, 8, "gpipe", cluster, transport=transport)
 
 
 @pytest.mark.parametrize("posting", ["gpipe", "1f1b", "pipedream"])
@@ -67,4 +113,5 @@ def test_bad_postings_and_deadlocks_are_errors():
     with pytest.raises(CaramelError, match="posting must be one of"):
         lane_programs("bogus", schedule_actions("gpipe", 2, 2, 2), 2)
     with pytest.raises(CaramelError, match="deadlocks"):
-        replay(COSTS, [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]], posting="gpipe")
+        # pipedream posts per action and takes any order: stage 1 waits for a forward never run
+        replay(COSTS, [[(0, "B", 0)], [(1, "F", 0), (1, "B", 0)]], posting="pipedream")
