@@ -69,8 +69,9 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
                         hetero: Heterogeneity | None = None) -> dict[str, Any]:
     """The ClusterSpecs the predictions run on: "base" for every strategy, and "jitter" (with a
     `--jitter` configuration) for the simulators that read the bench's jitter emulation, its
-    speeds from the unpadded compute (`caramel.bench.hetero_prediction`)."""
-    hetero = hetero or Heterogeneity()
+    speeds from the unpadded compute (`caramel.bench.hetero_prediction`; none when a pause is at
+    least the measured compute)."""
+    hetero = (hetero or Heterogeneity()).check(world)
     uneven: dict[str, Any] = {}
     rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
     if rates:
@@ -78,10 +79,11 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
     out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven)}
     if hetero.jitter:
-        unpadded = hetero.unpadded_compute_s(rank_compute_s) if rank_compute_s else None
-        out["jitter"] = bench_cluster(world, bandwidth_bps,
-                                      worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
-                                      compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
+        unpadded, problem = hetero.unpadded_compute_s_of(rank_compute_s) if rank_compute_s else (None, None)
+        if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)
+            out["jitter"] = bench_cluster(world, bandwidth_bps,
+                                          worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
+                                          compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
     return out
 
 
@@ -103,8 +105,11 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
     clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        which = "jitter" if hetero.reads_jitter(name) else "base"
-        marks = {"cluster": which, **({"ignores": hetero.ignored_by(name)} if hetero.ignored_by(name) else {})}
+        which = "jitter" if hetero.reads_jitter(name) and "jitter" in clusters else "base"
+        ignores = hetero.ignored_by(name) + (["jitter"] if hetero.reads_jitter(name) and which == "base" else [])
+        marks = {"cluster": which, **({"ignores": ignores} if ignores else {})}
+        if hetero.reads_jitter(name) and which == "base":
+            marks["note"] = hetero.unpadded_compute_s_of(rank_compute_s)[1] if rank_compute_s else "no compute medians"
         try:
             (p,) = predict(profile, clusters[which], [name])
             out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error,

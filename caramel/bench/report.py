@@ -89,7 +89,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),
-            prediction_note=pred.get("error"), prediction_ignores=pred.get("ignores") or None,
+            prediction_note=pred.get("error") or pred.get("note"), prediction_ignores=pred.get("ignores") or None,
             predicted_rate_only_s=raw.get("predicted_rate_only", {}).get(name, {}).get("step_time_s"),
             wire_bytes_per_sample=_wire_per_sample((raw.get("wire_tx") or {}).get(name), meta.get("local_batch"),
                                                    cfg["workers"]), **common))

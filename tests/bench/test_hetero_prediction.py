@@ -1,6 +1,8 @@
 """A heterogeneous configuration's slow link, jitter and slow worker in the predictions' cluster."""
 import pytest
 
+from caramel.errors import CaramelError
+
 from caramel.bench.hetero import JitterSchedule, link_rates_bps
 from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, predict_strategies, prediction_clusters
@@ -37,15 +39,17 @@ def test_the_slow_link_is_each_workers_rate_in_the_shaped_ratio_at_the_achieved_
 
 def test_the_jitter_is_the_bench_schedule_with_the_pause_after_forward_on_unpadded_speeds():
     profile = synthetic_profile(6)
+    unit_s = PER_SAMPLE_S * BATCH  # the calibrated compute per step the bench's sleep is a multiple of
+    unpadded = [0.100, 0.090, 0.100, 0.110]  # as the harness measured them, step by step
     hetero = _jitter()
-    pause_s = (2.0 - 1.0) * PER_SAMPLE_S * BATCH  # nominal 2 at +/-50%, the draws' median 1
-    compute = [0.100, 0.100 + pause_s, 0.100 + pause_s, 0.100 + pause_s]
-    padded = [c + pause_s for c in compute]
+    hetero.unpadded_compute_s = unpadded
+    padded = [c + unit_s for c in unpadded]
     clusters = prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)
     assert set(clusters) == {"base", "jitter"}
     jit = clusters["jitter"]
-    assert jit.meta["compute_jitter"] == {"rank": 1, "fraction": 0.5, "seed": 3, "pause_after_forward": True}
-    assert [w.speed for w in jit.workers] == pytest.approx([profile.step_time_s / c for c in compute])
+    assert jit.meta["compute_jitter"] == {"rank": 1, "fraction": 0.5, "seed": 3, "pause_after_forward": True,
+                                          "pause_unit_s": pytest.approx(unit_s)}
+    assert [w.speed for w in jit.workers] == pytest.approx([profile.step_time_s / c for c in unpadded])
     assert [w.speed for w in clusters["base"].workers] == pytest.approx([profile.step_time_s / c for c in padded])
     assert "compute_jitter" not in clusters["base"].meta
     # the simulator draws the factors the bench's schedule sleeps by: the same seeded distribution
@@ -60,6 +64,93 @@ def test_the_jitter_is_the_bench_schedule_with_the_pause_after_forward_on_unpadd
         assert preds[name]["cluster"] == "base" and preds[name]["ignores"] == ["jitter"]
     steady = predict_strategies(profile, [GOSSIP], 4, 2e8, padded)[GOSSIP]["step_time_s"]
     assert preds[GOSSIP]["step_time_s"] != pytest.approx(steady)  # the draws move the gossip prediction
+
+
+def test_the_unpadded_compute_takes_out_the_pauses_the_measured_steps_slept():
+    """The compute-only runner records its own steps' pauses (not the concurrent baseline's,
+    which trains the same model): each measured step less its own pause is the compute."""
+    import statistics
+
+    import torch
+
+    from caramel.bench.baselines import ComputeOnly
+    from caramel.bench.blocks import measure_block
+    from caramel.bench.hetero import jitter_down
+    from caramel.bench.hetero_prediction import unpadded_median_s
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    schedule = JitterSchedule(0.5, 3)
+    jitter_down(model, 1e-4, schedule)
+    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
+                          torch.nn.MSELoss(), torch.device("cpu"))
+    compute.jitter = schedule
+    compute.step()  # a warm-up step
+    compute.start_measuring()
+    times = measure_block(compute, 5)
+    compute.run()  # what the concurrent baseline's compute calls: its draw is not recorded
+    times += measure_block(compute, 5)
+    assert len(schedule.slept_s) == 1 + 6 + 1 + 6 and len(compute.paused_s) == 12
+    measured = schedule.slept_s[2:7] + schedule.slept_s[9:]  # the entry steps and the unrecorded one dropped
+    assert [p for i, p in enumerate(compute.paused_s) if i % 6] == measured
+    assert unpadded_median_s(times, compute.paused_s, 5) == pytest.approx(
+        statistics.median(t - p for t, p in zip(times, measured)))
+    with pytest.raises(CaramelError, match="do not align"):
+        unpadded_median_s(times[:-1], compute.paused_s, 5)
+
+
+def test_the_jittered_rank_is_not_faster_than_identical_workers():
+    """A file with the padded medians only: the jittered rank's draws in the baseline's steps
+    had a median below 1 (fewer than infinitely many), so its padded median is lower; taking
+    out the median pause at a draw of 1 would make it a faster worker. The ranks do the same
+    work: it runs at the others' pace."""
+    profile = synthetic_profile(6)
+    hetero = _jitter()
+    unit_s = PER_SAMPLE_S * BATCH
+    padded = [0.1 + unit_s, 0.1 + (2 * 0.9 - 1) * unit_s, 0.1 + unit_s, 0.1 + unit_s]  # rank 1's draws: median 0.9
+    speeds = [w.speed for w in prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)["jitter"].workers]
+    assert speeds[1] <= max(speeds[:1] + speeds[2:]) * (1 + 1e-9)
+    assert speeds == pytest.approx([profile.step_time_s / 0.1] * 4)
+
+
+def test_a_pause_beyond_the_measured_compute_marks_the_jitter_ignored():
+    """A calibration slower than the compute measured later: the pause is more than the padded
+    median, no unpadded speed exists, and the gossip prediction says it ran without the jitter."""
+    profile = synthetic_profile(6)
+    hetero = _jitter()  # the pause at the median: 64 ms
+    padded = [0.05] * 4
+    clusters = prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)
+    assert set(clusters) == {"base"}
+    preds = predict_strategies(profile, [GOSSIP, "ddp"], 4, 2e8, padded, hetero=hetero)
+    assert preds[GOSSIP]["cluster"] == "base" and preds[GOSSIP]["ignores"] == ["jitter"]
+    assert "at least rank(s) 0, 1, 2, 3's measured compute" in preds[GOSSIP]["note"]
+    assert preds[GOSSIP]["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("hetero, match", [
+    ({"slow_links": [1, 2.0]}, r"heterogeneity: unknown key\(s\) 'slow_links'; expected slow_link, jitter"),
+    ({"slow_link": [1]}, r"heterogeneity.slow_link must be \[rank, factor >= 1\], got \[1\]"),
+    ({"slow_link": [1, 0.5]}, "heterogeneity.slow_link"),
+    ({"jitter": {"rank": 1, "fraction": 0.5}}, "heterogeneity.jitter must be a dict with at least rank, fraction, seed"),
+    ({"jitter": {"rank": 1, "fraction": 1.5, "seed": 0, "compute_per_sample_s": 1e-3}}, r"a fraction in \(0, 1\)"),
+    ({"local_batch": 0}, "heterogeneity.local_batch must be an integer >= 1"),
+    ({"slow_worker": {"rank": "1"}}, "heterogeneity.slow_worker must be a dict with an int rank"),
+    ([1, 2], "heterogeneity must be a dict"),
+])
+def test_bad_heterogeneity_is_one_clear_error(hetero, match):
+    with pytest.raises(CaramelError, match=match):
+        Heterogeneity.from_dict(hetero)
+
+
+def test_a_rank_outside_the_workers_or_a_jitter_without_its_batch_is_one_clear_error():
+    profile = synthetic_profile(6)
+    with pytest.raises(CaramelError, match=r"heterogeneity.slow_link: rank must be an int in 0..3 .*got 4"):
+        predict_strategies(profile, NAMES, 4, 2e8, hetero=Heterogeneity(slow_link=[4, 2.0]))
+    with pytest.raises(CaramelError, match=r"heterogeneity.jitter: rank must be an int in 0..1"):
+        prediction_clusters(profile, 2, 2e8, hetero=_jitter(rank=2))
+    no_batch = Heterogeneity(jitter=_jitter().jitter)
+    with pytest.raises(CaramelError, match="heterogeneity.local_batch: the jitter's pause needs the local batch"):
+        predict_strategies(profile, [GOSSIP], 4, 2e8, [0.2] * 4, hetero=no_batch)
 
 
 def test_a_slow_worker_is_its_speed_and_every_simulator_takes_it():
