@@ -285,11 +285,12 @@ def accuracy_by_kind(errors: list[tuple[str, float]]) -> dict[str, dict[str, flo
 
 def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck]:
     """`check_recommendation` per configuration of bench records (`label(record)` names the
-    configuration), in the order first seen."""
+    configuration), in the order first seen; a prediction whose simulator ignores an input of
+    the configuration (`prediction_ignores`) is left out of the pool, as out of the accuracy."""
     out = []
     for conf in dict.fromkeys(label(r) for r in records):
         rows = [(r.strategy, r.step_time_median_s, r.predicted_step_s, bool(r.prediction_exact))
-                for r in records if label(r) == conf]
+                for r in records if label(r) == conf and not getattr(r, "prediction_ignores", None)]
         check = check_recommendation(conf, rows)
         if check is not None:
             out.append(check)

@@ -207,3 +207,40 @@ def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accura
     assert "ddp 140.0 ms vs 200.0 ms (-30%) [prediction ignores jitter]" in text
     assert "1 row(s) whose simulator ignores" in text
     assert "- gossip: median 7%" in text and "- ddp:" not in text
+
+
+def _records(predicted: dict, names=("ddp", "caramel", "ps")):
+    from caramel.bench.report import summarize
+
+    medians = {"ddp": 0.2, "caramel": 0.25, "ps": 0.3}
+    times = {"compute": [[0.1] * 3] * 2, "comm": [[0.08] * 3] * 2, **{n: [[medians[n]] * 3] * 2 for n in names}}
+    raw = {"format": "caramel.bench_raw/1",
+           "config": {"model": "mlp", "workers": 2, "bandwidth": "300mbit", "batch_size": 8, "model_options": {}},
+           "strategies": [{"kind": n, "options": {}, "name": n} for n in names],
+           "step_times_s": times, "meta": {"network": "netns+tc 300mbit", "grad_bytes": 1000}, "predicted": predicted}
+    return summarize(raw)
+
+
+def test_the_recommendation_check_leaves_out_the_marked_predictions():
+    """ddp is measured fastest, but its prediction ignores the jitter: the check picks among
+    caramel and ps only, and says how many rows it left out."""
+    from caramel.bench.prediction import recommendation_checks
+    from caramel.bench.tables import config_label, format_predictions
+
+    recs = _records({"ddp": {"step_time_s": 0.1, "exact": True, "ignores": ["jitter"]},
+                     "caramel": {"step_time_s": 0.3, "exact": True}, "ps": {"step_time_s": 0.2, "exact": True}})
+    (check,) = recommendation_checks(recs, config_label)
+    assert (check.recommended, check.fastest) == ("ps", "caramel")  # ddp, the measured fastest, is not in the pool
+    text = format_predictions(recs)
+    assert "parameters; 1 row(s) whose simulator ignores the configuration's heterogeneity left out)" in text
+    assert "recommended ps (300.0 ms), measured fastest caramel (250.0 ms): miss, +20%" in text
+
+
+def test_a_configuration_whose_predictions_are_all_marked_says_so():
+    from caramel.bench.tables import format_predictions
+
+    recs = _records({n: {"step_time_s": 0.1, "exact": True, "ignores": ["jitter"]} for n in ("ddp", "caramel")},
+                    names=("ddp", "caramel"))
+    text = format_predictions(recs)
+    assert "Recommendation" not in text and "Accuracy per strategy kind" not in text
+    assert "every one of the 2 predicted row(s) comes from a simulator that ignores" in text
