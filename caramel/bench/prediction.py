@@ -129,7 +129,7 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
     factor; `hetero`: the configuration's uneven workers, and under "prediction_inputs" what a
     replay needs (the profile, each rank's compute median, the heterogeneity, the clusters the
-    predictions ran on). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
+    predictions ran on, and those of the rate-only ones). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
     link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
@@ -138,8 +138,11 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
                 "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
+    modelled = profile is not None and world > 1
     clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero)
-                if profile is not None and net_bps is not None and world > 1 else {})
+                if modelled and net_bps is not None else {})
+    rate_only = (prediction_clusters(profile, world, rate_only_bps, rank_compute_s, hetero=hetero)
+                 if modelled and rate_only_bps is not None else {})
     return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero),
             "compute_slowdown": slowdown,
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
@@ -148,7 +151,8 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
             "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
                                   "rank_compute_s": list(rank_compute_s),
                                   "heterogeneity": (hetero or Heterogeneity()).to_dict(),
-                                  "clusters": {k: c.to_dict() for k, c in clusters.items()}}}
+                                  "clusters": {k: c.to_dict() for k, c in clusters.items()},
+                                  "clusters_rate_only": {k: c.to_dict() for k, c in rate_only.items()}}}
 
 
 def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int, rank_compute_s: list[float],

@@ -25,8 +25,7 @@ def test_the_slow_link_is_each_workers_rate_in_the_shaped_ratio_at_the_achieved_
     (base,) = prediction_clusters(profile, 4, 2e8, [profile.step_time_s] * 4, hetero=hetero).values()
     # the emulated cluster shapes rank 2's veth at a quarter of the others'; the ring all-reduce
     # the rate was measured on runs at that link's rate, so the others get four times it
-    shaped = link_rates_bps(1e9, 4, [2, 4.0])
-    assert base.meta["worker_bandwidth_bps"] == pytest.approx([2e8 * r / min(shaped) for r in shaped])
+    assert link_rates_bps(1e9, 4, [2, 4.0]) == [1e9, 1e9, 2.5e8, 1e9]
     assert base.meta["worker_bandwidth_bps"] == pytest.approx([8e8, 8e8, 2e8, 8e8])
     assert base.bandwidth_bps == 2e8  # the all-reduce models' one rate: the bottleneck as measured
     assert link_rate_Bps(base) == pytest.approx([1e8, 1e8, 2.5e7, 1e8])  # what the gossip simulator reads, bytes/s
@@ -164,28 +163,54 @@ def test_a_slow_worker_is_its_speed_and_every_simulator_takes_it():
     assert Heterogeneity(slow_link=[0, 2.0], slow_worker={"rank": 1}).ignored_by("pipeline") == ["slow_link"]
 
 
-def test_the_job_records_what_a_replay_of_its_predictions_needs():
-    profile = synthetic_profile(6)
-    hetero = _jitter()
-    compute = [profile.step_time_s + hetero.pause_s()] * 4
-    out = job_predictions(profile, [GOSSIP, "ddp"], 4, 2_000_000, 0.05, 1, compute, [[] for _ in range(4)], None,
-                          hetero=Heterogeneity(slow_link=[2, 4.0], jitter=hetero.jitter, local_batch=BATCH))
-    inputs = out["prediction_inputs"]
-    assert inputs["rank_compute_s"] == compute and inputs["heterogeneity"]["slow_link"] == [2, 4.0]
-    assert inputs["heterogeneity"]["jitter"]["seed"] == 3 and inputs["heterogeneity"]["local_batch"] == BATCH
-    assert set(inputs["clusters"]) == {"base", "jitter"}
-    assert inputs["clusters"]["jitter"]["meta"]["compute_jitter"]["pause_after_forward"] is True
-    assert len(inputs["clusters"]["base"]["meta"]["worker_bandwidth_bps"]) == 4
-    assert out["predicted"]["ddp"]["ignores"] == ["jitter"] and out["predicted_rate_only"]["ddp"]["ignores"] == ["jitter"]
-    # the record alone replays the predictions: the profile and each strategy's cluster
+def test_the_written_file_replays_every_prediction(tmp_path):
+    """The bench's path: the job's predictions, its records, the file with meta
+    `prediction_inputs` keyed by the records' label; read back, each record's prediction (and
+    the rate-only one) replays from the file alone on the cluster the record names."""
+    from caramel.bench.report import config_label, read_records, summarize, write_records
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
     from caramel.topology.spec import ClusterSpec
 
-    replayed = ModelProfile.from_dict(inputs["profile"])
-    for name, which in ((GOSSIP, "jitter"), ("ddp", "base")):
-        (p,) = predict(replayed, ClusterSpec.from_dict(inputs["clusters"][which]), [name])
-        assert p.step_time_s == pytest.approx(out["predicted"][name]["step_time_s"])
+    profile = synthetic_profile(6)
+    hetero = _jitter()
+    hetero.slow_link, hetero.unpadded_compute_s = [2, 4.0], [profile.step_time_s] * 4
+    compute = [profile.step_time_s + hetero.pause_s()] * 4
+    names = [GOSSIP, "ddp"]
+    out = job_predictions(profile, names, 4, 2_000_000, 0.05, 1, compute, [[] for _ in range(4)], None, hetero=hetero)
+    times = {n: [[0.2] * 4] * 4 for n in ("compute", "comm", *names)}
+    raw = {"format": "caramel.bench_raw/1", "settings": {"steps_per_round": 4},
+           "config": {"model": "mlp", "workers": 4, "bandwidth": "300mbit", "batch_size": BATCH, "model_options": {},
+                      "slow_link": [2, 4.0], "jitter": [1, 0.5, 3]},
+           "strategies": [{"kind": n.split(":")[0], "options": {}, "name": n} for n in names],
+           "step_times_s": times, "meta": {"network": "netns+tc 300mbit", "grad_bytes": 2_000_000}, **out}
+    records = summarize(raw)
+    label = config_label(records[0])
+    assert label == "mlp(b=32) x4 @ 300mbit, rank 2's link /4, rank 1 jitter +/-0.5 (seed 3)"
+    write_records(tmp_path / "bench.json", records, {"prediction_inputs": {label: raw["prediction_inputs"]}})
+
+    back = read_records(tmp_path / "bench.json")
+    assert [r.prediction_cluster for r in back.records] == ["jitter", "base"]
+    for r in back.records:
+        inputs = back.meta["prediction_inputs"][config_label(r)]
+        replayed = ModelProfile.from_dict(inputs["profile"])
+        for clusters, predicted_s in (("clusters", r.predicted_step_s), ("clusters_rate_only", r.predicted_rate_only_s)):
+            (p,) = predict(replayed, ClusterSpec.from_dict(inputs[clusters][r.prediction_cluster]), [r.strategy])
+            assert p.step_time_s == pytest.approx(predicted_s)
+    assert back.records[1].prediction_ignores == ["jitter"]
+
+
+def test_a_file_of_the_previous_format_still_loads():
+    """docs/results holds caramel.bench/2 files (no slow_link, jitter or prediction_cluster keys)."""
+    from pathlib import Path
+
+    from caramel.bench.report import read_records
+    from caramel.bench.tables import format_predictions
+
+    path = Path(__file__).resolve().parents[2] / "docs/results/bench-hetero-pred-jitter.json"
+    back = read_records(path)
+    assert len(back.records) == 4 and all(r.prediction_cluster is None and r.jitter is None for r in back.records)
+    assert "[prediction ignores jitter]" in format_predictions(back.records)
 
 
 def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accuracy():

@@ -23,7 +23,7 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     printed = captured.out
     assert rc == 0, (printed + captured.err)[-3000:]
     data = json.loads(out.read_text())
-    assert data["format"] == "caramel.bench/2"
+    assert data["format"] == "caramel.bench/3"
     recs = {r["strategy"]: r for r in data["records"]}
     assert set(recs) == {"ddp", "caramel", "caramel:overlap=backward,planner=fifo", "ddp:comm_priority=auto"}
     for r in recs.values():
