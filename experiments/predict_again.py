@@ -14,11 +14,11 @@ the bench recorded, which checks the replay (the same model gives the same numbe
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import linecache
 import subprocess
 import sys
-import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -30,15 +30,17 @@ SIMULATE = {"gossip": ("caramel/strategies/gossip/simulate.py", "simulate_gossip
 
 
 def old_simulator(ref: str, kind: str):
-    """`kind`'s simulate function as it was at git `ref`, loaded beside this tree's modules."""
+    """`kind`'s simulate function as it was at git `ref`, loaded beside this tree's modules. No
+    file is written: the source is compiled under a name that says where it came from and given
+    to linecache, so tracebacks and `inspect.getsource` show its lines."""
     path, fn = SIMULATE[kind]
     src = subprocess.run(["git", "show", f"{ref}:{path}"], check=True, capture_output=True, text=True).stdout
-    with tempfile.TemporaryDirectory(prefix="caramel-old-sim-") as tmp:  # the loaded module outlives its file
-        f = Path(tmp) / f"old_{kind}_simulate.py"
-        f.write_text(src)
-        spec = importlib.util.spec_from_file_location(f"old_{kind}_simulate", f)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    filename = f"<git {ref}:{path}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    mod = types.ModuleType(f"old_{kind}_simulate")
+    mod.__file__ = filename
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up while the source runs
+    exec(compile(src, filename, "exec"), mod.__dict__)
     return getattr(mod, fn)
 
 

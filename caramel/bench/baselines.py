@@ -117,10 +117,24 @@ class ComputeOnly(Runner):
         self.model, self.optimizer = model, optimizer
         self.inputs, self.targets, self.loss_fn = inputs, targets, loss_fn
         self.device = device
+        self.jitter: Any = None  # --jitter: the model's JitterSchedule (`caramel.bench.hetero`)
+        self.paused_s: list[float] = []
+        """per own step since `start_measuring` (not the concurrent baseline's), the jitter's
+        sleep in it: the unpadded compute is each measured step less its own pause"""
 
-    def step(self) -> None:
+    def start_measuring(self) -> None:
+        self.paused_s.clear()
+
+    def run(self) -> None:
+        """One plain step, unrecorded (the concurrent baseline's compute)."""
         plain_step(self.model, self.optimizer, self.inputs, self.targets, self.loss_fn)
         sync_device(self.device)
+
+    def step(self) -> None:
+        slept = len(self.jitter.slept_s) if self.jitter is not None else 0
+        self.run()
+        if self.jitter is not None:
+            self.paused_s.append(sum(self.jitter.slept_s[slept:]))
 
 
 class CommOnly(Runner):
@@ -183,7 +197,7 @@ class Concurrent(Runner):
         if self.comm.device.type != "cpu":
             # Issued first, awaited last: the whole step's compute is available to hide it.
             works = self.comm.issue()
-            self.compute.step()
+            self.compute.run()
             for w in works:
                 w.wait()
             sync_device(self.comm.device)
@@ -191,7 +205,7 @@ class Concurrent(Runner):
         ends: list[float] = []
         t0 = time.perf_counter()
         done = [w.get_future().then(lambda _, ends=ends: ends.append(time.perf_counter())) for w in self.comm.issue()]
-        self.compute.step()
+        self.compute.run()
         t1 = time.perf_counter()
         torch.futures.wait_all(done)
         # the backend runs a group's collectives one at a time: each starts as the one before ends

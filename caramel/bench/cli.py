@@ -25,7 +25,7 @@ from caramel.bench.phases import format_phases, phase_results
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   QUICK_STRATEGIES, BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates, rate_text
-from caramel.bench.report import FORMAT, Record, summarize, summarize_strategies, write_records
+from caramel.bench.report import FORMAT, Record, config_label, summarize, summarize_strategies, write_records
 from caramel.bench.tables import (format_markdown, format_predictions, format_summary, format_table, format_tuning,
                                   format_uneven)
 from caramel.errors import CaramelError
@@ -290,9 +290,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"caramel bench: {failures[-1]}", file=sys.stderr)
             continue
         attach_evidence(result.raw, trace_dir)
-        records += summarize(result.raw)
-        if result.raw.get("prediction_inputs"):
-            inputs[config.label] = result.raw["prediction_inputs"]
+        job_records = summarize(result.raw)
+        records += job_records
+        if result.raw.get("prediction_inputs") and job_records:
+            # keyed as the records group (`config_label`): a record finds its profile by its own label
+            inputs[config_label(job_records[0])] = result.raw["prediction_inputs"]
         versus += [dict(v, config=config.label) for v in versus_best_allreduce(result.raw)]
         if phases is not None:
             result.raw["bandwidth_trace"]["applied"] = result.trace_applied or []

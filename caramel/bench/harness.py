@@ -30,7 +30,7 @@ from caramel.bench.baselines import ComputeOnly, Runner, ddp_bucket_bytes, train
 from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.hetero_prediction import Heterogeneity
+from caramel.bench.hetero_prediction import Heterogeneity, unpadded_median_s
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.runners import bench_sgd, build_runners, jitter_of, log_rank0, make_workload, slow_worker_of
@@ -222,6 +222,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     dist.all_gather_object(wire_ranks, wire.totals() if wire is not None else None)
     spans: list[Any] = [None] * world
     dist.all_gather_object(spans, runners["concurrent"].spans)
+    paused: list[Any] = [None] * world  # --jitter: each compute-only step's own pause
+    if jitter:
+        dist.all_gather_object(paused, runners["compute"].paused_s)
     stamps: list[Any] = [None] * world
     if trace is not None:
         dist.all_gather_object(stamps, trace.stamps)
@@ -230,7 +233,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
     hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
-                           local_batch=int(workload.inputs.shape[0]))
+                           local_batch=int(workload.inputs.shape[0]),
+                           unpadded_compute_s=[unpadded_median_s(g["compute"], p, settings.steps_per_round)
+                                               for g, p in zip(gathered, paused)] if jitter else None)
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/pipeline_contention.py)
         save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
                                runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],

@@ -105,6 +105,9 @@ class JitterSchedule:
         self.fraction = fraction
         self.jittered = jittered
         self._rng = random.Random(seed)
+        self.slept_s: list[float] = []
+        """every sleep `jitter_down` took from this schedule, in order (the compute-only baseline's
+        measured steps take theirs out: `caramel.bench.baselines.ComputeOnly`)"""
 
     def next(self) -> float:
         return 1.0 + self._rng.uniform(-self.fraction, self.fraction) if self.jittered else 1.0
@@ -119,7 +122,9 @@ def jitter_down(model: nn.Module, per_sample_s: float, schedule: JitterSchedule)
     calibrated compute of its input's samples (evaluation forwards are not touched)."""
     def hook(_m, args, _out):
         if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-            time.sleep(schedule.sleep_factor() * per_sample_s * int(args[0].shape[0]))
+            pause_s = schedule.sleep_factor() * per_sample_s * int(args[0].shape[0])
+            schedule.slept_s.append(pause_s)
+            time.sleep(pause_s)
     model.register_forward_hook(hook)
 
 

@@ -244,11 +244,9 @@ class BenchConfig:
     def label(self) -> str:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
-        slow = f", rank {self.slow_worker[0]} x{self.slow_worker[1]:g} slower" if self.slow_worker else ""
-        if self.slow_link:
-            slow += f", rank {self.slow_link[0]}'s link /{self.slow_link[1]:g}"
-        if self.jitter:
-            slow += f", rank {self.jitter[0]} jitter +/-{self.jitter[1]:g} (seed {self.jitter[2]})"
+        from caramel.bench.record import heterogeneity_suffix
+
+        slow = heterogeneity_suffix(self.slow_worker, self.slow_link, self.jitter)
         return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}{slow}"
 
     @property

@@ -69,8 +69,9 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
                         hetero: Heterogeneity | None = None) -> dict[str, Any]:
     """The ClusterSpecs the predictions run on: "base" for every strategy, and "jitter" (with a
     `--jitter` configuration) for the simulators that read the bench's jitter emulation, its
-    speeds from the unpadded compute (`caramel.bench.hetero_prediction`)."""
-    hetero = hetero or Heterogeneity()
+    speeds from the unpadded compute (`caramel.bench.hetero_prediction`; none when a pause is at
+    least the measured compute)."""
+    hetero = (hetero or Heterogeneity()).check(world)
     uneven: dict[str, Any] = {}
     rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
     if rates:
@@ -78,10 +79,11 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
     out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven)}
     if hetero.jitter:
-        unpadded = hetero.unpadded_compute_s(rank_compute_s) if rank_compute_s else None
-        out["jitter"] = bench_cluster(world, bandwidth_bps,
-                                      worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
-                                      compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
+        unpadded, problem = hetero.unpadded_compute_s_of(rank_compute_s) if rank_compute_s else (None, None)
+        if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)
+            out["jitter"] = bench_cluster(world, bandwidth_bps,
+                                          worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
+                                          compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
     return out
 
 
@@ -103,8 +105,11 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
     clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        which = "jitter" if hetero.reads_jitter(name) else "base"
-        marks = {"cluster": which, **({"ignores": hetero.ignored_by(name)} if hetero.ignored_by(name) else {})}
+        which = "jitter" if hetero.reads_jitter(name) and "jitter" in clusters else "base"
+        ignores = hetero.ignored_by(name) + (["jitter"] if hetero.reads_jitter(name) and which == "base" else [])
+        marks = {"cluster": which, **({"ignores": ignores} if ignores else {})}
+        if hetero.reads_jitter(name) and which == "base":
+            marks["note"] = hetero.unpadded_compute_s_of(rank_compute_s)[1] if rank_compute_s else "no compute medians"
         try:
             (p,) = predict(profile, clusters[which], [name])
             out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error,
@@ -124,7 +129,7 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
     factor; `hetero`: the configuration's uneven workers, and under "prediction_inputs" what a
     replay needs (the profile, each rank's compute median, the heterogeneity, the clusters the
-    predictions ran on). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
+    predictions ran on, and those of the rate-only ones). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
     link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
@@ -133,8 +138,11 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
                 "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
+    modelled = profile is not None and world > 1
     clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero)
-                if profile is not None and net_bps is not None and world > 1 else {})
+                if modelled and net_bps is not None else {})
+    rate_only = (prediction_clusters(profile, world, rate_only_bps, rank_compute_s, hetero=hetero)
+                 if modelled and rate_only_bps is not None else {})
     return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero),
             "compute_slowdown": slowdown,
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
@@ -143,7 +151,8 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
             "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
                                   "rank_compute_s": list(rank_compute_s),
                                   "heterogeneity": (hetero or Heterogeneity()).to_dict(),
-                                  "clusters": {k: c.to_dict() for k, c in clusters.items()}}}
+                                  "clusters": {k: c.to_dict() for k, c in clusters.items()},
+                                  "clusters_rate_only": {k: c.to_dict() for k, c in rate_only.items()}}}
 
 
 def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int, rank_compute_s: list[float],
@@ -280,11 +289,12 @@ def accuracy_by_kind(errors: list[tuple[str, float]]) -> dict[str, dict[str, flo
 
 def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck]:
     """`check_recommendation` per configuration of bench records (`label(record)` names the
-    configuration), in the order first seen."""
+    configuration), in the order first seen; a prediction whose simulator ignores an input of
+    the configuration (`prediction_ignores`) is left out of the pool, as out of the accuracy."""
     out = []
     for conf in dict.fromkeys(label(r) for r in records):
         rows = [(r.strategy, r.step_time_median_s, r.predicted_step_s, bool(r.prediction_exact))
-                for r in records if label(r) == conf]
+                for r in records if label(r) == conf and not getattr(r, "prediction_ignores", None)]
         check = check_recommendation(conf, rows)
         if check is not None:
             out.append(check)

@@ -80,6 +80,10 @@ class Record:
     """caramel with balance="dropout": each rank's fraction of units dropped at the end"""
     slow_worker: dict[str, Any] | None = None
     """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
+    slow_link: list | None = None
+    """--slow-link: `[rank, factor]` (`caramel.bench.hetero`; caramel.bench/3)"""
+    jitter: list | None = None
+    """--jitter: `[rank, fraction, seed]` (`caramel.bench.hetero`; caramel.bench/3)"""
     predicted_step_s: float | None = None
     """the strategy's simulator model on the profile and achieved link rate (`caramel.bench.prediction`)"""
     prediction_error: float | None = None
@@ -88,14 +92,17 @@ class Record:
     """whether the strategy trains DDP's parameters (only those are recommended)"""
     prediction_note: str | None = None
     """why there is no prediction"""
+    prediction_cluster: str | None = None
+    """which of `prediction_inputs`' clusters the prediction ran on ("base", "jitter"; caramel.bench/3)"""
     prediction_ignores: list[str] | None = None
     """the configuration's heterogeneity (slow_link, jitter, slow_worker) the strategy's simulator
     does not take: the prediction is marked, not counted toward the accuracy
     (`caramel.bench.hetero_prediction`)"""
     prediction_inputs: dict[str, Any] | None = None
     """what a replay of the job's predictions needs beyond the profile (in the file's meta
-    `prediction_inputs`, per configuration): each rank's compute-only median, the heterogeneity
-    and the ClusterSpecs the predictions ran on"""
+    `prediction_inputs`, keyed by `config_label`, with the profile): each rank's compute-only
+    median, the heterogeneity and the ClusterSpecs the predictions ran on (`clusters`, and
+    `clusters_rate_only` for `predicted_rate_only_s`, caramel.bench/3)"""
     predicted_rate_only_s: float | None = None
     """the same model from the link rate alone: no probed fixed costs per collective (the spec's
     defaults), no CPU contention"""
@@ -147,4 +154,16 @@ def config_label(r: Record) -> str:
     opts = "".join(f",{k}={v}" for k, v in sorted(r.model_options.items()))
     batch = f"b={r.batch_size}" if r.batch_size else ""
     link = r.bandwidth or (f"comm/compute {r.target_ratio:g}" if r.target_ratio is not None else "loopback")
-    return f"{r.model}({batch}{opts}) x{r.workers} @ {link}"
+    slow = [r.slow_worker["rank"], r.slow_worker["factor"]] if r.slow_worker else None
+    return f"{r.model}({batch}{opts}) x{r.workers} @ {link}{heterogeneity_suffix(slow, r.slow_link, r.jitter)}"
+
+
+def heterogeneity_suffix(slow_worker: list | None, slow_link: list | None, jitter: list | None) -> str:
+    """A configuration label's uneven workers (`BenchConfig.label`, `config_label`): runs with and
+    without them are different configurations."""
+    out = f", rank {slow_worker[0]} x{slow_worker[1]:g} slower" if slow_worker else ""
+    if slow_link:
+        out += f", rank {slow_link[0]}'s link /{slow_link[1]:g}"
+    if jitter:
+        out += f", rank {jitter[0]} jitter +/-{jitter[1]:g} (seed {jitter[2]})"
+    return out

@@ -26,7 +26,8 @@ __all__ = ["FORMAT", "HEADLINE_REGIMES", "PLAN_LINE_BUCKETS", "REFERENCE_KIND", 
            "free_running_pace_s", "from_json", "job_step_times", "read_records", "reference_of", "regime_of",
            "round_means", "share_captured", "summarize", "summarize_strategies", "to_json", "write_records"]
 
-FORMAT = "caramel.bench/2"
+FORMAT = "caramel.bench/3"
+READS_FORMATS = ("caramel.bench/2", FORMAT)  # /3 added record keys (docs/benchmarks.md); /2 files load as they are
 HEADLINE_REGIMES = ("balanced", "comm-bound")
 PLAN_LINE_BUCKETS = 8  # bucket sizes a report's plan line lists before "..."
 
@@ -50,7 +51,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     common = dict(model=cfg["model"], workers=cfg["workers"], bandwidth=cfg.get("bandwidth"), compute_s=compute_s,
                   comm_s=comm_s, comm_compute_ratio=ratio, regime=regime_of(comm_s, compute_s),
                   intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
-                  model_options=dict(cfg.get("model_options", {})), network=meta.get("network", "unknown"),
+                  model_options=dict(cfg.get("model_options", {})), slow_worker=meta.get("slow_worker"),
+                  slow_link=cfg.get("slow_link"), jitter=cfg.get("jitter"), network=meta.get("network", "unknown"),
                   grad_bytes=meta.get("grad_bytes"), lower_bound_s=lower_bound, concurrent_s=concurrent_s,
                   reference=ref, reference_step_s=ref_s, target_ratio=target,
                   rate_source=(None if cfg.get("bandwidth") is None else
@@ -87,9 +89,9 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                                                                 (raw.get("pipeline_plan_mismatch") or {}).get(name)),
             dropout_fractions=st.get("dropout_fractions"), tuning=(raw.get("tuning") or {}).get(name),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
-            slow_worker=meta.get("slow_worker"), predicted_step_s=pred.get("step_time_s"),
+            prediction_cluster=pred.get("cluster"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),
-            prediction_note=pred.get("error"), prediction_ignores=pred.get("ignores") or None,
+            prediction_note=pred.get("error") or pred.get("note"), prediction_ignores=pred.get("ignores") or None,
             predicted_rate_only_s=raw.get("predicted_rate_only", {}).get(name, {}).get("step_time_s"),
             wire_bytes_per_sample=_wire_per_sample((raw.get("wire_tx") or {}).get(name), meta.get("local_batch"),
                                                    cfg["workers"]), **common))
@@ -173,7 +175,7 @@ def summarize_strategies(records: list[Record]) -> list[StrategySummary]:
 
 
 def to_json(records: list[Record], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`caramel.bench/2`: {"format", "records": [...], "summary": [...], "meta": {...}}; each record
+    """`caramel.bench/3`: {"format", "records": [...], "summary": [...], "meta": {...}}; each record
     also carries its configuration's estimated ceiling (`ceiling_s`, None without one)."""
     return {
         "format": FORMAT,
@@ -200,10 +202,10 @@ _DERIVED_KEYS = ("ceiling_s",)
 
 
 def from_json(data: Any, source: str = "<data>") -> BenchResults:
-    """Records, summary and meta of a `caramel.bench/2` document; a FormatError names the version expected."""
+    """Records, summary and meta of a `caramel.bench/2` or `/3` document; a FormatError names the versions expected."""
     tag = data.get("format") if isinstance(data, dict) else None
-    if tag != FORMAT:
-        raise FormatError(f"{source}: format {tag!r} is not a bench result this version reads (expected {FORMAT!r}"
+    if tag not in READS_FORMATS:
+        raise FormatError(f"{source}: format {tag!r} is not a bench result this version reads (expected one of {', '.join(map(repr, READS_FORMATS))}"
                           + ("; caramel.bench/1 files come from the link-rate matrix and its targets, before the "
                              "stronger-DDP reference" if tag == "caramel.bench/1" else "") + ")")
     names = {f.name for f in fields(Record)}
@@ -225,7 +227,7 @@ def from_json(data: Any, source: str = "<data>") -> BenchResults:
 
 
 def read_records(path: str | Path) -> BenchResults:
-    """Read a bench JSON file written by `write_records` (`caramel.bench/2` only)."""
+    """Read a bench JSON file written by `write_records` (`caramel.bench/2` or `/3`)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())

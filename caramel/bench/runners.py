@@ -74,16 +74,20 @@ def build_runners(config: BenchConfig, settings: BenchSettings, strategies: list
     (`Screening.to_dict()`). `plan_inputs` (the job's profile, gradient bytes and link probe; a
     job with a pipeline): the baselines run their rounds first, and `ctx` gets the ClusterSpec and
     profile the pipelines plan from (`caramel.bench.pipeline_plan`)."""
-    def handicap(model: torch.nn.Module) -> None:
+    def handicap(model: torch.nn.Module) -> JitterSchedule | None:
         if delay_per_sample_s:  # this rank is the emulated slow worker: every model it trains is slowed
             slow_down(model, delay_per_sample_s)
-        if jitter:  # --jitter: every model replays the same seeded draws (caramel.bench.hetero)
-            jitter_down(model, jitter["compute_per_sample_s"],
-                        JitterSchedule(jitter["fraction"], jitter["seed"], jittered=jitter["rank"] == ctx.rank))
+        if not jitter:
+            return None
+        # --jitter: every model replays the same seeded draws (caramel.bench.hetero)
+        schedule = JitterSchedule(jitter["fraction"], jitter["seed"], jittered=jitter["rank"] == ctx.rank)
+        jitter_down(model, jitter["compute_per_sample_s"], schedule)
+        return schedule
 
     probe = make_workload(config, settings.seed, ctx.device)
-    handicap(probe.model)
+    schedule = handicap(probe.model)
     compute = ComputeOnly(probe.model, bench_sgd(probe.model, settings), probe.inputs, probe.targets, probe.loss_fn, ctx.device)
+    compute.jitter = schedule  # its measured steps' own pauses (the predictions' unpadded compute)
     group, prio = baseline_group(ctx)
     comm = CommOnly(probe.model, ctx.device, process_group=group, priority=prio)
     runners: dict[str, Runner] = {"compute": compute, "comm": comm, "concurrent": Concurrent(compute, comm)}

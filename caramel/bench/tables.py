@@ -303,20 +303,22 @@ def format_predictions(records: list[Record]) -> str:
         f = rows[0].compute_slowdown if rows else None
         slowed = f" (compute {f:.2f}x slower beside transfers)" if f is not None and f > 1 else ""
         lines.append(f"- {label}{slowed}: " + "; ".join(parts))
+    marked = sum(bool(r.prediction_ignores) and r.prediction_error is not None for r in records)
+    left = f"; {marked} row(s) whose simulator ignores the configuration's heterogeneity left out" if marked else ""
     checks = recommendation_checks(records, config_label)
     if checks:
         hits = sum(c.hit for c in checks)
-        lines += ["", f"Recommendation (the fastest predicted of the strategies that train DDP's parameters) was the "
-                      f"measured fastest or within {RECOMMENDATION_TOLERANCE:.0%} of it on {hits} of {len(checks)} "
-                      "configuration(s):"]
+        lines += ["", f"Recommendation (the fastest predicted of the strategies that train DDP's parameters{left}) "
+                      f"was the measured fastest or within {RECOMMENDATION_TOLERANCE:.0%} of it on {hits} of "
+                      f"{len(checks)} configuration(s):"]
         lines += [f"- {c.configuration}: recommended {c.recommended} ({_ms(c.recommended_step_s)} ms), measured "
                   f"fastest {c.fastest} ({_ms(c.fastest_step_s)} ms): " + ("hit" if c.hit else f"miss, {c.slowdown:+.0%}")
                   for c in checks]
     acc = records_accuracy(records)
-    marked = sum(bool(r.prediction_ignores) and r.prediction_error is not None for r in records)
+    if not acc and marked:
+        lines += ["", f"No accuracy or recommendation check: every one of the {marked} predicted row(s) comes from a "
+                      "simulator that ignores the configuration's heterogeneity."]
     if acc:
-        left = (f"; {marked} row(s) whose simulator ignores the configuration's heterogeneity left out"
-                if marked else "")
         lines += ["", f"Accuracy per strategy kind (|predicted / measured - 1|; target {ACCURACY_TARGET:.0%}{left}):"]
         lines += [f"- {k}: median {a['median_abs_error']:.0%}, largest {a['max_abs_error']:.0%}, "
                   f"{a['within_target']:.0%} of {a['rows']} row(s) within the target" for k, a in acc.items()]

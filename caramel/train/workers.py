@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from caramel.cluster.local import worker_env
@@ -50,7 +51,13 @@ def run_worker(cfg: TrainConfig, script_args: list[str]) -> dict | None:
 
 
 def launch_local(cfg: TrainConfig, script_args: list[str]) -> int:
-    """Start `cfg.parallel.workers` local workers with `torchrun --standalone`; return its exit code."""
+    """Start `cfg.parallel.workers` local workers with `torchrun --standalone`; return its exit code.
+
+    Nothing outlives the launcher when it is stopped by Ctrl-C, an error or SIGTERM: while it
+    waits a SIGTERM handler (the previous one restored after) raises SystemExit(143), torchrun's
+    process group is stopped (`_stop`), the workers it started in sessions of their own are
+    killed if torchrun left them, and its log directory is removed. SIGKILL cannot be handled:
+    then torchrun and its workers are orphaned and `caramel-torchrun-*` stays in the temp dir."""
     cmd = worker_command(cfg, script_args)
     # torchrun's per-attempt files (its error reports) go to a directory we delete: without
     # --log-dir it makes one in the system temp dir and leaves it there
@@ -59,15 +66,32 @@ def launch_local(cfg: TrainConfig, script_args: list[str]) -> int:
                 "--nproc-per-node", str(cfg.parallel.workers), "--max-restarts", str(cfg.parallel.max_restarts)]
     argv = torchrun + cmd[1:]  # torchrun runs `-m caramel.cli ...` with the same interpreter
     print(f"caramel train: starting {cfg.parallel.workers} local workers: {' '.join(argv)}", file=sys.stderr, flush=True)
+    state = {"started": False, "terminated": False}
+
+    def on_sigterm(signum, _frame):
+        # raise once, and only once torchrun is started (so its stop runs); later ones wait for the stop
+        first, state["terminated"] = not state["terminated"], True
+        if first and state["started"]:
+            raise SystemExit(128 + signum)
+
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
     try:
         proc = subprocess.Popen(argv, env=worker_env(), start_new_session=True)
+        state["started"] = True
         try:
+            if state["terminated"]:  # a SIGTERM while torchrun was starting
+                raise SystemExit(128 + signal.SIGTERM)
             return proc.wait()
         except BaseException:
-            # Ctrl-C or an error here: torchrun forwards SIGTERM to its workers; make sure nothing outlives us.
+            # Ctrl-C, SIGTERM or an error here: torchrun forwards SIGTERM to its workers; make sure nothing outlives us.
+            workers = _children(proc.pid)
             _stop(proc)
+            _kill_left(workers)
             raise
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
@@ -82,6 +106,30 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         try:
             proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
+            continue
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is `pid`, with their start time (`/proc`; [] elsewhere):
+    torchrun's workers, each in a session of its own that stopping torchrun's group misses."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append((int(entry.parent.name), fields[19]))  # ppid; starttime tells a reused pid apart
+    return out
+
+
+def _kill_left(workers: list[tuple[int, str]]) -> None:
+    """SIGKILL the sessions of the workers torchrun left running (the same process: same start time)."""
+    for pid, started in workers:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == started:
+                os.killpg(pid, signal.SIGKILL)
+        except (OSError, IndexError):
             continue
 
 

@@ -79,7 +79,7 @@ def test_concurrent_issues_all_communication_first_awaits_it_last_and_times_the_
         return wait_all(futs)
 
     monkeypatch.setattr(baselines.dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(compute, "step", compute_step)
+    monkeypatch.setattr(compute, "run", compute_step)  # the concurrent baseline's compute
     monkeypatch.setattr(torch.futures, "wait_all", finish_then_wait)
     concurrent = Concurrent(compute, comm)
     concurrent.step()

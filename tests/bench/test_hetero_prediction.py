@@ -1,6 +1,8 @@
 """A heterogeneous configuration's slow link, jitter and slow worker in the predictions' cluster."""
 import pytest
 
+from caramel.errors import CaramelError
+
 from caramel.bench.hetero import JitterSchedule, link_rates_bps
 from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, predict_strategies, prediction_clusters
@@ -23,8 +25,7 @@ def test_the_slow_link_is_each_workers_rate_in_the_shaped_ratio_at_the_achieved_
     (base,) = prediction_clusters(profile, 4, 2e8, [profile.step_time_s] * 4, hetero=hetero).values()
     # the emulated cluster shapes rank 2's veth at a quarter of the others'; the ring all-reduce
     # the rate was measured on runs at that link's rate, so the others get four times it
-    shaped = link_rates_bps(1e9, 4, [2, 4.0])
-    assert base.meta["worker_bandwidth_bps"] == pytest.approx([2e8 * r / min(shaped) for r in shaped])
+    assert link_rates_bps(1e9, 4, [2, 4.0]) == [1e9, 1e9, 2.5e8, 1e9]
     assert base.meta["worker_bandwidth_bps"] == pytest.approx([8e8, 8e8, 2e8, 8e8])
     assert base.bandwidth_bps == 2e8  # the all-reduce models' one rate: the bottleneck as measured
     assert link_rate_Bps(base) == pytest.approx([1e8, 1e8, 2.5e7, 1e8])  # what the gossip simulator reads, bytes/s
@@ -37,15 +38,17 @@ def test_the_slow_link_is_each_workers_rate_in_the_shaped_ratio_at_the_achieved_
 
 def test_the_jitter_is_the_bench_schedule_with_the_pause_after_forward_on_unpadded_speeds():
     profile = synthetic_profile(6)
+    unit_s = PER_SAMPLE_S * BATCH  # the calibrated compute per step the bench's sleep is a multiple of
+    unpadded = [0.100, 0.090, 0.100, 0.110]  # as the harness measured them, step by step
     hetero = _jitter()
-    pause_s = (2.0 - 1.0) * PER_SAMPLE_S * BATCH  # nominal 2 at +/-50%, the draws' median 1
-    compute = [0.100, 0.100 + pause_s, 0.100 + pause_s, 0.100 + pause_s]
-    padded = [c + pause_s for c in compute]
+    hetero.unpadded_compute_s = unpadded
+    padded = [c + unit_s for c in unpadded]
     clusters = prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)
     assert set(clusters) == {"base", "jitter"}
     jit = clusters["jitter"]
-    assert jit.meta["compute_jitter"] == {"rank": 1, "fraction": 0.5, "seed": 3, "pause_after_forward": True}
-    assert [w.speed for w in jit.workers] == pytest.approx([profile.step_time_s / c for c in compute])
+    assert jit.meta["compute_jitter"] == {"rank": 1, "fraction": 0.5, "seed": 3, "pause_after_forward": True,
+                                          "pause_unit_s": pytest.approx(unit_s)}
+    assert [w.speed for w in jit.workers] == pytest.approx([profile.step_time_s / c for c in unpadded])
     assert [w.speed for w in clusters["base"].workers] == pytest.approx([profile.step_time_s / c for c in padded])
     assert "compute_jitter" not in clusters["base"].meta
     # the simulator draws the factors the bench's schedule sleeps by: the same seeded distribution
@@ -62,6 +65,93 @@ def test_the_jitter_is_the_bench_schedule_with_the_pause_after_forward_on_unpadd
     assert preds[GOSSIP]["step_time_s"] != pytest.approx(steady)  # the draws move the gossip prediction
 
 
+def test_the_unpadded_compute_takes_out_the_pauses_the_measured_steps_slept():
+    """The compute-only runner records its own steps' pauses (not the concurrent baseline's,
+    which trains the same model): each measured step less its own pause is the compute."""
+    import statistics
+
+    import torch
+
+    from caramel.bench.baselines import ComputeOnly
+    from caramel.bench.blocks import measure_block
+    from caramel.bench.hetero import jitter_down
+    from caramel.bench.hetero_prediction import unpadded_median_s
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    schedule = JitterSchedule(0.5, 3)
+    jitter_down(model, 1e-4, schedule)
+    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
+                          torch.nn.MSELoss(), torch.device("cpu"))
+    compute.jitter = schedule
+    compute.step()  # a warm-up step
+    compute.start_measuring()
+    times = measure_block(compute, 5)
+    compute.run()  # what the concurrent baseline's compute calls: its draw is not recorded
+    times += measure_block(compute, 5)
+    assert len(schedule.slept_s) == 1 + 6 + 1 + 6 and len(compute.paused_s) == 12
+    measured = schedule.slept_s[2:7] + schedule.slept_s[9:]  # the entry steps and the unrecorded one dropped
+    assert [p for i, p in enumerate(compute.paused_s) if i % 6] == measured
+    assert unpadded_median_s(times, compute.paused_s, 5) == pytest.approx(
+        statistics.median(t - p for t, p in zip(times, measured)))
+    with pytest.raises(CaramelError, match="do not align"):
+        unpadded_median_s(times[:-1], compute.paused_s, 5)
+
+
+def test_the_jittered_rank_is_not_faster_than_identical_workers():
+    """A file with the padded medians only: the jittered rank's draws in the baseline's steps
+    had a median below 1 (fewer than infinitely many), so its padded median is lower; taking
+    out the median pause at a draw of 1 would make it a faster worker. The ranks do the same
+    work: it runs at the others' pace."""
+    profile = synthetic_profile(6)
+    hetero = _jitter()
+    unit_s = PER_SAMPLE_S * BATCH
+    padded = [0.1 + unit_s, 0.1 + (2 * 0.9 - 1) * unit_s, 0.1 + unit_s, 0.1 + unit_s]  # rank 1's draws: median 0.9
+    speeds = [w.speed for w in prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)["jitter"].workers]
+    assert speeds[1] <= max(speeds[:1] + speeds[2:]) * (1 + 1e-9)
+    assert speeds == pytest.approx([profile.step_time_s / 0.1] * 4)
+
+
+def test_a_pause_beyond_the_measured_compute_marks_the_jitter_ignored():
+    """A calibration slower than the compute measured later: the pause is more than the padded
+    median, no unpadded speed exists, and the gossip prediction says it ran without the jitter."""
+    profile = synthetic_profile(6)
+    hetero = _jitter()  # the pause at the median: 64 ms
+    padded = [0.05] * 4
+    clusters = prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)
+    assert set(clusters) == {"base"}
+    preds = predict_strategies(profile, [GOSSIP, "ddp"], 4, 2e8, padded, hetero=hetero)
+    assert preds[GOSSIP]["cluster"] == "base" and preds[GOSSIP]["ignores"] == ["jitter"]
+    assert "at least rank(s) 0, 1, 2, 3's measured compute" in preds[GOSSIP]["note"]
+    assert preds[GOSSIP]["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("hetero, match", [
+    ({"slow_links": [1, 2.0]}, r"heterogeneity: unknown key\(s\) 'slow_links'; expected slow_link, jitter"),
+    ({"slow_link": [1]}, r"heterogeneity.slow_link must be \[rank, factor >= 1\], got \[1\]"),
+    ({"slow_link": [1, 0.5]}, "heterogeneity.slow_link"),
+    ({"jitter": {"rank": 1, "fraction": 0.5}}, "heterogeneity.jitter must be a dict with at least rank, fraction, seed"),
+    ({"jitter": {"rank": 1, "fraction": 1.5, "seed": 0, "compute_per_sample_s": 1e-3}}, r"a fraction in \(0, 1\)"),
+    ({"local_batch": 0}, "heterogeneity.local_batch must be an integer >= 1"),
+    ({"slow_worker": {"rank": "1"}}, "heterogeneity.slow_worker must be a dict with an int rank"),
+    ([1, 2], "heterogeneity must be a dict"),
+])
+def test_bad_heterogeneity_is_one_clear_error(hetero, match):
+    with pytest.raises(CaramelError, match=match):
+        Heterogeneity.from_dict(hetero)
+
+
+def test_a_rank_outside_the_workers_or_a_jitter_without_its_batch_is_one_clear_error():
+    profile = synthetic_profile(6)
+    with pytest.raises(CaramelError, match=r"heterogeneity.slow_link: rank must be an int in 0..3 .*got 4"):
+        predict_strategies(profile, NAMES, 4, 2e8, hetero=Heterogeneity(slow_link=[4, 2.0]))
+    with pytest.raises(CaramelError, match=r"heterogeneity.jitter: rank must be an int in 0..1"):
+        prediction_clusters(profile, 2, 2e8, hetero=_jitter(rank=2))
+    no_batch = Heterogeneity(jitter=_jitter().jitter)
+    with pytest.raises(CaramelError, match="heterogeneity.local_batch: the jitter's pause needs the local batch"):
+        predict_strategies(profile, [GOSSIP], 4, 2e8, [0.2] * 4, hetero=no_batch)
+
+
 def test_a_slow_worker_is_its_speed_and_every_simulator_takes_it():
     profile = synthetic_profile(6)
     hetero = Heterogeneity(slow_worker={"rank": 3, "factor": 3.0, "method": "calibrated delay"})
@@ -73,28 +163,54 @@ def test_a_slow_worker_is_its_speed_and_every_simulator_takes_it():
     assert Heterogeneity(slow_link=[0, 2.0], slow_worker={"rank": 1}).ignored_by("pipeline") == ["slow_link"]
 
 
-def test_the_job_records_what_a_replay_of_its_predictions_needs():
-    profile = synthetic_profile(6)
-    hetero = _jitter()
-    compute = [profile.step_time_s + hetero.pause_s()] * 4
-    out = job_predictions(profile, [GOSSIP, "ddp"], 4, 2_000_000, 0.05, 1, compute, [[] for _ in range(4)], None,
-                          hetero=Heterogeneity(slow_link=[2, 4.0], jitter=hetero.jitter, local_batch=BATCH))
-    inputs = out["prediction_inputs"]
-    assert inputs["rank_compute_s"] == compute and inputs["heterogeneity"]["slow_link"] == [2, 4.0]
-    assert inputs["heterogeneity"]["jitter"]["seed"] == 3 and inputs["heterogeneity"]["local_batch"] == BATCH
-    assert set(inputs["clusters"]) == {"base", "jitter"}
-    assert inputs["clusters"]["jitter"]["meta"]["compute_jitter"]["pause_after_forward"] is True
-    assert len(inputs["clusters"]["base"]["meta"]["worker_bandwidth_bps"]) == 4
-    assert out["predicted"]["ddp"]["ignores"] == ["jitter"] and out["predicted_rate_only"]["ddp"]["ignores"] == ["jitter"]
-    # the record alone replays the predictions: the profile and each strategy's cluster
+def test_the_written_file_replays_every_prediction(tmp_path):
+    """The bench's path: the job's predictions, its records, the file with meta
+    `prediction_inputs` keyed by the records' label; read back, each record's prediction (and
+    the rate-only one) replays from the file alone on the cluster the record names."""
+    from caramel.bench.report import config_label, read_records, summarize, write_records
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
     from caramel.topology.spec import ClusterSpec
 
-    replayed = ModelProfile.from_dict(inputs["profile"])
-    for name, which in ((GOSSIP, "jitter"), ("ddp", "base")):
-        (p,) = predict(replayed, ClusterSpec.from_dict(inputs["clusters"][which]), [name])
-        assert p.step_time_s == pytest.approx(out["predicted"][name]["step_time_s"])
+    profile = synthetic_profile(6)
+    hetero = _jitter()
+    hetero.slow_link, hetero.unpadded_compute_s = [2, 4.0], [profile.step_time_s] * 4
+    compute = [profile.step_time_s + hetero.pause_s()] * 4
+    names = [GOSSIP, "ddp"]
+    out = job_predictions(profile, names, 4, 2_000_000, 0.05, 1, compute, [[] for _ in range(4)], None, hetero=hetero)
+    times = {n: [[0.2] * 4] * 4 for n in ("compute", "comm", *names)}
+    raw = {"format": "caramel.bench_raw/1", "settings": {"steps_per_round": 4},
+           "config": {"model": "mlp", "workers": 4, "bandwidth": "300mbit", "batch_size": BATCH, "model_options": {},
+                      "slow_link": [2, 4.0], "jitter": [1, 0.5, 3]},
+           "strategies": [{"kind": n.split(":")[0], "options": {}, "name": n} for n in names],
+           "step_times_s": times, "meta": {"network": "netns+tc 300mbit", "grad_bytes": 2_000_000}, **out}
+    records = summarize(raw)
+    label = config_label(records[0])
+    assert label == "mlp(b=32) x4 @ 300mbit, rank 2's link /4, rank 1 jitter +/-0.5 (seed 3)"
+    write_records(tmp_path / "bench.json", records, {"prediction_inputs": {label: raw["prediction_inputs"]}})
+
+    back = read_records(tmp_path / "bench.json")
+    assert [r.prediction_cluster for r in back.records] == ["jitter", "base"]
+    for r in back.records:
+        inputs = back.meta["prediction_inputs"][config_label(r)]
+        replayed = ModelProfile.from_dict(inputs["profile"])
+        for clusters, predicted_s in (("clusters", r.predicted_step_s), ("clusters_rate_only", r.predicted_rate_only_s)):
+            (p,) = predict(replayed, ClusterSpec.from_dict(inputs[clusters][r.prediction_cluster]), [r.strategy])
+            assert p.step_time_s == pytest.approx(predicted_s)
+    assert back.records[1].prediction_ignores == ["jitter"]
+
+
+def test_a_file_of_the_previous_format_still_loads():
+    """docs/results holds caramel.bench/2 files (no slow_link, jitter or prediction_cluster keys)."""
+    from pathlib import Path
+
+    from caramel.bench.report import read_records
+    from caramel.bench.tables import format_predictions
+
+    path = Path(__file__).resolve().parents[2] / "docs/results/bench-hetero-pred-jitter.json"
+    back = read_records(path)
+    assert len(back.records) == 4 and all(r.prediction_cluster is None and r.jitter is None for r in back.records)
+    assert "[prediction ignores jitter]" in format_predictions(back.records)
 
 
 def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accuracy():
@@ -116,3 +232,40 @@ def test_a_prediction_that_ignores_an_input_is_marked_and_left_out_of_the_accura
     assert "ddp 140.0 ms vs 200.0 ms (-30%) [prediction ignores jitter]" in text
     assert "1 row(s) whose simulator ignores" in text
     assert "- gossip: median 7%" in text and "- ddp:" not in text
+
+
+def _records(predicted: dict, names=("ddp", "caramel", "ps")):
+    from caramel.bench.report import summarize
+
+    medians = {"ddp": 0.2, "caramel": 0.25, "ps": 0.3}
+    times = {"compute": [[0.1] * 3] * 2, "comm": [[0.08] * 3] * 2, **{n: [[medians[n]] * 3] * 2 for n in names}}
+    raw = {"format": "caramel.bench_raw/1",
+           "config": {"model": "mlp", "workers": 2, "bandwidth": "300mbit", "batch_size": 8, "model_options": {}},
+           "strategies": [{"kind": n, "options": {}, "name": n} for n in names],
+           "step_times_s": times, "meta": {"network": "netns+tc 300mbit", "grad_bytes": 1000}, "predicted": predicted}
+    return summarize(raw)
+
+
+def test_the_recommendation_check_leaves_out_the_marked_predictions():
+    """ddp is measured fastest, but its prediction ignores the jitter: the check picks among
+    caramel and ps only, and says how many rows it left out."""
+    from caramel.bench.prediction import recommendation_checks
+    from caramel.bench.tables import config_label, format_predictions
+
+    recs = _records({"ddp": {"step_time_s": 0.1, "exact": True, "ignores": ["jitter"]},
+                     "caramel": {"step_time_s": 0.3, "exact": True}, "ps": {"step_time_s": 0.2, "exact": True}})
+    (check,) = recommendation_checks(recs, config_label)
+    assert (check.recommended, check.fastest) == ("ps", "caramel")  # ddp, the measured fastest, is not in the pool
+    text = format_predictions(recs)
+    assert "parameters; 1 row(s) whose simulator ignores the configuration's heterogeneity left out)" in text
+    assert "recommended ps (300.0 ms), measured fastest caramel (250.0 ms): miss, +20%" in text
+
+
+def test_a_configuration_whose_predictions_are_all_marked_says_so():
+    from caramel.bench.tables import format_predictions
+
+    recs = _records({n: {"step_time_s": 0.1, "exact": True, "ignores": ["jitter"]} for n in ("ddp", "caramel")},
+                    names=("ddp", "caramel"))
+    text = format_predictions(recs)
+    assert "Recommendation" not in text and "Accuracy per strategy kind" not in text
+    assert "every one of the 2 predicted row(s) comes from a simulator that ignores" in text

@@ -190,7 +190,7 @@ def _rec(strategy, t, ddp_t, compute=0.1, comm=0.1, bandwidth="1gbit", regime=No
 def test_json_and_markdown_outputs(tmp_path):
     recs = [_rec("ddp", 0.2, 0.2), _rec("caramel", 0.12, 0.2)]
     data = to_json(recs, {"command": "caramel bench"})
-    assert data["format"] == "caramel.bench/2"
+    assert data["format"] == "caramel.bench/3"
     for key in ("model", "workers", "bandwidth", "strategy", "step_time_median_s", "step_time_p90_s",
                 "compute_s", "comm_s", "reference", "speedup", "share_captured", "target_ratio", "rate_source",
                 "calibrated_compute_s", "ceiling_s", "efficiency"):
@@ -334,12 +334,12 @@ def test_json_round_trip_and_the_version_it_reads(tmp_path):
     # a file of the previous format, or of none, is refused naming the version this reader expects
     data["format"] = "caramel.bench/1"
     (tmp_path / "old.json").write_text(json.dumps(data))
-    with pytest.raises(FormatError, match="expected 'caramel.bench/2'"):
+    with pytest.raises(FormatError, match="expected one of 'caramel.bench/2', 'caramel.bench/3'"):
         report.read_records(tmp_path / "old.json")
-    with pytest.raises(FormatError, match="caramel.bench/2"):
+    with pytest.raises(FormatError, match="caramel.bench/3"):
         report.read_records(tmp_path / "missing.json")
-    (tmp_path / "bad.json").write_text('{"format": "caramel.bench/2", "records": [{"model": 1}]}')
-    with pytest.raises(FormatError, match="not a complete caramel.bench/2"):
+    (tmp_path / "bad.json").write_text('{"format": "caramel.bench/3", "records": [{"model": 1}]}')
+    with pytest.raises(FormatError, match="not a complete caramel.bench/3"):
         report.read_records(tmp_path / "bad.json")
 
 

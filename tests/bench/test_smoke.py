@@ -23,7 +23,7 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     printed = captured.out
     assert rc == 0, (printed + captured.err)[-3000:]
     data = json.loads(out.read_text())
-    assert data["format"] == "caramel.bench/2"
+    assert data["format"] == "caramel.bench/3"
     recs = {r["strategy"]: r for r in data["records"]}
     assert set(recs) == {"ddp", "caramel", "caramel:overlap=backward,planner=fifo", "ddp:comm_priority=auto"}
     for r in recs.values():
@@ -47,6 +47,19 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert 1.0 <= r["compute_slowdown"] <= 4.0, r
         assert r["prediction_error"] == pytest.approx(r["predicted_step_s"] / r["step_time_median_s"] - 1)
     assert "The simulator against the measurement" in md.read_text() and "Recommendation" in md.read_text()
+    # the file replays a record's prediction: its inputs keyed by the records' label, its cluster named
+    from caramel.bench.report import config_label, read_records
+    from caramel.profile.model_profile import ModelProfile
+    from caramel.strategies.recommend import predict
+    from caramel.topology.spec import ClusterSpec
+
+    back = read_records(out)
+    assert set(back.meta["prediction_inputs"]) == {config_label(r) for r in back.records}
+    r = next(r for r in back.records if r.strategy == "ddp")
+    inputs = back.meta["prediction_inputs"][config_label(r)]
+    assert r.prediction_cluster == "base" and set(inputs["clusters_rate_only"]) == {"base"}
+    (p,) = predict(ModelProfile.from_dict(inputs["profile"]), ClusterSpec.from_dict(inputs["clusters"]["base"]), ["ddp"])
+    assert p.step_time_s == pytest.approx(r.predicted_step_s)
     # the ps model's inputs were probed on the job's links (`caramel.bench.traffic_probe`)
     probe = recs["ddp"]["link_fit"]["traffic_probe"]
     assert probe["bulk_s"] > 0 and probe["all_to_all_s"] > 0 and probe["broadcasts_s"] > 0, probe

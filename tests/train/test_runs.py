@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,52 @@ def test_balanced_batches_give_a_slowed_worker_fewer_samples(tmp_path):
     first, last = s["share_changes"][0][1], s["share_counts"]
     assert first == [32, 32] and sum(last) == 64 and last[0] > last[1], s["share_changes"]  # rank 1 is 3x slower
     assert s["val_predictions"] == 180 and s["final_loss"] < s["first_loss"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_the_launcher_leaves_no_worker_and_no_log_dir(tmp_path):
+    """The launcher gets SIGTERM while two workers (sessions of their own under torchrun) run a
+    script that sleeps: it exits 143, neither torchrun nor a worker survives, and torchrun's log
+    dir is removed."""
+    from caramel.train.workers import _children
+
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, pathlib, time\n"
+                      f"pathlib.Path({str(tmp_path)!r}, 'ready.' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(tmp))
+    argv = [sys.executable, "-m", "caramel.cli", "train", "--out-dir", str(tmp_path / "run"), "--cluster", "off",
+            "--script", str(script), "--workers", "2"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    spawned: list[int] = []  # torchrun and the workers, each a session leader
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.05)
+        spawned = [pid for pid, _ in _children(proc.pid)] + [int((tmp_path / f"ready.{r}").read_text()) for r in (0, 1)]
+        assert len(spawned) == 3 and list(tmp.glob("caramel-torchrun-*"))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 143, stderr[-3000:]
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in spawned) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in spawned if _alive(p)], "processes outlived the launcher"
+        assert not list(tmp.glob("caramel-torchrun-*"))
+    finally:
+        for pid in [proc.pid] + spawned:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.communicate()

@@ -6,7 +6,9 @@ Jitter. `compute_jitter` {"rank", "fraction", "seed"} scales worker rank's compu
 uniform draw from [1 - f, 1 + f] (seeded). With `"pause_after_forward": true` it describes the
 bench's emulation instead (`caramel.bench.hetero`): compute cannot be made faster, so every
 worker runs its compute as profiled and sleeps after its forward for (nominal x draw - 1) x its
-forward + backward, nominal = 1 / (1 - f), draw 1 for the workers not jittered. A sleep is not
+forward + backward, nominal = 1 / (1 - f), draw 1 for the workers not jittered; with
+`"pause_unit_s"` (seconds) the pause is (nominal x draw - 1) x that instead, as the bench sleeps
+it (its calibrated compute per step, which need not equal the profile's at the worker's speed). A sleep is not
 compute: it does not slow beside transfers, and the exchange cannot hide behind the modules'
 forward for longer than their real compute.
 
@@ -45,12 +47,19 @@ def link_rate_Bps(cluster: ClusterSpec) -> list[float]:
 def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None]:
     """Per worker, per step, the draw (meta `compute_jitter`), and the nominal factor when the
     jitter is the bench's pause after the forward (module docstring), else None."""
+    draws, nominal, _ = jitter_spec(cluster, steps)
+    return draws, nominal
+
+
+def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None, float | None]:
+    """`jitter_factors` and the bench's pause unit in seconds (meta `compute_jitter.pause_unit_s`;
+    None: the pause scales the profiled forward + backward)."""
     n = cluster.world_size
     out = [[1.0] * steps for _ in range(n)]
     raw = cluster.meta.get("compute_jitter")
     if raw is None:
-        return out, None
-    keys = ("rank", "fraction", "seed", "pause_after_forward")
+        return out, None, None
+    keys = ("rank", "fraction", "seed", "pause_after_forward", "pause_unit_s")
     if not isinstance(raw, dict):
         raise CaramelError(f"cluster meta.compute_jitter must be a dict with keys {', '.join(keys)}, got {raw!r}")
     unknown = sorted(set(raw) - set(keys), key=str)
@@ -69,9 +78,17 @@ def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]],
         raise CaramelError(f"cluster meta.compute_jitter.seed must be an int, got {seed!r}")
     if not isinstance(pause, bool):
         raise CaramelError(f"cluster meta.compute_jitter.pause_after_forward must be true or false, got {pause!r}")
+    unit = raw.get("pause_unit_s")
+    if unit is not None and (isinstance(unit, bool) or not isinstance(unit, (int, float)) or not unit > 0
+                             or unit == float("inf")):
+        raise CaramelError(f"cluster meta.compute_jitter.pause_unit_s must be a finite number of seconds > 0 (the "
+                           f"compute per step the bench's pause is a multiple of), got {unit!r}")
+    if unit is not None and not pause:
+        raise CaramelError("cluster meta.compute_jitter.pause_unit_s needs pause_after_forward: true (it sizes the "
+                           "pause after the forward)")
     rng = random.Random(seed)
     out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
-    return out, (1.0 / (1.0 - frac) if pause else None)
+    return out, (1.0 / (1.0 - frac) if pause else None), (float(unit) if unit is not None else None)
 
 
 def flow_share(cluster: ClusterSpec, flows: int) -> float:

@@ -42,7 +42,8 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
 Cluster spec `meta` (all optional; `caramel.strategies.gossip.links`): `worker_bandwidth_bps`, a
 list of each worker's link rate (default the cluster's); `compute_jitter`, `{"rank": r,
 "fraction": f, "seed": s}`: worker r's compute time at each step is scaled by a uniform draw
-from [1 - f, 1 + f] (seeded); `push_efficiency`: the flows' share of the rate at n - 1 peers.
+from [1 - f, 1 + f] (seeded), or with `"pause_after_forward": true` (and `"pause_unit_s"`, the
+pause's unit in seconds) the bench's pause after the forward instead; `push_efficiency`: the flows' share of the rate at n - 1 peers.
 
 The all-reduce it is compared with (`meta["allreduce"]`), under the same links and jitter:
 every step waits for the slowest worker's forward and backward, then the part of a ring
@@ -63,7 +64,7 @@ from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
-from caramel.strategies.gossip.links import flow_share, jitter_factors, link_rate_Bps
+from caramel.strategies.gossip.links import flow_share, jitter_spec, link_rate_Bps
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
@@ -259,12 +260,14 @@ def job_step_median_s(end_s: list[list[float]], warm: int) -> float:
 def _jitter_and_pauses_s(profile: ModelProfile, cluster: ClusterSpec, steps: int):
     """Per worker and step, the compute's scale and the pause after the forward (`links`)."""
     n = cluster.world_size
-    jit, nominal = jitter_factors(cluster, steps)
+    jit, nominal, unit_s = jitter_spec(cluster, steps)
     if nominal is None:
         return jit, [[0.0] * steps for _ in range(n)]
-    # the bench's emulation: compute as profiled, a pause after the forward
+    # the bench's emulation: compute as profiled, a pause after the forward (in seconds as the
+    # bench sleeps it when the cluster says, else scaled from the profiled compute)
     fb_s = profile.forward_time_s + profile.backward_time_s
-    pauses_s = [[(nominal * d - 1.0) * fb_s / w.speed for d in draws] for draws, w in zip(jit, cluster.workers)]
+    units = [unit_s if unit_s is not None else fb_s / w.speed for w in cluster.workers]
+    pauses_s = [[max(nominal * d - 1.0, 0.0) * u for d in draws] for draws, u in zip(jit, units)]
     return [[1.0] * steps for _ in range(n)], pauses_s
 
 

@@ -115,6 +115,26 @@ def test_the_benchs_jitter_is_a_pause_after_the_forward(profile):
     assert padded.meta["allreduce"]["step_time_s"] >= profile.step_time_s + fb_s - 1e-9
 
 
+def test_the_pause_in_seconds_is_what_the_bench_sleeps(profile):
+    """`pause_unit_s`: each worker's pause is (nominal x draw - 1) x it, the seconds the bench's
+    schedule sleeps for the same seed, whatever the worker's speed (the profiled forward +
+    backward at that speed is not what the bench's calibration measured)."""
+    from caramel.bench.hetero import JitterSchedule
+    from caramel.strategies.gossip.simulate import _jitter_and_pauses_s
+
+    unit_s = 0.072
+    cluster = ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate((1.3, 1.5, 1.3))],
+                          bandwidth_bps=1e9, meta={"compute_jitter": {"rank": 1, "fraction": 0.5, "seed": 4,
+                                                                      "pause_after_forward": True,
+                                                                      "pause_unit_s": unit_s}})
+    jit, pauses_s = _jitter_and_pauses_s(profile, cluster, 16)
+    assert jit == [[1.0] * 16] * 3  # compute as profiled
+    bench = JitterSchedule(0.5, 4)
+    assert pauses_s[1] == pytest.approx([bench.sleep_factor() * unit_s for _ in range(16)])
+    steady = JitterSchedule(0.5, 4, jittered=False)
+    assert pauses_s[0] == pauses_s[2] == pytest.approx([steady.sleep_factor() * unit_s for _ in range(16)])
+
+
 def test_a_pause_is_not_slowed_by_the_transfers():
     """The exchange is on the wire for the first 70 ms (compute at half speed): a 20 ms forward
     takes 40 ms, the 60 ms pause runs at its own length though the exchange ends inside it,
@@ -182,6 +202,11 @@ def test_the_allreduce_waits_for_the_slowest_workers_pause(profile):
     ({"compute_jitter": {"rank": 1, "fraction": 0.5, "sed": 3}}, r"unknown key\(s\) 'sed'; expected rank, fraction"),
     ({"compute_jitter": {"rank": 1}}, "needs 'rank' and 'fraction'"),
     ({"compute_jitter": [1, 0.5]}, "compute_jitter must be a dict"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "pause_after_forward": True, "pause_unit_s": 0}},
+     r"compute_jitter.pause_unit_s must be a finite number of seconds > 0"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "pause_after_forward": True, "pause_unit_s": "1"}},
+     "pause_unit_s"),
+    ({"compute_jitter": {"rank": 1, "fraction": 0.5, "pause_unit_s": 0.1}}, "pause_unit_s needs pause_after_forward"),
 ])
 def test_bad_cluster_meta_is_one_clear_error(profile, meta, match):
     """Checked whatever the topology: one peer sends one flow, so push_efficiency is never used
