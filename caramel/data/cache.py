@@ -82,13 +82,21 @@ class ShardCache:
         `recheck`: a second look after waiting for the fetch lock, whose miss was counted already."""
         path = self.directory / info.name
         try:
+            inode = os.stat(path).st_ino
             data = path.read_bytes()
+        except FileNotFoundError:  # not cached, or evicted; never unlink here: another worker's
+            self.stats.misses += 0 if recheck else 1  # write may land between the miss and an unlink
+            return None
+        try:
             check_shard(info, data, str(path))
-            _touch(path)
-        except (FileNotFoundError, DataError):
-            path.unlink(missing_ok=True)
+        except DataError:
+            _unlink_if_same(path, inode)  # damaged: removed, unless a fresh copy replaced it meanwhile
             self.stats.misses += 0 if recheck else 1
             return None
+        try:
+            _touch(path)
+        except FileNotFoundError:
+            pass  # evicted after the read: the bytes read are whole and checked
         self.stats.hits += 1
         self.stats.bytes_read_local += len(data)
         return data
@@ -131,6 +139,15 @@ class ShardCache:
         except FileNotFoundError:
             pass  # another worker evicted it between the rename and the touch: kept, then evicted
         return True
+
+
+def _unlink_if_same(path: Path, inode: int) -> None:
+    """Remove `path` if it is still the file whose inode was `inode`."""
+    try:
+        if os.stat(path).st_ino == inode:
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
 
 
 def _touch(path: Path) -> None:

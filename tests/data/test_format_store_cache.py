@@ -140,3 +140,34 @@ def test_an_entry_another_worker_evicts_right_after_its_write_is_no_error(tmp_pa
     monkeypatch.setattr(cache_module, "atomic_write_bytes", write_then_evicted)
     assert cache.put(info, Store(str(tmp_path / "ds")).read_shard(info))
     assert cache.get(info) is None  # evicted: a miss, never a half entry
+
+
+def test_a_miss_never_removes_the_copy_another_worker_writes_right_after_it(tmp_path, monkeypatch):
+    """Loader workers share the cache: a shard absent when one worker looks may be renamed into
+    place by another a moment later; the miss must not remove that fresh copy, or the worker
+    waiting for the fetch lock finds nothing and fetches the shard from the store again."""
+    import pathlib
+
+    import caramel.data.cache as cache_module
+    index = write_dataset(tmp_path / "ds", _samples(4), samples_per_shard=2)
+    info = index.shards[0]
+    data = Store(str(tmp_path / "ds")).read_shard(info)
+    cache = ShardCache(tmp_path / "cache", budget_bytes=1 << 20)
+    target = tmp_path / "cache" / info.name
+    real_stat, real_read = os.stat, pathlib.Path.read_bytes
+    landed = []
+
+    def absent_then_written(path):  # the look finds nothing; the other worker's rename lands next
+        landed.append(path)
+        cache_module.atomic_write_bytes(target, data)
+        raise FileNotFoundError(str(path))
+
+    def first_look(path):
+        return not landed and os.fspath(path) == str(target)
+
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: absent_then_written(p) if first_look(p) else real_stat(p, *a, **k))
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda p: absent_then_written(p) if first_look(p) else real_read(p))
+    assert cache.get(info) is None  # this look missed ...
+    monkeypatch.undo()
+    assert cache.get(info, recheck=True) == data  # ... and the copy written meanwhile is still there
+    assert cache.stats.misses == 1 and cache.stats.hits == 1
