@@ -7,16 +7,17 @@ per-worker rates, the jitter's pause), keeping the recorded link costs, rate and
 and prints each strategy's recorded and replayed prediction against the measured median: what
 a change to how the bench derives those inputs does to a run already measured.
 
-    python experiments/replay_hetero_inputs.py docs/results/bench-hetero-pred-jitter.json
+    PYTHONPATH=. python experiments/replay_hetero_inputs.py docs/results/bench-hetero-pred-jitter.json
 """
 from __future__ import annotations
 
 import argparse
 
-from caramel.bench.hetero_prediction import Heterogeneity
+from caramel.bench.hetero_prediction import Heterogeneity, strategy_kind
 from caramel.bench.prediction import prediction_clusters
 from caramel.bench.report import config_label, read_records
 from caramel.profile.model_profile import ModelProfile
+from caramel.strategies import STRATEGIES
 from caramel.strategies.recommend import predict
 from caramel.topology.spec import ClusterSpec
 
@@ -44,11 +45,16 @@ def main() -> None:
         # a /2 file's records do not carry the heterogeneity their label would name: match by workers
         for r in (r for r in results.records if r.workers == world and r.step_time_median_s):
             which = r.prediction_cluster or ("jitter" if hetero.reads_jitter(r.strategy) else "base")
-            (p,) = predict(profile, clusters.get(which, clusters["base"]), [r.strategy])
+            cluster = clusters.get(which, clusters["base"])
+            (p,) = predict(profile, cluster, [r.strategy])
             m = r.step_time_median_s
-            print(f"  {r.strategy} ({config_label(r)}): measured {1e3 * m:.1f} ms, recorded prediction "
+            # the all-reduce models under the jitter's pauses: their per-step median beside the mean (`caramel.sim.jitter`)
+            meta = STRATEGIES.spec(r.strategy).simulate(profile, cluster).meta if which == "jitter" else {}
+            median_s = meta.get("job_step_median_s") if strategy_kind(r.strategy) != "gossip" else None
+            print(f"  {r.strategy} ({config_label(r)}) on {which}: measured {1e3 * m:.1f} ms, recorded prediction "
                   f"{1e3 * r.predicted_step_s:.1f} ({r.predicted_step_s / m - 1:+.1%}), replayed "
-                  f"{1e3 * p.step_time_s:.1f} ({p.step_time_s / m - 1:+.1%})")
+                  f"{1e3 * p.step_time_s:.1f} ({p.step_time_s / m - 1:+.1%})"
+                  + (f", per-step median {1e3 * median_s:.1f} ({median_s / m - 1:+.1%})" if median_s else ""))
 
 
 if __name__ == "__main__":

@@ -18,17 +18,18 @@ A configuration with `--slow-link`, `--jitter` or `--slow-worker` (`caramel.benc
   true` (the bench's emulation: a sleep after the forward) and `pause_unit_s`, the calibrated
   compute per step the bench's sleep is a multiple of (the calibration per sample x the local
   batch), so that the simulator pauses each step for what the bench sleeps, (nominal x draw - 1)
-  x it, for the simulators that read it (gossip). Their workers' speeds come from the unpadded
+  x it, for the simulators that read it (gossip; ddp and caramel, whose all-reduce waits each
+  step for the longest pause: `caramel.sim.jitter`). Their workers' speeds come from the unpadded
   compute: each rank's compute-only median of its measured steps less each step's own pause
   (the harness records the sleeps, `unpadded_median_s`), so the jittered rank's draws in the
   baseline's steps are taken out as they fell. Files from before that record only the padded
   medians: every rank but the jittered one less the median pause, (nominal - 1) x the
   calibration, and the jittered rank at the others' median (the ranks do the same work; its
   own draws are not known). When a pause is at least the measured compute (a calibration far
-  off the measurement), no unpadded speed can be derived: the gossip prediction runs on the
-  padded medians and is marked as ignoring the jitter. The other simulators get the padded
-  medians (the mean padding is in them, the per-step variance is not) and are marked as
-  ignoring the jitter.
+  off the measurement), no unpadded speed can be derived: those predictions run on the
+  padded medians and are marked as ignoring the jitter. The other simulators (ps, pipeline)
+  get the padded medians (the mean padding is in them, the per-step variance is not) and are
+  marked as ignoring the jitter.
 
 A prediction that ignores an input carries `ignores` (the record's `prediction_ignores`), and
 the report marks its row instead of counting it toward the simulator's accuracy or the
@@ -52,8 +53,9 @@ from caramel.stats import median
 INPUTS = ("slow_link", "jitter", "slow_worker")
 READS: dict[str, tuple[str, ...]] = {
     "gossip": ("slow_link", "jitter", "slow_worker"),  # worker_bandwidth_bps, compute_jitter, speeds
-    "ddp": ("slow_link", "slow_worker"),  # one rate: the ring's bottleneck, as the comm-only baseline measured it
-    "caramel": ("slow_link", "slow_worker"),
+    # one rate: the ring's bottleneck, as the comm-only baseline measured it; the jitter's pauses (`caramel.sim.jitter`)
+    "ddp": ("slow_link", "jitter", "slow_worker"),
+    "caramel": ("slow_link", "jitter", "slow_worker"),
 }
 """per strategy kind, the heterogeneity its simulator takes (the rest it ignores)"""
 DEFAULT_READS = ("slow_worker",)  # every simulator reads the workers' speeds

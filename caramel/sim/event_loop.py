@@ -131,12 +131,25 @@ class Busy:
         return t + work_s
 
 
+def pause_classes(speeds: list[float], pause_s: list[list[float]]) -> list[tuple[float, list[int]]]:
+    """Ranks grouped by speed and pauses (`run_engine`'s `pause_s`), slowest first (ties keep rank order)."""
+    groups: dict[tuple, list[int]] = {}
+    for r, s in enumerate(speeds):
+        groups.setdefault((float(s), tuple(pause_s[r])), []).append(r)
+    return sorted(((k[0], ranks) for k, ranks in groups.items()), key=lambda kv: (kv[0], kv[1][0]))
+
+
 def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: str, iterations: int,
-               record: bool, compute_slowdown: float = 1.0) -> EngineRun:
-    """Simulate `iterations` steps on every speed class; see the module docstring for semantics."""
+               record: bool, compute_slowdown: float = 1.0,
+               pause_s: list[list[float]] | None = None) -> EngineRun:
+    """Simulate `iterations` steps on every speed class; see the module docstring for semantics.
+    `pause_s` (per rank, per step): a sleep after the forward (`caramel.sim.jitter`): not
+    compute, so not slowed by transfers and free of their CPU cost; ranks of equal speed share a
+    timeline only with equal pauses. Not recorded in the trace (a gap before the backward)."""
     assert overlap in OVERLAPS and iterations >= 1
     busy = Busy(compute_slowdown, comm.cluster.collective_cpu_s if comm.cluster.world_size > 1 else 0.0)
-    lines = [Timeline(s, ranks) for s, ranks in speed_classes(speeds)]
+    classes = speed_classes(speeds) if pause_s is None else pause_classes(speeds, pause_s)
+    lines = [Timeline(s, ranks) for s, ranks in classes]
     items = work.items
     transfers = [comm.transfer_s(it.bytes) if comm.cluster.world_size > 1 else 0.0 for it in items]
     prev_transfer = 0.0  # the bandwidth part of the collective before, in wire order
@@ -179,6 +192,8 @@ def run_engine(work: Workload, speeds: list[float], comm: CommModel, overlap: st
             t = busy.advance(t, (work.forward_s - u) / s)
             if record:
                 line.events.append(("compute", "forward", "forward", fwd_start, t - fwd_start, step, None, None, None))
+            if pause_s is not None:
+                t += pause_s[line.ranks[0]][step]
             bwd_starts.append(t)
             line.wait_s.append(waited)
             line.waits.append(waits)

@@ -15,6 +15,7 @@ from caramel.plan.plan import OVERLAPS, Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.collectives import CommModel
 from caramel.sim.compression import compress_workload
+from caramel.sim.jitter import JITTER_STEPS, forward_pauses_s, job_steps_s, jitter_summary
 from caramel.sim.event_loop import run_engine, steady_period_s, summarize_critical_path, trace_events
 from caramel.sim.workload import Workload, build_workload
 from caramel.trace.events import Trace
@@ -105,11 +106,21 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
     assert comm.cluster is cluster or comm.cluster.world_size == cluster.world_size
     work = compress_workload(build_workload(profile, plan), profile, plan)
     speeds = [w.speed for w in cluster.workers]
-    run = run_engine(work, speeds, comm, overlap, iterations, record=trace, compute_slowdown=float(compute_slowdown))
+    pauses = forward_pauses_s(profile, cluster, max(iterations, JITTER_STEPS + 1))
+    if pauses is not None:  # the bench's jitter: a pause after each forward, many steps (`caramel.sim.jitter`)
+        iterations = len(pauses[0])
+    run = run_engine(work, speeds, comm, overlap, iterations, record=trace, compute_slowdown=float(compute_slowdown),
+                     pause_s=pauses)
 
     step = max(steady_period_s(ln) for ln in run.timelines)
+    jitter_meta = {}
+    if pauses is not None:
+        jitter_meta = jitter_summary(job_steps_s([ln.forward_start_s for ln in run.timelines]))
+        step = jitter_meta["job_step_mean_s"]
     slow = min(speeds)
     compute = work.compute_s / slow
+    if pauses is not None:  # a sleep is no communication: the longest pause of each step, on average
+        compute += sum(max(p[k] for p in pauses) for k in range(iterations)) / iterations
     measured = range(1, iterations) if iterations >= 2 else range(0, 1)
     per_rank_wait = [sum(ln.wait_s[i] for i in measured) / len(measured) for ln in run.timelines]
     wait = sum(w * len(ln.ranks) for w, ln in zip(per_rank_wait, run.timelines)) / cluster.world_size
@@ -132,7 +143,8 @@ def simulate(profile: ModelProfile, cluster: ClusterSpec, plan: Plan, overlap: s
         meta={"comm_model": comm.describe(), "iterations": iterations, "plan_fingerprint": plan.fingerprint,
               "plan_world_size": plan.world_size, "bandwidth_bps": cluster.bandwidth_bps,
               "latency_s": cluster.latency_s, "queued_latency_s": cluster.queued_latency_s,
-              "collective_cpu_s": cluster.collective_cpu_s, "compute_slowdown": float(compute_slowdown)},
+              "collective_cpu_s": cluster.collective_cpu_s, "compute_slowdown": float(compute_slowdown),
+              **jitter_meta},
     )
     if trace:
         if trace_ranks is None:

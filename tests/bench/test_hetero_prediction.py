@@ -58,11 +58,37 @@ def test_the_jitter_is_the_bench_schedule_with_the_pause_after_forward_on_unpadd
     assert draws[0] == [1.0] * 20
 
     preds = predict_strategies(profile, NAMES, 4, 2e8, padded, hetero=hetero)
-    assert preds[GOSSIP]["cluster"] == "jitter" and "ignores" not in preds[GOSSIP]
-    for name in ("ddp", "caramel", "ps"):  # their simulators take no per-step variation
-        assert preds[name]["cluster"] == "base" and preds[name]["ignores"] == ["jitter"]
+    for name in (GOSSIP, "ddp", "caramel"):  # the all-reduce models pause after the forward (`caramel.sim.jitter`)
+        assert preds[name]["cluster"] == "jitter" and "ignores" not in preds[name]
+    assert preds["ps"]["cluster"] == "base" and preds["ps"]["ignores"] == ["jitter"]  # no per-step variation
     steady = predict_strategies(profile, [GOSSIP], 4, 2e8, padded)[GOSSIP]["step_time_s"]
     assert preds[GOSSIP]["step_time_s"] != pytest.approx(steady)  # the draws move the gossip prediction
+
+
+def test_the_all_reduce_prediction_waits_for_the_jittered_draws():
+    """ddp and caramel on the jitter cluster: workers of equal speed, so each step is the step
+    without pauses plus the longest pause of the step, rank 1's (2 x draw - 1) x 64 ms against
+    the others' 64 ms of padding; the prediction is their mean over the steady steps."""
+    import dataclasses
+    import statistics
+
+    from caramel.sim.jitter import JITTER_STEPS
+    from caramel.strategies.recommend import predict
+
+    profile = synthetic_profile(6)
+    hetero = _jitter()
+    hetero.unpadded_compute_s = [0.1] * 4
+    padded = [0.1 + PER_SAMPLE_S * BATCH] * 4
+    preds = predict_strategies(profile, ["ddp", "caramel"], 4, 2e8, padded, hetero=hetero)
+    jit = prediction_clusters(profile, 4, 2e8, padded, hetero=hetero)["jitter"]
+    calm = dataclasses.replace(jit, meta={k: v for k, v in jit.meta.items() if k != "compute_jitter"})
+    schedule = JitterSchedule(0.5, 3)
+    unit_s = PER_SAMPLE_S * BATCH
+    longest = [max(unit_s, schedule.sleep_factor() * unit_s) for _ in range(JITTER_STEPS + 1)][1:]
+    for name in ("ddp", "caramel"):
+        (p,) = predict(profile, calm, [name])
+        assert preds[name]["step_time_s"] == pytest.approx(p.step_time_s + statistics.fmean(longest), rel=1e-9)
+        assert preds[name]["step_time_s"] > p.step_time_s + unit_s  # E[max] is above the padding alone
 
 
 def test_the_unpadded_compute_takes_out_the_pauses_the_measured_steps_slept():
@@ -176,7 +202,7 @@ def test_the_written_file_replays_every_prediction(tmp_path):
     hetero = _jitter()
     hetero.slow_link, hetero.unpadded_compute_s = [2, 4.0], [profile.step_time_s] * 4
     compute = [profile.step_time_s + hetero.pause_s()] * 4
-    names = [GOSSIP, "ddp"]
+    names = [GOSSIP, "ddp", "ps"]
     out = job_predictions(profile, names, 4, 2_000_000, 0.05, 1, compute, [[] for _ in range(4)], None, hetero=hetero)
     times = {n: [[0.2] * 4] * 4 for n in ("compute", "comm", *names)}
     raw = {"format": "caramel.bench_raw/1", "settings": {"steps_per_round": 4},
@@ -190,14 +216,15 @@ def test_the_written_file_replays_every_prediction(tmp_path):
     write_records(tmp_path / "bench.json", records, {"prediction_inputs": {label: raw["prediction_inputs"]}})
 
     back = read_records(tmp_path / "bench.json")
-    assert [r.prediction_cluster for r in back.records] == ["jitter", "base"]
+    assert [r.prediction_cluster for r in back.records] == ["jitter", "jitter", "base"]  # ddp pauses too (caramel.sim.jitter)
     for r in back.records:
         inputs = back.meta["prediction_inputs"][config_label(r)]
         replayed = ModelProfile.from_dict(inputs["profile"])
         for clusters, predicted_s in (("clusters", r.predicted_step_s), ("clusters_rate_only", r.predicted_rate_only_s)):
             (p,) = predict(replayed, ClusterSpec.from_dict(inputs[clusters][r.prediction_cluster]), [r.strategy])
             assert p.step_time_s == pytest.approx(predicted_s)
-    assert back.records[1].prediction_ignores == ["jitter"]
+    assert back.records[1].prediction_ignores is None
+    assert back.records[2].prediction_ignores == ["slow_link", "jitter"]
 
 
 def test_a_file_of_the_previous_format_still_loads():
