@@ -4,8 +4,8 @@
 faster, so every worker sleeps after its training forward: the jittered one (nominal x draw - 1)
 x the pause unit, draw uniform in [1 - f, 1 + f] from `random.Random(seed)`, every other one
 (nominal - 1) x it, nominal = 1 / (1 - f). The cluster says so in meta `compute_jitter` with
-`"pause_after_forward": true` (`caramel.strategies.gossip.links`, whose draws and pause units
-this reads, so the all-reduce and gossip predictions pause the same seconds at the same steps).
+`"pause_after_forward": true` (`jitter_spec` below, which the gossip model reads too, so the
+all-reduce and gossip predictions pause the same seconds at the same steps).
 
 In the event engine the pause sits between a worker's forward and its backward: a sleep, not
 compute, so transfers in flight do not slow it and a collective that starts during it costs
@@ -25,8 +25,10 @@ at the step without jitter. Both are in the result's meta. The jitter that scale
 """
 from __future__ import annotations
 
+import random
 import statistics
 
+from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.topology.spec import ClusterSpec
 
@@ -38,8 +40,6 @@ def forward_pauses_s(profile: ModelProfile, cluster: ClusterSpec, steps: int) ->
     cluster carries no `compute_jitter` with `pause_after_forward` (the engine runs unchanged)."""
     if cluster.meta.get("compute_jitter") is None:
         return None
-    from caramel.strategies.gossip.links import jitter_spec  # the same draws and checks as gossip's
-
     draws, nominal, unit_s = jitter_spec(cluster, steps)
     if nominal is None:
         return None
@@ -57,3 +57,54 @@ def job_steps_s(forward_starts_s: list[list[float]], warm: int = 1) -> list[floa
 def jitter_summary(steps_s: list[float]) -> dict[str, float]:
     return {"job_step_mean_s": statistics.fmean(steps_s), "job_step_median_s": statistics.median(steps_s),
             "jitter_steps": len(steps_s)}
+
+
+def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None]:
+    """Per worker, per step, the draw (meta `compute_jitter`), and the nominal factor when the
+    jitter is the bench's pause after the forward (module docstring), else None."""
+    draws, nominal, _ = jitter_spec(cluster, steps)
+    return draws, nominal
+
+
+def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None, float | None]:
+    """`jitter_factors` and the bench's pause unit in seconds (meta `compute_jitter.pause_unit_s`;
+    None: the pause scales the profiled forward + backward)."""
+    n = cluster.world_size
+    out = [[1.0] * steps for _ in range(n)]
+    raw = cluster.meta.get("compute_jitter")
+    if raw is None:
+        return out, None, None
+    keys = ("rank", "fraction", "seed", "pause_after_forward", "pause_unit_s")
+    if not isinstance(raw, dict):
+        raise CaramelError(f"cluster meta.compute_jitter must be a dict with keys {', '.join(keys)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(keys), key=str)
+    if unknown:
+        raise CaramelError(f"cluster meta.compute_jitter: unknown key(s) {', '.join(map(repr, unknown))}; "
+                           f"expected {', '.join(keys)}")
+    if "rank" not in raw or "fraction" not in raw:
+        raise CaramelError(f"cluster meta.compute_jitter needs 'rank' and 'fraction', got {raw!r}")
+    rank, frac, seed = raw["rank"], raw["fraction"], raw.get("seed", 0)
+    pause = raw.get("pause_after_forward", False)
+    if not _is_int(rank) or not 0 <= rank < n:
+        raise CaramelError(f"cluster meta.compute_jitter.rank must be an int in 0..{n - 1}, got {rank!r}")
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
+        raise CaramelError(f"cluster meta.compute_jitter.fraction must be a number in [0, 1), got {frac!r}")
+    if not _is_int(seed):
+        raise CaramelError(f"cluster meta.compute_jitter.seed must be an int, got {seed!r}")
+    if not isinstance(pause, bool):
+        raise CaramelError(f"cluster meta.compute_jitter.pause_after_forward must be true or false, got {pause!r}")
+    unit = raw.get("pause_unit_s")
+    if unit is not None and (isinstance(unit, bool) or not isinstance(unit, (int, float)) or not unit > 0
+                             or unit == float("inf")):
+        raise CaramelError(f"cluster meta.compute_jitter.pause_unit_s must be a finite number of seconds > 0 (the "
+                           f"compute per step the bench's pause is a multiple of), got {unit!r}")
+    if unit is not None and not pause:
+        raise CaramelError("cluster meta.compute_jitter.pause_unit_s needs pause_after_forward: true (it sizes the "
+                           "pause after the forward)")
+    rng = random.Random(seed)
+    out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
+    return out, (1.0 / (1.0 - frac) if pause else None), (float(unit) if unit is not None else None)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

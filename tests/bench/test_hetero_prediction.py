@@ -7,7 +7,8 @@ from caramel.bench.hetero import JitterSchedule, link_rates_bps
 from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import job_predictions, predict_strategies, prediction_clusters
 from caramel.sim.synthetic import synthetic_profile
-from caramel.strategies.gossip.links import jitter_factors, link_rate_Bps
+from caramel.sim.jitter import jitter_factors
+from caramel.strategies.gossip.links import link_rate_Bps
 
 GOSSIP = "gossip:topology=ring"
 NAMES = ["ddp", "caramel", GOSSIP, "ps"]

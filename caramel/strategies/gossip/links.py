@@ -2,7 +2,7 @@
 spec's rate and latency: each worker's link rate, one worker's compute jitter, and the share of
 a link's rate that concurrent peer flows achieve.
 
-Jitter. `compute_jitter` {"rank", "fraction", "seed"} scales worker rank's compute per step by a
+Jitter (read by `caramel.sim.jitter`, shared with the all-reduce model). `compute_jitter` {"rank", "fraction", "seed"} scales worker rank's compute per step by a
 uniform draw from [1 - f, 1 + f] (seeded). With `"pause_after_forward": true` it describes the
 bench's emulation instead (`caramel.bench.hetero`): compute cannot be made faster, so every
 worker runs its compute as profiled and sleeps after its forward for (nominal x draw - 1) x its
@@ -26,8 +26,6 @@ bench passes it to every prediction's cluster (`caramel.bench.prediction.bench_c
 """
 from __future__ import annotations
 
-import random
-
 from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
@@ -42,53 +40,6 @@ def link_rate_Bps(cluster: ClusterSpec) -> list[float]:
         raise CaramelError(f"cluster meta.worker_bandwidth_bps must list {cluster.world_size} positive rates in "
                            f"bit/s, got {raw!r}")
     return [r / 8 for r in raw]
-
-
-def jitter_factors(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None]:
-    """Per worker, per step, the draw (meta `compute_jitter`), and the nominal factor when the
-    jitter is the bench's pause after the forward (module docstring), else None."""
-    draws, nominal, _ = jitter_spec(cluster, steps)
-    return draws, nominal
-
-
-def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], float | None, float | None]:
-    """`jitter_factors` and the bench's pause unit in seconds (meta `compute_jitter.pause_unit_s`;
-    None: the pause scales the profiled forward + backward)."""
-    n = cluster.world_size
-    out = [[1.0] * steps for _ in range(n)]
-    raw = cluster.meta.get("compute_jitter")
-    if raw is None:
-        return out, None, None
-    keys = ("rank", "fraction", "seed", "pause_after_forward", "pause_unit_s")
-    if not isinstance(raw, dict):
-        raise CaramelError(f"cluster meta.compute_jitter must be a dict with keys {', '.join(keys)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(keys), key=str)
-    if unknown:
-        raise CaramelError(f"cluster meta.compute_jitter: unknown key(s) {', '.join(map(repr, unknown))}; "
-                           f"expected {', '.join(keys)}")
-    if "rank" not in raw or "fraction" not in raw:
-        raise CaramelError(f"cluster meta.compute_jitter needs 'rank' and 'fraction', got {raw!r}")
-    rank, frac, seed = raw["rank"], raw["fraction"], raw.get("seed", 0)
-    pause = raw.get("pause_after_forward", False)
-    if not _is_int(rank) or not 0 <= rank < n:
-        raise CaramelError(f"cluster meta.compute_jitter.rank must be an int in 0..{n - 1}, got {rank!r}")
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
-        raise CaramelError(f"cluster meta.compute_jitter.fraction must be a number in [0, 1), got {frac!r}")
-    if not _is_int(seed):
-        raise CaramelError(f"cluster meta.compute_jitter.seed must be an int, got {seed!r}")
-    if not isinstance(pause, bool):
-        raise CaramelError(f"cluster meta.compute_jitter.pause_after_forward must be true or false, got {pause!r}")
-    unit = raw.get("pause_unit_s")
-    if unit is not None and (isinstance(unit, bool) or not isinstance(unit, (int, float)) or not unit > 0
-                             or unit == float("inf")):
-        raise CaramelError(f"cluster meta.compute_jitter.pause_unit_s must be a finite number of seconds > 0 (the "
-                           f"compute per step the bench's pause is a multiple of), got {unit!r}")
-    if unit is not None and not pause:
-        raise CaramelError("cluster meta.compute_jitter.pause_unit_s needs pause_after_forward: true (it sizes the "
-                           "pause after the forward)")
-    rng = random.Random(seed)
-    out[rank] = [1.0 + rng.uniform(-frac, frac) for _ in range(steps)]
-    return out, (1.0 / (1.0 - frac) if pause else None), (float(unit) if unit is not None else None)
 
 
 def flow_share(cluster: ClusterSpec, flows: int) -> float:
@@ -106,7 +57,3 @@ def flow_share(cluster: ClusterSpec, flows: int) -> float:
         return 1.0
     extra = min(flows, n - 1) - 1
     return 1.0 - (1.0 - raw) * extra / (n - 2)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -63,8 +63,9 @@ import statistics
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.sim.event_loop import Busy
+from caramel.sim.jitter import jitter_spec
 from caramel.sim.simulate import SimResult
-from caramel.strategies.gossip.links import flow_share, jitter_spec, link_rate_Bps
+from caramel.strategies.gossip.links import flow_share, link_rate_Bps
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.volume import moment_keys, peer_bytes, tracker_dtype
