@@ -112,24 +112,45 @@ class ShardCache:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    def _evict(self, name: str, listed_mtime_ns: int) -> str:
+        """Remove a least recent entry of the listing put() made: "evicted", "gone" (another worker
+        evicted it first) or "kept". The listing is stale by the time the loop reaches an entry,
+        so the entry is removed only under its fetch lock (no worker writes a fresh copy
+        meanwhile; one fetching it now holds the lock: kept) and only if it is unchanged since
+        the listing (read since, or rewritten: no longer the least recent; kept)."""
+        with open(self.directory / f".{name}.lock", "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "kept"
+            try:
+                path = self.directory / name
+                if os.stat(path).st_mtime_ns != listed_mtime_ns:
+                    return "kept"
+                os.unlink(path)
+                return "evicted"
+            except FileNotFoundError:
+                return "gone"
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def put(self, info: ShardInfo, data: bytes) -> bool:
-        """Keep a shard, evicting the least recently used ones to stay within budget; False if it cannot fit."""
+        """Keep a shard, evicting the least recently used ones to stay within budget; False if it cannot fit.
+        An entry another worker fetches or reads meanwhile is not evicted (`_evict`): the next least
+        recent goes instead, and when none can go the cache is over budget until a later put."""
         if len(data) > self.budget_bytes:
             return False
         entries = sorted(self._entries(), key=lambda e: e[2])
         used = sum(size for _, size, _ in entries)
-        for name, size, _ in entries:
+        for name, size, mtime_ns in entries:
             if used + len(data) <= self.budget_bytes:
                 break
             if name == info.name:
                 continue
-            try:
-                os.unlink(self.directory / name)
-            except FileNotFoundError:  # another worker evicted it first
+            outcome = self._evict(name, mtime_ns)
+            if outcome != "kept":
                 used -= size
-                continue
-            used -= size
-            self.stats.evictions += 1
+            self.stats.evictions += outcome == "evicted"
         try:
             atomic_write_bytes(self.directory / info.name, data)
         except OSError as e:

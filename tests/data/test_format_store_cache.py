@@ -171,3 +171,30 @@ def test_a_miss_never_removes_the_copy_another_worker_writes_right_after_it(tmp_
     monkeypatch.undo()
     assert cache.get(info, recheck=True) == data  # ... and the copy written meanwhile is still there
     assert cache.stats.misses == 1 and cache.stats.hits == 1
+
+
+def test_eviction_spares_an_entry_another_worker_fetches_or_read_since_the_listing(tmp_path, monkeypatch):
+    """put() lists the entries, then evicts the least recent; by then another worker may hold a
+    shard's fetch lock (writing a fresh copy) or have read it (no longer the least recent)."""
+    import fcntl
+    index = write_dataset(tmp_path / "ds", _samples(8), samples_per_shard=2)
+    store = Store(str(tmp_path / "ds"))
+    shards = index.shards
+    size = max(s.nbytes for s in shards)
+    cache = ShardCache(tmp_path / "cache", budget_bytes=2 * size + size // 2)  # room for two shards
+    for k, info in enumerate(shards[:2]):
+        cache.put(info, store.read_shard(info))
+        os.utime(tmp_path / "cache" / info.name, ns=(k + 1, k + 1))  # shard 0 the least recent
+    with open(tmp_path / "cache" / f".{shards[0].name}.lock", "a+") as held:  # another worker fetches shard 0
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cache.put(shards[2], store.read_shard(shards[2]))
+    assert cache.names() == {shards[0].name, shards[2].name}  # shard 1 went instead
+    # a listing taken before shard 0 was read: its recency stamp has moved since, so it stays
+    os.utime(tmp_path / "cache" / shards[2].name, ns=(10, 10))
+    os.utime(tmp_path / "cache" / shards[0].name, ns=(20, 20))
+    stale = [(n, s, 5 if n == shards[0].name else m) for n, s, m in cache._entries()]
+    monkeypatch.setattr(cache, "_entries", lambda: stale)
+    cache.put(shards[3], store.read_shard(shards[3]))
+    monkeypatch.undo()
+    assert cache.names() == {shards[0].name, shards[3].name}  # shard 2, least recent now, went instead
+    assert cache.stats.evictions == 2
