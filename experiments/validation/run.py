@@ -279,19 +279,31 @@ class _BandwidthServer:
 
 
 def _run_loopback(workers: int, argv: list[str], timeout_s: float, log: TextIO) -> int:
-    """Plain local processes on 127.0.0.1, no shaping (the smoke test's network)."""
+    """Plain local processes on 127.0.0.1, no shaping (the smoke test's network).
+
+    The rendezvous store is hosted here, bound to a port the kernel picks, and the workers join
+    it as torchrun's workers join their agent's: a port chosen free and bound later by rank 0
+    can be taken in between by another job on the host (EADDRINUSE)."""
+    import datetime
+
+    import torch.distributed as dist
+
     from caramel.cluster.local import worker_env
     from caramel.cluster.launch import NodeProcess, supervise
-    from caramel.distributed import free_port
 
-    port = free_port()
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
     nodes = []
     for rank in range(workers):
         env = worker_env(threads=1)
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
-                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True")
         nodes.append(NodeProcess(f"rank{rank}", argv, env))
-    return supervise(nodes, out=log, timeout_s=timeout_s)
+    try:
+        return supervise(nodes, out=log, timeout_s=timeout_s)
+    finally:
+        del store  # the server stops with its last reference
 
 
 def run_group(group: ModelGroup, settings: ValidationSettings, calibration: Calibration, cluster=None,
