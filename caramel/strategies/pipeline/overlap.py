@@ -55,7 +55,7 @@ from caramel.sim.collectives import CommModel
 from caramel.sim.event_loop import Busy
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, ReduceBuckets,
                                                   StageCosts, disjoint)
-from caramel.strategies.pipeline.transport import lane_programs, run_programs
+from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
 
 REDUCE_MODES = ("after", "backward", "forward")
@@ -129,51 +129,27 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
     unrolled = [[(s, kind, k * m + i) for k in range(steps) for s, kind, i in acts] for acts in actions]
     where = {a: p for p, acts in enumerate(unrolled) for a in acts}
     per_step = [len(acts) for acts in actions]
-    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
-               for w in (beside or [[]] * lanes)]
+    lane = _LaneCompute(costs, mode, steps, m, slowdown, beside, lanes)
     wires: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
     done: dict = {}
     arrival: dict = {}
-    free_s, landed_s, link_free_s = [0.0] * lanes, [0.0] * lanes, [0.0] * lanes
-    reduced_s: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends (forward mode)
+    free_s, landed_s = [0.0] * lanes, [0.0] * lanes
     step_end_s = [[0.0] * steps for _ in range(lanes)]
-    busy_s = [[0.0] * steps for _ in range(lanes)]
     nxt, remaining = [0] * lanes, sum(map(len, unrolled))
     while remaining:
         progressed = False
         for p, acts in enumerate(unrolled):
             while nxt[p] < len(acts):
                 s, kind, j = acts[nxt[p]]
-                k, i = divmod(j, m)
-                dep = (s - 1, "F", j) if kind == "F" else ((s, "F", j) if s == n - 1 else (s + 1, "B", j))
-                if dep[0] < 0:
-                    ready = 0.0
-                elif dep in done:
-                    ready = arrival.get(dep, done[dep])
-                else:
+                k = j // m
+                ready = eager_ready_s((s, kind, j), n, done, arrival)
+                if ready is None:
                     break
                 if k and nxt[p] % per_step[p] == 0:  # the lane's previous step has returned
                     free_s[p] = max(free_s[p], step_end_s[p][k - 1])
-                start = max(free_s[p], ready)
-                b = costs.buckets[s]
-                if kind == "F" and i == 0 and k and mode == "forward":
-                    end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced_s[p])
-                else:
-                    end = busy_in[p].advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
-                    computed = end - start
-                busy_s[p][k] += computed
-                if kind == "B" and i == m - 1:  # the step's last backward: its buckets go on the wire
-                    ends = _issue(b, start, busy_in[p], link_free_s, p, wires[p])
-                    reduced_s[p] = ends
-                    if mode == "backward" and ends:
-                        end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
+                end = lane.compute(p, (s, kind, j), max(free_s[p], ready), wires[p])
                 free_s[p] = done[(s, kind, j)] = end
-                to = (s + 1, "F", j) if kind == "F" and s < n - 1 else ((s - 1, "B", j) if kind == "B" and s > 0 else None)
-                if to is not None and where[to] != p:
-                    sent = max(end, landed_s[p])
-                    arrival[(s, kind, j)] = landed_s[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
-                    wires[p].append((sent, arrive))
-                    wires[where[to]].append((sent, arrive))
+                send_eager((s, kind, j), end, n, p, where, costs.transfer_s, landed_s, arrival, wires)
                 nxt[p] += 1
                 remaining -= 1
                 progressed = True
@@ -182,9 +158,7 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
                                                                 and costs.update_s else 0.0)
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
-    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
-    return PipelineSim(span, busy_step, [span] * lanes), [disjoint(w) for w in wires]
+    return _steady(step_end_s, lane.busy_s, steps), [disjoint(w) for w in wires]
 
 
 def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, posting: str,
@@ -194,29 +168,12 @@ def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, step
     n, lanes = len(costs.forward_s), len(actions)
     m = sum(1 for _, kind, _ in actions[0] if kind == "F")
     unrolled = [[(s, kind, k * m + i) for k in range(steps) for s, kind, i in acts] for acts in actions]
-    busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
-               for w in (beside or [[]] * lanes)]
+    lane = _LaneCompute(costs, mode, steps, m, slowdown, beside, lanes)
     buckets_on: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
-    link_free_s = [0.0] * lanes
-    reduced_s: list[list[float]] = [[] for _ in range(lanes)]
     step_end_s = [[0.0] * steps for _ in range(lanes)]
-    busy_s = [[0.0] * steps for _ in range(lanes)]
 
     def compute(p: int, a: Action, start: float) -> float:
-        s, kind, j = a
-        k, i = divmod(j, m)
-        b = costs.buckets[s]
-        if kind == "F" and i == 0 and k and mode == "forward":
-            end, computed = _gated_forward(busy_in[p], start, costs.forward_s[s], b, reduced_s[p])
-        else:
-            end = busy_in[p].advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
-            computed = end - start
-        busy_s[p][k] += computed
-        if kind == "B" and i == m - 1:  # the step's last backward: its buckets go on the wire
-            reduced_s[p] = ends = _issue(b, start, busy_in[p], link_free_s, p, buckets_on[p])
-            if mode == "backward" and ends:
-                end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
-        return end
+        return lane.compute(p, a, start, buckets_on[p])
 
     def on_end(p: int, k: int, t: float) -> float:  # the lane's part of step k has returned
         s = actions[p][0][0]
@@ -225,9 +182,47 @@ def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, step
 
     programs = lane_programs(posting, unrolled, n, lambda j: j // m)
     _, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute, on_end)
+    return _steady(step_end_s, lane.busy_s, steps), [disjoint(w + u) for w, u in zip(wires, buckets_on)]
+
+
+class _LaneCompute:
+    """Each lane's compute under the overlapped reduction, shared by both transports: an action's
+    forward or backward at the lane's pace beside the wires, the step's first forward gated
+    layer by layer on the previous step's buckets (forward mode), the step's last backward
+    issuing the buckets (backward mode: it returns once they are reduced, as DDP's does)."""
+
+    def __init__(self, costs: StageCosts, mode: str, steps: int, m: int, slowdown: float,
+                 beside: list[list[tuple[float, float]]] | None, lanes: int):
+        self.costs, self.mode, self.m = costs, mode, m
+        self.busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
+                        for w in (beside or [[]] * lanes)]
+        self.link_free_s = [0.0] * lanes
+        self.reduced_s: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends
+        self.busy_s = [[0.0] * steps for _ in range(lanes)]
+
+    def compute(self, p: int, a: Action, start: float, bucket_wire: list[tuple[float, float]]) -> float:
+        """Run action `a` on lane p from `start`; its end (bucket transfers recorded on `bucket_wire`)."""
+        costs, (s, kind, j) = self.costs, a
+        k, i = divmod(j, self.m)
+        b, busy = costs.buckets[s], self.busy_in[p]
+        if kind == "F" and i == 0 and k and self.mode == "forward":
+            end, computed = _gated_forward(busy, start, costs.forward_s[s], b, self.reduced_s[p])
+        else:
+            end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
+            computed = end - start
+        self.busy_s[p][k] += computed
+        if kind == "B" and i == self.m - 1:  # the step's last backward: its buckets go on the wire
+            self.reduced_s[p] = ends = _issue(b, start, busy, self.link_free_s, p, bucket_wire)
+            if self.mode == "backward" and ends:
+                end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
+        return end
+
+
+def _steady(step_end_s: list[list[float]], busy_s: list[list[float]], steps: int) -> PipelineSim:
+    """The steady step (each lane's step ends' mean spacing, the slowest lane's) and compute per step."""
     span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
     busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
-    return PipelineSim(span, busy_step, [span] * lanes), [disjoint(w + u) for w, u in zip(wires, buckets_on)]
+    return PipelineSim(span, busy_step, [span] * len(step_end_s))
 
 
 def _issue(b: ReduceBuckets, start: float, busy: Busy, link_free_s: list[float], p: int,

@@ -40,7 +40,7 @@ from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profi
                                                        with_held_bytes, with_tied)
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
                                                   disjoint)
-from caramel.strategies.pipeline.transport import lane_programs, posting_for, run_programs
+from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
 
 
@@ -156,12 +156,8 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
         for p, acts in enumerate(actions):
             while nxt[p] < len(acts):
                 s, kind, i = acts[nxt[p]]
-                dep = (s - 1, "F", i) if kind == "F" else ((s, "F", i) if s == n - 1 else (s + 1, "B", i))
-                if dep[0] < 0:
-                    ready = 0.0
-                elif dep in done:
-                    ready = arrival.get(dep, done[dep])  # another lane's output: when its send landed
-                else:
+                ready = eager_ready_s((s, kind, i), n, done, arrival)
+                if ready is None:
                     break
                 if period and nxt[p] and acts[nxt[p] - 1][2] % period != i % period:
                     free[p] = max(free[p], landed[p])  # the previous virtual pipeline's schedule has returned
@@ -169,12 +165,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
                 start = max(free[p], ready)
                 free[p] = done[(s, kind, i)] = end = busy_in[p].advance(start, dur)
                 busy[p] += end - start
-                to = (s + 1, "F", i) if kind == "F" and s < n - 1 else ((s - 1, "B", i) if kind == "B" and s > 0 else None)
-                if to is not None and where[to] != p:  # a send on the wire: both ends' threads work
-                    sent = max(end, landed[p])  # one send at a time leaves a lane, in its order
-                    arrival[(s, kind, i)] = landed[p] = arrive = sent + costs.transfer_s[min(s, to[0])]
-                    wires[p].append((sent, arrive))
-                    wires[where[to]].append((sent, arrive))
+                send_eager((s, kind, i), end, n, p, where, costs.transfer_s, landed, arrival, wires)
                 nxt[p] += 1
                 remaining -= 1
                 progressed = True

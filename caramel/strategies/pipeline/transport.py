@@ -63,6 +63,30 @@ def target(a: Action, n: int) -> Action | None:
     return (s - 1, "B", i) if s > 0 else None
 
 
+def eager_ready_s(a: Action, n: int, done: dict[Action, float], arrival: dict[Action, float]) -> float | None:
+    """Eager transport: when `a`'s input is there (its source's send landed; the last stage's
+    backward: its own forward ended; a first forward: 0), or None while that has not run."""
+    s, kind, i = a
+    dep = source(a, n) or ((s, "F", i) if kind == "B" else None)
+    if dep is None:
+        return 0.0
+    return arrival.get(dep, done[dep]) if dep in done else None
+
+
+def send_eager(a: Action, end_s: float, n: int, lane: int, where: dict[Action, int], transfer_s: list[float],
+               landed_s: list[float], arrival: dict[Action, float], wires: list[list[tuple[float, float]]]) -> None:
+    """Eager transport: `a`'s output, if another lane consumes it, leaves when `a` ends and the
+    lane's earlier sends have landed (one send at a time, in the lane's order); it lands a
+    transfer later, and both ends' wires record it (both ends' threads work)."""
+    to = target(a, n)
+    if to is None or where[to] == lane:
+        return
+    sent = max(end_s, landed_s[lane])
+    arrival[a] = landed_s[lane] = arrive = sent + transfer_s[min(a[0], to[0])]
+    wires[lane].append((sent, arrive))
+    wires[where[to]].append((sent, arrive))
+
+
 def _schedule_order(schedule: str, acts: list[Action], n: int) -> list[Action]:
     """The order torch's schedule runs `acts`' microbatches in on their stage (gpipe: every
     forward, then every backward; 1f1b: `min(m, n - s)` warmup forwards, then one backward and
