@@ -16,3 +16,14 @@ class FormatError(CaramelError):
 
 class MismatchError(CaramelError):
     """Ranks, a model and a plan, or a profile and a plan disagree about something they must share."""
+
+
+def check_keys(value: object, keys: tuple[str, ...], what: str) -> dict:
+    """`value` as a dict whose keys are among `keys`; else one CaramelError naming `what`, the
+    unknown keys and the expected ones."""
+    if not isinstance(value, dict):
+        raise CaramelError(f"{what} must be a dict with keys {', '.join(keys)}, got {value!r}")
+    unknown = sorted(set(value) - set(keys), key=str)
+    if unknown:
+        raise CaramelError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; expected {', '.join(keys)}")
+    return value

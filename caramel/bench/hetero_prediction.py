@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from caramel.bench.hetero import link_rates_bps, nominal_factor
-from caramel.errors import CaramelError
+from caramel.errors import CaramelError, check_keys
 from caramel.stats import median
 
 INPUTS = ("slow_link", "jitter", "slow_worker")
@@ -171,12 +171,7 @@ class Heterogeneity:
     def from_dict(cls, data: dict[str, Any] | None) -> "Heterogeneity":
         """From `to_dict` (a record's `prediction_inputs.heterogeneity`); CaramelError naming a bad input."""
         data = data or {}
-        if not isinstance(data, dict):
-            raise CaramelError(f"heterogeneity must be a dict with keys {', '.join(FIELDS)}, got {data!r}")
-        unknown = sorted(set(data) - set(FIELDS), key=str)
-        if unknown:
-            raise CaramelError(f"heterogeneity: unknown key(s) {', '.join(map(repr, unknown))}; expected "
-                               f"{', '.join(FIELDS)}")
+        check_keys(data, FIELDS, "heterogeneity")
         link, jitter, slow = data.get("slow_link"), data.get("jitter"), data.get("slow_worker")
         if link is not None and not (isinstance(link, (list, tuple)) and len(link) == 2 and _is_int(link[0])
                                      and _is_num(link[1]) and link[1] >= 1):

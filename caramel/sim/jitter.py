@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from caramel.errors import CaramelError
+from caramel.errors import CaramelError, check_keys
 from caramel.profile.model_profile import ModelProfile
 from caramel.topology.spec import ClusterSpec
 
@@ -75,12 +75,7 @@ def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], fl
     if raw is None:
         return out, None, None
     keys = ("rank", "fraction", "seed", "pause_after_forward", "pause_unit_s")
-    if not isinstance(raw, dict):
-        raise CaramelError(f"cluster meta.compute_jitter must be a dict with keys {', '.join(keys)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(keys), key=str)
-    if unknown:
-        raise CaramelError(f"cluster meta.compute_jitter: unknown key(s) {', '.join(map(repr, unknown))}; "
-                           f"expected {', '.join(keys)}")
+    check_keys(raw, keys, "cluster meta.compute_jitter")
     if "rank" not in raw or "fraction" not in raw:
         raise CaramelError(f"cluster meta.compute_jitter needs 'rank' and 'fraction', got {raw!r}")
     rank, frac, seed = raw["rank"], raw["fraction"], raw.get("seed", 0)
