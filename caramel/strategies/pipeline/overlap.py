@@ -54,9 +54,10 @@ from caramel.errors import CaramelError
 from caramel.sim.collectives import CommModel
 from caramel.sim.event_loop import Busy
 from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, ReduceBuckets,
-                                                  StageCosts, disjoint)
+                                                  StageCosts)
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
+from caramel.trace.metrics import union_intervals
 
 REDUCE_MODES = ("after", "backward", "forward")
 STEPS = 5  # replayed back to back; the period is measured over all but the first
@@ -158,7 +159,7 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
                                                                 and costs.update_s else 0.0)
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    return _steady(step_end_s, lane.busy_s, steps), [disjoint(w) for w in wires]
+    return _steady(step_end_s, lane.busy_s, steps), [union_intervals(w) for w in wires]
 
 
 def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, posting: str,
@@ -182,7 +183,7 @@ def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, step
 
     programs = lane_programs(posting, unrolled, n, lambda j: j // m)
     _, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute, on_end)
-    return _steady(step_end_s, lane.busy_s, steps), [disjoint(w + u) for w, u in zip(wires, buckets_on)]
+    return _steady(step_end_s, lane.busy_s, steps), [union_intervals(w + u) for w, u in zip(wires, buckets_on)]
 
 
 class _LaneCompute:

@@ -38,10 +38,10 @@ from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan,
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
-from caramel.strategies.pipeline.timeline import (MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts,
-                                                  disjoint)
+from caramel.strategies.pipeline.timeline import MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
+from caramel.trace.metrics import union_intervals
 
 
 def schedule_actions(schedule: str, stages: int, positions: int, microbatches: int) -> list[list[Action]]:
@@ -176,7 +176,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
               for p in range(lanes)]
     update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
     return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
-            [disjoint(w) for w in wires])
+            [union_intervals(w) for w in wires])
 
 
 def _replay_posted(costs: StageCosts, actions: list[list[Action]], period: int, posting: str, slowdown: float,
@@ -199,7 +199,7 @@ def _replay_posted(costs: StageCosts, actions: list[list[Action]], period: int, 
               for p in range(lanes)]
     update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
     return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
-            [disjoint(w) for w in wires])
+            [union_intervals(w) for w in wires])
 
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,

@@ -1,5 +1,5 @@
 """The pipeline simulator's shared types: the per-stage costs a replay walks, its result, and the
-contention fixed point's helpers. Both replays (`simulate.replay`, after the drain, and
+contention fixed point's pass limit. Both replays (`simulate.replay`, after the drain, and
 `overlap.replay_overlapped`, the replicas' reduction overlapped) read and return these, so they
 live apart from either to keep the imports one-way (simulate -> overlap -> timeline)."""
 from __future__ import annotations
@@ -54,13 +54,3 @@ class PipelineSim:
         span = max(self.finish_s)
         return 1 - sum(self.busy_s) / (span * len(self.busy_s))
 
-
-def disjoint(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of `spans` as disjoint intervals in time order (empty ones dropped)."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(x for x in spans if x[1] > x[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
