@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from caramel.errors import CaramelError
 from caramel.sim.simulate import SimResult
 from caramel.trace.events import TraceEvent
+from caramel.trace.metrics import union_intervals
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,6 @@ class Interference:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 1.0):
                 raise CaramelError(f"interference {name} must be a factor >= 1, got {v!r}")
-
-
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(i for i in intervals if i[1] > i[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _intersection_s(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
@@ -86,9 +77,9 @@ def overlap_per_step_s(events: list[TraceEvent], rank: int, window: tuple[float,
     lo, hi = window
     clip = lambda e: (max(e.start_s, lo), min(e.end_s, hi))  # noqa: E731
     # a forward event spans the waits inside it; blocked time is not compute
-    waits = _union([clip(e) for e in events if e.rank == rank and e.lane == "wait" and e.duration_s > 0])
-    compute = _subtract(_union([clip(e) for e in events if e.rank == rank and e.lane == "compute" and e.duration_s > 0]), waits)
-    comm = _union([clip(e) for e in events if e.rank == rank and e.kind == "comm" and e.duration_s > 0])
+    waits = union_intervals([clip(e) for e in events if e.rank == rank and e.lane == "wait" and e.duration_s > 0])
+    compute = _subtract(union_intervals([clip(e) for e in events if e.rank == rank and e.lane == "compute" and e.duration_s > 0]), waits)
+    comm = union_intervals([clip(e) for e in events if e.rank == rank and e.kind == "comm" and e.duration_s > 0])
     return _intersection_s(compute, comm) / steps
 
 
