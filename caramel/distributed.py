@@ -98,6 +98,16 @@ def _env_int(name: str) -> int:
         raise CaramelError(f"{name}={os.environ[name]!r} is not an integer") from None
 
 
+def host_store(timeout_s: float = DEFAULT_TIMEOUT_S) -> dist.TCPStore:
+    """A rendezvous store hosted by this (launching) process on a loopback port the kernel
+    picks, as torchrun's agent hosts one: workers started with MASTER_PORT=store.port and
+    TORCHELASTIC_USE_AGENT_STORE=True join it as clients. A port chosen free and bound later by
+    rank 0 can be taken in between by another job on the host (EADDRINUSE); this one is bound
+    before any worker starts. The server stops with the returned object's last reference."""
+    return dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 def _store(rank: int, timeout: datetime.timedelta) -> dist.Store:
     """The rendezvous store, under a key prefix per torchrun attempt.
 

@@ -2,8 +2,8 @@
 
     results = run_workers(fn, world_size=2, args=(...), timeout_s=120)
 
-Each worker calls `fn(rank, world_size, *args)` after `init_distributed` on a fresh free port,
-with one compute thread. Return values come back in rank order. A worker that raises makes
+Each worker calls `fn(rank, world_size, *args)` after `init_distributed`, joining a store the
+caller hosts on a port the kernel picked (no free-port race), with one compute thread. Return values come back in rank order. A worker that raises makes
 `run_workers` raise with that worker's traceback; a job that exceeds `timeout_s` is killed.
 
 Workers are forked from a multiprocessing forkserver that imported torch and torch._dynamo
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from caramel.distributed import free_port
+from caramel.distributed import host_store
 
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 """imported by the forkserver before it forks any worker"""
@@ -34,7 +34,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, out: An
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", TORCHELASTIC_USE_AGENT_STORE="True")
     import torch
     import torch.distributed as dist
 
@@ -62,7 +62,8 @@ def run_workers(fn: Callable, world_size: int, args: tuple = (), timeout_s: floa
     # before the server's first start (later calls change nothing): the server imports these once
     ctx.set_forkserver_preload(list(PRELOAD))
     out = ctx.Queue()
-    port = free_port()
+    store = host_store(timeout_s)  # bound before any worker starts; serves until this call returns
+    port = store.port
     env = dict(os.environ)
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, out, collective_timeout_s, env),
                          daemon=True)

@@ -52,7 +52,8 @@ def _worker(rank: int, world: int, port: int, steps: int, timing_steps: int, out
 
     import caramel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+                      RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank % max(1, torch.cuda.device_count())), CARAMEL_TIMEOUT_S="120")
     result: dict = {"rank": rank, "world": world}
     try:
@@ -112,11 +113,12 @@ def _worker(rank: int, world: int, port: int, steps: int, timing_steps: int, out
 def _run(world: int, steps: int, timing_steps: int, timeout_s: float, cpu: bool = False) -> list[dict]:
     import torch.multiprocessing as mp
 
-    from caramel.distributed import free_port
+    from caramel.distributed import host_store
 
     with tempfile.TemporaryDirectory() as out:
         ctx = mp.get_context("spawn")
-        port = free_port()
+        store = host_store(timeout_s)  # bound before any worker starts; serves until this returns
+        port = store.port
         procs = [ctx.Process(target=_worker, args=(r, world, port, steps, timing_steps, out, cpu)) for r in range(world)]
         for p in procs:
             p.start()

@@ -44,14 +44,18 @@ def run_local(workers: int, argv: list[str], timeout_s: float | None, out: TextI
     127.0.0.1 (no torchrun: one torch import less per job), supervised as one job: a wall-clock
     limit, the others stopped shortly after one fails. Returns the worst exit code and the nodes
     (each keeps its last output lines)."""
-    from caramel.distributed import free_port
+    from caramel.distributed import host_store
 
-    port = free_port()
+    store = host_store(timeout_s or 300.0)  # bound before any worker starts; serves until they end
     nodes = []
     for rank in range(workers):
         env = worker_env(threads)
         env.update(extra_env or {})
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_WORLD_SIZE=str(workers),
-                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True")
         nodes.append(NodeProcess(f"rank{rank}", [sys.executable] + argv, env))
-    return supervise(nodes, out=out, timeout_s=timeout_s), nodes
+    try:
+        return supervise(nodes, out=out, timeout_s=timeout_s), nodes
+    finally:
+        del store

@@ -284,15 +284,11 @@ def _run_loopback(workers: int, argv: list[str], timeout_s: float, log: TextIO) 
     The rendezvous store is hosted here, bound to a port the kernel picks, and the workers join
     it as torchrun's workers join their agent's: a port chosen free and bound later by rank 0
     can be taken in between by another job on the host (EADDRINUSE)."""
-    import datetime
-
-    import torch.distributed as dist
-
     from caramel.cluster.local import worker_env
     from caramel.cluster.launch import NodeProcess, supervise
+    from caramel.distributed import host_store
 
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = host_store(timeout_s)
     nodes = []
     for rank in range(workers):
         env = worker_env(threads=1)
