@@ -54,7 +54,7 @@ ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for insp
 
 class PsEngine:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
-                 groups: PsGroups, ranks: list[int], buffer_sync: Any = None):
+                 groups: PsGroups, ranks: list[int], buffer_sync: Any = None, share_buffers: bool = True):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
         self.groups, self.ranks, self.hier = groups, ranks, groups.hier
         self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
@@ -63,6 +63,7 @@ class PsEngine:
         self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
         self.bound = options.staleness_bound()
         self.buffer_sync = buffer_sync  # bsp: rank 0's buffers, sent early at step() (`buffer_sync.py`)
+        self.share_buffers = share_buffers  # False: broadcast_buffers=False, every rank keeps its own
         self.names, self.params = unique_params(module)
         self.require_sync = True
         self.steps = 0  # steps whose gradients were pushed
@@ -374,7 +375,8 @@ class PsEngine:
 
     def synchronize(self) -> None:
         """Every pushed update applied and pulled (all ranks call this); ssp/asp send rank 0's
-        buffers here, bsp leaves each rank its own until the next forward, as DDP does."""
+        buffers here (unless broadcast_buffers=False), bsp leaves each rank its own until the
+        next forward, as DDP does."""
         self.apply_due(force_all=True)
         self.relay_pulls(force=True)
         self.catch_up(self.plan.params, required=self.steps)
@@ -383,7 +385,7 @@ class PsEngine:
         self._wait_sends()
         if self.buffer_sync is not None:
             self.buffer_sync.drain()  # the next forward DDP syncs broadcasts them as DDP does
-        if self.workers > 1 and self.bound != 0:  # rank 0's buffers, coalesced per dtype and device
+        if self.share_buffers and self.workers > 1 and self.bound != 0:  # rank 0's buffers, coalesced per dtype and device
             broadcast_coalesced(list(self.module.buffers()), self.ranks[0], self.groups.buffers)
 
     def staleness(self) -> int:

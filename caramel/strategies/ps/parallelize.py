@@ -56,7 +56,8 @@ class PsRun:
         self.shards = options.check_world(len(ranks), groups.hier.local_size if groups.hier else 1, len(groups.dedicated))
         _, self.params = unique_params(module)
         plan = first_plan(self.params, self.shards, options)
-        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks)
+        self.share_buffers = buffer_mode(broadcast_buffers) is not None
+        self.engine = PsEngine(module, optimizer, options, plan, groups, ranks, share_buffers=self.share_buffers)
         self.buffer_sync = ps_buffer_sync(self, module, broadcast_buffers, groups.buffers,
                                           early=groups.hier is None and not groups.dedicated)
         self.engine.buffer_sync = self.buffer_sync
@@ -181,7 +182,8 @@ class PsRun:
         old = self.engine
         old.synchronize()
         old.remove_hooks()
-        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.buffer_sync)
+        e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.buffer_sync,
+                     self.share_buffers)
         e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
         if self.groups.dedicated:

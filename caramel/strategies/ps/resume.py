@@ -94,7 +94,8 @@ def restore(run: PsRun, entry: dict[str, Any]) -> None:
 
         old = run.engine
         old.remove_hooks()
-        e = PsEngine(run.module, run.optimizer, run.options, plan, run.groups, run.ranks, run.buffer_sync)
+        e = PsEngine(run.module, run.optimizer, run.options, plan, run.groups, run.ranks, run.buffer_sync,
+                     run.share_buffers)
         e.wait_s, e.sent_hparams = old.wait_s, old.sent_hparams
         e.set_waits({k: [int(i) for i in v] for k, v in entry["waits"].items()})
         run.unused = [int(i) for i in entry["unused"]]

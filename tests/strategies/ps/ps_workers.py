@@ -450,3 +450,20 @@ def no_sync_bn_worker(rank: int, world: int, steps: int, spec: str) -> dict:
            "buffers": max_diff([b.double() for b in ddp.module.buffers()], [b.double() for b in model.module.buffers()])}
     caramel.shutdown()
     return out
+
+
+def ssp_buffers_worker(rank: int, world: int, steps: int, broadcast_buffers: bool) -> list:
+    """cnn_bn under ssp:2, each rank its own batches; the buffers each rank holds after synchronize()."""
+    w = fresh("cnn_bn")
+    opt, _ = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, "ps:consistency=ssp:2", broadcast_buffers=broadcast_buffers,
+                                     timeout_s=20)
+    for step in range(steps):
+        x, y = batch("cnn_bn", step, rank)
+        opt.zero_grad()
+        w.loss_fn(model(x), y).backward()
+        opt.step()
+    opt.synchronize()
+    out = [b.double().tolist() for b in model.module.buffers()]
+    caramel.shutdown()
+    return out

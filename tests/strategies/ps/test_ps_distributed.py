@@ -8,7 +8,7 @@ from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
 from tests.distributed.workers import buffer_change_worker
 from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker, hierarchical_worker,
-                                            no_sync_bn_worker, parity_worker, push_traffic_worker)
+                                            no_sync_bn_worker, ssp_buffers_worker, parity_worker, push_traffic_worker)
 
 TOL = 1e-5
 
@@ -188,3 +188,11 @@ def test_bsp_forward_mode_takes_rank_zero_only_changes_as_ddp():
 def test_bsp_no_sync_with_batchnorm_matches_ddp():
     for rank, res in enumerate(run_workers(no_sync_bn_worker, 2, args=(9, "ps"), timeout_s=100)):
         assert res["diff"] <= TOL and res["buffers"] <= TOL, f"rank {rank}: {res}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_ssp_synchronize_shares_buffers_only_when_asked(broadcast_buffers):
+    """ssp sends rank 0's buffers at synchronize(); with broadcast_buffers=False each rank keeps its own, as DDP."""
+    ranks = run_workers(ssp_buffers_worker, 2, args=(3, broadcast_buffers), timeout_s=100)
+    assert (ranks[0] == ranks[1]) == broadcast_buffers
