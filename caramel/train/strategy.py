@@ -107,22 +107,28 @@ class Parallel:
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer state a checkpoint holds (all ranks call it). Under caramel the parts
-        each rank holds for itself (error feedback, the balancers' windows) are gathered from
-        every rank: the checkpoint is written by rank 0 alone."""
+        each rank holds for itself (error feedback, the balancers' windows, an overlap trial's
+        step periods) are gathered from every rank: the checkpoint is written by rank 0 alone."""
         state = self.optimizer.state_dict()
         if self.kind == "caramel" and dist.is_initialized() and dist.get_world_size() > 1:
             from caramel.runtime.optimizer import ADAPTIVE_STATE_KEY, COMPRESSION_STATE_KEY
             from caramel.strategies.caramel.balance_state import merge_rank_states
 
             # on the host: rank 0 unpickles every rank's tensors, which must not land on their GPUs
-            mine = _on_cpu((state.get(COMPRESSION_STATE_KEY), (state.get(ADAPTIVE_STATE_KEY) or {}).get("balance")))
+            adaptive = state.get(ADAPTIVE_STATE_KEY) or {}
+            trial = adaptive.get("trial")  # only each rank's periods: the rest is alike on every rank
+            mine = _on_cpu((state.get(COMPRESSION_STATE_KEY), adaptive.get("balance"),
+                            trial.get("ranks") if isinstance(trial, dict) else None))
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
-            if any(codec for codec, _ in everyone):
-                state[RANK_COMPRESSION_KEY] = [codec or {} for codec, _ in everyone]
-            balance = merge_rank_states([b for _, b in everyone])
+            if any(codec for codec, _, _ in everyone):
+                state[RANK_COMPRESSION_KEY] = [codec or {} for codec, _, _ in everyone]
+            balance = merge_rank_states([b for _, b, _ in everyone])
             if balance is not None:
                 state[ADAPTIVE_STATE_KEY] = {**state[ADAPTIVE_STATE_KEY], "balance": balance}
+            if isinstance(trial, dict):
+                ranks = {r: own for _, _, t in everyone for r, own in (t or {}).items()}
+                state[ADAPTIVE_STATE_KEY] = {**state[ADAPTIVE_STATE_KEY], "trial": {**trial, "ranks": ranks}}
         return state
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
