@@ -40,7 +40,7 @@ def test_every_rank_keeps_its_own_error_feedback_and_window(monkeypatch):
 
     def gather(out, mine):  # every rank's (error feedback, balance entry, trial periods), as rank 0 receives them
         for r, s in enumerate(ranks):
-            out[r] = (s[COMPRESSION_STATE_KEY], s[ADAPTIVE_STATE_KEY]["balance"], s[ADAPTIVE_STATE_KEY]["trial"]["ranks"])
+            out[r] = (s[COMPRESSION_STATE_KEY], s[ADAPTIVE_STATE_KEY]["balance"], {"trial": s[ADAPTIVE_STATE_KEY]["trial"]["ranks"]})
     monkeypatch.setattr(dist, "all_gather_object", gather)
     saved = _parallel(ranks[0]).optimizer_state()
     assert [float(c["residual"]["w"][0]) for c in saved[RANK_COMPRESSION_KEY]] == [0.0, 1.0]

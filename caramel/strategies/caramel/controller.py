@@ -29,6 +29,7 @@ from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cl
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.plan_state import KEY as PLAN_KEY, LEGACY_AUTO_KEY, plan_state, restore_plan
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
+from caramel.strategies.caramel.profiling_state import KEY as PROFILING_KEY, profiling_state, restore_profiling
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.caramel.trial_state import KEY as TRIAL_KEY, restore_trial, trial_state
 from caramel.strategies.planners import make_plan
@@ -296,30 +297,32 @@ class Controller:
     def adaptive_state(self) -> dict[str, Any]:
         """What a resumed run needs of this controller's adaptation; {} for none: the balancer's
         state (`balance_state`) and, once settled, the plan in force with what it was made from
-        (`plan_state`), for every compression mode; while an overlap trial runs, the trial as it
-        stands (`trial_state`)."""
+        (`plan_state`), for every compression mode; while the engine profiles or an overlap
+        trial runs, what they measured so far (`profiling_state`, `trial_state`)."""
         out: dict[str, Any] = {}
         if self.balancer is not None:
             out["balance"] = balancer_state(self.balancer, self.rank, self.world)
         plan = plan_state(self)
         if plan is not None:
             out[PLAN_KEY] = plan
-        trial = trial_state(self)
-        if trial is not None:
-            out[TRIAL_KEY] = trial
+        for key, entry in ((TRIAL_KEY, trial_state(self)), (PROFILING_KEY, profiling_state(self))):
+            if entry is not None:
+                out[key] = entry
         return out
 
     def load_adaptive_state(self, state: dict[str, Any]) -> None:
         """Restore `adaptive_state()` (every rank, the same `state`); balance state for a run
         with balance="off" is ignored (nothing adapts to it). A saved plan is adopted instead of
-        profiling when it was made for this run's options (`plan_state.restore_plan`); a trial
-        taken half-way is carried on alike (`trial_state.restore_trial`)."""
+        profiling when it was made for this run's options (`plan_state.restore_plan`); profiling
+        or a trial taken half-way is carried on alike (`profiling_state`, `trial_state`)."""
         if state.get("balance") is not None and self.balancer is not None:
             load_balancer_state(self.balancer, state["balance"], self.rank, self.world)
         if state.get(PLAN_KEY) is not None:
             restore_plan(self, state[PLAN_KEY])
         elif state.get(TRIAL_KEY) is not None:
             restore_trial(self, state[TRIAL_KEY])
+        elif state.get(PROFILING_KEY) is not None:
+            restore_profiling(self, state[PROFILING_KEY])
         elif state.get(LEGACY_AUTO_KEY) is not None:
             restore_plan(self, state[LEGACY_AUTO_KEY], legacy=True)
 

@@ -1,6 +1,7 @@
-"""A checkpoint taken during the overlap trial carries the trial: a run resumed from one in the
-trial's second block, and again from one in its confirmation, finishes the trial as the run never
-stopped does, with the same periods carried, the same decision and, with top-k (per-bucket
+"""A checkpoint taken during the online profiling or the overlap trial carries them: a run
+resumed during profiling goes on at the saved phase with the saved measurements and plans at the
+step the run never stopped did; a run resumed from one in the trial's second block, and again
+from one in its confirmation, finishes the trial as the run never stopped does, with the same periods carried, the same decision and, with top-k (per-bucket
 entries), the same parameters bit for bit (2-rank gloo, `trial_resume_workers`; the trial reads
 a fake clock, so the decision is forced the same in both runs). An entry for other options, or
 without a rank's own periods, is adopted by no rank; a malformed or newer one is one error."""
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from caramel.testing import run_workers
-from tests.strategies.caramel.trial_resume_workers import RESUME_AT
+from tests.strategies.caramel.trial_resume_workers import PROFILING_AT, RESUME_AT
 
 torch.set_num_threads(1)
 
@@ -28,6 +29,13 @@ def test_a_checkpoint_mid_trial_resumes_to_the_same_decision_and_parameters():
         for s in RESUME_AT:
             c = r["carried"][s]
             assert c["profiling_after_load"] is False and c["full"] and c["loaded"] == c["full"], (s, c)
+        p = r["profiling"]  # the profiling arm: resumed before the split step, then after one timed step
+        assert p["loaded"] == {s: {"profiling_after_load": True, "phase_after_load": s} for s in PROFILING_AT}, p["loaded"]
+        (full_built,), (resumed_built,) = p["full_built"], p["resumed_built"]
+        assert len(full_built["samples"]) == len(resumed_built["samples"]) == 2
+        assert resumed_built["first_use"] == full_built["first_use"]  # the uses the full run saw at step 0
+        assert resumed_built["samples"][0] == p["carried_samples"][0]  # timed before the second resume
+        assert p["resumed_trial_at"] == [0, 1]  # the plan came after step 3, as in the full run: the trial runs
         refused = r["refused"]
         for case in ("options", "one_rank"):
             assert refused[case]["profiling"] and not refused[case]["trial"], (case, refused[case])
@@ -68,3 +76,38 @@ def test_a_bad_newer_or_unfit_trial_entry():
     assert _unfit(c, {**good, "inputs": {"compression": "topk:0.2"}}).startswith("it was run with compression='topk:0.2'")
     assert "no step periods of this rank" in _unfit(SimpleNamespace(**{**vars(c), "rank": 1}), {**good, "ranks": {0: good["ranks"][0]}})
     assert _unfit(SimpleNamespace(**{**vars(c), "fingerprint": "g"}), good) == "its plans were made for a model with other parameters"
+
+
+def test_a_bad_newer_or_unfit_profiling_entry():
+    from types import SimpleNamespace
+
+    import torch.nn as nn
+
+    from caramel.errors import CaramelError
+    from caramel.strategies.caramel.profiling_state import _OWN, _REQUIRED, _unfit, check_entry
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, profile_steps=2,
+                        planner_options={}, model=model)
+    own = {**{k: None for k in _OWN}, "phase_step": 3, "module_order": ["0"], "weight_s": {"0": 0.001}, "kept": {}}
+    good = {"version": 1, "world": 2, "inputs": {"compression": "topk:0.1"}, "model_fingerprint": "f",
+            "profile_steps": 2, "measure_split": True, "engine_steps": 3, "step_calls": 3, "order_replans": 0,
+            "ranks": {0: own, 1: own}}
+    assert set(good) - {"version"} == set(_REQUIRED)
+    check_entry(good)
+    assert _unfit(c, good) is None
+    with pytest.raises(CaramelError, match="'profiling' has version 2, newer than this caramel reads"):
+        check_entry({**good, "version": 2})
+    with pytest.raises(CaramelError, match="lacks world, inputs"):
+        check_entry({"version": 1})
+    with pytest.raises(CaramelError, match="malformed ranks"):
+        check_entry({**good, "ranks": {0: {"phase_step": 1}}})
+    with pytest.raises(CaramelError, match="malformed phase_step 4 of rank 0"):
+        check_entry({**good, "ranks": {0: {**own, "phase_step": 4}}})
+    with pytest.raises(CaramelError, match="malformed phase_step 1 of rank 0"):
+        check_entry({**good, "ranks": {0: {**own, "phase_step": 1, "module_order": None}}})
+    assert _unfit(c, {**good, "profile_steps": 3}) == "it was run with profile_steps=3 (this run 2)"
+    assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    assert _unfit(c, {**good, "model_fingerprint": "g"}) == "it was run for a model with other parameters"
+    assert "no measurements of this rank" in _unfit(c, {**good, "ranks": {1: own}})
+    assert _unfit(c, {**good, "ranks": {0: {**own, "kept": {"1": 4}}}}) == "it names modules this model lacks"

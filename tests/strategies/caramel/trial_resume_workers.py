@@ -3,8 +3,9 @@
 `trial_resume_worker` runs `STEPS` steps of SmallCNN under `overlap="auto"` with top-k
 uninterrupted, saving a checkpoint at each step of `RESUME_AT`; then, from the first of those,
 fresh model, optimizer and engine objects run the rest, saving and resuming again at the second
-(torch.save and torch.load(weights_only=True), as `caramel train` does). The first checkpoint falls in the
-overlap trial's second block, the second in its confirmation. The trial reads each step's period
+(torch.save and torch.load(weights_only=True), as `caramel train` does). Two checkpoints fall in the online
+profiling (the profiling arm resumes from them and runs into the trial's first step), two in the
+overlap trial, in its second block and in its confirmation (the trial arm resumes from them). The trial reads each step's period
 from a fake clock (the trial's baseline 13 ms, any other candidate 10 ms, plus a few tenths of a
 millisecond by step), so both runs must decide alike and, with the decision forced the same,
 end with the same parameters bit for bit. The real clock still times the profiling steps: the
@@ -13,6 +14,7 @@ plans come from those timings, which the checkpoint carries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 
 import torch
@@ -23,10 +25,14 @@ from caramel.models.zoo import SmallCNN
 from tests.distributed.workers import params_of
 from tests.strategies.adapt.resume_workers import _batch, _dataset, _roundtrip
 
-# profiling: steps 0-2 (uses, split, 1 timed); the trial of 2 candidates: 3-10 (blocks of 2, 4, 2
-# steps); the challenger's confirmation: 11-18; then the plan adopted runs
-STEPS, RESUME_AT = 21, (6, 14)
-OPTIONS = {"overlap": "auto", "compression": "topk:0.1", "profile_steps": 1, "trial_steps": 2, "trial_passes": 1}
+# profiling: steps 0-3 (uses, split, 2 timed); the trial of 2 candidates: 4-11 (blocks of 2, 4, 2
+# steps); the challenger's confirmation: 12-19; then the plan adopted runs. The profiling arm
+# resumes at its first checkpoints (the split step next; one timed step carried) and runs into
+# the trial's first step; the trial arm resumes at the other two (the trial's second block; the
+# confirmation's second block) and runs to the end.
+STEPS = 22
+PROFILING_AT, RESUME_AT = (1, 3), (7, 15)
+OPTIONS = {"overlap": "auto", "compression": "topk:0.1", "profile_steps": 2, "trial_steps": 2, "trial_passes": 1}
 
 
 class _TrialClock:
@@ -65,16 +71,16 @@ def _periods(opt) -> list | None:
     return None if trial is None else [k.blocks_s for k in trial.candidates]
 
 
-def _run(rank: int, start: dict | None) -> dict:
-    """Uninterrupted (`start` None), saving a checkpoint at each step of `RESUME_AT`; or resumed
-    from `start` (the uninterrupted run's first checkpoint), saving at the later steps of
-    `RESUME_AT` and resuming from each in fresh objects."""
+def _run(rank: int, at: tuple[int, ...], start: dict | None = None, steps: int = STEPS) -> dict:
+    """Uninterrupted (`start` None), saving a checkpoint before each step of `at`; or resumed
+    from `start` (the uninterrupted run's checkpoint before step `at[0]`), saving before each
+    later step of `at` and resuming from each in fresh objects."""
     xs, ys = _dataset()
-    first = 0 if start is None else RESUME_AT[0]
+    first = 0 if start is None else at[0]
     model, opt = _build(OPTIONS, None if start is None else start["model"])
     saved_at: dict[int, dict] = {}
-    for s in range(first, STEPS):
-        if s in RESUME_AT:
+    for s in range(first, steps):
+        if s in at:
             opt.synchronize()
             saved = start if s == first and start is not None else _roundtrip(
                 {"model": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
@@ -84,26 +90,50 @@ def _run(rank: int, start: dict | None) -> dict:
                 if s != first:
                     model, opt = _build(OPTIONS, saved["model"])
                 opt.load_state_dict(saved["optimizer"])
-                saved_at[s]["loaded"] = _periods(opt)
-                saved_at[s]["profiling_after_load"] = opt.engine.controller.profiling
+                c = opt.engine.controller
+                saved_at[s].update(loaded=_periods(opt), profiling_after_load=c.profiling,
+                                   phase_after_load=c.profiler.phase_step if c.profiler is not None else None)
         idx = _batch(s, rank)
         F.cross_entropy(model(xs[idx]), ys[idx]).backward()
         opt.step()
         opt.zero_grad()
     opt.synchronize()
+    trial = opt.engine.controller.trial
     return {"params": params_of(model.module), "plan": opt.engine.plan.fingerprint, "overlap": opt.engine.overlap,
             "trial": opt.engine.stats.extra.get("overlap_trial"), "settled": opt.engine.controller.settled(),
-            "saved_at": saved_at}
+            "trial_at": None if trial is None else [trial.block, trial.in_block], "saved_at": saved_at}
+
+
+def _spy_profiles(calls: list) -> None:
+    """Record what each profile is built from (the module uses' first-use times, the timed steps)."""
+    from caramel.strategies.caramel import profiling
+
+    build = profiling.build_profile
+
+    def spy(name, batch, model, tracker, samples, meta=None):
+        calls.append({"first_use": dict(tracker.first_use), "samples": [dataclasses.asdict(x) for x in samples]})
+        return build(name, batch, model, tracker, samples, meta=meta)
+    profiling.build_profile = spy
 
 
 def trial_resume_worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
-    full = _run(rank, None)
-    resumed = _run(rank, full["saved_at"][RESUME_AT[0]]["saved"])
+    built: list[dict] = []
+    _spy_profiles(built)
+    full = _run(rank, PROFILING_AT + RESUME_AT)
+    full_profile = built[:]
+    profiled = _run(rank, PROFILING_AT, full["saved_at"][PROFILING_AT[0]]["saved"], steps=PROFILING_AT[-1] + 2)
+    resumed = _run(rank, RESUME_AT, full["saved_at"][RESUME_AT[0]]["saved"])
+    # the profiling arm's second checkpoint holds the timed step it ran itself after the first
+    carried = profiled["saved_at"][PROFILING_AT[1]]["saved"]["optimizer"]["caramel_adaptive"]["profiling"]["ranks"]
+    out_profiling = {"full_built": full_profile, "resumed_built": built[len(full_profile):],
+                     "carried_samples": carried[rank]["samples"], "resumed_trial_at": profiled["trial_at"],
+                     "loaded": {s: {k: profiled["saved_at"][s][k] for k in ("profiling_after_load", "phase_after_load")}
+                                for s in PROFILING_AT}}
     out = {"full_trial": full["trial"], "resumed_trial": resumed["trial"], "settled": [full["settled"], resumed["settled"]],
            "same_plan": full["plan"] == resumed["plan"] and full["overlap"] == resumed["overlap"],
            "same_params": all(torch.equal(a, b) for a, b in zip(full["params"], resumed["params"])),
-           "carried": {}, "entries": {}}
+           "carried": {}, "entries": {}, "profiling": out_profiling}
     for s in RESUME_AT:
         f, r = full["saved_at"][s], resumed["saved_at"][s]
         entry = f["saved"]["optimizer"]["caramel_adaptive"].get("trial")
