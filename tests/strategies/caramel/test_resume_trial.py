@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.timeout(200)
-def test_a_checkpoint_mid_trial_resumes_to_the_same_decision_and_parameters():
+def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
     from tests.strategies.caramel.trial_resume_workers import trial_resume_worker
     for rank, r in enumerate(run_workers(trial_resume_worker, 2, timeout_s=160)):
         full, resumed = r["full_trial"], r["resumed_trial"]
