@@ -9,6 +9,7 @@ compute schedule, all rebuilt from the plan and the profiled module uses.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -54,6 +55,23 @@ class EngineControl:
                                clear: bool = True) -> float | None:
         """Link bandwidth the measured collectives imply (`caramel.runtime.stats.bandwidth_from_log`)."""
         return self._dispatcher.measured_bandwidth_bps(self.world_size, latency_s, queued_latency_s, clear)
+
+    def measured_log(self) -> list[tuple[float, float, int]]:
+        """The collectives timed since measuring started: (issue, done, bytes), `perf_counter` s."""
+        return list(self._dispatcher.log)
+
+    def carry_measured_log(self, entries: list[tuple[float, float, int]]) -> None:
+        """Put another process's timed collectives (a checkpoint's) before this one's own: shifted
+        to end an hour ago, so no transfer of theirs seems to queue behind or before one of ours
+        (`bandwidth_from_log` pairs each with its predecessor by completion time)."""
+        if not entries:
+            return
+        shift = time.perf_counter() - 3600.0 - max(done for _, done, _ in entries)
+        log = self._dispatcher.log
+        own = list(log)
+        log.clear()
+        log.extend((float(i) + shift, float(d) + shift, int(n)) for i, d, n in entries)
+        log.extend(own)
 
     def add_listeners(self, grad_ready: Callable[[int], None] | None = None,
                       backward_end: Callable[[], None] | None = None,

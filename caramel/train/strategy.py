@@ -16,6 +16,8 @@ import caramel
 from caramel.train.config import TrainConfig
 
 RANK_COMPRESSION_KEY = "caramel_compression_ranks"  # every rank's error feedback, in rank order
+# the caramel engine's entries of a profiling or overlap trial taken half-way: a part per rank
+PER_RANK_KEYS = ("profiling", "trial")
 
 
 @dataclass
@@ -107,22 +109,29 @@ class Parallel:
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer state a checkpoint holds (all ranks call it). Under caramel the parts
-        each rank holds for itself (error feedback, the balancers' windows) are gathered from
-        every rank: the checkpoint is written by rank 0 alone."""
+        each rank holds for itself (error feedback, the balancers' windows, what profiling or an
+        overlap trial measured so far) are gathered from every rank: the checkpoint is written by rank 0 alone."""
         state = self.optimizer.state_dict()
         if self.kind == "caramel" and dist.is_initialized() and dist.get_world_size() > 1:
             from caramel.runtime.optimizer import ADAPTIVE_STATE_KEY, COMPRESSION_STATE_KEY
             from caramel.strategies.caramel.balance_state import merge_rank_states
 
-            # on the host: rank 0 unpickles every rank's tensors, which must not land on their GPUs
-            mine = _on_cpu((state.get(COMPRESSION_STATE_KEY), (state.get(ADAPTIVE_STATE_KEY) or {}).get("balance")))
+            # on the host: rank 0 unpickles every rank's tensors, which must not land on their GPUs;
+            # of the profiling's and the trial's entries only each rank's part (the rest is alike)
+            adaptive = state.get(ADAPTIVE_STATE_KEY) or {}
+            halfway = [k for k in PER_RANK_KEYS if isinstance(adaptive.get(k), dict)]
+            mine = _on_cpu((state.get(COMPRESSION_STATE_KEY), adaptive.get("balance"),
+                            {k: adaptive[k].get("ranks") for k in halfway}))
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
-            if any(codec for codec, _ in everyone):
-                state[RANK_COMPRESSION_KEY] = [codec or {} for codec, _ in everyone]
-            balance = merge_rank_states([b for _, b in everyone])
+            if any(codec for codec, _, _ in everyone):
+                state[RANK_COMPRESSION_KEY] = [codec or {} for codec, _, _ in everyone]
+            balance = merge_rank_states([b for _, b, _ in everyone])
             if balance is not None:
                 state[ADAPTIVE_STATE_KEY] = {**state[ADAPTIVE_STATE_KEY], "balance": balance}
+            for k in halfway:
+                ranks = {r: own for _, _, parts in everyone for r, own in ((parts or {}).get(k) or {}).items()}
+                state[ADAPTIVE_STATE_KEY] = {**state[ADAPTIVE_STATE_KEY], k: {**adaptive[k], "ranks": ranks}}
         return state
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """`caramel train`'s checkpoint of the Caramel engine's per-rank state: rank 0 writes it, so
-`Parallel.optimizer_state` gathers each rank's error feedback and balancer window, and
+`Parallel.optimizer_state` gathers each rank's error feedback, balancer window and overlap
+trial periods, and
 `load_optimizer_state` hands each rank its own (one process: the collectives are stubbed)."""
 import torch
 import torch.distributed as dist
@@ -21,8 +22,9 @@ class _Optimizer:
 
 def _rank_state(rank: int) -> dict:
     window = {"version": 1, "kind": "batch", "world": 2, "shared": {"steps": 4}, "ranks": {rank: {"times": [[8, [0.1 * (rank + 1)]]]}}}
+    trial = {"version": 1, "block": 1, "ranks": {rank: {"blocks_s": [[[0.01 * (rank + 1)]], []]}}}
     return {"state": {}, "param_groups": [], COMPRESSION_STATE_KEY: {"residual": {"w": torch.full((2,), float(rank))}, "q": {}},
-            ADAPTIVE_STATE_KEY: {"balance": window}}
+            ADAPTIVE_STATE_KEY: {"balance": window, "trial": trial}}
 
 
 def _parallel(state) -> Parallel:
@@ -36,13 +38,15 @@ def test_every_rank_keeps_its_own_error_feedback_and_window(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
 
-    def gather(out, mine):  # every rank's (error feedback, balance entry), as rank 0 would receive them
+    def gather(out, mine):  # every rank's (error feedback, balance entry, trial periods), as rank 0 receives them
         for r, s in enumerate(ranks):
-            out[r] = (s[COMPRESSION_STATE_KEY], s[ADAPTIVE_STATE_KEY]["balance"])
+            out[r] = (s[COMPRESSION_STATE_KEY], s[ADAPTIVE_STATE_KEY]["balance"], {"trial": s[ADAPTIVE_STATE_KEY]["trial"]["ranks"]})
     monkeypatch.setattr(dist, "all_gather_object", gather)
     saved = _parallel(ranks[0]).optimizer_state()
     assert [float(c["residual"]["w"][0]) for c in saved[RANK_COMPRESSION_KEY]] == [0.0, 1.0]
     assert saved[ADAPTIVE_STATE_KEY]["balance"]["ranks"] == {0: {"times": [[8, [0.1]]]}, 1: {"times": [[8, [0.2]]]}}
+    trial = saved[ADAPTIVE_STATE_KEY]["trial"]
+    assert trial["block"] == 1 and trial["ranks"] == {0: {"blocks_s": [[[0.01]], []]}, 1: {"blocks_s": [[[0.02]], []]}}
 
     monkeypatch.setattr(dist, "get_rank", lambda *a: 1)
     p = _parallel({})

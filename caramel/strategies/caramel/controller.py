@@ -29,7 +29,9 @@ from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cl
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.plan_state import KEY as PLAN_KEY, LEGACY_AUTO_KEY, plan_state, restore_plan
 from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
+from caramel.strategies.caramel.profiling_state import KEY as PROFILING_KEY, profiling_state, restore_profiling
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
+from caramel.strategies.caramel.trial_state import KEY as TRIAL_KEY, restore_trial, trial_state
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
 
@@ -126,13 +128,14 @@ class Controller:
         preference = trial_preference([c.name for c in cands], planner or self.planner, predicted)
         self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, preference=preference,
                                   max_passes=self.trial_passes, predicted_s=predicted)
-        self._adopt_candidate(self.trial.current, source)
+        self.adopt_candidate(self.trial.current, source)
 
-    def _adopt_candidate(self, cand: Candidate, source: str) -> None:
+    def adopt_candidate(self, cand: Candidate, source: str, module_order: list[str] | None = None) -> None:
+        """Run a trial's candidate from the next step; `module_order` as for `adopt`."""
         # adopt() first applies every pending update, whichever mode deferred it, and takes the
         # gradients back from torch DDP; DDP's schedule is then handed to torch DDP itself, in
         # the trial too, so the candidates are timed against what the user would otherwise run
-        self.adopt(cand.plan, source=f"{source} ({cand.name})", overlap=cand.overlap)
+        self.adopt(cand.plan, source=f"{source} ({cand.name})", overlap=cand.overlap, module_order=module_order)
         if cand.name == DDP_SCHEDULE:
             self.handover.hand_over()
 
@@ -256,7 +259,7 @@ class Controller:
             self.trial = None
         # the same candidate again (the winner ran last, or a new pass starts with it): no switch
         if not (nxt.plan is self.engine.plan and nxt.overlap == self.engine.overlap):
-            self._adopt_candidate(nxt, source="overlap trial")
+            self.adopt_candidate(nxt, source="overlap trial")
 
     def _profiling_step_end(self) -> None:
         profile = self.profiler.step_end()
@@ -294,23 +297,32 @@ class Controller:
     def adaptive_state(self) -> dict[str, Any]:
         """What a resumed run needs of this controller's adaptation; {} for none: the balancer's
         state (`balance_state`) and, once settled, the plan in force with what it was made from
-        (`plan_state`), for every compression mode."""
+        (`plan_state`), for every compression mode; while the engine profiles or an overlap
+        trial runs, what they measured so far (`profiling_state`, `trial_state`)."""
         out: dict[str, Any] = {}
         if self.balancer is not None:
             out["balance"] = balancer_state(self.balancer, self.rank, self.world)
         plan = plan_state(self)
         if plan is not None:
             out[PLAN_KEY] = plan
+        for key, entry in ((TRIAL_KEY, trial_state(self)), (PROFILING_KEY, profiling_state(self))):
+            if entry is not None:
+                out[key] = entry
         return out
 
     def load_adaptive_state(self, state: dict[str, Any]) -> None:
         """Restore `adaptive_state()` (every rank, the same `state`); balance state for a run
         with balance="off" is ignored (nothing adapts to it). A saved plan is adopted instead of
-        profiling when it was made for this run's options (`plan_state.restore_plan`)."""
+        profiling when it was made for this run's options (`plan_state.restore_plan`); profiling
+        or a trial taken half-way is carried on alike (`profiling_state`, `trial_state`)."""
         if state.get("balance") is not None and self.balancer is not None:
             load_balancer_state(self.balancer, state["balance"], self.rank, self.world)
         if state.get(PLAN_KEY) is not None:
             restore_plan(self, state[PLAN_KEY])
+        elif state.get(TRIAL_KEY) is not None:
+            restore_trial(self, state[TRIAL_KEY])
+        elif state.get(PROFILING_KEY) is not None:
+            restore_profiling(self, state[PROFILING_KEY])
         elif state.get(LEGACY_AUTO_KEY) is not None:
             restore_plan(self, state[LEGACY_AUTO_KEY], legacy=True)
 

@@ -15,8 +15,8 @@ uses) and holds the plan with its codecs, the overlap mode in force and whether 
 it (DDP's schedule won the trial), the profile and link it was planned from (for later
 bandwidth checks and re-plans), which module uses which parameter, the engine's step counts
 (the periodic checks fall on the same steps) and the options the plan was made from
-(`plan_inputs`). A checkpoint taken while profiling or trialling holds none: the resumed
-engine profiles, as before, and the two runs' plans come from different timings.
+(`plan_inputs`). A checkpoint taken while profiling or trialling holds none; it carries the
+profiling or the trial half-way instead (`profiling_state`, `trial_state`).
 
 A fresh engine that loads the entry adopts its plan instead of profiling. One whose options
 differ (another codec, planner, planner knob, overlap, cluster, given plan or profile) says so

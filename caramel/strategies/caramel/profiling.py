@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,8 @@ import torch.nn as nn
 
 from caramel.distributed import collective_device
 from caramel.profile.model_profile import ModelProfile, ParamInfo
-from caramel.profile.profiler import (InputSizes, StepTimer, UseTracker, add_split_backward, build_profile,
-                                      deferrable_modules, dtype_name)
+from caramel.profile.profiler import (InputSizes, StepSample, StepTimer, UseTracker, add_split_backward,
+                                      build_profile, deferrable_modules, dtype_name)
 from caramel.runtime.engine import Engine
 from caramel.topology.spec import ClusterSpec
 
@@ -102,11 +103,8 @@ class OnlineProfiler:
             waited_s = self.engine.stats.last_wait_s - self._wait_at_bwd_end_s
             self.timer.step_end(max(0.0, elapsed_s - waited_s))
         self.phase_step += 1
-        if self.phase_step == 1 and self.measure_split:
-            names = deferrable_modules(self.model, self.params, self.tracker)
-            if names:
-                self.engine.set_compute_schedule(names, timed=True)
-                self._split_on = True
+        if self.phase_step == 1:
+            self._start_split()
         if self.phase_step == 2 and self._split_on:
             self._weight_s, self._kept = self.engine.deferred_timings()
             self.engine.set_compute_schedule([])
@@ -122,6 +120,57 @@ class OnlineProfiler:
                                 meta={"online": True, "rank": self.rank})
         add_split_backward(profile, self.model, self._weight_s, self._kept, self._input_bytes)
         return profile
+
+    def _start_split(self) -> None:
+        # the next step computes the deferrable weight gradients apart, each timed
+        if self.measure_split:
+            names = deferrable_modules(self.model, self.params, self.tracker)
+            if names:
+                self.engine.set_compute_schedule(names, timed=True)
+                self._split_on = True
+
+    def carried(self) -> dict[str, Any]:
+        """What this rank has measured so far, as plain values, between two steps (a checkpoint's
+        `profiling_state`): the phase, the module uses, the split timings, the timed steps and
+        the collectives timed."""
+        t = self.tracker
+        name_of = {m: n for n, m in self.model.named_modules()}
+        return {"phase_step": self.phase_step,
+                "first_use": [[i, m, s] for i, (m, s) in t.first_use.items()] if t is not None else None,
+                "use_modules": [[i, list(ms)] for i, ms in t.use_modules.items()] if t is not None else None,
+                "module_order": list(t.module_order) if t is not None else None,
+                "weight_s": {name_of[m]: s for m, s in self._weight_s.items() if m in name_of},
+                "kept": {name_of[m]: b for m, b in self._kept.items() if m in name_of},
+                "input_bytes": dict(self._input_bytes), "sizes_taken": self._sizes_taken,
+                "samples": [dataclasses.asdict(x) for x in self.timer.samples] if self.timer is not None else [],
+                "log": [list(e) for e in self.engine.measured_log()]}
+
+    def resume_from(self, state: dict[str, Any]) -> None:
+        """Go on from `carried()` of another process (this profiler fresh, no step run yet): the
+        next step is the one the saving run would have run next."""
+        self.phase_step = int(state["phase_step"])
+        if state["module_order"] is not None:
+            t = UseTracker(self.model, self.params)
+            t.first_use = {int(i): (str(m), float(s)) for i, m, s in state["first_use"]}
+            t.use_modules = {int(i): [str(m) for m in ms] for i, ms in state["use_modules"]}
+            t.module_order = [str(m) for m in state["module_order"]]
+            self.tracker = t
+        named = dict(self.model.named_modules())
+        self._weight_s = {named[n]: float(v) for n, v in state["weight_s"].items()}
+        self._kept = {named[n]: int(v) for n, v in state["kept"].items()}
+        self._input_bytes.clear()  # the object InputSizes fills
+        self._input_bytes.update({str(k): int(v) for k, v in state["input_bytes"].items()})
+        self._sizes_taken = bool(state["sizes_taken"])
+        if self.phase_step == 1:
+            self._start_split()
+        if self.phase_step >= 2:
+            self.timer = StepTimer(self.model, self.tracker.module_order)
+            self.timer.samples = [StepSample(float(x["forward_s"]), float(x["backward_s"]), float(x["optimizer_s"]),
+                                             {str(k): float(v) for k, v in x["module_start_s"].items()},
+                                             {int(k): float(v) for k, v in x["ready_s"].items()},
+                                             {int(k): float(v) for k, v in x["rows_ready_s"].items()})
+                                  for x in state["samples"]]
+        self.engine.carry_measured_log([(float(i), float(d), int(n)) for i, d, n in state["log"]])
 
     def detach(self) -> None:
         """The engine's callbacks removed (collectives are still timed until `stop`)."""

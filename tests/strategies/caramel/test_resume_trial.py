@@ -1,0 +1,113 @@
+"""A checkpoint taken during the online profiling or the overlap trial carries them: a run
+resumed during profiling goes on at the saved phase with the saved measurements and plans at the
+step the run never stopped did; a run resumed from one in the trial's second block, and again
+from one in its confirmation, finishes the trial as the run never stopped does, with the same periods carried, the same decision and, with top-k (per-bucket
+entries), the same parameters bit for bit (2-rank gloo, `trial_resume_workers`; the trial reads
+a fake clock, so the decision is forced the same in both runs). An entry for other options, or
+without a rank's own periods, is adopted by no rank; a malformed or newer one is one error."""
+import pytest
+import torch
+
+from caramel.testing import run_workers
+from tests.strategies.caramel.trial_resume_workers import PROFILING_AT, RESUME_AT
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.timeout(200)
+def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
+    from tests.strategies.caramel.trial_resume_workers import trial_resume_worker
+    for rank, r in enumerate(run_workers(trial_resume_worker, 2, timeout_s=160)):
+        full, resumed = r["full_trial"], r["resumed_trial"]
+        assert full is not None and full["confirmation"] is not None and full["confirmation"]["confirmed"], full
+        assert resumed == full, (resumed, full)
+        assert r["settled"] == [True, True]
+        assert r["same_plan"] and r["same_params"], r
+        first, second = (r["carried"][s] for s in RESUME_AT)
+        assert r["entries"][RESUME_AT[0]] == {"block": 1, "in_block": 1, "passes": 1}, r["entries"]
+        assert not first["selection"] and second["selection"], r["carried"]  # the second is in the confirmation
+        for s in RESUME_AT:
+            c = r["carried"][s]
+            assert c["profiling_after_load"] is False and c["full"] and c["loaded"] == c["full"], (s, c)
+        p = r["profiling"]  # the profiling arm: resumed before the split step, then after one timed step
+        assert p["loaded"] == {s: {"profiling_after_load": True, "phase_after_load": s} for s in PROFILING_AT}, p["loaded"]
+        (full_built,), (resumed_built,) = p["full_built"], p["resumed_built"]
+        assert len(full_built["samples"]) == len(resumed_built["samples"]) == 2
+        assert resumed_built["first_use"] == full_built["first_use"]  # the uses the full run saw at step 0
+        assert resumed_built["samples"][0] == p["carried_samples"][0]  # timed before the second resume
+        assert p["resumed_trial_at"] == [0, 1]  # the plan came after step 3, as in the full run: the trial runs
+        refused = r["refused"]
+        for case in ("options", "one_rank"):
+            assert refused[case]["profiling"] and not refused[case]["trial"], (case, refused[case])
+        if rank == 0:
+            assert "topk:0.1" in refused["options"]["said"] and "chosen again" in refused["options"]["said"], refused
+            assert "no step periods of this rank" in refused["one_rank"]["said"] and "(rank 1)" in refused["one_rank"]["said"]
+
+
+def test_a_bad_newer_or_unfit_trial_entry():
+    from types import SimpleNamespace
+
+    from caramel.errors import CaramelError
+    from caramel.strategies.caramel.trial_state import _REQUIRED, _unfit, check_entry, restore_trial
+
+    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"})
+    with pytest.raises(CaramelError, match="'trial' must be a mapping, got list"):
+        restore_trial(c, [])
+    with pytest.raises(CaramelError, match="version 2, newer than this caramel reads"):
+        check_entry({"version": 2})
+    with pytest.raises(CaramelError, match="version '1', expected an integer from 1 to 1"):
+        check_entry({"version": "1"})
+    with pytest.raises(CaramelError, match="lacks candidates, preference"):
+        check_entry({"version": 1})
+    plan = {"world_size": 2, "model_fingerprint": "f"}
+    good = {**{k: None for k in _REQUIRED}, "version": 1, "world": 2, "inputs": {"compression": "topk:0.1"},
+            "candidates": [{"name": "caramel/forward", "overlap": "forward", "plan": plan},
+                           {"name": "caramel/backward", "overlap": "backward", "plan": plan}],
+            "blocks": [[0, 2], [1, 4], [0, 2]], "block": 1, "in_block": 1, "steps": 2,
+            "ranks": {0: {"blocks_s": [[[0.01]], []]}, 1: {"blocks_s": [[[0.02]], []]}}}
+    check_entry(good)
+    assert _unfit(c, good) is None
+    for bad, what in (({"blocks": [[2, 2]]}, "malformed blocks"), ({"in_block": 4}, "malformed block/in_block"),
+                      ({"ranks": {0: {"blocks_s": [[]]}}}, "malformed ranks"), ({"steps": 1}, "malformed steps"),
+                      ({"candidates": [{"name": "x"}]}, "malformed candidates")):
+        with pytest.raises(CaramelError, match=what):
+            check_entry({**good, **bad})
+    assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    assert _unfit(c, {**good, "inputs": {"compression": "topk:0.2"}}).startswith("it was run with compression='topk:0.2'")
+    assert "no step periods of this rank" in _unfit(SimpleNamespace(**{**vars(c), "rank": 1}), {**good, "ranks": {0: good["ranks"][0]}})
+    assert _unfit(SimpleNamespace(**{**vars(c), "fingerprint": "g"}), good) == "its plans were made for a model with other parameters"
+
+
+def test_a_bad_newer_or_unfit_profiling_entry():
+    from types import SimpleNamespace
+
+    import torch.nn as nn
+
+    from caramel.errors import CaramelError
+    from caramel.strategies.caramel.profiling_state import _OWN, _REQUIRED, _unfit, check_entry
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, profile_steps=2,
+                        planner_options={}, model=model)
+    own = {**{k: None for k in _OWN}, "phase_step": 3, "module_order": ["0"], "weight_s": {"0": 0.001}, "kept": {}}
+    good = {"version": 1, "world": 2, "inputs": {"compression": "topk:0.1"}, "model_fingerprint": "f",
+            "profile_steps": 2, "measure_split": True, "engine_steps": 3, "step_calls": 3, "order_replans": 0,
+            "ranks": {0: own, 1: own}}
+    assert set(good) - {"version"} == set(_REQUIRED)
+    check_entry(good)
+    assert _unfit(c, good) is None
+    with pytest.raises(CaramelError, match="'profiling' has version 2, newer than this caramel reads"):
+        check_entry({**good, "version": 2})
+    with pytest.raises(CaramelError, match="lacks world, inputs"):
+        check_entry({"version": 1})
+    with pytest.raises(CaramelError, match="malformed ranks"):
+        check_entry({**good, "ranks": {0: {"phase_step": 1}}})
+    with pytest.raises(CaramelError, match="malformed phase_step 4 of rank 0"):
+        check_entry({**good, "ranks": {0: {**own, "phase_step": 4}}})
+    with pytest.raises(CaramelError, match="malformed phase_step 1 of rank 0"):
+        check_entry({**good, "ranks": {0: {**own, "phase_step": 1, "module_order": None}}})
+    assert _unfit(c, {**good, "profile_steps": 3}) == "it was run with profile_steps=3 (this run 2)"
+    assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    assert _unfit(c, {**good, "model_fingerprint": "g"}) == "it was run for a model with other parameters"
+    assert "no measurements of this rank" in _unfit(c, {**good, "ranks": {1: own}})
+    assert _unfit(c, {**good, "ranks": {0: {**own, "kept": {"1": 4}}}}) == "it names modules this model lacks"

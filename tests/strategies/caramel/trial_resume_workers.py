@@ -1,0 +1,165 @@
+"""Worker functions for the trial-resume test (spawned; must be importable).
+
+`trial_resume_worker` runs `STEPS` steps of SmallCNN under `overlap="auto"` with top-k
+uninterrupted, saving a checkpoint at each step of `RESUME_AT`; then, from the first of those,
+fresh model, optimizer and engine objects run the rest, saving and resuming again at the second
+(torch.save and torch.load(weights_only=True), as `caramel train` does). Two checkpoints fall in the online
+profiling (the profiling arm resumes from them and runs into the trial's first step), two in the
+overlap trial, in its second block and in its confirmation (the trial arm resumes from them). The trial reads each step's period
+from a fake clock (the trial's baseline 13 ms, any other candidate 10 ms, plus a few tenths of a
+millisecond by step), so both runs must decide alike and, with the decision forced the same,
+end with the same parameters bit for bit. The real clock still times the profiling steps: the
+plans come from those timings, which the checkpoint carries.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+
+import torch
+import torch.nn.functional as F
+
+import caramel
+from caramel.models.zoo import SmallCNN
+from tests.distributed.workers import params_of
+from tests.strategies.adapt.resume_workers import _batch, _dataset, _roundtrip
+
+# profiling: steps 0-3 (uses, split, 2 timed); the trial of 2 candidates: 4-11 (blocks of 2, 4, 2
+# steps); the challenger's confirmation: 12-19; then the plan adopted runs. The profiling arm
+# resumes at its first checkpoints (the split step next; one timed step carried) and runs into
+# the trial's first step; the trial arm resumes at the other two (the trial's second block; the
+# confirmation's second block) and runs to the end.
+STEPS = 22
+PROFILING_AT, RESUME_AT = (1, 3), (7, 15)
+OPTIONS = {"overlap": "auto", "compression": "topk:0.1", "profile_steps": 2, "trial_steps": 2, "trial_passes": 1}
+
+
+class _TrialClock:
+    """Replaces an engine's `EngineStats` class: the step period the trial reads is set by the
+    candidate running (`controller`), whatever the real clock says."""
+
+    controller = None
+
+    @property
+    def last_step_s(self) -> float:
+        trial = self.controller.trial
+        noise_s = 0.0002 * ((self.step * 7) % 5)
+        if trial is None:
+            return 0.02 + noise_s
+        return (0.013 if trial.current.name == trial.baseline else 0.010) + noise_s
+
+    @last_step_s.setter
+    def last_step_s(self, _value: float) -> None:
+        pass
+
+
+def _build(options: dict, model_state: dict | None):
+    torch.manual_seed(0)
+    m = SmallCNN()
+    if model_state is not None:
+        m.load_state_dict(model_state)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    model, opt = caramel.parallelize(m, opt, **options)
+    stats = opt.engine.stats
+    stats.__class__ = type("TrialClockStats", (_TrialClock, type(stats)), {"controller": opt.engine.controller})
+    return model, opt
+
+
+def _periods(opt) -> list | None:
+    trial = opt.engine.controller.trial
+    return None if trial is None else [k.blocks_s for k in trial.candidates]
+
+
+def _run(rank: int, at: tuple[int, ...], start: dict | None = None, steps: int = STEPS) -> dict:
+    """Uninterrupted (`start` None), saving a checkpoint before each step of `at`; or resumed
+    from `start` (the uninterrupted run's checkpoint before step `at[0]`), saving before each
+    later step of `at` and resuming from each in fresh objects."""
+    xs, ys = _dataset()
+    first = 0 if start is None else at[0]
+    model, opt = _build(OPTIONS, None if start is None else start["model"])
+    saved_at: dict[int, dict] = {}
+    for s in range(first, steps):
+        if s in at:
+            opt.synchronize()
+            saved = start if s == first and start is not None else _roundtrip(
+                {"model": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                 "optimizer": opt.state_dict()})
+            saved_at[s] = {"saved": saved, "periods": _periods(opt)}
+            if start is not None:
+                if s != first:
+                    model, opt = _build(OPTIONS, saved["model"])
+                opt.load_state_dict(saved["optimizer"])
+                c = opt.engine.controller
+                saved_at[s].update(loaded=_periods(opt), profiling_after_load=c.profiling,
+                                   phase_after_load=c.profiler.phase_step if c.profiler is not None else None)
+        idx = _batch(s, rank)
+        F.cross_entropy(model(xs[idx]), ys[idx]).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    trial = opt.engine.controller.trial
+    return {"params": params_of(model.module), "plan": opt.engine.plan.fingerprint, "overlap": opt.engine.overlap,
+            "trial": opt.engine.stats.extra.get("overlap_trial"), "settled": opt.engine.controller.settled(),
+            "trial_at": None if trial is None else [trial.block, trial.in_block], "saved_at": saved_at}
+
+
+def _spy_profiles(calls: list) -> None:
+    """Record what each profile is built from (the module uses' first-use times, the timed steps)."""
+    from caramel.strategies.caramel import profiling
+
+    build = profiling.build_profile
+
+    def spy(name, batch, model, tracker, samples, meta=None):
+        calls.append({"first_use": dict(tracker.first_use), "samples": [dataclasses.asdict(x) for x in samples]})
+        return build(name, batch, model, tracker, samples, meta=meta)
+    profiling.build_profile = spy
+
+
+def trial_resume_worker(rank: int, world: int) -> dict:
+    torch.set_num_threads(1)
+    built: list[dict] = []
+    _spy_profiles(built)
+    full = _run(rank, PROFILING_AT + RESUME_AT)
+    full_profile = built[:]
+    profiled = _run(rank, PROFILING_AT, full["saved_at"][PROFILING_AT[0]]["saved"], steps=PROFILING_AT[-1] + 2)
+    resumed = _run(rank, RESUME_AT, full["saved_at"][RESUME_AT[0]]["saved"])
+    # the profiling arm's second checkpoint holds the timed step it ran itself after the first
+    carried = profiled["saved_at"][PROFILING_AT[1]]["saved"]["optimizer"]["caramel_adaptive"]["profiling"]["ranks"]
+    out_profiling = {"full_built": full_profile, "resumed_built": built[len(full_profile):],
+                     "carried_samples": carried[rank]["samples"], "resumed_trial_at": profiled["trial_at"],
+                     "loaded": {s: {k: profiled["saved_at"][s][k] for k in ("profiling_after_load", "phase_after_load")}
+                                for s in PROFILING_AT}}
+    out = {"full_trial": full["trial"], "resumed_trial": resumed["trial"], "settled": [full["settled"], resumed["settled"]],
+           "same_plan": full["plan"] == resumed["plan"] and full["overlap"] == resumed["overlap"],
+           "same_params": all(torch.equal(a, b) for a, b in zip(full["params"], resumed["params"])),
+           "carried": {}, "entries": {}, "profiling": out_profiling}
+    for s in RESUME_AT:
+        f, r = full["saved_at"][s], resumed["saved_at"][s]
+        entry = f["saved"]["optimizer"]["caramel_adaptive"].get("trial")
+        out["entries"][s] = None if entry is None else {k: entry[k] for k in ("block", "in_block", "passes")}
+        out["carried"][s] = {"full": f["periods"], "loaded": r["loaded"], "profiling_after_load": r["profiling_after_load"],
+                             "selection": entry is not None and entry["selection"] is not None}
+    # a checkpoint's trial is not carried into a run with other options, nor when a rank's own
+    # periods are missing (rank 1 loading rank 0's state): no rank adopts, the engine profiles again
+    saved = full["saved_at"][RESUME_AT[0]]["saved"]
+    refused = {}
+    for name, options, state in (("options", {**OPTIONS, "compression": "topk:0.2"}, saved["optimizer"]),
+                                 ("one_rank", OPTIONS, _only_rank0(saved["optimizer"]))):
+        model, opt = _build(options, saved["model"])
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            opt.load_state_dict(state)
+        refused[name] = {"profiling": opt.engine.controller.profiling, "trial": opt.engine.controller.trial is not None,
+                         "said": said.getvalue()}
+    out["refused"] = refused
+    return out
+
+
+def _only_rank0(state: dict) -> dict:
+    """The optimizer state with no trial periods but rank 0's, as if rank 0's state dict were
+    loaded by every rank (each rank's own state dict holds its own periods alone)."""
+    adaptive = state["caramel_adaptive"]
+    ranks = {r: own for r, own in adaptive["trial"]["ranks"].items() if int(r) == 0}
+    trial = {**adaptive["trial"], "ranks": ranks}
+    return {**state, "caramel_adaptive": {**adaptive, "trial": trial}}
