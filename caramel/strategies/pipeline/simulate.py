@@ -38,6 +38,7 @@ from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan,
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
+from caramel.strategies.pipeline.sharing import with_sharing
 from caramel.strategies.pipeline.timeline import MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
@@ -241,7 +242,20 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     `reduce_mode`; "after": the drain-then-reduce reference). `transport`: "rendezvous", each
     transfer as the schedule posts it and gloo starts it (`transport.py`), or "eager", a
     transfer starting when its action ends (the model before; a reference only), for the
-    choosers of `replicas="auto"` and `microbatches="auto"` too."""
+    choosers of `replicas="auto"` and `microbatches="auto"` too.
+
+    Workers sharing a host's cores (`cluster.ranks_per_host`, `alone_speedup`) are simulated at
+    the speeds a pipeline's own busy time gives them (`sharing.py`: the simulation, choices
+    included, repeated until they settle; `meta["sharing"]`)."""
+    if reduce is not None and reduce not in REDUCE_MODES:
+        raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
+    posting_for(transport, options.schedule, "pipeline simulation")
+    return with_sharing(lambda c: _simulate_once(profile, c, options, iterations, reduce, transport), cluster)
+
+
+def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
+                   iterations: int, reduce: str | None, transport: str) -> SimResult:
+    """`simulate_pipeline` at the cluster's speeds as given."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     posting_for(transport, options.schedule, "pipeline simulation")
