@@ -8,7 +8,8 @@ quarter batch a pipeline adds), in two modes, alternating `--repeats` times:
 - `turns`: one rank at a time, the others waiting (`profile_in_turns`).
 
 Prints and saves, per mode and rank, the profile's step, forward and backward, and the
-quarter-batch forward + backward (the pipeline's fixed cost per microbatch comes from it).
+quarter-batch forward + backward (the pipeline's fixed cost per microbatch comes from it);
+`--save-profiles DIR`: rank 0's first profile of each mode, as JSON.
 
     python experiments/profile_turns.py --model resnet18 --model-option width=16 --batch-size 12 \
         --ranks 4 --repeats 2 --json out.json
@@ -52,6 +53,8 @@ def _worker(rank: int, ranks: int, args, barrier, queue) -> None:
                     if turn == rank:
                         prof = profile_workload(w, small_batch_size=args.batch_size // 4)
                     barrier.wait()
+            if args.save_profiles and rank == 0 and rep == 0:  # rank 0's of each mode, to replay predictions on
+                prof.save(os.path.join(args.save_profiles, f"profile_{mode}.json"))
             queue.put((mode, rep, rank, _summary(prof)))
 
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--save-profiles", default=None, help="directory for rank 0's first profile of each mode")
     args = p.parse_args(argv)
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.ranks), ctx.Queue()

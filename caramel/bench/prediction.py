@@ -1,6 +1,7 @@
 """The simulator's prediction of every strategy the bench measured, and how good it was.
 
-After the measured rounds the harness has a profile taken on every worker side by side, each
+After the measured rounds the harness has a profile (taken on every worker side by side, or,
+in a job with a pipeline, by each host's ranks in turns: `caramel.bench.job_profile`), each
 rank's compute-only baseline (the plain training step, no communication) and the link rate the
 comm-only baseline achieved (`caramel.bench.lower_bound`). From those alone, never from the
 strategies' own measured steps, each strategy's simulator model predicts its step (`caramel.strategies.recommend.predict`, what `caramel plan --strategy auto` and

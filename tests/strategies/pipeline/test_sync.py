@@ -42,7 +42,7 @@ def test_sync_schedules_match_single_process():
         sharing = planned["turns"]["sharing"]
         assert sharing["ranks_per_host"] == 2 and sharing["alone_speedup"] >= 1.0, sharing
         assert len(sharing["together_step_s"]) == len(sharing["alone_step_s"]) == 2, sharing
-        assert sharing["alone_step_s"][0] == planned["turns"]["alone_step_s"] and not planned["turns"]["together_meta"]
+        assert planned["turns"]["alone_step_s"] in sharing["alone_step_s"] and not planned["turns"]["together_meta"]
         # ranks sharing a host: the runtime plans at the speeds the prediction settled at, cuts as it does
         shared = planned["shared"]
         assert shared["factor"] > 1.0 and shared["planned_at"]["speeds"] == [shared["factor"]] * 2, shared
