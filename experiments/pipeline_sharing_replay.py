@@ -17,6 +17,7 @@ import dataclasses
 import glob
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -42,12 +43,14 @@ def replay(run: str) -> list[dict]:
         before = STRATEGIES.spec(name).simulate(prof, plain, 4)
         after = STRATEGIES.spec(name).simulate(prof, shared, 4)
         stem = name.replace(":", "_").replace(",", "_").replace("=", "_")
-        lanes, busy = [], []
+        lanes, busy, per_action = [], [], []
         for f in sorted(glob.glob(os.path.join(os.path.dirname(trace), f"pipeline_actions.{stem}.rank*.json"))):
             steps = json.load(open(f))["steps"]
-            spans = [(a[3], a[4]) for st in steps for a in st if a[2] >= 0]  # microbatch -1: bookkeeping
+            acts = [a for st in steps for a in st if a[2] >= 0]  # microbatch -1: bookkeeping
+            spans = [(a[3], a[4]) for a in acts]
             lanes.append(spans)
             busy.append(sum(b - a for a, b in spans) / len(steps))
+            per_action.append({k: statistics.median([a[4] - a[3] for a in acts if a[0] == k]) for k in ("F", "B")})
         measured = rec["step_time_median_s"]
         rows.append({"strategy": name, "measured_s": measured,
                      "all_at_once_s": before.step_time_s, "shared_s": after.step_time_s,
@@ -55,7 +58,10 @@ def replay(run: str) -> list[dict]:
                      "busy_s_per_lane": {"all_at_once": before.meta["busy_s_per_lane"],
                                          "shared": after.meta["busy_s_per_lane"]},
                      "measured_ranks_at_once": co_computing(lanes) if lanes else None,
-                     "measured_busy_s_per_rank": busy})
+                     "measured_busy_s_per_rank": busy,
+                     # per microbatch: the model's lane compute over its microbatches, the traces' median F + B
+                     "microbatches_per_rank": after.meta["microbatches"],
+                     "measured_action_s_per_rank": per_action})
     return rows
 
 
@@ -74,6 +80,11 @@ def main(argv: list[str]) -> int:
                   f"{[round(1e3 * b, 1) for b in r['busy_s_per_lane']['all_at_once']]} -> "
                   f"{[round(1e3 * b, 1) for b in r['busy_s_per_lane']['shared']]}, measured per rank "
                   f"{[round(1e3 * b, 1) for b in r['measured_busy_s_per_rank']]}")
+            m_ = r["microbatches_per_rank"]
+            print(f"    per microbatch, forward + backward: modelled per lane all at once "
+                  f"{[round(1e3 * b / m_, 1) for b in r['busy_s_per_lane']['all_at_once']]}, shared "
+                  f"{[round(1e3 * b / m_, 1) for b in r['busy_s_per_lane']['shared']]}; measured median per rank "
+                  f"{[round(1e3 * (a['F'] + a['B']), 1) for a in r['measured_action_s_per_rank']]}")
     if os.environ.get("REPLAY_JSON"):
         with open(os.environ["REPLAY_JSON"], "w") as f:
             json.dump(out, f, indent=1)
