@@ -185,8 +185,7 @@ def shared_hand_off(rank: int, world: int, fresh, x, y, profile) -> dict:
     w = fresh()
     runner = build_strategy(strategy, w.model, torch.optim.SGD(w.model.parameters(), lr=0.05), x, y, F.cross_entropy,
                             StrategyContext(torch.device("cpu"), rank, world, pipeline_cluster=cluster,
-                                            pipeline_profile=profile))
-    runner.step()
+                                            pipeline_profile=profile))  # built: cut and planned (`prepare`)
     sim = STRATEGIES.spec(strategy.name).simulate(profile, cluster, 1)
     return {"planned_at": runner.stats()["planned_at"], "factor": sim.meta["sharing"]["factor"],
             "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"]}
