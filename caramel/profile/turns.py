@@ -44,7 +44,8 @@ def turn_order(hosts: list[str]) -> list[int]:
 def in_turns(fn: Callable[[], T], group: Any = None) -> tuple[T, list[str]]:
     """`fn()` on every rank of `group`, the ranks of one host one at a time (a barrier after
     each turn, the waiting ranks idle in it). Every rank of the group must call it. Returns
-    this rank's result and every rank's host. One process (no process group): `fn()` alone."""
+    this rank's result and every rank's host; an error in `fn` is raised after the last turn,
+    so the other ranks' barriers are not left waiting. One process (no process group): `fn()`."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
@@ -53,11 +54,16 @@ def in_turns(fn: Callable[[], T], group: Any = None) -> tuple[T, list[str]]:
     dist.all_gather_object(hosts, host_of(), group=group)
     turns = turn_order(hosts)
     mine = turns[dist.get_rank(group)]
-    result = None
+    result, error = None, None
     for turn in range(max(turns) + 1):
         if turn == mine:
-            result = fn()
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - raised after the turns, so no rank waits on this one
+                error = e
         dist.barrier(group=group)
+    if error is not None:
+        raise error
     return result, hosts
 
 

@@ -39,6 +39,7 @@ def test_sync_schedules_match_single_process():
         (a0, b0), (a1, b1) = planned["turns"]["spans"]
         assert b0 <= a1, planned["turns"]["spans"]
         assert len(set(planned["turns"]["hosts"])) == 1
+        assert planned["turns"]["failed"] in ("ok", "rank 1's profile failed")
         sharing = planned["turns"]["sharing"]
         assert sharing["ranks_per_host"] == 2 and sharing["alone_speedup"] >= 1.0, sharing
         assert len(sharing["together_step_s"]) == len(sharing["alone_step_s"]) == 2, sharing
@@ -64,6 +65,7 @@ def test_sync_schedules_match_single_process():
             assert named["again"] == named["cut"] and not named["replanned"], (name, named)
             assert named["partition"] == "+".join(map(str, named["cut"])) and named["before"] == 0, (name, named)
         assert "planning failed on rank 0" in out["named"]["bad_profile"], out["named"]["bad_profile"]
+    assert [r["planned"]["turns"]["failed"] for r in ranks] == ["ok", "rank 1's profile failed"]
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
     assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]

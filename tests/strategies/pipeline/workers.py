@@ -167,8 +167,17 @@ def turns(rank: int, fresh, x, y) -> dict:
         w.inputs, w.targets = x, y
         return w
 
+    def fails_on_rank_1():
+        if rank == 1:
+            raise ValueError("rank 1's profile failed")
+        return "ok"
+
+    try:  # rank 1 raises after the turns; rank 0 is not left waiting on its barrier
+        failed = in_turns(fails_on_rank_1)[0]
+    except ValueError as e:
+        failed = str(e)
     alone, together = job_profile(workload, 2)
-    return {"spans": spans, "hosts": hosts, "sharing": alone.meta.get(SHARING_KEY),
+    return {"spans": spans, "hosts": hosts, "failed": failed, "sharing": alone.meta.get(SHARING_KEY),
             "together_meta": SHARING_KEY in together.meta, "alone_step_s": alone.step_time_s}
 
 
