@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 def replay(run: str) -> list[dict]:
     from pipeline_contention import inputs_cluster
 
+    from caramel.bench.strategies import trace_file_stem
     from caramel.profile.turns import sharing_of
     from caramel.strategies import STRATEGIES
     from caramel.strategies.pipeline.sharing import co_computing
@@ -42,7 +43,7 @@ def replay(run: str) -> list[dict]:
             continue
         before = STRATEGIES.spec(name).simulate(prof, plain, 4)
         after = STRATEGIES.spec(name).simulate(prof, shared, 4)
-        stem = name.replace(":", "_").replace(",", "_").replace("=", "_")
+        stem = trace_file_stem(name)
         lanes, busy, per_action = [], [], []
         for f in sorted(glob.glob(os.path.join(os.path.dirname(trace), f"pipeline_actions.{stem}.rank*.json"))):
             steps = json.load(open(f))["steps"]
@@ -60,7 +61,9 @@ def replay(run: str) -> list[dict]:
                      "measured_ranks_at_once": co_computing(lanes) if lanes else None,
                      "measured_busy_s_per_rank": busy,
                      # per microbatch: the model's lane compute over its microbatches, the traces' median F + B
-                     "microbatches_per_rank": after.meta["microbatches"],
+                     # (equal layouts only: there every lane runs all of its pipeline's microbatches)
+                     "microbatches_per_rank": after.meta["microbatches"] if isinstance(after.meta["replicas"], int)
+                     and not isinstance(after.meta["replicas"], bool) else None,
                      "measured_action_s_per_rank": per_action})
     return rows
 
@@ -81,6 +84,8 @@ def main(argv: list[str]) -> int:
                   f"{[round(1e3 * b, 1) for b in r['busy_s_per_lane']['shared']]}, measured per rank "
                   f"{[round(1e3 * b, 1) for b in r['measured_busy_s_per_rank']]}")
             m_ = r["microbatches_per_rank"]
+            if not m_ or len(r["busy_s_per_lane"]["shared"]) * 2 != len(r["measured_action_s_per_rank"]):
+                continue  # per microbatch: the equal 2-stage hybrids' lanes (2 ranks each) only
             print(f"    per microbatch, forward + backward: modelled per lane all at once "
                   f"{[round(1e3 * b / m_, 1) for b in r['busy_s_per_lane']['all_at_once']]}, shared "
                   f"{[round(1e3 * b / m_, 1) for b in r['busy_s_per_lane']['shared']]}; measured median per rank "

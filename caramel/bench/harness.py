@@ -301,8 +301,8 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
     # a pipeline's microbatches pay a fixed cost per call: time the modules at a quarter batch too
     probe = make_workload(config, settings.seed, device)
     batch = int(probe.inputs.shape[0]) if getattr(probe.inputs, "dim", lambda: 0)() > 0 else 1
-    small = batch // 4 if any(s.kind == "pipeline" for s in strategies) and batch >= 4 else None
     pipelines = any(s.kind == "pipeline" for s in strategies)
+    small = batch // 4 if pipelines and batch >= 4 else None
     # throwaway copies (profiling trains them); in turns only for a pipeline (`job_profile`)
     profile, together = job_profile(lambda: make_workload(config, settings.seed, device), small, turns=pipelines)
     log_rank0(dist.get_rank(), "profiled for the lower bound and the predictions"
