@@ -29,7 +29,9 @@ def job_profile(make_workload: Callable[[], Any], small_batch_size: int | None,
                 turns: bool = True) -> tuple[Any, Any]:
     """(the predictions' profile, the profile taken all at once); every rank calls it. Without
     `turns` both are the one taken at once. Either may be None (no profiler)."""
-    together = profile_workload(make_workload(), small_batch_size=small_batch_size)
+    workload = make_workload()
+    dist.barrier()  # all start at once: a rank that starts late profiles partly alone
+    together = profile_workload(workload, small_batch_size=small_batch_size)
     dist.barrier()
     if not turns:
         return together, together
