@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from caramel.bench.baselines import ComputeOnly, Runner, ddp_bucket_bytes, trainable_params
 from caramel.bench.blocks import measure_block, round_order
-from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s, profile_workload
+from caramel.bench.job_profile import sharing_note
+from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
 from caramel.bench.hetero_prediction import Heterogeneity, unpadded_median_s
 from caramel.bench.prediction import job_predictions, probe_link
@@ -187,11 +188,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
     slow = slow_worker_of(config, settings, rank, world, device)
     jitter = jitter_of(config, settings, world, device)
-    profile = probed = None
+    profile = together = probed = None
     plan_inputs = None
     if any(s.kind == "pipeline" for s in strategies) and world > 1:
         # the pipelines plan from the profile and cluster the predictions use (`caramel.bench.pipeline_plan`)
-        profile, grad_bytes = _job_profile(config, settings, device, strategies)
+        profile, together, grad_bytes = _job_profile(config, settings, device, strategies)
         probed = probe_link(grad_bytes, device, dist.get_backend(), world)
         plan_inputs = (profile, grad_bytes, probed)
     runners, skipped, build_s, tuning = build_runners(config, settings, strategies, ctx,
@@ -207,7 +208,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     measure_wall_s = time.time() - t_start
     stats = {n: _jsonable(r.stats()) for n, r in runners.items()}
     if profile is None:
-        profile, grad_bytes = _job_profile(config, settings, device, strategies)
+        profile, together, grad_bytes = _job_profile(config, settings, device, strategies)
         # the collectives' fixed costs on these links, for the predictions (after the rounds: it
         # perturbs nothing measured)
         probed = probe_link(grad_bytes, device, dist.get_backend(), world)
@@ -258,7 +259,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "step_times_s": {n: [g[n] for g in gathered] for n in runners},
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
-        "lower_bound_s": lower_bound_s(profile, world, grad_bytes, comm_s),
+        "lower_bound_s": lower_bound_s(together, world, grad_bytes, comm_s),
         "tuning": tuning,
         **predictions,
         "pipeline_plan_mismatch": cut_mismatches({n: stats[n] for n in names if n in stats},
@@ -291,17 +292,22 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.device,
-                 strategies: list[Strategy]) -> tuple[Any, int]:
-    """The workload's profile and gradient bytes. Profiled on every rank at once, so compute sees
-    the same contention as in the rounds."""
-    workload = make_workload(config, settings.seed, device)  # a throwaway copy: profiling trains it
+                 strategies: list[Strategy]) -> tuple[Any, Any, int]:
+    """The workload's profiles and gradient bytes (`caramel.bench.job_profile`): this rank's,
+    taken in turns with its host's other ranks (the predictions'), and the one taken with
+    every rank at once (the lower bound's: compute under the rounds' contention)."""
+    from caramel.bench.job_profile import job_profile
+
     # a pipeline's microbatches pay a fixed cost per call: time the modules at a quarter batch too
-    batch = int(workload.inputs.shape[0]) if getattr(workload.inputs, "dim", lambda: 0)() > 0 else 1
-    small = batch // 4 if any(s.kind == "pipeline" for s in strategies) and batch >= 4 else None
-    profile = profile_workload(workload, small_batch_size=small)
-    dist.barrier()
-    log_rank0(dist.get_rank(), "profiled for the lower bound and the predictions")
-    return profile, sum(p.numel() * p.element_size() for p in trainable_params(workload.model))
+    probe = make_workload(config, settings.seed, device)
+    batch = int(probe.inputs.shape[0]) if getattr(probe.inputs, "dim", lambda: 0)() > 0 else 1
+    pipelines = any(s.kind == "pipeline" for s in strategies)
+    small = batch // 4 if pipelines and batch >= 4 else None
+    # throwaway copies (profiling trains them); in turns only for a pipeline (`job_profile`)
+    profile, together = job_profile(lambda: make_workload(config, settings.seed, device), small, turns=pipelines)
+    log_rank0(dist.get_rank(), "profiled for the lower bound and the predictions"
+              + (f" ({sharing_note(profile)})" if profile is not None else ""))
+    return profile, together, sum(p.numel() * p.element_size() for p in trainable_params(probe.model))
 
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,

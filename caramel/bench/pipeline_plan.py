@@ -33,6 +33,7 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
     from caramel.bench.blocks import round_order
     from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
     from caramel.bench.report import job_step_times
+    from caramel.profile.turns import sharing_of
 
     names = ["compute", "comm", "concurrent"]
     mine: dict[str, list[float]] = {name: [] for name in names}
@@ -55,9 +56,31 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
         link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, buckets, rank_compute,
                                                 [s for _, s in gathered], probed)
         speeds = worker_speeds(profile.step_time_s, rank_compute)
-        box[0] = bench_cluster(world, net_bps, speeds, link, slowdown) if net_bps else None
+        box[0] = bench_cluster(world, net_bps, speeds, link, slowdown, sharing=sharing_of(profile)) if net_bps else None
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def runtime_cluster(profile: Any, cluster: Any, options: Any) -> Any:
+    """The spec one pipeline's runtime plans at: `cluster` itself, or, where its workers share
+    a host's cores, its speeds scaled by the factor the prediction of this pipeline settles at
+    (`caramel.strategies.pipeline.sharing`), so that the runtime's choosers, which take the
+    speeds as given, cut and count as the prediction does. Computed on rank 0 (whose profile
+    the predictions and the plans take) and broadcast; every rank calls it."""
+    from caramel.strategies.pipeline.sharing import scaled, shares_cores
+    from caramel.strategies.pipeline.simulate import simulate_pipeline
+
+    if cluster is None or profile is None or not shares_cores(cluster):
+        return cluster
+    box: list[Any] = [1.0]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = simulate_pipeline(profile, cluster, options).meta["sharing"]["factor"]
+        except Exception as e:  # the runtime plans (and reports) its own error; keep the spec unscaled
+            print(f"[bench] no host-sharing factor for a pipeline's plan: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+    dist.broadcast_object_list(box, src=0)
+    return scaled(cluster, box[0])
 
 
 def cluster_summary(cluster: Any) -> dict[str, Any] | None:
@@ -65,7 +88,8 @@ def cluster_summary(cluster: Any) -> dict[str, Any] | None:
     if cluster is None:
         return None
     return {"bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
-            "speeds": [w.speed for w in cluster.workers], "compute_slowdown": cluster.compute_slowdown}
+            "speeds": [w.speed for w in cluster.workers], "compute_slowdown": cluster.compute_slowdown,
+            "alone_speedup": cluster.alone_speedup, "ranks_per_host": cluster.ranks_per_host}
 
 
 def cut_mismatches(stats: dict[str, dict[str, Any]], predicted: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The simulator's prediction of every strategy the bench measured, and how good it was.
 
-After the measured rounds the harness has a profile taken on every worker side by side, each
+After the measured rounds the harness has a profile (taken on every worker side by side, or,
+in a job with a pipeline, by each host's ranks in turns: `caramel.bench.job_profile`), each
 rank's compute-only baseline (the plain training step, no communication) and the link rate the
 comm-only baseline achieved (`caramel.bench.lower_bound`). From those alone, never from the
 strategies' own measured steps, each strategy's simulator model predicts its step (`caramel.strategies.recommend.predict`, what `caramel plan --strategy auto` and
@@ -18,6 +19,7 @@ from typing import Any
 from caramel.bench.contention import job_slowdown
 from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.traffic_probe import efficiency
+from caramel.profile.turns import sharing_of
 from caramel.stats import median
 
 RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed the fastest's by this share
@@ -25,6 +27,7 @@ ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured 
 PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
 # what the traffic probe adds to its meta: the ps model reads all three, the gossip model push_efficiency
+
 PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency")
 
 
@@ -37,7 +40,7 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
 
 def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
                   link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
-                  uneven: dict[str, Any] | None = None):
+                  uneven: dict[str, Any] | None = None, sharing: dict[str, Any] | None = None):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
@@ -46,7 +49,9 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     flows' share of the rate, `caramel.strategies.gossip.links`); `compute_slowdown`: compute's
     slowdown beside the collectives (`caramel.bench.contention`; gossip also slows backward by it
     while its overlapped trackers are on the wire); `uneven`: meta a heterogeneous configuration
-    adds (`worker_bandwidth_bps`, `compute_jitter`: `caramel.bench.hetero_prediction`)."""
+    adds (`worker_bandwidth_bps`, `compute_jitter`: `caramel.bench.hetero_prediction`);
+    `sharing`: `alone_speedup` and `ranks_per_host` where the ranks share a host's cores
+    (`caramel.bench.job_profile.sharing_of`; read by the pipeline simulator only)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
@@ -55,10 +60,11 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     costs = {k: link[k] for k in LINK_FIELDS if link and link.get(k) is not None}
     queue = {k: link[k] for k in PS_FIELDS if link and link.get(k) is not None}
     return ClusterSpec(workers=[WorkerSpec(f"w{i}", speed=s) for i, s in enumerate(speeds)],
-                       bandwidth_bps=bandwidth_bps, compute_slowdown=compute_slowdown, **costs,
+                       bandwidth_bps=bandwidth_bps, compute_slowdown=compute_slowdown, **costs, **(sharing or {}),
                        meta={"source": "bench: achieved rate of the comm-only baseline, speeds from each rank's "
                                        "compute-only baseline" + (", fixed costs from the job's probe" if costs else "")
                                        + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")
+                                       + (", host sharing from profiles at once and in turns" if sharing else "")
                                        + (", ps traffic from the job's probe" if queue else "")
                                        + (", heterogeneity: " + ", ".join(uneven) if uneven else ""),
                              **queue, **(uneven or {})})
@@ -77,13 +83,14 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     if rates:
         uneven["worker_bandwidth_bps"] = rates
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
-    out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven)}
+    out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven, sharing_of(profile))}
     if hetero.jitter:
         unpadded, problem = hetero.unpadded_compute_s_of(rank_compute_s) if rank_compute_s else (None, None)
         if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)
             out["jitter"] = bench_cluster(world, bandwidth_bps,
                                           worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
-                                          compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()})
+                                          compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()},
+                                          sharing_of(profile))
     return out
 
 

@@ -228,9 +228,14 @@ class PipelineRunner(Runner):
 def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:
     import caramel
 
+    from caramel.bench.pipeline_plan import runtime_cluster
+
     try:
-        pipe = caramel.pipeline(model, optimizer, options=strategy.spec().options, process_group=ctx.process_group,
-                                cluster=ctx.pipeline_cluster, profile=ctx.pipeline_profile)
+        options = strategy.spec().options
+        # where ranks share a host: the speeds this pipeline's prediction settles at (every rank calls it)
+        cluster = runtime_cluster(ctx.pipeline_profile, ctx.pipeline_cluster, options)
+        pipe = caramel.pipeline(model, optimizer, options=options, process_group=ctx.process_group,
+                                cluster=cluster, profile=ctx.pipeline_profile)
     except CaramelError as e:
         raise StrategyUnavailable(str(e)) from None
     # one rank's batch per position: a step trains as many samples as data parallelism does

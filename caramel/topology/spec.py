@@ -25,6 +25,12 @@ Beyond that fixed pause, the bytes themselves cost CPU while they move: `compute
 many times slower compute runs while a collective is in flight (1, the default: not at all). The
 bench measures it per configuration from its concurrent baseline (`caramel.bench.contention`);
 the simulator's event engine slows compute by it through every collective's interval.
+
+Workers' `speed`s are their pace with every worker computing at once, as data parallelism runs
+(and the bench measures). Where several workers share a host's cores (`ranks_per_host`), one
+computing while the others wait runs faster: `alone_speedup` times (measured by profiling in
+turns, `caramel.profile.turns`). Only the pipeline simulator reads these two
+(`caramel.strategies.pipeline.sharing`); 1 and 1 (the defaults): no sharing.
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ class ClusterSpec:
     queued_latency_s: float | None = None  # per message, the least a collective queued behind another pays
     collective_cpu_s: float = 0.0  # pause per collective in each worker's compute, beyond its bytes' (see above)
     compute_slowdown: float = 1.0  # compute runs this many times slower while a collective is in flight
+    alone_speedup: float = 1.0  # a worker computes this many times faster alone than with its host's ranks all at once
+    ranks_per_host: int = 1  # workers sharing one host's cores (1: a machine each)
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -104,6 +112,12 @@ class ClusterSpec:
         if isinstance(f, bool) or not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 1):
             raise FormatError(f"{source}: field 'compute_slowdown' must be a factor >= 1 (1: collectives do not "
                               f"slow compute), got {f!r}")
+        a = self.alone_speedup
+        if isinstance(a, bool) or not (isinstance(a, (int, float)) and math.isfinite(a) and a >= 1):
+            raise FormatError(f"{source}: field 'alone_speedup' must be a factor >= 1 (1: workers do not share "
+                              f"cores), got {a!r}")
+        if isinstance(self.ranks_per_host, bool) or not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
+            raise FormatError(f"{source}: field 'ranks_per_host' must be a positive integer, got {self.ranks_per_host!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -132,6 +146,8 @@ class ClusterSpec:
         spec.queued_latency_s = data.get("queued_latency_s")
         spec.collective_cpu_s = data.get("collective_cpu_s", 0.0)
         spec.compute_slowdown = data.get("compute_slowdown", 1.0)
+        spec.alone_speedup = data.get("alone_speedup", 1.0)
+        spec.ranks_per_host = data.get("ranks_per_host", 1)
         spec.validate(source)
         return spec
 

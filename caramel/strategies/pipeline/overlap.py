@@ -159,7 +159,7 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
                                                                 and costs.update_s else 0.0)
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    return _steady(step_end_s, lane.busy_s, steps), [union_intervals(w) for w in wires]
+    return _steady(step_end_s, lane.busy_s, steps, lane.spans), [union_intervals(w) for w in wires]
 
 
 def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, posting: str,
@@ -183,7 +183,7 @@ def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, step
 
     programs = lane_programs(posting, unrolled, n, lambda j: j // m)
     _, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute, on_end)
-    return _steady(step_end_s, lane.busy_s, steps), [union_intervals(w + u) for w, u in zip(wires, buckets_on)]
+    return _steady(step_end_s, lane.busy_s, steps, lane.spans), [union_intervals(w + u) for w, u in zip(wires, buckets_on)]
 
 
 class _LaneCompute:
@@ -200,6 +200,7 @@ class _LaneCompute:
         self.link_free_s = [0.0] * lanes
         self.reduced_s: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends
         self.busy_s = [[0.0] * steps for _ in range(lanes)]
+        self.spans: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]  # compute, its end part when gated
 
     def compute(self, p: int, a: Action, start: float, bucket_wire: list[tuple[float, float]]) -> float:
         """Run action `a` on lane p from `start`; its end (bucket transfers recorded on `bucket_wire`)."""
@@ -212,6 +213,7 @@ class _LaneCompute:
             end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
             computed = end - start
         self.busy_s[p][k] += computed
+        self.spans[p].append((end - computed, end))
         if kind == "B" and i == self.m - 1:  # the step's last backward: its buckets go on the wire
             self.reduced_s[p] = ends = _issue(b, start, busy, self.link_free_s, p, bucket_wire)
             if self.mode == "backward" and ends:
@@ -219,11 +221,13 @@ class _LaneCompute:
         return end
 
 
-def _steady(step_end_s: list[list[float]], busy_s: list[list[float]], steps: int) -> PipelineSim:
-    """The steady step (each lane's step ends' mean spacing, the slowest lane's) and compute per step."""
+def _steady(step_end_s: list[list[float]], busy_s: list[list[float]], steps: int,
+            spans: list[list[tuple[float, float]]]) -> PipelineSim:
+    """The steady step (each lane's step ends' mean spacing, the slowest lane's) and compute per
+    step; `spans`: every step's compute intervals per lane."""
     span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
     busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
-    return PipelineSim(span, busy_step, [span] * len(step_end_s))
+    return PipelineSim(span, busy_step, [span] * len(step_end_s), spans)
 
 
 def _issue(b: ReduceBuckets, start: float, busy: Busy, link_free_s: list[float], p: int,

@@ -38,6 +38,7 @@ from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan,
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
+from caramel.strategies.pipeline.sharing import co_computing, with_sharing
 from caramel.strategies.pipeline.timeline import MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
@@ -149,6 +150,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
     landed = [0.0] * lanes  # when this lane's sends so far have all arrived
     arrival: dict[Action, float] = {}  # when an action's output reached the lane that needs it
     busy = [0.0] * lanes
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
     nxt = [0] * lanes
     remaining = sum(map(len, actions))
     while remaining:
@@ -165,6 +167,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
                 start = max(free[p], ready)
                 free[p] = done[(s, kind, i)] = end = busy_in[p].advance(start, dur)
                 busy[p] += end - start
+                spans[p].append((start, end))
                 send_eager((s, kind, i), end, n, p, where, costs.transfer_s, landed, arrival, wires)
                 nxt[p] += 1
                 remaining -= 1
@@ -175,7 +178,7 @@ def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, sl
     reduce = [max((costs.allreduce_s[s] for s in held[p]), default=0.0) if costs.allreduce_s else 0.0
               for p in range(lanes)]
     update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
-    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
+    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish, spans),
             [union_intervals(w) for w in wires])
 
 
@@ -186,10 +189,12 @@ def _replay_posted(costs: StageCosts, actions: list[list[Action]], period: int, 
     busy_in = [Busy.over(slowdown, [a for a, _ in w], [b for _, b in w]) if beside else Busy(1.0)
                for w in (beside or [[]] * lanes)]
     busy = [0.0] * lanes
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
 
     def compute(p: int, a: Action, start: float) -> float:
         end = busy_in[p].advance(start, costs.forward_s[a[0]] if a[1] == "F" else costs.backward_s[a[0]])
         busy[p] += end - start
+        spans[p].append((start, end))
         return end
 
     programs = lane_programs(posting, actions, n, (lambda i: i % period) if period else (lambda i: 0))
@@ -198,7 +203,7 @@ def _replay_posted(costs: StageCosts, actions: list[list[Action]], period: int, 
     reduce = [max((costs.allreduce_s[s] for s in held[p]), default=0.0) if costs.allreduce_s else 0.0
               for p in range(lanes)]
     update = [sum(costs.update_s[s] for s in held[p]) if costs.update_s else 0.0 for p in range(lanes)]
-    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish),
+    return (PipelineSim(max(f + r + u for f, r, u in zip(finish, reduce, update)), busy, finish, spans),
             [union_intervals(w) for w in wires])
 
 
@@ -241,7 +246,20 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     `reduce_mode`; "after": the drain-then-reduce reference). `transport`: "rendezvous", each
     transfer as the schedule posts it and gloo starts it (`transport.py`), or "eager", a
     transfer starting when its action ends (the model before; a reference only), for the
-    choosers of `replicas="auto"` and `microbatches="auto"` too."""
+    choosers of `replicas="auto"` and `microbatches="auto"` too.
+
+    Workers sharing a host's cores (`cluster.ranks_per_host`, `alone_speedup`) are simulated at
+    the speeds a pipeline's own busy time gives them (`sharing.py`: the simulation, choices
+    included, repeated until they settle; `meta["sharing"]`)."""
+    if reduce is not None and reduce not in REDUCE_MODES:
+        raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
+    posting_for(transport, options.schedule, "pipeline simulation")
+    return with_sharing(lambda c: _simulate_once(profile, c, options, iterations, reduce, transport), cluster)
+
+
+def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
+                   iterations: int, reduce: str | None, transport: str) -> SimResult:
+    """`simulate_pipeline` at the cluster's speeds as given."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     posting_for(transport, options.schedule, "pipeline simulation")
@@ -299,6 +317,7 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
+                           "co_computing": co_computing(sim.compute_s),
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note,
                            "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note,

@@ -45,6 +45,7 @@ class PipelineSim:
     step_time_s: float
     busy_s: list[float]  # compute per position
     finish_s: list[float]  # when each position's part of the step ends (see `bubble_fraction`)
+    compute_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's compute intervals
 
     @property
     def bubble_fraction(self) -> float:

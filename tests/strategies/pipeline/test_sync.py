@@ -34,6 +34,20 @@ def test_sync_schedules_match_single_process():
         assert planned["units"] and all(u.startswith("layers.") for u in planned["units"][1:-1]), planned
         assert planned["cut"] == planned["predicted"] and planned["diff"] <= 1e-5, planned
         assert planned["planned_at"] and planned["profile_handed"], planned
+        # profiling in turns: the two ranks (one host) never ran at once, rank 0 first; the
+        # bench's job profile in turns records both steps and the sharing it gives
+        (a0, b0), (a1, b1) = planned["turns"]["spans"]
+        assert b0 <= a1, planned["turns"]["spans"]
+        assert len(set(planned["turns"]["hosts"])) == 1
+        assert planned["turns"]["failed"] in ("ok", "rank 1's profile failed")
+        sharing = planned["turns"]["sharing"]
+        assert sharing["ranks_per_host"] == 2 and sharing["alone_speedup"] >= 1.0, sharing
+        assert len(sharing["together_step_s"]) == len(sharing["alone_step_s"]) == 2, sharing
+        assert planned["turns"]["alone_step_s"] in sharing["alone_step_s"] and not planned["turns"]["together_meta"]
+        # ranks sharing a host: the runtime plans at the speeds the prediction settled at, cuts as it does
+        shared = planned["shared"]
+        assert shared["factor"] > 1.0 and shared["planned_at"]["speeds"] == [shared["factor"]] * 2, shared
+        assert shared["planned_at"]["alone_speedup"] == 1.0 and shared["cut"] == shared["predicted"], shared
         old_cut, old_diff = planned["old_profile"]
         assert old_cut[0].startswith("layers.") and old_diff <= 1e-5, planned["old_profile"]
         # a tied weight split across stages: its gradient summed over the two holders, trained exactly,
@@ -51,6 +65,7 @@ def test_sync_schedules_match_single_process():
             assert named["again"] == named["cut"] and not named["replanned"], (name, named)
             assert named["partition"] == "+".join(map(str, named["cut"])) and named["before"] == 0, (name, named)
         assert "planning failed on rank 0" in out["named"]["bad_profile"], out["named"]["bad_profile"]
+    assert [r["planned"]["turns"]["failed"] for r in ranks] == ["ok", "rank 1's profile failed"]
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
     assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]

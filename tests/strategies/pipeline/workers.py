@@ -135,11 +135,69 @@ def planned(rank: int, world: int) -> dict:
     from caramel.bench.pipeline_plan import cluster_summary
 
     return {"cut": runner.pipe.boundaries, "predicted": predicted, "units": box[0].meta.get("cut_units"),
+            "turns": turns(rank, fresh, x, y), "shared": shared_hand_off(rank, world, fresh, x, y, box[0]),
             "diff": max_diff(runner.pipe.state_dict(), ref.state_dict()),
             # the hand-off itself: the runtime planned at the bench's cluster, from its very profile
             "planned_at": runner.stats()["planned_at"] == cluster_summary(cluster),
             "profile_handed": runner.pipe.plan_profile is box[0],
             "old_profile": (old_runner.pipe.boundaries, max_diff(old_runner.pipe.state_dict(), ref.state_dict()))}
+
+
+def turns(rank: int, fresh, x, y) -> dict:
+    """`caramel.profile.turns.in_turns`: the ranks of one host run one at a time (each rank's
+    interval on the host's monotonic clock, gathered); `job_profile` in turns on the MLP."""
+    import time
+
+    import torch.distributed as dist
+
+    from caramel.bench.job_profile import job_profile
+    from caramel.profile.turns import SHARING_KEY, in_turns
+
+    def timed():
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        return (t0, time.monotonic())
+
+    mine, hosts = in_turns(timed)
+    spans: list = [None] * dist.get_world_size()
+    dist.all_gather_object(spans, mine)
+
+    def workload():
+        w = fresh()
+        w.inputs, w.targets = x, y
+        return w
+
+    def fails_on_rank_1():
+        if rank == 1:
+            raise ValueError("rank 1's profile failed")
+        return "ok"
+
+    try:  # rank 1 raises after the turns; rank 0 is not left waiting on its barrier
+        failed = in_turns(fails_on_rank_1)[0]
+    except ValueError as e:
+        failed = str(e)
+    alone, together = job_profile(workload, 2)
+    return {"spans": spans, "hosts": hosts, "failed": failed, "sharing": alone.meta.get(SHARING_KEY),
+            "together_meta": SHARING_KEY in together.meta, "alone_step_s": alone.step_time_s}
+
+
+def shared_hand_off(rank: int, world: int, fresh, x, y, profile) -> dict:
+    """A spec whose ranks share a host: the bench hands the runtime the speeds the prediction
+    settled at (`pipeline_plan.runtime_cluster`), and it cuts where the prediction cuts."""
+    from caramel.bench.matrix import Strategy
+    from caramel.bench.strategies import StrategyContext, build_strategy
+    from caramel.strategies import STRATEGIES
+    from caramel.topology.spec import ClusterSpec
+
+    cluster = ClusterSpec.uniform(world, 1e8, alone_speedup=2.0, ranks_per_host=world)
+    strategy = Strategy("pipeline", (("microbatches", 4),))
+    w = fresh()
+    runner = build_strategy(strategy, w.model, torch.optim.SGD(w.model.parameters(), lr=0.05), x, y, F.cross_entropy,
+                            StrategyContext(torch.device("cpu"), rank, world, pipeline_cluster=cluster,
+                                            pipeline_profile=profile))  # built: cut and planned (`prepare`)
+    sim = STRATEGIES.spec(strategy.name).simulate(profile, cluster, 1)
+    return {"planned_at": runner.stats()["planned_at"], "factor": sim.meta["sharing"]["factor"],
+            "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"]}
 
 
 def named_sequential(rank: int) -> dict:

@@ -1,0 +1,98 @@
+"""A pipeline's ranks on a shared host: they compute at once less often than data parallelism's.
+
+A ClusterSpec's worker speeds are the workers' pace with every worker computing at once (the
+bench measures them so, and data parallelism runs so). Where `ranks_per_host` workers share a
+host's cores, a worker computing while the others idle runs `alone_speedup` times faster
+(measured by profiling in turns, `caramel.profile.turns`): processor sharing over
+C = ranks_per_host / alone_speedup cores, where k ranks computing at once each run at
+min(1, C / k) of their alone pace, that is min(alone_speedup, n / k) times the all-at-once one.
+
+The simulation says which ranks compute when: `co_computing` is, averaged over all the lanes'
+compute time, how many ranks compute at that moment (the lane itself included; each lane of an
+equal-replica layout stands for its stage's replicas, which run the same schedule side by side).
+Every worker then runs min(alone_speedup, n / k) times its all-at-once speed. That speed moves
+the timeline, so the simulation is repeated from the all-at-once speeds until the factor
+settles (`with_sharing`). Not modelled: CPU that other ranks' transfers and collectives take
+(their threads compete for the same cores; the measured `compute_slowdown` covers only a rank's
+own), per-stage factors (one factor for the layout, from its mean), cores that are not alike,
+and hosts running unequal shares of a layout's ranks (assumed spread evenly).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from caramel.sim.simulate import SimResult
+from caramel.topology.spec import ClusterSpec, WorkerSpec
+
+MAX_SHARING_PASSES = 10
+SETTLED = 1e-3  # relative change of the factor under which the passes stop
+
+
+def shares_cores(cluster: ClusterSpec) -> bool:
+    """Whether `cluster` says its workers share hosts' cores and compute faster alone."""
+    return cluster.ranks_per_host > 1 and cluster.alone_speedup > 1.0
+
+
+def co_computing(spans: list[list[tuple[float, float]]]) -> float:
+    """Over all lanes' compute time, the mean number of lanes computing at that moment (>= 1;
+    1 where no lane computes). A segment where c lanes compute weighs c x its length and
+    counts c: sum(c^2 dt) / sum(c dt)."""
+    events = sorted([(a, 1) for lane in spans for a, b in lane if b > a]
+                    + [(b, -1) for lane in spans for a, b in lane if b > a])
+    num = den = 0.0
+    active, last = 0, None
+    for t, step in events:
+        if last is not None and active and t > last:
+            num += active * active * (t - last)
+            den += active * (t - last)
+        active += step
+        last = t
+    return num / den if den > 0 else 1.0
+
+
+def in_step(sim: SimResult) -> int:
+    """How many ranks each simulated lane stands for: equal replicas run one schedule side by
+    side (a lane is its stage's replicas); unequal counts' lanes are workers (1)."""
+    replicas = sim.meta.get("replicas")
+    return replicas if isinstance(replicas, int) and replicas > 1 else 1
+
+
+def sharing_factor(ranks_per_host: int, alone_speedup: float, ranks_at_once: float) -> float:
+    """How many times its all-at-once speed a rank computes at, `ranks_at_once` of its host's
+    ranks computing at once on average: min(alone_speedup, n / k), at least 1."""
+    return max(1.0, min(alone_speedup, ranks_per_host / max(ranks_at_once, 1.0)))
+
+
+def host_ranks_at_once(sim: SimResult, ranks_per_host: int) -> float:
+    """The ranks of one host computing at once, from the simulated lanes: the lanes at once
+    times the ranks each stands for, scaled to one host's share of the layout's ranks."""
+    lanes = len(sim.meta.get("busy_s_per_lane") or []) or 1
+    per_lane = in_step(sim)
+    share = min(1.0, ranks_per_host / (lanes * per_lane))
+    return sim.meta.get("co_computing", 1.0) * per_lane * share
+
+
+def scaled(cluster: ClusterSpec, factor: float) -> ClusterSpec:
+    """`cluster` with every worker `factor` times faster and no sharing left to model."""
+    workers = [WorkerSpec(w.name, speed=w.speed * factor) for w in cluster.workers]
+    return dataclasses.replace(cluster, workers=workers, alone_speedup=1.0, ranks_per_host=1)
+
+
+def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterSpec) -> SimResult:
+    """`simulate(cluster)` at the speeds the sharing settles at (`meta["sharing"]`: the factor,
+    the host's ranks computing at once, the passes); unchanged where workers do not share cores."""
+    if not shares_cores(cluster):
+        return simulate(cluster)
+    factor, passes = 1.0, 0
+    while True:
+        sim = simulate(scaled(cluster, factor))
+        passes += 1
+        k = host_ranks_at_once(sim, cluster.ranks_per_host)
+        nxt = sharing_factor(cluster.ranks_per_host, cluster.alone_speedup, k)
+        if abs(nxt - factor) <= SETTLED * factor or passes >= MAX_SHARING_PASSES:
+            break
+        factor = nxt
+    sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": passes,
+                           "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
+    return sim

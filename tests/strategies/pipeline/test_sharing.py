@@ -1,0 +1,114 @@
+"""Workers sharing a host's cores in the pipeline simulator (`sharing.py`), and what feeds it:
+profiling in turns (`caramel.profile.turns`) and the bench's spec. Hand-computed, no processes
+(the processes' side, turns that never overlap, is in `test_sync.py`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from caramel.errors import FormatError
+from caramel.profile.turns import (SHARING_KEY, ranks_per_host, sharing_of, sharing_speedup, turn_order)
+from caramel.sim.synthetic import synthetic_profile
+from caramel.strategies.pipeline.options import PipelineOptions
+from caramel.strategies.pipeline.sharing import co_computing, host_ranks_at_once, sharing_factor, with_sharing
+from caramel.strategies.pipeline.simulate import simulate_pipeline
+from caramel.topology.spec import ClusterSpec
+
+
+def test_the_factor_is_processor_sharing_over_the_measured_cores():
+    # 4 ranks, 2x faster alone: 2 cores' worth. All 4 at once: the all-at-once speed; 1: alone
+    assert sharing_factor(4, 2.0, 4.0) == 1.0
+    assert sharing_factor(4, 2.0, 1.0) == 2.0
+    assert sharing_factor(4, 2.0, 2.5) == pytest.approx(1.6)
+    assert sharing_factor(1, 2.0, 1.0) == 1.0  # alone on its host: its all-at-once speed already
+
+
+def test_ranks_at_once_come_from_the_lanes_compute_intervals():
+    # lane 0 computes 0-2, lane 1 1-3: 1 at once for 1, 2 for 1 (each of the two sees 2), 1 for 1
+    assert co_computing([[(0.0, 2.0)], [(1.0, 3.0)]]) == pytest.approx(6 / 4)
+    assert co_computing([[(0.0, 1.0)], [(0.0, 1.0)], [(0.0, 1.0)]]) == pytest.approx(3.0)  # data parallel
+    assert co_computing([[(0.0, 1.0)], [(1.0, 2.0)]]) == 1.0  # taking turns
+    assert co_computing([[], []]) == 1.0
+    # equal replicas: each lane is its stage's 2 replicas; 4 ranks on one host
+    sim = SimpleNamespace(meta={"co_computing": 1.5, "busy_s_per_lane": [1.0, 1.0], "replicas": 2})
+    assert host_ranks_at_once(sim, 4) == pytest.approx(3.0)
+    assert host_ranks_at_once(sim, 2) == pytest.approx(1.5)  # two hosts of 2: half the ranks on each
+
+
+def _fake_pipeline(calls: list):
+    """Two lanes on a 2-rank host whose compute overlaps less the faster they run: 1 + 1 / (1 + s) at once."""
+    def simulate(cluster):
+        s = cluster.workers[0].speed
+        calls.append(cluster)
+        return SimpleNamespace(step_time_s=1 / s + 1, meta={"co_computing": 1 + 1 / (1 + s),
+                                                           "busy_s_per_lane": [1 / s, 1 / s], "replicas": 1})
+    return simulate
+
+
+def test_the_speeds_settle_where_the_overlap_and_the_factor_agree():
+    # 2 ranks, 2x faster alone: g = 2 / k, k = 1 + 1 / (1 + g)  =>  g^2 = 2
+    calls: list = []
+    cluster = ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=2)
+    sim = with_sharing(_fake_pipeline(calls), cluster)
+    assert sim.meta["sharing"]["factor"] == pytest.approx(math.sqrt(2), rel=2e-3)
+    assert sim.step_time_s == pytest.approx(1 / math.sqrt(2) + 1, rel=2e-3)
+    assert calls[0].workers[0].speed == 1.0  # from the all-at-once speeds
+    assert all(c.alone_speedup == 1.0 and c.ranks_per_host == 1 for c in calls)  # nothing modelled twice
+    # no sharing to model: one call, the spec as given, no note
+    for plain in (ClusterSpec.uniform(2, 1e9), ClusterSpec.uniform(2, 1e9, alone_speedup=2.0)):
+        calls.clear()
+        sim = with_sharing(_fake_pipeline(calls), plain)
+        assert len(calls) == 1 and calls[0] is plain and "sharing" not in sim.meta
+
+
+def test_simulate_pipeline_replays_the_layout_at_the_settled_speeds():
+    prof = synthetic_profile(sizes_bytes=[4096] * 4, times_s=[1, 1, 1, 1])
+    opts = PipelineOptions(stages=2, replicas=2, schedule="1f1b", microbatches=2)
+    shared = ClusterSpec.uniform(4, 1e7, alone_speedup=2.0, ranks_per_host=4)
+    sim = simulate_pipeline(prof, shared, opts)
+    note = sim.meta["sharing"]
+    assert 2.0 <= note["ranks_at_once"] <= 4.0 and 1.0 < note["factor"] <= 2.0, note
+    # the same as the plain simulation on workers that much faster
+    fast = ClusterSpec.uniform(4, 1e7)
+    fast = dataclasses.replace(fast, workers=[dataclasses.replace(w, speed=note["factor"]) for w in fast.workers])
+    assert sim.step_time_s == pytest.approx(simulate_pipeline(prof, fast, opts).step_time_s)
+    assert sim.step_time_s < simulate_pipeline(prof, ClusterSpec.uniform(4, 1e7), opts).step_time_s
+
+
+def test_turns_and_the_measured_sharing():
+    assert turn_order(["a", "a", "b", "a", "b"]) == [0, 1, 0, 2, 1]  # hosts take their turns side by side
+    assert ranks_per_host(["a", "a", "b", "a"]) == 3
+    assert sharing_speedup([0.10, 0.11, 0.09], [0.05, 0.05, 0.05]) == pytest.approx(2.0)  # the median ratio
+    assert sharing_speedup([0.04, 0.05], [0.05, 0.05]) == 1.0  # never below 1: company cannot help
+    assert sharing_speedup([], []) == 1.0
+    prof = synthetic_profile(sizes_bytes=[4096], times_s=[1])
+    assert sharing_of(prof) == {}
+    prof.meta[SHARING_KEY] = {"alone_speedup": 2.1, "ranks_per_host": 4}
+    assert sharing_of(prof) == {"alone_speedup": 2.1, "ranks_per_host": 4}
+
+
+def test_the_spec_checks_and_keeps_the_sharing():
+    spec = ClusterSpec.uniform(4, 1e9, alone_speedup=2.1, ranks_per_host=4)
+    again = ClusterSpec.from_dict(spec.to_dict())
+    assert (again.alone_speedup, again.ranks_per_host) == (2.1, 4)
+    old = spec.to_dict()
+    del old["alone_speedup"], old["ranks_per_host"]
+    assert ClusterSpec.from_dict(old).alone_speedup == 1.0  # specs written before read as no sharing
+    with pytest.raises(FormatError, match="'alone_speedup' must be a factor >= 1"):
+        ClusterSpec.uniform(2, 1e9, alone_speedup=0.5)
+    with pytest.raises(FormatError, match="'ranks_per_host' must be a positive integer"):
+        ClusterSpec.uniform(2, 1e9, ranks_per_host=0)
+
+
+def test_the_bench_hands_the_sharing_to_the_pipelines_only():
+    from caramel.bench.prediction import predict_strategies
+
+    prof = synthetic_profile(sizes_bytes=[40_000] * 4, times_s=[1e-3] * 4)
+    plain = predict_strategies(prof, ["ddp", "pipeline:microbatches=2,replicas=2"], 4, 1e8, [0.02] * 4)
+    prof.meta[SHARING_KEY] = {"alone_speedup": 2.0, "ranks_per_host": 4}
+    shared = predict_strategies(prof, ["ddp", "pipeline:microbatches=2,replicas=2"], 4, 1e8, [0.02] * 4)
+    assert shared["ddp"]["step_time_s"] == plain["ddp"]["step_time_s"]
+    assert shared["pipeline:microbatches=2,replicas=2"]["step_time_s"] < plain["pipeline:microbatches=2,replicas=2"]["step_time_s"]
