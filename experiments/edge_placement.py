@@ -43,10 +43,14 @@ from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
+from caramel.sched.placement.round_env import RoundPlacementEnv
+from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
 from experiments.rl_common import options_from, seed_range, summary
 
 TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
+# the environment the policy trains in, and its decoder (fast, reference) per scheme
+SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
 
 
 def policy_name(decoding: Decoding) -> str:
@@ -56,10 +60,11 @@ def policy_name(decoding: Decoding) -> str:
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
-             check_reference: bool = False) -> dict:
+             check_reference: bool = False, scheme: str = "sequential") -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did."""
+    _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
     learned = [policy_name(d) for d in decodings]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
@@ -75,9 +80,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         def solver(name: str, d: Decoding):
             def solve(i):
                 if fast is not None:
-                    decoded[name] = decode_fast(i, fast, d, seed=decode_seed * 1_000_003 + s)
+                    decoded[name] = decode_fast_fn(i, fast, d, seed=decode_seed * 1_000_003 + s)
                 else:
-                    decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
+                    decoded[name] = decode_reference_fn(i, policy, d, seed=decode_seed * 1_000_003 + s)
                 return decoded[name].placement
             return solve
 
@@ -95,7 +100,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         optimal += int(sol.optimal)
         for name, d in zip(learned, decodings) if check_reference else ():
             start = time.perf_counter()
-            ref_decoded = decode(inst, policy, d, seed=decode_seed * 1_000_003 + s)
+            ref_decoded = decode_reference_fn(inst, policy, d, seed=decode_seed * 1_000_003 + s)
             checks[name]["solve_s"].append(time.perf_counter() - start)
             checks[name]["same_decisions"] += int(ref_decoded == decoded[name])
         for name, stats in sampled.items():
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-seed", type=int, default=0, help="seed of the sampled rollouts")
     ap.add_argument("--decoder", default="fast", choices=["fast", "reference"],
                     help="fast: the network exported to numpy once (decode_fast); reference: through torch (decode)")
+    ap.add_argument("--scheme", default="sequential", choices=sorted(SCHEMES),
+                    help="sequential: a forward pass per layer, in greedy_regret's order; rounds: a layer of "
+                         "every task per forward pass (trained and decoded so)")
     ap.add_argument("--check-reference", action="store_true",
                     help="also run the reference decoder on every instance: its time, and whether it decides the same")
     ap.add_argument("--json", default=None)
@@ -176,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if mid is not None and mid.num_edge != train_opts.num_edge:
         raise SystemExit("--train-mid must have the same num_edge as --train")
     start = time.perf_counter()
-    envs = [PlacementEnv(train_opts, train)] + ([PlacementEnv(mid, train)] if mid is not None else [])
+    env_class = SCHEMES[args.scheme][0]
+    envs = [env_class(train_opts, train)] + ([env_class(mid, train)] if mid is not None else [])
     rounds = []
     if args.teacher == "none":
         model = train_ppo(envs[0], ppo)
@@ -197,11 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
+        "scheme": args.scheme,
         "policy_export_s": export_s if fast is not None else None,
         "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True, fast,
-                          args.check_reference),
+                          args.check_reference, args.scheme),
         "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
-                          "greedy_regret", args.large_rollout, fast, args.check_reference),
+                          "greedy_regret", args.large_rollout, fast, args.check_reference,
+                          args.scheme),
     }
     for key in ("small", "large"):
         r = report[key]
