@@ -34,7 +34,9 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
+from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
@@ -58,9 +60,17 @@ def policy_name(decoding: Decoding) -> str:
     return "ppo" if decoding.samples == 1 else f"ppo_{decoding.name}"
 
 
+def ratio_summary(ratios: list[float]) -> dict:
+    """Mean of per-instance ratios with its 95% t-interval (and the worst instance)."""
+    arr = np.asarray(ratios, dtype=float)
+    half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size)) if arr.size > 1 else np.inf
+    return {"mean": float(arr.mean()), "ci95": [float(arr.mean() - half), float(arr.mean() + half)],
+            "max": float(arr.max()), "n": int(arr.size)}
+
+
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
-             check_reference: bool = False, scheme: str = "sequential") -> dict:
+             check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did."""
@@ -88,9 +98,12 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
 
         methods = list(HEURISTICS.items()) + [(n, solver(n, d)) for n, d in zip(learned, decodings)]
         for name, h in methods + ([("rollout", rollout_placement)] if rollout else []):
-            start = time.perf_counter()
-            p = h(inst)
-            times[name].append(time.perf_counter() - start)
+            runs = []
+            for _ in range(time_repeats):  # the same placement each time (seeded); the median time
+                start = time.perf_counter()
+                p = h(inst)
+                runs.append(time.perf_counter() - start)
+            times[name].append(float(np.median(runs)))
             assert inst.feasible(p), name
             costs[name].append(inst.cost_s(p))
         sol = solve_ilp(inst, time_limit_s)
@@ -116,6 +129,10 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
         "solve_s": {n: summary(v) for n, v in times.items()},
+        "time_repeats": time_repeats,
+        # per learned decoding and heuristic: the per-instance ratio of their solve times
+        "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])]) for h in HEURISTICS}
+                             for n in learned},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -156,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scheme", default="sequential", choices=sorted(SCHEMES),
                     help="sequential: a forward pass per layer, in greedy_regret's order; rounds: a layer of "
                          "every task per forward pass (trained and decoded so)")
+    ap.add_argument("--time-repeats", type=int, default=1,
+                    help="run every method this many times per instance; its solve time is the median")
     ap.add_argument("--check-reference", action="store_true",
                     help="also run the reference decoder on every instance: its time, and whether it decides the same")
     ap.add_argument("--json", default=None)
@@ -174,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
     if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid):
         raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
+    if args.time_repeats < 1:
+        raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
@@ -209,10 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         "scheme": args.scheme,
         "policy_export_s": export_s if fast is not None else None,
         "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True, fast,
-                          args.check_reference, args.scheme),
+                          args.check_reference, args.scheme, args.time_repeats),
         "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
                           "greedy_regret", args.large_rollout, fast, args.check_reference,
-                          args.scheme),
+                          args.scheme, args.time_repeats),
     }
     for key in ("small", "large"):
         r = report[key]
@@ -220,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{n} {v['mean']:+.2f}" for n, v in r["gap_to_reference_pct"].items())
             + f"; ilp optimal {r['ilp_proven_optimal']}/{r['seeds'][1] - r['seeds'][0]}; solve s: "
             + ", ".join(f"{n} {v['mean']:.4f}" for n, v in r["solve_s"].items()))
+        print(f"{key}, solve time over greedy_regret's (mean [95% CI]): " + ", ".join(
+            f"{n} {v['greedy_regret']['mean']:.2f} [{v['greedy_regret']['ci95'][0]:.2f}, "
+            f"{v['greedy_regret']['ci95'][1]:.2f}]" for n, v in r["solve_time_ratio"].items()))
         if r["reference_decoder"]:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"

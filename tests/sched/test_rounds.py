@@ -100,3 +100,28 @@ def test_bad_inputs_are_refused(model):
     batch.observe()
     with pytest.raises(CaramelError, match="actions must be"):
         batch.step(np.zeros((2, 1), dtype=int))
+
+
+def test_experiment_trains_and_decodes_in_rounds(tmp_path):
+    """A tiny `edge_placement --scheme rounds` run: the numpy decoder decided as the torch
+    reference on every instance, and every decoding's time is compared with every heuristic's."""
+    import json
+
+    from experiments.edge_placement import main
+
+    out = tmp_path / "r.json"
+    assert main(["--scheme", "rounds", "--teacher", "rollout", "--ppo", "width=8",
+                 "--improve", "rounds=1,episodes=2,epochs=1", "--test-seeds", "0:2", "--large",
+                 "num_tasks=5,num_layers=3", "--large-seeds", "0:2", "--large-time-limit-s", "1",
+                 "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["scheme"] == "rounds"
+    for key in ("small", "large"):
+        r = report[key]
+        assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
+        assert set(r["solve_time_ratio"]) == {"ppo", "ppo_sample:4"}
+        assert set(r["solve_time_ratio"]["ppo"]) == {"all_cloud", "greedy_myopic", "greedy_lookahead",
+                                                     "greedy_regret"}
+    with pytest.raises(SystemExit, match="time-repeats"):
+        main(["--time-repeats", "0"])
