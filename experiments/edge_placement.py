@@ -25,7 +25,10 @@ first greedy, the others drawn from the policy with `--decode-seed`). `--decoder
 default) decodes with the network exported to numpy once after training (`decode_fast`, the
 export's time reported apart), `reference` through torch (`decode`, as the results before it
 were measured); `--check-reference` also runs the reference on every instance and counts the
-instances where it decides exactly the same. Solve times are wall-clock seconds per instance on
+instances where it decides exactly the same. `--scheme rounds` trains in `RoundPlacementEnv` and
+decodes with `decode_rounds` (a layer of every task per forward pass); `--time-repeats` times
+every method several times per instance (the median), and `solve_time_ratio` compares each
+decoding's time with each heuristic's, per instance, with a 95% interval. Solve times are wall-clock seconds per instance on
 one thread, everything the decoder does per instance included (its tables, every step).
 """
 from __future__ import annotations
