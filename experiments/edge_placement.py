@@ -25,7 +25,10 @@ first greedy, the others drawn from the policy with `--decode-seed`). `--decoder
 default) decodes with the network exported to numpy once after training (`decode_fast`, the
 export's time reported apart), `reference` through torch (`decode`, as the results before it
 were measured); `--check-reference` also runs the reference on every instance and counts the
-instances where it decides exactly the same. Solve times are wall-clock seconds per instance on
+instances where it decides exactly the same. `--scheme rounds` trains in `RoundPlacementEnv` and
+decodes with `decode_rounds` (a layer of every task per forward pass); `--time-repeats` times
+every method several times per instance (the median), and `solve_time_ratio` compares each
+decoding's time with each heuristic's, per instance, with a 95% interval. Solve times are wall-clock seconds per instance on
 one thread, everything the decoder does per instance included (its tables, every step).
 """
 from __future__ import annotations
@@ -34,7 +37,9 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
+from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
@@ -43,10 +48,14 @@ from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
+from caramel.sched.placement.round_env import RoundPlacementEnv
+from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
 from experiments.rl_common import options_from, seed_range, summary
 
 TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
+# the environment the policy trains in, and its decoder (fast, reference) per scheme
+SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
 
 
 def policy_name(decoding: Decoding) -> str:
@@ -54,12 +63,21 @@ def policy_name(decoding: Decoding) -> str:
     return "ppo" if decoding.samples == 1 else f"ppo_{decoding.name}"
 
 
+def ratio_summary(ratios: list[float]) -> dict:
+    """Mean of per-instance ratios with its 95% t-interval (and the worst instance)."""
+    arr = np.asarray(ratios, dtype=float)
+    half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size)) if arr.size > 1 else np.inf
+    return {"mean": float(arr.mean()), "ci95": [float(arr.mean() - half), float(arr.mean() + half)],
+            "max": float(arr.max()), "n": int(arr.size)}
+
+
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
-             check_reference: bool = False) -> dict:
+             check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did."""
+    _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
     learned = [policy_name(d) for d in decodings]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
@@ -75,17 +93,20 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         def solver(name: str, d: Decoding):
             def solve(i):
                 if fast is not None:
-                    decoded[name] = decode_fast(i, fast, d, seed=decode_seed * 1_000_003 + s)
+                    decoded[name] = decode_fast_fn(i, fast, d, seed=decode_seed * 1_000_003 + s)
                 else:
-                    decoded[name] = decode(i, policy, d, seed=decode_seed * 1_000_003 + s)
+                    decoded[name] = decode_reference_fn(i, policy, d, seed=decode_seed * 1_000_003 + s)
                 return decoded[name].placement
             return solve
 
         methods = list(HEURISTICS.items()) + [(n, solver(n, d)) for n, d in zip(learned, decodings)]
         for name, h in methods + ([("rollout", rollout_placement)] if rollout else []):
-            start = time.perf_counter()
-            p = h(inst)
-            times[name].append(time.perf_counter() - start)
+            runs = []
+            for _ in range(time_repeats):  # the same placement each time (seeded); the median time
+                start = time.perf_counter()
+                p = h(inst)
+                runs.append(time.perf_counter() - start)
+            times[name].append(float(np.median(runs)))
             assert inst.feasible(p), name
             costs[name].append(inst.cost_s(p))
         sol = solve_ilp(inst, time_limit_s)
@@ -95,7 +116,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         optimal += int(sol.optimal)
         for name, d in zip(learned, decodings) if check_reference else ():
             start = time.perf_counter()
-            ref_decoded = decode(inst, policy, d, seed=decode_seed * 1_000_003 + s)
+            ref_decoded = decode_reference_fn(inst, policy, d, seed=decode_seed * 1_000_003 + s)
             checks[name]["solve_s"].append(time.perf_counter() - start)
             checks[name]["same_decisions"] += int(ref_decoded == decoded[name])
         for name, stats in sampled.items():
@@ -111,6 +132,10 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
         "solve_s": {n: summary(v) for n, v in times.items()},
+        "time_repeats": time_repeats,
+        # per learned decoding and heuristic: the per-instance ratio of their solve times
+        "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])]) for h in HEURISTICS}
+                             for n in learned},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -148,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-seed", type=int, default=0, help="seed of the sampled rollouts")
     ap.add_argument("--decoder", default="fast", choices=["fast", "reference"],
                     help="fast: the network exported to numpy once (decode_fast); reference: through torch (decode)")
+    ap.add_argument("--scheme", default="sequential", choices=sorted(SCHEMES),
+                    help="sequential: a forward pass per layer, in greedy_regret's order; rounds: a layer of "
+                         "every task per forward pass (trained and decoded so)")
+    ap.add_argument("--time-repeats", type=int, default=1,
+                    help="run every method this many times per instance; its solve time is the median")
     ap.add_argument("--check-reference", action="store_true",
                     help="also run the reference decoder on every instance: its time, and whether it decides the same")
     ap.add_argument("--json", default=None)
@@ -166,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
     if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid):
         raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
+    if args.time_repeats < 1:
+        raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
@@ -176,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     if mid is not None and mid.num_edge != train_opts.num_edge:
         raise SystemExit("--train-mid must have the same num_edge as --train")
     start = time.perf_counter()
-    envs = [PlacementEnv(train_opts, train)] + ([PlacementEnv(mid, train)] if mid is not None else [])
+    env_class = SCHEMES[args.scheme][0]
+    envs = [env_class(train_opts, train)] + ([env_class(mid, train)] if mid is not None else [])
     rounds = []
     if args.teacher == "none":
         model = train_ppo(envs[0], ppo)
@@ -197,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
+        "scheme": args.scheme,
         "policy_export_s": export_s if fast is not None else None,
         "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True, fast,
-                          args.check_reference),
+                          args.check_reference, args.scheme, args.time_repeats),
         "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
-                          "greedy_regret", args.large_rollout, fast, args.check_reference),
+                          "greedy_regret", args.large_rollout, fast, args.check_reference,
+                          args.scheme, args.time_repeats),
     }
     for key in ("small", "large"):
         r = report[key]
@@ -209,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{n} {v['mean']:+.2f}" for n, v in r["gap_to_reference_pct"].items())
             + f"; ilp optimal {r['ilp_proven_optimal']}/{r['seeds'][1] - r['seeds'][0]}; solve s: "
             + ", ".join(f"{n} {v['mean']:.4f}" for n, v in r["solve_s"].items()))
+        print(f"{key}, solve time over greedy_regret's (mean [95% CI]): " + ", ".join(
+            f"{n} {v['greedy_regret']['mean']:.2f} [{v['greedy_regret']['ci95'][0]:.2f}, "
+            f"{v['greedy_regret']['ci95'][1]:.2f}]" for n, v in r["solve_time_ratio"].items()))
         if r["reference_decoder"]:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"

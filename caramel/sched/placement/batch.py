@@ -37,6 +37,37 @@ def wish_table(tb: StepTables, k: int) -> np.ndarray:
     return table
 
 
+def scale_and_mean_mb(inst: Instance, tb: StepTables) -> tuple[float, float]:
+    """As `PlacementEnv.reset`: the memory-free optimum per layer (the reward's scale) and the
+    mean layer weight."""
+    free_optimum = sum(float(np.min(tb.step[t, 0, task.source] + tb.h[t, 0])) for t, task in enumerate(inst.tasks))
+    scale_s = free_optimum / int(tb.num_layers.sum())
+    return scale_s, float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+
+
+def static_features(tb: StepTables, inst: Instance, scale_s: float, mean_mb: float) -> np.ndarray:
+    """(T, L, K, F) float32: the observation's columns that depend only on (task, layer, node),
+    computed once per instance by the float operations `PlacementEnv._observe` does per step
+    (so the same values): each step gathers them instead of recomputing."""
+    t_count, lmax = tb.weights_mb.shape
+    k = inst.num_nodes
+    nodes = np.arange(k)
+    need = tb.weights_mb[:, :, None]  # (T, L, 1)
+    cur = tb.current[:, :, None]
+    n_layers = tb.num_layers[:, None, None]
+    static = np.zeros((t_count, lmax, k, NUM_FEATURES))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        static[..., 3] = tb.h / scale_s
+        static[..., 5] = nodes == inst.cloud
+        static[..., 6] = nodes == tb.source[:, None, None]
+        static[..., 12] = np.asarray(inst.node_gflops)[nodes] / 1000.0
+        hop = np.where(nodes == cur, 0.0, inst.latency_s[cur, nodes] + need / inst.bandwidth_MBps[cur, nodes])
+        static[..., 15] = inst.migration_weight * hop / scale_s
+        static[..., 16] = (n_layers - np.arange(lmax)[None, :, None]) / n_layers
+        static[..., 18] = need / mean_mb
+    return static.astype(np.float32)
+
+
 class BatchPlacement:
     """`rollouts` episodes of `inst`, observed and stepped together."""
 
@@ -61,9 +92,7 @@ class BatchPlacement:
         self._wish_table = wish_table(tb, self.k)
         self.wish_mb = np.tile(self._wish_table[self._tasks, 0, self.prev[0]], (rollouts, 1, 1))
         # as PlacementEnv.reset: the memory-free optimum per layer, the mean layer weight
-        free_optimum = sum(float(np.min(tb.step[t, 0, task.source] + tb.h[t, 0])) for t, task in enumerate(inst.tasks))
-        self.scale_s = free_optimum / self.total_layers
-        self.mean_mb = float(np.mean([w for task in inst.tasks for w in task.weights_mb]))
+        self.scale_s, self.mean_mb = scale_and_mean_mb(inst, tb)
         self._static_tables()
         # each task's next layer's lookahead scores before the memory check, and its weights:
         # they change only when the task places a layer
@@ -72,29 +101,10 @@ class BatchPlacement:
         self._next()
 
     def _static_tables(self) -> None:
-        """The observation's columns that depend only on (task, layer, node), and the step costs
-        over the scale, computed once per instance by the float operations `observe` used to do
-        per step (so the same values): each step gathers them instead of recomputing."""
-        tb, inst = self.tables, self.inst
-        t_count, lmax = tb.weights_mb.shape
-        nodes = np.arange(self.k)
-        need = tb.weights_mb[:, :, None]  # (T, L, 1)
-        cur = tb.current[:, :, None]
-        n_layers = tb.num_layers[:, None, None]
-        static = np.zeros((t_count, lmax, self.k, NUM_FEATURES))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            static[..., 3] = tb.h / self.scale_s
-            static[..., 5] = nodes == inst.cloud
-            static[..., 6] = nodes == tb.source[:, None, None]
-            static[..., 12] = np.asarray(inst.node_gflops)[nodes] / 1000.0
-            hop = np.where(nodes == cur, 0.0, inst.latency_s[cur, nodes] + need / inst.bandwidth_MBps[cur, nodes])
-            static[..., 15] = inst.migration_weight * hop / self.scale_s
-            static[..., 16] = (n_layers - np.arange(lmax)[None, :, None]) / n_layers
-            static[..., 18] = need / self.mean_mb
-        self._static = static.astype(np.float32)
-        self._step_scaled = tb.step / self.scale_s
+        self._static = static_features(self.tables, self.inst, self.scale_s, self.mean_mb)
+        self._step_scaled = self.tables.step / self.scale_s
         self._row_pos = np.arange(self.k) / self.k
-        self._memory_ext = np.maximum(np.append(inst.memory_mb, 1.0), 1e-9)
+        self._memory_ext = np.maximum(np.append(self.inst.memory_mb, 1.0), 1e-9)
 
     @property
     def done(self) -> bool:

@@ -1,0 +1,85 @@
+"""The placement environment in rounds (gymnasium; needs the `rl` extra): what the round
+decoder (`rounds.decode_rounds`) does, one decision per step, so the policy trains on it.
+
+Round r asks, for every task with a layer r, in greedy_regret's order at the round's start,
+which node that layer goes to; every observation is `PlacementEnv`'s, of the state at the
+round's start (the round's earlier choices are not seen, as the decoder, which decides them all
+in one forward pass, cannot see them). After the round's last choice `rounds.commit` settles
+the memory and the layers are placed; that step's reward is minus what the round added (over
+the instance's scale), the others' 0, so the return is still minus the placement's cost.
+Teachers (`rollout.ilp_teacher`, `rollout.rollout_teacher`) see `state` at the round's start,
+the current `task` and its node `order`, as in `PlacementEnv`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from caramel.sched.placement.env import PlacementEnv
+from caramel.sched.placement.rounds import commit
+
+
+class RoundPlacementEnv(PlacementEnv):
+    """`PlacementEnv` whose layers are chosen a round at a time (see the module)."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._queue: list[int] = []
+        self._pos = 0
+        return super().reset(seed=seed, options=options)
+
+    def _start_round(self) -> None:
+        s = self.state
+        open_ = s.open_tasks()
+        self._round_scores = {t: s.scores(t) for t in open_}
+        regret = {}
+        for t in open_:
+            ordered = np.sort(self._round_scores[t])
+            regret[t] = float(ordered[1] - ordered[0]) if np.isfinite(ordered[1]) else float("inf")
+        self._queue = sorted(open_, key=lambda t: (-regret[t], t))  # as RoundBatch.priority
+        self._pos = 0
+        self._chosen: dict[int, int] = {}
+
+    def _next(self) -> None:
+        if self._pos >= len(self._queue):
+            self._start_round()
+        self.task = self._queue[self._pos]
+        self._scores = self._round_scores[self.task]
+        self._order = np.argsort(self._scores, kind="stable")
+        self.order = [int(k) for k in self._order]
+
+    def step(self, action: int):
+        nodes = self.order
+        a = int(action)
+        if a >= len(nodes) or not np.isfinite(self._scores[nodes[a]]):
+            a = 0  # a masked row: the best node instead, as PlacementEnv
+        self._chosen[self.task] = nodes[a]
+        self._pos += 1
+        reward = 0.0
+        if self._pos == len(self._queue):
+            reward = -self._commit() / self.scale_s
+        done = self.state.done
+        if not done:
+            self._next()
+        obs = np.zeros(self.observation_space.shape, np.float32) if done else self._observe()
+        return obs, reward, done, False, {}
+
+    def _commit(self) -> float:
+        """Settle the round (`rounds.commit`, as the decoder does) and place its layers; the cost
+        they add."""
+        s = self.state
+        active = sorted(self._queue)
+        pos = {t: i for i, t in enumerate(active)}
+        chosen = np.array([[self._chosen[t] for t in active]])
+        priority = np.array([[pos[t] for t in self._queue]])
+        order = np.array([[np.argsort(self._round_scores[t], kind="stable") for t in active]])
+        need = np.array([s.tables.weights_mb[t, s.next_layer[t]] for t in active])
+        free_ext = np.append(s.free_mb, np.inf)[None, :]
+        nodes = commit(chosen, priority, order, need, free_ext)[0]
+        added = 0.0
+        # commit checked the room; the memory left is its own (its per-node sums), so that it
+        # equals the decoder's to the last bit
+        s.free_mb[:] = np.inf
+        for t in self._queue:
+            self._left_mb[t, s.next_layer[t]] = 0.0
+            added += s.place(t, int(nodes[pos[t]]))
+        s.free_mb[:] = free_ext[0, :-1]
+        return added

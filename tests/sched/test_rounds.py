@@ -1,0 +1,127 @@
+"""The placement policy in rounds (a layer of every task per forward pass): the batched rounds
+equal the training environment (observations, placements, memory, costs), the numpy decoder
+decides as the torch reference, memory is settled in greedy_regret's order, and the return is
+minus the placement's cost."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from caramel.errors import CaramelError  # noqa: E402
+from caramel.sched.placement import InstanceOptions, random_instance  # noqa: E402
+from caramel.sched.placement.decode import Decoding  # noqa: E402
+from caramel.sched.placement.env import run_policy  # noqa: E402
+from caramel.sched.placement.fast_decode import NumpyPolicy  # noqa: E402
+from caramel.sched.placement.round_env import RoundPlacementEnv  # noqa: E402
+from caramel.sched.placement.rounds import RoundBatch, commit, decode_rounds  # noqa: E402
+from caramel.sched.rl import PpoOptions, make_ppo  # noqa: E402
+
+SMALL = InstanceOptions(num_tasks=3, num_layers=4, num_edge=3)
+TIGHT = InstanceOptions(num_tasks=6, num_layers=5, num_edge=4, memory_fraction=0.1)
+LARGE = InstanceOptions(num_tasks=30, num_layers=8, num_edge=3, memory_fraction=0.3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    m = make_ppo(RoundPlacementEnv(SMALL, [0]), PpoOptions(width=16, prior=0.0, seed=3))
+    m.policy.set_training_mode(False)
+    return m
+
+
+@pytest.mark.parametrize("opts,seeds", [(SMALL, range(3)), (TIGHT, range(3)), (LARGE, [0])],
+                         ids=["small", "tight", "large"])
+def test_batch_equals_the_environment(opts, seeds):
+    """Random actions, 4 samples: every observation the environment shows equals the batch's
+    row for that task; placements, memory left and costs (`Instance.cost_s`) equal too."""
+    for seed in seeds:
+        inst, rng = random_instance(opts, seed), np.random.default_rng(seed)
+        batch = RoundBatch(inst, 4)
+        envs = [RoundPlacementEnv(opts, [0]) for _ in range(4)]
+        seen = [e.reset(options={"instance": inst})[0] for e in envs]
+        returns = np.zeros(4)
+        while not batch.done:
+            obs = batch.observe()
+            actions = rng.integers(inst.num_nodes, size=obs.shape[:2])
+            for i, env in enumerate(envs):
+                for _ in range(obs.shape[1]):
+                    a = int(np.flatnonzero(batch.active == env.task)[0])
+                    assert np.array_equal(seen[i], obs[i, a])
+                    seen[i], reward, _, _, _ = env.step(actions[i, a])
+                    returns[i] += reward
+            batch.step(actions)
+        costs = batch.costs_s()
+        for i, env in enumerate(envs):
+            p = batch.placements()[i]
+            assert env.state.done and env.placement() == p and inst.feasible(p)
+            assert np.array_equal(np.append(env.state.free_mb, np.inf), batch._free_ext[i])
+            assert costs[i] == inst.cost_s(p)
+            assert returns[i] == pytest.approx(-costs[i] / env.scale_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("opts,seeds", [(SMALL, range(4)), (LARGE, [1])], ids=["small", "large"])
+def test_numpy_decoder_decides_as_the_torch_reference(model, opts, seeds):
+    """Greedy and 8 samples (the same seed): every sample's cost, the winner and the placement
+    equal the torch reference's; greedy equals the deterministic actor stepping the environment."""
+    fast = NumpyPolicy.from_policy(model.policy)
+    for s in seeds:
+        inst = random_instance(opts, s)
+        for n in (1, 8):
+            got = decode_rounds(inst, fast, Decoding(n), seed=s)
+            assert got == decode_rounds(inst, model.policy, Decoding(n), seed=s)
+            assert inst.feasible(got.placement) and got.cost_s == min(got.costs_s)
+        want = run_policy(RoundPlacementEnv(opts, [0]), inst, lambda o: int(model.predict(o, deterministic=True)[0]))
+        assert decode_rounds(inst, fast, Decoding(1)).placement == want
+
+
+def test_commit_settles_memory_in_priority_order():
+    """Node 0 has room for 5 MB: of the three tasks that want it, in priority order 2, 0, 1,
+    task 2 (4 MB) keeps it; task 0 (3 MB) and task 1 (1 MB) claim their first node with room
+    left: node 1 for task 0, node 0's last 1 MB for task 1."""
+    chosen = np.array([[0, 0, 0]])
+    priority = np.array([[2, 0, 1]])
+    order = np.array([[[0, 1, 2], [0, 1, 2], [0, 1, 2]]])
+    free = np.array([[5.0, 3.0, np.inf]])
+    nodes = commit(chosen, priority, order, np.array([3.0, 1.0, 4.0]), free)
+    assert nodes.tolist() == [[1, 0, 0]]
+    assert free.tolist() == [[0.0, 0.0, np.inf]]
+
+
+def test_bad_inputs_are_refused(model):
+    inst = random_instance(SMALL, 0)
+    with pytest.raises(CaramelError, match="decoding must be a Decoding"):
+        decode_rounds(inst, NumpyPolicy.from_policy(model.policy), 4)
+    with pytest.raises(CaramelError, match="policy must be"):
+        decode_rounds(inst, object(), Decoding(1))
+    with pytest.raises(CaramelError, match="samples >= 1"):
+        RoundBatch(inst, 0)
+    batch = RoundBatch(inst, 2)
+    batch.observe()
+    with pytest.raises(CaramelError, match="actions must be"):
+        batch.step(np.zeros((2, 1), dtype=int))
+
+
+def test_experiment_trains_and_decodes_in_rounds(tmp_path):
+    """A tiny `edge_placement --scheme rounds` run: the numpy decoder decided as the torch
+    reference on every instance, and every decoding's time is compared with every heuristic's."""
+    import json
+
+    from experiments.edge_placement import main
+
+    out = tmp_path / "r.json"
+    assert main(["--scheme", "rounds", "--teacher", "rollout", "--ppo", "width=8",
+                 "--improve", "rounds=1,episodes=2,epochs=1", "--test-seeds", "0:2", "--large",
+                 "num_tasks=5,num_layers=3", "--large-seeds", "0:2", "--large-time-limit-s", "1",
+                 "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["scheme"] == "rounds"
+    for key in ("small", "large"):
+        r = report[key]
+        assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
+        assert set(r["solve_time_ratio"]) == {"ppo", "ppo_sample:4"}
+        assert set(r["solve_time_ratio"]["ppo"]) == {"all_cloud", "greedy_myopic", "greedy_lookahead",
+                                                     "greedy_regret"}
+    with pytest.raises(SystemExit, match="time-repeats"):
+        main(["--time-repeats", "0"])
