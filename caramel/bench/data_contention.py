@@ -24,15 +24,19 @@ scored steps: the modes run after it.
 from __future__ import annotations
 
 import functools
+import os
+import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from caramel.data.format import DatasetIndex, decode_sample
+from caramel.data.format import DatasetIndex, ShardInfo, decode_sample
 from caramel.data.store import Store
+from caramel.data.tiers import TierCounters
 from caramel.data.transport import WorkerCollate, received
 from caramel.errors import CaramelError
+from caramel.stats import median
 
 WARMUP_STEPS = 2  # the first steps start the workers and fill the prefetch queue: not a steady step
 
@@ -51,18 +55,48 @@ def timed_step(fetch: Callable[[], Any], compute_s: float, sync: Callable[[], No
     return t1 - t0, t2 - t1, end - t2, end
 
 
-def calibration_samples(url: str, index: DatasetIndex) -> list[Any]:
-    """The data set's first shard, decoded: the calibration's samples (real shapes and dtypes)."""
-    info = index.shards[0]
-    data = Store(url).read_shard(info)
-    return [decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench") for p in range(info.num_samples)]
+def calibration_shards(url: str, index: DatasetIndex, count: int = 2) -> list[tuple[ShardInfo, bytes]]:
+    """The data set's first `count` shards as read from the store: the calibrations' samples
+    (real shapes and dtypes; two shards, as the locality sampler mixes groups of shards)."""
+    store = Store(url)
+    return [(info, store.read_shard(info)) for info in index.shards[:count]]
+
+
+def decoded(shards: list[tuple[ShardInfo, bytes]]) -> list[Any]:
+    """Every sample of `shards`, decoded: the in-memory data of the plain loader's calibration."""
+    return [decode_sample(data[info.offsets[p]:info.offsets[p + 1]], "bench")
+            for info, data in shards for p in range(info.num_samples)]
+
+
+def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
+    """`steps` timed steps (next batch of `batches`, `compute_s` of sleep, `sync`); the means of
+    the step and its parts after the warm-up. Every rank must call it at once (`sync` is the
+    all-reduce)."""
+    if steps <= WARMUP_STEPS:
+        raise CaramelError(f"the contention calibration needs more than {WARMUP_STEPS} steps, got {steps}")
+    fetch = functools.partial(next, batches)
+    step, wait, compute, comm = [], [], [], []
+    last = time.perf_counter()
+    for _ in range(steps):
+        waited, computed, synced, now = timed_step(fetch, compute_s, sync)
+        step.append(now - last)
+        wait.append(waited)
+        compute.append(computed)
+        comm.append(synced)
+        last = now
+
+    def mean(xs: list[float]) -> float:
+        kept = xs[WARMUP_STEPS:]
+        return sum(kept) / len(kept)
+
+    return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm)}
 
 
 def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefetch_factor: int, steps: int,
                  compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
-    """Run `steps` timed steps (wait for a batch, `compute_s` of sleep, `sync`) with a loader of
-    `loader_workers` workers over `samples` in memory; the means of the step and its parts
-    after the warm-up.
+    """The calibration run once before every mode: `steps` timed steps with torch's DataLoader of
+    `loader_workers` workers over `samples` in memory, through caramel.data's transport (the model
+    with one calibration per run; `data_bench.mode_calibration` runs each mode's own loader).
     Every rank must call it at once (`sync` is the all-reduce)."""
     if loader_workers < 1 or steps <= WARMUP_STEPS:
         raise CaramelError(f"the contention calibration needs loader workers >= 1 and more than {WARMUP_STEPS} steps, "
@@ -73,22 +107,22 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
                                          prefetch_factor=prefetch_factor, collate_fn=WorkerCollate(),
                                          multiprocessing_context="fork")
     it = iter(loader)
-    fetch = functools.partial(lambda batches: received(next(batches)), it)
-    step, wait, compute, comm = [], [], [], []
-    last = time.perf_counter()
-    for _ in range(steps):
-        waited, computed, synced, now = timed_step(fetch, compute_s, sync)
-        step.append(now - last)
-        wait.append(waited)
-        compute.append(computed)
-        comm.append(synced)
-        last = now
-    del fetch, it, loader  # the workers stop here, before the modes start
-    def mean(xs: list[float]) -> float:
-        kept = xs[WARMUP_STEPS:]
-        return sum(kept) / len(kept)
+    out = time_steps(map(received, it), steps, compute_s, sync)
+    del it, loader  # the workers stop here, before the modes start
+    return out
 
-    return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm)}
+
+def mode_contention(calibrations: list[dict[str, Any]], batch_trip_s: float) -> tuple[float, float | None]:
+    """(contention, compute + all-reduce alone) of one mode from the calibrations run right before
+    each of its rounds: the median over rounds of each round's factor (its loaded step against its
+    own steps alone, so a load that changed between rounds is followed) and of its steps alone.
+    (1, None) without calibrations."""
+    if not calibrations:
+        return 1.0, None
+    factors = [contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, c["alone_s"], batch_trip_s)
+               for c in calibrations]
+    alone = [c["alone_s"] for c in calibrations]
+    return median(factors), median(alone)
 
 
 def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None, batch_trip_s: float) -> float:
@@ -97,3 +131,51 @@ def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None,
     if loaded_step_s is None or compute_comm_s is None or compute_comm_s + batch_trip_s <= 0:
         return 1.0
     return max(1.0, loaded_step_s / (compute_comm_s + batch_trip_s))
+
+
+def calibration_order(shards: list[tuple[ShardInfo, bytes]], index: DatasetIndex, total: int, seed: int) -> list[int]:
+    """`total` sample indices of `shards`, each pass over them shuffled (seeded): the order in
+    which the locality sampler reads a group of cached shards, so the workers switch shards as
+    in the scored steps (memory-tier lookups, not only the shard in use)."""
+    first = {info.name: k for k, info in enumerate(index.shards)}
+    pool = [i for info, _ in shards for i in index.sample_range(first[info.name])]
+    rng = random.Random(seed)
+    order: list[int] = []
+    while len(order) < total:
+        rng.shuffle(pool)
+        order.extend(pool)
+    return order[:total]
+
+
+def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: list[tuple[ShardInfo, bytes]],
+                            directory: str, budget: tuple[int, int], counters: TierCounters):
+    """A loader of the mode's own class and worker setup over data that needs no store: what the
+    mode's training process and workers do per batch, beside the step, without the loading the
+    model charges itself (the link, the requests, the misses' disk reads).
+
+    `remote`: torch's DataLoader as the plain mode builds it (its workers, prefetch, persistent
+    workers, default collate by shared memory) over `shards` decoded in memory. `cached` and
+    `locality`: `make_loader` with the mode's options (StatefulDataLoader, caramel.data's transport,
+    the memory tier's budget, the tier counters) on a disk cache holding `shards`, read in a
+    locality-like order of theirs; after the first read of each shard they come from the memory
+    tier, as a fully cached mode's do. Enough batches for `cfg.calibration_steps` steps."""
+    total = (cfg.calibration_steps + 1) * cfg.batch_size
+    if mode == "remote":
+        samples = decoded(shards)
+        items = [samples[i % len(samples)] for i in range(total)]
+        return torch.utils.data.DataLoader(items, batch_size=cfg.batch_size, num_workers=cfg.loader_workers,
+                                           prefetch_factor=cfg.prefetch_factor, persistent_workers=True,
+                                           multiprocessing_context="fork")
+    from caramel.data.cache import ShardCache
+    from caramel.data.loader import LoaderOptions, make_loader
+
+    index = Store(url).index()
+    disk = max(budget[0], sum(len(data) for _, data in shards))  # the shards stay on disk whatever the mode's budget
+    cache = ShardCache(os.path.join(directory, f"rank{rank}"), disk)
+    for info, data in shards:
+        cache.put(info, data)
+    opts = LoaderOptions(batch_size=cfg.batch_size, num_workers=cfg.loader_workers, prefetch_factor=cfg.prefetch_factor,
+                         cache_dir=directory, cache_budget_bytes=disk, memory_budget_bytes=budget[1],
+                         locality=(mode == "locality"), seed=cfg.seed)
+    return make_loader(url, rank, cfg.ranks, opts, counters=counters,
+                       sampler=calibration_order(shards, index, total, cfg.seed + rank))
