@@ -1,11 +1,19 @@
 """The data bench's contention calibration: the factor from its step against the parts measured
-alone, and the calibration's steps themselves (one process, a real loader worker)."""
+alone, the calibration's steps themselves (one process, a real loader worker), and each mode's
+own calibration (its loader's class and workers, no store read, a factor per round)."""
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from caramel.bench.data_contention import WARMUP_STEPS, contention_factor, loaded_steps
+from caramel.bench.data_contention import (WARMUP_STEPS, calibration_order, calibration_shards, contention_factor,
+                                           loaded_steps, mode_calibration_loader, mode_contention, time_steps)
+from caramel.data.format import write_dataset
+from caramel.data.loader import _stateful_loader_class
+from caramel.data.serve import serve_directory
+from caramel.data.store import Store
+from caramel.data.tiers import TierCounters
 from caramel.errors import CaramelError
 
 
@@ -42,3 +50,63 @@ def test_a_calibration_it_cannot_run_is_named():
     with pytest.raises(CaramelError, match=f"more than {WARMUP_STEPS} steps"):
         loaded_steps([(torch.zeros(1),)], 1, loader_workers=1, prefetch_factor=2, steps=WARMUP_STEPS, compute_s=0.0,
                      sync=lambda: None)
+
+
+def test_each_round_is_scored_against_its_own_steps_alone():
+    # round 2 ran on a busier machine: slower alone and beside the workers alike; the batch's trip is 1 ms
+    cals = [{"alone_s": 4e-3, "loaded": {"step_s": 6e-3}}, {"alone_s": 6e-3, "loaded": {"step_s": 9.1e-3}},
+            {"alone_s": 4.9e-3, "loaded": {"step_s": 5.5e-3}}]
+    contention, alone = mode_contention(cals, 1e-3)
+    assert contention == pytest.approx(1.2)  # the median of 1.2, 1.3 and 1 (no slower than alone)
+    assert alone == 4.9e-3
+    # pooling the rounds (median loaded over median alone) would mix the busy round's load into the quiet ones'
+    assert 6e-3 / (4.9e-3 + 1e-3) != pytest.approx(contention)
+    assert mode_contention([], 1e-3) == (1.0, None)  # not calibrated: no term
+    assert mode_contention([{"alone_s": 4e-3, "loaded": None}], 1e-3) == (1.0, 4e-3)  # no workers: alone only
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    write_dataset(root, ((torch.full((32,), float(i)), torch.tensor(i)) for i in range(48)), samples_per_shard=8)
+    return root
+
+
+def test_the_calibration_order_reads_the_first_shards_in_shuffled_passes(store):
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    assert [info.name for info, _ in shards] == [s.name for s in index.shards[:2]]
+    order = calibration_order(shards, index, 40, seed=3)
+    assert len(order) == 40 and order == calibration_order(shards, index, 40, seed=3)  # seeded
+    for p in range(0, 32, 16):  # each full pass is every sample of the two shards once, shuffled
+        assert sorted(order[p:p + 16]) == list(range(16))
+    assert order[:16] != list(range(16)) and order != calibration_order(shards, index, 40, seed=4)
+
+
+def _cfg(**kw):
+    return SimpleNamespace(**dict(dict(batch_size=4, loader_workers=1, prefetch_factor=2, calibration_steps=WARMUP_STEPS + 3,
+                                       ranks=2, seed=0), **kw))
+
+
+@pytest.mark.timeout(60)
+def test_a_modes_calibration_runs_its_own_loader_without_reading_the_store(store, tmp_path):
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    cfg = _cfg()
+    counters = TierCounters()
+    with serve_directory(store) as server:
+        loader = mode_calibration_loader("locality", cfg, server.url, 1, shards, str(tmp_path / "cal"), (0, 1 << 20),
+                                         counters)
+        assert type(loader) is _stateful_loader_class()  # the class make_loader gives the cached and locality modes
+        out = time_steps(iter(loader), cfg.calibration_steps, 1e-3, lambda: None)
+        served = server.bytes_served
+    assert out["step_s"] >= out["compute_s"] >= 1e-3
+    snap = counters.snapshot()
+    # every batch the steps took (and the prefetched ones) from the calibration's two shards, none from the store
+    assert snap.misses == 0 and snap.store_bytes == 0 and snap.memory_hits + snap.disk_hits >= 4 * cfg.calibration_steps
+    assert snap.disk_reads <= 2  # each shard read from disk once per worker, then from its memory tier
+    assert served == len((store / "index.json").read_bytes()) * 2  # the index only (calibration order, loader)
+    plain = mode_calibration_loader("remote", cfg, server.url, 0, shards, str(tmp_path / "plain"), (0, 0), counters)
+    assert type(plain) is torch.utils.data.DataLoader and plain.persistent_workers
+    batch = next(iter(plain))
+    assert batch[0].shape == (4, 32) and batch[1].tolist() == list(range(4))  # in memory, default collate
