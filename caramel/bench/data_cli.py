@@ -122,7 +122,7 @@ def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown
         if cals:
             steps = ", ".join(f"{c['loaded']['step_s'] * 1e3:.2f}/{c['alone_s'] * 1e3:.2f}" for c in cals)
             print(f"{r['mode']}: beside its own loader right before each round, step/alone {steps} ms: "
-                  f"the model's contention x{r['contention']:.2f}")
+                  f"contention x{r['contention']:.2f} (the rounds' median)")
     if json_out:
         atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if markdown_out:

@@ -1,5 +1,5 @@
 """How much slower the training process's side of a step runs while its loader workers prefetch
-beside it: the data bench's contention calibration, measured before the modes it scores.
+beside it: the data bench's contention calibration, measured before each mode it scores.
 
 On a machine with fewer cores than processes (W ranks, k loader workers each, the store's
 server) the training process does not get a core whenever it wants one: its compute, its
@@ -7,19 +7,28 @@ all-reduce and its receipt of a batch from a worker each wait their turn behind 
 prefetching. The I/O model's inputs are measured alone (compute + all-reduce without data; one
 batch's trip through a one-worker loader), so that wait is in none of them.
 
-The calibration runs, on every rank at once and before any mode, `calibration_steps` steps of
-the bench's own step (wait for a batch, `compute_s`, all-reduce) with a loader of the mode's
-worker count and prefetch depth over samples already decoded in memory (the data set's first
-shard), through caramel.data's transport. No store, cache or sampler is involved, so none of the
-scored modes' own costs are in it: only the cores shared with busy workers. With its mean step
-S_loaded (a mean, as the scored steps are: an occasional long wait is contention too) against
-the sum of the parts measured alone, compute + all-reduce C and the batch's trip T,
+Right before each round of each mode, every rank runs `calibration_steps` of the bench's own
+step (wait for a batch, `compute_s`, all-reduce) without data (C, the median) and then beside a
+loader of the mode's own class and worker setup over data that needs no store
+(`mode_calibration_loader`): the plain mode's torch DataLoader over samples in memory, the
+cached and locality modes' StatefulDataLoader with their memory tier and counters over a disk
+cache holding the first two shards. So the mode's loader's own work per batch (tier lookups,
+decoding, counters, the loader's state in the training process) is in it; the store, the misses
+and the sampler's order are not: the model charges those itself. With its mean step S_loaded
+(a mean, as the scored steps are: an occasional long wait is contention too) against C plus the
+batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
 
-is the factor by which the model stretches the compute side of a prefetched step
-(`DataLoadModel.contention`); 1 is a machine with cores to spare. It is never fitted to the
-scored steps: the modes run after it.
+per round (`round_inputs`). The model predicts each round's step from that round's C and factor
+(a round on a busier machine is slower alone and beside the workers alike, and its inputs are
+its own) and the mode's step is the median over its rounds, as the measured step is a median
+over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched step (`DataLoadModel.contention`); 1 is a
+machine with cores to spare. It is never fitted to the scored steps: each runs before them.
+
+`loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
+samples in memory, caramel.data's transport): the model of one calibration per run, which the
+bench reports beside the per-mode one.
 """
 from __future__ import annotations
 
@@ -36,7 +45,6 @@ from caramel.data.store import Store
 from caramel.data.tiers import TierCounters
 from caramel.data.transport import WorkerCollate, received
 from caramel.errors import CaramelError
-from caramel.stats import median
 
 WARMUP_STEPS = 2  # the first steps start the workers and fill the prefetch queue: not a steady step
 
@@ -112,17 +120,13 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
     return out
 
 
-def mode_contention(calibrations: list[dict[str, Any]], batch_trip_s: float) -> tuple[float, float | None]:
-    """(contention, compute + all-reduce alone) of one mode from the calibrations run right before
-    each of its rounds: the median over rounds of each round's factor (its loaded step against its
-    own steps alone, so a load that changed between rounds is followed) and of its steps alone.
-    (1, None) without calibrations."""
-    if not calibrations:
-        return 1.0, None
-    factors = [contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, c["alone_s"], batch_trip_s)
-               for c in calibrations]
-    alone = [c["alone_s"] for c in calibrations]
-    return median(factors), median(alone)
+def round_inputs(calibrations: list[dict[str, Any]], batch_trip_s: float) -> list[tuple[float, float]]:
+    """(contention, compute + all-reduce alone) of each round of one mode, from the calibration run
+    right before it: the round's loaded step against its own steps alone (so a load that changed
+    between rounds is followed, and a round whose steps alone were slow is not scored against a
+    quieter round's). A round calibrated without loader workers has contention 1."""
+    return [(contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, c["alone_s"], batch_trip_s),
+             c["alone_s"]) for c in calibrations]
 
 
 def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None, batch_trip_s: float) -> float:

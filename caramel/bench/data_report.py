@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from caramel.bench.data_contention import contention_factor, mode_contention
+from caramel.bench.data_contention import contention_factor, round_inputs
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -138,15 +138,16 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         # the model takes the samples' hit rate and how many bytes each missed sample cost the store
         sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
         amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
-        # the mode's own calibrations, right before each of its rounds; without them the one before the modes
-        contention, own_alone = mode_contention(r.calibrations, batch_trip_s(cfg, mode, index, costs))
-        if own_alone is None or not any(c.get("loaded") for c in r.calibrations):
-            contention = single
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
-                        per_read, amplification, contention, hit)
+                        per_read, amplification, single, hit)
         compute_comm_start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
-        compute_comm = own_alone if own_alone is not None else compute_comm_start
-        one_calibration = replace(model, contention=single)  # one calibration per run, before the modes
+        # each round predicted from the calibration right before it (its factor, its steps alone), the
+        # mode's step the median over rounds; without them, the one calibration before the modes
+        rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs))
+        if not any(c.get("loaded") for c in r.calibrations):
+            rounds = [(single, a) for _, a in rounds]
+        per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
@@ -158,10 +159,13 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
-               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s(),
+               "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
+               "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
                "predicted_step_s_before": alone.step_time_s(compute_comm_start),
                "predicted_step_s_one_calibration": one_calibration.step_time_s(compute_comm_start),
-               "contention": contention, "compute_comm_s": compute_comm, "calibrations": r.calibrations}
+               "contention": median([c for c, _ in rounds]) if rounds else single,
+               "compute_comm_s": median([a for _, a in rounds]) if rounds else compute_comm_start,
+               "calibrations": r.calibrations}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
         row["prediction_error_one_calibration"] = row["predicted_step_s_one_calibration"] / row["step_s_steady"] - 1.0
         row["prediction_error_before"] = row["predicted_step_s_before"] / row["step_s_steady"] - 1.0

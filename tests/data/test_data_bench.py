@@ -71,6 +71,7 @@ def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
         assert cal["mode"] == mode and cal["loaded"]["step_s"] >= cal["loaded"]["sync_s"] + cal["loaded"]["compute_s"]
         trip = costs["batch_s_shared"] if mode == "remote" else costs["batch_s_pipe"]
         assert r["contention"] == pytest.approx(max(1.0, cal["loaded"]["step_s"] / (cal["alone_s"] + trip)))
+        assert r["predicted_step_s"] == r["predicted_step_s_rounds"][0]  # one round: its own prediction
 
 
 def test_bad_input_is_named(capsys, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from caramel.bench.data_contention import (WARMUP_STEPS, calibration_order, calibration_shards, contention_factor,
-                                           loaded_steps, mode_calibration_loader, mode_contention, time_steps)
+                                           loaded_steps, mode_calibration_loader, round_inputs, time_steps)
 from caramel.data.format import write_dataset
 from caramel.data.loader import _stateful_loader_class
 from caramel.data.serve import serve_directory
@@ -56,13 +56,11 @@ def test_each_round_is_scored_against_its_own_steps_alone():
     # round 2 ran on a busier machine: slower alone and beside the workers alike; the batch's trip is 1 ms
     cals = [{"alone_s": 4e-3, "loaded": {"step_s": 6e-3}}, {"alone_s": 6e-3, "loaded": {"step_s": 9.1e-3}},
             {"alone_s": 4.9e-3, "loaded": {"step_s": 5.5e-3}}]
-    contention, alone = mode_contention(cals, 1e-3)
-    assert contention == pytest.approx(1.2)  # the median of 1.2, 1.3 and 1 (no slower than alone)
-    assert alone == 4.9e-3
-    # pooling the rounds (median loaded over median alone) would mix the busy round's load into the quiet ones'
-    assert 6e-3 / (4.9e-3 + 1e-3) != pytest.approx(contention)
-    assert mode_contention([], 1e-3) == (1.0, None)  # not calibrated: no term
-    assert mode_contention([{"alone_s": 4e-3, "loaded": None}], 1e-3) == (1.0, 4e-3)  # no workers: alone only
+    rounds = round_inputs(cals, 1e-3)
+    assert [a for _, a in rounds] == [4e-3, 6e-3, 4.9e-3]
+    assert [c for c, _ in rounds] == pytest.approx([1.2, 1.3, 1.0])  # the third ran no slower than alone
+    assert round_inputs([], 1e-3) == []  # not calibrated: no round of its own
+    assert round_inputs([{"alone_s": 4e-3, "loaded": None}], 1e-3) == [(1.0, 4e-3)]  # no workers: alone only
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +108,29 @@ def test_a_modes_calibration_runs_its_own_loader_without_reading_the_store(store
     assert type(plain) is torch.utils.data.DataLoader and plain.persistent_workers
     batch = next(iter(plain))
     assert batch[0].shape == (4, 32) and batch[1].tolist() == list(range(4))  # in memory, default collate
+
+
+def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
+    from caramel.bench.data_bench import DataBenchConfig, ModeResult
+    from caramel.bench.data_report import summarize
+
+    index = Store(str(store)).index()
+    cfg = DataBenchConfig(ranks=2, batch_size=4, loader_workers=2, epochs=2, rounds=3, compute_s=4e-3,
+                          modes=("locality",))
+    # a full cache: nothing remote, every sample from memory; 6 steps per epoch of 7 ms
+    tiers = {"memory_hits": 48, "disk_hits": 0, "misses": 0, "store_requests": 0, "store_bytes": 0, "disk_reads": 0}
+    loads = [(6.0e-3, 4.5e-3), (9.0e-3, 7.0e-3), (7.4e-3, 4.4e-3)]  # (beside the loader, alone) per round
+    r = ModeResult("locality", epoch_step_s=[[7e-3] * 6] * 6, epoch_wait_s=[1e-3] * 6, epoch_sync_s=[1e-3] * 6,
+                   epoch_tiers=[tiers] * 6, epoch_remote_bytes=[0] * 6, epoch_requests=[0] * 6,
+                   calibrations=[{"mode": "locality", "round": k, "alone_s": a, "loaded": {"step_s": s}}
+                                 for k, (s, a) in enumerate(loads)])
+    costs = {"local_s_per_sample": 1e-5, "disk_s_per_read": 2e-4, "batch_s_pipe": 3e-4, "batch_s_shared": 1e-3,
+             "request_overhead_s": 5e-4, "compute_comm_s": 4.5e-3, "loaded": {"step_s": 5.4e-3}}
+    (row,) = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)["rows"]
+    # with nothing to load each round's step is its compute side, max(alone + trip, beside the loader)...
+    assert row["predicted_step_s_rounds"] == pytest.approx([6.0e-3, 9.0e-3, 7.4e-3], rel=1e-3)
+    # ...and the mode's is their median, as the measured step is the median of its epochs
+    assert row["predicted_step_s"] == pytest.approx(7.4e-3, rel=1e-3)
+    assert row["prediction_error"] == pytest.approx(7.4 / 7 - 1, rel=1e-2)
+    # the one calibration before the modes: 5.4 / (4.5 + 0.3) = x1.125 on its 4.5 + 0.3 ms
+    assert row["predicted_step_s_one_calibration"] == pytest.approx(5.4e-3, rel=1e-3)
