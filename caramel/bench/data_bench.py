@@ -64,7 +64,7 @@ class DataBenchConfig:
     modes: tuple[str, ...] = MODES
     seed: int = 0
     timeout_s: float = 600.0
-    calibration_steps: int = 40  # steps of each calibration (alone, beside workers), at start and before each mode's round
+    calibration_steps: int = 40  # steps of each calibration (alone, beside workers): at start, before each mode's round
     network: str = "loopback"  # where a served directory is served: "loopback" (token bucket) or "cluster" (tc)
     rank_rate_bps: float = 10e9  # network="cluster": each rank host's link (the store's link is the one under test)
 
@@ -175,19 +175,19 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd:
                       budget: tuple[int, int], shards: list | None, counters: TierCounters, sync) -> dict | None:
     """Right before a mode's round, on every rank: its steps alone and (with loader workers) beside
     the mode's own loader over data that needs no store (`data_contention.mode_calibration_loader`),
-    so the model's contention follows the machine's load from round to round and includes the
-    mode's loader's own work per batch. None when the bench calibrates nothing."""
+    from the second pass of its workers (`steady_steps`), so the model's contention follows the
+    machine's load from round to round and includes the mode's loader's own work per batch. None
+    when the bench calibrates nothing."""
     if cfg.calibration_steps <= 0:
         return None
     out: dict[str, Any] = {"mode": mode, "round": rnd, "alone_s": _steps_alone(cfg, sync), "loaded": None}
     if _calibrates_loaded(cfg, shards):
-        from caramel.bench.data_contention import mode_calibration_loader, time_steps
+        from caramel.bench.data_contention import mode_calibration_loader, steady_steps
 
         loader = mode_calibration_loader(mode, cfg, url, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
                                          counters)
-        it = iter(loader)
-        out["loaded"] = time_steps(it, cfg.calibration_steps, cfg.compute_s, sync)
-        del it, loader
+        out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
+        del loader
         gc.collect()  # its workers gone before the mode's first step
     return out
 

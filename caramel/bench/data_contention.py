@@ -12,19 +12,21 @@ step (wait for a batch, `compute_s`, all-reduce) without data (C, the median) an
 loader of the mode's own class and worker setup over data that needs no store
 (`mode_calibration_loader`): the plain mode's torch DataLoader over samples in memory, the
 cached and locality modes' StatefulDataLoader with their memory tier and counters over a disk
-cache holding the first two shards. So the mode's loader's own work per batch (tier lookups,
-decoding, counters, the loader's state in the training process) is in it; the store, the misses
-and the sampler's order are not: the model charges those itself. With its mean step S_loaded
-(a mean, as the scored steps are: an occasional long wait is contention too) against C plus the
-batch's trip T by the mode's transport,
+cache holding the first two shards, timed over a second pass of its persistent workers
+(`steady_steps`), as the modes are scored from their second epoch. So the mode's loader's own
+work per batch (tier lookups, decoding, counters, the loader's state in the training process) is
+in it; the store, the misses and the sampler's order are not: the model charges those itself.
+With its mean step S_loaded (a mean, as the scored steps are: an occasional long wait is
+contention too) against C plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
 
 per round (`round_inputs`). The model predicts each round's step from that round's C and factor
 (a round on a busier machine is slower alone and beside the workers alike, and its inputs are
 its own) and the mode's step is the median over its rounds, as the measured step is a median
-over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched step (`DataLoadModel.contention`); 1 is a
-machine with cores to spare. It is never fitted to the scored steps: each runs before them.
+over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched
+step (`DataLoadModel.contention`); 1 is a machine with cores to spare. It is never fitted to the
+scored steps: each runs before them.
 
 `loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
 samples in memory, caramel.data's transport): the model of one calibration per run, which the
@@ -98,6 +100,17 @@ def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Calla
         return sum(kept) / len(kept)
 
     return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm)}
+
+
+def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
+    """`time_steps` over a second pass of `loader`, whose workers persist from the first: the
+    steady state the modes are scored in (their epochs 2+, workers started and warm), not the
+    workers' start-up, which on a loaded machine lasts more than the warm-up's steps when the
+    compute is short. The first pass (the same steps, all-reduce included) is kept as
+    `first_pass_step_s`."""
+    first = time_steps(iter(loader), steps, compute_s, sync)
+    out = time_steps(iter(loader), steps, compute_s, sync)
+    return dict(out, first_pass_step_s=first["step_s"])
 
 
 def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefetch_factor: int, steps: int,
