@@ -3,7 +3,7 @@
 `caramel bench --data ... --json FILE` records each mode's measured tier counts, hit rates and
 calibrations (the one before the modes, and one right before each mode's round). This reads a
 record, rebuilds each mode's model with `caramel.bench.data_report.predict` and each round's
-contention and steps alone with `round_inputs`, and prints the measured step, the prediction of
+contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
 the model with each round's own calibration (the median over rounds), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
 measuring anything again. Usage: python -m experiments.data_model_repredict STORE_DIR FILE...
@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 
 from caramel.bench.data_bench import DataBenchConfig
-from caramel.bench.data_contention import round_inputs
+from caramel.bench.data_contention import alone_floor_s, round_inputs
 from caramel.bench.data_report import batch_trip_s, measured_contention, predict
 from caramel.data.store import Store
 from caramel.stats import median
@@ -27,12 +27,14 @@ def repredict(record: dict, index) -> list[dict]:
     costs = record["measured_costs"]
     single = measured_contention(cfg, index, costs)
     start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+    floor = alone_floor_s(costs.get("compute_comm_s"), [c for row in record["rows"] for c in row.get("calibrations", [])])
     out = []
     for row in record["rows"]:
         sample_hit = min(max(row["sample_hit_rate_steady"], 0.0), 1.0)
         model = predict(cfg, row["mode"], index, costs, sample_hit, min(row["memory_share_steady"], sample_hit),
                         row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"])
-        rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs))
+        rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
+                              floor if floor else cfg.compute_s)
         per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
         now = median(per_round) if per_round else model.step_time_s(start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,

@@ -17,14 +17,14 @@ cache holding the first two shards, timed over a second pass of its persistent w
 work per batch (tier lookups, decoding, counters, the loader's state in the training process) is
 in it; the store, the misses and the sampler's order are not: the model charges those itself.
 With its mean step S_loaded (a mean, as the scored steps are: an occasional long wait is
-contention too) against C plus the batch's trip T by the mode's transport,
+contention too) against the floor of C (the quickest of the run's windows of steps alone,
+`alone_floor_s`) plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
 
-per round (`round_inputs`). The model predicts each round's step from that round's C and factor
-(a round on a busier machine is slower alone and beside the workers alike, and its inputs are
-its own) and the mode's step is the median over its rounds, as the measured step is a median
-over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched
+per round (`round_inputs`). The model predicts each round's step from that round's factor (a
+round on a busier machine runs slower beside the workers) and the mode's step is the median over
+its rounds, as the measured step is a median over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched
 step (`DataLoadModel.contention`); 1 is a machine with cores to spare. It is never fitted to the
 scored steps: each runs before them.
 
@@ -133,13 +133,23 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
     return out
 
 
-def round_inputs(calibrations: list[dict[str, Any]], batch_trip_s: float) -> list[tuple[float, float]]:
-    """(contention, compute + all-reduce alone) of each round of one mode, from the calibration run
-    right before it: the round's loaded step against its own steps alone (so a load that changed
-    between rounds is followed, and a round whose steps alone were slow is not scored against a
-    quieter round's). A round calibrated without loader workers has contention 1."""
-    return [(contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, c["alone_s"], batch_trip_s),
-             c["alone_s"]) for c in calibrations]
+def alone_floor_s(start_s: float | None, calibrations: list[dict[str, Any]]) -> float | None:
+    """The quickest of a run's windows of steps alone (the one before the modes, and each mode's
+    round's): the compute side's floor. Another process on the cores only slows such a window,
+    and on the loaded machine a whole window of 40 steps alone sometimes ran at up to twice its
+    floor while the loaded steps timed right after it did not, so a slow window is interference,
+    not the round's load. None when nothing was measured."""
+    windows = ([start_s] if start_s is not None else []) + [c["alone_s"] for c in calibrations]
+    return min(windows) if windows else None
+
+
+def round_inputs(calibrations: list[dict[str, Any]], batch_trip_s: float, floor_s: float) -> list[tuple[float, float]]:
+    """(contention, compute + all-reduce alone) of each round of one mode: the loaded step of the
+    calibration right before the round (so a load that changed between rounds is followed) against
+    the run's floor of steps alone (`alone_floor_s`). A round calibrated without loader workers
+    has contention 1."""
+    return [(contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, floor_s, batch_trip_s), floor_s)
+            for c in calibrations]
 
 
 def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None, batch_trip_s: float) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from caramel.bench.data_contention import contention_factor, round_inputs
+from caramel.bench.data_contention import alone_floor_s, contention_factor, round_inputs
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -125,6 +125,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
     samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
     rows = []
     single = measured_contention(cfg, index, costs)
+    floor = alone_floor_s(costs.get("compute_comm_s"), [c for r in results.values() for c in r.calibrations])
     base = results.get("remote")
     ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
     for mode, r in results.items():
@@ -143,7 +144,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         compute_comm_start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
         # each round predicted from the calibration right before it (its factor, its steps alone), the
         # mode's step the median over rounds; without them, the one calibration before the modes
-        rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs))
+        rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
         per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
@@ -177,7 +178,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "measured_costs": costs, "contention": single, "local_s_per_sample": costs["local_s_per_sample"],
+            "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor, "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from caramel.bench.data_contention import (WARMUP_STEPS, calibration_order, calibration_shards, contention_factor,
+from caramel.bench.data_contention import (WARMUP_STEPS, alone_floor_s, calibration_order, calibration_shards, contention_factor,
                                            loaded_steps, mode_calibration_loader, round_inputs, steady_steps)
 from caramel.data.format import write_dataset
 from caramel.data.loader import _stateful_loader_class
@@ -52,15 +52,19 @@ def test_a_calibration_it_cannot_run_is_named():
                      sync=lambda: None)
 
 
-def test_each_round_is_scored_against_its_own_steps_alone():
-    # round 2 ran on a busier machine: slower alone and beside the workers alike; the batch's trip is 1 ms
+def test_each_round_is_scored_against_the_runs_floor_of_steps_alone():
+    # round 2's window of steps alone ran slow (interference), the loaded steps after it slower still; trip 1 ms
     cals = [{"alone_s": 4e-3, "loaded": {"step_s": 6e-3}}, {"alone_s": 6e-3, "loaded": {"step_s": 9.1e-3}},
             {"alone_s": 4.9e-3, "loaded": {"step_s": 5.5e-3}}]
-    rounds = round_inputs(cals, 1e-3)
-    assert [a for _, a in rounds] == [4e-3, 6e-3, 4.9e-3]
-    assert [c for c, _ in rounds] == pytest.approx([1.2, 1.3, 1.0])  # the third ran no slower than alone
-    assert round_inputs([], 1e-3) == []  # not calibrated: no round of its own
-    assert round_inputs([{"alone_s": 4e-3, "loaded": None}], 1e-3) == [(1.0, 4e-3)]  # no workers: alone only
+    assert alone_floor_s(4.5e-3, cals) == 4e-3  # the quickest window, the one before the modes included
+    assert alone_floor_s(3e-3, cals) == 3e-3 and alone_floor_s(None, []) is None
+    rounds = round_inputs(cals, 1e-3, 4e-3)
+    assert [a for _, a in rounds] == [4e-3] * 3
+    assert [c for c, _ in rounds] == pytest.approx([1.2, 1.82, 1.1])  # each round's loaded step, its own load
+    # a loaded step quicker than the floor plus the trip is noise, not a speedup
+    assert round_inputs([{"alone_s": 4e-3, "loaded": {"step_s": 4.5e-3}}], 1e-3, 4e-3) == [(1.0, 4e-3)]
+    assert round_inputs([], 1e-3, 4e-3) == []  # not calibrated: no round of its own
+    assert round_inputs([{"alone_s": 4e-3, "loaded": None}], 1e-3, 4e-3) == [(1.0, 4e-3)]  # no workers: alone only
 
 
 @pytest.fixture(scope="module")
