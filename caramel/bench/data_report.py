@@ -142,8 +142,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
                         per_read, amplification, single, hit)
         compute_comm_start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
-        # each round predicted from the calibration right before it (its factor, its steps alone), the
-        # mode's step the median over rounds; without them, the one calibration before the modes
+        # each round predicted with the factor of the calibration right before it (against the run's
+        # floor of steps alone), the mode's step the median over rounds; without them, the one calibration
         rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
@@ -178,7 +178,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor, "local_s_per_sample": costs["local_s_per_sample"],
+            "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor,
+            "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
