@@ -21,6 +21,7 @@ loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 """
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import shutil
@@ -63,7 +64,7 @@ class DataBenchConfig:
     modes: tuple[str, ...] = MODES
     seed: int = 0
     timeout_s: float = 600.0
-    calibration_steps: int = 40  # steps of compute and all-reduce without data, at start: the model's compute+comm
+    calibration_steps: int = 40  # steps of each calibration (alone, beside workers): at start, before each mode's round
     network: str = "loopback"  # where a served directory is served: "loopback" (token bucket) or "cluster" (tc)
     rank_rate_bps: float = 10e9  # network="cluster": each rank host's link (the store's link is the one under test)
 
@@ -77,6 +78,7 @@ class ModeResult:
     epoch_tiers: list[dict[str, int]] = field(default_factory=list)  # [round*epoch] -> all ranks' tier counts
     epoch_remote_bytes: list[int] = field(default_factory=list)  # [round*epoch], all ranks, from the server
     epoch_requests: list[int] = field(default_factory=list)
+    calibrations: list[dict[str, Any]] = field(default_factory=list)  # [round] -> the calibration right before it
 
 
 def budgets(cfg: DataBenchConfig, index: DatasetIndex) -> tuple[int, int]:
@@ -150,16 +152,48 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
         barrier.wait()
 
 
-def _calibrates_loaded(cfg: DataBenchConfig, samples: list | None) -> bool:
+def _calibrates_loaded(cfg: DataBenchConfig, shards: list | None) -> bool:
     """Whether the ranks time steps beside busy loader workers before the modes (the model's
     contention): with workers, samples, and steps beyond the calibration's warm-up."""
     from caramel.bench.data_contention import WARMUP_STEPS
 
-    return bool(samples) and cfg.loader_workers > 0 and cfg.calibration_steps > WARMUP_STEPS
+    return bool(shards) and cfg.loader_workers > 0 and cfg.calibration_steps > WARMUP_STEPS
+
+
+def _steps_alone(cfg: DataBenchConfig, sync) -> float:
+    """The median of `calibration_steps` steps of compute and all-reduce without data (every rank at once)."""
+    no_data = []
+    for _ in range(cfg.calibration_steps):
+        t0 = time.perf_counter()
+        time.sleep(cfg.compute_s)
+        sync()
+        no_data.append(time.perf_counter() - t0)
+    return sorted(no_data)[len(no_data) // 2] if no_data else cfg.compute_s
+
+
+def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str,
+                      budget: tuple[int, int], shards: list | None, counters: TierCounters, sync) -> dict | None:
+    """Right before a mode's round, on every rank: its steps alone and (with loader workers) beside
+    the mode's own loader over data that needs no store (`data_contention.mode_calibration_loader`),
+    from the second pass of its workers (`steady_steps`), so the model's contention follows the
+    machine's load from round to round and includes the mode's loader's own work per batch. None
+    when the bench calibrates nothing."""
+    if cfg.calibration_steps <= 0:
+        return None
+    out: dict[str, Any] = {"mode": mode, "round": rnd, "alone_s": _steps_alone(cfg, sync), "loaded": None}
+    if _calibrates_loaded(cfg, shards):
+        from caramel.bench.data_contention import mode_calibration_loader, steady_steps
+
+        loader = mode_calibration_loader(mode, cfg, url, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
+                                         counters)
+        out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
+        del loader
+        gc.collect()  # its workers gone before the mode's first step
+    return out
 
 
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
-               host: tuple[str, str] | None = None, samples: list | None = None) -> None:
+               host: tuple[str, str] | None = None, shards: list | None = None) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -172,25 +206,27 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
         counters = TierCounters()  # before the loaders fork their workers, which inherit it
+        calibration_counters = TierCounters()  # the calibrations' workers count apart from the modes'
         token = torch.zeros(1)
-        no_data = []
-        for _ in range(cfg.calibration_steps):
-            t0 = time.perf_counter()
-            time.sleep(cfg.compute_s)
-            dist.all_reduce(token)
-            no_data.append(time.perf_counter() - t0)
+        sync = functools.partial(dist.all_reduce, token)
         if rank == 0:
-            queue.put(sorted(no_data)[len(no_data) // 2])
-        if _calibrates_loaded(cfg, samples):  # the same steps beside busy loader workers: the model's contention
-            from caramel.bench.data_contention import loaded_steps
+            queue.put(_steps_alone(cfg, sync))
+        else:
+            _steps_alone(cfg, sync)
+        if _calibrates_loaded(cfg, shards):  # once, before the modes: the model with one calibration per run
+            from caramel.bench.data_contention import decoded, loaded_steps
 
-            loaded = loaded_steps(samples, cfg.batch_size, cfg.loader_workers, cfg.prefetch_factor,
-                                  cfg.calibration_steps, cfg.compute_s, lambda: dist.all_reduce(token))
+            loaded = loaded_steps(decoded(shards), cfg.batch_size, cfg.loader_workers, cfg.prefetch_factor,
+                                  cfg.calibration_steps, cfg.compute_s, sync)
             gc.collect()  # its workers gone before the first mode
             if rank == 0:
                 queue.put(loaded)
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
+                calibration = _mode_calibration(mode, cfg, url, rank, rnd, workdir, budget, shards,
+                                                calibration_counters, sync)
+                if rank == 0 and calibration is not None:
+                    queue.put(calibration)
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
                 _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
                 # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent
@@ -225,7 +261,7 @@ def is_local(url: str) -> bool:
 
 def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, Any]:
     """Run every mode, every round, on the store at `url` (None: a generated data set); return the report."""
-    from caramel.bench.data_contention import calibration_samples
+    from caramel.bench.data_contention import calibration_shards
     from caramel.bench.data_report import measure_local_costs, request_overhead_s, summarize
 
     for m in cfg.modes:
@@ -273,9 +309,9 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             costs = measure_local_costs(str(directory) if cluster else data_url, index, cfg.batch_size, str(workdir))
             costs["request_overhead_s"] = overhead_s
             budget = budgets(cfg, index)
-            samples = calibration_samples(str(directory) if cluster else data_url, index)
+            shards = calibration_shards(str(directory) if cluster else data_url, index)
             results, costs["compute_comm_s"], costs["loaded"] = _run_ranks(cfg, data_url, workdir, budget, server,
-                                                                           hosts, samples)
+                                                                           hosts, shards)
         report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
         if cluster is not None:
             from caramel.bench.data_cluster import cluster_report
@@ -286,27 +322,30 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
 
 
 def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server,
-               hosts: list[tuple[str, str]] | None = None, samples: list | None = None
+               hosts: list[tuple[str, str]] | None = None, shards: list | None = None
                ) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
-    """Each mode's results, the median step of compute and all-reduce alone, and (with `samples`
-    and loader workers) the same steps beside busy workers (`data_contention`), both before the modes."""
+    """Each mode's results (with the calibration run right before each of its rounds), the median
+    step of compute and all-reduce alone, and (with `shards` and loader workers) the same steps
+    beside busy workers (`data_contention.loaded_steps`), both once before the modes."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
     results = {m: ModeResult(m) for m in cfg.modes}
     procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
-                                                  hosts[r] if hosts else None, samples))
+                                                  hosts[r] if hosts else None, shards))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()
     compute_comm_s, loaded = None, None
     try:
         compute_comm_s = _get(queue, procs, cfg.timeout_s)
-        if _calibrates_loaded(cfg, samples):
+        if _calibrates_loaded(cfg, shards):
             loaded = _get(queue, procs, cfg.timeout_s)
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
+                if cfg.calibration_steps > 0:
+                    results[mode].calibrations.append(_get(queue, procs, cfg.timeout_s))
                 for _epoch in range(cfg.epochs):
                     barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)

@@ -116,7 +116,13 @@ def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown
         lo = c["loaded"]
         print(f"beside busy loader workers (before the modes): step {lo['step_s'] * 1e3:.2f} ms (wait "
               f"{lo['wait_s'] * 1e3:.2f}, compute {lo['compute_s'] * 1e3:.2f}, all-reduce {lo['sync_s'] * 1e3:.2f}): "
-              f"the model's contention x{result['contention']:.2f}")
+              f"the contention of one calibration x{result['contention']:.2f}")
+    for r in result["rows"]:
+        cals = [c for c in r.get("calibrations", []) if c.get("loaded")]
+        if cals:
+            steps = ", ".join(f"{c['loaded']['step_s'] * 1e3:.2f}/{c['alone_s'] * 1e3:.2f}" for c in cals)
+            print(f"{r['mode']}: beside its own loader right before each round, step/alone {steps} ms: "
+                  f"contention x{r['contention']:.2f} (the rounds' median)")
     if json_out:
         atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if markdown_out:

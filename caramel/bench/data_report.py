@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from caramel.bench.data_contention import contention_factor
+from caramel.bench.data_contention import alone_floor_s, contention_factor, round_inputs
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -85,22 +85,29 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
     locality sampler reads the cached shards first, so its epoch's misses (1 - the byte hit rate
     of its steps) come last; the other modes spread them over the epoch."""
     shard_bytes = index.nbytes / len(index.shards)
-    pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
     return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
                          store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
                          hit_rate=min(hit, 1.0), memory_hit_rate=min(memory_hit, hit, 1.0),
                          request_bytes=None if mode == "remote" else shard_bytes,
                          loader_workers=cfg.loader_workers, local_s_per_sample=costs["local_s_per_sample"],
                          request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
-                         batch_overhead_s=costs["batch_s_pipe"] if pipe else costs["batch_s_shared"],
+                         batch_overhead_s=batch_trip_s(cfg, mode, index, costs),
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
                          cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
                          remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0)
 
 
+def batch_trip_s(cfg, mode: str, index: DatasetIndex, costs: dict[str, Any]) -> float:
+    """One batch's trip alone by the mode's transport: the plain loader's by shared memory,
+    caramel.data's small batches by pipe."""
+    pipe = mode != "remote" and cfg.batch_size * index.nbytes / index.num_samples <= PIPE_MAX_BYTES
+    return costs["batch_s_pipe"] if pipe else costs["batch_s_shared"]
+
+
 def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:
-    """The model's contention factor from the calibration beside busy workers (run before the modes):
-    its step against compute + all-reduce alone plus the batch's trip alone by the transport it used."""
+    """The contention factor of the one calibration before the modes (torch's DataLoader over
+    samples in memory): its step against compute + all-reduce alone plus the batch's trip alone by
+    the transport it used. The model with one calibration per run, reported beside each mode's own."""
     loaded = costs.get("loaded")
     if not loaded:
         return 1.0
@@ -117,7 +124,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
     first = [i for i in range(per_epoch) if i % cfg.epochs == 0]
     samples_per_epoch = index.num_samples // cfg.ranks // cfg.batch_size * cfg.batch_size * cfg.ranks
     rows = []
-    contention = measured_contention(cfg, index, costs)
+    single = measured_contention(cfg, index, costs)
+    floor = alone_floor_s(costs.get("compute_comm_s"), [c for r in results.values() for c in r.calibrations])
     base = results.get("remote")
     ref = [_mean(base.epoch_step_s[i]) for i in steady] if base is not None else None
     for mode, r in results.items():
@@ -132,8 +140,15 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         sample_hit = 1.0 - tiers["misses"] / samples_per_epoch
         amplification = remote / (tiers["misses"] * sample_bytes) if tiers["misses"] else 1.0
         model = predict(cfg, mode, index, costs, min(max(sample_hit, 0.0), 1.0), min(memory_share, max(sample_hit, 0.0)),
-                        per_read, amplification, contention, hit)
-        compute_comm = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+                        per_read, amplification, single, hit)
+        compute_comm_start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
+        # each round predicted with the factor of the calibration right before it (against the run's
+        # floor of steps alone), the mode's step the median over rounds; without them, the one calibration
+        rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
+        if not any(c.get("loaded") for c in r.calibrations):
+            rounds = [(single, a) for _, a in rounds]
+        per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
@@ -145,9 +160,15 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "tiers_per_epoch_steady": tiers, "hit_rate_steady": hit,
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
-               "predicted_step_s": model.step_time_s(compute_comm), "predicted_data_s": model.data_time_s(),
-               "predicted_step_s_before": alone.step_time_s(compute_comm)}
+               "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
+               "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
+               "predicted_step_s_before": alone.step_time_s(compute_comm_start),
+               "predicted_step_s_one_calibration": one_calibration.step_time_s(compute_comm_start),
+               "contention": median([c for c, _ in rounds]) if rounds else single,
+               "compute_comm_s": median([a for _, a in rounds]) if rounds else compute_comm_start,
+               "calibrations": r.calibrations}
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
+        row["prediction_error_one_calibration"] = row["predicted_step_s_one_calibration"] / row["step_s_steady"] - 1.0
         row["prediction_error_before"] = row["predicted_step_s_before"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
@@ -157,7 +178,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rows.append(row)
     return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
-            "measured_costs": costs, "contention": contention, "local_s_per_sample": costs["local_s_per_sample"],
+            "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor,
+            "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
@@ -165,10 +187,12 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
 
 
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown); "before" is the model's error without its
+    """The side-by-side table (terminal or markdown); "model error" is the model with each mode's
+    calibrations, "one calib." with the one calibration before the modes, "before" without its
     contention and misses-last terms."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
-            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "model ms", "model error", "before"]
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "model ms", "model error",
+            "one calib.", "before"]
     lines = []
     for r in report["rows"]:
         ci = r.get("speedup_ci95")
@@ -177,8 +201,9 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
                       f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
                       f"{r['hit_rate_steady']:.0%}", f"{r['memory_share_steady']:.0%}",
-                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"{r['predicted_step_s'] * 1e3:.1f}",
-                      f"{r['prediction_error']:+.0%}",
+                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"x{r.get('contention', report['contention']):.2f}",
+                      f"{r['predicted_step_s'] * 1e3:.1f}", f"{r['prediction_error']:+.0%}",
+                      f"{r['prediction_error_one_calibration']:+.0%}" if "prediction_error_one_calibration" in r else "-",
                       f"{r['prediction_error_before']:+.0%}" if "prediction_error_before" in r else "-"])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -36,7 +36,7 @@ With workers prefetching the step takes max((compute_s + batch_overhead_s) x con
 (the training process receives each batch itself, which no prefetching hides); without
 (`loader_workers=0`) the two add. `contention` (>= 1, measured: 1 with cores to spare) is how
 much longer that compute side takes while the loader workers prefetch on the same cores than
-its parts measured alone (the data bench measures it before the modes it scores,
+its parts measured alone (the data bench measures it right before each mode it scores,
 `caramel.bench.data_contention`). Data is the bottleneck when data_s exceeds the compute side.
 """
 from __future__ import annotations

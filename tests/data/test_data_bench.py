@@ -41,7 +41,13 @@ def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0 and rows["locality"]["hit_rate_steady"] == 1.0
     # no loader workers: nothing to calibrate beside, no contention term; locality read no byte remote: no phases
     assert report["measured_costs"]["loaded"] is None and report["contention"] == 1.0
-    assert all(r["predicted_step_s"] == r["predicted_step_s_before"] for r in rows.values())
+    assert all(r["predicted_step_s_one_calibration"] == r["predicted_step_s_before"] for r in rows.values())
+    # each mode was calibrated right before its round: its steps alone only (no workers to run beside)
+    for r in rows.values():
+        assert [c["round"] for c in r["calibrations"]] == [0] and r["calibrations"][0]["loaded"] is None
+        assert r["contention"] == 1.0 and r["compute_comm_s"] == report["compute_comm_floor_s"] > 0
+    alone = [report["measured_costs"]["compute_comm_s"]] + [r["calibrations"][0]["alone_s"] for r in rows.values()]
+    assert report["compute_comm_floor_s"] == min(alone)  # the quickest window of steps alone in the run
 
 
 @pytest.mark.timeout(120)
@@ -60,7 +66,16 @@ def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
     loaded, costs = report["measured_costs"]["loaded"], report["measured_costs"]
     assert loaded["step_s"] >= loaded["wait_s"] + loaded["compute_s"] + loaded["sync_s"] > 0
     assert report["contention"] == pytest.approx(max(1.0, loaded["step_s"] / (costs["compute_comm_s"] + costs["batch_s_pipe"])))
-    assert all(r["predicted_step_s"] >= r["predicted_step_s_before"] for r in rows.values())
+    assert all(r["predicted_step_s_one_calibration"] >= r["predicted_step_s_before"] for r in rows.values())
+    # and right before each mode, beside that mode's own loader: the mode's contention, from its own steps alone
+    for mode, r in rows.items():
+        (cal,) = r["calibrations"]
+        assert cal["mode"] == mode and cal["loaded"]["step_s"] >= cal["loaded"]["sync_s"] + cal["loaded"]["compute_s"]
+        trip = costs["batch_s_shared"] if mode == "remote" else costs["batch_s_pipe"]
+        floor = report["compute_comm_floor_s"]
+        assert floor <= min(cal["alone_s"], costs["compute_comm_s"])
+        assert r["contention"] == pytest.approx(max(1.0, cal["loaded"]["step_s"] / (floor + trip)))
+        assert r["predicted_step_s"] == r["predicted_step_s_rounds"][0]  # one round: its own prediction
 
 
 def test_bad_input_is_named(capsys, tmp_path):

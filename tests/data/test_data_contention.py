@@ -1,11 +1,19 @@
 """The data bench's contention calibration: the factor from its step against the parts measured
-alone, and the calibration's steps themselves (one process, a real loader worker)."""
+alone, the calibration's steps themselves (one process, a real loader worker), and each mode's
+own calibration (its loader's class and workers, no store read, a factor per round)."""
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from caramel.bench.data_contention import WARMUP_STEPS, contention_factor, loaded_steps
+from caramel.bench.data_contention import (WARMUP_STEPS, alone_floor_s, calibration_order, calibration_shards, contention_factor,
+                                           loaded_steps, mode_calibration_loader, round_inputs, steady_steps)
+from caramel.data.format import write_dataset
+from caramel.data.loader import _stateful_loader_class
+from caramel.data.serve import serve_directory
+from caramel.data.store import Store
+from caramel.data.tiers import TierCounters
 from caramel.errors import CaramelError
 
 
@@ -42,3 +50,93 @@ def test_a_calibration_it_cannot_run_is_named():
     with pytest.raises(CaramelError, match=f"more than {WARMUP_STEPS} steps"):
         loaded_steps([(torch.zeros(1),)], 1, loader_workers=1, prefetch_factor=2, steps=WARMUP_STEPS, compute_s=0.0,
                      sync=lambda: None)
+
+
+def test_each_round_is_scored_against_the_runs_floor_of_steps_alone():
+    # round 2's window of steps alone ran slow (interference), the loaded steps after it slower still; trip 1 ms
+    cals = [{"alone_s": 4e-3, "loaded": {"step_s": 6e-3}}, {"alone_s": 6e-3, "loaded": {"step_s": 9.1e-3}},
+            {"alone_s": 4.9e-3, "loaded": {"step_s": 5.5e-3}}]
+    assert alone_floor_s(4.5e-3, cals) == 4e-3  # the quickest window, the one before the modes included
+    assert alone_floor_s(3e-3, cals) == 3e-3 and alone_floor_s(None, []) is None
+    rounds = round_inputs(cals, 1e-3, 4e-3)
+    assert [a for _, a in rounds] == [4e-3] * 3
+    assert [c for c, _ in rounds] == pytest.approx([1.2, 1.82, 1.1])  # each round's loaded step, its own load
+    # a loaded step quicker than the floor plus the trip is noise, not a speedup
+    assert round_inputs([{"alone_s": 4e-3, "loaded": {"step_s": 4.5e-3}}], 1e-3, 4e-3) == [(1.0, 4e-3)]
+    assert round_inputs([], 1e-3, 4e-3) == []  # not calibrated: no round of its own
+    assert round_inputs([{"alone_s": 4e-3, "loaded": None}], 1e-3, 4e-3) == [(1.0, 4e-3)]  # no workers: alone only
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    write_dataset(root, ((torch.full((32,), float(i)), torch.tensor(i)) for i in range(48)), samples_per_shard=8)
+    return root
+
+
+def test_the_calibration_order_reads_the_first_shards_in_shuffled_passes(store):
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    assert [info.name for info, _ in shards] == [s.name for s in index.shards[:2]]
+    order = calibration_order(shards, index, 40, seed=3)
+    assert len(order) == 40 and order == calibration_order(shards, index, 40, seed=3)  # seeded
+    for p in range(0, 32, 16):  # each full pass is every sample of the two shards once, shuffled
+        assert sorted(order[p:p + 16]) == list(range(16))
+    assert order[:16] != list(range(16)) and order != calibration_order(shards, index, 40, seed=4)
+
+
+def _cfg(**kw):
+    return SimpleNamespace(**dict(dict(batch_size=4, loader_workers=1, prefetch_factor=2,
+                                       calibration_steps=WARMUP_STEPS + 3, ranks=2, seed=0), **kw))
+
+
+@pytest.mark.timeout(60)
+def test_a_modes_calibration_runs_its_own_loader_without_reading_the_store(store, tmp_path):
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    cfg = _cfg()
+    counters = TierCounters()
+    with serve_directory(store) as server:
+        loader = mode_calibration_loader("locality", cfg, server.url, 1, shards, str(tmp_path / "cal"), (0, 1 << 20),
+                                         counters)
+        assert type(loader) is _stateful_loader_class()  # the class make_loader gives the cached and locality modes
+        out = steady_steps(loader, cfg.calibration_steps, 1e-3, lambda: None)
+        served = server.bytes_served
+    assert out["step_s"] >= out["compute_s"] >= 1e-3 and out["first_pass_step_s"] >= 1e-3
+    snap = counters.snapshot()
+    # every batch of both passes from the calibration's two shards, none from the store
+    steps = 2 * cfg.calibration_steps
+    assert snap.misses == 0 and snap.store_bytes == 0 and snap.memory_hits + snap.disk_hits >= 4 * steps
+    # each shard read from disk once, then from the worker's memory tier: the worker persisted into the second pass
+    assert snap.disk_reads <= 2
+    assert served == len((store / "index.json").read_bytes()) * 2  # the index only (calibration order, loader)
+    plain = mode_calibration_loader("remote", cfg, server.url, 0, shards, str(tmp_path / "plain"), (0, 0), counters)
+    assert type(plain) is torch.utils.data.DataLoader and plain.persistent_workers
+    batch = next(iter(plain))
+    assert batch[0].shape == (4, 32) and batch[1].tolist() == list(range(4))  # in memory, default collate
+
+
+def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
+    from caramel.bench.data_bench import DataBenchConfig, ModeResult
+    from caramel.bench.data_report import summarize
+
+    index = Store(str(store)).index()
+    cfg = DataBenchConfig(ranks=2, batch_size=4, loader_workers=2, epochs=2, rounds=3, compute_s=4e-3,
+                          modes=("locality",))
+    # a full cache: nothing remote, every sample from memory; 6 steps per epoch of 7 ms
+    tiers = {"memory_hits": 48, "disk_hits": 0, "misses": 0, "store_requests": 0, "store_bytes": 0, "disk_reads": 0}
+    loads = [(6.0e-3, 4.5e-3), (9.0e-3, 7.0e-3), (7.4e-3, 4.4e-3)]  # (beside the loader, alone) per round
+    r = ModeResult("locality", epoch_step_s=[[7e-3] * 6] * 6, epoch_wait_s=[1e-3] * 6, epoch_sync_s=[1e-3] * 6,
+                   epoch_tiers=[tiers] * 6, epoch_remote_bytes=[0] * 6, epoch_requests=[0] * 6,
+                   calibrations=[{"mode": "locality", "round": k, "alone_s": a, "loaded": {"step_s": s}}
+                                 for k, (s, a) in enumerate(loads)])
+    costs = {"local_s_per_sample": 1e-5, "disk_s_per_read": 2e-4, "batch_s_pipe": 3e-4, "batch_s_shared": 1e-3,
+             "request_overhead_s": 5e-4, "compute_comm_s": 4.5e-3, "loaded": {"step_s": 5.4e-3}}
+    (row,) = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)["rows"]
+    # with nothing to load each round's step is its compute side, max(alone + trip, beside the loader)...
+    assert row["predicted_step_s_rounds"] == pytest.approx([6.0e-3, 9.0e-3, 7.4e-3], rel=1e-3)
+    # ...and the mode's is their median, as the measured step is the median of its epochs
+    assert row["predicted_step_s"] == pytest.approx(7.4e-3, rel=1e-3)
+    assert row["prediction_error"] == pytest.approx(7.4 / 7 - 1, rel=1e-2)
+    # the one calibration before the modes: 5.4 / (4.5 + 0.3) = x1.125 on its 4.5 + 0.3 ms
+    assert row["predicted_step_s_one_calibration"] == pytest.approx(5.4e-3, rel=1e-3)
