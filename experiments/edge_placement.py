@@ -42,6 +42,7 @@ import torch
 from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
+from caramel.errors import CaramelError
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
@@ -58,17 +59,24 @@ TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
 
 
+# the heuristics solve times are compared with (all_cloud places in microseconds: a ratio to it says nothing)
+RATIO_HEURISTICS = ("greedy_myopic", "greedy_lookahead", "greedy_regret")
+
+
 def policy_name(decoding: Decoding) -> str:
     """The learned policy's row: `ppo` decoded greedily, `ppo_sample:N` the best of N rollouts."""
     return "ppo" if decoding.samples == 1 else f"ppo_{decoding.name}"
 
 
 def ratio_summary(ratios: list[float]) -> dict:
-    """Mean of per-instance ratios with its 95% t-interval (and the worst instance)."""
+    """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
+    worst instance."""
     arr = np.asarray(ratios, dtype=float)
-    half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size)) if arr.size > 1 else np.inf
-    return {"mean": float(arr.mean()), "ci95": [float(arr.mean() - half), float(arr.mean() + half)],
-            "max": float(arr.max()), "n": int(arr.size)}
+    ci = None
+    if arr.size > 1:
+        half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
+        ci = [float(arr.mean() - half), float(arr.mean() + half)]
+    return {"mean": float(arr.mean()), "ci95": ci, "max": float(arr.max()), "n": int(arr.size)}
 
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
@@ -76,7 +84,13 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
              check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
-    the instances where it decides exactly as the timed decoder did."""
+    the instances where it decides exactly as the timed decoder did. Each method is timed
+    `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
+    load lands on all of them alike), and its median kept."""
+    if scheme not in SCHEMES:
+        raise CaramelError(f"scheme must be one of {sorted(SCHEMES)}, got {scheme!r}")
+    if not (isinstance(time_repeats, int) and time_repeats >= 1):
+        raise CaramelError(f"time_repeats must be an integer >= 1, got {time_repeats!r}")
     _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
     learned = [policy_name(d) for d in decodings]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
@@ -100,15 +114,18 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(n, solver(n, d)) for n, d in zip(learned, decodings)]
-        for name, h in methods + ([("rollout", rollout_placement)] if rollout else []):
-            runs = []
-            for _ in range(time_repeats):  # the same placement each time (seeded); the median time
+        methods += [("rollout", rollout_placement)] if rollout else []
+        runs: dict[str, list[float]] = {name: [] for name, _ in methods}
+        placed = {}
+        for _ in range(time_repeats):  # the same placement each time (seeded); the median time
+            for name, h in methods:
                 start = time.perf_counter()
-                p = h(inst)
-                runs.append(time.perf_counter() - start)
-            times[name].append(float(np.median(runs)))
-            assert inst.feasible(p), name
-            costs[name].append(inst.cost_s(p))
+                placed[name] = h(inst)
+                runs[name].append(time.perf_counter() - start)
+        for name, _ in methods:
+            times[name].append(float(np.median(runs[name])))
+            assert inst.feasible(placed[name]), name
+            costs[name].append(inst.cost_s(placed[name]))
         sol = solve_ilp(inst, time_limit_s)
         costs["ilp"].append(sol.cost_s)
         times["ilp"].append(sol.solve_s)
@@ -132,9 +149,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
         "solve_s": {n: summary(v) for n, v in times.items()},
+        "solve_s_per_instance": times,  # the medians the ratios below are made of
         "time_repeats": time_repeats,
         # per learned decoding and heuristic: the per-instance ratio of their solve times
-        "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])]) for h in HEURISTICS}
+        "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])])
+                                 for h in RATIO_HEURISTICS if all(b > 0 for b in times[h])}
                              for n in learned},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
@@ -245,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             + f"; ilp optimal {r['ilp_proven_optimal']}/{r['seeds'][1] - r['seeds'][0]}; solve s: "
             + ", ".join(f"{n} {v['mean']:.4f}" for n, v in r["solve_s"].items()))
         print(f"{key}, solve time over greedy_regret's (mean [95% CI]): " + ", ".join(
-            f"{n} {v['greedy_regret']['mean']:.2f} [{v['greedy_regret']['ci95'][0]:.2f}, "
-            f"{v['greedy_regret']['ci95'][1]:.2f}]" for n, v in r["solve_time_ratio"].items()))
+            f"{n} {v['greedy_regret']['mean']:.2f} " + ("[{:.2f}, {:.2f}]".format(*v['greedy_regret']['ci95'])
+                                                       if v['greedy_regret']['ci95'] else "(one instance)")
+            for n, v in r["solve_time_ratio"].items() if "greedy_regret" in v))
         if r["reference_decoder"]:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"

@@ -121,7 +121,16 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
         r = report[key]
         assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
         assert set(r["solve_time_ratio"]) == {"ppo", "ppo_sample:4"}
-        assert set(r["solve_time_ratio"]["ppo"]) == {"all_cloud", "greedy_myopic", "greedy_lookahead",
-                                                     "greedy_regret"}
+        assert set(r["solve_time_ratio"]["ppo"]) == {"greedy_myopic", "greedy_lookahead", "greedy_regret"}
+        assert all(len(v) == 2 for v in r["solve_s_per_instance"].values())
     with pytest.raises(SystemExit, match="time-repeats"):
         main(["--time-repeats", "0"])
+
+
+def test_evaluate_refuses_bad_arguments_and_one_instance_has_no_interval():
+    from experiments.edge_placement import evaluate, ratio_summary
+
+    assert ratio_summary([0.5])["ci95"] is None and ratio_summary([0.5, 0.7])["ci95"] is not None
+    for kw, match in (({"scheme": "bogus"}, "scheme"), ({"time_repeats": 0}, "time_repeats")):
+        with pytest.raises(CaramelError, match=match):
+            evaluate(InstanceOptions(), [0], None, [], 0, 1.0, "greedy_regret", False, **kw)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from caramel.sched.placement.env import PlacementEnv
+from caramel.sched.placement.heuristics import MEMORY_SLACK_MB
 from caramel.sched.placement.rounds import commit
 
 
@@ -74,6 +75,11 @@ class RoundPlacementEnv(PlacementEnv):
         need = np.array([s.tables.weights_mb[t, s.next_layer[t]] for t in active])
         free_ext = np.append(s.free_mb, np.inf)[None, :]
         nodes = commit(chosen, priority, order, need, free_ext)[0]
+        # commit's own promise, checked here because place() below cannot: no node holds more
+        # than its room (plus the slack per layer placed there)
+        on_node = np.bincount(nodes, weights=need, minlength=free_ext.shape[1])[:-1]
+        count = np.bincount(nodes, minlength=free_ext.shape[1])[:-1]
+        assert (on_node <= s.free_mb + MEMORY_SLACK_MB * count).all(), "commit overfilled a node"
         added = 0.0
         # commit checked the room; the memory left is its own (its per-node sums), so that it
         # equals the decoder's to the last bit

@@ -148,6 +148,8 @@ class RoundBatch:
     def step(self, actions: np.ndarray) -> np.ndarray:
         """Place layer r of every active task on the node of its row `actions[s, a]` (a row
         without room: row 0), memory settled by `commit`; the nodes (S, A)."""
+        if not hasattr(self, "order"):
+            raise CaramelError("RoundBatch.step: call observe() first (it orders the round's nodes)")
         act, r, rows = self.active, self.layer, self._samples
         a = np.asarray(actions, dtype=int)
         if a.shape != (self.n, len(act)) or (a < 0).any() or (a >= self.k).any():
