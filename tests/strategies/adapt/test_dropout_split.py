@@ -78,3 +78,22 @@ def test_narrow_layers_with_split_backward_give_autograds_gradients(case):
                 assert handed == 2 * len(CASES[case][3])  # every layer went early, in both backwards
             else:
                 assert 0 < kept_bytes < whole_bytes  # the narrow input and gradient were kept, not whole ones
+
+
+@pytest.mark.timeout(150)
+def test_deferred_and_early_weight_gradients_with_drops_match_autograds(tmp_path):
+    import json
+
+    from caramel.testing import run_workers
+    from tests.strategies.adapt.dropout_workers import split_worker
+    from tests.strategies.adapt.test_dropout import ENTRIES
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": "caramel.dropout-table/1", "model": "small_cnn",
+                                 "groups": ["conv1", "conv2"], "entries": ENTRIES}))
+    for res in run_workers(split_worker, 2, args=(str(table), 5), timeout_s=130):
+        assert all(res["same"].values()), res
+        assert res["dropped"]  # the drops changed the training: a real comparison
+        assert res["deferred"]["drop/defer"] == ["conv1", "conv2", "fc"] == res["deferred"]["zero/defer"]
+        assert res["split_steps"]["drop/defer"] >= 2, res  # steps that ran narrow and deferred at once
+        # which layers go early follows the profiled timings (the first bucket's); any of them is narrowed
+        assert res["early"]["drop/early"] > 0 and res["split_steps"]["drop/early"] >= 1, res
