@@ -17,6 +17,10 @@ with the consumer's input scaled by units / kept as inverted dropout does. Autog
 the sliced parameters' gradients back into full-size tensors with zeros in dropped units, so
 buckets keep their dense sizes. With nothing dropped the model's own forwards run, unchanged,
 and so they do while evaluating (eval() or no_grad): validation scores the whole model.
+
+A layer whose backward the engine splits (deferred or early weight gradients:
+`caramel.profile.split_backward`) has one forward that decides both: the narrowing forward
+sits on top of the split one and calls it whole, or calls the split's `narrow_forward` narrow.
 """
 from __future__ import annotations
 
@@ -174,15 +178,20 @@ class Narrowing:
         module's hooks still run around it)."""
         if not self.installed:
             for m, out_g, in_g, norm_g in self._roles:
-                m.forward = _NarrowForward(m, self, out_g, in_g, norm_g)
+                # a split forward already there (a deferred weight gradient) goes below this one
+                m.forward = _NarrowForward(m, self, out_g, in_g, norm_g, below=m.__dict__.get("forward"))
             self.installed = True
 
     def remove(self) -> None:
         """Give the layers their own forwards back (the kept units stay recorded)."""
         if self.installed:
             for m, *_ in self._roles:
-                if isinstance(m.__dict__.get("forward"), _NarrowForward):
-                    del m.forward
+                top = m.__dict__.get("forward")
+                if isinstance(top, _NarrowForward):
+                    if top.below is not None:
+                        m.forward = top.below  # the split forward it wrapped
+                    else:
+                        del m.forward
             self.installed = False
 
     def set_kept(self, kept: dict[str, torch.Tensor | None]) -> None:
@@ -198,35 +207,49 @@ class Narrowing:
 
 
 class _NarrowForward:
-    """A patched layer's forward: narrow where its groups drop units, else the class's own.
-    A plain object of this module (not a closure), so copies and pickles rebind to their module."""
+    """A patched layer's forward: narrow where its groups drop units, else the class's own, or
+    the split forward `below` it (a deferred or early weight gradient), which it also calls narrow.
+    A plain object of this module (not a closure), so copies and pickles rebind to their module;
+    a copy leaves the split behind (it belongs to the engine of the original)."""
+
+    wraps_forward = True  # tells `SplitBackward.install` to go below this forward, not replace it
 
     def __init__(self, module: nn.Module, narrowing: Narrowing, out_g: Group | None, in_g: Group | None,
-                 norm_g: Group | None):
+                 norm_g: Group | None, below: Any = None):
         self.module, self.narrowing, self.out_g, self.in_g, self.norm_g = module, narrowing, out_g, in_g, norm_g
+        self.below = below
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, below=None)
 
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         m, n = self.module, self.narrowing
         out_k, in_k, norm_k = n.active(self.out_g), n.active(self.in_g), n.active(self.norm_g)
         if out_k is None and in_k is None and norm_k is None:
+            if self.below is not None:
+                return self.below(x, *args, **kwargs)
             return type(m).forward(m, x, *args, **kwargs)
         if self.norm_g is not None:
             return _narrow_norm(m, x, norm_k)
-        return _narrow_layer(m, x, out_k, in_k, self.in_g)
+        return _narrow_layer(m, x, out_k, in_k, self.in_g, getattr(self.below, "split", None))
 
 
 def _narrow_layer(m: nn.Module, x: torch.Tensor, out_k: torch.Tensor | None, in_k: torch.Tensor | None,
-                  in_g: Group | None) -> torch.Tensor:
-    w, b = m.weight, m.bias
-    if out_k is not None:
-        w = w.index_select(0, out_k)
-        b = b.index_select(0, out_k) if b is not None else None
+                  in_g: Group | None, split: Any = None) -> torch.Tensor:
+    cols = None
     if in_k is not None:
         cols = in_k
         if in_g.spatial > 1:  # flatten(x, 1) laid each channel's spatial positions side by side
             cols = (in_k[:, None] * in_g.spatial + torch.arange(in_g.spatial, device=in_k.device)).reshape(-1)
-        w = w.index_select(1, cols)
         x = x * (in_g.units / len(in_k))  # inverted dropout: the kept units stand in for all
+    if split is not None and split.splits_now():
+        return split.narrow_forward(m, x, out_k, cols)  # the same slices, its weight gradient split
+    w, b = m.weight, m.bias
+    if out_k is not None:
+        w = w.index_select(0, out_k)
+        b = b.index_select(0, out_k) if b is not None else None
+    if cols is not None:
+        w = w.index_select(1, cols)
     if isinstance(m, nn.Linear):
         return F.linear(x, w, b)
     return F.conv2d(x, w, b, m.stride, m.padding, m.dilation, m.groups)

@@ -18,6 +18,14 @@ The other way round, a dense layer named `early` computes its weight gradient in
 *before* its input gradient and hands it over at once: in a network whose first gradient to be
 ready is a large layer's (a language model's output layer), the transfer starts while that
 layer's input gradient is still being computed, instead of after it. Nothing is kept.
+
+Structured dropout (`caramel.profile.dropout_groups`) narrows some of the same layers: its
+forward sits above the split one (`wraps_forward`) and, while both are on, computes through
+`narrow_forward`, which splits the narrow layer the same way: its backward returns the input
+gradient and keeps the narrow input and output gradient with the kept indices; the weight
+gradient is then computed on the narrow weight and scattered into a dense one as autograd's
+`index_select` backward does (zeros, `index_add_`), so deferred, early and autograd's narrow
+gradients are the same bits.
 """
 from __future__ import annotations
 
@@ -48,7 +56,9 @@ def splittable(module: nn.Module) -> bool:
 @dataclass
 class _Pending:
     module: nn.Module
-    saved: list[tuple[torch.Tensor, torch.Tensor]]  # (input, grad_output) per call in the forward
+    # (input, grad_output, kept output rows, kept input columns) per call in the forward; the
+    # indices are None for a layer computed whole
+    saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
 
 
 class SplitBackward:
@@ -95,13 +105,22 @@ class SplitBackward:
         """Give each module a forward that splits while recording (an instance attribute over the
         class's forward, so hooks, `module.weight` swaps and the user's code are untouched)."""
         for m in self.modules + self.early:
-            m.forward = self._splitting_forward(m)
-            self._handles.append(m)
+            fwd = self._splitting_forward(m)
+            top = m.__dict__.get("forward")
+            if getattr(top, "wraps_forward", False):
+                top.below = fwd  # a narrowing forward stays on top and calls this one
+            else:
+                m.forward = fwd
+            self._handles.append((m, fwd))
 
     def remove(self) -> None:
-        for m in self._handles:
-            if "forward" in m.__dict__:
+        """Take this split's forwards out, wherever they sit (a narrowing forward above stays)."""
+        for m, fwd in self._handles:
+            top = m.__dict__.get("forward")
+            if top is fwd:
                 del m.forward
+            elif getattr(top, "wraps_forward", False) and top.below is fwd:
+                top.below = None
         self._handles.clear()
 
     def recording(self) -> "_Recording":
@@ -124,7 +143,20 @@ class SplitBackward:
             if isinstance(module, nn.Embedding):
                 return _EmbeddingSplit.apply(inp, self._anchor, self, module)
             return _DenseSplit.apply(inp, self._anchor, self, module)
+        forward.split = self  # how a narrowing forward above finds the split it calls
         return forward
+
+    def splits_now(self) -> bool:
+        """Whether a forward now is split (recording, with autograd on)."""
+        return self._active and torch.is_grad_enabled()
+
+    def narrow_forward(self, module: nn.Module, inp: torch.Tensor, out_k: torch.Tensor | None,
+                       cols: torch.Tensor | None) -> torch.Tensor:
+        """`module` computed on its kept output rows `out_k` and input columns `cols` (None: all;
+        `inp` already holds only those columns), split like the whole layer (module docstring)."""
+        if id(module) in self._early_ids:
+            self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+        return _NarrowSplit.apply(inp, self._anchor, self, module, out_k, cols)
 
     def accumulating(self) -> bool:
         """Inside a split module's backward: whether this backward accumulates into `.grad` (a
@@ -138,7 +170,8 @@ class SplitBackward:
                 "compute_schedule='off' to parallelize(), or take the second derivative outside it")
         return torch._C._will_engine_execute_node(self._anchor_node)
 
-    def _early(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> bool:
+    def _early(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor,
+               out_k: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> bool:
         """An early module's weight gradient, computed and handed over now (before its input
         gradient); False for a deferred module."""
         if id(module) not in self._early_ids or self._calls.get(id(module), 0) != 1:
@@ -146,7 +179,7 @@ class SplitBackward:
         self._calls[id(module)] = 0
         self._handovers += 1
         with torch.no_grad():
-            gw, gb = weight_grads(module, inp, grad_out)
+            gw, gb = dense_weight_grads(module, inp, grad_out, out_k, cols)
             _accumulate(module.weight, gw)
             has_bias = gb is not None and module.bias is not None and module.bias.requires_grad
             if has_bias:
@@ -164,8 +197,9 @@ class SplitBackward:
         tells that the early path ran)."""
         return self._handovers
 
-    def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor) -> None:
-        self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out))
+    def _keep(self, module: nn.Module, inp: torch.Tensor, grad_out: torch.Tensor,
+              out_k: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> None:
+        self._pending.setdefault(id(module), _Pending(module, [])).saved.append((inp, grad_out, out_k, cols))
         if self.on_keep is not None:
             self.on_keep()
 
@@ -177,7 +211,7 @@ class SplitBackward:
         """Bytes held for the weight gradients not yet computed (inputs and output gradients), of
         every module or of `module` only."""
         pending = self._pending.values() if module is None else [p for k, p in self._pending.items() if k == id(module)]
-        return sum(t.numel() * t.element_size() for p in pending for pair in p.saved for t in pair)
+        return sum(t.numel() * t.element_size() for p in pending for kept in p.saved for t in kept if t is not None)
 
     def run(self) -> None:
         """Compute every kept weight gradient, in `modules` order; accumulate into `.grad`."""
@@ -192,8 +226,8 @@ class SplitBackward:
                 if sync:
                     torch.cuda.synchronize(m.weight.device)
                 t0 = time.perf_counter()
-                for inp, g in p.saved:
-                    gw, gb = weight_grads(m, inp, g)
+                for inp, g, out_k, cols in p.saved:
+                    gw, gb = dense_weight_grads(m, inp, g, out_k, cols)
                     _accumulate(m.weight, gw)
                     if gb is not None and m.bias is not None and m.bias.requires_grad:
                         _accumulate(m.bias, gb)
@@ -220,8 +254,10 @@ class _Recording:
         self.split._active = False
 
 
-def weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight gradient, bias gradient) of one call of `module` on `inp` with output gradient `g`."""
+def weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor,
+                 weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight gradient, bias gradient) of one call of `module` on `inp` with output gradient `g`
+    (`weight`: the weight that call used, when not the module's own: a narrow slice of it)."""
     if isinstance(module, nn.Linear):
         g2, x2 = g.reshape(-1, g.shape[-1]), inp.reshape(-1, inp.shape[-1])
         return g2.t().mm(x2), g2.sum(0)
@@ -234,12 +270,42 @@ def weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor) -> tuple
     # the kernel autograd's convolution backward runs, weight and bias only: its bias gradient is
     # summed in another order than `g.sum(dims)`, and a resumed run must repeat the original's
     # arithmetic bit for bit (a split step can fall anywhere in a run)
+    weight = module.weight if weight is None else weight
     bias = module.bias
     _, gw, gb = torch.ops.aten.convolution_backward(
-        g, inp, module.weight, [bias.shape[0]] if bias is not None else None, module.stride,
+        g, inp, weight, [weight.shape[0]] if bias is not None else None, module.stride,
         module.padding, module.dilation, False, [0] * (inp.dim() - 2), module.groups,
         [False, True, bias is not None])  # splittable(): padding is a tuple of ints here
     return gw, gb
+
+
+def dense_weight_grads(module: nn.Module, inp: torch.Tensor, g: torch.Tensor, out_k: torch.Tensor | None,
+                       cols: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The module's full-size (weight, bias) gradients of a call that computed only the rows
+    `out_k` and columns `cols` of its weight (None: all): the narrow gradients scattered into
+    zeros, as autograd's `index_select` backward does, columns first (the narrow forward sliced
+    rows first)."""
+    if out_k is None and cols is None:
+        return weight_grads(module, inp, g)
+    full = module.weight
+    gw, gb = weight_grads(module, inp, g, weight=_narrow_weight(full.detach(), out_k, cols))
+    if cols is not None:
+        rows = len(out_k) if out_k is not None else full.shape[0]
+        gw = gw.new_zeros((rows,) + tuple(full.shape[1:])).index_add_(1, cols, gw)
+    if out_k is not None:
+        gw = gw.new_zeros(full.shape).index_add_(0, out_k, gw)
+        if gb is not None:
+            gb = gb.new_zeros(module.bias.shape).index_add_(0, out_k, gb)
+    return gw, gb
+
+
+def _narrow_weight(weight: torch.Tensor, out_k: torch.Tensor | None, cols: torch.Tensor | None) -> torch.Tensor:
+    """The slice a narrow forward computes with (the same `index_select`s, so the same values)."""
+    if out_k is not None:
+        weight = weight.index_select(0, out_k)
+    if cols is not None:
+        weight = weight.index_select(1, cols)
+    return weight
 
 
 def _input_grad(module: nn.Module, inp: torch.Tensor, weight: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -278,6 +344,33 @@ class _DenseSplit(torch.autograd.Function):
             ctx.split._keep(ctx.module, inp, g)
         gi = _input_grad(ctx.module, inp, ctx.weight, g) if ctx.input_needs_grad else None
         return gi, None, None, None
+
+
+class _NarrowSplit(torch.autograd.Function):
+    """A narrowed Linear or convolution (kept rows `out_k`, columns `cols` of its weight) whose
+    backward returns the input gradient only and keeps the rest for the weight gradient."""
+
+    @staticmethod
+    def forward(ctx, inp, _anchor, split, module, out_k, cols):
+        ctx.split, ctx.module, ctx.out_k, ctx.cols = split, module, out_k, cols
+        weight = _narrow_weight(module.weight.detach(), out_k, cols)
+        bias = module.bias.detach() if module.bias is not None else None
+        if bias is not None and out_k is not None:
+            bias = bias.index_select(0, out_k)
+        ctx.save_for_backward(inp)
+        ctx.weight = weight
+        ctx.input_needs_grad = inp.requires_grad
+        if isinstance(module, nn.Linear):
+            return F.linear(inp, weight, bias)
+        return F.conv2d(inp, weight, bias, module.stride, module.padding, module.dilation, module.groups)
+
+    @staticmethod
+    def backward(ctx, g):
+        (inp,) = ctx.saved_tensors
+        if ctx.split.accumulating() and not ctx.split._early(ctx.module, inp, g, ctx.out_k, ctx.cols):
+            ctx.split._keep(ctx.module, inp, g, ctx.out_k, ctx.cols)
+        gi = _input_grad(ctx.module, inp, ctx.weight, g) if ctx.input_needs_grad else None
+        return gi, None, None, None, None, None
 
 
 class _EmbeddingSplit(torch.autograd.Function):

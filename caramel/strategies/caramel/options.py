@@ -80,9 +80,6 @@ class CaramelOptions:
         if self.balance == "dropout" and not self.dropout_table:
             raise CaramelError("balance='dropout' needs dropout_table=PATH, the model's cost-versus-accuracy table "
                                "(caramel profile --model MODEL --dropout-table PATH)")
-        if self.balance == "dropout" and self.compute_schedule not in ("auto", "off"):
-            raise CaramelError(f"balance='dropout' runs no deferred weight gradients (its narrow layers have forwards "
-                               f"of their own); leave compute_schedule at 'auto' or 'off', got {self.compute_schedule!r}")
         if self.balance_every < 0:
             raise CaramelError(f"balance_every must be a whole number of steps >= 0, got {self.balance_every!r}")
         if self.planner not in PLANNERS:

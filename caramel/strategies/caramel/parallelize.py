@@ -78,11 +78,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
     if balance in ("batch", "dropout"):
         # a tied embedding's rows travel apart, weighted 1 / world size: not by share nor by unit
         split_tied = False
+    # the narrow forwards call deferred and early weight gradients' split ones (dropout_groups)
     dropout = load_table(options.dropout_table, model) if balance == "dropout" else None
-    if dropout is not None:
-        # deferred and early weight gradients route the same layers through forwards of their own
-        planner_options = dict(planner_options, compute_schedule="off")
-        early_weight_grad = False
     find_unused_parameters = True if find_unused_parameters is None else find_unused_parameters
     if not isinstance(model, nn.Module):
         raise CaramelError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -1,0 +1,104 @@
+"""balance="dropout" with split backward: a narrowed layer whose weight gradient is deferred or
+early (`caramel.profile.split_backward`) gives the same gradients, bit for bit, as autograd's
+narrow path; installing and removing them in either order leaves the other's forward in place.
+On 2 gloo ranks, training with drops gives the same parameters deferred, early or neither, and
+nothing dropped with deferral is balance='off' with deferral."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from caramel.models.zoo import SmallCNN
+from caramel.profile.dropout_groups import Narrowing, find_groups
+from caramel.profile.split_backward import SplitBackward
+
+torch.set_num_threads(1)
+
+
+def _mlp() -> torch.nn.Module:
+    # its middle layer is in two groups: sliced on both sides
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 5))
+
+
+CASES = {
+    "small_cnn": (SmallCNN, lambda g: (torch.randn(6, 3, 16, 16, generator=g), torch.randint(0, 10, (6,), generator=g)),
+                  {"conv1": [0, 2, 3, 5, 7], "conv2": [1, 2, 4, 8, 9, 10, 15]}, ("conv1", "conv2", "fc")),
+    "mlp": (_mlp, lambda g: (torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g)),
+            {"0": [1, 3, 4, 9, 11, 14], "2": [0, 5, 6, 7, 12]}, ("0", "2", "4")),
+}
+
+
+def _grads(case: str, split_mode: str | None, narrow_first: bool, kept_now: bool = True) -> tuple[dict, int, int]:
+    """(gradients, early hand-overs, bytes kept for deferred weight gradients) of one step."""
+    make, data, kept, layers = CASES[case]
+    torch.manual_seed(0)
+    m = make()
+    x, y = data(torch.Generator().manual_seed(1))
+    named = dict(m.named_modules())
+    narrowing = Narrowing(find_groups(m), install=False)
+    narrowing.set_kept({k: torch.tensor(v) for k, v in kept.items()} if kept_now else {})
+    split = None
+    if narrow_first:
+        narrowing.install()
+    if split_mode is not None:
+        mods = [named[n] for n in layers]
+        split = SplitBackward(mods if split_mode == "defer" else [], early=mods if split_mode == "early" else [])
+        split.install()
+    narrowing.install()
+    kept_bytes = 0
+    for _ in range(2):  # twice: the second backward accumulates into .grad
+        if split is not None:
+            with split.recording():
+                loss = F.cross_entropy(m(x), y)
+        else:
+            loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        if split is not None:
+            kept_bytes = split.deferred_bytes()
+            split.run()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    if split is not None and narrow_first:
+        split.remove()
+        # the narrowing forward stays, with nothing below it
+        assert all(named[n].__dict__["forward"].below is None for n in layers)
+    narrowing.remove()
+    if split is not None and not narrow_first:
+        assert all(named[n].__dict__["forward"].split is split for n in layers)  # the split forward is back
+        split.remove()
+    assert not any("forward" in mod.__dict__ for mod in m.modules())  # both gone: the classes' forwards
+    return grads, split.handovers if split is not None else 0, kept_bytes
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_narrow_layers_with_split_backward_give_autograds_gradients(case):
+    ref, _, _ = _grads(case, None, True)
+    assert ref["2.weight" if case == "mlp" else "conv2.weight"].eq(0).any()  # a real drop
+    whole, _, whole_bytes = _grads(case, "defer", True, kept_now=False)
+    for mode in ("defer", "early"):
+        for narrow_first in (True, False):
+            got, handed, kept_bytes = _grads(case, mode, narrow_first)
+            assert all(torch.equal(ref[n], got[n]) for n in ref), (mode, narrow_first)
+            if mode == "early":
+                assert handed == 2 * len(CASES[case][3])  # every layer went early, in both backwards
+            else:
+                assert 0 < kept_bytes < whole_bytes  # the narrow input and gradient were kept, not whole ones
+
+
+@pytest.mark.timeout(150)
+def test_deferred_and_early_weight_gradients_with_drops_match_autograds(tmp_path):
+    import json
+
+    from caramel.testing import run_workers
+    from tests.strategies.adapt.dropout_workers import split_worker
+    from tests.strategies.adapt.test_dropout import ENTRIES
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": "caramel.dropout-table/1", "model": "small_cnn",
+                                 "groups": ["conv1", "conv2"], "entries": ENTRIES}))
+    for res in run_workers(split_worker, 2, args=(str(table), 5), timeout_s=130):
+        assert all(res["same"].values()), res
+        assert res["dropped"]  # the drops changed the training: a real comparison
+        assert res["deferred"]["drop/defer"] == ["conv1", "conv2", "fc"] == res["deferred"]["zero/defer"]
+        assert res["split_steps"]["drop/defer"] >= 2, res  # steps that ran narrow and deferred at once
+        # which layers go early follows the profiled timings (the first bucket's); any of them is narrowed
+        assert res["early"]["drop/early"] > 0 and res["split_steps"]["drop/early"] >= 1, res
