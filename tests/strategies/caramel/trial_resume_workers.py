@@ -37,12 +37,16 @@ OPTIONS = {"overlap": "auto", "compression": "topk:0.1", "profile_steps": 2, "tr
 
 class _TrialClock:
     """Replaces an engine's `EngineStats` class: the step period the trial reads is set by the
-    candidate running (`controller`), whatever the real clock says."""
+    candidate running (`controller`), whatever the real clock says; but a step the engine has
+    no period for (a process's first) reads as the engine left it."""
 
     controller = None
 
     @property
-    def last_step_s(self) -> float:
+    def last_step_s(self) -> float | None:
+        real = self.__dict__.get("last_step_s")
+        if not real:
+            return real
         trial = self.controller.trial
         noise_s = 0.0002 * ((self.step * 7) % 5)
         if trial is None:
@@ -50,8 +54,8 @@ class _TrialClock:
         return (0.013 if trial.current.name == trial.baseline else 0.010) + noise_s
 
     @last_step_s.setter
-    def last_step_s(self, _value: float) -> None:
-        pass
+    def last_step_s(self, value: float | None) -> None:
+        self.__dict__["last_step_s"] = value
 
 
 def _build(options: dict, model_state: dict | None):
@@ -68,7 +72,8 @@ def _build(options: dict, model_state: dict | None):
 
 def _periods(opt) -> list | None:
     trial = opt.engine.controller.trial
-    return None if trial is None else [k.blocks_s for k in trial.candidates]
+    # copies: the trial goes on appending to its lists
+    return None if trial is None else [[list(b) for b in k.blocks_s] for k in trial.candidates]
 
 
 def _run(rank: int, at: tuple[int, ...], start: dict | None = None, steps: int = STEPS) -> dict:
@@ -91,7 +96,8 @@ def _run(rank: int, at: tuple[int, ...], start: dict | None = None, steps: int =
                     model, opt = _build(OPTIONS, saved["model"])
                 opt.load_state_dict(saved["optimizer"])
                 c = opt.engine.controller
-                saved_at[s].update(loaded=_periods(opt), profiling_after_load=c.profiling,
+                running = None if c.trial is None else [c.trial.current.name, c.trial.in_block]
+                saved_at[s].update(loaded=_periods(opt), profiling_after_load=c.profiling, running=running,
                                    phase_after_load=c.profiler.phase_step if c.profiler is not None else None)
         idx = _batch(s, rank)
         F.cross_entropy(model(xs[idx]), ys[idx]).backward()
@@ -139,7 +145,8 @@ def trial_resume_worker(rank: int, world: int) -> dict:
         entry = f["saved"]["optimizer"]["caramel_adaptive"].get("trial")
         out["entries"][s] = None if entry is None else {k: entry[k] for k in ("block", "in_block", "passes")}
         out["carried"][s] = {"full": f["periods"], "loaded": r["loaded"], "profiling_after_load": r["profiling_after_load"],
-                             "selection": entry is not None and entry["selection"] is not None}
+                             "selection": entry is not None and entry["selection"] is not None,
+                             "running": r.get("running")}
     # a checkpoint's trial is not carried into a run with other options, nor when a rank's own
     # periods are missing (rank 1 loading rank 0's state): no rank adopts, the engine profiles again
     saved = full["saved_at"][RESUME_AT[0]]["saved"]
