@@ -6,7 +6,8 @@ starts a new trial: other plans, other steps counted, possibly another choice, a
 that works per bucket (top-k) other parameters from the first resumed step. This entry (`trial`
 in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
 
-- what every rank holds alike: the candidates (name, overlap mode, plan with its codecs), the
+- what every rank holds alike: the candidates (name, overlap mode, plan with its codecs, and
+  `plan_ref`, the first candidate holding the same plan object: `restored_candidates`), the
   order of preference and the predictions it came from, the blocks still to run and where in
   them the next step falls (`block`, `in_block`), the passes so far, a confirmation's selection,
   the profile, cluster and module uses the candidates were planned from, the engine's step
@@ -54,7 +55,8 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
         return None
     e = c.engine
     return {"version": VERSION, "world": c.world,
-            "candidates": [{"name": k.name, "overlap": k.overlap, "plan": k.plan.to_dict()} for k in t.candidates],
+            "candidates": [{"name": k.name, "overlap": k.overlap, "plan": k.plan.to_dict(), "plan_ref": _plan_ref(t, i)}
+                           for i, k in enumerate(t.candidates)],
             "preference": list(t.preference), "steps": t.steps, "max_passes": t.max_passes, "confirm": t.confirm,
             "predicted_s": dict(t.predicted_s), "passes": t.passes,
             "selection": t.selection, "blocks": [[i, n] for i, n in t.blocks], "block": t.block,
@@ -87,6 +89,9 @@ def check_entry(entry: Any) -> None:
     if not isinstance(cands, list) or not cands or not all(
             isinstance(k, dict) and {"name", "overlap", "plan"} <= set(k) and isinstance(k["plan"], dict) for k in cands):
         bad.append("candidates (a non-empty list of name, overlap and plan)")
+    elif not all(isinstance(k.get("plan_ref", i), int) and not isinstance(k.get("plan_ref", i), bool)
+                 and 0 <= k.get("plan_ref", i) <= i for i, k in enumerate(cands)):
+        bad.append("candidates' plan_ref (the index of the first candidate holding the same plan)")
     elif not isinstance(blocks, list) or not all(
             isinstance(b, (list, tuple)) and len(b) == 2 and 0 <= b[0] < len(cands) and b[1] > 0 for b in blocks):
         bad.append("blocks (pairs of a candidate's index and a number of steps)")
@@ -118,11 +123,7 @@ def restore_trial(c: Controller, entry: Any) -> None:
             print(f"caramel: the checkpoint's overlap trial is not carried on: {why} (rank {r}); the schedule "
                   f"is chosen again", flush=True)
         return
-    plans: dict[str, Plan] = {}  # candidates that share a plan (a given plan in each mode) share the object
-    cands = []
-    for k in entry["candidates"]:
-        plan = Plan.from_dict(k["plan"], source="checkpoint")
-        cands.append(Candidate(str(k["name"]), str(k["overlap"]), plans.setdefault(plan.fingerprint, plan)))
+    cands = restored_candidates(entry)
     for cand, blocks in zip(cands, _own(entry, c.rank)["blocks_s"]):
         cand.blocks_s = [[float(p) for p in b] for b in blocks]
     trial = OverlapTrial(cands, int(entry["steps"]), c.group, c.world, preference=list(entry["preference"]) or None,
@@ -145,6 +146,26 @@ def restore_trial(c: Controller, entry: Any) -> None:
     c.engine.stats.step = int(entry["engine_steps"])
     c.engine.step_calls = int(entry["step_calls"])
     c.checks.order_replans = int(entry["order_replans"])
+
+
+def _plan_ref(t: OverlapTrial, i: int) -> int:
+    # the first candidate holding candidate i's plan object (i itself when none before it does)
+    plan = t.candidates[i].plan
+    return next(j for j, k in enumerate(t.candidates) if k.plan is plan)
+
+
+def restored_candidates(entry: dict[str, Any]) -> list[Candidate]:
+    """The entry's candidates, sharing plan objects exactly as the saving run's did (`plan_ref`;
+    a given plan in each mode shares one). Plans that merely coincide stay apart: the controller
+    switches candidates unless the next one's plan is the very object in force, so two equal
+    plans shared by mistake (the planner's backward plan and DDP's schedule on a small model)
+    would skip the hand-over to torch DDP. An entry without `plan_ref` shares none."""
+    cands: list[Candidate] = []
+    for i, k in enumerate(entry["candidates"]):
+        ref = k.get("plan_ref", i)
+        plan = cands[ref].plan if ref != i else Plan.from_dict(k["plan"], source="checkpoint")
+        cands.append(Candidate(str(k["name"]), str(k["overlap"]), plan))
+    return cands
 
 
 def _unfit(c: Controller, entry: dict[str, Any]) -> str | None:

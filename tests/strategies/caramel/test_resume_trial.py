@@ -37,6 +37,10 @@ def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
         assert resumed_built["first_use"] == full_built["first_use"]  # the uses the full run saw at step 0
         assert resumed_built["samples"][0] == p["carried_samples"][0]  # timed before the second resume
         assert p["resumed_trial_at"] == [0, 1]  # the plan came after step 3, as in the full run: the trial runs
+        ddp = r["ddp"]  # DDP's schedule and the planner's backward plan coincide: still told apart
+        assert ddp["plans"]["caramel/backward"] == ddp["plans"]["fifo/backward"], ddp["plans"]
+        assert ddp["resumed"] == ddp["full"] and [7, "caramel/backward", False] in ddp["full"], ddp
+        assert [8, "fifo/backward", True] in ddp["full"] and [12, "caramel/backward", False] in ddp["full"], ddp
         refused = r["refused"]
         for case in ("options", "one_rank"):
             assert refused[case]["profiling"] and not refused[case]["trial"], (case, refused[case])

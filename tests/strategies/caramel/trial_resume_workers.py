@@ -160,6 +160,7 @@ def trial_resume_worker(rank: int, world: int) -> dict:
         refused[name] = {"profiling": opt.engine.controller.profiling, "trial": opt.engine.controller.trial is not None,
                          "said": said.getvalue()}
     out["refused"] = refused
+    out["ddp"] = ddp_handover_arm(rank)
     return out
 
 
@@ -170,3 +171,44 @@ def _only_rank0(state: dict) -> dict:
     ranks = {r: own for r, own in adaptive["trial"]["ranks"].items() if int(r) == 0}
     trial = {**adaptive["trial"], "ranks": ranks}
     return {**state, "caramel_adaptive": {**adaptive, "trial": trial}}
+
+
+DDP_OPTIONS = {"overlap": "auto", "profile_steps": 2, "trial_steps": 2, "trial_passes": 1}
+DDP_AT, DDP_STEPS = 7, 14  # the trial: caramel/forward 4-5, caramel/backward 6-7, DDP's 8-11, caramel/backward 12-13
+
+
+def _tiny(model_state: dict | None):
+    # small enough that the planner's backward plan and DDP's schedule (fifo) coincide
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 10))
+    if model_state is not None:
+        m.load_state_dict(model_state)
+    return caramel.parallelize(m, torch.optim.SGD(m.parameters(), lr=0.05), **DDP_OPTIONS)
+
+
+def ddp_handover_arm(rank: int) -> dict:
+    """Who runs each step of the trial from `DDP_AT` on (the candidate, whether torch DDP has the
+    gradients), uninterrupted and resumed from a checkpoint before `DDP_AT`."""
+    xs, ys = _dataset()
+    runs = {}
+    for arm in ("full", "resumed"):
+        model, opt = _tiny(None)
+        seen = []
+        for s in range(DDP_STEPS):
+            if s == DDP_AT:
+                trial = opt.engine.controller.trial
+                plans = {k.name: k.plan.fingerprint for k in trial.candidates}
+                if arm == "resumed":
+                    saved = _roundtrip({"model": model.module.state_dict(), "optimizer": opt.state_dict()})
+                    model, opt = _tiny(saved["model"])
+                    opt.load_state_dict(saved["optimizer"])
+            trial = opt.engine.controller.trial
+            if s >= DDP_AT and trial is not None:  # who runs step s
+                seen.append([s, trial.current.name, opt.engine.delegating])
+            idx = _batch(s, rank)
+            F.cross_entropy(model(xs[idx]), ys[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        runs[arm] = seen
+    return {**runs, "plans": plans}
