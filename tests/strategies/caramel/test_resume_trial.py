@@ -41,6 +41,13 @@ def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
         assert ddp["plans"]["caramel/backward"] == ddp["plans"]["fifo/backward"], ddp["plans"]
         assert ddp["resumed"] == ddp["full"] and [7, "caramel/backward", False] in ddp["full"], ddp
         assert [8, "fifo/backward", True] in ddp["full"] and [12, "caramel/backward", False] in ddp["full"], ddp
+        per_rank = r["per_rank"]  # rank 1's own part bad, or from another step: every rank alike
+        for case, field in (("bad_samples", "malformed samples of rank 1"), ("bad_periods", "rank 1's periods")):
+            assert per_rank[case]["raised"] and field in per_rank[case]["raised"], (case, per_rank[case])
+            assert "(rank 1's entry)" in per_rank[case]["raised"], (case, per_rank[case])
+        assert per_rank["other_step"]["raised"] is None and not per_rank["other_step"]["carried"], per_rank
+        if rank == 0:
+            assert "differ in what every rank must hold alike" in per_rank["other_step"]["said"], per_rank
         refused = r["refused"]
         for case in ("options", "one_rank"):
             assert refused[case]["profiling"] and not refused[case]["trial"], (case, refused[case])
@@ -75,7 +82,7 @@ def test_a_bad_newer_or_unfit_trial_entry():
 
     c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"})
     with pytest.raises(CaramelError, match="'trial' must be a mapping, got list"):
-        restore_trial(c, [])
+        restore_trial(SimpleNamespace(**{**vars(c), "world": 1}), [])
     with pytest.raises(CaramelError, match="version 2, newer than this caramel reads"):
         check_entry({"version": 2})
     with pytest.raises(CaramelError, match="version '1', expected an integer from 1 to 1"):
@@ -84,6 +91,9 @@ def test_a_bad_newer_or_unfit_trial_entry():
         check_entry({"version": 1})
     plan = {"world_size": 2, "model_fingerprint": "f"}
     good = {**{k: None for k in _REQUIRED}, "version": 1, "world": 2, "inputs": {"compression": "topk:0.1"},
+            "preference": ["caramel/backward", "caramel/forward"], "max_passes": 1, "confirm": True, "passes": 1,
+            "predicted_s": {"caramel/forward": 0.01, "caramel/backward": None}, "engine_steps": 7, "step_calls": 7,
+            "order_replans": 0,
             "candidates": [{"name": "caramel/forward", "overlap": "forward", "plan": plan},
                            {"name": "caramel/backward", "overlap": "backward", "plan": plan}],
             "blocks": [[0, 2], [1, 4], [0, 2]], "block": 1, "in_block": 1, "steps": 2,
@@ -93,6 +103,16 @@ def test_a_bad_newer_or_unfit_trial_entry():
     for bad, what in (({"blocks": [[2, 2]]}, "malformed blocks"), ({"in_block": 4}, "malformed block/in_block"),
                       ({"ranks": {0: {"blocks_s": [[]]}}}, "malformed ranks"), ({"steps": 1}, "malformed steps"),
                       ({"candidates": [{"name": "x"}]}, "malformed candidates")):
+        with pytest.raises(CaramelError, match=what):
+            check_entry({**good, **bad})
+    # every field used later, checked here: one CaramelError naming it, not a TypeError steps later
+    for bad, what in (({"block": "1"}, "block/in_block"), ({"in_block": None}, "block/in_block"),
+                      ({"blocks": [[0, "2"]]}, "malformed blocks"), ({"blocks": [["0", 2]]}, "malformed blocks"),
+                      ({"inputs": ["compression"]}, "malformed inputs"), ({"preference": None}, "malformed preference"),
+                      ({"preference": ["caramel/none"]}, "malformed preference"), ({"predicted_s": None}, "predicted_s"),
+                      ({"max_passes": 0}, "malformed max_passes"), ({"selection": {"fastest": "x"}}, "malformed selection"),
+                      ({"ranks": {0: {"blocks_s": [[["0.01"]], []]}}}, "rank 0's periods"),
+                      ({"candidates": [{**good["candidates"][0], "plan_ref": 1}, good["candidates"][1]]}, "plan_ref")):
         with pytest.raises(CaramelError, match=what):
             check_entry({**good, **bad})
     assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
@@ -112,7 +132,11 @@ def test_a_bad_newer_or_unfit_profiling_entry():
     model = nn.Sequential(nn.Linear(2, 2))
     c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, profile_steps=2,
                         planner_options={}, model=model)
-    own = {**{k: None for k in _OWN}, "phase_step": 3, "module_order": ["0"], "weight_s": {"0": 0.001}, "kept": {}}
+    sample = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.001, "module_start_s": {"0": 0.0},
+              "ready_s": {"0": 0.02}, "rows_ready_s": {}}
+    own = {**{k: None for k in _OWN}, "phase_step": 3, "first_use": [[0, "0", 0.0]], "use_modules": [[0, ["0"]]],
+           "module_order": ["0"], "weight_s": {"0": 0.001}, "kept": {}, "input_bytes": {"0": 8},
+           "sizes_taken": True, "samples": [sample], "log": [[0.5, 0.6, 64]]}
     good = {"version": 1, "world": 2, "inputs": {"compression": "topk:0.1"}, "model_fingerprint": "f",
             "profile_steps": 2, "measure_split": True, "engine_steps": 3, "step_calls": 3, "order_replans": 0,
             "ranks": {0: own, 1: own}}
@@ -129,6 +153,17 @@ def test_a_bad_newer_or_unfit_profiling_entry():
         check_entry({**good, "ranks": {0: {**own, "phase_step": 4}}})
     with pytest.raises(CaramelError, match="malformed phase_step 1 of rank 0"):
         check_entry({**good, "ranks": {0: {**own, "phase_step": 1, "module_order": None}}})
+    for bad, what in (({"weight_s": 3}, "malformed weight_s of rank 0"), ({"kept": None}, "malformed kept of rank 0"),
+                      ({"samples": [{"forward_s": 0.1}]}, "malformed samples of rank 0"),
+                      ({"first_use": [[0, "0"]]}, "malformed first_use of rank 0"),
+                      ({"log": [[0.5, "0.6", 64]]}, "malformed log of rank 0")):
+        with pytest.raises(CaramelError, match=what):
+            check_entry({**good, "ranks": {0: {**own, **bad}, 1: own}})
+    with pytest.raises(CaramelError, match="ranks at different phase_steps .rank 0: 2, rank 1: 3."):
+        check_entry({**good, "ranks": {0: {**own, "phase_step": 2}, 1: own}})
+    with pytest.raises(CaramelError, match="malformed step_calls"):
+        check_entry({**good, "step_calls": "3"})
+    assert _unfit(c, {**good, "ranks": {0: {**own, "module_order": ["9"]}}}) == "it names modules this model lacks"
     assert _unfit(c, {**good, "profile_steps": 3}) == "it was run with profile_steps=3 (this run 2)"
     assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
     assert _unfit(c, {**good, "model_fingerprint": "g"}) == "it was run for a model with other parameters"

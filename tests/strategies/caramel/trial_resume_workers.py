@@ -160,6 +160,7 @@ def trial_resume_worker(rank: int, world: int) -> dict:
         refused[name] = {"profiling": opt.engine.controller.profiling, "trial": opt.engine.controller.trial is not None,
                          "said": said.getvalue()}
     out["refused"] = refused
+    out["per_rank"] = _per_rank_loads(rank, full["saved_at"][PROFILING_AT[1]]["saved"], saved)
     out["ddp"] = ddp_handover_arm(rank)
     return out
 
@@ -212,3 +213,33 @@ def ddp_handover_arm(rank: int) -> dict:
         opt.synchronize()
         runs[arm] = seen
     return {**runs, "plans": plans}
+
+
+def _per_rank_loads(rank: int, profiling: dict, trial: dict) -> dict:
+    """Each rank loads a state dict holding its own part alone (as per-rank files do): rank 1's
+    part malformed (its timed step lacks backward_s; its trial periods are not numbers), or its
+    shared part from another step. Every rank must take the same decision: all raise, all refuse."""
+    cases = {
+        "bad_samples": (profiling, "profiling", lambda e: {**e, "ranks": {r: {**own, "samples": [{"forward_s": 0.1}]}
+                                                                         for r, own in e["ranks"].items()}}),
+        "bad_periods": (trial, "trial", lambda e: {**e, "ranks": {r: {"blocks_s": [[["x"]] for _ in own["blocks_s"]]}
+                                                                   for r, own in e["ranks"].items()}}),
+        "other_step": (profiling, "profiling", lambda e: {**e, "engine_steps": e["engine_steps"] + 1}),
+    }
+    out = {}
+    for name, (saved, key, spoil) in cases.items():
+        adaptive = saved["optimizer"]["caramel_adaptive"]
+        entry = {**adaptive[key], "ranks": {r: own for r, own in adaptive[key]["ranks"].items() if int(r) == rank}}
+        if rank == 1:
+            entry = spoil(entry)
+        model, opt = _build(OPTIONS, saved["model"])
+        said, raised = io.StringIO(), None
+        with contextlib.redirect_stdout(said):
+            try:
+                opt.load_state_dict({**saved["optimizer"], "caramel_adaptive": {**adaptive, key: entry}})
+            except caramel.CaramelError as e:
+                raised = str(e)
+        c = opt.engine.controller
+        out[name] = {"raised": raised, "said": said.getvalue(), "carried": c.trial is not None or (
+            c.profiler is not None and c.profiler.phase_step > 0)}
+    return out
