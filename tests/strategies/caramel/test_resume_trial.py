@@ -36,6 +36,18 @@ def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
         assert len(full_built["samples"]) == len(resumed_built["samples"]) == 2
         assert resumed_built["first_use"] == full_built["first_use"]  # the uses the full run saw at step 0
         assert resumed_built["samples"][0] == p["carried_samples"][0]  # timed before the second resume
+        # the split step's timings: run by the resumed arm at step 1, carried at step 3, planned from
+        full_split = {k: full_built[k] for k in ("weight_s", "kept")}
+        assert full_split["weight_s"] and full_split["weight_s"].keys() == p["carried_split"]["weight_s"].keys(), p
+        assert {k: resumed_built[k] for k in ("weight_s", "kept")} == p["carried_split"], (resumed_built, p)
+        assert p["carried_split"]["kept"] == full_split["kept"], (p["carried_split"], full_split)
+        for s in PROFILING_AT:
+            after, log = p["after_load"][s], p["carried_log"][s]
+            assert p["entry_steps"][s] == [s, s] and after["steps_after_load"] == [s, s], (s, p["entry_steps"], after)
+            # the carried collectives come first, shifted in time alone: same bytes, same durations
+            assert log and len(after["log_after_load"]) >= len(log), (s, len(log), after)
+            assert all(n == m and abs((d - i) - (e - j)) < 1e-6
+                       for (i, d, n), (j, e, m) in zip(log, after["log_after_load"])), (s, log, after)
         assert p["resumed_trial_at"] == [0, 1]  # the plan came after step 3, as in the full run: the trial runs
         ddp = r["ddp"]  # DDP's schedule and the planner's backward plan coincide: still told apart
         assert ddp["plans"]["caramel/backward"] == ddp["plans"]["fifo/backward"], ddp["plans"]

@@ -97,6 +97,8 @@ def _run(rank: int, at: tuple[int, ...], start: dict | None = None, steps: int =
                 opt.load_state_dict(saved["optimizer"])
                 c = opt.engine.controller
                 running = None if c.trial is None else [c.trial.current.name, c.trial.in_block]
+                saved_at[s].update(steps_after_load=[opt.engine.stats.step, opt.engine.step_calls],
+                                   log_after_load=[list(e) for e in opt.engine.measured_log()])
                 saved_at[s].update(loaded=_periods(opt), profiling_after_load=c.profiling, running=running,
                                    phase_after_load=c.profiler.phase_step if c.profiler is not None else None)
         idx = _batch(s, rank)
@@ -114,12 +116,17 @@ def _spy_profiles(calls: list) -> None:
     """Record what each profile is built from (the module uses' first-use times, the timed steps)."""
     from caramel.strategies.caramel import profiling
 
-    build = profiling.build_profile
+    build, split = profiling.build_profile, profiling.add_split_backward
 
     def spy(name, batch, model, tracker, samples, meta=None):
         calls.append({"first_use": dict(tracker.first_use), "samples": [dataclasses.asdict(x) for x in samples]})
         return build(name, batch, model, tracker, samples, meta=meta)
-    profiling.build_profile = spy
+
+    def spy_split(profile, model, weight_s, kept, input_bytes):
+        names = {m: n for n, m in model.named_modules()}
+        calls[-1].update(weight_s={names[m]: v for m, v in weight_s.items()}, kept={names[m]: v for m, v in kept.items()})
+        return split(profile, model, weight_s, kept, input_bytes)
+    profiling.build_profile, profiling.add_split_backward = spy, spy_split
 
 
 def trial_resume_worker(rank: int, world: int) -> dict:
@@ -132,7 +139,13 @@ def trial_resume_worker(rank: int, world: int) -> dict:
     resumed = _run(rank, RESUME_AT, full["saved_at"][RESUME_AT[0]]["saved"])
     # the profiling arm's second checkpoint holds the timed step it ran itself after the first
     carried = profiled["saved_at"][PROFILING_AT[1]]["saved"]["optimizer"]["caramel_adaptive"]["profiling"]["ranks"]
+    entries = {s: profiled["saved_at"][s]["saved"]["optimizer"]["caramel_adaptive"]["profiling"] for s in PROFILING_AT}
     out_profiling = {"full_built": full_profile, "resumed_built": built[len(full_profile):],
+                     "carried_split": {k: carried[rank][k] for k in ("weight_s", "kept")},
+                     "entry_steps": {s: [e["engine_steps"], e["step_calls"]] for s, e in entries.items()},
+                     "after_load": {s: {k: profiled["saved_at"][s][k] for k in ("steps_after_load", "log_after_load")}
+                                    for s in PROFILING_AT},
+                     "carried_log": {s: e["ranks"][rank]["log"] for s, e in entries.items()},
                      "carried_samples": carried[rank]["samples"], "resumed_trial_at": profiled["trial_at"],
                      "loaded": {s: {k: profiled["saved_at"][s][k] for k in ("profiling_after_load", "phase_after_load")}
                                 for s in PROFILING_AT}}
