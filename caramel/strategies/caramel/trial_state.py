@@ -226,6 +226,11 @@ def _unfit(c: Controller, entry: dict[str, Any]) -> str | None:
     saved, mine = entry["inputs"] or {}, c.plan_inputs
     diffs = [f"{k}={saved.get(k)!r} (this run {mine.get(k)!r})" for k in sorted(set(saved) | set(mine))
              if saved.get(k) != mine.get(k)]
+    # the trial's own lengths are options too: a saved trial does not finish with other ones
+    for name, saved_n, mine_n in (("trial_steps", entry["steps"], c.trial_steps),
+                                  ("trial_passes", entry["max_passes"], c.trial_passes)):
+        if saved_n != mine_n:
+            diffs.append(f"{name}={saved_n!r} (this run {mine_n!r})")
     if diffs:
         return "it was run with " + ", ".join(diffs)
     if entry.get("world") != c.world:

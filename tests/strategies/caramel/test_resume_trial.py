@@ -92,7 +92,8 @@ def test_a_bad_newer_or_unfit_trial_entry():
     from caramel.errors import CaramelError
     from caramel.strategies.caramel.trial_state import _REQUIRED, _unfit, check_entry, restore_trial
 
-    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"})
+    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, trial_steps=2,
+                        trial_passes=1)
     with pytest.raises(CaramelError, match="'trial' must be a mapping, got list"):
         restore_trial(SimpleNamespace(**{**vars(c), "world": 1}), [])
     with pytest.raises(CaramelError, match="version 2, newer than this caramel reads"):
@@ -128,6 +129,8 @@ def test_a_bad_newer_or_unfit_trial_entry():
         with pytest.raises(CaramelError, match=what):
             check_entry({**good, **bad})
     assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    assert _unfit(SimpleNamespace(**{**vars(c), "trial_steps": 5}), good) == "it was run with trial_steps=2 (this run 5)"
+    assert _unfit(SimpleNamespace(**{**vars(c), "trial_passes": 3}), good) == "it was run with trial_passes=1 (this run 3)"
     assert _unfit(c, {**good, "inputs": {"compression": "topk:0.2"}}).startswith("it was run with compression='topk:0.2'")
     assert "no step periods of this rank" in _unfit(SimpleNamespace(**{**vars(c), "rank": 1}), {**good, "ranks": {0: good["ranks"][0]}})
     assert _unfit(SimpleNamespace(**{**vars(c), "fingerprint": "g"}), good) == "its plans were made for a model with other parameters"
