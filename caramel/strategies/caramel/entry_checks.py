@@ -66,7 +66,7 @@ def agree(c: Any, problem: str | None, why: str | None, shared: str | None) -> s
     dist.all_gather_object(answers, (problem, why, shared), group=c.group)
     for r, (p, _, _) in enumerate(answers):
         if p is not None:
-            raise CaramelError(f"{p} (rank {r}'s entry)")
+            raise CaramelError(f"{p} (found by rank {r})")
     for r, (_, w, _) in enumerate(answers):
         if w is not None:
             return f"{w} (rank {r})"

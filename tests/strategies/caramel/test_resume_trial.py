@@ -56,7 +56,7 @@ def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
         per_rank = r["per_rank"]  # rank 1's own part bad, or from another step: every rank alike
         for case, field in (("bad_samples", "malformed samples of rank 1"), ("bad_periods", "rank 1's periods")):
             assert per_rank[case]["raised"] and field in per_rank[case]["raised"], (case, per_rank[case])
-            assert "(rank 1's entry)" in per_rank[case]["raised"], (case, per_rank[case])
+            assert "(found by rank 1)" in per_rank[case]["raised"], (case, per_rank[case])
         assert per_rank["other_step"]["raised"] is None and not per_rank["other_step"]["carried"], per_rank
         if rank == 0:
             assert "differ in what every rank must hold alike" in per_rank["other_step"]["said"], per_rank
