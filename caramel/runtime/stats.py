@@ -18,7 +18,9 @@ from caramel.plan.plan import Plan
 class EngineStats:
     step: int = 0
     last_wait_s: float = 0.0
-    last_step_s: float = 0.0
+    last_step_s: float | None = None
+    """the last step's period, from the previous `step()` to this one; None until a step has one (a
+    process's first step, a resumed run's included, has no previous step to time from)"""
     total_wait_s: float = 0.0
     replans: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

@@ -291,3 +291,14 @@ def test_parallelize_rejects_bad_trial_settings():
         caramel.parallelize(m, opt, trial_passes=0)
     with pytest.raises(CaramelError, match="overlap must be one of auto"):
         caramel.parallelize(m, opt, overlap="sometimes")
+
+
+def test_a_step_without_a_period_takes_its_place_but_adds_no_sample():
+    # a run resumed inside a block: its first step has no period (None), so it is not counted
+    trial = OverlapTrial(_cands(), steps=3, group=None, world=1)
+    trial.block, trial.in_block = 0, 1
+    assert _run(trial, [None, 0.080]) == [None, trial.candidates[1]]
+    assert trial.candidates[0].blocks_s == [[0.080]]
+    trial.block, trial.in_block = 1, 1  # the block's first counted step opens its list
+    _run(trial, [None, 0.070])
+    assert trial.candidates[1].blocks_s == [[0.070]]

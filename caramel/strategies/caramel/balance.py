@@ -125,7 +125,7 @@ class Balancer:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
         stats = self.engine.stats
-        if stats.last_step_s is not None and self.local_batch:
+        if stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
             window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
             window.append(max(stats.last_step_s - stats.last_wait_s, 0.0))
             self.times.move_to_end(self.local_batch)

@@ -101,7 +101,7 @@ class DropoutBalancer:
         """After every reduced step: record this rank's full-model compute; every `every` steps,
         decide; draw the next step's masks."""
         stats = self.engine.stats
-        if stats.last_step_s:  # 0.0 until a step has a period (the first has none)
+        if stats.last_step_s is not None:  # None until a step has a period (a process's first has none)
             self.times.append(max(stats.last_step_s - stats.last_wait_s, 0.0) / self.compute_ratio())
         self.step += 1
         if self.every and self.step % self.every == 0 and self.world > 1:

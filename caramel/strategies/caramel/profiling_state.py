@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
-
 from caramel.errors import CaramelError
+from caramel.strategies.caramel.entry_checks import agree, check_header, digest, is_int, is_map, is_names, is_num
 
 if TYPE_CHECKING:
     from caramel.strategies.caramel.controller import Controller
@@ -36,6 +35,9 @@ KEY = "profiling"
 VERSION = 1
 _REQUIRED = ("world", "inputs", "model_fingerprint", "profile_steps", "measure_split", "engine_steps", "step_calls",
              "order_replans", "ranks")
+# what every rank holds alike (compared across ranks, with each rank's phase_step)
+_SHARED = ("world", "inputs", "model_fingerprint", "profile_steps", "measure_split", "engine_steps", "step_calls",
+           "order_replans")
 _OWN = ("phase_step", "first_use", "use_modules", "module_order", "weight_s", "kept", "input_bytes", "sizes_taken",
         "samples", "log")
 
@@ -52,45 +54,90 @@ def profiling_state(c: Controller) -> dict[str, Any] | None:
 
 
 def check_entry(entry: Any) -> None:
-    """One clear error for an entry caramel did not write or cannot read."""
-    if not isinstance(entry, dict):
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} must be a mapping, got {type(entry).__name__}")
-    version = entry.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has version {version!r}, expected an integer "
-                           f"from 1 to {VERSION}; it was not written by caramel")
-    if version > VERSION:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has version {version!r}, newer than this caramel "
-                           f"reads ({VERSION}); resume with the caramel that saved it")
-    missing = [k for k in _REQUIRED if k not in entry]
-    if missing:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} lacks {', '.join(missing)}; it was not written "
-                           "by caramel")
+    """One clear error for an entry caramel did not write or cannot read: every field this code
+    uses, of every rank's part the entry holds (ranks that load one merged file fail alike)."""
+    check_header(entry, KEY, VERSION, _REQUIRED)
+    bad = []
+    for k, lo in (("world", 2), ("profile_steps", 1), ("engine_steps", 0), ("step_calls", 0), ("order_replans", 0)):
+        if not is_int(entry[k], lo):
+            bad.append(f"{k} ({entry[k]!r}, an integer >= {lo})")
+    if not isinstance(entry["measure_split"], bool):
+        bad.append(f"measure_split ({entry['measure_split']!r}, true or false)")
+    if not is_map(entry["inputs"], lambda v: True):
+        bad.append("inputs (the options, a mapping of names)")
+    if not isinstance(entry["model_fingerprint"], str):
+        bad.append("model_fingerprint (a string)")
+    if bad:
+        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed {', '.join(bad)}")
     ranks, steps = entry["ranks"], entry["profile_steps"]
     if not isinstance(ranks, dict) or not all(isinstance(own, dict) and set(_OWN) <= set(own) for own in ranks.values()):
         raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed ranks (each rank's measurements: "
                            f"{', '.join(_OWN)})")
     for r, own in ranks.items():
         phase = own["phase_step"]
-        if (isinstance(phase, bool) or not isinstance(phase, int) or not isinstance(steps, int)
-                or not 0 <= phase < 2 + steps or (phase >= 1 and own["module_order"] is None)):
+        if not is_int(phase, 0) or phase >= 2 + steps or (phase >= 1 and own["module_order"] is None):
             raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed phase_step {phase!r} of rank {r} "
                                f"(0 to {steps!r} + 1 steps profiled, module uses from step 1 on)")
+        bad = [k for k, ok in _own_checks(own) if not ok]
+        if bad:
+            raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed {', '.join(bad)} of rank {r} "
+                               "(as OnlineProfiler.carried writes them)")
+    if len({own["phase_step"] for own in ranks.values()}) > 1:
+        phases = ", ".join(f"rank {r}: {own['phase_step']}" for r, own in ranks.items())
+        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has ranks at different phase_steps ({phases}); "
+                           "every rank profiles the same steps")
+
+
+def _own_checks(own: dict[str, Any]) -> list[tuple[str, bool]]:
+    uses = own["module_order"] is not None  # module uses watched (step 0 done)
+    return [
+        ("first_use", (own["first_use"] is None and not uses) or (isinstance(own["first_use"], list) and all(
+            isinstance(u, list) and len(u) == 3 and is_int(u[0], 0) and isinstance(u[1], str) and is_num(u[2])
+            for u in own["first_use"]))),
+        ("use_modules", (own["use_modules"] is None and not uses) or (isinstance(own["use_modules"], list) and all(
+            isinstance(u, list) and len(u) == 2 and is_int(u[0], 0) and is_names(u[1]) for u in own["use_modules"]))),
+        ("module_order", own["module_order"] is None or is_names(own["module_order"])),
+        ("weight_s", is_map(own["weight_s"], is_num)),
+        ("kept", is_map(own["kept"], lambda v: is_int(v, 0))),
+        ("input_bytes", is_map(own["input_bytes"], lambda v: is_int(v, 0))),
+        ("sizes_taken", isinstance(own["sizes_taken"], bool)),
+        ("samples", isinstance(own["samples"], list) and all(_is_sample(x) for x in own["samples"])),
+        ("log", isinstance(own["log"], list) and all(
+            isinstance(e, list) and len(e) == 3 and is_num(e[0]) and is_num(e[1]) and is_num(e[2]) and e[2] >= 0
+            for e in own["log"])),
+    ]
+
+
+def _is_sample(x: Any) -> bool:
+    """One timed step as `StepSample` (dataclasses.asdict) writes it."""
+    def indexed(d: Any) -> bool:  # parameter index -> seconds (the index an int, or its string)
+        return isinstance(d, dict) and all(is_num(v) and (is_int(k) or (isinstance(k, str) and k.isdigit()))
+                                           for k, v in d.items())
+    return (isinstance(x, dict) and all(is_num(x.get(k)) for k in ("forward_s", "backward_s", "optimizer_s"))
+            and is_map(x.get("module_start_s"), is_num) and indexed(x.get("ready_s")) and indexed(x.get("rows_ready_s")))
 
 
 def restore_profiling(c: Controller, entry: Any) -> None:
     """Go on profiling from the entry's phase from the next step (every rank), or say why not and
-    profile from the start, as the engine would without it (module docstring)."""
-    check_entry(entry)
+    profile from the start, as the engine would without it (module docstring). Each rank checks
+    all it will use before the ranks exchange verdicts (`entry_checks.agree`): an error is raised
+    on every rank, a refusal made by every rank."""
+    problem = None
+    try:
+        check_entry(entry)
+    except CaramelError as e:
+        problem = str(e)
     if c.world == 1:
+        if problem is not None:
+            raise CaramelError(problem)
         return
-    whys: list[str | None] = [None] * c.world
-    dist.all_gather_object(whys, _unfit(c, entry), group=c.group)
-    unfit = [(r, w) for r, w in enumerate(whys) if w is not None]
-    if unfit:
+    why = _unfit(c, entry) if problem is None else None
+    shared = None if problem is not None else digest(
+        {**entry, "phase_step": _own(entry, c.rank).get("phase_step")}, _SHARED + ("phase_step",))
+    unfit = agree(c, problem, why, shared)
+    if unfit is not None:
         if c.rank == 0:
-            r, why = unfit[0]
-            print(f"caramel: the checkpoint's profiling is not carried on: {why} (rank {r}); the engine profiles "
+            print(f"caramel: the checkpoint's profiling is not carried on: {unfit}; the engine profiles "
                   f"from the start", flush=True)
         return
     c.start_profiling()  # a fresh profiler under the provisional plan, then the saved phase
@@ -120,7 +167,9 @@ def _unfit(c: Controller, entry: dict[str, Any]) -> str | None:
     if not own:
         return "it holds no measurements of this rank (each rank's state dict holds its own)"
     names = {n for n, _ in c.model.named_modules()}
-    if not set(own["weight_s"]) | set(own["kept"]) <= names:
+    used = set(own["weight_s"]) | set(own["kept"]) | set(own["module_order"] or [])
+    used |= {m for _, ms in own["use_modules"] or [] for m in ms} | {m for _, m, _ in own["first_use"] or []}
+    if not used <= names:
         return "it names modules this model lacks"
     return None
 

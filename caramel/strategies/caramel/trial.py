@@ -236,16 +236,19 @@ class OverlapTrial:
     def current(self) -> Candidate:
         return self.candidates[self.blocks[self.block][0]]
 
-    def record(self, period_s: float) -> Candidate | None:
+    def record(self, period_s: float | None) -> Candidate | None:
         """Count one finished step of the current block; the candidate to adopt now, if any.
 
+        `period_s` None: the step has no period (a process's first, as after a resume inside a
+        block); it takes its place in the block but adds no sample.
         Returns the next block's candidate when the current block is over, the winner after the
         last block (and fills `result`), else None (keep going).
         """
         if self.in_block > 0:  # the block's first step is the transition into it
             if self.in_block == 1:
                 self.current.blocks_s.append([])
-            self.current.blocks_s[-1].append(period_s)
+            if period_s is not None:
+                self.current.blocks_s[-1].append(period_s)
         self.in_block += 1
         if self.in_block < self.blocks[self.block][1]:
             return None

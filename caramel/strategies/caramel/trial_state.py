@@ -6,7 +6,8 @@ starts a new trial: other plans, other steps counted, possibly another choice, a
 that works per bucket (top-k) other parameters from the first resumed step. This entry (`trial`
 in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
 
-- what every rank holds alike: the candidates (name, overlap mode, plan with its codecs), the
+- what every rank holds alike: the candidates (name, overlap mode, plan with its codecs, and
+  `plan_ref`, the first candidate holding the same plan object: `restored_candidates`), the
   order of preference and the predictions it came from, the blocks still to run and where in
   them the next step falls (`block`, `in_block`), the passes so far, a confirmation's selection,
   the profile, cluster and module uses the candidates were planned from, the engine's step
@@ -20,18 +21,19 @@ recording into the carried periods: the remaining blocks, the decision (one all-
 every candidate's median over carried and new periods), any further pass or confirmation, as
 the uninterrupted run would. Only the periods measured after the resume are new timings.
 
-A malformed entry or a newer version is one error. An entry that does not fit (other options,
+A malformed entry or a newer version is one error, raised on every rank (`entry_checks.agree`:
+each rank checks and parses its entry before the ranks exchange verdicts). An entry that does not fit (other options,
 model or number of workers, or a rank whose periods it lacks, as when one rank's state dict is
 loaded by all) is not adopted by any rank: rank 0 says why and the engine chooses again, as it
-did before this entry existed (all ranks agree or none adopts, as for the plan in force).
+did before this entry existed (all ranks agree or none adopts, as for the plan in force); so
+is an entry whose shared part differs between ranks.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
-
 from caramel.errors import CaramelError
+from caramel.strategies.caramel.entry_checks import agree, check_header, digest, is_int, is_map, is_names, is_num
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies.caramel.trial import Candidate, OverlapTrial
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 
 KEY = "trial"
 VERSION = 1
+# what every rank holds alike (compared across ranks); the profile and cluster may be a rank's own
+_SHARED = ("world", "inputs", "candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes",
+           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans")
 _REQUIRED = ("candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes", "selection",
              "blocks", "block", "in_block", "profile", "cluster", "module_uses", "module_order", "inputs",
              "engine_steps", "step_calls", "order_replans", "ranks")
@@ -54,7 +59,8 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
         return None
     e = c.engine
     return {"version": VERSION, "world": c.world,
-            "candidates": [{"name": k.name, "overlap": k.overlap, "plan": k.plan.to_dict()} for k in t.candidates],
+            "candidates": [{"name": k.name, "overlap": k.overlap, "plan": k.plan.to_dict(), "plan_ref": _plan_ref(t, i)}
+                           for i, k in enumerate(t.candidates)],
             "preference": list(t.preference), "steps": t.steps, "max_passes": t.max_passes, "confirm": t.confirm,
             "predicted_s": dict(t.predicted_s), "passes": t.passes,
             "selection": t.selection, "blocks": [[i, n] for i, n in t.blocks], "block": t.block,
@@ -68,78 +74,99 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
 
 
 def check_entry(entry: Any) -> None:
-    """One clear error for an entry caramel did not write or cannot read."""
-    if not isinstance(entry, dict):
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} must be a mapping, got {type(entry).__name__}")
-    version = entry.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has version {version!r}, expected an integer "
-                           f"from 1 to {VERSION}; it was not written by caramel")
-    if version > VERSION:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has version {version!r}, newer than this caramel "
-                           f"reads ({VERSION}); resume with the caramel that saved it")
-    missing = [k for k in _REQUIRED if k not in entry]
-    if missing:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} lacks {', '.join(missing)}; it was not written "
-                           "by caramel")
-    cands, blocks = entry["candidates"], entry["blocks"]
+    """One clear error for an entry caramel did not write or cannot read: every field this code
+    uses, of every rank's part the entry holds (ranks that load one merged file fail alike)."""
+    check_header(entry, KEY, VERSION, _REQUIRED)
+    cands = entry["candidates"]
+    if not (isinstance(cands, list) and cands and all(
+            isinstance(k, dict) and isinstance(k.get("name"), str) and isinstance(k.get("overlap"), str)
+            and isinstance(k.get("plan"), dict) for k in cands)):
+        _malformed(["candidates (a non-empty list of name, overlap and plan)"])
+    names = [k["name"] for k in cands]
     bad = []
-    if not isinstance(cands, list) or not cands or not all(
-            isinstance(k, dict) and {"name", "overlap", "plan"} <= set(k) and isinstance(k["plan"], dict) for k in cands):
-        bad.append("candidates (a non-empty list of name, overlap and plan)")
-    elif not isinstance(blocks, list) or not all(
-            isinstance(b, (list, tuple)) and len(b) == 2 and 0 <= b[0] < len(cands) and b[1] > 0 for b in blocks):
+    if len(set(names)) != len(names):
+        bad.append("candidates (each name once)")
+    if not all(is_int(k.get("plan_ref", i), 0) and k.get("plan_ref", i) <= i for i, k in enumerate(cands)):
+        bad.append("candidates' plan_ref (the index of the first candidate holding the same plan)")
+    pref = entry["preference"]
+    if not (is_names(pref) and set(pref) <= set(names) and len(set(pref)) == len(pref)):
+        bad.append(f"preference (candidate names, each once; got {pref!r})")
+    for k, lo in (("steps", 2), ("max_passes", 1), ("passes", 1), ("world", 2), ("engine_steps", 0),
+                  ("step_calls", 0), ("order_replans", 0)):
+        if not is_int(entry[k], lo):
+            bad.append(f"{k} ({entry[k]!r}, an integer >= {lo})")
+    if not isinstance(entry["confirm"], bool):
+        bad.append(f"confirm ({entry['confirm']!r}, true or false)")
+    if not is_map(entry["predicted_s"], lambda v: v is None or is_num(v)):
+        bad.append("predicted_s (candidate name -> seconds or null)")
+    sel = entry["selection"]
+    if sel is not None and not (isinstance(sel, dict) and sel.get("chosen") in names and isinstance(pref, list) and pref):
+        bad.append("selection (null, or what the passes found: a candidate 'chosen', with a preference)")
+    blocks, block, in_block = entry["blocks"], entry["block"], entry["in_block"]
+    if not (isinstance(blocks, list) and blocks and all(
+            isinstance(b, (list, tuple)) and len(b) == 2 and is_int(b[0], 0) and b[0] < len(cands) and is_int(b[1], 1)
+            for b in blocks)):
         bad.append("blocks (pairs of a candidate's index and a number of steps)")
-    elif not (0 <= entry["block"] < len(blocks) and 0 <= entry["in_block"] < blocks[entry["block"]][1]):
-        bad.append(f"block/in_block ({entry['block']}/{entry['in_block']} of {len(blocks)} blocks)")
-    if not isinstance(entry["ranks"], dict):
+    elif not (is_int(block, 0) and block < len(blocks) and is_int(in_block, 0) and in_block < blocks[block][1]):
+        bad.append(f"block/in_block ({block!r}/{in_block!r} of {len(blocks)} blocks)")
+    for k in ("profile", "cluster"):
+        if entry[k] is not None and not isinstance(entry[k], dict):
+            bad.append(f"{k} (a mapping or null)")
+    if entry["module_uses"] is not None and not is_map(entry["module_uses"], lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v)):
+        bad.append("module_uses (module name -> parameter indices, or null)")
+    if entry["module_order"] is not None and not is_names(entry["module_order"]):
+        bad.append("module_order (module names, or null)")
+    if not is_map(entry["inputs"], lambda v: True):
+        bad.append("inputs (the options, a mapping of names)")
+    ranks = entry["ranks"]
+    if not isinstance(ranks, dict):
         bad.append("ranks (a mapping of rank to its periods)")
-    elif not all(isinstance(own, dict) and isinstance(own.get("blocks_s"), list)
-                 and len(own["blocks_s"]) == len(cands) for own in entry["ranks"].values()):
-        bad.append("ranks (each rank's periods, one list of blocks per candidate)")
-    if not isinstance(entry["steps"], int) or entry["steps"] < 2:
-        bad.append(f"steps ({entry['steps']!r}, an integer >= 2)")
+    else:
+        for r, own in ranks.items():
+            periods = own.get("blocks_s") if isinstance(own, dict) else None
+            if not (isinstance(periods, list) and len(periods) == len(cands) and all(
+                    isinstance(bs, list) and all(isinstance(b, list) and all(is_num(p) for p in b) for b in bs)
+                    for bs in periods)):
+                bad.append(f"ranks (rank {r}'s periods: per candidate, a list of blocks of seconds)")
     if bad:
-        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed {', '.join(bad)}")
+        _malformed(bad)
+
+
+def _malformed(bad: list[str]) -> None:
+    raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has malformed {', '.join(bad)}")
 
 
 def restore_trial(c: Controller, entry: Any) -> None:
     """Go on with the entry's trial from the next step (every rank, the same shared part), or say
-    why not and leave the engine's own course (module docstring)."""
-    check_entry(entry)
+    why not and leave the engine's own course (module docstring). Each rank checks and parses
+    all it will use before the ranks exchange verdicts (`entry_checks.agree`): an error is
+    raised on every rank, a refusal made by every rank."""
+    parsed, problem = None, None
+    try:
+        parsed = _parse(c, entry)
+    except CaramelError as e:
+        problem = str(e)
     if c.world == 1:
+        if problem is not None:
+            raise CaramelError(problem)
         return
-    whys: list[str | None] = [None] * c.world
-    dist.all_gather_object(whys, _unfit(c, entry), group=c.group)
-    unfit = [(r, w) for r, w in enumerate(whys) if w is not None]
-    if unfit:
+    why = _unfit(c, entry) if problem is None else None
+    unfit = agree(c, problem, why, digest(entry, _SHARED) if problem is None else None)
+    if unfit is not None:
         if c.rank == 0:
-            r, why = unfit[0]
-            print(f"caramel: the checkpoint's overlap trial is not carried on: {why} (rank {r}); the schedule "
+            print(f"caramel: the checkpoint's overlap trial is not carried on: {unfit}; the schedule "
                   f"is chosen again", flush=True)
         return
-    plans: dict[str, Plan] = {}  # candidates that share a plan (a given plan in each mode) share the object
-    cands = []
-    for k in entry["candidates"]:
-        plan = Plan.from_dict(k["plan"], source="checkpoint")
-        cands.append(Candidate(str(k["name"]), str(k["overlap"]), plans.setdefault(plan.fingerprint, plan)))
-    for cand, blocks in zip(cands, _own(entry, c.rank)["blocks_s"]):
-        cand.blocks_s = [[float(p) for p in b] for b in blocks]
-    trial = OverlapTrial(cands, int(entry["steps"]), c.group, c.world, preference=list(entry["preference"]) or None,
-                         max_passes=int(entry["max_passes"]), confirm=bool(entry["confirm"]),
-                         predicted_s=dict(entry["predicted_s"]))
-    trial.passes, trial.selection = int(entry["passes"]), entry["selection"]
-    trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
-    trial.block, trial.in_block = int(entry["block"]), int(entry["in_block"])
+    assert parsed is not None
+    trial, profile, cluster = parsed
     if c.profiler is not None:
         c.profiler.detach()
         c.profiler.stop()
         c.profiler = None
     c.uses_pending, c.use_tracker = False, None
-    c.profile = ModelProfile.from_dict(entry["profile"], source="checkpoint") if entry["profile"] is not None else None
+    c.profile, c.plan_cluster = profile, cluster
     uses = entry["module_uses"]
-    c.module_uses = {k: [int(i) for i in v] for k, v in uses.items()} if uses is not None else None
-    c.plan_cluster = ClusterSpec.from_dict(entry["cluster"], source="checkpoint") if entry["cluster"] is not None else None
+    c.module_uses = {k: list(v) for k, v in uses.items()} if uses is not None else None
     c.trial = trial
     c.adopt_candidate(trial.current, source="checkpoint (overlap trial)", module_order=entry["module_order"])
     c.engine.stats.step = int(entry["engine_steps"])
@@ -147,11 +174,63 @@ def restore_trial(c: Controller, entry: Any) -> None:
     c.checks.order_replans = int(entry["order_replans"])
 
 
+def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile | None, ClusterSpec | None]:
+    """The trial, profile and cluster this rank would go on with (the trial None without this
+    rank's part: `_unfit` says so); one CaramelError for anything malformed."""
+    check_entry(entry)
+    try:
+        cands = restored_candidates(entry)
+        profile = ModelProfile.from_dict(entry["profile"], source="checkpoint: trial profile") \
+            if entry["profile"] is not None else None
+        cluster = ClusterSpec.from_dict(entry["cluster"], source="checkpoint: trial cluster") \
+            if entry["cluster"] is not None else None
+    except CaramelError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a nested field of a kind from_dict misses
+        raise CaramelError(f"checkpoint: the caramel entry {KEY!r} has a malformed plan, profile or cluster: {e!r}")
+    own = _own(entry, c.rank)
+    if not own:
+        return None, profile, cluster
+    for cand, blocks in zip(cands, own["blocks_s"]):
+        cand.blocks_s = [[float(p) for p in b] for b in blocks]
+    trial = OverlapTrial(cands, entry["steps"], c.group, c.world, preference=list(entry["preference"]) or None,
+                         max_passes=entry["max_passes"], confirm=entry["confirm"], predicted_s=dict(entry["predicted_s"]))
+    trial.passes, trial.selection = entry["passes"], entry["selection"]
+    trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
+    trial.block, trial.in_block = entry["block"], entry["in_block"]
+    return trial, profile, cluster
+
+
+def _plan_ref(t: OverlapTrial, i: int) -> int:
+    # the first candidate holding candidate i's plan object (i itself when none before it does)
+    plan = t.candidates[i].plan
+    return next(j for j, k in enumerate(t.candidates) if k.plan is plan)
+
+
+def restored_candidates(entry: dict[str, Any]) -> list[Candidate]:
+    """The entry's candidates, sharing plan objects exactly as the saving run's did (`plan_ref`;
+    a given plan in each mode shares one). Plans that merely coincide stay apart: the controller
+    switches candidates unless the next one's plan is the very object in force, so two equal
+    plans shared by mistake (the planner's backward plan and DDP's schedule on a small model)
+    would skip the hand-over to torch DDP. An entry without `plan_ref` shares none."""
+    cands: list[Candidate] = []
+    for i, k in enumerate(entry["candidates"]):
+        ref = k.get("plan_ref", i)
+        plan = cands[ref].plan if ref != i else Plan.from_dict(k["plan"], source=f"checkpoint: trial candidate {i}")
+        cands.append(Candidate(str(k["name"]), str(k["overlap"]), plan))
+    return cands
+
+
 def _unfit(c: Controller, entry: dict[str, Any]) -> str | None:
     """Why the saved trial does not fit this run (this rank), or None."""
     saved, mine = entry["inputs"] or {}, c.plan_inputs
     diffs = [f"{k}={saved.get(k)!r} (this run {mine.get(k)!r})" for k in sorted(set(saved) | set(mine))
              if saved.get(k) != mine.get(k)]
+    # the trial's own lengths are options too: a saved trial does not finish with other ones
+    for name, saved_n, mine_n in (("trial_steps", entry["steps"], c.trial_steps),
+                                  ("trial_passes", entry["max_passes"], c.trial_passes)):
+        if saved_n != mine_n:
+            diffs.append(f"{name}={saved_n!r} (this run {mine_n!r})")
     if diffs:
         return "it was run with " + ", ".join(diffs)
     if entry.get("world") != c.world:

@@ -124,3 +124,21 @@ def test_the_simulator_predicts_balanced_shares_on_uneven_workers():
     # compute 3.2 s at speed 1: 6.4 s on the slow worker with equal shares, 3.2 / 0.75 balanced
     assert equal.step_time_s == pytest.approx(6.4, rel=0.02)
     assert balanced.step_time_s == pytest.approx(3.2 / 0.75, rel=0.02)
+
+
+def test_a_processs_first_step_adds_no_time_to_the_window():
+    # a fresh engine's first step (a resumed run's too) has no period: nothing to count
+    import torch.nn as nn
+    from types import SimpleNamespace
+
+    from caramel.runtime.stats import EngineStats
+    from caramel.strategies.caramel.balance import Balancer
+
+    engine = SimpleNamespace(stats=EngineStats())
+    b = Balancer(engine, nn.Linear(2, 2), None, 0, 1, every=0)
+    b.schedule, b.local_batch = ShareSchedule(4, 1), 4
+    b.step_end()
+    assert engine.stats.last_step_s is None and not b.times
+    engine.stats.last_step_s = 0.012
+    b.step_end()
+    assert list(b.times[4]) == [0.012]
