@@ -171,8 +171,9 @@ def _steps_alone(cfg: DataBenchConfig, sync) -> float:
     return sorted(no_data)[len(no_data) // 2] if no_data else cfg.compute_s
 
 
-def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str,
-                      budget: tuple[int, int], shards: list | None, counters: TierCounters, sync) -> dict | None:
+def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetIndex | None, rank: int, rnd: int,
+                      workdir: str, budget: tuple[int, int], shards: list | None, counters: TierCounters,
+                      sync) -> dict | None:
     """Right before a mode's round, on every rank: its steps alone and (with loader workers) beside
     the mode's own loader over data that needs no store (`data_contention.mode_calibration_loader`),
     from the second pass of its workers (`steady_steps`), so the model's contention follows the
@@ -184,7 +185,7 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd:
     if _calibrates_loaded(cfg, shards):
         from caramel.bench.data_contention import mode_calibration_loader, steady_steps
 
-        loader = mode_calibration_loader(mode, cfg, url, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
+        loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
                                          counters)
         out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
         del loader
@@ -193,7 +194,7 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd:
 
 
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
-               host: tuple[str, str] | None = None, shards: list | None = None) -> None:
+               host: tuple[str, str] | None = None, shards: list | None = None, index: DatasetIndex | None = None) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -223,7 +224,7 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                 queue.put(loaded)
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
-                calibration = _mode_calibration(mode, cfg, url, rank, rnd, workdir, budget, shards,
+                calibration = _mode_calibration(mode, cfg, url, index, rank, rnd, workdir, budget, shards,
                                                 calibration_counters, sync)
                 if rank == 0 and calibration is not None:
                     queue.put(calibration)
@@ -311,7 +312,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             budget = budgets(cfg, index)
             shards = calibration_shards(str(directory) if cluster else data_url, index)
             results, costs["compute_comm_s"], costs["loaded"] = _run_ranks(cfg, data_url, workdir, budget, server,
-                                                                           hosts, shards)
+                                                                           hosts, shards, index)
         report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
         if cluster is not None:
             from caramel.bench.data_cluster import cluster_report
@@ -322,8 +323,8 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
 
 
 def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server,
-               hosts: list[tuple[str, str]] | None = None, shards: list | None = None
-               ) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
+               hosts: list[tuple[str, str]] | None = None, shards: list | None = None,
+               index: DatasetIndex | None = None) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
     """Each mode's results (with the calibration run right before each of its rounds), the median
     step of compute and all-reduce alone, and (with `shards` and loader workers) the same steps
     beside busy workers (`data_contention.loaded_steps`), both once before the modes."""
@@ -333,7 +334,7 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
     results = {m: ModeResult(m) for m in cfg.modes}
     procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
-                                                  hosts[r] if hosts else None, shards))
+                                                  hosts[r] if hosts else None, shards, index))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()

@@ -174,8 +174,9 @@ def calibration_order(shards: list[tuple[ShardInfo, bytes]], index: DatasetIndex
     return order[:total]
 
 
-def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: list[tuple[ShardInfo, bytes]],
-                            directory: str, budget: tuple[int, int], counters: TierCounters):
+def mode_calibration_loader(mode: str, cfg: Any, url: str, index: DatasetIndex, rank: int,
+                            shards: list[tuple[ShardInfo, bytes]], directory: str, budget: tuple[int, int],
+                            counters: TierCounters):
     """A loader of the mode's own class and worker setup over data that needs no store: what the
     mode's training process and workers do per batch, beside the step, without the loading the
     model charges itself (the link, the requests, the misses' disk reads).
@@ -185,7 +186,9 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
     `locality`: `make_loader` with the mode's options (StatefulDataLoader, caramel.data's transport,
     the memory tier's budget, the tier counters) on a disk cache holding `shards`, read in a
     locality-like order of theirs; after the first read of each shard they come from the memory
-    tier, as a fully cached mode's do. Enough batches for `cfg.calibration_steps` steps."""
+    tier, as a fully cached mode's do. Enough batches for `cfg.calibration_steps` steps. Nothing
+    is read from the store at `url`, not even its `index` (the caller's): the server's count of
+    a run's bytes stays the modes' own."""
     total = (cfg.calibration_steps + 1) * cfg.batch_size
     if mode == "remote":
         samples = decoded(shards)
@@ -196,7 +199,6 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
     from caramel.data.cache import ShardCache
     from caramel.data.loader import LoaderOptions, make_loader
 
-    index = Store(url).index()
     disk = max(budget[0], sum(len(data) for _, data in shards))  # the shards stay on disk whatever the mode's budget
     cache = ShardCache(os.path.join(directory, f"rank{rank}"), disk)
     for info, data in shards:
@@ -205,4 +207,4 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
                          cache_dir=directory, cache_budget_bytes=disk, memory_budget_bytes=budget[1],
                          locality=(mode == "locality"), seed=cfg.seed)
     return make_loader(url, rank, cfg.ranks, opts, counters=counters,
-                       sampler=calibration_order(shards, index, total, cfg.seed + rank))
+                       sampler=calibration_order(shards, index, total, cfg.seed + rank), index=index)

@@ -138,12 +138,15 @@ def test_a_store_served_from_a_cluster_host_is_read_over_its_link_and_left_clean
 
     if not netns.support().ok:
         pytest.skip(f"no emulated cluster here: {netns.support().reason}")
-    report = run_data_bench(_config(network="cluster", rank_rate_bps=1e9), str(store_dir))
+    # a loader worker, so each mode's round is calibrated beside its own loader, which must read nothing remote
+    report = run_data_bench(_config(network="cluster", rank_rate_bps=1e9, loader_workers=1, calibration_steps=5),
+                            str(store_dir))
     rows, data, c = {r["mode"]: r for r in report["rows"]}, report["data_bytes"], report["cluster"]
     assert report["remote_bytes_from"] != "server" and c["store_url"].startswith("http://198.1")
     assert rows["remote"]["remote_bytes_per_epoch_steady"] == data  # every sample by a range read, over the link
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0
     # the server process's own count: what the ranks' workers counted, plus each rank's index reads
+    assert all(r["calibrations"][0]["loaded"] is not None for r in rows.values())
     assert c["server_totals"]["bytes"] > 0 and c["server_minus_counted_bytes"] == 0
     assert c["namespaces_left"] == [] and not [ns for ns in netns.list_netns() if ns.startswith(c["hosts"][0][:9])]
 
