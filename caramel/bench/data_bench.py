@@ -185,12 +185,27 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
     if _calibrates_loaded(cfg, shards):
         from caramel.bench.data_contention import mode_calibration_loader, steady_steps
 
-        loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
-                                         counters)
-        out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
-        del loader
-        gc.collect()  # its workers gone before the mode's first step
+        directory = f"{workdir}/calibration-{rnd}-{mode}"
+        loader = None
+        try:
+            loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, directory, budget, counters)
+            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
+        finally:
+            _shut_down(loader)  # its workers gone before the mode's first step, or at once on an error
+            del loader
+            gc.collect()
+            # the rank's two-shard cache goes now, not at the run's end: ranks x rounds x modes copies of shards
+            shutil.rmtree(f"{directory}/rank{rank}", ignore_errors=True)
     return out
+
+
+def _shut_down(loader) -> None:
+    """Stop `loader`'s persistent workers now. Dropping the last reference does the same, but on an
+    error the traceback's frames still hold the loader and its iterator."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
 
 
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,

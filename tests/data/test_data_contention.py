@@ -140,3 +140,37 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
     assert row["prediction_error"] == pytest.approx(7.4 / 7 - 1, rel=1e-2)
     # the one calibration before the modes: 5.4 / (4.5 + 0.3) = x1.125 on its 4.5 + 0.3 ms
     assert row["predicted_step_s_one_calibration"] == pytest.approx(5.4e-3, rel=1e-3)
+
+
+@pytest.mark.timeout(60)
+def test_a_calibration_leaves_no_worker_and_no_cache_even_on_an_error(store, tmp_path):
+    import multiprocessing
+
+    from caramel.bench.data_bench import DataBenchConfig, _mode_calibration
+
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    cfg = DataBenchConfig(ranks=2, batch_size=4, loader_workers=1, calibration_steps=WARMUP_STEPS + 3, compute_s=0.0)
+    cache = tmp_path / "calibration-0-locality" / "rank1"
+    calls = []
+
+    def sync(fail_at=None):
+        calls.append(1)
+        if cache.exists():
+            seen.add(len(calls))
+        if len(calls) == fail_at:
+            raise RuntimeError("a peer went away")
+
+    seen: set[int] = set()
+    out = _mode_calibration("locality", cfg, str(store), index, 1, 0, str(tmp_path), (0, 1 << 20), shards,
+                            TierCounters(), sync)
+    assert out["loaded"]["step_s"] > 0 and seen  # the cache was there while the steps ran...
+    assert not cache.exists() and multiprocessing.active_children() == []  # ...and is gone with the workers
+    calls.clear()
+    fail_at = cfg.calibration_steps + 4  # alone, then into the loaded steps' first pass
+    with pytest.raises(RuntimeError, match="a peer went away") as err:
+        _mode_calibration("locality", cfg, str(store), index, 1, 0, str(tmp_path), (0, 1 << 20), shards,
+                          TierCounters(), lambda: sync(fail_at))
+    # the traceback (still held here) holds the loader's frames; its workers stopped all the same
+    assert err.value is not None and multiprocessing.active_children() == []
+    assert not cache.exists()
