@@ -21,6 +21,7 @@ loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 """
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import math
@@ -148,7 +149,8 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
             waits.append(waited)
             syncs.append(synced)
             last = now
-        queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits), sum(syncs) / len(syncs)))
+        queue.put(("epoch", (rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits),
+                             sum(syncs) / len(syncs))))
         barrier.wait()
 
 
@@ -226,7 +228,7 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         token = torch.zeros(1)
         sync = functools.partial(dist.all_reduce, token)
         if rank == 0:
-            queue.put(_steps_alone(cfg, sync))
+            queue.put(("alone", _steps_alone(cfg, sync)))
         else:
             _steps_alone(cfg, sync)
         if _calibrates_loaded(cfg, shards):  # once, before the modes: the model with one calibration per run
@@ -236,13 +238,13 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                                   cfg.calibration_steps, cfg.compute_s, sync)
             gc.collect()  # its workers gone before the first mode
             if rank == 0:
-                queue.put(loaded)
+                queue.put(("loaded", loaded))
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 calibration = _mode_calibration(mode, cfg, url, index, rank, rnd, workdir, budget, shards,
                                                 calibration_counters, sync)
                 if rank == 0 and calibration is not None:
-                    queue.put(calibration)
+                    queue.put(("calibration", calibration))
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
                 _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
                 # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent
@@ -256,18 +258,29 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         dist.destroy_process_group()
 
 
-def _get(queue, procs, timeout_s: float):
-    """The next message; a rank that died meanwhile is an error at once, not after the timeout."""
-    import queue as queues
+class _Inbox:
+    """The ranks' messages, each tagged with its kind ("alone", "loaded", "calibration", "epoch"),
+    taken by kind: each rank's queue feeder sends in the background, so rank 0's calibration
+    before the next mode can arrive before another rank's last epoch message of this one."""
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return queue.get(timeout=1.0)
-        except queues.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
+    def __init__(self, queue, procs, timeout_s: float):
+        self.queue, self.procs, self.timeout_s = queue, procs, timeout_s
+        self.early: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+
+    def get(self, kind: str):
+        """The next message of `kind`; a rank that died meanwhile is an error at once, not after the timeout."""
+        import queue as queues
+
+        deadline = time.monotonic() + self.timeout_s
+        while not self.early[kind]:
+            try:
+                tag, message = self.queue.get(timeout=1.0)
+                self.early[tag].append(message)
+            except queues.Empty:
+                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
+        return self.early[kind].popleft()
 
 
 def is_local(url: str) -> bool:
@@ -355,13 +368,14 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
         p.start()
     compute_comm_s, loaded = None, None
     try:
-        compute_comm_s = _get(queue, procs, cfg.timeout_s)
+        inbox = _Inbox(queue, procs, cfg.timeout_s)
+        compute_comm_s = inbox.get("alone")
         if _calibrates_loaded(cfg, shards):
-            loaded = _get(queue, procs, cfg.timeout_s)
+            loaded = inbox.get("loaded")
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 if cfg.calibration_steps > 0:
-                    results[mode].calibrations.append(_get(queue, procs, cfg.timeout_s))
+                    results[mode].calibrations.append(inbox.get("calibration"))
                 for _epoch in range(cfg.epochs):
                     barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
@@ -372,7 +386,7 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
                         results[mode].epoch_requests.append(server.requests_served - q0)
                     tiers: dict[str, int] = {}
                     for _ in range(cfg.ranks):
-                        rank, counts, steps, wait_s, sync_s = _get(queue, procs, cfg.timeout_s)
+                        rank, counts, steps, wait_s, sync_s = inbox.get("epoch")
                         tiers = {k: tiers.get(k, 0) + v for k, v in counts.items()}
                         if rank == 0:
                             results[mode].epoch_step_s.append(steps)

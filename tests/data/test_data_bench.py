@@ -185,3 +185,22 @@ def test_the_store_servers_error_output_goes_to_its_log_and_its_end_is_named(tmp
     with pytest.raises(CaramelError, match=rf"did not start within 20 s: boom \(its log: {log}\)"):
         _wait_ready(proc, 20, log)
     assert proc.returncode == 3
+
+
+def test_the_parent_takes_each_ranks_message_by_its_kind():
+    """Rank 0's calibration before the next mode may overtake another rank's last epoch message
+    (each rank's queue sends in the background): neither is taken for the other."""
+    import queue
+    from types import SimpleNamespace
+
+    from caramel.bench.data_bench import _Inbox
+
+    q = queue.Queue()
+    for message in [("epoch", (0, {}, [1.0], 0.1, 0.2)), ("calibration", {"mode": "locality"}),
+                    ("epoch", (1, {}, [1.0], 0.1, 0.2))]:
+        q.put(message)
+    inbox = _Inbox(q, [SimpleNamespace(exitcode=None)], timeout_s=5)
+    assert [inbox.get("epoch")[0], inbox.get("epoch")[0]] == [0, 1]
+    assert inbox.get("calibration") == {"mode": "locality"}
+    with pytest.raises(RuntimeError, match=r"failed or stalled \(exit codes \[1\]\)"):
+        _Inbox(q, [SimpleNamespace(exitcode=1)], timeout_s=5).get("epoch")
