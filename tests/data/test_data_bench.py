@@ -204,3 +204,24 @@ def test_the_parent_takes_each_ranks_message_by_its_kind():
     assert inbox.get("calibration") == {"mode": "locality"}
     with pytest.raises(RuntimeError, match=r"failed or stalled \(exit codes \[1\]\)"):
         _Inbox(q, [SimpleNamespace(exitcode=1)], timeout_s=5).get("epoch")
+
+
+def test_stored_records_of_the_previous_format_still_render():
+    """The stored /1 and /2 records (one contention factor per run, or none at all) render beside
+    the /3 ones the bench writes now; a field a record lacks is "-"."""
+    import json
+    from pathlib import Path
+
+    from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
+
+    assert REPORT_FORMAT == "caramel.data-bench/3"
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
+               for name, record in stored_records(json.loads(path.read_text())).items()
+               if record["format"] in ("caramel.data-bench/1", "caramel.data-bench/2")}
+    assert "data-bench-cluster.json:cluster-1" in records and len(records) > 10
+    for name, record in records.items():
+        table = format_rows(record, markdown=True).splitlines()
+        assert len(table) == 2 + len(record["rows"]), name
+        if "contention" not in record:
+            assert all(line.split(" | ")[11] == "-" for line in table[2:]), name  # no factor to show
