@@ -7,26 +7,28 @@ all-reduce and its receipt of a batch from a worker each wait their turn behind 
 prefetching. The I/O model's inputs are measured alone (compute + all-reduce without data; one
 batch's trip through a one-worker loader), so that wait is in none of them.
 
-Right before each round of each mode, every rank runs `calibration_steps` of the bench's own
-step (wait for a batch, `compute_s`, all-reduce) without data (C, the median) and then beside a
-loader of the mode's own class and worker setup over data that needs no store
-(`mode_calibration_loader`): the plain mode's torch DataLoader over samples in memory, the
-cached and locality modes' StatefulDataLoader with their memory tier and counters over a disk
-cache holding the first two shards, timed over a second pass of its persistent workers
-(`steady_steps`), as the modes are scored from their second epoch. So the mode's loader's own
-work per batch (tier lookups, decoding, counters, the loader's state in the training process) is
-in it; the store, the misses and the sampler's order are not: the model charges those itself.
-With its mean step S_loaded (a mean, as the scored steps are: an occasional long wait is
-contention too) against the floor of C (the quickest of the run's windows of steps alone,
-`alone_floor_s`) plus the batch's trip T by the mode's transport,
+Right before each round of each mode, every rank runs `calibration_steps` of the bench's own step
+(wait for a batch, `compute_s`, all-reduce) without data (C, the median) and then beside a loader
+of the mode's own class and worker setup over data that needs no store (`mode_calibration_loader`):
+the plain mode's torch DataLoader over samples in memory, the cached and locality modes'
+StatefulDataLoader with their memory tier and counters over a disk cache holding the first two
+shards, timed over a second pass of its persistent workers (`steady_steps`: two passes of
+`calibration_steps`, the second timed), as the modes are scored from their second epoch. So the
+mode's loader's own work per batch (tier lookups, decoding, counters, the loader's state in the
+training process) is in it; the store, the misses and the sampler's order are not: the model
+charges those itself. With its mean step S_loaded (a mean, as the scored steps are: an occasional
+long wait is contention too) against the floor of C (the quickest of the run's windows of steps
+alone, `alone_floor_s`) plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
 
 per round (`round_inputs`). The model predicts each round's step from that round's factor (a
 round on a busier machine runs slower beside the workers) and the mode's step is the median over
 its rounds, as the measured step is a median over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched
-step (`DataLoadModel.contention`); 1 is a machine with cores to spare. It is never fitted to the
-scored steps: each runs before them.
+step (`DataLoadModel.contention`); 1 is a machine with cores to spare. S_loaded is taken right
+before its round, the floor C over the whole run's windows of steps alone (later rounds'
+included, so a round's prediction is complete when the run ends); neither is fitted to the
+scored steps, both being steps timed apart from them.
 
 `loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
 samples in memory, caramel.data's transport): the model of one calibration per run, which the
