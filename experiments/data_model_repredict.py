@@ -6,7 +6,9 @@ record, rebuilds each mode's model with `caramel.bench.data_report.predict` and 
 contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
 the model with each round's own calibration (the median over rounds), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
-measuring anything again. Usage: python -m experiments.data_model_repredict STORE_DIR FILE...
+measuring anything again. A FILE is a record or a results file of runs
+(`caramel.data-bench-runs/1`, as in docs/results), whose every record is rescored; a field an
+older record lacks prints as "-". Usage: python -m experiments.data_model_repredict STORE_DIR FILE...
 """
 from __future__ import annotations
 
@@ -16,9 +18,19 @@ from dataclasses import replace
 
 from caramel.bench.data_bench import DataBenchConfig
 from caramel.bench.data_contention import alone_floor_s, round_inputs
-from caramel.bench.data_report import batch_trip_s, measured_contention, predict
+from caramel.bench.data_report import batch_trip_s, measured_contention, predict, stored_records
 from caramel.data.store import Store
 from caramel.stats import median
+
+
+# what the model is rebuilt from: a record without them (caramel.data-bench/1) cannot be rescored
+ROW_INPUTS = ("step_s_steady", "sample_hit_rate_steady", "memory_share_steady", "samples_per_disk_read",
+              "fetch_amplification", "hit_rate_steady")
+
+
+def missing_inputs(record: dict) -> list[str]:
+    """The model's inputs that some row of `record` lacks."""
+    return sorted({k for row in record["rows"] for k in ROW_INPUTS if k not in row})
 
 
 def repredict(record: dict, index) -> list[dict]:
@@ -38,21 +50,32 @@ def repredict(record: dict, index) -> list[dict]:
         per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
         now = median(per_round) if per_round else model.step_time_s(start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,
-                    "error": now / row["step_s_steady"] - 1, "recorded_error": row["prediction_error"],
+                    "error": now / row["step_s_steady"] - 1, "recorded_error": row.get("prediction_error"),
                     "one_calibration_error": model.step_time_s(start) / row["step_s_steady"] - 1,
-                    "before_error": row["prediction_error_before"]})
+                    "before_error": row.get("prediction_error_before")})
     return out
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
 
 
 def main(argv: list[str]) -> int:
     index = Store(argv[0]).index()
     for path in argv[1:]:
         with open(path) as f:
-            record = json.load(f)
-        for r in repredict(record, index):
-            print(f"{path}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  repredicted "
-                  f"{r['repredicted_s'] * 1e3:6.2f} ms ({r['error']:+.0%})  recorded {r['recorded_error']:+.0%}  "
-                  f"one calibration {r['one_calibration_error']:+.0%}  before {r['before_error']:+.0%}")
+            records = stored_records(json.load(f))
+        for name, record in records.items():
+            where = f"{path}{':' + name if name else ''}"
+            if missing_inputs(record):
+                print(f"{where}  not rescored: its rows lack {', '.join(missing_inputs(record))} "
+                      f"(format {record.get('format')})")
+                continue
+            for r in repredict(record, index):
+                print(f"{where}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  "
+                      f"repredicted {r['repredicted_s'] * 1e3:6.2f} ms ({r['error']:+.0%})  "
+                      f"recorded {_percent(r['recorded_error'])}  one calibration {r['one_calibration_error']:+.0%}  "
+                      f"before {_percent(r['before_error'])}")
     return 0
 
 

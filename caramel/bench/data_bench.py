@@ -21,6 +21,7 @@ loader workers keep the CPUs) plus the all-reduce; each is timed. Modes:
 """
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import math
@@ -148,7 +149,8 @@ def _run_epochs(loader, sampler, cfg: DataBenchConfig, rank: int, barrier, queue
             waits.append(waited)
             syncs.append(synced)
             last = now
-        queue.put((rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits), sum(syncs) / len(syncs)))
+        queue.put(("epoch", (rank, asdict(counters.snapshot() - before), steps, sum(waits) / len(waits),
+                             sum(syncs) / len(syncs))))
         barrier.wait()
 
 
@@ -171,8 +173,9 @@ def _steps_alone(cfg: DataBenchConfig, sync) -> float:
     return sorted(no_data)[len(no_data) // 2] if no_data else cfg.compute_s
 
 
-def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd: int, workdir: str,
-                      budget: tuple[int, int], shards: list | None, counters: TierCounters, sync) -> dict | None:
+def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetIndex | None, rank: int, rnd: int,
+                      workdir: str, budget: tuple[int, int], shards: list | None, counters: TierCounters,
+                      sync) -> dict | None:
     """Right before a mode's round, on every rank: its steps alone and (with loader workers) beside
     the mode's own loader over data that needs no store (`data_contention.mode_calibration_loader`),
     from the second pass of its workers (`steady_steps`), so the model's contention follows the
@@ -184,16 +187,31 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, rank: int, rnd:
     if _calibrates_loaded(cfg, shards):
         from caramel.bench.data_contention import mode_calibration_loader, steady_steps
 
-        loader = mode_calibration_loader(mode, cfg, url, rank, shards, f"{workdir}/calibration-{rnd}-{mode}", budget,
-                                         counters)
-        out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
-        del loader
-        gc.collect()  # its workers gone before the mode's first step
+        directory = f"{workdir}/calibration-{rnd}-{mode}"
+        loader = None
+        try:
+            loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, directory, budget, counters)
+            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
+        finally:
+            _shut_down(loader)  # its workers gone before the mode's first step, or at once on an error
+            del loader
+            gc.collect()
+            # the rank's two-shard cache goes now, not at the run's end: ranks x rounds x modes copies of shards
+            shutil.rmtree(f"{directory}/rank{rank}", ignore_errors=True)
     return out
 
 
+def _shut_down(loader) -> None:
+    """Stop `loader`'s persistent workers now. Dropping the last reference does the same, but on an
+    error the traceback's frames still hold the loader and its iterator."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
-               host: tuple[str, str] | None = None, shards: list | None = None) -> None:
+               host: tuple[str, str] | None = None, shards: list | None = None, index: DatasetIndex | None = None) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -210,7 +228,7 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         token = torch.zeros(1)
         sync = functools.partial(dist.all_reduce, token)
         if rank == 0:
-            queue.put(_steps_alone(cfg, sync))
+            queue.put(("alone", _steps_alone(cfg, sync)))
         else:
             _steps_alone(cfg, sync)
         if _calibrates_loaded(cfg, shards):  # once, before the modes: the model with one calibration per run
@@ -220,13 +238,13 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                                   cfg.calibration_steps, cfg.compute_s, sync)
             gc.collect()  # its workers gone before the first mode
             if rank == 0:
-                queue.put(loaded)
+                queue.put(("loaded", loaded))
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
-                calibration = _mode_calibration(mode, cfg, url, rank, rnd, workdir, budget, shards,
+                calibration = _mode_calibration(mode, cfg, url, index, rank, rnd, workdir, budget, shards,
                                                 calibration_counters, sync)
                 if rank == 0 and calibration is not None:
-                    queue.put(calibration)
+                    queue.put(("calibration", calibration))
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
                 _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
                 # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent
@@ -240,18 +258,29 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         dist.destroy_process_group()
 
 
-def _get(queue, procs, timeout_s: float):
-    """The next message; a rank that died meanwhile is an error at once, not after the timeout."""
-    import queue as queues
+class _Inbox:
+    """The ranks' messages, each tagged with its kind ("alone", "loaded", "calibration", "epoch"),
+    taken by kind: each rank's queue feeder sends in the background, so rank 0's calibration
+    before the next mode can arrive before another rank's last epoch message of this one."""
 
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return queue.get(timeout=1.0)
-        except queues.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
+    def __init__(self, queue, procs, timeout_s: float):
+        self.queue, self.procs, self.timeout_s = queue, procs, timeout_s
+        self.early: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+
+    def get(self, kind: str):
+        """The next message of `kind`; a rank that died meanwhile is an error at once, not after the timeout."""
+        import queue as queues
+
+        deadline = time.monotonic() + self.timeout_s
+        while not self.early[kind]:
+            try:
+                tag, message = self.queue.get(timeout=1.0)
+                self.early[tag].append(message)
+            except queues.Empty:
+                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"a rank process failed or stalled (exit codes {dead})") from None
+        return self.early[kind].popleft()
 
 
 def is_local(url: str) -> bool:
@@ -311,7 +340,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             budget = budgets(cfg, index)
             shards = calibration_shards(str(directory) if cluster else data_url, index)
             results, costs["compute_comm_s"], costs["loaded"] = _run_ranks(cfg, data_url, workdir, budget, server,
-                                                                           hosts, shards)
+                                                                           hosts, shards, index)
         report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
         if cluster is not None:
             from caramel.bench.data_cluster import cluster_report
@@ -322,8 +351,8 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
 
 
 def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server,
-               hosts: list[tuple[str, str]] | None = None, shards: list | None = None
-               ) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
+               hosts: list[tuple[str, str]] | None = None, shards: list | None = None,
+               index: DatasetIndex | None = None) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
     """Each mode's results (with the calibration run right before each of its rounds), the median
     step of compute and all-reduce alone, and (with `shards` and loader workers) the same steps
     beside busy workers (`data_contention.loaded_steps`), both once before the modes."""
@@ -333,19 +362,20 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
     results = {m: ModeResult(m) for m in cfg.modes}
     procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
-                                                  hosts[r] if hosts else None, shards))
+                                                  hosts[r] if hosts else None, shards, index))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()
     compute_comm_s, loaded = None, None
     try:
-        compute_comm_s = _get(queue, procs, cfg.timeout_s)
+        inbox = _Inbox(queue, procs, cfg.timeout_s)
+        compute_comm_s = inbox.get("alone")
         if _calibrates_loaded(cfg, shards):
-            loaded = _get(queue, procs, cfg.timeout_s)
+            loaded = inbox.get("loaded")
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 if cfg.calibration_steps > 0:
-                    results[mode].calibrations.append(_get(queue, procs, cfg.timeout_s))
+                    results[mode].calibrations.append(inbox.get("calibration"))
                 for _epoch in range(cfg.epochs):
                     barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
@@ -356,7 +386,7 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
                         results[mode].epoch_requests.append(server.requests_served - q0)
                     tiers: dict[str, int] = {}
                     for _ in range(cfg.ranks):
-                        rank, counts, steps, wait_s, sync_s = _get(queue, procs, cfg.timeout_s)
+                        rank, counts, steps, wait_s, sync_s = inbox.get("epoch")
                         tiers = {k: tiers.get(k, 0) + v for k, v in counts.items()}
                         if rank == 0:
                             results[mode].epoch_step_s.append(steps)

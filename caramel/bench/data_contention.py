@@ -7,26 +7,28 @@ all-reduce and its receipt of a batch from a worker each wait their turn behind 
 prefetching. The I/O model's inputs are measured alone (compute + all-reduce without data; one
 batch's trip through a one-worker loader), so that wait is in none of them.
 
-Right before each round of each mode, every rank runs `calibration_steps` of the bench's own
-step (wait for a batch, `compute_s`, all-reduce) without data (C, the median) and then beside a
-loader of the mode's own class and worker setup over data that needs no store
-(`mode_calibration_loader`): the plain mode's torch DataLoader over samples in memory, the
-cached and locality modes' StatefulDataLoader with their memory tier and counters over a disk
-cache holding the first two shards, timed over a second pass of its persistent workers
-(`steady_steps`), as the modes are scored from their second epoch. So the mode's loader's own
-work per batch (tier lookups, decoding, counters, the loader's state in the training process) is
-in it; the store, the misses and the sampler's order are not: the model charges those itself.
-With its mean step S_loaded (a mean, as the scored steps are: an occasional long wait is
-contention too) against the floor of C (the quickest of the run's windows of steps alone,
-`alone_floor_s`) plus the batch's trip T by the mode's transport,
+Right before each round of each mode, every rank runs `calibration_steps` of the bench's own step
+(wait for a batch, `compute_s`, all-reduce) without data (C, the median) and then beside a loader
+of the mode's own class and worker setup over data that needs no store (`mode_calibration_loader`):
+the plain mode's torch DataLoader over samples in memory, the cached and locality modes'
+StatefulDataLoader with their memory tier and counters over a disk cache holding the first two
+shards, timed over a second pass of its persistent workers (`steady_steps`: two passes of
+`calibration_steps`, the second timed), as the modes are scored from their second epoch. So the
+mode's loader's own work per batch (tier lookups, decoding, counters, the loader's state in the
+training process) is in it; the store, the misses and the sampler's order are not: the model
+charges those itself. With its mean step S_loaded (a mean, as the scored steps are: an occasional
+long wait is contention too) against the floor of C (the quickest of the run's windows of steps
+alone, `alone_floor_s`) plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
 
 per round (`round_inputs`). The model predicts each round's step from that round's factor (a
 round on a busier machine runs slower beside the workers) and the mode's step is the median over
 its rounds, as the measured step is a median over its epochs (`data_report.summarize`). The factor stretches the compute side of a prefetched
-step (`DataLoadModel.contention`); 1 is a machine with cores to spare. It is never fitted to the
-scored steps: each runs before them.
+step (`DataLoadModel.contention`); 1 is a machine with cores to spare. S_loaded is taken right
+before its round, the floor C over the whole run's windows of steps alone (later rounds'
+included, so a round's prediction is complete when the run ends); neither is fitted to the
+scored steps, both being steps timed apart from them.
 
 `loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
 samples in memory, caramel.data's transport): the model of one calibration per run, which the
@@ -174,8 +176,9 @@ def calibration_order(shards: list[tuple[ShardInfo, bytes]], index: DatasetIndex
     return order[:total]
 
 
-def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: list[tuple[ShardInfo, bytes]],
-                            directory: str, budget: tuple[int, int], counters: TierCounters):
+def mode_calibration_loader(mode: str, cfg: Any, url: str, index: DatasetIndex, rank: int,
+                            shards: list[tuple[ShardInfo, bytes]], directory: str, budget: tuple[int, int],
+                            counters: TierCounters):
     """A loader of the mode's own class and worker setup over data that needs no store: what the
     mode's training process and workers do per batch, beside the step, without the loading the
     model charges itself (the link, the requests, the misses' disk reads).
@@ -185,7 +188,9 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
     `locality`: `make_loader` with the mode's options (StatefulDataLoader, caramel.data's transport,
     the memory tier's budget, the tier counters) on a disk cache holding `shards`, read in a
     locality-like order of theirs; after the first read of each shard they come from the memory
-    tier, as a fully cached mode's do. Enough batches for `cfg.calibration_steps` steps."""
+    tier, as a fully cached mode's do. Enough batches for `cfg.calibration_steps` steps. Nothing
+    is read from the store at `url`, not even its `index` (the caller's): the server's count of
+    a run's bytes stays the modes' own."""
     total = (cfg.calibration_steps + 1) * cfg.batch_size
     if mode == "remote":
         samples = decoded(shards)
@@ -196,7 +201,6 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
     from caramel.data.cache import ShardCache
     from caramel.data.loader import LoaderOptions, make_loader
 
-    index = Store(url).index()
     disk = max(budget[0], sum(len(data) for _, data in shards))  # the shards stay on disk whatever the mode's budget
     cache = ShardCache(os.path.join(directory, f"rank{rank}"), disk)
     for info, data in shards:
@@ -205,4 +209,4 @@ def mode_calibration_loader(mode: str, cfg: Any, url: str, rank: int, shards: li
                          cache_dir=directory, cache_budget_bytes=disk, memory_budget_bytes=budget[1],
                          locality=(mode == "locality"), seed=cfg.seed)
     return make_loader(url, rank, cfg.ranks, opts, counters=counters,
-                       sampler=calibration_order(shards, index, total, cfg.seed + rank))
+                       sampler=calibration_order(shards, index, total, cfg.seed + rank), index=index)

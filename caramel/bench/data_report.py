@@ -3,6 +3,7 @@ time and its parts, speedup with its interval, remote bytes, hit rate by tier, t
 prediction) and the table."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import asdict, replace
@@ -17,7 +18,13 @@ from caramel.data.io_model import DataLoadModel
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
 from caramel.data.transport import PIPE_MAX_BYTES, WorkerCollate, received
+from caramel.errors import CaramelError
 from caramel.stats import median, paired_ratio_interval
+
+# /3: predicted_step_s and prediction_error are the median of each round's prediction from the
+# calibration right before it (the one calibration before the modes moved to *_one_calibration)
+# and each row has its own contention; in /2 they were the one calibration's, one factor per run
+REPORT_FORMAT = "caramel.data-bench/3"
 
 
 def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
@@ -176,7 +183,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
             base_remote = _mean([base.epoch_remote_bytes[i] for i in steady])
             row["remote_bytes_cut"] = 1.0 - remote / max(base_remote, 1)
         rows.append(row)
-    return {"format": "caramel.data-bench/2", "config": asdict(cfg), "source": source,
+    return {"format": REPORT_FORMAT, "config": asdict(cfg), "source": source,
             "remote_bytes_from": "server" if served else "loader workers' counters",
             "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor,
             "local_s_per_sample": costs["local_s_per_sample"],
@@ -186,25 +193,50 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
             "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows}
 
 
+def stored_records(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The data-bench records of a results file by name: a record itself ("" its name), or a
+    `caramel.data-bench-runs/1` container, whose runs (a list or a dict by name) are records or
+    hold one under "record" beside their command and notes."""
+    if "rows" in document:
+        return {"": document}
+    runs = document.get("runs")
+    if not isinstance(runs, (list, dict)):
+        raise CaramelError(f"not a data-bench record nor a runs container (format {document.get('format')!r}): "
+                           f"expected 'rows' or 'runs'")
+    named = runs.items() if isinstance(runs, dict) else ((str(k), run) for k, run in enumerate(runs))
+    return {name: run.get("record", run) for name, run in named}
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
+    """`row[key]` times `scale` in `fmt`; "-" when the row (a record of an older format) lacks it."""
+    return "-" if row.get(key) is None else fmt.format(row[key] * scale)
+
+
+def _contention_cell(row: dict[str, Any], report: dict[str, Any]) -> str:
+    """A row's contention, else the run's (a /2 record's one factor), else "-" (records before the term)."""
+    factor = row.get("contention", report.get("contention"))
+    return "-" if factor is None else f"x{factor:.2f}"
+
+
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown); "model error" is the model with each mode's
-    calibrations, "one calib." with the one calibration before the modes, "before" without its
-    contention and misses-last terms."""
+    """The side-by-side table (terminal or markdown) of a /3 record or an older one; "model error"
+    is the model with each mode's calibrations (in a /2 record: the one calibration before the
+    modes), "one calib." with the one calibration before the modes, "before" without its
+    contention and misses-last terms; a field a record lacks is "-"."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
             "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "model ms", "model error",
             "one calib.", "before"]
     lines = []
     for r in report["rows"]:
         ci = r.get("speedup_ci95")
-        lines.append([r["mode"], f"{r['step_s_epoch1'] * 1e3:.1f}", f"{r['step_s_steady'] * 1e3:.1f}",
-                      f"{r['wait_s_steady'] * 1e3:.1f}", f"{r['sync_s_steady'] * 1e3:.1f}",
+        ms = functools.partial(_cell, r, fmt="{:.1f}", scale=1e3)
+        lines.append([r["mode"], ms("step_s_epoch1"), ms("step_s_steady"), ms("wait_s_steady"), ms("sync_s_steady"),
                       f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
-                      f"{r['remote_bytes_per_epoch_steady'] / 1e6:.2f}",
-                      f"{r['hit_rate_steady']:.0%}", f"{r['memory_share_steady']:.0%}",
-                      f"{r.get('remote_bytes_cut', 0.0):.0%}", f"x{r.get('contention', report['contention']):.2f}",
-                      f"{r['predicted_step_s'] * 1e3:.1f}", f"{r['prediction_error']:+.0%}",
-                      f"{r['prediction_error_one_calibration']:+.0%}" if "prediction_error_one_calibration" in r else "-",
-                      f"{r['prediction_error_before']:+.0%}" if "prediction_error_before" in r else "-"])
+                      _cell(r, "remote_bytes_per_epoch_steady", "{:.2f}", 1e-6),
+                      _cell(r, "hit_rate_steady", "{:.0%}"), _cell(r, "memory_share_steady", "{:.0%}"),
+                      f"{r.get('remote_bytes_cut', 0.0):.0%}", _contention_cell(r, report), ms("predicted_step_s"),
+                      _cell(r, "prediction_error", "{:+.0%}"), _cell(r, "prediction_error_one_calibration", "{:+.0%}"),
+                      _cell(r, "prediction_error_before", "{:+.0%}")])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(out + ["| " + " | ".join(row) + " |" for row in lines])

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from caramel.data.cache import ShardCache
-from caramel.data.format import decode_sample
+from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.sampler import LocalityAwareSampler
 from caramel.data.store import Store
 from caramel.data.tiers import MemoryCache, TierCounters
@@ -137,10 +137,11 @@ class _Received:
 
 
 def make_loader(url: str, rank: int, world_size: int, options: LoaderOptions, counters: TierCounters | None = None,
-                sampler: torch.utils.data.Sampler[int] | None = None):
+                sampler: torch.utils.data.Sampler[int] | None = None, index: DatasetIndex | None = None):
     """A StatefulDataLoader over the dataset at `url` for one rank (the rank's cache in its own directory).
-    `sampler`: an order of the caller's own (stateful, for resuming) instead of `LocalityAwareSampler`."""
-    store = Store(url)
+    `sampler`: an order of the caller's own (stateful, for resuming) instead of `LocalityAwareSampler`.
+    `index`: the dataset's index when the caller has it, so the store is not asked for it again."""
+    store = Store(url) if index is None else Store(url).with_index(index)
     cache = None
     if options.cache_dir is not None:
         cache = ShardCache(os.path.join(options.cache_dir, f"rank{rank}"), options.cache_budget_bytes)

@@ -81,6 +81,11 @@ class Store:
             self._index = DatasetIndex.parse(self._cat(INDEX_NAME), f"{self.url}/{INDEX_NAME}")
         return self._index
 
+    def with_index(self, index: DatasetIndex) -> "Store":
+        """This store with `index` as its index, already read elsewhere: nothing is read for it."""
+        self._index = index
+        return self
+
     def read_shard(self, info: ShardInfo) -> bytes:
         """A whole shard, checked against its size and sha256."""
         return check_shard(info, self._cat(info.name), f"{self.url}/{info.name}")

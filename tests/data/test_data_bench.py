@@ -138,12 +138,15 @@ def test_a_store_served_from_a_cluster_host_is_read_over_its_link_and_left_clean
 
     if not netns.support().ok:
         pytest.skip(f"no emulated cluster here: {netns.support().reason}")
-    report = run_data_bench(_config(network="cluster", rank_rate_bps=1e9), str(store_dir))
+    # a loader worker, so each mode's round is calibrated beside its own loader, which must read nothing remote
+    report = run_data_bench(_config(network="cluster", rank_rate_bps=1e9, loader_workers=1, calibration_steps=5),
+                            str(store_dir))
     rows, data, c = {r["mode"]: r for r in report["rows"]}, report["data_bytes"], report["cluster"]
     assert report["remote_bytes_from"] != "server" and c["store_url"].startswith("http://198.1")
     assert rows["remote"]["remote_bytes_per_epoch_steady"] == data  # every sample by a range read, over the link
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0
     # the server process's own count: what the ranks' workers counted, plus each rank's index reads
+    assert all(r["calibrations"][0]["loaded"] is not None for r in rows.values())
     assert c["server_totals"]["bytes"] > 0 and c["server_minus_counted_bytes"] == 0
     assert c["namespaces_left"] == [] and not [ns for ns in netns.list_netns() if ns.startswith(c["hosts"][0][:9])]
 
@@ -182,3 +185,43 @@ def test_the_store_servers_error_output_goes_to_its_log_and_its_end_is_named(tmp
     with pytest.raises(CaramelError, match=rf"did not start within 20 s: boom \(its log: {log}\)"):
         _wait_ready(proc, 20, log)
     assert proc.returncode == 3
+
+
+def test_the_parent_takes_each_ranks_message_by_its_kind():
+    """Rank 0's calibration before the next mode may overtake another rank's last epoch message
+    (each rank's queue sends in the background): neither is taken for the other."""
+    import queue
+    from types import SimpleNamespace
+
+    from caramel.bench.data_bench import _Inbox
+
+    q = queue.Queue()
+    for message in [("epoch", (0, {}, [1.0], 0.1, 0.2)), ("calibration", {"mode": "locality"}),
+                    ("epoch", (1, {}, [1.0], 0.1, 0.2))]:
+        q.put(message)
+    inbox = _Inbox(q, [SimpleNamespace(exitcode=None)], timeout_s=5)
+    assert [inbox.get("epoch")[0], inbox.get("epoch")[0]] == [0, 1]
+    assert inbox.get("calibration") == {"mode": "locality"}
+    with pytest.raises(RuntimeError, match=r"failed or stalled \(exit codes \[1\]\)"):
+        _Inbox(q, [SimpleNamespace(exitcode=1)], timeout_s=5).get("epoch")
+
+
+def test_stored_records_of_the_previous_format_still_render():
+    """The stored /1 and /2 records (one contention factor per run, or none at all) render beside
+    the /3 ones the bench writes now; a field a record lacks is "-"."""
+    import json
+    from pathlib import Path
+
+    from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
+
+    assert REPORT_FORMAT == "caramel.data-bench/3"
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
+               for name, record in stored_records(json.loads(path.read_text())).items()
+               if record["format"] in ("caramel.data-bench/1", "caramel.data-bench/2")}
+    assert "data-bench-cluster.json:cluster-1" in records and len(records) > 10
+    for name, record in records.items():
+        table = format_rows(record, markdown=True).splitlines()
+        assert len(table) == 2 + len(record["rows"]), name
+        if "contention" not in record:
+            assert all(line.split(" | ")[11] == "-" for line in table[2:]), name  # no factor to show

@@ -66,7 +66,7 @@ def test_a_modes_persistent_workers_end_with_its_loader_not_later():
     cfg = DataBenchConfig(epochs=2, compute_s=0.0)
     queue = _Queue()
     data_bench._run_epochs(loader, None, cfg, 0, _Barrier(), queue, TierCounters(), lambda: None)
-    assert [len(steps) for _rank, _counts, steps, _wait, _sync in queue] == [4, 4]
+    assert [(kind, len(steps)) for kind, (_rank, _counts, steps, _wait, _sync) in queue] == [("epoch", 4)] * 2
     workers = loader._iterator._workers
     assert all(w.is_alive() for w in workers)  # persistent: kept between the mode's epochs
     gone = weakref.ref(loader._iterator)

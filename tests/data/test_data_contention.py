@@ -97,8 +97,8 @@ def test_a_modes_calibration_runs_its_own_loader_without_reading_the_store(store
     cfg = _cfg()
     counters = TierCounters()
     with serve_directory(store) as server:
-        loader = mode_calibration_loader("locality", cfg, server.url, 1, shards, str(tmp_path / "cal"), (0, 1 << 20),
-                                         counters)
+        loader = mode_calibration_loader("locality", cfg, server.url, index, 1, shards, str(tmp_path / "cal"),
+                                         (0, 1 << 20), counters)
         assert type(loader) is _stateful_loader_class()  # the class make_loader gives the cached and locality modes
         out = steady_steps(loader, cfg.calibration_steps, 1e-3, lambda: None)
         served = server.bytes_served
@@ -109,8 +109,8 @@ def test_a_modes_calibration_runs_its_own_loader_without_reading_the_store(store
     assert snap.misses == 0 and snap.store_bytes == 0 and snap.memory_hits + snap.disk_hits >= 4 * steps
     # each shard read from disk once, then from the worker's memory tier: the worker persisted into the second pass
     assert snap.disk_reads <= 2
-    assert served == len((store / "index.json").read_bytes()) * 2  # the index only (calibration order, loader)
-    plain = mode_calibration_loader("remote", cfg, server.url, 0, shards, str(tmp_path / "plain"), (0, 0), counters)
+    assert served == 0  # not even the index: the caller's (a cluster's server counts only the modes' reads)
+    plain = mode_calibration_loader("remote", cfg, server.url, index, 0, shards, str(tmp_path / "plain"), (0, 0), counters)
     assert type(plain) is torch.utils.data.DataLoader and plain.persistent_workers
     batch = next(iter(plain))
     assert batch[0].shape == (4, 32) and batch[1].tolist() == list(range(4))  # in memory, default collate
@@ -132,7 +132,9 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
                                  for k, (s, a) in enumerate(loads)])
     costs = {"local_s_per_sample": 1e-5, "disk_s_per_read": 2e-4, "batch_s_pipe": 3e-4, "batch_s_shared": 1e-3,
              "request_overhead_s": 5e-4, "compute_comm_s": 4.5e-3, "loaded": {"step_s": 5.4e-3}}
-    (row,) = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)["rows"]
+    report = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)
+    (row,) = report["rows"]
+    assert report["format"] == "caramel.data-bench/3"  # the per-round model: not the /2 records' meaning
     # with nothing to load each round's step is its compute side, max(alone + trip, beside the loader)...
     assert row["predicted_step_s_rounds"] == pytest.approx([6.0e-3, 9.0e-3, 7.4e-3], rel=1e-3)
     # ...and the mode's is their median, as the measured step is the median of its epochs
@@ -140,3 +142,37 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
     assert row["prediction_error"] == pytest.approx(7.4 / 7 - 1, rel=1e-2)
     # the one calibration before the modes: 5.4 / (4.5 + 0.3) = x1.125 on its 4.5 + 0.3 ms
     assert row["predicted_step_s_one_calibration"] == pytest.approx(5.4e-3, rel=1e-3)
+
+
+@pytest.mark.timeout(60)
+def test_a_calibration_leaves_no_worker_and_no_cache_even_on_an_error(store, tmp_path):
+    import multiprocessing
+
+    from caramel.bench.data_bench import DataBenchConfig, _mode_calibration
+
+    index = Store(str(store)).index()
+    shards = calibration_shards(str(store), index)
+    cfg = DataBenchConfig(ranks=2, batch_size=4, loader_workers=1, calibration_steps=WARMUP_STEPS + 3, compute_s=0.0)
+    cache = tmp_path / "calibration-0-locality" / "rank1"
+    calls = []
+
+    def sync(fail_at=None):
+        calls.append(1)
+        if cache.exists():
+            seen.add(len(calls))
+        if len(calls) == fail_at:
+            raise RuntimeError("a peer went away")
+
+    seen: set[int] = set()
+    out = _mode_calibration("locality", cfg, str(store), index, 1, 0, str(tmp_path), (0, 1 << 20), shards,
+                            TierCounters(), sync)
+    assert out["loaded"]["step_s"] > 0 and seen  # the cache was there while the steps ran...
+    assert not cache.exists() and multiprocessing.active_children() == []  # ...and is gone with the workers
+    calls.clear()
+    fail_at = cfg.calibration_steps + 4  # alone, then into the loaded steps' first pass
+    with pytest.raises(RuntimeError, match="a peer went away") as err:
+        _mode_calibration("locality", cfg, str(store), index, 1, 0, str(tmp_path), (0, 1 << 20), shards,
+                          TierCounters(), lambda: sync(fail_at))
+    # the traceback (still held here) holds the loader's frames; its workers stopped all the same
+    assert err.value is not None and multiprocessing.active_children() == []
+    assert not cache.exists()

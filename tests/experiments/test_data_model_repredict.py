@@ -1,0 +1,44 @@
+"""Rescoring stored data-bench records: the runs files of docs/results as they are, records of
+the previous format included, and the current model's errors on the runs taken with it."""
+import json
+from pathlib import Path
+
+import pytest
+
+from caramel.bench.data_report import stored_records
+from caramel.data.format import write_random_dataset
+from experiments.data_model_repredict import main, repredict
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    # the runs' data set: caramel data make /tmp/dm/store --samples 512 --sample-bytes 16kb --samples-per-shard 16
+    root = tmp_path_factory.mktemp("dm")
+    return root, write_random_dataset(root, 512, 16_000, 16)
+
+
+def test_the_runs_files_are_rescored_whole_older_records_included(store, capsys):
+    root, _ = store
+    assert main([str(root), str(RESULTS / "data-bench-calibration.json"), str(RESULTS / "data-bench-store.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any("data-bench-calibration.json:ce09310/quarter2  locality" in line for line in out)
+    # a /2 record from before the contention term: no "before" recorded, printed as such
+    (line,) = [line for line in out if "data-bench-store.json:out2/half  locality" in line]
+    assert line.endswith("before -")
+    # a /1 record lacks the model's inputs: said so, and the others are still rescored
+    assert any(line.startswith(f"{RESULTS / 'data-bench-store.json'}:out/old-full  not rescored: its rows lack")
+               for line in out)
+
+
+def test_the_model_rescores_its_own_runs_to_their_recorded_errors(store):
+    root, index = store
+    runs = {name: record for name, record in stored_records(json.loads((RESULTS / "data-bench-calibration.json")
+                                                                       .read_text())).items()
+            if name.startswith("ce09310/")}
+    assert len(runs) == 13
+    for name, record in runs.items():
+        assert record["data_bytes"] == index.nbytes, name  # the runs' data set
+        for r in repredict(record, index):
+            assert r["error"] == pytest.approx(r["recorded_error"], abs=1e-9), (name, r["mode"])
