@@ -118,6 +118,11 @@ class ClusterSpec:
                               f"cores), got {a!r}")
         if isinstance(self.ranks_per_host, bool) or not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
             raise FormatError(f"{source}: field 'ranks_per_host' must be a positive integer, got {self.ranks_per_host!r}")
+        if self.ranks_per_host > len(self.workers):
+            # more ranks per host than workers would leave the others permanently idle: the
+            # full alone_speedup even with every worker computing at once
+            raise FormatError(f"{source}: field 'ranks_per_host' must be between 1 and the number of workers "
+                              f"({len(self.workers)}), got {self.ranks_per_host}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:

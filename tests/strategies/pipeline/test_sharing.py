@@ -101,6 +101,8 @@ def test_the_spec_checks_and_keeps_the_sharing():
         ClusterSpec.uniform(2, 1e9, alone_speedup=0.5)
     with pytest.raises(FormatError, match="'ranks_per_host' must be a positive integer"):
         ClusterSpec.uniform(2, 1e9, ranks_per_host=0)
+    with pytest.raises(FormatError, match=r"'ranks_per_host' must be between 1 and the number of workers \(2\), got 8"):
+        ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=8)
 
 
 def test_the_bench_hands_the_sharing_to_the_pipelines_only():
