@@ -59,10 +59,10 @@ def test_the_speeds_settle_where_the_overlap_and_the_factor_agree():
     assert sim.meta["sharing"]["settled"] is True
     assert all(c.alone_speedup == 1.0 and c.ranks_per_host == 1 for c in calls)  # nothing modelled twice
     # no sharing to model: one call, the spec as given, no note
-    for plain in (ClusterSpec.uniform(2, 1e9), ClusterSpec.uniform(2, 1e9, alone_speedup=2.0)):
-        calls.clear()
-        sim = with_sharing(_fake_pipeline(calls), plain)
-        assert len(calls) == 1 and calls[0] is plain and "sharing" not in sim.meta
+    plain = ClusterSpec.uniform(2, 1e9)
+    calls.clear()
+    sim = with_sharing(_fake_pipeline(calls), plain)
+    assert len(calls) == 1 and calls[0] is plain and "sharing" not in sim.meta
 
 
 def _flipping_pipeline(calls: list):
@@ -130,6 +130,8 @@ def test_turns_and_the_measured_sharing():
     assert sharing_of(prof) == {}
     prof.meta[SHARING_KEY] = {"alone_speedup": 2.1, "ranks_per_host": 4}
     assert sharing_of(prof) == {"alone_speedup": 2.1, "ranks_per_host": 4}
+    prof.meta[SHARING_KEY] = {"alone_speedup": 1.04, "ranks_per_host": 1}  # a machine each: noise
+    assert sharing_of(prof) == {}
 
 
 def test_the_spec_checks_and_keeps_the_sharing():
@@ -145,6 +147,32 @@ def test_the_spec_checks_and_keeps_the_sharing():
         ClusterSpec.uniform(2, 1e9, ranks_per_host=0)
     with pytest.raises(FormatError, match=r"'ranks_per_host' must be between 1 and the number of workers \(2\), got 8"):
         ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=8)
+    with pytest.raises(FormatError, match="'alone_speedup' is 2.0 but 'ranks_per_host' is 1"):
+        ClusterSpec.uniform(2, 1e9, alone_speedup=2.0)  # it would change nothing
+
+
+def test_the_spec_refuses_unknown_fields_and_a_reader_before_sharing_refuses_it(tmp_path):
+    from caramel.jsonio import check_format
+    from caramel.strategies.caramel.planner import _cluster_for
+    spec = ClusterSpec.uniform(4, 1e9, alone_speedup=2.1, ranks_per_host=4)
+    spec.save(tmp_path / "c.json")
+    assert ClusterSpec.load(tmp_path / "c.json") == spec
+    # planned for fewer workers than a host held: as many share it; one alone: no sharing left
+    assert _cluster_for(spec, 2)[0].ranks_per_host == 2 and _cluster_for(spec, 1)[0].alone_speedup == 1.0
+    for typo in ("alone_speedups", "ranks_per_host_"):
+        with pytest.raises(FormatError, match=f"<cluster> has an unknown field '{typo}'"):
+            ClusterSpec.from_dict({**ClusterSpec.uniform(4, 1e9).to_dict(), typo: 2})
+    # with sharing: version 2, which a version-1 reader refuses instead of dropping the fields
+    assert spec.to_dict()["format"] == "caramel.cluster/2"
+    with pytest.raises(FormatError, match="'caramel.cluster/2' is not supported"):
+        check_format(spec.to_dict(), "cluster")
+    # without: version 1 as before; and version 1 with the fields (written before the bump) reads
+    assert ClusterSpec.uniform(4, 1e9).to_dict()["format"] == "caramel.cluster/1"
+    old = {**spec.to_dict(), "format": "caramel.cluster/1"}
+    assert ClusterSpec.from_dict(old).alone_speedup == 2.1
+    with pytest.raises(FormatError, match="'caramel.cluster/3' is not supported by this version \\(expected "
+                                          "'caramel.cluster/1' or 'caramel.cluster/2'\\)"):
+        ClusterSpec.from_dict({**spec.to_dict(), "format": "caramel.cluster/3"})
 
 
 def test_the_bench_hands_the_sharing_to_the_pipelines_only():
