@@ -176,8 +176,22 @@ def turns(rank: int, fresh, x, y) -> dict:
         failed = in_turns(fails_on_rank_1)[0]
     except ValueError as e:
         failed = str(e)
+    built = []
+
+    def fails_on_rank_1s_copy():  # rank 1 cannot build its copy for its turn
+        built.append(1)
+        if rank == 1 and len(built) == 2:
+            raise MemoryError("no room for rank 1's copy")
+        return workload()
+
+    try:  # every rank raises, naming the cause, instead of rank 0 waiting out the timeout
+        job_profile(fails_on_rank_1s_copy, 2)
+        job_failed = "returned"
+    except (MemoryError, RuntimeError) as e:
+        job_failed = f"{type(e).__name__}: {e}"
     alone, together = job_profile(workload, 2)
-    return {"spans": spans, "hosts": hosts, "failed": failed, "sharing": alone.meta.get(SHARING_KEY),
+    return {"spans": spans, "hosts": hosts, "failed": failed, "job_failed": job_failed,
+            "sharing": alone.meta.get(SHARING_KEY),
             "together_meta": SHARING_KEY in together.meta, "alone_step_s": alone.step_time_s}
 
 
