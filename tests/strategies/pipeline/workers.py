@@ -210,8 +210,16 @@ def shared_hand_off(rank: int, world: int, fresh, x, y, profile) -> dict:
                             StrategyContext(torch.device("cpu"), rank, world, pipeline_cluster=cluster,
                                             pipeline_profile=profile))  # built: cut and planned (`prepare`)
     sim = STRATEGIES.spec(strategy.name).simulate(profile, cluster, 1)
+    # on a group of rank 1 alone, rank 1 computes and keeps the factor; rank 0 takes no part
+    import torch.distributed as dist
+
+    from caramel.bench.pipeline_plan import runtime_cluster
+    alone = dist.new_group([1])
+    in_group = runtime_cluster(profile, cluster, strategy.spec().options, alone) if rank == 1 else None
+    dist.barrier()
     return {"planned_at": runner.stats()["planned_at"], "factor": sim.meta["sharing"]["factor"],
-            "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"]}
+            "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"],
+            "in_group": in_group and [w.speed for w in in_group.workers]}
 
 
 def named_sequential(rank: int) -> dict:
