@@ -12,7 +12,8 @@ compute time, how many ranks compute at that moment (the lane itself included; e
 equal-replica layout stands for its stage's replicas, which run the same schedule side by side).
 Every worker then runs min(alone_speedup, n / k) times its all-at-once speed. That speed moves
 the timeline, so the simulation is repeated from the all-at-once speeds until the factor
-settles (`with_sharing`). Not modelled: CPU that other ranks' transfers and collectives take
+settles (`with_sharing`; where the choices flip between layouts, the slowest of the cycle,
+marked unsettled). Not modelled: CPU that other ranks' transfers and collectives take
 (their threads compete for the same cores; the measured `compute_slowdown` covers only a rank's
 own), per-stage factors (one factor for the layout, from its mean), cores that are not alike,
 and hosts running unequal shares of a layout's ranks (assumed spread evenly).
