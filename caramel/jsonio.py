@@ -49,19 +49,22 @@ def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def check_format(data: Any, kind: str, source: str = "<data>") -> dict[str, Any]:
-    """Check that `data` is a dict tagged `caramel.<kind>/1`; return it."""
+def check_format(data: Any, kind: str, source: str = "<data>", versions: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
+    """Check that `data` is a dict tagged `caramel.<kind>/<v>`, v among `versions` (1 unless a
+    kind says otherwise); return it."""
     if not isinstance(data, dict):
         raise FormatError(f"{source}: expected a JSON object with \"format\": \"{format_tag(kind)}\", got {type(data).__name__}")
     tag = data.get("format")
-    if tag != format_tag(kind):
+    tags = [f"caramel.{kind}/{v}" for v in versions]
+    if tag not in tags:
         if isinstance(tag, str) and tag.startswith(f"caramel.{kind}/"):
-            raise FormatError(f"{source}: format {tag!r} is not supported by this version (expected {format_tag(kind)!r})")
+            expected = " or ".join(map(repr, tags))
+            raise FormatError(f"{source}: format {tag!r} is not supported by this version (expected {expected})")
         raise FormatError(f"{source}: expected \"format\": \"{format_tag(kind)}\", found {tag!r} (is this a Caramel {kind} file?)")
     return data
 
 
-def read_json(path: str | os.PathLike, kind: str) -> dict[str, Any]:
+def read_json(path: str | os.PathLike, kind: str, versions: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
     """Read and check a Caramel JSON file of the given kind; clear errors for missing, truncated or foreign files."""
     path = Path(path)
     try:
@@ -76,7 +79,7 @@ def read_json(path: str | os.PathLike, kind: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); the file may be truncated") from None
-    return check_format(data, kind, str(path))
+    return check_format(data, kind, str(path), versions)
 
 
 def require(data: dict[str, Any], key: str, typ: type | tuple[type, ...], source: str) -> Any:

@@ -28,21 +28,34 @@ from caramel.profile.turns import SHARING_KEY, in_turns, ranks_per_host, sharing
 def job_profile(make_workload: Callable[[], Any], small_batch_size: int | None,
                 turns: bool = True) -> tuple[Any, Any]:
     """(the predictions' profile, the profile taken all at once); every rank calls it. Without
-    `turns` both are the one taken at once. Either may be None (no profiler)."""
+    `turns` both are the one taken at once. Either may be None (no profiler). A rank whose turn
+    fails (`make_workload` raising) raises its error, and every other rank a RuntimeError
+    naming that rank and the error, rather than waiting on it until the group's timeout."""
     workload = make_workload()
     dist.barrier()  # all start at once: a rank that starts late profiles partly alone
     together = profile_workload(workload, small_batch_size=small_batch_size)
     dist.barrier()
     if not turns:
         return together, together
-    alone, hosts = in_turns(lambda: profile_workload(make_workload(), small_batch_size=small_batch_size))
+    alone = error = None
+    try:  # in_turns raises only after its last barrier, so every rank reaches the gather below
+        alone, hosts = in_turns(lambda: profile_workload(make_workload(), small_batch_size=small_batch_size))
+    except Exception as e:  # noqa: BLE001 - gathered, then raised on every rank
+        error = e
     mine = [getattr(p, "step_time_s", None) for p in (together, alone)]
+    mine.append(None if error is None else f"{type(error).__name__}: {error}")
     steps: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(steps, mine)
+    failed = [(rank, msg) for rank, (_, _, msg) in enumerate(steps) if msg is not None]
+    if error is not None:
+        raise error
+    if failed:  # another rank's turn failed: it raises there; say so here rather than wait on it later
+        rank, msg = failed[0]
+        raise RuntimeError(f"profiling in turns failed on rank {rank}: {msg}")
     if alone is None:
         return together, together
-    together_s = [t for t, _ in steps]
-    alone_s = [a for _, a in steps]
+    together_s = [t for t, _, _ in steps]
+    alone_s = [a for _, a, _ in steps]
     ok = all(isinstance(v, float) for v in together_s + alone_s)
     alone.meta[SHARING_KEY] = {
         "alone_speedup": sharing_speedup(together_s, alone_s) if ok else 1.0,

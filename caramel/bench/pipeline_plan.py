@@ -61,25 +61,27 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
     return box[0]
 
 
-def runtime_cluster(profile: Any, cluster: Any, options: Any) -> Any:
+def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None) -> Any:
     """The spec one pipeline's runtime plans at: `cluster` itself, or, where its workers share
     a host's cores, its speeds scaled by the factor the prediction of this pipeline settles at
     (`caramel.strategies.pipeline.sharing`), so that the runtime's choosers, which take the
     speeds as given, cut and count as the prediction does. Computed on rank 0 (whose profile
-    the predictions and the plans take) and broadcast; every rank calls it."""
+    the predictions and the plans take) and broadcast; every rank calls it. `group`: the
+    pipeline's process group (None: the world), whose first rank computes it."""
     from caramel.strategies.pipeline.sharing import scaled, shares_cores
     from caramel.strategies.pipeline.simulate import simulate_pipeline
 
     if cluster is None or profile is None or not shares_cores(cluster):
         return cluster
     box: list[Any] = [1.0]
-    if dist.get_rank() == 0:
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    if dist.get_rank() == src:
         try:
             box[0] = simulate_pipeline(profile, cluster, options).meta["sharing"]["factor"]
         except Exception as e:  # the runtime plans (and reports) its own error; keep the spec unscaled
             print(f"[bench] no host-sharing factor for a pipeline's plan: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=src, group=group)
     return scaled(cluster, box[0])
 
 

@@ -233,7 +233,7 @@ def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss
     try:
         options = strategy.spec().options
         # where ranks share a host: the speeds this pipeline's prediction settles at (every rank calls it)
-        cluster = runtime_cluster(ctx.pipeline_profile, ctx.pipeline_cluster, options)
+        cluster = runtime_cluster(ctx.pipeline_profile, ctx.pipeline_cluster, options, ctx.process_group)
         pipe = caramel.pipeline(model, optimizer, options=options, process_group=ctx.process_group,
                                 cluster=cluster, profile=ctx.pipeline_profile)
     except CaramelError as e:

@@ -89,8 +89,9 @@ def ranks_per_host(hosts: list[str]) -> int:
 
 def sharing_of(profile: Any) -> dict[str, Any]:
     """The ClusterSpec fields a profile's host sharing gives (`alone_speedup`, `ranks_per_host`);
-    none for a profile taken without turns."""
+    none for a profile taken without turns, or where every rank has a host of its own (the
+    measured ratio is then noise: nobody shares its cores)."""
     shared = (getattr(profile, "meta", None) or {}).get(SHARING_KEY)
-    if not shared:
+    if not shared or int(shared["ranks_per_host"]) <= 1:
         return {}
     return {"alone_speedup": float(shared["alone_speedup"]), "ranks_per_host": int(shared["ranks_per_host"])}

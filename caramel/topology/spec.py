@@ -30,18 +30,24 @@ Workers' `speed`s are their pace with every worker computing at once, as data pa
 (and the bench measures). Where several workers share a host's cores (`ranks_per_host`), one
 computing while the others wait runs faster: `alone_speedup` times (measured by profiling in
 turns, `caramel.profile.turns`). Only the pipeline simulator reads these two
-(`caramel.strategies.pipeline.sharing`); 1 and 1 (the defaults): no sharing.
+(`caramel.strategies.pipeline.sharing`); 1 and 1 (the defaults): no sharing. `alone_speedup`
+above 1 needs `ranks_per_host` above 1 (a worker alone on its host has nobody to wait for).
+
+Format: a spec with sharing is written `caramel.cluster/2`, so that a reader from before these
+fields refuses it rather than predicting without the sharing; any other spec is written
+`caramel.cluster/1`, as before. Both read here, and unknown fields are errors either way.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from caramel.errors import FormatError
-from caramel.jsonio import check_format, format_tag, from_fields, read_json, require, require_mapping, write_json
+from caramel.jsonio import check_format, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "cluster"
+VERSIONS = (1, 2)  # 2: a spec with host sharing (alone_speedup, ranks_per_host); see above
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
 COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
 
@@ -118,6 +124,15 @@ class ClusterSpec:
                               f"cores), got {a!r}")
         if isinstance(self.ranks_per_host, bool) or not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
             raise FormatError(f"{source}: field 'ranks_per_host' must be a positive integer, got {self.ranks_per_host!r}")
+        if self.alone_speedup > 1 and self.ranks_per_host == 1:
+            raise FormatError(f"{source}: field 'alone_speedup' is {self.alone_speedup!r} but 'ranks_per_host' is 1: "
+                              f"a worker alone on its host computes at its speed already; set 'ranks_per_host' to "
+                              f"the workers sharing a host, or 'alone_speedup' to 1")
+        if self.ranks_per_host > len(self.workers):
+            # more ranks per host than workers would leave the others permanently idle: the
+            # full alone_speedup even with every worker computing at once
+            raise FormatError(f"{source}: field 'ranks_per_host' must be between 1 and the number of workers "
+                              f"({len(self.workers)}), got {self.ranks_per_host}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -125,14 +140,28 @@ class ClusterSpec:
         if not isinstance(self.num_servers, int) or self.num_servers < 1:
             raise FormatError(f"{source}: field 'num_servers' must be a positive integer, got {self.num_servers!r}")
 
+    def sharing_on(self, workers: int) -> dict[str, Any]:
+        """This spec's sharing fields for `workers` workers (a spec resized): at most that many
+        ranks per host, and no sharing left where that is 1."""
+        per_host = min(self.ranks_per_host, workers)
+        return {"ranks_per_host": per_host, "alone_speedup": self.alone_speedup if per_host > 1 else 1.0}
+
+    def shares_hosts(self) -> bool:
+        """Whether the spec carries host sharing, which a version-1 reader would drop."""
+        return self.alone_speedup != 1 or self.ranks_per_host != 1
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["format"] = format_tag(KIND)
+        d["format"] = f"caramel.{KIND}/{2 if self.shares_hosts() else 1}"
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<cluster>") -> "ClusterSpec":
-        check_format(data, KIND, source)
+        check_format(data, KIND, source, VERSIONS)
+        known = {f.name for f in fields(cls)} | {"format"}
+        unknown = sorted(set(data) - known, key=str)
+        if unknown:
+            raise FormatError(f"{source} has an unknown field {unknown[0]!r}; expected among {', '.join(sorted(known))}")
         raw = require(data, "workers", list, source)
         workers = [from_fields(WorkerSpec, w, f"{source}: workers[{i}]") for i, w in enumerate(raw)]
         spec = cls.__new__(cls)
@@ -156,7 +185,7 @@ class ClusterSpec:
 
     @classmethod
     def load(cls, path) -> "ClusterSpec":
-        return cls.from_dict(read_json(path, KIND), str(path))
+        return cls.from_dict(read_json(path, KIND, VERSIONS), str(path))
 
     def allreduce_time_s(self, nbytes: float) -> float:
         """Closed-form ring all-reduce time: 2(n-1)a + 2(n-1)/n * S/B (0 for one worker)."""

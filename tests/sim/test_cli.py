@@ -101,6 +101,18 @@ def test_the_queued_latency_comes_from_the_file_or_the_flag(tmp_path, profile_pa
         "queued_latency_s"] == pytest.approx(5e-5)
 
 
+def test_a_cluster_files_host_sharing_is_kept(tmp_path, profile_path):
+    spec = tmp_path / "cluster.json"
+    ClusterSpec.uniform(4, 5e8, alone_speedup=2.0, ranks_per_host=4).save(spec)
+    kept = _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec))
+    assert (kept["alone_speedup"], kept["ranks_per_host"]) == (2.0, 4)
+    # on fewer workers, at most that many share a host; one alone: nothing shared
+    fewer = _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec), "--workers", "2")
+    assert (fewer["alone_speedup"], fewer["ranks_per_host"]) == (2.0, 2)
+    one = _simulated_cluster(tmp_path, profile_path, "--cluster", str(spec), "--workers", "1")
+    assert (one["alone_speedup"], one["ranks_per_host"]) == (1.0, 1)
+
+
 def test_synthetic_source(tmp_path):
     out = tmp_path / "sim.json"
     assert main(["simulate", "--synthetic", "chain20", "--workers", "2", "--planner", "fifo", "--json", str(out)]) == 0

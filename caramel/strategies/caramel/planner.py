@@ -443,5 +443,6 @@ def _cluster_for(cluster: ClusterSpec | None, world_size: int | None) -> tuple[C
     cluster.validate()
     if world_size is None or world_size == cluster.world_size:
         return cluster, None
-    resized = dataclasses.replace(cluster, workers=[WorkerSpec(f"w{i}") for i in range(world_size)], meta=dict(cluster.meta))
+    resized = dataclasses.replace(cluster, workers=[WorkerSpec(f"w{i}") for i in range(world_size)], meta=dict(cluster.meta),
+                                  **cluster.sharing_on(world_size))
     return resized, {"workers": cluster.world_size}

@@ -12,7 +12,8 @@ compute time, how many ranks compute at that moment (the lane itself included; e
 equal-replica layout stands for its stage's replicas, which run the same schedule side by side).
 Every worker then runs min(alone_speedup, n / k) times its all-at-once speed. That speed moves
 the timeline, so the simulation is repeated from the all-at-once speeds until the factor
-settles (`with_sharing`). Not modelled: CPU that other ranks' transfers and collectives take
+settles (`with_sharing`; where the choices flip between layouts, the slowest of the cycle,
+marked unsettled). Not modelled: CPU that other ranks' transfers and collectives take
 (their threads compete for the same cores; the measured `compute_slowdown` covers only a rank's
 own), per-stage factors (one factor for the layout, from its mean), cores that are not alike,
 and hosts running unequal shares of a layout's ranks (assumed spread evenly).
@@ -81,18 +82,33 @@ def scaled(cluster: ClusterSpec, factor: float) -> ClusterSpec:
 
 def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterSpec) -> SimResult:
     """`simulate(cluster)` at the speeds the sharing settles at (`meta["sharing"]`: the factor,
-    the host's ranks computing at once, the passes); unchanged where workers do not share cores."""
+    the host's ranks computing at once, the passes, whether it settled); unchanged where workers
+    do not share cores.
+
+    The choosers inside `simulate` (cut, replicas, microbatches) pick at the factor they are
+    given, and the layout they pick may give another factor, at which they pick another layout:
+    the passes can cycle. A factor seen before (or the pass cap) ends them with `settled: False`
+    and the slowest pass of the cycle (of the last two at the cap), so that the answer does not
+    hang on where the cap falls, and errs towards the slower layout's pace."""
     if not shares_cores(cluster):
         return simulate(cluster)
-    factor, passes = 1.0, 0
+    factor = 1.0
+    passes: list[tuple[float, SimResult, float]] = []  # (factor, its simulation, ranks at once)
     while True:
         sim = simulate(scaled(cluster, factor))
-        passes += 1
         k = host_ranks_at_once(sim, cluster.ranks_per_host)
+        passes.append((factor, sim, k))
         nxt = sharing_factor(cluster.ranks_per_host, cluster.alone_speedup, k)
-        if abs(nxt - factor) <= SETTLED * factor or passes >= MAX_SHARING_PASSES:
+        if abs(nxt - factor) <= SETTLED * factor:
+            cycle, settled = passes[-1:], True
+            break
+        seen = [i for i, (f, _, _) in enumerate(passes[:-1]) if abs(nxt - f) <= SETTLED * f]
+        if seen or len(passes) >= MAX_SHARING_PASSES:
+            cycle, settled = passes[seen[-1] if seen else -2:], False
             break
         factor = nxt
-    sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": passes,
+    # the slowest; among equal steps the lowest factor, so that the pick is the same whatever the order
+    factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, -p[0]))
+    sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": len(passes), "settled": settled,
                            "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
     return sim

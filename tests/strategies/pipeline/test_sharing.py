@@ -56,12 +56,54 @@ def test_the_speeds_settle_where_the_overlap_and_the_factor_agree():
     assert sim.meta["sharing"]["factor"] == pytest.approx(math.sqrt(2), rel=2e-3)
     assert sim.step_time_s == pytest.approx(1 / math.sqrt(2) + 1, rel=2e-3)
     assert calls[0].workers[0].speed == 1.0  # from the all-at-once speeds
+    assert sim.meta["sharing"]["settled"] is True
     assert all(c.alone_speedup == 1.0 and c.ranks_per_host == 1 for c in calls)  # nothing modelled twice
     # no sharing to model: one call, the spec as given, no note
-    for plain in (ClusterSpec.uniform(2, 1e9), ClusterSpec.uniform(2, 1e9, alone_speedup=2.0)):
-        calls.clear()
-        sim = with_sharing(_fake_pipeline(calls), plain)
-        assert len(calls) == 1 and calls[0] is plain and "sharing" not in sim.meta
+    plain = ClusterSpec.uniform(2, 1e9)
+    calls.clear()
+    sim = with_sharing(_fake_pipeline(calls), plain)
+    assert len(calls) == 1 and calls[0] is plain and "sharing" not in sim.meta
+
+
+def _flipping_pipeline(calls: list):
+    """Two layouts on a 4-rank host, 2x faster alone, picked by the speed they are given: below
+    1.5x the one with 2 ranks at once (factor 2, step 3 at speed 1), else the one with 4 (factor
+    1, step 1): the choice at one factor gives the other factor, for ever."""
+    def simulate(cluster):
+        s = cluster.workers[0].speed
+        calls.append(s)
+        k, step = (2.0, 3.0) if s < 1.5 else (4.0, 1.0)
+        return SimpleNamespace(step_time_s=step / s, meta={"co_computing": k, "busy_s_per_lane": [1.0] * 4,
+                                                           "replicas": 1})
+    return simulate
+
+
+def test_passes_that_cycle_end_on_the_slowest_of_the_cycle_whatever_the_cap(monkeypatch):
+    import caramel.strategies.pipeline.sharing as sharing
+    cluster = ClusterSpec.uniform(4, 1e9, alone_speedup=2.0, ranks_per_host=4)
+    calls: list = []
+    sim = with_sharing(_flipping_pipeline(calls), cluster)
+    # 1 -> 2 (slow layout at 1: 2 at once) -> 1 (fast layout at 2: 4 at once), seen: a cycle of 1 and 2
+    assert calls == [1.0, 2.0]
+    assert sim.meta["sharing"]["settled"] is False and sim.meta["sharing"]["factor"] == 1.0
+    assert sim.step_time_s == 3.0  # the slow layout at its pace, not the fast one at the other's (0.5)
+    # the review's case: the cut flips between layer2 and layer3 (120.0 and 89.7 ms); the cap's
+    # parity used to pick the answer
+    prof = synthetic_profile(sizes_bytes=[4096, 4096, 4096, 40000], times_s=[3.48e-3, 6.71e-3, 15.42e-3, 9.52e-3])
+    shared = ClusterSpec.uniform(4, 1e8, alone_speedup=2.0, ranks_per_host=4)
+    answers = []
+    for cap in (10, 11):
+        monkeypatch.setattr(sharing, "MAX_SHARING_PASSES", cap)
+        sim = simulate_pipeline(prof, shared, PipelineOptions(replicas="auto"))
+        answers.append((sim.step_time_s, sim.meta["boundaries"], sim.meta["sharing"]["settled"]))
+    assert answers[0] == answers[1], answers
+    assert answers[0][1:] == (["layer2"], False) and answers[0][0] == pytest.approx(0.1200, abs=1e-4), answers
+    # cut short by the cap, with no factor seen twice: the slower of the last two passes, not settled
+    monkeypatch.setattr(sharing, "MAX_SHARING_PASSES", 2)
+    calls.clear()
+    sim = with_sharing(_fake_pipeline(calls), ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=2))
+    assert len(calls) == 2 and sim.meta["sharing"]["settled"] is False
+    assert sim.step_time_s == max(1 / c.workers[0].speed + 1 for c in calls)
 
 
 def test_simulate_pipeline_replays_the_layout_at_the_settled_speeds():
@@ -88,6 +130,8 @@ def test_turns_and_the_measured_sharing():
     assert sharing_of(prof) == {}
     prof.meta[SHARING_KEY] = {"alone_speedup": 2.1, "ranks_per_host": 4}
     assert sharing_of(prof) == {"alone_speedup": 2.1, "ranks_per_host": 4}
+    prof.meta[SHARING_KEY] = {"alone_speedup": 1.04, "ranks_per_host": 1}  # a machine each: noise
+    assert sharing_of(prof) == {}
 
 
 def test_the_spec_checks_and_keeps_the_sharing():
@@ -101,6 +145,34 @@ def test_the_spec_checks_and_keeps_the_sharing():
         ClusterSpec.uniform(2, 1e9, alone_speedup=0.5)
     with pytest.raises(FormatError, match="'ranks_per_host' must be a positive integer"):
         ClusterSpec.uniform(2, 1e9, ranks_per_host=0)
+    with pytest.raises(FormatError, match=r"'ranks_per_host' must be between 1 and the number of workers \(2\), got 8"):
+        ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=8)
+    with pytest.raises(FormatError, match="'alone_speedup' is 2.0 but 'ranks_per_host' is 1"):
+        ClusterSpec.uniform(2, 1e9, alone_speedup=2.0)  # it would change nothing
+
+
+def test_the_spec_refuses_unknown_fields_and_a_reader_before_sharing_refuses_it(tmp_path):
+    from caramel.jsonio import check_format
+    from caramel.strategies.caramel.planner import _cluster_for
+    spec = ClusterSpec.uniform(4, 1e9, alone_speedup=2.1, ranks_per_host=4)
+    spec.save(tmp_path / "c.json")
+    assert ClusterSpec.load(tmp_path / "c.json") == spec
+    # planned for fewer workers than a host held: as many share it; one alone: no sharing left
+    assert _cluster_for(spec, 2)[0].ranks_per_host == 2 and _cluster_for(spec, 1)[0].alone_speedup == 1.0
+    for typo in ("alone_speedups", "ranks_per_host_"):
+        with pytest.raises(FormatError, match=f"<cluster> has an unknown field '{typo}'"):
+            ClusterSpec.from_dict({**ClusterSpec.uniform(4, 1e9).to_dict(), typo: 2})
+    # with sharing: version 2, which a version-1 reader refuses instead of dropping the fields
+    assert spec.to_dict()["format"] == "caramel.cluster/2"
+    with pytest.raises(FormatError, match="'caramel.cluster/2' is not supported"):
+        check_format(spec.to_dict(), "cluster")
+    # without: version 1 as before; and version 1 with the fields (written before the bump) reads
+    assert ClusterSpec.uniform(4, 1e9).to_dict()["format"] == "caramel.cluster/1"
+    old = {**spec.to_dict(), "format": "caramel.cluster/1"}
+    assert ClusterSpec.from_dict(old).alone_speedup == 2.1
+    with pytest.raises(FormatError, match="'caramel.cluster/3' is not supported by this version \\(expected "
+                                          "'caramel.cluster/1' or 'caramel.cluster/2'\\)"):
+        ClusterSpec.from_dict({**spec.to_dict(), "format": "caramel.cluster/3"})
 
 
 def test_the_bench_hands_the_sharing_to_the_pipelines_only():

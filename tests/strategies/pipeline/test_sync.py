@@ -66,6 +66,11 @@ def test_sync_schedules_match_single_process():
             assert named["partition"] == "+".join(map(str, named["cut"])) and named["before"] == 0, (name, named)
         assert "planning failed on rank 0" in out["named"]["bad_profile"], out["named"]["bad_profile"]
     assert [r["planned"]["turns"]["failed"] for r in ranks] == ["ok", "rank 1's profile failed"]
+    assert [r["planned"]["turns"]["job_failed"] for r in ranks] == [
+        "RuntimeError: profiling in turns failed on rank 1: MemoryError: no room for rank 1's copy",
+        "MemoryError: no room for rank 1's copy"]
+    # a pipeline on a subgroup: the group's first rank computes the factor, the broadcast stays in it
+    assert ranks[1]["planned"]["shared"]["in_group"] == [ranks[1]["planned"]["shared"]["factor"]] * 2
     assert ranks[0]["1f1b"]["losses"] == ranks[1]["1f1b"]["losses"]  # the loss is on every rank
     assert ranks[0]["1f1b_auto_adam"]["boundaries"] == ranks[1]["1f1b_auto_adam"]["boundaries"]
     assert ranks[0]["traced"]["auto_boundaries"] == ranks[1]["traced"]["auto_boundaries"]

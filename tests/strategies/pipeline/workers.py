@@ -176,8 +176,22 @@ def turns(rank: int, fresh, x, y) -> dict:
         failed = in_turns(fails_on_rank_1)[0]
     except ValueError as e:
         failed = str(e)
+    built = []
+
+    def fails_on_rank_1s_copy():  # rank 1 cannot build its copy for its turn
+        built.append(1)
+        if rank == 1 and len(built) == 2:
+            raise MemoryError("no room for rank 1's copy")
+        return workload()
+
+    try:  # every rank raises, naming the cause, instead of rank 0 waiting out the timeout
+        job_profile(fails_on_rank_1s_copy, 2)
+        job_failed = "returned"
+    except (MemoryError, RuntimeError) as e:
+        job_failed = f"{type(e).__name__}: {e}"
     alone, together = job_profile(workload, 2)
-    return {"spans": spans, "hosts": hosts, "failed": failed, "sharing": alone.meta.get(SHARING_KEY),
+    return {"spans": spans, "hosts": hosts, "failed": failed, "job_failed": job_failed,
+            "sharing": alone.meta.get(SHARING_KEY),
             "together_meta": SHARING_KEY in together.meta, "alone_step_s": alone.step_time_s}
 
 
@@ -196,8 +210,16 @@ def shared_hand_off(rank: int, world: int, fresh, x, y, profile) -> dict:
                             StrategyContext(torch.device("cpu"), rank, world, pipeline_cluster=cluster,
                                             pipeline_profile=profile))  # built: cut and planned (`prepare`)
     sim = STRATEGIES.spec(strategy.name).simulate(profile, cluster, 1)
+    # on a group of rank 1 alone, rank 1 computes and keeps the factor; rank 0 takes no part
+    import torch.distributed as dist
+
+    from caramel.bench.pipeline_plan import runtime_cluster
+    alone = dist.new_group([1])
+    in_group = runtime_cluster(profile, cluster, strategy.spec().options, alone) if rank == 1 else None
+    dist.barrier()
     return {"planned_at": runner.stats()["planned_at"], "factor": sim.meta["sharing"]["factor"],
-            "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"]}
+            "cut": runner.pipe.boundaries, "predicted": sim.meta["boundaries"],
+            "in_group": in_group and [w.speed for w in in_group.workers]}
 
 
 def named_sequential(rank: int) -> dict:
