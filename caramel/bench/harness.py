@@ -301,13 +301,15 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
     # a pipeline's microbatches pay a fixed cost per call: time the modules at a quarter batch too
     probe = make_workload(config, settings.seed, device)
     batch = int(probe.inputs.shape[0]) if getattr(probe.inputs, "dim", lambda: 0)() > 0 else 1
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable_params(probe.model))
+    del probe  # one model copy at a time while profiling (a GPU holds few)
     pipelines = any(s.kind == "pipeline" for s in strategies)
     small = batch // 4 if pipelines and batch >= 4 else None
     # throwaway copies (profiling trains them); in turns only for a pipeline (`job_profile`)
     profile, together = job_profile(lambda: make_workload(config, settings.seed, device), small, turns=pipelines)
     log_rank0(dist.get_rank(), "profiled for the lower bound and the predictions"
               + (f" ({sharing_note(profile)})" if profile is not None else ""))
-    return profile, together, sum(p.numel() * p.element_size() for p in trainable_params(probe.model))
+    return profile, together, grad_bytes
 
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,

@@ -34,6 +34,7 @@ def job_profile(make_workload: Callable[[], Any], small_batch_size: int | None,
     workload = make_workload()
     dist.barrier()  # all start at once: a rank that starts late profiles partly alone
     together = profile_workload(workload, small_batch_size=small_batch_size)
+    del workload  # each turn makes its own copy: never two models held at once
     dist.barrier()
     if not turns:
         return together, together
