@@ -26,7 +26,9 @@ default) decodes with the network exported to numpy once after training (`decode
 export's time reported apart), `reference` through torch (`decode`, as the results before it
 were measured); `--check-reference` also runs the reference on every instance and counts the
 instances where it decides exactly the same. `--scheme rounds` trains in `RoundPlacementEnv` and
-decodes with `decode_rounds` (a layer of every task per forward pass); `--time-repeats` times
+decodes with `decode_rounds` (a layer of every task per forward pass); `--groups 1,4,8` trains
+and decodes one such policy per G, each round split into G groups in greedy_regret's settling
+order (rows `ppo_gG`, `ppo_gG_sample:N`), side by side on the same instances; `--time-repeats` times
 every method several times per instance (the median), and `solve_time_ratio` compares each
 decoding's time with each heuristic's, per instance, with a 95% interval. Solve times are wall-clock seconds per instance on
 one thread, everything the decoder does per instance included (its tables, every step).
@@ -63,9 +65,11 @@ SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPl
 RATIO_HEURISTICS = ("greedy_myopic", "greedy_lookahead", "greedy_regret")
 
 
-def policy_name(decoding: Decoding) -> str:
-    """The learned policy's row: `ppo` decoded greedily, `ppo_sample:N` the best of N rollouts."""
-    return "ppo" if decoding.samples == 1 else f"ppo_{decoding.name}"
+def policy_name(decoding: Decoding, groups: int | None = None) -> str:
+    """The learned policy's row: `ppo` decoded greedily, `ppo_sample:N` the best of N rollouts;
+    with `groups` G (rounds in G groups), `ppo_gG` and `ppo_gG_sample:N`."""
+    stem = "ppo" if groups is None else f"ppo_g{groups}"
+    return stem if decoding.samples == 1 else f"{stem}_{decoding.name}"
 
 
 def ratio_summary(ratios: list[float]) -> dict:
@@ -81,8 +85,11 @@ def ratio_summary(ratios: list[float]) -> dict:
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
-             check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1) -> dict:
+             check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1,
+             groups: list[int] | None = None) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
+    `groups` (the rounds scheme): `policy` and `fast` are lists, one policy per G, each decoded
+    with its G;
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did. Each method is timed
     `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
@@ -91,29 +98,37 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         raise CaramelError(f"scheme must be one of {sorted(SCHEMES)}, got {scheme!r}")
     if not (isinstance(time_repeats, int) and time_repeats >= 1):
         raise CaramelError(f"time_repeats must be an integer >= 1, got {time_repeats!r}")
+    if groups is not None and scheme != "rounds":
+        raise CaramelError(f"groups split the rounds of the rounds scheme, not {scheme!r}")
     _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
-    learned = [policy_name(d) for d in decodings]
+    # the learned rows: (name, decoding, torch policy, numpy policy, the decoders' extra arguments)
+    if groups is None:
+        rows = [(policy_name(d), d, policy, fast, {}) for d in decodings]
+    else:
+        fasts = fast if fast is not None else [None] * len(groups)
+        rows = [(policy_name(d, g), d, p, f, {"groups": g}) for g, p, f in zip(groups, policy, fasts)
+                for d in decodings]
+    learned = [r[0] for r in rows]
     extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
-    sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d in zip(learned, decodings)
-               if d.samples > 1}
+    sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
     checks = {n: {"same_decisions": 0, "solve_s": []} for n in learned}
     bounds, optimal = [], 0
     for s in seeds:
         inst = random_instance(options, s)
         decoded = {}
 
-        def solver(name: str, d: Decoding):
+        def solver(name: str, d: Decoding, pol, fst, kw: dict):
             def solve(i):
-                if fast is not None:
-                    decoded[name] = decode_fast_fn(i, fast, d, seed=decode_seed * 1_000_003 + s)
+                if fst is not None:
+                    decoded[name] = decode_fast_fn(i, fst, d, seed=decode_seed * 1_000_003 + s, **kw)
                 else:
-                    decoded[name] = decode_reference_fn(i, policy, d, seed=decode_seed * 1_000_003 + s)
+                    decoded[name] = decode_reference_fn(i, pol, d, seed=decode_seed * 1_000_003 + s, **kw)
                 return decoded[name].placement
             return solve
 
-        methods = list(HEURISTICS.items()) + [(n, solver(n, d)) for n, d in zip(learned, decodings)]
+        methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
         methods += [("rollout", rollout_placement)] if rollout else []
         runs: dict[str, list[float]] = {name: [] for name, _ in methods}
         placed = {}
@@ -131,9 +146,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         times["ilp"].append(sol.solve_s)
         bounds.append(sol.bound_s)
         optimal += int(sol.optimal)
-        for name, d in zip(learned, decodings) if check_reference else ():
+        for name, d, pol, _, kw in rows if check_reference else ():
             start = time.perf_counter()
-            ref_decoded = decode_reference_fn(inst, policy, d, seed=decode_seed * 1_000_003 + s)
+            ref_decoded = decode_reference_fn(inst, pol, d, seed=decode_seed * 1_000_003 + s, **kw)
             checks[name]["solve_s"].append(time.perf_counter() - start)
             checks[name]["same_decisions"] += int(ref_decoded == decoded[name])
         for name, stats in sampled.items():
@@ -195,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scheme", default="sequential", choices=sorted(SCHEMES),
                     help="sequential: a forward pass per layer, in greedy_regret's order; rounds: a layer of "
                          "every task per forward pass (trained and decoded so)")
+    ap.add_argument("--groups", default=None,
+                    help="with --scheme rounds: comma-separated G values (e.g. 1,4,8), one policy trained and "
+                         "decoded per G, each round split into G groups in greedy_regret's settling order")
     ap.add_argument("--time-repeats", type=int, default=1,
                     help="run every method this many times per instance; its solve time is the median")
     ap.add_argument("--check-reference", action="store_true",
@@ -219,6 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
+    groups = None
+    if args.groups is not None:
+        if args.scheme != "rounds":
+            raise SystemExit("--groups splits the rounds of --scheme rounds; pass --scheme rounds too")
+        try:
+            groups = [int(g) for g in args.groups.split(",")]
+        except ValueError:
+            raise SystemExit(f"--groups must be comma-separated integers >= 1, got {args.groups!r}") from None
+        if any(g < 1 for g in groups) or len(set(groups)) != len(groups):
+            raise SystemExit(f"--groups must be distinct integers >= 1, got {args.groups!r}")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
     if len({d.samples for d in decodings}) != len(decodings):
         raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
@@ -226,21 +254,31 @@ def main(argv: list[str] | None = None) -> int:
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:
         raise SystemExit("--train-mid must have the same num_edge as --train")
-    start = time.perf_counter()
     env_class = SCHEMES[args.scheme][0]
-    envs = [env_class(train_opts, train)] + ([env_class(mid, train)] if mid is not None else [])
-    rounds = []
-    if args.teacher == "none":
-        model = train_ppo(envs[0], ppo)
+    models, fasts, train_times, export_times, rounds_per = [], [], [], [], []
+    for g in groups or [None]:  # one policy per G, trained as it is decoded
+        kw = {} if g is None else {"groups": g}
+        start = time.perf_counter()
+        envs = [env_class(train_opts, train, **kw)] + ([env_class(mid, train, **kw)] if mid is not None else [])
+        rounds = []
+        if args.teacher == "none":
+            model = train_ppo(envs[0], ppo)
+        else:
+            model = make_ppo(envs[0], ppo)
+            rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
+            if args.finetune_steps > 0:
+                model.learn(total_timesteps=args.finetune_steps)
+        train_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fasts.append(NumpyPolicy.from_policy(model.policy) if args.decoder == "fast" else None)
+        export_times.append(time.perf_counter() - start)  # once per trained policy, not per instance
+        models.append(model)
+        rounds_per.append(rounds)
+    train_s, export_s, fast = sum(train_times), sum(export_times), fasts[0]
+    if groups is None:
+        policy, fast_arg, rounds = model.policy, fast, rounds_per[0]
     else:
-        model = make_ppo(envs[0], ppo)
-        rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
-        if args.finetune_steps > 0:
-            model.learn(total_timesteps=args.finetune_steps)
-    train_s = time.perf_counter() - start
-    start = time.perf_counter()
-    fast = NumpyPolicy.from_policy(model.policy) if args.decoder == "fast" else None
-    export_s = time.perf_counter() - start  # once per trained policy, not per instance
+        policy, fast_arg, rounds = [m.policy for m in models], fasts if fast is not None else None, rounds_per
     report = {
         "experiment": "edge_placement", "train": vars(train_opts), "ppo": vars(ppo),
         "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
@@ -249,13 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
-        "scheme": args.scheme,
+        "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None,
         "policy_export_s": export_s if fast is not None else None,
-        "small": evaluate(small, test, model.policy, decodings, args.decode_seed, None, "ilp", True, fast,
-                          args.check_reference, args.scheme, args.time_repeats),
-        "large": evaluate(large, large_seeds, model.policy, decodings, args.decode_seed, args.large_time_limit_s,
-                          "greedy_regret", args.large_rollout, fast, args.check_reference,
-                          args.scheme, args.time_repeats),
+        "small": evaluate(small, test, policy, decodings, args.decode_seed, None, "ilp", True, fast_arg,
+                          args.check_reference, args.scheme, args.time_repeats, groups),
+        "large": evaluate(large, large_seeds, policy, decodings, args.decode_seed, args.large_time_limit_s,
+                          "greedy_regret", args.large_rollout, fast_arg, args.check_reference,
+                          args.scheme, args.time_repeats, groups),
     }
     for key in ("small", "large"):
         r = report[key]

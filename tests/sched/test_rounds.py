@@ -30,15 +30,17 @@ def model():
     return m
 
 
-@pytest.mark.parametrize("opts,seeds", [(SMALL, range(3)), (TIGHT, range(3)), (LARGE, [0])],
-                         ids=["small", "tight", "large"])
-def test_batch_equals_the_environment(opts, seeds):
+@pytest.mark.parametrize("opts,seeds,groups", [(SMALL, range(3), 1), (TIGHT, range(3), 1), (LARGE, [0], 1),
+                                               (SMALL, range(2), 2), (TIGHT, range(3), 4), (LARGE, [0], 8)],
+                         ids=["small", "tight", "large", "small-g2", "tight-g4", "large-g8"])
+def test_batch_equals_the_environment(opts, seeds, groups):
     """Random actions, 4 samples: every observation the environment shows equals the batch's
-    row for that task; placements, memory left and costs (`Instance.cost_s`) equal too."""
+    row for that task; placements, memory left and costs (`Instance.cost_s`) equal too; with
+    the round split into groups as well (each group seeing the memory the earlier ones took)."""
     for seed in seeds:
         inst, rng = random_instance(opts, seed), np.random.default_rng(seed)
-        batch = RoundBatch(inst, 4)
-        envs = [RoundPlacementEnv(opts, [0]) for _ in range(4)]
+        batch = RoundBatch(inst, 4, groups=groups)
+        envs = [RoundPlacementEnv(opts, [0], groups=groups) for _ in range(4)]
         seen = [e.reset(options={"instance": inst})[0] for e in envs]
         returns = np.zeros(4)
         while not batch.done:
@@ -46,7 +48,7 @@ def test_batch_equals_the_environment(opts, seeds):
             actions = rng.integers(inst.num_nodes, size=obs.shape[:2])
             for i, env in enumerate(envs):
                 for _ in range(obs.shape[1]):
-                    a = int(np.flatnonzero(batch.active == env.task)[0])
+                    a = int(np.flatnonzero(batch.tasks[i] == env.task)[0])
                     assert np.array_equal(seen[i], obs[i, a])
                     seen[i], reward, _, _, _ = env.step(actions[i, a])
                     returns[i] += reward
@@ -60,19 +62,21 @@ def test_batch_equals_the_environment(opts, seeds):
             assert returns[i] == pytest.approx(-costs[i] / env.scale_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("opts,seeds", [(SMALL, range(4)), (LARGE, [1])], ids=["small", "large"])
-def test_numpy_decoder_decides_as_the_torch_reference(model, opts, seeds):
+@pytest.mark.parametrize("opts,seeds,groups", [(SMALL, range(4), 1), (LARGE, [1], 1), (LARGE, [1], 4)],
+                         ids=["small", "large", "large-g4"])
+def test_numpy_decoder_decides_as_the_torch_reference(model, opts, seeds, groups):
     """Greedy and 8 samples (the same seed): every sample's cost, the winner and the placement
     equal the torch reference's; greedy equals the deterministic actor stepping the environment."""
     fast = NumpyPolicy.from_policy(model.policy)
     for s in seeds:
         inst = random_instance(opts, s)
         for n in (1, 8):
-            got = decode_rounds(inst, fast, Decoding(n), seed=s)
-            assert got == decode_rounds(inst, model.policy, Decoding(n), seed=s)
+            got = decode_rounds(inst, fast, Decoding(n), seed=s, groups=groups)
+            assert got == decode_rounds(inst, model.policy, Decoding(n), seed=s, groups=groups)
             assert inst.feasible(got.placement) and got.cost_s == min(got.costs_s)
-        want = run_policy(RoundPlacementEnv(opts, [0]), inst, lambda o: int(model.predict(o, deterministic=True)[0]))
-        assert decode_rounds(inst, fast, Decoding(1)).placement == want
+        want = run_policy(RoundPlacementEnv(opts, [0], groups=groups), inst,
+                          lambda o: int(model.predict(o, deterministic=True)[0]))
+        assert decode_rounds(inst, fast, Decoding(1), groups=groups).placement == want
 
 
 def test_commit_settles_memory_in_priority_order():
@@ -96,6 +100,11 @@ def test_bad_inputs_are_refused(model):
         decode_rounds(inst, object(), Decoding(1))
     with pytest.raises(CaramelError, match="samples >= 1"):
         RoundBatch(inst, 0)
+    for bad in (0, 1.5):
+        with pytest.raises(CaramelError, match="groups >= 1"):
+            RoundBatch(inst, 1, groups=bad)
+        with pytest.raises(CaramelError, match="groups >= 1"):
+            RoundPlacementEnv(SMALL, [0], groups=bad)
     batch = RoundBatch(inst, 2)
     batch.observe()
     with pytest.raises(CaramelError, match="actions must be"):
@@ -103,8 +112,9 @@ def test_bad_inputs_are_refused(model):
 
 
 def test_experiment_trains_and_decodes_in_rounds(tmp_path):
-    """A tiny `edge_placement --scheme rounds` run: the numpy decoder decided as the torch
-    reference on every instance, and every decoding's time is compared with every heuristic's."""
+    """A tiny `edge_placement --scheme rounds --groups 1,3` run (a policy per G): the numpy
+    decoder decided as the torch reference on every instance, and every decoding's time is
+    compared with every heuristic's."""
     import json
 
     from experiments.edge_placement import main
@@ -114,23 +124,27 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                  "--improve", "rounds=1,episodes=2,epochs=1", "--test-seeds", "0:2", "--large",
                  "num_tasks=5,num_layers=3", "--large-seeds", "0:2", "--large-time-limit-s", "1",
                  "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
-                 "--json", str(out)]) == 0
+                 "--groups", "1,3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["scheme"] == "rounds"
+    assert report["scheme"] == "rounds" and report["groups"] == [1, 3] and len(report["train_s_per_groups"]) == 2
     for key in ("small", "large"):
         r = report[key]
         assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
-        assert set(r["solve_time_ratio"]) == {"ppo", "ppo_sample:4"}
-        assert set(r["solve_time_ratio"]["ppo"]) == {"greedy_myopic", "greedy_lookahead", "greedy_regret"}
+        assert set(r["solve_time_ratio"]) == {"ppo_g1", "ppo_g1_sample:4", "ppo_g3", "ppo_g3_sample:4"}
+        assert set(r["solve_time_ratio"]["ppo_g3"]) == {"greedy_myopic", "greedy_lookahead", "greedy_regret"}
         assert all(len(v) == 2 for v in r["solve_s_per_instance"].values())
-    with pytest.raises(SystemExit, match="time-repeats"):
-        main(["--time-repeats", "0"])
+    for argv, match in ((["--time-repeats", "0"], "time-repeats"), (["--groups", "2"], "scheme rounds"),
+                        (["--scheme", "rounds", "--groups", "1,0"], "distinct integers"),
+                        (["--scheme", "rounds", "--groups", "x"], "comma-separated integers")):
+        with pytest.raises(SystemExit, match=match):
+            main(argv)
 
 
 def test_evaluate_refuses_bad_arguments_and_one_instance_has_no_interval():
     from experiments.edge_placement import evaluate, ratio_summary
 
     assert ratio_summary([0.5])["ci95"] is None and ratio_summary([0.5, 0.7])["ci95"] is not None
-    for kw, match in (({"scheme": "bogus"}, "scheme"), ({"time_repeats": 0}, "time_repeats")):
+    for kw, match in (({"scheme": "bogus"}, "scheme"), ({"time_repeats": 0}, "time_repeats"),
+                      ({"groups": [2]}, "groups split")):
         with pytest.raises(CaramelError, match=match):
             evaluate(InstanceOptions(), [0], None, [], 0, 1.0, "greedy_regret", False, **kw)

@@ -14,6 +14,11 @@ while the node's room lasts, the others move to their best node that still has r
 always has). A large instance of 30 tasks of 8 layers takes 8 forward passes instead of 240.
 The policy is trained on the same rounds (`round_env.RoundPlacementEnv`, whose observations and
 placements these equal, tested), so it learns to choose without seeing its round-mates' choices.
+
+`groups=G` splits each round into G groups (sizes as `np.array_split`) in that settling order,
+computed once at the round's start: a forward pass per group, each group observing (and
+settling into) the memory its earlier groups took, so the most contested choices are seen by
+the later ones; G=1 (the default) is the round in one pass, as above.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ def commit(chosen: np.ndarray, priority: np.ndarray, order: np.ndarray, need_mb:
            free_ext_mb: np.ndarray) -> np.ndarray:
     """One round's nodes, memory settled. `chosen` (S, A): each task's node; `priority` (S, A):
     the tasks' positions in settling order; `order` (S, A, K): each task's nodes by score;
-    `need_mb` (A,): each task's layer weight; `free_ext_mb` (S, K): room per node, the cloud
+    `need_mb` (A,) or (S, A): each task's layer weight; `free_ext_mb` (S, K): room per node, the cloud
     inf (updated in place). In passes: of the tasks still unsettled, those that claim a node
     keep it while the claims so far, in settling order, fit its room; the rest claim their
     first node in score order with room left, and so on (the first claimant of a node always
@@ -41,7 +46,7 @@ def commit(chosen: np.ndarray, priority: np.ndarray, order: np.ndarray, need_mb:
     k = free_ext_mb.shape[1]
     rows = np.arange(s_count)[:, None]
     cand = np.take_along_axis(chosen, priority, axis=1)
-    need = need_mb[priority]
+    need = np.take_along_axis(np.broadcast_to(need_mb, chosen.shape), priority, axis=1)
     ordp = np.take_along_axis(order, priority[..., None], axis=1)
     final = np.full((s_count, a_count), -1)
     pending = np.ones((s_count, a_count), dtype=bool)
@@ -65,11 +70,15 @@ def commit(chosen: np.ndarray, priority: np.ndarray, order: np.ndarray, need_mb:
 
 
 class RoundBatch:
-    """`samples` placements of `inst`, built a round (a layer of every task) at a time."""
+    """`samples` placements of `inst`, built a round (a layer of every task) at a time, in
+    `groups` forward passes per round."""
 
-    def __init__(self, inst: Instance, samples: int, tables: StepTables | None = None):
+    def __init__(self, inst: Instance, samples: int, tables: StepTables | None = None, groups: int = 1):
         if samples < 1:
             raise CaramelError(f"RoundBatch needs samples >= 1, got {samples}")
+        if not (isinstance(groups, (int, np.integer)) and groups >= 1):
+            raise CaramelError(f"RoundBatch needs groups >= 1 (an integer), got {groups!r}")
+        self.groups = int(groups)
         self.inst, self.n, self.k = inst, samples, inst.num_nodes
         self.tables = tb = tables if tables is not None else StepTables(inst)
         t_count, lmax = tb.weights_mb.shape
@@ -78,7 +87,10 @@ class RoundBatch:
         self._free_ext[:, :-1] = inst.memory_mb
         self.nodes = np.full((samples, t_count, lmax), -1)
         self.layer, self.placed, self.total_layers = 0, 0, int(tb.num_layers.sum())
-        self._left_mb = tb.weights_mb.copy()  # zeroed as placed (the same in every sample)
+        self._group = 0  # the group of the round to observe next
+        # zeroed as placed (per sample: with groups, the layers placed so far differ by sample)
+        self._left_mb = np.tile(tb.weights_mb.reshape(1, -1), (samples, 1))
+        self._next_layer = np.zeros((samples, t_count), dtype=int)  # each task's next layer (capped below)
         self._wish_table = wish_table(tb, self.k)
         self.scale_s, self.mean_mb = scale_and_mean_mb(inst, tb)
         self._static = static_features(tb, inst, self.scale_s, self.mean_mb)
@@ -95,54 +107,81 @@ class RoundBatch:
     def free_mb(self) -> np.ndarray:
         return self._free_ext[:, :-1]
 
-    def observe(self) -> np.ndarray:
-        """(S, A, K, F) float32, A the tasks with a layer r (`self.active`, by index): each the
-        `PlacementEnv` observation of that task at the round's start (tested equal)."""
-        tb, r, rows = self.tables, self.layer, self._samples
-        self.active = act = np.flatnonzero(tb.num_layers > r)
-        prev = self.prev[:, act]  # (S, A)
-        self._need = need = tb.weights_mb[act, r]
-        base = tb.step[act[None, :], r, prev] + tb.h[act, r][None]  # (S, A, K)
+    def _scores(self, tasks: np.ndarray) -> np.ndarray:
+        """(S, A, K): the tasks' (S, A) layer-r lookahead scores now, inf where a node lacks room."""
+        tb, r = self.tables, self.layer
+        need = tb.weights_mb[tasks, r]
+        base = tb.step[tasks, r, self.prev[self._samples, tasks]] + tb.h[tasks, r]
         fits = np.ones(base.shape, dtype=bool)
-        fits[..., :-1] = need[None, :, None] <= self.free_mb[:, None, :] + MEMORY_SLACK_MB
-        self.scores = s = np.where(fits, base, np.inf)
+        fits[..., :-1] = need[..., None] <= self.free_mb[:, None, :] + MEMORY_SLACK_MB
+        return np.where(fits, base, np.inf)
+
+    def _start_round(self) -> None:
+        """The round's tasks (`self.active`) and, with groups, each sample's tasks in settling
+        order (`_round_tasks`, (S, A)) and where its groups end."""
+        tb, r = self.tables, self.layer
+        self.active = act = np.flatnonzero(tb.num_layers > r)
+        tasks = np.broadcast_to(act, (self.n, len(act)))
+        ends = np.cumsum([len(g) for g in np.array_split(np.arange(len(act)), min(self.groups, len(act)))])
+        self._ends = [0] + [int(e) for e in ends]
+        if self.groups > 1:
+            ordered = np.sort(self._scores(tasks), axis=2)
+            with np.errstate(invalid="ignore"):
+                regret = np.where(np.isfinite(ordered[..., 1]), ordered[..., 1] - ordered[..., 0], np.inf)
+            tasks = np.take_along_axis(tasks, np.argsort(-regret, axis=1, kind="stable"), axis=1)
+        self._round_tasks = tasks
+
+    def observe(self) -> np.ndarray:
+        """(S, A, K, F) float32, A the tasks of the round's next group (`self.tasks`, (S, A):
+        with one group, every task with a layer r, by index; with more, that group's tasks in
+        settling order): each the `PlacementEnv` observation of that task at the group's start
+        (tested equal)."""
+        tb, r, rows = self.tables, self.layer, self._samples
+        if self._group == 0:
+            self._start_round()
+        self.tasks = tk = self._round_tasks[:, self._ends[self._group]:self._ends[self._group + 1]]
+        prev = self.prev[rows, tk]  # (S, A)
+        self._need = need = tb.weights_mb[tk, r]
+        self.scores = s = self._scores(tk)
         self.order = o = np.argsort(s, axis=2, kind="stable")
         scores = np.take_along_axis(s, o, axis=2)
         best, second = scores[..., :1], scores[..., 1:2]
-        ta = act[None, :, None]
+        ta = tk[..., None]
         obs = self._static[ta, r, o]
         obs[..., 1] = self._row_pos
         obs[..., 2] = self._step_scaled[ta, r, prev[..., None], o]
         with np.errstate(invalid="ignore", divide="ignore"):
             self.regret = np.where(np.isfinite(second[..., 0]), second[..., 0] - best[..., 0], np.inf)
             regret = np.where(np.isfinite(second), (second - best) / self.scale_s, 10.0)
-            left_mb = np.cumsum(self._left_mb.ravel())[-1]  # left to right, as sum()
-            wish = self._wish_table[np.arange(len(tb.num_layers))[None, :], np.minimum(r, tb.num_layers)[None, :],
-                                    self.prev]
+            left_mb = np.cumsum(self._left_mb, axis=1)[:, -1]  # left to right, as sum()
+            wish = self._wish_table[np.arange(len(tb.num_layers))[None, :],
+                                    np.minimum(self._next_layer, tb.num_layers[None, :]), self.prev]
             wished = np.sum(wish, axis=1)[rows[..., None], o]
             cloud_score = s[..., self.inst.cloud][..., None]
             ok = np.isfinite(scores)
             edge = o != self.inst.cloud
             free = self._free_ext[rows[..., None], o]
             room = np.maximum(free, 1e-9)
-            needc = need[None, :, None]
+            needc = need[..., None]
             obs[..., 0] = ok
             obs[..., 4] = np.where(ok, np.minimum((scores - best) / self.scale_s, 10.0), 10.0)
             obs[..., 7] = np.minimum(np.log1p(free / needc), 10.0)
             obs[..., 8] = np.where(edge, free / self._memory_ext[o], 1.0)
-            obs[..., 9] = np.minimum(np.log1p(left_mb / np.maximum(self.free_mb.sum(axis=1), 1e-9)), 10.0)[:, None,
-                                                                                                          None]
+            obs[..., 9] = np.minimum(np.log1p(left_mb / np.maximum(self.free_mb.sum(axis=1), 1e-9)),
+                                     10.0)[:, None, None]
             obs[..., 10] = np.minimum(regret, 10.0)
             obs[..., 11] = self.placed / self.total_layers
             obs[..., 13] = np.where(edge, np.minimum(np.log1p(wished / room), 10.0), 0.0)
             obs[..., 14] = np.where(edge & ok, (cloud_score - scores) / self.scale_s * self.mean_mb / needc, 0.0)
-            obs[..., 17] = np.where(edge, np.minimum(np.log1p(tb.weights_from_mb_table[act, r][None, :, None] / room),
+            obs[..., 17] = np.where(edge, np.minimum(np.log1p(tb.weights_from_mb_table[tk, r][..., None] / room),
                                                      10.0), 0.0)
         return obs
 
     def priority(self) -> np.ndarray:
-        """(S, A): the round's settling order, greedy_regret's (most regret first; ties: the
-        lowest task)."""
+        """(S, A): the group's settling order, greedy_regret's at the round's start (most regret
+        first; ties: the lowest task); with groups `self.tasks` is already in that order."""
+        if self.groups > 1:
+            return np.broadcast_to(np.arange(self.tasks.shape[1]), self.tasks.shape)
         return np.argsort(-self.regret, axis=1, kind="stable")
 
     def step(self, actions: np.ndarray) -> np.ndarray:
@@ -150,19 +189,24 @@ class RoundBatch:
         without room: row 0), memory settled by `commit`; the nodes (S, A)."""
         if not hasattr(self, "order"):
             raise CaramelError("RoundBatch.step: call observe() first (it orders the round's nodes)")
-        act, r, rows = self.active, self.layer, self._samples
+        tk, r, rows = self.tasks, self.layer, self._samples
         a = np.asarray(actions, dtype=int)
-        if a.shape != (self.n, len(act)) or (a < 0).any() or (a >= self.k).any():
-            raise CaramelError(f"actions must be ({self.n}, {len(act)}) rows in 0..{self.k - 1}, got {actions!r}")
+        if a.shape != tk.shape or (a < 0).any() or (a >= self.k).any():
+            raise CaramelError(f"actions must be {tk.shape} rows in 0..{self.k - 1}, got {actions!r}")
         node = np.take_along_axis(self.order, a[..., None], axis=2)[..., 0]
         bad = ~np.isfinite(np.take_along_axis(self.scores, node[..., None], axis=2)[..., 0])
         node = np.where(bad, self.order[..., 0], node)
         node = commit(node, self.priority(), self.order, self._need, self._free_ext)
-        self.nodes[rows, act[None, :], r] = node
-        self.prev[:, act] = node
-        self._left_mb[act, r] = 0.0
-        self.placed += len(act)
-        self.layer += 1
+        self.nodes[rows, tk, r] = node
+        self.prev[rows, tk] = node
+        self._left_mb[rows, tk * self.tables.weights_mb.shape[1] + r] = 0.0
+        self._next_layer[rows, tk] = r + 1
+        self.placed += tk.shape[1]
+        self._group += 1
+        if self._group == len(self._ends) - 1:  # the round's last group: the next observe starts a round
+            self._group = 0
+            self.layer += 1
+        del self.order
         return node
 
     def costs_s(self) -> np.ndarray:
@@ -180,11 +224,11 @@ class RoundBatch:
                 for i in range(self.n)]
 
 
-def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0) -> Decoded:
+def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, groups: int = 1) -> Decoded:
     """The policy decoded in rounds: `policy` a `fast_decode.NumpyPolicy` (the numpy forward
     pass) or the trained torch policy (the reference: the same rounds, probabilities through
     torch). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
-    cheapest kept (ties: the lowest sample, so greedy)."""
+    cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round."""
     from caramel.sched.placement.fast_decode import NumpyPolicy
 
     if not isinstance(decoding, Decoding):
@@ -197,7 +241,7 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0) -> 
     else:
         raise CaramelError(f"policy must be a NumpyPolicy or a trained CandidatePolicy, got {policy!r}")
     gen = torch.Generator().manual_seed(int(seed))
-    batch = RoundBatch(inst, decoding.samples)
+    batch = RoundBatch(inst, decoding.samples, groups=groups)
     while not batch.done:
         obs = batch.observe()
         s_count, a_count, k, f = obs.shape
