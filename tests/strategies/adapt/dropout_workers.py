@@ -1,6 +1,7 @@
 """Worker functions for the balance="dropout" tests (spawned; must be importable)."""
 from __future__ import annotations
 
+import collections
 import copy
 
 import torch
@@ -119,15 +120,40 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     if rank == 1:
         slow_down(m, 0.004)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    # the rule alone, as before split backward was allowed with drops: deferral's weight gradients
-    # are timed in one more profiling step, and the noisy steps of profiling and planning then
-    # fill more of the first windows of this short run (the first drop came at step 16 of 20,
-    # or not at all in some runs on a loaded host, against step 8 without)
-    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4,
-                                     compute_schedule="off", early_weight_grad=False)
+    # default options: deferred and early weight gradients allowed, profiled and planned first
+    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
+    c = opt.engine.controller
+    b = c.balancer
+    # per step: whether its time entered the window, and whether it was a profiling or trial step
+    # or one whose period held a plan's adoption (planned at the end of the step before)
+    record, adopted_at = [], set()
+    step_end, adopt = b.step_end, c.adopt
+
+    b.times = _CountingDeque(b.times, maxlen=b.times.maxlen)
+
+    def recording_step_end(*args, **kwargs) -> None:
+        before = b.times.appended
+        untimed = c.profiling or c.trial is not None or opt.engine.stats.step - 1 in adopted_at
+        step_end(*args, **kwargs)
+        record.append((opt.engine.stats.step, b.times.appended > before, untimed))
+
+    def recording_adopt(*args, **kwargs):
+        adopted_at.add(opt.engine.stats.step)
+        return adopt(*args, **kwargs)
+
+    b.step_end, c.adopt = recording_step_end, recording_adopt
     _train(model, opt, steps, rank)
-    b = opt.engine.controller.balancer
-    return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio()}
+    return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio(),
+            "first_drop_step": b.changes[0]["step"] if b.changes else None, "timed": len(b.times),
+            "untimed_steps": [s for s, _, u in record if u], "timed_untimed": [s for s, t, u in record if t and u]}
+
+
+class _CountingDeque(collections.deque):
+    appended = 0
+
+    def append(self, x) -> None:
+        self.appended += 1
+        super().append(x)
 
 
 def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
