@@ -167,7 +167,7 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
                          ("defer", {"compute_schedule": 3, "early_weight_grad": False}),
                          ("early", {"compute_schedule": "off", "early_weight_grad": True})):
         runs[f"drop/{split}"] = (dict(extra, balance="dropout"), [0.25, 0.5])
-    out, deferred, early, split_steps = {}, {}, {}, {}
+    out, deferred, early, split_steps, kept_bytes = {}, {}, {}, {}, {}
     for name, (options, fractions) in runs.items():
         if "balance" in options:
             options = dict(options, dropout_table=table, balance_every=0)
@@ -194,8 +194,10 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
         schedule = opt.engine.plan.compute_schedule
         deferred[name] = list(schedule.modules) if schedule else []
         early[name] = opt.engine.early_handovers
+        profile = opt.engine.controller.profile
+        kept_bytes[name] = {i.name: i.deferred_bytes for i in profile.modules if i.deferred_bytes} if profile else {}
         caramel.shutdown()
     same = {k: all(torch.equal(a, b) for a, b in zip(out[ref], out[k]))
             for k, ref in (("drop/defer", "drop/plain"), ("drop/early", "drop/plain"), ("zero/defer", "off/defer"))}
-    return {"same": same, "deferred": deferred, "early": early, "split_steps": split_steps,
+    return {"same": same, "deferred": deferred, "early": early, "split_steps": split_steps, "kept_bytes": kept_bytes,
             "dropped": not all(torch.equal(a, b) for a, b in zip(out["drop/plain"], out["off/defer"]))}
