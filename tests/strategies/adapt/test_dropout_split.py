@@ -107,3 +107,30 @@ def test_deferred_and_early_weight_gradients_with_drops_match_autograds(tmp_path
         assert res["split_steps"]["drop/defer"] >= 2, res  # steps that ran narrow and deferred at once
         # which layers go early follows the profiled timings (the first bucket's); any of them is narrowed
         assert res["early"]["drop/early"] > 0 and res["split_steps"]["drop/early"] >= 1, res
+
+
+def test_a_copy_leaves_the_split_behind_and_computes_with_its_own_weights():
+    import copy
+    m = SmallCNN()
+    x = torch.randn(3, 3, 16, 16)
+    split = SplitBackward([m.conv1, m.conv2, m.fc])
+    split.install()
+    narrowing = Narrowing(find_groups(m), install=False)
+    narrowing.set_kept({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)})
+    narrowing.install()  # over the split forwards
+    c = copy.deepcopy(m)
+    assert c.conv1.forward.below is None and m.conv1.forward.below is not None
+    with torch.no_grad():
+        for p in c.parameters():
+            p.zero_()
+    copied = c.conv1.forward.narrowing  # the copy's own narrowing
+    assert copied is not narrowing
+    for kept in ({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)}, {}):  # narrow, then whole
+        copied.set_kept(kept)
+        with split.recording():
+            out = c(x)
+        assert torch.equal(out, torch.zeros(3, 10)), kept  # the copy's own (zero) weights
+        out.sum().backward()
+        assert not split.pending() and split.deferred_bytes() == 0  # nothing recorded into the original's split
+    split.remove()
+    narrowing.remove()
