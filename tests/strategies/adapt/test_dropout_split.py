@@ -134,3 +134,17 @@ def test_a_copy_leaves_the_split_behind_and_computes_with_its_own_weights():
         assert not split.pending() and split.deferred_bytes() == 0  # nothing recorded into the original's split
     split.remove()
     narrowing.remove()
+
+
+def test_narrowing_goes_only_over_a_split_forward():
+    from caramel.errors import CaramelError
+    m = SmallCNN()
+    first = Narrowing(find_groups(m))
+    with pytest.raises(CaramelError, match="cannot narrow Conv2d of group 'conv1': it already has an instance forward"):
+        Narrowing(find_groups(m))  # over another narrowing's forwards
+    assert all(mod.__dict__["forward"].below is None for mod in (m.conv1, m.conv2, m.fc))  # nothing half-installed
+    first.remove()
+    m.fc.forward = lambda x: x  # the model's own instance forward
+    with pytest.raises(CaramelError, match="cannot narrow Linear of group 'conv2'"):
+        Narrowing(find_groups(m))
+    assert "forward" not in m.conv1.__dict__
