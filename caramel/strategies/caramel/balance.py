@@ -89,7 +89,7 @@ class Balancer:
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
-        model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+        engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
     def attach(self, schedule: ShareSchedule) -> None:
         if schedule.world_size != self.world:

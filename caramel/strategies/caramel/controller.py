@@ -217,9 +217,24 @@ class Controller:
 
     def _install_hooks(self) -> None:
         if not self.hooks_installed:
-            self.model.register_forward_pre_hook(self._fwd_pre)
-            self.model.register_forward_hook(self._fwd_post, always_call=True)
+            self._handles = [self.model.register_forward_pre_hook(self._fwd_pre),
+                             self.model.register_forward_hook(self._fwd_post, always_call=True)]
             self.hooks_installed = True
+
+    def detach(self) -> None:
+        """Take this controller's hooks and the balancer's narrow forwards off the model (at
+        `caramel.shutdown()`, after the engine's own)."""
+        if self.profiler is not None:
+            self.profiler.detach()
+            self.profiler.stop()
+            if self.profiler.timer is not None:
+                self.profiler.timer.remove()
+            self.profiler = None
+        for h in getattr(self, "_handles", []):
+            h.remove()
+        self._handles, self.hooks_installed = [], False
+        if self.balancer is not None and hasattr(self.balancer, "detach"):
+            self.balancer.detach()
 
     def _fwd_pre(self, _m, _args):
         if self.uses_pending and self.use_tracker is None:

@@ -86,6 +86,11 @@ class DropoutBalancer:
         set_compute_ratio(model, self.compute_ratio)
         self._draw()
 
+    def detach(self) -> None:
+        """The layers' own forwards back (at `caramel.shutdown()`); the fractions stay recorded."""
+        self.narrowing.remove()
+        self._current = {}
+
     def compute_ratio(self) -> float:
         """This rank's compute now against the full model's, from the table."""
         return self.table.ratio(self.fractions[self.rank])

@@ -148,6 +148,14 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
             "untimed_steps": [s for s, _, u in record if u], "timed_untimed": [s for s, t, u in record if t and u]}
 
 
+def _left_on(model: torch.nn.Module) -> list[str]:
+    """What a parallelized run left on the module: instance forwards, module and gradient hooks."""
+    left = [f"{n}.forward" for n, mod in model.named_modules() if "forward" in mod.__dict__]
+    left += [f"{n} hooks" for n, mod in model.named_modules()
+             if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks]
+    return left + [f"{n} grad hook" for n, p in model.named_parameters() if p._post_accumulate_grad_hooks]
+
+
 class _CountingDeque(collections.deque):
     appended = 0
 
@@ -167,7 +175,7 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
                          ("defer", {"compute_schedule": 3, "early_weight_grad": False}),
                          ("early", {"compute_schedule": "off", "early_weight_grad": True})):
         runs[f"drop/{split}"] = (dict(extra, balance="dropout"), [0.25, 0.5])
-    out, deferred, early, split_steps, kept_bytes = {}, {}, {}, {}, {}
+    out, deferred, early, split_steps, kept_bytes, left = {}, {}, {}, {}, {}, {}
     for name, (options, fractions) in runs.items():
         if "balance" in options:
             options = dict(options, dropout_table=table, balance_every=0)
@@ -197,7 +205,18 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
         profile = opt.engine.controller.profile
         kept_bytes[name] = {i.name: i.deferred_bytes for i in profile.modules if i.deferred_bytes} if profile else {}
         caramel.shutdown()
+        left[name] = _left_on(m)
+    # the module of the last run (dropped, split early) parallelized again: it trains as a fresh one
+    m2 = copy.deepcopy(m)
+    again = {}
+    for mod in (m, m2):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+        model, opt = caramel.parallelize(mod, opt, overlap="forward", profile_steps=1, compute_schedule=3)
+        _train(model, opt, 3, rank)
+        again[mod is m] = params_of(model.module)
+        caramel.shutdown()
     same = {k: all(torch.equal(a, b) for a, b in zip(out[ref], out[k]))
             for k, ref in (("drop/defer", "drop/plain"), ("drop/early", "drop/plain"), ("zero/defer", "off/defer"))}
     return {"same": same, "deferred": deferred, "early": early, "split_steps": split_steps, "kept_bytes": kept_bytes,
+            "left": left, "again_same": all(torch.equal(a, b) for a, b in zip(again[True], again[False])),
             "dropped": not all(torch.equal(a, b) for a, b in zip(out["drop/plain"], out["off/defer"]))}

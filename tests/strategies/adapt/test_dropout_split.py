@@ -100,6 +100,9 @@ def test_deferred_and_early_weight_gradients_with_drops_match_autograds(tmp_path
                                  "groups": ["conv1", "conv2"], "entries": ENTRIES}))
     for res in run_workers(split_worker, 2, args=(str(table), 5), timeout_s=130):
         assert all(res["same"].values()), res
+        # caramel.shutdown() leaves the module as it was; parallelized again, it trains as a fresh copy
+        assert all(v == [] for v in res["left"].values()), res["left"]
+        assert res["again_same"]
         assert res["dropped"]  # the drops changed the training: a real comparison
         assert res["deferred"]["drop/defer"] == ["conv1", "conv2", "fc"] == res["deferred"]["zero/defer"]
         # profiled while dropping, the deferred bytes are the whole layers' (the memory cap's terms)
