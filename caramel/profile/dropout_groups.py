@@ -178,7 +178,16 @@ class Narrowing:
         module's hooks still run around it)."""
         if not self.installed:
             for m, out_g, in_g, norm_g in self._roles:
-                # a split forward already there (a deferred weight gradient) goes below this one
+                below = m.__dict__.get("forward")
+                # a split forward already there (a deferred weight gradient) goes below this one;
+                # anything else (another narrowing's, the user's) would be run with stale drops or lost
+                if below is not None and getattr(below, "split", None) is None:
+                    g = out_g or in_g or norm_g
+                    raise CaramelError(f"balance='dropout' cannot narrow {type(m).__name__} of group '{g.name}': it "
+                                       f"already has an instance forward ({type(below).__name__}; another "
+                                       "narrowing's or the model's own); only a split weight-gradient forward "
+                                       "may sit below a narrow one")
+            for m, out_g, in_g, norm_g in self._roles:
                 m.forward = _NarrowForward(m, self, out_g, in_g, norm_g, below=m.__dict__.get("forward"))
             self.installed = True
 

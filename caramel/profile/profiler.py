@@ -108,7 +108,7 @@ def profile_model(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
             timer.backward_end()
         if split:
             for m in split.modules:
-                split_bytes[m] = split.deferred_bytes(m)
+                split_bytes[m] = split.deferred_bytes(m, whole=True)
             split.run()
             for m, sec in split.last_run_s.items():
                 split_s[m] = min(split_s.get(m, sec), sec)

@@ -207,11 +207,21 @@ class SplitBackward:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    def deferred_bytes(self, module: nn.Module | None = None) -> int:
+    def deferred_bytes(self, module: nn.Module | None = None, whole: bool = False) -> int:
         """Bytes held for the weight gradients not yet computed (inputs and output gradients), of
-        every module or of `module` only."""
+        every module or of `module` only. `whole`: what the whole layers would hold, a narrowed
+        entry's input scaled by the layer's inputs / kept columns and its gradient by outputs /
+        kept rows (a profile taken while a rank drops plans for steps that may drop nothing)."""
         pending = self._pending.values() if module is None else [p for k, p in self._pending.items() if k == id(module)]
-        return sum(t.numel() * t.element_size() for p in pending for kept in p.saved for t in kept if t is not None)
+        if not whole:
+            return sum(t.numel() * t.element_size() for p in pending for kept in p.saved for t in kept if t is not None)
+        total = 0
+        for p in pending:
+            w = p.module.weight
+            for inp, g, out_k, cols in p.saved:
+                # the kept columns / rows are the input's and the gradient's channel (feature) dim
+                total += _scaled_bytes(inp, cols, w.shape[1]) + _scaled_bytes(g, out_k, w.shape[0])
+        return total
 
     def run(self) -> None:
         """Compute every kept weight gradient, in `modules` order; accumulate into `.grad`."""
@@ -388,3 +398,9 @@ class _EmbeddingSplit(torch.autograd.Function):
         if ctx.split.accumulating():
             ctx.split._keep(ctx.module, ids, g)
         return None, None, None, None
+
+
+def _scaled_bytes(t: torch.Tensor, kept: torch.Tensor | None, units: int) -> int:
+    """Bytes of `t` had all `units` of its narrowed dim been kept (`kept`: those that were)."""
+    n = t.numel() * t.element_size()
+    return n if kept is None else n // len(kept) * units

@@ -104,6 +104,10 @@ class EngineControl:
         """`holder.pg` is a private group released (after `holder.drain()`, if any) with the engine's."""
         self._group_holders.append(holder)
 
+    def remove_at_release(self, *handles: Any) -> None:
+        """Hook handles (on the user's module) removed when the engine is released."""
+        self._release_handles.extend(handles)
+
     def mute(self, stand_in: Any) -> None:
         """Every gradient and row collective from now on goes to `stand_in` (a no-op group);
         pending ones finish first. For headroom analysis only."""

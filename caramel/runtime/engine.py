@@ -95,6 +95,7 @@ class Engine(EngineControl, EngineHooks, EngineReduced):
         self._on_backward_end: list[Callable[[], None]] = []
         self._trace_writer: Callable[[], None] | None = None
         self._group_holders: list = []  # other objects holding a private group (`.pg`), released with it
+        self._release_handles: list = []  # hooks others put on the module, removed with the engine's
         self._ddp_group = None  # a process group made for that DDP (released with the engine), or None
         self._callback_queued = False
         self._reduced = False  # a reduction happened since the last step()
@@ -217,6 +218,8 @@ class Engine(EngineControl, EngineHooks, EngineReduced):
 
     def step(self) -> bool:
         """The user's `optimizer.step()`. Returns False when no reduction happened (local step)."""
+        if self.comm is None:
+            raise CaramelError(RELEASED)
         self.step_calls += 1
         if self.passthrough:
             self._end_iteration()
@@ -296,6 +299,15 @@ class Engine(EngineControl, EngineHooks, EngineReduced):
                 dist.destroy_process_group(group)
             except Exception:  # noqa: BLE001 - the job's default group may be gone already at exit
                 pass
+        # the module as it was (hooks, split and narrow forwards gone), as the other strategies
+        # leave theirs: parallelizing it again starts clean; the wrapper and the optimizer refuse
+        if not self._callback_queued:
+            self.remove_hooks()
+            for h in self._release_handles:
+                h.remove()
+            self._release_handles = []
+            if self._controller is not None and hasattr(self._controller, "detach"):
+                self._controller.detach()
 
     def remove_hooks(self) -> None:
         self._early_wanted = []

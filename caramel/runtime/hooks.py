@@ -118,7 +118,7 @@ class EngineHooks:
     def _run_deferred(self) -> None:
         """The deferred weight gradients, first layer first; each fills its bucket at once."""
         t0 = self.recorder.now()
-        self._split_kept = {m: self._split.deferred_bytes(m) for _, m in self._split_names}
+        self._split_kept = {m: self._split.deferred_bytes(m, whole=True) for _, m in self._split_names}
         self._split.run()
         if self.recorder.enabled:
             # one event per module, laid end to end from the measured seconds: the plot marks them

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 import torch.nn as nn
 
-from caramel.runtime.engine import Engine
+from caramel.errors import CaramelError
+from caramel.runtime.engine import RELEASED, Engine
 
 
 class CaramelModel(nn.Module):
@@ -27,6 +28,8 @@ class CaramelModel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         engine = self._engine
+        if engine.comm is None:
+            raise CaramelError(RELEASED)
         if engine.delegating:
             # DDP prepares its reducer for this backward only when gradients are to be synced
             engine.ddp.require_backward_grad_sync = engine.require_sync

@@ -89,7 +89,7 @@ class Balancer:
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
-        model.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+        engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
     def attach(self, schedule: ShareSchedule) -> None:
         if schedule.world_size != self.world:
@@ -119,13 +119,14 @@ class Balancer:
         self.local_batch = int(first.shape[0])
         self.engine.set_grad_scale(self.local_batch / self.schedule.global_batch)
 
-    def step_end(self) -> None:
-        """After every reduced step: record this rank's time per sample; every `every` steps, decide."""
+    def step_end(self, timed: bool = True) -> None:
+        """After every reduced step: record this rank's time per sample (unless not `timed`: a
+        profiling or trial step, or one holding a plan's adoption); every `every` steps, decide."""
         if self.schedule is None:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
         stats = self.engine.stats
-        if stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
+        if timed and stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
             window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
             window.append(max(stats.last_step_s - stats.last_wait_s, 0.0))
             self.times.move_to_end(self.local_batch)

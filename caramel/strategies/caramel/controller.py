@@ -53,6 +53,13 @@ class Controller:
         self.compression = compression
         self.plan_inputs = plan_inputs or {}  # what a plan is made from, compared when a checkpoint's is adopted
         self.balancer = None  # a `balance.Balancer` with balance="batch" (set by parallelize)
+        # whether the step now running enters the balancer's windows: not a profiling or trial
+        # step, nor one whose period holds a plan's adoption (the planning, a re-bucketing)
+        self._adoptions = 0  # plans adopted so far
+        # ... when the step now running began; None before the first step ends: a plan adopted
+        # before it (a checkpoint's) is in no step's period, the process's first has none
+        self._adoptions_at_step: int | None = None
+        self._next_timed = True
         # auto compression follows the link: the bandwidth checks of replan="auto" run with it
         self.checks = PeriodicCheck(engine, group, rank, world, check_every, "auto" if compression == "auto" else replan)
         self.handover = Handover(engine, model, group, comm_priority or CommPriority("normal"), broadcast_buffers,
@@ -83,6 +90,7 @@ class Controller:
         """Run `plan` (in `overlap`, else the mode in force) from the next step, on every rank;
         `module_order`: the forward's order when no profile gives it (a checkpoint's)."""
         overlap = overlap or self.engine.overlap
+        self._adoptions += 1
         self.engine.synchronize()
         self.handover.take_back()
         plan.check_model(self.fingerprint, self.names, source=source)
@@ -209,9 +217,24 @@ class Controller:
 
     def _install_hooks(self) -> None:
         if not self.hooks_installed:
-            self.model.register_forward_pre_hook(self._fwd_pre)
-            self.model.register_forward_hook(self._fwd_post, always_call=True)
+            self._handles = [self.model.register_forward_pre_hook(self._fwd_pre),
+                             self.model.register_forward_hook(self._fwd_post, always_call=True)]
             self.hooks_installed = True
+
+    def detach(self) -> None:
+        """Take this controller's hooks and the balancer's narrow forwards off the model (at
+        `caramel.shutdown()`, after the engine's own)."""
+        if self.profiler is not None:
+            self.profiler.detach()
+            self.profiler.stop()
+            if self.profiler.timer is not None:
+                self.profiler.timer.remove()
+            self.profiler = None
+        for h in getattr(self, "_handles", []):
+            h.remove()
+        self._handles, self.hooks_installed = [], False
+        if self.balancer is not None and hasattr(self.balancer, "detach"):
+            self.balancer.detach()
 
     def _fwd_pre(self, _m, _args):
         if self.uses_pending and self.use_tracker is None:
@@ -231,8 +254,16 @@ class Controller:
 
     # -- after every step
     def on_step_end(self) -> None:
+        timed = (self._next_timed and self._adoptions_at_step in (None, self._adoptions)) and self.settled()
+        adoptions = self._adoptions
         if self.balancer is not None:
-            self.balancer.step_end()
+            self.balancer.step_end(timed=timed)
+        self._step_end_plans()
+        # the step's period runs from here: a plan adopted just now is planned inside it
+        self._next_timed = self._adoptions == adoptions
+        self._adoptions_at_step = self._adoptions
+
+    def _step_end_plans(self) -> None:
         if self.uses_pending and self.use_tracker is not None and self.use_tracker._mode is None:
             uses: dict[str, list[int]] = {}
             for idx, mods in self.use_tracker.use_modules.items():

@@ -86,6 +86,11 @@ class DropoutBalancer:
         set_compute_ratio(model, self.compute_ratio)
         self._draw()
 
+    def detach(self) -> None:
+        """The layers' own forwards back (at `caramel.shutdown()`); the fractions stay recorded."""
+        self.narrowing.remove()
+        self._current = {}
+
     def compute_ratio(self) -> float:
         """This rank's compute now against the full model's, from the table."""
         return self.table.ratio(self.fractions[self.rank])
@@ -97,11 +102,12 @@ class DropoutBalancer:
         self.fractions = [float(f) for f in fractions]
         self._draw()
 
-    def step_end(self) -> None:
-        """After every reduced step: record this rank's full-model compute; every `every` steps,
+    def step_end(self, timed: bool = True) -> None:
+        """After every reduced step: record this rank's full-model compute (unless not `timed`:
+        a profiling or trial step, or one holding a plan's adoption); every `every` steps,
         decide; draw the next step's masks."""
         stats = self.engine.stats
-        if stats.last_step_s is not None:  # None until a step has a period (a process's first has none)
+        if timed and stats.last_step_s is not None:  # None until a step has a period (a process's first has none)
             self.times.append(max(stats.last_step_s - stats.last_wait_s, 0.0) / self.compute_ratio())
         self.step += 1
         if self.every and self.step % self.every == 0 and self.world > 1:

@@ -189,8 +189,8 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
         # profile's forward and the trace's compute leave it out (the simulator does not model
         # it; the trace shows it as a wait just before the forward, at the end of the previous
         # step's window)
-        model.register_forward_pre_hook(sync.pre_forward, prepend=True)
-        model.register_forward_hook(sync.post_forward, always_call=True)
+        engine.remove_at_release(model.register_forward_pre_hook(sync.pre_forward, prepend=True),
+                                 model.register_forward_hook(sync.post_forward, always_call=True))
     wrapped = CaramelModel(model, engine)
     session.register(engine)
     if trace_path is not None:

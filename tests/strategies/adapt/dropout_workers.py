@@ -1,6 +1,7 @@
 """Worker functions for the balance="dropout" tests (spawned; must be importable)."""
 from __future__ import annotations
 
+import collections
 import copy
 
 import torch
@@ -119,15 +120,48 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     if rank == 1:
         slow_down(m, 0.004)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    # the rule alone, as before split backward was allowed with drops: deferral's weight gradients
-    # are timed in one more profiling step, and the noisy steps of profiling and planning then
-    # fill more of the first windows of this short run (the first drop came at step 16 of 20,
-    # or not at all in some runs on a loaded host, against step 8 without)
-    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4,
-                                     compute_schedule="off", early_weight_grad=False)
+    # default options: deferred and early weight gradients allowed, profiled and planned first
+    model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
+    c = opt.engine.controller
+    b = c.balancer
+    # per step: whether its time entered the window, and whether it was a profiling or trial step
+    # or one whose period held a plan's adoption (planned at the end of the step before)
+    record, adopted_at = [], set()
+    step_end, adopt = b.step_end, c.adopt
+
+    b.times = _CountingDeque(b.times, maxlen=b.times.maxlen)
+
+    def recording_step_end(*args, **kwargs) -> None:
+        before = b.times.appended
+        untimed = c.profiling or c.trial is not None or opt.engine.stats.step - 1 in adopted_at
+        step_end(*args, **kwargs)
+        record.append((opt.engine.stats.step, b.times.appended > before, untimed))
+
+    def recording_adopt(*args, **kwargs):
+        adopted_at.add(opt.engine.stats.step)
+        return adopt(*args, **kwargs)
+
+    b.step_end, c.adopt = recording_step_end, recording_adopt
     _train(model, opt, steps, rank)
-    b = opt.engine.controller.balancer
-    return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio()}
+    return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio(),
+            "first_drop_step": b.changes[0]["step"] if b.changes else None, "timed": len(b.times),
+            "untimed_steps": [s for s, _, u in record if u], "timed_untimed": [s for s, t, u in record if t and u]}
+
+
+def _left_on(model: torch.nn.Module) -> list[str]:
+    """What a parallelized run left on the module: instance forwards, module and gradient hooks."""
+    left = [f"{n}.forward" for n, mod in model.named_modules() if "forward" in mod.__dict__]
+    left += [f"{n} hooks" for n, mod in model.named_modules()
+             if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks]
+    return left + [f"{n} grad hook" for n, p in model.named_parameters() if p._post_accumulate_grad_hooks]
+
+
+class _CountingDeque(collections.deque):
+    appended = 0
+
+    def append(self, x) -> None:
+        self.appended += 1
+        super().append(x)
 
 
 def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
@@ -141,7 +175,7 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
                          ("defer", {"compute_schedule": 3, "early_weight_grad": False}),
                          ("early", {"compute_schedule": "off", "early_weight_grad": True})):
         runs[f"drop/{split}"] = (dict(extra, balance="dropout"), [0.25, 0.5])
-    out, deferred, early, split_steps = {}, {}, {}, {}
+    out, deferred, early, split_steps, kept_bytes, left = {}, {}, {}, {}, {}, {}
     for name, (options, fractions) in runs.items():
         if "balance" in options:
             options = dict(options, dropout_table=table, balance_every=0)
@@ -168,8 +202,21 @@ def split_worker(rank: int, world: int, table: str, steps: int) -> dict:
         schedule = opt.engine.plan.compute_schedule
         deferred[name] = list(schedule.modules) if schedule else []
         early[name] = opt.engine.early_handovers
+        profile = opt.engine.controller.profile
+        kept_bytes[name] = {i.name: i.deferred_bytes for i in profile.modules if i.deferred_bytes} if profile else {}
+        caramel.shutdown()
+        left[name] = _left_on(m)
+    # the module of the last run (dropped, split early) parallelized again: it trains as a fresh one
+    m2 = copy.deepcopy(m)
+    again = {}
+    for mod in (m, m2):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+        model, opt = caramel.parallelize(mod, opt, overlap="forward", profile_steps=1, compute_schedule=3)
+        _train(model, opt, 3, rank)
+        again[mod is m] = params_of(model.module)
         caramel.shutdown()
     same = {k: all(torch.equal(a, b) for a, b in zip(out[ref], out[k]))
             for k, ref in (("drop/defer", "drop/plain"), ("drop/early", "drop/plain"), ("zero/defer", "off/defer"))}
-    return {"same": same, "deferred": deferred, "early": early, "split_steps": split_steps,
+    return {"same": same, "deferred": deferred, "early": early, "split_steps": split_steps, "kept_bytes": kept_bytes,
+            "left": left, "again_same": all(torch.equal(a, b) for a, b in zip(again[True], again[False])),
             "dropped": not all(torch.equal(a, b) for a, b in zip(out["drop/plain"], out["off/defer"]))}

@@ -179,8 +179,8 @@ def auto_resume_worker(rank: int, world: int, steps: int, half: int) -> dict:
 
 
 def resume_worker(rank: int, world: int, table: str) -> dict:
-    """Both balancers and compression="auto" in one spawn (8 steps, saved at 3, 5 and 5)."""
-    return {"dropout": dropout_resume_worker(rank, world, table, 8, 3), "batch": batch_resume_worker(rank, world, 8, 5),
+    """Both balancers and compression="auto" in one spawn (10 steps saved at 7 and 7, 8 saved at 5)."""
+    return {"dropout": dropout_resume_worker(rank, world, table, 10, 7), "batch": batch_resume_worker(rank, world, 10, 7),
             "auto": auto_resume_worker(rank, world, 8, 5)}
 
 

@@ -29,8 +29,9 @@ CASES = {
 }
 
 
-def _grads(case: str, split_mode: str | None, narrow_first: bool, kept_now: bool = True) -> tuple[dict, int, int]:
-    """(gradients, early hand-overs, bytes kept for deferred weight gradients) of one step."""
+def _grads(case: str, split_mode: str | None, narrow_first: bool, kept_now: bool = True) -> tuple[dict, int, tuple]:
+    """(gradients, early hand-overs, (bytes kept for deferred weight gradients, the same scaled to
+    the whole layers)) of one step."""
     make, data, kept, layers = CASES[case]
     torch.manual_seed(0)
     m = make()
@@ -46,7 +47,7 @@ def _grads(case: str, split_mode: str | None, narrow_first: bool, kept_now: bool
         split = SplitBackward(mods if split_mode == "defer" else [], early=mods if split_mode == "early" else [])
         split.install()
     narrowing.install()
-    kept_bytes = 0
+    kept_bytes = (0, 0)
     for _ in range(2):  # twice: the second backward accumulates into .grad
         if split is not None:
             with split.recording():
@@ -55,7 +56,7 @@ def _grads(case: str, split_mode: str | None, narrow_first: bool, kept_now: bool
             loss = F.cross_entropy(m(x), y)
         loss.backward()
         if split is not None:
-            kept_bytes = split.deferred_bytes()
+            kept_bytes = (split.deferred_bytes(), split.deferred_bytes(whole=True))
             split.run()
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
     if split is not None and narrow_first:
@@ -82,7 +83,9 @@ def test_narrow_layers_with_split_backward_give_autograds_gradients(case):
             if mode == "early":
                 assert handed == 2 * len(CASES[case][3])  # every layer went early, in both backwards
             else:
-                assert 0 < kept_bytes < whole_bytes  # the narrow input and gradient were kept, not whole ones
+                # the narrow input and gradient were kept, not whole ones; scaled, the whole ones'
+                # bytes (what a plan made from a profile taken while dropping must cap)
+                assert 0 < kept_bytes[0] < whole_bytes[0] and kept_bytes[1] == whole_bytes[0] == whole_bytes[1]
 
 
 @pytest.mark.timeout(150)
@@ -97,8 +100,54 @@ def test_deferred_and_early_weight_gradients_with_drops_match_autograds(tmp_path
                                  "groups": ["conv1", "conv2"], "entries": ENTRIES}))
     for res in run_workers(split_worker, 2, args=(str(table), 5), timeout_s=130):
         assert all(res["same"].values()), res
+        # caramel.shutdown() leaves the module as it was; parallelized again, it trains as a fresh copy
+        assert all(v == [] for v in res["left"].values()), res["left"]
+        assert res["again_same"]
         assert res["dropped"]  # the drops changed the training: a real comparison
         assert res["deferred"]["drop/defer"] == ["conv1", "conv2", "fc"] == res["deferred"]["zero/defer"]
+        # profiled while dropping, the deferred bytes are the whole layers' (the memory cap's terms)
+        assert res["kept_bytes"]["drop/defer"] == res["kept_bytes"]["zero/defer"] != {}, res["kept_bytes"]
         assert res["split_steps"]["drop/defer"] >= 2, res  # steps that ran narrow and deferred at once
         # which layers go early follows the profiled timings (the first bucket's); any of them is narrowed
         assert res["early"]["drop/early"] > 0 and res["split_steps"]["drop/early"] >= 1, res
+
+
+def test_a_copy_leaves_the_split_behind_and_computes_with_its_own_weights():
+    import copy
+    m = SmallCNN()
+    x = torch.randn(3, 3, 16, 16)
+    split = SplitBackward([m.conv1, m.conv2, m.fc])
+    split.install()
+    narrowing = Narrowing(find_groups(m), install=False)
+    narrowing.set_kept({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)})
+    narrowing.install()  # over the split forwards
+    c = copy.deepcopy(m)
+    assert c.conv1.forward.below is None and m.conv1.forward.below is not None
+    with torch.no_grad():
+        for p in c.parameters():
+            p.zero_()
+    copied = c.conv1.forward.narrowing  # the copy's own narrowing
+    assert copied is not narrowing
+    for kept in ({"conv1": torch.tensor([0, 2, 5]), "conv2": torch.arange(8)}, {}):  # narrow, then whole
+        copied.set_kept(kept)
+        with split.recording():
+            out = c(x)
+        assert torch.equal(out, torch.zeros(3, 10)), kept  # the copy's own (zero) weights
+        out.sum().backward()
+        assert not split.pending() and split.deferred_bytes() == 0  # nothing recorded into the original's split
+    split.remove()
+    narrowing.remove()
+
+
+def test_narrowing_goes_only_over_a_split_forward():
+    from caramel.errors import CaramelError
+    m = SmallCNN()
+    first = Narrowing(find_groups(m))
+    with pytest.raises(CaramelError, match="cannot narrow Conv2d of group 'conv1': it already has an instance forward"):
+        Narrowing(find_groups(m))  # over another narrowing's forwards
+    assert all(mod.__dict__["forward"].below is None for mod in (m.conv1, m.conv2, m.fc))  # nothing half-installed
+    first.remove()
+    m.fc.forward = lambda x: x  # the model's own instance forward
+    with pytest.raises(CaramelError, match="cannot narrow Linear of group 'conv2'"):
+        Narrowing(find_groups(m))
+    assert "forward" not in m.conv1.__dict__

@@ -18,18 +18,20 @@ torch.set_num_threads(1)
 def test_resumed_dropout_batch_and_auto_runs_keep_their_decisions_and_parameters(tmp_path):
     from tests.strategies.adapt.resume_workers import resume_worker
     for res in run_workers(resume_worker, 2, args=(_table(tmp_path / "t.json"),), timeout_s=110):
-        # dropout, decisions every 2 steps: proposed at step 2, saved at 3, confirmed at 4 (a
-        # resumed confirmation that restarted would wait for step 6, with other masks)
+        # dropout, decisions every 2 steps, the profiling steps (1-5) untimed: proposed at step 6,
+        # saved at 7, confirmed at 8 (a resumed confirmation that restarted would wait for step
+        # 10, with other masks)
         full, resumed = res["dropout"]["full"], res["dropout"]["resumed"]
-        assert resumed["start"] == 3 and full["fractions"] == [0.0, 0.5], full
-        assert full["changes"][0]["step"] == 4, full["changes"]
-        assert resumed == {**full, "start": 3}
+        assert resumed["start"] == 7 and full["fractions"] == [0.0, 0.5], full
+        assert full["changes"][0]["step"] == 8, full["changes"]
+        assert resumed == {**full, "start": 7}
         assert res["dropout"]["same_params"]
-        # batch: rank 1 3x slower per sample; shares changed at step 2, fitted cost by step 4, saved at 5
+        # batch: rank 1 3x slower per sample; the profiling steps (1-5) untimed: shares changed
+        # at step 6, saved at 7, fitted cost (two batch sizes timed) by step 8
         full, resumed = res["batch"]["full"], res["batch"]["resumed"]
-        assert resumed["start"] == 5 and full["schedule"]["entries"][1] == [2, [12, 4]], full
+        assert resumed["start"] == 7 and full["schedule"]["entries"][1] == [6, [12, 4]], full
         assert full["fixed_s"] is not None and len(full["times"]) == 2, full
-        assert resumed == {**full, "start": 5}
+        assert resumed == {**full, "start": 7}
         assert res["batch"]["same_params"]
         # compression="auto" on a 1 Mbit/s link: fp16 on some bucket; the resumed engine runs
         # the saved plan at once (no uncompressed profiling steps), to the same parameters
