@@ -121,7 +121,7 @@ class Balancer:
 
     def step_end(self, timed: bool = True) -> None:
         """After every reduced step: record this rank's time per sample (unless not `timed`: a
-        profiling or trial step, or one holding a plan's adoption); every `every` steps, decide."""
+        profiling step, or one holding a plan's adoption); every `every` steps, decide."""
         if self.schedule is None:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")

@@ -53,8 +53,10 @@ class Controller:
         self.compression = compression
         self.plan_inputs = plan_inputs or {}  # what a plan is made from, compared when a checkpoint's is adopted
         self.balancer = None  # a `balance.Balancer` with balance="batch" (set by parallelize)
-        # whether the step now running enters the balancer's windows: not a profiling or trial
-        # step, nor one whose period holds a plan's adoption (the planning, a re-bucketing)
+        # whether the step now running enters the balancer's windows: not a profiling step, nor
+        # one whose period holds a plan's adoption (the planning, a re-bucketing). Trial steps do:
+        # they train at full speed, and a trial can outlast a short run, so that a slow worker
+        # would wait for its share until the trial ends
         self._adoptions = 0  # plans adopted so far
         # ... when the step now running began; None before the first step ends: a plan adopted
         # before it (a checkpoint's) is in no step's period, the process's first has none
@@ -254,7 +256,8 @@ class Controller:
 
     # -- after every step
     def on_step_end(self) -> None:
-        timed = (self._next_timed and self._adoptions_at_step in (None, self._adoptions)) and self.settled()
+        timed = (self._next_timed and self._adoptions_at_step in (None, self._adoptions)
+                 and not self.profiling and not self.uses_pending)
         adoptions = self._adoptions
         if self.balancer is not None:
             self.balancer.step_end(timed=timed)

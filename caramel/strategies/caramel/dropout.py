@@ -104,7 +104,7 @@ class DropoutBalancer:
 
     def step_end(self, timed: bool = True) -> None:
         """After every reduced step: record this rank's full-model compute (unless not `timed`:
-        a profiling or trial step, or one holding a plan's adoption); every `every` steps,
+        a profiling step, or one holding a plan's adoption); every `every` steps,
         decide; draw the next step's masks."""
         stats = self.engine.stats
         if timed and stats.last_step_s is not None:  # None until a step has a period (a process's first has none)

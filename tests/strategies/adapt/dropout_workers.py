@@ -124,7 +124,7 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
     c = opt.engine.controller
     b = c.balancer
-    # per step: whether its time entered the window, and whether it was a profiling or trial step
+    # per step: whether its time entered the window, and whether it was a profiling step
     # or one whose period held a plan's adoption (planned at the end of the step before)
     record, adopted_at = [], set()
     step_end, adopt = b.step_end, c.adopt
@@ -133,7 +133,7 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
 
     def recording_step_end(*args, **kwargs) -> None:
         before = b.times.appended
-        untimed = c.profiling or c.trial is not None or opt.engine.stats.step - 1 in adopted_at
+        untimed = c.profiling or c.uses_pending or opt.engine.stats.step - 1 in adopted_at
         step_end(*args, **kwargs)
         record.append((opt.engine.stats.step, b.times.appended > before, untimed))
 
