@@ -12,7 +12,7 @@ or shared parts that differ, makes every rank refuse it.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -73,3 +73,21 @@ def agree(c: Any, problem: str | None, why: str | None, shared: str | None) -> s
     if len({d for _, _, d in answers}) > 1:
         return "the ranks' entries differ in what every rank must hold alike (taken at different steps?)"
     return None
+
+
+def carries_on(c: Any, problem: str | None, why: Callable[[], str | None], shared: Callable[[], str],
+               refused: str) -> bool:
+    """Whether every rank carries its entry on: one process raises its own `problem` and carries
+    nothing on; ranks take `agree`'s verdict (`why` and `shared` asked only of an entry without
+    a problem), and on a refusal rank 0 prints "caramel: the checkpoint's {refused}" with why."""
+    if c.world == 1:
+        if problem is not None:
+            raise CaramelError(problem)
+        return False
+    ok = problem is None
+    unfit = agree(c, problem, why() if ok else None, shared() if ok else None)
+    if unfit is not None:
+        if c.rank == 0:
+            print(f"caramel: the checkpoint's {refused.format(unfit=unfit)}", flush=True)
+        return False
+    return True

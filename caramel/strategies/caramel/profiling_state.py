@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from caramel.errors import CaramelError
-from caramel.strategies.caramel.entry_checks import agree, check_header, digest, is_int, is_map, is_names, is_num
+from caramel.strategies.caramel.entry_checks import carries_on, check_header, digest, is_int, is_map, is_names, is_num
 
 if TYPE_CHECKING:
     from caramel.strategies.caramel.controller import Controller
@@ -127,18 +127,10 @@ def restore_profiling(c: Controller, entry: Any) -> None:
         check_entry(entry)
     except CaramelError as e:
         problem = str(e)
-    if c.world == 1:
-        if problem is not None:
-            raise CaramelError(problem)
-        return
-    why = _unfit(c, entry) if problem is None else None
-    shared = None if problem is not None else digest(
-        {**entry, "phase_step": _own(entry, c.rank).get("phase_step")}, _SHARED + ("phase_step",))
-    unfit = agree(c, problem, why, shared)
-    if unfit is not None:
-        if c.rank == 0:
-            print(f"caramel: the checkpoint's profiling is not carried on: {unfit}; the engine profiles "
-                  f"from the start", flush=True)
+    if not carries_on(c, problem, lambda: _unfit(c, entry),
+                      lambda: digest({**entry, "phase_step": _own(entry, c.rank).get("phase_step")},
+                                     _SHARED + ("phase_step",)),
+                      "profiling is not carried on: {unfit}; the engine profiles from the start"):
         return
     c.start_profiling()  # a fresh profiler under the provisional plan, then the saved phase
     c.profiler.resume_from(_own(entry, c.rank))

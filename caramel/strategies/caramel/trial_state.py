@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from caramel.errors import CaramelError
-from caramel.strategies.caramel.entry_checks import agree, check_header, digest, is_int, is_map, is_names, is_num
+from caramel.strategies.caramel.entry_checks import carries_on, check_header, digest, is_int, is_map, is_names, is_num
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies.caramel.trial import Candidate, OverlapTrial
@@ -146,16 +146,8 @@ def restore_trial(c: Controller, entry: Any) -> None:
         parsed = _parse(c, entry)
     except CaramelError as e:
         problem = str(e)
-    if c.world == 1:
-        if problem is not None:
-            raise CaramelError(problem)
-        return
-    why = _unfit(c, entry) if problem is None else None
-    unfit = agree(c, problem, why, digest(entry, _SHARED) if problem is None else None)
-    if unfit is not None:
-        if c.rank == 0:
-            print(f"caramel: the checkpoint's overlap trial is not carried on: {unfit}; the schedule "
-                  f"is chosen again", flush=True)
+    if not carries_on(c, problem, lambda: _unfit(c, entry), lambda: digest(entry, _SHARED),
+                      "overlap trial is not carried on: {unfit}; the schedule is chosen again"):
         return
     assert parsed is not None
     trial, profile, cluster = parsed
