@@ -58,10 +58,10 @@ class Controller:
         # they train at full speed, and a trial can outlast a short run, so that a slow worker
         # would wait for its share until the trial ends
         self._adoptions = 0  # plans adopted so far
-        # ... when the step now running began; None before the first step ends: a plan adopted
-        # before it (a checkpoint's) is in no step's period, the process's first has none
-        self._adoptions_at_step: int | None = None
-        self._next_timed = True
+        # ... as the last step end began (its balancing and planning are in the next step's
+        # period); None before the first: a plan adopted before it (a checkpoint's) is in no
+        # step's period, the process's first has none
+        self._adoptions_at_end: int | None = None
         # auto compression follows the link: the bandwidth checks of replan="auto" run with it
         self.checks = PeriodicCheck(engine, group, rank, world, check_every, "auto" if compression == "auto" else replan)
         self.handover = Handover(engine, model, group, comm_priority or CommPriority("normal"), broadcast_buffers,
@@ -256,15 +256,12 @@ class Controller:
 
     # -- after every step
     def on_step_end(self) -> None:
-        timed = (self._next_timed and self._adoptions_at_step in (None, self._adoptions)
-                 and not self.profiling and not self.uses_pending)
-        adoptions = self._adoptions
+        since = self._adoptions_at_end
+        timed = since in (None, self._adoptions) and not self.profiling and not self.uses_pending
+        self._adoptions_at_end = self._adoptions
         if self.balancer is not None:
             self.balancer.step_end(timed=timed)
         self._step_end_plans()
-        # the step's period runs from here: a plan adopted just now is planned inside it
-        self._next_timed = self._adoptions == adoptions
-        self._adoptions_at_step = self._adoptions
 
     def _step_end_plans(self) -> None:
         if self.uses_pending and self.use_tracker is not None and self.use_tracker._mode is None:
