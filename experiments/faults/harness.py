@@ -6,7 +6,7 @@
         t = job.signal(1, signal.SIGKILL)
         outcome = job.wait(limit_s=60)
 
-Workers are started directly (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment),
+Workers are started directly (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT of a store this process hosts),
 not under torchrun: torchrun's agent kills every worker as soon as one fails, which would hide
 whether Caramel itself notices a dead or hung peer. Each worker runs in its own session, so a
 signal reaches exactly one rank, and `close()` kills whatever is still alive, stopped ones too.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caramel.cluster.local import worker_env
-from caramel.distributed import free_port
+from caramel.distributed import host_store
 from caramel.errors import CaramelError
 from experiments.faults.worker import DONE_SUFFIX, PROGRESS_SUFFIX
 
@@ -66,6 +66,7 @@ class LocalJob:
 
     def __init__(self, config: JobConfig):
         self.config = config
+        self._store = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         if config.out_dir:
             self.out = Path(config.out_dir)
@@ -86,10 +87,12 @@ class LocalJob:
 
     def start(self) -> "LocalJob":
         cfg = self.config
-        port = free_port()
+        # Bound here before any worker starts (a port picked free and bound later by rank 0 can be
+        # taken in between); the workers join it as clients, as under torchrun's agent.
+        self._store = host_store(max(cfg.timeout_s, 60.0))
         env = worker_env(threads=1)
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(cfg.world_size),
-                   CARAMEL_TIMEOUT_S=f"{cfg.timeout_s:g}")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE=str(cfg.world_size),
+                   TORCHELASTIC_USE_AGENT_STORE="True", CARAMEL_TIMEOUT_S=f"{cfg.timeout_s:g}")
         env.pop("CARAMEL_TRACE", None)
         for rank in range(cfg.world_size):
             renv = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), **cfg.rank_env.get(rank, {}))
@@ -115,6 +118,7 @@ class LocalJob:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        self._store = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
