@@ -28,18 +28,25 @@ DC_EPS = 1e-7  # keeps lambda finite where a gradient has been zero
 @torch.no_grad()
 def compensated(parts: list[torch.Tensor], drifts: list[torch.Tensor | None], mean_sq: torch.Tensor | None,
                 lambda0: float, workers: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """One parameter's pushes, corrected: `parts[j]` is worker j's gradient divided by the
-    worker count (as pushed), `drifts[j]` = w_now - w_used of worker j (None: not stale).
-    Returns the corrected parts and the new running mean square (of the full-scale gradient,
-    averaged over the workers)."""
-    full = [p * workers for p in parts]
-    sq = torch.stack([g * g for g in full]).mean(0)
-    mean_sq = (1 - DC_MOMENTUM) * sq if mean_sq is None else DC_MOMENTUM * mean_sq + (1 - DC_MOMENTUM) * sq
-    lam = lambda0 / torch.sqrt(mean_sq + DC_EPS)
-    out = []
-    for p, g, d in zip(parts, full, drifts):
-        out.append(p if d is None else p + lam * g * g * d / workers)
-    return out, mean_sq
+    """One parameter's pushes, corrected in place: `parts[j]` is worker j's gradient g_j
+    divided by the worker count W (as pushed), `drifts[j]` = w_now - w_used of worker j (None:
+    not stale; the drift tensor is used as scratch). Returns the parts and the new running mean
+    square of the full-scale gradient, averaged over the workers. In the pushed scale the
+    correction lambda * g_j * g_j * drift / W is W * lambda * part_j^2 * drift."""
+    sq = parts[0] * parts[0]
+    for p in parts[1:]:
+        sq.addcmul_(p, p)
+    sq.mul_(workers * workers / len(parts))  # mean over the workers of g_j^2, g_j = W * part_j
+    if mean_sq is None:
+        mean_sq = sq.mul_(1 - DC_MOMENTUM)
+    else:
+        mean_sq.mul_(DC_MOMENTUM).add_(sq, alpha=1 - DC_MOMENTUM)
+    if any(d is not None for d in drifts):
+        lam = mean_sq.add(DC_EPS).rsqrt_().mul_(lambda0 * workers)
+        for p, d in zip(parts, drifts):
+            if d is not None:
+                p.addcmul_(d.mul_(lam).mul_(p), p)
+    return parts, mean_sq
 
 
 @dataclass
@@ -81,9 +88,5 @@ class DelayCompensation:
         for k, i in enumerate(members):
             if not used[i]:
                 continue
-            parts = [v[k] for v in views]
             drifts = [self.drift(i, params[i], version_now, lag[k]) for lag in lags]
-            new, self.mean_sq[i] = compensated(parts, drifts, self.mean_sq.get(i), self.lambda0, workers)
-            for p, q in zip(parts, new):
-                if q is not p:
-                    p.copy_(q)
+            _, self.mean_sq[i] = compensated([v[k] for v in views], drifts, self.mean_sq.get(i), self.lambda0, workers)

@@ -15,15 +15,14 @@ def test_the_compensated_gradient_matches_a_hand_computation():
     # two workers, one element each: pushed parts are gradient / 2
     g0, g1 = 0.4, -0.2  # full-scale gradients
     d1 = 0.05  # worker 1 computed at w_used = w_now - 0.05; worker 0 is fresh
-    parts = [torch.tensor([g0 / 2]), torch.tensor([g1 / 2])]
-    out, ms = compensated(parts, [None, torch.tensor([d1])], None, 2.0, 2)
+    out, ms = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, torch.tensor([d1])], None, 2.0, 2)
     want_ms = (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2
     lam = 2.0 / math.sqrt(want_ms + DC_EPS)
     assert ms.item() == pytest.approx(want_ms, rel=1e-6)
     assert out[0].item() == pytest.approx(g0 / 2, rel=1e-7)
     assert out[1].item() == pytest.approx((g1 + lam * g1 * g1 * d1) / 2, rel=1e-6)
     # the running mean square goes on from the previous one
-    _, ms2 = compensated(parts, [None, None], ms, 2.0, 2)
+    _, ms2 = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, None], ms.clone(), 2.0, 2)
     assert ms2.item() == pytest.approx(DC_MOMENTUM * want_ms + (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2, rel=1e-6)
 
 
