@@ -160,7 +160,7 @@ class PsEngine:
             if j != self.rank:
                 parts.append(torch.empty_like(flat))
                 u.works.append(dist.irecv(parts[-1], self.ranks[j], group=group, tag=b))
-        u.sums.append((flat, parts))
+        u.sums.append((b, flat, parts))
 
     def _forward_node_sums(self, u: Update, force: bool) -> None:
         """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
@@ -205,7 +205,7 @@ class PsEngine:
             self._forward_node_sums(u, force=True)
         used = [float(self.params[i].grad is not None) for i in self.plan.params]
         if self.stale is not None:  # each rank's busy seconds, in its own slot: who is the slowest
-            used += self.stale.busy_slots()
+            used += self.stale.busy_slots() + self.stale.lag_slots()
         send_hp = False
         if self.groups.dedicated:  # the step's message to the servers: who used what, then the command
             send_hp = self.rank == 0 and hparams_key(u.hparams) != self.sent_hparams
@@ -240,14 +240,16 @@ class PsEngine:
             w.wait()
         u.works = []  # a gloo send or receive waited twice waits for a second message: never again
         u.used_work.wait()
-        for flat, parts in u.sums:  # this server's buckets: the other workers' pushes, in rank order
-            for part in parts:
-                flat.add_(part)
-        u.sums = []
         counts = u.used.tolist()
         used = {i: bool(c > 0) for i, c in zip(self.plan.params, counts)}
         if self.stale is not None:
             self.stale.applied(counts)
+        for b, flat, parts in u.sums:  # this server's buckets: the other workers' pushes, in rank order
+            if self.stale is not None:  # staleness=compensate corrects each before they are added up
+                self.stale.compensate(u.step, b, flat, parts, used)
+            for part in parts:
+                flat.add_(part)
+        u.sums = []
         mine = [i for i in self.plan.params if self.server_of(i) == self.rank]
         if self.groups.clip is not None:  # every rank takes part (a non-server adds 0), in update order
             clip_shard(u.grads, [i for i in mine if used[i]], self.options.clip_grad_norm, self.groups.clip,
@@ -255,7 +257,7 @@ class PsEngine:
         self._reap_sends()
         if mine:
             if self.stale is not None:
-                self.stale.owner_step(mine, lambda: self._step_shard([i for i in mine if used[i]], u))
+                self.stale.owner_step(mine, lambda: self._step_shard([i for i in mine if used[i]], u), u.step)
             else:
                 self._step_shard([i for i in mine if used[i]], u)
             for i in mine:

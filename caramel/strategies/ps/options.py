@@ -16,6 +16,7 @@ from caramel.strategies.ps.staleness import MODES as STALENESS
 ORDERS = ("tac", "tic", "fifo", "random")
 PLACEMENTS = ("balanced", "bytes", "roundrobin")
 DEFAULT_BUCKET_CAP_MB = 1.0  # per fused push/pull; docs/ps.md (Bucket fusion) says why not DDP's 25
+DEFAULT_DC_LAMBDA = 2.0  # DC-ASGD-a's lambda0 in Zheng et al. (ICML 2017)
 ASP_BOUND_STEPS = 32  # asp: how far behind a worker's parameters may fall before it must wait (bounds memory)
 
 
@@ -39,7 +40,9 @@ class PsOptions:
     gradients: "none" (a forward uses whatever has landed, within the bound), "pace" (a worker
     ahead of the slowest waits for its push before the next forward, so the lead the bound
     allows hides transfers, not a straggler), "predict" (pace, and each forward runs on the
-    parameters extrapolated by their latest update to the version its gradient is applied to);
+    parameters extrapolated by their latest update to the version its gradient is applied to),
+    "compensate" (pace, and each server corrects every stale gradient by DC-ASGD's delay
+    compensation, `compensate.py`, with `dc_lambda` the adaptive variant's lambda0);
     `staleness.py`; bsp is unchanged."""
 
     servers: int = 0
@@ -53,6 +56,7 @@ class PsOptions:
     pull_bucket_cap_mb: float | None = None
     staleness: str = field(default="none", metadata={"choices": STALENESS})
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
+    dc_lambda: float = DEFAULT_DC_LAMBDA  # staleness=compensate: lambda0 of DC-ASGD-a (unitless; compensate.py)
 
     def __post_init__(self) -> None:
         if self.servers < 0:
@@ -80,6 +84,16 @@ class PsOptions:
         if self.staleness != "none" and self.staleness_bound() == 0:
             raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
                                f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
+        if isinstance(self.dc_lambda, bool) or not isinstance(self.dc_lambda, (int, float)) \
+                or not math.isfinite(self.dc_lambda) or self.dc_lambda < 0:
+            raise CaramelError(f"dc_lambda must be a finite number >= 0 (lambda0 of staleness=compensate's delay "
+                               f"compensation; default {DEFAULT_DC_LAMBDA:g}), got {self.dc_lambda!r}")
+        if self.dc_lambda != DEFAULT_DC_LAMBDA and self.staleness != "compensate":
+            raise CaramelError(f"dc_lambda={self.dc_lambda:g} applies to staleness=compensate only, got staleness="
+                               f"{self.staleness}; drop dc_lambda or set staleness=compensate")
+        if self.staleness == "compensate" and self.hierarchical:
+            raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
+                               "mixes gradients of different ages); use hierarchical=false or staleness=pace")
         if self.dedicated and self.staleness != "none":
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:

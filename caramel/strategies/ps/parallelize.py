@@ -227,6 +227,8 @@ class PsRun:
                 "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
                 "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
+                "dc_corrected": e.stale.dc.corrected if e.stale is not None and e.stale.dc is not None else 0,
+                "dc_missing": e.stale.dc.missing if e.stale is not None and e.stale.dc is not None else 0,
                 "predicted": plan.predicted, "shard_loads": plan.loads,
                 "pull_comm_s": self.pull_comm_s}
 

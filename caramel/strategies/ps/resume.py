@@ -12,8 +12,10 @@ lack an update are not extrapolated. The `caramel_ps` entry of `optimizer.state_
   profile again (`restore`);
 - the steps pushed so far (every update is applied and pulled at `synchronize()`, so every
   parameter is at that version);
-- with `staleness=pace` or `predict`: every rank's busy seconds at the latest update (who is
-  the slowest) and, with predict, each parameter's latest update by name.
+- with `staleness=pace`, `predict` or `compensate`: every rank's busy seconds at the latest
+  update (who is the slowest) and, with predict, each parameter's latest update by name.
+  compensate's running mean square stays at its server and is not carried (docs/ps.md,
+  Limits): a resumed run starts it again.
 
 All of it is the same on every rank once `synchronize()` has run (each rank's latest update of
 a parameter is the same difference of the same two versions), so the state dict of any one

@@ -15,6 +15,10 @@ comes from two places:
   delta (delta: the parameter's latest update, tau: the updates it lacks), the weight
   prediction of SpecTrain (Chen et al. 2018) and PipeMare; the true values are kept aside and
   put back before the owner's optimizer steps, before a pull lands and at `synchronize()`.
+
+`compensate` (pace, and) corrects each stale gradient at its server instead, DC-ASGD's delay
+compensation (`compensate.py`): each rank sends, per parameter, how many updates its copy
+lagged, and the server adds lambda * g * g * (w_now - w_used) to that rank's gradient.
 """
 from __future__ import annotations
 
@@ -24,11 +28,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from caramel.errors import CaramelError
+from caramel.strategies.ps.compensate import DelayCompensation
+
+from caramel.strategies.ps.buckets import unflatten
 
 if TYPE_CHECKING:
     from caramel.strategies.ps.engine import PsEngine
 
-MODES = ("none", "pace", "predict")
+MODES = ("none", "pace", "predict", "compensate")
 
 
 class StalenessControl:
@@ -38,7 +45,15 @@ class StalenessControl:
         if engine.groups.dedicated:  # the servers read a step's message at a fixed length
             raise CaramelError(f"ps: staleness={mode} does not combine with dedicated servers yet; use colocated "
                                f"servers (dedicated=false) or staleness=none")
+        if mode == "compensate" and engine.hier is not None:  # node sums mix the workers' gradients
+            raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
+                               "mixes gradients of different ages); use hierarchical=false or staleness=pace")
         self.e, self.predicting = engine, mode == "predict"
+        from caramel.strategies.ps.options import ASP_BOUND_STEPS  # options imports MODES from here
+
+        bound = engine.bound if engine.bound is not None else ASP_BOUND_STEPS
+        self.dc = DelayCompensation(engine.options.dc_lambda, bound) if mode == "compensate" else None
+        self.lags: list[list[int]] = []  # compensate: per rank, per plan parameter, the lag of the latest applied push
         self.peer_busy_s: list[float] = []  # every rank's busy seconds at the latest applied update
         self.busy_since: float | None = None
         self.busy_wait0 = 0.0
@@ -57,9 +72,40 @@ class StalenessControl:
             busy = time.perf_counter() - self.busy_since - (e.wait_s + self.wait_s - self.busy_wait0)
         return [busy if r == e.rank else 0.0 for r in range(e.world)]
 
+    def lag_slots(self) -> list[float]:
+        """compensate: how many updates this rank's copy of each parameter lags the step being
+        pushed, in this rank's slot (zeros elsewhere; summed into every rank's by the count
+        all-reduce)."""
+        e = self.e
+        if self.dc is None:
+            return []
+        mine = [float(e.steps - e.version[i]) for i in e.plan.params]
+        zeros = [0.0] * len(mine)
+        return [x for r in range(e.world) for x in (mine if r == e.rank else zeros)]
+
     def applied(self, counts: list[float]) -> None:
-        n = len(self.e.plan.params)
-        self.peer_busy_s = counts[n:n + self.e.world]
+        e = self.e
+        n = len(e.plan.params)
+        self.peer_busy_s = counts[n:n + e.world]
+        if self.dc is not None:
+            flat = counts[n + e.world:n + e.world + e.world * n]
+            self.lags = [[int(round(x)) for x in flat[r * n:(r + 1) * n]] for r in range(e.world)]
+
+    def compensate(self, step: int, b: int, flat: torch.Tensor, parts: list[torch.Tensor], used: dict[int, bool]) -> None:
+        """Before the server adds up bucket b's pushes of update `step` (its own `flat`, the
+        other workers' `parts` in rank order): correct each for its rank's lag."""
+        if self.dc is None:
+            return
+        e = self.e
+        members = e.plan.buckets[b]
+        like = [e.params[i] for i in members]
+        pos = {i: k for k, i in enumerate(e.plan.params)}
+        others = [j for j in range(e.workers) if j != e.rank]
+        ranks, tensors = [e.rank] + others, [flat] + parts
+        views = [unflatten(t, like) for t in tensors]
+        lags = [[self.lags[r][pos[i]] for i in members] for r in ranks]
+        self.dc.bucket(members, views, lags, e.params, step, used, e.workers)
+        self.dc.log.append((step, b, [max(lag) for lag in lags]))
 
     def slowest(self) -> bool:
         """This rank was the busiest at the latest applied update (ties: the lowest rank);
@@ -101,10 +147,13 @@ class StalenessControl:
         old = self.base.pop(i, None)
         self.delta[i] = value - (old if old is not None else p)
 
-    def owner_step(self, mine: list[int], step) -> None:
-        """The owner's optimizer steps its shard `mine` (`step()`) from the true values; with
-        predict, the step's change is each parameter's latest update."""
+    def owner_step(self, mine: list[int], step, version: int) -> None:
+        """The owner's optimizer steps its shard `mine` (`step()`) from the true values, at
+        `version`; with predict, the step's change is each parameter's latest update; with
+        compensate, the values are kept for the stale gradients still to come."""
         self.restore(mine)
+        if self.dc is not None:
+            self.dc.record(version, {i: self.e.params[i] for i in mine})
         before = {i: self.e.params[i].detach().clone() for i in mine} if self.predicting else {}
         step()
         with torch.no_grad():

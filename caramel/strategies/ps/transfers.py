@@ -50,7 +50,7 @@ class Update:
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
     relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (bucket, node reduce) still to forward
-    sums: list[tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (flat, the other workers' pushes) to add in
+    sums: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (bucket, flat, the other workers' pushes) to add in
 
     def everyone_pushed(self) -> bool:
         """Every rank has handed over this step's gradients (its count arrived): the reductions

@@ -302,8 +302,11 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             opt.zero_grad()
         opt.synchronize()
         StalenessControl.pace = counted.__defaults__[0]
+        dc = opt.ps.engine.stale.dc if opt.ps.engine.stale is not None else None
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
-                     "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"]}
+                     "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
+                     "dc": None if dc is None else {"log": dc.log, "corrected": dc.corrected, "missing": dc.missing,
+                                                    "buckets": len(opt.ps.engine.plan.buckets)}}
         caramel.shutdown()
     return out
 

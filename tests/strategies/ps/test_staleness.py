@@ -1,6 +1,7 @@
 """`ps:staleness=pace`: under ssp a worker ahead of the slowest waits for its push instead of
 computing on older parameters; `staleness=predict` also extrapolates the parameters a forward
-uses to the version its gradient is applied to."""
+uses to the version its gradient is applied to; `staleness=compensate` corrects each stale
+gradient at its server (DC-ASGD)."""
 from __future__ import annotations
 
 import statistics
@@ -18,7 +19,8 @@ STEPS = 8
 SLOW_S = 0.12  # rank 1's sleep per step: far above any step's own work, even on a loaded machine
 PLAIN, PACE = "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace"
 PREDICT = "ps:consistency=ssp:2,staleness=predict"
-SPECS = (PLAIN, PACE, PREDICT)
+COMPENSATE = "ps:consistency=ssp:2,staleness=compensate"
+SPECS = (PLAIN, PACE, PREDICT, COMPENSATE)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +77,31 @@ def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
 
 
 def test_an_unknown_staleness_is_one_clear_error():
-    with pytest.raises(CaramelError, match="staleness must be one of none, pace, predict"):
+    with pytest.raises(CaramelError, match="staleness must be one of none, pace, predict, compensate"):
         PsOptions(consistency="ssp:2", staleness="lr")
     for consistency in ("bsp", "ssp:0"):  # nothing stale to correct: refused, not ignored
         with pytest.raises(CaramelError, match=f"consistency={consistency} never has"):
             PsOptions(consistency=consistency, staleness="pace")
+
+
+def test_compensate_applies_every_update_once_in_order_and_corrects_stale_gradients(runs):
+    """Each server corrects each of its buckets once per update, in update order; the lags
+    it reads stay within the bound, every stale gradient finds the version it was computed
+    at, and the correction changes what is learned (pace is the same run without it)."""
+    served = set()
+    corrected = 0
+    for rank in (0, 1):
+        dc = runs[rank][COMPENSATE]["dc"]
+        assert dc["missing"] == 0, dc
+        corrected += dc["corrected"]
+        per_bucket: dict[int, list[int]] = {}
+        for step, b, lags in dc["log"]:
+            per_bucket.setdefault(b, []).append(step)
+            assert all(0 <= lag <= 2 for lag in lags), (rank, step, b, lags)
+        for b, steps in per_bucket.items():
+            assert steps == list(range(PROFILE_STEPS, STEPS)), (rank, b, steps)
+        assert not served & set(per_bucket)
+        served |= set(per_bucket)
+    assert served == set(range(runs[0][COMPENSATE]["dc"]["buckets"]))
+    assert corrected > 0
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][COMPENSATE]["params"], runs[0][PACE]["params"]))

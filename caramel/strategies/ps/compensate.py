@@ -1,0 +1,92 @@
+"""Delay compensation at the servers (`ps:staleness=compensate`; docs/ps.md, Staleness).
+
+A stale gradient g(w_used) was computed on parameters some updates older than the w_now it is
+applied to. DC-ASGD (Zheng et al., ICML 2017) corrects it with the first-order Taylor term of
+the gradient, the Hessian approximated by the outer product of the gradient (its diagonal):
+
+    g(w_now) ~ g + lambda * g * g * (w_now - w_used)            (elementwise)
+
+with the paper's adaptive lambda (DC-ASGD-a): lambda = lambda0 / sqrt(MeanSquare + eps),
+MeanSquare a running mean (momentum DC_MOMENTUM) of g * g per element. The correction is
+made on the gradient, before the user's optimizer sees it, so it works with any optimizer
+the `ps` strategy runs. Each worker's gradient is corrected on its own (its own w_used)
+before the server adds them up: each push carries, per parameter, how many updates the
+pushing rank's parameters lagged (`lag`), and the server keeps the versions of its shard
+the bound S allows (w_used is at most S updates old), so it holds at most S copies of its
+shard (asp: ASP_BOUND_STEPS).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+DC_MOMENTUM = 0.95  # the paper's m for the running mean square of the gradient
+DC_EPS = 1e-7  # keeps lambda finite where a gradient has been zero
+
+
+@torch.no_grad()
+def compensated(parts: list[torch.Tensor], drifts: list[torch.Tensor | None], mean_sq: torch.Tensor | None,
+                lambda0: float, workers: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One parameter's pushes, corrected in place: `parts[j]` is worker j's gradient g_j
+    divided by the worker count W (as pushed), `drifts[j]` = w_now - w_used of worker j (None:
+    not stale; the drift tensor is used as scratch). Returns the parts and the new running mean
+    square of the full-scale gradient, averaged over the workers. In the pushed scale the
+    correction lambda * g_j * g_j * drift / W is W * lambda * part_j^2 * drift."""
+    sq = parts[0] * parts[0]
+    for p in parts[1:]:
+        sq.addcmul_(p, p)
+    sq.mul_(workers * workers / len(parts))  # mean over the workers of g_j^2, g_j = W * part_j
+    if mean_sq is None:
+        mean_sq = sq.mul_(1 - DC_MOMENTUM)
+    else:
+        mean_sq.mul_(DC_MOMENTUM).add_(sq, alpha=1 - DC_MOMENTUM)
+    if any(d is not None for d in drifts):
+        lam = mean_sq.add(DC_EPS).rsqrt_().mul_(lambda0 * workers)
+        for p, d in zip(parts, drifts):
+            if d is not None:
+                p.addcmul_(d.mul_(lam).mul_(p), p)
+    return parts, mean_sq
+
+
+@dataclass
+class DelayCompensation:
+    """One server's compensation state: its shard's recent versions and running mean squares."""
+
+    lambda0: float
+    keep: int  # how many versions back a gradient may be (the staleness bound)
+    history: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # version -> parameter -> value
+    mean_sq: dict[int, torch.Tensor] = field(default_factory=dict)
+    missing: int = 0  # gradients left uncorrected: their version was no longer (or not yet) kept here
+    corrected: int = 0  # (worker, parameter) gradients corrected with a lag > 0
+    log: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (update, bucket, each worker's lag): tests
+
+    @torch.no_grad()
+    def record(self, version: int, values: dict[int, torch.Tensor]) -> None:
+        """The shard's values at `version` (before that update is applied); drop what no later
+        gradient can have used."""
+        self.history[version] = {i: v.detach().clone() for i, v in values.items()}
+        for old in [v for v in self.history if v < version + 1 - self.keep]:
+            del self.history[old]
+
+    def drift(self, i: int, now: torch.Tensor, version_now: int, lag: int) -> torch.Tensor | None:
+        if lag <= 0:
+            return None
+        old = self.history.get(version_now - lag, {}).get(i)
+        if old is None:
+            self.missing += 1
+            return None
+        self.corrected += 1
+        return now - old
+
+    @torch.no_grad()
+    def bucket(self, members: list[int], views: list[list[torch.Tensor]], lags: list[list[int]],
+               params: list[torch.Tensor], version_now: int, used: dict[int, bool], workers: int) -> None:
+        """Correct one pushed bucket in place: `views[j][k]` is worker j's gradient of parameter
+        members[k] (a view of its pushed flat tensor), `lags[j][k]` how many updates behind
+        version_now worker j's copy of it was."""
+        for k, i in enumerate(members):
+            if not used[i]:
+                continue
+            drifts = [self.drift(i, params[i], version_now, lag[k]) for lag in lags]
+            _, self.mean_sq[i] = compensated([v[k] for v in views], drifts, self.mean_sq.get(i), self.lambda0, workers)

@@ -1,0 +1,93 @@
+"""SSP(2) and its staleness remedies against BSP with one slowed worker (issue 28's target).
+
+    python experiments/ps_ssp_validation.py --workload char_gpt --steps 200 --seeds 0 1 2 \
+        --json out.json   # run under /tmp/bench.sh: every spec of a seed in one run, in turn
+
+For each seed, `caramel train` runs every `--specs` entry (the first is the reference, BSP)
+with rank 1 1.5x slower (`--slow-worker 1:1.5`) on the emulated cluster at `--bandwidth`,
+the same steps (so the same samples) and seed. Per run: the validation loss at the end and
+throughput as world x batch / rank 0's mean step time over steps 6..end (metrics.jsonl; the
+median flatters ssp, whose steps alternate short and blocked); per spec and seed, both as
+ratios to the reference of the same seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SPECS = ["ps", "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace",
+         "ps:consistency=ssp:2,staleness=predict", "ps:consistency=ssp:2,staleness=compensate"]
+FIRST_STEP = 6  # steps before this (profiling, warm-up) are left out of the mean step time
+
+
+def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: Path) -> dict:
+    argv = [sys.executable, "-m", "caramel.cli", "train", "--workload", workload, "--workers", "2", "--steps",
+            str(steps), "--seed", str(seed), "--strategy", spec, "--slow-worker", "1:1.5", "--bandwidth", bandwidth,
+            "--out-dir", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ), timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    times = [r["step_time_s"] for r in rows if r.get("kind") == "train" and r["step"] >= FIRST_STEP]
+    mean_step_s = statistics.mean(times)
+    return {"workload": workload, "strategy": spec, "seed": seed, "total_steps": s["total_steps"],
+            "world_size": s["world_size"], "batch_size_per_worker": s["batch_size_per_worker"],
+            "val_loss": s["val_loss"], "val_accuracy": s["val_accuracy"], "final_loss": s["final_loss"],
+            "samples_per_s": s["samples_per_s"], "median_step_time_s": s["median_step_time_s"],
+            "mean_step_time_s": mean_step_s,
+            "samples_per_s_mean_step": s["world_size"] * s["batch_size_per_worker"] / mean_step_s,
+            "staleness_mean": s.get("staleness_mean"), "wall_s": time.perf_counter() - t0,
+            "load_after": os.getloadavg()}
+
+
+def summarize(runs: list[dict], specs: list[str]) -> dict:
+    out = {}
+    seeds = sorted({r["seed"] for r in runs})
+    by = {(r["strategy"], r["seed"]): r for r in runs}
+    for spec in specs[1:]:
+        loss = [by[(spec, s)]["val_loss"] / by[(specs[0], s)]["val_loss"] - 1 for s in seeds]
+        thr = [by[(spec, s)]["samples_per_s_mean_step"] / by[(specs[0], s)]["samples_per_s_mean_step"] for s in seeds]
+        ref_mean = statistics.mean(by[(specs[0], s)]["val_loss"] for s in seeds)
+        out[spec] = {"seeds": seeds, "val_loss_vs_bsp_per_seed": [round(x, 4) for x in loss],
+                     "val_loss_vs_bsp_of_seed_means": round(statistics.mean(by[(spec, s)]["val_loss"] for s in seeds)
+                                                            / ref_mean - 1, 4),
+                     "throughput_vs_bsp_mean_step_per_seed": [round(x, 3) for x in thr],
+                     "staleness_mean": [by[(spec, s)]["staleness_mean"] for s in seeds]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", required=True)
+    ap.add_argument("--specs", nargs="+", default=SPECS)
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in a.seeds:
+            for k, spec in enumerate(a.specs):
+                r = train(a.workload, a.steps, seed, spec, a.bandwidth, Path(tmp) / f"{seed}-{k}")
+                runs.append(r)
+                print(f"{a.workload} seed {seed} {spec}: val loss {r['val_loss']:.4f}, "
+                      f"{r['samples_per_s_mean_step']:.0f} samples/s (mean step), load {r['load_after'][0]:.1f}",
+                      flush=True)
+    result = {"workload": a.workload, "steps": a.steps, "bandwidth": a.bandwidth, "specs": a.specs,
+              "summary": summarize(runs, a.specs), "runs": runs}
+    Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""DC-ASGD's delay compensation (`ps:staleness=compensate`) against a hand computation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from caramel.errors import CaramelError
+from caramel.strategies.ps.compensate import DC_EPS, DC_MOMENTUM, DelayCompensation, compensated
+from caramel.strategies.ps.options import PsOptions
+
+
+def test_the_compensated_gradient_matches_a_hand_computation():
+    # two workers, one element each: pushed parts are gradient / 2
+    g0, g1 = 0.4, -0.2  # full-scale gradients
+    d1 = 0.05  # worker 1 computed at w_used = w_now - 0.05; worker 0 is fresh
+    out, ms = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, torch.tensor([d1])], None, 2.0, 2)
+    want_ms = (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2
+    lam = 2.0 / math.sqrt(want_ms + DC_EPS)
+    assert ms.item() == pytest.approx(want_ms, rel=1e-6)
+    assert out[0].item() == pytest.approx(g0 / 2, rel=1e-7)
+    assert out[1].item() == pytest.approx((g1 + lam * g1 * g1 * d1) / 2, rel=1e-6)
+    # the running mean square goes on from the previous one
+    _, ms2 = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, None], ms.clone(), 2.0, 2)
+    assert ms2.item() == pytest.approx(DC_MOMENTUM * want_ms + (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2, rel=1e-6)
+
+
+def test_the_server_keeps_the_versions_the_bound_allows_and_corrects_in_place():
+    dc = DelayCompensation(lambda0=1.0, keep=2)
+    w = torch.tensor([1.0, 2.0])
+    for version, value in enumerate(([0.5, 1.0], [0.7, 1.5], [0.9, 1.8])):
+        dc.record(version, {0: torch.tensor(value)})
+    assert sorted(dc.history) == [1, 2]  # version 0 is further back than any gradient may be
+    flat_own, flat_other = torch.tensor([0.1, 0.2]), torch.tensor([0.3, -0.1])
+    dc.bucket([0], [[flat_own], [flat_other]], [[0], [2]], [w], 3, {0: True}, 2)
+    full_other = torch.tensor([0.6, -0.2])
+    ms = (1 - DC_MOMENTUM) * (torch.tensor([0.2, 0.4]) ** 2 + full_other ** 2) / 2
+    want = (full_other + full_other ** 2 * (w - torch.tensor([0.7, 1.5])) / torch.sqrt(ms + DC_EPS)) / 2
+    torch.testing.assert_close(flat_other, want)
+    torch.testing.assert_close(flat_own, torch.tensor([0.1, 0.2]))
+    assert (dc.corrected, dc.missing) == (1, 0)
+    dc.bucket([0], [[flat_own], [flat_other]], [[0], [3]], [w], 3, {0: True}, 2)  # version 0 was dropped
+    assert dc.missing == 1
+
+
+def test_compensate_is_refused_where_it_has_no_meaning():
+    for consistency in ("bsp", "ssp:0"):
+        with pytest.raises(CaramelError, match=f"consistency={consistency} never has"):
+            PsOptions(consistency=consistency, staleness="compensate")
+    with pytest.raises(CaramelError, match="dedicated=true"):
+        PsOptions(consistency="ssp:2", staleness="compensate", servers=1, dedicated=True)
+    with pytest.raises(CaramelError, match="hierarchical=true"):
+        PsOptions(consistency="ssp:2", staleness="compensate", hierarchical=True)
+    with pytest.raises(CaramelError, match="applies to staleness=compensate only"):
+        PsOptions(consistency="ssp:2", staleness="pace", dc_lambda=5.0)
+    with pytest.raises(CaramelError, match="dc_lambda must be a finite number"):
+        PsOptions(consistency="ssp:2", staleness="compensate", dc_lambda=float("nan"))
