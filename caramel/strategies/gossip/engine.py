@@ -114,8 +114,8 @@ class Exchange:
             self._mix(b)
 
     def settle(self) -> None:
-        """Wait until every pending transfer has landed, without mixing (algorithm=adam's sync
-        point: the mix belongs to the next update)."""
+        """Wait until every pending transfer has landed, without mixing (the sync point of
+        algorithm=overlap and adam: the mix belongs to the next update)."""
         for b in sorted(self.pending):
             self._wait(self.pending[b])
 

@@ -20,7 +20,9 @@ from caramel.errors import CaramelError
 from caramel.strategies.gossip.volume import MIXES_MOMENTS, TRACKS
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
-ALGORITHMS = ("dpsgd", "momentum", "adam", "tracking", "tracking_momentum")
+ALGORITHMS = ("dpsgd", "momentum", "overlap", "adam", "tracking", "tracking_momentum")
+# the overlapped form (Lian et al.'s D-PSGD; Wang et al.'s for Adam): the mix waits for the next update
+MIX_AT_UPDATE = ("overlap", "adam")
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,11 @@ class GossipOptions:
     """`topology`: who mixes with whom (`caramel.strategies.gossip.topology`). `algorithm`:
     "dpsgd" (parameters exchanged after the step, each module's mix applied just before its next
     forward), "momentum" (the same, plus the optimizer's first-moment buffers, Balu et al.),
-    "adam" (Wang et al.'s overlapped form: the parameters a step's gradient is computed at are
-    exchanged during its forward and backward and mixed just before the next update; takes
-    Adam or AdamW), "tracking" (gradient tracking, `tracking.py`: each worker's optimizer steps
-    with a mixed estimate of the workers' average gradient; any torch.optim optimizer; twice
+    "overlap" (the overlapped form, Lian et al.'s D-PSGD: the parameters a step's gradient is
+    computed at are exchanged during its forward and backward and mixed just before the next
+    update, x(k+1) = W x(k) - lr d(k); any torch.optim optimizer), "adam" (the same, checked
+    to be Adam or AdamW: Wang et al.'s decentralized Adam), "tracking" (gradient tracking,
+    `tracking.py`: each worker's optimizer steps with a mixed estimate of the workers' average gradient; any torch.optim optimizer; twice
     dpsgd's bytes), "tracking_momentum" (tracking, plus the moment buffers mixed as "momentum"
     mixes them). `personalize`: parameters under these name prefixes are never sent (DePRL).
     `consensus_every`: every N steps all workers measure their consensus distance (an
@@ -91,9 +94,9 @@ class GossipOptions:
         if self.head_steps and self.tracks:
             raise CaramelError(f"head_steps is built for algorithm=dpsgd and momentum; algorithm={self.algorithm} corrects "
                                "its tracker with every step's body gradient, which a head-only step sets aside")
-        if self.head_steps and self.algorithm == "adam":
-            raise CaramelError("head_steps is built for algorithm=dpsgd and momentum; algorithm=adam mixes at the next "
-                               "update, which a head-only step would move")
+        if self.head_steps and self.mixes_at_update:
+            raise CaramelError(f"head_steps is built for algorithm=dpsgd and momentum; algorithm={self.algorithm} mixes "
+                               "at the next update, which a head-only step would move")
         for prefix in self.local_prefixes():
             if not prefix or " " in prefix:
                 raise CaramelError(f"personalize must be name prefixes joined by '+' (e.g. head+norm_f), "
@@ -103,6 +106,12 @@ class GossipOptions:
     def tracks(self) -> bool:
         """Whether each worker's optimizer steps with a gradient tracker (`tracking.py`)."""
         return self.algorithm in TRACKS
+
+    @property
+    def mixes_at_update(self) -> bool:
+        """Whether a step's mix is applied just before the next update (not in the next forward):
+        the exchange then overlaps the next forward and backward."""
+        return self.algorithm in MIX_AT_UPDATE
 
     @property
     def overlaps_trackers(self) -> bool:

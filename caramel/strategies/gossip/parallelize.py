@@ -60,7 +60,7 @@ class GossipRun:
         self.local_params = [p for n, p in zip(names, params) if options.is_local(n)]
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
                                if b.is_floating_point() and not options.is_local(n)]
-        self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=options.algorithm != "adam")
+        self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=not options.mixes_at_update)
         # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
         self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False,
                                                       tag_base=TRACKER_TAG_BASE),
@@ -121,8 +121,8 @@ class GossipRun:
         return neighbours(W, self.rank), buckets
 
     def before_update(self) -> float:
-        """At optimizer.step(): mix what is still pending (all of it for algorithm=adam) and
-        measure the consensus distance of the parameters this step's forward used."""
+        """At optimizer.step(): mix what is still pending (all of it for algorithm=overlap and
+        adam) and measure the consensus distance of the parameters this step's forward used."""
         t0 = time.perf_counter()
         wait0 = self.wait_s
         if not self.agreed:
@@ -133,7 +133,7 @@ class GossipRun:
                                    "parallelize(), so it is not gossiped, and it has a gradient now; unfreeze it "
                                    "before parallelize()")
         due = self.options.consensus_every and self.steps % self.options.consensus_every == 0
-        if self.options.algorithm == "adam" and due:
+        if self.options.mixes_at_update and due:
             self._measure_consensus()
         self.exchange.flush()
         if self.restored:  # a resumed worker's pending mix, from its checkpoint
@@ -145,7 +145,7 @@ class GossipRun:
         if self.tracker is not None:
             W = self.matrices[self.steps % len(self.matrices)]
             self.tracker.swap_in(neighbours(W, self.rank), self.options.bucket_cap_mb * 2 ** 20)
-        if self.options.algorithm != "adam" and due:
+        if not self.options.mixes_at_update and due:
             self._measure_consensus()
         self.recording = False
         self._entry = {"step": self.steps, "start_s": t0 - self.t0}
@@ -291,7 +291,7 @@ class GossipRun:
     # --- sync points, state ---------------------------------------------------------------
     def synchronize(self) -> None:
         """Every transfer landed. dpsgd/momentum: every pending mix applied (the next forward
-        would apply it anyway). adam: nothing applied, the mix belongs to the next update, so
+        would apply it anyway). overlap, adam: nothing applied, the mix belongs to the next update, so
         evaluating or saving never changes the trajectory."""
         if self.released:
             return
@@ -302,7 +302,7 @@ class GossipRun:
         self.write_trace()
 
     def worker_state(self) -> dict[str, Any]:
-        """This worker's own model, optimizer, gossip step, module order, (adam) pending mix and
+        """This worker's own model, optimizer, gossip step, module order, (overlap, adam) pending mix and
         (tracking) gradient tracker."""
         self.synchronize()
         by_id = self.exchange.pending_values()
@@ -363,7 +363,8 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -
                                "parameter group (there is no momentum buffer to exchange otherwise)")
     if options.algorithm == "adam" and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise CaramelError(f"strategy 'gossip': algorithm=adam is decentralized Adam(W) (Wang et al.); "
-                           f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__}")
+                           f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__} "
+                           "(algorithm=overlap is the same overlapped form for any optimizer)")
 
 
 def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, *,

@@ -22,7 +22,7 @@ def _gossip(family: str, opt_kind: str, steps: int, rank: int, spec: str):
 def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, options=None) -> list[list[torch.Tensor]]:
     """Every worker of a gossip run, simulated in one process: each copy steps on its own batches,
     then the copies mix with the step's matrix (dpsgd, momentum: after the step, momentum buffers
-    too for momentum; adam: the previous step's parameters, just before the update)."""
+    too for momentum; overlap, adam: the previous step's parameters, just before the update)."""
     from caramel.strategies import STRATEGIES
     from caramel.strategies.gossip.topology import mixing_matrix
 
@@ -30,7 +30,7 @@ def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, opt
     w = fresh(family)
     models = [copy.deepcopy(w.model) for _ in range(world)]
     opts = [make_optimizer(opt_kind, m.parameters()) for m in models]
-    cta = options.algorithm == "adam"
+    cta = options.mixes_at_update
 
     def mix(step: int) -> None:
         W = mixing_matrix(options.topology, world, step)
@@ -149,12 +149,12 @@ def personal_worker(rank: int, world: int, steps: int) -> dict:
 PERSONAL = "blocks.1"
 
 
-def checkpoint_worker(rank: int, world: int, steps: int, at: int, spec: str) -> dict:
+def checkpoint_worker(rank: int, world: int, steps: int, at: int, spec: str, opt_kind: str = "adamw") -> dict:
     """Train `steps` steps straight; then train `at` steps, save each worker's state, make a fresh
     model and optimizer, load it, and train the rest: the parameters must be equal, bit for bit."""
     def run(stop: int, state=None):
         w = fresh("gpt_tied")
-        opt, sched = make_optimizer("adamw", w.model.parameters())
+        opt, sched = make_optimizer(opt_kind, w.model.parameters())
         model, opt = caramel.parallelize(w.model, opt, spec)
         first = 0
         if state is not None:
@@ -264,4 +264,55 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
     return {"parity": parity_worker(rank, world, steps, cases), "personal": personal_worker(rank, world, steps),
             "sparse_adam": sparse_adam_worker(rank, world, 2 * steps),
             "tensor": tensor_worker(rank, world, steps), "deprl": deprl_worker(rank, world, 6, 2),
-            "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam")}
+            "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam"),
+            "checkpoint_overlap": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=overlap",
+                                                    "sgd_momentum")}
+
+
+def overlap_update_worker(rank: int, world: int, steps: int) -> dict:
+    """algorithm=overlap with SGD (momentum, weight decay) on a ring, `PERSONAL` kept local: per
+    step, how far each parameter lands from the hand-computed x_i(k+1) = sum_j W_ij x_j(k) -
+    lr d_i(k), with d_i(k) = mu d_i(k-1) + g_i(k) + wd (W x(k))_i (the gradient at the worker's
+    own un-mixed x_i(k); the decay at the point updated; W = identity for local parameters)."""
+    from caramel.strategies.gossip.topology import mixing_matrix
+
+    spec = "gossip:topology=ring,algorithm=overlap"
+    w = fresh("gpt_tied")
+    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    mu, wd = opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]
+    model, opt = caramel.parallelize(w.model, opt, spec, personalize=PERSONAL, consensus_every=1)
+    named = list(w.model.named_parameters())
+    W = mixing_matrix("ring", world, 0)
+    d_prev: dict[str, torch.Tensor] = {}
+    errors, mixed_moves = [], []
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        lr = opt.param_groups[0]["lr"]
+        worst, moved = 0.0, 0.0
+        expected = {}
+        for n, p in named:
+            every = [torch.empty_like(p) for _ in range(world)]
+            torch.distributed.all_gather(every, p.detach())
+            local = n.startswith(PERSONAL)
+            wx = p.detach().clone() if local else sum(float(W[rank, j]) * every[j] for j in range(world))
+            d = p.grad + wd * wx + (mu * d_prev[n] if n in d_prev else 0.0)
+            d_prev[n] = d
+            expected[n] = wx - lr * d
+            moved = max(moved, float((wx - p.detach()).abs().max()))
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        for n, p in named:
+            worst = max(worst, float((p.detach() - expected[n]).abs().max()))
+        errors.append(worst)
+        mixed_moves.append(moved)
+    stats = opt.gossip.stats_dict()
+    caramel.shutdown()
+    return {"errors": errors, "mix_moved": mixed_moves, "consensus": stats["consensus"]}
+
+
+def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:
+    """The 4-worker checks, in one job: consensus under lr=0, overlap's update by hand."""
+    return {"consensus": consensus_worker(rank, world, steps, specs),
+            "overlap_update": overlap_update_worker(rank, world, steps)}

@@ -8,14 +8,15 @@ import pytest
 
 from caramel.strategies.gossip.topology import describe
 from caramel.testing import run_workers
-from tests.strategies.gossip.gossip_workers import PERSONAL, consensus_worker, two_worker_suite
+from tests.strategies.gossip.gossip_workers import PERSONAL, four_worker_suite, two_worker_suite
 
 pytestmark = pytest.mark.timeout(200)
 STEPS = 4
 CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr m_i, averaged = DDP's step
          ("gpt_tied", "sgd_momentum", "gossip:algorithm=momentum"),   # 2-worker ring = complete
          ("gpt_tied", "adamw", "gossip:algorithm=adam"),              # not DDP: local Adam moments
-         ("gpt_tied", "adamw", "gossip:algorithm=momentum"))          # both Adam moments mixed
+         ("gpt_tied", "adamw", "gossip:algorithm=momentum"),          # both Adam moments mixed
+         ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap"))    # mixed before the next update
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +32,11 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
             assert res[case + ("moved",)] > 1e-3, case
         for case in CASES[:2]:
             assert res[case + ("ddp",)] <= 1e-5, (case, res[case + ("ddp",)])
-        # local Adam moments differ per worker: not DDP's trajectory, and the test can tell
-        assert res[CASES[2] + ("ddp",)] > 1e-4
+        # local Adam moments differ per worker: not DDP's trajectory, and the test can tell; overlap's
+        # gradients are taken at each worker's un-mixed parameters: not DDP's either
+        assert res[CASES[2] + ("ddp",)] > 1e-4 and res[CASES[4] + ("ddp",)] > 1e-4
+        # overlap sends the parameters only, as dpsgd
+        assert res[CASES[4] + ("bytes",)] == res[CASES[0] + ("bytes",)]
         # momentum sends the momentum buffers as well: twice the bytes; Adam's two moments, three times
         assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
         assert res[CASES[3] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
@@ -66,30 +70,54 @@ def test_personalized_parameters_stay_local_and_differ(two):
 
 
 def test_checkpoint_resumes_exactly(two):
-    for rank in (0, 1):
-        assert two[rank]["checkpoint"]["diff"] == 0.0
-    a, b = two[0]["checkpoint"]["params"], two[1]["checkpoint"]["params"]
-    assert any(not np.array_equal(x, y) for x, y in zip(a, b))  # adam: workers really differ
+    for key in ("checkpoint", "checkpoint_overlap"):  # adam with AdamW, overlap with SGD momentum
+        for rank in (0, 1):
+            assert two[rank][key]["diff"] == 0.0, key
+        a, b = two[0][key]["params"], two[1][key]["params"]
+        assert any(not np.array_equal(x, y) for x, y in zip(a, b)), key  # the workers really differ
 
 
-def test_consensus_shrinks_at_the_topologys_rate_on_four_workers():
+SPECS_4 = ("gossip:topology=ring", "gossip:topology=one_peer_exponential", "gossip:topology=ring,algorithm=overlap")
+
+
+@pytest.fixture(scope="module")
+def four():
+    return run_workers(four_worker_suite, 4, args=(4, SPECS_4), timeout_s=180)
+
+
+def test_consensus_shrinks_at_the_topologys_rate_on_four_workers(four):
     """lr=0: only mixing moves the parameters. The ring on 4 workers shrinks the squared
     distance by rate^2 = 1/9 per step; one-peer exponential averages exactly in its period of 2
-    steps; the workers' average never moves."""
-    specs = ("gossip:topology=ring", "gossip:topology=one_peer_exponential")
-    res = run_workers(consensus_worker, 4, args=(4, specs), timeout_s=180)
-    for spec in specs:
+    steps; the workers' average never moves. overlap measures the parameters a step's forward
+    used, before the mix of the previous step lands: one step later than dpsgd."""
+    res = [r["consensus"] for r in four]
+    for spec in SPECS_4:
         d = [v for _, v in res[0][spec]["consensus"]]
         assert len(d) == 4 and d[0] > 1.0
         assert all(r[spec]["consensus"] == res[0][spec]["consensus"] for r in res)
         assert max(r[spec]["mean_drift"] for r in res) < 1e-5
-        if spec.endswith("one_peer_exponential"):
+        if spec.endswith("overlap"):
+            assert d[1] == d[0]
+            for a, b in zip(d[1:], d[2:]):
+                assert b / a == pytest.approx(describe("ring", 4)["rate_per_step"] ** 2, rel=1e-3)
+        elif spec.endswith("one_peer_exponential"):
             assert describe("one_peer_exponential", 4)["rate_per_step_over_period"] < 1e-12
             assert d[2] < 1e-10 * d[0] and d[3] < 1e-10 * d[0]
         else:
             rate = describe(spec.split("=")[1], 4)["rate_per_step"]
             for a, b in zip(d, d[1:]):
                 assert b / a == pytest.approx(rate ** 2, rel=1e-3)
+
+
+def test_overlap_update_is_the_mix_of_the_gradients_point_minus_the_step(four):
+    """algorithm=overlap with SGD momentum on a 4-worker ring, by hand: x_i(k+1) = sum_j W_ij
+    x_j(k) - lr d_i(k), the gradient in d taken at the un-mixed x_i(k); the personalized
+    parameters update alone. Every step's consensus is measured."""
+    for rank, r in enumerate(four):
+        res = r["overlap_update"]
+        assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
+        assert max(res["mix_moved"][1:]) > 1e-4, (rank, res["mix_moved"])  # the mix changes x: the check can fail
+        assert [s for s, _ in res["consensus"]] == [0, 1, 2, 3] and res["consensus"][1][1] > 0
 
 
 def test_a_mixing_matrix_given_as_a_tensor_trains_and_bad_ones_are_refused(two):

@@ -47,6 +47,10 @@ def test_adam_overlaps_backward_too(profile):
     atc, cta = sim("gossip", profile, cluster), sim("gossip:algorithm=adam", profile, cluster)
     assert cta.step_time_s < atc.step_time_s
     assert cta.step_time_s >= profile.step_time_s - 1e-12
+    # overlap is the same exchange for any optimizer: the same bytes, the same time
+    overlap = sim("gossip:algorithm=overlap", profile, cluster)
+    assert overlap.step_time_s == cta.step_time_s
+    assert overlap.meta["bytes_per_peer_per_step"] == atc.meta["bytes_per_peer_per_step"]
 
 
 def test_gossip_beats_allreduce_under_jitter_and_a_slow_link(profile):

@@ -71,7 +71,7 @@ def test_options_by_spec_and_their_errors():
     assert spec.name == "gossip:algorithm=momentum,personalize=head+blocks.1,topology=exponential"
     with pytest.raises(CaramelError, match="topology must be one of ring, torus"):
         STRATEGIES.spec("gossip:topology=star")
-    with pytest.raises(CaramelError, match="algorithm must be one of dpsgd, momentum, adam"):
+    with pytest.raises(CaramelError, match="algorithm must be one of dpsgd, momentum, overlap, adam"):
         STRATEGIES.spec("gossip:algorithm=admm")
     with pytest.raises(CaramelError, match="did you mean 'topology'"):
         STRATEGIES.spec("gossip:topolgy=ring")
@@ -88,7 +88,11 @@ def test_optimizers_the_algorithm_cannot_use_are_refused():
     spec = lambda text: STRATEGIES.spec(text).options  # noqa: E731
     _check_optimizer(torch.optim.AdamW(params), spec("gossip:algorithm=adam"))
     _check_optimizer(torch.optim.SGD(params, lr=0.1, momentum=0.9), spec("gossip:algorithm=momentum"))
-    with pytest.raises(CaramelError, match="pass torch.optim.Adam or AdamW, got SGD"):
+    for opt in (torch.optim.SGD(params, lr=0.1), torch.optim.RMSprop(params), torch.optim.AdamW(params)):
+        _check_optimizer(opt, spec("gossip:algorithm=overlap"))  # any optimizer
+    assert spec("gossip:algorithm=overlap").mixes_at_update and spec("gossip:algorithm=adam").mixes_at_update
+    assert not spec("gossip").mixes_at_update and not spec("gossip:algorithm=overlap").mixes_moments
+    with pytest.raises(CaramelError, match="pass torch.optim.Adam or AdamW, got SGD .*algorithm=overlap is"):
         _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=adam"))
     with pytest.raises(CaramelError, match="needs SGD with momentum > 0"):
         _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=momentum"))
@@ -149,7 +153,8 @@ def test_head_steps_needs_a_personalized_head_and_a_mix_it_does_not_move():
     assert STRATEGIES.spec("gossip", {"personalize": "head", "head_steps": 3}).options.head_steps == 3
     for values, match in (({"head_steps": 2}, "name it with personalize="),
                           ({"personalize": "head", "head_steps": -1}, "head_steps must be an integer >= 0"),
-                          ({"personalize": "head", "head_steps": 2, "algorithm": "adam"}, "algorithm=adam")):
+                          ({"personalize": "head", "head_steps": 2, "algorithm": "adam"}, "algorithm=adam"),
+                          ({"personalize": "head", "head_steps": 2, "algorithm": "overlap"}, "algorithm=overlap mixes")):
         with pytest.raises(CaramelError, match=match):
             STRATEGIES.spec("gossip", values)
 
@@ -174,7 +179,7 @@ def test_overlap_trackers_options_and_caramel_train_clipping_picks_the_reference
 def test_tracker_options_without_trackers_or_against_clipping_are_errors():
     from caramel.train.strategy import gossip_options_for_clipping
 
-    for algorithm in ("dpsgd", "momentum", "adam"):
+    for algorithm in ("dpsgd", "momentum", "overlap", "adam"):
         for option in ("overlap_trackers=true", "overlap_trackers=false", "tracker_bucket_cap_mb=2"):
             with pytest.raises(CaramelError, match=f"{option.split('=')[0]} .*algorithm={algorithm} has no trackers"):
                 STRATEGIES.spec(f"gossip:algorithm={algorithm},{option}")
