@@ -12,7 +12,9 @@ Two parts, each in spawned processes of one compute thread (as the bench's worke
   times (cost = a + b x samples). Two ranks on two cores: no oversubscription.
 - `waiting` (4 ranks): rank 0 times the whole model's forward + backward at `--probe-samples`
   while the other ranks (a) idle on a barrier, (b) block in a gloo recv, (c) one computes
-  alongside, (d) one computes and two block in a recv, (e) all three compute. Processor sharing
+  alongside, (d) one computes and two block in a recv, (e) all three compute, (f) two pass an
+  activation-sized tensor back and forth over loopback (no shaping: as fast as gloo moves it),
+  (g) one computes and two pass tensors. Processor sharing
   over the host's cores says how much slower each should be; a waiting rank that takes CPU
   shows as (b) above (a), (d) above (c).
 
@@ -109,7 +111,10 @@ def _waiting_worker(rank: int, args, store: str, barrier, stop, queue) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
     w = _workload(args, args.probe_samples)
     _probe(w, 2)
-    modes = {"idle": (), "recv_wait": (), "compute1": (1,), "compute1_recv_wait2": (1,), "compute3": (1, 2, 3)}
+    modes = {"idle": (), "recv_wait": (), "compute1": (1,), "compute1_recv_wait2": (1,), "compute3": (1, 2, 3),
+             "transfer2": (), "compute1_transfer2": (1,)}
+    moving = {"transfer2": (2, 3), "compute1_transfer2": (2, 3)}  # a pair sending to each other back and forth
+    activation = torch.zeros(args.transfer_floats)
     waits = {"recv_wait": (1, 2, 3), "compute1_recv_wait2": (2, 3)}
     rows = []
     for rep in range(args.repeats):
@@ -127,6 +132,20 @@ def _waiting_worker(rank: int, args, store: str, barrier, stop, queue) -> None:
             elif rank in computing:
                 while not stop.is_set():
                     _probe(w, 1)
+            elif rank in moving.get(mode, ()):
+                pair = moving[mode]
+                other = pair[1] if rank == pair[0] else pair[0]
+                go = torch.ones(1)
+                while go.item():  # the first of the pair decides when to stop, and says so with each round
+                    if rank == pair[0]:
+                        go.fill_(0.0 if stop.is_set() else 1.0)
+                        dist.send(go, dst=other)
+                        dist.send(activation, dst=other)
+                        dist.recv(activation, src=other)
+                    else:
+                        dist.recv(go, src=other)
+                        dist.recv(activation, src=other)
+                        dist.send(activation, dst=other)
             barrier.wait()
             if rank == 0:
                 stop.clear()  # the others wait on the next mode's first barrier meanwhile
@@ -200,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--probe-samples", type=int, default=6)
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--transfer-floats", type=int, default=6 * 32 * 16 * 16,
+                   help="elements of the tensor a transferring pair passes back and forth (default: ResNet-18 width 16's "
+                        "activation before layer3 at 6 samples: 32 channels of 16x16, float32)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     t0 = time.time()
