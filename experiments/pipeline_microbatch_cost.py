@@ -9,7 +9,10 @@ Two parts, each in spawned processes of one compute thread (as the bench's worke
   stage and size: the measured median forward + backward per microbatch against the profile's
   line (`scaling_from_profile`, summed over the stage's layers) at that size, their difference
   (what the runtime pays per microbatch beyond the profile) and the line through the measured
-  times (cost = a + b x samples). Two ranks on two cores: no oversubscription.
+  times (cost = a + b x samples); and the CPU each process spent per step beyond its timed
+  compute (process CPU time, every thread, less the actions' time), per microbatch: work that
+  slows nobody on two ranks of two cores but loads a shared host. Two ranks on two cores: no
+  oversubscription.
 - `waiting` (4 ranks): rank 0 times the whole model's forward + backward at `--probe-samples`
   while the other ranks (a) idle on a barrier, (b) block in a gloo recv, (c) one computes
   alongside, (d) one computes and two block in a recv, (e) all three compute, (f) two pass an
@@ -80,8 +83,11 @@ def _overhead_worker(rank: int, args, store: str, queue) -> None:
             w = _workload(args, 2 * b, seed=rep)
             opt = torch.optim.SGD(w.model.parameters(), lr=0.01)
             pipe = caramel.pipeline(w.model, opt, stages=2, microbatches=m, schedule="1f1b", partition=args.cut)
+            cpu_s = []
             for _ in range(args.steps + 2):
+                c = time.process_time()  # every thread of the process: gloo's included
                 pipe.step(w.inputs, w.targets, w.loss_fn)
+                cpu_s.append(time.process_time() - c)
             dist.barrier()
             per = {"F": [], "B": []}
             for st in pipe.timer.steps[2:]:
@@ -90,7 +96,11 @@ def _overhead_worker(rank: int, args, store: str, queue) -> None:
             # the last stage's loss is timed as its own "F" action: fold it into the forward per microbatch
             f_total = sum(per["F"]) / len(pipe.timer.steps[2:]) / m
             b_med = statistics.median(per["B"])
-            measured.setdefault(2 * b // m, {"fb_s": []})["fb_s"].append(f_total + b_med)
+            row = measured.setdefault(2 * b // m, {"fb_s": [], "outside_cpu_per_mb_s": []})
+            row["fb_s"].append(f_total + b_med)
+            # CPU the process spent in a step beyond its timed compute, per microbatch
+            kept = list(zip(cpu_s[-args.steps:], pipe.timer.steps[-args.steps:]))
+            row["outside_cpu_per_mb_s"].append(statistics.median((c - st.busy_s) / m for c, st in kept))
             pipe.close()
     queue.put((rank, {"profile": costs, "measured": measured}))
     dist.barrier()
@@ -179,13 +189,17 @@ def overhead(args) -> dict:
         fixed = statistics.median(c[stage]["fixed_s"] for c in costs)
         slope = statistics.median(c[stage]["per_sample_s"] for c in costs)
         a, b = _line(meas)
+        outside = {s: statistics.median(v["outside_cpu_per_mb_s"]) for s, v in parts[stage]["measured"].items()}
+        print(f"stage {stage}: CPU outside the timed compute per microbatch (process, all threads): "
+              + ", ".join(f"{s} samples {1e3 * outside[s]:.2f} ms" for s in sorted(outside, reverse=True)))
         print(f"stage {stage}: profile line {1e3 * fixed:.2f} ms + {1e3 * slope:.2f} ms/sample; "
               f"measured line {1e3 * a:.2f} ms + {1e3 * b:.2f} ms/sample")
         for s in sorted(meas, reverse=True):
             print(f"  {s:3d} samples: measured fwd+bwd {1e3 * meas[s]:6.2f} ms, profile {1e3 * prof[s]:6.2f} ms, "
                   f"beyond {1e3 * (meas[s] - prof[s]):+6.2f} ms ({meas[s] / prof[s]:.2f}x)")
         out[stage] = {"measured_s": meas, "profile_s": prof, "profile_fixed_s": fixed, "profile_per_sample_s": slope,
-                      "measured_fixed_s": a, "measured_per_sample_s": b, "raw": parts[stage]}
+                      "measured_fixed_s": a, "measured_per_sample_s": b,
+                      "outside_cpu_per_microbatch_s": outside, "raw": parts[stage]}
     return out
 
 
