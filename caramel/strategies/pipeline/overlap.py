@@ -48,6 +48,7 @@ Not modelled:
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from caramel.errors import CaramelError
@@ -119,7 +120,7 @@ def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str,
         if compute_slowdown == 1.0 or wires == beside:
             break
         beside = wires
-    return sim
+    return dataclasses.replace(sim, wire_s=wires)
 
 
 def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, slowdown: float,

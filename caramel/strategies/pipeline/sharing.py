@@ -4,18 +4,29 @@ A ClusterSpec's worker speeds are the workers' pace with every worker computing 
 bench measures them so, and data parallelism runs so). Where `ranks_per_host` workers share a
 host's cores, a worker computing while the others idle runs `alone_speedup` times faster
 (measured by profiling in turns, `caramel.profile.turns`): processor sharing over
-C = ranks_per_host / alone_speedup cores, where k ranks computing at once each run at
-min(1, C / k) of their alone pace, that is min(alone_speedup, n / k) times the all-at-once one.
+C = ranks_per_host / alone_speedup cores, where a load of k (ranks computing, and transfers,
+below) has each computing rank run at min(1, C / k) of its alone pace, that is
+min(alone_speedup, n / k) times the all-at-once one.
 
-The simulation says which ranks compute when: `co_computing` is, averaged over all the lanes'
-compute time, how many ranks compute at that moment (the lane itself included; each lane of an
-equal-replica layout stands for its stage's replicas, which run the same schedule side by side).
-Every worker then runs min(alone_speedup, n / k) times its all-at-once speed. That speed moves
-the timeline, so the simulation is repeated from the all-at-once speeds until the factor
-settles (`with_sharing`; where the choices flip between layouts, the slowest of the cycle,
-marked unsettled). Not modelled: CPU that other ranks' transfers and collectives take
-(their threads compete for the same cores; the measured `compute_slowdown` covers only a rank's
-own), per-stage factors (one factor for the layout, from its mean), cores that are not alike,
+The load counts what takes the host's CPU while a rank computes. A rank blocked in a recv that
+has not started takes none; bytes moving do (the backend's threads and the kernel copy them):
+docs/results/pipeline_microbatch_cost/. Each lane with a transfer on the wire counts
+w = compute_slowdown - 1 of a computing rank: the bench's `compute_slowdown` is measured with
+every rank computing and transferring at once, which processor sharing gives as
+(n + n w) / n = 1 + w. So no factor is fitted here; the spec's own measurement is spread over the
+ranks whose transfers run. The replay's own beside-the-lane slowdown is then switched off
+(`scaled`): a lane's own transfers are in its host's load already.
+
+The simulation says which ranks compute and transfer when: `co_computing` is, averaged over all
+the lanes' compute time, how many ranks compute at that moment (the lane itself included; each
+lane of an equal-replica layout stands for its stage's replicas, which run the same schedule side
+by side), `co_transferring` how many lanes have a transfer on the wire then. Every worker then
+runs min(alone_speedup, n / k) times its all-at-once speed, k = computing + w x transferring
+(below 1 where the load exceeds the all-at-once compute's). That speed moves the timeline, so
+the simulation is repeated from the all-at-once speeds until the factor settles (`with_sharing`;
+where the choices flip between layouts, the slowest of the cycle, marked unsettled). Not
+modelled: per-stage factors (one factor for the layout, from its mean), the CPU of a transfer
+by its rate (a slow link's transfer counts as much as a fast one's), cores that are not alike,
 and hosts running unequal shares of a layout's ranks (assumed spread evenly).
 """
 from __future__ import annotations
@@ -52,6 +63,25 @@ def co_computing(spans: list[list[tuple[float, float]]]) -> float:
     return num / den if den > 0 else 1.0
 
 
+def co_transferring(compute: list[list[tuple[float, float]]], wires: list[list[tuple[float, float]]]) -> float:
+    """Over all lanes' compute time, the mean number of lanes with a transfer on the wire at
+    that moment (0 where no lane computes or none transfers): sum(c t dt) / sum(c dt), c lanes
+    computing and t transferring in a segment dt."""
+    events = sorted([(a, 1, 0) for lane in compute for a, b in lane if b > a]
+                    + [(b, -1, 0) for lane in compute for a, b in lane if b > a]
+                    + [(a, 0, 1) for lane in wires for a, b in lane if b > a]
+                    + [(b, 0, -1) for lane in wires for a, b in lane if b > a])
+    num = den = 0.0
+    c = t = 0
+    last = None
+    for at, dc, dt in events:
+        if last is not None and c and at > last:
+            num += c * t * (at - last)
+            den += c * (at - last)
+        c, t, last = c + dc, t + dt, at
+    return num / den if den > 0 else 0.0
+
+
 def in_step(sim: SimResult) -> int:
     """How many ranks each simulated lane stands for: equal replicas run one schedule side by
     side (a lane is its stage's replicas); unequal counts' lanes are workers (1)."""
@@ -59,31 +89,41 @@ def in_step(sim: SimResult) -> int:
     return replicas if isinstance(replicas, int) and replicas > 1 else 1
 
 
+def transfer_cpu_share(cluster: ClusterSpec) -> float:
+    """What one rank's transfer on the wire takes of its host's CPU, in computing ranks: the
+    spec's `compute_slowdown` (every rank computing and transferring) less 1 (module docstring)."""
+    return max(0.0, cluster.compute_slowdown - 1.0)
+
+
 def sharing_factor(ranks_per_host: int, alone_speedup: float, ranks_at_once: float) -> float:
-    """How many times its all-at-once speed a rank computes at, `ranks_at_once` of its host's
-    ranks computing at once on average: min(alone_speedup, n / k), at least 1."""
-    return max(1.0, min(alone_speedup, ranks_per_host / max(ranks_at_once, 1.0)))
+    """How many times its all-at-once speed a rank computes at, a load of `ranks_at_once` of its
+    host's ranks (computing, and transfers counted as their CPU share) on average:
+    min(alone_speedup, n / k); below 1 where the load exceeds n."""
+    return min(alone_speedup, ranks_per_host / max(ranks_at_once, 1.0))
 
 
-def host_ranks_at_once(sim: SimResult, ranks_per_host: int) -> float:
-    """The ranks of one host computing at once, from the simulated lanes: the lanes at once
-    times the ranks each stands for, scaled to one host's share of the layout's ranks."""
+def host_ranks_at_once(sim: SimResult, ranks_per_host: int, transfer_share: float = 0.0) -> float:
+    """The load on one host while its ranks compute, from the simulated lanes: the lanes
+    computing at once plus `transfer_share` per lane transferring, times the ranks each lane
+    stands for, scaled to one host's share of the layout's ranks."""
     lanes = len(sim.meta.get("busy_s_per_lane") or []) or 1
     per_lane = in_step(sim)
     share = min(1.0, ranks_per_host / (lanes * per_lane))
-    return sim.meta.get("co_computing", 1.0) * per_lane * share
+    load = sim.meta.get("co_computing", 1.0) + transfer_share * sim.meta.get("co_transferring", 0.0)
+    return load * per_lane * share
 
 
 def scaled(cluster: ClusterSpec, factor: float) -> ClusterSpec:
-    """`cluster` with every worker `factor` times faster and no sharing left to model."""
+    """`cluster` with every worker `factor` times faster and no sharing left to model: neither
+    the host's cores nor a lane's compute beside its own transfers (the host's load holds them)."""
     workers = [WorkerSpec(w.name, speed=w.speed * factor) for w in cluster.workers]
-    return dataclasses.replace(cluster, workers=workers, alone_speedup=1.0, ranks_per_host=1)
+    return dataclasses.replace(cluster, workers=workers, alone_speedup=1.0, ranks_per_host=1, compute_slowdown=1.0)
 
 
 def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterSpec) -> SimResult:
     """`simulate(cluster)` at the speeds the sharing settles at (`meta["sharing"]`: the factor,
-    the host's ranks computing at once, the passes, whether it settled); unchanged where workers
-    do not share cores.
+    the host's load while its ranks compute, the passes, whether it settled, a transfer's CPU
+    share); unchanged where workers do not share cores.
 
     The choosers inside `simulate` (cut, replicas, microbatches) pick at the factor they are
     given, and the layout they pick may give another factor, at which they pick another layout:
@@ -92,11 +132,11 @@ def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterS
     hang on where the cap falls, and errs towards the slower layout's pace."""
     if not shares_cores(cluster):
         return simulate(cluster)
-    factor = 1.0
+    factor, share = 1.0, transfer_cpu_share(cluster)
     passes: list[tuple[float, SimResult, float]] = []  # (factor, its simulation, ranks at once)
     while True:
         sim = simulate(scaled(cluster, factor))
-        k = host_ranks_at_once(sim, cluster.ranks_per_host)
+        k = host_ranks_at_once(sim, cluster.ranks_per_host, share)
         passes.append((factor, sim, k))
         nxt = sharing_factor(cluster.ranks_per_host, cluster.alone_speedup, k)
         if abs(nxt - factor) <= SETTLED * factor:
@@ -110,5 +150,5 @@ def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterS
     # the slowest; among equal steps the lowest factor, so that the pick is the same whatever the order
     factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, -p[0]))
     sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": len(passes), "settled": settled,
-                           "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
+                           "transfer_cpu_share": share, "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
     return sim

@@ -38,7 +38,7 @@ from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan,
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
-from caramel.strategies.pipeline.sharing import co_computing, with_sharing
+from caramel.strategies.pipeline.sharing import co_computing, co_transferring, with_sharing
 from caramel.strategies.pipeline.timeline import MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
@@ -117,6 +117,9 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
     before computing); that moves the step only where the receiver had posted first (the sender
     is the slower stage), else the late send still goes when the recv is posted. The
     interleaved posting computes beside recvs posted ahead.
+    Where workers share a host's cores (`sharing.py`) the replay runs at slowdown 1 and every
+    lane's transfers load the host instead; the returned `wire_s` (each lane's transfers on the
+    wire, the last pass's) is what that load is read from.
 
     `period` (unequal replicas: the virtual pipelines' count L): microbatch i belongs to virtual
     pipeline i mod L. torch's schedule returns only after its sends complete, so a lane starts
@@ -131,7 +134,7 @@ def replay(costs: StageCosts, actions: list[list[Action]], compute_slowdown: flo
         if compute_slowdown == 1.0 or wires == beside:
             break
         beside = wires
-    return sim
+    return dataclasses.replace(sim, wire_s=wires)
 
 
 def _replay_once(costs: StageCosts, actions: list[list[Action]], period: int, slowdown: float,
@@ -318,6 +321,7 @@ def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
                            "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
                            "co_computing": co_computing(sim.compute_s),
+                           "co_transferring": co_transferring(sim.compute_s, sim.wire_s),
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "microbatches_auto": auto_note,
                            "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note,

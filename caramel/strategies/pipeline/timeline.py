@@ -46,6 +46,7 @@ class PipelineSim:
     busy_s: list[float]  # compute per position
     finish_s: list[float]  # when each position's part of the step ends (see `bubble_fraction`)
     compute_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's compute intervals
+    wire_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's transfers on the wire
 
     @property
     def bubble_fraction(self) -> float:

@@ -13,7 +13,8 @@ from caramel.errors import FormatError
 from caramel.profile.turns import (SHARING_KEY, ranks_per_host, sharing_of, sharing_speedup, turn_order)
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.sharing import co_computing, host_ranks_at_once, sharing_factor, with_sharing
+from caramel.strategies.pipeline.sharing import (co_computing, co_transferring, host_ranks_at_once, sharing_factor,
+                                                 transfer_cpu_share, with_sharing)
 from caramel.strategies.pipeline.simulate import simulate_pipeline
 from caramel.topology.spec import ClusterSpec
 
@@ -38,6 +39,44 @@ def test_ranks_at_once_come_from_the_lanes_compute_intervals():
     assert host_ranks_at_once(sim, 2) == pytest.approx(1.5)  # two hosts of 2: half the ranks on each
 
 
+def test_a_transfer_on_the_wire_loads_the_host_by_the_measured_slowdown():
+    # lane 0 computes 0-2, lane 1 1-3; lane 0 has a transfer on the wire 1-2: over the compute
+    # time (1 + 2 + 1 lane-seconds) 2 lane-seconds see one transfer
+    assert co_transferring([[(0.0, 2.0)], [(1.0, 3.0)]], [[(1.0, 2.0)], []]) == pytest.approx(2 / 4)
+    assert co_transferring([[(0.0, 1.0)]], [[(1.0, 2.0)]]) == 0.0  # a transfer while nothing computes
+    assert co_transferring([[], []], [[(0.0, 1.0)], []]) == 0.0
+    # every rank computing and transferring at once (what the bench's `compute_slowdown` measures)
+    # must come out at exactly that slowdown: n (1 + w) ranks' load, w = compute_slowdown - 1
+    cluster = ClusterSpec.uniform(4, 1e9, alone_speedup=2.0, ranks_per_host=4, compute_slowdown=1.9)
+    w = transfer_cpu_share(cluster)
+    assert w == pytest.approx(0.9) and transfer_cpu_share(ClusterSpec.uniform(4, 1e9)) == 0.0
+    sim = SimpleNamespace(meta={"co_computing": 2.0, "co_transferring": 2.0, "busy_s_per_lane": [1.0, 1.0],
+                                "replicas": 2})
+    load = host_ranks_at_once(sim, 4, w)
+    assert load == pytest.approx(4 * 1.9)
+    assert sharing_factor(4, 2.0, load) == pytest.approx(1 / 1.9)  # slower than all at once without transfers
+    # half the lanes computing, none transferring: the alone-side speed-up, as before
+    sim.meta.update(co_computing=1.0, co_transferring=0.0)
+    assert sharing_factor(4, 2.0, host_ranks_at_once(sim, 4, w)) == 2.0
+
+
+def test_replays_report_each_lanes_transfers_and_the_simulation_their_load():
+    from caramel.strategies.pipeline.simulate import replay, schedule_actions
+    from caramel.strategies.pipeline.timeline import StageCosts
+    # 2 stages, 1 microbatch: F0 0-1, transfer 1-1.5, F1 1.5-2.5, B1 2.5-3.5, grad 3.5-4, B0 4-5
+    sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.5]), schedule_actions("gpipe", 2, 2, 1))
+    assert sim.wire_s == [[(1.0, 1.5), (3.5, 4.0)], [(1.0, 1.5), (3.5, 4.0)]]
+    assert co_transferring(sim.compute_s, sim.wire_s) == 0.0  # the transfers fall between the compute
+    prof = synthetic_profile(sizes_bytes=[400_000] * 4, times_s=[1e-3] * 4)
+    opts = PipelineOptions(stages=2, replicas=2, schedule="1f1b", microbatches=4)
+    base = ClusterSpec.uniform(4, 1e8, alone_speedup=2.0, ranks_per_host=4)
+    quiet = simulate_pipeline(prof, base, opts)
+    busy = simulate_pipeline(prof, dataclasses.replace(base, compute_slowdown=2.0), opts)
+    assert busy.meta["co_transferring"] > 0 and busy.meta["sharing"]["transfer_cpu_share"] == 1.0
+    assert busy.meta["sharing"]["factor"] < quiet.meta["sharing"]["factor"]
+    assert busy.step_time_s > quiet.step_time_s
+
+
 def _fake_pipeline(calls: list):
     """Two lanes on a 2-rank host whose compute overlaps less the faster they run: 1 + 1 / (1 + s) at once."""
     def simulate(cluster):
@@ -58,6 +97,10 @@ def test_the_speeds_settle_where_the_overlap_and_the_factor_agree():
     assert calls[0].workers[0].speed == 1.0  # from the all-at-once speeds
     assert sim.meta["sharing"]["settled"] is True
     assert all(c.alone_speedup == 1.0 and c.ranks_per_host == 1 for c in calls)  # nothing modelled twice
+    # the lanes' own transfers are in the host's load: the replay no longer slows compute beside them
+    calls.clear()
+    with_sharing(_fake_pipeline(calls), dataclasses.replace(cluster, compute_slowdown=1.5))
+    assert all(c.compute_slowdown == 1.0 for c in calls)
     # no sharing to model: one call, the spec as given, no note
     plain = ClusterSpec.uniform(2, 1e9)
     calls.clear()
