@@ -50,9 +50,11 @@ from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
+from caramel.sched.placement.local_search import SearchOptions, local_search
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
 from caramel.sched.placement.round_env import RoundPlacementEnv
 from caramel.sched.placement.rounds import decode_rounds
+from caramel.sched.placement.tables import StepTables
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
 from experiments.rl_common import options_from, seed_range, summary
 
@@ -72,6 +74,15 @@ def policy_name(decoding: Decoding, groups: int | None = None) -> str:
     return stem if decoding.samples == 1 else f"{stem}_{decoding.name}"
 
 
+def searched_heuristic(name: str, options: SearchOptions):
+    """Heuristic `name`, its placement then improved by `local_search` (the tables built once,
+    for both): the baseline a searched policy is compared with."""
+    def solve(inst):
+        tables = StepTables(inst)
+        return local_search(inst, HEURISTICS[name](inst, tables), options, tables=tables).placement
+    return solve
+
+
 def ratio_summary(ratios: list[float]) -> dict:
     """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
     worst instance."""
@@ -86,10 +97,12 @@ def ratio_summary(ratios: list[float]) -> dict:
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
              check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1,
-             groups: list[int] | None = None) -> dict:
+             groups: list[int] | None = None, search: SearchOptions | None = None) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `groups` (the rounds scheme): `policy` and `fast` are lists, one policy per G, each decoded
     with its G;
+    `search` (the rounds scheme): each learned row also decoded with the local search after it
+    (row `NAME+search`), and each heuristic of RATIO_HEURISTICS followed by it (`H+search`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did. Each method is timed
     `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
@@ -100,6 +113,8 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         raise CaramelError(f"time_repeats must be an integer >= 1, got {time_repeats!r}")
     if groups is not None and scheme != "rounds":
         raise CaramelError(f"groups split the rounds of the rounds scheme, not {scheme!r}")
+    if search is not None and scheme != "rounds":
+        raise CaramelError(f"search follows the decoder of the rounds scheme, not {scheme!r}")
     _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
     # the learned rows: (name, decoding, torch policy, numpy policy, the decoders' extra arguments)
     if groups is None:
@@ -108,8 +123,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         fasts = fast if fast is not None else [None] * len(groups)
         rows = [(policy_name(d, g), d, p, f, {"groups": g}) for g, p, f in zip(groups, policy, fasts)
                 for d in decodings]
+    searched = [h + "+search" for h in RATIO_HEURISTICS] if search is not None else []
+    if search is not None:
+        rows += [(n + "+search", d, p, f, {**kw, "search": search}) for n, d, p, f, kw in rows]
     learned = [r[0] for r in rows]
-    extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
+    extra = learned + searched + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
@@ -129,6 +147,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
+        methods += [(h + "+search", searched_heuristic(h, search)) for h in RATIO_HEURISTICS] if searched else []
         methods += [("rollout", rollout_placement)] if rollout else []
         runs: dict[str, list[float]] = {name: [] for name, _ in methods}
         placed = {}
@@ -156,10 +175,12 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             stats["distinct_placements"].append(decoded[name].distinct)
     ref = costs[reference]
     best = [min(costs[n][i] for n in HEURISTICS) for i in range(len(seeds))]
+    best_searched = [min(costs[n][i] for n in searched) for i in range(len(seeds))] if searched else None
     return {
         "instances": vars(options), "seeds": [seeds[0], seeds[-1] + 1], "ilp_time_limit_s": time_limit_s,
         "ilp_proven_optimal": optimal, "reference": reference,
         "cost_s": {n: summary(v) for n, v in costs.items()},
+        "cost_s_per_instance": costs,
         "gap_to_reference_pct": {n: summary([100 * (c / r - 1) for c, r in zip(v, ref)]) for n, v in costs.items()},
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
@@ -169,7 +190,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # per learned decoding and heuristic: the per-instance ratio of their solve times
         "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])])
                                  for h in RATIO_HEURISTICS if all(b > 0 for b in times[h])}
-                             for n in learned},
+                             for n in learned + searched},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -182,6 +203,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "vs_best_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best))),
                                   "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best)))}
                               for n in extra},
+        # with search: each searched learned row against the best searched heuristic, per instance
+        "vs_best_searched_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best_searched))),
+                                           "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best_searched)))}
+                                       for n in learned if n.endswith("+search")} if searched else None,
+        "search": vars(search) if search is not None else None,
     }
 
 
@@ -217,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run every method this many times per instance; its solve time is the median")
     ap.add_argument("--check-reference", action="store_true",
                     help="also run the reference decoder on every instance: its time, and whether it decides the same")
+    ap.add_argument("--search", nargs="?", const="", default=None,
+                    help="with --scheme rounds: also improve each learned placement by the local search "
+                         "(SearchOptions as key=value,...; none for the defaults), rows NAME+search, and the "
+                         "greedy heuristics followed by it, rows H+search")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -247,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--groups must be comma-separated integers >= 1, got {args.groups!r}") from None
         if any(g < 1 for g in groups) or len(set(groups)) != len(groups):
             raise SystemExit(f"--groups must be distinct integers >= 1, got {args.groups!r}")
+    search = None
+    if args.search is not None:
+        if args.scheme != "rounds":
+            raise SystemExit("--search follows the decoder of --scheme rounds; pass --scheme rounds too")
+        search = options_from(SearchOptions, args.search, "search")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
     if len({d.samples for d in decodings}) != len(decodings):
         raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
@@ -290,10 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None,
         "policy_export_s": export_s if fast is not None else None,
         "small": evaluate(small, test, policy, decodings, args.decode_seed, None, "ilp", True, fast_arg,
-                          args.check_reference, args.scheme, args.time_repeats, groups),
+                          args.check_reference, args.scheme, args.time_repeats, groups, search),
         "large": evaluate(large, large_seeds, policy, decodings, args.decode_seed, args.large_time_limit_s,
                           "greedy_regret", args.large_rollout, fast_arg, args.check_reference,
-                          args.scheme, args.time_repeats, groups),
+                          args.scheme, args.time_repeats, groups, search),
     }
     for key in ("small", "large"):
         r = report[key]
