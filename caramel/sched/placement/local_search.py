@@ -4,16 +4,17 @@ A decoded placement (the round policy's: round-mates chose without seeing each o
 memory they contest is often given to the wrong layers) is improved by two kinds of move:
   relocate  one layer to another node with room for it;
   exchange  a layer Y onto edge node e while a layer X on e leaves for its best other node
-            with room (the cloud always has), when e lacks the room for Y alone: the move
+            with room (the cloud always has), if Y fits in the room X leaves: the move
             that re-allocates memory that is full.
 A layer's cost given its chain neighbours is its own step plus its successor's (the tables'
 `step`), so the gain of moving it to each node is a (T, L, K) array built by a few gathers.
-Each pass computes them all, takes per node the exchange (or relocation) that gains most,
-applies those of distinct tasks whose memory still fits in the order of their gains, and
-repeats until no move gains more than `min_gain` of the cost, or `max_passes`. Every applied
-move lowers the cost and keeps every node within its memory (tested), so the result is never
-worse than the input. Exchanges pair layers of different tasks only (two layers of one task
-would change each other's neighbours).
+Each pass computes every relocation with room and every exchange whose memory fits as one array
+of gains, applies the `moves_per_pass` best in gain order (skipping a move whose task an earlier
+move of the pass changed, or whose memory no longer fits), and repeats until no move gains more
+than `min_gain` of the starting cost, or `max_passes`. Every applied move lowers the cost and
+keeps every node within its memory (tested), so the result is never worse than the input.
+Exchanges pair layers of different tasks only (two layers of one task would change each
+other's neighbours).
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from caramel.sched.placement.tables import StepTables
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """`max_passes`: a bound on the passes (each applies up to one move per node);
-    `min_gain`: a move must gain more than this fraction of the current cost."""
+    """`max_passes`: a bound on the passes; `moves_per_pass`: the best moves each pass tries;
+    `min_gain`: a move must gain more than this fraction of the starting cost."""
 
     max_passes: int = 64
     min_gain: float = 1e-9
