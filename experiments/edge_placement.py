@@ -223,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--improve", default="", help="ImproveOptions as key=value,... (with --teacher)")
     ap.add_argument("--large-rollout", action="store_true", help="run the (slow) rollout baseline on the large ones too")
     ap.add_argument("--finetune-steps", type=int, default=0, help="PPO steps after imitation (with --teacher)")
+    ap.add_argument("--finetune-on", default="",
+                    help="InstanceOptions of larger instances (e.g. num_tasks=10,num_layers=8): after the "
+                         "imitation, more DAgger rounds on them with --finetune-teacher (with --teacher)")
+    ap.add_argument("--finetune-teacher", default="rollout", choices=sorted(TEACHERS),
+                    help="the teacher of --finetune-on (rollout: cheap on larger instances)")
+    ap.add_argument("--finetune-improve", default="", help="ImproveOptions of --finetune-on as key=value,...")
     ap.add_argument("--train-seeds", default="1000:3000")
     ap.add_argument("--test-seeds", default="0:40")
     ap.add_argument("--large-seeds", default="0:10")
@@ -261,8 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     test, large_seeds = seed_range(args.test_seeds), seed_range(args.large_seeds)
     if set(train) & (set(test) | set(large_seeds)):
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
-    if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid):
-        raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
+    if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid or args.finetune_on):
+        raise SystemExit("--improve, --finetune-steps, --train-mid and --finetune-on shape the imitation of a "
+                         "teacher; pass --teacher too")
+    if args.finetune_improve and not args.finetune_on:
+        raise SystemExit("--finetune-improve shapes the rounds of --finetune-on; pass --finetune-on too")
     if args.time_repeats < 1:
         raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
@@ -289,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:
         raise SystemExit("--train-mid must have the same num_edge as --train")
+    refine = options_from(InstanceOptions, args.finetune_on, "finetune-on") if args.finetune_on else None
+    if refine is not None and refine.num_edge != train_opts.num_edge:
+        raise SystemExit("--finetune-on must have the same num_edge as --train")
+    refine_opts = options_from(ImproveOptions, args.finetune_improve, "finetune-improve")
     env_class = SCHEMES[args.scheme][0]
-    models, fasts, train_times, export_times, rounds_per = [], [], [], [], []
+    models, fasts, train_times, export_times, rounds_per, refine_per, refine_times = [], [], [], [], [], [], []
     for g in groups or [None]:  # one policy per G, trained as it is decoded
         kw = {} if g is None else {"groups": g}
         start = time.perf_counter()
@@ -301,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = make_ppo(envs[0], ppo)
             rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
+            if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
+                refine_start = time.perf_counter()
+                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[args.finetune_teacher],
+                                          refine_opts))
+                refine_times.append(time.perf_counter() - refine_start)
             if args.finetune_steps > 0:
                 model.learn(total_timesteps=args.finetune_steps)
         train_times.append(time.perf_counter() - start)
@@ -319,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
         "improve": vars(improve_opts) if args.teacher != "none" else None, "improve_rounds": rounds,
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
+        # DAgger rounds on larger instances after the imitation (their time is in train_s too)
+        "finetune_on": vars(refine) if refine is not None else None,
+        "finetune_teacher": args.finetune_teacher if refine is not None else None,
+        "finetune_improve": vars(refine_opts) if refine is not None else None,
+        "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
+        "finetune_s": refine_times if refine is not None else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,

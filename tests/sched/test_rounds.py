@@ -140,9 +140,12 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                  "--improve", "rounds=1,episodes=2,epochs=1", "--test-seeds", "0:2", "--large",
                  "num_tasks=5,num_layers=3", "--large-seeds", "0:2", "--large-time-limit-s", "1",
                  "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
-                 "--groups", "1,3", "--search", "max_passes=8", "--json", str(out)]) == 0
+                 "--groups", "1,3", "--search", "max_passes=8", "--finetune-on", "num_tasks=4,num_layers=2",
+                 "--finetune-improve", "rounds=1,episodes=1,epochs=1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["scheme"] == "rounds" and report["groups"] == [1, 3] and len(report["train_s_per_groups"]) == 2
+    assert report["finetune_on"]["num_tasks"] == 4 and report["finetune_teacher"] == "rollout"
+    assert len(report["finetune_rounds"]) == 2 and len(report["finetune_s"]) == 2  # one per G
     for key in ("small", "large"):
         r = report[key]
         assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
@@ -158,7 +161,8 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
     for argv, match in ((["--time-repeats", "0"], "time-repeats"), (["--groups", "2"], "scheme rounds"),
                         (["--scheme", "rounds", "--groups", "1,0"], "distinct integers"),
                         (["--scheme", "rounds", "--groups", "x"], "comma-separated integers"),
-                        (["--search"], "scheme rounds")):
+                        (["--search"], "scheme rounds"), (["--finetune-on", "num_tasks=9"], "pass --teacher"),
+                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on")):
         with pytest.raises(SystemExit, match=match):
             main(argv)
     with pytest.raises(CaramelError, match="did you mean 'max_passes'"):
