@@ -28,7 +28,10 @@ were measured); `--check-reference` also runs the reference on every instance an
 instances where it decides exactly the same. `--scheme rounds` trains in `RoundPlacementEnv` and
 decodes with `decode_rounds` (a layer of every task per forward pass); `--groups 1,4,8` trains
 and decodes one such policy per G, each round split into G groups in greedy_regret's settling
-order (rows `ppo_gG`, `ppo_gG_sample:N`), side by side on the same instances; `--time-repeats` times
+order (rows `ppo_gG`, `ppo_gG_sample:N`), side by side on the same instances; `--search` (rounds)
+adds each learned row followed by the local search (`NAME+search`, caramel.sched.placement.local_search)
+and the greedy heuristics followed by it (`H+search`); `--finetune-on` continues the imitation
+with DAgger rounds on larger instances (`--finetune-teacher`, `--finetune-improve`); `--time-repeats` times
 every method several times per instance (the median), and `solve_time_ratio` compares each
 decoding's time with each heuristic's, per instance, with a 95% interval. Solve times are wall-clock seconds per instance on
 one thread, everything the decoder does per instance included (its tables, every step).
