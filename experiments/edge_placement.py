@@ -28,7 +28,10 @@ were measured); `--check-reference` also runs the reference on every instance an
 instances where it decides exactly the same. `--scheme rounds` trains in `RoundPlacementEnv` and
 decodes with `decode_rounds` (a layer of every task per forward pass); `--groups 1,4,8` trains
 and decodes one such policy per G, each round split into G groups in greedy_regret's settling
-order (rows `ppo_gG`, `ppo_gG_sample:N`), side by side on the same instances; `--time-repeats` times
+order (rows `ppo_gG`, `ppo_gG_sample:N`), side by side on the same instances; `--search` (rounds)
+adds each learned row followed by the local search (`NAME+search`, caramel.sched.placement.local_search)
+and the greedy heuristics followed by it (`H+search`); `--finetune-on` continues the imitation
+with DAgger rounds on larger instances (`--finetune-teacher`, `--finetune-improve`); `--time-repeats` times
 every method several times per instance (the median), and `solve_time_ratio` compares each
 decoding's time with each heuristic's, per instance, with a 95% interval. Solve times are wall-clock seconds per instance on
 one thread, everything the decoder does per instance included (its tables, every step).
@@ -50,9 +53,11 @@ from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
+from caramel.sched.placement.local_search import SearchOptions, local_search
 from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
 from caramel.sched.placement.round_env import RoundPlacementEnv
 from caramel.sched.placement.rounds import decode_rounds
+from caramel.sched.placement.tables import StepTables
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
 from experiments.rl_common import options_from, seed_range, summary
 
@@ -72,6 +77,15 @@ def policy_name(decoding: Decoding, groups: int | None = None) -> str:
     return stem if decoding.samples == 1 else f"{stem}_{decoding.name}"
 
 
+def searched_heuristic(name: str, options: SearchOptions):
+    """Heuristic `name`, its placement then improved by `local_search` (the tables built once,
+    for both): the baseline a searched policy is compared with."""
+    def solve(inst):
+        tables = StepTables(inst)
+        return local_search(inst, HEURISTICS[name](inst, tables), options, tables=tables).placement
+    return solve
+
+
 def ratio_summary(ratios: list[float]) -> dict:
     """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
     worst instance."""
@@ -86,10 +100,12 @@ def ratio_summary(ratios: list[float]) -> dict:
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
              check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1,
-             groups: list[int] | None = None) -> dict:
+             groups: list[int] | None = None, search: SearchOptions | None = None) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `groups` (the rounds scheme): `policy` and `fast` are lists, one policy per G, each decoded
     with its G;
+    `search` (the rounds scheme): each learned row also decoded with the local search after it
+    (row `NAME+search`), and each heuristic of RATIO_HEURISTICS followed by it (`H+search`);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did. Each method is timed
     `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
@@ -100,6 +116,8 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         raise CaramelError(f"time_repeats must be an integer >= 1, got {time_repeats!r}")
     if groups is not None and scheme != "rounds":
         raise CaramelError(f"groups split the rounds of the rounds scheme, not {scheme!r}")
+    if search is not None and scheme != "rounds":
+        raise CaramelError(f"search follows the decoder of the rounds scheme, not {scheme!r}")
     _, decode_fast_fn, decode_reference_fn = SCHEMES[scheme]
     # the learned rows: (name, decoding, torch policy, numpy policy, the decoders' extra arguments)
     if groups is None:
@@ -108,8 +126,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         fasts = fast if fast is not None else [None] * len(groups)
         rows = [(policy_name(d, g), d, p, f, {"groups": g}) for g, p, f in zip(groups, policy, fasts)
                 for d in decodings]
+    searched = [h + "+search" for h in RATIO_HEURISTICS] if search is not None else []
+    if search is not None:
+        rows += [(n + "+search", d, p, f, {**kw, "search": search}) for n, d, p, f, kw in rows]
     learned = [r[0] for r in rows]
-    extra = learned + (["rollout", "ilp"] if rollout else ["ilp"])
+    extra = learned + searched + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
@@ -129,6 +150,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
+        methods += [(h + "+search", searched_heuristic(h, search)) for h in RATIO_HEURISTICS] if searched else []
         methods += [("rollout", rollout_placement)] if rollout else []
         runs: dict[str, list[float]] = {name: [] for name, _ in methods}
         placed = {}
@@ -156,10 +178,12 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             stats["distinct_placements"].append(decoded[name].distinct)
     ref = costs[reference]
     best = [min(costs[n][i] for n in HEURISTICS) for i in range(len(seeds))]
+    best_searched = [min(costs[n][i] for n in searched) for i in range(len(seeds))] if searched else None
     return {
         "instances": vars(options), "seeds": [seeds[0], seeds[-1] + 1], "ilp_time_limit_s": time_limit_s,
         "ilp_proven_optimal": optimal, "reference": reference,
         "cost_s": {n: summary(v) for n, v in costs.items()},
+        "cost_s_per_instance": costs,
         "gap_to_reference_pct": {n: summary([100 * (c / r - 1) for c, r in zip(v, ref)]) for n, v in costs.items()},
         "gap_to_lower_bound_pct": {n: summary([100 * (c / b - 1) for c, b in zip(v, bounds)])
                                    for n, v in costs.items()},
@@ -169,7 +193,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # per learned decoding and heuristic: the per-instance ratio of their solve times
         "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])])
                                  for h in RATIO_HEURISTICS if all(b > 0 for b in times[h])}
-                             for n in learned},
+                             for n in learned + searched},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -182,6 +206,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         "vs_best_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best))),
                                   "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best)))}
                               for n in extra},
+        # with search: each searched learned row against the best searched heuristic, per instance
+        "vs_best_searched_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best_searched))),
+                                           "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best_searched)))}
+                                       for n in learned if n.endswith("+search")} if searched else None,
+        "search": vars(search) if search is not None else None,
     }
 
 
@@ -197,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--improve", default="", help="ImproveOptions as key=value,... (with --teacher)")
     ap.add_argument("--large-rollout", action="store_true", help="run the (slow) rollout baseline on the large ones too")
     ap.add_argument("--finetune-steps", type=int, default=0, help="PPO steps after imitation (with --teacher)")
+    ap.add_argument("--finetune-on", default="",
+                    help="InstanceOptions of larger instances (e.g. num_tasks=10,num_layers=8): after the "
+                         "imitation, more DAgger rounds on them with --finetune-teacher (with --teacher)")
+    ap.add_argument("--finetune-teacher", default="rollout", choices=sorted(TEACHERS),
+                    help="the teacher of --finetune-on (rollout: cheap on larger instances)")
+    ap.add_argument("--finetune-improve", default="", help="ImproveOptions of --finetune-on as key=value,...")
     ap.add_argument("--train-seeds", default="1000:3000")
     ap.add_argument("--test-seeds", default="0:40")
     ap.add_argument("--large-seeds", default="0:10")
@@ -217,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run every method this many times per instance; its solve time is the median")
     ap.add_argument("--check-reference", action="store_true",
                     help="also run the reference decoder on every instance: its time, and whether it decides the same")
+    ap.add_argument("--search", nargs="?", const="", default=None,
+                    help="with --scheme rounds: also improve each learned placement by the local search "
+                         "(SearchOptions as key=value,...; none for the defaults), rows NAME+search, and the "
+                         "greedy heuristics followed by it, rows H+search")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -231,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     test, large_seeds = seed_range(args.test_seeds), seed_range(args.large_seeds)
     if set(train) & (set(test) | set(large_seeds)):
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
-    if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid):
-        raise SystemExit("--improve, --finetune-steps and --train-mid shape the imitation of a teacher; pass --teacher too")
+    if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid or args.finetune_on):
+        raise SystemExit("--improve, --finetune-steps, --train-mid and --finetune-on shape the imitation of a "
+                         "teacher; pass --teacher too")
+    if args.finetune_improve and not args.finetune_on:
+        raise SystemExit("--finetune-improve shapes the rounds of --finetune-on; pass --finetune-on too")
     if args.time_repeats < 1:
         raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
@@ -247,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--groups must be comma-separated integers >= 1, got {args.groups!r}") from None
         if any(g < 1 for g in groups) or len(set(groups)) != len(groups):
             raise SystemExit(f"--groups must be distinct integers >= 1, got {args.groups!r}")
+    search = None
+    if args.search is not None:
+        if args.scheme != "rounds":
+            raise SystemExit("--search follows the decoder of --scheme rounds; pass --scheme rounds too")
+        search = options_from(SearchOptions, args.search, "search")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
     if len({d.samples for d in decodings}) != len(decodings):
         raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
@@ -254,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:
         raise SystemExit("--train-mid must have the same num_edge as --train")
+    refine = options_from(InstanceOptions, args.finetune_on, "finetune-on") if args.finetune_on else None
+    if refine is not None and refine.num_edge != train_opts.num_edge:
+        raise SystemExit("--finetune-on must have the same num_edge as --train")
+    refine_opts = options_from(ImproveOptions, args.finetune_improve, "finetune-improve")
     env_class = SCHEMES[args.scheme][0]
-    models, fasts, train_times, export_times, rounds_per = [], [], [], [], []
+    models, fasts, train_times, export_times, rounds_per, refine_per, refine_times = [], [], [], [], [], [], []
     for g in groups or [None]:  # one policy per G, trained as it is decoded
         kw = {} if g is None else {"groups": g}
         start = time.perf_counter()
@@ -266,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = make_ppo(envs[0], ppo)
             rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
+            if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
+                refine_start = time.perf_counter()
+                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[args.finetune_teacher],
+                                          refine_opts))
+                refine_times.append(time.perf_counter() - refine_start)
             if args.finetune_steps > 0:
                 model.learn(total_timesteps=args.finetune_steps)
         train_times.append(time.perf_counter() - start)
@@ -284,16 +340,22 @@ def main(argv: list[str] | None = None) -> int:
         "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
         "improve": vars(improve_opts) if args.teacher != "none" else None, "improve_rounds": rounds,
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
+        # DAgger rounds on larger instances after the imitation (their time is in train_s too)
+        "finetune_on": vars(refine) if refine is not None else None,
+        "finetune_teacher": args.finetune_teacher if refine is not None else None,
+        "finetune_improve": vars(refine_opts) if refine is not None else None,
+        "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
+        "finetune_s": refine_times if refine is not None else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
         "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None,
         "policy_export_s": export_s if fast is not None else None,
         "small": evaluate(small, test, policy, decodings, args.decode_seed, None, "ilp", True, fast_arg,
-                          args.check_reference, args.scheme, args.time_repeats, groups),
+                          args.check_reference, args.scheme, args.time_repeats, groups, search),
         "large": evaluate(large, large_seeds, policy, decodings, args.decode_seed, args.large_time_limit_s,
                           "greedy_regret", args.large_rollout, fast_arg, args.check_reference,
-                          args.scheme, args.time_repeats, groups),
+                          args.scheme, args.time_repeats, groups, search),
     }
     for key in ("small", "large"):
         r = report[key]

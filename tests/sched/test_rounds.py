@@ -13,6 +13,7 @@ from caramel.sched.placement import InstanceOptions, random_instance  # noqa: E4
 from caramel.sched.placement.decode import Decoding  # noqa: E402
 from caramel.sched.placement.env import run_policy  # noqa: E402
 from caramel.sched.placement.fast_decode import NumpyPolicy  # noqa: E402
+from caramel.sched.placement.local_search import SearchOptions, local_search  # noqa: E402
 from caramel.sched.placement.round_env import RoundPlacementEnv  # noqa: E402
 from caramel.sched.placement.rounds import RoundBatch, commit, decode_rounds  # noqa: E402
 from caramel.sched.rl import PpoOptions, make_ppo  # noqa: E402
@@ -79,6 +80,21 @@ def test_numpy_decoder_decides_as_the_torch_reference(model, opts, seeds, groups
         assert decode_rounds(inst, fast, Decoding(1), groups=groups).placement == want
 
 
+def test_search_after_decoding_improves_the_kept_placement(model):
+    """`search`: the kept sample, improved by `local_search` on the decoder's tables, the same
+    through the numpy and the torch decoders; without it, the decoding as before."""
+    fast = NumpyPolicy.from_policy(model.policy)
+    inst = random_instance(LARGE, 2)
+    for n, groups in ((1, 1), (4, 2)):
+        plain = decode_rounds(inst, fast, Decoding(n), seed=5, groups=groups)
+        got = decode_rounds(inst, fast, Decoding(n), seed=5, groups=groups, search=SearchOptions())
+        assert got == decode_rounds(inst, model.policy, Decoding(n), seed=5, groups=groups, search=SearchOptions())
+        assert got.placement == local_search(inst, plain.placement).placement
+        assert (got.rollout, got.costs_s) == (plain.rollout, plain.costs_s)
+        assert inst.feasible(got.placement) and got.cost_s < plain.cost_s
+        assert got.cost_s == pytest.approx(inst.cost_s(got.placement), rel=1e-12)
+
+
 def test_commit_settles_memory_in_priority_order():
     """Node 0 has room for 5 MB: of the three tasks that want it, in priority order 2, 0, 1,
     task 2 (4 MB) keeps it; task 0 (3 MB) and task 1 (1 MB) claim their first node with room
@@ -124,20 +140,33 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                  "--improve", "rounds=1,episodes=2,epochs=1", "--test-seeds", "0:2", "--large",
                  "num_tasks=5,num_layers=3", "--large-seeds", "0:2", "--large-time-limit-s", "1",
                  "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
-                 "--groups", "1,3", "--json", str(out)]) == 0
+                 "--groups", "1,3", "--search", "max_passes=8", "--finetune-on", "num_tasks=4,num_layers=2",
+                 "--finetune-improve", "rounds=1,episodes=1,epochs=1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["scheme"] == "rounds" and report["groups"] == [1, 3] and len(report["train_s_per_groups"]) == 2
+    assert report["finetune_on"]["num_tasks"] == 4 and report["finetune_teacher"] == "rollout"
+    assert len(report["finetune_rounds"]) == 2 and len(report["finetune_s"]) == 2  # one per G
     for key in ("small", "large"):
         r = report[key]
         assert all(v["same_decisions"] == 2 for v in r["reference_decoder"].values())
-        assert set(r["solve_time_ratio"]) == {"ppo_g1", "ppo_g1_sample:4", "ppo_g3", "ppo_g3_sample:4"}
+        learned = {"ppo_g1", "ppo_g1_sample:4", "ppo_g3", "ppo_g3_sample:4"}
+        searched = {"greedy_myopic+search", "greedy_lookahead+search", "greedy_regret+search"}
+        assert set(r["solve_time_ratio"]) == learned | {n + "+search" for n in learned} | searched
+        assert set(r["vs_best_searched_heuristic"]) == {n + "+search" for n in learned}
+        costs = r["cost_s_per_instance"]
+        for n in learned | {h.removesuffix("+search") for h in searched}:  # the search never makes one worse
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(costs[n + "+search"], costs[n]))
         assert set(r["solve_time_ratio"]["ppo_g3"]) == {"greedy_myopic", "greedy_lookahead", "greedy_regret"}
         assert all(len(v) == 2 for v in r["solve_s_per_instance"].values())
     for argv, match in ((["--time-repeats", "0"], "time-repeats"), (["--groups", "2"], "scheme rounds"),
                         (["--scheme", "rounds", "--groups", "1,0"], "distinct integers"),
-                        (["--scheme", "rounds", "--groups", "x"], "comma-separated integers")):
+                        (["--scheme", "rounds", "--groups", "x"], "comma-separated integers"),
+                        (["--search"], "scheme rounds"), (["--finetune-on", "num_tasks=9"], "pass --teacher"),
+                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on")):
         with pytest.raises(SystemExit, match=match):
             main(argv)
+    with pytest.raises(CaramelError, match="did you mean 'max_passes'"):
+        main(["--scheme", "rounds", "--search", "max_pases=3"])
 
 
 def test_evaluate_refuses_bad_arguments_and_one_instance_has_no_interval():
@@ -145,6 +174,6 @@ def test_evaluate_refuses_bad_arguments_and_one_instance_has_no_interval():
 
     assert ratio_summary([0.5])["ci95"] is None and ratio_summary([0.5, 0.7])["ci95"] is not None
     for kw, match in (({"scheme": "bogus"}, "scheme"), ({"time_repeats": 0}, "time_repeats"),
-                      ({"groups": [2]}, "groups split")):
+                      ({"groups": [2]}, "groups split"), ({"search": SearchOptions()}, "search follows")):
         with pytest.raises(CaramelError, match=match):
             evaluate(InstanceOptions(), [0], None, [], 0, 1.0, "greedy_regret", False, **kw)

@@ -150,8 +150,8 @@ def all_cloud(inst: Instance) -> list[list[int]]:
     return [[inst.cloud] * len(t.gflop) for t in inst.tasks]
 
 
-def _round_robin(inst: Instance, lookahead: bool) -> list[list[int]]:
-    state = PlacementState(inst)
+def _round_robin(inst: Instance, lookahead: bool, tables: StepTables | None = None) -> list[list[int]]:
+    state = PlacementState(inst, tables)
     while not state.done:
         for t in state.open_tasks():
             if lookahead:
@@ -162,16 +162,17 @@ def _round_robin(inst: Instance, lookahead: bool) -> list[list[int]]:
     return state.placement
 
 
-def greedy_myopic(inst: Instance) -> list[list[int]]:
-    return _round_robin(inst, lookahead=False)
+def greedy_myopic(inst: Instance, tables: StepTables | None = None) -> list[list[int]]:
+    return _round_robin(inst, lookahead=False, tables=tables)
 
 
-def greedy_lookahead(inst: Instance) -> list[list[int]]:
-    return _round_robin(inst, lookahead=True)
+def greedy_lookahead(inst: Instance, tables: StepTables | None = None) -> list[list[int]]:
+    return _round_robin(inst, lookahead=True, tables=tables)
 
 
-def greedy_regret(inst: Instance) -> list[list[int]]:
-    state = PlacementState(inst)
+def greedy_regret(inst: Instance, tables: StepTables | None = None) -> list[list[int]]:
+    """`tables`: the instance's `StepTables` if already built (they are built otherwise)."""
+    state = PlacementState(inst, tables)
     while not state.done:
         t = state.most_regret_task()
         state.place(t, int(np.argmin(state.scores(t))))

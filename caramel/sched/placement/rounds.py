@@ -29,6 +29,7 @@ from caramel.errors import CaramelError
 from caramel.sched.placement.batch import scale_and_mean_mb, static_features, wish_table
 from caramel.sched.placement.decode import Decoded, Decoding, step_probabilities
 from caramel.sched.placement.heuristics import MEMORY_SLACK_MB
+from caramel.sched.placement.local_search import SearchOptions, local_search
 from caramel.sched.placement.problem import Instance
 from caramel.sched.placement.tables import StepTables
 
@@ -224,11 +225,14 @@ class RoundBatch:
                 for i in range(self.n)]
 
 
-def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, groups: int = 1) -> Decoded:
+def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, groups: int = 1,
+                  search: SearchOptions | None = None) -> Decoded:
     """The policy decoded in rounds: `policy` a `fast_decode.NumpyPolicy` (the numpy forward
     pass) or the trained torch policy (the reference: the same rounds, probabilities through
     torch). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
-    cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round."""
+    cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round.
+    `search`: the kept placement then improved by `local_search.local_search` (on the decoder's
+    own tables; `cost_s` is then the improved cost, `costs_s` the samples' before it)."""
     from caramel.sched.placement.fast_decode import NumpyPolicy
 
     if not isinstance(decoding, Decoding):
@@ -257,4 +261,8 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
     distinct = len(np.unique(flat, axis=0)) if batch.n > 1 else 1
     placement = batch.placements()[best] if batch.n == 1 else [
         [int(x) for x in batch.nodes[best, t, :n]] for t, n in enumerate(batch.tables.num_layers)]
-    return Decoded(placement, float(costs[best]), best, [float(c) for c in costs], distinct)
+    cost_s = float(costs[best])
+    if search is not None:
+        found = local_search(inst, placement, search, tables=batch.tables)
+        placement, cost_s = found.placement, found.cost_s
+    return Decoded(placement, cost_s, best, [float(c) for c in costs], distinct)

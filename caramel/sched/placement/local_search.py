@@ -1,0 +1,188 @@
+"""Improving a finished placement by moves whose gains are computed for every layer at once.
+
+A decoded placement (the round policy's: round-mates chose without seeing each other, so the
+memory they contest is often given to the wrong layers) is improved by two kinds of move:
+  relocate  one layer to another node with room for it;
+  exchange  a layer Y onto edge node e while a layer X on e leaves for its best other node
+            with room (the cloud always has), if Y fits in the room X leaves: the move
+            that re-allocates memory that is full.
+A layer's cost given its chain neighbours is its own step plus its successor's (the tables'
+`step`), so the gain of moving it to each node is a (T, L, K) array built by a few gathers.
+Each pass computes every relocation with room and every exchange whose memory fits as one array
+of gains, applies the `moves_per_pass` best in gain order (skipping a move whose task an earlier
+move of the pass changed, or whose memory no longer fits), and repeats until no move gains more
+than `min_gain` of the starting cost, or `max_passes`. Every applied move lowers the cost and
+keeps every node within its memory (tested), so the result is never worse than the input.
+Exchanges pair layers of different tasks only (two layers of one task would change each
+other's neighbours).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from caramel.errors import CaramelError
+from caramel.sched.placement.heuristics import MEMORY_SLACK_MB
+from caramel.sched.placement.problem import Instance
+from caramel.sched.placement.tables import StepTables
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """`max_passes`: a bound on the passes; `moves_per_pass`: the best moves each pass tries;
+    `min_gain`: a move must gain more than this fraction of the starting cost."""
+
+    max_passes: int = 64
+    min_gain: float = 1e-9
+    moves_per_pass: int = 32
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_passes, int) and self.max_passes >= 0):
+            raise CaramelError(f"max_passes must be an integer >= 0, got {self.max_passes!r}")
+        if not (isinstance(self.moves_per_pass, int) and self.moves_per_pass >= 1):
+            raise CaramelError(f"moves_per_pass must be an integer >= 1, got {self.moves_per_pass!r}")
+        if not self.min_gain >= 0:
+            raise CaramelError(f"min_gain must be >= 0, got {self.min_gain!r}")
+
+
+@dataclass
+class Searched:
+    """The improved placement, its cost, and what the search did."""
+
+    placement: list[list[int]]
+    cost_s: float
+    passes: int
+    moves: int
+
+
+def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
+    t_count, lmax = tb.weights_mb.shape
+    nodes = np.full((t_count, lmax), -1)
+    if len(placement) != t_count:
+        raise CaramelError(f"placement must have one node list per task ({t_count}), got {len(placement)}")
+    for t, row in enumerate(placement):
+        if len(row) != tb.num_layers[t]:
+            raise CaramelError(f"placement of task {t} must have {tb.num_layers[t]} nodes, got {len(row)}")
+        nodes[t, :len(row)] = row
+    k = tb.step.shape[2]
+    valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
+    if ((nodes < 0) | (nodes >= k))[valid].any():
+        raise CaramelError(f"placement nodes must be in 0..{k - 1}, got {placement!r}")
+    return nodes
+
+
+def _costs(tb: StepTables, nodes: np.ndarray, valid: np.ndarray, has_next: np.ndarray) -> np.ndarray:
+    """(T, L, K): each layer's step plus its successor's step, were the layer on each node."""
+    t_count, lmax = nodes.shape
+    k = tb.step.shape[2]
+    ti = np.arange(t_count)[:, None]
+    li = np.arange(lmax)[None, :]
+    prev = np.concatenate([tb.source[:, None], nodes[:, :-1]], axis=1)
+    prev = np.where(valid, prev, 0)
+    own = tb.step[ti, li, prev]  # (T, L, K): layer l on each node after its predecessor
+    nxt = np.where(has_next, np.concatenate([nodes[:, 1:], nodes[:, -1:]], axis=1), 0)
+    l1 = np.minimum(li + 1, lmax - 1)
+    succ = tb.step[ti[..., None], l1[..., None], np.arange(k)[None, None, :], nxt[..., None]]
+    return own + np.where(has_next[..., None], succ, 0.0)
+
+
+def _total_s(tb: StepTables, nodes: np.ndarray, valid: np.ndarray) -> float:
+    """`Instance.cost_s` from the tables: the same entries, summed in its order (cumsum)."""
+    t_count, lmax = nodes.shape
+    prev = np.concatenate([tb.source[:, None], nodes[:, :-1]], axis=1)
+    steps = tb.step[np.arange(t_count)[:, None], np.arange(lmax)[None, :], np.where(valid, prev, 0),
+                    np.where(valid, nodes, 0)]
+    return float(np.cumsum(np.where(valid, steps, 0.0).ravel())[-1])
+
+
+def local_search(inst: Instance, placement: list[list[int]], options: SearchOptions = SearchOptions(),
+                 tables: StepTables | None = None) -> Searched:
+    """`placement` (feasible) improved by relocations and exchanges (see the module)."""
+    tb = tables if tables is not None else StepTables(inst)
+    nodes = _to_array(tb, placement)
+    t_count, lmax = nodes.shape
+    k, cloud = inst.num_nodes, inst.cloud
+    valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
+    has_next = np.arange(lmax)[None, :] + 1 < tb.num_layers[:, None]
+    w = tb.weights_mb
+    free = np.append(np.asarray(inst.memory_mb, dtype=float), np.inf)
+    np.subtract.at(free, nodes[valid & (nodes != cloud)], w[valid & (nodes != cloud)])
+    if (free < -1e-9).any():
+        raise CaramelError("local_search needs a feasible placement (every edge node within its memory)")
+    threshold = options.min_gain * _total_s(tb, nodes, valid)
+    task_of = np.broadcast_to(np.arange(t_count)[:, None], nodes.shape)
+    passes = moves = 0
+    while passes < options.max_passes:
+        passes += 1
+        c = _costs(tb, nodes, valid, has_next)
+        here = np.where(valid, nodes, 0)
+        gain = np.take_along_axis(c, here[..., None], axis=2) - c  # (T, L, K): > 0 improves
+        fits = np.ones(gain.shape, dtype=bool)
+        fits[..., :-1] = w[..., None] <= free[None, None, :-1] + MEMORY_SLACK_MB
+        stay = here[..., None] == np.arange(k)
+        gain = np.where(valid[..., None] & ~stay, gain, -np.inf)
+        # a layer leaving its node: its best other node with room (the cloud always has)
+        out = np.where(fits, gain, -np.inf)
+        out_gain = out.max(axis=2)
+        out_node = out.argmax(axis=2)
+        # relocations: every (layer, node) with room; exchanges: Y onto the node of an edge
+        # layer X of another task, X to its best other node, when the room X leaves fits Y
+        reloc = np.where(fits, gain, -np.inf).reshape(-1, k)
+        flat_gain = gain.reshape(-1, k)
+        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - out_gain.max())
+        xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
+        ex = np.full((0, 0), -np.inf)
+        if ys.size and xs.size:
+            x_node = nodes.ravel()[xs]
+            ex = flat_gain[ys][:, x_node] + out_gain.ravel()[xs][None, :]
+            ok = (w.ravel()[ys][:, None] <= free[x_node][None, :] + w.ravel()[xs][None, :] + MEMORY_SLACK_MB) & \
+                (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
+            ex = np.where(ok, ex, -np.inf)
+        both = np.concatenate([reloc.ravel(), ex.ravel()])
+        top = np.flatnonzero(both > threshold)
+        if top.size == 0:
+            break
+        if top.size > options.moves_per_pass:
+            top = top[np.argpartition(-both[top], options.moves_per_pass - 1)[:options.moves_per_pass]]
+        top = top[np.argsort(-both[top], kind="stable")]
+        cand = []  # (target node, Y's (t, l) flat, X's flat or None, X's node)
+        for i in top.tolist():
+            if i < reloc.size:
+                cand.append((i % k, i // k, None, -1))
+            else:
+                yi, xi = divmod(i - reloc.size, xs.size)
+                x = int(xs[xi])
+                cand.append((int(nodes.ravel()[x]), int(ys[yi]), x, int(out_node.ravel()[x])))
+        touched: set[int] = set()
+        applied = 0
+        for e, y, x, x_to in cand:
+            ty, ly = divmod(y, lmax)
+            tasks = {ty} if x is None else {ty, x // lmax}
+            if tasks & touched:
+                continue  # its gain assumed the task's neighbours as they were
+            y_from = int(nodes[ty, ly])
+            room = free.copy()
+            if x is not None:
+                tx, lx = divmod(x, lmax)
+                if x_to != cloud and w[tx, lx] > room[x_to] + MEMORY_SLACK_MB:
+                    continue
+                room[e] += w[tx, lx]
+                room[x_to] -= w[tx, lx] if x_to != cloud else 0.0
+            if e != cloud and w[ty, ly] > room[e] + MEMORY_SLACK_MB:
+                continue
+            if e != cloud:
+                room[e] -= w[ty, ly]
+            if y_from != cloud:
+                room[y_from] += w[ty, ly]
+            if x is not None:
+                nodes[tx, lx] = x_to
+            nodes[ty, ly] = e
+            free = room
+            touched |= tasks
+            applied += 1
+        moves += applied
+        if applied == 0:
+            break
+    final = [[int(n) for n in nodes[t, :tb.num_layers[t]]] for t in range(t_count)]
+    return Searched(final, _total_s(tb, nodes, valid), passes, moves)

@@ -1,0 +1,96 @@
+"""The local search after decoding: it keeps every placement feasible, never makes one worse,
+reports the cost `Instance.cost_s` computes, and stops only where no relocation and no
+exchange (checked one by one, by the scalar objective) gains; refused input."""
+import itertools
+
+import numpy as np
+import pytest
+
+from caramel.errors import CaramelError
+from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance
+from caramel.sched.placement.local_search import SearchOptions, local_search
+from caramel.sched.placement.tables import StepTables
+
+MID = InstanceOptions(num_tasks=5, num_layers=3, num_edge=3)
+TIGHT = InstanceOptions(num_tasks=6, num_layers=4, num_edge=4, memory_fraction=0.1)
+LARGE = InstanceOptions(num_tasks=30, num_layers=8, num_edge=3)
+
+
+def _moves(inst, placement):
+    """Every relocation (one layer to another node) and every exchange (layer Y to the node of
+    an edge layer X of another task, X to another node with room for it now), as placements."""
+    free = np.array(inst.memory_mb) - inst.memory_used_mb(placement)
+    cells = [(t, l) for t, row in enumerate(placement) for l in range(len(row))]
+    for (t, l), b in itertools.product(cells, range(inst.num_nodes)):
+        if b != placement[t][l]:
+            p = [list(r) for r in placement]
+            p[t][l] = b
+            yield p
+    for (ty, ly), (tx, lx) in itertools.product(cells, cells):
+        e = placement[tx][lx]
+        if ty == tx or e == inst.cloud or placement[ty][ly] == e:
+            continue
+        for c in range(inst.num_nodes):
+            if c != e and (c == inst.cloud or inst.tasks[tx].weights_mb[lx] <= free[c] + 1e-9):
+                p = [list(r) for r in placement]
+                p[ty][ly], p[tx][lx] = e, c
+                yield p
+
+
+@pytest.mark.parametrize("opts,seeds", [(MID, range(4)), (TIGHT, range(3))], ids=["mid", "tight"])
+def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
+    options = SearchOptions(max_passes=1000)
+    for seed, start in itertools.product(seeds, ("all_cloud", "greedy_regret")):
+        inst = random_instance(opts, seed)
+        before = HEURISTICS[start](inst)
+        found = local_search(inst, before, options)
+        assert found.passes < options.max_passes
+        assert inst.feasible(found.placement)
+        assert found.cost_s == pytest.approx(inst.cost_s(found.placement), rel=1e-12)
+        assert found.cost_s <= inst.cost_s(before)
+        # a move the search would take gains more than min_gain of the cost it started from
+        limit = found.cost_s - options.min_gain * inst.cost_s(before) - 1e-12 * found.cost_s
+        for p in _moves(inst, found.placement):
+            assert not (inst.feasible(p) and inst.cost_s(p) < limit), (seed, start, p)
+
+
+def test_search_improves_large_placements_and_keeps_them_feasible():
+    for seed in range(2):
+        inst = random_instance(LARGE, seed)
+        tables = StepTables(inst)
+        for name in ("all_cloud", "greedy_myopic", "greedy_regret"):
+            before = HEURISTICS[name](inst)
+            found = local_search(inst, before, tables=tables)
+            assert inst.feasible(found.placement) and found.moves > 0
+            assert found.cost_s == pytest.approx(inst.cost_s(found.placement), rel=1e-12)
+            assert found.cost_s < inst.cost_s(before)
+        # no pass: the placement back as it was
+        same = local_search(inst, before, SearchOptions(max_passes=0), tables=tables)
+        assert same.placement == before and same.moves == 0
+
+
+def test_heuristics_given_tables_place_as_without():
+    inst = random_instance(LARGE, 3)
+    tables = StepTables(inst)
+    for name in ("greedy_myopic", "greedy_lookahead", "greedy_regret"):
+        assert HEURISTICS[name](inst, tables) == HEURISTICS[name](inst)
+
+
+def test_bad_inputs_are_refused():
+    inst = random_instance(MID, 0)
+    good = HEURISTICS["greedy_regret"](inst)
+    for kw, match in (({"max_passes": -1}, "max_passes"), ({"max_passes": 1.5}, "max_passes"),
+                      ({"moves_per_pass": 0}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain")):
+        with pytest.raises(CaramelError, match=match):
+            SearchOptions(**kw)
+    with pytest.raises(CaramelError, match="one node list per task"):
+        local_search(inst, good[:-1])
+    with pytest.raises(CaramelError, match="task 0 must have 3 nodes"):
+        local_search(inst, [good[0][:-1]] + good[1:])
+    crowded = [[0] * len(row) for row in good]  # every layer on edge node 0: over its memory
+    assert not inst.feasible(crowded)
+    with pytest.raises(CaramelError, match="feasible placement"):
+        local_search(inst, crowded)
+    with pytest.raises(CaramelError, match="node"):
+        local_search(inst, [[9] + row[1:] for row in good])
+    assert np.isfinite(local_search(inst, good).cost_s)
