@@ -266,7 +266,67 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
             "tensor": tensor_worker(rank, world, steps), "deprl": deprl_worker(rank, world, 6, 2),
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam"),
             "checkpoint_overlap": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=overlap",
-                                                    "sgd_momentum")}
+                                                    "sgd_momentum"),
+            "batchnorm": batchnorm_worker(rank, world, steps)}
+
+
+def batchnorm_worker(rank: int, world: int, steps: int) -> dict:
+    """algorithm=overlap on a Linear-BatchNorm-Linear model whose inputs' mean drifts every step.
+    With lr=0, per step, how far the running statistics land from the hand-computed
+    b_i(k+1) = sum_j W_ij b_j(k) + (b_i after step k's forward - b_i(k)): the mix of what was
+    sent plus this step's own update (which a mix set in place of the buffer would drop).
+    Then the same model trained (lr > 0) straight and resumed from a worker state: the
+    parameters and buffers must be equal, bit for bit."""
+    from caramel.strategies.gossip.topology import mixing_matrix
+
+    spec, W = "gossip:algorithm=overlap", mixing_matrix("ring", world, 0)
+
+    def data(step: int) -> torch.Tensor:
+        return torch.randn(16, 4, generator=torch.Generator().manual_seed(100 * step + rank)) + 3.0 * (step + 1)
+
+    def make(lr: float):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+        return (m, *caramel.parallelize(m, torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9), spec))
+
+    m, model, opt = make(0.0)
+    stats = [(n, b) for n, b in m.named_buffers() if b.is_floating_point()]
+    errors, first = [], {n: b.clone() for n, b in stats}
+    for step in range(steps):
+        sent = {n: b.clone() for n, b in stats}
+        every = {}
+        for n, b in stats:
+            every[n] = [torch.empty_like(b) for _ in range(world)]
+            torch.distributed.all_gather(every[n], b)
+        model(data(step)).sum().backward()
+        expected = {n: b + (sum(float(W[rank, j]) * every[n][j] for j in range(world)) - sent[n] if step else 0.0)
+                    for n, b in stats}
+        opt.step()
+        opt.zero_grad()
+        errors.append(max(float((b - expected[n]).abs().max()) for n, b in stats))
+    moved = float((m[1].running_mean - first["1.running_mean"]).abs().max())
+    caramel.shutdown()
+
+    def run(stop: int, state=None):
+        m, model, opt = make(0.05)
+        first = 0
+        if state is not None:
+            opt.gossip.load_worker_state(state[0])
+            first = state[1]
+        for step in range(first, stop):
+            model(data(step)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        saved = (opt.gossip.worker_state(), stop)
+        return [t.detach().clone() for t in m.state_dict().values()], saved
+
+    straight, _ = run(steps)
+    caramel.shutdown()
+    _, saved = run(steps // 2)
+    caramel.shutdown()
+    resumed, _ = run(steps, copy.deepcopy(saved))
+    caramel.shutdown()
+    return {"errors": errors, "moved": moved, "resume_diff": max_diff(straight, resumed)}
 
 
 def overlap_update_worker(rank: int, world: int, steps: int) -> dict:

@@ -77,6 +77,14 @@ def test_checkpoint_resumes_exactly(two):
         assert any(not np.array_equal(x, y) for x, y in zip(a, b)), key  # the workers really differ
 
 
+def test_overlap_keeps_the_batchnorm_statistics_each_forward_adds_and_mixes_them(two):
+    for rank in (0, 1):
+        res = two[rank]["batchnorm"]
+        assert max(res["errors"]) <= 1e-5, (rank, res["errors"])
+        assert res["moved"] > 1.0, res  # the inputs' mean drifts by 3 per step: so must the statistics
+        assert res["resume_diff"] == 0.0, res
+
+
 SPECS_4 = ("gossip:topology=ring", "gossip:topology=one_peer_exponential", "gossip:topology=ring,algorithm=overlap")
 
 
