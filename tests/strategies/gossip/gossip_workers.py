@@ -267,7 +267,7 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam"),
             "checkpoint_overlap": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=overlap",
                                                     "sgd_momentum"),
-            "batchnorm": batchnorm_worker(rank, world, steps)}
+            "batchnorm": batchnorm_worker(rank, world, steps), "closure": closure_worker(rank, world)}
 
 
 def batchnorm_worker(rank: int, world: int, steps: int) -> dict:
@@ -327,6 +327,23 @@ def batchnorm_worker(rank: int, world: int, steps: int) -> dict:
     resumed, _ = run(steps, copy.deepcopy(saved))
     caramel.shutdown()
     return {"errors": errors, "moved": moved, "resume_diff": max_diff(straight, resumed)}
+
+
+def closure_worker(rank: int, world: int) -> str | None:
+    """algorithm=overlap and optimizer.step(closure): the error, if any."""
+    from caramel.errors import CaramelError
+
+    w = fresh("gpt_tied")
+    opt, _ = make_optimizer("sgd_momentum", w.model.parameters())
+    model, opt = caramel.parallelize(w.model, opt, "gossip:algorithm=overlap")
+    x, y = batch("gpt_tied", 0, rank)
+    try:
+        opt.step(lambda: w.loss_fn(model(x), y))
+        error = None
+    except CaramelError as e:
+        error = str(e)
+    caramel.shutdown()
+    return error
 
 
 def overlap_update_worker(rank: int, world: int, steps: int) -> dict:

@@ -85,6 +85,12 @@ def test_overlap_keeps_the_batchnorm_statistics_each_forward_adds_and_mixes_them
         assert res["resume_diff"] == 0.0, res
 
 
+def test_overlap_refuses_a_closure(two):
+    for rank in (0, 1):
+        error = two[rank]["closure"]
+        assert error is not None and "algorithm=overlap" in error and "closure" in error, error
+
+
 SPECS_4 = ("gossip:topology=ring", "gossip:topology=one_peer_exponential", "gossip:topology=ring,algorithm=overlap")
 
 
