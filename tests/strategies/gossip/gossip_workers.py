@@ -350,23 +350,26 @@ def overlap_update_worker(rank: int, world: int, steps: int) -> dict:
     """algorithm=overlap with SGD (momentum, weight decay) on a ring, `PERSONAL` kept local: per
     step, how far each parameter lands from the hand-computed x_i(k+1) = sum_j W_ij x_j(k) -
     lr d_i(k), with d_i(k) = mu d_i(k-1) + g_i(k) + wd (W x(k))_i (the gradient at the worker's
-    own un-mixed x_i(k); the decay at the point updated; W = identity for local parameters)."""
+    own un-mixed x_i(k); the decay at the point updated; W = identity for local parameters).
+    The decay is large (0.5) so that decay at x_i(k) instead, lr wd |W x - x| away
+    (`decay_gap`), lands past the test's tolerance."""
     from caramel.strategies.gossip.topology import mixing_matrix
 
     spec = "gossip:topology=ring,algorithm=overlap"
     w = fresh("gpt_tied")
-    opt, sched = make_optimizer("sgd_momentum", w.model.parameters())
+    opt = torch.optim.SGD(w.model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
     mu, wd = opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]
     model, opt = caramel.parallelize(w.model, opt, spec, personalize=PERSONAL, consensus_every=1)
     named = list(w.model.named_parameters())
     W = mixing_matrix("ring", world, 0)
     d_prev: dict[str, torch.Tensor] = {}
-    errors, mixed_moves = [], []
+    errors, mixed_moves, decay_gaps = [], [], []
     for step in range(steps):
         x, y = batch("gpt_tied", step, rank)
         w.loss_fn(model(x), y).backward()
         lr = opt.param_groups[0]["lr"]
-        worst, moved = 0.0, 0.0
+        worst, moved, gap = 0.0, 0.0, 0.0
         expected = {}
         for n, p in named:
             every = [torch.empty_like(p) for _ in range(world)]
@@ -377,6 +380,7 @@ def overlap_update_worker(rank: int, world: int, steps: int) -> dict:
             d_prev[n] = d
             expected[n] = wx - lr * d
             moved = max(moved, float((wx - p.detach()).abs().max()))
+            gap = max(gap, lr * wd * float((wx - p.detach()).abs().max()))
         opt.step()
         sched.step()
         opt.zero_grad()
@@ -384,9 +388,10 @@ def overlap_update_worker(rank: int, world: int, steps: int) -> dict:
             worst = max(worst, float((p.detach() - expected[n]).abs().max()))
         errors.append(worst)
         mixed_moves.append(moved)
+        decay_gaps.append(gap)
     stats = opt.gossip.stats_dict()
     caramel.shutdown()
-    return {"errors": errors, "mix_moved": mixed_moves, "consensus": stats["consensus"]}
+    return {"errors": errors, "mix_moved": mixed_moves, "decay_gap": decay_gaps, "consensus": stats["consensus"]}
 
 
 def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:

@@ -131,6 +131,8 @@ def test_overlap_update_is_the_mix_of_the_gradients_point_minus_the_step(four):
         res = r["overlap_update"]
         assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
         assert max(res["mix_moved"][1:]) > 1e-4, (rank, res["mix_moved"])  # the mix changes x: the check can fail
+        # decay at the un-mixed x would land this far away: the check can tell where the decay is taken
+        assert min(res["decay_gap"][1:]) > 1e-5, (rank, res["decay_gap"])
         assert [s for s, _ in res["consensus"]] == [0, 1, 2, 3] and res["consensus"][1][1] > 0
 
 
