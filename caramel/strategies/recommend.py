@@ -62,7 +62,9 @@ def candidates(world_size: int, approximate: bool = False) -> list[str]:
     synchronous pipelines of 2 stages (hybrid with world/2 replicas when that divides; with an
     odd world, unequal replicas: all but one worker on either stage, `unequal.py`, while their
     world - 1 virtual pipelines stay within `MAX_VIRTUAL_PIPELINES`) and of every
-    worker; with `approximate`, gossip on a ring and SSP(2) parameter servers too."""
+    worker; with `approximate`, SSP(2) parameter servers and gossip too: on a ring, and one
+    peer per step with 0.5 MB messages mixed at the update (`algorithm=overlap`), the form that
+    beat the all-reduce on a slow link and under jitter (docs/gossip.md, "The overlapped mix")."""
     if world_size < 1:
         raise CaramelError(f"world_size must be >= 1, got {world_size}")
     out = ["ddp", "caramel", "ps"]
@@ -76,7 +78,8 @@ def candidates(world_size: int, approximate: bool = False) -> list[str]:
     if world_size > 2:
         out.append(f"pipeline:stages={world_size},microbatches={max(4, world_size)}")
     if approximate:
-        out += ["ps:consistency=ssp:2", "gossip:topology=ring"]
+        out += ["ps:consistency=ssp:2", "gossip:topology=ring",
+                "gossip:topology=one_peer_exponential,bucket_cap_mb=0.5,algorithm=overlap"]
     return out
 
 

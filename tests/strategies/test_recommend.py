@@ -31,6 +31,11 @@ def test_predictions_are_each_strategys_own_simulator():
     assert best.exact and best.step_time_s == min(p.step_time_s for p in preds if p.exact)
     fastest = recommend(preds, approximate=True)
     assert fastest.step_time_s == min(p.step_time_s for p in preds)
+    # on a slow network the overlapped one-peer gossip, an approximate candidate, is the fastest
+    one_peer = "gossip:topology=one_peer_exponential,bucket_cap_mb=0.5,algorithm=overlap"
+    assert one_peer in specs
+    slow = predict(profile, ClusterSpec.uniform(4, 1e8), specs)
+    assert recommend(slow, approximate=True).strategy == one_peer and not recommend(slow).strategy.startswith("gossip")
 
 
 def test_an_odd_world_gets_unequal_replica_pipelines_among_the_candidates():

@@ -8,7 +8,9 @@ out-neighbours with batched point-to-point transfers, and mixes what its in-neig
 A bucket's mix is x <- sum_j W[i, j] x_j over the sender's snapshot and the received copies,
 summed in rank order so that workers meant to agree (the complete graph) agree bit for bit.
 `mix_in_forward=False` leaves every mix to `flush()` at the next step (Wang et al.'s overlapped
-form: the gradient is computed at the un-mixed parameters while they travel).
+form: the gradient is computed at the un-mixed parameters while they travel). A tensor in
+`increments` (floating buffers then) gets the mix as an increment, x <- x + (mixed - sent): the
+step's forward has changed it since it was sent, and that change is kept.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Exchange:
     def __init__(self, groups: tuple[Any, Any], ranks: list[int], rank: int, mix_in_forward: bool, tag_base: int = 0):
         self.groups, self.ranks, self.rank = groups, ranks, rank
         self.mix_in_forward = mix_in_forward
+        # ids of the tensors mixed as an increment (x + mixed - sent) rather than set to the mix
+        self.increments: set[int] = set()
         # bucket b travels with tag tag_base + b: the trackers' exchange may be in flight beside
         # the parameters' (started in backward while unused modules' buckets still wait)
         self.tag_base = tag_base
@@ -120,13 +124,25 @@ class Exchange:
             self._wait(self.pending[b])
 
     def pending_values(self) -> dict[int, torch.Tensor]:
-        """id(tensor) -> the value its pending mix will give it (for checkpoints), nothing applied."""
+        """id(tensor) -> the value its pending mix will give it, or for a tensor in `increments`
+        the increment it will add (for checkpoints), nothing applied."""
         out = {}
         for b in sorted(self.pending):
-            mixed, offset = self._combine(self.pending[b]), 0
-            for t in self.buckets[b].tensors:
-                out[id(t)] = mixed[offset:offset + t.numel()].view_as(t).clone()
-                offset += t.numel()
+            f = self.pending[b]
+            mixed = self._combine(f)
+            for t, value in zip(self.buckets[b].tensors, self._slices(mixed, f.sent, self.buckets[b].tensors)):
+                out[id(t)] = value.clone()
+        return out
+
+    def _slices(self, mixed: torch.Tensor, sent: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per tensor, its part of `mixed`, or for one in `increments` its part of mixed - sent."""
+        out, offset = [], 0
+        for t in tensors:
+            part = mixed[offset:offset + t.numel()].view_as(t)
+            if id(t) in self.increments:
+                part = part - sent[offset:offset + t.numel()].view_as(t)
+            out.append(part)
+            offset += t.numel()
         return out
 
     def _wait(self, f: InFlight) -> None:
@@ -146,12 +162,14 @@ class Exchange:
         return mixed
 
     def _mix(self, b: int) -> None:
-        mixed = self._combine(self.pending.pop(b))
-        offset = 0
+        f = self.pending.pop(b)
+        tensors = self.buckets[b].tensors
         with torch.no_grad():
-            for t in self.buckets[b].tensors:
-                t.copy_(mixed[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+            for t, value in zip(tensors, self._slices(self._combine(f), f.sent, tensors)):
+                if id(t) in self.increments:
+                    t.add_(value)
+                else:
+                    t.copy_(value)
 
 
 def make_buckets(tensors: list[tuple[str, torch.Tensor]], owner: dict[int, str],

@@ -34,9 +34,10 @@ class GossipOptions:
     computed at are exchanged during its forward and backward and mixed just before the next
     update, x(k+1) = W x(k) - lr d(k); any torch.optim optimizer), "adam" (the same, checked
     to be Adam or AdamW: Wang et al.'s decentralized Adam), "tracking" (gradient tracking,
-    `tracking.py`: each worker's optimizer steps with a mixed estimate of the workers' average gradient; any torch.optim optimizer; twice
-    dpsgd's bytes), "tracking_momentum" (tracking, plus the moment buffers mixed as "momentum"
-    mixes them). `personalize`: parameters under these name prefixes are never sent (DePRL).
+    `tracking.py`: each worker's optimizer steps with a mixed estimate of the workers' average
+    gradient; any torch.optim optimizer; twice dpsgd's bytes), "tracking_momentum" (tracking,
+    plus the moment buffers mixed as "momentum" mixes them). `personalize`: parameters under
+    these name prefixes are never sent (DePRL).
     `consensus_every`: every N steps all workers measure their consensus distance (an
     all-reduce of the exchanged parameters; 0 = never). `bucket_cap_mb`: the exchange is cut
     into messages of about this size, in forward order, so the first modules can mix first.

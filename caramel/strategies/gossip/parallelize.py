@@ -61,6 +61,14 @@ class GossipRun:
         self.shared_buffers = [(n, b) for n, b in module.named_buffers()
                                if b.is_floating_point() and not options.is_local(n)]
         self.exchange = Exchange(groups, ranks, self.rank, mix_in_forward=not options.mixes_at_update)
+        if options.mixes_at_update:
+            # The next forward updates the buffers (BatchNorm's running statistics) in place
+            # before the mix lands at the update; setting them to the mix would drop that update
+            # every step (the statistics froze). As an increment, b <- b + (W b_sent - b_sent),
+            # they get the same form as the parameters: the mix of the sent values plus this
+            # step's local change. Mixing them in the forward instead would make the forward
+            # wait for arrivals, which this mode exists to avoid.
+            self.exchange.increments = {id(b) for _, b in self.shared_buffers}
         # algorithm=tracking: the trackers travel in their own buckets, mixed before the update
         self.tracker = (Tracker(self.shared, Exchange(groups, ranks, self.rank, mix_in_forward=False,
                                                       tag_base=TRACKER_TAG_BASE),
@@ -76,6 +84,7 @@ class GossipRun:
         self.mixing = describe(options.topology, self.world)
         self.released = False
         self.restored: dict[str, torch.Tensor] = {}
+        self.restored_increments: dict[str, torch.Tensor] = {}
         self.t0 = time.perf_counter()
         self._hooks = [m.register_forward_pre_hook(functools.partial(self._pre_hook, name))
                        for name, m in module.named_modules()]
@@ -136,12 +145,14 @@ class GossipRun:
         if self.options.mixes_at_update and due:
             self._measure_consensus()
         self.exchange.flush()
-        if self.restored:  # a resumed worker's pending mix, from its checkpoint
+        if self.restored or self.restored_increments:  # a resumed worker's pending mix, from its checkpoint
             with torch.no_grad():
                 for name, t in self._tensors():
                     if name in self.restored:
                         t.copy_(self.restored[name])
-            self.restored = {}
+                    elif name in self.restored_increments:
+                        t.add_(self.restored_increments[name])
+            self.restored, self.restored_increments = {}, {}
         if self.tracker is not None:
             W = self.matrices[self.steps % len(self.matrices)]
             self.tracker.swap_in(neighbours(W, self.rank), self.options.bucket_cap_mb * 2 ** 20)
@@ -306,11 +317,15 @@ class GossipRun:
         (tracking) gradient tracker."""
         self.synchronize()
         by_id = self.exchange.pending_values()
-        pending = {name: by_id[id(t)] for name, t in self._tensors() if id(t) in by_id}
+        pending = {name: by_id[id(t)] for name, t in self._tensors()
+                   if id(t) in by_id and id(t) not in self.exchange.increments}
+        increments = {name: by_id[id(t)] for name, t in self._tensors()
+                      if id(t) in by_id and id(t) in self.exchange.increments}
         pending.update(self.restored)
+        increments.update(self.restored_increments)
         state = {"model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
                  "optimizer": self.optimizer.state_dict(), "steps": self.steps, "order": list(self.order),
-                 "pending_mix": pending}
+                 "pending_mix": pending, "pending_increments": increments}
         if self.tracker is not None:
             state["tracker"] = self.tracker.state_dict()
         return state
@@ -331,6 +346,7 @@ class GossipRun:
         if self.tracker is not None:
             self.tracker.agreed = False
         self.restored = dict(state["pending_mix"])
+        self.restored_increments = dict(state.get("pending_increments", {}))
 
     def release(self) -> None:
         if self.released:

@@ -57,6 +57,13 @@ class GossipOptimizerMixin:
             raise CaramelError("strategy 'gossip': algorithm=tracking steps with the trackers it mixed from this "
                                "step's gradients; a closure would compute new ones inside step(). Call "
                                "backward() before optimizer.step() without a closure")
+        if closure is not None and run.options.mixes_at_update:
+            # the mix lands before the base step() runs the closure, whose gradient would then be
+            # taken at W x(k): combine-then-adapt with nothing overlapped, not this algorithm
+            raise CaramelError(f"strategy 'gossip': algorithm={run.options.algorithm} takes the gradient at the "
+                               "un-mixed parameters and mixes just before the update; a closure would compute "
+                               "it inside step(), after the mix. Call backward() before optimizer.step() "
+                               "without a closure")
         self._opt_called = True  # tells LR schedulers a step happened
         waited = run.before_update()
         frozen = run.frozen()

@@ -77,6 +77,20 @@ def test_checkpoint_resumes_exactly(two):
         assert any(not np.array_equal(x, y) for x, y in zip(a, b)), key  # the workers really differ
 
 
+def test_overlap_keeps_the_batchnorm_statistics_each_forward_adds_and_mixes_them(two):
+    for rank in (0, 1):
+        res = two[rank]["batchnorm"]
+        assert max(res["errors"]) <= 1e-5, (rank, res["errors"])
+        assert res["moved"] > 1.0, res  # the inputs' mean drifts by 3 per step: so must the statistics
+        assert res["resume_diff"] == 0.0, res
+
+
+def test_overlap_refuses_a_closure(two):
+    for rank in (0, 1):
+        error = two[rank]["closure"]
+        assert error is not None and "algorithm=overlap" in error and "closure" in error, error
+
+
 SPECS_4 = ("gossip:topology=ring", "gossip:topology=one_peer_exponential", "gossip:topology=ring,algorithm=overlap")
 
 
@@ -117,6 +131,8 @@ def test_overlap_update_is_the_mix_of_the_gradients_point_minus_the_step(four):
         res = r["overlap_update"]
         assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
         assert max(res["mix_moved"][1:]) > 1e-4, (rank, res["mix_moved"])  # the mix changes x: the check can fail
+        # decay at the un-mixed x would land this far away: the check can tell where the decay is taken
+        assert min(res["decay_gap"][1:]) > 1e-5, (rank, res["decay_gap"])
         assert [s for s, _ in res["consensus"]] == [0, 1, 2, 3] and res["consensus"][1][1] > 0
 
 
