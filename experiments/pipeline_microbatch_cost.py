@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("overhead", "waiting"), required=True)
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--model-option", action="append", default=["width=16"])
+    p.add_argument("--model-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="a zoo model option, repeatable (default: width=16 when none is given)")
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--cut", default="layer3")
     p.add_argument("--steps", type=int, default=8)
@@ -272,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
                         "activation before layer3 at 6 samples: 32 channels of 16x16, float32)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.model_option = args.model_option or ["width=16"]
+    bad = [o for o in args.model_option if "=" not in o or not o.split("=", 1)[0]]
+    if bad:
+        p.error(f"--model-option must be KEY=VALUE, got {bad}")
+    if args.batch_size < 4 or args.batch_size % 4:
+        p.error(f"--batch-size must be a positive multiple of 4 (microbatches of b, b/2 and b/4 samples), "
+                f"got {args.batch_size}")
+    for name in ("steps", "repeats", "probe_samples", "reps", "transfer_floats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     t0 = time.time()
     out = overhead(args) if args.part == "overhead" else waiting(args)
     print(f"wall {time.time() - t0:.1f} s; cpu_count {os.cpu_count()}; load {os.getloadavg()}")
