@@ -149,6 +149,8 @@ def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterS
         factor = nxt
     # the slowest; among equal steps the lowest factor, so that the pick is the same whatever the order
     factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, -p[0]))
+    # the spec's measurement, not the 1 the passes replayed at (`scaled`)
+    sim.meta["compute_slowdown"], sim.meta["replay_compute_slowdown"] = cluster.compute_slowdown, 1.0
     sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": len(passes), "settled": settled,
                            "transfer_cpu_share": share, "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
     return sim
