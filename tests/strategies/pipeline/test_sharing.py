@@ -259,3 +259,20 @@ def test_the_bench_hands_the_sharing_to_the_pipelines_only():
     shared = predict_strategies(prof, ["ddp", "pipeline:microbatches=2,replicas=2"], 4, 1e8, [0.02] * 4)
     assert shared["ddp"]["step_time_s"] == plain["ddp"]["step_time_s"]
     assert shared["pipeline:microbatches=2,replicas=2"]["step_time_s"] < plain["pipeline:microbatches=2,replicas=2"]["step_time_s"]
+
+
+def test_the_runtime_plans_at_the_spec_as_given_when_the_factor_fails(monkeypatch, capsys):
+    import caramel.bench.pipeline_plan as plan
+    import caramel.strategies.pipeline.simulate as simulate
+    monkeypatch.setattr(plan.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(plan.dist, "broadcast_object_list", lambda box, src=0, group=None: None)
+    spec = ClusterSpec.uniform(4, 1e9, alone_speedup=2.0, ranks_per_host=4, compute_slowdown=1.7)
+
+    def fails(*args, **kwargs):
+        raise ValueError("no layout")
+    monkeypatch.setattr(simulate, "simulate_pipeline", fails)
+    assert plan.runtime_cluster(object(), spec, None) is spec  # compute_slowdown 1.7 kept
+    assert "no host-sharing factor" in capsys.readouterr().err
+    monkeypatch.setattr(simulate, "simulate_pipeline", lambda *a, **k: SimpleNamespace(meta={"sharing": {"factor": 1.5}}))
+    got = plan.runtime_cluster(object(), spec, None)
+    assert got.workers[0].speed == 1.5 and got.compute_slowdown == 1.0
