@@ -96,6 +96,18 @@ def test_without_sharing_a_measured_slowdown_replays_as_before():
             assert sim.step_time_s > calm.step_time_s if opts.replicas == 2 else sim.step_time_s >= calm.step_time_s
 
 
+def test_the_posted_replay_puts_each_transfer_on_both_ends_wire_as_it_starts():
+    from caramel.strategies.pipeline.simulate import replay, schedule_actions
+    from caramel.strategies.pipeline.timeline import StageCosts
+    # gpipe, 2 stages, 2 microbatches, 0.5 s transfers, 0.1 s latency: F0 0-1 goes at once (stage 1
+    # posted at 0); F1 ends at 2 but stage 1 posts its recv only on reaching F1, at 2.5: 2.6-3.1
+    sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.5], latency_s=0.1), schedule_actions("gpipe", 2, 2, 2),
+                 posting="gpipe")
+    assert sim.wire_s[0] == sim.wire_s[1]
+    assert sim.wire_s[0][:2] == pytest.approx([(1.0, 1.5), (2.6, 3.1)])
+    assert len(sim.wire_s[0]) == 4 and all(b - a == pytest.approx(0.5) for a, b in sim.wire_s[0])
+
+
 def test_the_overlapped_replay_puts_the_replicas_buckets_on_the_wire():
     from caramel.strategies.pipeline.overlap import replay_overlapped
     from caramel.strategies.pipeline.simulate import schedule_actions
