@@ -23,20 +23,30 @@ Two parts, each in spawned processes of one compute thread (as the bench's worke
 
     PYTHONPATH=. python experiments/pipeline_microbatch_cost.py --part overhead --json out.json
     PYTHONPATH=. python experiments/pipeline_microbatch_cost.py --part waiting --json out.json
+
+It never hangs (it runs under the bench's lock): the process group and the barrier time out
+after `WAIT_S`, a worker that dies or overruns `RUN_S` ends the others, and the file store is
+deleted on the way out.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import queue as queues
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+WAIT_S = 300  # the longest a rank waits for the others (a turn's profile, a mode's probe take seconds)
+RUN_S = 1800  # the longest a part runs
 
 
 def _workload(args, batch: int, seed: int = 0):
@@ -64,7 +74,8 @@ def _profile_stage_costs(profile, cut: str, sizes: list[int]) -> dict:
 
 def _overhead_worker(rank: int, args, store: str, queue) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=WAIT_S))
     import caramel
     from caramel.bench.lower_bound import profile_workload
 
@@ -116,9 +127,10 @@ def _probe(w, reps: int) -> list[float]:
     return out
 
 
-def _waiting_worker(rank: int, args, store: str, barrier, stop, queue) -> None:
+def _waiting_worker(rank: int, args, barrier, stop, store: str, queue) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4,
+                            timeout=timedelta(seconds=WAIT_S))
     w = _workload(args, args.probe_samples)
     _probe(w, 2)
     modes = {"idle": (), "recv_wait": (), "compute1": (1,), "compute1_recv_wait2": (1,), "compute3": (1, 2, 3),
@@ -171,16 +183,44 @@ def _line(points: dict[int, float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def overhead(args) -> dict:
-    ctx = mp.get_context("spawn")
+def _gather(ctx, target, world: int, extra: tuple, answers: int) -> list:
+    """Run `target(rank, *extra, store, queue)` on `world` spawned ranks and collect `answers`
+    items from the queue. A rank that exits with an error, or a part that overruns `RUN_S`, is
+    an error; whatever happens, the ranks still alive are ended and the store is deleted."""
+    tmp = tempfile.mkdtemp(prefix="mbcost_")
     queue = ctx.Queue()
-    store = tempfile.mktemp(prefix="mbcost_")
-    procs = [ctx.Process(target=_overhead_worker, args=(r, args, store, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    parts = dict(queue.get(timeout=900) for _ in range(2))
-    for p in procs:
-        p.join()
+    procs = [ctx.Process(target=target, args=(r, *extra, os.path.join(tmp, "store"), queue)) for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        out, deadline = [], time.monotonic() + RUN_S
+        while len(out) < answers:
+            try:
+                out.append(queue.get(timeout=1.0))
+            except queues.Empty:
+                failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"rank(s) {failed} failed (exit codes {[procs[r].exitcode for r in failed]})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no result after {RUN_S} s")
+        for p in procs:
+            p.join(WAIT_S)
+        return out
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def overhead(args) -> dict:
+    parts = dict(_gather(mp.get_context("spawn"), _overhead_worker, 2, (args,), 2))
     out = {}
     for stage in (0, 1):
         costs = parts[stage]["profile"]
@@ -205,14 +245,8 @@ def overhead(args) -> dict:
 
 def waiting(args) -> dict:
     ctx = mp.get_context("spawn")
-    queue, barrier, stop = ctx.Queue(), ctx.Barrier(4), ctx.Event()
-    store = tempfile.mktemp(prefix="mbwait_")
-    procs = [ctx.Process(target=_waiting_worker, args=(r, args, store, barrier, stop, queue)) for r in range(4)]
-    for p in procs:
-        p.start()
-    rows = queue.get(timeout=900)
-    for p in procs:
-        p.join()
+    barrier, stop = ctx.Barrier(4, timeout=WAIT_S), ctx.Event()
+    rows = _gather(ctx, _waiting_worker, 4, (args, barrier, stop), 1)[0]
     base = statistics.median(r["median_s"] for r in rows if r["mode"] == "idle")
     out = {"rows": rows, "ratio_to_idle": {}}
     for mode in dict.fromkeys(r["mode"] for r in rows):
@@ -226,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("overhead", "waiting"), required=True)
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--model-option", action="append", default=["width=16"])
+    p.add_argument("--model-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="a zoo model option, repeatable (default: width=16 when none is given)")
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--cut", default="layer3")
     p.add_argument("--steps", type=int, default=8)
@@ -238,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
                         "activation before layer3 at 6 samples: 32 channels of 16x16, float32)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.model_option = args.model_option or ["width=16"]
+    bad = [o for o in args.model_option if "=" not in o or not o.split("=", 1)[0]]
+    if bad:
+        p.error(f"--model-option must be KEY=VALUE, got {bad}")
+    if args.batch_size < 4 or args.batch_size % 4:
+        p.error(f"--batch-size must be a positive multiple of 4 (microbatches of b, b/2 and b/4 samples), "
+                f"got {args.batch_size}")
+    for name in ("steps", "repeats", "probe_samples", "reps", "transfer_floats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     t0 = time.time()
     out = overhead(args) if args.part == "overhead" else waiting(args)
     print(f"wall {time.time() - t0:.1f} s; cpu_count {os.cpu_count()}; load {os.getloadavg()}")

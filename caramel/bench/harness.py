@@ -237,13 +237,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
                            local_batch=int(workload.inputs.shape[0]),
                            unpadded_compute_s=[unpadded_median_s(g["compute"], p, settings.steps_per_round)
                                                for g, p in zip(gathered, paused)] if jitter else None)
-    if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/pipeline_contention.py)
-        save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
-                               runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
-                               spans, probed, hetero)
-    bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
+    if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/predict_saved_inputs.py)
+        save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
+                               runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
+                               spans, probed, hetero, traffic, concrete, config.label)
+    bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     compute_medians = [median(g["compute"]) for g in gathered]
     predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
                                                       comm_s, runners["comm"].stats().get("buckets", 1),
@@ -314,13 +314,17 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
 
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,
                            rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
-                           hetero: Heterogeneity | None = None) -> None:
+                           hetero: Heterogeneity | None = None, traffic: dict[str, Any] | None = None,
+                           screened: dict[str, str] | None = None, config: str | None = None) -> None:
     """What `job_predictions` takes, as JSON: a later model can be replayed on this job's
-    measurements without running it again."""
+    measurements without running it again. `traffic`: the ps traffic probe; `screened`: each
+    strategy's name as predicted (a tuned one's chosen value); `config`: the configuration's
+    label, to pair the inputs with its records."""
     path.write_text(json.dumps(_jsonable({
         "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
         "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed,
-        "heterogeneity": hetero.to_dict() if hetero else None})))
+        "heterogeneity": hetero.to_dict() if hetero else None, "traffic": traffic, "screened": screened,
+        "config": config})))
 
 
 def _jsonable(value: Any) -> Any:

@@ -73,16 +73,17 @@ def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None)
 
     if cluster is None or profile is None or not shares_cores(cluster):
         return cluster
-    box: list[Any] = [1.0]
+    box: list[Any] = [None]
     src = 0 if group is None else dist.get_global_rank(group, 0)
     if dist.get_rank() == src:
         try:
             box[0] = simulate_pipeline(profile, cluster, options).meta["sharing"]["factor"]
-        except Exception as e:  # the runtime plans (and reports) its own error; keep the spec unscaled
+        except Exception as e:  # the runtime plans (and reports) its own error
             print(f"[bench] no host-sharing factor for a pipeline's plan: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
     dist.broadcast_object_list(box, src=src, group=group)
-    return scaled(cluster, box[0])
+    # without a factor, the spec as given: its speeds, and its compute_slowdown beside a lane's transfers
+    return cluster if box[0] is None else scaled(cluster, box[0])
 
 
 def cluster_summary(cluster: Any) -> dict[str, Any] | None:

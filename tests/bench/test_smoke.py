@@ -82,6 +82,11 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
                             saved["comm_s"], saved["comm_buckets"], saved["rank_compute_s"], saved["spans"],
                             saved["probed"])["predicted"]
     assert {n: again[n]["step_time_s"] for n in recs} == pytest.approx({n: r["predicted_step_s"] for n, r in recs.items()})
+    # and what the bench predicted with beyond them: the ps traffic probe, the names as predicted, the configuration
+    assert saved["traffic"] == probe and saved["screened"] == {n: n for n in recs}
+    from caramel.bench.record import Record, config_label
+    fields = set(Record.__dataclass_fields__)
+    assert saved["config"] == config_label(Record(**{k: v for k, v in recs["ddp"].items() if k in fields}))
     assert recs["caramel"]["timeline"]["compute_s"] > 0 and recs["ddp"]["timeline"] is None
     fifo = recs["caramel:overlap=backward,planner=fifo"]["plan"]
     assert fifo["planner"] == "fifo" and fifo["items"] >= 1 and recs["ddp"]["plan"] is None

@@ -102,6 +102,18 @@ def transfer_time_s(nbytes: int, cluster: ClusterSpec) -> float:
     return 2 * (cluster.latency_s + nbytes * 8 / cluster.bandwidth_bps)
 
 
+def message_cpu_s(cluster: ClusterSpec) -> float:
+    """The CPU one point-to-point message costs a rank at one of its ends (its send, or its
+    recv), from the spec's per-collective pause: `collective_cpu_s` is the extra CPU of sending
+    the same bytes as one more all-reduce (`caramel.topology.probe.measure_queued_extra`, times
+    the ranks per shared core), and gloo's ring all-reduce over n ranks sends 2(n - 1) messages
+    and receives as many on every rank, so each end costs collective_cpu_s / (4 (n - 1)).
+    (The collective's own hand-off to the backend's thread is spread over its messages too: no
+    finer split is measured.) 0 for a spec of one worker or without the pause."""
+    n = cluster.world_size
+    return cluster.collective_cpu_s / (4 * (n - 1)) if n > 1 else 0.0
+
+
 def stage_time_s(layers: list[LayerCost], replicas: int, cluster: ClusterSpec, speed: float = 1.0) -> float:
     """PipeDream's T: a stage's compute or its replicas' weight sync, whichever is longer, shared
     by its replicas (each runs 1/replicas of the microbatches)."""

@@ -14,7 +14,11 @@ docs/results/pipeline_microbatch_cost/. Each lane with a transfer on the wire co
 w = compute_slowdown - 1 of a computing rank: the bench's `compute_slowdown` is measured with
 every rank computing and transferring at once, which processor sharing gives as
 (n + n w) / n = 1 + w. So no factor is fitted here; the spec's own measurement is spread over the
-ranks whose transfers run. The replay's own beside-the-lane slowdown is then switched off
+ranks whose transfers run. It is the slowest rank's factor (`caramel.bench.contention`), so w
+is that rank's rather than the mean, and it is net of the per-collective pause
+`collective_cpu_s`, which the stage costs charge per message instead (`planner.message_cpu_s`).
+The choosers inside the passes see neither w nor the beside-the-lane slowdown (they replay at
+`scaled`'s 1): the load is applied to the layout they pick. The replay's own beside-the-lane slowdown is then switched off
 (`scaled`): a lane's own transfers are in its host's load already.
 
 The simulation says which ranks compute and transfer when: `co_computing` is, averaged over all
@@ -149,6 +153,8 @@ def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterS
         factor = nxt
     # the slowest; among equal steps the lowest factor, so that the pick is the same whatever the order
     factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, -p[0]))
+    # the spec's measurement, not the 1 the passes replayed at (`scaled`)
+    sim.meta["compute_slowdown"], sim.meta["replay_compute_slowdown"] = cluster.compute_slowdown, 1.0
     sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": len(passes), "settled": settled,
                            "transfer_cpu_share": share, "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
     return sim

@@ -34,7 +34,8 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, stage_buckets
-from caramel.strategies.pipeline.planner import LayerCost, PartitionPlan, _plan, balanced_boundaries, transfer_time_s
+from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, _plan, balanced_boundaries, message_cpu_s,
+                                                 transfer_time_s)
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
@@ -216,7 +217,13 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
     """Sum layers into stages (slowed by each stage's worker speed). `replicas`: of every stage,
     or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
     model's optimizer step, shared among the stages by their parameters' bytes. `reduce`
-    ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket."""
+    ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket.
+
+    Each forward and backward also carries the CPU of its messages on that rank (`message_cpu_s`,
+    from the spec's measured `collective_cpu_s`): the recv of its input from the neighbouring
+    stage and the send of its output to the other, where there is one (every neighbouring stage
+    is on another rank). It is wall time at the all-at-once load, as measured, so not divided by
+    the stage's speed."""
     if reduce not in REDUCE_MODES:
         raise CaramelError(f"stage_costs: reduce must be one of {REDUCE_MODES}, got {reduce!r}")
     edges = [0, *boundaries, len(costs)]
@@ -232,8 +239,10 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
         buckets = [stage_buckets([c.forward_s / sp for c in g], [c.backward_s / sp for c in g],
                                  [c.param_bytes for c in g], r, cluster, u, reduce)
                    for g, sp, r, u in zip(groups, speeds, counts, update_s)]
-    return StageCosts([sum(c.forward_s for c in g) / sp for g, sp in zip(groups, speeds)],
-                      [sum(c.backward_s for c in g) / sp for g, sp in zip(groups, speeds)],
+    ends = [(s > 0) + (s < len(groups) - 1) for s in range(len(groups))]  # messages per forward, per backward
+    msg_s = message_cpu_s(cluster)
+    return StageCosts([sum(c.forward_s for c in g) / sp + e * msg_s for g, sp, e in zip(groups, speeds, ends)],
+                      [sum(c.backward_s for c in g) / sp + e * msg_s for g, sp, e in zip(groups, speeds, ends)],
                       [transfer_time_s(costs[b - 1].output_bytes, cluster) / 2 for b in boundaries],
                       [ring.allreduce_time_s(nbytes) for ring, nbytes in zip(rings, stage_bytes)],
                       update_s, buckets, cluster.latency_s)

@@ -75,6 +75,50 @@ def test_replays_report_each_lanes_transfers_and_the_simulation_their_load():
     assert busy.meta["co_transferring"] > 0 and busy.meta["sharing"]["transfer_cpu_share"] == 1.0
     assert busy.meta["sharing"]["factor"] < quiet.meta["sharing"]["factor"]
     assert busy.step_time_s > quiet.step_time_s
+    # the result says the measured slowdown, and that its replay ran at 1
+    assert busy.meta["compute_slowdown"] == 2.0 and busy.meta["replay_compute_slowdown"] == 1.0
+
+
+def test_without_sharing_a_measured_slowdown_replays_as_before():
+    from caramel.strategies.pipeline.simulate import _simulate_once
+    prof = synthetic_profile(sizes_bytes=[400_000] * 4, times_s=[1e-3] * 4)
+    for opts in (PipelineOptions(stages=2, replicas=2, schedule="1f1b", microbatches=4),
+                 PipelineOptions(stages=2, schedule="gpipe", microbatches=4)):
+        for cluster in (ClusterSpec.uniform(4, 1e8, compute_slowdown=2.0),  # one rank per host
+                        ClusterSpec.uniform(4, 1e8, compute_slowdown=2.0, ranks_per_host=4)):  # not faster alone
+            sim = simulate_pipeline(prof, cluster, opts)
+            direct = _simulate_once(prof, cluster, opts, 4, None, "rendezvous")
+            assert sim.step_time_s == direct.step_time_s and "sharing" not in sim.meta
+            assert sim.meta["compute_slowdown"] == 2.0
+            # and the beside-the-lane slowdown is what it replays at: slower than at 1 where the
+            # replicas' buckets overlap compute (gpipe's sends here fall between its compute)
+            calm = simulate_pipeline(prof, dataclasses.replace(cluster, compute_slowdown=1.0), opts)
+            assert sim.step_time_s > calm.step_time_s if opts.replicas == 2 else sim.step_time_s >= calm.step_time_s
+
+
+def test_the_posted_replay_puts_each_transfer_on_both_ends_wire_as_it_starts():
+    from caramel.strategies.pipeline.simulate import replay, schedule_actions
+    from caramel.strategies.pipeline.timeline import StageCosts
+    # gpipe, 2 stages, 2 microbatches, 0.5 s transfers, 0.1 s latency: F0 0-1 goes at once (stage 1
+    # posted at 0); F1 ends at 2 but stage 1 posts its recv only on reaching F1, at 2.5: 2.6-3.1
+    sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.5], latency_s=0.1), schedule_actions("gpipe", 2, 2, 2),
+                 posting="gpipe")
+    assert sim.wire_s[0] == sim.wire_s[1]
+    assert [t for w in sim.wire_s[0][:2] for t in w] == pytest.approx([1.0, 1.5, 2.6, 3.1])
+    assert len(sim.wire_s[0]) == 4 and all(b - a == pytest.approx(0.5) for a, b in sim.wire_s[0])
+
+
+def test_the_overlapped_replay_puts_the_replicas_buckets_on_the_wire():
+    from caramel.strategies.pipeline.overlap import replay_overlapped
+    from caramel.strategies.pipeline.simulate import schedule_actions
+    from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
+    # 2 stages, 1 microbatch, no activation transfer time: only the buckets' collectives load a lane
+    buckets = [ReduceBuckets([0.5], [1.0], [0.0], [0.0], [0.5]) for _ in range(2)]
+    costs = StageCosts([1.0, 1.0], [1.0, 1.0], [0.0], [0.5, 0.5], [0.0, 0.0], buckets)
+    for mode in ("backward", "forward"):
+        sim = replay_overlapped(costs, schedule_actions("1f1b", 2, 2, 1), mode)
+        for lane in range(2):  # each unrolled step's bucket, whole, and nothing else
+            assert sim.wire_s[lane] and all(b - a == pytest.approx(0.5) for a, b in sim.wire_s[lane]), sim.wire_s
 
 
 def _fake_pipeline(calls: list):
@@ -227,3 +271,20 @@ def test_the_bench_hands_the_sharing_to_the_pipelines_only():
     shared = predict_strategies(prof, ["ddp", "pipeline:microbatches=2,replicas=2"], 4, 1e8, [0.02] * 4)
     assert shared["ddp"]["step_time_s"] == plain["ddp"]["step_time_s"]
     assert shared["pipeline:microbatches=2,replicas=2"]["step_time_s"] < plain["pipeline:microbatches=2,replicas=2"]["step_time_s"]
+
+
+def test_the_runtime_plans_at_the_spec_as_given_when_the_factor_fails(monkeypatch, capsys):
+    import caramel.bench.pipeline_plan as plan
+    import caramel.strategies.pipeline.simulate as simulate
+    monkeypatch.setattr(plan.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(plan.dist, "broadcast_object_list", lambda box, src=0, group=None: None)
+    spec = ClusterSpec.uniform(4, 1e9, alone_speedup=2.0, ranks_per_host=4, compute_slowdown=1.7)
+
+    def fails(*args, **kwargs):
+        raise ValueError("no layout")
+    monkeypatch.setattr(simulate, "simulate_pipeline", fails)
+    assert plan.runtime_cluster(object(), spec, None) is spec  # compute_slowdown 1.7 kept
+    assert "no host-sharing factor" in capsys.readouterr().err
+    monkeypatch.setattr(simulate, "simulate_pipeline", lambda *a, **k: SimpleNamespace(meta={"sharing": {"factor": 1.5}}))
+    got = plan.runtime_cluster(object(), spec, None)
+    assert got.workers[0].speed == 1.5 and got.compute_slowdown == 1.0

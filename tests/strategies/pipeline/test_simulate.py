@@ -252,3 +252,27 @@ def test_a_tied_weight_split_across_stages_adds_its_gradients_all_reduce():
     prof.params[0].use_modules = ["tok", "blk"]
     assert simulate_pipeline(prof, cluster, one).step_time_s == pytest.approx(
         simulate_pipeline(profile(False), cluster, one).step_time_s)
+
+
+def test_each_message_costs_its_share_of_the_measured_collective_cpu():
+    from caramel.strategies.pipeline.planner import LayerCost, message_cpu_s
+    from caramel.strategies.pipeline.simulate import stage_costs
+
+    # a ring all-reduce over 4 ranks sends 6 messages and receives 6 on each: 12 ends per collective
+    assert message_cpu_s(ClusterSpec.uniform(4, 1e9, collective_cpu_s=2.4e-3)) == pytest.approx(0.2e-3)
+    assert message_cpu_s(ClusterSpec.uniform(1, 1e9, collective_cpu_s=2.4e-3)) == 0.0
+    layers = [LayerCost(0.01, 0.02, 1000, 100)] * 3
+    plain = stage_costs(layers, [1, 2], ClusterSpec.uniform(3, 1e9))
+    paused = stage_costs(layers, [1, 2], ClusterSpec.uniform(3, 1e9, collective_cpu_s=8e-3))
+    # 8 ms / (4 x 2) = 1 ms per end: the end stages send or receive one message per action, the middle two
+    assert [b - a for a, b in zip(plain.forward_s, paused.forward_s)] == pytest.approx([1e-3, 2e-3, 1e-3])
+    assert [b - a for a, b in zip(plain.backward_s, paused.backward_s)] == pytest.approx([1e-3, 2e-3, 1e-3])
+    assert paused.transfer_s == plain.transfer_s
+    # in a whole simulation it costs more with more microbatches (more messages for the same bytes)
+    profile = _profile_at_two_sizes()
+    for m in (2, 4):
+        opts = PipelineOptions(stages=2, microbatches=m, partition="2")
+        base = simulate_pipeline(profile, ClusterSpec.uniform(2, 1e9), opts)
+        more = simulate_pipeline(profile, ClusterSpec.uniform(2, 1e9, collective_cpu_s=4e-3), opts)
+        # 2 ranks: 1 ms per end; each rank's m forwards and m backwards each send or receive one
+        assert more.compute_time_s - base.compute_time_s == pytest.approx(2 * m * 1e-3, rel=1e-6)
