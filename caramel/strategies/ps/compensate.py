@@ -27,14 +27,17 @@ DC_EPS = 1e-7  # keeps lambda finite where a gradient has been zero
 
 @torch.no_grad()
 def compensated(parts: list[torch.Tensor], drifts: list[torch.Tensor | None], mean_sq: torch.Tensor | None,
-                lambda0: float, workers: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """One parameter's pushes, corrected in place: `parts[j]` is worker j's gradient g_j
-    divided by the worker count W (as pushed), `drifts[j]` = w_now - w_used of worker j (None:
-    not stale; the drift tensor is used as scratch). Returns the parts and the new running mean
-    square of the full-scale gradient, averaged over the workers. In the pushed scale the
-    correction lambda * g_j * g_j * drift / W is W * lambda * part_j^2 * drift."""
-    sq = parts[0] * parts[0]
-    for p in parts[1:]:
+                lambda0: float, workers: int) -> torch.Tensor:
+    """Correct one parameter's pushes in place: `parts[j]` is worker j's gradient g_j divided by
+    the worker count W (as pushed), `drifts[j]` = w_now - w_used of worker j (None: not stale).
+    Returns the new running mean square of the full-scale gradient, averaged over the workers.
+    In the pushed scale the correction lambda * g_j * g_j * drift / W is W * lambda * part_j^2 *
+    drift. It is computed, and the running mean kept, in float32 whatever the parameter's dtype:
+    in half precision lambda (up to lambda0 * W / sqrt(DC_EPS)) overflows and the running mean
+    loses most of its bits."""
+    wide = [p.float() for p in parts]
+    sq = wide[0] * wide[0]
+    for p in wide[1:]:
         sq.addcmul_(p, p)
     sq.mul_(workers * workers / len(parts))  # mean over the workers of g_j^2, g_j = W * part_j
     if mean_sq is None:
@@ -43,10 +46,10 @@ def compensated(parts: list[torch.Tensor], drifts: list[torch.Tensor | None], me
         mean_sq.mul_(DC_MOMENTUM).add_(sq, alpha=1 - DC_MOMENTUM)
     if any(d is not None for d in drifts):
         lam = mean_sq.add(DC_EPS).rsqrt_().mul_(lambda0 * workers)
-        for p, d in zip(parts, drifts):
+        for p, w, d in zip(parts, wide, drifts):
             if d is not None:
-                p.addcmul_(d.mul_(lam).mul_(p), p)
-    return parts, mean_sq
+                p.add_((d.float() * lam * w * w).to(p.dtype))
+    return mean_sq
 
 
 @dataclass
@@ -77,7 +80,7 @@ class DelayCompensation:
             self.missing += 1
             return None
         self.corrected += 1
-        return now - old
+        return now.float() - old.float()
 
     @torch.no_grad()
     def bucket(self, members: list[int], views: list[list[torch.Tensor]], lags: list[list[int]],
@@ -89,4 +92,4 @@ class DelayCompensation:
             if not used[i]:
                 continue
             drifts = [self.drift(i, params[i], version_now, lag[k]) for lag in lags]
-            _, self.mean_sq[i] = compensated([v[k] for v in views], drifts, self.mean_sq.get(i), self.lambda0, workers)
+            self.mean_sq[i] = compensated([v[k] for v in views], drifts, self.mean_sq.get(i), self.lambda0, workers)

@@ -15,15 +15,33 @@ def test_the_compensated_gradient_matches_a_hand_computation():
     # two workers, one element each: pushed parts are gradient / 2
     g0, g1 = 0.4, -0.2  # full-scale gradients
     d1 = 0.05  # worker 1 computed at w_used = w_now - 0.05; worker 0 is fresh
-    out, ms = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, torch.tensor([d1])], None, 2.0, 2)
+    out = [torch.tensor([g0 / 2]), torch.tensor([g1 / 2])]
+    ms = compensated(out, [None, torch.tensor([d1])], None, 2.0, 2)
     want_ms = (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2
     lam = 2.0 / math.sqrt(want_ms + DC_EPS)
     assert ms.item() == pytest.approx(want_ms, rel=1e-6)
     assert out[0].item() == pytest.approx(g0 / 2, rel=1e-7)
     assert out[1].item() == pytest.approx((g1 + lam * g1 * g1 * d1) / 2, rel=1e-6)
     # the running mean square goes on from the previous one
-    _, ms2 = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, None], ms.clone(), 2.0, 2)
+    ms2 = compensated([torch.tensor([g0 / 2]), torch.tensor([g1 / 2])], [None, None], ms.clone(), 2.0, 2)
     assert ms2.item() == pytest.approx(DC_MOMENTUM * want_ms + (1 - DC_MOMENTUM) * (g0 * g0 + g1 * g1) / 2, rel=1e-6)
+
+
+def test_half_precision_gradients_are_corrected_in_float32():
+    """A zero gradient and a tiny running mean make lambda ~ lambda0 * W / sqrt(DC_EPS), beyond
+    float16's range: the correction stays finite and equals the float32 one (rounded once)."""
+    values, drift = [0.0, 1e-3, 0.5], [0.01, 0.01, 0.01]
+    for dtype in (torch.float16, torch.bfloat16):
+        exact = [torch.tensor(values, dtype=dtype).float() for _ in range(2)]  # the inputs as dtype holds them
+        want_ms = compensated(exact, [None, torch.tensor(drift, dtype=dtype).float()], None, 200.0, 2)
+        parts = [torch.tensor(values, dtype=dtype) for _ in range(2)]
+        ms = compensated(parts, [None, torch.tensor(drift, dtype=dtype)], None, 200.0, 2)
+        assert ms.dtype == torch.float32 and torch.equal(ms, want_ms), dtype
+        assert parts[1].dtype == dtype and torch.isfinite(parts[1]).all(), (dtype, parts[1])
+        assert torch.equal(parts[1], exact[1].to(dtype)), (dtype, parts[1], exact[1])
+        assert parts[1][0] == 0 and parts[1][2] > 1  # a zero gradient stays zero; the correction is there
+        ms = compensated(parts, [None, None], ms, 200.0, 2)  # the running mean goes on in float32
+        assert ms.dtype == torch.float32
 
 
 def test_the_server_keeps_the_versions_the_bound_allows_and_corrects_in_place():
