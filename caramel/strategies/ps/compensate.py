@@ -7,7 +7,9 @@ the gradient, the Hessian approximated by the outer product of the gradient (its
     g(w_now) ~ g + lambda * g * g * (w_now - w_used)            (elementwise)
 
 with the paper's adaptive lambda (DC-ASGD-a): lambda = lambda0 / sqrt(MeanSquare + eps),
-MeanSquare a running mean (momentum DC_MOMENTUM) of g * g per element. The correction is
+MeanSquare a running mean (momentum DC_MOMENTUM) of g * g per element. The paper leaves its
+start open; here the first gradient's g * g starts it (started at 0, the first ~20 updates'
+lambda would be up to 1 / sqrt(1 - DC_MOMENTUM) = 4.5x the steady one). The correction is
 made on the gradient, before the user's optimizer sees it, so it works with any optimizer
 the `ps` strategy runs. Each worker's gradient is corrected on its own (its own w_used)
 before the server adds them up: each push carries, per parameter, how many updates the
@@ -40,8 +42,8 @@ def compensated(parts: list[torch.Tensor], drifts: list[torch.Tensor | None], me
     for p in wide[1:]:
         sq.addcmul_(p, p)
     sq.mul_(workers * workers / len(parts))  # mean over the workers of g_j^2, g_j = W * part_j
-    if mean_sq is None:
-        mean_sq = sq.mul_(1 - DC_MOMENTUM)
+    if mean_sq is None:  # the first gradient starts it (a zero start would make lambda 4.5x too large at first)
+        mean_sq = sq
     else:
         mean_sq.mul_(DC_MOMENTUM).add_(sq, alpha=1 - DC_MOMENTUM)
     if any(d is not None for d in drifts):
