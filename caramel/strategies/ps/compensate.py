@@ -64,7 +64,6 @@ class DelayCompensation:
     mean_sq: dict[int, torch.Tensor] = field(default_factory=dict)
     missing: int = 0  # gradients left uncorrected: their version was no longer (or not yet) kept here
     corrected: int = 0  # (worker, parameter) gradients corrected with a lag > 0
-    log: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (update, bucket, each worker's lag): tests
 
     @torch.no_grad()
     def record(self, version: int, values: dict[int, torch.Tensor]) -> None:

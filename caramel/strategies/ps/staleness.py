@@ -105,7 +105,6 @@ class StalenessControl:
         views = [unflatten(t, like) for t in tensors]
         lags = [[self.lags[r][pos[i]] for i in members] for r in ranks]
         self.dc.bucket(members, views, lags, e.params, step, used, e.workers)
-        self.dc.log.append((step, b, [max(lag) for lag in lags]))
 
     def slowest(self) -> bool:
         """This rank was the busiest at the latest applied update (ties: the lowest rank);

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 import caramel
@@ -265,8 +266,10 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
     the staleness log, the final parameters and (predict) what each forward used."""
     import time
 
+    from caramel.strategies.ps.compensate import DelayCompensation
     from caramel.strategies.ps.staleness import StalenessControl
 
+    unlogged = DelayCompensation.bucket
     out = {}
     for spec in specs:
         w = fresh("gpt_tied")
@@ -290,6 +293,15 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
                     seen.append({i: (e.version[i], e.steps, e.params[i].detach().numpy().copy(),
                                      e.stale.base.get(i, e.params[i]).detach().numpy().copy()) for i in e.plan.params})
             w.model.register_forward_hook(record)
+        used_at: dict[int, dict[int, np.ndarray]] = {}  # compensate: per step, the values its forward used
+        served: list[dict] = []  # compensate: per bucket this rank corrected, what each worker's drift was
+        if "compensate" in spec:
+            def keep(_m, _a, _out):
+                e = opt.ps.engine
+                if torch.is_grad_enabled() and not opt.ps.profiling:
+                    used_at[e.steps] = {i: e.params[i].detach().numpy().copy() for i in e.plan.params}
+            w.model.register_forward_hook(keep)
+            DelayCompensation.bucket = _logged_bucket(served)  # the engine is rebuilt after profiling: on the class
         step_at = []
         for step in range(steps):
             if rank == 1 and "ssp:0" not in spec and ":" in spec:
@@ -302,13 +314,46 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             opt.zero_grad()
         opt.synchronize()
         StalenessControl.pace = counted.__defaults__[0]
+        DelayCompensation.bucket = unlogged
         dc = opt.ps.engine.stale.dc if opt.ps.engine.stale is not None else None
+        buckets = [list(b) for b in opt.ps.engine.plan.buckets]
+        served[:] = [x for x in served if x.pop("dc") is dc]  # the engine after profiling (another plan before)
+        for entry in served:
+            entry["bucket"] = buckets.index(entry.pop("members"))
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
-                     "dc": None if dc is None else {"log": dc.log, "corrected": dc.corrected, "missing": dc.missing,
-                                                    "buckets": len(opt.ps.engine.plan.buckets)}}
+                     "dc": None if dc is None else {"served": served, "used_at": used_at, "corrected": dc.corrected,
+                                                    "missing": dc.missing, "buckets": len(buckets)}}
         caramel.shutdown()
     return out
+
+
+def _logged_bucket(served: list[dict]):
+    """`DelayCompensation.bucket` that also logs, per call, the update, the bucket's members,
+    and per worker position (the server's own push first, then the others in rank order) and
+    used parameter: the lag and the drift the server computed (None: lag 0), with w_now."""
+    from caramel.strategies.ps.compensate import DelayCompensation
+
+    bucket, drift = DelayCompensation.bucket, DelayCompensation.drift
+
+    def logged(self, members, views, lags, params, version_now, used, workers):
+        calls = []
+
+        def logged_drift(i, now, version, lag):
+            d = drift(self, i, now, version, lag)
+            calls.append((i, lag, now.detach().numpy().copy(), None if d is None else d.numpy().copy()))
+            return d
+        self.drift = logged_drift
+        try:
+            bucket(self, members, views, lags, params, version_now, used, workers)
+        finally:
+            del self.drift
+        # bucket() asks for the drifts parameter by parameter, each worker in position order
+        entry = {"dc": self, "step": version_now, "members": list(members), "lags": [list(x) for x in lags], "drifts": []}
+        for n, (i, lag, now, d) in enumerate(calls):
+            entry["drifts"].append((n % len(lags), i, lag, now, d))
+        served.append(entry)
+    return logged
 
 
 def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
