@@ -20,8 +20,10 @@ shard (asp: ASP_BOUND_STEPS).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 DC_MOMENTUM = 0.95  # the paper's m for the running mean square of the gradient
 DC_EPS = 1e-7  # keeps lambda finite where a gradient has been zero
@@ -65,6 +67,12 @@ class DelayCompensation:
     missing: int = 0  # gradients left uncorrected: their version was no longer (or not yet) kept here
     corrected: int = 0  # (worker, parameter) gradients corrected with a lag > 0
 
+    def adopt(self, mean_sq: dict[int, torch.Tensor], owner: dict[int, int], rank: int,
+              params: list[torch.Tensor]) -> None:
+        """Take the running mean squares of the parameters this rank serves (`owner`: parameter
+        -> server) from every server's (a new placement, a resumed checkpoint)."""
+        self.mean_sq = {i: m.to(params[i].device, torch.float32) for i, m in mean_sq.items() if owner.get(i) == rank}
+
     @torch.no_grad()
     def record(self, version: int, values: dict[int, torch.Tensor]) -> None:
         """The shard's values at `version` (before that update is applied); drop what no later
@@ -94,3 +102,16 @@ class DelayCompensation:
                 continue
             drifts = [self.drift(i, params[i], version_now, lag[k]) for lag in lags]
             self.mean_sq[i] = compensated([v[k] for v in views], drifts, self.mean_sq.get(i), self.lambda0, workers)
+
+
+def gather_mean_sq(dc: DelayCompensation | None, group: Any) -> dict[int, torch.Tensor]:
+    """All ranks: every server's running mean squares, merged (parameter -> CPU float32 tensor),
+    for a checkpoint and for a new placement (`dc`: None on a rank that serves nothing, or
+    without compensate)."""
+    mine = {} if dc is None else {i: m.detach().cpu() for i, m in dc.mean_sq.items()}
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    merged: dict[int, torch.Tensor] = {}
+    for part in everyone:
+        merged.update(part)
+    return merged

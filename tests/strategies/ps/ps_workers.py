@@ -357,7 +357,7 @@ def _logged_bucket(served: list[dict]):
 
 
 def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
-    """`steps` steps uninterrupted, checkpointed at steps // 2 (rank 0's state dicts through
+    """(staleness=predict or compensate) `steps` steps uninterrupted, checkpointed at steps // 2 (rank 0's state dicts through
     torch.save / torch.load(weights_only=True), as `caramel train` does), against fresh model,
     optimizer and engine objects loaded from that checkpoint: the staleness state, the plan and
     step count at the resume point, and what a forward one update behind would compute on
@@ -366,6 +366,8 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     import io
 
     import torch.distributed as dist
+
+    from caramel.strategies.ps.parallelize import PsRun
 
     half = steps // 2
 
@@ -379,13 +381,18 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
 
     def state(opt) -> dict:
         e = opt.ps.engine
+        dc = e.stale.dc.mean_sq if e.stale.dc is not None else {}
         return {"steps": e.steps, "plan": e.plan.to_dict(), "profiling": opt.ps.profiling,
                 "versions": sorted(set(e.version.values())), "peer_busy_s": list(e.stale.peer_busy_s),
                 # numpy: tensors cross the result queue through shared memory, gone once a worker exits
-                "delta": {e.names[i]: d.detach().numpy().copy() for i, d in e.stale.delta.items()}}
+                "delta": {e.names[i]: d.detach().numpy().copy() for i, d in e.stale.delta.items()},
+                "dc_mean_sq": {e.names[i]: m.numpy().copy() for i, m in dc.items()},
+                "served": sorted(e.names[i] for i in e.plan.params if e.server_of(i) == e.rank)}
 
     def probe(opt) -> list[torch.Tensor]:
         e = opt.ps.engine
+        if not e.stale.predicting:
+            return [e.params[i].detach().clone() for i in e.plan.params]
         e.steps += 1  # every parameter lacks one update: a forward would use w + delta
         try:
             with torch.no_grad():
@@ -396,10 +403,20 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
             e.steps -= 1
         return out
 
+    replans: list[dict] = []  # compensate: this rank's running mean squares before and after the new plan
+
+    def adopting(run, profile, adopt=PsRun._adopt_plan):
+        names, before = run.engine.names, run.engine.stale.dc
+        replans.append({"before": {names[i]: m.numpy().copy() for i, m in (before.mean_sq if before else {}).items()}})
+        adopt(run, profile)
+        after = run.engine.stale.dc
+        replans[-1]["after"] = {names[i]: m.numpy().copy() for i, m in (after.mean_sq if after else {}).items()}
+    PsRun._adopt_plan = adopting
     w = fresh("gpt_tied")
     opt, sched = make_optimizer("adam", w.model.parameters())
     model, opt = caramel.parallelize(w.model, opt, spec)
     run(model, opt, sched, w, 0, half)
+    PsRun._adopt_plan = adopting.__defaults__[0]
     opt.synchronize()
     saved = [None]
     if rank == 0:
@@ -435,7 +452,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
         "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values)),
         "full_end_plan": full_end, "resumed_end_plan": opt2.ps.engine.plan.to_dict(),
         "resumed_end_steps": opt2.ps.engine.steps, "resumed_profiled": opt2.ps.profiling,
-        "params": _numpy(resumed), "older": older,
+        "params": _numpy(resumed), "older": older, "replans": replans,
     }
     caramel.shutdown()
     return out
