@@ -52,7 +52,7 @@ class StalenessControl:
         from caramel.strategies.ps.options import ASP_BOUND_STEPS  # options imports MODES from here
 
         bound = engine.bound if engine.bound is not None else ASP_BOUND_STEPS
-        self.dc = DelayCompensation(engine.options.dc_lambda, bound) if mode == "compensate" else None
+        self.dc = DelayCompensation(engine.options.dc_lambda0(), bound) if mode == "compensate" else None
         self.lags: list[list[int]] = []  # compensate: per rank, per plan parameter, the lag of the latest applied push
         self.peer_busy_s: list[float] = []  # every rank's busy seconds at the latest applied update
         self.busy_since: float | None = None

@@ -8,7 +8,8 @@ import torch
 
 from caramel.errors import CaramelError
 from caramel.strategies.ps.compensate import DC_EPS, DC_MOMENTUM, DelayCompensation, compensated
-from caramel.strategies.ps.options import PsOptions
+from caramel.strategies.options import build_options, parse_spec, to_spec
+from caramel.strategies.ps.options import DEFAULT_DC_LAMBDA, PsOptions
 
 
 def test_the_compensated_gradient_matches_a_hand_computation():
@@ -70,7 +71,16 @@ def test_compensate_is_refused_where_it_has_no_meaning():
         PsOptions(consistency="ssp:2", staleness="compensate", servers=1, dedicated=True)
     with pytest.raises(CaramelError, match="hierarchical=true"):
         PsOptions(consistency="ssp:2", staleness="compensate", hierarchical=True)
+    for value in (5.0, DEFAULT_DC_LAMBDA):  # the default given explicitly is not silently ignored either
+        with pytest.raises(CaramelError, match="ps: dc_lambda=.* applies to staleness=compensate only"):
+            PsOptions(consistency="ssp:2", staleness="pace", dc_lambda=value)
     with pytest.raises(CaramelError, match="applies to staleness=compensate only"):
-        PsOptions(consistency="ssp:2", staleness="pace", dc_lambda=5.0)
+        build_options(PsOptions, parse_spec(f"ps:consistency=ssp:2,staleness=pace,dc_lambda={DEFAULT_DC_LAMBDA:g}")[1])
+    spec = "ps:consistency=ssp:2,staleness=compensate"
+    assert to_spec("ps", build_options(PsOptions, parse_spec(spec + ",dc_lambda=2")[1])) == \
+        "ps:consistency=ssp:2,dc_lambda=2,staleness=compensate"
+    assert to_spec("ps", build_options(PsOptions, parse_spec(spec)[1])) == spec
+    assert PsOptions(consistency="ssp:2", staleness="compensate").dc_lambda0() == DEFAULT_DC_LAMBDA
+    assert PsOptions(consistency="ssp:2", staleness="compensate", dc_lambda=200).dc_lambda0() == 200.0
     with pytest.raises(CaramelError, match="dc_lambda must be a finite number"):
         PsOptions(consistency="ssp:2", staleness="compensate", dc_lambda=float("nan"))
