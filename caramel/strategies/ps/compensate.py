@@ -14,8 +14,8 @@ made on the gradient, before the user's optimizer sees it, so it works with any 
 the `ps` strategy runs. Each worker's gradient is corrected on its own (its own w_used)
 before the server adds them up: each push carries, per parameter, how many updates the
 pushing rank's parameters lagged (`lag`), and the server keeps the versions of its shard
-the bound S allows (w_used is at most S updates old), so it holds at most S copies of its
-shard (asp: ASP_BOUND_STEPS).
+from the oldest the latest update's pushes used (w_used is at most S updates old), so it holds
+(largest lag + 1) copies of its shard, at most S (asp: ASP_BOUND_STEPS).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class DelayCompensation:
     """One server's compensation state: its shard's recent versions and running mean squares."""
 
     lambda0: float
-    keep: int  # how many versions back a gradient may be (the staleness bound)
+    keep_versions: int  # how many versions back a gradient may be (the staleness bound)
     history: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # version -> parameter -> value
     mean_sq: dict[int, torch.Tensor] = field(default_factory=dict)
     missing: int = 0  # gradients left uncorrected: their version was no longer (or not yet) kept here
@@ -74,11 +74,14 @@ class DelayCompensation:
         self.mean_sq = {i: m.to(params[i].device, torch.float32) for i, m in mean_sq.items() if owner.get(i) == rank}
 
     @torch.no_grad()
-    def record(self, version: int, values: dict[int, torch.Tensor]) -> None:
+    def record(self, version: int, values: dict[int, torch.Tensor], oldest_used: int | None = None) -> None:
         """The shard's values at `version` (before that update is applied); drop what no later
-        gradient can have used."""
+        gradient can have used: older than the bound allows, or than `oldest_used`, the oldest
+        version a push of this update was computed on (a rank's copy only moves forward, so its
+        later pushes use that version or a newer one; under asp that keeps ~2 copies, not 32)."""
         self.history[version] = {i: v.detach().clone() for i, v in values.items()}
-        for old in [v for v in self.history if v < version + 1 - self.keep]:
+        first = version + 1 - self.keep_versions if oldest_used is None else max(version + 1 - self.keep_versions, oldest_used)
+        for old in [v for v in self.history if v < first]:
             del self.history[old]
 
     def drift(self, i: int, now: torch.Tensor, version_now: int, lag: int) -> torch.Tensor | None:

@@ -151,8 +151,9 @@ class StalenessControl:
         `version`; with predict, the step's change is each parameter's latest update; with
         compensate, the values are kept for the stale gradients still to come."""
         self.restore(mine)
-        if self.dc is not None:
-            self.dc.record(version, {i: self.e.params[i] for i in mine})
+        if self.dc is not None:  # this update's pushes were on versions >= version - its largest lag
+            oldest = version - max(max(lags) for lags in self.lags) if self.lags else None
+            self.dc.record(version, {i: self.e.params[i] for i in mine}, oldest)
         before = {i: self.e.params[i].detach().clone() for i in mine} if self.predicting else {}
         step()
         with torch.no_grad():

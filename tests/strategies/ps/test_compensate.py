@@ -46,7 +46,7 @@ def test_half_precision_gradients_are_corrected_in_float32():
 
 
 def test_the_server_keeps_the_versions_the_bound_allows_and_corrects_in_place():
-    dc = DelayCompensation(lambda0=1.0, keep=2)
+    dc = DelayCompensation(lambda0=1.0, keep_versions=2)
     w = torch.tensor([1.0, 2.0])
     for version, value in enumerate(([0.5, 1.0], [0.7, 1.5], [0.9, 1.8])):
         dc.record(version, {0: torch.tensor(value)})
@@ -61,6 +61,12 @@ def test_the_server_keeps_the_versions_the_bound_allows_and_corrects_in_place():
     assert (dc.corrected, dc.missing) == (1, 0)
     dc.bucket([0], [[flat_own], [flat_other]], [[0], [3]], [w], 3, {0: True}, 2)  # version 0 was dropped
     assert dc.missing == 1
+    # asp's bound is 32 versions; when this update's pushes were at most one behind, only the
+    # versions from that one on can still be asked for
+    dc = DelayCompensation(lambda0=1.0, keep_versions=32)
+    for version in range(6):
+        dc.record(version, {0: torch.tensor([float(version)])}, oldest_used=version - 1)
+    assert sorted(dc.history) == [4, 5]
 
 
 def test_compensate_is_refused_where_it_has_no_meaning():
