@@ -85,6 +85,9 @@ class DelayCompensation:
             del self.history[old]
 
     def drift(self, i: int, now: torch.Tensor, version_now: int, lag: int) -> torch.Tensor | None:
+        """w_now - w_used (float32) of parameter i for a push `lag` updates behind version_now;
+        None when it is fresh, or when that version is not kept (counted in `missing`, which
+        stats_dict reports as dc_missing: such a gradient is applied uncorrected, not refused)."""
         if lag <= 0:
             return None
         old = self.history.get(version_now - lag, {}).get(i)

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from caramel.errors import CaramelError
-from caramel.strategies.ps.compensate import DelayCompensation
-
 from caramel.strategies.ps.buckets import unflatten
+from caramel.strategies.ps.compensate import DelayCompensation
 
 if TYPE_CHECKING:
     from caramel.strategies.ps.engine import PsEngine
@@ -39,15 +38,12 @@ MODES = ("none", "pace", "predict", "compensate")
 
 
 class StalenessControl:
-    """The staleness handling of one engine (staleness=pace or predict under ssp/asp)."""
+    """The staleness handling of one engine (staleness=pace, predict or compensate under ssp/asp)."""
 
     def __init__(self, engine: PsEngine, mode: str):
         if engine.groups.dedicated:  # the servers read a step's message at a fixed length
             raise CaramelError(f"ps: staleness={mode} does not combine with dedicated servers yet; use colocated "
                                f"servers (dedicated=false) or staleness=none")
-        if mode == "compensate" and engine.hier is not None:  # node sums mix the workers' gradients
-            raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
-                               "mixes gradients of different ages); use hierarchical=false or staleness=pace")
         self.e, self.predicting = engine, mode == "predict"
         from caramel.strategies.ps.options import ASP_BOUND_STEPS  # options imports MODES from here
 
