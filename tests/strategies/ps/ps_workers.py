@@ -367,6 +367,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
 
     import torch.distributed as dist
 
+    from caramel.strategies.ps.compensate import compensated
     from caramel.strategies.ps.parallelize import PsRun
 
     half = steps // 2
@@ -389,10 +390,16 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
                 "dc_mean_sq": {e.names[i]: m.numpy().copy() for i, m in dc.items()},
                 "served": sorted(e.names[i] for i in e.plan.params if e.server_of(i) == e.rank)}
 
-    def probe(opt) -> list[torch.Tensor]:
+    def probe(opt, restored: bool = True) -> list[torch.Tensor]:
         e = opt.ps.engine
-        if not e.stale.predicting:
-            return [e.params[i].detach().clone() for i in e.plan.params]
+        if e.stale.dc is not None:  # the next correction this server makes: a made-up push one update behind
+            dc, out = e.stale.dc, []
+            for i in sorted(dc.mean_sq):
+                parts = [e.params[i].detach() * 0.01, e.params[i].detach() * -0.02]
+                compensated(parts, [None, torch.full_like(parts[1], 1e-3)],
+                            dc.mean_sq[i].clone() if restored else None, dc.lambda0, 2)
+                out.append(parts[1])
+            return out
         e.steps += 1  # every parameter lacks one update: a forward would use w + delta
         try:
             with torch.no_grad():
@@ -425,6 +432,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
         saved = [buf.getvalue()]
     dist.broadcast_object_list(saved, src=0)
     full_at, full_probe = state(opt), probe(opt)
+    unrestored_probe = probe(opt, restored=False) if opt.ps.engine.stale.dc is not None else full_probe
     true_values = [p.detach().clone() for p in model.module.parameters()]
     run(model, opt, sched, w, half, steps - half)
     opt.synchronize()
@@ -449,7 +457,10 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     out = {
         "full_at": full_at, "resumed_at": resumed_at,
         "same_probe": all(torch.equal(a, b) for a, b in zip(full_probe, resumed_probe)),
-        "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values)),
+        "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values))
+        if opt.ps.engine.stale.predicting else None,
+        "probe_needs_state": any(not torch.equal(a, b) for a, b in zip(full_probe, unrestored_probe)),
+        "probed": len(full_probe),
         "full_end_plan": full_end, "resumed_end_plan": opt2.ps.engine.plan.to_dict(),
         "resumed_end_steps": opt2.ps.engine.steps, "resumed_profiled": opt2.ps.profiling,
         "params": _numpy(resumed), "older": older, "replans": replans,
