@@ -2,13 +2,20 @@
 
     python experiments/ps_ssp_validation.py --workload char_gpt --steps 200 --seeds 0 1 2 \
         --json out.json   # run under /tmp/bench.sh: every spec of a seed in one run, in turn
+    # the compensate spec chosen on a tuning run (lowest validation loss), added to --specs:
+    python experiments/ps_ssp_validation.py ... --tune-json tune.json --json out.json
+    # several runs into one results file (caramel.ps-ssp-validation/3):
+    python experiments/ps_ssp_validation.py merge --tune tune.json --part char_gpt=out.json \
+        --part digits=digits.json --meta meta.json --out results.json
 
 For each seed, `caramel train` runs every `--specs` entry (the first is the reference, BSP)
 with rank 1 1.5x slower (`--slow-worker 1:1.5`) on the emulated cluster at `--bandwidth`,
 the same steps (so the same samples) and seed. Per run: the validation loss at the end and
 throughput as world x batch / rank 0's mean step time over steps 6..end (metrics.jsonl; the
 median flatters ssp, whose steps alternate short and blocked); per spec and seed, both as
-ratios to the reference of the same seed.
+ratios to the reference of the same seed. `merge` adds nothing measured: the hand-written
+fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged
+with its name, and each part's summary under "<part> <spec>".
 """
 from __future__ import annotations
 
@@ -65,15 +72,53 @@ def summarize(runs: list[dict], specs: list[str]) -> dict:
     return out
 
 
+def choose(tune: dict) -> str:
+    """The tuning run's compensate spec with the lowest validation loss (mean over its seeds)."""
+    specs = [spec for spec in tune["specs"] if "staleness=compensate" in spec]
+    if not specs:
+        raise SystemExit("the tuning run has no staleness=compensate spec to choose from")
+    return min(specs, key=lambda spec: statistics.mean(r["val_loss"] for r in tune["runs"] if r["strategy"] == spec))
+
+
+def merge(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="ps_ssp_validation.py merge", description="runs into one results file")
+    ap.add_argument("--tune", required=True, help="the tuning run's --json")
+    ap.add_argument("--part", action="append", required=True, help="NAME=FILE: an evaluation run's --json")
+    ap.add_argument("--meta", required=True, help="JSON of the hand-written fields (what, code, commands, ...)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    tune = json.loads(Path(a.tune).read_text())
+    result = {"format": "caramel.ps-ssp-validation/3", **json.loads(Path(a.meta).read_text()),
+              "chosen_spec": choose(tune), "tune": {"summary": tune["summary"], "runs": tune["runs"]},
+              "summary": {}, "runs": []}
+    for item in a.part:
+        name, _, file = item.partition("=")
+        if not name or not file:
+            raise SystemExit(f"--part must be NAME=FILE, got {item!r}")
+        part = json.loads(Path(file).read_text())
+        result["summary"].update({f"{name} {spec}": v for spec, v in summarize(part["runs"], part["specs"]).items()})
+        result["runs"] += [{**r, "part": name} for r in part["runs"]]
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["merge"]:
+        merge(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--seeds", type=int, nargs="+", required=True)
     ap.add_argument("--specs", nargs="+", default=SPECS)
     ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--tune-json", help="a tuning run's --json: its best compensate spec is added to --specs")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
+    chosen = None
+    if a.tune_json:
+        chosen = choose(json.loads(Path(a.tune_json).read_text()))
+        a.specs = [*a.specs, chosen]
+        print(f"chosen on {a.tune_json}: {chosen}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:
@@ -84,7 +129,7 @@ def main() -> None:
                       f"{r['samples_per_s_mean_step']:.0f} samples/s (mean step), load {r['load_after'][0]:.1f}",
                       flush=True)
     result = {"workload": a.workload, "steps": a.steps, "bandwidth": a.bandwidth, "specs": a.specs,
-              "summary": summarize(runs, a.specs), "runs": runs}
+              "chosen_spec": chosen, "summary": summarize(runs, a.specs), "runs": runs}
     Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
 

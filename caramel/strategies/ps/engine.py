@@ -85,7 +85,7 @@ class PsEngine:
         self.last_issue_t = 0.0  # when the latest update's first pull was handed to the backend
         self.ready_callback: Any = None  # profiling: told each parameter whose gradient is ready
         self.stale = StalenessControl(self, options.staleness) if options.staleness != "none" and self.bound != 0 \
-            else None  # staleness=pace/predict (`staleness.py`); bsp is untouched
+            else None  # staleness=pace/predict/compensate (`staleness.py`); bsp is untouched
         self._hook_handles()
 
     # --- hooks -------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class PsOptions:
     pull_bucket_cap_mb: float | None = None
     staleness: str = field(default="none", metadata={"choices": STALENESS})
     clip_grad_norm: float = 0.0  # the servers clip the averaged gradient's global L2 norm to this (0: no clipping)
-    dc_lambda: float = DEFAULT_DC_LAMBDA  # staleness=compensate: lambda0 of DC-ASGD-a (unitless; compensate.py)
+    dc_lambda: float | None = None  # staleness=compensate: lambda0 of DC-ASGD-a (unitless; None: DEFAULT_DC_LAMBDA)
 
     def __post_init__(self) -> None:
         if self.servers < 0:
@@ -84,12 +84,12 @@ class PsOptions:
         if self.staleness != "none" and self.staleness_bound() == 0:
             raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
                                f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
-        if isinstance(self.dc_lambda, bool) or not isinstance(self.dc_lambda, (int, float)) \
-                or not math.isfinite(self.dc_lambda) or self.dc_lambda < 0:
-            raise CaramelError(f"dc_lambda must be a finite number >= 0 (lambda0 of staleness=compensate's delay "
+        if self.dc_lambda is not None and (isinstance(self.dc_lambda, bool) or not isinstance(self.dc_lambda, (int, float))
+                                           or not math.isfinite(self.dc_lambda) or self.dc_lambda < 0):
+            raise CaramelError(f"ps: dc_lambda must be a finite number >= 0 (lambda0 of staleness=compensate's delay "
                                f"compensation; default {DEFAULT_DC_LAMBDA:g}), got {self.dc_lambda!r}")
-        if self.dc_lambda != DEFAULT_DC_LAMBDA and self.staleness != "compensate":
-            raise CaramelError(f"dc_lambda={self.dc_lambda:g} applies to staleness=compensate only, got staleness="
+        if self.dc_lambda is not None and self.staleness != "compensate":  # given, even at the default: not ignored
+            raise CaramelError(f"ps: dc_lambda={self.dc_lambda:g} applies to staleness=compensate only, got staleness="
                                f"{self.staleness}; drop dc_lambda or set staleness=compensate")
         if self.staleness == "compensate" and self.hierarchical:
             raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
@@ -98,6 +98,10 @@ class PsOptions:
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:
             raise CaramelError("ps: dedicated=true and hierarchical=true do not combine yet; pick one")
+
+    def dc_lambda0(self) -> float:
+        """compensate's lambda0: dc_lambda, or DEFAULT_DC_LAMBDA when that is not given."""
+        return DEFAULT_DC_LAMBDA if self.dc_lambda is None else float(self.dc_lambda)
 
     def pull_cap_mb(self) -> float:
         """The cap of a pull bucket: pull_bucket_cap_mb, or bucket_cap_mb when that is not given."""

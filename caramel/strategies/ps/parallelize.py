@@ -28,6 +28,7 @@ from caramel.profile.profiler import StepTimer, UseTracker, build_profile, uniqu
 from caramel.runtime.buffer_sync import buffer_mode
 from caramel.runtime.optimizer import PER_PARAMETER_OPTIMIZERS, rebind_class, steps_per_parameter
 from caramel.strategies.ps.buffer_sync import ps_buffer_sync
+from caramel.strategies.ps.compensate import gather_mean_sq
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_PLAN, PsEngine
 from caramel.strategies.ps.transfers import PsGroups
 from caramel.strategies.ps.hierarchy import local_world_size, make_hierarchy
@@ -68,6 +69,7 @@ class PsRun:
         self.unused: list[int] = []
         self.log: list[dict[str, Any]] = []
         self.released = False
+        self.dc_mean_sq: dict[int, torch.Tensor] = {}  # compensate: every server's running mean squares at synchronize()
         self._fwd_t0 = self._wait0 = self._step_end = 0.0
         self.t0 = time.perf_counter()
         if profile is not None:
@@ -186,6 +188,9 @@ class PsRun:
                      self.share_buffers)
         e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
+        if e.stale is not None and e.stale.dc is not None:  # the running mean squares go to the new servers
+            e.stale.dc.adopt(gather_mean_sq(old.stale.dc, self.groups.control), e.server_ranks(), self.rank,
+                             self.params)
         if self.groups.dedicated:
             send_values(self.params, plan.params, self.ranks, self.groups.control)
         e.set_waits(waits)
@@ -200,6 +205,9 @@ class PsRun:
         if self.groups.dedicated:
             self._tell_servers(CMD_GATHER)
         gather_full_state(self.optimizer, self.params, self.engine.server_ranks(), self.rank, self.groups.control)
+        dc = self.engine.stale.dc if self.engine.stale is not None else None
+        if dc is not None and self.engine.world > 1:  # for the checkpoint, as the optimizer state above
+            self.dc_mean_sq = gather_mean_sq(dc, self.groups.control)
         self._gathered_at = self.engine.applied
         self.write_trace()
 

@@ -13,9 +13,10 @@ lack an update are not extrapolated. The `caramel_ps` entry of `optimizer.state_
 - the steps pushed so far (every update is applied and pulled at `synchronize()`, so every
   parameter is at that version);
 - with `staleness=pace`, `predict` or `compensate`: every rank's busy seconds at the latest
-  update (who is the slowest) and, with predict, each parameter's latest update by name.
-  compensate's running mean square stays at its server and is not carried (docs/ps.md,
-  Limits): a resumed run starts it again.
+  update (who is the slowest); with predict, each parameter's latest update by name; with
+  compensate, every server's running mean square of the gradient by name (gathered at
+  `synchronize()`, as the optimizer state; each server takes its own back). The versions a
+  server keeps need no saving: after `synchronize()` every rank is at the latest one.
 
 All of it is the same on every rank once `synchronize()` has run (each rank's latest update of
 a parameter is the same difference of the same two versions), so the state dict of any one
@@ -56,6 +57,9 @@ def run_state(run: PsRun) -> dict[str, Any]:
     if e.stale is not None:
         out["staleness"] = {"peer_busy_s": [float(x) for x in e.stale.peer_busy_s],
                             "delta": {e.names[i]: d.detach().cpu().clone() for i, d in e.stale.delta.items()}}
+        if e.stale.dc is not None:  # gathered from every server at synchronize() (one rank: its own)
+            gathered = run.dc_mean_sq if e.world > 1 else e.stale.dc.mean_sq
+            out["staleness"]["dc_mean_sq"] = {e.names[i]: m.detach().cpu().clone() for i, m in gathered.items()}
     return out
 
 
@@ -121,6 +125,10 @@ def restore(run: PsRun, entry: dict[str, Any]) -> None:
             e.stale.base, e.stale.at = {}, {}
             e.stale.delta = {index[n]: d.to(e.params[index[n]].device, e.params[index[n]].dtype)
                              for n, d in stale["delta"].items() if n in index}
+        if e.stale.dc is not None and isinstance(stale.get("dc_mean_sq"), dict):  # each server takes its own
+            index = {n: i for i, n in enumerate(e.names)}
+            e.stale.dc.adopt({index[n]: m for n, m in stale["dc_mean_sq"].items() if n in index}, e.server_ranks(),
+                             e.rank, e.params)
 
 
 def _fitting_plan(run: PsRun, saved: dict[str, Any] | None) -> PsPlan | None:

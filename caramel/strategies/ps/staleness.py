@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from caramel.errors import CaramelError
-from caramel.strategies.ps.compensate import DelayCompensation
-
 from caramel.strategies.ps.buckets import unflatten
+from caramel.strategies.ps.compensate import DelayCompensation
 
 if TYPE_CHECKING:
     from caramel.strategies.ps.engine import PsEngine
@@ -39,20 +38,17 @@ MODES = ("none", "pace", "predict", "compensate")
 
 
 class StalenessControl:
-    """The staleness handling of one engine (staleness=pace or predict under ssp/asp)."""
+    """The staleness handling of one engine (staleness=pace, predict or compensate under ssp/asp)."""
 
     def __init__(self, engine: PsEngine, mode: str):
         if engine.groups.dedicated:  # the servers read a step's message at a fixed length
             raise CaramelError(f"ps: staleness={mode} does not combine with dedicated servers yet; use colocated "
                                f"servers (dedicated=false) or staleness=none")
-        if mode == "compensate" and engine.hier is not None:  # node sums mix the workers' gradients
-            raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
-                               "mixes gradients of different ages); use hierarchical=false or staleness=pace")
         self.e, self.predicting = engine, mode == "predict"
         from caramel.strategies.ps.options import ASP_BOUND_STEPS  # options imports MODES from here
 
         bound = engine.bound if engine.bound is not None else ASP_BOUND_STEPS
-        self.dc = DelayCompensation(engine.options.dc_lambda, bound) if mode == "compensate" else None
+        self.dc = DelayCompensation(engine.options.dc_lambda0(), bound) if mode == "compensate" else None
         self.lags: list[list[int]] = []  # compensate: per rank, per plan parameter, the lag of the latest applied push
         self.peer_busy_s: list[float] = []  # every rank's busy seconds at the latest applied update
         self.busy_since: float | None = None
@@ -105,7 +101,6 @@ class StalenessControl:
         views = [unflatten(t, like) for t in tensors]
         lags = [[self.lags[r][pos[i]] for i in members] for r in ranks]
         self.dc.bucket(members, views, lags, e.params, step, used, e.workers)
-        self.dc.log.append((step, b, [max(lag) for lag in lags]))
 
     def slowest(self) -> bool:
         """This rank was the busiest at the latest applied update (ties: the lowest rank);
@@ -152,8 +147,9 @@ class StalenessControl:
         `version`; with predict, the step's change is each parameter's latest update; with
         compensate, the values are kept for the stale gradients still to come."""
         self.restore(mine)
-        if self.dc is not None:
-            self.dc.record(version, {i: self.e.params[i] for i in mine})
+        if self.dc is not None:  # this update's pushes were on versions >= version - its largest lag
+            oldest = version - max(max(lags) for lags in self.lags) if self.lags else None
+            self.dc.record(version, {i: self.e.params[i] for i in mine}, oldest)
         before = {i: self.e.params[i].detach().clone() for i in mine} if self.predicting else {}
         step()
         with torch.no_grad():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 import caramel
@@ -265,8 +266,10 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
     the staleness log, the final parameters and (predict) what each forward used."""
     import time
 
+    from caramel.strategies.ps.compensate import DelayCompensation
     from caramel.strategies.ps.staleness import StalenessControl
 
+    unlogged = DelayCompensation.bucket
     out = {}
     for spec in specs:
         w = fresh("gpt_tied")
@@ -290,6 +293,15 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
                     seen.append({i: (e.version[i], e.steps, e.params[i].detach().numpy().copy(),
                                      e.stale.base.get(i, e.params[i]).detach().numpy().copy()) for i in e.plan.params})
             w.model.register_forward_hook(record)
+        used_at: dict[int, dict[int, np.ndarray]] = {}  # compensate: per step, the values its forward used
+        served: list[dict] = []  # compensate: per bucket this rank corrected, what each worker's drift was
+        if "compensate" in spec:
+            def keep(_m, _a, _out):
+                e = opt.ps.engine
+                if torch.is_grad_enabled() and not opt.ps.profiling:
+                    used_at[e.steps] = {i: e.params[i].detach().numpy().copy() for i in e.plan.params}
+            w.model.register_forward_hook(keep)
+            DelayCompensation.bucket = _logged_bucket(served)  # the engine is rebuilt after profiling: on the class
         step_at = []
         for step in range(steps):
             if rank == 1 and "ssp:0" not in spec and ":" in spec:
@@ -302,17 +314,50 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             opt.zero_grad()
         opt.synchronize()
         StalenessControl.pace = counted.__defaults__[0]
+        DelayCompensation.bucket = unlogged
         dc = opt.ps.engine.stale.dc if opt.ps.engine.stale is not None else None
+        buckets = [list(b) for b in opt.ps.engine.plan.buckets]
+        served[:] = [x for x in served if x.pop("dc") is dc]  # the engine after profiling (another plan before)
+        for entry in served:
+            entry["bucket"] = buckets.index(entry.pop("members"))
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
-                     "dc": None if dc is None else {"log": dc.log, "corrected": dc.corrected, "missing": dc.missing,
-                                                    "buckets": len(opt.ps.engine.plan.buckets)}}
+                     "dc": None if dc is None else {"served": served, "used_at": used_at, "corrected": dc.corrected,
+                                                    "missing": dc.missing, "buckets": len(buckets)}}
         caramel.shutdown()
     return out
 
 
+def _logged_bucket(served: list[dict]):
+    """`DelayCompensation.bucket` that also logs, per call, the update, the bucket's members,
+    and per worker position (the server's own push first, then the others in rank order) and
+    used parameter: the lag and the drift the server computed (None: lag 0), with w_now."""
+    from caramel.strategies.ps.compensate import DelayCompensation
+
+    bucket, drift = DelayCompensation.bucket, DelayCompensation.drift
+
+    def logged(self, members, views, lags, params, version_now, used, workers):
+        calls = []
+
+        def logged_drift(i, now, version, lag):
+            d = drift(self, i, now, version, lag)
+            calls.append((i, lag, now.detach().numpy().copy(), None if d is None else d.numpy().copy()))
+            return d
+        self.drift = logged_drift
+        try:
+            bucket(self, members, views, lags, params, version_now, used, workers)
+        finally:
+            del self.drift
+        # bucket() asks for the drifts parameter by parameter, each worker in position order
+        entry = {"dc": self, "step": version_now, "members": list(members), "lags": [list(x) for x in lags], "drifts": []}
+        for n, (i, lag, now, d) in enumerate(calls):
+            entry["drifts"].append((n % len(lags), i, lag, now, d))
+        served.append(entry)
+    return logged
+
+
 def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
-    """`steps` steps uninterrupted, checkpointed at steps // 2 (rank 0's state dicts through
+    """(staleness=predict or compensate) `steps` steps uninterrupted, checkpointed at steps // 2 (rank 0's state dicts through
     torch.save / torch.load(weights_only=True), as `caramel train` does), against fresh model,
     optimizer and engine objects loaded from that checkpoint: the staleness state, the plan and
     step count at the resume point, and what a forward one update behind would compute on
@@ -321,6 +366,9 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     import io
 
     import torch.distributed as dist
+
+    from caramel.strategies.ps.compensate import compensated
+    from caramel.strategies.ps.parallelize import PsRun
 
     half = steps // 2
 
@@ -334,13 +382,24 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
 
     def state(opt) -> dict:
         e = opt.ps.engine
+        dc = e.stale.dc.mean_sq if e.stale.dc is not None else {}
         return {"steps": e.steps, "plan": e.plan.to_dict(), "profiling": opt.ps.profiling,
                 "versions": sorted(set(e.version.values())), "peer_busy_s": list(e.stale.peer_busy_s),
                 # numpy: tensors cross the result queue through shared memory, gone once a worker exits
-                "delta": {e.names[i]: d.detach().numpy().copy() for i, d in e.stale.delta.items()}}
+                "delta": {e.names[i]: d.detach().numpy().copy() for i, d in e.stale.delta.items()},
+                "dc_mean_sq": {e.names[i]: m.numpy().copy() for i, m in dc.items()},
+                "served": sorted(e.names[i] for i in e.plan.params if e.server_of(i) == e.rank)}
 
-    def probe(opt) -> list[torch.Tensor]:
+    def probe(opt, restored: bool = True) -> list[torch.Tensor]:
         e = opt.ps.engine
+        if e.stale.dc is not None:  # the next correction this server makes: a made-up push one update behind
+            dc, out = e.stale.dc, []
+            for i in sorted(dc.mean_sq):
+                parts = [e.params[i].detach() * 0.01, e.params[i].detach() * -0.02]
+                compensated(parts, [None, torch.full_like(parts[1], 1e-3)],
+                            dc.mean_sq[i].clone() if restored else None, dc.lambda0, 2)
+                out.append(parts[1])
+            return out
         e.steps += 1  # every parameter lacks one update: a forward would use w + delta
         try:
             with torch.no_grad():
@@ -351,10 +410,20 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
             e.steps -= 1
         return out
 
+    replans: list[dict] = []  # compensate: this rank's running mean squares before and after the new plan
+
+    def adopting(run, profile, adopt=PsRun._adopt_plan):
+        names, before = run.engine.names, run.engine.stale.dc
+        replans.append({"before": {names[i]: m.numpy().copy() for i, m in (before.mean_sq if before else {}).items()}})
+        adopt(run, profile)
+        after = run.engine.stale.dc
+        replans[-1]["after"] = {names[i]: m.numpy().copy() for i, m in (after.mean_sq if after else {}).items()}
+    PsRun._adopt_plan = adopting
     w = fresh("gpt_tied")
     opt, sched = make_optimizer("adam", w.model.parameters())
     model, opt = caramel.parallelize(w.model, opt, spec)
     run(model, opt, sched, w, 0, half)
+    PsRun._adopt_plan = adopting.__defaults__[0]
     opt.synchronize()
     saved = [None]
     if rank == 0:
@@ -363,6 +432,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
         saved = [buf.getvalue()]
     dist.broadcast_object_list(saved, src=0)
     full_at, full_probe = state(opt), probe(opt)
+    unrestored_probe = probe(opt, restored=False) if opt.ps.engine.stale.dc is not None else full_probe
     true_values = [p.detach().clone() for p in model.module.parameters()]
     run(model, opt, sched, w, half, steps - half)
     opt.synchronize()
@@ -387,10 +457,13 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     out = {
         "full_at": full_at, "resumed_at": resumed_at,
         "same_probe": all(torch.equal(a, b) for a, b in zip(full_probe, resumed_probe)),
-        "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values)),
+        "probe_moves": max(float((a - b).abs().max()) for a, b in zip(full_probe, true_values))
+        if opt.ps.engine.stale.predicting else None,
+        "probe_needs_state": any(not torch.equal(a, b) for a, b in zip(full_probe, unrestored_probe)),
+        "probed": len(full_probe),
         "full_end_plan": full_end, "resumed_end_plan": opt2.ps.engine.plan.to_dict(),
         "resumed_end_steps": opt2.ps.engine.steps, "resumed_profiled": opt2.ps.profiling,
-        "params": _numpy(resumed), "older": older,
+        "params": _numpy(resumed), "older": older, "replans": replans,
     }
     caramel.shutdown()
     return out

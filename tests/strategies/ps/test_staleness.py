@@ -86,22 +86,33 @@ def test_an_unknown_staleness_is_one_clear_error():
 
 def test_compensate_applies_every_update_once_in_order_and_corrects_stale_gradients(runs):
     """Each server corrects each of its buckets once per update, in update order; the lags
-    it reads stay within the bound, every stale gradient finds the version it was computed
-    at, and the correction changes what is learned (pace is the same run without it)."""
-    served = set()
-    corrected = 0
+    it reads stay within the bound, and every stale gradient finds the version it was computed
+    at: for each worker's push, w_used is what that worker's forward of that step used (the
+    drift is w_now less it; lag 0: w_now is it), so a wrong version, lag or worker is caught."""
+    served_buckets = set()
+    corrected = checked_stale = checked_fresh = 0
     for rank in (0, 1):
         dc = runs[rank][COMPENSATE]["dc"]
         assert dc["missing"] == 0, dc
         corrected += dc["corrected"]
         per_bucket: dict[int, list[int]] = {}
-        for step, b, lags in dc["log"]:
+        workers = [rank] + [r for r in (0, 1) if r != rank]  # position j: the server's own push first
+        for entry in dc["served"]:
+            step, b = entry["step"], entry["bucket"]
             per_bucket.setdefault(b, []).append(step)
-            assert all(0 <= lag <= 2 for lag in lags), (rank, step, b, lags)
+            assert all(0 <= lag <= 2 for lags in entry["lags"] for lag in lags), (rank, step, b, entry["lags"])
+            for j, i, lag, now, drift in entry["drifts"]:
+                used = runs[workers[j]][COMPENSATE]["dc"]["used_at"][step][i]
+                if drift is None:
+                    assert lag == 0 and np.array_equal(now, used), (rank, step, i, workers[j])
+                    checked_fresh += 1
+                else:
+                    assert np.array_equal(drift, now - used), (rank, step, i, workers[j], lag)
+                    checked_stale += 1
         for b, steps in per_bucket.items():
             assert steps == list(range(PROFILE_STEPS, STEPS)), (rank, b, steps)
-        assert not served & set(per_bucket)
-        served |= set(per_bucket)
-    assert served == set(range(runs[0][COMPENSATE]["dc"]["buckets"]))
-    assert corrected > 0
+        assert not served_buckets & set(per_bucket)
+        served_buckets |= set(per_bucket)
+    assert served_buckets == set(range(runs[0][COMPENSATE]["dc"]["buckets"]))
+    assert corrected == checked_stale > 0 and checked_fresh > 0
     assert any(not np.array_equal(a, b) for a, b in zip(runs[0][COMPENSATE]["params"], runs[0][PACE]["params"]))
