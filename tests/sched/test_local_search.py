@@ -69,6 +69,28 @@ def test_search_improves_large_placements_and_keeps_them_feasible():
         assert same.placement == before and same.moves == 0
 
 
+@pytest.mark.parametrize("opts,seeds", [(LARGE, range(2)), (TIGHT, range(3))], ids=["large", "tight"])
+def test_every_pass_keeps_feasibility_and_lowers_the_cost(opts, seeds):
+    # one pass at a time, every move with a gain allowed in it: a move applied with a gain
+    # computed against a neighbour another move of the same pass changed shows as a worse pass
+    options = SearchOptions(max_passes=1, moves_per_pass=1000, min_gain=0.0)
+    for seed, start in itertools.product(seeds, ("all_cloud", "greedy_myopic")):
+        inst = random_instance(opts, seed)
+        tables = StepTables(inst)
+        placement = HEURISTICS[start](inst)
+        for _ in range(40):
+            found = local_search(inst, placement, options, tables=tables)
+            assert inst.feasible(found.placement)
+            before, after = inst.cost_s(placement), inst.cost_s(found.placement)
+            if found.moves == 0:
+                assert found.placement == placement
+                break
+            assert after < before, (seed, start, before, after)
+            placement = found.placement
+        else:
+            pytest.fail(f"no convergence in 40 passes (seed {seed}, {start})")
+
+
 def test_heuristics_given_tables_place_as_without():
     inst = random_instance(LARGE, 3)
     tables = StepTables(inst)
