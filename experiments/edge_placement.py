@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finetune-on", default="",
                     help="InstanceOptions of larger instances (e.g. num_tasks=10,num_layers=8): after the "
                          "imitation, more DAgger rounds on them with --finetune-teacher (with --teacher)")
-    ap.add_argument("--finetune-teacher", default="rollout", choices=sorted(TEACHERS),
-                    help="the teacher of --finetune-on (rollout: cheap on larger instances)")
+    ap.add_argument("--finetune-teacher", default=None, choices=sorted(TEACHERS),
+                    help="the teacher of --finetune-on (default rollout: cheap on larger instances)")
     ap.add_argument("--finetune-improve", default="", help="ImproveOptions of --finetune-on as key=value,...")
     ap.add_argument("--train-seeds", default="1000:3000")
     ap.add_argument("--test-seeds", default="0:40")
@@ -273,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid or args.finetune_on):
         raise SystemExit("--improve, --finetune-steps, --train-mid and --finetune-on shape the imitation of a "
                          "teacher; pass --teacher too")
-    if args.finetune_improve and not args.finetune_on:
-        raise SystemExit("--finetune-improve shapes the rounds of --finetune-on; pass --finetune-on too")
+    if (args.finetune_improve or args.finetune_teacher) and not args.finetune_on:
+        raise SystemExit("--finetune-improve and --finetune-teacher shape the rounds of --finetune-on; "
+                         "pass --finetune-on too")
+    finetune_teacher = args.finetune_teacher or "rollout"
     if args.time_repeats < 1:
         raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
             if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
                 refine_start = time.perf_counter()
-                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[args.finetune_teacher],
+                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[finetune_teacher],
                                           refine_opts))
                 refine_times.append(time.perf_counter() - refine_start)
             if args.finetune_steps > 0:
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
         # DAgger rounds on larger instances after the imitation (their time is in train_s too)
         "finetune_on": vars(refine) if refine is not None else None,
-        "finetune_teacher": args.finetune_teacher if refine is not None else None,
+        "finetune_teacher": finetune_teacher if refine is not None else None,
         "finetune_improve": vars(refine_opts) if refine is not None else None,
         "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
         "finetune_s": refine_times if refine is not None else None,

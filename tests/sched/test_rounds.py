@@ -162,7 +162,8 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                         (["--scheme", "rounds", "--groups", "1,0"], "distinct integers"),
                         (["--scheme", "rounds", "--groups", "x"], "comma-separated integers"),
                         (["--search"], "scheme rounds"), (["--finetune-on", "num_tasks=9"], "pass --teacher"),
-                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on")):
+                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on"),
+                        (["--teacher", "rollout", "--finetune-teacher", "ilp"], "pass --finetune-on")):
         with pytest.raises(SystemExit, match=match):
             main(argv)
     with pytest.raises(CaramelError, match="did you mean 'max_passes'"):
