@@ -102,9 +102,18 @@ def test_bad_inputs_are_refused():
     inst = random_instance(MID, 0)
     good = HEURISTICS["greedy_regret"](inst)
     for kw, match in (({"max_passes": -1}, "max_passes"), ({"max_passes": 1.5}, "max_passes"),
-                      ({"moves_per_pass": 0}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain")):
+                      ({"max_passes": True}, "max_passes"), ({"moves_per_pass": 0}, "moves_per_pass"),
+                      ({"moves_per_pass": False}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain"),
+                      ({"min_gain": "x"}, "min_gain must be a number"), ({"min_gain": True}, "min_gain")):
         with pytest.raises(CaramelError, match=match):
             SearchOptions(**kw)
+    with pytest.raises(CaramelError, match="options must be a SearchOptions"):
+        local_search(inst, good, {"max_passes": 3})
+    with pytest.raises(CaramelError, match="tables must be"):
+        local_search(inst, good, tables=object())
+    for other in (random_instance(MID, 1), random_instance(TIGHT, 0)):  # same shape; another shape
+        with pytest.raises(CaramelError, match="tables were built for another instance"):
+            local_search(inst, good, tables=StepTables(other))
     with pytest.raises(CaramelError, match="one node list per task"):
         local_search(inst, good[:-1])
     with pytest.raises(CaramelError, match="task 0 must have 3 nodes"):
@@ -113,6 +122,8 @@ def test_bad_inputs_are_refused():
     assert not inst.feasible(crowded)
     with pytest.raises(CaramelError, match="feasible placement"):
         local_search(inst, crowded)
-    with pytest.raises(CaramelError, match="node"):
-        local_search(inst, [[9] + row[1:] for row in good])
+    for bad in (9, -1, 1.7, True, "0"):
+        with pytest.raises(CaramelError, match=rf"placement\[1\]\[0\] must be a node.*got {bad!r}"):
+            local_search(inst, [good[0], [bad] + good[1][1:]] + good[2:])
+    assert local_search(inst, [[np.int64(n) for n in row] for row in good]).placement  # numpy ints are nodes
     assert np.isfinite(local_search(inst, good).cost_s)

@@ -114,6 +114,8 @@ def test_bad_inputs_are_refused(model):
         decode_rounds(inst, NumpyPolicy.from_policy(model.policy), 4)
     with pytest.raises(CaramelError, match="policy must be"):
         decode_rounds(inst, object(), Decoding(1))
+    with pytest.raises(CaramelError, match="search must be a SearchOptions"):
+        decode_rounds(inst, NumpyPolicy.from_policy(model.policy), Decoding(1), search={"max_passes": 3})
     with pytest.raises(CaramelError, match="samples >= 1"):
         RoundBatch(inst, 0)
     for bad in (0, 1.5):

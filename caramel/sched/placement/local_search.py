@@ -18,6 +18,7 @@ other's neighbours).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,12 +39,18 @@ class SearchOptions:
     moves_per_pass: int = 32
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_passes, int) and self.max_passes >= 0):
-            raise CaramelError(f"max_passes must be an integer >= 0, got {self.max_passes!r}")
-        if not (isinstance(self.moves_per_pass, int) and self.moves_per_pass >= 1):
-            raise CaramelError(f"moves_per_pass must be an integer >= 1, got {self.moves_per_pass!r}")
-        if not self.min_gain >= 0:
-            raise CaramelError(f"min_gain must be >= 0, got {self.min_gain!r}")
+        for name, low in (("max_passes", 0), ("moves_per_pass", 1)):
+            value = getattr(self, name)
+            if not (_is_int(value) and value >= low):
+                raise CaramelError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(self.min_gain, numbers.Real) and not isinstance(self.min_gain, bool)
+                and self.min_gain >= 0):
+            raise CaramelError(f"min_gain must be a number >= 0, got {self.min_gain!r}")
+
+
+def _is_int(value) -> bool:
+    """An integer, not a bool (a bool is an int to Python, never meant as a count or a node)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass
@@ -56,6 +63,23 @@ class Searched:
     moves: int
 
 
+def _check_tables(tb, inst: Instance) -> None:
+    """`tables` must be `StepTables(inst)`: checked by shape and by the layers' weights and the
+    tasks' sources (a cheap fingerprint; another instance's tables would give wrong costs)."""
+    if not isinstance(tb, StepTables):
+        raise CaramelError(f"tables must be the instance's StepTables, got {type(tb).__name__}")
+    lengths = [len(t.gflop) for t in inst.tasks]
+    weights = np.zeros(tb.weights_mb.shape)
+    same = list(tb.num_layers) == lengths and tb.step.shape[2:] == (inst.num_nodes, inst.num_nodes)
+    if same:
+        for t, task in enumerate(inst.tasks):
+            weights[t, :len(task.weights_mb)] = task.weights_mb
+        same = np.array_equal(weights, tb.weights_mb) and list(tb.source) == [t.source for t in inst.tasks]
+    if not same:
+        raise CaramelError("tables were built for another instance (their shape, layer weights or sources "
+                           "differ); pass StepTables(inst) or none")
+
+
 def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
     t_count, lmax = tb.weights_mb.shape
     nodes = np.full((t_count, lmax), -1)
@@ -64,11 +88,11 @@ def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
     for t, row in enumerate(placement):
         if len(row) != tb.num_layers[t]:
             raise CaramelError(f"placement of task {t} must have {tb.num_layers[t]} nodes, got {len(row)}")
+        k = tb.step.shape[2]
+        for layer, n in enumerate(row):
+            if not (_is_int(n) and 0 <= n < k):
+                raise CaramelError(f"placement[{t}][{layer}] must be a node, an integer in 0..{k - 1}, got {n!r}")
         nodes[t, :len(row)] = row
-    k = tb.step.shape[2]
-    valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
-    if ((nodes < 0) | (nodes >= k))[valid].any():
-        raise CaramelError(f"placement nodes must be in 0..{k - 1}, got {placement!r}")
     return nodes
 
 
@@ -98,7 +122,12 @@ def _total_s(tb: StepTables, nodes: np.ndarray, valid: np.ndarray) -> float:
 
 def local_search(inst: Instance, placement: list[list[int]], options: SearchOptions = SearchOptions(),
                  tables: StepTables | None = None) -> Searched:
-    """`placement` (feasible) improved by relocations and exchanges (see the module)."""
+    """`placement` (feasible) improved by relocations and exchanges (see the module).
+    `tables`: `StepTables(inst)` if already built (checked against `inst`), else built here."""
+    if not isinstance(options, SearchOptions):
+        raise CaramelError(f"options must be a SearchOptions, got {options!r}")
+    if tables is not None:
+        _check_tables(tables, inst)
     tb = tables if tables is not None else StepTables(inst)
     nodes = _to_array(tb, placement)
     t_count, lmax = nodes.shape

@@ -237,6 +237,8 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
 
     if not isinstance(decoding, Decoding):
         raise CaramelError(f"decoding must be a Decoding (parse_decoding('sample:16')), got {decoding!r}")
+    if search is not None and not isinstance(search, SearchOptions):
+        raise CaramelError(f"search must be a SearchOptions or None, got {search!r}")
     if isinstance(policy, NumpyPolicy):
         probabilities = policy.probabilities
     elif hasattr(policy, "get_distribution"):
