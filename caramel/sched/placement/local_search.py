@@ -55,12 +55,15 @@ def _is_int(value) -> bool:
 
 @dataclass
 class Searched:
-    """The improved placement, its cost, and what the search did."""
+    """The improved placement, its cost, and what the search did: `passes` run, `moves`
+    applied, `converged` (the last pass found no move gaining more than `min_gain`; False when
+    `max_passes` stopped it first)."""
 
     placement: list[list[int]]
     cost_s: float
     passes: int
     moves: int
+    converged: bool
 
 
 def _check_tables(tb, inst: Instance) -> None:
@@ -135,20 +138,21 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
     valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
     has_next = np.arange(lmax)[None, :] + 1 < tb.num_layers[:, None]
     w = tb.weights_mb
-    free = np.append(np.asarray(inst.memory_mb, dtype=float), np.inf)
-    np.subtract.at(free, nodes[valid & (nodes != cloud)], w[valid & (nodes != cloud)])
-    if (free < -1e-9).any():
+    free_mb = np.append(np.asarray(inst.memory_mb, dtype=float), np.inf)
+    np.subtract.at(free_mb, nodes[valid & (nodes != cloud)], w[valid & (nodes != cloud)])
+    if (free_mb < -1e-9).any():
         raise CaramelError("local_search needs a feasible placement (every edge node within its memory)")
     threshold = options.min_gain * _total_s(tb, nodes, valid)
     task_of = np.broadcast_to(np.arange(t_count)[:, None], nodes.shape)
     passes = moves = 0
+    converged = False
     while passes < options.max_passes:
         passes += 1
         c = _costs(tb, nodes, valid, has_next)
         here = np.where(valid, nodes, 0)
         gain = np.take_along_axis(c, here[..., None], axis=2) - c  # (T, L, K): > 0 improves
         fits = np.ones(gain.shape, dtype=bool)
-        fits[..., :-1] = w[..., None] <= free[None, None, :-1] + MEMORY_SLACK_MB
+        fits[..., :-1] = w[..., None] <= free_mb[None, None, :-1] + MEMORY_SLACK_MB
         stay = here[..., None] == np.arange(k)
         gain = np.where(valid[..., None] & ~stay, gain, -np.inf)
         # a layer leaving its node: its best other node with room (the cloud always has)
@@ -157,7 +161,7 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         out_node = out.argmax(axis=2)
         # relocations: every (layer, node) with room; exchanges: Y onto the node of an edge
         # layer X of another task, X to its best other node, when the room X leaves fits Y
-        reloc = np.where(fits, gain, -np.inf).reshape(-1, k)
+        reloc = out.reshape(-1, k)
         flat_gain = gain.reshape(-1, k)
         ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - out_gain.max())
         xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
@@ -165,12 +169,13 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         if ys.size and xs.size:
             x_node = nodes.ravel()[xs]
             ex = flat_gain[ys][:, x_node] + out_gain.ravel()[xs][None, :]
-            ok = (w.ravel()[ys][:, None] <= free[x_node][None, :] + w.ravel()[xs][None, :] + MEMORY_SLACK_MB) & \
+            ok = (w.ravel()[ys][:, None] <= free_mb[x_node][None, :] + w.ravel()[xs][None, :] + MEMORY_SLACK_MB) & \
                 (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
             ex = np.where(ok, ex, -np.inf)
         both = np.concatenate([reloc.ravel(), ex.ravel()])
         top = np.flatnonzero(both > threshold)
         if top.size == 0:
+            converged = True
             break
         if top.size > options.moves_per_pass:
             top = top[np.argpartition(-both[top], options.moves_per_pass - 1)[:options.moves_per_pass]]
@@ -191,27 +196,28 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             if tasks & touched:
                 continue  # its gain assumed the task's neighbours as they were
             y_from = int(nodes[ty, ly])
-            room = free.copy()
+            room_mb = free_mb.copy()
             if x is not None:
                 tx, lx = divmod(x, lmax)
-                if x_to != cloud and w[tx, lx] > room[x_to] + MEMORY_SLACK_MB:
+                if x_to != cloud and w[tx, lx] > room_mb[x_to] + MEMORY_SLACK_MB:
                     continue
-                room[e] += w[tx, lx]
-                room[x_to] -= w[tx, lx] if x_to != cloud else 0.0
-            if e != cloud and w[ty, ly] > room[e] + MEMORY_SLACK_MB:
+                room_mb[e] += w[tx, lx]
+                room_mb[x_to] -= w[tx, lx] if x_to != cloud else 0.0
+            if e != cloud and w[ty, ly] > room_mb[e] + MEMORY_SLACK_MB:
                 continue
             if e != cloud:
-                room[e] -= w[ty, ly]
+                room_mb[e] -= w[ty, ly]
             if y_from != cloud:
-                room[y_from] += w[ty, ly]
+                room_mb[y_from] += w[ty, ly]
             if x is not None:
                 nodes[tx, lx] = x_to
             nodes[ty, ly] = e
-            free = room
+            free_mb = room_mb
             touched |= tasks
             applied += 1
         moves += applied
-        if applied == 0:
+        if applied == 0:  # cannot happen (a pass's first candidate always applies); a guard
+            converged = True
             break
     final = [[int(n) for n in nodes[t, :tb.num_layers[t]]] for t in range(t_count)]
-    return Searched(final, _total_s(tb, nodes, valid), passes, moves)
+    return Searched(final, _total_s(tb, nodes, valid), passes, moves, converged)
