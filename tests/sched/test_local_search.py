@@ -18,8 +18,8 @@ LARGE = InstanceOptions(num_tasks=30, num_layers=8, num_edge=3)
 
 def _moves(inst, placement):
     """Every relocation (one layer to another node) and every exchange (layer Y to the node of
-    an edge layer X of another task, X to another node with room for it now), as placements."""
-    free = np.array(inst.memory_mb) - inst.memory_used_mb(placement)
+    an edge layer X of another task, X to any other node: Y's included, a swap), as
+    placements; infeasible ones included (the caller skips them)."""
     cells = [(t, l) for t, row in enumerate(placement) for l in range(len(row))]
     for (t, l), b in itertools.product(cells, range(inst.num_nodes)):
         if b != placement[t][l]:
@@ -31,7 +31,7 @@ def _moves(inst, placement):
         if ty == tx or e == inst.cloud or placement[ty][ly] == e:
             continue
         for c in range(inst.num_nodes):
-            if c != e and (c == inst.cloud or inst.tasks[tx].weights_mb[lx] <= free[c] + 1e-9):
+            if c != e:
                 p = [list(r) for r in placement]
                 p[ty][ly], p[tx][lx] = e, c
                 yield p

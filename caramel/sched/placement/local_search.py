@@ -3,15 +3,17 @@
 A decoded placement (the round policy's: round-mates chose without seeing each other, so the
 memory they contest is often given to the wrong layers) is improved by two kinds of move:
   relocate  one layer to another node with room for it;
-  exchange  a layer Y onto edge node e while a layer X on e leaves for its best other node
-            with room (the cloud always has), if Y fits in the room X leaves: the move
-            that re-allocates memory that is full.
+  exchange  a layer Y onto edge node e while a layer X on e leaves, if Y fits in the room X
+            leaves: X either to its best other node with room now (the cloud always has)
+            or to Y's node, if X fits in the room Y leaves there (a swap of two layers
+            between two full edge nodes). The moves that re-allocate memory that is full.
 A layer's cost given its chain neighbours is its own step plus its successor's (the tables'
 `step`), so the gain of moving it to each node is a (T, L, K) array built by a few gathers.
 Each pass computes every relocation with room and every exchange whose memory fits as one array
-of gains, applies the `moves_per_pass` best in gain order (skipping a move whose task an earlier
-move of the pass changed, or whose memory no longer fits), and repeats until no move gains more
-than `min_gain` of the starting cost, or `max_passes`. Every applied move lowers the cost and
+of gains (an exchange: the better of X's two destinations), applies the `moves_per_pass` best
+in gain order (skipping a move whose task an earlier move of the pass changed, or whose memory
+no longer fits), and repeats until no move gains more than `min_gain` of the starting cost, or
+`max_passes`. Every applied move lowers the cost and
 keeps every node within its memory (tested), so the result is never worse than the input.
 Exchanges pair layers of different tasks only (two layers of one task would change each
 other's neighbours).
@@ -160,18 +162,27 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         out_gain = out.max(axis=2)
         out_node = out.argmax(axis=2)
         # relocations: every (layer, node) with room; exchanges: Y onto the node of an edge
-        # layer X of another task, X to its best other node, when the room X leaves fits Y
+        # layer X of another task, when the room X leaves fits Y, X either to its best other
+        # node with room now or to Y's node (a swap), when the room Y leaves there fits X
         reloc = out.reshape(-1, k)
         flat_gain = gain.reshape(-1, k)
-        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - out_gain.max())
+        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - gain.max())  # X gains at most gain.max()
         xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
         ex = np.full((0, 0), -np.inf)
+        swap = np.zeros((0, 0), dtype=bool)
         if ys.size and xs.size:
-            x_node = nodes.ravel()[xs]
-            ex = flat_gain[ys][:, x_node] + out_gain.ravel()[xs][None, :]
-            ok = (w.ravel()[ys][:, None] <= free_mb[x_node][None, :] + w.ravel()[xs][None, :] + MEMORY_SLACK_MB) & \
+            x_node, y_node = nodes.ravel()[xs], nodes.ravel()[ys]
+            wy, wx = w.ravel()[ys][:, None], w.ravel()[xs][None, :]
+            y_in = flat_gain[ys][:, x_node]
+            ok = (wy <= free_mb[x_node][None, :] + wx + MEMORY_SLACK_MB) & \
                 (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
-            ex = np.where(ok, ex, -np.inf)
+            away = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
+            # X onto Y's node: -inf where that is the cloud (X's way out covers it) or X's own node
+            onto = flat_gain[xs][:, y_node].T
+            fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
+            swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
+            swap = swapped > away
+            ex = np.where(swap, swapped, away)
         both = np.concatenate([reloc.ravel(), ex.ravel()])
         top = np.flatnonzero(both > threshold)
         if top.size == 0:
@@ -186,8 +197,9 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
                 cand.append((i % k, i // k, None, -1))
             else:
                 yi, xi = divmod(i - reloc.size, xs.size)
-                x = int(xs[xi])
-                cand.append((int(nodes.ravel()[x]), int(ys[yi]), x, int(out_node.ravel()[x])))
+                x, y = int(xs[xi]), int(ys[yi])
+                x_to = int(nodes.ravel()[y]) if swap[yi, xi] else int(out_node.ravel()[x])
+                cand.append((int(nodes.ravel()[x]), y, x, x_to))
         touched: set[int] = set()
         applied = 0
         for e, y, x, x_to in cand:
@@ -196,19 +208,17 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             if tasks & touched:
                 continue  # its gain assumed the task's neighbours as they were
             y_from = int(nodes[ty, ly])
+            # the memory after the whole move, checked against the running free memory (an
+            # earlier move of the pass may have taken the room this one's gain assumed)
             room_mb = free_mb.copy()
+            room_mb[y_from] += w[ty, ly]
+            room_mb[e] -= w[ty, ly]
             if x is not None:
                 tx, lx = divmod(x, lmax)
-                if x_to != cloud and w[tx, lx] > room_mb[x_to] + MEMORY_SLACK_MB:
-                    continue
                 room_mb[e] += w[tx, lx]
-                room_mb[x_to] -= w[tx, lx] if x_to != cloud else 0.0
-            if e != cloud and w[ty, ly] > room_mb[e] + MEMORY_SLACK_MB:
+                room_mb[x_to] -= w[tx, lx]
+            if (room_mb[:-1] < -MEMORY_SLACK_MB).any():
                 continue
-            if e != cloud:
-                room_mb[e] -= w[ty, ly]
-            if y_from != cloud:
-                room_mb[y_from] += w[ty, ly]
             if x is not None:
                 nodes[tx, lx] = x_to
             nodes[ty, ly] = e
