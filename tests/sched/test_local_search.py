@@ -16,10 +16,12 @@ TIGHT = InstanceOptions(num_tasks=6, num_layers=4, num_edge=4, memory_fraction=0
 LARGE = InstanceOptions(num_tasks=30, num_layers=8, num_edge=3)
 
 
-def _moves(inst, placement):
+def _moves(inst, placement, swaps):
     """Every relocation (one layer to another node) and every exchange (layer Y to the node of
-    an edge layer X of another task, X to any other node: Y's included, a swap), as
-    placements; infeasible ones included (the caller skips them)."""
+    an edge layer X of another task, X to another node with room for it now, or with `swaps`
+    to any other node: Y's included), as placements; infeasible ones included (the caller
+    skips them)."""
+    free = np.array(inst.memory_mb) - inst.memory_used_mb(placement)
     cells = [(t, l) for t, row in enumerate(placement) for l in range(len(row))]
     for (t, l), b in itertools.product(cells, range(inst.num_nodes)):
         if b != placement[t][l]:
@@ -31,15 +33,17 @@ def _moves(inst, placement):
         if ty == tx or e == inst.cloud or placement[ty][ly] == e:
             continue
         for c in range(inst.num_nodes):
-            if c != e:
+            room = c == inst.cloud or inst.tasks[tx].weights_mb[lx] <= free[c] + 1e-9
+            if c != e and (swaps or room):
                 p = [list(r) for r in placement]
                 p[ty][ly], p[tx][lx] = e, c
                 yield p
 
 
+@pytest.mark.parametrize("swaps", [False, True], ids=["exchanges", "swaps"])
 @pytest.mark.parametrize("opts,seeds", [(MID, range(4)), (TIGHT, range(3))], ids=["mid", "tight"])
-def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
-    options = SearchOptions(max_passes=1000)
+def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds, swaps):
+    options = SearchOptions(max_passes=1000, swaps=swaps)
     for seed, start in itertools.product(seeds, ("all_cloud", "greedy_regret")):
         inst = random_instance(opts, seed)
         before = HEURISTICS[start](inst)
@@ -50,7 +54,7 @@ def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
         assert found.cost_s <= inst.cost_s(before)
         # a move the search would take gains more than min_gain of the cost it started from
         limit = found.cost_s - options.min_gain * inst.cost_s(before) - 1e-12 * found.cost_s
-        for p in _moves(inst, found.placement):
+        for p in _moves(inst, found.placement, swaps):
             assert not (inst.feasible(p) and inst.cost_s(p) < limit), (seed, start, p)
 
 
@@ -69,11 +73,12 @@ def test_search_improves_large_placements_and_keeps_them_feasible():
         assert same.placement == before and same.moves == 0
 
 
+@pytest.mark.parametrize("swaps", [False, True], ids=["exchanges", "swaps"])
 @pytest.mark.parametrize("opts,seeds", [(LARGE, range(2)), (TIGHT, range(3))], ids=["large", "tight"])
-def test_every_pass_keeps_feasibility_and_lowers_the_cost(opts, seeds):
+def test_every_pass_keeps_feasibility_and_lowers_the_cost(opts, seeds, swaps):
     # one pass at a time, every move with a gain allowed in it: a move applied with a gain
     # computed against a neighbour another move of the same pass changed shows as a worse pass
-    options = SearchOptions(max_passes=1, moves_per_pass=1000, min_gain=0.0)
+    options = SearchOptions(max_passes=1, moves_per_pass=1000, min_gain=0.0, swaps=swaps)
     for seed, start in itertools.product(seeds, ("all_cloud", "greedy_myopic")):
         inst = random_instance(opts, seed)
         tables = StepTables(inst)
@@ -104,7 +109,8 @@ def test_bad_inputs_are_refused():
     for kw, match in (({"max_passes": -1}, "max_passes"), ({"max_passes": 1.5}, "max_passes"),
                       ({"max_passes": True}, "max_passes"), ({"moves_per_pass": 0}, "moves_per_pass"),
                       ({"moves_per_pass": False}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain"),
-                      ({"min_gain": "x"}, "min_gain must be a number"), ({"min_gain": True}, "min_gain")):
+                      ({"min_gain": "x"}, "min_gain must be a number"), ({"min_gain": True}, "min_gain"),
+                      ({"swaps": 1}, "swaps must be true or false")):
         with pytest.raises(CaramelError, match=match):
             SearchOptions(**kw)
     with pytest.raises(CaramelError, match="options must be a SearchOptions"):

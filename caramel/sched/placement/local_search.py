@@ -4,9 +4,10 @@ A decoded placement (the round policy's: round-mates chose without seeing each o
 memory they contest is often given to the wrong layers) is improved by two kinds of move:
   relocate  one layer to another node with room for it;
   exchange  a layer Y onto edge node e while a layer X on e leaves, if Y fits in the room X
-            leaves: X either to its best other node with room now (the cloud always has)
-            or to Y's node, if X fits in the room Y leaves there (a swap of two layers
-            between two full edge nodes). The moves that re-allocate memory that is full.
+            leaves: X to its best other node with room now (the cloud always has), or
+            with `swaps` also to Y's node, if X fits in the room Y leaves there (a swap of
+            two layers between two full edge nodes). The moves that re-allocate memory
+            that is full.
 A layer's cost given its chain neighbours is its own step plus its successor's (the tables'
 `step`), so the gain of moving it to each node is a (T, L, K) array built by a few gathers.
 Each pass computes every relocation with room and every exchange whose memory fits as one array
@@ -34,11 +35,14 @@ from caramel.sched.placement.tables import StepTables
 @dataclass(frozen=True)
 class SearchOptions:
     """`max_passes`: a bound on the passes; `moves_per_pass`: the best moves each pass tries;
-    `min_gain`: a move must gain more than this fraction of the starting cost."""
+    `min_gain`: a move must gain more than this fraction of the starting cost; `swaps`: an
+    exchange may also send X to Y's node (a swap between two full edge nodes; a larger
+    neighbourhood, measured better and slower, so off by default)."""
 
     max_passes: int = 64
     min_gain: float = 1e-9
     moves_per_pass: int = 32
+    swaps: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("max_passes", 0), ("moves_per_pass", 1)):
@@ -48,6 +52,8 @@ class SearchOptions:
         if not (isinstance(self.min_gain, numbers.Real) and not isinstance(self.min_gain, bool)
                 and self.min_gain >= 0):
             raise CaramelError(f"min_gain must be a number >= 0, got {self.min_gain!r}")
+        if not isinstance(self.swaps, bool):
+            raise CaramelError(f"swaps must be true or false, got {self.swaps!r}")
 
 
 def _is_int(value) -> bool:
@@ -125,6 +131,35 @@ def _total_s(tb: StepTables, nodes: np.ndarray, valid: np.ndarray) -> float:
     return float(np.cumsum(np.where(valid, steps, 0.0).ravel())[-1])
 
 
+def _room_after(free_mb: np.ndarray, w: np.ndarray, y: tuple, y_from: int, e: int, x: tuple | None, x_to: int,
+                cloud: int, at_once: bool) -> np.ndarray | None:
+    """The free memory after moving Y from `y_from` to `e` (and X from `e` to `x_to`), or None
+    where a node would overflow, against the running free memory (an earlier move of the pass
+    may have taken the room this one's gain assumed). `at_once` (with swaps): every change
+    made, then every node checked, so a swap's X can take the room Y leaves; else X's room is
+    checked before Y leaves (the search without swaps, as measured)."""
+    room_mb = free_mb.copy()
+    if at_once:
+        room_mb[y_from] += w[y]
+        room_mb[e] -= w[y]
+        if x is not None:
+            room_mb[e] += w[x]
+            room_mb[x_to] -= w[x]
+        return None if (room_mb[:-1] < -MEMORY_SLACK_MB).any() else room_mb
+    if x is not None:
+        if x_to != cloud and w[x] > room_mb[x_to] + MEMORY_SLACK_MB:
+            return None
+        room_mb[e] += w[x]
+        room_mb[x_to] -= w[x] if x_to != cloud else 0.0
+    if e != cloud and w[y] > room_mb[e] + MEMORY_SLACK_MB:
+        return None
+    if e != cloud:
+        room_mb[e] -= w[y]
+    if y_from != cloud:
+        room_mb[y_from] += w[y]
+    return room_mb
+
+
 def local_search(inst: Instance, placement: list[list[int]], options: SearchOptions = SearchOptions(),
                  tables: StepTables | None = None) -> Searched:
     """`placement` (feasible) improved by relocations and exchanges (see the module).
@@ -166,7 +201,8 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         # node with room now or to Y's node (a swap), when the room Y leaves there fits X
         reloc = out.reshape(-1, k)
         flat_gain = gain.reshape(-1, k)
-        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - gain.max())  # X gains at most gain.max()
+        x_best = gain.max() if options.swaps else out_gain.max()  # the most an X can gain
+        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - x_best)
         xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
         ex = np.full((0, 0), -np.inf)
         swap = np.zeros((0, 0), dtype=bool)
@@ -176,13 +212,14 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             y_in = flat_gain[ys][:, x_node]
             ok = (wy <= free_mb[x_node][None, :] + wx + MEMORY_SLACK_MB) & \
                 (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
-            away = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
-            # X onto Y's node: -inf where that is the cloud (X's way out covers it) or X's own node
-            onto = flat_gain[xs][:, y_node].T
-            fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
-            swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
-            swap = swapped > away
-            ex = np.where(swap, swapped, away)
+            ex = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
+            swap = np.zeros(ex.shape, dtype=bool)
+            if options.swaps:  # X onto Y's node: -inf where that is X's own node; not the cloud
+                onto = flat_gain[xs][:, y_node].T  # (X's way out covers the cloud)
+                fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
+                swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
+                swap = swapped > ex
+                ex = np.where(swap, swapped, ex)
         both = np.concatenate([reloc.ravel(), ex.ravel()])
         top = np.flatnonzero(both > threshold)
         if top.size == 0:
@@ -208,16 +245,11 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             if tasks & touched:
                 continue  # its gain assumed the task's neighbours as they were
             y_from = int(nodes[ty, ly])
-            # the memory after the whole move, checked against the running free memory (an
-            # earlier move of the pass may have taken the room this one's gain assumed)
-            room_mb = free_mb.copy()
-            room_mb[y_from] += w[ty, ly]
-            room_mb[e] -= w[ty, ly]
             if x is not None:
                 tx, lx = divmod(x, lmax)
-                room_mb[e] += w[tx, lx]
-                room_mb[x_to] -= w[tx, lx]
-            if (room_mb[:-1] < -MEMORY_SLACK_MB).any():
+            room_mb = _room_after(free_mb, w, (ty, ly), y_from, e, None if x is None else (tx, lx), x_to,
+                                  cloud, options.swaps)
+            if room_mb is None:
                 continue
             if x is not None:
                 nodes[tx, lx] = x_to
