@@ -77,12 +77,16 @@ def policy_name(decoding: Decoding, groups: int | None = None) -> str:
     return stem if decoding.samples == 1 else f"{stem}_{decoding.name}"
 
 
-def searched_heuristic(name: str, options: SearchOptions):
+def searched_heuristic(name: str, options: SearchOptions, found: dict | None = None):
     """Heuristic `name`, its placement then improved by `local_search` (the tables built once,
-    for both): the baseline a searched policy is compared with."""
+    for both): the baseline a searched policy is compared with. `found`: the search's result
+    (`Searched`) is kept there under `name + "+search"`."""
     def solve(inst):
         tables = StepTables(inst)
-        return local_search(inst, HEURISTICS[name](inst, tables), options, tables=tables).placement
+        result = local_search(inst, HEURISTICS[name](inst, tables), options, tables=tables)
+        if found is not None:
+            found[name + "+search"] = result
+        return result.placement
     return solve
 
 
@@ -135,6 +139,8 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
     checks = {n: {"same_decisions": 0, "solve_s": []} for n in learned}
+    search_runs = {n: {"passes": [], "moves": [], "converged": 0}
+                   for n in [r for r in learned if r.endswith("+search")] + searched}
     bounds, optimal = [], 0
     for s in seeds:
         inst = random_instance(options, s)
@@ -150,7 +156,8 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
-        methods += [(h + "+search", searched_heuristic(h, search)) for h in RATIO_HEURISTICS] if searched else []
+        found: dict = {}
+        methods += [(h + "+search", searched_heuristic(h, search, found)) for h in RATIO_HEURISTICS] if searched else []
         methods += [("rollout", rollout_placement)] if rollout else []
         runs: dict[str, list[float]] = {name: [] for name, _ in methods}
         placed = {}
@@ -173,6 +180,11 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             ref_decoded = decode_reference_fn(inst, pol, d, seed=decode_seed * 1_000_003 + s, **kw)
             checks[name]["solve_s"].append(time.perf_counter() - start)
             checks[name]["same_decisions"] += int(ref_decoded == decoded[name])
+        for name, stats in search_runs.items():  # the last timed run's (every run places the same)
+            result = found[name] if name in found else decoded[name].searched
+            stats["passes"].append(result.passes)
+            stats["moves"].append(result.moves)
+            stats["converged"] += int(result.converged)
         for name, stats in sampled.items():
             stats["won_by_a_sample"] += int(decoded[name].rollout > 0)
             stats["distinct_placements"].append(decoded[name].distinct)
@@ -211,6 +223,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
                                            "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best_searched)))}
                                        for n in learned if n.endswith("+search")} if searched else None,
         "search": vars(search) if search is not None else None,
+        # per searched row: the passes and moves of its search per instance, and on how many
+        # instances it converged (no move left gaining more than min_gain) before max_passes
+        "search_runs": search_runs if searched else None,
     }
 
 
@@ -229,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finetune-on", default="",
                     help="InstanceOptions of larger instances (e.g. num_tasks=10,num_layers=8): after the "
                          "imitation, more DAgger rounds on them with --finetune-teacher (with --teacher)")
-    ap.add_argument("--finetune-teacher", default="rollout", choices=sorted(TEACHERS),
-                    help="the teacher of --finetune-on (rollout: cheap on larger instances)")
+    ap.add_argument("--finetune-teacher", default=None, choices=sorted(TEACHERS),
+                    help="the teacher of --finetune-on (default rollout: cheap on larger instances)")
     ap.add_argument("--finetune-improve", default="", help="ImproveOptions of --finetune-on as key=value,...")
     ap.add_argument("--train-seeds", default="1000:3000")
     ap.add_argument("--test-seeds", default="0:40")
@@ -273,8 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid or args.finetune_on):
         raise SystemExit("--improve, --finetune-steps, --train-mid and --finetune-on shape the imitation of a "
                          "teacher; pass --teacher too")
-    if args.finetune_improve and not args.finetune_on:
-        raise SystemExit("--finetune-improve shapes the rounds of --finetune-on; pass --finetune-on too")
+    if (args.finetune_improve or args.finetune_teacher) and not args.finetune_on:
+        raise SystemExit("--finetune-improve and --finetune-teacher shape the rounds of --finetune-on; "
+                         "pass --finetune-on too")
+    finetune_teacher = args.finetune_teacher or "rollout"
     if args.time_repeats < 1:
         raise SystemExit(f"--time-repeats must be >= 1, got {args.time_repeats}")
     if args.finetune_steps < 0:
@@ -306,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--finetune-on must have the same num_edge as --train")
     refine_opts = options_from(ImproveOptions, args.finetune_improve, "finetune-improve")
     env_class = SCHEMES[args.scheme][0]
-    models, fasts, train_times, export_times, rounds_per, refine_per, refine_times = [], [], [], [], [], [], []
+    models, fasts, train_times, export_times, rounds_per, refine_per, refine_s = [], [], [], [], [], [], []
     for g in groups or [None]:  # one policy per G, trained as it is decoded
         kw = {} if g is None else {"groups": g}
         start = time.perf_counter()
@@ -319,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
             if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
                 refine_start = time.perf_counter()
-                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[args.finetune_teacher],
+                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[finetune_teacher],
                                           refine_opts))
-                refine_times.append(time.perf_counter() - refine_start)
+                refine_s.append(time.perf_counter() - refine_start)
             if args.finetune_steps > 0:
                 model.learn(total_timesteps=args.finetune_steps)
         train_times.append(time.perf_counter() - start)
@@ -342,10 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
         # DAgger rounds on larger instances after the imitation (their time is in train_s too)
         "finetune_on": vars(refine) if refine is not None else None,
-        "finetune_teacher": args.finetune_teacher if refine is not None else None,
+        "finetune_teacher": finetune_teacher if refine is not None else None,
         "finetune_improve": vars(refine_opts) if refine is not None else None,
         "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
-        "finetune_s": refine_times if refine is not None else None,
+        "finetune_s": refine_s if refine is not None else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,

@@ -16,9 +16,11 @@ TIGHT = InstanceOptions(num_tasks=6, num_layers=4, num_edge=4, memory_fraction=0
 LARGE = InstanceOptions(num_tasks=30, num_layers=8, num_edge=3)
 
 
-def _moves(inst, placement):
+def _moves(inst, placement, swaps):
     """Every relocation (one layer to another node) and every exchange (layer Y to the node of
-    an edge layer X of another task, X to another node with room for it now), as placements."""
+    an edge layer X of another task, X to another node with room for it now, or with `swaps`
+    to any other node: Y's included), as placements; infeasible ones included (the caller
+    skips them)."""
     free = np.array(inst.memory_mb) - inst.memory_used_mb(placement)
     cells = [(t, l) for t, row in enumerate(placement) for l in range(len(row))]
     for (t, l), b in itertools.product(cells, range(inst.num_nodes)):
@@ -31,15 +33,17 @@ def _moves(inst, placement):
         if ty == tx or e == inst.cloud or placement[ty][ly] == e:
             continue
         for c in range(inst.num_nodes):
-            if c != e and (c == inst.cloud or inst.tasks[tx].weights_mb[lx] <= free[c] + 1e-9):
+            room = c == inst.cloud or inst.tasks[tx].weights_mb[lx] <= free[c] + 1e-9
+            if c != e and (swaps or room):
                 p = [list(r) for r in placement]
                 p[ty][ly], p[tx][lx] = e, c
                 yield p
 
 
+@pytest.mark.parametrize("swaps", [False, True], ids=["exchanges", "swaps"])
 @pytest.mark.parametrize("opts,seeds", [(MID, range(4)), (TIGHT, range(3))], ids=["mid", "tight"])
-def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
-    options = SearchOptions(max_passes=1000)
+def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds, swaps):
+    options = SearchOptions(max_passes=1000, swaps=swaps)
     for seed, start in itertools.product(seeds, ("all_cloud", "greedy_regret")):
         inst = random_instance(opts, seed)
         before = HEURISTICS[start](inst)
@@ -50,7 +54,7 @@ def test_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
         assert found.cost_s <= inst.cost_s(before)
         # a move the search would take gains more than min_gain of the cost it started from
         limit = found.cost_s - options.min_gain * inst.cost_s(before) - 1e-12 * found.cost_s
-        for p in _moves(inst, found.placement):
+        for p in _moves(inst, found.placement, swaps):
             assert not (inst.feasible(p) and inst.cost_s(p) < limit), (seed, start, p)
 
 
@@ -69,6 +73,29 @@ def test_search_improves_large_placements_and_keeps_them_feasible():
         assert same.placement == before and same.moves == 0
 
 
+@pytest.mark.parametrize("swaps", [False, True], ids=["exchanges", "swaps"])
+@pytest.mark.parametrize("opts,seeds", [(LARGE, range(2)), (TIGHT, range(3))], ids=["large", "tight"])
+def test_every_pass_keeps_feasibility_and_lowers_the_cost(opts, seeds, swaps):
+    # one pass at a time, every move with a gain allowed in it: a move applied with a gain
+    # computed against a neighbour another move of the same pass changed shows as a worse pass
+    options = SearchOptions(max_passes=1, moves_per_pass=1000, min_gain=0.0, swaps=swaps)
+    for seed, start in itertools.product(seeds, ("all_cloud", "greedy_myopic")):
+        inst = random_instance(opts, seed)
+        tables = StepTables(inst)
+        placement = HEURISTICS[start](inst)
+        for _ in range(40):
+            found = local_search(inst, placement, options, tables=tables)
+            assert inst.feasible(found.placement)
+            before, after = inst.cost_s(placement), inst.cost_s(found.placement)
+            if found.moves == 0:
+                assert found.placement == placement
+                break
+            assert after < before, (seed, start, before, after)
+            placement = found.placement
+        else:
+            pytest.fail(f"no convergence in 40 passes (seed {seed}, {start})")
+
+
 def test_heuristics_given_tables_place_as_without():
     inst = random_instance(LARGE, 3)
     tables = StepTables(inst)
@@ -80,9 +107,19 @@ def test_bad_inputs_are_refused():
     inst = random_instance(MID, 0)
     good = HEURISTICS["greedy_regret"](inst)
     for kw, match in (({"max_passes": -1}, "max_passes"), ({"max_passes": 1.5}, "max_passes"),
-                      ({"moves_per_pass": 0}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain")):
+                      ({"max_passes": True}, "max_passes"), ({"moves_per_pass": 0}, "moves_per_pass"),
+                      ({"moves_per_pass": False}, "moves_per_pass"), ({"min_gain": -1.0}, "min_gain"),
+                      ({"min_gain": "x"}, "min_gain must be a number"), ({"min_gain": True}, "min_gain"),
+                      ({"swaps": 1}, "swaps must be true or false")):
         with pytest.raises(CaramelError, match=match):
             SearchOptions(**kw)
+    with pytest.raises(CaramelError, match="options must be a SearchOptions"):
+        local_search(inst, good, {"max_passes": 3})
+    with pytest.raises(CaramelError, match="tables must be"):
+        local_search(inst, good, tables=object())
+    for other in (random_instance(MID, 1), random_instance(TIGHT, 0)):  # same shape; another shape
+        with pytest.raises(CaramelError, match="tables were built for another instance"):
+            local_search(inst, good, tables=StepTables(other))
     with pytest.raises(CaramelError, match="one node list per task"):
         local_search(inst, good[:-1])
     with pytest.raises(CaramelError, match="task 0 must have 3 nodes"):
@@ -91,6 +128,8 @@ def test_bad_inputs_are_refused():
     assert not inst.feasible(crowded)
     with pytest.raises(CaramelError, match="feasible placement"):
         local_search(inst, crowded)
-    with pytest.raises(CaramelError, match="node"):
-        local_search(inst, [[9] + row[1:] for row in good])
+    for bad in (9, -1, 1.7, True, "0"):
+        with pytest.raises(CaramelError, match=rf"placement\[1\]\[0\] must be a node.*got {bad!r}"):
+            local_search(inst, [good[0], [bad] + good[1][1:]] + good[2:])
+    assert local_search(inst, [[np.int64(n) for n in row] for row in good]).placement  # numpy ints are nodes
     assert np.isfinite(local_search(inst, good).cost_s)

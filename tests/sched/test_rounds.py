@@ -93,6 +93,7 @@ def test_search_after_decoding_improves_the_kept_placement(model):
         assert (got.rollout, got.costs_s) == (plain.rollout, plain.costs_s)
         assert inst.feasible(got.placement) and got.cost_s < plain.cost_s
         assert got.cost_s == pytest.approx(inst.cost_s(got.placement), rel=1e-12)
+        assert got.searched.converged and got.searched.moves > 0 and plain.searched is None
 
 
 def test_commit_settles_memory_in_priority_order():
@@ -114,6 +115,8 @@ def test_bad_inputs_are_refused(model):
         decode_rounds(inst, NumpyPolicy.from_policy(model.policy), 4)
     with pytest.raises(CaramelError, match="policy must be"):
         decode_rounds(inst, object(), Decoding(1))
+    with pytest.raises(CaramelError, match="search must be a SearchOptions"):
+        decode_rounds(inst, NumpyPolicy.from_policy(model.policy), Decoding(1), search={"max_passes": 3})
     with pytest.raises(CaramelError, match="samples >= 1"):
         RoundBatch(inst, 0)
     for bad in (0, 1.5):
@@ -154,6 +157,9 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
         assert set(r["solve_time_ratio"]) == learned | {n + "+search" for n in learned} | searched
         assert set(r["vs_best_searched_heuristic"]) == {n + "+search" for n in learned}
         costs = r["cost_s_per_instance"]
+        assert set(r["search_runs"]) == {n + "+search" for n in learned} | searched
+        for runs in r["search_runs"].values():  # max_passes=8 binds on none of these tiny instances
+            assert len(runs["passes"]) == len(runs["moves"]) == 2 and runs["converged"] == 2
         for n in learned | {h.removesuffix("+search") for h in searched}:  # the search never makes one worse
             assert all(a <= b * (1 + 1e-12) for a, b in zip(costs[n + "+search"], costs[n]))
         assert set(r["solve_time_ratio"]["ppo_g3"]) == {"greedy_myopic", "greedy_lookahead", "greedy_regret"}
@@ -162,7 +168,8 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                         (["--scheme", "rounds", "--groups", "1,0"], "distinct integers"),
                         (["--scheme", "rounds", "--groups", "x"], "comma-separated integers"),
                         (["--search"], "scheme rounds"), (["--finetune-on", "num_tasks=9"], "pass --teacher"),
-                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on")):
+                        (["--teacher", "rollout", "--finetune-improve", "rounds=1"], "pass --finetune-on"),
+                        (["--teacher", "rollout", "--finetune-teacher", "ilp"], "pass --finetune-on")):
         with pytest.raises(SystemExit, match=match):
             main(argv)
     with pytest.raises(CaramelError, match="did you mean 'max_passes'"):

@@ -19,6 +19,7 @@ import torch
 
 from caramel.errors import CaramelError
 from caramel.sched.placement.batch import BatchPlacement
+from caramel.sched.placement.local_search import Searched
 from caramel.sched.placement.problem import Instance
 
 
@@ -60,6 +61,7 @@ class Decoded:
     rollout: int  # which rollout won (0: the greedy one)
     costs_s: list[float]  # every rollout's cost, rollout 0 first
     distinct: int  # how many different placements the rollouts made
+    searched: Searched | None = None  # with a local search after decoding: its result
 
 
 def step_probabilities(policy, observations: np.ndarray) -> torch.Tensor:

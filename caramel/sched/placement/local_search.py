@@ -3,21 +3,25 @@
 A decoded placement (the round policy's: round-mates chose without seeing each other, so the
 memory they contest is often given to the wrong layers) is improved by two kinds of move:
   relocate  one layer to another node with room for it;
-  exchange  a layer Y onto edge node e while a layer X on e leaves for its best other node
-            with room (the cloud always has), if Y fits in the room X leaves: the move
-            that re-allocates memory that is full.
+  exchange  a layer Y onto edge node e while a layer X on e leaves, if Y fits in the room X
+            leaves: X to its best other node with room now (the cloud always has), or
+            with `swaps` also to Y's node, if X fits in the room Y leaves there (a swap of
+            two layers between two full edge nodes). The moves that re-allocate memory
+            that is full.
 A layer's cost given its chain neighbours is its own step plus its successor's (the tables'
 `step`), so the gain of moving it to each node is a (T, L, K) array built by a few gathers.
 Each pass computes every relocation with room and every exchange whose memory fits as one array
-of gains, applies the `moves_per_pass` best in gain order (skipping a move whose task an earlier
-move of the pass changed, or whose memory no longer fits), and repeats until no move gains more
-than `min_gain` of the starting cost, or `max_passes`. Every applied move lowers the cost and
+of gains (an exchange: the better of X's two destinations), applies the `moves_per_pass` best
+in gain order (skipping a move whose task an earlier move of the pass changed, or whose memory
+no longer fits), and repeats until no move gains more than `min_gain` of the starting cost, or
+`max_passes`. Every applied move lowers the cost and
 keeps every node within its memory (tested), so the result is never worse than the input.
 Exchanges pair layers of different tasks only (two layers of one task would change each
 other's neighbours).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,29 +35,60 @@ from caramel.sched.placement.tables import StepTables
 @dataclass(frozen=True)
 class SearchOptions:
     """`max_passes`: a bound on the passes; `moves_per_pass`: the best moves each pass tries;
-    `min_gain`: a move must gain more than this fraction of the starting cost."""
+    `min_gain`: a move must gain more than this fraction of the starting cost; `swaps`: an
+    exchange may also send X to Y's node (a swap between two full edge nodes; a larger
+    neighbourhood, measured better and slower, so off by default)."""
 
     max_passes: int = 64
     min_gain: float = 1e-9
     moves_per_pass: int = 32
+    swaps: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_passes, int) and self.max_passes >= 0):
-            raise CaramelError(f"max_passes must be an integer >= 0, got {self.max_passes!r}")
-        if not (isinstance(self.moves_per_pass, int) and self.moves_per_pass >= 1):
-            raise CaramelError(f"moves_per_pass must be an integer >= 1, got {self.moves_per_pass!r}")
-        if not self.min_gain >= 0:
-            raise CaramelError(f"min_gain must be >= 0, got {self.min_gain!r}")
+        for name, low in (("max_passes", 0), ("moves_per_pass", 1)):
+            value = getattr(self, name)
+            if not (_is_int(value) and value >= low):
+                raise CaramelError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(self.min_gain, numbers.Real) and not isinstance(self.min_gain, bool)
+                and self.min_gain >= 0):
+            raise CaramelError(f"min_gain must be a number >= 0, got {self.min_gain!r}")
+        if not isinstance(self.swaps, bool):
+            raise CaramelError(f"swaps must be true or false, got {self.swaps!r}")
+
+
+def _is_int(value) -> bool:
+    """An integer, not a bool (a bool is an int to Python, never meant as a count or a node)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass
 class Searched:
-    """The improved placement, its cost, and what the search did."""
+    """The improved placement, its cost, and what the search did: `passes` run, `moves`
+    applied, `converged` (the last pass found no move gaining more than `min_gain`; False when
+    `max_passes` stopped it first)."""
 
     placement: list[list[int]]
     cost_s: float
     passes: int
     moves: int
+    converged: bool
+
+
+def _check_tables(tb, inst: Instance) -> None:
+    """`tables` must be `StepTables(inst)`: checked by shape and by the layers' weights and the
+    tasks' sources (a cheap fingerprint; another instance's tables would give wrong costs)."""
+    if not isinstance(tb, StepTables):
+        raise CaramelError(f"tables must be the instance's StepTables, got {type(tb).__name__}")
+    lengths = [len(t.gflop) for t in inst.tasks]
+    weights = np.zeros(tb.weights_mb.shape)
+    same = list(tb.num_layers) == lengths and tb.step.shape[2:] == (inst.num_nodes, inst.num_nodes)
+    if same:
+        for t, task in enumerate(inst.tasks):
+            weights[t, :len(task.weights_mb)] = task.weights_mb
+        same = np.array_equal(weights, tb.weights_mb) and list(tb.source) == [t.source for t in inst.tasks]
+    if not same:
+        raise CaramelError("tables were built for another instance (their shape, layer weights or sources "
+                           "differ); pass StepTables(inst) or none")
 
 
 def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
@@ -64,11 +99,11 @@ def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
     for t, row in enumerate(placement):
         if len(row) != tb.num_layers[t]:
             raise CaramelError(f"placement of task {t} must have {tb.num_layers[t]} nodes, got {len(row)}")
+        k = tb.step.shape[2]
+        for layer, n in enumerate(row):
+            if not (_is_int(n) and 0 <= n < k):
+                raise CaramelError(f"placement[{t}][{layer}] must be a node, an integer in 0..{k - 1}, got {n!r}")
         nodes[t, :len(row)] = row
-    k = tb.step.shape[2]
-    valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
-    if ((nodes < 0) | (nodes >= k))[valid].any():
-        raise CaramelError(f"placement nodes must be in 0..{k - 1}, got {placement!r}")
     return nodes
 
 
@@ -96,9 +131,43 @@ def _total_s(tb: StepTables, nodes: np.ndarray, valid: np.ndarray) -> float:
     return float(np.cumsum(np.where(valid, steps, 0.0).ravel())[-1])
 
 
+def _room_after(free_mb: np.ndarray, w: np.ndarray, y: tuple, y_from: int, e: int, x: tuple | None, x_to: int,
+                cloud: int, at_once: bool) -> np.ndarray | None:
+    """The free memory after moving Y from `y_from` to `e` (and X from `e` to `x_to`), or None
+    where a node would overflow, against the running free memory (an earlier move of the pass
+    may have taken the room this one's gain assumed). `at_once` (with swaps): every change
+    made, then every node checked, so a swap's X can take the room Y leaves; else X's room is
+    checked before Y leaves (the search without swaps, as measured)."""
+    room_mb = free_mb.copy()
+    if at_once:
+        room_mb[y_from] += w[y]
+        room_mb[e] -= w[y]
+        if x is not None:
+            room_mb[e] += w[x]
+            room_mb[x_to] -= w[x]
+        return None if (room_mb[:-1] < -MEMORY_SLACK_MB).any() else room_mb
+    if x is not None:
+        if x_to != cloud and w[x] > room_mb[x_to] + MEMORY_SLACK_MB:
+            return None
+        room_mb[e] += w[x]
+        room_mb[x_to] -= w[x] if x_to != cloud else 0.0
+    if e != cloud and w[y] > room_mb[e] + MEMORY_SLACK_MB:
+        return None
+    if e != cloud:
+        room_mb[e] -= w[y]
+    if y_from != cloud:
+        room_mb[y_from] += w[y]
+    return room_mb
+
+
 def local_search(inst: Instance, placement: list[list[int]], options: SearchOptions = SearchOptions(),
                  tables: StepTables | None = None) -> Searched:
-    """`placement` (feasible) improved by relocations and exchanges (see the module)."""
+    """`placement` (feasible) improved by relocations and exchanges (see the module).
+    `tables`: `StepTables(inst)` if already built (checked against `inst`), else built here."""
+    if not isinstance(options, SearchOptions):
+        raise CaramelError(f"options must be a SearchOptions, got {options!r}")
+    if tables is not None:
+        _check_tables(tables, inst)
     tb = tables if tables is not None else StepTables(inst)
     nodes = _to_array(tb, placement)
     t_count, lmax = nodes.shape
@@ -106,20 +175,21 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
     valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
     has_next = np.arange(lmax)[None, :] + 1 < tb.num_layers[:, None]
     w = tb.weights_mb
-    free = np.append(np.asarray(inst.memory_mb, dtype=float), np.inf)
-    np.subtract.at(free, nodes[valid & (nodes != cloud)], w[valid & (nodes != cloud)])
-    if (free < -1e-9).any():
+    free_mb = np.append(np.asarray(inst.memory_mb, dtype=float), np.inf)
+    np.subtract.at(free_mb, nodes[valid & (nodes != cloud)], w[valid & (nodes != cloud)])
+    if (free_mb < -1e-9).any():
         raise CaramelError("local_search needs a feasible placement (every edge node within its memory)")
     threshold = options.min_gain * _total_s(tb, nodes, valid)
     task_of = np.broadcast_to(np.arange(t_count)[:, None], nodes.shape)
     passes = moves = 0
+    converged = False
     while passes < options.max_passes:
         passes += 1
         c = _costs(tb, nodes, valid, has_next)
         here = np.where(valid, nodes, 0)
         gain = np.take_along_axis(c, here[..., None], axis=2) - c  # (T, L, K): > 0 improves
         fits = np.ones(gain.shape, dtype=bool)
-        fits[..., :-1] = w[..., None] <= free[None, None, :-1] + MEMORY_SLACK_MB
+        fits[..., :-1] = w[..., None] <= free_mb[None, None, :-1] + MEMORY_SLACK_MB
         stay = here[..., None] == np.arange(k)
         gain = np.where(valid[..., None] & ~stay, gain, -np.inf)
         # a layer leaving its node: its best other node with room (the cloud always has)
@@ -127,21 +197,33 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         out_gain = out.max(axis=2)
         out_node = out.argmax(axis=2)
         # relocations: every (layer, node) with room; exchanges: Y onto the node of an edge
-        # layer X of another task, X to its best other node, when the room X leaves fits Y
-        reloc = np.where(fits, gain, -np.inf).reshape(-1, k)
+        # layer X of another task, when the room X leaves fits Y, X either to its best other
+        # node with room now or to Y's node (a swap), when the room Y leaves there fits X
+        reloc = out.reshape(-1, k)
         flat_gain = gain.reshape(-1, k)
-        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - out_gain.max())
+        x_best = gain.max() if options.swaps else out_gain.max()  # the most an X can gain
+        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - x_best)
         xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
         ex = np.full((0, 0), -np.inf)
+        swap = np.zeros((0, 0), dtype=bool)
         if ys.size and xs.size:
-            x_node = nodes.ravel()[xs]
-            ex = flat_gain[ys][:, x_node] + out_gain.ravel()[xs][None, :]
-            ok = (w.ravel()[ys][:, None] <= free[x_node][None, :] + w.ravel()[xs][None, :] + MEMORY_SLACK_MB) & \
+            x_node, y_node = nodes.ravel()[xs], nodes.ravel()[ys]
+            wy, wx = w.ravel()[ys][:, None], w.ravel()[xs][None, :]
+            y_in = flat_gain[ys][:, x_node]
+            ok = (wy <= free_mb[x_node][None, :] + wx + MEMORY_SLACK_MB) & \
                 (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
-            ex = np.where(ok, ex, -np.inf)
+            ex = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
+            swap = np.zeros(ex.shape, dtype=bool)
+            if options.swaps:  # X onto Y's node: -inf where that is X's own node; not the cloud
+                onto = flat_gain[xs][:, y_node].T  # (X's way out covers the cloud)
+                fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
+                swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
+                swap = swapped > ex
+                ex = np.where(swap, swapped, ex)
         both = np.concatenate([reloc.ravel(), ex.ravel()])
         top = np.flatnonzero(both > threshold)
         if top.size == 0:
+            converged = True
             break
         if top.size > options.moves_per_pass:
             top = top[np.argpartition(-both[top], options.moves_per_pass - 1)[:options.moves_per_pass]]
@@ -152,8 +234,9 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
                 cand.append((i % k, i // k, None, -1))
             else:
                 yi, xi = divmod(i - reloc.size, xs.size)
-                x = int(xs[xi])
-                cand.append((int(nodes.ravel()[x]), int(ys[yi]), x, int(out_node.ravel()[x])))
+                x, y = int(xs[xi]), int(ys[yi])
+                x_to = int(nodes.ravel()[y]) if swap[yi, xi] else int(out_node.ravel()[x])
+                cand.append((int(nodes.ravel()[x]), y, x, x_to))
         touched: set[int] = set()
         applied = 0
         for e, y, x, x_to in cand:
@@ -162,27 +245,21 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             if tasks & touched:
                 continue  # its gain assumed the task's neighbours as they were
             y_from = int(nodes[ty, ly])
-            room = free.copy()
             if x is not None:
                 tx, lx = divmod(x, lmax)
-                if x_to != cloud and w[tx, lx] > room[x_to] + MEMORY_SLACK_MB:
-                    continue
-                room[e] += w[tx, lx]
-                room[x_to] -= w[tx, lx] if x_to != cloud else 0.0
-            if e != cloud and w[ty, ly] > room[e] + MEMORY_SLACK_MB:
+            room_mb = _room_after(free_mb, w, (ty, ly), y_from, e, None if x is None else (tx, lx), x_to,
+                                  cloud, options.swaps)
+            if room_mb is None:
                 continue
-            if e != cloud:
-                room[e] -= w[ty, ly]
-            if y_from != cloud:
-                room[y_from] += w[ty, ly]
             if x is not None:
                 nodes[tx, lx] = x_to
             nodes[ty, ly] = e
-            free = room
+            free_mb = room_mb
             touched |= tasks
             applied += 1
         moves += applied
-        if applied == 0:
+        if applied == 0:  # cannot happen (a pass's first candidate always applies); a guard
+            converged = True
             break
     final = [[int(n) for n in nodes[t, :tb.num_layers[t]]] for t in range(t_count)]
-    return Searched(final, _total_s(tb, nodes, valid), passes, moves)
+    return Searched(final, _total_s(tb, nodes, valid), passes, moves, converged)

@@ -232,11 +232,14 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
     torch). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
     cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round.
     `search`: the kept placement then improved by `local_search.local_search` (on the decoder's
-    own tables; `cost_s` is then the improved cost, `costs_s` the samples' before it)."""
+    own tables; `cost_s` is then the improved cost, `costs_s` the samples' before it, `searched`
+    what the search did)."""
     from caramel.sched.placement.fast_decode import NumpyPolicy
 
     if not isinstance(decoding, Decoding):
         raise CaramelError(f"decoding must be a Decoding (parse_decoding('sample:16')), got {decoding!r}")
+    if search is not None and not isinstance(search, SearchOptions):
+        raise CaramelError(f"search must be a SearchOptions or None, got {search!r}")
     if isinstance(policy, NumpyPolicy):
         probabilities = policy.probabilities
     elif hasattr(policy, "get_distribution"):
@@ -265,4 +268,5 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
     if search is not None:
         found = local_search(inst, placement, search, tables=batch.tables)
         placement, cost_s = found.placement, found.cost_s
+        return Decoded(placement, cost_s, best, [float(c) for c in costs], distinct, found)
     return Decoded(placement, cost_s, best, [float(c) for c in costs], distinct)
