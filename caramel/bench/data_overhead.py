@@ -8,9 +8,13 @@ server (threads of one Python process) and the workers' clients wait for a core 
 processes do. So right before each round, while the ranks run that round's contention
 calibration (the mode's own loader beside the bench's step, `data_contention`), a thread of the
 bench's process times range reads from an unshaped server of the same directory, one read every
-`pause_s` so that it adds little load of its own: their median is the round's request overhead
-under load, which the model uses for that round in place of the one measured alone. The
-unshaped server is not the scored store, so its reads are in no mode's remote bytes.
+`pause_s` so that it adds little load of its own: their median is the round's request time under
+load, which the model charges to each read in its worker's sequence of reads
+(`DataLoadModel.worker_request_s`: a worker reads its batch's samples one after another, so a read
+waiting for a core delays that worker's batch as the store's latency does). The store's serial
+work shared by every rank stays the overhead measured alone: a read's time under load is mostly
+waiting for a core, during which the other workers' reads proceed, not work that serializes
+them. The unshaped server is not the scored store, so its reads are in no mode's remote bytes.
 
 Neither this nor the alone measurement is fitted to the scored steps: both are reads timed
 apart from them. The load is the calibration's (the loader over samples in memory), not the
@@ -71,9 +75,9 @@ class OverheadProbe(AbstractContextManager):
         return len(self._times_s)
 
 
-def round_overheads(calibrations: list[dict], alone_s: float) -> list[float]:
-    """The request overhead of each round: the one measured under the calibration's load right
-    before it, else (a record before the probe, a store the bench does not serve) the one alone."""
+def round_overheads(calibrations: list[dict], alone_s: float = 0.0) -> list[float]:
+    """The request time under load of each round: the one measured during the calibration right
+    before it, else (a record before the probe, a store the bench does not serve) `alone_s`."""
     out = []
     for c in calibrations:
         loaded = c.get("request_overhead_s")

@@ -23,8 +23,8 @@ from caramel.errors import CaramelError
 from caramel.stats import median, paired_ratio_interval
 
 # /4: each round's calibration carries `request_overhead_s`, the range read timed under its load
-# (data_overhead), which predicts that round in place of the one alone (rows: `request_overhead_s`,
-# the rounds' median, and *_overhead_alone, the model with the one alone, as in /3).
+# (data_overhead), charged to each read in its worker's sequence for that round (rows:
+# `request_s_under_load`, the rounds' median, and *_overhead_alone, the model without it, as in /3).
 # /3: predicted_step_s and prediction_error are the median of each round's prediction from the
 # calibration right before it (the one calibration before the modes moved to *_one_calibration)
 # and each row has its own contention; in /2 they were the one calibration's, one factor per run
@@ -158,10 +158,11 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
-        overheads = round_overheads(r.calibrations, costs["request_overhead_s"])
-        per_round = [replace(model, contention=c, request_overhead_s=o).step_time_s(a)
+        overheads = round_overheads(r.calibrations)  # 0 where a round had no probe: the model before the term
+        per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
                      for (c, a), o in zip(rounds, overheads)]
         overhead_alone = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        probed = [c["request_overhead_s"] for c in r.calibrations if c.get("request_overhead_s") is not None]
         one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
@@ -176,7 +177,7 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
                "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
                "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
-               "request_overhead_s": median(overheads) if overheads else costs["request_overhead_s"],
+               "request_s_under_load": median(probed) if probed else None,
                "predicted_step_s_overhead_alone": median(overhead_alone) if overhead_alone else None,
                "predicted_step_s_before": alone.step_time_s(compute_comm_start),
                "predicted_step_s_one_calibration": one_calibration.step_time_s(compute_comm_start),
@@ -232,8 +233,8 @@ def _contention_cell(row: dict[str, Any], report: dict[str, Any]) -> str:
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
     """The side-by-side table (terminal or markdown) of a /3 record or an older one; "model error"
     is the model with each mode's calibrations (in a /2 record: the one calibration before the
-    modes), "request ms" the rounds' median request overhead under load (/4), "overhead alone"
-    the model with the request overhead measured alone, "one calib." with the one calibration
+    modes), "request ms" the rounds' median read time under load (/4), "overhead alone" the
+    model without it (each read's work only the store's overhead measured alone), "one calib." with the one calibration
     before the modes, "before" without its contention and misses-last terms; a field a record
     lacks is "-"."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
@@ -248,7 +249,7 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       _cell(r, "remote_bytes_per_epoch_steady", "{:.2f}", 1e-6),
                       _cell(r, "hit_rate_steady", "{:.0%}"), _cell(r, "memory_share_steady", "{:.0%}"),
                       f"{r.get('remote_bytes_cut', 0.0):.0%}", _contention_cell(r, report),
-                      _cell(r, "request_overhead_s", "{:.2f}", 1e3), ms("predicted_step_s"),
+                      _cell(r, "request_s_under_load", "{:.2f}", 1e3), ms("predicted_step_s"),
                       _cell(r, "prediction_error", "{:+.0%}"), _cell(r, "prediction_error_overhead_alone", "{:+.0%}"),
                       _cell(r, "prediction_error_one_calibration", "{:+.0%}"),
                       _cell(r, "prediction_error_before", "{:+.0%}")])
