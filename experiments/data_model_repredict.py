@@ -4,7 +4,8 @@
 calibrations (the one before the modes, and one right before each mode's round). This reads a
 record, rebuilds each mode's model with `caramel.bench.data_report.predict` and each round's
 contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
-the model with each round's own calibration (the median over rounds), and the recorded
+the model with each round's own calibration (the median over rounds; from a
+`caramel.data-bench/4` record, with each round's read time under load too), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
 measuring anything again. A FILE is a record or a results file of runs
 (`caramel.data-bench-runs/1`, as in docs/results), whose every record is rescored; a field an
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 from caramel.bench.data_bench import DataBenchConfig
 from caramel.bench.data_contention import alone_floor_s, round_inputs
+from caramel.bench.data_overhead import round_overheads
 from caramel.bench.data_report import batch_trip_s, measured_contention, predict, stored_records
 from caramel.data.store import Store
 from caramel.stats import median
@@ -47,7 +49,9 @@ def repredict(record: dict, index) -> list[dict]:
                         row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"])
         rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
                               floor if floor else cfg.compute_s)
-        per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        overheads = round_overheads(row.get("calibrations", []))
+        per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
+                     for (c, a), o in zip(rounds, overheads)]
         now = median(per_round) if per_round else model.step_time_s(start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,
                     "error": now / row["step_s_steady"] - 1, "recorded_error": row.get("prediction_error"),

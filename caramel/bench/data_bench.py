@@ -306,7 +306,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
     workdir = Path(tempfile.mkdtemp(prefix="caramel-data-bench-"))
     try:
         with ExitStack() as stack:
-            server, cluster, hosts = None, None, None
+            server, cluster, hosts, probe_url = None, None, None, None
             if cfg.network == "cluster":
                 from caramel.bench.data_cluster import cluster_store
 
@@ -316,6 +316,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
                     write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
                 index = Store(str(directory)).index()
                 overhead_s = request_overhead_s(str(directory))
+                probe_url = stack.enter_context(serve_directory(directory)).url
                 cluster = stack.enter_context(cluster_store(str(directory.resolve()), cfg.ranks, cfg.store_rate_bps,
                                                             cfg.store_latency_s, cfg.rank_rate_bps,
                                                             workdir / "store-server.log"))
@@ -327,6 +328,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
                     write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
                 index = Store(str(directory)).index()  # a missing or damaged data set is named here, before serving
                 overhead_s = request_overhead_s(str(directory))
+                probe_url = stack.enter_context(serve_directory(directory)).url  # unshaped: the overhead under load
                 server = stack.enter_context(serve_directory(directory, rate_bps=cfg.store_rate_bps,
                                                              latency_s=cfg.store_latency_s))
                 data_url = server.url
@@ -340,7 +342,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
             budget = budgets(cfg, index)
             shards = calibration_shards(str(directory) if cluster else data_url, index)
             results, costs["compute_comm_s"], costs["loaded"] = _run_ranks(cfg, data_url, workdir, budget, server,
-                                                                           hosts, shards, index)
+                                                                           hosts, shards, index, probe_url)
         report = summarize(cfg, results, index, costs, budget, source=url or "generated", served=server is not None)
         if cluster is not None:
             from caramel.bench.data_cluster import cluster_report
@@ -352,10 +354,14 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
 
 def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int, int], server,
                hosts: list[tuple[str, str]] | None = None, shards: list | None = None,
-               index: DatasetIndex | None = None) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
+               index: DatasetIndex | None = None,
+               probe_url: str | None = None) -> tuple[dict[str, ModeResult], float | None, dict[str, float] | None]:
     """Each mode's results (with the calibration run right before each of its rounds), the median
     step of compute and all-reduce alone, and (with `shards` and loader workers) the same steps
-    beside busy workers (`data_contention.loaded_steps`), both once before the modes."""
+    beside busy workers (`data_contention.loaded_steps`), both once before the modes. With
+    `probe_url` (an unshaped server of the store's directory) each round's calibration also
+    carries the request overhead timed while the ranks ran it (`data_overhead.OverheadProbe`)."""
+    from caramel.bench.data_overhead import OverheadProbe
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -374,7 +380,13 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
             loaded = inbox.get("loaded")
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
-                if cfg.calibration_steps > 0:
+                if cfg.calibration_steps > 0 and probe_url is not None and index is not None:
+                    with OverheadProbe(probe_url, index) as probe:
+                        calibration = inbox.get("calibration")
+                    calibration = dict(calibration, request_overhead_s=probe.overhead_s(),
+                                       request_overhead_reads=probe.reads())
+                    results[mode].calibrations.append(calibration)
+                elif cfg.calibration_steps > 0:
                     results[mode].calibrations.append(inbox.get("calibration"))
                 for _epoch in range(cfg.epochs):
                     barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)

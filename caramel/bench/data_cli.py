@@ -123,6 +123,12 @@ def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown
             steps = ", ".join(f"{c['loaded']['step_s'] * 1e3:.2f}/{c['alone_s'] * 1e3:.2f}" for c in cals)
             print(f"{r['mode']}: beside its own loader right before each round, step/alone {steps} ms: "
                   f"contention x{r['contention']:.2f} (the rounds' median)")
+        probed = [c for c in r.get("calibrations", []) if c.get("request_overhead_s") is not None]
+        if probed:
+            reads = ", ".join(f"{c['request_overhead_s'] * 1e3:.2f} ({c.get('request_overhead_reads', 0)} reads)"
+                              for c in probed)
+            print(f"{r['mode']}: request overhead under each round's calibration load {reads} ms, "
+                  f"alone {result['measured_costs']['request_overhead_s'] * 1e3:.2f} ms")
     if json_out:
         atomic_write_text(json_out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if markdown_out:

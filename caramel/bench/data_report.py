@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from caramel.bench.data_contention import alone_floor_s, contention_factor, round_inputs
+from caramel.bench.data_overhead import round_overheads
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -21,10 +22,13 @@ from caramel.data.transport import PIPE_MAX_BYTES, WorkerCollate, received
 from caramel.errors import CaramelError
 from caramel.stats import median, paired_ratio_interval
 
+# /4: each round's calibration carries `request_overhead_s`, the range read timed under its load
+# (data_overhead), charged to each read in its worker's sequence for that round (rows:
+# `request_s_under_load`, the rounds' median, and *_overhead_alone, the model without it, as in /3).
 # /3: predicted_step_s and prediction_error are the median of each round's prediction from the
 # calibration right before it (the one calibration before the modes moved to *_one_calibration)
 # and each row has its own contention; in /2 they were the one calibration's, one factor per run
-REPORT_FORMAT = "caramel.data-bench/3"
+REPORT_FORMAT = "caramel.data-bench/4"
 
 
 def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
@@ -154,7 +158,11 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
-        per_round = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        overheads = round_overheads(r.calibrations)  # 0 where a round had no probe: the model before the term
+        per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
+                     for (c, a), o in zip(rounds, overheads)]
+        overhead_alone = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        probed = [c["request_overhead_s"] for c in r.calibrations if c.get("request_overhead_s") is not None]
         one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
@@ -169,6 +177,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
                "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
                "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
+               "request_s_under_load": median(probed) if probed else None,
+               "predicted_step_s_overhead_alone": median(overhead_alone) if overhead_alone else None,
                "predicted_step_s_before": alone.step_time_s(compute_comm_start),
                "predicted_step_s_one_calibration": one_calibration.step_time_s(compute_comm_start),
                "contention": median([c for c, _ in rounds]) if rounds else single,
@@ -177,6 +187,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         row["prediction_error"] = row["predicted_step_s"] / row["step_s_steady"] - 1.0
         row["prediction_error_one_calibration"] = row["predicted_step_s_one_calibration"] / row["step_s_steady"] - 1.0
         row["prediction_error_before"] = row["predicted_step_s_before"] / row["step_s_steady"] - 1.0
+        if row["predicted_step_s_overhead_alone"] is not None:
+            row["prediction_error_overhead_alone"] = row["predicted_step_s_overhead_alone"] / row["step_s_steady"] - 1.0
         if ref is not None:
             row["speedup_vs_remote"] = median(ref) / median(epoch_means)
             row["speedup_ci95"] = paired_ratio_interval(ref, epoch_means, per_round=1)
@@ -221,11 +233,13 @@ def _contention_cell(row: dict[str, Any], report: dict[str, Any]) -> str:
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
     """The side-by-side table (terminal or markdown) of a /3 record or an older one; "model error"
     is the model with each mode's calibrations (in a /2 record: the one calibration before the
-    modes), "one calib." with the one calibration before the modes, "before" without its
-    contention and misses-last terms; a field a record lacks is "-"."""
+    modes), "request ms" the rounds' median read time under load (/4), "overhead alone" the
+    model without it (each read's work only the store's overhead measured alone), "one calib." with the one calibration
+    before the modes, "before" without its contention and misses-last terms; a field a record
+    lacks is "-"."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
-            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "model ms", "model error",
-            "one calib.", "before"]
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "request ms", "model ms",
+            "model error", "overhead alone", "one calib.", "before"]
     lines = []
     for r in report["rows"]:
         ci = r.get("speedup_ci95")
@@ -234,8 +248,10 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       f"{r.get('speedup_vs_remote', float('nan')):.2f}x", f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
                       _cell(r, "remote_bytes_per_epoch_steady", "{:.2f}", 1e-6),
                       _cell(r, "hit_rate_steady", "{:.0%}"), _cell(r, "memory_share_steady", "{:.0%}"),
-                      f"{r.get('remote_bytes_cut', 0.0):.0%}", _contention_cell(r, report), ms("predicted_step_s"),
-                      _cell(r, "prediction_error", "{:+.0%}"), _cell(r, "prediction_error_one_calibration", "{:+.0%}"),
+                      f"{r.get('remote_bytes_cut', 0.0):.0%}", _contention_cell(r, report),
+                      _cell(r, "request_s_under_load", "{:.2f}", 1e3), ms("predicted_step_s"),
+                      _cell(r, "prediction_error", "{:+.0%}"), _cell(r, "prediction_error_overhead_alone", "{:+.0%}"),
+                      _cell(r, "prediction_error_one_calibration", "{:+.0%}"),
                       _cell(r, "prediction_error_before", "{:+.0%}")])
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -7,13 +7,18 @@ when shards are cached, one sample for range reads), each waiting `store_latency
 link of `store_bandwidth_bps` it is shared). `loader_workers` (k) processes per rank fetch in
 parallel, so waits and local work divide among them; the link and the store do not:
 
-    wait_s   = requests * latency / k                    (each worker waits for its requests)
+    wait_s   = requests * (latency + worker_request_s) / k   (each worker waits for its requests)
     link_s   = max(ranks * remote_bytes * 8 / bandwidth, ranks * requests * overhead)
     remote_s = max(wait_s, link_s) + min(wait_s, link_s) / c,   c = k * ranks requests in flight
     local_s  = (batch * local_s_per_sample + disk reads * disk_s_per_read + batch_overhead_s)
                / min(k, cores per rank)
     data_s   = remote_s + local_s
 
+A worker reads its batch's samples one after another (torch's DataLoader: one batch per worker),
+so besides the latency each read's own time on this machine's cores (`worker_request_s`: the
+client's and the server's work and their waits for a core, measured under the training load by
+the data bench right before each round; 0 when not measured) stretches that worker's sequence;
+it divides among the workers, as the latency does, since other workers' reads proceed meanwhile.
 With one request in flight (c = 1) a request's wait and its transfer add up; with c in flight
 the link moves one request's bytes while the others wait, so the shorter phase hides behind the
 longer one but for 1/c of it. A shard fetched for only some of its samples (a cache that evicts
@@ -70,6 +75,7 @@ class DataLoadModel:
     fetch_amplification: float = 1.0  # bytes fetched per byte of the missed samples (a shard fetched for a few of them)
     contention: float = 1.0  # compute side's slowdown beside prefetching workers on shared cores, measured; 1: none
     remote_steps_share: float = 1.0  # of an epoch's steps, those that fetch its remote bytes (1: every step alike)
+    worker_request_s: float = 0.0  # each read's time on the cores in its worker's sequence, under load; 0: unmeasured
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
@@ -88,8 +94,10 @@ class DataLoadModel:
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
-        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0:
-            raise CaramelError("store_latency_s, loader_workers and local_s_per_sample must be >= 0")
+        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0 or self.worker_request_s < 0:
+            raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
+                               f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
+                               f"{self.worker_request_s}")
         if self.request_bytes is not None and self.request_bytes <= 0:
             raise CaramelError(f"request_bytes must be positive, got {self.request_bytes}")
 
@@ -109,7 +117,7 @@ class DataLoadModel:
         requests = remote / per_request if remote > 0 else 0.0
         if self.request_bytes is None:
             requests = math.ceil(requests - 1e-9)
-        wait_s = requests * self.store_latency_s / k
+        wait_s = requests * (self.store_latency_s + self.worker_request_s) / k
         link_s = max(self.ranks * remote * 8.0 / self.store_bandwidth_bps, self.ranks * requests * self.request_overhead_s)
         remote_s = max(wait_s, link_s) + min(wait_s, link_s) / (k * self.ranks)
         disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size / self.samples_per_disk_read

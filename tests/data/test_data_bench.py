@@ -48,6 +48,12 @@ def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(
         assert r["contention"] == 1.0 and r["compute_comm_s"] == report["compute_comm_floor_s"] > 0
     alone = [report["measured_costs"]["compute_comm_s"]] + [r["calibrations"][0]["alone_s"] for r in rows.values()]
     assert report["compute_comm_floor_s"] == min(alone)  # the quickest window of steps alone in the run
+    # a served directory: each round's request overhead timed during its calibration, from an unshaped
+    # server of its own (the scored server's counts above are the modes' reads alone)
+    for r in rows.values():
+        (cal,) = r["calibrations"]
+        assert cal["request_overhead_reads"] >= 1 and cal["request_overhead_s"] > 0
+        assert r["request_s_under_load"] == cal["request_overhead_s"]
 
 
 @pytest.mark.timeout(120)
@@ -76,6 +82,9 @@ def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
         assert floor <= min(cal["alone_s"], costs["compute_comm_s"])
         assert r["contention"] == pytest.approx(max(1.0, cal["loaded"]["step_s"] / (floor + trip)))
         assert r["predicted_step_s"] == r["predicted_step_s_rounds"][0]  # one round: its own prediction
+        # a store the bench does not serve: no probe, no read time under load (the model before the term)
+        assert "request_overhead_s" not in cal and r["request_s_under_load"] is None
+        assert r["predicted_step_s"] == r["predicted_step_s_overhead_alone"]
 
 
 def test_bad_input_is_named(capsys, tmp_path):
@@ -214,11 +223,11 @@ def test_stored_records_of_the_previous_format_still_render():
 
     from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
 
-    assert REPORT_FORMAT == "caramel.data-bench/3"
+    assert REPORT_FORMAT == "caramel.data-bench/4"
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
                for name, record in stored_records(json.loads(path.read_text())).items()
-               if record["format"] in ("caramel.data-bench/1", "caramel.data-bench/2")}
+               if record["format"] in ("caramel.data-bench/1", "caramel.data-bench/2", "caramel.data-bench/3")}
     assert "data-bench-cluster.json:cluster-1" in records and len(records) > 10
     for name, record in records.items():
         table = format_rows(record, markdown=True).splitlines()

@@ -21,6 +21,11 @@ def test_terms():
     busy = DataLoadModel(**{**m.__dict__, "request_overhead_s": 1e-3})
     # the store handles 4 ranks x 10 requests of 1 ms one after another: 40 ms, more than the link's 32
     assert busy.data_time_s() == pytest.approx(40e-3 + 5e-3 / 8)
+    slow = DataLoadModel(**{**m.__dict__, "worker_request_s": 1e-3})
+    # each read also takes 1 ms of the cores in its worker's sequence: 10 x 2 ms over 2 workers, behind the link
+    assert slow.data_time_s() == pytest.approx(32e-3 + 10e-3 / 8)
+    with pytest.raises(CaramelError, match="worker_request_s"):
+        DataLoadModel(**{**m.__dict__, "worker_request_s": -1e-3})
     alone = DataLoadModel(**{**m.__dict__, "loader_workers": 1, "ranks": 1})
     assert alone.data_time_s() == pytest.approx(10e-3 + 8e-3)  # one request in flight: wait and transfer add up
 
