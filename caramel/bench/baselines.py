@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from caramel.bench.contention import span_padding
+
 MiB = 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1 * MiB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_CAP_MB = 25.0
@@ -189,9 +191,12 @@ class Concurrent(Runner):
         # it, seconds; how many collectives started during it), for caramel.bench.contention; a
         # GPU's compute and transfers do not share the host's cores that way
         self.spans: list[tuple[float, float, int]] = []
+        # per span under --jitter: the padding's share of it (`caramel.bench.contention.span_padding`)
+        self.pauses: list[tuple[float, float, int]] = []
 
     def start_measuring(self) -> None:
         self.spans.clear()
+        self.pauses.clear()
 
     def step(self) -> None:
         if self.comm.device.type != "cpu":
@@ -203,6 +208,8 @@ class Concurrent(Runner):
             sync_device(self.comm.device)
             return
         ends: list[float] = []
+        jitter = self.compute.jitter
+        slept = len(jitter.slept_at) if jitter is not None else 0
         t0 = time.perf_counter()
         done = [w.get_future().then(lambda _, ends=ends: ends.append(time.perf_counter())) for w in self.comm.issue()]
         self.compute.run()
@@ -210,4 +217,7 @@ class Concurrent(Runner):
         torch.futures.wait_all(done)
         # the backend runs a group's collectives one at a time: each starts as the one before ends
         starts = [t0] + sorted(ends)[:-1]
-        self.spans.append((t1 - t0, min(max(ends, default=t0), t1) - t0, sum(t < t1 for t in starts)))
+        overlap_end = min(max(ends, default=t0), t1)
+        self.spans.append((t1 - t0, overlap_end - t0, sum(t < t1 for t in starts)))
+        if jitter is not None:
+            self.pauses.append(span_padding(t0, t1, overlap_end, starts, jitter.slept_at[slept:]))

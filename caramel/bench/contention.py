@@ -23,6 +23,15 @@ overlap or longer, which no finite f explains (compute that made no progress at 
 as `MAX_SLOWDOWN`, as does any larger f: beyond it the baseline has measured a stall, not a
 share of the cores. No rank with a factor means no evidence of contention: 1.
 
+Under `--jitter` every worker's compute is padded by a sleep after its forward, the concurrent
+baseline's included; a sleep is not slowed by the transfers, and the simulators apply the factor
+to the unpadded compute only. So each concurrent step records its padding (`span_padding`: the
+seconds slept during the compute, those of them inside the overlap, the collectives that started
+during a sleep), and the factor is computed on the spans less it (`unpadded_spans`) against the
+unpadded compute-only median (`caramel.bench.hetero_prediction.Heterogeneity.contention_inputs`).
+Without padding the spans are used as measured. (`--slow-worker`'s delay is a sleep too, but the
+simulators model it as slower compute, which the factor then covers: its spans stay as measured.)
+
 The factor goes into the predictions' ClusterSpec (`compute_slowdown`): the event engine
 applies it to the ddp and caramel models, the gossip and ps simulators to compute beside their
 exchanges, pushes and pulls, the pipeline simulator to compute beside a lane's activation and
@@ -63,3 +72,22 @@ def job_slowdown(compute_alone_s: list[float], spans: list[list[tuple[float, flo
     factors = [f for f in (rank_slowdown(c, s, collective_cpu_s) for c, s in zip(compute_alone_s, spans))
                if f is not None]
     return max(factors, default=1.0)
+
+
+def span_padding(t0: float, t1: float, overlap_end: float, starts: list[float],
+                 sleeps: list[tuple[float, float]]) -> tuple[float, float, int]:
+    """A concurrent step's padding, from its compute's start `t0` and end `t1`, the end of its
+    overlap, its collectives' start times and the (start, end) of the sleeps taken during it:
+    (seconds slept in [t0, t1], of them in [t0, overlap_end], collectives started before t1
+    inside a sleep: their pause hits no compute)."""
+    def inside(lo: float, hi: float) -> float:
+        return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in sleeps)
+    started = sum(1 for t in starts if t < t1 and any(a <= t < b for a, b in sleeps))
+    return inside(t0, t1), inside(t0, overlap_end), started
+
+
+def unpadded_spans(spans: list, pauses: list) -> list[tuple[float, float, int]]:
+    """One rank's spans less their padding (`span_padding`), step by step."""
+    if len(spans) != len(pauses):
+        raise ValueError(f"{len(pauses)} recorded paddings for {len(spans)} concurrent steps: they do not align")
+    return [(c - s, o - so, k - ks) for (c, o, k), (s, so, ks) in zip(spans, pauses)]

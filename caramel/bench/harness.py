@@ -224,8 +224,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     spans: list[Any] = [None] * world
     dist.all_gather_object(spans, runners["concurrent"].spans)
     paused: list[Any] = [None] * world  # --jitter: each compute-only step's own pause
+    concurrent_paused: list[Any] = [None] * world  # --jitter: each concurrent step's padding
     if jitter:
         dist.all_gather_object(paused, runners["compute"].paused_s)
+        dist.all_gather_object(concurrent_paused, runners["concurrent"].pauses)
     stamps: list[Any] = [None] * world
     if trace is not None:
         dist.all_gather_object(stamps, trace.stamps)
@@ -236,7 +238,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
                            local_batch=int(workload.inputs.shape[0]),
                            unpadded_compute_s=[unpadded_median_s(g["compute"], p, settings.steps_per_round)
-                                               for g, p in zip(gathered, paused)] if jitter else None)
+                                               for g, p in zip(gathered, paused)] if jitter else None,
+                           concurrent_pauses=[[list(p) for p in r] for r in concurrent_paused] if jitter else None)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/predict_saved_inputs.py)

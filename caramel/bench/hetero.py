@@ -108,6 +108,9 @@ class JitterSchedule:
         self.slept_s: list[float] = []
         """every sleep `jitter_down` took from this schedule, in order (the compute-only baseline's
         measured steps take theirs out: `caramel.bench.baselines.ComputeOnly`)"""
+        self.slept_at: list[tuple[float, float]] = []
+        """each of those sleeps' (start, end) on `time.perf_counter`: the concurrent baseline takes
+        them out of its compute and its overlap (`caramel.bench.contention.span_padding`)"""
 
     def next(self) -> float:
         return 1.0 + self._rng.uniform(-self.fraction, self.fraction) if self.jittered else 1.0
@@ -124,7 +127,9 @@ def jitter_down(model: nn.Module, per_sample_s: float, schedule: JitterSchedule)
         if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             pause_s = schedule.sleep_factor() * per_sample_s * int(args[0].shape[0])
             schedule.slept_s.append(pause_s)
+            start = time.perf_counter()
             time.sleep(pause_s)
+            schedule.slept_at.append((start, time.perf_counter()))
     model.register_forward_hook(hook)
 
 

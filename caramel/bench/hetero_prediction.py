@@ -92,6 +92,23 @@ class Heterogeneity:
     """samples per worker and step (the jitter's pause is per sample)"""
     unpadded_compute_s: list[float] | None = None
     """per rank, the compute-only median less each measured step's own pause (`unpadded_median_s`)"""
+    concurrent_pauses: list | None = None
+    """per rank, per concurrent-baseline step, its padding (`caramel.bench.contention.span_padding`)"""
+
+    def contention_inputs(self, rank_compute_s: list[float], spans: list) -> tuple[list[float], list]:
+        """The compute-only medians and concurrent spans the contention factor takes: unpadded
+        when the job recorded both paddings (`caramel.bench.contention`), else as given."""
+        if self.concurrent_pauses is None or self.unpadded_compute_s is None:
+            return rank_compute_s, spans
+        from caramel.bench.contention import unpadded_spans
+        if len(self.concurrent_pauses) != len(spans) or len(self.unpadded_compute_s) != len(spans):
+            raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks and "
+                               f"unpadded_compute_s {len(self.unpadded_compute_s)}, expected one per rank's "
+                               f"spans ({len(spans)})")
+        try:
+            return list(self.unpadded_compute_s), [unpadded_spans(s, p) for s, p in zip(spans, self.concurrent_pauses)]
+        except ValueError as e:
+            raise CaramelError(f"heterogeneity.concurrent_pauses: {e}") from None
 
     def present(self) -> list[str]:
         return [k for k in INPUTS if getattr(self, k)]
@@ -193,6 +210,12 @@ class Heterogeneity:
         unpadded = data.get("unpadded_compute_s")
         if unpadded is not None and not (isinstance(unpadded, list) and all(_is_num(u) for u in unpadded)):
             raise CaramelError(f"heterogeneity.unpadded_compute_s must list one number per rank, got {unpadded!r}")
+        pauses = data.get("concurrent_pauses")
+        if pauses is not None and not (isinstance(pauses, list) and all(
+                isinstance(r, list) and all(isinstance(p, (list, tuple)) and len(p) == 3 and all(_is_num(x) for x in p)
+                                            for p in r) for r in pauses)):
+            raise CaramelError("heterogeneity.concurrent_pauses must list per rank a list of [slept_s, "
+                               f"slept_in_overlap_s, collectives_started] per step, got {pauses!r}")
         return cls(**data)
 
 

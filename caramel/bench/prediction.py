@@ -139,7 +139,9 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     predictions ran on, and those of the rate-only ones). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
-    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
+    # under --jitter, on the compute and spans less the sleeps' padding (`caramel.bench.contention`)
+    alone_s, contention_spans = (hetero or Heterogeneity()).contention_inputs(rank_compute_s, spans)
+    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, alone_s, contention_spans, probed)
     if traffic is not None:  # the ps model's inputs (`bench_cluster`)
         link = {**(link or {}), "traffic_probe": traffic, "link_queue_s": traffic.get("queue_s"),
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),

@@ -65,3 +65,45 @@ def test_the_slowdown_travels_in_the_cluster_spec_and_slows_the_event_engine_mod
 def test_a_slowdown_under_one_is_an_error_naming_the_field(bad):
     with pytest.raises(FormatError, match="compute_slowdown"):
         ClusterSpec.uniform(2, 1e9, compute_slowdown=bad)
+
+
+def test_span_padding_counts_the_sleeps_inside_the_compute_and_the_overlap():
+    from caramel.bench.contention import span_padding
+    # compute 0..10, overlap to 6; sleeps 2..4 (inside both), 5..8 (1 s inside the overlap), 11..12 (after)
+    sleeps = [(2.0, 4.0), (5.0, 8.0), (11.0, 12.0)]
+    slept, in_overlap, started = span_padding(0.0, 10.0, 6.0, [0.0, 3.0, 4.0, 7.0, 10.5], sleeps)
+    assert (slept, in_overlap) == pytest.approx((5.0, 3.0))
+    assert started == 2  # 3.0 and 7.0; 4.0 is the sleep's end, 10.5 after the compute
+    assert span_padding(0.0, 10.0, 6.0, [0.0, 3.0], []) == (0.0, 0.0, 0)
+
+
+def test_unpadded_spans_recover_the_factor_the_padding_dilutes():
+    """Compute C = 30 ms slowed 1.5x through a 20 ms overlap, then a 40 ms sleep inside the
+    overlap (collectives still in flight): the padded spans read a smaller factor; less their
+    padding, against the unpadded compute, they read 1.5 again."""
+    from caramel.bench.contention import unpadded_spans
+    c, f, o, sleep = 0.030, 1.5, 0.020, 0.040
+    beside = c + o - o / f  # o / f of the work done during the overlap
+    padded = [(beside + sleep, o + sleep, 1)] * 3
+    assert rank_slowdown(c, [(beside, o, 1)] * 3) == pytest.approx(f)
+    assert rank_slowdown(c + sleep, padded) < 1.2  # diluted by the sleep
+    assert rank_slowdown(c, unpadded_spans(padded, [(sleep, sleep, 0)] * 3)) == pytest.approx(f)
+    with pytest.raises(ValueError, match="do not align"):
+        unpadded_spans(padded, [(sleep, sleep, 0)] * 2)
+
+
+def test_no_padding_leaves_the_factor_bit_for_bit_unchanged():
+    """Runs without --jitter record no paddings: the factor's inputs are the measured ones, and
+    zero paddings subtract to the very same floats."""
+    from caramel.bench.contention import unpadded_spans
+    from caramel.bench.hetero_prediction import Heterogeneity
+    compute = [0.0301, 0.0297, 0.0312]
+    spans = [[(0.0451, 0.0213, 2), (0.0437, 0.0199, 2)], [(0.0409, 0.0250, 1)] * 2,
+             [(0.0398, 0.0311, 3), (0.0512, 0.0300, 3)]]
+    alone, given = Heterogeneity().contention_inputs(compute, spans)
+    assert alone is compute and given is spans
+    zeros = [unpadded_spans(s, [(0.0, 0.0, 0)] * len(s)) for s in spans]
+    assert zeros == spans
+    assert job_slowdown(compute, zeros, 0.0004) == job_slowdown(compute, spans, 0.0004)
+    jittered = Heterogeneity(unpadded_compute_s=[0.01, 0.01, 0.01], concurrent_pauses=[[[0.0, 0.0, 0]] * 2] * 3)
+    assert jittered.contention_inputs(compute, spans) == ([0.01, 0.01, 0.01], spans)

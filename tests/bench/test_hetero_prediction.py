@@ -297,3 +297,41 @@ def test_a_configuration_whose_predictions_are_all_marked_says_so():
     text = format_predictions(recs)
     assert "Recommendation" not in text and "Accuracy per strategy kind" not in text
     assert "every one of the 2 predicted row(s) comes from a simulator that ignores" in text
+
+
+def test_the_concurrent_baseline_records_its_steps_padding(monkeypatch):
+    """Under --jitter each concurrent step records the sleep its compute took (all of it inside
+    the compute), and the heterogeneity carries it to the factor, validated on the way in."""
+    import torch
+
+    from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent
+    from caramel.bench.hetero import jitter_down
+    from caramel.bench.hetero_prediction import Heterogeneity
+
+    model = torch.nn.Linear(4, 2)
+    schedule = JitterSchedule(0.5, 3)
+    jitter_down(model, 1e-4, schedule)
+    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
+                          torch.nn.MSELoss(), torch.device("cpu"))
+    compute.jitter = schedule
+
+    class Done:  # a collective already finished when issued
+        def get_future(self):
+            fut = torch.futures.Future()
+            fut.set_result(None)
+            return fut
+
+    monkeypatch.setattr(CommOnly, "issue", lambda self: [Done()])
+    comm = CommOnly.__new__(CommOnly)
+    comm.device = torch.device("cpu")
+    concurrent = Concurrent(compute, comm)
+    for _ in range(3):
+        concurrent.step()
+    assert len(concurrent.pauses) == len(concurrent.spans) == 3
+    for (took_s, _, _), (slept_s, _, started), pause_s in zip(concurrent.spans, concurrent.pauses, schedule.slept_s):
+        assert pause_s <= slept_s <= took_s and started == 0
+    with pytest.raises(CaramelError, match="concurrent_pauses"):
+        Heterogeneity.from_dict({"concurrent_pauses": [[[0.1, 0.1]]]})
+    with pytest.raises(CaramelError, match="concurrent_pauses"):
+        Heterogeneity(unpadded_compute_s=[0.01], concurrent_pauses=[[[0.0, 0.0, 0]]]).contention_inputs(
+            [0.02], [[(0.03, 0.01, 1)] * 2])
