@@ -14,7 +14,9 @@ bench did for every strategy: a ps or gossip strategy (which read the traffic pr
 one (predicted as its screened value) are then printed "not replayable" with the reason, never
 predicted otherwise. A trace directory is paired with its records by the saved label or, in older
 runs, by its name (model, workers, link) and uneven workers; one that matches no configuration or
-several is an error.
+several is an error. The inputs do not say which runtime ran: the GPT-2 pipelines of
+pipeline_contention runs B, E and E2 never summed their tied weight's gradient, which this tree
+prices (docs/results/pipeline_replay_all.md).
 
     PYTHONPATH=. python experiments/predict_saved_inputs.py docs/results/pipeline_profile_turns/run_m
 """
