@@ -175,12 +175,13 @@ def _steps_alone(cfg: DataBenchConfig, sync) -> float:
 
 def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetIndex | None, rank: int, rnd: int,
                       workdir: str, budget: tuple[int, int], shards: list | None, counters: TierCounters,
-                      sync) -> dict | None:
+                      sync, probe_window=None) -> dict | None:
     """Right before a mode's round, on every rank: its steps alone and (with loader workers) beside
     the mode's own loader over data that needs no store (`data_contention.mode_calibration_loader`),
     from the second pass of its workers (`steady_steps`), so the model's contention follows the
-    machine's load from round to round and includes the mode's loader's own work per batch. None
-    when the bench calibrates nothing."""
+    machine's load from round to round and includes the mode's loader's own work per batch.
+    `probe_window` (rank 0's, an Event): opened over the first pass's loaded steps, in which the
+    bench's request probe reads (`data_overhead`). None when the bench calibrates nothing."""
     if cfg.calibration_steps <= 0:
         return None
     out: dict[str, Any] = {"mode": mode, "round": rnd, "alone_s": _steps_alone(cfg, sync), "loaded": None}
@@ -191,7 +192,7 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
         loader = None
         try:
             loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, directory, budget, counters)
-            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync)
+            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync, probe_window)
         finally:
             _shut_down(loader)  # its workers gone before the mode's first step, or at once on an error
             del loader
@@ -211,7 +212,8 @@ def _shut_down(loader) -> None:
 
 
 def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: tuple[int, int], barrier, queue,
-               host: tuple[str, str] | None = None, shards: list | None = None, index: DatasetIndex | None = None) -> None:
+               host: tuple[str, str] | None = None, shards: list | None = None, index: DatasetIndex | None = None,
+               probe_window=None) -> None:
     import datetime
 
     import torch.distributed as dist
@@ -242,7 +244,7 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 calibration = _mode_calibration(mode, cfg, url, index, rank, rnd, workdir, budget, shards,
-                                                calibration_counters, sync)
+                                                calibration_counters, sync, probe_window)
                 if rank == 0 and calibration is not None:
                     queue.put(("calibration", calibration))
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
@@ -316,7 +318,7 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
                     write_random_dataset(directory, cfg.samples, cfg.sample_bytes, cfg.samples_per_shard, cfg.seed)
                 index = Store(str(directory)).index()
                 overhead_s = request_overhead_s(str(directory))
-                probe_url = stack.enter_context(serve_directory(directory)).url
+                # no probe: the store's server runs on the cluster's store host, which a server here does not time
                 cluster = stack.enter_context(cluster_store(str(directory.resolve()), cfg.ranks, cfg.store_rate_bps,
                                                             cfg.store_latency_s, cfg.rank_rate_bps,
                                                             workdir / "store-server.log"))
@@ -360,15 +362,19 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
     step of compute and all-reduce alone, and (with `shards` and loader workers) the same steps
     beside busy workers (`data_contention.loaded_steps`), both once before the modes. With
     `probe_url` (an unshaped server of the store's directory) each round's calibration also
-    carries the request overhead timed while the ranks ran it (`data_overhead.OverheadProbe`)."""
-    from caramel.bench.data_overhead import OverheadProbe
+    carries the range read's time inside the window rank 0 opens over its loaded, unscored steps
+    (`data_overhead.OverheadProbe`)."""
+    from caramel.bench.data_overhead import OverheadProbe, probed_calibration
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(cfg.ranks + 1, timeout=cfg.timeout_s), ctx.Queue()
+    probing = cfg.calibration_steps > 0 and probe_url is not None and index is not None and _calibrates_loaded(cfg, shards)
+    window = ctx.Event() if probing else None
     results = {m: ModeResult(m) for m in cfg.modes}
     procs = [ctx.Process(target=_rank_main, args=(r, cfg, url, str(workdir), budget, barrier, queue,
-                                                  hosts[r] if hosts else None, shards, index))
+                                                  hosts[r] if hosts else None, shards, index,
+                                                  window if r == 0 else None))
              for r in range(cfg.ranks)]
     for p in procs:
         p.start()
@@ -380,12 +386,10 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
             loaded = inbox.get("loaded")
         for _rnd in range(cfg.rounds):
             for mode in cfg.modes:
-                if cfg.calibration_steps > 0 and probe_url is not None and index is not None:
-                    with OverheadProbe(probe_url, index) as probe:
+                if probing:
+                    with OverheadProbe(probe_url, index, gate=window) as probe:
                         calibration = inbox.get("calibration")
-                    calibration = dict(calibration, request_overhead_s=probe.overhead_s(),
-                                       request_overhead_reads=probe.reads())
-                    results[mode].calibrations.append(calibration)
+                    results[mode].calibrations.append(probed_calibration(calibration, probe))
                 elif cfg.calibration_steps > 0:
                     results[mode].calibrations.append(inbox.get("calibration"))
                 for _epoch in range(cfg.epochs):

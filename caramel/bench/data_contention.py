@@ -80,16 +80,19 @@ def decoded(shards: list[tuple[ShardInfo, bytes]]) -> list[Any]:
             for info, data in shards for p in range(info.num_samples)]
 
 
-def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
+def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Callable[[], None],
+               on_warm: Callable[[], None] | None = None) -> dict[str, float]:
     """`steps` timed steps (next batch of `batches`, `compute_s` of sleep, `sync`); the means of
-    the step and its parts after the warm-up. Every rank must call it at once (`sync` is the
-    all-reduce)."""
+    the step and its parts after the warm-up (`on_warm` called as it ends). Every rank must call
+    it at once (`sync` is the all-reduce)."""
     if steps <= WARMUP_STEPS:
         raise CaramelError(f"the contention calibration needs more than {WARMUP_STEPS} steps, got {steps}")
     fetch = functools.partial(next, batches)
     step, wait, compute, comm = [], [], [], []
     last = time.perf_counter()
-    for _ in range(steps):
+    for k in range(steps):
+        if k == WARMUP_STEPS and on_warm is not None:
+            on_warm()
         waited, computed, synced, now = timed_step(fetch, compute_s, sync)
         step.append(now - last)
         wait.append(waited)
@@ -104,15 +107,32 @@ def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Calla
     return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm)}
 
 
-def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
+def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], None],
+                 window: Any = None) -> dict[str, Any]:
     """`time_steps` over a second pass of `loader`, whose workers persist from the first: the
     steady state the modes are scored in (their epochs 2+, workers started and warm), not the
     workers' start-up, which on a loaded machine lasts more than the warm-up's steps when the
     compute is short. The first pass (the same steps, all-reduce included) is kept as
-    `first_pass_step_s`."""
-    first = time_steps(iter(loader), steps, compute_s, sync)
+    `first_pass_step_s`. With `window` (an Event) it is set over the first pass's steps after
+    the warm-up and cleared before the second: the loaded but unscored steps in which the
+    request probe reads (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`."""
+    bounds: list[float] = []
+
+    def opened() -> None:
+        bounds.append(time.monotonic())
+        window.set()
+
+    try:
+        first = time_steps(iter(loader), steps, compute_s, sync, opened if window is not None else None)
+    finally:
+        if window is not None:
+            window.clear()
+            bounds.append(time.monotonic())
     out = time_steps(iter(loader), steps, compute_s, sync)
-    return dict(out, first_pass_step_s=first["step_s"])
+    out = dict(out, first_pass_step_s=first["step_s"])
+    if len(bounds) == 2:
+        out["probe_window_s"] = bounds
+    return out
 
 
 def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefetch_factor: int, steps: int,

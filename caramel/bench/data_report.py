@@ -22,13 +22,20 @@ from caramel.data.transport import PIPE_MAX_BYTES, WorkerCollate, received
 from caramel.errors import CaramelError
 from caramel.stats import median, paired_ratio_interval
 
+# /5: the read under load is `request_s_under_load` in each calibration, timed only inside rank 0's
+# window over its first, unscored loaded pass (`request_s_under_load_reads`: 0 when none finished
+# there, the term off for that round), charged to range reads only (the plain loader: not to the
+# shard fetches of cached and locality), and not measured with --network cluster
+# (`request_probe` says so). In /4 records the calibrations' `request_overhead_s` is the read over
+# the whole calibration, charged to every mode's worker sequence (in the first /4 run, 6cf7612's,
+# the store's serial overhead: see docs/results/data-bench-data-side.md).
 # /4: each round's calibration carries `request_overhead_s`, the range read timed under its load
 # (data_overhead), charged to each read in its worker's sequence for that round (rows:
 # `request_s_under_load`, the rounds' median, and *_overhead_alone, the model without it, as in /3).
 # /3: predicted_step_s and prediction_error are the median of each round's prediction from the
 # calibration right before it (the one calibration before the modes moved to *_one_calibration)
 # and each row has its own contention; in /2 they were the one calibration's, one factor per run
-REPORT_FORMAT = "caramel.data-bench/4"
+REPORT_FORMAT = "caramel.data-bench/5"
 
 
 def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
@@ -158,11 +165,13 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
-        overheads = round_overheads(r.calibrations)  # 0 where a round had no probe: the model before the term
+        # 0 where a round had no probe read: the model before the term; range reads only (the probe
+        # times one sample's read, not a whole shard's fetch)
+        overheads = round_overheads(r.calibrations) if model.request_bytes is None else [0.0] * len(r.calibrations)
         per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
                      for (c, a), o in zip(rounds, overheads)]
         overhead_alone = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
-        probed = [c["request_overhead_s"] for c in r.calibrations if c.get("request_overhead_s") is not None]
+        probed = [c["request_s_under_load"] for c in r.calibrations if c.get("request_s_under_load") is not None]
         one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
@@ -178,6 +187,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
                "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
                "request_s_under_load": median(probed) if probed else None,
+               "request_s_under_load_charged": model.request_bytes is None and bool(probed),
+               "rounds_without_probe_reads": sum(1 for c in r.calibrations if c.get("request_s_under_load_reads") == 0),
                "predicted_step_s_overhead_alone": median(overhead_alone) if overhead_alone else None,
                "predicted_step_s_before": alone.step_time_s(compute_comm_start),
                "predicted_step_s_one_calibration": one_calibration.step_time_s(compute_comm_start),
@@ -200,6 +211,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
             "measured_costs": costs, "contention": single, "compute_comm_floor_s": floor,
             "local_s_per_sample": costs["local_s_per_sample"],
             "request_overhead_s": costs["request_overhead_s"],
+            "request_probe": ("off: with --network cluster the store's server runs on the cluster's store host, "
+                              "which the bench's probe cannot time; the read-under-load term is 0"
+                              if cfg.network == "cluster" else "rank 0's first, unscored loaded pass"),
             "encoded_sample_bytes": sample_bytes, "data_bytes": index.nbytes, "num_samples": index.num_samples,
             "cache_budget_bytes_per_rank": budget[0], "memory_budget_bytes_per_worker": budget[1],
             "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows}

@@ -48,12 +48,26 @@ def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(
         assert r["contention"] == 1.0 and r["compute_comm_s"] == report["compute_comm_floor_s"] > 0
     alone = [report["measured_costs"]["compute_comm_s"]] + [r["calibrations"][0]["alone_s"] for r in rows.values()]
     assert report["compute_comm_floor_s"] == min(alone)  # the quickest window of steps alone in the run
-    # a served directory: each round's request overhead timed during its calibration, from an unshaped
-    # server of its own (the scored server's counts above are the modes' reads alone)
+    # no loaded pass, no window for the request probe: no read time under load, the term off
     for r in rows.values():
-        (cal,) = r["calibrations"]
-        assert cal["request_overhead_reads"] >= 1 and cal["request_overhead_s"] > 0
-        assert r["request_s_under_load"] == cal["request_overhead_s"]
+        assert "request_s_under_load" not in r["calibrations"][0] and r["request_s_under_load"] is None
+
+
+@pytest.mark.timeout(120)
+def test_a_served_directory_times_its_reads_inside_rank_0s_unscored_loaded_pass(store_dir):
+    """With a loader worker, rank 0 opens a window over its calibration's first pass after the
+    warm-up: the probe's reads (from an unshaped server of its own, not in the scored server's
+    counts) lie inside it, and the plain loader's rows are charged their median."""
+    report = run_data_bench(_config(loader_workers=1, modes=("remote",), compute_s=0.01, calibration_steps=12),
+                            str(store_dir))
+    (row,) = report["rows"]
+    (cal,) = row["calibrations"]
+    assert row["requests_per_epoch_steady"] == SAMPLES  # the probe's reads are not the mode's
+    start, end = cal["loaded"]["probe_window_s"]
+    assert cal["probe_window_length_s"] == end - start >= 10 * 0.01  # the 10 steps after the warm-up
+    assert cal["request_s_under_load_reads"] >= 1 and cal["request_s_under_load"] > 0
+    assert row["request_s_under_load"] == cal["request_s_under_load"] and row["request_s_under_load_charged"]
+    assert report["request_probe"].startswith("rank 0's first")
 
 
 @pytest.mark.timeout(120)
@@ -83,7 +97,7 @@ def test_an_http_store_is_read_as_it_is_and_counted_by_the_loaders(store_dir):
         assert r["contention"] == pytest.approx(max(1.0, cal["loaded"]["step_s"] / (floor + trip)))
         assert r["predicted_step_s"] == r["predicted_step_s_rounds"][0]  # one round: its own prediction
         # a store the bench does not serve: no probe, no read time under load (the model before the term)
-        assert "request_overhead_s" not in cal and r["request_s_under_load"] is None
+        assert "request_s_under_load" not in cal and r["request_s_under_load"] is None
         assert r["predicted_step_s"] == r["predicted_step_s_overhead_alone"]
 
 
@@ -156,6 +170,10 @@ def test_a_store_served_from_a_cluster_host_is_read_over_its_link_and_left_clean
     assert rows["locality"]["remote_bytes_per_epoch_steady"] == 0
     # the server process's own count: what the ranks' workers counted, plus each rank's index reads
     assert all(r["calibrations"][0]["loaded"] is not None for r in rows.values())
+    # the store's server runs on the store host: no probe here times it, the read-under-load term is off
+    assert report["request_probe"].startswith("off: with --network cluster")
+    assert all("request_s_under_load" not in r["calibrations"][0] and r["request_s_under_load"] is None
+               for r in rows.values())
     assert c["server_totals"]["bytes"] > 0 and c["server_minus_counted_bytes"] == 0
     assert c["namespaces_left"] == [] and not [ns for ns in netns.list_netns() if ns.startswith(c["hosts"][0][:9])]
 
@@ -223,7 +241,7 @@ def test_stored_records_of_the_previous_format_still_render():
 
     from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
 
-    assert REPORT_FORMAT == "caramel.data-bench/4"
+    assert REPORT_FORMAT == "caramel.data-bench/5"
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
                for name, record in stored_records(json.loads(path.read_text())).items()

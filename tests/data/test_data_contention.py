@@ -134,7 +134,7 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
              "request_overhead_s": 5e-4, "compute_comm_s": 4.5e-3, "loaded": {"step_s": 5.4e-3}}
     report = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)
     (row,) = report["rows"]
-    assert report["format"] == "caramel.data-bench/4"  # the per-round model: not the /2 records' meaning
+    assert report["format"] == "caramel.data-bench/5"  # the per-round model: not the /2 records' meaning
     # with nothing to load each round's step is its compute side, max(alone + trip, beside the loader)...
     assert row["predicted_step_s_rounds"] == pytest.approx([6.0e-3, 9.0e-3, 7.4e-3], rel=1e-3)
     # ...and the mode's is their median, as the measured step is the median of its epochs

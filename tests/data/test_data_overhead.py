@@ -1,11 +1,13 @@
 """The data side's contention term: a range read timed under each round's calibration load,
 charged to each read in its loader worker's sequence for that round."""
+import threading
 import time
 
 import pytest
 
-from caramel.bench.data_overhead import OverheadProbe, round_overheads
-from caramel.data.format import write_random_dataset
+from caramel.bench.data_contention import steady_steps
+from caramel.bench.data_overhead import OverheadProbe, probed_calibration, round_overheads
+from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
 from caramel.errors import CaramelError
@@ -18,9 +20,10 @@ def store(tmp_path_factory):
     return root
 
 
-def test_a_round_without_a_probe_keeps_the_overhead_alone():
-    cals = [{"request_overhead_s": 2e-3}, {"request_overhead_s": None}, {"alone_s": 1e-3}]
-    assert round_overheads(cals, 5e-4) == [2e-3, 5e-4, 5e-4]
+def test_a_round_without_a_probe_read_charges_nothing():
+    cals = [{"request_s_under_load": 2e-3}, {"request_s_under_load": None, "request_s_under_load_reads": 0},
+            {"alone_s": 1e-3}, {"request_overhead_s": 3e-3}]  # the last: a caramel.data-bench/4 calibration
+    assert round_overheads(cals) == [2e-3, 0.0, 0.0, 3e-3]
 
 
 @pytest.mark.timeout(30)
@@ -31,10 +34,55 @@ def test_the_probe_times_range_reads_until_it_exits(store):
             while probe.reads() < 5:
                 time.sleep(0.005)
         served = server.requests_served
-    assert probe.reads() >= 5 and served >= probe.reads()  # one request per read (and the index, none here)
+    assert probe.reads() >= 5 and served == probe.reads()  # one request per read (and the index, none here)
     assert 0 < probe.overhead_s() < 1.0
-    with pytest.raises(CaramelError, match="pause"):
-        OverheadProbe(server.url, index, pause_s=-1)
+    for bad in (-1, float("nan")):
+        with pytest.raises(CaramelError, match="pause"):
+            OverheadProbe(server.url, index, pause_s=bad)
+    with pytest.raises(CaramelError, match="no shards"):
+        OverheadProbe(server.url, DatasetIndex(shards=()))
+
+
+@pytest.mark.timeout(30)
+def test_a_gated_probe_reads_only_inside_its_window(store):
+    """Rank 0 opens the window over its unscored loaded steps: no read outside it (no load on the
+    timed pass), and only the reads that started and ended inside it count."""
+    index = Store(str(store)).index()
+    gate = threading.Event()
+    with serve_directory(store) as server:
+        with OverheadProbe(server.url, index, pause_s=0.001, gate=gate) as probe:
+            time.sleep(0.1)
+            assert probe.reads() == 0 and server.requests_served == 0  # closed: nothing read
+            start = time.monotonic()
+            gate.set()
+            while probe.reads() < 5:
+                time.sleep(0.005)
+            gate.clear()
+            end = time.monotonic()
+            time.sleep(0.05)
+            after = probe.reads()
+            time.sleep(0.1)
+            assert probe.reads() == after  # closed again: no more reads
+    assert probe.reads((start, end)) >= 4 and probe.overhead_s((start, end)) > 0
+    assert probe.reads((end, end + 1.0)) == 0 and probe.overhead_s((end, end + 1.0)) is None
+    # the record: a window with no read says so, and its round is charged nothing
+    empty = probed_calibration({"loaded": {"probe_window_s": [end, end + 1.0]}}, probe)
+    assert empty["request_s_under_load"] is None and empty["request_s_under_load_reads"] == 0
+    assert round_overheads([empty]) == [0.0]
+    inside = probed_calibration({"loaded": {"probe_window_s": [start, end]}}, probe)
+    assert inside["request_s_under_load"] == probe.overhead_s((start, end)) and inside["probe_window_length_s"] > 0
+    assert probed_calibration({"loaded": None}, probe)["request_s_under_load_reads"] == 0  # no loaded pass: no window
+
+
+def test_the_window_spans_the_first_pass_after_its_warm_up_only():
+    from caramel.bench.data_contention import WARMUP_STEPS
+
+    gate, seen = threading.Event(), []
+    out = steady_steps([0] * 6, 6, 0.0, lambda: seen.append(gate.is_set()), gate)
+    assert seen == [False] * WARMUP_STEPS + [True] * (6 - WARMUP_STEPS) + [False] * 6
+    start, end = out["probe_window_s"]
+    assert start <= end and not gate.is_set()
+    assert "probe_window_s" not in steady_steps([0] * 6, 6, 0.0, lambda: None)
 
 
 @pytest.mark.timeout(30)
@@ -50,6 +98,8 @@ def test_a_probe_that_cannot_read_is_named(store):
 def test_each_round_charges_its_read_time_under_load_to_the_workers_sequences(store):
     """A plain-loader round whose reads take longer under load is predicted slower: each worker
     reads its batch one sample after another, so the read's time adds to the latency it waits."""
+    from dataclasses import replace
+
     from caramel.bench.data_bench import DataBenchConfig, ModeResult
     from caramel.bench.data_report import summarize
 
@@ -63,7 +113,7 @@ def test_each_round_charges_its_read_time_under_load_to_the_workers_sequences(st
     r = ModeResult("remote", epoch_step_s=[[8e-3] * steps] * 6, epoch_wait_s=[1e-3] * 6, epoch_sync_s=[1e-3] * 6,
                    epoch_tiers=[tiers] * 6, epoch_remote_bytes=[index.nbytes] * 6, epoch_requests=[32] * 6,
                    calibrations=[{"mode": "remote", "round": k, "alone_s": 4e-3, "loaded": {"step_s": 4e-3},
-                                  "request_overhead_s": o} for k, o in enumerate(under_load)])
+                                  "request_s_under_load": o} for k, o in enumerate(under_load)])
     costs = {"local_s_per_sample": 0.0, "disk_s_per_read": 0.0, "batch_s_pipe": 0.0, "batch_s_shared": 0.0,
              "request_overhead_s": 5e-4, "compute_comm_s": 4e-3, "loaded": {"step_s": 4e-3}}
     report = summarize(cfg, {"remote": r}, index, costs, (0, 0), "test", True)
@@ -78,3 +128,10 @@ def test_each_round_charges_its_read_time_under_load_to_the_workers_sequences(st
     assert row["prediction_error"] == pytest.approx(7 / 8 - 1)
     # without the term: the sequence is the latency alone, 2 ms, behind the store's 4 ms
     assert row["predicted_step_s_overhead_alone"] == pytest.approx(4e-3 + 2e-3 / 4)
+    assert row["request_s_under_load_charged"] and row["rounds_without_probe_reads"] == 0
+    # a mode fetching whole shards: the probe timed one sample's read, not a shard's fetch, so no term
+    cached = replace(r, mode="cached")
+    cfg = replace(cfg, modes=("cached",))
+    (row,) = summarize(cfg, {"cached": cached}, index, costs, (index.nbytes, 0), "test", True)["rows"]
+    assert row["request_s_under_load"] == 2e-3 and not row["request_s_under_load_charged"]
+    assert row["predicted_step_s_rounds"] == pytest.approx([row["predicted_step_s_overhead_alone"]] * 3, rel=1e-12)

@@ -42,3 +42,31 @@ def test_the_model_rescores_its_own_runs_to_their_recorded_errors(store):
         assert record["data_bytes"] == index.nbytes, name  # the runs' data set
         for r in repredict(record, index):
             assert r["error"] == pytest.approx(r["recorded_error"], abs=1e-9), (name, r["mode"])
+
+
+def test_the_read_under_load_runs_render_and_rescore_to_the_errors_the_docs_quote(store):
+    """The caramel.data-bench/4 records of docs/results/data-bench-data-side.json (taken with the
+    probe over the whole calibration) render, and their plain-loader rows rescore to the recorded
+    errors: -2, -10, +10 and +14% (docs/data.md), and 6cf7612's in-sample run to -1%; the /5
+    run taken after the probe's window was fixed rescores to its recorded errors."""
+    from caramel.bench.data_report import format_rows
+
+    root, index = store
+    runs = stored_records(json.loads((RESULTS / "data-bench-data-side.json").read_text()))
+    assert {r["format"] for r in runs.values()} == {"caramel.data-bench/4", "caramel.data-bench/5"}
+    for name, record in runs.items():
+        assert record["data_bytes"] == index.nbytes, name
+        assert len(format_rows(record, markdown=True).splitlines()) == 2 + len(record["rows"]), name
+    quoted = {"8e9c091/f200b": -0.02, "8e9c091/f200c": -0.10, "8e9c091/full1": 0.10, "8e9c091/half": 0.14,
+              "6cf7612/f200a": -0.01}
+    for name, error in quoted.items():
+        (remote,) = [r for r in repredict(runs[name], index) if r["mode"] == "remote"]
+        if name.startswith("8e9c091/"):
+            assert remote["error"] == pytest.approx(remote["recorded_error"], abs=1e-9), name
+        assert round(remote["error"], 2) == error, name
+    # the run with the probe's window (/5): every mode to its recorded error, the plain loader's -6%
+    for name in [n for n, r in runs.items() if r["format"] == "caramel.data-bench/5"]:
+        for r in repredict(runs[name], index):
+            assert r["error"] == pytest.approx(r["recorded_error"], abs=1e-9), (name, r["mode"])
+    (remote,) = [r for r in repredict(runs["e8af5d0/f200v"], index) if r["mode"] == "remote"]
+    assert round(remote["error"], 2) == -0.06
