@@ -78,6 +78,19 @@ def strategy_kind(name: str) -> str:
     return name.partition(":")[0]
 
 
+def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slow_worker: dict[str, Any] | None,
+                      local_batch: int, compute_step_times_s: list[list[float]], paused_s: list,
+                      concurrent_pauses: list, steps_per_round: int) -> Heterogeneity:
+    """A job's `Heterogeneity` from what its ranks gathered: with a jitter, each rank's
+    unpadded compute-only median (`unpadded_median_s`) and its concurrent steps' paddings,
+    which together give the "jitter" cluster its contention factor
+    (`caramel.bench.prediction.contention_factors`)."""
+    return Heterogeneity(slow_link=slow_link, jitter=jitter, slow_worker=slow_worker, local_batch=local_batch,
+                         unpadded_compute_s=[unpadded_median_s(t, p, steps_per_round)
+                                             for t, p in zip(compute_step_times_s, paused_s)] if jitter else None,
+                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_pauses] if jitter else None)
+
+
 @dataclass
 class Heterogeneity:
     """What made a configuration's workers uneven, as the job measured it."""
