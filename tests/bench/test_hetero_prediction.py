@@ -385,3 +385,22 @@ def test_the_jobs_gathered_pauses_reach_the_jitter_clusters_factor():
     clusters = out["prediction_inputs"]["clusters"]
     assert clusters["jitter"]["compute_slowdown"] == pytest.approx(f)
     assert clusters["base"]["compute_slowdown"] < 1.2
+
+
+def test_the_pipeline_runtime_plans_at_the_factor_its_prediction_runs_on():
+    """Under jitter the pipeline is predicted on "base" (padded speeds and factor); the spec its
+    runtime plans at (`plan_cluster`) takes the same speeds and factor."""
+    from caramel.bench.pipeline_plan import plan_cluster
+
+    c, f, o, sleep = 0.030, 1.5, 0.020, 0.040
+    padded = [[(c + o - o / f + sleep, o + sleep, 1)] * 3 for _ in range(2)]
+    hetero = Heterogeneity(jitter={"rank": 1, "fraction": 0.5, "seed": 3, "compute_per_sample_s": sleep / BATCH,
+                                   "nominal_factor": 2.0}, local_batch=BATCH, unpadded_compute_s=[c, c],
+                           concurrent_pauses=[[[sleep, sleep, 0]] * 3 for _ in range(2)])
+    profile = synthetic_profile(6)
+    out = job_predictions(profile, ["pipeline"], 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None, hetero=hetero)
+    assert out["predicted"]["pipeline"]["cluster"] == "base"
+    base = out["prediction_inputs"]["clusters"]["base"]
+    plan = plan_cluster(profile, 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None)
+    assert plan.compute_slowdown == pytest.approx(base["compute_slowdown"]) and plan.compute_slowdown < 1.2
+    assert [w.speed for w in plan.workers] == pytest.approx([w["speed"] for w in base["workers"]])
