@@ -166,7 +166,7 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
             "link_fit": link,
             "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
                                   "rank_compute_s": list(rank_compute_s),
-                                  "heterogeneity": (hetero or Heterogeneity()).to_dict(),
+                                  **record_heterogeneity(hetero),
                                   "compute_slowdowns": {"base": slowdown, "jitter": jitter_slowdown},
                                   "clusters": {k: c.to_dict() for k, c in clusters.items()},
                                   "clusters_rate_only": {k: c.to_dict() for k, c in rate_only.items()}}}
@@ -186,6 +186,19 @@ def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int,
     if link is not None:
         link["net_bandwidth_bps"] = net_bps
     return link, slowdown, net_bps
+
+
+def record_heterogeneity(hetero: Heterogeneity | None) -> dict[str, Any]:
+    """The heterogeneity as the records carry it: without the per-step `concurrent_pauses`
+    (4 x 42 triples per job, copied into every record), which pair with spans the records do
+    not hold; the trace directory's prediction_inputs.json keeps both. Instead, per rank, the
+    median [slept_s, slept_in_overlap_s, collectives_started] ("concurrent_padding_median")."""
+    d = (hetero or Heterogeneity()).to_dict()
+    pauses = d.pop("concurrent_pauses", None)
+    if not pauses:
+        return {"heterogeneity": d}
+    return {"heterogeneity": d,
+            "concurrent_padding_median": [[median([p[i] for p in r]) if r else None for i in range(3)] for r in pauses]}
 
 
 def contention_factors(rank_compute_s: list[float], spans: list[Any], link: dict[str, Any] | None,

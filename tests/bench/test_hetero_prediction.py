@@ -362,6 +362,10 @@ def test_under_jitter_each_cluster_takes_the_factor_of_its_own_compute():
     assert out["compute_slowdown"] == pytest.approx(base_f)
     assert out["prediction_inputs"]["compute_slowdowns"] == pytest.approx({"base": base_f, "jitter": f})
     assert out["predicted"]["ddp"]["cluster"] == "jitter" and out["predicted"]["ps"]["cluster"] == "base"
+    # the records keep a per-rank median of the paddings, not every step (the trace keeps those)
+    assert "concurrent_pauses" not in out["prediction_inputs"]["heterogeneity"]
+    assert out["prediction_inputs"]["concurrent_padding_median"] == [[sleep, sleep, 0]] * 2
+    assert Heterogeneity.from_dict(out["prediction_inputs"]["heterogeneity"]).unpadded_compute_s == [c, c]
     # without the paddings, one factor for both
     plain = Heterogeneity(jitter=hetero.jitter, local_batch=BATCH, unpadded_compute_s=[c, c])
     assert contention_factors([c + sleep] * 2, padded, None, plain) == pytest.approx((base_f, base_f))
