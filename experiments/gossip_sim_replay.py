@@ -106,7 +106,10 @@ def main() -> None:
             # the pause after the forward on top
             nominal = 1.0 / (1.0 - uneven["jitter"][1]) if uneven.get("jitter") else 1.0
             unpadded_speeds = worker_speeds(profile.step_time_s, [r["compute_s"] / nominal] * r["workers"])
-            unpadded = bench_cluster(r["workers"], net_bps, unpadded_speeds, link or None, slowdown)
+            # the factor on the unpadded compute, where the bench recorded it apart (`contention_factors`;
+            # gossip-bench-jitter-6.json predates that and holds it as `compute_slowdown`)
+            jitter_slowdown = ((r.get("prediction_inputs") or {}).get("compute_slowdowns") or {}).get("jitter")
+            unpadded = bench_cluster(r["workers"], net_bps, unpadded_speeds, link or None, jitter_slowdown or slowdown)
             ran_new, _ = heterogeneous(unpadded, data["meta"], r["workers"], net_bps, pause=True)
             measured_s = r["step_time_median_s"]
             old_bench = before(profile, bench, spec.options)

@@ -34,14 +34,14 @@ from typing import Any
 
 def inputs_cluster(d: dict[str, Any]):
     """The profile and the cluster the bench derived from a run's `prediction_inputs.json`."""
-    from caramel.bench.contention import job_slowdown
-    from caramel.bench.prediction import bench_cluster, link_costs, net_bandwidth_bps, worker_speeds
+    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
     from caramel.profile.model_profile import ModelProfile
 
     prof = ModelProfile.from_dict(d["profile"])
-    link = link_costs(d["probed"])
-    slowdown = job_slowdown(d["rank_compute_s"], d["spans"], (link or {}).get("collective_cpu_s") or 0.0)
-    net = net_bandwidth_bps(d["grad_bytes"], d["world"], d["comm_s"], d["comm_buckets"], link)
+    # the "base" cluster a pipeline is predicted on: the padded medians and the factor on the
+    # padded spans, also under --jitter (`caramel.bench.prediction.contention_factors`)
+    link, slowdown, net = measured_link(d["grad_bytes"], d["world"], d["comm_s"], d["comm_buckets"],
+                                        d["rank_compute_s"], d["spans"], d["probed"])
     cluster = bench_cluster(d["world"], net, worker_speeds(prof.step_time_s, d["rank_compute_s"]), link, slowdown)
     return prof, cluster
 

@@ -31,7 +31,7 @@ from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.job_profile import sharing_note
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
-from caramel.bench.hetero_prediction import Heterogeneity, unpadded_median_s
+from caramel.bench.hetero_prediction import Heterogeneity, job_heterogeneity
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
 from caramel.bench.runners import bench_sgd, build_runners, jitter_of, log_rank0, make_workload, slow_worker_of
@@ -235,11 +235,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         return None
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
-    hetero = Heterogeneity(slow_link=config.slow_link, jitter=jitter, slow_worker=slow,
-                           local_batch=int(workload.inputs.shape[0]),
-                           unpadded_compute_s=[unpadded_median_s(g["compute"], p, settings.steps_per_round)
-                                               for g, p in zip(gathered, paused)] if jitter else None,
-                           concurrent_pauses=[[list(p) for p in r] for r in concurrent_paused] if jitter else None)
+    hetero = job_heterogeneity(config.slow_link, jitter, slow, int(workload.inputs.shape[0]),
+                               [g["compute"] for g in gathered], paused, concurrent_paused, settings.steps_per_round)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/predict_saved_inputs.py)

@@ -78,6 +78,19 @@ def strategy_kind(name: str) -> str:
     return name.partition(":")[0]
 
 
+def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slow_worker: dict[str, Any] | None,
+                      local_batch: int, compute_step_times_s: list[list[float]], paused_s: list,
+                      concurrent_pauses: list, steps_per_round: int) -> Heterogeneity:
+    """A job's `Heterogeneity` from what its ranks gathered: with a jitter, each rank's
+    unpadded compute-only median (`unpadded_median_s`) and its concurrent steps' paddings,
+    which together give the "jitter" cluster its contention factor
+    (`caramel.bench.prediction.contention_factors`)."""
+    return Heterogeneity(slow_link=slow_link, jitter=jitter, slow_worker=slow_worker, local_batch=local_batch,
+                         unpadded_compute_s=[unpadded_median_s(t, p, steps_per_round)
+                                             for t, p in zip(compute_step_times_s, paused_s)] if jitter else None,
+                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_pauses] if jitter else None)
+
+
 @dataclass
 class Heterogeneity:
     """What made a configuration's workers uneven, as the job measured it."""
@@ -97,9 +110,13 @@ class Heterogeneity:
 
     def contention_inputs(self, rank_compute_s: list[float], spans: list) -> tuple[list[float], list]:
         """The compute-only medians and concurrent spans the contention factor takes: unpadded
-        when the job recorded both paddings (`caramel.bench.contention`), else as given."""
-        if self.concurrent_pauses is None or self.unpadded_compute_s is None:
+        when the job recorded both paddings (`caramel.bench.contention`), as given when it
+        recorded none; one without the other is an error."""
+        if self.concurrent_pauses is None:
             return rank_compute_s, spans
+        if self.unpadded_compute_s is None:  # the spans less the sleeps against padded medians: no factor of either
+            raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
+                               "takes the two together), got the pauses alone")
         from caramel.bench.contention import unpadded_spans
         if len(self.concurrent_pauses) != len(spans) or len(self.unpadded_compute_s) != len(spans):
             raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks and "
@@ -211,15 +228,32 @@ class Heterogeneity:
         if unpadded is not None and not (isinstance(unpadded, list) and all(_is_num(u) for u in unpadded)):
             raise CaramelError(f"heterogeneity.unpadded_compute_s must list one number per rank, got {unpadded!r}")
         pauses = data.get("concurrent_pauses")
-        if pauses is not None and not (isinstance(pauses, list) and all(
-                isinstance(r, list) and all(isinstance(p, (list, tuple)) and len(p) == 3 and all(_is_num(x) for x in p)
-                                            for p in r) for r in pauses)):
-            raise CaramelError("heterogeneity.concurrent_pauses must list per rank a list of [slept_s, "
-                               f"slept_in_overlap_s, collectives_started] per step, got {pauses!r}")
+        if pauses is not None:
+            _check_pauses(pauses, unpadded)
         return cls(**data)
 
 
 FIELDS = tuple(f.name for f in fields(Heterogeneity))
+
+
+def _check_pauses(pauses: Any, unpadded: list | None) -> None:
+    """`concurrent_pauses` as `caramel.bench.contention.span_padding` records them, one list per
+    rank of the unpadded compute (the factor takes the two together: `contention_inputs`)."""
+    if unpadded is None:
+        raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
+                           "takes the two together), got the pauses alone")
+    if not isinstance(pauses, list) or not all(isinstance(r, list) for r in pauses):
+        raise CaramelError(f"heterogeneity.concurrent_pauses must be a list per rank, got a {type(pauses).__name__}")
+    if len(pauses) != len(unpadded):
+        raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(pauses)} ranks, unpadded_compute_s "
+                           f"{len(unpadded)}: expected one per rank in both")
+    for rank, steps in enumerate(pauses):
+        for step, p in enumerate(steps):
+            if not (isinstance(p, (list, tuple)) and len(p) == 3 and _is_num(p[0]) and _is_num(p[1])
+                    and _is_int(p[2]) and p[0] >= 0 and 0 <= p[1] <= p[0] and p[2] >= 0):
+                raise CaramelError(f"heterogeneity.concurrent_pauses[{rank}][{step}]: expected [slept_s >= 0, "
+                                   "0 <= slept_in_overlap_s <= slept_s, int collectives_started >= 0], "
+                                   f"got {p!r}")
 
 
 def _is_int(value: Any) -> bool:

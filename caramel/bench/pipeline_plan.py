@@ -31,9 +31,7 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
     was too few: a rank's compute step in the job's first block can be far from its pace later
     (speeds 1.44, 2.41, 2.39 against 2.03, 1.70, 1.73 in the rounds of one run)."""
     from caramel.bench.blocks import round_order
-    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
     from caramel.bench.report import job_step_times
-    from caramel.profile.turns import sharing_of
 
     names = ["compute", "comm", "concurrent"]
     mine: dict[str, list[float]] = {name: [] for name in names}
@@ -53,12 +51,25 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
         rank_compute = [median(g["compute"]) for g, _ in gathered]
         comm_s = median(job_step_times([g["comm"] for g, _ in gathered], steps))
         buckets = runners["comm"].stats().get("buckets", 1)
-        link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, buckets, rank_compute,
-                                                [s for _, s in gathered], probed)
-        speeds = worker_speeds(profile.step_time_s, rank_compute)
-        box[0] = bench_cluster(world, net_bps, speeds, link, slowdown, sharing=sharing_of(profile)) if net_bps else None
+        box[0] = plan_cluster(profile, world, grad_bytes, comm_s, buckets, rank_compute, [s for _, s in gathered],
+                              probed)
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def plan_cluster(profile: Any, world: int, grad_bytes: int, comm_s: float, comm_buckets: int,
+                 rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None) -> Any:
+    """The spec a pipeline plans at, from rank 0's gathered baselines: the predictions' "base"
+    cluster (`caramel.bench.prediction.prediction_clusters`), which the pipeline prediction runs
+    on: speeds from the measured (under `--jitter`, padded) compute-only medians and the
+    contention factor on the same, padded, spans (`contention_factors`), so that the runtime
+    cuts at the factor its prediction takes. None without a net link rate."""
+    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
+    from caramel.profile.turns import sharing_of
+
+    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
+    speeds = worker_speeds(profile.step_time_s, rank_compute_s)
+    return bench_cluster(world, net_bps, speeds, link, slowdown, sharing=sharing_of(profile)) if net_bps else None
 
 
 def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None) -> Any:

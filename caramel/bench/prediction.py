@@ -72,11 +72,13 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
 
 def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_compute_s: list[float] | None = None,
                         link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
-                        hetero: Heterogeneity | None = None) -> dict[str, Any]:
+                        hetero: Heterogeneity | None = None, jitter_slowdown: float | None = None) -> dict[str, Any]:
     """The ClusterSpecs the predictions run on: "base" for every strategy, and "jitter" (with a
     `--jitter` configuration) for the simulators that read the bench's jitter emulation, its
     speeds from the unpadded compute (`caramel.bench.hetero_prediction`; none when a pause is at
-    least the measured compute)."""
+    least the measured compute). Each takes the contention factor measured on its own compute:
+    `compute_slowdown` on the padded medians for "base", `jitter_slowdown` on the unpadded ones
+    for "jitter" (None: `compute_slowdown`; `contention_factors`)."""
     hetero = (hetero or Heterogeneity()).check(world)
     uneven: dict[str, Any] = {}
     rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
@@ -89,18 +91,21 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
         if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)
             out["jitter"] = bench_cluster(world, bandwidth_bps,
                                           worker_speeds(profile.step_time_s, unpadded) if unpadded else None, link,
-                                          compute_slowdown, {**uneven, "compute_jitter": hetero.compute_jitter()},
+                                          compute_slowdown if jitter_slowdown is None else jitter_slowdown,
+                                          {**uneven, "compute_jitter": hetero.compute_jitter()},
                                           sharing_of(profile))
     return out
 
 
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
                        rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None,
-                       compute_slowdown: float = 1.0, hetero: Heterogeneity | None = None) -> dict[str, dict[str, Any]]:
+                       compute_slowdown: float = 1.0, hetero: Heterogeneity | None = None,
+                       jitter_slowdown: float | None = None) -> dict[str, dict[str, Any]]:
     """Per strategy name: {"step_time_s", "exact", "error", "cluster", "ignores"}; {} without a
     profile or a rate (one worker, no communication). `rank_compute_s`: each rank's compute-only
     median (`worker_speeds`); None replays the profile as measured. `link`, `compute_slowdown`:
-    the probe's fixed costs and the measured contention (`bench_cluster`). `hetero`: the
+    the probe's fixed costs and the measured contention (`bench_cluster`; `jitter_slowdown`: the
+    "jitter" cluster's, `prediction_clusters`). `hetero`: the
     configuration's uneven workers (`prediction_clusters`); "cluster" names the one a strategy
     ran on, "ignores" the inputs its simulator does not take. A failure is the strategy's
     `error`, never the bench's."""
@@ -109,7 +114,8 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
     from caramel.strategies.recommend import predict
 
     hetero = hetero or Heterogeneity()
-    clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero)
+    clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero,
+                                   jitter_slowdown)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         which = "jitter" if hetero.reads_jitter(name) and "jitter" in clusters else "base"
@@ -139,27 +145,29 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     predictions ran on, and those of the rate-only ones). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
-    # under --jitter, on the compute and spans less the sleeps' padding (`caramel.bench.contention`)
-    alone_s, contention_spans = (hetero or Heterogeneity()).contention_inputs(rank_compute_s, spans)
-    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, alone_s, contention_spans, probed)
+    # on the padded compute and spans, as the "base" cluster's speeds are (`prediction_clusters`)
+    link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
+    jitter_slowdown = contention_factors(rank_compute_s, spans, link, hetero)[1]
     if traffic is not None:  # the ps model's inputs (`bench_cluster`)
         link = {**(link or {}), "traffic_probe": traffic, "link_queue_s": traffic.get("queue_s"),
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
                 "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     modelled = profile is not None and world > 1
-    clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero)
+    clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero, jitter_slowdown)
                 if modelled and net_bps is not None else {})
     rate_only = (prediction_clusters(profile, world, rate_only_bps, rank_compute_s, hetero=hetero)
                  if modelled and rate_only_bps is not None else {})
-    return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero),
+    return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero,
+                                            jitter_slowdown),
             "compute_slowdown": slowdown,
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
                                                       hetero=hetero),
             "link_fit": link,
             "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
                                   "rank_compute_s": list(rank_compute_s),
-                                  "heterogeneity": (hetero or Heterogeneity()).to_dict(),
+                                  **record_heterogeneity(hetero),
+                                  "compute_slowdowns": {"base": slowdown, "jitter": jitter_slowdown},
                                   "clusters": {k: c.to_dict() for k, c in clusters.items()},
                                   "clusters_rate_only": {k: c.to_dict() for k, c in rate_only.items()}}}
 
@@ -178,6 +186,34 @@ def measured_link(grad_bytes: int, world: int, comm_s: float, comm_buckets: int,
     if link is not None:
         link["net_bandwidth_bps"] = net_bps
     return link, slowdown, net_bps
+
+
+def record_heterogeneity(hetero: Heterogeneity | None) -> dict[str, Any]:
+    """The heterogeneity as the records carry it: without the per-step `concurrent_pauses`
+    (4 x 42 triples per job, copied into every record), which pair with spans the records do
+    not hold; the trace directory's prediction_inputs.json keeps both. Instead, per rank, the
+    median [slept_s, slept_in_overlap_s, collectives_started] ("concurrent_padding_median")."""
+    d = (hetero or Heterogeneity()).to_dict()
+    pauses = d.pop("concurrent_pauses", None)
+    if not pauses:
+        return {"heterogeneity": d}
+    return {"heterogeneity": d,
+            "concurrent_padding_median": [[median([p[i] for p in r]) if r else None for i in range(3)] for r in pauses]}
+
+
+def contention_factors(rank_compute_s: list[float], spans: list[Any], link: dict[str, Any] | None,
+                       hetero: Heterogeneity | None) -> tuple[float, float]:
+    """The contention factor on the padded compute-only medians and concurrent spans (the
+    "base" cluster's, whose speeds come from those medians) and on the same less the
+    `--jitter` sleeps' padding (the "jitter" cluster's, speeds from the unpadded medians;
+    `caramel.bench.contention`). A sleep is not slowed by transfers, so each cluster's speeds
+    and factor must be measured on the same compute. Without recorded paddings both are equal."""
+    cpu_s = (link or {}).get("collective_cpu_s") or 0.0
+    padded = job_slowdown(rank_compute_s, spans, cpu_s)
+    alone_s, unpadded = (hetero or Heterogeneity()).contention_inputs(rank_compute_s, spans)
+    if alone_s is rank_compute_s and unpadded is spans:
+        return padded, padded
+    return padded, job_slowdown(alone_s, unpadded, cpu_s)
 
 
 def probe_link(grad_bytes: int, device: Any, backend: str, world: int, points: int = PROBE_POINTS

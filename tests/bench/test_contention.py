@@ -3,7 +3,7 @@ import pytest
 
 from caramel.bench.contention import MAX_SLOWDOWN, job_slowdown, rank_slowdown
 from caramel.bench.prediction import bench_cluster, predict_strategies
-from caramel.errors import FormatError
+from caramel.errors import CaramelError, FormatError
 from caramel.sim.synthetic import synthetic_profile
 from caramel.topology.spec import ClusterSpec
 
@@ -107,3 +107,27 @@ def test_no_padding_leaves_the_factor_bit_for_bit_unchanged():
     assert job_slowdown(compute, zeros, 0.0004) == job_slowdown(compute, spans, 0.0004)
     jittered = Heterogeneity(unpadded_compute_s=[0.01, 0.01, 0.01], concurrent_pauses=[[[0.0, 0.0, 0]] * 2] * 3)
     assert jittered.contention_inputs(compute, spans) == ([0.01, 0.01, 0.01], spans)
+
+
+@pytest.mark.parametrize("step", [[-0.01, 0.0, 0], [0.01, 0.02, 0], [0.01, -0.001, 0], [0.01, 0.0, 1.5],
+                                  [0.01, 0.0, -1], [0.01, 0.0], [0.01, float("nan"), 0], [0.01, 0.0, True]])
+def test_a_bad_recorded_padding_is_an_error_naming_its_rank_and_step(step):
+    from caramel.bench.hetero_prediction import Heterogeneity
+    good = [0.02, 0.01, 1]
+    data = {"unpadded_compute_s": [0.03, 0.03], "concurrent_pauses": [[good, good], [good, step]]}
+    with pytest.raises(CaramelError, match=r"concurrent_pauses\[1\]\[1\]: expected \[slept_s >= 0, 0 <= "
+                                           r"slept_in_overlap_s <= slept_s, int collectives_started >= 0\]") as e:
+        Heterogeneity.from_dict(data)
+    assert str(e.value).count("[0.02, 0.01, 1]") == 0  # the bad step only, not the whole list
+    assert Heterogeneity.from_dict({**data, "concurrent_pauses": [[good, good]] * 2}).concurrent_pauses
+
+
+def test_paddings_without_the_unpadded_compute_or_per_other_ranks_are_errors():
+    from caramel.bench.hetero_prediction import Heterogeneity
+    pauses = [[[0.02, 0.01, 1]]] * 2
+    with pytest.raises(CaramelError, match="concurrent_pauses needs heterogeneity.unpadded_compute_s"):
+        Heterogeneity.from_dict({"concurrent_pauses": pauses})
+    with pytest.raises(CaramelError, match="concurrent_pauses needs heterogeneity.unpadded_compute_s"):
+        Heterogeneity(concurrent_pauses=pauses).contention_inputs([0.05, 0.05], [[(0.06, 0.03, 1)]] * 2)
+    with pytest.raises(CaramelError, match="lists 2 ranks, unpadded_compute_s 3"):
+        Heterogeneity.from_dict({"concurrent_pauses": pauses, "unpadded_compute_s": [0.03] * 3})

@@ -335,3 +335,76 @@ def test_the_concurrent_baseline_records_its_steps_padding(monkeypatch):
     with pytest.raises(CaramelError, match="concurrent_pauses"):
         Heterogeneity(unpadded_compute_s=[0.01], concurrent_pauses=[[[0.0, 0.0, 0]]]).contention_inputs(
             [0.02], [[(0.03, 0.01, 1)] * 2])
+
+
+def test_under_jitter_each_cluster_takes_the_factor_of_its_own_compute():
+    """Compute 30 ms slowed 1.5x through a 20 ms overlap, then a 40 ms sleep in it
+    (test_contention's construction): the "base" cluster, its speeds from the padded medians,
+    takes the factor on the padded spans (diluted, < 1.2); the "jitter" cluster, speeds from the
+    unpadded medians, the one on the spans less the sleeps (1.5). Both are recorded."""
+    from caramel.bench.contention import job_slowdown
+    from caramel.bench.prediction import contention_factors
+
+    c, f, o, sleep = 0.030, 1.5, 0.020, 0.040
+    beside = c + o - o / f
+    padded = [[(beside + sleep, o + sleep, 1)] * 3 for _ in range(2)]
+    hetero = Heterogeneity(jitter={"rank": 1, "fraction": 0.5, "seed": 3, "compute_per_sample_s": sleep / BATCH,
+                                   "nominal_factor": 2.0}, local_batch=BATCH, unpadded_compute_s=[c, c],
+                           concurrent_pauses=[[[sleep, sleep, 0]] * 3 for _ in range(2)])
+    profile = synthetic_profile(6)
+    out = job_predictions(profile, ["ddp", "ps"], 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None, hetero=hetero)
+    base_f = job_slowdown([c + sleep] * 2, padded, 0.0)
+    assert base_f < 1.2
+    assert contention_factors([c + sleep] * 2, padded, None, hetero) == pytest.approx((base_f, f))
+    clusters = out["prediction_inputs"]["clusters"]
+    assert clusters["base"]["compute_slowdown"] == pytest.approx(base_f)
+    assert clusters["jitter"]["compute_slowdown"] == pytest.approx(f)
+    assert out["compute_slowdown"] == pytest.approx(base_f)
+    assert out["prediction_inputs"]["compute_slowdowns"] == pytest.approx({"base": base_f, "jitter": f})
+    assert out["predicted"]["ddp"]["cluster"] == "jitter" and out["predicted"]["ps"]["cluster"] == "base"
+    # the records keep a per-rank median of the paddings, not every step (the trace keeps those)
+    assert "concurrent_pauses" not in out["prediction_inputs"]["heterogeneity"]
+    assert out["prediction_inputs"]["concurrent_padding_median"] == [[sleep, sleep, 0]] * 2
+    assert Heterogeneity.from_dict(out["prediction_inputs"]["heterogeneity"]).unpadded_compute_s == [c, c]
+    # without the paddings, one factor for both
+    plain = Heterogeneity(jitter=hetero.jitter, local_batch=BATCH, unpadded_compute_s=[c, c])
+    assert contention_factors([c + sleep] * 2, padded, None, plain) == pytest.approx((base_f, base_f))
+
+
+def test_the_jobs_gathered_pauses_reach_the_jitter_clusters_factor():
+    """The harness's path: what the ranks gathered (`job_heterogeneity`) into `job_predictions`;
+    the "jitter" cluster's factor is the unpadded one, the "base" one the padded."""
+    from caramel.bench.hetero_prediction import job_heterogeneity
+
+    c, f, o, sleep, steps = 0.030, 1.5, 0.020, 0.040, 3
+    beside = c + o - o / f
+    padded = [[(beside + sleep, o + sleep, 1)] * steps for _ in range(2)]
+    jitter = {"rank": 1, "fraction": 0.5, "seed": 3, "compute_per_sample_s": sleep / BATCH, "nominal_factor": 2.0}
+    # one round: an unmeasured entry step, then `steps` measured ones, each slept `sleep`
+    hetero = job_heterogeneity(None, jitter, None, BATCH, [[c + sleep] * steps] * 2, [[sleep] * (steps + 1)] * 2,
+                               [[(sleep, sleep, 0)] * steps] * 2, steps)
+    assert hetero.unpadded_compute_s == pytest.approx([c, c])
+    out = job_predictions(synthetic_profile(6), ["ddp"], 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None,
+                          hetero=hetero)
+    clusters = out["prediction_inputs"]["clusters"]
+    assert clusters["jitter"]["compute_slowdown"] == pytest.approx(f)
+    assert clusters["base"]["compute_slowdown"] < 1.2
+
+
+def test_the_pipeline_runtime_plans_at_the_factor_its_prediction_runs_on():
+    """Under jitter the pipeline is predicted on "base" (padded speeds and factor); the spec its
+    runtime plans at (`plan_cluster`) takes the same speeds and factor."""
+    from caramel.bench.pipeline_plan import plan_cluster
+
+    c, f, o, sleep = 0.030, 1.5, 0.020, 0.040
+    padded = [[(c + o - o / f + sleep, o + sleep, 1)] * 3 for _ in range(2)]
+    hetero = Heterogeneity(jitter={"rank": 1, "fraction": 0.5, "seed": 3, "compute_per_sample_s": sleep / BATCH,
+                                   "nominal_factor": 2.0}, local_batch=BATCH, unpadded_compute_s=[c, c],
+                           concurrent_pauses=[[[sleep, sleep, 0]] * 3 for _ in range(2)])
+    profile = synthetic_profile(6)
+    out = job_predictions(profile, ["pipeline"], 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None, hetero=hetero)
+    assert out["predicted"]["pipeline"]["cluster"] == "base"
+    base = out["prediction_inputs"]["clusters"]["base"]
+    plan = plan_cluster(profile, 2, 2_000_000, 0.05, 1, [c + sleep] * 2, padded, None)
+    assert plan.compute_slowdown == pytest.approx(base["compute_slowdown"]) and plan.compute_slowdown < 1.2
+    assert [w.speed for w in plan.workers] == pytest.approx([w["speed"] for w in base["workers"]])
