@@ -3,7 +3,7 @@
 `caramel bench ... --trace DIR` writes, per configuration, the inputs of the bench's
 predictions (`prediction_inputs.json`: the profile, each rank's compute-only baseline, the
 concurrent baseline's spans, the link probe) and every pipeline rank's timed compute actions.
-This replays each pipeline strategy's prediction from those inputs three ways:
+This replays each pipeline strategy's prediction from those inputs four ways:
 
 - `plain`: no contention and no send completion (compute_slowdown 1, one schedule per lane);
 - `sends`: a rank on several virtual pipelines starts the next once its sends have landed;
@@ -12,8 +12,8 @@ This replays each pipeline strategy's prediction from those inputs three ways:
 - `posted`: and each transfer as the schedule posts it, starting once the receiver's recv is
   posted (the simulator's model, `transport.py`);
 
-(all three queue a lane's sends on its link and end a lane's part of the step at its last
-send's landing, which the simulator before these terms did not: on the runs in
+(`sends`, `model` and `posted` queue a lane's sends on its link and end a lane's part of the
+step at its last send's landing, which the simulator before these terms did not: on the runs in
 docs/results/pipeline_contention/ that changed one prediction, `1+2` of run A, 207.6 -> 213.8 ms)
 
 and sets beside the measured step each rank's measured busy time (median per step) against
@@ -33,16 +33,18 @@ from typing import Any
 
 
 def inputs_cluster(d: dict[str, Any]):
-    """The profile and the cluster the bench derived from a run's `prediction_inputs.json`."""
-    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
+    """The profile and the cluster the bench derived from a run's `prediction_inputs.json`: the
+    spec the pipeline runtime plans at (`caramel.bench.pipeline_plan.plan_cluster`), the
+    prediction's "base" cluster with the profile's host sharing; under `--jitter` without the
+    prediction's unpadded transfer CPU share (docs/pipeline.md)."""
+    from caramel.bench.pipeline_plan import plan_cluster
     from caramel.profile.model_profile import ModelProfile
 
     prof = ModelProfile.from_dict(d["profile"])
-    # the "base" cluster a pipeline is predicted on: the padded medians and the factor on the
-    # padded spans, also under --jitter (`caramel.bench.prediction.contention_factors`)
-    link, slowdown, net = measured_link(d["grad_bytes"], d["world"], d["comm_s"], d["comm_buckets"],
-                                        d["rank_compute_s"], d["spans"], d["probed"])
-    cluster = bench_cluster(d["world"], net, worker_speeds(prof.step_time_s, d["rank_compute_s"]), link, slowdown)
+    cluster = plan_cluster(prof, d["world"], d["grad_bytes"], d["comm_s"], d["comm_buckets"], d["rank_compute_s"],
+                           d["spans"], d["probed"])
+    if cluster is None:
+        raise SystemExit(f"no net link rate in {d.get('config', 'the inputs')}: nothing to replay")
     return prof, cluster
 
 

@@ -34,8 +34,9 @@ simulators model it as slower compute, which the factor then covers: its spans s
 
 The factor goes into the predictions' ClusterSpec (`compute_slowdown`): the event engine
 applies it to the ddp and caramel models, the gossip and ps simulators to compute beside their
-exchanges, pushes and pulls, the pipeline simulator to compute beside a lane's activation and
-gradient transfers. It is measured with the baselines'
+exchanges, pushes and pulls, the pipeline simulator to compute beside a lane's own transfers
+or, where ranks share a host's cores, as each transfer's CPU share of the host's load
+(docs/pipeline.md, "Transfers in a shared host's load"). It is measured with the baselines'
 thread priority (real-time where allowed, as the caramel engine runs its own); plain `ddp`
 runs its threads at normal priority, and its prediction takes the same factor.
 """

@@ -63,7 +63,10 @@ def plan_cluster(profile: Any, world: int, grad_bytes: int, comm_s: float, comm_
     cluster (`caramel.bench.prediction.prediction_clusters`), which the pipeline prediction runs
     on: speeds from the measured (under `--jitter`, padded) compute-only medians and the
     contention factor on the same, padded, spans (`contention_factors`), so that the runtime
-    cuts at the factor its prediction takes. None without a net link rate."""
+    cuts at the factor its prediction takes. Not the prediction's transfer CPU share under
+    `--jitter` (the unpadded factor's, `prediction_clusters`): the paddings are not taken out
+    here, so a shared host's plan reads it from the padded factor (docs/pipeline.md, a limit).
+    None without a net link rate."""
     from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
     from caramel.profile.turns import sharing_of
 

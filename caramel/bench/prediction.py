@@ -40,7 +40,8 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
 
 def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
                   link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
-                  uneven: dict[str, Any] | None = None, sharing: dict[str, Any] | None = None):
+                  uneven: dict[str, Any] | None = None, sharing: dict[str, Any] | None = None,
+                  transfer_cpu_share: float | None = None):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
@@ -51,7 +52,9 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     while its overlapped trackers are on the wire); `uneven`: meta a heterogeneous configuration
     adds (`worker_bandwidth_bps`, `compute_jitter`: `caramel.bench.hetero_prediction`);
     `sharing`: `alone_speedup` and `ranks_per_host` where the ranks share a host's cores
-    (`caramel.bench.job_profile.sharing_of`; read by the pipeline simulator only)."""
+    (`caramel.bench.job_profile.sharing_of`; read by the pipeline simulator only);
+    `transfer_cpu_share`: a transfer's CPU share of its host where it is not
+    `compute_slowdown` - 1 (meta; `caramel.strategies.pipeline.sharing.transfer_cpu_share`)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
@@ -67,7 +70,8 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
                                        + (", host sharing from profiles at once and in turns" if sharing else "")
                                        + (", ps traffic from the job's probe" if queue else "")
                                        + (", heterogeneity: " + ", ".join(uneven) if uneven else ""),
-                             **queue, **(uneven or {})})
+                             **queue, **(uneven or {}),
+                             **({} if transfer_cpu_share is None else {"transfer_cpu_share": transfer_cpu_share})})
 
 
 def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_compute_s: list[float] | None = None,
@@ -78,14 +82,19 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     speeds from the unpadded compute (`caramel.bench.hetero_prediction`; none when a pause is at
     least the measured compute). Each takes the contention factor measured on its own compute:
     `compute_slowdown` on the padded medians for "base", `jitter_slowdown` on the unpadded ones
-    for "jitter" (None: `compute_slowdown`; `contention_factors`)."""
+    for "jitter" (None: `compute_slowdown`; `contention_factors`). Where the two differ, "base"
+    also carries `jitter_slowdown` - 1 as a transfer's CPU share (`bench_cluster`): a sleep is
+    neither slowed nor a load, so the padded factor understates what a transfer takes of a
+    shared host's CPU (the pipeline's sharing model, its only reader)."""
     hetero = (hetero or Heterogeneity()).check(world)
     uneven: dict[str, Any] = {}
     rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
     if rates:
         uneven["worker_bandwidth_bps"] = rates
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
-    out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven, sharing_of(profile))}
+    cpu_share = None if jitter_slowdown in (None, compute_slowdown) else max(0.0, jitter_slowdown - 1.0)
+    out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven, sharing_of(profile),
+                                 cpu_share)}
     if hetero.jitter:
         unpadded, problem = hetero.unpadded_compute_s_of(rank_compute_s) if rank_compute_s else (None, None)
         if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)

@@ -95,8 +95,12 @@ def in_step(sim: SimResult) -> int:
 
 def transfer_cpu_share(cluster: ClusterSpec) -> float:
     """What one rank's transfer on the wire takes of its host's CPU, in computing ranks: the
-    spec's `compute_slowdown` (every rank computing and transferring) less 1 (module docstring)."""
-    return max(0.0, cluster.compute_slowdown - 1.0)
+    spec's `compute_slowdown` (every rank computing and transferring) less 1 (module docstring),
+    or its meta's `transfer_cpu_share` where the spec's factor is not all CPU: the bench's
+    "base" cluster under `--jitter`, whose factor is taken on spans padded with sleeps
+    (`caramel.bench.prediction.prediction_clusters`)."""
+    share = cluster.meta.get("transfer_cpu_share")
+    return max(0.0, share if isinstance(share, (int, float)) else cluster.compute_slowdown - 1.0)
 
 
 def sharing_factor(ranks_per_host: int, alone_speedup: float, ranks_at_once: float) -> float:

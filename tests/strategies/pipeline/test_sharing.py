@@ -288,3 +288,39 @@ def test_the_runtime_plans_at_the_spec_as_given_when_the_factor_fails(monkeypatc
     monkeypatch.setattr(simulate, "simulate_pipeline", lambda *a, **k: SimpleNamespace(meta={"sharing": {"factor": 1.5}}))
     got = plan.runtime_cluster(object(), spec, None)
     assert got.workers[0].speed == 1.5 and got.compute_slowdown == 1.0
+
+
+def test_under_jitter_a_transfers_cpu_share_is_the_unpadded_factor():
+    """A padded step is partly sleep, which transfers neither slow nor load: the "base" cluster
+    keeps the padded factor for its speeds, and the pipeline's sharing model reads a transfer's
+    CPU share from the unpadded one (factor 1.5 against ~1.1 padded; test_hetero_prediction's
+    construction). Without the paddings, the spec and its prediction are unchanged."""
+    from caramel.bench.contention import job_slowdown
+    from caramel.bench.hetero_prediction import Heterogeneity
+    from caramel.bench.prediction import job_predictions
+
+    c, f, o, sleep, batch = 0.030, 1.5, 0.020, 0.040, 32
+    padded = [[(c + o - o / f + sleep, o + sleep, 1)] * 3 for _ in range(4)]
+    jitter = {"rank": 1, "fraction": 0.5, "seed": 3, "compute_per_sample_s": sleep / batch, "nominal_factor": 2.0}
+    prof = synthetic_profile(sizes_bytes=[400_000] * 4, times_s=[1e-3] * 4)
+    prof.meta[SHARING_KEY] = {"alone_speedup": 2.0, "ranks_per_host": 4}
+    name = "pipeline:stages=2,replicas=2,schedule=1f1b,microbatches=4"
+
+    def run(**pauses):
+        hetero = Heterogeneity(jitter=jitter, local_batch=batch, unpadded_compute_s=[c] * 4, **pauses)
+        return job_predictions(prof, [name], 4, 1e8, 0.05, 1, [c + sleep] * 4, padded, None, hetero=hetero)
+    out = run(concurrent_pauses=[[[sleep, sleep, 0]] * 3 for _ in range(4)])
+    base = out["prediction_inputs"]["clusters"]["base"]
+    assert base["compute_slowdown"] == pytest.approx(job_slowdown([c + sleep] * 4, padded, 0.0))
+    assert base["compute_slowdown"] < 1.2
+    assert base["meta"]["transfer_cpu_share"] == pytest.approx(f - 1)
+    assert transfer_cpu_share(ClusterSpec.from_dict(base)) == pytest.approx(f - 1)
+    assert out["predicted"][name]["cluster"] == "base"
+    opts = PipelineOptions(stages=2, replicas=2, schedule="1f1b", microbatches=4)
+    sim = simulate_pipeline(prof, ClusterSpec.from_dict(base), opts)
+    assert sim.meta["sharing"]["transfer_cpu_share"] == pytest.approx(f - 1)
+    plain = run()  # no paddings recorded: one factor, no share of its own in the spec
+    base = plain["prediction_inputs"]["clusters"]["base"]
+    assert "transfer_cpu_share" not in base["meta"]
+    sim = simulate_pipeline(prof, ClusterSpec.from_dict(base), opts)
+    assert sim.meta["sharing"]["transfer_cpu_share"] == pytest.approx(base["compute_slowdown"] - 1)
