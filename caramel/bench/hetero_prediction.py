@@ -49,16 +49,8 @@ from typing import Any
 from caramel.bench.hetero import link_rates_bps, nominal_factor
 from caramel.errors import CaramelError, check_keys
 from caramel.stats import median
+from caramel.strategies.reads import INPUTS, ignored_by, reads
 
-INPUTS = ("slow_link", "jitter", "slow_worker")
-READS: dict[str, tuple[str, ...]] = {
-    "gossip": ("slow_link", "jitter", "slow_worker"),  # worker_bandwidth_bps, compute_jitter, speeds
-    # one rate: the ring's bottleneck, as the comm-only baseline measured it; the jitter's pauses (`caramel.sim.jitter`)
-    "ddp": ("slow_link", "jitter", "slow_worker"),
-    "caramel": ("slow_link", "jitter", "slow_worker"),
-}
-"""per strategy kind, the heterogeneity its simulator takes (the rest it ignores)"""
-DEFAULT_READS = ("slow_worker",)  # every simulator reads the workers' speeds
 JITTER_KEYS = ("rank", "fraction", "seed", "compute_per_sample_s")  # what the jitter's pause needs
 
 
@@ -72,10 +64,6 @@ def unpadded_median_s(step_times_s: list[float], paused_s: list[float], steps_pe
         raise CaramelError(f"{len(measured)} recorded pauses for {len(step_times_s)} compute-only steps: the "
                            "pauses do not align with the steps")
     return median([t - p for t, p in zip(step_times_s, measured)])
-
-
-def strategy_kind(name: str) -> str:
-    return name.partition(":")[0]
 
 
 def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slow_worker: dict[str, Any] | None,
@@ -132,11 +120,10 @@ class Heterogeneity:
 
     def ignored_by(self, name: str) -> list[str]:
         """The inputs present that strategy `name`'s simulator does not take."""
-        reads = READS.get(strategy_kind(name), DEFAULT_READS)
-        return [k for k in self.present() if k not in reads]
+        return ignored_by(name, self.present())
 
     def reads_jitter(self, name: str) -> bool:
-        return bool(self.jitter) and "jitter" in READS.get(strategy_kind(name), DEFAULT_READS)
+        return bool(self.jitter) and "jitter" in reads(name)
 
     def worker_bandwidth_bps(self, world: int, bottleneck_bps: float) -> list[float] | None:
         """Each worker's rate (module docstring), the slowest at `bottleneck_bps`; None without a slow link."""
