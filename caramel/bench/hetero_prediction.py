@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from caramel.bench.hetero import link_rates_bps, nominal_factor
-from caramel.errors import CaramelError, check_keys
+from caramel.errors import CaramelError, check_keys, is_int
 from caramel.stats import median
 from caramel.strategies.reads import INPUTS, ignored_by, reads
 
@@ -102,14 +102,11 @@ class Heterogeneity:
         recorded none; one without the other is an error."""
         if self.concurrent_pauses is None:
             return rank_compute_s, spans
-        if self.unpadded_compute_s is None:  # the spans less the sleeps against padded medians: no factor of either
-            raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
-                               "takes the two together), got the pauses alone")
+        _check_padding(self.concurrent_pauses, self.unpadded_compute_s)
         from caramel.bench.contention import unpadded_spans
-        if len(self.concurrent_pauses) != len(spans) or len(self.unpadded_compute_s) != len(spans):
-            raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks and "
-                               f"unpadded_compute_s {len(self.unpadded_compute_s)}, expected one per rank's "
-                               f"spans ({len(spans)})")
+        if len(self.concurrent_pauses) != len(spans):
+            raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks, expected "
+                               f"one per rank's spans ({len(spans)})")
         try:
             return list(self.unpadded_compute_s), [unpadded_spans(s, p) for s, p in zip(spans, self.concurrent_pauses)]
         except ValueError as e:
@@ -194,57 +191,54 @@ class Heterogeneity:
         data = data or {}
         check_keys(data, FIELDS, "heterogeneity")
         link, jitter, slow = data.get("slow_link"), data.get("jitter"), data.get("slow_worker")
-        if link is not None and not (isinstance(link, (list, tuple)) and len(link) == 2 and _is_int(link[0])
+        if link is not None and not (isinstance(link, (list, tuple)) and len(link) == 2 and is_int(link[0])
                                      and _is_num(link[1]) and link[1] >= 1):
             raise CaramelError(f"heterogeneity.slow_link must be [rank, factor >= 1], got {link!r}")
         if jitter is not None:
             if not isinstance(jitter, dict) or any(k not in jitter for k in JITTER_KEYS):
                 raise CaramelError(f"heterogeneity.jitter must be a dict with at least {', '.join(JITTER_KEYS)}, "
                                    f"got {jitter!r}")
-            if not (_is_int(jitter["rank"]) and _is_num(jitter["fraction"]) and 0 < jitter["fraction"] < 1
-                    and _is_int(jitter["seed"]) and _is_num(jitter["compute_per_sample_s"])
+            if not (is_int(jitter["rank"]) and _is_num(jitter["fraction"]) and 0 < jitter["fraction"] < 1
+                    and is_int(jitter["seed"]) and _is_num(jitter["compute_per_sample_s"])
                     and jitter["compute_per_sample_s"] > 0):
                 raise CaramelError("heterogeneity.jitter needs an int rank, a fraction in (0, 1), an int seed and a "
                                    f"compute_per_sample_s > 0, got {jitter!r}")
-        if slow is not None and not (isinstance(slow, dict) and _is_int(slow.get("rank"))):
+        if slow is not None and not (isinstance(slow, dict) and is_int(slow.get("rank"))):
             raise CaramelError(f"heterogeneity.slow_worker must be a dict with an int rank, got {slow!r}")
         batch = data.get("local_batch")
-        if batch is not None and not (_is_int(batch) and batch >= 1):
+        if batch is not None and not (is_int(batch) and batch >= 1):
             raise CaramelError(f"heterogeneity.local_batch must be an integer >= 1, got {batch!r}")
         unpadded = data.get("unpadded_compute_s")
         if unpadded is not None and not (isinstance(unpadded, list) and all(_is_num(u) for u in unpadded)):
             raise CaramelError(f"heterogeneity.unpadded_compute_s must list one number per rank, got {unpadded!r}")
-        pauses = data.get("concurrent_pauses")
-        if pauses is not None:
-            _check_pauses(pauses, unpadded)
+        padding = data.get("concurrent_pauses")
+        if padding is not None:
+            _check_padding(padding, unpadded)
         return cls(**data)
 
 
 FIELDS = tuple(f.name for f in fields(Heterogeneity))
 
 
-def _check_pauses(pauses: Any, unpadded: list | None) -> None:
-    """`concurrent_pauses` as `caramel.bench.contention.span_padding` records them, one list per
-    rank of the unpadded compute (the factor takes the two together: `contention_inputs`)."""
-    if unpadded is None:
+def _check_padding(padding: Any, unpadded: list | None) -> None:
+    """`concurrent_pauses` (the concurrent steps' padding) as `caramel.bench.contention.span_padding`
+    records it, one list per rank of the unpadded compute (the factor takes the two together:
+    `contention_inputs`); one check for a record read back (`from_dict`) and for the factor's use."""
+    if unpadded is None:  # the spans less the sleeps against padded medians: no factor of either
         raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
-                           "takes the two together), got the pauses alone")
-    if not isinstance(pauses, list) or not all(isinstance(r, list) for r in pauses):
-        raise CaramelError(f"heterogeneity.concurrent_pauses must be a list per rank, got a {type(pauses).__name__}")
-    if len(pauses) != len(unpadded):
-        raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(pauses)} ranks, unpadded_compute_s "
+                           "takes the two together), got the padding alone")
+    if not isinstance(padding, list) or not all(isinstance(r, list) for r in padding):
+        raise CaramelError(f"heterogeneity.concurrent_pauses must be a list per rank, got a {type(padding).__name__}")
+    if len(padding) != len(unpadded):
+        raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(padding)} ranks, unpadded_compute_s "
                            f"{len(unpadded)}: expected one per rank in both")
-    for rank, steps in enumerate(pauses):
+    for rank, steps in enumerate(padding):
         for step, p in enumerate(steps):
             if not (isinstance(p, (list, tuple)) and len(p) == 3 and _is_num(p[0]) and _is_num(p[1])
-                    and _is_int(p[2]) and p[0] >= 0 and 0 <= p[1] <= p[0] and p[2] >= 0):
+                    and is_int(p[2]) and p[0] >= 0 and 0 <= p[1] <= p[0] and p[2] >= 0):
                 raise CaramelError(f"heterogeneity.concurrent_pauses[{rank}][{step}]: expected [slept_s >= 0, "
                                    "0 <= slept_in_overlap_s <= slept_s, int collectives_started >= 0], "
                                    f"got {p!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_num(value: Any) -> bool:
@@ -252,7 +246,7 @@ def _is_num(value: Any) -> bool:
 
 
 def _check_rank(rank: Any, world: int, key: str) -> int:
-    if not _is_int(rank) or not 0 <= rank < world:
+    if not is_int(rank) or not 0 <= rank < world:
         raise CaramelError(f"heterogeneity.{key}: rank must be an int in 0..{world - 1} (the configuration's "
                            f"{world} workers), got {rank!r}")
     return rank
