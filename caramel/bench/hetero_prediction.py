@@ -68,7 +68,7 @@ def unpadded_median_s(step_times_s: list[float], paused_s: list[float], steps_pe
 
 def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slow_worker: dict[str, Any] | None,
                       local_batch: int, compute_step_times_s: list[list[float]], paused_s: list,
-                      concurrent_pauses: list, steps_per_round: int) -> Heterogeneity:
+                      concurrent_padding: list, steps_per_round: int) -> Heterogeneity:
     """A job's `Heterogeneity` from what its ranks gathered: with a jitter, each rank's
     unpadded compute-only median (`unpadded_median_s`) and its concurrent steps' paddings,
     which together give the "jitter" cluster its contention factor
@@ -76,7 +76,7 @@ def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slo
     return Heterogeneity(slow_link=slow_link, jitter=jitter, slow_worker=slow_worker, local_batch=local_batch,
                          unpadded_compute_s=[unpadded_median_s(t, p, steps_per_round)
                                              for t, p in zip(compute_step_times_s, paused_s)] if jitter else None,
-                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_pauses] if jitter else None)
+                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_padding] if jitter else None)
 
 
 @dataclass
@@ -94,7 +94,9 @@ class Heterogeneity:
     unpadded_compute_s: list[float] | None = None
     """per rank, the compute-only median less each measured step's own pause (`unpadded_median_s`)"""
     concurrent_pauses: list | None = None
-    """per rank, per concurrent-baseline step, its padding (`caramel.bench.contention.span_padding`)"""
+    """per rank, per concurrent-baseline step, its padding (`caramel.bench.contention.span_padding`:
+    slept_s, slept_in_overlap_s, collectives_started); the name is the saved inputs' key, kept so
+    that files already written read back"""
 
     def contention_inputs(self, rank_compute_s: list[float], spans: list) -> tuple[list[float], list]:
         """The compute-only medians and concurrent spans the contention factor takes: unpadded

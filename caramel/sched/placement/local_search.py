@@ -41,6 +41,7 @@ class SearchOptions:
 
     max_passes: int = 64
     min_gain: float = 1e-9
+    """a fraction of the starting cost (0.01: 1%), not seconds; the name is the `--search` key"""
     moves_per_pass: int = 32
     swaps: bool = False
 
@@ -51,7 +52,7 @@ class SearchOptions:
                 raise CaramelError(f"{name} must be an integer >= {low}, got {value!r}")
         if not (isinstance(self.min_gain, numbers.Real) and not isinstance(self.min_gain, bool)
                 and self.min_gain >= 0):
-            raise CaramelError(f"min_gain must be a number >= 0, got {self.min_gain!r}")
+            raise CaramelError(f"min_gain must be a number >= 0 (a fraction of the starting cost), got {self.min_gain!r}")
         if not isinstance(self.swaps, bool):
             raise CaramelError(f"swaps must be true or false, got {self.swaps!r}")
 
