@@ -10,7 +10,9 @@ so `caramel plan --strategy auto` and the bench's per-strategy predictions agree
 construction. Strategies that change the training arithmetic (gossip, stale or asynchronous
 parameter servers, asynchronous PipeDream, lossy compression) are predicted like the rest but
 recommended only when the caller allows approximate training: a faster step that trains a
-different model is not a drop-in replacement for DDP.
+different model is not a drop-in replacement for DDP. On a cluster that carries a jitter or
+per-worker link rates, a candidate whose simulator ignores that input (`caramel.strategies.reads`)
+is predicted and marked, not recommended: its step leaves out what slows it.
 """
 from __future__ import annotations
 

@@ -92,6 +92,21 @@ def test_plan_strategy_auto_ranks_and_writes_the_recommendation(tmp_path, capsys
     assert f"recommended: {data['recommended']}" in capsys.readouterr().out
 
 
+def test_plan_says_which_candidates_ignore_the_clusters_jitter(tmp_path, capsys):
+    cluster = ClusterSpec.uniform(2, 1e9)
+    cluster.meta["compute_jitter"] = {"rank": 0, "fraction": 0.5, "seed": 0, "pause_after_forward": True,
+                                      "pause_unit_s": 0.05}
+    (tmp_path / "c.json").write_text(json.dumps(cluster.to_dict()))
+    out = tmp_path / "rec.json"
+    assert main(["plan", "--synthetic", "chain8", "--cluster", str(tmp_path / "c.json"), "--strategy", "auto",
+                 "--candidates", "ddp;ps", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ps" in printed and "not ranked: its simulator ignores the cluster's jitter" in printed
+    data = json.loads(out.read_text())
+    assert data["recommended"] == "ddp"
+    assert {p["strategy"]: p["ignores"] for p in data["predictions"]} == {"ddp": None, "ps": ["jitter"]}
+
+
 @pytest.mark.parametrize("args, needle", [(["--strategy", "ddp"], "--strategy auto"),
                                           (["--approximate"], "--strategy auto"),
                                           (["--strategy", "auto", "--candidates", ";"], "--candidates")])
