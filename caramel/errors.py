@@ -4,6 +4,9 @@
 does not match its plan) gets one of these with a message that names the input and
 says what was expected. Programmer errors stay `assert`s.
 """
+from __future__ import annotations
+
+import numbers
 
 
 class CaramelError(ValueError):
@@ -27,3 +30,9 @@ def check_keys(value: object, keys: tuple[str, ...], what: str) -> dict:
     if unknown:
         raise CaramelError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; expected {', '.join(keys)}")
     return value
+
+
+def is_int(value: object) -> bool:
+    """An integer (a numpy one too), not a bool: a bool is an int to Python, never meant as a
+    count, a rank or a seed."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

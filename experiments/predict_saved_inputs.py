@@ -27,6 +27,8 @@ import json
 import os
 import sys
 
+from caramel.bench.cli import trace_config_name
+
 TRAFFIC_KINDS = ("ps", "gossip")  # the strategies whose models read the traffic probe (`caramel.bench.prediction`)
 
 
@@ -40,11 +42,8 @@ def _load(path: str):
 
 
 def _dir_name(r: dict) -> str:
-    """The trace directory name the bench gives a record's configuration, less its index
-    (`caramel.bench.cli._trace_subdir`)."""
-    model = r["model"] if ":" not in r["model"] else os.path.basename(r["model"].rpartition(":")[0])
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
-    return f"{safe}-w{r['workers']}-{r.get('bandwidth') or 'loopback'}"
+    """The trace directory name the bench gives a record's configuration, less its index."""
+    return trace_config_name(r["model"], r["workers"], r.get("bandwidth"))
 
 
 def _signature(r: dict) -> str:

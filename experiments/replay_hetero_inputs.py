@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 
-from caramel.bench.hetero_prediction import Heterogeneity, strategy_kind
+from caramel.bench.hetero_prediction import Heterogeneity
 from caramel.bench.prediction import prediction_clusters
 from caramel.bench.report import config_label, read_records
 from caramel.profile.model_profile import ModelProfile
+from caramel.strategies.reads import strategy_kind
 from caramel.strategies import STRATEGIES
 from caramel.strategies.recommend import predict
 from caramel.topology.spec import ClusterSpec

@@ -192,11 +192,11 @@ class Concurrent(Runner):
         # GPU's compute and transfers do not share the host's cores that way
         self.spans: list[tuple[float, float, int]] = []
         # per span under --jitter: the padding's share of it (`caramel.bench.contention.span_padding`)
-        self.pauses: list[tuple[float, float, int]] = []
+        self.padding: list[tuple[float, float, int]] = []
 
     def start_measuring(self) -> None:
         self.spans.clear()
-        self.pauses.clear()
+        self.padding.clear()
 
     def step(self) -> None:
         if self.comm.device.type != "cpu":
@@ -209,7 +209,7 @@ class Concurrent(Runner):
             return
         ends: list[float] = []
         jitter = self.compute.jitter
-        slept = len(jitter.slept_at) if jitter is not None else 0
+        slept = len(jitter.slept_at_s) if jitter is not None else 0
         t0 = time.perf_counter()
         done = [w.get_future().then(lambda _, ends=ends: ends.append(time.perf_counter())) for w in self.comm.issue()]
         self.compute.run()
@@ -220,4 +220,4 @@ class Concurrent(Runner):
         overlap_end = min(max(ends, default=t0), t1)
         self.spans.append((t1 - t0, overlap_end - t0, sum(t < t1 for t in starts)))
         if jitter is not None:
-            self.pauses.append(span_padding(t0, t1, overlap_end, starts, jitter.slept_at[slept:]))
+            self.padding.append(span_padding(t0, t1, overlap_end, starts, jitter.slept_at_s[slept:]))

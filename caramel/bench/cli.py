@@ -186,10 +186,17 @@ def _calibration_launcher(args: argparse.Namespace, settings: BenchSettings):
     return launch
 
 
-def _trace_subdir(root: str, index: int, config: BenchConfig) -> str:
-    model = config.model if ":" not in config.model else os.path.basename(config.model.rpartition(":")[0])
+def trace_config_name(model: str, workers: int, bandwidth: str | None) -> str:
+    """A configuration's trace directory name less its index: the model's base name in safe
+    characters, the workers and the rate (`loopback` without one); saved inputs pair by it."""
+    model = model if ":" not in model else os.path.basename(model.rpartition(":")[0])
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
-    return os.path.join(os.path.abspath(root), f"{index:02d}-{safe}-w{config.workers}-{config.bandwidth or 'loopback'}")
+    return f"{safe}-w{workers}-{bandwidth or 'loopback'}"
+
+
+def _trace_subdir(root: str, index: int, config: BenchConfig) -> str:
+    name = trace_config_name(config.model, config.workers, config.bandwidth)
+    return os.path.join(os.path.abspath(root), f"{index:02d}-{name}")
 
 
 def _trace_phases(trace: BandwidthTrace, config: BenchConfig) -> tuple[BenchConfig, list[dict[str, Any]]]:

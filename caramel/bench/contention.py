@@ -87,8 +87,8 @@ def span_padding(t0: float, t1: float, overlap_end: float, starts: list[float],
     return inside(t0, t1), inside(t0, overlap_end), started
 
 
-def unpadded_spans(spans: list, pauses: list) -> list[tuple[float, float, int]]:
+def unpadded_spans(spans: list, padding: list) -> list[tuple[float, float, int]]:
     """One rank's spans less their padding (`span_padding`), step by step."""
-    if len(spans) != len(pauses):
-        raise ValueError(f"{len(pauses)} recorded paddings for {len(spans)} concurrent steps: they do not align")
-    return [(c - s, o - so, k - ks) for (c, o, k), (s, so, ks) in zip(spans, pauses)]
+    if len(spans) != len(padding):
+        raise ValueError(f"{len(padding)} recorded paddings for {len(spans)} concurrent steps: they do not align")
+    return [(c - s, o - so, k - ks) for (c, o, k), (s, so, ks) in zip(spans, padding)]

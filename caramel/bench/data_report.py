@@ -245,9 +245,9 @@ def _contention_cell(row: dict[str, Any], report: dict[str, Any]) -> str:
 
 
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
-    """The side-by-side table (terminal or markdown) of a /3 record or an older one; "model error"
+    """The side-by-side table (terminal or markdown) of a /5 record or an older one; "model error"
     is the model with each mode's calibrations (in a /2 record: the one calibration before the
-    modes), "request ms" the rounds' median read time under load (/4), "overhead alone" the
+    modes), "request ms" the rounds' median read time under load (/4 and /5), "overhead alone" the
     model without it (each read's work only the store's overhead measured alone), "one calib." with the one calibration
     before the modes, "before" without its contention and misses-last terms; a field a record
     lacks is "-"."""

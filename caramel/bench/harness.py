@@ -224,10 +224,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     spans: list[Any] = [None] * world
     dist.all_gather_object(spans, runners["concurrent"].spans)
     paused: list[Any] = [None] * world  # --jitter: each compute-only step's own pause
-    concurrent_paused: list[Any] = [None] * world  # --jitter: each concurrent step's padding
+    concurrent_padding: list[Any] = [None] * world  # --jitter: each concurrent step's padding
     if jitter:
         dist.all_gather_object(paused, runners["compute"].paused_s)
-        dist.all_gather_object(concurrent_paused, runners["concurrent"].pauses)
+        dist.all_gather_object(concurrent_padding, runners["concurrent"].padding)
     stamps: list[Any] = [None] * world
     if trace is not None:
         dist.all_gather_object(stamps, trace.stamps)
@@ -236,7 +236,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     comm_s = median(job_step_times([g["comm"] for g in gathered], settings.steps_per_round))
     # the configuration's uneven workers, as the predictions' cluster carries them (`caramel.bench.hetero_prediction`)
     hetero = job_heterogeneity(config.slow_link, jitter, slow, int(workload.inputs.shape[0]),
-                               [g["compute"] for g in gathered], paused, concurrent_paused, settings.steps_per_round)
+                               [g["compute"] for g in gathered], paused, concurrent_padding, settings.steps_per_round)
     names = [s.name for s in strategies if s.name in runners]
     concrete = as_screened(names, tuning)  # a tuned strategy is predicted as the value it runs
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/predict_saved_inputs.py)

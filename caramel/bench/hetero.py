@@ -108,7 +108,7 @@ class JitterSchedule:
         self.slept_s: list[float] = []
         """every sleep `jitter_down` took from this schedule, in order (the compute-only baseline's
         measured steps take theirs out: `caramel.bench.baselines.ComputeOnly`)"""
-        self.slept_at: list[tuple[float, float]] = []
+        self.slept_at_s: list[tuple[float, float]] = []
         """each of those sleeps' (start, end) on `time.perf_counter`: the concurrent baseline takes
         them out of its compute and its overlap (`caramel.bench.contention.span_padding`)"""
 
@@ -129,7 +129,7 @@ def jitter_down(model: nn.Module, per_sample_s: float, schedule: JitterSchedule)
             schedule.slept_s.append(pause_s)
             start = time.perf_counter()
             time.sleep(pause_s)
-            schedule.slept_at.append((start, time.perf_counter()))
+            schedule.slept_at_s.append((start, time.perf_counter()))
     model.register_forward_hook(hook)
 
 

@@ -47,18 +47,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from caramel.bench.hetero import link_rates_bps, nominal_factor
-from caramel.errors import CaramelError, check_keys
+from caramel.errors import CaramelError, check_keys, is_int
 from caramel.stats import median
+from caramel.strategies.reads import INPUTS, ignored_by, reads
 
-INPUTS = ("slow_link", "jitter", "slow_worker")
-READS: dict[str, tuple[str, ...]] = {
-    "gossip": ("slow_link", "jitter", "slow_worker"),  # worker_bandwidth_bps, compute_jitter, speeds
-    # one rate: the ring's bottleneck, as the comm-only baseline measured it; the jitter's pauses (`caramel.sim.jitter`)
-    "ddp": ("slow_link", "jitter", "slow_worker"),
-    "caramel": ("slow_link", "jitter", "slow_worker"),
-}
-"""per strategy kind, the heterogeneity its simulator takes (the rest it ignores)"""
-DEFAULT_READS = ("slow_worker",)  # every simulator reads the workers' speeds
 JITTER_KEYS = ("rank", "fraction", "seed", "compute_per_sample_s")  # what the jitter's pause needs
 
 
@@ -74,13 +66,9 @@ def unpadded_median_s(step_times_s: list[float], paused_s: list[float], steps_pe
     return median([t - p for t, p in zip(step_times_s, measured)])
 
 
-def strategy_kind(name: str) -> str:
-    return name.partition(":")[0]
-
-
 def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slow_worker: dict[str, Any] | None,
                       local_batch: int, compute_step_times_s: list[list[float]], paused_s: list,
-                      concurrent_pauses: list, steps_per_round: int) -> Heterogeneity:
+                      concurrent_padding: list, steps_per_round: int) -> Heterogeneity:
     """A job's `Heterogeneity` from what its ranks gathered: with a jitter, each rank's
     unpadded compute-only median (`unpadded_median_s`) and its concurrent steps' paddings,
     which together give the "jitter" cluster its contention factor
@@ -88,7 +76,7 @@ def job_heterogeneity(slow_link: list | None, jitter: dict[str, Any] | None, slo
     return Heterogeneity(slow_link=slow_link, jitter=jitter, slow_worker=slow_worker, local_batch=local_batch,
                          unpadded_compute_s=[unpadded_median_s(t, p, steps_per_round)
                                              for t, p in zip(compute_step_times_s, paused_s)] if jitter else None,
-                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_pauses] if jitter else None)
+                         concurrent_pauses=[[list(p) for p in r] for r in concurrent_padding] if jitter else None)
 
 
 @dataclass
@@ -106,7 +94,9 @@ class Heterogeneity:
     unpadded_compute_s: list[float] | None = None
     """per rank, the compute-only median less each measured step's own pause (`unpadded_median_s`)"""
     concurrent_pauses: list | None = None
-    """per rank, per concurrent-baseline step, its padding (`caramel.bench.contention.span_padding`)"""
+    """per rank, per concurrent-baseline step, its padding (`caramel.bench.contention.span_padding`:
+    slept_s, slept_in_overlap_s, collectives_started); the name is the saved inputs' key, kept so
+    that files already written read back"""
 
     def contention_inputs(self, rank_compute_s: list[float], spans: list) -> tuple[list[float], list]:
         """The compute-only medians and concurrent spans the contention factor takes: unpadded
@@ -114,14 +104,11 @@ class Heterogeneity:
         recorded none; one without the other is an error."""
         if self.concurrent_pauses is None:
             return rank_compute_s, spans
-        if self.unpadded_compute_s is None:  # the spans less the sleeps against padded medians: no factor of either
-            raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
-                               "takes the two together), got the pauses alone")
+        _check_padding(self.concurrent_pauses, self.unpadded_compute_s)
         from caramel.bench.contention import unpadded_spans
-        if len(self.concurrent_pauses) != len(spans) or len(self.unpadded_compute_s) != len(spans):
-            raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks and "
-                               f"unpadded_compute_s {len(self.unpadded_compute_s)}, expected one per rank's "
-                               f"spans ({len(spans)})")
+        if len(self.concurrent_pauses) != len(spans):
+            raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(self.concurrent_pauses)} ranks, expected "
+                               f"one per rank's spans ({len(spans)})")
         try:
             return list(self.unpadded_compute_s), [unpadded_spans(s, p) for s, p in zip(spans, self.concurrent_pauses)]
         except ValueError as e:
@@ -132,11 +119,10 @@ class Heterogeneity:
 
     def ignored_by(self, name: str) -> list[str]:
         """The inputs present that strategy `name`'s simulator does not take."""
-        reads = READS.get(strategy_kind(name), DEFAULT_READS)
-        return [k for k in self.present() if k not in reads]
+        return ignored_by(name, self.present())
 
     def reads_jitter(self, name: str) -> bool:
-        return bool(self.jitter) and "jitter" in READS.get(strategy_kind(name), DEFAULT_READS)
+        return bool(self.jitter) and "jitter" in reads(name)
 
     def worker_bandwidth_bps(self, world: int, bottleneck_bps: float) -> list[float] | None:
         """Each worker's rate (module docstring), the slowest at `bottleneck_bps`; None without a slow link."""
@@ -207,57 +193,54 @@ class Heterogeneity:
         data = data or {}
         check_keys(data, FIELDS, "heterogeneity")
         link, jitter, slow = data.get("slow_link"), data.get("jitter"), data.get("slow_worker")
-        if link is not None and not (isinstance(link, (list, tuple)) and len(link) == 2 and _is_int(link[0])
+        if link is not None and not (isinstance(link, (list, tuple)) and len(link) == 2 and is_int(link[0])
                                      and _is_num(link[1]) and link[1] >= 1):
             raise CaramelError(f"heterogeneity.slow_link must be [rank, factor >= 1], got {link!r}")
         if jitter is not None:
             if not isinstance(jitter, dict) or any(k not in jitter for k in JITTER_KEYS):
                 raise CaramelError(f"heterogeneity.jitter must be a dict with at least {', '.join(JITTER_KEYS)}, "
                                    f"got {jitter!r}")
-            if not (_is_int(jitter["rank"]) and _is_num(jitter["fraction"]) and 0 < jitter["fraction"] < 1
-                    and _is_int(jitter["seed"]) and _is_num(jitter["compute_per_sample_s"])
+            if not (is_int(jitter["rank"]) and _is_num(jitter["fraction"]) and 0 < jitter["fraction"] < 1
+                    and is_int(jitter["seed"]) and _is_num(jitter["compute_per_sample_s"])
                     and jitter["compute_per_sample_s"] > 0):
                 raise CaramelError("heterogeneity.jitter needs an int rank, a fraction in (0, 1), an int seed and a "
                                    f"compute_per_sample_s > 0, got {jitter!r}")
-        if slow is not None and not (isinstance(slow, dict) and _is_int(slow.get("rank"))):
+        if slow is not None and not (isinstance(slow, dict) and is_int(slow.get("rank"))):
             raise CaramelError(f"heterogeneity.slow_worker must be a dict with an int rank, got {slow!r}")
         batch = data.get("local_batch")
-        if batch is not None and not (_is_int(batch) and batch >= 1):
+        if batch is not None and not (is_int(batch) and batch >= 1):
             raise CaramelError(f"heterogeneity.local_batch must be an integer >= 1, got {batch!r}")
         unpadded = data.get("unpadded_compute_s")
         if unpadded is not None and not (isinstance(unpadded, list) and all(_is_num(u) for u in unpadded)):
             raise CaramelError(f"heterogeneity.unpadded_compute_s must list one number per rank, got {unpadded!r}")
-        pauses = data.get("concurrent_pauses")
-        if pauses is not None:
-            _check_pauses(pauses, unpadded)
+        padding = data.get("concurrent_pauses")
+        if padding is not None:
+            _check_padding(padding, unpadded)
         return cls(**data)
 
 
 FIELDS = tuple(f.name for f in fields(Heterogeneity))
 
 
-def _check_pauses(pauses: Any, unpadded: list | None) -> None:
-    """`concurrent_pauses` as `caramel.bench.contention.span_padding` records them, one list per
-    rank of the unpadded compute (the factor takes the two together: `contention_inputs`)."""
-    if unpadded is None:
+def _check_padding(padding: Any, unpadded: list | None) -> None:
+    """`concurrent_pauses` (the concurrent steps' padding) as `caramel.bench.contention.span_padding`
+    records it, one list per rank of the unpadded compute (the factor takes the two together:
+    `contention_inputs`); one check for a record read back (`from_dict`) and for the factor's use."""
+    if unpadded is None:  # the spans less the sleeps against padded medians: no factor of either
         raise CaramelError("heterogeneity.concurrent_pauses needs heterogeneity.unpadded_compute_s (the factor "
-                           "takes the two together), got the pauses alone")
-    if not isinstance(pauses, list) or not all(isinstance(r, list) for r in pauses):
-        raise CaramelError(f"heterogeneity.concurrent_pauses must be a list per rank, got a {type(pauses).__name__}")
-    if len(pauses) != len(unpadded):
-        raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(pauses)} ranks, unpadded_compute_s "
+                           "takes the two together), got the padding alone")
+    if not isinstance(padding, list) or not all(isinstance(r, list) for r in padding):
+        raise CaramelError(f"heterogeneity.concurrent_pauses must be a list per rank, got a {type(padding).__name__}")
+    if len(padding) != len(unpadded):
+        raise CaramelError(f"heterogeneity.concurrent_pauses lists {len(padding)} ranks, unpadded_compute_s "
                            f"{len(unpadded)}: expected one per rank in both")
-    for rank, steps in enumerate(pauses):
+    for rank, steps in enumerate(padding):
         for step, p in enumerate(steps):
             if not (isinstance(p, (list, tuple)) and len(p) == 3 and _is_num(p[0]) and _is_num(p[1])
-                    and _is_int(p[2]) and p[0] >= 0 and 0 <= p[1] <= p[0] and p[2] >= 0):
+                    and is_int(p[2]) and p[0] >= 0 and 0 <= p[1] <= p[0] and p[2] >= 0):
                 raise CaramelError(f"heterogeneity.concurrent_pauses[{rank}][{step}]: expected [slept_s >= 0, "
                                    "0 <= slept_in_overlap_s <= slept_s, int collectives_started >= 0], "
                                    f"got {p!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_num(value: Any) -> bool:
@@ -265,7 +248,7 @@ def _is_num(value: Any) -> bool:
 
 
 def _check_rank(rank: Any, world: int, key: str) -> int:
-    if not _is_int(rank) or not 0 <= rank < world:
+    if not is_int(rank) or not 0 <= rank < world:
         raise CaramelError(f"heterogeneity.{key}: rank must be an int in 0..{world - 1} (the configuration's "
                            f"{world} workers), got {rank!r}")
     return rank

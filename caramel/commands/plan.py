@@ -90,6 +90,8 @@ def _recommend(args: argparse.Namespace, profile, cluster) -> int:
         mark = "*" if best is not None and p.strategy == best.strategy else " "
         what = f"{p.step_time_s * 1e3:9.2f} ms" if p.step_time_s is not None else f"  not modelled: {p.error}"
         note = "" if p.exact else "  (approximate: trains a different model than DDP)"
+        if p.ignores:
+            note += f"  (not ranked: its simulator ignores the cluster's {', '.join(p.ignores)})"
         print(f" {mark} {p.strategy.ljust(width)} {what}{note}")
     if best is None:
         raise CaramelError("no candidate could be simulated on this profile and cluster (see the reasons above)")

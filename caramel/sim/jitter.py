@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from caramel.errors import CaramelError, check_keys
+from caramel.errors import CaramelError, check_keys, is_int
 from caramel.profile.model_profile import ModelProfile
 from caramel.topology.spec import ClusterSpec
 
@@ -80,11 +80,11 @@ def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], fl
         raise CaramelError(f"cluster meta.compute_jitter needs 'rank' and 'fraction', got {raw!r}")
     rank, frac, seed = raw["rank"], raw["fraction"], raw.get("seed", 0)
     pause = raw.get("pause_after_forward", False)
-    if not _is_int(rank) or not 0 <= rank < n:
+    if not is_int(rank) or not 0 <= rank < n:
         raise CaramelError(f"cluster meta.compute_jitter.rank must be an int in 0..{n - 1}, got {rank!r}")
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
         raise CaramelError(f"cluster meta.compute_jitter.fraction must be a number in [0, 1), got {frac!r}")
-    if not _is_int(seed):
+    if not is_int(seed):
         raise CaramelError(f"cluster meta.compute_jitter.seed must be an int, got {seed!r}")
     if not isinstance(pause, bool):
         raise CaramelError(f"cluster meta.compute_jitter.pause_after_forward must be true or false, got {pause!r}")
@@ -101,5 +101,3 @@ def jitter_spec(cluster: ClusterSpec, steps: int) -> tuple[list[list[float]], fl
     return out, (1.0 / (1.0 - frac) if pause else None), (float(unit) if unit is not None else None)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

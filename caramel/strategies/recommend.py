@@ -10,7 +10,9 @@ so `caramel plan --strategy auto` and the bench's per-strategy predictions agree
 construction. Strategies that change the training arithmetic (gossip, stale or asynchronous
 parameter servers, asynchronous PipeDream, lossy compression) are predicted like the rest but
 recommended only when the caller allows approximate training: a faster step that trains a
-different model is not a drop-in replacement for DDP.
+different model is not a drop-in replacement for DDP. On a cluster that carries a jitter or
+per-worker link rates, a candidate whose simulator ignores that input (`caramel.strategies.reads`)
+is predicted and marked, not recommended: its step leaves out what slows it.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies import STRATEGIES
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
+from caramel.strategies.reads import cluster_inputs, ignored_by
 from caramel.topology.spec import ClusterSpec
 
 # Per strategy: does a spec with these options train the same parameters as DDP (up to
@@ -45,6 +48,9 @@ class Prediction:
     error: str | None = None
     plan: dict[str, Any] | None = None
     """what the model chose where the strategy chooses (a pipeline's cut, counts, microbatches)"""
+    ignores: list[str] | None = None
+    """inputs the cluster carries that this strategy's simulator does not read (`caramel.strategies.reads`):
+    its step is predicted as if they were absent, so `recommend` does not rank it"""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,23 +96,26 @@ PLAN_KEYS = ("boundaries", "microbatches", "replicas", "stages", "predicted_slow
 def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], iterations: int = 4) -> list[Prediction]:
     """Each spec's simulated step time on `cluster`, in the given order. A malformed spec is an
     error; a spec the simulator cannot model here (too few layers to cut, more servers than
-    ranks) is a Prediction with its reason, so the other candidates still count."""
+    ranks) is a Prediction with its reason, so the other candidates still count. A spec whose
+    simulator ignores an input the cluster carries (a jitter for ps) says so in `ignores`."""
     parsed = [STRATEGIES.spec(text) for text in specs]  # bad input: one clear error before any work
+    present = cluster_inputs(cluster)
     out = []
     for text, spec in zip(specs, parsed):
-        exact = is_exact(text)
+        exact, ignores = is_exact(text), ignored_by(text, present) or None
         try:
             result = spec.simulate(profile, cluster, iterations)
         except CaramelError as e:
-            out.append(Prediction(text, None, exact, str(e)))
+            out.append(Prediction(text, None, exact, str(e), ignores=ignores))
             continue
         plan = {k: result.meta[k] for k in PLAN_KEYS if k in (result.meta or {})}
-        out.append(Prediction(text, float(result.step_time_s), exact, plan=plan or None))
+        out.append(Prediction(text, float(result.step_time_s), exact, plan=plan or None, ignores=ignores))
     return out
 
 
 def recommend(predictions: list[Prediction], approximate: bool = False) -> Prediction | None:
     """The fastest predicted candidate (exact ones only unless `approximate`); None if none
-    could be predicted. Ties go to the candidate listed first (DDP first by default)."""
-    pool = [p for p in predictions if p.step_time_s is not None and (approximate or p.exact)]
+    could be predicted. A prediction that ignores an input of the cluster is not ranked: its
+    simulator left out what slows it. Ties go to the candidate listed first (DDP first by default)."""
+    pool = [p for p in predictions if p.step_time_s is not None and (approximate or p.exact) and not p.ignores]
     return min(pool, key=lambda p: p.step_time_s) if pool else None

@@ -12,13 +12,9 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from caramel.errors import FormatError
+from caramel.errors import FormatError, is_int
 from caramel.jsonio import format_tag
 from caramel.trace.events import KIND, Trace, TraceEvent
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x: object) -> bool:
@@ -33,19 +29,19 @@ def check_events(trace: Trace, source: str = "<trace>") -> Trace:
         raise FormatError(f"{source}: field 'source' must be 'measured' or 'predicted', got {trace.source!r}")
     for i, e in enumerate(trace.events):
         where = f"{source}: events[{i}]"
-        if not _is_int(e.rank) or not (0 <= e.rank < trace.world_size):
+        if not is_int(e.rank) or not (0 <= e.rank < trace.world_size):
             raise FormatError(f"{where}.rank must be an integer in [0, {trace.world_size}), got {e.rank!r}")
         if not _is_number(e.start_s):
             raise FormatError(f"{where}.start_s must be a finite number of seconds, got {e.start_s!r}")
         if not _is_number(e.duration_s):
             raise FormatError(f"{where}.duration_s must be a finite number of seconds, got {e.duration_s!r}")
-        if not _is_int(e.iteration) or e.iteration < 0:
+        if not is_int(e.iteration) or e.iteration < 0:
             raise FormatError(f"{where}.iteration must be a non-negative integer, got {e.iteration!r}")
         if not isinstance(e.kind, str) or not isinstance(e.name, str):
             raise FormatError(f"{where}: 'kind' and 'name' must be strings")
         for key in ("bucket", "chunk", "bytes"):
             value = getattr(e, key)
-            if value is not None and (not _is_int(value) or value < 0):
+            if value is not None and (not is_int(value) or value < 0):
                 raise FormatError(f"{where}.{key} must be a non-negative integer or null, got {value!r}")
     return trace
 

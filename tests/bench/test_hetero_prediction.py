@@ -327,8 +327,8 @@ def test_the_concurrent_baseline_records_its_steps_padding(monkeypatch):
     concurrent = Concurrent(compute, comm)
     for _ in range(3):
         concurrent.step()
-    assert len(concurrent.pauses) == len(concurrent.spans) == 3
-    for (took_s, _, _), (slept_s, _, started), pause_s in zip(concurrent.spans, concurrent.pauses, schedule.slept_s):
+    assert len(concurrent.padding) == len(concurrent.spans) == 3
+    for (took_s, _, _), (slept_s, _, started), pause_s in zip(concurrent.spans, concurrent.padding, schedule.slept_s):
         assert pause_s <= slept_s <= took_s and started == 0
     with pytest.raises(CaramelError, match="concurrent_pauses"):
         Heterogeneity.from_dict({"concurrent_pauses": [[[0.1, 0.1]]]})

@@ -78,6 +78,10 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     from caramel.profile.model_profile import ModelProfile
 
     (saved,) = (json.loads(p.read_text()) for p in trace.rglob("prediction_inputs.json"))
+    # older saved inputs pair with their records by the directory's name (experiments/predict_saved_inputs.py)
+    from caramel.bench.cli import trace_config_name
+    (run_dir,) = trace.iterdir()
+    assert run_dir.name == "00-" + trace_config_name(recs["ddp"]["model"], 2, recs["ddp"]["bandwidth"])
     again = job_predictions(ModelProfile.from_dict(saved["profile"]), list(recs), saved["world"], saved["grad_bytes"],
                             saved["comm_s"], saved["comm_buckets"], saved["rank_compute_s"], saved["spans"],
                             saved["probed"])["predicted"]

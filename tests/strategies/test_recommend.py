@@ -59,6 +59,21 @@ def test_a_candidate_the_simulator_cannot_model_carries_its_reason():
     assert recommend([Prediction("gossip", 1.0, exact=False)]) is None
 
 
+def test_a_prediction_that_ignores_the_clusters_jitter_is_marked_and_not_ranked():
+    # ps's simulator does not read compute_jitter: with the jitter it stays at its even-workers step
+    # while ddp's all-reduce waits for each step's longest pause, so unguarded ps would win
+    profile, cluster = synthetic_profile(8), ClusterSpec.uniform(2, 1e9)
+    cluster.meta["compute_jitter"] = {"rank": 0, "fraction": 0.5, "seed": 0, "pause_after_forward": True,
+                                      "pause_unit_s": 0.05}
+    ddp, ps = predict(profile, cluster, ["ddp", "ps"])
+    assert ps.ignores == ["jitter"] and ddp.ignores is None
+    assert ps.step_time_s < ddp.step_time_s
+    assert recommend([ddp, ps]).strategy == "ddp"
+    assert recommend([ps]) is None
+    even = predict(profile, ClusterSpec.uniform(2, 1e9), ["ps"])[0]
+    assert even.ignores is None and recommend([even]).strategy == "ps"
+
+
 def test_a_malformed_candidate_is_one_error_before_any_simulation():
     with pytest.raises(CaramelError, match="nope"):
         predict(synthetic_profile(3), ClusterSpec.uniform(2, 1e9), ["ddp", "nope"])
@@ -75,6 +90,21 @@ def test_plan_strategy_auto_ranks_and_writes_the_recommendation(tmp_path, capsys
     assert set(preds) == {"ddp", "caramel", "gossip:topology=ring"}
     assert data["recommended"] == min(("ddp", "caramel"), key=lambda n: preds[n]["step_time_s"])
     assert f"recommended: {data['recommended']}" in capsys.readouterr().out
+
+
+def test_plan_says_which_candidates_ignore_the_clusters_jitter(tmp_path, capsys):
+    cluster = ClusterSpec.uniform(2, 1e9)
+    cluster.meta["compute_jitter"] = {"rank": 0, "fraction": 0.5, "seed": 0, "pause_after_forward": True,
+                                      "pause_unit_s": 0.05}
+    (tmp_path / "c.json").write_text(json.dumps(cluster.to_dict()))
+    out = tmp_path / "rec.json"
+    assert main(["plan", "--synthetic", "chain8", "--cluster", str(tmp_path / "c.json"), "--strategy", "auto",
+                 "--candidates", "ddp;ps", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ps" in printed and "not ranked: its simulator ignores the cluster's jitter" in printed
+    data = json.loads(out.read_text())
+    assert data["recommended"] == "ddp"
+    assert {p["strategy"]: p["ignores"] for p in data["predictions"]} == {"ddp": None, "ps": ["jitter"]}
 
 
 @pytest.mark.parametrize("args, needle", [(["--strategy", "ddp"], "--strategy auto"),

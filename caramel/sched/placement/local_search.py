@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from caramel.errors import CaramelError
+from caramel.errors import CaramelError, is_int
 from caramel.sched.placement.heuristics import MEMORY_SLACK_MB
 from caramel.sched.placement.problem import Instance
 from caramel.sched.placement.tables import StepTables
@@ -41,24 +41,20 @@ class SearchOptions:
 
     max_passes: int = 64
     min_gain: float = 1e-9
+    """a fraction of the starting cost (0.01: 1%), not seconds; the name is the `--search` key"""
     moves_per_pass: int = 32
     swaps: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("max_passes", 0), ("moves_per_pass", 1)):
             value = getattr(self, name)
-            if not (_is_int(value) and value >= low):
+            if not (is_int(value) and value >= low):
                 raise CaramelError(f"{name} must be an integer >= {low}, got {value!r}")
         if not (isinstance(self.min_gain, numbers.Real) and not isinstance(self.min_gain, bool)
                 and self.min_gain >= 0):
-            raise CaramelError(f"min_gain must be a number >= 0, got {self.min_gain!r}")
+            raise CaramelError(f"min_gain must be a number >= 0 (a fraction of the starting cost), got {self.min_gain!r}")
         if not isinstance(self.swaps, bool):
             raise CaramelError(f"swaps must be true or false, got {self.swaps!r}")
-
-
-def _is_int(value) -> bool:
-    """An integer, not a bool (a bool is an int to Python, never meant as a count or a node)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass
@@ -101,7 +97,7 @@ def _to_array(tb: StepTables, placement: list[list[int]]) -> np.ndarray:
             raise CaramelError(f"placement of task {t} must have {tb.num_layers[t]} nodes, got {len(row)}")
         k = tb.step.shape[2]
         for layer, n in enumerate(row):
-            if not (_is_int(n) and 0 <= n < k):
+            if not (is_int(n) and 0 <= n < k):
                 raise CaramelError(f"placement[{t}][{layer}] must be a node, an integer in 0..{k - 1}, got {n!r}")
         nodes[t, :len(row)] = row
     return nodes
