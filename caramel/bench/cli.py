@@ -22,6 +22,7 @@ from caramel.bench.harness import make_calibration_job, make_job
 from caramel.bench.hetero import describe, format_versus, versus_best_allreduce
 from caramel.bench.jobs import LOOPBACK, NETWORKS, choose_network, launch_job
 from caramel.bench.phases import format_phases, phase_results
+from caramel.bench.provenance import code_version
 from caramel.bench.matrix import (DEFAULT_MATRIX, DEFAULT_SETTINGS, DEFAULT_STRATEGIES, QUICK_MATRIX, QUICK_SETTINGS,
                                   QUICK_STRATEGIES, BenchConfig, BenchSettings, parse_strategies)
 from caramel.bench.rates import CALIBRATION_RATE, calibration_settings, derive_rates, rate_text
@@ -328,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + format_versus(versus))
     for entry in by_phase:
         print("\n" + format_phases(entry["phases"], f"Bandwidth trace {entry['trace']}, {entry['config']}:").replace("`", ""))
-    meta = {"command": command_line(args), "wall_s": round(wall_s, 1), "networks": sorted(networks),
+    code = code_version()
+    meta = {"command": command_line(args), "code": code, "wall_s": round(wall_s, 1), "networks": sorted(networks),
             "settings": vars(settings), "failures": failures}
     if versus:
         meta["gossip_vs_best_allreduce"] = versus
@@ -343,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
         write_records(args.json, records, meta)
     if args.markdown:
         env = _environment(settings, networks, wall_s, load_start)
+        env["code"] = code
         if uneven:
             env["heterogeneity"] = "; ".join(f"{k}: {describe(v)}" for k, v in uneven.items())
         notes = "\n".join([f"- FAILED: {f}" for f in failures] + [f"- {line}" for line in format_uneven(records).splitlines()]

@@ -48,12 +48,14 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
         assert r["prediction_error"] == pytest.approx(r["predicted_step_s"] / r["step_time_median_s"] - 1)
     assert "The simulator against the measurement" in md.read_text() and "Recommendation" in md.read_text()
     # the file replays a record's prediction: its inputs keyed by the records' label, its cluster named
+    from caramel.bench.provenance import code_version
     from caramel.bench.report import config_label, read_records
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
     from caramel.topology.spec import ClusterSpec
 
     back = read_records(out)
+    assert back.meta["code"] == code_version()  # the checkout that ran it, for later replays
     assert set(back.meta["prediction_inputs"]) == {config_label(r) for r in back.records}
     r = next(r for r in back.records if r.strategy == "ddp")
     inputs = back.meta["prediction_inputs"][config_label(r)]
