@@ -92,6 +92,23 @@ def test_the_all_reduce_prediction_waits_for_the_jittered_draws():
         assert preds[name]["step_time_s"] > p.step_time_s + unit_s  # E[max] is above the padding alone
 
 
+def _jittered_compute():
+    """A compute-only runner of a small linear model jittered as the bench's --jitter does
+    (fraction 0.5, seed 3, 0.1 ms per sample), and its schedule."""
+    import torch
+
+    from caramel.bench.baselines import ComputeOnly
+    from caramel.bench.hetero import jitter_down
+
+    model = torch.nn.Linear(4, 2)
+    schedule = JitterSchedule(0.5, 3)
+    jitter_down(model, 1e-4, schedule)
+    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
+                          torch.nn.MSELoss(), torch.device("cpu"))
+    compute.jitter = schedule
+    return compute, schedule
+
+
 def test_the_unpadded_compute_takes_out_the_pauses_the_measured_steps_slept():
     """The compute-only runner records its own steps' pauses (not the concurrent baseline's,
     which trains the same model): each measured step less its own pause is the compute."""
@@ -99,18 +116,11 @@ def test_the_unpadded_compute_takes_out_the_pauses_the_measured_steps_slept():
 
     import torch
 
-    from caramel.bench.baselines import ComputeOnly
     from caramel.bench.blocks import measure_block
-    from caramel.bench.hetero import jitter_down
     from caramel.bench.hetero_prediction import unpadded_median_s
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    schedule = JitterSchedule(0.5, 3)
-    jitter_down(model, 1e-4, schedule)
-    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
-                          torch.nn.MSELoss(), torch.device("cpu"))
-    compute.jitter = schedule
+    compute, schedule = _jittered_compute()
     compute.step()  # a warm-up step
     compute.start_measuring()
     times = measure_block(compute, 5)
@@ -304,16 +314,10 @@ def test_the_concurrent_baseline_records_its_steps_padding(monkeypatch):
     the compute), and the heterogeneity carries it to the factor, validated on the way in."""
     import torch
 
-    from caramel.bench.baselines import CommOnly, ComputeOnly, Concurrent
-    from caramel.bench.hetero import jitter_down
+    from caramel.bench.baselines import CommOnly, Concurrent
     from caramel.bench.hetero_prediction import Heterogeneity
 
-    model = torch.nn.Linear(4, 2)
-    schedule = JitterSchedule(0.5, 3)
-    jitter_down(model, 1e-4, schedule)
-    compute = ComputeOnly(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4), torch.randn(8, 2),
-                          torch.nn.MSELoss(), torch.device("cpu"))
-    compute.jitter = schedule
+    compute, schedule = _jittered_compute()
 
     class Done:  # a collective already finished when issued
         def get_future(self):
