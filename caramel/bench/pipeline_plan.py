@@ -77,15 +77,20 @@ def plan_cluster(profile: Any, world: int, grad_bytes: int, comm_s: float, comm_
 
 def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None) -> Any:
     """The spec one pipeline's runtime plans at: `cluster` itself, or, where its workers share
-    a host's cores, its speeds scaled by the factor the prediction of this pipeline settles at
-    (`caramel.strategies.pipeline.sharing`), so that the runtime's choosers, which take the
-    speeds as given, cut and count as the prediction does. Computed on rank 0 (whose profile
-    the predictions and the plans take) and broadcast; every rank calls it. `group`: the
-    pipeline's process group (None: the world), whose first rank computes it."""
+    a host's cores and only the cut is the runtime's to choose (`partition="auto"`), its speeds
+    scaled by the factor the prediction of this pipeline settles at
+    (`caramel.strategies.pipeline.sharing`), so that the cut, which takes the speeds as given,
+    is the prediction's. With `replicas="auto"` or `microbatches="auto"` the spec as given:
+    those choosers settle each candidate's speeds themselves, as the prediction's do (the cut
+    comes with their choice). Computed on rank 0 (whose profile the predictions and the plans
+    take) and broadcast; every rank calls it. `group`: the pipeline's process group (None: the
+    world), whose first rank computes it."""
     from caramel.strategies.pipeline.sharing import scaled, shares_cores
     from caramel.strategies.pipeline.simulate import simulate_pipeline
 
     if cluster is None or profile is None or not shares_cores(cluster):
+        return cluster
+    if options is not None and (options.auto_replicas or options.microbatches == "auto"):
         return cluster
     box: list[Any] = [None]
     src = 0 if group is None else dist.get_global_rank(group, 0)

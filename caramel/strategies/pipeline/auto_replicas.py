@@ -21,6 +21,12 @@ simulator (`simulate.replay`, the runtime's order; equal counts, whose replicas 
 reduces during the drain and the next fill, by `overlap.replay_overlapped`), beside the same counts cut to balance
 compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
 simulated step wins.
+
+Where ranks share a host's cores (`sharing.py`), each candidate is replayed at the speeds its
+own host load settles at (`sharing.settle`), as the final prediction replays the layout picked:
+a layout that keeps more ranks computing or transferring at once is priced slower before it is
+picked. The program proposes at the all-at-once speeds, then again at the speeds the fastest
+candidate settles at, until it proposes no layout not yet scored.
 """
 from __future__ import annotations
 
@@ -34,7 +40,9 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
+from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
+from caramel.strategies.pipeline.sharing import MAX_SHARING_PASSES, candidate_result, scaled, settle, shares_cores
 from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
                                                   stage_costs)
 from caramel.strategies.pipeline.transport import posting_for
@@ -164,6 +172,62 @@ def brute_force_replica_partition(costs: list[LayerCost], cluster: ClusterSpec, 
 
 
 @dataclass(frozen=True)
+class Layout:
+    """A candidate of `choose_replicas`: the cut, the replicas per stage, the step's microbatches."""
+
+    cuts: tuple[int, ...]
+    counts: tuple[int, ...]
+    microbatches: int
+
+
+def _proposals(costs_at: dict[int, list[LayerCost]], cluster: ClusterSpec, stage_options: list[int], schedule: str,
+               equal_counts: bool) -> list[Layout]:
+    """For each stage count and microbatch count, the dynamic program's cut and counts at
+    `cluster`'s speeds, and the compute-balanced cut for those counts (what partition="auto"
+    gives them): the program's link term charges every transfer unoverlapped, so where the two
+    differ the simulator, which overlaps them as the runtime does, decides."""
+    speeds = [wk.speed for wk in cluster.workers]
+    out: list[Layout] = []
+    programs = {m: _Program(costs, cluster, m, schedule, speeds, equal_counts) for m, costs in costs_at.items()}
+    for s in stage_options:
+        for m, costs in costs_at.items():
+            plan = programs[m].plan(s)
+            if plan is None:
+                continue
+            counts = tuple(plan.replicas)
+            firsts = list(itertools.accumulate([0, *counts[:-1]]))
+            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, counts)]
+            balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
+            out += [Layout(cuts, counts, m) for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced)))]
+    return out
+
+
+def _score(lay: Layout, costs: list[LayerCost], cluster: ClusterSpec, factor: float | None, schedule: str,
+           optimizer_s: float, ties: list[TiedWeight], reducer: str, reduce: str | None,
+           posting: str | None) -> SimResult:
+    """One candidate's step, replayed as `simulate_pipeline` replays that layout, with every
+    worker `factor` times its speed and no sharing left to model (`sharing.settle`; None: the
+    spec as given). Equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's
+    engine (DDP where asked, or where the cut splits a tied weight), overlapped as `overlap.py`
+    replays it."""
+    at = cluster if factor is None else scaled(cluster, factor)
+    speeds, cuts, counts, m, s = [wk.speed for wk in at.workers], list(lay.cuts), lay.counts, lay.microbatches, len(lay.counts)
+    firsts = list(itertools.accumulate([0, *counts[:-1]]))
+    per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, counts)]
+    tied_s = tied_allreduce_s(ties, cuts, len(costs), s, at)
+    mode = ("after" if reduce == "after" or len(set(counts)) > 1 or counts[0] == 1
+            else "backward" if reducer == "ddp" or any(tied_s) else "forward")
+    sc = stage_costs(with_held_bytes(costs, ties, cuts), cuts, at, counts, per_stage, optimizer_s, mode)
+    sc = with_tied(sc, tied_s, mode)
+    if mode == "after":
+        sim = replay(sc, replicated_actions(schedule, counts, m), at.compute_slowdown, math.lcm(*counts), posting)
+    else:
+        sim = replay_overlapped(sc, schedule_actions(schedule, s, s, m // counts[0]), mode, at.compute_slowdown,
+                                posting=posting)
+    return candidate_result(sim, counts[0] if len(set(counts)) == 1 else "+".join(map(str, counts)))
+
+
+@dataclass(frozen=True)
 class ReplicaChoice:
     """What `replicas="auto"` runs: the cut and counts (`plan`, per-step times), the step's
     microbatches in all (a pipeline of equal counts r runs microbatches / r each), and every
@@ -220,42 +284,25 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     counts_m = [microbatches] if microbatches is not None else [m for m in range(1, min(batch, MAX_MICROBATCHES) + 1)
                                                                 if batch % m == 0]
     speeds = [wk.speed for wk in cluster.workers]
+    costs_at = {m: [layer.at(batch / m) for layer in layers] for m in counts_m if batch % m == 0}
+    layouts: dict[Layout, SimResult] = {}  # every candidate scored, in the order proposed
+    at = cluster
+    for _ in range(MAX_SHARING_PASSES):
+        new = [lay for lay in _proposals(costs_at, at, stage_options, schedule, equal_counts) if lay not in layouts]
+        for lay in new:
+            layouts[lay] = settle(lambda f, lay=lay: _score(lay, costs_at[lay.microbatches], cluster, f, schedule,
+                                                            optimizer_s, ties, reducer, reduce, posting), cluster)
+        if not new or not shares_cores(cluster) or not layouts:
+            break
+        # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes no new one
+        fastest = min(layouts.values(), key=lambda r: r.step_time_s)
+        at = scaled(cluster, fastest.meta["sharing"]["factor"])
     table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
-    programs: dict[int, _Program] = {}
-    for s in stage_options:
-        for m in counts_m:
-            if batch % m:
-                continue
-            costs = [layer.at(batch / m) for layer in layers]
-            if m not in programs:
-                programs[m] = _Program(costs, cluster, m, schedule, speeds, equal_counts)
-            plan = programs[m].plan(s)
-            if plan is None:
-                continue
-            counts = tuple(plan.replicas)
-            firsts = list(itertools.accumulate([0, *counts[:-1]]))
-            per_stage = [min(_speeds(speeds, f, r)) for f, r in zip(firsts, counts)]
-            # the program's cut, and the compute-balanced one for its counts (what partition="auto"
-            # gives those counts): its link term charges every transfer unoverlapped, so where the
-            # two differ the simulator, which overlaps them as the runtime does, decides
-            balanced = balanced_boundaries(costs, [sp * r for sp, r in zip(per_stage, counts)], cluster).boundaries
-            for cuts in dict.fromkeys((tuple(plan.boundaries), tuple(balanced))):
-                # equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's engine (DDP where
-                # asked, or where this cut splits a tied weight), overlapped as `overlap.py` replays it
-                tied_s = tied_allreduce_s(ties, list(cuts), len(costs), s, cluster)
-                mode = ("after" if reduce == "after" or len(set(counts)) > 1 or counts[0] == 1
-                        else "backward" if reducer == "ddp" or any(tied_s) else "forward")
-                sc = stage_costs(with_held_bytes(costs, ties, list(cuts)), list(cuts), cluster, counts, per_stage,
-                                 optimizer_s, mode)
-                sc = with_tied(sc, tied_s, mode)
-                if mode == "after":
-                    step = replay(sc, replicated_actions(schedule, counts, m), cluster.compute_slowdown,
-                                  math.lcm(*counts), posting).step_time_s
-                else:
-                    step = replay_overlapped(sc, schedule_actions(schedule, s, s, m // counts[0]), mode,
-                                             cluster.compute_slowdown, posting=posting).step_time_s
-                if (s, m) not in table or step < table[(s, m)][0]:
-                    table[(s, m)] = (step, _plan(costs, cluster, list(cuts), list(counts), m, speeds))
+    for lay, sim in layouts.items():
+        key, step = (len(lay.counts), lay.microbatches), sim.step_time_s
+        if key not in table or step < table[key][0]:
+            table[key] = (step, _plan(costs_at[lay.microbatches], cluster, list(lay.cuts), list(lay.counts),
+                                      lay.microbatches, speeds))
     if not table:
         raise CaramelError(f"replicas=auto: no replica counts for "
                            f"{'stages=' + str(stages) if stages else 'any stage count'} on {w} workers run "

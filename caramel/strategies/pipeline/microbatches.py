@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
+from caramel.sim.simulate import SimResult
+from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 
@@ -74,24 +76,35 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
                         cluster: ClusterSpec, speeds: list[float] | None = None, cuts: list[int] | None = None,
                         replicas: int | tuple[int, ...] = 1, transport: str = "rendezvous") -> MicrobatchChoice:
     """The candidate with the fastest simulated step (ties: fewer microbatches, fewer updates to
-    stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate.
+    stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate (at
+    the speeds it is replayed at). Where `cluster`'s ranks share a host's cores, each candidate
+    is replayed at the speeds its own host load settles at (`sharing.settle`), as the final
+    prediction replays the count picked; `speeds` (per stage) are then scaled alike.
     `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`).
     `transport`: as `simulate.simulate_pipeline`'s ("eager": a reference only)."""
     posting = posting_for(transport, schedule, "microbatches=auto")
     speeds = speeds or [1.0] * stages
     unequal = not isinstance(replicas, int)
     counts = tuple(replicas) if unequal else (1,) * stages
-    plan_speeds = [sp * r for sp, r in zip(speeds, counts)]  # a stage on r replicas runs 1/r of the microbatches
-    table: dict[int, tuple[float, PartitionPlan]] = {}
-    for m in candidates(batch, schedule, stages, positions, math.lcm(*counts)):
+
+    def score(m: int, factor: float | None) -> SimResult:
+        """Candidate m replayed with every worker `factor` times its speed (`sharing.settle`)."""
+        at = cluster if factor is None else scaled(cluster, factor)
+        sp = speeds if factor is None else [v * factor for v in speeds]
+        plan_speeds = [v * r for v, r in zip(sp, counts)]  # a stage on r replicas runs 1/r of the microbatches
         costs = [layer.at(batch / m) for layer in layers]
-        plan = (balanced_boundaries(costs, plan_speeds, cluster) if cuts is None
-                else _plan(costs, cluster, cuts, [1] * stages, plan_speeds))
+        plan = (balanced_boundaries(costs, plan_speeds, at) if cuts is None
+                else _plan(costs, at, cuts, [1] * stages, plan_speeds))
         plan = dataclasses.replace(plan, replicas=list(counts)) if unequal else plan
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
-        sim = replay(stage_costs(costs, plan.boundaries, cluster, replicas, speeds), actions, cluster.compute_slowdown,
+        sim = replay(stage_costs(costs, plan.boundaries, at, replicas, sp), actions, at.compute_slowdown,
                      math.lcm(*counts) if unequal else 0, posting)
-        table[m] = (sim.step_time_s, plan)
+        return candidate_result(sim, "+".join(map(str, counts)) if unequal else replicas, plan=plan)
+
+    table: dict[int, tuple[float, PartitionPlan]] = {}
+    for m in candidates(batch, schedule, stages, positions, math.lcm(*counts)):
+        sim = settle(lambda f, m=m: score(m, f), cluster)
+        table[m] = (sim.step_time_s, sim.meta["plan"])
     best = min(table, key=lambda m: (table[m][0], m))
     return MicrobatchChoice(best, table[best][1], {m: t for m, (t, _) in table.items()})

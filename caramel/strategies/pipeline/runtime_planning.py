@@ -18,6 +18,7 @@ import torch.nn as nn
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import make_layout, stage_speeds
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
+from caramel.strategies.pipeline.sharing import shares_cores
 from caramel.strategies.pipeline.profile_costs import profiled_cuts, scaling_from_profile
 from caramel.strategies.pipeline.unequal import make_replicated_layout
 from caramel.topology.spec import ClusterSpec
@@ -62,8 +63,10 @@ class PipelinePlanning:
                                "(microbatches=4) for a model cut by torch's tracer")
         batch = inputs.shape[0]
         cands = candidates(batch, o.schedule, o.stages, lay.positions, o.replica_period if o.unequal_replicas else 1)
+        # one candidate: nothing to simulate, unless the cut is chosen with it at the speeds a shared host settles at
+        only = len(cands) == 1 and not (self.boundaries is None and shares_cores(self._cluster_and_speeds()[0]))
         m, plan, table = first_rank_plans(
-            lambda: (cands[0], None, {}) if len(cands) == 1 else self._simulate_counts(inputs, targets, loss_fn, cands),
+            lambda: (cands[0], None, {}) if only else self._simulate_counts(inputs, targets, loss_fn, cands),
             self.process_group, "microbatches='auto'")
         self.microbatch_predictions_s = table  # candidate -> simulated step (s)
         if plan is not None and self.boundaries is None:

@@ -17,9 +17,13 @@ every rank computing and transferring at once, which processor sharing gives as
 ranks whose transfers run. It is the slowest rank's factor (`caramel.bench.contention`), so w
 is that rank's rather than the mean, and it is net of the per-collective pause
 `collective_cpu_s`, which the stage costs charge per message instead (`planner.message_cpu_s`).
-The choosers inside the passes see neither w nor the beside-the-lane slowdown (they replay at
-`scaled`'s 1): the load is applied to the layout they pick. The replay's own beside-the-lane slowdown is then switched off
-(`scaled`): a lane's own transfers are in its host's load already.
+The replay's own beside-the-lane slowdown is then switched off (`scaled`): a lane's own
+transfers are in its host's load already.
+
+The choosers (`replicas="auto"`, `stages="auto"`, `microbatches="auto"`) score every candidate
+layout so (`settle`, each candidate's own passes at its own factor), the same model the final
+prediction runs on the layout they pick: a layout whose ranks transfer more, or compute together
+more, is priced with that load before it is picked, not after.
 
 The simulation says which ranks compute and transfer when: `co_computing` is, averaged over all
 the lanes' compute time, how many ranks compute at that moment (the lane itself included; each
@@ -36,9 +40,10 @@ and hosts running unequal shares of a layout's ranks (assumed spread evenly).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from caramel.sim.simulate import SimResult
+from caramel.strategies.pipeline.timeline import PipelineSim
 from caramel.topology.spec import ClusterSpec, WorkerSpec
 
 MAX_SHARING_PASSES = 10
@@ -86,6 +91,22 @@ def co_transferring(compute: list[list[tuple[float, float]]], wires: list[list[t
     return num / den if den > 0 else 0.0
 
 
+def lane_meta(sim: PipelineSim, replicas: int | str) -> dict[str, Any]:
+    """What the host's load is read from in a replay (`host_ranks_at_once`): each lane's busy
+    time, the lanes computing and transferring at once, the replicas a lane stands for (`in_step`)."""
+    return {"busy_s_per_lane": sim.busy_s, "co_computing": co_computing(sim.compute_s),
+            "co_transferring": co_transferring(sim.compute_s, sim.wire_s), "replicas": replicas}
+
+
+def candidate_result(sim: PipelineSim, replicas: int | str, **meta: Any) -> SimResult:
+    """A chooser's candidate layout replayed, as `settle` reads it (its step and `lane_meta`)."""
+    return SimResult(step_time_s=sim.step_time_s, compute_time_s=max(sim.busy_s), comm_time_s=0.0,
+                     exposed_comm_s=sim.step_time_s - max(sim.busy_s), wait_time_s=0.0, link_utilization=0.0,
+                     comm_busy_fraction=0.0, iteration_times_s=[sim.step_time_s], critical_path={},
+                     planner="pipeline candidate", overlap="none", world_size=len(sim.busy_s), num_items=0,
+                     meta={**lane_meta(sim, replicas), **meta})
+
+
 def in_step(sim: SimResult) -> int:
     """How many ranks each simulated lane stands for: equal replicas run one schedule side by
     side (a lane is its stage's replicas); unequal counts' lanes are workers (1)."""
@@ -129,21 +150,28 @@ def scaled(cluster: ClusterSpec, factor: float) -> ClusterSpec:
 
 
 def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterSpec) -> SimResult:
-    """`simulate(cluster)` at the speeds the sharing settles at (`meta["sharing"]`: the factor,
-    the host's load while its ranks compute, the passes, whether it settled, a transfer's CPU
-    share); unchanged where workers do not share cores.
+    """`simulate(cluster)` at the speeds the sharing settles at (`settle`, each pass on
+    `scaled(cluster, factor)`); `simulate(cluster)` itself where workers do not share cores."""
+    return settle(lambda factor: simulate(cluster if factor is None else scaled(cluster, factor)), cluster)
 
-    The choosers inside `simulate` (cut, replicas, microbatches) pick at the factor they are
-    given, and the layout they pick may give another factor, at which they pick another layout:
-    the passes can cycle. A factor seen before (or the pass cap) ends them with `settled: False`
-    and the slowest pass of the cycle (of the last two at the cap), so that the answer does not
-    hang on where the cap falls, and errs towards the slower layout's pace."""
+
+def settle(simulate_at: Callable[[float | None], SimResult], cluster: ClusterSpec) -> SimResult:
+    """`simulate_at(factor)` (every worker `factor` times its all-at-once speed, no sharing left
+    to model: `scaled`) at the factor the sharing settles at (`meta["sharing"]`: the factor, the
+    host's load while its ranks compute, the passes, whether it settled, a transfer's CPU share);
+    `simulate_at(None)`, the spec as given, where workers do not share cores.
+
+    A cut chosen inside `simulate_at` (`partition="auto"`) is chosen at the factor it is given,
+    and the cut it picks may give another factor, at which it picks another cut: the passes can
+    cycle. A factor seen before (or the pass cap) ends them with `settled: False` and the
+    slowest pass of the cycle (of the last two at the cap), so that the answer does not hang on
+    where the cap falls, and errs towards the slower layout's pace."""
     if not shares_cores(cluster):
-        return simulate(cluster)
+        return simulate_at(None)
     factor, share = 1.0, transfer_cpu_share(cluster)
     passes: list[tuple[float, SimResult, float]] = []  # (factor, its simulation, ranks at once)
     while True:
-        sim = simulate(scaled(cluster, factor))
+        sim = simulate_at(factor)
         k = host_ranks_at_once(sim, cluster.ranks_per_host, share)
         passes.append((factor, sim, k))
         nxt = sharing_factor(cluster.ranks_per_host, cluster.alone_speedup, k)

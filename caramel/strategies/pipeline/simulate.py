@@ -39,7 +39,7 @@ from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, _plan
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
-from caramel.strategies.pipeline.sharing import co_computing, co_transferring, with_sharing
+from caramel.strategies.pipeline.sharing import lane_meta, with_sharing
 from caramel.strategies.pipeline.timeline import MAX_CONTENTION_PASSES, Action, PipelineSim, StageCosts
 from caramel.strategies.pipeline.transport import eager_ready_s, lane_programs, posting_for, run_programs, send_eager
 from caramel.topology.spec import ClusterSpec
@@ -261,28 +261,32 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     choosers of `replicas="auto"` and `microbatches="auto"` too.
 
     Workers sharing a host's cores (`cluster.ranks_per_host`, `alone_speedup`) are simulated at
-    the speeds a pipeline's own busy time gives them (`sharing.py`: the simulation, choices
-    included, repeated until they settle; `meta["sharing"]`)."""
+    the speeds a pipeline's own busy time gives them (`sharing.py`: the simulation repeated
+    until they settle; `meta["sharing"]`). The choosers run first, on the spec as given, and
+    score each candidate so too (`sharing.settle`); the layout they pick is then simulated so."""
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     posting_for(transport, options.schedule, "pipeline simulation")
-    return with_sharing(lambda c: _simulate_once(profile, c, options, iterations, reduce, transport), cluster)
+    replica_note = auto_note = None
+    if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
+        options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)
+    if options.microbatches == "auto":
+        options, auto_note = _auto_microbatches(profile, cluster, options, _positions(options, cluster), transport)
+    sim = with_sharing(lambda c: _simulate_once(profile, c, options, iterations, reduce, transport), cluster)
+    sim.meta.update({"microbatches_auto": auto_note, "replicas_auto": replica_note})
+    return sim
+
+
+def _positions(options: PipelineOptions, cluster: ClusterSpec) -> int:
+    return options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
 
 
 def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
                    iterations: int, reduce: str | None, transport: str) -> SimResult:
-    """`simulate_pipeline` at the cluster's speeds as given."""
-    if reduce is not None and reduce not in REDUCE_MODES:
-        raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
-    posting_for(transport, options.schedule, "pipeline simulation")
-    replica_note = None
-    if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
-        options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)
+    """`simulate_pipeline` of a layout whose counts are given (no "auto" replicas or
+    microbatches; the cut may be "auto") at the cluster's speeds as given."""
     unequal = options.unequal_replicas
-    positions = options.stages if options.schedule != "interleaved" else cluster.world_size // options.replicas
-    auto_note = None
-    if options.microbatches == "auto":
-        options, auto_note = _auto_microbatches(profile, cluster, options, positions, transport)
+    positions = _positions(options, cluster)
     # equal replicas: each pipeline takes one batch per position; unequal: the one global batch, one per worker
     names, costs = costs_from_profile(profile, options.microbatches, batches=options.workers(positions)
                                       if unequal else positions)
@@ -328,12 +332,9 @@ def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
                      planner=f"pipeline:{options.schedule}", overlap="none",  # replicas: meta["replica_reduce_model"]
                      world_size=options.workers(positions), num_items=options.microbatches,
                      meta={"boundaries": [names[b] for b in plan.boundaries], "bubble_fraction": sim.bubble_fraction,
-                           "busy_s_per_lane": sim.busy_s, "compute_slowdown": cluster.compute_slowdown,
-                           "co_computing": co_computing(sim.compute_s),
-                           "co_transferring": co_transferring(sim.compute_s, sim.wire_s),
+                           "compute_slowdown": cluster.compute_slowdown, **lane_meta(sim, options.replicas),
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
-                           "microbatches": options.microbatches, "microbatches_auto": auto_note,
-                           "replicas": options.replicas, "stages": options.stages, "replicas_auto": replica_note,
+                           "microbatches": options.microbatches, "stages": options.stages,
                            "replica_reduce_model": mode, "transport": transport})
 
 
