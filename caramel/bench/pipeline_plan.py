@@ -44,35 +44,54 @@ def measure_plan_cluster(runners: dict[str, Any], steps: int, rounds: int, warmu
             dist.barrier()
             mine[name] += measure_block(runners[name], steps)
     spans = list(runners["concurrent"].spans)
+    # --jitter: each compute-only step's sleep and each concurrent step's padding, as the rounds record them
+    jittered = runners["compute"].jitter is not None
+    pauses = (list(runners["compute"].paused_s), list(runners["concurrent"].padding)) if jittered else None
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (mine, spans))
+    dist.all_gather_object(gathered, (mine, spans, pauses))
     box: list[Any] = [None]
     if dist.get_rank() == 0:
-        rank_compute = [median(g["compute"]) for g, _ in gathered]
-        comm_s = median(job_step_times([g["comm"] for g, _ in gathered], steps))
+        rank_compute = [median(g["compute"]) for g, _, _ in gathered]
+        comm_s = median(job_step_times([g["comm"] for g, _, _ in gathered], steps))
         buckets = runners["comm"].stats().get("buckets", 1)
-        box[0] = plan_cluster(profile, world, grad_bytes, comm_s, buckets, rank_compute, [s for _, s in gathered],
-                              probed)
+        box[0] = plan_cluster(profile, world, grad_bytes, comm_s, buckets, rank_compute, [s for _, s, _ in gathered],
+                              probed, padding_of([g["compute"] for g, _, _ in gathered], [p for _, _, p in gathered],
+                                                 steps))
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
+def padding_of(compute_step_times_s: list[list[float]], pauses: list[Any], steps_per_round: int) -> Any:
+    """Under `--jitter` (every rank's `pauses` recorded: its compute-only steps' sleeps and its
+    concurrent steps' paddings), the `Heterogeneity` that carries them to the contention factor
+    (`caramel.bench.hetero_prediction.job_heterogeneity`'s fields); None without."""
+    if not pauses or any(p is None for p in pauses):
+        return None
+    from caramel.bench.hetero_prediction import Heterogeneity, unpadded_median_s
+
+    return Heterogeneity(unpadded_compute_s=[unpadded_median_s(t, paused, steps_per_round)
+                                             for t, (paused, _) in zip(compute_step_times_s, pauses)],
+                         concurrent_pauses=[[list(p) for p in padding] for _, padding in pauses])
+
+
 def plan_cluster(profile: Any, world: int, grad_bytes: int, comm_s: float, comm_buckets: int,
-                 rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None) -> Any:
+                 rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
+                 padding: Any = None) -> Any:
     """The spec a pipeline plans at, from rank 0's gathered baselines: the predictions' "base"
     cluster (`caramel.bench.prediction.prediction_clusters`), which the pipeline prediction runs
     on: speeds from the measured (under `--jitter`, padded) compute-only medians and the
     contention factor on the same, padded, spans (`contention_factors`), so that the runtime
-    cuts at the factor its prediction takes. Not the prediction's transfer CPU share under
-    `--jitter` (the unpadded factor's, `prediction_clusters`): the paddings are not taken out
-    here, so a shared host's plan reads it from the padded factor (docs/pipeline.md, a limit).
-    None without a net link rate."""
-    from caramel.bench.prediction import bench_cluster, measured_link, worker_speeds
-    from caramel.profile.turns import sharing_of
+    cuts at the factor its prediction takes; under `--jitter` (`padding`: `padding_of`'s) a
+    transfer's CPU share from the factor on the same spans less their padding, as the
+    prediction's (`transfer_cpu_share`). None without a net link rate."""
+    from caramel.bench.prediction import contention_factors, measured_link, prediction_clusters
 
     link, slowdown, net_bps = measured_link(grad_bytes, world, comm_s, comm_buckets, rank_compute_s, spans, probed)
-    speeds = worker_speeds(profile.step_time_s, rank_compute_s)
-    return bench_cluster(world, net_bps, speeds, link, slowdown, sharing=sharing_of(profile)) if net_bps else None
+    if not net_bps:
+        return None
+    jitter_slowdown = contention_factors(rank_compute_s, spans, link, padding)[1]
+    return prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown,
+                               jitter_slowdown=jitter_slowdown)["base"]
 
 
 def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None) -> Any:
