@@ -23,7 +23,9 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
-from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
+from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
+from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replica_mode, replicated_actions,
+                                                  schedule_actions, stage_costs)
 from caramel.strategies.pipeline.transport import posting_for
 
 __all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]
@@ -74,15 +76,21 @@ class MicrobatchChoice:
 
 def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, stages: int, positions: int,
                         cluster: ClusterSpec, speeds: list[float] | None = None, cuts: list[int] | None = None,
-                        replicas: int | tuple[int, ...] = 1, transport: str = "rendezvous") -> MicrobatchChoice:
+                        replicas: int | tuple[int, ...] = 1, transport: str = "rendezvous", optimizer_s: float = 0.0,
+                        ties: list[TiedWeight] | None = None, reducer: str = "caramel") -> MicrobatchChoice:
     """The candidate with the fastest simulated step (ties: fewer microbatches, fewer updates to
     stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate (at
     the speeds it is replayed at). Where `cluster`'s ranks share a host's cores, each candidate
     is replayed at the speeds its own host load settles at (`sharing.settle`), as the final
     prediction replays the count picked; `speeds` (per stage) are then scaled alike.
     `replicas`: of every stage, or one count per stage (unequal: round-robin, `unequal.py`).
-    `transport`: as `simulate.simulate_pipeline`'s ("eager": a reference only)."""
+    `transport`: as `simulate.simulate_pipeline`'s ("eager": a reference only). Each candidate
+    is priced as `simulate_pipeline` prices that layout: the optimizer step (`optimizer_s`, the
+    whole model's), the tied weights (`ties`) and, with equal replicas of gpipe or 1f1b, their
+    reduction overlapped as the runtime runs it (`reducer`: the options' `replica_reducer()`;
+    `simulate.replica_mode`)."""
     posting = posting_for(transport, schedule, "microbatches=auto")
+    ties = ties or []
     speeds = speeds or [1.0] * stages
     unequal = not isinstance(replicas, int)
     counts = tuple(replicas) if unequal else (1,) * stages
@@ -98,8 +106,12 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
         plan = dataclasses.replace(plan, replicas=list(counts)) if unequal else plan
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
-        sim = replay(stage_costs(costs, plan.boundaries, at, replicas, sp), actions, at.compute_slowdown,
-                     math.lcm(*counts) if unequal else 0, posting)
+        tied_s = tied_allreduce_s(ties, plan.boundaries, len(costs), positions, at)
+        mode = replica_mode(schedule, replicas, reducer, any(tied_s))
+        sc = with_tied(stage_costs(with_held_bytes(costs, ties, plan.boundaries), plan.boundaries, at, replicas, sp,
+                                   optimizer_s, mode), tied_s, mode)
+        sim = (replay(sc, actions, at.compute_slowdown, math.lcm(*counts) if unequal else 0, posting)
+               if mode == "after" else replay_overlapped(sc, actions, mode, at.compute_slowdown, posting=posting))
         return candidate_result(sim, "+".join(map(str, counts)) if unequal else replicas, plan=plan)
 
     table: dict[int, tuple[float, PartitionPlan]] = {}

@@ -19,7 +19,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import make_layout, stage_speeds
 from caramel.strategies.pipeline.planner import PartitionPlan, balanced_boundaries, layer_costs_from_profile
 from caramel.strategies.pipeline.sharing import shares_cores
-from caramel.strategies.pipeline.profile_costs import profiled_cuts, scaling_from_profile
+from caramel.strategies.pipeline.profile_costs import profiled_cuts, scaling_from_profile, tied_weights
 from caramel.strategies.pipeline.unequal import make_replicated_layout
 from caramel.topology.spec import ClusterSpec
 
@@ -80,14 +80,17 @@ class PipelinePlanning:
         o, lay = self.options, self.layout
         cluster, per_stage = self._cluster_and_speeds()
         fixed_cuts = list(self.boundaries) if self.boundaries is not None else None
-        if self.plan_profile is not None:
+        optimizer_s, ties = 0.0, []  # profiled here: its layers' lines only
+        if self.plan_profile is not None:  # the simulator's costs, optimizer step and tied weights
             names, layers = scaling_from_profile(self.plan_profile)
             fixed_cuts = profiled_cuts(names, fixed_cuts) if fixed_cuts is not None else None
+            optimizer_s, ties = self.plan_profile.optimizer_time_s or 0.0, tied_weights(self.plan_profile, names)
         else:
             layers = profiled_scaling(self.model, inputs, targets, loss_fn, cands)
         choice = choose_microbatches(layers, inputs.shape[0],
                                      o.schedule, o.stages, lay.positions, cluster, per_stage, fixed_cuts,
-                                     o.replica_counts() if o.unequal_replicas else o.replicas)
+                                     o.replica_counts() if o.unequal_replicas else o.replicas,
+                                     optimizer_s=optimizer_s, ties=ties, reducer=o.replica_reducer())
         return choice.microbatches, choice.plan, choice.predicted_step_s
 
     def _cluster_and_speeds(self) -> tuple[ClusterSpec, list[float]]:

@@ -344,9 +344,17 @@ def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
     all-reduce; interleaved, whose lanes hold several stages, kept at the drain). With
     `replica_reduce="auto"` a tied weight split across stages makes the runtime reduce with DDP
     (`runtime.Pipeline._build`); an explicit "caramel" is refused there (`simulate_pipeline`)."""
-    if options.unequal_replicas or options.schedule not in ("gpipe", "1f1b") or options.replicas == 1:
+    return replica_mode(options.schedule, options.replica_counts() if options.unequal_replicas else options.replicas,
+                        options.replica_reducer(), tied_split)
+
+
+def replica_mode(schedule: str, replicas: int | tuple[int, ...] | list[int], reducer: str,
+                 tied_split: bool = False) -> str:
+    """`reduce_mode` from its parts: `replicas` of every stage (an int) or per stage (unequal),
+    `reducer` the options' `replica_reducer()`."""
+    if not isinstance(replicas, int) or schedule not in ("gpipe", "1f1b") or replicas == 1:
         return "after"
-    return "backward" if tied_split or options.replica_reducer() == "ddp" else "forward"
+    return "backward" if tied_split or reducer == "ddp" else "forward"
 
 
 def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, reduce: str | None = None,
@@ -391,7 +399,8 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
                                  stage_speeds([w.speed for w in cluster.workers], options.replica_counts(), positions),
                                  fixed,
                                  options.replica_counts() if options.unequal_replicas else options.replicas,
-                                 transport)
+                                 transport, profile.optimizer_time_s, tied_weights(profile, names),
+                                 options.replica_reducer())
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "
             + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")
