@@ -24,8 +24,8 @@ from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _pla
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
-from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replica_mode, replicated_actions,
-                                                  schedule_actions, stage_costs)
+from caramel.strategies.pipeline.overlap import replay_overlapped, replica_mode
+from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 
 __all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]
@@ -88,7 +88,7 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
     is priced as `simulate_pipeline` prices that layout: the optimizer step (`optimizer_s`, the
     whole model's), the tied weights (`ties`) and, with equal replicas of gpipe or 1f1b, their
     reduction overlapped as the runtime runs it (`reducer`: the options' `replica_reducer()`;
-    `simulate.replica_mode`)."""
+    `overlap.replica_mode`)."""
     posting = posting_for(transport, schedule, "microbatches=auto")
     ties = ties or []
     speeds = speeds or [1.0] * stages

@@ -260,3 +260,13 @@ def _gated_forward(busy: Busy, start: float, forward_s: float, b: ReduceBuckets,
         done = need_s
     t, before = busy.advance(t, forward_s - done), t
     return t, computed + t - before
+
+
+def replica_mode(schedule: str, replicas: int | tuple[int, ...] | list[int], reducer: str,
+                 tied_split: bool = False) -> str:
+    """How a layout's replicas reduce, as the runtime runs them (`simulate.reduce_mode` from its
+    parts): `replicas` of every stage (an int) or per stage (unequal), `reducer` the options'
+    `replica_reducer()`."""
+    if not isinstance(replicas, int) or schedule not in ("gpipe", "1f1b") or replicas == 1:
+        return "after"
+    return "backward" if tied_split or reducer == "ddp" else "forward"

@@ -31,8 +31,8 @@ lane of an equal-replica layout stands for its stage's replicas, which run the s
 by side), `co_transferring` how many lanes have a transfer on the wire then. Every worker then
 runs min(alone_speedup, n / k) times its all-at-once speed, k = computing + w x transferring
 (below 1 where the load exceeds the all-at-once compute's). That speed moves the timeline, so
-the simulation is repeated from the all-at-once speeds until the factor settles (`with_sharing`;
-where the choices flip between layouts, the slowest of the cycle, marked unsettled). Not
+the simulation is repeated from the all-at-once speeds until the factor settles (`settle`;
+where a cut chosen inside flips between cuts, the slowest of the cycle, marked unsettled). Not
 modelled: per-stage factors (one factor for the layout, from its mean), the CPU of a transfer
 by its rate (a slow link's transfer counts as much as a fast one's), cores that are not alike,
 and hosts running unequal shares of a layout's ranks (assumed spread evenly).

@@ -33,7 +33,7 @@ from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout import stage_speeds
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, stage_buckets
+from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, replica_mode, stage_buckets
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, _plan, balanced_boundaries, message_cpu_s,
                                                  transfer_time_s)
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
@@ -346,15 +346,6 @@ def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:
     (`runtime.Pipeline._build`); an explicit "caramel" is refused there (`simulate_pipeline`)."""
     return replica_mode(options.schedule, options.replica_counts() if options.unequal_replicas else options.replicas,
                         options.replica_reducer(), tied_split)
-
-
-def replica_mode(schedule: str, replicas: int | tuple[int, ...] | list[int], reducer: str,
-                 tied_split: bool = False) -> str:
-    """`reduce_mode` from its parts: `replicas` of every stage (an int) or per stage (unequal),
-    `reducer` the options' `replica_reducer()`."""
-    if not isinstance(replicas, int) or schedule not in ("gpipe", "1f1b") or replicas == 1:
-        return "after"
-    return "backward" if tied_split or reducer == "ddp" else "forward"
 
 
 def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, reduce: str | None = None,
