@@ -7,7 +7,8 @@
 Every rank runs it. On a dedicated server rank `caramel.parallelize` serves until the workers
 shut the model down, then exits the script with code 0, so nothing below it runs there. The
 workers train ResNet-18 (width 16) on synthetic batches and rank 0 prints the median step time
-over the steps after the warm-up (the first steps include the online profile).
+over the steps after the warm-up (the first steps include the online profile) and TicTac's E
+and S of the run (`--json PATH`: those, the step times and the plan's predictions, as JSON).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import caramel
+from caramel.jsonio import format_tag, write_json
 from caramel.models import get_model
 
 
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the median (profile, warm-up)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per worker per step")
+    parser.add_argument("--json", default=None, help="rank 0 writes the step times, E and S here")
     args = parser.parse_args()
 
     caramel.init_distributed()
@@ -47,8 +50,15 @@ def main() -> None:
     optimizer.synchronize()
     if rank == 0:
         median_ms = statistics.median(times[args.warmup:]) * 1e3
+        stats = optimizer.ps.stats_dict()
         print(f"ps_servers: {args.strategy}, {workers} workers of {dist.get_world_size()} ranks: "
-              f"median step {median_ms:.1f} ms", flush=True)
+              f"median step {median_ms:.1f} ms, E {stats['E_median']}, S {stats['S']}", flush=True)
+        if args.json:
+            write_json(args.json, {"format": format_tag("ps-servers-run"), "strategy": args.strategy,
+                                   "workers": workers, "ranks": dist.get_world_size(), "step_s": times[args.warmup:],
+                                   "median_step_ms": median_ms, "order": stats["order"], "E_median": stats["E_median"],
+                                   "S": stats["S"], "predicted": stats["predicted"],
+                                   "pull_buckets": stats["pull_buckets"]})
     caramel.shutdown()  # the servers leave now
 
 

@@ -13,7 +13,8 @@ colocated mode). One step, for update u (= the step that produced the gradients)
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
    the order the forward needs them) from its owner on that server's pull group, in the plan's
-   pull order; the colocated server hands them to the backend one at a time (`sender.py`), so
+   pull order; the server hands them to the backend one at a time (`sender.py`; with a
+   hierarchy the server leader to the leaders, then each leader its relays to its node), so
    the wire order is the planned order; receivers land in a staging buffer;
 4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
    waiting only for those still needed, so pulls overlap the forward.
@@ -42,7 +43,7 @@ from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
-from caramel.strategies.ps.sender import SerialSender, uses_sender
+from caramel.strategies.ps.sender import SerialSender, send_pull, uses_sender
 from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
 from caramel.strategies.ps.transfers import Pull, PsGroups, Update
@@ -57,7 +58,7 @@ class PsEngine:
                  groups: PsGroups, ranks: list[int], buffer_sync: Any = None, share_buffers: bool = True):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
         self.groups, self.ranks, self.hier = groups, ranks, groups.hier
-        self.relays: deque[tuple[Any, torch.Tensor]] = deque()  # hierarchical, at a leader: pulls to relay in order
+        self.relays: deque[tuple[Any, torch.Tensor, int]] = deque()  # hierarchical, at a leader: (landed?, buf, bucket) to relay in order
         self.rank, self.world = dist.get_rank(groups.control), dist.get_world_size(groups.control)
         self.workers = self.world - len(groups.dedicated)  # gradients are averaged over the workers only
         self.sent_hparams: Any = None  # dedicated servers: the hyper-parameters rank 0 last sent them
@@ -71,8 +72,7 @@ class PsEngine:
         self.pending: deque[Update] = deque()
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
-        # flat colocated servers on gloo: this rank's pulls, one at a time (`sender.py`)
-        self.sender = SerialSender() if uses_sender(groups.pull) and groups.hier is None else None
+        self.sender, self.relay_sender = self._senders()
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -87,6 +87,18 @@ class PsEngine:
         self.stale = StalenessControl(self, options.staleness) if options.staleness != "none" and self.bound != 0 \
             else None  # staleness=pace/predict/compensate (`staleness.py`); bsp is untouched
         self._hook_handles()
+
+    def _senders(self) -> tuple[SerialSender | None, SerialSender | None]:
+        """This rank's pulls, one at a time per link (`sender.py`), on gloo: a colocated
+        server's to every rank, or, hierarchical, a leader's to the other leaders (as a server)
+        and its relays to its node. Dedicated servers' workers send no pulls."""
+        h = self.hier
+        if self.groups.dedicated or (h is not None and not h.is_leader):
+            return None, None
+        if h is None:
+            return (SerialSender() if uses_sender(self.groups.pull) else None), None
+        return (SerialSender() if uses_sender(h.lead_pull) else None,
+                SerialSender() if uses_sender([h.node_pull]) else None)
 
     # --- hooks -------------------------------------------------------------------------
     def _hook_handles(self) -> None:
@@ -273,9 +285,9 @@ class PsEngine:
             if self.hier is not None:
                 self._pull_hierarchical(b, u.step + 1)
             elif self.server_of(i) == self.rank:
-                buf, group = self._send_buf(members), self.groups.pull[self.plan.owner[i]]
-                self.sends.append((self.sender.submit(buf, src, group, b, f"pull of bucket {b} (shard {self.plan.owner[i]})")
-                                   if self.sender is not None else dist.broadcast(buf, src=src, group=group, async_op=True), buf))
+                buf, shard = self._send_buf(members), self.plan.owner[i]
+                self.sends.append((send_pull(self.sender, buf, src, self.groups.pull[shard], b,
+                                             f"pull of bucket {b} (shard {shard})"), buf))
             else:
                 buf = self._recv_buf(members)
                 work = dist.broadcast(buf, src=src, group=self.groups.pull[self.plan.owner[i]], async_op=True)
@@ -308,26 +320,27 @@ class PsEngine:
             return
         if self.server_of(i) == self.rank:
             buf = self._send_buf(members)
-            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=h.lead_pull[shard], async_op=True), buf))
-            self.relays.append((None, buf))
+            self.sends.append((send_pull(self.sender, buf, self.ranks[self.rank], h.lead_pull[shard], b,
+                                         f"pull of bucket {b} (shard {shard})"), buf))
+            self.relays.append((None, buf, b))
             return
         buf = self._recv_buf(members)
         work = dist.broadcast(buf, src=self.ranks[self.server_of(i)], group=h.lead_pull[shard], async_op=True)
         self._expect(members, version, work, buf)
-        self.relays.append((work, buf))
+        self.relays.append((work, buf, b))
 
     def relay_pulls(self, force: bool = False) -> None:
         """Hierarchical, at a leader: broadcast to the node, in pull order, each pull that has
-        landed (with `force`, all of them, waiting)."""
+        landed (with `force`, all of them, waiting); the relay sender sends them one at a time."""
         while self.relays:
-            work, buf = self.relays[0]
+            work, buf, b = self.relays[0]
             if work is not None and not work.is_completed():
                 if not force:
                     return
                 work.wait()
             self.relays.popleft()
-            self.sends.append((dist.broadcast(buf, src=self.ranks[self.rank], group=self.hier.node_pull,
-                                              async_op=True), buf))
+            self.sends.append((send_pull(self.relay_sender, buf, self.ranks[self.rank], self.hier.node_pull, b,
+                                         f"relay of pull bucket {b} to the node"), buf))
 
     def _step_shard(self, idx: list[int], u: Update) -> None:
         step_shard(self.optimizer, self.params, idx, u.grads, u.hparams, self.optimizer._caramel_inner_step)
@@ -398,6 +411,7 @@ class PsEngine:
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
-        if self.sender is not None:
-            self.sender.close()
+        for sender in (self.sender, self.relay_sender):
+            if sender is not None:
+                sender.close()
 

@@ -8,7 +8,10 @@ server, then, once that has landed, a broadcast within the node from the leader 
 *relays* it). The leader relays in the plan's pull order, so every node group sees the same
 sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the
 rest before it waits for its node's gradients (the node's ranks may be waiting for those
-pulls). Only (nodes - 1) copies of a shard cross a server's NIC instead of (ranks - 1).
+pulls). On gloo both sends go one at a time through an ordered sender per link (`sender.py`:
+the server leader's to the leaders, each leader's relays to its node), so each link's wire
+order is the plan's. Only (nodes - 1) copies of a shard cross a server's NIC instead of
+(ranks - 1).
 """
 from __future__ import annotations
 

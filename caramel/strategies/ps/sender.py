@@ -1,4 +1,4 @@
-"""A colocated server's pulls, handed to the backend one at a time in the planned order.
+"""A server's pulls, handed to the backend one at a time in the planned order.
 
 Gloo runs each process group's collectives on two worker threads, so two broadcasts handed
 over together are in flight at once and either may reach the wire first; a shard with two
@@ -6,15 +6,21 @@ pull buckets then has no order at all, and the first-needed bucket shares the li
 second. The sender hands the next broadcast over only once the previous one has left (its
 send is complete: the data is in the socket, so the link never idles for it), so the wire
 order is the planned order. Receivers still post every receive at once: their "ready" notes
-reach the server while the bucket before is on the wire. One thread per engine, started at
-the first pull; each group sees its collectives from one thread only (the server's own
-shard's pull group carries only its sends).
+reach the server while the bucket before is on the wire. One thread per link that carries a
+server's pulls, started at its first pull; each group sees its collectives from one thread
+only (a group a sender sends on carries only this rank's sends):
+
+- a colocated server's pulls to every worker (`engine.py`, flat colocated servers);
+- a dedicated server process's pulls to the workers (`server.py`);
+- hierarchical aggregation: the server leader's pulls to the other leaders, and each
+  leader's relays of every pull to its node (a second sender: the node's link is another
+  link, and a relay need not wait behind the server's sends to the other leaders).
 
 Gloo only: on NCCL a second thread issuing on one of several communicators of the same device
 is unsafe, every rank must launch a device's collectives in the same order, `wait()` does not
 block the host (so the thread would order nothing), and NCCL runs one group's collectives in
 order on its stream anyway. The engine uses the sender only when every pull group is gloo and
-broadcasts from the main thread otherwise (`uses_sender`).
+broadcasts from the main thread otherwise (`uses_sender`, `send_pull`).
 """
 from __future__ import annotations
 
@@ -34,6 +40,14 @@ ISSUED_KEPT = 1024  # the latest tags handed to the backend, kept for inspection
 def uses_sender(groups: list[Any]) -> bool:
     """The ordered sender thread only where every pull group is gloo (see the module docstring)."""
     return bool(groups) and all(dist.get_backend(g) == "gloo" for g in groups)
+
+
+def send_pull(sender: "SerialSender | None", buf: torch.Tensor, src: int, group: Any, tag: int, what: str) -> Any:
+    """One pull from this rank: through the ordered `sender` where there is one (gloo), else
+    handed to the backend at once (NCCL runs a group's collectives in order on its stream)."""
+    if sender is not None:
+        return sender.submit(buf, src, group, tag, what)
+    return dist.broadcast(buf, src=src, group=group, async_op=True)
 
 
 class SentPull:

@@ -13,7 +13,8 @@ The workers drive the servers with one small all-reduce per message on the `cmd`
 
 - STEP: take part in the step's reductions of its shard's parameters (contributing zeros,
   in the plan's push order), apply the user's optimizer to the shard with the hyper-parameters
-  rank 0 sent when they last changed, and broadcast the shard back in the plan's pull order;
+  rank 0 sent when they last changed, and broadcast the shard back in the plan's pull order,
+  one pull bucket at a time on gloo (`sender.py`: the wire order is the planned order);
 - GATHER: its optimizer state to every worker (`optimizer.synchronize()` on the workers);
 - PLAN: the plan made after the online profile, and the optimizer state that moves with it;
 - LOAD: rank 0's parameters and loaded optimizer state (`optimizer.load_state_dict`);
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from collections import deque
 from typing import Any
 
 import torch
@@ -40,7 +42,8 @@ from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import recv_buf, send_buf, unflatten
-from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP
+from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, ORDER_LOG_UPDATES
+from caramel.strategies.ps.sender import SerialSender, send_pull, uses_sender
 from caramel.strategies.ps.transfers import PsGroups
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
@@ -133,6 +136,8 @@ class PsServer:
         self.hparams = snapshot_hparams(optimizer)
         self.steps = 0
         self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sender = SerialSender() if uses_sender([groups.pull[self.shard]]) else None  # gloo: one pull at a time
+        self.send_log: deque[tuple[int, list[int]]] = deque(maxlen=ORDER_LOG_UPDATES)  # (step, its pull buckets sent)
         self.messages = {name: 0 for name in MESSAGES.values()}
 
     def owners(self) -> dict[int, int]:
@@ -164,8 +169,10 @@ class PsServer:
                                    f"every rank must run the same caramel")
             self.messages[MESSAGES[code]] += 1
         self._wait_sends()
+        self._close_sender()
         return {"shard": self.shard, "steps": self.steps, "messages": dict(self.messages),
-                "params": [i for i in self.plan.params if self.plan.owner[i] == self.shard]}
+                "params": [i for i in self.plan.params if self.plan.owner[i] == self.shard],
+                "send_log": list(self.send_log), "issued": list(self.sender.issued) if self.sender is not None else None}
 
     def _step(self, used: list[float], send_hp: bool) -> None:
         if send_hp:
@@ -184,11 +191,13 @@ class PsServer:
             clip_shard(grads, [i for i in mine if counted[i] > 0], self.clip_grad_norm, self.groups.clip, self.device)
         step_shard(self.optimizer, self.params, [i for i in mine if counted[i] > 0], grads, self.hparams,
                    lambda: type(self.optimizer).step(self.optimizer))
-        self.sends = [(w, b) for w, b in self.sends if not w.is_completed()]
-        for bucket in self.plan.bucket_pull_at(self.steps):
-            if self.plan.pull_owner(bucket) == self.shard:
-                buf = send_buf([self.params[i] for i in self.plan.pull_buckets[bucket]])
-                self.sends.append((dist.broadcast(buf, src=me, group=self.groups.pull[self.shard], async_op=True), buf))
+        self._reap_sends()
+        order = [b for b in self.plan.bucket_pull_at(self.steps) if self.plan.pull_owner(b) == self.shard]
+        for bucket in order:
+            buf = send_buf([self.params[i] for i in self.plan.pull_buckets[bucket]])
+            self.sends.append((send_pull(self.sender, buf, me, self.groups.pull[self.shard], bucket,
+                                         f"pull of bucket {bucket} (shard {self.shard})"), buf))
+        self.send_log.append((self.steps, order))
         self.steps += 1
 
     def _plan(self) -> None:
@@ -211,12 +220,25 @@ class PsServer:
         type(self.optimizer).load_state_dict(self.optimizer, state)
         keep_own_state(self.optimizer, self.params, self.owners(), self.rank)
 
+    def _reap_sends(self) -> None:
+        """Forget the pulls that are through; one that failed raises here, naming the bucket."""
+        flags = [w.is_completed() for w, _ in self.sends]
+        for (w, _), done in zip(self.sends, flags):
+            if done:
+                w.wait()
+        self.sends = [s for s, done in zip(self.sends, flags) if not done]
+
     def _wait_sends(self) -> None:
         for w, _ in self.sends:
             w.wait()
         self.sends = []
 
+    def _close_sender(self) -> None:
+        if self.sender is not None:
+            self.sender.close()  # ends by the pull group's timeout at the latest (`SerialSender.close`)
+
     def release(self) -> None:
+        self._close_sender()  # before its groups go
         for g in self.groups.all():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(g)

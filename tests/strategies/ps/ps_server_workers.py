@@ -17,7 +17,8 @@ import torch.distributed as dist
 import caramel
 from caramel.strategies.ps.server import ServerFinished
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
-from tests.strategies.ps.ps_workers import train_clipped
+from tests.strategies.ps.ps_workers import sent_pulls, train_clipped
+from tests.strategies.ps.wire_log import wire_logged
 
 
 def _run(family: str, opt_kind: str, spec: str, steps: int, rank: int, first: int = 0, load: dict | None = None):
@@ -41,7 +42,9 @@ def _run(family: str, opt_kind: str, spec: str, steps: int, rank: int, first: in
 
 
 def parity_worker(rank: int, world: int, steps: int, servers: int, cases: tuple[tuple[str, str, str], ...]) -> dict:
-    """Each (family, optimizer, spec) under dedicated servers against DDP over the workers only."""
+    """Each (family, optimizer, spec) under dedicated servers against DDP over the workers only;
+    the workers' plan order of every update, and the servers' pulls as their ordered sender
+    handed them to the gloo groups (`wire_log.py`)."""
     workers = world - servers
     group = dist.new_group(list(range(workers)))  # every rank creates it; only workers use it
     out: dict = {}
@@ -54,17 +57,20 @@ def parity_worker(rank: int, world: int, steps: int, servers: int, cases: tuple[
             clip = float(spec.split("clip_grad_norm=")[1].split(",")[0]) if "clip_grad_norm=" in spec else 0.0
             out[(family, opt_kind, spec, "clipped")] = train_clipped(ddp, ropt, rsched, w.loss_fn, family, rank, steps, clip)
             model, opt, _ = _run(family, opt_kind, spec, steps, rank)
+            out[(family, opt_kind, spec, "pulls")] = sent_pulls(opt.ps.engine)
             out[(family, opt_kind, spec)] = max_diff(params_of(ddp.module), params_of(model.module))
             out[(family, opt_kind, spec, "moved")] = max_diff(params_of(fresh(family).model), params_of(model.module))
             out[(family, opt_kind, spec, "state")] = len(opt.state_dict()["state"])
             out[(family, opt_kind, spec, "owners")] = sorted(set(opt.ps.engine.server_ranks().values()))
             caramel.shutdown()
         else:
-            try:
-                _run(family, opt_kind, spec, steps, rank)
-                out[(family, opt_kind, spec)] = "returned"
-            except ServerFinished as done:
-                out[(family, opt_kind, spec)] = done.stats
+            with wire_logged() as wire:
+                try:
+                    _run(family, opt_kind, spec, steps, rank)
+                    out[(family, opt_kind, spec)] = "returned"
+                except ServerFinished as done:
+                    out[(family, opt_kind, spec)] = done.stats
+            out[(family, opt_kind, spec, "wire")] = wire
     return out
 
 

@@ -8,6 +8,7 @@ import torch
 
 import caramel
 from tests.distributed.workers import FAMILIES, OPTIMIZERS, batch, fresh, make_optimizer, max_diff, params_of, train
+from tests.strategies.ps.wire_log import wire_logged
 
 
 def _ps(family: str, opt_kind: str, steps: int, rank: int, spec: str, **kw):
@@ -54,61 +55,40 @@ def behaviour_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], 
     """Per spec, on the tied transformer with Adam: the recorded wire (send) order of every
     update and the plan's, the owners, staleness per step, stats and the final parameters.
     Specs ending in "+slow" run with rank 1 sleeping `slow_rank_s` before every step. The
-    sender's broadcasts on the real gloo groups are logged as ("issue"/"done", None, time)."""
+    sender's broadcasts on the real gloo groups are logged (`wire_log.py`)."""
     import time
-    from types import SimpleNamespace
-
-    import torch.distributed as dist
-
-    from caramel.strategies.ps import sender as sender_mod
-
-    class Logged:
-        def __init__(self, work, tag, log):
-            self.work, self.tag, self.log = work, tag, log
-
-        def wait(self):
-            self.work.wait()
-            self.log.append(("done", self.tag, time.perf_counter()))
-
-    def logging_dist(log):
-        def broadcast(buf, src, group, async_op):
-            log.append(("issue", None, time.perf_counter()))  # the tag is SerialSender's issued[-1]
-            return Logged(dist.broadcast(buf, src=src, group=group, async_op=async_op), None, log)
-        return SimpleNamespace(broadcast=broadcast, get_backend=dist.get_backend)
 
     out = {}
     for spec in specs:
         name, slow = spec.removesuffix("+slow"), spec.endswith("+slow")
         w = fresh("gpt_tied")
         opt, sched = make_optimizer("adam", w.model.parameters())
-        wire: list = []
-        sender_mod.dist = logging_dist(wire)
-        model, opt = caramel.parallelize(w.model, opt, name)
-        for step in range(steps):
-            if slow and rank == 1:
-                time.sleep(slow_rank_s)
-            x, y = batch("gpt_tied", step, rank)
-            w.loss_fn(model(x), y).backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-        staleness = list(opt.ps.engine.staleness() for _ in range(1))
-        try:
-            opt.state_dict()
-            early_state_error = None
-        except caramel.CaramelError as e:
-            early_state_error = str(e)
-        opt.synchronize()
-        run = opt.ps
-        plan = run.engine.plan
-        mine = [b for u, _ in run.engine.send_log for b in plan.bucket_pull_at(u)
-                if run.engine.server_of(plan.pull_buckets[b][0]) == run.engine.rank]
-        out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
-                     "issued": list(run.engine.sender.issued), "mine_expected": mine, "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
-                     "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
-                     "lag_before_sync": staleness[0], "wire": wire}
-        caramel.shutdown()
-        sender_mod.dist = dist
+        with wire_logged() as wire:
+            model, opt = caramel.parallelize(w.model, opt, name)
+            for step in range(steps):
+                if slow and rank == 1:
+                    time.sleep(slow_rank_s)
+                x, y = batch("gpt_tied", step, rank)
+                w.loss_fn(model(x), y).backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            staleness = list(opt.ps.engine.staleness() for _ in range(1))
+            try:
+                opt.state_dict()
+                early_state_error = None
+            except caramel.CaramelError as e:
+                early_state_error = str(e)
+            opt.synchronize()
+            run = opt.ps
+            plan = run.engine.plan
+            mine = [b for u, _ in run.engine.send_log for b in plan.bucket_pull_at(u)
+                    if run.engine.server_of(plan.pull_buckets[b][0]) == run.engine.rank]
+            out[spec] = {"sent": list(run.engine.send_log), "expected": [plan.pull_order_at(u) for u, _ in run.engine.send_log],
+                         "issued": list(run.engine.sender.issued), "mine_expected": mine, "owner": dict(plan.owner), "stats": run.stats_dict(), "params": _numpy(model),
+                         "state_entries": len(opt.state_dict()["state"]), "early_state_error": early_state_error,
+                         "lag_before_sync": staleness[0], "wire": wire}
+            caramel.shutdown()
     return out
 
 
@@ -183,24 +163,47 @@ def dead_peer_worker(rank: int, world: int, timeout_s: float) -> dict:
         return {"error": str(e)[:300], "elapsed_s": time.monotonic() - t0}
 
 
+def sent_pulls(engine) -> dict:
+    """What this rank's ordered senders handed to the backend (None: no sender here) beside the
+    plan's pull order of every update its engine applied, and each pull bucket's shard."""
+    plan = engine.plan
+    issued = {name: list(s.issued) if s is not None else None
+              for name, s in (("issued", engine.sender), ("relayed", engine.relay_sender))}
+    return {**issued, "at": {u: list(plan.bucket_pull_at(u)) for u, _ in engine.send_log},
+            "owner": [plan.pull_owner(b) for b in range(len(plan.pull_buckets))]}
+
+
+HIER_RUNS = (("cnn_bn", "ps:hierarchical=true"), ("gpt_tied", "ps:hierarchical=true"),
+             ("gpt_tied", "ps:hierarchical=true,bucket_cap_mb=0"),
+             ("gpt_tied", "ps:hierarchical=true,order=random,bucket_cap_mb=0"))
+
+
 def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     """Nodes of `local` ranks: ps with hierarchical aggregation against DDP (BatchNorm CNN and
-    tied transformer), and with ssp:2; owners are the nodes' first ranks."""
+    tied transformer, fused and per tensor, TAC and random order), and with ssp:2; owners are
+    the nodes' first ranks. Per run, the leaders' ordered senders' records and the wire log."""
     import os
 
     os.environ["LOCAL_WORLD_SIZE"] = str(local)
     out = {}
-    for family in ("cnn_bn", "gpt_tied"):
-        w = fresh(family)
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
-        ropt, rsched = make_optimizer("adam", ddp.parameters())
-        train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
-        model, opt = _ps(family, "adam", steps, rank, "ps:hierarchical=true")
-        out[(family, "diff")] = max_diff(params_of(ddp.module), params_of(model.module))
-        out[(family, "servers")] = sorted(set(opt.ps.engine.server_ranks().values()))
-        out[(family, "sent")] = [o for _, o in opt.ps.engine.send_log]
-        out[(family, "expected")] = [opt.ps.engine.plan.pull_order_at(u) for u, _ in opt.ps.engine.send_log]
-        caramel.shutdown()
+    refs = {}
+    for family, spec in HIER_RUNS:
+        if family not in refs:
+            w = fresh(family)
+            ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+            ropt, rsched = make_optimizer("adam", ddp.parameters())
+            train(ddp, ropt, rsched, w.loss_fn, family, rank, steps)
+            refs[family] = params_of(ddp.module)
+        with wire_logged() as wire:
+            model, opt = _ps(family, "adam", steps, rank, spec)
+            e = opt.ps.engine
+            out[(family, spec, "diff")] = max_diff(refs[family], params_of(model.module))
+            out[(family, spec, "servers")] = sorted(set(e.server_ranks().values()))
+            out[(family, spec, "sent")] = [o for _, o in e.send_log]
+            out[(family, spec, "expected")] = [e.plan.pull_order_at(u) for u, _ in e.send_log]
+            out[(family, spec, "pulls")] = sent_pulls(e)
+            caramel.shutdown()
+        out[(family, spec, "wire")] = wire
     model, opt = _ps("gpt_tied", "adam", steps, rank, "ps:hierarchical=true,consistency=ssp_2")
     out["ssp_params"] = [t.numpy() for t in params_of(model.module)]
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]

@@ -7,8 +7,10 @@ import pytest
 from caramel.testing import run_workers
 from caramel.strategies.ps.options import ASP_BOUND_STEPS
 from tests.distributed.workers import buffer_change_worker
-from tests.strategies.ps.ps_workers import (behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker, hierarchical_worker,
-                                            no_sync_bn_worker, ssp_buffers_worker, parity_worker, push_traffic_worker)
+from tests.strategies.ps.ps_workers import (HIER_RUNS, behaviour_worker, checkpoint_worker, clip_worker, dead_peer_worker,
+                                            hierarchical_worker, no_sync_bn_worker, ssp_buffers_worker, parity_worker,
+                                            push_traffic_worker)
+from tests.strategies.ps.wire_log import one_at_a_time
 
 TOL = 1e-5
 
@@ -114,17 +116,50 @@ def test_a_silent_peer_is_an_error_within_the_timeout():
     assert res[0]["elapsed_s"] < 1.0 + 2.0
 
 
-def test_hierarchical_aggregation_equals_ddp():
+@pytest.fixture(scope="module")
+def hierarchical():
+    return run_workers(hierarchical_worker, 4, args=(6, 2), timeout_s=200)
+
+
+def test_hierarchical_aggregation_equals_ddp(hierarchical):
     """Two nodes of two ranks: gradients summed within the node, then across nodes at the
-    servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order."""
-    results = run_workers(hierarchical_worker, 4, args=(6, 2), timeout_s=200)
-    for res in results:
-        for family in ("cnn_bn", "gpt_tied"):
-            assert res[(family, "diff")] <= TOL
-            assert res[(family, "servers")] == [0, 2]
-            assert res[(family, "sent")] == res[(family, "expected")]
+    servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order.
+    Fused and per tensor, TAC and random order: DDP's parameters."""
+    for res in hierarchical:
+        for family, spec in HIER_RUNS:
+            assert res[(family, spec, "diff")] <= TOL, (family, spec)
+            assert res[(family, spec, "servers")] == [0, 2]
+            assert res[(family, spec, "sent")] == res[(family, spec, "expected")]
         assert max(res["ssp_staleness"]) <= 2
-        assert all(np.array_equal(a, b) for a, b in zip(results[0]["ssp_params"], res["ssp_params"]))
+        assert all(np.array_equal(a, b) for a, b in zip(hierarchical[0]["ssp_params"], res["ssp_params"]))
+
+
+def test_hierarchical_leaders_send_pulls_one_at_a_time_in_the_planned_order(hierarchical):
+    """A server leader's pulls to the other leaders and every leader's relays to its node go
+    through the ordered senders: handed to the backend one at a time (each send complete
+    before the next, on the real gloo groups), in the plan's order of every update. The
+    other ranks send no pulls. With order=random the record follows each update's shuffle,
+    so it differs from TAC's over the same buckets."""
+    for rank, res in enumerate(hierarchical):
+        for family, spec in HIER_RUNS:
+            pulls, wire = res[(family, spec, "pulls")], res[(family, spec, "wire")]
+            steps = sorted(pulls["at"])
+            assert len(steps) == 4, (rank, spec)
+            if rank % 2:
+                assert pulls["issued"] is None and pulls["relayed"] is None and wire == [], (rank, spec)
+                continue
+            planned = [b for u in steps for b in pulls["at"][u]]
+            assert pulls["relayed"] == planned, (rank, spec)
+            assert pulls["issued"] == [b for b in planned if pulls["owner"][b] == rank // 2], (rank, spec)
+            assert pulls["issued"] and one_at_a_time(wire), (rank, spec)
+            assert len(wire) >= 2 * (len(pulls["issued"]) + len(pulls["relayed"])), (rank, spec)
+        tac = res[("gpt_tied", "ps:hierarchical=true,bucket_cap_mb=0", "pulls")]
+        rnd = res[("gpt_tied", "ps:hierarchical=true,order=random,bucket_cap_mb=0", "pulls")]
+        assert len({tuple(o) for o in tac["at"].values()}) == 1
+        assert len({tuple(o) for o in rnd["at"].values()}) == 4
+        if rank % 2 == 0:
+            assert sorted(tac["relayed"]) == sorted(rnd["relayed"]) and tac["relayed"] != rnd["relayed"]
+            assert tac["issued"] != rnd["issued"]
 
 
 CLIP_CASES = (("cnn_bn", "adam", "ps:servers=1,consistency=ssp:0,clip_grad_norm=0.1", 0.1),)  # rank 1 serves nothing: adds 0

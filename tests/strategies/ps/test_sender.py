@@ -1,4 +1,4 @@
-"""The colocated server's pull sender and the pull buckets: units, no processes."""
+"""The servers' ordered pull sender and the pull buckets: units, no processes."""
 from __future__ import annotations
 
 import threading
@@ -70,6 +70,21 @@ def test_the_sender_thread_is_for_gloo_only(monkeypatch):
     monkeypatch.setattr(sender_mod.dist, "get_backend", lambda g: backends[g])
     assert sender_mod.uses_sender(["a", "a"]) and not sender_mod.uses_sender(["a", "b"])
     assert not sender_mod.uses_sender([])
+
+
+def test_send_pull_goes_through_the_sender_where_there_is_one(monkeypatch):
+    """Colocated, dedicated and hierarchical servers all send a pull with `send_pull`: through
+    the ordered sender on gloo, straight to the backend without one (NCCL)."""
+    log: list = []
+    monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log))
+    s = sender_mod.SerialSender()
+    sent = sender_mod.send_pull(s, torch.tensor([3.0]), 0, None, 3, "pull of bucket 3 (shard 0)")
+    assert isinstance(sent, sender_mod.SentPull) and sent.wait()
+    s.close()
+    assert list(s.issued) == [3] and log[0][2] == "caramel-ps-sender"
+    direct = sender_mod.send_pull(None, torch.tensor([4.0]), 0, None, 4, "pull of bucket 4 (shard 0)")
+    assert isinstance(direct, FakeWork) and log[-1][:2] == ("issue", 4)
+    assert log[-1][2] == threading.current_thread().name
 
 
 def test_the_issued_log_is_bounded(monkeypatch):

@@ -1,0 +1,127 @@
+"""TAC against random pull order with dedicated servers and with hierarchical aggregation.
+
+Each round runs `examples/ps_servers.py` under `caramel cluster run` once per configuration
+and order, the two orders one after the other (which goes first alternates by round), so
+drift on the shared host hits both alike. Per configuration: TAC's speed-up over random,
+median(random step) / median(TAC step) over every timed step, with the 95% interval of the
+paired rounds (`caramel.stats.paired_ratio_interval`), and TicTac's E and S as each run
+reports them (`stats_dict()`: per step from the first pull handed over to the forward's end).
+
+    /tmp/bench.sh python experiments/ps_order_paths.py --rounds 3 --out docs/results/ps_order_paths
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from caramel.bench.provenance import code_version
+from caramel.jsonio import format_tag, write_json
+from caramel.stats import median, paired_ratio_interval
+
+# name -> (the launch's options, the ps spec without its order)
+CONFIGS = {
+    "dedicated": (["--workers", "4", "--ps-servers", "2"], "ps"),  # 2 workers + 2 server processes
+    "hierarchical": (["--workers", "2", "--nproc-per-node", "2"], "ps:hierarchical=true"),  # 2 nodes of 2
+}
+ORDERS = ("random", "tac")
+
+
+def spec_of(base: str, order: str) -> str:
+    return f"{base}{',' if ':' in base else ':'}order={order}"
+
+
+def run_job(launch: list[str], spec: str, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "caramel.cli", "cluster", "run", *launch, "--bandwidth", args.bandwidth,
+           "--timeout", "5m", "--", sys.executable, str(Path(__file__).resolve().parents[1] / "examples/ps_servers.py"),
+           "--strategy", spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    res = json.loads(out.read_text())
+    res.update(load_before=load0, load_after=os.getloadavg()[0], wall_s=time.time() - t0)
+    return res
+
+
+def summarize(runs: dict[str, list[dict]], per_round: int) -> dict:
+    steps = {o: [s for r in runs[o] for s in r["step_s"]] for o in ORDERS}
+    point = median(steps["random"]) / median(steps["tac"])
+    interval = paired_ratio_interval(steps["random"], steps["tac"], per_round)
+    return {"tac_speedup_over_random": point, "interval_95": interval,
+            "median_step_ms": {o: median(steps[o]) * 1e3 for o in ORDERS},
+            "round_medians_ms": {o: [r["median_step_ms"] for r in runs[o]] for o in ORDERS},
+            "E_median": {o: statistics.median(r["E_median"] for r in runs[o]) for o in ORDERS},
+            "E_rounds": {o: [r["E_median"] for r in runs[o]] for o in ORDERS},
+            "S": {o: [r["S"] for r in runs[o]] for o in ORDERS},
+            "predicted_E": {o: runs["tac"][-1]["predicted"][o]["E"] for o in ORDERS},
+            "pull_buckets": runs["tac"][-1]["pull_buckets"]}
+
+
+def markdown(result: dict) -> str:
+    lines = ["# TAC against random order: dedicated servers and hierarchical aggregation", "",
+             f"Command: `{result['command']}`", "",
+             f"Code {result['code']}; {result['what']}", "",
+             "| configuration | TAC speed-up over random (95% interval) | median step random / TAC (ms) "
+             "| E of TAC (rounds) | E of random (rounds) | S | predicted E TAC / random |",
+             "|---|---|---|---|---|---|---|"]
+    for name, s in result["summary"].items():
+        lo_hi = "n/a" if s["interval_95"] is None else f"{s['interval_95'][0]:.3f}-{s['interval_95'][1]:.3f}"
+        e = {o: ", ".join(f"{x:.2f}" for x in s["E_rounds"][o]) for o in ORDERS}
+        lines.append(f"| {name} | **{s['tac_speedup_over_random']:.3f}x** ({lo_hi}) | "
+                     f"{s['median_step_ms']['random']:.1f} / {s['median_step_ms']['tac']:.1f} | "
+                     f"{s['E_median']['tac']:.2f} ({e['tac']}) | {s['E_median']['random']:.2f} ({e['random']}) | "
+                     f"{s['S']['tac'][-1]:.2f} | {s['predicted_E']['tac']:.2f} / {s['predicted_E']['random']:.2f} |")
+    lines += ["", "Per job (round, configuration, order): median step ms, E, S, 1-minute load before -> after:", ""]
+    for j in result["jobs"]:
+        lines.append(f"- round {j['round']}, {j['config']}, {j['order']}: {j['median_step_ms']:.1f} ms, "
+                     f"E {j['E_median']:.2f}, S {j['S']:.2f}, load {j['load_before']:.1f} -> {j['load_after']:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=10, help="steps left out (the online profile, warm-up)")
+    ap.add_argument("--bandwidth", default="300mbit")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
+    ap.add_argument("--out", required=True, help="PATH: writes PATH.json and PATH.md")
+    args = ap.parse_args()
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; expected some of {list(CONFIGS)}")
+    jobs, runs = [], {c: {o: [] for o in ORDERS} for c in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for c in configs:
+                launch, base = CONFIGS[c]
+                for order in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
+                    res = run_job(launch, spec_of(base, order), args, Path(tmp) / f"{c}-{order}-{r}.json")
+                    runs[c][order].append(res)
+                    jobs.append({"round": r, "config": c, "order": order, **{k: res[k] for k in (
+                        "median_step_ms", "E_median", "S", "load_before", "load_after", "wall_s", "step_s")}})
+                    print(f"round {r} {c} {order}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f} "
+                          f"S {res['S']:.2f} load {res['load_before']:.1f}", flush=True)
+    result = {"format": format_tag("ps-order-paths"), "code": code_version(),
+              "command": "python experiments/ps_order_paths.py " + " ".join(sys.argv[1:]),
+              "what": (f"ResNet-18 width 16, batch 8 per worker, SGD momentum, bsp, emulated hosts at {args.bandwidth}; "
+                       f"dedicated: 2 workers + 2 server processes on 4 hosts; hierarchical: 2 hosts of 2 ranks "
+                       f"(LOCAL_WORLD_SIZE 2, the hosts' first ranks serve); rank 0's steps {args.warmup}-"
+                       f"{args.steps - 1} of {args.steps} per job, {args.rounds} paired rounds"),
+              "summary": {c: summarize(runs[c], args.steps - args.warmup) for c in configs}, "jobs": jobs}
+    write_json(f"{args.out}.json", result)
+    Path(f"{args.out}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
