@@ -21,6 +21,7 @@ import re
 
 from caramel.bench.data_bench import MODES, DataBenchConfig, is_local, run_data_bench
 from caramel.bench.data_report import format_rows
+from caramel.bench.provenance import code_version
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
 from caramel.units import parse_rate_bps, parse_size_bytes
@@ -105,6 +106,7 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
 
 def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown_out: str | None) -> int:
     result = run_data_bench(cfg, url)
+    result["code"] = code_version()  # which checkout made the record, for replays against later models
     print(format_rows(result))
     c = result["measured_costs"]
     print(f"the model's inputs, measured alone: decode {c['local_s_per_sample'] * 1e6:.0f} us/sample, disk read "

@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data-misses-last", action="store_true",
                       help="the sampler reads cached shards first (locality): an epoch's misses fall in its last "
                            "1 - hit rate of the steps")
+    data.add_argument("--data-read-under-load", default="0", metavar="DURATION",
+                      help="a range read's time on the cores under the training load, added to the store's latency "
+                           "in each loader worker's sequence of reads (with its unit: 1.2ms; `caramel bench --data` "
+                           "records it as request_s_under_load; default 0: not charged)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -160,13 +164,26 @@ def _data_model(args: argparse.Namespace, ranks: int):
         disk_s_per_read=parse_duration_arg_s(args.data_disk_per_read, "--data-disk-per-read"),
         batch_overhead_s=parse_duration_arg_s(args.data_batch_overhead, "--data-batch-overhead"),
         contention=args.data_contention,
-        remote_steps_share=max(1.0 - args.data_hit_rate, 1e-9) if args.data_misses_last else 1.0)
+        remote_steps_share=max(1.0 - args.data_hit_rate, 1e-9) if args.data_misses_last else 1.0,
+        worker_request_s=_read_under_load_s(args.data_read_under_load))
+
+
+def _read_under_load_s(text: str) -> float:
+    """--data-read-under-load in seconds: 0, or a duration with its unit. A bare number is
+    refused rather than read as seconds: the bench prints this time in ms, and 1.2 taken as
+    seconds would make every read a thousand times too slow without a word."""
+    flag = "--data-read-under-load"
+    if re.fullmatch(r"\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*", str(text)) and float(text) != 0:
+        raise CaramelError(f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit, such as 1.2ms or 800us")
+    return parse_duration_arg_s(text, flag)
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:
     print(f"data: {model.ranks} ranks x {model.batch_size} samples of {format_bytes(model.sample_bytes)}, "
           f"hit rate {model.hit_rate:.0%}, store {format_rate(model.store_bandwidth_bps)} shared, "
-          f"{model.store_latency_s * 1e3:g} ms/request, {model.loader_workers} loader workers: "
+          f"{model.store_latency_s * 1e3:g} ms/request"
+          + (f" + {model.worker_request_s * 1e3:g} ms a read under load" if model.worker_request_s else "")
+          + f", {model.loader_workers} loader workers: "
           f"{model.data_time_s() * 1e3:.2f} ms of loading per step")
     for r in records:
         print(f"  {r['planner']} {r['overlap']}: step {r['step_time_with_data_s'] * 1e3:.2f} ms with data "

@@ -17,8 +17,9 @@ parallel, so waits and local work divide among them; the link and the store do n
 A worker reads its batch's samples one after another (torch's DataLoader: one batch per worker),
 so besides the latency each read's own time on this machine's cores (`worker_request_s`: the
 client's and the server's work and their waits for a core, measured under the training load by
-the data bench right before each round; 0 when not measured) stretches that worker's sequence;
-it divides among the workers, as the latency does, since other workers' reads proceed meanwhile.
+the data bench right before each round, or given to `caramel simulate --data-read-under-load`;
+0 when not measured) stretches that worker's sequence; it divides among the workers, as the
+latency does, since other workers' reads proceed meanwhile.
 With one request in flight (c = 1) a request's wait and its transfer add up; with c in flight
 the link moves one request's bytes while the others wait, so the shorter phase hides behind the
 longer one but for 1/c of it. A shard fetched for only some of its samples (a cache that evicts
@@ -94,7 +95,8 @@ class DataLoadModel:
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
-        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0 or self.worker_request_s < 0:
+        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0 \
+                or not 0 <= self.worker_request_s < math.inf:
             raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
                                f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
                                f"{self.worker_request_s}")

@@ -252,3 +252,21 @@ def test_stored_records_of_the_previous_format_still_render():
         assert len(table) == 2 + len(record["rows"]), name
         if "contention" not in record:
             assert all(line.split(" | ")[11] == "-" for line in table[2:]), name  # no factor to show
+
+
+def test_the_record_names_the_code_that_made_it(tmp_path, monkeypatch, capsys):
+    """`--json` carries the checkout's commit (`meta.code` in the strategy bench), so a later
+    rescore can tell which loader and model a record's numbers came from."""
+    import json
+    from pathlib import Path
+
+    from caramel.bench import data_cli
+    from caramel.bench.data_report import stored_records
+    from caramel.bench.provenance import code_version
+
+    stored = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "data-bench-data-side.json")
+                        .read_text())
+    record = next(iter(stored_records(stored).values()))
+    monkeypatch.setattr(data_cli, "run_data_bench", lambda cfg, url: dict(record))
+    assert data_cli.report(_config(), None, str(tmp_path / "r.json"), None) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["code"] == code_version() != ""

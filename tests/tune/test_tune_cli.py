@@ -67,3 +67,35 @@ def test_simulate_takes_the_measured_contention_and_misses_last(capsys, tmp_path
     assert steps["contended"][1] == pytest.approx(2 * compute)  # the compute side, twice as long
     # half the steps carry all the misses (twice the link time, more than the compute) and half none
     assert steps["last"][1] == pytest.approx(2 * data / 2 + compute / 2) and steps["last"][1] > plain
+
+
+def test_simulate_charges_the_read_under_load(capsys, tmp_path):
+    import json
+
+    # 2 ranks x 8 range reads of 16 kB, 2 ms latency, 2 loader workers each (4 requests in flight)
+    base = ["simulate", "--synthetic", "chain8", "--workers", "2", "--planner", "fifo", "--data-sample-bytes", "16kb",
+            "--data-batch", "8", "--data-latency", "2ms", "--data-loader-workers", "2"]
+
+    def record(*extra):
+        out = tmp_path / "sim.json"
+        assert main(base + list(extra) + ["--json", str(out)]) == 0
+        return json.loads(out.read_text())["records"][0]
+
+    for rate, link_s in (("100mbit", 2 * 8 * 16e3 * 8 / 100e6), ("1gbit", 2 * 8 * 16e3 * 8 / 1e9)):
+        plain, zero, loaded = record("--data-bandwidth", rate), record("--data-bandwidth", rate, "--data-read-under-load",
+                                                                        "0"), record("--data-bandwidth", rate,
+                                                                                     "--data-read-under-load", "1.5ms")
+        assert plain == zero and plain["data"]["worker_request_s"] == 0.0  # omitted: the model without the term
+        for rec, per_read_s in ((plain, 2e-3), (loaded, 3.5e-3)):
+            wait_s = 8 * per_read_s / 2  # each worker's sequence of reads: latency + the read under load
+            assert rec["data_time_s"] == pytest.approx(max(wait_s, link_s) + min(wait_s, link_s) / 4)
+        assert loaded["data"]["worker_request_s"] == pytest.approx(1.5e-3)
+        assert loaded["data_time_s"] > plain["data_time_s"]
+    # at 1 gbit/s the waits are the longer phase: the term enters whole, 8 reads x 1.5 ms over 2 workers
+    assert loaded["data_time_s"] - plain["data_time_s"] == pytest.approx(6e-3)
+    assert "+ 1.5 ms a read under load" in capsys.readouterr().out
+    for bad, why in (("1.2", "has no unit"), ("-1ms", "--data-read-under-load"), ("nan", "--data-read-under-load"),
+                     ("1e999ms", "--data-read-under-load"), ("fast", "--data-read-under-load")):
+        assert main(base + [f"--data-read-under-load={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert "--data-read-under-load" in err and why in err
