@@ -12,15 +12,20 @@ each input is moved alone, with nothing else changed:
 - `replay`: the shares each recorded run used (equal shares included);
 - `dropout`: equal shares, other dropout draws (the ranks' generators offset);
 - `order`: equal shares, another epoch permutation (the sampler's seed offset; init unchanged);
-- `--paired`: the recorded balanced shares under those other dropout draws, to compare with
-  `dropout`'s equal shares draw for draw;
+- `--paired` (alone): the --results file's balanced shares of each seed and equal shares,
+  both under the same other dropout draws, to compare draw for draw (`--side` splits the two
+  over processes, `--first-draw` adds draws);
 - `fixed-masks`: the recorded shares, but every sample's dropout mask drawn for its place in
   the global batch, whatever the cut: what remains between schedules is the arithmetic of the
   weighted sum (rounding), not which units each rank dropped.
 
     python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
         --extra docs/results/adapt-train-balance.json docs/results/adapt-train-balance-2.json \
-        --seeds 0 1 2 3 4 --draws 6 --json docs/results/adapt-balance-seed-spread.json
+        --seeds 0 --draws 4 --json OUT
+    python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
+        --seeds 0 1 2 3 4 --draws 4 --paired --json OUT
+
+(docs/results/adapt-balance-seed-spread.json holds what these gave; a run is ~10 s of one core.)
 """
 from __future__ import annotations
 
@@ -138,6 +143,7 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="more recorded runs of the same command (their schedules too)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--draws", type=int, default=6, help="dropout draws and orders per seed (count)")
+    ap.add_argument("--first-draw", type=int, default=1, help="the first draw's offset (more draws later: 1 + draws)")
     ap.add_argument("--json", required=True, help="where to write the results")
     ap.add_argument("--paired", action="store_true",
                     help="only the --results file's balanced schedule per seed and equal shares, each under the "
@@ -163,7 +169,7 @@ def main() -> None:
             for side, shares in (("balanced", sched), ("equal", equal)):
                 if args.side in ("both", side):
                     row[f"{side}_other_dropout"] = [train_once(seed, shares, dropout_offset=k)
-                                                    for k in range(1, args.draws + 1)]
+                                                    for k in range(args.first_draw, args.first_draw + args.draws)]
             out["seeds"].append(row)
             print(json.dumps(row), flush=True)
             with open(args.json, "w") as f:
