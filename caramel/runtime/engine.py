@@ -97,6 +97,7 @@ class Engine(EngineControl, EngineHooks, EngineReduced):
         self._group_holders: list = []  # other objects holding a private group (`.pg`), released with it
         self._release_handles: list = []  # hooks others put on the module, removed with the engine's
         self._ddp_group = None  # a process group made for that DDP (released with the engine), or None
+        self.delegated_wait_s: Callable[[], float] | None = None  # while delegating: a step's timed wait
         self._callback_queued = False
         self._reduced = False  # a reduction happened since the last step()
         self._pending_apply: set[int] = set()
@@ -227,6 +228,8 @@ class Engine(EngineControl, EngineHooks, EngineReduced):
         if self.delegating:
             # DDP's backward left averaged gradients in p.grad; the user's optimizer applies them
             # right after this returns, and the controller's checks run first as in any step
+            if self.delegated_wait_s is not None:
+                self._wait_acc += self.delegated_wait_s()
             self._end_iteration()
             if self._controller is not None:
                 self._controller.on_step_end()

@@ -13,7 +13,7 @@ averaged gradients before the update (gradient clipping, an optimizer closure) r
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -22,14 +22,16 @@ import torch.nn as nn
 class EngineReduced:
     """DDP delegation and access to the reduced gradients (see the module docstring)."""
 
-    def delegate_to(self, ddp: nn.Module, group: Any = None) -> None:
+    def delegate_to(self, ddp: nn.Module, group: Any = None, wait_s: Callable[[], float] | None = None) -> None:
         """Hand gradient reduction to torch DDP wrapped around this engine's module (module
-        docstring); `group` is a process group made for it, destroyed with the engine's groups.
-        Nothing may be pending."""
+        docstring); `group` is a process group made for it, destroyed with the engine's groups;
+        `wait_s`, where DDP's communication hook times it, gives each step's exposed wait (else
+        a delegated step counts none). Nothing may be pending."""
         assert not self._pending_apply and not self._callback_queued
         self.ddp = ddp
         if group is not None:
             self._ddp_group = group
+        self.delegated_wait_s = wait_s
         self.delegating = True
 
     def take_back(self) -> None:

@@ -80,6 +80,8 @@ def predicted_s(costs: list[tuple[float, float]], counts: list[int]) -> float:
 class Balancer:
     """The shares of one engine's ranks (module docstring)."""
 
+    runs_under_ddp = True  # DDP's schedule may run the job: `ddp_shares.SharesHook` weights and times it
+
     def __init__(self, engine: Any, model: nn.Module, group: Any, rank: int, world: int, every: int):
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every
         self.schedule: ShareSchedule | None = None

@@ -119,9 +119,11 @@ class Controller:
         specs = [(f"{self.planner}/{m}", self.planner, m) for m in AUTO_CANDIDATES]
         # torch DDP runs its buckets uncompressed: no candidate when every bucket must be compressed;
         # nor with "auto", which must keep timing its own collectives to see the link change (the
-        # engine measures nothing while torch DDP runs); nor with unequal shares: DDP averages
-        # with equal weights
-        if self.planner != "fifo" and self.compression == "none" and self.balancer is None:
+        # engine measures nothing while torch DDP runs); nor with balance="dropout", whose average
+        # counts per entry the ranks that computed it. balance="batch" runs under DDP through
+        # `ddp_shares.SharesHook` (share weights, timed waits)
+        if (self.planner != "fifo" and self.compression == "none"
+                and (self.balancer is None or self.balancer.runs_under_ddp)):
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 

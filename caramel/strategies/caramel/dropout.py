@@ -67,6 +67,8 @@ def kept_units(seed: int, step: int, rank: int, group_index: int, units: int, fr
 class DropoutBalancer:
     """The drop fractions and masks of one engine's ranks (module docstring)."""
 
+    runs_under_ddp = False  # DDP averages every entry over every rank; the drops need per-entry counts
+
     def __init__(self, engine: Any, model: nn.Module, group: Any, rank: int, world: int, every: int,
                  table: DropoutTable, groups: list[Group], seed: int = 0):
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every

@@ -4,7 +4,8 @@ When the overlap trial keeps DDP's schedule (or times it), torch's own
 `DistributedDataParallel` runs it: its C++ reducer costs less per step than the engine's Python
 hooks, so the job runs at DDP's speed. `hand_over` wraps the model once (later hand-overs reuse
 it) and tells the engine to stand aside (`Engine.delegate_to`); `take_back` returns the
-gradients to the engine's plan before any new plan is adopted. Both happen at the same step on
+gradients to the engine's plan before any new plan is adopted. With balance="batch" the DDP
+module reduces through `ddp_shares.SharesHook` (buckets weighted by share, waits timed). Both happen at the same step on
 every rank, with nothing pending.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn as nn
 
 from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.engine import Engine
+from caramel.strategies.caramel.ddp_shares import SharesHook
 
 
 class Handover:
@@ -26,6 +28,9 @@ class Handover:
         self.comm_priority = comm_priority
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        # balance="batch": DDP's buckets weighted by share and their waits timed (`ddp_shares`)
+        self.weight_shares = False
+        self.shares_hook: SharesHook | None = None
 
     def hand_over(self) -> None:
         """DDP's schedule was chosen: let torch DDP run it. Its constructor checks the parameters'
@@ -49,7 +54,11 @@ class Handover:
                 warnings.simplefilter("ignore", FutureWarning)
                 ddp = DistributedDataParallel(self.model, process_group=group or self.group,
                                               find_unused_parameters=self.find_unused_parameters, **kwargs)
-        self.engine.delegate_to(ddp, group=group)
+            if self.weight_shares:  # before DDP's first backward, as torch requires
+                self.shares_hook = SharesHook(self.engine, ddp.process_group)
+                ddp.register_comm_hook(None, self.shares_hook.reduce)
+        hook = self.shares_hook
+        self.engine.delegate_to(ddp, group=group, wait_s=hook.wait_s if hook is not None else None)
 
     def take_back(self) -> None:
         """The engine's own plan reduces the gradients again (a no-op unless handed over)."""

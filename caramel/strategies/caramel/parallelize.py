@@ -162,6 +162,7 @@ def parallelize_caramel(model: nn.Module, optimizer: torch.optim.Optimizer, opti
                                                     cluster=cluster, plan=plan, profile=profile))
     if balance == "batch":
         controller.balancer = Balancer(engine, model, group, rank, world, balance_every)
+        controller.handover.weight_shares = True
     elif dropout is not None and world > 1:
         controller.balancer = DropoutBalancer(engine, model, group, rank, world, balance_every, *dropout)
     tied = find_tied_embeddings(model, params) if world > 1 and split_tied else []

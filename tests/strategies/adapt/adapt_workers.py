@@ -165,4 +165,65 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     out["counts"] = sampler.schedule.current
     out["changes"] = len(opt.engine.controller.balancer.changes)
     out["drawn"] = drawn
+    out.update(_under_ddp(steps, global_batch))
+    return out
+
+
+def _under_ddp(steps: int, global_batch: int) -> dict:
+    """DDP's schedule with balance="batch" (torch DDP through `SharesHook`): forced unequal shares
+    against the union batch, then rank 1 slowed 2 ms per sample and what its peer waits."""
+    import statistics
+
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+    from caramel.strategies.caramel.balance import balanced_sampler
+    out = {}
+    # shares [2, 6], handed to torch DDP at batch 4 (after the plan the profiling steps make), [5, 3] from batch 7
+    model, x, y = _toy()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = caramel.parallelize(model, opt, overlap="forward", balance="batch", balance_every=0)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=3, counts=[2, 6])
+    total = steps + 4
+    delegating = []
+    for i, idx in enumerate(sampler):
+        if i == 4:
+            opt.engine.controller.handover.hand_over()
+        if i == 6:
+            sampler.schedule.change([5, 3], sampler.schedule.drawn)
+        if i == total:
+            break
+        torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
+        opt.step()
+        opt.zero_grad()
+        delegating.append(opt.engine.delegating)
+    opt.synchronize()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    whole = ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)
+    for _, idx in zip(range(total), whole):
+        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
+        ropt.step()
+        ropt.zero_grad()
+    out["ddp_union"] = max_diff(params_of(ref), params_of(model.module))
+    out["ddp_delegating"] = delegating
+    # rank 1 sleeps 4 ms per sample of its 4: under torch DDP rank 0's waits are timed, and the
+    # balancer (deciding every 8 steps, from step 8: after the hand-over at step 5) moves samples to rank 0
+    inner, x, y = _toy()
+    slow = _Slow(inner, 0.004 if torch.distributed.get_rank() == 1 else 0.0)
+    opt = torch.optim.SGD(slow.parameters(), lr=0.05)
+    model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=8)
+    sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
+    waits = []
+    for epoch in range(2):
+        for idx in sampler:
+            if sampler.schedule.drawn == 6:
+                opt.engine.controller.handover.hand_over()
+            torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+            if opt.engine.delegating:
+                waits.append(opt.engine.stats.last_wait_s)
+    opt.synchronize()
+    out["ddp_wait_median_s"] = statistics.median(waits)
+    out["ddp_counts"] = sampler.schedule.current
+    out["ddp_change_steps"] = [c["step"] for c in opt.engine.controller.balancer.changes]
     return out

@@ -1,6 +1,7 @@
 """balance="batch": the share schedule and sampler (no sample lost or repeated, across changes
 and a resume), the counts from measured rates, and a 2-rank gloo run against single-process
-training on the union batch, then with a slowed rank."""
+training on the union batch, then with a slowed rank, both also under torch DDP (DDP's
+schedule, which the overlap trial may keep)."""
 import pytest
 import torch
 
@@ -111,6 +112,33 @@ def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
     drawn = [i for res in results for b in res["drawn"] for i in b]
     per_epoch = 96 // 8 * 8
     assert len(drawn) == 2 * per_epoch and all(drawn.count(i) == 2 for i in set(drawn))  # each sample once per epoch
+    # DDP's schedule (torch DDP, share-weighted by SharesHook): exact on the union batch; the
+    # slowed rank's peer waits about 16 ms a step and the balancer sees it (without the hook:
+    # equal weights, no wait timed, so equal compute on both ranks and no change)
+    for rank, res in enumerate(results):
+        assert res["ddp_delegating"] == [False] * 4 + [True] * 6, res["ddp_delegating"]
+        assert res["ddp_union"] <= 1e-5, res["ddp_union"]
+        assert res["ddp_change_steps"] and min(res["ddp_change_steps"]) > 5 and res["ddp_counts"][0] > res["ddp_counts"][1], res
+    assert results[0]["ddp_wait_median_s"] > 0.003, results[0]["ddp_wait_median_s"]
+
+
+def test_ddp_schedule_is_a_trial_candidate_with_batch_shares_not_with_drops():
+    from types import SimpleNamespace
+
+    from caramel.strategies.caramel.balance import Balancer
+    from caramel.strategies.caramel.controller import Controller
+    from caramel.strategies.caramel.dropout import DropoutBalancer
+    from caramel.strategies.caramel.trial import DDP_SCHEDULE
+
+    def names(balancer, compression="none"):
+        c = SimpleNamespace(trial_steps=5, planner="caramel", engine=SimpleNamespace(overlap="forward"),
+                            compression=compression, balancer=balancer)
+        return [name for name, _, _ in Controller.trial_specs(c)]
+
+    assert DDP_SCHEDULE in names(None)
+    assert DDP_SCHEDULE in names(Balancer.__new__(Balancer))  # torch DDP weights the shares through SharesHook
+    assert DDP_SCHEDULE not in names(DropoutBalancer.__new__(DropoutBalancer))  # per-entry counts: not DDP's average
+    assert DDP_SCHEDULE not in names(Balancer.__new__(Balancer), compression="fp16")
 
 
 def test_the_simulator_predicts_balanced_shares_on_uneven_workers():
