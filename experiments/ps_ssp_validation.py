@@ -53,6 +53,11 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
             "mean_step_time_s": mean_step_s,
             "samples_per_s_mean_step": s["world_size"] * s["batch_size_per_worker"] / mean_step_s,
             "staleness_mean": s.get("staleness_mean"), "wall_s": time.perf_counter() - t0,
+            # what makes two specs' losses comparable: the samples seen, the validation set, the
+            # first step (same initial model and batch) and the LR schedule every update ran at
+            "samples_seen": s["total_steps"] * s["world_size"] * s["batch_size_per_worker"],
+            "val_predictions": s.get("val_predictions"), "first_step_loss": rows[0]["loss"] if rows else None,
+            "lr_per_step": [r["lr"] for r in rows if r.get("kind") == "train"],
             "load_after": os.getloadavg()}
 
 
