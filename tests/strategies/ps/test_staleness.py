@@ -54,6 +54,20 @@ def test_every_rank_ends_equal(runs):
         assert all(np.array_equal(a, b) for a, b in zip(runs[0][spec]["params"], runs[1][spec]["params"])), spec
 
 
+def test_every_update_runs_at_the_lr_of_the_step_that_made_it(runs):
+    """The LR schedule moves per worker step (every rank steps it once a step), and update u
+    is applied with step u's lr however late a server applies it, on every server and under
+    every staleness mode: SSP and BSP follow one schedule (a measurement against BSP would be
+    biased if an update took the lr of the step at which it happened to be applied)."""
+    for spec in SPECS:
+        for rank in (0, 1):
+            lrs, applied = runs[rank][spec]["step_lr"], runs[rank][spec]["applied_lr"]
+            assert len(set(lrs)) == STEPS  # the schedule moves every step
+            assert applied and all(lr == lrs[u] for u, lr in applied), (spec, rank, applied, lrs)
+    # each update applied by some server: every step's lr was used
+    assert {u for r in (0, 1) for u, _ in runs[r][SCALE]["applied_lr"]} == set(range(STEPS))
+
+
 def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
     """A forward of step t uses w_v + (t - v) * (w_v - w_(v-1)) for a parameter at version v,
     with the true values w of each version as every rank observed them (not the engine's
