@@ -13,7 +13,9 @@ with rank 1 1.5x slower (`--slow-worker 1:1.5`) on the emulated cluster at `--ba
 the same steps (so the same samples) and seed. Per run: the validation loss at the end and
 throughput as world x batch / rank 0's mean step time over steps 6..end (metrics.jsonl; the
 median flatters ssp, whose steps alternate short and blocked); per spec and seed, both as
-ratios to the reference of the same seed. `merge` adds nothing measured: the hand-written
+ratios to the reference of the same seed. Each run also records what makes the losses
+comparable (samples seen, validation predictions, the first step's loss, the LR of every
+step), so a results file shows that every spec of a seed matched there. `merge` adds nothing measured: the hand-written
 fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged
 with its name, and each part's summary under "<part> <spec>".
 """
