@@ -13,7 +13,9 @@ with rank 1 1.5x slower (`--slow-worker 1:1.5`) on the emulated cluster at `--ba
 the same steps (so the same samples) and seed. Per run: the validation loss at the end and
 throughput as world x batch / rank 0's mean step time over steps 6..end (metrics.jsonl; the
 median flatters ssp, whose steps alternate short and blocked); per spec and seed, both as
-ratios to the reference of the same seed. `merge` adds nothing measured: the hand-written
+ratios to the reference of the same seed. Each run also records what makes the losses
+comparable (samples seen, validation predictions, the first step's loss, the LR of every
+step), so a results file shows that every spec of a seed matched there. `merge` adds nothing measured: the hand-written
 fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged
 with its name, and each part's summary under "<part> <spec>".
 """
@@ -53,6 +55,11 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
             "mean_step_time_s": mean_step_s,
             "samples_per_s_mean_step": s["world_size"] * s["batch_size_per_worker"] / mean_step_s,
             "staleness_mean": s.get("staleness_mean"), "wall_s": time.perf_counter() - t0,
+            # what makes two specs' losses comparable: the samples seen, the validation set, the
+            # first step (same initial model and batch) and the LR schedule every update ran at
+            "samples_seen": s["total_steps"] * s["world_size"] * s["batch_size_per_worker"],
+            "val_predictions": s.get("val_predictions"), "first_step_loss": rows[0]["loss"] if rows else None,
+            "lr_per_step": [r["lr"] for r in rows if r.get("kind") == "train"],
             "load_after": os.getloadavg()}
 
 

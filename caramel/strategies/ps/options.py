@@ -42,7 +42,9 @@ class PsOptions:
     allows hides transfers, not a straggler), "predict" (pace, and each forward runs on the
     parameters extrapolated by their latest update to the version its gradient is applied to),
     "compensate" (pace, and each server corrects every stale gradient by DC-ASGD's delay
-    compensation, `compensate.py`, with `dc_lambda` the adaptive variant's lambda0);
+    compensation, `compensate.py`, with `dc_lambda` the adaptive variant's lambda0), "scale"
+    (no pace; each server divides a worker's gradient by its staleness tau >= 1, Zhang et al.'s
+    staleness-aware lr / tau);
     `staleness.py`; bsp is unchanged."""
 
     servers: int = 0
@@ -91,9 +93,9 @@ class PsOptions:
         if self.dc_lambda is not None and self.staleness != "compensate":  # given, even at the default: not ignored
             raise CaramelError(f"ps: dc_lambda={self.dc_lambda:g} applies to staleness=compensate only, got staleness="
                                f"{self.staleness}; drop dc_lambda or set staleness=compensate")
-        if self.staleness == "compensate" and self.hierarchical:
-            raise CaramelError("ps: staleness=compensate does not combine with hierarchical=true yet (a node's sum "
-                               "mixes gradients of different ages); use hierarchical=false or staleness=pace")
+        if self.staleness in ("compensate", "scale") and self.hierarchical:
+            raise CaramelError(f"ps: staleness={self.staleness} does not combine with hierarchical=true yet (a node's "
+                               f"sum mixes gradients of different ages); use hierarchical=false or staleness=pace")
         if self.dedicated and self.staleness != "none":
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:

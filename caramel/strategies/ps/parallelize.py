@@ -237,6 +237,7 @@ class PsRun:
                 "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
                 "dc_corrected": e.stale.dc.corrected if e.stale is not None and e.stale.dc is not None else 0,
                 "dc_missing": e.stale.dc.missing if e.stale is not None and e.stale.dc is not None else 0,
+                "lr_scaled": e.stale.scaled_count if e.stale is not None else 0,
                 "predicted": plan.predicted, "shard_loads": plan.loads,
                 "pull_comm_s": self.pull_comm_s}
 

@@ -19,6 +19,12 @@ comes from two places:
 `compensate` (pace, and) corrects each stale gradient at its server instead, DC-ASGD's delay
 compensation (`compensate.py`): each rank sends, per parameter, how many updates its copy
 lagged, and the server adds lambda * g * g * (w_now - w_used) to that rank's gradient.
+
+`scale` is staleness-aware SGD (Zhang, Gupta, Lian, Liu, IJCAI 2016) on plain ssp (no pace:
+the method is the alternative to holding the fast worker back): the same per-rank lags reach
+the server, which divides each worker's gradient by max(1, tau) before adding them up, so a
+gradient tau updates old is applied at lr / tau (`scaled`; with SGD exactly the paper's
+update, with Adam a reweighting of the stale gradients within the update).
 """
 from __future__ import annotations
 
@@ -34,7 +40,16 @@ from caramel.strategies.ps.compensate import DelayCompensation
 if TYPE_CHECKING:
     from caramel.strategies.ps.engine import PsEngine
 
-MODES = ("none", "pace", "predict", "compensate")
+MODES = ("none", "pace", "predict", "compensate", "scale")
+
+
+@torch.no_grad()
+def scaled(parts: list[torch.Tensor], lags: list[int]) -> None:
+    """staleness=scale: worker j's pushed gradient of one parameter, `parts[j]`, divided in
+    place by max(1, lags[j]) (Zhang et al.'s lr / tau; a fresh gradient, tau 0, keeps lr)."""
+    for part, lag in zip(parts, lags):
+        if lag > 1:
+            part.div_(lag)
 
 
 class StalenessControl:
@@ -44,16 +59,18 @@ class StalenessControl:
         if engine.groups.dedicated:  # the servers read a step's message at a fixed length
             raise CaramelError(f"ps: staleness={mode} does not combine with dedicated servers yet; use colocated "
                                f"servers (dedicated=false) or staleness=none")
-        self.e, self.predicting = engine, mode == "predict"
+        self.e, self.predicting, self.scaling = engine, mode == "predict", mode == "scale"
+        self.pacing = mode != "scale"
         from caramel.strategies.ps.options import ASP_BOUND_STEPS  # options imports MODES from here
 
         bound = engine.bound if engine.bound is not None else ASP_BOUND_STEPS
         self.dc = DelayCompensation(engine.options.dc_lambda0(), bound) if mode == "compensate" else None
-        self.lags: list[list[int]] = []  # compensate: per rank, per plan parameter, the lag of the latest applied push
+        self.lags: list[list[int]] = []  # compensate, scale: per rank, per plan parameter, the lag of the latest applied push
         self.peer_busy_s: list[float] = []  # every rank's busy seconds at the latest applied update
         self.busy_since: float | None = None
         self.busy_wait0 = 0.0
         self.wait_s = 0.0  # seconds spent waiting for the slowest worker's push
+        self.scaled_count = 0  # scale: (worker, parameter) gradients applied at lr / tau, tau > 1
         self.base: dict[int, torch.Tensor] = {}  # predict: the true value of a parameter now extrapolated
         self.delta: dict[int, torch.Tensor] = {}  # predict: each parameter's latest update
         self.at: dict[int, tuple[int, int]] = {}  # predict: (version, step) each extrapolation was made at
@@ -69,11 +86,11 @@ class StalenessControl:
         return [busy if r == e.rank else 0.0 for r in range(e.world)]
 
     def lag_slots(self) -> list[float]:
-        """compensate: how many updates this rank's copy of each parameter lags the step being
-        pushed, in this rank's slot (zeros elsewhere; summed into every rank's by the count
+        """compensate, scale: how many updates this rank's copy of each parameter lags the step
+        being pushed, in this rank's slot (zeros elsewhere; summed into every rank's by the count
         all-reduce)."""
         e = self.e
-        if self.dc is None:
+        if self.dc is None and not self.scaling:
             return []
         mine = [float(e.steps - e.version[i]) for i in e.plan.params]
         zeros = [0.0] * len(mine)
@@ -83,14 +100,15 @@ class StalenessControl:
         e = self.e
         n = len(e.plan.params)
         self.peer_busy_s = counts[n:n + e.world]
-        if self.dc is not None:
+        if self.dc is not None or self.scaling:
             flat = counts[n + e.world:n + e.world + e.world * n]
             self.lags = [[int(round(x)) for x in flat[r * n:(r + 1) * n]] for r in range(e.world)]
 
     def compensate(self, step: int, b: int, flat: torch.Tensor, parts: list[torch.Tensor], used: dict[int, bool]) -> None:
         """Before the server adds up bucket b's pushes of update `step` (its own `flat`, the
-        other workers' `parts` in rank order): correct each for its rank's lag."""
-        if self.dc is None:
+        other workers' `parts` in rank order): correct (compensate) or scale (scale) each for
+        its rank's lag."""
+        if self.dc is None and not self.scaling:
             return
         e = self.e
         members = e.plan.buckets[b]
@@ -100,6 +118,12 @@ class StalenessControl:
         ranks, tensors = [e.rank] + others, [flat] + parts
         views = [unflatten(t, like) for t in tensors]
         lags = [[self.lags[r][pos[i]] for i in members] for r in ranks]
+        if self.scaling:
+            for k, i in enumerate(members):
+                if used[i]:
+                    scaled([v[k] for v in views], [lag[k] for lag in lags])
+                    self.scaled_count += sum(lag[k] > 1 for lag in lags)
+            return
         self.dc.bucket(members, views, lags, e.params, step, used, e.workers)
 
     def slowest(self) -> bool:
@@ -114,8 +138,10 @@ class StalenessControl:
         and land during the forward). Applying one waits at most for its transfer, never for a
         straggler: gloo's point-to-point pushes cannot be polled for completion (`is_completed()`
         stays false until waited), so "every rank pushed it" is the test, not "it has arrived".
-        Returns the wait (s)."""
+        Returns the wait (s). staleness=scale does not pace (plain ssp's timing)."""
         e, waited = self.e, 0.0
+        if not self.pacing:
+            return waited
         if e.pending and not self.slowest():
             t0 = time.perf_counter()
             latest = e.pending[-1]

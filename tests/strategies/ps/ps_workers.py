@@ -272,9 +272,18 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
     from caramel.strategies.ps.compensate import DelayCompensation
     from caramel.strategies.ps.staleness import StalenessControl
 
-    unlogged = DelayCompensation.bucket
+    from caramel.strategies.ps.engine import PsEngine
+
+    unlogged, unrated = DelayCompensation.bucket, PsEngine._step_shard
     out = {}
     for spec in specs:
+        applied_lr: list[tuple[int, float]] = []  # (update, the lr a server stepped it with)
+
+        def rated(engine, idx, u, applied_lr=applied_lr):
+            if idx:
+                applied_lr.append((u.step, float(u.hparams[0]["lr"])))
+            unrated(engine, idx, u)
+        PsEngine._step_shard = rated  # the engine is rebuilt after profiling: on the class
         w = fresh("gpt_tied")
         opt, sched = make_optimizer("adam", w.model.parameters())
         forward_at: list[float] = []
@@ -305,19 +314,21 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
                     used_at[e.steps] = {i: e.params[i].detach().numpy().copy() for i in e.plan.params}
             w.model.register_forward_hook(keep)
             DelayCompensation.bucket = _logged_bucket(served)  # the engine is rebuilt after profiling: on the class
-        step_at = []
+        step_at, step_lr = [], []  # per step: when step() was called, the scheduler's lr then
         for step in range(steps):
             if rank == 1 and "ssp:0" not in spec and ":" in spec:
                 time.sleep(slow_rank_s)
             x, y = batch("gpt_tied", step, rank)
             w.loss_fn(model(x), y).backward()
             step_at.append(time.perf_counter())
+            step_lr.append(float(opt.param_groups[0]["lr"]))
             opt.step()
             sched.step()
             opt.zero_grad()
         opt.synchronize()
         StalenessControl.pace = counted.__defaults__[0]
         DelayCompensation.bucket = unlogged
+        PsEngine._step_shard = unrated
         dc = opt.ps.engine.stale.dc if opt.ps.engine.stale is not None else None
         buckets = [list(b) for b in opt.ps.engine.plan.buckets]
         served[:] = [x for x in served if x.pop("dc") is dc]  # the engine after profiling (another plan before)
@@ -325,6 +336,7 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             entry["bucket"] = buckets.index(entry.pop("members"))
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
+                     "lr_scaled": opt.ps.stats_dict()["lr_scaled"], "applied_lr": applied_lr, "step_lr": step_lr,
                      "dc": None if dc is None else {"served": served, "used_at": used_at, "corrected": dc.corrected,
                                                     "missing": dc.missing, "buckets": len(buckets)}}
         caramel.shutdown()

@@ -1,17 +1,20 @@
 """`ps:staleness=pace`: under ssp a worker ahead of the slowest waits for its push instead of
 computing on older parameters; `staleness=predict` also extrapolates the parameters a forward
 uses to the version its gradient is applied to; `staleness=compensate` corrects each stale
-gradient at its server (DC-ASGD)."""
+gradient at its server (DC-ASGD); `staleness=scale` applies a gradient tau updates old at
+lr / tau (Zhang et al. 2016)."""
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
 import pytest
+import torch
 
 from caramel.errors import CaramelError
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.parallelize import PROFILE_STEPS
+from caramel.strategies.ps.staleness import scaled
 from caramel.testing import run_workers
 from tests.strategies.ps.ps_workers import pace_worker
 
@@ -20,7 +23,8 @@ SLOW_S = 0.12  # rank 1's sleep per step: far above any step's own work, even on
 PLAIN, PACE = "ps:consistency=ssp:2", "ps:consistency=ssp:2,staleness=pace"
 PREDICT = "ps:consistency=ssp:2,staleness=predict"
 COMPENSATE = "ps:consistency=ssp:2,staleness=compensate"
-SPECS = (PLAIN, PACE, PREDICT, COMPENSATE)
+SCALE = "ps:consistency=ssp:2,staleness=scale"
+SPECS = (PLAIN, PACE, PREDICT, COMPENSATE, SCALE)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +52,20 @@ def test_pace_never_lets_a_worker_compute_ahead_of_the_slowest(runs):
 def test_every_rank_ends_equal(runs):
     for spec in SPECS:
         assert all(np.array_equal(a, b) for a, b in zip(runs[0][spec]["params"], runs[1][spec]["params"])), spec
+
+
+def test_every_update_runs_at_the_lr_of_the_step_that_made_it(runs):
+    """The LR schedule moves per worker step (every rank steps it once a step), and update u
+    is applied with step u's lr however late a server applies it, on every server and under
+    every staleness mode: SSP and BSP follow one schedule (a measurement against BSP would be
+    biased if an update took the lr of the step at which it happened to be applied)."""
+    for spec in SPECS:
+        for rank in (0, 1):
+            lrs, applied = runs[rank][spec]["step_lr"], runs[rank][spec]["applied_lr"]
+            assert len(set(lrs)) == STEPS  # the schedule moves every step
+            assert applied and all(lr == lrs[u] for u, lr in applied), (spec, rank, applied, lrs)
+    # each update applied by some server: every step's lr was used
+    assert {u for r in (0, 1) for u, _ in runs[r][SCALE]["applied_lr"]} == set(range(STEPS))
 
 
 def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
@@ -82,6 +100,30 @@ def test_an_unknown_staleness_is_one_clear_error():
     for consistency in ("bsp", "ssp:0"):  # nothing stale to correct: refused, not ignored
         with pytest.raises(CaramelError, match=f"consistency={consistency} never has"):
             PsOptions(consistency=consistency, staleness="pace")
+    with pytest.raises(CaramelError, match="staleness=scale does not combine with hierarchical=true"):
+        PsOptions(consistency="ssp:2", staleness="scale", hierarchical=True)
+
+
+def test_scale_applies_a_gradient_tau_updates_old_at_lr_over_tau():
+    """Three workers' pushes (gradient / 3) with lags 0, 1 and 3, then the server's SGD step:
+    Zhang et al.'s w - (1/3) sum_l lr / max(1, tau_l) g_l, computed by hand."""
+    lr, w = 0.1, torch.tensor([1.0, -2.0])
+    grads = [torch.tensor([0.3, 0.6]), torch.tensor([-0.9, 1.2]), torch.tensor([1.5, -0.3])]
+    parts = [g / 3 for g in grads]
+    scaled(parts, [0, 1, 3])
+    stepped = w - lr * (parts[0] + parts[1] + parts[2])  # the server's SGD step on the sum
+    # by hand: (0.3 - 0.9 + 1.5 / 3) / 3 = -0.1 / 3; (0.6 + 1.2 - 0.3 / 3) / 3 = 1.7 / 3
+    want = torch.tensor([1.0 + 0.01 / 3, -2.0 - 0.17 / 3])
+    assert torch.allclose(stepped, want, rtol=1e-6, atol=1e-7), (stepped, want)
+
+
+def test_scale_divides_only_the_stale_gradients_without_pacing(runs):
+    """Under ssp:2 with rank 1 slowed, rank 0 runs ahead (no pace) and its lag-2 gradients are
+    halved at the servers; every rank ends equal (checked above) on other values than plain ssp."""
+    assert max(_lead(runs, SCALE)) > SLOW_S / 2 and runs[0][SCALE]["pace_wait_s"] == 0
+    assert runs[0][SCALE]["lr_scaled"] + runs[1][SCALE]["lr_scaled"] > 0
+    assert all(runs[r][spec]["lr_scaled"] == 0 for r in (0, 1) for spec in (PLAIN, PACE, PREDICT, COMPENSATE))
+    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][SCALE]["params"], runs[0][PLAIN]["params"]))
 
 
 def test_compensate_applies_every_update_once_in_order_and_corrects_stale_gradients(runs):
