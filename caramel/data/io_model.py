@@ -102,6 +102,10 @@ class DataLoadModel:
                                f"{self.worker_request_s}")
         if self.request_bytes is not None and self.request_bytes <= 0:
             raise CaramelError(f"request_bytes must be positive, got {self.request_bytes}")
+        if self.request_bytes is not None and self.worker_request_s:
+            # measured on range reads only; the bench charges shard fetches nothing (data_report.py)
+            raise CaramelError("worker_request_s times one sample's range read; shard fetches (request_bytes "
+                               f"{self.request_bytes}) are not charged it, got {self.worker_request_s}")
 
     def remote_bytes_per_step(self) -> float:
         """Bytes one rank fetches from the store per step."""
