@@ -48,30 +48,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute runs F times slower while a collective is in flight (CPU contention; "
                              "default: the cluster spec's compute_slowdown, 1 unless it says)")
     add_option_argument(parser)
-    data = parser.add_argument_group("data loading (caramel.data.io_model; all optional, --data-sample-bytes turns it on)")
+    data = parser.add_argument_group("data loading (caramel.data.io_model; --data-sample-bytes turns it on, and "
+                                     "the other --data-* flags need it; times with their unit: s, ms or us)")
     data.add_argument("--data-sample-bytes", help="bytes per sample: 150kb, 3mb")
-    data.add_argument("--data-batch", type=int, default=32, help="samples per rank per step (default 32)")
-    data.add_argument("--data-bandwidth", default="1gbit", help="the store's link, shared by all ranks (default 1gbit)")
-    data.add_argument("--data-latency", default="1ms", help="per request to the store (default 1ms)")
-    data.add_argument("--data-hit-rate", type=float, default=0.0, help="share of samples read from the local cache (default 0)")
+    data.add_argument("--data-batch", type=int, help="samples per rank per step (default 32)")
+    data.add_argument("--data-bandwidth", help="the store's link, shared by all ranks (default 1gbit)")
+    data.add_argument("--data-latency", help="per request to the store (default 1ms)")
+    data.add_argument("--data-hit-rate", type=float, help="share of samples read from the local cache (default 0)")
     data.add_argument("--data-request-bytes", help="bytes per store request (a shard: 64mb); default one sample (range reads)")
-    data.add_argument("--data-loader-workers", type=int, default=2, help="prefetching workers per rank (default 2; 0: serial)")
-    data.add_argument("--data-local-per-sample", default="0", help="local read + decode time per sample: 50us (default 0)")
-    data.add_argument("--data-memory-hit-rate", type=float, default=0.0,
+    data.add_argument("--data-loader-workers", type=int, help="prefetching workers per rank (default 2; 0: serial)")
+    data.add_argument("--data-local-per-sample", help="local read + decode time per sample: 50us (default 0)")
+    data.add_argument("--data-memory-hit-rate", type=float,
                       help="share of samples from the loader's memory tier, part of --data-hit-rate (default 0)")
-    data.add_argument("--data-disk-per-read", default="0", help="one shard read from the disk cache: 2ms (default 0)")
-    data.add_argument("--data-batch-overhead", default="0",
-                      help="per batch in a loader worker, collate and transport: 300us (default 0)")
-    data.add_argument("--data-contention", type=float, default=1.0,
+    data.add_argument("--data-disk-per-read", help="one shard read from the disk cache: 2ms (default 0)")
+    data.add_argument("--data-batch-overhead", help="per batch in a loader worker, collate and transport: 300us (default 0)")
+    data.add_argument("--data-contention", type=float,
                       help="the step's compute side runs this much longer beside busy loader workers "
                            "(>= 1; `caramel bench --data` measures it; default 1)")
-    data.add_argument("--data-misses-last", action="store_true",
+    data.add_argument("--data-misses-last", action="store_true", default=None,
                       help="the sampler reads cached shards first (locality): an epoch's misses fall in its last "
                            "1 - hit rate of the steps")
-    data.add_argument("--data-read-under-load", default="0", metavar="DURATION",
+    data.add_argument("--data-read-under-load", metavar="DURATION",
                       help="a range read's time on the cores under the training load, added to the store's latency "
-                           "in each loader worker's sequence of reads (with its unit: 1.2ms; `caramel bench --data` "
-                           "records it as request_s_under_load; default 0: not charged)")
+                           "in each loader worker's sequence of reads: 1.2ms (`caramel bench --data` records it as "
+                           "request_s_under_load; not with --data-request-bytes: shard fetches are not charged it; "
+                           "default 0: not charged)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     plans = [(f"file:{Path(p).name}", Plan.load(p)) for p in args.plan]
     comm = CommModel(cluster, args.comm_model)
+    data_model = _data_model(args, cluster.world_size)  # checked before the simulations run
 
     records: list[dict[str, Any]] = []
     traces = []
@@ -122,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
             records.append(_record(label, overlap, cluster, result, bound.step_time_s, plan, args))
             traces.append(result.trace)
 
-    data_model = _data_model(args, cluster.world_size)
     if data_model is not None:
         for rec in records:
             rec["data"] = data_model.describe()
@@ -147,35 +148,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# The --data-* flags' defaults: None in argparse, so that a flag given without
+# --data-sample-bytes is refused rather than silently ignored.
+_DATA_DEFAULTS: dict[str, Any] = {
+    "data_batch": 32, "data_bandwidth": "1gbit", "data_latency": "1ms", "data_hit_rate": 0.0,
+    "data_request_bytes": None, "data_loader_workers": 2, "data_local_per_sample": "0", "data_memory_hit_rate": 0.0,
+    "data_disk_per_read": "0", "data_batch_overhead": "0", "data_contention": 1.0, "data_misses_last": False,
+    "data_read_under_load": "0",
+}
+_DATA_DURATIONS = ("data_latency", "data_local_per_sample", "data_disk_per_read", "data_batch_overhead",
+                   "data_read_under_load")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def _data_model(args: argparse.Namespace, ranks: int):
-    """The I/O model the --data-* flags describe, or None without --data-sample-bytes."""
+    """The I/O model the --data-* flags describe, or None without --data-sample-bytes. Every
+    duration is checked first (with its unit, `parse_duration_arg_s(unit_required=True)`); then
+    a --data-* flag given without --data-sample-bytes is an error, not ignored."""
+    given = [dest for dest in _DATA_DEFAULTS if getattr(args, dest, None) is not None]
+    v = {dest: getattr(args, dest) if dest in given else default for dest, default in _DATA_DEFAULTS.items()}
+    times_s = {dest: parse_duration_arg_s(v[dest], _flag(dest), unit_required=True) for dest in _DATA_DURATIONS}
     if not args.data_sample_bytes:
+        if given:
+            raise CaramelError(f"{_flag(given[0])} needs --data-sample-bytes (it turns the data model on); "
+                               "without it the --data-* flags would be ignored")
         return None
+    if times_s["data_read_under_load"] and v["data_request_bytes"]:
+        raise CaramelError("--data-read-under-load times one sample's range read; shard fetches "
+                           "(--data-request-bytes) are not charged it, as in `caramel bench --data`")
     from caramel.data.io_model import DataLoadModel
 
     return DataLoadModel(
-        sample_bytes=parse_size_bytes(args.data_sample_bytes), batch_size=args.data_batch, ranks=ranks,
-        store_bandwidth_bps=parse_rate_bps(args.data_bandwidth),
-        store_latency_s=parse_duration_arg_s(args.data_latency, "--data-latency"), hit_rate=args.data_hit_rate,
-        request_bytes=parse_size_bytes(args.data_request_bytes) if args.data_request_bytes else None,
-        loader_workers=args.data_loader_workers,
-        local_s_per_sample=parse_duration_arg_s(args.data_local_per_sample, "--data-local-per-sample"),
-        memory_hit_rate=args.data_memory_hit_rate,
-        disk_s_per_read=parse_duration_arg_s(args.data_disk_per_read, "--data-disk-per-read"),
-        batch_overhead_s=parse_duration_arg_s(args.data_batch_overhead, "--data-batch-overhead"),
-        contention=args.data_contention,
-        remote_steps_share=max(1.0 - args.data_hit_rate, 1e-9) if args.data_misses_last else 1.0,
-        worker_request_s=_read_under_load_s(args.data_read_under_load))
-
-
-def _read_under_load_s(text: str) -> float:
-    """--data-read-under-load in seconds: 0, or a duration with its unit. A bare number is
-    refused rather than read as seconds: the bench prints this time in ms, and 1.2 taken as
-    seconds would make every read a thousand times too slow without a word."""
-    flag = "--data-read-under-load"
-    if re.fullmatch(r"\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*", str(text)) and float(text) != 0:
-        raise CaramelError(f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit, such as 1.2ms or 800us")
-    return parse_duration_arg_s(text, flag)
+        sample_bytes=parse_size_bytes(args.data_sample_bytes), batch_size=v["data_batch"], ranks=ranks,
+        store_bandwidth_bps=parse_rate_bps(v["data_bandwidth"]),
+        store_latency_s=times_s["data_latency"], hit_rate=v["data_hit_rate"],
+        request_bytes=parse_size_bytes(v["data_request_bytes"]) if v["data_request_bytes"] else None,
+        loader_workers=v["data_loader_workers"],
+        local_s_per_sample=times_s["data_local_per_sample"],
+        memory_hit_rate=v["data_memory_hit_rate"],
+        disk_s_per_read=times_s["data_disk_per_read"],
+        batch_overhead_s=times_s["data_batch_overhead"],
+        contention=v["data_contention"],
+        remote_steps_share=max(1.0 - v["data_hit_rate"], 1e-9) if v["data_misses_last"] else 1.0,
+        worker_request_s=times_s["data_read_under_load"])
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:

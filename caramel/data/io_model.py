@@ -89,19 +89,24 @@ class DataLoadModel:
             raise CaramelError(f"remote_steps_share must be within (0, 1], got {self.remote_steps_share}")
         if self.fetch_amplification < 1:
             raise CaramelError(f"fetch_amplification must be >= 1, got {self.fetch_amplification}")
-        if self.disk_s_per_read < 0 or self.batch_overhead_s < 0 or self.samples_per_disk_read < 1:
+        if not (0 <= self.disk_s_per_read < math.inf and 0 <= self.batch_overhead_s < math.inf
+                and self.samples_per_disk_read >= 1):
             raise CaramelError(f"disk_s_per_read and batch_overhead_s must be >= 0 and samples_per_disk_read >= 1, "
                                f"got {self.disk_s_per_read}, {self.batch_overhead_s}, {self.samples_per_disk_read}")
         if self.sample_bytes <= 0 or self.batch_size < 1 or self.ranks < 1 or self.store_bandwidth_bps <= 0:
             raise CaramelError("sample_bytes, batch_size, ranks and store_bandwidth_bps must be positive, got "
                                f"{self.sample_bytes}, {self.batch_size}, {self.ranks}, {self.store_bandwidth_bps}")
-        if self.store_latency_s < 0 or self.loader_workers < 0 or self.local_s_per_sample < 0 \
-                or not 0 <= self.worker_request_s < math.inf:
+        if not all(0 <= t < math.inf for t in (self.store_latency_s, self.local_s_per_sample, self.worker_request_s)) \
+                or self.loader_workers < 0:
             raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
                                f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
                                f"{self.worker_request_s}")
         if self.request_bytes is not None and self.request_bytes <= 0:
             raise CaramelError(f"request_bytes must be positive, got {self.request_bytes}")
+        if self.request_bytes is not None and self.worker_request_s:
+            # measured on range reads only; the bench charges shard fetches nothing (data_report.py)
+            raise CaramelError("worker_request_s times one sample's range read; shard fetches (request_bytes "
+                               f"{self.request_bytes}) are not charged it, got {self.worker_request_s}")
 
     def remote_bytes_per_step(self) -> float:
         """Bytes one rank fetches from the store per step."""

@@ -269,4 +269,19 @@ def test_the_record_names_the_code_that_made_it(tmp_path, monkeypatch, capsys):
     record = next(iter(stored_records(stored).values()))
     monkeypatch.setattr(data_cli, "run_data_bench", lambda cfg, url: dict(record))
     assert data_cli.report(_config(), None, str(tmp_path / "r.json"), None) == 0
-    assert json.loads((tmp_path / "r.json").read_text())["code"] == code_version() != ""
+    code = json.loads((tmp_path / "r.json").read_text())["code"]
+    assert code == code_version()
+    # and that is this checkout's commit (or the package's version outside a git checkout)
+    import re
+    import subprocess
+
+    import caramel
+    from caramel.bench.provenance import package_root
+
+    git = subprocess.run(["git", "-C", str(package_root()), "rev-parse", "--show-toplevel", "HEAD"],
+                         capture_output=True, text=True)
+    top, _, head = git.stdout.strip().partition("\n")
+    if git.returncode == 0 and Path(top).resolve() == package_root():
+        assert re.fullmatch(head[:12] + r"(-dirty)?", code), (code, head)
+    else:
+        assert code == f"caramel {caramel.__version__}"

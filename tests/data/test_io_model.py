@@ -24,9 +24,10 @@ def test_terms():
     slow = DataLoadModel(**{**m.__dict__, "worker_request_s": 1e-3})
     # each read also takes 1 ms of the cores in its worker's sequence: 10 x 2 ms over 2 workers, behind the link
     assert slow.data_time_s() == pytest.approx(32e-3 + 10e-3 / 8)
-    for bad in (-1e-3, float("nan"), float("inf")):
-        with pytest.raises(CaramelError, match="worker_request_s"):
-            DataLoadModel(**{**m.__dict__, "worker_request_s": bad})
+    for field in ("worker_request_s", "store_latency_s", "local_s_per_sample", "disk_s_per_read", "batch_overhead_s"):
+        for bad in (-1e-3, float("nan"), float("inf")):
+            with pytest.raises(CaramelError, match=field):
+                DataLoadModel(**{**m.__dict__, field: bad})
     alone = DataLoadModel(**{**m.__dict__, "loader_workers": 1, "ranks": 1})
     assert alone.data_time_s() == pytest.approx(10e-3 + 8e-3)  # one request in flight: wait and transfer add up
 
