@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gossip_tracking import val_curve  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.gossip_tracking import val_curve  # noqa: E402
 
 WITHIN = 0.05  # the target: within 5% of DDP's validation loss
 
@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--val-every-steps", type=int, default=40)
     ap.add_argument("--collect-only", action="store_true", help="score the runs already in --runs")
+    ap.add_argument("--reuse", action="store_true", help="keep runs that finished (their summary.json exists)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     configs = dict(parse_config(c) for c in args.config)
@@ -125,6 +126,9 @@ def main() -> None:
     if not args.collect_only:
         for seed in seeds:
             for name, flags in configs.items():
+                if args.reuse and (runs / f"{name}-{seed}" / "summary.json").exists():
+                    print(f"seed {seed}: {name} (kept)", flush=True)
+                    continue
                 print(f"seed {seed}: {name}", flush=True)
                 train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.val_every_steps)
     curves = {n: {s: val_curve(runs / f"{n}-{s}") for s in seeds if (runs / f"{n}-{s}" / "metrics.jsonl").exists()}
