@@ -8,6 +8,9 @@ paired rounds (`caramel.stats.paired_ratio_interval`), and TicTac's E and S as e
 reports them (`stats_dict()`: per step from the first pull handed over to the forward's end).
 
     /tmp/bench.sh python experiments/ps_order_paths.py --rounds 3 --out docs/results/ps_order_paths
+
+`--from-json PATH.json` writes PATH.md again from a stored result (the table from the JSON; a
+"## Reading" section already at the end of PATH.md is kept below it).
 """
 from __future__ import annotations
 
@@ -51,6 +54,13 @@ def run_job(launch: list[str], spec: str, args: argparse.Namespace, out: Path) -
     return res
 
 
+def check_e(res: dict, job: str) -> None:
+    """A run without E (too few steady steps for the online profile's reference) is an error."""
+    if res.get("E_median") is None or res.get("S") is None:
+        raise SystemExit(f"job {job}: the run reported no TicTac E/S (E_median={res.get('E_median')}, "
+                         f"S={res.get('S')}); expected numbers: give it more --steps after --warmup")
+
+
 def summarize(runs: dict[str, list[dict]], per_round: int) -> dict:
     steps = {o: [s for r in runs[o] for s in r["step_s"]] for o in ORDERS}
     point = median(steps["random"]) / median(steps["tac"])
@@ -70,15 +80,16 @@ def markdown(result: dict) -> str:
              f"Command: `{result['command']}`", "",
              f"Code {result['code']}; {result['what']}", "",
              "| configuration | TAC speed-up over random (95% interval) | median step random / TAC (ms) "
-             "| E of TAC (rounds) | E of random (rounds) | S | predicted E TAC / random |",
+             "| E of TAC (rounds) | E of random (rounds) | S of TAC (rounds) | predicted E TAC / random |",
              "|---|---|---|---|---|---|---|"]
     for name, s in result["summary"].items():
         lo_hi = "n/a" if s["interval_95"] is None else f"{s['interval_95'][0]:.3f}-{s['interval_95'][1]:.3f}"
         e = {o: ", ".join(f"{x:.2f}" for x in s["E_rounds"][o]) for o in ORDERS}
+        s_tac = f"{statistics.median(s['S']['tac']):.2f} ({', '.join(f'{x:.2f}' for x in s['S']['tac'])})"
         lines.append(f"| {name} | **{s['tac_speedup_over_random']:.3f}x** ({lo_hi}) | "
                      f"{s['median_step_ms']['random']:.1f} / {s['median_step_ms']['tac']:.1f} | "
                      f"{s['E_median']['tac']:.2f} ({e['tac']}) | {s['E_median']['random']:.2f} ({e['random']}) | "
-                     f"{s['S']['tac'][-1]:.2f} | {s['predicted_E']['tac']:.2f} / {s['predicted_E']['random']:.2f} |")
+                     f"{s_tac} | {s['predicted_E']['tac']:.2f} / {s['predicted_E']['random']:.2f} |")
     lines += ["", "Per job (round, configuration, order): median step ms, E, S, 1-minute load before -> after:", ""]
     for j in result["jobs"]:
         lines.append(f"- round {j['round']}, {j['config']}, {j['order']}: {j['median_step_ms']:.1f} ms, "
@@ -86,19 +97,53 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked: one error naming the bad input and what is expected."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out (the online profile, warm-up)")
     ap.add_argument("--bandwidth", default="300mbit")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
-    ap.add_argument("--out", required=True, help="PATH: writes PATH.json and PATH.md")
-    args = ap.parse_args()
-    configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
+    ap.add_argument("--out", help="PATH: writes PATH.json and PATH.md")
+    ap.add_argument("--from-json", metavar="PATH.json", help="only write PATH.md again from this stored result")
+    args = ap.parse_args(argv)
+    if args.from_json is not None:
+        if args.out is not None:
+            ap.error("--from-json writes PATH.md beside PATH.json; --out is not used with it")
+        if not args.from_json.endswith(".json"):
+            ap.error(f"--from-json: expected a PATH.json file, got {args.from_json!r}")
+        return args
+    if args.out is None:
+        ap.error("--out PATH is required (or --from-json PATH.json)")
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected at least 1 paired round, got {args.rounds}")
+    if not 0 <= args.warmup < args.steps:
+        ap.error(f"--warmup {args.warmup} / --steps {args.steps}: expected 0 <= warmup < steps "
+                 "(the timed steps are warmup..steps-1)")
+    args.configs = args.configs.split(",")
+    unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
-        raise SystemExit(f"--configs: unknown {unknown}; expected some of {list(CONFIGS)}")
+        ap.error(f"--configs: unknown {unknown}; expected some of {list(CONFIGS)}")
+    return args
+
+
+def rewrite_markdown(json_path: Path) -> str:
+    """PATH.md from PATH.json, keeping the "## Reading" section PATH.md already ends with."""
+    md_path = json_path.with_suffix(".md")
+    old = md_path.read_text() if md_path.exists() else ""
+    reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""
+    text = markdown(json.loads(json_path.read_text())) + reading
+    md_path.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.from_json is not None:
+        print(rewrite_markdown(Path(args.from_json)))
+        return
+    configs = args.configs
     jobs, runs = [], {c: {o: [] for o in ORDERS} for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -106,6 +151,7 @@ def main() -> None:
                 launch, base = CONFIGS[c]
                 for order in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
                     res = run_job(launch, spec_of(base, order), args, Path(tmp) / f"{c}-{order}-{r}.json")
+                    check_e(res, f"round {r} {c} {order}")
                     runs[c][order].append(res)
                     jobs.append({"round": r, "config": c, "order": order, **{k: res[k] for k in (
                         "median_step_ms", "E_median", "S", "load_before", "load_after", "wall_s", "step_s")}})

@@ -23,7 +23,7 @@ BAD = (("ps:servers=4,dedicated=true", None, "4 dedicated servers but the job ha
 def suite():
     """One job of 2 workers + 2 server processes runs the parity cases, then the checkpoint case."""
     return run_workers(suite_worker, 4, args=(BAD, 20, 2, CASES + (TAC, RANDOM), 3, "ps:servers=2,dedicated=true"),
-                       timeout_s=240)
+                       timeout_s=480)  # setup alone took 112 s at load 40-60
 
 
 def test_bsp_with_dedicated_servers_equals_ddp_over_the_workers(suite):
