@@ -149,3 +149,15 @@ def test_the_runtimes_count_chooser_prices_the_profile_as_the_prediction_does():
         explicit = {k: simulate_pipeline(prof, cluster, dataclasses.replace(options, microbatches=k)).step_time_s
                     for k in table}
         assert table == explicit and m == min(explicit, key=lambda k: (explicit[k], k)), cluster.ranks_per_host
+
+
+def test_microbatches_auto_under_the_drain_reference_prices_every_count_after_the_drain():
+    """`simulate_pipeline(reduce="after")` replays the pick with the replicas' reduction after
+    the drain (the reference before the overlapped model): its chooser prices every count so."""
+    prof = _profile(batch=8)
+    options = PipelineOptions(stages=2, replicas=2, microbatches="auto", schedule="gpipe")
+    auto = simulate_pipeline(prof, PLAIN, options, reduce="after")
+    explicit = {m: simulate_pipeline(prof, PLAIN, dataclasses.replace(options, microbatches=m), reduce="after").step_time_s
+                for m in (1, 2, 4, 8, 16)}
+    assert auto.meta["microbatch_predictions_s"] == explicit and auto.meta["replica_reduce_model"] == "after"
+    assert auto.step_time_s == min(explicit.values())
