@@ -52,18 +52,23 @@ def candidates(batch: int, schedule: str, stages: int, positions: int, period: i
 
 def profiled_scaling(model: Any, inputs: Any, targets: Any, loss_fn: Callable, cands: list[int]) -> list[ScalingCost]:
     """Each layer's fitted cost line, from profiles of a copy of `model` (an `nn.Sequential`) at
-    the smallest and the largest candidate microbatch."""
+    the smallest and the largest candidate microbatch. One size (a single candidate, or both
+    sizes equal): per-sample lines with no fixed cost, as `scaling_from_profile` reads a profile
+    at one batch size (`fit_scaling` needs two sizes)."""
     import copy
 
     from caramel.profile.profiler import profile_model
     from caramel.strategies.pipeline.planner import layer_costs_from_profile
 
     probe = copy.deepcopy(model)
-    sizes = (inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0])
+    sizes = sorted({inputs.shape[0] // cands[-1], inputs.shape[0] // cands[0]})
     costs = []
     for n in sizes:
         prof = profile_model(probe, inputs[:n], targets[:n], loss_fn, steps=5, name="pipeline")
         costs.append(layer_costs_from_profile(prof, probe, inputs[:n]))
+    if len(sizes) == 1:
+        (n,), (at,) = sizes, costs
+        return [ScalingCost(0.0, c.forward_s / n, 0.0, c.backward_s / n, c.output_bytes / n, c.param_bytes) for c in at]
     return fit_scaling(costs[0], sizes[0], costs[1], sizes[1])
 
 
@@ -77,7 +82,8 @@ class MicrobatchChoice:
 def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, stages: int, positions: int,
                         cluster: ClusterSpec, speeds: list[float] | None = None, cuts: list[int] | None = None,
                         replicas: int | tuple[int, ...] = 1, transport: str = "rendezvous", optimizer_s: float = 0.0,
-                        ties: list[TiedWeight] | None = None, reducer: str = "caramel") -> MicrobatchChoice:
+                        ties: list[TiedWeight] | None = None, reducer: str = "caramel",
+                        reduce: str | None = None) -> MicrobatchChoice:
     """The candidate with the fastest simulated step (ties: fewer microbatches, fewer updates to
     stash for pipedream); `cuts` fixes the partition, else it is re-planned per candidate (at
     the speeds it is replayed at). Where `cluster`'s ranks share a host's cores, each candidate
@@ -88,7 +94,10 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
     is priced as `simulate_pipeline` prices that layout: the optimizer step (`optimizer_s`, the
     whole model's), the tied weights (`ties`) and, with equal replicas of gpipe or 1f1b, their
     reduction overlapped as the runtime runs it (`reducer`: the options' `replica_reducer()`;
-    `overlap.replica_mode`)."""
+    `overlap.replica_mode`), or after the drain with `reduce="after"` (`simulate_pipeline`'s
+    reference, which replays the pick so)."""
+    if reduce not in (None, "after"):
+        raise CaramelError(f"microbatches=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
     posting = posting_for(transport, schedule, "microbatches=auto")
     ties = ties or []
     speeds = speeds or [1.0] * stages
@@ -107,7 +116,7 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
         tied_s = tied_allreduce_s(ties, plan.boundaries, len(costs), positions, at)
-        mode = replica_mode(schedule, replicas, reducer, any(tied_s))
+        mode = "after" if reduce == "after" else replica_mode(schedule, replicas, reducer, any(tied_s))
         sc = with_tied(stage_costs(with_held_bytes(costs, ties, plan.boundaries), plan.boundaries, at, replicas, sp,
                                    optimizer_s, mode), tied_s, mode)
         sim = (replay(sc, actions, at.compute_slowdown, math.lcm(*counts) if unequal else 0, posting)

@@ -267,13 +267,14 @@ def simulate_pipeline(profile: ModelProfile, cluster: ClusterSpec, options: Pipe
     if reduce is not None and reduce not in REDUCE_MODES:
         raise CaramelError(f"pipeline simulation: reduce must be one of {REDUCE_MODES} or None, got {reduce!r}")
     posting_for(transport, options.schedule, "pipeline simulation")
-    replica_note = auto_note = None
+    replica_note = auto_note = counts_s = None  # counts_s: the count chooser's score of every count
     if options.auto_replicas:  # the runtime's choice, from the same costs (`auto_replicas.py`)
         options, replica_note = _auto_replicas(profile, cluster, options, reduce, transport)
     if options.microbatches == "auto":
-        options, auto_note = _auto_microbatches(profile, cluster, options, _positions(options, cluster), transport)
+        options, auto_note, counts_s = _auto_microbatches(profile, cluster, options, _positions(options, cluster),
+                                                          transport, reduce)
     sim = with_sharing(lambda c: _simulate_once(profile, c, options, iterations, reduce, transport), cluster)
-    sim.meta.update({"microbatches_auto": auto_note, "replicas_auto": replica_note})
+    sim.meta.update({"microbatches_auto": auto_note, "replicas_auto": replica_note, "microbatch_predictions_s": counts_s})
     return sim
 
 
@@ -372,11 +373,13 @@ def _auto_replicas(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
                       "candidates_s": choice.candidates_s}
 
 
-def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions,
-                       positions: int, transport: str = "rendezvous") -> tuple[PipelineOptions, str]:
+def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: PipelineOptions, positions: int,
+                       transport: str = "rendezvous", reduce: str | None = None
+                       ) -> tuple[PipelineOptions, str, dict[int, float]]:
     """microbatches="auto" from the profile: with module times at two batch sizes each layer has
     a fixed cost per microbatch, as in the runtime's choice; with one size only per-sample costs
-    and the links' latency per transfer decide, which favours more microbatches."""
+    and the links' latency per transfer decide, which favours more microbatches. `reduce="after"`
+    prices every count after the drain, as the final replay then runs the pick."""
 
     from caramel.strategies.pipeline.microbatches import choose_microbatches
 
@@ -391,8 +394,8 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
                                  fixed,
                                  options.replica_counts() if options.unequal_replicas else options.replicas,
                                  transport, profile.optimizer_time_s, tied_weights(profile, names),
-                                 options.replica_reducer())
+                                 options.replica_reducer(), "after" if reduce == "after" else None)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "
             + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")
-            + f": {choice.microbatches}")
+            + f": {choice.microbatches}", choice.predicted_step_s)

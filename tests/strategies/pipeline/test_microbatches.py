@@ -58,3 +58,24 @@ def test_candidates_divide_the_batch_and_respect_the_schedule():
     assert candidates(12, "interleaved", 4, 2) == [2, 4, 6, 12]
     with pytest.raises(CaramelError, match="no microbatch count splits the batch of 3"):
         candidates(3, "1f1b", 4, 4)
+
+
+def test_the_runtime_scores_counts_as_the_prediction_does():
+    """2 gloo ranks. A batch one count splits (2, under 1f1b on 2 stages) on a shared host, no
+    profile: the runtime profiles its layers at that one size (it raised in `fit_scaling`, two
+    sizes needed) and trains as one process does. With a tied model's profile handed over, the
+    runtime's score of every count is `simulate_pipeline`'s for it (the optimizer step and the
+    tied weight priced alike), its count and cut the prediction's; one count is scored on a
+    shared host only (its cut is then chosen at the speeds the host settles at)."""
+    from caramel.testing import run_workers
+    from tests.strategies.pipeline import auto_count_workers
+
+    for out in run_workers(auto_count_workers.auto_count_worker, 2, timeout_s=120):
+        assert isinstance(out["no_profile"], dict), out["no_profile"]
+        assert out["no_profile"]["microbatches"] == 2 and out["no_profile"]["counts"] == [2], out["no_profile"]
+        assert out["no_profile"]["diff"] <= 1e-5, out["no_profile"]
+        for (shared, schedule), got in ((k, v) for k, v in out.items() if k != "no_profile"):
+            scored = got["explicit"] if shared or schedule == "gpipe" else {}
+            assert got["table"] == scored and got["predicted"] == got["explicit"], (shared, schedule, got)
+            assert got["microbatches"] == got["picked"], (shared, schedule, got)
+            assert [got["names"][c] for c in got["cut"]] == got["predicted_cut"], (shared, schedule, got)

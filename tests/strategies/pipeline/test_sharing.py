@@ -13,8 +13,8 @@ from caramel.errors import FormatError
 from caramel.profile.turns import (SHARING_KEY, ranks_per_host, sharing_of, sharing_speedup, turn_order)
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.sharing import (co_computing, co_transferring, host_ranks_at_once, sharing_factor,
-                                                 transfer_cpu_share, with_sharing)
+from caramel.strategies.pipeline.sharing import (MAX_SHARING_PASSES, co_computing, co_transferring, host_ranks_at_once,
+                                                 sharing_factor, transfer_cpu_share, with_sharing)
 from caramel.strategies.pipeline.simulate import simulate_pipeline
 from caramel.topology.spec import ClusterSpec
 
@@ -165,7 +165,7 @@ def _flipping_pipeline(calls: list):
     return simulate
 
 
-def test_passes_that_cycle_end_on_the_slowest_of_the_cycle_whatever_the_cap(monkeypatch):
+def test_passes_that_cycle_end_on_the_slowest_of_the_cycle_or_of_the_last_two_at_the_cap(monkeypatch):
     import caramel.strategies.pipeline.sharing as sharing
     cluster = ClusterSpec.uniform(4, 1e9, alone_speedup=2.0, ranks_per_host=4)
     calls: list = []
@@ -174,27 +174,28 @@ def test_passes_that_cycle_end_on_the_slowest_of_the_cycle_whatever_the_cap(monk
     assert calls == [1.0, 2.0]
     assert sim.meta["sharing"]["settled"] is False and sim.meta["sharing"]["factor"] == 1.0
     assert sim.step_time_s == 3.0  # the slow layout at its pace, not the fast one at the other's (0.5)
-    # the review's case: replicas="auto" chose inside the passes and its cut flipped between layer2
-    # and layer3 (120.0 and 89.7 ms), the cap's parity picking the answer. The chooser now settles
-    # each candidate on its own before the pick (`sharing.settle`): the pick's passes settle,
-    # and it is the faster of the two cuts at their own loads
-    prof = synthetic_profile(sizes_bytes=[4096, 4096, 4096, 40000], times_s=[3.48e-3, 6.71e-3, 15.42e-3, 9.52e-3])
-    shared = ClusterSpec.uniform(4, 1e8, alone_speedup=2.0, ranks_per_host=4)
-    answers = []
-    for cap in (10, 11):
-        monkeypatch.setattr(sharing, "MAX_SHARING_PASSES", cap)
-        sim = simulate_pipeline(prof, shared, PipelineOptions(replicas="auto"))
-        answers.append((sim.step_time_s, sim.meta["boundaries"], sim.meta["sharing"]["settled"]))
-    assert answers[0] == answers[1], answers
-    assert answers[0][1:] == (["layer2"], True) and answers[0][0] == pytest.approx(0.1026, abs=1e-4), answers
-    layer3 = simulate_pipeline(prof, shared, PipelineOptions(stages=2, replicas=2, microbatches=2, partition="layer3"))
-    assert answers[0][0] < layer3.step_time_s
     # cut short by the cap, with no factor seen twice: the slower of the last two passes, not settled
     monkeypatch.setattr(sharing, "MAX_SHARING_PASSES", 2)
     calls.clear()
     sim = with_sharing(_fake_pipeline(calls), ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=2))
     assert len(calls) == 2 and sim.meta["sharing"]["settled"] is False
     assert sim.step_time_s == max(1 / c.workers[0].speed + 1 for c in calls)
+
+
+def test_a_replicas_auto_case_that_cycled_when_chosen_inside_the_passes_now_settles():
+    """Before each candidate was settled on its own (`sharing.settle`), replicas="auto" chose
+    inside the sharing passes and this case's cut flipped between layer2 and layer3 (120.0 and
+    89.7 ms), the pass cap's parity picking the answer. Now its passes settle well under the
+    cap, on the faster of the two cuts at their own loads. (No cycle is tested here: the
+    hand-made one above is the cycle; no `partition="auto"` case with given counts was found
+    to cycle under the choosers that settle.)"""
+    prof = synthetic_profile(sizes_bytes=[4096, 4096, 4096, 40000], times_s=[3.48e-3, 6.71e-3, 15.42e-3, 9.52e-3])
+    shared = ClusterSpec.uniform(4, 1e8, alone_speedup=2.0, ranks_per_host=4)
+    sim = simulate_pipeline(prof, shared, PipelineOptions(replicas="auto"))
+    assert sim.meta["boundaries"] == ["layer2"] and sim.meta["sharing"]["settled"], sim.meta["sharing"]
+    assert sim.meta["sharing"]["passes"] < MAX_SHARING_PASSES and sim.step_time_s == pytest.approx(0.1026, abs=1e-4)
+    layer3 = simulate_pipeline(prof, shared, PipelineOptions(stages=2, replicas=2, microbatches=2, partition="layer3"))
+    assert sim.step_time_s < layer3.step_time_s
 
 
 def test_simulate_pipeline_replays_the_layout_at_the_settled_speeds():

@@ -105,6 +105,8 @@ def test_microbatches_auto_prices_equal_replicas_reduction_as_the_runtime_runs_i
             auto = simulate_pipeline(prof, cluster, PipelineOptions(stages=2, replicas=2, microbatches="auto",
                                                                     schedule=schedule))
             assert auto.step_time_s == min(explicit.values()) and auto.meta["microbatches"] == choice.microbatches
+            # the prediction's own chooser scored every count so (the profile's optimizer step included)
+            assert auto.meta["microbatch_predictions_s"] == explicit, (cluster.ranks_per_host, schedule)
 
 
 def test_a_runtime_that_chooses_plans_at_the_spec_as_given(monkeypatch):
@@ -124,3 +126,38 @@ def test_a_runtime_that_chooses_plans_at_the_spec_as_given(monkeypatch):
     assert plan.runtime_cluster(object(), SHARED, PipelineOptions(stages=4, microbatches="auto")) is SHARED
     cut_only = plan.runtime_cluster(object(), SHARED, PipelineOptions(stages=4, microbatches=4))
     assert [w.speed for w in cut_only.workers] == [1.5] * 4 and cut_only.ranks_per_host == 1
+
+
+def test_the_runtimes_count_chooser_prices_the_profile_as_the_prediction_does():
+    """The runtime's `microbatches="auto"` on a handed profile (`PipelinePlanning._simulate_counts`,
+    run here without processes), equal replicas reduced by DDP: every count's score is that
+    layout's `simulate_pipeline`, shared host or not (the profile's optimizer step and the
+    options' reducer, DDP's overlap rather than Caramel's, reach the chooser)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from caramel.strategies.pipeline.runtime_planning import PipelinePlanning
+
+    prof = _profile(batch=8)  # the profile's own optimizer step
+    for cluster in (PLAIN, SHARED):
+        options = PipelineOptions(stages=2, replicas=2, schedule="gpipe", replica_reduce="ddp")
+        planning = PipelinePlanning()
+        planning.options, planning.layout, planning.boundaries = options, SimpleNamespace(positions=2), None
+        planning.cluster, planning.plan_profile, planning.model = cluster, prof, None
+        m, _, table = planning._simulate_counts(torch.zeros(16, 1), None, None, [2, 8])
+        explicit = {k: simulate_pipeline(prof, cluster, dataclasses.replace(options, microbatches=k)).step_time_s
+                    for k in table}
+        assert table == explicit and m == min(explicit, key=lambda k: (explicit[k], k)), cluster.ranks_per_host
+
+
+def test_microbatches_auto_under_the_drain_reference_prices_every_count_after_the_drain():
+    """`simulate_pipeline(reduce="after")` replays the pick with the replicas' reduction after
+    the drain (the reference before the overlapped model): its chooser prices every count so."""
+    prof = _profile(batch=8)
+    options = PipelineOptions(stages=2, replicas=2, microbatches="auto", schedule="gpipe")
+    auto = simulate_pipeline(prof, PLAIN, options, reduce="after")
+    explicit = {m: simulate_pipeline(prof, PLAIN, dataclasses.replace(options, microbatches=m), reduce="after").step_time_s
+                for m in (1, 2, 4, 8, 16)}
+    assert auto.meta["microbatch_predictions_s"] == explicit and auto.meta["replica_reduce_model"] == "after"
+    assert auto.step_time_s == min(explicit.values())
