@@ -139,7 +139,7 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
                  compute_s: float, sync: Callable[[], None]) -> dict[str, float]:
     """The calibration run once before every mode: `steps` timed steps with torch's DataLoader of
     `loader_workers` workers over `samples` in memory, through caramel.data's transport (the model
-    with one calibration per run; `data_bench._mode_calibration` runs each mode's own loader).
+    with one calibration per run; `data_bench_rank._mode_calibration` runs each mode's own loader).
     Every rank must call it at once (`sync` is the all-reduce)."""
     if loader_workers < 1 or steps <= WARMUP_STEPS:
         raise CaramelError(f"the contention calibration needs loader workers >= 1 and more than {WARMUP_STEPS} steps, "

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from caramel.bench import data_bench
+from caramel.bench import data_bench, data_bench_rank
 from caramel.bench.data_bench import DataBenchConfig, run_data_bench
 from caramel.data.serve import serve_directory
 from caramel.data.tiers import TierCounters
@@ -65,7 +65,7 @@ def test_a_modes_persistent_workers_end_with_its_loader_not_later():
                                          num_workers=1, persistent_workers=True, multiprocessing_context="fork")
     cfg = DataBenchConfig(epochs=2, compute_s=0.0)
     queue = _Queue()
-    data_bench._run_epochs(loader, None, cfg, 0, _Barrier(), queue, TierCounters(), lambda: None)
+    data_bench_rank._run_epochs(loader, None, cfg, 0, _Barrier(), queue, TierCounters(), lambda: None)
     assert [(kind, len(steps)) for kind, (_rank, _counts, steps, _wait, _sync) in queue] == [("epoch", 4)] * 2
     workers = loader._iterator._workers
     assert all(w.is_alive() for w in workers)  # persistent: kept between the mode's epochs

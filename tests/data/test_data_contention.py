@@ -148,7 +148,8 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
 def test_a_calibration_leaves_no_worker_and_no_cache_even_on_an_error(store, tmp_path):
     import multiprocessing
 
-    from caramel.bench.data_bench import DataBenchConfig, _mode_calibration
+    from caramel.bench.data_bench import DataBenchConfig
+    from caramel.bench.data_bench_rank import _mode_calibration
 
     index = Store(str(store)).index()
     shards = calibration_shards(str(store), index)
