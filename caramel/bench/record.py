@@ -78,6 +78,8 @@ class Record:
     """caramel with balance="batch": the per-rank shares of the global batch in force at the end"""
     dropout_fractions: list[float] | None = None
     """caramel with balance="dropout": each rank's fraction of units dropped at the end"""
+    dropout_changes: list[dict[str, Any]] | None = None
+    """caramel with balance="dropout": every change of the fractions, at the balancer's step (warm-up included)"""
     slow_worker: dict[str, Any] | None = None
     """--slow-worker: the slowed rank, its factor and the calibrated delay (`caramel.bench.straggler`)"""
     slow_link: list | None = None

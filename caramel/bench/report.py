@@ -87,7 +87,7 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st, pred.get("plan"),
                                                                 (raw.get("pipeline_plan_mismatch") or {}).get(name)),
-            dropout_fractions=st.get("dropout_fractions"), tuning=(raw.get("tuning") or {}).get(name),
+            dropout_fractions=st.get("dropout_fractions"), dropout_changes=st.get("dropout_changes"), tuning=(raw.get("tuning") or {}).get(name),
             samples_per_s=(meta["local_batch"] * cfg["workers"] / t) if meta.get("local_batch") and t else None,
             prediction_cluster=pred.get("cluster"), predicted_step_s=pred.get("step_time_s"),
             prediction_error=prediction_error(pred.get("step_time_s"), t), prediction_exact=pred.get("exact"),

@@ -131,6 +131,7 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
             balancer = getattr(engine.controller, "balancer", None)
             if hasattr(balancer, "fractions"):  # balance="dropout": the drops in force at the end
                 out["dropout_fractions"] = list(balancer.fractions)
+                out["dropout_changes"] = [dict(c) for c in balancer.changes]  # when each drop began
             return out
         if reporter is not None:
             return dict(reporter.stats_dict())

@@ -369,3 +369,22 @@ def test_a_pipelines_cut_bubble_and_busy_times_are_carried_into_its_record():
     assert pipe["predicted_busy_s_per_stage"] == [0.0367, 0.0224] and pipe["bubble_fraction"] == 0.41
     assert pipe["bubble_fraction_ideal"] is None  # unequal replicas have no textbook fraction
     assert recs["ddp"].pipeline is None
+
+
+def test_dropout_changes_are_carried_into_the_record_and_a_file_without_them_reads(tmp_path):
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.121]]}
+    raw = _raw(times)
+    change = {"step": 20, "fractions": [0.0, 0.5], "previous": [0.0, 0.0], "compute_s": [0.04, 0.07],
+              "spread_s": [0.004, 0.005]}
+    raw["stats"]["caramel"].update(dropout_fractions=[0.0, 0.5], dropout_changes=[change])
+    recs = {r.strategy: r for r in summarize(raw)}
+    assert recs["caramel"].dropout_changes == [change] and recs["caramel"].dropout_fractions == [0.0, 0.5]
+    assert recs["ddp"].dropout_changes is None
+    path = tmp_path / "bench.json"
+    report.write_records(path, list(recs.values()), {})
+    assert report.read_records(path).records == list(recs.values())
+    data = json.loads(path.read_text())  # a file written before the field reads as "not recorded"
+    for r in data["records"]:
+        del r["dropout_changes"]
+    path.write_text(json.dumps(data))
+    assert [r.dropout_changes for r in report.read_records(path).records] == [None, None]
