@@ -20,9 +20,9 @@ from caramel.errors import CaramelError
 from caramel.strategies.gossip.volume import MIXES_MOMENTS, TRACKS
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
-ALGORITHMS = ("dpsgd", "momentum", "overlap", "adam", "tracking", "tracking_momentum")
+ALGORITHMS = ("dpsgd", "momentum", "overlap", "overlap_momentum", "adam", "tracking", "tracking_momentum")
 # the overlapped form (Lian et al.'s D-PSGD; Wang et al.'s for Adam): the mix waits for the next update
-MIX_AT_UPDATE = ("overlap", "adam")
+MIX_AT_UPDATE = ("overlap", "overlap_momentum", "adam")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,10 @@ class GossipOptions:
     "overlap" (the overlapped form, Lian et al.'s D-PSGD: the parameters a step's gradient is
     computed at are exchanged during its forward and backward and mixed just before the next
     update, x(k+1) = W x(k) - lr d(k); any torch.optim optimizer), "adam" (the same, checked
-    to be Adam or AdamW: Wang et al.'s decentralized Adam), "tracking" (gradient tracking,
+    to be Adam or AdamW: Wang et al.'s decentralized Adam), "overlap_momentum" (overlap, with the
+    optimizer's moment buffers sent with the parameters and mixed by the same weights at the
+    next update: SGD's momentum, Adam's exp_avg and exp_avg_sq; three times the parameters'
+    bytes under Adam), "tracking" (gradient tracking,
     `tracking.py`: each worker's optimizer steps with a mixed estimate of the workers' average
     gradient; any torch.optim optimizer; twice dpsgd's bytes), "tracking_momentum" (tracking,
     plus the moment buffers mixed as "momentum" mixes them). `personalize`: parameters under

@@ -366,7 +366,7 @@ class GossipRun:
 
 
 def momentum_keys(optimizer: torch.optim.Optimizer, algorithm: str = "momentum") -> tuple[str, ...]:
-    """The optimizer-state entries algorithm=momentum (and tracking_momentum) gossips with each parameter."""
+    """The optimizer-state entries algorithm=momentum (overlap_momentum, tracking_momentum) gossips with each parameter."""
     # the class name the profiler records for the simulator: both price by one name
     return keys_for(optimizer_class(optimizer), algorithm)
 

@@ -4,7 +4,7 @@ cost, `simulate.py`), so the two cannot price different bytes.
 
 Per gossiped parameter p, to each out-neighbour of the step:
 
-    parameters' exchange:  p itself, then (momentum, tracking_momentum) each moment buffer the
+    parameters' exchange:  p itself, then (momentum, overlap_momentum, tracking_momentum) each moment buffer the
                            optimizer keeps for it (SGD: 1, Adam/AdamW: 2), in p's dtype;
                            plus every floating buffer not personalized (BatchNorm statistics)
     trackers' exchange:    (tracking, tracking_momentum) p's tracker, in tracker_dtype(p.dtype)
@@ -23,7 +23,7 @@ from caramel.errors import CaramelError
 # momentum by a near-zero denominator wherever this worker's gradients are zero and the
 # neighbour's are not (digits' border pixels: the loss reached 3e6 by step 5).
 MOMENT_KEYS = {"SGD": ("momentum_buffer",), "Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq")}
-MIXES_MOMENTS = ("momentum", "tracking_momentum")
+MIXES_MOMENTS = ("momentum", "overlap_momentum", "tracking_momentum")
 TRACKS = ("tracking", "tracking_momentum")
 
 

@@ -22,7 +22,8 @@ def _gossip(family: str, opt_kind: str, steps: int, rank: int, spec: str):
 def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, options=None) -> list[list[torch.Tensor]]:
     """Every worker of a gossip run, simulated in one process: each copy steps on its own batches,
     then the copies mix with the step's matrix (dpsgd, momentum: after the step, momentum buffers
-    too for momentum; overlap, adam: the previous step's parameters, just before the update)."""
+    too for momentum; overlap, adam: the previous step's parameters, just before the update;
+    overlap_momentum: those and the moment buffers)."""
     from caramel.strategies import STRATEGIES
     from caramel.strategies.gossip.topology import mixing_matrix
 
@@ -35,7 +36,7 @@ def reference(family: str, opt_kind: str, steps: int, world: int, spec: str, opt
     def mix(step: int) -> None:
         W = mixing_matrix(options.topology, world, step)
         kinds = [[list(m.parameters()) for m in models]]  # per kind: every worker's list of tensors
-        if options.algorithm == "momentum":
+        if options.mixes_moments:
             for key in ("momentum_buffer",) if opt_kind == "sgd_momentum" else ("exp_avg", "exp_avg_sq"):
                 kinds.append([[o.state[p][key] for p in m.parameters()] for m, (o, _) in zip(models, opts)])
         with torch.no_grad():
@@ -267,6 +268,8 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
             "checkpoint": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=adam"),
             "checkpoint_overlap": checkpoint_worker(rank, world, steps, steps // 2, "gossip:algorithm=overlap",
                                                     "sgd_momentum"),
+            "checkpoint_overlap_momentum": checkpoint_worker(rank, world, steps, steps // 2,
+                                                             "gossip:algorithm=overlap_momentum"),
             "batchnorm": batchnorm_worker(rank, world, steps), "closure": closure_worker(rank, world)}
 
 
@@ -394,7 +397,62 @@ def overlap_update_worker(rank: int, world: int, steps: int) -> dict:
     return {"errors": errors, "mix_moved": mixed_moves, "decay_gap": decay_gaps, "consensus": stats["consensus"]}
 
 
+def overlap_adam_update_worker(rank: int, world: int, steps: int) -> dict:
+    """algorithm=overlap_momentum with AdamW (weight decay) on a 4-worker ring, by hand: per
+    step, with every worker's x, m, v gathered just before optimizer.step() (the un-mixed values
+    of the last step) and g this worker's gradient at its own x:
+        m = b1 (W m)_i + (1 - b1) g,  v = b2 (W v)_i + (1 - b2) g^2  (W m = W v = 0 at the first step)
+        x = (W x)_i (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    `errors`: the worst distance of x, m, v from that; `unmixed_gap`: how far the same update with
+    this worker's own m, v (algorithm=overlap's) lands, so the check can tell the moments were mixed."""
+    from caramel.strategies.gossip.topology import mixing_matrix
+
+    w = fresh("gpt_tied")
+    opt = torch.optim.AdamW(w.model.parameters(), lr=0.01, weight_decay=0.5)
+    (b1, b2), eps, wd = opt.param_groups[0]["betas"], opt.param_groups[0]["eps"], opt.param_groups[0]["weight_decay"]
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=ring,algorithm=overlap_momentum")
+    params = [p for _, p in w.model.named_parameters()]
+    W = mixing_matrix("ring", world, 0)
+
+    def mixed(t: torch.Tensor) -> torch.Tensor:
+        every = [torch.empty_like(t) for _ in range(world)]
+        torch.distributed.all_gather(every, t.detach().contiguous())
+        return sum(float(W[rank, j]) * every[j] for j in range(world))
+
+    errors, gaps = [], []
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        lr, t = opt.param_groups[0]["lr"], step + 1
+        expected, gap = [], 0.0
+        for p in params:
+            st = opt.state.get(p, {})
+            own_m, own_v = (st["exp_avg"].clone(), st["exp_avg_sq"].clone()) if st else (torch.zeros_like(p),) * 2
+            wx, wm, wv = mixed(p), mixed(own_m), mixed(own_v)
+            g = p.grad.detach()
+
+            def update(m0, v0):
+                m, v = b1 * m0 + (1 - b1) * g, b2 * v0 + (1 - b2) * g * g
+                return wx * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps), m, v
+            expected.append(update(wm, wv))
+            gap = max(gap, float((update(own_m, own_v)[0] - expected[-1][0]).abs().max()))
+        opt.step()
+        opt.zero_grad()
+        worst = 0.0
+        for p, (ex, em, ev) in zip(params, expected):
+            st = opt.state[p]
+            worst = max(worst, float((p.detach() - ex).abs().max()), float((st["exp_avg"] - em).abs().max()),
+                        float((st["exp_avg_sq"] - ev).abs().max()))
+        errors.append(worst)
+        gaps.append(gap)
+    stats = opt.gossip.stats_dict()
+    caramel.shutdown()
+    return {"errors": errors, "unmixed_gap": gaps, "bytes": stats["bytes_per_peer_per_step"],
+            "param_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
 def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:
-    """The 4-worker checks, in one job: consensus under lr=0, overlap's update by hand."""
+    """The 4-worker checks, in one job: consensus under lr=0, overlap's and overlap_momentum's update by hand."""
     return {"consensus": consensus_worker(rank, world, steps, specs),
-            "overlap_update": overlap_update_worker(rank, world, steps)}
+            "overlap_update": overlap_update_worker(rank, world, steps),
+            "overlap_adam_update": overlap_adam_update_worker(rank, world, steps)}

@@ -16,7 +16,8 @@ CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr 
          ("gpt_tied", "sgd_momentum", "gossip:algorithm=momentum"),   # 2-worker ring = complete
          ("gpt_tied", "adamw", "gossip:algorithm=adam"),              # not DDP: local Adam moments
          ("gpt_tied", "adamw", "gossip:algorithm=momentum"),          # both Adam moments mixed
-         ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap"))    # mixed before the next update
+         ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap"),    # mixed before the next update
+         ("gpt_tied", "adamw", "gossip:algorithm=overlap_momentum"))  # and both Adam moments with it
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +36,16 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
         # local Adam moments differ per worker: not DDP's trajectory, and the test can tell; overlap's
         # gradients are taken at each worker's un-mixed parameters: not DDP's either
         assert res[CASES[2] + ("ddp",)] > 1e-4 and res[CASES[4] + ("ddp",)] > 1e-4
+        # mixing Adam's moments on the complete graph makes the mean exp_avg DDP's (linear in g),
+        # not exp_avg_sq (the mean of g_i^2, not of the mean g squared) nor the step (a mean of
+        # ratios): not DDP's trajectory
+        assert res[CASES[5] + ("ddp",)] > 1e-4
         # overlap sends the parameters only, as dpsgd
         assert res[CASES[4] + ("bytes",)] == res[CASES[0] + ("bytes",)]
         # momentum sends the momentum buffers as well: twice the bytes; Adam's two moments, three times
         assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
         assert res[CASES[3] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
+        assert res[CASES[5] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
 
 
 def test_momentum_gossip_with_adam_stays_bounded_where_one_worker_sees_no_gradient(two):
@@ -70,7 +76,8 @@ def test_personalized_parameters_stay_local_and_differ(two):
 
 
 def test_checkpoint_resumes_exactly(two):
-    for key in ("checkpoint", "checkpoint_overlap"):  # adam with AdamW, overlap with SGD momentum
+    # adam with AdamW, overlap with SGD momentum, overlap_momentum with AdamW (its moments' pending mix)
+    for key in ("checkpoint", "checkpoint_overlap", "checkpoint_overlap_momentum"):
         for rank in (0, 1):
             assert two[rank][key]["diff"] == 0.0, key
         a, b = two[0][key]["params"], two[1][key]["params"]
@@ -134,6 +141,17 @@ def test_overlap_update_is_the_mix_of_the_gradients_point_minus_the_step(four):
         # decay at the un-mixed x would land this far away: the check can tell where the decay is taken
         assert min(res["decay_gap"][1:]) > 1e-5, (rank, res["decay_gap"])
         assert [s for s, _ in res["consensus"]] == [0, 1, 2, 3] and res["consensus"][1][1] > 0
+
+
+def test_overlap_momentum_mixes_adams_moments_with_the_parameters_by_hand(four):
+    """algorithm=overlap_momentum with AdamW on a 4-worker ring: x, exp_avg and exp_avg_sq after
+    each step are the hand-computed mix-then-AdamW values (`overlap_adam_update_worker`); Adam's
+    two moments travel with the parameters (three times their bytes)."""
+    for rank, r in enumerate(four):
+        res = r["overlap_adam_update"]
+        assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
+        assert min(res["unmixed_gap"][1:]) > 1e-5, (rank, res["unmixed_gap"])  # the check can tell
+        assert res["bytes"] == 3 * res["param_bytes"]
 
 
 def test_a_mixing_matrix_given_as_a_tensor_trains_and_bad_ones_are_refused(two):

@@ -161,6 +161,9 @@ def test_tracking_sends_twice_the_bytes_and_waits_for_the_trackers_before_the_up
     assert sim("gossip:algorithm=tracking_momentum", profile, cluster).meta["bytes_per_peer_per_step"] == 3 * model_bytes
     adamw = dataclasses.replace(profile, meta={**profile.meta, "optimizer": "AdamW"})
     assert sim("gossip:algorithm=tracking_momentum", adamw, cluster).meta["bytes_per_peer_per_step"] == 4 * model_bytes
+    # overlap_momentum: the parameters and AdamW's two moments, in the overlapped form
+    om = sim("gossip:algorithm=overlap_momentum", adamw, cluster)
+    assert om.meta["bytes_per_peer_per_step"] == 3 * model_bytes and om.overlap == "backward"
 
 
 def test_overlapped_trackers_hide_behind_backward(profile):

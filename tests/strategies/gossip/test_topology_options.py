@@ -71,7 +71,7 @@ def test_options_by_spec_and_their_errors():
     assert spec.name == "gossip:algorithm=momentum,personalize=head+blocks.1,topology=exponential"
     with pytest.raises(CaramelError, match="topology must be one of ring, torus"):
         STRATEGIES.spec("gossip:topology=star")
-    with pytest.raises(CaramelError, match="algorithm must be one of dpsgd, momentum, overlap, adam"):
+    with pytest.raises(CaramelError, match="algorithm must be one of dpsgd, momentum, overlap, overlap_momentum, adam"):
         STRATEGIES.spec("gossip:algorithm=admm")
     with pytest.raises(CaramelError, match="did you mean 'topology'"):
         STRATEGIES.spec("gossip:topolgy=ring")
@@ -98,6 +98,13 @@ def test_optimizers_the_algorithm_cannot_use_are_refused():
         _check_optimizer(torch.optim.SGD(params, lr=0.1), spec("gossip:algorithm=momentum"))
     with pytest.raises(CaramelError, match="SGD \\(momentum > 0\\), Adam and AdamW keep; got RMSprop"):
         _check_optimizer(torch.optim.RMSprop(params), spec("gossip:algorithm=momentum"))
+    om = spec("gossip:algorithm=overlap_momentum")  # overlap's mix point, momentum's moments
+    assert om.mixes_at_update and om.mixes_moments
+    _check_optimizer(torch.optim.AdamW(params), om)
+    with pytest.raises(CaramelError, match="algorithm=overlap_momentum needs SGD with momentum > 0"):
+        _check_optimizer(torch.optim.SGD(params, lr=0.1), om)
+    with pytest.raises(CaramelError, match="algorithm=overlap_momentum exchanges .*got RMSprop"):
+        _check_optimizer(torch.optim.RMSprop(params), om)
 
 
 def test_buckets_follow_forward_order_and_the_cap():
