@@ -1,5 +1,5 @@
 """What one gossip step sends to each peer, by exchange: one definition for the runtime (which
-tensors travel, `parallelize.GossipRun` and `tracking.Tracker`) and the simulator (what they
+tensors travel, `run.GossipRun` and `tracking.Tracker`) and the simulator (what they
 cost, `simulate.py`), so the two cannot price different bytes.
 
 Per gossiped parameter p, to each out-neighbour of the step:

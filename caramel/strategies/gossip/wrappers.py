@@ -1,6 +1,6 @@
 """What `caramel.parallelize(..., "gossip")` hands back: the user's module behind a DDP-shaped
 wrapper, and the user's optimizer whose `step()` mixes, updates (with the trackers in place of
-the gradients under algorithm=tracking) and sends (`parallelize.GossipRun` does the work)."""
+the gradients under algorithm=tracking) and sends (`run.GossipRun` does the work)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,7 @@ from caramel.errors import CaramelError
 from caramel.runtime.optimizer import rebind_class
 
 if TYPE_CHECKING:
-    from caramel.strategies.gossip.parallelize import GossipRun
+    from caramel.strategies.gossip.run import GossipRun
 
 
 class GossipModel(nn.Module):
