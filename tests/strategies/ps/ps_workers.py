@@ -393,7 +393,8 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             entry["bucket"] = buckets.index(entry.pop("members"))
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
-                     "lr_scaled": opt.ps.stats_dict()["lr_scaled"], "server_steps": server_steps, "step_lr": step_lr,
+                     "lr_scaled": opt.ps.stats_dict()["lr_scaled"],
+                     "updates_applied": opt.ps.stats_dict()["updates_applied"], "server_steps": server_steps, "step_lr": step_lr,
                      "scale_log": scale_log, "version_at": version_at, "grad_at": grad_at,
                      "dc": None if dc is None else {"served": served, "used_at": used_at, "corrected": dc.corrected,
                                                     "missing": dc.missing, "buckets": len(buckets)}}

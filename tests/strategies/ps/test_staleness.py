@@ -70,6 +70,8 @@ def test_every_update_runs_at_the_lr_of_the_step_that_made_it(runs):
             assert steps and all(x["lr"] == lrs[x["step"]] for x in steps), (spec, rank, steps, lrs)
             late += sum(x["lr_now"] != lrs[x["step"]] for x in steps)
     assert late > 0
+    # every rank applied (and pulled) each update once, over the re-plan after profiling
+    assert all(runs[r][spec]["updates_applied"] == STEPS for r in (0, 1) for spec in SPECS)
     # each update stepped by some server: every step's lr was used
     assert {x["step"] for r in (0, 1) for x in runs[r][SCALE]["server_steps"]} == set(range(STEPS))
 
