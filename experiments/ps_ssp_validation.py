@@ -14,8 +14,10 @@ the same steps (so the same samples) and seed. Per run: the validation loss at t
 throughput as world x batch / rank 0's mean step time over steps 6..end (metrics.jsonl; the
 median flatters ssp, whose steps alternate short and blocked); per spec and seed, both as
 ratios to the reference of the same seed. Each run also records what makes the losses
-comparable (samples seen, validation predictions, the first step's loss, the LR of every
-step), so a results file shows that every spec of a seed matched there. `merge` adds nothing measured: the hand-written
+comparable, measured (the steps run and logged and the samples they trained on, validation
+predictions, the first step's loss, rank 0's worker-side LR of every step), so a results file
+shows that every spec of a seed matched there in these. Files before this change
+(ps_ssp_validation_5) hold `samples_seen`, the configured steps x world x batch, instead. `merge` adds nothing measured: the hand-written
 fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged
 with its name, and each part's summary under "<part> <spec>".
 """
@@ -46,7 +48,8 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     s = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    times = [r["step_time_s"] for r in rows if r.get("kind") == "train" and r["step"] >= FIRST_STEP]
+    train_rows = [r for r in rows if r.get("kind") == "train"]
+    times = [r["step_time_s"] for r in train_rows if r["step"] >= FIRST_STEP]
     mean_step_s = statistics.mean(times)
     return {"workload": workload, "strategy": spec, "seed": seed, "total_steps": s["total_steps"],
             "world_size": s["world_size"], "batch_size_per_worker": s["batch_size_per_worker"],
@@ -55,11 +58,16 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
             "mean_step_time_s": mean_step_s,
             "samples_per_s_mean_step": s["world_size"] * s["batch_size_per_worker"] / mean_step_s,
             "staleness_mean": s.get("staleness_mean"), "wall_s": time.perf_counter() - t0,
-            # what makes two specs' losses comparable: the samples seen, the validation set, the
-            # first step (same initial model and batch) and the LR schedule every update ran at
-            "samples_seen": s["total_steps"] * s["world_size"] * s["batch_size_per_worker"],
+            # what makes two specs' losses comparable, measured: the steps the loop ran (summary.json)
+            # and logged (metrics.jsonl rows, x world x batch = the samples trained on), the
+            # validation set, the first step (same initial model and batch) and the worker-side LR
+            # per step (rank 0's scheduler). Not here (caramel train's summary has no ps stats):
+            # the updates the servers applied, the LR they applied them at, scale's lr_scaled;
+            # tests/strategies/ps/test_staleness.py checks those on the engine
+            "end_step": s["end_step"], "finished": s["finished"], "steps_logged": len(train_rows),
+            "samples_trained": len(train_rows) * s["world_size"] * s["batch_size_per_worker"],
             "val_predictions": s.get("val_predictions"), "first_step_loss": rows[0]["loss"] if rows else None,
-            "lr_per_step": [r["lr"] for r in rows if r.get("kind") == "train"],
+            "lr_per_step": [r["lr"] for r in train_rows],
             "load_after": os.getloadavg()}
 
 

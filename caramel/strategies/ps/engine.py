@@ -85,7 +85,7 @@ class PsEngine:
         self.last_issue_t = 0.0  # when the latest update's first pull was handed to the backend
         self.ready_callback: Any = None  # profiling: told each parameter whose gradient is ready
         self.stale = StalenessControl(self, options.staleness) if options.staleness != "none" and self.bound != 0 \
-            else None  # staleness=pace/predict/compensate (`staleness.py`); bsp is untouched
+            else None  # staleness=pace/predict/compensate/scale (`staleness.py`); bsp is untouched
         self._hook_handles()
 
     def _senders(self) -> tuple[SerialSender | None, SerialSender | None]:
@@ -216,7 +216,7 @@ class PsEngine:
             self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
             self._forward_node_sums(u, force=True)
         used = [float(self.params[i].grad is not None) for i in self.plan.params]
-        if self.stale is not None:  # each rank's busy seconds, in its own slot: who is the slowest
+        if self.stale is not None:  # busy seconds (pacing: who is the slowest) and lags, each rank in its slot
             used += self.stale.busy_slots() + self.stale.lag_slots()
         send_hp = False
         if self.groups.dedicated:  # the step's message to the servers: who used what, then the command
@@ -257,7 +257,7 @@ class PsEngine:
         if self.stale is not None:
             self.stale.applied(counts)
         for b, flat, parts in u.sums:  # this server's buckets: the other workers' pushes, in rank order
-            if self.stale is not None:  # staleness=compensate corrects each before they are added up
+            if self.stale is not None:  # compensate corrects, scale divides, each before they are added up
                 self.stale.compensate(u.step, b, flat, parts, used)
             for part in parts:
                 flat.add_(part)

@@ -43,8 +43,8 @@ class PsOptions:
     parameters extrapolated by their latest update to the version its gradient is applied to),
     "compensate" (pace, and each server corrects every stale gradient by DC-ASGD's delay
     compensation, `compensate.py`, with `dc_lambda` the adaptive variant's lambda0), "scale"
-    (no pace; each server divides a worker's gradient by its staleness tau >= 1, Zhang et al.'s
-    staleness-aware lr / tau);
+    (no pace; each server divides a worker's gradient by its staleness tau when tau > 1, Zhang
+    et al.'s staleness-aware lr / tau; needs ssp:S with S >= 2 or asp, as ssp:1's lags are <= 1);
     `staleness.py`; bsp is unchanged."""
 
     servers: int = 0
@@ -86,6 +86,9 @@ class PsOptions:
         if self.staleness != "none" and self.staleness_bound() == 0:
             raise CaramelError(f"ps: staleness={self.staleness} corrects stale gradients, which consistency="
                                f"{self.consistency} never has; use consistency=ssp:S with S > 0 or asp")
+        if self.staleness == "scale" and self.staleness_bound() == 1:  # lags <= S = 1, and max(1, tau) = 1
+            raise CaramelError(f"ps: staleness=scale divides gradients more than 1 update old, which consistency="
+                               f"{self.consistency} never has; use consistency=ssp:S with S >= 2 or asp")
         if self.dc_lambda is not None and (isinstance(self.dc_lambda, bool) or not isinstance(self.dc_lambda, (int, float))
                                            or not math.isfinite(self.dc_lambda) or self.dc_lambda < 0):
             raise CaramelError(f"ps: dc_lambda must be a finite number >= 0 (lambda0 of staleness=compensate's delay "
@@ -95,7 +98,7 @@ class PsOptions:
                                f"{self.staleness}; drop dc_lambda or set staleness=compensate")
         if self.staleness in ("compensate", "scale") and self.hierarchical:
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with hierarchical=true yet (a node's "
-                               f"sum mixes gradients of different ages); use hierarchical=false or staleness=pace")
+                               f"sum mixes gradients of different ages); use hierarchical=false or staleness=none or pace")
         if self.dedicated and self.staleness != "none":
             raise CaramelError(f"ps: staleness={self.staleness} does not combine with dedicated=true yet; pick one")
         if self.dedicated and self.hierarchical:

@@ -188,6 +188,9 @@ class PsRun:
                      self.share_buffers)
         e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
+        e.applied = old.applied  # updates applied in the whole run (`stats_dict`)
+        if e.stale is not None and old.stale is not None:
+            e.stale.scaled_count = old.stale.scaled_count
         if e.stale is not None and e.stale.dc is not None:  # the running mean squares go to the new servers
             e.stale.dc.adopt(gather_mean_sq(old.stale.dc, self.groups.control), e.server_ranks(), self.rank,
                              self.params)
@@ -237,7 +240,9 @@ class PsRun:
                 "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
                 "dc_corrected": e.stale.dc.corrected if e.stale is not None and e.stale.dc is not None else 0,
                 "dc_missing": e.stale.dc.missing if e.stale is not None and e.stale.dc is not None else 0,
+                # scale: the worker gradients this rank's servers divided by their lag (its shard only)
                 "lr_scaled": e.stale.scaled_count if e.stale is not None else 0,
+                "updates_applied": e.applied,
                 "predicted": plan.predicted, "shard_loads": plan.loads,
                 "pull_comm_s": self.pull_comm_s}
 

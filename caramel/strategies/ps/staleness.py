@@ -53,7 +53,8 @@ def scaled(parts: list[torch.Tensor], lags: list[int]) -> None:
 
 
 class StalenessControl:
-    """The staleness handling of one engine (staleness=pace, predict or compensate under ssp/asp)."""
+    """The staleness handling of one engine (staleness=pace, predict, compensate or scale under
+    ssp/asp)."""
 
     def __init__(self, engine: PsEngine, mode: str):
         if engine.groups.dedicated:  # the servers read a step's message at a fixed length
@@ -70,7 +71,9 @@ class StalenessControl:
         self.busy_since: float | None = None
         self.busy_wait0 = 0.0
         self.wait_s = 0.0  # seconds spent waiting for the slowest worker's push
-        self.scaled_count = 0  # scale: (worker, parameter) gradients applied at lr / tau, tau > 1
+        # scale: the (worker, parameter) parts this rank's servers divided (tau > 1; a worker that did not use
+        # a parameter another did pushes zeros, counted too); carried over a re-plan, not over a resume
+        self.scaled_count = 0
         self.base: dict[int, torch.Tensor] = {}  # predict: the true value of a parameter now extrapolated
         self.delta: dict[int, torch.Tensor] = {}  # predict: each parameter's latest update
         self.at: dict[int, tuple[int, int]] = {}  # predict: (version, step) each extrapolation was made at
@@ -78,8 +81,10 @@ class StalenessControl:
     # --- pace --------------------------------------------------------------------------
     def busy_slots(self) -> list[float]:
         """This step's busy seconds in this rank's slot (zeros elsewhere): the count all-reduce
-        sums them into every rank's."""
+        sums them into every rank's. None under scale (only pace reads them)."""
         e = self.e
+        if not self.pacing:
+            return []
         busy = 0.0
         if self.busy_since is not None:
             busy = time.perf_counter() - self.busy_since - (e.wait_s + self.wait_s - self.busy_wait0)
@@ -98,10 +103,11 @@ class StalenessControl:
 
     def applied(self, counts: list[float]) -> None:
         e = self.e
-        n = len(e.plan.params)
-        self.peer_busy_s = counts[n:n + e.world]
+        n = at = len(e.plan.params)
+        if self.pacing:  # the layout `finish_pushes` sends: used, busy_slots(), lag_slots()
+            self.peer_busy_s, at = counts[n:n + e.world], n + e.world
         if self.dc is not None or self.scaling:
-            flat = counts[n + e.world:n + e.world + e.world * n]
+            flat = counts[at:at + e.world * n]
             self.lags = [[int(round(x)) for x in flat[r * n:(r + 1) * n]] for r in range(e.world)]
 
     def compensate(self, step: int, b: int, flat: torch.Tensor, parts: list[torch.Tensor], used: dict[int, bool]) -> None:

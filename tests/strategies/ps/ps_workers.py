@@ -262,33 +262,84 @@ def fusion_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str
     return out
 
 
-def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float) -> dict:
+def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_rank_s: float,
+                sgd_specs: tuple[str, ...] = ()) -> dict:
     """Per spec, rank 1 sleeping `slow_rank_s` before every step under ssp:S, S > 0: when each
     forward of this rank began (after the strategy's own waits: a pre-hook on the inner model)
     and when each step() was called (perf_counter, one clock for every process of the machine),
-    the staleness log, the final parameters and (predict) what each forward used."""
+    the staleness log, the final parameters, (predict) what each forward used, and per update
+    this rank's servers stepped: the lr inside the optimizer's step and the gradients and values
+    it stepped. Adam, except plain SGD for `sgd_specs` (its step is checkable by hand)."""
     import time
 
+    from caramel.strategies.ps.buckets import unflatten
     from caramel.strategies.ps.compensate import DelayCompensation
+    from caramel.strategies.ps.engine import PsEngine
     from caramel.strategies.ps.staleness import StalenessControl
 
-    from caramel.strategies.ps.engine import PsEngine
-
-    unlogged, unrated = DelayCompensation.bucket, PsEngine._step_shard
+    unlogged, unrated, uncompensated = DelayCompensation.bucket, PsEngine._step_shard, StalenessControl.compensate
     out = {}
     for spec in specs:
-        applied_lr: list[tuple[int, float]] = []  # (update, the lr a server stepped it with)
+        server_steps: list[dict] = []  # per update this rank's servers stepped: what the optimizer's step saw
+        keep_values = spec in sgd_specs  # the gradients and values too (the others: the lr only)
 
-        def rated(engine, idx, u, applied_lr=applied_lr):
-            if idx:
-                applied_lr.append((u.step, float(u.hparams[0]["lr"])))
-            unrated(engine, idx, u)
+        def rated(engine, idx, u, server_steps=server_steps, keep_values=keep_values):
+            if not idx:
+                return unrated(engine, idx, u)
+            opt_ = engine.optimizer
+            rec = {"step": u.step, "lr_now": float(opt_.param_groups[0]["lr"]), "params": {}}
+            inner = opt_._caramel_inner_step
+
+            def stepped():  # inside step_shard: the lr and gradients the optimizer's step runs with
+                rec["lr"] = float(opt_.param_groups[0]["lr"])
+                before = {i: engine.params[i].detach().numpy().copy() for i in idx} if keep_values else {}
+                inner()
+                if keep_values:
+                    rec["params"] = {i: (engine.params[i].grad.numpy().copy(), before[i],
+                                         engine.params[i].detach().numpy().copy()) for i in idx}
+            opt_._caramel_inner_step = stepped
+            try:
+                unrated(engine, idx, u)
+            finally:
+                opt_._caramel_inner_step = inner
+            server_steps.append(rec)
         PsEngine._step_shard = rated  # the engine is rebuilt after profiling: on the class
+        scale_log: list[dict] = []  # scale: per bucket this rank served, each worker's lag and part before/after
+
+        def logged_scale(control, step, b, flat, parts, used, scale_log=scale_log):
+            if not control.scaling:
+                return uncompensated(control, step, b, flat, parts, used)
+            e = control.e
+            members = e.plan.buckets[b]
+            ranks = [e.rank] + [j for j in range(e.workers) if j != e.rank]
+            pos = {i: k for k, i in enumerate(e.plan.params)}
+
+            def values():
+                return [[v.detach().numpy().copy() for v in unflatten(t, [e.params[i] for i in members])]
+                        for t in [flat] + parts]
+            pre = values()
+            uncompensated(control, step, b, flat, parts, used)
+            post = values()
+            scale_log.append({"step": step, "ranks": ranks, "params": {
+                i: ([control.lags[r][pos[i]] for r in ranks], used[i], [x[k] for x in pre], [x[k] for x in post])
+                for k, i in enumerate(members)}})
+        StalenessControl.compensate = logged_scale
         w = fresh("gpt_tied")
-        opt, sched = make_optimizer("adam", w.model.parameters())
+        if spec in sgd_specs:
+            opt = torch.optim.SGD(w.model.parameters(), lr=0.05)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+        else:
+            opt, sched = make_optimizer("adam", w.model.parameters())
         forward_at: list[float] = []
         w.model.register_forward_pre_hook(lambda _m, _a: forward_at.append(time.perf_counter()))
         model, opt = caramel.parallelize(w.model, opt, spec)
+        version_at: dict[int, dict[int, int]] = {}  # per step: each parameter's version its forward used
+
+        def versions(_m, _a, _out):
+            e = opt.ps.engine
+            if torch.is_grad_enabled():
+                version_at[e.steps] = dict(e.version)
+        w.model.register_forward_hook(versions)
         paced: list[int] = []  # pace: per forward, the updates it applied before the forward ran
 
         def counted(control, pace=StalenessControl.pace, paced=paced):
@@ -315,6 +366,7 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             w.model.register_forward_hook(keep)
             DelayCompensation.bucket = _logged_bucket(served)  # the engine is rebuilt after profiling: on the class
         step_at, step_lr = [], []  # per step: when step() was called, the scheduler's lr then
+        grad_at: list[dict[int, np.ndarray]] = []  # per step: this worker's gradients (before the 1 / workers)
         for step in range(steps):
             if rank == 1 and "ssp:0" not in spec and ":" in spec:
                 time.sleep(slow_rank_s)
@@ -322,6 +374,10 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             w.loss_fn(model(x), y).backward()
             step_at.append(time.perf_counter())
             step_lr.append(float(opt.param_groups[0]["lr"]))
+            e = opt.ps.engine
+            if keep_values:
+                grad_at.append({i: (e.params[i].grad.numpy().copy() if e.params[i].grad is not None
+                                    else np.zeros(tuple(e.params[i].shape), np.float32)) for i in e.plan.params})
             opt.step()
             sched.step()
             opt.zero_grad()
@@ -329,6 +385,7 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
         StalenessControl.pace = counted.__defaults__[0]
         DelayCompensation.bucket = unlogged
         PsEngine._step_shard = unrated
+        StalenessControl.compensate = uncompensated
         dc = opt.ps.engine.stale.dc if opt.ps.engine.stale is not None else None
         buckets = [list(b) for b in opt.ps.engine.plan.buckets]
         served[:] = [x for x in served if x.pop("dc") is dc]  # the engine after profiling (another plan before)
@@ -336,7 +393,9 @@ def pace_worker(rank: int, world: int, steps: int, specs: tuple[str, ...], slow_
             entry["bucket"] = buckets.index(entry.pop("members"))
         out[spec] = {"forward_at": forward_at, "step_at": step_at, "params": _numpy(model), "seen": seen, "paced": paced,
                      "staleness": opt.ps.stats_dict()["staleness"], "pace_wait_s": opt.ps.stats_dict()["pace_wait_s"],
-                     "lr_scaled": opt.ps.stats_dict()["lr_scaled"], "applied_lr": applied_lr, "step_lr": step_lr,
+                     "lr_scaled": opt.ps.stats_dict()["lr_scaled"],
+                     "updates_applied": opt.ps.stats_dict()["updates_applied"], "server_steps": server_steps, "step_lr": step_lr,
+                     "scale_log": scale_log, "version_at": version_at, "grad_at": grad_at,
                      "dc": None if dc is None else {"served": served, "used_at": used_at, "corrected": dc.corrected,
                                                     "missing": dc.missing, "buckets": len(buckets)}}
         caramel.shutdown()

@@ -29,7 +29,7 @@ SPECS = (PLAIN, PACE, PREDICT, COMPENSATE, SCALE)
 
 @pytest.fixture(scope="module")
 def runs():
-    return run_workers(pace_worker, 2, args=(STEPS, SPECS, SLOW_S), timeout_s=180)
+    return run_workers(pace_worker, 2, args=(STEPS, SPECS, SLOW_S, (SCALE,)), timeout_s=180)
 
 
 def _lead(runs, spec: str) -> list[float]:
@@ -58,14 +58,22 @@ def test_every_update_runs_at_the_lr_of_the_step_that_made_it(runs):
     """The LR schedule moves per worker step (every rank steps it once a step), and update u
     is applied with step u's lr however late a server applies it, on every server and under
     every staleness mode: SSP and BSP follow one schedule (a measurement against BSP would be
-    biased if an update took the lr of the step at which it happened to be applied)."""
+    biased if an update took the lr of the step at which it happened to be applied). The lr is
+    read inside the optimizer's own step, and some updates are applied after the schedule has
+    moved on (the optimizer's lr outside the server's step is another), so an update stepped at
+    the current lr is caught."""
+    late = 0
     for spec in SPECS:
         for rank in (0, 1):
-            lrs, applied = runs[rank][spec]["step_lr"], runs[rank][spec]["applied_lr"]
+            lrs, steps = runs[rank][spec]["step_lr"], runs[rank][spec]["server_steps"]
             assert len(set(lrs)) == STEPS  # the schedule moves every step
-            assert applied and all(lr == lrs[u] for u, lr in applied), (spec, rank, applied, lrs)
-    # each update applied by some server: every step's lr was used
-    assert {u for r in (0, 1) for u, _ in runs[r][SCALE]["applied_lr"]} == set(range(STEPS))
+            assert steps and all(x["lr"] == lrs[x["step"]] for x in steps), (spec, rank, steps, lrs)
+            late += sum(x["lr_now"] != lrs[x["step"]] for x in steps)
+    assert late > 0
+    # every rank applied (and pulled) each update once, over the re-plan after profiling
+    assert all(runs[r][spec]["updates_applied"] == STEPS for r in (0, 1) for spec in SPECS)
+    # each update stepped by some server: every step's lr was used
+    assert {x["step"] for r in (0, 1) for x in runs[r][SCALE]["server_steps"]} == set(range(STEPS))
 
 
 def test_predict_runs_each_forward_on_the_extrapolated_parameters(runs):
@@ -100,30 +108,76 @@ def test_an_unknown_staleness_is_one_clear_error():
     for consistency in ("bsp", "ssp:0"):  # nothing stale to correct: refused, not ignored
         with pytest.raises(CaramelError, match=f"consistency={consistency} never has"):
             PsOptions(consistency=consistency, staleness="pace")
-    with pytest.raises(CaramelError, match="staleness=scale does not combine with hierarchical=true"):
+    with pytest.raises(CaramelError, match="staleness=scale does not combine with hierarchical=true .*; use "
+                                           "hierarchical=false or staleness=none or pace"):
         PsOptions(consistency="ssp:2", staleness="scale", hierarchical=True)
+    for consistency in ("ssp:1", "ssp_1"):  # lags are at most 1, which scale leaves alone: refused, not a no-op
+        with pytest.raises(CaramelError, match=f"consistency={consistency} never has; use consistency=ssp:S with S >= 2"):
+            PsOptions(consistency=consistency, staleness="scale")
+    PsOptions(consistency="ssp:1", staleness="pace")  # pace and the others act at lag 1
+    PsOptions(consistency="ssp:2", staleness="scale")
+    PsOptions(consistency="asp", staleness="scale")
 
 
 def test_scale_applies_a_gradient_tau_updates_old_at_lr_over_tau():
-    """Three workers' pushes (gradient / 3) with lags 0, 1 and 3, then the server's SGD step:
-    Zhang et al.'s w - (1/3) sum_l lr / max(1, tau_l) g_l, computed by hand."""
+    """Four workers' pushes (gradient / 4) with lags 0, 1, 2 and 3, then the server's SGD step:
+    Zhang et al.'s w - (1/4) sum_l lr / max(1, tau_l) g_l, computed by hand."""
     lr, w = 0.1, torch.tensor([1.0, -2.0])
-    grads = [torch.tensor([0.3, 0.6]), torch.tensor([-0.9, 1.2]), torch.tensor([1.5, -0.3])]
-    parts = [g / 3 for g in grads]
-    scaled(parts, [0, 1, 3])
-    stepped = w - lr * (parts[0] + parts[1] + parts[2])  # the server's SGD step on the sum
-    # by hand: (0.3 - 0.9 + 1.5 / 3) / 3 = -0.1 / 3; (0.6 + 1.2 - 0.3 / 3) / 3 = 1.7 / 3
-    want = torch.tensor([1.0 + 0.01 / 3, -2.0 - 0.17 / 3])
+    grads = [torch.tensor([0.3, 0.6]), torch.tensor([-0.9, 1.2]), torch.tensor([0.8, 0.4]), torch.tensor([1.5, -0.3])]
+    parts = [g / 4 for g in grads]
+    scaled(parts, [0, 1, 2, 3])
+    stepped = w - lr * sum(parts)  # the server's SGD step on the sum
+    # by hand: (0.3 - 0.9 + 0.8 / 2 + 1.5 / 3) / 4 = 0.3 / 4; (0.6 + 1.2 + 0.4 / 2 - 0.3 / 3) / 4 = 1.9 / 4
+    want = torch.tensor([1.0 - 0.03 / 4, -2.0 - 0.19 / 4])
     assert torch.allclose(stepped, want, rtol=1e-6, atol=1e-7), (stepped, want)
 
 
 def test_scale_divides_only_the_stale_gradients_without_pacing(runs):
-    """Under ssp:2 with rank 1 slowed, rank 0 runs ahead (no pace) and its lag-2 gradients are
-    halved at the servers; every rank ends equal (checked above) on other values than plain ssp."""
+    """Under ssp:2 with rank 1 slowed, rank 0 runs ahead (no pace); lr_scaled counts nothing
+    under the other modes."""
     assert max(_lead(runs, SCALE)) > SLOW_S / 2 and runs[0][SCALE]["pace_wait_s"] == 0
-    assert runs[0][SCALE]["lr_scaled"] + runs[1][SCALE]["lr_scaled"] > 0
     assert all(runs[r][spec]["lr_scaled"] == 0 for r in (0, 1) for spec in (PLAIN, PACE, PREDICT, COMPENSATE))
-    assert any(not np.array_equal(a, b) for a, b in zip(runs[0][SCALE]["params"], runs[0][PLAIN]["params"]))
+
+
+def test_scale_servers_step_each_workers_gradient_divided_by_its_own_lag(runs):
+    """End to end on the servers' code path, SCALE with plain SGD: every lag a server reads is
+    step - the version that worker's forward of that step used; each worker's part before the
+    division is that worker's gradient / 2 (so a part is matched to its worker), after it the
+    part / max(1, lag) (only parameters someone used); the gradient the server's optimizer steps
+    is the sum of every worker's divided part, and the new value is w - lr * it. Lags of 2 occur
+    (rank 0 runs ahead), so dropping or misplacing the division is caught; lr_scaled (summed
+    over the ranks: each counts its own shard) equals the lags > 1 the servers read."""
+    r = [runs[0][SCALE], runs[1][SCALE]]
+    lags_of: dict[tuple[int, int], list[int]] = {}
+    lag2 = scaled_parts = 0
+    for rank in (0, 1):
+        for entry in r[rank]["scale_log"]:
+            u, ranks = entry["step"], entry["ranks"]
+            assert ranks == [rank] + [j for j in (0, 1) if j != rank]
+            for i, (lags, used, pre, post) in entry["params"].items():
+                lags_of[(u, i)] = dict(zip(ranks, lags))
+                for worker, lag, a, b in zip(ranks, lags, pre, post):
+                    assert lag == u - r[worker]["version_at"][u][i], (rank, u, i, worker, lag)
+                    assert 0 <= lag <= 2
+                    np.testing.assert_array_equal(a, r[worker]["grad_at"][u][i] / np.float32(2))
+                    np.testing.assert_array_equal(b, a / np.float32(max(1, lag)) if used else a)
+                    lag2 += lag == 2 and used and bool(np.any(a != 0))
+                    scaled_parts += lag > 1 and used
+    assert lag2 > 0
+    assert r[0]["lr_scaled"] + r[1]["lr_scaled"] == scaled_parts > 0
+    stepped = 0
+    for rank in (0, 1):
+        for x in r[rank]["server_steps"]:
+            u = x["step"]
+            for i, (grad, before, after) in x["params"].items():
+                want = sum(r[j]["grad_at"][u][i] / np.float32(2) / np.float32(max(1, u - r[j]["version_at"][u][i]))
+                           for j in (0, 1))
+                if (u, i) in lags_of:  # the servers' log and the workers' agree
+                    assert lags_of[(u, i)] == {j: u - r[j]["version_at"][u][i] for j in (0, 1)}
+                np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-9)
+                np.testing.assert_allclose(after, before - np.float32(x["lr"]) * grad, rtol=1e-6, atol=1e-7)
+                stepped += 1
+    assert stepped == len(r[0]["grad_at"][0]) * STEPS  # every parameter, every update, by one server
 
 
 def test_compensate_applies_every_update_once_in_order_and_corrects_stale_gradients(runs):
