@@ -10,8 +10,7 @@ ranks all-gather their fits (sizes closer than `MIN_SPREAD` keep the last fitted
 and re-estimate only the per-sample one) and every rank computes the same new counts, those that minimize
 the slowest rank's predicted compute (`counts_for_costs`), kept only when they are predicted to
 shorten the step by more than `MIN_GAIN`. The new counts apply from the first batch no rank
-has drawn yet. A decision due while the overlap trial runs waits until the trial has ended, so
-that every candidate schedule is timed under the same shares.
+has drawn yet.
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -91,7 +90,6 @@ class Balancer:
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
-        self.deferred = False  # a decision fell due while the overlap trial ran: made after it
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
@@ -123,12 +121,9 @@ class Balancer:
         self.local_batch = int(first.shape[0])
         self.engine.set_grad_scale(self.local_batch / self.schedule.global_batch)
 
-    def step_end(self, timed: bool = True, may_decide: bool = True) -> None:
+    def step_end(self, timed: bool = True) -> None:
         """After every reduced step: record this rank's time per sample (unless not `timed`: a
-        profiling step, or one holding a plan's adoption); every `every` steps, decide. Not
-        `may_decide` (an overlap trial runs, on every rank alike): a decision due now is made at
-        the first step that may decide, since shares changed mid-trial would time the trial's
-        candidates under different shares (a step change its palindrome order does not cancel)."""
+        profiling step, or one holding a plan's adoption); every `every` steps, decide."""
         if self.schedule is None:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
@@ -141,9 +136,6 @@ class Balancer:
                 self.times.popitem(last=False)
         self._steps += 1
         if self.every and self._steps % self.every == 0 and self.world > 1:
-            self.deferred = True
-        if self.deferred and may_decide:
-            self.deferred = False
             self._decide()
 
     def _decide(self) -> None:

@@ -39,7 +39,7 @@ def balancer_state(balancer: Any, rank: int, world: int) -> dict[str, Any]:
         own = {"times": list(balancer.times)}
     else:
         schedule = balancer.schedule if balancer.schedule is not None else balancer.pending_schedule
-        shared = {"steps": balancer._steps, "changes": list(balancer.changes), "deferred": balancer.deferred,
+        shared = {"steps": balancer._steps, "changes": list(balancer.changes),
                   "schedule": schedule.state_dict() if hasattr(schedule, "state_dict") else schedule}
         own = {"times": [[n, list(q)] for n, q in balancer.times.items()], "fixed_s": balancer.fixed_s}
     return {"version": VERSION, "kind": kind, "world": world, "shared": shared, "ranks": {rank: own}}
@@ -67,7 +67,6 @@ def load_balancer_state(balancer: Any, state: dict[str, Any], rank: int, world: 
         balancer.set_fractions(list(shared["fractions"]))  # draws the next step's masks at the restored step
         return
     balancer._steps = int(shared["steps"])
-    balancer.deferred = bool(shared.get("deferred", False))  # absent from older checkpoints: none deferred
     balancer.changes = list(shared["changes"])
     balancer.fixed_s = own.get("fixed_s")
     balancer.times.clear()

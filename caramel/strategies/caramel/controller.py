@@ -24,7 +24,6 @@ from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.dispatch import LocalGroup
 from caramel.runtime.engine import Engine
 from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
-from caramel.strategies.caramel.balance import Balancer
 from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
 from caramel.strategies.caramel.handover import Handover
@@ -263,10 +262,7 @@ class Controller:
         timed = since in (None, self._adoptions) and not self.profiling and not self.uses_pending
         self._adoptions_at_end = self._adoptions
         if self.balancer is not None:
-            if isinstance(self.balancer, Balancer):  # share changes wait for the overlap trial's end
-                self.balancer.step_end(timed=timed, may_decide=self.trial is None)
-            else:
-                self.balancer.step_end(timed=timed)
+            self.balancer.step_end(timed=timed)
         self._step_end_plans()
 
     def _step_end_plans(self) -> None:

@@ -176,28 +176,3 @@ def test_a_processs_first_step_adds_no_time_to_the_window():
     engine.stats.last_step_s = 0.012
     b.step_end()
     assert list(b.times[4]) == [0.012]
-
-
-def test_share_decisions_wait_for_the_overlap_trial_to_end():
-    """A decision due while the overlap trial runs is made at the first step after it, so every
-    candidate schedule is timed under the same shares."""
-    import torch.nn as nn
-    from types import SimpleNamespace
-
-    from caramel.runtime.stats import EngineStats
-    from caramel.strategies.caramel.balance import Balancer
-    from caramel.strategies.caramel.controller import Controller
-
-    engine = SimpleNamespace(stats=EngineStats(), remove_at_release=lambda *handles: None)
-    b = Balancer(engine, nn.Linear(2, 2), None, 0, 2, every=2)
-    b.schedule = ShareSchedule(4, 2)
-    decided_at: list[int] = []
-    b._decide = lambda: decided_at.append(b._steps)
-    ctl = SimpleNamespace(_adoptions_at_end=None, _adoptions=0, profiling=False, uses_pending=False,
-                          balancer=b, trial=object(), _step_end_plans=lambda: None)
-    for step in range(1, 9):
-        if step == 6:
-            ctl.trial = None  # the trial ended at step 5's end
-        Controller.on_step_end(ctl)
-    # due at 2 and 4 inside the trial (one decision owed, made once at step 6), then at 6 and 8
-    assert decided_at == [6, 8], decided_at
