@@ -24,6 +24,8 @@ each input is moved alone, with nothing else changed:
         --seeds 0 --draws 4 --json OUT
     python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
         --seeds 0 1 2 3 4 --draws 4 --paired --json OUT
+    python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
+        --summarize --json docs/results/adapt-balance-seed-spread.json
 
 (docs/results/adapt-balance-seed-spread.json holds what these gave; a run is ~10 s of one core.)
 """
@@ -137,6 +139,47 @@ def spread(values: list[float], base: float) -> dict[str, float]:
     return {"min_pct": min(rel), "max_pct": max(rel), "stdev_pct": statistics.stdev(rel) if len(rel) > 1 else 0.0}
 
 
+BOOTSTRAP_RESAMPLES = 20000
+BOOTSTRAP_SEED = 0
+
+
+def summarize(pairs: dict[int, list[tuple[float, float]]]) -> dict:
+    """The paired comparison's summary from (balanced, equal) validation losses per seed: each
+    pair's balanced-vs-equal %, and the mean two ways: pairs pooled (a bootstrap of the mean,
+    pairs resampled as if independent) and clustered by seed (the mean of the seed means with a
+    t interval over the seeds: the pairs of a seed share init, epoch order and schedule)."""
+    import random
+
+    from scipy import stats as sstats
+    pct = {seed: [100.0 * (b / e - 1.0) for b, e in ps] for seed, ps in pairs.items()}
+    pooled = [p for ps in pct.values() for p in ps]
+    rng = random.Random(BOOTSTRAP_SEED)
+    boot = sorted(statistics.fmean(rng.choices(pooled, k=len(pooled))) for _ in range(BOOTSTRAP_RESAMPLES))
+    seed_means = [statistics.fmean(ps) for ps in pct.values()]
+    mean, sem = statistics.fmean(seed_means), statistics.stdev(seed_means) / len(seed_means) ** 0.5
+    t = float(sstats.t.ppf(0.975, len(seed_means) - 1))
+    return {"balanced_vs_equal_pct": {str(k): v for k, v in pct.items()},
+            "pairs": len(pooled), "mean_pct": statistics.fmean(pooled), "median_pct": statistics.median(pooled),
+            "stdev_pct": statistics.stdev(pooled), "positive": sum(p > 0 for p in pooled),
+            "pooled_bootstrap95": [boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]],
+            "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED},
+            "seed_means_pct": seed_means, "mean_of_seed_means_pct": mean,
+            "seed_clustered_t95": [mean - t * sem, mean + t * sem]}
+
+
+def summarize_file(path: str, first_draws: int | None = None) -> dict:
+    """`summarize` of a results file's paired losses (its `paired` seeds, draw 0 the recorded run
+    pair, plus `seed0_more_draws`); `first_draws`: only each seed's first so many pairs."""
+    data = json.load(open(path))
+    pairs = {row["seed"]: list(zip(row["balanced"], row["equal"])) for row in data["paired"]["seeds"]}
+    more = data.get("seed0_more_draws")
+    if more is not None:
+        pairs[0] += list(zip(more["balanced"], more["equal"]))
+    if first_draws is not None:
+        pairs = {k: v[:first_draws] for k, v in pairs.items()}
+    return summarize(pairs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", required=True, help="the recorded runs (adapt-train-balance JSON) whose schedules to replay")
@@ -150,7 +193,21 @@ def main() -> None:
                          "other dropout draws (the same offsets for both), for a paired comparison")
     ap.add_argument("--side", choices=("both", "balanced", "equal"), default="both",
                     help="with --paired: which of the two to run (both; one, to split the work over processes)")
+    ap.add_argument("--summarize", action="store_true",
+                    help="only summarize the paired losses already in --json (every pair, and each seed's first "
+                         "5), written into its 'summary' entry")
     args = ap.parse_args()
+    if args.summarize:
+        data = json.load(open(args.json))
+        data["summary"] = {"command": f"python experiments/balance_seed_spread.py --results {args.results} "
+                                      f"--summarize --json {args.json}",
+                           "all_pairs": summarize_file(args.json), "first_5_per_seed": summarize_file(args.json, 5)}
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+        print(json.dumps({k: {kk: v[kk] for kk in ("pairs", "mean_pct", "pooled_bootstrap95", "mean_of_seed_means_pct",
+                                                     "seed_clustered_t95")} for k, v in data["summary"].items()
+                          if k != "command"}, indent=1))
+        return
     torch.set_num_threads(1)
     recorded = []
     for path in [args.results] + args.extra:

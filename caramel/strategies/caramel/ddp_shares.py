@@ -13,8 +13,11 @@ those waits, stand aside. So when the overlap trial tries (or keeps) DDP's sched
   gradient is the union batch's mean, as with the engine's own plan (torch does not predivide
   a bucket when a hook is registered);
 - the hook notes when the last bucket of a step became ready (the backward's compute is done)
-  and when the last all-reduce completed; DDP's backward returns only then, so the difference
-  is the step's exposed wait, which `Engine.step` adds to the step's waits (`wait_s`).
+  and when the last all-reduce completed; on gloo (CPU tensors) DDP's backward returns only
+  then, so the difference is the step's exposed wait, which `Engine.step` adds to the step's
+  waits (`wait_s`). On NCCL this does not hold: the work's future completes when the
+  all-reduce is enqueued and the CPU runs ahead of the GPU, so the hook times about nothing
+  there (docs/adapt.md, limits).
 
 balance="dropout" cannot run under torch DDP this way: its average divides each entry by the
 number of ranks that computed it, which a bucket-wide weight cannot express.

@@ -5,8 +5,8 @@ When the overlap trial keeps DDP's schedule (or times it), torch's own
 hooks, so the job runs at DDP's speed. `hand_over` wraps the model once (later hand-overs reuse
 it) and tells the engine to stand aside (`Engine.delegate_to`); `take_back` returns the
 gradients to the engine's plan before any new plan is adopted. With balance="batch" the DDP
-module reduces through `ddp_shares.SharesHook` (buckets weighted by share, waits timed). Both happen at the same step on
-every rank, with nothing pending.
+module reduces through `ddp_shares.SharesHook` (buckets weighted by share, waits timed on
+gloo). Both happen at the same step on every rank, with nothing pending.
 """
 from __future__ import annotations
 

@@ -115,6 +115,23 @@ class _Slow(torch.nn.Module):
         return self.inner(x)
 
 
+class _Gated(torch.nn.Module):
+    """The toy model plus a layer only the samples with x[0] > 1.0 use: a rank whose batch holds
+    none leaves that layer unused in its step (torch DDP finds it unused there)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner, self.extra = inner, torch.nn.Linear(8, 4)
+        self.used: list[bool] = []
+
+    def forward(self, x):
+        y = self.inner(x)
+        rows = (x[:, 0] > 1.0).nonzero().squeeze(1)
+        if torch.is_grad_enabled():
+            self.used.append(bool(rows.numel()))
+        return y.index_add(0, rows, self.extra(x[rows])) if rows.numel() else y
+
+
 def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict:
     """Unequal, changing shares against single-process training on the union batch; then a
     slowed rank 1 and the shares the balancer measures for it."""
@@ -176,18 +193,27 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
 
     from caramel.data.share_sampler import ShareSampler, ShareSchedule
     from caramel.strategies.caramel.balance import balanced_sampler
+    import functools
     out = {}
-    # shares [2, 6], handed to torch DDP at batch 4 (after the plan the profiling steps make), [5, 3] from batch 7
-    model, x, y = _toy()
+    # shares [2, 6], handed to torch DDP at batch 4 (after the plan the profiling steps make), [5, 3] from batch 7;
+    # DDP's buckets capped at 200 bytes (several buckets), and a layer some ranks' batches leave unused
+    inner, x, y = _toy()
+    model = _Gated(inner)
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, opt = caramel.parallelize(model, opt, overlap="forward", balance="batch", balance_every=0)
     sampler = balanced_sampler(opt, len(x), global_batch, seed=3, counts=[2, 6])
     total = steps + 4
     delegating = []
+    ddp_class = torch.nn.parallel.DistributedDataParallel
     for i, idx in enumerate(sampler):
         if i == 4:
-            opt.engine.controller.handover.hand_over()
+            torch.nn.parallel.DistributedDataParallel = functools.partial(ddp_class, bucket_cap_mb=0.0002)
+            try:
+                opt.engine.controller.handover.hand_over()
+            finally:
+                torch.nn.parallel.DistributedDataParallel = ddp_class
+            out["ddp_buckets"] = len(opt.engine.ddp._get_ddp_logging_data()["bucket_sizes"].split(","))
         if i == 6:
             sampler.schedule.change([5, 3], sampler.schedule.drawn)
         if i == total:
@@ -205,6 +231,7 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
         ropt.zero_grad()
     out["ddp_union"] = max_diff(params_of(ref), params_of(model.module))
     out["ddp_delegating"] = delegating
+    out["ddp_extra_used"] = model.module.used[4:total]  # the steps under torch DDP
     # rank 1 sleeps 4 ms per sample of its 4: under torch DDP rank 0's waits are timed, and the
     # balancer (deciding every 8 steps, from step 8: after the hand-over at step 5) moves samples to rank 0
     inner, x, y = _toy()
@@ -212,18 +239,21 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=8)
     sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
-    waits = []
+    equal_waits = []  # rank 0's timed waits under torch DDP while the shares are still equal
     for epoch in range(2):
         for idx in sampler:
-            if sampler.schedule.drawn == 6:
+            if sampler.schedule.drawn == 5:
                 opt.engine.controller.handover.hand_over()
+            # the hand-over's step still holds the engine's own wait: from the next one on
+            clean = opt.engine.delegating
             torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
             opt.step()
             opt.zero_grad()
-            if opt.engine.delegating:
-                waits.append(opt.engine.stats.last_wait_s)
+            if clean and len(idx) == global_batch // 2:
+                equal_waits.append(opt.engine.stats.last_wait_s)
     opt.synchronize()
-    out["ddp_wait_median_s"] = statistics.median(waits)
+    out["ddp_equal_waits_s"] = equal_waits
+    out["ddp_wait_median_s"] = statistics.median(equal_waits) if equal_waits else 0.0
     out["ddp_counts"] = sampler.schedule.current
     out["ddp_change_steps"] = [c["step"] for c in opt.engine.controller.balancer.changes]
     return out

@@ -112,14 +112,20 @@ def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
     drawn = [i for res in results for b in res["drawn"] for i in b]
     per_epoch = 96 // 8 * 8
     assert len(drawn) == 2 * per_epoch and all(drawn.count(i) == 2 for i in set(drawn))  # each sample once per epoch
-    # DDP's schedule (torch DDP, share-weighted by SharesHook): exact on the union batch; the
-    # slowed rank's peer waits about 16 ms a step and the balancer sees it (without the hook:
-    # equal weights, no wait timed, so equal compute on both ranks and no change)
+    # DDP's schedule (torch DDP, share-weighted by SharesHook, 3 buckets, a layer only some
+    # samples use): exact on the union batch; at
+    # equal shares (4 samples each, the steps under DDP before the first change applies) the
+    # slowed rank sleeps 16 ms a step, which its peer waits, timed, and the balancer sees it
+    # (without the hook: equal weights, no wait timed, so equal compute on both ranks and no change)
     for rank, res in enumerate(results):
         assert res["ddp_delegating"] == [False] * 4 + [True] * 6, res["ddp_delegating"]
         assert res["ddp_union"] <= 1e-5, res["ddp_union"]
-        assert res["ddp_change_steps"] and min(res["ddp_change_steps"]) > 5 and res["ddp_counts"][0] > res["ddp_counts"][1], res
-    assert results[0]["ddp_wait_median_s"] > 0.003, results[0]["ddp_wait_median_s"]
+        assert res["ddp_change_steps"] and res["ddp_counts"][0] > res["ddp_counts"][1], res
+        assert res["ddp_buckets"] >= 2, res["ddp_buckets"]  # the latest ready / latest done over several buckets
+    # the gated layer went unused on one rank and used on the other in some steps under DDP
+    assert any(a != b for a, b in zip(results[0]["ddp_extra_used"], results[1]["ddp_extra_used"]))
+    assert len(results[0]["ddp_equal_waits_s"]) >= 3, results[0]["ddp_equal_waits_s"]
+    assert results[0]["ddp_wait_median_s"] > 0.008, results[0]["ddp_equal_waits_s"]
 
 
 def test_ddp_schedule_is_a_trial_candidate_with_batch_shares_not_with_drops():
