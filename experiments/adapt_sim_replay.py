@@ -18,13 +18,17 @@ from pathlib import Path
 
 
 def replay(path: Path) -> list[str]:
+    bench = json.loads(path.read_text())
+    inputs = bench["meta"]["prediction_inputs"]
+    if len(inputs) != 1:  # records do not name their configuration, so the profile must be the only one
+        raise SystemExit(f"{path}: expected a bench file with one configuration, found {len(inputs)}: "
+                         + (", ".join(repr(k) for k in inputs) or "none"))
+
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
     from caramel.topology.spec import ClusterSpec
 
-    bench = json.loads(path.read_text())
-    profiles = {label: ModelProfile.from_dict(i["profile"]) for label, i in bench["meta"]["prediction_inputs"].items()}
-    (profile,) = profiles.values()  # one configuration per file here
+    (profile,) = (ModelProfile.from_dict(i["profile"]) for i in inputs.values())
     lines = []
     for r in bench["records"]:
         if r.get("predicted_step_s") is None:

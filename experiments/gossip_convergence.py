@@ -98,11 +98,46 @@ def score(final: dict[str, dict[int, float]], baseline: dict[str, str]) -> dict[
     return out
 
 
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; anything else is an error naming the input."""
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+
+
+def resolve_baselines(names: list[str], vs: list[str]) -> dict[str, str]:
+    """Each configuration but the first -> its baseline (the first, or NAME=BASE from --vs). A
+    baseline keeps its own score against its own baseline (chains such as ring -> ddp_lr_half ->
+    ddp); a configuration cannot be its own baseline."""
+    baseline = {n: names[0] for n in names[1:]}
+    for v in vs:
+        n, _, b = v.partition("=")
+        if n not in names or b not in names:
+            raise SystemExit(f"--vs {v!r}: both names must be configurations ({', '.join(names)})")
+        if n == b:
+            raise SystemExit(f"--vs {v!r}: a configuration cannot be its own baseline")
+        baseline[n] = b
+    return baseline
+
+
+def final_losses(curves: dict[str, dict[int, dict[int, float]]]) -> dict[str, dict[int, float]]:
+    """Each run's validation loss at its last logged step; every run must end at the same step,
+    else a run cut short would be compared with its baseline at an earlier step."""
+    last = {(n, s): max(c) for n, per in curves.items() for s, c in per.items() if c}
+    if len(set(last.values())) > 1:
+        end = max(last.values())
+        short = ", ".join(f"{n}-{s} (step {k})" for (n, s), k in sorted(last.items()) if k != end)
+        raise SystemExit(f"runs end at different steps: {short} stop before step {end}; rerun them")
+    return {n: {s: c[max(c)] for s, c in per.items() if c} for n, per in curves.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", required=True, help="folder for the NAME-SEED run folders")
     ap.add_argument("--config", action="append", required=True, help="NAME=STRATEGY [caramel train flags]")
-    ap.add_argument("--vs", action="append", default=[], help="NAME=BASE: score NAME against BASE (default: the first config)")
+    ap.add_argument("--vs", action="append", default=[],
+                    help="NAME=BASE: score NAME against BASE (default: the first config); BASE keeps its own score")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--workload", default="digits")
     ap.add_argument("--workers", type=int, default=4)
@@ -112,15 +147,8 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     configs = dict(parse_config(c) for c in args.config)
-    names, seeds = list(configs), [int(s) for s in args.seeds.split(",")]
-    baseline = {n: names[0] for n in names[1:]}
-    for v in args.vs:
-        n, _, b = v.partition("=")
-        if n not in configs or b not in configs:
-            raise SystemExit(f"--vs {v!r}: both names must be configurations ({', '.join(names)})")
-        baseline[n] = b
-    for b in set(baseline.values()):
-        baseline.pop(b, None)
+    names, seeds = list(configs), parse_seeds(args.seeds)
+    baseline = resolve_baselines(names, args.vs)
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
     if not args.collect_only:
@@ -133,7 +161,7 @@ def main() -> None:
                 train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.val_every_steps)
     curves = {n: {s: val_curve(runs / f"{n}-{s}") for s in seeds if (runs / f"{n}-{s}" / "metrics.jsonl").exists()}
               for n in names}
-    final = {n: {s: c[max(c)] for s, c in per.items() if c} for n, per in curves.items()}
+    final = final_losses(curves)
     own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} for n in names}
     scores = score(final, baseline)
     print("| seed | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")

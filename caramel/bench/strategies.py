@@ -127,12 +127,7 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
 
     def stats() -> dict[str, Any]:
         if engine is not None:
-            out = dict(engine.stats_dict())
-            balancer = getattr(engine.controller, "balancer", None)
-            if hasattr(balancer, "fractions"):  # balance="dropout": the drops in force at the end
-                out["dropout_fractions"] = list(balancer.fractions)
-                out["dropout_changes"] = [dict(c) for c in balancer.changes]  # when each drop began
-            return out
+            return engine_stats(engine)
         if reporter is not None:
             return dict(reporter.stats_dict())
         return {"comm_priority": prio.to_dict()} if prio is not None else {}
@@ -224,6 +219,17 @@ class PipelineRunner(Runner):
         steps = [[list(a) for a in st.actions] for st in self.pipe.timer.steps]
         path = Path(self.trace_dir) / f"pipeline_actions.{trace_file_stem(self.name)}.rank{ctx_rank()}.json"
         path.write_text(json.dumps({"strategy": self.name, "rank": ctx_rank(), "steps": steps}))
+
+
+def engine_stats(engine: Any) -> dict[str, Any]:
+    """The caramel engine's stats for a bench record; with balance="dropout" also the drops in force
+    at the end and when each began (the record's `dropout_fractions`, `dropout_changes`)."""
+    out = dict(engine.stats_dict())
+    balancer = getattr(engine.controller, "balancer", None)
+    if hasattr(balancer, "fractions"):
+        out["dropout_fractions"] = list(balancer.fractions)
+        out["dropout_changes"] = [dict(c) for c in balancer.changes]  # copies: the balancer keeps appending
+    return out
 
 
 def _pipeline_runner(strategy: Strategy, model, optimizer, inputs, targets, loss_fn, ctx: StrategyContext) -> Runner:

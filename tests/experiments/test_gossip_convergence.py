@@ -25,3 +25,28 @@ def test_a_config_is_a_strategy_and_train_flags():
     for bad in ("ring", "=ddp", "ring="):
         with pytest.raises(SystemExit, match="NAME=STRATEGY"):
             _script().parse_config(bad)
+
+
+def test_a_baseline_keeps_its_own_score_and_none_is_its_own():
+    names = ["ddp", "ddp_lr_half", "ring"]
+    b = _script().resolve_baselines(names, ["ring=ddp_lr_half"])
+    assert b == {"ddp_lr_half": "ddp", "ring": "ddp_lr_half"}  # ddp_lr_half is still scored against ddp
+    with pytest.raises(SystemExit, match="'ring=ring'.*own baseline"):
+        _script().resolve_baselines(names, ["ring=ring"])
+    with pytest.raises(SystemExit, match="'ring=dp'.*ddp, ddp_lr_half, ring"):
+        _script().resolve_baselines(names, ["ring=dp"])
+
+
+def test_a_run_that_stopped_early_is_refused_by_name():
+    full = {40: 0.5, 80: 0.3}
+    curves = {"ddp": {0: full, 1: full}, "ring": {0: {40: 0.6, 80: 0.35}, 1: {40: 0.6}}}
+    with pytest.raises(SystemExit, match=r"ring-1 \(step 40\) stop before step 80"):
+        _script().final_losses(curves)
+    curves["ring"][1] = {40: 0.6, 80: 0.4}
+    assert _script().final_losses(curves) == {"ddp": {0: 0.3, 1: 0.3}, "ring": {0: 0.35, 1: 0.4}}
+
+
+def test_seeds_must_be_integers():
+    assert _script().parse_seeds("0,1,2") == [0, 1, 2]
+    with pytest.raises(SystemExit, match="--seeds 'a,b': expected comma-separated integers"):
+        _script().parse_seeds("a,b")
