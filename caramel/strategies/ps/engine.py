@@ -17,7 +17,7 @@ colocated mode). One step, for update u (= the step that produced the gradients)
    hierarchy the server leader to the leaders, then each leader its relays to its node), so
    the wire order is the planned order; receivers land in a staging buffer;
 4. the next forward: a module's pre-hook copies in the pulls of the parameters it uses first,
-   waiting only for those still needed, so pulls overlap the forward.
+   waiting only for those still needed, so pulls overlap the forward (`pulls.py`).
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
@@ -40,9 +40,10 @@ import torch.nn as nn
 from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
-from caramel.strategies.ps.buckets import flatten, recv_buf, send_buf, unflatten
+from caramel.strategies.ps.buckets import flatten, unflatten
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
+from caramel.strategies.ps.pulls import PsPulls
 from caramel.strategies.ps.sender import SerialSender, send_pull, uses_sender
 from caramel.strategies.ps.staleness import StalenessControl
 from caramel.strategies.ps.state import clip_shard, hparams_key, send_object, step_shard
@@ -53,7 +54,7 @@ CMD_STEP, CMD_GATHER, CMD_PLAN, CMD_LOAD, CMD_DONE = 1, 2, 3, 4, 5  # workers ->
 ORDER_LOG_UPDATES = 64  # how many updates' pull (send) orders are kept for inspection
 
 
-class PsEngine:
+class PsEngine(PsPulls):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: PsOptions, plan: PsPlan,
                  groups: PsGroups, ranks: list[int], buffer_sync: Any = None, share_buffers: bool = True):
         self.module, self.optimizer, self.options, self.plan = module, optimizer, options, plan
@@ -296,97 +297,8 @@ class PsEngine:
         self.applied += 1
         self.last_issue_t = issued_t
 
-    def _send_buf(self, members: list[int]) -> torch.Tensor:
-        return send_buf([self.params[i] for i in members])
-
-    def _recv_buf(self, members: list[int]) -> torch.Tensor:
-        return recv_buf([self.params[i] for i in members])
-
-    def _expect(self, members: list[int], version: int, work: Any, buf: torch.Tensor) -> None:
-        """Each parameter of a bucket being pulled lands with the bucket (a view of its buffer)."""
-        for i, view in zip(members, unflatten(buf, [self.params[i] for i in members])):
-            self.pulls[i].append(Pull(version, work, view))
-
-    def _pull_hierarchical(self, b: int, version: int) -> None:
-        """A leader pulls from the server among the leaders (or is the server) and queues the
-        relay to its node; any other rank pulls from its leader."""
-        members, h = self.plan.pull_buckets[b], self.hier
-        i = members[0]
-        shard = self.plan.owner[i]
-        if not h.is_leader:
-            buf = self._recv_buf(members)
-            work = dist.broadcast(buf, src=self.ranks[h.leader], group=h.node_pull, async_op=True)
-            self._expect(members, version, work, buf)
-            return
-        if self.server_of(i) == self.rank:
-            buf = self._send_buf(members)
-            self.sends.append((send_pull(self.sender, buf, self.ranks[self.rank], h.lead_pull[shard], b,
-                                         f"pull of bucket {b} (shard {shard})"), buf))
-            self.relays.append((None, buf, b))
-            return
-        buf = self._recv_buf(members)
-        work = dist.broadcast(buf, src=self.ranks[self.server_of(i)], group=h.lead_pull[shard], async_op=True)
-        self._expect(members, version, work, buf)
-        self.relays.append((work, buf, b))
-
-    def relay_pulls(self, force: bool = False) -> None:
-        """Hierarchical, at a leader: broadcast to the node, in pull order, each pull that has
-        landed (with `force`, all of them, waiting); the relay sender sends them one at a time."""
-        while self.relays:
-            work, buf, b = self.relays[0]
-            if work is not None and not work.is_completed():
-                if not force:
-                    return
-                work.wait()
-            self.relays.popleft()
-            self.sends.append((send_pull(self.relay_sender, buf, self.ranks[self.rank], self.hier.node_pull, b,
-                                         f"relay of pull bucket {b} to the node"), buf))
-
     def _step_shard(self, idx: list[int], u: Update) -> None:
         step_shard(self.optimizer, self.params, idx, u.grads, u.hparams, self.optimizer._caramel_inner_step)
-
-    def _reap_sends(self) -> None:
-        """Forget the sends that are through; one that failed raises here, naming the pull."""
-        flags = [w.is_completed() for w, _ in self.sends]
-        done, self.sends = [w for (w, _), f in zip(self.sends, flags) if f], [s for s, f in zip(self.sends, flags) if not f]
-        for w in done:
-            w.wait()
-
-    def _wait_sends(self) -> None:
-        for w, _ in self.sends:
-            w.wait()
-        self.sends = []
-
-    def required_version(self) -> int:
-        """The oldest version a forward may use now."""
-        limit = ASP_BOUND_STEPS if self.bound is None else self.bound
-        return self.steps - limit
-
-    def catch_up(self, idx: list[int], required: int | None = None, forward: bool = False) -> float:
-        """Copy in the landed pulls of `idx`, waiting for those older than allowed (`forward`:
-        a forward is about to use them); returns the wait (s)."""
-        required = self.required_version() if required is None else required
-        if self.relays:
-            self.relay_pulls()  # what has landed goes on to the node, whatever this rank waits for
-        waited = 0.0
-        for i in idx:
-            q = self.pulls.get(i)
-            while q and (self.version[i] < required or q[0].work.is_completed()):
-                pull = q.popleft()
-                t0 = time.perf_counter()
-                pull.work.wait()
-                waited += time.perf_counter() - t0
-                if self.relays:
-                    self.relay_pulls()  # a leader never sits on what its node waits for
-                if self.stale is not None:
-                    self.stale.landing(i, pull.buf)
-                with torch.no_grad():
-                    self.params[i].copy_(pull.buf)
-                self.version[i] = pull.version
-        if forward and self.stale is not None:
-            self.stale.extrapolate(idx)
-        self.wait_s += waited
-        return waited
 
     def synchronize(self) -> None:
         """Every pushed update applied and pulled (all ranks call this); ssp/asp send rank 0's

@@ -37,7 +37,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.ps.planner import PsPlan
 
 if TYPE_CHECKING:
-    from caramel.strategies.ps.parallelize import PsRun
+    from caramel.strategies.ps.run import PsRun
 
 STATE_KEY = "caramel_ps"
 VERSION = 1
