@@ -11,7 +11,7 @@ server below its measured step. This times, on any number of workers, in one pro
 - ps steps through `caramel.parallelize`: the forward (and its wait for pulls), backward, and
   `optimizer.step()` split into the wait for the step's reductions, the shard's optimizer
   and the rest (pushes of what never became ready, the used-count all-reduce, pull hand-over);
-  per rank, the median time into the step of each event (rank 0's buffers in, each bucket
+  per rank, the median time into the step of each event (each bucket
   handed over, each push or receive done, the used count in, the pulls issued), and the CPU
   time of a step;
 - the model's account of the same step (`meta.pieces_s`, `meta.timeline_s`), replayed on a
@@ -117,14 +117,9 @@ def main() -> None:
     def event(name):
         events[-1].setdefault(name, 1e3 * (time.perf_counter() - events[-1]["t0"]))
 
-    orig_apply, orig_shard, orig_sync = PsEngine._apply, PsEngine._step_shard, PsEngine.sync_buffers
+    # buffers travel through the engine's BufferSync, sent early at step() (no forward broadcast to time)
+    orig_apply, orig_shard = PsEngine._apply, PsEngine._step_shard
     orig_push, orig_catch = PsEngine._push, PsEngine.catch_up
-
-    def sync_buffers(self):
-        t = time.perf_counter()
-        orig_sync(self)
-        mark("forward_buffer_broadcast_ms", time.perf_counter() - t)
-        event("buffers_end")
 
     def _push(self, b):
         event(f"handed_{b}")
@@ -158,7 +153,7 @@ def main() -> None:
         orig_shard(self, idx, u)
         mark("shard_optimizer_ms", time.perf_counter() - t)
 
-    PsEngine._apply, PsEngine._step_shard, PsEngine.sync_buffers = _apply, _step_shard, sync_buffers
+    PsEngine._apply, PsEngine._step_shard = _apply, _step_shard
     PsEngine._push, PsEngine.catch_up = _push, catch_up
     rows = []
     for k in range(args.steps):
@@ -178,7 +173,7 @@ def main() -> None:
         rows.append({"forward_ms": t1 - t0, "forward_wait_ms": fwd_wait, "backward_ms": t2 - t1,
                      "optimizer_step_ms": t3 - t2, "step_ms": t3 - t0, "step_cpu_ms": time.process_time() - c0})
     popt.synchronize()
-    PsEngine._apply, PsEngine._step_shard, PsEngine.sync_buffers = orig_apply, orig_shard, orig_sync
+    PsEngine._apply, PsEngine._step_shard = orig_apply, orig_shard
     PsEngine._push, PsEngine.catch_up = orig_push, orig_catch
     skip = 3 + 2  # the two online-profiling steps, then settling
     res = {k: med([r[k] for r in rows[skip:]]) for k in rows[0]}
