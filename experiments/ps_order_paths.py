@@ -10,7 +10,10 @@ reports them (`stats_dict()`: per step from the first pull handed over to the fo
     /tmp/bench.sh python experiments/ps_order_paths.py --rounds 3 --out docs/results/ps_order_paths
 
 `--from-json PATH.json` writes PATH.md again from a stored result (the table from the JSON; a
-"## Reading" section already at the end of PATH.md is kept below it).
+"## Reading" section already at the end of PATH.md is kept below it); the run options and
+`--out` are refused with it. The page's title and description name the configurations the
+result ran. A job that reports no E stops the run after writing the jobs so far to
+PATH.partial.json.
 """
 from __future__ import annotations
 
@@ -34,6 +37,12 @@ CONFIGS = {
     "hierarchical": (["--workers", "2", "--nproc-per-node", "2"], "ps:hierarchical=true"),  # 2 nodes of 2
 }
 ORDERS = ("random", "tac")
+# name -> (the page title's words, the setup as the description names it)
+SETUPS = {
+    "dedicated": ("dedicated servers", "2 workers + 2 server processes on 4 hosts"),
+    "hierarchical": ("hierarchical aggregation", "2 hosts of 2 ranks (LOCAL_WORLD_SIZE 2, the hosts' first ranks serve)"),
+}
+RUN_DEFAULTS = {"rounds": 3, "steps": 40, "warmup": 10, "bandwidth": "300mbit", "configs": ",".join(CONFIGS)}
 
 
 def spec_of(base: str, order: str) -> str:
@@ -54,11 +63,13 @@ def run_job(launch: list[str], spec: str, args: argparse.Namespace, out: Path) -
     return res
 
 
-def check_e(res: dict, job: str) -> None:
-    """A run without E (too few steady steps for the online profile's reference) is an error."""
+def check_e(res: dict, job: str, partial: str | None = None) -> None:
+    """A run without E (too few steady steps for the online profile's reference) is an error;
+    `partial` names where the jobs finished so far were written."""
     if res.get("E_median") is None or res.get("S") is None:
+        kept = f" (the jobs so far: {partial})" if partial else ""
         raise SystemExit(f"job {job}: the run reported no TicTac E/S (E_median={res.get('E_median')}, "
-                         f"S={res.get('S')}); expected numbers: give it more --steps after --warmup")
+                         f"S={res.get('S')}); expected numbers: give it more --steps after --warmup{kept}")
 
 
 def summarize(runs: dict[str, list[dict]], per_round: int) -> dict:
@@ -75,10 +86,25 @@ def summarize(runs: dict[str, list[dict]], per_round: int) -> dict:
             "pull_buckets": runs["tac"][-1]["pull_buckets"]}
 
 
+def describe(configs: list[str], bandwidth: str, warmup: int, steps: int, rounds: int) -> str:
+    setups = "; ".join(f"{c}: {SETUPS[c][1]}" for c in configs)
+    return (f"ResNet-18 width 16, batch 8 per worker, SGD momentum, bsp, emulated hosts at {bandwidth}; {setups}; "
+            f"rank 0's steps {warmup}-{steps - 1} of {steps} per job, {rounds} paired rounds")
+
+
 def markdown(result: dict) -> str:
-    lines = ["# TAC against random order: dedicated servers and hierarchical aggregation", "",
+    """The page: its title and description name only the configurations the result ran (a
+    stored description that names others, as earlier runs wrote it, is cut to those)."""
+    ran = list(result["summary"])
+    what = result["what"]
+    for c in SETUPS:
+        if c not in ran:
+            what = what.replace(f"; {c}: {SETUPS[c][1]}", "")
+    bandwidth = what.split("emulated hosts at ", 1)[1].split(";", 1)[0] if "emulated hosts at " in what else None
+    title = " and ".join(SETUPS[c][0] for c in ran) + (f" at {bandwidth}" if bandwidth else "")
+    lines = [f"# TAC against random order: {title}", "",
              f"Command: `{result['command']}`", "",
-             f"Code {result['code']}; {result['what']}", "",
+             f"Code {result['code']}; {what}", "",
              "| configuration | TAC speed-up over random (95% interval) | median step random / TAC (ms) "
              "| E of TAC (rounds) | E of random (rounds) | S of TAC (rounds) | predicted E TAC / random |",
              "|---|---|---|---|---|---|---|"]
@@ -100,20 +126,28 @@ def markdown(result: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked: one error naming the bad input and what is expected."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=10, help="steps left out (the online profile, warm-up)")
-    ap.add_argument("--bandwidth", default="300mbit")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
+    d = RUN_DEFAULTS
+    ap.add_argument("--rounds", type=int, help=f"paired rounds (default {d['rounds']})")
+    ap.add_argument("--steps", type=int, help=f"steps per job (default {d['steps']})")
+    ap.add_argument("--warmup", type=int, help=f"steps left out: the online profile, warm-up (default {d['warmup']})")
+    ap.add_argument("--bandwidth", help=f"the emulated hosts' links (default {d['bandwidth']})")
+    ap.add_argument("--configs", help=f"some of {', '.join(CONFIGS)} (default all)")
     ap.add_argument("--out", help="PATH: writes PATH.json and PATH.md")
     ap.add_argument("--from-json", metavar="PATH.json", help="only write PATH.md again from this stored result")
     args = ap.parse_args(argv)
     if args.from_json is not None:
-        if args.out is not None:
-            ap.error("--from-json writes PATH.md beside PATH.json; --out is not used with it")
+        given = [f"--{k}" for k in [*RUN_DEFAULTS, "out"] if getattr(args, k) is not None]
+        if given:
+            ap.error(f"--from-json writes PATH.md again from the stored result; {', '.join(given)} "
+                     "(run options, or --out) cannot be used with it")
         if not args.from_json.endswith(".json"):
             ap.error(f"--from-json: expected a PATH.json file, got {args.from_json!r}")
+        if not Path(args.from_json).is_file():
+            ap.error(f"--from-json: no such file {args.from_json!r}")
         return args
+    for k, v in RUN_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.out is None:
         ap.error("--out PATH is required (or --from-json PATH.json)")
     if args.rounds < 1:
@@ -133,7 +167,11 @@ def rewrite_markdown(json_path: Path) -> str:
     md_path = json_path.with_suffix(".md")
     old = md_path.read_text() if md_path.exists() else ""
     reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""
-    text = markdown(json.loads(json_path.read_text())) + reading
+    try:
+        text = markdown(json.loads(json_path.read_text())) + reading
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise SystemExit(f"--from-json {str(json_path)!r}: not a stored ps_order_paths result "
+                         f"({type(e).__name__}: {e})") from None
     md_path.write_text(text)
     return text
 
@@ -151,18 +189,18 @@ def main(argv: list[str] | None = None) -> None:
                 launch, base = CONFIGS[c]
                 for order in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
                     res = run_job(launch, spec_of(base, order), args, Path(tmp) / f"{c}-{order}-{r}.json")
-                    check_e(res, f"round {r} {c} {order}")
-                    runs[c][order].append(res)
-                    jobs.append({"round": r, "config": c, "order": order, **{k: res[k] for k in (
+                    jobs.append({"round": r, "config": c, "order": order, **{k: res.get(k) for k in (
                         "median_step_ms", "E_median", "S", "load_before", "load_after", "wall_s", "step_s")}})
+                    if res.get("E_median") is None or res.get("S") is None:  # keep what finished
+                        write_json(f"{args.out}.partial.json", {"format": format_tag("ps-order-paths-partial"),
+                                                                "code": code_version(), "jobs": jobs})
+                    check_e(res, f"round {r} {c} {order}", f"{args.out}.partial.json")
+                    runs[c][order].append(res)
                     print(f"round {r} {c} {order}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f} "
                           f"S {res['S']:.2f} load {res['load_before']:.1f}", flush=True)
     result = {"format": format_tag("ps-order-paths"), "code": code_version(),
               "command": "python experiments/ps_order_paths.py " + " ".join(sys.argv[1:]),
-              "what": (f"ResNet-18 width 16, batch 8 per worker, SGD momentum, bsp, emulated hosts at {args.bandwidth}; "
-                       f"dedicated: 2 workers + 2 server processes on 4 hosts; hierarchical: 2 hosts of 2 ranks "
-                       f"(LOCAL_WORLD_SIZE 2, the hosts' first ranks serve); rank 0's steps {args.warmup}-"
-                       f"{args.steps - 1} of {args.steps} per job, {args.rounds} paired rounds"),
+              "what": describe(configs, args.bandwidth, args.warmup, args.steps, args.rounds),
               "summary": {c: summarize(runs[c], args.steps - args.warmup) for c in configs}, "jobs": jobs}
     write_json(f"{args.out}.json", result)
     Path(f"{args.out}.md").write_text(markdown(result))

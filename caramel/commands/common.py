@@ -96,13 +96,14 @@ _SHORT_UNITS = ("s", "ms", "us")  # per-read, per-sample and per-batch times
 
 def parse_duration_arg_s(text: str, flag: str, unit_required: bool = False) -> float:
     """A duration >= 0 given to `flag` (`0`, `50us`, `1ms`), or an error naming the flag. Any
-    zero (`0.0`, `0.0ms`, `-0`) is 0. With `unit_required` (the `--data-*` times) a bare nonzero
+    zero (`0.0`, `0.0ms`, `-0`) in a unit the flag takes is 0. With `unit_required` (the `--data-*` times) a bare nonzero
     number is refused rather than read as seconds, since the bench prints these times in ms and
     us, and only s, ms and us are taken: 1.2 or 1.2m meant as milliseconds would otherwise make
     every read a thousand or 60,000 times too slow without a word."""
     m = _DURATION_ARG.fullmatch(str(text).strip())
     unit = m.group(2).lower() if m else ""
-    if m and float(m.group(1)) == 0 and unit in ("", "s", "ms", "us", "m", "min", "h"):
+    zero_units = ("", *_SHORT_UNITS) if unit_required else ("", *_SHORT_UNITS, "m", "min", "h")
+    if m and float(m.group(1)) == 0 and unit in zero_units:  # with unit_required: the units a nonzero takes
         return 0.0
     if unit_required and m and not unit:
         raise CaramelError(f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit "

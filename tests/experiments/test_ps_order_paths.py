@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import experiments.ps_order_paths as ps_order_paths
 from experiments.ps_order_paths import check_e, main, parse_args
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
@@ -18,6 +19,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
     (["--out", "x", "--configs", "dedicated,flat"], "--configs: unknown ['flat']"),
     ([], "--out PATH is required"),
     (["--from-json", "x.md"], "--from-json: expected a PATH.json"),
+    (["--from-json", "x.json", "--out", "y"], "--out (run options, or --out) cannot be used with it"),
+    (["--from-json", "x.json", "--rounds", "0", "--configs", "bogus"], "--rounds, --configs (run options"),
+    (["--from-json", "/nonexistent/x.json"], "--from-json: no such file '/nonexistent/x.json'"),
 ])
 def test_bad_options_are_one_error_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -41,3 +45,34 @@ def test_the_table_is_written_again_from_the_stored_result(tmp_path):
     assert f"Command: `{json.loads(src.read_text())['command']}`" in text
     assert "| S of TAC (rounds) |" in text and "| 0.63 (0.85, 0.63, 0.62, 0.63) |" in text
     assert (RESULTS / "ps_order_paths_hier100.md").read_text().startswith(text[:text.index("\n## Reading")])
+
+
+def test_a_stored_file_of_another_shape_is_one_error_naming_it(tmp_path):
+    bad = tmp_path / "other.json"
+    bad.write_text('{"jobs": []}')
+    with pytest.raises(SystemExit, match=f"--from-json '{bad}': not a stored ps_order_paths result"):
+        main(["--from-json", str(bad)])
+    assert not (tmp_path / "other.md").exists()
+
+
+def test_each_page_names_only_the_configurations_its_result_ran():
+    for name, ran, title in (
+            ("ps_order_paths", {"dedicated", "hierarchical"}, "dedicated servers and hierarchical aggregation at 300mbit"),
+            ("ps_order_paths_ded100", {"dedicated"}, "dedicated servers at 100mbit"),
+            ("ps_order_paths_hier100", {"hierarchical"}, "hierarchical aggregation at 100mbit")):
+        text = ps_order_paths.markdown(json.loads((RESULTS / f"{name}.json").read_text()))
+        assert text.startswith(f"# TAC against random order: {title}\n"), name
+        description = text.split("\n")[4]
+        named = {c for c, (_, setup) in ps_order_paths.SETUPS.items() if f"{c}: {setup}" in description}
+        assert named == ran, (name, named)
+
+
+def test_a_job_without_e_keeps_the_jobs_so_far(tmp_path, monkeypatch):
+    results = iter([{"median_step_ms": 10.0, "E_median": 0.9, "S": 0.5, "load_before": 1.0},
+                    {"median_step_ms": 11.0, "E_median": None, "S": None}])
+    monkeypatch.setattr(ps_order_paths, "run_job", lambda *a: next(results))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=f"round 0 dedicated tac: .*the jobs so far: {out}.partial.json"):
+        main(["--out", str(out), "--rounds", "1", "--configs", "dedicated"])
+    jobs = json.loads((tmp_path / "run.partial.json").read_text())["jobs"]
+    assert [(j["order"], j["E_median"]) for j in jobs] == [("random", 0.9), ("tac", None)]

@@ -24,7 +24,7 @@ from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _pla
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
-from caramel.strategies.pipeline.overlap import replay_overlapped, replica_mode
+from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, replica_mode
 from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 
@@ -94,10 +94,14 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
     is priced as `simulate_pipeline` prices that layout: the optimizer step (`optimizer_s`, the
     whole model's), the tied weights (`ties`) and, with equal replicas of gpipe or 1f1b, their
     reduction overlapped as the runtime runs it (`reducer`: the options' `replica_reducer()`;
-    `overlap.replica_mode`), or after the drain with `reduce="after"` (`simulate_pipeline`'s
-    reference, which replays the pick so)."""
-    if reduce not in (None, "after"):
-        raise CaramelError(f"microbatches=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
+    `overlap.replica_mode`), or as an explicit `reduce` (`overlap.REDUCE_MODES`: the mode
+    `simulate_pipeline(reduce=...)` then replays the pick with, "after" its drain reference)."""
+    if reduce is not None and reduce not in REDUCE_MODES:
+        raise CaramelError(f"microbatches=auto: reduce must be one of {REDUCE_MODES} or None (as the runtime reduces), "
+                           f"got {reduce!r}")
+    if reduce not in (None, "after") and replica_mode(schedule, replicas, reducer) == "after":
+        raise CaramelError(f"microbatches=auto: reduce={reduce!r} replays equal replicas of gpipe or 1f1b only "
+                           f"(replicas >= 2); this layout (replicas={replicas}, schedule={schedule}) reduces after the drain")
     posting = posting_for(transport, schedule, "microbatches=auto")
     ties = ties or []
     speeds = speeds or [1.0] * stages
@@ -116,7 +120,7 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
         actions = (replicated_actions(schedule, counts, m) if unequal
                    else schedule_actions(schedule, stages, positions, m))
         tied_s = tied_allreduce_s(ties, plan.boundaries, len(costs), positions, at)
-        mode = "after" if reduce == "after" else replica_mode(schedule, replicas, reducer, any(tied_s))
+        mode = reduce or replica_mode(schedule, replicas, reducer, any(tied_s))
         sc = with_tied(stage_costs(with_held_bytes(costs, ties, plan.boundaries), plan.boundaries, at, replicas, sp,
                                    optimizer_s, mode), tied_s, mode)
         sim = (replay(sc, actions, at.compute_slowdown, math.lcm(*counts) if unequal else 0, posting)

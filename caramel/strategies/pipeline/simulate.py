@@ -378,8 +378,8 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
                        ) -> tuple[PipelineOptions, str, dict[int, float]]:
     """microbatches="auto" from the profile: with module times at two batch sizes each layer has
     a fixed cost per microbatch, as in the runtime's choice; with one size only per-sample costs
-    and the links' latency per transfer decide, which favours more microbatches. `reduce="after"`
-    prices every count after the drain, as the final replay then runs the pick."""
+    and the links' latency per transfer decide, which favours more microbatches. An explicit
+    `reduce` prices every count in that mode, as the final replay then runs the pick."""
 
     from caramel.strategies.pipeline.microbatches import choose_microbatches
 
@@ -394,7 +394,7 @@ def _auto_microbatches(profile: ModelProfile, cluster: ClusterSpec, options: Pip
                                  fixed,
                                  options.replica_counts() if options.unequal_replicas else options.replicas,
                                  transport, profile.optimizer_time_s, tied_weights(profile, names),
-                                 options.replica_reducer(), "after" if reduce == "after" else None)
+                                 options.replica_reducer(), reduce)
     return (dataclasses.replace(options, microbatches=choice.microbatches),
             "chosen by simulation from the profile "
             + ("at two batch sizes" if profile.small_batch_size else "at one batch size (no per-microbatch fixed cost)")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from caramel.errors import CaramelError
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.auto_replicas import choose_replicas
 from caramel.strategies.pipeline.microbatches import choose_microbatches
@@ -151,13 +154,21 @@ def test_the_runtimes_count_chooser_prices_the_profile_as_the_prediction_does():
         assert table == explicit and m == min(explicit, key=lambda k: (explicit[k], k)), cluster.ranks_per_host
 
 
-def test_microbatches_auto_under_the_drain_reference_prices_every_count_after_the_drain():
-    """`simulate_pipeline(reduce="after")` replays the pick with the replicas' reduction after
-    the drain (the reference before the overlapped model): its chooser prices every count so."""
+@pytest.mark.parametrize("reduce", ["after", "backward"])
+def test_microbatches_auto_under_an_explicit_reduce_prices_every_count_in_that_mode(reduce):
+    """`simulate_pipeline(reduce=...)` replays the pick with the replicas' reduction in that mode
+    ("after": the drain reference before the overlapped model; "backward" under the default
+    caramel reducer, whose runtime mode is "forward"): its chooser prices every count so."""
     prof = _profile(batch=8)
     options = PipelineOptions(stages=2, replicas=2, microbatches="auto", schedule="gpipe")
-    auto = simulate_pipeline(prof, PLAIN, options, reduce="after")
-    explicit = {m: simulate_pipeline(prof, PLAIN, dataclasses.replace(options, microbatches=m), reduce="after").step_time_s
+    auto = simulate_pipeline(prof, PLAIN, options, reduce=reduce)
+    explicit = {m: simulate_pipeline(prof, PLAIN, dataclasses.replace(options, microbatches=m), reduce=reduce).step_time_s
                 for m in (1, 2, 4, 8, 16)}
-    assert auto.meta["microbatch_predictions_s"] == explicit and auto.meta["replica_reduce_model"] == "after"
+    assert auto.meta["microbatch_predictions_s"] == explicit and auto.meta["replica_reduce_model"] == reduce
     assert auto.step_time_s == min(explicit.values())
+
+
+def test_microbatches_auto_refuses_an_overlapped_reduce_for_a_layout_reduced_after_the_drain():
+    options = PipelineOptions(stages=2, replicas=1, microbatches="auto", schedule="gpipe")
+    with pytest.raises(CaramelError, match="reduce='backward'"):
+        simulate_pipeline(_profile(batch=8), PLAIN, options, reduce="backward")
