@@ -24,8 +24,7 @@ each input is moved alone, with nothing else changed:
         --seeds 0 --draws 4 --json OUT
     python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
         --seeds 0 1 2 3 4 --draws 4 --paired --json OUT
-    python experiments/balance_seed_spread.py --results docs/results/adapt-train-balance-3.json \
-        --summarize --json docs/results/adapt-balance-seed-spread.json
+    python experiments/balance_seed_spread.py --summarize --json docs/results/adapt-balance-seed-spread.json
 
 (docs/results/adapt-balance-seed-spread.json holds what these gave; a run is ~10 s of one core.)
 """
@@ -170,19 +169,35 @@ def summarize(pairs: dict[int, list[tuple[float, float]]]) -> dict:
 def summarize_file(path: str, first_draws: int | None = None) -> dict:
     """`summarize` of a results file's paired losses (its `paired` seeds, draw 0 the recorded run
     pair, plus `seed0_more_draws`); `first_draws`: only each seed's first so many pairs."""
-    data = json.load(open(path))
-    pairs = {row["seed"]: list(zip(row["balanced"], row["equal"])) for row in data["paired"]["seeds"]}
+    with open(path) as f:
+        data = json.load(f)
+    rows = data.get("paired", {}).get("seeds") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"seed", "balanced", "equal"} <= r.keys()
+                                             for r in rows):
+        raise SystemExit(f"{path}: expected a 'paired' entry whose 'seeds' list holds rows with 'seed', "
+                         f"'balanced' and 'equal' (written by --paired runs)")
+    pairs = {row["seed"]: list(zip(row["balanced"], row["equal"])) for row in rows}
     more = data.get("seed0_more_draws")
-    if more is not None:
+    if more is not None and 0 in pairs:
         pairs[0] += list(zip(more["balanced"], more["equal"]))
     if first_draws is not None:
         pairs = {k: v[:first_draws] for k, v in pairs.items()}
+    if len(pairs) < 2 or any(not v for v in pairs.values()) or sum(map(len, pairs.values())) < 2:
+        raise SystemExit(f"{path}: 'paired' needs at least 2 seeds, each with at least one (balanced, equal) "
+                         f"pair, for the seed-clustered interval; it has {len(pairs)} seed(s) with "
+                         f"{[len(v) for v in pairs.values()]} pairs")
     return summarize(pairs)
+
+
+SUMMARY_NOTE = ("pooled_bootstrap95 here is reproducible (bootstrap: resamples, seed); the older "
+                "mean_pct_bootstrap95 entries under 'paired' and 'seed0_more_draws' bootstrap the same "
+                "pairs with an earlier, unrecorded resampling, so they differ in the second decimal")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--results", required=True, help="the recorded runs (adapt-train-balance JSON) whose schedules to replay")
+    ap.add_argument("--results", help="the recorded runs (adapt-train-balance JSON) whose schedules to replay "
+                                      "(required, except with --summarize)")
     ap.add_argument("--extra", nargs="*", default=[], help="more recorded runs of the same command (their schedules too)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--draws", type=int, default=6, help="dropout draws and orders per seed (count)")
@@ -198,16 +213,22 @@ def main() -> None:
                          "5), written into its 'summary' entry")
     args = ap.parse_args()
     if args.summarize:
-        data = json.load(open(args.json))
-        data["summary"] = {"command": f"python experiments/balance_seed_spread.py --results {args.results} "
-                                      f"--summarize --json {args.json}",
-                           "all_pairs": summarize_file(args.json), "first_5_per_seed": summarize_file(args.json, 5)}
+        if args.results is not None or args.extra or args.paired:
+            ap.error("--summarize reads only --json: --results, --extra and --paired are not used with it")
+        summary = {"command": f"python experiments/balance_seed_spread.py --summarize --json {args.json}",
+                   "note": SUMMARY_NOTE,
+                   "all_pairs": summarize_file(args.json), "first_5_per_seed": summarize_file(args.json, 5)}
+        with open(args.json) as f:
+            data = json.load(f)
+        data["summary"] = summary
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
         print(json.dumps({k: {kk: v[kk] for kk in ("pairs", "mean_pct", "pooled_bootstrap95", "mean_of_seed_means_pct",
                                                      "seed_clustered_t95")} for k, v in data["summary"].items()
-                          if k != "command"}, indent=1))
+                          if k not in ("command", "note")}, indent=1))
         return
+    if args.results is None:
+        ap.error("--results is required (except with --summarize)")
     torch.set_num_threads(1)
     recorded = []
     for path in [args.results] + args.extra:

@@ -17,8 +17,9 @@ lack an update are not extrapolated. The `caramel_ps` entry of `optimizer.state_
   compensate, every server's running mean square of the gradient by name (gathered at
   `synchronize()`, as the optimizer state; each server takes its own back). The versions a
   server keeps need no saving: after `synchronize()` every rank is at the latest one.
-  `staleness=scale` needs nothing more (each update carries its own lags); its `lr_scaled`
-  counter starts again at 0 in a resumed run.
+  `staleness=scale` needs nothing more (each update carries its own lags). The `lr_scaled`
+  and `updates_applied` counters start again at 0 in a resumed run (a fresh engine); `steps`
+  does not.
 
 All of it is the same on every rank once `synchronize()` has run (each rank's latest update of
 a parameter is the same difference of the same two versions), so the state dict of any one

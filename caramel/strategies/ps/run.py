@@ -181,6 +181,7 @@ class PsRun:
         e.steps, e.version, e.wait_s, e.sent_hparams = old.steps, dict(old.version), old.wait_s, old.sent_hparams
         move_state(self.optimizer, self.params, old.server_ranks(), e.server_ranks(), self.rank, self.groups.control)
         e.applied = old.applied  # updates applied in the whole run (`stats_dict`)
+        self._gathered_at = -1  # move_state kept only this rank's shards: state_dict() waits for synchronize()
         if e.stale is not None and old.stale is not None:
             e.stale.scaled_count = old.stale.scaled_count
         if e.stale is not None and e.stale.dc is not None:  # the running mean squares go to the new servers

@@ -244,7 +244,8 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
         for idx in sampler:
             if sampler.schedule.drawn == 5:
                 opt.engine.controller.handover.hand_over()
-            # the hand-over's step still holds the engine's own wait: from the next one on
+            # hand_over() sets delegating at once, so the hand-over's own step counts too: its
+            # wait is the hook's timed all-reduce only (the engine waits on nothing under DDP)
             clean = opt.engine.delegating
             torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
             opt.step()
