@@ -36,9 +36,10 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
         # local Adam moments differ per worker: not DDP's trajectory, and the test can tell; overlap's
         # gradients are taken at each worker's un-mixed parameters: not DDP's either
         assert res[CASES[2] + ("ddp",)] > 1e-4 and res[CASES[4] + ("ddp",)] > 1e-4
-        # mixing Adam's moments on the complete graph makes the mean exp_avg DDP's (linear in g),
-        # not exp_avg_sq (the mean of g_i^2, not of the mean g squared) nor the step (a mean of
-        # ratios): not DDP's trajectory
+        # mixing Adam's moments on the complete graph makes the mean exp_avg the average of the
+        # workers' mean gradient (linear in g), each taken at its worker's own un-mixed x_i, so not
+        # DDP's; exp_avg_sq is the mean of g_i^2, not of the mean g squared; the step is a mean of
+        # ratios: not DDP's trajectory
         assert res[CASES[5] + ("ddp",)] > 1e-4
         # overlap sends the parameters only, as dpsgd
         assert res[CASES[4] + ("bytes",)] == res[CASES[0] + ("bytes",)]
