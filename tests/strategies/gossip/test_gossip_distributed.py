@@ -17,7 +17,8 @@ CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr 
          ("gpt_tied", "adamw", "gossip:algorithm=adam"),              # not DDP: local Adam moments
          ("gpt_tied", "adamw", "gossip:algorithm=momentum"),          # both Adam moments mixed
          ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap"),    # mixed before the next update
-         ("gpt_tied", "adamw", "gossip:algorithm=overlap_momentum"))  # and both Adam moments with it
+         ("gpt_tied", "adamw", "gossip:algorithm=overlap_momentum"),  # and both Adam moments with it
+         ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap_momentum"))  # and SGD's momentum buffer
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
         assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
         assert res[CASES[3] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
         assert res[CASES[5] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
+        assert res[CASES[6] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
 
 
 def test_momentum_gossip_with_adam_stays_bounded_where_one_worker_sees_no_gradient(two):
