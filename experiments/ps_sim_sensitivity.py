@@ -4,7 +4,7 @@ A bench result keeps, per configuration, what its predictions were made from
 (`meta.prediction_inputs`: the profile and the "base" cluster, with the probe's fixed costs,
 the contention factor and the ps traffic probe's `link_queue_s`, `push_efficiency`,
 `pull_efficiency`). This replays every ps row from them (the recorded inputs reproduce the
-recorded predictions exactly) and again with one input changed, to see which input, if any,
+recorded predictions exactly: checked, an error names any row that does not) and again with one input changed, to see which input, if any,
 accounts for a row's error. Nothing here is fitted: it prints, it changes no model.
 `--config LABEL` also prints a grid of push and pull efficiencies for that configuration only.
 
@@ -55,6 +55,10 @@ CASES = [("recorded inputs", None, None),
 
 def ps_errors(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[tuple[str, float]]:
     """(strategy, predicted / measured - 1) of every ps record of configuration `label`."""
+    return [(r["strategy"], e) for r, e in _ps_rows(records, label, inputs, mod_cluster, mod_profile)]
+
+
+def _ps_rows(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[tuple[dict, float]]:
     from caramel.bench.record import Record, config_label
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
@@ -75,8 +79,21 @@ def ps_errors(records, label, inputs, mod_cluster=None, mod_profile=None) -> lis
         if config_label(Record(**{k: v for k, v in r.items() if k in fields})) != label:
             continue
         (p,) = predict(prof, cluster, [r["strategy"]])
-        out.append((r["strategy"], p.step_time_s / r["step_time_median_s"] - 1.0))
+        out.append((r, p.step_time_s / r["step_time_median_s"] - 1.0))
     return out
+
+
+def replay_mismatches(d: dict, tol: float = 1e-9) -> list[str]:
+    """The ps rows whose replay from the recorded inputs differs from their recorded
+    `prediction_error`: every "one input changed" row is relative to that replay, so it must be
+    the run's own prediction."""
+    bad = []
+    for label, pi in d["meta"]["prediction_inputs"].items():
+        for r, e in _ps_rows(d["records"], label, pi):
+            rec = r.get("prediction_error")
+            if rec is None or abs(e - rec) >= tol:
+                bad.append(f"{label} {r['strategy']}: replayed {e:+.6f}, recorded {rec}")
+    return bad
 
 
 def main(argv: list[str]) -> int:
@@ -94,6 +111,11 @@ def main(argv: list[str]) -> int:
     if args.config and args.config not in inputs:
         print(f"ps_sim_sensitivity: --config must be one of {sorted(inputs)}, got {args.config!r}", file=sys.stderr)
         return 2
+    bad = replay_mismatches(d)
+    if bad:
+        print(f"ps_sim_sensitivity: {args.bench_json}: the recorded inputs do not reproduce the recorded "
+              f"predictions (was the model changed since?):\n    " + "\n    ".join(bad), file=sys.stderr)
+        return 1
     for name, mc, mp in CASES:
         cells = []
         for label, pi in inputs.items():
@@ -105,10 +127,12 @@ def main(argv: list[str]) -> int:
         pi = inputs[args.config]
         print(f"{args.config}: push x pull efficiency (recorded {pi['clusters']['base']['meta'].get('push_efficiency')}"
               f", {pi['clusters']['base']['meta'].get('pull_efficiency')})")
-        for push in (0.56, 0.61, 0.70):
-            for pull in (0.56, 0.64, 0.70, 0.73, 0.83, 1.0):
+        meta = pi["clusters"]["base"]["meta"]
+        # the recorded push and pull, then the readings of the other runs that carry the probe
+        for push in (meta.get("push_efficiency", 1.0), 0.61, 0.70):
+            for pull in (meta.get("pull_efficiency", 1.0), 0.640, 0.704, 0.731, 0.826, 1.0):
                 errs = ps_errors(d["records"], args.config, pi, _meta(push_efficiency=push, pull_efficiency=pull))
-                print(f"    push {push:.2f} pull {pull:.2f}: " + "/".join(f"{100 * e:+.1f}%" for _, e in errs))
+                print(f"    push {push:.3f} pull {pull:.3f}: " + "/".join(f"{100 * e:+.1f}%" for _, e in errs))
     return 0
 
 

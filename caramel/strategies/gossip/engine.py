@@ -119,7 +119,7 @@ class Exchange:
 
     def settle(self) -> None:
         """Wait until every pending transfer has landed, without mixing (the sync point of
-        algorithm=overlap and adam: the mix belongs to the next update)."""
+        algorithm=overlap, adam and overlap_momentum: the mix belongs to the next update)."""
         for b in sorted(self.pending):
             self._wait(self.pending[b])
 

@@ -126,8 +126,9 @@ class GossipRun:
         return neighbours(W, self.rank), buckets
 
     def before_update(self) -> float:
-        """At optimizer.step(): mix what is still pending (all of it for algorithm=overlap and
-        adam) and measure the consensus distance of the parameters this step's forward used."""
+        """At optimizer.step(): mix what is still pending (all of it for algorithm=overlap,
+        adam and overlap_momentum) and measure the consensus distance of the parameters this
+        step's forward used."""
         t0 = time.perf_counter()
         wait0 = self.wait_s
         if not self.agreed:
@@ -298,8 +299,8 @@ class GossipRun:
     # --- sync points, state ---------------------------------------------------------------
     def synchronize(self) -> None:
         """Every transfer landed. dpsgd/momentum: every pending mix applied (the next forward
-        would apply it anyway). overlap, adam: nothing applied, the mix belongs to the next update, so
-        evaluating or saving never changes the trajectory."""
+        would apply it anyway). overlap, adam, overlap_momentum: nothing applied, the mix belongs
+        to the next update, so evaluating or saving never changes the trajectory."""
         if self.released:
             return
         if self.exchange.mix_in_forward:
@@ -309,8 +310,8 @@ class GossipRun:
         self.write_trace()
 
     def worker_state(self) -> dict[str, Any]:
-        """This worker's own model, optimizer, gossip step, module order, (overlap, adam) pending mix and
-        (tracking) gradient tracker."""
+        """This worker's own model, optimizer, gossip step, module order, (overlap, adam,
+        overlap_momentum) pending mix and (tracking) gradient tracker."""
         self.synchronize()
         by_id = self.exchange.pending_values()
         pending = {name: by_id[id(t)] for name, t in self._tensors()

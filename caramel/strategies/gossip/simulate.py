@@ -16,7 +16,7 @@ Per worker and step, what `caramel.strategies.gossip.parallelize` does:
   cuts them: `message_needs`), and the next forward runs the profile's modules in order, each
   once every message holding one of its parameters has landed from every in-neighbour, all of
   it: a model smaller than the cap is one message, which the first module waits for
-  (algorithm=overlap and adam: no wait in the forward; all of it must have landed before the update);
+  (algorithm=overlap, adam and overlap_momentum: no wait in the forward; all of it must have landed before the update);
 - compute is the profile's, divided by the worker's speed and multiplied by its step's jitter
   (or, the bench's emulation, followed by a pause after the forward: `links`);
 - with `head_steps` (DePRL's tau) only every (tau + 1)-th step sends, the body's bytes;

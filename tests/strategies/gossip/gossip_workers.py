@@ -170,14 +170,16 @@ def checkpoint_worker(rank: int, world: int, steps: int, at: int, spec: str, opt
             opt.step()
             sched.step()
             opt.zero_grad()
-        saved = {"worker": opt.gossip.worker_state(), "sched": sched.state_dict(), "step": stop}
+        # A copy taken now, as a user's checkpoint would be: the optimizer state holds the live
+        # moment tensors, which shutdown's flush would mix in place and so hide a lost pending mix.
+        saved = copy.deepcopy({"worker": opt.gossip.worker_state(), "sched": sched.state_dict(), "step": stop})
         return params_of(w.model), saved
 
     straight, _ = run(steps)
     caramel.shutdown()
     _, saved = run(at)
     caramel.shutdown()
-    resumed, _ = run(steps, copy.deepcopy(saved))
+    resumed, _ = run(steps, saved)
     caramel.shutdown()
     return {"diff": max_diff(straight, resumed), "params": [t.numpy() for t in straight]}
 

@@ -17,7 +17,8 @@ CASES = (("gpt_tied", "sgd_momentum", "gossip:topology=complete"),   # x_i - lr 
          ("gpt_tied", "adamw", "gossip:algorithm=adam"),              # not DDP: local Adam moments
          ("gpt_tied", "adamw", "gossip:algorithm=momentum"),          # both Adam moments mixed
          ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap"),    # mixed before the next update
-         ("gpt_tied", "adamw", "gossip:algorithm=overlap_momentum"))  # and both Adam moments with it
+         ("gpt_tied", "adamw", "gossip:algorithm=overlap_momentum"),  # and both Adam moments with it
+         ("gpt_tied", "sgd_momentum", "gossip:algorithm=overlap_momentum"))  # and SGD's momentum buffer
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,10 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
         # local Adam moments differ per worker: not DDP's trajectory, and the test can tell; overlap's
         # gradients are taken at each worker's un-mixed parameters: not DDP's either
         assert res[CASES[2] + ("ddp",)] > 1e-4 and res[CASES[4] + ("ddp",)] > 1e-4
-        # mixing Adam's moments on the complete graph makes the mean exp_avg DDP's (linear in g),
-        # not exp_avg_sq (the mean of g_i^2, not of the mean g squared) nor the step (a mean of
-        # ratios): not DDP's trajectory
+        # mixing Adam's moments on the complete graph makes the mean exp_avg the average of the
+        # workers' mean gradient (linear in g), each taken at its worker's own un-mixed x_i, so not
+        # DDP's; exp_avg_sq is the mean of g_i^2, not of the mean g squared; the step is a mean of
+        # ratios: not DDP's trajectory
         assert res[CASES[5] + ("ddp",)] > 1e-4
         # overlap sends the parameters only, as dpsgd
         assert res[CASES[4] + ("bytes",)] == res[CASES[0] + ("bytes",)]
@@ -46,6 +48,7 @@ def test_complete_graph_sgd_equals_ddp_and_every_variant_its_reference(two):
         assert res[CASES[1] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
         assert res[CASES[3] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
         assert res[CASES[5] + ("bytes",)] == 3 * res[CASES[0] + ("bytes",)]
+        assert res[CASES[6] + ("bytes",)] == 2 * res[CASES[0] + ("bytes",)]
 
 
 def test_momentum_gossip_with_adam_stays_bounded_where_one_worker_sees_no_gradient(two):
