@@ -302,3 +302,37 @@ def test_a_step_without_a_period_takes_its_place_but_adds_no_sample():
     trial.block, trial.in_block = 1, 1  # the block's first counted step opens its list
     _run(trial, [None, 0.070])
     assert trial.candidates[1].blocks_s == [[0.070]]
+
+
+def test_the_result_records_the_blocks_as_run_with_their_steps():
+    # two passes (an undecided lead, then a clear one) and a confirmation, from step 7 on (the
+    # engine's count: the trial's first step is the 7th); the record must cover every trial
+    # step once, in the order the trial switched, and end at the step after which the chosen
+    # candidate is adopted
+    trial = _three(steps=3, passes=3)
+    noisy = ([0.10, 0.12, 0.09, 0.11], [0.13, 0.14, 0.13, 0.15], [0.09, 0.13, 0.11, 0.12, 0.115])
+    clear = ([0.09] * 4, [0.13] * 4, [0.12] * 5)
+    t = 0.5
+    periods = [p for fwd, bwd, ddp in (noisy, clear)
+               for p in [t] + fwd[:2] + [t] + bwd[:2] + [t] + ddp + [t] + bwd[2:] + [t] + fwd[2:]]
+    periods += [t, 0.091, 0.089, t, 0.121, 0.119, 0.120, 0.122, 0.118, t, 0.090, 0.092]
+    step, out = 6, []
+    for p in periods:
+        step += 1
+        out.append(trial.record(p, step=step))
+        if trial.result is not None:
+            break
+    r = trial.result
+    assert r is not None and r["chosen"] == "forward" and r["confirmation"]["confirmed"], r
+    assert step == 6 + len(periods) and out[-1].name == "forward"
+    blocks = r["blocks"]
+    assert [b[0] for b in blocks] == [trial.candidates[i].name for i, _ in trial.blocks]
+    assert [b[2] - b[1] + 1 for b in blocks] == [n for _, n in trial.blocks]
+    assert blocks[0][1] == r["start_step"] == 7 and blocks[-1][2] == r["end_step"] == step
+    assert all(b[1] == a[2] + 1 for a, b in zip(blocks, blocks[1:])), blocks
+    # the second pass starts with the candidate the first ended with: still two blocks
+    assert blocks[4][0] == blocks[5][0] == "forward" and blocks[5][1] == blocks[4][2] + 1
+    # without step counts nothing is recorded, and the result says so
+    bare = OverlapTrial(_cands(), steps=2, group=None, world=1)
+    _run(bare, [t, 0.08, t, 0.07, 0.07, 0.07, t, 0.08])
+    assert bare.result["blocks"] == [] and bare.result["start_step"] is None and bare.result["end_step"] is None

@@ -284,7 +284,7 @@ class Controller:
             self._periodic_check()
 
     def _trial_step_end(self) -> None:
-        nxt = self.trial.record(self.engine.stats.last_step_s)
+        nxt = self.trial.record(self.engine.stats.last_step_s, step=self.engine.stats.step)
         if nxt is None:
             return
         if self.trial.result is not None:

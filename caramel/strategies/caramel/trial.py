@@ -219,6 +219,10 @@ class OverlapTrial:
         self.blocks: list[tuple[int, int]] = self._one_pass()  # (candidate index, steps)
         self.block = 0
         self.in_block = 0
+        self.ran: list[list] = []
+        """[candidate name, first step, last step] of every block run so far, in order (the
+        engine's step counts `record` is given); reported in `result` so that what changed
+        during the trial (a balancer's shares) can be placed in its blocks"""
         self.result: dict | None = None
 
     def _one_pass(self) -> list[tuple[int, int]]:
@@ -236,14 +240,20 @@ class OverlapTrial:
     def current(self) -> Candidate:
         return self.candidates[self.blocks[self.block][0]]
 
-    def record(self, period_s: float | None) -> Candidate | None:
+    def record(self, period_s: float | None, step: int | None = None) -> Candidate | None:
         """Count one finished step of the current block; the candidate to adopt now, if any.
 
         `period_s` None: the step has no period (a process's first, as after a resume inside a
-        block); it takes its place in the block but adds no sample.
+        block); it takes its place in the block but adds no sample. `step`: the engine's count
+        of steps with this one, entered in `ran`.
         Returns the next block's candidate when the current block is over, the winner after the
         last block (and fills `result`), else None (keep going).
         """
+        if step is not None:
+            if self.in_block == 0 or not self.ran:  # a block starts (or a resume without a record)
+                self.ran.append([self.current.name, step, step])
+            else:
+                self.ran[-1][2] = step
         if self.in_block > 0:  # the block's first step is the transition into it
             if self.in_block == 1:
                 self.current.blocks_s.append([])
@@ -279,6 +289,12 @@ class OverlapTrial:
         errors = {c.name: float(v) for c, v in zip(cands, values[n:])}
         return medians, errors, paired
 
+    def _steps_run(self) -> dict:
+        # the trial's first and last step and its blocks as run (None and [] when no step was
+        # given, or a resume from a checkpoint without the record: then from the resume)
+        return {"start_step": self.ran[0][1] if self.ran else None, "end_step": self.ran[-1][2] if self.ran else None,
+                "blocks": [list(b) for b in self.ran]}
+
     def _named(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)
 
@@ -300,7 +316,7 @@ class OverlapTrial:
                   "predicted_step_time_s": dict(self.predicted_s), "confirmation": None}
         if self.confirm and self.baseline is not None and winner != self.baseline:
             return self._start_confirmation(result)
-        self.result = result
+        self.result = {**result, **self._steps_run()}
         return self._named(winner)
 
     def _start_confirmation(self, selection: dict) -> Candidate:
@@ -323,6 +339,6 @@ class OverlapTrial:
         self.result = {**sel, "chosen": chosen, "confirmation": {
             "candidate": challenger.name, "confirmed": chosen == challenger.name, "step_period_s": medians,
             "median_error_s": errors, "paired": paired,
-            "samples": {c.name: len(c.samples_s(paired)) for c in (challenger, baseline)}}}
+            "samples": {c.name: len(c.samples_s(paired)) for c in (challenger, baseline)}}, **self._steps_run()}
         self.selection = None
         return self._named(chosen)

@@ -11,7 +11,9 @@ in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
   order of preference and the predictions it came from, the blocks still to run and where in
   them the next step falls (`block`, `in_block`), the passes so far, a confirmation's selection,
   the profile, cluster and module uses the candidates were planned from, the engine's step
-  counts and the options (`plan_inputs`, compared like the plan in force's);
+  counts and the options (`plan_inputs`, compared like the plan in force's), and `ran`, the
+  blocks run so far with their steps (the result's record; optional: a trial resumed from an
+  entry written without it records its blocks from the resume);
 - `ranks`: rank -> the step periods that rank counted for each candidate, block by block. Each
   rank's `optimizer.state_dict()` holds its own; `caramel train` gathers every rank's into the
   checkpoint rank 0 writes (`balance_state.merge_rank_states`).
@@ -46,7 +48,7 @@ KEY = "trial"
 VERSION = 1
 # what every rank holds alike (compared across ranks); the profile and cluster may be a rank's own
 _SHARED = ("world", "inputs", "candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes",
-           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans")
+           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans", "ran")
 _REQUIRED = ("candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes", "selection",
              "blocks", "block", "in_block", "profile", "cluster", "module_uses", "module_order", "inputs",
              "engine_steps", "step_calls", "order_replans", "ranks")
@@ -64,7 +66,7 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
             "preference": list(t.preference), "steps": t.steps, "max_passes": t.max_passes, "confirm": t.confirm,
             "predicted_s": dict(t.predicted_s), "passes": t.passes,
             "selection": t.selection, "blocks": [[i, n] for i, n in t.blocks], "block": t.block,
-            "in_block": t.in_block,
+            "in_block": t.in_block, "ran": [list(b) for b in t.ran],
             "profile": c.profile.to_dict() if c.profile is not None else None,
             "cluster": c.plan_cluster.to_dict() if c.plan_cluster is not None else None,
             "module_uses": {k: list(v) for k, v in c.module_uses.items()} if c.module_uses is not None else None,
@@ -109,6 +111,10 @@ def check_entry(entry: Any) -> None:
         bad.append("blocks (pairs of a candidate's index and a number of steps)")
     elif not (is_int(block, 0) and block < len(blocks) and is_int(in_block, 0) and in_block < blocks[block][1]):
         bad.append(f"block/in_block ({block!r}/{in_block!r} of {len(blocks)} blocks)")
+    ran = entry.get("ran", [])  # optional: an entry written before the record has none
+    if not (isinstance(ran, list) and all(isinstance(b, list) and len(b) == 3 and b[0] in names and is_int(b[1], 0)
+                                          and is_int(b[2], 0) for b in ran)):
+        bad.append("ran (the blocks run so far: candidate name, first step, last step)")
     for k in ("profile", "cluster"):
         if entry[k] is not None and not isinstance(entry[k], dict):
             bad.append(f"{k} (a mapping or null)")
@@ -190,6 +196,7 @@ def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile
     trial.passes, trial.selection = entry["passes"], entry["selection"]
     trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
     trial.block, trial.in_block = entry["block"], entry["in_block"]
+    trial.ran = [[str(n), int(a), int(b)] for n, a, b in entry.get("ran", [])]
     return trial, profile, cluster
 
 

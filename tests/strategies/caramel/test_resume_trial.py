@@ -23,6 +23,13 @@ def test_a_checkpoint_mid_profiling_or_trial_resumes_to_the_same_decisions():
         assert full is not None and full["confirmation"] is not None and full["confirmation"]["confirmed"], full
         _same_decision_one_period_less(full, resumed, r["carried"][RESUME_AT[0]]["running"])
         assert r["settled"] == [True, True]
+        # the blocks as run, the engine's step counts: the trial's steps 5-12 and the confirmation's
+        # 13-20 (steps 4-19 from 0), contiguous; the resumed run's record, carried through both
+        # checkpoints, is the same (compared in `_same_decision_one_period_less`)
+        blocks = full["blocks"]
+        assert [b[2] - b[1] + 1 for b in blocks] == [2, 4, 2, 2, 4, 2], blocks
+        assert full["start_step"] == blocks[0][1] == 5 and full["end_step"] == blocks[-1][2] == 20, full
+        assert all(b[1] == a[2] + 1 for a, b in zip(blocks, blocks[1:])), blocks
         assert r["same_plan"] and r["same_params"], r
         first, second = (r["carried"][s] for s in RESUME_AT)
         assert r["entries"][RESUME_AT[0]] == {"block": 1, "in_block": 1, "passes": 1}, r["entries"]
@@ -75,7 +82,8 @@ def _same_decision_one_period_less(full: dict, resumed: dict, running: list) -> 
     confirmation's) and no made-up 0 s period pulls a median down."""
     name, in_block = running
     assert in_block >= 1, running
-    for k in ("chosen", "fastest", "baseline", "passes", "paired", "predicted_step_time_s"):
+    for k in ("chosen", "fastest", "baseline", "passes", "paired", "predicted_step_time_s", "start_step", "end_step",
+              "blocks"):
         assert resumed[k] == full[k], (k, resumed, full)
     assert resumed["steps_counted"] == {**full["steps_counted"], name: full["steps_counted"][name] - 1}, (resumed, full)
     for k in ("candidate", "confirmed", "paired"):
@@ -111,11 +119,13 @@ def test_a_bad_newer_or_unfit_trial_entry():
                            {"name": "caramel/backward", "overlap": "backward", "plan": plan}],
             "blocks": [[0, 2], [1, 4], [0, 2]], "block": 1, "in_block": 1, "steps": 2,
             "ranks": {0: {"blocks_s": [[[0.01]], []]}, 1: {"blocks_s": [[[0.02]], []]}}}
-    check_entry(good)
+    check_entry(good)  # an entry written before the record of the blocks run (`ran`) has none
+    check_entry({**good, "ran": [["caramel/forward", 5, 6], ["caramel/backward", 7, 7]]})
     assert _unfit(c, good) is None
     for bad, what in (({"blocks": [[2, 2]]}, "malformed blocks"), ({"in_block": 4}, "malformed block/in_block"),
                       ({"ranks": {0: {"blocks_s": [[]]}}}, "malformed ranks"), ({"steps": 1}, "malformed steps"),
-                      ({"candidates": [{"name": "x"}]}, "malformed candidates")):
+                      ({"candidates": [{"name": "x"}]}, "malformed candidates"),
+                      ({"ran": [["caramel/other", 5, 6]]}, "malformed ran")):
         with pytest.raises(CaramelError, match=what):
             check_entry({**good, **bad})
     # every field used later, checked here: one CaramelError naming it, not a TypeError steps later
@@ -156,7 +166,8 @@ def test_a_bad_newer_or_unfit_profiling_entry():
             "profile_steps": 2, "measure_split": True, "engine_steps": 3, "step_calls": 3, "order_replans": 0,
             "ranks": {0: own, 1: own}}
     assert set(good) - {"version"} == set(_REQUIRED)
-    check_entry(good)
+    check_entry(good)  # an entry written before the record of the blocks run (`ran`) has none
+    check_entry({**good, "ran": [["caramel/forward", 5, 6], ["caramel/backward", 7, 7]]})
     assert _unfit(c, good) is None
     with pytest.raises(CaramelError, match="'profiling' has version 2, newer than this caramel reads"):
         check_entry({**good, "version": 2})
