@@ -16,8 +16,10 @@ median flatters ssp, whose steps alternate short and blocked); per spec and seed
 ratios to the reference of the same seed. Each run also records what makes the losses
 comparable, measured (the steps run and logged and the samples they trained on, validation
 predictions, the first step's loss, rank 0's worker-side LR of every step), so a results file
-shows that every spec of a seed matched there in these. Files before this change
-(ps_ssp_validation_5) hold `samples_seen`, the configured steps x world x batch, instead. `merge` adds nothing measured: the hand-written
+shows that every spec of a seed matched there in these, and what the servers did (the run
+summary's "ps": updates applied per rank, lr_scaled and dc_corrected summed over the ranks,
+each rank's [step, lag] per forward). Files before this change
+(ps_ssp_validation_5) hold `samples_seen`, the configured steps x world x batch, instead, and no ps fields. `merge` adds nothing measured: the hand-written
 fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged
 with its name, and each part's summary under "<part> <spec>".
 """
@@ -51,6 +53,7 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
     train_rows = [r for r in rows if r.get("kind") == "train"]
     times = [r["step_time_s"] for r in train_rows if r["step"] >= FIRST_STEP]
     mean_step_s = statistics.mean(times)
+    ps = s.get("ps") or {}
     return {"workload": workload, "strategy": spec, "seed": seed, "total_steps": s["total_steps"],
             "world_size": s["world_size"], "batch_size_per_worker": s["batch_size_per_worker"],
             "val_loss": s["val_loss"], "val_accuracy": s["val_accuracy"], "final_loss": s["final_loss"],
@@ -61,13 +64,17 @@ def train(workload: str, steps: int, seed: int, spec: str, bandwidth: str, out: 
             # what makes two specs' losses comparable, measured: the steps the loop ran (summary.json)
             # and logged (metrics.jsonl rows, x world x batch = the samples trained on), the
             # validation set, the first step (same initial model and batch) and the worker-side LR
-            # per step (rank 0's scheduler). Not here (caramel train's summary has no ps stats):
-            # the updates the servers applied, the LR they applied them at, scale's lr_scaled;
-            # tests/strategies/ps/test_staleness.py checks those on the engine
+            # per step (rank 0's scheduler). Not here: the LR the servers applied each update at
+            # (tests/strategies/ps/test_staleness.py checks it on the engine)
             "end_step": s["end_step"], "finished": s["finished"], "steps_logged": len(train_rows),
             "samples_trained": len(train_rows) * s["world_size"] * s["batch_size_per_worker"],
             "val_predictions": s.get("val_predictions"), "first_step_loss": rows[0]["loss"] if rows else None,
             "lr_per_step": [r["lr"] for r in train_rows],
+            # what the servers did (summary.json "ps"): updates applied per rank, scale's lr_scaled
+            # and compensate's dc_corrected summed over the ranks, [step, lag] per forward per rank
+            "updates_applied_per_rank": ps.get("updates_applied_per_rank"), "lr_scaled": ps.get("lr_scaled"),
+            "dc_corrected": ps.get("dc_corrected"), "dc_missing": ps.get("dc_missing"),
+            "pace_wait_s_per_rank": ps.get("pace_wait_s_per_rank"), "staleness_per_rank": ps.get("staleness_per_rank"),
             "load_after": os.getloadavg()}
 
 
@@ -83,7 +90,9 @@ def summarize(runs: list[dict], specs: list[str]) -> dict:
                      "val_loss_vs_bsp_of_seed_means": round(statistics.mean(by[(spec, s)]["val_loss"] for s in seeds)
                                                             / ref_mean - 1, 4),
                      "throughput_vs_bsp_mean_step_per_seed": [round(x, 3) for x in thr],
-                     "staleness_mean": [by[(spec, s)]["staleness_mean"] for s in seeds]}
+                     "staleness_mean": [by[(spec, s)]["staleness_mean"] for s in seeds],
+                     "lr_scaled": [by[(spec, s)].get("lr_scaled") for s in seeds],
+                     "dc_corrected": [by[(spec, s)].get("dc_corrected") for s in seeds]}
     return out
 
 

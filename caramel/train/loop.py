@@ -269,6 +269,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             store.close()
     wall_s = time.perf_counter() - t_run
     trace_file = _merge_traces(engine, d, out_dir) if engine.kind in ("caramel", "pipeline") else None
+    if engine.kind == "ps":  # per rank, written at synchronize; not merged (its meta is the rank's own)
+        trace_file = str(out_dir / ("trace.json" if d.world_size == 1 else "trace.rank*.json"))
     summary = _summary(cfg, d, wl, data_desc, engine, history, last_val, start, stop_at, wall_s, resumed_from, last_ckpt, metrics_path, trace_file)
     summary.update(batches.summary(), **({"slow_worker": slow} if slow else {}))
     if main:
@@ -346,6 +348,8 @@ def _summary(cfg, d, wl, data_desc, engine, history, val, start, stop_at, wall_s
                                            "bubble_fraction_ideal") if k in stats} or None,
         # ps ssp/asp: how many updates rank 0's parameters lagged, averaged over its forwards
         "staleness_mean": statistics.mean(stats["staleness"]) if stats.get("staleness") else None,
+        # ps: what the servers did (lr_scaled, updates_applied, dc_corrected, staleness per step)
+        "ps": engine.ps_summary() if engine.kind == "ps" else None,
         "consensus_distance": stats.get("consensus_last"),  # gossip: the workers' last measured disagreement
         "overlap_trial": stats.get("overlap_trial"),
         "delegated_to_ddp": bool(stats.get("delegated_to_ddp")),

@@ -18,6 +18,10 @@ from caramel.train.config import TrainConfig
 RANK_COMPRESSION_KEY = "caramel_compression_ranks"  # every rank's error feedback, in rank order
 # the caramel engine's entries of a profiling or overlap trial taken half-way: a part per rank
 PER_RANK_KEYS = ("profiling", "trial")
+# ps stats_dict entries in the run summary: counted by a rank's own servers (summed for the job),
+# and the rest each rank's own (updates applied, waits, the staleness of each forward)
+PS_SUMMED_KEYS = ("lr_scaled", "dc_corrected", "dc_missing")
+PS_PER_RANK_KEYS = ("updates_applied", "steps", "wait_s", "pace_wait_s", "staleness")
 
 
 @dataclass
@@ -81,8 +85,9 @@ class Parallel:
         if self.kind == "gossip":
             options = gossip_options_for_clipping(options, cfg.optim.clip_grad_norm)
         extra: dict[str, Any] = {}
-        if self.kind == "gossip":
-            extra["trace"] = trace_path  # per rank: trace.rank<r>.json, consensus and bytes per step in its meta
+        if self.kind in ("gossip", "ps"):
+            # per rank: trace.rank<r>.json (gossip: consensus and bytes per step; ps: its stats_dict and per-step log)
+            extra["trace"] = trace_path
         if self.kind == "caramel":
             extra["trace"] = trace_path
             if cfg.parallel.bandwidth and cfg.parallel.cluster != "off":
@@ -189,6 +194,26 @@ class Parallel:
         engine = (getattr(self.optimizer, "engine", None) or getattr(self.optimizer, "ps", None)
                   or getattr(self.optimizer, "gossip", None))
         return dict(engine.stats_dict()) if engine is not None else {}
+
+
+    def ps_summary(self) -> dict[str, Any] | None:
+        """Under ps, what the servers did, for the run summary (all ranks call; the same dict on
+        each): the counters of a rank's own servers summed over the ranks (each counts its shard
+        only), the rest per rank in rank order (staleness: [step, lag] of each forward after
+        profiling). None for the other strategies."""
+        if self.kind != "ps":
+            return None
+        s = self.stats()
+        mine = {k: s.get(k) for k in (*PS_SUMMED_KEYS, *PS_PER_RANK_KEYS)}
+        # the lag of each forward the engine logged (the profiling steps' are not), with its step
+        mine["staleness"] = [[x["step"], x["staleness"]] for x in self.optimizer.ps.log]
+        everyone: list[Any] = [mine]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        return {"consistency": s.get("consistency"), "order": s.get("order"),
+                **{k: sum(r[k] or 0 for r in everyone) for k in PS_SUMMED_KEYS},
+                **{f"{k}_per_rank": [r[k] for r in everyone] for k in PS_PER_RANK_KEYS}}
 
 
 def model_device(model: nn.Module) -> torch.device:

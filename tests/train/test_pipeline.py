@@ -3,7 +3,8 @@
 The loop runs in spawned workers (`caramel.testing.run_workers`), three times per schedule in
 the same process group: N steps straight, N/2 then stop, resume for the other N/2. The resumed
 run must end with the very same parameters and optimizer state, bit for bit, and log the same
-losses; dropout is on, so the random states must come back too.
+losses; dropout is on, so the random states must come back too. The same job then trains
+`ps:consistency=ssp:2` for N steps, whose summary must carry what the servers did.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ STEPS = 6
 SCHEDULES = ["pipeline:stages=2,microbatches=2,schedule=1f1b,partition=4",
              "pipeline:stages=2,microbatches=2,schedule=pipedream,partition=4"]
 AUTO = "pipeline:stages=2,schedule=gpipe"  # partition and microbatches "auto"
+PS = "ps:consistency=ssp:2"
+PS_PROFILE_STEPS = 2  # the ps engine's profiling forwards, not logged (caramel.strategies.ps.run.PROFILE_STEPS)
 
 
 def _cfg(out: Path, strategy: str, **extra):
@@ -55,6 +58,7 @@ def resume_worker(rank: int, world: int, root: str, strategies: list[str]) -> di
     auto = Path(root) / "auto"
     train(_cfg(auto, AUTO, run={"stop_after_steps": STEPS // 2}))
     out["auto"] = train(_cfg(auto, AUTO, checkpoint={"resume": "auto"}))
+    out["ps"] = train(_cfg(Path(root) / "ps", PS, checkpoint={"every_steps": 0}))  # one checkpoint, at the end
     return out
 
 
@@ -71,11 +75,14 @@ def _flat(x, prefix=""):
     return {prefix: x}
 
 
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_workers(resume_worker, 2, args=(str(tmp_path_factory.mktemp("train")), SCHEDULES), timeout_s=140)
+
+
 @pytest.mark.timeout(150)
-def test_pipeline_train_resumes_exactly_and_logs_the_whole_models_losses(tmp_path):
-    strategies = SCHEDULES
-    ranks = run_workers(resume_worker, 2, args=(str(tmp_path), strategies), timeout_s=140)
-    for strategy in strategies:
+def test_pipeline_train_resumes_exactly_and_logs_the_whole_models_losses(ranks):
+    for strategy in SCHEDULES:
         r0, r1 = ranks[0][strategy], ranks[1][strategy]
         straight, resumed = r0["straight"], r0["resumed"]
         assert resumed["start_step"] == STEPS // 2 and resumed["finished"], resumed
@@ -98,6 +105,23 @@ def test_pipeline_train_resumes_exactly_and_logs_the_whole_models_losses(tmp_pat
                  for k in (STEPS // 2, STEPS))
     assert auto["start_step"] == STEPS // 2 and half["pipeline"] == end["pipeline"]
     assert len(end["pipeline"]["boundaries"]) == 1
+
+
+@pytest.mark.timeout(150)
+def test_ps_train_summary_carries_what_the_servers_did(ranks):
+    s0, s1 = ranks[0]["ps"], ranks[1]["ps"]
+    assert s0["strategy"] == PS and s0["finished"] and s0["ps"] == s1["ps"]  # gathered: alike on every rank
+    ps = s0["ps"]
+    assert ps["consistency"] == "ssp:2" and ps["updates_applied_per_rank"] == [STEPS, STEPS]
+    assert ps["steps_per_rank"] == [STEPS, STEPS]
+    assert ps["lr_scaled"] == 0 and ps["dc_corrected"] == 0 and ps["dc_missing"] == 0  # no scale, no compensate
+    # [step, lag] of each forward after the profiling steps, on each rank, within the ssp bound
+    logged = list(range(PS_PROFILE_STEPS, STEPS))
+    assert [[step for step, _ in x] for x in ps["staleness_per_rank"]] == [logged, logged]
+    assert all(0 <= lag <= 2 for x in ps["staleness_per_rank"] for _, lag in x)
+    assert s0["staleness_mean"] == pytest.approx(sum(lag for _, lag in ps["staleness_per_rank"][0]) / len(logged))
+    assert s0["trace"].endswith("trace.rank*.json")
+    assert all((Path(s0["trace"]).parent / f"trace.rank{r}.json").exists() for r in (0, 1))
 
 
 def _val_loss(state: dict) -> float:
