@@ -17,7 +17,7 @@ ratios to the reference of the same seed. Each run also records what makes the l
 comparable, measured (the steps run and logged and the samples they trained on, validation
 predictions, the first step's loss, rank 0's worker-side LR of every step), so a results file
 shows that every spec of a seed matched there in these, and what the servers did (the run
-summary's "ps": updates applied per rank, lr_scaled and dc_corrected summed over the ranks,
+summary's "ps": updates applied and pace waits per rank, lr_scaled, dc_corrected and dc_missing summed over the ranks,
 each rank's [step, lag] per forward). Files before this change
 (ps_ssp_validation_5) hold `samples_seen`, the configured steps x world x batch, instead, and no ps fields. `merge` adds nothing measured: the hand-written
 fields (`--meta`: what, code, commands, host loads), the tuning run, every part's runs tagged

@@ -22,6 +22,8 @@ SCHEDULES = ["pipeline:stages=2,microbatches=2,schedule=1f1b,partition=4",
 AUTO = "pipeline:stages=2,schedule=gpipe"  # partition and microbatches "auto"
 PS = "ps:consistency=ssp:2"
 PS_PROFILE_STEPS = 2  # the ps engine's profiling forwards, not logged (caramel.strategies.ps.run.PROFILE_STEPS)
+# one worker runs the shared job for every test here (under --dist loadgroup, not once per worker)
+pytestmark = pytest.mark.xdist_group("train_pipeline")
 
 
 def _cfg(out: Path, strategy: str, **extra):
