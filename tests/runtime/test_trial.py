@@ -332,7 +332,43 @@ def test_the_result_records_the_blocks_as_run_with_their_steps():
     assert all(b[1] == a[2] + 1 for a, b in zip(blocks, blocks[1:])), blocks
     # the second pass starts with the candidate the first ended with: still two blocks
     assert blocks[4][0] == blocks[5][0] == "forward" and blocks[5][1] == blocks[4][2] + 1
+    assert r["complete"] is True
     # without step counts nothing is recorded, and the result says so
     bare = OverlapTrial(_cands(), steps=2, group=None, world=1)
     _run(bare, [t, 0.08, t, 0.07, 0.07, 0.07, t, 0.08])
     assert bare.result["blocks"] == [] and bare.result["start_step"] is None and bare.result["end_step"] is None
+    assert bare.result["complete"] is False
+
+
+def test_a_resume_inside_a_block_without_a_record_records_from_the_resume_and_says_so():
+    # a checkpoint written before the record (`ran` empty) taken after block 1's first step: the
+    # record starts at the resume, with a fragment of block 1, and the result is marked incomplete
+    trial = OverlapTrial(_cands(), steps=2, group=None, world=1)
+    assert trial.blocks == [(0, 2), (1, 4), (0, 2)]
+    trial.block, trial.in_block = 1, 1
+    trial.candidates[0].blocks_s = [[0.080]]
+    for step, p in zip(range(41, 46), [None, 0.07, 0.07, 0.5, 0.08]):
+        nxt = trial.record(p, step=step)
+    r = trial.result
+    assert r is not None and nxt is not None and nxt.name == r["chosen"]
+    assert r["blocks"] == [["backward", 41, 43], ["forward", 44, 45]], r["blocks"]
+    assert r["start_step"] == 41 and r["end_step"] == 45 and r["complete"] is False
+
+
+def test_the_trial_counts_steps_as_the_balancer_does():
+    # after a resume that does not carry the plan, trial or profiling on, the engine counts from 0
+    # again while the balancer's count is restored: the trial must number its blocks as the
+    # balancer numbers its share changes
+    from types import SimpleNamespace
+
+    from caramel.strategies.caramel.balance import Balancer
+    from caramel.strategies.caramel.controller import Controller
+
+    trial = OverlapTrial(_cands(), steps=3, group=None, world=1)  # the first block outlasts the two steps
+    balancer = Balancer.__new__(Balancer)  # only its count is read
+    balancer._steps = 103
+    engine = SimpleNamespace(stats=SimpleNamespace(last_step_s=0.5, step=3))
+    Controller._trial_step_end(SimpleNamespace(trial=trial, balancer=balancer, engine=engine))
+    assert trial.ran == [["forward", 103, 103]]
+    Controller._trial_step_end(SimpleNamespace(trial=trial, balancer=None, engine=engine))  # none: the engine's
+    assert trial.ran == [["forward", 103, 3]]

@@ -93,6 +93,11 @@ class Balancer:
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
+    @property
+    def step(self) -> int:
+        """Reduced steps ended so far, restored on resume: the count a share change's `step` is."""
+        return self._steps
+
     def attach(self, schedule: ShareSchedule) -> None:
         if schedule.world_size != self.world:
             raise CaramelError(f"the share schedule is for {schedule.world_size} ranks, this job has {self.world}")

@@ -284,7 +284,11 @@ class Controller:
             self._periodic_check()
 
     def _trial_step_end(self) -> None:
-        nxt = self.trial.record(self.engine.stats.last_step_s, step=self.engine.stats.step)
+        # the balancer's count when there is one: restored on every resume, where the engine's
+        # restarts at 0 unless a plan, trial or profiling entry is carried on; so a share
+        # change's `step` and the trial's blocks are counted alike
+        step = self.balancer.step if self.balancer is not None else self.engine.stats.step
+        nxt = self.trial.record(self.engine.stats.last_step_s, step=step)
         if nxt is None:
             return
         if self.trial.result is not None:

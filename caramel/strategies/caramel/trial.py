@@ -291,9 +291,11 @@ class OverlapTrial:
 
     def _steps_run(self) -> dict:
         # the trial's first and last step and its blocks as run (None and [] when no step was
-        # given, or a resume from a checkpoint without the record: then from the resume)
+        # given); `complete` false when the record misses steps of the trial: recording began at
+        # a resume from a checkpoint without it, so `start_step` is the resume's, not the trial's
+        recorded = sum(b - a + 1 for _, a, b in self.ran)
         return {"start_step": self.ran[0][1] if self.ran else None, "end_step": self.ran[-1][2] if self.ran else None,
-                "blocks": [list(b) for b in self.ran]}
+                "blocks": [list(b) for b in self.ran], "complete": recorded == self.total_steps()}
 
     def _named(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)

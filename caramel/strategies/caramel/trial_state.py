@@ -75,7 +75,7 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
             "ranks": {c.rank: {"blocks_s": [[list(b) for b in k.blocks_s] for k in t.candidates]}}}
 
 
-def check_entry(entry: Any) -> None:
+def check_entry(entry: Any, last_step: int | None = None) -> None:
     """One clear error for an entry caramel did not write or cannot read: every field this code
     uses, of every rank's part the entry holds (ranks that load one merged file fail alike)."""
     check_header(entry, KEY, VERSION, _REQUIRED)
@@ -105,16 +105,22 @@ def check_entry(entry: Any) -> None:
     if sel is not None and not (isinstance(sel, dict) and sel.get("chosen") in names and isinstance(pref, list) and pref):
         bad.append("selection (null, or what the passes found: a candidate 'chosen', with a preference)")
     blocks, block, in_block = entry["blocks"], entry["block"], entry["in_block"]
+    n_bad = len(bad)
     if not (isinstance(blocks, list) and blocks and all(
             isinstance(b, (list, tuple)) and len(b) == 2 and is_int(b[0], 0) and b[0] < len(cands) and is_int(b[1], 1)
             for b in blocks)):
         bad.append("blocks (pairs of a candidate's index and a number of steps)")
     elif not (is_int(block, 0) and block < len(blocks) and is_int(in_block, 0) and in_block < blocks[block][1]):
         bad.append(f"block/in_block ({block!r}/{in_block!r} of {len(blocks)} blocks)")
+    placed = len(bad) == n_bad  # blocks, block and in_block well formed: `ran` is checked against them
     ran = entry.get("ran", [])  # optional: an entry written before the record has none
     if not (isinstance(ran, list) and all(isinstance(b, list) and len(b) == 3 and b[0] in names and is_int(b[1], 0)
                                           and is_int(b[2], 0) for b in ran)):
         bad.append("ran (the blocks run so far: candidate name, first step, last step)")
+    elif placed:
+        rule = _ran_rule(ran, names, blocks, block, in_block, entry["engine_steps"] if last_step is None else last_step)
+        if rule:
+            bad.append(f"ran ({rule})")
     for k in ("profile", "cluster"):
         if entry[k] is not None and not isinstance(entry[k], dict):
             bad.append(f"{k} (a mapping or null)")
@@ -136,6 +142,30 @@ def check_entry(entry: Any) -> None:
                 bad.append(f"ranks (rank {r}'s periods: per candidate, a list of blocks of seconds)")
     if bad:
         _malformed(bad)
+
+
+def _ran_rule(ran: list, names: list[str], blocks: list, block: int, in_block: int, last_step: Any) -> str | None:
+    """The rule `ran` breaks against the rest of the entry, if any. `ran` holds the last blocks
+    started (all of them, unless recording began at a resume from an entry without it), each
+    [name, first step, last step]: contiguous, the named candidate's, a whole block but the
+    first (a fragment) and the one running (`in_block` steps), ending by `last_step`."""
+    started = block + (in_block > 0)
+    if len(ran) > started:
+        return f"{len(ran)} blocks, more than the {started} started"
+    for i, (name, first, last) in enumerate(ran):
+        if first > last:
+            return f"block {i} ends at step {last}, before its first step {first}"
+        if i and first != ran[i - 1][2] + 1:
+            return f"block {i} starts at step {first}, not right after step {ran[i - 1][2]}"
+        j = started - len(ran) + i  # its index in `blocks`
+        if name != names[blocks[j][0]]:
+            return f"block {i} is {name!r}, the blocks run {names[blocks[j][0]]!r}"
+        size = in_block if j == block else blocks[j][1]
+        if (last - first + 1 > size) if i == 0 else (last - first + 1 != size):
+            return f"block {i} has {last - first + 1} steps, the blocks run {size}"
+    if ran and is_int(last_step, 0) and ran[-1][2] > last_step:
+        return f"it ends at step {ran[-1][2]}, after the run's step {last_step}"
+    return None
 
 
 def _malformed(bad: list[str]) -> None:
@@ -175,7 +205,8 @@ def restore_trial(c: Controller, entry: Any) -> None:
 def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile | None, ClusterSpec | None]:
     """The trial, profile and cluster this rank would go on with (the trial None without this
     rank's part: `_unfit` says so); one CaramelError for anything malformed."""
-    check_entry(entry)
+    # the trial counts steps as the balancer does when there is one (controller._trial_step_end)
+    check_entry(entry, last_step=c.balancer.step if c.balancer is not None else None)
     try:
         cands = restored_candidates(entry)
         profile = ModelProfile.from_dict(entry["profile"], source="checkpoint: trial profile") \

@@ -6,6 +6,8 @@ the first resumed step's period: a fresh process has none) and, with top-k (per-
 parameters bit for bit (2-rank gloo, `trial_resume_workers`; the trial reads
 a fake clock, so the decision is forced the same in both runs). An entry for other options, or
 without a rank's own periods, is adopted by no rank; a malformed or newer one is one error."""
+import re
+
 import pytest
 import torch
 
@@ -100,7 +102,7 @@ def test_a_bad_newer_or_unfit_trial_entry():
     from caramel.errors import CaramelError
     from caramel.strategies.caramel.trial_state import _REQUIRED, _unfit, check_entry, restore_trial
 
-    c = SimpleNamespace(world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, trial_steps=2,
+    c = SimpleNamespace(balancer=None, world=2, rank=0, fingerprint="f", plan_inputs={"compression": "topk:0.1"}, trial_steps=2,
                         trial_passes=1)
     with pytest.raises(CaramelError, match="'trial' must be a mapping, got list"):
         restore_trial(SimpleNamespace(**{**vars(c), "world": 1}), [])
@@ -128,6 +130,19 @@ def test_a_bad_newer_or_unfit_trial_entry():
                       ({"ran": [["caramel/other", 5, 6]]}, "malformed ran")):
         with pytest.raises(CaramelError, match=what):
             check_entry({**good, **bad})
+    # a `ran` of the right shape that contradicts the rest of the entry: the broken rule named
+    check_entry({**good, "ran": [["caramel/backward", 7, 7]]})  # recorded from a resume inside block 1
+    for ran, what in (([["caramel/forward", 9, 2]], "before its first step"),
+                      ([["caramel/forward", 5, 6], ["caramel/backward", 100, 100]], "not right after step 6"),
+                      ([["caramel/forward", 5, 6], ["caramel/backward", 7, 8]], "has 2 steps, the blocks run 1"),
+                      ([["caramel/backward", 5, 6], ["caramel/backward", 7, 7]], "block 0 is 'caramel/backward'"),
+                      ([["caramel/forward", 1, 3], ["caramel/backward", 4, 4]], "has 3 steps, the blocks run 2"),
+                      ([["caramel/forward", 6, 7], ["caramel/backward", 8, 8]], "after the run's step 7"),
+                      ([["caramel/forward", 1, 2]] * 3, "more than the 2 started")):
+        with pytest.raises(CaramelError, match="malformed ran .*" + re.escape(what)):
+            check_entry({**good, "ran": ran})
+    with pytest.raises(CaramelError, match="after the run's step 6"):  # the balancer's count, when given
+        check_entry({**good, "ran": [["caramel/forward", 5, 6], ["caramel/backward", 7, 7]]}, last_step=6)
     # every field used later, checked here: one CaramelError naming it, not a TypeError steps later
     for bad, what in (({"block": "1"}, "block/in_block"), ({"in_block": None}, "block/in_block"),
                       ({"blocks": [[0, "2"]]}, "malformed blocks"), ({"blocks": [["0", 2]]}, "malformed blocks"),
@@ -166,8 +181,7 @@ def test_a_bad_newer_or_unfit_profiling_entry():
             "profile_steps": 2, "measure_split": True, "engine_steps": 3, "step_calls": 3, "order_replans": 0,
             "ranks": {0: own, 1: own}}
     assert set(good) - {"version"} == set(_REQUIRED)
-    check_entry(good)  # an entry written before the record of the blocks run (`ran`) has none
-    check_entry({**good, "ran": [["caramel/forward", 5, 6], ["caramel/backward", 7, 7]]})
+    check_entry(good)
     assert _unfit(c, good) is None
     with pytest.raises(CaramelError, match="'profiling' has version 2, newer than this caramel reads"):
         check_entry({**good, "version": 2})
