@@ -57,8 +57,10 @@ def fresh(family: str):
     return get_model(name)(batch_size=bs, seed=0)
 
 
-def train(model, opt, sched, loss_fn, family, rank, steps, world=None, concat=False):
-    for step in range(steps):
+def train(model, opt, sched, loss_fn, family, rank, steps, world=None, concat=False, first=0):
+    """`steps` optimizer steps on the family's batches `first`, `first` + 1, ... (this rank's, or
+    every rank's concatenated); `first` lets a resumed run continue the same batch sequence."""
+    for step in range(first, first + steps):
         if concat:
             xs, ys = zip(*(batch(family, step, r) for r in range(world)))
             x, y = torch.cat(xs), torch.cat(ys)

@@ -135,7 +135,6 @@ class _Gated(torch.nn.Module):
 def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict:
     """Unequal, changing shares against single-process training on the union batch; then a
     slowed rank 1 and the shares the balancer measures for it."""
-    from caramel.data.share_sampler import ShareSampler, ShareSchedule
     from caramel.strategies.caramel.balance import balanced_sampler
     torch.set_num_threads(1)
     out = {}
@@ -157,12 +156,7 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
         opt.step()
         opt.zero_grad()
     opt.synchronize()
-    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    whole = ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)
-    for i, idx in zip(range(steps), whole):
-        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
-        ropt.step()
-        ropt.zero_grad()
+    _train_on_the_union(ref, x, y, global_batch, steps)
     out["union"] = max_diff(params_of(ref), params_of(model.module))
     out["sizes"] = seen
     # 2. rank 1 slowed 2 ms per sample: the balancer moves samples to rank 0
@@ -186,12 +180,23 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     return out
 
 
+
+def _train_on_the_union(ref, x, y, global_batch: int, steps: int) -> None:
+    """The single-process reference: `steps` SGD steps on the whole global batch, in the order
+    the balanced sampler (seed 3) draws it across the ranks."""
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _, idx in zip(range(steps), ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)):
+        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
+        ropt.step()
+        ropt.zero_grad()
+
 def _under_ddp(steps: int, global_batch: int) -> dict:
     """DDP's schedule with balance="batch" (torch DDP through `SharesHook`): forced unequal shares
     against the union batch, then rank 1 slowed 2 ms per sample and what its peer waits."""
     import statistics
 
-    from caramel.data.share_sampler import ShareSampler, ShareSchedule
     from caramel.strategies.caramel.balance import balanced_sampler
     import functools
     out = {}
@@ -223,12 +228,7 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
         opt.zero_grad()
         delegating.append(opt.engine.delegating)
     opt.synchronize()
-    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    whole = ShareSampler(len(x), ShareSchedule(global_batch, 1), 0, seed=3)
-    for _, idx in zip(range(total), whole):
-        torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
-        ropt.step()
-        ropt.zero_grad()
+    _train_on_the_union(ref, x, y, global_batch, total)
     out["ddp_union"] = max_diff(params_of(ref), params_of(model.module))
     out["ddp_delegating"] = delegating
     out["ddp_extra_used"] = model.module.used[4:total]  # the steps under torch DDP

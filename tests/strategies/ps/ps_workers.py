@@ -102,12 +102,7 @@ def checkpoint_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     import torch.distributed as dist
 
     def run(model, opt, sched, w, first):
-        for step in range(first, first + steps):
-            x, y = batch("gpt_tied", step, rank)
-            w.loss_fn(model(x), y).backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad()
+        train(model, opt, sched, w.loss_fn, "gpt_tied", rank, steps, first=first)
 
     w = fresh("gpt_tied")
     opt, sched = make_optimizer("adamw", w.model.parameters())

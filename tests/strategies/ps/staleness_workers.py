@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import caramel
-from tests.distributed.workers import batch, fresh, make_optimizer, params_of
+from tests.distributed.workers import batch, fresh, make_optimizer, params_of, train
 
 
 def _numpy(model) -> list:
@@ -204,12 +204,7 @@ def predict_resume_worker(rank: int, world: int, steps: int, spec: str) -> dict:
     half = steps // 2
 
     def run(model, opt, sched, w, first, n):
-        for step in range(first, first + n):
-            x, y = batch("gpt_tied", step, rank)
-            w.loss_fn(model(x), y).backward()
-            opt.step()
-            sched.step()
-            opt.zero_grad()
+        train(model, opt, sched, w.loss_fn, "gpt_tied", rank, n, first=first)
 
     def state(opt) -> dict:
         e = opt.ps.engine
