@@ -59,6 +59,34 @@ def parse_duration_s(text: str | float) -> float:
     return _parse(text, _TIME_UNITS, "duration", "500ms or 30s", "s")
 
 
+_FLAG_DURATION = re.compile(r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)")
+_FLAG_DURATION_UNITS = ("s", "ms", "us")
+
+
+def parse_duration_arg_s(text: str, flag: str) -> float:
+    """A duration >= 0 given to a command-line `flag`, in s, ms or us (`0`, `50us`, `1.2ms`), or one
+    error naming the flag. A bare nonzero number is refused rather than read as seconds: the
+    benches and probes print these times in ms and us, and 1.2 (or 1.2m) meant as milliseconds
+    would otherwise make every message or read a thousand (or 60,000) times too slow without a
+    word. Any zero, bare or in s, ms or us (`0`, `0.0`, `0ms`, `-0`), is 0."""
+    m = _FLAG_DURATION.fullmatch(str(text).strip())
+    unit = m.group(2).lower() if m else ""
+    if m and float(m.group(1)) == 0 and unit in ("", *_FLAG_DURATION_UNITS):
+        return 0.0
+    units = ", ".join(_FLAG_DURATION_UNITS)
+    if m and not unit:
+        raise CaramelError(f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit ({units}), "
+                           "such as 1.2ms or 800us")
+    if m and unit not in _FLAG_DURATION_UNITS:
+        raise CaramelError(f"{flag} {text!r}: expected a duration >= 0 in {units}, such as 1.2ms or 800us "
+                           f"(not {unit!r})")
+    try:
+        return parse_duration_s(text)
+    except CaramelError:
+        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 with its unit "
+                           f"({units}), such as 1.2ms or 800us") from None
+
+
 def format_rate(bps: float) -> str:
     """A rate in tc syntax that `parse_rate_bps` reads back exactly for round numbers."""
     for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
