@@ -1,0 +1,39 @@
+"""experiments/pipeline_sharing_cycles.py: the unsettled ends are counted per kind of options,
+refused layouts apart, over the same seeded cases."""
+import random
+from types import SimpleNamespace
+
+from caramel.errors import CaramelError
+
+
+def _script():
+    from experiments import pipeline_sharing_cycles
+    return pipeline_sharing_cycles
+
+
+def test_unsettled_and_refused_simulations_are_counted_per_kind(monkeypatch):
+    script = _script()
+
+    def fake(prof, spec, opts):
+        if opts.replicas == "auto":
+            return SimpleNamespace(meta={"sharing": {"settled": spec.world_size != 3, "passes": 10}})
+        if opts.stages == 4:
+            raise CaramelError("no microbatch count")
+        return SimpleNamespace(meta={"sharing": {"settled": True, "passes": 2}})
+
+    monkeypatch.setattr(script, "simulate_pipeline", fake)
+    got = script.count(40, seed=3)["kinds"]
+    rng = random.Random(3)  # the cases count() draws
+    cases = [script.random_case(rng) for _ in range(40)]
+    threes = [i for i, (_, spec, _) in enumerate(cases) if spec.world_size == 3]
+    fours = [i for i, (_, spec, opts) in enumerate(cases) if opts["partition=auto, given counts"].stages == 4]
+    assert threes and fours  # the seed draws both
+    auto, given = got["replicas=auto"], got["partition=auto, given counts"]
+    assert (auto["simulations"], auto["unsettled"], auto["unsettled_cases"], auto["max_passes"]) == (40, len(threes), threes, 10)
+    assert (given["simulations"], given["refused"], given["unsettled"]) == (40 - len(fours), len(fours), 0)
+
+
+def test_the_real_simulations_settle_or_not_and_count_every_case():
+    got = _script().count(2, seed=0)
+    for k in got["kinds"].values():
+        assert k["simulations"] + k["refused"] == 2 and 1 <= k["max_passes"] <= 10
