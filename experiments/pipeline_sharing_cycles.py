@@ -11,8 +11,11 @@ settle on their own) and for `partition="auto"` with given stages and replicas:
 
 Cases: a chain of 3-6 layers (4 KB to 200 KB of weights, 1 to 20 ms of compute each), 2-4
 workers all on one host (8 samples each) sharing 1.2 cores' worth up to one per rank, 10-300 Mbit/s links,
-microbatches "auto" (for replicas=auto), else "auto", 4 or 8. The same cases run on an older
-checkout with PYTHONPATH set to it (docs/results/pipeline-sharing-cycles.md).
+microbatches "auto" (for replicas=auto), else "auto", 4 or 8. A given layout of 4 stages on a
+3-layer chain is refused by the planner (4 stages need 4 layers): those cases are counted apart,
+each with its message; any other refusal stops the run. The same cases run on an older checkout
+with PYTHONPATH set to it (docs/results/pipeline-sharing-cycles.md); the JSON names the commit
+that made it and the command.
 """
 from __future__ import annotations
 
@@ -52,13 +55,17 @@ def count(cases: int, seed: int) -> dict:
     out: dict = {"cases": cases, "seed": seed, "kinds": {}}
     for i in range(cases):
         prof, spec, options = random_case(rng)
+        layers = len(prof.params)  # synthetic_profile: one parameter per layer
         for kind, opts in options.items():
             k = out["kinds"].setdefault(kind, {"simulations": 0, "unsettled": 0, "unsettled_cases": [],
-                                               "max_passes": 0, "refused": 0})
+                                               "max_passes": 0, "refused": 0, "refused_cases": []})
             try:
                 sharing = simulate_pipeline(prof, spec, opts).meta["sharing"]
-            except CaramelError:  # a layout no microbatch count runs; counted apart
+            except CaramelError as e:
+                if not (isinstance(opts.stages, int) and opts.stages > layers):
+                    raise  # not the layout the generator can draw too deep: a failure, not a count
                 k["refused"] += 1
+                k["refused_cases"].append({"case": i, "error": str(e)})
                 continue
             k["simulations"] += 1
             k["max_passes"] = max(k["max_passes"], sharing["passes"])
@@ -66,6 +73,21 @@ def count(cases: int, seed: int) -> dict:
                 k["unsettled"] += 1
                 k["unsettled_cases"].append(i)
     return out
+
+
+def _commit() -> str:
+    """The commit of the caramel checkout that ran (older checkouts lack `code_version`)."""
+    try:
+        from caramel.bench.provenance import code_version
+    except ImportError:
+        from pathlib import Path
+        import subprocess
+
+        import caramel
+        root = Path(caramel.__file__).resolve().parent.parent
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    return code_version()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cases < 1:
         p.error(f"--cases must be >= 1, got {args.cases}")
-    result = count(args.cases, args.seed)
+    result = {"commit": _commit(), "command": "PYTHONPATH=. python experiments/pipeline_sharing_cycles.py "
+              + " ".join(sys.argv[1:] if argv is None else argv), **count(args.cases, args.seed)}
     for kind, k in result["kinds"].items():
         print(f"{kind}: {k['unsettled']} of {k['simulations']} unsettled (at most {k['max_passes']} passes; "
               f"{k['refused']} refused)"

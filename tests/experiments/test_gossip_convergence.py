@@ -66,7 +66,9 @@ def _checkpoint(run, cfg, model_state, workers=None):
 
 def test_evaluate_workers_scores_each_model_as_train_evaluates(tmp_path, monkeypatch):
     """The averaged model and each worker's own, each scored on the validation samples as
-    `caramel train`'s `evaluate` scores a model (one rank: its all-reduce is the identity)."""
+    `caramel train`'s `evaluate` scores a model (one rank: its all-reduce is the identity). The
+    sample cap is set below the digits set's 180 validation samples, so both read only the first
+    100 and a scorer that ignored the cap would differ."""
     from types import SimpleNamespace
 
     import torch
@@ -77,6 +79,8 @@ def test_evaluate_workers_scores_each_model_as_train_evaluates(tmp_path, monkeyp
 
     cfg = apply_dict(TrainConfig(), {"run": {"workload": "digits", "out_dir": str(tmp_path)}}, "test")
     wl = build_workload(cfg)
+    assert len(wl.val_set) > 100
+    monkeypatch.setattr(loop, "VAL_MAX_SAMPLES", 100)  # read by both scorers at call time
     base = {k: v.detach().clone() for k, v in wl.model.state_dict().items()}
     torch.manual_seed(1)
     workers = [{k: v + 0.05 * (i + 1) * torch.randn_like(v) if v.is_floating_point() else v.clone()
@@ -97,6 +101,8 @@ def test_evaluate_workers_scores_each_model_as_train_evaluates(tmp_path, monkeyp
         return loop.evaluate(engine, wl, d, cfg.data.batch_size)["val_loss"]
 
     want = [train_loss(w) for w in (base, *workers)]
+    monkeypatch.setattr(loop, "VAL_MAX_SAMPLES", len(wl.val_set))
+    assert train_loss(base) != pytest.approx(want[0], rel=1e-6)  # the cap changes the score: it is tested
     assert got["step"] == 7
     assert got["averaged"] == pytest.approx(want[0], rel=1e-6)
     assert got["workers"] == pytest.approx(want[1:], rel=1e-6)
