@@ -59,6 +59,42 @@ def parse_duration_s(text: str | float) -> float:
     return _parse(text, _TIME_UNITS, "duration", "500ms or 30s", "s")
 
 
+_FLAG_DURATION = re.compile(r"([-+]?)([0-9]*\.?[0-9]+)((?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)")
+_FLAG_DURATION_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def parse_duration_arg_s(text: str, flag: str) -> float:
+    """A duration >= 0 given to a command-line `flag`, in s, ms or us (`0`, `50us`, `1.2ms`), or one
+    error naming the flag. A bare nonzero number is refused rather than read as seconds: the
+    benches and probes print these times in ms and us, and 1.2 (or 1.2m) meant as milliseconds
+    would otherwise make every message or read a thousand (or 60,000) times too slow without a
+    word. Any zero, bare or in s, ms or us (`0`, `0.0`, `0ms`, `-0`, `+0us`), is 0; a leading `+`
+    is read the same on any number. Zero is told from the digits, not the float, so a positive
+    time too small for a float (`1e-400ms`) is refused rather than turned off."""
+    units = ", ".join(_FLAG_DURATION_UNITS)
+    expected = f"expected a duration >= 0 with its unit ({units}), such as 1.2ms or 800us"
+    m = _FLAG_DURATION.fullmatch(str(text).strip())
+    if not m:
+        raise CaramelError(f"{flag} {text!r} is not understood; {expected}")
+    sign, digits, exponent, unit = m.group(1), m.group(2), m.group(3), m.group(4).lower()
+    zero = not digits.strip("0.")
+    if not unit:
+        if zero:
+            return 0.0
+        raise CaramelError(f"{flag} {text!r} has no unit; {expected}")
+    if unit not in _FLAG_DURATION_UNITS:
+        raise CaramelError(f"{flag} {text!r}: expected a duration >= 0 in {units}, such as 1.2ms or 800us "
+                           f"(not {unit!r})")
+    if zero:
+        return 0.0
+    if sign == "-":
+        raise CaramelError(f"{flag} {text!r} is negative; {expected}")
+    value = float(digits + exponent) * _FLAG_DURATION_UNITS[unit]
+    if not math.isfinite(value) or value == 0:
+        raise CaramelError(f"{flag} {text!r} is out of range (a float holds it as {value}); {expected}")
+    return value
+
+
 def format_rate(bps: float) -> str:
     """A rate in tc syntax that `parse_rate_bps` reads back exactly for round numbers."""
     for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):

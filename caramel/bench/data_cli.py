@@ -16,29 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 
 from caramel.bench.data_bench import MODES, DataBenchConfig, is_local, run_data_bench
 from caramel.bench.data_report import format_rows
 from caramel.bench.provenance import code_version
 from caramel.errors import CaramelError
 from caramel.jsonio import atomic_write_text
-from caramel.units import parse_rate_bps, parse_size_bytes
-
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)?")
-_SECONDS_PER = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def _duration_s(text: str, flag: str) -> float:
-    """A duration >= 0: a number with an optional unit s, ms or us (`0` allowed: no compute, an
-    unshaped latency); a unit alone or anything else is one error naming the flag."""
-    m = _DURATION.fullmatch(str(text).strip())
-    value = float(m.group(1)) * _SECONDS_PER[m.group(2)] if m else math.nan
-    if not math.isfinite(value):
-        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0: a number with an optional "
-                           "unit s, ms or us, such as 2ms")
-    return value
+from caramel.units import parse_duration_arg_s, parse_rate_bps, parse_size_bytes
 
 
 def _at_least(value: int, minimum: int, flag: str, why: str = "") -> int:
@@ -53,10 +37,11 @@ def add_loading_arguments(p, modes_flag: str = "--modes", epochs_flag: str = "--
     p.add_argument("--loader-workers", type=int, default=d.loader_workers, help="prefetching workers per rank")
     p.add_argument(epochs_flag, dest="data_epochs", type=int, default=d.epochs,
                    help=f"epochs per mode per round (the first is cold; default {d.epochs})")
-    p.add_argument("--compute", default="4ms", help="stand-in compute per step (a sleep; default 4ms)")
+    p.add_argument("--compute", default="4ms", help="stand-in compute per step (a sleep), with its unit (s, ms, us; default 4ms)")
     p.add_argument("--store-rate", help="a served directory's emulated link, shared by all ranks (default 100mbit); "
                    "for a URL, the link's known rate, used by the model only")
-    p.add_argument("--store-latency", default="2ms", help="per request, of a served directory (default 2ms)")
+    p.add_argument("--store-latency", help="per request, of a served directory's emulated link, with its unit "
+                   f"(s, ms, us; default {d.store_latency_s * 1e3:g}ms); refused for a URL")
     p.add_argument("--cache-share", type=float, default=d.cache_share,
                    help="disk cache per rank as a share of its 1/W of the data (default 1)")
     p.add_argument("--memory-share", type=float,
@@ -98,9 +83,15 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
         raise CaramelError(f"--loader-workers must be >= 0, got {args.loader_workers}")
     served = url is None or is_local(url)
     rate = parse_rate_bps(args.store_rate) if args.store_rate else (DataBenchConfig().store_rate_bps if served else None)
+    latency_s = DataBenchConfig().store_latency_s if served else 0.0
+    if args.store_latency is not None:
+        latency_s = parse_duration_arg_s(args.store_latency, "--store-latency")
+        if not served:  # the delay is the emulated link's: a store at a URL has its own, which this cannot set
+            raise CaramelError(f"--store-latency {args.store_latency!r} applies to a served directory (its emulated "
+                               f"link); the store at {url} is not one: omit it")
     return DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
-                           epochs=args.data_epochs, compute_s=_duration_s(args.compute, "--compute"), store_rate_bps=rate,
-                           store_latency_s=_duration_s(args.store_latency, "--store-latency") if served else 0.0,
+                           epochs=args.data_epochs, compute_s=parse_duration_arg_s(args.compute, "--compute"), store_rate_bps=rate,
+                           store_latency_s=latency_s,
                            cache_share=args.cache_share, memory_share=args.memory_share, modes=modes, **generated)
 
 

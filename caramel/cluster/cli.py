@@ -14,7 +14,7 @@ from typing import Any
 
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag, write_json
-from caramel.units import format_rate, parse_duration_s
+from caramel.units import format_rate, parse_duration_arg_s, parse_duration_s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def cluster_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--workers", "-n", required=True, help="number of emulated nodes (network namespaces)")
         p.add_argument("--bandwidth", "-b", default="1gbit", help="link rate per worker, tc syntax (e.g. 1gbit, 500mbit); default 1gbit")
-        p.add_argument("--latency", default="0", help="added one-way latency (e.g. 1ms); needs netem in the kernel, else reported as not emulated")
+        p.add_argument("--latency", default="0", help="added one-way latency with its unit (s, ms, us): 1ms; needs netem in the kernel, else reported as not emulated")
         p.add_argument("--mtu", default="auto",
                        help="link MTU in bytes, or auto (default): the largest frame within 1 ms of traffic at the rate, "
                             "9000-65535 (less per-packet kernel work on the host's own cores)")
@@ -75,7 +75,8 @@ def _config(args: argparse.Namespace):
 
     if args.nproc_per_node < 1:
         raise CaramelError(f"--nproc-per-node must be a positive integer, got {args.nproc_per_node}")
-    return ClusterConfig(workers=args.workers, bandwidth_bps=args.bandwidth, latency_s=args.latency,
+    return ClusterConfig(workers=args.workers, bandwidth_bps=args.bandwidth,
+                         latency_s=parse_duration_arg_s(args.latency, "--latency"),
                          mtu=args.mtu, fallback=args.fallback, state_dir=args.state_dir)
 
 

@@ -10,7 +10,7 @@ from caramel.topology.spec import COLLECTIVES, TOPOLOGIES, ClusterSpec, WorkerSp
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
 from caramel.strategies.options import parse_value
-from caramel.units import parse_duration_s, parse_rate_bps
+from caramel.units import parse_duration_arg_s, parse_rate_bps
 
 SYNTHETIC_HELP = "resnet50 (ResNet-50 shapes) or chainN (N equal-ish layers, e.g. chain200)"
 
@@ -22,7 +22,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, default_workers: int = 8) -> None:
-    g = parser.add_argument_group("cluster (a --cluster file, or flags; flags override the file)")
+    g = parser.add_argument_group("cluster (a --cluster file, or flags; flags override the file; "
+                                  "times with their unit: s, ms or us)")
     g.add_argument("--cluster", metavar="SPEC.json", help="a ClusterSpec file (caramel cluster probe --json OUT)")
     g.add_argument("--workers", type=int, help=f"number of workers (default {default_workers})")
     g.add_argument("--bandwidth", help="link rate per worker, tc syntax: 100mbit, 10gbit (default 1gbit)")
@@ -61,7 +62,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     if args.servers is not None and args.servers < 1:
         raise CaramelError(f"--servers must be a positive integer, got {args.servers}")
     bandwidth = parse_rate_bps(args.bandwidth) if args.bandwidth is not None else (spec.bandwidth_bps if spec else 1e9)
-    latency = parse_latency_s(args.latency) if args.latency is not None else (spec.latency_s if spec else 50e-6)
+    latency = parse_duration_arg_s(args.latency, "--latency") if args.latency is not None else (spec.latency_s if spec else 50e-6)
     queued = (parse_duration_arg_s(args.queued_latency, "--queued-latency") if getattr(args, "queued_latency", None) is not None
               else (spec.queued_latency_s if spec else None))
     cpu = (parse_duration_arg_s(args.collective_cpu, "--collective-cpu") if getattr(args, "collective_cpu", None) is not None
@@ -83,38 +84,6 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         compute_slowdown=spec.compute_slowdown if spec else 1.0,
         **(spec.sharing_on(len(worker_list)) if spec else {}),
     )
-
-
-def parse_latency_s(text: str) -> float:
-    """A latency >= 0 (`0`, `50us`, `1ms`)."""
-    return parse_duration_arg_s(text, "--latency")
-
-
-_DURATION_ARG = re.compile(r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)")
-_SHORT_UNITS = ("s", "ms", "us")  # per-read, per-sample and per-batch times
-
-
-def parse_duration_arg_s(text: str, flag: str, unit_required: bool = False) -> float:
-    """A duration >= 0 given to `flag` (`0`, `50us`, `1ms`), or an error naming the flag. Any
-    zero (`0.0`, `0.0ms`, `-0`) in a unit the flag takes is 0. With `unit_required` (the `--data-*` times) a bare nonzero
-    number is refused rather than read as seconds, since the bench prints these times in ms and
-    us, and only s, ms and us are taken: 1.2 or 1.2m meant as milliseconds would otherwise make
-    every read a thousand or 60,000 times too slow without a word."""
-    m = _DURATION_ARG.fullmatch(str(text).strip())
-    unit = m.group(2).lower() if m else ""
-    zero_units = ("", *_SHORT_UNITS) if unit_required else ("", *_SHORT_UNITS, "m", "min", "h")
-    if m and float(m.group(1)) == 0 and unit in zero_units:  # with unit_required: the units a nonzero takes
-        return 0.0
-    if unit_required and m and not unit:
-        raise CaramelError(f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit "
-                           f"({', '.join(_SHORT_UNITS)}), such as 1.2ms or 800us")
-    if unit_required and m and unit not in _SHORT_UNITS:
-        raise CaramelError(f"{flag} {text!r}: expected a duration >= 0 in {', '.join(_SHORT_UNITS)}, "
-                           f"such as 1.2ms or 800us (not {unit!r})")
-    try:
-        return parse_duration_s(text)
-    except CaramelError:
-        raise CaramelError(f"{flag} {text!r} is not understood; expected a duration >= 0 such as 50us or 1ms") from None
 
 
 def add_option_argument(parser: argparse.ArgumentParser) -> None:

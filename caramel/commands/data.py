@@ -13,8 +13,7 @@ import math
 import time
 
 from caramel.errors import CaramelError
-from caramel.commands.common import parse_duration_arg_s
-from caramel.units import parse_rate_bps, parse_size_bytes
+from caramel.units import parse_duration_arg_s, parse_rate_bps, parse_size_bytes
 
 RANDOM_DEFAULTS = {"samples": 512, "sample_bytes": "16kb", "seed": 0}  # `make` without --workload
 
@@ -42,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
     serve.add_argument("--rate", help="the link's rate shared by all clients, e.g. 100mbit (default: unshaped)")
-    serve.add_argument("--latency", default="0", help="delay before each response, e.g. 2ms (default 0)")
+    serve.add_argument("--latency", default="0", help="delay before each response, with its unit (s, ms, us): 2ms (default 0)")
     serve.add_argument("--seconds", type=float, help="stop after this long (default: until interrupted)")
 
 
@@ -69,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.seconds is not None and not (math.isfinite(args.seconds) and args.seconds > 0):
             raise CaramelError(f"--seconds must be a positive number of seconds, got {args.seconds:g}")
-        Store(args.directory).index()  # a directory without a data set is named now, not on the first request
+        latency_s = parse_duration_arg_s(args.latency, "--latency")
         rate = parse_rate_bps(args.rate) if args.rate else None
-        with serve_directory(args.directory, args.host, args.port, rate, parse_duration_arg_s(args.latency, "--latency")) as server:
+        Store(args.directory).index()  # a directory without a data set is named now, not on the first request
+        with serve_directory(args.directory, args.host, args.port, rate, latency_s) as server:
             print(f"serving {args.directory} at {server.url}", flush=True)
             try:
                 time.sleep(args.seconds) if args.seconds is not None else _forever()

@@ -21,10 +21,10 @@ from caramel.strategies import STRATEGIES
 from caramel.strategies.planners import make_plan
 from caramel.sim.bounds import lower_bound
 from caramel.commands.common import (add_cluster_arguments, add_option_argument, add_profile_arguments,
-                                    cluster_from_args, load_profile, parse_duration_arg_s, parse_options)
+                                    cluster_from_args, load_profile, parse_options)
 from caramel.sim.collectives import CommModel
 from caramel.sim.simulate import simulate
-from caramel.units import format_bytes, format_rate, parse_rate_bps, parse_size_bytes
+from caramel.units import format_bytes, format_rate, parse_duration_arg_s, parse_rate_bps, parse_size_bytes
 
 KIND = "simulation"
 
@@ -166,11 +166,11 @@ def _flag(dest: str) -> str:
 
 def _data_model(args: argparse.Namespace, ranks: int):
     """The I/O model the --data-* flags describe, or None without --data-sample-bytes. Every
-    duration is checked first (with its unit, `parse_duration_arg_s(unit_required=True)`); then
+    duration is checked first (with its unit, `parse_duration_arg_s`); then
     a --data-* flag given without --data-sample-bytes is an error, not ignored."""
     given = [dest for dest in _DATA_DEFAULTS if getattr(args, dest, None) is not None]
     v = {dest: getattr(args, dest) if dest in given else default for dest, default in _DATA_DEFAULTS.items()}
-    times_s = {dest: parse_duration_arg_s(v[dest], _flag(dest), unit_required=True) for dest in _DATA_DURATIONS}
+    times_s = {dest: parse_duration_arg_s(v[dest], _flag(dest)) for dest in _DATA_DURATIONS}
     if not args.data_sample_bytes:
         if given:
             raise CaramelError(f"{_flag(given[0])} needs --data-sample-bytes (it turns the data model on); "

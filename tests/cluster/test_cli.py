@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(120)
     (["--workers", "2", "--timeout", "soon", "--", "python", "{script}"], "duration 'soon'"),
     (["--workers", "2", "--ps-servers", "2", "--", "python", "{script}"], "--ps-servers 2: the job has 2 ranks"),
     (["--workers", "2", "--ps-servers", "-1", "--", "python", "{script}"], "expected 0 to 1"),
+    (["--workers", "2", "--latency", "0.001", "--", "python", "{script}"], "--latency '0.001' has no unit"),
 ])
 def test_bad_run_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, needle):
     script = tmp_path / "train.py"
@@ -48,6 +49,7 @@ def test_bad_run_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, n
     (["--workers", "2", "--sizes", "4096,x"], "--sizes '4096,x' must be comma-separated byte counts"),
     (["--workers", "2", "--sizes", "4096"], "at least two different sizes"),
     (["--workers", "1"], "at least 2 processes"),
+    (["--workers", "2", "--latency", "1m"], "--latency '1m': expected a duration >= 0 in s, ms, us"),
 ])
 def test_bad_probe_input_is_one_line_and_changes_nothing(tmp_path, capsys, argv, needle):
     state = tmp_path / "state"

@@ -2,9 +2,9 @@
 one error naming it; nothing is silently ignored or replaced by a default."""
 import pytest
 
-from caramel.bench.data_cli import _duration_s
 from caramel.cli import main
 from caramel.errors import CaramelError
+from caramel.units import parse_duration_arg_s
 
 
 @pytest.fixture()
@@ -46,16 +46,40 @@ def test_data_bench_names_the_flag_out_of_range(capsys):
     assert "--epochs must be >= 2 (the first is cold), got 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, seconds", [("0", 0.0), ("0ms", 0.0), ("2ms", 0.002), ("1.5", 1.5), ("50us", 50e-6),
-                                           ("3 s", 3.0)])
-def test_durations_parse_a_number_with_an_optional_unit(text, seconds):
-    assert _duration_s(text, "--compute") == pytest.approx(seconds)
+@pytest.mark.parametrize("text, seconds", [("0", 0.0), ("0ms", 0.0), ("2ms", 0.002), ("1.5s", 1.5), ("50us", 50e-6),
+                                           ("3 s", 3.0), ("+2ms", 0.002), ("+0us", 0.0)])
+def test_durations_parse_a_number_with_its_unit(text, seconds):
+    assert parse_duration_arg_s(text, "--compute") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["ms", "s", "us", "", "-1ms", "2min", "fast", "1e999"])
-def test_a_duration_without_a_number_or_unit_is_refused(text):
-    with pytest.raises(CaramelError, match=f"--compute {text!r} is not understood"):
-        _duration_s(text, "--compute")
+@pytest.mark.parametrize("text, why", [("ms", "is not understood"), ("", "is not understood"),
+                                       ("-1ms", "is negative"), ("1e-400ms", "out of range"), ("fast", "is not understood"),
+                                       ("1e999", "has no unit"), ("1.5", "has no unit"), ("2min", "in s, ms, us")])
+def test_a_duration_without_a_number_or_unit_is_refused(text, why):
+    with pytest.raises(CaramelError, match=why) as info:
+        parse_duration_arg_s(text, "--compute")
+    assert str(info.value).startswith(f"--compute {text!r}")
+
+
+@pytest.mark.parametrize("argv, flag, text", [
+    (["bench", "--data", "{dir}", "--compute", "4"], "--compute", "4"),
+    (["bench", "--data", "{dir}", "--store-latency", "0.002"], "--store-latency", "0.002"),
+    (["bench", "--data", "http://203.0.113.5:8000", "--store-latency", "0.002"], "--store-latency", "0.002"),
+    (["data-bench", "--compute", "1.5"], "--compute", "1.5"),
+    (["data", "serve", "{dir}", "--port", "0", "--latency", "2", "--seconds", "1"], "--latency", "2"),
+])
+def test_a_bare_time_is_refused_not_read_as_seconds(store_dir, capsys, argv, flag, text):
+    assert main([a.format(dir=store_dir) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {text!r} has no unit; expected a duration >= 0 with its unit (s, ms, us)" in err
+
+
+@pytest.mark.parametrize("latency", ["2ms", "0ms"])
+def test_a_store_latency_for_a_store_at_a_url_is_refused_not_ignored(capsys, latency):
+    # the delay is the served directory's emulated link; a remote store's is its own (nothing is contacted)
+    assert main(["bench", "--data", "http://203.0.113.5:8000", "--store-latency", latency]) == 2
+    assert (f"--store-latency {latency!r} applies to a served directory (its emulated link); the store at "
+            "http://203.0.113.5:8000 is not one") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seconds", ["-1", "0", "nan"])

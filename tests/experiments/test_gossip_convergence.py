@@ -1,5 +1,6 @@
 """experiments/gossip_convergence.py's scoring: each configuration against its baseline on the
-same seed, the 5% rule counted per seed, and bad configuration specs refused."""
+same seed, the 5% rule counted per seed, bad configuration specs refused, and each worker's model
+from a checkpoint scored as `caramel train` scores one."""
 import pytest
 
 
@@ -50,3 +51,59 @@ def test_seeds_must_be_integers():
     assert _script().parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit, match="--seeds 'a,b': expected comma-separated integers"):
         _script().parse_seeds("a,b")
+
+
+def _checkpoint(run, cfg, model_state, workers=None):
+    """A checkpoint as `caramel train` writes it (`loop.save_checkpoint`), written directly."""
+    from caramel.train import checkpoint as ckpt
+
+    state = {"step": 7, "epoch": 0, "index": 0, "model": model_state, "optimizer": {}, "scheduler": {},
+             "rng": [ckpt.rng_state()], "config": cfg.to_dict()}
+    if workers is not None:
+        state["gossip_workers"] = workers
+    ckpt.save(run / "checkpoints", 7, state, max(1, len(workers or [])), keep_last=2)
+
+
+def test_evaluate_workers_scores_each_model_as_train_evaluates(tmp_path, monkeypatch):
+    """The averaged model and each worker's own, each scored on the validation samples as
+    `caramel train`'s `evaluate` scores a model (one rank: its all-reduce is the identity). The
+    sample cap is set below the digits set's 180 validation samples, so both read only the first
+    100 and a scorer that ignored the cap would differ."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from caramel.train import loop
+    from caramel.train.config import TrainConfig, apply_dict
+    from caramel.train.workloads import build_workload
+
+    cfg = apply_dict(TrainConfig(), {"run": {"workload": "digits", "out_dir": str(tmp_path)}}, "test")
+    wl = build_workload(cfg)
+    assert len(wl.val_set) > 100
+    monkeypatch.setattr(loop, "VAL_MAX_SAMPLES", 100)  # read by both scorers at call time
+    base = {k: v.detach().clone() for k, v in wl.model.state_dict().items()}
+    torch.manual_seed(1)
+    workers = [{k: v + 0.05 * (i + 1) * torch.randn_like(v) if v.is_floating_point() else v.clone()
+                for k, v in base.items()} for i in range(2)]
+    assert _script().evaluate_workers(tmp_path) is None  # no checkpoint yet
+    _checkpoint(tmp_path, cfg, base)
+    assert _script().evaluate_workers(tmp_path) is None  # a checkpoint without workers' states (DDP)
+    _checkpoint(tmp_path, cfg, base, [{"model": w, "steps": 7} for w in workers])
+
+    got = _script().evaluate_workers(tmp_path)
+
+    monkeypatch.setattr(loop.dist, "all_reduce", lambda t: None)
+    d = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
+
+    def train_loss(weights):
+        wl.model.load_state_dict(weights)
+        engine = SimpleNamespace(synchronize=lambda: None, eval_module=lambda: wl.model)
+        return loop.evaluate(engine, wl, d, cfg.data.batch_size)["val_loss"]
+
+    want = [train_loss(w) for w in (base, *workers)]
+    monkeypatch.setattr(loop, "VAL_MAX_SAMPLES", len(wl.val_set))
+    assert train_loss(base) != pytest.approx(want[0], rel=1e-6)  # the cap changes the score: it is tested
+    assert got["step"] == 7
+    assert got["averaged"] == pytest.approx(want[0], rel=1e-6)
+    assert got["workers"] == pytest.approx(want[1:], rel=1e-6)
+    assert len({round(x, 6) for x in want}) == 3  # three different models, told apart and in rank order

@@ -130,6 +130,11 @@ def test_synthetic_source(tmp_path):
     (["--compute-slowdown", "0.5"], "compute_slowdown"),
     (["--collective-cpu", "lots"], "--collective-cpu 'lots' is not understood"),
     (["--queued-latency", "soon"], "--queued-latency 'soon' is not understood"),
+    # a bare nonzero time is refused, not read as seconds (the unit rule of the --data-* times)
+    (["--latency", "0.001"], "--latency '0.001' has no unit; expected a duration >= 0 with its unit (s, ms, us)"),
+    (["--queued-latency", "20"], "--queued-latency '20' has no unit"),
+    (["--collective-cpu", "2.32"], "--collective-cpu '2.32' has no unit"),
+    (["--latency", "1m"], "--latency '1m': expected a duration >= 0 in s, ms, us"),
 ])
 def test_bad_input_is_one_line_and_exit_2(profile_path, capsys, argv, needle):
     rc = main(["simulate", "--profile", str(profile_path), *argv])
