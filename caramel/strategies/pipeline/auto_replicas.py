@@ -17,7 +17,7 @@ Stage s's ranks are stage-major (the runtime's layout), each stage at its slowes
 
 Neither the fill and drain nor how the links overlap compute is in T; so each candidate (a
 stage count and a microbatch count, where they are free) has its plan replayed by the pipeline
-simulator (`simulate.replay`, the runtime's order; equal counts, whose replicas Caramel's engine
+simulator (`replay.replay`, the runtime's order; equal counts, whose replicas Caramel's engine
 reduces during the drain and the next fill, by `overlap.replay_overlapped`), beside the same counts cut to balance
 compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
 simulated step wins.
