@@ -116,7 +116,8 @@ def main() -> None:
         for key, got in (("before", before), ("search", search)):
             gaps[key].append(got / best - 1)
         if search > best * (1 + 1e-9) or before > best * (1 + 1e-9):
-            print(f"case {i}: best {best * 1e3:.2f} ms, before {before / best - 1:+.2%}, search {search / best - 1:+.2%}")
+            print(f"case {i}: best {best * 1e3:.2f} ms, before {before / best - 1:+.2%}, "
+                  f"search {search / best - 1:+.2%}")
     for key, g in gaps.items():
         missed = [x for x in g if x > 1e-9]
         print(f"{key}: {len(missed)} of {len(g)} cases miss the fastest layout; worst {max(g):+.2%}; "

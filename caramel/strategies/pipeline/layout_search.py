@@ -21,6 +21,9 @@ from typing import Callable
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES
 
+# layouts the search scores at most, beyond the proposals: each is a settled replay (a few ms
+# to tens of ms), so a model of many layers on many workers stops here rather than in minutes
+MAX_SEARCHED = 400
 
 def feasible(counts: tuple[int, ...] | list[int], microbatches: int, schedule: str) -> bool:
     """Whether the runtime runs these counts with M microbatches (`unequal.py`'s round-robin)."""
@@ -58,21 +61,24 @@ def neighbours(lay: Layout, layers: int, microbatch_options: list[int], schedule
 
 
 def descend(layouts: dict[Layout, SimResult], layers: int, microbatch_options: list[int], schedule: str,
-            equal_counts: bool, score: Callable[[Layout], SimResult]) -> None:
-    """From each stage and microbatch count's fastest layout in `layouts`, steepest descent over
-    `neighbours` by `score` (the settled step: `sharing.settle`); every layout scored is added
-    to `layouts`. Ends, each score strictly lower than the last, when no neighbour is faster."""
+            equal_counts: bool, score: Callable[[Layout], SimResult], budget: int = MAX_SEARCHED) -> None:
+    """From each stage and microbatch count's fastest layout in `layouts` (the fastest first),
+    steepest descent over `neighbours` by `score` (the settled step: `sharing.settle`); every
+    layout scored is added to `layouts`. A descent ends when no neighbour is faster; the search
+    when `budget` layouts have been scored (it may stop inside a descent)."""
     starts: dict[tuple[int, int], Layout] = {}
     for lay, sim in layouts.items():
         key = (len(lay.counts), lay.microbatches)
         if key not in starts or sim.step_time_s < layouts[starts[key]].step_time_s:
             starts[key] = lay
-    for here in starts.values():
+    for here in sorted(starts.values(), key=lambda lay: layouts[lay].step_time_s):
         while True:
             near = neighbours(here, layers, microbatch_options, schedule, equal_counts)
             for lay in near:
                 if lay not in layouts:
-                    layouts[lay] = score(lay)
+                    if budget <= 0:
+                        return
+                    layouts[lay], budget = score(lay), budget - 1
             best = min(near + [here], key=lambda lay: layouts[lay].step_time_s)
             if layouts[best].step_time_s >= layouts[here].step_time_s:
                 break

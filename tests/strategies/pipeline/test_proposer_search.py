@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.auto_replicas import choose_replicas
-from caramel.strategies.pipeline.layout_search import Layout, neighbours
+from caramel.strategies.pipeline.layout_search import Layout, descend, neighbours
 from caramel.topology.spec import ClusterSpec
 from experiments.pipeline_proposer_search import Case, every_layout, random_case, without_search
 
@@ -72,7 +73,28 @@ def test_neighbours_keep_the_runtimes_rules():
     assert Layout((2, 4), (1, 2, 1), 6) in got and Layout((2, 4), (1, 2, 1), 4) not in got  # 4 / lcm 2 < 3 stages
     assert {Layout((1, 4), (2, 1, 1), 8), Layout((3, 4), (1, 2, 1), 8), Layout((2, 5), (1, 1, 2), 8),
             Layout((2, 4), (1, 1, 2), 8)} <= set(got)
-    assert lay not in got and len(got) == len(set(got)) == 1 + (3 * 2 - 1) + (3 * 2 - 1)  # each cut: 3 places x 2 splits, less lay
+    # each cut: 3 places x 2 splits, less lay itself; one other microbatch count
+    assert lay not in got and len(got) == len(set(got)) == 1 + (3 * 2 - 1) + (3 * 2 - 1)
     assert all(lay2.cuts[0] < lay2.cuts[1] and sum(lay2.counts) == 4 for lay2 in got)
     equal = neighbours(Layout((2,), (2, 2), 4), 4, [4], "gpipe", equal_counts=True)
     assert equal == [Layout((1,), (2, 2), 4), Layout((3,), (2, 2), 4)]
+
+
+def test_the_search_stops_at_its_budget():
+    """`descend` scores at most `budget` layouts beyond those it is given, the fastest start first."""
+    scored: list[Layout] = []
+
+    def score(lay: Layout):
+        scored.append(lay)
+        return dataclasses.replace(start_sim, step_time_s=1.0 + lay.cuts[0] / 100)
+
+    start_sim = SimResult(step_time_s=2.0, compute_time_s=0.0, comm_time_s=0.0, exposed_comm_s=0.0, wait_time_s=0.0,
+                          link_utilization=0.0, comm_busy_fraction=0.0, iteration_times_s=[], critical_path={},
+                          planner="", overlap="none", world_size=4, num_items=0)
+    for budget in (0, 3):
+        scored.clear()
+        layouts = {Layout((5,), (2, 2), 4): start_sim,
+                   Layout((5,), (2, 2), 8): dataclasses.replace(start_sim, step_time_s=1.5)}
+        descend(layouts, 10, [4, 8], "gpipe", True, score, budget)
+        assert len(scored) == budget == len(layouts) - 2
+        assert all(lay.microbatches == 8 for lay in scored[:3])  # the faster start's neighbours first
