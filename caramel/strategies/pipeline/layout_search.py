@@ -7,9 +7,10 @@ its alone pace (`sharing.py`), so the fastest layout under the settled model can
 program over per-stage sums proposes, at any one speed. `descend` starts from each stage and
 microbatch count's fastest proposal and takes the best of its `neighbours` (one cut moved
 anywhere between its neighbours together with the replicas of the two stages it parts, or
-another microbatch count) while the score drops. A local search, not an exact one: on 200
-random shared-host cases of 3-6 layers it misses the fastest layout of all (brute force) in
-3, by up to 1.5% (`experiments/pipeline_proposer_search.py`, docs/pipeline.md).
+another microbatch count) while the score drops, within a budget of scored layouts. A local
+search, not an exact one: on 200 random shared-host cases of 3-6 layers it misses the fastest
+layout of all (brute force) in 3, by up to 1.5% (`experiments/pipeline_proposer_search.py`,
+docs/pipeline.md).
 """
 from __future__ import annotations
 
