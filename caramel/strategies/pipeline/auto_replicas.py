@@ -17,7 +17,7 @@ Stage s's ranks are stage-major (the runtime's layout), each stage at its slowes
 
 Neither the fill and drain nor how the links overlap compute is in T; so each candidate (a
 stage count and a microbatch count, where they are free) has its plan replayed by the pipeline
-simulator (`simulate.replay`, the runtime's order; equal counts, whose replicas Caramel's engine
+simulator (`replay.replay`, the runtime's order; equal counts, whose replicas Caramel's engine
 reduces during the drain and the next fill, by `overlap.replay_overlapped`), beside the same counts cut to balance
 compute (`balanced_boundaries`, what `partition="auto"` gives given counts), and the fastest
 simulated step wins.
@@ -26,7 +26,10 @@ Where ranks share a host's cores (`sharing.py`), each candidate is replayed at t
 own host load settles at (`sharing.settle`), as the final prediction replays the layout picked:
 a layout that keeps more ranks computing or transferring at once is priced slower before it is
 picked. The program proposes at the all-at-once speeds, then again at the speeds the fastest
-candidate settles at, until it proposes no layout not yet scored.
+candidate settles at, until it proposes no layout not yet scored. Neither it nor the balanced
+cut sees the load, so a search around their proposals (`layout_search.descend`: one cut with
+its two stages' replicas, or the microbatch count, moved while the settled step drops) then
+scores the layouts they miss. Unshared hosts score the proposals only, as before.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from caramel.errors import CaramelError
+from caramel.strategies.pipeline.layout_search import Layout, descend, feasible
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
@@ -57,14 +61,6 @@ def stage_step_s(layers: list[LayerCost], replicas: int, microbatches: int, clus
     compute = sum(c.compute_s for c in layers) / speed * microbatches / replicas
     ring = ClusterSpec.uniform(replicas, cluster.bandwidth_bps, cluster.latency_s)
     return compute + ring.allreduce_time_s(sum(c.param_bytes for c in layers))
-
-
-def feasible(counts: tuple[int, ...] | list[int], microbatches: int, schedule: str) -> bool:
-    """Whether the runtime runs these counts with M microbatches (`unequal.py`'s round-robin)."""
-    period = math.lcm(*counts)
-    # equal counts run as a hybrid of r pipelines, no virtual pipelines: no limit on r
-    return ((period <= MAX_VIRTUAL_PIPELINES or len(set(counts)) == 1) and microbatches % period == 0
-            and (schedule != "1f1b" or microbatches // period >= len(counts)))
 
 
 def _plan(costs: list[LayerCost], cluster: ClusterSpec, cuts: list[int], counts: list[int], microbatches: int,
@@ -169,15 +165,6 @@ def brute_force_replica_partition(costs: list[LayerCost], cluster: ClusterSpec, 
              for counts in itertools.product(range(1, w + 1), repeat=stages)
              if sum(counts) == w and feasible(counts, microbatches, schedule)]
     return min(plans, key=lambda p: p.slowest_s, default=None)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A candidate of `choose_replicas`: the cut, the replicas per stage, the step's microbatches."""
-
-    cuts: tuple[int, ...]
-    counts: tuple[int, ...]
-    microbatches: int
 
 
 def _proposals(costs_at: dict[int, list[LayerCost]], cluster: ClusterSpec, stage_options: list[int], schedule: str,
@@ -297,6 +284,12 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
         # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes no new one
         fastest = min(layouts.values(), key=lambda r: r.step_time_s)
         at = scaled(cluster, fastest.meta["sharing"]["factor"])
+    if shares_cores(cluster):
+        # the program cannot see the host's load: from each stage and microbatch count's fastest,
+        # one cut (with its two stages' replicas) or the count moved while the settled step drops
+        descend(layouts, len(layers), list(costs_at), schedule, equal_counts,
+                lambda lay: settle(lambda f: _score(lay, costs_at[lay.microbatches], cluster, f, schedule, optimizer_s,
+                                                    ties, reducer, reduce, posting), cluster))
     table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
     for lay, sim in layouts.items():
         key, step = (len(lay.counts), lay.microbatches), sim.step_time_s

@@ -18,7 +18,7 @@ gradients first). When each bucket starts and what waits for it depends on the r
   that backward returns only once every bucket is reduced (DDP's reducer waits before autograd
   returns), so its gradient send, the rest of the lane's step and the optimizer step wait.
 - `"after"` (the plain all-reduce of unequal counts, and the reference the two above replaced):
-  the whole stage reduced after its drain, then its optimizer step (`simulate.replay`).
+  the whole stage reduced after its drain, then its optimizer step (`replay.replay`).
 
 A bucket is a layer of the profile that holds parameters (`ReduceBuckets`; DDP: torch's buckets,
 a first one of `DDP_FIRST_BUCKET_BYTES`, then `DDP_BUCKET_BYTES`), priced by the simulator's
@@ -101,7 +101,7 @@ def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: 
 
 def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str, compute_slowdown: float = 1.0,
                       steps: int = STEPS, posting: str | None = None) -> PipelineSim:
-    """`simulate.replay` for an equal layout whose replicas reduce in `mode` ("forward" or
+    """`replay.replay` for an equal layout whose replicas reduce in `mode` ("forward" or
     "backward"): `STEPS` steps of `actions` (one stage per lane, the schedule's order), each
     stage's reduction from `costs.buckets`; compute slowed beside transfers and buckets on its
     lane's wire, repeated until those intervals settle (as `replay`). Returns the steady step.

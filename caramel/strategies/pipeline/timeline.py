@@ -1,5 +1,5 @@
 """The pipeline simulator's shared types: the per-stage costs a replay walks, its result, and the
-contention fixed point's pass limit. Both replays (`simulate.replay`, after the drain, and
+contention fixed point's pass limit. Both replays (`replay.replay`, after the drain, and
 `overlap.replay_overlapped`, the replicas' reduction overlapped) read and return these, so they
 live apart from either to keep the imports one-way (simulate -> overlap -> timeline)."""
 from __future__ import annotations
@@ -50,7 +50,7 @@ class PipelineSim:
 
     @property
     def bubble_fraction(self) -> float:
-        """Idle share of the positions over `max(finish_s)`. `simulate.replay`: the schedule's
+        """Idle share of the positions over `max(finish_s)`. `replay.replay`: the schedule's
         span, before the replicas' all-reduce after the drain. `overlap.replay_overlapped`: the
         steady step, so it also counts what of the overlapped reduction stays exposed."""
         span = max(self.finish_s)
