@@ -18,6 +18,7 @@ A diagnostic: the polling thread costs CPU, so its step times are not a benchmar
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import threading
@@ -171,10 +172,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def analyse(d: Path, warmup: int) -> None:
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(d.glob("rank*.json"))}
+    ranks = {}
+    for p in sorted(d.glob("rank*.json*")):
+        x = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
+        ranks[x["rank"]] = x
     r0 = ranks[0]
     print(f"{d}: {r0['strategy']}, ranks {sorted(ranks)}, pull_comm_s {r0['pull_comm_s'] * 1e3:.1f} ms, "
           f"E_median {r0['E_median']}, planned bucket order {r0['bucket_pull']}")
+    # the server of each pull bucket: the rank whose sender sent it as a pull (not a relay)
+    servers = {e["bucket"]: r for r, x in ranks.items() for e in x["events"]
+               if e["kind"] == "send" and e["what"].startswith("pull")}
     applies = {r: {e["step"]: e for e in x["events"] if e["kind"] == "apply"} for r, x in ranks.items()}
     sends = {r: [e for e in x["events"] if e["kind"] == "send"] for r, x in ranks.items()}
     recvs = [e for e in r0["events"] if e["kind"] == "recv"]
@@ -189,10 +196,10 @@ def analyse(d: Path, warmup: int) -> None:
         mine = [e for e in recvs if e.get("version") == u + 1 and "t_done" in e]
         if not mine:
             continue
-        lag = {r: applies[r][u]["t_issue"] - t_issue for r in ranks if u in applies[r]}
+        lag = {r: applies[r][u]["t_issue"] - t_issue for r in sorted(set(servers.values())) if u in applies[r]}
         land = sorted(mine, key=lambda e: e["t_done"])
         nbytes = sum(e["bytes"] for e in mine)
-        first_remote_issue = min(applies[r][u]["t_issue"] for r in ranks if r != 0 and u in applies[r])
+        first_remote_issue = min(applies[servers[e["bucket"]]][u]["t_issue"] for e in mine)
         span = land[-1]["t_done"] - first_remote_issue
         # pushes of rank 0 or any rank still in flight while the pulls of update u move
         busy = 0
@@ -200,20 +207,36 @@ def analyse(d: Path, warmup: int) -> None:
             for p in ps:
                 if "t_done" in p and p["t"] < land[-1]["t_done"] and p["t_done"] > first_remote_issue:
                     busy += 1
+        # each bucket's rate from when the wire could take it (its server's issue, or the
+        # landing of the bucket before it): below the link's, something shared the link
+        rates, prev = [], first_remote_issue
+        for x in land:
+            start = max(prev, applies[servers[x["bucket"]]][u]["t_issue"])
+            rates.append(round(x["bytes"] * 8 / max(x["t_done"] - start, 1e-9) / 1e6))
+            prev = x["t_done"]
         st = steps[u + 1]
         e = log.get(u + 1, {})
         rows.append({"u": u, "lag_ms": {r: round(v * 1e3, 1) for r, v in lag.items()},
-                     "land_order": [x["bucket"] for x in land],
+                     "land_order": [x["bucket"] for x in land], "Mbit_s": rates,
                      "recv_span_ms": span * 1e3, "recv_MB": nbytes / 1e6,
                      "fwd_ms": (st["t_fwd_end"] - st["t"]) * 1e3, "wait_ms": e.get("wait_s", 0) * 1e3,
                      "issue_to_fwd_start_ms": (st["t"] - t_issue) * 1e3,
-                     "makespan_ms": (st["t_fwd_end"] - t_issue) * 1e3, "E": e.get("E"), "pushes_overlapping": busy})
+                     "makespan_ms": (st["t_fwd_end"] - t_issue) * 1e3,
+                     "after_last_landing_ms": (st["t_fwd_end"] - land[-1]["t_done"]) * 1e3, "E": e.get("E"), "pushes_overlapping": busy})
     for x in rows:
         print(json.dumps(x))
     med = lambda k: statistics.median(x[k] for x in rows)
     print(f"medians: recv span {med('recv_span_ms'):.1f} ms for {med('recv_MB'):.2f} MB "
           f"(profile pull_comm_s {r0['pull_comm_s'] * 1e3:.1f} ms); wait {med('wait_ms'):.1f}; fwd {med('fwd_ms'):.1f}; "
           f"issue->fwd start {med('issue_to_fwd_start_ms'):.1f}; makespan {med('makespan_ms'):.1f}; E {med('E'):.2f}")
+    early = [x for x in rows if max(v for r, v in x["lag_ms"].items() if r != "0") <= 0]
+    late = [x for x in rows if x not in early]
+    for name, part in (("a server issued at or before rank 0", early), ("every server after rank 0", late)):
+        if part:
+            print(f"{name}: {len(part)} updates, median E {statistics.median(x['E'] for x in part):.2f}, "
+                  f"first bucket {statistics.median(x['Mbit_s'][0] for x in part)} Mbit/s, "
+                  f"wait {statistics.median(x['wait_ms'] for x in part):.1f} ms")
+    print(f"forward end after the last pull landed: median {med('after_last_landing_ms'):.1f} ms")
     for r, ss in sends.items():
         if ss:
             durs = [(s["t_done"] - s["t"]) * 1e3 for s in ss[-20:]]
