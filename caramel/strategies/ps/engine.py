@@ -4,11 +4,12 @@ Every rank is a worker, and the ranks named by the plan's owners also serve a sh
 colocated mode). One step, for update u (= the step that produced the gradients):
 
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
-   shard fused into one flat tensor, `buckets.py`) it goes to its owner on that server's push
-   group (every other worker sends it, the owner adds them up: `_send_push`; with dedicated
-   servers or a hierarchy a `dist.reduce`), in the plan's bucket order (a bucket is handed to the
-   backend only after every earlier one: TicTac's counter rule); `step()` pushes what never
-   became ready (zeros) and a per-parameter "someone used it" count;
+   shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
+   sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
+   serves, else the server's push group: `link_group`; with dedicated servers or a hierarchy
+   a `dist.reduce` on the push groups), in the plan's bucket order (a bucket is handed to
+   the backend only after every earlier one: TicTac's counter rule); `step()` pushes what
+   never became ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
