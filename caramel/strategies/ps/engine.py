@@ -4,11 +4,12 @@ Every rank is a worker, and the ranks named by the plan's owners also serve a sh
 colocated mode). One step, for update u (= the step that produced the gradients):
 
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
-   shard fused into one flat tensor, `buckets.py`) it goes to its owner on that server's push
-   group (every other worker sends it, the owner adds them up: `_send_push`; with dedicated
-   servers or a hierarchy a `dist.reduce`), in the plan's bucket order (a bucket is handed to the
-   backend only after every earlier one: TicTac's counter rule); `step()` pushes what never
-   became ready (zeros) and a per-parameter "someone used it" count;
+   shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
+   sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
+   serves, else the server's push group: `link_group`; with dedicated servers or a hierarchy
+   a `dist.reduce` on the push groups), in the plan's bucket order (a bucket is handed to
+   the backend only after every earlier one: TicTac's counter rule); `step()` pushes what
+   never became ready (zeros) and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
@@ -148,7 +149,7 @@ class PsEngine(PsPulls):
         u.flats[b] = flat
         i = members[0]
         if self.hier is None and not self.groups.dedicated:
-            self._send_push(u, b, flat, self.server_of(i), self.groups.push[self.plan.owner[i]])
+            self._send_push(u, b, flat, self.server_of(i))
             return
         if self.hier is None:
             u.works.append(dist.reduce(flat, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
@@ -159,21 +160,37 @@ class PsEngine(PsPulls):
         if self.hier.is_leader:
             u.relay.append((b, work))
 
-    def _send_push(self, u: Update, b: int, flat: torch.Tensor, server: int, group: Any) -> None:
+    def _send_push(self, u: Update, b: int, flat: torch.Tensor, server: int) -> None:
         """Bucket `b`'s push as a parameter server's push: every other worker sends its copy to
         the server, which adds them to its own, in rank order, once they are in (`_apply`). Not gloo's
         reduce: that runs a ring reduce-scatter and then a gather, so the server sends half of
         every bucket back out and, with 2 servers, each direction of a link carries 3/4 of the
-        model's bytes a step instead of 1/2 (docs/ps.md, "Simulator against runtime")."""
+        model's bytes a step instead of 1/2 (docs/ps.md, "Simulator against runtime").
+        Each push travels on `link_group` (see there: behind it, not beside it, go the pusher's pulls)."""
         if server != self.rank:
-            u.works.append(dist.isend(flat, self.ranks[server], group=group, tag=b))
+            u.works.append(dist.isend(flat, self.ranks[server], group=self.link_group(self.rank, server), tag=b))
             return
         parts = []
         for j in range(self.workers):
             if j != self.rank:
                 parts.append(torch.empty_like(flat))
-                u.works.append(dist.irecv(parts[-1], self.ranks[j], group=group, tag=b))
+                u.works.append(dist.irecv(parts[-1], self.ranks[j], group=self.link_group(j, server), tag=b))
         u.sums.append((b, flat, parts))
+
+    def link_group(self, worker: int, server: int) -> Any:
+        """The group carrying `worker`'s pushes to `server` (colocated, flat). A rank that serves
+        a shard pushes on its own shard's pull group, the group its pulls go out on: one gloo
+        group is one TCP connection per pair of ranks, so on the link from that rank to `server`
+        its pulls queue behind its pushes instead of sharing the link with them. A gloo send
+        is complete once the kernel holds its bytes, so a server can apply and start its pulls
+        while its own pushes to another server are still on the wire; side by side, the pulls
+        slowed those pushes (measured: the first pull bucket at 180-250 of 300 Mbit/s),
+        which delays the other server's update and so the pulls this rank waits for
+        (docs/ps.md, "Pushes before pulls on each link"). A rank that serves nothing
+        sends no pulls and pushes on the server's push group."""
+        if worker < self.plan.shards:  # colocated, flat: rank k serves shard k
+            return self.groups.pull[worker]
+        return self.groups.push[server]
 
     def _forward_node_sums(self, u: Update, force: bool) -> None:
         """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""

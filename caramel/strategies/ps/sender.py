@@ -8,7 +8,9 @@ send is complete: the data is in the socket, so the link never idles for it), so
 order is the planned order. Receivers still post every receive at once: their "ready" notes
 reach the server while the bucket before is on the wire. One thread per link that carries a
 server's pulls, started at its first pull; each group sees its collectives from one thread
-only (a group a sender sends on carries only this rank's sends):
+only (the collectives of a group a sender sends on are only this rank's broadcasts; a
+colocated server's pushes, point-to-point sends from the training thread, share the group so
+that on each link they go ahead of the pulls, `PsEngine.link_group`):
 
 - a colocated server's pulls to every worker (`engine.py`, flat colocated servers);
 - a dedicated server process's pulls to the workers (`server.py`);

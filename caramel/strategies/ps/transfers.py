@@ -17,8 +17,10 @@ class PsGroups:
     """The private groups of one model (all over the same ranks). Each server shard has a push
     group and a pull group of its own, so transfers to and from different servers run side by
     side (a single group runs its collectives one after another), while each shard's transfers
-    keep the planned order; `control` carries the small all-reduces, plans and optimizer state,
-    `buffers` rank 0's buffers."""
+    keep the planned order (colocated, a serving rank's pushes travel on its own pull group,
+    point-to-point, so they go ahead of its pulls on each link: `PsEngine.link_group`);
+    `control` carries the small all-reduces, plans and optimizer state, `buffers` rank 0's
+    buffers."""
 
     control: Any
     buffers: Any

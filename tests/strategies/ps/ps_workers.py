@@ -262,9 +262,10 @@ def fusion_worker(rank: int, world: int, steps: int, cases: tuple[tuple[str, str
 
 
 def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
-    """Colocated bsp, one tensor per bucket: every operation handed to a push group during
-    `steps` steps of the MLP with unused parameters and SGD momentum (op, the group's shard,
-    the peer's group rank, bytes), and the largest difference from DDP's parameters."""
+    """Colocated bsp, one tensor per bucket: every point-to-point operation and reduce handed
+    to a push or pull group during `steps` steps of the MLP with unused parameters and SGD
+    momentum (op, "push" or "pull", the group's shard, the peer's group rank, bytes), and the
+    largest difference from DDP's parameters."""
     import torch.distributed as dist
 
     w = fresh("mlp_unused")
@@ -275,15 +276,17 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
     opt, sched = make_optimizer("sgd_momentum", m.parameters())
     model, opt = caramel.parallelize(m, opt, "ps:bucket_cap_mb=0")
     groups = opt.ps.groups
-    push = {id(g): s for s, g in enumerate(groups.push)}
-    seen: list[tuple[str, int, int | None, int]] = []
+    kind = {id(g): ("push", s) for s, g in enumerate(groups.push)}
+    kind.update({id(g): ("pull", s) for s, g in enumerate(groups.pull)})
+    seen: list[tuple[str, str, int, int | None, int]] = []
     real = {n: getattr(dist, n) for n in ("isend", "irecv", "reduce")}
 
     def spy(name):
         def call(tensor, *args, group=None, **kw):
-            if id(group) in push:
+            if id(group) in kind:
                 peer = args[0] if args else kw.get("dst", kw.get("src"))
-                seen.append((name, push[id(group)], dist.get_group_rank(group, peer), tensor.numel() * tensor.element_size()))
+                seen.append((name, *kind[id(group)], dist.get_group_rank(group, peer),
+                             tensor.numel() * tensor.element_size()))
             return real[name](tensor, *args, group=group, **kw)
         return call
 

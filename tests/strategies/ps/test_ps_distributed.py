@@ -180,21 +180,25 @@ def test_a_push_is_a_send_to_the_server():
     """3 ranks: each push is what the model (and a parameter server) has it be, the other
     workers sending their bucket to the shard's server, and no collective in which the server
     sends too (gloo's reduce sends half of every bucket back out of the server); still DDP's
-    parameters."""
+    parameters. Each push goes on the pusher's own pull group (every rank serves here), the
+    group its pulls leave on, so on each link its pulls queue behind its pushes (one gloo
+    group is one connection per pair); on the server's push group, as before, the pulls
+    shared the link with pushes still on the wire."""
     results = run_workers(push_traffic_worker, 3, args=(4,), timeout_s=120)
     sent, received = [], []
     for rank, res in enumerate(results):
         assert res["diff"] <= TOL
-        assert res["seen"], "no push went through the push groups"
-        for op, shard, peer, nbytes in res["seen"]:
+        assert res["seen"], "no push went through the push or pull groups"
+        for op, kind, shard, peer, nbytes in res["seen"]:
             assert op in ("isend", "irecv"), op
-            if op == "isend":  # shard s is served by rank s (colocated)
-                assert rank != shard and peer == shard
-                sent.append((rank, shard, nbytes))
-            else:
-                assert rank == shard and peer != shard
-                received.append((peer, shard, nbytes))
-    assert sorted(sent) == sorted(received)
+            assert kind == "pull", f"a push on the {kind} group of shard {shard}, not the pusher's pull group"
+            if op == "isend":  # shard s is served by rank s (colocated); the pusher's own group
+                assert rank != peer and shard == rank
+                sent.append((rank, peer, nbytes))
+            else:  # the server receives each worker's push on that worker's group
+                assert rank != peer and shard == peer
+                received.append((peer, rank, nbytes))
+    assert sent and sorted(sent) == sorted(received)
 
 
 @pytest.mark.timeout(120)

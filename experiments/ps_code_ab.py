@@ -1,0 +1,149 @@
+"""Two code trees side by side on one ps configuration: TAC and random order under each.
+
+Each round runs `examples/ps_servers.py` of both trees (`--a DIR`, `--b DIR`: checkouts of the
+project; each job runs with PYTHONPATH=DIR) under `caramel cluster run`, once per order; the
+four jobs of a round go in an order that alternates by round, so drift on the shared host hits
+both trees alike. Reports per order B's speed-up over A (median(A step) / median(B step) over
+every timed step, with the 95% interval of the paired rounds), TAC's speed-up over random
+within each tree, and TicTac's E and S as each run reports them.
+
+    /tmp/bench.sh python experiments/ps_code_ab.py --a OLD --b NEW --rounds 4 --out docs/results/NAME
+
+Writes PATH.json and PATH.md (the table; a "## Reading" section already at the end of PATH.md
+is kept).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from caramel.jsonio import format_tag, write_json
+from caramel.stats import median, paired_ratio_interval
+
+ORDERS = ("random", "tac")
+TREES = ("a", "b")
+
+
+def git_head(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + ("+changes" if dirty else "")
+
+
+def run_job(tree: Path, spec: str, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "caramel.cli", "cluster", "run", "--workers", str(args.workers),
+           "--bandwidth", args.bandwidth, "--timeout", "5m", "--", sys.executable, str(tree / "examples/ps_servers.py"),
+           "--strategy", spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    load0, t0 = os.getloadavg()[0], time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree))
+    if proc.returncode != 0:
+        raise SystemExit(f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    res = json.loads(out.read_text())
+    res.update(load_before=load0, load_after=os.getloadavg()[0], wall_s=time.time() - t0)
+    return res
+
+
+def ratio(ref: list[dict], cand: list[dict], per_round: int) -> dict:
+    r = [s for x in ref for s in x["step_s"]]
+    c = [s for x in cand for s in x["step_s"]]
+    return {"point": median(r) / median(c), "interval_95": paired_ratio_interval(r, c, per_round)}
+
+
+def summarize(runs: dict, per_round: int) -> dict:
+    return {"b_over_a": {o: ratio(runs["a"][o], runs["b"][o], per_round) for o in ORDERS},
+            "tac_over_random": {t: ratio(runs[t]["random"], runs[t]["tac"], per_round) for t in TREES},
+            "median_step_ms": {t: {o: median([s for x in runs[t][o] for s in x["step_s"]]) * 1e3 for o in ORDERS}
+                               for t in TREES},
+            "E_rounds": {t: {o: [x["E_median"] for x in runs[t][o]] for o in ORDERS} for t in TREES},
+            "S_rounds": {t: {o: [x["S"] for x in runs[t][o]] for o in ORDERS} for t in TREES}}
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+
+    def fmt(x: dict) -> str:
+        iv = x["interval_95"]
+        return f"**{x['point']:.3f}x** ({'n/a' if iv is None else f'{iv[0]:.3f}-{iv[1]:.3f}'})"
+    lines = [f"# Two code trees side by side: {result['what']}", "",
+             f"Command: `{result['command']}`", "",
+             f"A = {result['trees']['a']}, B = {result['trees']['b']}", "",
+             "| | random | tac |", "|---|---|---|",
+             f"| B over A (speed-up, 95% interval) | {fmt(s['b_over_a']['random'])} | {fmt(s['b_over_a']['tac'])} |"]
+    for t in TREES:
+        ms = s["median_step_ms"][t]
+        lines.append(f"| median step {t.upper()} (ms) | {ms['random']:.1f} | {ms['tac']:.1f} |")
+    for t in TREES:
+        e = s["E_rounds"][t]
+        lines.append(f"| E of {t.upper()}: median (rounds) | " + " | ".join(
+            f"{statistics.median(e[o]):.2f} ({', '.join(f'{v:.2f}' for v in e[o])})" for o in ORDERS) + " |")
+    for t in TREES:
+        st = s["S_rounds"][t]
+        lines.append(f"| S of {t.upper()}: median | " + " | ".join(f"{statistics.median(st[o]):.2f}" for o in ORDERS) + " |")
+    lines += ["", "TAC over random: " + "; ".join(f"{t.upper()} {fmt(s['tac_over_random'][t])}" for t in TREES), "",
+              "Per job (round, tree, order): median step ms, E, S, 1-minute load before -> after:", ""]
+    for j in result["jobs"]:
+        lines.append(f"- round {j['round']}, {j['tree'].upper()}, {j['order']}: {j['median_step_ms']:.1f} ms, "
+                     f"E {j['E_median']:.2f}, S {j['S']:.2f}, load {j['load_before']:.1f} -> {j['load_after']:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--a", required=True, help="the reference code tree (a checkout)")
+    ap.add_argument("--b", required=True, help="the candidate code tree")
+    ap.add_argument("--spec", default="ps", help="the ps spec without its order (default ps: colocated)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--bandwidth", default="300mbit")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--out", required=True, help="PATH: writes PATH.json and PATH.md")
+    args = ap.parse_args(argv)
+    for t in TREES:
+        if not (Path(getattr(args, t)) / "examples/ps_servers.py").is_file():
+            ap.error(f"--{t}: expected a checkout of the project (no examples/ps_servers.py in {getattr(args, t)!r})")
+    if args.rounds < 1 or not 0 <= args.warmup < args.steps:
+        ap.error(f"expected --rounds >= 1 and 0 <= --warmup < --steps, got {args.rounds}, {args.warmup}, {args.steps}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    trees = {t: Path(getattr(args, t)).resolve() for t in TREES}
+    sep = "," if ":" in args.spec else ":"
+    plan = [(t, o) for t in TREES for o in ORDERS]
+    runs: dict = {t: {o: [] for o in ORDERS} for t in TREES}
+    jobs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for t, o in (plan if r % 2 == 0 else plan[::-1]):
+                res = run_job(trees[t], f"{args.spec}{sep}order={o}", args, Path(tmp) / f"{t}-{o}-{r}.json")
+                if res.get("E_median") is None or res.get("S") is None:
+                    raise SystemExit(f"round {r} {t} {o}: no TicTac E/S reported; give it more --steps after --warmup")
+                runs[t][o].append(res)
+                jobs.append({"round": r, "tree": t, "order": o, **{k: res.get(k) for k in (
+                    "median_step_ms", "E_median", "S", "load_before", "load_after", "wall_s", "step_s")}})
+                print(f"round {r} {t} {o}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f}", flush=True)
+    result = {"format": format_tag("ps-code-ab"), "command": "python experiments/ps_code_ab.py " + " ".join(sys.argv[1:]),
+              "trees": {t: git_head(trees[t]) for t in TREES},
+              "what": f"{args.spec}, {args.workers} workers at {args.bandwidth}, ResNet-18 width 16, batch 8, "
+                      f"rank 0's steps {args.warmup}-{args.steps - 1}, {args.rounds} rounds",
+              "summary": summarize(runs, args.steps - args.warmup), "jobs": jobs}
+    write_json(f"{args.out}.json", result)
+    md = Path(f"{args.out}.md")
+    old = md.read_text() if md.exists() else ""
+    md.write_text(markdown(result) + (old[old.index("\n## Reading"):] if "\n## Reading" in old else ""))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
