@@ -436,3 +436,22 @@ def test_without_sizes_every_step_counts():
            + [(t, None), (0.100, None), (0.100, None)])
     r = trial.result
     assert r["shares"] is None and r["chosen"] == "fifo/backward" and r["samples"]["fifo/backward"] == 2
+
+
+def test_the_confirmation_compares_at_the_latest_shares_too():
+    # forward leads clearly at the old shares and goes to the confirmation against DDP's
+    # schedule (the baseline here); the shares change late in DDP's confirmation block: at the
+    # new ones DDP's schedule is the faster (70 against 75 ms), which mixing shares would hide
+    trial = _three(steps=3, passes=1, confirm=True)
+    t = 0.5
+    _sized(trial, [(t, 128), (0.080, 128), (0.080, 128), (t, 128), (0.100, 128), (0.100, 128)]
+           + [(t, 128)] + [(0.100, 128)] * 5 + [(t, 128), (0.100, 128), (0.100, 128), (t, 128), (0.080, 128), (0.080, 128)])
+    assert trial.selection is not None and trial.selection["chosen"] == "forward"
+    out = _sized(trial, [(t, 128), (0.080, 128), (0.080, 128)] + [(t, 128), (0.100, 128), (0.100, 128), (0.100, 128),
+                                                                  (0.070, 170), (0.070, 170)]
+                 + [(t, 170), (0.075, 170), (0.075, 170)])
+    r = trial.result
+    assert r is not None and r["chosen"] == "fifo/backward" and out[-1].name == "fifo/backward", r
+    c = r["confirmation"]
+    assert c["confirmed"] is False and c["shares"] == [170] and r["shares"] == [128]
+    assert c["step_period_s"] == {"forward": pytest.approx(0.075), "fifo/backward": pytest.approx(0.070)}
