@@ -78,8 +78,14 @@ def format_summary(s: dict[str, Any]) -> str:
     if trial:
         periods = ", ".join(f"{name} {_ms(t)}" for name, t in trial["step_period_s"].items())
         ddp = ", run by torch DDP" if s.get("delegated_to_ddp") else ""
-        note = confirmation_note(trial)
-        lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period: {periods}{'; ' + note if note else ''})")
+        notes = [confirmation_note(trial)]
+        # balance="batch": the local batch sizes the candidates were compared at, and the passes
+        # run again because the shares changed during one
+        at = f" at shares {'/'.join(map(str, trial['shares']))}" if trial.get("shares") else ""
+        if trial.get("retimed_passes"):
+            notes.append(f"{trial['retimed_passes']} pass(es) run again after a share change")
+        note = "; ".join(n for n in notes if n)
+        lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period{at}: {periods}{'; ' + note if note else ''})")
     lines += [
         f"  steps          {steps}",
         f"  data           {s['data']}",

@@ -372,3 +372,86 @@ def test_the_trial_counts_steps_as_the_balancer_does():
     assert trial.ran == [["forward", 103, 103]]
     Controller._trial_step_end(SimpleNamespace(trial=trial, balancer=None, engine=engine))  # none: the engine's
     assert trial.ran == [["forward", 103, 3]]
+
+
+def _sized(trial: OverlapTrial, steps: list[tuple[float, int]]) -> list:
+    """Record (period, this rank's local batch size) steps."""
+    return [trial.record(p, n=n) for p, n in steps]
+
+
+def test_candidates_are_compared_on_steps_at_the_latest_shares():
+    # balance="batch" moves the shares from 128 to 170 of this rank's samples during DDP's
+    # (middle) block, after its first counted step: every candidate runs 100 ms a step at the
+    # old shares; at the new ones forward 66, backward 65, DDP's schedule 70 ms. Mixing shares,
+    # DDP's schedule (all but one step after the change) would look fastest (77.8 ms against
+    # 83); on the latest shares' steps alone backward is, and DDP's one old step is no sample
+    # (nor paired with a new one)
+    trial = _three(steps=3, passes=1, confirm=False)
+    trial.preference, trial.baseline = [], None  # the fastest wins outright
+    t = 0.5
+    _sized(trial, [(t, 128), (0.100, 128), (0.100, 128), (t, 128), (0.100, 128), (0.100, 128)])
+    _sized(trial, [(t, 128), (0.100, 128), (0.070, 170), (0.071, 170), (0.070, 170), (0.069, 170)])
+    out = _sized(trial, [(t, 170), (0.065, 170), (0.065, 170), (t, 170), (0.066, 170), (0.066, 170)])
+    r = trial.result
+    assert r is not None and r["chosen"] == "backward" and out[-1].name == "backward", r
+    assert r["shares"] == [170] and r["retimed_passes"] == 0
+    assert r["step_period_s"] == {"forward": pytest.approx(0.066), "backward": pytest.approx(0.065),
+                                  "fifo/backward": pytest.approx(0.070)}
+    assert r["samples"] == {"forward": 1, "backward": 1, "fifo/backward": 2}
+    assert r["steps_counted"] == {"forward": 4, "backward": 4, "fifo/backward": 5}  # all the periods counted
+
+
+def test_a_share_change_late_in_a_pass_times_every_candidate_again():
+    # the change acts in DDP's block's last step (the default layout's change at step 20): DDP's
+    # schedule has one step at the latest shares, less than a block counts, so the trial runs
+    # another pass instead of judging it by steps at the old shares; the record holds both
+    # passes, and the periods at the latest shares of the first are pooled with the second's
+    trial = _three(steps=3, passes=3, confirm=False)
+    t = 0.5
+    _sized(trial, [(t, 128), (0.100, 128), (0.100, 128), (t, 128), (0.100, 128), (0.101, 128)])
+    _sized(trial, [(t, 128), (0.100, 128), (0.099, 128), (0.100, 128), (0.101, 128), (0.070, 170)])
+    _sized(trial, [(t, 170), (0.065, 170), (0.065, 170), (t, 170), (0.066, 170), (0.066, 170)])
+    assert trial.result is None and trial.passes == 2 and trial.retimed == 1
+    step = 0
+    for p, n in ([(t, 170), (0.066, 170), (0.066, 170), (t, 170), (0.065, 170), (0.065, 170)]
+                 + [(t, 170)] + [(0.072, 170)] * 5 + [(t, 170), (0.065, 170), (0.065, 170), (t, 170), (0.066, 170), (0.066, 170)]):
+        step += 1
+        trial.record(p, step=step, n=n)
+    r = trial.result
+    assert r is not None and r["passes"] == 2 and r["retimed_passes"] == 1 and r["shares"] == [170], r
+    assert r["chosen"] == "backward" and r["fastest"] == "backward"
+    # DDP's schedule: its one late step of the first pass and the second pass's five
+    assert r["step_period_s"]["fifo/backward"] == pytest.approx(0.072)
+    assert r["samples"]["fifo/backward"] == 2 and r["steps_counted"]["fifo/backward"] == 10
+    assert r["samples"]["forward"] == 3  # its first pass's last block, both of the second's
+
+
+def test_without_sizes_every_step_counts():
+    # no balancer: no local batch sizes, the shares are unknown and every period counts as before
+    trial = _three(steps=3, passes=1, confirm=False)
+    trial.preference, trial.baseline = [], None
+    t = 0.5
+    _sized(trial, [(t, None), (0.100, None), (0.100, None), (t, None), (0.090, None), (0.090, None)]
+           + [(t, None)] + [(0.080, None)] * 5 + [(t, None), (0.090, None), (0.090, None)]
+           + [(t, None), (0.100, None), (0.100, None)])
+    r = trial.result
+    assert r["shares"] is None and r["chosen"] == "fifo/backward" and r["samples"]["fifo/backward"] == 2
+
+
+def test_the_confirmation_compares_at_the_latest_shares_too():
+    # forward leads clearly at the old shares and goes to the confirmation against DDP's
+    # schedule (the baseline here); the shares change late in DDP's confirmation block: at the
+    # new ones DDP's schedule is the faster (70 against 75 ms), which mixing shares would hide
+    trial = _three(steps=3, passes=1, confirm=True)
+    t = 0.5
+    _sized(trial, [(t, 128), (0.080, 128), (0.080, 128), (t, 128), (0.100, 128), (0.100, 128)]
+           + [(t, 128)] + [(0.100, 128)] * 5 + [(t, 128), (0.100, 128), (0.100, 128), (t, 128), (0.080, 128), (0.080, 128)])
+    assert trial.selection is not None and trial.selection["chosen"] == "forward"
+    out = _sized(trial, [(t, 128), (0.080, 128), (0.080, 128)] + [(t, 128), (0.100, 128), (0.100, 128), (0.100, 128),
+                                                                  (0.070, 170), (0.070, 170)]
+                 + [(t, 170), (0.075, 170), (0.075, 170)])
+    r = trial.result
+    assert r is not None and r["chosen"] == "fifo/backward" and out[-1].name == "fifo/backward", r
+    c = r["confirmation"]
+    assert c["confirmed"] is False and c["shares"] == [170] and r["shares"] == [128]
+    assert c["step_period_s"] == {"forward": pytest.approx(0.075), "fifo/backward": pytest.approx(0.070)}

@@ -27,6 +27,9 @@ def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
     assert ("kept caramel/forward (step period: caramel/forward 80.1 ms, caramel/backward 79.0 ms, "
             "fifo/backward 78.3 ms; caramel/forward confirmed on fresh steps: 71.2 against 79.0 ms)"
             in format_summary(_summary(overlap_trial=confirmed)))
+    shared = {**trial, "shares": [170, 86], "retimed_passes": 1}  # balance="batch"
+    assert ("kept fifo/backward (step period at shares 170/86: caramel/forward 80.1 ms, caramel/backward 79.0 ms, "
+            "fifo/backward 78.3 ms; 1 pass(es) run again after a share change)" in format_summary(_summary(overlap_trial=shared)))
 
 
 def test_summary_without_a_finished_trial_has_no_schedule_line():

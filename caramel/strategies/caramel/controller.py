@@ -288,7 +288,10 @@ class Controller:
         # restarts at 0 unless a plan, trial or profiling entry is carried on; so a share
         # change's `step` and the trial's blocks are counted alike
         step = self.balancer.step if self.balancer is not None else self.engine.stats.step
-        nxt = self.trial.record(self.engine.stats.last_step_s, step=step)
+        # this rank's share of the step (balance="batch"): the trial compares candidates on steps
+        # run at the same shares (`OverlapTrial._at_latest_shares`)
+        n = getattr(self.balancer, "local_batch", None)
+        nxt = self.trial.record(self.engine.stats.last_step_s, step=step, n=n)
         if nxt is None:
             return
         if self.trial.result is not None:

@@ -51,6 +51,17 @@ Order of events (the same on every rank, at the same steps):
    noise again: with half a pass of steps per candidate that test threw out real leads (forward
    overlap at 500 Mbit/s, 69.8 against 74.8 ms, which then ran 4% behind DDP with backward
    overlap), and a lead the passes found clear that is no accident repeats its sign.
+With balance="batch" the shares may change during the trial (the balancer is not held back):
+a step at the old shares (a slowed worker given half the batch) is no evidence of a schedule's
+pace at the new ones, and with changes early in the first pass whichever candidate ran after them
+(DDP's schedule, in the middle block) would look fastest. So every rank records its local batch
+size with each period, and each decision compares the candidates on the steps run at the shares
+of the trial's last counted step (one all-gather of the sizes: a step's shares are every rank's
+together); a block is cut where its shares change, so no pair spans a change. When a candidate
+has fewer such steps than one block counts, every candidate is timed again in another pass (up
+to `max_passes`, the passes' budget: `retimed_passes` in the result), its steps at those shares
+pooled with the earlier passes'; if some candidate has none there after the last pass, all steps
+are compared (the result's `shares` null, as without a balancer).
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
 cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, only a close call
 pays for more passes (a clear winner, or the baseline in front, ends the trial after one), and
@@ -134,6 +145,8 @@ class Candidate:
     plan: Plan
     blocks_s: list[list[float]] = field(default_factory=list)
     """the counted step periods, one list per block"""
+    blocks_n: list[list[int | None]] = field(default_factory=list)
+    """this rank's local batch size in each of those steps (None where unknown: no balancer)"""
 
     @property
     def periods_s(self) -> list[float]:
@@ -223,6 +236,10 @@ class OverlapTrial:
         """[candidate name, first step, last step] of every block run so far, in order (the
         engine's step counts `record` is given); reported in `result` so that what changed
         during the trial (a balancer's shares) can be placed in its blocks"""
+        self.last_n: int | None = None
+        """this rank's local batch size in the last counted step (`blocks_n`'s latest entry)"""
+        self.retimed = 0
+        """passes run because a candidate had too few steps at the latest shares (`_decide`)"""
         self.result: dict | None = None
 
     def _one_pass(self) -> list[tuple[int, int]]:
@@ -240,12 +257,13 @@ class OverlapTrial:
     def current(self) -> Candidate:
         return self.candidates[self.blocks[self.block][0]]
 
-    def record(self, period_s: float | None, step: int | None = None) -> Candidate | None:
+    def record(self, period_s: float | None, step: int | None = None, n: int | None = None) -> Candidate | None:
         """Count one finished step of the current block; the candidate to adopt now, if any.
 
         `period_s` None: the step has no period (a process's first, as after a resume inside a
         block); it takes its place in the block but adds no sample. `step`: the engine's count
-        of steps with this one, entered in `ran`.
+        of steps with this one, entered in `ran`. `n`: this rank's local batch size in the step
+        (balance="batch"), so that candidates are compared on steps run at the same shares.
         Returns the next block's candidate when the current block is over, the winner after the
         last block (and fills `result`), else None (keep going).
         """
@@ -257,8 +275,11 @@ class OverlapTrial:
         if self.in_block > 0:  # the block's first step is the transition into it
             if self.in_block == 1:
                 self.current.blocks_s.append([])
+                self.current.blocks_n.append([])
             if period_s is not None:
                 self.current.blocks_s[-1].append(period_s)
+                self.current.blocks_n[-1].append(n)
+                self.last_n = n
         self.in_block += 1
         if self.in_block < self.blocks[self.block][1]:
             return None
@@ -289,6 +310,46 @@ class OverlapTrial:
         errors = {c.name: float(v) for c, v in zip(cands, values[n:])}
         return medians, errors, paired
 
+    def _at_latest_shares(self, cands: list[Candidate]) -> tuple[list[Candidate], list[int] | None]:
+        """Each candidate with only its periods run at the shares of the trial's last counted
+        step, and those shares (a local batch size per rank); `cands` as they are and None when
+        some rank does not know them (no balancer). One all-gather of every rank's sizes: a
+        step's shares are theirs together, so every rank keeps the same steps. A block is cut
+        where its shares change, so no pair of periods spans a change; a period whose size is
+        unknown (carried from an entry without sizes) is not at the latest shares."""
+        mine = ([c.blocks_n for c in cands], self.last_n)
+        gathered: list = [mine]
+        if self.world > 1:
+            gathered = [None] * self.world
+            dist.all_gather_object(gathered, mine, group=self.group)
+        latest = [g[1] for g in gathered]
+        if any(n is None for n in latest):
+            return cands, None
+        views = []
+        for k, c in enumerate(cands):
+            segments: list[list[float]] = []
+            for b, periods in enumerate(c.blocks_s):
+                run: list[float] = []
+                for i, p in enumerate(periods):
+                    if [g[0][k][b][i] for g in gathered] == latest:
+                        run.append(p)
+                    elif run:
+                        segments.append(run)
+                        run = []
+                if run:
+                    segments.append(run)
+            views.append(Candidate(c.name, c.overlap, c.plan, blocks_s=segments))
+        return views, latest
+
+    @staticmethod
+    def _comparable(cands: list[Candidate], views: list[Candidate], shares: list[int] | None
+                    ) -> tuple[list[Candidate], list[int] | None]:
+        # compared on the latest shares' steps when every candidate ran one there, else on all
+        # its steps (shares None: the comparison mixes shares, and the result says so)
+        if shares is not None and all(v.periods_s for v in views):
+            return views, shares
+        return cands, None
+
     def _steps_run(self) -> dict:
         # the trial's first and last step and its blocks as run (None and [] when no step was
         # given); `complete` false when the record misses steps of the trial: recording began at
@@ -303,7 +364,17 @@ class OverlapTrial:
     def _decide(self) -> Candidate:
         if self.selection is not None:
             return self._confirmed()
-        medians, errors, paired = self._all_ranks(self.candidates)
+        views, shares = self._at_latest_shares(self.candidates)
+        if shares is not None and self.passes < self.max_passes and any(len(v.periods_s) < self.steps - 1 for v in views):
+            # the shares changed during the pass and a candidate has fewer steps at the latest
+            # ones than one block counts: time every candidate again (steps at other shares
+            # would favour whichever ran after the change)
+            self.passes += 1
+            self.retimed += 1
+            self.blocks += self._one_pass()
+            return self.current
+        views, shares = self._comparable(self.candidates, views, shares)
+        medians, errors, paired = self._all_ranks(views)
         winner, fastest = choose(medians, errors, self.preference), choose(medians)
         if winner != fastest and self.passes < self.max_passes:
             # a lead within the noise: measure every candidate again (same values on every rank,
@@ -314,7 +385,8 @@ class OverlapTrial:
         result = {"step_period_s": medians, "median_error_s": errors, "chosen": winner,
                   "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
                   "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
-                  "samples": {c.name: len(c.samples_s(paired)) for c in self.candidates}, "paired": paired,
+                  "samples": {c.name: len(c.samples_s(paired)) for c in views}, "paired": paired,
+                  "shares": shares, "retimed_passes": self.retimed,
                   "predicted_step_time_s": dict(self.predicted_s), "confirmation": None}
         if self.confirm and self.baseline is not None and winner != self.baseline:
             return self._start_confirmation(result)
@@ -328,7 +400,7 @@ class OverlapTrial:
         w, b = self.candidates.index(self._named(selection["chosen"])), self.candidates.index(self._named(self.baseline))
         first, second = (b, w) if self.blocks[-1][0] == b else (w, b)
         for i in (w, b):
-            self.candidates[i].blocks_s = []
+            self.candidates[i].blocks_s, self.candidates[i].blocks_n = [], []
         self.blocks += [(first, self.steps), (second, 2 * self.steps), (first, self.steps)]
         return self.current
 
@@ -336,11 +408,12 @@ class OverlapTrial:
         sel = self.selection
         assert sel is not None
         challenger, baseline = self._named(sel["chosen"]), self._named(self.baseline)
-        medians, errors, paired = self._all_ranks([challenger, baseline])
+        views, shares = self._comparable([challenger, baseline], *self._at_latest_shares([challenger, baseline]))
+        medians, errors, paired = self._all_ranks(views)
         chosen = challenger.name if medians[challenger.name] < medians[baseline.name] else baseline.name
         self.result = {**sel, "chosen": chosen, "confirmation": {
             "candidate": challenger.name, "confirmed": chosen == challenger.name, "step_period_s": medians,
-            "median_error_s": errors, "paired": paired,
-            "samples": {c.name: len(c.samples_s(paired)) for c in (challenger, baseline)}}, **self._steps_run()}
+            "median_error_s": errors, "paired": paired, "shares": shares,
+            "samples": {c.name: len(c.samples_s(paired)) for c in views}}, **self._steps_run()}
         self.selection = None
         return self._named(chosen)

@@ -14,7 +14,10 @@ in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
   counts and the options (`plan_inputs`, compared like the plan in force's), and `ran`, the
   blocks run so far with their steps (the result's record; optional: a trial resumed from an
   entry written without it records its blocks from the resume);
-- `ranks`: rank -> the step periods that rank counted for each candidate, block by block. Each
+- `ranks`: rank -> the step periods that rank counted for each candidate, block by block, with
+  its local batch size in each (`blocks_n`) and in the last counted step (`last_n`; both
+  optional: an entry written without them carries periods whose shares are unknown, which the
+  trial then does not compare on the latest shares: `OverlapTrial._at_latest_shares`). Each
   rank's `optimizer.state_dict()` holds its own; `caramel train` gathers every rank's into the
   checkpoint rank 0 writes (`balance_state.merge_rank_states`).
 
@@ -48,7 +51,7 @@ KEY = "trial"
 VERSION = 1
 # what every rank holds alike (compared across ranks); the profile and cluster may be a rank's own
 _SHARED = ("world", "inputs", "candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes",
-           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans", "ran")
+           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans", "ran", "retimed")
 _REQUIRED = ("candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes", "selection",
              "blocks", "block", "in_block", "profile", "cluster", "module_uses", "module_order", "inputs",
              "engine_steps", "step_calls", "order_replans", "ranks")
@@ -66,13 +69,14 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
             "preference": list(t.preference), "steps": t.steps, "max_passes": t.max_passes, "confirm": t.confirm,
             "predicted_s": dict(t.predicted_s), "passes": t.passes,
             "selection": t.selection, "blocks": [[i, n] for i, n in t.blocks], "block": t.block,
-            "in_block": t.in_block, "ran": [list(b) for b in t.ran],
+            "in_block": t.in_block, "ran": [list(b) for b in t.ran], "retimed": t.retimed,
             "profile": c.profile.to_dict() if c.profile is not None else None,
             "cluster": c.plan_cluster.to_dict() if c.plan_cluster is not None else None,
             "module_uses": {k: list(v) for k, v in c.module_uses.items()} if c.module_uses is not None else None,
             "module_order": e.module_order(), "inputs": dict(c.plan_inputs),
             "engine_steps": e.stats.step, "step_calls": e.step_calls, "order_replans": c.checks.order_replans,
-            "ranks": {c.rank: {"blocks_s": [[list(b) for b in k.blocks_s] for k in t.candidates]}}}
+            "ranks": {c.rank: {"blocks_s": [[list(b) for b in k.blocks_s] for k in t.candidates],
+                               "blocks_n": [[list(b) for b in k.blocks_n] for k in t.candidates], "last_n": t.last_n}}}
 
 
 def check_entry(entry: Any, last_step: int | None = None) -> None:
@@ -94,8 +98,8 @@ def check_entry(entry: Any, last_step: int | None = None) -> None:
     if not (is_names(pref) and set(pref) <= set(names) and len(set(pref)) == len(pref)):
         bad.append(f"preference (candidate names, each once; got {pref!r})")
     for k, lo in (("steps", 2), ("max_passes", 1), ("passes", 1), ("world", 2), ("engine_steps", 0),
-                  ("step_calls", 0), ("order_replans", 0)):
-        if not is_int(entry[k], lo):
+                  ("step_calls", 0), ("order_replans", 0), ("retimed", 0)):
+        if k in entry and not is_int(entry[k], lo):  # retimed: optional, an entry written before it has none
             bad.append(f"{k} ({entry[k]!r}, an integer >= {lo})")
     if not isinstance(entry["confirm"], bool):
         bad.append(f"confirm ({entry['confirm']!r}, true or false)")
@@ -140,8 +144,23 @@ def check_entry(entry: Any, last_step: int | None = None) -> None:
                     isinstance(bs, list) and all(isinstance(b, list) and all(is_num(p) for p in b) for b in bs)
                     for bs in periods)):
                 bad.append(f"ranks (rank {r}'s periods: per candidate, a list of blocks of seconds)")
+            elif not _sizes_fit(own, periods):
+                bad.append(f"ranks (rank {r}'s blocks_n and last_n: a local batch size or null for each period)")
     if bad:
         _malformed(bad)
+
+
+def _sizes_fit(own: dict, periods: list) -> bool:
+    # optional (an entry written before them has neither): the shape of the periods, sizes or null
+    sizes, last = own.get("blocks_n"), own.get("last_n")
+    if last is not None and not is_int(last, 1):
+        return False
+    if sizes is None:
+        return True
+    return (isinstance(sizes, list) and len(sizes) == len(periods)
+            and all(isinstance(ns, list) and len(ns) == len(bs) and all(
+                isinstance(n, list) and len(n) == len(b) and all(x is None or is_int(x, 1) for x in n)
+                for n, b in zip(ns, bs)) for ns, bs in zip(sizes, periods)))
 
 
 def _ran_rule(ran: list, names: list[str], blocks: list, block: int, in_block: int, last_step: Any) -> str | None:
@@ -220,14 +239,17 @@ def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile
     own = _own(entry, c.rank)
     if not own:
         return None, profile, cluster
-    for cand, blocks in zip(cands, own["blocks_s"]):
+    sizes = own.get("blocks_n") or [[[None] * len(b) for b in blocks] for blocks in own["blocks_s"]]
+    for cand, blocks, ns in zip(cands, own["blocks_s"], sizes):
         cand.blocks_s = [[float(p) for p in b] for b in blocks]
+        cand.blocks_n = [[None if n is None else int(n) for n in b] for b in ns]
     trial = OverlapTrial(cands, entry["steps"], c.group, c.world, preference=list(entry["preference"]) or None,
                          max_passes=entry["max_passes"], confirm=entry["confirm"], predicted_s=dict(entry["predicted_s"]))
     trial.passes, trial.selection = entry["passes"], entry["selection"]
     trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
     trial.block, trial.in_block = entry["block"], entry["in_block"]
     trial.ran = [[str(n), int(a), int(b)] for n, a, b in entry.get("ran", [])]
+    trial.retimed, trial.last_n = int(entry.get("retimed", 0)), own.get("last_n")
     return trial, profile, cluster
 
 

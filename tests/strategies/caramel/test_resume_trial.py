@@ -209,3 +209,44 @@ def test_a_bad_newer_or_unfit_profiling_entry():
     assert _unfit(c, {**good, "model_fingerprint": "g"}) == "it was run for a model with other parameters"
     assert "no measurements of this rank" in _unfit(c, {**good, "ranks": {1: own}})
     assert _unfit(c, {**good, "ranks": {0: {**own, "kept": {"1": 4}}}}) == "it names modules this model lacks"
+
+
+def test_the_trial_entry_carries_each_periods_shares():
+    # balance="batch": each rank's local batch size per counted period, its last one and the
+    # passes re-timed travel with the periods, so a resumed trial still compares candidates on
+    # the latest shares' steps; an entry written before them carries periods of unknown shares
+    from types import SimpleNamespace
+
+    import torch.nn as nn
+
+    from caramel.errors import CaramelError
+    from caramel.strategies.caramel.profiling import registration_profile
+    from caramel.strategies.caramel.trial import Candidate, OverlapTrial
+    from caramel.strategies.caramel.trial_state import _parse, check_entry, trial_state
+    from caramel.strategies.planners import make_plan
+
+    m = nn.Linear(4, 2)
+    names, params = [n for n, _ in m.named_parameters()], list(m.parameters())
+    plan = make_plan("fifo", registration_profile(names, params), world_size=2)
+    trial = OverlapTrial([Candidate("caramel/forward", "forward", plan), Candidate("caramel/backward", "backward", plan)],
+                         steps=2, group=None, world=2, preference=["caramel/backward", "caramel/forward"])
+    for step, (p, n) in enumerate([(0.5, 8), (0.02, 8), (0.5, 8), (0.03, 11)], start=1):
+        trial.record(p, step=step, n=n)
+    trial.retimed = 1
+    balancer = SimpleNamespace(step=4)
+    c = SimpleNamespace(trial=trial, world=2, rank=0, profiling=False, balancer=balancer, profile=None, plan_cluster=None,
+                        module_uses=None, plan_inputs={}, checks=SimpleNamespace(order_replans=0), group=None,
+                        engine=SimpleNamespace(module_order=lambda: None, stats=SimpleNamespace(step=4), step_calls=4))
+    entry = trial_state(c)
+    check_entry(entry, last_step=4)
+    back, _, _ = _parse(c, entry)
+    assert [k.blocks_n for k in back.candidates] == [[[8]], [[11]]] and back.last_n == 11 and back.retimed == 1
+    assert [k.blocks_s for k in back.candidates] == [[[0.02]], [[0.03]]]
+    own = entry["ranks"][0]
+    old = {**entry, "ranks": {0: {"blocks_s": own["blocks_s"]}}}
+    del old["retimed"]
+    back, _, _ = _parse(c, old)
+    assert [k.blocks_n for k in back.candidates] == [[[None]], [[None]]] and back.last_n is None and back.retimed == 0
+    for bad in ({"blocks_n": [[[8]], [[11, 12]]]}, {"blocks_n": [[["8"]], [[11]]]}, {"last_n": 0}):
+        with pytest.raises(CaramelError, match="rank 0's blocks_n and last_n"):
+            check_entry({**entry, "ranks": {0: {**own, **bad}}})
