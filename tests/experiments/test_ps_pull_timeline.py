@@ -19,7 +19,7 @@ QUOTED = {
         "some server issued after rank 0: 8 updates, median E 0.53, first bucket 281.5 Mbit/s (239-287), lag 0.4 to 11.6 ms",
         "forward end after the last pull landed: median 1.4 ms"],
     "coloc_tac_after": [
-        "every other server issued at or before rank 0: 13 updates, median E 0.81, first bucket 205 Mbit/s",
+        "every other server issued at or before rank 0: 13 updates, median E 0.81, first bucket 205 Mbit/s (153-241)",
         "some server issued after rank 0: 8 updates, median E 0.70, first bucket 271.5 Mbit/s (252-286), lag 0.2 to 5.7 ms"],
     "hier_tac_before": [
         "E 0.54",
