@@ -5,7 +5,10 @@ project; each job runs with PYTHONPATH=DIR) under `caramel cluster run`, once pe
 four jobs of a round go in an order that alternates by round, so drift on the shared host hits
 both trees alike. Reports per order B's speed-up over A (median(A step) / median(B step) over
 every timed step, with the 95% interval of the paired rounds), TAC's speed-up over random
-within each tree, and TicTac's E and S as each run reports them.
+within each tree, and TicTac's E and S as each run reports them. E and S rest on each run's
+own profile (S = (U - L) / L), so a shift in S between the trees is a shift in E's reference,
+not the runtime's: each job also records its profile's `pull_comm_s` (None from a tree whose
+`examples/ps_servers.py` does not report it).
 
     /tmp/bench.sh python experiments/ps_code_ab.py --a OLD --b NEW --rounds 4 --out docs/results/NAME
 
@@ -50,6 +53,14 @@ def run_job(tree: Path, spec: str, args: argparse.Namespace, out: Path) -> dict:
     res = json.loads(out.read_text())
     res.update(load_before=load0, load_after=os.getloadavg()[0], wall_s=time.time() - t0)
     return res
+
+
+def check_steps(res: dict, per_round: int, job: str) -> None:
+    """The paired interval takes each job's timed steps as one round: a job must report exactly
+    --steps - --warmup of them."""
+    got = len(res.get("step_s") or [])
+    if got != per_round:
+        raise SystemExit(f"{job}: expected {per_round} timed steps (--steps - --warmup), the job reported {got}")
 
 
 def ratio(ref: list[dict], cand: list[dict], per_round: int) -> dict:
@@ -111,6 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for t in TREES:
         if not (Path(getattr(args, t)) / "examples/ps_servers.py").is_file():
             ap.error(f"--{t}: expected a checkout of the project (no examples/ps_servers.py in {getattr(args, t)!r})")
+    if args.workers < 2:
+        ap.error(f"--workers: expected at least 2 (a ps A/B needs links between ranks), got {args.workers}")
+    if args.spec.split(":")[0].split(",")[0] != "ps":
+        ap.error(f"--spec: expected a ps spec (ps or ps:OPTIONS), got {args.spec!r}")
+    if "order=" in args.spec:
+        ap.error(f"--spec: expected a spec without order= (the script runs each of {', '.join(ORDERS)}), got {args.spec!r}")
     if args.rounds < 1 or not 0 <= args.warmup < args.steps:
         ap.error(f"expected --rounds >= 1 and 0 <= --warmup < --steps, got {args.rounds}, {args.warmup}, {args.steps}")
     return args
@@ -129,9 +146,10 @@ def main(argv: list[str] | None = None) -> None:
                 res = run_job(trees[t], f"{args.spec}{sep}order={o}", args, Path(tmp) / f"{t}-{o}-{r}.json")
                 if res.get("E_median") is None or res.get("S") is None:
                     raise SystemExit(f"round {r} {t} {o}: no TicTac E/S reported; give it more --steps after --warmup")
+                check_steps(res, args.steps - args.warmup, f"round {r} {t} {o}")
                 runs[t][o].append(res)
                 jobs.append({"round": r, "tree": t, "order": o, **{k: res.get(k) for k in (
-                    "median_step_ms", "E_median", "S", "load_before", "load_after", "wall_s", "step_s")}})
+                    "median_step_ms", "E_median", "S", "pull_comm_s", "load_before", "load_after", "wall_s", "step_s")}})
                 print(f"round {r} {t} {o}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f}", flush=True)
     result = {"format": format_tag("ps-code-ab"), "command": "python experiments/ps_code_ab.py " + " ".join(sys.argv[1:]),
               "trees": {t: git_head(trees[t]) for t in TREES},

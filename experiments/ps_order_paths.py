@@ -1,5 +1,4 @@
-"""TAC against random pull order with dedicated servers and with hierarchical aggregation
-(and, with `--configs colocated`, on the colocated path).
+"""TAC against random pull order with dedicated servers and with hierarchical aggregation.
 
 Each round runs `examples/ps_servers.py` under `caramel cluster run` once per configuration
 and order, the two orders one after the other (which goes first alternates by round), so
@@ -34,19 +33,16 @@ from caramel.stats import median, paired_ratio_interval
 
 # name -> (the launch's options, the ps spec without its order)
 CONFIGS = {
-    "colocated": (["--workers", "2"], "ps"),  # 2 workers, each serving a shard (the default placement)
     "dedicated": (["--workers", "4", "--ps-servers", "2"], "ps"),  # 2 workers + 2 server processes
     "hierarchical": (["--workers", "2", "--nproc-per-node", "2"], "ps:hierarchical=true"),  # 2 nodes of 2
 }
 ORDERS = ("random", "tac")
 # name -> (the page title's words, the setup as the description names it)
 SETUPS = {
-    "colocated": ("colocated servers", "2 workers on 2 hosts, each serving a shard"),
     "dedicated": ("dedicated servers", "2 workers + 2 server processes on 4 hosts"),
     "hierarchical": ("hierarchical aggregation", "2 hosts of 2 ranks (LOCAL_WORLD_SIZE 2, the hosts' first ranks serve)"),
 }
-# the default configurations: the paths this script was written for (colocated: `--configs colocated`)
-RUN_DEFAULTS = {"rounds": 3, "steps": 40, "warmup": 10, "bandwidth": "300mbit", "configs": "dedicated,hierarchical"}
+RUN_DEFAULTS = {"rounds": 3, "steps": 40, "warmup": 10, "bandwidth": "300mbit", "configs": ",".join(CONFIGS)}
 
 
 def spec_of(base: str, order: str) -> str:
@@ -135,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, help=f"steps per job (default {d['steps']})")
     ap.add_argument("--warmup", type=int, help=f"steps left out: the online profile, warm-up (default {d['warmup']})")
     ap.add_argument("--bandwidth", help=f"the emulated hosts' links (default {d['bandwidth']})")
-    ap.add_argument("--configs", help=f"some of {', '.join(CONFIGS)} (default {d['configs']})")
+    ap.add_argument("--configs", help=f"some of {', '.join(CONFIGS)} (default all)")
     ap.add_argument("--out", help="PATH: writes PATH.json and PATH.md")
     ap.add_argument("--from-json", metavar="PATH.json", help="only write PATH.md again from this stored result")
     args = ap.parse_args(argv)

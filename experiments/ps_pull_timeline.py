@@ -3,12 +3,18 @@
 Runs as `examples/ps_servers.py` does (under `caramel cluster run`), with the engine's
 transfers timed from the outside: each rank records when its sender hands a pull to the
 backend and when that send completes, when each received pull bucket lands (a thread polls
-the backend's works every 0.5 ms), when each push is handed over and lands, when each update's
-pulls are issued (`last_issue_t`) and each forward's waits. All ranks share the host's
-monotonic clock, so one rank's sends and another's landings line up. Each rank writes
+the backend's works every 0.5 ms), when each push is handed over, when each update's pulls are
+issued (`last_issue_t`) and each forward's waits. All ranks share the host's monotonic
+clock, so one rank's sends and another's landings line up. Each rank writes
 `DIR/rank{r}.json`; `--analyse DIR` prints, per steady step of rank 0, the pull makespan
-as TicTac measures it, the remote servers' issue lag, the pulls' achieved rate against the
-profile's `pull_comm_s`, and whether pushes were still in flight while pulls were.
+as TicTac measures it, the remote servers' issue lag and the pulls' achieved rate against
+the profile's `pull_comm_s`.
+
+When a push lands is not measured: a gloo point-to-point work reports `is_completed()`
+False until someone calls `wait()`, so polling sees a push end only when the engine's
+`_apply` waits on it. Push events carry their hand-off `t` only (timelines recorded
+before this carry a `t_done` that is that wait's return, not the landing; it is ignored).
+A broadcast work completes on its own, so the pull times are what the wire did.
 
     caramel cluster run --workers 2 --bandwidth 300mbit -- python experiments/ps_pull_timeline.py --out DIR
     python experiments/ps_pull_timeline.py --analyse DIR
@@ -112,9 +118,8 @@ def instrument(rec: Recorder) -> None:
         n = len(self.current.works) if self.current is not None else 0
         orig_push(self, b)
         u = self.current
-        for w in u.works[n:]:
-            ev = rec.note(kind="push", bucket=b, step=u.step)
-            rec.track(ev, w)
+        for _ in u.works[n:]:  # not tracked: a gloo point-to-point work completes only at wait()
+            rec.note(kind="push", bucket=b, step=u.step)
     eng._push = push
 
     orig_apply = eng._apply
@@ -185,7 +190,6 @@ def analyse(d: Path, warmup: int) -> None:
     applies = {r: {e["step"]: e for e in x["events"] if e["kind"] == "apply"} for r, x in ranks.items()}
     sends = {r: [e for e in x["events"] if e["kind"] == "send"] for r, x in ranks.items()}
     recvs = [e for e in r0["events"] if e["kind"] == "recv"]
-    pushes = {r: [e for e in x["events"] if e["kind"] == "push"] for r, x in ranks.items()}
     steps = {e["step"]: e for e in r0["events"] if e["kind"] == "step"}
     log = {x["step"]: x for x in r0["log"]}
     rows = []
@@ -201,12 +205,6 @@ def analyse(d: Path, warmup: int) -> None:
         nbytes = sum(e["bytes"] for e in mine)
         first_remote_issue = min(applies[servers[e["bucket"]]][u]["t_issue"] for e in mine)
         span = land[-1]["t_done"] - first_remote_issue
-        # pushes of rank 0 or any rank still in flight while the pulls of update u move
-        busy = 0
-        for r, ps in pushes.items():
-            for p in ps:
-                if "t_done" in p and p["t"] < land[-1]["t_done"] and p["t_done"] > first_remote_issue:
-                    busy += 1
         # each bucket's rate from when the wire could take it (its server's issue, or the
         # landing of the bucket before it): below the link's, something shared the link
         rates, prev = [], first_remote_issue
@@ -222,20 +220,25 @@ def analyse(d: Path, warmup: int) -> None:
                      "fwd_ms": (st["t_fwd_end"] - st["t"]) * 1e3, "wait_ms": e.get("wait_s", 0) * 1e3,
                      "issue_to_fwd_start_ms": (st["t"] - t_issue) * 1e3,
                      "makespan_ms": (st["t_fwd_end"] - t_issue) * 1e3,
-                     "after_last_landing_ms": (st["t_fwd_end"] - land[-1]["t_done"]) * 1e3, "E": e.get("E"), "pushes_overlapping": busy})
+                     "after_last_landing_ms": (st["t_fwd_end"] - land[-1]["t_done"]) * 1e3, "E": e.get("E")})
     for x in rows:
         print(json.dumps(x))
     med = lambda k: statistics.median(x[k] for x in rows)
     print(f"medians: recv span {med('recv_span_ms'):.1f} ms for {med('recv_MB'):.2f} MB "
           f"(profile pull_comm_s {r0['pull_comm_s'] * 1e3:.1f} ms); wait {med('wait_ms'):.1f}; fwd {med('fwd_ms'):.1f}; "
           f"issue->fwd start {med('issue_to_fwd_start_ms'):.1f}; makespan {med('makespan_ms'):.1f}; E {med('E'):.2f}")
-    early = [x for x in rows if max(v for r, v in x["lag_ms"].items() if r != "0") <= 0]
-    late = [x for x in rows if x not in early]
-    for name, part in (("a server issued at or before rank 0", early), ("every server after rank 0", late)):
+    # an update's lag: the latest other server's issue after rank 0's (rank 0's own is 0)
+    lag = lambda x: max((v for r, v in x["lag_ms"].items() if r != 0), default=0.0)
+    early = [x for x in rows if lag(x) <= 0]
+    late = [x for x in rows if lag(x) > 0]
+    for name, part in (("every other server issued at or before rank 0", early),
+                       ("some server issued after rank 0", late)):
         if part:
+            first = sorted(x["Mbit_s"][0] for x in part)
+            lags = sorted(lag(x) for x in part)
             print(f"{name}: {len(part)} updates, median E {statistics.median(x['E'] for x in part):.2f}, "
-                  f"first bucket {statistics.median(x['Mbit_s'][0] for x in part)} Mbit/s, "
-                  f"wait {statistics.median(x['wait_ms'] for x in part):.1f} ms")
+                  f"first bucket {statistics.median(first)} Mbit/s ({first[0]}-{first[-1]}), "
+                  f"lag {lags[0]:.1f} to {lags[-1]:.1f} ms, wait {statistics.median(x['wait_ms'] for x in part):.1f} ms")
     print(f"forward end after the last pull landed: median {med('after_last_landing_ms'):.1f} ms")
     for r, ss in sends.items():
         if ss:

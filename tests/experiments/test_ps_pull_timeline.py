@@ -1,5 +1,5 @@
-"""experiments/ps_pull_timeline.py and ps_code_ab.py: the stored timeline is read back to the
-numbers docs/ps.md quotes; the A/B script refuses a tree that is not a checkout and writes
+"""experiments/ps_pull_timeline.py and ps_code_ab.py: the stored timelines are read back to the
+numbers docs/ps.md quotes; the A/B script refuses bad options with one error each and writes
 its table from the jobs."""
 from pathlib import Path
 
@@ -11,19 +11,55 @@ from experiments.ps_pull_timeline import analyse
 STORED = Path(__file__).resolve().parents[2] / "docs/results/ps_pull_timeline"
 
 
-def test_the_stored_colocated_timeline_reads_back(capsys):
-    analyse(STORED / "coloc_tac_before", warmup=8)
+# the numbers docs/ps.md ("Pushes before pulls on each link") and ps_push_fifo_ab.md quote
+QUOTED = {
+    "coloc_tac_before": [
+        "pull_comm_s 35.7 ms", "E 0.67",
+        "every other server issued at or before rank 0: 13 updates, median E 0.77, first bucket 207 Mbit/s (178-269)",
+        "some server issued after rank 0: 8 updates, median E 0.53, first bucket 281.5 Mbit/s (239-287), lag 0.4 to 11.6 ms",
+        "forward end after the last pull landed: median 1.4 ms"],
+    "coloc_tac_after": [
+        "every other server issued at or before rank 0: 13 updates, median E 0.81, first bucket 205 Mbit/s (153-241)",
+        "some server issued after rank 0: 8 updates, median E 0.70, first bucket 271.5 Mbit/s (252-286), lag 0.2 to 5.7 ms"],
+    "hier_tac_before": [
+        "E 0.54",
+        "every other server issued at or before rank 0: 2 updates, median E 0.55, first bucket 78.0 Mbit/s (62-94)",
+        "some server issued after rank 0: 19 updates, median E 0.54, first bucket 90 Mbit/s (45-96), lag 0.3 to 54.9 ms",
+        "forward end after the last pull landed: median 4.8 ms"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTED))
+def test_the_stored_timelines_read_back_to_the_quoted_numbers(name, capsys):
+    analyse(STORED / name, warmup=8)
     out = capsys.readouterr().out
-    assert "pull_comm_s 35.7 ms" in out and "E 0.67" in out
-    assert "a server issued at or before rank 0: 13 updates, median E 0.77, first bucket 207 Mbit/s" in out
-    assert "every server after rank 0: 8 updates, median E 0.53, first bucket 281.5 Mbit/s" in out
-    assert "forward end after the last pull landed: median 1.4 ms" in out
+    missing = [q for q in QUOTED[name] if q not in out]
+    assert not missing, f"{name}: not in the analysis: {missing}\n{out}"
+    assert "pushes_overlapping" not in out  # push landings are not measured (gloo p2p: only at wait())
 
 
 def test_ab_refuses_a_tree_that_is_not_a_checkout(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ps_code_ab.parse_args(["--a", str(tmp_path), "--b", str(tmp_path), "--out", "x"])
     assert "--a: expected a checkout of the project" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--workers", "0"], "--workers: expected at least 2"),
+    (["--spec", "ps:order=tac"], "--spec: expected a spec without order="),
+    (["--spec", "ddp"], "--spec: expected a ps spec"),
+])
+def test_ab_refuses_bad_options(extra, expected, capsys):
+    checkout = str(Path(__file__).resolve().parents[2])
+    with pytest.raises(SystemExit):
+        ps_code_ab.parse_args(["--a", checkout, "--b", checkout, "--out", "x", *extra])
+    assert expected in capsys.readouterr().err
+
+
+def test_ab_refuses_a_job_with_the_wrong_step_count():
+    ps_code_ab.check_steps({"step_s": [0.1] * 30}, 30, "round 0 a tac")
+    with pytest.raises(SystemExit, match="round 0 a tac: expected 30 timed steps .* reported 29"):
+        ps_code_ab.check_steps({"step_s": [0.1] * 29}, 30, "round 0 a tac")
 
 
 def test_ab_table_from_jobs():

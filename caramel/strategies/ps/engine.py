@@ -22,7 +22,8 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
-or every rank has pushed it; a forward waits only for parameters more than S updates old
+or every rank has pushed it (colocated flat on gloo only the latter: a point-to-point push
+reports completion only once waited on, so `Update.arrived()` stays false there); a forward waits only for parameters more than S updates old
 (asp: never, up to the bound). Pushes and pulls run on private groups, one of each per server
 (`PsGroups`), so each group sees the same sequence of collectives on every rank whatever the
 timing, and different servers' transfers proceed side by side. Gradient accumulation
@@ -183,11 +184,20 @@ class PsEngine(PsPulls):
         group is one TCP connection per pair of ranks, so on the link from that rank to `server`
         its pulls queue behind its pushes instead of sharing the link with them. A gloo send
         is complete once the kernel holds its bytes, so a server can apply and start its pulls
-        while its own pushes to another server are still on the wire; side by side, the pulls
-        slowed those pushes (measured: the first pull bucket at 180-250 of 300 Mbit/s),
-        which delays the other server's update and so the pulls this rank waits for
-        (docs/ps.md, "Pushes before pulls on each link"). A rank that serves nothing
-        sends no pulls and pushes on the server's push group."""
+        while its own pushes to another server are still on the wire; side by side, the first
+        pull bucket moved at 178-269 (median 207) of 300 Mbit/s, likely slowing those pushes
+        and so the other server's update and the pulls this rank waits for (docs/ps.md,
+        "Pushes before pulls on each link"). A rank that serves nothing sends no pulls and
+        pushes on the server's push group.
+
+        Pushes go first under bsp (measured); under ssp/asp a step's pushes may queue behind
+        an earlier update's pulls. NCCL: a lone send/recv runs on a 2-rank communicator of its
+        own per pair, so the routing changes nothing there. Two threads use this group: the
+        training thread's point-to-point sends and the sender thread's broadcasts. That is
+        safe on gloo's internals, not by PyTorch's promise: a send runs in the calling thread
+        on the bare tag (broadcast slots carry a prefix; p2p does not advance the collective
+        counter) and the TCP pair is locked; only the debugging counter `seq_` is raced. A
+        broadcast from the training thread on this group would not be covered."""
         if worker < self.plan.shards:  # colocated, flat: rank k serves shard k
             return self.groups.pull[worker]
         return self.groups.push[server]

@@ -18,7 +18,8 @@ class PsGroups:
     group and a pull group of its own, so transfers to and from different servers run side by
     side (a single group runs its collectives one after another), while each shard's transfers
     keep the planned order (colocated, a serving rank's pushes travel on its own pull group,
-    point-to-point, so they go ahead of its pulls on each link: `PsEngine.link_group`);
+    point-to-point, so on gloo under bsp they go ahead of its pulls on each link; NCCL runs
+    each send/recv pair on a communicator of its own: `PsEngine.link_group`);
     `control` carries the small all-reduces, plans and optimizer state, `buffers` rank 0's
     buffers."""
 
@@ -60,6 +61,9 @@ class Update:
         return self.used_work is not None and self.used_work.is_completed()
 
     def arrived(self) -> bool:
+        """Every reduction of this update has completed. A gloo point-to-point work reports
+        completion only once waited on, so with colocated flat servers on gloo this stays
+        false until `_apply` waits; `everyone_pushed` is the test that fires there."""
         return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
 
 
