@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--objective", default="cct", choices=sorted(METRIC))
     ap.add_argument("--trace", default="", help="TraceOptions as key=value,... (training and test traces)")
-    ap.add_argument("--train-trace", default=None, help="TraceOptions of the training traces (default: --trace)")
+    ap.add_argument("--train-trace", action="append", default=None,
+                    help="TraceOptions of the training traces (default: --trace); repeat it to label episodes of "
+                         "each (the imitation; PPO alone trains on the first)")
     ap.add_argument("--large", default="num_jobs=30", help="TraceOptions of the larger held-out traces")
     ap.add_argument("--env", default="", help="EnvOptions as key=value,... (default base: the best heuristic "
                                               "of the objective, sebf for cct, weighted_srjf for weighted_jct)")
@@ -123,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     trace = options_from(TraceOptions, args.trace, "trace")
     large = options_from(TraceOptions, args.large, "large")
-    train_trace = trace if args.train_trace is None else options_from(TraceOptions, args.train_trace, "train-trace")
+    train_traces = [trace] if args.train_trace is None else [options_from(TraceOptions, t, "train-trace")
+                                                             for t in args.train_trace]
     env_text = args.env or f"objective={args.objective},base={'sebf' if args.objective == 'cct' else 'weighted_srjf'}"
     env_opts = options_from(EnvOptions, env_text, "env")
     if env_opts.objective != args.objective:
         raise SystemExit(f"--env objective={env_opts.objective} differs from --objective {args.objective}")
     ppo = options_from(PpoOptions, args.ppo, "ppo")
-    decodings, large_decodings = ([parse_decoding(d) for d in text.split(",")] for text in (args.decode, args.large_decode))
+    decodings, large_decodings = ([parse_decoding(d) for d in text.split(",")]
+                                  for text in (args.decode, args.large_decode))
     if Decoding() not in decodings or Decoding() not in large_decodings:
         raise SystemExit("--decode and --large-decode must include greedy (the policy's own row, 'ppo')")
     train = seed_range(args.train_seeds)
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
-    train_env = CoflowEnv(train_trace, train, env_opts)
+    train_envs = [CoflowEnv(t, train, env_opts) for t in train_traces]
+    train_env = train_envs[0]
     if args.load_policy:
         saved = torch.load(args.load_policy, weights_only=False)
         if saved["training"]["env"] != vars(env_opts) or saved["training"]["ppo"] != vars(ppo):
@@ -162,11 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             model = train_ppo(train_env, ppo)
         else:
             model = make_ppo(train_env, ppo)
-            rounds = improve(model, train_env, rollout_teacher, improve_opts)
+            rounds = improve(model, train_envs, rollout_teacher, improve_opts)
             if args.finetune_steps > 0:
                 model.learn(total_timesteps=args.finetune_steps)
+        traces = [vars(t) for t in train_traces]
         training = {
-            "env": vars(env_opts), "train_trace": vars(train_trace), "ppo": vars(ppo), "teacher": args.teacher,
+            "env": vars(env_opts), "train_trace": traces if len(traces) > 1 else traces[0], "ppo": vars(ppo),
+            "teacher": args.teacher,
             "improve": vars(improve_opts) if args.teacher != "none" else None, "improve_rounds": rounds,
             "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
             "train_seeds": [train[0], train[-1] + 1], "train_s": time.perf_counter() - start}

@@ -1,0 +1,75 @@
+"""Decoding the coflow policy: greedy decides as SB3's deterministic predict, the best of N
+sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
+decodings are refused; the experiment's per-trace comparison counts what it says."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from caramel.errors import CaramelError  # noqa: E402
+from caramel.sched.coflow import TraceOptions, synthetic_trace  # noqa: E402
+from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits  # noqa: E402
+from caramel.sched.coflow.env import CoflowEnv, EnvOptions, run_policy  # noqa: E402
+from caramel.sched.coflow.rollout import objective_total  # noqa: E402
+from caramel.sched.rl import PpoOptions, make_ppo  # noqa: E402
+
+TRACE = TraceOptions(num_jobs=4, max_steps=2, max_layers=5)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    env = CoflowEnv(TRACE, [0], EnvOptions(objective="weighted_jct", base="weighted_srjf"))
+    # an untrained network whose prior does not dominate, so its picks spread over the rows
+    model = make_ppo(env, PpoOptions(width=8, prior=0.0, seed=3))
+    return env, model
+
+
+def test_greedy_decoding_is_the_deterministic_policy(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    for seed in range(2):
+        w = synthetic_trace(TRACE, seed)
+        want = run_policy(env, w, lambda obs: int(model.predict(obs, deterministic=True)[0]))
+        got = decode(env, w, logits)
+        assert got.kept == 0 and len(got.totals) == 1
+        np.testing.assert_array_equal(got.result.jct_s, want.jct_s)
+
+
+def test_best_of_n_is_never_worse_than_greedy_and_keeps_its_best(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    spread = False
+    for seed in range(3):
+        w = synthetic_trace(TRACE, seed)
+        greedy = decode(env, w, logits).totals[0]
+        got = decode(env, w, logits, Decoding(6, temperature=2.0), seed=seed)
+        assert got.totals[0] == pytest.approx(greedy, rel=1e-12)  # schedule 0 is greedy
+        assert got.totals[got.kept] == min(got.totals) <= greedy
+        assert objective_total(got.result, "weighted_jct") == pytest.approx(got.totals[got.kept], rel=1e-12)
+        spread |= len(set(np.round(got.totals, 9))) > 1
+        again = decode(env, w, logits, Decoding(6, temperature=2.0), seed=seed)
+        assert again.totals == got.totals  # a seed gives one set of schedules
+    assert spread  # the samples do differ from greedy somewhere
+
+
+def test_decodings_parse_and_bad_ones_are_refused():
+    assert parse_decoding("greedy") == Decoding()
+    assert parse_decoding("sample:8") == Decoding(8, 1.0)
+    assert parse_decoding("sample:8:2.5") == Decoding(8, 2.5)
+    assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
+    for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
+                "sample:4:2:1"):
+        with pytest.raises(CaramelError, match="greedy, sample:N"):
+            parse_decoding(bad)
+
+
+def test_per_trace_comparison_counts_and_interval():
+    from experiments.coflow_rl import _versus
+    vs = _versus([0.9, 1.0, 1.2, 2.0], [1.0, 1.0, 1.0, 2.0])
+    assert (vs["wins"], vs["losses"]) == (1, 1)
+    assert vs["pct"]["mean"] == pytest.approx(100 * (-0.1 + 0.2) / 4)
+    lo, hi = vs["pct"]["ci95"]
+    assert lo < vs["pct"]["mean"] < hi
+    assert vs["pct_of_means"] == pytest.approx(100 * (5.1 / 5.0 - 1))
