@@ -46,7 +46,7 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
     logits = policy_logits(model)
     methods = {name: (lambda w, h=h: simulate(w, h)) for name, h in HEURISTICS.items()}
     for d in decodings:
-        methods["ppo" if d.samples == 1 else f"ppo_{d.name}"] = (
+        methods["ppo" if d == Decoding() else f"ppo_{d.name}"] = (
             lambda w, d=d: decode(env, w, logits, d, decode_seed).result)
     if rollout:
         scheduler = rollout_scheduler(env.base_scheduler, env.options.objective, env.options.max_candidates)
@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--improve", default="", help="ImproveOptions as key=value,... (with --teacher rollout)")
     ap.add_argument("--finetune-steps", type=int, default=0, help="PPO steps after imitation (with --teacher)")
     ap.add_argument("--rollout-baseline", action="store_true", help="also run the rollout itself (slow lookahead)")
-    ap.add_argument("--decode", default="greedy", help="comma-separated decodings of the policy: greedy, sample:N "
-                                                       "or sample:N:T (the best of N schedules drawn at temperature "
-                                                       "T; offline, it needs the whole trace)")
+    ap.add_argument("--decode", default="greedy", help="comma-separated decodings of the policy: greedy, greedy:M "
+                                                       "(leave the base's pick only by a logit margin over M), "
+                                                       "sample:N or sample:N:T (the best of N schedules drawn at "
+                                                       "temperature T; offline, it needs the whole trace)")
     ap.add_argument("--large-decode", default="greedy", help="the decodings on the larger traces (--large)")
     ap.add_argument("--decode-seed", type=int, default=0)
     ap.add_argument("--train-seeds", default="1000:1256")

@@ -1,4 +1,5 @@
-"""Decoding the coflow policy: greedy decides as SB3's deterministic predict, the best of N
+"""Decoding the coflow policy: greedy decides as SB3's deterministic predict (with a margin
+it keeps to the base where the policy is unsure), the best of N
 sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
 decodings are refused; the experiment's per-trace comparison counts what it says."""
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 pytest.importorskip("stable_baselines3")
 
 from caramel.errors import CaramelError  # noqa: E402
-from caramel.sched.coflow import TraceOptions, synthetic_trace  # noqa: E402
+from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace  # noqa: E402
 from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits  # noqa: E402
 from caramel.sched.coflow.env import CoflowEnv, EnvOptions, run_policy  # noqa: E402
 from caramel.sched.coflow.rollout import objective_total  # noqa: E402
@@ -54,14 +55,31 @@ def test_best_of_n_is_never_worse_than_greedy_and_keeps_its_best(setup):
     assert spread  # the samples do differ from greedy somewhere
 
 
+def test_a_margin_leaves_the_base_only_where_the_policy_is_sure(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    assert Decoding(margin=1.0).pick(np.array([0.0, 1.5, 0.9])) == 1
+    assert Decoding(margin=1.0).pick(np.array([0.0, 0.9, 0.5])) == 0
+    deviated = False
+    for seed in range(2):
+        w = synthetic_trace(TRACE, seed)
+        base = simulate(w, HEURISTICS["weighted_srjf"])
+        never = decode(env, w, logits, Decoding(margin=1e6))  # no logit gap is that large: the base
+        np.testing.assert_array_equal(never.result.jct_s, base.jct_s)
+        zero = decode(env, w, logits, Decoding(margin=0.0))
+        deviated |= not np.array_equal(zero.result.jct_s, base.jct_s)
+    assert deviated  # the untrained policy does leave the base, so the margin is what held it
+
+
 def test_decodings_parse_and_bad_ones_are_refused():
     assert parse_decoding("greedy") == Decoding()
+    assert parse_decoding("greedy:0.5") == Decoding(margin=0.5) and Decoding(margin=0.5).name == "greedy:0.5"
     assert parse_decoding("sample:8") == Decoding(8, 1.0)
     assert parse_decoding("sample:8:2.5") == Decoding(8, 2.5)
     assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
     for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
-                "sample:4:2:1"):
-        with pytest.raises(CaramelError, match="greedy, sample:N"):
+                "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", ""):
+        with pytest.raises(CaramelError, match="expected greedy, greedy:M"):
             parse_decoding(bad)
 
 

@@ -1,7 +1,10 @@
 """Decoding the coflow policy: greedy, or the best of N sampled schedules.
 
 Greedy decoding serves, at every event, the candidate the policy scores highest: one forward
-pass per event, online (it sees only what has been released). Sampling decoding (`sample:N`)
+pass per event, online (it sees only what has been released). With a margin (`greedy:M`) it
+leaves the base heuristic's pick (row 0) only where the best row's logit beats row 0's by more
+than M: the policy deviates rarely and its mistakes cost, so a deviation it is unsure of is
+left to the heuristic (M is chosen on validation traces). Sampling decoding (`sample:N`)
 runs the trace N times, schedule 0 greedy and schedules 1..N-1 drawing each event's pick from
 the policy's probabilities (softmax of its logits over a temperature T), and keeps the schedule
 with the lowest objective (ties: the lowest index, so greedy). It is never worse than greedy,
@@ -29,33 +32,41 @@ Logits = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class Decoding:
-    """`greedy` (samples=1) or `sample:N[:T]` (the best of N schedules, the first greedy, the
-    others drawn from softmax(logits / T))."""
+    """`greedy[:M]` (samples=1; leave row 0 only by a logit margin over M) or `sample:N[:T]`
+    (the best of N schedules, the first greedy, the others drawn from softmax(logits / T))."""
 
     samples: int = 1
     temperature: float = 1.0
+    margin: float = 0.0
 
     @property
     def name(self) -> str:
         if self.samples == 1:
-            return "greedy"
+            return "greedy" + ("" if self.margin == 0.0 else f":{self.margin:g}")
         return f"sample:{self.samples}" + ("" if self.temperature == 1.0 else f":{self.temperature:g}")
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The greedy row: the best, unless it beats row 0 by no more than the margin."""
+        best = int(np.argmax(logits))
+        return best if logits[best] - logits[0] > self.margin else 0
 
 
 def parse_decoding(text: str) -> Decoding:
-    """`greedy`, `sample:N` or `sample:N:T` with N >= 2 and T > 0."""
-    if text == "greedy":
-        return Decoding()
+    """`greedy`, `greedy:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0)."""
     parts = text.split(":")
     try:
-        if parts[0] == "sample" and len(parts) in (2, 3) and parts[1].isdigit() and int(parts[1]) >= 2:
-            temperature = float(parts[2]) if len(parts) == 3 else 1.0
-            if temperature > 0 and np.isfinite(temperature):
-                return Decoding(int(parts[1]), temperature)
+        value = float(parts[-1]) if len(parts) == (2 if parts[0] == "greedy" else 3) else None
+        if value is not None and not np.isfinite(value):
+            raise ValueError
+        if parts[0] == "greedy" and len(parts) <= 2 and (value is None or value >= 0):
+            return Decoding(margin=0.0 if value is None else value)
+        if parts[0] == "sample" and len(parts) in (2, 3) and parts[1].isdigit() and int(parts[1]) >= 2 and (
+                value is None or value > 0):
+            return Decoding(int(parts[1]), temperature=1.0 if value is None else value)
     except ValueError:
         pass
-    raise CaramelError(f"decoding {text!r}: expected greedy, sample:N or sample:N:T with N >= 2 and "
-                       f"T > 0 (e.g. sample:8 or sample:8:2)")
+    raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M (M >= 0), sample:N or sample:N:T with "
+                       f"N >= 2 and T > 0 (e.g. greedy:1, sample:8 or sample:8:2)")
 
 
 def policy_logits(model) -> Logits:
@@ -78,7 +89,8 @@ class Decoded:
 
 def decode(env: CoflowEnv, workload: Workload, logits: Logits, decoding: Decoding = Decoding(),
            seed: int = 0) -> Decoded:
-    """Run `workload` in `env` `decoding.samples` times (the first greedy) and keep the best."""
+    """Run `workload` in `env` `decoding.samples` times (the first greedy, with the decoding's
+    margin) and keep the best."""
     rng = np.random.default_rng(seed)
     best: tuple[float, int, Result] | None = None
     totals = []
@@ -88,7 +100,7 @@ def decode(env: CoflowEnv, workload: Workload, logits: Logits, decoding: Decodin
         while not done:
             z = logits(obs)
             if i == 0:
-                a = int(np.argmax(z))
+                a = decoding.pick(z)
             else:
                 p = np.exp((z - z.max()) / decoding.temperature)
                 a = int(rng.choice(len(p), p=p / p.sum()))
