@@ -2,6 +2,8 @@
 it keeps to the base where the policy is unsure), the best of N
 sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
 decodings are refused; the experiment's per-trace comparison counts what it says."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -91,3 +93,24 @@ def test_per_trace_comparison_counts_and_interval():
     lo, hi = vs["pct"]["ci95"]
     assert lo < vs["pct"]["mean"] < hi
     assert vs["pct_of_means"] == pytest.approx(100 * (5.1 / 5.0 - 1))
+
+
+def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(tmp_path):
+    from experiments.coflow_rl import main
+    tiny = ["--objective", "weighted_jct", "--trace", "num_jobs=3,max_steps=1", "--large", "num_jobs=4,max_steps=1",
+            "--ppo", "width=8"]
+    policy, first, second = tmp_path / "p.pt", tmp_path / "a.json", tmp_path / "b.json"
+    assert main(tiny + ["--teacher", "rollout", "--improve", "rounds=1,episodes=2,epochs=1", "--val-seeds", "500:502",
+                        "--test-seeds", "0:2", "--decode", "greedy,greedy:1", "--save-policy", str(policy),
+                        "--json", str(first)]) == 0
+    assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1",
+                        "--json", str(second)]) == 0
+    a, b = (json.loads(p.read_text()) for p in (first, second))
+    assert a["held_out"]["per_trace"] == b["held_out"]["per_trace"] and "validation" not in b
+    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"]
+    with pytest.raises(SystemExit, match="trained with env"):
+        main(tiny[:-1] + ["width=16", "--load-policy", str(policy), "--test-seeds", "0:2"])
+    with pytest.raises(SystemExit, match="validation and test seeds overlap"):
+        main(tiny + ["--val-seeds", "0:3", "--test-seeds", "2:4"])
+    with pytest.raises(SystemExit, match="must include greedy"):
+        main(tiny + ["--decode", "greedy:1", "--test-seeds", "0:2"])
