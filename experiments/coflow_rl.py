@@ -45,9 +45,16 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
     losses), and each method's solve time."""
     logits = policy_logits(model)
     methods = {name: (lambda w, h=h: simulate(w, h)) for name, h in HEURISTICS.items()}
+    checks: dict[str, list[int]] = {}
+
+    def decoded(w, d: Decoding, name: str):
+        out = decode(env, w, logits, d, decode_seed)
+        if d.check is not None:
+            checks.setdefault(name, []).append(out.checks)
+        return out.result
     for d in decodings:
-        methods["ppo" if d == Decoding() else f"ppo_{d.name}"] = (
-            lambda w, d=d: decode(env, w, logits, d, decode_seed).result)
+        name = "ppo" if d == Decoding() else f"ppo_{d.name}"
+        methods[name] = lambda w, d=d, name=name: decoded(w, d, name)
     if rollout:
         scheduler = rollout_scheduler(env.base_scheduler, env.options.objective, env.options.max_candidates)
         methods["rollout"] = lambda w: simulate(w, scheduler)
@@ -66,7 +73,7 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
               "schedulers": {n: summary(v) for n, v in per.items()},
               "solve_s": {n: summary(v) for n, v in solve_s.items()},
               "best_heuristic_per_trace": {n: best_name.count(n) for n in HEURISTICS if n in best_name},
-              "per_trace": per, "vs": {}}
+              "per_trace": per, "checks_per_trace": {n: summary(v) for n, v in checks.items()}, "vs": {}}
     for name in (n for n in methods if n not in HEURISTICS):  # "ppo": the learned policy, however trained
         report["vs"][name] = {ref: _versus(per[name], values) for ref, values
                               in (("best_heuristic", best), ("base", base))}

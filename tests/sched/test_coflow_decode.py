@@ -73,14 +73,34 @@ def test_a_margin_leaves_the_base_only_where_the_policy_is_sure(setup):
     assert deviated  # the untrained policy does leave the base, so the margin is what held it
 
 
+def test_checked_decoding_never_loses_to_the_base(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    gains, checked = [], 0
+    for seed in range(3):
+        w = synthetic_trace(TraceOptions(num_jobs=5, max_steps=2, max_layers=6), seed)
+        base = objective_total(simulate(w, HEURISTICS["weighted_srjf"]), "weighted_jct")
+        got = decode(env, w, logits, Decoding(check=2.0))
+        assert got.totals[0] <= base * (1 + 1e-9), seed
+        assert objective_total(got.result, "weighted_jct") == pytest.approx(got.totals[0], rel=1e-12)
+        gains.append(base - got.totals[0])
+        checked += got.checks
+        # a margin no logit gap reaches: every event with two rows or more is checked
+        assert decode(env, w, logits, Decoding(check=1e9)).checks >= got.checks
+        assert decode(env, w, logits, Decoding(check=0.0)).checks <= got.checks
+    assert checked > 0 and max(gains) > 0  # it does check, and the check does find better rows
+
+
 def test_decodings_parse_and_bad_ones_are_refused():
     assert parse_decoding("greedy") == Decoding()
     assert parse_decoding("greedy:0.5") == Decoding(margin=0.5) and Decoding(margin=0.5).name == "greedy:0.5"
+    assert parse_decoding("check:2") == Decoding(check=2.0) and Decoding(check=2.0).name == "check:2"
     assert parse_decoding("sample:8") == Decoding(8, 1.0)
     assert parse_decoding("sample:8:2.5") == Decoding(8, 2.5)
     assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
     for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
-                "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", ""):
+                "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", "", "check", "check:-1",
+                "check:1:2"):
         with pytest.raises(CaramelError, match="expected greedy, greedy:M"):
             parse_decoding(bad)
 
