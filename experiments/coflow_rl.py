@@ -8,14 +8,20 @@ part 2; docs/rl-scheduling.md).
         --ppo width=64 --improve rounds=3,episodes=60,epochs=30,learning_rate=1e-3 --test-seeds 0:20 \
         --rollout-baseline --json docs/results/rl/coflow_weighted_jct_improved.json
 
+    python -m experiments.coflow_rl --objective weighted_jct --teacher rollout --train-trace num_jobs=6 \
+        --ppo width=64 --improve rounds=3,episodes=60,epochs=30,learning_rate=1e-3 --val-seeds 500:540 \
+        --test-seeds 0:100 --decode greedy,greedy:1,greedy:3,sample:8:2 --save-policy policy.pt --json out.json
+
 Trains the candidate-scoring policy on traces with the training seeds, by PPO alone (`--teacher
 none`) or by imitating the rollout of the base heuristic (`--teacher rollout`,
 caramel.sched.improve; then `--finetune-steps` of PPO if asked), then runs FIFO, SCF, SEBF,
-weighted SEBF, weighted SRJF and the policy (deterministic: one forward pass per event) on traces
-with the disjoint test seeds, and on larger traces (`--large`) the policy never saw; with
-`--rollout-baseline`, the rollout itself too (a lookahead, reported apart from the policy).
-Reports each scheduler's mean objective, its solve time per trace, and the policy against the
-base and the best heuristic per trace.
+weighted SEBF, weighted SRJF and the policy under each `--decode` (caramel.sched.coflow.decode;
+`greedy`: one forward pass per event) on traces with the disjoint validation and test seeds, and
+on larger traces (`--large`) the policy never saw; with `--rollout-baseline`, the rollout itself
+too (a lookahead, reported apart from the policy). Reports each scheduler's mean objective, its
+solve time per trace, and each learned row against the base and the best heuristic per trace
+(mean difference with its 95% interval, wins, losses). `--save-policy`/`--load-policy` keep a
+trained policy, so a setting picked on validation seeds runs once on the test seeds.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ METRIC = {"cct": "avg_cct_s", "weighted_jct": "avg_weighted_jct_s"}
 
 def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metric: str, rollout: bool,
              decodings: list[Decoding], decode_seed: int) -> dict:
-    """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_sample:N`) and, with
+    """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_<decoding>`) and, with
     `rollout`, the rollout on the traces of `seeds`; per trace, each learned method's objective
     over the best heuristic's and the base's (mean with a 95% t-interval over the traces, wins,
     losses), and each method's solve time."""
