@@ -39,8 +39,9 @@ Logits = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class Decoding:
-    """`greedy[:M]` (samples=1; leave row 0 only by a logit margin over M) or `sample:N[:T]`
-    (the best of N schedules, the first greedy, the others drawn from softmax(logits / T))."""
+    """`greedy[:M]` (samples=1; leave row 0 only by a logit margin over M), `check:M` (the
+    policy's proposal against row 0 by rollouts) or `sample:N[:T]` (the best of N schedules, the
+    first greedy, the others drawn from softmax(logits / T))."""
 
     samples: int = 1
     temperature: float = 1.0
@@ -133,12 +134,11 @@ def decode(env: CoflowEnv, workload: Workload, logits: Logits, decoding: Decodin
 def _checked(env: CoflowEnv, z: np.ndarray, within: float) -> int | None:
     """Row 0 or the policy's best other row, whichever the rollout finds cheaper; None (row 0,
     unchecked) where that row scores more than `within` below row 0 or there is none."""
-    rows = len(env.candidates())
-    if rows < 2:
+    cands = env.candidates()
+    if len(cands) < 2:
         return None
-    j = 1 + int(np.argmax(z[1:rows]))
+    j = 1 + int(np.argmax(z[1:len(cands)]))
     if z[j] - z[0] <= -within:
         return None
-    cands = env.candidates()
     values = rollout_values(env.sim, env.base_scheduler, [cands[0], cands[j]], env.options.objective)
     return j if values[1] < values[0] - MARGIN * abs(values[0]) else 0
