@@ -8,14 +8,20 @@ part 2; docs/rl-scheduling.md).
         --ppo width=64 --improve rounds=3,episodes=60,epochs=30,learning_rate=1e-3 --test-seeds 0:20 \
         --rollout-baseline --json docs/results/rl/coflow_weighted_jct_improved.json
 
+    python -m experiments.coflow_rl --objective weighted_jct --teacher rollout --train-trace num_jobs=6 \
+        --ppo width=64 --improve rounds=3,episodes=60,epochs=30,learning_rate=1e-3 --val-seeds 500:540 \
+        --test-seeds 0:100 --decode greedy,greedy:1,greedy:3,sample:8:2 --save-policy policy.pt --json out.json
+
 Trains the candidate-scoring policy on traces with the training seeds, by PPO alone (`--teacher
 none`) or by imitating the rollout of the base heuristic (`--teacher rollout`,
 caramel.sched.improve; then `--finetune-steps` of PPO if asked), then runs FIFO, SCF, SEBF,
-weighted SEBF, weighted SRJF and the policy (deterministic: one forward pass per event) on traces
-with the disjoint test seeds, and on larger traces (`--large`) the policy never saw; with
-`--rollout-baseline`, the rollout itself too (a lookahead, reported apart from the policy).
-Reports each scheduler's mean objective, its solve time per trace, and the policy against the
-base and the best heuristic per trace.
+weighted SEBF, weighted SRJF and the policy under each `--decode` (caramel.sched.coflow.decode;
+`greedy`: one forward pass per event) on traces with the disjoint validation and test seeds, and
+on larger traces (`--large`) the policy never saw; with `--rollout-baseline`, the rollout itself
+too (a lookahead, reported apart from the policy). Reports each scheduler's mean objective, its
+solve time per trace, and each learned row against the base and the best heuristic per trace
+(mean difference with its 95% interval, wins, losses). `--save-policy`/`--load-policy` keep a
+trained policy, so a setting picked on validation seeds runs once on the test seeds.
 """
 from __future__ import annotations
 
@@ -23,21 +29,38 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
 
 from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace
-from caramel.sched.coflow.env import CoflowEnv, EnvOptions, run_policy
+from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits
+from caramel.sched.coflow.env import CoflowEnv, EnvOptions
 from caramel.sched.coflow.rollout import rollout_scheduler, rollout_teacher
 from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
-from experiments.rl_common import actor, options_from, seed_range, summary
+from experiments.rl_common import options_from, ratio_summary, seed_range, summary
 
 METRIC = {"cct": "avg_cct_s", "weighted_jct": "avg_weighted_jct_s"}
 
 
-def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], act, metric: str, rollout: bool) -> dict:
+def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metric: str, rollout: bool,
+             decodings: list[Decoding], decode_seed: int) -> dict:
+    """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_<decoding>`) and, with
+    `rollout`, the rollout on the traces of `seeds`; per trace, each learned method's objective
+    over the best heuristic's and the base's (mean with a 95% t-interval over the traces, wins,
+    losses), and each method's solve time."""
+    logits = policy_logits(model)
     methods = {name: (lambda w, h=h: simulate(w, h)) for name, h in HEURISTICS.items()}
-    methods["ppo"] = lambda w: run_policy(env, w, act)
+    checks: dict[str, list[int]] = {}
+
+    def decoded(w, d: Decoding, name: str):
+        out = decode(env, w, logits, d, decode_seed)
+        if d.check is not None:
+            checks.setdefault(name, []).append(out.checks)
+        return out.result
+    for d in decodings:
+        name = "ppo" if d == Decoding() else f"ppo_{d.name}"
+        methods[name] = lambda w, d=d, name=name: decoded(w, d, name)
     if rollout:
         scheduler = rollout_scheduler(env.base_scheduler, env.options.objective, env.options.max_candidates)
         methods["rollout"] = lambda w: simulate(w, scheduler)
@@ -50,25 +73,47 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], act, metric:
             per[name].append(getattr(run(w), metric))
             solve_s[name].append(time.perf_counter() - start)
     best = [min(per[n][i] for n in HEURISTICS) for i in range(len(seeds))]
+    best_name = [min(HEURISTICS, key=lambda n: per[n][i]) for i in range(len(seeds))]
     base = per[env.options.base]
     report = {"seeds": [seeds[0], seeds[-1] + 1], "trace": vars(trace),
               "schedulers": {n: summary(v) for n, v in per.items()},
-              "solve_s": {n: summary(v) for n, v in solve_s.items()}}
-    for name in ("ppo", "rollout") if rollout else ("ppo",):  # "ppo": the learned policy, however trained
-        report[f"{name}_vs_best_heuristic_pct"] = summary([100 * (p / b - 1) for p, b in zip(per[name], best)])
-        report[f"{name}_vs_base_pct"] = summary([100 * (p / b - 1) for p, b in zip(per[name], base)])
-        report[f"{name}_wins_vs_base"] = int(sum(p < b * (1 - 1e-9) for p, b in zip(per[name], base)))
-        report[f"{name}_losses_vs_base"] = int(sum(p > b * (1 + 1e-9) for p, b in zip(per[name], base)))
-        report[f"{name}_wins_vs_best_heuristic"] = int(sum(p < b * (1 - 1e-9) for p, b in zip(per[name], best)))
-        report[f"{name}_losses_vs_best_heuristic"] = int(sum(p > b * (1 + 1e-9) for p, b in zip(per[name], best)))
+              "solve_s": {n: summary(v) for n, v in solve_s.items()},
+              "best_heuristic_per_trace": {n: best_name.count(n) for n in HEURISTICS if n in best_name},
+              "per_trace": per, "checks_per_trace": {n: summary(v) for n, v in checks.items()}, "vs": {}}
+    for name in (n for n in methods if n not in HEURISTICS):  # "ppo": the learned policy, however trained
+        report["vs"][name] = {ref: _versus(per[name], values) for ref, values
+                              in (("best_heuristic", best), ("base", base))}
+        report["vs"][name]["time_vs_base"] = ratio_summary(
+            [a / b for a, b in zip(solve_s[name], solve_s[env.options.base])])
     return report
+
+
+def _versus(values: list[float], reference: list[float]) -> dict:
+    """Per trace value / reference - 1 in percent (mean, 95% interval), the ratio of the means,
+    wins and losses (beyond 1e-9 relative)."""
+    return {"pct": ratio_summary([100 * (p / b - 1) for p, b in zip(values, reference)]),
+            "pct_of_means": 100 * (float(np.mean(values)) / float(np.mean(reference)) - 1),
+            "wins": int(sum(p < b * (1 - 1e-9) for p, b in zip(values, reference))),
+            "losses": int(sum(p > b * (1 + 1e-9) for p, b in zip(values, reference)))}
+
+
+def _print(key: str, r: dict) -> None:
+    print(f"{key} (seeds {r['seeds'][0]}:{r['seeds'][1]}): "
+          + ", ".join(f"{n} {v['mean']:.5f}" for n, v in r["schedulers"].items()))
+    for name, vs in r["vs"].items():
+        b, t = vs["best_heuristic"], vs["time_vs_base"]
+        ci = "[{:+.2f}, {:+.2f}]".format(*b["pct"]["ci95"]) if b["pct"]["ci95"] else ""
+        print(f"  {name} vs best heuristic {b['pct']['mean']:+.3f}% {ci} ({b['wins']} wins, {b['losses']} losses),"
+              f" vs base {vs['base']['pct']['mean']:+.3f}%; time {t['mean']:.1f}x the base's")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--objective", default="cct", choices=sorted(METRIC))
     ap.add_argument("--trace", default="", help="TraceOptions as key=value,... (training and test traces)")
-    ap.add_argument("--train-trace", default=None, help="TraceOptions of the training traces (default: --trace)")
+    ap.add_argument("--train-trace", action="append", default=None,
+                    help="TraceOptions of the training traces (default: --trace); repeat it to label episodes of "
+                         "each (the imitation; PPO alone trains on the first)")
     ap.add_argument("--large", default="num_jobs=30", help="TraceOptions of the larger held-out traces")
     ap.add_argument("--env", default="", help="EnvOptions as key=value,... (default base: the best heuristic "
                                               "of the objective, sebf for cct, weighted_srjf for weighted_jct)")
@@ -78,58 +123,92 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--improve", default="", help="ImproveOptions as key=value,... (with --teacher rollout)")
     ap.add_argument("--finetune-steps", type=int, default=0, help="PPO steps after imitation (with --teacher)")
     ap.add_argument("--rollout-baseline", action="store_true", help="also run the rollout itself (slow lookahead)")
+    ap.add_argument("--decode", default="greedy", help="comma-separated decodings of the policy: greedy, greedy:M "
+                                                       "(leave the base's pick only by a logit margin over M), "
+                                                       "sample:N or sample:N:T (the best of N schedules drawn at "
+                                                       "temperature T; offline, it needs the whole trace)")
+    ap.add_argument("--large-decode", default="greedy", help="the decodings on the larger traces (--large)")
+    ap.add_argument("--decode-seed", type=int, default=0)
     ap.add_argument("--train-seeds", default="1000:1256")
-    ap.add_argument("--test-seeds", default="0:40")
+    ap.add_argument("--val-seeds", default=None, help="validation traces (settings are chosen on these)")
+    ap.add_argument("--test-seeds", default="0:40", help="held-out test traces; 'none' to skip")
+    ap.add_argument("--save-policy", default=None, help="write the trained policy (and how it was trained) here")
+    ap.add_argument("--load-policy", default=None, help="evaluate a policy --save-policy wrote; no training")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     trace = options_from(TraceOptions, args.trace, "trace")
     large = options_from(TraceOptions, args.large, "large")
-    train_trace = trace if args.train_trace is None else options_from(TraceOptions, args.train_trace, "train-trace")
+    train_traces = [trace] if args.train_trace is None else [options_from(TraceOptions, t, "train-trace")
+                                                             for t in args.train_trace]
     env_text = args.env or f"objective={args.objective},base={'sebf' if args.objective == 'cct' else 'weighted_srjf'}"
     env_opts = options_from(EnvOptions, env_text, "env")
     if env_opts.objective != args.objective:
         raise SystemExit(f"--env objective={env_opts.objective} differs from --objective {args.objective}")
     ppo = options_from(PpoOptions, args.ppo, "ppo")
-    train, test = seed_range(args.train_seeds), seed_range(args.test_seeds)
-    if set(train) & set(test):
-        raise SystemExit("training and test seeds overlap; the test traces must be held out")
+    decodings, large_decodings = ([parse_decoding(d) for d in text.split(",")]
+                                  for text in (args.decode, args.large_decode))
+    if Decoding() not in decodings or Decoding() not in large_decodings:
+        raise SystemExit("--decode and --large-decode must include greedy (the policy's own row, 'ppo')")
+    train = seed_range(args.train_seeds)
+    test = [] if args.test_seeds == "none" else seed_range(args.test_seeds)
+    val = [] if args.val_seeds is None else seed_range(args.val_seeds)
+    for a, b, what in ((train, test, "training and test"), (train, val, "training and validation"),
+                       (val, test, "validation and test")):
+        if set(a) & set(b):
+            raise SystemExit(f"{what} seeds overlap; the test and validation traces must be held out")
+    if not test and not val:
+        raise SystemExit("nothing to evaluate: give --test-seeds or --val-seeds")
     if args.teacher == "none" and (args.improve or args.finetune_steps):
         raise SystemExit("--improve, --finetune-steps shape the imitation of a teacher; pass --teacher too")
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
-    start = time.perf_counter()
-    train_env = CoflowEnv(train_trace, train, env_opts)
-    rounds = []
-    if args.teacher == "none":
-        model = train_ppo(train_env, ppo)
-    else:
+    train_envs = [CoflowEnv(t, train, env_opts) for t in train_traces]
+    train_env = train_envs[0]
+    if args.load_policy:
+        saved = torch.load(args.load_policy, weights_only=False)
+        if saved["training"]["env"] != vars(env_opts) or saved["training"]["ppo"] != vars(ppo):
+            raise SystemExit(f"--load-policy {args.load_policy}: trained with env {saved['training']['env']} and "
+                             f"ppo {saved['training']['ppo']}; pass the same --env and --ppo")
         model = make_ppo(train_env, ppo)
-        rounds = improve(model, train_env, rollout_teacher, improve_opts)
-        if args.finetune_steps > 0:
-            model.learn(total_timesteps=args.finetune_steps)
-    train_s = time.perf_counter() - start
+        model.policy.load_state_dict(saved["state_dict"])
+        training = {**saved["training"], "loaded_from": args.load_policy}
+    else:
+        start = time.perf_counter()
+        rounds = []
+        if args.teacher == "none":
+            model = train_ppo(train_env, ppo)
+        else:
+            model = make_ppo(train_env, ppo)
+            rounds = improve(model, train_envs, rollout_teacher, improve_opts)
+            if args.finetune_steps > 0:
+                model.learn(total_timesteps=args.finetune_steps)
+        traces = [vars(t) for t in train_traces]
+        training = {
+            "env": vars(env_opts), "train_trace": traces if len(traces) > 1 else traces[0], "ppo": vars(ppo),
+            "teacher": args.teacher,
+            "improve": vars(improve_opts) if args.teacher != "none" else None, "improve_rounds": rounds,
+            "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
+            "train_seeds": [train[0], train[-1] + 1], "train_s": time.perf_counter() - start}
+        print(f"trained ({args.teacher}) in {training['train_s']:.0f} s")
+    if args.save_policy:
+        torch.save({"state_dict": model.policy.state_dict(), "training": training}, args.save_policy)
     metric = METRIC[args.objective]
-    act = actor(model)
     env = CoflowEnv(trace, [0], env_opts)
-    report = {
-        "experiment": "coflow_rl", "objective": args.objective, "metric": metric, "env": vars(env_opts),
-        "train_trace": vars(train_trace), "ppo": vars(ppo), "teacher": args.teacher,
-        "improve": vars(improve_opts) if args.teacher != "none" else None,
-        "improve_rounds": rounds, "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
-        "train_seeds": [train[0], train[-1] + 1], "train_s": train_s,
-        "policy_parameters": num_policy_parameters(model), "torch_threads": 1,
-        "held_out": evaluate(env, trace, test, act, metric, args.rollout_baseline),
-        "held_out_large": evaluate(env, large, test, act, metric, False),
-    }
-    for key in ("held_out", "held_out_large"):
-        r = report[key]
-        print(f"{key}: " + ", ".join(f"{n} {v['mean']:.5f}" for n, v in r["schedulers"].items())
-              + f"; ppo vs best heuristic {r['ppo_vs_best_heuristic_pct']['mean']:+.2f}%"
-              + f", vs base {r['ppo_vs_base_pct']['mean']:+.2f}% ({r['ppo_wins_vs_base']} wins,"
-              + f" {r['ppo_losses_vs_base']} losses)")
-    print(f"trained ({args.teacher}) in {train_s:.0f} s; {report['policy_parameters']} policy parameters")
+    report = {"experiment": "coflow_rl", "objective": args.objective, "metric": metric, **training,
+              "policy_parameters": num_policy_parameters(model), "torch_threads": 1,
+              "decode": [d.name for d in decodings], "large_decode": [d.name for d in large_decodings],
+              "decode_seed": args.decode_seed}
+    ev = dict(model=model, metric=metric, decode_seed=args.decode_seed)
+    for key, seeds, opts, rollout, decs in (
+            ("validation", val, trace, False, decodings), ("validation_large", val, large, False, large_decodings),
+            ("held_out", test, trace, args.rollout_baseline, decodings),
+            ("held_out_large", test, large, False, large_decodings)):
+        if seeds:
+            report[key] = evaluate(env, opts, seeds, rollout=rollout, decodings=decs, **ev)
+            _print(key, report[key])
+    print(f"{report['policy_parameters']} policy parameters")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

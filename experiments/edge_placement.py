@@ -44,7 +44,6 @@ import time
 
 import numpy as np
 import torch
-from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from caramel.errors import CaramelError
@@ -59,7 +58,7 @@ from caramel.sched.placement.round_env import RoundPlacementEnv
 from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.placement.tables import StepTables
 from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
-from experiments.rl_common import options_from, seed_range, summary
+from experiments.rl_common import options_from, ratio_summary, seed_range, summary
 
 TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 # the environment the policy trains in, and its decoder (fast, reference) per scheme
@@ -88,17 +87,6 @@ def searched_heuristic(name: str, options: SearchOptions, found: dict | None = N
             found[name + "+search"] = result
         return result.placement
     return solve
-
-
-def ratio_summary(ratios: list[float]) -> dict:
-    """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
-    worst instance."""
-    arr = np.asarray(ratios, dtype=float)
-    ci = None
-    if arr.size > 1:
-        half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
-        ci = [float(arr.mean() - half), float(arr.mean() + half)]
-    return {"mean": float(arr.mean()), "ci95": ci, "max": float(arr.max()), "n": int(arr.size)}
 
 
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,

@@ -1,7 +1,9 @@
-"""Shared by the RL scheduling experiments: seed ranges, option specs, a deterministic actor."""
+"""Shared by the RL scheduling experiments: seed ranges, option specs, a deterministic actor,
+per-instance ratio summaries with their 95% interval."""
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from caramel.errors import CaramelError
 from caramel.strategies.options import build_options, parse_spec
@@ -33,3 +35,14 @@ def actor(model):
 def summary(values: list[float]) -> dict:
     arr = np.asarray(values, dtype=float)
     return {"mean": float(arr.mean()), "std": float(arr.std()), "n": int(arr.size)}
+
+
+def ratio_summary(ratios: list[float]) -> dict:
+    """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
+    worst instance."""
+    arr = np.asarray(ratios, dtype=float)
+    ci = None
+    if arr.size > 1:
+        half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
+        ci = [float(arr.mean() - half), float(arr.mean() + half)]
+    return {"mean": float(arr.mean()), "ci95": ci, "max": float(arr.max()), "n": int(arr.size)}

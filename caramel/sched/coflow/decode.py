@@ -1,0 +1,144 @@
+"""Decoding the coflow policy: greedy, checked by rollouts, or the best of N sampled schedules.
+
+Greedy decoding serves, at every event, the candidate the policy scores highest: one forward
+pass per event, online (it sees only what has been released). With a margin (`greedy:M`) it
+leaves the base heuristic's pick (row 0) only where the best row's logit beats row 0's by more
+than M: the policy deviates rarely and its mistakes cost, so a deviation it is unsure of is
+left to the heuristic (M is chosen on validation traces). Sampling decoding (`sample:N`)
+runs the trace N times, schedule 0 greedy and schedules 1..N-1 drawing each event's pick from
+the policy's probabilities (softmax of its logits over a temperature T), and keeps the schedule
+with the lowest objective (ties: the lowest index, so greedy). It is never worse than greedy,
+since greedy is among the N, but it costs N simulations of the whole trace and needs the trace
+in advance (future arrivals included), like the rollout: an offline planner, not an online
+scheduler. Checked decoding (`check:M`) uses the policy to propose and the rollout to decide:
+at an event where the policy's best row other than row 0 scores within M below row 0 or above
+it, both rows are rolled out (each goes first, then the base heuristic to the end) and the
+cheaper is served; elsewhere the base's pick is. It is never worse than the base heuristic
+(Bertsekas's rollout over a candidate set that holds the base's pick; tested), costs two
+simulations per checked event instead of the full rollout's one per candidate at every event,
+and, like the rollout, needs the trace in advance. Needs the `rl` extra (the environment and
+the policy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from caramel.errors import CaramelError
+from caramel.sched.coflow.env import CoflowEnv
+from caramel.sched.coflow.fabric import Result
+from caramel.sched.coflow.rollout import MARGIN, objective_total, rollout_values
+from caramel.sched.coflow.workload import Workload
+
+# observation (K, F) -> a logit per row (masked rows very negative)
+Logits = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """`greedy[:M]` (samples=1; leave row 0 only by a logit margin over M), `check:M` (the
+    policy's proposal against row 0 by rollouts) or `sample:N[:T]` (the best of N schedules, the
+    first greedy, the others drawn from softmax(logits / T))."""
+
+    samples: int = 1
+    temperature: float = 1.0
+    margin: float = 0.0
+    check: float | None = None  # `check:M`: roll out the policy's proposal against the base's pick
+
+    @property
+    def name(self) -> str:
+        if self.check is not None:
+            return f"check:{self.check:g}"
+        if self.samples == 1:
+            return "greedy" + ("" if self.margin == 0.0 else f":{self.margin:g}")
+        return f"sample:{self.samples}" + ("" if self.temperature == 1.0 else f":{self.temperature:g}")
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The greedy row: the best, unless it beats row 0 by no more than the margin."""
+        best = int(np.argmax(logits))
+        return best if logits[best] - logits[0] > self.margin else 0
+
+
+def parse_decoding(text: str) -> Decoding:
+    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0)."""
+    parts = text.split(":")
+    try:
+        value = float(parts[-1]) if len(parts) == (2 if parts[0] in ("greedy", "check") else 3) else None
+        if value is not None and not np.isfinite(value):
+            raise ValueError
+        if parts[0] == "greedy" and len(parts) <= 2 and (value is None or value >= 0):
+            return Decoding(margin=0.0 if value is None else value)
+        if parts[0] == "check" and len(parts) == 2 and value >= 0:
+            return Decoding(check=value)
+        if parts[0] == "sample" and len(parts) in (2, 3) and parts[1].isdigit() and int(parts[1]) >= 2 and (
+                value is None or value > 0):
+            return Decoding(int(parts[1]), temperature=1.0 if value is None else value)
+    except ValueError:
+        pass
+    raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "
+                       f"with N >= 2 and T > 0 (e.g. greedy:1, check:2, sample:8 or sample:8:2)")
+
+
+def policy_logits(model) -> Logits:
+    """The rows' logits under a trained PPO model's actor (float64)."""
+    policy = model.policy
+
+    def logits(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            out = policy.get_distribution(torch.as_tensor(obs[None], dtype=torch.float32)).distribution.logits
+            return out[0].double().numpy()
+    return logits
+
+
+@dataclass
+class Decoded:
+    result: Result  # the kept schedule's
+    totals: list[float]  # each schedule's objective total (summed CCT or weighted JCT), in order
+    kept: int  # its index (0: greedy)
+    checks: int = 0  # events `check:M` rolled out (two simulations each)
+
+
+def decode(env: CoflowEnv, workload: Workload, logits: Logits, decoding: Decoding = Decoding(),
+           seed: int = 0) -> Decoded:
+    """Run `workload` in `env` `decoding.samples` times (the first greedy, with the decoding's
+    margin) and keep the best."""
+    rng = np.random.default_rng(seed)
+    best: tuple[float, int, Result] | None = None
+    totals = []
+    checks = 0
+    for i in range(decoding.samples):
+        obs, _ = env.reset(options={"workload": workload})
+        done = env.episode_done
+        while not done:
+            z = logits(obs)
+            if decoding.check is not None:
+                a = _checked(env, z, decoding.check)
+                checks += a is not None
+                a = a or 0
+            elif i == 0:
+                a = decoding.pick(z)
+            else:
+                p = np.exp((z - z.max()) / decoding.temperature)
+                a = int(rng.choice(len(p), p=p / p.sum()))
+            obs, _, done, _, _ = env.step(a)
+        result = env.result()
+        totals.append(objective_total(result, env.options.objective))
+        if best is None or totals[-1] < best[0]:
+            best = (totals[-1], i, result)
+    return Decoded(best[2], totals, best[1], checks)
+
+
+def _checked(env: CoflowEnv, z: np.ndarray, within: float) -> int | None:
+    """Row 0 or the policy's best other row, whichever the rollout finds cheaper; None (row 0,
+    unchecked) where that row scores more than `within` below row 0 or there is none."""
+    cands = env.candidates()
+    if len(cands) < 2:
+        return None
+    j = 1 + int(np.argmax(z[1:len(cands)]))
+    if z[j] - z[0] <= -within:
+        return None
+    values = rollout_values(env.sim, env.base_scheduler, [cands[0], cands[j]], env.options.objective)
+    return j if values[1] < values[0] - MARGIN * abs(values[0]) else 0

@@ -1,0 +1,136 @@
+"""Decoding the coflow policy: greedy decides as SB3's deterministic predict (with a margin
+it keeps to the base where the policy is unsure), the best of N
+sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
+decodings are refused; the experiment's per-trace comparison counts what it says."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from caramel.errors import CaramelError  # noqa: E402
+from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace  # noqa: E402
+from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits  # noqa: E402
+from caramel.sched.coflow.env import CoflowEnv, EnvOptions, run_policy  # noqa: E402
+from caramel.sched.coflow.rollout import objective_total  # noqa: E402
+from caramel.sched.rl import PpoOptions, make_ppo  # noqa: E402
+
+TRACE = TraceOptions(num_jobs=4, max_steps=2, max_layers=5)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    env = CoflowEnv(TRACE, [0], EnvOptions(objective="weighted_jct", base="weighted_srjf"))
+    # an untrained network whose prior does not dominate, so its picks spread over the rows
+    model = make_ppo(env, PpoOptions(width=8, prior=0.0, seed=3))
+    return env, model
+
+
+def test_greedy_decoding_is_the_deterministic_policy(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    for seed in range(2):
+        w = synthetic_trace(TRACE, seed)
+        want = run_policy(env, w, lambda obs: int(model.predict(obs, deterministic=True)[0]))
+        got = decode(env, w, logits)
+        assert got.kept == 0 and len(got.totals) == 1
+        np.testing.assert_array_equal(got.result.jct_s, want.jct_s)
+
+
+def test_best_of_n_is_never_worse_than_greedy_and_keeps_its_best(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    spread = False
+    for seed in range(3):
+        w = synthetic_trace(TRACE, seed)
+        greedy = decode(env, w, logits).totals[0]
+        got = decode(env, w, logits, Decoding(6, temperature=2.0), seed=seed)
+        assert got.totals[0] == pytest.approx(greedy, rel=1e-12)  # schedule 0 is greedy
+        assert got.totals[got.kept] == min(got.totals) <= greedy
+        assert objective_total(got.result, "weighted_jct") == pytest.approx(got.totals[got.kept], rel=1e-12)
+        spread |= len(set(np.round(got.totals, 9))) > 1
+        again = decode(env, w, logits, Decoding(6, temperature=2.0), seed=seed)
+        assert again.totals == got.totals  # a seed gives one set of schedules
+    assert spread  # the samples do differ from greedy somewhere
+
+
+def test_a_margin_leaves_the_base_only_where_the_policy_is_sure(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    assert Decoding(margin=1.0).pick(np.array([0.0, 1.5, 0.9])) == 1
+    assert Decoding(margin=1.0).pick(np.array([0.0, 0.9, 0.5])) == 0
+    deviated = False
+    for seed in range(2):
+        w = synthetic_trace(TRACE, seed)
+        base = simulate(w, HEURISTICS["weighted_srjf"])
+        never = decode(env, w, logits, Decoding(margin=1e6))  # no logit gap is that large: the base
+        np.testing.assert_array_equal(never.result.jct_s, base.jct_s)
+        zero = decode(env, w, logits, Decoding(margin=0.0))
+        deviated |= not np.array_equal(zero.result.jct_s, base.jct_s)
+    assert deviated  # the untrained policy does leave the base, so the margin is what held it
+
+
+def test_checked_decoding_never_loses_to_the_base(setup):
+    env, model = setup
+    logits = policy_logits(model)
+    gains, checked = [], 0
+    for seed in range(3):
+        w = synthetic_trace(TraceOptions(num_jobs=5, max_steps=2, max_layers=6), seed)
+        base = objective_total(simulate(w, HEURISTICS["weighted_srjf"]), "weighted_jct")
+        got = decode(env, w, logits, Decoding(check=2.0))
+        assert got.totals[0] <= base * (1 + 1e-9), seed
+        assert objective_total(got.result, "weighted_jct") == pytest.approx(got.totals[0], rel=1e-12)
+        gains.append(base - got.totals[0])
+        checked += got.checks
+        # a margin no logit gap reaches: every event with two rows or more is checked
+        assert decode(env, w, logits, Decoding(check=1e9)).checks >= got.checks
+        assert decode(env, w, logits, Decoding(check=0.0)).checks <= got.checks
+    assert checked > 0 and max(gains) > 0  # it does check, and the check does find better rows
+
+
+def test_decodings_parse_and_bad_ones_are_refused():
+    assert parse_decoding("greedy") == Decoding()
+    assert parse_decoding("greedy:0.5") == Decoding(margin=0.5) and Decoding(margin=0.5).name == "greedy:0.5"
+    assert parse_decoding("check:2") == Decoding(check=2.0) and Decoding(check=2.0).name == "check:2"
+    assert parse_decoding("sample:8") == Decoding(8, 1.0)
+    assert parse_decoding("sample:8:2.5") == Decoding(8, 2.5)
+    assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
+    for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
+                "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", "", "check", "check:-1",
+                "check:1:2"):
+        with pytest.raises(CaramelError, match="expected greedy, greedy:M"):
+            parse_decoding(bad)
+
+
+def test_per_trace_comparison_counts_and_interval():
+    from experiments.coflow_rl import _versus
+    vs = _versus([0.9, 1.0, 1.2, 2.0], [1.0, 1.0, 1.0, 2.0])
+    assert (vs["wins"], vs["losses"]) == (1, 1)
+    assert vs["pct"]["mean"] == pytest.approx(100 * (-0.1 + 0.2) / 4)
+    lo, hi = vs["pct"]["ci95"]
+    assert lo < vs["pct"]["mean"] < hi
+    assert vs["pct_of_means"] == pytest.approx(100 * (5.1 / 5.0 - 1))
+
+
+def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(tmp_path):
+    from experiments.coflow_rl import main
+    tiny = ["--objective", "weighted_jct", "--trace", "num_jobs=3,max_steps=1", "--large", "num_jobs=4,max_steps=1",
+            "--ppo", "width=8"]
+    policy, first, second = tmp_path / "p.pt", tmp_path / "a.json", tmp_path / "b.json"
+    assert main(tiny + ["--teacher", "rollout", "--improve", "rounds=1,episodes=2,epochs=1", "--val-seeds", "500:502",
+                        "--test-seeds", "0:2", "--decode", "greedy,greedy:1", "--save-policy", str(policy),
+                        "--json", str(first)]) == 0
+    assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1",
+                        "--json", str(second)]) == 0
+    a, b = (json.loads(p.read_text()) for p in (first, second))
+    assert a["held_out"]["per_trace"] == b["held_out"]["per_trace"] and "validation" not in b
+    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"]
+    with pytest.raises(SystemExit, match="trained with env"):
+        main(tiny[:-1] + ["width=16", "--load-policy", str(policy), "--test-seeds", "0:2"])
+    with pytest.raises(SystemExit, match="validation and test seeds overlap"):
+        main(tiny + ["--val-seeds", "0:3", "--test-seeds", "2:4"])
+    with pytest.raises(SystemExit, match="must include greedy"):
+        main(tiny + ["--decode", "greedy:1", "--test-seeds", "0:2"])
