@@ -17,12 +17,15 @@ import numpy as np
 import torch
 
 from caramel.errors import CaramelError
+from caramel.strategies.gossip.moments import SECOND_MOMENTS
 from caramel.strategies.gossip.volume import MIXES_MOMENTS, TRACKS
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
 ALGORITHMS = ("dpsgd", "momentum", "overlap", "overlap_momentum", "adam", "tracking", "tracking_momentum")
 # the overlapped form (Lian et al.'s D-PSGD; Wang et al.'s for Adam): the mix waits for the next update
 MIX_AT_UPDATE = ("overlap", "overlap_momentum", "adam")
+# where each worker's Adam steps with its own gradient, so the debiased second moment applies
+DEBIASES = ("dpsgd", "overlap", "adam")
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,10 @@ class GossipOptions:
     path, which also allows editing the gradients between backward and step(), e.g. clipping).
     `tracker_bucket_cap_mb`: the size of one tracker message when overlapped (smaller lets the
     last modules' trackers leave earlier in backward; default 1). Both are errors under an
-    algorithm without trackers."""
+    algorithm without trackers. `second_moment` (Adam, AdamW): "own" (the optimizer's own second
+    moment of this worker's gradient) or "debiased" (`moments.py`: an estimate, from each
+    worker's own gradients, of the second moment of the workers' average gradient, DDP's; no
+    bytes added; with algorithm=dpsgd, overlap and adam)."""
 
     topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
@@ -63,6 +69,7 @@ class GossipOptions:
     head_steps: int = 0
     overlap_trackers: bool | None = None  # None: true under the tracking algorithms
     tracker_bucket_cap_mb: float | None = None  # None: 1 MB under the tracking algorithms
+    second_moment: str = field(default="own", metadata={"choices": SECOND_MOMENTS})
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, (torch.Tensor, np.ndarray)):
@@ -91,6 +98,16 @@ class GossipOptions:
                                "(e.g. personalize=head)")
         if self.algorithm not in ALGORITHMS:
             raise CaramelError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.second_moment not in SECOND_MOMENTS:
+            raise CaramelError(f"second_moment must be one of {', '.join(SECOND_MOMENTS)}, got {self.second_moment!r}")
+        if self.debiases and self.algorithm not in DEBIASES:
+            raise CaramelError(f"second_moment=debiased is built for algorithm={', '.join(DEBIASES)}, where each worker's "
+                               f"Adam steps with its own gradient; algorithm={self.algorithm} "
+                               + ("steps with a tracker, whose second moment is not its own gradient's"
+                                  if self.tracks else "mixes exp_avg_sq, which this sets"))
+        if self.debiases and self.head_steps:
+            raise CaramelError("second_moment=debiased sets the second moment at every step; head_steps leaves the "
+                               "body out of the head-only steps (use one or the other)")
         for key in ("overlap_trackers", "tracker_bucket_cap_mb"):
             if getattr(self, key) is not None and not self.tracks:
                 raise CaramelError(f"{key} sets the trackers' exchange of algorithm=tracking and tracking_momentum; "
@@ -110,6 +127,11 @@ class GossipOptions:
     def tracks(self) -> bool:
         """Whether each worker's optimizer steps with a gradient tracker (`tracking.py`)."""
         return self.algorithm in TRACKS
+
+    @property
+    def debiases(self) -> bool:
+        """Whether each worker's Adam steps with the debiased second moment (`moments.py`)."""
+        return self.second_moment == "debiased"
 
     @property
     def mixes_at_update(self) -> bool:

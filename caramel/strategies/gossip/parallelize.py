@@ -19,6 +19,7 @@ import torch.nn as nn
 from caramel.distributed import init_distributed, resolve_timeout_s
 from caramel.errors import CaramelError
 from caramel.profile.profiler import unique_params
+from caramel.strategies.gossip.moments import check_second_moment_optimizer
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.run import GossipRun, momentum_keys
 from caramel.strategies.gossip.topology import mixing_matrix
@@ -37,6 +38,8 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -
         raise CaramelError(f"strategy 'gossip': algorithm=adam is decentralized Adam(W) (Wang et al.); "
                            f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__} "
                            "(algorithm=overlap is the same overlapped form for any optimizer)")
+    if options.debiases:
+        check_second_moment_optimizer(optimizer, options.algorithm)
 
 
 def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, *,

@@ -23,6 +23,7 @@ from caramel.distributed import group_alive
 from caramel.errors import CaramelError
 from caramel.profile.profiler import optimizer_class, unique_params
 from caramel.strategies.gossip.engine import Exchange, make_buckets
+from caramel.strategies.gossip.moments import SecondMoment
 from caramel.strategies.gossip.options import GossipOptions
 from caramel.strategies.gossip.topology import check_mixing, describe, mixing_matrix, neighbours, period
 from caramel.strategies.gossip.tracking import Tracker
@@ -70,6 +71,7 @@ class GossipRun:
                                                       tag_base=TRACKER_TAG_BASE),
                                 overlap=options.overlaps_trackers, layout=self._tracker_layout)
                         if options.tracks else None)
+        self.moments = SecondMoment(self.shared, optimizer, self.world) if options.debiases else None
         self._sent_mark = (0, 0)  # bytes sent (parameters', trackers') when the last step's exchange started
         self.order: list[str] = []
         self.recording = True
@@ -153,6 +155,9 @@ class GossipRun:
         if self.tracker is not None:
             W = self.matrices[self.steps % len(self.matrices)]
             self.tracker.swap_in(neighbours(W, self.rank), self.options.bucket_cap_mb * 2 ** 20)
+        if self.moments is not None:
+            self.moments.observe()
+            self.moments.set_up()
         if not self.options.mixes_at_update and due:
             self._measure_consensus()
         self.recording = False
@@ -325,6 +330,8 @@ class GossipRun:
                  "pending_mix": pending, "pending_increments": increments}
         if self.tracker is not None:
             state["tracker"] = self.tracker.state_dict()
+        if self.moments is not None:
+            state["second_moment"] = self.moments.state_dict()
         return state
 
     def load_worker_state(self, state: dict[str, Any]) -> None:
@@ -336,6 +343,11 @@ class GossipRun:
                 raise CaramelError("strategy 'gossip': algorithm=tracking resumes each worker's gradient tracker, "
                                    "and this worker state has none (saved under another algorithm)")
             self.tracker.load_state_dict(state["tracker"])
+        if self.moments is not None:
+            if "second_moment" not in state:
+                raise CaramelError("strategy 'gossip': second_moment=debiased resumes each worker's second-moment "
+                                   "estimate, and this worker state has none (saved with second_moment=own)")
+            self.moments.load_state_dict(state["second_moment"])
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps, self.order, self.recording = int(state["steps"]), list(state["order"]), False

@@ -7,6 +7,7 @@ import torch
 
 import caramel
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
+from tests.strategies.gossip.moments_workers import debiased_update_worker
 from tests.strategies.gossip.overlap_workers import (batchnorm_worker, closure_worker, overlap_adam_update_worker,
                                                     overlap_update_worker)
 
@@ -274,11 +275,15 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
                                                     "sgd_momentum"),
             "checkpoint_overlap_momentum": checkpoint_worker(rank, world, steps, steps // 2,
                                                              "gossip:algorithm=overlap_momentum"),
+            "checkpoint_debiased": checkpoint_worker(rank, world, steps, steps // 2,
+                                                     "gossip:algorithm=adam,second_moment=debiased"),
             "batchnorm": batchnorm_worker(rank, world, steps), "closure": closure_worker(rank, world)}
 
 
 def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:
-    """The 4-worker checks, in one job: consensus under lr=0, overlap's and overlap_momentum's update by hand."""
+    """The 4-worker checks, in one job: consensus under lr=0, overlap's, overlap_momentum's and
+    the debiased second moment's update by hand."""
     return {"consensus": consensus_worker(rank, world, steps, specs),
             "overlap_update": overlap_update_worker(rank, world, steps),
-            "overlap_adam_update": overlap_adam_update_worker(rank, world, steps)}
+            "overlap_adam_update": overlap_adam_update_worker(rank, world, steps),
+            "debiased_update": debiased_update_worker(rank, world, steps)}

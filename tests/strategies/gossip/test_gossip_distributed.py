@@ -79,8 +79,9 @@ def test_personalized_parameters_stay_local_and_differ(two):
 
 
 def test_checkpoint_resumes_exactly(two):
-    # adam with AdamW, overlap with SGD momentum, overlap_momentum with AdamW (its moments' pending mix)
-    for key in ("checkpoint", "checkpoint_overlap", "checkpoint_overlap_momentum"):
+    # adam with AdamW, overlap with SGD momentum, overlap_momentum with AdamW (its moments' pending
+    # mix), adam with second_moment=debiased (its estimates A, C and previous gradient)
+    for key in ("checkpoint", "checkpoint_overlap", "checkpoint_overlap_momentum", "checkpoint_debiased"):
         for rank in (0, 1):
             assert two[rank][key]["diff"] == 0.0, key
         a, b = two[0][key]["params"], two[1][key]["params"]
@@ -155,6 +156,18 @@ def test_overlap_momentum_mixes_adams_moments_with_the_parameters_by_hand(four):
         assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
         assert min(res["unmixed_gap"][1:]) > 1e-5, (rank, res["unmixed_gap"])  # the check can tell
         assert res["bytes"] == 3 * res["param_bytes"]
+
+
+def test_debiased_second_moment_is_adamw_on_the_hand_computed_estimate(four):
+    """second_moment=debiased with AdamW on a 4-worker ring: x and exp_avg_sq after each step are
+    AdamW's update with v = A/n + (1 - 1/n) max(C, 0) from this worker's own gradients
+    (`debiased_update_worker`); nothing more is sent than the parameters."""
+    for rank, r in enumerate(four):
+        res = r["debiased_update"]
+        assert max(res["errors"]) <= 1e-6, (rank, res["errors"])
+        assert min(res["own_gap"][1:]) > 1e-5, (rank, res["own_gap"])  # AdamW's own v lands elsewhere
+        assert res["bytes"] == res["param_bytes"]
+    assert sum(r["debiased_update"]["clamped"] for r in four) > 0  # the max(C, 0) is exercised
 
 
 def test_a_mixing_matrix_given_as_a_tensor_trains_and_bad_ones_are_refused(two):

@@ -1,0 +1,112 @@
+"""Adam's second moment of the workers' average gradient, estimated on each worker
+(`second_moment=debiased`): what each worker's Adam divides by, set to an estimate of DDP's.
+
+Under DDP, Adam's second moment averages g-bar^2, the square of the n workers' mean gradient:
+
+    g-bar^2 = (1/n^2) (sum_i g_i^2 + sum_{i != j} g_i g_j),   E[g-bar^2] = mu^2 + s^2 / n
+
+(mu: the mean gradient, s^2: one worker's batch's variance, per coordinate, for disjoint shards
+of one distribution). A gossip worker's Adam averages its own g_i^2, E = mu^2 + s^2: larger
+wherever the noise matters, so its steps are shorter than DDP's, and averaging the workers'
+g_i^2 (algorithm=momentum, overlap_momentum) keeps the same mean. The cross term needs a second
+estimate of mu whose noise is independent of g_i(t): the worker's Adam first moment before
+this step, m_i(t-1) / (1 - beta1^(t-1)), an average of its earlier gradients (other batches),
+so E[g_i(t) m-hat_i(t-1)] = mu^2 where the gradient changes little over Adam's first-moment
+window, and its variance is about 1/19 of one gradient's ((1 - beta1) / (1 + beta1); the
+previous gradient alone, also measured, is noisier: docs/results/gossip.md). Each worker keeps, at Adam's beta2,
+
+    A_i = EMA(g_i(t)^2)      C_i = EMA(g_i(t) m-hat_i(t-1))      v_i = A_i / n + (1 - 1/n) max(C_i, 0)
+
+and Adam steps with v_i as its exp_avg_sq (its own bias correction and eps apply as usual):
+E[v_i] is E[g-bar^2]'s EMA (max: mu^2 >= 0, where the cross term's noise would make it negative).
+The first step has no first moment yet: its cross term is g_i^2 (the optimizer's own input).
+Nothing travels: no bytes added. The optimizer is torch.optim's Adam or AdamW, whose update
+`exp_avg_sq = beta2 exp_avg_sq + (1 - beta2) grad^2` is set up before step() so that it lands
+on v_i exactly; Adam's L2 weight decay (coupled, in the gradient) is refused, AdamW's is not in
+the moment and is kept.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from caramel.errors import CaramelError
+
+SECOND_MOMENTS = ("own", "debiased")
+
+
+def check_second_moment_optimizer(optimizer: torch.optim.Optimizer, algorithm: str) -> None:
+    """Refuse, before any step, an optimizer whose second moment this cannot set."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise CaramelError(f"strategy 'gossip': second_moment=debiased sets Adam's second moment (exp_avg_sq); pass "
+                           f"torch.optim.Adam or AdamW, got {type(optimizer).__name__} (an optimizer without a second "
+                           "moment, e.g. SGD, has nothing to debias: leave second_moment=own)")
+    for g in optimizer.param_groups:
+        if g.get("weight_decay", 0) and not (isinstance(optimizer, torch.optim.AdamW) or g.get("decoupled_weight_decay")):
+            raise CaramelError("strategy 'gossip': second_moment=debiased needs the weight decay out of Adam's second "
+                               f"moment; Adam's weight_decay={g['weight_decay']} is added to the gradient it squares. "
+                               "Use AdamW (or Adam(decoupled_weight_decay=True)), or weight_decay=0")
+        if g.get("differentiable"):
+            raise CaramelError("strategy 'gossip': second_moment=debiased edits exp_avg_sq in place before the "
+                               "update, which a differentiable optimizer would record; use differentiable=False")
+
+
+class SecondMoment:
+    """A_i and C_i of each parameter in `shared` ((name, parameter)), and the step that writes
+    v_i into the optimizer's exp_avg_sq (module docstring)."""
+
+    def __init__(self, shared: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer, world: int):
+        self.names = [n for n, _ in shared]
+        self.params = [p for _, p in shared]
+        self.optimizer, self.world = optimizer, world
+        self.betas = {id(p): g["betas"] for g in optimizer.param_groups for p in g["params"]}
+        # under maximize=True Adam's first moment averages -g
+        self.sign = {id(p): -1.0 if g.get("maximize") else 1.0 for g in optimizer.param_groups for p in g["params"]}
+        # float32 at least: v is the difference of two sums, and it is compared with zero
+        wide = [torch.promote_types(p.dtype, torch.float32) for p in self.params]
+        self.sq = [torch.zeros_like(p, dtype=d, memory_format=torch.contiguous_format) for p, d in zip(self.params, wide)]
+        self.cross = [torch.zeros_like(s) for s in self.sq]
+
+    def observe(self) -> None:
+        """At step(), before the optimizer's update (and before anything replaces p.grad): fold
+        each worker's own gradient into A and C, C against the first moment of the steps before."""
+        with torch.no_grad():
+            for k, p in enumerate(self.params):
+                if p.grad is None:
+                    continue
+                g = p.grad.to(self.sq[k].dtype)
+                b1, b2 = self.betas[id(p)]
+                state = self.optimizer.state.get(p)
+                if state and "exp_avg" in state:
+                    partner = state["exp_avg"].to(g.dtype).div(self.sign[id(p)] * (1 - b1 ** float(state["step"])))
+                else:
+                    partner = g  # no earlier gradient: the optimizer's own g^2
+                self.sq[k].mul_(b2).addcmul_(g, g, value=1 - b2)
+                self.cross[k].mul_(b2).addcmul_(g, partner, value=1 - b2)
+
+    def set_up(self) -> None:
+        """Just before the optimizer's step(): set each exp_avg_sq so that its update with
+        p.grad (whatever the optimizer is about to step with) gives v_i. A parameter without
+        optimizer state yet (its first step) keeps the optimizer's own input, g^2 (= v_i then)."""
+        n = self.world
+        with torch.no_grad():
+            for k, p in enumerate(self.params):
+                state = self.optimizer.state.get(p)
+                if p.grad is None or not state or "exp_avg_sq" not in state:
+                    continue
+                b2 = self.betas[id(p)][1]
+                v = self.cross[k].clamp(min=0).mul_(1 - 1 / n).add_(self.sq[k], alpha=1 / n)
+                d = p.grad.to(v.dtype)
+                # exp_avg_sq <- (v - (1 - b2) d^2) / b2, so that b2 * it + (1 - b2) d^2 = v
+                state["exp_avg_sq"].copy_(v.addcmul_(d, d, value=-(1 - b2)).div_(b2))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sq": {n: t.clone() for n, t in zip(self.names, self.sq)},
+                "cross": {n: t.clone() for n, t in zip(self.names, self.cross)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for k, n in enumerate(self.names):
+                self.sq[k].copy_(state["sq"][n])
+                self.cross[k].copy_(state["cross"][n])

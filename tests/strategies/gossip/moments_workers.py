@@ -1,0 +1,57 @@
+"""Worker function of the gossip strategy's debiased second moment test (spawned; must be
+importable): `second_moment=debiased` on a 4-worker ring checked against AdamW computed by hand."""
+from __future__ import annotations
+
+import torch
+
+import caramel
+from tests.distributed.workers import batch, fresh
+
+
+def debiased_update_worker(rank: int, world: int, steps: int) -> dict:
+    """dpsgd ring, AdamW (weight decay), second_moment=debiased, by hand: per step, with x this
+    worker's parameters once the last step's mix has landed and g its gradient at x,
+        A = b2 A + (1 - b2) g^2,  C = b2 C + (1 - b2) g m / (1 - b1^(t-1))  (g^2 at the first step)
+        v = A / n + (1 - 1/n) max(C, 0),  then m = b1 m + (1 - b1) g
+        x = x (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    `errors`: the worst distance of x and exp_avg_sq from that; `own_gap`: how far AdamW's own
+    update (v of g^2) lands, so the check can tell; `clamped`: coordinates where C < 0 (the max
+    is exercised); `bytes`: sent per peer per step (the parameters only)."""
+    w = fresh("gpt_tied")
+    opt = torch.optim.AdamW(w.model.parameters(), lr=0.01, weight_decay=0.5)
+    (b1, b2), eps, wd = opt.param_groups[0]["betas"], opt.param_groups[0]["eps"], opt.param_groups[0]["weight_decay"]
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=ring,second_moment=debiased")
+    params = [p for _, p in w.model.named_parameters()]
+    zeros = [torch.zeros_like(p) for p in params]
+    A, C, m, own_v = ([z.clone() for z in zeros] for _ in range(4))
+    errors, gaps, clamped = [], [], 0
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        w.loss_fn(model(x), y).backward()
+        opt.synchronize()  # the last step's mix lands now rather than inside step(): the same x
+        lr, t = opt.param_groups[0]["lr"], step + 1
+        expected, gap = [], 0.0
+        for k, p in enumerate(params):
+            g, x0 = p.grad.detach().clone(), p.detach().clone()
+            A[k] = b2 * A[k] + (1 - b2) * g * g
+            C[k] = b2 * C[k] + (1 - b2) * g * (m[k] / (1 - b1 ** step) if step else g)
+            clamped += int((C[k] < 0).sum())
+            v = A[k] / world + (1 - 1 / world) * C[k].clamp(min=0)
+            m[k] = b1 * m[k] + (1 - b1) * g
+            own_v[k] = b2 * own_v[k] + (1 - b2) * g * g
+
+            def update(v):
+                return x0 * (1 - lr * wd) - lr * (m[k] / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps)
+            expected.append((update(v), v))
+            gap = max(gap, float((update(own_v[k]) - expected[-1][0]).abs().max()))
+        opt.step()
+        opt.zero_grad()
+        worst = 0.0
+        for p, (ex, ev) in zip(params, expected):
+            worst = max(worst, float((p.detach() - ex).abs().max()), float((opt.state[p]["exp_avg_sq"] - ev).abs().max()))
+        errors.append(worst)
+        gaps.append(gap)
+    stats = opt.gossip.stats_dict()
+    caramel.shutdown()
+    return {"errors": errors, "own_gap": gaps, "clamped": clamped, "bytes": stats["bytes_per_peer_per_step"],
+            "param_bytes": sum(p.numel() * p.element_size() for p in params)}
