@@ -9,8 +9,8 @@ in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
 - what every rank holds alike: the candidates (name, overlap mode, plan with its codecs, and
   `plan_ref`, the first candidate holding the same plan object: `restored_candidates`), the
   order of preference and the predictions it came from, the blocks still to run and where in
-  them the next step falls (`block`, `in_block`), the passes so far, a confirmation's selection,
-  the profile, cluster and module uses the candidates were planned from, the engine's step
+  them the next step falls (`block`, `in_block`), the passes so far (`retimed`: those re-timed),
+  a confirmation's selection and whether its blocks ran again (`confirm_retimed`), the profile, cluster and module uses the candidates were planned from, the engine's step
   counts and the options (`plan_inputs`, compared like the plan in force's), and `ran`, the
   blocks run so far with their steps (the result's record; optional: a trial resumed from an
   entry written without it records its blocks from the resume);
