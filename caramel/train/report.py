@@ -79,11 +79,15 @@ def format_summary(s: dict[str, Any]) -> str:
         periods = ", ".join(f"{name} {_ms(t)}" for name, t in trial["step_period_s"].items())
         ddp = ", run by torch DDP" if s.get("delegated_to_ddp") else ""
         notes = [confirmation_note(trial)]
-        # balance="batch": the local batch sizes the candidates were compared at, and the passes
-        # run again because the shares changed during one
+        # balance="batch": the local batch sizes the candidates were compared at, or that they
+        # were compared over mixed shares, and the passes run again because a candidate had too
+        # few steps at the latest shares (a share change, or periods of unknown shares carried
+        # from a checkpoint written before the sizes)
         at = f" at shares {'/'.join(map(str, trial['shares']))}" if trial.get("shares") else ""
+        if trial.get("sized") and not trial.get("shares"):
+            at = " over mixed shares"
         if trial.get("retimed_passes"):
-            notes.append(f"{trial['retimed_passes']} pass(es) run again after a share change")
+            notes.append(f"{trial['retimed_passes']} pass(es) run again: too few steps at the latest shares")
         note = "; ".join(n for n in notes if n)
         lines.append(f"  overlap trial  kept {trial['chosen']}{ddp} (step period{at}: {periods}{'; ' + note if note else ''})")
     lines += [

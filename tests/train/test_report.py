@@ -29,7 +29,19 @@ def test_summary_says_which_schedule_the_overlap_trial_kept_and_why():
             in format_summary(_summary(overlap_trial=confirmed)))
     shared = {**trial, "shares": [170, 86], "retimed_passes": 1}  # balance="batch"
     assert ("kept fifo/backward (step period at shares 170/86: caramel/forward 80.1 ms, caramel/backward 79.0 ms, "
-            "fifo/backward 78.3 ms; 1 pass(es) run again after a share change)" in format_summary(_summary(overlap_trial=shared)))
+            "fifo/backward 78.3 ms; 1 pass(es) run again: too few steps at the latest shares)"
+            in format_summary(_summary(overlap_trial=shared)))
+    # a balancer's sizes, yet some candidate had no step at the latest shares: all compared
+    mixed = {**trial, "shares": None, "sized": True}
+    assert "kept fifo/backward (step period over mixed shares: caramel/forward 80.1 ms" in format_summary(
+        _summary(overlap_trial=mixed))
+    # the confirmation's blocks ran twice and a change still left one of the two without steps there
+    conf = {**confirmed, "shares": [170, 86], "sized": True, "confirmation": {
+        **confirmed["confirmation"], "shares": None, "retimed": True,
+        "samples": {"caramel/forward": 4, "caramel/backward": 5}}}
+    assert ("caramel/forward confirmed on fresh steps: 71.2 against 79.0 ms (run twice, too few steps at the "
+            "latest shares; on mixed shares, samples caramel/forward 4, caramel/backward 5))"
+            in format_summary(_summary(overlap_trial=conf)))
 
 
 def test_summary_without_a_finished_trial_has_no_schedule_line():

@@ -127,6 +127,11 @@ class Controller:
             specs.append((DDP_SCHEDULE, "fifo", "backward"))
         return specs
 
+    @property
+    def trial_sized(self) -> bool:
+        """Whether a trial gets local batch sizes (balance="batch"; an option, alike on every rank)."""
+        return hasattr(self.balancer, "local_batch")
+
     def adopt_or_try(self, cands: list[Candidate], source: str, planner: str | None = None) -> None:
         """Adopt the one candidate, or start a trial of them all (overlap="auto"); `planner` is the
         prefix of the candidates' names (this controller's planner unless given)."""
@@ -139,7 +144,7 @@ class Controller:
         predicted = None if planner == "plan" else {c.name: c.plan.predicted_step_time_s for c in cands}
         preference = trial_preference([c.name for c in cands], planner or self.planner, predicted)
         self.trial = OverlapTrial(cands, self.trial_steps, self.group, self.world, preference=preference,
-                                  max_passes=self.trial_passes, predicted_s=predicted)
+                                  max_passes=self.trial_passes, predicted_s=predicted, sized=self.trial_sized)
         self.adopt_candidate(self.trial.current, source)
 
     def adopt_candidate(self, cand: Candidate, source: str, module_order: list[str] | None = None) -> None:

@@ -54,18 +54,25 @@ Order of events (the same on every rank, at the same steps):
 With balance="batch" the shares may change during the trial (the balancer is not held back):
 a step at the old shares (a slowed worker given half the batch) is no evidence of a schedule's
 pace at the new ones, and with changes early in the first pass whichever candidate ran after them
-(DDP's schedule, in the middle block) would look fastest. So every rank records its local batch
-size with each period, and each decision compares the candidates on the steps run at the shares
-of the trial's last counted step (one all-gather of the sizes: a step's shares are every rank's
-together); a block is cut where its shares change, so no pair spans a change. When a candidate
-has fewer such steps than one block counts, every candidate is timed again in another pass (up
-to `max_passes`, the passes' budget: `retimed_passes` in the result), its steps at those shares
-pooled with the earlier passes'; if some candidate has none there after the last pass, all steps
-are compared (the result's `shares` null, as without a balancer).
+(DDP's schedule, in the middle block) would look fastest. So each decision (`trial_shares`)
+compares the candidates on the steps run at the shares of the trial's last counted step, a block
+cut where its shares change. When a candidate has fewer such steps than one block counts
+(`steps` - 1), the candidates are timed again, their steps at those shares pooled with the
+earlier ones': after the passes, every candidate in another pass (within `max_passes`,
+`retimed_passes` in the result); after the confirmation, its blocks X, Y, Y, X once more (once
+only: `confirmation.retimed`). If some candidate then has none there, all steps are compared
+(`shares` null in the result or its confirmation: mixed shares, which the summary says).
+The threshold is one block's count: at the defaults a decision after a change can rest on 4
+periods, 2 pairs, per candidate (the medians' errors then come from two samples). Asking for
+more (a block's pairs at each block position, 8 periods) would re-time nearly every trial under
+balance="batch" (the change at batch 20 falls in DDP's middle block at the defaults, leaving it
+4), 30 steps more of a 120-step run; a pick other than the baseline still faces the confirmation.
 Step periods on a shared host vary by 20-30% from step to step (measured), so a handful of steps
-cannot tell schedules 5% apart: one pass counts 8-9 steps per candidate, only a close call
-pays for more passes (a clear winner, or the baseline in front, ends the trial after one), and
-only a choice other than the baseline pays for the confirmation (4 x `steps` steps).
+cannot tell schedules 5% apart: without a share change one pass counts 2 x (`steps` - 1) periods
+per candidate (8 at the defaults; 2 x `steps` - 1 for the candidate of the merged middle block),
+only a close call pays for more passes (a clear winner, or the baseline in front, ends the trial
+after one), and only a choice other than the baseline pays for the confirmation (4 x `steps`
+steps, twice that if re-timed).
 Updates are exact throughout: a switch happens at a step boundary after every pending update is
 applied, as for any plan change.
 """
@@ -79,6 +86,7 @@ import torch.distributed as dist
 
 from caramel.distributed import collective_device
 from caramel.plan.plan import Plan
+from caramel.strategies.caramel import trial_shares
 
 # Modes an automatic choice considers, in order of trial (and of preference on an exact tie):
 # "none" never beats "backward" (it only removes overlap), so it is not a candidate.
@@ -132,7 +140,14 @@ def confirmation_note(result: dict) -> str:
     others = [n for n in conf["step_period_s"] if n != name]
     ms = " against ".join(f"{conf['step_period_s'][n] * 1e3:.1f}" for n in [name] + others)
     verdict = "confirmed" if conf["confirmed"] else "led, not confirmed"
-    return f"{name} {verdict} on fresh steps: {ms} ms"
+    how = []
+    if conf.get("retimed"):
+        how.append("run twice, too few steps at the latest shares")
+    if conf.get("shares") is None and result.get("sized"):
+        # a share change acted late in its blocks: the two were compared over mixed shares
+        n = ", ".join(f"{k} {v}" for k, v in conf["samples"].items())
+        how.append(f"on mixed shares, samples {n}")
+    return f"{name} {verdict} on fresh steps: {ms} ms" + (f" ({'; '.join(how)})" if how else "")
 
 
 @dataclass
@@ -210,11 +225,13 @@ class OverlapTrial:
     """Runs the candidates in blocks; `record(period_s)` after every step says what to adopt next."""
 
     def __init__(self, candidates: list[Candidate], steps: int, group, world: int, preference: list[str] | None = None,
-                 max_passes: int = 1, confirm: bool = True, predicted_s: dict[str, float | None] | None = None):
+                 max_passes: int = 1, confirm: bool = True, predicted_s: dict[str, float | None] | None = None,
+                 sized: bool = False):
         """`preference`: candidate names, most preferred first (`trial_preference`); its first
         is the baseline. Without one the fastest wins outright and nothing is confirmed.
         `predicted_s`: the simulator's step time per candidate, as chose the preference; only
-        reported (the result's `predicted_step_time_s`)."""
+        reported (the result's `predicted_step_time_s`). `sized`: a balancer records local batch
+        sizes (`record`'s `n`), alike on every rank; without one no decision gathers sizes."""
         assert candidates and steps >= 2, "a trial needs a candidate and at least one counted step per block"
         assert preference is None or set(preference) <= {c.name for c in candidates}
         assert max_passes >= 1
@@ -225,6 +242,7 @@ class OverlapTrial:
         self.group, self.world = group, world
         self.max_passes = max_passes
         self.confirm = confirm
+        self.sized = sized
         self.predicted_s = {k: v for k, v in (predicted_s or {}).items() if v is not None}
         self.passes = 1
         self.selection: dict | None = None
@@ -240,6 +258,8 @@ class OverlapTrial:
         """this rank's local batch size in the last counted step (`blocks_n`'s latest entry)"""
         self.retimed = 0
         """passes run because a candidate had too few steps at the latest shares (`_decide`)"""
+        self.confirm_retimed = False
+        """whether the confirmation's blocks ran again for the same reason (`_confirmed`)"""
         self.result: dict | None = None
 
     def _one_pass(self) -> list[tuple[int, int]]:
@@ -311,44 +331,7 @@ class OverlapTrial:
         return medians, errors, paired
 
     def _at_latest_shares(self, cands: list[Candidate]) -> tuple[list[Candidate], list[int] | None]:
-        """Each candidate with only its periods run at the shares of the trial's last counted
-        step, and those shares (a local batch size per rank); `cands` as they are and None when
-        some rank does not know them (no balancer). One all-gather of every rank's sizes: a
-        step's shares are theirs together, so every rank keeps the same steps. A block is cut
-        where its shares change, so no pair of periods spans a change; a period whose size is
-        unknown (carried from an entry without sizes) is not at the latest shares."""
-        mine = ([c.blocks_n for c in cands], self.last_n)
-        gathered: list = [mine]
-        if self.world > 1:
-            gathered = [None] * self.world
-            dist.all_gather_object(gathered, mine, group=self.group)
-        latest = [g[1] for g in gathered]
-        if any(n is None for n in latest):
-            return cands, None
-        views = []
-        for k, c in enumerate(cands):
-            segments: list[list[float]] = []
-            for b, periods in enumerate(c.blocks_s):
-                run: list[float] = []
-                for i, p in enumerate(periods):
-                    if [g[0][k][b][i] for g in gathered] == latest:
-                        run.append(p)
-                    elif run:
-                        segments.append(run)
-                        run = []
-                if run:
-                    segments.append(run)
-            views.append(Candidate(c.name, c.overlap, c.plan, blocks_s=segments))
-        return views, latest
-
-    @staticmethod
-    def _comparable(cands: list[Candidate], views: list[Candidate], shares: list[int] | None
-                    ) -> tuple[list[Candidate], list[int] | None]:
-        # compared on the latest shares' steps when every candidate ran one there, else on all
-        # its steps (shares None: the comparison mixes shares, and the result says so)
-        if shares is not None and all(v.periods_s for v in views):
-            return views, shares
-        return cands, None
+        return trial_shares.at_latest_shares(cands, self.last_n, self.group, self.world, self.sized)
 
     def _steps_run(self) -> dict:
         # the trial's first and last step and its blocks as run (None and [] when no step was
@@ -365,7 +348,7 @@ class OverlapTrial:
         if self.selection is not None:
             return self._confirmed()
         views, shares = self._at_latest_shares(self.candidates)
-        if shares is not None and self.passes < self.max_passes and any(len(v.periods_s) < self.steps - 1 for v in views):
+        if self.passes < self.max_passes and trial_shares.too_few(views, shares, self.steps):
             # the shares changed during the pass and a candidate has fewer steps at the latest
             # ones than one block counts: time every candidate again (steps at other shares
             # would favour whichever ran after the change)
@@ -373,7 +356,7 @@ class OverlapTrial:
             self.retimed += 1
             self.blocks += self._one_pass()
             return self.current
-        views, shares = self._comparable(self.candidates, views, shares)
+        views, shares = trial_shares.comparable(self.candidates, views, shares)
         medians, errors, paired = self._all_ranks(views)
         winner, fastest = choose(medians, errors, self.preference), choose(medians)
         if winner != fastest and self.passes < self.max_passes:
@@ -386,7 +369,7 @@ class OverlapTrial:
                   "fastest": fastest, "baseline": self.baseline, "passes": self.passes,
                   "steps_counted": {c.name: len(c.periods_s) for c in self.candidates},
                   "samples": {c.name: len(c.samples_s(paired)) for c in views}, "paired": paired,
-                  "shares": shares, "retimed_passes": self.retimed,
+                  "shares": shares, "sized": self.sized, "retimed_passes": self.retimed,
                   "predicted_step_time_s": dict(self.predicted_s), "confirmation": None}
         if self.confirm and self.baseline is not None and winner != self.baseline:
             return self._start_confirmation(result)
@@ -408,12 +391,21 @@ class OverlapTrial:
         sel = self.selection
         assert sel is not None
         challenger, baseline = self._named(sel["chosen"]), self._named(self.baseline)
-        views, shares = self._comparable([challenger, baseline], *self._at_latest_shares([challenger, baseline]))
+        views, shares = self._at_latest_shares([challenger, baseline])
+        if not self.confirm_retimed and trial_shares.too_few(views, shares, self.steps):
+            # the shares changed late in the confirmation: one of the two has too few steps at
+            # the latest ones (none, if it acted in the last block), so its blocks run once more,
+            # in the same order, and the steps at those shares are pooled
+            self.confirm_retimed = True
+            first, second = self.blocks[-1][0], self.blocks[-2][0]
+            self.blocks += [(first, self.steps), (second, 2 * self.steps), (first, self.steps)]
+            return self.current
+        views, shares = trial_shares.comparable([challenger, baseline], views, shares)
         medians, errors, paired = self._all_ranks(views)
         chosen = challenger.name if medians[challenger.name] < medians[baseline.name] else baseline.name
         self.result = {**sel, "chosen": chosen, "confirmation": {
             "candidate": challenger.name, "confirmed": chosen == challenger.name, "step_period_s": medians,
-            "median_error_s": errors, "paired": paired, "shares": shares,
+            "median_error_s": errors, "paired": paired, "shares": shares, "retimed": self.confirm_retimed,
             "samples": {c.name: len(c.samples_s(paired)) for c in views}}, **self._steps_run()}
         self.selection = None
         return self._named(chosen)

@@ -9,8 +9,8 @@ in the controller's `adaptive_state`, `VERSION`) carries the trial as it stands:
 - what every rank holds alike: the candidates (name, overlap mode, plan with its codecs, and
   `plan_ref`, the first candidate holding the same plan object: `restored_candidates`), the
   order of preference and the predictions it came from, the blocks still to run and where in
-  them the next step falls (`block`, `in_block`), the passes so far, a confirmation's selection,
-  the profile, cluster and module uses the candidates were planned from, the engine's step
+  them the next step falls (`block`, `in_block`), the passes so far (`retimed`: those re-timed),
+  a confirmation's selection and whether its blocks ran again (`confirm_retimed`), the profile, cluster and module uses the candidates were planned from, the engine's step
   counts and the options (`plan_inputs`, compared like the plan in force's), and `ran`, the
   blocks run so far with their steps (the result's record; optional: a trial resumed from an
   entry written without it records its blocks from the resume);
@@ -51,8 +51,9 @@ KEY = "trial"
 VERSION = 1
 # what every rank holds alike (compared across ranks); the profile and cluster may be a rank's own
 _SHARED = ("world", "inputs", "candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes",
-           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans", "ran", "retimed")
-_REQUIRED = ("candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes", "selection",
+           "selection", "blocks", "block", "in_block", "engine_steps", "step_calls", "order_replans", "ran", "retimed",
+           "confirm_retimed")
+_REQUIRED = ("world", "candidates", "preference", "steps", "max_passes", "confirm", "predicted_s", "passes", "selection",
              "blocks", "block", "in_block", "profile", "cluster", "module_uses", "module_order", "inputs",
              "engine_steps", "step_calls", "order_replans", "ranks")
 
@@ -70,6 +71,7 @@ def trial_state(c: Controller) -> dict[str, Any] | None:
             "predicted_s": dict(t.predicted_s), "passes": t.passes,
             "selection": t.selection, "blocks": [[i, n] for i, n in t.blocks], "block": t.block,
             "in_block": t.in_block, "ran": [list(b) for b in t.ran], "retimed": t.retimed,
+            "confirm_retimed": t.confirm_retimed,
             "profile": c.profile.to_dict() if c.profile is not None else None,
             "cluster": c.plan_cluster.to_dict() if c.plan_cluster is not None else None,
             "module_uses": {k: list(v) for k, v in c.module_uses.items()} if c.module_uses is not None else None,
@@ -99,10 +101,12 @@ def check_entry(entry: Any, last_step: int | None = None) -> None:
         bad.append(f"preference (candidate names, each once; got {pref!r})")
     for k, lo in (("steps", 2), ("max_passes", 1), ("passes", 1), ("world", 2), ("engine_steps", 0),
                   ("step_calls", 0), ("order_replans", 0), ("retimed", 0)):
-        if k in entry and not is_int(entry[k], lo):  # retimed: optional, an entry written before it has none
+        # retimed: optional, an entry written before it has none
+        if (k in entry or k != "retimed") and not is_int(entry[k], lo):
             bad.append(f"{k} ({entry[k]!r}, an integer >= {lo})")
-    if not isinstance(entry["confirm"], bool):
-        bad.append(f"confirm ({entry['confirm']!r}, true or false)")
+    for k in ("confirm", "confirm_retimed"):  # confirm_retimed: optional, as retimed
+        if (k in entry or k == "confirm") and not isinstance(entry[k], bool):
+            bad.append(f"{k} ({entry[k]!r}, true or false)")
     if not is_map(entry["predicted_s"], lambda v: v is None or is_num(v)):
         bad.append("predicted_s (candidate name -> seconds or null)")
     sel = entry["selection"]
@@ -244,12 +248,14 @@ def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile
         cand.blocks_s = [[float(p) for p in b] for b in blocks]
         cand.blocks_n = [[None if n is None else int(n) for n in b] for b in ns]
     trial = OverlapTrial(cands, entry["steps"], c.group, c.world, preference=list(entry["preference"]) or None,
-                         max_passes=entry["max_passes"], confirm=entry["confirm"], predicted_s=dict(entry["predicted_s"]))
+                         max_passes=entry["max_passes"], confirm=entry["confirm"], predicted_s=dict(entry["predicted_s"]),
+                         sized=hasattr(c.balancer, "local_batch"))  # as Controller.trial_sized
     trial.passes, trial.selection = entry["passes"], entry["selection"]
     trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
     trial.block, trial.in_block = entry["block"], entry["in_block"]
     trial.ran = [[str(n), int(a), int(b)] for n, a, b in entry.get("ran", [])]
     trial.retimed, trial.last_n = int(entry.get("retimed", 0)), own.get("last_n")
+    trial.confirm_retimed = bool(entry.get("confirm_retimed", False))
     return trial, profile, cluster
 
 

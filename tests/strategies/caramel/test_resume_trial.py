@@ -110,7 +110,7 @@ def test_a_bad_newer_or_unfit_trial_entry():
         check_entry({"version": 2})
     with pytest.raises(CaramelError, match="version '1', expected an integer from 1 to 1"):
         check_entry({"version": "1"})
-    with pytest.raises(CaramelError, match="lacks candidates, preference"):
+    with pytest.raises(CaramelError, match="lacks world, candidates, preference"):
         check_entry({"version": 1})
     plan = {"world_size": 2, "model_fingerprint": "f"}
     good = {**{k: None for k in _REQUIRED}, "version": 1, "world": 2, "inputs": {"compression": "topk:0.1"},
@@ -154,6 +154,11 @@ def test_a_bad_newer_or_unfit_trial_entry():
         with pytest.raises(CaramelError, match=what):
             check_entry({**good, **bad})
     assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    without_world = {k: v for k, v in good.items() if k != "world"}
+    with pytest.raises(CaramelError, match="lacks world; it was not written by caramel"):
+        check_entry(without_world)
+    with pytest.raises(CaramelError, match=r"malformed world \(1, an integer >= 2\)"):
+        check_entry({**good, "world": 1})
     assert _unfit(SimpleNamespace(**{**vars(c), "trial_steps": 5}), good) == "it was run with trial_steps=2 (this run 5)"
     assert _unfit(SimpleNamespace(**{**vars(c), "trial_passes": 3}), good) == "it was run with trial_passes=1 (this run 3)"
     assert _unfit(c, {**good, "inputs": {"compression": "topk:0.2"}}).startswith("it was run with compression='topk:0.2'")
@@ -206,6 +211,11 @@ def test_a_bad_newer_or_unfit_profiling_entry():
     assert _unfit(c, {**good, "ranks": {0: {**own, "module_order": ["9"]}}}) == "it names modules this model lacks"
     assert _unfit(c, {**good, "profile_steps": 3}) == "it was run with profile_steps=3 (this run 2)"
     assert _unfit(c, {**good, "world": 4}) == "it was run by 4 workers, this job has 2"
+    without_world = {k: v for k, v in good.items() if k != "world"}
+    with pytest.raises(CaramelError, match="lacks world; it was not written by caramel"):
+        check_entry(without_world)
+    with pytest.raises(CaramelError, match=r"malformed world \(1, an integer >= 2\)"):
+        check_entry({**good, "world": 1})
     assert _unfit(c, {**good, "model_fingerprint": "g"}) == "it was run for a model with other parameters"
     assert "no measurements of this rank" in _unfit(c, {**good, "ranks": {1: own}})
     assert _unfit(c, {**good, "ranks": {0: {**own, "kept": {"1": 4}}}}) == "it names modules this model lacks"
@@ -232,8 +242,8 @@ def test_the_trial_entry_carries_each_periods_shares():
                          steps=2, group=None, world=2, preference=["caramel/backward", "caramel/forward"])
     for step, (p, n) in enumerate([(0.5, 8), (0.02, 8), (0.5, 8), (0.03, 11)], start=1):
         trial.record(p, step=step, n=n)
-    trial.retimed = 1
-    balancer = SimpleNamespace(step=4)
+    trial.retimed, trial.confirm_retimed = 1, True
+    balancer = SimpleNamespace(step=4, local_batch=11)
     c = SimpleNamespace(trial=trial, world=2, rank=0, profiling=False, balancer=balancer, profile=None, plan_cluster=None,
                         module_uses=None, plan_inputs={}, checks=SimpleNamespace(order_replans=0), group=None,
                         engine=SimpleNamespace(module_order=lambda: None, stats=SimpleNamespace(step=4), step_calls=4))
@@ -241,12 +251,16 @@ def test_the_trial_entry_carries_each_periods_shares():
     check_entry(entry, last_step=4)
     back, _, _ = _parse(c, entry)
     assert [k.blocks_n for k in back.candidates] == [[[8]], [[11]]] and back.last_n == 11 and back.retimed == 1
+    assert back.confirm_retimed is True and back.sized is True  # sized: the resumed run's balancer sets sizes
     assert [k.blocks_s for k in back.candidates] == [[[0.02]], [[0.03]]]
     own = entry["ranks"][0]
     old = {**entry, "ranks": {0: {"blocks_s": own["blocks_s"]}}}
-    del old["retimed"]
+    del old["retimed"], old["confirm_retimed"]
     back, _, _ = _parse(c, old)
     assert [k.blocks_n for k in back.candidates] == [[[None]], [[None]]] and back.last_n is None and back.retimed == 0
+    assert back.confirm_retimed is False
+    with pytest.raises(CaramelError, match="malformed confirm_retimed"):
+        check_entry({**entry, "confirm_retimed": 1})
     for bad in ({"blocks_n": [[[8]], [[11, 12]]]}, {"blocks_n": [[["8"]], [[11]]]}, {"last_n": 0}):
         with pytest.raises(CaramelError, match="rank 0's blocks_n and last_n"):
             check_entry({**entry, "ranks": {0: {**own, **bad}}})
