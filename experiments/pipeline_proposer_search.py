@@ -5,10 +5,14 @@ host that compute `alone_speedup` times faster alone, a random link, transfer CP
 schedule. Every layout the runtime can run (stage count, cut, replicas per stage, microbatch
 count) is scored as the chooser scores its candidates (`auto_replicas._score` at the speeds its
 own host load settles at, `sharing.settle`); the chooser's pick is compared with the fastest of
-them, with the local search over cuts and counts (`auto_replicas.descend`) and without it (the
+them, with the local search over cuts (`auto_replicas.descend`) and without it (the
 proposers before: the dynamic program and the compute-balanced cut only).
 
+`--unshared`: the same cases with `alone_speedup=1` (no host sharing), where `replicas="auto"`
+scores the proposals only and the search runs only as forced here (`search=True`).
+
     PYTHONPATH=. python experiments/pipeline_proposer_search.py --cases 200 --seed 0
+    PYTHONPATH=. python experiments/pipeline_proposer_search.py --cases 80 --seed 0 --unshared
 """
 from __future__ import annotations
 
@@ -17,13 +21,11 @@ import dataclasses
 import itertools
 import random
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import caramel.strategies.pipeline.auto_replicas as auto_replicas
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.auto_replicas import MAX_MICROBATCHES, choose_replicas
-from caramel.strategies.pipeline.layout_search import Layout, feasible
+from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET, Layout, feasible, search_cost
 from caramel.strategies.pipeline.profile_costs import scaling_from_profile
 from caramel.strategies.pipeline.sharing import settle
 from caramel.strategies.pipeline.transport import posting_for
@@ -78,41 +80,43 @@ def every_layout(case: Case) -> dict[Layout, float]:
     return out
 
 
-@contextmanager
-def without_search() -> Iterator[None]:
-    """The proposers before the local search: `descend` does nothing."""
-    kept = auto_replicas.descend
-    auto_replicas.descend = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        auto_replicas.descend = kept
-
-
-def pick(case: Case) -> float:
+def pick(case: Case, search: bool) -> float:
     layers, optimizer_s = case.layers()
     return choose_replicas(layers, case.batch, case.schedule, case.cluster, case.stages,
-                           optimizer_s=optimizer_s).predicted_step_s
+                           optimizer_s=optimizer_s, search=search).predicted_step_s
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--unshared", action="store_true", help="the same cases with alone_speedup=1 (no sharing)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    spent, descend = [0], auto_replicas.descend
+
+    def counted_descend(layouts, layers_n, schedule, equal, score, *a, **k):
+        def counted_score(lay):
+            spent[0] += search_cost(lay)
+            return score(lay)
+        return descend(layouts, layers_n, schedule, equal, counted_score, *a, **k)
+
+    auto_replicas.descend = counted_descend
+    most_spent = 0
     gaps = {"before": [], "search": []}
     seconds = {"before": 0.0, "search": 0.0}
     for i in range(args.cases):
         case = random_case(rng)
+        if args.unshared:
+            case = dataclasses.replace(case, cluster=dataclasses.replace(case.cluster, alone_speedup=1.0))
         best = min(every_layout(case).values())
         t = time.perf_counter()
-        with without_search():
-            before = pick(case)
+        before = pick(case, search=False)
         seconds["before"] += time.perf_counter() - t
-        t = time.perf_counter()
-        search = pick(case)
+        t, spent[0] = time.perf_counter(), 0
+        search = pick(case, search=True)
         seconds["search"] += time.perf_counter() - t
+        most_spent = max(most_spent, spent[0])
         for key, got in (("before", before), ("search", search)):
             gaps[key].append(got / best - 1)
         if search > best * (1 + 1e-9) or before > best * (1 + 1e-9):
@@ -122,6 +126,8 @@ def main() -> None:
         missed = [x for x in g if x > 1e-9]
         print(f"{key}: {len(missed)} of {len(g)} cases miss the fastest layout; worst {max(g):+.2%}; "
               f"mean gap {sum(g) / len(g):+.3%}; chooser time {seconds[key]:.1f} s in all")
+    print(f"the search spent at most {most_spent} of its budget of {SEARCH_BUDGET} stages x microbatches in one case")
+    auto_replicas.descend = descend
 
 
 if __name__ == "__main__":

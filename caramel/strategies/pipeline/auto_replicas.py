@@ -29,7 +29,9 @@ picked. The program proposes at the all-at-once speeds, then again at the speeds
 candidate settles at, until it proposes no layout not yet scored. Neither it nor the balanced
 cut sees the load, so a search around their proposals (`layout_search.descend`: one cut with
 its two stages' replicas, or the microbatch count, moved while the settled step drops) then
-scores the layouts they miss. Unshared hosts score the proposals only, as before.
+scores the layouts they miss. Unshared hosts score the proposals only, on purpose: their picks
+stay bit for bit as before the search, though the proposals miss there too (the program leaves
+out the fill, the drain and the overlap; `search=True` forces the search, docs/pipeline.md).
 """
 from __future__ import annotations
 
@@ -40,15 +42,16 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from caramel.errors import CaramelError
+from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.layout_search import Layout, descend, feasible
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
+from caramel.strategies.pipeline.overlap import replay_overlapped
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
                                                  transfer_time_s)
-from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
+from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
 from caramel.strategies.pipeline.sharing import MAX_SHARING_PASSES, candidate_result, scaled, settle, shares_cores
-from caramel.strategies.pipeline.simulate import (replay, replay_overlapped, replicated_actions, schedule_actions,
-                                                  stage_costs)
+from caramel.strategies.pipeline.simulate import stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
 
@@ -238,7 +241,7 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                     stages: int | None = None, microbatches: int | None = None,
                     optimizer_s: float = 0.0, equal_counts: bool = False, ties: list[TiedWeight] | None = None,
                     reducer: str = "caramel", reduce: str | None = None,
-                    transport: str = "rendezvous") -> ReplicaChoice:
+                    transport: str = "rendezvous", search: bool | None = None) -> ReplicaChoice:
     """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
     simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
@@ -248,7 +251,10 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     options' `replica_reducer()` ("caramel" or "ddp"). `reduce="after"` prices every candidate's
     reduction after the drain, as the chooser did before `overlap.py` (a reference only).
     `transport`: "rendezvous" (each schedule's sends and recvs as it posts them, `transport.py`)
-    or "eager" (a transfer starts when its action ends; a reference only)."""
+    or "eager" (a transfer starts when its action ends; a reference only). `search`: the search
+    around the proposals (`layout_search.descend`) on a shared host only (None), everywhere
+    (True; a reference only: unshared picks then move, `experiments/pipeline_proposer_search.py
+    --unshared`) or nowhere (False)."""
     posting = posting_for(transport, schedule, "replicas=auto")
     if reduce not in (None, "after"):
         raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
@@ -284,10 +290,10 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
         # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes no new one
         fastest = min(layouts.values(), key=lambda r: r.step_time_s)
         at = scaled(cluster, fastest.meta["sharing"]["factor"])
-    if shares_cores(cluster):
+    if search or (search is None and shares_cores(cluster)):
         # the program cannot see the host's load: from each stage and microbatch count's fastest,
-        # one cut (with its two stages' replicas) or the count moved while the settled step drops
-        descend(layouts, len(layers), list(costs_at), schedule, equal_counts,
+        # one cut (with its two stages' replicas) moved while the settled step drops
+        descend(layouts, len(layers), schedule, equal_counts,
                 lambda lay: settle(lambda f: _score(lay, costs_at[lay.microbatches], cluster, f, schedule, optimizer_s,
                                                     ties, reducer, reduce, posting), cluster))
     table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}

@@ -23,8 +23,8 @@ from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, _plan
 from caramel.strategies.pipeline.profile_costs import (costs_from_profile, profiled_cuts, scaling_from_profile,
                                                        shares_a_weight, tied_allreduce_s, tied_weights,
                                                        with_held_bytes, with_tied)
-from caramel.strategies.pipeline.sharing import lane_meta, with_sharing
 from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
+from caramel.strategies.pipeline.sharing import lane_meta, with_sharing
 from caramel.strategies.pipeline.timeline import StageCosts
 from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
