@@ -57,6 +57,23 @@ def test_the_accuracy_runs_rescore_to_the_errors_the_docs_quote(store):
     assert errors["full-4", "locality"] < -0.15  # the one row still outside (the locality step's calibration)
 
 
+def test_the_runs_after_the_revision_rescore_to_the_errors_the_docs_quote(store):
+    """docs/results/data-bench-closed-loop-*-{1,2}.json: taken after the closed loop was committed
+    (with the code before it, whose records carry every input), scored by replay: every row within
+    15% in 6 of 6 runs (the recorded model's: 5 of 6)."""
+    root, index = store
+    quoted = {"f200-1": -0.048, "f200-2": -0.079, "full-1": 0.116, "full-2": 0.129, "half-1": 0.062, "half-2": 0.058}
+    old_within = new_within = 0
+    for name, error in quoted.items():
+        record = json.loads((RESULTS / f"data-bench-closed-loop-{name}.json").read_text())
+        rows = repredict(record, index)
+        (remote,) = [r for r in rows if r["mode"] == "remote"]
+        assert remote["error"] == pytest.approx(error, abs=5e-4), name
+        old_within += all(abs(r["recorded_error"]) <= 0.15 for r in rows)
+        new_within += all(abs(r["error"]) <= 0.15 for r in rows)
+    assert (old_within, new_within) == (5, 6)
+
+
 def test_the_read_under_load_runs_render_and_rescore_to_the_errors_the_docs_quote(store):
     """The caramel.data-bench/4 and /5 records of docs/results/data-bench-data-side.json (the read
     under load probed) render, and their plain-loader rows rescore to the errors docs/data.md
