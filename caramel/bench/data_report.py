@@ -184,6 +184,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
+               # rank 0's every step, per epoch of every round: where in an epoch the time goes (its start)
+               "epoch_step_s": r.epoch_step_s,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
                "sync_s_steady": median([r.epoch_sync_s[i] for i in steady]),
                "remote_bytes_per_epoch_steady": remote,
