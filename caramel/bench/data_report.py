@@ -101,7 +101,8 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
     """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
     The plain loader's batches travel by shared memory, caramel.data's small ones by pipe. The
     locality sampler reads the cached shards first, so its epoch's misses (1 - the byte hit rate
-    of its steps) come last; the other modes spread them over the epoch."""
+    of its steps) come last; the other modes spread them over the epoch. Every mode's epoch
+    starts its loader empty (`epoch_steps`)."""
     shard_bytes = index.nbytes / len(index.shards)
     return DataLoadModel(sample_bytes=index.nbytes / index.num_samples, batch_size=cfg.batch_size, ranks=cfg.ranks,
                          store_bandwidth_bps=cfg.store_rate_bps or 1e12, store_latency_s=cfg.store_latency_s,
@@ -112,7 +113,14 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
                          batch_overhead_s=batch_trip_s(cfg, mode, index, costs),
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
                          cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
-                         remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0)
+                         remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0,
+                         epoch_steps=epoch_steps(cfg, index))
+
+
+def epoch_steps(cfg, index: DatasetIndex) -> int:
+    """Steps of one of the bench's epochs: each starts its loader empty (a new iterator after the
+    ranks' barrier), so the model charges its edge over these."""
+    return max(index.num_samples // cfg.ranks // cfg.batch_size, 1)
 
 
 def batch_trip_s(cfg, mode: str, index: DatasetIndex, costs: dict[str, Any]) -> float:
@@ -176,6 +184,8 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
         row = {"mode": mode, "step_s_epoch1": median([_mean(r.epoch_step_s[i]) for i in first]),
                "step_s_steady": median(epoch_means), "epoch_means_steady_s": epoch_means,
+               # rank 0's every step, per epoch of every round: where in an epoch the time goes (its start)
+               "epoch_step_s": r.epoch_step_s,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
                "sync_s_steady": median([r.epoch_sync_s[i] for i in steady]),
                "remote_bytes_per_epoch_steady": remote,

@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "in each loader worker's sequence of reads: 1.2ms (`caramel bench --data` records it as "
                            "request_s_under_load; not with --data-request-bytes: shard fetches are not charged it; "
                            "default 0: not charged)")
+    data.add_argument("--data-epoch-steps", type=int, metavar="N",
+                      help="steps per epoch of a loader that starts each epoch empty (torch's DataLoader: a new "
+                           "iterator each epoch): the epoch pays workers x min(data, compute side) once, spread "
+                           "over N steps (default: not charged)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -154,7 +158,7 @@ _DATA_DEFAULTS: dict[str, Any] = {
     "data_batch": 32, "data_bandwidth": "1gbit", "data_latency": "1ms", "data_hit_rate": 0.0,
     "data_request_bytes": None, "data_loader_workers": 2, "data_local_per_sample": "0", "data_memory_hit_rate": 0.0,
     "data_disk_per_read": "0", "data_batch_overhead": "0", "data_contention": 1.0, "data_misses_last": False,
-    "data_read_under_load": "0",
+    "data_read_under_load": "0", "data_epoch_steps": None,
 }
 _DATA_DURATIONS = ("data_latency", "data_local_per_sample", "data_disk_per_read", "data_batch_overhead",
                    "data_read_under_load")
@@ -176,6 +180,8 @@ def _data_model(args: argparse.Namespace, ranks: int):
             raise CaramelError(f"{_flag(given[0])} needs --data-sample-bytes (it turns the data model on); "
                                "without it the --data-* flags would be ignored")
         return None
+    if v["data_epoch_steps"] is not None and v["data_epoch_steps"] < 1:
+        raise CaramelError(f"--data-epoch-steps {v['data_epoch_steps']}: expected a number of steps >= 1")
     if times_s["data_read_under_load"] and v["data_request_bytes"]:
         raise CaramelError("--data-read-under-load times one sample's range read; shard fetches "
                            "(--data-request-bytes) are not charged it, as in `caramel bench --data`")
@@ -193,7 +199,7 @@ def _data_model(args: argparse.Namespace, ranks: int):
         batch_overhead_s=times_s["data_batch_overhead"],
         contention=v["data_contention"],
         remote_steps_share=max(1.0 - v["data_hit_rate"], 1e-9) if v["data_misses_last"] else 1.0,
-        worker_request_s=times_s["data_read_under_load"])
+        worker_request_s=times_s["data_read_under_load"], epoch_steps=v["data_epoch_steps"])
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:

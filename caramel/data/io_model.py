@@ -5,7 +5,8 @@ is read locally; the rest comes from the store in requests of `request_bytes` (a
 when shards are cached, one sample for range reads), each waiting `store_latency_s` and costing
 `request_overhead_s` of the store's CPU (measured; one store serves every rank, so like the
 link of `store_bandwidth_bps` it is shared). `loader_workers` (k) processes per rank fetch in
-parallel, so waits and local work divide among them; the link and the store do not:
+parallel, so waits and local work divide among them; the link and the store do not. Shard
+fetches (and a batch with nothing remote) are charged
 
     wait_s   = requests * (latency + worker_request_s) / k   (each worker waits for its requests)
     link_s   = max(ranks * remote_bytes * 8 / bandwidth, ranks * requests * overhead)
@@ -22,7 +23,30 @@ the data bench right before each round, or given to `caramel simulate --data-rea
 latency does, since other workers' reads proceed meanwhile.
 With one request in flight (c = 1) a request's wait and its transfer add up; with c in flight
 the link moves one request's bytes while the others wait, so the shorter phase hides behind the
-longer one but for 1/c of it. A shard fetched for only some of its samples (a cache that evicts
+longer one but for 1/c of it.
+
+Range reads (`request_bytes` None) are charged as the closed loop they are: the ranks' N = k x
+ranks workers each read their batch's q samples one after another, each read a think time Z =
+latency + `worker_request_s` (the read's own time on the cores) and then a turn on the store, a
+FIFO link that serves a request in D = max(sample bytes x 8 / bandwidth, request_overhead_s)
+(fixed: no exponential service); after its q reads a worker does the batch's local work (the
+local_s work of the cores' share of its rank: x k / min(k, cores)). Mean value analysis gives the
+loop's throughput X(n) for n = 1..N workers, with each arrival waiting for the requests queued
+before it and half the one in service (the residual of a fixed service time):
+
+    R(n) = q D (1 + Q(n-1) - U(n-1) + U(n-1) / 2),  X(n) = n / (Z_batch + R(n)),
+    Q(n) = X(n) R(n),  U(n) = X(n) q D,  Z_batch = q (latency + worker_request_s) + local work
+    data_s = ranks / X(N)    (X never above 1 / (q D): the link's own limit)
+
+One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
+the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither
+fills the link nor leaves it idle: there the 200 Mbit/s, batch 16 bench (32 reads per step, 1
+ms latency) is bound by the workers' read sequences and the 100 Mbit/s, batch 8 one (16 reads, 2
+ms) by the link, which the max + min / c charge could not both fit (docs/data.md, "The plain
+loader's closed loop"). Shard fetches keep the charge above: their think time would need the
+worker's work per fetch (checksum, the cache's write), which is not measured.
+
+A shard fetched for only some of its samples (a cache that evicts
 it before the rest are read) costs `fetch_amplification` bytes per byte of the missed samples.
 
 The hits come from two tiers: `memory_hit_rate` of the samples from the loader worker's memory
@@ -77,6 +101,7 @@ class DataLoadModel:
     contention: float = 1.0  # compute side's slowdown beside prefetching workers on shared cores, measured; 1: none
     remote_steps_share: float = 1.0  # of an epoch's steps, those that fetch its remote bytes (1: every step alike)
     worker_request_s: float = 0.0  # each read's time on the cores in its worker's sequence, under load; 0: unmeasured
+    epoch_steps: int | None = None  # steps per epoch of a loader that starts each epoch empty; None: no epoch edge
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
@@ -101,6 +126,9 @@ class DataLoadModel:
             raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
                                f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
                                f"{self.worker_request_s}")
+        if self.epoch_steps is not None and (isinstance(self.epoch_steps, bool) or not isinstance(self.epoch_steps, int)
+                                             or self.epoch_steps < 1):
+            raise CaramelError(f"epoch_steps must be a whole number of steps >= 1 (None: no epoch edge), got {self.epoch_steps!r}")
         if self.request_bytes is not None and self.request_bytes <= 0:
             raise CaramelError(f"request_bytes must be positive, got {self.request_bytes}")
         if self.request_bytes is not None and self.worker_request_s:
@@ -119,28 +147,62 @@ class DataLoadModel:
 
     def _data_s(self, remote: float) -> float:
         """Seconds of loading one rank's batch of which `remote` bytes come from the store."""
+        if self.request_bytes is None and remote > 0:
+            return self._range_reads_s(remote)
         k = max(self.loader_workers, 1)
         per_request = self.request_bytes or self.sample_bytes
         requests = remote / per_request if remote > 0 else 0.0
-        if self.request_bytes is None:
-            requests = math.ceil(requests - 1e-9)
         wait_s = requests * (self.store_latency_s + self.worker_request_s) / k
         link_s = max(self.ranks * remote * 8.0 / self.store_bandwidth_bps, self.ranks * requests * self.request_overhead_s)
         remote_s = max(wait_s, link_s) + min(wait_s, link_s) / (k * self.ranks)
+        return remote_s + self._local_work_s() / self._local_cores()
+
+    def _local_work_s(self) -> float:
+        """One batch's work on the rank's cores: decode, disk reads of shards not in memory, the trip."""
         disk_reads = max(self.hit_rate - self.memory_hit_rate, 0.0) * self.batch_size / self.samples_per_disk_read
-        local_work = self.batch_size * self.local_s_per_sample + disk_reads * self.disk_s_per_read + self.batch_overhead_s
-        local_s = local_work / max(min(k, self.cores_per_rank), 1.0)
-        return remote_s + local_s
+        return self.batch_size * self.local_s_per_sample + disk_reads * self.disk_s_per_read + self.batch_overhead_s
+
+    def _local_cores(self) -> float:
+        return max(min(max(self.loader_workers, 1), self.cores_per_rank), 1.0)
+
+    def _range_reads_s(self, remote: float) -> float:
+        """The step's loading period of the ranks' workers reading `remote` bytes each per batch
+        by range reads: mean value analysis of the closed loop (module docstring)."""
+        k = max(self.loader_workers, 1)
+        reads = math.ceil(remote / self.sample_bytes - 1e-9)
+        service_s = max(remote * 8.0 / (reads * self.store_bandwidth_bps), self.request_overhead_s)
+        demand_s = reads * service_s  # one batch's time on the store's link
+        think_s = (reads * (self.store_latency_s + self.worker_request_s)
+                   + self._local_work_s() * k / self._local_cores())
+        queued = busy = 0.0
+        for n in range(1, self.ranks * k + 1):
+            response_s = demand_s * (1.0 + max(queued - busy, 0.0) + busy / 2)
+            # the fixed-service residual can overstate what the link serves; it never exceeds 1 / demand
+            batches_per_s = min(n / (think_s + response_s), 1.0 / demand_s)
+            queued, busy = batches_per_s * response_s, batches_per_s * demand_s
+        return self.ranks / batches_per_s
 
     def step_time_s(self, compute_s: float) -> float:
         """The mean step time with this data path: prefetched when there are workers, serial
         otherwise; with `remote_steps_share` s < 1, the mean of s of the steps fetching all the
-        epoch's remote bytes and 1 - s fetching none."""
+        epoch's remote bytes and 1 - s fetching none; plus the epoch's edge over `epoch_steps`."""
         remote = self.remote_bytes_per_step()
         if self.remote_steps_share >= 1.0 or remote <= 0:
-            return self._step_s(compute_s, self.data_time_s())
-        s = self.remote_steps_share
-        return s * self._step_s(compute_s, self._data_s(remote / s)) + (1 - s) * self._step_s(compute_s, self._data_s(0.0))
+            last_data_s = self.data_time_s()
+            step_s = self._step_s(compute_s, last_data_s)
+        else:
+            s = self.remote_steps_share
+            last_data_s = self._data_s(remote / s)  # the misses' steps end the epoch
+            step_s = s * self._step_s(compute_s, last_data_s) + (1 - s) * self._step_s(compute_s, self._data_s(0.0))
+        return step_s + self.epoch_edge_s(compute_s, last_data_s) / (self.epoch_steps or 1)
+
+    def epoch_edge_s(self, compute_s: float, data_s: float | None = None) -> float:
+        """Seconds an epoch that starts its loader empty adds once (0 without `epoch_steps` or
+        workers): k x min(the data period of its last steps, the compute side)."""
+        if not self.epoch_steps or self.loader_workers <= 0:
+            return 0.0
+        data_s = self.data_time_s() if data_s is None else data_s
+        return self.loader_workers * min(data_s, self.compute_side_s(compute_s))
 
     def _step_s(self, compute_s: float, data_s: float) -> float:
         return max(self.compute_side_s(compute_s), data_s) if self.loader_workers > 0 else compute_s + data_s

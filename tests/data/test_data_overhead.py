@@ -3,6 +3,8 @@ charged to each read in its loader worker's sequence for that round."""
 import threading
 import time
 
+import os
+
 import pytest
 
 from caramel.bench.data_contention import steady_steps
@@ -118,16 +120,23 @@ def test_each_round_charges_its_read_time_under_load_to_the_workers_sequences(st
              "request_overhead_s": 5e-4, "compute_comm_s": 4e-3, "loaded": {"step_s": 4e-3}}
     report = summarize(cfg, {"remote": r}, index, costs, (0, 0), "test", True)
     (row,) = report["rows"]
-    # the store's serial work: 2 ranks x 4 reads x 0.5 ms alone = 4 ms (the link moves 65 kB in 0.5 ms);
-    # a worker's sequence: 4 reads x (1 ms latency + the read under load) / 2 workers; 4 reads in flight
-    serial = 4e-3
-    expected = [max(w, serial) + min(w, serial) / 4 for w in (4 * (1e-3 + o) / 2 for o in under_load)]
-    assert row["predicted_step_s_rounds"] == pytest.approx(expected, rel=1e-6)
-    assert expected == pytest.approx([5e-3, 11e-3, 7e-3])
-    assert row["predicted_step_s"] == pytest.approx(7e-3) and row["request_s_under_load"] == 2e-3
-    assert row["prediction_error"] == pytest.approx(7 / 8 - 1)
-    # without the term: the sequence is the latency alone, 2 ms, behind the store's 4 ms
-    assert row["predicted_step_s_overhead_alone"] == pytest.approx(4e-3 + 2e-3 / 4)
+    # each round's model is the mode's inputs with that round's read under load: 2 ranks x 2 workers
+    # reading 4 samples each per batch, 1 ms latency + the read, then a 0.5 ms turn at the store (its
+    # serial work alone, longer than the 65 kB's 0.5 ms at 1 Gbit/s); 4 steps per epoch
+    from caramel.data.io_model import DataLoadModel
+
+    model = DataLoadModel(sample_bytes=index.nbytes / 32, batch_size=4, ranks=2, store_bandwidth_bps=1e9,
+                          store_latency_s=1e-3, loader_workers=2, request_overhead_s=5e-4,
+                          cores_per_rank=max((os.cpu_count() or 1) / 2, 1.0), epoch_steps=4)
+    expected = [replace(model, worker_request_s=o).step_time_s(4e-3) for o in under_load]
+    assert row["predicted_step_s_rounds"] == pytest.approx(expected, rel=1e-9)
+    # a longer read, a longer step: past the store's 4 ms (2 ranks x 4 x 0.5 ms) the workers' sequences set it
+    assert expected[0] < expected[2] < expected[1] and expected[1] > 4 * (1e-3 + 4e-3) / 2
+    assert row["predicted_step_s"] == pytest.approx(expected[2]) and row["request_s_under_load"] == 2e-3
+    assert row["prediction_error"] == pytest.approx(expected[2] / 8e-3 - 1)
+    # without the term: the sequence is the latency alone
+    assert row["predicted_step_s_overhead_alone"] == pytest.approx(model.step_time_s(4e-3))
+    assert model.step_time_s(4e-3) < expected[0]
     assert row["request_s_under_load_charged"] and row["rounds_without_probe_reads"] == 0
     # a mode fetching whole shards: the probe timed one sample's read, not a shard's fetch, so no term
     cached = replace(r, mode="cached")

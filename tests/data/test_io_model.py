@@ -8,28 +8,91 @@ from caramel.errors import CaramelError
 def test_terms():
     m = DataLoadModel(sample_bytes=1e4, batch_size=10, ranks=4, store_bandwidth_bps=1e8, store_latency_s=1e-3,
                       loader_workers=2)
-    # 10 range reads: 10 ms latency over 2 workers, 4 ranks x 1e5 bytes over 1e8 bit/s = 32 ms;
-    # 8 requests in flight: the waits hide behind the link's transfers but for 1/8 of them
-    assert m.data_time_s() == pytest.approx(32e-3 + 5e-3 / 8)
+    # 10 range reads per batch, 0.8 ms each on the link: 4 ranks x 8 ms = 32 ms of link per step; 8 workers
+    # each reading for 10 ms between their 8 ms turns fill it (the closed loop's knee is at 18 / 8 < 8 workers)
+    assert m.data_time_s() == pytest.approx(32e-3)
     half = DataLoadModel(**{**m.__dict__, "hit_rate": 0.5, "request_bytes": 5e4, "local_s_per_sample": 1e-4})
-    # 5e4 remote bytes in one request: 16 ms + 0.5 ms / 8; 10 local samples at 0.1 ms on one core
+    # shard fetches keep the max + min / c charge: 5e4 remote bytes in one request: 16 ms + 0.5 ms / 8;
+    # 10 local samples at 0.1 ms on one core
     assert half.data_time_s() == pytest.approx(16e-3 + 0.5e-3 / 8 + 1e-3)
     assert half.step_time_s(compute_s=0.03) == 0.03 and half.bottleneck(0.03) == "compute+comm"
     assert m.step_time_s(compute_s=0.01) == pytest.approx(m.data_time_s()) and m.bottleneck(0.01) == "data"
     serial = DataLoadModel(**{**m.__dict__, "loader_workers": 0})
-    assert serial.step_time_s(0.01) == pytest.approx(0.01 + 32e-3 + 10e-3 / 4)  # the 4 ranks' requests overlap
+    assert serial.step_time_s(0.01) == pytest.approx(0.01 + 32e-3)  # one reader per rank still fills the link
     busy = DataLoadModel(**{**m.__dict__, "request_overhead_s": 1e-3})
     # the store handles 4 ranks x 10 requests of 1 ms one after another: 40 ms, more than the link's 32
-    assert busy.data_time_s() == pytest.approx(40e-3 + 5e-3 / 8)
-    slow = DataLoadModel(**{**m.__dict__, "worker_request_s": 1e-3})
-    # each read also takes 1 ms of the cores in its worker's sequence: 10 x 2 ms over 2 workers, behind the link
-    assert slow.data_time_s() == pytest.approx(32e-3 + 10e-3 / 8)
+    assert busy.data_time_s() == pytest.approx(40e-3)
     for field in ("worker_request_s", "store_latency_s", "local_s_per_sample", "disk_s_per_read", "batch_overhead_s"):
         for bad in (-1e-3, float("nan"), float("inf")):
             with pytest.raises(CaramelError, match=field):
                 DataLoadModel(**{**m.__dict__, field: bad})
     alone = DataLoadModel(**{**m.__dict__, "loader_workers": 1, "ranks": 1})
     assert alone.data_time_s() == pytest.approx(10e-3 + 8e-3)  # one request in flight: wait and transfer add up
+
+
+def test_range_reads_are_a_closed_loop_of_the_workers():
+    """Mean value analysis of k x ranks workers, each reading its batch one sample after another,
+    over one FIFO link of fixed service: one worker is its serial sum, many fill the link, and
+    between them each arrival waits for the queued requests and half the one in service."""
+    one = DataLoadModel(sample_bytes=1e4, batch_size=10, ranks=1, store_bandwidth_bps=1e8, store_latency_s=1e-3,
+                        loader_workers=1, worker_request_s=0.5e-3, local_s_per_sample=1e-4, batch_overhead_s=1e-3)
+    # 10 x (1 ms latency + 0.5 ms read + 0.8 ms on the link) + 10 decodes of 0.1 ms + the 1 ms trip
+    assert one.data_time_s() == pytest.approx(10 * 2.3e-3 + 2e-3)
+    two = DataLoadModel(**{**one.__dict__, "loader_workers": 2, "cores_per_rank": 2.0})
+    # by hand: think Z = 15 + 2 ms a batch, demand D = 8 ms; alone X1 = 1 / (Z + D), the link busy U1 = X1 D;
+    # the second worker finds it busy U1 of the time and waits half a batch's service then: R2 = D (1 + U1 / 2)
+    z, d = 17e-3, 8e-3
+    u1 = d / (z + d)
+    assert two.data_time_s() == pytest.approx((z + d * (1 + u1 / 2)) / 2)
+    # the rank's local work runs on min(workers, cores): on one core the two workers' decodes and trips take turns
+    one_core = DataLoadModel(**{**two.__dict__, "cores_per_rank": 1.0})
+    z1 = 15e-3 + 2 * 2e-3
+    assert one_core.data_time_s() == pytest.approx((z1 + d * (1 + d / (z1 + d) / 2)) / 2)
+    # many workers: the link, 4 ranks x 8 ms, whatever the reads' time (up to the knee)
+    many = DataLoadModel(**{**one.__dict__, "ranks": 4, "loader_workers": 16})
+    assert many.data_time_s() == pytest.approx(32e-3)
+    # the read under load lengthens each worker's sequence; its effect grows as the loop leaves the link
+    steps = [DataLoadModel(**{**one.__dict__, "ranks": 2, "loader_workers": 2, "worker_request_s": r}).data_time_s()
+             for r in (0.0, 1e-3, 2e-3, 4e-3, 8e-3)]
+    assert steps == sorted(steps) and steps[0] >= 2 * 8e-3
+    assert steps[-1] - steps[-2] == pytest.approx(4e-3 * 10 / 2, rel=0.05)  # far past the knee: 10 reads / 2 workers
+    # never below the link, never above one worker's serial sum over the rank's workers plus the link
+    for s in steps:
+        assert 16e-3 - 1e-12 <= s
+
+
+def test_the_bench_configurations_sit_either_side_of_the_knee():
+    """The plain loader of the accuracy runs (docs/data.md): 2 ranks x 2 workers, 16 kB samples, a
+    read under load of 1.5 ms. At 100 Mbit/s, batch 8, 2 ms latency, the loop keeps the 20.5 ms
+    link nearly full; at 200 Mbit/s, batch 16, 1 ms, the same bytes but 8 reads per worker and step
+    with a shorter turn each: the workers' sequences, not the link, set the step."""
+    common = dict(sample_bytes=16047, ranks=2, loader_workers=2, worker_request_s=1.5e-3, local_s_per_sample=1e-5,
+                  batch_overhead_s=1.3e-3, request_overhead_s=0.5e-3)
+    at100 = DataLoadModel(batch_size=8, store_bandwidth_bps=100e6, store_latency_s=2e-3, **common)
+    at200 = DataLoadModel(batch_size=16, store_bandwidth_bps=200e6, store_latency_s=1e-3, **common)
+    link_s = 2 * 8 * 16047 * 8 / 100e6
+    assert at100.data_time_s() < 1.15 * link_s  # near the link (20.5 ms; measured 21.7-22.8 ms)
+    per_worker_s = 16 * (1e-3 + 1.5e-3 + 16047 * 8 / 200e6) / 2  # 8 reads per worker and step, serial
+    assert at200.data_time_s() > per_worker_s > link_s  # beyond the knee: the sequences and their queueing
+
+
+def test_an_epoch_that_starts_empty_pays_its_edge_once():
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=4, store_bandwidth_bps=1e8, store_latency_s=1e-3,
+                loader_workers=2)
+    free = DataLoadModel(**base)
+    assert DataLoadModel(**base, epoch_steps=None) == free  # None: the model without the edge
+    # data-bound (32 ms of link against 10 ms of compute): the last 2 batches' compute sides follow each other
+    edged = DataLoadModel(**base, epoch_steps=16)
+    assert edged.step_time_s(10e-3) == pytest.approx(32e-3 + 2 * 10e-3 / 16)
+    assert edged.epoch_edge_s(10e-3) == pytest.approx(20e-3) and edged.data_time_s() == free.data_time_s()
+    # compute-bound: the first batch waits for a whole worker's batch, 2 x 32 ms
+    assert edged.step_time_s(50e-3) == pytest.approx(50e-3 + 2 * 32e-3 / 16)
+    # a longer epoch spreads the same edge thinner; no workers, nothing prefetched, no edge
+    assert DataLoadModel(**base, epoch_steps=160).step_time_s(10e-3) == pytest.approx(32e-3 + 20e-3 / 160)
+    assert DataLoadModel(**{**base, "loader_workers": 0}, epoch_steps=16).epoch_edge_s(10e-3) == 0.0
+    for bad in (0, -1, 1.5, True, "16"):
+        with pytest.raises(CaramelError, match="epoch_steps"):
+            DataLoadModel(**base, epoch_steps=bad)
 
 
 def test_bad_input_is_named():

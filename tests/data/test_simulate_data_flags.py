@@ -71,3 +71,24 @@ def test_shard_fetches_are_not_charged_the_read_under_load(capsys):
                       hit_rate=0.0, request_bytes=256e3)
     with pytest.raises(CaramelError, match="worker_request_s"):
         DataLoadModel(**{**m.__dict__, "worker_request_s": 1e-3})
+
+
+def test_simulate_charges_the_epoch_edge_when_given_the_epoch_steps(capsys, tmp_path):
+    out = tmp_path / "sim.json"
+
+    def data_step(*extra):
+        assert main(SIM + DATA + ["--data-bandwidth", "100mbit", "--data-latency", "2ms", *extra,
+                                  "--json", str(out)]) == 0
+        return json.loads(out.read_text())["records"][0]
+
+    plain, edged = data_step(), data_step("--data-epoch-steps", "32")
+    assert plain["data"]["epoch_steps"] is None and edged["data"]["epoch_steps"] == 32
+    # compute-bound (90 ms against 2 ranks x 8 x 16 kB over 100 Mbit/s, 20.5 ms): each epoch's first batch
+    # waits for a worker's whole batch, 2 workers x the data period, once in 32 steps
+    assert plain["step_time_with_data_s"] == plain["step_time_s"] > plain["data_time_s"]
+    assert edged["step_time_with_data_s"] - plain["step_time_with_data_s"] == pytest.approx(2 * plain["data_time_s"] / 32)
+    for bad in ("0", "-3"):
+        assert main(SIM + DATA + ["--data-epoch-steps", bad]) == 2
+        assert "--data-epoch-steps" in capsys.readouterr().err
+    assert main(SIM + ["--data-epoch-steps", "32"]) == 2
+    assert "--data-epoch-steps needs --data-sample-bytes" in capsys.readouterr().err

@@ -81,18 +81,22 @@ def test_simulate_charges_the_read_under_load(capsys, tmp_path):
         assert main(base + list(extra) + ["--json", str(out)]) == 0
         return json.loads(out.read_text())["records"][0]
 
+    extra = {}
     for rate, link_s in (("100mbit", 2 * 8 * 16e3 * 8 / 100e6), ("1gbit", 2 * 8 * 16e3 * 8 / 1e9)):
         plain, zero, loaded = record("--data-bandwidth", rate), record("--data-bandwidth", rate, "--data-read-under-load",
                                                                         "0"), record("--data-bandwidth", rate,
                                                                                      "--data-read-under-load", "1.5ms")
         assert plain == zero and plain["data"]["worker_request_s"] == 0.0  # omitted: the model without the term
-        for rec, per_read_s in ((plain, 2e-3), (loaded, 3.5e-3)):
-            wait_s = 8 * per_read_s / 2  # each worker's sequence of reads: latency + the read under load
-            assert rec["data_time_s"] == pytest.approx(max(wait_s, link_s) + min(wait_s, link_s) / 4)
+        assert plain["data_time_s"] >= link_s - 1e-12  # never faster than the link
         assert loaded["data"]["worker_request_s"] == pytest.approx(1.5e-3)
         assert loaded["data_time_s"] > plain["data_time_s"]
-    # at 1 gbit/s the waits are the longer phase: the term enters whole, 8 reads x 1.5 ms over 2 workers
-    assert loaded["data_time_s"] - plain["data_time_s"] == pytest.approx(6e-3)
+        extra[rate] = loaded["data_time_s"] - plain["data_time_s"]
+    # each worker reads 8 samples one after another (the closed loop, docs/data.md): at 1 gbit/s the link
+    # (2 ms) is idle most of the time and the term enters nearly whole, 8 reads x 1.5 ms over 2 workers;
+    # at 100 mbit/s the 4 workers' sequences (8 reads x 3.5 ms / 2 = 14 ms) keep the 20.5 ms link full but
+    # for its queue, and the link hides most of it
+    assert extra["1gbit"] == pytest.approx(6e-3, rel=0.05)
+    assert extra["100mbit"] < extra["1gbit"] / 2
     assert "+ 1.5 ms a read under load" in capsys.readouterr().out
     for bad, why in (("1.2", "has no unit"), ("-1ms", "--data-read-under-load"), ("nan", "--data-read-under-load"),
                      ("1e999ms", "--data-read-under-load"), ("fast", "--data-read-under-load")):
