@@ -132,20 +132,20 @@ def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(
     tiny = TINY
     policy, first, second = tmp_path / "p.pt", tmp_path / "a.json", tmp_path / "b.json"
     assert main(tiny + ["--teacher", "rollout", "--improve", "rounds=1,episodes=2,epochs=1", "--val-seeds", "500:502",
-                        "--train-seeds", "1000:1004", "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
+                        "--train-seeds", "2000:2004", "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
                         "--save-policy", str(policy), "--json", str(first)]) == 0
     assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
                         "--json", str(second)]) == 0
     a, b = (json.loads(p.read_text()) for p in (first, second))
     assert a["held_out"]["per_trace"] == b["held_out"]["per_trace"] and "validation" not in b
-    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"] and b["train_seeds"] == [1000, 1004]
+    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"] and b["train_seeds"] == [2000, 2004]
     assert a["held_out"]["offline"] == ["ppo_check:1"] and a["held_out_large"]["offline"] == []
     with pytest.raises(SystemExit, match="trained with env"):
         main(tiny[:-1] + ["width=16", "--load-policy", str(policy), "--test-seeds", "0:2"])
     with pytest.raises(SystemExit, match="trained with env"):  # same shapes, another base heuristic
         main(tiny + ["--env", "objective=weighted_jct,base=sebf", "--load-policy", str(policy), "--test-seeds", "0:2"])
-    # the policy's own training seeds, not the default --train-seeds, are held out
-    for seeds in (["--test-seeds", "1002:1005"], ["--val-seeds", "999:1001", "--test-seeds", "0:2"]):
+    # the policy's own training seeds (outside the default 1000:1256), not --train-seeds, are held out
+    for seeds in (["--test-seeds", "2002:2005"], ["--val-seeds", "1999:2001", "--test-seeds", "0:2"]):
         with pytest.raises(SystemExit, match="seeds overlap \\(the policy's"):
             main(tiny + ["--load-policy", str(policy)] + seeds)
     for flags in (["--train-trace", "num_jobs=6"], ["--train-seeds", "5:6"], ["--teacher", "rollout"],
