@@ -12,6 +12,9 @@ part 2; docs/rl-scheduling.md).
         --ppo width=64 --improve rounds=3,episodes=60,epochs=30,learning_rate=1e-3 --val-seeds 500:540 \
         --test-seeds 0:100 --decode greedy,greedy:1,greedy:3,sample:8:2 --save-policy policy.pt --json out.json
 
+    python -m experiments.coflow_rl --objective weighted_jct --ppo width=64 --load-policy policy.pt \
+        --test-seeds 0:100 --decode greedy,check:3 --json out.json
+
 Trains the candidate-scoring policy on traces with the training seeds, by PPO alone (`--teacher
 none`) or by imitating the rollout of the base heuristic (`--teacher rollout`,
 caramel.sched.improve; then `--finetune-steps` of PPO if asked), then runs FIFO, SCF, SEBF,
@@ -21,7 +24,11 @@ on larger traces (`--large`) the policy never saw; with `--rollout-baseline`, th
 too (a lookahead, reported apart from the policy). Reports each scheduler's mean objective, its
 solve time per trace, and each learned row against the base and the best heuristic per trace
 (mean difference with its 95% interval, wins, losses). `--save-policy`/`--load-policy` keep a
-trained policy, so a setting picked on validation seeds runs once on the test seeds.
+trained policy, so a setting picked on validation seeds runs once on the test seeds (the policy
+file keeps its training seeds, and those are checked disjoint from the evaluated ones).
+`greedy[:M]` is online (it sees only released jobs); `check:M` and `sample:N` are offline planners
+(they roll out or replay the whole trace, future arrivals included): each report lists them
+under "offline".
 """
 from __future__ import annotations
 
@@ -45,13 +52,15 @@ METRIC = {"cct": "avg_cct_s", "weighted_jct": "avg_weighted_jct_s"}
 
 def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metric: str, rollout: bool,
              decodings: list[Decoding], decode_seed: int) -> dict:
-    """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_<decoding>`) and, with
-    `rollout`, the rollout on the traces of `seeds`; per trace, each learned method's objective
+    """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_<decoding>`; "offline"
+    lists the rows that need the whole trace in advance: check:M, sample:N, the rollout) and,
+    with `rollout`, the rollout on the traces of `seeds`; per trace, each learned method's objective
     over the best heuristic's and the base's (mean with a 95% t-interval over the traces, wins,
     losses), and each method's solve time."""
     logits = policy_logits(model)
     methods = {name: (lambda w, h=h: simulate(w, h)) for name, h in HEURISTICS.items()}
     checks: dict[str, list[int]] = {}
+    offline = [f"ppo_{d.name}" for d in decodings if not d.online] + (["rollout"] if rollout else [])
 
     def decoded(w, d: Decoding, name: str):
         out = decode(env, w, logits, d, decode_seed)
@@ -79,7 +88,8 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
               "schedulers": {n: summary(v) for n, v in per.items()},
               "solve_s": {n: summary(v) for n, v in solve_s.items()},
               "best_heuristic_per_trace": {n: best_name.count(n) for n in HEURISTICS if n in best_name},
-              "per_trace": per, "checks_per_trace": {n: summary(v) for n, v in checks.items()}, "vs": {}}
+              "per_trace": per, "checks_per_trace": {n: summary(v) for n, v in checks.items()},
+              "offline": offline, "vs": {}}
     for name in (n for n in methods if n not in HEURISTICS):  # "ppo": the learned policy, however trained
         report["vs"][name] = {ref: _versus(per[name], values) for ref, values
                               in (("best_heuristic", best), ("base", base))}
@@ -118,24 +128,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", default="", help="EnvOptions as key=value,... (default base: the best heuristic "
                                               "of the objective, sebf for cct, weighted_srjf for weighted_jct)")
     ap.add_argument("--ppo", default="", help="PpoOptions as key=value,...")
-    ap.add_argument("--teacher", default="none", choices=("none", "rollout"),
+    ap.add_argument("--teacher", default=None, choices=("none", "rollout"),
                     help="none: PPO alone; rollout: imitate the base heuristic's rollout (then --finetune-steps of PPO)")
     ap.add_argument("--improve", default="", help="ImproveOptions as key=value,... (with --teacher rollout)")
-    ap.add_argument("--finetune-steps", type=int, default=0, help="PPO steps after imitation (with --teacher)")
+    ap.add_argument("--finetune-steps", type=int, default=None, help="PPO steps after imitation (with --teacher)")
     ap.add_argument("--rollout-baseline", action="store_true", help="also run the rollout itself (slow lookahead)")
     ap.add_argument("--decode", default="greedy", help="comma-separated decodings of the policy: greedy, greedy:M "
                                                        "(leave the base's pick only by a logit margin over M), "
-                                                       "sample:N or sample:N:T (the best of N schedules drawn at "
-                                                       "temperature T; offline, it needs the whole trace)")
+                                                       "check:M (roll out the policy's proposal against the base's "
+                                                       "pick where within M of it; offline: rolls out to the trace's "
+                                                       "end, future arrivals included), sample:N or sample:N:T (the "
+                                                       "best of N schedules drawn at temperature T; offline, it "
+                                                       "needs the whole trace)")
     ap.add_argument("--large-decode", default="greedy", help="the decodings on the larger traces (--large)")
     ap.add_argument("--decode-seed", type=int, default=0)
-    ap.add_argument("--train-seeds", default="1000:1256")
-    ap.add_argument("--val-seeds", default=None, help="validation traces (settings are chosen on these)")
+    ap.add_argument("--train-seeds", default=None, help="training traces (default 1000:1256)")
+    ap.add_argument("--val-seeds", default=None, help="validation traces (settings are chosen on these); "
+                                                      "'none' to skip")
     ap.add_argument("--test-seeds", default="0:40", help="held-out test traces; 'none' to skip")
     ap.add_argument("--save-policy", default=None, help="write the trained policy (and how it was trained) here")
     ap.add_argument("--load-policy", default=None, help="evaluate a policy --save-policy wrote; no training")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    training_flags = [flag for flag, value in (("--teacher", args.teacher), ("--improve", args.improve or None),
+                                               ("--finetune-steps", args.finetune_steps),
+                                               ("--train-trace", args.train_trace), ("--train-seeds", args.train_seeds))
+                      if value is not None]
+    if args.load_policy and training_flags:
+        raise SystemExit(f"--load-policy {args.load_policy} evaluates a trained policy; {', '.join(training_flags)} "
+                         f"shape training and would be ignored: drop them (the policy file records its training)")
+    args.teacher = args.teacher or "none"
+    args.finetune_steps = 0 if args.finetune_steps is None else args.finetune_steps
     torch.set_num_threads(1)
     trace = options_from(TraceOptions, args.trace, "trace")
     large = options_from(TraceOptions, args.large, "large")
@@ -148,15 +171,31 @@ def main(argv: list[str] | None = None) -> int:
     ppo = options_from(PpoOptions, args.ppo, "ppo")
     decodings, large_decodings = ([parse_decoding(d) for d in text.split(",")]
                                   for text in (args.decode, args.large_decode))
+    for flag, decs in (("--decode", decodings), ("--large-decode", large_decodings)):
+        names = [d.name for d in decs]
+        if len(set(names)) < len(names):
+            raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))!r}: decodings {names} repeat a "
+                             f"name (one row each); give each once")
     if Decoding() not in decodings or Decoding() not in large_decodings:
         raise SystemExit("--decode and --large-decode must include greedy (the policy's own row, 'ppo')")
-    train = seed_range(args.train_seeds)
+    saved = None
+    if args.load_policy:
+        # weights_only: the file holds a state_dict and plain dicts/lists, nothing to unpickle
+        saved = torch.load(args.load_policy, weights_only=True)
+        if "train_seeds" not in saved.get("training", {}):
+            raise SystemExit(f"--load-policy {args.load_policy}: the file does not record the seeds the policy was "
+                             f"trained on, so the held-out seeds cannot be checked disjoint; retrain with "
+                             f"--save-policy")
+        train = list(range(*saved["training"]["train_seeds"]))
+    else:
+        train = seed_range(args.train_seeds or "1000:1256")
     test = [] if args.test_seeds == "none" else seed_range(args.test_seeds)
-    val = [] if args.val_seeds is None else seed_range(args.val_seeds)
+    val = [] if args.val_seeds in (None, "none") else seed_range(args.val_seeds)
     for a, b, what in ((train, test, "training and test"), (train, val, "training and validation"),
                        (val, test, "validation and test")):
         if set(a) & set(b):
-            raise SystemExit(f"{what} seeds overlap; the test and validation traces must be held out")
+            trained = f" (the policy's, from {args.load_policy})" if saved is not None and a is train else ""
+            raise SystemExit(f"{what} seeds overlap{trained}; the test and validation traces must be held out")
     if not test and not val:
         raise SystemExit("nothing to evaluate: give --test-seeds or --val-seeds")
     if args.teacher == "none" and (args.improve or args.finetune_steps):
@@ -164,17 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.finetune_steps < 0:
         raise SystemExit(f"--finetune-steps must be >= 0, got {args.finetune_steps}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
-    train_envs = [CoflowEnv(t, train, env_opts) for t in train_traces]
-    train_env = train_envs[0]
-    if args.load_policy:
-        saved = torch.load(args.load_policy, weights_only=False)
+    if saved is not None:
         if saved["training"]["env"] != vars(env_opts) or saved["training"]["ppo"] != vars(ppo):
             raise SystemExit(f"--load-policy {args.load_policy}: trained with env {saved['training']['env']} and "
                              f"ppo {saved['training']['ppo']}; pass the same --env and --ppo")
-        model = make_ppo(train_env, ppo)
+        model = make_ppo(CoflowEnv(trace, [0], env_opts), ppo)  # the spaces come from the env options only
         model.policy.load_state_dict(saved["state_dict"])
         training = {**saved["training"], "loaded_from": args.load_policy}
     else:
+        train_envs = [CoflowEnv(t, train, env_opts) for t in train_traces]
+        train_env = train_envs[0]
         start = time.perf_counter()
         rounds = []
         if args.teacher == "none":

@@ -100,7 +100,7 @@ def test_decodings_parse_and_bad_ones_are_refused():
     assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
     for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
                 "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", "", "check", "check:-1",
-                "check:1:2"):
+                "check:1:2", "greedy:1_0", "check:  2", "check: 2", "sample:\u0663", "sample:+8", "greedy:+1"):
         with pytest.raises(CaramelError, match="expected greedy, greedy:M"):
             parse_decoding(bad)
 
@@ -113,24 +113,65 @@ def test_per_trace_comparison_counts_and_interval():
     lo, hi = vs["pct"]["ci95"]
     assert lo < vs["pct"]["mean"] < hi
     assert vs["pct_of_means"] == pytest.approx(100 * (5.1 / 5.0 - 1))
+    from experiments.rl_common import ratio_summary
+    # by hand: mean 2.5, sd (ddof 1) 12.583, t(0.975, 3) = 3.1824, half-width 3.1824 * 12.583 / 2 = 20.02
+    assert ratio_summary([-10, 0, 20, 0])["ci95"] == pytest.approx([-17.522, 22.522], abs=2e-3)
+
+
+def test_decodings_say_which_are_online():
+    assert Decoding().online and Decoding(margin=3.0).online
+    assert not Decoding(check=3.0).online and not Decoding(8).online
+
+
+TINY = ["--objective", "weighted_jct", "--trace", "num_jobs=3,max_steps=1", "--large", "num_jobs=4,max_steps=1",
+        "--ppo", "width=8"]
 
 
 def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(tmp_path):
     from experiments.coflow_rl import main
-    tiny = ["--objective", "weighted_jct", "--trace", "num_jobs=3,max_steps=1", "--large", "num_jobs=4,max_steps=1",
-            "--ppo", "width=8"]
+    tiny = TINY
     policy, first, second = tmp_path / "p.pt", tmp_path / "a.json", tmp_path / "b.json"
     assert main(tiny + ["--teacher", "rollout", "--improve", "rounds=1,episodes=2,epochs=1", "--val-seeds", "500:502",
-                        "--test-seeds", "0:2", "--decode", "greedy,greedy:1", "--save-policy", str(policy),
-                        "--json", str(first)]) == 0
-    assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1",
+                        "--train-seeds", "2000:2004", "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
+                        "--save-policy", str(policy), "--json", str(first)]) == 0
+    assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
                         "--json", str(second)]) == 0
     a, b = (json.loads(p.read_text()) for p in (first, second))
     assert a["held_out"]["per_trace"] == b["held_out"]["per_trace"] and "validation" not in b
-    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"]
+    assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"] and b["train_seeds"] == [2000, 2004]
+    assert a["held_out"]["offline"] == ["ppo_check:1"] and a["held_out_large"]["offline"] == []
     with pytest.raises(SystemExit, match="trained with env"):
         main(tiny[:-1] + ["width=16", "--load-policy", str(policy), "--test-seeds", "0:2"])
-    with pytest.raises(SystemExit, match="validation and test seeds overlap"):
-        main(tiny + ["--val-seeds", "0:3", "--test-seeds", "2:4"])
+    with pytest.raises(SystemExit, match="trained with env"):  # same shapes, another base heuristic
+        main(tiny + ["--env", "objective=weighted_jct,base=sebf", "--load-policy", str(policy), "--test-seeds", "0:2"])
+    # the policy's own training seeds (outside the default 1000:1256), not --train-seeds, are held out
+    for seeds in (["--test-seeds", "2002:2005"], ["--val-seeds", "1999:2001", "--test-seeds", "0:2"]):
+        with pytest.raises(SystemExit, match="seeds overlap \\(the policy's"):
+            main(tiny + ["--load-policy", str(policy)] + seeds)
+    for flags in (["--train-trace", "num_jobs=6"], ["--train-seeds", "5:6"], ["--teacher", "rollout"],
+                  ["--improve", "rounds=2"], ["--finetune-steps", "0"]):
+        with pytest.raises(SystemExit, match=f"{flags[0]} shape training"):
+            main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2"] + flags)
+    saved = torch.load(policy, weights_only=True)
+    del saved["training"]["train_seeds"]
+    torch.save(saved, tmp_path / "old.pt")
+    with pytest.raises(SystemExit, match="does not record the seeds"):
+        main(tiny + ["--load-policy", str(tmp_path / "old.pt"), "--test-seeds", "0:2"])
+
+
+@pytest.mark.parametrize("seeds, pair", [
+    (["--train-seeds", "0:3", "--test-seeds", "2:4"], "training and test"),
+    (["--train-seeds", "0:3", "--val-seeds", "2:4", "--test-seeds", "10:12"], "training and validation"),
+    (["--val-seeds", "0:3", "--test-seeds", "2:4"], "validation and test")])
+def test_experiment_refuses_overlapping_seeds(seeds, pair):
+    from experiments.coflow_rl import main
+    with pytest.raises(SystemExit, match=f"{pair} seeds overlap"):
+        main(TINY + seeds)
+
+
+def test_experiment_refuses_bad_decoding_lists():
+    from experiments.coflow_rl import main
     with pytest.raises(SystemExit, match="must include greedy"):
-        main(tiny + ["--decode", "greedy:1", "--test-seeds", "0:2"])
+        main(TINY + ["--decode", "greedy:1", "--test-seeds", "0:2"])
+    with pytest.raises(SystemExit, match="repeat a name"):
+        main(TINY + ["--decode", "greedy,greedy:1,greedy:1.0000001", "--test-seeds", "0:2"])

@@ -21,6 +21,7 @@ the policy).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,30 +57,42 @@ class Decoding:
             return "greedy" + ("" if self.margin == 0.0 else f":{self.margin:g}")
         return f"sample:{self.samples}" + ("" if self.temperature == 1.0 else f":{self.temperature:g}")
 
+    @property
+    def online(self) -> bool:
+        """Whether it sees only what has been released: check:M and sample:N roll out or replay
+        the whole trace, future arrivals included (offline planners)."""
+        return self.check is None and self.samples == 1
+
     def pick(self, logits: np.ndarray) -> int:
         """The greedy row: the best, unless it beats row 0 by no more than the margin."""
         best = int(np.argmax(logits))
         return best if logits[best] - logits[0] > self.margin else 0
 
 
+_NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASCII only: no spaces, _, signs
+
+
 def parse_decoding(text: str) -> Decoding:
-    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0)."""
+    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0);
+    numbers in ASCII digits only (no spaces, underscores or signs)."""
     parts = text.split(":")
+    numbers_ok = all(_NUMBER.fullmatch(p) for p in parts[1:])
     try:
-        value = float(parts[-1]) if len(parts) == (2 if parts[0] in ("greedy", "check") else 3) else None
+        value = float(parts[-1]) if numbers_ok and len(parts) == (
+            2 if parts[0] in ("greedy", "check") else 3) else None
         if value is not None and not np.isfinite(value):
             raise ValueError
-        if parts[0] == "greedy" and len(parts) <= 2 and (value is None or value >= 0):
+        if numbers_ok and parts[0] == "greedy" and len(parts) <= 2:
             return Decoding(margin=0.0 if value is None else value)
-        if parts[0] == "check" and len(parts) == 2 and value >= 0:
+        if numbers_ok and parts[0] == "check" and len(parts) == 2:
             return Decoding(check=value)
-        if parts[0] == "sample" and len(parts) in (2, 3) and parts[1].isdigit() and int(parts[1]) >= 2 and (
-                value is None or value > 0):
+        if numbers_ok and parts[0] == "sample" and len(parts) in (2, 3) and re.fullmatch(r"[0-9]+", parts[1]) \
+                and int(parts[1]) >= 2 and (value is None or value > 0):
             return Decoding(int(parts[1]), temperature=1.0 if value is None else value)
     except ValueError:
         pass
     raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "
-                       f"with N >= 2 and T > 0 (e.g. greedy:1, check:2, sample:8 or sample:8:2)")
+                       f"with N >= 2 and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or sample:8:2)")
 
 
 def policy_logits(model) -> Logits:
