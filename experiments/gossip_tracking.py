@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +75,13 @@ def main() -> None:
                for n in names[1:]]
         print(f"| {s} | " + " | ".join(cells + rel) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"baseline": base, "val_loss": {
-            n: {str(s): {str(k): v for k, v in sorted(c.items())} for s, c in curves[n].items()} for n in names}},
-            indent=1) + "\n")
+        # a diverged run's NaN becomes null (strict JSON), listed under "diverged"
+        val = {n: {str(s): {str(k): (v if math.isfinite(v) else None) for k, v in sorted(c.items())}
+                   for s, c in curves[n].items()} for n in names}
+        diverged = {n: [s for s, c in val[n].items() if None in c.values()] for n in names}
+        Path(args.json).write_text(json.dumps({"baseline": base, "val_loss": val,
+                                               "diverged": {n: d for n, d in diverged.items() if d}},
+                                              indent=1, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,12 @@ E[v_i] is E[g-bar^2]'s EMA (max: mu^2 >= 0, where the cross term's noise would m
 The first step has no first moment yet: its cross term is g_i^2 (the optimizer's own input).
 Nothing travels: no bytes added. The optimizer is torch.optim's Adam or AdamW, whose update
 `exp_avg_sq = beta2 exp_avg_sq + (1 - beta2) grad^2` is set up before step() so that it lands
-on v_i exactly; Adam's L2 weight decay (coupled, in the gradient) is refused, AdamW's is not in
-the moment and is kept.
+on v_i exactly (float32 state; bf16 state loses about n * 2^-8 of v to the rewrite's
+cancellation); Adam's L2 weight decay (coupled, in the gradient) is refused, AdamW's is not in
+the moment and is kept. Betas and maximize are read from each parameter's group at every step
+(schedules apply); a parameter the optimizer does not hold is skipped, as the optimizer skips it.
+A and C live here, not in the optimizer's state: `optimizer.state_dict()` alone does not carry
+them, and a step whose Adam state count differs from theirs (such a resume) is an error.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from caramel.errors import CaramelError
 SECOND_MOMENTS = ("own", "debiased")
 
 
-def check_second_moment_optimizer(optimizer: torch.optim.Optimizer, algorithm: str) -> None:
+def check_second_moment_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """Refuse, before any step, an optimizer whose second moment this cannot set."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise CaramelError(f"strategy 'gossip': second_moment=debiased sets Adam's second moment (exp_avg_sq); pass "
@@ -57,16 +61,19 @@ class SecondMoment:
     v_i into the optimizer's exp_avg_sq (module docstring)."""
 
     def __init__(self, shared: list[tuple[str, torch.Tensor]], optimizer: torch.optim.Optimizer, world: int):
-        self.names = [n for n, _ in shared]
-        self.params = [p for _, p in shared]
+        # the parameter's group, read at each step: a schedule may change betas
+        self.group = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        held = [(n, p) for n, p in shared if id(p) in self.group]  # the optimizer skips the others
+        self.names = [n for n, _ in held]
+        self.params = [p for _, p in held]
         self.optimizer, self.world = optimizer, world
-        self.betas = {id(p): g["betas"] for g in optimizer.param_groups for p in g["params"]}
-        # under maximize=True Adam's first moment averages -g
-        self.sign = {id(p): -1.0 if g.get("maximize") else 1.0 for g in optimizer.param_groups for p in g["params"]}
         # float32 at least: v is the difference of two sums, and it is compared with zero
         wide = [torch.promote_types(p.dtype, torch.float32) for p in self.params]
         self.sq = [torch.zeros_like(p, dtype=d, memory_format=torch.contiguous_format) for p, d in zip(self.params, wide)]
         self.cross = [torch.zeros_like(s) for s in self.sq]
+        # steps folded into A and C, which must be the optimizer's own step count (None: unknown,
+        # taken from the optimizer at the next step, for a worker state saved without it)
+        self.count: list[int | None] = [0] * len(self.params)
 
     def observe(self) -> None:
         """At step(), before the optimizer's update (and before anything replaces p.grad): fold
@@ -76,10 +83,21 @@ class SecondMoment:
                 if p.grad is None:
                     continue
                 g = p.grad.to(self.sq[k].dtype)
-                b1, b2 = self.betas[id(p)]
+                group = self.group[id(p)]
+                b1, b2 = group["betas"]
                 state = self.optimizer.state.get(p)
+                steps = int(float(state["step"])) if state and "step" in state else 0
+                if self.count[k] is None:
+                    self.count[k] = steps
+                if self.count[k] != steps:
+                    raise CaramelError(
+                        f"strategy 'gossip': second_moment=debiased: parameter '{self.names[k]}' has {steps} Adam "
+                        f"steps but its second-moment estimate has {self.count[k]}; optimizer.state_dict() does not "
+                        "carry the estimate: resume with opt.gossip.worker_state() / load_worker_state()")
+                self.count[k] += 1
                 if state and "exp_avg" in state:
-                    partner = state["exp_avg"].to(g.dtype).div(self.sign[id(p)] * (1 - b1 ** float(state["step"])))
+                    sign = -1.0 if group.get("maximize") else 1.0  # under maximize Adam's m averages -g
+                    partner = state["exp_avg"].to(g.dtype).div(sign * (1 - b1 ** float(state["step"])))
                 else:
                     partner = g  # no earlier gradient: the optimizer's own g^2
                 self.sq[k].mul_(b2).addcmul_(g, g, value=1 - b2)
@@ -95,7 +113,7 @@ class SecondMoment:
                 state = self.optimizer.state.get(p)
                 if p.grad is None or not state or "exp_avg_sq" not in state:
                     continue
-                b2 = self.betas[id(p)][1]
+                b2 = self.group[id(p)]["betas"][1]
                 v = self.cross[k].clamp(min=0).mul_(1 - 1 / n).add_(self.sq[k], alpha=1 / n)
                 d = p.grad.to(v.dtype)
                 # exp_avg_sq <- (v - (1 - b2) d^2) / b2, so that b2 * it + (1 - b2) d^2 = v
@@ -103,10 +121,18 @@ class SecondMoment:
 
     def state_dict(self) -> dict[str, Any]:
         return {"sq": {n: t.clone() for n, t in zip(self.names, self.sq)},
-                "cross": {n: t.clone() for n, t in zip(self.names, self.cross)}}
+                "cross": {n: t.clone() for n, t in zip(self.names, self.cross)},
+                "count": dict(zip(self.names, self.count))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [n for n in self.names if n not in state["sq"] or n not in state["cross"]]
+        if missing:
+            raise CaramelError(f"strategy 'gossip': this worker state's second-moment estimate has no parameter "
+                               f"'{missing[0]}' ({len(missing)} missing): it was saved for another model or "
+                               "another set of shared parameters")
+        counts = state.get("count", {})
         with torch.no_grad():
             for k, n in enumerate(self.names):
                 self.sq[k].copy_(state["sq"][n])
                 self.cross[k].copy_(state["cross"][n])
+                self.count[k] = counts.get(n)

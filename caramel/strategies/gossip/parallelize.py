@@ -39,7 +39,7 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, options: GossipOptions) -
                            f"pass torch.optim.Adam or AdamW, got {type(optimizer).__name__} "
                            "(algorithm=overlap is the same overlapped form for any optimizer)")
     if options.debiases:
-        check_second_moment_optimizer(optimizer, options.algorithm)
+        check_second_moment_optimizer(optimizer)
 
 
 def parallelize_gossip(model: nn.Module, optimizer: torch.optim.Optimizer, options: GossipOptions, *,

@@ -64,6 +64,12 @@ class GossipOptimizerMixin:
                                "un-mixed parameters and mixes just before the update; a closure would compute "
                                "it inside step(), after the mix. Call backward() before optimizer.step() "
                                "without a closure")
+        if closure is not None and run.moments is not None:
+            # the estimate is set up from p.grad as it stands at step(); a closure's new gradient
+            # would then be added to an exp_avg_sq set up for the old one (negative, NaN)
+            raise CaramelError("strategy 'gossip': second_moment=debiased sets exp_avg_sq from the gradient as it "
+                               "stands at step(); a closure would compute a new one inside step(). Call "
+                               "backward() before optimizer.step() without a closure")
         self._opt_called = True  # tells LR schedulers a step happened
         waited = run.before_update()
         frozen = run.frozen()
