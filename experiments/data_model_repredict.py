@@ -46,7 +46,8 @@ def repredict(record: dict, index) -> list[dict]:
     for row in record["rows"]:
         sample_hit = min(max(row["sample_hit_rate_steady"], 0.0), 1.0)
         model = predict(cfg, row["mode"], index, costs, sample_hit, min(row["memory_share_steady"], sample_hit),
-                        row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"])
+                        row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"],
+                        cpu_count=record.get("cpu_count"))  # the recording host's cores, not this one's
         rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
                               floor if floor else cfg.compute_s)
         # range reads only (caramel.data-bench/5); /4 records charged every mode, so their non-plain rows move
