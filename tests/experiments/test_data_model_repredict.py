@@ -112,14 +112,14 @@ def test_the_read_under_load_runs_render_and_rescore_to_the_errors_the_docs_quot
 
 
 def test_the_step_by_step_records_give_the_pairs_the_docs_quote():
-    """docs/results/data-bench-epoch-steps-*.json (experiments.data_epoch_steps run): the steady
+    """docs/results/data-epoch-steps-*.json (experiments.data_epoch_steps run): the steady
     epochs' first pairs cost 36.5 and 27.7 ms more than the others at 200 Mbit/s, 25.2 and 16.4 ms
     at 100 Mbit/s (docs/results/data-bench-closed-loop.md)."""
     from experiments.data_epoch_steps import pairs
 
     excess = {}
     for name in ("f200", "full"):
-        record = json.loads((RESULTS / f"data-bench-epoch-steps-{name}.json").read_text())
+        record = json.loads((RESULTS / f"data-epoch-steps-{name}.json").read_text())
         lines = pairs(name, record)
         assert len(lines) == 3 and lines[0].startswith(f"{name} epoch 1 (first, cold)")
         excess[name] = [float(line.split("epoch-start excess ")[1].split(" ms")[0]) for line in lines[1:]]
