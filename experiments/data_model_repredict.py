@@ -7,7 +7,8 @@ contention with `round_inputs` (against the run's floor of steps alone), and pri
 the model with each round's own calibration (the median over rounds; from a
 `caramel.data-bench/4` or `/5` record, with each round's read time under load too), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
-measuring anything again. A FILE is a record or a results file of runs
+measuring anything again; with the epoch edge the model charges once per epoch (median over
+rounds). A FILE is a record or a results file of runs
 (`caramel.data-bench-runs/1`, as in docs/results), whose every record is rescored; a field an
 older record lacks prints as "-". Usage: python -m experiments.data_model_repredict STORE_DIR FILE...
 """
@@ -46,20 +47,27 @@ def repredict(record: dict, index) -> list[dict]:
     for row in record["rows"]:
         sample_hit = min(max(row["sample_hit_rate_steady"], 0.0), 1.0)
         model = predict(cfg, row["mode"], index, costs, sample_hit, min(row["memory_share_steady"], sample_hit),
-                        row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"])
+                        row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"],
+                        cpu_count=record.get("cpu_count"))  # the recording host's cores, not this one's
         rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
                               floor if floor else cfg.compute_s)
         # range reads only (caramel.data-bench/5); /4 records charged every mode, so their non-plain rows move
         overheads = round_overheads(row.get("calibrations", [])) if model.request_bytes is None \
             else [0.0] * len(row.get("calibrations", []))
-        per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
-                     for (c, a), o in zip(rounds, overheads)]
-        now = median(per_round) if per_round else model.step_time_s(start)
+        round_models = [(replace(model, contention=c, worker_request_s=o), a) for (c, a), o in zip(rounds, overheads)]
+        now = median(m.step_time_s(a) for m, a in round_models) if round_models else model.step_time_s(start)
+        edge = median(_edge_s(m, a) for m, a in round_models) if round_models else _edge_s(model, start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,
                     "error": now / row["step_s_steady"] - 1, "recorded_error": row.get("prediction_error"),
                     "one_calibration_error": model.step_time_s(start) / row["step_s_steady"] - 1,
-                    "before_error": row.get("prediction_error_before")})
+                    "before_error": row.get("prediction_error_before"), "epoch_edge_s": edge})
     return out
+
+
+def _edge_s(model, compute_s: float) -> float:
+    """The epoch edge as the model's step time charges it (spread over `epoch_steps`), whole."""
+    free = replace(model, epoch_steps=None).step_time_s(compute_s)
+    return (model.step_time_s(compute_s) - free) * (model.epoch_steps or 0)
 
 
 def _percent(x: float | None) -> str:
@@ -80,6 +88,7 @@ def main(argv: list[str]) -> int:
             for r in repredict(record, index):
                 print(f"{where}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  "
                       f"repredicted {r['repredicted_s'] * 1e3:6.2f} ms ({r['error']:+.0%})  "
+                      f"epoch edge {r['epoch_edge_s'] * 1e3:5.1f} ms  "
                       f"recorded {_percent(r['recorded_error'])}  one calibration {r['one_calibration_error']:+.0%}  "
                       f"before {_percent(r['before_error'])}")
     return 0

@@ -97,8 +97,10 @@ def _mean(xs: list[float]) -> float:
 
 def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: float, memory_hit: float,
             samples_per_disk_read: float = 1.0, amplification: float = 1.0, contention: float = 1.0,
-            byte_hit_rate: float = 0.0) -> DataLoadModel:
+            byte_hit_rate: float = 0.0, cpu_count: int | None = None) -> DataLoadModel:
     """The I/O model of one mode: its measured hit rates by tier and the costs measured on their own.
+    `cpu_count` is the cores of the host that ran the bench (this host's when None): a replay
+    predicts with the recording host's, since the workers' local work shares its cores.
     The plain loader's batches travel by shared memory, caramel.data's small ones by pipe. The
     locality sampler reads the cached shards first, so its epoch's misses (1 - the byte hit rate
     of its steps) come last; the other modes spread them over the epoch. Every mode's epoch
@@ -112,7 +114,7 @@ def predict(cfg, mode: str, index: DatasetIndex, costs: dict[str, float], hit: f
                          request_overhead_s=costs["request_overhead_s"], disk_s_per_read=costs["disk_s_per_read"],
                          batch_overhead_s=batch_trip_s(cfg, mode, index, costs),
                          samples_per_disk_read=max(samples_per_disk_read, 1.0), fetch_amplification=max(amplification, 1.0),
-                         cores_per_rank=max((os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
+                         cores_per_rank=max((cpu_count or os.cpu_count() or 1) / cfg.ranks, 1.0), contention=contention,
                          remote_steps_share=max(1.0 - byte_hit_rate, 1e-9) if mode == "locality" else 1.0,
                          epoch_steps=epoch_steps(cfg, index))
 

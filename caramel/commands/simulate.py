@@ -182,6 +182,10 @@ def _data_model(args: argparse.Namespace, ranks: int):
         return None
     if v["data_epoch_steps"] is not None and v["data_epoch_steps"] < 1:
         raise CaramelError(f"--data-epoch-steps {v['data_epoch_steps']}: expected a number of steps >= 1")
+    if v["data_epoch_steps"] is not None and v["data_loader_workers"] == 0:
+        # serial loading pays every batch's loading in full: no prefetch to refill, so no edge to charge
+        raise CaramelError("--data-epoch-steps needs loader workers (--data-loader-workers >= 1): "
+                           "with 0 the loading is serial and an epoch's start costs nothing extra")
     if times_s["data_read_under_load"] and v["data_request_bytes"]:
         raise CaramelError("--data-read-under-load times one sample's range read; shard fetches "
                            "(--data-request-bytes) are not charged it, as in `caramel bench --data`")
@@ -208,7 +212,8 @@ def _print_data(model, records: list[dict[str, Any]]) -> None:
           f"{model.store_latency_s * 1e3:g} ms/request"
           + (f" + {model.worker_request_s * 1e3:g} ms a read under load" if model.worker_request_s else "")
           + f", {model.loader_workers} loader workers: "
-          f"{model.data_time_s() * 1e3:.2f} ms of loading per step")
+          f"{model.data_time_s() * 1e3:.2f} ms of loading per step"
+          + (f", epoch edge over {model.epoch_steps} steps" if model.epoch_steps else ""))
     for r in records:
         print(f"  {r['planner']} {r['overlap']}: step {r['step_time_with_data_s'] * 1e3:.2f} ms with data "
               f"({r['step_time_s'] * 1e3:.2f} ms without); bottleneck: {r['bottleneck']}")

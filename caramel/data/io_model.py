@@ -188,21 +188,27 @@ class DataLoadModel:
         epoch's remote bytes and 1 - s fetching none; plus the epoch's edge over `epoch_steps`."""
         remote = self.remote_bytes_per_step()
         if self.remote_steps_share >= 1.0 or remote <= 0:
-            last_data_s = self.data_time_s()
+            last_data_s = first_data_s = self.data_time_s()
             step_s = self._step_s(compute_s, last_data_s)
         else:
             s = self.remote_steps_share
             last_data_s = self._data_s(remote / s)  # the misses' steps end the epoch
-            step_s = s * self._step_s(compute_s, last_data_s) + (1 - s) * self._step_s(compute_s, self._data_s(0.0))
-        return step_s + self.epoch_edge_s(compute_s, last_data_s) / (self.epoch_steps or 1)
+            first_data_s = self._data_s(0.0)  # the hits' steps start it
+            step_s = s * self._step_s(compute_s, last_data_s) + (1 - s) * self._step_s(compute_s, first_data_s)
+        return step_s + self.epoch_edge_s(compute_s, last_data_s, first_data_s) / (self.epoch_steps or 1)
 
-    def epoch_edge_s(self, compute_s: float, data_s: float | None = None) -> float:
+    def epoch_edge_s(self, compute_s: float, data_s: float | None = None, first_data_s: float | None = None) -> float:
         """Seconds an epoch that starts its loader empty adds once (0 without `epoch_steps` or
-        workers): k x min(the data period of its last steps, the compute side)."""
+        workers), k x: the compute side when its last steps (data period `data_s`) are data-bound,
+        their last k batches' compute sides following one another; else the data period of its
+        first steps (`first_data_s`, the same by default), the first batch waiting for a whole
+        worker's batch. With the data period the same at both ends: k x min(data, compute side)."""
         if not self.epoch_steps or self.loader_workers <= 0:
             return 0.0
         data_s = self.data_time_s() if data_s is None else data_s
-        return self.loader_workers * min(data_s, self.compute_side_s(compute_s))
+        first_data_s = data_s if first_data_s is None else first_data_s
+        compute_side_s = self.compute_side_s(compute_s)
+        return self.loader_workers * (compute_side_s if data_s > compute_side_s else first_data_s)
 
     def _step_s(self, compute_s: float, data_s: float) -> float:
         return max(self.compute_side_s(compute_s), data_s) if self.loader_workers > 0 else compute_s + data_s

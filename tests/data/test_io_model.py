@@ -156,6 +156,14 @@ def test_misses_read_last_cost_their_own_steps():
     # nothing remote: no step has misses to wait for, whatever the share
     cached = dict(base, hit_rate=1.0)
     assert DataLoadModel(**cached, remote_steps_share=0.1).step_time_s(5e-3) == DataLoadModel(**cached).step_time_s(5e-3)
+    # an epoch starting empty, compute-bound at both ends (60 ms of compute): its first batch waits for a
+    # worker's whole batch of the cached steps at its start (0 ms of link), not of the misses at its end
+    start = DataLoadModel(**base, remote_steps_share=0.5, epoch_steps=16)
+    first_s, last_s = start._data_s(0.0), start._data_s(start.remote_bytes_per_step() / 0.5)
+    assert first_s < last_s < 60e-3
+    assert start.step_time_s(compute_s=60e-3) == pytest.approx(60e-3 + 2 * first_s / 16)
+    # data-bound at its end (the misses' 32 ms against 20 ms): the last 2 batches' compute sides, as before
+    assert start.step_time_s(compute_s=20e-3) == pytest.approx(0.5 * 20e-3 + 0.5 * 32e-3 + 2 * 20e-3 / 16)
     for bad in (0.0, 1.5):
         with pytest.raises(CaramelError, match="remote_steps_share"):
             DataLoadModel(**base, remote_steps_share=bad)

@@ -90,5 +90,9 @@ def test_simulate_charges_the_epoch_edge_when_given_the_epoch_steps(capsys, tmp_
     for bad in ("0", "-3"):
         assert main(SIM + DATA + ["--data-epoch-steps", bad]) == 2
         assert "--data-epoch-steps" in capsys.readouterr().err
+    assert main(SIM + DATA + ["--data-loader-workers", "0", "--data-epoch-steps", "32"]) == 2
+    assert "--data-epoch-steps needs loader workers (--data-loader-workers >= 1)" in capsys.readouterr().err
+    assert main(SIM + DATA + ["--data-epoch-steps", "32"]) == 0
+    assert "loader workers: " in (out := capsys.readouterr().out) and "epoch edge over 32 steps" in out
     assert main(SIM + ["--data-epoch-steps", "32"]) == 2
     assert "--data-epoch-steps needs --data-sample-bytes" in capsys.readouterr().err
