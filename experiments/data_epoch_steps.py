@@ -57,6 +57,9 @@ def pairs(name: str, record: dict) -> list[str]:
     lines = []
     for i, steps in enumerate(record["steps"]):
         s = [x * 1e3 for x in steps]
+        if len(s) < 4:
+            raise SystemExit(f"data_epoch_steps: {name} epoch {i + 1} has {len(s)} steps; the pairs need 4 or "
+                             f"more (the first pair and at least one other)")
         others = [s[j] + s[j + 1] for j in range(2, len(s) - 1, 2)]
         other_s = sum(others) / len(others)
         long_s, short_s = s[2::2], s[3::2]

@@ -123,7 +123,8 @@ def main() -> None:
     ranks = run_workers(worker, args.workers, args=(args.steps, args.microbatches, args.model), timeout_s=300)
     p, m = args.workers, args.microbatches
     print(f"{args.model}, {p} workers on loopback, {m} microbatches, batch {16 * p} per pipeline step")
-    from caramel.strategies.pipeline.simulate import StageCosts, replay, schedule_actions
+    from caramel.strategies.pipeline.replay import replay, schedule_actions
+    from caramel.strategies.pipeline.simulate import StageCosts
 
     print(f"{'strategy':10} {'step ms':>8} {'sim ms':>8} {'replay ms':>9} {'slowest stage ms':>17} {'bubble':>7} "
           f"{'sim bubble':>10} {'(p-1)/(m+p-1)':>13}")

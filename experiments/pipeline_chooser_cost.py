@@ -21,7 +21,7 @@ import time
 
 import caramel.strategies.pipeline.auto_replicas as auto_replicas
 from caramel.sim.synthetic import synthetic_profile
-from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET, search_cost
+from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET
 from caramel.strategies.pipeline.profile_costs import scaling_from_profile
 from caramel.topology.spec import ClusterSpec
 
@@ -40,32 +40,15 @@ def main() -> None:
     layers = scaling_from_profile(prof)[1]
     cluster = dataclasses.replace(ClusterSpec.uniform(args.workers, 1e9, compute_slowdown=1.5, collective_cpu_s=1e-3),
                                   ranks_per_host=args.workers, alone_speedup=2.0)
-    settled, searched, spent = [0], [0], [0]
-    settle, descend = auto_replicas.settle, auto_replicas.descend
-
-    def counted_settle(*a, **k):
-        settled[0] += 1
-        return settle(*a, **k)
-
-    def counted_descend(layouts, layers_n, schedule, equal, score, *a, **k):
-        def counted_score(lay):
-            searched[0], spent[0] = searched[0] + 1, spent[0] + search_cost(lay)
-            return score(lay)
-        return descend(layouts, layers_n, schedule, equal, counted_score, args.budget)
-
-    auto_replicas.settle = counted_settle
     print(f"{args.layers} layers, {args.workers} shared ranks, batch {args.batch}, 1f1b; "
           f"budget {args.budget} stages x microbatches")
-    for label, search in (("proposals", lambda *a, **k: None), ("search", counted_descend)):
-        settled[0] = searched[0] = spent[0] = 0
-        auto_replicas.descend = search
+    for label, search in (("proposals", False), ("search", None)):
         t = time.perf_counter()
-        ch = auto_replicas.choose_replicas(layers, args.batch, "1f1b", cluster, optimizer_s=prof.optimizer_time_s)
-        print(f"{label}: {time.perf_counter() - t:.1f} s, {settled[0]} layouts settled, the search "
-              f"{searched[0]} ({spent[0]} stages x microbatches); pick cuts {ch.plan.boundaries} counts "
+        ch = auto_replicas.choose_replicas(layers, args.batch, "1f1b", cluster, optimizer_s=prof.optimizer_time_s,
+                                           search=search, search_budget=args.budget)
+        print(f"{label}: {time.perf_counter() - t:.1f} s, {ch.settled} layouts settled, the search "
+              f"{ch.searched} ({ch.search_spent} stages x microbatches); pick cuts {ch.plan.boundaries} counts "
               f"{ch.counts} microbatches {ch.microbatches}, {ch.predicted_step_s * 1e3:.1f} ms", flush=True)
-    auto_replicas.settle, auto_replicas.descend = settle, descend
-
 
 if __name__ == "__main__":
     main()

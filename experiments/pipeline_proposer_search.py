@@ -25,7 +25,7 @@ import time
 import caramel.strategies.pipeline.auto_replicas as auto_replicas
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.auto_replicas import MAX_MICROBATCHES, choose_replicas
-from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET, Layout, feasible, search_cost
+from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET, Layout, feasible
 from caramel.strategies.pipeline.profile_costs import scaling_from_profile
 from caramel.strategies.pipeline.sharing import settle
 from caramel.strategies.pipeline.transport import posting_for
@@ -80,10 +80,12 @@ def every_layout(case: Case) -> dict[Layout, float]:
     return out
 
 
-def pick(case: Case, search: bool) -> float:
+def pick(case: Case, search: bool) -> tuple[float, int]:
+    """The chooser's predicted step and what its search spent (stages x microbatches)."""
     layers, optimizer_s = case.layers()
-    return choose_replicas(layers, case.batch, case.schedule, case.cluster, case.stages,
-                           optimizer_s=optimizer_s, search=search).predicted_step_s
+    ch = choose_replicas(layers, case.batch, case.schedule, case.cluster, case.stages,
+                         optimizer_s=optimizer_s, search=search)
+    return ch.predicted_step_s, ch.search_spent
 
 
 def main() -> None:
@@ -93,15 +95,6 @@ def main() -> None:
     ap.add_argument("--unshared", action="store_true", help="the same cases with alone_speedup=1 (no sharing)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    spent, descend = [0], auto_replicas.descend
-
-    def counted_descend(layouts, layers_n, schedule, equal, score, *a, **k):
-        def counted_score(lay):
-            spent[0] += search_cost(lay)
-            return score(lay)
-        return descend(layouts, layers_n, schedule, equal, counted_score, *a, **k)
-
-    auto_replicas.descend = counted_descend
     most_spent = 0
     gaps = {"before": [], "search": []}
     seconds = {"before": 0.0, "search": 0.0}
@@ -111,12 +104,12 @@ def main() -> None:
             case = dataclasses.replace(case, cluster=dataclasses.replace(case.cluster, alone_speedup=1.0))
         best = min(every_layout(case).values())
         t = time.perf_counter()
-        before = pick(case, search=False)
+        before, _ = pick(case, search=False)
         seconds["before"] += time.perf_counter() - t
-        t, spent[0] = time.perf_counter(), 0
-        search = pick(case, search=True)
+        t = time.perf_counter()
+        search, spent = pick(case, search=True)
         seconds["search"] += time.perf_counter() - t
-        most_spent = max(most_spent, spent[0])
+        most_spent = max(most_spent, spent)
         for key, got in (("before", before), ("search", search)):
             gaps[key].append(got / best - 1)
         if search > best * (1 + 1e-9) or before > best * (1 + 1e-9):
@@ -127,7 +120,6 @@ def main() -> None:
         print(f"{key}: {len(missed)} of {len(g)} cases miss the fastest layout; worst {max(g):+.2%}; "
               f"mean gap {sum(g) / len(g):+.3%}; chooser time {seconds[key]:.1f} s in all")
     print(f"the search spent at most {most_spent} of its budget of {SEARCH_BUDGET} stages x microbatches in one case")
-    auto_replicas.descend = descend
 
 
 if __name__ == "__main__":

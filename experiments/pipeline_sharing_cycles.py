@@ -85,8 +85,16 @@ def _commit() -> str:
 
         import caramel
         root = Path(caramel.__file__).resolve().parent.parent
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
+        def git(*args: str) -> str | None:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+            return out.stdout.strip() if out.returncode == 0 else None
+
+        commit = git("rev-parse", "--short=12", "HEAD")
+        if not commit:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        # Same marks as code_version: `-dirty` where tracked files differ, unknown if git failed.
+        return commit + ("-dirty" if dirty else "" if dirty is not None else "-dirty-unknown")
     return code_version()
 
 

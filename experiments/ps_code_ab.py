@@ -27,18 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from caramel.bench.provenance import code_version
 from caramel.jsonio import format_tag, write_json
 from caramel.stats import median, paired_ratio_interval
 
 ORDERS = ("random", "tac")
 TREES = ("a", "b")
-
-
-def git_head(tree: Path) -> str:
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + ("+changes" if dirty else "")
 
 
 def run_job(tree: Path, spec: str, args: argparse.Namespace, out: Path) -> dict:
@@ -152,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                     "median_step_ms", "E_median", "S", "pull_comm_s", "load_before", "load_after", "wall_s", "step_s")}})
                 print(f"round {r} {t} {o}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f}", flush=True)
     result = {"format": format_tag("ps-code-ab"), "command": "python experiments/ps_code_ab.py " + " ".join(sys.argv[1:]),
-              "trees": {t: git_head(trees[t]) for t in TREES},
+              "trees": {t: code_version(trees[t]) for t in TREES},
               "what": f"{args.spec}, {args.workers} workers at {args.bandwidth}, ResNet-18 width 16, batch 8, "
                       f"rank 0's steps {args.warmup}-{args.steps - 1}, {args.rounds} rounds",
               "summary": summarize(runs, args.steps - args.warmup), "jobs": jobs}

@@ -181,6 +181,9 @@ def analyse(d: Path, warmup: int) -> None:
     for p in sorted(d.glob("rank*.json*")):
         x = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
         ranks[x["rank"]] = x
+    if 0 not in ranks:
+        raise SystemExit(f"ps_pull_timeline: {d} holds no rank0.json (found ranks {sorted(ranks)}); give the DIR "
+                         f"that --out recorded")
     r0 = ranks[0]
     print(f"{d}: {r0['strategy']}, ranks {sorted(ranks)}, pull_comm_s {r0['pull_comm_s'] * 1e3:.1f} ms, "
           f"E_median {r0['E_median']}, planned bucket order {r0['bucket_pull']}")
@@ -221,6 +224,9 @@ def analyse(d: Path, warmup: int) -> None:
                      "issue_to_fwd_start_ms": (st["t"] - t_issue) * 1e3,
                      "makespan_ms": (st["t_fwd_end"] - t_issue) * 1e3,
                      "after_last_landing_ms": (st["t_fwd_end"] - land[-1]["t_done"]) * 1e3, "E": e.get("E")})
+    if not rows:
+        raise SystemExit(f"ps_pull_timeline: {d}: no update to analyse: --warmup {warmup} leaves none of rank 0's "
+                         f"{len(applies[0])} recorded updates with a pull received; give a smaller --warmup")
     for x in rows:
         print(json.dumps(x))
     med = lambda k: statistics.median(x[k] for x in rows)

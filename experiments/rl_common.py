@@ -1,4 +1,4 @@
-"""Shared by the RL scheduling experiments: seed ranges, option specs, a deterministic actor,
+"""Shared by the RL scheduling experiments: seed ranges, option specs, summaries, and
 per-instance ratio summaries with their 95% interval."""
 from __future__ import annotations
 
@@ -25,11 +25,6 @@ def options_from(cls, text: str, what: str):
     """An options dataclass from `key=value,...` (the same parser as strategy specs)."""
     _, values = parse_spec(f"{what}:{text}" if text else what)
     return build_options(cls, values, what)
-
-
-def actor(model):
-    """`obs -> action` of a trained PPO model, deterministic (the highest-scoring candidate)."""
-    return lambda obs: int(model.predict(obs, deterministic=True)[0])
 
 
 def summary(values: list[float]) -> dict:

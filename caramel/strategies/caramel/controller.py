@@ -23,6 +23,7 @@ from caramel.profile.profiler import UseTracker
 from caramel.runtime.comm_priority import CommPriority
 from caramel.runtime.dispatch import LocalGroup
 from caramel.runtime.engine import Engine
+from caramel.strategies.caramel import trial_shares
 from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
 from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
@@ -130,7 +131,7 @@ class Controller:
     @property
     def trial_sized(self) -> bool:
         """Whether a trial gets local batch sizes (balance="batch"; an option, alike on every rank)."""
-        return hasattr(self.balancer, "local_batch")
+        return trial_shares.sized_by(self.balancer)
 
     def adopt_or_try(self, cands: list[Candidate], source: str, planner: str | None = None) -> None:
         """Adopt the one candidate, or start a trial of them all (overlap="auto"); `planner` is the

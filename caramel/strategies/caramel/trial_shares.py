@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from caramel.strategies.caramel.trial import Candidate
 
 
+def sized_by(balancer: object) -> bool:
+    """Whether a trial gets local batch sizes: the balancer sets them (balance="batch"; an
+    option, alike on every rank). One rule for a new trial and a resumed one."""
+    return hasattr(balancer, "local_batch")
+
+
 def at_latest_shares(cands: list[Candidate], last_n: int | None, group, world: int, sized: bool = True
                      ) -> tuple[list[Candidate], list[int] | None]:
     """Each candidate with only its periods at the shares of the trial's last counted step (this

@@ -41,6 +41,7 @@ from caramel.errors import CaramelError
 from caramel.strategies.caramel.entry_checks import carries_on, check_header, digest, is_int, is_map, is_names, is_num
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile
+from caramel.strategies.caramel import trial_shares
 from caramel.strategies.caramel.trial import Candidate, OverlapTrial
 from caramel.topology.spec import ClusterSpec
 
@@ -249,7 +250,7 @@ def _parse(c: Controller, entry: Any) -> tuple[OverlapTrial | None, ModelProfile
         cand.blocks_n = [[None if n is None else int(n) for n in b] for b in ns]
     trial = OverlapTrial(cands, entry["steps"], c.group, c.world, preference=list(entry["preference"]) or None,
                          max_passes=entry["max_passes"], confirm=entry["confirm"], predicted_s=dict(entry["predicted_s"]),
-                         sized=hasattr(c.balancer, "local_batch"))  # as Controller.trial_sized
+                         sized=trial_shares.sized_by(c.balancer))
     trial.passes, trial.selection = entry["passes"], entry["selection"]
     trial.blocks = [(int(i), int(n)) for i, n in entry["blocks"]]
     trial.block, trial.in_block = entry["block"], entry["in_block"]

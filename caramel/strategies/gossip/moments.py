@@ -125,11 +125,24 @@ class SecondMoment:
                 "count": dict(zip(self.names, self.count))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        absent = [key for key in ("sq", "cross") if not isinstance(state, dict) or not isinstance(state.get(key), dict)]
+        if absent:
+            raise CaramelError(f"strategy 'gossip': this worker state's second-moment estimate has no "
+                               f"{' or '.join(repr(k) for k in absent)} mapping of parameter names to tensors "
+                               f"(keys: {sorted(state) if isinstance(state, dict) else type(state).__name__})")
         missing = [n for n in self.names if n not in state["sq"] or n not in state["cross"]]
         if missing:
             raise CaramelError(f"strategy 'gossip': this worker state's second-moment estimate has no parameter "
                                f"'{missing[0]}' ({len(missing)} missing): it was saved for another model or "
                                "another set of shared parameters")
+        for k, n in enumerate(self.names):
+            for key in ("sq", "cross"):
+                t = state[key][n]
+                if not isinstance(t, torch.Tensor) or t.shape != self.sq[k].shape:
+                    got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise CaramelError(f"strategy 'gossip': this worker state's second-moment {key!r} of parameter "
+                                       f"'{n}' is {got}, expected a tensor of shape {tuple(self.sq[k].shape)}: it "
+                                       "was saved for another model")
         counts = state.get("count", {})
         with torch.no_grad():
             for k, n in enumerate(self.names):

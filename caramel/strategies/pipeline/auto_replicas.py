@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from caramel.errors import CaramelError
 from caramel.sim.simulate import SimResult
-from caramel.strategies.pipeline.layout_search import Layout, descend, feasible
+from caramel.strategies.pipeline.layout_search import SEARCH_BUDGET, Layout, descend, feasible
 from caramel.strategies.pipeline.options import MAX_VIRTUAL_PIPELINES, PipelineOptions
 from caramel.strategies.pipeline.overlap import replay_overlapped
 from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, ScalingCost, balanced_boundaries,
@@ -221,12 +221,17 @@ def _score(lay: Layout, costs: list[LayerCost], cluster: ClusterSpec, factor: fl
 class ReplicaChoice:
     """What `replicas="auto"` runs: the cut and counts (`plan`, per-step times), the step's
     microbatches in all (a pipeline of equal counts r runs microbatches / r each), and every
-    candidate's simulated step, keyed "stages x microbatches"."""
+    candidate's simulated step, keyed "stages x microbatches"; what the choice cost: the layouts
+    settled in all, of them the search's, and the search's stages x microbatches
+    (`layout_search.search_cost`)."""
 
     plan: PartitionPlan
     microbatches: int
     predicted_step_s: float
     candidates_s: dict[str, float]
+    settled: int = 0
+    searched: int = 0
+    search_spent: int = 0
 
     @property
     def counts(self) -> list[int]:
@@ -241,7 +246,8 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                     stages: int | None = None, microbatches: int | None = None,
                     optimizer_s: float = 0.0, equal_counts: bool = False, ties: list[TiedWeight] | None = None,
                     reducer: str = "caramel", reduce: str | None = None,
-                    transport: str = "rendezvous", search: bool | None = None) -> ReplicaChoice:
+                    transport: str = "rendezvous", search: bool | None = None,
+                    search_budget: int = SEARCH_BUDGET) -> ReplicaChoice:
     """For each stage count (`stages`, or 2 up to the world and the layers) and microbatch count
     (`microbatches`, or every count <= 32 dividing `batch`), the dynamic program's plan; the
     simulated fastest of them (ties: fewer stages, fewer microbatches). `equal_counts`: only
@@ -254,7 +260,7 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     or "eager" (a transfer starts when its action ends; a reference only). `search`: the search
     around the proposals (`layout_search.descend`) on a shared host only (None), everywhere
     (True; a reference only: unshared picks then move, `experiments/pipeline_proposer_search.py
-    --unshared`) or nowhere (False)."""
+    --unshared`) or nowhere (False), within `search_budget` stages x microbatches."""
     posting = posting_for(transport, schedule, "replicas=auto")
     if reduce not in (None, "after"):
         raise CaramelError(f"replicas=auto: reduce must be None (as the runtime reduces) or 'after', got {reduce!r}")
@@ -290,12 +296,14 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
         # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes no new one
         fastest = min(layouts.values(), key=lambda r: r.step_time_s)
         at = scaled(cluster, fastest.meta["sharing"]["factor"])
+    searched = search_spent = 0
     if search or (search is None and shares_cores(cluster)):
         # the program cannot see the host's load: from each stage and microbatch count's fastest,
         # one cut (with its two stages' replicas) moved while the settled step drops
-        descend(layouts, len(layers), schedule, equal_counts,
-                lambda lay: settle(lambda f: _score(lay, costs_at[lay.microbatches], cluster, f, schedule, optimizer_s,
-                                                    ties, reducer, reduce, posting), cluster))
+        searched, search_spent = descend(
+            layouts, len(layers), schedule, equal_counts,
+            lambda lay: settle(lambda f: _score(lay, costs_at[lay.microbatches], cluster, f, schedule, optimizer_s,
+                                                ties, reducer, reduce, posting), cluster), search_budget)
     table: dict[tuple[int, int], tuple[float, PartitionPlan]] = {}
     for lay, sim in layouts.items():
         key, step = (len(lay.counts), lay.microbatches), sim.step_time_s
@@ -313,7 +321,8 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
     key = min(table, key=lambda k: (table[k][0], k))
     step, plan = table[key]
     return ReplicaChoice(plan, key[1], step,
-                         {f"{s}x{m}": t for (s, m), (t, _) in sorted(table.items())})
+                         {f"{s}x{m}": t for (s, m), (t, _) in sorted(table.items())},
+                         len(layouts), searched, search_spent)
 
 
 def agree_on_replicas(model: Any, options: PipelineOptions, inputs: Any, targets: Any, loss_fn: Callable,

@@ -76,12 +76,13 @@ def neighbours(lay: Layout, layers: int, schedule: str, equal_counts: bool) -> l
 
 
 def descend(layouts: dict[Layout, SimResult], layers: int, schedule: str, equal_counts: bool,
-            score: Callable[[Layout], SimResult], budget: int = SEARCH_BUDGET) -> None:
+            score: Callable[[Layout], SimResult], budget: int = SEARCH_BUDGET) -> tuple[int, int]:
     """From each stage and microbatch count's fastest layout in `layouts` (the fastest first),
     steepest descent over `neighbours` by `score` (the settled step: `sharing.settle`); every
     layout scored is added to `layouts`. A descent ends when no neighbour is faster; the search
     at the first layout whose `search_cost` exceeds what is left of `budget` (it may stop inside
-    a descent)."""
+    a descent). Returns what it spent: the layouts it scored and their stages x microbatches."""
+    scored = spent = 0
     starts: dict[tuple[int, int], Layout] = {}
     for lay, sim in layouts.items():
         key = (len(lay.counts), lay.microbatches)
@@ -92,10 +93,12 @@ def descend(layouts: dict[Layout, SimResult], layers: int, schedule: str, equal_
             near = neighbours(here, layers, schedule, equal_counts)
             for lay in near:
                 if lay not in layouts:
-                    if search_cost(lay) > budget:
-                        return
-                    layouts[lay], budget = score(lay), budget - search_cost(lay)
+                    if search_cost(lay) > budget - spent:
+                        return scored, spent
+                    layouts[lay] = score(lay)
+                    scored, spent = scored + 1, spent + search_cost(lay)
             best = min(near + [here], key=lambda lay: layouts[lay].step_time_s)
             if layouts[best].step_time_s >= layouts[here].step_time_s:
                 break
             here = best
+    return scored, spent

@@ -25,7 +25,8 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
 from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, replica_mode
-from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions, stage_costs
+from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
+from caramel.strategies.pipeline.simulate import stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 
 __all__ = ["ScalingCost", "fit_scaling", "candidates", "choose_microbatches", "MicrobatchChoice", "profiled_scaling"]

@@ -1,7 +1,7 @@
 """The pipeline simulator's shared types: the per-stage costs a replay walks, its result, and the
 contention fixed point's pass limit. Both replays (`replay.replay`, after the drain, and
 `overlap.replay_overlapped`, the replicas' reduction overlapped) read and return these, so they
-live apart from either to keep the imports one-way (simulate -> overlap -> timeline)."""
+live apart from either to keep the imports one-way (simulate -> replay and overlap -> timeline)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -144,7 +144,8 @@ def test_a_parameter_outside_the_optimizer_is_skipped():
 def test_a_resume_without_the_estimate_and_a_foreign_state_are_refused():
     """optimizer.state_dict() alone carries Adam's step count but not A and C: the next step is
     an error naming worker_state(); the estimate's own state restores it; a state for other
-    parameter names is an error naming the parameter."""
+    parameter names, without the "sq"/"cross" mappings or of another shape is an error naming
+    what is wrong."""
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.AdamW([p], lr=0.1)
     moments = SecondMoment([("w", p)], opt, world=2)
@@ -161,6 +162,10 @@ def test_a_resume_without_the_estimate_and_a_foreign_state_are_refused():
     fresh.observe()  # the counts agree again
     with pytest.raises(CaramelError, match="no parameter 'w'"):
         SecondMoment([("w", q)], opt2, world=2).load_state_dict({"sq": {"v": q}, "cross": {"v": q}})
+    with pytest.raises(CaramelError, match="no 'cross' mapping"):
+        SecondMoment([("w", q)], opt2, world=2).load_state_dict({"sq": {"w": q}})
+    with pytest.raises(CaramelError, match=r"'sq' of parameter 'w' is \(2,\), expected a tensor of shape \(3,\)"):
+        SecondMoment([("w", q)], opt2, world=2).load_state_dict({"sq": {"w": torch.ones(2)}, "cross": {"w": q}})
 
 
 def test_a_closure_is_refused():

@@ -40,6 +40,9 @@ def test_the_search_finds_the_cut_the_proposers_missed():
     after = _choose(SHARED)
     assert (after.plan.boundaries, after.counts, after.microbatches) == ([1], [2, 2], 4)
     assert after.predicted_step_s == every[fastest]
+    # what each cost: the search's layouts settled on top of the proposals, within its budget
+    assert before.searched == before.search_spent == 0 and 0 < after.searched < after.search_spent
+    assert after.settled == before.settled + after.searched
 
 
 def test_unshared_hosts_do_not_search(monkeypatch):
@@ -94,7 +97,7 @@ def test_neighbours_keep_the_runtimes_rules():
 
 def test_the_search_stops_at_its_budget():
     """`descend` spends at most `budget` stages x microbatches on the layouts it scores beyond
-    those it is given, the fastest start first."""
+    those it is given, the fastest start first, and returns what it spent."""
     scored: list[Layout] = []
 
     def score(lay: Layout):
@@ -109,6 +112,6 @@ def test_the_search_stops_at_its_budget():
         scored.clear()
         layouts = {Layout((5,), (2, 2), 4): start_sim,
                    Layout((5,), (2, 2), 8): dataclasses.replace(start_sim, step_time_s=1.5)}
-        descend(layouts, 10, "gpipe", True, score, budget)
+        assert descend(layouts, 10, "gpipe", True, score, budget) == (bought, 16 * bought)  # what it spent
         assert len(scored) == bought == len(layouts) - 2
         assert all(lay.microbatches == 8 for lay in scored)  # the faster start's neighbours first

@@ -61,7 +61,7 @@ def test_a_transfer_on_the_wire_loads_the_host_by_the_measured_slowdown():
 
 
 def test_replays_report_each_lanes_transfers_and_the_simulation_their_load():
-    from caramel.strategies.pipeline.simulate import replay, schedule_actions
+    from caramel.strategies.pipeline.replay import replay, schedule_actions
     from caramel.strategies.pipeline.timeline import StageCosts
     # 2 stages, 1 microbatch: F0 0-1, transfer 1-1.5, F1 1.5-2.5, B1 2.5-3.5, grad 3.5-4, B0 4-5
     sim = replay(StageCosts([1.0, 1.0], [1.0, 1.0], [0.5]), schedule_actions("gpipe", 2, 2, 1))
@@ -97,7 +97,7 @@ def test_without_sharing_a_measured_slowdown_replays_as_before():
 
 
 def test_the_posted_replay_puts_each_transfer_on_both_ends_wire_as_it_starts():
-    from caramel.strategies.pipeline.simulate import replay, schedule_actions
+    from caramel.strategies.pipeline.replay import replay, schedule_actions
     from caramel.strategies.pipeline.timeline import StageCosts
     # gpipe, 2 stages, 2 microbatches, 0.5 s transfers, 0.1 s latency: F0 0-1 goes at once (stage 1
     # posted at 0); F1 ends at 2 but stage 1 posts its recv only on reaching F1, at 2.5: 2.6-3.1
@@ -110,7 +110,7 @@ def test_the_posted_replay_puts_each_transfer_on_both_ends_wire_as_it_starts():
 
 def test_the_overlapped_replay_puts_the_replicas_buckets_on_the_wire():
     from caramel.strategies.pipeline.overlap import replay_overlapped
-    from caramel.strategies.pipeline.simulate import schedule_actions
+    from caramel.strategies.pipeline.replay import schedule_actions
     from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
     # 2 stages, 1 microbatch, no activation transfer time: only the buckets' collectives load a lane
     buckets = [ReduceBuckets([0.5], [1.0], [0.0], [0.0], [0.5]) for _ in range(2)]

@@ -9,7 +9,7 @@ from caramel.strategies.pipeline.auto_replicas import choose_replicas
 from caramel.strategies.pipeline.microbatches import choose_microbatches
 from caramel.strategies.pipeline.overlap import replay_overlapped
 from caramel.strategies.pipeline.planner import ScalingCost
-from caramel.strategies.pipeline.simulate import replay, replicated_actions, schedule_actions
+from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
 from caramel.strategies.pipeline.timeline import ReduceBuckets, StageCosts
 from caramel.strategies.pipeline.transport import TRANSPORTS, lane_programs
 from caramel.topology.spec import ClusterSpec

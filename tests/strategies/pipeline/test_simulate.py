@@ -7,7 +7,8 @@ import torch.nn as nn
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.options import PipelineOptions
-from caramel.strategies.pipeline.simulate import (StageCosts, replay, schedule_actions, simulate_pipeline)
+from caramel.strategies.pipeline.replay import replay, schedule_actions
+from caramel.strategies.pipeline.simulate import StageCosts, simulate_pipeline
 from caramel.topology.spec import ClusterSpec
 
 
@@ -139,7 +140,7 @@ def test_small_batch_profiles_are_checked():
 
 
 def test_unequal_replicas_replay_the_runtimes_round_robin():
-    from caramel.strategies.pipeline.simulate import replicated_actions
+    from caramel.strategies.pipeline.replay import replicated_actions
     from caramel.strategies.pipeline.unequal import virtual_chains
 
     # stage 0 (F = B = 2) on 2 replicas, stage 1 (F = B = 1) on 1, GPipe, 4 microbatches, free links.

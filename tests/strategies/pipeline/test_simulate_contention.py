@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from caramel.errors import CaramelError
-from caramel.strategies.pipeline.simulate import (StageCosts, profiled_cuts, replay, replicated_actions,
-                                                  schedule_actions)
+from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
+from caramel.strategies.pipeline.simulate import StageCosts, profiled_cuts
 
 
 def test_compute_beside_a_transfer_runs_the_measured_factor_slower():

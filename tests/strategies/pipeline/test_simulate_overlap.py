@@ -7,7 +7,8 @@ import pytest
 
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.overlap import ReduceBuckets, replay_overlapped, stage_buckets
-from caramel.strategies.pipeline.simulate import StageCosts, replay, schedule_actions
+from caramel.strategies.pipeline.replay import replay, schedule_actions
+from caramel.strategies.pipeline.simulate import StageCosts
 from caramel.topology.spec import ClusterSpec
 
 
