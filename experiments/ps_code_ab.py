@@ -18,35 +18,20 @@ is kept).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from caramel.bench.provenance import code_version
 from caramel.jsonio import format_tag, write_json
 from caramel.stats import median, paired_ratio_interval
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.ps_order_paths import job_line, run_job, spec_of  # noqa: E402
+
 ORDERS = ("random", "tac")
 TREES = ("a", "b")
-
-
-def run_job(tree: Path, spec: str, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "caramel.cli", "cluster", "run", "--workers", str(args.workers),
-           "--bandwidth", args.bandwidth, "--timeout", "5m", "--", sys.executable, str(tree / "examples/ps_servers.py"),
-           "--strategy", spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    load0, t0 = os.getloadavg()[0], time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree))
-    if proc.returncode != 0:
-        raise SystemExit(f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    res = json.loads(out.read_text())
-    res.update(load_before=load0, load_after=os.getloadavg()[0], wall_s=time.time() - t0)
-    return res
 
 
 def check_steps(res: dict, per_round: int, job: str) -> None:
@@ -95,9 +80,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| S of {t.upper()}: median | " + " | ".join(f"{statistics.median(st[o]):.2f}" for o in ORDERS) + " |")
     lines += ["", "TAC over random: " + "; ".join(f"{t.upper()} {fmt(s['tac_over_random'][t])}" for t in TREES), "",
               "Per job (round, tree, order): median step ms, E, S, 1-minute load before -> after:", ""]
-    for j in result["jobs"]:
-        lines.append(f"- round {j['round']}, {j['tree'].upper()}, {j['order']}: {j['median_step_ms']:.1f} ms, "
-                     f"E {j['E_median']:.2f}, S {j['S']:.2f}, load {j['load_before']:.1f} -> {j['load_after']:.1f}")
+    lines += [job_line(j, j["tree"].upper()) for j in result["jobs"]]
     return "\n".join(lines) + "\n"
 
 
@@ -130,14 +113,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     trees = {t: Path(getattr(args, t)).resolve() for t in TREES}
-    sep = "," if ":" in args.spec else ":"
     plan = [(t, o) for t in TREES for o in ORDERS]
     runs: dict = {t: {o: [] for o in ORDERS} for t in TREES}
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for t, o in (plan if r % 2 == 0 else plan[::-1]):
-                res = run_job(trees[t], f"{args.spec}{sep}order={o}", args, Path(tmp) / f"{t}-{o}-{r}.json")
+                res = run_job(["--workers", str(args.workers)], spec_of(args.spec, o), args,
+                              Path(tmp) / f"{t}-{o}-{r}.json", tree=trees[t])
                 if res.get("E_median") is None or res.get("S") is None:
                     raise SystemExit(f"round {r} {t} {o}: no TicTac E/S reported; give it more --steps after --warmup")
                 check_steps(res, args.steps - args.warmup, f"round {r} {t} {o}")

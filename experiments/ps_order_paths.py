@@ -49,18 +49,28 @@ def spec_of(base: str, order: str) -> str:
     return f"{base}{',' if ':' in base else ':'}order={order}"
 
 
-def run_job(launch: list[str], spec: str, args: argparse.Namespace, out: Path) -> dict:
+def run_job(launch: list[str], spec: str, args: argparse.Namespace, out: Path, tree: Path | None = None) -> dict:
+    """One `examples/ps_servers.py` job under `caramel cluster run`; `tree` runs another
+    checkout's example with PYTHONPATH and cwd set to it (default: this one, as launched)."""
+    root = tree or Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "caramel.cli", "cluster", "run", *launch, "--bandwidth", args.bandwidth,
-           "--timeout", "5m", "--", sys.executable, str(Path(__file__).resolve().parents[1] / "examples/ps_servers.py"),
+           "--timeout", "5m", "--", sys.executable, str(root / "examples/ps_servers.py"),
            "--strategy", spec, "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
+    in_tree = {} if tree is None else {"env": dict(os.environ, PYTHONPATH=str(tree)), "cwd": str(tree)}
     load0 = os.getloadavg()[0]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, **in_tree)
     if proc.returncode != 0:
         raise SystemExit(f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     res = json.loads(out.read_text())
     res.update(load_before=load0, load_after=os.getloadavg()[0], wall_s=time.time() - t0)
     return res
+
+
+def job_line(j: dict, label: str) -> str:
+    """One job's line of the per-job list: its round, `label` (what it ran), its order and numbers."""
+    return (f"- round {j['round']}, {label}, {j['order']}: {j['median_step_ms']:.1f} ms, "
+            f"E {j['E_median']:.2f}, S {j['S']:.2f}, load {j['load_before']:.1f} -> {j['load_after']:.1f}")
 
 
 def check_e(res: dict, job: str, partial: str | None = None) -> None:
@@ -117,9 +127,7 @@ def markdown(result: dict) -> str:
                      f"{s['E_median']['tac']:.2f} ({e['tac']}) | {s['E_median']['random']:.2f} ({e['random']}) | "
                      f"{s_tac} | {s['predicted_E']['tac']:.2f} / {s['predicted_E']['random']:.2f} |")
     lines += ["", "Per job (round, configuration, order): median step ms, E, S, 1-minute load before -> after:", ""]
-    for j in result["jobs"]:
-        lines.append(f"- round {j['round']}, {j['config']}, {j['order']}: {j['median_step_ms']:.1f} ms, "
-                     f"E {j['E_median']:.2f}, S {j['S']:.2f}, load {j['load_before']:.1f} -> {j['load_after']:.1f}")
+    lines += [job_line(j, j["config"]) for j in result["jobs"]]
     return "\n".join(lines) + "\n"
 
 

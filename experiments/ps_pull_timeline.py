@@ -83,25 +83,14 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     eng = ps_engine.PsEngine
 
-    def timed_run(self) -> None:  # SerialSender._run with the hand-off and completion noted
-        failed = None
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if failed is None:
-                try:
-                    self.issued.append(item.tag)
-                    t0 = time.perf_counter()
-                    dist.broadcast(item.buf, src=item.src, group=item.group, async_op=True).wait()
-                    rec.note(kind="send", bucket=item.tag, what=item.what, t=t0, t_done=time.perf_counter(),
-                             bytes=item.buf.numel() * item.buf.element_size())
-                except BaseException as e:
-                    item.error, failed = e, item
-            else:
-                item.error = RuntimeError("not sent")
-            item.done.set()
-    ps_sender.SerialSender._run = timed_run
+    orig_send = ps_sender.SerialSender._send
+
+    def timed_send(self, item) -> None:  # the hand-off and the broadcast's return noted
+        t0 = time.perf_counter()
+        orig_send(self, item)
+        rec.note(kind="send", bucket=item.tag, what=item.what, t=t0, t_done=time.perf_counter(),
+                 bytes=item.buf.numel() * item.buf.element_size())
+    ps_sender.SerialSender._send = timed_send
 
     orig_expect = ps_pulls.PsPulls._expect
 

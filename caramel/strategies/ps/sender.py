@@ -98,12 +98,16 @@ class SerialSender:
             if failed is None:
                 try:
                     self.issued.append(item.tag)
-                    dist.broadcast(item.buf, src=item.src, group=item.group, async_op=True).wait()
+                    self._send(item)
                 except BaseException as e:  # handed to whoever waits for this pull (`SentPull.wait`)
                     item.error, failed = e, item
             else:  # after a failure (a dead peer, a timeout) the rest are not sent: never a hang
                 item.error = RuntimeError(f"not sent: the earlier {failed.what} failed ({failed.error})")
             item.done.set()
+
+    def _send(self, item: SentPull) -> None:
+        """One pull on the wire, returning once gloo holds it (a measurement wraps this)."""
+        dist.broadcast(item.buf, src=item.src, group=item.group, async_op=True).wait()
 
     def close(self) -> None:
         """Finish what was handed over, then stop the thread. The join has no time limit of its
