@@ -33,12 +33,12 @@ under "offline".
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 import torch
 
+from caramel.jsonio import format_tag, write_json
 from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace
 from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits
 from caramel.sched.coflow.env import CoflowEnv, EnvOptions
@@ -248,9 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             _print(key, report[key])
     print(f"{report['policy_parameters']} policy parameters")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"format": format_tag("coflow-rl"), **report})
     return 0
 
 

@@ -16,8 +16,12 @@ docs/results/data-epoch-steps-{f200,full}.json were taken with `run` (its output
 """
 from __future__ import annotations
 
-import json
 import sys
+
+from caramel.errors import FormatError
+from caramel.jsonio import format_tag, read_json, write_json
+
+KIND = "data-epoch-steps"
 
 CONFIGS = {  # the closed-loop runs' full-cache configurations, one round of 3 epochs
     "f200": dict(batch_size=16, compute_s=0.008, store_rate_bps=200e6, store_latency_s=0.001),
@@ -45,10 +49,9 @@ def run(name: str, out_path: str, store: str = "/tmp/dm/store") -> dict:
     finally:
         dr.summarize = summarize
     row = report["rows"][0]
-    out = dict(name=name, step=row["step_s_steady"], pred=row["predicted_step_s"], steps=kept["steps"]["remote"],
-               r=[c.get("request_s_under_load") for c in kept["cal"]["remote"]])
-    with open(out_path, "w") as f:
-        json.dump(out, f)
+    out = dict(format=format_tag(KIND), name=name, step=row["step_s_steady"], pred=row["predicted_step_s"],
+               steps=kept["steps"]["remote"], r=[c.get("request_s_under_load") for c in kept["cal"]["remote"]])
+    write_json(out_path, out)
     return out
 
 
@@ -80,8 +83,12 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["pairs"] and len(argv) > 1 and all("=" in a for a in argv[1:]):
         for arg in argv[1:]:
             name, path = arg.split("=", 1)
-            with open(path) as f:
-                print("\n".join(pairs(name, json.load(f))))
+            try:
+                record = read_json(path, KIND)
+            except FormatError as e:
+                print(f"data_epoch_steps: {e}", file=sys.stderr)
+                return 2
+            print("\n".join(pairs(name, record)))
         return 0
     print(__doc__.split("Usage:")[1].split("docs/")[0].rstrip(), file=sys.stderr)
     return 2

@@ -39,7 +39,6 @@ one thread, everything the decoder does per instance included (its tables, every
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
@@ -47,6 +46,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from caramel.errors import CaramelError
+from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
@@ -378,9 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, v in r["reference_decoder"].items()))
     print(f"trained ({args.teacher}) in {train_s:.0f} s; {report['policy_parameters']} policy parameters")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"format": format_tag("edge-placement"), **report})
     return 0
 
 

@@ -20,11 +20,11 @@ that made it and the command.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 
 from caramel.errors import CaramelError
+from caramel.jsonio import format_tag, write_json
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.simulate import simulate_pipeline
@@ -106,15 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cases < 1:
         p.error(f"--cases must be >= 1, got {args.cases}")
-    result = {"commit": _commit(), "command": "PYTHONPATH=. python experiments/pipeline_sharing_cycles.py "
+    result = {"format": format_tag("pipeline-sharing-cycles"), "commit": _commit(), "command": "PYTHONPATH=. python experiments/pipeline_sharing_cycles.py "
               + " ".join(sys.argv[1:] if argv is None else argv), **count(args.cases, args.seed)}
     for kind, k in result["kinds"].items():
         print(f"{kind}: {k['unsettled']} of {k['simulations']} unsettled (at most {k['max_passes']} passes; "
               f"{k['refused']} refused)"
               + (f"; cases {k['unsettled_cases']}" if k["unsettled_cases"] else ""))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
     return 0
 
 

@@ -20,6 +20,9 @@ server below its measured step. This times, on any number of workers, in one pro
 
     caramel cluster run --workers 2 --bandwidth 264mbit -- \\
         python experiments/ps_breakdown.py --json docs/results/ps_breakdown.json
+
+`--latency` (the model's latency per transfer) takes its unit, s, ms or us, as the cluster's own
+`--latency` does: a bare `0.00035` is refused rather than read as seconds.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from caramel.errors import CaramelError
+from caramel.units import parse_duration_arg_s
 from experiments.cluster_job import join, median_ms, model_arguments, report, workload
 
 
@@ -42,8 +47,13 @@ def main() -> None:
     ap.add_argument("--slowdown", type=float, default=1.0,
                     help="compute's slowdown beside the transfers for the model's account "
                          "(the bench's concurrent baseline)")
-    ap.add_argument("--latency", type=float, default=None, help="latency per transfer (s) for the model's account")
+    ap.add_argument("--latency", default=None,
+                    help="latency per transfer for the model's account, with its unit (350us, 0.6ms)")
     args = ap.parse_args()
+    try:  # before joining, so that every rank refuses it alike
+        latency_s = None if args.latency is None else parse_duration_arg_s(args.latency, "--latency")
+    except CaramelError as e:
+        ap.error(str(e))
     rank = join()
     import caramel
     from caramel.bench.strategies import StrategyContext, baseline_group
@@ -231,7 +241,7 @@ def main() -> None:
 
     rate = effective_bandwidth_bps(nbytes, world, out["allreduce_priority_group_ms"] / 1e3)
     cluster = bench_cluster(world, rate, worker_speeds(profile.step_time_s, medians),
-                            {"latency_s": args.latency} if args.latency is not None else None, args.slowdown)
+                            {"latency_s": latency_s} if latency_s is not None else None, args.slowdown)
     bare = simulate_ps(profile, cluster, spec.options)  # without the traffic probe's inputs
     cluster.meta.update({"link_queue_s": traffic["queue_s"],
                          "push_efficiency": efficiency(traffic, "all_to_all", world, rate),

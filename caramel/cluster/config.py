@@ -7,13 +7,14 @@ touched. Rates may be given as numbers (bits per second) or in tc syntax (`1gbit
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import secrets
 from dataclasses import dataclass
 
 from caramel.errors import CaramelError
-from caramel.units import parse_duration_s, parse_rate_bps
+from caramel.units import parse_duration_arg_s, parse_rate_bps
 
 # Interface names are limited to 15 characters (IFNAMSIZ - 1); prefix (9) + "br"/"h123" fits.
 PREFIX_RE = re.compile(r"crm[0-9a-f]{6}")
@@ -23,6 +24,7 @@ JUMBO_MTU = 9000  # the jumbo frames cloud VPCs offer; auto never goes below it
 MIN_MTU, MAX_MTU = 576, 65535  # IPv4's minimum datagram; the largest MTU a veth takes
 BURST_S = 0.001  # the token bucket holds 1 ms of traffic (see ClusterConfig.burst_for)
 DEFAULT_STATE_DIRS = ("/run/caramel", "/tmp/caramel")
+MAX_LATENCY_S = 10.0  # above this a latency is a typo (a unit lost), not a link
 
 
 def auto_mtu(bandwidth_bps: float) -> int:
@@ -51,6 +53,26 @@ def parse_mtu(mtu: int | str, bandwidth_bps: float) -> int:
     return mtu
 
 
+def parse_latency_s(latency: float | str) -> float:
+    """`ClusterConfig.latency_s` in seconds: a number of seconds, or text with its unit (`2ms`,
+    `50us`, `0.001s`; `parse_duration_arg_s`), so that `"2"` meant as milliseconds is refused
+    rather than read as 2 s, as on the command line. Zero, negative, non-finite and over
+    MAX_LATENCY_S: 0, refused, refused, refused."""
+    if isinstance(latency, str):
+        value = parse_duration_arg_s(latency, "latency_s")
+    elif isinstance(latency, numbers.Real) and not isinstance(latency, bool):
+        value = float(latency)
+        if not math.isfinite(value) or value < 0:
+            raise CaramelError(f"latency_s must be a finite number of seconds >= 0, got {latency!r}")
+    else:
+        raise CaramelError(f"latency_s must be a number of seconds or a duration with its unit such as '2ms', "
+                           f"got {type(latency).__name__} {latency!r}")
+    if value > MAX_LATENCY_S:
+        raise CaramelError(f"latency_s {latency!r} is {value:g} s, not a plausible link latency; "
+                           f"expected at most {MAX_LATENCY_S:g} s, e.g. 1ms or 50us")
+    return value + 0.0  # -0.0 reads as 0.0
+
+
 def new_prefix() -> str:
     """A fresh cluster name prefix `crm<6 hex>`; random so two clusters on one host never collide."""
     return "crm" + secrets.token_hex(3)
@@ -73,7 +95,8 @@ class ClusterConfig:
     """An emulated cluster: `workers` network namespaces on a bridge, each link shaped to `bandwidth_bps`.
 
     - `bandwidth_bps`: per-worker link rate in bits/s, in each direction (number or `"1gbit"`).
-    - `latency_s`: one-way added delay; emulated with netem only when the kernel has it,
+    - `latency_s`: one-way added delay, a number of seconds or text with its unit (`"2ms"`; a bare
+      `"2"` is refused, `parse_latency_s`); emulated with netem only when the kernel has it,
       otherwise reported as not emulated (the real veth latency is tens of microseconds).
     - `prefix`: `crm<6 hex>`; random when None.
     - `fallback`: `"local"` runs plain local workers on loopback (torchrun --standalone) when
@@ -115,12 +138,7 @@ class ClusterConfig:
         self.bandwidth_bps = parse_rate_bps(self.bandwidth_bps)
         if self.bandwidth_bps < 8e3:
             raise CaramelError(f"bandwidth {self.bandwidth_bps:g} bit/s is too low to shape with tc; expected at least 8kbit")
-        if self.latency_s in (0, 0.0, "0", "0s", "0ms"):
-            self.latency_s = 0.0
-        else:
-            self.latency_s = parse_duration_s(self.latency_s)
-            if self.latency_s > 10:
-                raise CaramelError(f"latency {self.latency_s:g} s is not a plausible link latency; expected e.g. 1ms or 50us")
+        self.latency_s = parse_latency_s(self.latency_s)
         if self.prefix is None:
             self.prefix = new_prefix()
         elif not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):

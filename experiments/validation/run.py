@@ -41,7 +41,7 @@ from experiments.validation.compare import ValidationConfig, ValidationRecord, V
 from experiments.validation.tables import (compare_runs, compare_table, consensus_floor, floor_table, interference_records,
                                          markdown_table)
 from experiments.validation.worker import INTERFERENCE_KIND, JOB_KIND, RAW_KIND, done_path, request_path
-from caramel.units import format_rate, parse_rate_bps
+from caramel.units import format_rate, parse_duration_arg_s, parse_rate_bps
 
 WORKER_MODULE = "experiments.validation.worker"
 NETWORKS = ("cluster", "loopback")
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="default: the planners and overlaps; deferral: compute_schedule forced to k layers")
     p.add_argument("--network", choices=NETWORKS, default="cluster",
                    help="cluster: netns + tc shaping (needs root); loopback: unshaped, needs --latency and --goodput")
-    p.add_argument("--latency", type=float, help="alpha in seconds instead of calibrating (loopback)")
+    p.add_argument("--latency", help="alpha instead of calibrating (loopback), with its unit (100us, 0.1ms)")
     p.add_argument("--goodput", type=float, help="goodput factor instead of calibrating (loopback)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per bandwidth")
     p.add_argument("--steps", type=int, help="timed steps per strategy per round")
@@ -483,9 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         if (args.latency is None) != (args.goodput is None):
             raise CaramelError("--latency and --goodput go together (both replace the calibration)")
         if args.latency is not None:
-            if not (args.latency >= 0 and args.goodput > 0):
-                raise CaramelError("--latency must be >= 0 seconds and --goodput a positive factor")
-            cals = {g.workers: Calibration(g.workers, args.latency, args.goodput, "given") for g in groups}
+            latency_s = parse_duration_arg_s(args.latency, "--latency")
+            if not args.goodput > 0:
+                raise CaramelError(f"--goodput must be a positive factor, got {args.goodput:g}")
+            cals = {g.workers: Calibration(g.workers, latency_s, args.goodput, "given") for g in groups}
         report = run_validation(groups, settings, args.network, cals, checkpoint=args.json)
     except CaramelError as e:
         print(f"error: {e}", file=sys.stderr)

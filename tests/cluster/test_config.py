@@ -25,8 +25,14 @@ pytestmark = pytest.mark.timeout(60)
     (dict(workers=2, bandwidth_bps=0), "bandwidth"),
     (dict(workers=2, bandwidth_bps="-1mbit"), "bandwidth"),
     (dict(workers=2, bandwidth_bps="100bit"), "too low"),
-    (dict(workers=2, latency_s="soon"), "duration 'soon'"),
-    (dict(workers=2, latency_s="20s"), "latency"),
+    (dict(workers=2, latency_s="soon"), "latency_s 'soon' is not understood"),
+    (dict(workers=2, latency_s="20s"), "latency_s '20s' is 20 s, not a plausible link latency"),
+    (dict(workers=2, latency_s="2"), "latency_s '2' has no unit"),  # not read as 2 s
+    (dict(workers=2, latency_s="2m"), "(not 'm')"),
+    (dict(workers=2, latency_s=-0.001), "latency_s must be a finite number of seconds >= 0"),
+    (dict(workers=2, latency_s=float("inf")), "latency_s must be a finite number"),
+    (dict(workers=2, latency_s=True), "latency_s must be a number of seconds or a duration with its unit"),
+    (dict(workers=2, latency_s=11), "latency_s 11 is 11 s"),
     (dict(workers=2, prefix="eth0"), "prefix 'eth0'"),
     (dict(workers=2, prefix="crm12345G"), "prefix"),
     (dict(workers=2, fallback="maybe"), "fallback 'maybe'"),
@@ -41,6 +47,8 @@ def test_bad_config_names_the_input(kwargs, needle):
 def test_config_normalizes_and_names_fit_ifnamsiz():
     cfg = ClusterConfig(workers="3", bandwidth_bps="250mbit", latency_s="2ms", state_dir="/tmp/x")
     assert cfg.workers == 3 and cfg.bandwidth_bps == 250e6 and cfg.latency_s == pytest.approx(0.002)
+    for latency, seconds in (("50us", 50e-6), ("0.5s", 0.5), (0.002, 0.002), (3, 3.0), ("0", 0.0), (0, 0.0)):
+        assert ClusterConfig(workers=2, latency_s=latency, state_dir="/tmp/x").latency_s == pytest.approx(seconds)
     assert cfg.prefix.startswith("crm") and len(cfg.prefix) == 9
     big = ClusterConfig(workers=250, prefix=cfg.prefix)
     names = [big.bridge] + [big.host_veth(i) for i in range(250)] + [big.worker_veth(i) for i in range(250)]

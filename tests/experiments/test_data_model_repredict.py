@@ -8,6 +8,7 @@ import pytest
 
 from caramel.bench.data_report import stored_records
 from caramel.data.format import write_random_dataset
+from caramel.jsonio import read_json
 from experiments.data_model_repredict import main, repredict
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -119,7 +120,7 @@ def test_the_step_by_step_records_give_the_pairs_the_docs_quote():
 
     excess = {}
     for name in ("f200", "full"):
-        record = json.loads((RESULTS / f"data-epoch-steps-{name}.json").read_text())
+        record = read_json(RESULTS / f"data-epoch-steps-{name}.json", "data-epoch-steps")
         lines = pairs(name, record)
         assert len(lines) == 3 and lines[0].startswith(f"{name} epoch 1 (first, cold)")
         excess[name] = [float(line.split("epoch-start excess ")[1].split(" ms")[0]) for line in lines[1:]]

@@ -57,3 +57,24 @@ def test_the_real_simulations_settle_or_not_and_count_every_case():
     for k in got["kinds"].values():
         assert k["simulations"] + k["refused"] == 2 and 1 <= k["max_passes"] <= 10
         assert all("stages need at least" in r["error"] for r in k["refused_cases"])
+
+
+def test_the_json_is_tagged_and_the_stored_counts_are_those_the_docs_quote(monkeypatch, tmp_path):
+    """--json writes a `caramel.pipeline-sharing-cycles/1` file; the stored ones read back with
+    the counts of docs/results/pipeline-sharing-cycles.md."""
+    from pathlib import Path
+
+    from caramel.jsonio import read_json
+    script = _script()
+    monkeypatch.setattr(script, "simulate_pipeline",
+                        lambda prof, spec, opts: SimpleNamespace(meta={"sharing": {"settled": True, "passes": 1}}))
+    out = tmp_path / "cycles.json"
+    assert script.main(["--cases", "3", "--json", str(out)]) == 0
+    written = read_json(out, "pipeline-sharing-cycles")
+    assert (written["cases"], written["kinds"]["replicas=auto"]["simulations"]) == (3, 3)
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    quoted = {"pipeline-sharing-cycles.json": (0, 0), "pipeline-sharing-cycles-c08e454.json": (6, 1)}
+    for name, (auto, given) in quoted.items():
+        kinds = read_json(results / name, "pipeline-sharing-cycles")["kinds"]
+        assert (kinds["replicas=auto"]["unsettled"], kinds["partition=auto, given counts"]["unsettled"]) == (auto, given)
+        assert (kinds["replicas=auto"]["simulations"], kinds["partition=auto, given counts"]["simulations"]) == (1000, 963)

@@ -188,6 +188,29 @@ def test_cli_rejects_half_a_calibration(tmp_path):
 
 
 @pytest.mark.timeout(10)
+def test_cli_latency_takes_its_unit(tmp_path, capsys, monkeypatch):
+    """--latency is read as the CLI's latencies are (caramel.units.parse_duration_arg_s): a bare
+    1e-4 is refused, not taken as seconds; 100us is the calibration's alpha in seconds."""
+    import experiments.validation.run as run
+    out = str(tmp_path / "v.json")
+    for latency, goodput, needle in (("1e-4", "0.9", "--latency '1e-4' has no unit"),
+                                     ("-1ms", "0.9", "--latency '-1ms' is negative"),
+                                     ("100us", "0", "--goodput must be a positive factor, got 0")):
+        assert main(["--quick", "--network", "loopback", f"--latency={latency}", "--goodput", goodput,
+                     "--json", out]) == 2
+        assert needle in capsys.readouterr().err
+    seen = {}
+
+    def fake_run(groups, settings, network, cals, checkpoint):
+        seen.update(cals)
+        raise CaramelError("stopped before running")
+
+    monkeypatch.setattr(run, "run_validation", fake_run)
+    assert main(["--quick", "--network", "loopback", "--latency", "100us", "--goodput", "0.9", "--json", out]) == 2
+    assert seen and all(c.latency_s == pytest.approx(1e-4) and c.goodput == 0.9 for c in seen.values())
+
+
+@pytest.mark.timeout(10)
 def test_compare_runs_and_saved_tables(tmp_path, capsys):
     group = _group()
     cal = Calibration(2, 1e-4, 0.9, "given")

@@ -2,7 +2,6 @@
 it keeps to the base where the policy is unsure), the best of N
 sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
 decodings are refused; the experiment's per-trace comparison counts what it says."""
-import json
 
 import numpy as np
 import pytest
@@ -128,6 +127,7 @@ TINY = ["--objective", "weighted_jct", "--trace", "num_jobs=3,max_steps=1", "--l
 
 
 def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(tmp_path):
+    from caramel.jsonio import read_json
     from experiments.coflow_rl import main
     tiny = TINY
     policy, first, second = tmp_path / "p.pt", tmp_path / "a.json", tmp_path / "b.json"
@@ -136,7 +136,7 @@ def test_experiment_saves_a_policy_that_evaluates_the_same_and_refuses_overlaps(
                         "--save-policy", str(policy), "--json", str(first)]) == 0
     assert main(tiny + ["--load-policy", str(policy), "--test-seeds", "0:2", "--decode", "greedy,greedy:1,check:1",
                         "--json", str(second)]) == 0
-    a, b = (json.loads(p.read_text()) for p in (first, second))
+    a, b = (read_json(p, "coflow-rl") for p in (first, second))
     assert a["held_out"]["per_trace"] == b["held_out"]["per_trace"] and "validation" not in b
     assert b["loaded_from"] == str(policy) and b["improve"] == a["improve"] and b["train_seeds"] == [2000, 2004]
     assert a["held_out"]["offline"] == ["ppo_check:1"] and a["held_out_large"]["offline"] == []

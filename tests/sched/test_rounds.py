@@ -134,8 +134,7 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
     """A tiny `edge_placement --scheme rounds --groups 1,3` run (a policy per G): the numpy
     decoder decided as the torch reference on every instance, and every decoding's time is
     compared with every heuristic's."""
-    import json
-
+    from caramel.jsonio import read_json
     from experiments.edge_placement import main
 
     out = tmp_path / "r.json"
@@ -145,7 +144,7 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
                  "--decode", "greedy,sample:4", "--check-reference", "--time-repeats", "2",
                  "--groups", "1,3", "--search", "max_passes=8", "--finetune-on", "num_tasks=4,num_layers=2",
                  "--finetune-improve", "rounds=1,episodes=1,epochs=1", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report = read_json(out, "edge-placement")
     assert report["scheme"] == "rounds" and report["groups"] == [1, 3] and len(report["train_s_per_groups"]) == 2
     assert report["finetune_on"]["num_tasks"] == 4 and report["finetune_teacher"] == "rollout"
     assert len(report["finetune_rounds"]) == 2 and len(report["finetune_s"]) == 2  # one per G

@@ -12,6 +12,7 @@ gives the same placement.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,18 +41,15 @@ class Decoding:
 
 
 def parse_decoding(text: str) -> Decoding:
-    """`greedy` or `sample:N` (N >= 1 placements drawn, the best kept)."""
+    """`greedy` or `sample:N` (N >= 1 placements drawn, the best kept), N in ASCII digits as in
+    the coflow decodings (`int()` would also take `+16`, `1_6`, ` 16` or other scripts' digits)."""
     kind, sep, count = text.strip().partition(":")
     if kind == "greedy" and not sep:
         return Decoding(1)
-    if kind == "sample" and sep:
-        try:
-            n = int(count)
-        except ValueError:
-            n = None
-        if n is not None and n >= 1:
-            return Decoding(n)
-    raise CaramelError(f"decode {text!r}: expected 'greedy' or 'sample:N' with N an integer >= 1 (e.g. sample:16)")
+    if kind == "sample" and re.fullmatch(r"[0-9]+", count) and int(count) >= 1:
+        return Decoding(int(count))
+    raise CaramelError(f"decode {text!r}: expected 'greedy' or 'sample:N' with N an integer >= 1 in ASCII digits "
+                       f"(e.g. sample:16)")
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,9 @@ class Balancer:
             self.fixed_s = fixed
         mine = (fixed, per_sample)
         gathered: list[Any] = [None] * self.world
+        t0 = self.engine.recorder.now()
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
+        self.engine.count_wait(self.engine.recorder.now() - t0)  # blocked on the slower ranks, not compute
         costs = [c for c, _ in gathered]
         if min(b for _, b in costs) <= 0.0:
             return  # some rank has no measurement yet

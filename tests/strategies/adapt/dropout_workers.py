@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import collections
 import copy
+import time
 
 import torch
 import torch.nn.functional as F
 
 import caramel
+import caramel.profile.slowdown as slowdown
 from caramel.models.zoo import SmallCNN
 from caramel.profile.slowdown import slow_down
 from caramel.strategies.caramel.dropout import kept_units
@@ -113,13 +115,39 @@ def fixed_masks_worker(rank: int, world: int, table: str, fractions: list[float]
             "patched_after": _patched(model.module)}
 
 
+class _VirtualClock:
+    """`time` for caramel.profile.slowdown and, from `start`, the engine's clock: until then the
+    slow-downs sleep; from then on time passes only in them, so each step's period is exactly
+    its slowed forward, 0 s spent waiting, whatever else runs on the host."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def start(self, engine) -> None:
+        if self.t is None:
+            self.t = engine._step_t0  # the running step's period goes on on this clock
+            engine.recorder.now = lambda: self.t  # the one clock of its periods and waits
+
+    def sleep(self, seconds: float) -> None:
+        if self.t is None:
+            time.sleep(seconds)
+        else:
+            self.t += seconds
+
+
 def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
-    """Rank 1 sleeps 12 ms per sample after its forward (72 ms a step, well clear of a loaded host's
-    step-to-step noise): the balancer gives it the table's fastest entry."""
+    """Rank 1's forward is slowed by 14 ms per sample, rank 0's by 2 ms (84 against 12 ms a step;
+    `slow_down`, scaled by the drop's time ratio): the balancer gives rank 1 the table's fastest
+    entry and keeps it. The slow-downs are real sleeps while the first steps are profiled and
+    planned; from the plan's adoption on they pass on a `_VirtualClock`, the engine's clock, so
+    the windows hold exact compute times: on a loaded host, wall-clock windows let the noise
+    of the two windows (a drop's rank's estimates scaled up by 1 / its time ratio) withdraw the
+    drop again at the last decisions."""
     torch.set_num_threads(1)
     m = _fresh()
-    if rank == 1:
-        slow_down(m, 0.012)
+    clock = _VirtualClock()
+    slowdown.time = clock  # this spawned process's slow-downs only
+    slow_down(m, 0.014 if rank == 1 else 0.002)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     # default options: deferred and early weight gradients allowed, profiled and planned first
     model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
@@ -140,7 +168,9 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
 
     def recording_adopt(*args, **kwargs):
         adopted_at.add(opt.engine.stats.step)
-        return adopt(*args, **kwargs)
+        out = adopt(*args, **kwargs)
+        clock.start(opt.engine)
+        return out
 
     b.step_end, c.adopt = recording_step_end, recording_adopt
     _train(model, opt, steps, rank)

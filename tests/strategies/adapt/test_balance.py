@@ -176,3 +176,29 @@ def test_a_processs_first_step_adds_no_time_to_the_window():
     engine.stats.last_step_s = 0.012
     b.step_end()
     assert list(b.times[4]) == [0.012]
+
+
+def test_the_decisions_gather_is_a_wait_not_compute(monkeypatch):
+    """A faster rank blocks in the decision's all-gather until the slower one arrives (the
+    reductions overlap the next forward: the ranks are not level at a step's end). That time is
+    counted as a wait of the step it falls in, so it does not read as this rank's compute."""
+    import torch.nn as nn
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.balance as balance
+    from caramel.runtime.stats import EngineStats
+
+    clock_s, waits = [100.0], []
+
+    def gather(out, mine, group):
+        clock_s[0] += 0.07  # blocked on the slower rank
+        out[:] = [mine] * len(out)
+
+    monkeypatch.setattr(balance.dist, "all_gather_object", gather)
+    engine = SimpleNamespace(stats=EngineStats(), remove_at_release=lambda *handles: None,
+                             recorder=SimpleNamespace(now=lambda: clock_s[0]), count_wait=waits.append)
+    b = balance.Balancer(engine, nn.Linear(2, 2), None, 0, 2, every=1)
+    b.schedule, b.local_batch = ShareSchedule(4, 2), 2
+    engine.stats.last_step_s = 0.012
+    b.step_end()
+    assert waits == [pytest.approx(0.07)]

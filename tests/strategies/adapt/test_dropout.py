@@ -161,10 +161,39 @@ def test_a_slowed_rank_is_given_a_drop(tmp_path):
     # decisions every 4 steps; a drop applies when two in a row agree (dropout_rule)
     results = run_workers(decide_worker, 2, args=(_table(tmp_path / "t.json"), 20), timeout_s=100)
     for res in results:
-        assert res["fractions"] == [0.0, 0.5] and res["changes"] >= 1, res
+        # given once and kept (exact windows: nothing withdraws it)
+        assert res["fractions"] == [0.0, 0.5] and res["changes"] == 1, res
         # profiling, trial and planning steps stay out of the windows (there are some: default options)
         assert res["untimed_steps"] and res["timed_untimed"] == [], res
     assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
+
+
+def test_the_decisions_gather_is_a_wait_not_compute(monkeypatch, tmp_path):
+    """The decision's all-gather blocks a faster rank until the slow one arrives: counted as the
+    wait of the step it falls in (as `balance="batch"`'s), else the faster rank's next compute
+    time reads as the slow rank's step and widens its window."""
+    import collections
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.dropout as dropout
+    from caramel.strategies.caramel.dropout_rule import Confirmation
+
+    clock_s, waits = [100.0], []
+
+    def gather(out, mine, group):
+        clock_s[0] += 0.07  # blocked on the slow rank
+        for o in out:
+            o.copy_(mine)
+
+    monkeypatch.setattr(dropout.dist, "all_gather", gather)
+    monkeypatch.setattr(dropout.dist, "get_backend", lambda group: "gloo")
+    b = dropout.DropoutBalancer.__new__(dropout.DropoutBalancer)  # _decide's state only: no engine hooks
+    b.engine = SimpleNamespace(params=[], recorder=SimpleNamespace(now=lambda: clock_s[0]), count_wait=waits.append,
+                               stats=SimpleNamespace(log=lambda *args: None))
+    b.group, b.world, b.table, b.step = None, 2, DropoutTable.load(_table(tmp_path / "t.json")), 4
+    b.times, b.confirmation, b.fractions, b.changes = collections.deque([0.01] * 3), Confirmation(), [0.0, 0.0], []
+    b._decide()
+    assert waits == [pytest.approx(0.07)]
 
 
 def test_the_simulator_scales_the_slow_worker_by_its_entry(tmp_path):
