@@ -49,7 +49,7 @@ def summary(rows: list[dict]) -> str:
     if not errs:
         return "-"
     within = sum(e <= TARGET for e in errs)
-    return f"{within} of {len(errs)} within 10%, median |error| {100 * statistics.median(errs):.1f}%, largest {100 * max(errs):.1f}%"
+    return f"{within} of {len(errs)} within 10%, median abs. error {100 * statistics.median(errs):.1f}%, largest {100 * max(errs):.1f}%"
 
 
 def compare(old: dict, new: dict) -> str:
