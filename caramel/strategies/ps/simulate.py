@@ -10,10 +10,14 @@ the cluster spec), with the backend's behaviour made explicit:
   worker sends the bucket to the server, `engine._send_push`) on its own group, its pulls one
   sequence of broadcasts (each update's bucket pull order) on another; each starts once every
   rank has handed it over and the previous one of its group is done, and lasts latency +
-  (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one copy per other worker). Different servers' sequences run side by side; pushes and pulls use
-  opposite directions of a full-duplex NIC, so they are not made to share it (nor are a
-  worker's sends to different servers: with balanced shards they need no more than one
-  server's receives);
+  (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one copy per other worker).
+  Different servers' sequences run side by side, and a worker's sends to different servers
+  too (with balanced shards they need no more than one server's receives). What a rank sends
+  shares a connection where the runtime's does (colocated, flat: a serving rank pushes on its
+  own shard's pull group, `PsEngine.link_group`; gloo, one connection per pair and group): its
+  pushes and its pulls leave one after another, in the order it handed them over (`Links`);
+  under bsp a rank's pulls follow all pushes anyway, under ssp/asp a step's pushes wait for the
+  pulls their senders handed over before them, and the next pulls for those pushes;
 - a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
   ready (the counter rule); at step() it pushes the rest and the used-count all-reduce (a
   ring's 2(r-1) latencies once the last push is in), then applies the updates that are due
@@ -97,6 +101,35 @@ class Wire:
         """Drop the intervals that ended before `t_s`, when no worker computes before it any more."""
         i = bisect.bisect_right(self.ends, t_s)
         del self.starts[:i], self.ends[:i]
+
+
+class Links:
+    """What each rank sends on its one connection to each peer (colocated, flat servers: a
+    serving rank's pushes travel on its own shard's pull group, `PsEngine.link_group`, so on
+    each of its links its pushes and its pulls leave one after another, never side by side).
+    In the order handed over: a push waits for the pulls its sender handed over before it, a
+    pull for its server's pushes handed over before it. The runtime's sender thread hands pull
+    buckets over one at a time, so a push ready amid a backlog of pulls may slip between two
+    of them; the model sends it after them (the link carries the same bytes per step either
+    way). Ranks that serve nothing (`servers` < ranks) push on the server's own group."""
+
+    def __init__(self, ranks: int, serving: int):
+        self.serving = serving
+        self.pushes_end = [0.0] * ranks  # per rank: when the pushes it has handed over have left
+
+    def push_start(self, start_s: float, owner: int, pulls_end: list[float]) -> float:
+        """The earliest a push to shard `owner` (every other rank sends) can start: after the
+        pulls each serving sender handed over before it (`pulls_end`, per shard)."""
+        return max([start_s] + [pulls_end[w] for w in range(self.serving) if w != owner])
+
+    def pushed(self, owner: int, end_s: float) -> None:
+        for w in range(self.serving):
+            if w != owner:
+                self.pushes_end[w] = max(self.pushes_end[w], end_s)
+
+    def pull_start(self, start_s: float, server: int) -> float:
+        """The earliest shard `server`'s next pull can start: after its server's pushes."""
+        return max(start_s, self.pushes_end[server])
 
 
 def _merge_into(starts: list[float], ends: list[float], a: float, b: float) -> None:
@@ -221,6 +254,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
     early = None  # bsp: when rank 0's buffers sent at step() reach each rank
+    links = Links(n, shards) if not dedicated and local == 1 else None
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
@@ -267,6 +301,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             for b in range(len(buckets)):
                 o = bucket_owner[b]
                 start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
+                if links is not None:  # behind the pulls its senders handed over before it
+                    start = links.push_start(start, o, pull_end)
                 if queues is not None:  # the server's "ready" note reaches every sender through the queues
                     h = issue[o][b]
                     start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
@@ -284,6 +320,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             ends, spans = push(issue, bwd_end)
         push_end = ends
         wire.add(spans)
+        if links is not None:
+            for b, (_, z) in enumerate(spans):
+                links.pushed(bucket_owner[b], z)
         if queues is not None:
             for b, (a, z) in enumerate(spans):
                 queues.ingress[bucket_owner[b]].add(a, z)
@@ -326,6 +365,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             for b in plan.bucket_pull_at(u):
                 o = pull_owner[b]
                 start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
+                if links is not None:  # behind its server's pushes handed over before it
+                    start = links.pull_start(start, o)
                 if queues is not None:  # every receiver's "ready" note reaches the server through the queues
                     start = max([start] + [a + queues.wait(w, o, a) for w, a in enumerate(applied_at[u]) if w != o])
                 pull_end[o] = start + coll_s(b, "pull")
@@ -339,9 +380,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
-    # group runs its collectives one at a time), whatever backlog staleness has let build up
-    group_s = max(max(sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o),
-                      sum(coll_s(b, "pull") for b in range(len(pull_bytes)) if pull_owner[b] == o)) for o in range(shards))
+    # group runs its collectives one at a time), whatever backlog staleness has let build up;
+    # where a rank's pushes and pulls share its links (`Links`), than its pulls and then its
+    # pushes to any one server
+    pushes_to = [sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o) for o in range(shards)]
+    pulls_of = [sum(coll_s(b, "pull") for b in range(len(pull_bytes)) if pull_owner[b] == o) for o in range(shards)]
+    group_s = max(max(pushes_to[o], pulls_of[o]) for o in range(shards))
+    if links is not None and shards > 1:
+        group_s = max(group_s, max(pulls_of[x] + max(pushes_to[o] for o in range(shards) if o != x) for x in range(shards)))
     step_s = max(max(periods), group_s)
     compute_s = max((profile.forward_time_s + profile.backward_time_s
                      + profile.optimizer_time_s * shard_bytes[w] / total) / speed[w] for w in range(n))
