@@ -209,6 +209,12 @@ def round_inputs(calibrations: list[dict[str, Any]], batch_trip_s: float, floor_
             for c in calibrations]
 
 
+def round_epoch_starts(calibrations: list[dict[str, Any]]) -> list[float]:
+    """Each round's measured epoch start (`epoch_start_excess_s`), 0 where its calibration did not
+    time one (records before it, rounds without loader workers): the model's edge as before."""
+    return [epoch_start_excess_s(c.get("loaded")) or 0.0 for c in calibrations]
+
+
 def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None, batch_trip_s: float) -> float:
     """How much longer the step's compute side took beside busy workers than its parts measured
     alone (module docstring); 1 without a measurement or when it ran no slower."""

@@ -51,7 +51,7 @@ def test_the_restart_pass_times_a_new_iterator_inside_its_first_step():
     assert len(out["restart_step_s"]) == WARMUP_STEPS and out["restart_step_s"][0] >= 0.03
     assert out["step_s"] < 0.01  # the steady mean leaves the restart out
     assert epoch_start_excess_s(out) == pytest.approx(sum(out["restart_step_s"]) - WARMUP_STEPS * out["step_s"])
-    assert 0.03 <= epoch_start_excess_s(out) < 0.05
+    assert epoch_start_excess_s(out) >= 0.03 - WARMUP_STEPS * out["step_s"] > 0.01  # the 30 ms restart, less steady steps
     assert epoch_start_excess_s({"step_s": 1.0}) is None and epoch_start_excess_s(None) is None  # not measured
 
 
