@@ -30,6 +30,10 @@ before its round, the floor C over the whole run's windows of steps alone (later
 included, so a round's prediction is complete when the run ends); neither is fitted to the
 scored steps, both being steps timed apart from them.
 
+The timed second pass starts with a new iterator over the warm workers inside its first step,
+as each scored epoch does; its warm-up steps over steady ones (`epoch_start_excess_s`) are what an
+epoch's start costs beside the load, which the model adds to each epoch's edge.
+
 `loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
 samples in memory, caramel.data's transport): the model of one calibration per run, which the
 bench reports beside the per-mode one.

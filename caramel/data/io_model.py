@@ -38,6 +38,9 @@ before it and half the one in service (the residual of a fixed service time):
     Q(n) = X(n) R(n),  U(n) = X(n) q D,  Z_batch = q (latency + worker_request_s) + local work
     data_s = ranks / X(N)    (X never above 1 / (q D): the link's own limit)
 
+Where that limit binds, R(n) is what the capped throughput leaves, n / X(n) - Z_batch, so the queue
+carried to the next worker is every batch not thinking, n - X(n) Z_batch (`closed_loop`).
+
 One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
 the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither
 fills the link nor leaves it idle: there the 200 Mbit/s, batch 16 bench (32 reads per step, 1
