@@ -5,7 +5,8 @@ calibrations (the one before the modes, and one right before each mode's round).
 record, rebuilds each mode's model with `caramel.bench.data_report.predict` and each round's
 contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
 the model with each round's own calibration (the median over rounds; from a
-`caramel.data-bench/4` or `/5` record, with each round's read time under load too), and the recorded
+`caramel.data-bench/4` or `/5` record, with each round's read time under load too, and where
+a calibration timed it, each round's restart of the warm workers), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
 measuring anything again; with the epoch edge the model charges once per epoch (median over
 rounds). A FILE is a record or a results file of runs
