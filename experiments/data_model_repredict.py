@@ -5,7 +5,8 @@ calibrations (the one before the modes, and one right before each mode's round).
 record, rebuilds each mode's model with `caramel.bench.data_report.predict` and each round's
 contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
 the model with each round's own calibration (the median over rounds; from a
-`caramel.data-bench/4` or `/5` record, with each round's read time under load too), and the recorded
+`caramel.data-bench/4` or `/5` record, with each round's read time under load too, and where
+a calibration timed it, each round's restart of the warm workers), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
 measuring anything again; with the epoch edge the model charges once per epoch (median over
 rounds). A FILE is a record or a results file of runs
@@ -19,7 +20,7 @@ import sys
 from dataclasses import replace
 
 from caramel.bench.data_bench import DataBenchConfig
-from caramel.bench.data_contention import alone_floor_s, round_inputs
+from caramel.bench.data_contention import alone_floor_s, round_epoch_starts, round_inputs
 from caramel.bench.data_overhead import round_overheads
 from caramel.bench.data_report import batch_trip_s, measured_contention, predict, stored_records
 from caramel.data.store import Store
@@ -54,7 +55,9 @@ def repredict(record: dict, index) -> list[dict]:
         # range reads only (caramel.data-bench/5); /4 records charged every mode, so their non-plain rows move
         overheads = round_overheads(row.get("calibrations", [])) if model.request_bytes is None \
             else [0.0] * len(row.get("calibrations", []))
-        round_models = [(replace(model, contention=c, worker_request_s=o), a) for (c, a), o in zip(rounds, overheads)]
+        starts = round_epoch_starts(row.get("calibrations", []))  # 0 in records before the restart was timed
+        round_models = [(replace(model, contention=c, worker_request_s=o, epoch_start_s=e), a)
+                        for (c, a), o, e in zip(rounds, overheads, starts)]
         now = median(m.step_time_s(a) for m, a in round_models) if round_models else model.step_time_s(start)
         edge = median(_edge_s(m, a) for m, a in round_models) if round_models else _edge_s(model, start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,

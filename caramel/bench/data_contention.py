@@ -30,6 +30,10 @@ before its round, the floor C over the whole run's windows of steps alone (later
 included, so a round's prediction is complete when the run ends); neither is fitted to the
 scored steps, both being steps timed apart from them.
 
+The timed second pass starts with a new iterator over the warm workers inside its first step,
+as each scored epoch does; its warm-up steps over steady ones (`epoch_start_excess_s`) are what an
+epoch's start costs beside the load, which the model adds to each epoch's edge.
+
 `loaded_steps` is the calibration run once per run before any mode (torch's DataLoader over
 samples in memory, caramel.data's transport): the model of one calibration per run, which the
 bench reports beside the per-mode one.
@@ -104,7 +108,34 @@ def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Calla
         kept = xs[WARMUP_STEPS:]
         return sum(kept) / len(kept)
 
-    return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm)}
+    return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm),
+            "warmup_step_s": step[:WARMUP_STEPS]}
+
+
+class _Restarted:
+    """`iter(loader)` on the first `next`, so the restart of a warm loader's workers is inside the
+    first timed step, as a scored epoch's start is inside its first wait (`data_bench_rank._run_epochs`)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader, self.it = loader, None
+
+    def __iter__(self) -> "_Restarted":
+        return self
+
+    def __next__(self) -> Any:
+        if self.it is None:
+            self.it = iter(self.loader)
+        return next(self.it)
+
+
+def epoch_start_excess_s(loaded: dict[str, Any] | None) -> float | None:
+    """What a warm loader's epoch start costs beside the load: the restart pass's warm-up steps
+    (`restart_step_s`, the new iterator's start inside the first) over as many of its steady
+    steps. None when not measured (records before it)."""
+    if not loaded or not loaded.get("restart_step_s"):
+        return None
+    steps = loaded["restart_step_s"]
+    return max(sum(steps) - len(steps) * loaded["step_s"], 0.0)
 
 
 def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], None],
@@ -113,7 +144,9 @@ def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], N
     steady state the modes are scored in (their epochs 2+, workers started and warm), not the
     workers' start-up, which on a loaded machine lasts more than the warm-up's steps when the
     compute is short. The first pass (the same steps, all-reduce included) is kept as
-    `first_pass_step_s`. With `window` (an Event) it is set over the first pass's steps after
+    `first_pass_step_s`. The second pass starts with a new iterator over the warm workers, inside
+    its first timed step as a scored epoch's start is (the first pass run to its end first, as an
+    epoch is): its warm-up steps are kept as `restart_step_s` (`epoch_start_excess_s`). With `window` (an Event) it is set over the first pass's steps after
     the warm-up and cleared before the second: the loaded but unscored steps in which the
     request probe reads (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`."""
     bounds: list[float] = []
@@ -122,14 +155,19 @@ def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], N
         bounds.append(time.monotonic())
         window.set()
 
+    it = iter(loader)
     try:
-        first = time_steps(iter(loader), steps, compute_s, sync, opened if window is not None else None)
+        first = time_steps(it, steps, compute_s, sync, opened if window is not None else None)
+        first.pop("warmup_step_s")  # the workers' start-up (fork), which no scored epoch repeats
     finally:
         if window is not None:
             window.clear()
             bounds.append(time.monotonic())
-    out = time_steps(iter(loader), steps, compute_s, sync)
-    out = dict(out, first_pass_step_s=first["step_s"])
+    for _ in it:  # untimed: a scored epoch ends its pass before the next starts, so its restart drains nothing
+        pass
+    out = time_steps(_Restarted(loader), steps, compute_s, sync)
+    # the second pass restarts warm workers as every scored epoch does: its warm-up steps are that start
+    out = dict(out, first_pass_step_s=first["step_s"], restart_step_s=out.pop("warmup_step_s"))
     if len(bounds) == 2:
         out["probe_window_s"] = bounds
     return out
@@ -151,6 +189,7 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
                                          multiprocessing_context="fork")
     it = iter(loader)
     out = time_steps(map(received, it), steps, compute_s, sync)
+    out.pop("warmup_step_s")  # the one calibration's workers start here: not an epoch's restart
     del it, loader  # the workers stop here, before the modes start
     return out
 
@@ -172,6 +211,12 @@ def round_inputs(calibrations: list[dict[str, Any]], batch_trip_s: float, floor_
     has contention 1."""
     return [(contention_factor(c["loaded"]["step_s"] if c.get("loaded") else None, floor_s, batch_trip_s), floor_s)
             for c in calibrations]
+
+
+def round_epoch_starts(calibrations: list[dict[str, Any]]) -> list[float]:
+    """Each round's measured epoch start (`epoch_start_excess_s`), 0 where its calibration did not
+    time one (records before it, rounds without loader workers): the model's edge as before."""
+    return [epoch_start_excess_s(c.get("loaded")) or 0.0 for c in calibrations]
 
 
 def contention_factor(loaded_step_s: float | None, compute_comm_s: float | None, batch_trip_s: float) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from caramel.bench.data_contention import alone_floor_s, contention_factor, round_inputs
+from caramel.bench.data_contention import alone_floor_s, contention_factor, round_epoch_starts, round_inputs
 from caramel.bench.data_overhead import round_overheads
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
@@ -178,9 +178,11 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         # 0 where a round had no probe read: the model before the term; range reads only (the probe
         # times one sample's read, not a whole shard's fetch)
         overheads = round_overheads(r.calibrations) if model.request_bytes is None else [0.0] * len(r.calibrations)
-        per_round = [replace(model, contention=c, worker_request_s=o).step_time_s(a)
-                     for (c, a), o in zip(rounds, overheads)]
-        overhead_alone = [replace(model, contention=c).step_time_s(a) for c, a in rounds]
+        # each round's measured restart of a warm loader (0 in records before it): the epoch's start
+        starts = round_epoch_starts(r.calibrations)
+        per_round = [replace(model, contention=c, worker_request_s=o, epoch_start_s=e).step_time_s(a)
+                     for (c, a), o, e in zip(rounds, overheads, starts)]
+        overhead_alone = [replace(model, contention=c, epoch_start_s=e).step_time_s(a) for (c, a), e in zip(rounds, starts)]
         probed = [c["request_s_under_load"] for c in r.calibrations if c.get("request_s_under_load") is not None]
         one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison

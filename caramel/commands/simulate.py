@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="steps per epoch of a loader that starts each epoch empty (torch's DataLoader: a new "
                            "iterator each epoch): the epoch pays workers x min(data, compute side) once, spread "
                            "over N steps (default: not charged)")
+    data.add_argument("--data-epoch-start", metavar="DURATION",
+                      help="a warm loader's epoch start beside the load over data in memory (a new iterator over "
+                           "its workers; `caramel bench --data` records each round's as restart_step_s): what it "
+                           "adds beyond the workers' batches from memory joins the epoch's edge; needs "
+                           "--data-epoch-steps (default 0: not charged)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")
 
@@ -158,10 +163,10 @@ _DATA_DEFAULTS: dict[str, Any] = {
     "data_batch": 32, "data_bandwidth": "1gbit", "data_latency": "1ms", "data_hit_rate": 0.0,
     "data_request_bytes": None, "data_loader_workers": 2, "data_local_per_sample": "0", "data_memory_hit_rate": 0.0,
     "data_disk_per_read": "0", "data_batch_overhead": "0", "data_contention": 1.0, "data_misses_last": False,
-    "data_read_under_load": "0", "data_epoch_steps": None,
+    "data_read_under_load": "0", "data_epoch_steps": None, "data_epoch_start": "0",
 }
 _DATA_DURATIONS = ("data_latency", "data_local_per_sample", "data_disk_per_read", "data_batch_overhead",
-                   "data_read_under_load")
+                   "data_read_under_load", "data_epoch_start")
 
 
 def _flag(dest: str) -> str:
@@ -186,6 +191,8 @@ def _data_model(args: argparse.Namespace, ranks: int):
         # serial loading pays every batch's loading in full: no prefetch to refill, so no edge to charge
         raise CaramelError("--data-epoch-steps needs loader workers (--data-loader-workers >= 1): "
                            "with 0 the loading is serial and an epoch's start costs nothing extra")
+    if times_s["data_epoch_start"] and v["data_epoch_steps"] is None:
+        raise CaramelError("--data-epoch-start is charged once per epoch: it needs --data-epoch-steps")
     if times_s["data_read_under_load"] and v["data_request_bytes"]:
         raise CaramelError("--data-read-under-load times one sample's range read; shard fetches "
                            "(--data-request-bytes) are not charged it, as in `caramel bench --data`")
@@ -203,7 +210,8 @@ def _data_model(args: argparse.Namespace, ranks: int):
         batch_overhead_s=times_s["data_batch_overhead"],
         contention=v["data_contention"],
         remote_steps_share=max(1.0 - v["data_hit_rate"], 1e-9) if v["data_misses_last"] else 1.0,
-        worker_request_s=times_s["data_read_under_load"], epoch_steps=v["data_epoch_steps"])
+        worker_request_s=times_s["data_read_under_load"], epoch_steps=v["data_epoch_steps"],
+        epoch_start_s=times_s["data_epoch_start"])
 
 
 def _print_data(model, records: list[dict[str, Any]]) -> None:

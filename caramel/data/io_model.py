@@ -38,6 +38,9 @@ before it and half the one in service (the residual of a fixed service time):
     Q(n) = X(n) R(n),  U(n) = X(n) q D,  Z_batch = q (latency + worker_request_s) + local work
     data_s = ranks / X(N)    (X never above 1 / (q D): the link's own limit)
 
+Where that limit binds, R(n) is what the capped throughput leaves, n / X(n) - Z_batch, so the queue
+carried to the next worker is every batch not thinking, n - X(n) Z_batch (`closed_loop`).
+
 One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
 the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither
 fills the link nor leaves it idle: there the 200 Mbit/s, batch 16 bench (32 reads per step, 1
@@ -54,6 +57,11 @@ The hits come from two tiers: `memory_hit_rate` of the samples from the loader w
 read of a whole shard (`disk_s_per_read`: read plus checksum, measured) serves
 `samples_per_disk_read` samples. `batch_overhead_s` is each batch's fixed cost (collate, the
 trip from the worker to the training process), measured for the transport used.
+
+The epoch's start also restarts the loader's warm workers (a new iterator: each told to begin,
+the sampler's order made): `epoch_start_s`, measured as a warm loader's first steps over data in
+memory beside the load (the data bench's calibration), less the k batches from memory the edge
+charges already, adds to the edge once per epoch (0 unmeasured).
 
 A sampler that reads what is cached first (the locality-aware one) does not spread the misses
 over the epoch: its first steps fetch nothing and its last `remote_steps_share` (1 - the byte
@@ -76,6 +84,37 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from caramel.errors import CaramelError
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """The closed loop with `clients` workers: batches per second, batches at the link (queued and
+    in service) and the time one spends there."""
+
+    clients: int
+    throughput_per_s: float
+    queued: float
+    response_s: float
+
+
+def closed_loop(clients: int, think_s: float, demand_s: float) -> LoopState:
+    """Mean value analysis of `clients` workers, each thinking `think_s` per batch and then holding
+    the FIFO link for `demand_s` (fixed service: an arrival waits for the batches queued before it
+    and half the one in service). Where the link's own limit 1 / demand binds, the batches not
+    thinking are at the link: clients - X x think (Little's law over the whole loop), the queue the
+    next client arrives to, not X times the uncapped response."""
+    if clients < 1 or demand_s <= 0 or think_s < 0:
+        raise CaramelError(f"a closed loop needs clients >= 1, demand_s > 0 and think_s >= 0, "
+                           f"got {clients}, {demand_s}, {think_s}")
+    state = LoopState(0, 0.0, 0.0, 0.0)
+    for n in range(1, clients + 1):
+        busy = state.throughput_per_s * demand_s
+        response_s = demand_s * (1.0 + max(state.queued - busy, 0.0) + busy / 2)
+        # the fixed-service residual can overstate what the link serves; it never exceeds 1 / demand
+        throughput = min(n / (think_s + response_s), 1.0 / demand_s)
+        response_s = n / throughput - think_s  # the response the capped throughput leaves: larger when capped
+        state = LoopState(n, throughput, throughput * response_s, response_s)
+    return state
 
 
 @dataclass(frozen=True)
@@ -102,6 +141,7 @@ class DataLoadModel:
     remote_steps_share: float = 1.0  # of an epoch's steps, those that fetch its remote bytes (1: every step alike)
     worker_request_s: float = 0.0  # each read's time on the cores in its worker's sequence, under load; 0: unmeasured
     epoch_steps: int | None = None  # steps per epoch of a loader that starts each epoch empty; None: no epoch edge
+    epoch_start_s: float = 0.0  # a warm loader's epoch start beside the load, data in memory, measured; 0: unmeasured
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
@@ -126,6 +166,8 @@ class DataLoadModel:
             raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
                                f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
                                f"{self.worker_request_s}")
+        if not 0 <= self.epoch_start_s < math.inf:
+            raise CaramelError(f"epoch_start_s must be >= 0 seconds (0: unmeasured), got {self.epoch_start_s}")
         if self.epoch_steps is not None and (isinstance(self.epoch_steps, bool) or not isinstance(self.epoch_steps, int)
                                              or self.epoch_steps < 1):
             raise CaramelError(f"epoch_steps must be a whole number of steps >= 1 (None: no epoch edge), got {self.epoch_steps!r}")
@@ -174,13 +216,7 @@ class DataLoadModel:
         demand_s = reads * service_s  # one batch's time on the store's link
         think_s = (reads * (self.store_latency_s + self.worker_request_s)
                    + self._local_work_s() * k / self._local_cores())
-        queued = busy = 0.0
-        for n in range(1, self.ranks * k + 1):
-            response_s = demand_s * (1.0 + max(queued - busy, 0.0) + busy / 2)
-            # the fixed-service residual can overstate what the link serves; it never exceeds 1 / demand
-            batches_per_s = min(n / (think_s + response_s), 1.0 / demand_s)
-            queued, busy = batches_per_s * response_s, batches_per_s * demand_s
-        return self.ranks / batches_per_s
+        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s).throughput_per_s
 
     def step_time_s(self, compute_s: float) -> float:
         """The mean step time with this data path: prefetched when there are workers, serial
@@ -202,13 +238,22 @@ class DataLoadModel:
         workers), k x: the compute side when its last steps (data period `data_s`) are data-bound,
         their last k batches' compute sides following one another; else the data period of its
         first steps (`first_data_s`, the same by default), the first batch waiting for a whole
-        worker's batch. With the data period the same at both ends: k x min(data, compute side)."""
+        worker's batch. With the data period the same at both ends: k x min(data, compute side).
+        Plus the restart's own part (`restart_s`): a measured `epoch_start_s` beyond the k batches
+        from memory that this charges for it already."""
         if not self.epoch_steps or self.loader_workers <= 0:
             return 0.0
         data_s = self.data_time_s() if data_s is None else data_s
         first_data_s = data_s if first_data_s is None else first_data_s
         compute_side_s = self.compute_side_s(compute_s)
-        return self.loader_workers * (compute_side_s if data_s > compute_side_s else first_data_s)
+        return self.loader_workers * (compute_side_s if data_s > compute_side_s else first_data_s) + self.restart_s()
+
+    def restart_s(self) -> float:
+        """What restarting the workers adds to an epoch's start besides its first batches: the
+        measured start of a warm loader over data in memory (`epoch_start_s`, the calibration's
+        restart) less the k batches from memory it waited for, which `epoch_edge_s` charges
+        itself (k x the data period with nothing remote). 0 when unmeasured."""
+        return max(self.epoch_start_s - self.loader_workers * self._data_s(0.0), 0.0)
 
     def _step_s(self, compute_s: float, data_s: float) -> float:
         return max(self.compute_side_s(compute_s), data_s) if self.loader_workers > 0 else compute_s + data_s

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from caramel.bench.data_contention import (WARMUP_STEPS, alone_floor_s, calibration_order, calibration_shards, contention_factor,
-                                           loaded_steps, mode_calibration_loader, round_inputs, steady_steps)
+                                           epoch_start_excess_s, loaded_steps, mode_calibration_loader, round_inputs,
+                                           steady_steps)
 from caramel.data.format import write_dataset
 from caramel.data.loader import _stateful_loader_class
 from caramel.data.serve import serve_directory
@@ -23,6 +24,35 @@ def test_the_factor_is_the_loaded_step_over_its_parts_alone():
     assert contention_factor(6e-3, 5e-3, 1e-3) == 1.0  # no slower: no contention
     assert contention_factor(5.5e-3, 5e-3, 1e-3) == 1.0  # faster than alone is noise, not a speedup
     assert contention_factor(None, 5e-3, 1e-3) == 1.0 and contention_factor(7e-3, None, 1e-3) == 1.0  # not measured
+
+
+class _SlowRestart:
+    """A loader whose every pass after the first takes `restart_s` to start, and that records how
+    far each pass was read."""
+
+    def __init__(self, batches: int, restart_s: float) -> None:
+        self.batches, self.restart_s, self.read = batches, restart_s, []
+
+    def __iter__(self):
+        if self.read:
+            time.sleep(self.restart_s)
+        self.read.append(0)
+        for i in range(self.batches):
+            self.read[-1] = i + 1
+            yield i
+
+
+def test_the_restart_pass_times_a_new_iterator_inside_its_first_step():
+    # a scored epoch's start (iter() over warm workers) is inside its first wait; the calibration's
+    # second pass times its restart the same way, after running the first pass to its end
+    loader = _SlowRestart(WARMUP_STEPS + 5, restart_s=0.03)
+    out = steady_steps(loader, WARMUP_STEPS + 4, 0.0, lambda: None)
+    assert loader.read == [WARMUP_STEPS + 5, WARMUP_STEPS + 4]  # the first pass drained before the restart
+    assert len(out["restart_step_s"]) == WARMUP_STEPS and out["restart_step_s"][0] >= 0.03
+    assert out["step_s"] < 0.01  # the steady mean leaves the restart out
+    assert epoch_start_excess_s(out) == pytest.approx(sum(out["restart_step_s"]) - WARMUP_STEPS * out["step_s"])
+    assert epoch_start_excess_s(out) >= 0.03 - WARMUP_STEPS * out["step_s"] > 0.01  # the 30 ms restart, less steady steps
+    assert epoch_start_excess_s({"step_s": 1.0}) is None and epoch_start_excess_s(None) is None  # not measured
 
 
 @pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The I/O model's arithmetic: the link is shared, latency divides among workers, hits are free of the store."""
 import pytest
 
-from caramel.data.io_model import DataLoadModel
+from caramel.data.io_model import DataLoadModel, closed_loop
 from caramel.errors import CaramelError
 
 
@@ -59,6 +59,46 @@ def test_range_reads_are_a_closed_loop_of_the_workers():
     # never below the link, never above one worker's serial sum over the rank's workers plus the link
     for s in steps:
         assert 16e-3 - 1e-12 <= s
+
+
+def test_a_capped_loop_carries_every_client_not_thinking_as_queued():
+    """Past the link's limit the queue the next client meets is every batch not in think time
+    (Little's law over the loop), not the throughput times the uncapped response."""
+    one = closed_loop(1, think_s=17e-3, demand_s=8e-3)
+    assert one.throughput_per_s == pytest.approx(1 / 25e-3) and one.queued == pytest.approx(8 / 25)
+    for clients in (2, 3, 8):
+        state = closed_loop(clients, think_s=2e-3, demand_s=8e-3)  # the link binds from the second client
+        assert state.throughput_per_s == pytest.approx(1 / 8e-3)
+        assert state.queued + state.throughput_per_s * 2e-3 == pytest.approx(clients)
+        assert state.response_s == pytest.approx(clients * 8e-3 - 2e-3)
+    # below the link nothing changes: response and queue are the mean value analysis's own
+    below = closed_loop(2, think_s=17e-3, demand_s=8e-3)
+    assert below.response_s == pytest.approx(8e-3 * (1 + 8 / 25 / 2))
+    assert below.queued + below.throughput_per_s * 17e-3 == pytest.approx(2)
+    with pytest.raises(CaramelError, match="closed loop"):
+        closed_loop(0, 1e-3, 1e-3)
+
+
+def test_a_measured_restart_adds_what_the_memory_batches_do_not_cover():
+    """The epoch's start restarts warm workers: the measured start (`epoch_start_s`, from memory)
+    adds beyond the k batches from memory the edge charges itself, once per epoch."""
+    base = dict(sample_bytes=1e4, batch_size=10, ranks=2, store_bandwidth_bps=1e8, loader_workers=2,
+                hit_rate=1.0, memory_hit_rate=1.0, local_s_per_sample=1e-5, batch_overhead_s=0.4e-3, epoch_steps=32)
+    model = DataLoadModel(**base)
+    from_memory_s = 10 * 1e-5 + 0.4e-3  # one batch from memory on one core
+    assert model.epoch_edge_s(6e-3) == pytest.approx(2 * from_memory_s)  # compute-bound: k batches from memory
+    started = DataLoadModel(**base, epoch_start_s=4e-3)
+    assert started.restart_s() == pytest.approx(4e-3 - 2 * from_memory_s)
+    assert started.epoch_edge_s(6e-3) == pytest.approx(4e-3)  # the measured start in place of the k batches
+    assert started.step_time_s(6e-3) == pytest.approx(model.step_time_s(6e-3) + (4e-3 - 2 * from_memory_s) / 32)
+    # a start no longer than the k batches adds nothing; data-bound, the restart adds to the compute sides
+    assert DataLoadModel(**base, epoch_start_s=0.5e-3).epoch_edge_s(6e-3) == model.epoch_edge_s(6e-3)
+    bound = dict(base, hit_rate=0.0, memory_hit_rate=0.0)
+    assert DataLoadModel(**bound, epoch_start_s=4e-3).epoch_edge_s(6e-3) == pytest.approx(
+        DataLoadModel(**bound).epoch_edge_s(6e-3) + 4e-3 - 2 * from_memory_s)
+    for bad in (-1e-3, float("inf"), float("nan")):
+        with pytest.raises(CaramelError, match="epoch_start_s"):
+            DataLoadModel(**base, epoch_start_s=bad)
 
 
 def test_the_bench_configurations_sit_either_side_of_the_knee():

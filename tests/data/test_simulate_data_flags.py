@@ -96,3 +96,13 @@ def test_simulate_charges_the_epoch_edge_when_given_the_epoch_steps(capsys, tmp_
     assert "loader workers: " in (out := capsys.readouterr().out) and "epoch edge over 32 steps" in out
     assert main(SIM + ["--data-epoch-steps", "32"]) == 2
     assert "--data-epoch-steps needs --data-sample-bytes" in capsys.readouterr().err
+    # a measured restart of the warm workers (nothing local to load here: all of it is beyond the
+    # batches from memory) joins the edge once per epoch; alone, with no epoch to charge it to, refused
+    out = tmp_path / "sim.json"  # the name the printed output took above
+    started = data_step("--data-epoch-steps", "32", "--data-epoch-start", "5ms")
+    assert started["data"]["epoch_start_s"] == 5e-3
+    assert started["step_time_with_data_s"] - edged["step_time_with_data_s"] == pytest.approx(5e-3 / 32)
+    assert main(SIM + DATA + ["--data-epoch-start", "5ms"]) == 2
+    assert "--data-epoch-start is charged once per epoch: it needs --data-epoch-steps" in capsys.readouterr().err
+    assert main(SIM + DATA + ["--data-epoch-steps", "32", "--data-epoch-start", "5"]) == 2  # a bare number: no unit
+    assert "--data-epoch-start" in capsys.readouterr().err
