@@ -20,13 +20,17 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from caramel.jsonio import atomic_write_text
 
 COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
            "--steps", "120", "--cluster", "off", "--slow-worker", "1:2", "--log-every-steps", "40", "--resume", "none"]
@@ -37,7 +41,9 @@ COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
 
 def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
     """Each seed's balanced and equal-shares runs back to back, the pair's order alternating."""
+    from caramel.bench.provenance import code_version
     out.mkdir(parents=True, exist_ok=True)
+    code = code_version()
     for rep in range(reps):
         for seed in seeds:
             order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
@@ -46,7 +52,7 @@ def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
                 t0 = time.time()
                 cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
-                (d / "run.json").write_text(json.dumps({"cmd": cmd, "rc": proc.returncode, "start": t0,
+                (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": code, "rc": proc.returncode, "start": t0,
                                                         "end": time.time(), "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
                 print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
 
@@ -110,7 +116,7 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     c0, c1 = per_rank["0"]["compute_per_sample_s"], per_rank["1"]["compute_per_sample_s"]
     trial = s.get("overlap_trial") or {}
     return {
-        "run": run_dir.name, "start": meta.get("start"), "samples_per_s": s["samples_per_s"],
+        "run": run_dir.name, "start": meta.get("start"), "code": meta.get("code"), "samples_per_s": s["samples_per_s"],
         "median_step_s": s["median_step_time_s"], "val_loss": s.get("val_loss"),
         "delay_per_sample_s": slow["delay_per_sample_s"], "calibrated_per_rank_s": slow.get("per_rank_s"),
         "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
@@ -139,7 +145,37 @@ def analyze(out: Path) -> dict[str, Any]:
               for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
     return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
                                                                "wait ms", "other ms", "period ms"],
-            "ratios": ratios, "runs": runs}
+            "ratios": ratios, "summary": summarize(ratios, runs), "runs": runs}
+
+
+def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per seed and pooled: the balanced/equal ratios (geometric means, a t interval over the
+    pairs' log ratios), how many reach 1.3x, whether the seeds differ (one-way ANOVA on the log
+    ratios), and the medians of the step split per strategy."""
+    from scipy import stats as sstats
+    by_seed: dict[str, list[float]] = collections.defaultdict(list)
+    for key, v in ratios.items():
+        by_seed[key.split("-")[0]].append(v)
+    logs = [math.log(v) for v in ratios.values()]
+    out: dict[str, Any] = {"by_seed": {k: {"ratios": v, "geomean": math.exp(statistics.fmean(map(math.log, v))),
+                                           "at_least_1_3": sum(x >= 1.3 for x in v)} for k, v in sorted(by_seed.items())}}
+    if len(logs) >= 2:
+        mean, sem = statistics.fmean(logs), statistics.stdev(logs) / len(logs) ** 0.5
+        t = float(sstats.t.ppf(0.975, len(logs) - 1))
+        out["pooled"] = {"pairs": len(logs), "geomean": math.exp(mean),
+                         "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)],
+                         "at_least_1_3": sum(v >= 1.3 for v in ratios.values())}
+    groups = [[math.log(x) for x in v] for v in by_seed.values() if len(v) >= 2]
+    if len(groups) >= 2:
+        out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)
+    for tag in STRATEGIES:
+        rs = [r for r in runs if r["run"].endswith(tag)]
+        out[tag] = {"samples_per_s": [r["samples_per_s"] for r in rs],
+                    "delay_per_sample_us": [round(1e6 * r["delay_per_sample_s"], 1) for r in rs],
+                    **{f"rank{k}_{what}_ms": med([1e3 * r["per_rank_at_final_shares"][k][what] for r in rs
+                                                  if r["per_rank_at_final_shares"][k][what] is not None])
+                       for k in ("0", "1") for what in ("compute_s", "wait_s", "period_s")}}
+    return out
 
 
 def main() -> None:
@@ -153,6 +189,7 @@ def main() -> None:
     a = sub.add_parser("analyze")
     a.add_argument("out", type=Path)
     a.add_argument("--json", type=Path)
+    a.add_argument("--host", default="", help="what ran them (the bench lock, host load), stored in the JSON")
     args = ap.parse_args()
     if args.cmd == "run":
         if args.reps < 1:
@@ -163,7 +200,13 @@ def main() -> None:
         raise SystemExit(f"{args.out}: not a directory of runs")
     result = analyze(args.out)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        result = {"format": "caramel.balance-seed-steps/1", "command": "caramel " + " ".join(COMMAND)
+                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")",
+                  "host": args.host, **result}
+        text = json.dumps(result, indent=1)
+        # one line per step row and per short list: the file stays readable at 2 x 120 rows per run
+        text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+        atomic_write_text(args.json, text + "\n")
     for run in result["runs"]:
         p = run["per_rank_at_final_shares"]
         print(f"{run['run']:22s} {run['samples_per_s']:6.0f}/s d {1e6 * run['delay_per_sample_s']:4.0f}us "
