@@ -10,6 +10,12 @@ Python). Per run it reports the throughput, the delay the slow worker was calibr
 ranks' compute per sample as measured in the run (so the slowdown the run really had:
 (c_1 + delay) / c_0), the shares over time and the trial's pick.
 
+The split reads the engine's trace, so two kinds of step read differently: under forward
+overlap the forward's span holds the previous step's waits and updates (compute overstated,
+the rest negative), and while torch DDP runs the job (the trial's DDP block) the backward is
+not in the trace (compute understated). The per-run medians are taken at the final shares,
+where the trial is usually over.
+
     python experiments/balance_seed_steps.py run --seeds 0 1 4 --reps 5 --out DIR
     python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
 
