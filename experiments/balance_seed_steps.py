@@ -14,7 +14,7 @@ The split reads the engine's trace, so two kinds of step read differently: under
 overlap the forward's span holds the previous step's waits and updates (compute overstated,
 the rest negative), and while torch DDP runs the job (the trial's DDP block) the backward is
 not in the trace (compute understated). The per-run medians are taken at the final shares,
-where the trial is usually over.
+and past the trial's last step where at least 10 steps are left (one schedule then).
 
     python experiments/balance_seed_steps.py run --seeds 0 1 4 --reps 5 --out DIR
     python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
@@ -43,6 +43,7 @@ COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "1
 STRATEGIES = {"balanced": "caramel:balance=batch", "equal": "caramel:balance=batch,balance_every=0"}
 SKIP_STEPS = 5  # the loop's summary skips the first 5 steps as warm-up; so do these medians
 COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
+MIN_SPLIT_STEPS = 10  # steps after the trial needed to split there; fewer: every step at the final shares
 
 
 def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
@@ -108,7 +109,12 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     last_change = changes[-1][0]
     recs = {r: step_records(run_dir, r, changes, slow["delay_per_sample_s"], slow["rank"]) for r in (0, 1)}
     steady = {r: [x for x in recs[r] if x["it"] >= SKIP_STEPS] for r in recs}
-    final = {r: [x for x in steady[r] if x["it"] >= last_change] for r in recs}
+    trial = s.get("overlap_trial") or {}
+    after = max(last_change, (trial.get("end_step") or 0) + 1)  # past the trial: one schedule, as kept
+    final = {r: [x for x in steady[r] if x["it"] >= after] for r in recs}
+    if len(final[0]) < MIN_SPLIT_STEPS:  # the trial ran to the end: all steps at the final shares
+        after = last_change
+        final = {r: [x for x in steady[r] if x["it"] >= after] for r in recs}
     per_rank = {}
     for r in recs:
         per_rank[str(r)] = {
@@ -120,13 +126,12 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
             "period_s": med([x["period_s"] for x in final[r]]),
         }
     c0, c1 = per_rank["0"]["compute_per_sample_s"], per_rank["1"]["compute_per_sample_s"]
-    trial = s.get("overlap_trial") or {}
     return {
         "run": run_dir.name, "start": meta.get("start"), "code": meta.get("code"), "samples_per_s": s["samples_per_s"],
         "median_step_s": s["median_step_time_s"], "val_loss": s.get("val_loss"),
         "delay_per_sample_s": slow["delay_per_sample_s"], "calibrated_per_rank_s": slow.get("per_rank_s"),
         "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
-        "steps_at_final_shares": len(final[0]),
+        "split_from_step": after, "split_steps": len(final[0]),
         "per_rank_at_final_shares": per_rank,
         "slowdown_in_run": None if not (c0 and c1 is not None) else (c1 + slow["delay_per_sample_s"]) / c0,
         "delay_over_fast_compute": None if not c0 else slow["delay_per_sample_s"] / c0,
