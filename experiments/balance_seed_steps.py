@@ -18,6 +18,7 @@ and past the trial's last step where at least 10 steps are left (one schedule th
 
     python experiments/balance_seed_steps.py run --seeds 0 1 4 --reps 5 --out DIR
     python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
+    python experiments/balance_seed_steps.py subnormals --seeds 0 1 4    # untimed
 
 Run `run` through the bench lock (`/tmp/bench.sh`): every number here is a timing.
 """
@@ -189,6 +190,57 @@ def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str,
     return out
 
 
+def subnormals(seed: int) -> dict[str, int]:
+    """Subnormal float32 entries over the command's 120 steps at equal shares, replayed in one
+    process as `caramel train` cuts and seeds them (each rank's slice and dropout generator,
+    gradients weighted n_r / B and summed): weights, gradients, AdamW moments, hidden
+    activations. Subnormal arithmetic is the one way values could change a dense kernel's time."""
+    import torch
+
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+    from experiments.balance_seed_spread import WORLD, config
+    from caramel.train.loop import lr_factor, make_optimizer
+    from caramel.train.workloads import build_workload
+    tiny = torch.finfo(torch.float32).tiny
+
+    def count(t: torch.Tensor) -> int:
+        return int(((t != 0) & (t.abs() < tiny)).sum())
+    cfg = config(seed)
+    wl = build_workload(cfg)
+    model, B = wl.model, WORLD * cfg.data.batch_size
+    opt = make_optimizer(cfg, model)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    shares = ShareSchedule(B, WORLD, [cfg.data.batch_size] * WORLD)
+    samplers = [ShareSampler(len(wl.train_set), shares, r, seed) for r in range(WORLD)]
+    rngs = []
+    for r in range(WORLD):
+        torch.manual_seed(seed * 1000 + r + 1)
+        rngs.append(torch.get_rng_state())
+    totals = collections.Counter()
+    for layer in model.hidden:
+        layer.register_forward_hook(lambda m, a, out: totals.update(activations=count(out)))
+    params = list(model.parameters())
+    for step in range(cfg.run.steps):
+        summed = [torch.zeros_like(p) for p in params]
+        for r in range(WORLD):
+            idx = torch.tensor(samplers[r].batch(step), dtype=torch.long)
+            x, y = wl.train_set.batch(idx)
+            torch.set_rng_state(rngs[r])
+            model.zero_grad(set_to_none=True)
+            wl.loss_fn(model(x), y).backward()
+            rngs[r] = torch.get_rng_state()
+            for t, p in zip(summed, params):
+                t.add_(p.grad * (len(idx) / B))
+        for t, p in zip(summed, params):
+            p.grad = t
+        totals.update(gradients=sum(count(p.grad) for p in params))
+        opt.step()
+        sched.step()
+        totals.update(weights=sum(count(p) for p in params),
+                      moments=sum(count(v) for st in opt.state.values() for k, v in st.items() if k.startswith("exp_avg")))
+    return {k: totals[k] for k in ("weights", "gradients", "moments", "activations")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -197,11 +249,17 @@ def main() -> None:
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
+    n = sub.add_parser("subnormals")
+    n.add_argument("--seeds", type=int, nargs="+", required=True)
     a = sub.add_parser("analyze")
     a.add_argument("out", type=Path)
     a.add_argument("--json", type=Path)
     a.add_argument("--host", default="", help="what ran them (the bench lock, host load), stored in the JSON")
     args = ap.parse_args()
+    if args.cmd == "subnormals":
+        for seed in args.seeds:
+            print(f"seed {seed}: subnormal entries over the steps {subnormals(seed)}", flush=True)
+        return
     if args.cmd == "run":
         if args.reps < 1:
             raise SystemExit(f"--reps {args.reps}: expected at least 1")
