@@ -6,9 +6,10 @@ command several times per seed (balanced and equal shares back to back, their or
 between repetitions), keeps every run's per-rank traces, and splits each step of each rank into
 its local batch size, compute (forward + backward + deferred + optimizer, less the slow rank's
 emulated sleep), the sleep, the waits on communication and the rest of the period (data, loss,
-Python). Per run it reports the throughput, the delay the slow worker was calibrated to, both
-ranks' compute per sample as measured in the run (so the slowdown the run really had:
-(c_1 + delay) / c_0), the shares over time and the trial's pick.
+Python). Per run it reports the throughput, the delay the slow worker was calibrated to (and
+every rank's calibration), both ranks' compute per sample in the run with (c_1 + delay) / c_0
+(the slowdown the run had, where both ranks ran the same local batch: per-step costs are in
+c), the shares over time and the trial's pick; `analyze` sums the pairs up per seed.
 
 The split reads the engine's trace, so two kinds of step read differently: under forward
 overlap the forward's span holds the previous step's waits and updates (compute overstated,
@@ -20,7 +21,7 @@ and past the trial's last step where at least 10 steps are left (one schedule th
     python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
     python experiments/balance_seed_steps.py subnormals --seeds 0 1 4    # untimed
 
-Run `run` through the bench lock (`/tmp/bench.sh`): every number here is a timing.
+Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
             order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
             for tag in order:
                 d = out / f"s{seed}-r{rep}-{tag}"
+                d.mkdir(exist_ok=True)  # run.json goes here even when the run fails before writing
                 t0 = time.time()
                 cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -148,6 +150,7 @@ def round_ms(x: float | None) -> float | None:
 
 def analyze(out: Path) -> dict[str, Any]:
     runs = [analyze_run(d) for d in sorted(out.iterdir()) if (d / "summary.json").exists()]
+    failed = sorted(d.name for d in out.iterdir() if (d / "run.json").exists() and not (d / "summary.json").exists())
     runs.sort(key=lambda r: r["start"] or 0.0)
     pairs = collections.defaultdict(dict)
     for r in runs:
@@ -157,7 +160,7 @@ def analyze(out: Path) -> dict[str, Any]:
               for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
     return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
                                                                "wait ms", "other ms", "period ms"],
-            "ratios": ratios, "summary": summarize(ratios, runs), "runs": runs}
+            "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
 
 
 def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,6 +204,7 @@ def subnormals(seed: int) -> dict[str, int]:
     from experiments.balance_seed_spread import WORLD, config
     from caramel.train.loop import lr_factor, make_optimizer
     from caramel.train.workloads import build_workload
+    torch.set_num_threads(1)  # as each `caramel train` worker computes (torchrun's OMP_NUM_THREADS=1)
     tiny = torch.finfo(torch.float32).tiny
 
     def count(t: torch.Tensor) -> int:

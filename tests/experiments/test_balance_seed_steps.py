@@ -48,7 +48,10 @@ def test_the_pairs_ratios_are_summarized_per_seed(tmp_path):
     for name, sps in (("s0-r0-balanced", 130.0), ("s0-r0-equal", 100.0), ("s0-r1-balanced", 120.0),
                       ("s0-r1-equal", 100.0), ("s1-r0-balanced", 150.0), ("s1-r0-equal", 100.0)):
         _run_dir(tmp_path / name, sps)
+    (tmp_path / "s1-r1-equal").mkdir()  # a run that failed before its summary: named, in no pair
+    (tmp_path / "s1-r1-equal" / "run.json").write_text(json.dumps({"rc": 1}))
     out = analyze(tmp_path)
+    assert out["failed_runs"] == ["s1-r1-equal"]
     assert out["ratios"] == pytest.approx({"s0-r0": 1.3, "s0-r1": 1.2, "s1-r0": 1.5})
     s = out["summary"]
     assert s["by_seed"]["s0"]["geomean"] == pytest.approx(math.sqrt(1.3 * 1.2))
