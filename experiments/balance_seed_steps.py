@@ -1,0 +1,296 @@
+"""Per-step records of `balance="batch"` runs: where each rank's step goes, seed against seed.
+
+`caramel train --workload digits ... --slow-worker 1:2` with `caramel:balance=batch` reached
+1.3x equal shares' samples/s on some seeds and not others, one run per seed. This runs the
+command several times per seed (balanced and equal shares back to back, their order alternating
+between repetitions), keeps every run's per-rank traces, and splits each step of each rank into
+its local batch size, compute (forward + backward + deferred + optimizer, less the slow rank's
+emulated sleep), the sleep, the waits on communication and the rest of the period (data, loss,
+Python). Per run it reports the throughput, the delay the slow worker was calibrated to (and
+every rank's calibration), both ranks' compute per sample in the run with (c_1 + delay) / c_0
+(the slowdown the run had, where both ranks ran the same local batch: per-step costs are in
+c), the shares over time and the trial's pick; `analyze` sums the pairs up per seed.
+
+The split reads the engine's trace, so two kinds of step read differently: under forward
+overlap the forward's span holds the previous step's waits and updates (compute overstated,
+the rest negative), and while torch DDP runs the job (the trial's DDP block) the backward is
+not in the trace (compute understated). The per-run medians are taken at the final shares,
+and past the trial's last step where at least 10 steps are left (one schedule then).
+
+    python experiments/balance_seed_steps.py run --seeds 0 1 4 --reps 5 --out DIR
+    python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
+    python experiments/balance_seed_steps.py subnormals --seeds 0 1 4    # untimed
+
+Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from caramel.jsonio import atomic_write_text
+
+COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
+           "--steps", "120", "--cluster", "off", "--slow-worker", "1:2", "--log-every-steps", "40", "--resume", "none"]
+STRATEGIES = {"balanced": "caramel:balance=batch", "equal": "caramel:balance=batch,balance_every=0"}
+SKIP_STEPS = 5  # the loop's summary skips the first 5 steps as warm-up; so do these medians
+COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
+MIN_SPLIT_STEPS = 10  # steps after the trial needed to split there; fewer: every step at the final shares
+
+
+def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
+    """Each seed's balanced and equal-shares runs back to back, the pair's order alternating."""
+    from caramel.bench.provenance import code_version
+    out.mkdir(parents=True, exist_ok=True)
+    code = code_version()
+    for rep in range(reps):
+        for seed in seeds:
+            order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
+            for tag in order:
+                d = out / f"s{seed}-r{rep}-{tag}"
+                d.mkdir(exist_ok=True)  # run.json goes here even when the run fails before writing
+                t0 = time.time()
+                cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": code, "rc": proc.returncode, "start": t0,
+                                                        "end": time.time(), "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
+                print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
+
+
+def shares_at(changes: list[list[Any]], batch: int) -> list[int]:
+    """The counts in force for global batch `batch` ([from_batch, counts] pairs, ascending)."""
+    counts = changes[0][1]
+    for start, c in changes:
+        if start <= batch:
+            counts = c
+    return counts
+
+
+def step_records(run_dir: Path, rank: int, changes: list[list[Any]], delay_s: float, slow_rank: int) -> list[dict]:
+    """One record per iteration of `rank`'s trace (module docstring); the last iteration has no period."""
+    events = json.loads((run_dir / f"trace.rank{rank}.json").read_text())["events"]
+    by_it: dict[int, list[dict]] = collections.defaultdict(list)
+    for e in events:
+        by_it[e["iteration"]].append(e)
+    its = sorted(by_it)
+    starts = {i: min(e["start_s"] for e in by_it[i]) for i in its}
+    out = []
+    for i in its:
+        n = shares_at(changes, i)[rank]
+        dur = collections.Counter()
+        for e in by_it[i]:
+            dur[e["kind"] if e["lane"] != "wait" else "wait"] += e["duration_s"]
+        sleep = delay_s * n if rank == slow_rank else 0.0
+        compute = sum(dur[k] for k in COMPUTE_KINDS) - sleep
+        period = starts[i + 1] - starts[i] if i + 1 in starts else None
+        out.append({"it": i, "n": n, "compute_s": compute, "sleep_s": sleep, "wait_s": dur["wait"],
+                    "optimizer_s": dur["optimizer"], "period_s": period,
+                    "other_s": None if period is None else period - compute - sleep - dur["wait"]})
+    return out
+
+
+def med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def analyze_run(run_dir: Path) -> dict[str, Any]:
+    s = json.loads((run_dir / "summary.json").read_text())
+    meta = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    slow = s["slow_worker"]
+    changes = s.get("share_changes") or [[0, [128, 128]]]
+    last_change = changes[-1][0]
+    recs = {r: step_records(run_dir, r, changes, slow["delay_per_sample_s"], slow["rank"]) for r in (0, 1)}
+    steady = {r: [x for x in recs[r] if x["it"] >= SKIP_STEPS] for r in recs}
+    trial = s.get("overlap_trial") or {}
+    after = max(last_change, (trial.get("end_step") or 0) + 1)  # past the trial: one schedule, as kept
+    final = {r: [x for x in steady[r] if x["it"] >= after] for r in recs}
+    if len(final[0]) < MIN_SPLIT_STEPS:  # the trial ran to the end: all steps at the final shares
+        after = last_change
+        final = {r: [x for x in steady[r] if x["it"] >= after] for r in recs}
+    per_rank = {}
+    for r in recs:
+        per_rank[str(r)] = {
+            "compute_per_sample_s": med([x["compute_s"] / x["n"] for x in final[r]]),
+            "compute_s": med([x["compute_s"] for x in final[r]]),
+            "optimizer_s": med([x["optimizer_s"] for x in final[r]]),
+            "wait_s": med([x["wait_s"] for x in final[r]]),
+            "other_s": med([x["other_s"] for x in final[r]]),
+            "period_s": med([x["period_s"] for x in final[r]]),
+        }
+    c0, c1 = per_rank["0"]["compute_per_sample_s"], per_rank["1"]["compute_per_sample_s"]
+    return {
+        "run": run_dir.name, "start": meta.get("start"), "code": meta.get("code"), "samples_per_s": s["samples_per_s"],
+        "median_step_s": s["median_step_time_s"], "val_loss": s.get("val_loss"),
+        "delay_per_sample_s": slow["delay_per_sample_s"], "calibrated_per_rank_s": slow.get("per_rank_s"),
+        "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
+        "split_from_step": after, "split_steps": len(final[0]),
+        "per_rank_at_final_shares": per_rank,
+        "slowdown_in_run": None if not (c0 and c1 is not None) else (c1 + slow["delay_per_sample_s"]) / c0,
+        "delay_over_fast_compute": None if not c0 else slow["delay_per_sample_s"] / c0,
+        "overlap": s.get("overlap"), "trial_chosen": trial.get("chosen"), "trial_end_step": trial.get("end_step"),
+        "steps": {str(r): [[x["it"], x["n"], round_ms(x["compute_s"]), round_ms(x["sleep_s"]), round_ms(x["wait_s"]),
+                            round_ms(x["other_s"]), round_ms(x["period_s"])] for x in recs[r]] for r in recs},
+    }
+
+
+def round_ms(x: float | None) -> float | None:
+    return None if x is None else round(1e3 * x, 2)
+
+
+def analyze(out: Path) -> dict[str, Any]:
+    runs = [analyze_run(d) for d in sorted(out.iterdir()) if (d / "summary.json").exists()]
+    failed = sorted(d.name for d in out.iterdir() if (d / "run.json").exists() and not (d / "summary.json").exists())
+    runs.sort(key=lambda r: r["start"] or 0.0)
+    pairs = collections.defaultdict(dict)
+    for r in runs:
+        seed, rep, tag = r["run"].split("-")
+        pairs[(seed, rep)][tag] = r
+    ratios = {f"{k[0]}-{k[1]}": v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
+              for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
+    return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
+                                                               "wait ms", "other ms", "period ms"],
+            "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
+
+
+def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per seed and pooled: the balanced/equal ratios (geometric means, a t interval over the
+    pairs' log ratios), how many reach 1.3x, whether the seeds differ (one-way ANOVA on the log
+    ratios), and the medians of the step split per strategy."""
+    from scipy import stats as sstats
+    by_seed: dict[str, list[float]] = collections.defaultdict(list)
+    for key, v in ratios.items():
+        by_seed[key.split("-")[0]].append(v)
+    logs = [math.log(v) for v in ratios.values()]
+    out: dict[str, Any] = {"by_seed": {k: {"ratios": v, "geomean": math.exp(statistics.fmean(map(math.log, v))),
+                                           "at_least_1_3": sum(x >= 1.3 for x in v)} for k, v in sorted(by_seed.items())}}
+    if len(logs) >= 2:
+        mean, sem = statistics.fmean(logs), statistics.stdev(logs) / len(logs) ** 0.5
+        t = float(sstats.t.ppf(0.975, len(logs) - 1))
+        out["pooled"] = {"pairs": len(logs), "geomean": math.exp(mean),
+                         "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)],
+                         "at_least_1_3": sum(v >= 1.3 for v in ratios.values())}
+    groups = [[math.log(x) for x in v] for v in by_seed.values() if len(v) >= 2]
+    if len(groups) >= 2:
+        out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)
+    for tag in STRATEGIES:
+        rs = [r for r in runs if r["run"].endswith(tag)]
+        out[tag] = {"samples_per_s": [r["samples_per_s"] for r in rs],
+                    "delay_per_sample_us": [round(1e6 * r["delay_per_sample_s"], 1) for r in rs],
+                    **{f"rank{k}_{what}_ms": med([1e3 * r["per_rank_at_final_shares"][k][what] for r in rs
+                                                  if r["per_rank_at_final_shares"][k][what] is not None])
+                       for k in ("0", "1") for what in ("compute_s", "wait_s", "period_s")}}
+    return out
+
+
+def subnormals(seed: int) -> dict[str, int]:
+    """Subnormal float32 entries over the command's 120 steps at equal shares, replayed in one
+    process as `caramel train` cuts and seeds them (each rank's slice and dropout generator,
+    gradients weighted n_r / B and summed): weights, gradients, AdamW moments, hidden
+    activations. Subnormal arithmetic is the one way values could change a dense kernel's time."""
+    import torch
+
+    from caramel.data.share_sampler import ShareSampler, ShareSchedule
+    from experiments.balance_seed_spread import WORLD, config
+    from caramel.train.loop import lr_factor, make_optimizer
+    from caramel.train.workloads import build_workload
+    torch.set_num_threads(1)  # as each `caramel train` worker computes (torchrun's OMP_NUM_THREADS=1)
+    tiny = torch.finfo(torch.float32).tiny
+
+    def count(t: torch.Tensor) -> int:
+        return int(((t != 0) & (t.abs() < tiny)).sum())
+    cfg = config(seed)
+    wl = build_workload(cfg)
+    model, B = wl.model, WORLD * cfg.data.batch_size
+    opt = make_optimizer(cfg, model)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    shares = ShareSchedule(B, WORLD, [cfg.data.batch_size] * WORLD)
+    samplers = [ShareSampler(len(wl.train_set), shares, r, seed) for r in range(WORLD)]
+    rngs = []
+    for r in range(WORLD):
+        torch.manual_seed(seed * 1000 + r + 1)
+        rngs.append(torch.get_rng_state())
+    totals = collections.Counter()
+    for layer in model.hidden:
+        layer.register_forward_hook(lambda m, a, out: totals.update(activations=count(out)))
+    params = list(model.parameters())
+    for step in range(cfg.run.steps):
+        summed = [torch.zeros_like(p) for p in params]
+        for r in range(WORLD):
+            idx = torch.tensor(samplers[r].batch(step), dtype=torch.long)
+            x, y = wl.train_set.batch(idx)
+            torch.set_rng_state(rngs[r])
+            model.zero_grad(set_to_none=True)
+            wl.loss_fn(model(x), y).backward()
+            rngs[r] = torch.get_rng_state()
+            for t, p in zip(summed, params):
+                t.add_(p.grad * (len(idx) / B))
+        for t, p in zip(summed, params):
+            p.grad = t
+        totals.update(gradients=sum(count(p.grad) for p in params))
+        opt.step()
+        sched.step()
+        totals.update(weights=sum(count(p) for p in params),
+                      moments=sum(count(v) for st in opt.state.values() for k, v in st.items() if k.startswith("exp_avg")))
+    return {k: totals[k] for k in ("weights", "gradients", "moments", "activations")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seeds", type=int, nargs="+", required=True)
+    r.add_argument("--reps", type=int, default=1)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
+    n = sub.add_parser("subnormals")
+    n.add_argument("--seeds", type=int, nargs="+", required=True)
+    a = sub.add_parser("analyze")
+    a.add_argument("out", type=Path)
+    a.add_argument("--json", type=Path)
+    a.add_argument("--host", default="", help="what ran them (the bench lock, host load), stored in the JSON")
+    args = ap.parse_args()
+    if args.cmd == "subnormals":
+        for seed in args.seeds:
+            print(f"seed {seed}: subnormal entries over the steps {subnormals(seed)}", flush=True)
+        return
+    if args.cmd == "run":
+        if args.reps < 1:
+            raise SystemExit(f"--reps {args.reps}: expected at least 1")
+        run_all(args.seeds, args.reps, args.out, args.caramel)
+        return
+    if not args.out.is_dir():
+        raise SystemExit(f"{args.out}: not a directory of runs")
+    result = analyze(args.out)
+    if args.json:
+        result = {"format": "caramel.balance-seed-steps/1", "command": "caramel " + " ".join(COMMAND)
+                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")",
+                  "host": args.host, **result}
+        text = json.dumps(result, indent=1)
+        # one line per step row and per short list: the file stays readable at 2 x 120 rows per run
+        text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+        atomic_write_text(args.json, text + "\n")
+    for run in result["runs"]:
+        p = run["per_rank_at_final_shares"]
+        print(f"{run['run']:22s} {run['samples_per_s']:6.0f}/s d {1e6 * run['delay_per_sample_s']:4.0f}us "
+              f"shares {run['final_shares']} from {run['final_from_batch']:3d} "
+              f"c0 {1e6 * (p['0']['compute_per_sample_s'] or 0):4.0f} c1 {1e6 * (p['1']['compute_per_sample_s'] or 0):4.0f} "
+              f"slow {run['slowdown_in_run'] or 0:.2f} wait0 {1e3 * (p['0']['wait_s'] or 0):5.1f} "
+              f"wait1 {1e3 * (p['1']['wait_s'] or 0):5.1f} other0 {1e3 * (p['0']['other_s'] or 0):5.1f} "
+              f"opt0 {1e3 * (p['0']['optimizer_s'] or 0):5.1f} {run['trial_chosen']} {run['trial_end_step']}")
+    for k, v in result["ratios"].items():
+        print(f"ratio {k}: {v:.3f}")
+
+
+if __name__ == "__main__":
+    main()
