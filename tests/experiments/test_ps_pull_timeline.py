@@ -46,6 +46,7 @@ def test_ab_refuses_a_tree_that_is_not_a_checkout(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--workers", "0"], "--workers: expected at least 2"),
+    (["--nproc-per-node", "0"], "--nproc-per-node: expected at least 1"),
     (["--spec", "ps:order=tac"], "--spec: expected a spec without order="),
     (["--spec", "ddp"], "--spec: expected a ps spec"),
 ])

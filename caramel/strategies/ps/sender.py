@@ -58,8 +58,9 @@ def send_pull(sender: "SerialSender | None", buf: torch.Tensor, src: int, group:
 class SentPull:
     """One broadcast handed to the sender: waited on like a backend work; `what` names it in errors."""
 
-    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int, what: str):
+    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int, what: str, after: Any = None):
         self.buf, self.src, self.group, self.tag, self.what = buf, src, group, tag, what
+        self.after = after  # a backend work to wait for before sending (`hierarchy.NodeSumSender`)
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -81,8 +82,9 @@ class SerialSender:
         self._thread: threading.Thread | None = None
         self.issued: deque[int] = deque(maxlen=ISSUED_KEPT)  # the latest tags (pull buckets), in the order sent
 
-    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1, what: str = "") -> SentPull:
-        item = SentPull(buf, src, group, tag, what or f"pull {tag}")
+    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1, what: str = "",
+               after: Any = None) -> SentPull:
+        item = SentPull(buf, src, group, tag, what or f"pull {tag}", after)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="caramel-ps-sender", daemon=True)
             self._thread.start()

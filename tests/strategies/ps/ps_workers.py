@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
@@ -207,8 +208,36 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     out["ssp_params"] = [t.numpy() for t in params_of(model.module)]
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
     caramel.shutdown()
+    out["forwarded"] = forwarded_before_step("gpt_tied", rank, 3, "ps:hierarchical=true,bucket_cap_mb=0")
     return out
 
+
+def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patience_s: float = 10.0) -> list[dict]:
+    """Hierarchical: per step, after backward and before `step()` is called, the buckets whose
+    node sum this rank sends to another server (the plan's), those it handed over, and those
+    whose send completed within `patience_s` (polled; `step()` not called meanwhile)."""
+    w = fresh(family)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("adam", m.parameters())
+    model, opt = caramel.parallelize(m, opt, spec)
+    out = []
+    for step in range(steps):
+        x, y = batch(family, step, rank)
+        w.loss_fn(model(x), y).backward()
+        e = opt.ps.engine  # the engine of this step (a re-plan after the profile makes a new one)
+        expected = sorted(b for b, members in enumerate(e.plan.buckets)
+                          if e.hier.is_leader and e.server_of(members[0]) != e.rank)
+        forwards = list(getattr(e.current, "forwards", []))
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline and not all(item.is_completed() for _, item in forwards):
+            time.sleep(0.005)
+        out.append({"expected": expected, "handed": sorted(b for b, _ in forwards),
+                    "sent": sorted(b for b, item in forwards if item.is_completed())})
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    caramel.shutdown()
+    return out
 
 
 def train_clipped(model, opt, sched, loss_fn, family: str, rank: int, steps: int, clip_here: float) -> int:

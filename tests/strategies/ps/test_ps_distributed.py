@@ -134,6 +134,20 @@ def test_hierarchical_aggregation_equals_ddp(hierarchical):
         assert all(np.array_equal(a, b) for a, b in zip(hierarchical[0]["ssp_params"], res["ssp_params"]))
 
 
+def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
+    """Each leader sends every node sum for another server as soon as its node's reduce has
+    landed, from backward's hooks and a thread, without waiting for `step()`: after backward,
+    with `step()` not yet called, every such send completes (the old relay left the node sums
+    that landed after the last hook for `step()`, so this failed there)."""
+    for rank, res in enumerate(hierarchical):
+        for step in res["forwarded"]:
+            if rank % 2:
+                assert step["expected"] == [] and step["handed"] == [], (rank, step)
+                continue
+            assert step["expected"], (rank, step)
+            assert step["handed"] == step["expected"] and step["sent"] == step["expected"], (rank, step)
+
+
 def test_hierarchical_leaders_send_pulls_one_at_a_time_in_the_planned_order(hierarchical):
     """A server leader's pulls to the other leaders and every leader's relays to its node go
     through the ordered senders: handed to the backend one at a time (each send complete
