@@ -166,12 +166,12 @@ class PsEngine(PsPulls):
             i = members[0]
             if self.server_of(i) != self.rank:
                 continue
-            group = h.lead_push[self.plan.owner[i]]
             parts = []
             for leader in h.leaders():
                 if leader != self.rank:
                     parts.append(self._recv_buf(members))
-                    u.works.append(dist.irecv(parts[-1], self.ranks[leader], group=group, tag=b))
+                    u.works.append(dist.irecv(parts[-1], self.ranks[leader], group=h.link_group(leader, self.plan.owner[i]),
+                                              tag=b))
             u.incoming[b] = parts
 
     def _push(self, b: int) -> None:
@@ -198,7 +198,7 @@ class PsEngine(PsPulls):
             if h.is_leader:
                 u.sums.append((b, flat, u.incoming.pop(b)))
         elif self.push_sender is not None:
-            item = self.push_sender.forward(work, flat, self.ranks[server], h.lead_push[self.plan.owner[i]], b,
+            item = self.push_sender.forward(work, flat, self.ranks[server], h.link_group(self.rank, self.plan.owner[i]), b,
                                             f"node sum of bucket {b} to its server")
             u.works.append(item)
             u.forwards.append((b, item))
@@ -258,7 +258,7 @@ class PsEngine(PsPulls):
             u.relay.popleft()
             i = self.plan.buckets[b][0]
             u.works.append(dist.isend(u.flats[b], self.ranks[self.server_of(i)],
-                                      group=self.hier.lead_push[self.plan.owner[i]], tag=b))
+                                      group=self.hier.link_group(self.rank, self.plan.owner[i]), tag=b))
 
     def server_of(self, i: int) -> int:
         """The group rank serving parameter i."""

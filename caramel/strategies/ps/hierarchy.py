@@ -54,6 +54,15 @@ class Hierarchy:
         """The group ranks of the nodes' leaders, in node order."""
         return [node * self.local_size for node in range(self.nodes)]
 
+    def link_group(self, leader: int, shard: int) -> Any:
+        """The group carrying leader `leader`'s node sums to `shard`'s server: the sending
+        leader's own pull group when it serves a shard, so on its link to that server its pulls
+        queue behind its pushes instead of sharing the link with them (one gloo group is one
+        TCP connection per pair, as `PsEngine.link_group` for colocated servers), else the
+        shard's push group."""
+        node = leader // self.local_size
+        return self.lead_pull[node] if node < len(self.lead_pull) else self.lead_push[shard]
+
     def groups(self) -> list[Any]:
         mine = [self.node_push, self.node_pull]
         return mine + (list(self.lead_push) + list(self.lead_pull) if self.is_leader else [])
@@ -96,7 +105,9 @@ class NodeSumSender(SerialSender):
     """A leader's node sums on their way to the server leaders: each waits in a thread for its
     node's reduce to land and is then sent, one at a time in push order (each send complete
     before the next is handed over, so the wire order is the push order). Gloo only, like the
-    pull senders (`sender.py`: the thread is the only one issuing on these groups here)."""
+    pull senders. A server leader's sends share its pull group with its pull sender's
+    broadcasts (`Hierarchy.link_group`): two threads on one gloo group, safe by gloo's
+    internals as for a colocated server's pushes (`sender.py`)."""
 
     def forward(self, node_reduce: Any, flat: Any, server: int, group: Any, tag: int, what: str) -> SentPull:
         """Send `flat` to global rank `server` on `group` once `node_reduce` has completed."""

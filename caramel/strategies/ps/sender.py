@@ -10,7 +10,8 @@ reach the server while the bucket before is on the wire. One thread per link tha
 server's pulls, started at its first pull; each group sees its collectives from one thread
 only (the collectives of a group a sender sends on are only this rank's broadcasts; a
 colocated server's pushes, point-to-point sends from the training thread, share the group so
-that on each link they go ahead of the pulls, `PsEngine.link_group`; two threads on one gloo
+that on each link they go ahead of the pulls, `PsEngine.link_group`, and so do a server
+leader's node sums, sent from its `hierarchy.NodeSumSender` thread; two threads on one gloo
 group is safe by gloo's internals, not PyTorch's promise: a send runs in the calling thread,
 never advances the collective counter, and the TCP pair is locked. A collective issued from
 another thread on such a group would not be):

@@ -214,8 +214,9 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
 
 def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patience_s: float = 10.0) -> list[dict]:
     """Hierarchical: per step, after backward and before `step()` is called, the buckets whose
-    node sum this rank sends to another server (the plan's), those it handed over, and those
-    whose send completed within `patience_s` (polled; `step()` not called meanwhile)."""
+    node sum this rank sends to another server (the plan's), those it handed over, those whose
+    send completed within `patience_s` (polled; `step()` not called meanwhile), and whether
+    each send went on this leader's own pull group."""
     w = fresh(family)
     m = copy.deepcopy(w.model)
     opt, sched = make_optimizer("adam", m.parameters())
@@ -231,8 +232,10 @@ def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patienc
         deadline = time.monotonic() + patience_s
         while time.monotonic() < deadline and not all(item.is_completed() for _, item in forwards):
             time.sleep(0.005)
+        own_pull = e.hier.lead_pull[e.rank // e.hier.local_size] if e.hier.is_leader else None
         out.append({"expected": expected, "handed": sorted(b for b, _ in forwards),
-                    "sent": sorted(b for b, item in forwards if item.is_completed())})
+                    "sent": sorted(b for b, item in forwards if item.is_completed()),
+                    "on_own_pull_group": [item.group is own_pull for _, item in forwards]})
         opt.step()
         sched.step()
         opt.zero_grad()

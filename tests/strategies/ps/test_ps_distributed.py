@@ -138,7 +138,8 @@ def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
     """Each leader sends every node sum for another server as soon as its node's reduce has
     landed, from backward's hooks and a thread, without waiting for `step()`: after backward,
     with `step()` not yet called, every such send completes (the old relay left the node sums
-    that landed after the last hook for `step()`, so this failed there)."""
+    that landed after the last hook for `step()`, so this failed there). Each goes on the
+    leader's own pull group, so its pulls to that server queue behind it on the link."""
     for rank, res in enumerate(hierarchical):
         for step in res["forwarded"]:
             if rank % 2:
@@ -146,6 +147,7 @@ def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
                 continue
             assert step["expected"], (rank, step)
             assert step["handed"] == step["expected"] and step["sent"] == step["expected"], (rank, step)
+            assert all(step["on_own_pull_group"]), (rank, step)
 
 
 def test_hierarchical_leaders_send_pulls_one_at_a_time_in_the_planned_order(hierarchical):
