@@ -9,15 +9,17 @@ as the node's reduce has landed: a thread per leader (`NodeSumSender`) waits for
 in push order and hands its send over, so it neither waits for the leader's next backward
 hook or `step()` nor for the server's own node (a reduce among the leaders would start only
 once every leader had its node sum, and gloo's reduce also sends half of each bucket back out
-of the server). The server posts its receives at its step's first push. A pull is a
-broadcast among the leaders from the server, then, once that has landed, a broadcast within
-the node from the leader (the leader *relays* it). The leader relays in the plan's pull
-order, so every node group sees the same sequence on each of its ranks; its own forward
-relays what it needs, and `step()` relays the rest before it waits for its node's gradients
-(the node's ranks may be waiting for those pulls). On gloo the pulls and relays go one at a
-time through an ordered sender per link (`sender.py`: the server leader's to the leaders,
-each leader's relays to its node), so each link's wire order is the plan's. Only (nodes - 1)
-copies of a shard cross a server's NIC instead of (ranks - 1).
+of the server; docs/ps.md, "The leaders' node sums leave as they land"). The server posts
+its receives at its step's first push; a serving leader sends on its own pull group
+(`Hierarchy.link_group`). On NCCL (no thread) the leader sends what has landed at each hook
+and at `step()`. A pull is a broadcast among the leaders from the server, then, once that
+has landed, a broadcast within the node from the leader (the leader *relays* it). The leader
+relays in the plan's pull order, so every node group sees the same sequence on each of its
+ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
+for its node's gradients (the node's ranks may be waiting for those pulls). On gloo the
+pulls and relays go one at a time through an ordered sender per link (`sender.py`: the
+server leader's to the leaders, each leader's relays to its node), so each link's wire order
+is the plan's. Only (nodes - 1) copies of a shard cross a server's NIC instead of (ranks - 1).
 """
 from __future__ import annotations
 

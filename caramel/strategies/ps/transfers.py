@@ -64,8 +64,9 @@ class Update:
 
     def arrived(self) -> bool:
         """Every reduction of this update has completed. A gloo point-to-point work reports
-        completion only once waited on, so with colocated flat servers on gloo this stays
-        false until `_apply` waits; `everyone_pushed` is the test that fires there."""
+        completion only once waited on, so with colocated flat servers and at hierarchical
+        server leaders on gloo this stays false until `_apply` waits; `everyone_pushed` is
+        the test that fires there."""
         return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
 
 
