@@ -7,6 +7,7 @@ import time
 import torch
 
 import caramel
+from caramel.strategies.ps.engine import PsEngine
 from tests.distributed.workers import FAMILIES, OPTIMIZERS, batch, fresh, make_optimizer, max_diff, params_of, train
 from tests.strategies.ps.staleness_workers import pace_worker, predict_resume_worker  # imported from here by tests
 from tests.strategies.ps.wire_log import wire_logged
@@ -209,6 +210,16 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
     caramel.shutdown()
     out["forwarded"] = forwarded_before_step("gpt_tied", rank, 3, "ps:hierarchical=true,bucket_cap_mb=0")
+    # the path without the node-sum thread (NCCL's: sent at each hook and at step()), run on gloo
+    threadless = PsEngine._push_sender
+    PsEngine._push_sender = lambda self: None
+    try:
+        model, opt = _ps("cnn_bn", "adam", steps, rank, "ps:hierarchical=true")
+        out["threadless_diff"] = max_diff(refs["cnn_bn"], params_of(model.module))
+        out["threadless_sender"] = opt.ps.engine.push_sender
+        caramel.shutdown()
+    finally:
+        PsEngine._push_sender = threadless
     return out
 
 
