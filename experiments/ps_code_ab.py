@@ -11,6 +11,7 @@ not the runtime's: each job also records its profile's `pull_comm_s` (None from 
 `examples/ps_servers.py` does not report it).
 
     /tmp/bench.sh python experiments/ps_code_ab.py --a OLD --b NEW --rounds 4 --out docs/results/NAME
+    (hierarchical: --spec ps:hierarchical=true --workers 2 --nproc-per-node 2, 2 hosts of 2 ranks)
 
 Writes PATH.json and PATH.md (the table; a "## Reading" section already at the end of PATH.md
 is kept).
@@ -89,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--a", required=True, help="the reference code tree (a checkout)")
     ap.add_argument("--b", required=True, help="the candidate code tree")
     ap.add_argument("--spec", default="ps", help="the ps spec without its order (default ps: colocated)")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2, help="emulated hosts (default 2)")
+    ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per host (default 1; "
+                    "hierarchical=true needs more than 1)")
     ap.add_argument("--bandwidth", default="300mbit")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
@@ -101,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{t}: expected a checkout of the project (no examples/ps_servers.py in {getattr(args, t)!r})")
     if args.workers < 2:
         ap.error(f"--workers: expected at least 2 (a ps A/B needs links between ranks), got {args.workers}")
+    if args.nproc_per_node < 1:
+        ap.error(f"--nproc-per-node: expected at least 1, got {args.nproc_per_node}")
     if args.spec.split(":")[0].split(",")[0] != "ps":
         ap.error(f"--spec: expected a ps spec (ps or ps:OPTIONS), got {args.spec!r}")
     if "order=" in args.spec:
@@ -114,12 +119,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     trees = {t: Path(getattr(args, t)).resolve() for t in TREES}
     plan = [(t, o) for t in TREES for o in ORDERS]
+    launch = ["--workers", str(args.workers)] + (["--nproc-per-node", str(args.nproc_per_node)]
+                                                 if args.nproc_per_node > 1 else [])
     runs: dict = {t: {o: [] for o in ORDERS} for t in TREES}
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for t, o in (plan if r % 2 == 0 else plan[::-1]):
-                res = run_job(["--workers", str(args.workers)], spec_of(args.spec, o), args,
+                res = run_job(launch, spec_of(args.spec, o), args,
                               Path(tmp) / f"{t}-{o}-{r}.json", tree=trees[t])
                 if res.get("E_median") is None or res.get("S") is None:
                     raise SystemExit(f"round {r} {t} {o}: no TicTac E/S reported; give it more --steps after --warmup")
@@ -128,9 +135,11 @@ def main(argv: list[str] | None = None) -> None:
                 jobs.append({"round": r, "tree": t, "order": o, **{k: res.get(k) for k in (
                     "median_step_ms", "E_median", "S", "pull_comm_s", "load_before", "load_after", "wall_s", "step_s")}})
                 print(f"round {r} {t} {o}: {res['median_step_ms']:.1f} ms E {res['E_median']:.2f}", flush=True)
+    hosts = f"{args.workers} workers" if args.nproc_per_node == 1 else \
+        f"{args.workers} hosts of {args.nproc_per_node} ranks"
     result = {"format": format_tag("ps-code-ab"), "command": "python experiments/ps_code_ab.py " + " ".join(sys.argv[1:]),
               "trees": {t: code_version(trees[t]) for t in TREES},
-              "what": f"{args.spec}, {args.workers} workers at {args.bandwidth}, ResNet-18 width 16, batch 8, "
+              "what": f"{args.spec}, {hosts} at {args.bandwidth}, ResNet-18 width 16, batch 8, "
                       f"rank 0's steps {args.warmup}-{args.steps - 1}, {args.rounds} rounds",
               "summary": summarize(runs, args.steps - args.warmup), "jobs": jobs}
     write_json(f"{args.out}.json", result)

@@ -26,6 +26,13 @@ QUOTED = {
         "every other server issued at or before rank 0: 2 updates, median E 0.55, first bucket 78.0 Mbit/s (62-94)",
         "some server issued after rank 0: 19 updates, median E 0.54, first bucket 90 Mbit/s (45-96), lag 0.3 to 54.9 ms",
         "forward end after the last pull landed: median 4.8 ms"],
+    "hier_tac_before2": [  # 64f501f again, in the same lock as hier_tac_after
+        "E 0.53",
+        "some server issued after rank 0: 19 updates, median E 0.53, first bucket 95 Mbit/s (70-96), lag 0.9 to 58.7 ms"],
+    "hier_tac_after": [
+        "makespan 123.3; E 0.82",
+        "every other server issued at or before rank 0: 5 updates, median E 0.79",
+        "some server issued after rank 0: 16 updates, median E 0.82, first bucket 93.0 Mbit/s (89-95), lag 0.7 to 5.0 ms"],
 }
 
 
@@ -46,6 +53,7 @@ def test_ab_refuses_a_tree_that_is_not_a_checkout(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--workers", "0"], "--workers: expected at least 2"),
+    (["--nproc-per-node", "0"], "--nproc-per-node: expected at least 1"),
     (["--spec", "ps:order=tac"], "--spec: expected a spec without order="),
     (["--spec", "ddp"], "--spec: expected a ps spec"),
 ])

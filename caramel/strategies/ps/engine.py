@@ -6,10 +6,12 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
    shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
    sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
-   serves, else the server's push group: `link_group`; with dedicated servers or a hierarchy
-   a `dist.reduce` on the push groups), in the plan's bucket order (a bucket is handed to
-   the backend only after every earlier one: TicTac's counter rule); `step()` pushes what
-   never became ready (zeros) and a per-parameter "someone used it" count;
+   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce`
+   on the push groups; with a hierarchy a reduce within the node, then each leader's node
+   sum sent to the server leader as soon as it lands, `hierarchy.py`), in the plan's bucket
+   order (a bucket is handed to the backend only after every earlier one: TicTac's counter
+   rule); `step()` pushes what never became ready (zeros) and a per-parameter "someone used
+   it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
@@ -22,8 +24,9 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 
 Consistency: an update is applied at the latest when the step count reaches u + S (S = 0 for
 bsp, S for ssp:S, ASP_BOUND_STEPS for asp), earlier when its reductions have already arrived
-or every rank has pushed it (colocated flat on gloo only the latter: a point-to-point push
-reports completion only once waited on, so `Update.arrived()` stays false there); a forward waits only for parameters more than S updates old
+or every rank has pushed it (colocated flat and hierarchical on gloo only the latter: a
+point-to-point push reports completion only once waited on, so `Update.arrived()` stays
+false at a server there); a forward waits only for parameters more than S updates old
 (asp: never, up to the bound). Pushes and pulls run on private groups, one of each per server
 (`PsGroups`), so each group sees the same sequence of collectives on every rank whatever the
 timing, and different servers' transfers proceed side by side. Gradient accumulation
@@ -43,6 +46,7 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, unflatten
+from caramel.strategies.ps.hierarchy import NodeSumSender
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.pulls import PsPulls
@@ -76,6 +80,7 @@ class PsEngine(PsPulls):
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.sender, self.relay_sender = self._senders()
+        self.push_sender = self._push_sender()
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -102,6 +107,17 @@ class PsEngine(PsPulls):
             return (SerialSender() if uses_sender(self.groups.pull) else None), None
         return (SerialSender() if uses_sender(h.lead_pull) else None,
                 SerialSender() if uses_sender([h.node_pull]) else None)
+
+    def _push_sender(self) -> NodeSumSender | None:
+        """Hierarchical, at a leader that forwards node sums to another server, on gloo: the
+        thread that sends each node sum once its reduce has landed (`hierarchy.py`). On NCCL
+        (and with no thread) the leader forwards what has landed at each hook and at `step()`."""
+        h = self.hier
+        if h is None or not h.is_leader or not uses_sender(h.lead_push):
+            return None
+        if all(self.server_of(i) == self.rank for i in self.plan.params):
+            return None
+        return NodeSumSender()
 
     # --- hooks -------------------------------------------------------------------------
     def _hook_handles(self) -> None:
@@ -137,7 +153,26 @@ class PsEngine(PsPulls):
     def _update(self) -> Update:
         if self.current is None:
             self.current = Update(self.steps, hparams=snapshot_hparams(self.optimizer))
+            if self.hier is not None and self.hier.is_leader:
+                self._expect_node_sums(self.current)
         return self.current
+
+    def _expect_node_sums(self, u: Update) -> None:
+        """Hierarchical, at a server leader, at its step's first push: post a receive for every
+        other leader's node sum of each bucket it serves, so a sum can travel as soon as its
+        sender has it (gloo moves a point-to-point message once both ends have posted it)."""
+        h = self.hier
+        for b, members in enumerate(self.plan.buckets):
+            i = members[0]
+            if self.server_of(i) != self.rank:
+                continue
+            parts = []
+            for leader in h.leaders():
+                if leader != self.rank:
+                    parts.append(self._recv_buf(members))
+                    u.works.append(dist.irecv(parts[-1], self.ranks[leader], group=h.link_group(leader, self.plan.owner[i]),
+                                              tag=b))
+            u.incoming[b] = parts
 
     def _push(self, b: int) -> None:
         members = self.plan.buckets[b]
@@ -156,9 +191,19 @@ class PsEngine(PsPulls):
             u.works.append(dist.reduce(flat, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
                                        async_op=True))
             return
-        work = dist.reduce(flat, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
-        u.works.append(work)
-        if self.hier.is_leader:
+        h, server = self.hier, self.server_of(i)
+        work = dist.reduce(flat, dst=self.ranks[h.leader], group=h.node_push, async_op=True)
+        if not h.is_leader or server == self.rank:  # the server adds the other nodes' sums in `_apply`
+            u.works.append(work)
+            if h.is_leader:
+                u.sums.append((b, flat, u.incoming.pop(b)))
+        elif self.push_sender is not None:
+            item = self.push_sender.forward(work, flat, self.ranks[server], h.link_group(self.rank, self.plan.owner[i]), b,
+                                            f"node sum of bucket {b} to its server")
+            u.works.append(item)
+            u.forwards.append((b, item))
+        else:
+            u.works.append(work)
             u.relay.append((b, work))
 
     def _send_push(self, u: Update, b: int, flat: torch.Tensor, server: int) -> None:
@@ -203,7 +248,8 @@ class PsEngine(PsPulls):
         return self.groups.push[server]
 
     def _forward_node_sums(self, u: Update, force: bool) -> None:
-        """Hierarchical, at a leader: send each node sum that has landed on to its server (in push order)."""
+        """Hierarchical, at a leader without a `NodeSumSender` (NCCL): send each node sum that
+        has landed on to its server (in push order)."""
         while u.relay:
             b, work = u.relay[0]
             if not force and not work.is_completed():
@@ -211,8 +257,8 @@ class PsEngine(PsPulls):
             work.wait()
             u.relay.popleft()
             i = self.plan.buckets[b][0]
-            u.works.append(dist.reduce(u.flats[b], dst=self.ranks[self.server_of(i)],
-                                       group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
+            u.works.append(dist.isend(u.flats[b], self.ranks[self.server_of(i)],
+                                      group=self.hier.link_group(self.rank, self.plan.owner[i]), tag=b))
 
     def server_of(self, i: int) -> int:
         """The group rank serving parameter i."""
@@ -350,7 +396,7 @@ class PsEngine(PsPulls):
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
-        for sender in (self.sender, self.relay_sender):
+        for sender in (self.sender, self.relay_sender, self.push_sender):
             if sender is not None:
                 sender.close()
 

@@ -2,16 +2,24 @@
 
 With `hierarchical=True` the ranks form nodes of `LOCAL_WORLD_SIZE` consecutive ranks (as
 torchrun numbers them); rank 0 of each node is its leader, and the servers are leaders (shard
-s on node s). A push is a reduce within the node to the leader, then, once that has landed, a
-reduce among the leaders to the server; a pull is a broadcast among the leaders from the
-server, then, once that has landed, a broadcast within the node from the leader (the leader
-*relays* it). The leader relays in the plan's pull order, so every node group sees the same
-sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the
-rest before it waits for its node's gradients (the node's ranks may be waiting for those
-pulls). On gloo both sends go one at a time through an ordered sender per link (`sender.py`:
-the server leader's to the leaders, each leader's relays to its node), so each link's wire
-order is the plan's. Only (nodes - 1) copies of a shard cross a server's NIC instead of
-(ranks - 1).
+s on node s). A push is a reduce within the node to the leader, then the leader *sends* the
+node sum straight to the server leader, which adds the other leaders' sums to its own node's
+(point-to-point, as a colocated server adds the workers' pushes). The send goes out as soon
+as the node's reduce has landed: a thread per leader (`NodeSumSender`) waits for each reduce
+in push order and hands its send over, so it neither waits for the leader's next backward
+hook or `step()` nor for the server's own node (a reduce among the leaders would start only
+once every leader had its node sum, and gloo's reduce also sends half of each bucket back out
+of the server; docs/ps.md, "The leaders' node sums leave as they land"). The server posts
+its receives at its step's first push; a serving leader sends on its own pull group
+(`Hierarchy.link_group`). On NCCL (no thread) the leader sends what has landed at each hook
+and at `step()`. A pull is a broadcast among the leaders from the server, then, once that
+has landed, a broadcast within the node from the leader (the leader *relays* it). The leader
+relays in the plan's pull order, so every node group sees the same sequence on each of its
+ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
+for its node's gradients (the node's ranks may be waiting for those pulls). On gloo the
+pulls and relays go one at a time through an ordered sender per link (`sender.py`: the
+server leader's to the leaders, each leader's relays to its node), so each link's wire order
+is the plan's. Only (nodes - 1) copies of a shard cross a server's NIC instead of (ranks - 1).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from caramel.errors import CaramelError
+from caramel.strategies.ps.sender import SentPull, SerialSender
 
 
 @dataclass
@@ -33,6 +42,7 @@ class Hierarchy:
     node_pull: Any
     lead_push: list[Any]  # per shard, over the leaders (not a group of this rank unless it leads)
     lead_pull: list[Any]
+    nodes: int = 1
 
     @property
     def is_leader(self) -> bool:
@@ -41,6 +51,19 @@ class Hierarchy:
     def server(self, shard: int) -> int:
         """The group rank serving `shard`: the leader of node `shard`."""
         return shard * self.local_size
+
+    def leaders(self) -> list[int]:
+        """The group ranks of the nodes' leaders, in node order."""
+        return [node * self.local_size for node in range(self.nodes)]
+
+    def link_group(self, leader: int, shard: int) -> Any:
+        """The group carrying leader `leader`'s node sums to `shard`'s server: the sending
+        leader's own pull group when it serves a shard, so on its link to that server its pulls
+        queue behind its pushes instead of sharing the link with them (one gloo group is one
+        TCP connection per pair, as `PsEngine.link_group` for colocated servers), else the
+        shard's push group."""
+        node = leader // self.local_size
+        return self.lead_pull[node] if node < len(self.lead_pull) else self.lead_push[shard]
 
     def groups(self) -> list[Any]:
         mine = [self.node_push, self.node_pull]
@@ -75,6 +98,23 @@ def make_hierarchy(ranks: list[int], rank: int, local: int, shards: int, timeout
     lead_push = [dist.new_group(leaders, timeout=timeout) for _ in range(shards)]
     lead_pull = [dist.new_group(leaders, timeout=timeout) for _ in range(shards)]
     mine = rank // local
-    h = Hierarchy(local, mine * local, *node_groups[mine], lead_push, lead_pull)
+    h = Hierarchy(local, mine * local, *node_groups[mine], lead_push, lead_pull, nodes=nodes)
     h._rank = rank
     return h
+
+
+class NodeSumSender(SerialSender):
+    """A leader's node sums on their way to the server leaders: each waits in a thread for its
+    node's reduce to land and is then sent, one at a time in push order (each send complete
+    before the next is handed over, so the wire order is the push order). Gloo only, like the
+    pull senders. A server leader's sends share its pull group with its pull sender's
+    broadcasts (`Hierarchy.link_group`): two threads on one gloo group, safe by gloo's
+    internals as for a colocated server's pushes (`sender.py`)."""
+
+    def forward(self, node_reduce: Any, flat: Any, server: int, group: Any, tag: int, what: str) -> SentPull:
+        """Send `flat` to global rank `server` on `group` once `node_reduce` has completed."""
+        return self.submit(flat, server, group, tag, what, after=node_reduce)
+
+    def _send(self, item: SentPull) -> None:
+        item.after.wait()
+        dist.isend(item.buf, item.src, group=item.group, tag=item.tag).wait()

@@ -10,7 +10,8 @@ reach the server while the bucket before is on the wire. One thread per link tha
 server's pulls, started at its first pull; each group sees its collectives from one thread
 only (the collectives of a group a sender sends on are only this rank's broadcasts; a
 colocated server's pushes, point-to-point sends from the training thread, share the group so
-that on each link they go ahead of the pulls, `PsEngine.link_group`; two threads on one gloo
+that on each link they go ahead of the pulls, `PsEngine.link_group`, and so do a server
+leader's node sums, sent from its `hierarchy.NodeSumSender` thread; two threads on one gloo
 group is safe by gloo's internals, not PyTorch's promise: a send runs in the calling thread,
 never advances the collective counter, and the TCP pair is locked. A collective issued from
 another thread on such a group would not be):
@@ -58,8 +59,9 @@ def send_pull(sender: "SerialSender | None", buf: torch.Tensor, src: int, group:
 class SentPull:
     """One broadcast handed to the sender: waited on like a backend work; `what` names it in errors."""
 
-    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int, what: str):
+    def __init__(self, buf: torch.Tensor, src: int, group: Any, tag: int, what: str, after: Any = None):
         self.buf, self.src, self.group, self.tag, self.what = buf, src, group, tag, what
+        self.after = after  # a backend work to wait for before sending (`hierarchy.NodeSumSender`)
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -81,8 +83,9 @@ class SerialSender:
         self._thread: threading.Thread | None = None
         self.issued: deque[int] = deque(maxlen=ISSUED_KEPT)  # the latest tags (pull buckets), in the order sent
 
-    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1, what: str = "") -> SentPull:
-        item = SentPull(buf, src, group, tag, what or f"pull {tag}")
+    def submit(self, buf: torch.Tensor, src: int, group: Any, tag: int = -1, what: str = "",
+               after: Any = None) -> SentPull:
+        item = SentPull(buf, src, group, tag, what or f"pull {tag}", after)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="caramel-ps-sender", daemon=True)
             self._thread.start()

@@ -52,7 +52,9 @@ class Update:
     used: torch.Tensor | None = None  # per plan parameter: how many ranks had a gradient (after its all-reduce)
     used_work: Any = None
     hparams: list[dict[str, Any]] | None = None
-    relay: deque = field(default_factory=deque)  # hierarchical, at a leader: (bucket, node reduce) still to forward
+    relay: deque = field(default_factory=deque)  # hierarchical, at a leader on NCCL: (bucket, node reduce) still to forward
+    forwards: list[tuple[int, Any]] = field(default_factory=list)  # hierarchical, at a leader on gloo: (bucket, its node sum's send)
+    incoming: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # hierarchical, at a server leader: bucket -> the other leaders' sums (receives posted)
     sums: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (bucket, flat, the other workers' pushes) to add in
 
     def everyone_pushed(self) -> bool:
@@ -62,8 +64,9 @@ class Update:
 
     def arrived(self) -> bool:
         """Every reduction of this update has completed. A gloo point-to-point work reports
-        completion only once waited on, so with colocated flat servers on gloo this stays
-        false until `_apply` waits; `everyone_pushed` is the test that fires there."""
+        completion only once waited on, so with colocated flat servers and at hierarchical
+        server leaders on gloo this stays false until `_apply` waits; `everyone_pushed` is
+        the test that fires there."""
         return all(w.is_completed() for w in self.works) and (self.used_work is None or self.used_work.is_completed())
 
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
 import caramel
+from caramel.strategies.ps.engine import PsEngine
 from tests.distributed.workers import FAMILIES, OPTIMIZERS, batch, fresh, make_optimizer, max_diff, params_of, train
 from tests.strategies.ps.staleness_workers import pace_worker, predict_resume_worker  # imported from here by tests
 from tests.strategies.ps.wire_log import wire_logged
@@ -207,8 +209,49 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     out["ssp_params"] = [t.numpy() for t in params_of(model.module)]
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
     caramel.shutdown()
+    out["forwarded"] = forwarded_before_step("gpt_tied", rank, 3, "ps:hierarchical=true,bucket_cap_mb=0")
+    # the path without the node-sum thread (NCCL's: sent at each hook and at step()), run on gloo
+    threadless = PsEngine._push_sender
+    PsEngine._push_sender = lambda self: None
+    try:
+        model, opt = _ps("cnn_bn", "adam", steps, rank, "ps:hierarchical=true")
+        out["threadless_diff"] = max_diff(refs["cnn_bn"], params_of(model.module))
+        out["threadless_sender"] = opt.ps.engine.push_sender
+        caramel.shutdown()
+    finally:
+        PsEngine._push_sender = threadless
     return out
 
+
+def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patience_s: float = 10.0) -> list[dict]:
+    """Hierarchical: per step, after backward and before `step()` is called, the buckets whose
+    node sum this rank sends to another server (the plan's), those it handed over, those whose
+    send completed within `patience_s` (polled; `step()` not called meanwhile), and whether
+    each send went on this leader's own pull group."""
+    w = fresh(family)
+    m = copy.deepcopy(w.model)
+    opt, sched = make_optimizer("adam", m.parameters())
+    model, opt = caramel.parallelize(m, opt, spec)
+    out = []
+    for step in range(steps):
+        x, y = batch(family, step, rank)
+        w.loss_fn(model(x), y).backward()
+        e = opt.ps.engine  # the engine of this step (a re-plan after the profile makes a new one)
+        expected = sorted(b for b, members in enumerate(e.plan.buckets)
+                          if e.hier.is_leader and e.server_of(members[0]) != e.rank)
+        forwards = list(getattr(e.current, "forwards", []))
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline and not all(item.is_completed() for _, item in forwards):
+            time.sleep(0.005)
+        own_pull = e.hier.lead_pull[e.rank // e.hier.local_size] if e.hier.is_leader else None
+        out.append({"expected": expected, "handed": sorted(b for b, _ in forwards),
+                    "sent": sorted(b for b, item in forwards if item.is_completed()),
+                    "on_own_pull_group": [item.group is own_pull for _, item in forwards]})
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    caramel.shutdown()
+    return out
 
 
 def train_clipped(model, opt, sched, loss_fn, family: str, rank: int, steps: int, clip_here: float) -> int:

@@ -124,14 +124,32 @@ def hierarchical():
 def test_hierarchical_aggregation_equals_ddp(hierarchical):
     """Two nodes of two ranks: gradients summed within the node, then across nodes at the
     servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order.
-    Fused and per tensor, TAC and random order: DDP's parameters."""
+    Fused and per tensor, TAC and random order, and with the node sums sent from the hooks
+    and `step()` instead of a thread (NCCL's path): DDP's parameters."""
     for res in hierarchical:
         for family, spec in HIER_RUNS:
             assert res[(family, spec, "diff")] <= TOL, (family, spec)
             assert res[(family, spec, "servers")] == [0, 2]
             assert res[(family, spec, "sent")] == res[(family, spec, "expected")]
         assert max(res["ssp_staleness"]) <= 2
+        assert res["threadless_sender"] is None and res["threadless_diff"] <= TOL  # NCCL's path, on gloo
         assert all(np.array_equal(a, b) for a, b in zip(hierarchical[0]["ssp_params"], res["ssp_params"]))
+
+
+def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
+    """Each leader sends every node sum for another server as soon as its node's reduce has
+    landed, from backward's hooks and a thread, without waiting for `step()`: after backward,
+    with `step()` not yet called, every such send completes (the old relay left the node sums
+    that landed after the last hook for `step()`, so this failed there). Each goes on the
+    leader's own pull group, so its pulls to that server queue behind it on the link."""
+    for rank, res in enumerate(hierarchical):
+        for step in res["forwarded"]:
+            if rank % 2:
+                assert step["expected"] == [] and step["handed"] == [], (rank, step)
+                continue
+            assert step["expected"], (rank, step)
+            assert step["handed"] == step["expected"] and step["sent"] == step["expected"], (rank, step)
+            assert all(step["on_own_pull_group"]), (rank, step)
 
 
 def test_hierarchical_leaders_send_pulls_one_at_a_time_in_the_planned_order(hierarchical):
