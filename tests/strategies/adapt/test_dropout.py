@@ -166,6 +166,11 @@ def test_a_slowed_rank_is_given_a_drop(tmp_path):
         # profiling, trial and planning steps stay out of the windows (there are some: default options)
         assert res["untimed_steps"] and res["timed_untimed"] == [], res
     assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
+    # rank 0 blocks in each decision's gather by rank 1's lead (72 ms, 21.6 ms once rank 1 drops):
+    # a wait, so its window holds its own 12 ms a step; rank 1's holds its full model's 84 ms
+    assert results[0]["held_s"] and min(results[0]["held_s"]) > 0.02, results[0]["held_s"]
+    assert results[0]["window"] and results[0]["window"] == [pytest.approx(0.012)] * len(results[0]["window"])
+    assert results[1]["window"] and results[1]["window"] == [pytest.approx(0.084)] * len(results[1]["window"])
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
