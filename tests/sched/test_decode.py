@@ -68,7 +68,8 @@ def test_rollouts_share_one_forward_pass_per_step(model):
 
 
 @pytest.mark.parametrize("text", ["sample:0", "sample:-3", "sample:x", "sample:", "sample", "beam:4", "greedy:2",
-                                  "sample:+8", "sample:1_6", "sample: 8", "sample:8 :", "sample:\u0663", "sample:8.0"])
+                                  "sample:+8", "sample:1_6", "sample: 8", "sample:8 :", "sample:\u0663", "sample:8.0",
+                                  pytest.param("sample:" + "1" * 5000, id="sample:5000-digits")])
 def test_bad_decodings_are_refused(text):
     with pytest.raises(CaramelError, match="expected 'greedy' or 'sample:N' with N an integer >= 1"):
         parse_decoding(text)

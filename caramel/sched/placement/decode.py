@@ -46,8 +46,11 @@ def parse_decoding(text: str) -> Decoding:
     kind, sep, count = text.strip().partition(":")
     if kind == "greedy" and not sep:
         return Decoding(1)
-    if kind == "sample" and re.fullmatch(r"[0-9]+", count) and int(count) >= 1:
-        return Decoding(int(count))
+    try:  # int() refuses a count over its digit limit (sys.get_int_max_str_digits): the same error
+        if kind == "sample" and re.fullmatch(r"[0-9]+", count) and int(count) >= 1:
+            return Decoding(int(count))
+    except ValueError:
+        pass
     raise CaramelError(f"decode {text!r}: expected 'greedy' or 'sample:N' with N an integer >= 1 in ASCII digits "
                        f"(e.g. sample:16)")
 

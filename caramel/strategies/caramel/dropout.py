@@ -124,11 +124,12 @@ class DropoutBalancer:
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         t0 = self.engine.recorder.now()
         dist.all_gather(gathered, mine, group=self.group)
-        # a faster rank blocks here on the slow one (the step's reductions overlap the next
-        # forward, so the ranks are not yet level): a wait, or its next compute time reads as the
-        # slow rank's step and widens its window's spread
-        self.engine.count_wait(self.engine.recorder.now() - t0)
+        # read before the clock: on a GPU the all-gather only orders streams, the host blocks here
         stats = [(float(t[0]), float(t[1])) for t in gathered]
+        # a faster rank blocks on the slow one (the step's reductions overlap the next forward, so
+        # the ranks are not yet level): a wait, or its next compute time reads as the slow rank's
+        # step and widens its window's spread
+        self.engine.count_wait(self.engine.recorder.now() - t0)
         new = self.confirmation.confirm(propose(stats, self.table), self.fractions)
         if new is None:
             return

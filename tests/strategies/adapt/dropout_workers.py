@@ -6,10 +6,12 @@ import copy
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import caramel
 import caramel.profile.slowdown as slowdown
+import caramel.strategies.caramel.dropout as dropout
 from caramel.models.zoo import SmallCNN
 from caramel.profile.slowdown import slow_down
 from caramel.strategies.caramel.dropout import kept_units
@@ -134,6 +136,32 @@ class _VirtualClock:
         else:
             self.t += seconds
 
+    def __getattr__(self, name: str):
+        return getattr(time, name)  # the rest of `time` (perf_counter for per_sample_compute_s) as it is
+
+
+class _GatherBehind:
+    """`torch.distributed` for the dropout balancer on the `_VirtualClock`: its all-gather blocks
+    the faster rank by `lead_s()`, the slow rank's longer step, as it does on a real clock (the
+    ranks are not level at a step's end: the reductions overlap the next forward)."""
+
+    def __init__(self, clock: _VirtualClock, lead_s) -> None:
+        self.clock, self.lead_s = clock, lead_s
+        self.held_s: list[float] = []  # each virtual block, so a test sees that there were some
+
+    def all_gather(self, *args, **kwargs):
+        out = dist.all_gather(*args, **kwargs)
+        if self.clock.t is not None:
+            self.held_s.append(self.lead_s())
+            self.clock.t += self.held_s[-1]
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(dist, name)
+
+
+_SLOW_S_PER_SAMPLE = (0.002, 0.014)  # rank 0's and rank 1's forward slow-down
+
 
 def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     """Rank 1's forward is slowed by 14 ms per sample, rank 0's by 2 ms (84 against 12 ms a step;
@@ -142,17 +170,24 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     planned; from the plan's adoption on they pass on a `_VirtualClock`, the engine's clock, so
     the windows hold exact compute times: on a loaded host, wall-clock windows let the noise
     of the two windows (a drop's rank's estimates scaled up by 1 / its time ratio) withdraw the
-    drop again at the last decisions."""
+    drop again at the last decisions. Each decision's gather holds rank 0 by rank 1's lead
+    (`_GatherBehind`): only counting it as a wait keeps rank 0's window at its 12 ms."""
     torch.set_num_threads(1)
     m = _fresh()
     clock = _VirtualClock()
     slowdown.time = clock  # this spawned process's slow-downs only
-    slow_down(m, 0.014 if rank == 1 else 0.002)
+    slow_down(m, _SLOW_S_PER_SAMPLE[rank])
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     # default options: deferred and early weight gradients allowed, profiled and planned first
     model, opt = caramel.parallelize(m, opt, overlap="forward", balance="dropout", dropout_table=table, balance_every=4)
     c = opt.engine.controller
     b = c.balancer
+
+    def lead_s() -> float:  # rank 0 reaches the gather this much before rank 1 (6 samples a step)
+        steps_s = [6 * _SLOW_S_PER_SAMPLE[r] * b.table.ratio(b.fractions[r]) for r in range(world)]
+        return max(steps_s[1] - steps_s[0], 0.0) if rank == 0 else 0.0
+
+    gathers = dropout.dist = _GatherBehind(clock, lead_s)  # this spawned process's balancer only
     # per step: whether its time entered the window, and whether it was a profiling step
     # or one whose period held a plan's adoption (planned at the end of the step before)
     record, adopted_at = [], set()
@@ -175,7 +210,8 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     b.step_end, c.adopt = recording_step_end, recording_adopt
     _train(model, opt, steps, rank)
     return {"fractions": b.fractions, "changes": len(b.changes), "ratio": b.compute_ratio(),
-            "first_drop_step": b.changes[0]["step"] if b.changes else None, "timed": len(b.times),
+            "first_drop_step": b.changes[0]["step"] if b.changes else None, "window": list(b.times),
+            "held_s": gathers.held_s,
             "untimed_steps": [s for s, _, u in record if u], "timed_untimed": [s for s, t, u in record if t and u]}
 
 

@@ -166,33 +166,55 @@ def test_a_slowed_rank_is_given_a_drop(tmp_path):
         # profiling, trial and planning steps stay out of the windows (there are some: default options)
         assert res["untimed_steps"] and res["timed_untimed"] == [], res
     assert results[1]["ratio"] == 0.4 and results[0]["ratio"] == 1.0
+    # rank 0 blocks in each decision's gather by rank 1's lead (72 ms, 21.6 ms once rank 1 drops):
+    # a wait, so its window holds its own 12 ms a step; rank 1's holds its full model's 84 ms
+    assert results[0]["held_s"] and min(results[0]["held_s"]) > 0.02, results[0]["held_s"]
+    assert results[0]["window"] and results[0]["window"] == [pytest.approx(0.012)] * len(results[0]["window"])
+    assert results[1]["window"] and results[1]["window"] == [pytest.approx(0.084)] * len(results[1]["window"])
 
 
-def test_the_decisions_gather_is_a_wait_not_compute(monkeypatch, tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_the_decisions_gather_is_a_wait_not_compute(monkeypatch, tmp_path, backend):
     """The decision's all-gather blocks a faster rank until the slow one arrives: counted as the
     wait of the step it falls in (as `balance="batch"`'s), else the faster rank's next compute
-    time reads as the slow rank's step and widens its window."""
+    time reads as the slow rank's step and widens its window. On gloo the host blocks in the
+    call; on NCCL the call only orders streams and the host blocks where it reads the result."""
     import collections
     from types import SimpleNamespace
 
     import caramel.strategies.caramel.dropout as dropout
     from caramel.strategies.caramel.dropout_rule import Confirmation
 
-    clock_s, waits = [100.0], []
+    clock_s, waits, pending = [100.0], [], [False]
+
+    class InFlight(torch.Tensor):
+        """A gathered result not yet on the host: its first read blocks on the slow rank."""
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if pending[0]:
+                pending[0] = False
+                clock_s[0] += 0.07
+            return super().__torch_function__(func, types, args, kwargs or {})
 
     def gather(out, mine, group):
-        clock_s[0] += 0.07  # blocked on the slow rank
-        for o in out:
-            o.copy_(mine)
+        if backend == "gloo":
+            clock_s[0] += 0.07  # blocked on the slow rank
+            for o in out:
+                o.copy_(mine)
+        else:
+            out[:] = [mine.clone().as_subclass(InFlight) for _ in out]
+            pending[0] = True
 
     monkeypatch.setattr(dropout.dist, "all_gather", gather)
-    monkeypatch.setattr(dropout.dist, "get_backend", lambda group: "gloo")
+    monkeypatch.setattr(dropout.dist, "get_backend", lambda group: backend)
     b = dropout.DropoutBalancer.__new__(dropout.DropoutBalancer)  # _decide's state only: no engine hooks
     b.engine = SimpleNamespace(params=[], recorder=SimpleNamespace(now=lambda: clock_s[0]), count_wait=waits.append,
                                stats=SimpleNamespace(log=lambda *args: None))
     b.group, b.world, b.table, b.step = None, 2, DropoutTable.load(_table(tmp_path / "t.json")), 4
     b.times, b.confirmation, b.fractions, b.changes = collections.deque([0.01] * 3), Confirmation(), [0.0, 0.0], []
     b._decide()
+    assert not pending[0] and clock_s[0] == pytest.approx(100.07)  # the result was read: the block happened
     assert waits == [pytest.approx(0.07)]
 
 
