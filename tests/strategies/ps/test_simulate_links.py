@@ -10,7 +10,7 @@ import pytest
 
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
-from caramel.strategies.ps.simulate import Links
+from caramel.strategies.ps.sim_links import Links
 from caramel.topology.spec import ClusterSpec
 
 
