@@ -139,8 +139,8 @@ def main(argv: list[str]) -> int:
 
     rows = score(args.runs, args.in_sample)
     write_json(args.out, {"format": FORMAT, "code": code_version(), "in_sample": args.in_sample, "rows": rows})
-    for s in ("in", "out"):
-        print(f"{s} of sample: {summary([r for r in rows if r['sample'] == s])}")
+    for s, name in (("in", "built on (in sample)"), ("out", "not built on (out of sample)")):
+        print(f"{name}: {summary([r for r in rows if r['sample'] == s])}")
     return 0
 
 
