@@ -261,7 +261,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                         "backward_end": [rel(x) for x in bwd_end],
                         "handed": [[rel(issue[w][b]) for b in range(len(buckets))] for w in range(n)],
                         "pushes": [(b, bucket_owner[b], rel(a), rel(z)) for b, (a, z) in enumerate(spans)],
-                        "pulls_before": [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
+                        "pulls_before": [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls],
+                        "pulls_after": []}
         # then the used-count all-reduce (every rank, the servers too), a small ring: 2(r-1) messages
         reduced[k] = max(push_end) + 2 * (n + dedicated - 1) * alpha
         if dedicated:  # each server applies its shard when its own reductions are in
@@ -305,6 +306,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 for i in plan.pull_buckets[b]:
                     arrive[u][i] = pull_end[o]
             pulled_upto = u
+            if k == iters - 2:  # the pulls this step's step() handed over, after its pushes
+                timeline["pulls_after"] += [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each

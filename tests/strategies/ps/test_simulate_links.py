@@ -49,6 +49,19 @@ def test_no_serving_rank_sends_a_pull_beside_its_own_push(profile):
                 assert z <= pa + 1e-12 or pz <= a + 1e-12, (owner, a, z, server, pa, pz)
 
 
+def test_no_pull_leaves_beside_its_servers_own_pushes(profile):
+    """Under ssp a stale update's pulls are handed over at step(), after that step's pushes: a
+    server's pulls wait for the pushes it sent (to every other shard) before they leave."""
+    r = sim("ps:consistency=ssp:2", profile, ClusterSpec.uniform(3, 3e8))
+    tl = r.meta["timeline_s"]
+    pulls = tl["pulls_before"] + tl["pulls_after"]
+    assert tl["pulls_after"] and tl["pushes"]
+    for _, server, pa, pz in pulls:
+        for _, owner, a, z in tl["pushes"]:
+            if owner != server:  # the pulling server sent this push
+                assert pz <= a + 1e-12 or z <= pa + 1e-12, (server, pa, pz, owner, a, z)
+
+
 def test_bsp_predictions_are_unchanged_by_the_shared_links(profile):
     """Under bsp a rank's pulls follow every push and the next pushes follow the forward that
     waited for every pull: the rule never binds. Values of the separate-link model (def9d28)."""
