@@ -42,9 +42,13 @@ class Wire:
 
 
 class Links:
-    """What each rank sends on its one connection to each peer (colocated, flat servers: a
-    serving rank's pushes travel on its own shard's pull group, `PsEngine.link_group`, so on
-    each of its links its pushes and its pulls leave one after another, never side by side).
+    """What a serving rank sends out of its NIC: its pushes to the other shards and its own
+    shard's pulls leave one after another, never side by side at full rate each. Colocated,
+    flat servers: the serving rank's pushes travel on its own shard's pull group
+    (`PsEngine.link_group`; gloo, one connection per pair and group). Hierarchical leaders
+    (indexed by shard, `ranks` = `serving` = nodes): their inter-node pushes (`lead_push`) and
+    pulls (`lead_pull`) are separate groups but one NIC egress; the same holds on NCCL's
+    separate communicators. Serialized or sharing the NIC, the bytes a step are the same.
     In the order handed over: a push waits for the pulls its sender handed over before it, a
     pull for its server's pushes handed over before it. The runtime's sender thread hands pull
     buckets over one at a time, so a push ready amid a backlog of pulls may slip between two

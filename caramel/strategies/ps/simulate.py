@@ -12,10 +12,10 @@ the cluster spec), with the backend's behaviour made explicit:
   rank has handed it over and the previous one of its group is done, and lasts latency +
   (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one copy per other worker).
   Different servers' sequences run side by side, and a worker's sends to different servers
-  too (with balanced shards they need no more than one server's receives). What a rank sends
-  shares a connection where the runtime's does (colocated, flat: a serving rank pushes on its
-  own shard's pull group, `PsEngine.link_group`; gloo, one connection per pair and group): its
-  pushes and its pulls leave one after another, in the order it handed them over (`Links`, `sim_links.py`);
+  too (with balanced shards they need no more than one server's receives). A serving rank's
+  pushes and pulls leave by one NIC (colocated, flat: on one gloo connection too, its pushes
+  on its own shard's pull group, `PsEngine.link_group`): they leave one after another, in the
+  order it handed them over (`Links`, `sim_links.py`);
   under bsp a rank's pulls follow all pushes anyway, under ssp/asp a step's pushes wait for the
   pulls their senders handed over before them, and the next pulls for those pushes;
 - a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
@@ -41,7 +41,8 @@ the cluster spec), with the backend's behaviour made explicit:
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
 a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
-servers are the leaders.
+servers are the leaders; a leader's pushes and pulls share its NIC as a flat serving rank's do
+(both stages of each queued, the one within the node too, at `node_bandwidth_bps`).
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
@@ -182,7 +183,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
     early = None  # bsp: when rank 0's buffers sent at step() reach each rank
-    links = Links(n, shards) if not dedicated and local == 1 else None
+    # a serving rank's (a leader's: indexed by node) pushes and pulls leave by one NIC
+    links = None if dedicated else Links(n, shards) if local == 1 else Links(shards, shards)
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
