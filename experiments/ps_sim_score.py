@@ -4,8 +4,10 @@ A bench JSON keeps what its predictions were made from (`meta.prediction_inputs`
 configuration). This replays every ps row of the given runs with the simulator of the checkout
 on `sys.path` (run it from two checkouts to compare models) and writes one JSON of per-row
 predictions and errors. `--in-sample FILE[:CONFIG]` marks rows the model was built on (looked at
-while it was changed); the rest are scored out of sample. `--compare OLD NEW --markdown OUT`
-writes the table of two such files side by side. Nothing is fitted.
+while it was changed); the rest are scored out of sample. An entry that matches no given run or
+configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW --markdown OUT` writes
+the table of two such files side by side, once it has checked that both score the same rows
+with the same marks. Nothing is fitted.
 
     PYTHONPATH=. python experiments/ps_sim_score.py docs/results/ps_order_final.json \
         docs/results/ps_sim_4workers_run1/bench.json --in-sample docs/results/ps_sim_4workers_run1/bench.json \
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -23,24 +26,43 @@ FORMAT = "caramel.ps_sim_score/1"
 TARGET = 0.10  # issue 28: predicted within 10% of the measured median
 
 
+def _entry(entry: str) -> tuple[str, str | None]:
+    """An `--in-sample` entry, FILE or FILE:CONFIG (FILE a .json), its path normalized (`./a` is `a`)."""
+    path, sep, label = entry.partition(".json:")
+    if sep:
+        return os.path.normpath(path + ".json"), label
+    return os.path.normpath(entry), None
+
+
 def score(paths: list[str], in_sample: list[str]) -> list[dict]:
-    """One row per ps record of each run with saved inputs: measured, predicted, error, sample."""
+    """One row per ps record of each run with saved inputs: measured, predicted, error, sample.
+    Every `in_sample` entry must name a given run, or one of its configurations: one that
+    matches nothing would silently turn rows the model was built on into out-of-sample ones."""
     from experiments.ps_sim_sensitivity import _ps_rows
 
-    rows = []
-    for path in paths:
+    marks = {e: _entry(e) for e in in_sample}
+    configs = []  # (run, its records, config, inputs, the entries marking it in sample)
+    for path in map(os.path.normpath, paths):
         with open(path) as f:
             d = json.load(f)
         inputs = (d.get("meta") or {}).get("prediction_inputs")
         if not inputs:
             raise SystemExit(f"ps_sim_score: {path} has no meta.prediction_inputs (nothing to replay)")
         for label, pi in inputs.items():
-            inside = path in in_sample or f"{path}:{label}" in in_sample
-            for r, e in _ps_rows(d["records"], label, pi):
-                rows.append({"run": path, "config": label, "strategy": r["strategy"],
-                             "measured_s": r["step_time_median_s"], "predicted_s": r["step_time_median_s"] * (1 + e),
-                             "error": e, "recorded_error": r.get("prediction_error"),
-                             "sample": "in" if inside else "out"})
+            hits = [e for e, (p, lab) in marks.items() if p == path and lab in (None, label)]
+            configs.append((path, d["records"], label, pi, hits))
+    used = {e for *_, hits in configs for e in hits}
+    unused = [e for e in in_sample if e not in used]
+    if unused:  # checked before the (slow) replays
+        raise SystemExit("ps_sim_score: --in-sample entries matching no given run or configuration (FILE or "
+                         "FILE:CONFIG, CONFIG a key of the run's meta.prediction_inputs): " + ", ".join(map(repr, unused)))
+    rows = []
+    for path, records, label, pi, hits in configs:
+        for r, e in _ps_rows(records, label, pi):
+            rows.append({"run": path, "config": label, "strategy": r["strategy"],
+                         "measured_s": r["step_time_median_s"], "predicted_s": r["step_time_median_s"] * (1 + e),
+                         "error": e, "recorded_error": r.get("prediction_error"),
+                         "sample": "in" if hits else "out"})
     return rows
 
 
@@ -52,7 +74,26 @@ def summary(rows: list[dict]) -> str:
     return f"{within} of {len(errs)} within 10%, median abs. error {100 * statistics.median(errs):.1f}%, largest {100 * max(errs):.1f}%"
 
 
+def check_comparable(old: dict, new: dict) -> None:
+    """Two --out files can be set side by side only if they score the same rows, marked alike."""
+    for name, d in (("OLD", old), ("NEW", new)):
+        if d.get("format") != FORMAT:
+            raise SystemExit(f"ps_sim_score: --compare {name} has format {d.get('format')!r}, expected {FORMAT!r} "
+                             "(a file written by --out)")
+    marks = lambda d: sorted((p, lab or "") for p, lab in map(_entry, d["in_sample"]))  # noqa: E731
+    if marks(old) != marks(new):
+        raise SystemExit(f"ps_sim_score: --compare OLD and NEW were marked differently: --in-sample "
+                         f"{old['in_sample']} against {new['in_sample']}")
+    key = lambda r: (r["run"], r["config"], r["strategy"], r["sample"])  # noqa: E731
+    a, b = sorted(map(key, old["rows"])), sorted(map(key, new["rows"]))
+    if a != b:
+        diff = sorted(set(a) ^ set(b)) or ["(the same rows, counted differently)"]
+        raise SystemExit(f"ps_sim_score: --compare OLD and NEW score different rows (run, config, strategy, "
+                         f"sample), e.g. {diff[:3]}")
+
+
 def compare(old: dict, new: dict) -> str:
+    check_comparable(old, new)
     key = lambda r: (r["run"], r["config"], r["strategy"])  # noqa: E731
     after = {key(r): r for r in new["rows"]}
     lines = [f"Model before: {old['code']}; after: {new['code']}.", "",
@@ -98,8 +139,8 @@ def main(argv: list[str]) -> int:
 
     rows = score(args.runs, args.in_sample)
     write_json(args.out, {"format": FORMAT, "code": code_version(), "in_sample": args.in_sample, "rows": rows})
-    for s in ("in", "out"):
-        print(f"{s} of sample: {summary([r for r in rows if r['sample'] == s])}")
+    for s, name in (("in", "built on (in sample)"), ("out", "not built on (out of sample)")):
+        print(f"{name}: {summary([r for r in rows if r['sample'] == s])}")
     return 0
 
 

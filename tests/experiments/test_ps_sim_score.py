@@ -9,7 +9,7 @@ RUN = "docs/results/ps_sim_4workers_run1/bench.json"
 
 
 def test_rows_are_replayed_marked_and_compared(monkeypatch):
-    from experiments.ps_sim_score import compare, score
+    from experiments.ps_sim_score import FORMAT, compare, score
 
     monkeypatch.chdir(ROOT)
     rows = score([RUN], in_sample=[f"{RUN}:resnet18(b=8,width=16) x4 @ 480mbit"])
@@ -18,7 +18,9 @@ def test_rows_are_replayed_marked_and_compared(monkeypatch):
     assert [round(100 * r["error"], 1) for r in rows] == [9.9, 10.8, 9.4]
     assert all(r["error"] == pytest.approx(r["recorded_error"], abs=1e-9) for r in rows)
     moved = [dict(r, predicted_s=r["measured_s"], error=0.0) for r in rows]
-    table = compare({"code": "a", "rows": rows}, {"code": "b", "rows": moved})
+    marks = [f"{RUN}:resnet18(b=8,width=16) x4 @ 480mbit"]
+    table = compare({"format": FORMAT, "code": "a", "in_sample": marks, "rows": rows},
+                    {"format": FORMAT, "code": "b", "in_sample": marks, "rows": moved})
     assert "| built on | 3 | 2 of 3 within 10%" in table and "3 of 3 within 10%" in table
     assert "| not built on | 0 | - | - |" in table
 
@@ -39,3 +41,35 @@ def test_the_fresh_2_worker_ssp_row_is_priced_at_least_at_its_links_bound(monkey
     link_s = model_bytes * 8 / inputs["clusters"]["base"]["bandwidth_bps"]
     assert row["predicted_s"] >= link_s
     assert round(100 * row["error"], 1) == 13.1 and row["sample"] == "out"
+
+
+def test_an_in_sample_entry_matching_nothing_is_an_error(monkeypatch):
+    """A misspelt configuration would otherwise score rows the model was built on as out of
+    sample; a `./` prefix names the same run."""
+    from experiments.ps_sim_score import _entry, score
+
+    monkeypatch.chdir(ROOT)
+    assert _entry(f"./{RUN}:x4") == (RUN, "x4") and _entry(f"./{RUN}") == (RUN, None)
+    typo = f"{RUN}:resnet18 x4 typo"
+    with pytest.raises(SystemExit, match=r"matching no given run.*'docs/results/ps_sim_4workers_run1/bench.json:"
+                                         r"resnet18 x4 typo'") as e:
+        score([f"./{RUN}"], in_sample=[f"./{RUN}", typo])
+    assert f"'./{RUN}'" not in str(e.value)  # the ./ entry matched
+    with pytest.raises(SystemExit, match="'other.json'"):
+        score([RUN], in_sample=["other.json"])
+
+
+def test_compare_refuses_files_that_do_not_match():
+    from experiments.ps_sim_score import FORMAT, compare
+
+    row = {"run": RUN, "config": "c", "strategy": "ps", "sample": "in", "measured_s": 1.0, "predicted_s": 1.0,
+           "error": 0.0}
+    base = {"format": FORMAT, "code": "a", "in_sample": [RUN], "rows": [row]}
+    assert "| built on | 1 |" in compare(base, dict(base, in_sample=[f"./{RUN}"]))
+    cases = [(dict(base, format="other/1"), "NEW has format 'other/1'"),
+             (dict(base, in_sample=[]), "marked differently"),
+             (dict(base, rows=[dict(row, sample="out")]), "score different rows"),
+             (dict(base, rows=[row, dict(row, strategy="ps:order=tic")]), "score different rows")]
+    for new, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            compare(base, new)

@@ -12,10 +12,10 @@ the cluster spec), with the backend's behaviour made explicit:
   rank has handed it over and the previous one of its group is done, and lasts latency +
   (n-1) x bytes / bandwidth (the server's NIC receives, or sends, one copy per other worker).
   Different servers' sequences run side by side, and a worker's sends to different servers
-  too (with balanced shards they need no more than one server's receives). What a rank sends
-  shares a connection where the runtime's does (colocated, flat: a serving rank pushes on its
-  own shard's pull group, `PsEngine.link_group`; gloo, one connection per pair and group): its
-  pushes and its pulls leave one after another, in the order it handed them over (`Links`);
+  too (with balanced shards they need no more than one server's receives). A serving rank's
+  pushes and pulls leave by one NIC (colocated, flat: on one gloo connection too, its pushes
+  on its own shard's pull group, `PsEngine.link_group`): they leave one after another, in the
+  order it handed them over (`Links`, `sim_links.py`);
   under bsp a rank's pulls follow all pushes anyway, under ssp/asp a step's pushes wait for the
   pulls their senders handed over before them, and the next pulls for those pushes;
 - a worker hands over a bucket's push when all its gradients, and every earlier bucket, are
@@ -41,7 +41,8 @@ the cluster spec), with the backend's behaviour made explicit:
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
 a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
-servers are the leaders.
+servers are the leaders; a leader's pushes and pulls share its NIC as a flat serving rank's do
+(both stages of each queued, the one within the node too, at `node_bandwidth_bps`).
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
@@ -55,92 +56,20 @@ the order are in `meta`, next to the shard loads.
 """
 from __future__ import annotations
 
-import bisect
 import statistics
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
-from caramel.sim.event_loop import Busy
 from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
 from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
+from caramel.strategies.ps.sim_links import Links, Wire
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
 MIN_ITERATIONS = 8
 STEADY_STEPS_PER_BOUND = 20
-
-
-class Wire:
-    """Every push and pull scheduled so far, as disjoint intervals in time order, for CPU
-    contention: compute runs `slowdown` times slower while any of them is in flight (every
-    worker takes part in every shard's transfers)."""
-
-    def __init__(self, slowdown: float):
-        self.slowdown = slowdown
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def add(self, spans: list[tuple[float, float]]) -> None:
-        if self.slowdown > 1.0:
-            for a, b in spans:
-                _merge_into(self.starts, self.ends, a, b)
-
-    def busy(self, after_s: float, extra: list[tuple[float, float]] = ()) -> Busy:
-        """The event engine's `Busy` over the intervals (and `extra`) that end after `after_s`."""
-        if self.slowdown <= 1.0:
-            return Busy(1.0)
-        i = bisect.bisect_right(self.ends, after_s)
-        starts, ends = self.starts[i:], self.ends[i:]
-        for a, b in extra:
-            _merge_into(starts, ends, a, b)
-        return Busy.over(self.slowdown, starts, ends)
-
-    def forget_before(self, t_s: float) -> None:
-        """Drop the intervals that ended before `t_s`, when no worker computes before it any more."""
-        i = bisect.bisect_right(self.ends, t_s)
-        del self.starts[:i], self.ends[:i]
-
-
-class Links:
-    """What each rank sends on its one connection to each peer (colocated, flat servers: a
-    serving rank's pushes travel on its own shard's pull group, `PsEngine.link_group`, so on
-    each of its links its pushes and its pulls leave one after another, never side by side).
-    In the order handed over: a push waits for the pulls its sender handed over before it, a
-    pull for its server's pushes handed over before it. The runtime's sender thread hands pull
-    buckets over one at a time, so a push ready amid a backlog of pulls may slip between two
-    of them; the model sends it after them (the link carries the same bytes per step either
-    way). Ranks that serve nothing (`servers` < ranks) push on the server's own group."""
-
-    def __init__(self, ranks: int, serving: int):
-        self.serving = serving
-        self.pushes_end = [0.0] * ranks  # per rank: when the pushes it has handed over have left
-
-    def push_start(self, start_s: float, owner: int, pulls_end: list[float]) -> float:
-        """The earliest a push to shard `owner` (every other rank sends) can start: after the
-        pulls each serving sender handed over before it (`pulls_end`, per shard)."""
-        return max([start_s] + [pulls_end[w] for w in range(self.serving) if w != owner])
-
-    def pushed(self, owner: int, end_s: float) -> None:
-        for w in range(self.serving):
-            if w != owner:
-                self.pushes_end[w] = max(self.pushes_end[w], end_s)
-
-    def pull_start(self, start_s: float, server: int) -> float:
-        """The earliest shard `server`'s next pull can start: after its server's pushes."""
-        return max(start_s, self.pushes_end[server])
-
-
-def _merge_into(starts: list[float], ends: list[float], a: float, b: float) -> None:
-    """Add [a, b] to the disjoint, ordered intervals `starts`/`ends`, merging what it touches."""
-    if b <= a:
-        return
-    i = bisect.bisect_left(ends, a)  # the first interval that does not end before a
-    j = bisect.bisect_right(starts, b)  # the intervals from i to j touch [a, b]
-    if i < j:
-        a, b = min(a, starts[i]), max(b, ends[j - 1])
-    starts[i:j], ends[i:j] = [a], [b]
 
 
 def _workers_per_node(cluster: ClusterSpec) -> int:
@@ -254,7 +183,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
     early = None  # bsp: when rank 0's buffers sent at step() reach each rank
-    links = Links(n, shards) if not dedicated and local == 1 else None
+    # a serving rank's (a leader's: indexed by node) pushes and pulls leave by one NIC
+    links = None if dedicated else Links(n, shards) if local == 1 else Links(shards, shards)
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
@@ -333,7 +263,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                         "backward_end": [rel(x) for x in bwd_end],
                         "handed": [[rel(issue[w][b]) for b in range(len(buckets))] for w in range(n)],
                         "pushes": [(b, bucket_owner[b], rel(a), rel(z)) for b, (a, z) in enumerate(spans)],
-                        "pulls_before": [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]}
+                        "pulls_before": [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls],
+                        "pulls_after": []}
         # then the used-count all-reduce (every rank, the servers too), a small ring: 2(r-1) messages
         reduced[k] = max(push_end) + 2 * (n + dedicated - 1) * alpha
         if dedicated:  # each server applies its shard when its own reductions are in
@@ -377,6 +308,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 for i in plan.pull_buckets[b]:
                     arrive[u][i] = pull_end[o]
             pulled_upto = u
+            if k == iters - 2:  # the pulls this step's step() handed over, after its pushes
+                timeline["pulls_after"] += [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]
     warm = iters // 2
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
