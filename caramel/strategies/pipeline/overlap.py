@@ -234,7 +234,9 @@ def _steady(step_end_s: list[list[float]], busy_s: list[list[float]], steps: int
     step; `spans`: every step's compute intervals per lane; `waited_s`: each step's waits inside
     the timed calls per lane (`PipelineSim.timed_busy_s` adds them to the compute)."""
     span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
-    per_step = lambda xs: sum(xs[1:]) / (steps - 1) if steps > 1 else xs[0]  # noqa: E731
+    def per_step(xs: list[float]) -> float:  # the first step, whose forward waits for nothing, left out
+        return sum(xs[1:]) / (steps - 1) if steps > 1 else xs[0]
+
     busy_step = [per_step(b) for b in busy_s]
     timed = [b + per_step(w) for b, w in zip(busy_step, waited_s)]
     return PipelineSim(span, busy_step, [span] * len(step_end_s), spans, timed_busy_s=timed)
