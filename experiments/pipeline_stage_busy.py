@@ -221,6 +221,15 @@ def replay_run(run: str) -> dict[str, Any]:
     return {"run": run, "code": bench.get("meta", {}).get("code_version"), "rows": rows}
 
 
+def _pipeline_rows(run: str) -> list[str]:
+    """The strategy names of a run's pipeline rows, as its bench.json names them."""
+    path = os.path.join(run, "bench.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{run}: no bench.json; expected a run directory of "
+                         "`caramel bench --trace DIR --json DIR/bench.json`")
+    return [r["strategy"] for r in json.load(open(path))["records"] if r["strategy"].startswith("pipeline")]
+
+
 def _ms(xs) -> str:
     return "[" + ", ".join(f"{1e3 * x:.1f}" for x in xs) + "]" if xs else "-"
 
@@ -273,6 +282,13 @@ def main(argv: list[str]) -> int:
         if p.count("::") != 1:
             raise SystemExit(f"--pair {p!r}: expected two strategy names joined by '::'")
         pairs.append(tuple(p.split("::")))
+    for run_dir in args.runs:  # every pair names two pipeline rows of every run, checked before any replay
+        names = _pipeline_rows(run_dir)
+        for a, b in pairs:
+            missing = [n for n in (a, b) if n not in names]
+            if missing:
+                raise SystemExit(f"--pair {a}::{b}: {run_dir} has no pipeline row {missing[0]!r}; its rows: "
+                                 f"{', '.join(names)}")
     runs = [replay_run(r) for r in args.runs]
     for run in runs:
         run["pairs"] = [x for x in (pair_ratio(run, a, b) for a, b in pairs) if x]

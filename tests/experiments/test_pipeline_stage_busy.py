@@ -37,3 +37,6 @@ def test_a_pair_must_name_two_rows():
 
     with pytest.raises(SystemExit, match="two strategy names joined by '::'"):
         script.main([str(RUN_S), "--pair", LAYER3])
+    # a name the run has no row for (here without stages=2 dropped as bench.json drops it) is refused, not skipped
+    with pytest.raises(SystemExit, match="has no pipeline row 'pipeline:microbatches=2,partition=layer3,replicas=2,stages=2'"):
+        script.main([str(RUN_S), "--pair", f"{LAYER3},stages=2::{LAYER4}"])
