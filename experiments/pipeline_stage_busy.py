@@ -218,7 +218,7 @@ def replay_run(run: str) -> dict[str, Any]:
     bench = json.load(open(os.path.join(run, "bench.json")))
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))
             for rec in bench["records"] if rec["strategy"].startswith("pipeline") and rec.get("pipeline")]
-    return {"run": run, "code": bench.get("meta", {}).get("code_version"), "rows": rows}
+    return {"run": run, "code": bench.get("meta", {}).get("code"), "rows": rows}  # the code the run ran
 
 
 def _pipeline_rows(run: str) -> list[str]:
