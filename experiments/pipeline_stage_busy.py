@@ -144,12 +144,12 @@ def pair_ratio(run: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     95% interval `caramel.stats.paired_ratio_interval` gives (one value per round)."""
     from caramel.stats import paired_ratio_interval
 
-    rows = {r["strategy"]: r for r in run["rows"]}
+    rows = run["measured"]
     if a not in rows or b not in rows:
         return None
     ra, rb = rows[a]["round_medians_s"], rows[b]["round_medians_s"]
     ci = paired_ratio_interval(ra, rb, 1)
-    return {"a": a, "b": b, "a_median_s": rows[a]["measured_s"], "b_median_s": rows[b]["measured_s"],
+    return {"a": a, "b": b, "a_median_s": rows[a]["median_s"], "b_median_s": rows[b]["median_s"],
             "b_over_a_rounds": statistics.median(ra) and statistics.median(rb) / statistics.median(ra),
             "ci95": None if ci is None else [1 / ci[1], 1 / ci[0]], "rounds": min(len(ra), len(rb))}
 
@@ -204,7 +204,9 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
     return out
 
 
-def replay_run(run: str) -> dict[str, Any]:
+def replay_run(run: str, only: list[str] | None = None) -> dict[str, Any]:
+    """`run`'s pipeline rows replayed (`only`: those of these names) and every pipeline row's
+    measured median and round medians (what `pair_ratio` reads)."""
     from pipeline_contention import inputs_cluster
 
     from caramel.profile.turns import sharing_of
@@ -216,9 +218,13 @@ def replay_run(run: str) -> dict[str, Any]:
     prof, plain = inputs_cluster(inputs)
     cluster = dataclasses.replace(plain, **sharing_of(prof))
     bench = json.load(open(os.path.join(run, "bench.json")))
+    pipes = [rec for rec in bench["records"] if rec["strategy"].startswith("pipeline") and rec.get("pipeline")]
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))
-            for rec in bench["records"] if rec["strategy"].startswith("pipeline") and rec.get("pipeline")]
-    return {"run": run, "code": bench.get("meta", {}).get("code"), "rows": rows}  # the code the run ran
+            for rec in pipes if only is None or rec["strategy"] in only]
+    measured = {rec["strategy"]: {"median_s": rec["step_time_median_s"], "round_medians_s": rec.get("round_medians_s")}
+                for rec in pipes}
+    return {"run": run, "code": bench.get("meta", {}).get("code"), "rows": rows,  # the code the run ran
+            "measured": measured}
 
 
 def _pipeline_rows(run: str) -> list[str]:
