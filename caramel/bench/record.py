@@ -125,8 +125,11 @@ class Record:
     pipeline: dict[str, Any] | None = None
     """pipeline: the cut it ran (`boundaries`), its microbatches, the measured bubble (mean and per
     stage or, with unequal replicas, per rank), each rank's measured compute per step
-    (`busy_s_per_stage`, median) and the partitioner's (`predicted_busy_s_per_stage`), from
-    `PipelineRunner.stats()` (rank 0)"""
+    (`busy_s_per_stage`, median) and the partitioner's stage times (`predicted_busy_s_per_stage`:
+    at the speeds it planned at, for replicas="auto" the replicas' all-reduce included), from
+    `PipelineRunner.stats()` (rank 0); `predicted_plan`, the prediction's layout and its
+    simulated compute per position (`busy_s_per_lane`; `timed_busy_s_per_lane`, as the
+    runtime's stage timer counts it: `PipelineSim.timed_s`)"""
 
     @property
     def kind(self) -> str:

@@ -206,9 +206,10 @@ class PipelineRunner(Runner):
             print(f"[bench] {self.name}: measured bubble {out['bubble_fraction']:.3f} per stage "
                   f"{[round(f, 3) for f in out['bubble_fraction_per_stage']]} (textbook "
                   f"{out.get('bubble_fraction_ideal', float('nan')):.3f})", file=sys.stderr, flush=True)
-            # the partitioner's compute per step of each stage against each rank's measured one
+            # the partitioner's stage times (at the speeds it planned at; replicas=auto: all-reduce
+            # included), not the simulator's busy time, which the report sets beside the measured
             predicted = [round(1e3 * t, 1) for t in out["predicted_busy_s_per_stage"] or []] or None
-            print(f"[bench] {self.name}: cut {self.pipe.boundaries}, predicted busy ms per stage {predicted}, "
+            print(f"[bench] {self.name}: cut {self.pipe.boundaries}, the partitioner's ms per stage {predicted}, "
                   f"measured busy ms per rank {[round(1e3 * b, 1) for b in out.get('busy_s_per_stage', [])]}",
                   file=sys.stderr, flush=True)
         return out

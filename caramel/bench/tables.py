@@ -282,6 +282,19 @@ def format_uneven(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
+def _busy_line(r: Record) -> str | None:
+    """A pipeline row's compute per step by position as its prediction simulated it, counted as
+    the runtime's stage timer counts it (the waits inside its timed calls included), beside the
+    timer's measurement (rank 0's pipeline); None where either is missing."""
+    plan = (r.pipeline or {}).get("predicted_plan") or {}
+    timed, measured = plan.get("timed_busy_s_per_lane"), (r.pipeline or {}).get("busy_s_per_stage")
+    if not timed or not measured:
+        return None
+    compute = plan.get("busy_s_per_lane") or timed
+    return (f"{r.strategy}: busy ms per stage simulated {[round(1e3 * t, 1) for t in timed]} (computing "
+            f"{[round(1e3 * t, 1) for t in compute]}), measured {[round(1e3 * t, 1) for t in measured]}")
+
+
 def format_predictions(records: list[Record]) -> str:
     """Per configuration each strategy's predicted step beside its measured median, the
     recommendation check, and the accuracy per strategy kind ('' without predictions)."""
@@ -303,6 +316,7 @@ def format_predictions(records: list[Record]) -> str:
         f = rows[0].compute_slowdown if rows else None
         slowed = f" (compute {f:.2f}x slower beside transfers)" if f is not None and f > 1 else ""
         lines.append(f"- {label}{slowed}: " + "; ".join(parts))
+        lines += [f"  - {line}" for line in (_busy_line(r) for r in rows) if line]
     marked = sum(bool(r.prediction_ignores) and r.prediction_error is not None for r in records)
     left = f"; {marked} row(s) whose simulator ignores the configuration's heterogeneity left out" if marked else ""
     checks = recommendation_checks(records, config_label)

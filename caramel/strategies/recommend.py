@@ -89,7 +89,8 @@ def candidates(world_size: int, approximate: bool = False) -> list[str]:
     return out
 
 
-PLAN_KEYS = ("boundaries", "microbatches", "replicas", "stages", "predicted_slowest_stage_s")
+PLAN_KEYS = ("boundaries", "microbatches", "replicas", "stages", "predicted_slowest_stage_s", "busy_s_per_lane",
+             "timed_busy_s_per_lane")
 """a simulation's choices (`SimResult.meta`) a prediction keeps"""
 
 

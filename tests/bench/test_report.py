@@ -371,6 +371,26 @@ def test_a_pipelines_cut_bubble_and_busy_times_are_carried_into_its_record():
     assert recs["ddp"].pipeline is None
 
 
+def test_the_simulators_busy_time_is_reported_beside_the_timers():
+    """The simulator's compute per position, in the runtime's timer's terms, beside the measured
+    one: the prediction's plan carries it, not the partitioner's stage times."""
+    from caramel.bench.tables import format_predictions
+
+    name = "pipeline:replicas=2"
+    times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], name: [[0.150]]}
+    raw = _raw(times, strategies=("ddp", name), workers=4)
+    raw["stats"][name] = {"boundaries": ["layer4"], "microbatches": 2, "predicted_busy_s_per_stage": [0.1648, 0.0966],
+                          "busy_s_per_stage": [0.1277, 0.0563]}
+    raw["predicted"] = {"ddp": {"step_time_s": 0.2, "exact": True},
+                        name: {"step_time_s": 0.16, "exact": True,
+                               "plan": {"boundaries": ["layer4"], "busy_s_per_lane": [0.1445, 0.0395],
+                                        "timed_busy_s_per_lane": [0.1496, 0.0395]}}}
+    text = format_predictions(summarize(raw))
+    assert (f"  - {name}: busy ms per stage simulated [149.6, 39.5] (computing [144.5, 39.5]), "
+            "measured [127.7, 56.3]") in text
+    assert "164.8" not in text and "ddp: busy" not in text
+
+
 def test_dropout_changes_are_carried_into_the_record_and_a_file_without_them_reads(tmp_path):
     times = {"compute": [[0.100]], "comm": [[0.080]], "ddp": [[0.181]], "caramel": [[0.121]]}
     raw = _raw(times)

@@ -160,7 +160,7 @@ def _once(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int,
                                                                 and costs.update_s else 0.0)
         if not progressed:
             raise CaramelError("pipeline simulation: the schedule deadlocks (an action waits for one never run)")
-    return _steady(step_end_s, lane.busy_s, steps, lane.spans), [union_intervals(w) for w in wires]
+    return _steady(step_end_s, lane.busy_s, steps, lane.spans, lane.waited_s), [union_intervals(w) for w in wires]
 
 
 def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, steps: int, posting: str,
@@ -184,7 +184,8 @@ def _once_posted(costs: StageCosts, actions: list[list[Action]], mode: str, step
 
     programs = lane_programs(posting, unrolled, n, lambda j: j // m)
     _, wires = run_programs(programs, n, costs.transfer_s, costs.latency_s, compute, on_end)
-    return _steady(step_end_s, lane.busy_s, steps, lane.spans), [union_intervals(w + u) for w, u in zip(wires, buckets_on)]
+    return (_steady(step_end_s, lane.busy_s, steps, lane.spans, lane.waited_s),
+            [union_intervals(w + u) for w, u in zip(wires, buckets_on)])
 
 
 class _LaneCompute:
@@ -201,6 +202,9 @@ class _LaneCompute:
         self.link_free_s = [0.0] * lanes
         self.reduced_s: list[list[float]] = [[] for _ in range(lanes)]  # the previous step's bucket ends
         self.busy_s = [[0.0] * steps for _ in range(lanes)]
+        # the waits inside the runtime's timed calls: forward's pre-hooks on the previous step's
+        # buckets (forward mode), the last backward's return once its buckets are reduced (backward)
+        self.waited_s = [[0.0] * steps for _ in range(lanes)]
         self.spans: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]  # compute, its end part when gated
 
     def compute(self, p: int, a: Action, start: float, bucket_wire: list[tuple[float, float]]) -> float:
@@ -214,21 +218,28 @@ class _LaneCompute:
             end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
             computed = end - start
         self.busy_s[p][k] += computed
+        self.waited_s[p][k] += end - start - computed
         self.spans[p].append((end - computed, end))
         if kind == "B" and i == self.m - 1:  # the step's last backward: its buckets go on the wire
             self.reduced_s[p] = ends = _issue(b, start, busy, self.link_free_s, p, bucket_wire)
-            if self.mode == "backward" and ends:
-                end = max(end, ends[-1])  # DDP's backward returns once every bucket is reduced
+            if self.mode == "backward" and ends and ends[-1] > end:
+                self.waited_s[p][k] += ends[-1] - end
+                end = ends[-1]  # DDP's backward returns once every bucket is reduced
         return end
 
 
 def _steady(step_end_s: list[list[float]], busy_s: list[list[float]], steps: int,
-            spans: list[list[tuple[float, float]]]) -> PipelineSim:
+            spans: list[list[tuple[float, float]]], waited_s: list[list[float]]) -> PipelineSim:
     """The steady step (each lane's step ends' mean spacing, the slowest lane's) and compute per
-    step; `spans`: every step's compute intervals per lane."""
+    step; `spans`: every step's compute intervals per lane; `waited_s`: each step's waits inside
+    the timed calls per lane (`PipelineSim.timed_busy_s` adds them to the compute)."""
     span = max((e[-1] - e[0]) / (steps - 1) for e in step_end_s) if steps > 1 else max(e[0] for e in step_end_s)
-    busy_step = [sum(b[1:]) / (steps - 1) if steps > 1 else b[0] for b in busy_s]
-    return PipelineSim(span, busy_step, [span] * len(step_end_s), spans)
+    def per_step(xs: list[float]) -> float:  # the first step, whose forward waits for nothing, left out
+        return sum(xs[1:]) / (steps - 1) if steps > 1 else xs[0]
+
+    busy_step = [per_step(b) for b in busy_s]
+    timed = [b + per_step(w) for b, w in zip(busy_step, waited_s)]
+    return PipelineSim(span, busy_step, [span] * len(step_end_s), spans, timed_busy_s=timed)
 
 
 def _issue(b: ReduceBuckets, start: float, busy: Busy, link_free_s: list[float], p: int,

@@ -93,9 +93,10 @@ def co_transferring(compute: list[list[tuple[float, float]]], wires: list[list[t
 
 def lane_meta(sim: PipelineSim, replicas: int | str) -> dict[str, Any]:
     """What the host's load is read from in a replay (`host_ranks_at_once`): each lane's busy
-    time, the lanes computing and transferring at once, the replicas a lane stands for (`in_step`)."""
-    return {"busy_s_per_lane": sim.busy_s, "co_computing": co_computing(sim.compute_s),
-            "co_transferring": co_transferring(sim.compute_s, sim.wire_s), "replicas": replicas}
+    time (and as the runtime's timer counts it, `PipelineSim.timed_s`), the lanes computing and
+    transferring at once, the replicas a lane stands for (`in_step`)."""
+    return {"busy_s_per_lane": sim.busy_s, "timed_busy_s_per_lane": sim.timed_s,
+            "co_computing": co_computing(sim.compute_s), "co_transferring": co_transferring(sim.compute_s, sim.wire_s), "replicas": replicas}
 
 
 def candidate_result(sim: PipelineSim, replicas: int | str, **meta: Any) -> SimResult:

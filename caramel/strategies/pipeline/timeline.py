@@ -47,6 +47,14 @@ class PipelineSim:
     finish_s: list[float]  # when each position's part of the step ends (see `bubble_fraction`)
     compute_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's compute intervals
     wire_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's transfers on the wire
+    # per position, what the runtime's `StageTimer` counts (`timing.py`): `busy_s` plus the waits inside
+    # its timed calls (the replicas' buckets: `overlap.py`); empty where no wait falls inside them
+    timed_busy_s: list[float] = field(default_factory=list)
+
+    @property
+    def timed_s(self) -> list[float]:
+        """Per position, the busy time the runtime's timer would measure (`timed_busy_s`, else `busy_s`)."""
+        return self.timed_busy_s or self.busy_s
 
     @property
     def bubble_fraction(self) -> float:

@@ -95,6 +95,21 @@ def test_neighbours_keep_the_runtimes_rules():
     assert equal == [Layout((1,), (2, 2), 4), Layout((3,), (2, 2), 4)]
 
 
+def test_neighbours_leave_out_more_than_16_virtual_pipelines():
+    """A move whose unequal counts' least common multiple exceeds `MAX_VIRTUAL_PIPELINES` (16)
+    is one the runtime refuses (`unequal.py`'s round-robin), whatever the microbatches; equal
+    counts run as a hybrid of r pipelines, with no such limit."""
+    # 9 workers on 2 stages, 840 microbatches (a multiple of every split's lcm): only the lcm rule refuses
+    got = neighbours(Layout((3,), (1, 8), 840), 6, "gpipe", equal_counts=False)
+    splits = {lay.counts for lay in got}
+    assert (4, 5) not in splits and (5, 4) not in splits  # lcm 20
+    assert splits == {(1, 8), (2, 7), (3, 6), (6, 3), (7, 2), (8, 1)}  # lcm 8, 14, 6: kept
+    assert len(got) == 5 * 6 - 1  # every cut position x the 6 splits, less the layout itself
+    # equal counts of 17: lcm 17, run as 17 pipelines, not refused
+    equal = neighbours(Layout((2,), (17, 17), 34), 4, "gpipe", equal_counts=True)
+    assert equal == [Layout((1,), (17, 17), 34), Layout((3,), (17, 17), 34)]
+
+
 def test_the_search_stops_at_its_budget():
     """`descend` spends at most `budget` stages x microbatches on the layouts it scores beyond
     those it is given, the fastest start first, and returns what it spent."""

@@ -104,3 +104,19 @@ def test_the_registry_entry_prices_an_equal_hybrids_reduction_as_the_runtime_run
     with pytest.raises(CaramelError, match="equal replicas of gpipe or 1f1b only"):
         simulate_pipeline(prof, ClusterSpec.uniform(3, 1e7), dataclasses.replace(opts, replicas="2+1", microbatches=4),
                           reduce="forward")
+
+
+def test_the_timers_view_counts_the_waits_inside_the_timed_calls():
+    # what the runtime's StageTimer measures: its forward_one_chunk holds Caramel's pre-hook waits
+    # on the previous step's buckets, its backward_one_chunk DDP's wait for the last backward's.
+    # Forward mode, reductions 0.5 and 2 (the first test): lane 0's next F0 starts at 6 and waits
+    # for its bucket till 6.5; lane 1's input arrives at 7.5, after its reduction ended (7): no wait
+    acts = schedule_actions("gpipe", 2, 2, 2)
+    sim = replay_overlapped(_costs(0.5, 2.0), acts, "forward")
+    assert sim.busy_s == pytest.approx([4.0, 4.0]) and sim.timed_s == pytest.approx([4.5, 4.0])
+    # stage 1's reduction of 5 (5-10): its next F0's input arrives at 7.5 and waits 2.5 inside the forward
+    assert replay_overlapped(_costs(0.5, 5.0), acts, "forward").timed_s == pytest.approx([4.5, 6.5])
+    # DDP: lane 1's last backward (4-5) returns at 7, lane 0's (7-8) at 8.5
+    assert replay_overlapped(_costs(0.5, 2.0), acts, "backward").timed_s == pytest.approx([4.5, 6.0])
+    # reduced after the drain, outside the timed calls: the timer's view is the compute
+    assert replay(_costs(0.5, 2.0), acts).timed_s == pytest.approx([4.0, 4.0])
