@@ -20,7 +20,7 @@ summary's step-split medians read only the runs that kept backward overlap.
 
     python -m experiments.balance_seed_steps run --seeds 0 1 4 --reps 5 --out DIR
     python -m experiments.balance_seed_steps analyze DIR --json docs/results/OUT.json
-    python -m experiments.balance_seed_steps subnormals --seeds 0 1 4    # untimed
+    python -m experiments.balance_seed_steps subnormals --seeds 0 1 4 --json docs/results/OUT.json  # untimed
 
 Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
 """
@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file too: `experiments.` imports
 
-from caramel.jsonio import atomic_write_text  # noqa: E402
+from caramel.jsonio import atomic_write_text, write_json  # noqa: E402
 
 COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
            "--steps", "120", "--cluster", "off", "--slow-worker", "1:2", "--log-every-steps", "40", "--resume", "none"]
@@ -278,14 +278,23 @@ def main() -> None:
     r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
     n = sub.add_parser("subnormals")
     n.add_argument("--seeds", type=int, nargs="+", required=True)
+    n.add_argument("--json", type=Path, help="also store the counts per seed here")
     a = sub.add_parser("analyze")
     a.add_argument("out", type=Path)
     a.add_argument("--json", type=Path)
     a.add_argument("--host", default="", help="what ran them (the bench lock, host load), stored in the JSON")
     args = ap.parse_args()
     if args.cmd == "subnormals":
+        counts = {}
         for seed in args.seeds:
-            print(f"seed {seed}: subnormal entries over the steps {subnormals(seed)}", flush=True)
+            counts[str(seed)] = subnormals(seed)
+            print(f"seed {seed}: subnormal entries over the steps {counts[str(seed)]}", flush=True)
+        if args.json:
+            from caramel.bench.provenance import code_version
+            write_json(args.json, {"format": "caramel.balance-seed-subnormals/1", "what": subnormals.__doc__.split("\n")[0],
+                                   "command": "python -m experiments.balance_seed_steps subnormals --seeds "
+                                   + " ".join(map(str, args.seeds)), "code": code_version(), "threads": 1,
+                                   "subnormal_entries_by_seed": counts})
         return
     if args.cmd == "run":
         if args.reps < 1:
