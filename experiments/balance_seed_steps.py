@@ -141,7 +141,9 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     return {
         "run": run_dir.name, "start": meta.get("start"), "code": meta.get("code"), "samples_per_s": s["samples_per_s"],
         "median_step_s": s["median_step_time_s"], "val_loss": s.get("val_loss"),
-        "delay_per_sample_s": slow["delay_per_sample_s"], "calibrated_per_rank_s": slow.get("per_rank_s"),
+        "delay_per_sample_s": slow["delay_per_sample_s"],
+        # older runs' summaries name every rank's calibration `per_rank_s`
+        "calibrated_per_rank_s": slow.get("compute_per_sample_per_rank_s", slow.get("per_rank_s")),
         "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
         "split_from_step": after, "split_steps": len(final[0]),
         "per_rank_at_final_shares": per_rank,

@@ -24,7 +24,7 @@ def _run_dir(path, samples_per_s, delay=0.001, iterations=8, trial_end=None, ove
                        _event(it, "optimizer", "compute", t + 0.06, 0.005)]
         (path / f"trace.rank{rank}.json").write_text(json.dumps({"events": events}))
     trial = None if trial_end is None else {"chosen": "caramel/" + overlap, "end_step": trial_end}
-    summary = {"slow_worker": {"rank": 1, "delay_per_sample_s": delay, "per_rank_s": [0.002, 0.002]},
+    summary = {"slow_worker": {"rank": 1, "delay_per_sample_s": delay, "compute_per_sample_per_rank_s": [0.002, 0.002]},
                "share_changes": [[0, [3, 1]], [1, [2, 2]]], "samples_per_s": samples_per_s,
                "median_step_time_s": 0.1, "val_loss": 0.5, "overlap": overlap, "overlap_trial": trial}
     (path / "summary.json").write_text(json.dumps(summary))
@@ -90,6 +90,7 @@ def test_the_split_starts_past_the_trial_unless_fewer_than_10_steps_are_left(tmp
     _run_dir(tmp_path / "s0-r0-balanced", 100.0, iterations=30, trial_end=12)
     past = analyze_run(tmp_path / "s0-r0-balanced")
     assert past["split_from_step"] == 13 and past["split_steps"] == 30 - 13
+    assert past["calibrated_per_rank_s"] == [0.002, 0.002]  # every rank's, as the summary names it
     _run_dir(tmp_path / "s0-r1-balanced", 100.0, iterations=30, trial_end=25)  # 4 steps past it: too few
     late = analyze_run(tmp_path / "s0-r1-balanced")
     assert 30 - 26 < MIN_SPLIT_STEPS and late["split_from_step"] == 1  # the final shares' first batch
