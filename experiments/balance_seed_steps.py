@@ -5,7 +5,7 @@
 command several times per seed (balanced and equal shares back to back, their order alternating
 between repetitions), keeps every run's per-rank traces, and splits each step of each rank into
 its local batch size, compute (forward + backward + deferred + optimizer, less the slow rank's
-emulated sleep), the sleep, the waits on communication and the rest of the period (data, loss,
+nominal emulated sleep, delay x local batch: an oversleep on a loaded host stays in compute), the sleep, the waits on communication and the rest of the period (data, loss,
 Python). Per run it reports the throughput, the delay the slow worker was calibrated to (and
 every rank's calibration), both ranks' compute per sample in the run with (c_1 + delay) / c_0
 (the slowdown the run had, where both ranks ran the same local batch: per-step costs are in
@@ -15,11 +15,12 @@ The split reads the engine's trace, so two kinds of step read differently: under
 overlap the forward's span holds the previous step's waits and updates (compute overstated,
 the rest negative), and while torch DDP runs the job (the trial's DDP block) the backward is
 not in the trace (compute understated). The per-run medians are taken at the final shares,
-and past the trial's last step where at least 10 steps are left (one schedule then).
+and past the trial's last step where at least 10 steps are left (one schedule then); the
+summary's step-split medians read only the runs that kept backward overlap.
 
-    python experiments/balance_seed_steps.py run --seeds 0 1 4 --reps 5 --out DIR
-    python experiments/balance_seed_steps.py analyze DIR --json docs/results/OUT.json
-    python experiments/balance_seed_steps.py subnormals --seeds 0 1 4    # untimed
+    python -m experiments.balance_seed_steps run --seeds 0 1 4 --reps 5 --out DIR
+    python -m experiments.balance_seed_steps analyze DIR --json docs/results/OUT.json
+    python -m experiments.balance_seed_steps subnormals --seeds 0 1 4 --json docs/results/OUT.json  # untimed
 
 Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
 """
@@ -38,7 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from caramel.jsonio import atomic_write_text
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file too: `experiments.` imports
+
+from caramel.jsonio import atomic_write_text, write_json  # noqa: E402
 
 COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
            "--steps", "120", "--cluster", "off", "--slow-worker", "1:2", "--log-every-steps", "40", "--resume", "none"]
@@ -46,11 +49,17 @@ STRATEGIES = {"balanced": "caramel:balance=batch", "equal": "caramel:balance=bat
 SKIP_STEPS = 5  # the loop's summary skips the first 5 steps as warm-up; so do these medians
 COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
 MIN_SPLIT_STEPS = 10  # steps after the trial needed to split there; fewer: every step at the final shares
+RUN_NAME = re.compile(r"s(\d+)-r(\d+)-(" + "|".join(STRATEGIES) + r")")  # run_all's directory names
 
 
 def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
     """Each seed's balanced and equal-shares runs back to back, the pair's order alternating."""
     from caramel.bench.provenance import code_version
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds {' '.join(map(str, seeds))}: expected distinct seeds (a repeat overwrites its runs)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # an old run's summary.json would pass for a new run that failed before writing its own
+        raise SystemExit(f"--out {out}: expected a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     code = code_version()
     for rep in range(reps):
@@ -58,7 +67,7 @@ def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
             order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
             for tag in order:
                 d = out / f"s{seed}-r{rep}-{tag}"
-                d.mkdir(exist_ok=True)  # run.json goes here even when the run fails before writing
+                d.mkdir()  # run.json goes here even when the run fails before writing
                 t0 = time.time()
                 cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -132,7 +141,9 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     return {
         "run": run_dir.name, "start": meta.get("start"), "code": meta.get("code"), "samples_per_s": s["samples_per_s"],
         "median_step_s": s["median_step_time_s"], "val_loss": s.get("val_loss"),
-        "delay_per_sample_s": slow["delay_per_sample_s"], "calibrated_per_rank_s": slow.get("per_rank_s"),
+        "delay_per_sample_s": slow["delay_per_sample_s"],
+        # older runs' summaries name every rank's calibration `per_rank_s`
+        "calibrated_per_rank_s": slow.get("compute_per_sample_per_rank_s", slow.get("per_rank_s")),
         "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
         "split_from_step": after, "split_steps": len(final[0]),
         "per_rank_at_final_shares": per_rank,
@@ -149,13 +160,17 @@ def round_ms(x: float | None) -> float | None:
 
 
 def analyze(out: Path) -> dict[str, Any]:
-    runs = [analyze_run(d) for d in sorted(out.iterdir()) if (d / "summary.json").exists()]
-    failed = sorted(d.name for d in out.iterdir() if (d / "run.json").exists() and not (d / "summary.json").exists())
+    dirs = sorted(d for d in out.iterdir() if (d / "summary.json").exists() or (d / "run.json").exists())
+    for d in dirs:
+        if not RUN_NAME.fullmatch(d.name):
+            raise ValueError(f"{d}: a run directory not named s<seed>-r<rep>-<{'|'.join(STRATEGIES)}>")
+    runs = [analyze_run(d) for d in dirs if (d / "summary.json").exists()]
+    failed = [d.name for d in dirs if not (d / "summary.json").exists()]
     runs.sort(key=lambda r: r["start"] or 0.0)
     pairs = collections.defaultdict(dict)
     for r in runs:
-        seed, rep, tag = r["run"].split("-")
-        pairs[(seed, rep)][tag] = r
+        seed, rep, tag = RUN_NAME.fullmatch(r["run"]).groups()
+        pairs[(f"s{seed}", f"r{rep}")][tag] = r
     ratios = {f"{k[0]}-{k[1]}": v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
               for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
     return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
@@ -165,8 +180,10 @@ def analyze(out: Path) -> dict[str, Any]:
 
 def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per seed and pooled: the balanced/equal ratios (geometric means, a t interval over the
-    pairs' log ratios), how many reach 1.3x, whether the seeds differ (one-way ANOVA on the log
-    ratios), and the medians of the step split per strategy."""
+    pairs' log ratios and one clustered by seed, over the seeds' mean log ratios), how many reach
+    1.3x, whether the seeds differ (one-way ANOVA on the log ratios), and the medians of the step
+    split per strategy over the runs that kept backward overlap (forward overlap's split reads
+    compute high and wait low; those runs are named, not counted)."""
     from scipy import stats as sstats
     by_seed: dict[str, list[float]] = collections.defaultdict(list)
     for key, v in ratios.items():
@@ -180,14 +197,22 @@ def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str,
         out["pooled"] = {"pairs": len(logs), "geomean": math.exp(mean),
                          "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)],
                          "at_least_1_3": sum(v >= 1.3 for v in ratios.values())}
+    seed_means = [statistics.fmean(map(math.log, v)) for v in by_seed.values()]
+    if len(seed_means) >= 2:
+        mean, sem = statistics.fmean(seed_means), statistics.stdev(seed_means) / len(seed_means) ** 0.5
+        t = float(sstats.t.ppf(0.975, len(seed_means) - 1))
+        out["seed_clustered"] = {"seeds": len(seed_means), "geomean": math.exp(mean),
+                                 "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)]}
     groups = [[math.log(x) for x in v] for v in by_seed.values() if len(v) >= 2]
     if len(groups) >= 2:
         out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)
     for tag in STRATEGIES:
         rs = [r for r in runs if r["run"].endswith(tag)]
+        kept = [r for r in rs if r["overlap"] == "backward"]
         out[tag] = {"samples_per_s": [r["samples_per_s"] for r in rs],
                     "delay_per_sample_us": [round(1e6 * r["delay_per_sample_s"], 1) for r in rs],
-                    **{f"rank{k}_{what}_ms": med([1e3 * r["per_rank_at_final_shares"][k][what] for r in rs
+                    "split_runs": len(kept), "split_left_out": [r["run"] for r in rs if r["overlap"] != "backward"],
+                    **{f"rank{k}_{what}_ms": med([1e3 * r["per_rank_at_final_shares"][k][what] for r in kept
                                                   if r["per_rank_at_final_shares"][k][what] is not None])
                        for k in ("0", "1") for what in ("compute_s", "wait_s", "period_s")}}
     return out
@@ -255,14 +280,23 @@ def main() -> None:
     r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
     n = sub.add_parser("subnormals")
     n.add_argument("--seeds", type=int, nargs="+", required=True)
+    n.add_argument("--json", type=Path, help="also store the counts per seed here")
     a = sub.add_parser("analyze")
     a.add_argument("out", type=Path)
     a.add_argument("--json", type=Path)
     a.add_argument("--host", default="", help="what ran them (the bench lock, host load), stored in the JSON")
     args = ap.parse_args()
     if args.cmd == "subnormals":
+        counts = {}
         for seed in args.seeds:
-            print(f"seed {seed}: subnormal entries over the steps {subnormals(seed)}", flush=True)
+            counts[str(seed)] = subnormals(seed)
+            print(f"seed {seed}: subnormal entries over the steps {counts[str(seed)]}", flush=True)
+        if args.json:
+            from caramel.bench.provenance import code_version
+            write_json(args.json, {"format": "caramel.balance-seed-subnormals/1", "what": subnormals.__doc__.split("\n")[0],
+                                   "command": "python -m experiments.balance_seed_steps subnormals --seeds "
+                                   + " ".join(map(str, args.seeds)), "code": code_version(), "threads": 1,
+                                   "subnormal_entries_by_seed": counts})
         return
     if args.cmd == "run":
         if args.reps < 1:
@@ -273,7 +307,7 @@ def main() -> None:
         raise SystemExit(f"{args.out}: not a directory of runs")
     result = analyze(args.out)
     if args.json:
-        result = {"format": "caramel.balance-seed-steps/1", "command": "caramel " + " ".join(COMMAND)
+        result = {"format": "caramel.balance-seed-steps/2", "command": "caramel " + " ".join(COMMAND)
                   + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")",
                   "host": args.host, **result}
         text = json.dumps(result, indent=1)

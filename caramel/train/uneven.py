@@ -45,7 +45,8 @@ def emulate_slow_worker(spec: str, rank: int, world: int, model: torch.nn.Module
     if rank == slow_rank:
         slow_down(model, delay)
     return {"rank": slow_rank, "factor": factor, "method": "calibrated delay",
-            "compute_per_sample_s": gathered[slow_rank], "delay_per_sample_s": delay, "per_rank_s": gathered}
+            "compute_per_sample_s": gathered[slow_rank], "delay_per_sample_s": delay,
+            "compute_per_sample_per_rank_s": gathered}
 
 
 class BatchSource:

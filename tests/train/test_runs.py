@@ -156,7 +156,7 @@ def test_balanced_batches_give_a_slowed_worker_fewer_samples(tmp_path):
     check_ok(result)
     slow = s["slow_worker"]
     assert slow["rank"] == 1 and slow["delay_per_sample_s"] > 0
-    assert len(slow["per_rank_s"]) == 2 and slow["per_rank_s"][1] == slow["compute_per_sample_s"]  # every rank's
+    assert len(slow["compute_per_sample_per_rank_s"]) == 2 and slow["compute_per_sample_per_rank_s"][1] == slow["compute_per_sample_s"]  # every rank's
     first, last = s["share_changes"][0][1], s["share_counts"]
     assert first == [32, 32] and sum(last) == 64 and last[0] > last[1], s["share_changes"]  # rank 1 is 3x slower
     assert s["val_predictions"] == 180 and s["final_loss"] < s["first_loss"]
