@@ -27,16 +27,20 @@ def test_the_factor_is_the_loaded_step_over_its_parts_alone():
 
 
 class _SlowRestart:
-    """A loader whose every pass after the first takes `restart_s` to start, and that records how
-    far each pass was read."""
+    """A loader whose every pass after the first takes `restart_s` to start, inside `iter()` itself
+    as a warm torch DataLoader's resume does, and that records how far each pass was read."""
 
     def __init__(self, batches: int, restart_s: float) -> None:
         self.batches, self.restart_s, self.read = batches, restart_s, []
 
     def __iter__(self):
+        # eager, not a generator: the restart is paid where iter() is called, timed or not
         if self.read:
             time.sleep(self.restart_s)
         self.read.append(0)
+        return self._batches()
+
+    def _batches(self):
         for i in range(self.batches):
             self.read[-1] = i + 1
             yield i
