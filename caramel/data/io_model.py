@@ -255,7 +255,9 @@ class DataLoadModel:
         restart) less the k batches from memory it waited for, which `epoch_edge_s` charges
         itself. Only the memory tier's work is taken away (decode and the batch's trip, no disk
         read), as that is what the calibration timed; a mode's disk reads stay in the edge's
-        first batches. 0 when unmeasured."""
+        first batches. The plain loader's calibration serves samples decoded in advance, so for
+        it the decode taken away was not timed (k batches' decode: 0.3 ms an epoch in the data
+        bench's runs). 0 when unmeasured."""
         from_memory_s = (self.batch_size * self.local_s_per_sample + self.batch_overhead_s) / self._local_cores()
         return max(self.epoch_start_s - self.loader_workers * from_memory_s, 0.0)
 
