@@ -97,7 +97,8 @@ def main(argv: list[str]) -> int:
     for (rate, batch, share, mode), rows in sorted(groups.items()):
         s = summary(rows)
         print(f"{rate / 1e6:g} Mbit/s, batch {batch}, cache share {share:g}, {mode}: {s['runs']} runs, "
-              f"errors {min(s['errors']):+.1%}..{max(s['errors']):+.1%}; calibrations' median / measured "
+              f"errors {min(s['errors']):+.1%}..{max(s['errors']):+.1%} (mean {fmean(s['errors']):+.1%}); "
+              f"calibrations' median / measured "
               f"{s['ratio_mean']:.3f} (sd {s['ratio_sd']:.3f}); a round's calibration against its epochs: r = "
               f"{s['round_correlation']:.2f}; wait mode {s['mode_wait_s'] * 1e3:.2f} ms, calibration "
               f"{s['calibration_wait_s'] * 1e3:.2f} ms")

@@ -20,9 +20,8 @@ import sys
 from dataclasses import replace
 
 from caramel.bench.data_bench import DataBenchConfig
-from caramel.bench.data_contention import alone_floor_s, round_epoch_starts, round_inputs
-from caramel.bench.data_overhead import round_overheads
-from caramel.bench.data_report import batch_trip_s, measured_contention, predict, stored_records
+from caramel.bench.data_contention import alone_floor_s, round_inputs
+from caramel.bench.data_report import batch_trip_s, measured_contention, predict, round_models, stored_records
 from caramel.data.store import Store
 from caramel.stats import median
 
@@ -52,14 +51,11 @@ def repredict(record: dict, index) -> list[dict]:
                         cpu_count=record.get("cpu_count"))  # the recording host's cores, not this one's
         rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
                               floor if floor else cfg.compute_s)
-        # range reads only (caramel.data-bench/5); /4 records charged every mode, so their non-plain rows move
-        overheads = round_overheads(row.get("calibrations", [])) if model.request_bytes is None \
-            else [0.0] * len(row.get("calibrations", []))
-        starts = round_epoch_starts(row.get("calibrations", []))  # 0 in records before the restart was timed
-        round_models = [(replace(model, contention=c, worker_request_s=o, epoch_start_s=e), a)
-                        for (c, a), o, e in zip(rounds, overheads, starts)]
-        now = median(m.step_time_s(a) for m, a in round_models) if round_models else model.step_time_s(start)
-        edge = median(_edge_s(m, a) for m, a in round_models) if round_models else _edge_s(model, start)
+        # the bench's own charge of each round (range reads only, as in caramel.data-bench/5: /4 records
+        # charged every mode, so their non-plain rows move; the restart 0 in records before it was timed)
+        models = round_models(model, row.get("calibrations", []), rounds)
+        now = median(m.step_time_s(a) for m, a in models) if models else model.step_time_s(start)
+        edge = median(_edge_s(m, a) for m, a in models) if models else _edge_s(model, start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,
                     "error": now / row["step_s_steady"] - 1, "recorded_error": row.get("prediction_error"),
                     "one_calibration_error": model.step_time_s(start) / row["step_s_steady"] - 1,

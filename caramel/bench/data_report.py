@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from caramel.bench.data_contention import alone_floor_s, contention_factor, round_epoch_starts, round_inputs
+from caramel.bench.data_contention import (alone_floor_s, contention_factor, epoch_start_excess_s, round_epoch_starts,
+                                           round_inputs)
 from caramel.bench.data_overhead import round_overheads
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
@@ -132,6 +133,19 @@ def batch_trip_s(cfg, mode: str, index: DatasetIndex, costs: dict[str, Any]) -> 
     return costs["batch_s_pipe"] if pipe else costs["batch_s_shared"]
 
 
+def round_models(model: DataLoadModel, calibrations: list[dict[str, Any]],
+                 rounds: list[tuple[float, float]]) -> list[tuple[DataLoadModel, float]]:
+    """Each round's model and its compute + all-reduce alone: `model` with the round's contention
+    (`rounds`, from `round_inputs`), its read time under load (range reads only: the probe times
+    one sample's read, not a whole shard's fetch; 0 where a round had no probe read) and its
+    measured restart of a warm loader (0 in records before it). The one place the bench and its
+    replay (experiments/data_model_repredict.py) charge a round's terms."""
+    overheads = round_overheads(calibrations) if model.request_bytes is None else [0.0] * len(calibrations)
+    starts = round_epoch_starts(calibrations)
+    return [(replace(model, contention=c, worker_request_s=o, epoch_start_s=e), a)
+            for (c, a), o, e in zip(rounds, overheads, starts)]
+
+
 def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:
     """The contention factor of the one calibration before the modes (torch's DataLoader over
     samples in memory): its step against compute + all-reduce alone plus the batch's trip alone by
@@ -175,14 +189,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
         rounds = round_inputs(r.calibrations, batch_trip_s(cfg, mode, index, costs), floor if floor else cfg.compute_s)
         if not any(c.get("loaded") for c in r.calibrations):
             rounds = [(single, a) for _, a in rounds]
-        # 0 where a round had no probe read: the model before the term; range reads only (the probe
-        # times one sample's read, not a whole shard's fetch)
-        overheads = round_overheads(r.calibrations) if model.request_bytes is None else [0.0] * len(r.calibrations)
-        # each round's measured restart of a warm loader (0 in records before it): the epoch's start
-        starts = round_epoch_starts(r.calibrations)
-        per_round = [replace(model, contention=c, worker_request_s=o, epoch_start_s=e).step_time_s(a)
-                     for (c, a), o, e in zip(rounds, overheads, starts)]
-        overhead_alone = [replace(model, contention=c, epoch_start_s=e).step_time_s(a) for (c, a), e in zip(rounds, starts)]
+        models = round_models(model, r.calibrations, rounds)
+        per_round = [m.step_time_s(a) for m, a in models]
+        # the model without the read under load: each round's other terms kept
+        overhead_alone = [replace(m, worker_request_s=model.worker_request_s).step_time_s(a) for m, a in models]
         probed = [c["request_s_under_load"] for c in r.calibrations if c.get("request_s_under_load") is not None]
         one_calibration = model  # one calibration per run, before the modes: the model before the rounds' own
         alone = replace(model, contention=1.0, remote_steps_share=1.0)  # the model before both terms, for comparison
@@ -199,7 +209,10 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "memory_share_steady": memory_share, "samples_per_disk_read": per_read,
                "sample_hit_rate_steady": sample_hit, "fetch_amplification": amplification,
                "predicted_step_s": median(per_round) if per_round else model.step_time_s(compute_comm_start),
-               "predicted_step_s_rounds": per_round, "predicted_data_s": model.data_time_s(),
+               "predicted_step_s_rounds": per_round,
+               # each round's warm-loader restart the model takes (`epoch_start_excess_s`, 0: not timed),
+               # the value `caramel simulate --data-epoch-start` takes
+               "epoch_start_s_rounds": [m.epoch_start_s for m, _ in models], "predicted_data_s": model.data_time_s(),
                "request_s_under_load": median(probed) if probed else None,
                "request_s_under_load_charged": model.request_bytes is None and bool(probed),
                "rounds_without_probe_reads": sum(1 for c in r.calibrations if c.get("request_s_under_load_reads") == 0),
@@ -258,15 +271,25 @@ def _contention_cell(row: dict[str, Any], report: dict[str, Any]) -> str:
     return "-" if factor is None else f"x{factor:.2f}"
 
 
+def _restart_cell(row: dict[str, Any]) -> str:
+    """The rounds' median warm-loader restart the model takes, in ms (from the calibrations in
+    records before `epoch_start_s_rounds`); "-" where no calibration timed one."""
+    timed = [e for e in (epoch_start_excess_s(c.get("loaded")) for c in row.get("calibrations", [])) if e is not None]
+    return f"{median(timed) * 1e3:.1f}" if timed else "-"
+
+
 def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
     """The side-by-side table (terminal or markdown) of a /5 record or an older one; "model error"
     is the model with each mode's calibrations (in a /2 record: the one calibration before the
-    modes), "request ms" the rounds' median read time under load (/4 and /5), "overhead alone" the
+    modes), "request ms" the rounds' median read time under load (/4 and /5), "restart ms" their
+    median epoch start of a warm loader beyond its steady steps (`--data-epoch-start` of caramel
+    simulate; records since the restart was timed), "overhead alone" the
     model without it (each read's work only the store's overhead measured alone), "one calib." with the one calibration
     before the modes, "before" without its contention and misses-last terms; a field a record
     lacks is "-"."""
     head = ["mode", "epoch 1 ms", "epochs 2+ ms", "wait ms", "sync ms", "speedup", "95% interval",
-            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "request ms", "model ms",
+            "remote MB/epoch", "hit rate", "from memory", "bytes cut", "contention", "request ms", "restart ms",
+            "model ms",
             "model error", "overhead alone", "one calib.", "before"]
     lines = []
     for r in report["rows"]:
@@ -277,7 +300,7 @@ def format_rows(report: dict[str, Any], markdown: bool = False) -> str:
                       _cell(r, "remote_bytes_per_epoch_steady", "{:.2f}", 1e-6),
                       _cell(r, "hit_rate_steady", "{:.0%}"), _cell(r, "memory_share_steady", "{:.0%}"),
                       f"{r.get('remote_bytes_cut', 0.0):.0%}", _contention_cell(r, report),
-                      _cell(r, "request_s_under_load", "{:.2f}", 1e3), ms("predicted_step_s"),
+                      _cell(r, "request_s_under_load", "{:.2f}", 1e3), _restart_cell(r), ms("predicted_step_s"),
                       _cell(r, "prediction_error", "{:+.0%}"), _cell(r, "prediction_error_overhead_alone", "{:+.0%}"),
                       _cell(r, "prediction_error_one_calibration", "{:+.0%}"),
                       _cell(r, "prediction_error_before", "{:+.0%}")])

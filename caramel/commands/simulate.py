@@ -78,9 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "iterator each epoch): the epoch pays workers x min(data, compute side) once, spread "
                            "over N steps (default: not charged)")
     data.add_argument("--data-epoch-start", metavar="DURATION",
-                      help="a warm loader's epoch start beside the load over data in memory (a new iterator over "
-                           "its workers; `caramel bench --data` records each round's as restart_step_s): what it "
-                           "adds beyond the workers' batches from memory joins the epoch's edge; needs "
+                      help="what a warm loader's epoch start (a new iterator over its workers) costs beside the "
+                           "load over data in memory, beyond as many steady steps: `caramel bench --data` records "
+                           "each round's as epoch_start_s_rounds and shows their median as 'restart ms' (the sum of "
+                           "a calibration's restart_step_s less as many steady step_s, not restart_step_s itself); "
+                           "what it adds beyond the workers' batches from memory joins the epoch's edge; needs "
                            "--data-epoch-steps (default 0: not charged)")
     parser.add_argument("--trace-dir", metavar="DIR", help="write each record's predicted trace here")
     parser.add_argument("--json", metavar="OUT", help="write the records (caramel.simulation/1)")

@@ -2,6 +2,7 @@
 alone, the calibration's steps themselves (one process, a real loader worker), and each mode's
 own calibration (its loader's class and workers, no store read, a factor per round)."""
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -27,16 +28,20 @@ def test_the_factor_is_the_loaded_step_over_its_parts_alone():
 
 
 class _SlowRestart:
-    """A loader whose every pass after the first takes `restart_s` to start, and that records how
-    far each pass was read."""
+    """A loader whose every pass after the first takes `restart_s` to start, inside `iter()` itself
+    as a warm torch DataLoader's resume does, and that records how far each pass was read."""
 
     def __init__(self, batches: int, restart_s: float) -> None:
         self.batches, self.restart_s, self.read = batches, restart_s, []
 
     def __iter__(self):
+        # eager, not a generator: the restart is paid where iter() is called, timed or not
         if self.read:
             time.sleep(self.restart_s)
         self.read.append(0)
+        return self._batches()
+
+    def _batches(self):
         for i in range(self.batches):
             self.read[-1] = i + 1
             yield i
@@ -178,6 +183,26 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
     assert row["prediction_error"] == pytest.approx((7.4e-3 + edge) / 7e-3 - 1, rel=1e-2)
     # the one calibration before the modes: 5.4 / (4.5 + 0.3) = x1.125 on its 4.5 + 0.3 ms
     assert row["predicted_step_s_one_calibration"] == pytest.approx(5.4e-3 + edge, rel=1e-3)
+    # the median round's calibration timed a warm loader's restart 5 ms over its steady steps: its epoch
+    # edge gains that start less the 2 batches from memory it charges already, over the 6 steps
+    restarted = dict(r.calibrations[2], loaded={"step_s": 7.4e-3,
+                                                "restart_step_s": [12.4e-3] + [7.4e-3] * (WARMUP_STEPS - 1)})
+    r2 = replace(r, calibrations=[r.calibrations[0], r.calibrations[1], restarted])
+    report2 = summarize(cfg, {"locality": r2}, index, costs, (1 << 20, 1 << 20), "test", True)
+    (row2,) = report2["rows"]
+    moved = (5e-3 - 2 * row["predicted_data_s"]) / 6
+    assert moved > 0.5e-3
+    assert row2["predicted_step_s_rounds"] == pytest.approx(
+        [6.0e-3 + edge, 9.0e-3 + edge, 7.4e-3 + edge + moved], rel=1e-3)
+    assert row2["predicted_step_s"] == pytest.approx(7.4e-3 + edge + moved, rel=1e-3)  # still the median round
+    assert row2["predicted_step_s_overhead_alone"] == pytest.approx(row2["predicted_step_s"], rel=1e-9)
+    assert row2["epoch_start_s_rounds"] == pytest.approx([0.0, 0.0, 5e-3]) and row["epoch_start_s_rounds"] == [0.0] * 3
+    # the table shows the restart a round timed (the value --data-epoch-start takes), "-" where none did
+    from caramel.bench.data_report import format_rows
+
+    for rep, shown in ((report, "-"), (report2, "5.0")):
+        head, _, line = format_rows(rep, markdown=True).splitlines()
+        assert line.split(" | ")[head.split(" | ").index("restart ms")] == shown
 
 
 @pytest.mark.timeout(60)

@@ -81,7 +81,8 @@ def test_a_capped_loop_carries_every_client_not_thinking_as_queued():
 
 def test_a_measured_restart_adds_what_the_memory_batches_do_not_cover():
     """The epoch's start restarts warm workers: the measured start (`epoch_start_s`, from memory)
-    adds beyond the k batches from memory the edge charges itself, once per epoch."""
+    adds beyond the k batches from memory the edge charges itself (their memory-tier work, not a
+    mode's disk reads), once per epoch."""
     base = dict(sample_bytes=1e4, batch_size=10, ranks=2, store_bandwidth_bps=1e8, loader_workers=2,
                 hit_rate=1.0, memory_hit_rate=1.0, local_s_per_sample=1e-5, batch_overhead_s=0.4e-3, epoch_steps=32)
     model = DataLoadModel(**base)
@@ -91,6 +92,10 @@ def test_a_measured_restart_adds_what_the_memory_batches_do_not_cover():
     assert started.restart_s() == pytest.approx(4e-3 - 2 * from_memory_s)
     assert started.epoch_edge_s(6e-3) == pytest.approx(4e-3)  # the measured start in place of the k batches
     assert started.step_time_s(6e-3) == pytest.approx(model.step_time_s(6e-3) + (4e-3 - 2 * from_memory_s) / 32)
+    # with disk-tier hits only the memory tier's work is taken away: the calibration timed no disk read
+    disk = dict(base, memory_hit_rate=0.5, disk_s_per_read=1e-3, samples_per_disk_read=1.0)
+    assert DataLoadModel(**disk)._data_s(0.0) > from_memory_s + 4e-3  # 5 disk reads a batch
+    assert DataLoadModel(**disk, epoch_start_s=4e-3).restart_s() == pytest.approx(4e-3 - 2 * from_memory_s)
     # a start no longer than the k batches adds nothing; data-bound, the restart adds to the compute sides
     assert DataLoadModel(**base, epoch_start_s=0.5e-3).epoch_edge_s(6e-3) == model.epoch_edge_s(6e-3)
     bound = dict(base, hit_rate=0.0, memory_hit_rate=0.0)
