@@ -124,15 +124,16 @@ def hierarchical():
 def test_hierarchical_aggregation_equals_ddp(hierarchical):
     """Two nodes of two ranks: gradients summed within the node, then across nodes at the
     servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order.
-    Fused and per tensor, TAC and random order, and with the node sums sent from the hooks
-    and `step()` instead of a thread (NCCL's path): DDP's parameters."""
+    Fused and per tensor, TAC and random order, and with the path taken off gloo (NCCL's: the
+    node sums reduced among the leaders at the hooks and `step()`, no thread, no receives
+    posted): DDP's parameters."""
     for res in hierarchical:
         for family, spec in HIER_RUNS:
             assert res[(family, spec, "diff")] <= TOL, (family, spec)
             assert res[(family, spec, "servers")] == [0, 2]
             assert res[(family, spec, "sent")] == res[(family, spec, "expected")]
         assert max(res["ssp_staleness"]) <= 2
-        assert res["threadless_sender"] is None and res["threadless_diff"] <= TOL  # NCCL's path, on gloo
+        assert res["threadless_sender"] is None and res["threadless_diff"] <= TOL  # NCCL's path, run on gloo
         assert all(np.array_equal(a, b) for a, b in zip(hierarchical[0]["ssp_params"], res["ssp_params"]))
 
 
