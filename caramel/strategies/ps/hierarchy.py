@@ -44,7 +44,7 @@ class Hierarchy:
     node_pull: Any
     lead_push: list[Any]  # per shard, over the leaders (not a group of this rank unless it leads)
     lead_pull: list[Any]
-    nodes: int = 1
+    nodes: int  # required: the server leader posts a receive from every other node's leader
 
     @property
     def is_leader(self) -> bool:
