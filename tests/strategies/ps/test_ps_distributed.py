@@ -140,9 +140,9 @@ def test_hierarchical_aggregation_equals_ddp(hierarchical):
 def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
     """Each leader sends every node sum for another server as soon as its node's reduce has
     landed, from backward's hooks and a thread, without waiting for `step()`: after backward,
-    with `step()` not yet called, every such send completes (the old relay left the node sums
-    that landed after the last hook for `step()`, so this failed there). Each goes on the
-    leader's own pull group, so its pulls to that server queue behind it on the link."""
+    with `step()` not yet called, every such send completes (a server that posted its
+    receives only at `step()` fails this: no send completed). Each goes on the leader's own
+    pull group, so its pulls to that server queue behind it on the link."""
     for rank, res in enumerate(hierarchical):
         for step in res["forwarded"]:
             if rank % 2:
