@@ -14,10 +14,10 @@ its receives at its step's first push; a serving leader sends on its own pull gr
 (`Hierarchy.link_group`). Off gloo (NCCL) the leaders keep a reduce among them, issued as each
 node sum lands at a hook or at `step()`: NCCL sets up each pair's point-to-point link lazily and
 blocking, and two server leaders each receiving from the other at the first hook would wait for
-each other (`PsEngine._sends_node_sums`; not run on a GPU here). A pull is a broadcast among the leaders from the server, then, once that
-has landed, a broadcast within the node from the leader (the leader *relays* it). The leader
-relays in the plan's pull order, so every node group sees the same sequence on each of its
-ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
+each other (`PsEngine._sends_node_sums`; not run on a GPU here). A pull is a broadcast among
+the leaders from the server, then, once that has landed, a broadcast within the node from the
+leader (the leader *relays* it). The leader relays in the plan's pull order, so every node
+group sees the same sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
 for its node's gradients (the node's ranks may be waiting for those pulls). On gloo the
 pulls and relays go one at a time through an ordered sender per link (`sender.py`: the
 server leader's to the leaders, each leader's relays to its node), so each link's wire order
@@ -109,9 +109,9 @@ class NodeSumSender(SerialSender):
     """A leader's node sums on their way to the server leaders: each waits in a thread for its
     node's reduce to land and is then sent, one at a time in push order (each send complete
     before the next is handed over, so the wire order is the push order). Gloo only, like the
-    pull senders (`PsEngine._sends_node_sums`). A server leader's sends share its pull group with its pull sender's
-    broadcasts (`Hierarchy.link_group`): two threads on one gloo group, safe by gloo's
-    internals as for a colocated server's pushes (`sender.py`)."""
+    pull senders (`PsEngine._sends_node_sums`). A server leader's sends share its pull group
+    with its pull sender's broadcasts (`Hierarchy.link_group`): two threads on one gloo
+    group, safe by gloo's internals as for a colocated server's pushes (`sender.py`)."""
 
     def forward(self, node_reduce: Any, flat: Any, server: int, group: Any, tag: int, what: str) -> SentPull:
         """Send `flat` to global rank `server` on `group` once `node_reduce` has completed."""
