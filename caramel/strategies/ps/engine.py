@@ -8,7 +8,8 @@ colocated mode). One step, for update u (= the step that produced the gradients)
    sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
    serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce`
    on the push groups; with a hierarchy a reduce within the node, then each leader's node
-   sum sent to the server leader as soon as it lands, `hierarchy.py`), in the plan's bucket
+   sum sent to the server leader as soon as it lands on gloo, reduced among the leaders
+   off gloo, `hierarchy.py`), in the plan's bucket
    order (a bucket is handed to the backend only after every earlier one: TicTac's counter
    rule); `step()` pushes what never became ready (zeros) and a per-parameter "someone used
    it" count;
@@ -80,6 +81,7 @@ class PsEngine(PsPulls):
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.sender, self.relay_sender = self._senders()
+        self.node_sums_sent = self._sends_node_sums()
         self.push_sender = self._push_sender()
         self.current: Update | None = None
         self.ready: set[int] = set()
@@ -108,14 +110,22 @@ class PsEngine(PsPulls):
         return (SerialSender() if uses_sender(h.lead_pull) else None,
                 SerialSender() if uses_sender([h.node_pull]) else None)
 
-    def _push_sender(self) -> NodeSumSender | None:
-        """Hierarchical, at a leader that forwards node sums to another server, on gloo: the
-        thread that sends each node sum once its reduce has landed (`hierarchy.py`). On NCCL
-        (and with no thread) the leader forwards what has landed at each hook and at `step()`."""
+    def _sends_node_sums(self) -> bool:
+        """Hierarchical, at a leader: whether the leaders' node sums travel point-to-point to
+        the server leader (on gloo) or by a reduce among the leaders (off gloo: NCCL). The
+        same answer on every leader, since every rank makes the same groups. Not on NCCL
+        because it would deadlock there: NCCL creates each pair's point-to-point communicator
+        lazily and blocking, so two server leaders, each posting a receive from the other at
+        its first hook (`_expect_node_sums`), wait for each other's send side, which neither
+        reaches before its step returns. The reduce, reached by every leader in the same
+        order, was the path before the sends and has no such cycle (not run on a GPU here)."""
         h = self.hier
-        if h is None or not h.is_leader or not uses_sender(h.lead_push):
-            return None
-        if all(self.server_of(i) == self.rank for i in self.plan.params):
+        return h is not None and h.is_leader and uses_sender(h.lead_push)
+
+    def _push_sender(self) -> NodeSumSender | None:
+        """Where node sums are sent (gloo), at a leader that sends some to another server: the
+        thread that sends each node sum once its reduce has landed (`hierarchy.py`)."""
+        if not self.node_sums_sent or all(self.server_of(i) == self.rank for i in self.plan.params):
             return None
         return NodeSumSender()
 
@@ -153,7 +163,7 @@ class PsEngine(PsPulls):
     def _update(self) -> Update:
         if self.current is None:
             self.current = Update(self.steps, hparams=snapshot_hparams(self.optimizer))
-            if self.hier is not None and self.hier.is_leader:
+            if self.node_sums_sent:
                 self._expect_node_sums(self.current)
         return self.current
 
@@ -193,16 +203,16 @@ class PsEngine(PsPulls):
             return
         h, server = self.hier, self.server_of(i)
         work = dist.reduce(flat, dst=self.ranks[h.leader], group=h.node_push, async_op=True)
-        if not h.is_leader or server == self.rank:  # the server adds the other nodes' sums in `_apply`
+        if not h.is_leader or (server == self.rank and self.node_sums_sent):
             u.works.append(work)
-            if h.is_leader:
+            if h.is_leader:  # the server adds the other nodes' sums in `_apply`
                 u.sums.append((b, flat, u.incoming.pop(b)))
         elif self.push_sender is not None:
             item = self.push_sender.forward(work, flat, self.ranks[server], h.link_group(self.rank, self.plan.owner[i]), b,
                                             f"node sum of bucket {b} to its server")
             u.works.append(item)
             u.forwards.append((b, item))
-        else:
+        else:  # a reduce among the leaders, the server's own node sum included (`_sends_node_sums`)
             u.works.append(work)
             u.relay.append((b, work))
 
@@ -248,8 +258,9 @@ class PsEngine(PsPulls):
         return self.groups.push[server]
 
     def _forward_node_sums(self, u: Update, force: bool) -> None:
-        """Hierarchical, at a leader without a `NodeSumSender` (NCCL): send each node sum that
-        has landed on to its server (in push order)."""
+        """Hierarchical, at a leader off gloo (NCCL, `_sends_node_sums`): reduce each node sum
+        that has landed to its server, in push order (so every leader reaches each group's
+        reduces in the same order), at each hook and, with `force`, at `step()`."""
         while u.relay:
             b, work = u.relay[0]
             if not force and not work.is_completed():
@@ -257,8 +268,8 @@ class PsEngine(PsPulls):
             work.wait()
             u.relay.popleft()
             i = self.plan.buckets[b][0]
-            u.works.append(dist.isend(u.flats[b], self.ranks[self.server_of(i)],
-                                      group=self.hier.link_group(self.rank, self.plan.owner[i]), tag=b))
+            u.works.append(dist.reduce(u.flats[b], dst=self.ranks[self.server_of(i)],
+                                       group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
 
     def server_of(self, i: int) -> int:
         """The group rank serving parameter i."""

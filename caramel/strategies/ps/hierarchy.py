@@ -11,11 +11,13 @@ hook or `step()` nor for the server's own node (a reduce among the leaders would
 once every leader had its node sum, and gloo's reduce also sends half of each bucket back out
 of the server; docs/ps.md, "The leaders' node sums leave as they land"). The server posts
 its receives at its step's first push; a serving leader sends on its own pull group
-(`Hierarchy.link_group`). On NCCL (no thread) the leader sends what has landed at each hook
-and at `step()`. A pull is a broadcast among the leaders from the server, then, once that
-has landed, a broadcast within the node from the leader (the leader *relays* it). The leader
-relays in the plan's pull order, so every node group sees the same sequence on each of its
-ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
+(`Hierarchy.link_group`). Off gloo (NCCL) the leaders keep a reduce among them, issued as each
+node sum lands at a hook or at `step()`: NCCL sets up each pair's point-to-point link lazily and
+blocking, and two server leaders each receiving from the other at the first hook would wait for
+each other (`PsEngine._sends_node_sums`; not run on a GPU here). A pull is a broadcast among
+the leaders from the server, then, once that has landed, a broadcast within the node from the
+leader (the leader *relays* it). The leader relays in the plan's pull order, so every node
+group sees the same sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
 for its node's gradients (the node's ranks may be waiting for those pulls). On gloo the
 pulls and relays go one at a time through an ordered sender per link (`sender.py`: the
 server leader's to the leaders, each leader's relays to its node), so each link's wire order
@@ -42,7 +44,7 @@ class Hierarchy:
     node_pull: Any
     lead_push: list[Any]  # per shard, over the leaders (not a group of this rank unless it leads)
     lead_pull: list[Any]
-    nodes: int = 1
+    nodes: int  # required: the server leader posts a receive from every other node's leader
 
     @property
     def is_leader(self) -> bool:
@@ -107,9 +109,9 @@ class NodeSumSender(SerialSender):
     """A leader's node sums on their way to the server leaders: each waits in a thread for its
     node's reduce to land and is then sent, one at a time in push order (each send complete
     before the next is handed over, so the wire order is the push order). Gloo only, like the
-    pull senders. A server leader's sends share its pull group with its pull sender's
-    broadcasts (`Hierarchy.link_group`): two threads on one gloo group, safe by gloo's
-    internals as for a colocated server's pushes (`sender.py`)."""
+    pull senders (`PsEngine._sends_node_sums`). A server leader's sends share its pull group
+    with its pull sender's broadcasts (`Hierarchy.link_group`): two threads on one gloo
+    group, safe by gloo's internals as for a colocated server's pushes (`sender.py`)."""
 
     def forward(self, node_reduce: Any, flat: Any, server: int, group: Any, tag: int, what: str) -> SentPull:
         """Send `flat` to global rank `server` on `group` once `node_reduce` has completed."""

@@ -210,16 +210,16 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     out["ssp_staleness"] = opt.ps.stats_dict()["staleness"]
     caramel.shutdown()
     out["forwarded"] = forwarded_before_step("gpt_tied", rank, 3, "ps:hierarchical=true,bucket_cap_mb=0")
-    # the path without the node-sum thread (NCCL's: sent at each hook and at step()), run on gloo
-    threadless = PsEngine._push_sender
-    PsEngine._push_sender = lambda self: None
+    # the path off gloo (NCCL's: the leaders' reduce, issued at each hook and at step()), run on gloo
+    sends = PsEngine._sends_node_sums
+    PsEngine._sends_node_sums = lambda self: False
     try:
         model, opt = _ps("cnn_bn", "adam", steps, rank, "ps:hierarchical=true")
         out["threadless_diff"] = max_diff(refs["cnn_bn"], params_of(model.module))
         out["threadless_sender"] = opt.ps.engine.push_sender
         caramel.shutdown()
     finally:
-        PsEngine._push_sender = threadless
+        PsEngine._sends_node_sums = sends
     return out
 
 

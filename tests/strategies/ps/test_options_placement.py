@@ -107,3 +107,12 @@ def test_optimizers_the_servers_cannot_split_are_refused_before_any_setup():
         caramel.parallelize(model, torch.optim.LBFGS(model.parameters()), "ps")
     with pytest.raises(CaramelError, match="not the model's"):
         caramel.parallelize(model, torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), "ps")
+
+
+def test_a_hierarchy_names_its_node_count():
+    """`Hierarchy.nodes` sets how many node sums a server leader waits for: no default that
+    would leave a server waiting for none."""
+    from caramel.strategies.ps.hierarchy import Hierarchy
+    with pytest.raises(TypeError, match="nodes"):
+        Hierarchy(2, 0, None, None, [], [])
+    assert Hierarchy(2, 0, None, None, [], [], nodes=3).leaders() == [0, 2, 4]

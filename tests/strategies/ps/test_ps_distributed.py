@@ -124,24 +124,25 @@ def hierarchical():
 def test_hierarchical_aggregation_equals_ddp(hierarchical):
     """Two nodes of two ranks: gradients summed within the node, then across nodes at the
     servers (the nodes' first ranks); pulls relayed by each node's leader in the plan's order.
-    Fused and per tensor, TAC and random order, and with the node sums sent from the hooks
-    and `step()` instead of a thread (NCCL's path): DDP's parameters."""
+    Fused and per tensor, TAC and random order, and with the path taken off gloo (NCCL's: the
+    node sums reduced among the leaders at the hooks and `step()`, no thread, no receives
+    posted): DDP's parameters."""
     for res in hierarchical:
         for family, spec in HIER_RUNS:
             assert res[(family, spec, "diff")] <= TOL, (family, spec)
             assert res[(family, spec, "servers")] == [0, 2]
             assert res[(family, spec, "sent")] == res[(family, spec, "expected")]
         assert max(res["ssp_staleness"]) <= 2
-        assert res["threadless_sender"] is None and res["threadless_diff"] <= TOL  # NCCL's path, on gloo
+        assert res["threadless_sender"] is None and res["threadless_diff"] <= TOL  # NCCL's path, run on gloo
         assert all(np.array_equal(a, b) for a, b in zip(hierarchical[0]["ssp_params"], res["ssp_params"]))
 
 
 def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
     """Each leader sends every node sum for another server as soon as its node's reduce has
     landed, from backward's hooks and a thread, without waiting for `step()`: after backward,
-    with `step()` not yet called, every such send completes (the old relay left the node sums
-    that landed after the last hook for `step()`, so this failed there). Each goes on the
-    leader's own pull group, so its pulls to that server queue behind it on the link."""
+    with `step()` not yet called, every such send completes (a server that posted its
+    receives only at `step()` fails this: no send completed). Each goes on the leader's own
+    pull group, so its pulls to that server queue behind it on the link."""
     for rank, res in enumerate(hierarchical):
         for step in res["forwarded"]:
             if rank % 2:
