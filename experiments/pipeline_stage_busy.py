@@ -24,8 +24,10 @@ does not change what is compared), and set beside the measurement:
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import statistics
@@ -45,9 +47,28 @@ def _layout_name(name: str, pipe: dict[str, Any]) -> str:
     return "pipeline:" + ",".join(opts + [f"{k}={v}" for k, v in given.items() if k not in keys])
 
 
-def _load(spans: list[list[tuple[float, float]]], a: float, b: float) -> float:
-    """Ranks computing over [a, b], time-averaged (the action's own rank included)."""
-    return sum(max(0.0, min(y, b) - max(x, a)) for lane in spans for x, y in lane) / (b - a)
+class _Coverage:
+    """How many of `spans`' intervals cover a time, integrated: `load(a, b)` is the number of lanes
+    computing over [a, b], time-averaged, in O(log n) from sorted starts and ends with prefix sums
+    (a scan of every span per action cost seconds per row). Times are taken from the first start,
+    so the sums do not cancel on the clock's large values."""
+
+    def __init__(self, spans: list[list[tuple[float, float]]]) -> None:
+        own = [(x, y) for lane in spans for x, y in lane if y > x]  # an empty span covers nothing
+        self.t0 = min((x for x, _ in own), default=0.0)
+        self.starts = sorted(x - self.t0 for x, _ in own)
+        self.ends = sorted(y - self.t0 for _, y in own)
+        self.start_sums = list(itertools.accumulate(self.starts, initial=0.0))
+        self.end_sums = list(itertools.accumulate(self.ends, initial=0.0))
+
+    def _covered(self, t: float) -> float:
+        """The intervals' total length before `t` (relative to `t0`)."""
+        i, j = bisect.bisect_right(self.starts, t), bisect.bisect_right(self.ends, t)
+        return (i * t - self.start_sums[i]) - (j * t - self.end_sums[j])
+
+    def load(self, a: float, b: float) -> float:
+        """Lanes computing over [a, b], time-averaged (the action's own lane included)."""
+        return (self._covered(b - self.t0) - self._covered(a - self.t0)) / (b - a)
 
 
 def _actions(trace_dir: str, name: str) -> list[list[list]]:
@@ -75,6 +96,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
     sim = _spied(lambda: spec.simulate(prof, cluster, world), last)
     ranks = _actions(trace_dir, rec["strategy"])
     spans = [[(a[3], a[4]) for st in steps for a in st if a[2] >= 0] for steps in ranks]
+    cover = _Coverage(spans)
     busy = [sum(a[4] - a[3] for st in steps for a in st) / len(steps) for steps in ranks]
     replicas = last["replicas"]
     lanes = _lane_loads(last["sim"], cluster, replicas if isinstance(replicas, int) and replicas > 1 else 1)
@@ -96,7 +118,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
                 if not acts:
                     continue
                 ms = statistics.median(1e3 * (a[4] - a[3]) for _, a in acts)
-                load = statistics.mean(_load(spans, a[3], a[4]) for _, a in acts)
+                load = statistics.mean(cover.load(a[3], a[4]) for _, a in acts)
                 rows.append({"action": f"{kind}{i}", "measured_ms": ms, "profile_ms": profile_ms[kind],
                              "slowdown": ms / profile_ms[kind], "ranks_at_once": load})
         per_stage.append({"stage": s, "ranks": [r for r, steps in enumerate(ranks) if _stage_of_rank(steps) == s],
@@ -116,7 +138,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "rank_stage": [_stage_of_rank(steps) for steps in ranks],
             "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items() if k in ("factor", "ranks_at_once")},
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
-            "measured_ranks_at_once_per_rank": [_own(spans, r) for r in range(len(spans))], "stages": per_stage}
+            "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage}
 
 
 METHODS = ("partitioner", "simulated", "timed")
@@ -160,11 +182,11 @@ def _co(spans):
     return co_computing(spans)
 
 
-def _own(spans: list[list[tuple[float, float]]], lane: int) -> float:
+def _own(spans: list[list[tuple[float, float]]], cover: _Coverage, lane: int) -> float:
     """Over lane `lane`'s compute time, how many lanes compute at once (itself included)."""
     own = [(a, b) for a, b in spans[lane] if b > a]
     total = sum(b - a for a, b in own)
-    return sum(_load(spans, a, b) * (b - a) for a, b in own) / total if total else 0.0
+    return sum(cover.load(a, b) * (b - a) for a, b in own) / total if total else 0.0
 
 
 def _spied(simulate, box: dict[str, Any]):
@@ -193,12 +215,13 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
     from caramel.strategies.pipeline.sharing import transfer_cpu_share
 
     share = transfer_cpu_share(cluster)
+    computing, wire_cover = _Coverage(sim.compute_s), _Coverage(sim.wire_s)
     out = []
     for p in range(len(sim.compute_s)):
         own = [(a, b) for a, b in sim.compute_s[p] if b > a]
         total = sum(b - a for a, b in own) or 1.0
-        comp = sum(_load(sim.compute_s, a, b) * (b - a) for a, b in own) / total
-        wire = sum(_load(sim.wire_s, a, b) * (b - a) for a, b in own) / total
+        comp = sum(computing.load(a, b) * (b - a) for a, b in own) / total
+        wire = sum(wire_cover.load(a, b) * (b - a) for a, b in own) / total
         out.append({"computing": comp * per_lane, "transferring": wire * per_lane,
                     "load": (comp + share * wire) * per_lane})
     return out
