@@ -12,7 +12,8 @@ does not change what is compared), and set beside the measurement:
   simulator's compute, the simulator's compute plus the waits the runtime's timer counts
   inside its calls (`PipelineSim.timed_s`: the first forward of a step waiting for the previous
   step's buckets under Caramel's replica reduction, the last backward under DDP's), and each
-  rank's measured busy time (mean per step over the kept steps, the first left out);
+  rank's measured busy time (median per step over the kept steps, the first left out, as the
+  runtime's stats and the bench's busy line count it);
 - per stage and action (F, B, by microbatch index): the profile's cost at the microbatch's
   samples (speed 1), the simulator's, the measured median, and the load it ran under: how many
   ranks computed at once over the action (itself included), from every rank's timed actions
@@ -24,8 +25,10 @@ does not change what is compared), and set beside the measurement:
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import statistics
@@ -45,9 +48,28 @@ def _layout_name(name: str, pipe: dict[str, Any]) -> str:
     return "pipeline:" + ",".join(opts + [f"{k}={v}" for k, v in given.items() if k not in keys])
 
 
-def _load(spans: list[list[tuple[float, float]]], a: float, b: float) -> float:
-    """Ranks computing over [a, b], time-averaged (the action's own rank included)."""
-    return sum(max(0.0, min(y, b) - max(x, a)) for lane in spans for x, y in lane) / (b - a)
+class _Coverage:
+    """How many of `spans`' intervals cover a time, integrated: `load(a, b)` is the number of lanes
+    computing over [a, b], time-averaged, in O(log n) from sorted starts and ends with prefix sums
+    (a scan of every span per action cost seconds per row). Times are taken from the first start,
+    so the sums do not cancel on the clock's large values."""
+
+    def __init__(self, spans: list[list[tuple[float, float]]]) -> None:
+        own = [(x, y) for lane in spans for x, y in lane if y > x]  # an empty span covers nothing
+        self.t0 = min((x for x, _ in own), default=0.0)
+        self.starts = sorted(x - self.t0 for x, _ in own)
+        self.ends = sorted(y - self.t0 for _, y in own)
+        self.start_sums = list(itertools.accumulate(self.starts, initial=0.0))
+        self.end_sums = list(itertools.accumulate(self.ends, initial=0.0))
+
+    def _covered(self, t: float) -> float:
+        """The intervals' total length before `t` (relative to `t0`)."""
+        i, j = bisect.bisect_right(self.starts, t), bisect.bisect_right(self.ends, t)
+        return (i * t - self.start_sums[i]) - (j * t - self.end_sums[j])
+
+    def load(self, a: float, b: float) -> float:
+        """Lanes computing over [a, b], time-averaged (the action's own lane included)."""
+        return (self._covered(b - self.t0) - self._covered(a - self.t0)) / (b - a)
 
 
 def _actions(trace_dir: str, name: str) -> list[list[list]]:
@@ -75,7 +97,9 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
     sim = _spied(lambda: spec.simulate(prof, cluster, world), last)
     ranks = _actions(trace_dir, rec["strategy"])
     spans = [[(a[3], a[4]) for st in steps for a in st if a[2] >= 0] for steps in ranks]
-    busy = [sum(a[4] - a[3] for st in steps for a in st) / len(steps) for steps in ranks]
+    cover = _Coverage(spans)
+    # each rank's median per step, the statistic the runtime's stats and the bench's busy line report
+    busy = [statistics.median(sum(a[4] - a[3] for a in st) for st in steps) for steps in ranks]
     replicas = last["replicas"]
     lanes = _lane_loads(last["sim"], cluster, replicas if isinstance(replicas, int) and replicas > 1 else 1)
     opts = spec.options
@@ -96,7 +120,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
                 if not acts:
                     continue
                 ms = statistics.median(1e3 * (a[4] - a[3]) for _, a in acts)
-                load = statistics.mean(_load(spans, a[3], a[4]) for _, a in acts)
+                load = statistics.mean(cover.load(a[3], a[4]) for _, a in acts)
                 rows.append({"action": f"{kind}{i}", "measured_ms": ms, "profile_ms": profile_ms[kind],
                              "slowdown": ms / profile_ms[kind], "ranks_at_once": load})
         per_stage.append({"stage": s, "ranks": [r for r, steps in enumerate(ranks) if _stage_of_rank(steps) == s],
@@ -116,14 +140,15 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "rank_stage": [_stage_of_rank(steps) for steps in ranks],
             "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items() if k in ("factor", "ranks_at_once")},
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
-            "measured_ranks_at_once_per_rank": [_own(spans, r) for r in range(len(spans))], "stages": per_stage}
+            "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage}
 
 
 METHODS = ("partitioner", "simulated", "timed")
 
 
 def _errors(partitioner, simulated, timed, measured) -> dict[str, list[float] | None]:
-    """Per method, each stage's predicted / measured - 1 (measured: the mean over its ranks)."""
+    """Per method, each stage's predicted / measured - 1 (measured: the mean over its ranks of each
+    rank's median busy time per step)."""
     return {k: None if v is None else [p / m - 1 for p, m in zip(v, measured)]
             for k, v in zip(METHODS, (partitioner, simulated, timed))}
 
@@ -139,18 +164,24 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def pair_ratio(run: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
+def pair_ratio(run: dict[str, Any], a: str, b: str) -> dict[str, Any]:
     """Row `b`'s step over row `a`'s (> 1: `a` faster), from their paired round medians, with the
-    95% interval `caramel.stats.paired_ratio_interval` gives (one value per round)."""
+    95% interval `caramel.stats.paired_ratio_interval` gives (one value per round). A row the run
+    cannot pair (no runtime stats, no round medians, a zero median) is refused by name."""
     from caramel.stats import paired_ratio_interval
 
     rows = run["measured"]
-    if a not in rows or b not in rows:
-        return None
+    for n in (a, b):
+        if n not in rows:
+            raise SystemExit(f"--pair {a}::{b}: {run['run']} has no pipeline row {n!r} with runtime stats; "
+                             f"its rows: {', '.join(rows)}")
+        if not rows[n]["round_medians_s"] or statistics.median(rows[n]["round_medians_s"]) <= 0:
+            raise SystemExit(f"--pair {a}::{b}: {run['run']}'s row {n!r} has no positive round medians "
+                             "(round_medians_s); expected a run of `caramel bench` with rounds")
     ra, rb = rows[a]["round_medians_s"], rows[b]["round_medians_s"]
     ci = paired_ratio_interval(ra, rb, 1)
     return {"a": a, "b": b, "a_median_s": rows[a]["median_s"], "b_median_s": rows[b]["median_s"],
-            "b_over_a_rounds": statistics.median(ra) and statistics.median(rb) / statistics.median(ra),
+            "b_over_a_rounds": statistics.median(rb) / statistics.median(ra),
             "ci95": None if ci is None else [1 / ci[1], 1 / ci[0]], "rounds": min(len(ra), len(rb))}
 
 
@@ -160,11 +191,11 @@ def _co(spans):
     return co_computing(spans)
 
 
-def _own(spans: list[list[tuple[float, float]]], lane: int) -> float:
+def _own(spans: list[list[tuple[float, float]]], cover: _Coverage, lane: int) -> float:
     """Over lane `lane`'s compute time, how many lanes compute at once (itself included)."""
     own = [(a, b) for a, b in spans[lane] if b > a]
     total = sum(b - a for a, b in own)
-    return sum(_load(spans, a, b) * (b - a) for a, b in own) / total if total else 0.0
+    return sum(cover.load(a, b) * (b - a) for a, b in own) / total if total else 0.0
 
 
 def _spied(simulate, box: dict[str, Any]):
@@ -193,12 +224,13 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
     from caramel.strategies.pipeline.sharing import transfer_cpu_share
 
     share = transfer_cpu_share(cluster)
+    computing, wire_cover = _Coverage(sim.compute_s), _Coverage(sim.wire_s)
     out = []
     for p in range(len(sim.compute_s)):
         own = [(a, b) for a, b in sim.compute_s[p] if b > a]
         total = sum(b - a for a, b in own) or 1.0
-        comp = sum(_load(sim.compute_s, a, b) * (b - a) for a, b in own) / total
-        wire = sum(_load(sim.wire_s, a, b) * (b - a) for a, b in own) / total
+        comp = sum(computing.load(a, b) * (b - a) for a, b in own) / total
+        wire = sum(wire_cover.load(a, b) * (b - a) for a, b in own) / total
         out.append({"computing": comp * per_lane, "transferring": wire * per_lane,
                     "load": (comp + share * wire) * per_lane})
     return out
@@ -218,7 +250,7 @@ def replay_run(run: str, only: list[str] | None = None) -> dict[str, Any]:
     prof, plain = inputs_cluster(inputs)
     cluster = dataclasses.replace(plain, **sharing_of(prof))
     bench = json.load(open(os.path.join(run, "bench.json")))
-    pipes = [rec for rec in bench["records"] if rec["strategy"].startswith("pipeline") and rec.get("pipeline")]
+    pipes = _pipeline_records(bench)
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))
             for rec in pipes if only is None or rec["strategy"] in only]
     measured = {rec["strategy"]: {"median_s": rec["step_time_median_s"], "round_medians_s": rec.get("round_medians_s")}
@@ -227,13 +259,18 @@ def replay_run(run: str, only: list[str] | None = None) -> dict[str, Any]:
             "measured": measured}
 
 
+def _pipeline_records(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's pipeline rows with runtime stats: those `replay_run` replays and `pair_ratio` reads."""
+    return [rec for rec in bench["records"] if rec["strategy"].startswith("pipeline") and rec.get("pipeline")]
+
+
 def _pipeline_rows(run: str) -> list[str]:
-    """The strategy names of a run's pipeline rows, as its bench.json names them."""
+    """The strategy names of a run's pipeline rows with runtime stats, as its bench.json names them."""
     path = os.path.join(run, "bench.json")
     if not os.path.isfile(path):
         raise SystemExit(f"{run}: no bench.json; expected a run directory of "
                          "`caramel bench --trace DIR --json DIR/bench.json`")
-    return [r["strategy"] for r in json.load(open(path))["records"] if r["strategy"].startswith("pipeline")]
+    return [r["strategy"] for r in _pipeline_records(json.load(open(path)))]
 
 
 def _ms(xs) -> str:
@@ -244,14 +281,15 @@ def markdown(runs: list[dict[str, Any]], command: str, code: str, totals: dict[s
     out = ["# Pipeline stage busy time: simulated against the runtime's timers", "",
            f"Code {code}; `{command}`", "",
            "| run | strategy (layout run) | step measured | predicted | partitioner per stage | simulated compute "
-           "| simulated, timer's view | measured per rank |", "|---|---|---:|---:|---|---|---|---|"]
+           "| simulated, timer's view | measured per rank (median per step) |", "|---|---|---:|---:|---|---|---|---|"]
     for run in runs:
         for r in run["rows"]:
             out.append(f"| {os.path.basename(run['run'])} | `{r['layout']}` | {1e3 * r['measured_s']:.1f} | "
                        f"{1e3 * r['predicted_s']:.1f} ({100 * r['error']:+.1f}%) | {_ms(r['partitioner_s_per_stage'])} | "
                        f"{_ms(r['simulated_busy_s_per_lane'])} | {_ms(r['simulated_timed_s_per_lane'])} | "
                        f"{_ms(r['measured_busy_s_per_rank'])} (stages {r['rank_stage']}) |")
-    out += ["", "Busy time per stage against the mean of its ranks' measured (equal layouts): "
+    out += ["", "Busy time per stage against the mean of its ranks' measured (each rank's median per step; equal "
+                "layouts): "
                 + "; ".join(f"{k}: median |error| {100 * v['median_abs']:.1f}%, largest {100 * v['max_abs']:.1f}%, "
                             f"{v['within_10pct']} of {v['n']} within 10%" for k, v in totals.items())]
     for run in runs:
@@ -293,11 +331,12 @@ def main(argv: list[str]) -> int:
         for a, b in pairs:
             missing = [n for n in (a, b) if n not in names]
             if missing:
-                raise SystemExit(f"--pair {a}::{b}: {run_dir} has no pipeline row {missing[0]!r}; its rows: "
+                raise SystemExit(f"--pair {a}::{b}: {run_dir} has no pipeline row {missing[0]!r} with runtime "
+                                 f"stats; its rows: "
                                  f"{', '.join(names)}")
     runs = [replay_run(r) for r in args.runs]
     for run in runs:
-        run["pairs"] = [x for x in (pair_ratio(run, a, b) for a, b in pairs) if x]
+        run["pairs"] = [pair_ratio(run, a, b) for a, b in pairs]
     code = code_version()
     command = "PYTHONPATH=. python experiments/pipeline_stage_busy.py " + " ".join(argv)
     for run in runs:

@@ -285,14 +285,19 @@ def format_uneven(records: list[Record]) -> str:
 def _busy_line(r: Record) -> str | None:
     """A pipeline row's compute per step by position as its prediction simulated it, counted as
     the runtime's stage timer counts it (the waits inside its timed calls included), beside the
-    timer's measurement (rank 0's pipeline); None where either is missing."""
-    plan = (r.pipeline or {}).get("predicted_plan") or {}
-    timed, measured = plan.get("timed_busy_s_per_lane"), (r.pipeline or {}).get("busy_s_per_stage")
-    if not timed or not measured:
+    timer's measurement (rank 0's pipeline); per stage, or per rank for unequal replica counts.
+    None where either is missing, or where the runtime ran another layout than the predicted one
+    (`plan_mismatch`): the simulated figure would belong to a layout that did not run."""
+    pipe = r.pipeline or {}
+    plan = pipe.get("predicted_plan") or {}
+    timed, measured = plan.get("timed_busy_s_per_lane"), pipe.get("busy_s_per_stage")
+    if not timed or not measured or pipe.get("plan_mismatch"):
         return None
-    compute = plan.get("busy_s_per_lane") or timed
-    return (f"{r.strategy}: busy ms per stage simulated {[round(1e3 * t, 1) for t in timed]} (computing "
-            f"{[round(1e3 * t, 1) for t in compute]}), measured {[round(1e3 * t, 1) for t in measured]}")
+    unit = "stage" if len(measured) == (pipe.get("stages") or len(measured)) else "rank"
+    compute = plan.get("busy_s_per_lane")
+    computing = f" (computing {[round(1e3 * t, 1) for t in compute]})" if compute else ""
+    return (f"{r.strategy}: busy ms per {unit} simulated {[round(1e3 * t, 1) for t in timed]}{computing}, "
+            f"measured {[round(1e3 * t, 1) for t in measured]}")
 
 
 def format_predictions(records: list[Record]) -> str:

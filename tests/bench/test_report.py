@@ -389,6 +389,18 @@ def test_the_simulators_busy_time_is_reported_beside_the_timers():
     assert (f"  - {name}: busy ms per stage simulated [149.6, 39.5] (computing [144.5, 39.5]), "
             "measured [127.7, 56.3]") in text
     assert "164.8" not in text and "ddp: busy" not in text
+    # no compute in the plan: no "computing" figure, rather than the timed one under its label
+    del raw["predicted"][name]["plan"]["busy_s_per_lane"]
+    assert f"  - {name}: busy ms per stage simulated [149.6, 39.5], measured [127.7, 56.3]" in \
+        format_predictions(summarize(raw))
+    # unequal counts: the runtime's figures are per rank, and so are the simulator's lanes
+    raw["stats"][name].update(stages=2, busy_s_per_stage=[0.1277, 0.0563, 0.0601])
+    raw["predicted"][name]["plan"]["timed_busy_s_per_lane"] = [0.1496, 0.0395, 0.0395]
+    assert f"  - {name}: busy ms per rank simulated [149.6, 39.5, 39.5], measured [127.7, 56.3, 60.1]" in \
+        format_predictions(summarize(raw))
+    # the runtime ran another cut than the prediction's: its simulated busy time is not shown
+    raw["pipeline_plan_mismatch"] = {name: "cut ['layer3'] ran, ['layer4'] predicted"}
+    assert "busy ms per" not in format_predictions(summarize(raw))
 
 
 def test_dropout_changes_are_carried_into_the_record_and_a_file_without_them_reads(tmp_path):

@@ -113,3 +113,21 @@ def test_plan_says_which_candidates_ignore_the_clusters_jitter(tmp_path, capsys)
 def test_plan_recommendation_bad_input_is_one_error(args, needle, capsys):
     assert main(["plan", "--synthetic", "chain4", "--workers", "2"] + args) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reduce", ["caramel", "ddp"])
+def test_a_pipeline_prediction_carries_the_simulators_busy_time_as_computed_and_as_timed(reduce, monkeypatch):
+    """The bench's busy line reads both figures from the prediction's plan: they are the settled
+    overlapped replay's own (`busy_s`, `timed_s`), and the timed one holds the replicas' wait."""
+    from caramel.strategies.pipeline import simulate as sim_module
+
+    replays = []
+    real = sim_module.lane_meta
+    monkeypatch.setattr(sim_module, "lane_meta", lambda sim, replicas: replays.append(sim) or real(sim, replicas))
+    spec = f"pipeline:stages=2,replicas=2,microbatches=4,replica_reduce={reduce}"
+    (pred,) = predict(synthetic_profile(12, name="chain12"), ClusterSpec.uniform(4, 1e8), [spec])
+    busy, timed = pred.plan["busy_s_per_lane"], pred.plan["timed_busy_s_per_lane"]
+    assert busy == replays[-1].busy_s and timed == replays[-1].timed_s and len(busy) == len(timed) == 2
+    assert all(t >= b - 1e-12 for t, b in zip(timed, busy))
+    # at 100 Mbit/s the reduction outlasts the step's compute: a wait lands inside a timed call
+    assert max(t - b for t, b in zip(timed, busy)) > 0.01

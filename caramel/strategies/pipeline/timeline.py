@@ -48,7 +48,8 @@ class PipelineSim:
     compute_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's compute intervals
     wire_s: list[list[tuple[float, float]]] = field(default_factory=list)  # each lane's transfers on the wire
     # per position, what the runtime's `StageTimer` counts (`timing.py`): `busy_s` plus the waits inside
-    # its timed calls (the replicas' buckets: `overlap.py`); empty where no wait falls inside them
+    # its timed calls (the replicas' buckets: `overlap.py`, which always fills it, zeros included);
+    # empty where the replay does not track those waits (`replay`, the "after" reduction)
     timed_busy_s: list[float] = field(default_factory=list)
 
     @property
