@@ -114,6 +114,17 @@ def score(final: dict[str, dict[int, float]], baseline: dict[str, str]) -> dict[
     return out
 
 
+def seed_spread(losses: dict[int, float]) -> dict[str, Any]:
+    """One configuration against itself on other seeds: every ordered pair of distinct seeds'
+    relative gap (loss_s / loss_s' - 1), how many are within WITHIN above (the issue's rule) and
+    within WITHIN either way. Two runs of the same algorithm differ only by seed here, so this is
+    what the score reads when nothing else differs (an upper bound for paired seeds, which share
+    the initial model and the data order)."""
+    rel = [losses[a] / losses[b] - 1 for a in losses for b in losses if a != b]
+    return {"pairs": len(rel), "within": sum(r <= WITHIN for r in rel), "within_both": sum(abs(r) <= WITHIN for r in rel),
+            "sd": statistics.stdev(rel) if len(rel) > 1 else None}
+
+
 def parse_seeds(text: str) -> list[int]:
     """'0,1,2' -> [0, 1, 2]; anything else is an error naming the input."""
     try:
@@ -193,6 +204,7 @@ def main() -> None:
     own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} for n in names}
     scores = score(final, baseline)
     at_end = score(final_losses(curves), baseline)
+    spread = {n: seed_spread(final[n]) for n in names if len(final[n]) > 1}
     print("| seed | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for s in seeds:
         cells = []
@@ -206,6 +218,9 @@ def main() -> None:
             ci = "" if sc["interval95"] is None else " [{:+.1f}%, {:+.1f}%]".format(*(x * 100 for x in sc["interval95"]))
             print(f"{n} vs {sc['vs']}: mean {sc['mean'] * 100:+.1f}%{ci}, within {WITHIN:.0%} on {sc['within']} of "
                   f"{sc['seeds']} seeds (|gap| within on {sc['within_both']})")
+    for n, sp in spread.items():
+        print(f"{n} against itself on other seeds: within {WITHIN:.0%} on {sp['within']} of {sp['pairs']} ordered pairs "
+              f"(|gap| within on {sp['within_both']}), SD of the gap {sp['sd'] * 100:.1f} points")
     for n in names:
         for s, e in own[n].items():
             if e:
@@ -220,6 +235,7 @@ def main() -> None:
             "scores": {n: {**sc, "relative": {str(s): r for s, r in sc["relative"].items()}} for n, sc in scores.items()},
             "scores_final_check": {n: {**sc, "relative": {str(s): r for s, r in sc["relative"].items()}}
                                    for n, sc in at_end.items()},
+            "seed_spread": spread,
             "own_models": {n: {str(s): e for s, e in per.items() if e} for n, per in own.items()},
         }, indent=1) + "\n")
 

@@ -70,6 +70,13 @@ def test_the_last_checks_are_averaged_over_the_same_steps_in_every_run():
         _script().final_losses(curves, 0)
 
 
+def test_a_configuration_against_itself_on_other_seeds():
+    sp = _script().seed_spread({0: 1.0, 1: 1.04, 2: 0.9})
+    # ordered pairs: 1.04/1 +4%, 1/1.04 -3.8%, 0.9/1 -10%, 1/0.9 +11.1%, 0.9/1.04 -13.5%, 1.04/0.9 +15.6%
+    assert (sp["pairs"], sp["within"], sp["within_both"]) == (6, 4, 2)
+    assert _script().seed_spread({0: 1.0})["pairs"] == 0
+
+
 def test_seeds_must_be_integers():
     assert _script().parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit, match="--seeds 'a,b': expected comma-separated integers"):
