@@ -203,7 +203,8 @@ def main() -> None:
     final = final_losses(curves, args.score_last)
     own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} for n in names}
     scores = score(final, baseline)
-    at_end = score(final_losses(curves), baseline)
+    last_check = final_losses(curves)
+    at_end = score(last_check, baseline)
     spread = {n: seed_spread(final[n]) for n in names if len(final[n]) > 1}
     print("| seed | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for s in seeds:
@@ -224,7 +225,7 @@ def main() -> None:
     for n in names:
         for s, e in own[n].items():
             if e:
-                print(f"{n}-{s}: averaged {e['averaged']:.4f} (logged {final[n][s]:.4f}); workers' own "
+                print(f"{n}-{s}: averaged {e['averaged']:.4f} (logged {last_check[n][s]:.4f}); workers' own "
                       + ", ".join(f"{w:.4f}" for w in e["workers"]))
     if args.json:
         Path(args.json).write_text(json.dumps({
