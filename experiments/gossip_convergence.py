@@ -10,7 +10,10 @@ baseline, and (gossip runs) every worker's own model beside the workers' average
         --vs sgd_ring=sgd_ddp --json docs/results/gossip-convergence-digits.json
 
 A configuration is NAME=STRATEGY followed by extra `caramel train` flags; each is scored against
-the first configuration unless `--vs NAME=BASE` says otherwise. `caramel train` logs the
+the first configuration unless `--vs NAME=BASE` says otherwise. `--score-last N` scores each run
+by the mean of its last N validation checks instead of the final one (a single check on a small
+held-out set swings by more than the 5% rule; docs/results/gossip-seeds.md), with the mean gap's
+95% interval over seeds and each configuration's gap to itself on other seeds. `caramel train` logs the
 validation loss of the workers' averaged model (docs/gossip.md); the final checkpoint holds each
 worker's own model, which this script evaluates on the same validation samples, so the two rules
 (x-bar, or one worker's model) are compared on the same runs.
