@@ -10,7 +10,10 @@ baseline, and (gossip runs) every worker's own model beside the workers' average
         --vs sgd_ring=sgd_ddp --json docs/results/gossip-convergence-digits.json
 
 A configuration is NAME=STRATEGY followed by extra `caramel train` flags; each is scored against
-the first configuration unless `--vs NAME=BASE` says otherwise. `caramel train` logs the
+the first configuration unless `--vs NAME=BASE` says otherwise. `--score-last N` scores each run
+by the mean of its last N validation checks instead of the final one (a single check on a small
+held-out set swings by more than the 5% rule; docs/results/gossip-seeds.md), with the mean gap's
+95% interval over seeds and each configuration's gap to itself on other seeds. `caramel train` logs the
 validation loss of the workers' averaged model (docs/gossip.md); the final checkpoint holds each
 worker's own model, which this script evaluates on the same validation samples, so the two rules
 (x-bar, or one worker's model) are compared on the same runs.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -87,15 +91,41 @@ def evaluate_workers(run: Path) -> dict[str, Any] | None:
             "workers": [loss_of(w["model"]) for w in state["gossip_workers"]]}
 
 
+def mean_interval(values: list[float], confidence: float = 0.95) -> list[float] | None:
+    """The mean's Student-t interval over seeds (each seed one independent sample); None for
+    fewer than two values."""
+    if len(values) < 2:
+        return None
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    mean = statistics.fmean(values)
+    return [mean - half, mean + half]
+
+
 def score(final: dict[str, dict[int, float]], baseline: dict[str, str]) -> dict[str, Any]:
-    """Per configuration: each seed's final loss relative to its baseline's on the same seed, the
-    mean, and on how many seeds it is within WITHIN."""
+    """Per configuration: each seed's loss relative to its baseline's on the same seed, the mean
+    with its 95% interval over seeds, and on how many seeds it is within WITHIN: `within` counts
+    no worse than WITHIN above the baseline (the issue's rule), `within_both` |gap| <= WITHIN."""
     out = {}
     for name, base in baseline.items():
         rel = {s: final[name][s] / final[base][s] - 1 for s in sorted(final[name]) if s in final.get(base, {})}
         out[name] = {"vs": base, "relative": rel, "mean": statistics.fmean(rel.values()) if rel else None,
-                     "within": sum(r <= WITHIN for r in rel.values()), "seeds": len(rel)}
+                     "interval95": mean_interval(list(rel.values())),
+                     "within": sum(r <= WITHIN for r in rel.values()),
+                     "within_both": sum(abs(r) <= WITHIN for r in rel.values()), "seeds": len(rel)}
     return out
+
+
+def seed_spread(losses: dict[int, float]) -> dict[str, Any]:
+    """One configuration against itself on other seeds: every ordered pair of distinct seeds'
+    relative gap (loss_s / loss_s' - 1), how many are within WITHIN above (the issue's rule) and
+    within WITHIN either way. Two runs of the same algorithm differ only by seed here, so this is
+    what the score reads when nothing else differs (an upper bound for paired seeds, which share
+    the initial model and the data order)."""
+    rel = [losses[a] / losses[b] - 1 for a in losses for b in losses if a != b]
+    return {"pairs": len(rel), "within": sum(r <= WITHIN for r in rel), "within_both": sum(abs(r) <= WITHIN for r in rel),
+            "sd": statistics.stdev(rel) if len(rel) > 1 else None}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -121,15 +151,25 @@ def resolve_baselines(names: list[str], vs: list[str]) -> dict[str, str]:
     return baseline
 
 
-def final_losses(curves: dict[str, dict[int, dict[int, float]]]) -> dict[str, dict[int, float]]:
-    """Each run's validation loss at its last logged step; every run must end at the same step,
-    else a run cut short would be compared with its baseline at an earlier step."""
-    last = {(n, s): max(c) for n, per in curves.items() for s, c in per.items() if c}
-    if len(set(last.values())) > 1:
-        end = max(last.values())
-        short = ", ".join(f"{n}-{s} (step {k})" for (n, s), k in sorted(last.items()) if k != end)
+def final_losses(curves: dict[str, dict[int, dict[int, float]]], last: int = 1) -> dict[str, dict[int, float]]:
+    """Each run's validation loss over its `last` logged checks, averaged (1: the final check
+    alone); every run must end at the same step, else a run cut short would be compared with its
+    baseline at an earlier step, and every run must have the same `last` check steps, else two
+    runs' averages would cover different parts of training."""
+    if last < 1:
+        raise SystemExit(f"--score-last {last}: expected a positive number of validation checks")
+    ends = {(n, s): max(c) for n, per in curves.items() for s, c in per.items() if c}
+    if len(set(ends.values())) > 1:
+        end = max(ends.values())
+        short = ", ".join(f"{n}-{s} (step {k})" for (n, s), k in sorted(ends.items()) if k != end)
         raise SystemExit(f"runs end at different steps: {short} stop before step {end}; rerun them")
-    return {n: {s: c[max(c)] for s, c in per.items() if c} for n, per in curves.items()}
+    windows = {(n, s): tuple(sorted(c)[-last:]) for n, per in curves.items() for s, c in per.items() if c}
+    for (n, s), w in sorted(windows.items()):
+        if len(w) < last or w != next(iter(windows.values())):
+            raise SystemExit(f"--score-last {last}: run {n}-{s} has checks at steps {list(w)}, "
+                             f"others at {list(next(iter(windows.values())))}; use runs with the same --val-every-steps")
+    return {n: {s: statistics.fmean(c[k] for k in windows[n, s]) for s, c in per.items() if c}
+            for n, per in curves.items()}
 
 
 def main() -> None:
@@ -142,6 +182,8 @@ def main() -> None:
     ap.add_argument("--workload", default="digits")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--val-every-steps", type=int, default=40)
+    ap.add_argument("--score-last", type=int, default=1,
+                    help="score each run by the mean of its last N validation checks (1: the final check alone)")
     ap.add_argument("--collect-only", action="store_true", help="score the runs already in --runs")
     ap.add_argument("--reuse", action="store_true", help="keep runs that finished (their summary.json exists)")
     ap.add_argument("--json", default="")
@@ -161,9 +203,12 @@ def main() -> None:
                 train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.val_every_steps)
     curves = {n: {s: val_curve(runs / f"{n}-{s}") for s in seeds if (runs / f"{n}-{s}" / "metrics.jsonl").exists()}
               for n in names}
-    final = final_losses(curves)
+    final = final_losses(curves, args.score_last)
     own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} for n in names}
     scores = score(final, baseline)
+    last_check = final_losses(curves)
+    at_end = score(last_check, baseline)
+    spread = {n: seed_spread(final[n]) for n in names if len(final[n]) > 1}
     print("| seed | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for s in seeds:
         cells = []
@@ -174,18 +219,27 @@ def main() -> None:
         print(f"| {s} | " + " | ".join(cells) + " |")
     for n, sc in scores.items():
         if sc["seeds"]:
-            print(f"{n} vs {sc['vs']}: mean {sc['mean'] * 100:+.1f}%, within {WITHIN:.0%} on {sc['within']} of {sc['seeds']} seeds")
+            ci = "" if sc["interval95"] is None else " [{:+.1f}%, {:+.1f}%]".format(*(x * 100 for x in sc["interval95"]))
+            print(f"{n} vs {sc['vs']}: mean {sc['mean'] * 100:+.1f}%{ci}, within {WITHIN:.0%} on {sc['within']} of "
+                  f"{sc['seeds']} seeds (|gap| within on {sc['within_both']})")
+    for n, sp in spread.items():
+        print(f"{n} against itself on other seeds: within {WITHIN:.0%} on {sp['within']} of {sp['pairs']} ordered pairs "
+              f"(|gap| within on {sp['within_both']}), SD of the gap {sp['sd'] * 100:.1f} points")
     for n in names:
         for s, e in own[n].items():
             if e:
-                print(f"{n}-{s}: averaged {e['averaged']:.4f} (logged {final[n][s]:.4f}); workers' own "
+                print(f"{n}-{s}: averaged {e['averaged']:.4f} (logged {last_check[n][s]:.4f}); workers' own "
                       + ", ".join(f"{w:.4f}" for w in e["workers"]))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "workload": args.workload, "workers": args.workers, "configs": {n: " ".join(f) for n, f in configs.items()},
             "baseline": baseline, "val_loss": {n: {str(s): {str(k): v for k, v in sorted(c.items())}
                                                      for s, c in curves[n].items()} for n in names},
+            "score_last": args.score_last,
             "scores": {n: {**sc, "relative": {str(s): r for s, r in sc["relative"].items()}} for n, sc in scores.items()},
+            "scores_final_check": {n: {**sc, "relative": {str(s): r for s, r in sc["relative"].items()}}
+                                   for n, sc in at_end.items()},
+            "seed_spread": spread,
             "own_models": {n: {str(s): e for s, e in per.items() if e} for n, per in own.items()},
         }, indent=1) + "\n")
 

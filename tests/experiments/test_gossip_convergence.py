@@ -18,6 +18,15 @@ def test_each_seed_is_scored_against_its_baseline_on_the_same_seed():
     assert s["ring"]["mean"] == pytest.approx(0.17)
     assert s["sgd_ring"]["relative"] == pytest.approx({0: -0.1, 1: 0.2})  # against sgd_ddp, not ddp
     assert s["sgd_ring"]["within"] == 1
+    assert s["sgd_ring"]["within_both"] == 0  # -10% is within on the one-sided rule only
+
+
+def test_the_mean_gap_has_a_t_interval_over_seeds():
+    final = {"ddp": {0: 1.0, 1: 1.0, 2: 1.0}, "ring": {0: 1.1, 1: 0.9, 2: 1.0}}
+    s = _script().score(final, {"ring": "ddp"})["ring"]
+    half = 4.302653 * 0.1 / 3 ** 0.5  # t(0.975, 2 dof) x sd / sqrt(3)
+    assert s["interval95"] == pytest.approx([-half, half])
+    assert _script().score({"ddp": {0: 1.0}, "ring": {0: 1.1}}, {"ring": "ddp"})["ring"]["interval95"] is None
 
 
 def test_a_config_is_a_strategy_and_train_flags():
@@ -45,6 +54,27 @@ def test_a_run_that_stopped_early_is_refused_by_name():
         _script().final_losses(curves)
     curves["ring"][1] = {40: 0.6, 80: 0.4}
     assert _script().final_losses(curves) == {"ddp": {0: 0.3, 1: 0.3}, "ring": {0: 0.35, 1: 0.4}}
+
+
+def test_the_last_checks_are_averaged_over_the_same_steps_in_every_run():
+    curves = {"ddp": {0: {20: 0.9, 40: 0.5, 60: 0.3}}, "ring": {0: {20: 0.8, 40: 0.7, 60: 0.1}}}
+    two = _script().final_losses(curves, 2)
+    assert (two["ddp"][0], two["ring"][0]) == pytest.approx((0.4, 0.4))
+    assert _script().final_losses(curves, 1) == {"ddp": {0: 0.3}, "ring": {0: 0.1}}
+    curves["ring"][0] = {30: 0.7, 60: 0.1}  # validated every 30 steps: its last two checks differ
+    with pytest.raises(SystemExit, match=r"--score-last 2: run ring-0 has checks at steps \[30, 60\]"):
+        _script().final_losses(curves, 2)
+    with pytest.raises(SystemExit, match="--score-last 4: run ddp-0 has checks at steps"):
+        _script().final_losses({"ddp": {0: {20: 0.9, 40: 0.5, 60: 0.3}}}, 4)
+    with pytest.raises(SystemExit, match="--score-last 0: expected a positive"):
+        _script().final_losses(curves, 0)
+
+
+def test_a_configuration_against_itself_on_other_seeds():
+    sp = _script().seed_spread({0: 1.0, 1: 1.04, 2: 0.9})
+    # ordered pairs: 1.04/1 +4%, 1/1.04 -3.8%, 0.9/1 -10%, 1/0.9 +11.1%, 0.9/1.04 -13.5%, 1.04/0.9 +15.6%
+    assert (sp["pairs"], sp["within"], sp["within_both"]) == (6, 4, 2)
+    assert _script().seed_spread({0: 1.0})["pairs"] == 0
 
 
 def test_seeds_must_be_integers():
