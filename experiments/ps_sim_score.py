@@ -5,14 +5,14 @@ configuration). This replays every ps row of the given runs with the simulator o
 on `sys.path` (run it from two checkouts to compare models) and writes one JSON of per-row
 predictions and errors. `--in-sample FILE[:CONFIG]` marks rows the model was built on (looked at
 while it was changed); the rest are scored out of sample. An entry that matches no given run or
-configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW --markdown OUT` writes
-the table of two such files side by side, once it has checked that both score the same rows
-with the same marks. Nothing is fitted.
+configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW
+--markdown OUT` writes the table of two such files side by side, once it has checked that both
+score the same rows with the same marks. Nothing is fitted.
 
     PYTHONPATH=. python experiments/ps_sim_score.py docs/results/ps_order_final.json \
-        docs/results/ps_sim_4workers_run1/bench.json --in-sample docs/results/ps_sim_4workers_run1/bench.json \
-        --out /tmp/after.json
-    python experiments/ps_sim_score.py --compare /tmp/before.json /tmp/after.json --markdown OUT.md
+        docs/results/ps_sim_4workers_run1/bench.json \
+        --in-sample docs/results/ps_sim_4workers_run1/bench.json --out AFTER.json
+    python experiments/ps_sim_score.py --compare BEFORE.json AFTER.json --markdown OUT.md
 """
 from __future__ import annotations
 

@@ -6,13 +6,12 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
    shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
    sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
-   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce`
-   on the push groups; with a hierarchy a reduce within the node, then each leader's node
-   sum sent to the server leader as soon as it lands on gloo, reduced among the leaders
-   off gloo, `hierarchy.py`), in the plan's bucket
-   order (a bucket is handed to the backend only after every earlier one: TicTac's counter
-   rule); `step()` pushes what never became ready (zeros) and a per-parameter "someone used
-   it" count;
+   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce` on
+   the push groups; with a hierarchy a reduce within the node, then each leader's node sum sent
+   to the server leader as soon as it lands on gloo, reduced among the leaders off gloo,
+   `hierarchy.py`), in the plan's bucket order (a bucket is handed to the backend only after
+   every earlier one: TicTac's counter rule); `step()` pushes what never became ready (zeros)
+   and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in

@@ -17,11 +17,12 @@ blocking, and two server leaders each receiving from the other at the first hook
 each other (`PsEngine._sends_node_sums`; not run on a GPU here). A pull is a broadcast among
 the leaders from the server, then, once that has landed, a broadcast within the node from the
 leader (the leader *relays* it). The leader relays in the plan's pull order, so every node
-group sees the same sequence on each of its ranks; its own forward relays what it needs, and `step()` relays the rest before it waits
-for its node's gradients (the node's ranks may be waiting for those pulls). On gloo the
-pulls and relays go one at a time through an ordered sender per link (`sender.py`: the
-server leader's to the leaders, each leader's relays to its node), so each link's wire order
-is the plan's. Only (nodes - 1) copies of a shard cross a server's NIC instead of (ranks - 1).
+group sees the same sequence on each of its ranks; its own forward relays what it needs, and
+`step()` relays the rest before it waits for its node's gradients (the node's ranks may be
+waiting for those pulls). On gloo the pulls and relays go one at a time through an ordered
+sender per link (`sender.py`: the server leader's to the leaders, each leader's relays to its
+node), so each link's wire order is the plan's. Only (nodes - 1) copies of a shard cross a
+server's NIC instead of (ranks - 1).
 """
 from __future__ import annotations
 
