@@ -2,8 +2,8 @@
 
 Colocated flat servers push on their own shard's pull group (`PsEngine.link_group`): on each
 link a rank's pushes and pulls leave one after another; hierarchical leaders share their NIC
-the same way. Under ssp/asp the old model let them
-run side by side at full rate each, so a comm-bound rank sent twice what its link carries.
+the same way. Under ssp/asp the old model let them run side by side at full rate each, so a
+comm-bound rank sent twice what its link carries.
 """
 from __future__ import annotations
 
