@@ -1,5 +1,6 @@
-"""The statistics Caramel's reports share: percentile, median, geometric mean, and the 95%
-interval of a ratio measured in paired rounds.
+"""The statistics Caramel's reports share: percentile, median, geometric mean, Student-t
+intervals of a mean and of a geometric mean, and the 95% interval of a ratio measured in paired
+rounds.
 
 One implementation, on numpy and scipy, so that the bench, the trace tools and the simulator's
 validation compute a median or a p90 the same way.
@@ -40,6 +41,31 @@ def geomean(values: Iterable[float]) -> float:
     return float(np.exp(np.mean(np.log(xs))))
 
 
+def _t_half(xs: np.ndarray, confidence: float) -> float:
+    """Half the Student-t interval of the mean of `xs`: t * sd / sqrt(n), n - 1 degrees of freedom."""
+    n = xs.size
+    return float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(np.std(xs, ddof=1)) / math.sqrt(n)
+
+
+def t_interval(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The mean of `values` and its Student-t interval, as (mean, low, high); two or more values."""
+    xs = np.asarray(list(values), dtype=float)
+    if xs.size < 2:
+        raise ValueError(f"a t interval needs two or more values, got {xs.size}")
+    mean, half = float(np.mean(xs)), _t_half(xs, confidence)
+    return mean, mean - half, mean + half
+
+
+def log_t_interval(ratios: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The geometric mean of positive `ratios` and its interval, as (geomean, low, high): the
+    t interval of their logs, exponentiated (ratios compound, so their logs are what add up)."""
+    xs = np.asarray(list(ratios), dtype=float)
+    if not np.all(xs > 0):
+        raise ValueError("a log t interval needs positive ratios")
+    mean, low, high = t_interval(np.log(xs), confidence)
+    return math.exp(mean), math.exp(low), math.exp(high)
+
+
 def paired_rounds_interval(reference_rounds: Sequence[float], candidate_rounds: Sequence[float], point: float,
                            confidence: float = 0.95) -> tuple[float, float] | None:
     """`paired_ratio_interval` from per-round medians already taken (a bench record's
@@ -48,7 +74,7 @@ def paired_rounds_interval(reference_rounds: Sequence[float], candidate_rounds: 
     if k < MIN_PAIRED_ROUNDS:
         return None
     logs = np.array([math.log(r / c) for r, c in zip(reference_rounds[:k], candidate_rounds[:k])])
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, k - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(k)
+    half = _t_half(logs, confidence)
     return point * math.exp(-half), point * math.exp(half)
 
 
@@ -68,6 +94,6 @@ def paired_ratio_interval(reference: Sequence[float], candidate: Sequence[float]
         return None
     logs = np.array([math.log(median(reference[i * per_round:(i + 1) * per_round])
                               / median(candidate[i * per_round:(i + 1) * per_round])) for i in range(k)])
-    half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, k - 1)) * float(np.std(logs, ddof=1)) / math.sqrt(k)
+    half = _t_half(logs, confidence)
     point = median(reference) / median(candidate)
     return point * math.exp(-half), point * math.exp(half)

@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 
 from caramel.data.share_sampler import ShareSampler, ShareSchedule
+from caramel.stats import t_interval
 from caramel.train.config import TrainConfig
 from caramel.train.data import val_shard
 from caramel.train.loop import VAL_MAX_SAMPLES, lr_factor, make_optimizer
@@ -149,21 +150,19 @@ def summarize(pairs: dict[int, list[tuple[float, float]]]) -> dict:
     t interval over the seeds: the pairs of a seed share init, epoch order and schedule)."""
     import random
 
-    from scipy import stats as sstats
     pct = {seed: [100.0 * (b / e - 1.0) for b, e in ps] for seed, ps in pairs.items()}
     pooled = [p for ps in pct.values() for p in ps]
     rng = random.Random(BOOTSTRAP_SEED)
     boot = sorted(statistics.fmean(rng.choices(pooled, k=len(pooled))) for _ in range(BOOTSTRAP_RESAMPLES))
     seed_means = [statistics.fmean(ps) for ps in pct.values()]
-    mean, sem = statistics.fmean(seed_means), statistics.stdev(seed_means) / len(seed_means) ** 0.5
-    t = float(sstats.t.ppf(0.975, len(seed_means) - 1))
+    mean, low, high = t_interval(seed_means)
     return {"balanced_vs_equal_pct": {str(k): v for k, v in pct.items()},
             "pairs": len(pooled), "mean_pct": statistics.fmean(pooled), "median_pct": statistics.median(pooled),
             "stdev_pct": statistics.stdev(pooled), "positive": sum(p > 0 for p in pooled),
             "pooled_bootstrap95": [boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]],
             "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED},
             "seed_means_pct": seed_means, "mean_of_seed_means_pct": mean,
-            "seed_clustered_t95": [mean - t * sem, mean + t * sem]}
+            "seed_clustered_t95": [low, high]}
 
 
 def summarize_file(path: str, first_draws: int | None = None) -> dict:

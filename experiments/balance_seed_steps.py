@@ -42,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file too: `experiments.` imports
 
 from caramel.jsonio import atomic_write_text, write_json  # noqa: E402
+from caramel.stats import geomean, log_t_interval  # noqa: E402
 
 COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
            "--steps", "120", "--cluster", "off", "--slow-worker", "1:2", "--log-every-steps", "40", "--resume", "none"]
@@ -188,21 +189,15 @@ def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str,
     by_seed: dict[str, list[float]] = collections.defaultdict(list)
     for key, v in ratios.items():
         by_seed[key.split("-")[0]].append(v)
-    logs = [math.log(v) for v in ratios.values()]
-    out: dict[str, Any] = {"by_seed": {k: {"ratios": v, "geomean": math.exp(statistics.fmean(map(math.log, v))),
+    out: dict[str, Any] = {"by_seed": {k: {"ratios": v, "geomean": geomean(v),
                                            "at_least_1_3": sum(x >= 1.3 for x in v)} for k, v in sorted(by_seed.items())}}
-    if len(logs) >= 2:
-        mean, sem = statistics.fmean(logs), statistics.stdev(logs) / len(logs) ** 0.5
-        t = float(sstats.t.ppf(0.975, len(logs) - 1))
-        out["pooled"] = {"pairs": len(logs), "geomean": math.exp(mean),
-                         "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)],
+    if len(ratios) >= 2:
+        mid, low, high = log_t_interval(ratios.values())
+        out["pooled"] = {"pairs": len(ratios), "geomean": mid, "t95": [low, high],
                          "at_least_1_3": sum(v >= 1.3 for v in ratios.values())}
-    seed_means = [statistics.fmean(map(math.log, v)) for v in by_seed.values()]
-    if len(seed_means) >= 2:
-        mean, sem = statistics.fmean(seed_means), statistics.stdev(seed_means) / len(seed_means) ** 0.5
-        t = float(sstats.t.ppf(0.975, len(seed_means) - 1))
-        out["seed_clustered"] = {"seeds": len(seed_means), "geomean": math.exp(mean),
-                                 "t95": [math.exp(mean - t * sem), math.exp(mean + t * sem)]}
+    if len(by_seed) >= 2:  # the seeds' geometric means, each one sample of the ratio
+        mid, low, high = log_t_interval(geomean(v) for v in by_seed.values())
+        out["seed_clustered"] = {"seeds": len(by_seed), "geomean": mid, "t95": [low, high]}
     groups = [[math.log(x) for x in v] for v in by_seed.values() if len(v) >= 2]
     if len(groups) >= 2:
         out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)

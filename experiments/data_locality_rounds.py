@@ -11,19 +11,23 @@ the mean wait of mode and calibration). Where a record has each step (`epoch_ste
 calibrations' restarts (`restart_step_s`), the epochs' start (their first two steps over the
 rest) beside the calibrations' measured restart.
 
+A row without a loaded calibration (calibration off) has no rounds to compare: it is printed
+with a note and left out of its configuration's summary.
 Usage: python -m experiments.data_locality_rounds STORE_DIR FILE...   (records or runs files)
 """
 from __future__ import annotations
 
-import json
+import os
 import sys
-from statistics import correlation, fmean, median, pstdev
+from statistics import fmean, median, pstdev
 from typing import Any
 
-from caramel.bench.data_contention import epoch_start_excess_s
-from caramel.bench.data_report import stored_records
-from caramel.data.store import Store
-from experiments.data_model_repredict import repredict
+if __package__ in (None, ""):  # run as a file: `experiments` is found from the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from caramel.bench.data_contention import epoch_start_excess_s  # noqa: E402
+from caramel.bench.data_report import stored_records_of  # noqa: E402
+from experiments.data_model_repredict import correlation_or_nan, repredict, store_and_files  # noqa: E402
 
 MODES = ("cached", "locality")
 
@@ -65,35 +69,35 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     ratio = [median(r["loaded_s"] for r in row["rounds"]) / row["measured_s"] for row in rows]
     pairs = [(r["loaded_s"], fmean(r["epochs_s"])) for row in rows for r in row["rounds"]]
     return dict(runs=len(rows), ratio_mean=fmean(ratio), ratio_sd=pstdev(ratio),
-                round_correlation=correlation(*zip(*pairs)) if len(pairs) > 2 else float("nan"),
+                round_correlation=correlation_or_nan(*map(list, zip(*pairs))) if len(pairs) > 2 else float("nan"),
                 mode_wait_s=fmean(row["wait_s"] for row in rows),
                 calibration_wait_s=fmean(r["wait_s"] for row in rows for r in row["rounds"]),
                 errors=[row["predicted_s"] / row["measured_s"] - 1 for row in rows])
 
 
 def main(argv: list[str]) -> int:
-    index = Store(argv[0]).index()
+    index, files = store_and_files(__doc__, argv)
     groups: dict[tuple, list] = {}
-    for path in argv[1:]:
-        with open(path) as f:
-            records = stored_records(json.load(f))
-        for name, record in records.items():
-            cfg = record["config"]
-            key = (cfg["store_rate_bps"], cfg["batch_size"], cfg["cache_share"])
-            for row in rows_of(record, index):
-                groups.setdefault(key + (row["mode"],), []).append(row)
-                print(f"{path}{':' + name if name else ''} {row['mode']:<8} measured {row['measured_s'] * 1e3:6.2f} ms, "
-                      f"model {row['predicted_s'] * 1e3:6.2f} ({row['predicted_s'] / row['measured_s'] - 1:+.1%}); "
-                      f"data {row['data_s'] * 1e3:.2f} ms; wait {row['wait_s'] * 1e3:.2f}, all-reduce {row['sync_s'] * 1e3:.2f}")
-                for i, r in enumerate(row["rounds"]):
-                    print(f"    round {i}: calibration {r['loaded_s'] * 1e3:5.2f} ms (wait {r['wait_s'] * 1e3:.2f}, "
-                          f"all-reduce {r['sync_s'] * 1e3:.2f}); its epochs "
-                          + " ".join(f"{e * 1e3:.2f}" for e in r["epochs_s"]))
-                if row["has_restart"]:
-                    print("    epochs' start (first two steps over the rest) "
-                          + " ".join(f"{s * 1e3:.1f}" for s in row["epoch_starts_s"])
-                          + " ms; calibrations' restart "
-                          + " ".join("-" if s is None else f"{s * 1e3:.1f}" for s in row["restarts_s"]) + " ms")
+    for where, record in stored_records_of(files):
+        cfg = record["config"]
+        key = (cfg["store_rate_bps"], cfg["batch_size"], cfg["cache_share"])
+        for row in rows_of(record, index):
+            print(f"{where} {row['mode']:<8} measured {row['measured_s'] * 1e3:6.2f} ms, "
+                  f"model {row['predicted_s'] * 1e3:6.2f} ({row['predicted_s'] / row['measured_s'] - 1:+.1%}); "
+                  f"data {row['data_s'] * 1e3:.2f} ms; wait {row['wait_s'] * 1e3:.2f}, all-reduce {row['sync_s'] * 1e3:.2f}")
+            if not row["rounds"]:
+                print("    no loaded calibration: left out of the summary")
+                continue
+            groups.setdefault(key + (row["mode"],), []).append(row)
+            for i, r in enumerate(row["rounds"]):
+                print(f"    round {i}: calibration {r['loaded_s'] * 1e3:5.2f} ms (wait {r['wait_s'] * 1e3:.2f}, "
+                      f"all-reduce {r['sync_s'] * 1e3:.2f}); its epochs "
+                      + " ".join(f"{e * 1e3:.2f}" for e in r["epochs_s"]))
+            if row["has_restart"]:
+                print("    epochs' start (first two steps over the rest) "
+                      + " ".join(f"{s * 1e3:.1f}" for s in row["epoch_starts_s"])
+                      + " ms; calibrations' restart "
+                      + " ".join("-" if s is None else f"{s * 1e3:.1f}" for s in row["restarts_s"]) + " ms")
     for (rate, batch, share, mode), rows in sorted(groups.items()):
         s = summary(rows)
         print(f"{rate / 1e6:g} Mbit/s, batch {batch}, cache share {share:g}, {mode}: {s['runs']} runs, "

@@ -15,14 +15,17 @@ older record lacks prints as "-". Usage: python -m experiments.data_model_repred
 """
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from dataclasses import replace
+from statistics import correlation
+from typing import Any
 
 from caramel.bench.data_bench import DataBenchConfig
 from caramel.bench.data_contention import alone_floor_s, round_inputs
-from caramel.bench.data_report import batch_trip_s, measured_contention, predict, round_models, stored_records
+from caramel.bench.data_report import batch_trip_s, measured_contention, predict, round_models, stored_records_of
 from caramel.data.store import Store
+from caramel.errors import CaramelError
 from caramel.stats import median
 
 
@@ -73,23 +76,39 @@ def _percent(x: float | None) -> str:
     return "-" if x is None else f"{x:+.0%}"
 
 
+def store_and_files(doc: str, argv: list[str]) -> tuple[Any, list[str]]:
+    """The command line the data-record scripts share: a store directory (its index, which the
+    model replays need) and the record or runs files to read. Unknown options are errors."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("store", metavar="STORE_DIR", help="the data store the records were measured on")
+    parser.add_argument("files", metavar="FILE", nargs="+", help="data-bench records or runs files")
+    args = parser.parse_args(argv)
+    try:
+        return Store(args.store).index(), args.files
+    except CaramelError as e:
+        parser.error(str(e))
+
+
+def correlation_or_nan(xs: list[float], ys: list[float]) -> float:
+    """Pearson's r, NaN where it is undefined (fewer than two points, or a constant side)."""
+    if len(xs) < 2 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return float("nan")
+    return correlation(xs, ys)
+
+
 def main(argv: list[str]) -> int:
-    index = Store(argv[0]).index()
-    for path in argv[1:]:
-        with open(path) as f:
-            records = stored_records(json.load(f))
-        for name, record in records.items():
-            where = f"{path}{':' + name if name else ''}"
-            if missing_inputs(record):
-                print(f"{where}  not rescored: its rows lack {', '.join(missing_inputs(record))} "
-                      f"(format {record.get('format')})")
-                continue
-            for r in repredict(record, index):
-                print(f"{where}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  "
-                      f"repredicted {r['repredicted_s'] * 1e3:6.2f} ms ({r['error']:+.0%})  "
-                      f"epoch edge {r['epoch_edge_s'] * 1e3:5.1f} ms  "
-                      f"recorded {_percent(r['recorded_error'])}  one calibration {r['one_calibration_error']:+.0%}  "
-                      f"before {_percent(r['before_error'])}")
+    index, files = store_and_files(__doc__, argv)
+    for where, record in stored_records_of(files):
+        if missing_inputs(record):
+            print(f"{where}  not rescored: its rows lack {', '.join(missing_inputs(record))} "
+                  f"(format {record.get('format')})")
+            continue
+        for r in repredict(record, index):
+            print(f"{where}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  "
+                  f"repredicted {r['repredicted_s'] * 1e3:6.2f} ms ({r['error']:+.0%})  "
+                  f"epoch edge {r['epoch_edge_s'] * 1e3:5.1f} ms  "
+                  f"recorded {_percent(r['recorded_error'])}  one calibration {r['one_calibration_error']:+.0%}  "
+                  f"before {_percent(r['before_error'])}")
     return 0
 
 

@@ -9,20 +9,23 @@ with the read; the reads' range. Then the same rows scored with the closed loop 
 asymptotic bound (no queueing: throughput min(n / (think + demand), 1 / demand)) in place of
 mean value analysis: the errors' range and how many of the rows are within 15%.
 
+A configuration with fewer than two distinct reads has no slope and is said so.
 Usage: python -m experiments.data_read_slope STORE_DIR FILE...   (records or runs files)
 """
 from __future__ import annotations
 
-import json
+import os
 import sys
-from statistics import correlation, fmean
+from statistics import fmean
 from typing import Any
 from unittest import mock
 
-import caramel.data.io_model as io_model
-from caramel.bench.data_report import stored_records
-from caramel.data.store import Store
-from experiments.data_model_repredict import repredict
+if __package__ in (None, ""):  # run as a file: `experiments` is found from the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import caramel.data.io_model as io_model  # noqa: E402
+from caramel.bench.data_report import stored_records_of  # noqa: E402
+from experiments.data_model_repredict import correlation_or_nan, repredict, store_and_files  # noqa: E402
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -56,19 +59,19 @@ def plain_rows(records: dict[str, dict[str, Any]], index) -> list[dict[str, Any]
 
 
 def main(argv: list[str]) -> int:
-    index = Store(argv[0]).index()
-    rows: list[dict[str, Any]] = []
-    for path in argv[1:]:
-        with open(path) as f:
-            named = stored_records(json.load(f))
-        rows += plain_rows({f"{path}:{k}" if k else path: v for k, v in named.items()}, index)
+    index, files = store_and_files(__doc__, argv)
+    rows = plain_rows(dict(stored_records_of(files)), index)
     for key in sorted({r["key"] for r in rows}):
         group = [r for r in rows if r["key"] == key]
         reads = [r["read_s"] for r in group]
-        print(f"{key[0] / 1e6:g} Mbit/s, batch {key[1]}, cache share {key[2]:g}: {len(group)} runs, "
+        where = f"{key[0] / 1e6:g} Mbit/s, batch {key[1]}, cache share {key[2]:g}: {len(group)} runs"
+        if len(set(reads)) < 2:
+            print(f"{where}: too few for a slope (fewer than two distinct reads)")
+            continue
+        print(f"{where}, "
               f"reads {min(reads) * 1e3:.2f}-{max(reads) * 1e3:.2f} ms; slope measured "
               f"{slope(reads, [r['measured_s'] for r in group]):.2f}, model {slope(reads, [r['model_s'] for r in group]):.2f} "
-              f"ms per ms; error against read r = {correlation(reads, [r['error'] for r in group]):.2f}; "
+              f"ms per ms; error against read r = {correlation_or_nan(reads, [r['error'] for r in group]):.2f}; "
               f"at the loop's asymptotic bound errors {min(r['bound_error'] for r in group):+.1%}.."
               f"{max(r['bound_error'] for r in group):+.1%} "
               f"({sum(1 for r in group if abs(r['bound_error']) <= 0.15)} of {len(group)} within 15%)")

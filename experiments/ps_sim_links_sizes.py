@@ -1,10 +1,14 @@
 """How large the ps simulator's two shared-link approximations get, on the synthetic 12-layer
-model of the tests (`tests/strategies/ps/test_simulate_links.py`), flat colocated servers.
+model of the tests (`tests/strategies/ps/test_simulate_links.py`), flat colocated servers,
+then the hierarchical step (2 nodes of 2 workers, 10 Gbit/s within a node, as the tests' `hier`).
 
 - Uneven shards: the long-run bound adds a rank's pulls to the pushes to the busiest other
   server, as if that server's receives were the rank's sends. The NIC itself carries, per
   step, every other shard's gradient once and its own shard to every other rank: the whole
   model plus (n-2) x its shard. Printed: the step against that busiest egress.
+- Hierarchical: a leader's inter-node pushes and pulls queue on its one NIC. Printed: the step
+  against the whole model through a leader's NIC (its node's sum of the other shard out, its
+  own shard to the other leader).
 - Granularity: a push waits for every pull its senders handed over before it; the runtime's
   sender thread hands pulls over one bucket at a time, so there a push waits behind at most
   one pull bucket. Printed: the longest steady wait `Links.push_start` adds against the
@@ -17,6 +21,7 @@ Nothing fitted, nothing written: it prints one line per case.
 from __future__ import annotations
 
 import sys
+from unittest import mock
 
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
@@ -33,11 +38,8 @@ def case(profile, spec: str, workers: int, rate_bps: float) -> str:
         waits_s.append(t - start_s)
         return t
 
-    sim_links.Links.push_start = recording
-    try:
+    with mock.patch.object(sim_links.Links, "push_start", recording):
         r = STRATEGIES.spec(spec).simulate(profile, ClusterSpec.uniform(workers, rate_bps))
-    finally:
-        sim_links.Links.push_start = original
     total = sum(p.bytes for p in profile.trainable())
     egress_s = max(total + (workers - 2) * s["bytes"] for s in r.meta["shard_loads"]) * 8 / rate_bps
     tl = r.meta["timeline_s"]
@@ -50,6 +52,17 @@ def case(profile, spec: str, workers: int, rate_bps: float) -> str:
             f"{1e3 * max(steady):.1f} ms, longest pull bucket {1e3 * bucket_s:.1f} ms")
 
 
+def hierarchical_case(profile, spec: str, rate_bps: float) -> str:
+    """2 nodes of 2 workers: each leader sends one node sum and one pull of a shard a step."""
+    cluster = ClusterSpec.uniform(4, rate_bps)
+    cluster.meta.update(workers_per_node=2, node_bandwidth_bps=1e10)
+    r = STRATEGIES.spec(spec + ",hierarchical=true").simulate(profile, cluster)
+    nic_s = sum(p.bytes for p in profile.trainable()) * 8 / rate_bps
+    bound = "comm" if r.step_time_s > 1.1 * r.compute_time_s else "compute"
+    return (f"[{bound}-bound] {spec},hierarchical=true 2 nodes x2 @ {rate_bps / 1e6:g} Mbit/s: step "
+            f"{1e3 * r.step_time_s:.1f} ms, whole model through a leader's NIC {1e3 * nic_s:.1f} ms")
+
+
 def main() -> int:
     profile = synthetic_profile(sizes_bytes=[400_000 - 30_000 * k for k in range(12)], forward_time_s=0.02,
                                 backward_time_s=0.04, optimizer_time_s=0.002)
@@ -57,6 +70,9 @@ def main() -> int:
         for rate_bps in (1e8, 1e9):
             for spec in ("ps:consistency=ssp:2", "ps:consistency=asp"):
                 print(case(profile, spec, workers, rate_bps))
+    for rate_bps in (1e8, 1e9):
+        for spec in ("ps:consistency=ssp:2", "ps:consistency=asp"):
+            print(hierarchical_case(profile, spec, rate_bps))
     return 0
 
 

@@ -5,14 +5,14 @@ configuration). This replays every ps row of the given runs with the simulator o
 on `sys.path` (run it from two checkouts to compare models) and writes one JSON of per-row
 predictions and errors. `--in-sample FILE[:CONFIG]` marks rows the model was built on (looked at
 while it was changed); the rest are scored out of sample. An entry that matches no given run or
-configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW --markdown OUT` writes
-the table of two such files side by side, once it has checked that both score the same rows
-with the same marks. Nothing is fitted.
+configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW
+--markdown OUT` writes the table of two such files side by side, once it has checked that both
+score the same rows with the same marks. Nothing is fitted.
 
     PYTHONPATH=. python experiments/ps_sim_score.py docs/results/ps_order_final.json \
-        docs/results/ps_sim_4workers_run1/bench.json --in-sample docs/results/ps_sim_4workers_run1/bench.json \
-        --out /tmp/after.json
-    python experiments/ps_sim_score.py --compare /tmp/before.json /tmp/after.json --markdown OUT.md
+        docs/results/ps_sim_4workers_run1/bench.json \
+        --in-sample docs/results/ps_sim_4workers_run1/bench.json --out AFTER.json
+    python experiments/ps_sim_score.py --compare BEFORE.json AFTER.json --markdown OUT.md
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
     """One row per ps record of each run with saved inputs: measured, predicted, error, sample.
     Every `in_sample` entry must name a given run, or one of its configurations: one that
     matches nothing would silently turn rows the model was built on into out-of-sample ones."""
-    from experiments.ps_sim_sensitivity import _ps_rows
+    from experiments.ps_sim_sensitivity import ps_rows
 
     marks = {e: _entry(e) for e in in_sample}
     configs = []  # (run, its records, config, inputs, the entries marking it in sample)
@@ -58,7 +58,7 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
                          "FILE:CONFIG, CONFIG a key of the run's meta.prediction_inputs): " + ", ".join(map(repr, unused)))
     rows = []
     for path, records, label, pi, hits in configs:
-        for r, e in _ps_rows(records, label, pi):
+        for r, e in ps_rows(records, label, pi):
             rows.append({"run": path, "config": label, "strategy": r["strategy"],
                          "measured_s": r["step_time_median_s"], "predicted_s": r["step_time_median_s"] * (1 + e),
                          "error": e, "recorded_error": r.get("prediction_error"),

@@ -55,10 +55,13 @@ CASES = [("recorded inputs", None, None),
 
 def ps_errors(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[tuple[str, float]]:
     """(strategy, predicted / measured - 1) of every ps record of configuration `label`."""
-    return [(r["strategy"], e) for r, e in _ps_rows(records, label, inputs, mod_cluster, mod_profile)]
+    return [(r["strategy"], e) for r, e in ps_rows(records, label, inputs, mod_cluster, mod_profile)]
 
 
-def _ps_rows(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[tuple[dict, float]]:
+def ps_rows(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[tuple[dict, float]]:
+    """Every ps row of configuration `label` in a bench run's `records`, replayed by the simulator
+    from the run's saved `inputs` (cluster and profile, each optionally modified), with its error
+    (predicted over measured, minus 1). Shared with `ps_sim_score`."""
     from caramel.bench.record import Record, config_label
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
@@ -89,7 +92,7 @@ def replay_mismatches(d: dict, tol: float = 1e-9) -> list[str]:
     the run's own prediction."""
     bad = []
     for label, pi in d["meta"]["prediction_inputs"].items():
-        for r, e in _ps_rows(d["records"], label, pi):
+        for r, e in ps_rows(d["records"], label, pi):
             rec = r.get("prediction_error")
             if rec is None or abs(e - rec) >= tol:
                 bad.append(f"{label} {r['strategy']}: replayed {e:+.6f}, recorded {rec}")

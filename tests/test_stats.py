@@ -1,10 +1,11 @@
-"""caramel.stats: the one percentile, median, geomean and paired-ratio interval."""
+"""caramel.stats: the one percentile, median, geomean, t intervals and paired-ratio interval."""
 import math
 
 import numpy as np
 import pytest
 
-from caramel.stats import geomean, median, paired_ratio_interval, paired_rounds_interval, percentile
+from caramel.stats import (geomean, log_t_interval, median, paired_ratio_interval, paired_rounds_interval, percentile,
+                           t_interval)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,3 +62,23 @@ def test_paired_rounds_interval_is_paired_ratio_interval_from_round_medians():
     got = paired_rounds_interval([r for r, _ in rounds], [c for _, c in rounds], median(ref) / median(cand))
     assert got == pytest.approx(paired_ratio_interval(ref, cand, 8), rel=1e-12)
     assert paired_rounds_interval([1.0, 2.0], [1.0, 2.0], 1.0) is None  # too few rounds
+
+
+def test_t_interval_is_the_mean_plus_minus_t_standard_errors():
+    from scipy import stats as sstats
+
+    mean, low, high = t_interval([1.0, 2.0, 4.0])
+    half = sstats.t.ppf(0.975, 2) * np.std([1.0, 2.0, 4.0], ddof=1) / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((7 / 3, 7 / 3 - half, 7 / 3 + half))
+    with pytest.raises(ValueError, match="two or more values, got 1"):
+        t_interval([1.0])
+
+
+def test_log_t_interval_is_the_t_interval_of_the_logs_around_the_geomean():
+    ratios = [1.2, 1.5, 1.3, 1.4]
+    mid, low, high = log_t_interval(ratios)
+    m, lo, hi = t_interval(np.log(ratios))
+    assert mid == pytest.approx(geomean(ratios)) and (low, high) == pytest.approx((math.exp(lo), math.exp(hi)))
+    assert low < mid < high and mid * mid == pytest.approx(low * high)  # symmetric in logs
+    with pytest.raises(ValueError, match="positive"):
+        log_t_interval([1.0, 0.0])

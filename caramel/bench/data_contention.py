@@ -146,9 +146,10 @@ def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], N
     compute is short. The first pass (the same steps, all-reduce included) is kept as
     `first_pass_step_s`. The second pass starts with a new iterator over the warm workers, inside
     its first timed step as a scored epoch's start is (the first pass run to its end first, as an
-    epoch is): its warm-up steps are kept as `restart_step_s` (`epoch_start_excess_s`). With `window` (an Event) it is set over the first pass's steps after
-    the warm-up and cleared before the second: the loaded but unscored steps in which the
-    request probe reads (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`."""
+    epoch is): its warm-up steps are kept as `restart_step_s` (`epoch_start_excess_s`).
+    With `window` (an Event) it is set over the first pass's steps after the warm-up and cleared
+    before the second: the loaded but unscored steps in which the request probe reads
+    (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`."""
     bounds: list[float] = []
 
     def opened() -> None:

@@ -4,8 +4,10 @@ prediction) and the table."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -258,6 +260,16 @@ def stored_records(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
                            f"expected 'rows' or 'runs'")
     named = runs.items() if isinstance(runs, dict) else ((str(k), run) for k, run in enumerate(runs))
     return {name: run.get("record", run) for name, run in named}
+
+
+def stored_records_of(paths: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every data-bench record of the results files at `paths` (`stored_records`), named by where it
+    is: `path` for a record file, `path:name` for a run of a runs container."""
+    for path in paths:
+        with open(path) as f:
+            named = stored_records(json.load(f))
+        for name, record in named.items():
+            yield (f"{path}:{name}" if name else path), record
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:

@@ -208,3 +208,48 @@ def test_the_read_slope_gives_the_numbers_the_docs_quote(store):
     fast = bound[200e6, 16, 1.0]
     assert (min(fast), max(fast)) == (pytest.approx(-0.198, abs=5e-4), pytest.approx(0.044, abs=5e-4))
     assert sum(1 for e in fast if abs(e) <= 0.15) == 10
+
+
+@pytest.mark.parametrize("script", ["data_model_repredict", "data_read_slope", "data_locality_rounds"])
+def test_the_data_scripts_refuse_bad_command_lines(store, script, capsys):
+    """One usage error each, never a traceback: no files, an unknown option, a store that is not one."""
+    import importlib
+
+    main_of = importlib.import_module(f"experiments.{script}").main
+    root, _ = store
+    one = str(RESULTS / "data-bench-restart-half-1.json")
+    for argv, said in (([str(root)], "required: FILE"), (["--bogus", str(root), one], "unrecognized arguments: --bogus"),
+                       ([str(root / "nothing"), one], "index.json is not there")):
+        with pytest.raises(SystemExit) as exit_:
+            main_of(argv)
+        assert exit_.value.code == 2 and said in capsys.readouterr().err, argv
+
+
+def test_one_run_has_no_slope_and_a_row_without_calibrations_is_left_out(store, tmp_path, capsys):
+    from experiments.data_locality_rounds import main as rounds_main
+    from experiments.data_read_slope import main as slope_main
+
+    root, _ = store
+    one = RESULTS / "data-bench-restart-half-1.json"
+    assert slope_main([str(root), str(one)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "100 Mbit/s, batch 8, cache share 0.5: 1 runs: too few for a slope (fewer than two distinct reads)"]
+    record = json.loads(one.read_text())
+    for row in record["rows"]:
+        if row["mode"] == "locality":
+            row["calibrations"] = [{k: v for k, v in c.items() if k != "loaded"} for c in row["calibrations"]]
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    assert rounds_main([str(root), str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "no loaded calibration: left out of the summary" in out
+    assert "runs, errors" not in out  # its only caramel.data row: no configuration to summarize
+
+
+def test_the_data_scripts_run_as_files(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(repo / "experiments" / "data_read_slope.py"), "--help"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "STORE_DIR FILE" in done.stdout, done.stderr

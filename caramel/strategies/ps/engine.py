@@ -6,13 +6,12 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
    shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
    sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
-   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce`
-   on the push groups; with a hierarchy a reduce within the node, then each leader's node
-   sum sent to the server leader as soon as it lands on gloo, reduced among the leaders
-   off gloo, `hierarchy.py`), in the plan's bucket
-   order (a bucket is handed to the backend only after every earlier one: TicTac's counter
-   rule); `step()` pushes what never became ready (zeros) and a per-parameter "someone used
-   it" count;
+   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce` on
+   the push groups; with a hierarchy a reduce within the node, then each leader's node sum sent
+   to the server leader as soon as it lands on gloo, reduced among the leaders off gloo,
+   `hierarchy.py`), in the plan's bucket order (a bucket is handed to the backend only after
+   every earlier one: TicTac's counter rule); `step()` pushes what never became ready (zeros)
+   and a per-parameter "someone used it" count;
 2. apply: the owner waits for its reductions and runs the user's own optimizer on its shard
    only, with the hyper-parameters of the step that made the gradients;
 3. pull: every rank takes part in one broadcast per pull bucket (parameters of one shard in
@@ -47,7 +46,7 @@ from caramel.distributed import broadcast_coalesced
 from caramel.profile.profiler import unique_params
 from caramel.runtime.apply import snapshot_hparams
 from caramel.strategies.ps.buckets import flatten, unflatten
-from caramel.strategies.ps.hierarchy import NodeSumSender
+from caramel.strategies.ps.hierarchy import NodeSums
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.pulls import PsPulls
@@ -81,8 +80,7 @@ class PsEngine(PsPulls):
         self.pulls: dict[int, deque[Pull]] = {i: deque() for i in plan.params}
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.sender, self.relay_sender = self._senders()
-        self.node_sums_sent = self._sends_node_sums()
-        self.push_sender = self._push_sender()
+        self.node_sums = NodeSums(self) if self.hier is not None else None  # past the node's reduce
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -109,25 +107,6 @@ class PsEngine(PsPulls):
             return (SerialSender() if uses_sender(self.groups.pull) else None), None
         return (SerialSender() if uses_sender(h.lead_pull) else None,
                 SerialSender() if uses_sender([h.node_pull]) else None)
-
-    def _sends_node_sums(self) -> bool:
-        """Hierarchical, at a leader: whether the leaders' node sums travel point-to-point to
-        the server leader (on gloo) or by a reduce among the leaders (off gloo: NCCL). The
-        same answer on every leader, since every rank makes the same groups. Not on NCCL
-        because it would deadlock there: NCCL creates each pair's point-to-point communicator
-        lazily and blocking, so two server leaders, each posting a receive from the other at
-        its first hook (`_expect_node_sums`), wait for each other's send side, which neither
-        reaches before its step returns. The reduce, reached by every leader in the same
-        order, was the path before the sends and has no such cycle (not run on a GPU here)."""
-        h = self.hier
-        return h is not None and h.is_leader and uses_sender(h.lead_push)
-
-    def _push_sender(self) -> NodeSumSender | None:
-        """Where node sums are sent (gloo), at a leader that sends some to another server: the
-        thread that sends each node sum once its reduce has landed (`hierarchy.py`)."""
-        if not self.node_sums_sent or all(self.server_of(i) == self.rank for i in self.plan.params):
-            return None
-        return NodeSumSender()
 
     # --- hooks -------------------------------------------------------------------------
     def _hook_handles(self) -> None:
@@ -163,26 +142,9 @@ class PsEngine(PsPulls):
     def _update(self) -> Update:
         if self.current is None:
             self.current = Update(self.steps, hparams=snapshot_hparams(self.optimizer))
-            if self.node_sums_sent:
-                self._expect_node_sums(self.current)
+            if self.node_sums is not None and self.node_sums.sent:
+                self.node_sums.expect(self.current)
         return self.current
-
-    def _expect_node_sums(self, u: Update) -> None:
-        """Hierarchical, at a server leader, at its step's first push: post a receive for every
-        other leader's node sum of each bucket it serves, so a sum can travel as soon as its
-        sender has it (gloo moves a point-to-point message once both ends have posted it)."""
-        h = self.hier
-        for b, members in enumerate(self.plan.buckets):
-            i = members[0]
-            if self.server_of(i) != self.rank:
-                continue
-            parts = []
-            for leader in h.leaders():
-                if leader != self.rank:
-                    parts.append(self._recv_buf(members))
-                    u.works.append(dist.irecv(parts[-1], self.ranks[leader], group=h.link_group(leader, self.plan.owner[i]),
-                                              tag=b))
-            u.incoming[b] = parts
 
     def _push(self, b: int) -> None:
         members = self.plan.buckets[b]
@@ -201,20 +163,8 @@ class PsEngine(PsPulls):
             u.works.append(dist.reduce(flat, dst=self.ranks[self.server_of(i)], group=self.groups.push[self.plan.owner[i]],
                                        async_op=True))
             return
-        h, server = self.hier, self.server_of(i)
-        work = dist.reduce(flat, dst=self.ranks[h.leader], group=h.node_push, async_op=True)
-        if not h.is_leader or (server == self.rank and self.node_sums_sent):
-            u.works.append(work)
-            if h.is_leader:  # the server adds the other nodes' sums in `_apply`
-                u.sums.append((b, flat, u.incoming.pop(b)))
-        elif self.push_sender is not None:
-            item = self.push_sender.forward(work, flat, self.ranks[server], h.link_group(self.rank, self.plan.owner[i]), b,
-                                            f"node sum of bucket {b} to its server")
-            u.works.append(item)
-            u.forwards.append((b, item))
-        else:  # a reduce among the leaders, the server's own node sum included (`_sends_node_sums`)
-            u.works.append(work)
-            u.relay.append((b, work))
+        work = dist.reduce(flat, dst=self.ranks[self.hier.leader], group=self.hier.node_push, async_op=True)
+        self.node_sums.push(u, b, flat, work, self.server_of(i))
 
     def _send_push(self, u: Update, b: int, flat: torch.Tensor, server: int) -> None:
         """Bucket `b`'s push as a parameter server's push: every other worker sends its copy to
@@ -257,20 +207,6 @@ class PsEngine(PsPulls):
             return self.groups.pull[worker]
         return self.groups.push[server]
 
-    def _forward_node_sums(self, u: Update, force: bool) -> None:
-        """Hierarchical, at a leader off gloo (NCCL, `_sends_node_sums`): reduce each node sum
-        that has landed to its server, in push order (so every leader reaches each group's
-        reduces in the same order), at each hook and, with `force`, at `step()`."""
-        while u.relay:
-            b, work = u.relay[0]
-            if not force and not work.is_completed():
-                return
-            work.wait()
-            u.relay.popleft()
-            i = self.plan.buckets[b][0]
-            u.works.append(dist.reduce(u.flats[b], dst=self.ranks[self.server_of(i)],
-                                       group=self.hier.lead_push[self.plan.owner[i]], async_op=True))
-
     def server_of(self, i: int) -> int:
         """The group rank serving parameter i."""
         shard = self.plan.owner[i]
@@ -287,7 +223,7 @@ class PsEngine(PsPulls):
             self._push(self.next_push)
             self.next_push += 1
         if self.current is not None and self.current.relay:
-            self._forward_node_sums(self.current, force=False)
+            self.node_sums.forward(self.current, force=False)
         if self.relays:
             self.relay_pulls()
 
@@ -299,7 +235,7 @@ class PsEngine(PsPulls):
             self.next_push += 1
         if self.hier is not None and self.hier.is_leader:
             self.relay_pulls(force=True)  # the node's ranks may be waiting for these before they push
-            self._forward_node_sums(u, force=True)
+            self.node_sums.forward(u, force=True)
         used = [float(self.params[i].grad is not None) for i in self.plan.params]
         if self.stale is not None:  # busy seconds (pacing: who is the slowest) and lags, each rank in its slot
             used += self.stale.busy_slots() + self.stale.lag_slots()
@@ -407,7 +343,9 @@ class PsEngine(PsPulls):
         for h in self.handles + getattr(self, "_module_handles", []):
             h.remove()
         self.handles, self._module_handles = [], []
-        for sender in (self.sender, self.relay_sender, self.push_sender):
+        for sender in (self.sender, self.relay_sender):
             if sender is not None:
                 sender.close()
+        if self.node_sums is not None:
+            self.node_sums.close()
 

@@ -7,7 +7,7 @@ import time
 import torch
 
 import caramel
-from caramel.strategies.ps.engine import PsEngine
+from caramel.strategies.ps.hierarchy import NodeSums
 from tests.distributed.workers import FAMILIES, OPTIMIZERS, batch, fresh, make_optimizer, max_diff, params_of, train
 from tests.strategies.ps.staleness_workers import pace_worker, predict_resume_worker  # imported from here by tests
 from tests.strategies.ps.wire_log import wire_logged
@@ -211,15 +211,15 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
     caramel.shutdown()
     out["forwarded"] = forwarded_before_step("gpt_tied", rank, 3, "ps:hierarchical=true,bucket_cap_mb=0")
     # the path off gloo (NCCL's: the leaders' reduce, issued at each hook and at step()), run on gloo
-    sends = PsEngine._sends_node_sums
-    PsEngine._sends_node_sums = lambda self: False
+    sends = NodeSums.__dict__["sends_point_to_point"]  # the staticmethod itself, to restore as it was
+    NodeSums.sends_point_to_point = staticmethod(lambda h: False)
     try:
         model, opt = _ps("cnn_bn", "adam", steps, rank, "ps:hierarchical=true")
         out["threadless_diff"] = max_diff(refs["cnn_bn"], params_of(model.module))
-        out["threadless_sender"] = opt.ps.engine.push_sender
+        out["threadless_sender"] = opt.ps.engine.node_sums.sender
         caramel.shutdown()
     finally:
-        PsEngine._sends_node_sums = sends
+        NodeSums.sends_point_to_point = sends
     return out
 
 

@@ -1,8 +1,9 @@
 """The ps simulator's links: a serving rank's pushes and pulls share its connections.
 
 Colocated flat servers push on their own shard's pull group (`PsEngine.link_group`): on each
-link a rank's pushes and pulls leave one after another. Under ssp/asp the old model let them
-run side by side at full rate each, so a comm-bound rank sent twice what its link carries.
+link a rank's pushes and pulls leave one after another; hierarchical leaders share their NIC
+the same way. Under ssp/asp the old model let them run side by side at full rate each, so a
+comm-bound rank sent twice what its link carries.
 """
 from __future__ import annotations
 
