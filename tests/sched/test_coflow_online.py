@@ -16,7 +16,8 @@ from caramel.sched.coflow import synthetic_trace  # noqa: E402
 from caramel.sched.coflow.decode import Decoding, decode, policy_logits  # noqa: E402
 from caramel.sched.coflow.env import CoflowEnv, EnvOptions  # noqa: E402
 from caramel.sched.coflow.fabric import FabricSim, Result  # noqa: E402
-from caramel.sched.coflow.rollout import MARGIN, finish, objective_total  # noqa: E402
+from caramel.sched.coflow.online import decode_arrived  # noqa: E402
+from caramel.sched.coflow.rollout import MARGIN, finish, objective_total, rollout_values  # noqa: E402
 from caramel.sched.rl import PpoOptions, make_ppo  # noqa: E402
 
 TRACE = TraceOptions(num_jobs=6, max_steps=2, max_layers=5)
@@ -42,7 +43,8 @@ def _later_jobs_replaced(w: Workload, other: Workload, first: int) -> Workload:
         for c in src.coflows:
             co = other.coflows[c]
             coflows.append(dataclasses.replace(co, id=c + shift, deps=tuple(d + shift for d in co.deps)))
-        jobs.append(dataclasses.replace(src, arrival_s=w.jobs[j].arrival_s, coflows=tuple(c + shift for c in src.coflows)))
+        jobs.append(dataclasses.replace(src, arrival_s=w.jobs[j].arrival_s,
+                                        coflows=tuple(c + shift for c in src.coflows)))
     return Workload(w.num_ports, w.port_bandwidth_Bps, tuple(jobs), tuple(coflows))
 
 
@@ -62,7 +64,8 @@ def test_a_restricted_state_holds_its_jobs_alone_and_runs_as_they_would():
     assert len(whole.workload.jobs) == 5
     np.testing.assert_array_equal(finish(whole, BASE).jct_s, finish(sim.clone(), BASE).jct_s)
     crossed = Workload(2, 1.0, (Job(0, 1.0, 0.0, (0, 1), (0,)), Job(1, 1.0, 0.0, (0, 1), (1,))),
-                       (Coflow(0, 0, 0, 0, (Flow(0, 1, 1.0),), (), 0.0), Coflow(1, 1, 0, 0, (Flow(1, 0, 1.0),), (0,), 0.0)))
+                       (Coflow(0, 0, 0, 0, (Flow(0, 1, 1.0),), (), 0.0),
+                        Coflow(1, 1, 0, 0, (Flow(1, 0, 1.0),), (0,), 0.0)))
     with pytest.raises(CaramelError, match="depends on \\(0,\\), outside jobs \\[1\\]"):
         FabricSim(crossed).restricted([1])
 
@@ -91,10 +94,15 @@ def test_decisions_up_to_a_time_do_not_change_with_later_jobs(setup):
     np.testing.assert_array_equal(seen[0][1], seen[1][1])  # the arrived jobs' does not
 
 
-def test_the_check_serves_no_worse_than_the_proposal_on_the_arrived_jobs(setup):
+def test_the_check_serves_no_worse_than_the_proposal_on_the_arrived_jobs(setup, monkeypatch):
     env, logits = setup
-    overruled = 0
+    from caramel.sched.coflow import online
+    rolled = []  # candidates rolled out per call
+    monkeypatch.setattr(online, "rollout_values", lambda view, base, cands, objective: (
+        rolled.append(len(cands)), rollout_values(view, base, cands, objective))[1])
+    overruled = saved = 0
     for seed in range(3):
+        rolled.clear()
         decisions = decode(env, synthetic_trace(TRACE, seed), logits, Decoding(arrived="check")).decisions
         for d in decisions:
             assert d.arrived_jobs == sum(j.arrival_s <= d.time_s for j in synthetic_trace(TRACE, seed).jobs)
@@ -105,9 +113,14 @@ def test_the_check_serves_no_worse_than_the_proposal_on_the_arrived_jobs(setup):
                     overruled += 1
             else:
                 assert d.served == d.proposed
+        with_reuse = sum(rolled)
+        again = decode_arrived(env, synthetic_trace(TRACE, seed), logits, "check", reuse=False)[1]
+        assert again == decisions  # the base's value carried from the last rollout is the one recomputed
+        saved += sum(rolled) - 2 * with_reuse
         served_base = decode(env, synthetic_trace(TRACE, seed), logits, Decoding(arrived="base")).decisions
         assert all(len(d.values) in (0, 2) for d in served_base)  # the proposal and the base's pick, if they differ
     assert overruled > 0  # the check does overrule the untrained policy
+    assert saved > 0  # and the carried value did spare rollouts
 
 
 def test_with_every_job_arrived_it_is_the_offline_rollout(setup):

@@ -44,15 +44,20 @@ class ArrivedDecision:
 
 
 def decode_arrived(env: CoflowEnv, workload: Workload, logits: Callable[[np.ndarray], np.ndarray],
-                   mode: str = "check") -> tuple[Result, list[ArrivedDecision]]:
+                   mode: str = "check", reuse: bool = True) -> tuple[Result, list[ArrivedDecision]]:
     """Run `workload` to its end, each decision taken on the arrived jobs (`mode` "greedy": the
     policy's proposal; "check": the proposal or a heuristic's pick, by rollouts on the arrived
-    set; "base": the proposal or the base's pick, likewise); the result and the decisions."""
+    set; "base": the proposal or the base's pick, likewise); the result and the decisions.
+
+    With `reuse`, the base's pick is not rolled out again where no job has arrived since the
+    last rollout: its value is then the served candidate's from then (the same state run on under
+    the base, so the same number; `reuse=False` recomputes it, tested equal)."""
     if mode not in ARRIVED_MODES:
         raise ValueError(f"mode must be one of {', '.join(ARRIVED_MODES)}, got {mode!r}")
     base, objective = env.base_scheduler, env.options.objective
     sim = FabricSim(workload)
     decisions: list[ArrivedDecision] = []
+    carried: tuple[int, float] | None = None  # (jobs arrived, the base's value from here on) if known
     while not sim.done:
         if len(sim.active) < 2:  # nothing to choose (as the environment runs such events through)
             sim.advance(list(sim.active))
@@ -67,11 +72,18 @@ def decode_arrived(env: CoflowEnv, workload: Workload, logits: Callable[[np.ndar
             picks = (h(view)[0] for h in HEURISTICS.values()) if mode == "check" else [cands[0]]
             options = [proposed] + [c for c in dict.fromkeys(picks) if c != proposed]
             if len(options) > 1:
-                totals = rollout_values(view, base, options, objective)
+                known = {cands[0]: carried[1]} if reuse and carried and carried[0] == len(view.workload.jobs) else {}
+                todo = [c for c in options if c not in known]
+                known.update(zip(todo, rollout_values(view, base, todo, objective)))
+                totals = np.array([known[c] for c in options])
                 values = {ids[c]: float(v) for c, v in zip(options, totals)}
                 best = int(np.argmin(totals))
                 if totals[best] < totals[0] - MARGIN * abs(totals[0]):
                     served = options[best]
         decisions.append(ArrivedDecision(sim.now_s, len(view.workload.jobs), ids[proposed], ids[served], values))
+        if values:
+            carried = (len(view.workload.jobs), values[ids[served]])
+        elif served != cands[0] or not carried or carried[0] != len(view.workload.jobs):
+            carried = None  # (serving the base's pick keeps the base's value from here on)
         sim.advance([ids[served]] + [ids[c] for c in base(view) if c != served])
     return Result.of(sim), decisions
