@@ -18,10 +18,10 @@ cheaper is served; elsewhere the base's pick is. It is never worse than the base
 simulations per checked event instead of the full rollout's one per candidate at every event,
 and, like the rollout, needs the trace in advance. Its online counterparts, `arrived:check`
 and `arrived:base` (and the policy alone, `arrived:greedy`), decide on the jobs that have
-arrived only (`coflow/online.py`). Greedy decoding reads one thing of the whole trace: its feature scale
-(the mean isolated coflow time of all the trace's coflows, future jobs included);
-`arrived:greedy` is the same policy with that scale taken over the arrived jobs. Needs the
-`rl` extra (the environment and the policy).
+arrived only (`coflow/online.py`). Greedy decoding reads one thing of the whole trace: its
+feature scale (the mean isolated coflow time of all the trace's coflows, future jobs
+included); `arrived:greedy` is the same policy with that scale taken over the arrived jobs.
+Needs the `rl` extra (the environment and the policy).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import numpy as np
 from caramel.errors import CaramelError
 from caramel.sched.coflow.fabric import FabricSim, Result
 from caramel.sched.coflow.heuristics import HEURISTICS
-from caramel.sched.coflow.workload import TraceOptions, Workload, synthetic_trace
+from caramel.sched.coflow.workload import Coflow, TraceOptions, Workload, synthetic_trace
 
 OBJECTIVES = ("cct", "weighted_jct")
 NUM_FEATURES = 20
@@ -191,7 +191,7 @@ class CoflowEnv(gym.Env):
                 np.log1p(f[0] / max(first_key, 1e-12))]
 
 
-def _isolated_bottleneck_s(workload: Workload, coflow) -> float:
+def _isolated_bottleneck_s(workload: Workload, coflow: Coflow) -> float:
     """The coflow's whole bytes at its busiest port over the port bandwidth (`FabricSim.bottleneck_s`
     before it has sent anything)."""
     up = np.zeros(workload.num_ports)
