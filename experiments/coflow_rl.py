@@ -54,18 +54,18 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
              decodings: list[Decoding], decode_seed: int) -> dict:
     """Every heuristic, the policy under each decoding (`ppo` greedy, `ppo_<decoding>`; "offline"
     lists the rows that need the whole trace in advance: check:M, sample:N, the rollout) and,
-    with `rollout`, the rollout on the traces of `seeds`; per trace, each learned method's objective
-    over the best heuristic's and the base's (mean with a 95% t-interval over the traces, wins,
-    losses), and each method's solve time."""
+    with `rollout`, the rollout on the traces of `seeds`; the report of `_report`."""
     logits = policy_logits(model)
     methods = {name: (lambda w, h=h: simulate(w, h)) for name, h in HEURISTICS.items()}
-    checks: dict[str, list[int]] = {}
+    counts: dict[str, dict[str, list[int]]] = {"checks": {}, "decisions": {}}
     offline = [f"ppo_{d.name}" for d in decodings if not d.online] + (["rollout"] if rollout else [])
 
     def decoded(w, d: Decoding, name: str):
         out = decode(env, w, logits, d, decode_seed)
-        if d.check is not None:
-            checks.setdefault(name, []).append(out.checks)
+        if d.check is not None or d.arrived is not None:
+            counts["checks"].setdefault(name, []).append(out.checks)
+        if d.arrived is not None:
+            counts["decisions"].setdefault(name, []).append(len(out.decisions))
         return out.result
     for d in decodings:
         name = "ppo" if d == Decoding() else f"ppo_{d.name}"
@@ -81,21 +81,55 @@ def evaluate(env: CoflowEnv, trace: TraceOptions, seeds: list[int], model, metri
             start = time.perf_counter()
             per[name].append(getattr(run(w), metric))
             solve_s[name].append(time.perf_counter() - start)
-    best = [min(per[n][i] for n in HEURISTICS) for i in range(len(seeds))]
-    best_name = [min(HEURISTICS, key=lambda n: per[n][i]) for i in range(len(seeds))]
-    base = per[env.options.base]
-    report = {"seeds": [seeds[0], seeds[-1] + 1], "trace": vars(trace),
-              "schedulers": {n: summary(v) for n, v in per.items()},
-              "solve_s": {n: summary(v) for n, v in solve_s.items()},
-              "best_heuristic_per_trace": {n: best_name.count(n) for n in HEURISTICS if n in best_name},
-              "per_trace": per, "checks_per_trace": {n: summary(v) for n, v in checks.items()},
-              "offline": offline, "vs": {}}
-    for name in (n for n in methods if n not in HEURISTICS):  # "ppo": the learned policy, however trained
-        report["vs"][name] = {ref: _versus(per[name], values) for ref, values
-                              in (("best_heuristic", best), ("base", base))}
-        report["vs"][name]["time_vs_base"] = ratio_summary(
-            [a / b for a, b in zip(solve_s[name], solve_s[env.options.base])])
+    raw = {"seeds": [seeds[0], seeds[-1] + 1], "trace": vars(trace), "per_trace": per, "solve_s_per_trace": solve_s,
+           "counts_per_trace": counts, "offline": offline}
+    return _report(raw, env.options.base)
+
+
+def _report(raw: dict, base_name: str) -> dict:
+    """From the per-trace values (`raw`: seeds, trace, per_trace, solve_s_per_trace,
+    counts_per_trace, offline): each scheduler's mean and solve time, and per trace each learned
+    method's objective over the best heuristic's, the base's and (for the policy's other
+    decodings) the greedy policy's (mean with a 95% t-interval over the traces, wins, losses);
+    for `arrived:*` the decisions per trace and the solve time per decision."""
+    per, solve_s, counts = raw["per_trace"], raw["solve_s_per_trace"], raw["counts_per_trace"]
+    n = len(next(iter(per.values())))
+    best = [min(per[h][i] for h in HEURISTICS) for i in range(n)]
+    best_name = [min(HEURISTICS, key=lambda h: per[h][i]) for i in range(n)]
+    report = {**raw, "schedulers": {m: summary(v) for m, v in per.items()},
+              "solve_s": {m: summary(v) for m, v in solve_s.items()},
+              "best_heuristic_per_trace": {h: best_name.count(h) for h in HEURISTICS if h in best_name},
+              "checks_per_trace": {m: summary(v) for m, v in counts["checks"].items()},
+              "decisions_per_trace": {m: summary(v) for m, v in counts["decisions"].items()},
+              "solve_s_per_decision": {m: summary([t / max(k, 1) for t, k in zip(solve_s[m], v)])
+                                       for m, v in counts["decisions"].items()}, "vs": {}}
+    for name in (m for m in per if m not in HEURISTICS):  # "ppo": the learned policy, however trained
+        refs = [("best_heuristic", best), ("base", per[base_name])]
+        if name.startswith("ppo_") and "ppo" in per:
+            refs.append(("policy", per["ppo"]))
+        report["vs"][name] = {ref: _versus(per[name], values) for ref, values in refs}
+        report["vs"][name]["time_vs_base"] = ratio_summary([a / b for a, b in zip(solve_s[name], solve_s[base_name])])
     return report
+
+
+def merge_reports(parts: list[dict], base_name: str) -> dict:
+    """One report from reports on consecutive seed ranges of the same traces and rows (a run
+    split across processes); refuses parts that do not line up."""
+    parts = sorted(parts, key=lambda r: r["seeds"][0])
+    for a, b in zip(parts, parts[1:]):
+        if a["seeds"][1] != b["seeds"][0] or a["trace"] != b["trace"] or list(a["per_trace"]) != list(b["per_trace"]) \
+                or a["offline"] != b["offline"]:
+            raise SystemExit(f"--merge: the parts on seeds {a['seeds']} and {b['seeds']} are not consecutive ranges "
+                             f"of the same trace options and rows")
+
+    def joined(key: str) -> dict:
+        return {m: [x for r in parts for x in r[key][m]] for m in parts[0][key]}
+    counts = {k: {m: [x for r in parts for x in r["counts_per_trace"][k][m]] for m in parts[0]["counts_per_trace"][k]}
+              for k in ("checks", "decisions")}
+    raw = {"seeds": [parts[0]["seeds"][0], parts[-1]["seeds"][1]], "trace": parts[0]["trace"],
+           "per_trace": joined("per_trace"), "solve_s_per_trace": joined("solve_s_per_trace"),
+           "counts_per_trace": counts, "offline": parts[0]["offline"]}
+    return _report(raw, base_name)
 
 
 def _versus(values: list[float], reference: list[float]) -> dict:
@@ -114,7 +148,10 @@ def _print(key: str, r: dict) -> None:
         b, t = vs["best_heuristic"], vs["time_vs_base"]
         ci = "[{:+.2f}, {:+.2f}]".format(*b["pct"]["ci95"]) if b["pct"]["ci95"] else ""
         print(f"  {name} vs best heuristic {b['pct']['mean']:+.3f}% {ci} ({b['wins']} wins, {b['losses']} losses),"
-              f" vs base {vs['base']['pct']['mean']:+.3f}%; time {t['mean']:.1f}x the base's")
+              f" vs base {vs['base']['pct']['mean']:+.3f}%; time {t['mean']:.1f}x the base's"
+              + (f", vs the greedy policy {vs['policy']['pct']['mean']:+.3f}%" if "policy" in vs else "")
+              + (f", {1e3 * r['solve_s_per_decision'][name]['mean']:.2f} ms per decision"
+                 if name in r.get("solve_s_per_decision", {}) else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-trace", action="append", default=None,
                     help="TraceOptions of the training traces (default: --trace); repeat it to label episodes of "
                          "each (the imitation; PPO alone trains on the first)")
-    ap.add_argument("--large", default="num_jobs=30", help="TraceOptions of the larger held-out traces")
+    ap.add_argument("--large", default="num_jobs=30", help="TraceOptions of the larger held-out traces; 'none' "
+                                                           "to skip them")
     ap.add_argument("--env", default="", help="EnvOptions as key=value,... (default base: the best heuristic "
                                               "of the objective, sebf for cct, weighted_srjf for weighted_jct)")
     ap.add_argument("--ppo", default="", help="PpoOptions as key=value,...")
@@ -149,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-policy", default=None, help="write the trained policy (and how it was trained) here")
     ap.add_argument("--load-policy", default=None, help="evaluate a policy --save-policy wrote; no training")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--merge", default=None, help="comma-separated reports of this script on consecutive seed "
+                                                  "ranges (one run split across processes): write them as one "
+                                                  "to --json; no other flag")
     args = ap.parse_args(argv)
+    if args.merge is not None:
+        return _merge_files(args, ap)
     training_flags = [flag for flag, value in (("--teacher", args.teacher), ("--improve", args.improve or None),
                                                ("--finetune-steps", args.finetune_steps),
                                                ("--train-trace", args.train_trace), ("--train-seeds", args.train_seeds))
@@ -161,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args.finetune_steps = 0 if args.finetune_steps is None else args.finetune_steps
     torch.set_num_threads(1)
     trace = options_from(TraceOptions, args.trace, "trace")
-    large = options_from(TraceOptions, args.large, "large")
+    large = None if args.large == "none" else options_from(TraceOptions, args.large, "large")
     train_traces = [trace] if args.train_trace is None else [options_from(TraceOptions, t, "train-trace")
                                                              for t in args.train_trace]
     env_text = args.env or f"objective={args.objective},base={'sebf' if args.objective == 'cct' else 'weighted_srjf'}"
@@ -243,12 +286,42 @@ def main(argv: list[str] | None = None) -> int:
             ("validation", val, trace, False, decodings), ("validation_large", val, large, False, large_decodings),
             ("held_out", test, trace, args.rollout_baseline, decodings),
             ("held_out_large", test, large, False, large_decodings)):
-        if seeds:
+        if seeds and opts is not None:
             report[key] = evaluate(env, opts, seeds, rollout=rollout, decodings=decs, **ev)
             _print(key, report[key])
     print(f"{report['policy_parameters']} policy parameters")
     if args.json:
         write_json(args.json, {"format": format_tag("coflow-rl"), **report})
+    return 0
+
+
+def _merge_files(args, ap: argparse.ArgumentParser) -> int:
+    """`--merge A,B,... --json OUT`: the reports' evaluations joined by `merge_reports`; the rest
+    (training, decodings) must be the same in every part."""
+    others = [a.dest for a in ap._actions if a.dest not in ("help", "merge", "json")
+              and getattr(args, a.dest) != a.default]
+    if others or not args.json:
+        raise SystemExit(f"--merge takes --json OUT and no other flag (got {', '.join(others) or 'no --json'})")
+    paths = args.merge.split(",")
+    if len(paths) < 2:
+        raise SystemExit(f"--merge {args.merge!r}: expected two or more comma-separated reports")
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            parts.append(json.load(f))
+    sections = ("validation", "validation_large", "held_out", "held_out_large")
+    rest = [{k: v for k, v in p.items() if k not in sections} for p in parts]
+    if any(r != rest[0] for r in rest[1:]) or any({k for k in p if k in sections} != {k for k in parts[0] if k in
+                                                                                     sections} for p in parts):
+        raise SystemExit(f"--merge: {', '.join(paths)} differ in training, decodings or sections; only runs of one "
+                         f"command on consecutive seed ranges merge")
+    report = {**rest[0], "merged_from": paths}
+    for key in (k for k in sections if k in parts[0]):
+        report[key] = merge_reports([p[key] for p in parts], report["env"]["base"])
+        _print(key, report[key])
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
     return 0
 
 

@@ -97,9 +97,13 @@ def test_decodings_parse_and_bad_ones_are_refused():
     assert parse_decoding("sample:8") == Decoding(8, 1.0)
     assert parse_decoding("sample:8:2.5") == Decoding(8, 2.5)
     assert parse_decoding("sample:8:2.5").name == "sample:8:2.5" and Decoding(8).name == "sample:8"
+    for mode in ("greedy", "base", "check"):
+        assert parse_decoding(f"arrived:{mode}") == Decoding(arrived=mode)
+        assert Decoding(arrived=mode).name == f"arrived:{mode}" and Decoding(arrived=mode).online
     for bad in ("sample", "sample:1", "sample:x", "sample:4:0", "sample:4:-1", "sample:4:nan", "best:4",
                 "sample:4:2:1", "greedy:-1", "greedy:x", "greedy:inf", "greedy:1:2", "", "check", "check:-1",
-                "check:1:2", "greedy:1_0", "check:  2", "check: 2", "sample:\u0663", "sample:+8", "greedy:+1"):
+                "check:1:2", "greedy:1_0", "check:  2", "check: 2", "sample:\u0663", "sample:+8", "greedy:+1",
+                "arrived", "arrived:", "arrived:sample", "arrived:check:1", "arrived:Check"):
         with pytest.raises(CaramelError, match="expected greedy, greedy:M"):
             parse_decoding(bad)
 
@@ -175,3 +179,44 @@ def test_experiment_refuses_bad_decoding_lists():
         main(TINY + ["--decode", "greedy:1", "--test-seeds", "0:2"])
     with pytest.raises(SystemExit, match="repeat a name"):
         main(TINY + ["--decode", "greedy,greedy:1,greedy:1.0000001", "--test-seeds", "0:2"])
+
+
+def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
+    from experiments.coflow_rl import _report, main, merge_reports
+    rng = np.random.default_rng(0)
+    names = list(HEURISTICS) + ["ppo", "ppo_arrived:check"]
+
+    def raw(lo, hi):
+        n = hi - lo
+        return {"seeds": [lo, hi], "trace": {"num_jobs": 3}, "offline": [],
+                "per_trace": {m: [float(x) for x in rng.uniform(1, 2, n)] for m in names},
+                "solve_s_per_trace": {m: [float(x) for x in rng.uniform(0.1, 1, n)] for m in names},
+                "counts_per_trace": {"checks": {"ppo_arrived:check": [int(x) for x in rng.integers(0, 5, n)]},
+                                     "decisions": {"ppo_arrived:check": [int(x) for x in rng.integers(5, 9, n)]}}}
+    a, b = raw(0, 3), raw(3, 5)
+    whole = {k: a[k] for k in ("seeds", "trace", "offline")} | {"seeds": [0, 5]}
+    for key in ("per_trace", "solve_s_per_trace"):
+        whole[key] = {m: a[key][m] + b[key][m] for m in names}
+    whole["counts_per_trace"] = {k: {m: a["counts_per_trace"][k][m] + b["counts_per_trace"][k][m]
+                                     for m in a["counts_per_trace"][k]} for k in ("checks", "decisions")}
+    want = _report(whole, "weighted_srjf")
+    assert merge_reports([_report(b, "weighted_srjf"), _report(a, "weighted_srjf")], "weighted_srjf") == want
+    assert want["vs"]["ppo_arrived:check"]["policy"]["pct"]["n"] == 5 and "policy" not in want["vs"]["ppo"]
+    per_decision = [t / k for t, k in zip(whole["solve_s_per_trace"]["ppo_arrived:check"],
+                                          whole["counts_per_trace"]["decisions"]["ppo_arrived:check"])]
+    assert want["solve_s_per_decision"]["ppo_arrived:check"]["mean"] == pytest.approx(np.mean(per_decision))
+    with pytest.raises(SystemExit, match="not consecutive ranges"):
+        merge_reports([_report(a, "weighted_srjf"), _report(raw(4, 6), "weighted_srjf")], "weighted_srjf")
+    top = {"env": {"base": "weighted_srjf"}, "decode": ["greedy"]}
+    paths = []
+    for i, part in enumerate((a, b)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps({**top, "held_out": _report(part, "weighted_srjf")}))
+    out = tmp_path / "out.json"
+    assert main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
+    with pytest.raises(SystemExit, match="no other flag \\(got test_seeds\\)"):
+        main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])
+    paths[1].write_text(json.dumps({**top, "decode": ["greedy", "greedy:1"], "held_out": _report(b, "weighted_srjf")}))
+    with pytest.raises(SystemExit, match="differ in training, decodings or sections"):
+        main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)])

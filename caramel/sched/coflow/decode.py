@@ -16,8 +16,12 @@ it, both rows are rolled out (each goes first, then the base heuristic to the en
 cheaper is served; elsewhere the base's pick is. It is never worse than the base heuristic
 (Bertsekas's rollout over a candidate set that holds the base's pick; tested), costs two
 simulations per checked event instead of the full rollout's one per candidate at every event,
-and, like the rollout, needs the trace in advance. Needs the `rl` extra (the environment and
-the policy).
+and, like the rollout, needs the trace in advance. Its online counterparts, `arrived:check`
+and `arrived:base` (and the policy alone, `arrived:greedy`), decide on the jobs that have
+arrived only (`coflow/online.py`). Greedy decoding reads one thing of the whole trace: its
+feature scale (the mean isolated coflow time of all the trace's coflows, future jobs
+included); `arrived:greedy` is the same policy with that scale taken over the arrived jobs.
+Needs the `rl` extra (the environment and the policy).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch
 from caramel.errors import CaramelError
 from caramel.sched.coflow.env import CoflowEnv
 from caramel.sched.coflow.fabric import Result
+from caramel.sched.coflow.online import ARRIVED_MODES, ArrivedDecision, decode_arrived
 from caramel.sched.coflow.rollout import MARGIN, objective_total, rollout_values
 from caramel.sched.coflow.workload import Workload
 
@@ -41,16 +46,20 @@ Logits = Callable[[np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class Decoding:
     """`greedy[:M]` (samples=1; leave row 0 only by a logit margin over M), `check:M` (the
-    policy's proposal against row 0 by rollouts) or `sample:N[:T]` (the best of N schedules, the
-    first greedy, the others drawn from softmax(logits / T))."""
+    policy's proposal against row 0 by rollouts), `sample:N[:T]` (the best of N schedules, the
+    first greedy, the others drawn from softmax(logits / T)) or `arrived:greedy|base|check`
+    (every decision on the arrived jobs only; `coflow/online.py`)."""
 
     samples: int = 1
     temperature: float = 1.0
     margin: float = 0.0
     check: float | None = None  # `check:M`: roll out the policy's proposal against the base's pick
+    arrived: str | None = None  # `arrived:greedy|base|check`: decide on the arrived jobs only
 
     @property
     def name(self) -> str:
+        if self.arrived is not None:
+            return f"arrived:{self.arrived}"
         if self.check is not None:
             return f"check:{self.check:g}"
         if self.samples == 1:
@@ -59,8 +68,9 @@ class Decoding:
 
     @property
     def online(self) -> bool:
-        """Whether it sees only what has been released: check:M and sample:N roll out or replay
-        the whole trace, future arrivals included (offline planners)."""
+        """Whether its decisions read no future arrival's work: check:M and sample:N roll out or
+        replay the whole trace (offline planners). Greedy counts as online although its feature
+        scale is the whole trace's (module docstring); arrived:* read only the arrived jobs."""
         return self.check is None and self.samples == 1
 
     def pick(self, logits: np.ndarray) -> int:
@@ -73,9 +83,12 @@ _NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASC
 
 
 def parse_decoding(text: str) -> Decoding:
-    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0);
-    numbers in ASCII digits only (no spaces, underscores or signs)."""
+    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0),
+    `arrived:greedy`, `arrived:base` or `arrived:check`; numbers in ASCII digits only (no
+    spaces, underscores or signs)."""
     parts = text.split(":")
+    if len(parts) == 2 and parts[0] == "arrived" and parts[1] in ARRIVED_MODES:
+        return Decoding(arrived=parts[1])
     numbers_ok = all(_NUMBER.fullmatch(p) for p in parts[1:])
     try:
         value = float(parts[-1]) if numbers_ok and len(parts) == (
@@ -92,7 +105,8 @@ def parse_decoding(text: str) -> Decoding:
     except ValueError:
         pass
     raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "
-                       f"with N >= 2 and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or sample:8:2)")
+                       f"with N >= 2 and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or sample:8:2), "
+                       f"arrived:greedy, arrived:base or arrived:check")
 
 
 def policy_logits(model) -> Logits:
@@ -111,13 +125,18 @@ class Decoded:
     result: Result  # the kept schedule's
     totals: list[float]  # each schedule's objective total (summed CCT or weighted JCT), in order
     kept: int  # its index (0: greedy)
-    checks: int = 0  # events `check:M` rolled out (two simulations each)
+    checks: int = 0  # events `check:M` rolled out (two simulations each), `arrived:*` rolled out
+    decisions: list[ArrivedDecision] | None = None  # `arrived:*`: every decision, in order
 
 
 def decode(env: CoflowEnv, workload: Workload, logits: Logits, decoding: Decoding = Decoding(),
            seed: int = 0) -> Decoded:
     """Run `workload` in `env` `decoding.samples` times (the first greedy, with the decoding's
-    margin) and keep the best."""
+    margin) and keep the best; `arrived:*` once, deciding on the arrived jobs."""
+    if decoding.arrived is not None:
+        result, decisions = decode_arrived(env, workload, logits, decoding.arrived)
+        total = objective_total(result, env.options.objective)
+        return Decoded(result, [total], 0, sum(bool(d.values) for d in decisions), decisions)
     rng = np.random.default_rng(seed)
     best: tuple[float, int, Result] | None = None
     totals = []

@@ -21,7 +21,7 @@ import numpy as np
 from caramel.errors import CaramelError
 from caramel.sched.coflow.fabric import FabricSim, Result
 from caramel.sched.coflow.heuristics import HEURISTICS
-from caramel.sched.coflow.workload import TraceOptions, Workload, synthetic_trace
+from caramel.sched.coflow.workload import Coflow, TraceOptions, Workload, synthetic_trace
 
 OBJECTIVES = ("cct", "weighted_jct")
 NUM_FEATURES = 20
@@ -117,9 +117,19 @@ class CoflowEnv(gym.Env):
             total += self._advance(list(self.sim.active))
         return total
 
+    def observe(self, sim: FabricSim) -> np.ndarray:
+        """The observation of `sim`'s state (a view of the arrived jobs, say) with the scales of
+        its own workload; `sim` becomes the environment's state (for `candidates`). Stepping on
+        from it is not meant: the online check drives its own simulation."""
+        self.sim = sim
+        self._setup_scales()
+        return self._observe()
+
     def _setup_scales(self) -> None:
+        """The feature scales: the workload's mean isolated coflow time (every coflow's whole
+        bytes, so it reads the same at any state of the workload) and per job its bytes and steps."""
         w = self.sim.workload
-        self.scale_s = float(np.mean([self.sim.bottleneck_s(c.id) for c in w.coflows]))
+        self.scale_s = float(np.mean([_isolated_bottleneck_s(w, c) for c in w.coflows]))
         self._job_bytes = np.array([sum(w.coflows[c].bytes for c in j.coflows) for j in w.jobs])
         self._steps = np.array([1 + max(w.coflows[c].step for c in j.coflows) for j in w.jobs])
 
@@ -179,6 +189,17 @@ class CoflowEnv(gym.Env):
         k, scale = self.options.max_candidates, self.scale_s
         return [np.log1p(f[0] / scale), np.log1p(f[1] / scale), np.log1p(f[2] / scale), f[3] / k, f[4] / k,
                 np.log1p(f[0] / max(first_key, 1e-12))]
+
+
+def _isolated_bottleneck_s(workload: Workload, coflow: Coflow) -> float:
+    """The coflow's whole bytes at its busiest port over the port bandwidth (`FabricSim.bottleneck_s`
+    before it has sent anything)."""
+    up = np.zeros(workload.num_ports)
+    down = np.zeros(workload.num_ports)
+    for f in coflow.flows:
+        up[f.src] += f.bytes
+        down[f.dst] += f.bytes
+    return float(max(up.max(), down.max()) / workload.port_bandwidth_Bps)
 
 
 def run_policy(env: CoflowEnv, workload: Workload, act) -> Result:

@@ -10,6 +10,7 @@ step); `simulate` runs a whole workload under one scheduler function.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import Callable
@@ -99,6 +100,41 @@ class FabricSim:
         c.released_s, c.finished_s, c.waiting = self.released_s.copy(), self.finished_s.copy(), self.waiting.copy()
         c._releases, c.active = list(self._releases), list(self.active)
         return c
+
+    def arrived_jobs(self) -> list[int]:
+        """The jobs that have arrived by now: their DAGs are known; later jobs' are not."""
+        return [j.id for j in self.workload.jobs if j.arrival_s <= self.now_s]
+
+    def restricted(self, jobs: list[int]) -> tuple["FabricSim", list[int]]:
+        """The state of `jobs` alone, and the full coflow id of each of its coflows: a simulation
+        over a workload of only their coflows (jobs and coflows renumbered in order), with their
+        bytes left, releases due and finishes. Nothing of the other jobs is carried over, so a
+        decision made on it cannot depend on them (the online check's causality)."""
+        w = self.workload
+        keep = sorted(set(jobs))
+        job_index = {j: i for i, j in enumerate(keep)}
+        ids = sorted(c for j in keep for c in w.jobs[j].coflows)
+        new = {c: i for i, c in enumerate(ids)}  # monotone: ties in the heuristics' orders break alike
+        coflows = []
+        for c in ids:
+            co = w.coflows[c]
+            if any(d not in new for d in co.deps):
+                raise CaramelError(f"coflow {c} of job {co.job} depends on {co.deps}, outside jobs {keep}; "
+                                   f"a restricted state needs every dependency inside it")
+            coflows.append(dataclasses.replace(co, id=new[c], job=job_index[co.job],
+                                               deps=tuple(new[d] for d in co.deps)))
+        view = copy.copy(self)
+        view.workload = Workload(w.num_ports, w.port_bandwidth_Bps, tuple(
+            dataclasses.replace(w.jobs[j], id=job_index[j], coflows=tuple(new[c] for c in w.jobs[j].coflows))
+            for j in keep), tuple(coflows))
+        view.remaining = [self.remaining[c].copy() for c in ids]
+        view.released_s, view.finished_s, view.waiting = (a[ids].copy() for a in
+                                                          (self.released_s, self.finished_s, self.waiting))
+        view.children = [[new[x] for x in self.children[c] if x in new] for c in ids]
+        view._releases = [(t, new[c]) for t, c in self._releases if c in new]
+        heapq.heapify(view._releases)
+        view.active = [new[c] for c in self.active if c in new]
+        return view, ids
 
     def _release_due(self) -> None:
         while self._releases and self._releases[0][0] <= self.now_s:
