@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from caramel.jsonio import format_tag, write_json
+from caramel.jsonio import format_tag, read_json, write_json
 from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace
 from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits
 from caramel.sched.coflow.env import CoflowEnv, EnvOptions
@@ -307,8 +307,9 @@ def _merge_files(args, ap: argparse.ArgumentParser) -> int:
         raise SystemExit(f"--merge {args.merge!r}: expected two or more comma-separated reports")
     parts = []
     for path in paths:
-        with open(path) as f:
-            parts.append(json.load(f))
+        part = read_json(path, "coflow-rl")
+        part.pop("format", None)
+        parts.append(part)
     sections = ("validation", "validation_large", "held_out", "held_out_large")
     rest = [{k: v for k, v in p.items() if k not in sections} for p in parts]
     if any(r != rest[0] for r in rest[1:]) or any({k for k in p if k in sections} != {k for k in parts[0] if k in
@@ -319,9 +320,7 @@ def _merge_files(args, ap: argparse.ArgumentParser) -> int:
     for key in (k for k in sections if k in parts[0]):
         report[key] = merge_reports([p[key] for p in parts], report["env"]["base"])
         _print(key, report[key])
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=1)
-        f.write("\n")
+    write_json(args.json, {"format": format_tag("coflow-rl"), **report})
     return 0
 
 

@@ -3,6 +3,7 @@ it keeps to the base where the policy is unsure), the best of N
 sampled schedules is never worse than greedy and keeps the schedule it reports, and bad
 decodings are refused; the experiment's per-trace comparison counts what it says."""
 
+import json
 import numpy as np
 import pytest
 import torch
@@ -207,7 +208,8 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
     assert want["solve_s_per_decision"]["ppo_arrived:check"]["mean"] == pytest.approx(np.mean(per_decision))
     with pytest.raises(SystemExit, match="not consecutive ranges"):
         merge_reports([_report(a, "weighted_srjf"), _report(raw(4, 6), "weighted_srjf")], "weighted_srjf")
-    top = {"env": {"base": "weighted_srjf"}, "decode": ["greedy"]}
+    from caramel.jsonio import format_tag
+    top = {"format": format_tag("coflow-rl"), "env": {"base": "weighted_srjf"}, "decode": ["greedy"]}
     paths = []
     for i, part in enumerate((a, b)):
         paths.append(tmp_path / f"{i}.json")
