@@ -76,6 +76,8 @@ def test_best_row_keeps_the_base_on_near_ties():
 
 def test_learning_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
     import tempfile
+
+    import torch._dynamo  # noqa: F401  (its first import makes torch's compile cache dir in the temp dir)
     monkeypatch.delenv("SB3_LOGDIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # gettempdir() caches its first answer
