@@ -7,8 +7,10 @@ it each of the n workers keeps the estimator of caramel/strategies/gossip/moment
 EMA(g_i^2), C_i = EMA(g_i(t) m-hat_i(t-1)) against its own Adam first moment, v_i = A_i/n +
 (1 - 1/n) max(C_i, 0)), and O = EMA(g-bar^2) is DDP's own. Per window of steps (sampled every 5
 steps, averaged over workers): sum(v)/sum(O) (below 1: v is low, the worker steps longer than
-DDP) and sum(max(C, 0)) / sum(mu^2), with mu^2 = (n O - mean A)/(n - 1), the squared mean
-gradient that O and A imply (E[O] = mu^2 + s^2/n, E[A] = mu^2 + s^2).
+DDP), sum(max(C, 0)) / sum(mu^2) and sum(C) / sum(mu^2) (unclamped: the clamp alone turns noise
+around zero into a positive sum), with mu^2 = (n O - mean A)/(n - 1), the squared mean gradient
+that O and A imply (E[O] = mu^2 + s^2/n, E[A] = mu^2 + s^2). The replay draws its own data order
+(randperm from the seed), so it is a DDP trajectory on the runs' split, not the runs' trajectory.
 
     PYTHONPATH=. python experiments/gossip_moment_bias.py --seeds 0,1,2 --json docs/results/gossip-moment-bias.json
 """
@@ -55,34 +57,58 @@ def run(seed: int, n: int, val_fraction: float, window_steps: int) -> list[dict]
             wl.loss_fn(model(x), y).backward()
             grads.append([p.grad.detach().clone() for p in params])
         pos, t = pos + n * bs, step + 1
-        with torch.no_grad():
-            for i in range(n):
-                for k, g in enumerate(grads[i]):
-                    partner = M[i][k] / (1 - b1 ** (t - 1)) if t > 1 else g  # moments.py's partner
-                    A[i][k].mul_(b2).addcmul_(g, g, value=1 - b2)
-                    C[i][k].mul_(b2).addcmul_(g, partner, value=1 - b2)
-                    M[i][k].mul_(b1).add_(g, alpha=1 - b1)
-            for k in range(len(params)):
-                g = sum(grads[i][k] for i in range(n)) / n
-                O[k].mul_(b2).addcmul_(g, g, value=1 - b2)
-                params[k].grad = g.clone()
+        mean_grads = update_moments(A, C, M, O, grads, t, b1, b2)
+        for p, g in zip(params, mean_grads):
+            p.grad = g.clone()
         for group in opt.param_groups:
             group["lr"] = cfg.optim.lr * lr_factor(cfg, step)
         opt.step()
         if t % SAMPLE_EVERY_STEPS == 0:
-            with torch.no_grad():
-                o = torch.cat([x.flatten() for x in O])
-                a_mean = torch.cat([(sum(A[i][k] for i in range(n)) / n).flatten() for k in range(len(params))])
-                mu2 = ((n * o - a_mean) / (n - 1)).clamp(min=0)
-                for i in range(n):
-                    a = torch.cat([x.flatten() for x in A[i]])
-                    c = torch.cat([x.flatten() for x in C[i]]).clamp(min=0)
-                    acc.append((float((a / n + (1 - 1 / n) * c).sum() / o.sum()), float(c.sum() / mu2.sum())))
+            acc.extend(ratios(A, C, O))
         if t % window_steps == 0:
             rows.append({"steps": [t - window_steps + 1, t], "v_over_ddp": statistics.fmean(r[0] for r in acc),
-                         "mu2_estimate_over_implied": statistics.fmean(r[1] for r in acc)})
+                         "mu2_estimate_over_implied": statistics.fmean(r[1] for r in acc),
+                         "unclamped_c_over_implied": statistics.fmean(r[2] for r in acc)})
             acc = []
     return rows
+
+
+@torch.no_grad()
+def update_moments(A: list, C: list, M: list, O: list, grads: list, t: int, b1: float, b2: float) -> list:
+    """One step of every worker's estimator (A, C against its own bias-corrected first moment of
+    the steps before, moments.py's partner; g itself at t=1) and of DDP's O; returns the mean
+    gradient, the one DDP steps on."""
+    n = len(grads)
+    for i in range(n):
+        for k, g in enumerate(grads[i]):
+            partner = M[i][k] / (1 - b1 ** (t - 1)) if t > 1 else g
+            A[i][k].mul_(b2).addcmul_(g, g, value=1 - b2)
+            C[i][k].mul_(b2).addcmul_(g, partner, value=1 - b2)
+            M[i][k].mul_(b1).add_(g, alpha=1 - b1)
+    mean_grads = []
+    for k in range(len(O)):
+        g = sum(grads[i][k] for i in range(n)) / n
+        O[k].mul_(b2).addcmul_(g, g, value=1 - b2)
+        mean_grads.append(g)
+    return mean_grads
+
+
+@torch.no_grad()
+def ratios(A: list, C: list, O: list) -> list[tuple[float, float, float]]:
+    """Per worker: sum(v)/sum(O), sum(max(C, 0))/sum(mu^2) and sum(C)/sum(mu^2), mu^2 the squared
+    mean gradient that O and the workers' mean A imply (module docstring)."""
+    n = len(A)
+    o = torch.cat([x.flatten() for x in O])
+    a_mean = torch.cat([(sum(A[i][k] for i in range(n)) / n).flatten() for k in range(len(O))])
+    mu2 = ((n * o - a_mean) / (n - 1)).clamp(min=0)
+    out = []
+    for i in range(n):
+        a = torch.cat([x.flatten() for x in A[i]])
+        c_raw = torch.cat([x.flatten() for x in C[i]])
+        c = c_raw.clamp(min=0)
+        out.append((float((a / n + (1 - 1 / n) * c).sum() / o.sum()), float(c.sum() / mu2.sum()),
+                    float(c_raw.sum() / mu2.sum())))
+    return out
 
 
 def main() -> None:
@@ -99,14 +125,17 @@ def main() -> None:
         raise SystemExit(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if args.workers < 2:
         raise SystemExit(f"--workers {args.workers}: expected 2 or more (one worker has nothing to debias)")
-    if args.window_steps < SAMPLE_EVERY_STEPS or args.window_steps % SAMPLE_EVERY_STEPS:
-        raise SystemExit(f"--window-steps {args.window_steps}: expected a multiple of {SAMPLE_EVERY_STEPS}")
+    steps = TrainConfig().run.steps
+    if args.window_steps < SAMPLE_EVERY_STEPS or args.window_steps % SAMPLE_EVERY_STEPS or steps % args.window_steps:
+        raise SystemExit(f"--window-steps {args.window_steps}: expected a multiple of {SAMPLE_EVERY_STEPS} "
+                         f"that divides the {steps} training steps (else the last steps fall out of every window)")
     out = {}
     for seed in seeds:
         out[str(seed)] = run(seed, args.workers, args.val_fraction, args.window_steps)
         for r in out[str(seed)]:
             print(f"seed {seed} steps {r['steps'][0]}-{r['steps'][1]}: v / DDP's {r['v_over_ddp']:.3f}, "
-                  f"mu^2 estimate / implied {r['mu2_estimate_over_implied']:.3f}", flush=True)
+                  f"mu^2 estimate / implied {r['mu2_estimate_over_implied']:.3f} "
+                  f"(unclamped C {r['unclamped_c_over_implied']:+.3f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"command": "python experiments/gossip_moment_bias.py " + " ".join(sys.argv[1:]),
                                                "workers": args.workers, "val_fraction": args.val_fraction,

@@ -74,6 +74,10 @@ def test_a_configuration_against_itself_on_other_seeds():
     sp = _script().seed_spread({0: 1.0, 1: 1.04, 2: 0.9})
     # ordered pairs: 1.04/1 +4%, 1/1.04 -3.8%, 0.9/1 -10%, 1/0.9 +11.1%, 0.9/1.04 -13.5%, 1.04/0.9 +15.6%
     assert (sp["pairs"], sp["within"], sp["within_both"]) == (6, 4, 2)
+    ordered = [1.04 / 1 - 1, 1 / 1.04 - 1, 0.9 / 1 - 1, 1 / 0.9 - 1, 0.9 / 1.04 - 1, 1.04 / 0.9 - 1]
+    mean = sum(ordered) / 6
+    sample_sd = (sum((r - mean) ** 2 for r in ordered) / 5) ** 0.5  # n - 1: the SD the docs quote
+    assert sp["sd"] == pytest.approx(sample_sd)
     assert _script().seed_spread({0: 1.0})["pairs"] == 0
 
 
@@ -137,3 +141,31 @@ def test_evaluate_workers_scores_each_model_as_train_evaluates(tmp_path, monkeyp
     assert got["averaged"] == pytest.approx(want[0], rel=1e-6)
     assert got["workers"] == pytest.approx(want[1:], rel=1e-6)
     assert len({round(x, 6) for x in want}) == 3  # three different models, told apart and in rank order
+
+
+def test_collect_only_scores_stored_runs_on_their_last_checks(tmp_path, monkeypatch, capsys):
+    """The path that scores a study: `--collect-only --score-last 2` over run folders as `caramel
+    train` leaves them (metrics.jsonl only; no checkpoints, so no workers' models). `scores` is
+    the mean of the last two checks, `scores_final_check` the last check alone; they differ here."""
+    import json
+    import sys
+
+    curves = {"ddp-0": {20: 0.9, 40: 0.5, 60: 0.3}, "ddp-1": {20: 0.8, 40: 0.4, 60: 0.2},
+              "ring-0": {20: 0.9, 40: 0.6, 60: 0.3}, "ring-1": {20: 0.8, 40: 0.2, 60: 0.3}}
+    for run, curve in curves.items():
+        (tmp_path / run).mkdir()
+        lines = [{"kind": "train", "step": k, "loss": 1.0} for k in curve]
+        lines += [{"kind": "val", "step": k, "val_loss": v} for k, v in curve.items()]
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "scores.json"
+    monkeypatch.setattr(sys, "argv", ["gossip_convergence.py", "--runs", str(tmp_path), "--seeds", "0,1",
+                                      "--config", "ddp=ddp", "--config", "ring=gossip:topology=ring",
+                                      "--score-last", "2", "--collect-only", "--json", str(out)])
+    _script().main()
+    got = json.loads(out.read_text())
+    assert got["score_last"] == 2
+    assert got["scores"]["ring"]["relative"] == pytest.approx({"0": 0.45 / 0.4 - 1, "1": 0.25 / 0.3 - 1})
+    assert got["scores_final_check"]["ring"]["relative"] == pytest.approx({"0": 0.0, "1": 0.3 / 0.2 - 1})
+    assert got["seed_spread"]["ddp"]["pairs"] == 2  # on the primary score: 0.4 against 0.3
+    assert got["seed_spread"]["ddp"]["sd"] == pytest.approx(abs((0.4 / 0.3 - 1) - (0.3 / 0.4 - 1)) / 2 ** 0.5)
+    assert "ring vs ddp" in capsys.readouterr().out
