@@ -112,9 +112,31 @@ def _report(raw: dict, base_name: str) -> dict:
     return report
 
 
-def merge_reports(parts: list[dict], base_name: str) -> dict:
+_MERGED_KEYS = ("seeds", "trace", "offline", "per_trace", "solve_s_per_trace", "counts_per_trace")
+
+
+def _check_part(part: dict, where: str) -> None:
+    """A part `merge_reports` can join: the keys it reads (reports written before --merge
+    existed lack `offline` and the per-trace solve times and counts) and one value per seed of
+    its range in every per-trace list."""
+    missing = [k for k in _MERGED_KEYS if k not in part]
+    if missing:
+        raise SystemExit(f"--merge: {where} has no {', '.join(missing)}: it predates --merge support; rerun its "
+                         f"seed range with this version of the experiment")
+    n = part["seeds"][1] - part["seeds"][0]
+    rows = [(f"{key}[{m!r}]", v) for key in ("per_trace", "solve_s_per_trace") for m, v in part[key].items()]
+    rows += [(f"counts_per_trace[{k!r}][{m!r}]", v) for k, c in part["counts_per_trace"].items() for m, v in c.items()]
+    for name, values in rows:
+        if len(values) != n:
+            raise SystemExit(f"--merge: {where} is on seeds {part['seeds']} ({n} traces) but its {name} holds "
+                             f"{len(values)} values; expected one per seed")
+
+
+def merge_reports(parts: list[dict], base_name: str, names: list[str] | None = None) -> dict:
     """One report from reports on consecutive seed ranges of the same traces and rows (a run
-    split across processes); refuses parts that do not line up."""
+    split across processes); refuses parts that do not line up (`names`: how errors call them)."""
+    for i, part in enumerate(parts):
+        _check_part(part, names[i] if names else f"part {i}")
     parts = sorted(parts, key=lambda r: r["seeds"][0])
     for a, b in zip(parts, parts[1:]):
         if a["seeds"][1] != b["seeds"][0] or a["trace"] != b["trace"] or list(a["per_trace"]) != list(b["per_trace"]) \
@@ -318,7 +340,8 @@ def _merge_files(args, ap: argparse.ArgumentParser) -> int:
                          f"command on consecutive seed ranges merge")
     report = {**rest[0], "merged_from": paths}
     for key in (k for k in sections if k in parts[0]):
-        report[key] = merge_reports([p[key] for p in parts], report["env"]["base"])
+        report[key] = merge_reports([p[key] for p in parts], report["env"]["base"],
+                                    [f"{path} ({key})" for path in paths])
         _print(key, report[key])
     write_json(args.json, {"format": format_tag("coflow-rl"), **report})
     return 0

@@ -208,6 +208,13 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
     assert want["solve_s_per_decision"]["ppo_arrived:check"]["mean"] == pytest.approx(np.mean(per_decision))
     with pytest.raises(SystemExit, match="not consecutive ranges"):
         merge_reports([_report(a, "weighted_srjf"), _report(raw(4, 6), "weighted_srjf")], "weighted_srjf")
+    # each per-trace list holds one value per seed of its part's range
+    with pytest.raises(SystemExit, match=rf"part 1 is on seeds \[3, 4\] \(1 traces\) but its per_trace\[{names[0]!r}\] "
+                                         r"holds 2 values"):
+        merge_reports([a, {**b, "seeds": [3, 4]}], "weighted_srjf")
+    short = {**b, "counts_per_trace": {**b["counts_per_trace"], "decisions": {"ppo_arrived:check": [5]}}}
+    with pytest.raises(SystemExit, match=r"counts_per_trace\['decisions'\]\['ppo_arrived:check'\] holds 1 values"):
+        merge_reports([a, short], "weighted_srjf")
     from caramel.jsonio import format_tag
     top = {"format": format_tag("coflow-rl"), "env": {"base": "weighted_srjf"}, "decode": ["greedy"]}
     paths = []
@@ -219,6 +226,11 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
     assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
     with pytest.raises(SystemExit, match="no other flag \\(got test_seeds\\)"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])
+    old = {k: v for k, v in _report(b, "weighted_srjf").items() if k not in ("offline", "counts_per_trace")}
+    paths[1].write_text(json.dumps({**top, "held_out": old}))  # a report written before --merge existed
+    with pytest.raises(SystemExit, match=f"{paths[1]} \\(held_out\\) has no offline, counts_per_trace: it "
+                                         f"predates --merge support"):
+        main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)])
     paths[1].write_text(json.dumps({**top, "decode": ["greedy", "greedy:1"], "held_out": _report(b, "weighted_srjf")}))
     with pytest.raises(SystemExit, match="differ in training, decodings or sections"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)])
