@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import statistics
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from caramel.stats import t_interval  # noqa: E402
 from experiments.gossip_tracking import val_curve  # noqa: E402
 
 WITHIN = 0.05  # the issue's target: within 5% of DDP's validation loss
@@ -96,11 +96,8 @@ def mean_interval(values: list[float], confidence: float = 0.95) -> list[float] 
     fewer than two values."""
     if len(values) < 2:
         return None
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
-    mean = statistics.fmean(values)
-    return [mean - half, mean + half]
+    _, low, high = t_interval(values, confidence)
+    return [low, high]
 
 
 def score(final: dict[str, dict[int, float]], baseline: dict[str, str]) -> dict[str, Any]:

@@ -3,9 +3,9 @@ per-instance ratio summaries with their 95% interval."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from caramel.errors import CaramelError
+from caramel.stats import t_interval
 from caramel.strategies.options import build_options, parse_spec
 
 
@@ -36,8 +36,5 @@ def ratio_summary(ratios: list[float]) -> dict:
     """Mean of per-instance ratios with its 95% t-interval (None below two instances) and the
     worst instance."""
     arr = np.asarray(ratios, dtype=float)
-    ci = None
-    if arr.size > 1:
-        half = float(student_t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / np.sqrt(arr.size))
-        ci = [float(arr.mean() - half), float(arr.mean() + half)]
+    ci = list(t_interval(arr)[1:]) if arr.size > 1 else None
     return {"mean": float(arr.mean()), "ci95": ci, "max": float(arr.max()), "n": int(arr.size)}
