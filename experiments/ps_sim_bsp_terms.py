@@ -8,8 +8,10 @@ Two kinds of stored record, each printed as predicted against measured per term 
   Terms: the forward's compute, the pull phase (from the step's start to the last rank's buffers,
   which leave after the pulls), the backward, the push phase (the last rank's last hand-over to
   the last push or receive waited), the tail (to the pulls issued), and the patterns alone:
-  the plan's pushes alone and pulls alone against the traffic probe's all-at-once reading and
-  against the model's one-push / one-pull time.
+  the plan's pushes alone and pulls alone (rank 0's own time) against the traffic probe's
+  all-at-once reading (the slowest rank's) and against the model's; then each push bucket in
+  the step: handed over, landed at its server, against its copies alone at the rate and the
+  model's span.
 - bench JSONs with `meta.prediction_inputs`: every bsp ps row replayed (`simulate_ps`), its
   step split into the model's pull phase, compute and push phase (`meta.timeline_s`), the
   probe's pattern times and the ideal at the comm-only baseline's rate, and the measured step;
@@ -71,6 +73,25 @@ def breakdown_terms(d: dict) -> list[tuple[str, float, float]]:
     ]
 
 
+def breakdown_pushes(d: dict) -> list[tuple[int, int, float, float, float, float]]:
+    """Per push bucket of a ps-breakdown record, in push order: (bucket, server, the first and
+    the last rank's hand-over, the server's last receive waited, the model's push span), ms into
+    the step. A rank's works are its pushes in bucket order: (n - 1) receives for a bucket it
+    serves, one send for each other; a work's time is when its wait returned (waits run in
+    order, after `step()` is called: an upper bound on its completion)."""
+    m, p = d["model"], d["ps"]
+    ranks, owners = p["timeline_ms_per_rank"], p["bucket_owner"]
+    n = len(ranks)
+    model = {b: z - a for b, _, a, z in m["timeline_ms"]["pushes"]}
+    out = []
+    for b, o in enumerate(owners):
+        j = sum(n - 1 if owners[c] == o else 1 for c in range(b))  # the server's first work for b
+        landed = max(ranks[o][f"work_{j + k}_waited"] for k in range(n - 1))
+        handed = [r[f"handed_{b}"] for r in ranks]
+        out.append((b, o, min(handed), max(handed), landed, model[b]))
+    return out
+
+
 def bench_terms(d: dict) -> list[dict]:
     """One dict per bsp ps row of a bench run with saved inputs: the model's phases, the probe's
     pattern times, the measured step."""
@@ -127,6 +148,14 @@ def main(argv: list[str]) -> int:
             print(f"    {'term':<78} {'model':>7} {'measured':>8} {'diff':>7}")
             for name, a, b in breakdown_terms(d):
                 print(f"    {name:<78} {a:7.1f} {b:8.1f} {a - b:+7.1f}")
+            m = d["model"]
+            print(f"    each push, in push order (ms into the step; the model at push efficiency "
+                  f"{m['push_efficiency']:.3f}; one bucket's copies alone at the rate: (n - 1) x bytes / rate)")
+            print(f"    {'bucket':>6} {'server':>6} {'handed first':>12} {'last':>6} {'landed':>7} {'took':>10} "
+                  f"{'alone at rate':>13} {'model took':>10}")
+            for (b, o, h0, h1, z, mod), nb in zip(breakdown_pushes(d), d["ps"]["bucket_bytes"]):
+                alone = 1e3 * (n - 1) * nb * 8 / m["rate_bps"]
+                print(f"    {b:>6} {o:>6} {h0:12.1f} {h1:6.1f} {z:7.1f} {z - h1:4.1f}-{z - h0:4.1f} {alone:13.1f} {mod:10.1f}")
             print()
             continue
         if not (d.get("meta") or {}).get("prediction_inputs"):
