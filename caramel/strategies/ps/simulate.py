@@ -40,9 +40,13 @@ the cluster spec), with the backend's behaviour made explicit:
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
-a push is a reduce within the node then among the nodes' leaders, a pull the reverse, and the
-servers are the leaders; a leader's pushes and pulls share its NIC as a flat serving rank's do
-(both stages of each queued, the one within the node too, at `node_bandwidth_bps`).
+the servers are the leaders: a push is a reduce within the node, then each leader's node sum sent
+straight to the server leader as soon as it has landed (the runtime's `NodeSumSender` on gloo;
+`sim_hier.py`: the node reduces, each leader's sends and each server's NIC priced one transfer
+at a time, the node reduces running ahead of the sends), a pull a broadcast among the leaders
+then within the node; a serving leader's sends follow the pulls it handed over before, and its
+pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). The NCCL
+runtime's reduce among the leaders is not modelled separately.
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
@@ -64,6 +68,7 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
 from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
+from caramel.strategies.ps.sim_hier import LeaderSends
 from caramel.strategies.ps.sim_links import Links, Wire
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
@@ -185,6 +190,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     early = None  # bsp: when rank 0's buffers sent at step() reach each rank
     # a serving rank's (a leader's: indexed by node) pushes and pulls leave by one NIC
     links = None if dedicated else Links(n, shards) if local == 1 else Links(shards, shards)
+    # hierarchical: node reduces, then each leader's node sum sent to its server as it lands
+    leader_sends = LeaderSends(n // local, local, shards, alpha, Bps, node_Bps) if local > 1 and not dedicated else None
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
@@ -223,13 +230,18 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 issue.append(handed)
             return ends, issue
 
-        def push(issue: list[dict[int, float]], bwd_end: list[float]) -> tuple[list[float], list[tuple[float, float]]]:
+        def push(issue: list[dict[int, float]], bwd_end: list[float]) -> tuple[list[float], list[tuple[float, float]], LeaderSends | None]:
             ends, spans = list(push_end), []
+            hs = leader_sends.copy() if leader_sends is not None else None
             # dedicated: a server joins the step's pushes once every worker's step message is in
             joined = max(bwd_end) + alpha if dedicated else 0.0
             now = [Backlog(queues.ingress[0].cap_s) for _ in range(n)] if queues is not None else []  # this step's
             for b in range(len(buckets)):
                 o = bucket_owner[b]
+                if hs is not None:
+                    start, ends[o] = hs.push(bucket_bytes[b], o, [issue[w][b] for w in range(n)], pull_end)
+                    spans.append((start, ends[o]))
+                    continue
                 start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
                 if links is not None:  # behind the pulls its senders handed over before it
                     start = links.push_start(start, o, pull_end)
@@ -241,14 +253,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 spans.append((start, ends[o]))
                 if queues is not None:
                     now[o].add(start, ends[o])
-            return ends, spans
+            return ends, spans, hs
 
         bwd_end, issue = backward([])
-        ends, spans = push(issue, bwd_end)
+        ends, spans, hs = push(issue, bwd_end)
         if wire.slowdown > 1.0:  # once more, the backward slowed by the pushes it overlaps
             bwd_end, issue = backward(spans)
-            ends, spans = push(issue, bwd_end)
-        push_end = ends
+            ends, spans, hs = push(issue, bwd_end)
+        push_end, leader_sends = ends, hs
         wire.add(spans)
         if links is not None:
             for b, (_, z) in enumerate(spans):
@@ -316,9 +328,14 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     # group runs its collectives one at a time), whatever backlog staleness has let build up;
     # where a rank's pushes and pulls share its links (`Links`), than its pulls and then its
     # pushes to any one server
-    pushes_to = [sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o) for o in range(shards)]
     pulls_of = [sum(coll_s(b, "pull") for b in range(len(pull_bytes)) if pull_owner[b] == o) for o in range(shards)]
-    group_s = max(max(pushes_to[o], pulls_of[o]) for o in range(shards))
+    if leader_sends is None:
+        pushes_to = [sum(coll_s(b) for b in range(len(buckets)) if bucket_owner[b] == o) for o in range(shards)]
+        group_s = max(max(pushes_to[o], pulls_of[o]) for o in range(shards))
+    else:  # the node reduces and each server's NIC, pipelined (`LeaderSends`)
+        pushes_to = [sum(stage_s(n // local, bucket_bytes[b], Bps) for b in range(len(buckets)) if bucket_owner[b] == o)
+                     for o in range(shards)]
+        group_s = max([leader_sends.bound_s(bucket_bytes, bucket_owner)] + pulls_of)
     if links is not None and shards > 1:
         group_s = max(group_s, max(pulls_of[x] + max(pushes_to[o] for o in range(shards) if o != x) for x in range(shards)))
     step_s = max(max(periods), group_s)
