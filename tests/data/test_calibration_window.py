@@ -1,7 +1,6 @@
 """The data bench's calibration window: steps or seconds, summed up by the mean or by the median
 of sub-windows; bad values are one error naming what is expected."""
 import argparse
-import time
 
 import pytest
 
@@ -83,20 +82,34 @@ def test_the_commands_refuse_a_bad_window_before_running(capsys):
     assert "--calibration-window is a data-loading option" in capsys.readouterr().err
 
 
-def test_the_timed_steps_keep_every_step_and_sum_them_up_by_sub_windows():
-    slow = iter(range(10_000))
+class _Clock:
+    """A virtual clock for the timed steps: a fetch or a sleep advances it, nothing else does."""
 
-    def fetch_slow_tail():  # steps 2..13 quick, then 4 slow ones: a burst in the last sub-window
-        k = next(slow)
-        if k >= WARMUP_STEPS + 12:
-            time.sleep(0.05)
-        return k
-    out = time_steps(iter(fetch_slow_tail, None), WARMUP_STEPS + 16, 0.0, lambda: None, sub_windows=4)
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_the_timed_steps_keep_every_step_and_sum_them_up_by_sub_windows(monkeypatch):
+    import caramel.bench.data_contention as contention
+
+    clock = _Clock()
+    monkeypatch.setattr(contention, "time", clock)
+    waits = iter([0.001] * (WARMUP_STEPS + 12) + [0.05] * 4)  # a burst of slow batches in the last quarter
+
+    def fetch():
+        clock.now += next(waits)
+        return 0
+    out = time_steps(iter(fetch, None), WARMUP_STEPS + 16, 0.004, lambda: None, sub_windows=4)
     assert len(out["steps_s"]) == 16 and len(out["warmup_step_s"]) == WARMUP_STEPS
-    assert out["step_s_mean"] == pytest.approx(sum(out["steps_s"]) / 16)
-    assert out["step_s"] == pytest.approx(window_summary(out["steps_s"], 4))
-    assert out["step_s_mean"] >= 4 * 0.05 / 16  # the burst moves the mean...
-    assert out["step_s"] < 0.006  # ...not the median of the parts' means (three of four quick)
+    assert out["step_s_mean"] == pytest.approx((12 * 0.005 + 4 * 0.054) / 16)  # the burst moves the mean...
+    assert out["step_s"] == pytest.approx(0.005) == window_summary(out["steps_s"], 4)  # ...not the parts' median
+    assert out["wait_s"] == pytest.approx((12 * 0.001 + 4 * 0.05) / 16)
 
 
 def test_the_restart_pass_is_summed_up_by_its_sub_windows():
@@ -106,3 +119,22 @@ def test_the_restart_pass_is_summed_up_by_its_sub_windows():
     out = steady_steps(Loader(), WARMUP_STEPS + 8, 0.0, lambda: None, sub_windows=2)
     assert len(out["steps_s"]) == 8 and len(out["restart_step_s"]) == WARMUP_STEPS and "first_pass_step_s" in out
     assert out["step_s"] == pytest.approx(window_summary(out["steps_s"], 2))
+
+
+@pytest.mark.timeout(60)
+def test_a_window_in_seconds_becomes_one_step_count_from_the_slowest_ranks_steps(tmp_path):
+    import datetime
+
+    import torch.distributed as dist
+
+    from caramel.bench.data_bench import DataBenchConfig
+    from caramel.bench.data_bench_rank import _window_in_steps
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        cfg = DataBenchConfig(calibration_seconds=0.5, calibration_sub_windows=4)
+        assert _window_in_steps(cfg, 0.005).calibration_steps == 100 + WARMUP_STEPS
+        assert _window_in_steps(DataBenchConfig(calibration_steps=60), 0.005).calibration_steps == 60  # in steps: as given
+    finally:
+        dist.destroy_process_group()
