@@ -17,7 +17,8 @@ shards, timed over a second pass of its persistent workers (`steady_steps`: two 
 mode's loader's own work per batch (tier lookups, decoding, counters, the loader's state in the
 training process) is in it; the store, the misses and the sampler's order are not: the model
 charges those itself. With its mean step S_loaded (a mean, as the scored steps are: an occasional
-long wait is contention too) against the floor of C (the quickest of the run's windows of steps
+long wait is contention too; with `calibration_sub_windows` K > 1 the median of K consecutive
+parts' means, `calibration_window`) against the floor of C (the quickest of the run's windows of steps
 alone, `alone_floor_s`) plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
