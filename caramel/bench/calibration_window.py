@@ -2,9 +2,8 @@
 
 The contention calibration right before each round (`data_contention.steady_steps`) times a window
 of the bench's steps beside the mode's own loader; its summary is the round's loaded step, which
-with everything cached is the whole prediction. On a loaded host a 38-step mean (the window of
-40 less its 2 warm-up steps) follows its round weakly (correlation 0.32 at 100 Mbit/s), so the
-window is an option: longer (`steps`, or `seconds` of steps alone, converted once per run) and
+with everything cached is the whole prediction. On a loaded host a short window's mean follows
+its round weakly (docs/data.md), so the window is an option: longer (`steps`, or `seconds` of steps alone, converted once per run) and
 summarised either by the mean of its steps (`sub_windows=1`, as before) or by the median of the
 means of `sub_windows` equal consecutive parts, which a burst of slow steps in one part does not
 move. Every rank must run the same number of steps (each ends in an all-reduce), so a window in
@@ -62,11 +61,6 @@ class CalibrationWindow:
         steps = min(WARMUP_STEPS + max(math.ceil(self.seconds / step_s), self.sub_windows), MAX_STEPS)
         self.check_steps(steps)
         return steps
-
-    def summary(self, steps_s: list[float]) -> float:
-        """The window's step from its steps after the warm-up: their mean with one sub-window, else
-        the median of the means of `sub_windows` consecutive parts (as equal as the count allows)."""
-        return window_summary(steps_s, self.sub_windows)
 
 
 def window_summary(steps_s: list[float], sub_windows: int = 1) -> float:
