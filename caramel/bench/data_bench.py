@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from caramel.bench.calibration_window import CalibrationWindow
 from caramel.bench.data_bench_rank import _calibrates_loaded, _rank_main
 from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
@@ -61,8 +62,14 @@ class DataBenchConfig:
     seed: int = 0
     timeout_s: float = 600.0
     calibration_steps: int = 40  # steps of each calibration (alone, beside workers): at start, before each mode's round
+    calibration_seconds: float | None = None  # instead of calibration_steps: a window lasting this long alone
+    calibration_sub_windows: int = 1  # the loaded step: the median of this many parts' means (1: the mean)
     network: str = "loopback"  # where a served directory is served: "loopback" (token bucket) or "cluster" (tc)
     rank_rate_bps: float = 10e9  # network="cluster": each rank host's link (the store's link is the one under test)
+
+    def calibration_window(self) -> CalibrationWindow:
+        """The calibrations' window as a checked option (`calibration_window.CalibrationWindow`)."""
+        return CalibrationWindow(self.calibration_steps, self.calibration_seconds, self.calibration_sub_windows)
 
 
 @dataclass
@@ -132,6 +139,8 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
     for m in cfg.modes:
         if m not in MODES:
             raise CaramelError(f"data bench mode {m!r} is not one of {', '.join(MODES)}")
+    if cfg.calibration_seconds is not None or cfg.calibration_sub_windows != 1:
+        cfg.calibration_window()  # a bad window is one error here, before anything starts
     if cfg.network not in ("loopback", "cluster"):
         raise CaramelError(f"data bench network {cfg.network!r}: expected loopback or cluster")
     if cfg.network == "cluster" and url is not None and not is_local(url):

@@ -13,7 +13,7 @@ import functools
 import gc
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -112,7 +112,8 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
     bench's request probe reads (`data_overhead`). None when the bench calibrates nothing."""
     if cfg.calibration_steps <= 0:
         return None
-    out: dict[str, Any] = {"mode": mode, "round": rnd, "alone_s": _steps_alone(cfg, sync), "loaded": None}
+    out: dict[str, Any] = {"mode": mode, "round": rnd, "alone_s": _steps_alone(cfg, sync), "loaded": None,
+                           "window_steps": cfg.calibration_steps}
     if _calibrates_loaded(cfg, shards):
         from caramel.bench.data_contention import mode_calibration_loader, steady_steps
 
@@ -120,7 +121,9 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
         loader = None
         try:
             loader = mode_calibration_loader(mode, cfg, url, index, rank, shards, directory, budget, counters)
-            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync, probe_window)
+            out["loaded"] = steady_steps(loader, cfg.calibration_steps, cfg.compute_s, sync, probe_window,
+                                         cfg.calibration_sub_windows)
+            out["loaded"]["sub_windows"] = cfg.calibration_sub_windows
         finally:
             _shut_down(loader)  # its workers gone before the mode's first step, or at once on an error
             del loader
@@ -128,6 +131,18 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
             # the rank's two-shard cache goes now, not at the run's end: ranks x rounds x modes copies of shards
             shutil.rmtree(f"{directory}/rank{rank}", ignore_errors=True)
     return out
+
+
+def _window_in_steps(cfg: DataBenchConfig, alone_s: float) -> DataBenchConfig:
+    """`cfg` with a window given in seconds converted to steps from the slowest rank's first steps
+    alone (an all-reduce, so every rank runs the same count: each step ends in one)."""
+    if cfg.calibration_seconds is None:
+        return cfg
+    import torch.distributed as dist
+
+    slowest = torch.tensor([alone_s], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return replace(cfg, calibration_steps=cfg.calibration_window().steps_for(float(slowest.item())))
 
 
 def _shut_down(loader) -> None:
@@ -157,10 +172,10 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         calibration_counters = TierCounters()  # the calibrations' workers count apart from the modes'
         token = torch.zeros(1)
         sync = functools.partial(dist.all_reduce, token)
+        alone_s = _steps_alone(cfg, sync)
         if rank == 0:
-            queue.put(("alone", _steps_alone(cfg, sync)))
-        else:
-            _steps_alone(cfg, sync)
+            queue.put(("alone", alone_s))
+        cfg = _window_in_steps(cfg, alone_s)
         if _calibrates_loaded(cfg, shards):  # once, before the modes: the model with one calibration per run
             from caramel.bench.data_contention import decoded, loaded_steps
 

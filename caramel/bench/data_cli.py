@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from caramel.bench.calibration_window import CalibrationWindow, parse_calibration_window
 from caramel.bench.data_bench import MODES, DataBenchConfig, is_local, run_data_bench
 from caramel.bench.data_report import format_rows
 from caramel.bench.provenance import code_version
@@ -48,6 +49,12 @@ def add_loading_arguments(p, modes_flag: str = "--modes", epochs_flag: str = "--
                    help="memory tier per loader worker, same unit (default: as --cache-share; 0: none)")
     p.add_argument(modes_flag, dest="data_modes", default=",".join(MODES),
                    help=f"comma-separated among {', '.join(MODES)}")
+    p.add_argument("--calibration-window", metavar="STEPS|DURATION",
+                   help=f"each contention calibration's window: a whole number of steps (default {d.calibration_steps}) "
+                   "or a duration of steps alone with its unit (1.5s, 800ms), converted to steps once per run")
+    p.add_argument("--calibration-sub-windows", type=int, metavar="K",
+                   help="the calibration's loaded step as the median of K consecutive parts' means "
+                   f"(default {d.calibration_sub_windows}: the mean of the window)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,10 +96,28 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
         if not served:  # the delay is the emulated link's: a store at a URL has its own, which this cannot set
             raise CaramelError(f"--store-latency {args.store_latency!r} applies to a served directory (its emulated "
                                f"link); the store at {url} is not one: omit it")
+    window = calibration_window_from(args)
     return DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
                            epochs=args.data_epochs, compute_s=parse_duration_arg_s(args.compute, "--compute"), store_rate_bps=rate,
                            store_latency_s=latency_s,
-                           cache_share=args.cache_share, memory_share=args.memory_share, modes=modes, **generated)
+                           cache_share=args.cache_share, memory_share=args.memory_share, modes=modes,
+                           calibration_steps=window.steps, calibration_seconds=window.seconds,
+                           calibration_sub_windows=window.sub_windows, **generated)
+
+
+def calibration_window_from(args: argparse.Namespace) -> CalibrationWindow:
+    """`--calibration-window` and `--calibration-sub-windows` as a checked window (defaults: 40 steps, the mean)."""
+    d = DataBenchConfig()
+    steps, seconds = d.calibration_steps, None
+    if args.calibration_window is not None:
+        steps, seconds = parse_calibration_window(args.calibration_window)
+        steps = d.calibration_steps if steps is None else steps
+    sub = d.calibration_sub_windows if args.calibration_sub_windows is None else args.calibration_sub_windows
+    try:
+        return CalibrationWindow(steps, seconds, sub)
+    except CaramelError as e:
+        raise CaramelError(f"--calibration-window {args.calibration_window or steps} with --calibration-sub-windows "
+                           f"{sub}: {e}") from None
 
 
 def report(cfg: DataBenchConfig, url: str | None, json_out: str | None, markdown_out: str | None) -> int:

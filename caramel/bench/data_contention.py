@@ -17,7 +17,8 @@ shards, timed over a second pass of its persistent workers (`steady_steps`: two 
 mode's loader's own work per batch (tier lookups, decoding, counters, the loader's state in the
 training process) is in it; the store, the misses and the sampler's order are not: the model
 charges those itself. With its mean step S_loaded (a mean, as the scored steps are: an occasional
-long wait is contention too) against the floor of C (the quickest of the run's windows of steps
+long wait is contention too; with `calibration_sub_windows` K > 1 the median of K consecutive
+parts' means, `calibration_window`) against the floor of C (the quickest of the run's windows of steps
 alone, `alone_floor_s`) plus the batch's trip T by the mode's transport,
 
     contention = max(1, S_loaded / (C + T))
@@ -48,13 +49,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from caramel.bench.calibration_window import WARMUP_STEPS, window_summary
 from caramel.data.format import DatasetIndex, ShardInfo, decode_sample
 from caramel.data.store import Store
 from caramel.data.tiers import TierCounters
 from caramel.data.transport import WorkerCollate, received
 from caramel.errors import CaramelError
-
-WARMUP_STEPS = 2  # the first steps start the workers and fill the prefetch queue: not a steady step
 
 
 def timed_step(fetch: Callable[[], Any], compute_s: float, sync: Callable[[], None]) -> tuple[float, float, float, float]:
@@ -85,10 +85,13 @@ def decoded(shards: list[tuple[ShardInfo, bytes]]) -> list[Any]:
 
 
 def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Callable[[], None],
-               on_warm: Callable[[], None] | None = None) -> dict[str, float]:
+               on_warm: Callable[[], None] | None = None, sub_windows: int = 1) -> dict[str, Any]:
     """`steps` timed steps (next batch of `batches`, `compute_s` of sleep, `sync`); the means of
-    the step and its parts after the warm-up (`on_warm` called as it ends). Every rank must call
-    it at once (`sync` is the all-reduce)."""
+    the step's parts after the warm-up (`on_warm` called as it ends), and its step: the mean too,
+    or with `sub_windows` > 1 the median of that many consecutive parts' means
+    (`calibration_window.window_summary`; `step_s_mean` keeps the mean, `steps_s` every step after
+    the warm-up, so a stored window can be summed up again). Every rank must call it at once
+    (`sync` is the all-reduce)."""
     if steps <= WARMUP_STEPS:
         raise CaramelError(f"the contention calibration needs more than {WARMUP_STEPS} steps, got {steps}")
     fetch = functools.partial(next, batches)
@@ -108,7 +111,8 @@ def time_steps(batches: Iterator[Any], steps: int, compute_s: float, sync: Calla
         kept = xs[WARMUP_STEPS:]
         return sum(kept) / len(kept)
 
-    return {"step_s": mean(step), "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm),
+    return {"step_s": window_summary(step[WARMUP_STEPS:], sub_windows), "step_s_mean": mean(step),
+            "steps_s": step[WARMUP_STEPS:], "wait_s": mean(wait), "compute_s": mean(compute), "sync_s": mean(comm),
             "warmup_step_s": step[:WARMUP_STEPS]}
 
 
@@ -139,7 +143,7 @@ def epoch_start_excess_s(loaded: dict[str, Any] | None) -> float | None:
 
 
 def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], None],
-                 window: Any = None) -> dict[str, Any]:
+                 window: Any = None, sub_windows: int = 1) -> dict[str, Any]:
     """`time_steps` over a second pass of `loader`, whose workers persist from the first: the
     steady state the modes are scored in (their epochs 2+, workers started and warm), not the
     workers' start-up, which on a loaded machine lasts more than the warm-up's steps when the
@@ -149,7 +153,8 @@ def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], N
     epoch is): its warm-up steps are kept as `restart_step_s` (`epoch_start_excess_s`).
     With `window` (an Event) it is set over the first pass's steps after the warm-up and cleared
     before the second: the loaded but unscored steps in which the request probe reads
-    (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`."""
+    (`data_overhead`), whose monotonic bounds are kept as `probe_window_s`. The second pass's
+    step is summed up over `sub_windows` (`time_steps`)."""
     bounds: list[float] = []
 
     def opened() -> None:
@@ -160,13 +165,14 @@ def steady_steps(loader: Any, steps: int, compute_s: float, sync: Callable[[], N
     try:
         first = time_steps(it, steps, compute_s, sync, opened if window is not None else None)
         first.pop("warmup_step_s")  # the workers' start-up (fork), which no scored epoch repeats
+        first.pop("steps_s")
     finally:
         if window is not None:
             window.clear()
             bounds.append(time.monotonic())
     for _ in it:  # untimed: a scored epoch ends its pass before the next starts, so its restart drains nothing
         pass
-    out = time_steps(_Restarted(loader), steps, compute_s, sync)
+    out = time_steps(_Restarted(loader), steps, compute_s, sync, sub_windows=sub_windows)
     # the second pass restarts warm workers as every scored epoch does: its warm-up steps are that start
     out = dict(out, first_pass_step_s=first["step_s"], restart_step_s=out.pop("warmup_step_s"))
     if len(bounds) == 2:
@@ -191,6 +197,7 @@ def loaded_steps(samples: list[Any], batch_size: int, loader_workers: int, prefe
     it = iter(loader)
     out = time_steps(map(received, it), steps, compute_s, sync)
     out.pop("warmup_step_s")  # the one calibration's workers start here: not an epoch's restart
+    out.pop("steps_s")
     del it, loader  # the workers stop here, before the modes start
     return out
 

@@ -94,6 +94,11 @@ class OverheadProbe(AbstractContextManager):
     def reads(self, window: tuple[float, float] | None = None) -> int:
         return len(self._inside(window))
 
+    def durations_s(self, window: tuple[float, float] | None = None) -> list[float]:
+        """Every read inside `window`, in the order they started: the spread around the median, which
+        a queue at the store's link depends on (docs/data.md, "The 100 Mbit/s read slope")."""
+        return self._inside(window)
+
 
 def round_overheads(calibrations: list[dict]) -> list[float]:
     """The request time under load of each round, measured during the calibration right before it
@@ -110,9 +115,11 @@ def round_overheads(calibrations: list[dict]) -> list[float]:
 def probed_calibration(calibration: dict, probe: OverheadProbe) -> dict:
     """`calibration` with the probe's reads inside its window (`loaded.probe_window_s`, rank 0's
     first pass after the warm-up): `request_s_under_load` (None, the term off for the round, when
-    no read finished there; `request_s_under_load_reads` says 0) and the window's bounds."""
+    no read finished there; `request_s_under_load_reads` says 0), every read's time
+    (`request_s_under_load_each`, for models of the reads' spread) and the window's bounds."""
     bounds = (calibration.get("loaded") or {}).get("probe_window_s")
     window = tuple(bounds) if bounds else (float("inf"), float("-inf"))  # no window: no read counts
     return dict(calibration, request_s_under_load=probe.overhead_s(window),
                 request_s_under_load_reads=probe.reads(window),
+                request_s_under_load_each=probe.durations_s(window),
                 probe_window_length_s=(bounds[1] - bounds[0]) if bounds else None)

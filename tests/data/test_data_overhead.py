@@ -13,6 +13,7 @@ from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
 from caramel.errors import CaramelError
+from caramel.stats import median
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,10 @@ def test_a_gated_probe_reads_only_inside_its_window(store):
     assert round_overheads([empty]) == [0.0]
     inside = probed_calibration({"loaded": {"probe_window_s": [start, end]}}, probe)
     assert inside["request_s_under_load"] == probe.overhead_s((start, end)) and inside["probe_window_length_s"] > 0
+    each = inside["request_s_under_load_each"]  # every read in the window: the median's spread is kept
+    assert len(each) == inside["request_s_under_load_reads"] >= 4
+    assert median(each) == inside["request_s_under_load"]
+    assert empty["request_s_under_load_each"] == []
     assert probed_calibration({"loaded": None}, probe)["request_s_under_load_reads"] == 0  # no loaded pass: no window
 
 
