@@ -224,8 +224,12 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
     out = tmp_path / "out.json"
     assert main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
-    with pytest.raises(SystemExit, match="no other flag \\(got test_seeds\\)"):
+    with pytest.raises(SystemExit, match="no other flag \\(got --test-seeds\\)"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])
+    # a flag given at its default value, an appended one, an abbreviated one: all refused
+    with pytest.raises(SystemExit, match="no other flag \\(got --train-trace, --large, --test-seeds\\)"):
+        main(["--merge", f"{paths[0]},{paths[1]}", "--train-trace", "num_jobs=3", "--json", str(out),
+              "--test", "0:40", "--large", "num_jobs=30"])
     old = {k: v for k, v in _report(b, "weighted_srjf").items() if k not in ("offline", "counts_per_trace")}
     paths[1].write_text(json.dumps({**top, "held_out": old}))  # a report written before --merge existed
     with pytest.raises(SystemExit, match=f"{paths[1]} \\(held_out\\) has no offline, counts_per_trace: it "
