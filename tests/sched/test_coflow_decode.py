@@ -109,6 +109,18 @@ def test_decodings_parse_and_bad_ones_are_refused():
             parse_decoding(bad)
 
 
+def test_a_sample_count_over_the_cap_is_refused_naming_it():
+    from caramel.sched.coflow.decode import MAX_SAMPLES
+    assert parse_decoding(f"sample:{MAX_SAMPLES}:2") == Decoding(MAX_SAMPLES, 2.0)
+    for bad in (f"sample:{MAX_SAMPLES + 1}", f"sample:{MAX_SAMPLES + 1}:2", "sample:" + "1" * 5000):
+        with pytest.raises(CaramelError, match=rf"decoding '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} "
+                                               rf"samples.*2 <= N <= {MAX_SAMPLES}"):
+            parse_decoding(bad)
+    for n in (0, MAX_SAMPLES + 1, 2.0, True):
+        with pytest.raises(CaramelError, match=f"decoding samples must be an integer from 1 to {MAX_SAMPLES}"):
+            Decoding(n)
+
+
 def test_per_trace_comparison_counts_and_interval():
     from experiments.coflow_rl import _versus
     vs = _versus([0.9, 1.0, 1.2, 2.0], [1.0, 1.0, 1.0, 2.0])
