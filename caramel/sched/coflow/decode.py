@@ -123,8 +123,8 @@ def parse_decoding(text: str) -> Decoding:
     except ValueError:
         pass
     raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "
-                       f"with 2 <= N <= {MAX_SAMPLES} and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or sample:8:2), "
-                       f"arrived:greedy, arrived:base or arrived:check")
+                       f"with 2 <= N <= {MAX_SAMPLES} and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or "
+                       f"sample:8:2), arrived:greedy, arrived:base or arrived:check")
 
 
 def policy_logits(model) -> Logits:
