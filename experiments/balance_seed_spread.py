@@ -26,7 +26,9 @@ each input is moved alone, with nothing else changed:
         --seeds 0 1 2 3 4 --draws 4 --paired --json OUT
     python experiments/balance_seed_spread.py --summarize --json docs/results/adapt-balance-seed-spread.json
 
-(docs/results/adapt-balance-seed-spread.json holds what these gave; a run is ~10 s of one core.)
+(docs/results/adapt-balance-seed-spread.json holds what these gave, gathered into one study file
+tagged `caramel.balance-seed-spread/1`, the kind `--summarize` reads; a run writes its own,
+`caramel.balance-seed-spread-run/1`; a run is ~10 s of one core.)
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ import torch
 import torch.nn as nn
 
 from caramel.data.share_sampler import ShareSampler, ShareSchedule
+from caramel.errors import FormatError
+from caramel.jsonio import format_tag, read_json, write_json
 from caramel.stats import t_interval
 from caramel.train.config import TrainConfig
 from caramel.train.data import val_shard
@@ -47,6 +51,8 @@ from caramel.train.workloads import build_workload
 
 WORLD = 2
 OFFSET = 7919  # a prime: generator seeds offset by multiples of it meet no other run's
+RUN_KIND = "balance-seed-spread-run"  # what one run (replays per seed, or --paired) writes
+STUDY_KIND = "balance-seed-spread"  # the study's file the runs were gathered into, --summarize's input
 
 
 class GlobalMaskDropout(nn.Module):
@@ -168,9 +174,11 @@ def summarize(pairs: dict[int, list[tuple[float, float]]]) -> dict:
 def summarize_file(path: str, first_draws: int | None = None) -> dict:
     """`summarize` of a results file's paired losses (its `paired` seeds, draw 0 the recorded run
     pair, plus `seed0_more_draws`); `first_draws`: only each seed's first so many pairs."""
-    with open(path) as f:
-        data = json.load(f)
-    rows = data.get("paired", {}).get("seeds") if isinstance(data, dict) else None
+    try:
+        data = read_json(path, STUDY_KIND)
+    except FormatError as e:
+        raise SystemExit(str(e)) from None
+    rows = data.get("paired", {}).get("seeds")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and {"seed", "balanced", "equal"} <= r.keys()
                                              for r in rows):
         raise SystemExit(f"{path}: expected a 'paired' entry whose 'seeds' list holds rows with 'seed', "
@@ -217,11 +225,12 @@ def main() -> None:
         summary = {"command": f"python experiments/balance_seed_spread.py --summarize --json {args.json}",
                    "note": SUMMARY_NOTE,
                    "all_pairs": summarize_file(args.json), "first_5_per_seed": summarize_file(args.json, 5)}
-        with open(args.json) as f:
-            data = json.load(f)
+        try:
+            data = read_json(args.json, STUDY_KIND)
+        except FormatError as e:
+            raise SystemExit(str(e)) from None
         data["summary"] = summary
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+        write_json(args.json, data)
         print(json.dumps({k: {kk: v[kk] for kk in ("pairs", "mean_pct", "pooled_bootstrap95", "mean_of_seed_means_pct",
                                                      "seed_clustered_t95")} for k, v in data["summary"].items()
                           if k not in ("command", "note")}, indent=1))
@@ -249,8 +258,7 @@ def main() -> None:
                                                     for k in range(args.first_draw, args.first_draw + args.draws)]
             out["seeds"].append(row)
             print(json.dumps(row), flush=True)
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            write_json(args.json, {"format": format_tag(RUN_KIND), **out})
         return
     for seed in args.seeds:
         t0 = time.perf_counter()
@@ -282,8 +290,8 @@ def main() -> None:
         for r in replays:
             print(f"  {r['strategy']:42s} recorded {r['recorded_val_loss']:.5f} replayed {r['replayed_val_loss']:.5f} "
                   f"fixed masks {r['fixed_masks_val_loss']:.5f}  {r['shares']}", flush=True)
-        with open(args.json, "w") as f:  # after every seed: a long run leaves what it has done
-            json.dump(out, f, indent=1)
+        # after every seed: a long run leaves what it has done
+        write_json(args.json, {"format": format_tag(RUN_KIND), **out})
 
 
 if __name__ == "__main__":

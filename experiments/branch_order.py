@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
+from caramel.jsonio import format_tag, write_json
 from caramel.sim.simulate import simulate
 from caramel.sim.synthetic import _chain_profile
 from caramel.strategies.planners import make_plan
@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = study("googlenet", googlenet()) + study("two_tower", two_tower())
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"format": "caramel.branch_order/1", "rows": rows}, f, indent=1)
+        write_json(args.json, {"format": format_tag("branch_order"), "rows": rows})
     return 0
 
 

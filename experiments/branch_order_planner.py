@@ -13,9 +13,9 @@ study, not a measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
+from caramel.jsonio import format_tag, write_json
 from caramel.sim.simulate import simulate
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = rows_for("googlenet", googlenet()) + rows_for("two_tower", two_tower())
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"format": "caramel.branch_order_planner/1", "rows": rows}, f, indent=1)
+        write_json(args.json, {"format": format_tag("branch_order_planner"), "rows": rows})
     return 0
 
 

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "to --json; no other flag")
     args = ap.parse_args(argv)
     if args.merge is not None:
-        return _merge_files(args, ap)
+        return _merge_files(args, _given_flags(ap, argv))
     training_flags = [flag for flag, value in (("--teacher", args.teacher), ("--improve", args.improve or None),
                                                ("--finetune-steps", args.finetune_steps),
                                                ("--train-trace", args.train_trace), ("--train-seeds", args.train_seeds))
@@ -317,11 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _merge_files(args, ap: argparse.ArgumentParser) -> int:
+def _given_flags(ap: argparse.ArgumentParser, argv: list[str] | None) -> list[str]:
+    """The flags given in `argv`, even at their default value: `argv` parsed again with every
+    default None (`set_defaults`; no given option parses to None), so the options not None were
+    given. It leaves `ap` with those defaults."""
+    ap.set_defaults(**dict.fromkeys(vars(ap.parse_args([]))))
+    return ["--" + dest.replace("_", "-") for dest, value in vars(ap.parse_args(argv)).items() if value is not None]
+
+
+def _merge_files(args, given: list[str]) -> int:
     """`--merge A,B,... --json OUT`: the reports' evaluations joined by `merge_reports`; the rest
-    (training, decodings) must be the same in every part."""
-    others = [a.dest for a in ap._actions if a.dest not in ("help", "merge", "json")
-              and getattr(args, a.dest) != a.default]
+    (training, decodings) must be the same in every part; `given`: the flags on the command line."""
+    others = [flag for flag in given if flag not in ("--merge", "--json")]
     if others or not args.json:
         raise SystemExit(f"--merge takes --json OUT and no other flag (got {', '.join(others) or 'no --json'})")
     paths = args.merge.split(",")

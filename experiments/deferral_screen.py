@@ -12,10 +12,10 @@ prediction beside k = 0, the memory each k keeps alive over the 10% cap, and wha
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
+from caramel.jsonio import format_tag, write_json
 from caramel.models import get_model
 from caramel.plan import compute_schedule as cs
 from caramel.profile.profiler import profile_model
@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rows = [r for name, batch, opts in MODELS for r in screen(name, batch, opts)]
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"format": "caramel.deferral_screen/1", "rows": rows}, f, indent=1)
+        write_json(args.json, {"format": format_tag("deferral_screen"), "rows": rows})
     return 0
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 
 import torch
 import torch.nn.functional as F
+
+from caramel.jsonio import format_tag, write_json
 
 OWN_SHARE = 0.9
 STRATEGIES = ("ddp", "gossip:topology=ring", "gossip:topology=ring,personalize=head",
@@ -104,8 +105,8 @@ def main() -> None:
         print(f"{s:55s} above ddp: {per_worker}/{a.workers * len(runs)} workers, {on_mean}/{len(runs)} means, "
               f"mean {100 * gain:+.2f} points")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": vars(a), "scores": {str(k): v for k, v in runs.items()}, "against_ddp": wins}, f, indent=1)
+        write_json(a.json, {"format": format_tag("gossip-deprl"), "settings": vars(a),
+                            "scores": {str(k): v for k, v in runs.items()}, "against_ddp": wins})
 
 
 if __name__ == "__main__":

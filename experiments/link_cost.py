@@ -13,11 +13,14 @@ made); `--repeats` runs the list that many times, alternating, so drift hits eve
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
+
+from caramel.jsonio import format_tag, read_json, write_json
+
+WORKER_KIND = "link-cost-worker"  # rank 0's medians for one cluster, read back by the parent
 
 
 def _host_cpu_ms() -> tuple[float, float]:
@@ -78,8 +81,7 @@ def worker(out_path: str, rounds: int, steps: int) -> None:
         # the job runs at its slowest rank's pace; host CPU is the same counter on every rank
         result = {m: {"step_s": max(e[m]["step"] for e in everyone), "compute_s": max(e[m]["compute"] for e in everyone),
                       "host_sys_ms": mine[m]["sys"], "host_softirq_ms": mine[m]["softirq"]} for m in mine}
-        with open(out_path, "w") as f:
-            json.dump(result, f)
+        write_json(out_path, {"format": format_tag(WORKER_KIND), **result})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -129,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                     if not os.path.exists(out):
                         print(f"{rate} mtu {config.mtu}: the job failed (exit code {rc})", file=sys.stderr)
                         continue
-                    with open(out) as f:
-                        results.setdefault((rate, config.mtu), []).append(json.load(f))
+                    run = read_json(out, WORKER_KIND)
+                    results.setdefault((rate, config.mtu), []).append({m: run[m] for m in ("serial", "concurrent")})
                     print(f"done: {rate} mtu {config.mtu} (repeat {rep + 1})", file=sys.stderr, flush=True)
     print("| link | MTU | host sys+softirq per step, serial (ms) | concurrent (ms) | compute alone (ms) "
           "| compute beside the transfer (ms) | serial step (ms) | concurrent step (ms) |")

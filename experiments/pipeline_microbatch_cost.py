@@ -31,7 +31,6 @@ deleted on the way out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue as queues
 import shutil
@@ -287,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     out = overhead(args) if args.part == "overhead" else waiting(args)
     print(f"wall {time.time() - t0:.1f} s; cpu_count {os.cpu_count()}; load {os.getloadavg()}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "cpu_count": os.cpu_count(), "result": out}, f, indent=1, default=str)
+        from caramel.jsonio import format_tag, write_json
+        write_json(args.json, {"format": format_tag("pipeline-microbatch-cost"), "args": vars(args),
+                               "cpu_count": os.cpu_count(), "result": out})
     return 0
 
 

@@ -10,6 +10,9 @@ pipelines' `pipeline_actions.*.rank*.json`, as `caramel bench --trace` writes th
   over all compute time (`sharing.co_computing`), and each rank's compute per step.
 
     PYTHONPATH=. python experiments/pipeline_sharing_replay.py docs/results/pipeline_profile_turns/run_m
+
+With `REPLAY_JSON=OUT` in the environment it also writes the rows, keyed by run directory, to
+OUT (`"format": "caramel.pipeline-sharing-replay/1"` beside the run keys).
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ def replay(run: str) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    if "format" in argv:
+        raise SystemExit("a run directory named 'format' would clash with the output's format tag; rename it")
     out = {}
     for run in argv:
         out[run] = rows = replay(run)
@@ -91,8 +96,8 @@ def main(argv: list[str]) -> int:
                   f"{[round(1e3 * b / m_, 1) for b in r['busy_s_per_lane']['shared']]}; measured median per rank "
                   f"{[round(1e3 * (a['F'] + a['B']), 1) for a in r['measured_action_s_per_rank']]}")
     if os.environ.get("REPLAY_JSON"):
-        with open(os.environ["REPLAY_JSON"], "w") as f:
-            json.dump(out, f, indent=1)
+        from caramel.jsonio import format_tag, write_json
+        write_json(os.environ["REPLAY_JSON"], {"format": format_tag("pipeline-sharing-replay"), **out})
     return 0
 
 

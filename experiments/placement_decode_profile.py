@@ -13,13 +13,13 @@ heuristics on the same instances for scale. One thread, wall-clock; the mean per
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance
 from caramel.sched.placement.batch import BatchPlacement
 from caramel.sched.placement.decode import step_probabilities
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         report["heuristics_s"][name] = float(np.mean(times))
         print(f"{name}: {np.mean(times) * 1e3:.1f} ms per instance")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"format": format_tag("placement-decode-profile"), **report})
     return 0
 
 

@@ -17,7 +17,6 @@ quarter-batch forward + backward (the pipeline's fixed cost per microbatch comes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -86,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode}: median step {steps[len(steps) // 2] * 1e3:.1f} ms over {len(steps)} profiles")
     print(f"wall {time.time() - t0:.1f} s; cpu_count {os.cpu_count()}; load {os.getloadavg()}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "cpu_count": os.cpu_count(),
-                       "rows": [{"mode": m, "repeat": r, "rank": k, **s} for m, r, k, s in rows]}, f, indent=1)
+        from caramel.jsonio import format_tag, write_json
+        write_json(args.json, {"format": format_tag("profile-turns"), "args": vars(args), "cpu_count": os.cpu_count(),
+                               "rows": [{"mode": m, "repeat": r, "rank": k, **s} for m, r, k, s in rows]})
     return 0
 
 

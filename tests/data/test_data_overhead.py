@@ -46,15 +46,39 @@ def test_the_probe_times_range_reads_until_it_exits(store):
         OverheadProbe(server.url, DatasetIndex(shards=()))
 
 
+class _CountedGate(threading.Event):
+    """The probe's gate, counting the checks the probe's thread found it closed (it then reads
+    nothing until its next check), so a test waits on the thread's progress, not on the clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed_checks = 0
+        self._seen = threading.Condition()
+
+    def wait(self, timeout=None) -> bool:
+        opened = super().wait(timeout)
+        if not opened:
+            with self._seen:
+                self.closed_checks += 1
+                self._seen.notify_all()
+        return opened
+
+    def reaches(self, checks: int, timeout_s: float = 10.0) -> bool:
+        """Whether `checks` closed checks happen within `timeout_s` (False: the probe stopped checking)."""
+        with self._seen:
+            return self._seen.wait_for(lambda: self.closed_checks >= checks, timeout_s)
+
+
 @pytest.mark.timeout(30)
 def test_a_gated_probe_reads_only_inside_its_window(store):
     """Rank 0 opens the window over its unscored loaded steps: no read outside it (no load on the
-    timed pass), and only the reads that started and ended inside it count."""
+    timed pass), and only the reads that started and ended inside it count. Paced by the probe's
+    own gate checks (no sleeps to outlast a read: under load a read can take any time)."""
     index = Store(str(store)).index()
-    gate = threading.Event()
+    gate = _CountedGate()
     with serve_directory(store) as server:
         with OverheadProbe(server.url, index, pause_s=0.001, gate=gate) as probe:
-            time.sleep(0.1)
+            assert gate.reaches(3)  # the thread checked the closed gate three times
             assert probe.reads() == 0 and server.requests_served == 0  # closed: nothing read
             start = time.monotonic()
             gate.set()
@@ -62,14 +86,16 @@ def test_a_gated_probe_reads_only_inside_its_window(store):
                 time.sleep(0.005)
             gate.clear()
             end = time.monotonic()
-            time.sleep(0.05)
+            closed = gate.closed_checks
+            assert gate.reaches(closed + 1)  # seen closed: a read in flight at the clear has ended
             after = probe.reads()
-            time.sleep(0.1)
+            assert gate.reaches(closed + 4)
             assert probe.reads() == after  # closed again: no more reads
-    assert probe.reads((start, end)) >= 4 and probe.overhead_s((start, end)) > 0
-    assert probe.reads((end, end + 1.0)) == 0 and probe.overhead_s((end, end + 1.0)) is None
+            later = time.monotonic()
+    assert probe.reads((start, end)) >= 5 and probe.overhead_s((start, end)) > 0
+    assert probe.reads((later, later + 1.0)) == 0 and probe.overhead_s((later, later + 1.0)) is None
     # the record: a window with no read says so, and its round is charged nothing
-    empty = probed_calibration({"loaded": {"probe_window_s": [end, end + 1.0]}}, probe)
+    empty = probed_calibration({"loaded": {"probe_window_s": [later, later + 1.0]}}, probe)
     assert empty["request_s_under_load"] is None and empty["request_s_under_load_reads"] == 0
     assert round_overheads([empty]) == [0.0]
     inside = probed_calibration({"loaded": {"probe_window_s": [start, end]}}, probe)

@@ -6,10 +6,33 @@ import sys
 import pytest
 
 
-def _write(tmp_path, data) -> str:
+def _write(tmp_path, data, kind="balance-seed-spread") -> str:
+    from caramel.jsonio import format_tag
     path = tmp_path / "spread.json"
-    path.write_text(json.dumps(data))
+    path.write_text(json.dumps(data if kind is None else {"format": format_tag(kind), **data}))
     return str(path)
+
+
+@pytest.mark.parametrize("kind, what", [(None, "found None"),
+                                        ("balance-seed-spread-run", "found 'caramel.balance-seed-spread-run/1'")])
+def test_summarize_refuses_a_file_not_of_the_study_kind_naming_it(tmp_path, kind, what):
+    """A run's own output (or an untagged file) is not the gathered study --summarize reads."""
+    from experiments.balance_seed_spread import summarize_file
+    rows = [{"seed": 0, "balanced": [1.1], "equal": [1.0]}, {"seed": 1, "balanced": [0.9], "equal": [1.0]}]
+    path = _write(tmp_path, {"paired": {"seeds": rows}}, kind)
+    with pytest.raises(SystemExit) as e:
+        summarize_file(path)
+    assert path in str(e.value) and what in str(e.value) and "caramel.balance-seed-spread/1" in str(e.value)
+
+
+def test_the_stored_study_summarizes_as_stored():
+    from pathlib import Path
+
+    from experiments.balance_seed_spread import summarize_file
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "adapt-balance-seed-spread.json"
+    stored = json.loads(path.read_text())["summary"]
+    assert summarize_file(str(path)) == stored["all_pairs"]
+    assert summarize_file(str(path), 5) == stored["first_5_per_seed"]
 
 
 @pytest.mark.parametrize("data, what", [

@@ -115,3 +115,19 @@ def test_env_return_is_minus_the_objective_and_action_zero_is_the_base(objective
     # a different choice changes the schedule (the action matters), and every coflow still ends
     other = run_policy(env, w, lambda obs: int((obs[:, 0] > 0).sum()) - 1)
     assert np.isfinite(other.cct_s).all() and not np.allclose(other.cct_s, ref.cct_s)
+
+
+def test_a_trace_that_needs_no_choice_ends_at_the_first_step_with_its_whole_cost():
+    """Seed 1118 of 3 one-step jobs never has two coflows released at once: the episode is over
+    at reset. A step taken anyway (SB3's PPO steps after every reset) ends it, whatever the
+    action, and its reward is still minus the objective."""
+    from caramel.sched.coflow.env import CoflowEnv, EnvOptions
+    trace = TraceOptions(num_jobs=3, max_steps=1)
+    ref = simulate(synthetic_trace(trace, 1118), HEURISTICS["weighted_sebf"])
+    env = CoflowEnv(trace, [1118], EnvOptions(objective="cct"))
+    obs, _ = env.reset(seed=0)
+    assert env.episode_done and not obs[:, 0].any()  # no candidate to pick
+    obs, reward, done, truncated, _ = env.step(3)
+    assert done and not truncated and not obs.any()
+    assert reward * env.scale_s == pytest.approx(-ref.cct_s.sum(), rel=1e-9)
+    np.testing.assert_allclose(env.result().cct_s, ref.cct_s)

@@ -109,6 +109,18 @@ def test_decodings_parse_and_bad_ones_are_refused():
             parse_decoding(bad)
 
 
+def test_a_sample_count_over_the_cap_is_refused_naming_it():
+    from caramel.sched.coflow.decode import MAX_SAMPLES
+    assert parse_decoding(f"sample:{MAX_SAMPLES}:2") == Decoding(MAX_SAMPLES, 2.0)
+    for bad in (f"sample:{MAX_SAMPLES + 1}", f"sample:{MAX_SAMPLES + 1}:2", "sample:" + "1" * 5000):
+        with pytest.raises(CaramelError, match=rf"decoding '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} "
+                                               rf"samples.*2 <= N <= {MAX_SAMPLES}"):
+            parse_decoding(bad)
+    for n in (0, MAX_SAMPLES + 1, 2.0, True):
+        with pytest.raises(CaramelError, match=f"decoding samples must be an integer from 1 to {MAX_SAMPLES}"):
+            Decoding(n)
+
+
 def test_per_trace_comparison_counts_and_interval():
     from experiments.coflow_rl import _versus
     vs = _versus([0.9, 1.0, 1.2, 2.0], [1.0, 1.0, 1.0, 2.0])
@@ -224,8 +236,12 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
     out = tmp_path / "out.json"
     assert main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
-    with pytest.raises(SystemExit, match="no other flag \\(got test_seeds\\)"):
+    with pytest.raises(SystemExit, match="no other flag \\(got --test-seeds\\)"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])
+    # a flag given at its default value, an appended one, an abbreviated one: all refused
+    with pytest.raises(SystemExit, match="no other flag \\(got --train-trace, --large, --test-seeds\\)"):
+        main(["--merge", f"{paths[0]},{paths[1]}", "--train-trace", "num_jobs=3", "--json", str(out),
+              "--test", "0:40", "--large", "num_jobs=30"])
     old = {k: v for k, v in _report(b, "weighted_srjf").items() if k not in ("offline", "counts_per_trace")}
     paths[1].write_text(json.dumps({**top, "held_out": old}))  # a report written before --merge existed
     with pytest.raises(SystemExit, match=f"{paths[1]} \\(held_out\\) has no offline, counts_per_trace: it "

@@ -69,7 +69,7 @@ def test_rollouts_share_one_forward_pass_per_step(model):
 
 @pytest.mark.parametrize("text", ["sample:0", "sample:-3", "sample:x", "sample:", "sample", "beam:4", "greedy:2",
                                   "sample:+8", "sample:1_6", "sample: 8", "sample:8 :", "sample:\u0663", "sample:8.0",
-                                  pytest.param("sample:" + "1" * 5000, id="sample:5000-digits")])
+                                  pytest.param("sample:" + "0" * 5000, id="sample:5000-zeros")])
 def test_bad_decodings_are_refused(text):
     with pytest.raises(CaramelError, match="expected 'greedy' or 'sample:N' with N an integer >= 1"):
         parse_decoding(text)
@@ -79,3 +79,15 @@ def test_bad_decodings_are_refused(text):
 def test_bad_sample_counts_are_refused(n):
     with pytest.raises(CaramelError, match="decoding samples must be an integer >= 1"):
         Decoding(n)
+
+
+def test_a_sample_count_over_the_cap_is_refused_naming_it():
+    from caramel.sched.placement.decode import MAX_SAMPLES
+    assert parse_decoding(f"sample:{MAX_SAMPLES}") == Decoding(MAX_SAMPLES)
+    assert parse_decoding("sample:0016") == Decoding(16)
+    for bad in (f"sample:{MAX_SAMPLES + 1}", "sample:" + "1" * 5000):
+        with pytest.raises(CaramelError, match=rf"decode '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} samples"
+                                               rf".*1 <= N <= {MAX_SAMPLES}"):
+            parse_decoding(bad)
+    with pytest.raises(CaramelError, match=f"decoding samples must be at most {MAX_SAMPLES}"):
+        Decoding(MAX_SAMPLES + 1)

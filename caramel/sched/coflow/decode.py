@@ -42,6 +42,11 @@ from caramel.sched.coflow.workload import Workload
 # observation (K, F) -> a logit per row (masked rows very negative)
 Logits = Callable[[np.ndarray], np.ndarray]
 
+# `sample:N` simulates the whole trace N times, one after another: about 0.15 s each on a 10-job
+# trace (sample:8 took 1.2 s per trace; docs/rl-scheduling.md), so the cap is about 10 minutes
+# per trace; a count past it is taken for a typo, not run for hours. The results use N = 8.
+MAX_SAMPLES = 4096
+
 
 @dataclass(frozen=True)
 class Decoding:
@@ -55,6 +60,12 @@ class Decoding:
     margin: float = 0.0
     check: float | None = None  # `check:M`: roll out the policy's proposal against the base's pick
     arrived: str | None = None  # `arrived:greedy|base|check`: decide on the arrived jobs only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) \
+                or not 1 <= self.samples <= MAX_SAMPLES:
+            raise CaramelError(f"decoding samples must be an integer from 1 to {MAX_SAMPLES} (each simulates the "
+                               f"whole trace), got {self.samples!r}")
 
     @property
     def name(self) -> str:
@@ -83,12 +94,19 @@ _NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASC
 
 
 def parse_decoding(text: str) -> Decoding:
-    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (N >= 2, T > 0),
-    `arrived:greedy`, `arrived:base` or `arrived:check`; numbers in ASCII digits only (no
-    spaces, underscores or signs)."""
+    """`greedy`, `greedy:M`, `check:M` (M >= 0), `sample:N` or `sample:N:T` (2 <= N <=
+    MAX_SAMPLES, T > 0), `arrived:greedy`, `arrived:base` or `arrived:check`; numbers in ASCII
+    digits only (no spaces, underscores or signs)."""
     parts = text.split(":")
     if len(parts) == 2 and parts[0] == "arrived" and parts[1] in ARRIVED_MODES:
         return Decoding(arrived=parts[1])
+    if parts[0] == "sample" and len(parts) in (2, 3) and re.fullmatch(r"[0-9]+", parts[1]):
+        digits = parts[1].lstrip("0")
+        # the length first: int() refuses a count past its digit limit (sys.get_int_max_str_digits)
+        if len(digits) > len(str(MAX_SAMPLES)) or int(digits or "0") > MAX_SAMPLES:
+            raise CaramelError(f"decoding {text!r}: N is over the cap of {MAX_SAMPLES} samples (each simulates the "
+                               f"whole trace: about 10 minutes per 10-job trace there); expected sample:N or "
+                               f"sample:N:T with 2 <= N <= {MAX_SAMPLES}")
     numbers_ok = all(_NUMBER.fullmatch(p) for p in parts[1:])
     try:
         value = float(parts[-1]) if numbers_ok and len(parts) == (
@@ -105,8 +123,8 @@ def parse_decoding(text: str) -> Decoding:
     except ValueError:
         pass
     raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "
-                       f"with N >= 2 and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or sample:8:2), "
-                       f"arrived:greedy, arrived:base or arrived:check")
+                       f"with 2 <= N <= {MAX_SAMPLES} and T > 0, in ASCII digits (e.g. greedy:1, check:2, sample:8 or "
+                       f"sample:8:2), arrived:greedy, arrived:base or arrived:check")
 
 
 def policy_logits(model) -> Logits:

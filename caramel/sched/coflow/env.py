@@ -9,7 +9,9 @@ workload's mean isolated coflow time: for `cct` the number of released, unfinish
 (so an episode's return is minus the sum of coflow completion times), for `weighted_jct` the
 weights of the arrived, unfinished jobs (minus the weighted sum of job completion times).
 The cost before the first choice is added to the first step's reward; a workload that never
-needs a choice ends at `reset` (its schedule is the base heuristic's; `run_policy` handles it).
+needs a choice ends at `reset` (its schedule is the base heuristic's; `run_policy` handles it;
+`episode_done` says so), and a step taken anyway (SB3's PPO steps after every reset) ends the
+episode at once with that cost as its reward, whatever the action.
 """
 from __future__ import annotations
 
@@ -78,6 +80,12 @@ class CoflowEnv(gym.Env):
 
     def step(self, action: int):
         sim = self.sim
+        if sim.done:
+            # the workload ended at reset (it never needed a choice), yet a vectorized trainer
+            # steps after every reset: the action has no effect, the episode ends with the cost
+            # run through so far (so its return is still minus the objective)
+            reward, self._carry = self._carry, 0.0
+            return np.zeros(self.observation_space.shape, np.float32), reward, True, False, {}
         cands = self.candidates()
         a = int(action) if int(action) < len(cands) else 0
         order = [cands[a]] + [c for c in self.base_scheduler(sim) if c != cands[a]]

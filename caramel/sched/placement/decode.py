@@ -24,9 +24,15 @@ from caramel.sched.placement.local_search import Searched
 from caramel.sched.placement.problem import Instance
 
 
+# The N rollouts step side by side: about 15 KB and 3-9 ms each on a 30-task, 8-layer instance
+# (docs/rl-scheduling.md), so the cap is about 1 GiB and 4-10 minutes per instance; a count past
+# it is taken for a typo, not run for hours. The largest count the results use is 1024.
+MAX_SAMPLES = 65536
+
+
 @dataclass(frozen=True)
 class Decoding:
-    """`greedy` (samples=1) or `sample:N` (N rollouts, the first greedy)."""
+    """`greedy` (samples=1) or `sample:N` (N rollouts, the first greedy; N <= MAX_SAMPLES)."""
 
     samples: int = 1
 
@@ -34,6 +40,9 @@ class Decoding:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
             raise CaramelError(f"decoding samples must be an integer >= 1 (rollout 0 is the greedy one), "
                                f"got {self.samples!r}")
+        if self.samples > MAX_SAMPLES:
+            raise CaramelError(f"decoding samples must be at most {MAX_SAMPLES} (the rollouts run side by side), "
+                               f"got {self.samples}")
 
     @property
     def name(self) -> str:
@@ -41,18 +50,23 @@ class Decoding:
 
 
 def parse_decoding(text: str) -> Decoding:
-    """`greedy` or `sample:N` (N >= 1 placements drawn, the best kept), N in ASCII digits as in
-    the coflow decodings (`int()` would also take `+16`, `1_6`, ` 16` or other scripts' digits)."""
+    """`greedy` or `sample:N` (1 <= N <= MAX_SAMPLES placements drawn, the best kept), N in ASCII
+    digits as in the coflow decodings (`int()` would also take `+16`, `1_6`, ` 16` or other
+    scripts' digits)."""
     kind, sep, count = text.strip().partition(":")
     if kind == "greedy" and not sep:
         return Decoding(1)
-    try:  # int() refuses a count over its digit limit (sys.get_int_max_str_digits): the same error
-        if kind == "sample" and re.fullmatch(r"[0-9]+", count) and int(count) >= 1:
-            return Decoding(int(count))
-    except ValueError:
-        pass
+    if kind == "sample" and re.fullmatch(r"[0-9]+", count):
+        digits = count.lstrip("0")
+        # the length first: int() refuses a count past its digit limit (sys.get_int_max_str_digits)
+        if len(digits) > len(str(MAX_SAMPLES)) or int(digits or "0") > MAX_SAMPLES:
+            raise CaramelError(f"decode {text!r}: N is over the cap of {MAX_SAMPLES} samples (the rollouts run "
+                               f"side by side: about 1 GiB and minutes per large instance there); expected "
+                               f"'greedy' or 'sample:N' with 1 <= N <= {MAX_SAMPLES}")
+        if int(digits or "0") >= 1:
+            return Decoding(int(digits))
     raise CaramelError(f"decode {text!r}: expected 'greedy' or 'sample:N' with N an integer >= 1 in ASCII digits "
-                       f"(e.g. sample:16)")
+                       f"(e.g. sample:16; at most {MAX_SAMPLES})")
 
 
 @dataclass(frozen=True)

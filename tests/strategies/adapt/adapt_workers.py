@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
+import torch.distributed as dist
 
 import caramel
+import caramel.strategies.caramel.ddp_shares as ddp_shares
 from caramel.plan.planners import group_by_cap, plan_from_groups, ready_sorted
 from caramel.profile.profiler import profile_model
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of
@@ -102,17 +105,80 @@ def _toy(seed: int = 0):
     return model, x, y
 
 
-class _Slow(torch.nn.Module):
-    """The toy model, `delay_s` slower per sample (an emulated slow worker)."""
+class _VirtualClock:
+    """`time` for `_Slow` and for `ddp_shares`' hook and, from `start`, the engine's clock: until
+    then the slow-downs sleep; from then on time passes only in them and in `_ReduceBehind`'s
+    block, so a step's period is exactly its slowed forward plus the wait it was held, whatever
+    else runs on the host (on a loaded host wall-clock periods let noise decide the shares)."""
 
-    def __init__(self, inner: torch.nn.Module, delay_s: float):
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def start(self, engine) -> None:
+        if self.t is None:
+            # the running step's period goes on on this clock
+            self.t = engine._step_t0 if engine._step_t0 is not None else time.perf_counter()
+            engine.recorder.now = lambda: self.t  # the one clock of its periods and waits
+
+    def sleep(self, seconds: float) -> None:
+        if self.t is None:
+            time.sleep(seconds)
+        else:
+            self.t += seconds
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() if self.t is None else self.t
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+class _ReduceBehind:
+    """`torch.distributed` for `ddp_shares` on the `_VirtualClock`: rank 0's all-reduce of a step's
+    bucket (one: the toy model's gradient) holds it by `lead_s()`, the slow rank's longer forward,
+    as it does on a real clock, where the hook times that hold as the step's wait."""
+
+    def __init__(self, clock: _VirtualClock, lead_s) -> None:
+        self.clock, self.lead_s = clock, lead_s
+
+    def all_reduce(self, *args, **kwargs):
+        if self.clock.t is not None:
+            self.clock.t += self.lead_s()
+        return dist.all_reduce(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(dist, name)
+
+
+class _Slow(torch.nn.Module):
+    """The toy model, `delay_s` slower per sample on `clock` (an emulated slow worker)."""
+
+    def __init__(self, inner: torch.nn.Module, delay_s: float, clock: _VirtualClock):
         super().__init__()
-        self.inner, self.delay_s = inner, delay_s
+        self.inner, self.delay_s, self.clock = inner, delay_s, clock
 
     def forward(self, x):
-        import time
-        time.sleep(self.delay_s * x.shape[0])
+        self.clock.sleep(self.delay_s * x.shape[0])
         return self.inner(x)
+
+
+def _on_the_clock_from_adoption(opt, clock: _VirtualClock) -> None:
+    """Profiling and planning run on the wall clock (real sleeps); the clock takes over as the
+    plan is adopted (that step untimed), so every step the balancer times is on it."""
+    c = opt.engine.controller
+    adopt = c.adopt
+
+    def adopting(*args, **kwargs):
+        out = adopt(*args, **kwargs)
+        clock.start(opt.engine)
+        return out
+    c.adopt = adopting
+
+
+# per-sample forward slow-downs, rank 0's and rank 1's: rank 0's stands for its compute (on the
+# virtual clock nothing else takes time), rank 1 is the slow worker
+_SLOW_S_PER_SAMPLE = (0.001, 0.002)
+_DDP_SLOW_S_PER_SAMPLE = (0.001, 0.004)
 
 
 class _Gated(torch.nn.Module):
@@ -159,11 +225,13 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     _train_on_the_union(ref, x, y, global_batch, steps)
     out["union"] = max_diff(params_of(ref), params_of(model.module))
     out["sizes"] = seen
-    # 2. rank 1 slowed 2 ms per sample: the balancer moves samples to rank 0
+    # 2. rank 1 slowed 2 ms per sample, rank 0 1 ms, on a virtual clock: the balancer moves samples to rank 0
     inner, x, y = _toy()
-    slow = _Slow(inner, 0.002 if rank == 1 else 0.0)
+    clock = _VirtualClock()
+    slow = _Slow(inner, _SLOW_S_PER_SAMPLE[rank], clock)
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=4)
+    _on_the_clock_from_adoption(opt, clock)
     sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
     drawn = []
     for epoch in range(2):
@@ -175,6 +243,8 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     opt.synchronize()
     out["counts"] = sampler.schedule.current
     out["changes"] = len(opt.engine.controller.balancer.changes)
+    out["windows"] = {n: list(q) for n, q in opt.engine.controller.balancer.times.items()}
+    out["on_the_clock"] = clock.t is not None
     out["drawn"] = drawn
     out.update(_under_ddp(steps, global_batch))
     return out
@@ -194,9 +264,8 @@ def _train_on_the_union(ref, x, y, global_batch: int, steps: int) -> None:
 
 def _under_ddp(steps: int, global_batch: int) -> dict:
     """DDP's schedule with balance="batch" (torch DDP through `SharesHook`): forced unequal shares
-    against the union batch, then rank 1 slowed 2 ms per sample and what its peer waits."""
-    import statistics
-
+    against the union batch, then rank 1 slowed 4 ms per sample (rank 0 1 ms, on the virtual
+    clock) and what its peer waits."""
     from caramel.strategies.caramel.balance import balanced_sampler
     import functools
     out = {}
@@ -232,12 +301,24 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
     out["ddp_union"] = max_diff(params_of(ref), params_of(model.module))
     out["ddp_delegating"] = delegating
     out["ddp_extra_used"] = model.module.used[4:total]  # the steps under torch DDP
-    # rank 1 sleeps 4 ms per sample of its 4: under torch DDP rank 0's waits are timed, and the
-    # balancer (deciding every 8 steps, from step 8: after the hand-over at step 5) moves samples to rank 0
+    # rank 1 sleeps 4 ms per sample of its 4 (rank 0 1 ms), on a virtual clock: under torch DDP
+    # rank 0's all-reduce is held by rank 1's lead, the hook times that wait, and the balancer
+    # (deciding every 8 steps, from step 8: after the hand-over at step 5) moves samples to rank 0
+    rank = torch.distributed.get_rank()
     inner, x, y = _toy()
-    slow = _Slow(inner, 0.004 if torch.distributed.get_rank() == 1 else 0.0)
+    clock = _VirtualClock()
+    slow = _Slow(inner, _DDP_SLOW_S_PER_SAMPLE[rank], clock)
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=8)
+    _on_the_clock_from_adoption(opt, clock)
+    balancer = opt.engine.controller.balancer
+
+    def lead_s() -> float:  # rank 0 reaches the step's all-reduce this much before rank 1
+        n0 = balancer.local_batch
+        slow_s, fast_s = (global_batch - n0) * _DDP_SLOW_S_PER_SAMPLE[1], n0 * _DDP_SLOW_S_PER_SAMPLE[0]
+        return max(slow_s - fast_s, 0.0) if rank == 0 else 0.0
+
+    ddp_shares.time, ddp_shares.dist = clock, _ReduceBehind(clock, lead_s)  # this spawned process's hook only
     sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
     equal_waits = []  # rank 0's timed waits under torch DDP while the shares are still equal
     for epoch in range(2):
@@ -254,7 +335,9 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
                 equal_waits.append(opt.engine.stats.last_wait_s)
     opt.synchronize()
     out["ddp_equal_waits_s"] = equal_waits
-    out["ddp_wait_median_s"] = statistics.median(equal_waits) if equal_waits else 0.0
     out["ddp_counts"] = sampler.schedule.current
     out["ddp_change_steps"] = [c["step"] for c in opt.engine.controller.balancer.changes]
+    out["ddp_windows"] = {n: list(q) for n, q in balancer.times.items()}
+    out["ddp_buckets_slowed"] = len(opt.engine.ddp._get_ddp_logging_data()["bucket_sizes"].split(","))
+    out["ddp_on_the_clock"] = clock.t is not None
     return out
