@@ -34,7 +34,7 @@ from caramel.jsonio import format_tag, write_json
 from caramel.stats import median, paired_ratio_interval, t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("plain", "timeline")
+KINDS = ("plain", "timeline", "timeline-nopoll")  # the last: the timeline's wrappers without its polling thread
 
 
 def steady_parts(log: list[dict], pull_comm_s: float) -> dict:
@@ -60,6 +60,7 @@ def run_one(kind: str, args: argparse.Namespace, tmp: Path) -> dict:
         script = [str(ROOT / "examples/ps_servers.py"), *common, "--warmup", str(args.warmup), "--json", f"{out}.json"]
     else:
         script = [str(ROOT / "experiments/ps_pull_timeline.py"), *common, "--out", str(out)]
+        script += ["--poll-ms", "0"] if kind == "timeline-nopoll" else []
     cmd = [sys.executable, "-m", "caramel.cli", "cluster", "run", *launch, "--bandwidth", args.bandwidth,
            "--timeout", "5m", "--", sys.executable, *script]
     load0, t0 = os.getloadavg()[0], time.time()
@@ -80,39 +81,59 @@ def run_one(kind: str, args: argparse.Namespace, tmp: Path) -> dict:
             "load_before": load0, "load_after": os.getloadavg()[0], "wall_s": time.time() - t0}
 
 
-def summarize(jobs: list[dict], per_round: int) -> dict:
-    by = {k: [j for j in jobs if j["kind"] == k] for k in KINDS}
-    diffs = [t["E_median"] - p["E_median"] for p, t in zip(by["plain"], by["timeline"])]
+def summarize(jobs: list[dict], per_round: int, kinds: tuple[str, ...] = KINDS[:2]) -> dict:
+    """Per kind E and its parts; each instrumented kind against plain, paired by round."""
+    by = {k: [j for j in jobs if j["kind"] == k] for k in kinds}
     plain = [s for j in by["plain"] for s in j["step_s"]]
-    timed = [s for j in by["timeline"] for s in j["step_s"]]
-    mean, lo, hi = t_interval(diffs) if len(diffs) > 1 else (diffs[0], None, None)
-    return {"E_runs": {k: [j["E_median"] for j in by[k]] for k in KINDS},
-            "E_median": {k: statistics.median(j["E_median"] for j in by[k]) for k in KINDS},
-            "E_timeline_minus_plain": {"mean": mean, "interval_95": None if lo is None else [lo, hi]},
-            "step_plain_over_timeline": {"point": median(plain) / median(timed),
-                                         "interval_95": paired_ratio_interval(plain, timed, per_round)},
+    against = {}
+    for k in kinds[1:]:
+        diffs = [t["E_median"] - p["E_median"] for p, t in zip(by["plain"], by[k])]
+        waits = [t["wait_ms"] - p["wait_ms"] for p, t in zip(by["plain"], by[k])]
+        timed = [s for j in by[k] for s in j["step_s"]]
+        against[k] = {"E_minus_plain": interval(diffs), "wait_ms_minus_plain": interval(waits),
+                      "step_plain_over": {"point": median(plain) / median(timed),
+                                          "interval_95": paired_ratio_interval(plain, timed, per_round)}}
+    return {"kinds": list(kinds), "E_runs": {k: [j["E_median"] for j in by[k]] for k in kinds},
+            "E_median": {k: statistics.median(j["E_median"] for j in by[k]) for k in kinds},
+            "against_plain": against,
             "parts_median": {k: {p: statistics.median(j[p] for j in by[k] if j[p] is not None)
                                  for p in ("wait_ms", "forward_ms", "makespan_ms", "pull_comm_ms", "S")}
-                             for k in KINDS}}
+                             for k in kinds}}
+
+
+def interval(values: list[float]) -> dict:
+    """The mean of paired differences and its 95% t interval (None from one round)."""
+    if len(values) < 2:
+        return {"mean": values[0], "interval_95": None}
+    mean, lo, hi = t_interval(values)
+    return {"mean": mean, "interval_95": [lo, hi]}
 
 
 def markdown(result: dict) -> str:
     s = result["summary"]
-    d = s["E_timeline_minus_plain"]
-    iv = "n/a" if d["interval_95"] is None else f"{d['interval_95'][0]:+.3f} to {d['interval_95'][1]:+.3f}"
-    st = s["step_plain_over_timeline"]
-    siv = "n/a" if st["interval_95"] is None else f"{st['interval_95'][0]:.3f}-{st['interval_95'][1]:.3f}"
+    kinds = s["kinds"]
+    names = {"plain": "plain (`examples/ps_servers.py`)", "timeline": "timeline (`experiments/ps_pull_timeline.py`)",
+             "timeline-nopoll": "timeline, no polling thread (`--poll-ms 0`)"}
+
+    def iv(x: dict, fmt: str) -> str:
+        return "n/a" if x["interval_95"] is None else f"{x['interval_95'][0]:{fmt}} to {x['interval_95'][1]:{fmt}}"
     lines = [f"# TicTac's E with and without the pull timeline's instrumentation: {result['what']}", "",
              f"Command: `{result['command']}`", "", f"Code: {result['tree']}", "",
-             "| | plain (`examples/ps_servers.py`) | timeline (`experiments/ps_pull_timeline.py`) |", "|---|---|---|"]
+             "| | " + " | ".join(names[k] for k in kinds) + " |", "|---|" + "---|" * len(kinds)]
     lines.append("| E of the run, median (runs) | " + " | ".join(
-        f"{s['E_median'][k]:.2f} ({', '.join(f'{v:.2f}' for v in s['E_runs'][k])})" for k in KINDS) + " |")
+        f"{s['E_median'][k]:.2f} ({', '.join(f'{v:.2f}' for v in s['E_runs'][k])})" for k in kinds) + " |")
     for p in ("wait_ms", "forward_ms", "makespan_ms", "pull_comm_ms", "S"):
         lines.append(f"| {p} (median of the runs' medians) | " + " | ".join(
-            f"{s['parts_median'][k][p]:.2f}" for k in KINDS) + " |")
-    lines += ["", f"E timeline minus plain, paired by round: {d['mean']:+.3f} (95% {iv}); step time plain over "
-              f"timeline {st['point']:.3f}x ({siv})", "", "Per job (round, kind): median step ms, E, wait/makespan ms, "
-              "load before -> after:", ""]
+            f"{s['parts_median'][k][p]:.2f}" for k in kinds) + " |")
+    lines.append("")
+    for k, a in s["against_plain"].items():
+        st = a["step_plain_over"]
+        siv = "n/a" if st["interval_95"] is None else f"{st['interval_95'][0]:.3f}-{st['interval_95'][1]:.3f}"
+        lines.append(f"{k} against plain, paired by round: E {a['E_minus_plain']['mean']:+.3f} (95% "
+                     f"{iv(a['E_minus_plain'], '+.3f')}), wait {a['wait_ms_minus_plain']['mean']:+.1f} ms (95% "
+                     f"{iv(a['wait_ms_minus_plain'], '+.1f')}); step time plain over it {st['point']:.3f}x ({siv})")
+        lines.append("")
+    lines += ["Per job (round, kind): median step ms, E, wait/makespan ms, load before -> after:", ""]
     lines += [f"- round {j['round']}, {j['kind']}: {j['median_step_ms']:.1f} ms, E {j['E_median']:.2f}, "
               f"wait {j['wait_ms']:.1f}, makespan {j['makespan_ms'] or float('nan'):.1f}, "
               f"load {j['load_before']:.1f} -> {j['load_after']:.1f}" for j in result["jobs"]]
@@ -128,8 +149,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the step times")
+    ap.add_argument("--kinds", default="plain,timeline", help=f"the runs of each round, plain first "
+                    f"(default plain,timeline; of {', '.join(KINDS)})")
     ap.add_argument("--out", required=True, help="PATH: writes PATH.json and PATH.md")
     args = ap.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(","))
+    if kinds[0] != "plain" or len(kinds) < 2 or len(set(kinds)) != len(kinds) or not set(kinds) <= set(KINDS):
+        ap.error(f"--kinds: expected plain then one or more of {', '.join(KINDS[1:])}, each once, got {args.kinds!r}")
+    args.kinds = kinds
     if args.spec.split(":")[0].split(",")[0] != "ps":
         ap.error(f"--spec: expected a ps spec (ps or ps:OPTIONS), got {args.spec!r}")
     if args.workers < 2 or args.nproc_per_node < 1:
@@ -144,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
+            for kind in (args.kinds if r % 2 == 0 else args.kinds[::-1]):
                 res = run_one(kind, args, Path(tmp))
                 if len(res["step_s"]) != args.steps - args.warmup:
                     raise SystemExit(f"round {r} {kind}: expected {args.steps - args.warmup} timed steps, "
@@ -154,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     hosts = f"{args.workers} workers" if args.nproc_per_node == 1 else f"{args.workers} hosts of {args.nproc_per_node} ranks"
     result = {"format": format_tag("ps-e-measures"), "command": "python experiments/ps_e_measures.py " + " ".join(sys.argv[1:]),
               "tree": code_version(ROOT), "what": f"{args.spec}, {hosts} at {args.bandwidth}, ResNet-18 width 16, batch 8, "
-              f"{args.steps} steps, {args.rounds} rounds", "summary": summarize(jobs, args.steps - args.warmup), "jobs": jobs}
+              f"{args.steps} steps, {args.rounds} rounds", "summary": summarize(jobs, args.steps - args.warmup, args.kinds), "jobs": jobs}
     write_json(f"{args.out}.json", result)
     Path(f"{args.out}.md").write_text(markdown(result))
     print(markdown(result))

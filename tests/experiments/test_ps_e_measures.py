@@ -25,15 +25,18 @@ def test_the_difference_is_paired_by_round_and_tabled():
                 "load_before": 1.0, "load_after": 2.0}
     jobs = [job(0, "plain", 0.70, 0.100), job(0, "timeline", 0.80, 0.110),
             job(1, "timeline", 0.78, 0.108), job(1, "plain", 0.72, 0.100)]
+    jobs[3]["wait_ms"] = 7.0
     s = summarize(jobs, per_round=3)
     assert s["E_runs"] == {"plain": [0.70, 0.72], "timeline": [0.80, 0.78]}
-    d = s["E_timeline_minus_plain"]
-    assert d["mean"] == pytest.approx(0.08) and d["interval_95"][0] < 0.08 < d["interval_95"][1]
-    assert s["step_plain_over_timeline"]["point"] == pytest.approx(0.100 / 0.109)
+    d = s["against_plain"]["timeline"]
+    assert d["E_minus_plain"]["mean"] == pytest.approx(0.08)
+    assert d["E_minus_plain"]["interval_95"][0] < 0.08 < d["E_minus_plain"]["interval_95"][1]
+    assert d["wait_ms_minus_plain"]["mean"] == pytest.approx(-1.0)  # rounds: 0 and -2 ms
+    assert d["step_plain_over"]["point"] == pytest.approx(0.100 / 0.109)
     text = markdown({"what": "ps", "command": "python experiments/ps_e_measures.py", "tree": "abc",
                      "summary": s, "jobs": jobs})
     assert "| E of the run, median (runs) | 0.71 (0.70, 0.72) | 0.79 (0.80, 0.78) |" in text
-    assert "E timeline minus plain, paired by round: +0.080" in text
+    assert "timeline against plain, paired by round: E +0.080" in text and "wait -1.0 ms" in text
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -41,6 +44,10 @@ def test_the_difference_is_paired_by_round_and_tabled():
     (["--workers", "1"], "expected --workers >= 2"),
     (["--rounds", "0"], "expected --rounds >= 1"),
     (["--steps", "10", "--warmup", "10"], "0 <= --warmup < --steps"),
+    (["--kinds", "timeline,plain"], "--kinds: expected plain then one or more of"),
+    (["--kinds", "plain"], "--kinds: expected plain then one or more of"),
+    (["--kinds", "plain,timeline,timeline"], "each once"),
+    (["--kinds", "plain,bogus"], "got 'plain,bogus'"),
 ])
 def test_bad_options_are_one_error(extra, message, capsys):
     with pytest.raises(SystemExit):
