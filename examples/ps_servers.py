@@ -58,7 +58,8 @@ def main() -> None:
                                    "workers": workers, "ranks": dist.get_world_size(), "step_s": times[args.warmup:],
                                    "median_step_ms": median_ms, "order": stats["order"], "E_median": stats["E_median"],
                                    "S": stats["S"], "predicted": stats["predicted"],
-                                   "pull_buckets": stats["pull_buckets"], "pull_comm_s": stats["pull_comm_s"]})
+                                   "pull_buckets": stats["pull_buckets"], "pull_comm_s": stats["pull_comm_s"],
+                                   "log": optimizer.ps.log})
     caramel.shutdown()  # the servers leave now
 
 

@@ -19,7 +19,9 @@ A broadcast work completes on its own, so the pull times are what the wire did.
     caramel cluster run --workers 2 --bandwidth 300mbit -- python experiments/ps_pull_timeline.py --out DIR
     python experiments/ps_pull_timeline.py --analyse DIR
 
-A diagnostic: the polling thread costs CPU, so its step times are not a benchmark.
+A diagnostic: the polling thread costs CPU, so its step times are not a benchmark, and it
+lowers the forward's measured waits (so raises E) at an unchanged makespan
+(`experiments/ps_e_measures.py`; `--poll-ms 0` runs without it).
 """
 from __future__ import annotations
 
@@ -44,12 +46,14 @@ from caramel.strategies.ps import sender as ps_sender
 class Recorder:
     """Events on this rank's clock; a thread notes when polled works complete."""
 
-    def __init__(self) -> None:
+    def __init__(self, poll_s: float = 0.0005) -> None:
         self.events: list[dict] = []
         self.watch: list[tuple[dict, object]] = []
         self.lock = threading.Lock()
         self.stop = False
-        threading.Thread(target=self._poll, daemon=True).start()
+        self.poll_s = poll_s
+        if poll_s > 0:  # 0: no thread, so no landing times (a control for what the polling costs)
+            threading.Thread(target=self._poll, daemon=True).start()
 
     def note(self, **kw) -> dict:
         kw.setdefault("t", time.perf_counter())
@@ -77,7 +81,7 @@ class Recorder:
             if done:
                 with self.lock:
                     self.watch = [(e, w) for e, w in self.watch if "t_done" not in e]
-            time.sleep(0.0005)
+            time.sleep(self.poll_s)
 
 
 def instrument(rec: Recorder) -> None:
@@ -131,7 +135,7 @@ def instrument(rec: Recorder) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rec = Recorder()
+    rec = Recorder(args.poll_ms / 1e3)
     instrument(rec)
     caramel.init_distributed()
     w = get_model("resnet18")(batch_size=args.batch_size, seed=0, width=16)
@@ -249,7 +253,11 @@ def main() -> None:
     ap.add_argument("--out", help="DIR for the per-rank timelines")
     ap.add_argument("--analyse", metavar="DIR", help="print the analysis of a recorded DIR")
     ap.add_argument("--warmup", type=int, default=8, help="updates left out of the analysis")
+    ap.add_argument("--poll-ms", type=float, default=0.5, help="how often the thread polls pending pulls "
+                    "(0: no thread; landings are then not recorded and --analyse has nothing to read)")
     args = ap.parse_args()
+    if args.poll_ms < 0:
+        ap.error(f"--poll-ms: expected milliseconds >= 0, got {args.poll_ms}")
     if args.analyse:
         analyse(Path(args.analyse), args.warmup)
     elif args.out:

@@ -6,7 +6,8 @@ colocated mode). One step, for update u (= the step that produced the gradients)
 1. push: as each bucket's gradients are all ready in backward (a bucket: parameters of one
    shard fused into one flat tensor, `buckets.py`) it goes to its owner (every other worker
    sends it, the owner adds them up: `_send_push`, on the pusher's own pull group when it
-   serves, else the server's push group: `link_group`; with dedicated servers a `dist.reduce` on
+   serves, else the server's push group: `link_group`; on gloo the owner posts its receives
+   at the step's first gradient, `_expect_pushes`; with dedicated servers a `dist.reduce` on
    the push groups; with a hierarchy a reduce within the node, then each leader's node sum sent
    to the server leader as soon as it lands on gloo, reduced among the leaders off gloo,
    `hierarchy.py`), in the plan's bucket order (a bucket is handed to the backend only after
@@ -81,6 +82,7 @@ class PsEngine(PsPulls):
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.sender, self.relay_sender = self._senders()
         self.node_sums = NodeSums(self) if self.hier is not None else None  # past the node's reduce
+        self.early_receives = self.posts_receives_early(groups)
         self.current: Update | None = None
         self.ready: set[int] = set()
         self.next_push = 0  # the next bucket (plan.buckets position) to push
@@ -134,6 +136,7 @@ class PsEngine(PsPulls):
             if self.ready_callback is not None:
                 self.ready_callback(i)
             if self.require_sync:
+                self._update()  # at the step's first gradient: a server posts its receives here
                 self.ready.add(i)
                 self._push_ready()
         return hook
@@ -144,7 +147,28 @@ class PsEngine(PsPulls):
             self.current = Update(self.steps, hparams=snapshot_hparams(self.optimizer))
             if self.node_sums is not None and self.node_sums.sent:
                 self.node_sums.expect(self.current)
+            elif self.early_receives:
+                self._expect_pushes(self.current)
         return self.current
+
+    @staticmethod
+    def posts_receives_early(groups: PsGroups) -> bool:
+        """Colocated flat servers post their receives at the step's first gradient on gloo
+        (`_expect_pushes`), and at their own bucket's push off gloo: NCCL sets up each pair's
+        point-to-point communicator lazily and blocking, so two servers each posting a receive
+        from the other before either sends could wait for each other (as `NodeSums.
+        sends_point_to_point`; not run on a GPU here). The same answer on every rank."""
+        return groups.hier is None and not groups.dedicated and uses_sender(list(groups.pull) + list(groups.push))
+
+    def _expect_pushes(self, u: Update) -> None:
+        """At a colocated server, at the step's first gradient: post a receive for every other
+        worker's push of each bucket it serves. Gloo moves a point-to-point message only once
+        both ends have posted it, so a receive posted at the server's own push of the bucket
+        (the path off gloo) held a faster worker's push until the server's own gradients were
+        ready; posted here, each push travels as soon as its worker has it."""
+        for b, members in enumerate(self.plan.buckets):
+            if self.server_of(members[0]) == self.rank:
+                u.incoming[b] = self._recv_pushes(u, b, self._recv_buf(members))
 
     def _push(self, b: int) -> None:
         members = self.plan.buckets[b]
@@ -176,12 +200,17 @@ class PsEngine(PsPulls):
         if server != self.rank:
             u.works.append(dist.isend(flat, self.ranks[server], group=self.link_group(self.rank, server), tag=b))
             return
+        parts = u.incoming.pop(b) if self.early_receives else self._recv_pushes(u, b, flat)
+        u.sums.append((b, flat, parts))
+
+    def _recv_pushes(self, u: Update, b: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """Post this server's receives of every other worker's push of bucket `b`, in rank order."""
         parts = []
         for j in range(self.workers):
             if j != self.rank:
-                parts.append(torch.empty_like(flat))
-                u.works.append(dist.irecv(parts[-1], self.ranks[j], group=self.link_group(j, server), tag=b))
-        u.sums.append((b, flat, parts))
+                parts.append(torch.empty_like(like))
+                u.works.append(dist.irecv(parts[-1], self.ranks[j], group=self.link_group(j, self.rank), tag=b))
+        return parts
 
     def link_group(self, worker: int, server: int) -> Any:
         """The group carrying `worker`'s pushes to `server` (colocated, flat). A rank that serves

@@ -10,7 +10,7 @@ in push order and hands its send over, so it neither waits for the leader's next
 hook or `step()` nor for the server's own node (a reduce among the leaders would start only
 once every leader had its node sum, and gloo's reduce also sends half of each bucket back out
 of the server; docs/ps.md, "The leaders' node sums leave as they land"). The server posts
-its receives at its step's first push; a serving leader sends on its own pull group
+its receives at its step's first gradient; a serving leader sends on its own pull group
 (`Hierarchy.link_group`). Off gloo (NCCL) the leaders keep a reduce among them, issued as each
 node sum lands at a hook or at `step()`: NCCL sets up each pair's point-to-point link lazily and
 blocking, and two server leaders each receiving from the other at the first hook would wait for
@@ -149,7 +149,7 @@ class NodeSums:
         return h.is_leader and uses_sender(h.lead_push)
 
     def expect(self, u: Any) -> None:
-        """At a server leader, at its step's first push: post a receive for every other leader's
+        """At a server leader, at its step's first gradient: post a receive for every other leader's
         node sum of each bucket it serves, so a sum can travel as soon as its sender has it
         (gloo moves a point-to-point message once both ends have posted it)."""
         ps, h = self.ps, self.ps.hier

@@ -117,6 +117,7 @@ class PsRun:
             # step() and forward, e.g. loading the batch, overlaps the pulls as the forward does)
             makespan = now - e.last_issue_t
             entry["E"], entry["S"] = efficiency(makespan - wait_s, comm, makespan)
+            entry["makespan_s"] = makespan
         self.log.append(entry)
 
     def step(self) -> bool:

@@ -54,7 +54,7 @@ class Update:
     hparams: list[dict[str, Any]] | None = None
     relay: deque = field(default_factory=deque)  # hierarchical, at a leader on NCCL: (bucket, node reduce) still to forward
     forwards: list[tuple[int, Any]] = field(default_factory=list)  # hierarchical, at a leader on gloo: (bucket, its node sum's send)
-    incoming: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # hierarchical, at a server leader: bucket -> the other leaders' sums (receives posted)
+    incoming: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # at a server on gloo (colocated flat, or a hierarchical leader): bucket -> the other workers' pushes or leaders' sums (receives posted)
     sums: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = field(default_factory=list)  # at a server: (bucket, flat, the other workers' pushes) to add in
 
     def everyone_pushed(self) -> bool:

@@ -308,13 +308,29 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
     """Colocated bsp, one tensor per bucket: every point-to-point operation and reduce handed
     to a push or pull group during `steps` steps of the MLP with unused parameters and SGD
     momentum (op, "push" or "pull", the group's shard, the peer's group rank, bytes), and the
-    largest difference from DDP's parameters."""
-    import torch.distributed as dist
+    largest difference from DDP's parameters; for each receive, how many of this step's
+    gradients were ready on this rank when it was posted (`posted_at_ready`). `late`: the
+    same with the receives posted at the server's own push (the path off gloo), run on gloo."""
+    from caramel.strategies.ps.engine import PsEngine
 
     w = fresh("mlp_unused")
     ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model), find_unused_parameters=True)
     ropt, rsched = make_optimizer("sgd_momentum", ddp.parameters())
     train(ddp, ropt, rsched, w.loss_fn, "mlp_unused", rank, steps)
+    ref = params_of(ddp.module)
+    out = _push_traffic(w, ref, rank, steps)
+    early = PsEngine.__dict__["posts_receives_early"]  # the staticmethod itself, to restore as it was
+    PsEngine.posts_receives_early = staticmethod(lambda groups: False)
+    try:
+        out["late"] = _push_traffic(w, ref, rank, steps)
+    finally:
+        PsEngine.posts_receives_early = early
+    return out
+
+
+def _push_traffic(w, ref: list, rank: int, steps: int) -> dict:
+    import torch.distributed as dist
+
     m = copy.deepcopy(w.model)
     opt, sched = make_optimizer("sgd_momentum", m.parameters())
     model, opt = caramel.parallelize(m, opt, "ps:bucket_cap_mb=0")
@@ -322,6 +338,7 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
     kind = {id(g): ("push", s) for s, g in enumerate(groups.push)}
     kind.update({id(g): ("pull", s) for s, g in enumerate(groups.pull)})
     seen: list[tuple[str, str, int, int | None, int]] = []
+    posted_at_ready: list[int] = []
     real = {n: getattr(dist, n) for n in ("isend", "irecv", "reduce")}
 
     def spy(name):
@@ -330,6 +347,8 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
                 peer = args[0] if args else kw.get("dst", kw.get("src"))
                 seen.append((name, *kind[id(group)], dist.get_group_rank(group, peer),
                              tensor.numel() * tensor.element_size()))
+                if name == "irecv":
+                    posted_at_ready.append(len(opt.ps.engine.ready))
             return real[name](tensor, *args, group=group, **kw)
         return call
 
@@ -341,7 +360,7 @@ def push_traffic_worker(rank: int, world: int, steps: int) -> dict:
     finally:
         for n, f in real.items():
             setattr(dist, n, f)
-    out = {"seen": seen, "diff": max_diff(params_of(ddp.module), params_of(model.module))}
+    out = {"seen": seen, "posted_at_ready": posted_at_ready, "diff": max_diff(ref, params_of(model.module))}
     caramel.shutdown()
     return out
 

@@ -117,6 +117,12 @@ def test_a_silent_peer_is_an_error_within_the_timeout():
 
 
 @pytest.fixture(scope="module")
+def push_traffic() -> list[dict]:
+    """`push_traffic_worker`: 3 gloo ranks, 4 steps, run once for the tests that read it."""
+    return run_workers(push_traffic_worker, 3, args=(4,), timeout_s=120)
+
+
+@pytest.fixture(scope="module")
 def hierarchical():
     return run_workers(hierarchical_worker, 4, args=(6, 2), timeout_s=200)
 
@@ -195,7 +201,7 @@ def test_servers_clip_like_ddp_with_clip_grad_norm():
             assert res[spec] <= TOL, (spec, res[spec])
 
 
-def test_a_push_is_a_send_to_the_server():
+def test_a_push_is_a_send_to_the_server(push_traffic):
     """3 ranks: each push is what the model (and a parameter server) has it be, the other
     workers sending their bucket to the shard's server, and no collective in which the server
     sends too (gloo's reduce sends half of every bucket back out of the server); still DDP's
@@ -203,7 +209,7 @@ def test_a_push_is_a_send_to_the_server():
     group its pulls leave on, so on each link its pulls queue behind its pushes (one gloo
     group is one connection per pair); on the server's push group, as before, the pulls
     shared the link with pushes still on the wire."""
-    results = run_workers(push_traffic_worker, 3, args=(4,), timeout_s=120)
+    results = push_traffic
     sent, received = [], []
     for rank, res in enumerate(results):
         assert res["diff"] <= TOL
@@ -218,6 +224,22 @@ def test_a_push_is_a_send_to_the_server():
                 assert rank != peer and shard == peer
                 received.append((peer, rank, nbytes))
     assert sent and sorted(sent) == sorted(received)
+
+
+def test_a_server_posts_its_receives_before_its_own_gradients_are_ready(push_traffic):
+    """Colocated on gloo, a server posts its receive of every other worker's push of each
+    bucket it serves at the step's first gradient, before any of its own gradients is ready:
+    gloo moves a point-to-point message only once both ends have posted it, so a receive
+    posted at the server's own push of the bucket (as off gloo) held a faster worker's push
+    until the server's backward got there. The late path, run on gloo in the same job, posts
+    each receive with gradients ready (so it fails this) and equals DDP too. The 3-rank run of
+    `test_a_push_is_a_send_to_the_server`."""
+    for rank, res in enumerate(push_traffic):
+        for path in (res, res["late"]):
+            assert path["diff"] <= TOL
+            assert len(path["posted_at_ready"]) == len([s for s in path["seen"] if s[0] == "irecv"]) > 0, rank
+        assert set(res["posted_at_ready"]) == {0}, (rank, res["posted_at_ready"])
+        assert min(res["late"]["posted_at_ready"]) > 0, (rank, res["late"]["posted_at_ready"])
 
 
 @pytest.mark.timeout(120)
