@@ -49,7 +49,7 @@ from caramel.errors import CaramelError
 from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
 from caramel.sched.improve import ImproveOptions, improve
-from caramel.sched.placement.decode import Decoding, decode, parse_decoding
+from caramel.sched.placement.decode import Decoded, Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.local_search import SearchOptions, local_search
@@ -90,6 +90,27 @@ def searched_heuristic(name: str, options: SearchOptions, found: dict | None = N
     return solve
 
 
+def random_focus_search(decode_plain, plain_row: str, fraction: float, options: SearchOptions, decoded: dict,
+                        seed: int):
+    """The control of a guided search: the policy's greedy placement (`decode_plain`, which
+    leaves it in `decoded[plain_row]`) searched with a focus of the same size drawn at random
+    (seeded by the instance), so the policy's choice of layers is measured against none, in
+    objective and in time (it decodes as `NAME+guided:F` does)."""
+    def solve(inst):
+        decode_plain(inst)
+        start = decoded[plain_row]
+        valid = np.arange(max(len(t.gflop) for t in inst.tasks))[None, :] < \
+            np.array([len(t.gflop) for t in inst.tasks])[:, None]
+        cells = np.flatnonzero(valid)
+        mask = np.zeros(valid.size, dtype=bool)
+        mask[np.random.default_rng(seed).choice(cells, max(1, int(round(fraction * cells.size))), replace=False)] = True
+        found = local_search(inst, start.placement, options, focus=mask.reshape(valid.shape))
+        decoded[f"{plain_row}+random:{fraction:g}"] = Decoded(found.placement, found.cost_s, start.rollout,
+                                                             start.costs_s, start.distinct, found)
+        return found.placement
+    return solve
+
+
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
              check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1,
@@ -101,7 +122,8 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
     `search` (the rounds scheme): each learned row also decoded with the local search after it
     (row `NAME+search`), and each heuristic of RATIO_HEURISTICS followed by it (`H+search`);
     `guided` (with `search`): each learned row also followed by the guided search, the fraction
-    F of the layers the policy was least sure of tried first (row `NAME+guided:F`);
+    F of the layers the policy was least sure of tried first (row `NAME+guided:F`), and the
+    greedy policy's placement searched with a random focus of F (`ppo+random:F`, the control);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did. Each method is timed
     `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
@@ -130,12 +152,14 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
                  [("+search", {})] + [(f"+guided:{g:g}", {"focus": g}) for g in guided or []]
                  for n, d, p, f, kw in rows]
     learned = [r[0] for r in rows]
-    extra = learned + searched + (["rollout", "ilp"] if rollout else ["ilp"])
+    plain = policy_name(Decoding(1), None if groups is None else groups[0])
+    controls = [f"{plain}+random:{g:g}" for g in guided or []] if plain in learned else []
+    extra = learned + controls + searched + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
     checks = {n: {"same_decisions": 0, "solve_s": []} for n in learned}
-    is_searched = [r for r in learned if r.endswith("+search") or "+guided:" in r]
+    is_searched = [r for r in learned if r.endswith("+search") or "+guided:" in r] + controls
     search_runs = {n: {"passes": [], "guided_passes": [], "moves": [], "converged": 0}
                    for n in is_searched + searched}
     bounds, optimal = [], 0
@@ -153,6 +177,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
+        plain_row = next((r for r in rows if r[0] == plain), None)
+        methods += [(c, random_focus_search(solver(*plain_row), plain, g, search, decoded, s))
+                    for c, g in zip(controls, guided or [])]
         found: dict = {}
         methods += [(h + "+search", searched_heuristic(h, search, found)) for h in RATIO_HEURISTICS] if searched else []
         methods += [("rollout", rollout_placement)] if rollout else []
@@ -203,7 +230,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # per learned decoding and heuristic: the per-instance ratio of their solve times
         "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])])
                                  for h in RATIO_HEURISTICS if all(b > 0 for b in times[h])}
-                             for n in learned + searched},
+                             for n in learned + controls + searched},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -227,7 +254,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             "cost_gap_pct": ratio_summary([100 * (a / b - 1) for a, b in zip(costs[n], costs[h])]),
             "wins": int(sum(a < b * (1 - 1e-9) for a, b in zip(costs[n], costs[h]))),
             "losses": int(sum(a > b * (1 + 1e-9) for a, b in zip(costs[n], costs[h])))} for h in searched}
-            for n in learned} if searched else None,
+            for n in learned + controls} if searched else None,
         "search": vars(search) if search is not None else None,
         # per searched row: the passes and moves of its search per instance, and on how many
         # instances it converged (no move left gaining more than min_gain) before max_passes

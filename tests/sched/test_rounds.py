@@ -221,13 +221,17 @@ def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
         for n in ("ppo", "ppo+search"):
             assert r["cost_s_per_instance"][n] == was["cost_s_per_instance"][n]
         rows = {"ppo+search", "ppo+guided:0.25", "ppo+guided:1"}
-        assert rows <= set(r["search_runs"]) and set(r["vs_best_searched_heuristic"]) == rows
+        controls = {"ppo+random:0.25", "ppo+random:1"}
+        assert rows <= set(r["search_runs"]) and set(r["vs_best_searched_heuristic"]) == rows | controls
         assert all(len(v["guided_passes"]) == 2 for v in r["search_runs"].values())
         for n in rows | {"ppo"}:
             assert set(r["vs_searched_heuristics"][n]) == {h + "+search" for h in
                                                            ("greedy_myopic", "greedy_lookahead", "greedy_regret")}
-        assert all(a <= b * (1 + 1e-12) for a, b in zip(r["cost_s_per_instance"]["ppo+guided:0.25"],
-                                                         r["cost_s_per_instance"]["ppo"]))
+        assert controls <= set(r["search_runs"]) & set(r["vs_searched_heuristics"])
+        costs = r["cost_s_per_instance"]
+        for n in ("ppo+guided:0.25", "ppo+random:0.25"):  # never worse than the policy's placement
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(costs[n], costs["ppo"]))
+        assert costs["ppo+random:1"] == costs["ppo+guided:1"] == costs["ppo+search"]  # every layer: no guide
     for argv, match in ((["--guided", "0.5"], "pass --search"), (base + ["--guided", "0"], "fractions in"),
                         (base + ["--guided", "x"], "fractions in"), (base + ["--guided", "0.5,0.50"], "distinct"),
                         (base + ["--load-policy", str(policy), "--teacher", "ilp"], "--teacher would be ignored"),
