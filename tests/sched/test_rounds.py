@@ -232,6 +232,15 @@ def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
         for n in ("ppo+guided:0.25", "ppo+random:0.25"):  # never worse than the policy's placement
             assert all(a <= b * (1 + 1e-12) for a, b in zip(costs[n], costs["ppo"]))
         assert costs["ppo+random:1"] == costs["ppo+guided:1"] == costs["ppo+search"]  # every layer: no guide
+    from experiments.placement_focus_check import main as focus_check  # the same file, untimed, three ways
+    check = tmp_path / "c.json"
+    assert focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "0:3", "--instances",
+                        "num_tasks=6,num_layers=3", "--fractions", "0.25,1", "--json", str(check)]) == 0
+    rows = read_json(check, "placement-focus-check")["rows"]
+    assert set(rows) == {"search", "guided:0.25", "random:0.25", "guided:1", "random:1"}
+    assert rows["guided:1"]["cost_s"] == rows["random:1"]["cost_s"] == rows["search"]["cost_s"]
+    with pytest.raises(SystemExit, match="overlap the policy's training seeds"):
+        focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "1000:1002"])
     for argv, match in ((["--guided", "0.5"], "pass --search"), (base + ["--guided", "0"], "fractions in"),
                         (base + ["--guided", "x"], "fractions in"), (base + ["--guided", "0.5,0.50"], "distinct"),
                         (base + ["--load-policy", str(policy), "--teacher", "ilp"], "--teacher would be ignored"),
