@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
               f"wins/losses {row['wins']}/{row['losses']} passes {np.mean(row['passes']):.2f} "
               f"moves {np.mean(row['moves']):.2f}")
     if args.json:
-        write_json(args.json, {"format": format_tag("placement-focus-check"), "policy": training,
+        write_json(args.json, {"format": format_tag("placement-focus-check"), "experiment": "placement_focus_check",
+                               "policy": training,
                                "instances": args.instances, "seeds": [seeds[0], seeds[-1] + 1],
                                "fractions": fractions, "search": vars(search), "rows": rows})
     return 0
