@@ -48,20 +48,20 @@ from threadpoolctl import threadpool_limits
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
-from caramel.sched.improve import ImproveOptions, improve
-from caramel.sched.placement.decode import Decoded, Decoding, decode, parse_decoding
+from caramel.sched.improve import ImproveOptions
+from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.local_search import SearchOptions, local_search
-from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
+from caramel.sched.placement.rollout import rollout_placement
 from caramel.sched.placement.round_env import RoundPlacementEnv
 from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.placement.tables import StepTables
-from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
-from experiments.placement_policy_file import load_policy, save_policy
+from caramel.sched.rl import PpoOptions, num_policy_parameters
+from experiments.placement_focus_check import random_focus_search
+from experiments.placement_policy_file import TEACHERS, load_policy, save_policy, train_policies
 from experiments.rl_common import options_from, ratio_summary, seed_range, summary
 
-TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 # the environment the policy trains in, and its decoder (fast, reference) per scheme
 SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
 
@@ -87,27 +87,6 @@ def searched_heuristic(name: str, options: SearchOptions, found: dict | None = N
         if found is not None:
             found[name + "+search"] = result
         return result.placement
-    return solve
-
-
-def random_focus_search(decode_plain, plain_row: str, fraction: float, options: SearchOptions, decoded: dict,
-                        seed: int):
-    """The control of a guided search: the policy's greedy placement (`decode_plain`, which
-    leaves it in `decoded[plain_row]`) searched with a focus of the same size drawn at random
-    (seeded by the instance), so the policy's choice of layers is measured against none, in
-    objective and in time (it decodes as `NAME+guided:F` does)."""
-    def solve(inst):
-        decode_plain(inst)
-        start = decoded[plain_row]
-        valid = np.arange(max(len(t.gflop) for t in inst.tasks))[None, :] < \
-            np.array([len(t.gflop) for t in inst.tasks])[:, None]
-        cells = np.flatnonzero(valid)
-        mask = np.zeros(valid.size, dtype=bool)
-        mask[np.random.default_rng(seed).choice(cells, max(1, int(round(fraction * cells.size))), replace=False)] = True
-        found = local_search(inst, start.placement, options, focus=mask.reshape(valid.shape))
-        decoded[f"{plain_row}+random:{fraction:g}"] = Decoded(found.placement, found.cost_s, start.rollout,
-                                                             start.costs_s, start.distinct, found)
-        return found.placement
     return solve
 
 
@@ -260,47 +239,6 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # instances it converged (no move left gaining more than min_gain) before max_passes
         "search_runs": search_runs if searched else None,
     }
-
-
-def train_policies(args, groups, env_class, train_opts, mid, refine, ppo, improve_opts, refine_opts,
-                   finetune_teacher, train) -> tuple[list, dict]:
-    """One policy per G (one without --groups), trained as it is decoded; and what the report
-    (and a --save-policy file) records of the training."""
-    models, train_times, rounds_per, refine_per, refine_s = [], [], [], [], []
-    for g in groups or [None]:
-        kw = {} if g is None else {"groups": g}
-        start = time.perf_counter()
-        envs = [env_class(train_opts, train, **kw)] + ([env_class(mid, train, **kw)] if mid is not None else [])
-        rounds = []
-        if args.teacher == "none":
-            model = train_ppo(envs[0], ppo)
-        else:
-            model = make_ppo(envs[0], ppo)
-            rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
-            if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
-                refine_start = time.perf_counter()
-                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[finetune_teacher],
-                                          refine_opts))
-                refine_s.append(time.perf_counter() - refine_start)
-            if args.finetune_steps > 0:
-                model.learn(total_timesteps=args.finetune_steps)
-        train_times.append(time.perf_counter() - start)
-        models.append(model)
-        rounds_per.append(rounds)
-    return models, {
-        "train": vars(train_opts), "ppo": vars(ppo),
-        "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
-        "improve": vars(improve_opts) if args.teacher != "none" else None,
-        "improve_rounds": rounds_per[0] if groups is None else rounds_per,
-        "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
-        # DAgger rounds on larger instances after the imitation (their time is in train_s too)
-        "finetune_on": vars(refine) if refine is not None else None,
-        "finetune_teacher": finetune_teacher if refine is not None else None,
-        "finetune_improve": vars(refine_opts) if refine is not None else None,
-        "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
-        "finetune_s": refine_s if refine is not None else None,
-        "train_seeds": [train[0], train[-1] + 1], "train_s": sum(train_times),
-        "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None}
 
 
 def main(argv: list[str] | None = None) -> int:

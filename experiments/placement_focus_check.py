@@ -18,7 +18,7 @@ from threadpoolctl import threadpool_limits
 
 from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import InstanceOptions, random_instance
-from caramel.sched.placement.decode import Decoding
+from caramel.sched.placement.decode import Decoded, Decoding
 from caramel.sched.placement.fast_decode import NumpyPolicy
 from caramel.sched.placement.local_search import SearchOptions, local_search
 from caramel.sched.placement.round_env import RoundPlacementEnv
@@ -37,6 +37,23 @@ def random_focus(inst, fraction: float, seed: int) -> np.ndarray:
     mask = np.zeros(valid.size, dtype=bool)
     mask[np.random.default_rng(seed).choice(cells, max(1, int(round(fraction * cells.size))), replace=False)] = True
     return mask.reshape(valid.shape)
+
+
+def random_focus_search(decode_plain, plain_row: str, fraction: float, options: SearchOptions, decoded: dict,
+                        seed: int):
+    """`edge_placement`'s control of a guided search (row `ppo+random:F`): the policy's greedy
+    placement (`decode_plain`, which leaves it in `decoded[plain_row]`) searched with a random
+    focus of the same size (`random_focus`, seeded by the instance), so the policy's choice of
+    layers is measured against none. It searches without the decoder's step tables and so
+    builds them again: its time is not comparable, its cost and passes are."""
+    def solve(inst):
+        decode_plain(inst)
+        start = decoded[plain_row]
+        found = local_search(inst, start.placement, options, focus=random_focus(inst, fraction, seed))
+        decoded[f"{plain_row}+random:{fraction:g}"] = Decoded(found.placement, found.cost_s, start.rollout,
+                                                             start.costs_s, start.distinct, found)
+        return found.placement
+    return solve
 
 
 def check(policy: NumpyPolicy, options: InstanceOptions, seeds: list[int], fractions: list[float],

@@ -18,6 +18,11 @@ no longer fits), and repeats until no move gains more than `min_gain` of the sta
 keeps every node within its memory (tested), so the result is never worse than the input.
 Exchanges pair layers of different tasks only (two layers of one task would change each
 other's neighbours).
+A `focus` mask guides it: while the mask's layers have a gaining move only they move as Y (any
+edge layer may be X), each moved layer's chain neighbours joining the mask; then every layer, as
+without one, so it ends at a local optimum of the same neighbourhood, not necessarily the same
+one. Tried to let the policy's least sure layers go first (measured no better than a random
+mask, docs/rl-scheduling.md).
 """
 from __future__ import annotations
 
