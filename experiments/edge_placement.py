@@ -48,19 +48,20 @@ from threadpoolctl import threadpool_limits
 from caramel.errors import CaramelError
 from caramel.jsonio import format_tag, write_json
 from caramel.sched.placement import HEURISTICS, InstanceOptions, random_instance, solve_ilp
-from caramel.sched.improve import ImproveOptions, improve
+from caramel.sched.improve import ImproveOptions
 from caramel.sched.placement.decode import Decoding, decode, parse_decoding
 from caramel.sched.placement.env import PlacementEnv
 from caramel.sched.placement.fast_decode import NumpyPolicy, decode_fast
 from caramel.sched.placement.local_search import SearchOptions, local_search
-from caramel.sched.placement.rollout import ilp_teacher, rollout_placement, rollout_teacher
+from caramel.sched.placement.rollout import rollout_placement
 from caramel.sched.placement.round_env import RoundPlacementEnv
 from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.placement.tables import StepTables
-from caramel.sched.rl import PpoOptions, make_ppo, num_policy_parameters, train_ppo
+from caramel.sched.rl import PpoOptions, num_policy_parameters
+from experiments.placement_focus_check import random_focus_search
+from experiments.placement_policy_file import TEACHERS, load_policy, save_policy, train_policies
 from experiments.rl_common import options_from, ratio_summary, seed_range, summary
 
-TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 # the environment the policy trains in, and its decoder (fast, reference) per scheme
 SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
 
@@ -92,12 +93,16 @@ def searched_heuristic(name: str, options: SearchOptions, found: dict | None = N
 def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list[Decoding], decode_seed: int,
              time_limit_s: float, reference: str, rollout: bool, fast: NumpyPolicy | None = None,
              check_reference: bool = False, scheme: str = "sequential", time_repeats: int = 1,
-             groups: list[int] | None = None, search: SearchOptions | None = None) -> dict:
+             groups: list[int] | None = None, search: SearchOptions | None = None,
+             guided: list[float] | None = None) -> dict:
     """`fast`: the policy's rows decode with `decode_fast` (else the torch reference `decode`);
     `groups` (the rounds scheme): `policy` and `fast` are lists, one policy per G, each decoded
     with its G;
     `search` (the rounds scheme): each learned row also decoded with the local search after it
     (row `NAME+search`), and each heuristic of RATIO_HEURISTICS followed by it (`H+search`);
+    `guided` (with `search`): each learned row also followed by the guided search, the fraction
+    F of the layers the policy was least sure of tried first (row `NAME+guided:F`), and the
+    greedy policy's placement searched with a random focus of F (`ppo+random:F`, the control);
     `check_reference`: also run (and time) the reference decoder on every instance and count
     the instances where it decides exactly as the timed decoder did. Each method is timed
     `time_repeats` times per instance, the repeats interleaved across methods (a burst of host
@@ -119,16 +124,23 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         rows = [(policy_name(d, g), d, p, f, {"groups": g}) for g, p, f in zip(groups, policy, fasts)
                 for d in decodings]
     searched = [h + "+search" for h in RATIO_HEURISTICS] if search is not None else []
+    if guided and search is None:
+        raise CaramelError("guided names the focus of a search; give search too")
     if search is not None:
-        rows += [(n + "+search", d, p, f, {**kw, "search": search}) for n, d, p, f, kw in rows]
+        rows += [(n + suffix, d, p, f, {**kw, "search": search, **more}) for suffix, more in
+                 [("+search", {})] + [(f"+guided:{g:g}", {"focus": g}) for g in guided or []]
+                 for n, d, p, f, kw in rows]
     learned = [r[0] for r in rows]
-    extra = learned + searched + (["rollout", "ilp"] if rollout else ["ilp"])
+    plain = policy_name(Decoding(1), None if groups is None else groups[0])
+    controls = [f"{plain}+random:{g:g}" for g in guided or []] if plain in learned else []
+    extra = learned + controls + searched + (["rollout", "ilp"] if rollout else ["ilp"])
     costs: dict[str, list[float]] = {n: [] for n in list(HEURISTICS) + extra}
     times: dict[str, list[float]] = {n: [] for n in costs}
     sampled = {n: {"won_by_a_sample": 0, "distinct_placements": []} for n, d, *_ in rows if d.samples > 1}
     checks = {n: {"same_decisions": 0, "solve_s": []} for n in learned}
-    search_runs = {n: {"passes": [], "moves": [], "converged": 0}
-                   for n in [r for r in learned if r.endswith("+search")] + searched}
+    is_searched = [r for r in learned if r.endswith("+search") or "+guided:" in r] + controls
+    search_runs = {n: {"passes": [], "guided_passes": [], "moves": [], "converged": 0}
+                   for n in is_searched + searched}
     bounds, optimal = [], 0
     for s in seeds:
         inst = random_instance(options, s)
@@ -144,6 +156,9 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             return solve
 
         methods = list(HEURISTICS.items()) + [(r[0], solver(*r)) for r in rows]
+        plain_row = next((r for r in rows if r[0] == plain), None)
+        methods += [(c, random_focus_search(solver(*plain_row), plain, g, search, decoded, s))
+                    for c, g in zip(controls, guided or [])]
         found: dict = {}
         methods += [(h + "+search", searched_heuristic(h, search, found)) for h in RATIO_HEURISTICS] if searched else []
         methods += [("rollout", rollout_placement)] if rollout else []
@@ -172,6 +187,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
             result = found[name] if name in found else decoded[name].searched
             stats["passes"].append(result.passes)
             stats["moves"].append(result.moves)
+            stats["guided_passes"].append(result.guided_passes)
             stats["converged"] += int(result.converged)
         for name, stats in sampled.items():
             stats["won_by_a_sample"] += int(decoded[name].rollout > 0)
@@ -193,7 +209,7 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # per learned decoding and heuristic: the per-instance ratio of their solve times
         "solve_time_ratio": {n: {h: ratio_summary([a / b for a, b in zip(times[n], times[h])])
                                  for h in RATIO_HEURISTICS if all(b > 0 for b in times[h])}
-                             for n in learned + searched},
+                             for n in learned + controls + searched},
         # per sampling decoding: instances where a sampled rollout beat the greedy one, and how
         # many different placements the N rollouts made per instance
         # the reference (torch) decoder on the same instances: its solve time, and on how many
@@ -209,7 +225,15 @@ def evaluate(options: InstanceOptions, seeds: list[int], policy, decodings: list
         # with search: each searched learned row against the best searched heuristic, per instance
         "vs_best_searched_heuristic": {n: {"wins": int(sum(c < b * (1 - 1e-9) for c, b in zip(costs[n], best_searched))),
                                            "losses": int(sum(c > b * (1 + 1e-9) for c, b in zip(costs[n], best_searched)))}
-                                       for n in learned if n.endswith("+search")} if searched else None,
+                                       for n in is_searched} if searched else None,
+        # with search: each learned row (searched or not) against each searched heuristic, per
+        # instance: the solve-time ratio and the cost gap (%), both with 95% intervals, wins, losses
+        "vs_searched_heuristics": {n: {h: {
+            "solve_time_ratio": ratio_summary([a / b for a, b in zip(times[n], times[h])]),
+            "cost_gap_pct": ratio_summary([100 * (a / b - 1) for a, b in zip(costs[n], costs[h])]),
+            "wins": int(sum(a < b * (1 - 1e-9) for a, b in zip(costs[n], costs[h]))),
+            "losses": int(sum(a > b * (1 + 1e-9) for a, b in zip(costs[n], costs[h])))} for h in searched}
+            for n in learned + controls} if searched else None,
         "search": vars(search) if search is not None else None,
         # per searched row: the passes and moves of its search per instance, and on how many
         # instances it converged (no move left gaining more than min_gain) before max_passes
@@ -235,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finetune-teacher", default=None, choices=sorted(TEACHERS),
                     help="the teacher of --finetune-on (default rollout: cheap on larger instances)")
     ap.add_argument("--finetune-improve", default="", help="ImproveOptions of --finetune-on as key=value,...")
-    ap.add_argument("--train-seeds", default="1000:3000")
+    ap.add_argument("--train-seeds", default=None, help="training instances (default 1000:3000)")
     ap.add_argument("--test-seeds", default="0:40")
     ap.add_argument("--large-seeds", default="0:10")
     ap.add_argument("--large-time-limit-s", type=float, default=10.0)
@@ -259,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --scheme rounds: also improve each learned placement by the local search "
                          "(SearchOptions as key=value,...; none for the defaults), rows NAME+search, and the "
                          "greedy heuristics followed by it, rows H+search")
+    ap.add_argument("--guided", default=None,
+                    help="with --search: comma-separated fractions F in (0, 1]: each learned row also followed by "
+                         "the guided search, the F of the layers the policy was least sure of tried first "
+                         "(rows NAME+guided:F)")
+    ap.add_argument("--save-policy", default=None, help="write the trained policy (and how it was trained) here")
+    ap.add_argument("--load-policy", default=None,
+                    help="evaluate a policy --save-policy wrote (no training; training flags refused)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -269,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if not train_opts.num_edge == small.num_edge == large.num_edge:
         raise SystemExit("train, small and large must have the same num_edge (one policy row per node)")
     ppo = options_from(PpoOptions, args.ppo, "ppo")
-    train = seed_range(args.train_seeds)
+    train = seed_range(args.train_seeds or "1000:3000")
     test, large_seeds = seed_range(args.test_seeds), seed_range(args.large_seeds)
-    if set(train) & (set(test) | set(large_seeds)):
+    if not args.load_policy and set(train) & (set(test) | set(large_seeds)):  # a loaded file's: below
         raise SystemExit("training and test seeds overlap; the test instances must be held out")
     if args.teacher == "none" and (args.improve or args.finetune_steps or args.train_mid or args.finetune_on):
         raise SystemExit("--improve, --finetune-steps, --train-mid and --finetune-on shape the imitation of a "
@@ -299,6 +330,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.scheme != "rounds":
             raise SystemExit("--search follows the decoder of --scheme rounds; pass --scheme rounds too")
         search = options_from(SearchOptions, args.search, "search")
+    guided = None
+    if args.guided is not None:
+        if search is None:
+            raise SystemExit("--guided names the focus of the search; pass --search too")
+        try:
+            guided = [float(g) for g in args.guided.split(",")]
+        except ValueError:
+            raise SystemExit(f"--guided must be comma-separated fractions in (0, 1], got {args.guided!r}") from None
+        if any(not 0 < g <= 1 for g in guided) or len({f"{g:g}" for g in guided}) != len(guided):
+            raise SystemExit(f"--guided must be distinct fractions in (0, 1], got {args.guided!r}")
+    if args.save_policy and groups is not None:
+        raise SystemExit("--save-policy keeps one policy; --groups trains one per G: drop one of them")
+    if args.load_policy:
+        given = [f for f, v in (("--teacher", args.teacher != "none"), ("--improve", args.improve),
+                                ("--train-mid", args.train_mid), ("--finetune-on", args.finetune_on),
+                                ("--finetune-steps", args.finetune_steps), ("--groups", groups),
+                                ("--train-seeds", args.train_seeds),
+                                ("--save-policy", args.save_policy)) if v]
+        if given:
+            raise SystemExit(f"--load-policy evaluates a trained policy; {', '.join(given)} would be ignored: "
+                             f"drop them (the file records its training)")
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
     if len({d.samples for d in decodings}) != len(decodings):
         raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
@@ -311,56 +363,36 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--finetune-on must have the same num_edge as --train")
     refine_opts = options_from(ImproveOptions, args.finetune_improve, "finetune-improve")
     env_class = SCHEMES[args.scheme][0]
-    models, fasts, train_times, export_times, rounds_per, refine_per, refine_s = [], [], [], [], [], [], []
-    for g in groups or [None]:  # one policy per G, trained as it is decoded
-        kw = {} if g is None else {"groups": g}
-        start = time.perf_counter()
-        envs = [env_class(train_opts, train, **kw)] + ([env_class(mid, train, **kw)] if mid is not None else [])
-        rounds = []
-        if args.teacher == "none":
-            model = train_ppo(envs[0], ppo)
-        else:
-            model = make_ppo(envs[0], ppo)
-            rounds = improve(model, envs, TEACHERS[args.teacher], improve_opts)
-            if refine is not None:  # round 0 follows the teacher, later ones the policy (DAgger)
-                refine_start = time.perf_counter()
-                refine_per.append(improve(model, [env_class(refine, train, **kw)], TEACHERS[finetune_teacher],
-                                          refine_opts))
-                refine_s.append(time.perf_counter() - refine_start)
-            if args.finetune_steps > 0:
-                model.learn(total_timesteps=args.finetune_steps)
-        train_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        fasts.append(NumpyPolicy.from_policy(model.policy) if args.decoder == "fast" else None)
-        export_times.append(time.perf_counter() - start)  # once per trained policy, not per instance
-        models.append(model)
-        rounds_per.append(rounds)
-    train_s, export_s, fast = sum(train_times), sum(export_times), fasts[0]
-    if groups is None:
-        policy, fast_arg, rounds = model.policy, fast, rounds_per[0]
+    if args.load_policy:
+        model, training = load_policy(args.load_policy, env_class,
+                                      {"scheme": args.scheme, "ppo": vars(ppo), "train": vars(train_opts)})
+        if set(range(*training["train_seeds"])) & (set(test) | set(large_seeds)):
+            raise SystemExit(f"the training seeds of {args.load_policy} overlap the test seeds; the test "
+                             f"instances must be held out")
+        models = [model]
     else:
-        policy, fast_arg, rounds = [m.policy for m in models], fasts if fast is not None else None, rounds_per
+        models, training = train_policies(args, groups, env_class, train_opts, mid, refine, ppo, improve_opts,
+                                          refine_opts, finetune_teacher, train)
+        if args.save_policy:
+            save_policy(args.save_policy, models[0], training)
+    start = time.perf_counter()
+    fasts = [NumpyPolicy.from_policy(m.policy) if args.decoder == "fast" else None for m in models]
+    export_s, fast = time.perf_counter() - start, fasts[0]  # once per trained policy, not per instance
+    model = models[0]
+    if groups is None:
+        policy, fast_arg = model.policy, fast
+    else:
+        policy, fast_arg = [m.policy for m in models], fasts if fast is not None else None
     report = {
-        "experiment": "edge_placement", "train": vars(train_opts), "ppo": vars(ppo),
-        "train_mid": vars(mid) if mid is not None else None, "teacher": args.teacher,
-        "improve": vars(improve_opts) if args.teacher != "none" else None, "improve_rounds": rounds,
-        "finetune_steps": args.finetune_steps if args.teacher != "none" else None,
-        # DAgger rounds on larger instances after the imitation (their time is in train_s too)
-        "finetune_on": vars(refine) if refine is not None else None,
-        "finetune_teacher": finetune_teacher if refine is not None else None,
-        "finetune_improve": vars(refine_opts) if refine is not None else None,
-        "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
-        "finetune_s": refine_s if refine is not None else None,
-        "train_seeds": [train[0], train[-1] + 1], "train_s": train_s, "torch_threads": 1,
+        "experiment": "edge_placement", **training, "torch_threads": 1,
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
-        "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None,
-        "policy_export_s": export_s if fast is not None else None,
+        "policy_export_s": export_s if fast is not None else None, "guided": guided,
         "small": evaluate(small, test, policy, decodings, args.decode_seed, None, "ilp", True, fast_arg,
-                          args.check_reference, args.scheme, args.time_repeats, groups, search),
+                          args.check_reference, args.scheme, args.time_repeats, groups, search, guided),
         "large": evaluate(large, large_seeds, policy, decodings, args.decode_seed, args.large_time_limit_s,
                           "greedy_regret", args.large_rollout, fast_arg, args.check_reference,
-                          args.scheme, args.time_repeats, groups, search),
+                          args.scheme, args.time_repeats, groups, search, guided),
     }
     for key in ("small", "large"):
         r = report[key]
@@ -376,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"
                 for n, v in r["reference_decoder"].items()))
-    print(f"trained ({args.teacher}) in {train_s:.0f} s; {report['policy_parameters']} policy parameters")
+    print(f"trained ({report['teacher']}) in {report['train_s']:.0f} s; {report['policy_parameters']} policy parameters"
+          + (f" (loaded from {args.load_policy})" if args.load_policy else ""))
     if args.json:
         write_json(args.json, {"format": format_tag("edge-placement"), **report})
     return 0

@@ -1,7 +1,8 @@
 """The stored results of the experiment scripts that write with `caramel.jsonio.write_json`
 (docs/results/) carry the format tag their scripts write, so a reader can tell them apart: the
-coflow and placement results (experiments/coflow_rl.py, edge_placement.py) and the outputs of
-the scripts that wrote plain JSON before, tagged afterwards."""
+coflow and placement results (experiments/coflow_rl.py, edge_placement.py,
+placement_focus_check.py) and the outputs of the scripts that wrote plain JSON before, tagged
+afterwards."""
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 @pytest.mark.parametrize("pattern, kind, experiment", [
-    ("rl/coflow_*.json", "coflow-rl", "coflow_rl"), ("rl/edge_placement*.json", "edge-placement", "edge_placement")])
+    ("rl/coflow_*.json", "coflow-rl", "coflow_rl"), ("rl/edge_placement*.json", "edge-placement", "edge_placement"),
+    ("rl/placement_focus_check*.json", "placement-focus-check", "placement_focus_check")])
 def test_every_stored_file_reads_as_its_kind(pattern, kind, experiment):
     paths = sorted(RESULTS.glob(pattern))
     assert paths, pattern

@@ -1,6 +1,7 @@
 """The local search after decoding: it keeps every placement feasible, never makes one worse,
 reports the cost `Instance.cost_s` computes, and stops only where no relocation and no
-exchange (checked one by one, by the scalar objective) gains; refused input."""
+exchange (checked one by one, by the scalar objective) gains, guided by a focus or not;
+refused input."""
 import itertools
 
 import numpy as np
@@ -96,6 +97,54 @@ def test_every_pass_keeps_feasibility_and_lowers_the_cost(opts, seeds, swaps):
             pytest.fail(f"no convergence in 40 passes (seed {seed}, {start})")
 
 
+def _focus(inst, rng, fraction):
+    lmax = max(len(t.gflop) for t in inst.tasks)
+    mask = rng.random((len(inst.tasks), lmax)) < fraction
+    mask[0, 0] = True  # never empty
+    return mask
+
+
+@pytest.mark.parametrize("opts,seeds", [(MID, range(3)), (TIGHT, range(3))], ids=["mid", "tight"])
+def test_a_guided_search_ends_where_no_relocation_or_exchange_gains(opts, seeds):
+    """The focus layers move first, then every layer: it stops only where the whole
+    neighbourhood has no gaining move, as the unguided search does (checked move by move)."""
+    rng = np.random.default_rng(7)
+    options = SearchOptions(max_passes=1000)
+    for seed, start in itertools.product(seeds, ("all_cloud", "greedy_regret")):
+        inst = random_instance(opts, seed)
+        before = HEURISTICS[start](inst)
+        focus = _focus(inst, rng, 0.3)
+        found = local_search(inst, before, options, focus=focus)
+        assert found == local_search(inst, before, options, focus=focus.copy())  # deterministic
+        assert found.converged and found.guided_passes < found.passes
+        assert inst.feasible(found.placement) and found.cost_s <= inst.cost_s(before)
+        assert found.cost_s == pytest.approx(inst.cost_s(found.placement), rel=1e-12)
+        limit = found.cost_s - options.min_gain * inst.cost_s(before) - 1e-12 * found.cost_s
+        for p in _moves(inst, found.placement, False):
+            assert not (inst.feasible(p) and inst.cost_s(p) < limit), (seed, start, p)
+
+
+def test_a_guided_pass_moves_only_focus_layers_and_their_exchange_partners():
+    """A pass on the focus moves a layer outside it only as an exchange's X (off an edge node,
+    at most one per focus layer moved); a focus of every layer searches as no focus does."""
+    inst = random_instance(LARGE, 1)
+    tables = StepTables(inst)
+    start = HEURISTICS["greedy_myopic"](inst)
+    focus = _focus(inst, np.random.default_rng(3), 0.15)
+    one = local_search(inst, start, SearchOptions(max_passes=1), tables=tables, focus=focus)
+    assert one.guided_passes == 1 and one.moves > 0
+    moved = [(t, l) for t, row in enumerate(start) for l in range(len(row)) if one.placement[t][l] != row[l]]
+    inside = [m for m in moved if focus[m]]
+    outside = [m for m in moved if not focus[m]]
+    assert inside and len(outside) <= len(inside)
+    assert all(start[t][l] != inst.cloud for t, l in outside)
+    everything = local_search(inst, start, tables=tables, focus=np.ones(focus.shape, dtype=bool))
+    plain = local_search(inst, start, tables=tables)
+    assert (everything.placement, everything.cost_s, everything.passes, everything.moves) == \
+        (plain.placement, plain.cost_s, plain.passes, plain.moves)
+    assert everything.guided_passes == plain.passes - 1 and plain.guided_passes == 0
+
+
 def test_heuristics_given_tables_place_as_without():
     inst = random_instance(LARGE, 3)
     tables = StepTables(inst)
@@ -131,5 +180,8 @@ def test_bad_inputs_are_refused():
     for bad in (9, -1, 1.7, True, "0"):
         with pytest.raises(CaramelError, match=rf"placement\[1\]\[0\] must be a node.*got {bad!r}"):
             local_search(inst, [good[0], [bad] + good[1][1:]] + good[2:])
+    for bad in (np.ones((5, 2), dtype=bool), np.ones((5, 3)), [[1] * 3] * 5):
+        with pytest.raises(CaramelError, match=r"focus must be a \(5, 3\) bool array"):
+            local_search(inst, good, focus=bad)
     assert local_search(inst, [[np.int64(n) for n in row] for row in good]).placement  # numpy ints are nodes
     assert np.isfinite(local_search(inst, good).cost_s)

@@ -96,6 +96,31 @@ def test_search_after_decoding_improves_the_kept_placement(model):
         assert got.searched.converged and got.searched.moves > 0 and plain.searched is None
 
 
+def test_a_search_guided_by_the_policy_is_deterministic_and_ends_at_a_local_optimum(model):
+    """`focus`: the search tries first the layers the policy was least sure of; the same
+    through the numpy and the torch decoders, the same twice, never worse than the decoding,
+    and where it ends the unguided search finds nothing more to gain."""
+    fast = NumpyPolicy.from_policy(model.policy)
+    inst = random_instance(LARGE, 2)
+    for n, groups in ((1, 1), (4, 2)):
+        plain = decode_rounds(inst, fast, Decoding(n), seed=5, groups=groups)
+        got = decode_rounds(inst, fast, Decoding(n), seed=5, groups=groups, search=SearchOptions(), focus=0.1)
+        assert got == decode_rounds(inst, fast, Decoding(n), seed=5, groups=groups, search=SearchOptions(),
+                                    focus=0.1)
+        assert got == decode_rounds(inst, model.policy, Decoding(n), seed=5, groups=groups,
+                                    search=SearchOptions(), focus=0.1)
+        assert (got.rollout, got.costs_s) == (plain.rollout, plain.costs_s)
+        assert inst.feasible(got.placement) and got.cost_s < plain.cost_s
+        assert got.searched.converged and 0 < got.searched.guided_passes < got.searched.passes
+        assert local_search(inst, got.placement).moves == 0
+    for bad, match in ((0, "in \\(0, 1\\]"), (1.5, "in \\(0, 1\\]"), (True, "in \\(0, 1\\]"),
+                       ("0.5", "in \\(0, 1\\]")):
+        with pytest.raises(CaramelError, match=match):
+            decode_rounds(inst, fast, Decoding(1), search=SearchOptions(), focus=bad)
+    with pytest.raises(CaramelError, match="and no search"):
+        decode_rounds(inst, fast, Decoding(1), focus=0.5)
+
+
 def test_commit_settles_memory_in_priority_order():
     """Node 0 has room for 5 MB: of the three tasks that want it, in priority order 2, 0, 1,
     task 2 (4 MB) keeps it; task 0 (3 MB) and task 1 (1 MB) claim their first node with room
@@ -173,6 +198,60 @@ def test_experiment_trains_and_decodes_in_rounds(tmp_path):
             main(argv)
     with pytest.raises(CaramelError, match="did you mean 'max_passes'"):
         main(["--scheme", "rounds", "--search", "max_pases=3"])
+
+
+def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
+    """`--save-policy` then `--load-policy` (no training): the loaded policy places every
+    instance as the saved run did; `--guided` adds the searches guided by the policy, compared
+    with every searched heuristic; flags a loaded policy cannot honour are refused."""
+    from caramel.jsonio import read_json
+    from experiments.edge_placement import main
+
+    base = ["--scheme", "rounds", "--ppo", "width=8", "--test-seeds", "0:2", "--large", "num_tasks=6,num_layers=3",
+            "--large-seeds", "0:2", "--large-time-limit-s", "1", "--search", "max_passes=50"]
+    saved, out, policy = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "p.pt"
+    assert main(base + ["--teacher", "rollout", "--improve", "rounds=1,episodes=2,epochs=1",
+                        "--save-policy", str(policy), "--json", str(saved)]) == 0
+    assert main(base + ["--load-policy", str(policy), "--guided", "0.25,1", "--json", str(out)]) == 0
+    first, report = read_json(saved, "edge-placement"), read_json(out, "edge-placement")
+    assert report["loaded_from"] == str(policy) and report["train_s"] == first["train_s"]
+    assert report["teacher"] == "rollout" and report["guided"] == [0.25, 1.0]
+    for key in ("small", "large"):
+        r, was = report[key], first[key]
+        for n in ("ppo", "ppo+search"):
+            assert r["cost_s_per_instance"][n] == was["cost_s_per_instance"][n]
+        rows = {"ppo+search", "ppo+guided:0.25", "ppo+guided:1"}
+        controls = {"ppo+random:0.25", "ppo+random:1"}
+        assert rows <= set(r["search_runs"]) and set(r["vs_best_searched_heuristic"]) == rows | controls
+        assert all(len(v["guided_passes"]) == 2 for v in r["search_runs"].values())
+        for n in rows | {"ppo"}:
+            assert set(r["vs_searched_heuristics"][n]) == {h + "+search" for h in
+                                                           ("greedy_myopic", "greedy_lookahead", "greedy_regret")}
+        assert controls <= set(r["search_runs"]) & set(r["vs_searched_heuristics"])
+        costs = r["cost_s_per_instance"]
+        for n in ("ppo+guided:0.25", "ppo+random:0.25"):  # never worse than the policy's placement
+            assert all(a <= b * (1 + 1e-12) for a, b in zip(costs[n], costs["ppo"]))
+        assert costs["ppo+random:1"] == costs["ppo+guided:1"] == costs["ppo+search"]  # every layer: no guide
+    from experiments.placement_focus_check import main as focus_check  # the same file, untimed, three ways
+    check = tmp_path / "c.json"
+    assert focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "0:3", "--instances",
+                        "num_tasks=6,num_layers=3", "--fractions", "0.25,1", "--json", str(check)]) == 0
+    rows = read_json(check, "placement-focus-check")["rows"]
+    assert set(rows) == {"search", "guided:0.25", "random:0.25", "guided:1", "random:1"}
+    assert rows["guided:1"]["cost_s"] == rows["random:1"]["cost_s"] == rows["search"]["cost_s"]
+    with pytest.raises(SystemExit, match="overlap the policy's training seeds"):
+        focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "1000:1002"])
+    for argv, match in ((["--guided", "0.5"], "pass --search"), (base + ["--guided", "0"], "fractions in"),
+                        (base + ["--guided", "x"], "fractions in"), (base + ["--guided", "0.5,0.50"], "distinct"),
+                        (base + ["--load-policy", str(policy), "--teacher", "ilp"], "--teacher would be ignored"),
+                        (["--scheme", "rounds", "--load-policy", str(policy)], "trained with ppo"),
+                        (base + ["--load-policy", str(policy), "--train-seeds", "5000:5005"], "--train-seeds would be"),
+                        (base + ["--load-policy", str(policy), "--large-seeds", "1500:1501"],
+                         "training seeds of .* overlap"),
+                        (base + ["--groups", "1,2", "--teacher", "rollout", "--save-policy", str(policy)],
+                         "keeps one policy")):
+        with pytest.raises(SystemExit, match=match):
+            main(argv)
 
 
 def test_evaluate_refuses_bad_arguments_and_one_instance_has_no_interval():

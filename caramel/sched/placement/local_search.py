@@ -18,6 +18,11 @@ no longer fits), and repeats until no move gains more than `min_gain` of the sta
 keeps every node within its memory (tested), so the result is never worse than the input.
 Exchanges pair layers of different tasks only (two layers of one task would change each
 other's neighbours).
+A `focus` mask guides it: while the mask's layers have a gaining move only they move as Y (any
+edge layer may be X), each moved layer's chain neighbours joining the mask; then every layer, as
+without one, so it ends at a local optimum of the same neighbourhood, not necessarily the same
+one. Tried to let the policy's least sure layers go first (measured no better than a random
+mask, docs/rl-scheduling.md).
 """
 from __future__ import annotations
 
@@ -61,13 +66,15 @@ class SearchOptions:
 class Searched:
     """The improved placement, its cost, and what the search did: `passes` run, `moves`
     applied, `converged` (the last pass found no move gaining more than `min_gain`; False when
-    `max_passes` stopped it first)."""
+    `max_passes` stopped it first); `guided_passes`: of the passes, those that applied moves of
+    the focus layers alone (0 without a focus)."""
 
     placement: list[list[int]]
     cost_s: float
     passes: int
     moves: int
     converged: bool
+    guided_passes: int = 0
 
 
 def _check_tables(tb, inst: Instance) -> None:
@@ -156,10 +163,52 @@ def _room_after(free_mb: np.ndarray, w: np.ndarray, y: tuple, y_from: int, e: in
     return room_mb
 
 
+def _candidates(gain: np.ndarray, out: np.ndarray, out_gain: np.ndarray, nodes: np.ndarray, valid: np.ndarray,
+                free_mb: np.ndarray, w: np.ndarray, threshold: float, options: SearchOptions,
+                focus: np.ndarray | None) -> tuple:
+    """A pass's moves: relocations, every (layer, node) with room; exchanges, Y onto the node of
+    an edge layer X of another task, when the room X leaves fits Y, X either to its best other
+    node with room now or to Y's node (a swap), when the room Y leaves there fits X. With
+    `focus` only its layers move as Y (X may be any edge layer). Returns the relocations' gains
+    (T*L, K), the Y and X flat indices, which exchanges are swaps, every move's gain (the
+    relocations', then the exchanges' (Y, X) row by row) and the moves gaining > `threshold`."""
+    t_count, lmax, k = gain.shape
+    cloud = k - 1
+    reloc = out.reshape(-1, k)
+    flat_gain = gain.reshape(-1, k)
+    x_best = gain.max() if options.swaps else out_gain.max()  # the most an X can gain
+    may_move = flat_gain[:, :-1].max(axis=1) > threshold - x_best
+    if focus is not None:
+        reloc = np.where(focus.reshape(-1, 1), reloc, -np.inf)
+        may_move &= focus.ravel()
+    ys = np.flatnonzero(may_move)
+    xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
+    ex = np.full((0, 0), -np.inf)
+    swap = np.zeros((0, 0), dtype=bool)
+    if ys.size and xs.size:
+        task_of = np.repeat(np.arange(t_count), lmax)
+        x_node, y_node = nodes.ravel()[xs], nodes.ravel()[ys]
+        wy, wx = w.ravel()[ys][:, None], w.ravel()[xs][None, :]
+        y_in = flat_gain[ys][:, x_node]
+        ok = (wy <= free_mb[x_node][None, :] + wx + MEMORY_SLACK_MB) & (task_of[ys][:, None] != task_of[xs][None, :])
+        ex = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
+        swap = np.zeros(ex.shape, dtype=bool)
+        if options.swaps:  # X onto Y's node: -inf where that is X's own node; not the cloud
+            onto = flat_gain[xs][:, y_node].T  # (X's way out covers the cloud)
+            fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
+            swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
+            swap = swapped > ex
+            ex = np.where(swap, swapped, ex)
+    both = np.concatenate([reloc.ravel(), ex.ravel()])
+    return reloc, ys, xs, swap, both, np.flatnonzero(both > threshold)
+
+
 def local_search(inst: Instance, placement: list[list[int]], options: SearchOptions = SearchOptions(),
-                 tables: StepTables | None = None) -> Searched:
+                 tables: StepTables | None = None, focus: np.ndarray | None = None) -> Searched:
     """`placement` (feasible) improved by relocations and exchanges (see the module).
-    `tables`: `StepTables(inst)` if already built (checked against `inst`), else built here."""
+    `tables`: `StepTables(inst)` if already built (checked against `inst`), else built here.
+    `focus` (T, L) bool, one row per task padded to the longest: the layers whose moves are
+    tried first (a guided search, see the module); None: every layer from the first pass."""
     if not isinstance(options, SearchOptions):
         raise CaramelError(f"options must be a SearchOptions, got {options!r}")
     if tables is not None:
@@ -167,6 +216,13 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
     tb = tables if tables is not None else StepTables(inst)
     nodes = _to_array(tb, placement)
     t_count, lmax = nodes.shape
+    if focus is not None:
+        focus = np.asarray(focus)
+        if focus.dtype != bool or focus.shape != (t_count, lmax):
+            raise CaramelError(f"focus must be a ({t_count}, {lmax}) bool array (tasks x the longest task's "
+                               f"layers), got {focus.dtype} {focus.shape}")
+        focus = focus.copy()
+    guided = 0  # passes run on the focus alone
     k, cloud = inst.num_nodes, inst.cloud
     valid = np.arange(lmax)[None, :] < tb.num_layers[:, None]
     has_next = np.arange(lmax)[None, :] + 1 < tb.num_layers[:, None]
@@ -176,7 +232,6 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
     if (free_mb < -1e-9).any():
         raise CaramelError("local_search needs a feasible placement (every edge node within its memory)")
     threshold = options.min_gain * _total_s(tb, nodes, valid)
-    task_of = np.broadcast_to(np.arange(t_count)[:, None], nodes.shape)
     passes = moves = 0
     converged = False
     while passes < options.max_passes:
@@ -192,35 +247,15 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
         out = np.where(fits, gain, -np.inf)
         out_gain = out.max(axis=2)
         out_node = out.argmax(axis=2)
-        # relocations: every (layer, node) with room; exchanges: Y onto the node of an edge
-        # layer X of another task, when the room X leaves fits Y, X either to its best other
-        # node with room now or to Y's node (a swap), when the room Y leaves there fits X
-        reloc = out.reshape(-1, k)
-        flat_gain = gain.reshape(-1, k)
-        x_best = gain.max() if options.swaps else out_gain.max()  # the most an X can gain
-        ys = np.flatnonzero(flat_gain[:, :-1].max(axis=1) > threshold - x_best)
-        xs = np.flatnonzero((valid & (nodes != cloud)).ravel())
-        ex = np.full((0, 0), -np.inf)
-        swap = np.zeros((0, 0), dtype=bool)
-        if ys.size and xs.size:
-            x_node, y_node = nodes.ravel()[xs], nodes.ravel()[ys]
-            wy, wx = w.ravel()[ys][:, None], w.ravel()[xs][None, :]
-            y_in = flat_gain[ys][:, x_node]
-            ok = (wy <= free_mb[x_node][None, :] + wx + MEMORY_SLACK_MB) & \
-                (task_of.ravel()[ys][:, None] != task_of.ravel()[xs][None, :])
-            ex = np.where(ok, y_in + out_gain.ravel()[xs][None, :], -np.inf)
-            swap = np.zeros(ex.shape, dtype=bool)
-            if options.swaps:  # X onto Y's node: -inf where that is X's own node; not the cloud
-                onto = flat_gain[xs][:, y_node].T  # (X's way out covers the cloud)
-                fits_x = (wx <= free_mb[y_node][:, None] + wy + MEMORY_SLACK_MB) & (y_node != cloud)[:, None]
-                swapped = np.where(ok & fits_x, y_in + onto, -np.inf)
-                swap = swapped > ex
-                ex = np.where(swap, swapped, ex)
-        both = np.concatenate([reloc.ravel(), ex.ravel()])
-        top = np.flatnonzero(both > threshold)
+        found = _candidates(gain, out, out_gain, nodes, valid, free_mb, w, threshold, options, focus)
+        if found[-1].size == 0 and focus is not None:  # the focus is settled: on to every layer
+            focus = None
+            found = _candidates(gain, out, out_gain, nodes, valid, free_mb, w, threshold, options, None)
+        reloc, ys, xs, swap, both, top = found
         if top.size == 0:
             converged = True
             break
+        guided += focus is not None
         if top.size > options.moves_per_pass:
             top = top[np.argpartition(-both[top], options.moves_per_pass - 1)[:options.moves_per_pass]]
         top = top[np.argsort(-both[top], kind="stable")]
@@ -253,9 +288,12 @@ def local_search(inst: Instance, placement: list[list[int]], options: SearchOpti
             free_mb = room_mb
             touched |= tasks
             applied += 1
+            if focus is not None:  # a moved layer's chain neighbours now gain otherwise: into the focus
+                for t_, l_ in [(ty, ly)] + ([] if x is None else [(tx, lx)]):
+                    focus[t_, max(l_ - 1, 0):l_ + 2] = True
         moves += applied
         if applied == 0:  # cannot happen (a pass's first candidate always applies); a guard
             converged = True
             break
     final = [[int(n) for n in nodes[t, :tb.num_layers[t]]] for t in range(t_count)]
-    return Searched(final, _total_s(tb, nodes, valid), passes, moves, converged)
+    return Searched(final, _total_s(tb, nodes, valid), passes, moves, converged, guided)

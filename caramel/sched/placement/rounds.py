@@ -22,6 +22,8 @@ the later ones; G=1 (the default) is the round in one pass, as above.
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -226,20 +228,26 @@ class RoundBatch:
 
 
 def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, groups: int = 1,
-                  search: SearchOptions | None = None) -> Decoded:
+                  search: SearchOptions | None = None, focus: float | None = None) -> Decoded:
     """The policy decoded in rounds: `policy` a `fast_decode.NumpyPolicy` (the numpy forward
     pass) or the trained torch policy (the reference: the same rounds, probabilities through
     torch). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
     cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round.
     `search`: the kept placement then improved by `local_search.local_search` (on the decoder's
     own tables; `cost_s` is then the improved cost, `costs_s` the samples' before it, `searched`
-    what the search did)."""
+    what the search did). `focus` (with `search`): a guided search, the fraction of layers the
+    policy was least sure of (the lowest probability of the node each ended on, after `commit`)
+    tried first (`local_search`'s `focus`); None: every layer from the first pass."""
     from caramel.sched.placement.fast_decode import NumpyPolicy
 
     if not isinstance(decoding, Decoding):
         raise CaramelError(f"decoding must be a Decoding (parse_decoding('sample:16')), got {decoding!r}")
     if search is not None and not isinstance(search, SearchOptions):
         raise CaramelError(f"search must be a SearchOptions or None, got {search!r}")
+    if focus is not None and not (search is not None and isinstance(focus, numbers.Real)
+                                  and not isinstance(focus, bool) and 0 < focus <= 1):
+        raise CaramelError(f"focus must be a fraction of the layers in (0, 1], with a search, got {focus!r}"
+                           + ("" if search is not None else " and no search"))
     if isinstance(policy, NumpyPolicy):
         probabilities = policy.probabilities
     elif hasattr(policy, "get_distribution"):
@@ -249,6 +257,7 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
         raise CaramelError(f"policy must be a NumpyPolicy or a trained CandidatePolicy, got {policy!r}")
     gen = torch.Generator().manual_seed(int(seed))
     batch = RoundBatch(inst, decoding.samples, groups=groups)
+    sure = np.ones(batch.nodes.shape, dtype=np.float32) if focus is not None else None
     while not batch.done:
         obs = batch.observe()
         s_count, a_count, k, f = obs.shape
@@ -257,7 +266,12 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
         if s_count > 1:
             actions[a_count:] = torch.multinomial(torch.from_numpy(np.ascontiguousarray(probs[a_count:])), 1,
                                                   generator=gen).squeeze(1).numpy()
-        batch.step(actions.reshape(s_count, a_count))
+        order, tasks, layer = batch.order, batch.tasks, batch.layer
+        node = batch.step(actions.reshape(s_count, a_count))
+        if sure is not None:  # the probability of the row of the node each layer ended on
+            row = np.argmax(order == node[..., None], axis=2)
+            p = np.take_along_axis(probs.reshape(s_count, a_count, k), row[..., None], axis=2)[..., 0]
+            sure[batch._samples, tasks, layer] = p
     costs = batch.costs_s()
     best = int(np.argmin(costs))
     flat = batch.nodes.reshape(batch.n, -1)
@@ -266,7 +280,15 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
         [int(x) for x in batch.nodes[best, t, :n]] for t, n in enumerate(batch.tables.num_layers)]
     cost_s = float(costs[best])
     if search is not None:
-        found = local_search(inst, placement, search, tables=batch.tables)
+        mask = None
+        if sure is not None:  # the least sure layers, ties by position (a stable sort: deterministic)
+            valid = np.arange(sure.shape[2])[None, :] < batch.tables.num_layers[:, None]
+            flat = np.where(valid, sure[best], np.inf).ravel()
+            count = max(1, int(round(focus * int(valid.sum()))))
+            mask = np.zeros(flat.shape, dtype=bool)
+            mask[np.argsort(flat, kind="stable")[:count]] = True
+            mask = mask.reshape(valid.shape)
+        found = local_search(inst, placement, search, tables=batch.tables, focus=mask)
         placement, cost_s = found.placement, found.cost_s
         return Decoded(placement, cost_s, best, [float(c) for c in costs], distinct, found)
     return Decoded(placement, cost_s, best, [float(c) for c in costs], distinct)
