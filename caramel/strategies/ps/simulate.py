@@ -45,8 +45,9 @@ straight to the server leader as soon as it has landed (the runtime's `NodeSumSe
 `sim_hier.py`: the node reduces, each leader's sends and each server's NIC priced one transfer
 at a time, the node reduces running ahead of the sends), a pull a broadcast among the leaders
 then within the node; a serving leader's sends follow the pulls it handed over before, and its
-pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). The NCCL
-runtime's reduce among the leaders is not modelled separately.
+pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). Off gloo
+(the cluster spec's `meta["backend"]`, else its probe's, else gloo) the runtime reduces the node
+sums among the leaders, and a push is priced as that collective after the node's reduce.
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
