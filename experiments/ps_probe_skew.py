@@ -10,8 +10,11 @@ end per repetition and prints, per pattern, the probe's reading (slowest rank's 
 rank 0's own time, the time from the last start to the last end, and the start skew, as
 medians over `--reps` (a ring all-reduce of the gradient bytes too, for the rate). Besides the
 probe's all-to-all (every rank posts its sends, then its receives) it times the same bytes
-posted receives first, and posted as the engine posts a step's pushes (one bucket per shard,
-shards in order: a rank posts its receives at its own shard's turn). Nothing is fitted.
+posted receives first, and posted in the engine's order of a step's pushes (one bucket per
+shard, shards in order: a rank posts its receives at its own shard's turn). Every pattern sends
+on the receiver's group, as the probe does; the engine sends a colocated push on the sender's
+own pull group (`PsEngine.link_group`), so the order is the engine's, the group layout is not.
+Nothing is fitted.
 
     caramel cluster run --workers 4 --bandwidth 500mbit -- \\
         python experiments/ps_probe_skew.py --reps 15 --json OUT.json
@@ -62,6 +65,9 @@ def main() -> None:
     model_arguments(ap, steps=0)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1 (timed repetitions after the one that makes the connections), "
+                 f"got {args.reps}")
     rank = join()
     world = dist.get_world_size()
     w = workload(args)
@@ -84,7 +90,7 @@ def main() -> None:
         for wk in works:
             wk.wait()
 
-    def server_order():  # as the engine posts one bucket per shard, shards in order
+    def server_order():  # in the engine's order, one bucket per shard, on the probe's groups
         works = []
         for s in ranks:
             if s == rank:

@@ -46,9 +46,12 @@ class Links:
     shard's pulls leave one after another, never side by side at full rate each. Colocated,
     flat servers: the serving rank's pushes travel on its own shard's pull group
     (`PsEngine.link_group`; gloo, one connection per pair and group). Hierarchical leaders
-    (indexed by shard, `ranks` = `serving` = nodes): their inter-node pushes (`lead_push`) and
-    pulls (`lead_pull`) are separate groups but one NIC egress; the same holds on NCCL's
-    separate communicators. Serialized or sharing the NIC, the bytes a step are the same.
+    (indexed by shard, `ranks` = `serving` = nodes): their pulls and, on NCCL, their reduces
+    among the leaders (`lead_push`, a group of its own) use `pull_start` and `push_start` here;
+    on gloo their node sums go on their pull group (`Hierarchy.link_group`) and `LeaderSends`
+    (`sim_hier.py`) queues them behind the pulls handed over before, as `push_start` would,
+    with `pull_start` as here for the pulls. One NIC egress either way.
+    Serialized or sharing the NIC, the bytes a step are the same.
     In the order handed over: a push waits for the pulls its sender handed over before it, a
     pull for its server's pushes handed over before it. The runtime's sender thread hands pull
     buckets over one at a time, so a push ready amid a backlog of pulls may slip between two

@@ -45,8 +45,9 @@ straight to the server leader as soon as it has landed (the runtime's `NodeSumSe
 `sim_hier.py`: the node reduces, each leader's sends and each server's NIC priced one transfer
 at a time, the node reduces running ahead of the sends), a pull a broadcast among the leaders
 then within the node; a serving leader's sends follow the pulls it handed over before, and its
-pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). The NCCL
-runtime's reduce among the leaders is not modelled separately.
+pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). Off gloo
+(the cluster spec's `meta["backend"]`, else its probe's, else gloo) the runtime reduces the node
+sums among the leaders, and a push is priced as that collective after the node's reduce.
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
@@ -85,6 +86,24 @@ def _workers_per_node(cluster: ClusterSpec) -> int:
                            "(how many consecutive workers share a node)")
     if not isinstance(raw, int) or raw < 1 or cluster.world_size % raw:
         raise CaramelError(f"ps: meta.workers_per_node must divide the {cluster.world_size} workers, got {raw!r}")
+    return raw
+
+
+BACKENDS = ("gloo", "nccl")
+
+
+def _backend(cluster: ClusterSpec) -> str:
+    """The process-group backend the run uses: the cluster spec's `meta["backend"]`, else the
+    backend its probe measured (`meta["probe"]["backend"]`), else gloo. It decides how a
+    hierarchical leader's node sums travel (`NodeSums.sends_point_to_point`)."""
+    probe = cluster.meta.get("probe")
+    key = "backend" if "backend" in cluster.meta else "probe.backend"
+    raw = cluster.meta.get("backend", probe.get("backend") if isinstance(probe, dict) else None)
+    if raw is None:
+        return "gloo"
+    if raw not in BACKENDS:
+        raise CaramelError(f"ps: meta.{key} must be one of {', '.join(BACKENDS)} (the process-group backend "
+                           f"the run uses), got {raw!r}")
     return raw
 
 
@@ -160,7 +179,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     def coll_s(b: int, kind: str = "push") -> float:
         """One push bucket's push (or pull bucket's pull): flat, among all workers (every
         server's at once: the rate the links achieve for that pattern); hierarchical, within the
-        node, then among the nodes' leaders (the two stages in sequence)."""
+        node, then among the nodes' leaders (the two stages in sequence; on gloo the same
+        sum: the node's reduce, then the server's NIC taking every other leader's copy)."""
         nbytes = bucket_bytes[b] if kind == "push" else pull_bytes[b]
         if dedicated:  # the workers and the shard's server
             return stage_s(n + 1, nbytes, Bps)
@@ -190,8 +210,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     early = None  # bsp: when rank 0's buffers sent at step() reach each rank
     # a serving rank's (a leader's: indexed by node) pushes and pulls leave by one NIC
     links = None if dedicated else Links(n, shards) if local == 1 else Links(shards, shards)
-    # hierarchical: node reduces, then each leader's node sum sent to its server as it lands
-    leader_sends = LeaderSends(n // local, local, shards, alpha, Bps, node_Bps) if local > 1 and not dedicated else None
+    # hierarchical on gloo: node reduces, then each leader's node sum sent to its server as it
+    # lands; off gloo the runtime reduces among the leaders: the two-stage collective (`coll_s`)
+    sends = _backend(cluster) == "gloo" and local > 1 and not dedicated
+    leader_sends = LeaderSends(n // local, local, shards, alpha, Bps, node_Bps) if sends else None
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
         wire.forget_before(min(clock))
@@ -239,7 +261,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             for b in range(len(buckets)):
                 o = bucket_owner[b]
                 if hs is not None:
-                    start, ends[o] = hs.push(bucket_bytes[b], o, [issue[w][b] for w in range(n)], pull_end)
+                    # the server leader posts the step's receives at its first hand-over (`NodeSums.expect`)
+                    start, ends[o] = hs.push(bucket_bytes[b], o, [issue[w][b] for w in range(n)], pull_end,
+                                             min(issue[o * local].values()))
                     spans.append((start, ends[o]))
                     continue
                 start = max(ends[o], joined, max(issue[w][b] for w in range(n)))

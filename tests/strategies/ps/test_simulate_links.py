@@ -78,14 +78,22 @@ def test_no_pull_leaves_beside_its_servers_own_pushes(profile, spec):
 
 def test_bsp_predictions_are_unchanged_by_the_shared_links(profile):
     """Under bsp a rank's pulls follow every push and the next pushes follow the forward that
-    waited for every pull: the rule never binds. Values of the separate-link model (def9d28).
-    Hierarchical pushes are now priced as the leaders' direct sends (`test_sim_hier.py`), no
-    longer as the collective the old values were taken with."""
+    waited for every pull: the rule never binds. Values of the separate-link model (def9d28);
+    hierarchical on gloo, of the leaders' direct sends with the rule never binding (each
+    equal with `Links.pull_start` a no-op and no pulls ahead of a leader's sends), and on NCCL,
+    of the collective among the leaders (4b89033)."""
     pinned = [("ps", ClusterSpec.uniform(2, 1e8), 0.3101921985815606),
               ("ps:order=random", ClusterSpec.uniform(4, 3e8), 0.1902624113475179)]
     queued = ClusterSpec.uniform(4, 3e8, compute_slowdown=1.4)
     queued.meta.update(link_queue_s=0.005, push_efficiency=0.6, pull_efficiency=0.8)
     pinned.append(("ps:order=tic", queued, 0.2665134751773051))
+    nccl = [hier(4, 1e8), hier(6, 3e8)]
+    for c in nccl:
+        c.meta.update(backend="nccl")
+    pinned += [("ps:hierarchical=true", hier(4, 1e8), 0.3125981985815605),
+               ("ps:hierarchical=true,order=random", hier(6, 3e8), 0.17298368794326238),
+               ("ps:hierarchical=true", nccl[0], 0.3134401985815605),
+               ("ps:hierarchical=true,order=random", nccl[1], 0.16116524822695033)]
     for spec, cluster, step_s in pinned:
         assert sim(spec, profile, cluster).step_time_s == pytest.approx(step_s, rel=1e-12), spec
 
