@@ -2,15 +2,25 @@
 
 A synchronous step lasts as long as its slowest worker; with equal shares a worker twice as
 slow doubles every step. Here each rank times its own compute (the step's period minus its
-waits on communication) per local batch size, in a moving window per size, and fits a fixed
-cost plus a per-sample cost (`fit_cost`) once it has seen two sizes: charging the per-step
-costs (optimizer, Python, the engine) per sample would make a rank given fewer samples look
-slower per sample, and the shares would overshoot and swing. Every `balance_every` steps the
-ranks all-gather their fits (sizes closer than `MIN_SPREAD` keep the last fitted fixed cost
-and re-estimate only the per-sample one) and every rank computes the same new counts, those that minimize
-the slowest rank's predicted compute (`counts_for_costs`), kept only when they are predicted to
-shorten the step by more than `MIN_GAIN`. The new counts apply from the first batch no rank
-has drawn yet.
+waits on communication) per local batch size, in a moving window per size. Every
+`balance_every` steps the ranks all-gather what they measured at the shares in force and every
+rank computes the same new counts, those that minimize the slowest rank's predicted compute
+(`counts_for_costs`); the new counts apply from the first batch no rank has drawn yet.
+
+What a rank contributes (`rank_cost`) is anchored at its median at the shares in force:
+t = fixed + per_sample * n through that point, so the prediction for the counts now running is
+what was measured, and a move goes toward the ranks finishing together even when the fixed cost
+is off (with no fixed cost known, the move is proportional to the ranks' measured rates). The
+fixed cost comes from a fit over the sizes measured under the same schedule (`fit_cost`;
+sizes closer than `MIN_SPREAD` keep the last fitted one): charging per-step costs (optimizer,
+Python, the engine) per sample would make a rank given fewer samples look slower per sample.
+The windows start afresh when the schedule changes (another plan or overlap mode, torch DDP
+taking the job or giving it back): the overlap trial switches schedules every few steps, and
+under forward overlap a rank's waits partly read as compute, so times kept from an earlier
+schedule made the fit's line tilt and held wrong shares for tens of steps (docs/adapt.md).
+New counts are kept when they are predicted to shorten the step by more than `MIN_GAIN` and
+by more than `NOISE_Z` standard errors of the ranks' medians (root sum of squares: a move within
+the noise would chase it, and settle past the balance as often as short of it).
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -37,7 +47,9 @@ from caramel.topology.spec import ClusterSpec
 WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
 FIT_SIZES = 4  # the most recent local batch sizes whose times enter the fit
 MIN_SPREAD = 1.2  # the largest fitted size over the smallest, for the slope to be trusted
-MIN_GAIN = 0.05  # new counts must be predicted to shorten the step by more than 5%
+MIN_GAIN = 0.01  # new counts must be predicted to shorten the step by more than 1% ...
+NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' medians
+MAD_TO_SE = 1.4826 * 1.2533  # MAD -> standard deviation (normal), times the median's efficiency loss
 
 
 def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> tuple[float, float, bool]:
@@ -60,6 +72,18 @@ def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> t
             return fixed, slope, True
     fixed = prior_fixed_s if prior_fixed_s is not None and all(t > prior_fixed_s for _, t in points) else 0.0
     return fixed, sum((t - fixed) * n for n, t in points) / sum(n * n for n in sizes), False
+
+
+def rank_cost(times_s: list[float], n: int, fixed_s: float | None) -> tuple[float, float, float]:
+    """(fixed_s, per_sample_s, se_s) of one rank at its `n` samples: the line through the median
+    of `times_s` (module docstring) with the fixed cost given (none, or one not below the
+    median: 0), and the median's standard error from the spread (0 under 3 times: unknown)."""
+    mid = statistics.median(times_s)
+    fixed = fixed_s if fixed_s is not None and 0.0 <= fixed_s < mid else 0.0
+    se = 0.0
+    if len(times_s) >= 3:
+        se = MAD_TO_SE * statistics.median(abs(t - mid) for t in times_s) / len(times_s) ** 0.5
+    return fixed, (mid - fixed) / n, se
 
 
 def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> list[int]:
@@ -90,6 +114,7 @@ class Balancer:
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
+        self._schedule_key: tuple | None = None  # the engine's schedule the windows were timed under
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
@@ -132,6 +157,13 @@ class Balancer:
         if self.schedule is None:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
+        key = self._engine_schedule()
+        if key != self._schedule_key:
+            # another schedule (same steps on every rank: adoptions are collective): what the
+            # windows hold was timed under the old one; the first key seen keeps a resume's windows
+            if self._schedule_key is not None:
+                self.times.clear()
+            self._schedule_key = key
         stats = self.engine.stats
         if timed and stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
             window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
@@ -143,28 +175,45 @@ class Balancer:
         if self.every and self._steps % self.every == 0 and self.world > 1:
             self._decide()
 
-    def _decide(self) -> None:
-        fixed, per_sample, fitted = fit_cost({n: statistics.median(q) for n, q in self.times.items()}, self.fixed_s)
+    def _engine_schedule(self) -> tuple:
+        """What makes a step's compute read alike: the plan in force, its overlap mode, whether
+        torch DDP runs the job (identity of the plan: the trial's candidates are distinct objects)."""
+        e = self.engine
+        return (id(getattr(e, "plan", None)), getattr(e, "overlap", None), getattr(e, "delegating", None))
+
+    def _mine(self) -> tuple[int, float, float, float] | None:
+        """(n, fixed_s, per_sample_s, se_s) at this rank's latest local batch size, refitting the
+        fixed cost over the sizes timed under the schedule in force; None with nothing timed there."""
+        window = self.times.get(self.local_batch) if self.local_batch else None
+        if not window:
+            return None
+        fixed, _, fitted = fit_cost({n: statistics.median(q) for n, q in self.times.items()}, self.fixed_s)
         if fitted:
             self.fixed_s = fixed
-        mine = (fixed, per_sample)
+        return (self.local_batch, *rank_cost(list(window), self.local_batch, self.fixed_s))
+
+    def _decide(self) -> None:
+        mine = self._mine()
         gathered: list[Any] = [None] * self.world
         t0 = self.engine.recorder.now()
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
         self.engine.count_wait(self.engine.recorder.now() - t0)  # blocked on the slower ranks, not compute
-        costs = [c for c, _ in gathered]
-        if min(b for _, b in costs) <= 0.0:
-            return  # some rank has no measurement yet
-        old = self.schedule.current
+        if any(m is None for m, _ in gathered):
+            return  # some rank has no measurement at the shares in force yet
+        old = [m[0] for m, _ in gathered]  # the counts of the ranks' latest steps: the same batch
+        if old != self.schedule.current:
+            return  # a change not yet run (a loader drew ahead): measure the counts it set first
+        costs = [(a, b) for (_, a, b, _), _ in gathered]
         new = counts_for_costs(costs, self.schedule.global_batch)
         old_s, new_s = predicted_s(costs, old), predicted_s(costs, new)
-        if new == old or new_s >= old_s * (1.0 - MIN_GAIN):
+        noise_s = NOISE_Z * sum(m[3] ** 2 for m, _ in gathered) ** 0.5  # the ranks' medians differ by noise
+        if new == old or old_s - new_s <= max(MIN_GAIN * old_s, noise_s):
             return
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
         record = {"step": self._steps, "from_batch": start, "counts": new, "previous": list(old),
                   "fixed_s": [a for a, _ in costs], "s_per_sample": [b for _, b in costs],
-                  "predicted_step_s": new_s, "previous_step_s": old_s}
+                  "predicted_step_s": new_s, "previous_step_s": old_s, "noise_s": noise_s}
         self.changes.append(record)
         self.engine.stats.log("share_changes", record)
 
