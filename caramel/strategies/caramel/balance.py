@@ -12,7 +12,8 @@ t = fixed + per_sample * n through that point, so the prediction for the counts 
 what was measured, and a move goes toward the ranks finishing together even when the fixed cost
 is off (with no fixed cost known, the move is proportional to the ranks' measured rates). The
 fixed cost comes from a fit over the sizes measured under the same schedule (`fit_cost`;
-sizes closer than `MIN_SPREAD` keep the last fitted one): charging per-step costs (optimizer,
+sizes closer than `MIN_SPREAD` keep the last fitted one), shrunk toward 0 by its standard
+error (`shrunk_fixed_s`: a noisy intercept made moves overshoot and swing back): charging per-step costs (optimizer,
 Python, the engine) per sample would make a rank given fewer samples look slower per sample.
 The windows start afresh when the schedule changes (another plan or overlap mode, torch DDP
 taking the job or giving it back): the overlap trial switches schedules every few steps, and
@@ -74,16 +75,33 @@ def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> t
     return fixed, sum((t - fixed) * n for n, t in points) / sum(n * n for n in sizes), False
 
 
+def median_se(times_s: list[float]) -> float:
+    """The standard error of the median of `times_s` from their spread (MAD); 0 under 3 times."""
+    if len(times_s) < 3:
+        return 0.0
+    mid = statistics.median(times_s)
+    return MAD_TO_SE * statistics.median(abs(t - mid) for t in times_s) / len(times_s) ** 0.5
+
+
+def shrunk_fixed_s(medians: dict[int, float], ses: dict[int, float], fixed_s: float) -> float:
+    """The fitted fixed cost shrunk toward 0 by its noise: fixed * f^2 / (f^2 + se^2), with se
+    propagated from the medians' standard errors through the least-squares intercept. Two sizes
+    40 samples apart put the intercept 4x their noise away (the lever), and a fixed cost too high
+    makes the per-sample cost too low and the move overshoot; a precise fit is kept whole."""
+    sizes = [n for n in medians if n > 0]
+    mean_n = sum(sizes) / len(sizes)
+    var = sum((n - mean_n) ** 2 for n in sizes)
+    se2 = sum((1.0 / len(sizes) - mean_n * (n - mean_n) / var) ** 2 * ses[n] ** 2 for n in sizes)
+    return fixed_s * fixed_s ** 2 / (fixed_s ** 2 + se2) if fixed_s > 0.0 else 0.0
+
+
 def rank_cost(times_s: list[float], n: int, fixed_s: float | None) -> tuple[float, float, float]:
     """(fixed_s, per_sample_s, se_s) of one rank at its `n` samples: the line through the median
     of `times_s` (module docstring) with the fixed cost given (none, or one not below the
     median: 0), and the median's standard error from the spread (0 under 3 times: unknown)."""
     mid = statistics.median(times_s)
     fixed = fixed_s if fixed_s is not None and 0.0 <= fixed_s < mid else 0.0
-    se = 0.0
-    if len(times_s) >= 3:
-        se = MAD_TO_SE * statistics.median(abs(t - mid) for t in times_s) / len(times_s) ** 0.5
-    return fixed, (mid - fixed) / n, se
+    return fixed, (mid - fixed) / n, median_se(times_s)
 
 
 def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> list[int]:
@@ -187,9 +205,10 @@ class Balancer:
         window = self.times.get(self.local_batch) if self.local_batch else None
         if not window:
             return None
-        fixed, _, fitted = fit_cost({n: statistics.median(q) for n, q in self.times.items()}, self.fixed_s)
+        medians = {n: statistics.median(q) for n, q in self.times.items()}
+        fixed, _, fitted = fit_cost(medians, self.fixed_s)
         if fitted:
-            self.fixed_s = fixed
+            self.fixed_s = shrunk_fixed_s(medians, {n: median_se(list(q)) for n, q in self.times.items()}, fixed)
         return (self.local_batch, *rank_cost(list(window), self.local_batch, self.fixed_s))
 
     def _decide(self) -> None:
