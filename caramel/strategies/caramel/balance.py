@@ -11,17 +11,17 @@ What a rank contributes (`rank_cost`) is anchored at its median at the shares in
 t = fixed + per_sample * n through that point, so the prediction for the counts now running is
 what was measured, and a move goes toward the ranks finishing together even when the fixed cost
 is off (with no fixed cost known, the move is proportional to the ranks' measured rates). The
-fixed cost comes from a fit over the sizes measured under the same schedule (`fit_cost`;
-sizes closer than `MIN_SPREAD` keep the last fitted one), shrunk toward 0 by its standard
-error (`shrunk_fixed_s`: a noisy intercept made moves overshoot and swing back): charging per-step costs (optimizer,
-Python, the engine) per sample would make a rank given fewer samples look slower per sample.
-The windows start afresh when the schedule changes (another plan or overlap mode, torch DDP
-taking the job or giving it back): the overlap trial switches schedules every few steps, and
-under forward overlap a rank's waits partly read as compute, so times kept from an earlier
-schedule made the fit's line tilt and held wrong shares for tens of steps (docs/adapt.md).
-New counts are kept when they are predicted to shorten the step by more than `MIN_GAIN` and
-by more than `NOISE_Z` standard errors of the ranks' medians (root sum of squares: a move within
-the noise would chase it, and settle past the balance as often as short of it).
+fixed cost comes from a fit over the shares in force and the last ones (`fit_cost`; sizes
+closer than `MIN_SPREAD` keep the last fitted one), shrunk toward 0 by its standard error
+(`shrunk_fixed_s`): charging per-step costs (optimizer, Python, the engine) per sample would
+make a rank given fewer samples look slower per sample. Older sizes leave the fit: the first
+steps run slow on some ranks (run 6 of docs/results/adapt-history.md: rank 0 up to 1.7x its
+later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line
+and held the shares off the balance. New counts are kept when they are predicted to shorten
+the step by more than `MIN_GAIN` and by more than `NOISE_Z` standard errors of the ranks'
+medians (root sum of squares), the latter capped at `MAX_NOISE_GAIN`; a move against the last
+move's direction only when the next decision proposes it again (a slow spell of a few steps
+would otherwise swing the shares there and back).
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -46,10 +46,11 @@ from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
 WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
-FIT_SIZES = 4  # the most recent local batch sizes whose times enter the fit
+FIT_SIZES = 2  # the local batch sizes whose times enter the fit: the shares in force and the last
 MIN_SPREAD = 1.2  # the largest fitted size over the smallest, for the slope to be trusted
 MIN_GAIN = 0.01  # new counts must be predicted to shorten the step by more than 1% ...
-NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' medians
+NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' medians,
+MAX_NOISE_GAIN = 0.05  # ... that bar capped at 5%: on a noisy host the spread alone would hold any shares
 MAD_TO_SE = 1.4826 * 1.2533  # MAD -> standard deviation (normal), times the median's efficiency loss
 
 
@@ -115,6 +116,11 @@ def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> lis
     return counts
 
 
+def move_signs(new: list[int], old: list[int]) -> list[int]:
+    """Per rank +1, 0 or -1: whether a move from `old` to `new` gives it samples or takes them."""
+    return [(a > b) - (a < b) for a, b in zip(new, old)]
+
+
 def predicted_s(costs: list[tuple[float, float]], counts: list[int]) -> float:
     return max(a + b * n for (a, b), n in zip(costs, counts))
 
@@ -132,7 +138,8 @@ class Balancer:
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
-        self._schedule_key: tuple | None = None  # the engine's schedule the windows were timed under
+        # a move against the last one's direction waits for the next decision to propose it again
+        self.pending_reversal: list[int] | None = None
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
@@ -175,13 +182,6 @@ class Balancer:
         if self.schedule is None:
             raise CaramelError("balance='batch' needs its sampler: draw batches with "
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
-        key = self._engine_schedule()
-        if key != self._schedule_key:
-            # another schedule (same steps on every rank: adoptions are collective): what the
-            # windows hold was timed under the old one; the first key seen keeps a resume's windows
-            if self._schedule_key is not None:
-                self.times.clear()
-            self._schedule_key = key
         stats = self.engine.stats
         if timed and stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
             window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
@@ -192,12 +192,6 @@ class Balancer:
         self._steps += 1
         if self.every and self._steps % self.every == 0 and self.world > 1:
             self._decide()
-
-    def _engine_schedule(self) -> tuple:
-        """What makes a step's compute read alike: the plan in force, its overlap mode, whether
-        torch DDP runs the job (identity of the plan: the trial's candidates are distinct objects)."""
-        e = self.engine
-        return (id(getattr(e, "plan", None)), getattr(e, "overlap", None), getattr(e, "delegating", None))
 
     def _mine(self) -> tuple[int, float, float, float] | None:
         """(n, fixed_s, per_sample_s, se_s) at this rank's latest local batch size, refitting the
@@ -226,8 +220,16 @@ class Balancer:
         new = counts_for_costs(costs, self.schedule.global_batch)
         old_s, new_s = predicted_s(costs, old), predicted_s(costs, new)
         noise_s = NOISE_Z * sum(m[3] ** 2 for m, _ in gathered) ** 0.5  # the ranks' medians differ by noise
-        if new == old or old_s - new_s <= max(MIN_GAIN * old_s, noise_s):
+        if new == old or old_s - new_s <= max(MIN_GAIN * old_s, min(noise_s, MAX_NOISE_GAIN * old_s)):
+            self.pending_reversal = None
             return
+        signs = move_signs(new, old)
+        if self.changes and any(s * t < 0 for s, t in zip(signs, move_signs(self.changes[-1]["counts"],
+                                                                            self.changes[-1]["previous"]))):
+            if self.pending_reversal != signs:
+                self.pending_reversal = signs  # proposed once: kept if the next decision proposes it too
+                return
+        self.pending_reversal = None
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
         record = {"step": self._steps, "from_batch": start, "counts": new, "previous": list(old),

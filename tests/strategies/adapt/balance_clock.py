@@ -6,7 +6,8 @@ standard normal drawn from (seed, step, rank), so every thread computes the same
 slowest rank's compute) and each rank's wait is the period less its own compute. A schedule
 is a name per step (`schedules`); the first step under a new name is untimed (the adoption's
 step) and under a name in `reads_wait_as_compute` a rank's wait reads as compute by that
-fraction (forward overlap: a rank's waits partly fall inside its forward's hooks).
+fraction (forward overlap: a rank's waits partly fall inside its forward's hooks), and an
+episode slows one rank's compute for a span of steps.
 """
 from __future__ import annotations
 
@@ -33,11 +34,18 @@ class Clock:
     seed: int = 0
     schedules: Callable[[int], str] = lambda step: "backward"
     reads_wait_as_compute: dict[str, float] = field(default_factory=dict)
+    # (first step, last step, rank, factor): that rank's compute runs `factor` times as long then
+    # (a warm-up, or another job taking the rank's core for a while)
+    episodes: list[tuple[int, int, int, float]] = field(default_factory=list)
 
     def compute_s(self, step: int, rank: int, n: int) -> float:
         z = random.Random(f"{self.seed}:{step}:{rank}").gauss(0.0, 1.0)
         a, b = self.costs_s[rank]
-        return (a + b * n) * max(1.0 + self.noise * z, 0.1)
+        slow = 1.0
+        for first, last, r, factor in self.episodes:
+            if r == rank and first <= step <= last:
+                slow *= factor
+        return (a + b * n) * slow * max(1.0 + self.noise * z, 0.1)
 
 
 def run(clock: Clock, balancer_cls) -> dict:
