@@ -21,6 +21,12 @@ summary's step-split medians read only the runs that kept backward overlap.
     python -m experiments.balance_seed_steps run --seeds 0 1 4 --reps 5 --out DIR
     python -m experiments.balance_seed_steps analyze DIR --json docs/results/OUT.json
     python -m experiments.balance_seed_steps subnormals --seeds 0 1 4 --json docs/results/OUT.json  # untimed
+    python -m experiments.balance_seed_steps run --seeds 0 1 2 3 4 --reps 2 --code old=CHECKOUT --code new=CHECKOUT --out DIR
+
+With two `--code NAME=CHECKOUT` (two controllers side by side), each rep runs the balanced
+command once per checkout (PYTHONPATH set to it, their order alternating) and each seed's first
+rep runs equal shares once, between the two, under the first checkout; `analyze` then gives the
+second's balanced samples/s over the first's per pair and each against its seed's equal run.
 
 Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
 """
@@ -50,31 +56,79 @@ STRATEGIES = {"balanced": "caramel:balance=batch", "equal": "caramel:balance=bat
 SKIP_STEPS = 5  # the loop's summary skips the first 5 steps as warm-up; so do these medians
 COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
 MIN_SPLIT_STEPS = 10  # steps after the trial needed to split there; fewer: every step at the final shares
-RUN_NAME = re.compile(r"s(\d+)-r(\d+)-(" + "|".join(STRATEGIES) + r")")  # run_all's directory names
+# run_all's directory names; with --code the balanced runs end in -NAME
+RUN_NAME = re.compile(r"s(\d+)-r(\d+)-(" + "|".join(STRATEGIES) + r")(?:-([A-Za-z0-9_]+))?")
+CODE_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
-def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
-    """Each seed's balanced and equal-shares runs back to back, the pair's order alternating."""
+def parse_codes(specs: list[str]) -> dict[str, Path]:
+    """`--code NAME=CHECKOUT` pairs: none (the installed caramel) or two, distinct names, existing checkouts."""
+    codes: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not CODE_NAME.fullmatch(name) or not path:
+            raise SystemExit(f"--code {spec}: expected NAME=CHECKOUT (NAME letters, digits or _)")
+        if name in codes:
+            raise SystemExit(f"--code {spec}: the name {name} is given twice")
+        if not (Path(path) / "caramel" / "__init__.py").is_file():
+            raise SystemExit(f"--code {spec}: {path} holds no caramel package (expected a checkout's root)")
+        codes[name] = Path(path).resolve()
+    if len(codes) not in (0, 2):
+        raise SystemExit(f"--code given {len(codes)} times: expected none or two (A and B side by side)")
+    return codes
+
+
+def run_plan(seeds: list[int], reps: int, codes: list[str]) -> list[tuple[str, str, str | None]]:
+    """(directory name, strategy tag, code name) in run order. Without codes each rep runs
+    balanced and equal per seed; with two, balanced under each and, in rep 0 only, equal between
+    them under the first code. The order alternates with rep + seed."""
+    plan = []
+    for rep in range(reps):
+        for seed in seeds:
+            flip = (rep + seed) % 2 == 1
+            if not codes:
+                order = [("balanced", None), ("equal", None)]
+            else:
+                order = [("balanced", codes[0]), ("balanced", codes[1])]
+                if rep == 0:
+                    order.insert(1, ("equal", None))
+            for tag, code in (order[::-1] if flip else order):
+                plan.append((f"s{seed}-r{rep}-{tag}" + (f"-{code}" if code else ""), tag, code))
+    return plan
+
+
+def run_all(seeds: list[int], reps: int, out: Path, caramel: str, codes: dict[str, Path] | None = None) -> None:
+    """Each seed's runs back to back (`run_plan`); with `codes`, PYTHONPATH picks each run's checkout."""
     from caramel.bench.provenance import code_version
+    codes = codes or {}
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds {' '.join(map(str, seeds))}: expected distinct seeds (a repeat overwrites its runs)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         # an old run's summary.json would pass for a new run that failed before writing its own
         raise SystemExit(f"--out {out}: expected a new or empty directory")
+    out = out.resolve()  # each run's working directory is its checkout (`python -m` workers import from it)
+    for name, root in codes.items():  # neither the editable install nor another checkout may win
+        got = subprocess.run([sys.executable, "-c", "import caramel; print(caramel.__file__)"], capture_output=True,
+                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}).stdout.strip()
+        if not got.startswith(str(root) + os.sep):
+            raise SystemExit(f"--code {name}={root}: PYTHONPATH={root} imports caramel from {got or 'nowhere'}")
     out.mkdir(parents=True, exist_ok=True)
-    code = code_version()
-    for rep in range(reps):
-        for seed in seeds:
-            order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
-            for tag in order:
-                d = out / f"s{seed}-r{rep}-{tag}"
-                d.mkdir()  # run.json goes here even when the run fails before writing
-                t0 = time.time()
-                cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": code, "rc": proc.returncode, "start": t0,
-                                                        "end": time.time(), "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
-                print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
+    names = list(codes)
+    versions = {name: code_version(root) for name, root in codes.items()} or {None: code_version()}
+    for name, tag, code in run_plan(seeds, reps, names):
+        seed = int(RUN_NAME.fullmatch(name).group(1))
+        root = codes[code or names[0]] if codes else None
+        d = out / name
+        d.mkdir()  # run.json goes here even when the run fails before writing
+        t0 = time.time()
+        cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
+        env = {**os.environ, "PYTHONPATH": str(root)} if root else None
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+        (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": versions[code or (names[0] if names else None)],
+                                                "code_root": str(root or ""),
+                                                "rc": proc.returncode, "start": t0, "end": time.time(),
+                                                "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
+        print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
 
 
 def shares_at(changes: list[list[Any]], batch: int) -> list[int]:
@@ -273,6 +327,8 @@ def main() -> None:
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
+    r.add_argument("--code", action="append", default=[], metavar="NAME=CHECKOUT",
+                   help="twice: run the balanced command under each checkout (PYTHONPATH), side by side")
     n = sub.add_parser("subnormals")
     n.add_argument("--seeds", type=int, nargs="+", required=True)
     n.add_argument("--json", type=Path, help="also store the counts per seed here")
@@ -296,7 +352,7 @@ def main() -> None:
     if args.cmd == "run":
         if args.reps < 1:
             raise SystemExit(f"--reps {args.reps}: expected at least 1")
-        run_all(args.seeds, args.reps, args.out, args.caramel)
+        run_all(args.seeds, args.reps, args.out, args.caramel, parse_codes(args.code))
         return
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory of runs")
