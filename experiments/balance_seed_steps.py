@@ -218,19 +218,77 @@ def analyze(out: Path) -> dict[str, Any]:
     dirs = sorted(d for d in out.iterdir() if (d / "summary.json").exists() or (d / "run.json").exists())
     for d in dirs:
         if not RUN_NAME.fullmatch(d.name):
-            raise ValueError(f"{d}: a run directory not named s<seed>-r<rep>-<{'|'.join(STRATEGIES)}>")
+            raise ValueError(f"{d}: a run directory not named s<seed>-r<rep>-<{'|'.join(STRATEGIES)}>[-CODE]")
     runs = [analyze_run(d) for d in dirs if (d / "summary.json").exists()]
     failed = [d.name for d in dirs if not (d / "summary.json").exists()]
     runs.sort(key=lambda r: r["start"] or 0.0)
+    for r in runs:
+        seed, rep, r["strategy"], r["code_name"] = RUN_NAME.fullmatch(r["run"]).groups()
+        r["pair"] = f"s{seed}-r{rep}"
+    head = {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
+                                                               "wait ms", "other ms", "period ms"]}
+    if any(r["code_name"] for r in runs):
+        return {**head, **analyze_ab(out, runs), "failed_runs": failed, "runs": runs}
     pairs = collections.defaultdict(dict)
     for r in runs:
-        seed, rep, tag = RUN_NAME.fullmatch(r["run"]).groups()
-        pairs[(f"s{seed}", f"r{rep}")][tag] = r
-    ratios = {f"{k[0]}-{k[1]}": v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
+        pairs[r["pair"]][r["strategy"]] = r
+    ratios = {k: v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
               for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
-    return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
-                                                               "wait ms", "other ms", "period ms"],
-            "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
+    return {**head, "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
+
+
+def analyze_ab(out: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two checkouts side by side (`run --code`): per pair (seed, rep) the second's balanced
+    samples/s over the base's (the checkout the equal runs ran under), and each checkout's
+    balanced runs against their seed's equal run (the reps of a seed share it, so the
+    seed-clustered interval is the one whose pairs are independent); when each settled."""
+    def root(r: dict[str, Any]) -> str:
+        return json.loads((out / r["run"] / "run.json").read_text()).get("code_root", "")
+    names = sorted({r["code_name"] for r in runs if r["code_name"]})
+    equal = collections.defaultdict(list)
+    for r in runs:
+        if r["strategy"] == "equal":
+            equal[r["pair"].split("-")[0]].append(r)
+    base = {r["code_name"] for r in runs if r["code_name"] and root(r) in {root(e) for es in equal.values() for e in es}}
+    if len(names) != 2 or any(r["strategy"] == "balanced" and not r["code_name"] for r in runs) or len(base) != 1:
+        raise ValueError(f"{out}: expected balanced runs of two codes and equal runs under one of them, got codes "
+                         f"{names} and equal under {sorted(base)}")
+    a = base.pop()
+    b = next(n for n in names if n != a)
+    bal = {(r["code_name"], r["pair"]): r for r in runs if r["strategy"] == "balanced"}
+    result: dict[str, Any] = {"base": a, "other": b, "codes": {n: sorted({r["code"] for r in runs if r["code_name"] == n})
+                                                               for n in names},
+                              "equal_code": sorted({e["code"] for es in equal.values() for e in es}),
+                              "ratios": {}, "summary": {}, "settle": {}}
+    for n in (a, b):
+        ratios = {p: r["samples_per_s"] / geomean(e["samples_per_s"] for e in equal[p.split("-")[0]])
+                  for (c, p), r in sorted(bal.items()) if c == n and equal[p.split("-")[0]]}
+        result["ratios"][n] = ratios
+        result["summary"][n] = summarize(ratios, [r for r in runs if r["code_name"] in (n, None)])
+        last = [bal[k]["final_from_batch"] for k in sorted(bal) if k[0] == n]
+        result["settle"][n] = {"last_change_batch": last, "median": statistics.median(last),
+                               "at_or_after_60": sum(x >= 60 for x in last),
+                               "reversals": [reversals(bal[k]["share_changes"]) for k in sorted(bal) if k[0] == n]}
+    ab = {p: bal[(b, p)]["samples_per_s"] / bal[(a, p)]["samples_per_s"]
+          for (c, p) in sorted(bal) if c == a and (b, p) in bal}
+    result["ratios"][f"{b}/{a}"] = ab
+    if len(ab) >= 2:
+        mid, low, high = log_t_interval(ab.values())
+        by_seed = collections.defaultdict(list)
+        for p, v in ab.items():
+            by_seed[p.split("-")[0]].append(v)
+        result["ab"] = {"pairs": len(ab), "geomean": mid, "t95": [low, high], "faster": sum(v > 1 for v in ab.values()),
+                        "by_seed": {k: geomean(v) for k, v in sorted(by_seed.items())}}
+        if len(by_seed) >= 2:
+            mid, low, high = log_t_interval(geomean(v) for v in by_seed.values())
+            result["ab"]["seed_clustered"] = {"seeds": len(by_seed), "geomean": mid, "t95": [low, high]}
+    return result
+
+
+def reversals(changes: list[list[Any]]) -> int:
+    """How often rank 0's share turned back (a move against the previous move's direction)."""
+    moves = [b[1][0] - a[1][0] for a, b in zip(changes, changes[1:]) if b[1][0] != a[1][0]]
+    return sum((x > 0) != (y > 0) for x, y in zip(moves, moves[1:]))
 
 
 def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,7 +314,7 @@ def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str,
     if len(groups) >= 2:
         out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)
     for tag in STRATEGIES:
-        rs = [r for r in runs if r["run"].endswith(tag)]
+        rs = [r for r in runs if r["strategy"] == tag]
         kept = [r for r in rs if r["overlap"] == "backward"]
         out[tag] = {"samples_per_s": [r["samples_per_s"] for r in rs],
                     "delay_per_sample_us": [round(1e6 * r["delay_per_sample_s"], 1) for r in rs],
@@ -358,8 +416,11 @@ def main() -> None:
         raise SystemExit(f"{args.out}: not a directory of runs")
     result = analyze(args.out)
     if args.json:
-        result = {"format": "caramel.balance-seed-steps/2", "command": "caramel " + " ".join(COMMAND)
-                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")",
+        ab = "base" in result
+        result = {"format": "caramel.balance-seed-steps-ab/1" if ab else "caramel.balance-seed-steps/2",
+                  "command": "caramel " + " ".join(COMMAND)
+                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")"
+                  + (" under PYTHONPATH and the working directory of each --code checkout" if ab else ""),
                   "host": args.host, **result}
         text = json.dumps(result, indent=1)
         # one line per step row and per short list: the file stays readable at 2 x 120 rows per run
@@ -373,8 +434,15 @@ def main() -> None:
               f"slow {run['slowdown_in_run'] or 0:.2f} wait0 {1e3 * (p['0']['wait_s'] or 0):5.1f} "
               f"wait1 {1e3 * (p['1']['wait_s'] or 0):5.1f} other0 {1e3 * (p['0']['other_s'] or 0):5.1f} "
               f"opt0 {1e3 * (p['0']['optimizer_s'] or 0):5.1f} {run['trial_chosen']} {run['trial_end_step']}")
-    for k, v in result["ratios"].items():
-        print(f"ratio {k}: {v:.3f}")
+    groups = result["ratios"].items() if "base" in result else [("balanced/equal", result["ratios"])]
+    for name, ratios in groups:
+        for k, v in ratios.items():
+            print(f"ratio {name} {k}: {v:.3f}")
+    if "base" in result:
+        for n, s in result["summary"].items():
+            print(f"{n} vs equal: {json.dumps(s.get('pooled'))} seed-clustered {json.dumps(s.get('seed_clustered'))}; "
+                  f"settle {json.dumps(result['settle'][n])}")
+        print(f"{result['other']}/{result['base']}: {json.dumps(result.get('ab'))}")
 
 
 if __name__ == "__main__":
