@@ -172,7 +172,10 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     s = json.loads((run_dir / "summary.json").read_text())
     meta = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     slow = s["slow_worker"]
-    changes = s.get("share_changes") or [[0, [128, 128]]]
+    scheduled = s.get("share_changes") or [[0, [128, 128]]]
+    # a decision at the run's last step schedules shares for batches the run never draws
+    end = s.get("end_step")
+    changes = [c for c in scheduled if end is None or c[0] < end] or scheduled[:1]
     last_change = changes[-1][0]
     recs = {r: step_records(run_dir, r, changes, slow["delay_per_sample_s"], slow["rank"]) for r in (0, 1)}
     steady = {r: [x for x in recs[r] if x["it"] >= SKIP_STEPS] for r in recs}
@@ -199,7 +202,8 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
         "delay_per_sample_s": slow["delay_per_sample_s"],
         # older runs' summaries name every rank's calibration `per_rank_s`
         "calibrated_per_rank_s": slow.get("compute_per_sample_per_rank_s", slow.get("per_rank_s")),
-        "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
+        "share_changes": changes, "changes_past_end": scheduled[len(changes):],
+        "final_shares": changes[-1][1], "final_from_batch": last_change,
         "split_from_step": after, "split_steps": len(final[0]),
         "per_rank_at_final_shares": per_rank,
         "slowdown_in_run": None if not (c0 and c1 is not None) else (c1 + slow["delay_per_sample_s"]) / c0,

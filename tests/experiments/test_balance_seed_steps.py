@@ -170,6 +170,17 @@ def test_two_codes_are_compared_pair_by_pair_and_against_their_seeds_equal_run(t
     assert out["settle"]["old"]["last_change_batch"] == [1, 1, 1] and out["settle"]["new"]["reversals"] == [0, 0, 0]
 
 
+def test_a_change_scheduled_past_the_runs_end_is_not_its_final_shares(tmp_path):
+    from experiments.balance_seed_steps import analyze_run
+    _run_dir(tmp_path / "s0-r0-balanced", 100.0, iterations=8)
+    summary = json.loads((tmp_path / "s0-r0-balanced" / "summary.json").read_text())
+    summary["share_changes"].append([8, [1, 3]])
+    summary["end_step"] = 8
+    (tmp_path / "s0-r0-balanced" / "summary.json").write_text(json.dumps(summary))
+    run = analyze_run(tmp_path / "s0-r0-balanced")
+    assert run["final_shares"] == [2, 2] and run["final_from_batch"] == 1 and run["changes_past_end"] == [[8, [1, 3]]]
+
+
 def test_reversals_count_turns_of_rank_0s_share():
     from experiments.balance_seed_steps import reversals
     assert reversals([[0, [128, 128]], [10, [170, 86]], [20, [180, 76]]]) == 0
