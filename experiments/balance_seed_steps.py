@@ -21,6 +21,12 @@ summary's step-split medians read only the runs that kept backward overlap.
     python -m experiments.balance_seed_steps run --seeds 0 1 4 --reps 5 --out DIR
     python -m experiments.balance_seed_steps analyze DIR --json docs/results/OUT.json
     python -m experiments.balance_seed_steps subnormals --seeds 0 1 4 --json docs/results/OUT.json  # untimed
+    python -m experiments.balance_seed_steps run --seeds 0 1 2 3 4 --reps 2 --code old=CHECKOUT --code new=CHECKOUT --out DIR
+
+With two `--code NAME=CHECKOUT` (two controllers side by side), each rep runs the balanced
+command once per checkout (PYTHONPATH set to it, their order alternating) and each seed's first
+rep runs equal shares once, between the two, under the first checkout; `analyze` then gives the
+second's balanced samples/s over the first's per pair and each against its seed's equal run.
 
 Run `run` alone on the host (a bench lock, a CPU group of its own): every number is a timing.
 """
@@ -50,31 +56,79 @@ STRATEGIES = {"balanced": "caramel:balance=batch", "equal": "caramel:balance=bat
 SKIP_STEPS = 5  # the loop's summary skips the first 5 steps as warm-up; so do these medians
 COMPUTE_KINDS = ("forward", "backward", "deferred", "optimizer")
 MIN_SPLIT_STEPS = 10  # steps after the trial needed to split there; fewer: every step at the final shares
-RUN_NAME = re.compile(r"s(\d+)-r(\d+)-(" + "|".join(STRATEGIES) + r")")  # run_all's directory names
+# run_all's directory names; with --code the balanced runs end in -NAME
+RUN_NAME = re.compile(r"s(\d+)-r(\d+)-(" + "|".join(STRATEGIES) + r")(?:-([A-Za-z0-9_]+))?")
+CODE_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
-def run_all(seeds: list[int], reps: int, out: Path, caramel: str) -> None:
-    """Each seed's balanced and equal-shares runs back to back, the pair's order alternating."""
+def parse_codes(specs: list[str]) -> dict[str, Path]:
+    """`--code NAME=CHECKOUT` pairs: none (the installed caramel) or two, distinct names, existing checkouts."""
+    codes: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not CODE_NAME.fullmatch(name) or not path:
+            raise SystemExit(f"--code {spec}: expected NAME=CHECKOUT (NAME letters, digits or _)")
+        if name in codes:
+            raise SystemExit(f"--code {spec}: the name {name} is given twice")
+        if not (Path(path) / "caramel" / "__init__.py").is_file():
+            raise SystemExit(f"--code {spec}: {path} holds no caramel package (expected a checkout's root)")
+        codes[name] = Path(path).resolve()
+    if len(codes) not in (0, 2):
+        raise SystemExit(f"--code given {len(codes)} times: expected none or two (A and B side by side)")
+    return codes
+
+
+def run_plan(seeds: list[int], reps: int, codes: list[str]) -> list[tuple[str, str, str | None]]:
+    """(directory name, strategy tag, code name) in run order. Without codes each rep runs
+    balanced and equal per seed; with two, balanced under each and, in rep 0 only, equal between
+    them under the first code. The order alternates with rep + seed."""
+    plan = []
+    for rep in range(reps):
+        for seed in seeds:
+            flip = (rep + seed) % 2 == 1
+            if not codes:
+                order = [("balanced", None), ("equal", None)]
+            else:
+                order = [("balanced", codes[0]), ("balanced", codes[1])]
+                if rep == 0:
+                    order.insert(1, ("equal", None))
+            for tag, code in (order[::-1] if flip else order):
+                plan.append((f"s{seed}-r{rep}-{tag}" + (f"-{code}" if code else ""), tag, code))
+    return plan
+
+
+def run_all(seeds: list[int], reps: int, out: Path, caramel: str, codes: dict[str, Path] | None = None) -> None:
+    """Each seed's runs back to back (`run_plan`); with `codes`, PYTHONPATH picks each run's checkout."""
     from caramel.bench.provenance import code_version
+    codes = codes or {}
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds {' '.join(map(str, seeds))}: expected distinct seeds (a repeat overwrites its runs)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         # an old run's summary.json would pass for a new run that failed before writing its own
         raise SystemExit(f"--out {out}: expected a new or empty directory")
+    out = out.resolve()  # each run's working directory is its checkout (`python -m` workers import from it)
+    for name, root in codes.items():  # neither the editable install nor another checkout may win
+        got = subprocess.run([sys.executable, "-c", "import caramel; print(caramel.__file__)"], capture_output=True,
+                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}).stdout.strip()
+        if not got.startswith(str(root) + os.sep):
+            raise SystemExit(f"--code {name}={root}: PYTHONPATH={root} imports caramel from {got or 'nowhere'}")
     out.mkdir(parents=True, exist_ok=True)
-    code = code_version()
-    for rep in range(reps):
-        for seed in seeds:
-            order = ["balanced", "equal"] if (rep + seed) % 2 == 0 else ["equal", "balanced"]
-            for tag in order:
-                d = out / f"s{seed}-r{rep}-{tag}"
-                d.mkdir()  # run.json goes here even when the run fails before writing
-                t0 = time.time()
-                cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": code, "rc": proc.returncode, "start": t0,
-                                                        "end": time.time(), "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
-                print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
+    names = list(codes)
+    versions = {name: code_version(root) for name, root in codes.items()} or {None: code_version()}
+    for name, tag, code in run_plan(seeds, reps, names):
+        seed = int(RUN_NAME.fullmatch(name).group(1))
+        root = codes[code or names[0]] if codes else None
+        d = out / name
+        d.mkdir()  # run.json goes here even when the run fails before writing
+        t0 = time.time()
+        cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
+        env = {**os.environ, "PYTHONPATH": str(root)} if root else None
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+        (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": versions[code or (names[0] if names else None)],
+                                                "code_root": str(root or ""),
+                                                "rc": proc.returncode, "start": t0, "end": time.time(),
+                                                "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
+        print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
 
 
 def shares_at(changes: list[list[Any]], batch: int) -> list[int]:
@@ -118,7 +172,10 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
     s = json.loads((run_dir / "summary.json").read_text())
     meta = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
     slow = s["slow_worker"]
-    changes = s.get("share_changes") or [[0, [128, 128]]]
+    scheduled = s.get("share_changes") or [[0, [128, 128]]]
+    # a decision at the run's last step schedules shares for batches the run never draws
+    end = s.get("end_step")
+    changes = [c for c in scheduled if end is None or c[0] < end] or scheduled[:1]
     last_change = changes[-1][0]
     recs = {r: step_records(run_dir, r, changes, slow["delay_per_sample_s"], slow["rank"]) for r in (0, 1)}
     steady = {r: [x for x in recs[r] if x["it"] >= SKIP_STEPS] for r in recs}
@@ -145,7 +202,8 @@ def analyze_run(run_dir: Path) -> dict[str, Any]:
         "delay_per_sample_s": slow["delay_per_sample_s"],
         # older runs' summaries name every rank's calibration `per_rank_s`
         "calibrated_per_rank_s": slow.get("compute_per_sample_per_rank_s", slow.get("per_rank_s")),
-        "share_changes": changes, "final_shares": changes[-1][1], "final_from_batch": last_change,
+        "share_changes": changes, "changes_past_end": scheduled[len(changes):],
+        "final_shares": changes[-1][1], "final_from_batch": last_change,
         "split_from_step": after, "split_steps": len(final[0]),
         "per_rank_at_final_shares": per_rank,
         "slowdown_in_run": None if not (c0 and c1 is not None) else (c1 + slow["delay_per_sample_s"]) / c0,
@@ -164,19 +222,77 @@ def analyze(out: Path) -> dict[str, Any]:
     dirs = sorted(d for d in out.iterdir() if (d / "summary.json").exists() or (d / "run.json").exists())
     for d in dirs:
         if not RUN_NAME.fullmatch(d.name):
-            raise ValueError(f"{d}: a run directory not named s<seed>-r<rep>-<{'|'.join(STRATEGIES)}>")
+            raise ValueError(f"{d}: a run directory not named s<seed>-r<rep>-<{'|'.join(STRATEGIES)}>[-CODE]")
     runs = [analyze_run(d) for d in dirs if (d / "summary.json").exists()]
     failed = [d.name for d in dirs if not (d / "summary.json").exists()]
     runs.sort(key=lambda r: r["start"] or 0.0)
+    for r in runs:
+        seed, rep, r["strategy"], r["code_name"] = RUN_NAME.fullmatch(r["run"]).groups()
+        r["pair"] = f"s{seed}-r{rep}"
+    head = {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
+                                                               "wait ms", "other ms", "period ms"]}
+    if any(r["code_name"] for r in runs):
+        return {**head, **analyze_ab(out, runs), "failed_runs": failed, "runs": runs}
     pairs = collections.defaultdict(dict)
     for r in runs:
-        seed, rep, tag = RUN_NAME.fullmatch(r["run"]).groups()
-        pairs[(f"s{seed}", f"r{rep}")][tag] = r
-    ratios = {f"{k[0]}-{k[1]}": v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
+        pairs[r["pair"]][r["strategy"]] = r
+    ratios = {k: v["balanced"]["samples_per_s"] / v["equal"]["samples_per_s"]
               for k, v in sorted(pairs.items()) if {"balanced", "equal"} <= v.keys()}
-    return {"what": __doc__.split("\n")[0], "steps_columns": ["iteration", "local batch", "compute ms", "sleep ms",
-                                                               "wait ms", "other ms", "period ms"],
-            "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
+    return {**head, "ratios": ratios, "failed_runs": failed, "summary": summarize(ratios, runs), "runs": runs}
+
+
+def analyze_ab(out: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two checkouts side by side (`run --code`): per pair (seed, rep) the second's balanced
+    samples/s over the base's (the checkout the equal runs ran under), and each checkout's
+    balanced runs against their seed's equal run (the reps of a seed share it, so the
+    seed-clustered interval is the one whose pairs are independent); when each settled."""
+    def root(r: dict[str, Any]) -> str:
+        return json.loads((out / r["run"] / "run.json").read_text()).get("code_root", "")
+    names = sorted({r["code_name"] for r in runs if r["code_name"]})
+    equal = collections.defaultdict(list)
+    for r in runs:
+        if r["strategy"] == "equal":
+            equal[r["pair"].split("-")[0]].append(r)
+    base = {r["code_name"] for r in runs if r["code_name"] and root(r) in {root(e) for es in equal.values() for e in es}}
+    if len(names) != 2 or any(r["strategy"] == "balanced" and not r["code_name"] for r in runs) or len(base) != 1:
+        raise ValueError(f"{out}: expected balanced runs of two codes and equal runs under one of them, got codes "
+                         f"{names} and equal under {sorted(base)}")
+    a = base.pop()
+    b = next(n for n in names if n != a)
+    bal = {(r["code_name"], r["pair"]): r for r in runs if r["strategy"] == "balanced"}
+    result: dict[str, Any] = {"base": a, "other": b, "codes": {n: sorted({r["code"] for r in runs if r["code_name"] == n})
+                                                               for n in names},
+                              "equal_code": sorted({e["code"] for es in equal.values() for e in es}),
+                              "ratios": {}, "summary": {}, "settle": {}}
+    for n in (a, b):
+        ratios = {p: r["samples_per_s"] / geomean(e["samples_per_s"] for e in equal[p.split("-")[0]])
+                  for (c, p), r in sorted(bal.items()) if c == n and equal[p.split("-")[0]]}
+        result["ratios"][n] = ratios
+        result["summary"][n] = summarize(ratios, [r for r in runs if r["code_name"] in (n, None)])
+        last = [bal[k]["final_from_batch"] for k in sorted(bal) if k[0] == n]
+        result["settle"][n] = {"last_change_batch": last, "median": statistics.median(last),
+                               "at_or_after_60": sum(x >= 60 for x in last),
+                               "reversals": [reversals(bal[k]["share_changes"]) for k in sorted(bal) if k[0] == n]}
+    ab = {p: bal[(b, p)]["samples_per_s"] / bal[(a, p)]["samples_per_s"]
+          for (c, p) in sorted(bal) if c == a and (b, p) in bal}
+    result["ratios"][f"{b}/{a}"] = ab
+    if len(ab) >= 2:
+        mid, low, high = log_t_interval(ab.values())
+        by_seed = collections.defaultdict(list)
+        for p, v in ab.items():
+            by_seed[p.split("-")[0]].append(v)
+        result["ab"] = {"pairs": len(ab), "geomean": mid, "t95": [low, high], "faster": sum(v > 1 for v in ab.values()),
+                        "by_seed": {k: geomean(v) for k, v in sorted(by_seed.items())}}
+        if len(by_seed) >= 2:
+            mid, low, high = log_t_interval(geomean(v) for v in by_seed.values())
+            result["ab"]["seed_clustered"] = {"seeds": len(by_seed), "geomean": mid, "t95": [low, high]}
+    return result
+
+
+def reversals(changes: list[list[Any]]) -> int:
+    """How often rank 0's share turned back (a move against the previous move's direction)."""
+    moves = [b[1][0] - a[1][0] for a, b in zip(changes, changes[1:]) if b[1][0] != a[1][0]]
+    return sum((x > 0) != (y > 0) for x, y in zip(moves, moves[1:]))
 
 
 def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -202,7 +318,7 @@ def summarize(ratios: dict[str, float], runs: list[dict[str, Any]]) -> dict[str,
     if len(groups) >= 2:
         out["seed_anova_p"] = float(sstats.f_oneway(*groups).pvalue)
     for tag in STRATEGIES:
-        rs = [r for r in runs if r["run"].endswith(tag)]
+        rs = [r for r in runs if r["strategy"] == tag]
         kept = [r for r in rs if r["overlap"] == "backward"]
         out[tag] = {"samples_per_s": [r["samples_per_s"] for r in rs],
                     "delay_per_sample_us": [round(1e6 * r["delay_per_sample_s"], 1) for r in rs],
@@ -273,6 +389,8 @@ def main() -> None:
     r.add_argument("--reps", type=int, default=1)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--caramel", default=os.path.join(os.path.dirname(sys.executable), "caramel"))
+    r.add_argument("--code", action="append", default=[], metavar="NAME=CHECKOUT",
+                   help="twice: run the balanced command under each checkout (PYTHONPATH), side by side")
     n = sub.add_parser("subnormals")
     n.add_argument("--seeds", type=int, nargs="+", required=True)
     n.add_argument("--json", type=Path, help="also store the counts per seed here")
@@ -296,14 +414,17 @@ def main() -> None:
     if args.cmd == "run":
         if args.reps < 1:
             raise SystemExit(f"--reps {args.reps}: expected at least 1")
-        run_all(args.seeds, args.reps, args.out, args.caramel)
+        run_all(args.seeds, args.reps, args.out, args.caramel, parse_codes(args.code))
         return
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory of runs")
     result = analyze(args.out)
     if args.json:
-        result = {"format": "caramel.balance-seed-steps/2", "command": "caramel " + " ".join(COMMAND)
-                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")",
+        ab = "base" in result
+        result = {"format": "caramel.balance-seed-steps-ab/1" if ab else "caramel.balance-seed-steps/2",
+                  "command": "caramel " + " ".join(COMMAND)
+                  + " --seed SEED --strategy STRATEGY (STRATEGY: " + ", ".join(STRATEGIES.values()) + ")"
+                  + (" under PYTHONPATH and the working directory of each --code checkout" if ab else ""),
                   "host": args.host, **result}
         text = json.dumps(result, indent=1)
         # one line per step row and per short list: the file stays readable at 2 x 120 rows per run
@@ -317,8 +438,15 @@ def main() -> None:
               f"slow {run['slowdown_in_run'] or 0:.2f} wait0 {1e3 * (p['0']['wait_s'] or 0):5.1f} "
               f"wait1 {1e3 * (p['1']['wait_s'] or 0):5.1f} other0 {1e3 * (p['0']['other_s'] or 0):5.1f} "
               f"opt0 {1e3 * (p['0']['optimizer_s'] or 0):5.1f} {run['trial_chosen']} {run['trial_end_step']}")
-    for k, v in result["ratios"].items():
-        print(f"ratio {k}: {v:.3f}")
+    groups = result["ratios"].items() if "base" in result else [("balanced/equal", result["ratios"])]
+    for name, ratios in groups:
+        for k, v in ratios.items():
+            print(f"ratio {name} {k}: {v:.3f}")
+    if "base" in result:
+        for n, s in result["summary"].items():
+            print(f"{n} vs equal: {json.dumps(s.get('pooled'))} seed-clustered {json.dumps(s.get('seed_clustered'))}; "
+                  f"settle {json.dumps(result['settle'][n])}")
+        print(f"{result['other']}/{result['base']}: {json.dumps(result.get('ab'))}")
 
 
 if __name__ == "__main__":

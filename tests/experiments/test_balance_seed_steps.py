@@ -1,7 +1,8 @@
 """experiments/balance_seed_steps.py: a step's split (the slow rank's nominal sleep taken out of
 its compute, waits, the rest of the period) and the local batch from the share schedule, on a
 hand-made two-rank trace; the pairs' ratios per seed, the pooled and seed-clustered t intervals
-and the ANOVA on log ratios, the split's window past the trial, and the run directories' checks."""
+and the ANOVA on log ratios, the split's window past the trial, and the run directories' checks;
+two checkouts side by side (`run --code`): the parsing, the run order and the A/B analysis."""
 import json
 import math
 
@@ -120,3 +121,67 @@ def test_run_dirs_must_be_fresh_and_named_as_run_names_them(tmp_path):
     _run_dir(tmp_path / "runs" / "spare", 100.0)
     with pytest.raises(ValueError, match="spare"):
         analyze(tmp_path / "runs")
+
+
+def test_code_pairs_are_parsed_and_checked(tmp_path):
+    from experiments.balance_seed_steps import parse_codes
+    for name in ("old", "new"):
+        (tmp_path / name / "caramel").mkdir(parents=True)
+        (tmp_path / name / "caramel" / "__init__.py").write_text("")
+    assert parse_codes([]) == {}
+    assert parse_codes([f"old={tmp_path / 'old'}", f"new={tmp_path / 'new'}"]) == {"old": tmp_path / "old",
+                                                                                    "new": tmp_path / "new"}
+    for specs, match in (([f"old={tmp_path / 'old'}"], "expected none or two"),
+                         ([f"old={tmp_path / 'old'}", f"old={tmp_path / 'new'}"], "given twice"),
+                         ([f"old={tmp_path / 'old'}", f"b-c={tmp_path / 'new'}"], "NAME=CHECKOUT"),
+                         ([str(tmp_path / "old")], "NAME=CHECKOUT"),
+                         ([f"old={tmp_path / 'old'}", f"new={tmp_path}"], "no caramel package")):
+        with pytest.raises(SystemExit, match=match):
+            parse_codes(specs)
+
+
+def test_two_codes_alternate_with_one_equal_run_per_seed_between_them():
+    from experiments.balance_seed_steps import run_plan
+    assert [n for n, _, _ in run_plan([0, 1], 2, ["old", "new"])] == [
+        "s0-r0-balanced-old", "s0-r0-equal", "s0-r0-balanced-new",
+        "s1-r0-balanced-new", "s1-r0-equal", "s1-r0-balanced-old",
+        "s0-r1-balanced-new", "s0-r1-balanced-old", "s1-r1-balanced-old", "s1-r1-balanced-new"]
+    assert run_plan([0], 1, []) == [("s0-r0-balanced", "balanced", None), ("s0-r0-equal", "equal", None)]
+
+
+def test_two_codes_are_compared_pair_by_pair_and_against_their_seeds_equal_run(tmp_path):
+    from experiments.balance_seed_steps import analyze
+    sps = {("s0", "r0"): (130.0, 143.0), ("s0", "r1"): (120.0, 120.0), ("s1", "r0"): (150.0, 135.0)}
+    for (seed, rep), (old, new) in sps.items():
+        _run_dir(tmp_path / f"{seed}-{rep}-balanced-old", old)
+        _run_dir(tmp_path / f"{seed}-{rep}-balanced-new", new)
+    for seed in ("s0", "s1"):
+        _run_dir(tmp_path / f"{seed}-r0-equal", 100.0)
+    for d in tmp_path.iterdir():  # the equal runs ran under the old checkout: it is the base
+        root = "/new" if d.name.endswith("-new") else "/old"
+        (d / "run.json").write_text(json.dumps({"start": 0.0, "code": root[1:], "code_root": root}))
+    out = analyze(tmp_path)
+    assert (out["base"], out["other"]) == ("old", "new")
+    assert out["ratios"]["new/old"] == pytest.approx({"s0-r0": 1.1, "s0-r1": 1.0, "s1-r0": 0.9})
+    assert out["ratios"]["old"] == pytest.approx({"s0-r0": 1.3, "s0-r1": 1.2, "s1-r0": 1.5})
+    assert out["summary"]["new"]["pooled"]["at_least_1_3"] == 2 and out["ab"]["faster"] == 1
+    assert out["ab"]["geomean"] == pytest.approx((1.1 * 1.0 * 0.9) ** (1 / 3))
+    assert out["ab"]["by_seed"] == pytest.approx({"s0": 1.1 ** 0.5, "s1": 0.9})
+    assert out["settle"]["old"]["last_change_batch"] == [1, 1, 1] and out["settle"]["new"]["reversals"] == [0, 0, 0]
+
+
+def test_a_change_scheduled_past_the_runs_end_is_not_its_final_shares(tmp_path):
+    from experiments.balance_seed_steps import analyze_run
+    _run_dir(tmp_path / "s0-r0-balanced", 100.0, iterations=8)
+    summary = json.loads((tmp_path / "s0-r0-balanced" / "summary.json").read_text())
+    summary["share_changes"].append([8, [1, 3]])
+    summary["end_step"] = 8
+    (tmp_path / "s0-r0-balanced" / "summary.json").write_text(json.dumps(summary))
+    run = analyze_run(tmp_path / "s0-r0-balanced")
+    assert run["final_shares"] == [2, 2] and run["final_from_batch"] == 1 and run["changes_past_end"] == [[8, [1, 3]]]
+
+
+def test_reversals_count_turns_of_rank_0s_share():
+    from experiments.balance_seed_steps import reversals
+    assert reversals([[0, [128, 128]], [10, [170, 86]], [20, [180, 76]]]) == 0
+    assert reversals([[0, [128, 128]], [10, [180, 76]], [50, [161, 95]], [90, [181, 75]]]) == 2

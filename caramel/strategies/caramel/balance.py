@@ -2,15 +2,26 @@
 
 A synchronous step lasts as long as its slowest worker; with equal shares a worker twice as
 slow doubles every step. Here each rank times its own compute (the step's period minus its
-waits on communication) per local batch size, in a moving window per size, and fits a fixed
-cost plus a per-sample cost (`fit_cost`) once it has seen two sizes: charging the per-step
-costs (optimizer, Python, the engine) per sample would make a rank given fewer samples look
-slower per sample, and the shares would overshoot and swing. Every `balance_every` steps the
-ranks all-gather their fits (sizes closer than `MIN_SPREAD` keep the last fitted fixed cost
-and re-estimate only the per-sample one) and every rank computes the same new counts, those that minimize
-the slowest rank's predicted compute (`counts_for_costs`), kept only when they are predicted to
-shorten the step by more than `MIN_GAIN`. The new counts apply from the first batch no rank
-has drawn yet.
+waits on communication) per local batch size, in a moving window per size. Every
+`balance_every` steps the ranks all-gather what they measured at the shares in force and every
+rank computes the same new counts, those that minimize the slowest rank's predicted compute
+(`counts_for_costs`); the new counts apply from the first batch no rank has drawn yet.
+
+What a rank contributes (`rank_cost`) is anchored at its median at the shares in force:
+t = fixed + per_sample * n through that point, so the prediction for the counts now running is
+what was measured, and a move goes toward the ranks finishing together even when the fixed cost
+is off (with no fixed cost known, the move is proportional to the ranks' measured rates). The
+fixed cost comes from a fit over the shares in force and the last ones (`fit_cost`; sizes
+closer than `MIN_SPREAD` keep the last fitted one), shrunk toward 0 by its standard error
+(`shrunk_fixed_s`): charging per-step costs (optimizer, Python, the engine) per sample would
+make a rank given fewer samples look slower per sample. Older sizes leave the fit: the first
+steps run slow on some ranks (run 6 of docs/results/adapt-history.md: rank 0 up to 1.7x its
+later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line
+and held the shares off the balance. New counts are kept when they are predicted to shorten
+the step by more than `MIN_GAIN` and by more than `NOISE_Z` standard errors of the ranks'
+medians (root sum of squares), the latter capped at `MAX_NOISE_GAIN`; a move against the last
+move's direction only when the next decision proposes it again (a slow spell of a few steps
+would otherwise swing the shares there and back).
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -35,9 +46,12 @@ from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
 WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
-FIT_SIZES = 4  # the most recent local batch sizes whose times enter the fit
+FIT_SIZES = 2  # the local batch sizes whose times enter the fit: the shares in force and the last
 MIN_SPREAD = 1.2  # the largest fitted size over the smallest, for the slope to be trusted
-MIN_GAIN = 0.05  # new counts must be predicted to shorten the step by more than 5%
+MIN_GAIN = 0.01  # new counts must be predicted to shorten the step by more than 1% ...
+NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' medians,
+MAX_NOISE_GAIN = 0.05  # ... that bar capped at 5%: on a noisy host the spread alone would hold any shares
+MAD_TO_SE = 1.4826 * 1.2533  # MAD -> standard deviation (normal), times the median's efficiency loss
 
 
 def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> tuple[float, float, bool]:
@@ -62,6 +76,35 @@ def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> t
     return fixed, sum((t - fixed) * n for n, t in points) / sum(n * n for n in sizes), False
 
 
+def median_se(times_s: list[float]) -> float:
+    """The standard error of the median of `times_s` from their spread (MAD); 0 under 3 times."""
+    if len(times_s) < 3:
+        return 0.0
+    mid = statistics.median(times_s)
+    return MAD_TO_SE * statistics.median(abs(t - mid) for t in times_s) / len(times_s) ** 0.5
+
+
+def shrunk_fixed_s(medians: dict[int, float], ses: dict[int, float], fixed_s: float) -> float:
+    """The fitted fixed cost shrunk toward 0 by its noise: fixed * f^2 / (f^2 + se^2), with se
+    propagated from the medians' standard errors through the least-squares intercept. Two sizes
+    40 samples apart put the intercept 4x their noise away (the lever), and a fixed cost too high
+    makes the per-sample cost too low and the move overshoot; a precise fit is kept whole."""
+    sizes = [n for n in medians if n > 0]
+    mean_n = sum(sizes) / len(sizes)
+    var = sum((n - mean_n) ** 2 for n in sizes)
+    se2 = sum((1.0 / len(sizes) - mean_n * (n - mean_n) / var) ** 2 * ses[n] ** 2 for n in sizes)
+    return fixed_s * fixed_s ** 2 / (fixed_s ** 2 + se2) if fixed_s > 0.0 else 0.0
+
+
+def rank_cost(times_s: list[float], n: int, fixed_s: float | None) -> tuple[float, float, float]:
+    """(fixed_s, per_sample_s, se_s) of one rank at its `n` samples: the line through the median
+    of `times_s` (module docstring) with the fixed cost given (none, or one not below the
+    median: 0), and the median's standard error from the spread (0 under 3 times: unknown)."""
+    mid = statistics.median(times_s)
+    fixed = fixed_s if fixed_s is not None and 0.0 <= fixed_s < mid else 0.0
+    return fixed, (mid - fixed) / n, median_se(times_s)
+
+
 def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> list[int]:
     """Whole-sample counts summing to `global_batch`, each >= 1, that minimize the slowest rank's
     fixed + per_sample * count: each sample goes, in turn, to the rank that would finish it
@@ -71,6 +114,11 @@ def counts_for_costs(costs: list[tuple[float, float]], global_batch: int) -> lis
         r = min(range(len(costs)), key=lambda k: (costs[k][0] + costs[k][1] * (counts[k] + 1), k))
         counts[r] += 1
     return counts
+
+
+def move_signs(new: list[int], old: list[int]) -> list[int]:
+    """Per rank +1, 0 or -1: whether a move from `old` to `new` gives it samples or takes them."""
+    return [(a > b) - (a < b) for a, b in zip(new, old)]
 
 
 def predicted_s(costs: list[tuple[float, float]], counts: list[int]) -> float:
@@ -90,6 +138,8 @@ class Balancer:
         self.local_batch: int | None = None
         self.changes: list[dict[str, Any]] = []
         self._steps = 0
+        # a move against the last one's direction waits for the next decision to propose it again
+        self.pending_reversal: list[int] | None = None
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
@@ -143,28 +193,48 @@ class Balancer:
         if self.every and self._steps % self.every == 0 and self.world > 1:
             self._decide()
 
-    def _decide(self) -> None:
-        fixed, per_sample, fitted = fit_cost({n: statistics.median(q) for n, q in self.times.items()}, self.fixed_s)
+    def _mine(self) -> tuple[int, float, float, float] | None:
+        """(n, fixed_s, per_sample_s, se_s) at this rank's latest local batch size, refitting the
+        fixed cost over the sizes timed under the schedule in force; None with nothing timed there."""
+        window = self.times.get(self.local_batch) if self.local_batch else None
+        if not window:
+            return None
+        medians = {n: statistics.median(q) for n, q in self.times.items()}
+        fixed, _, fitted = fit_cost(medians, self.fixed_s)
         if fitted:
-            self.fixed_s = fixed
-        mine = (fixed, per_sample)
+            self.fixed_s = shrunk_fixed_s(medians, {n: median_se(list(q)) for n, q in self.times.items()}, fixed)
+        return (self.local_batch, *rank_cost(list(window), self.local_batch, self.fixed_s))
+
+    def _decide(self) -> None:
+        mine = self._mine()
         gathered: list[Any] = [None] * self.world
         t0 = self.engine.recorder.now()
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
         self.engine.count_wait(self.engine.recorder.now() - t0)  # blocked on the slower ranks, not compute
-        costs = [c for c, _ in gathered]
-        if min(b for _, b in costs) <= 0.0:
-            return  # some rank has no measurement yet
-        old = self.schedule.current
+        if any(m is None for m, _ in gathered):
+            return  # some rank has no measurement at the shares in force yet
+        old = [m[0] for m, _ in gathered]  # the counts of the ranks' latest steps: the same batch
+        if old != self.schedule.current:
+            return  # a change not yet run (a loader drew ahead): measure the counts it set first
+        costs = [(a, b) for (_, a, b, _), _ in gathered]
         new = counts_for_costs(costs, self.schedule.global_batch)
         old_s, new_s = predicted_s(costs, old), predicted_s(costs, new)
-        if new == old or new_s >= old_s * (1.0 - MIN_GAIN):
+        noise_s = NOISE_Z * sum(m[3] ** 2 for m, _ in gathered) ** 0.5  # the ranks' medians differ by noise
+        if new == old or old_s - new_s <= max(MIN_GAIN * old_s, min(noise_s, MAX_NOISE_GAIN * old_s)):
+            self.pending_reversal = None
             return
+        signs = move_signs(new, old)
+        if self.changes and any(s * t < 0 for s, t in zip(signs, move_signs(self.changes[-1]["counts"],
+                                                                            self.changes[-1]["previous"]))):
+            if self.pending_reversal != signs:
+                self.pending_reversal = signs  # proposed once: kept if the next decision proposes it too
+                return
+        self.pending_reversal = None
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
         record = {"step": self._steps, "from_batch": start, "counts": new, "previous": list(old),
                   "fixed_s": [a for a, _ in costs], "s_per_sample": [b for _, b in costs],
-                  "predicted_step_s": new_s, "previous_step_s": old_s}
+                  "predicted_step_s": new_s, "previous_step_s": old_s, "noise_s": noise_s}
         self.changes.append(record)
         self.engine.stats.log("share_changes", record)
 

@@ -8,7 +8,7 @@ This state travels in the optimizer's `state_dict()` (the `caramel_adaptive` ent
 `caramel.runtime.optimizer`) and comes back with `load_state_dict()`:
 
 - `shared`: what every rank holds alike (the steps counted, the fractions or the share
-  schedule, the confirmation's last proposal, the changes so far);
+  schedule, the confirmation's last proposal, the changes so far, batch's reversal proposed once);
 - `ranks`: rank -> its own window (and fixed cost). `optimizer.state_dict()` on one rank
   holds that rank's; `caramel train` gathers every rank's into the one checkpoint it writes
   (`merge_rank_states`). A rank whose entry is missing (a checkpoint one rank saved for all)
@@ -40,6 +40,7 @@ def balancer_state(balancer: Any, rank: int, world: int) -> dict[str, Any]:
     else:
         schedule = balancer.schedule if balancer.schedule is not None else balancer.pending_schedule
         shared = {"steps": balancer._steps, "changes": list(balancer.changes),
+                  "pending_reversal": balancer.pending_reversal,
                   "schedule": schedule.state_dict() if hasattr(schedule, "state_dict") else schedule}
         own = {"times": [[n, list(q)] for n, q in balancer.times.items()], "fixed_s": balancer.fixed_s}
     return {"version": VERSION, "kind": kind, "world": world, "shared": shared, "ranks": {rank: own}}
@@ -68,6 +69,7 @@ def load_balancer_state(balancer: Any, state: dict[str, Any], rank: int, world: 
         return
     balancer._steps = int(shared["steps"])
     balancer.changes = list(shared["changes"])
+    balancer.pending_reversal = shared.get("pending_reversal")  # absent before it existed: none pending
     balancer.fixed_s = own.get("fixed_s")
     balancer.times.clear()
     for n, ts in own.get("times", []):

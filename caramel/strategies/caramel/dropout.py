@@ -40,8 +40,8 @@ from caramel.errors import CaramelError
 from caramel.profile.dropout_groups import Group, Narrowing, find_groups
 from caramel.profile.dropout_table import DropoutTable, random_kept
 from caramel.profile.slowdown import set_compute_ratio
-from caramel.strategies.caramel.balance import MIN_GAIN, WINDOW_STEPS
-from caramel.strategies.caramel.dropout_rule import Confirmation, propose, window_stats
+from caramel.strategies.caramel.balance import WINDOW_STEPS
+from caramel.strategies.caramel.dropout_rule import MIN_GAIN, Confirmation, propose, window_stats
 from caramel.topology.spec import ClusterSpec
 
 

@@ -27,8 +27,7 @@ import statistics
 from typing import Sequence
 
 from caramel.profile.dropout_table import DropoutTable
-from caramel.strategies.caramel.balance import MIN_GAIN
-
+MIN_GAIN = 0.05  # a rank is slow when its median exceeds the fastest's by more than 5% ...
 NOISE_MARGIN = 2.0  # the gap must exceed this many combined spreads of the two windows
 MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its sd
 
