@@ -36,7 +36,11 @@ the cluster spec), with the backend's behaviour made explicit:
   rank 0's buffers (the profile's `buffer_bytes` in `buffer_broadcasts` rounds, before which
   the forward does not start), sent at step() just before the pulls (`buffer_sync.py`; the
   first forward's at its start); the pushes run at `push_efficiency` of the
-  rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
+  rate (every worker sending to every other at once), the pulls at `pull_efficiency`; where
+  the meta gives `push_efficiency_by_count` (the probe's rate for 1..n servers receiving at
+  once), the pushes are fluid flows whose rate follows how many are on the wire
+  (`sim_flows.py`); the long-run bound keeps the all-at-once rate (a comm-bound steady state
+  has every server receiving all the time).
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
