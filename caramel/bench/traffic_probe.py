@@ -31,7 +31,8 @@ rank; every rank sends to each of them), k = 1..n - 1 (k = n is the all-to-all):
 `pushes_at_once_s[k - 1]`, the slowest rank's time, median over the repetitions, each
 repetition kept (`pushes_at_once_reps_s`, as `broadcasts_reps_s`: the pull reading's spread
 within a job). The ps model's fluid pushes read their share of the rate from it
-(`efficiency_by_count`, `caramel.strategies.ps.sim_flows`). Records before `version` 2 lack it.
+(`efficiency_by_count`, `caramel.strategies.ps.sim_flows`). Records before `version` 2 lack
+it; version 2 took 5 repetitions of every pattern, version 3 `PATTERN_REPS`.
 """
 from __future__ import annotations
 
@@ -39,13 +40,17 @@ import statistics
 import time
 from typing import Any
 
-PROBE_REPS = 5
-VERSION = 2  # 2: pushes_at_once_s (k servers receiving at once), each repetition kept
+PROBE_REPS = 5  # the queue's repetitions of each kind
+# the patterns' repetitions: within one job 5-repetition medians of the broadcasts read 0.63-0.80
+# of the rate in consecutive blocks, 15 about half that spread (docs/results/ps_sim_flow.md)
+PATTERN_REPS = 15
+VERSION = 3  # 2: pushes_at_once_s (k servers receiving at once), each repetition kept; 3: PATTERN_REPS
 START_SHARE = 0.25  # the small broadcast starts this far into the bulk's time alone
 MIN_LEFT_SHARE = 0.5  # a wait that leaves less than this share of the bulk's rest unexplained is only a lower bound
 
 
-def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_REPS) -> dict[str, Any] | None:
+def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_REPS,
+                  pattern_reps: int = PATTERN_REPS) -> dict[str, Any] | None:
     """{"queue_s" (None: too short to tell), "bulk_s", "bulk_bytes", "all_to_all_s",
     "all_to_all_bytes"} on every rank, or None with one worker or on a non-CPU device (gloo's
     behaviour is what is measured)."""
@@ -98,10 +103,10 @@ def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_RE
     queue_s = float(out.item())
     shard = torch.zeros(max(int(grad_bytes) // world, 1024) // 4, device=device)
     to = [dist.new_group(ranks) for _ in ranks]  # a group per receiver, as each server's pushes have
-    a2a = _all_to_all_s(shard, world, reps, to)
-    bcast = _broadcasts_s(shard, world, reps, to)
+    a2a = _all_to_all_s(shard, world, pattern_reps, to)
+    bcast = _broadcasts_s(shard, world, pattern_reps, to)
     # after the two old patterns, so that their readings are taken as before
-    fewer = [_all_to_all_s(shard, world, reps, to, receivers=k) for k in range(1, world)]
+    fewer = [_all_to_all_s(shard, world, pattern_reps, to, receivers=k) for k in range(1, world)]
     for g in to:
         dist.destroy_process_group(g)
     at_once = fewer + [a2a]
