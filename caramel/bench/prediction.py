@@ -18,7 +18,7 @@ from typing import Any
 
 from caramel.bench.contention import job_slowdown
 from caramel.bench.hetero_prediction import Heterogeneity
-from caramel.bench.traffic_probe import efficiency
+from caramel.bench.traffic_probe import efficiency, efficiency_by_count
 from caramel.profile.turns import sharing_of
 from caramel.stats import median
 
@@ -26,9 +26,9 @@ RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed 
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
 PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
-# what the traffic probe adds to its meta: the ps model reads all three, the gossip model push_efficiency
-
-PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency")
+# what the traffic probe adds to its meta: the ps model reads all four (the last from a probe of
+# version 2 on), the gossip model push_efficiency
+PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency", "push_efficiency_by_count")
 
 
 def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
@@ -160,7 +160,8 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
     if traffic is not None:  # the ps model's inputs (`bench_cluster`)
         link = {**(link or {}), "traffic_probe": traffic, "link_queue_s": traffic.get("queue_s"),
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
-                "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps)}
+                "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps),
+                "push_efficiency_by_count": efficiency_by_count(traffic, world, net_bps)}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     modelled = profile is not None and world > 1
     clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero, jitter_slowdown)

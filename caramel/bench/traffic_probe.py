@@ -23,6 +23,16 @@ workers on 2 cores; the shares measured: docs/results/ps-history.md, "Queues and
 (issue 28)"). The slowest rank's time, the median of the repetitions; `efficiency` turns it
 into a share of a rate. And every rank broadcasting a shard at once, as the servers' pulls do
 (gloo's broadcast relays through the receivers, so it fares better than the all-to-all).
+
+Pushes at once. The all-to-all is every server receiving its pushes at once; in a bsp step
+they are handed over staggered, and a push with few others in flight runs faster. So the probe
+also times k servers receiving at once (ranks 0..k-1 each receive a shard from every other
+rank; every rank sends to each of them), k = 1..n - 1 (k = n is the all-to-all):
+`pushes_at_once_s[k - 1]`, the slowest rank's time, median over the repetitions, each
+repetition kept (`pushes_at_once_reps_s`, as `broadcasts_reps_s`: the pull reading's spread
+within a job). The ps model's fluid pushes read their share of the rate from it
+(`efficiency_by_count`, `caramel.strategies.ps.sim_flows`). Records before `version` 2 lack
+it; version 2 took 5 repetitions of every pattern, version 3 `PATTERN_REPS`.
 """
 from __future__ import annotations
 
@@ -30,12 +40,17 @@ import statistics
 import time
 from typing import Any
 
-PROBE_REPS = 5
+PROBE_REPS = 5  # the queue's repetitions of each kind
+# the patterns' repetitions: within one job 5-repetition medians of the broadcasts read 0.63-0.80
+# of the rate in consecutive blocks, 15 about half that spread (docs/results/ps_sim_flow.md)
+PATTERN_REPS = 15
+VERSION = 3  # 2: pushes_at_once_s (k servers receiving at once), each repetition kept; 3: PATTERN_REPS
 START_SHARE = 0.25  # the small broadcast starts this far into the bulk's time alone
 MIN_LEFT_SHARE = 0.5  # a wait that leaves less than this share of the bulk's rest unexplained is only a lower bound
 
 
-def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_REPS) -> dict[str, Any] | None:
+def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_REPS,
+                  pattern_reps: int = PATTERN_REPS) -> dict[str, Any] | None:
     """{"queue_s" (None: too short to tell), "bulk_s", "bulk_bytes", "all_to_all_s",
     "all_to_all_bytes"} on every rank, or None with one worker or on a non-CPU device (gloo's
     behaviour is what is measured)."""
@@ -88,18 +103,23 @@ def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_RE
     queue_s = float(out.item())
     shard = torch.zeros(max(int(grad_bytes) // world, 1024) // 4, device=device)
     to = [dist.new_group(ranks) for _ in ranks]  # a group per receiver, as each server's pushes have
-    a2a_s = _all_to_all_s(shard, world, reps, to)
-    bcast_s = _broadcasts_s(shard, world, reps, to)
+    a2a = _all_to_all_s(shard, world, pattern_reps, to)
+    bcast = _broadcasts_s(shard, world, pattern_reps, to)
+    # after the two old patterns, so that their readings are taken as before
+    fewer = [_all_to_all_s(shard, world, pattern_reps, to, receivers=k) for k in range(1, world)]
     for g in to:
         dist.destroy_process_group(g)
-    return {"queue_s": queue_s if queue_s < MIN_LEFT_SHARE * (bulk_s - start_s) else None, "bulk_s": bulk_s,
-            "bulk_bytes": big.numel() * 4, "all_to_all_s": a2a_s, "broadcasts_s": bcast_s,
+    at_once = fewer + [a2a]
+    return {"version": VERSION, "queue_s": queue_s if queue_s < MIN_LEFT_SHARE * (bulk_s - start_s) else None,
+            "bulk_s": bulk_s, "bulk_bytes": big.numel() * 4, "all_to_all_s": statistics.median(a2a),
+            "broadcasts_s": statistics.median(bcast), "broadcasts_reps_s": bcast,
+            "pushes_at_once_s": [statistics.median(t) for t in at_once], "pushes_at_once_reps_s": at_once,
             "all_to_all_bytes": shard.numel() * 4}
 
 
-def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any]) -> float:
+def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any]) -> list[float]:
     """Every rank broadcasts `shard` at once, rank j's on `groups[j]` (as each server's pulls):
-    the slowest rank's time, median over `reps`."""
+    the slowest rank's time in each of `reps` repetitions."""
     import torch
     import torch.distributed as dist
 
@@ -116,31 +136,34 @@ def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any]) -> float
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         if k:
             times.append(float(took.item()))
-    return statistics.median(times)
+    return times
 
 
-def _all_to_all_s(shard: Any, world: int, reps: int, to: list[Any]) -> float:
-    """Every rank sends `shard` to every other at once, what goes to rank j on `to[j]` (gloo
-    carries one group's messages between two ranks on one connection, one at a time each way):
-    the slowest rank's time, median over `reps`."""
+def _all_to_all_s(shard: Any, world: int, reps: int, to: list[Any], receivers: int | None = None) -> list[float]:
+    """Every rank sends `shard` to each of ranks 0..`receivers` - 1 (default: every rank) other
+    than itself at once, what goes to rank j on `to[j]` (gloo carries one group's messages
+    between two ranks on one connection, one at a time each way): the slowest rank's time in
+    each of `reps` repetitions."""
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
+    receivers = world if receivers is None else receivers
     inbox = [torch.empty_like(shard) for _ in range(world)]
     times = []
     for k in range(reps + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        works = [dist.isend(shard, j, group=to[j]) for j in range(world) if j != rank]
-        works += [dist.irecv(inbox[j], j, group=to[rank]) for j in range(world) if j != rank]
+        works = [dist.isend(shard, j, group=to[j]) for j in range(receivers) if j != rank]
+        if rank < receivers:
+            works += [dist.irecv(inbox[j], j, group=to[rank]) for j in range(world) if j != rank]
         for w in works:
             w.wait()
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         if k:  # the first makes the connections
             times.append(float(took.item()))
-    return statistics.median(times)
+    return times
 
 
 def efficiency(probed: dict[str, Any] | None, pattern: str, world: int, bandwidth_bps: float | None) -> float | None:
@@ -152,3 +175,17 @@ def efficiency(probed: dict[str, Any] | None, pattern: str, world: int, bandwidt
         return None
     ideal_s = (world - 1) * probed["all_to_all_bytes"] * 8 / bandwidth_bps
     return min(1.0, ideal_s / took)
+
+
+def efficiency_by_count(probed: dict[str, Any] | None, world: int, bandwidth_bps: float | None) -> list[float] | None:
+    """The share of `bandwidth_bps` each server's NIC receives at while k servers receive their
+    pushes at once, k = 1..world (`pushes_at_once_s`; each receiver's link carries world - 1
+    shards whatever k, the senders' fewer): None for a probe before version 2, without a rate
+    or with one worker; each at most 1, as `efficiency`."""
+    took = (probed or {}).get("pushes_at_once_s")
+    if not took or not bandwidth_bps or world < 2:
+        return None
+    if len(took) != world:
+        raise ValueError(f"the traffic probe's pushes_at_once_s has {len(took)} points for {world} workers")
+    ideal_s = (world - 1) * probed["all_to_all_bytes"] * 8 / bandwidth_bps
+    return [min(1.0, ideal_s / t) for t in took]

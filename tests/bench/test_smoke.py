@@ -65,6 +65,14 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     # the ps model's inputs were probed on the job's links (`caramel.bench.traffic_probe`)
     probe = recs["ddp"]["link_fit"]["traffic_probe"]
     assert probe["bulk_s"] > 0 and probe["all_to_all_s"] > 0 and probe["broadcasts_s"] > 0, probe
+    from caramel.bench.traffic_probe import PATTERN_REPS, VERSION
+
+    # from version 2: 1 and 2 servers receiving at once (2 is the all-to-all), each repetition kept
+    assert probe["version"] == VERSION and len(probe["pushes_at_once_s"]) == 2, probe
+    assert probe["pushes_at_once_s"][1] == probe["all_to_all_s"] and len(probe["broadcasts_reps_s"]) == PATTERN_REPS, probe
+    fit = recs["ddp"]["link_fit"]  # both need the net rate (none when the fit has none)
+    assert (fit["push_efficiency"] is None) == (fit["push_efficiency_by_count"] is None), fit
+    assert fit["push_efficiency_by_count"] is None or len(fit["push_efficiency_by_count"]) == 2, fit
     assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
     assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
     assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()

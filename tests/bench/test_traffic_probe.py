@@ -33,3 +33,27 @@ def test_job_predictions_take_the_traffic_probe_into_the_link_fit_but_not_the_ra
     assert out["link_fit"]["link_queue_s"] == 0.005
     assert out["link_fit"]["push_efficiency"] == pytest.approx(0.4)
     assert out["predicted"] == {} and out["predicted_rate_only"] == {}  # no profile: no prediction
+
+
+def test_the_per_count_rates_are_the_ideal_over_each_measured_point_and_old_probes_have_none():
+    from caramel.bench.traffic_probe import efficiency_by_count
+
+    # 4 ranks, 1 MB shards: each receiving NIC carries 3 MB, 30 ms at 800 Mbit/s, whatever k
+    probed = {"all_to_all_s": 0.05, "all_to_all_bytes": 1_000_000, "pushes_at_once_s": [0.03, 0.0375, 0.04, 0.05]}
+    assert efficiency_by_count(probed, 4, 800e6) == pytest.approx([1.0, 0.8, 0.75, 0.6])
+    assert efficiency_by_count({**probed, "pushes_at_once_s": [0.02, 0.05, 0.05, 0.05]}, 4, 800e6)[0] == 1.0
+    assert efficiency_by_count({"all_to_all_s": 0.05, "all_to_all_bytes": 1_000_000}, 4, 800e6) is None
+    with pytest.raises(ValueError, match="3 points for 4 workers"):
+        efficiency_by_count({**probed, "pushes_at_once_s": [0.03, 0.04, 0.05]}, 4, 800e6)
+
+
+def test_a_version_2_probe_reaches_the_cluster_spec_as_a_curve_and_an_old_one_does_not():
+    old = {"queue_s": 0.005, "bulk_s": 0.1, "bulk_bytes": 4_000_000, "all_to_all_s": 0.02,
+           "broadcasts_s": 0.02, "all_to_all_bytes": 1_000_000}
+    new = {**old, "version": 2, "pushes_at_once_s": [0.008, 0.02]}
+    fits = [job_predictions(None, [], 2, 2_000_000, 0.016, 1, [0.03, 0.03], [[], []], None, t)["link_fit"]
+            for t in (old, new)]
+    assert fits[0]["push_efficiency_by_count"] is None
+    assert fits[1]["push_efficiency_by_count"] == pytest.approx([1.0, 0.4])
+    assert "push_efficiency_by_count" not in bench_cluster(2, 1e9, link=fits[0]).meta
+    assert bench_cluster(2, 1e9, link=fits[1]).meta["push_efficiency_by_count"] == pytest.approx([1.0, 0.4])

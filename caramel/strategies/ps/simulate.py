@@ -36,7 +36,11 @@ the cluster spec), with the backend's behaviour made explicit:
   rank 0's buffers (the profile's `buffer_bytes` in `buffer_broadcasts` rounds, before which
   the forward does not start), sent at step() just before the pulls (`buffer_sync.py`; the
   first forward's at its start); the pushes run at `push_efficiency` of the
-  rate (every worker sending to every other at once), the pulls at `pull_efficiency`.
+  rate (every worker sending to every other at once), the pulls at `pull_efficiency`; where
+  the meta gives `push_efficiency_by_count` (the probe's rate for 1..n servers receiving at
+  once), the pushes are fluid flows whose rate follows how many are on the wire
+  (`sim_flows.py`); the long-run bound keeps the all-at-once rate (a comm-bound steady state
+  has every server receiving all the time).
 
 With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
 workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
@@ -69,6 +73,7 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
 from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
+from caramel.strategies.ps.sim_flows import Push, check_curve, fluid_pushes
 from caramel.strategies.ps.sim_hier import LeaderSends
 from caramel.strategies.ps.sim_links import Links, Wire
 from caramel.topology.spec import ClusterSpec
@@ -76,6 +81,7 @@ from caramel.trace.events import Trace, TraceEvent
 
 MIN_ITERATIONS = 8
 STEADY_STEPS_PER_BOUND = 20
+FLUID_ROUNDS = 8  # the fluid pushes' rounds until their spans and this step's queues agree
 
 
 def _workers_per_node(cluster: ClusterSpec) -> int:
@@ -134,6 +140,19 @@ def _efficiency(cluster: ClusterSpec, key: str) -> float:
     return float(raw)
 
 
+def _push_curve(cluster: ClusterSpec) -> list[float] | None:
+    """`meta["push_efficiency_by_count"]` (the bench's probe from version 2 on): the share of the
+    rate each server's NIC receives at while 1..n pushes run at once (`sim_flows.py`); None when
+    not given, and the pushes keep the all-at-once `push_efficiency`."""
+    raw = cluster.meta.get("push_efficiency_by_count")
+    if raw is None:
+        return None
+    try:
+        return check_curve(raw, cluster.world_size)
+    except ValueError as e:
+        raise CaramelError(str(e)) from None
+
+
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if options.dedicated and options.servers < 1:
@@ -175,6 +194,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     pull_owner = [plan.pull_owner(b) for b in range(len(plan.pull_buckets))]
 
     flat_Bps = {kind: Bps * _efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
+    # the probe's rate for 1..n pushes at once (flat colocated only): the pushes as fluid flows
+    push_curve = _push_curve(cluster) if not dedicated and local == 1 and n > 1 else None
 
     def coll_s(b: int, kind: str = "push") -> float:
         """One push bucket's push (or pull bucket's pull): flat, among all workers (every
@@ -252,7 +273,40 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 issue.append(handed)
             return ends, issue
 
+        def fluid_push(issue: list[dict[int, float]]) -> tuple[list[float], list[tuple[float, float]], None]:
+            """Flat colocated pushes as fluid flows (`sim_flows.py`): each push's earliest start
+            as `push` sets it, its span from the probe's rates for the pushes then in flight. The
+            queues' wait behind this step's pushes reads their spans: taken from the previous
+            round, until two rounds agree (at most `FLUID_ROUNDS`; the first without them)."""
+            spans: list[tuple[float, float]] | None = None
+            for _ in range(FLUID_ROUNDS):
+                now = [Backlog(queues.ingress[0].cap_s) for _ in range(n)] if queues is not None else []
+                todo = []
+                for b in range(len(buckets)):
+                    o = bucket_owner[b]
+                    start = max(issue[w][b] for w in range(n))
+                    if links is not None:
+                        start = links.push_start(start, o, pull_end)
+                    if queues is not None:
+                        h = issue[o][b]
+                        start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
+                                               for w in range(n) if w != o])
+                        if spans is not None:
+                            now[o].add(*spans[b])
+                    todo.append(Push(o, start, alpha if n > 1 else 0.0, (n - 1) * bucket_bytes[b]))
+                new = fluid_pushes(todo, Bps, push_curve, dict(enumerate(push_end)))
+                if new == spans or queues is None:
+                    spans = new
+                    break
+                spans = new
+            ends = list(push_end)
+            for b, (_, z) in enumerate(spans):
+                ends[bucket_owner[b]] = max(ends[bucket_owner[b]], z)
+            return ends, spans, None
+
         def push(issue: list[dict[int, float]], bwd_end: list[float]) -> tuple[list[float], list[tuple[float, float]], LeaderSends | None]:
+            if push_curve is not None:
+                return fluid_push(issue)
             ends, spans = list(push_end), []
             hs = leader_sends.copy() if leader_sends is not None else None
             # dedicated: a server joins the step's pushes once every worker's step message is in
