@@ -11,7 +11,6 @@ import math
 from typing import Iterable, Sequence
 
 import numpy as np
-from scipy import stats as _scipy_stats
 
 MIN_PAIRED_ROUNDS = 3
 """fewer paired rounds than this give no interval (one degree of freedom is too few to trust)"""
@@ -44,7 +43,11 @@ def geomean(values: Iterable[float]) -> float:
 def _t_half(xs: np.ndarray, confidence: float) -> float:
     """Half the Student-t interval of the mean of `xs`: t * sd / sqrt(n), n - 1 degrees of freedom."""
     n = xs.size
-    return float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(np.std(xs, ddof=1)) / math.sqrt(n)
+    # scipy.stats is imported here, not at the top: it costs seconds per process, and most
+    # importers (every training rank) only need the median.
+    from scipy import stats as scipy_stats
+
+    return float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(np.std(xs, ddof=1)) / math.sqrt(n)
 
 
 def t_interval(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
