@@ -53,8 +53,13 @@ def action_excess(stages: list[dict[str, Any]], cores: float) -> list[dict[str, 
         m = 1 + max(int(a["action"][1:]) for a in st["actions"])
         ex = {a["action"]: a["slowdown"] / max(1.0, a["ranks_at_once"] / cores) for a in st["actions"]}
         others = [v for k, v in ex.items() if k not in ("F0", f"B{m - 1}")]
+        mean = statistics.mean(others) if others else None
+        last = next((a for a in st["actions"] if a["action"] == f"B{m - 1}"), None)
         out.append({"stage": st["stage"], "first_forward": ex.get("F0"), "last_backward": ex.get(f"B{m - 1}"),
-                    "others_mean": statistics.mean(others) if others else None})
+                    "others_mean": mean,
+                    # the last backward's time beyond its excess at the others' mean: what it costs more
+                    "last_backward_extra_ms": None if last is None or mean is None
+                    else last["measured_ms"] * (1 - mean / ex[f"B{m - 1}"])})
     return out
 
 
@@ -126,6 +131,16 @@ def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, 
             a, b = s["step"], s["stage_busy"]
             out.append(f"| {g} | {m} | {_pct(a['median_abs'])} | {_pct(a['max_abs'])} | {a['within_10pct']} of {a['n']} "
                        f"| {_pct(b['median_abs'])} | {_pct(b['max_abs'])} | {b['within_10pct']} of {b['n']} |")
+    out += ["", "Per action, measured time over the profile's cost (alone) divided by processor sharing's at the load "
+                "it ran under (1: as fast as sharing allows): the step's first forward (F0) and last backward (B last), "
+                "which the replicas' reduction touches, against the mean of the stage's other actions, and the last "
+                "backward's time beyond the others' mean.", "",
+            "| run | strategy | stage | F0 | B last | others (mean) | B last beyond, ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        for a in r["action_excess"]:
+            extra = a["last_backward_extra_ms"]
+            cells = " | ".join("-" if a[k] is None else f"{a[k]:.2f}" for k in ("first_forward", "last_backward", "others_mean"))
+            out.append(f"| {r['run']} | `{r['strategy']}` | {a['stage']} | {cells} | {'-' if extra is None else f'{extra:.1f}'} |")
     return "\n".join(out) + "\n"
 
 

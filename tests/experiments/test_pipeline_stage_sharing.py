@@ -22,10 +22,12 @@ def test_each_action_is_set_against_processor_sharing_at_its_load():
     from experiments import pipeline_stage_sharing as script
 
     acts = [{"action": "F0", "slowdown": 2.0, "ranks_at_once": 1.0}, {"action": "F1", "slowdown": 1.5, "ranks_at_once": 3.0},
-            {"action": "B0", "slowdown": 2.0, "ranks_at_once": 4.0}, {"action": "B1", "slowdown": 3.0, "ranks_at_once": 3.0}]
+            {"action": "B0", "slowdown": 2.0, "ranks_at_once": 4.0},
+            {"action": "B1", "slowdown": 3.0, "ranks_at_once": 3.0, "measured_ms": 12.0}]
     (out,) = script.action_excess([{"stage": 1, "actions": acts}], cores=2.0)
     # at or below 2 ranks the alone pace; 3 ranks on 2 cores 1.5x slower, 4 ranks 2x
-    assert out == {"stage": 1, "first_forward": 2.0, "last_backward": 2.0, "others_mean": pytest.approx(1.0)}
+    assert out == {"stage": 1, "first_forward": 2.0, "last_backward": 2.0, "others_mean": pytest.approx(1.0),
+                   "last_backward_extra_ms": pytest.approx(6.0)}  # twice what sharing gives: half its 12 ms
 
 
 def _row(run, built, errors, busy):
