@@ -126,6 +126,10 @@ def test_the_model_is_versioned_and_records_without_one_replay_as_before():
         sim = simulate_pipeline(prof, ClusterSpec.uniform(4, 1e7, **sharing_of(prof)), PipelineOptions(
             stages=2, replicas=2, microbatches=2, partition=[1]))
         assert (sim.step_time_s == old.step_time_s) is (model == "layout")
+    # a host per rank (every stored run profiled all at once): nothing to spread, the same prediction
+    alone = [simulate_pipeline(prof, ClusterSpec.uniform(4, 1e7, sharing_model=m), PipelineOptions(
+        stages=2, replicas=2, microbatches=2, partition=[1])) for m in ("layout", "stage")]
+    assert alone[0].step_time_s == alone[1].step_time_s and "sharing" not in alone[1].meta
     prof.meta[SHARING_KEY]["model"] = "per-lane"
     with pytest.raises(FormatError, match="'model' must be one of layout, stage, got 'per-lane'"):
         sharing_of(prof)
