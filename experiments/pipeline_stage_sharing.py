@@ -10,6 +10,11 @@ the runtime's timer counts it (against the mean over the stage's ranks of each r
 step), with each lane's sharing factor. A run without host sharing (its profile not taken in
 turns, or one rank per host) has nothing for either model to spread and is refused by name.
 
+With `--recommend`, every row of each run (data parallelism's too) is predicted again under each
+model as the bench predicts it (`predict_saved_inputs.predict_run`: `replicas="auto"` chooses
+its layout again) and the run's recommendation, the fastest predicted row, is set against the
+measured fastest: a hit within 5% (every row of these runs trains DDP's parameters).
+
 Rows are marked as built on (`--built-on`: the runs whose traces were read while the model was
 made) or not, and summarised apart, so that the accuracy claimed is the second group's.
 
@@ -90,6 +95,22 @@ def score_run(run: str) -> list[dict[str, Any]]:
     return rows
 
 
+def recommendations(run: str) -> dict[str, dict[str, Any]]:
+    """Per model, `run`'s recommendation (the fastest predicted of its rows) against its measured
+    fastest: how much slower the pick measured, a hit within 5%."""
+    from predict_saved_inputs import predict_run
+
+    out = {}
+    for m in MODELS:
+        rows = [r for r in predict_run(run, m) if r["predicted_s"] and r["measured_s"]]
+        pick = min(rows, key=lambda r: r["predicted_s"])
+        fastest = min(rows, key=lambda r: r["measured_s"])
+        off = pick["measured_s"] / fastest["measured_s"] - 1
+        out[m] = {"recommended": pick["strategy"], "predicted_s": pick["predicted_s"], "measured_s": pick["measured_s"],
+                  "fastest": fastest["strategy"], "fastest_s": fastest["measured_s"], "off": off, "hit": off <= 0.05}
+    return out
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per model: the steps' and the stages' median |error|, largest, and how many within 10%."""
     out = {}
@@ -113,7 +134,8 @@ def _factor(f) -> str:
     return f"{f:.2f}" if isinstance(f, (int, float)) else "[" + ", ".join(f"{x:.2f}" for x in dict.fromkeys(f)) + "]"
 
 
-def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, code: str) -> str:
+def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, code: str,
+             picks: dict[str, dict] | None = None) -> str:
     out = ["# Pipeline rows under one sharing factor per layout and one per stage", "", f"Code {code}; `{command}`", "",
            "| run | built on | strategy (layout run) | measured | layout model | stage model | busy per stage measured "
            "| layout model (timer's view) | stage model | factor layout -> per stage |",
@@ -131,6 +153,14 @@ def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, 
             a, b = s["step"], s["stage_busy"]
             out.append(f"| {g} | {m} | {_pct(a['median_abs'])} | {_pct(a['max_abs'])} | {a['within_10pct']} of {a['n']} "
                        f"| {_pct(b['median_abs'])} | {_pct(b['max_abs'])} | {b['within_10pct']} of {b['n']} |")
+    if picks:
+        out += ["", "| run | measured fastest | layout model recommends (measured, off) | stage model recommends |",
+                "|---|---|---|---|"]
+        for run, by in picks.items():
+            cell = {m: f"`{p['recommended']}` ({1e3 * p['measured_s']:.1f} ms, {100 * p['off']:+.1f}%: "
+                       f"{'hit' if p['hit'] else 'miss'})" for m, p in by.items()}
+            out.append(f"| {run} | `{by['layout']['fastest']}` ({1e3 * by['layout']['fastest_s']:.1f} ms) | "
+                       f"{cell['layout']} | {cell['stage']} |")
     out += ["", "Per action, measured time over the profile's cost (alone) divided by processor sharing's at the load "
                 "it ran under (1: as fast as sharing allows): the step's first forward (F0) and last backward (B last), "
                 "which the replicas' reduction touches, against the mean of the stage's other actions, and the last "
@@ -151,6 +181,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="bench run directories (bench.json, trace/) whose profile measured host sharing")
     ap.add_argument("--built-on", default="", help="comma-separated run directory names read while the model was made")
+    ap.add_argument("--recommend", action="store_true",
+                    help="also each run's recommendation under each model against its measured fastest")
     ap.add_argument("--json", help="write the rows and summaries here")
     ap.add_argument("--markdown", help="write the tables here")
     args = ap.parse_args(argv)
@@ -169,6 +201,13 @@ def main(argv: list[str]) -> int:
                   f"{1e3 * r['stage']['predicted_s']:.1f} ({_pct(r['stage']['error'])}); busy measured "
                   f"{_ms(r['measured_busy_s_per_stage'])}, layout {_ms(r['layout']['timed_busy_s_per_lane'])}, stage "
                   f"{_ms(r['stage']['timed_busy_s_per_lane'])}", flush=True)
+    picks = {}
+    if args.recommend:
+        for run in args.runs:
+            name = os.path.basename(os.path.normpath(run))
+            picks[name] = recommendations(run)
+            print(f"{name}: " + "; ".join(f"{m} recommends {p['recommended']} ({100 * p['off']:+.1f}% off the measured "
+                                          f"fastest {p['fastest']})" for m, p in picks[name].items()), flush=True)
     groups = {"built on": summary([r for r in rows if r["built_on"]]),
               "not built on": summary([r for r in rows if not r["built_on"]]), "all": summary(rows)}
     code = code_version()
@@ -180,10 +219,10 @@ def main(argv: list[str]) -> int:
                   f"{s['stage_busy']['within_10pct']} of {s['stage_busy']['n']} within 10%")
     if args.json:
         write_json(args.json, {"format": "caramel.experiments.pipeline_stage_sharing/1", "code": code, "command": command, "rows": rows,
-                               "summary": groups})
+                               "summary": groups, "recommendations": picks})
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(rows, groups, command, code))
+            f.write(markdown(rows, groups, command, code, picks))
     return 0
 
 

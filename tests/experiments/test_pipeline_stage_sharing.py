@@ -45,3 +45,22 @@ def test_the_summary_counts_steps_and_stages_per_model():
     assert s["stage"]["step"]["within_10pct"] == 1 and s["stage"]["step"]["max_abs"] == 0.12
     assert s["layout"]["stage_busy"]["n"] == 2 and s["layout"]["stage_busy"]["within_10pct"] == 1
     assert s["stage"]["stage_busy"]["within_10pct"] == 2
+
+
+def test_the_recommendation_is_the_fastest_predicted_row_against_the_measured_fastest(monkeypatch):
+    import predict_saved_inputs
+
+    from experiments import pipeline_stage_sharing as script
+
+    def fake(run, model):  # the stage model predicts the pipeline faster than caramel, the layout model not
+        pipe = 0.138 if model == "stage" else 0.141
+        return [{"strategy": "caramel", "predicted_s": 0.140, "measured_s": 0.147},
+                {"strategy": "pipeline:replicas=auto", "predicted_s": pipe, "measured_s": 0.136},
+                {"strategy": "ddp", "predicted_s": None, "measured_s": 0.176}]  # not replayable: left out
+
+    monkeypatch.setattr(predict_saved_inputs, "predict_run", fake)
+    got = script.recommendations("run_x")
+    assert got["layout"]["recommended"] == "caramel" and not got["layout"]["hit"]
+    assert got["layout"]["off"] == pytest.approx(0.147 / 0.136 - 1)
+    assert got["stage"] == {"recommended": "pipeline:replicas=auto", "predicted_s": 0.138, "measured_s": 0.136,
+                            "fastest": "pipeline:replicas=auto", "fastest_s": 0.136, "off": 0.0, "hit": True}
