@@ -19,7 +19,7 @@ Rows are marked as built on (`--built-on`: the runs whose traces were read while
 made) or not, and summarised apart, so that the accuracy claimed is the second group's.
 
     PYTHONPATH=. python experiments/pipeline_stage_sharing.py docs/results/pipeline_profile_turns/run_{l,m,o,p,q,r,s,t,n,n2} \\
-        --built-on run_l,run_m,run_o,run_p,run_q,run_r \\
+        docs/results/pipeline_stage_sharing/run_u --built-on run_l,run_m,run_o,run_p,run_q,run_r --recommend \\
         --json docs/results/pipeline_stage_sharing/replay.json --markdown docs/results/pipeline_stage_sharing/replay.md
 """
 from __future__ import annotations
