@@ -138,7 +138,8 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "simulated_timed_s_per_lane": sim.meta["timed_busy_s_per_lane"],
             "measured_busy_s_per_rank": busy, "measured_busy_s_per_stage_rank0": pipe.get("busy_s_per_stage"),
             "rank_stage": [_stage_of_rank(steps) for steps in ranks],
-            "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items() if k in ("factor", "ranks_at_once")},
+            "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items()
+                        if k in ("factor", "ranks_at_once", "settled", "passes")},
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
             "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage}
 

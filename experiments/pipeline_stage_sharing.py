@@ -90,7 +90,8 @@ def score_run(run: str) -> list[dict[str, Any]]:
             row[m] = {"predicted_s": r["predicted_s"], "error": r["error"],
                       "timed_busy_s_per_lane": timed,
                       "busy_errors": [p / q - 1 for p, q in zip(timed, base["measured_busy_s_per_stage"])] if equal else None,
-                      "factor": r["sharing"].get("factor"), "ranks_at_once": r["sharing"].get("ranks_at_once")}
+                      "factor": r["sharing"].get("factor"), "ranks_at_once": r["sharing"].get("ranks_at_once"),
+                      "settled": r["sharing"].get("settled"), "passes": r["sharing"].get("passes")}
         rows.append(row)
     return rows
 
@@ -208,6 +209,8 @@ def main(argv: list[str]) -> int:
             picks[name] = recommendations(run)
             print(f"{name}: " + "; ".join(f"{m} recommends {p['recommended']} ({100 * p['off']:+.1f}% off the measured "
                                           f"fastest {p['fastest']})" for m, p in picks[name].items()), flush=True)
+    unsettled = [f"{r['run']} {r['strategy']} ({m})" for r in rows for m in MODELS if r[m]["settled"] is False]
+    print(f"sharing passes unsettled: {len(unsettled)} of {len(rows) * len(MODELS)}" + (f": {unsettled}" if unsettled else ""))
     groups = {"built on": summary([r for r in rows if r["built_on"]]),
               "not built on": summary([r for r in rows if not r["built_on"]]), "all": summary(rows)}
     code = code_version()
@@ -219,10 +222,12 @@ def main(argv: list[str]) -> int:
                   f"{s['stage_busy']['within_10pct']} of {s['stage_busy']['n']} within 10%")
     if args.json:
         write_json(args.json, {"format": "caramel.experiments.pipeline_stage_sharing/1", "code": code, "command": command, "rows": rows,
-                               "summary": groups, "recommendations": picks})
+                               "summary": groups, "recommendations": picks, "unsettled": unsettled})
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(rows, groups, command, code, picks))
+            f.write(markdown(rows, groups, command, code, picks)
+                    + f"\nSharing passes ended unsettled: {len(unsettled)} of {len(rows) * len(MODELS)} replays"
+                    + (f" ({', '.join(unsettled)})" if unsettled else "") + ".\n")
     return 0
 
 
