@@ -7,7 +7,10 @@ with given counts) can pick another cut at the next factor, and the passes can c
 unsettled ends over seeded random shared-host cases, for `replicas="auto"` (whose candidates
 settle on their own) and for `partition="auto"` with given stages and replicas:
 
-    PYTHONPATH=. python experiments/pipeline_sharing_cycles.py [--cases 1000] [--seed 0] [--json OUT]
+    PYTHONPATH=. python experiments/pipeline_sharing_cycles.py [--cases 1000] [--seed 0] [--sharing-model stage] [--json OUT]
+
+`--sharing-model` (`caramel.topology.spec.SHARING_MODELS`, default "layout"): the spec's model,
+"stage" settling one factor per worker (its stage's) instead of one for the layout.
 
 Cases: a chain of 3-6 layers (4 KB to 200 KB of weights, 1 to 20 ms of compute each), 2-4
 workers all on one host (8 samples each) sharing 1.2 cores' worth up to one per rank, 10-300 Mbit/s links,
@@ -28,12 +31,12 @@ from caramel.jsonio import format_tag, write_json
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.simulate import simulate_pipeline
-from caramel.topology.spec import ClusterSpec
+from caramel.topology.spec import SHARING_MODELS, ClusterSpec
 
 _GIVEN_COUNTS = {2: [(2, 1)], 3: [(3, 1)], 4: [(2, 2), (4, 1)]}  # workers: (stages, replicas)
 
 
-def random_case(rng: random.Random) -> tuple:
+def random_case(rng: random.Random, sharing_model: str = "layout") -> tuple:
     """A profile, a shared-host spec and the two option sets (replicas=auto; a given layout)."""
     layers = rng.randint(3, 6)
     prof = synthetic_profile(sizes_bytes=[rng.randint(4096, 200_000) for _ in range(layers)],
@@ -41,7 +44,7 @@ def random_case(rng: random.Random) -> tuple:
     prof.batch_size = 8  # samples per rank: the choosers' microbatch counts must divide the step's batch
     workers = rng.randint(2, 4)
     spec = ClusterSpec.uniform(workers, rng.uniform(10e6, 300e6), ranks_per_host=workers,
-                               alone_speedup=rng.uniform(1.2, workers))
+                               alone_speedup=rng.uniform(1.2, workers), sharing_model=sharing_model)
     microbatches = rng.choice(["auto", 4, 8])
     stages, replicas = rng.choice(_GIVEN_COUNTS[workers])
     options = {"replicas=auto": PipelineOptions(replicas="auto"),
@@ -50,11 +53,11 @@ def random_case(rng: random.Random) -> tuple:
     return prof, spec, options
 
 
-def count(cases: int, seed: int) -> dict:
+def count(cases: int, seed: int, sharing_model: str = "layout") -> dict:
     rng = random.Random(seed)
-    out: dict = {"cases": cases, "seed": seed, "kinds": {}}
+    out: dict = {"cases": cases, "seed": seed, "sharing_model": sharing_model, "kinds": {}}
     for i in range(cases):
-        prof, spec, options = random_case(rng)
+        prof, spec, options = random_case(rng, sharing_model)
         layers = len(prof.params)  # synthetic_profile: one parameter per layer
         for kind, opts in options.items():
             k = out["kinds"].setdefault(kind, {"simulations": 0, "unsettled": 0, "unsettled_cases": [],
@@ -102,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=1000, help="random cases, each simulated once per kind (default 1000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sharing-model", choices=SHARING_MODELS, default="layout",
+                   help="the spec's host-sharing model (default layout: one factor per layout)")
     p.add_argument("--json", metavar="OUT", help="write the counts here")
     args = p.parse_args(argv)
     if args.cases < 1:
         p.error(f"--cases must be >= 1, got {args.cases}")
     result = {"format": format_tag("pipeline-sharing-cycles"), "commit": _commit(), "command": "PYTHONPATH=. python experiments/pipeline_sharing_cycles.py "
-              + " ".join(sys.argv[1:] if argv is None else argv), **count(args.cases, args.seed)}
+              + " ".join(sys.argv[1:] if argv is None else argv), **count(args.cases, args.seed, args.sharing_model)}
     for kind, k in result["kinds"].items():
         print(f"{kind}: {k['unsettled']} of {k['simulations']} unsettled (at most {k['max_passes']} passes; "
               f"{k['refused']} refused)"

@@ -138,7 +138,8 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "simulated_timed_s_per_lane": sim.meta["timed_busy_s_per_lane"],
             "measured_busy_s_per_rank": busy, "measured_busy_s_per_stage_rank0": pipe.get("busy_s_per_stage"),
             "rank_stage": [_stage_of_rank(steps) for steps in ranks],
-            "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items() if k in ("factor", "ranks_at_once")},
+            "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items()
+                        if k in ("factor", "ranks_at_once", "settled", "passes")},
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
             "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage}
 
@@ -236,9 +237,10 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
     return out
 
 
-def replay_run(run: str, only: list[str] | None = None) -> dict[str, Any]:
+def replay_run(run: str, only: list[str] | None = None, sharing_model: str | None = None) -> dict[str, Any]:
     """`run`'s pipeline rows replayed (`only`: those of these names) and every pipeline row's
-    measured median and round medians (what `pair_ratio` reads)."""
+    measured median and round medians (what `pair_ratio` reads). `sharing_model`: the host-sharing
+    model to replay with where the run measured host sharing (None: the one its profile names)."""
     from pipeline_contention import inputs_cluster
 
     from caramel.profile.turns import sharing_of
@@ -249,6 +251,8 @@ def replay_run(run: str, only: list[str] | None = None) -> dict[str, Any]:
     inputs = json.load(open(paths[0]))
     prof, plain = inputs_cluster(inputs)
     cluster = dataclasses.replace(plain, **sharing_of(prof))
+    if sharing_model is not None and cluster.ranks_per_host > 1:
+        cluster = dataclasses.replace(cluster, sharing_model=sharing_model)
     bench = json.load(open(os.path.join(run, "bench.json")))
     pipes = _pipeline_records(bench)
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))

@@ -81,7 +81,11 @@ def not_replayable(r: dict, inputs: dict) -> str | None:
     return None
 
 
-def predict_run(run: str) -> list[dict]:
+def predict_run(run: str, sharing_model: str | None = None) -> list[dict]:
+    """Every record of `run` predicted again from its saved inputs. `sharing_model` (one of
+    `caramel.topology.spec.SHARING_MODELS`): the pipeline simulator's host-sharing model to
+    replay with where the profile measured host sharing (None: the one the profile names, "layout"
+    where it names none, as every run before the per-stage model)."""
     from caramel.bench.hetero_prediction import Heterogeneity
     from caramel.bench.prediction import job_predictions
     from caramel.bench.screening import predictions_by_name
@@ -98,6 +102,9 @@ def predict_run(run: str) -> list[dict]:
     rows = []
     for path in paths:
         d = _load(path)
+        shared = (d["profile"].get("meta") or {}).get("host_sharing")
+        if sharing_model is not None and shared:
+            shared["model"] = sharing_model
         mine = config_records(path, d, records)
         why = {r["strategy"]: not_replayable(r, d) for r in mine}
         screened = {n: (d.get("screened") or {}).get(n, n) for n, w in why.items() if w is None}

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from caramel.bench.lower_bound import profile_workload
-from caramel.profile.turns import SHARING_KEY, in_turns, ranks_per_host, sharing_speedup
+from caramel.profile.turns import SHARING_KEY, SHARING_MODEL, in_turns, ranks_per_host, sharing_speedup
 
 
 def job_profile(make_workload: Callable[[], Any], small_batch_size: int | None,
@@ -61,7 +61,8 @@ def job_profile(make_workload: Callable[[], Any], small_batch_size: int | None,
     alone.meta[SHARING_KEY] = {
         "alone_speedup": sharing_speedup(together_s, alone_s) if ok else 1.0,
         "ranks_per_host": ranks_per_host(hosts),
-        "together_step_s": together_s, "alone_step_s": alone_s, "hosts": len(set(hosts))}
+        "together_step_s": together_s, "alone_step_s": alone_s, "hosts": len(set(hosts)),
+        "model": SHARING_MODEL}  # the simulator's sharing model this run is predicted with (replays keep it)
     return alone, together
 
 

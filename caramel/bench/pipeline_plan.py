@@ -97,7 +97,8 @@ def plan_cluster(profile: Any, world: int, grad_bytes: int, comm_s: float, comm_
 def runtime_cluster(profile: Any, cluster: Any, options: Any, group: Any = None) -> Any:
     """The spec one pipeline's runtime plans at: `cluster` itself, or, where its workers share
     a host's cores and only the cut is the runtime's to choose (`partition="auto"`), its speeds
-    scaled by the factor the prediction of this pipeline settles at
+    scaled by the factor the prediction of this pipeline settles at (one per worker under the
+    spec's `sharing_model="stage"`)
     (`caramel.strategies.pipeline.sharing`), so that the cut, which takes the speeds as given,
     is the prediction's. With `replicas="auto"` or `microbatches="auto"` the spec as given:
     those choosers settle each candidate's speeds themselves, as the prediction's do (the cut
@@ -130,7 +131,8 @@ def cluster_summary(cluster: Any) -> dict[str, Any] | None:
         return None
     return {"bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
             "speeds": [w.speed for w in cluster.workers], "compute_slowdown": cluster.compute_slowdown,
-            "alone_speedup": cluster.alone_speedup, "ranks_per_host": cluster.ranks_per_host}
+            "alone_speedup": cluster.alone_speedup, "ranks_per_host": cluster.ranks_per_host,
+            "sharing_model": cluster.sharing_model}
 
 
 def cut_mismatches(stats: dict[str, dict[str, Any]], predicted: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -17,8 +17,13 @@ from __future__ import annotations
 import socket
 from typing import Any, Callable, TypeVar
 
+from caramel.errors import FormatError
+
 T = TypeVar("T")
 SHARING_KEY = "host_sharing"  # where a profile taken in turns keeps what the turns measured
+# the pipeline simulator's sharing model a profile taken now is predicted with, kept in the profile so
+# that its replays keep it whatever the default becomes ("layout": docs/results/pipeline_stage_sharing/)
+SHARING_MODEL = "layout"
 
 
 def host_of() -> str:
@@ -88,10 +93,21 @@ def ranks_per_host(hosts: list[str]) -> int:
 
 
 def sharing_of(profile: Any) -> dict[str, Any]:
-    """The ClusterSpec fields a profile's host sharing gives (`alone_speedup`, `ranks_per_host`);
-    none for a profile taken without turns, or where every rank has a host of its own (the
-    measured ratio is then noise: nobody shares its cores)."""
+    """The ClusterSpec fields a profile's host sharing gives (`alone_speedup`, `ranks_per_host`,
+    and `sharing_model` where the profile names one, as the bench's have since the per-stage
+    model (`SHARING_MODEL`); one without it was predicted with one factor per layout and replays
+    so); none for a
+    profile taken without turns, or where every rank has a host of its own (the measured ratio
+    is then noise: nobody shares its cores)."""
+    from caramel.topology.spec import SHARING_MODELS
+
     shared = (getattr(profile, "meta", None) or {}).get(SHARING_KEY)
     if not shared or int(shared["ranks_per_host"]) <= 1:
         return {}
-    return {"alone_speedup": float(shared["alone_speedup"]), "ranks_per_host": int(shared["ranks_per_host"])}
+    out = {"alone_speedup": float(shared["alone_speedup"]), "ranks_per_host": int(shared["ranks_per_host"])}
+    if "model" in shared:
+        if shared["model"] not in SHARING_MODELS:
+            raise FormatError(f"profile meta {SHARING_KEY!r}: 'model' must be one of {', '.join(SHARING_MODELS)}, "
+                              f"got {shared['model']!r}")
+        out["sharing_model"] = shared["model"]
+    return out

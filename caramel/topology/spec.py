@@ -32,10 +32,16 @@ computing while the others wait runs faster: `alone_speedup` times (measured by 
 turns, `caramel.profile.turns`). Only the pipeline simulator reads these two
 (`caramel.strategies.pipeline.sharing`); 1 and 1 (the defaults): no sharing. `alone_speedup`
 above 1 needs `ranks_per_host` above 1 (a worker alone on its host has nobody to wait for).
+`sharing_model` says how the pipeline simulator spreads that sharing over a layout's ranks
+(`SHARING_MODELS`): "layout" (the default, and every spec written before the field), one factor
+for every rank from the layout's mean load; "stage", each stage's ranks their own, from the load
+while that stage computes.
 
 Format: a spec with sharing is written `caramel.cluster/2`, so that a reader from before these
-fields refuses it rather than predicting without the sharing; any other spec is written
-`caramel.cluster/1`, as before. Both read here, and unknown fields are errors either way.
+fields refuses it rather than predicting without the sharing; one with `sharing_model="stage"`
+`caramel.cluster/3` (a version-2 reader would price it with one factor); any other spec is
+written `caramel.cluster/1`, as before, without the `sharing_model` field. All read here, and
+unknown fields are errors either way.
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ from caramel.errors import FormatError
 from caramel.jsonio import check_format, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "cluster"
-VERSIONS = (1, 2)  # 2: a spec with host sharing (alone_speedup, ranks_per_host); see above
+VERSIONS = (1, 2, 3)  # 2: a spec with host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"
+SHARING_MODELS = ("layout", "stage")  # how the pipeline simulator spreads host sharing (see above)
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
 COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
 
@@ -76,6 +83,7 @@ class ClusterSpec:
     compute_slowdown: float = 1.0  # compute runs this many times slower while a collective is in flight
     alone_speedup: float = 1.0  # a worker computes this many times faster alone than with its host's ranks all at once
     ranks_per_host: int = 1  # workers sharing one host's cores (1: a machine each)
+    sharing_model: str = "layout"  # one sharing factor per layout, or per stage ("stage"; see above)
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -133,6 +141,9 @@ class ClusterSpec:
             # full alone_speedup even with every worker computing at once
             raise FormatError(f"{source}: field 'ranks_per_host' must be between 1 and the number of workers "
                               f"({len(self.workers)}), got {self.ranks_per_host}")
+        if self.sharing_model not in SHARING_MODELS:
+            raise FormatError(f"{source}: field 'sharing_model' must be one of {', '.join(SHARING_MODELS)}, "
+                              f"got {self.sharing_model!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -142,9 +153,10 @@ class ClusterSpec:
 
     def sharing_on(self, workers: int) -> dict[str, Any]:
         """This spec's sharing fields for `workers` workers (a spec resized): at most that many
-        ranks per host, and no sharing left where that is 1."""
+        ranks per host, and no sharing left where that is 1; the same sharing model."""
         per_host = min(self.ranks_per_host, workers)
-        return {"ranks_per_host": per_host, "alone_speedup": self.alone_speedup if per_host > 1 else 1.0}
+        return {"ranks_per_host": per_host, "alone_speedup": self.alone_speedup if per_host > 1 else 1.0,
+                "sharing_model": self.sharing_model}
 
     def shares_hosts(self) -> bool:
         """Whether the spec carries host sharing, which a version-1 reader would drop."""
@@ -152,7 +164,9 @@ class ClusterSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["format"] = f"caramel.{KIND}/{2 if self.shares_hosts() else 1}"
+        if self.sharing_model == "layout":  # written as before the field, so older readers read it
+            del d["sharing_model"]
+        d["format"] = f"caramel.{KIND}/{3 if self.sharing_model != 'layout' else 2 if self.shares_hosts() else 1}"
         return d
 
     @classmethod
@@ -177,6 +191,7 @@ class ClusterSpec:
         spec.compute_slowdown = data.get("compute_slowdown", 1.0)
         spec.alone_speedup = data.get("alone_speedup", 1.0)
         spec.ranks_per_host = data.get("ranks_per_host", 1)
+        spec.sharing_model = data.get("sharing_model", "layout")
         spec.validate(source)
         return spec
 

@@ -50,7 +50,8 @@ from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, Scali
                                                  transfer_time_s)
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
 from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
-from caramel.strategies.pipeline.sharing import MAX_SHARING_PASSES, candidate_result, scaled, settle, shares_cores
+from caramel.strategies.pipeline.sharing import (MAX_SHARING_PASSES, Factor, candidate_result, scaled, settle,
+                                                 shares_cores)
 from caramel.strategies.pipeline.simulate import stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
@@ -192,12 +193,12 @@ def _proposals(costs_at: dict[int, list[LayerCost]], cluster: ClusterSpec, stage
     return out
 
 
-def _score(lay: Layout, costs: list[LayerCost], cluster: ClusterSpec, factor: float | None, schedule: str,
+def _score(lay: Layout, costs: list[LayerCost], cluster: ClusterSpec, factor: Factor | None, schedule: str,
            optimizer_s: float, ties: list[TiedWeight], reducer: str, reduce: str | None,
            posting: str | None) -> SimResult:
     """One candidate's step, replayed as `simulate_pipeline` replays that layout, with every
-    worker `factor` times its speed and no sharing left to model (`sharing.settle`; None: the
-    spec as given). Equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's
+    worker `factor` times its speed (one factor, or one per worker) and no sharing left to
+    model (`sharing.settle`; None: the spec as given). Equal counts r > 1 run as r pipelines whose replicas reduce with Caramel's
     engine (DDP where asked, or where the cut splits a tied weight), overlapped as `overlap.py`
     replays it."""
     at = cluster if factor is None else scaled(cluster, factor)

@@ -22,7 +22,8 @@ from typing import Any, Callable
 from caramel.errors import CaramelError
 from caramel.strategies.pipeline.planner import PartitionPlan, ScalingCost, _plan, balanced_boundaries, fit_scaling
 from caramel.sim.simulate import SimResult
-from caramel.strategies.pipeline.sharing import candidate_result, scaled, settle
+from caramel.strategies.pipeline.layout import stage_speeds
+from caramel.strategies.pipeline.sharing import Factor, candidate_result, scaled, settle
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
 from caramel.strategies.pipeline.overlap import REDUCE_MODES, replay_overlapped, replica_mode
 from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
@@ -109,10 +110,15 @@ def choose_microbatches(layers: list[ScalingCost], batch: int, schedule: str, st
     unequal = not isinstance(replicas, int)
     counts = tuple(replicas) if unequal else (1,) * stages
 
-    def score(m: int, factor: float | None) -> SimResult:
-        """Candidate m replayed with every worker `factor` times its speed (`sharing.settle`)."""
+    def score(m: int, factor: Factor | None) -> SimResult:
+        """Candidate m replayed with every worker `factor` times its speed (`sharing.settle`;
+        per worker under the "stage" model: each stage scaled by its ranks' slowest factor)."""
         at = cluster if factor is None else scaled(cluster, factor)
-        sp = speeds if factor is None else [v * factor for v in speeds]
+        if factor is None or isinstance(factor, (int, float)):
+            sp = speeds if factor is None else [v * factor for v in speeds]
+        else:
+            sp = [v * f for v, f in zip(speeds, stage_speeds(list(factor), counts if unequal else (replicas,) * stages,
+                                                             positions))]
         plan_speeds = [v * r for v, r in zip(sp, counts)]  # a stage on r replicas runs 1/r of the microbatches
         costs = [layer.at(batch / m) for layer in layers]
         plan = (balanced_boundaries(costs, plan_speeds, at) if cuts is None

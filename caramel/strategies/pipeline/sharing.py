@@ -32,22 +32,35 @@ by side), `co_transferring` how many lanes have a transfer on the wire then. Eve
 runs min(alone_speedup, n / k) times its all-at-once speed, k = computing + w x transferring
 (below 1 where the load exceeds the all-at-once compute's). That speed moves the timeline, so
 the simulation is repeated from the all-at-once speeds until the factor settles (`settle`;
-where a cut chosen inside flips between cuts, the slowest of the cycle, marked unsettled). Not
-modelled: per-stage factors (one factor for the layout, from its mean), the CPU of a transfer
-by its rate (a slow link's transfer counts as much as a fast one's), cores that are not alike,
-and hosts running unequal shares of a layout's ranks (assumed spread evenly).
+where a cut chosen inside flips between cuts, the slowest of the cycle, marked unsettled).
+
+Two versions of that factor, named by the spec's `sharing_model`
+(`caramel.topology.spec.SHARING_MODELS`): "layout", one factor for every rank, from the load
+averaged over all the lanes' compute (what every record before the per-stage model was
+predicted with, and what a profile without a `model` in its host sharing still gives), and
+"stage", each lane its own factor, from the load averaged over that lane's own compute only
+(`co_computing_per_lane`, `co_transferring_per_lane`): a long first stage that computes partly
+alone runs faster than a short last one that computes only while the others do. Both come from
+the same simulated timeline and the run's calibration (`alone_speedup`, `ranks_per_host`,
+`compute_slowdown`); nothing is fitted to the scored steps. Not modelled: processor sharing
+within a lane's actions (its first forward against its second), the CPU of a transfer by its
+rate (a slow link's transfer counts as much as a fast one's), cores that are not alike, and
+hosts running unequal shares of a layout's ranks (assumed spread evenly).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, Union
 
+from caramel.errors import CaramelError
 from caramel.sim.simulate import SimResult
 from caramel.strategies.pipeline.timeline import PipelineSim
 from caramel.topology.spec import ClusterSpec, WorkerSpec
 
 MAX_SHARING_PASSES = 10
 SETTLED = 1e-3  # relative change of the factor under which the passes stop
+# one factor for every worker ("layout"), or one per worker ("stage": its lane's, `worker_factors`)
+Factor = Union[float, Sequence[float]]
 
 
 def shares_cores(cluster: ClusterSpec) -> bool:
@@ -91,12 +104,55 @@ def co_transferring(compute: list[list[tuple[float, float]]], wires: list[list[t
     return num / den if den > 0 else 0.0
 
 
+def _per_lane(compute: list[list[tuple[float, float]]], wires: list[list[tuple[float, float]]]
+              ) -> tuple[list[float], list[float]]:
+    """Per lane, over its own compute time: the mean number of lanes computing (itself
+    included; 1 where it computes nothing) and the mean number with a transfer on the wire."""
+    lanes = len(compute)
+    events = sorted([(a, 1, 0, p) for p, lane in enumerate(compute) for a, b in lane if b > a]
+                    + [(b, -1, 0, p) for p, lane in enumerate(compute) for a, b in lane if b > a]
+                    + [(a, 0, 1, p) for p, lane in enumerate(wires) for a, b in lane if b > a]
+                    + [(b, 0, -1, p) for p, lane in enumerate(wires) for a, b in lane if b > a])
+    on = [0] * lanes  # each lane's compute intervals open now
+    c_dt, t_dt, dt_on = [0.0] * lanes, [0.0] * lanes, [0.0] * lanes
+    c = t = 0
+    last = None
+    for at, dc, dt, p in events:
+        if last is not None and c and at > last:
+            for q in range(lanes):
+                if on[q]:
+                    c_dt[q] += c * (at - last)
+                    t_dt[q] += t * (at - last)
+                    dt_on[q] += at - last
+        c, t, last = c + dc, t + dt, at
+        if dc:
+            on[p] += dc
+    return ([x / d if d > 0 else 1.0 for x, d in zip(c_dt, dt_on)],
+            [x / d if d > 0 else 0.0 for x, d in zip(t_dt, dt_on)])
+
+
+def co_computing_per_lane(spans: list[list[tuple[float, float]]]) -> list[float]:
+    """Per lane, over its own compute time, the mean number of lanes computing at that moment
+    (itself included; 1 where it computes nothing). Their mean weighted by each lane's compute
+    time is `co_computing`."""
+    return _per_lane(spans, [[] for _ in spans])[0]
+
+
+def co_transferring_per_lane(compute: list[list[tuple[float, float]]],
+                             wires: list[list[tuple[float, float]]]) -> list[float]:
+    """Per lane, over its own compute time, the mean number of lanes with a transfer on the
+    wire (0 where it computes nothing); weighted by compute time, `co_transferring`."""
+    return _per_lane(compute, wires)[1]
+
+
 def lane_meta(sim: PipelineSim, replicas: int | str) -> dict[str, Any]:
     """What the host's load is read from in a replay (`host_ranks_at_once`): each lane's busy
     time (and as the runtime's timer counts it, `PipelineSim.timed_s`), the lanes computing and
     transferring at once, the replicas a lane stands for (`in_step`)."""
+    computing, transferring = _per_lane(sim.compute_s, sim.wire_s)
     return {"busy_s_per_lane": sim.busy_s, "timed_busy_s_per_lane": sim.timed_s,
-            "co_computing": co_computing(sim.compute_s), "co_transferring": co_transferring(sim.compute_s, sim.wire_s), "replicas": replicas}
+            "co_computing": co_computing(sim.compute_s), "co_transferring": co_transferring(sim.compute_s, sim.wire_s),
+            "co_computing_per_lane": computing, "co_transferring_per_lane": transferring, "replicas": replicas}
 
 
 def candidate_result(sim: PipelineSim, replicas: int | str, **meta: Any) -> SimResult:
@@ -143,10 +199,32 @@ def host_ranks_at_once(sim: SimResult, ranks_per_host: int, transfer_share: floa
     return load * per_lane * share
 
 
-def scaled(cluster: ClusterSpec, factor: float) -> ClusterSpec:
-    """`cluster` with every worker `factor` times faster and no sharing left to model: neither
-    the host's cores nor a lane's compute beside its own transfers (the host's load holds them)."""
-    workers = [WorkerSpec(w.name, speed=w.speed * factor) for w in cluster.workers]
+def host_ranks_at_once_per_lane(sim: SimResult, ranks_per_host: int, transfer_share: float = 0.0) -> list[float]:
+    """`host_ranks_at_once` per lane, over that lane's own compute time (the "stage" model)."""
+    computing = sim.meta.get("co_computing_per_lane") or []
+    transferring = sim.meta.get("co_transferring_per_lane") or [0.0] * len(computing)
+    lanes = len(computing) or 1
+    per_lane = in_step(sim)
+    share = min(1.0, ranks_per_host / (lanes * per_lane))
+    return [(c + transfer_share * t) * per_lane * share for c, t in zip(computing, transferring)]
+
+
+def worker_factors(sim: SimResult, lane_factors: list[float], workers: int) -> tuple[float, ...]:
+    """Each of `workers` workers' factor from its lane's: ranks are laid out stage-major
+    (`layout.py`), so worker g runs on lane g // (the ranks a lane stands for, `in_step`);
+    a worker beyond the layout's ranks keeps 1 (it runs nothing)."""
+    per_lane = in_step(sim)
+    return tuple(lane_factors[g // per_lane] if g // per_lane < len(lane_factors) else 1.0 for g in range(workers))
+
+
+def scaled(cluster: ClusterSpec, factor: Factor) -> ClusterSpec:
+    """`cluster` with every worker `factor` times faster (one factor, or one per worker) and no
+    sharing left to model: neither the host's cores nor a lane's compute beside its own
+    transfers (the host's load holds them)."""
+    factors = [float(factor)] * cluster.world_size if isinstance(factor, (int, float)) else list(factor)
+    if len(factors) != cluster.world_size:
+        raise CaramelError(f"sharing: {len(factors)} factors for a cluster of {cluster.world_size} workers")
+    workers = [WorkerSpec(w.name, speed=w.speed * f) for w, f in zip(cluster.workers, factors)]
     return dataclasses.replace(cluster, workers=workers, alone_speedup=1.0, ranks_per_host=1, compute_slowdown=1.0)
 
 
@@ -156,11 +234,13 @@ def with_sharing(simulate: Callable[[ClusterSpec], SimResult], cluster: ClusterS
     return settle(lambda factor: simulate(cluster if factor is None else scaled(cluster, factor)), cluster)
 
 
-def settle(simulate_at: Callable[[float | None], SimResult], cluster: ClusterSpec) -> SimResult:
+def settle(simulate_at: Callable[[Factor | None], SimResult], cluster: ClusterSpec) -> SimResult:
     """`simulate_at(factor)` (every worker `factor` times its all-at-once speed, no sharing left
     to model: `scaled`) at the factor the sharing settles at (`meta["sharing"]`: the factor, the
-    host's load while its ranks compute, the passes, whether it settled, a transfer's CPU share);
-    `simulate_at(None)`, the spec as given, where workers do not share cores.
+    host's load while its ranks compute, the passes, whether it settled, a transfer's CPU share,
+    the model); `simulate_at(None)`, the spec as given, where workers do not share cores. Under
+    `cluster.sharing_model == "stage"` the factor is a tuple, one per worker (its lane's:
+    `worker_factors`), and the load one per lane; under "layout" one number each.
 
     A cut chosen inside `simulate_at` (`partition="auto"`) is chosen at the factor it is given,
     and the cut it picks may give another factor, at which it picks another cut: the passes can
@@ -169,25 +249,42 @@ def settle(simulate_at: Callable[[float | None], SimResult], cluster: ClusterSpe
     where the cap falls, and errs towards the slower layout's pace."""
     if not shares_cores(cluster):
         return simulate_at(None)
-    factor, share = 1.0, transfer_cpu_share(cluster)
-    passes: list[tuple[float, SimResult, float]] = []  # (factor, its simulation, ranks at once)
+    per_stage = cluster.sharing_model == "stage"
+    share, n = transfer_cpu_share(cluster), cluster.ranks_per_host
+    factor: Any = (1.0,) * cluster.world_size if per_stage else 1.0
+    passes: list[tuple[Any, SimResult, Any]] = []  # (factor, its simulation, ranks at once)
     while True:
         sim = simulate_at(factor)
-        k = host_ranks_at_once(sim, cluster.ranks_per_host, share)
+        if per_stage:
+            k: Any = host_ranks_at_once_per_lane(sim, n, share)
+            nxt: Any = worker_factors(sim, [sharing_factor(n, cluster.alone_speedup, x) for x in k], cluster.world_size)
+        else:
+            k = host_ranks_at_once(sim, n, share)
+            nxt = sharing_factor(n, cluster.alone_speedup, k)
         passes.append((factor, sim, k))
-        nxt = sharing_factor(cluster.ranks_per_host, cluster.alone_speedup, k)
-        if abs(nxt - factor) <= SETTLED * factor:
+        if _close(nxt, factor):
             cycle, settled = passes[-1:], True
             break
-        seen = [i for i, (f, _, _) in enumerate(passes[:-1]) if abs(nxt - f) <= SETTLED * f]
+        seen = [i for i, (f, _, _) in enumerate(passes[:-1]) if _close(nxt, f)]
         if seen or len(passes) >= MAX_SHARING_PASSES:
             cycle, settled = passes[seen[-1] if seen else -2:], False
             break
         factor = nxt
     # the slowest; among equal steps the lowest factor, so that the pick is the same whatever the order
-    factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, -p[0]))
+    factor, sim, k = max(cycle, key=lambda p: (p[1].step_time_s, tuple(-f for f in _as_tuple(p[0]))))
     # the spec's measurement, not the 1 the passes replayed at (`scaled`)
     sim.meta["compute_slowdown"], sim.meta["replay_compute_slowdown"] = cluster.compute_slowdown, 1.0
-    sim.meta["sharing"] = {"factor": factor, "ranks_at_once": k, "passes": len(passes), "settled": settled,
-                           "transfer_cpu_share": share, "ranks_per_host": cluster.ranks_per_host, "alone_speedup": cluster.alone_speedup}
+    sim.meta["sharing"] = {"factor": list(factor) if per_stage else factor, "ranks_at_once": k, "passes": len(passes),
+                           "settled": settled, "transfer_cpu_share": share, "ranks_per_host": n,
+                           "alone_speedup": cluster.alone_speedup, "model": cluster.sharing_model}
     return sim
+
+
+def _as_tuple(factor: Factor) -> tuple[float, ...]:
+    return (float(factor),) if isinstance(factor, (int, float)) else tuple(factor)
+
+
+def _close(a: Factor, b: Factor) -> bool:
+    """Whether two factors (numbers, or per-worker tuples) agree within `SETTLED`, each entry."""
+    xs, ys = _as_tuple(a), _as_tuple(b)
+    return len(xs) == len(ys) and all(abs(x - y) <= SETTLED * y for x, y in zip(xs, ys))
