@@ -111,3 +111,23 @@ def test_bad_cross_term_options_are_refused():
         spec("gossip:cross_term=halves")
     with pytest.raises(CaramelError, match="cross_term must be one of"):
         SecondMoment([], torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]), world=2, cross_term="h")
+
+
+def test_caramel_trains_halves_add_up_to_the_whole_batchs_gradient_and_odd_batches_are_refused():
+    """`caramel train`'s split: two half-batch backward passes, each mean loss halved, leave the
+    whole batch's mean-loss gradient in p.grad and return its loss; an odd batch is an error."""
+    from caramel.train.strategy import Parallel
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 4)
+    engine = Parallel.__new__(Parallel)
+    engine.model = model
+    x, y = torch.randn(6, 3), torch.randint(0, 4, (6,))
+    loss = engine._halves_backward(x, y, torch.nn.functional.cross_entropy)
+    split = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    whole = torch.nn.functional.cross_entropy(model(x), y)
+    whole.backward()
+    assert torch.allclose(loss, whole.detach())
+    assert all(torch.allclose(a, p.grad, atol=1e-7) for a, p in zip(split, model.parameters()))
+    with pytest.raises(CaramelError, match="this batch has 5 samples"):
+        engine._halves_backward(x[:5], y[:5], torch.nn.functional.cross_entropy)
