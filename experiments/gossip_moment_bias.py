@@ -11,8 +11,13 @@ DDP), sum(max(C, 0)) / sum(mu^2) and sum(C) / sum(mu^2) (unclamped: the clamp al
 around zero into a positive sum), with mu^2 = (n O - mean A)/(n - 1), the squared mean gradient
 that O and A imply (E[O] = mu^2 + s^2/n, E[A] = mu^2 + s^2). The replay draws its own data order
 (randperm from the seed), so it is a DDP trajectory on the runs' split, not the runs' trajectory.
+`--cross-term halves`: each worker's batch takes two backward passes, one per half (h1, h2 their
+mean-loss gradients, g_i = (h1 + h2)/2), and C_i = EMA(h1 h2) (`cross_term=halves`: 4 a b with
+a = h1/2, b = h2/2); DDP steps on the same mean gradient.
 
     PYTHONPATH=. python experiments/gossip_moment_bias.py --seeds 0,1,2 --json docs/results/gossip-moment-bias.json
+    PYTHONPATH=. python experiments/gossip_moment_bias.py --seeds 0,1,2 --cross-term halves \
+        --json docs/results/gossip-moment-bias-halves.json
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from caramel.train.workloads import build_workload  # noqa: E402
 SAMPLE_EVERY_STEPS = 5  # the ratios are sums over every parameter: sampled, not computed each step
 
 
-def run(seed: int, n: int, val_fraction: float, window_steps: int) -> list[dict]:
+def run(seed: int, n: int, val_fraction: float, window_steps: int, halves: bool = False) -> list[dict]:
     """One DDP trajectory; per window the mean of the two ratios (module docstring)."""
     cfg = apply_dict(TrainConfig(), {"run": {"workload": "digits", "seed": seed},
                                      "data": {"val_fraction": val_fraction}}, "gossip_moment_bias")
@@ -50,14 +55,23 @@ def run(seed: int, n: int, val_fraction: float, window_steps: int) -> list[dict]
     for step in range(cfg.run.steps):
         if pos + n * bs > len(order):
             order, pos = torch.randperm(len(wl.train_set), generator=gen), 0
-        grads = []
+        grads, pairs = [], []
         for i in range(n):
             x, y = wl.train_set.batch(order[pos + i * bs: pos + (i + 1) * bs])
+            if halves:
+                h = []
+                for part in (slice(0, bs // 2), slice(bs // 2, None)):
+                    model.zero_grad()
+                    wl.loss_fn(model(x[part]), y[part]).backward()
+                    h.append([p.grad.detach().clone() for p in params])
+                grads.append([(u + w) / 2 for u, w in zip(*h)])
+                pairs.append([u * w for u, w in zip(*h)])
+                continue
             model.zero_grad()
             wl.loss_fn(model(x), y).backward()
             grads.append([p.grad.detach().clone() for p in params])
         pos, t = pos + n * bs, step + 1
-        mean_grads = update_moments(A, C, M, O, grads, t, b1, b2)
+        mean_grads = update_moments(A, C, M, O, grads, t, b1, b2, pairs or None)
         for p, g in zip(params, mean_grads):
             p.grad = g.clone()
         for group in opt.param_groups:
@@ -74,16 +88,20 @@ def run(seed: int, n: int, val_fraction: float, window_steps: int) -> list[dict]
 
 
 @torch.no_grad()
-def update_moments(A: list, C: list, M: list, O: list, grads: list, t: int, b1: float, b2: float) -> list:
+def update_moments(A: list, C: list, M: list, O: list, grads: list, t: int, b1: float, b2: float,
+                   pairs: list | None = None) -> list:
     """One step of every worker's estimator (A, C against its own bias-corrected first moment of
-    the steps before, moments.py's partner; g itself at t=1) and of DDP's O; returns the mean
-    gradient, the one DDP steps on."""
+    the steps before, moments.py's partner; g itself at t=1; or, given `pairs`, C of the two
+    halves' product h1 h2) and of DDP's O; returns the mean gradient, the one DDP steps on."""
     n = len(grads)
     for i in range(n):
         for k, g in enumerate(grads[i]):
-            partner = M[i][k] / (1 - b1 ** (t - 1)) if t > 1 else g
             A[i][k].mul_(b2).addcmul_(g, g, value=1 - b2)
-            C[i][k].mul_(b2).addcmul_(g, partner, value=1 - b2)
+            if pairs is not None:
+                C[i][k].mul_(b2).add_(pairs[i][k], alpha=1 - b2)
+            else:
+                partner = M[i][k] / (1 - b1 ** (t - 1)) if t > 1 else g
+                C[i][k].mul_(b2).addcmul_(g, partner, value=1 - b2)
             M[i][k].mul_(b1).add_(g, alpha=1 - b1)
     mean_grads = []
     for k in range(len(O)):
@@ -117,6 +135,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--val-fraction", type=float, default=0.3)
     ap.add_argument("--window-steps", type=int, default=40)
+    ap.add_argument("--cross-term", choices=("first_moment", "halves"), default="first_moment",
+                    help="the estimator's cross term: Adam's first moment of earlier steps, or two half batches")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     try:
@@ -126,12 +146,14 @@ def main() -> None:
     if args.workers < 2:
         raise SystemExit(f"--workers {args.workers}: expected 2 or more (one worker has nothing to debias)")
     steps = TrainConfig().run.steps
+    if args.cross_term == "halves" and TrainConfig().data.batch_size % 2:
+        raise SystemExit(f"--cross-term halves: the batch size {TrainConfig().data.batch_size} is odd")
     if args.window_steps < SAMPLE_EVERY_STEPS or args.window_steps % SAMPLE_EVERY_STEPS or steps % args.window_steps:
         raise SystemExit(f"--window-steps {args.window_steps}: expected a multiple of {SAMPLE_EVERY_STEPS} "
                          f"that divides the {steps} training steps (else the last steps fall out of every window)")
     out = {}
     for seed in seeds:
-        out[str(seed)] = run(seed, args.workers, args.val_fraction, args.window_steps)
+        out[str(seed)] = run(seed, args.workers, args.val_fraction, args.window_steps, args.cross_term == "halves")
         for r in out[str(seed)]:
             print(f"seed {seed} steps {r['steps'][0]}-{r['steps'][1]}: v / DDP's {r['v_over_ddp']:.3f}, "
                   f"mu^2 estimate / implied {r['mu2_estimate_over_implied']:.3f} "
@@ -139,6 +161,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"command": "python experiments/gossip_moment_bias.py " + " ".join(sys.argv[1:]),
                                                "workers": args.workers, "val_fraction": args.val_fraction,
+                                               "cross_term": args.cross_term,
                                                "seeds": out}, indent=1) + "\n")
 
 

@@ -84,6 +84,12 @@ class Parallel:
                                "own script with `caramel cluster run --ps-servers N`")
         if self.kind == "gossip":
             options = gossip_options_for_clipping(options, cfg.optim.clip_grad_norm)
+        # gossip cross_term=halves: each step's batch in two halves, one backward each
+        self.halves = self.kind == "gossip" and options.halves
+        if self.halves and cfg.data.batch_size % 2:
+            from caramel.errors import CaramelError
+            raise CaramelError(f"strategy 'gossip': cross_term=halves splits each worker's batch into two equal "
+                               f"halves; --batch-size {cfg.data.batch_size} is odd (give an even one)")
         extra: dict[str, Any] = {}
         if self.kind in ("gossip", "ps"):
             # per rank: trace.rank<r>.json (gossip: consensus and bytes per step; ps: its stats_dict and per-step log)
@@ -104,13 +110,33 @@ class Parallel:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any, clip_grad_norm: float) -> torch.Tensor:
         """Forward, backward, (clipping,) the update: the loss of this rank's batch."""
-        loss = loss_fn(self.model(x), y)
-        loss.backward()
+        if self.halves:
+            loss = self._halves_backward(x, y, loss_fn)
+        else:
+            loss = loss_fn(self.model(x), y)
+            loss.backward()
         if clip_grad_norm > 0:
             self.clip_grad_norm_(clip_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def _halves_backward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Any) -> torch.Tensor:
+        """gossip cross_term=halves: forward and backward of each half of the batch, each loss
+        (a mean) halved, so p.grad ends as the whole batch's mean-loss gradient; the strategy
+        keeps what the first backward added. Returns the batch's loss."""
+        half = x.shape[0] // 2
+        if x.shape[0] % 2:
+            from caramel.errors import CaramelError
+            raise CaramelError(f"strategy 'gossip': cross_term=halves splits each batch into two equal halves; this "
+                               f"batch has {x.shape[0]} samples (an odd last batch: use an even --batch-size and "
+                               "drop the remainder)")
+        losses = []
+        for part in (slice(0, half), slice(half, None)):
+            loss = loss_fn(self.model(x[part]), y[part])
+            (loss / 2).backward()
+            losses.append(loss.detach())
+        return (losses[0] + losses[1]) / 2
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer state a checkpoint holds (all ranks call it). Under caramel the parts

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from caramel.errors import CaramelError
-from caramel.strategies.gossip.moments import SECOND_MOMENTS
+from caramel.strategies.gossip.moments import CROSS_TERMS, SECOND_MOMENTS
 from caramel.strategies.gossip.volume import MIXES_MOMENTS, TRACKS
 
 TOPOLOGIES = ("ring", "torus", "exponential", "one_peer_exponential", "complete")
@@ -59,7 +59,11 @@ class GossipOptions:
     algorithm without trackers. `second_moment` (Adam, AdamW): "own" (the optimizer's own second
     moment of this worker's gradient) or "debiased" (`moments.py`: an estimate, from each
     worker's own gradients, of the second moment of the workers' average gradient, DDP's; no
-    bytes added; with algorithm=dpsgd, overlap and adam)."""
+    bytes added; with algorithm=dpsgd, overlap and adam). `cross_term` (with debiased): where the
+    estimate of the squared mean gradient comes from: "first_moment" (this step's gradient times
+    Adam's first moment of the steps before) or "halves" (the two halves of this step's batch, one
+    backward each: unbiased at the same step; `caramel train` splits the batch, a user's loop
+    calls backward twice per step)."""
 
     topology: str | list | torch.Tensor | np.ndarray = "ring"
     algorithm: str = field(default="dpsgd", metadata={"choices": ALGORITHMS})
@@ -70,6 +74,7 @@ class GossipOptions:
     overlap_trackers: bool | None = None  # None: true under the tracking algorithms
     tracker_bucket_cap_mb: float | None = None  # None: 1 MB under the tracking algorithms
     second_moment: str = field(default="own", metadata={"choices": SECOND_MOMENTS})
+    cross_term: str = field(default="first_moment", metadata={"choices": CROSS_TERMS})
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, (torch.Tensor, np.ndarray)):
@@ -100,6 +105,11 @@ class GossipOptions:
             raise CaramelError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.second_moment not in SECOND_MOMENTS:
             raise CaramelError(f"second_moment must be one of {', '.join(SECOND_MOMENTS)}, got {self.second_moment!r}")
+        if self.cross_term not in CROSS_TERMS:
+            raise CaramelError(f"cross_term must be one of {', '.join(CROSS_TERMS)}, got {self.cross_term!r}")
+        if self.cross_term != "first_moment" and not self.debiases:
+            raise CaramelError(f"cross_term={self.cross_term} sets the cross term of the debiased second moment; "
+                               f"it needs second_moment=debiased (got second_moment={self.second_moment})")
         if self.debiases and self.algorithm not in DEBIASES:
             raise CaramelError(f"second_moment=debiased is built for algorithm={', '.join(DEBIASES)}, where each worker's "
                                f"Adam steps with its own gradient; algorithm={self.algorithm} "
@@ -132,6 +142,11 @@ class GossipOptions:
     def debiases(self) -> bool:
         """Whether each worker's Adam steps with the debiased second moment (`moments.py`)."""
         return self.second_moment == "debiased"
+
+    @property
+    def halves(self) -> bool:
+        """Whether each step's gradient comes in two half-batch backward passes (`cross_term=halves`)."""
+        return self.cross_term == "halves"
 
     @property
     def mixes_at_update(self) -> bool:

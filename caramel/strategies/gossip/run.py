@@ -71,7 +71,8 @@ class GossipRun:
                                                       tag_base=TRACKER_TAG_BASE),
                                 overlap=options.overlaps_trackers, layout=self._tracker_layout)
                         if options.tracks else None)
-        self.moments = SecondMoment(self.shared, optimizer, self.world) if options.debiases else None
+        self.moments = (SecondMoment(self.shared, optimizer, self.world, options.cross_term)
+                        if options.debiases else None)
         self._sent_mark = (0, 0)  # bytes sent (parameters', trackers') when the last step's exchange started
         self.order: list[str] = []
         self.recording = True
@@ -89,6 +90,8 @@ class GossipRun:
         if self.tracker is not None and self.tracker.overlap:
             self._hooks += [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, k))
                             for k, (_, p) in enumerate(self.shared)]
+        if self.moments is not None:
+            self._hooks += self.moments.handles  # cross_term=halves: the first half's gradient
 
     # --- the user's loop ------------------------------------------------------------------
     def _pre_hook(self, name: str, _module: nn.Module, _args: Any) -> None:

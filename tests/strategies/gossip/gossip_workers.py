@@ -7,7 +7,7 @@ import torch
 
 import caramel
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of, train
-from tests.strategies.gossip.moments_workers import debiased_update_worker
+from tests.strategies.gossip.moments_workers import debiased_update_worker, halves_vs_ddp_worker
 from tests.strategies.gossip.overlap_workers import (batchnorm_worker, closure_worker, overlap_adam_update_worker,
                                                     overlap_update_worker)
 
@@ -280,10 +280,14 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
             "batchnorm": batchnorm_worker(rank, world, steps), "closure": closure_worker(rank, world)}
 
 
+HALVES_STEPS = 40  # beta2 = 0.95: the EMA's weight is 0.87 on these steps
+
+
 def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:
     """The 4-worker checks, in one job: consensus under lr=0, overlap's, overlap_momentum's and
-    the debiased second moment's update by hand."""
+    the debiased second moment's update by hand, its half-batch cross term against DDP."""
     return {"consensus": consensus_worker(rank, world, steps, specs),
             "overlap_update": overlap_update_worker(rank, world, steps),
             "overlap_adam_update": overlap_adam_update_worker(rank, world, steps),
-            "debiased_update": debiased_update_worker(rank, world, steps)}
+            "debiased_update": debiased_update_worker(rank, world, steps),
+            "halves_vs_ddp": halves_vs_ddp_worker(rank, world, HALVES_STEPS)}

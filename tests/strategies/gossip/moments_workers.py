@@ -1,6 +1,9 @@
 """Worker function of the gossip strategy's debiased second moment test (spawned; must be
-importable): `second_moment=debiased` on a 4-worker ring checked against AdamW computed by hand."""
+importable): `second_moment=debiased` on a 4-worker ring checked against AdamW computed by hand,
+and its half-batch cross term against DDP's second moment."""
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -58,3 +61,35 @@ def debiased_update_worker(rank: int, world: int, steps: int) -> dict:
     caramel.shutdown()
     return {"errors": errors, "sq_errors": sq_errors, "own_gap": gaps, "clamped": clamped, "bytes": stats["bytes_per_peer_per_step"],
             "param_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
+def halves_vs_ddp_worker(rank: int, world: int, steps: int) -> dict:
+    """cross_term=halves against DDP's own second moment, at fixed parameters (lr = 0: every
+    step's gradients come from one distribution, the model never moves): a 4-worker ring, each
+    worker's batch in two halves (one backward each), beside torch's DDP on the same batches.
+    Returns each worker's exp_avg_sq summed over all parameters after `steps` steps, DDP's (the
+    EMA of the workers' mean gradient squared), the estimate before its clamp (A / n + (1 - 1/n) C,
+    the part whose mean is DDP's) and the worker's own A (the EMA of g_i^2: what its Adam would
+    divide by without the option)."""
+    w = fresh("gpt_tied")
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(w.model))
+    ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=0.0, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(w.model.parameters(), lr=0.0, betas=(0.9, 0.95), weight_decay=0.0)
+    model, opt = caramel.parallelize(w.model, opt, "gossip:topology=ring,second_moment=debiased,cross_term=halves")
+    for step in range(steps):
+        x, y = batch("gpt_tied", step, rank)
+        half = x.shape[0] // 2
+        for part in (slice(0, half), slice(half, None)):
+            (w.loss_fn(model(x[part]), y[part]) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+        w.loss_fn(ddp(x), y).backward()
+        ddp_opt.step()
+        ddp_opt.zero_grad()
+    mine = sum(float(opt.state[p]["exp_avg_sq"].sum()) for p in w.model.parameters())
+    theirs = sum(float(ddp_opt.state[p]["exp_avg_sq"].sum()) for p in ddp.parameters())
+    est = opt.gossip.moments
+    own = sum(float(a.sum()) for a in est.sq)
+    unclamped = sum(float((a / world + (1 - 1 / world) * c).sum()) for a, c in zip(est.sq, est.cross))
+    caramel.shutdown()
+    return {"halves": mine, "unclamped": unclamped, "ddp": theirs, "own": own}
