@@ -24,6 +24,9 @@ SHARING_KEY = "host_sharing"  # where a profile taken in turns keeps what the tu
 # the pipeline simulator's sharing model a profile taken now is predicted with, kept in the profile so
 # that its replays keep it whatever the default becomes ("layout": docs/results/pipeline_stage_sharing/)
 SHARING_MODEL = "layout"
+# the models a profile may name: the same as `caramel.topology.spec.SHARING_MODELS` (a sibling package
+# this one may not import; tests/strategies/pipeline/test_sharing_stage.py holds them equal)
+SHARING_MODELS = ("layout", "stage")
 
 
 def host_of() -> str:
@@ -99,8 +102,6 @@ def sharing_of(profile: Any) -> dict[str, Any]:
     so); none for a
     profile taken without turns, or where every rank has a host of its own (the measured ratio
     is then noise: nobody shares its cores)."""
-    from caramel.topology.spec import SHARING_MODELS
-
     shared = (getattr(profile, "meta", None) or {}).get(SHARING_KEY)
     if not shared or int(shared["ranks_per_host"]) <= 1:
         return {}

@@ -133,3 +133,11 @@ def test_the_model_is_versioned_and_records_without_one_replay_as_before():
     prof.meta[SHARING_KEY]["model"] = "per-lane"
     with pytest.raises(FormatError, match="'model' must be one of layout, stage, got 'per-lane'"):
         sharing_of(prof)
+
+
+def test_a_profile_names_the_sharing_models_a_cluster_spec_takes():
+    from caramel.profile import turns
+    from caramel.topology import spec
+
+    assert turns.SHARING_MODELS == spec.SHARING_MODELS
+    assert turns.SHARING_MODEL in turns.SHARING_MODELS
