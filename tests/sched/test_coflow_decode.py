@@ -112,6 +112,9 @@ def test_decodings_parse_and_bad_ones_are_refused():
 def test_a_sample_count_over_the_cap_is_refused_naming_it():
     from caramel.sched.coflow.decode import MAX_SAMPLES
     assert parse_decoding(f"sample:{MAX_SAMPLES}:2") == Decoding(MAX_SAMPLES, 2.0)
+    # zero padding past int()'s digit limit reads as its count, as in the placement decodings
+    assert parse_decoding("sample:" + "0" * 5000 + "8") == Decoding(8)
+    assert parse_decoding("sample:" + "0" * 5000 + "8:2") == Decoding(8, 2.0)
     for bad in (f"sample:{MAX_SAMPLES + 1}", f"sample:{MAX_SAMPLES + 1}:2", "sample:" + "1" * 5000):
         with pytest.raises(CaramelError, match=rf"decoding '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} "
                                                rf"samples.*2 <= N <= {MAX_SAMPLES}"):
