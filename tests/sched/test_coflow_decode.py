@@ -4,6 +4,7 @@ sampled schedules is never worse than greedy and keeps the schedule it reports, 
 decodings are refused; the experiment's per-trace comparison counts what it says."""
 
 import json
+import re
 import numpy as np
 import pytest
 import torch
@@ -238,6 +239,9 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
         paths[-1].write_text(json.dumps({**top, "held_out": _report(part, "weighted_srjf")}))
     out = tmp_path / "out.json"
     assert main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)]) == 0
+    # a missing part: one line naming it, not a traceback
+    with pytest.raises(SystemExit, match=rf"--merge: {re.escape(str(tmp_path / 'gone.json'))}: no such file"):
+        main(["--merge", f"{paths[0]},{tmp_path / 'gone.json'}", "--json", str(out)])
     assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
     with pytest.raises(SystemExit, match="no other flag \\(got --test-seeds\\)"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])

@@ -116,7 +116,7 @@ def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
         assert res["union"] <= 1e-5, res["union"]
         assert res["sizes"] == ([2, 2, 2, 2, 5, 5] if rank == 0 else [6, 6, 6, 6, 3, 3])
         # rank 1 slowed 2 ms per sample, rank 0 1 ms: the windows hold each step's forward exactly,
-        # and one change gives rank 0 more, the counts that level them (6 and 4 ms: [6, 2])
+        # and one change gives rank 0 more: the min-max counts (6 and 4 ms; [5, 3] ties, going to rank 0)
         assert res["on_the_clock"] and _exact_windows(res["windows"], _SLOW_S_PER_SAMPLE[rank]), res["windows"]
         assert res["changes"] == 1 and res["counts"] == [6, 2], res["counts"]
     drawn = [i for res in results for b in res["drawn"] for i in b]
