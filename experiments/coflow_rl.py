@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from caramel.jsonio import format_tag, read_json, write_json
+from caramel.jsonio import FormatError, format_tag, read_json, write_json
 from caramel.sched.coflow import HEURISTICS, TraceOptions, simulate, synthetic_trace
 from caramel.sched.coflow.decode import Decoding, decode, parse_decoding, policy_logits
 from caramel.sched.coflow.env import CoflowEnv, EnvOptions
@@ -336,7 +336,10 @@ def _merge_files(args, given: list[str]) -> int:
         raise SystemExit(f"--merge {args.merge!r}: expected two or more comma-separated reports")
     parts = []
     for path in paths:
-        part = read_json(path, "coflow-rl")
+        try:
+            part = read_json(path, "coflow-rl")
+        except FormatError as err:  # a missing, truncated or foreign part: one line naming it
+            raise SystemExit(f"--merge: {err}") from None
         part.pop("format", None)
         parts.append(part)
     sections = ("validation", "validation_large", "held_out", "held_out_large")

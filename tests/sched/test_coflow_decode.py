@@ -4,6 +4,7 @@ sampled schedules is never worse than greedy and keeps the schedule it reports, 
 decodings are refused; the experiment's per-trace comparison counts what it says."""
 
 import json
+import re
 import numpy as np
 import pytest
 import torch
@@ -112,6 +113,9 @@ def test_decodings_parse_and_bad_ones_are_refused():
 def test_a_sample_count_over_the_cap_is_refused_naming_it():
     from caramel.sched.coflow.decode import MAX_SAMPLES
     assert parse_decoding(f"sample:{MAX_SAMPLES}:2") == Decoding(MAX_SAMPLES, 2.0)
+    # zero padding past int()'s digit limit reads as its count, as in the placement decodings
+    assert parse_decoding("sample:" + "0" * 5000 + "8") == Decoding(8)
+    assert parse_decoding("sample:" + "0" * 5000 + "8:2") == Decoding(8, 2.0)
     for bad in (f"sample:{MAX_SAMPLES + 1}", f"sample:{MAX_SAMPLES + 1}:2", "sample:" + "1" * 5000):
         with pytest.raises(CaramelError, match=rf"decoding '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} "
                                                rf"samples.*2 <= N <= {MAX_SAMPLES}"):
@@ -235,6 +239,9 @@ def test_reports_of_consecutive_seed_ranges_merge_into_the_whole_runs(tmp_path):
         paths[-1].write_text(json.dumps({**top, "held_out": _report(part, "weighted_srjf")}))
     out = tmp_path / "out.json"
     assert main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out)]) == 0
+    # a missing part: one line naming it, not a traceback
+    with pytest.raises(SystemExit, match=rf"--merge: {re.escape(str(tmp_path / 'gone.json'))}: no such file"):
+        main(["--merge", f"{paths[0]},{tmp_path / 'gone.json'}", "--json", str(out)])
     assert json.loads(out.read_text())["held_out"]["per_trace"] == json.loads(json.dumps(whole["per_trace"]))
     with pytest.raises(SystemExit, match="no other flag \\(got --test-seeds\\)"):
         main(["--merge", f"{paths[0]},{paths[1]}", "--json", str(out), "--test-seeds", "0:5"])

@@ -85,6 +85,7 @@ def test_a_sample_count_over_the_cap_is_refused_naming_it():
     from caramel.sched.placement.decode import MAX_SAMPLES
     assert parse_decoding(f"sample:{MAX_SAMPLES}") == Decoding(MAX_SAMPLES)
     assert parse_decoding("sample:0016") == Decoding(16)
+    assert parse_decoding("sample:" + "0" * 5000 + "8") == Decoding(8)  # as in the coflow decodings
     for bad in (f"sample:{MAX_SAMPLES + 1}", "sample:" + "1" * 5000):
         with pytest.raises(CaramelError, match=rf"decode '{bad[:20]}.*': N is over the cap of {MAX_SAMPLES} samples"
                                                rf".*1 <= N <= {MAX_SAMPLES}"):

@@ -43,7 +43,7 @@ from caramel.sched.coflow.workload import Workload
 Logits = Callable[[np.ndarray], np.ndarray]
 
 # `sample:N` simulates the whole trace N times, one after another: about 0.15 s each on a 10-job
-# trace (sample:8 took 1.2 s per trace; docs/rl-scheduling.md), so the cap is about 10 minutes
+# trace (sample:8:2 took 1.2 s per trace; docs/rl-scheduling.md), so the cap is about 10 minutes
 # per trace; a count past it is taken for a typo, not run for hours. The results use N = 8.
 MAX_SAMPLES = 4096
 
@@ -117,9 +117,11 @@ def parse_decoding(text: str) -> Decoding:
             return Decoding(margin=0.0 if value is None else value)
         if numbers_ok and parts[0] == "check" and len(parts) == 2:
             return Decoding(check=value)
+        # int() of the count without its leading zeros (its length is checked against the cap above),
+        # as in the placement decodings: zero padding past int()'s digit limit still reads as N
         if numbers_ok and parts[0] == "sample" and len(parts) in (2, 3) and re.fullmatch(r"[0-9]+", parts[1]) \
-                and int(parts[1]) >= 2 and (value is None or value > 0):
-            return Decoding(int(parts[1]), temperature=1.0 if value is None else value)
+                and int(parts[1].lstrip("0") or "0") >= 2 and (value is None or value > 0):
+            return Decoding(int(parts[1].lstrip("0")), temperature=1.0 if value is None else value)
     except ValueError:
         pass
     raise CaramelError(f"decoding {text!r}: expected greedy, greedy:M, check:M (M >= 0), sample:N or sample:N:T "

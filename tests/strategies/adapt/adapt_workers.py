@@ -107,8 +107,9 @@ def _toy(seed: int = 0):
 
 class _VirtualClock:
     """`time` for `_Slow` and for `ddp_shares`' hook and, from `start`, the engine's clock: until
-    then the slow-downs sleep; from then on time passes only in them and in `_ReduceBehind`'s
-    block, so a step's period is exactly its slowed forward plus the wait it was held, whatever
+    then the slow-downs sleep; from then on time passes only in them and in the holds of
+    `_ReduceBehind` (under DDP) and `_HeldWork` (the engine's own all-reduces), so a step's
+    period is exactly its slowed forward plus the wait it was held, whatever
     else runs on the host (on a loaded host wall-clock periods let noise decide the shares)."""
 
     def __init__(self) -> None:
@@ -148,6 +149,37 @@ class _ReduceBehind:
 
     def __getattr__(self, name: str):
         return getattr(dist, name)
+
+
+class _HeldWork:
+    """A gradient all-reduce's work on the `_VirtualClock`: waiting on it holds the rank by
+    `hold_s` (taken as it was issued: its step's lead of the peer), inside the engine's timed wait."""
+
+    def __init__(self, work, clock: _VirtualClock, hold_s: float) -> None:
+        self.work, self.clock, self.hold_s = work, clock, hold_s
+
+    def wait(self, *args, **kwargs):
+        if self.hold_s:  # none before the clock starts (profiling runs on the wall clock)
+            self.clock.t += self.hold_s
+            self.hold_s = 0.0  # once per work
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.work, name)
+
+
+class _CommBehind:
+    """The engine's gradient group on the `_VirtualClock` (Caramel's own schedule): its
+    all-reduces hold the rank by `lead_s()` when waited on, as `_ReduceBehind` does under DDP."""
+
+    def __init__(self, comm, clock: _VirtualClock, lead_s) -> None:
+        self.comm, self.clock, self.lead_s = comm, clock, lead_s
+
+    def allreduce(self, *args, **kwargs):
+        return _HeldWork(self.comm.allreduce(*args, **kwargs), self.clock, self.lead_s())
+
+    def __getattr__(self, name: str):
+        return getattr(self.comm, name)
 
 
 class _Slow(torch.nn.Module):
@@ -225,22 +257,38 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     _train_on_the_union(ref, x, y, global_batch, steps)
     out["union"] = max_diff(params_of(ref), params_of(model.module))
     out["sizes"] = seen
-    # 2. rank 1 slowed 2 ms per sample, rank 0 1 ms, on a virtual clock: the balancer moves samples to rank 0
+    # 2. rank 1 slowed 2 ms per sample, rank 0 1 ms, on a virtual clock: the balancer moves samples to rank 0;
+    # the faster rank's gradient wait is held by the peer's lead, as on a real clock
     inner, x, y = _toy()
     clock = _VirtualClock()
     slow = _Slow(inner, _SLOW_S_PER_SAMPLE[rank], clock)
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=4)
     _on_the_clock_from_adoption(opt, clock)
+    balancer = opt.engine.controller.balancer
+
+    def lead_s() -> float:  # this rank's step ends this much before its peer's: it waits that long
+        if clock.t is None:
+            return 0.0
+        n = balancer.local_batch
+        return max((global_batch - n) * _SLOW_S_PER_SAMPLE[1 - rank] - n * _SLOW_S_PER_SAMPLE[rank], 0.0)
+
+    dispatcher = opt.engine._dispatcher
+    dispatcher.comm = _CommBehind(dispatcher.comm, clock, lead_s)
     sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
-    drawn = []
+    drawn, sizes, waits = [], [], []
     for epoch in range(2):
         for idx in sampler:
             drawn.append(idx)
+            on_the_clock = clock.t is not None
             torch.nn.functional.mse_loss(model(x[idx]), y[idx]).backward()
             opt.step()
             opt.zero_grad()
+            # with overlap="forward" a step's gradient is waited for in the next step's forward
+            sizes.append(len(idx) if on_the_clock else None)
+            waits.append(opt.engine.stats.last_wait_s)
     opt.synchronize()
+    out["equal_waits_s"] = [w for a, b, w in zip(sizes, sizes[1:], waits[1:]) if a == b == global_batch // 2]
     out["counts"] = sampler.schedule.current
     out["changes"] = len(opt.engine.controller.balancer.changes)
     out["windows"] = {n: list(q) for n, q in opt.engine.controller.balancer.times.items()}

@@ -116,9 +116,14 @@ def test_unequal_shares_equal_the_union_batch_and_a_slow_rank_gets_fewer():
         assert res["union"] <= 1e-5, res["union"]
         assert res["sizes"] == ([2, 2, 2, 2, 5, 5] if rank == 0 else [6, 6, 6, 6, 3, 3])
         # rank 1 slowed 2 ms per sample, rank 0 1 ms: the windows hold each step's forward exactly,
-        # and one change gives rank 0 more, the counts that level them (6 and 4 ms: [6, 2])
+        # and one change gives rank 0 more: the min-max counts (6 and 4 ms; [5, 3] ties, going to rank 0)
         assert res["on_the_clock"] and _exact_windows(res["windows"], _SLOW_S_PER_SAMPLE[rank]), res["windows"]
         assert res["changes"] == 1 and res["counts"] == [6, 2], res["counts"]
+    # at equal shares rank 0's gradient wait is held by rank 1's lead, 4 x (2 - 1) ms, and timed by
+    # the engine; the exact windows above hold only if the balancer takes that wait out of the step
+    waits = [res["equal_waits_s"] for res in results]
+    assert len(waits[0]) >= 3 and waits[0] == [pytest.approx(0.004)] * len(waits[0]), waits
+    assert waits[1] == [0.0] * len(waits[1]), waits
     drawn = [i for res in results for b in res["drawn"] for i in b]
     per_epoch = 96 // 8 * 8
     assert len(drawn) == 2 * per_epoch and all(drawn.count(i) == 2 for i in set(drawn))  # each sample once per epoch
