@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import threading
 import time
@@ -245,7 +246,7 @@ def analyse(d: Path, warmup: int) -> None:
             print(f"rank {r} sender: last sends' hand-off->complete ms {[round(v, 1) for v in durs]}")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategy", default="ps")
     ap.add_argument("--steps", type=int, default=30)
@@ -255,9 +256,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=8, help="updates left out of the analysis")
     ap.add_argument("--poll-ms", type=float, default=0.5, help="how often the thread polls pending pulls "
                     "(0: no thread; landings are then not recorded and --analyse has nothing to read)")
-    args = ap.parse_args()
-    if args.poll_ms < 0:
-        ap.error(f"--poll-ms: expected milliseconds >= 0, got {args.poll_ms}")
+    args = ap.parse_args(argv)
+    # nan would pass a `< 0` check and silently run the no-thread control; inf would stop the
+    # polling after its first pass and leave an incomplete timeline
+    if not math.isfinite(args.poll_ms) or args.poll_ms < 0:
+        ap.error(f"--poll-ms: expected finite milliseconds >= 0, got {args.poll_ms}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.analyse:
         analyse(Path(args.analyse), args.warmup)
     elif args.out:

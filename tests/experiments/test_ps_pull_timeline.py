@@ -1,12 +1,12 @@
 """experiments/ps_pull_timeline.py and ps_code_ab.py: the stored timelines are read back to the
-numbers docs/ps.md quotes; the A/B script refuses bad options with one error each and writes
-its table from the jobs."""
+numbers docs/ps.md quotes, its --poll-ms is checked; the A/B script refuses bad options with one
+error each and writes its table from the jobs."""
 from pathlib import Path
 
 import pytest
 
 from experiments import ps_code_ab
-from experiments.ps_pull_timeline import analyse
+from experiments.ps_pull_timeline import analyse, parse_args
 
 STORED = Path(__file__).resolve().parents[2] / "docs/results/ps_pull_timeline"
 
@@ -43,6 +43,14 @@ def test_the_stored_timelines_read_back_to_the_quoted_numbers(name, capsys):
     missing = [q for q in QUOTED[name] if q not in out]
     assert not missing, f"{name}: not in the analysis: {missing}\n{out}"
     assert "pushes_overlapping" not in out  # push landings are not measured (gloo p2p: only at wait())
+
+
+@pytest.mark.parametrize("poll_ms", ["nan", "inf", "-inf", "-1"])
+def test_the_timeline_refuses_a_poll_period_that_is_not_finite_and_nonnegative(poll_ms, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", f"--poll-ms={poll_ms}"])
+    assert f"--poll-ms: expected finite milliseconds >= 0, got {float(poll_ms)}" in capsys.readouterr().err
+    assert parse_args(["--out", "x", "--poll-ms", "0"]).poll_ms == 0.0  # the no-thread control
 
 
 def test_ab_refuses_a_tree_that_is_not_a_checkout(tmp_path, capsys):

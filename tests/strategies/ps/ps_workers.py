@@ -226,19 +226,36 @@ def hierarchical_worker(rank: int, world: int, steps: int, local: int) -> dict:
 def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patience_s: float = 10.0) -> list[dict]:
     """Hierarchical: per step, after backward and before `step()` is called, the buckets whose
     node sum this rank sends to another server (the plan's), those it handed over, those whose
-    send completed within `patience_s` (polled; `step()` not called meanwhile), and whether
-    each send went on this leader's own pull group."""
+    send completed within `patience_s` (polled; `step()` not called meanwhile), whether each
+    send went on this leader's own pull group, how many buckets it serves, and for each
+    receive it posted during the step's backward, how many of this step's gradients were
+    ready on this rank when it was posted (`posted_at_ready`)."""
+    import torch.distributed as dist
+
     w = fresh(family)
     m = copy.deepcopy(w.model)
     opt, sched = make_optimizer("adam", m.parameters())
     model, opt = caramel.parallelize(m, opt, spec)
     out = []
+    posted_at_ready: list[int] = []
+    real_irecv = dist.irecv
+
+    def irecv(tensor, *args, **kw):
+        posted_at_ready.append(len(opt.ps.engine.ready))
+        return real_irecv(tensor, *args, **kw)
+
     for step in range(steps):
         x, y = batch(family, step, rank)
-        w.loss_fn(model(x), y).backward()
+        posted_at_ready.clear()
+        dist.irecv = irecv
+        try:
+            w.loss_fn(model(x), y).backward()
+        finally:
+            dist.irecv = real_irecv
         e = opt.ps.engine  # the engine of this step (a re-plan after the profile makes a new one)
         expected = sorted(b for b, members in enumerate(e.plan.buckets)
                           if e.hier.is_leader and e.server_of(members[0]) != e.rank)
+        served = sum(e.server_of(members[0]) == e.rank for members in e.plan.buckets)
         forwards = list(getattr(e.current, "forwards", []))
         deadline = time.monotonic() + patience_s
         while time.monotonic() < deadline and not all(item.is_completed() for _, item in forwards):
@@ -246,7 +263,8 @@ def forwarded_before_step(family: str, rank: int, steps: int, spec: str, patienc
         own_pull = e.hier.lead_pull[e.rank // e.hier.local_size] if e.hier.is_leader else None
         out.append({"expected": expected, "handed": sorted(b for b, _ in forwards),
                     "sent": sorted(b for b, item in forwards if item.is_completed()),
-                    "on_own_pull_group": [item.group is own_pull for _, item in forwards]})
+                    "on_own_pull_group": [item.group is own_pull for _, item in forwards],
+                    "served": served, "posted_at_ready": list(posted_at_ready)})
         opt.step()
         sched.step()
         opt.zero_grad()

@@ -159,6 +159,22 @@ def test_a_leader_sends_its_node_sums_before_step_is_called(hierarchical):
             assert all(step["on_own_pull_group"]), (rank, step)
 
 
+def test_a_server_leader_posts_its_receives_before_its_own_gradients_are_ready(hierarchical):
+    """Hierarchical on gloo, a server leader posts its receive of every other leader's node sum
+    of each bucket it serves at the step's first gradient, before any of its own gradients is
+    ready (as a colocated server: gloo moves a message only once both ends have posted it);
+    posted at its first push instead, each receive sees a gradient ready and fails this. The
+    other ranks post none. The per-tensor run of `test_a_leader_sends_its_node_sums_...`."""
+    for rank, res in enumerate(hierarchical):
+        for step in res["forwarded"]:
+            if rank % 2:
+                assert step["posted_at_ready"] == [], (rank, step)
+                continue
+            # two nodes: one receive, from the other leader, per bucket this leader serves
+            assert len(step["posted_at_ready"]) == step["served"] > 0, (rank, step)
+            assert set(step["posted_at_ready"]) == {0}, (rank, step["posted_at_ready"])
+
+
 def test_hierarchical_leaders_send_pulls_one_at_a_time_in_the_planned_order(hierarchical):
     """A server leader's pulls to the other leaders and every leader's relays to its node go
     through the ordered senders: handed to the backend one at a time (each send complete
