@@ -145,6 +145,22 @@ def test_a_guided_pass_moves_only_focus_layers_and_their_exchange_partners():
     assert everything.guided_passes == plain.passes - 1 and plain.guided_passes == 0
 
 
+@pytest.mark.parametrize("opts,seed", [(MID, 2), (LARGE, 2)], ids=["mid", "large"])
+def test_a_guided_search_grows_its_focus_along_the_chain(opts, seed):
+    """From every layer on the cloud with the focus one layer, (0, 0): a cloud layer moves only
+    as Y, so the later layers of task 0 leaving the cloud in the guided passes (the search cut
+    at `guided_passes`) joined the focus as chain neighbours of moved layers, one per pass."""
+    inst = random_instance(opts, seed)
+    start = HEURISTICS["all_cloud"](inst)
+    focus = np.zeros((len(inst.tasks), max(len(t.gflop) for t in inst.tasks)), dtype=bool)
+    focus[0, 0] = True
+    guided = local_search(inst, start, SearchOptions(max_passes=1000), focus=focus).guided_passes
+    cut = local_search(inst, start, SearchOptions(max_passes=guided), focus=focus)
+    assert cut.guided_passes == cut.passes == guided >= 3
+    moved = [(t, l) for t, row in enumerate(start) for l in range(len(row)) if cut.placement[t][l] != row[l]]
+    assert moved == [(0, l) for l in range(guided)]
+
+
 def test_heuristics_given_tables_place_as_without():
     inst = random_instance(LARGE, 3)
     tables = StepTables(inst)
