@@ -291,8 +291,24 @@ def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
     assert rows["guided:1"]["cost_s"] == rows["random:1"]["cost_s"] == rows["search"]["cost_s"]
     with pytest.raises(SystemExit, match="overlap the policy's training seeds"):
         focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "1000:1002"])
+    with pytest.raises(SystemExit, match="distinct fractions"):
+        focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "0:3", "--fractions", "0.1,0.10"])
+    from experiments.placement_policy_file import FILE_NOTES, load_policy  # a record's own keys: kept apart
+    from caramel.sched.placement.round_env import RoundPlacementEnv as env_class
+    saved = torch.load(policy, weights_only=True)
+    saved["training"].update(experiment="other", rebuilt="by hand")
+    noted, corrupt = tmp_path / "noted.pt", tmp_path / "corrupt.pt"
+    torch.save(saved, noted)
+    corrupt.write_bytes(b"not a torch file")
+    training = load_policy(str(noted), env_class, {})[1]
+    assert "experiment" not in training and "rebuilt" not in training and training["train_s"] == first["train_s"]
+    assert training[FILE_NOTES] == {"experiment": "other", "rebuilt": "by hand"}
+    assert load_policy(str(policy), env_class, {})[1][FILE_NOTES] is None
     for argv, match in ((["--guided", "0.5"], "pass --search"), (base + ["--guided", "0"], "fractions in"),
                         (base + ["--guided", "x"], "fractions in"), (base + ["--guided", "0.5,0.50"], "distinct"),
+                        (base + ["--guided", "0.5", "--decode", "sample:4"], "needs greedy in --decode"),
+                        (base + ["--load-policy", str(tmp_path / "none.pt")], "none.pt: no such file"),
+                        (base + ["--load-policy", str(corrupt)], "corrupt.pt: not a file --save-policy wrote"),
                         (base + ["--load-policy", str(policy), "--teacher", "ilp"], "--teacher would be ignored"),
                         (["--scheme", "rounds", "--load-policy", str(policy)], "trained with ppo"),
                         (base + ["--load-policy", str(policy), "--train-seeds", "5000:5005"], "--train-seeds would be"),
