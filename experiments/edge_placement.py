@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"
                 for n, v in r["reference_decoder"].items()))
-    print(f"trained ({report['teacher']}) in {report['train_s']:.0f} s; {report['policy_parameters']} policy parameters"
+    took = "an unmeasured time" if report["train_s"] is None else f"{report['train_s']:.0f} s"  # a file's record
+    print(f"trained ({report['teacher']}) in {took}; {report['policy_parameters']} policy parameters"
           + (f" (loaded from {args.load_policy})" if args.load_policy else ""))
     if args.json:
         write_json(args.json, {"format": format_tag("edge-placement"), **report})
