@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--guided", default=None,
                     help="with --search: comma-separated fractions F in (0, 1]: each learned row also followed by "
                          "the guided search, the F of the layers the policy was least sure of tried first "
-                         "(rows NAME+guided:F)")
+                         "(rows NAME+guided:F); each F with its control, the search from a random mask of "
+                         "as many layers, on the greedy row (of the first G with --groups): needs greedy in "
+                         "--decode")
     ap.add_argument("--save-policy", default=None, help="write the trained policy (and how it was trained) here")
     ap.add_argument("--load-policy", default=None,
                     help="evaluate a policy --save-policy wrote (no training; training flags refused)")
@@ -354,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     decodings = [parse_decoding(d) for d in args.decode.split(",")]
     if len({d.samples for d in decodings}) != len(decodings):
         raise SystemExit(f"--decode {args.decode!r} names a decoding twice")
+    if guided and Decoding(1) not in decodings:  # the random-mask control follows the greedy row
+        raise SystemExit(f"--guided needs greedy in --decode (its random-mask control follows the greedy "
+                         f"row), got --decode {args.decode!r}")
     improve_opts = options_from(ImproveOptions, args.improve, "improve")
     mid = options_from(InstanceOptions, args.train_mid, "train-mid") if args.train_mid else None
     if mid is not None and mid.num_edge != train_opts.num_edge:
@@ -384,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         policy, fast_arg = [m.policy for m in models], fasts if fast is not None else None
     report = {
-        "experiment": "edge_placement", **training, "torch_threads": 1,
+        **training, "experiment": "edge_placement", "torch_threads": 1,  # the record cannot override these
         "policy_parameters": num_policy_parameters(model),
         "decode": [d.name for d in decodings], "decode_seed": args.decode_seed, "decoder": args.decoder,
         "policy_export_s": export_s if fast is not None else None, "guided": guided,
@@ -408,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}, reference decoder: " + ", ".join(
                 f"{n} same {v['same_decisions']}/{r['seeds'][1] - r['seeds'][0]} in {v['solve_s']['mean']:.4f} s"
                 for n, v in r["reference_decoder"].items()))
-    print(f"trained ({report['teacher']}) in {report['train_s']:.0f} s; {report['policy_parameters']} policy parameters"
+    took = "an unmeasured time" if report["train_s"] is None else f"{report['train_s']:.0f} s"  # a file's record
+    print(f"trained ({report['teacher']}) in {took}; {report['policy_parameters']} policy parameters"
           + (f" (loaded from {args.load_policy})" if args.load_policy else ""))
     if args.json:
         write_json(args.json, {"format": format_tag("edge-placement"), **report})

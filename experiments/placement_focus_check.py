@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         fractions = [float(f) for f in args.fractions.split(",")]
     except ValueError:
         raise SystemExit(f"--fractions must be comma-separated fractions in (0, 1], got {args.fractions!r}") from None
-    if any(not 0 < f <= 1 for f in fractions):
-        raise SystemExit(f"--fractions must be in (0, 1], got {args.fractions!r}")
+    if any(not 0 < f <= 1 for f in fractions) or len({f"{f:g}" for f in fractions}) != len(fractions):
+        raise SystemExit(f"--fractions must be distinct fractions in (0, 1], got {args.fractions!r}")
     search = options_from(SearchOptions, args.search, "search")
     rows = check(NumpyPolicy.from_policy(model.policy), options_from(InstanceOptions, args.instances, "instances"),
                  seeds, fractions, search)

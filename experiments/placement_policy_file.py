@@ -17,6 +17,12 @@ TEACHERS = {"rollout": rollout_teacher, "ilp": ilp_teacher}
 
 # what a file records of its training, and what a loading run must match (the network's shape)
 MUST_MATCH = ("scheme", "ppo", "train")
+# the training record `train_policies` writes: a loading run reports these keys as its own; any
+# other key a file carries is kept under FILE_NOTES, so that it cannot stand in for a report field
+TRAINING_KEYS = ("train", "ppo", "train_mid", "teacher", "improve", "improve_rounds", "finetune_steps",
+                 "finetune_on", "finetune_teacher", "finetune_improve", "finetune_rounds", "finetune_s",
+                 "train_seeds", "train_s", "scheme", "groups", "train_s_per_groups")
+FILE_NOTES = "policy_file_notes"
 
 
 def save_policy(path: str, model, training: dict) -> None:
@@ -25,8 +31,15 @@ def save_policy(path: str, model, training: dict) -> None:
 
 def load_policy(path: str, env_class, expected: dict):
     """(model, training) from a `save_policy` file; `expected`: the loading run's values of
-    MUST_MATCH (refused where the file's differ) and nothing else is read from it."""
-    saved = torch.load(path, weights_only=True)
+    MUST_MATCH (refused where the file's differ) and nothing else is read from it. `training`
+    holds the file's TRAINING_KEYS, `loaded_from`, and its other keys under FILE_NOTES (None
+    when it has none)."""
+    try:
+        saved = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise SystemExit(f"--load-policy {path}: no such file; expected a file --save-policy wrote") from None
+    except Exception as e:  # not a torch file, or one holding more than weights and a record
+        raise SystemExit(f"--load-policy {path}: not a file --save-policy wrote ({type(e).__name__})") from None
     training = saved.get("training", {}) if isinstance(saved, dict) else {}
     missing = [key for key in MUST_MATCH + ("train_seeds",) if key not in training]
     if missing or "state_dict" not in saved:
@@ -38,7 +51,9 @@ def load_policy(path: str, env_class, expected: dict):
     env = env_class(InstanceOptions(**training["train"]), [0])
     model = make_ppo(env, PpoOptions(**training["ppo"]))
     model.policy.load_state_dict(saved["state_dict"])
-    return model, {**training, "loaded_from": path}
+    notes = {key: value for key, value in training.items() if key not in TRAINING_KEYS}
+    return model, {**{key: training[key] for key in TRAINING_KEYS if key in training}, "loaded_from": path,
+                   FILE_NOTES: notes or None}
 
 
 def train_policies(args, groups, env_class, train_opts, mid, refine, ppo, improve_opts, refine_opts,

@@ -3,6 +3,8 @@ reports the cost `Instance.cost_s` computes, and stops only where no relocation 
 exchange (checked one by one, by the scalar objective) gains, guided by a focus or not;
 refused input."""
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,6 +145,44 @@ def test_a_guided_pass_moves_only_focus_layers_and_their_exchange_partners():
     assert (everything.placement, everything.cost_s, everything.passes, everything.moves) == \
         (plain.placement, plain.cost_s, plain.passes, plain.moves)
     assert everything.guided_passes == plain.passes - 1 and plain.guided_passes == 0
+
+
+@pytest.mark.parametrize("opts,seed", [(MID, 2), (LARGE, 2)], ids=["mid", "large"])
+def test_a_guided_search_grows_its_focus_along_the_chain(opts, seed):
+    """From every layer on the cloud with the focus one layer, (0, 0): a cloud layer moves only
+    as Y, so the later layers of task 0 leaving the cloud in the guided passes (the search cut
+    at `guided_passes`) joined the focus as chain neighbours of moved layers, one per pass."""
+    inst = random_instance(opts, seed)
+    start = HEURISTICS["all_cloud"](inst)
+    focus = np.zeros((len(inst.tasks), max(len(t.gflop) for t in inst.tasks)), dtype=bool)
+    focus[0, 0] = True
+    guided = local_search(inst, start, SearchOptions(max_passes=1000), focus=focus).guided_passes
+    cut = local_search(inst, start, SearchOptions(max_passes=guided), focus=focus)
+    assert cut.guided_passes == cut.passes == guided >= 3
+    moved = [(t, l) for t, row in enumerate(start) for l in range(len(row)) if cut.placement[t][l] != row[l]]
+    assert moved == [(0, l) for l in range(guided)]
+
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "local_search_golden.json"
+GOLDEN_SIZES = {"3x4": InstanceOptions(num_tasks=3, num_layers=4, num_edge=3),
+                "10x6": InstanceOptions(num_tasks=10, num_layers=6, num_edge=3),
+                "12x5-tight": InstanceOptions(num_tasks=12, num_layers=5, num_edge=3, memory_fraction=0.15),
+                "30x8": InstanceOptions(num_tasks=30, num_layers=8, num_edge=3)}
+
+
+def test_the_unguided_search_finds_what_it_found_before_the_focus():
+    """The golden: 12 searches (4 sizes, three starts, swaps on and off) run by the code before
+    the focus existed (commit 9726bb1, stored with their starts); without a focus the search
+    ends on the same placements after the same passes and moves."""
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["commit"] == "9726bb1" and len(golden["searches"]) == 12
+    for g in golden["searches"]:
+        inst = random_instance(GOLDEN_SIZES[g["size"]], g["seed"])
+        assert HEURISTICS[g["start"]](inst) == g["before"], (g["size"], g["seed"], g["start"])
+        found = local_search(inst, g["before"], SearchOptions(swaps=g["swaps"]))
+        assert (found.placement, found.passes, found.moves, found.converged, found.guided_passes) == \
+            (g["placement"], g["passes"], g["moves"], g["converged"], 0), (g["size"], g["seed"], g["start"])
+        assert found.cost_s == pytest.approx(g["cost_s"], rel=1e-12)
 
 
 def test_heuristics_given_tables_place_as_without():

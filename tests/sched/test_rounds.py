@@ -121,6 +121,56 @@ def test_a_search_guided_by_the_policy_is_deterministic_and_ends_at_a_local_opti
         decode_rounds(inst, fast, Decoding(1), focus=0.5)
 
 
+TIGHT_3 = InstanceOptions(num_tasks=12, num_layers=5, num_edge=3, memory_fraction=0.1)  # the model's 3 edge nodes
+
+
+def _sure_by_hand(inst, fast, groups):
+    """Greedy rounds stepped by hand: each (task, layer)'s probability of the row of the node it
+    ended on (after `commit`, looked up node by node), how many layers commit moved off the row
+    the policy chose, and the placement."""
+    batch = RoundBatch(inst, 1, groups=groups)
+    sure, moved = {}, 0
+    while not batch.done:
+        obs = batch.observe()
+        probs = fast.probabilities(obs[0])
+        order, tasks, layer = batch.order[0].copy(), batch.tasks[0].copy(), batch.layer
+        node = batch.step(np.argmax(probs, axis=1)[None, :])[0]
+        for a, t in enumerate(tasks):
+            row = list(order[a]).index(node[a])
+            sure[(int(t), layer)] = float(probs[a, row])
+            moved += row != int(np.argmax(probs[a]))
+    return sure, moved, batch.placements()[0]
+
+
+def _mask(inst, keys, fraction):
+    mask = np.zeros((len(inst.tasks), max(len(t.gflop) for t in inst.tasks)), dtype=bool)
+    for t, l in keys[:max(1, round(fraction * len(keys)))]:
+        mask[t, l] = True
+    return mask
+
+
+@pytest.mark.parametrize("opts,seed,groups", [(TIGHT_3, 4, 1), (LARGE, 2, 1), (LARGE, 3, 4)],
+                         ids=["tight", "large", "large-g4"])
+def test_the_guided_search_focuses_the_least_sure_layers(model, opts, seed, groups):
+    """`focus=F` searches from the mask of the F least sure layers built apart (the lowest
+    probability of the node each layer ended on, after `commit`; ties by task, layer): the
+    same result as `local_search` given that mask; the first layers by position, or the most
+    sure ones, give another."""
+    fast = NumpyPolicy.from_policy(model.policy)
+    inst = random_instance(opts, seed)
+    sure, moved, placement = _sure_by_hand(inst, fast, groups)
+    least = sorted(sure, key=lambda tl: (sure[tl], tl))
+    most = sorted(sure, key=lambda tl: (-sure[tl], tl))
+    if opts is TIGHT_3:
+        assert moved > 0  # commit moved some layer off the node the policy chose
+    for fraction in (0.1, 0.3):
+        got = decode_rounds(inst, fast, Decoding(1), groups=groups, search=SearchOptions(), focus=fraction)
+        assert got.searched == local_search(inst, placement, SearchOptions(), focus=_mask(inst, least, fraction))
+        for keys in (sorted(sure), most):  # what a mask by position or of the most sure layers finds
+            other = local_search(inst, placement, SearchOptions(), focus=_mask(inst, keys, fraction))
+            assert other != got.searched, fraction
+
+
 def test_commit_settles_memory_in_priority_order():
     """Node 0 has room for 5 MB: of the three tasks that want it, in priority order 2, 0, 1,
     task 2 (4 MB) keeps it; task 0 (3 MB) and task 1 (1 MB) claim their first node with room
@@ -241,8 +291,24 @@ def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
     assert rows["guided:1"]["cost_s"] == rows["random:1"]["cost_s"] == rows["search"]["cost_s"]
     with pytest.raises(SystemExit, match="overlap the policy's training seeds"):
         focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "1000:1002"])
+    with pytest.raises(SystemExit, match="distinct fractions"):
+        focus_check(["--load-policy", str(policy), "--ppo", "width=8", "--seeds", "0:3", "--fractions", "0.1,0.10"])
+    from experiments.placement_policy_file import FILE_NOTES, load_policy  # a record's own keys: kept apart
+    from caramel.sched.placement.round_env import RoundPlacementEnv as env_class
+    saved = torch.load(policy, weights_only=True)
+    saved["training"].update(experiment="other", rebuilt="by hand")
+    noted, corrupt = tmp_path / "noted.pt", tmp_path / "corrupt.pt"
+    torch.save(saved, noted)
+    corrupt.write_bytes(b"not a torch file")
+    training = load_policy(str(noted), env_class, {})[1]
+    assert "experiment" not in training and "rebuilt" not in training and training["train_s"] == first["train_s"]
+    assert training[FILE_NOTES] == {"experiment": "other", "rebuilt": "by hand"}
+    assert load_policy(str(policy), env_class, {})[1][FILE_NOTES] is None
     for argv, match in ((["--guided", "0.5"], "pass --search"), (base + ["--guided", "0"], "fractions in"),
                         (base + ["--guided", "x"], "fractions in"), (base + ["--guided", "0.5,0.50"], "distinct"),
+                        (base + ["--guided", "0.5", "--decode", "sample:4"], "needs greedy in --decode"),
+                        (base + ["--load-policy", str(tmp_path / "none.pt")], "none.pt: no such file"),
+                        (base + ["--load-policy", str(corrupt)], "corrupt.pt: not a file --save-policy wrote"),
                         (base + ["--load-policy", str(policy), "--teacher", "ilp"], "--teacher would be ignored"),
                         (["--scheme", "rounds", "--load-policy", str(policy)], "trained with ppo"),
                         (base + ["--load-policy", str(policy), "--train-seeds", "5000:5005"], "--train-seeds would be"),
