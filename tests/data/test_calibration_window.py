@@ -165,7 +165,7 @@ def _seconds_window_rank(rank: int, world: int) -> dict:
     from caramel.data.tiers import TierCounters
 
     class BurstLoader:
-        """Each pass: the warm-up, then `steps` batches whose last third comes 10 ms late."""
+        """Each pass: the warm-up, then `steps` batches whose last third comes 50 ms late."""
 
         def __init__(self, steps: int) -> None:
             self.steps = steps
@@ -175,7 +175,7 @@ def _seconds_window_rank(rank: int, world: int) -> dict:
 
             for i in range(self.steps + 1):
                 if i >= WARMUP_STEPS + round(2 * (self.steps - WARMUP_STEPS) / 3):
-                    time.sleep(0.01)
+                    time.sleep(0.05)  # far above a loaded host's step, so the burst decides the mean
                 yield i
 
     rank_side._steps_alone = lambda cfg, sync: (0.01, 0.02)[rank]
@@ -212,4 +212,4 @@ def test_a_window_in_seconds_becomes_one_step_count_from_the_slowest_ranks_steps
         assert res["sent"] == ([("alone", 0.01)] if rank == 0 else [])
         assert res["window_steps"] == expected and res["sub_windows"] == 3
         assert len(res["steps_s"]) == expected - WARMUP_STEPS
-        assert res["step_s"] == window_summary(res["steps_s"], 3) < res["step_s_mean"] / 2  # the burst left out
+        assert res["step_s"] == window_summary(res["steps_s"], 3) < res["step_s_mean"]  # the burst left out
