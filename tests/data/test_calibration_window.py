@@ -95,6 +95,8 @@ def test_the_options_reach_the_bench_config_and_default_to_the_old_window():
     assert cfg.calibration_seconds == pytest.approx(1.5) and cfg.calibration_window().seconds == pytest.approx(1.5)
     with pytest.raises(CaramelError, match="--calibration-window 5 with --calibration-sub-windows 4"):
         config_from(_args("--calibration-window", "5", "--calibration-sub-windows", "4"), 2, 8, 3, None)
+    with pytest.raises(CaramelError, match="--calibration-window 100000 with --compute 4ms: .* timeout of 600 s"):
+        config_from(_args("--calibration-window", "100000"), 2, 8, 3, None)
 
 
 def test_the_commands_refuse_a_bad_window_before_running(capsys):
@@ -197,7 +199,7 @@ def _seconds_window_rank(rank: int, world: int) -> dict:
             "step_s_mean": loaded["step_s_mean"]}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)  # generous: a timed bench elsewhere on the host starves the ranks, never hangs them
 def test_a_window_in_seconds_becomes_one_step_count_from_the_slowest_ranks_steps():
     """Two gloo ranks: the slowest rank's first steps alone (the maximum, not the sum or a rank's
     own) give every rank one count, which each round's calibration runs and records, summed up by
@@ -207,7 +209,7 @@ def test_a_window_in_seconds_becomes_one_step_count_from_the_slowest_ranks_steps
     window = CalibrationWindow(seconds=0.1, sub_windows=3)
     expected = window.steps_for(0.02)
     assert len({expected, window.steps_for(0.01), window.steps_for(0.03)}) == 3  # each mistake shows
-    for rank, res in enumerate(run_workers(_seconds_window_rank, 2, timeout_s=50, collective_timeout_s=15)):
+    for rank, res in enumerate(run_workers(_seconds_window_rank, 2, timeout_s=120, collective_timeout_s=30)):
         assert res["counts"] == [expected, expected], res
         assert res["sent"] == ([("alone", 0.01)] if rank == 0 else [])
         assert res["window_steps"] == expected and res["sub_windows"] == 3
