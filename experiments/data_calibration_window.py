@@ -21,7 +21,7 @@ import argparse
 import copy
 import os
 import sys
-from statistics import fmean, stdev
+from statistics import fmean, median, stdev
 from typing import Any, Callable
 
 if __package__ in (None, ""):  # run as a file: `experiments` is found from the repository root
@@ -68,6 +68,25 @@ def round_pairs(record: dict[str, Any], mode: str) -> list[tuple[float, float]]:
     per_round = epochs - 1
     return [(c["loaded"]["step_s"], fmean(steady[k * per_round:(k + 1) * per_round]))
             for k, c in enumerate(row["calibrations"]) if c.get("loaded")]
+
+
+def bias_breakdown(records: list[dict[str, Any]], mode: str) -> dict[str, float]:
+    """Where the prediction's bias sits, in s: the medians over every calibration of `mode` in
+    `records` of its loaded pass's mean step, wait and all-reduce (`cal_*`), and the medians over
+    the runs of the row's steady step, wait and all-reduce (`row_*`) and of each run's median over
+    its steady epochs of the epoch's mean step past its first two (`row_step_past_two`)."""
+    cals = [c["loaded"] for r in records for row in r["rows"] if row["mode"] == mode
+            for c in row.get("calibrations", []) if c.get("loaded")]
+    rows = [next(x for x in r["rows"] if x["mode"] == mode) for r in records]
+    past_two = []
+    for r, row in zip(records, rows):
+        epochs = r["config"]["epochs"]
+        past_two.append(median(fmean(es[2:]) for i, es in enumerate(row["epoch_step_s"])
+                               if i % epochs >= 1 and len(es) > 2))
+    return {"calibrations": len(cals), "cal_step": median(c.get("step_s_mean", c["step_s"]) for c in cals),
+            "cal_wait": median(c["wait_s"] for c in cals), "cal_sync": median(c["sync_s"] for c in cals),
+            "row_step": median(x["step_s_steady"] for x in rows), "row_wait": median(x["wait_s_steady"] for x in rows),
+            "row_sync": median(x["sync_s_steady"] for x in rows), "row_step_past_two": median(past_two)}
 
 
 def error_of(record: dict[str, Any], index, mode: str) -> float:
@@ -124,6 +143,11 @@ def main(argv: list[str]) -> int:
                   f"{correlation_or_nan([a for a, _ in pairs], [b for _, b in pairs]):.2f} ({len(pairs)} rounds); "
                   f"across runs the prediction's cv {_cv(predicted):.1%}, the measured step's {_cv(measured):.1%}, "
                   f"their correlation {correlation_or_nan(predicted, measured):.2f}")
+        b = bias_breakdown(records, args.mode)
+        print(f"  bias, ms: calibrations' step {b['cal_step'] * 1e3:.2f}, wait {b['cal_wait'] * 1e3:.2f}, all-reduce "
+              f"{b['cal_sync'] * 1e3:.2f} ({b['calibrations']} calibrations); the mode's steady step {b['row_step'] * 1e3:.2f}, wait {b['row_wait'] * 1e3:.2f}, "
+              f"all-reduce {b['row_sync'] * 1e3:.2f}, past each epoch's first two steps "
+              f"{b['row_step_past_two'] * 1e3:.2f} (medians over the runs)")
     if len(arms) == 2:
         short, long_ = sorted(arms)
         for name in ["recorded", *SUMMARIES]:

@@ -37,7 +37,7 @@ import caramel.data.io_model as io_model  # noqa: E402
 from caramel.bench.data_report import stored_records_of  # noqa: E402
 from caramel.data.store import Store  # noqa: E402
 from caramel.errors import CaramelError  # noqa: E402
-from experiments.data_model_repredict import repredict  # noqa: E402
+from experiments.data_model_repredict import row_models  # noqa: E402
 from experiments.data_read_slope import bound_loop, plain_rows, slope  # noqa: E402
 
 
@@ -51,17 +51,8 @@ def round_points(record: dict[str, Any], index) -> list[tuple[float, float, floa
     row = next(r for r in record["rows"] if r["mode"] == "remote")
     per = record["config"]["epochs"] - 1
     steady = row["epoch_means_steady_s"]
-    captured: list[float] = []
-    original = io_model.DataLoadModel.step_time_s
-
-    def spy(self, compute_s):
-        out = original(self, compute_s)
-        if self.request_bytes is None and self.hit_rate < 1:
-            captured.append(out)
-        return out
-    with mock.patch.object(io_model.DataLoadModel, "step_time_s", spy):
-        repredict({**record, "rows": [row]}, index)
-    rounds = captured[:len(row["calibrations"])]  # each round's model, in order, before the median
+    _, models, _ = row_models(record, index, row)  # one per calibration, in the calibrations' order
+    rounds = [m.step_time_s(a) for m, a in models]
     return [(c["request_s_under_load"], fmean(steady[k * per:(k + 1) * per]), rounds[k])
             for k, c in enumerate(row["calibrations"]) if c.get("request_s_under_load") is not None]
 
@@ -97,17 +88,10 @@ def steady_link_share(record: dict[str, Any], index) -> tuple[float, float, floa
             pairs = [es[j] + es[j + 1] for j in range(2, len(es) - 1, 2)]
             steps.append(fmean(pairs) / 2)
     link_s = row["remote_bytes_per_epoch_steady"] * 8 / record["config"]["store_rate_bps"] / len(row["epoch_step_s"][1])
-    captured: list[float] = []
-    original = io_model.DataLoadModel.data_time_s
-
-    def spy(self):
-        out = original(self)
-        if self.request_bytes is None and self.worker_request_s:
-            captured.append(out)
-        return out
-    with mock.patch.object(io_model.DataLoadModel, "data_time_s", spy):
-        repredict({**record, "rows": [row]}, index)
-    return median(steps), link_s, median(captured) if captured else float("nan")
+    _, models, _ = row_models(record, index, row)
+    # the rounds charged a read under load (a round without a probe read has none to queue on)
+    periods = [m.data_time_s() for m, _ in models if m.worker_request_s]
+    return median(steps), link_s, median(periods) if periods else float("nan")
 
 
 def _range_reads(local_factor: str = "cores", second_station: bool = False):
@@ -174,7 +158,9 @@ def main(argv: list[str]) -> int:
         share = steady_link_share(record, index)
         if share is not None:
             step, link, model = share
-            print(f"  {where}: {step * 1e3:.2f} ms, link {link * 1e3:.2f} ms ({link / step:.1%} of the rate), "
+            read_s = next(r for r in record["rows"] if r["mode"] == "remote")["request_s_under_load"]
+            print(f"  {where}: read under load {read_s * 1e3:.2f} ms; {step * 1e3:.2f} ms, link {link * 1e3:.2f} ms "
+                  f"({link / step:.1%} of the rate), "
                   f"model's steady data period {model * 1e3:.2f} ms ({link / model:.1%})")
     print("candidate changes (slope measured vs modelled, ms per ms; rows within 15%):")
     for name in CANDIDATES:

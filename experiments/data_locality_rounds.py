@@ -98,6 +98,9 @@ def main(argv: list[str]) -> int:
                       + " ".join(f"{s * 1e3:.1f}" for s in row["epoch_starts_s"])
                       + " ms; calibrations' restart "
                       + " ".join("-" if s is None else f"{s * 1e3:.1f}" for s in row["restarts_s"]) + " ms")
+    scored = [r for rows in groups.values() for r in rows]
+    print(f"cached and locality rows under-predicted: {sum(r['predicted_s'] < r['measured_s'] for r in scored)} "
+          f"of {len(scored)} (rows with a loaded calibration)")
     for (rate, batch, share, mode), rows in sorted(groups.items()):
         s = summary(rows)
         print(f"{rate / 1e6:g} Mbit/s, batch {batch}, cache share {share:g}, {mode}: {s['runs']} runs, "

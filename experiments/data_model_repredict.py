@@ -5,7 +5,7 @@ calibrations (the one before the modes, and one right before each mode's round).
 record, rebuilds each mode's model with `caramel.bench.data_report.predict` and each round's
 contention with `round_inputs` (against the run's floor of steps alone), and prints the measured step, the prediction of
 the model with each round's own calibration (the median over rounds; from a
-`caramel.data-bench/4` or `/5` record, with each round's read time under load too, and where
+`caramel.data-bench/4` or later record, with each round's read time under load too, and where
 a calibration timed it, each round's restart of the warm workers), and the recorded
 predictions, so records taken before a model change can be scored by the changed model without
 measuring anything again; with the epoch edge the model charges once per epoch (median over
@@ -39,24 +39,30 @@ def missing_inputs(record: dict) -> list[str]:
     return sorted({k for row in record["rows"] for k in ROW_INPUTS if k not in row})
 
 
-def repredict(record: dict, index) -> list[dict]:
-    cfg_dict = dict(record["config"], modes=tuple(record["config"]["modes"]))
-    cfg = DataBenchConfig(**cfg_dict)
+def row_models(record: dict, index, row: dict) -> tuple[Any, list[tuple[Any, float]], float]:
+    """(the model with one calibration per run, each round's model with its compute + all-reduce
+    alone in the calibrations' order, that one model's compute + all-reduce) of `row` of `record`:
+    what `repredict` scores, for scripts that read a round's model by its round."""
+    cfg = DataBenchConfig(**dict(record["config"], modes=tuple(record["config"]["modes"])))
     costs = record["measured_costs"]
     single = measured_contention(cfg, index, costs)
     start = costs["compute_comm_s"] if costs.get("compute_comm_s") is not None else cfg.compute_s
-    floor = alone_floor_s(costs.get("compute_comm_s"), [c for row in record["rows"] for c in row.get("calibrations", [])])
+    floor = alone_floor_s(costs.get("compute_comm_s"), [c for r in record["rows"] for c in r.get("calibrations", [])])
+    sample_hit = min(max(row["sample_hit_rate_steady"], 0.0), 1.0)
+    model = predict(cfg, row["mode"], index, costs, sample_hit, min(row["memory_share_steady"], sample_hit),
+                    row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"],
+                    cpu_count=record.get("cpu_count"))  # the recording host's cores, not this one's
+    rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
+                          floor if floor else cfg.compute_s)
+    # the bench's own charge of each round (range reads only, as in caramel.data-bench/5: /4 records
+    # charged every mode, so their non-plain rows move; the restart 0 in records before it was timed)
+    return model, round_models(model, row.get("calibrations", []), rounds), start
+
+
+def repredict(record: dict, index) -> list[dict]:
     out = []
     for row in record["rows"]:
-        sample_hit = min(max(row["sample_hit_rate_steady"], 0.0), 1.0)
-        model = predict(cfg, row["mode"], index, costs, sample_hit, min(row["memory_share_steady"], sample_hit),
-                        row["samples_per_disk_read"], row["fetch_amplification"], single, row["hit_rate_steady"],
-                        cpu_count=record.get("cpu_count"))  # the recording host's cores, not this one's
-        rounds = round_inputs(row.get("calibrations", []), batch_trip_s(cfg, row["mode"], index, costs),
-                              floor if floor else cfg.compute_s)
-        # the bench's own charge of each round (range reads only, as in caramel.data-bench/5: /4 records
-        # charged every mode, so their non-plain rows move; the restart 0 in records before it was timed)
-        models = round_models(model, row.get("calibrations", []), rounds)
+        model, models, start = row_models(record, index, row)
         now = median(m.step_time_s(a) for m, a in models) if models else model.step_time_s(start)
         edge = median(_edge_s(m, a) for m, a in models) if models else _edge_s(model, start)
         out.append({"mode": row["mode"], "measured_s": row["step_s_steady"], "repredicted_s": now,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from caramel.bench.calibration_window import CalibrationWindow
+from caramel.bench.calibration_window import WARMUP_STEPS, CalibrationWindow
 from caramel.bench.data_bench_rank import _calibrates_loaded, _rank_main
 from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
@@ -139,8 +139,9 @@ def run_data_bench(cfg: DataBenchConfig, url: str | None = None) -> dict[str, An
     for m in cfg.modes:
         if m not in MODES:
             raise CaramelError(f"data bench mode {m!r} is not one of {', '.join(MODES)}")
-    if cfg.calibration_seconds is not None or cfg.calibration_sub_windows != 1:
-        cfg.calibration_window()  # a bad window is one error here, before anything starts
+    if cfg.calibration_seconds is not None or cfg.calibration_sub_windows != 1 or cfg.calibration_steps > WARMUP_STEPS:
+        # a bad window is one error here, before anything starts (0-2 steps alone, no window: as before)
+        cfg.calibration_window().check_time(cfg.compute_s, cfg.timeout_s)
     if cfg.network not in ("loopback", "cluster"):
         raise CaramelError(f"data bench network {cfg.network!r}: expected loopback or cluster")
     if cfg.network == "cluster" and url is not None and not is_local(url):

@@ -145,6 +145,25 @@ def _window_in_steps(cfg: DataBenchConfig, alone_s: float) -> DataBenchConfig:
     return replace(cfg, calibration_steps=cfg.calibration_window().steps_for(float(slowest.item())))
 
 
+def _first_windows(cfg: DataBenchConfig, rank: int, queue, shards: list | None, sync) -> DataBenchConfig:
+    """The run's first windows, once before the modes, on every rank: steps alone (rank 0 sends
+    "alone"), then beside busy workers (the model with one calibration per run; "loaded"). Returns
+    `cfg` with its window in steps (`_window_in_steps`), which every later calibration runs."""
+    alone_s = _steps_alone(cfg, sync)
+    if rank == 0:
+        queue.put(("alone", alone_s))
+    cfg = _window_in_steps(cfg, alone_s)
+    if _calibrates_loaded(cfg, shards):
+        from caramel.bench.data_contention import decoded, loaded_steps
+
+        loaded = loaded_steps(decoded(shards), cfg.batch_size, cfg.loader_workers, cfg.prefetch_factor,
+                              cfg.calibration_steps, cfg.compute_s, sync)
+        gc.collect()  # its workers gone before the first mode
+        if rank == 0:
+            queue.put(("loaded", dict(loaded, window_steps=cfg.calibration_steps)))
+    return cfg
+
+
 def _shut_down(loader) -> None:
     """Stop `loader`'s persistent workers now. Dropping the last reference does the same, but on an
     error the traceback's frames still hold the loader and its iterator."""
@@ -172,18 +191,7 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
         calibration_counters = TierCounters()  # the calibrations' workers count apart from the modes'
         token = torch.zeros(1)
         sync = functools.partial(dist.all_reduce, token)
-        alone_s = _steps_alone(cfg, sync)
-        if rank == 0:
-            queue.put(("alone", alone_s))
-        cfg = _window_in_steps(cfg, alone_s)
-        if _calibrates_loaded(cfg, shards):  # once, before the modes: the model with one calibration per run
-            from caramel.bench.data_contention import decoded, loaded_steps
-
-            loaded = loaded_steps(decoded(shards), cfg.batch_size, cfg.loader_workers, cfg.prefetch_factor,
-                                  cfg.calibration_steps, cfg.compute_s, sync)
-            gc.collect()  # its workers gone before the first mode
-            if rank == 0:
-                queue.put(("loaded", loaded))
+        cfg = _first_windows(cfg, rank, queue, shards, sync)
         for rnd in range(cfg.rounds):
             for mode in cfg.modes:
                 calibration = _mode_calibration(mode, cfg, url, index, rank, rnd, workdir, budget, shards,

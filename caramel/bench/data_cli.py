@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per rank per step")
     p.add_argument("--rounds", type=int, default=d.rounds, help="rounds (each mode once per round, fresh caches)")
     add_loading_arguments(p)
-    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/5)")
+    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/6)")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown")
 
 
@@ -97,12 +97,18 @@ def config_from(args: argparse.Namespace, ranks: int, batch_size: int, rounds: i
             raise CaramelError(f"--store-latency {args.store_latency!r} applies to a served directory (its emulated "
                                f"link); the store at {url} is not one: omit it")
     window = calibration_window_from(args)
-    return DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
-                           epochs=args.data_epochs, compute_s=parse_duration_arg_s(args.compute, "--compute"), store_rate_bps=rate,
-                           store_latency_s=latency_s,
-                           cache_share=args.cache_share, memory_share=args.memory_share, modes=modes,
-                           calibration_steps=window.steps, calibration_seconds=window.seconds,
-                           calibration_sub_windows=window.sub_windows, **generated)
+    cfg = DataBenchConfig(ranks=ranks, batch_size=batch_size, rounds=rounds, loader_workers=args.loader_workers,
+                          epochs=args.data_epochs, compute_s=parse_duration_arg_s(args.compute, "--compute"), store_rate_bps=rate,
+                          store_latency_s=latency_s,
+                          cache_share=args.cache_share, memory_share=args.memory_share, modes=modes,
+                          calibration_steps=window.steps, calibration_seconds=window.seconds,
+                          calibration_sub_windows=window.sub_windows, **generated)
+    try:
+        window.check_time(cfg.compute_s, cfg.timeout_s)
+    except CaramelError as e:
+        raise CaramelError(f"--calibration-window {args.calibration_window or window.steps} with --compute "
+                           f"{args.compute}: {e}") from None
+    return cfg
 
 
 def calibration_window_from(args: argparse.Namespace) -> CalibrationWindow:

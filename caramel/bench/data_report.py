@@ -38,7 +38,7 @@ from caramel.stats import median, paired_ratio_interval
 # /3: predicted_step_s and prediction_error are the median of each round's prediction from the
 # calibration right before it (the one calibration before the modes moved to *_one_calibration)
 # and each row has its own contention; in /2 they were the one calibration's, one factor per run
-REPORT_FORMAT = "caramel.data-bench/5"
+REPORT_FORMAT = "caramel.data-bench/6"  # /6: the calibration window's fields (docs/data.md); /5 and before load as they are
 
 
 def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:

@@ -241,7 +241,7 @@ def test_stored_records_of_the_previous_format_still_render():
 
     from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
 
-    assert REPORT_FORMAT == "caramel.data-bench/5"
+    assert REPORT_FORMAT == "caramel.data-bench/6"
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
                for name, record in stored_records(json.loads(path.read_text())).items()

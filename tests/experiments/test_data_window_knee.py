@@ -46,8 +46,21 @@ def test_the_window_runs_give_the_spread_ratio_the_docs_quote(store, window_runs
     (tmp_path / "runs.json").write_text(json.dumps({"format": "caramel.data-bench-runs/1", "runs": pairs}))
     assert main([str(root), str(tmp_path / "runs.json")]) == 0
     out = capsys.readouterr().out
-    assert "window 40 steps: 3 runs" in out and "window 160 steps: 3 runs" in out and "first:38" in out
-    assert "sd of the errors, 160 steps (recorded) over 40 steps (mean)" in out
+    assert "window 40 steps: 3 runs" in out and "window 160 steps: 3 runs" in out
+    # the numbers of these three pairs, computed once from the stored steps (the page quotes all 14)
+    arm = out.split("window 160 steps")
+    lines = {(steps, ln.split()[0]): ln for steps, part in zip((40, 160), arm) for ln in part.splitlines()
+             if ln.startswith("  ")}
+    assert "error mean -8.4% sd 8.5% range -18.3%..-3.4%, within 15% 2 of 3" in lines[(40, "median:8")]
+    assert "error mean -5.9% sd 11.4% range -13.1%..+7.2%" in lines[(160, "median:8")]
+    assert "error mean +2.6% sd 20.0% range -10.0%..+25.7%" in lines[(160, "first:38")]
+    assert "the prediction's cv 10.8%" in lines[(160, "first:38")]
+    assert ("calibrations' step 7.46, wait 1.44, all-reduce 1.85 (9 calibrations); the mode's steady step "
+            "7.63, wait 1.59, all-reduce 1.91, past each epoch's first two steps 7.45") in lines[(40, "bias,")]
+    assert "past each epoch's first two steps 7.44" in lines[(160, "bias,")]
+    ratios = [ln for ln in out.splitlines() if ln.startswith("sd of the errors")]
+    assert ratios[0] == "sd of the errors, 160 steps (recorded) over 40 steps (mean): 2.22 (95% 0.35-13.83)"
+    assert ratios[3] == "sd of the errors, 160 steps (median:8) over 40 steps (median:8): 1.33 (95% 0.21-8.30)"
 
 
 def test_the_restart_runs_show_the_100mbit_link_nearly_full_in_steady_steps(store):
