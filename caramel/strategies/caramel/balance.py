@@ -16,8 +16,10 @@ closer than `MIN_SPREAD` keep the last fitted one), shrunk toward 0 by its stand
 (`shrunk_fixed_s`): charging per-step costs (optimizer, Python, the engine) per sample would
 make a rank given fewer samples look slower per sample. Older sizes leave the fit: the first
 steps run slow on some ranks (run 6 of docs/results/adapt-history.md: rank 0 up to 1.7x its
-later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line
-and held the shares off the balance. New counts are kept when they are predicted to shorten
+later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line.
+That is a trade-off, not a cure for late settling: on the virtual clock 2 sizes follow slow
+spells under noise better than 4 and do no better elsewhere, and on the host this controller
+settled later than the one before it (docs/adapt.md, "When the shares settle"). New counts are kept when they are predicted to shorten
 the step by more than `MIN_GAIN` and by more than `NOISE_Z` standard errors of the ranks'
 medians (root sum of squares), the latter capped at `MAX_NOISE_GAIN`; a move against the last
 move's direction only when the next decision proposes it again (a slow spell of a few steps
