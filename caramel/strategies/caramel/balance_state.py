@@ -24,7 +24,7 @@ import collections
 from typing import Any
 
 from caramel.errors import CaramelError
-from caramel.strategies.caramel.balance import WINDOW_STEPS
+from caramel.strategies.caramel.balance import FIT_SIZES, WINDOW_STEPS
 
 VERSION = 1
 
@@ -69,10 +69,11 @@ def load_balancer_state(balancer: Any, state: dict[str, Any], rank: int, world: 
         return
     balancer._steps = int(shared["steps"])
     balancer.changes = list(shared["changes"])
-    balancer.pending_reversal = shared.get("pending_reversal")  # absent before it existed: none pending
+    balancer.pending_reversal = _reversal(shared.get("pending_reversal"), world, where)  # absent before: none
     balancer.fixed_s = own.get("fixed_s")
     balancer.times.clear()
-    for n, ts in own.get("times", []):
+    # an older controller kept more sizes; the fit runs over the last FIT_SIZES, also right after a resume
+    for n, ts in own.get("times", [])[-FIT_SIZES:]:
         balancer.times[int(n)] = collections.deque((float(t) for t in ts), maxlen=WINDOW_STEPS)
     if shared["schedule"] is not None:
         balancer.restore_schedule(shared["schedule"])
@@ -86,6 +87,17 @@ def merge_rank_states(states: list[dict[str, Any] | None]) -> dict[str, Any] | N
     out = dict(present[0])
     out["ranks"] = {r: own for s in present for r, own in s.get("ranks", {}).items()}
     return out
+
+
+def _reversal(value: Any, world: int, where: str) -> list[int] | None:
+    """`pending_reversal` as saved: None, or one sign (-1, 0, 1) per rank; anything else is refused."""
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) != world
+            or any(type(v) is not int or v not in (-1, 0, 1) for v in value)):
+        raise CaramelError(f"{where}: pending_reversal is {value!r}; expected None or a list of {world} "
+                           "signs, each -1, 0 or 1")
+    return list(value)
 
 
 def _own(state: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -7,7 +7,10 @@ slowest rank's compute) and each rank's wait is the period less its own compute.
 is a name per step (`schedules`); the first step under a new name is untimed (the adoption's
 step) and under a name in `reads_wait_as_compute` a rank's wait reads as compute by that
 fraction (forward overlap: a rank's waits partly fall inside its forward's hooks), and an
-episode slows one rank's compute for a span of steps.
+episode slows one rank's compute for a span of steps. `draw_ahead` has the loader draw that
+many batches past the one running (prefetch); `resume_after` stops every rank after that step,
+checkpoints its balancer (`balance_state`) and goes on with a fresh one loaded from it, its
+first step untimed as a resumed process's is.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch.nn as nn
 
 from caramel.data.share_sampler import ShareSchedule
 from caramel.runtime.stats import EngineStats
+from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
 
 
 @dataclass
@@ -37,6 +41,8 @@ class Clock:
     # (first step, last step, rank, factor): that rank's compute runs `factor` times as long then
     # (a warm-up, or another job taking the rank's core for a while)
     episodes: list[tuple[int, int, int, float]] = field(default_factory=list)
+    draw_ahead: int = 0  # batches the loader has drawn past the one running
+    resume_after: int | None = None  # the step after which every rank checkpoints and resumes
 
     def compute_s(self, step: int, rank: int, n: int) -> float:
         z = random.Random(f"{self.seed}:{step}:{rank}").gauss(0.0, 1.0)
@@ -66,11 +72,14 @@ def run(clock: Clock, balancer_cls) -> dict:
 
     def rank_loop(rank: int) -> None:
         local.rank = rank
-        engine = SimpleNamespace(stats=EngineStats(), remove_at_release=lambda *h: None,
-                                 recorder=SimpleNamespace(now=lambda: 0.0), count_wait=lambda s: None,
-                                 plan=None, overlap=None, delegating=False)
-        b = balancer_cls(engine, nn.Linear(1, 1), None, rank, world, clock.every)
-        b.attach(ShareSchedule(clock.global_batch, world))
+        def fresh():
+            engine = SimpleNamespace(stats=EngineStats(), remove_at_release=lambda *h: None,
+                                     recorder=SimpleNamespace(now=lambda: 0.0), count_wait=lambda s: None,
+                                     plan=None, overlap=None, delegating=False)
+            b = balancer_cls(engine, nn.Linear(1, 1), None, rank, world, clock.every)
+            b.attach(ShareSchedule(clock.global_batch, world))
+            return engine, b
+        engine, b = fresh()
         plans: dict[str, object] = {}
         counts, last = [], None
         try:
@@ -79,7 +88,7 @@ def run(clock: Clock, balancer_cls) -> dict:
                 engine.plan = plans.setdefault(name, object())
                 engine.overlap = name
                 ns = b.schedule.counts_for(step)
-                b.schedule.drawn = step + 1
+                b.schedule.drawn = step + 1 + clock.draw_ahead
                 b.local_batch = ns[rank]
                 computes = [clock.compute_s(step, r, ns[r]) for r in range(world)]
                 period = max(computes)
@@ -89,6 +98,11 @@ def run(clock: Clock, balancer_cls) -> dict:
                 counts.append(list(ns))
                 b.step_end(timed=name == last)
                 last = name
+                if step == clock.resume_after:
+                    state = balancer_state(b, rank, world)
+                    engine, b = fresh()
+                    load_balancer_state(b, state, rank, world)
+                    last = None
             results[rank] = {"counts": counts, "changes": list(b.changes)}
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller
             errors.append(e)
