@@ -153,6 +153,18 @@ def _push_curve(cluster: ClusterSpec) -> list[float] | None:
         raise CaramelError(str(e)) from None
 
 
+def _receives_early(cluster: ClusterSpec) -> bool:
+    """`meta["push_receives_early"]`: the run's runtime posts a flat colocated server's push
+    receives at the step's first gradient (gloo, from 52caff3 on; the bench writes it). False
+    when not given: the receive is posted at the server's own push of the bucket, as in every
+    record written before the field."""
+    raw = cluster.meta.get("push_receives_early", False)
+    if not isinstance(raw, bool):
+        raise CaramelError(f"ps: meta.push_receives_early must be true or false (whether the runtime posts a "
+                           f"colocated server's push receives at the step's first gradient), got {raw!r}")
+    return raw
+
+
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
     n = cluster.world_size
     if options.dedicated and options.servers < 1:
@@ -234,6 +246,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     # hierarchical on gloo: node reduces, then each leader's node sum sent to its server as it
     # lands; off gloo the runtime reduces among the leaders: the two-stage collective (`coll_s`)
     sends = _backend(cluster) == "gloo" and local > 1 and not dedicated
+    # flat colocated on gloo: a server posts its push receives at the step's first hand-over
+    # (`PsEngine.posts_receives_early`), where the cluster spec says the run's runtime does
+    receives_early = _receives_early(cluster) and _backend(cluster) == "gloo" and local == 1 and not dedicated
     leader_sends = LeaderSends(n // local, local, shards, alpha, Bps, node_Bps) if sends else None
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
@@ -273,6 +288,19 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 issue.append(handed)
             return ends, issue
 
+        def sent_s(issue: list[dict[int, float]], b: int) -> float:
+            """When bucket b's push may leave every sender: each has handed it over, and the
+            server too unless it posted its receives early (the server's own gradient is summed
+            at its end, not sent)."""
+            o = bucket_owner[b]
+            return max((issue[w][b] for w in range(n) if not receives_early or w != o), default=0.0)
+
+        def posted_s(issue: list[dict[int, float]], b: int) -> float:
+            """When the server of bucket b posts its receive (gloo's "ready" note): at the step's
+            first hand-over where it posts early, else at its own hand-over of b."""
+            o = bucket_owner[b]
+            return min(issue[o].values()) if receives_early else issue[o][b]
+
         def fluid_push(issue: list[dict[int, float]]) -> tuple[list[float], list[tuple[float, float]], None]:
             """Flat colocated pushes as fluid flows (`sim_flows.py`): each push's earliest start
             as `push` sets it, its span from the probe's rates for the pushes then in flight. The
@@ -284,11 +312,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 todo = []
                 for b in range(len(buckets)):
                     o = bucket_owner[b]
-                    start = max(issue[w][b] for w in range(n))
-                    if links is not None:
-                        start = links.push_start(start, o, pull_end)
+                    start = links.push_start(sent_s(issue, b), o, pull_end)
                     if queues is not None:
-                        h = issue[o][b]
+                        h = posted_s(issue, b)
                         start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
                                                for w in range(n) if w != o])
                         if spans is not None:
@@ -320,11 +346,11 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                                              min(issue[o * local].values()))
                     spans.append((start, ends[o]))
                     continue
-                start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
+                start = max(ends[o], joined, sent_s(issue, b))
                 if links is not None:  # behind the pulls its senders handed over before it
                     start = links.push_start(start, o, pull_end)
                 if queues is not None:  # the server's "ready" note reaches every sender through the queues
-                    h = issue[o][b]
+                    h = posted_s(issue, b)
                     start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
                                            for w in range(n) if w != o])
                 ends[o] = start + coll_s(b)
