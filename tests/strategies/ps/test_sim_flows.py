@@ -7,6 +7,7 @@ import pytest
 from caramel.errors import CaramelError
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
+from caramel.strategies.ps import sim_flows
 from caramel.strategies.ps.sim_flows import Push, check_curve, fluid_pushes
 from caramel.topology.spec import ClusterSpec
 
@@ -100,3 +101,24 @@ def test_a_server_posting_its_receives_early_takes_pushes_before_its_own_gradien
     assert run(push_receives_early=True, backend="nccl") == late
     with pytest.raises(CaramelError, match="push_receives_early must be true or false"):
         run(push_receives_early="yes")
+
+
+def test_fluid_pushes_that_never_settle_are_counted_and_flagged(profile, monkeypatch):
+    queued = cluster(4, [1.0, 0.9, 0.8, 0.6], 0.004)
+    meta = STRATEGIES.spec("ps").simulate(profile, queued).meta
+    assert meta["fluid_unsettled_steps"] == 0 and meta["fluid_unsettled_change_s"] == 0.0
+    monkeypatch.setattr(sim_flows, "FLUID_ROUNDS", 2)  # too few for the queues and the spans to agree
+    with pytest.warns(UserWarning, match="fluid pushes did not settle in 2 rounds"):
+        meta = STRATEGIES.spec("ps").simulate(profile, queued).meta
+    assert meta["fluid_unsettled_steps"] > 0 and meta["fluid_unsettled_change_s"] > 0.0
+
+
+@pytest.mark.parametrize("spec,meta", [("ps:hierarchical=true", {"workers_per_node": 2}),
+                                       ("ps:dedicated=true,servers=1", {})])
+def test_a_bad_curve_is_an_error_where_the_pushes_do_not_use_it(profile, spec, meta):
+    c = cluster(4, [1.0, 1.5, 0.8, 0.6])
+    c.meta.update(meta)
+    with pytest.raises(CaramelError, match="push_efficiency_by_count must be 4 numbers"):
+        STRATEGIES.spec(spec).simulate(profile, c)
+    c.meta["push_efficiency_by_count"] = [1.0, 0.9, 0.8, 0.6]
+    assert STRATEGIES.spec(spec).simulate(profile, c).step_time_s > 0
