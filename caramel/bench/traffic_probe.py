@@ -51,9 +51,12 @@ MIN_LEFT_SHARE = 0.5  # a wait that leaves less than this share of the bulk's re
 
 def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_REPS,
                   pattern_reps: int = PATTERN_REPS) -> dict[str, Any] | None:
-    """{"queue_s" (None: too short to tell), "bulk_s", "bulk_bytes", "all_to_all_s",
-    "all_to_all_bytes"} on every rank, or None with one worker or on a non-CPU device (gloo's
-    behaviour is what is measured)."""
+    """{"version" (`VERSION`), "queue_s" (None: too short to tell), "bulk_s", "bulk_bytes",
+    "all_to_all_s", "all_to_all_bytes", "broadcasts_s", "broadcasts_reps_s" (each repetition),
+    "pushes_at_once_s" (k = 1..world servers receiving at once, the last the all-to-all),
+    "pushes_at_once_reps_s"} on every rank, or None with one worker or on a non-CPU device
+    (gloo's behaviour is what is measured). Its time grows about linearly with `world`: world + 1
+    patterns of `pattern_reps` + 1 rounds (docs/benchmarks.md)."""
     if world < 2 or getattr(device, "type", "cpu") != "cpu":
         return None
     import torch

@@ -70,9 +70,9 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     # from version 2: 1 and 2 servers receiving at once (2 is the all-to-all), each repetition kept
     assert probe["version"] == VERSION and len(probe["pushes_at_once_s"]) == 2, probe
     assert probe["pushes_at_once_s"][1] == probe["all_to_all_s"] and len(probe["broadcasts_reps_s"]) == PATTERN_REPS, probe
-    fit = recs["ddp"]["link_fit"]  # both need the net rate (none when the fit has none)
-    assert (fit["push_efficiency"] is None) == (fit["push_efficiency_by_count"] is None), fit
-    assert fit["push_efficiency_by_count"] is None or len(fit["push_efficiency_by_count"]) == 2, fit
+    # the job's net rate is the achieved rate wherever the comm-only baseline took time (the
+    # fitted `net_bandwidth_bps` may be absent), so the curve is always there: a point per count
+    assert len(recs["ddp"]["link_fit"]["push_efficiency_by_count"]) == 2, recs["ddp"]["link_fit"]
     assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
     assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
     assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()

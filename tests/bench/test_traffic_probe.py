@@ -43,6 +43,7 @@ def test_the_per_count_rates_are_the_ideal_over_each_measured_point_and_old_prob
     assert efficiency_by_count(probed, 4, 800e6) == pytest.approx([1.0, 0.8, 0.75, 0.6])
     assert efficiency_by_count({**probed, "pushes_at_once_s": [0.02, 0.05, 0.05, 0.05]}, 4, 800e6)[0] == 1.0
     assert efficiency_by_count({"all_to_all_s": 0.05, "all_to_all_bytes": 1_000_000}, 4, 800e6) is None
+    assert efficiency_by_count(probed, 4, None) is None  # no rate to take shares of
     with pytest.raises(ValueError, match="3 points for 4 workers"):
         efficiency_by_count({**probed, "pushes_at_once_s": [0.03, 0.04, 0.05]}, 4, 800e6)
 
@@ -57,3 +58,5 @@ def test_a_version_2_probe_reaches_the_cluster_spec_as_a_curve_and_an_old_one_do
     assert fits[1]["push_efficiency_by_count"] == pytest.approx([1.0, 0.4])
     assert "push_efficiency_by_count" not in bench_cluster(2, 1e9, link=fits[0]).meta
     assert bench_cluster(2, 1e9, link=fits[1]).meta["push_efficiency_by_count"] == pytest.approx([1.0, 0.4])
+    # the probe runs on gloo only, where this runtime posts a colocated server's receives early
+    assert bench_cluster(2, 1e9, link=fits[1]).meta["push_receives_early"] is True

@@ -17,7 +17,10 @@ curve is a probe reading.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+FLUID_ROUNDS = 8  # the most rounds `settle_pushes` runs until two agree
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,32 @@ def fluid_pushes(pushes: list[Push], rate_Bps: float, curve: list[float],
                 free[pushes[nxt].server] = t
                 start_next(pushes[nxt].server)
     return [(a, b) for a, b in spans]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """`settle_pushes`' answer: each push's (start, end), the rounds run, whether the last two
+    agreed and, where not, the most any start or end moved between them (s)."""
+
+    spans: list[tuple[float, float]]
+    rounds: int
+    settled: bool
+    change_s: float
+
+
+def settle_pushes(pushes_for: Callable[[list[tuple[float, float]] | None], list[Push]], rate_Bps: float,
+                  curve: list[float], server_free_s: dict[int, float], depends_on_spans: bool) -> Settled:
+    """A step's pushes where their earliest starts depend on their own spans (the queues a small
+    message waits in behind them): `pushes_for(spans)` gives the pushes from the previous
+    round's spans (None at first), rerun until two rounds agree, at most `FLUID_ROUNDS`. Nothing
+    shows the rounds must converge: where they do not, the last round's spans are kept and
+    marked unsettled. With `depends_on_spans` False, one round."""
+    spans: list[tuple[float, float]] | None = None
+    rounds = FLUID_ROUNDS if depends_on_spans else 1
+    for r in range(rounds):
+        new = fluid_pushes(pushes_for(spans), rate_Bps, curve, server_free_s)
+        if new == spans or not depends_on_spans:
+            return Settled(new, r + 1, True, 0.0)
+        last, spans = spans, new
+    change_s = max((abs(x - y) for old, cur in zip(last or [], spans) for x, y in zip(old, cur)), default=math.inf)
+    return Settled(spans, rounds, False, change_s)

@@ -66,6 +66,7 @@ the order are in `meta`, next to the shard loads.
 from __future__ import annotations
 
 import statistics
+import warnings
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
@@ -73,84 +74,16 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
 from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
-from caramel.strategies.ps.sim_flows import Push, check_curve, fluid_pushes
+from caramel.strategies.ps.sim_flows import Push, settle_pushes
 from caramel.strategies.ps.sim_hier import LeaderSends
 from caramel.strategies.ps.sim_links import Links, Wire
+from caramel.strategies.ps.sim_meta import (backend, efficiency, link_queue_s, push_curve_of, receives_early_of,
+                                            workers_per_node)
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
 MIN_ITERATIONS = 8
 STEADY_STEPS_PER_BOUND = 20
-FLUID_ROUNDS = 8  # the fluid pushes' rounds until their spans and this step's queues agree
-
-
-def _workers_per_node(cluster: ClusterSpec) -> int:
-    """hierarchical=True: the cluster spec's `meta["workers_per_node"]` (consecutive workers)."""
-    raw = cluster.meta.get("workers_per_node")
-    if raw is None:
-        raise CaramelError("ps: simulating hierarchical=true needs the cluster spec's meta.workers_per_node "
-                           "(how many consecutive workers share a node)")
-    if not isinstance(raw, int) or raw < 1 or cluster.world_size % raw:
-        raise CaramelError(f"ps: meta.workers_per_node must divide the {cluster.world_size} workers, got {raw!r}")
-    return raw
-
-
-BACKENDS = ("gloo", "nccl")
-
-
-def _backend(cluster: ClusterSpec) -> str:
-    """The process-group backend the run uses: the cluster spec's `meta["backend"]`, else the
-    backend its probe measured (`meta["probe"]["backend"]`), else gloo. It decides how a
-    hierarchical leader's node sums travel (`NodeSums.sends_point_to_point`)."""
-    probe = cluster.meta.get("probe")
-    key = "backend" if "backend" in cluster.meta else "probe.backend"
-    raw = cluster.meta.get("backend", probe.get("backend") if isinstance(probe, dict) else None)
-    if raw is None:
-        return "gloo"
-    if raw not in BACKENDS:
-        raise CaramelError(f"ps: meta.{key} must be one of {', '.join(BACKENDS)} (the process-group backend "
-                           f"the run uses), got {raw!r}")
-    return raw
-
-
-def _link_queue_s(cluster: ClusterSpec) -> float:
-    """The most a small message waits behind one bulk transfer (`queues.py`): the cluster spec's
-    `meta["link_queue_s"]` (the bench measures it, `caramel.bench.traffic_probe`); 0, no queues
-    modelled, when not given."""
-    raw = cluster.meta.get("link_queue_s")
-    if raw is None:
-        return 0.0
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw >= 0:
-        raise CaramelError(f"ps: meta.link_queue_s must be a number of seconds >= 0 (the most a small message waits "
-                           f"behind one bulk transfer on a link), got {raw!r}")
-    return float(raw)
-
-
-def _efficiency(cluster: ClusterSpec, key: str) -> float:
-    """The share of the link rate the colocated servers' pushes (`push_efficiency`: every worker
-    sending to every other at once) or pulls (`pull_efficiency`: every server broadcasting at
-    once) achieve: the cluster spec's meta (the bench measures both, `caramel.bench.traffic_probe`),
-    1 when not given."""
-    raw = cluster.meta.get(key)
-    if raw is None:
-        return 1.0
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw <= 1:
-        raise CaramelError(f"ps: meta.{key} must be a number in (0, 1] (the share of the link rate the servers' "
-                           f"{key.split('_')[0]}es achieve), got {raw!r}")
-    return float(raw)
-
-
-def _push_curve(cluster: ClusterSpec) -> list[float] | None:
-    """`meta["push_efficiency_by_count"]` (the bench's probe from version 2 on): the share of the
-    rate each server's NIC receives at while 1..n pushes run at once (`sim_flows.py`); None when
-    not given, and the pushes keep the all-at-once `push_efficiency`."""
-    raw = cluster.meta.get("push_efficiency_by_count")
-    if raw is None:
-        return None
-    try:
-        return check_curve(raw, cluster.world_size)
-    except ValueError as e:
-        raise CaramelError(str(e)) from None
 
 
 def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions, iterations: int = 4) -> SimResult:
@@ -158,7 +91,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     if options.dedicated and options.servers < 1:
         raise CaramelError("ps: dedicated=true needs servers=N >= 1 (the server hosts beside the cluster spec's workers)")
     dedicated = options.servers if options.dedicated else 0
-    local = _workers_per_node(cluster) if options.hierarchical else 1
+    local = workers_per_node(cluster) if options.hierarchical else 1
     shards = options.check_world(n, local, dedicated)
     if not profile.trainable():
         raise CaramelError(f"model {profile.model!r} has no trainable parameters; there is nothing to serve")
@@ -193,9 +126,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     pull_bytes = [sum(size[i] for i in b) for b in plan.pull_buckets]
     pull_owner = [plan.pull_owner(b) for b in range(len(plan.pull_buckets))]
 
-    flat_Bps = {kind: Bps * _efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
+    flat_Bps = {kind: Bps * efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
     # the probe's rate for 1..n pushes at once (flat colocated only): the pushes as fluid flows
-    push_curve = _push_curve(cluster) if not dedicated and local == 1 and n > 1 else None
+    push_curve = push_curve_of(cluster)  # checked wherever given, used where it applies
+    push_curve = push_curve if not dedicated and local == 1 and n > 1 else None
 
     def coll_s(b: int, kind: str = "push") -> float:
         """One push bucket's push (or pull bucket's pull): flat, among all workers (every
@@ -222,9 +156,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     last_pulls: list[tuple[int, float, float]] = []  # the latest update's pulls: (bucket, start, end)
     timeline: dict = {}
     pulled_upto = -1
+    unsettled: dict[int, tuple[int, float]] = {}  # step -> its fluid pushes' rounds and last change (s), unsettled
     wire = Wire(cluster.compute_slowdown)
     # flat colocated servers: small messages wait behind the bulk transfers (`queues.py`)
-    queue_s = _link_queue_s(cluster)
+    queue_s = link_queue_s(cluster)
     queues = Queues(n, queue_s) if queue_s > 0 and not dedicated and local == 1 and n > 1 else None
     rounds = int(profile.meta.get("buffer_broadcasts", 0)) if bound == 0 and queues is not None else 0
     buffer_s = alpha + float(profile.meta.get("buffer_bytes", 0)) / max(rounds, 1) / Bps
@@ -233,7 +168,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     links = None if dedicated else Links(n, shards) if local == 1 else Links(shards, shards)
     # hierarchical on gloo: node reduces, then each leader's node sum sent to its server as it
     # lands; off gloo the runtime reduces among the leaders: the two-stage collective (`coll_s`)
-    sends = _backend(cluster) == "gloo" and local > 1 and not dedicated
+    sends = backend(cluster) == "gloo" and local > 1 and not dedicated
+    # flat colocated on gloo: a server posts its push receives at the step's first hand-over
+    # (`PsEngine.posts_receives_early`), where the cluster spec says the run's runtime does
+    receives_early = receives_early_of(cluster) and backend(cluster) == "gloo" and local == 1 and not dedicated
     leader_sends = LeaderSends(n // local, local, shards, alpha, Bps, node_Bps) if sends else None
     for k in range(iters):
         need = k - 1 - S  # the update this forward must see
@@ -273,36 +211,48 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                 issue.append(handed)
             return ends, issue
 
+        def sent_s(issue: list[dict[int, float]], b: int) -> float:
+            """When bucket b's push may leave every sender: each has handed it over, and the
+            server too unless it posted its receives early (the server's own gradient is summed
+            at its end, not sent)."""
+            o = bucket_owner[b]
+            return max((issue[w][b] for w in range(n) if not receives_early or w != o), default=0.0)
+
+        def posted_s(issue: list[dict[int, float]], b: int) -> float:
+            """When the server of bucket b posts its receive (gloo's "ready" note): at the step's
+            first hand-over where it posts early, else at its own hand-over of b."""
+            o = bucket_owner[b]
+            return min(issue[o].values()) if receives_early else issue[o][b]
+
         def fluid_push(issue: list[dict[int, float]]) -> tuple[list[float], list[tuple[float, float]], None]:
             """Flat colocated pushes as fluid flows (`sim_flows.py`): each push's earliest start
             as `push` sets it, its span from the probe's rates for the pushes then in flight. The
             queues' wait behind this step's pushes reads their spans: taken from the previous
-            round, until two rounds agree (at most `FLUID_ROUNDS`; the first without them)."""
-            spans: list[tuple[float, float]] | None = None
-            for _ in range(FLUID_ROUNDS):
+            round, until two rounds agree (`settle_pushes`); a step where they never do is noted."""
+            def pushes(spans: list[tuple[float, float]] | None) -> list[Push]:
                 now = [Backlog(queues.ingress[0].cap_s) for _ in range(n)] if queues is not None else []
                 todo = []
                 for b in range(len(buckets)):
                     o = bucket_owner[b]
-                    start = max(issue[w][b] for w in range(n))
-                    if links is not None:
-                        start = links.push_start(start, o, pull_end)
+                    start = links.push_start(sent_s(issue, b), o, pull_end)
                     if queues is not None:
-                        h = issue[o][b]
+                        h = posted_s(issue, b)
                         start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
                                                for w in range(n) if w != o])
                         if spans is not None:
                             now[o].add(*spans[b])
                     todo.append(Push(o, start, alpha if n > 1 else 0.0, (n - 1) * bucket_bytes[b]))
-                new = fluid_pushes(todo, Bps, push_curve, dict(enumerate(push_end)))
-                if new == spans or queues is None:
-                    spans = new
-                    break
-                spans = new
+                return todo
+
+            flows = settle_pushes(pushes, Bps, push_curve, dict(enumerate(push_end)), queues is not None)
+            if flows.settled:  # the last call of step k counts (the backward may be placed twice)
+                unsettled.pop(k, None)
+            else:
+                unsettled[k] = (flows.rounds, flows.change_s)
             ends = list(push_end)
-            for b, (_, z) in enumerate(spans):
+            for b, (_, z) in enumerate(flows.spans):
                 ends[bucket_owner[b]] = max(ends[bucket_owner[b]], z)
-            return ends, spans, None
+            return ends, flows.spans, None
 
         def push(issue: list[dict[int, float]], bwd_end: list[float]) -> tuple[list[float], list[tuple[float, float]], LeaderSends | None]:
             if push_curve is not None:
@@ -320,11 +270,11 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
                                              min(issue[o * local].values()))
                     spans.append((start, ends[o]))
                     continue
-                start = max(ends[o], joined, max(issue[w][b] for w in range(n)))
+                start = max(ends[o], joined, sent_s(issue, b))
                 if links is not None:  # behind the pulls its senders handed over before it
                     start = links.push_start(start, o, pull_end)
                 if queues is not None:  # the server's "ready" note reaches every sender through the queues
-                    h = issue[o][b]
+                    h = posted_s(issue, b)
                     start = max([start] + [h + queues.egress[o].wait(h) + max(queues.ingress[w].wait(h), now[w].wait(h))
                                            for w in range(n) if w != o])
                 ends[o] = start + coll_s(b)
@@ -401,6 +351,10 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             if k == iters - 2:  # the pulls this step's step() handed over, after its pushes
                 timeline["pulls_after"] += [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]
     warm = iters // 2
+    if unsettled:
+        rounds, change_s = max(r for r, _ in unsettled.values()), max(c for _, c in unsettled.values())
+        warnings.warn(f"ps: the fluid pushes did not settle in {rounds} rounds at {len(unsettled)} of {iters} steps "
+                      f"(the last two differ by up to {change_s:.3g} s); the step time may be off")
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up;
@@ -438,6 +392,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
               "workers_per_node": local, "dedicated_servers": dedicated,
               "periods_s": periods, "timeline_s": timeline,
+              **({} if push_curve is None else {"fluid_unsettled_steps": len(unsettled),
+                                                "fluid_unsettled_change_s": max((c for _, c in unsettled.values()),
+                                                                                default=0.0)}),
               # the slowest worker's mean steady step, piece by piece (as experiments/ps_breakdown.py times them)
               "pieces_s": dict(zip(("forward", "forward_wait", "backward", "optimizer_step"),
                                    (statistics.mean(x) for x in zip(*pieces[periods.index(max(periods))][warm:]))))})

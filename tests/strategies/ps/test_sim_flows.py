@@ -7,6 +7,7 @@ import pytest
 from caramel.errors import CaramelError
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
+from caramel.strategies.ps import sim_flows
 from caramel.strategies.ps.sim_flows import Push, check_curve, fluid_pushes
 from caramel.topology.spec import ClusterSpec
 
@@ -79,3 +80,45 @@ def test_pushes_with_fewer_beside_them_run_faster_and_shorten_a_bsp_step(profile
 def test_a_bad_curve_is_one_clear_error(profile):
     with pytest.raises(CaramelError, match="push_efficiency_by_count must be 4 numbers"):
         STRATEGIES.spec("ps").simulate(profile, cluster(4, [1.0, 0.9]))
+
+
+@pytest.mark.parametrize("curve", [None, [1.0, 0.9, 0.8, 0.6]])
+def test_a_server_posting_its_receives_early_takes_pushes_before_its_own_gradients(profile, curve):
+    # worker 0 is twice as slow: posted at its own hand-over, its shard's pushes wait for its
+    # gradients; posted at its first (gloo, `push_receives_early`), they leave with the others'
+    def run(**meta):
+        c = cluster(4, curve, 0.004)
+        c.workers[0].speed = 0.5
+        c.meta.update(meta)
+        r = STRATEGIES.spec("ps").simulate(profile, c)
+        t = r.meta["timeline_s"]
+        return r.step_time_s, [(a, t["handed"][0][b]) for b, o, a, _ in t["pushes"] if o == 0]
+    late = run()
+    early = run(push_receives_early=True)
+    assert all(a >= h - 1e-12 for a, h in late[1])
+    assert any(a < h - 1e-3 for a, h in early[1])
+    # off gloo the runtime posts at the server's own push: as if not early
+    assert run(push_receives_early=True, backend="nccl") == late
+    with pytest.raises(CaramelError, match="push_receives_early must be true or false"):
+        run(push_receives_early="yes")
+
+
+def test_fluid_pushes_that_never_settle_are_counted_and_flagged(profile, monkeypatch):
+    queued = cluster(4, [1.0, 0.9, 0.8, 0.6], 0.004)
+    meta = STRATEGIES.spec("ps").simulate(profile, queued).meta
+    assert meta["fluid_unsettled_steps"] == 0 and meta["fluid_unsettled_change_s"] == 0.0
+    monkeypatch.setattr(sim_flows, "FLUID_ROUNDS", 2)  # too few for the queues and the spans to agree
+    with pytest.warns(UserWarning, match="fluid pushes did not settle in 2 rounds"):
+        meta = STRATEGIES.spec("ps").simulate(profile, queued).meta
+    assert meta["fluid_unsettled_steps"] > 0 and meta["fluid_unsettled_change_s"] > 0.0
+
+
+@pytest.mark.parametrize("spec,meta", [("ps:hierarchical=true", {"workers_per_node": 2}),
+                                       ("ps:dedicated=true,servers=1", {})])
+def test_a_bad_curve_is_an_error_where_the_pushes_do_not_use_it(profile, spec, meta):
+    c = cluster(4, [1.0, 1.5, 0.8, 0.6])
+    c.meta.update(meta)
+    with pytest.raises(CaramelError, match="push_efficiency_by_count must be 4 numbers"):
+        STRATEGIES.spec(spec).simulate(profile, c)
+    c.meta["push_efficiency_by_count"] = [1.0, 0.9, 0.8, 0.6]
+    assert STRATEGIES.spec(spec).simulate(profile, c).step_time_s > 0
