@@ -136,7 +136,7 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
             if wire is None:
                 times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
             else:
-                with wire.count(name, settings.steps_per_round + 1):  # + the block's entry step
+                with wire.count(name, settings.steps_per_round + runners[name].entry_steps):  # + the entry steps
                     times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
         r += 1
         # rank 0's own view; the compute-only baseline at its pace, as the report takes it
