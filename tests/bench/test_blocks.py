@@ -99,3 +99,28 @@ def test_a_bsp_block_is_the_old_block_call_for_call(fake_clock):
     assert calls == ["step"] * (STEPS + 1) + ["finish"]
     assert times == [COMM_S + COMPUTE_S] * STEPS  # bsp waits for its own update: nothing overlaps here
     assert stamps[-1][1] == 3.0 * (STEPS + 1)  # the last step's end, not the drain's
+
+
+@pytest.mark.parametrize("spec,entry", [("ps:consistency=ssp:2", (3, False)), ("ps:consistency=asp", (0, True)),
+                                        ("ps", (1, False)), ("ddp", (1, False))])
+def test_the_bench_runner_takes_its_entry_from_the_ps_run(monkeypatch, spec, entry):
+    """build_strategy reads the bound off the optimizer's ps run (`opt.ps`), which parallelize
+    gives the ps strategy (the real call runs in the bench's spawned jobs)."""
+    import caramel
+    import torch
+
+    from caramel.bench.matrix import parse_strategy
+    from caramel.bench.strategies import StrategyContext, build_strategy
+
+    def parallelize(model, optimizer, name, options=None, **_):
+        opt = SimpleNamespace(synchronize=lambda: None)  # what the bench calls of a wrapped optimizer
+        if name == "ps":
+            opt.ps = SimpleNamespace(options=options)
+        return model, opt
+
+    monkeypatch.setattr(caramel, "parallelize", parallelize)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx = StrategyContext(device=torch.device("cpu"), rank=0, world_size=1)
+    runner = build_strategy(parse_strategy(spec), model, opt, None, None, None, ctx)
+    assert (runner.entry_steps, runner.drain_timed) == entry
