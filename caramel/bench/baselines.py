@@ -38,6 +38,11 @@ class Runner:
     """
 
     name: str = "?"
+    entry_steps: int = 1
+    """unmeasured steps before a timed block: one more than the updates a step may leave
+    outstanding (`caramel.bench.blocks`), so the untimed drain equals the backlog owed in"""
+    drain_timed: bool = False
+    """no bound on the outstanding updates: the block times its drain (`caramel.bench.blocks`)"""
 
     def step(self) -> None:
         raise NotImplementedError

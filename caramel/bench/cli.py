@@ -370,7 +370,8 @@ def _environment(settings: BenchSettings, networks: set[str], wall_s: float, loa
         "network": ", ".join(sorted(networks)) or "-",
         "workers": "one process per worker, 1 compute thread each (OMP_NUM_THREADS=1)",
         "measurement": (f"{settings.rounds} rounds x {settings.steps_per_round} measured steps per strategy "
-                        f"(+1 entry step per block, {settings.warmup_steps} warm-up steps), SGD momentum 0.9, synthetic data"),
+                        f"(+1 entry step per block, S + 1 under ps ssp:S, none and the drain timed under asp; "
+                        f"{settings.warmup_steps} warm-up steps), SGD momentum 0.9, synthetic data"),
         "wall time": f"{wall_s:.0f} s",
         "host load": (f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
                       f"{os.cpu_count()} cores (other work on the host slows compute; the rates were derived from "

@@ -4,11 +4,12 @@ Run by the launcher on each worker (`python -m caramel.bench.harness JOB.json OU
 torchrun or the emulated cluster). Rank 0 writes the raw per-step times of every rank to
 OUT.json (`caramel.bench_raw/1`); `caramel.bench.report` turns them into metrics.
 
-How a step is timed: no barrier inside a measured block. A block is one unmeasured entry step
-(so a strategy that overlaps communication with the *next* forward is in its steady state),
-then `steps` steps, each timed from the top of the loop to the top of the next iteration:
-exactly the time a user's loop spends per iteration, including any wait in the next forward
-for the previous step's communication. After the block, `finish()` drains what is still
+How a step is timed: no barrier inside a measured block. A block is its runner's unmeasured
+entry steps (so a strategy that overlaps communication with the *next* forward is in its steady
+state; one, or S + 1 under ps `ssp:S`: `caramel.bench.blocks`), then `steps` steps, each
+timed from the top of the loop to the top of the next iteration: exactly the time a user's
+loop spends per iteration, including any wait in the next forward for the previous step's
+communication. After the block, `finish()` drains what is still
 pending (unmeasured) and a barrier lines the ranks up for the next strategy. Rounds rotate the
 order of strategies so that drift and position effects hit all of them equally.
 """
@@ -136,7 +137,7 @@ def measure_rounds(runners: dict[str, Runner], settings: BenchSettings, label: s
             if wire is None:
                 times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
             else:
-                with wire.count(name, settings.steps_per_round + 1):  # + the block's entry step
+                with wire.count(name, settings.steps_per_round + runners[name].entry_steps):  # + the entry steps
                     times[name] += measure_block(runners[name], settings.steps_per_round, stamps)
         r += 1
         # rank 0's own view; the compute-only baseline at its pace, as the report takes it

@@ -144,10 +144,25 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
 
     if getattr(spec.options, "balance", "off") == "batch":
         from caramel.bench.straggler import BalancedRunner
-        return BalancedRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device, ctx.world_size,
-                              finish=opt.synchronize, stats=stats, settled=settled)
-    return TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
-                       finish=opt.synchronize, stats=stats, settled=settled, close=close)
+        runner: TrainRunner = BalancedRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
+                                             ctx.world_size, finish=opt.synchronize, stats=stats, settled=settled)
+    else:
+        runner = TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
+                             finish=opt.synchronize, stats=stats, settled=settled, close=close)
+    runner.entry_steps, runner.drain_timed = steady_entry(getattr(opt, "ps", None))
+    return runner
+
+
+def steady_entry(ps_run: Any) -> tuple[int, bool]:
+    """How a block of this strategy starts in its steady state (`caramel.bench.blocks`): the
+    entry steps and whether the drain is timed. A step may leave S updates outstanding under
+    the ps strategy's `ssp:S` (its `step()` waits for update t - S), so S + 1 entry steps; asp
+    has no bound short of its memory bound (32 updates, more steps than a block), so no entry
+    step and a timed drain; every other strategy (bsp included): 1, untimed."""
+    if ps_run is None:
+        return 1, False
+    bound = ps_run.options.staleness_bound()
+    return (0, True) if bound is None else (bound + 1, False)
 
 
 def ctx_rank() -> int:
