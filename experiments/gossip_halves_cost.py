@@ -101,6 +101,7 @@ def main() -> None:
     if args.rounds < 2 or args.steps < 1 or args.warmup < 0:
         raise SystemExit("--rounds must be >= 2 (an interval over rounds), --steps >= 1, --warmup >= 0")
     torch.set_num_threads(1)
+    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     results = []
     for workload in args.workloads.split(","):
         res = measure(workload.strip(), args.rounds, args.steps, args.warmup, args.workers)
@@ -114,7 +115,10 @@ def main() -> None:
     if args.json:
         write_json(Path(args.json), {"format": format_tag("gossip-halves-cost"), "command": "python experiments/gossip_halves_cost.py " + " ".join(sys.argv[1:]),
                                      "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
-                                     "threads": 1, "results": results})
+                                     "threads": 1, "results": results,
+                                     # 1/5/15-minute load averages: a loaded host widens the intervals
+                                     "host_load": {"before": load_before, "after": Path("/proc/loadavg").read_text().split()[:3]
+                                                   if Path("/proc/loadavg").exists() else None}})
 
 
 if __name__ == "__main__":

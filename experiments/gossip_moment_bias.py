@@ -13,7 +13,12 @@ that O and A imply (E[O] = mu^2 + s^2/n, E[A] = mu^2 + s^2). The replay draws it
 (randperm from the seed), so it is a DDP trajectory on the runs' split, not the runs' trajectory.
 `--cross-term halves`: each worker's batch takes two backward passes, one per half (h1, h2 their
 mean-loss gradients, g_i = (h1 + h2)/2), and C_i = EMA(h1 h2) (`cross_term=halves`: 4 a b with
-a = h1/2, b = h2/2); DDP steps on the same mean gradient.
+a = h1/2, b = h2/2); DDP steps on the same mean gradient. Both estimators are re-derived here,
+not called from moments.py: its SecondMoment is bound to one worker's parameters (hooks on them)
+and that worker's Adam (its step count), where the replay runs all n workers' passes through one
+model and one optimizer; moments.py's own arithmetic is checked by
+tests/strategies/gossip/test_moments_halves.py (4 a b by hand) and the 4-worker gloo check
+(moments_workers.py, debiased_update_worker: the first-moment update by hand).
 
     PYTHONPATH=. python experiments/gossip_moment_bias.py --seeds 0,1,2 --json docs/results/gossip-moment-bias.json
     PYTHONPATH=. python experiments/gossip_moment_bias.py --seeds 0,1,2 --cross-term halves \

@@ -37,7 +37,12 @@ g = a + b, and a, b independent with mean g's mean / 2, E[4 a b] = mu^2 at this 
 no assumption on how the gradient moves. C_i = EMA(4 a b). A hook keeps a after the first
 backward and forms 4 a (G - a) after the second; a uniform rescale of a parameter's gradient
 between backward and step() (clip_grad_norm_, GradScaler's unscale) is carried over through
-|g|^2 / |G|^2; any other edit of p.grad is not. Cost: a second, half-sized forward and backward
+|g|^2 / |G|^2; any other edit of p.grad is not. The pass count restarts at step() and at the
+optimizer's zero_grad() (a step GradScaler skips on overflow, or a batch dropped before step(),
+leaves no stale passes behind). A parameter that one half does not reach (a branch chosen by the
+data, an MoE expert) got nothing from it: that half's gradient is exactly 0, so 4 a b = 0 is what
+the estimator folds for it (and 0 for a parameter neither half reaches that still has a zeroed
+p.grad); a step where no parameter got two passes (one backward) or any got more is an error. Cost: a second, half-sized forward and backward
 (the batch's work is the same, in two smaller pieces), one buffer per parameter, a few
 elementwise operations; no bytes.
 """
@@ -116,6 +121,8 @@ class SecondMoment:
     def observe(self) -> None:
         """At step(), before the optimizer's update (and before anything replaces p.grad): fold
         each worker's own gradient into A and C, C against the first moment of the steps before."""
+        if self.cross_term == "halves":
+            self.check_passes()
         with torch.no_grad():
             for k, p in enumerate(self.params):
                 if p.grad is None:
@@ -143,16 +150,33 @@ class SecondMoment:
                 else:
                     partner = g  # no earlier gradient: the optimizer's own g^2
                 self.cross[k].mul_(b2).addcmul_(g, partner, value=1 - b2)
+        self.reset_passes()
+
+    def reset_passes(self) -> None:
+        """Start a new step's count of backward passes (at step() and at the optimizer's zero_grad())."""
         self.passes = [0] * len(self.params)
+
+    def check_passes(self) -> None:
+        """cross_term=halves: refuse a step that was not two backward passes (module docstring)."""
+        most = max(self.passes, default=2)
+        if most == 2 or (most == 0 and not any(p.grad is not None for p in self.params)):
+            return
+        k = self.passes.index(most)
+        if most > 2:
+            raise CaramelError(
+                f"strategy 'gossip': cross_term=halves takes this step's gradient in two halves, one backward "
+                f"each (each half's loss its mean), and parameter '{self.names[k]}' got {most} backward passes "
+                "since the last step() or zero_grad(); call backward exactly twice per step")
+        raise CaramelError(
+            f"strategy 'gossip': cross_term=halves takes this step's gradient in two halves, one backward each "
+            f"(each half's loss its mean), and no parameter got two backward passes since the last step() or "
+            f"zero_grad() (parameter '{self.names[k]}' got {most}); call backward exactly twice per step")
 
     def _half_product(self, k: int, g: torch.Tensor) -> torch.Tensor:
         """4 a b of this step (cross_term=halves), in the units of the gradient the optimizer
         steps with: rescaled by |g|^2 / |G|^2 where p.grad was rescaled after backward."""
-        if self.passes[k] != 2:
-            raise CaramelError(
-                f"strategy 'gossip': cross_term=halves takes this step's gradient in two halves, one backward "
-                f"each (each half's loss its mean), and parameter '{self.names[k]}' got {self.passes[k]} "
-                "backward passes since the last step(); call backward exactly twice per step")
+        if self.passes[k] < 2:  # a half that did not reach p: its gradient, hence 4 a b, is 0
+            return torch.zeros_like(self.halves[k])
         total = float(self.total_sq[k])
         scale = float(g.square().sum()) / total if total > 0 else 1.0
         return self.halves[k] if scale == 1.0 else self.halves[k] * scale

@@ -86,6 +86,13 @@ class GossipOptimizerMixin:
         run.after_update(waited)
         return out
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # a backward not followed by step() (GradScaler's skipped step, a dropped batch) must not
+        # count toward the next step's two halves (cross_term=halves)
+        if self._gossip_run.moments is not None:
+            self._gossip_run.moments.reset_passes()
+        self._gossip_base.zero_grad(self, set_to_none)
+
     def synchronize(self) -> None:
         """Every pending mix applied (eval, checkpoint, exit); workers' parameters still differ."""
         self._gossip_run.synchronize()

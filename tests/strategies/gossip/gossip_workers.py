@@ -280,7 +280,8 @@ def two_worker_suite(rank: int, world: int, steps: int, cases: tuple[tuple[str, 
             "batchnorm": batchnorm_worker(rank, world, steps), "closure": closure_worker(rank, world)}
 
 
-HALVES_STEPS = 40  # beta2 = 0.95: the EMA's weight is 0.87 on these steps
+HALVES_STEPS = 20  # beta2 = 0.95: the EMA's weight is 0.64 on these steps; the sum over workers
+# lands within 2% of DDP at 10, 20 and 40 steps, the first-moment product at 0.63-0.64
 
 
 def four_worker_suite(rank: int, world: int, steps: int, specs: tuple[str, ...]) -> dict:

@@ -63,10 +63,23 @@ def debiased_update_worker(rank: int, world: int, steps: int) -> dict:
             "param_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
+HALVES_L2 = 0.04  # L2^2 |x|^2 is about a quarter of one 2-sample batch's |g|^2 (2.7) on gpt_tied
+
+
+def _common(model: torch.nn.Module) -> torch.Tensor:
+    """A loss term whose gradient (HALVES_L2 x) is the same on every worker and half: a mean gradient."""
+    return HALVES_L2 / 2 * sum(p.square().sum() for p in model.parameters())
+
+
 def halves_vs_ddp_worker(rank: int, world: int, steps: int) -> dict:
-    """cross_term=halves against DDP's own second moment, at fixed parameters (lr = 0: every
-    step's gradients come from one distribution, the model never moves): a 4-worker ring, each
-    worker's batch in two halves (one backward each), beside torch's DDP on the same batches.
+    """cross_term=halves against DDP's own second moment, at fixed parameters (lr = 0: the model
+    never moves): a 4-worker ring, each worker's batch in two halves (one backward each), beside
+    torch's DDP on the same batches. At lr = 0 alone the first-moment partner is unbiased too, and
+    on these 2-sample batches the mean gradient is nothing against the noise (mu^2 ~ 0: any C near
+    0 would pass), so the loss gets a term common to all workers, L2 / 2 |x|^2 (gradient L2 x, the
+    same for every half and worker: mu^2 about s^2 / 4), and its sign flips every step (as in
+    test_moments_halves): 4 a b and g^2 are unchanged, but the first moment of earlier steps
+    cancels to about -mu / 19, so that estimator misses DDP by about mu^2 (3/4) and fails.
     Returns each worker's exp_avg_sq summed over all parameters after `steps` steps, DDP's (the
     EMA of the workers' mean gradient squared), the estimate before its clamp (A / n + (1 - 1/n) C,
     the part whose mean is DDP's) and the worker's own A (the EMA of g_i^2: what its Adam would
@@ -79,11 +92,12 @@ def halves_vs_ddp_worker(rank: int, world: int, steps: int) -> dict:
     for step in range(steps):
         x, y = batch("gpt_tied", step, rank)
         half = x.shape[0] // 2
+        sign = (-1.0) ** step
         for part in (slice(0, half), slice(half, None)):
-            (w.loss_fn(model(x[part]), y[part]) / 2).backward()
+            (sign * (w.loss_fn(model(x[part]), y[part]) + _common(w.model)) / 2).backward()
         opt.step()
         opt.zero_grad()
-        w.loss_fn(ddp(x), y).backward()
+        (sign * (w.loss_fn(ddp(x), y) + _common(ddp.module))).backward()
         ddp_opt.step()
         ddp_opt.zero_grad()
     mine = sum(float(opt.state[p]["exp_avg_sq"].sum()) for p in w.model.parameters())

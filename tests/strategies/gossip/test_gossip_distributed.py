@@ -172,15 +172,17 @@ def test_debiased_second_moment_is_adamw_on_the_hand_computed_estimate(four):
 
 
 def test_the_half_batch_cross_term_estimates_ddps_second_moment(four):
-    """cross_term=halves at fixed parameters (lr = 0) beside torch's DDP on the same batches, 40
-    steps at beta2 = 0.95: the estimate before its clamp, A/n + (1 - 1/n) C, averaged over the 4
-    workers, is DDP's exp_avg_sq within 15% (measured 1.04; per worker 0.99-1.13), where the
-    worker's own g_i^2 (what Adam divides by without the option) is about 4x DDP's. The clamp
-    max(C, 0) only adds (Adam's exp_avg_sq here 1.3-1.5x DDP's: C's noise over a 20-step window)."""
+    """cross_term=halves at fixed parameters (lr = 0) beside torch's DDP on the same batches, 20
+    steps at beta2 = 0.95, with a mean gradient common to all workers whose sign flips every step
+    (`halves_vs_ddp_worker`): the estimate before its clamp, A/n + (1 - 1/n) C, summed over the 4
+    workers, is DDP's exp_avg_sq within 15% (measured 0.99; 1.02-1.04 at 10 and 40 steps), where
+    the first-moment product lands at 0.64 (mutation: cross_term=first_moment in the worker) and
+    the worker's own g_i^2 (what Adam divides by without the option) at 2.5x. The clamp max(C, 0)
+    only adds."""
     res = [r["halves_vs_ddp"] for r in four]
     ddp = sum(r["ddp"] for r in res)
     assert abs(sum(r["unclamped"] for r in res) / ddp - 1) < 0.15, res
-    assert sum(r["own"] for r in res) / ddp > 2.5, res  # an estimator using g^2 fails the check above
+    assert sum(r["own"] for r in res) / ddp > 2.0, res  # an estimator using g^2 fails the check above
     assert all(r["halves"] >= r["unclamped"] * (1 - 1e-6) for r in res), res
 
 

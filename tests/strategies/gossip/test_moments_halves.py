@@ -97,8 +97,64 @@ def test_a_step_without_exactly_two_backward_passes_is_refused(passes):
     moments = SecondMoment([("w", p)], opt, world=2, cross_term="halves")
     for _ in range(passes):
         _backward(p, torch.ones(2))
-    with pytest.raises(CaramelError, match=f"parameter 'w' got {passes} backward passes.*exactly twice"):
+    with pytest.raises(CaramelError, match=f"parameter 'w' got {passes}.*exactly twice"):
         moments.observe()
+
+
+def test_a_parameter_one_half_or_neither_half_reaches_folds_a_zero_product():
+    """A branch taken by one half only (q) got nothing from the other: its b is exactly 0, so C's
+    input is 0 (the estimator's own value, not an error); a parameter neither half reaches with a
+    zeroed p.grad (r, zero_grad(set_to_none=False)) folds 0 too; p, in both halves, folds 4 a b."""
+    p, q, r = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    opt = torch.optim.AdamW([p, q, r], lr=0.0, betas=(0.9, 0.5))
+    moments = SecondMoment([("p", p), ("q", q), ("r", r)], opt, world=2, cross_term="halves")
+    r.grad = torch.zeros(2)
+    h1, h2, hq = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 1.0]), torch.tensor([2.0, -4.0])
+    ((p * h1 / 2).sum() + (q * hq / 2).sum()).backward()  # the first half takes q's branch
+    (p * h2 / 2).sum().backward()
+    moments.observe()
+    assert torch.allclose(moments.cross[0], 0.5 * 4 * (h1 / 2) * (h2 / 2))
+    assert torch.equal(moments.cross[1], torch.zeros(2)) and torch.equal(moments.cross[2], torch.zeros(2))
+    assert torch.allclose(moments.sq[1], 0.5 * (hq / 2) ** 2)  # A still takes q's gradient
+    assert moments.count == [1, 1, 1]
+
+
+def test_a_step_gradscaler_skips_leaves_no_stale_backward_passes():
+    """GradScaler skips step() on an overflow, and the loop's zero_grad() clears the gradients:
+    the next step's two backward passes are counted from there, and that step folds exactly one
+    4 a b (the skipped step none)."""
+    import torch.distributed as dist
+
+    import caramel
+    had = dist.is_initialized()
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.5))
+    model, opt = caramel.parallelize(m, opt, "gossip:topology=ring,second_moment=debiased,cross_term=halves")
+    try:
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        moments = opt.gossip.moments
+        for step in range(3):
+            before = [c.clone() for c in moments.cross]
+            halves = []
+            for part in (slice(0, 4), slice(4, 8)):
+                loss = torch.nn.functional.cross_entropy(model(x[part]), y[part]) / 2
+                if step == 1:
+                    loss = loss * float("inf")  # an overflow: GradScaler skips this step
+                scaler.scale(loss).backward()
+                halves.append(m.weight.grad.clone() - sum(halves, torch.zeros_like(m.weight)))
+            scale = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            assert moments.passes == [0, 0] and moments.count == [(1, 1, 2)[step]] * 2
+        a, b = (h / scale for h in halves)  # the last step's halves, unscaled
+        assert torch.allclose(moments.cross[0], 0.5 * before[0] + 0.5 * 4 * a * b, rtol=1e-5, atol=1e-9)
+    finally:
+        caramel.shutdown()
+        if dist.is_initialized() and not had:
+            dist.destroy_process_group()
 
 
 def test_bad_cross_term_options_are_refused():
