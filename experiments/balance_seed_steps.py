@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file too: `experiments.` imports
 
-from caramel.jsonio import atomic_write_text, write_json  # noqa: E402
+from caramel.jsonio import FormatError, atomic_write_text, check_format, format_tag, write_json  # noqa: E402
 from caramel.stats import geomean, log_t_interval  # noqa: E402
 
 COMMAND = ["train", "--workload", "digits", "--workers", "2", "--batch-size", "128", "--d-model", "1024",
@@ -124,11 +124,34 @@ def run_all(seeds: list[int], reps: int, out: Path, caramel: str, codes: dict[st
         cmd = [caramel, *COMMAND, "--seed", str(seed), "--strategy", STRATEGIES[tag], "--out-dir", str(d)]
         env = {**os.environ, "PYTHONPATH": str(root)} if root else None
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-        (d / "run.json").write_text(json.dumps({"cmd": cmd, "code": versions[code or (names[0] if names else None)],
-                                                "code_root": str(root or ""),
-                                                "rc": proc.returncode, "start": t0, "end": time.time(),
-                                                "tail": proc.stdout[-2000:] + proc.stderr[-2000:]}))
+        write_run_meta(d, {"cmd": cmd, "code": versions[code or (names[0] if names else None)],
+                           "code_root": str(root or ""), "rc": proc.returncode, "start": t0, "end": time.time(),
+                           "tail": proc.stdout[-2000:] + proc.stderr[-2000:]})
         print(f"{d.name}: rc {proc.returncode}, {time.time() - t0:.1f} s", flush=True)
+
+
+RUN_META_KIND = "balance-seed-run"
+RUN_META_KEYS = frozenset({"cmd", "code", "code_root", "rc", "start", "end", "tail"})
+
+
+def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """A run's side file (`run.json`: command, checkout, exit status, times, output tail), tagged."""
+    write_json(run_dir / "run.json", {"format": format_tag(RUN_META_KIND), **meta})
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    """A run's `run.json`, or {} where there is none. Run folders written before the tag hold the
+    same keys untagged and are read as they are; anything else is refused naming the file."""
+    path = run_dir / "run.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: not JSON ({e}); expected a {format_tag(RUN_META_KIND)} file") from None
+    if isinstance(data, dict) and "format" not in data and data.keys() <= RUN_META_KEYS:
+        return data
+    return check_format(data, RUN_META_KIND, str(path))
 
 
 def shares_at(changes: list[list[Any]], batch: int) -> list[int]:
@@ -170,7 +193,7 @@ def med(xs: list[float]) -> float | None:
 
 def analyze_run(run_dir: Path) -> dict[str, Any]:
     s = json.loads((run_dir / "summary.json").read_text())
-    meta = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    meta = read_run_meta(run_dir)
     slow = s["slow_worker"]
     scheduled = s.get("share_changes") or [[0, [128, 128]]]
     # a decision at the run's last step schedules shares for batches the run never draws
@@ -247,7 +270,7 @@ def analyze_ab(out: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
     balanced runs against their seed's equal run (the reps of a seed share it, so the
     seed-clustered interval is the one whose pairs are independent); when each settled."""
     def root(r: dict[str, Any]) -> str:
-        return json.loads((out / r["run"] / "run.json").read_text()).get("code_root", "")
+        return read_run_meta(out / r["run"]).get("code_root", "")
     names = sorted({r["code_name"] for r in runs if r["code_name"]})
     equal = collections.defaultdict(list)
     for r in runs:
@@ -418,7 +441,10 @@ def main() -> None:
         return
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory of runs")
-    result = analyze(args.out)
+    try:
+        result = analyze(args.out)
+    except (ValueError, FormatError) as e:  # a foreign run folder or side file: one line naming it
+        raise SystemExit(str(e)) from None
     if args.json:
         ab = "base" in result
         result = {"format": "caramel.balance-seed-steps-ab/1" if ab else "caramel.balance-seed-steps/2",

@@ -9,7 +9,7 @@ workers of a rank deliver their batches in pairs): the first pair, the other pai
 long and short steps' means, and the first pair's excess over the others.
 
 Usage:
-  /tmp/bench.sh python -m experiments.data_epoch_steps run f200|full OUT.json
+  python -m experiments.data_epoch_steps run f200|full OUT.json   # run alone on the host
   python -m experiments.data_epoch_steps pairs NAME=FILE.json...
 docs/results/data-epoch-steps-{f200,full}.json were taken with `run` (its output then
 /tmp/d32/steps-NAME.json) at 13:10 UTC on 2026-12-07.

@@ -60,7 +60,7 @@ from caramel.sched.placement.tables import StepTables
 from caramel.sched.rl import PpoOptions, num_policy_parameters
 from experiments.placement_focus_check import random_focus_search
 from experiments.placement_policy_file import TEACHERS, load_policy, save_policy, train_policies
-from experiments.rl_common import options_from, ratio_summary, seed_range, summary
+from experiments.rl_common import options_from, parse_fractions, ratio_summary, seed_range, summary
 
 # the environment the policy trains in, and its decoder (fast, reference) per scheme
 SCHEMES = {"sequential": (PlacementEnv, decode_fast, decode), "rounds": (RoundPlacementEnv, decode_rounds, decode_rounds)}
@@ -336,12 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.guided is not None:
         if search is None:
             raise SystemExit("--guided names the focus of the search; pass --search too")
-        try:
-            guided = [float(g) for g in args.guided.split(",")]
-        except ValueError:
-            raise SystemExit(f"--guided must be comma-separated fractions in (0, 1], got {args.guided!r}") from None
-        if any(not 0 < g <= 1 for g in guided) or len({f"{g:g}" for g in guided}) != len(guided):
-            raise SystemExit(f"--guided must be distinct fractions in (0, 1], got {args.guided!r}")
+        guided = parse_fractions(args.guided, "--guided")
     if args.save_policy and groups is not None:
         raise SystemExit("--save-policy keeps one policy; --groups trains one per G: drop one of them")
     if args.load_policy:

@@ -11,7 +11,7 @@ halves / first_moment and halves / own per round, as a geometric mean with its 9
 over rounds (`caramel.stats.log_t_interval`). One thread (a worker of a 4-worker run on this
 host has about one core or less).
 
-    /tmp/bench.sh python experiments/gossip_halves_cost.py --json docs/results/gossip-halves-cost.json
+    python experiments/gossip_halves_cost.py --json docs/results/gossip-halves-cost.json   # run alone on the host
 """
 from __future__ import annotations
 

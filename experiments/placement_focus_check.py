@@ -26,7 +26,7 @@ from caramel.sched.placement.rounds import decode_rounds
 from caramel.sched.rl import PpoOptions
 from caramel.stats import t_interval
 from experiments.placement_policy_file import load_policy
-from experiments.rl_common import options_from, seed_range
+from experiments.rl_common import options_from, parse_fractions, seed_range
 
 
 def random_focus(inst, fraction: float, seed: int) -> np.ndarray:
@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = seed_range(args.seeds)
     if set(seeds) & set(range(*training["train_seeds"])):
         raise SystemExit(f"--seeds {args.seeds} overlap the policy's training seeds {training['train_seeds']}")
-    try:
-        fractions = [float(f) for f in args.fractions.split(",")]
-    except ValueError:
-        raise SystemExit(f"--fractions must be comma-separated fractions in (0, 1], got {args.fractions!r}") from None
-    if any(not 0 < f <= 1 for f in fractions) or len({f"{f:g}" for f in fractions}) != len(fractions):
-        raise SystemExit(f"--fractions must be distinct fractions in (0, 1], got {args.fractions!r}")
+    fractions = parse_fractions(args.fractions, "--fractions")
     search = options_from(SearchOptions, args.search, "search")
     rows = check(NumpyPolicy.from_policy(model.policy), options_from(InstanceOptions, args.instances, "instances"),
                  seeds, fractions, search)

@@ -10,7 +10,7 @@ own profile (S = (U - L) / L), so a shift in S between the trees is a shift in E
 not the runtime's: each job also records its profile's `pull_comm_s` (None from a tree whose
 `examples/ps_servers.py` does not report it).
 
-    /tmp/bench.sh python experiments/ps_code_ab.py --a OLD --b NEW --rounds 4 --out docs/results/NAME
+    python experiments/ps_code_ab.py --a OLD --b NEW --rounds 4 --out docs/results/NAME   # run alone on the host
     (hierarchical: --spec ps:hierarchical=true --workers 2 --nproc-per-node 2, 2 hosts of 2 ranks)
 
 Writes PATH.json and PATH.md (the table; a "## Reading" section already at the end of PATH.md

@@ -12,7 +12,7 @@ wrappers). Reports per kind E per run and its median, the timeline's E minus the
 E = (comm - wait) / min(compute, comm), compute = makespan - wait, comm = the profile's
 `pull_comm_s`): median wait, makespan and compute per step.
 
-    /tmp/bench.sh python experiments/ps_e_measures.py --rounds 4 --out docs/results/NAME
+    python experiments/ps_e_measures.py --rounds 4 --out docs/results/NAME   # run alone on the host
     (hierarchical: --spec ps:hierarchical=true --workers 2 --nproc-per-node 2 --bandwidth 100mbit)
 
 Writes PATH.json and PATH.md.

@@ -7,7 +7,7 @@ median(random step) / median(TAC step) over every timed step, with the 95% inter
 paired rounds (`caramel.stats.paired_ratio_interval`), and TicTac's E and S as each run
 reports them (`stats_dict()`: per step from the first pull handed over to the forward's end).
 
-    /tmp/bench.sh python experiments/ps_order_paths.py --rounds 3 --out docs/results/ps_order_paths
+    python experiments/ps_order_paths.py --rounds 3 --out docs/results/ps_order_paths   # run alone on the host
 
 `--from-json PATH.json` writes PATH.md again from a stored result (the table from the JSON; a
 "## Reading" section already at the end of PATH.md is kept below it); the run options and

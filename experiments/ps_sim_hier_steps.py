@@ -7,6 +7,8 @@ to the server leader as it lands) and on NCCL (the collective among the leaders)
 """
 from __future__ import annotations
 
+import argparse
+
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies import STRATEGIES
 from caramel.topology.spec import ClusterSpec
@@ -16,7 +18,8 @@ CASES = [(2, 2, 1e8, 1e10, "ps:hierarchical=true"), (3, 2, 3e8, 1e10, "ps:hierar
          (4, 2, 1e8, 2e8, "ps:hierarchical=true"), (4, 3, 3e8, 1e10, "ps:hierarchical=true,order=tic")]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # no options: --help, and refuse unknown ones
     profile = synthetic_profile(sizes_bytes=[400_000 - 30_000 * k for k in range(12)], forward_time_s=0.02,
                                 backward_time_s=0.04, optimizer_time_s=0.002)
     print(f"{'nodes':>5} {'local':>5} {'between':>8} {'within':>8}  {'spec':36} {'nccl_s':>8} {'gloo_s':>8}")

@@ -1,7 +1,7 @@
 """SSP(2) and its staleness remedies against BSP with one slowed worker (issue 28's target).
 
     python experiments/ps_ssp_validation.py --workload char_gpt --steps 200 --seeds 0 1 2 \
-        --json out.json   # run under /tmp/bench.sh: every spec of a seed in one run, in turn
+        --json out.json   # run alone on the host: every spec of a seed in one run, in turn
     # the compensate spec chosen on a tuning run (lowest validation loss), added to --specs:
     python experiments/ps_ssp_validation.py ... --tune-json tune.json --json out.json
     # several runs into one results file (caramel.ps-ssp-validation/3):

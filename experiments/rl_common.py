@@ -21,6 +21,17 @@ def seed_range(text: str) -> list[int]:
     return seeds
 
 
+def parse_fractions(text: str, flag: str) -> list[float]:
+    """`0.03,0.1` -> [0.03, 0.1]: distinct fractions in (0, 1]; otherwise an error naming `flag`."""
+    try:
+        fractions = [float(f) for f in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag} must be comma-separated fractions in (0, 1], got {text!r}") from None
+    if any(not 0 < f <= 1 for f in fractions) or len({f"{f:g}" for f in fractions}) != len(fractions):
+        raise SystemExit(f"{flag} must be distinct fractions in (0, 1], got {text!r}")
+    return fractions
+
+
 def options_from(cls, text: str, what: str):
     """An options dataclass from `key=value,...` (the same parser as strategy specs)."""
     _, values = parse_spec(f"{what}:{text}" if text else what)

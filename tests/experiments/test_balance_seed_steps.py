@@ -29,7 +29,8 @@ def _run_dir(path, samples_per_s, delay=0.001, iterations=8, trial_end=None, ove
                "share_changes": [[0, [3, 1]], [1, [2, 2]]], "samples_per_s": samples_per_s,
                "median_step_time_s": 0.1, "val_loss": 0.5, "overlap": overlap, "overlap_trial": trial}
     (path / "summary.json").write_text(json.dumps(summary))
-    (path / "run.json").write_text(json.dumps({"start": samples_per_s}))
+    from experiments.balance_seed_steps import write_run_meta
+    write_run_meta(path, {"start": samples_per_s})  # tagged; the A/B test's are untagged, as before the tag
 
 
 def test_a_step_is_split_into_compute_sleep_wait_and_the_rest(tmp_path):
@@ -185,3 +186,22 @@ def test_reversals_count_turns_of_rank_0s_share():
     from experiments.balance_seed_steps import reversals
     assert reversals([[0, [128, 128]], [10, [170, 86]], [20, [180, 76]]]) == 0
     assert reversals([[0, [128, 128]], [10, [180, 76]], [50, [161, 95]], [90, [181, 75]]]) == 2
+
+
+def test_run_json_is_tagged_old_untagged_folders_read_and_foreign_files_are_refused(tmp_path):
+    from caramel.errors import FormatError
+    from experiments.balance_seed_steps import read_run_meta, write_run_meta
+    meta = {"cmd": ["caramel", "train"], "code": "abc", "code_root": "", "rc": 0, "start": 1.0, "end": 2.0, "tail": ""}
+    write_run_meta(tmp_path, meta)
+    assert json.loads((tmp_path / "run.json").read_text())["format"] == "caramel.balance-seed-run/1"
+    assert read_run_meta(tmp_path) == {"format": "caramel.balance-seed-run/1", **meta}
+    assert read_run_meta(tmp_path / "none") == {}
+    (tmp_path / "run.json").write_text(json.dumps(meta))  # a folder from before the tag
+    assert read_run_meta(tmp_path) == meta
+    for foreign in ({"rc": 0, "events": []}, [1], {"format": "caramel.plan/1"}, {"format": "caramel.balance-seed-run/9"}):
+        (tmp_path / "run.json").write_text(json.dumps(foreign))
+        with pytest.raises(FormatError, match="run.json"):
+            read_run_meta(tmp_path)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(FormatError, match="run.json: not JSON"):
+        read_run_meta(tmp_path)

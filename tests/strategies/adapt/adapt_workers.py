@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.distributed as dist
@@ -12,6 +11,7 @@ import caramel.strategies.caramel.ddp_shares as ddp_shares
 from caramel.plan.planners import group_by_cap, plan_from_groups, ready_sorted
 from caramel.profile.profiler import profile_model
 from tests.distributed.workers import batch, fresh, make_optimizer, max_diff, params_of
+from tests.strategies.adapt.virtual_clock import VirtualClock
 
 FAMILY = "mlp_unused"  # several buckets, and a parameter no rank uses in some steps
 
@@ -105,41 +105,12 @@ def _toy(seed: int = 0):
     return model, x, y
 
 
-class _VirtualClock:
-    """`time` for `_Slow` and for `ddp_shares`' hook and, from `start`, the engine's clock: until
-    then the slow-downs sleep; from then on time passes only in them and in the holds of
-    `_ReduceBehind` (under DDP) and `_HeldWork` (the engine's own all-reduces), so a step's
-    period is exactly its slowed forward plus the wait it was held, whatever
-    else runs on the host (on a loaded host wall-clock periods let noise decide the shares)."""
-
-    def __init__(self) -> None:
-        self.t: float | None = None
-
-    def start(self, engine) -> None:
-        if self.t is None:
-            # the running step's period goes on on this clock
-            self.t = engine._step_t0 if engine._step_t0 is not None else time.perf_counter()
-            engine.recorder.now = lambda: self.t  # the one clock of its periods and waits
-
-    def sleep(self, seconds: float) -> None:
-        if self.t is None:
-            time.sleep(seconds)
-        else:
-            self.t += seconds
-
-    def perf_counter(self) -> float:
-        return time.perf_counter() if self.t is None else self.t
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
-
-
 class _ReduceBehind:
-    """`torch.distributed` for `ddp_shares` on the `_VirtualClock`: rank 0's all-reduce of a step's
+    """`torch.distributed` for `ddp_shares` on the `VirtualClock`: rank 0's all-reduce of a step's
     bucket (one: the toy model's gradient) holds it by `lead_s()`, the slow rank's longer forward,
     as it does on a real clock, where the hook times that hold as the step's wait."""
 
-    def __init__(self, clock: _VirtualClock, lead_s) -> None:
+    def __init__(self, clock: VirtualClock, lead_s) -> None:
         self.clock, self.lead_s = clock, lead_s
 
     def all_reduce(self, *args, **kwargs):
@@ -152,10 +123,10 @@ class _ReduceBehind:
 
 
 class _HeldWork:
-    """A gradient all-reduce's work on the `_VirtualClock`: waiting on it holds the rank by
+    """A gradient all-reduce's work on the `VirtualClock`: waiting on it holds the rank by
     `hold_s` (taken as it was issued: its step's lead of the peer), inside the engine's timed wait."""
 
-    def __init__(self, work, clock: _VirtualClock, hold_s: float) -> None:
+    def __init__(self, work, clock: VirtualClock, hold_s: float) -> None:
         self.work, self.clock, self.hold_s = work, clock, hold_s
 
     def wait(self, *args, **kwargs):
@@ -169,10 +140,10 @@ class _HeldWork:
 
 
 class _CommBehind:
-    """The engine's gradient group on the `_VirtualClock` (Caramel's own schedule): its
+    """The engine's gradient group on the `VirtualClock` (Caramel's own schedule): its
     all-reduces hold the rank by `lead_s()` when waited on, as `_ReduceBehind` does under DDP."""
 
-    def __init__(self, comm, clock: _VirtualClock, lead_s) -> None:
+    def __init__(self, comm, clock: VirtualClock, lead_s) -> None:
         self.comm, self.clock, self.lead_s = comm, clock, lead_s
 
     def allreduce(self, *args, **kwargs):
@@ -185,7 +156,7 @@ class _CommBehind:
 class _Slow(torch.nn.Module):
     """The toy model, `delay_s` slower per sample on `clock` (an emulated slow worker)."""
 
-    def __init__(self, inner: torch.nn.Module, delay_s: float, clock: _VirtualClock):
+    def __init__(self, inner: torch.nn.Module, delay_s: float, clock: VirtualClock):
         super().__init__()
         self.inner, self.delay_s, self.clock = inner, delay_s, clock
 
@@ -194,7 +165,7 @@ class _Slow(torch.nn.Module):
         return self.inner(x)
 
 
-def _on_the_clock_from_adoption(opt, clock: _VirtualClock) -> None:
+def _on_the_clock_from_adoption(opt, clock: VirtualClock) -> None:
     """Profiling and planning run on the wall clock (real sleeps); the clock takes over as the
     plan is adopted (that step untimed), so every step the balancer times is on it."""
     c = opt.engine.controller
@@ -260,7 +231,7 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
     # 2. rank 1 slowed 2 ms per sample, rank 0 1 ms, on a virtual clock: the balancer moves samples to rank 0;
     # the faster rank's gradient wait is held by the peer's lead, as on a real clock
     inner, x, y = _toy()
-    clock = _VirtualClock()
+    clock = VirtualClock()  # time passes in `_Slow` and in `_HeldWork`'s holds once adopted
     slow = _Slow(inner, _SLOW_S_PER_SAMPLE[rank], clock)
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=4)
@@ -354,7 +325,7 @@ def _under_ddp(steps: int, global_batch: int) -> dict:
     # (deciding every 8 steps, from step 8: after the hand-over at step 5) moves samples to rank 0
     rank = torch.distributed.get_rank()
     inner, x, y = _toy()
-    clock = _VirtualClock()
+    clock = VirtualClock()  # time passes in `_Slow` and in `_ReduceBehind`'s holds once started
     slow = _Slow(inner, _DDP_SLOW_S_PER_SAMPLE[rank], clock)
     opt = torch.optim.SGD(slow.parameters(), lr=0.05)
     model, opt = caramel.parallelize(slow, opt, overlap="forward", balance="batch", balance_every=8)

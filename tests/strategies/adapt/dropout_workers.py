@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +15,7 @@ from caramel.models.zoo import SmallCNN
 from caramel.profile.slowdown import slow_down
 from caramel.strategies.caramel.dropout import kept_units
 from tests.distributed.workers import max_diff, params_of
+from tests.strategies.adapt.virtual_clock import VirtualClock
 
 
 def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,35 +117,12 @@ def fixed_masks_worker(rank: int, world: int, table: str, fractions: list[float]
             "patched_after": _patched(model.module)}
 
 
-class _VirtualClock:
-    """`time` for caramel.profile.slowdown and, from `start`, the engine's clock: until then the
-    slow-downs sleep; from then on time passes only in them, so each step's period is exactly
-    its slowed forward, 0 s spent waiting, whatever else runs on the host."""
-
-    def __init__(self) -> None:
-        self.t: float | None = None
-
-    def start(self, engine) -> None:
-        if self.t is None:
-            self.t = engine._step_t0  # the running step's period goes on on this clock
-            engine.recorder.now = lambda: self.t  # the one clock of its periods and waits
-
-    def sleep(self, seconds: float) -> None:
-        if self.t is None:
-            time.sleep(seconds)
-        else:
-            self.t += seconds
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)  # the rest of `time` (perf_counter for per_sample_compute_s) as it is
-
-
 class _GatherBehind:
-    """`torch.distributed` for the dropout balancer on the `_VirtualClock`: its all-gather blocks
+    """`torch.distributed` for the dropout balancer on the `VirtualClock`: its all-gather blocks
     the faster rank by `lead_s()`, the slow rank's longer step, as it does on a real clock (the
     ranks are not level at a step's end: the reductions overlap the next forward)."""
 
-    def __init__(self, clock: _VirtualClock, lead_s) -> None:
+    def __init__(self, clock: VirtualClock, lead_s) -> None:
         self.clock, self.lead_s = clock, lead_s
         self.held_s: list[float] = []  # each virtual block, so a test sees that there were some
 
@@ -167,14 +144,14 @@ def decide_worker(rank: int, world: int, table: str, steps: int) -> dict:
     """Rank 1's forward is slowed by 14 ms per sample, rank 0's by 2 ms (84 against 12 ms a step;
     `slow_down`, scaled by the drop's time ratio): the balancer gives rank 1 the table's fastest
     entry and keeps it. The slow-downs are real sleeps while the first steps are profiled and
-    planned; from the plan's adoption on they pass on a `_VirtualClock`, the engine's clock, so
+    planned; from the plan's adoption on they pass on a `VirtualClock`, the engine's clock, so
     the windows hold exact compute times: on a loaded host, wall-clock windows let the noise
     of the two windows (a drop's rank's estimates scaled up by 1 / its time ratio) withdraw the
     drop again at the last decisions. Each decision's gather holds rank 0 by rank 1's lead
     (`_GatherBehind`): only counting it as a wait keeps rank 0's window at its 12 ms."""
     torch.set_num_threads(1)
     m = _fresh()
-    clock = _VirtualClock()
+    clock = VirtualClock()
     slowdown.time = clock  # this spawned process's slow-downs only
     slow_down(m, _SLOW_S_PER_SAMPLE[rank])
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
