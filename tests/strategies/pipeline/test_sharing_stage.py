@@ -97,11 +97,26 @@ def test_simulate_pipeline_replays_the_layout_at_each_stage_settled_speed():
     plain = ClusterSpec.uniform(4, 1e7)
     fast = dataclasses.replace(plain, workers=[dataclasses.replace(w, speed=f) for w, f in zip(plain.workers, factors)])
     assert sim.step_time_s == pytest.approx(simulate_pipeline(prof, fast, opts).step_time_s)
-    # the choosers score each candidate with per-stage factors too
-    for auto in (PipelineOptions(stages=2, replicas=2, microbatches="auto", partition=[1]),
-                 PipelineOptions(replicas="auto")):
-        chosen = simulate_pipeline(prof, shared, auto)
-        assert chosen.meta["sharing"]["model"] == "stage" and chosen.step_time_s > 0
+
+
+def test_the_choosers_score_their_pick_as_the_stage_model_replays_it():
+    # each stage its own factor (4 stages: 4 different ones): a chooser scaling every stage by
+    # one worker's factor scores the pick at another step than its replay
+    prof = synthetic_profile(sizes_bytes=[4096] * 4, times_s=[3, 1, 1, 1])
+    shared = ClusterSpec.uniform(4, 1e7, alone_speedup=2.0, ranks_per_host=4, sharing_model="stage")
+    for opts in (PipelineOptions(stages=4, replicas=1, microbatches="auto"),
+                 PipelineOptions(stages=2, replicas=2, microbatches="auto")):
+        chosen = simulate_pipeline(prof, shared, opts)
+        assert chosen.meta["sharing"]["model"] == "stage" and len(set(chosen.meta["sharing"]["factor"])) > 1
+        m = chosen.meta["microbatches"]
+        replay = simulate_pipeline(prof, shared, dataclasses.replace(opts, microbatches=m))
+        assert chosen.meta["microbatch_predictions_s"][m] == pytest.approx(replay.step_time_s, rel=1e-12)
+    chosen = simulate_pipeline(prof, shared, PipelineOptions(replicas="auto"))
+    note = chosen.meta["replicas_auto"]
+    key = f"{len(note['counts'])}x{note['microbatches']}"
+    assert chosen.meta["sharing"]["model"] == "stage"
+    # the pick is replayed with its counts, microbatches and cut given (`_auto_replicas`)
+    assert note["candidates_s"][key] == pytest.approx(chosen.step_time_s, rel=1e-12)
 
 
 def test_the_model_is_versioned_and_records_without_one_replay_as_before():
