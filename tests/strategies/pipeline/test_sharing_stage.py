@@ -4,6 +4,8 @@ no model replaying with one factor per layout, as before. Hand-computed, no proc
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +16,9 @@ from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.sharing import (co_computing, co_computing_per_lane, co_transferring,
                                                  co_transferring_per_lane, host_ranks_at_once_per_lane, scaled,
-                                                 sharing_factor, with_sharing, worker_factors)
+                                                 settle, sharing_factor, with_sharing, worker_factors)
 from caramel.strategies.pipeline.simulate import simulate_pipeline
+from caramel.strategies.recommend import predict
 from caramel.topology.spec import ClusterSpec
 
 
@@ -156,3 +159,57 @@ def test_a_profile_names_the_sharing_models_a_cluster_spec_takes():
 
     assert turns.SHARING_MODELS == spec.SHARING_MODELS
     assert turns.SHARING_MODEL in turns.SHARING_MODELS
+
+
+def test_a_stage_model_cycle_is_reported_unsettled_on_its_slowest_pass():
+    # lane 0 computes alone (load 1, factor 2) at a factor <= 1.5 and beside lane 1 (load 2,
+    # factor 1) above: the per-worker factors swing (1, 1) -> (2, 1) -> (1, 1), a 2-cycle
+    cluster = ClusterSpec.uniform(2, 1e9, alone_speedup=2.0, ranks_per_host=2, sharing_model="stage")
+
+    def simulate_at(factor):
+        f0 = factor[0]
+        return SimpleNamespace(step_time_s=1 / f0, meta={"replicas": 1, "busy_s_per_lane": [1 / f0, 1.0],
+                                                         "co_computing_per_lane": [2.0 if f0 > 1.5 else 1.0, 2.0],
+                                                         "co_transferring_per_lane": [0.0, 0.0]})
+    sim = settle(simulate_at, cluster)
+    note = sim.meta["sharing"]
+    assert note["settled"] is False and note["passes"] == 2
+    assert note["factor"] == [1.0, 1.0] and sim.step_time_s == 1.0  # the slower pass of the two
+
+
+def test_a_prediction_whose_stage_factors_cycle_is_flagged():
+    # seed-0 case 16 of experiments/pipeline_sharing_cycles.py --sharing-model stage: the cut stays
+    # layer1+layer2 on every pass, the per-worker factors swing by about 0.1% (4 passes)
+    prof = synthetic_profile(sizes_bytes=[133747, 89540, 85900],
+                             times_s=[0.016916999979845825, 0.0019472829354693828, 0.016631678541193233])
+    prof.batch_size = 8
+    spec = ClusterSpec.uniform(3, 64520375.274740115, ranks_per_host=3, alone_speedup=2.998956647019595,
+                               sharing_model="stage")
+    (p,) = predict(prof, spec, ["pipeline:stages=3,microbatches=8,partition=auto"])
+    assert p.step_time_s is not None and p.plan["sharing_unsettled_passes"] == 4
+    (q,) = predict(prof, dataclasses.replace(spec, sharing_model="layout"),
+                   ["pipeline:stages=3,microbatches=8,partition=auto"])
+    assert "sharing_unsettled_passes" not in q.plan  # one factor per layout settles here
+
+
+RUN_S = Path(__file__).resolve().parents[3] / "docs/results/pipeline_profile_turns/run_s"
+
+
+def test_a_stored_run_replays_to_the_bit_under_the_layout_model():
+    # run S's saved inputs (their profile names no sharing model: "layout") give the pipelines
+    # the bench recorded, float for float: a change to the layout path moves them
+    from caramel.bench.hetero_prediction import Heterogeneity
+    from caramel.bench.prediction import job_predictions
+    from caramel.profile.model_profile import ModelProfile
+
+    (path,) = RUN_S.glob("trace/*/prediction_inputs.json")
+    d = json.loads(path.read_text())
+    assert "model" not in d["profile"]["meta"][SHARING_KEY]
+    recorded = {r["strategy"]: r["predicted_step_s"] for r in json.loads((RUN_S / "bench.json").read_text())["records"]}
+    names = ["pipeline:replicas=auto,stages=auto", "pipeline:microbatches=2,partition=layer3,replicas=2"]
+    out = job_predictions(ModelProfile.from_dict(d["profile"]), names, d["world"], d["grad_bytes"], d["comm_s"],
+                          d["comm_buckets"], d["rank_compute_s"], d["spans"], d["probed"], d.get("traffic"),
+                          Heterogeneity.from_dict(d.get("heterogeneity")))["predicted"]
+    assert recorded[names[0]].hex() == "0x1.210437694ab94p-3"  # the record itself, as stored
+    for name in names:
+        assert out[name]["step_time_s"] == recorded[name], name
