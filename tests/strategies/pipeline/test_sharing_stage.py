@@ -129,6 +129,9 @@ def test_the_model_is_versioned_and_records_without_one_replay_as_before():
     layout = dataclasses.replace(stage, sharing_model="layout")
     assert layout.to_dict()["format"] == "caramel.cluster/2" and "sharing_model" not in layout.to_dict()
     assert "sharing_model" not in ClusterSpec.uniform(2, 1e9).to_dict()  # written exactly as before the field
+    # no host sharing: both models predict alike, so the file stays readable by /1 readers
+    alone = ClusterSpec.uniform(2, 1e9, sharing_model="stage").to_dict()
+    assert alone["format"] == "caramel.cluster/1" and "sharing_model" not in alone
     with pytest.raises(FormatError, match="field 'sharing_model' must be one of layout, stage, got 'lane'"):
         ClusterSpec.uniform(2, 1e9, sharing_model="lane")
     assert stage.sharing_on(2) == {"ranks_per_host": 2, "alone_speedup": 2.1, "sharing_model": "stage"}
