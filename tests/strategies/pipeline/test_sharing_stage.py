@@ -15,8 +15,8 @@ from caramel.profile.turns import SHARING_KEY, sharing_of
 from caramel.sim.synthetic import synthetic_profile
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.sharing import (co_computing, co_computing_per_lane, co_transferring,
-                                                 co_transferring_per_lane, host_ranks_at_once_per_lane, scaled,
-                                                 settle, sharing_factor, with_sharing, worker_factors)
+                                                 co_transferring_per_lane, host_ranks_at_once_per_lane, one_factor,
+                                                 scaled, settle, sharing_factor, with_sharing, worker_factors)
 from caramel.strategies.pipeline.simulate import simulate_pipeline
 from caramel.strategies.recommend import predict
 from caramel.topology.spec import ClusterSpec
@@ -44,6 +44,12 @@ def test_each_worker_takes_its_lane_factor_stage_major():
     assert [w.speed for w in fast.workers] == [1.5, 1.5, 1.2, 1.2] and fast.ranks_per_host == 1
     with pytest.raises(Exception, match="3 factors for a cluster of 4 workers"):
         scaled(cluster, (1.0, 1.0, 1.0))
+    # proposals for other layouts take one factor: the workers' weighted by their lane's busy time
+    sim.meta["sharing"] = {"factor": [1.5, 1.5, 1.2, 1.2, 1.0]}
+    sim.meta["busy_s_per_lane"] = [3.0, 1.0]
+    assert one_factor(sim) == pytest.approx((1.5 * 3 * 2 + 1.2 * 2) / 8)  # the fifth worker runs nothing
+    assert one_factor(SimpleNamespace(meta={"sharing": {"factor": 1.3}})) == 1.3
+    sim.meta["busy_s_per_lane"] = [1.0, 1.0]
     # per lane: computing plus the transfer share, times the replicas a lane stands for, on one host
     sim.meta.update(co_computing_per_lane=[1.5, 2.0], co_transferring_per_lane=[1.0, 0.0])
     assert host_ranks_at_once_per_lane(sim, 4, 0.5) == pytest.approx([4.0, 4.0])
