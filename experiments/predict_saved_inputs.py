@@ -109,7 +109,8 @@ def predict_run(run: str, sharing_model: str | None = None) -> list[dict]:
         d = _load(path)
         shared = (d["profile"].get("meta") or {}).get("host_sharing")
         if sharing_model is not None and shared:  # a copy: the loaded inputs stay as stored
-            d["profile"] = {**d["profile"], "meta": {**d["profile"]["meta"], "host_sharing": {**shared, "model": sharing_model}}}
+            meta = {**d["profile"]["meta"], "host_sharing": {**shared, "model": sharing_model}}
+            d["profile"] = {**d["profile"], "meta": meta}
         mine = config_records(path, d, records)
         why = {r["strategy"]: not_replayable(r, d) for r in mine}
         screened = {n: (d.get("screened") or {}).get(n, n) for n, w in why.items() if w is None}
