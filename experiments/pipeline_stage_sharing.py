@@ -37,14 +37,18 @@ WITHIN = 0.10
 
 
 def _sharing(run: str) -> dict[str, Any] | None:
-    """The host sharing `run`'s profile measured, or None (no turns, or a host per rank)."""
+    """The host sharing `run`'s profile measured, or None (no turns, or a host per rank). A run
+    scored here has one configuration: any other count of saved inputs is refused as such."""
     import glob
     import json
 
-    paths = glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json"))
-    shared = [((json.load(open(p))["profile"].get("meta") or {}).get("host_sharing") or {}) for p in paths]
-    ok = bool(shared) and all(int(s.get("ranks_per_host", 1)) > 1 for s in shared)
-    return shared[0] if ok and len(shared) == 1 else None
+    paths = sorted(glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json")))
+    if len(paths) != 1:
+        raise SystemExit(f"{run}: expected one trace configuration (trace/*/prediction_inputs.json, from `caramel "
+                         f"bench --trace DIR`), found {len(paths)}")
+    with open(paths[0]) as f:
+        shared = (json.load(f)["profile"].get("meta") or {}).get("host_sharing") or {}
+    return shared if int(shared.get("ranks_per_host", 1)) > 1 else None
 
 
 def action_excess(stages: list[dict[str, Any]], cores: float) -> list[dict[str, Any]]:

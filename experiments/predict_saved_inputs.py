@@ -90,6 +90,11 @@ def predict_run(run: str, sharing_model: str | None = None) -> list[dict]:
     from caramel.bench.prediction import job_predictions
     from caramel.bench.screening import predictions_by_name
     from caramel.profile.model_profile import ModelProfile
+    from caramel.topology.spec import SHARING_MODELS
+
+    if sharing_model is not None and sharing_model not in SHARING_MODELS:
+        raise RunError(f"predict_run: sharing_model must be one of {', '.join(SHARING_MODELS)} or None (the "
+                       f"profile's own), got {sharing_model!r}")
 
     bench_path = os.path.join(run, "bench.json")
     paths = sorted(glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json")))
@@ -103,8 +108,9 @@ def predict_run(run: str, sharing_model: str | None = None) -> list[dict]:
     for path in paths:
         d = _load(path)
         shared = (d["profile"].get("meta") or {}).get("host_sharing")
-        if sharing_model is not None and shared:
-            shared["model"] = sharing_model
+        if sharing_model is not None and shared:  # a copy: the loaded inputs stay as stored
+            meta = {**d["profile"]["meta"], "host_sharing": {**shared, "model": sharing_model}}
+            d["profile"] = {**d["profile"], "meta": meta}
         mine = config_records(path, d, records)
         why = {r["strategy"]: not_replayable(r, d) for r in mine}
         screened = {n: (d.get("screened") or {}).get(n, n) for n, w in why.items() if w is None}

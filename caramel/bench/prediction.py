@@ -136,6 +136,9 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
             (p,) = predict(profile, clusters[which], [name])
             out[name] = {"step_time_s": p.step_time_s, "exact": p.exact, "error": p.error,
                          **({"plan": p.plan} if p.plan else {}), **marks}
+            if p.plan and "sharing_unsettled_passes" in p.plan:
+                print(f"[bench] warning: the prediction for {name} did not settle its host-sharing factors "
+                      f"({p.plan['sharing_unsettled_passes']} passes, a cycle; the slowest pass is kept)", file=sys.stderr)
         except Exception as e:  # a prediction is an extra: it must never fail the bench
             print(f"[bench] no prediction for {name}: {type(e).__name__}: {e}", file=sys.stderr)
             out[name] = {"step_time_s": None, "exact": False, "error": f"{type(e).__name__}: {e}", **marks}

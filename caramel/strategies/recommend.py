@@ -91,7 +91,8 @@ def candidates(world_size: int, approximate: bool = False) -> list[str]:
 
 PLAN_KEYS = ("boundaries", "microbatches", "replicas", "stages", "predicted_slowest_stage_s", "busy_s_per_lane",
              "timed_busy_s_per_lane")
-"""a simulation's choices (`SimResult.meta`) a prediction keeps"""
+"""a simulation's choices (`SimResult.meta`) a prediction keeps; with "sharing_unsettled_passes"
+where its host-sharing passes ended in a cycle (`pipeline.sharing.settle`, `settled` False)"""
 
 
 def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], iterations: int = 4) -> list[Prediction]:
@@ -110,6 +111,9 @@ def predict(profile: ModelProfile, cluster: ClusterSpec, specs: list[str], itera
             out.append(Prediction(text, None, exact, str(e), ignores=ignores))
             continue
         plan = {k: result.meta[k] for k in PLAN_KEYS if k in (result.meta or {})}
+        sharing = (result.meta or {}).get("sharing") or {}
+        if sharing.get("settled") is False:  # the host-sharing passes cycled: flagged, not printed like any other
+            plan["sharing_unsettled_passes"] = sharing["passes"]
         out.append(Prediction(text, float(result.step_time_s), exact, plan=plan or None, ignores=ignores))
     return out
 

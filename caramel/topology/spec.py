@@ -38,8 +38,9 @@ for every rank from the layout's mean load; "stage", each stage's ranks their ow
 while that stage computes.
 
 Format: a spec with sharing is written `caramel.cluster/2`, so that a reader from before these
-fields refuses it rather than predicting without the sharing; one with `sharing_model="stage"`
-`caramel.cluster/3` (a version-2 reader would price it with one factor); any other spec is
+fields refuses it rather than predicting without the sharing; one with sharing and
+`sharing_model="stage"` `caramel.cluster/3` (a version-2 reader would price it with one factor;
+without sharing both models predict alike, so the field is left out); any other spec is
 written `caramel.cluster/1`, as before, without the `sharing_model` field. All read here, and
 unknown fields are errors either way.
 """
@@ -163,10 +164,15 @@ class ClusterSpec:
         return self.alone_speedup != 1 or self.ranks_per_host != 1
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON, at the lowest version that holds it: the sharing model only where it
+        can change a prediction (host sharing carried, not "layout"); without host sharing both
+        models predict alike, so the field is left out (read back as "layout") and older readers
+        still read the file."""
         d = asdict(self)
-        if self.sharing_model == "layout":  # written as before the field, so older readers read it
+        per_stage = self.shares_hosts() and self.sharing_model != "layout"
+        if not per_stage:  # written as before the field
             del d["sharing_model"]
-        d["format"] = f"caramel.{KIND}/{3 if self.sharing_model != 'layout' else 2 if self.shares_hosts() else 1}"
+        d["format"] = f"caramel.{KIND}/{3 if per_stage else 2 if self.shares_hosts() else 1}"
         return d
 
     @classmethod

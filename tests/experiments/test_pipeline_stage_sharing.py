@@ -18,6 +18,21 @@ def test_a_run_without_host_sharing_and_an_unknown_built_on_are_refused():
         script.main([str(run_k), "--built-on", "run_x"])
 
 
+def test_a_run_of_several_configurations_and_an_unknown_model_are_refused_as_such(tmp_path):
+    from experiments import pipeline_stage_sharing as script
+    from experiments import predict_saved_inputs
+
+    for config in ("00-a", "01-b"):
+        (tmp_path / "trace" / config).mkdir(parents=True)
+        (tmp_path / "trace" / config / "prediction_inputs.json").write_text('{"profile": {"meta": {}}}')
+    with pytest.raises(SystemExit, match="expected one trace configuration .*found 2"):
+        script.score_run(str(tmp_path))
+    # the argument named, not the profile; before any file is read
+    with pytest.raises(predict_saved_inputs.RunError,
+                       match="predict_run: sharing_model must be one of layout, stage or None .*got 'lane'"):
+        predict_saved_inputs.predict_run(str(tmp_path), sharing_model="lane")
+
+
 def test_each_action_is_set_against_processor_sharing_at_its_load():
     from experiments import pipeline_stage_sharing as script
 

@@ -50,8 +50,8 @@ from caramel.strategies.pipeline.planner import (LayerCost, PartitionPlan, Scali
                                                  transfer_time_s)
 from caramel.strategies.pipeline.profile_costs import TiedWeight, tied_allreduce_s, with_held_bytes, with_tied
 from caramel.strategies.pipeline.replay import replay, replicated_actions, schedule_actions
-from caramel.strategies.pipeline.sharing import (MAX_SHARING_PASSES, Factor, candidate_result, scaled, settle,
-                                                 shares_cores)
+from caramel.strategies.pipeline.sharing import (MAX_SHARING_PASSES, Factor, candidate_result, one_factor, scaled,
+                                                 settle, shares_cores)
 from caramel.strategies.pipeline.simulate import stage_costs
 from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
@@ -294,9 +294,10 @@ def choose_replicas(layers: list[ScalingCost], batch: int, schedule: str, cluste
                                                             optimizer_s, ties, reducer, reduce, posting), cluster)
         if not new or not shares_cores(cluster) or not layouts:
             break
-        # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes no new one
+        # the program's cuts and counts at the speeds the fastest so far settles at, till it proposes
+        # no new one; one factor for all (`one_factor`): per-worker ones belong to that layout's stages
         fastest = min(layouts.values(), key=lambda r: r.step_time_s)
-        at = scaled(cluster, fastest.meta["sharing"]["factor"])
+        at = scaled(cluster, one_factor(fastest))
     searched = search_spent = 0
     if search or (search is None and shares_cores(cluster)):
         # the program cannot see the host's load: from each stage and microbatch count's fastest,

@@ -217,6 +217,20 @@ def worker_factors(sim: SimResult, lane_factors: list[float], workers: int) -> t
     return tuple(lane_factors[g // per_lane] if g // per_lane < len(lane_factors) else 1.0 for g in range(workers))
 
 
+def one_factor(sim: SimResult) -> float:
+    """The settled factor of `sim` as one number: itself under "layout", under "stage" the
+    per-worker factors' mean weighted by each worker's lane busy time (a worker outside the
+    layout weighs nothing). For proposing other layouts (`auto_replicas`): per-worker factors
+    belong to this layout's stage-major ranks, and another layout puts other stages there."""
+    factor = sim.meta["sharing"]["factor"]
+    if isinstance(factor, (int, float)):
+        return float(factor)
+    busy, per_lane = sim.meta.get("busy_s_per_lane") or [], in_step(sim)
+    weights = [busy[g // per_lane] if g // per_lane < len(busy) else 0.0 for g in range(len(factor))]
+    total = sum(weights)
+    return sum(w * f for w, f in zip(weights, factor)) / total if total > 0 else sum(factor) / len(factor)
+
+
 def scaled(cluster: ClusterSpec, factor: Factor) -> ClusterSpec:
     """`cluster` with every worker `factor` times faster (one factor, or one per worker) and no
     sharing left to model: neither the host's cores nor a lane's compute beside its own

@@ -117,12 +117,14 @@ def test_a_runtime_that_chooses_plans_at_the_spec_as_given(monkeypatch):
     """The bench hands a pipeline's runtime the speeds its prediction settles at where only the
     cut is the runtime's (`pipeline_plan.runtime_cluster`); a runtime that chooses replicas or
     microbatches gets the spec as given, whose sharing its choosers settle per candidate as the
-    prediction's do (scaled speeds would have them model the host twice, or not at all)."""
+    prediction's do (scaled speeds would have them model the host twice, or not at all). Under
+    the "stage" model each worker gets its own settled factor."""
     from types import SimpleNamespace
 
     import caramel.bench.pipeline_plan as plan
     import caramel.strategies.pipeline.simulate as simulate
 
+    real = simulate.simulate_pipeline
     monkeypatch.setattr(plan.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(plan.dist, "broadcast_object_list", lambda box, src=0, group=None: None)
     monkeypatch.setattr(simulate, "simulate_pipeline", lambda *a, **k: SimpleNamespace(meta={"sharing": {"factor": 1.5}}))
@@ -130,6 +132,15 @@ def test_a_runtime_that_chooses_plans_at_the_spec_as_given(monkeypatch):
     assert plan.runtime_cluster(object(), SHARED, PipelineOptions(stages=4, microbatches="auto")) is SHARED
     cut_only = plan.runtime_cluster(object(), SHARED, PipelineOptions(stages=4, microbatches=4))
     assert [w.speed for w in cut_only.workers] == [1.5] * 4 and cut_only.ranks_per_host == 1
+    # under the "stage" model the prediction settles one factor per worker, and each keeps its own
+    monkeypatch.setattr(simulate, "simulate_pipeline", real)
+    stage = dataclasses.replace(SHARED, sharing_model="stage")
+    prof = synthetic_profile(sizes_bytes=[4096] * 4, times_s=[3, 1, 1, 1])
+    opts = PipelineOptions(stages=2, replicas=2, microbatches=4)
+    factors = real(prof, stage, opts).meta["sharing"]["factor"]
+    assert len(factors) == 4 and factors[0] != factors[2]
+    per_worker = plan.runtime_cluster(prof, stage, opts)
+    assert [w.speed for w in per_worker.workers] == factors and per_worker.ranks_per_host == 1
 
 
 def test_the_runtimes_count_chooser_prices_the_profile_as_the_prediction_does():
