@@ -140,14 +140,21 @@ class _HeldWork:
 
 
 class _CommBehind:
-    """The engine's gradient group on the `VirtualClock` (Caramel's own schedule): its
-    all-reduces hold the rank by `lead_s()` when waited on, as `_ReduceBehind` does under DDP."""
+    """The engine's gradient group on the `VirtualClock` (Caramel's own schedule): a step's
+    all-reduces hold the rank by `lead_s()` when waited on, as `_ReduceBehind` does under DDP.
+    The hold goes with the step's first all-reduce only: the plan (searched on the wall clock)
+    may split the gradient into several, and the peer's lead is one per step."""
 
-    def __init__(self, comm, clock: VirtualClock, lead_s) -> None:
-        self.comm, self.clock, self.lead_s = comm, clock, lead_s
+    def __init__(self, comm, clock: VirtualClock, lead_s, step_of) -> None:
+        self.comm, self.clock, self.lead_s, self.step_of = comm, clock, lead_s, step_of
+        self.held_step = None
 
     def allreduce(self, *args, **kwargs):
-        return _HeldWork(self.comm.allreduce(*args, **kwargs), self.clock, self.lead_s())
+        step = self.step_of()
+        hold_s = self.lead_s() if step != self.held_step else 0.0
+        if hold_s:
+            self.held_step = step
+        return _HeldWork(self.comm.allreduce(*args, **kwargs), self.clock, hold_s)
 
     def __getattr__(self, name: str):
         return getattr(self.comm, name)
@@ -245,7 +252,7 @@ def balance_worker(rank: int, world: int, steps: int, global_batch: int) -> dict
         return max((global_batch - n) * _SLOW_S_PER_SAMPLE[1 - rank] - n * _SLOW_S_PER_SAMPLE[rank], 0.0)
 
     dispatcher = opt.engine._dispatcher
-    dispatcher.comm = _CommBehind(dispatcher.comm, clock, lead_s)
+    dispatcher.comm = _CommBehind(dispatcher.comm, clock, lead_s, lambda: opt.engine.stats.step)
     sampler = balanced_sampler(opt, len(x), global_batch, seed=5)
     drawn, sizes, waits = [], [], []
     for epoch in range(2):
