@@ -258,6 +258,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
         "skipped": skipped,
         "runners": list(runners),
         "step_times_s": {n: [g[n] for g in gathered] for n in runners},
+        # how each block started and ended (`caramel.bench.blocks`): the report's T follows drain_timed
+        "blocks": {n: {"entry_steps": r.entry_steps, "drain_timed": r.drain_timed} for n, r in runners.items()},
         "stats": stats,
         "wire_tx": merge_ranks(wire_ranks) if wire is not None else None,
         "lower_bound_s": lower_bound_s(together, world, grad_bytes, comm_s),
