@@ -183,7 +183,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     log_rank0(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
     if job.get("mode") == "calibrate":
         return run_calibration(config, settings, rank, world, device)
-    ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"))
+    ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"),
+                          steps_per_block=settings.steps_per_round)
     if ctx.trace_dir:
         Path(ctx.trace_dir).mkdir(parents=True, exist_ok=True)
 
