@@ -90,7 +90,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
             ref_rounds = [median(series[ref][i * spr:(i + 1) * spr]) for i in range(len(series[ref]) // spr)]
             ci = paired_rounds_interval(ref_rounds, rounds or [], ref_s / t) if ref_s else None
         records.append(Record(
-            strategy=name, step_time_median_s=medians[name], step_basis=basis, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
+            strategy=name, step_time_median_s=medians[name], step_basis=basis, step_time_p90_s=percentile(xs, 90),
+            step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup=(ref_s / t) if ref_s else None,
             share_captured=share_captured(ref_s, t, ceiling),
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
