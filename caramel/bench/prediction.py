@@ -354,7 +354,7 @@ def recommendation_checks(records: list[Any], label) -> list[RecommendationCheck
     the configuration (`prediction_ignores`) is left out of the pool, as out of the accuracy."""
     out = []
     for conf in dict.fromkeys(label(r) for r in records):
-        rows = [(r.strategy, r.step_time_median_s, r.predicted_step_s, bool(r.prediction_exact))
+        rows = [(r.strategy, r.step_s, r.predicted_step_s, bool(r.prediction_exact))
                 for r in records if label(r) == conf and not getattr(r, "prediction_ignores", None)]
         check = check_recommendation(conf, rows)
         if check is not None:
@@ -366,6 +366,6 @@ def records_accuracy(records: list[Any], predicted: str = "predicted_step_s") ->
     """`accuracy_by_kind` over bench records that have both a measured median and the prediction
     in their field `predicted` (`predicted_rate_only_s`: the one without the probed fixed costs),
     and whose simulator took every input of the configuration (no `prediction_ignores`)."""
-    errors = [(r.kind, prediction_error(getattr(r, predicted), r.step_time_median_s)) for r in records
+    errors = [(r.kind, prediction_error(getattr(r, predicted), r.step_s)) for r in records
               if not getattr(r, "prediction_ignores", None)]
     return accuracy_by_kind([(kind, e) for kind, e in errors if e is not None])

@@ -54,7 +54,12 @@ class Record:
     speedup_ci95: tuple[float, float] | None = None
     """95% interval of speedup from the per-round paired ratios (None: fewer than 3 rounds, or the reference row)"""
     round_medians_s: list[float] | None = None
-    """per round, the median job step: any two rows of a configuration pair by round (`caramel.stats.paired_rounds_interval`)"""
+    """per round, the row's job step (its median; its mean under step_basis "mean"): any two rows of a
+    configuration pair by round (`caramel.stats.paired_rounds_interval`)"""
+    step_basis: str = "median"
+    """what T is, that speedup, share, E and the prediction error take: "median" of the steps, or
+    "mean" (total block time / steps) for a runner whose block times its drain on the last step
+    (ps asp, `caramel.bench.blocks`), whose median is the compute step by construction"""
     engine_wait_per_step_s: float | None = None
     """caramel strategies: the engine's own time blocked on communication per step (rank 0, all steps)"""
     load_average: float | None = None
@@ -130,6 +135,11 @@ class Record:
     `PipelineRunner.stats()` (rank 0); `predicted_plan`, the prediction's layout and its
     simulated compute per position (`busy_s_per_lane`; `timed_busy_s_per_lane`, as the
     runtime's stage timer counts it: `PipelineSim.timed_s`)"""
+
+    @property
+    def step_s(self) -> float | None:
+        """T: the step the row's derived figures take (`step_basis`)."""
+        return self.step_time_mean_s if self.step_basis == "mean" else self.step_time_median_s
 
     @property
     def kind(self) -> str:

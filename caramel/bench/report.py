@@ -18,7 +18,7 @@ from caramel.bench.step_metrics import (REFERENCE_KIND, efficiency, estimated_ce
                                         job_step_times, reference_of, regime_of, round_means, share_captured)
 from caramel.errors import FormatError
 from caramel.jsonio import write_json
-from caramel.stats import geomean, median, paired_ratio_interval, percentile
+from caramel.stats import geomean, median, paired_ratio_interval, paired_rounds_interval, percentile
 from caramel.trace import metrics
 
 __all__ = ["FORMAT", "HEADLINE_REGIMES", "PLAN_LINE_BUCKETS", "REFERENCE_KIND", "BenchResults", "Record",
@@ -42,6 +42,9 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     concurrent_s = median(series["concurrent"]) if series.get("concurrent") else None
     kinds = {s["name"]: s["kind"] for s in raw["strategies"]}
     medians = {s["name"]: median(series[s["name"]]) for s in raw["strategies"] if s["name"] in series}
+    # a block that times its drain on its last step (asp) has the compute step as its median by
+    # construction: its T is the block mean, total block time / steps (`caramel.bench.blocks`)
+    timed_drain = {n for n, b in (raw.get("blocks") or {}).items() if b.get("drain_timed")}
     ref = reference_of(medians, kinds)
     ref_s = medians[ref] if ref else None
     ratio = comm_s / compute_s
@@ -71,18 +74,28 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
                                   skipped=raw.get("skipped", {}).get(name, "not measured"), **common))
             continue
         xs = series[name]
-        t = medians[name]
+        basis = "mean" if name in timed_drain else "median"
+        t = sum(xs) / len(xs) if basis == "mean" else medians[name]
         st = raw.get("stats", {}).get(name, {})
         wait = st["total_wait_s"] / st["step"] if st.get("step") and "total_wait_s" in st else None
         pred = raw.get("predicted", {}).get(name, {})
-        ci = paired_ratio_interval(series[ref], xs, spr) if ref and spr and name != ref else None
+        # whole rounds only, as paired_ratio_interval takes them (a partial last round is no pair)
+        rounds = ([median(xs[i * spr:(i + 1) * spr]) for i in range(len(xs) // spr)] if basis == "median"
+                  else round_means(xs[:len(xs) // spr * spr], spr)) if spr else None
+        if not (ref and spr and name != ref):
+            ci = None
+        elif basis == "median":
+            ci = paired_ratio_interval(series[ref], xs, spr)
+        else:  # the paired rounds of the reference's medians over this row's means
+            ref_rounds = [median(series[ref][i * spr:(i + 1) * spr]) for i in range(len(series[ref]) // spr)]
+            ci = paired_rounds_interval(ref_rounds, rounds or [], ref_s / t) if ref_s else None
         records.append(Record(
-            strategy=name, step_time_median_s=t, step_time_p90_s=percentile(xs, 90), step_time_mean_s=sum(xs) / len(xs),
+            strategy=name, step_time_median_s=medians[name], step_basis=basis, step_time_p90_s=percentile(xs, 90),
+            step_time_mean_s=sum(xs) / len(xs),
             exposed_comm_s=metrics.exposed_comm_s(t, compute_s), speedup=(ref_s / t) if ref_s else None,
             share_captured=share_captured(ref_s, t, ceiling),
             efficiency=efficiency(t, compute_s, comm_s), steps=len(xs), engine_wait_per_step_s=wait, speedup_ci95=ci,
-            # whole rounds only, as paired_ratio_interval takes them (a partial last round is no pair)
-            round_medians_s=[median(xs[i * spr:(i + 1) * spr]) for i in range(len(xs) // spr)] if spr else None,
+            round_medians_s=rounds,
             overlap_trial=st.get("overlap_trial"), delegated_to_ddp=bool(st.get("delegated_to_ddp")),
             plan=st.get("plan"), comm_priority=st.get("comm_priority"), timeline=raw.get("timeline", {}).get(name),
             ps=_ps_summary(st), share_counts=st.get("share_counts"), pipeline=_pipeline_summary(s["kind"], st, pred.get("plan"),

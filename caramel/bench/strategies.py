@@ -18,6 +18,7 @@ import torch.nn as nn
 from caramel.bench.baselines import Runner, plain_step, sync_device
 from caramel.bench.matrix import Strategy
 from caramel.errors import CaramelError
+from caramel.strategies.ps.options import ASP_BOUND_STEPS
 
 
 class StrategyUnavailable(Exception):
@@ -38,6 +39,9 @@ class StrategyContext:
     """the ClusterSpec pipelines plan at (`caramel.bench.pipeline_plan`); None: the runtime's default"""
     pipeline_profile: Any = None
     """the job's profile, which pipelines plan from as the predictions do; None: they profile themselves"""
+    steps_per_block: int | None = None
+    """the timed steps of a bench block (`steps_per_round`): an ssp bound a block cannot reach
+    makes it time its drain like asp (`steady_entry`); None: no such cut"""
 
 
 class TrainRunner(Runner):
@@ -149,20 +153,27 @@ def build_strategy(strategy: Strategy, model, optimizer, inputs, targets, loss_f
     else:
         runner = TrainRunner(strategy.name, wrapped, opt, inputs, targets, loss_fn, ctx.device,
                              finish=opt.synchronize, stats=stats, settled=settled, close=close)
-    runner.entry_steps, runner.drain_timed = steady_entry(getattr(opt, "ps", None))
+    runner.entry_steps, runner.drain_timed = steady_entry(getattr(opt, "ps", None), ctx.steps_per_block)
     return runner
 
 
-def steady_entry(ps_run: Any) -> tuple[int, bool]:
+def steady_entry(ps_run: Any, steps_per_block: int | None = None) -> tuple[int, bool]:
     """How a block of this strategy starts in its steady state (`caramel.bench.blocks`): the
     entry steps and whether the drain is timed. A step may leave S updates outstanding under
     the ps strategy's `ssp:S` (its `step()` waits for update t - S), so S + 1 entry steps; asp
     has no bound short of its memory bound (32 updates, more steps than a block), so no entry
-    step and a timed drain; every other strategy (bsp included): 1, untimed."""
+    step and a timed drain; every other strategy (bsp included): 1, untimed. An `ssp:S` whose
+    S + 1 entry steps would be as many as the block's `steps_per_block`, or whose S reaches
+    asp's bound, is asp within a block (the untimed entry would carry the block): it is timed
+    as asp is, which also spares it S + 1 untimed steps a block."""
     if ps_run is None:
         return 1, False
     bound = ps_run.options.staleness_bound()
-    return (0, True) if bound is None else (bound + 1, False)
+    if bound == 0:  # bsp, ssp:0: one entry step, as every strategy without stale updates
+        return 1, False
+    if bound is None or bound >= ASP_BOUND_STEPS or (steps_per_block is not None and bound + 1 >= steps_per_block):
+        return 0, True
+    return bound + 1, False
 
 
 def ctx_rank() -> int:

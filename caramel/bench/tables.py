@@ -52,12 +52,23 @@ COLUMNS = ("configuration", "point", "target", "comm/comp", "rate", "strategy", 
 _LEFT = (0, 1, 5, 12)
 
 
+def _basis_note(r: Record) -> str:
+    return " (block mean: its drain is timed)" if r.step_basis == "mean" else ""
+
+
+def _step_cell(r: Record) -> str:
+    """The "median ms" column: the median, or the block mean marked as such (`Record.step_basis`)."""
+    if r.skipped:
+        return "skipped"
+    return f"{_ms(r.step_s)} (block mean)" if r.step_basis == "mean" else _ms(r.step_s)
+
+
 def table_rows(records: list[Record]) -> list[list[str]]:
     rows = []
     for r in records:
         rate = f"{r.bandwidth} ({r.rate_source})" if r.bandwidth else "loopback"
         rows.append([config_label(r), r.point_regime, _x(r.target_ratio, "{:g}"), _x(r.comm_compute_ratio), rate,
-                     r.strategy, _ms(r.step_time_median_s) if not r.skipped else "skipped", _ms(r.step_time_p90_s),
+                     r.strategy, _step_cell(r), _ms(r.step_time_p90_s),
                      _ms(r.compute_s), _ms(r.comm_s), _ms(r.concurrent_s), _ms(r.exposed_comm_s), r.reference or "-",
                      _x(r.speedup, "{:.3f}x"),
                      "-" if r.speedup_ci95 is None else f"{r.speedup_ci95[0]:.2f}-{r.speedup_ci95[1]:.2f}",
@@ -161,8 +172,8 @@ def format_tuning(records: list[Record]) -> str:
             ci = t.get("runner_up_ci95")
             line += (f"; runner-up {value_label(t['runner_up'])} {t['runner_up_gap']:+.1%}"
                      + (f" (runner-up / chosen {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
-        if r.step_time_median_s is not None:
-            line += f"; in the rounds {_ms(r.step_time_median_s)} ms"
+        if r.step_s is not None:
+            line += f"; in the rounds {_ms(r.step_s)} ms"
         if t.get("skipped"):
             line += "; not built: " + "; ".join(f"{n} ({e})" for n, e in t["skipped"].items())
         lines.append(line)
@@ -190,9 +201,9 @@ def format_breakdown(records: list[Record]) -> str:
         lines.append(f"- {label} ({r0.network}{load}): compute {_ms(r0.compute_s)} ms, comm {_ms(r0.comm_s)} ms "
                      f"(U {_ms(r0.compute_s + r0.comm_s)}, L {_ms(max(r0.compute_s, r0.comm_s))}){lb}{conc}")
         for r in rs:
-            if r.step_time_median_s is None:
+            if r.step_s is None:
                 continue
-            over = r.step_time_median_s - max(r.compute_s, r.comm_s)
+            over = r.step_s - max(r.compute_s, r.comm_s)
             wait = (f"; the engine was blocked on communication {_ms(r.engine_wait_per_step_s)} ms per step"
                     if r.engine_wait_per_step_s is not None else "")
             trial = ""
@@ -205,7 +216,7 @@ def format_breakdown(records: list[Record]) -> str:
                     trial += f" ({note})"
                 if r.delegated_to_ddp:
                     trial += " (run by torch DDP from then on)"
-            lines.append(f"  - {r.strategy}: {_ms(r.step_time_median_s)} ms, {_ms(over)} ms above L, "
+            lines.append(f"  - {r.strategy}: {_ms(r.step_s)} ms{_basis_note(r)}, {_ms(over)} ms above L, "
                          f"{_ms(r.exposed_comm_s)} ms above compute{wait}{trial}{_priority_note(r.comm_priority)}")
             if r.plan and not r.delegated_to_ddp:
                 lines.append(f"    plan: {_plan_line(r.plan)}")
@@ -316,7 +327,7 @@ def format_predictions(records: list[Record]) -> str:
             else:
                 err = f" ({r.prediction_error:+.0%})" if r.prediction_error is not None else ""
                 ignores = f" [prediction ignores {', '.join(r.prediction_ignores)}]" if r.prediction_ignores else ""
-                parts.append(f"{r.strategy} {_ms(r.predicted_step_s)} ms vs {_ms(r.step_time_median_s)} ms{err}{ignores}")
+                parts.append(f"{r.strategy} {_ms(r.predicted_step_s)} ms vs {_ms(r.step_s)} ms{_basis_note(r)}{err}{ignores}")
         rows = [r for r in records if config_label(r) == label]
         f = rows[0].compute_slowdown if rows else None
         slowed = f" (compute {f:.2f}x slower beside transfers)" if f is not None and f > 1 else ""

@@ -124,3 +124,24 @@ def test_the_bench_runner_takes_its_entry_from_the_ps_run(monkeypatch, spec, ent
     ctx = StrategyContext(device=torch.device("cpu"), rank=0, world_size=1)
     runner = build_strategy(parse_strategy(spec), model, opt, None, None, None, ctx)
     assert (runner.entry_steps, runner.drain_timed) == entry
+
+
+@pytest.mark.parametrize("consistency,steps,entry", [
+    ("ssp:6", 8, (7, False)),  # the last bound a block of 8 can reach in time
+    ("ssp:7", 8, (0, True)), ("ssp:200", 8, (0, True)),  # 8 entry steps or more would carry the block
+    ("ssp:31", 64, (32, False)), ("ssp:32", 64, (0, True)),  # asp's own bound (ASP_BOUND_STEPS)
+    ("ssp:2", None, (3, False)), ("ssp:40", None, (0, True)),
+    ("bsp", 1, (1, False)), ("ssp:0", 1, (1, False))])  # no stale updates: one entry step, whatever the block
+def test_an_ssp_bound_a_block_cannot_reach_is_timed_as_asp(consistency, steps, entry):
+    assert steady_entry(SimpleNamespace(options=PsOptions(consistency=consistency)), steps) == entry
+
+
+def test_a_wide_ssp_bound_runs_no_untimed_steps_in_a_block(fake_clock):
+    """ssp:200 in blocks of 8: no 201 untimed entry steps, and the drain is in the window as asp's."""
+    calls: list[str] = []
+    options = PsOptions(consistency="ssp:200")
+    runner = _LinkRunner(fake_clock, options.staleness_bound(), calls)
+    runner.entry_steps, runner.drain_timed = steady_entry(SimpleNamespace(options=options), STEPS)
+    times = blocks.measure_block(runner, STEPS)
+    assert calls == ["step"] * STEPS + ["finish"]
+    assert sum(times) == pytest.approx(STEPS * COMM_S + COMPUTE_S)

@@ -420,3 +420,30 @@ def test_dropout_changes_are_carried_into_the_record_and_a_file_without_them_rea
         del r["dropout_changes"]
     path.write_text(json.dumps(data))
     assert [r.dropout_changes for r in report.read_records(path).records] == [None, None]
+
+
+def test_a_row_whose_block_times_its_drain_takes_the_block_mean():
+    """asp's block is compute-paced steps and a drain on its last one (`caramel.bench.blocks`), so
+    its median is the compute step by construction: T is the block mean; a bsp row keeps its median."""
+    asp_round = [0.05, 0.05, 0.05, 0.25]  # mean 0.10, median 0.05
+    times = {"compute": [[0.05] * 12], "comm": [[0.08] * 12], "ddp": [[0.15] * 12],
+             "ps": [[0.12, 0.12, 0.14, 0.12] * 3],
+             "ps:consistency=asp": [asp_round + asp_round[:3] + [0.29] + asp_round]}
+    raw = dict(_raw(times, strategies=("ddp", "ps", "ps:consistency=asp")), settings={"steps_per_round": 4})
+    raw["blocks"] = {"ddp": {"entry_steps": 1, "drain_timed": False}, "ps": {"entry_steps": 1, "drain_timed": False},
+                     "ps:consistency=asp": {"entry_steps": 0, "drain_timed": True}}
+    recs = {r.strategy: r for r in summarize(raw)}
+    asp, bsp = recs["ps:consistency=asp"], recs["ps"]
+    mean_s = (0.40 + 0.44 + 0.40) / 12
+    assert asp.step_basis == "mean" and asp.step_s == pytest.approx(mean_s)
+    assert asp.step_time_median_s == pytest.approx(0.05)  # still recorded, as what it is
+    assert asp.speedup == pytest.approx(0.15 / mean_s) and asp.round_medians_s == pytest.approx([0.10, 0.11, 0.10])
+    lo, hi = asp.speedup_ci95
+    assert lo < asp.speedup < hi and hi < 0.15 / 0.09
+    assert asp.efficiency == pytest.approx(efficiency(mean_s, 0.05, 0.08))
+    assert bsp.step_basis == "median" and bsp.step_s == bsp.step_time_median_s == pytest.approx(0.12)
+    assert bsp.speedup == pytest.approx(0.15 / 0.12) and bsp.round_medians_s == pytest.approx([0.12] * 3)
+    md = format_markdown(list(recs.values()), "caramel bench", {})
+    assert f"| {1e3 * mean_s:.1f} (block mean) |" in md and "| 120.0 |" in md
+    back = report.from_json(json.loads(json.dumps(to_json(list(recs.values())))))
+    assert [r.step_basis for r in back.records] == ["median", "median", "mean"]
