@@ -1,0 +1,140 @@
+"""Diagnose one seed's gap between ring gossip and DDP: consensus distance, each worker's
+validation loss and the exact average's, check by check.
+
+    python experiments/gossip_seed_diagnosis.py --runs /tmp/gsd --seeds 6,0 --json out.json
+
+For each seed it runs (untimed, lowest CPU priority) `caramel train` with DDP and with the ring
+(the seed study's flags, `--val-fraction 0.3`) and a checkpoint every `--every` steps, all kept;
+then at each checkpoint of the ring run it computes the consensus distance (mean over workers of
+the squared distance of its parameters to their exact average, summed over parameters), each
+worker's validation loss and the loss of the exact parameter average (one all-reduce), beside
+DDP's validation loss at the same step. The model seed, data order and dropout all follow
+`--seed` in `caramel train`: there is no separate data seed to swap.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from experiments.gossip_convergence import parse_seeds, train_run  # noqa: E402
+from experiments.gossip_tracking import val_curve  # noqa: E402
+
+RING = "gossip:topology=ring,second_moment=debiased"
+
+
+def configs(strategy: str, steps: int, every: int) -> dict[str, list[str]]:
+    """The two runs per seed: DDP and the gossip strategy, checkpointed every `every` steps."""
+    common = ["--val-fraction", "0.3", "--steps", str(steps), "--checkpoint-every", str(every),
+              "--keep-last", str(steps // every + 1)]
+    return {"ddp": ["--strategy", "ddp", *common], "ring": ["--strategy", strategy, *common]}
+
+
+def consensus_sq(workers: list[dict[str, torch.Tensor]]) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean squared distance of the workers' floating parameters to their exact average, and the
+    average itself (what one all-reduce of the parameters would give)."""
+    avg = {k: torch.stack([w[k].double() for w in workers]).mean(0) if w0.is_floating_point() else w0
+           for k, w0 in workers[0].items()}
+    dist = statistics.fmean(sum(float((w[k].double() - avg[k]).pow(2).sum()) for k in avg
+                                if workers[0][k].is_floating_point()) for w in workers)
+    return dist, {k: v.to(workers[0][k].dtype) for k, v in avg.items()}
+
+
+def checkpoint_rows(run: Path) -> list[dict[str, Any]]:
+    """Per checkpoint of a gossip run: step, consensus distance, the checkpoint's own evaluation
+    model, the exact average and every worker's validation loss."""
+    from caramel.train import checkpoint as ckpt
+    from caramel.train.config import TrainConfig, apply_dict
+    from caramel.train.loop import VAL_MAX_SAMPLES
+    from caramel.train.workloads import build_workload
+
+    dirs = sorted(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-"))
+    if not dirs:
+        raise SystemExit(f"{run}: no checkpoints; run without --analyze-only first")
+    rows, wl, cfg = [], None, None
+    for d in dirs:
+        state = ckpt.load(d)
+        if not state.get("gossip_workers"):
+            raise SystemExit(f"{d}: holds no per-worker states (not a gossip run)")
+        if wl is None:
+            cfg = apply_dict(TrainConfig(), state["config"], str(d))
+            wl = build_workload(cfg)
+        n = min(len(wl.val_set), VAL_MAX_SAMPLES)
+
+        def loss_of(weights: dict[str, torch.Tensor]) -> float:
+            wl.model.load_state_dict(weights)
+            wl.model.eval()
+            total, count = 0.0, 0
+            with torch.no_grad():
+                for idx in torch.arange(n).split(cfg.data.batch_size * 4):
+                    x, y = wl.val_set.batch(idx)
+                    total += float(wl.loss_fn(wl.model(x), y)) * y.numel()
+                    count += y.numel()
+            return total / count
+
+        models = [w["model"] for w in state["gossip_workers"]]
+        dist, avg = consensus_sq(models)
+        norm = sum(float(v.double().pow(2).sum()) for k, v in avg.items() if v.is_floating_point())
+        rows.append({"step": int(state["step"]), "consensus_sq": dist, "relative_consensus": dist / norm,
+                     "eval_model": loss_of(state["model"]), "exact_average": loss_of(avg),
+                     "workers": [loss_of(m) for m in models]})
+    return rows
+
+
+def diagnose(runs: Path, seed: int) -> dict[str, Any]:
+    """One seed's rows: the ring's checkpoints beside DDP's validation curve."""
+    ddp = val_curve(runs / f"ddp-{seed}")
+    rows = checkpoint_rows(runs / f"ring-{seed}")
+    for r in rows:
+        base = ddp.get(r["step"])
+        r["ddp"] = base
+        r["gap_exact_average"] = None if base is None else r["exact_average"] / base - 1
+        r["gap_best_worker"] = None if base is None else min(r["workers"]) / base - 1
+    return {"seed": seed, "ring_val_logged": {str(k): v for k, v in sorted(val_curve(runs / f"ring-{seed}").items())},
+            "ddp_val": {str(k): v for k, v in sorted(ddp.items())}, "checkpoints": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", required=True, help="folder for the ddp-SEED and ring-SEED run folders")
+    ap.add_argument("--seeds", default="6,0")
+    ap.add_argument("--strategy", default=RING, help="the gossip strategy diagnosed")
+    ap.add_argument("--workload", default="digits")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--every", type=int, default=20, help="checkpoint and validation interval (steps)")
+    ap.add_argument("--analyze-only", action="store_true", help="analyze the runs already in --runs")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    if args.every < 1 or args.steps < args.every:
+        raise SystemExit(f"--every {args.every}: expected a positive interval no longer than --steps {args.steps}")
+    if not args.strategy.startswith("gossip"):
+        raise SystemExit(f"--strategy {args.strategy!r}: expected a gossip strategy (gossip:...)")
+    seeds, runs = parse_seeds(args.seeds), Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    if not args.analyze_only:
+        for seed in seeds:
+            for name, flags in configs(args.strategy, args.steps, args.every).items():
+                print(f"seed {seed}: {name}", flush=True)
+                train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.every)
+    result = {"format": "caramel.gossip-seed-diagnosis/1", "workload": args.workload, "workers": args.workers, "strategy": args.strategy, "steps": args.steps,
+              "every": args.every, "seeds": [diagnose(runs, s) for s in seeds]}
+    for res in result["seeds"]:
+        print(f"seed {res['seed']}: step, consensus^2 (rel), ddp, exact avg (gap), eval model, workers")
+        for r in res["checkpoints"]:
+            gap = "" if r["gap_exact_average"] is None else f" ({r['gap_exact_average'] * 100:+.1f}%)"
+            print(f"  {r['step']:4d} {r['consensus_sq']:.3e} ({r['relative_consensus']:.1e}) {r['ddp'] or float('nan'):.4f} "
+                  f"{r['exact_average']:.4f}{gap} {r['eval_model']:.4f} " + " ".join(f"{w:.4f}" for w in r["workers"]))
+    if args.json:
+        from caramel.jsonio import write_json
+        write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
