@@ -26,6 +26,7 @@ def test_runs_keep_every_checkpoint_on_the_seed_study_split():
     (["--every", "50", "--steps", "20"], "--every 50"),
     (["--strategy", "ddp"], "expected a gossip strategy"),
     (["--seeds", "6,x"], "--seeds"),
+    (["--swap", "0-6"], "--swap '0-6': expected INIT_SEED:DATA_SEED"),
 ])
 def test_bad_arguments_are_named(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
@@ -38,3 +39,7 @@ def test_analyzing_a_run_without_checkpoints_says_so(tmp_path):
     (tmp_path / "ring-6" / "checkpoints").mkdir(parents=True)
     with pytest.raises(SystemExit, match="no checkpoints"):
         gsd.main(["--runs", str(tmp_path), "--analyze-only", "--seeds", "6"])
+
+
+def test_a_swap_is_init_seed_then_data_seed():
+    assert gsd.parse_swap("0:6") == (0, 6)
