@@ -18,6 +18,7 @@ nothing in the library changes. Each swapped run's log names the init seed it us
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -160,10 +161,18 @@ def final_sample_gap(ring: Path, ddp: Path, top: int = 10) -> dict[str, Any]:
     order = diff.argsort(descending=True)
     return {"step": int(r_state["step"]), "ring_mean": float(r_loss.mean()), "ddp_mean": float(d_loss.mean()),
             "diff_sum": float(diff.sum()), "top": top, "top_diff_share": float(diff[order[:top]].sum() / diff.sum()),
-            "top_samples": [{"index": int(i), "label": int(y[i]), "ring": float(r_loss[i]), "ddp": float(d_loss[i])}
+            "top_samples": [{"index": int(i), "label": int(y[i]), "ring": float(r_loss[i]), "ddp": float(d_loss[i]),
+                             "ring_wrong": bool(r_wrong[i]), "ddp_wrong": bool(d_wrong[i])}
                             for i in order[:top]],
             "ring_errors": int(r_wrong.sum()), "ddp_errors": int(d_wrong.sum()),
             "errors_both": int((r_wrong & d_wrong).sum())}
+
+
+def late_train_loss(run: Path, after: int) -> float:
+    """Mean logged training loss of the steps after `after` (the last quarter of a run)."""
+    losses = [rec["loss"] for rec in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if rec.get("kind") == "train" and rec["step"] > after]
+    return statistics.fmean(losses)
 
 
 def diagnose(runs: Path, seed: int | str) -> dict[str, Any]:
@@ -178,7 +187,10 @@ def diagnose(runs: Path, seed: int | str) -> dict[str, Any]:
     last = [r for r in rows[-4:] if r["ddp"] is not None]
     score = (statistics.fmean(r["exact_average"] for r in last) / statistics.fmean(r["ddp"] for r in last) - 1
              if last else None)
-    return {"seed": seed, "gap_last4": score, "ring_val_logged": {str(k): v for k, v in sorted(val_curve(runs / f"ring-{seed}").items())},
+    after = rows[-1]["step"] * 3 // 4
+    return {"seed": seed, "gap_last4": score, "train_loss_last_quarter": {
+                name: late_train_loss(runs / f"{name}-{seed}", after) for name in ("ddp", "ring")},
+            "ring_val_logged": {str(k): v for k, v in sorted(val_curve(runs / f"ring-{seed}").items())},
             "ddp_val": {str(k): v for k, v in sorted(ddp.items())}, "checkpoints": rows,
             "final_samples": final_sample_gap(runs / f"ring-{seed}", runs / f"ddp-{seed}")}
 
@@ -230,6 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{r['exact_average']:.4f}{gap} {r['eval_model']:.4f} " + " ".join(f"{w:.4f}" for w in r["workers"]))
         if res["gap_last4"] is not None:
             print(f"  gap over the last 4 checks (the seed study's score): {res['gap_last4'] * 100:+.1f}%")
+        tl = res["train_loss_last_quarter"]
+        print(f"  training loss, last quarter: ddp {tl['ddp']:.4f}, ring {tl['ring']:.4f}")
         f = res["final_samples"]
         print(f"  final: ring {f['ring_mean']:.4f} vs ddp {f['ddp_mean']:.4f}; the {f['top']} samples that differ most carry "
               f"{f['top_diff_share']:.0%} of the difference; errors ring {f['ring_errors']}, ddp {f['ddp_errors']}, "
