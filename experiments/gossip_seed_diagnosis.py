@@ -146,12 +146,14 @@ def final_sample_gap(ring: Path, ddp: Path, top: int = 10) -> dict[str, Any]:
     wl = build_workload(cfg)
     idx = torch.arange(min(len(wl.val_set), VAL_MAX_SAMPLES))
     x, y = wl.val_set.batch(idx)
+    y = y.reshape(-1)  # a sequence workload scores every position: one prediction each
 
     def per_sample(weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         wl.model.load_state_dict(weights)
         wl.model.eval()
         with torch.no_grad():
             logits = wl.model(x)
+        logits = logits.reshape(-1, logits.shape[-1])
         return torch.nn.functional.cross_entropy(logits, y, reduction="none"), logits.argmax(-1) != y
 
     _, avg = consensus_sq([w["model"] for w in r_state["gossip_workers"]])
