@@ -42,6 +42,8 @@ class _Runner:
     """A baseline as `measure_plan_cluster` drives it: compute-only steps record their sleep,
     concurrent steps their span and padding, under a jitter only."""
 
+    entry_steps, drain_timed = 1, False  # a pipeline's block: one unmeasured entry step, untimed drain
+
     def __init__(self, name: str, jitter: object = None):
         self.name, self.jitter = name, jitter
         self.paused_s: list = []
