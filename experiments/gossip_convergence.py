@@ -63,7 +63,6 @@ def evaluate_workers(run: Path) -> dict[str, Any] | None:
     prediction); None for runs that hold no per-worker states (DDP)."""
     from caramel.train import checkpoint as ckpt
     from caramel.train.config import TrainConfig, apply_dict
-    from caramel.train.loop import VAL_MAX_SAMPLES
     from caramel.train.workloads import build_workload
 
     found = ckpt.latest_valid(run / "checkpoints")
@@ -74,21 +73,29 @@ def evaluate_workers(run: Path) -> dict[str, Any] | None:
         return None
     cfg = apply_dict(TrainConfig(), state["config"], str(found[0]))
     wl = build_workload(cfg)
-    n = min(len(wl.val_set), VAL_MAX_SAMPLES)
 
     def loss_of(weights: dict[str, torch.Tensor]) -> float:
-        wl.model.load_state_dict(weights)
-        wl.model.eval()
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for idx in torch.arange(n).split(cfg.data.batch_size * 4):
-                x, y = wl.val_set.batch(idx)
-                total += float(wl.loss_fn(wl.model(x), y)) * y.numel()
-                count += y.numel()
-        return total / count
+        return val_loss(wl, cfg, weights)
 
     return {"step": int(state["step"]), "averaged": loss_of(state["model"]),
             "workers": [loss_of(w["model"]) for w in state["gossip_workers"]]}
+
+
+def val_loss(wl, cfg, weights: dict[str, torch.Tensor]) -> float:
+    """The mean validation loss of `weights` in workload `wl` (built from the run's TrainConfig
+    `cfg`) over its first `VAL_MAX_SAMPLES` held-out samples, in batches of 4x the batch size."""
+    from caramel.train.loop import VAL_MAX_SAMPLES
+
+    n = min(len(wl.val_set), VAL_MAX_SAMPLES)
+    wl.model.load_state_dict(weights)
+    wl.model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for idx in torch.arange(n).split(cfg.data.batch_size * 4):
+            x, y = wl.val_set.batch(idx)
+            total += float(wl.loss_fn(wl.model(x), y)) * y.numel()
+            count += y.numel()
+    return total / count
 
 
 def mean_interval(values: list[float], confidence: float = 0.95) -> list[float] | None:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from experiments.gossip_convergence import parse_seeds, train_run  # noqa: E402
+from experiments.gossip_convergence import parse_seeds, train_run, val_loss  # noqa: E402
 from experiments.gossip_tracking import val_curve  # noqa: E402
 
 RING = "gossip:topology=ring,second_moment=debiased"
@@ -95,7 +95,6 @@ def checkpoint_rows(run: Path) -> list[dict[str, Any]]:
     model, the exact average and every worker's validation loss."""
     from caramel.train import checkpoint as ckpt
     from caramel.train.config import TrainConfig, apply_dict
-    from caramel.train.loop import VAL_MAX_SAMPLES
     from caramel.train.workloads import build_workload
 
     dirs = sorted(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-"))
@@ -109,18 +108,9 @@ def checkpoint_rows(run: Path) -> list[dict[str, Any]]:
         if wl is None:
             cfg = apply_dict(TrainConfig(), state["config"], str(d))
             wl = build_workload(cfg)
-        n = min(len(wl.val_set), VAL_MAX_SAMPLES)
 
         def loss_of(weights: dict[str, torch.Tensor]) -> float:
-            wl.model.load_state_dict(weights)
-            wl.model.eval()
-            total, count = 0.0, 0
-            with torch.no_grad():
-                for idx in torch.arange(n).split(cfg.data.batch_size * 4):
-                    x, y = wl.val_set.batch(idx)
-                    total += float(wl.loss_fn(wl.model(x), y)) * y.numel()
-                    count += y.numel()
-            return total / count
+            return val_loss(wl, cfg, weights)
 
         models = [w["model"] for w in state["gossip_workers"]]
         dist, avg = consensus_sq(models)
