@@ -243,9 +243,14 @@ class PipelineRunner(Runner):
     def _save_actions(self) -> None:
         """This rank's timed compute actions of the kept steps (`StepTiming.actions`: kind, stage,
         microbatch, start, end on the host's monotonic clock), to compare with the simulator's lanes."""
-        steps = [[list(a) for a in st.actions] for st in self.pipe.timer.steps]
+        timer = self.pipe.timer
+        steps = [[list(a) for a in st.actions] for st in timer.steps]
+        record: dict[str, Any] = {"strategy": self.name, "rank": ctx_rank(), "steps": steps}
+        if timer.reduce_plan:  # Caramel's engine reduces this rank's stage: its plan and each step's collectives
+            record["reduce_plan"] = [list(item) for item in timer.reduce_plan]
+            record["reduces"] = [[list(r) for r in st.reduces] for st in timer.steps]
         path = Path(self.trace_dir) / f"pipeline_actions.{trace_file_stem(self.name)}.rank{ctx_rank()}.json"
-        path.write_text(json.dumps({"strategy": self.name, "rank": ctx_rank(), "steps": steps}))
+        path.write_text(json.dumps(record))
 
 
 def engine_stats(engine: Any) -> dict[str, Any]:

@@ -162,3 +162,11 @@ def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replic
     engine = optimizer._caramel_engine
     engine.set_grad_scale(1.0 / (replicas * microbatches))
     return engine
+
+
+def reduce_plan(engine: Any) -> list[tuple[int, int, int]]:
+    """The engine's collectives of one step in issue order: (bucket, chunk, bytes on the wire
+    uncompressed), from its dispatcher's order (`caramel.runtime.dispatch`), for the trace."""
+    buckets = engine.buckets
+    return [(b, c, buckets[b].chunks[c].numel() * buckets[b].flat.element_size())
+            for b, c in engine._dispatcher.order]

@@ -14,6 +14,12 @@ stage's work. A position's bubble fraction is its idle share of that span,
 before its first and after its last. Only durations cross ranks, never clock readings, so the
 measure holds across hosts whose clocks differ. With p equal stages and m microbatches every
 position's fraction is `(p-1)/(m+p-1)`.
+
+Where Caramel's engine reduces a stage's replicas, the timer also keeps that reduction
+(`watch_reduces`): the engine's bucket plan (each item's bucket, chunk and bytes, in issue
+order) and, per step, each collective's bytes, issue and completion on the same clock as the
+actions, so a trace shows which actions the buckets overlapped (the simulator's buckets are its
+own model of that plan, `overlap.py`).
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ class StepTiming:
     last_end_s: float
     busy_s: float
     actions: list[tuple[str, int, int, float, float]] = field(default_factory=list)  # (F|B, stage, mb, start, end)
+    # the replicas' collectives this step issued (Caramel's engine): (bytes, issue, done), issue order
+    reduces: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def span_s(self) -> float:
@@ -45,6 +53,16 @@ class StageTimer:
     def __init__(self) -> None:
         self.steps: list[StepTiming] = []
         self._actions: list[tuple[str, int, int, float, float]] = []
+        self.reduce_plan: list[tuple[int, int, int]] = []  # (bucket, chunk, bytes) in issue order
+        self._reduce_log: Any = None  # the engine's dispatcher log of completed collectives
+
+    def watch_reduces(self, dispatcher: Any, plan: list[tuple[int, int, int]]) -> None:
+        """Record the collectives of Caramel's engine dispatcher (`caramel.runtime.dispatch`):
+        its log of (issue, done, bytes) while measuring, on `time.perf_counter` like the actions.
+        `plan`: its items (bucket, chunk, bytes) in issue order."""
+        dispatcher.start_measuring()
+        self._reduce_log = dispatcher.log
+        self.reduce_plan = list(plan)
 
     def wrap_stage(self, stage: Any) -> None:
         """Time `stage.forward_one_chunk` and `stage.backward_one_chunk` (torch's PipelineStage)."""
@@ -70,11 +88,21 @@ class StageTimer:
 
     def end_step(self) -> None:
         acts, self._actions = self._actions, []
-        if not acts:
-            return
-        self.steps.append(StepTiming(min(a[3] for a in acts), max(a[4] for a in acts),
-                                     sum(a[4] - a[3] for a in acts), acts))
-        del self.steps[:-MAX_STEPS]
+        if acts:
+            self.steps.append(StepTiming(min(a[3] for a in acts), max(a[4] for a in acts),
+                                         sum(a[4] - a[3] for a in acts), acts))
+            del self.steps[:-MAX_STEPS]
+        self._take_reduces()
+
+    def _take_reduces(self) -> None:
+        """Move the collectives completed so far to the step that issued them (the last one begun
+        at or before the issue): a step's buckets may complete during the next step."""
+        log = self._reduce_log
+        while log:
+            issue, done, nbytes = log.popleft()  # the backend's thread only appends
+            step = next((st for st in reversed(self.steps) if st.first_start_s <= issue), None)
+            if step is not None:
+                step.reduces.append((int(nbytes), issue, done))
 
     def events(self, rank: int, first_iteration: int = 0) -> list[TraceEvent]:
         """The recorded actions as trace events on this rank's compute lane (loss merged into F)."""

@@ -45,12 +45,27 @@ def hybrid_worker(rank: int, world: int, steps: int = STEPS, root: str | None = 
                      "layout": pipe.layout.stage_indices, "pending_after_step": pending}
         if engine is not None:
             out[name].update(steps=engine.stats.step, buckets=len(engine.buckets), planner=engine.plan.planner,
-                             world=engine.world_size)
+                             world=engine.world_size, reduces=reduce_trace(pipe))
     out["batchnorm"] = batchnorm_buffers()
     out["tied"] = tied_replicas(rank)
     if root is not None:
         out["train"] = train_resume(root, rank)
     return out
+
+
+def reduce_trace(pipe) -> dict:
+    """What the stage timer kept of the engine's reduction: its plan, and per step but the last
+    (whose collectives may complete after it is recorded) each collective's bytes and times set
+    against the step's last backward of this rank's stage."""
+    timer = pipe.timer
+    params_bytes = sum(p.numel() * p.element_size() for p in pipe.stage_modules[0].parameters())
+    steps = []
+    for st in timer.steps[:-1]:
+        last_b = max((a for a in st.actions if a[0] == "B"), key=lambda a: a[3])
+        steps.append({"bytes": [r[0] for r in st.reduces],
+                      "issued_in_last_backward": [last_b[3] <= r[1] <= last_b[4] for r in st.reduces],
+                      "done_after_issue": [r[2] >= r[1] for r in st.reduces]})
+    return {"plan": [list(x) for x in timer.reduce_plan], "params_bytes": params_bytes, "steps": steps}
 
 
 def tied_replicas(rank: int, steps: int = STEPS) -> dict:

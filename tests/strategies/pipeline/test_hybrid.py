@@ -28,6 +28,15 @@ def test_hybrid_replicas_match_whole_batch_training_with_ddp_and_caramel(tmp_pat
             # the engine ran every step on the replica group, its last update deferred
             assert r["world"] == 2 and r["steps"] == hybrid_workers.STEPS and r["planner"] == "caramel", (name, r)
             assert r["pending_after_step"] and r["buckets"] >= 1, (name, r)
+            # the trace keeps the engine's bucket plan and, each step, its collectives in that
+            # order, every one issued inside the step's last backward and done after its issue
+            trace = r["reduces"]
+            plan_bytes = [b for _, _, b in trace["plan"]]
+            assert len(trace["plan"]) >= 1 and sum(plan_bytes) >= trace["params_bytes"] > 0, trace
+            assert len(trace["steps"]) == hybrid_workers.STEPS - 1, trace
+            for st in trace["steps"]:
+                assert st["bytes"] == plan_bytes, (name, st, plan_bytes)
+                assert all(st["issued_in_last_backward"]) and all(st["done_after_issue"]), (name, st)
     # BatchNorm statistics: each stage's replicas end with the first replica's (they saw other
     # batches), and they moved from their initial values
     bn = [r["batchnorm"] for r in ranks]
