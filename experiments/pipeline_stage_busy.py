@@ -124,7 +124,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
                 rows.append({"action": f"{kind}{i}", "measured_ms": ms, "profile_ms": profile_ms[kind],
                              "slowdown": ms / profile_ms[kind], "ranks_at_once": load})
         per_stage.append({"stage": s, "ranks": [r for r, steps in enumerate(ranks) if _stage_of_rank(steps) == s],
-                          "actions": rows})
+                          "actions": rows, "param_layers": sum(1 for c in layers if c.param_bytes)})
     measured = rec["step_time_median_s"]
     stage_of = [_stage_of_rank(steps) for steps in ranks]
     per_stage_busy = [statistics.mean(b for b, s in zip(busy, stage_of) if s == k) for k in sorted(set(stage_of))]
@@ -237,10 +237,12 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
     return out
 
 
-def replay_run(run: str, only: list[str] | None = None, sharing_model: str | None = None) -> dict[str, Any]:
+def replay_run(run: str, only: list[str] | None = None, sharing_model: str | None = None,
+               reduce_cpu: str | None = None) -> dict[str, Any]:
     """`run`'s pipeline rows replayed (`only`: those of these names) and every pipeline row's
     measured median and round medians (what `pair_ratio` reads). `sharing_model`: the host-sharing
-    model to replay with where the run measured host sharing (None: the one its profile names)."""
+    model to replay with where the run measured host sharing (None: the one its profile names).
+    `reduce_cpu`: the spec's charge for the replicas' buckets' CPU (None: the spec's default)."""
     from pipeline_contention import inputs_cluster
 
     from caramel.profile.turns import sharing_of
@@ -253,6 +255,8 @@ def replay_run(run: str, only: list[str] | None = None, sharing_model: str | Non
     cluster = dataclasses.replace(plain, **sharing_of(prof))
     if sharing_model is not None and cluster.ranks_per_host > 1:
         cluster = dataclasses.replace(cluster, sharing_model=sharing_model)
+    if reduce_cpu is not None:
+        cluster = dataclasses.replace(cluster, reduce_cpu=reduce_cpu)
     bench = json.load(open(os.path.join(run, "bench.json")))
     pipes = _pipeline_records(bench)
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))
@@ -260,7 +264,7 @@ def replay_run(run: str, only: list[str] | None = None, sharing_model: str | Non
     measured = {rec["strategy"]: {"median_s": rec["step_time_median_s"], "round_medians_s": rec.get("round_medians_s")}
                 for rec in pipes}
     return {"run": run, "code": bench.get("meta", {}).get("code"), "rows": rows,  # the code the run ran
-            "measured": measured}
+            "measured": measured, "collective_cpu_s": cluster.collective_cpu_s, "world": inputs["world"]}
 
 
 def _pipeline_records(bench: dict[str, Any]) -> list[dict[str, Any]]:

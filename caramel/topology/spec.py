@@ -36,13 +36,18 @@ above 1 needs `ranks_per_host` above 1 (a worker alone on its host has nobody to
 (`SHARING_MODELS`): "layout" (the default, and every spec written before the field), one factor
 for every rank from the layout's mean load; "stage", each stage's ranks their own, from the load
 while that stage computes.
+`reduce_cpu` says whether the pipeline simulator charges the replicas' bucket all-reduces the
+CPU of their messages on the action that issues them (`REDUCE_CPU_MODELS`): "none" (the default,
+and every spec written before the field), or "messages" (each bucket `collective_cpu_s (r - 1) /
+(n - 1)` on the stage's last backward; docs/pipeline.md).
 
 Format: a spec with sharing is written `caramel.cluster/2`, so that a reader from before these
 fields refuses it rather than predicting without the sharing; one with sharing and
 `sharing_model="stage"` `caramel.cluster/3` (a version-2 reader would price it with one factor;
 without sharing both models predict alike, so the field is left out); any other spec is
-written `caramel.cluster/1`, as before, without the `sharing_model` field. All read here, and
-unknown fields are errors either way.
+written `caramel.cluster/1`, as before, without the `sharing_model` field; one with
+`reduce_cpu="messages"` `caramel.cluster/4` (an older reader would predict without the charge),
+the field left out where it is "none". All read here, and unknown fields are errors either way.
 """
 from __future__ import annotations
 
@@ -54,8 +59,9 @@ from caramel.errors import FormatError
 from caramel.jsonio import check_format, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "cluster"
-VERSIONS = (1, 2, 3)  # 2: a spec with host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"
+VERSIONS = (1, 2, 3, 4)  # 2: host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"; 4: reduce_cpu
 SHARING_MODELS = ("layout", "stage")  # how the pipeline simulator spreads host sharing (see above)
+REDUCE_CPU_MODELS = ("none", "messages")  # the replicas' buckets' CPU in the pipeline simulator (see above)
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
 COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
 
@@ -85,6 +91,7 @@ class ClusterSpec:
     alone_speedup: float = 1.0  # a worker computes this many times faster alone than with its host's ranks all at once
     ranks_per_host: int = 1  # workers sharing one host's cores (1: a machine each)
     sharing_model: str = "layout"  # one sharing factor per layout, or per stage ("stage"; see above)
+    reduce_cpu: str = "none"  # the replicas' buckets' message CPU on their last backward ("messages"; see above)
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -145,6 +152,9 @@ class ClusterSpec:
         if self.sharing_model not in SHARING_MODELS:
             raise FormatError(f"{source}: field 'sharing_model' must be one of {', '.join(SHARING_MODELS)}, "
                               f"got {self.sharing_model!r}")
+        if self.reduce_cpu not in REDUCE_CPU_MODELS:
+            raise FormatError(f"{source}: field 'reduce_cpu' must be one of {', '.join(REDUCE_CPU_MODELS)}, "
+                              f"got {self.reduce_cpu!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -172,7 +182,10 @@ class ClusterSpec:
         per_stage = self.shares_hosts() and self.sharing_model != "layout"
         if not per_stage:  # written as before the field
             del d["sharing_model"]
-        d["format"] = f"caramel.{KIND}/{3 if per_stage else 2 if self.shares_hosts() else 1}"
+        if self.reduce_cpu == "none":  # written as before the field
+            del d["reduce_cpu"]
+        version = 4 if self.reduce_cpu != "none" else 3 if per_stage else 2 if self.shares_hosts() else 1
+        d["format"] = f"caramel.{KIND}/{version}"
         return d
 
     @classmethod
@@ -198,6 +211,7 @@ class ClusterSpec:
         spec.alone_speedup = data.get("alone_speedup", 1.0)
         spec.ranks_per_host = data.get("ranks_per_host", 1)
         spec.sharing_model = data.get("sharing_model", "layout")
+        spec.reduce_cpu = data.get("reduce_cpu", "none")
         spec.validate(source)
         return spec
 

@@ -96,7 +96,20 @@ def stage_buckets(forward_s: list[float], backward_s: list[float], param_bytes: 
                          [after_bwd[n - min(g)] for g in groups],
                          [before_fwd[min(g)] for g in groups],
                          [update_s * b / total if total else 0.0 for b in nbytes],
-                         [comm.time_s(b, after_transfer_s=t) for b, t in zip(nbytes, [0.0, *first_transfer[:-1]])])
+                         [comm.time_s(b, after_transfer_s=t) for b, t in zip(nbytes, [0.0, *first_transfer[:-1]])],
+                         len(groups) * bucket_cpu_s(cluster, replicas))
+
+
+def bucket_cpu_s(cluster: ClusterSpec, replicas: int) -> float:
+    """The CPU one bucket's all-reduce over `replicas` ranks costs each of them, where the spec
+    charges it (`reduce_cpu="messages"`, else 0): a ring sends 2(r - 1) messages and receives as
+    many, each end the CPU the simulator charges an activation's send or recv
+    (`planner.message_cpu_s`: `collective_cpu_s / (4 (n - 1))` over the job's n ranks), so
+    `collective_cpu_s (r - 1) / (n - 1)`. Wall time at the all-at-once load, as measured."""
+    n = cluster.world_size
+    if cluster.reduce_cpu != "messages" or replicas < 2 or n < 2:
+        return 0.0
+    return cluster.collective_cpu_s * (replicas - 1) / (n - 1)
 
 
 def replay_overlapped(costs: StageCosts, actions: list[list[Action]], mode: str, compute_slowdown: float = 1.0,
@@ -212,15 +225,17 @@ class _LaneCompute:
         costs, (s, kind, j) = self.costs, a
         k, i = divmod(j, self.m)
         b, busy = costs.buckets[s], self.busy_in[p]
+        last_backward = kind == "B" and i == self.m - 1
         if kind == "F" and i == 0 and k and self.mode == "forward":
             end, computed = _gated_forward(busy, start, costs.forward_s[s], b, self.reduced_s[p])
-        else:
-            end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
+        else:  # the last backward also carries its buckets' messages' CPU (0 unless the spec charges it)
+            end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s]
+                               + (b.cpu_s if last_backward else 0.0))
             computed = end - start
         self.busy_s[p][k] += computed
         self.waited_s[p][k] += end - start - computed
         self.spans[p].append((end - computed, end))
-        if kind == "B" and i == self.m - 1:  # the step's last backward: its buckets go on the wire
+        if last_backward:  # the step's last backward: its buckets go on the wire
             self.reduced_s[p] = ends = _issue(b, start, busy, self.link_free_s, p, bucket_wire)
             if self.mode == "backward" and ends and ends[-1] > end:
                 self.waited_s[p][k] += ends[-1] - end

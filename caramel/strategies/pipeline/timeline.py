@@ -22,6 +22,9 @@ class ReduceBuckets:
     need_s: list[float]
     apply_s: list[float]
     queued_time_s: list[float]  # the collective when it starts queued behind the previous one
+    # the CPU of every bucket's messages on the rank, charged on the step's last backward (the
+    # spec's reduce_cpu="messages": `overlap.bucket_cpu_s`; 0 otherwise)
+    cpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
