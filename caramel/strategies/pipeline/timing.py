@@ -59,7 +59,9 @@ class StageTimer:
     def watch_reduces(self, dispatcher: Any, plan: list[tuple[int, int, int]]) -> None:
         """Record the collectives of Caramel's engine dispatcher (`caramel.runtime.dispatch`):
         its log of (issue, done, bytes) while measuring, on `time.perf_counter` like the actions.
-        `plan`: its items (bucket, chunk, bytes) in issue order."""
+        `plan`: its items (bucket, chunk, bytes) in issue order. The timer empties that log each
+        step, so it suits an engine that measures nothing itself from it (the pipeline's: no
+        online profiling, trial or periodic check, `replica_reduce.caramel_replicas`)."""
         dispatcher.start_measuring()
         self._reduce_log = dispatcher.log
         self.reduce_plan = list(plan)
