@@ -79,3 +79,16 @@ def test_the_spec_writes_the_field_only_where_it_charges():
     assert ClusterSpec.from_dict(off).reduce_cpu == "none"
     with pytest.raises(FormatError, match=r"field 'reduce_cpu' must be one of none, messages, got 'bytes'"):
         ClusterSpec.uniform(4, 1e9, reduce_cpu="bytes")
+
+
+def test_the_cli_keeps_the_charge_of_a_spec_file(tmp_path):
+    import argparse
+
+    from caramel.commands.common import cluster_from_args
+
+    ClusterSpec.uniform(4, 1e9, collective_cpu_s=0.003, reduce_cpu="messages").save(tmp_path / "c.json")
+    args = argparse.Namespace(cluster=str(tmp_path / "c.json"), workers=None, servers=None, bandwidth=None,
+                              latency=None, topology=None, collective=None, _default_workers=2)
+    assert cluster_from_args(args).reduce_cpu == "messages"
+    args.workers = 2  # resized: the charge stays
+    assert cluster_from_args(args).reduce_cpu == "messages"
