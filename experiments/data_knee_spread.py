@@ -2,8 +2,9 @@
 and with it scaled by the reads' spread (the new one, `caramel.data.link_queue`).
 
 The old model is each round's model with the probe's kept reads taken out of its calibrations
-(the round's median read, the queue of Poisson-like arrivals); the new one is the bench's own
-(`round_models`: where a round kept at least two reads, their mean and SCV). A record without
+(the round's median read, the queue of Poisson-like arrivals: the bench's default); the new one
+is `round_models(..., read_spreads=True)` (where a round kept at least two reads, their mean and
+SCV). A record without
 kept reads (every stored run before caramel.data-bench/6) scores the same under both. For the
 plain loader's rows two halves of the change are printed as well: the median read with the
 spread (`spread only`) and the mean read without it (`mean only`). Per run: every row within 15%
@@ -28,6 +29,7 @@ from caramel.bench.data_report import stored_records_of  # noqa: E402
 from caramel.data.link_queue import arrival_scv, think_scv  # noqa: E402
 from caramel.data.store import Store  # noqa: E402
 from caramel.errors import CaramelError  # noqa: E402
+from caramel.stats import t_interval  # noqa: E402
 from experiments.data_model_repredict import missing_inputs, row_models  # noqa: E402
 
 KIND = "caramel.data-knee-spread/1"
@@ -65,8 +67,8 @@ def score_record(record: dict[str, Any], index) -> list[dict[str, Any]]:
     plain = _without_spreads(record)
     out = []
     for row, old_row in zip(record["rows"], plain["rows"]):
-        _, new, _ = row_models(record, index, row)
-        _, old, _ = row_models(plain, index, old_row)
+        _, new, _ = row_models(record, index, row, read_spreads=True)
+        _, old, _ = row_models(plain, index, old_row)  # kept reads out: the default could not see them
         if not new:
             continue
         measured = row["step_s_steady"]
@@ -77,6 +79,7 @@ def score_record(record: dict[str, Any], index) -> list[dict[str, Any]]:
         out.append({"mode": row["mode"], "measured_s": measured,
                     "predicted_s": steps, "error": {k: v / measured - 1 for k, v in steps.items()},
                     "read_mean_s": [m.worker_request_s for m, _ in new],
+                    "read_median_s": [m.worker_request_s for m, _ in old],
                     "read_scv": [m.worker_request_scv for m, _ in new],
                     "arrival_scv": scvs, "think_scv": [_loop_scv(m, charged=False) for m, _ in new]})
     return out
@@ -98,9 +101,26 @@ def summarize(scored: dict[str, tuple[str, list[dict[str, Any]]]]) -> dict[str, 
             for arm in ARMS:
                 groups.setdefault(f"{key} | {r['mode']}", {}).setdefault(arm, []).append(r["error"][arm])
     by_group = {g: {arm: {"within": sum(abs(e) <= WITHIN for e in es), "rows": len(es), "min": min(es),
-                          "max": max(es), "mean_abs": sum(abs(e) for e in es) / len(es)}
+                          "max": max(es), "mean_abs": sum(abs(e) for e in es) / len(es),
+                          # |error| less the old model's on the same rows: mean and 95% t interval
+                          "abs_less_old": (t_interval([abs(e) - abs(o) for e, o in zip(es, arms["old"])])
+                                           if len(es) >= 2 else None)}
                     for arm, es in arms.items()} for g, arms in sorted(groups.items())}
     return {"runs": len(scored), "runs_every_row_within": runs, "groups": by_group}
+
+
+def _reads(r: dict[str, Any]) -> str:
+    """The rounds' kept reads: mean less median (ms) and SCV ranges."""
+    gaps = [(a - b) * 1e3 for a, b in zip(r["read_mean_s"], r["read_median_s"])]
+    scv = [v for v in r["read_scv"] if v is not None]
+    return f"  reads: mean - median {min(gaps):+.2f}..{max(gaps):+.2f} ms, SCV {min(scv):.2f}..{max(scv):.2f}"
+
+
+def _less_old(s: dict[str, Any]) -> str:
+    if s["abs_less_old"] is None or s["abs_less_old"] == (0.0, 0.0, 0.0):
+        return ""
+    mean, lo, hi = s["abs_less_old"]
+    return f", vs old {mean:+.1%} [{lo:+.1%}, {hi:+.1%}]"
 
 
 def main(argv: list[str]) -> int:
@@ -124,13 +144,14 @@ def main(argv: list[str]) -> int:
             think = [s for s in r["think_scv"] if s is not None]
             print(f"{where}  {r['mode']:<9} measured {r['measured_s'] * 1e3:6.2f} ms  "
                   + "  ".join(f"{arm} {r['error'][arm]:+.1%}" for arm in ARMS)
-                  + (f"  think SCV {min(think):.3f}..{max(think):.3f}" if think else ""))
+                  + (f"  think SCV {min(think):.3f}..{max(think):.3f}" if think else "")
+                  + (_reads(r) if any(v is not None for v in r["read_scv"]) else ""))
     summary = summarize(scored)
     print(f"runs with every row within 15% (of {summary['runs']}): "
           + ", ".join(f"{arm} {n}" for arm, n in summary["runs_every_row_within"].items()))
     for group, arms in summary["groups"].items():
         print(f"  {group}: " + " | ".join(f"{arm} {s['within']}/{s['rows']} {s['min']:+.1%}..{s['max']:+.1%} "
-                                          f"(mean |e| {s['mean_abs']:.1%})" for arm, s in arms.items()))
+                                          f"(mean |e| {s['mean_abs']:.2%}{_less_old(s)})" for arm, s in arms.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"kind": KIND, "files": args.files, "summary": summary,

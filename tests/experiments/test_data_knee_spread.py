@@ -7,6 +7,7 @@ import pytest
 
 from caramel.data.format import write_random_dataset
 from experiments.data_knee_spread import main, score_record
+from experiments.data_model_repredict import repredict
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -55,6 +56,10 @@ def test_kept_reads_take_queue_away_by_their_spread_and_set_the_mean(store):
                                                index)}["remote"]
     assert min(wild["think_scv"]) > 1 and wild["arrival_scv"] == [1.0] * 3
     assert wild["predicted_s"]["new"] == wild["predicted_s"]["mean only"] > before["predicted_s"]["old"]
+    # the default (the bench's and the replay's) leaves kept reads alone: the fresh runs did not support them
+    with_reads = _with_reads(record, lambda m: [m / 20] * 5 + [20 * m])
+    assert [r["repredicted_s"] for r in repredict(with_reads, index)] == [r["repredicted_s"]
+                                                                          for r in repredict(record, index)]
 
 
 def test_the_script_prints_and_writes_its_summary(store, tmp_path, capsys):
@@ -66,3 +71,31 @@ def test_the_script_prints_and_writes_its_summary(store, tmp_path, capsys):
     assert doc["kind"] == "caramel.data-knee-spread/1" and doc["summary"]["runs_every_row_within"]["new"] == 1
     with pytest.raises(SystemExit):
         main([str(root), str(RESULTS / "data-bench-closed-loop-full-1.json"), "--bogus"])
+
+
+def test_the_fresh_runs_alternate_and_stop_at_the_budget(tmp_path, monkeypatch):
+    """data_knee_runs alternates the two rates, stores each record with its command and load, and
+    starts no run the previous one's length says would pass the budget."""
+    import subprocess
+
+    from experiments import data_knee_runs
+
+    calls = []
+    clock = iter(range(0, 1000, 10))  # every reading of the clock 10 s later
+
+    def fake_run(cmd, **_):
+        calls.append(cmd)
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"rows": [], "n": len(calls)}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(data_knee_runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(data_knee_runs.time, "monotonic", lambda: float(next(clock)))
+    out = tmp_path / "runs.json"
+    assert data_knee_runs.main(["/tmp/store", str(out), "--runs", "5", "--budget-s", "85"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "caramel.data-bench-runs/1"
+    assert list(doc["runs"]) == ["f100-1", "f200-1", "f100-2"]  # the clock says 100 s before the fourth: 10 s more would pass 85
+    assert "200mbit" in doc["runs"]["f200-1"]["command"] and "200mbit" not in doc["runs"]["f100-1"]["command"]
+    assert all("--data-modes remote" in r["command"] and r["load_end"] for r in doc["runs"].values())
+    with pytest.raises(SystemExit):
+        data_knee_runs.main(["/tmp/store", str(out), "--runs", "0"])
