@@ -114,7 +114,8 @@ def round_overheads(calibrations: list[dict]) -> list[float]:
 
 
 def round_read_spreads(calibrations: list[dict]) -> list[tuple[float, float | None]]:
-    """Each round's (read time under load, the reads' SCV) for the I/O model: where the probe kept
+    """Each round's (read time under load, the reads' SCV) for the I/O model when the link queue is
+    to be scaled by the reads' spread (`round_models(..., read_spreads=True)`): where the probe kept
     at least two reads (`request_s_under_load_each`, caramel.data-bench/6) their mean and squared
     coefficient of variation (sample variance / mean^2), the queue's arrivals' spread (docs/data.md,
     "The knee's queue"); otherwise the round's median as `round_overheads` gives it and None (the

@@ -41,9 +41,10 @@ before it and half the one in service (the residual of a fixed service time):
 Where that limit binds, R(n) is what the capped throughput leaves, n / X(n) - Z_batch, so the queue
 carried to the next worker is every batch not thinking, n - X(n) Z_batch (`closed_loop`).
 
-The wait in R(n) (all but the first q D) is that of arrivals as irregular as Poisson ones; when
-the probe kept every read (`worker_request_scv`, the reads' SCV, with `worker_request_s` their
-mean) it is scaled by the arrivals' SCV ca2, a read's think time's (latency + read, the batch's
+The wait in R(n) (all but the first q D) is that of arrivals as irregular as Poisson ones; given
+the reads' SCV (`worker_request_scv`, with `worker_request_s` their mean: the data bench passes
+them only when asked, as fresh runs did not support it as the default, docs/data.md, "The knee's
+queue") it is scaled by the arrivals' SCV ca2, a read's think time's (latency + read, the batch's
 local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), the Allen-Cunneen
 scaling of a fixed-service queue (`caramel.data.link_queue`): reads as regular as the service meet
 no queue below the link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
