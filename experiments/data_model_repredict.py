@@ -39,10 +39,11 @@ def missing_inputs(record: dict) -> list[str]:
     return sorted({k for row in record["rows"] for k in ROW_INPUTS if k not in row})
 
 
-def row_models(record: dict, index, row: dict) -> tuple[Any, list[tuple[Any, float]], float]:
+def row_models(record: dict, index, row: dict, read_spreads: bool = False) -> tuple[Any, list[tuple[Any, float]], float]:
     """(the model with one calibration per run, each round's model with its compute + all-reduce
     alone in the calibrations' order, that one model's compute + all-reduce) of `row` of `record`:
-    what `repredict` scores, for scripts that read a round's model by its round."""
+    what `repredict` scores, for scripts that read a round's model by its round; `read_spreads`:
+    the link queue scaled by the kept reads' spread, `round_models`)."""
     cfg = DataBenchConfig(**dict(record["config"], modes=tuple(record["config"]["modes"])))
     costs = record["measured_costs"]
     single = measured_contention(cfg, index, costs)
@@ -56,7 +57,7 @@ def row_models(record: dict, index, row: dict) -> tuple[Any, list[tuple[Any, flo
                           floor if floor else cfg.compute_s)
     # the bench's own charge of each round (range reads only, as in caramel.data-bench/5: /4 records
     # charged every mode, so their non-plain rows move; the restart 0 in records before it was timed)
-    return model, round_models(model, row.get("calibrations", []), rounds), start
+    return model, round_models(model, row.get("calibrations", []), rounds, read_spreads), start
 
 
 def repredict(record: dict, index) -> list[dict]:

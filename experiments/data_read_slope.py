@@ -34,8 +34,8 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def bound_loop(clients: int, think_s: float, demand_s: float) -> io_model.LoopState:
-    """The closed loop's asymptotic bound: no queue, only the link's own limit."""
+def bound_loop(clients: int, think_s: float, demand_s: float, arrival_scv: float = 1.0) -> io_model.LoopState:
+    """The closed loop's asymptotic bound: no queue, only the link's own limit (whatever the arrivals' spread)."""
     throughput = min(clients / (think_s + demand_s), 1.0 / demand_s)
     return io_model.LoopState(clients, throughput, 0.0, demand_s)
 

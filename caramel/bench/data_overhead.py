@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from statistics import fmean, variance
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -109,6 +110,21 @@ def round_overheads(calibrations: list[dict]) -> list[float]:
     for c in calibrations:
         loaded = c.get("request_s_under_load", c.get("request_overhead_s"))
         out.append(loaded if loaded is not None else 0.0)
+    return out
+
+
+def round_read_spreads(calibrations: list[dict]) -> list[tuple[float, float | None]]:
+    """Each round's (read time under load, the reads' SCV) for the I/O model when the link queue is
+    to be scaled by the reads' spread (`round_models(..., read_spreads=True)`): where the probe kept
+    at least two reads (`request_s_under_load_each`, caramel.data-bench/6) their mean and squared
+    coefficient of variation (sample variance / mean^2), the queue's arrivals' spread (docs/data.md,
+    "The knee's queue"); otherwise the round's median as `round_overheads` gives it and None (the
+    spread unmeasured: the model charges the queue as before)."""
+    out = []
+    for c, median_s in zip(calibrations, round_overheads(calibrations)):
+        each = c.get("request_s_under_load_each") or []
+        mean_s = fmean(each) if len(each) >= 2 else 0.0
+        out.append((mean_s, variance(each) / mean_s ** 2) if mean_s > 0 else (median_s, None))
     return out
 
 

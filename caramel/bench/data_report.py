@@ -15,7 +15,7 @@ import torch
 
 from caramel.bench.data_contention import (alone_floor_s, contention_factor, epoch_start_excess_s, round_epoch_starts,
                                            round_inputs)
-from caramel.bench.data_overhead import round_overheads
+from caramel.bench.data_overhead import round_overheads, round_read_spreads
 from caramel.data.cache import ShardCache
 from caramel.data.format import DatasetIndex, decode_sample
 from caramel.data.io_model import DataLoadModel
@@ -136,16 +136,24 @@ def batch_trip_s(cfg, mode: str, index: DatasetIndex, costs: dict[str, Any]) -> 
 
 
 def round_models(model: DataLoadModel, calibrations: list[dict[str, Any]],
-                 rounds: list[tuple[float, float]]) -> list[tuple[DataLoadModel, float]]:
+                 rounds: list[tuple[float, float]], read_spreads: bool = False) -> list[tuple[DataLoadModel, float]]:
     """Each round's model and its compute + all-reduce alone: `model` with the round's contention
     (`rounds`, from `round_inputs`), its read time under load (range reads only: the probe times
     one sample's read, not a whole shard's fetch; 0 where a round had no probe read) and its
     measured restart of a warm loader (0 in records before it). The one place the bench and its
-    replay (experiments/data_model_repredict.py) charge a round's terms."""
-    overheads = round_overheads(calibrations) if model.request_bytes is None else [0.0] * len(calibrations)
+    replay (experiments/data_model_repredict.py) charge a round's terms. With `read_spreads` the
+    reads' mean and SCV where the probe kept them (`round_read_spreads`; the link queue scaled by
+    their spread): not the default, as the fresh runs did not support it (docs/data.md, "The
+    knee's queue")."""
+    if model.request_bytes is not None:
+        reads: list[tuple[float, float | None]] = [(0.0, None)] * len(calibrations)
+    elif read_spreads:
+        reads = round_read_spreads(calibrations)
+    else:
+        reads = [(o, None) for o in round_overheads(calibrations)]
     starts = round_epoch_starts(calibrations)
-    return [(replace(model, contention=c, worker_request_s=o, epoch_start_s=e), a)
-            for (c, a), o, e in zip(rounds, overheads, starts)]
+    return [(replace(model, contention=c, worker_request_s=o, worker_request_scv=v, epoch_start_s=e), a)
+            for (c, a), (o, v), e in zip(rounds, reads, starts)]
 
 
 def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> float:

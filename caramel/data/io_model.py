@@ -41,6 +41,14 @@ before it and half the one in service (the residual of a fixed service time):
 Where that limit binds, R(n) is what the capped throughput leaves, n / X(n) - Z_batch, so the queue
 carried to the next worker is every batch not thinking, n - X(n) Z_batch (`closed_loop`).
 
+The wait in R(n) (all but the first q D) is that of arrivals as irregular as Poisson ones; given
+the reads' SCV (`worker_request_scv`, with `worker_request_s` their mean: the data bench passes
+them only when asked, as fresh runs did not support it as the default, docs/data.md, "The knee's
+queue") it is scaled by the arrivals' SCV ca2, a read's think time's (latency + read, the batch's
+local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), the Allen-Cunneen
+scaling of a fixed-service queue (`caramel.data.link_queue`): reads as regular as the service meet
+no queue below the link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
+
 One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
 the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither
 fills the link nor leaves it idle: there the 200 Mbit/s, batch 16 bench (32 reads per step, 1
@@ -84,38 +92,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from caramel.data.link_queue import LoopState, arrival_scv, closed_loop
 from caramel.errors import CaramelError
 
-
-@dataclass(frozen=True)
-class LoopState:
-    """The closed loop with `clients` workers: batches per second, batches at the link (queued and
-    in service) and the time one spends there."""
-
-    clients: int
-    throughput_per_s: float
-    queued: float
-    response_s: float
-
-
-def closed_loop(clients: int, think_s: float, demand_s: float) -> LoopState:
-    """Mean value analysis of `clients` workers, each thinking `think_s` per batch and then holding
-    the FIFO link for `demand_s` (fixed service: an arrival waits for the batches queued before it
-    and half the one in service). Where the link's own limit 1 / demand binds, the batches not
-    thinking are at the link: clients - X x think (Little's law over the whole loop), the queue the
-    next client arrives to, not X times the uncapped response."""
-    if clients < 1 or demand_s <= 0 or think_s < 0:
-        raise CaramelError(f"a closed loop needs clients >= 1, demand_s > 0 and think_s >= 0, "
-                           f"got {clients}, {demand_s}, {think_s}")
-    state = LoopState(0, 0.0, 0.0, 0.0)
-    for n in range(1, clients + 1):
-        busy = state.throughput_per_s * demand_s
-        response_s = demand_s * (1.0 + max(state.queued - busy, 0.0) + busy / 2)
-        # the fixed-service residual can overstate what the link serves; it never exceeds 1 / demand
-        throughput = min(n / (think_s + response_s), 1.0 / demand_s)
-        response_s = n / throughput - think_s  # the response the capped throughput leaves: larger when capped
-        state = LoopState(n, throughput, throughput * response_s, response_s)
-    return state
+__all__ = ["DataLoadModel", "LoopState", "closed_loop"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +123,7 @@ class DataLoadModel:
     worker_request_s: float = 0.0  # each read's time on the cores in its worker's sequence, under load; 0: unmeasured
     epoch_steps: int | None = None  # steps per epoch of a loader that starts each epoch empty; None: no epoch edge
     epoch_start_s: float = 0.0  # a warm loader's epoch start beside the load, data in memory, measured; 0: unmeasured
+    worker_request_scv: float | None = None  # the reads' SCV under load (worker_request_s their mean); None: unmeasured
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hit_rate <= 1.0:
@@ -167,6 +148,9 @@ class DataLoadModel:
             raise CaramelError("store_latency_s, loader_workers, local_s_per_sample and worker_request_s must be >= 0, got "
                                f"{self.store_latency_s}, {self.loader_workers}, {self.local_s_per_sample}, "
                                f"{self.worker_request_s}")
+        if self.worker_request_scv is not None and not 0 <= self.worker_request_scv < math.inf:
+            raise CaramelError(f"worker_request_scv must be >= 0 (None: the reads' spread unmeasured), "
+                               f"got {self.worker_request_scv}")
         if not 0 <= self.epoch_start_s < math.inf:
             raise CaramelError(f"epoch_start_s must be >= 0 seconds (0: unmeasured), got {self.epoch_start_s}")
         if self.epoch_steps is not None and (isinstance(self.epoch_steps, bool) or not isinstance(self.epoch_steps, int)
@@ -215,9 +199,11 @@ class DataLoadModel:
         reads = math.ceil(remote / self.sample_bytes - 1e-9)
         service_s = max(remote * 8.0 / (reads * self.store_bandwidth_bps), self.request_overhead_s)
         demand_s = reads * service_s  # one batch's time on the store's link
-        think_s = (reads * (self.store_latency_s + self.worker_request_s)
-                   + self._local_work_s() * k / self._local_cores())
-        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s).throughput_per_s
+        local_s = self._local_work_s() * k / self._local_cores()
+        think_s = reads * (self.store_latency_s + self.worker_request_s) + local_s
+        scv = 1.0 if self.worker_request_scv is None else arrival_scv(
+            self.store_latency_s, self.worker_request_s, self.worker_request_scv, reads, local_s)
+        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s, scv).throughput_per_s
 
     def step_time_s(self, compute_s: float) -> float:
         """The mean step time with this data path: prefetched when there are workers, serial

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from caramel.bench.data_contention import steady_steps
-from caramel.bench.data_overhead import OverheadProbe, probed_calibration, round_overheads
+from caramel.bench.data_overhead import OverheadProbe, probed_calibration, round_overheads, round_read_spreads
 from caramel.data.format import DatasetIndex, write_random_dataset
 from caramel.data.serve import serve_directory
 from caramel.data.store import Store
@@ -27,6 +27,18 @@ def test_a_round_without_a_probe_read_charges_nothing():
     cals = [{"request_s_under_load": 2e-3}, {"request_s_under_load": None, "request_s_under_load_reads": 0},
             {"alone_s": 1e-3}, {"request_overhead_s": 3e-3}]  # the last: a caramel.data-bench/4 calibration
     assert round_overheads(cals) == [2e-3, 0.0, 0.0, 3e-3]
+
+
+def test_a_round_that_kept_its_reads_gives_their_mean_and_scv_the_others_as_before():
+    """Reads 1, 2, 3 ms: mean 2 ms, sample variance 1 ms^2, SCV 1/4; a round with one read, none or
+    an older record's median keeps the median and no spread (the queue charged as before)."""
+    each = {"request_s_under_load": 2.5e-3, "request_s_under_load_each": [1e-3, 2e-3, 3e-3]}
+    one = {"request_s_under_load": 2e-3, "request_s_under_load_each": [2e-3]}
+    cals = [each, one, {"request_s_under_load": 2e-3}, {"request_s_under_load": None, "request_s_under_load_each": []},
+            {"request_overhead_s": 3e-3}]
+    spreads = round_read_spreads(cals)
+    assert spreads[0][0] == pytest.approx(2e-3) and spreads[0][1] == pytest.approx(0.25)
+    assert spreads[1:] == [(2e-3, None), (2e-3, None), (0.0, None), (3e-3, None)]
 
 
 @pytest.mark.timeout(30)

@@ -1,0 +1,83 @@
+"""Fresh plain-loader runs on both sides of the knee, interleaved, into one runs file.
+
+Runs `caramel bench --data STORE --workers 2 --rounds 3 --data-epochs 3 --cache-share 1
+--data-modes remote` at 100 Mbit/s (2 ms, batch 8, 4 ms compute: the defaults) and at 200 Mbit/s
+(1 ms, batch 16, 8 ms compute), alternating, until `--runs` of each are done or starting another
+would pass `--budget-s` (the previous run's length is the guess of the next's). Each run's record
+(caramel.data-bench/6: every probe read kept) goes into a `caramel.data-bench-runs/1` file with
+its command, UTC times and the host's load at both ends. Meant to run inside the bench lock;
+scored afterwards by experiments.data_knee_spread.
+
+Usage: python -m experiments.data_knee_runs STORE_DIR OUT.json [--runs N] [--budget-s S]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+CONFIGS = {
+    "f100": [],
+    "f200": ["--batch-size", "16", "--compute", "8ms", "--store-rate", "200mbit", "--store-latency", "1ms"],
+}
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _utc() -> str:
+    return datetime.now(timezone.utc).strftime("%H:%M:%S")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("store", metavar="STORE_DIR")
+    parser.add_argument("out", metavar="OUT.json")
+    parser.add_argument("--runs", type=int, default=6, help="runs of each configuration (default 6)")
+    parser.add_argument("--budget-s", type=float, default=510.0, help="wall seconds for all runs (default 510)")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or not args.budget_s > 0:
+        parser.error(f"--runs must be >= 1 and --budget-s > 0, got {args.runs}, {args.budget_s}")
+    base = ["caramel", "bench", "--data", args.store, "--workers", "2", "--rounds", "3", "--data-epochs", "3",
+            "--cache-share", "1", "--data-modes", "remote"]
+    runs: dict[str, dict] = {}
+    t0, last_s = time.monotonic(), 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(1, args.runs + 1):
+            for name, extra in CONFIGS.items():
+                if time.monotonic() - t0 + last_s > args.budget_s:
+                    print(f"budget: stopped before {name}-{k}", flush=True)
+                    break
+                path = os.path.join(tmp, f"{name}-{k}.json")
+                cmd = base + extra + ["--json", path]
+                start, load_start, t1 = _utc(), _load(), time.monotonic()
+                done = subprocess.run([sys.executable, "-m", "caramel.cli"] + cmd[1:], capture_output=True, text=True)
+                last_s = time.monotonic() - t1
+                print(f"{name}-{k}: exit {done.returncode} in {last_s:.1f} s, load {_load()}", flush=True)
+                if done.returncode != 0:
+                    print(done.stderr[-2000:], file=sys.stderr)
+                    continue
+                with open(path) as f:
+                    record = json.load(f)
+                runs[f"{name}-{k}"] = {"command": " ".join(cmd[:-2]), "start_utc": start, "end_utc": _utc(),
+                                       "load_start": load_start, "load_end": _load(), "record": record}
+            else:
+                continue
+            break
+    with open(args.out, "w") as f:
+        json.dump({"format": "caramel.data-bench-runs/1",
+                   "note": "fresh plain-loader runs at 100 and 200 Mbit/s, interleaved, one bench-lock call, "
+                           "not used to build the link queue's spread term (docs/data.md, \"The knee's queue\")",
+                   "runs": runs}, f, indent=1)
+        f.write("\n")
+    return 0 if runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
