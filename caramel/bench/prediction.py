@@ -18,7 +18,7 @@ from typing import Any
 
 from caramel.bench.contention import job_slowdown
 from caramel.bench.hetero_prediction import Heterogeneity
-from caramel.bench.traffic_probe import efficiency, efficiency_by_count
+from caramel.bench.traffic_probe import efficiency, efficiency_by_count, pull_efficiency_by_count
 from caramel.profile.turns import sharing_of
 from caramel.stats import median
 
@@ -28,7 +28,8 @@ PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetiti
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
 # what the traffic probe adds to its meta: the ps model reads all four (the last from a probe of
 # version 2 on), the gossip model push_efficiency
-PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency", "push_efficiency_by_count", "push_receives_early")
+PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency", "push_efficiency_by_count", "pull_efficiency_by_count",
+             "push_receives_early")
 
 
 def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[float]:
@@ -165,6 +166,7 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
                 "push_efficiency": efficiency(traffic, "all_to_all", world, net_bps),
                 "pull_efficiency": efficiency(traffic, "broadcasts", world, net_bps),
                 "push_efficiency_by_count": efficiency_by_count(traffic, world, net_bps),
+                "pull_efficiency_by_count": pull_efficiency_by_count(traffic, world, net_bps),
                 # the probe runs on gloo only, where this runtime's flat colocated servers post
                 # their push receives at the step's first gradient (`PsEngine.posts_receives_early`)
                 "push_receives_early": True}

@@ -33,6 +33,11 @@ repetition kept (`pushes_at_once_reps_s`, as `broadcasts_reps_s`: the pull readi
 within a job). The ps model's fluid pushes read their share of the rate from it
 (`efficiency_by_count`, `caramel.strategies.ps.sim_flows`). Records before `version` 2 lack
 it; version 2 took 5 repetitions of every pattern, version 3 `PATTERN_REPS`.
+
+Broadcasts at once. Likewise k ranks broadcasting a shard at once (ranks 0..k-1, every rank
+receiving), k = 1..n - 1 (k = n is the broadcasts above): `broadcasts_at_once_s[k - 1]`, each
+repetition kept (`broadcasts_at_once_reps_s`). The ps model's pulls as fluid flows read their
+share of the rate from it (`pull_efficiency_by_count`; version 4 on).
 """
 from __future__ import annotations
 
@@ -44,7 +49,8 @@ PROBE_REPS = 5  # the queue's repetitions of each kind
 # the patterns' repetitions: within one job 5-repetition medians of the broadcasts read 0.63-0.80
 # of the rate in consecutive blocks, 15 about half that spread (docs/results/ps_sim_flow.md)
 PATTERN_REPS = 15
-VERSION = 3  # 2: pushes_at_once_s (k servers receiving at once), each repetition kept; 3: PATTERN_REPS
+VERSION = 4  # 2: pushes_at_once_s (k servers receiving at once), each repetition kept; 3: PATTERN_REPS;
+# 4: broadcasts_at_once_s (k servers broadcasting at once)
 START_SHARE = 0.25  # the small broadcast starts this far into the bulk's time alone
 MIN_LEFT_SHARE = 0.5  # a wait that leaves less than this share of the bulk's rest unexplained is only a lower bound
 
@@ -54,9 +60,10 @@ def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_RE
     """{"version" (`VERSION`), "queue_s" (None: too short to tell), "bulk_s", "bulk_bytes",
     "all_to_all_s", "all_to_all_bytes", "broadcasts_s", "broadcasts_reps_s" (each repetition),
     "pushes_at_once_s" (k = 1..world servers receiving at once, the last the all-to-all),
-    "pushes_at_once_reps_s"} on every rank, or None with one worker or on a non-CPU device
+    "pushes_at_once_reps_s", "broadcasts_at_once_s" (k = 1..world ranks broadcasting at once, the
+    last the broadcasts), "broadcasts_at_once_reps_s"} on every rank, or None with one worker or on a non-CPU device
     (gloo's behaviour is what is measured). Its time grows about linearly with `world`: world + 1
-    patterns of `pattern_reps` + 1 rounds (docs/benchmarks.md)."""
+    patterns of `pattern_reps` + 1 rounds, and world - 1 of broadcasts (docs/benchmarks.md)."""
     if world < 2 or getattr(device, "type", "cpu") != "cpu":
         return None
     import torch
@@ -110,19 +117,22 @@ def probe_traffic(grad_bytes: int, device: Any, world: int, reps: int = PROBE_RE
     bcast = _broadcasts_s(shard, world, pattern_reps, to)
     # after the two old patterns, so that their readings are taken as before
     fewer = [_all_to_all_s(shard, world, pattern_reps, to, receivers=k) for k in range(1, world)]
+    fewer_bcast = [_broadcasts_s(shard, world, pattern_reps, to, senders=k) for k in range(1, world)]
     for g in to:
         dist.destroy_process_group(g)
-    at_once = fewer + [a2a]
+    at_once, bcast_at_once = fewer + [a2a], fewer_bcast + [bcast]
     return {"version": VERSION, "queue_s": queue_s if queue_s < MIN_LEFT_SHARE * (bulk_s - start_s) else None,
             "bulk_s": bulk_s, "bulk_bytes": big.numel() * 4, "all_to_all_s": statistics.median(a2a),
             "broadcasts_s": statistics.median(bcast), "broadcasts_reps_s": bcast,
             "pushes_at_once_s": [statistics.median(t) for t in at_once], "pushes_at_once_reps_s": at_once,
-            "all_to_all_bytes": shard.numel() * 4}
+            "broadcasts_at_once_s": [statistics.median(t) for t in bcast_at_once],
+            "broadcasts_at_once_reps_s": bcast_at_once, "all_to_all_bytes": shard.numel() * 4}
 
 
-def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any]) -> list[float]:
-    """Every rank broadcasts `shard` at once, rank j's on `groups[j]` (as each server's pulls):
-    the slowest rank's time in each of `reps` repetitions."""
+def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any], senders: int | None = None) -> list[float]:
+    """Ranks 0..`senders` - 1 (default: every rank) broadcast `shard` at once, rank j's on
+    `groups[j]` (as each server's pulls), every rank receiving the others': the slowest rank's
+    time in each of `reps` repetitions."""
     import torch
     import torch.distributed as dist
 
@@ -132,7 +142,7 @@ def _broadcasts_s(shard: Any, world: int, reps: int, groups: list[Any]) -> list[
     for k in range(reps + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        works = [dist.broadcast(bufs[j], src=j, group=groups[j], async_op=True) for j in range(world)]
+        works = [dist.broadcast(bufs[j], src=j, group=groups[j], async_op=True) for j in range(senders or world)]
         for w in works:
             w.wait()
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
@@ -192,3 +202,21 @@ def efficiency_by_count(probed: dict[str, Any] | None, world: int, bandwidth_bps
         raise ValueError(f"the traffic probe's pushes_at_once_s has {len(took)} points for {world} workers")
     ideal_s = (world - 1) * probed["all_to_all_bytes"] * 8 / bandwidth_bps
     return [min(1.0, ideal_s / t) for t in took]
+
+
+def pull_efficiency_by_count(probed: dict[str, Any] | None, world: int, bandwidth_bps: float | None
+                             ) -> list[float] | None:
+    """The share of `bandwidth_bps` at which each broadcasting server sends its world - 1 copies
+    while k servers broadcast at once, k = 1..world (`broadcasts_at_once_s`): None for a probe
+    before version 4, without a rate or with one worker. A broadcast that relays through its
+    receivers (gloo's tree) can beat world - 1 copies from the root, so a point may exceed 1, up
+    to what the links allow: each receiver takes one copy (at most world - 1) and the k
+    broadcasts' k (world - 1) copies leave by world NICs (at most world / k); the noise never
+    speeds the model past that."""
+    took = (probed or {}).get("broadcasts_at_once_s")
+    if not took or not bandwidth_bps or world < 2:
+        return None
+    if len(took) != world:
+        raise ValueError(f"the traffic probe's broadcasts_at_once_s has {len(took)} points for {world} workers")
+    ideal_s = (world - 1) * probed["all_to_all_bytes"] * 8 / bandwidth_bps
+    return [min(world - 1, world / k, ideal_s / t) for k, t in enumerate(took, start=1)]

@@ -73,6 +73,10 @@ def test_two_worker_smoke_bench_on_loopback(tmp_path, capsys):
     # the job's net rate is the achieved rate wherever the comm-only baseline took time (the
     # fitted `net_bandwidth_bps` may be absent), so the curve is always there: a point per count
     assert len(recs["ddp"]["link_fit"]["push_efficiency_by_count"]) == 2, recs["ddp"]["link_fit"]
+    # from version 4: 1 and 2 ranks broadcasting at once (2 is the broadcasts), and their curve
+    assert probe["broadcasts_at_once_s"][1] == probe["broadcasts_s"], probe
+    assert len(probe["broadcasts_at_once_reps_s"][0]) == PATTERN_REPS, probe
+    assert len(recs["ddp"]["link_fit"]["pull_efficiency_by_count"]) == 2, recs["ddp"]["link_fit"]
     assert [s["strategy"] for s in data["summary"]] == ["caramel", "caramel:overlap=backward,planner=fifo"]
     assert "caramel:overlap=backward,planner=fifo" in printed and "Summary" in printed and "Target" not in printed
     assert "caramel bench --model tiny_gpt --workers 2 --ratio 1" in md.read_text()

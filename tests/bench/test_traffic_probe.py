@@ -60,3 +60,27 @@ def test_a_version_2_probe_reaches_the_cluster_spec_as_a_curve_and_an_old_one_do
     assert bench_cluster(2, 1e9, link=fits[1]).meta["push_efficiency_by_count"] == pytest.approx([1.0, 0.4])
     # the probe runs on gloo only, where this runtime posts a colocated server's receives early
     assert bench_cluster(2, 1e9, link=fits[1]).meta["push_receives_early"] is True
+
+
+def test_the_per_count_send_rates_may_beat_the_roots_copies_only_as_far_as_the_links_allow():
+    from caramel.bench.traffic_probe import pull_efficiency_by_count
+
+    # 4 ranks, 1 MB shards: the root's 3 copies take 30 ms at 800 Mbit/s; one broadcast alone
+    # relaying through its receivers in 20 ms is 1.5x that; 4 at once in 40 ms, 0.75
+    probed = {"all_to_all_bytes": 1_000_000, "broadcasts_at_once_s": [0.02, 0.025, 0.03, 0.04]}
+    assert pull_efficiency_by_count(probed, 4, 800e6) == pytest.approx([1.5, 1.2, 1.0, 0.75])
+    # the caps: one copy per receiver (3x), the k broadcasts' copies over 4 NICs (4/k)
+    fast = {**probed, "broadcasts_at_once_s": [0.005, 0.005, 0.005, 0.005]}
+    assert pull_efficiency_by_count(fast, 4, 800e6) == pytest.approx([3.0, 2.0, 4 / 3, 1.0])
+    assert pull_efficiency_by_count({"all_to_all_bytes": 1_000_000, "broadcasts_s": 0.04}, 4, 800e6) is None
+    assert pull_efficiency_by_count(probed, 4, None) is None
+    with pytest.raises(ValueError, match="3 points for 4 workers"):
+        pull_efficiency_by_count({**probed, "broadcasts_at_once_s": [0.02, 0.03, 0.04]}, 4, 800e6)
+    old = {"queue_s": 0.005, "bulk_s": 0.1, "bulk_bytes": 4_000_000, "all_to_all_s": 0.02,
+           "broadcasts_s": 0.02, "all_to_all_bytes": 1_000_000}
+    fits = [job_predictions(None, [], 2, 2_000_000, 0.016, 1, [0.03, 0.03], [[], []], None, t)["link_fit"]
+            for t in (old, {**old, "version": 4, "broadcasts_at_once_s": [0.008, 0.02]})]
+    assert fits[0]["pull_efficiency_by_count"] is None
+    assert fits[1]["pull_efficiency_by_count"] == pytest.approx([1.0, 0.4])
+    assert "pull_efficiency_by_count" not in bench_cluster(2, 1e9, link=fits[0]).meta
+    assert bench_cluster(2, 1e9, link=fits[1]).meta["pull_efficiency_by_count"] == pytest.approx([1.0, 0.4])

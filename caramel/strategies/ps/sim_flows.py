@@ -17,6 +17,7 @@ curve is a probe reading.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,14 +35,18 @@ class Push:
     nic_bytes: float
 
 
-def check_curve(curve: object, world: int) -> list[float]:
-    """`meta.push_efficiency_by_count`: `world` shares of the rate in (0, 1], for 1..world pushes
-    at once; one clear error otherwise."""
+def check_curve(curve: object, world: int, key: str = "push_efficiency_by_count", most: list[float] | None = None,
+                what: str = "the share of the link rate each server's NIC receives at while 1..{world} pushes run "
+                            "at once") -> list[float]:
+    """`meta.<key>` (default `push_efficiency_by_count`): `world` shares of the rate, for 1..world
+    transfers at once, each in (0, `most[k - 1]`] (default 1); one clear error otherwise."""
+    most = [1.0] * world if most is None else most
     ok = (isinstance(curve, (list, tuple)) and len(curve) == world
-          and all(not isinstance(e, bool) and isinstance(e, (int, float)) and 0 < e <= 1 for e in curve))
+          and all(not isinstance(e, bool) and isinstance(e, (int, float)) and 0 < e <= m for e, m in zip(curve, most)))
     if not ok:
-        raise ValueError(f"ps: meta.push_efficiency_by_count must be {world} numbers in (0, 1] (the share of the link "
-                         f"rate each server's NIC receives at while 1..{world} pushes run at once), got {curve!r}")
+        bounds = "(0, 1]" if all(m == 1.0 for m in most) else "(0, cap] (caps " + ", ".join(f"{m:g}" for m in most) + ")"
+        raise ValueError(f"ps: meta.{key} must be {world} numbers in {bounds} ({what.format(world=world)}), "
+                         f"got {curve!r}")
     return [float(e) for e in curve]
 
 
@@ -120,3 +125,21 @@ def settle_pushes(pushes_for: Callable[[list[tuple[float, float]] | None], list[
         last, spans = spans, new
     change_s = max((abs(x - y) for old, cur in zip(last or [], spans) for x, y in zip(old, cur)), default=math.inf)
     return Settled(spans, rounds, False, change_s)
+
+
+def flag_unsettled(iters: int, pushes: dict[int, tuple[int, float]] | None,
+                   pulls: dict[int, tuple[int, float]] | None) -> dict[str, float]:
+    """The steps (updates) whose fluid pushes (pulls) never settled, each with its rounds and
+    last change (s); None where that kind is not fluid. Warns about each kind that has some
+    (the step time may be off) and gives their count and largest change for the result's meta."""
+    meta: dict[str, float] = {}
+    for kind, prefix, left in (("pushes", "fluid", pushes), ("pulls", "fluid_pull", pulls)):
+        if left is None:
+            continue
+        change_s = max((c for _, c in left.values()), default=0.0)
+        if left:
+            warnings.warn(f"ps: the fluid {kind} did not settle in {max(r for r, _ in left.values())} rounds at "
+                          f"{len(left)} of {iters} steps (the last two differ by up to {change_s:.3g} s); the step "
+                          f"time may be off")
+        meta.update({f"{prefix}_unsettled_steps": len(left), f"{prefix}_unsettled_change_s": change_s})
+    return meta

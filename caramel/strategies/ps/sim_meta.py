@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from caramel.errors import CaramelError
 from caramel.strategies.ps.sim_flows import check_curve
+from caramel.strategies.ps.sim_pulls import check_pull_curve
 from caramel.topology.spec import ClusterSpec
 
 
@@ -73,6 +74,19 @@ def push_curve_of(cluster: ClusterSpec) -> list[float] | None:
         return None
     try:
         return check_curve(raw, cluster.world_size)
+    except ValueError as e:
+        raise CaramelError(str(e)) from None
+
+
+def pull_curve_of(cluster: ClusterSpec) -> list[float] | None:
+    """`meta["pull_efficiency_by_count"]` (the bench's probe from version 4 on): the share of the
+    rate each server's pull goes at while 1..n pulls run at once (`sim_pulls.py`); None when not
+    given, and the pulls keep the all-at-once `pull_efficiency`."""
+    raw = cluster.meta.get("pull_efficiency_by_count")
+    if raw is None:
+        return None
+    try:
+        return check_pull_curve(raw, cluster.world_size)
     except ValueError as e:
         raise CaramelError(str(e)) from None
 

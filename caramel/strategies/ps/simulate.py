@@ -35,38 +35,31 @@ the cluster spec), with the backend's behaviour made explicit:
   gloo's note that a receiver is ready, which each push and pull waits for, and, under bsp,
   rank 0's buffers (the profile's `buffer_bytes` in `buffer_broadcasts` rounds, before which
   the forward does not start), sent at step() just before the pulls (`buffer_sync.py`; the
-  first forward's at its start); the pushes run at `push_efficiency` of the
-  rate (every worker sending to every other at once), the pulls at `pull_efficiency`; where
-  the meta gives `push_efficiency_by_count` (the probe's rate for 1..n servers receiving at
-  once), the pushes are fluid flows whose rate follows how many are on the wire
-  (`sim_flows.py`); the long-run bound keeps the all-at-once rate (a comm-bound steady state
-  has every server receiving all the time).
+  first forward's at its start); the pushes run at `push_efficiency` of the rate (every worker
+  sending to every other at once), the pulls at `pull_efficiency`; where the meta gives
+  `push_efficiency_by_count` (`pull_efficiency_by_count`: the probe's rate for 1..n servers
+  receiving, or broadcasting, at once), the pushes (pulls) are fluid flows whose rate follows
+  how many are on the wire (`sim_flows.py`, `sim_pulls.py`); the long-run bound keeps the
+  all-at-once rates (a comm-bound steady state has every server busy all the time).
 
-With `hierarchical=True` (the cluster spec's `meta["workers_per_node"]` says how many consecutive
-workers share a node; `meta["node_bandwidth_bps"]` the rate within a node, default the link's)
-the servers are the leaders: a push is a reduce within the node, then each leader's node sum sent
-straight to the server leader as soon as it has landed (the runtime's `NodeSumSender` on gloo;
-`sim_hier.py`: the node reduces, each leader's sends and each server's NIC priced one transfer
-at a time, the node reduces running ahead of the sends), a pull a broadcast among the leaders
-then within the node; a serving leader's sends follow the pulls it handed over before, and its
-pulls its sends (one NIC; the pulls' node stage queued too, at `node_bandwidth_bps`). Off gloo
-(the cluster spec's `meta["backend"]`, else its probe's, else gloo) the runtime reduces the node
-sums among the leaders, and a push is priced as that collective after the node's reduce.
+With `hierarchical=True` (`meta["workers_per_node"]` consecutive workers share a node,
+`meta["node_bandwidth_bps"]` is the rate within it) the servers are the leaders: a push is a
+reduce within the node, then on gloo each leader's node sum sent to the server leader as it
+lands (`sim_hier.py`), off gloo (`meta["backend"]`, else the probe's) a reduce among the
+leaders; a pull a broadcast among the leaders, then within the node; a serving leader's sends
+and pulls share its NIC in the order handed over.
 
 With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
 cluster spec lists the workers only): each push is a reduce over the workers and the shard's
-server (its NIC receives one copy per worker), handed to the server only once every worker has
-reached step() (the runtime's step message: pushes are queued during backward but do not
-overlap it on the wire); each server applies its shard's optimizer as soon as its reductions
-have landed, then broadcasts the shard back; workers run no optimizer.
+server, handed over once every worker has reached step() (the runtime's step message); each
+server applies its shard as soon as its reductions have landed, then broadcasts it back.
 
-The step time is the slowest worker's mean period over the second half of the unrolled steps. TicTac's predicted E and S of
-the order are in `meta`, next to the shard loads.
+The step time is the slowest worker's mean period over the second half of the unrolled steps;
+TicTac's predicted E and S of the order are in `meta`, next to the shard loads.
 """
 from __future__ import annotations
 
 import statistics
-import warnings
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
@@ -74,11 +67,12 @@ from caramel.sim.simulate import SimResult
 from caramel.strategies.ps.options import ASP_BOUND_STEPS, PsOptions
 from caramel.strategies.ps.planner import make_ps_plan
 from caramel.strategies.ps.queues import Backlog, Queues, broadcast_rounds
-from caramel.strategies.ps.sim_flows import Push, settle_pushes
+from caramel.strategies.ps.sim_flows import Push, flag_unsettled, settle_pushes
 from caramel.strategies.ps.sim_hier import LeaderSends
 from caramel.strategies.ps.sim_links import Links, Wire
-from caramel.strategies.ps.sim_meta import (backend, efficiency, link_queue_s, push_curve_of, receives_early_of,
-                                            workers_per_node)
+from caramel.strategies.ps.sim_meta import (backend, efficiency, link_queue_s, pull_curve_of, push_curve_of,
+                                            receives_early_of, workers_per_node)
+from caramel.strategies.ps.sim_pulls import fluid_pulls
 from caramel.topology.spec import ClusterSpec
 from caramel.trace.events import Trace, TraceEvent
 
@@ -127,9 +121,9 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     pull_owner = [plan.pull_owner(b) for b in range(len(plan.pull_buckets))]
 
     flat_Bps = {kind: Bps * efficiency(cluster, f"{kind}_efficiency") for kind in ("push", "pull")}
-    # the probe's rate for 1..n pushes at once (flat colocated only): the pushes as fluid flows
-    push_curve = push_curve_of(cluster)  # checked wherever given, used where it applies
-    push_curve = push_curve if not dedicated and local == 1 and n > 1 else None
+    # the probe's rates for 1..n pushes (pulls) at once, checked wherever given: fluid flows, flat colocated only
+    flat = not dedicated and local == 1 and n > 1
+    push_curve, pull_curve = (c if flat else None for c in (push_curve_of(cluster), pull_curve_of(cluster)))
 
     def coll_s(b: int, kind: str = "push") -> float:
         """One push bucket's push (or pull bucket's pull): flat, among all workers (every
@@ -157,6 +151,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
     timeline: dict = {}
     pulled_upto = -1
     unsettled: dict[int, tuple[int, float]] = {}  # step -> its fluid pushes' rounds and last change (s), unsettled
+    pull_unsettled: dict[int, tuple[int, float]] = {}  # update -> the same for its fluid pulls
     wire = Wire(cluster.compute_slowdown)
     # flat colocated servers: small messages wait behind the bulk transfers (`queues.py`)
     queue_s = link_queue_s(cluster)
@@ -333,14 +328,23 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             u = pulled_upto + 1
             arrive[u] = {}
             last_pulls = []
-            for b in plan.bucket_pull_at(u):
+            order = plan.bucket_pull_at(u)
+            if pull_curve is not None:  # fluid flows (`sim_pulls.py`): by the apply and the links, then shared
+                flows = fluid_pulls(order, pull_owner, [(n - 1) * x for x in pull_bytes],
+                                    [links.pull_start(max(applied_at[u]), pull_owner[b]) for b in order], applied_at[u],
+                                    queues, alpha, Bps, pull_curve, dict(enumerate(pull_end)))
+                pull_unsettled.update({} if flows.settled else {u: (flows.rounds, flows.change_s)})
+            for j, b in enumerate(order):
                 o = pull_owner[b]
-                start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
-                if links is not None:  # behind its server's pushes handed over before it
-                    start = links.pull_start(start, o)
-                if queues is not None:  # every receiver's "ready" note reaches the server through the queues
-                    start = max([start] + [a + queues.wait(w, o, a) for w, a in enumerate(applied_at[u]) if w != o])
-                pull_end[o] = start + coll_s(b, "pull")
+                if pull_curve is not None:
+                    start, pull_end[o] = flows.spans[j]
+                else:
+                    start = max(pull_end[o], applied_at[u][o] if dedicated else max(applied_at[u]))
+                    if links is not None:  # behind its server's pushes handed over before it
+                        start = links.pull_start(start, o)
+                    if queues is not None:  # every receiver's "ready" note reaches the server through the queues
+                        start = max([start] + [a + queues.wait(w, o, a) for w, a in enumerate(applied_at[u]) if w != o])
+                    pull_end[o] = start + coll_s(b, "pull")
                 if queues is not None:
                     queues.egress[o].add(start, pull_end[o])
                 last_pulls.append((b, start, pull_end[o]))
@@ -351,10 +355,8 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
             if k == iters - 2:  # the pulls this step's step() handed over, after its pushes
                 timeline["pulls_after"] += [(b, pull_owner[b], rel(a), rel(z)) for b, a, z in last_pulls]
     warm = iters // 2
-    if unsettled:
-        rounds, change_s = max(r for r, _ in unsettled.values()), max(c for _, c in unsettled.values())
-        warnings.warn(f"ps: the fluid pushes did not settle in {rounds} rounds at {len(unsettled)} of {iters} steps "
-                      f"(the last two differ by up to {change_s:.3g} s); the step time may be off")
+    fluid_meta = flag_unsettled(iters, unsettled if push_curve is not None else None,
+                                pull_unsettled if pull_curve is not None else None)
     periods = [(ends[-1] - ends[warm]) / (len(ends) - 1 - warm) for ends in step_ends]
     # in the long run no step is shorter than one server's pushes, or pulls, back to back (each
     # group runs its collectives one at a time), whatever backlog staleness has let build up;
@@ -392,9 +394,7 @@ def simulate_ps(profile: ModelProfile, cluster: ClusterSpec, options: PsOptions,
               "tictac": {k: v for k, v in plan.predicted.items()}, "shard_loads": plan.loads,
               "workers_per_node": local, "dedicated_servers": dedicated,
               "periods_s": periods, "timeline_s": timeline,
-              **({} if push_curve is None else {"fluid_unsettled_steps": len(unsettled),
-                                                "fluid_unsettled_change_s": max((c for _, c in unsettled.values()),
-                                                                                default=0.0)}),
+              **fluid_meta,
               # the slowest worker's mean steady step, piece by piece (as experiments/ps_breakdown.py times them)
               "pieces_s": dict(zip(("forward", "forward_wait", "backward", "optimizer_step"),
                                    (statistics.mean(x) for x in zip(*pieces[periods.index(max(periods))][warm:]))))})
