@@ -18,12 +18,13 @@ make a rank given fewer samples look slower per sample. Older sizes leave the fi
 steps run slow on some ranks (run 6 of docs/results/adapt-history.md: rank 0 up to 1.7x its
 later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line.
 That is a trade-off, not a cure for late settling: on the virtual clock 2 sizes follow slow
-spells under noise better than 4 and do no better elsewhere, and on the host this controller
-settled later than the one before it (docs/adapt.md, "When the shares settle"). New counts are kept when they are predicted to shorten
-the step by more than `MIN_GAIN` and by more than `NOISE_Z` standard errors of the ranks'
-medians (root sum of squares), the latter capped at `MAX_NOISE_GAIN`; a move against the last
-move's direction only when the next decision proposes it again (a slow spell of a few steps
-would otherwise swing the shares there and back).
+spells under noise better than 4 and do no better elsewhere, and on the host it settled later
+than the one before it until the settling rule below (docs/adapt.md, "When the shares settle").
+New counts are kept when they are predicted to shorten the step by more than `MIN_GAIN` and
+by more than `NOISE_Z` standard errors of the ranks' medians (root sum of squares), the latter
+capped at `MAX_NOISE_GAIN`; a move against the last move's direction only when the next
+decision proposes it again (a slow spell of a few steps would otherwise swing the shares there
+and back).
 
 Settling (`hold_when_settled`): the shared host slows one rank for spells of 5-35 steps by 10-60%
 (docs/results/adapt-balance-host-spells.json), and a decision whose window met a spell moved the
