@@ -18,12 +18,22 @@ make a rank given fewer samples look slower per sample. Older sizes leave the fi
 steps run slow on some ranks (run 6 of docs/results/adapt-history.md: rank 0 up to 1.7x its
 later pace per sample), and such a window, kept in the fit for tens of steps, tilted its line.
 That is a trade-off, not a cure for late settling: on the virtual clock 2 sizes follow slow
-spells under noise better than 4 and do no better elsewhere, and on the host this controller
-settled later than the one before it (docs/adapt.md, "When the shares settle"). New counts are kept when they are predicted to shorten
-the step by more than `MIN_GAIN` and by more than `NOISE_Z` standard errors of the ranks'
-medians (root sum of squares), the latter capped at `MAX_NOISE_GAIN`; a move against the last
-move's direction only when the next decision proposes it again (a slow spell of a few steps
-would otherwise swing the shares there and back).
+spells under noise better than 4 and do no better elsewhere, and on the host it settled later
+than the one before it until the settling rule below (docs/adapt.md, "When the shares settle").
+New counts are kept when they are predicted to shorten the step by more than `MIN_GAIN` and
+by more than `NOISE_Z` standard errors of the ranks' medians (root sum of squares), the latter
+capped at `MAX_NOISE_GAIN`; a move against the last move's direction only when the next
+decision proposes it again (a slow spell of a few steps would otherwise swing the shares there
+and back).
+
+Settling (`hold_when_settled`): the shared host slows one rank for spells of 5-35 steps by 10-60%
+(docs/results/adapt-balance-host-spells.json), and a decision whose window met a spell moved the
+shares there and, after it, back (run 9: the last change at batch 65 in the median). So once a
+decision has kept the shares, a move needs two decisions in a row proposing it, and after
+`HOLD_DECISIONS` decisions in a row keeping them the shares are frozen: decisions then only
+compare each rank's median compute with its value at the freeze, and thaw when some rank's is
+off by more than `DRIFT` at `DRIFT_DECISIONS` decisions in a row (a change that lasts, not a
+spell). The windows hold `BATCH_WINDOW_STEPS` = 20 steps, so a held size's median outlasts a spell.
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -47,13 +57,17 @@ from caramel.data.share_sampler import ShareSampler, ShareSchedule
 from caramel.errors import CaramelError
 from caramel.topology.spec import ClusterSpec
 
-WINDOW_STEPS = 10  # compute times kept per local batch size (the median of them is the estimate)
+WINDOW_STEPS = 10  # compute times kept per rank (balance="dropout"'s window; batch's before the settling rule)
+BATCH_WINDOW_STEPS = 20  # compute times kept per local batch size (the median of them is the estimate)
 FIT_SIZES = 2  # the local batch sizes whose times enter the fit: the shares in force and the last
 MIN_SPREAD = 1.2  # the largest fitted size over the smallest, for the slope to be trusted
 MIN_GAIN = 0.01  # new counts must be predicted to shorten the step by more than 1% ...
 NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' medians,
 MAX_NOISE_GAIN = 0.05  # ... that bar capped at 5%: on a noisy host the spread alone would hold any shares
 MAD_TO_SE = 1.4826 * 1.2533  # MAD -> standard deviation (normal), times the median's efficiency loss
+HOLD_DECISIONS = 2  # decisions in a row keeping the shares, after which they are frozen ...
+DRIFT = 0.15  # ... until a rank's median compute is this far off its value then at DRIFT_DECISIONS in a row
+DRIFT_DECISIONS = 2
 
 
 def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> tuple[float, float, bool]:
@@ -132,6 +146,8 @@ class Balancer:
     """The shares of one engine's ranks (module docstring)."""
 
     runs_under_ddp = True  # DDP's schedule may run the job: `ddp_shares.SharesHook` weights and times it
+    hold_when_settled = True  # False: the controller before the settling rule (for the virtual clock's comparison)
+    window_steps = BATCH_WINDOW_STEPS  # the controller before the settling rule: WINDOW_STEPS
 
     def __init__(self, engine: Any, model: nn.Module, group: Any, rank: int, world: int, every: int):
         self.engine, self.group, self.rank, self.world, self.every = engine, group, rank, world, every
@@ -143,6 +159,11 @@ class Balancer:
         self._steps = 0
         # a move against the last one's direction waits for the next decision to propose it again
         self.pending_reversal: list[int] | None = None
+        # settling (module docstring): decisions in a row that kept the shares, each rank's median
+        # compute when they were frozen (None: not frozen), decisions in a row it drifted past DRIFT
+        self.held_decisions = 0
+        self.frozen_s: list[float] | None = None
+        self.drifted_decisions = 0
         self.pending_schedule: dict[str, Any] | None = None  # a checkpoint's schedule, loaded before attach()
         engine.remove_at_release(model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
 
@@ -187,7 +208,7 @@ class Balancer:
                                "caramel.strategies.caramel.balance.balanced_sampler(optimizer, len(dataset), global_batch)")
         stats = self.engine.stats
         if timed and stats.last_step_s is not None and self.local_batch:  # None: a process's first step, untimed
-            window = self.times.setdefault(self.local_batch, collections.deque(maxlen=WINDOW_STEPS))
+            window = self.times.setdefault(self.local_batch, collections.deque(maxlen=self.window_steps))
             window.append(max(stats.last_step_s - stats.last_wait_s, 0.0))
             self.times.move_to_end(self.local_batch)
             while len(self.times) > FIT_SIZES:
@@ -220,6 +241,9 @@ class Balancer:
         if old != self.schedule.current:
             return  # a change not yet run (a loader drew ahead): measure the counts it set first
         costs = [(a, b) for (_, a, b, _), _ in gathered]
+        medians_s = [a + b * n for (n, a, b, _), _ in gathered]  # every rank's median at the shares in force
+        if self.hold_when_settled and self._frozen(medians_s):
+            return
         if any(b <= 0.0 for _, b in costs):
             # a compute that reads 0 (its wait clamped at the period) would draw the whole batch
             self.pending_reversal = None
@@ -229,14 +253,19 @@ class Balancer:
         noise_s = NOISE_Z * sum(m[3] ** 2 for m, _ in gathered) ** 0.5  # the ranks' medians differ by noise
         if new == old or old_s - new_s <= max(MIN_GAIN * old_s, min(noise_s, MAX_NOISE_GAIN * old_s)):
             self.pending_reversal = None
+            self.held_decisions += 1
+            if self.hold_when_settled and self.held_decisions >= HOLD_DECISIONS:
+                self.frozen_s, self.drifted_decisions = medians_s, 0
             return
         signs = move_signs(new, old)
-        if self.changes and any(s * t < 0 for s, t in zip(signs, move_signs(self.changes[-1]["counts"],
-                                                                            self.changes[-1]["previous"]))):
+        settled = self.hold_when_settled and self.held_decisions > 0  # a move off held shares is confirmed
+        if settled or self.changes and any(s * t < 0 for s, t in zip(signs, move_signs(self.changes[-1]["counts"],
+                                                                                         self.changes[-1]["previous"]))):
             if self.pending_reversal != signs:
                 self.pending_reversal = signs  # proposed once: kept if the next decision proposes it too
                 return
         self.pending_reversal = None
+        self.held_decisions = 0
         start = max(d for _, d in gathered)
         self.schedule.change(new, start)
         record = {"step": self._steps, "from_batch": start, "counts": new, "previous": list(old),
@@ -244,6 +273,18 @@ class Balancer:
                   "predicted_step_s": new_s, "previous_step_s": old_s, "noise_s": noise_s}
         self.changes.append(record)
         self.engine.stats.log("share_changes", record)
+
+    def _frozen(self, medians_s: list[float]) -> bool:
+        """Whether frozen shares stay so: True until some rank's median compute has been off its
+        value at the freeze by more than `DRIFT` at `DRIFT_DECISIONS` decisions in a row."""
+        if self.frozen_s is None:
+            return False
+        drifted = any(abs(m / f - 1.0) > DRIFT for m, f in zip(medians_s, self.frozen_s) if f > 0.0)
+        self.drifted_decisions = self.drifted_decisions + 1 if drifted else 0
+        if self.drifted_decisions < DRIFT_DECISIONS:
+            return True
+        self.frozen_s, self.drifted_decisions, self.held_decisions = None, 0, 0
+        return False
 
 
 def balanced_sampler(optimizer: torch.optim.Optimizer, dataset_len: int, global_batch: int,

@@ -8,7 +8,8 @@ This state travels in the optimizer's `state_dict()` (the `caramel_adaptive` ent
 `caramel.runtime.optimizer`) and comes back with `load_state_dict()`:
 
 - `shared`: what every rank holds alike (the steps counted, the fractions or the share
-  schedule, the confirmation's last proposal, the changes so far, batch's reversal proposed once);
+  schedule, the confirmation's last proposal, the changes so far, batch's reversal proposed once
+  and its settling: decisions held in a row, the medians frozen at, decisions drifted in a row);
 - `ranks`: rank -> its own window (and fixed cost). `optimizer.state_dict()` on one rank
   holds that rank's; `caramel train` gathers every rank's into the one checkpoint it writes
   (`merge_rank_states`). A rank whose entry is missing (a checkpoint one rank saved for all)
@@ -24,7 +25,7 @@ import collections
 from typing import Any
 
 from caramel.errors import CaramelError
-from caramel.strategies.caramel.balance import FIT_SIZES, WINDOW_STEPS
+from caramel.strategies.caramel.balance import FIT_SIZES
 
 VERSION = 1
 
@@ -41,6 +42,8 @@ def balancer_state(balancer: Any, rank: int, world: int) -> dict[str, Any]:
         schedule = balancer.schedule if balancer.schedule is not None else balancer.pending_schedule
         shared = {"steps": balancer._steps, "changes": list(balancer.changes),
                   "pending_reversal": balancer.pending_reversal,
+                  "held_decisions": balancer.held_decisions, "frozen_s": balancer.frozen_s,
+                  "drifted_decisions": balancer.drifted_decisions,
                   "schedule": schedule.state_dict() if hasattr(schedule, "state_dict") else schedule}
         own = {"times": [[n, list(q)] for n, q in balancer.times.items()], "fixed_s": balancer.fixed_s}
     return {"version": VERSION, "kind": kind, "world": world, "shared": shared, "ranks": {rank: own}}
@@ -70,11 +73,12 @@ def load_balancer_state(balancer: Any, state: dict[str, Any], rank: int, world: 
     balancer._steps = int(shared["steps"])
     balancer.changes = list(shared["changes"])
     balancer.pending_reversal = _reversal(shared.get("pending_reversal"), world, where)  # absent before: none
+    _settling(balancer, shared, world, where)  # absent before the settling rule: not settled
     balancer.fixed_s = own.get("fixed_s")
     balancer.times.clear()
     # an older controller kept more sizes; the fit runs over the last FIT_SIZES, also right after a resume
     for n, ts in own.get("times", [])[-FIT_SIZES:]:
-        balancer.times[int(n)] = collections.deque((float(t) for t in ts), maxlen=WINDOW_STEPS)
+        balancer.times[int(n)] = collections.deque((float(t) for t in ts), maxlen=balancer.window_steps)
     if shared["schedule"] is not None:
         balancer.restore_schedule(shared["schedule"])
 
@@ -98,6 +102,20 @@ def _reversal(value: Any, world: int, where: str) -> list[int] | None:
         raise CaramelError(f"{where}: pending_reversal is {value!r}; expected None or a list of {world} "
                            "signs, each -1, 0 or 1")
     return list(value)
+
+
+def _settling(balancer: Any, shared: dict[str, Any], world: int, where: str) -> None:
+    """`held_decisions`, `frozen_s`, `drifted_decisions` as saved (0, None, 0 when absent); checked."""
+    held, drifted, frozen = shared.get("held_decisions", 0), shared.get("drifted_decisions", 0), shared.get("frozen_s")
+    for name, value in (("held_decisions", held), ("drifted_decisions", drifted)):
+        if type(value) is not int or value < 0:
+            raise CaramelError(f"{where}: {name} is {value!r}; expected a count (an int >= 0)")
+    if frozen is not None and (not isinstance(frozen, (list, tuple)) or len(frozen) != world
+                               or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in frozen)):
+        raise CaramelError(f"{where}: frozen_s is {frozen!r}; expected None or {world} median compute times "
+                           "(seconds, >= 0)")
+    balancer.held_decisions, balancer.drifted_decisions = held, drifted
+    balancer.frozen_s = None if frozen is None else [float(v) for v in frozen]
 
 
 def _own(state: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def run(clock: Clock, balancer_cls) -> dict:
             errors.append(e)
             barrier.abort()
 
-    module = sys.modules[balancer_cls.__module__]
+    module = sys.modules[balancer_cls._decide.__module__]  # where the decision (and its `dist`) is, a subclass too
     real = module.dist
     module.dist = SimpleNamespace(all_gather_object=gather)  # the decisions' only collective
     try:
