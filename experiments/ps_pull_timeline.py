@@ -88,12 +88,13 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     eng = ps_engine.PsEngine
 
-    orig_issue = ps_sender.SerialSender._issue
+    orig_issue = getattr(ps_sender.SerialSender, "_issue", None)  # None: a tree from before it (hand-off = _send)
 
     def timed_issue(self, item):  # the hand-off: by the sender thread, or by `submit` when idle
         item.t_handoff = time.perf_counter()
         return orig_issue(self, item)
-    ps_sender.SerialSender._issue = timed_issue
+    if orig_issue is not None:
+        ps_sender.SerialSender._issue = timed_issue
 
     orig_send = ps_sender.SerialSender._send
 
