@@ -21,7 +21,8 @@ lag + wire + tail = m, so the parts add up to m - comm. Where the step is link-b
 >= m - wait, TicTac's L = comm) E = 1 - (m - comm) / (U - L), and each part's share of E is
 part / (U - L). Steps whose compute exceeds comm are counted and left out of the shares
 (there m - L is the forward's wait, not this sum). Which pulls landed out of planned order
-is counted too. The timeline's polling thread slows the forward (docs/ps.md, "E in the
+is counted too, and the forward's waits are put on the pull that landed as each ended
+(`wait_by_bucket_ms`). The timeline's polling thread slows the forward (docs/ps.md, "E in the
 timeline against the A/B runs"): these are untimed diagnostic runs, not E's A/B numbers.
 
     python experiments/ps_e_breakdown.py DIR [DIR ...] --warmup 10 --json docs/results/NAME.json
@@ -32,10 +33,12 @@ import argparse
 import gzip
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from caramel.jsonio import format_tag, write_json
 
+WAIT_MATCH_S = 0.002  # a forward wait ending this close to a pull's landing was a wait for that pull
 PARTS = ("remote_late", "push_wait", "apply", "handoff", "wire_gaps", "wire_excess", "tail")
 
 
@@ -117,11 +120,17 @@ def breakdown(ranks: dict[int, dict], warmup: int) -> list[dict]:
         compute = m - wait
         U, L = compute + comm, max(compute, comm)
         land_order = [e["bucket"] for e in mine]
+        # the forward's waits, each put on the pull that landed as it ended (within 2 ms)
+        waits: dict[str, float] = {}
+        for w in (e for e in r0["events"] if e["kind"] == "wait" and e.get("forward") and e["step"] == u + 1):
+            near = [e for e in mine if abs(e["t_done"] - w["t_done"]) < WAIT_MATCH_S]
+            key = str(near[0]["bucket"]) if near else "none"
+            waits[key] = waits.get(key, 0.0) + w["waited"] * 1e3
         rows.append({"u": u, "makespan_ms": m * 1e3, "log_makespan_ms": log[u + 1]["makespan_s"] * 1e3,
                      "comm_ms": comm * 1e3, "compute_ms": compute * 1e3, "wait_ms": wait * 1e3,
                      "E": log[u + 1]["E"], "link_bound": comm >= compute, "U_minus_L_ms": (U - L) * 1e3,
                      "lag_server": r, "out_of_order": land_order != [b for b in planned if b in land_order],
-                     "parts_ms": {k: v * 1e3 for k, v in parts.items()}})
+                     "parts_ms": {k: v * 1e3 for k, v in parts.items()}, "wait_by_bucket_ms": waits})
     return rows
 
 
@@ -139,6 +148,8 @@ def summarize(rows: list[dict]) -> dict:
     out["parts_ms_median"] = {k: med([x["parts_ms"][k] for x in bound]) for k in PARTS}
     out["E_loss_mean"] = {k: statistics.fmean(x["parts_ms"][k] / x["U_minus_L_ms"] for x in bound) if bound else None
                           for k in PARTS}
+    buckets = sorted({b for x in rows for b in x["wait_by_bucket_ms"]})
+    out["wait_by_bucket_ms_median"] = {b: med([x["wait_by_bucket_ms"].get(b, 0.0) for x in rows]) for b in buckets}
     out["E_mean_link_bound"] = statistics.fmean(x["E"] for x in bound) if bound else None
     return out
 
@@ -162,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     total = summarize(every)
     print("all runs", json.dumps(total, default=lambda v: round(v, 3)))
     if args.json:
-        write_json(args.json, {"format": format_tag("ps_e_breakdown"), "warmup": args.warmup, "all": total, "runs": runs})
+        write_json(args.json, {"format": format_tag("ps_e_breakdown"), "warmup": args.warmup, "all": total, "runs": runs,
+                               "command": "python experiments/ps_e_breakdown.py " + " ".join(sys.argv[1:])})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ COMM_S = 0.040
 def timeline(land_1: float = 1.050, land_2: float = 1.070, wait_s: float = 0.035) -> dict:
     """Update 10: rank 0 issues at 1.010; rank 1 enters its apply at 1.005, its optimizer runs
     1.012-1.013, it issues at 1.014 and its thread hands bucket 1 over at 1.020 (7 ms after its
-    optimizer), bucket 2 at 1.055 (5 ms after bucket 1 landed); forward 11 ends at 1.080."""
+    optimizer), bucket 2 at 1.055 (5 ms after bucket 1 landed); forward 11 waits 20 ms for
+    bucket 1 and ends at 1.080."""
     m = 1.080 - 1.010
     E, S = efficiency(m - wait_s, COMM_S, m)
     send = lambda b, r, t: {"kind": "send", "bucket": b, "what": f"pull of bucket {b} (shard {r})", "t": t,
@@ -24,6 +25,8 @@ def timeline(land_1: float = 1.050, land_2: float = 1.070, wait_s: float = 0.035
                         send(0, 0, 1.0105),
                         {"kind": "recv", "bucket": 1, "version": 11, "bytes": 100, "t": 1.011, "t_done": land_1},
                         {"kind": "recv", "bucket": 2, "version": 11, "bytes": 100, "t": 1.011, "t_done": land_2},
+                        {"kind": "wait", "step": 11, "forward": True, "t": land_1 - 0.020, "t_done": land_1 + 0.0002,
+                         "waited": 0.020},
                         {"kind": "step", "step": 11, "t": 1.020, "t_fwd_end": 1.080, "t_bwd_end": 1.1, "t_done": 1.2}]}
     rank1 = {"rank": 1, "events": [{"kind": "apply", "step": 10, "t": 1.005, "t_issue": 1.014, "t_done": 1.015},
                                    {"kind": "optimizer", "step": 10, "t": 1.012, "t_done": 1.013, "params": 3},
@@ -39,6 +42,7 @@ def test_each_part_lands_where_it_was_put_and_they_add_up():
     assert p == pytest.approx(expected, abs=1e-6)
     assert sum(p.values()) == pytest.approx(row["makespan_ms"] - row["comm_ms"])
     assert row["link_bound"] and not row["out_of_order"] and row["lag_server"] == 1
+    assert row["wait_by_bucket_ms"] == pytest.approx({"1": 20.0})  # the forward waited for bucket 1
     s = summarize([row])
     assert sum(s["E_loss_mean"][k] for k in PARTS) == pytest.approx(1 - row["E"])
 
