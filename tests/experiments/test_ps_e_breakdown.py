@@ -1,10 +1,12 @@
-"""experiments/ps_e_breakdown.py on a hand-built two-rank timeline: each part lands where it
+"""experiments/ps_e_breakdown.py on a hand-built two-rank timeline (each part lands where it
 was put, the parts add up to the makespan minus the pull time alone, and their E shares to
-E's loss."""
+E's loss), and the stored timelines read back to the numbers docs/ps.md quotes."""
+from pathlib import Path
+
 import pytest
 
 from caramel.strategies.ps.tictac import efficiency
-from experiments.ps_e_breakdown import PARTS, breakdown, summarize
+from experiments.ps_e_breakdown import PARTS, breakdown, load, summarize
 
 COMM_S = 0.040
 
@@ -57,3 +59,19 @@ def test_pulls_landing_out_of_plan_are_counted_and_compute_bound_steps_left_out(
 
 def test_the_warmup_leaves_updates_out():
     assert breakdown(timeline(), warmup=11) == []
+
+
+STORED = Path(__file__).resolve().parents[2] / "docs/results/ps_pull_timeline"
+# what docs/ps.md ("Where E is lost in a colocated step") quotes: link-bound steps, E lost to
+# the hand-off and the tail (mean shares), the forward's median wait for bucket 1 (ms)
+QUOTED = {"coloc_e_parts_first_look": (20, 0.082, 0.121, 13.3), "coloc_e_parts_a": (4, 0.033, 0.114, 8.5),
+          "coloc_e_parts_b": (28, 0.045, 0.130, 11.9)}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTED))
+def test_the_stored_timelines_break_down_to_the_quoted_numbers(name):
+    s = summarize(breakdown(load(STORED / name), warmup=10))
+    bound, handoff, tail, wait_1 = QUOTED[name]
+    assert s["link_bound"] == bound and s["out_of_order"] == 0 and s["parts_ms_median"]["wire_gaps"] == 0
+    assert round(s["E_loss_mean"]["handoff"], 3) == handoff and round(s["E_loss_mean"]["tail"], 3) == tail
+    assert round(s["wait_by_bucket_ms_median"]["1"], 1) == wait_1
