@@ -49,17 +49,20 @@ def ratio(ref: list[dict], cand: list[dict], per_round: int) -> dict:
     return {"point": median(r) / median(c), "interval_95": paired_ratio_interval(r, c, per_round)}
 
 
-def summarize(runs: dict, per_round: int) -> dict:
-    return {"b_over_a": {o: ratio(runs["a"][o], runs["b"][o], per_round) for o in ORDERS},
-            "tac_over_random": {t: ratio(runs[t]["random"], runs[t]["tac"], per_round) for t in TREES},
-            "median_step_ms": {t: {o: median([s for x in runs[t][o] for s in x["step_s"]]) * 1e3 for o in ORDERS}
-                               for t in TREES},
-            "E_rounds": {t: {o: [x["E_median"] for x in runs[t][o]] for o in ORDERS} for t in TREES},
-            "S_rounds": {t: {o: [x["S"] for x in runs[t][o]] for o in ORDERS} for t in TREES}}
+def summarize(runs: dict, per_round: int, orders: tuple[str, ...] = ORDERS) -> dict:
+    out = {"b_over_a": {o: ratio(runs["a"][o], runs["b"][o], per_round) for o in orders},
+           "median_step_ms": {t: {o: median([s for x in runs[t][o] for s in x["step_s"]]) * 1e3 for o in orders}
+                              for t in TREES},
+           "E_rounds": {t: {o: [x["E_median"] for x in runs[t][o]] for o in orders} for t in TREES},
+           "S_rounds": {t: {o: [x["S"] for x in runs[t][o]] for o in orders} for t in TREES}}
+    if set(ORDERS) <= set(orders):
+        out["tac_over_random"] = {t: ratio(runs[t]["random"], runs[t]["tac"], per_round) for t in TREES}
+    return out
 
 
 def markdown(result: dict) -> str:
     s = result["summary"]
+    orders = tuple(result.get("orders", ORDERS))
 
     def fmt(x: dict) -> str:
         iv = x["interval_95"]
@@ -67,20 +70,21 @@ def markdown(result: dict) -> str:
     lines = [f"# Two code trees side by side: {result['what']}", "",
              f"Command: `{result['command']}`", "",
              f"A = {result['trees']['a']}, B = {result['trees']['b']}", "",
-             "| | random | tac |", "|---|---|---|",
-             f"| B over A (speed-up, 95% interval) | {fmt(s['b_over_a']['random'])} | {fmt(s['b_over_a']['tac'])} |"]
+             "| | " + " | ".join(orders) + " |", "|---" * (len(orders) + 1) + "|",
+             "| B over A (speed-up, 95% interval) | " + " | ".join(fmt(s["b_over_a"][o]) for o in orders) + " |"]
     for t in TREES:
         ms = s["median_step_ms"][t]
-        lines.append(f"| median step {t.upper()} (ms) | {ms['random']:.1f} | {ms['tac']:.1f} |")
+        lines.append(f"| median step {t.upper()} (ms) | " + " | ".join(f"{ms[o]:.1f}" for o in orders) + " |")
     for t in TREES:
         e = s["E_rounds"][t]
         lines.append(f"| E of {t.upper()}: median (rounds) | " + " | ".join(
-            f"{statistics.median(e[o]):.2f} ({', '.join(f'{v:.2f}' for v in e[o])})" for o in ORDERS) + " |")
+            f"{statistics.median(e[o]):.2f} ({', '.join(f'{v:.2f}' for v in e[o])})" for o in orders) + " |")
     for t in TREES:
         st = s["S_rounds"][t]
-        lines.append(f"| S of {t.upper()}: median | " + " | ".join(f"{statistics.median(st[o]):.2f}" for o in ORDERS) + " |")
-    lines += ["", "TAC over random: " + "; ".join(f"{t.upper()} {fmt(s['tac_over_random'][t])}" for t in TREES), "",
-              "Per job (round, tree, order): median step ms, E, S, 1-minute load before -> after:", ""]
+        lines.append(f"| S of {t.upper()}: median | " + " | ".join(f"{statistics.median(st[o]):.2f}" for o in orders) + " |")
+    if "tac_over_random" in s:
+        lines += ["", "TAC over random: " + "; ".join(f"{t.upper()} {fmt(s['tac_over_random'][t])}" for t in TREES)]
+    lines += ["", "Per job (round, tree, order): median step ms, E, S, 1-minute load before -> after:", ""]
     lines += [job_line(j, j["tree"].upper()) for j in result["jobs"]]
     return "\n".join(lines) + "\n"
 
@@ -98,7 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", required=True, help="PATH: writes PATH.json and PATH.md")
+    ap.add_argument("--orders", default=",".join(ORDERS), help="comma-separated orders to run under each tree "
+                    f"(default {','.join(ORDERS)}; TAC over random is reported only with both)")
     args = ap.parse_args(argv)
+    args.orders = tuple(o for o in args.orders.split(",") if o)
+    if not args.orders or len(set(args.orders)) != len(args.orders) or not set(args.orders) <= set(ORDERS):
+        ap.error(f"--orders: expected distinct orders among {', '.join(ORDERS)}, got {','.join(args.orders) or 'none'}")
     for t in TREES:
         if not (Path(getattr(args, t)) / "examples/ps_servers.py").is_file():
             ap.error(f"--{t}: expected a checkout of the project (no examples/ps_servers.py in {getattr(args, t)!r})")
@@ -118,10 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     trees = {t: Path(getattr(args, t)).resolve() for t in TREES}
-    plan = [(t, o) for t in TREES for o in ORDERS]
+    plan = [(t, o) for t in TREES for o in args.orders]
     launch = ["--workers", str(args.workers)] + (["--nproc-per-node", str(args.nproc_per_node)]
                                                  if args.nproc_per_node > 1 else [])
-    runs: dict = {t: {o: [] for o in ORDERS} for t in TREES}
+    runs: dict = {t: {o: [] for o in args.orders} for t in TREES}
     jobs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -141,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
               "trees": {t: code_version(trees[t]) for t in TREES},
               "what": f"{args.spec}, {hosts} at {args.bandwidth}, ResNet-18 width 16, batch 8, "
                       f"rank 0's steps {args.warmup}-{args.steps - 1}, {args.rounds} rounds",
-              "summary": summarize(runs, args.steps - args.warmup), "jobs": jobs}
+              "orders": list(args.orders), "summary": summarize(runs, args.steps - args.warmup, args.orders),
+              "jobs": jobs}
     write_json(f"{args.out}.json", result)
     md = Path(f"{args.out}.md")
     old = md.read_text() if md.exists() else ""

@@ -88,13 +88,21 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     eng = ps_engine.PsEngine
 
+    orig_issue = getattr(ps_sender.SerialSender, "_issue", None)  # None: a tree from before it (hand-off = _send)
+
+    def timed_issue(self, item):  # the hand-off: by the sender thread, or by `submit` when idle
+        item.t_handoff = time.perf_counter()
+        return orig_issue(self, item)
+    if orig_issue is not None:
+        ps_sender.SerialSender._issue = timed_issue
+
     orig_send = ps_sender.SerialSender._send
 
     def timed_send(self, item) -> None:  # the hand-off and the broadcast's return noted
         t0 = time.perf_counter()
         orig_send(self, item)
-        rec.note(kind="send", bucket=item.tag, what=item.what, t=t0, t_done=time.perf_counter(),
-                 bytes=item.buf.numel() * item.buf.element_size())
+        rec.note(kind="send", bucket=item.tag, what=item.what, t=getattr(item, "t_handoff", t0),
+                 t_done=time.perf_counter(), bytes=item.buf.numel() * item.buf.element_size())
     ps_sender.SerialSender._send = timed_send
 
     orig_expect = ps_pulls.PsPulls._expect
@@ -123,6 +131,14 @@ def instrument(rec: Recorder) -> None:
         orig_apply(self, u)
         rec.note(kind="apply", step=u.step, t=t0, t_issue=self.last_issue_t, t_done=time.perf_counter())
     eng._apply = apply
+
+    orig_step_shard = eng._step_shard
+
+    def step_shard(self, idx, u):  # its start: every push of the update is in (the works waited)
+        t0 = time.perf_counter()
+        orig_step_shard(self, idx, u)
+        rec.note(kind="optimizer", step=u.step, t=t0, t_done=time.perf_counter(), params=len(idx))
+    eng._step_shard = step_shard
 
     orig_catch = ps_pulls.PsPulls.catch_up
 

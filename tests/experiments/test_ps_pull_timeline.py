@@ -92,3 +92,23 @@ def test_ab_table_from_jobs():
     md = ps_code_ab.markdown({"what": "w", "command": "c", "trees": {"a": "x", "b": "y"}, "summary": s, "jobs": []})
     assert "| B over A (speed-up, 95% interval) | **1.000x**" in md and "| **1.100x**" in md
     assert "| E of B: median (rounds) | 0.60 (0.60, 0.60, 0.60) | 0.60 (0.60, 0.60, 0.60) |" in md
+
+
+def test_ab_with_tac_alone_reports_no_tac_over_random():
+    per_round = 2
+    runs = {t: {"tac": [{"step_s": [0.1 if t == "a" else 0.08] * per_round, "E_median": 0.7, "S": 0.6}] * 2}
+            for t in ps_code_ab.TREES}
+    s = ps_code_ab.summarize(runs, per_round, ("tac",))
+    assert s["b_over_a"]["tac"]["point"] == pytest.approx(1.25) and "tac_over_random" not in s
+    md = ps_code_ab.markdown({"what": "w", "command": "c", "trees": {"a": "x", "b": "y"}, "orders": ["tac"],
+                              "summary": s, "jobs": []})
+    assert "| | tac |" in md and "| **1.250x**" in md and "TAC over random" not in md
+
+
+@pytest.mark.parametrize("orders", ["", "tac,tac", "fifo", "tac,tic"])
+def test_ab_refuses_bad_orders(orders, capsys):
+    checkout = str(Path(__file__).resolve().parents[2])
+    with pytest.raises(SystemExit):
+        ps_code_ab.parse_args(["--a", checkout, "--b", checkout, "--out", "x", "--orders", orders])
+    assert "--orders: expected distinct orders among random, tac" in capsys.readouterr().err
+    assert ps_code_ab.parse_args(["--a", checkout, "--b", checkout, "--out", "x", "--orders", "tac"]).orders == ("tac",)
