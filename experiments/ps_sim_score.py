@@ -5,7 +5,11 @@ configuration). This replays every ps row of the given runs with the simulator o
 on `sys.path` (run it from two checkouts to compare models) and writes one JSON of per-row
 predictions and errors. `--in-sample FILE[:CONFIG]` marks rows the model was built on (looked at
 while it was changed); the rest are scored out of sample. An entry that matches no given run or
-configuration is an error (paths are normalized: `./a.json` is `a.json`). `--compare OLD NEW
+configuration is an error (paths are normalized: `./a.json` is `a.json`). Hierarchical rows
+(`ps:hierarchical=true`, runs with several ranks per host: `caramel bench --nproc-per-node`) replay
+from the layout their run recorded in the cluster's meta (`workers_per_node`,
+`node_bandwidth_bps`, `backend`); a row whose run did not record it is refused, naming it. Each row
+says its ranks per host (`workers_per_node`, 1 for a flat run). `--compare OLD NEW
 --markdown OUT` writes the table of two such files side by side, once it has checked that both
 score the same rows with the same marks. Nothing is fitted.
 
@@ -38,6 +42,7 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
     """One row per ps record of each run with saved inputs: measured, predicted, error, sample.
     Every `in_sample` entry must name a given run, or one of its configurations: one that
     matches nothing would silently turn rows the model was built on into out-of-sample ones."""
+    from caramel.errors import CaramelError
     from experiments.ps_sim_sensitivity import ps_rows
 
     marks = {e: _entry(e) for e in in_sample}
@@ -58,8 +63,13 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
                          "FILE:CONFIG, CONFIG a key of the run's meta.prediction_inputs): " + ", ".join(map(repr, unused)))
     rows = []
     for path, records, label, pi, hits in configs:
-        for r, e in ps_rows(records, label, pi):
-            rows.append({"run": path, "config": label, "strategy": r["strategy"],
+        try:
+            replayed = ps_rows(records, label, pi)
+        except CaramelError as e:  # e.g. a hierarchical row from a run that recorded no layout
+            raise SystemExit(f"ps_sim_score: {path} [{label}]: cannot replay its ps rows: {e}") from None
+        local = (pi["clusters"]["base"].get("meta") or {}).get("workers_per_node", 1)
+        for r, e in replayed:
+            rows.append({"run": path, "config": label, "strategy": r["strategy"], "workers_per_node": local,
                          "measured_s": r["step_time_median_s"], "predicted_s": r["step_time_median_s"] * (1 + e),
                          "error": e, "recorded_error": r.get("prediction_error"),
                          "sample": "in" if hits else "out"})

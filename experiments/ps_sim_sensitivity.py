@@ -63,6 +63,7 @@ def ps_rows(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[
     from the run's saved `inputs` (cluster and profile, each optionally modified), with its error
     (predicted over measured, minus 1). Shared with `ps_sim_score`."""
     from caramel.bench.record import Record, config_label
+    from caramel.errors import CaramelError
     from caramel.profile.model_profile import ModelProfile
     from caramel.strategies.recommend import predict
     from caramel.topology.spec import ClusterSpec
@@ -82,6 +83,8 @@ def ps_rows(records, label, inputs, mod_cluster=None, mod_profile=None) -> list[
         if config_label(Record(**{k: v for k, v in r.items() if k in fields})) != label:
             continue
         (p,) = predict(prof, cluster, [r["strategy"]])
+        if p.step_time_s is None:  # `predict` keeps a simulator's error as the prediction's
+            raise CaramelError(f"{r['strategy']}: no prediction: {p.error}")
         out.append((r, p.step_time_s / r["step_time_median_s"] - 1.0))
     return out
 

@@ -38,7 +38,10 @@ from caramel.strategies.options import parse_value
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("one configuration (instead of the default matrix)")
     sel.add_argument("--model", help="zoo model name or path/to/file.py:factory")
-    sel.add_argument("--workers", type=int, help="number of workers (processes), default 2")
+    sel.add_argument("--workers", type=int, help="number of workers (processes), default 2; with --nproc-per-node: hosts")
+    sel.add_argument("--nproc-per-node", type=int, metavar="K",
+                     help="K ranks on each of the --workers emulated hosts, sharing its link (default 1; needs a "
+                          "pinned --bandwidth; ps:hierarchical=true aggregates within a host)")
     sel.add_argument("--ratio", type=float, metavar="R",
                      help="target comm/compute, e.g. 1: the link rate is derived at run start from the measured compute "
                           "time and the gradient bytes (needs 2+ workers and the emulated cluster)")
@@ -103,7 +106,8 @@ def model_options(items: list[str]) -> dict[str, Any]:
 def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     """The configurations and settings the flags ask for (flags override the matrix's settings)."""
     single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio,
-                                          args.slow_worker, args.slow_link, args.jitter))
+                                          args.slow_worker, args.slow_link, args.jitter,
+                                          getattr(args, "nproc_per_node", None)))
               or args.model_option)
     base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
     settings = BenchSettings(
@@ -129,6 +133,13 @@ def single_config(args: argparse.Namespace) -> BenchConfig:
     if args.ratio is not None and not (math.isfinite(args.ratio) and args.ratio > 0):
         raise CaramelError(f"--ratio {args.ratio:g}: expected a positive comm/compute ratio, e.g. 1")
     workers = args.workers if args.workers is not None else 2
+    per_node = getattr(args, "nproc_per_node", None)
+    if per_node is not None:
+        if per_node < 1:
+            raise CaramelError(f"--nproc-per-node must be a positive integer (ranks per host), got {per_node}")
+        if per_node > 1 and args.bandwidth is None:
+            raise CaramelError(f"--nproc-per-node {per_node} needs a pinned --bandwidth (the hosts' link rate)")
+        workers *= per_node  # the ranks
     if args.ratio is not None and workers < 2:
         raise CaramelError(f"--ratio needs --workers 2 or more (one worker sends nothing), got {workers}")
     model = args.model or "resnet18"
@@ -139,7 +150,8 @@ def single_config(args: argparse.Namespace) -> BenchConfig:
     get_model(model)  # a bad name or path fails here, before any worker starts
     return BenchConfig(model=model, workers=workers, bandwidth=args.bandwidth, batch_size=batch, model_options=options,
                        comm_ratio=args.ratio, slow_worker=getattr(args, "slow_worker", None),
-                       slow_link=getattr(args, "slow_link", None), jitter=getattr(args, "jitter", None))
+                       slow_link=getattr(args, "slow_link", None), jitter=getattr(args, "jitter", None),
+                       nproc_per_node=per_node or 1)
 
 
 def strategies_text(args: argparse.Namespace) -> str:
@@ -152,7 +164,7 @@ def strategies_text(args: argparse.Namespace) -> str:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (for the markdown report)."""
     parts = ["caramel", "bench"]
-    for flag in ("model", "workers", "ratio", "bandwidth", "bandwidth_trace", "batch_size", "slow_worker", "slow_link",
+    for flag in ("model", "workers", "nproc_per_node", "ratio", "bandwidth", "bandwidth_trace", "batch_size", "slow_worker", "slow_link",
                  "jitter", "rounds", "steps", "warmup", "screen_rounds", "trace", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
@@ -226,7 +238,7 @@ _NOT_WITH_DATA = (("model", "--model", None), ("ratio", "--ratio", None), ("band
                   ("model_option", "--model-option", []), ("bandwidth_trace", "--bandwidth-trace", None),
                   ("quick", "--quick", False), ("strategies", "--strategies", None),
                   ("steps", "--steps", None), ("warmup", "--warmup", None), ("screen_rounds", "--screen-rounds", None),
-                  ("mtu", "--mtu", "auto"), ("trace", "--trace", None))  # --network: loopback or cluster store
+                  ("mtu", "--mtu", "auto"), ("trace", "--trace", None), ("nproc_per_node", "--nproc-per-node", None))  # --network: loopback or cluster store
 
 
 def _refuse_strategy_flags(args: argparse.Namespace) -> None:
@@ -269,6 +281,9 @@ def run(args: argparse.Namespace) -> int:
     parse_mtu(args.mtu, 1e9)  # a bad --mtu stops here, before any cluster is made
     for config in configs:
         # a network the configuration cannot run on stops here, and so does a slow link without one
+        if _network_for(args, config) != "cluster" and config.nproc_per_node > 1:
+            raise CaramelError(f"--nproc-per-node {config.nproc_per_node}: several ranks per host need the emulated "
+                               "cluster (root, --network auto or cluster)")
         if _network_for(args, config) != "cluster" and config.slow_link:
             raise CaramelError(f"--slow-link {args.slow_link}: needs the emulated cluster and a link rate (--ratio or "
                                "--bandwidth); on loopback there is no link to slow")
@@ -286,9 +301,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"caramel bench: [{i + 1}/{len(configs)}] {config.label} ({network})", file=sys.stderr, flush=True)
         job = make_job(config, settings, strategies, network, trace_dir)
         phases = _trace_phases(trace, config)[1] if trace is not None else None
-        result = launch_job(job, config.workers, rate_text(phases[0]["rate_bps"]) if phases else config.bandwidth, network,
+        result = launch_job(job, config.hosts, rate_text(phases[0]["rate_bps"]) if phases else config.bandwidth, network,
                             timeout_s=args.timeout + (trace.total_s if trace is not None else 0.0),
-                            strict=args.network == "cluster", mtu=args.mtu, slow_link=config.slow_link, trace=phases)
+                            strict=args.network == "cluster", mtu=args.mtu, slow_link=config.slow_link, trace=phases,
+                            nproc_per_node=config.nproc_per_node)
         networks.add(result.network)
         if config.bandwidth is not None and result.network == LOOPBACK:
             print(f"caramel bench: {config.label} ran on unshaped loopback; the bandwidth {config.bandwidth} was NOT applied",

@@ -32,6 +32,7 @@ from caramel.bench.blocks import measure_block, round_order
 from caramel.bench.job_profile import sharing_note
 from caramel.bench.lower_bound import effective_bandwidth_bps, lower_bound_s
 from caramel.bench.matrix import BenchConfig, BenchSettings, Strategy
+from caramel.bench.node_probe import probe_node_rate
 from caramel.bench.hetero_prediction import Heterogeneity, job_heterogeneity
 from caramel.bench.prediction import job_predictions, probe_link
 from caramel.bench.report import job_step_times
@@ -185,6 +186,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     log_rank0(rank, f"process group up: {world} workers, {dist.get_backend()} on {device}")
     if job.get("mode") == "calibrate":
         return run_calibration(config, settings, rank, world, device)
+    local = config.nproc_per_node
+    if local > 1 and os.environ.get("LOCAL_WORLD_SIZE") != str(local):
+        raise CaramelError(f"bench job for {local} ranks per host, but the launcher set LOCAL_WORLD_SIZE="
+                           f"{os.environ.get('LOCAL_WORLD_SIZE')!r}")
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"),
                           steps_per_block=settings.steps_per_round)
     if ctx.trace_dir:
@@ -206,7 +211,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     t_start = time.time()
     from caramel.bench.wire import WireMeter, merge_ranks
     # a namespace of its own per worker: its interfaces' counters are this worker's bytes on the wire
-    wire = WireMeter() if str(job.get("network", "")).startswith("netns") else None
+    # (not with several ranks per host: they share the namespace's counters)
+    wire = WireMeter() if str(job.get("network", "")).startswith("netns") and local == 1 else None
     trace = TraceClock.from_job(job, rank)
     times = measure_rounds(runners, settings, config.label, rank, trace=trace, wire=wire)
     measure_wall_s = time.time() - t_start
@@ -220,6 +226,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     workload = runners["compute"]
     # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
     traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
+    # several ranks per host: the rate within a host, and the layout the hierarchical ps model reads
+    node = probe_node_rate(grad_bytes, local) if local > 1 and device.type == "cpu" else None
+    layout = ({"workers_per_node": local, "backend": dist.get_backend(),
+               **({"node_bandwidth_bps": node["node_bandwidth_bps"], "node_probe": node} if node else {})}
+              if local > 1 else None)
 
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
@@ -246,12 +257,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if ctx.trace_dir:  # the predictions' inputs, to replay them offline (experiments/predict_saved_inputs.py)
         save_prediction_inputs(Path(ctx.trace_dir) / PREDICTION_INPUTS, profile, world, grad_bytes, comm_s,
                                runners["comm"].stats().get("buckets", 1), [median(g["compute"]) for g in gathered],
-                               spans, probed, hetero, traffic, concrete, config.label)
+                               spans, probed, hetero, traffic, concrete, config.label, layout)
     bandwidth_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     compute_medians = [median(g["compute"]) for g in gathered]
     predictions = predictions_by_name(job_predictions(profile, list(dict.fromkeys(concrete.values())), world, grad_bytes,
                                                       comm_s, runners["comm"].stats().get("buckets", 1),
-                                                      compute_medians, spans, probed, traffic, hetero), concrete)
+                                                      compute_medians, spans, probed, traffic, hetero, layout),
+                                      concrete)
     from caramel.bench.pipeline_plan import cut_mismatches
     return {
         "format": format_tag(RAW_KIND),
@@ -291,6 +303,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
             "jitter": jitter,
             "slow_link": config.slow_link,
             "local_batch": int(workload.inputs.shape[0]),
+            "nproc_per_node": local,
+            **({"node_probe": node} if node else {}),
         },
         **({"step_stamps_s": {n: [s[n] for s in stamps] for n in runners},
             "bandwidth_trace": {"phases": job["bandwidth_trace"]["phases"]}} if trace is not None else {}),
@@ -321,16 +335,18 @@ def _job_profile(config: BenchConfig, settings: BenchSettings, device: torch.dev
 def save_prediction_inputs(path: Path, profile, world: int, grad_bytes: int, comm_s: float, buckets: int,
                            rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
                            hetero: Heterogeneity | None = None, traffic: dict[str, Any] | None = None,
-                           screened: dict[str, str] | None = None, config: str | None = None) -> None:
+                           screened: dict[str, str] | None = None, config: str | None = None,
+                           layout: dict[str, Any] | None = None) -> None:
     """What `job_predictions` takes, as JSON: a later model can be replayed on this job's
     measurements without running it again. `traffic`: the ps traffic probe; `screened`: each
     strategy's name as predicted (a tuned one's chosen value); `config`: the configuration's
-    label, to pair the inputs with its records."""
+    label, to pair the inputs with its records; `layout`: ranks per host and the rate within one
+    (several ranks per host), the predictions' cluster meta."""
     path.write_text(json.dumps(_jsonable({
         "profile": profile.to_dict(), "world": world, "grad_bytes": grad_bytes, "comm_s": comm_s,
         "comm_buckets": buckets, "rank_compute_s": rank_compute_s, "spans": spans, "probed": probed,
         "heterogeneity": hetero.to_dict() if hetero else None, "traffic": traffic, "screened": screened,
-        "config": config})))
+        "config": config, "layout": layout})))
 
 
 def _jsonable(value: Any) -> Any:

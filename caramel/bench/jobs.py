@@ -58,8 +58,10 @@ def choose_network(requested: str, bandwidth: str | None) -> str:
 
 def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network: str,
                timeout_s: float, log=None, strict: bool = False, mtu: int | str = "auto",
-               slow_link: list | None = None, trace: list[dict[str, Any]] | None = None) -> LaunchResult:
-    """Run one bench job on `workers` workers; returns rank 0's raw results (None on failure).
+               slow_link: list | None = None, trace: list[dict[str, Any]] | None = None,
+               nproc_per_node: int = 1) -> LaunchResult:
+    """Run one bench job on `workers` workers (hosts, each with `nproc_per_node` ranks on one
+    shaped link; cluster only); returns rank 0's raw results (None on failure).
 
     On the cluster, `strict` makes a host that cannot build namespaces an error instead of a
     fallback to loopback, and `mtu` is the links' MTU (`ClusterConfig.mtu`; the network's
@@ -80,8 +82,12 @@ def launch_job(job: dict[str, Any], workers: int, bandwidth: str | None, network
             job = dict(job, bandwidth_trace={"phases": trace, "marker": str(Path(tmp) / "trace-start")})
         if network == "cluster":
             rc, tail, net, applied = _run_on_cluster(job, job_path, workers, bandwidth, target, timeout_s, log,
-                                                     strict or trace is not None, mtu, slow_link)
+                                                     strict or trace is not None or nproc_per_node > 1, mtu,
+                                                     slow_link, nproc_per_node)
         else:
+            if nproc_per_node > 1:
+                raise CaramelError(f"{nproc_per_node} ranks per host need the emulated cluster (hosts sharing a "
+                                   f"shaped link); this job runs on {LOOPBACK}")
             if slow_link:
                 raise CaramelError(f"a slow link ({slow_link}) needs the emulated cluster; this job runs on {LOOPBACK}")
             net = LOOPBACK
@@ -101,7 +107,7 @@ def _run_loopback(workers: int, target: list[str], timeout_s: float, log) -> tup
 
 def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth: str | None, target: list[str],
                     timeout_s: float, log, strict: bool, mtu: int | str,
-                    slow_link: list | None = None) -> tuple[int, str, str, list | None]:
+                    slow_link: list | None = None, nproc_per_node: int = 1) -> tuple[int, str, str, list | None]:
     from caramel.bench.hetero import link_rates_bps
     from caramel.cluster.config import ClusterConfig, auto_mtu
     from caramel.units import format_rate, parse_rate_bps
@@ -117,6 +123,8 @@ def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth
     env = {k: v for k, v in worker_env(threads=1).items() if k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED")}
     with cls(config) as cluster:
         net = f"netns+tc {bandwidth} (mtu {config.mtu})" if cluster.mode == "netns" else LOOPBACK
+        if nproc_per_node > 1:
+            net += f", {nproc_per_node} ranks per host"
         if slow_link:
             cluster.set_bandwidth(slow_link[0], rates[slow_link[0]])  # an error on the loopback fallback
             net += f", worker {slow_link[0]}'s link {format_rate(rates[slow_link[0]])}"
@@ -132,7 +140,8 @@ def _run_on_cluster(job: dict[str, Any], job_path: Path, workers: int, bandwidth
             controller = TraceController(spec["phases"], spec["marker"], set_rate, log=log)
             controller.start()
         try:
-            rc = cluster.run([sys.executable] + target, env=env, timeout_s=timeout_s, out=log)
+            rc = cluster.run([sys.executable] + target, nproc_per_node=nproc_per_node, env=env, timeout_s=timeout_s,
+                             out=log)
         finally:
             if controller is not None:
                 controller.stop()

@@ -191,10 +191,23 @@ class BenchConfig:
     """[rank, factor]: that worker's link at the others' rate / factor (`caramel.bench.hetero`)"""
     jitter: list | None = None
     """[rank, fraction, seed]: that worker's step time varies by up to +/-fraction (`caramel.bench.hetero`)"""
+    nproc_per_node: int = 1
+    """ranks per emulated host: `workers` ranks on `hosts` hosts, consecutive ranks sharing one
+    host's link (torchrun's LOCAL_WORLD_SIZE; ps hierarchical=true aggregates within a host)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
             raise CaramelError(f"workers must be a positive integer, got {self.workers!r}")
+        k = self.nproc_per_node
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or self.workers % k:
+            raise CaramelError(f"nproc_per_node must be a positive integer dividing the {self.workers} workers "
+                               f"(ranks per host), got {k!r}")
+        if k > 1:
+            given = [n for n, v in (("slow_worker", self.slow_worker), ("slow_link", self.slow_link),
+                                    ("jitter", self.jitter), ("comm_ratio", self.comm_ratio)) if v is not None]
+            if given:
+                raise CaramelError(f"nproc_per_node {k} (several ranks per host) takes a pinned bandwidth and no "
+                                   f"uneven workers; got {', '.join(given)}")
         if self.bandwidth is not None:
             self.bandwidth = format_rate(parse_rate_bps(self.bandwidth))
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
@@ -218,6 +231,11 @@ class BenchConfig:
     @property
     def bandwidth_bps(self) -> float | None:
         return None if self.bandwidth is None else parse_rate_bps(self.bandwidth)
+
+    @property
+    def hosts(self) -> int:
+        """The emulated hosts (each with one shaped link) the `workers` ranks run on."""
+        return self.workers // self.nproc_per_node
 
     @property
     def needs_rate(self) -> bool:
@@ -244,9 +262,10 @@ class BenchConfig:
     def label(self) -> str:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
-        from caramel.bench.record import heterogeneity_suffix
+        from caramel.bench.record import heterogeneity_suffix, layout_suffix
 
-        slow = heterogeneity_suffix(self.slow_worker, self.slow_link, self.jitter)
+        slow = heterogeneity_suffix(self.slow_worker, self.slow_link, self.jitter) + layout_suffix(self.workers,
+                                                                                                   self.nproc_per_node)
         return f"{self.model}({batch.lstrip(',')}{opts}) x{self.workers} @ {self.link_label}{slow}"
 
     @property

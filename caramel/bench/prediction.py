@@ -42,7 +42,7 @@ def worker_speeds(profile_step_s: float, rank_compute_s: list[float]) -> list[fl
 def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None = None,
                   link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
                   uneven: dict[str, Any] | None = None, sharing: dict[str, Any] | None = None,
-                  transfer_cpu_share: float | None = None):
+                  transfer_cpu_share: float | None = None, layout: dict[str, Any] | None = None):
     """The ClusterSpec a bench configuration ran on, as far as the bench measured it: `world`
     workers at `speeds` (default 1) on links of the achieved rate; `link`: the fixed costs per
     collective the job's probe fitted (`latency_s`, `queued_latency_s`, `collective_cpu_s`;
@@ -55,7 +55,9 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
     `sharing`: `alone_speedup` and `ranks_per_host` where the ranks share a host's cores
     (`caramel.bench.job_profile.sharing_of`; read by the pipeline simulator only);
     `transfer_cpu_share`: a transfer's CPU share of its host where it is not
-    `compute_slowdown` - 1 (meta; `caramel.strategies.pipeline.sharing.transfer_cpu_share`)."""
+    `compute_slowdown` - 1 (meta; `caramel.strategies.pipeline.sharing.transfer_cpu_share`);
+    `layout`: several ranks per host (`workers_per_node`, `node_bandwidth_bps`, `backend`; meta, read
+    by the ps model's hierarchical=true, `caramel.bench.node_probe`)."""
     from caramel.topology.spec import ClusterSpec, WorkerSpec
 
     speeds = speeds or [1.0] * world
@@ -70,14 +72,16 @@ def bench_cluster(world: int, bandwidth_bps: float, speeds: list[float] | None =
                                        + (", compute slowdown from the concurrent baseline" if compute_slowdown > 1 else "")
                                        + (", host sharing from profiles at once and in turns" if sharing else "")
                                        + (", ps traffic from the job's probe" if queue else "")
+                                       + (", ranks per host and the rate within one from the job" if layout else "")
                                        + (", heterogeneity: " + ", ".join(uneven) if uneven else ""),
-                             **queue, **(uneven or {}),
+                             **queue, **(uneven or {}), **(layout or {}),
                              **({} if transfer_cpu_share is None else {"transfer_cpu_share": transfer_cpu_share})})
 
 
 def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_compute_s: list[float] | None = None,
                         link: dict[str, Any] | None = None, compute_slowdown: float = 1.0,
-                        hetero: Heterogeneity | None = None, jitter_slowdown: float | None = None) -> dict[str, Any]:
+                        hetero: Heterogeneity | None = None, jitter_slowdown: float | None = None,
+                        layout: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ClusterSpecs the predictions run on: "base" for every strategy, and "jitter" (with a
     `--jitter` configuration) for the simulators that read the bench's jitter emulation, its
     speeds from the unpadded compute (`caramel.bench.hetero_prediction`; none when a pause is at
@@ -86,7 +90,7 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     for "jitter" (None: `compute_slowdown`; `contention_factors`). Where the two differ, "base"
     also carries `jitter_slowdown` - 1 as a transfer's CPU share (`bench_cluster`): a sleep is
     neither slowed nor a load, so the padded factor understates what a transfer takes of a
-    shared host's CPU (the pipeline's sharing model, its only reader)."""
+    shared host's CPU (the pipeline's sharing model, its only reader). `layout`: `bench_cluster`'s."""
     hetero = (hetero or Heterogeneity()).check(world)
     uneven: dict[str, Any] = {}
     rates = hetero.worker_bandwidth_bps(world, bandwidth_bps)
@@ -95,7 +99,7 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
     speeds = worker_speeds(profile.step_time_s, rank_compute_s) if rank_compute_s else None
     cpu_share = None if jitter_slowdown in (None, compute_slowdown) else max(0.0, jitter_slowdown - 1.0)
     out = {"base": bench_cluster(world, bandwidth_bps, speeds, link, compute_slowdown, uneven, sharing_of(profile),
-                                 cpu_share)}
+                                 cpu_share, layout)}
     if hetero.jitter:
         unpadded, problem = hetero.unpadded_compute_s_of(rank_compute_s) if rank_compute_s else (None, None)
         if problem is None:  # else no jitter cluster: its readers run on "base", marked (`predict_strategies`)
@@ -110,7 +114,8 @@ def prediction_clusters(profile: Any, world: int, bandwidth_bps: float, rank_com
 def predict_strategies(profile: Any | None, names: list[str], world: int, bandwidth_bps: float | None,
                        rank_compute_s: list[float] | None = None, link: dict[str, Any] | None = None,
                        compute_slowdown: float = 1.0, hetero: Heterogeneity | None = None,
-                       jitter_slowdown: float | None = None) -> dict[str, dict[str, Any]]:
+                       jitter_slowdown: float | None = None, layout: dict[str, Any] | None = None
+                       ) -> dict[str, dict[str, Any]]:
     """Per strategy name: {"step_time_s", "exact", "error", "cluster", "ignores"}; {} without a
     profile or a rate (one worker, no communication). `rank_compute_s`: each rank's compute-only
     median (`worker_speeds`); None replays the profile as measured. `link`, `compute_slowdown`:
@@ -125,7 +130,7 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
 
     hetero = hetero or Heterogeneity()
     clusters = prediction_clusters(profile, world, bandwidth_bps, rank_compute_s, link, compute_slowdown, hetero,
-                                   jitter_slowdown)
+                                   jitter_slowdown, layout)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         which = "jitter" if hetero.reads_jitter(name) and "jitter" in clusters else "base"
@@ -148,14 +153,16 @@ def predict_strategies(profile: Any | None, names: list[str], world: int, bandwi
 
 def job_predictions(profile: Any | None, names: list[str], world: int, grad_bytes: int, comm_s: float,
                     comm_buckets: int, rank_compute_s: list[float], spans: list[Any], probed: dict[str, Any] | None,
-                    traffic: dict[str, Any] | None = None, hetero: Heterogeneity | None = None) -> dict[str, Any]:
+                    traffic: dict[str, Any] | None = None, hetero: Heterogeneity | None = None,
+                    layout: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a job's raw results say about the models: each strategy's prediction with the
     probed fixed costs (`probed`, `probe_link`'s measurements) and the measured contention (the
     concurrent baseline's `spans` per rank) and how the links carry a parameter server's traffic
     (`traffic`, `caramel.bench.traffic_probe`'s), the same from the achieved link rate alone, the fit and the contention
     factor; `hetero`: the configuration's uneven workers, and under "prediction_inputs" what a
     replay needs (the profile, each rank's compute median, the heterogeneity, the clusters the
-    predictions ran on, and those of the rate-only ones). Inputs are the baselines, the probe and the profile: never a strategy's own steps."""
+    predictions ran on, and those of the rate-only ones); `layout`: several ranks per host
+    (`bench_cluster`). Inputs are the baselines, the probes and the profile: never a strategy's own steps."""
     from caramel.bench.lower_bound import effective_bandwidth_bps  # the zoo's imports, only when a job runs
 
     # on the padded compute and spans, as the "base" cluster's speeds are (`prediction_clusters`)
@@ -172,15 +179,15 @@ def job_predictions(profile: Any | None, names: list[str], world: int, grad_byte
                 "push_receives_early": True}
     rate_only_bps = effective_bandwidth_bps(grad_bytes, world, comm_s)
     modelled = profile is not None and world > 1
-    clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero, jitter_slowdown)
-                if modelled and net_bps is not None else {})
-    rate_only = (prediction_clusters(profile, world, rate_only_bps, rank_compute_s, hetero=hetero)
+    clusters = (prediction_clusters(profile, world, net_bps, rank_compute_s, link, slowdown, hetero, jitter_slowdown,
+                                    layout) if modelled and net_bps is not None else {})
+    rate_only = (prediction_clusters(profile, world, rate_only_bps, rank_compute_s, hetero=hetero, layout=layout)
                  if modelled and rate_only_bps is not None else {})
     return {"predicted": predict_strategies(profile, names, world, net_bps, rank_compute_s, link, slowdown, hetero,
-                                            jitter_slowdown),
+                                            jitter_slowdown, layout),
             "compute_slowdown": slowdown,
             "predicted_rate_only": predict_strategies(profile, names, world, rate_only_bps, rank_compute_s,
-                                                      hetero=hetero),
+                                                      hetero=hetero, layout=layout),
             "link_fit": link,
             "prediction_inputs": {"profile": profile.to_dict() if profile is not None else None,
                                   "rank_compute_s": list(rank_compute_s),

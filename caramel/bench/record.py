@@ -135,6 +135,8 @@ class Record:
     `PipelineRunner.stats()` (rank 0); `predicted_plan`, the prediction's layout and its
     simulated compute per position (`busy_s_per_lane`; `timed_busy_s_per_lane`, as the
     runtime's stage timer counts it: `PipelineSim.timed_s`)"""
+    nproc_per_node: int = 1
+    """ranks per emulated host (`BenchConfig.nproc_per_node`): `workers` ranks on workers / this hosts"""
 
     @property
     def step_s(self) -> float | None:
@@ -170,7 +172,14 @@ def config_label(r: Record) -> str:
     batch = f"b={r.batch_size}" if r.batch_size else ""
     link = r.bandwidth or (f"comm/compute {r.target_ratio:g}" if r.target_ratio is not None else "loopback")
     slow = [r.slow_worker["rank"], r.slow_worker["factor"]] if r.slow_worker else None
-    return f"{r.model}({batch}{opts}) x{r.workers} @ {link}{heterogeneity_suffix(slow, r.slow_link, r.jitter)}"
+    return (f"{r.model}({batch}{opts}) x{r.workers} @ {link}{heterogeneity_suffix(slow, r.slow_link, r.jitter)}"
+            f"{layout_suffix(r.workers, r.nproc_per_node)}")
+
+
+def layout_suffix(workers: int, nproc_per_node: int) -> str:
+    """A configuration label's hosts when ranks share one (`BenchConfig.nproc_per_node`); none
+    for one rank per host, so labels written before the field read the same."""
+    return f", {workers // nproc_per_node} hosts of {nproc_per_node}" if nproc_per_node > 1 else ""
 
 
 def heterogeneity_suffix(slow_worker: list | None, slow_link: list | None, jitter: list | None) -> str:

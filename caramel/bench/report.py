@@ -51,7 +51,8 @@ def summarize(raw: dict[str, Any]) -> list[Record]:
     lower_bound = raw.get("lower_bound_s")
     ceiling = estimated_ceiling_s(lower_bound, concurrent_s, compute_s, comm_s)
     target = cfg.get("comm_ratio")
-    common = dict(model=cfg["model"], workers=cfg["workers"], bandwidth=cfg.get("bandwidth"), compute_s=compute_s,
+    common = dict(model=cfg["model"], workers=cfg["workers"], nproc_per_node=cfg.get("nproc_per_node", 1),
+                  bandwidth=cfg.get("bandwidth"), compute_s=compute_s,
                   comm_s=comm_s, comm_compute_ratio=ratio, regime=regime_of(comm_s, compute_s),
                   intended_regime=cfg.get("regime", "custom"), batch_size=cfg.get("batch_size"),
                   model_options=dict(cfg.get("model_options", {})), slow_worker=meta.get("slow_worker"),

@@ -73,3 +73,27 @@ def test_compare_refuses_files_that_do_not_match():
     for new, message in cases:
         with pytest.raises(SystemExit, match=message):
             compare(base, new)
+
+
+HIER_RUN = "docs/results/ps_hier_validation/hosts2x2.json"
+
+
+def test_hierarchical_rows_replay_from_their_recorded_layout_and_without_it_are_refused(monkeypatch, tmp_path):
+    """A run with 2 ranks per host (`caramel bench --nproc-per-node 2`) recorded the layout the
+    hierarchical model reads; its replay is the job's own prediction. The same run with the
+    layout taken out is refused, naming the run and the key, not replayed as a flat run."""
+    import json
+
+    from experiments.ps_sim_score import score
+
+    monkeypatch.chdir(ROOT)
+    rows = score([HIER_RUN], in_sample=[])
+    assert {r["strategy"] for r in rows} == {"ps", "ps:hierarchical=true"}
+    assert all(r["workers_per_node"] == 2 and r["error"] == pytest.approx(r["recorded_error"], abs=1e-9) for r in rows)
+    d = json.loads((ROOT / HIER_RUN).read_text())
+    for pi in d["meta"]["prediction_inputs"].values():
+        pi["clusters"]["base"]["meta"].pop("workers_per_node")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match=r"bare.json \[resnet18.*2 hosts of 2\]: cannot replay.*meta.workers_per_node"):
+        score([str(bare)], in_sample=[])
