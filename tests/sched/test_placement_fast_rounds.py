@@ -76,7 +76,7 @@ def test_fast_decoder_places_as_the_reference_decoder():
     from caramel.sched.rl import PpoOptions, make_ppo
     model = make_ppo(RoundPlacementEnv(InstanceOptions(), [0]), PpoOptions(width=64))
     fast = NumpyPolicy.from_policy(model.policy)
-    for seed, inst in enumerate(instances()[:5]):  # the policy's node count: 3 edge nodes
+    for seed, inst in enumerate(instances()[1:4]):  # a large and two ragged; the policy's 3 edge nodes
         for decoding in (Decoding(1), Decoding(4)):
             for search in (None, SearchOptions()):
                 want = decode_rounds(inst, model.policy, decoding, seed=seed, search=search)
