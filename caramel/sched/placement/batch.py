@@ -18,13 +18,38 @@ from caramel.sched.placement.problem import Instance
 from caramel.sched.placement.tables import StepTables
 
 
-def wish_table(tb: StepTables, k: int) -> np.ndarray:
+def wish_table(tb: StepTables, k: int, reference: bool = False) -> np.ndarray:
     """(T, L + 1, K, K): [t, l, a] is the edge memory, per node, that task t's memory-free best
     continuation from layer l after node a takes (zeros once l is past the task's end). Built
     once per instance, all (t, l, a) walked together a layer at a time, each one's weights
-    added in chain order from zero as `_rewish_reference` adds them, so the same floats."""
+    added in chain order from zero as `_rewish_reference` adds them, so the same floats. Each
+    (task, layer, node)'s best next node is looked up in a table of them built once (one argmin
+    over the (T, L, K, K) block); `reference=True` redoes that argmin at every layer of the walk
+    (the loop this replaced, kept to test that both agree exactly)."""
     t_count, lmax = tb.weights_mb.shape
     table = np.zeros((t_count, lmax + 1, k, k))
+    if reference:
+        return _wish_walk_reference(tb, k, table)
+    best_next = np.argmin(tb.step + tb.h[:, :, None, :], axis=-1).ravel()  # [t, l, a]: the first best b
+    cells = t_count * (lmax + 1) * k  # one (t, l, a) walk each, on flat indices
+    ti = np.repeat(np.arange(t_count), (lmax + 1) * k)
+    li = np.tile(np.repeat(np.arange(lmax + 1), k), t_count)
+    prev = np.tile(np.arange(k), t_count * (lmax + 1))
+    stop = tb.num_layers[ti]
+    weights = tb.weights_mb.ravel()
+    flat = table.reshape(-1)
+    base = np.arange(cells) * k
+    for offset in range(lmax):
+        layer = li + offset
+        active = layer < stop
+        at = ti * lmax + np.minimum(layer, lmax - 1)  # flat (t, layer)
+        prev = np.where(active, best_next[at * k + prev], prev)
+        flat[base + prev] += np.where(active, weights[at], 0.0)
+    return table
+
+
+def _wish_walk_reference(tb: StepTables, k: int, table: np.ndarray) -> np.ndarray:
+    t_count, lmax = tb.weights_mb.shape
     ti, li, ai = np.meshgrid(np.arange(t_count), np.arange(lmax + 1), np.arange(k), indexing="ij")
     prev = ai.copy()
     for offset in range(lmax):

@@ -83,7 +83,7 @@ class RoundBatch:
             raise CaramelError(f"RoundBatch needs groups >= 1 (an integer), got {groups!r}")
         self.groups = int(groups)
         self.inst, self.n, self.k = inst, samples, inst.num_nodes
-        self.tables = tb = tables if tables is not None else StepTables(inst)
+        self.tables = tb = tables if tables is not None else StepTables(inst, reference=True)
         t_count, lmax = tb.weights_mb.shape
         self.prev = np.tile(tb.source, (samples, 1))
         self._free_ext = np.full((samples, self.k), np.inf)
@@ -94,13 +94,16 @@ class RoundBatch:
         # zeroed as placed (per sample: with groups, the layers placed so far differ by sample)
         self._left_mb = np.tile(tb.weights_mb.reshape(1, -1), (samples, 1))
         self._next_layer = np.zeros((samples, t_count), dtype=int)  # each task's next layer (capped below)
-        self._wish_table = wish_table(tb, self.k)
+        self._wish_table = self._make_wish_table(tb)
         self.scale_s, self.mean_mb = scale_and_mean_mb(inst, tb)
         self._static = static_features(tb, inst, self.scale_s, self.mean_mb)
         self._step_scaled = tb.step / self.scale_s
         self._row_pos = np.arange(self.k) / self.k
         self._memory_ext = np.maximum(np.append(inst.memory_mb, 1.0), 1e-9)
         self._samples = np.arange(samples)[:, None]
+
+    def _make_wish_table(self, tb: StepTables) -> np.ndarray:
+        return wish_table(tb, self.k, reference=True)
 
     @property
     def done(self) -> bool:
@@ -229,9 +232,10 @@ class RoundBatch:
 
 def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, groups: int = 1,
                   search: SearchOptions | None = None, focus: float | None = None) -> Decoded:
-    """The policy decoded in rounds: `policy` a `fast_decode.NumpyPolicy` (the numpy forward
-    pass) or the trained torch policy (the reference: the same rounds, probabilities through
-    torch). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
+    """The policy decoded in rounds: `policy` a `fast_decode.NumpyPolicy` (the fast decoder: the
+    numpy forward pass on `fast_rounds.FastRoundBatch`'s vectorized tables) or the trained torch
+    policy (the reference: `RoundBatch` on tables built task by task, probabilities through
+    torch; both decide the same, tested). Sample 0 greedy, the others drawn from a torch generator seeded with `seed`; the
     cheapest kept (ties: the lowest sample, so greedy). `groups`: forward passes per round.
     `search`: the kept placement then improved by `local_search.local_search` (on the decoder's
     own tables; `cost_s` is then the improved cost, `costs_s` the samples' before it, `searched`
@@ -239,6 +243,7 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
     policy was least sure of (the lowest probability of the node each ended on, after `commit`)
     tried first (`local_search`'s `focus`); None: every layer from the first pass."""
     from caramel.sched.placement.fast_decode import NumpyPolicy
+    from caramel.sched.placement.fast_rounds import FastRoundBatch
 
     if not isinstance(decoding, Decoding):
         raise CaramelError(f"decoding must be a Decoding (parse_decoding('sample:16')), got {decoding!r}")
@@ -250,13 +255,15 @@ def decode_rounds(inst: Instance, policy, decoding: Decoding, seed: int = 0, gro
                            + ("" if search is not None else " and no search"))
     if isinstance(policy, NumpyPolicy):
         probabilities = policy.probabilities
+        batch_class = FastRoundBatch
     elif hasattr(policy, "get_distribution"):
         def probabilities(obs):
             return step_probabilities(policy, obs).numpy()
+        batch_class = RoundBatch
     else:
         raise CaramelError(f"policy must be a NumpyPolicy or a trained CandidatePolicy, got {policy!r}")
     gen = torch.Generator().manual_seed(int(seed))
-    batch = RoundBatch(inst, decoding.samples, groups=groups)
+    batch = batch_class(inst, decoding.samples, groups=groups)
     sure = np.ones(batch.nodes.shape, dtype=np.float32) if focus is not None else None
     while not batch.done:
         obs = batch.observe()
