@@ -17,6 +17,11 @@ held-out set swings by more than the 5% rule; docs/results/gossip-seeds.md), wit
 validation loss of the workers' averaged model (docs/gossip.md); the final checkpoint holds each
 worker's own model, which this script evaluates on the same validation samples, so the two rules
 (x-bar, or one worker's model) are compared on the same runs.
+
+`--stored NAME=JSON` takes NAME's validation curves from an earlier results file of this script
+instead of running it again (a reference whose run folders are gone); any NAME-SEED run in
+`--runs` must reproduce the stored curve bit for bit, else the script stops. `--paired A=B`
+reports A's per-seed gap minus B's (same baseline) with its interval over seeds.
 """
 from __future__ import annotations
 
@@ -132,6 +137,63 @@ def seed_spread(losses: dict[int, float]) -> dict[str, Any]:
             "sd": statistics.stdev(rel) if len(rel) > 1 else None}
 
 
+def load_stored(spec: str, workload: str, workers: int, seeds: list[int]) -> tuple[str, str, dict[int, dict[int, float]]]:
+    """'NAME=JSON' -> (NAME, its flags as stored, seed -> step -> validation loss) from an earlier
+    results file of this script; the file must be of the same workload and worker count and hold
+    every requested seed, else an error naming the file."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--stored {spec!r}: expected NAME=JSON, e.g. ddp=docs/results/gossip-seeds-gpt.json")
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--stored {spec!r}: cannot read {path} as JSON ({e})") from None
+    if (data.get("workload"), data.get("workers")) != (workload, workers):
+        raise SystemExit(f"--stored {spec!r}: {path} is {data.get('workload')} on {data.get('workers')} workers, "
+                         f"expected {workload} on {workers} (--workload/--workers)")
+    per = data.get("val_loss", {}).get(name)
+    if per is None:
+        raise SystemExit(f"--stored {spec!r}: {path} has no configuration {name!r} "
+                         f"(it has {', '.join(data.get('val_loss', {})) or 'none'})")
+    missing = [s for s in seeds if str(s) not in per]
+    if missing:
+        raise SystemExit(f"--stored {spec!r}: {path} has no run of {name} for seeds {missing}")
+    curves = {s: {int(k): float(v) for k, v in per[str(s)].items()} for s in seeds}
+    return name, data["configs"][name], curves
+
+
+def check_reproduced(name: str, stored: dict[int, dict[int, float]], runs: Path, seeds: list[int]) -> list[int]:
+    """The seeds whose NAME-SEED run in `runs` reproduces the stored curve exactly (every check,
+    every bit); a run that differs anywhere stops the script, naming the run and the first check
+    that differs (a reference reused from another code version must be the same computation)."""
+    checked = []
+    for s in seeds:
+        if not (runs / f"{name}-{s}" / "metrics.jsonl").exists():
+            continue
+        got = val_curve(runs / f"{name}-{s}")
+        for k in sorted(set(got) | set(stored[s])):
+            if got.get(k) != stored[s].get(k):
+                raise SystemExit(f"{name}-{s} in {runs} does not reproduce the stored curve: step {k} reads "
+                                 f"{got.get(k)!r}, stored {stored[s].get(k)!r}; run the reference again instead")
+        checked.append(s)
+    return checked
+
+
+def paired(scores: dict[str, Any], spec: str) -> dict[str, Any]:
+    """'A=B' -> A's gap minus B's gap per seed (both against the same baseline), their mean and
+    95% t interval over the seeds both have."""
+    a, _, b = spec.partition("=")
+    if a not in scores or b not in scores:
+        raise SystemExit(f"--paired {spec!r}: both names must be scored configurations ({', '.join(scores)})")
+    if scores[a]["vs"] != scores[b]["vs"]:
+        raise SystemExit(f"--paired {spec!r}: {a} is scored against {scores[a]['vs']}, {b} against {scores[b]['vs']}")
+    diff = {s: scores[a]["relative"][s] - scores[b]["relative"][s]
+            for s in scores[a]["relative"] if s in scores[b]["relative"]}
+    return {"a": a, "b": b, "vs": scores[a]["vs"], "difference": diff,
+            "mean": statistics.fmean(diff.values()) if diff else None, "interval95": mean_interval(list(diff.values())),
+            "a_higher": sum(d > 0 for d in diff.values()), "seeds": len(diff)}
+
+
 def parse_seeds(text: str) -> list[int]:
     """'0,1,2' -> [0, 1, 2]; anything else is an error naming the input."""
     try:
@@ -190,10 +252,18 @@ def main() -> None:
                     help="score each run by the mean of its last N validation checks (1: the final check alone)")
     ap.add_argument("--collect-only", action="store_true", help="score the runs already in --runs")
     ap.add_argument("--reuse", action="store_true", help="keep runs that finished (their summary.json exists)")
+    ap.add_argument("--stored", action="append", default=[],
+                    help="NAME=JSON: NAME's validation curves from an earlier results file of this script, not run again")
+    ap.add_argument("--paired", action="append", default=[], help="A=B: A's per-seed gap minus B's, with its interval")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     configs = dict(parse_config(c) for c in args.config)
-    names, seeds = list(configs), parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds)
+    stored = {n: (flags, c) for n, flags, c in (load_stored(x, args.workload, args.workers, seeds) for x in args.stored)}
+    clash = sorted(set(stored) & set(configs))
+    if clash:
+        raise SystemExit(f"--stored {', '.join(clash)}: also given as --config; a configuration is run or stored, not both")
+    names = list(configs) + list(stored)
     baseline = resolve_baselines(names, args.vs)
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
@@ -205,11 +275,16 @@ def main() -> None:
                     continue
                 print(f"seed {seed}: {name}", flush=True)
                 train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.val_every_steps)
+    reproduced = {n: check_reproduced(n, c, runs, seeds) for n, (_, c) in stored.items()}
+    for n, checked in reproduced.items():
+        print(f"{n}: stored curves used; runs here reproduce them exactly on seeds {checked or 'none'}")
     curves = {n: {s: val_curve(runs / f"{n}-{s}") for s in seeds if (runs / f"{n}-{s}" / "metrics.jsonl").exists()}
-              for n in names}
+              for n in configs}
+    curves.update({n: c for n, (_, c) in stored.items()})
     final = final_losses(curves, args.score_last)
-    own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} for n in names}
+    own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} if n in configs else {} for n in names}
     scores = score(final, baseline)
+    pairs = [paired(scores, p) for p in args.paired]
     last_check = final_losses(curves)
     at_end = score(last_check, baseline)
     spread = {n: seed_spread(final[n]) for n in names if len(final[n]) > 1}
@@ -226,6 +301,10 @@ def main() -> None:
             ci = "" if sc["interval95"] is None else " [{:+.1f}%, {:+.1f}%]".format(*(x * 100 for x in sc["interval95"]))
             print(f"{n} vs {sc['vs']}: mean {sc['mean'] * 100:+.1f}%{ci}, within {WITHIN:.0%} on {sc['within']} of "
                   f"{sc['seeds']} seeds (|gap| within on {sc['within_both']})")
+    for p in pairs:
+        ci = "" if p["interval95"] is None else " [{:+.1f}, {:+.1f}]".format(*(x * 100 for x in p["interval95"]))
+        print(f"{p['a']} - {p['b']} (gaps to {p['vs']}): mean {p['mean'] * 100:+.1f} points{ci}, "
+              f"{p['a']} higher on {p['a_higher']} of {p['seeds']} seeds")
     for n, sp in spread.items():
         print(f"{n} against itself on other seeds: within {WITHIN:.0%} on {sp['within']} of {sp['pairs']} ordered pairs "
               f"(|gap| within on {sp['within_both']}), SD of the gap {sp['sd'] * 100:.1f} points")
@@ -236,7 +315,10 @@ def main() -> None:
                       + ", ".join(f"{w:.4f}" for w in e["workers"]))
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "workload": args.workload, "workers": args.workers, "configs": {n: " ".join(f) for n, f in configs.items()},
+            "workload": args.workload, "workers": args.workers,
+            "configs": {**{n: " ".join(f) for n, f in configs.items()}, **{n: f for n, (f, _) in stored.items()}},
+            "stored": {n: {"from": x.partition("=")[2], "reproduced_seeds": reproduced[n]}
+                       for n, x in ((x.partition("=")[0], x) for x in args.stored)},
             "baseline": baseline, "val_loss": {n: {str(s): {str(k): v for k, v in sorted(c.items())}
                                                      for s, c in curves[n].items()} for n in names},
             "score_last": args.score_last,
@@ -244,6 +326,7 @@ def main() -> None:
             "scores_final_check": {n: {**sc, "relative": {str(s): r for s, r in sc["relative"].items()}}
                                    for n, sc in at_end.items()},
             "seed_spread": spread,
+            "paired": [{**p, "difference": {str(s): d for s, d in p["difference"].items()}} for p in pairs],
             "own_models": {n: {str(s): e for s, e in per.items() if e} for n, per in own.items()},
         }, indent=1) + "\n")
 

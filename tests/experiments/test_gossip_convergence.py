@@ -169,3 +169,79 @@ def test_collect_only_scores_stored_runs_on_their_last_checks(tmp_path, monkeypa
     assert got["seed_spread"]["ddp"]["pairs"] == 2  # on the primary score: 0.4 against 0.3
     assert got["seed_spread"]["ddp"]["sd"] == pytest.approx(abs((0.4 / 0.3 - 1) - (0.3 / 0.4 - 1)) / 2 ** 0.5)
     assert "ring vs ddp" in capsys.readouterr().out
+
+
+def _write_runs(root, curves):
+    """Run folders as `caramel train` leaves them: metrics.jsonl with the validation records."""
+    import json
+
+    for run, curve in curves.items():
+        (root / run).mkdir(parents=True)
+        lines = [{"kind": "val", "step": k, "val_loss": v} for k, v in curve.items()]
+        (root / run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_stored_reference_is_scored_only_where_runs_reproduce_it_exactly(tmp_path, monkeypatch, capsys):
+    """`--stored ddp=FILE`: DDP's curves come from an earlier results file; a DDP run in --runs that
+    matches it bit for bit is listed as reproduced, one that differs in the last bit of one check
+    stops the script naming the run and the step (a reference from other code is reused only if
+    it is the same computation)."""
+    import json
+    import sys
+
+    old = {"workload": "char_gpt", "workers": 4, "configs": {"ddp": "--strategy ddp", "ring": "--strategy gossip"},
+           "val_loss": {"ddp": {"0": {"60": 2.0, "120": 0.1 + 0.2}, "1": {"60": 2.5, "120": 1.5}},
+                        "ring": {"0": {"60": 2.1, "120": 0.33}, "1": {"60": 2.4, "120": 1.8}}}}
+    ref = tmp_path / "old.json"
+    ref.write_text(json.dumps(old))
+    runs = tmp_path / "runs"
+    _write_runs(runs, {"new-0": {60: 2.0, 120: 0.36}, "new-1": {60: 2.5, 120: 1.2}, "ddp-0": {60: 2.0, 120: 0.1 + 0.2}})
+    out = tmp_path / "scores.json"
+    argv = ["gossip_convergence.py", "--runs", str(runs), "--seeds", "0,1", "--workload", "char_gpt",
+            "--config", "new=gossip", "--stored", f"ddp={ref}", "--stored", f"ring={ref}", "--vs", "new=ddp",
+            "--vs", "ring=ddp", "--paired", "new=ring", "--collect-only", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    _script().main()
+    got = json.loads(out.read_text())
+    assert got["stored"]["ddp"]["reproduced_seeds"] == [0] and got["stored"]["ring"]["reproduced_seeds"] == []
+    assert got["configs"]["ddp"] == "--strategy ddp"
+    assert got["scores"]["new"]["relative"] == pytest.approx({"0": 0.36 / 0.30000000000000004 - 1, "1": 1.2 / 1.5 - 1})
+    p = got["paired"][0]
+    want = {"0": 0.36 / 0.3 - 0.33 / 0.3, "1": 1.2 / 1.5 - 1.8 / 1.5}
+    assert p["difference"] == pytest.approx(want) and (p["a_higher"], p["seeds"]) == (1, 2)
+    assert "reproduce them exactly on seeds [0]" in capsys.readouterr().out
+    (runs / "ddp-0" / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 60, "val_loss": 2.0}) + "\n"
+                                                  + json.dumps({"kind": "val", "step": 120, "val_loss": 0.3}) + "\n")
+    with pytest.raises(SystemExit, match=r"ddp-0 in .* does not reproduce the stored curve: step 120 reads 0\.3, "
+                                         r"stored 0\.30000000000000004"):
+        _script().main()
+
+
+def test_a_stored_file_must_match_the_study_and_hold_every_seed(tmp_path):
+    import json
+
+    ref = tmp_path / "old.json"
+    ref.write_text(json.dumps({"workload": "digits", "workers": 4, "configs": {"ddp": "--strategy ddp"},
+                               "val_loss": {"ddp": {"0": {"60": 1.0}}}}))
+    assert _script().load_stored(f"ddp={ref}", "digits", 4, [0]) == ("ddp", "--strategy ddp", {0: {60: 1.0}})
+    with pytest.raises(SystemExit, match="is digits on 4 workers, expected char_gpt on 4"):
+        _script().load_stored(f"ddp={ref}", "char_gpt", 4, [0])
+    with pytest.raises(SystemExit, match=r"has no configuration 'ring' \(it has ddp\)"):
+        _script().load_stored(f"ring={ref}", "digits", 4, [0])
+    with pytest.raises(SystemExit, match=r"has no run of ddp for seeds \[1\]"):
+        _script().load_stored(f"ddp={ref}", "digits", 4, [0, 1])
+    with pytest.raises(SystemExit, match="expected NAME=JSON"):
+        _script().load_stored(str(ref), "digits", 4, [0])
+    with pytest.raises(SystemExit, match="cannot read"):
+        _script().load_stored(f"ddp={tmp_path / 'none.json'}", "digits", 4, [0])
+
+
+def test_a_paired_difference_needs_one_baseline():
+    scores = _script().score({"ddp": {0: 1.0, 1: 1.0}, "lr": {0: 2.0, 1: 2.0}, "a": {0: 1.1, 1: 0.9},
+                              "b": {0: 1.0, 1: 1.0}, "c": {0: 2.2, 1: 2.2}}, {"a": "ddp", "b": "ddp", "c": "lr", "lr": "ddp"})
+    p = _script().paired(scores, "a=b")
+    assert p["difference"] == pytest.approx({0: 0.1, 1: -0.1}) and p["mean"] == pytest.approx(0.0)
+    with pytest.raises(SystemExit, match="a is scored against ddp, c against lr"):
+        _script().paired(scores, "a=c")
+    with pytest.raises(SystemExit, match="both names must be scored"):
+        _script().paired(scores, "a=ddp")
