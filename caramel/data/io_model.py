@@ -92,7 +92,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from caramel.data.link_queue import LoopState, arrival_scv, closed_loop
+from caramel.data.link_queue import LoopState, arrival_scv, closed_loop, think_scv
 from caramel.errors import CaramelError
 
 __all__ = ["DataLoadModel", "LoopState", "closed_loop"]
@@ -199,11 +199,31 @@ class DataLoadModel:
         reads = math.ceil(remote / self.sample_bytes - 1e-9)
         service_s = max(remote * 8.0 / (reads * self.store_bandwidth_bps), self.request_overhead_s)
         demand_s = reads * service_s  # one batch's time on the store's link
-        local_s = self._local_work_s() * k / self._local_cores()
-        think_s = reads * (self.store_latency_s + self.worker_request_s) + local_s
-        scv = 1.0 if self.worker_request_scv is None else arrival_scv(
-            self.store_latency_s, self.worker_request_s, self.worker_request_scv, reads, local_s)
-        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s, scv).throughput_per_s
+        think_s = reads * (self.store_latency_s + self.worker_request_s) + self._worker_local_s()
+        scv = self._read_think_scv(remote, capped=True)
+        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s, 1.0 if scv is None else scv).throughput_per_s
+
+    def _worker_local_s(self) -> float:
+        """One worker's batch of local work: the rank's cores shared by its k workers."""
+        return self._local_work_s() * max(self.loader_workers, 1) / self._local_cores()
+
+    def _read_think_scv(self, remote: float, capped: bool) -> float | None:
+        """`link_queue.arrival_scv` (`capped`) or `think_scv` of range reads of `remote` bytes a
+        batch; None where no spread is charged (unmeasured, shard fetches, nothing remote)."""
+        if self.worker_request_scv is None or self.request_bytes is not None or remote <= 0:
+            return None
+        reads = math.ceil(remote / self.sample_bytes - 1e-9)
+        return (arrival_scv if capped else think_scv)(self.store_latency_s, self.worker_request_s,
+                                                      self.worker_request_scv, reads, self._worker_local_s())
+
+    def link_arrival_scv(self, capped: bool = True) -> float | None:
+        """The arrivals' SCV the link's queue is charged on the steps that read from the store (or,
+        `capped` False, the reads' think time's before the cap at 1): the very number the period
+        uses, for reports. None where the queue is charged as without spreads."""
+        remote = self.remote_bytes_per_step()
+        if self.remote_steps_share < 1.0:
+            remote /= self.remote_steps_share  # as step_time_s: the misses' steps fetch the epoch's bytes
+        return self._read_think_scv(remote, capped)
 
     def step_time_s(self, compute_s: float) -> float:
         """The mean step time with this data path: prefetched when there are workers, serial

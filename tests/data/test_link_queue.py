@@ -108,3 +108,20 @@ def test_the_model_charges_the_spread_only_when_measured():
     assert periods[2] == base.data_time_s()
     with pytest.raises(CaramelError, match="worker_request_scv"):
         DataLoadModel(**{**base.__dict__, "worker_request_scv": -0.5})
+
+
+def test_the_model_reports_the_arrival_scv_it_charges():
+    """`link_arrival_scv` is the number the period uses: on the steps that fetch, whose reads are
+    the epoch's remote bytes over `remote_steps_share` of its steps (8 here, not the 4 a step
+    reads on average); None without a measured spread or for shard fetches."""
+    base = DataLoadModel(sample_bytes=16384, batch_size=8, ranks=2, store_bandwidth_bps=1e8, store_latency_s=3e-3,
+                         loader_workers=2, worker_request_s=1.5e-3, local_s_per_sample=1e-5, batch_overhead_s=0.4e-3,
+                         hit_rate=0.5, remote_steps_share=0.5, worker_request_scv=0.3)
+    k_local = (8 * 1e-5 + 0.4e-3) * 2
+    assert base.link_arrival_scv() == arrival_scv(3e-3, 1.5e-3, 0.3, 8, k_local)
+    assert base.link_arrival_scv(capped=False) == think_scv(3e-3, 1.5e-3, 0.3, 8, k_local)
+    assert base.link_arrival_scv() != arrival_scv(3e-3, 1.5e-3, 0.3, 4, k_local)
+    d, think = 16384 * 8 / 1e8 * 8, 8 * 4.5e-3 + k_local
+    assert base._data_s(4 * 16384 / 0.5) == pytest.approx(
+        2 / closed_loop(4, think, d, base.link_arrival_scv()).throughput_per_s, rel=1e-12)
+    assert DataLoadModel(**{**base.__dict__, "worker_request_scv": None}).link_arrival_scv() is None
