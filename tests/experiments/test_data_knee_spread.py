@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from caramel.data.format import write_random_dataset
-from experiments.data_knee_spread import main, score_record
+from experiments.data_knee_spread import ARMS, main, score_record
 from experiments.data_model_repredict import repredict
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -71,6 +71,20 @@ def test_the_script_prints_and_writes_its_summary(store, tmp_path, capsys):
     assert doc["kind"] == "caramel.data-knee-spread/1" and doc["summary"]["runs_every_row_within"]["new"] == 1
     with pytest.raises(SystemExit):
         main([str(root), str(RESULTS / "data-bench-closed-loop-full-1.json"), "--bogus"])
+
+
+def test_bad_files_are_refused_and_empty_runs_counted_apart(store, tmp_path, capsys):
+    root, _ = store
+    not_a_record = tmp_path / "x.json"
+    not_a_record.write_text('{"kind": "something else"}')
+    for bad in (tmp_path / "missing.json", not_a_record):
+        with pytest.raises(SystemExit):
+            main([str(root), str(bad)])
+        assert "FILE must be data-bench records" in capsys.readouterr().err
+    from experiments.data_knee_spread import summarize
+    summary = summarize({"a": ("cfg", []), "b": ("cfg", [{"mode": "remote", "error": dict.fromkeys(ARMS, 0.2)}])})
+    assert summary["runs"] == 1 and summary["runs_without_rows"] == ["a"]
+    assert summary["runs_every_row_within"] == dict.fromkeys(ARMS, 0)  # the empty run is not "every row within"
 
 
 def test_the_fresh_runs_alternate_and_stop_at_the_budget(tmp_path, monkeypatch):
