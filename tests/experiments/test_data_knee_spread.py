@@ -37,6 +37,15 @@ def test_records_without_kept_reads_replay_as_before(store):
             assert set(r["read_scv"]) == {None} and set(r["think_scv"]) == {None}
 
 
+def test_the_default_replays_the_very_floats_of_066e289(store):
+    """Before the spread term (066e289) `repredict` gave these; the term changed 4 of 37 records in
+    the last bit (float addition regrouped) until the loop kept the old expression at SCV 1."""
+    _, index = store
+    record = json.loads((RESULTS / "data-bench-accuracy-f200-2.json").read_text())
+    assert [r["repredicted_s"] for r in repredict(record, index)] == [
+        0.029200800701767584, 0.11659608559469824, 0.010958739664554714]
+
+
 def test_kept_reads_take_queue_away_by_their_spread_and_set_the_mean(store):
     _, index = store
     record = json.loads((RESULTS / "data-bench-closed-loop-full-1.json").read_text())
