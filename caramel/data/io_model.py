@@ -45,9 +45,10 @@ The wait in R(n) (all but the first q D) is that of arrivals as irregular as Poi
 the reads' SCV (`worker_request_scv`, with `worker_request_s` their mean: the data bench passes
 them only when asked, as fresh runs did not support it as the default, docs/data.md, "The knee's
 queue") it is scaled by the arrivals' SCV ca2, a read's think time's (latency + read, the batch's
-local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), the Allen-Cunneen
-scaling of a fixed-service queue (`caramel.data.link_queue`): reads as regular as the service meet
-no queue below the link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
+local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), Q and U those of the
+loop without spreads at n - 1, the Allen-Cunneen scaling of a fixed-service queue's wait, used as
+a heuristic (`caramel.data.link_queue`): reads as regular as the service meet no queue below the
+link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
 
 One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
 the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither

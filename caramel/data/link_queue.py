@@ -18,11 +18,13 @@ charged before spreads were measured, ca2 = 0 the loop's asymptotic bound (no qu
 
 `arrival_scv` takes the arrivals' SCV from the SCV of one read's think time (`think_scv`: the
 latency, fixed; the read under load, its measured mean and SCV; and, once every q reads, the
-batch's local work, a think time longer one read in q), at most 1. Why the think time's: in a
-loop of few clients the arrivals at the link are the clients' returns from thinking. Why at most
-1: a closed loop's think station is insensitive to its distribution when the link's service is
-exponential (BCMP), so think times more irregular than exponential ones are charged the loop's
-own queue, the one before spreads were measured; the spread only ever takes queue away.
+batch's local work, a think time longer one read in q), at most 1. A heuristic, not a derived
+queue: in a loop of few clients the arrivals at the link are the clients' returns from thinking,
+one read at a time, while the loop's clients are batches of q reads (whose think time's SCV is
+about 1/q of a read's). The cap at 1 is a choice: think times more irregular than exponential
+ones are charged the loop's own queue, the one before spreads were measured (the BCMP
+insensitivity of a think station holds under exponential service, not the link's fixed one, so
+it only motivates it); the spread only ever takes queue away.
 """
 from __future__ import annotations
 
