@@ -26,7 +26,6 @@ if __package__ in (None, ""):  # run as a file: `experiments` is found from the 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from caramel.bench.data_report import stored_records_of  # noqa: E402
-from caramel.data.link_queue import arrival_scv, think_scv  # noqa: E402
 from caramel.data.store import Store  # noqa: E402
 from caramel.errors import CaramelError  # noqa: E402
 from caramel.stats import t_interval  # noqa: E402
@@ -50,16 +49,8 @@ def _step_s(models: list[tuple[Any, float]]) -> float:
 
 def _loop_scv(model, charged: bool = True) -> float | None:
     """The arrivals' SCV the new model charges a range-read round, or (`charged` False) its reads'
-    think time's before the cap at 1 (None: no spread measured)."""
-    if model.worker_request_scv is None or model.request_bytes is not None:
-        return None
-    k = max(model.loader_workers, 1)
-    reads = round(model.remote_bytes_per_step() / model.sample_bytes)
-    if reads < 1:
-        return None
-    local_s = model._local_work_s() * k / model._local_cores()
-    return (arrival_scv if charged else think_scv)(model.store_latency_s, model.worker_request_s,
-                                                   model.worker_request_scv, reads, local_s)
+    think time's before the cap at 1 (None: no spread measured): the model's own number."""
+    return model.link_arrival_scv(capped=charged)
 
 
 def score_record(record: dict[str, Any], index) -> list[dict[str, Any]]:
@@ -93,7 +84,8 @@ def config_key(record: dict[str, Any]) -> str:
 
 def summarize(scored: dict[str, tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Runs with every row within 15% and, per configuration and mode, each arm's rows within and range."""
-    runs = {arm: sum(all(abs(r["error"][arm]) <= WITHIN for r in rows) for _, rows in scored.values())
+    empty = sorted(w for w, (_, rows) in scored.items() if not rows)  # no row to be within 15%: counted apart
+    runs = {arm: sum(all(abs(r["error"][arm]) <= WITHIN for r in rows) for _, rows in scored.values() if rows)
             for arm in ARMS}
     groups: dict[str, dict[str, list[float]]] = {}
     for key, rows in scored.values():
@@ -106,7 +98,8 @@ def summarize(scored: dict[str, tuple[str, list[dict[str, Any]]]]) -> dict[str, 
                           "abs_less_old": (t_interval([abs(e) - abs(o) for e, o in zip(es, arms["old"])])
                                            if len(es) >= 2 else None)}
                     for arm, es in arms.items()} for g, arms in sorted(groups.items())}
-    return {"runs": len(scored), "runs_every_row_within": runs, "groups": by_group}
+    return {"runs": len(scored) - len(empty), "runs_without_rows": empty, "runs_every_row_within": runs,
+            "groups": by_group}
 
 
 def _reads(r: dict[str, Any]) -> str:
@@ -133,8 +126,12 @@ def main(argv: list[str]) -> int:
         index = Store(args.store).index()
     except CaramelError as e:
         parser.error(str(e))
+    try:
+        records = list(stored_records_of(args.files))
+    except (OSError, ValueError, CaramelError) as e:  # a missing file, not JSON, not a data-bench record
+        parser.error(f"FILE must be data-bench records or runs files: {e}")
     scored = {}
-    for where, record in stored_records_of(args.files):
+    for where, record in records:
         if missing_inputs(record):
             print(f"{where}  not scored: its rows lack {', '.join(missing_inputs(record))}")
             continue
@@ -147,6 +144,8 @@ def main(argv: list[str]) -> int:
                   + (f"  think SCV {min(think):.3f}..{max(think):.3f}" if think else "")
                   + (_reads(r) if any(v is not None for v in r["read_scv"]) else ""))
     summary = summarize(scored)
+    if summary["runs_without_rows"]:
+        print(f"runs with no row scored (not counted): {', '.join(summary['runs_without_rows'])}")
     print(f"runs with every row within 15% (of {summary['runs']}): "
           + ", ".join(f"{arm} {n}" for arm, n in summary["runs_every_row_within"].items()))
     for group, arms in summary["groups"].items():

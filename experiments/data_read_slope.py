@@ -36,6 +36,7 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 def bound_loop(clients: int, think_s: float, demand_s: float, arrival_scv: float = 1.0) -> io_model.LoopState:
     """The closed loop's asymptotic bound: no queue, only the link's own limit (whatever the arrivals' spread)."""
+    # arrival_scv is unused: it is there only so that this can stand in for closed_loop's signature
     throughput = min(clients / (think_s + demand_s), 1.0 / demand_s)
     return io_model.LoopState(clients, throughput, 0.0, demand_s)
 

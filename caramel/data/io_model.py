@@ -45,9 +45,10 @@ The wait in R(n) (all but the first q D) is that of arrivals as irregular as Poi
 the reads' SCV (`worker_request_scv`, with `worker_request_s` their mean: the data bench passes
 them only when asked, as fresh runs did not support it as the default, docs/data.md, "The knee's
 queue") it is scaled by the arrivals' SCV ca2, a read's think time's (latency + read, the batch's
-local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), the Allen-Cunneen
-scaling of a fixed-service queue (`caramel.data.link_queue`): reads as regular as the service meet
-no queue below the link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
+local work once in q reads; at most 1): R(n) = q D (1 + ca2 (Q - U + U / 2)), Q and U those of the
+loop without spreads at n - 1, the Allen-Cunneen scaling of a fixed-service queue's wait, used as
+a heuristic (`caramel.data.link_queue`): reads as regular as the service meet no queue below the
+link's limit, ca2 = 1 is the charge without spreads (None: unmeasured, as before).
 
 One worker (N = 1) is its serial sum, q (latency + read + D) + local work; many workers saturate
 the link, ranks x q x D. Between the two, near N* = (Z_batch + q D) / (q D), the loop neither
@@ -92,7 +93,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from caramel.data.link_queue import LoopState, arrival_scv, closed_loop
+from caramel.data.link_queue import LoopState, arrival_scv, closed_loop, think_scv
 from caramel.errors import CaramelError
 
 __all__ = ["DataLoadModel", "LoopState", "closed_loop"]
@@ -199,11 +200,31 @@ class DataLoadModel:
         reads = math.ceil(remote / self.sample_bytes - 1e-9)
         service_s = max(remote * 8.0 / (reads * self.store_bandwidth_bps), self.request_overhead_s)
         demand_s = reads * service_s  # one batch's time on the store's link
-        local_s = self._local_work_s() * k / self._local_cores()
-        think_s = reads * (self.store_latency_s + self.worker_request_s) + local_s
-        scv = 1.0 if self.worker_request_scv is None else arrival_scv(
-            self.store_latency_s, self.worker_request_s, self.worker_request_scv, reads, local_s)
-        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s, scv).throughput_per_s
+        think_s = reads * (self.store_latency_s + self.worker_request_s) + self._worker_local_s()
+        scv = self._read_think_scv(remote, capped=True)
+        return self.ranks / closed_loop(self.ranks * k, think_s, demand_s, 1.0 if scv is None else scv).throughput_per_s
+
+    def _worker_local_s(self) -> float:
+        """One worker's batch of local work: the rank's cores shared by its k workers."""
+        return self._local_work_s() * max(self.loader_workers, 1) / self._local_cores()
+
+    def _read_think_scv(self, remote: float, capped: bool) -> float | None:
+        """`link_queue.arrival_scv` (`capped`) or `think_scv` of range reads of `remote` bytes a
+        batch; None where no spread is charged (unmeasured, shard fetches, nothing remote)."""
+        if self.worker_request_scv is None or self.request_bytes is not None or remote <= 0:
+            return None
+        reads = math.ceil(remote / self.sample_bytes - 1e-9)
+        return (arrival_scv if capped else think_scv)(self.store_latency_s, self.worker_request_s,
+                                                      self.worker_request_scv, reads, self._worker_local_s())
+
+    def link_arrival_scv(self, capped: bool = True) -> float | None:
+        """The arrivals' SCV the link's queue is charged on the steps that read from the store (or,
+        `capped` False, the reads' think time's before the cap at 1): the very number the period
+        uses, for reports. None where the queue is charged as without spreads."""
+        remote = self.remote_bytes_per_step()
+        if self.remote_steps_share < 1.0:
+            remote /= self.remote_steps_share  # as step_time_s: the misses' steps fetch the epoch's bytes
+        return self._read_think_scv(remote, capped)
 
     def step_time_s(self, compute_s: float) -> float:
         """The mean step time with this data path: prefetched when there are workers, serial

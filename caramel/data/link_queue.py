@@ -18,11 +18,13 @@ charged before spreads were measured, ca2 = 0 the loop's asymptotic bound (no qu
 
 `arrival_scv` takes the arrivals' SCV from the SCV of one read's think time (`think_scv`: the
 latency, fixed; the read under load, its measured mean and SCV; and, once every q reads, the
-batch's local work, a think time longer one read in q), at most 1. Why the think time's: in a
-loop of few clients the arrivals at the link are the clients' returns from thinking. Why at most
-1: a closed loop's think station is insensitive to its distribution when the link's service is
-exponential (BCMP), so think times more irregular than exponential ones are charged the loop's
-own queue, the one before spreads were measured; the spread only ever takes queue away.
+batch's local work, a think time longer one read in q), at most 1. A heuristic, not a derived
+queue: in a loop of few clients the arrivals at the link are the clients' returns from thinking,
+one read at a time, while the loop's clients are batches of q reads (whose think time's SCV is
+about 1/q of a read's). The cap at 1 is a choice: think times more irregular than exponential
+ones are charged the loop's own queue, the one before spreads were measured (the BCMP
+insensitivity of a think station holds under exponential service, not the link's fixed one, so
+it only motivates it); the spread only ever takes queue away.
 """
 from __future__ import annotations
 
@@ -68,18 +70,25 @@ def gg1_wait_s(arrival_rate_per_s: float, service_s: float, arrival_scv: float =
 def closed_loop(clients: int, think_s: float, demand_s: float, arrival_scv: float = 1.0) -> LoopState:
     """Mean value analysis of `clients` workers, each thinking `think_s` per batch and then holding
     the FIFO link for `demand_s` (fixed service: a Poisson-like arrival waits for the batches queued
-    before it and half the one in service; `arrival_scv` scales that wait, module docstring). Where
-    the link's own limit 1 / demand binds, the batches not thinking are at the link: clients - X x
-    think (Little's law over the whole loop), the queue the next client arrives to, not X times the
-    uncapped response."""
+    before it and half the one in service). Where the link's own limit 1 / demand binds, the batches
+    not thinking are at the link: clients - X x think (Little's law over the whole loop), the queue
+    the next client arrives to, not X times the uncapped response.
+
+    `arrival_scv` scales only the last arrival's wait (module docstring): it meets the queue of the
+    loop charged without spreads (clients - 1 of them), and waits `arrival_scv` times that loop's
+    wait. Scaling inside the recursion instead would shrink the queue each arrival meets as well,
+    and the reductions would multiply: far less wait than ca2 x the old one at high load."""
     if clients < 1 or demand_s <= 0 or think_s < 0:
         raise CaramelError(f"a closed loop needs clients >= 1, demand_s > 0 and think_s >= 0, "
                            f"got {clients}, {demand_s}, {think_s}")
     _check_scv("arrival_scv", arrival_scv)
     state = LoopState(0, 0.0, 0.0, 0.0)
     for n in range(1, clients + 1):
+        # the loop as charged without spreads up to clients - 1; the last step scaled by the spread
+        scv = arrival_scv if n == clients else 1.0
         busy = state.throughput_per_s * demand_s
-        response_s = demand_s * (1.0 + arrival_scv * (max(state.queued - busy, 0.0) + busy / 2))
+        # scv x (queued less busy) + scv x busy / 2: with scv 1 the very floats of 1 + a + b (golden test)
+        response_s = demand_s * (1.0 + scv * max(state.queued - busy, 0.0) + scv * busy / 2)
         # the fixed-service residual can overstate what the link serves; it never exceeds 1 / demand
         throughput = min(n / (think_s + response_s), 1.0 / demand_s)
         response_s = n / throughput - think_s  # the response the capped throughput leaves: larger when capped

@@ -28,7 +28,7 @@ def test_pollaczek_khinchine_limits():
 def test_the_loop_waits_the_arrivals_spread_times_the_fixed_service_wait():
     """Two clients, think Z, demand D: the second meets the first at the link U1 = D / (Z + D) of
     the time and waits half a service then, scaled by the arrivals' SCV: 1 is the loop as charged
-    before spreads (the same floats), 0 no wait at all (the loop's asymptotic bound)."""
+    before spreads, 0 no wait at all (the loop's asymptotic bound)."""
     z, d = 17e-3, 8e-3
     u1 = d / (z + d)
     assert closed_loop(2, z, d, 1.0) == closed_loop(2, z, d)
@@ -41,6 +41,37 @@ def test_the_loop_waits_the_arrivals_spread_times_the_fixed_service_wait():
         assert closed_loop(8, 2e-3, d, scv).throughput_per_s == pytest.approx(1 / d)
     with pytest.raises(CaramelError, match="arrival_scv"):
         closed_loop(2, z, d, -1.0)
+
+
+# closed_loop's floats at 066e289, before the spread term: (clients, think_s, demand_s) ->
+# (throughput_per_s, queued, response_s); each differed in the last bit under the first spread term
+GOLDEN_066E289 = {
+    (6, 0.03903968413078662, 0.008933943337017561): (106.57775200900721, 1.839238226199049, 0.017257243575972678),
+    (4, 0.02947885684153327, 0.006099325675649754): (106.11308774146768, 0.8719074774562151, 0.008216776045387703),
+    (11, 0.04517478866877838, 0.0016393830656201316): (232.9483041023994, 0.4766095914237874, 0.002045988672294774),
+    (4, 0.033634414724447614, 0.011153817209946118): (78.42834991226921, 1.3621083528966427, 0.01736755082084873),
+}
+
+
+def test_without_spreads_the_loop_is_the_old_one_bit_for_bit():
+    for (n, z, d), old in GOLDEN_066E289.items():
+        for state in (closed_loop(n, z, d), closed_loop(n, z, d, 1.0)):
+            assert (state.throughput_per_s, state.queued, state.response_s) == old
+
+
+def test_many_clients_wait_as_allen_cunneen_says():
+    """Many clients with a long think: the open queue. The fixed-service loop's wait is M/D/1's
+    rho S / (2 (1 - rho)), and with the spread ca2 times it (Allen-Cunneen's G/D/1), not less: the
+    spread scales the last arrival's wait, not the queues it meets (at rho 0.9, ca2 0.5, scaling
+    inside the recursion gave a tenth of this)."""
+    clients, d = 50_000, 1.0  # enough clients that the closed loop is the open queue to 2% at rho 0.95
+    for rho, ca2 in ((0.9, 0.5), (0.9, 0.2), (0.95, 0.5), (0.5, 0.3)):
+        think = clients / rho - d * (1 + rho / (2 * (1 - rho)))
+        unscaled = closed_loop(clients, think, d)
+        assert unscaled.response_s - d == pytest.approx(gg1_wait_s(unscaled.throughput_per_s, d, 1.0, 0.0), rel=0.02)
+        state = closed_loop(clients, think, d, ca2)
+        assert state.response_s - d == pytest.approx(ca2 * (unscaled.response_s - d), rel=1e-9)
+        assert state.response_s - d == pytest.approx(gg1_wait_s(state.throughput_per_s, d, ca2, 0.0), rel=0.02)
 
 
 def test_a_reads_think_time_scv():
@@ -77,3 +108,20 @@ def test_the_model_charges_the_spread_only_when_measured():
     assert periods[2] == base.data_time_s()
     with pytest.raises(CaramelError, match="worker_request_scv"):
         DataLoadModel(**{**base.__dict__, "worker_request_scv": -0.5})
+
+
+def test_the_model_reports_the_arrival_scv_it_charges():
+    """`link_arrival_scv` is the number the period uses: on the steps that fetch, whose reads are
+    the epoch's remote bytes over `remote_steps_share` of its steps (8 here, not the 4 a step
+    reads on average); None without a measured spread or for shard fetches."""
+    base = DataLoadModel(sample_bytes=16384, batch_size=8, ranks=2, store_bandwidth_bps=1e8, store_latency_s=3e-3,
+                         loader_workers=2, worker_request_s=1.5e-3, local_s_per_sample=1e-5, batch_overhead_s=0.4e-3,
+                         hit_rate=0.5, remote_steps_share=0.5, worker_request_scv=0.3)
+    k_local = (8 * 1e-5 + 0.4e-3) * 2
+    assert base.link_arrival_scv() == arrival_scv(3e-3, 1.5e-3, 0.3, 8, k_local)
+    assert base.link_arrival_scv(capped=False) == think_scv(3e-3, 1.5e-3, 0.3, 8, k_local)
+    assert base.link_arrival_scv() != arrival_scv(3e-3, 1.5e-3, 0.3, 4, k_local)
+    d, think = 16384 * 8 / 1e8 * 8, 8 * 4.5e-3 + k_local
+    assert base._data_s(4 * 16384 / 0.5) == pytest.approx(
+        2 / closed_loop(4, think, d, base.link_arrival_scv()).throughput_per_s, rel=1e-12)
+    assert DataLoadModel(**{**base.__dict__, "worker_request_scv": None}).link_arrival_scv() is None
