@@ -80,9 +80,9 @@ def lasting(factor: float, rank: int, **kw) -> dict:
 
 @pytest.mark.parametrize("factor, rank", [(1.12, 1), (0.88, 0)])
 def test_frozen_shares_follow_a_small_lasting_change(factor, rank):
-    """A lasting change between the ranks smaller than a spell's is followed too: under the rule
-    before (thaw when a rank's own median drifts 15%) the shares stayed frozen and each step ran
-    7.4% (1.12x) and 8.4% (0.88x) over the ideal for good."""
+    """A lasting change of one rank under 15% is followed too: under the rule before (thaw when a
+    rank's own median drifts 15%) the shares stayed frozen and each step ran 7.4% (1.12x) and
+    8.4% (0.88x) over the ideal for good."""
     res = lasting(factor, rank)
     assert not [c for c in res["changes"] if 30 <= c["step"] <= 60], res["changes"]  # frozen before
     costs = [(a * factor, b * factor) if r == rank else (a, b) for r, (a, b) in enumerate(COSTS_S)]
