@@ -30,10 +30,12 @@ Settling (`hold_when_settled`): the shared host slows one rank for spells of 5-3
 (docs/results/adapt-balance-host-spells.json), and a decision whose window met a spell moved the
 shares there and, after it, back (run 9: the last change at batch 65 in the median). So once a
 decision has kept the shares, a move needs two decisions in a row proposing it, and after
-`HOLD_DECISIONS` decisions in a row keeping them the shares are frozen: decisions then only
-compare each rank's median compute with its value at the freeze, and thaw when some rank's is
-off by more than `DRIFT` at `DRIFT_DECISIONS` decisions in a row (a change that lasts, not a
-spell). The windows hold `BATCH_WINDOW_STEPS` = 20 steps, so a held size's median outlasts a spell.
+`HOLD_DECISIONS` decisions in a row keeping them the shares are frozen: a move then needs
+`THAW_DECISIONS` decisions in a row proposing it (a change between the ranks that lasts, not a
+spell; the same bar as any move, so a lasting change that costs a step more than it is followed).
+The windows hold `BATCH_WINDOW_STEPS` = 20 steps: a spell moves a median only while it fills over
+half of a window, 11 steps or more, so most spells (median 6 steps) move none, and one must last
+22 steps or more to sway three decisions 10 steps apart (docs/adapt.md, "When the shares settle").
 
 Gradients are weighted by share: a rank whose forward saw n of the global batch's B samples
 adds n/B of its mean gradient (`Engine.set_grad_scale`, read from the forward's input), so the
@@ -66,8 +68,7 @@ NOISE_Z = 2.0  # ... and by more than this many standard errors of the ranks' me
 MAX_NOISE_GAIN = 0.05  # ... that bar capped at 5%: on a noisy host the spread alone would hold any shares
 MAD_TO_SE = 1.4826 * 1.2533  # MAD -> standard deviation (normal), times the median's efficiency loss
 HOLD_DECISIONS = 2  # decisions in a row keeping the shares, after which they are frozen ...
-DRIFT = 0.15  # ... until a rank's median compute is this far off its value then at DRIFT_DECISIONS in a row
-DRIFT_DECISIONS = 2
+THAW_DECISIONS = 3  # ... until this many decisions in a row propose the same move
 
 
 def fit_cost(medians: dict[int, float], prior_fixed_s: float | None = None) -> tuple[float, float, bool]:
@@ -160,7 +161,8 @@ class Balancer:
         # a move against the last one's direction waits for the next decision to propose it again
         self.pending_reversal: list[int] | None = None
         # settling (module docstring): decisions in a row that kept the shares, each rank's median
-        # compute when they were frozen (None: not frozen), decisions in a row it drifted past DRIFT
+        # compute when they were frozen (None: not frozen), and while frozen the decisions in a row
+        # that proposed the same move (`_thaws`; the checkpoint's name for it is kept)
         self.held_decisions = 0
         self.frozen_s: list[float] | None = None
         self.drifted_decisions = 0
@@ -242,28 +244,30 @@ class Balancer:
             return  # a change not yet run (a loader drew ahead): measure the counts it set first
         costs = [(a, b) for (_, a, b, _), _ in gathered]
         medians_s = [a + b * n for (n, a, b, _), _ in gathered]  # every rank's median at the shares in force
-        if self.hold_when_settled and self._frozen(medians_s):
-            return
         if any(b <= 0.0 for _, b in costs):
-            # a compute that reads 0 (its wait clamped at the period) would draw the whole batch
-            self.pending_reversal = None
+            # a compute that reads 0 (its wait clamped at the period) would draw the whole batch;
+            # no decision was made, so the decisions "in a row" start again
+            self.pending_reversal, self.held_decisions, self.drifted_decisions = None, 0, 0
             return
         new = counts_for_costs(costs, self.schedule.global_batch)
         old_s, new_s = predicted_s(costs, old), predicted_s(costs, new)
         noise_s = NOISE_Z * sum(m[3] ** 2 for m, _ in gathered) ** 0.5  # the ranks' medians differ by noise
         if new == old or old_s - new_s <= max(MIN_GAIN * old_s, min(noise_s, MAX_NOISE_GAIN * old_s)):
-            self.pending_reversal = None
+            self.pending_reversal, self.drifted_decisions = None, 0
             self.held_decisions += 1
-            if self.hold_when_settled and self.held_decisions >= HOLD_DECISIONS:
+            if self.hold_when_settled and self.frozen_s is None and self.held_decisions >= HOLD_DECISIONS:
                 self.frozen_s, self.drifted_decisions = medians_s, 0
             return
         signs = move_signs(new, old)
+        if self.frozen_s is not None and not self._thaws(signs):
+            return
         settled = self.hold_when_settled and self.held_decisions > 0  # a move off held shares is confirmed
-        if settled or self.changes and any(s * t < 0 for s, t in zip(signs, move_signs(self.changes[-1]["counts"],
-                                                                                         self.changes[-1]["previous"]))):
-            if self.pending_reversal != signs:
-                self.pending_reversal = signs  # proposed once: kept if the next decision proposes it too
-                return
+        reverses = bool(self.changes) and any(s * t < 0 for s, t in zip(
+            signs, move_signs(self.changes[-1]["counts"], self.changes[-1]["previous"])))
+        if (settled or reverses) and self.pending_reversal != signs:
+            self.pending_reversal = signs  # proposed once: kept if the next decision proposes it too
+            self.held_decisions = 0  # this decision did not keep the shares: the keeps in a row end
+            return
         self.pending_reversal = None
         self.held_decisions = 0
         start = max(d for _, d in gathered)
@@ -274,17 +278,17 @@ class Balancer:
         self.changes.append(record)
         self.engine.stats.log("share_changes", record)
 
-    def _frozen(self, medians_s: list[float]) -> bool:
-        """Whether frozen shares stay so: True until some rank's median compute has been off its
-        value at the freeze by more than `DRIFT` at `DRIFT_DECISIONS` decisions in a row."""
-        if self.frozen_s is None:
+    def _thaws(self, signs: list[int]) -> bool:
+        """Whether frozen shares thaw at this decision, which proposed a move in direction `signs`:
+        when `THAW_DECISIONS` decisions in a row proposed it (a lasting change between the ranks,
+        not a spell). The move is then confirmed, made at once."""
+        self.drifted_decisions = self.drifted_decisions + 1 if self.pending_reversal == signs else 1
+        self.pending_reversal = signs
+        if self.drifted_decisions < THAW_DECISIONS:
             return False
-        drifted = any(abs(m / f - 1.0) > DRIFT for m, f in zip(medians_s, self.frozen_s) if f > 0.0)
-        self.drifted_decisions = self.drifted_decisions + 1 if drifted else 0
-        if self.drifted_decisions < DRIFT_DECISIONS:
-            return True
         self.frozen_s, self.drifted_decisions, self.held_decisions = None, 0, 0
-        return False
+        self.pending_reversal = signs  # confirmed: the move below needs no further decision
+        return True
 
 
 def balanced_sampler(optimizer: torch.optim.Optimizer, dataset_len: int, global_batch: int,

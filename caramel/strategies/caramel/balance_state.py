@@ -9,7 +9,8 @@ This state travels in the optimizer's `state_dict()` (the `caramel_adaptive` ent
 
 - `shared`: what every rank holds alike (the steps counted, the fractions or the share
   schedule, the confirmation's last proposal, the changes so far, batch's reversal proposed once
-  and its settling: decisions held in a row, the medians frozen at, decisions drifted in a row);
+  and its settling: decisions held in a row, the medians frozen at, and while frozen the
+  decisions in a row proposing one move);
 - `ranks`: rank -> its own window (and fixed cost). `optimizer.state_dict()` on one rank
   holds that rank's; `caramel train` gathers every rank's into the one checkpoint it writes
   (`merge_rank_states`). A rank whose entry is missing (a checkpoint one rank saved for all)
