@@ -45,6 +45,8 @@ import statistics
 import time
 from typing import Any
 
+from caramel.strategies.ps.sim_pulls import pull_curve_caps
+
 PROBE_REPS = 5  # the queue's repetitions of each kind
 # the patterns' repetitions: within one job 5-repetition medians of the broadcasts read 0.63-0.80
 # of the rate in consecutive blocks, 15 about half that spread (docs/results/ps_sim_flow.md)
@@ -210,13 +212,12 @@ def pull_efficiency_by_count(probed: dict[str, Any] | None, world: int, bandwidt
     while k servers broadcast at once, k = 1..world (`broadcasts_at_once_s`): None for a probe
     before version 4, without a rate or with one worker. A broadcast that relays through its
     receivers (gloo's tree) can beat world - 1 copies from the root, so a point may exceed 1, up
-    to what the links allow: each receiver takes one copy (at most world - 1) and the k
-    broadcasts' k (world - 1) copies leave by world NICs (at most world / k); the noise never
-    speeds the model past that."""
+    to what the links allow (`pull_curve_caps`: a rank that sends none receives k copies); the
+    noise never speeds the model past that."""
     took = (probed or {}).get("broadcasts_at_once_s")
     if not took or not bandwidth_bps or world < 2:
         return None
     if len(took) != world:
         raise ValueError(f"the traffic probe's broadcasts_at_once_s has {len(took)} points for {world} workers")
     ideal_s = (world - 1) * probed["all_to_all_bytes"] * 8 / bandwidth_bps
-    return [min(world - 1, world / k, ideal_s / t) for k, t in enumerate(took, start=1)]
+    return [min(cap, ideal_s / t) for cap, t in zip(pull_curve_caps(world), took)]

@@ -69,9 +69,11 @@ def test_the_per_count_send_rates_may_beat_the_roots_copies_only_as_far_as_the_l
     # relaying through its receivers in 20 ms is 1.5x that; 4 at once in 40 ms, 0.75
     probed = {"all_to_all_bytes": 1_000_000, "broadcasts_at_once_s": [0.02, 0.025, 0.03, 0.04]}
     assert pull_efficiency_by_count(probed, 4, 800e6) == pytest.approx([1.5, 1.2, 1.0, 0.75])
-    # the caps: one copy per receiver (3x), the k broadcasts' copies over 4 NICs (4/k)
+    # the caps: a rank that broadcasts none receives k copies, (4 - 1) / k; all 4 at once: 1
     fast = {**probed, "broadcasts_at_once_s": [0.005, 0.005, 0.005, 0.005]}
-    assert pull_efficiency_by_count(fast, 4, 800e6) == pytest.approx([3.0, 2.0, 4 / 3, 1.0])
+    assert pull_efficiency_by_count(fast, 4, 800e6) == pytest.approx([3.0, 1.5, 1.0, 1.0])
+    two = pull_efficiency_by_count({"all_to_all_bytes": 1_000_000, "broadcasts_at_once_s": [0.005, 0.005]}, 2, 800e6)
+    assert two == [1.0, 1.0] and all(isinstance(e, float) for e in two)  # a float even where the cap binds
     assert pull_efficiency_by_count({"all_to_all_bytes": 1_000_000, "broadcasts_s": 0.04}, 4, 800e6) is None
     assert pull_efficiency_by_count(probed, 4, None) is None
     with pytest.raises(ValueError, match="3 points for 4 workers"):
