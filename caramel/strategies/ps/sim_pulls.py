@@ -49,6 +49,9 @@ def fluid_pulls(order: list[int], owner: list[int], nic_bytes: list[float], earl
         for j, b in enumerate(order):
             o, start = owner[b], earliest_s[j]
             if queues is not None:
+                # this update's earlier pulls in their own backlog, the longer wait of the two taken
+                # (as the pushes do): merged into the queue, a pull touching an older run would add
+                # to it; kept apart, the spans of the previous round never enter the shared queues
                 start = max([start] + [a + max(queues.egress[w].wait(a), now[w].wait(a)) + queues.ingress[o].wait(a)
                                        for w, a in enumerate(applied_s) if w != o])
                 if spans is not None:

@@ -30,6 +30,25 @@ def test_two_pulls_share_then_the_one_left_runs_at_its_lone_rate_which_may_beat_
     assert [x for span in flows.spans for x in span] == pytest.approx([1.0, 2.1, 2.1, 3.2])
 
 
+
+def test_a_pulls_ready_notes_wait_behind_the_receivers_egress_or_earlier_pulls_then_the_servers_ingress():
+    from caramel.strategies.ps.queues import Queues
+
+    # 2 workers, 1 B/s, every share 1, no latency. Rank 1's note for server 0's pull waits behind
+    # rank 1's egress (0.3 s) and then server 0's ingress (0.5 s): the pull starts at 0.8
+    q = Queues(2)
+    q.egress[1].add(0.0, 0.3)
+    q.ingress[0].add(0.0, 0.5)
+    flows = fluid_pulls([0], [0], [1.0], [0.0], [0.0, 0.0], q, 0.0, 1.0, [1.0, 1.0], {})
+    assert flows.settled and flows.spans == [pytest.approx((0.8, 1.8))]
+    # rank 0 sends server 0's pull over [0, 1]; its note for server 1's pull waits behind that pull
+    # (1 s), not its older egress (0.2 s) as well: the longer of the two, 1.0
+    q = Queues(2)
+    q.egress[0].add(0.0, 0.2)
+    flows = fluid_pulls([0, 1], [0, 1], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], q, 0.0, 1.0, [1.0, 1.0], {})
+    assert flows.settled and flows.spans == [pytest.approx((0.0, 1.0)), pytest.approx((1.0, 2.0))]
+
+
 def test_a_pull_curve_is_one_share_per_count_capped_where_the_links_stop():
     # a rank that broadcasts none receives k copies: (n - 1) / k; every rank broadcasting: n - 1 copies each
     assert pull_curve_caps(4) == pytest.approx([3.0, 1.5, 1.0, 1.0])
