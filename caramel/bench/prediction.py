@@ -26,8 +26,8 @@ RECOMMENDATION_TOLERANCE = 0.05  # the recommended strategy's median may exceed 
 ACCURACY_TARGET = 0.10  # the issues' bar: predicted within 10% of the measured median
 PROBE_POINTS, PROBE_REPS = 6, 5  # the bench's link probe: sizes, timed repetitions of each
 LINK_FIELDS = ("latency_s", "queued_latency_s", "collective_cpu_s")  # what the job's probe adds to the spec
-# what the traffic probe adds to its meta: the ps model reads all four (the last from a probe of
-# version 2 on), the gossip model push_efficiency
+# what the traffic probe adds to its meta: the ps model reads all six (the by-count curves
+# from a probe of version 2, and 4, on), the gossip model push_efficiency
 PS_FIELDS = ("link_queue_s", "push_efficiency", "pull_efficiency", "push_efficiency_by_count", "pull_efficiency_by_count",
              "push_receives_early")
 

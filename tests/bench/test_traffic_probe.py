@@ -69,9 +69,11 @@ def test_the_per_count_send_rates_may_beat_the_roots_copies_only_as_far_as_the_l
     # relaying through its receivers in 20 ms is 1.5x that; 4 at once in 40 ms, 0.75
     probed = {"all_to_all_bytes": 1_000_000, "broadcasts_at_once_s": [0.02, 0.025, 0.03, 0.04]}
     assert pull_efficiency_by_count(probed, 4, 800e6) == pytest.approx([1.5, 1.2, 1.0, 0.75])
-    # the caps: one copy per receiver (3x), the k broadcasts' copies over 4 NICs (4/k)
+    # the caps: a rank that broadcasts none receives k copies, (4 - 1) / k; all 4 at once: 1
     fast = {**probed, "broadcasts_at_once_s": [0.005, 0.005, 0.005, 0.005]}
-    assert pull_efficiency_by_count(fast, 4, 800e6) == pytest.approx([3.0, 2.0, 4 / 3, 1.0])
+    assert pull_efficiency_by_count(fast, 4, 800e6) == pytest.approx([3.0, 1.5, 1.0, 1.0])
+    two = pull_efficiency_by_count({"all_to_all_bytes": 1_000_000, "broadcasts_at_once_s": [0.005, 0.005]}, 2, 800e6)
+    assert two == [1.0, 1.0] and all(isinstance(e, float) for e in two)  # a float even where the cap binds
     assert pull_efficiency_by_count({"all_to_all_bytes": 1_000_000, "broadcasts_s": 0.04}, 4, 800e6) is None
     assert pull_efficiency_by_count(probed, 4, None) is None
     with pytest.raises(ValueError, match="3 points for 4 workers"):
@@ -84,3 +86,57 @@ def test_the_per_count_send_rates_may_beat_the_roots_copies_only_as_far_as_the_l
     assert fits[1]["pull_efficiency_by_count"] == pytest.approx([1.0, 0.4])
     assert "pull_efficiency_by_count" not in bench_cluster(2, 1e9, link=fits[0]).meta
     assert bench_cluster(2, 1e9, link=fits[1]).meta["pull_efficiency_by_count"] == pytest.approx([1.0, 0.4])
+
+
+def test_the_curves_time_every_count_within_the_budget_else_fewer_reps_then_a_geometric_set():
+    from caramel.bench.traffic_probe import MIN_CURVE_REPS, curve_plan
+
+    # 4 workers, 70 ms rounds: 7 calls' 16 rounds are 7.8 s, inside 20 s: every count, 15 reps
+    assert curve_plan(4, 0.07, 20.0, 15) == ([1, 2, 3], 15)
+    # 1 s rounds: 20 / 7 rounds fit 2 each, less a warm-up: fewer than the fewest; 4 workers' counts are already
+    # 1, 2, 3, so the fewest repetitions
+    assert curve_plan(4, 1.0, 20.0, 15) == ([1, 2, 3], MIN_CURVE_REPS)
+    assert curve_plan(4, 0.5, 20.0, 15) == ([1, 2, 3], 4)  # 20 / (7 x 0.5) = 5 rounds, one a warm-up
+    # 16 workers, 1.25 s rounds: every count at 15 reps would be 31 x 16 x 1.25 s; the counts 1, 2, 4, 8, 15
+    counts, reps = curve_plan(16, 1.25, 20.0, 15)
+    assert counts == [1, 2, 4, 8, 15] and reps == MIN_CURVE_REPS
+    assert (2 * len(counts) + 1) * (reps + 1) * 1.25 < 60  # against about 11 minutes untrimmed
+    assert curve_plan(2, 10.0, 20.0, 15) == ([1], MIN_CURVE_REPS) and curve_plan(3, 0.01, 20.0, 2) == ([1, 2], 2)
+
+
+def test_a_curve_between_its_timed_counts_is_linear_in_k():
+    from caramel.bench.traffic_probe import fill_curve
+
+    assert fill_curve([1, 2, 4, 5], [1.0, 2.0, 6.0, 7.0], 5) == pytest.approx([1.0, 2.0, 4.0, 6.0, 7.0])
+    assert fill_curve([1, 2, 3], [0.1, 0.2, 0.3], 3) == [0.1, 0.2, 0.3]
+    for counts in ([2, 3], [1, 2], []):
+        with pytest.raises(ValueError, match="must run from 1 to 3"):
+            fill_curve(counts, [0.1] * len(counts), 3)
+
+
+def test_the_broadcast_sweep_times_every_count_in_each_repetition_in_a_rotating_order(monkeypatch):
+    # a fake process group: each round's senders are its count; the sweep must interleave the counts
+    # (rep r times every k) so that every point is read in the same stretch of the job
+    import torch
+    import torch.distributed as dist
+
+    from caramel.bench import traffic_probe
+
+    rounds: list[set[int]] = [set()]
+
+    class Done:
+        def wait(self):
+            return None
+
+    def broadcast(buf, src, group, async_op):
+        rounds[-1].add(src)
+        return Done()
+
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "barrier", lambda: rounds.append(set()))
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None: None)
+    times = traffic_probe._broadcast_sweep(torch.zeros(4), 3, 2, [None] * 3, [1, 2, 3])
+    assert [len(t) for t in times] == [2, 2, 2]
+    counts = [len(r) for r in rounds[1:]]
+    assert counts == [1, 2, 3, 2, 3, 1, 3, 1, 2]  # the warm-up, then each repetition every count, rotated

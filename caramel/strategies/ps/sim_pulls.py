@@ -19,10 +19,12 @@ from caramel.strategies.ps.sim_flows import Push, Settled, check_curve, settle_p
 
 
 def pull_curve_caps(world: int) -> list[float]:
-    """The most each point of a pull curve may be: a receiver takes one copy at the rate (at most
-    world - 1 of the root's copies' time), and k broadcasts' k (world - 1) copies leave by world
-    NICs (at most world / k)."""
-    return [min(world - 1.0, world / k) for k in range(1, world + 1)]
+    """The most each point of a pull curve may be (the share is the root's world - 1 copies' time
+    over the reading): while k < world ranks broadcast, a rank that sends none receives a copy of
+    each, k copies through its ingress, so the reading is at least k copies' time (at most
+    (world - 1) / k); with every rank broadcasting, each receives world - 1 copies (at most 1).
+    The egress bound (k (world - 1) copies leaving by world NICs, world / k) is always looser."""
+    return [(world - 1.0) / k if k < world else 1.0 for k in range(1, world + 1)]
 
 
 def check_pull_curve(curve: object, world: int) -> list[float]:
@@ -47,6 +49,9 @@ def fluid_pulls(order: list[int], owner: list[int], nic_bytes: list[float], earl
         for j, b in enumerate(order):
             o, start = owner[b], earliest_s[j]
             if queues is not None:
+                # this update's earlier pulls in their own backlog, the longer wait of the two taken
+                # (as the pushes do): merged into the queue, a pull touching an older run would add
+                # to it; kept apart, the spans of the previous round never enter the shared queues
                 start = max([start] + [a + max(queues.egress[w].wait(a), now[w].wait(a)) + queues.ingress[o].wait(a)
                                        for w, a in enumerate(applied_s) if w != o])
                 if spans is not None:

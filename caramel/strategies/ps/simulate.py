@@ -43,16 +43,17 @@ the cluster spec), with the backend's behaviour made explicit:
   all-at-once rates (a comm-bound steady state has every server busy all the time).
 
 With `hierarchical=True` (`meta["workers_per_node"]` consecutive workers share a node,
-`meta["node_bandwidth_bps"]` is the rate within it) the servers are the leaders: a push is a
-reduce within the node, then on gloo each leader's node sum sent to the server leader as it
-lands (`sim_hier.py`), off gloo (`meta["backend"]`, else the probe's) a reduce among the
-leaders; a pull a broadcast among the leaders, then within the node; a serving leader's sends
-and pulls share its NIC in the order handed over.
+`meta["node_bandwidth_bps"]` the rate within it, default the link's) the servers are the leaders:
+a push is a reduce within the node (the node's reduces running ahead of the sends), then on gloo
+each leader's node sum sent to the server leader as it lands (`sim_hier.py`), off gloo
+(`meta["backend"]`, else the probe's) a reduce among the leaders; a pull a broadcast among the
+leaders, then within the node; a serving leader's sends and pulls share its NIC in hand-over order.
 
-With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the
-cluster spec lists the workers only): each push is a reduce over the workers and the shard's
-server, handed over once every worker has reached step() (the runtime's step message); each
-server applies its shard as soon as its reductions have landed, then broadcasts it back.
+With `dedicated=true` the `servers` servers are extra hosts on links like the workers' (the cluster
+spec lists the workers only): each push is a reduce over the workers and the shard's server, handed
+over once every worker has reached step() (the runtime's step message: pushes queued during backward
+do not overlap it on the wire); each server applies its shard as soon as its reductions have
+landed, then broadcasts it back; the workers run no optimizer (docs/ps.md, "Simulator").
 
 The step time is the slowest worker's mean period over the second half of the unrolled steps;
 TicTac's predicted E and S of the order are in `meta`, next to the shard loads.

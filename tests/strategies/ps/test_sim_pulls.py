@@ -30,10 +30,32 @@ def test_two_pulls_share_then_the_one_left_runs_at_its_lone_rate_which_may_beat_
     assert [x for span in flows.spans for x in span] == pytest.approx([1.0, 2.1, 2.1, 3.2])
 
 
+
+def test_a_pulls_ready_notes_wait_behind_the_receivers_egress_or_earlier_pulls_then_the_servers_ingress():
+    from caramel.strategies.ps.queues import Queues
+
+    # 2 workers, 1 B/s, every share 1, no latency. Rank 1's note for server 0's pull waits behind
+    # rank 1's egress (0.3 s) and then server 0's ingress (0.5 s): the pull starts at 0.8
+    q = Queues(2)
+    q.egress[1].add(0.0, 0.3)
+    q.ingress[0].add(0.0, 0.5)
+    flows = fluid_pulls([0], [0], [1.0], [0.0], [0.0, 0.0], q, 0.0, 1.0, [1.0, 1.0], {})
+    assert flows.settled and flows.spans == [pytest.approx((0.8, 1.8))]
+    # rank 0 sends server 0's pull over [0, 1]; its note for server 1's pull waits behind that pull
+    # (1 s), not its older egress (0.2 s) as well: the longer of the two, 1.0
+    q = Queues(2)
+    q.egress[0].add(0.0, 0.2)
+    flows = fluid_pulls([0, 1], [0, 1], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], q, 0.0, 1.0, [1.0, 1.0], {})
+    assert flows.settled and flows.spans == [pytest.approx((0.0, 1.0)), pytest.approx((1.0, 2.0))]
+
+
 def test_a_pull_curve_is_one_share_per_count_capped_where_the_links_stop():
-    assert pull_curve_caps(4) == pytest.approx([3.0, 2.0, 4 / 3, 1.0])
+    # a rank that broadcasts none receives k copies: (n - 1) / k; every rank broadcasting: n - 1 copies each
+    assert pull_curve_caps(4) == pytest.approx([3.0, 1.5, 1.0, 1.0])
+    assert pull_curve_caps(2) == [1.0, 1.0] and all(isinstance(c, float) for c in pull_curve_caps(2))
     assert check_pull_curve([1.5, 1.2, 1.0, 0.7], 4) == [1.5, 1.2, 1.0, 0.7]
-    for bad in ([1.0, 1.0, 1.0], [3.5, 1.0, 1.0, 0.7], [1.5, 1.2, 1.0, 1.1], [1.0, 0.0, 1.0, 0.7], "1", None):
+    for bad in ([1.0, 1.0, 1.0], [3.5, 1.0, 1.0, 0.7], [1.5, 1.2, 1.0, 1.1], [1.0, 0.0, 1.0, 0.7], "1", None,
+                [1.5, 1.6, 1.0, 0.7], [1.5, 1.2, 1.1, 0.7]):
         with pytest.raises(ValueError, match="pull_efficiency_by_count must be 4 numbers in"):
             check_pull_curve(bad, 4)
 
@@ -70,7 +92,7 @@ def test_a_flat_pull_curve_at_the_all_at_once_rate_predicts_what_the_old_pulls_d
 def test_a_bsp_steps_pulls_follow_the_hand_computed_fluid_schedule(profile):
     # 3 workers, one pull bucket per shard (the default caps), no queues or contention: the three pulls start
     # together; while k flow each goes at curve[k - 1] of the rate, so the smallest lands first
-    curve = [1.5, 1.2, 0.7]
+    curve = [1.5, 0.9, 0.7]
     r = STRATEGIES.spec("ps").simulate(profile, cluster(3, curve))
     pulls = r.meta["timeline_s"]["pulls_after"]
     assert len(pulls) == 3 and len({a for _, _, a, _ in pulls}) == 1
