@@ -18,7 +18,7 @@ makespan m (rank 0's first pull handed over, T0, to the end of forward u + 1: th
   others are taken, so whatever the others miss lands here;
 - `tail`: the forward after the last pull landed (the modules that use it and those after),
   up to the forward's end as the engine read it (T0 + m; the timeline's own forward end comes
-  after the module's post-forward hooks, `fwd_end_gap_ms`, 0.1 ms typically, outside m).
+  after the module's post-forward hooks, `fwd_end_gap_ms`, outside m).
 
 The first four add up to the remote server's issue lag (0 when it handed over first);
 lag + wire + tail = m, so the parts add up to m - comm. Where the step is link-bound (comm
