@@ -2,8 +2,9 @@
 
 Reads timelines recorded by `experiments/ps_pull_timeline.py` (every rank's transfers on the
 host's one clock) and, per steady update u of rank 0, splits the gap between the measured
-makespan m (rank 0's first pull handed over, T0, to the end of forward u + 1) and the
-profile's pull time alone (`pull_comm_s`, E's comm term) into parts that add up to it:
+makespan m (rank 0's first pull handed over, T0, to the end of forward u + 1: the engine's own
+`makespan_s`, the one its E is computed from) and the profile's pull time alone
+(`pull_comm_s`, E's comm term) into parts that add up to it:
 
 - `remote_late`: the remote server entered `step()` (its `_apply`) after T0: its backward ran on;
 - `push_wait`: it was in `_apply` after T0 waiting for the last pushes (the reductions' waits);
@@ -13,14 +14,20 @@ profile's pull time alone (`pull_comm_s`, E's comm term) into parts that add up 
 - `wire_gaps`: the wire idle between two remote pull buckets (a bucket handed over after the
   one before it landed);
 - `wire_excess`: the remote pulls' time on the wire beyond `pull_comm_s` less the gaps
-  (negative where a remote server's head start beat the profile);
-- `tail`: the forward after the last pull landed (the modules that use it and those after).
+  (negative where a remote server's head start beat the profile). It is what is left once the
+  others are taken, so whatever the others miss lands here;
+- `tail`: the forward after the last pull landed (the modules that use it and those after),
+  up to the forward's end as the engine read it (T0 + m; the timeline's own forward end comes
+  after the module's post-forward hooks, `fwd_end_gap_ms`, outside m).
 
 The first four add up to the remote server's issue lag (0 when it handed over first);
 lag + wire + tail = m, so the parts add up to m - comm. Where the step is link-bound (comm
 >= m - wait, TicTac's L = comm) E = 1 - (m - comm) / (U - L), and each part's share of E is
-part / (U - L). Steps whose compute exceeds comm are counted and left out of the shares
-(there m - L is the forward's wait, not this sum). Which pulls landed out of planned order
+part / (U - L): the shares add up to 1 - E of the engine's log. Steps whose compute exceeds
+comm are counted and left out of the shares (there m - L is the forward's wait, not this sum).
+One remote server only (two colocated ranks): with more, the other servers' wire gaps would
+land in `wire_excess`, so such timelines are refused. The plan's own makespan, tail and E
+for the run's order (rank 0's `predicted`) are reported beside the measured ones. Which pulls landed out of planned order
 is counted too, and the forward's waits are put on the pull that landed as each ended
 (`wait_by_bucket_ms`). The timeline's polling thread slows the forward (docs/ps.md, "E in the
 timeline against the A/B runs"): these are untimed diagnostic runs, not E's A/B numbers.
@@ -52,7 +59,24 @@ def load(d: Path) -> dict[int, dict]:
     if not any(e["kind"] == "optimizer" for e in ranks[0]["events"]):
         raise SystemExit(f"ps_e_breakdown: {d} has no optimizer events: record it with this tree's "
                          f"experiments/ps_pull_timeline.py")
+    remote = sorted(r for r, x in ranks.items() if r != 0 and any(
+        e["kind"] == "send" and e["what"].startswith("pull") for e in x["events"]))
+    if len(remote) > 1:
+        raise SystemExit(f"ps_e_breakdown: {d} has pulls from servers {remote}: expected one remote server "
+                         f"(two colocated ranks); the others' wire gaps would be counted as wire excess")
     return ranks
+
+
+def plan_of(r0: dict, order: str) -> dict:
+    """The plan's prediction for `order` on rank 0's profile: makespan, tail (makespan beyond
+    the pulls alone, `comm_s`) and E, in the units of the rows."""
+    predicted = r0.get("predicted", {})
+    if not isinstance(predicted.get(order), dict):
+        known = sorted(k for k, v in predicted.items() if isinstance(v, dict) and "makespan_s" in v)
+        raise SystemExit(f"ps_e_breakdown: --order {order!r}: expected one of the plan's orders {known}")
+    p = predicted[order]
+    return {"order": order, "makespan_ms": p["makespan_s"] * 1e3, "comm_ms": predicted["comm_s"] * 1e3,
+            "tail_ms": (p["makespan_s"] - predicted["comm_s"]) * 1e3, "E": p["E"]}
 
 
 def by_update(events: list[dict], kind: str) -> dict[int, dict]:
@@ -113,8 +137,8 @@ def breakdown(ranks: dict[int, dict], warmup: int) -> list[dict]:
                 gaps += clip(max(prev, t0), hand[e["bucket"]])
             prev = e["t_done"]
         wire = mine[-1]["t_done"] - start
-        fwd_end = steps[u + 1]["t_fwd_end"]
-        m = fwd_end - t0
+        m = log[u + 1]["makespan_s"]  # E's own makespan: from T0 to the engine's forward end
+        fwd_end = t0 + m
         parts.update(wire_gaps=gaps, wire_excess=wire - gaps - comm, tail=fwd_end - mine[-1]["t_done"])
         wait = log[u + 1]["wait_s"]
         compute = m - wait
@@ -126,7 +150,7 @@ def breakdown(ranks: dict[int, dict], warmup: int) -> list[dict]:
             near = [e for e in mine if abs(e["t_done"] - w["t_done"]) < WAIT_MATCH_S]
             key = str(near[0]["bucket"]) if near else "none"
             waits[key] = waits.get(key, 0.0) + w["waited"] * 1e3
-        rows.append({"u": u, "makespan_ms": m * 1e3, "log_makespan_ms": log[u + 1]["makespan_s"] * 1e3,
+        rows.append({"u": u, "makespan_ms": m * 1e3, "fwd_end_gap_ms": (steps[u + 1]["t_fwd_end"] - fwd_end) * 1e3,
                      "comm_ms": comm * 1e3, "compute_ms": compute * 1e3, "wait_ms": wait * 1e3,
                      "E": log[u + 1]["E"], "link_bound": comm >= compute, "U_minus_L_ms": (U - L) * 1e3,
                      "lag_server": r, "out_of_order": land_order != [b for b in planned if b in land_order],
@@ -150,7 +174,9 @@ def summarize(rows: list[dict]) -> dict:
                           for k in PARTS}
     buckets = sorted({b for x in rows for b in x["wait_by_bucket_ms"]})
     out["wait_by_bucket_ms_median"] = {b: med([x["wait_by_bucket_ms"].get(b, 0.0) for x in rows]) for b in buckets}
+    out["wait_by_bucket_ms_max"] = {b: max(x["wait_by_bucket_ms"].get(b, 0.0) for x in rows) for b in buckets}
     out["E_mean_link_bound"] = statistics.fmean(x["E"] for x in bound) if bound else None
+    out["fwd_end_gap_ms_max"] = max(abs(x["fwd_end_gap_ms"]) for x in rows) if rows else None
     return out
 
 
@@ -158,18 +184,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="timeline DIRs recorded by ps_pull_timeline.py --out")
     ap.add_argument("--warmup", type=int, default=10, help="updates left out (profile and warm-up)")
+    ap.add_argument("--order", default="tac", help="the run's pull order, for the plan's prediction")
     ap.add_argument("--json", type=Path, help="write the per-update rows and summaries here")
     args = ap.parse_args(argv)
     if args.warmup < 0:
         ap.error(f"--warmup: expected updates >= 0, got {args.warmup}")
     runs, every = {}, []
     for d in args.dirs:
-        rows = breakdown(load(d), args.warmup)
+        ranks = load(d)
+        rows = breakdown(ranks, args.warmup)
         if not rows:
             raise SystemExit(f"ps_e_breakdown: {d}: no update left after --warmup {args.warmup}")
-        runs[str(d)] = {"summary": summarize(rows), "rows": rows}
+        runs[str(d)] = {"summary": summarize(rows), "plan": plan_of(ranks[0], args.order), "rows": rows}
         every += rows
         print(d, json.dumps(runs[str(d)]["summary"], indent=None, default=lambda v: round(v, 3)))
+        print(d, "plan", json.dumps(runs[str(d)]["plan"], default=lambda v: round(v, 3)))
     total = summarize(every)
     print("all runs", json.dumps(total, default=lambda v: round(v, 3)))
     if args.json:

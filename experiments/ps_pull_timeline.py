@@ -88,7 +88,10 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     eng = ps_engine.PsEngine
 
-    orig_issue = getattr(ps_sender.SerialSender, "_issue", None)  # None: a tree from before it (hand-off = _send)
+    # `_issue` exists only in 16506fc (the caller hands an idle sender's first pull over; measured
+    # and reverted, docs/ps.md "Where E is lost"): kept so that tree's timelines can be recorded
+    # again. Elsewhere the thread issues in `_send` and the hand-off is `_send`'s start.
+    orig_issue = getattr(ps_sender.SerialSender, "_issue", None)
 
     def timed_issue(self, item):  # the hand-off: by the sender thread, or by `submit` when idle
         item.t_handoff = time.perf_counter()

@@ -114,8 +114,6 @@ class NodeSumSender(SerialSender):
     with its pull sender's broadcasts (`Hierarchy.link_group`): two threads on one gloo
     group, safe by gloo's internals as for a colocated server's pushes (`sender.py`)."""
 
-    ISSUES_WHEN_IDLE = False  # each send waits for its node's reduce first, in the thread
-
     def forward(self, node_reduce: Any, flat: Any, server: int, group: Any, tag: int, what: str) -> SentPull:
         """Send `flat` to global rank `server` on `group` once `node_reduce` has completed."""
         return self.submit(flat, server, group, tag, what, after=node_reduce)

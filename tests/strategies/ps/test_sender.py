@@ -47,61 +47,7 @@ def test_pulls_go_to_the_backend_one_at_a_time_in_order(monkeypatch):
     s.close()
     assert [x[:2] for x in log] == [(e, k) for k in range(4) for e in ("issue", "done")]
     assert list(s.issued) == [0, 1, 2, 3]
-    assert [x[2] for x in log if x[0] == "issue"] == [threading.current_thread().name] + ["caramel-ps-sender"] * 3
-
-
-def test_an_idle_senders_first_pull_is_handed_over_by_the_caller(monkeypatch):
-    """Woken from its queue the thread needs the GIL, which the training loop holds right after
-    step(): an idle sender's first pull goes to the backend in `submit`, the rest from the
-    thread, each once the one before has left; a drained sender does it again (next update)."""
-    log: list = []
-    monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log))
-    s = sender_mod.SerialSender()
-    me = threading.current_thread().name
-    for update in range(2):
-        handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k) for k in range(3 * update, 3 * update + 3)]
-        assert log[-1] == ("issue", 3 * update, me)  # before submit returned, in the caller
-        for h in handles:
-            assert h.wait()
-    s.close()
-    assert [x[:2] for x in log] == [(e, k) for k in range(6) for e in ("issue", "done")]
-    assert [x[2] for x in log if x[0] == "issue"] == [me, "caramel-ps-sender", "caramel-ps-sender"] * 2
-    assert list(s.issued) == list(range(6)) and s.issued_by_caller == 2
-
-
-def test_a_busy_sender_leaves_the_pull_to_its_thread(monkeypatch):
-    """While a pull is queued or on the wire the caller issues nothing itself: two threads'
-    calls on one group could then run at once, and the order would be lost."""
-    log: list = []
-    monkeypatch.setattr(sender_mod.dist, "broadcast", fake_broadcast(log))
-    s = sender_mod.SerialSender()
-    first = s.submit(torch.tensor([0.0]), 0, None, tag=0)
-    late = s.submit(torch.tensor([1.0]), 0, None, tag=1)  # the first still on the wire (10 ms)
-    assert first.wait() and late.wait()
-    s.close()
-    assert [x[2] for x in log if x[0] == "issue"] == [threading.current_thread().name, "caramel-ps-sender"]
-    assert s.issued_by_caller == 1
-
-
-def test_a_pull_the_caller_failed_to_issue_fails_every_later_one(monkeypatch):
-    log: list = []
-
-    def broadcast(buf, src, group, async_op):
-        if int(buf[0]) == 0:
-            raise RuntimeError("connection reset")
-        return fake_broadcast(log)(buf, src, group, async_op)
-    monkeypatch.setattr(sender_mod.dist, "broadcast", broadcast)
-    s = sender_mod.SerialSender()
-    handles = [s.submit(torch.tensor([float(k)]), 0, None, tag=k, what=f"pull of bucket {k} (shard 0)") for k in range(2)]
-    with pytest.raises(CaramelError, match=r"ps: pull of bucket 0 \(shard 0\) failed: connection reset"):
-        handles[0].wait()
-    with pytest.raises(CaramelError, match=r"pull of bucket 1 .* not sent: the earlier pull of bucket 0"):
-        handles[1].wait()
-    after = s.submit(torch.tensor([2.0]), 0, None, tag=2, what="pull of bucket 2 (shard 0)")
-    with pytest.raises(CaramelError, match="not sent"):  # a failed sender issues nothing more, not even idle
-        after.wait()
-    s.close()
-    assert log == []
+    assert all(x[2] == "caramel-ps-sender" for x in log if x[0] == "issue")
 
 
 def test_a_failed_pull_fails_every_later_one_and_nothing_hangs(monkeypatch):
@@ -135,7 +81,7 @@ def test_send_pull_goes_through_the_sender_where_there_is_one(monkeypatch):
     sent = sender_mod.send_pull(s, torch.tensor([3.0]), 0, None, 3, "pull of bucket 3 (shard 0)")
     assert isinstance(sent, sender_mod.SentPull) and sent.wait()
     s.close()
-    assert list(s.issued) == [3] and s.issued_by_caller == 1  # an idle sender: the caller issued it
+    assert list(s.issued) == [3] and log[0][2] == "caramel-ps-sender"
     direct = sender_mod.send_pull(None, torch.tensor([4.0]), 0, None, 4, "pull of bucket 4 (shard 0)")
     assert isinstance(direct, FakeWork) and log[-1][:2] == ("issue", 4)
     assert log[-1][2] == threading.current_thread().name

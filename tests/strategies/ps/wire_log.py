@@ -1,14 +1,11 @@
 """The ordered pull senders' broadcasts on the real gloo groups, logged (for the spawned tests).
 
-`wire_logged()` wraps the senders' `SerialSender._issue`, which records ("issue", sender,
-time, group, send) when a pull is handed to the backend (by the sender's thread, or by the
-caller of `submit` when the sender was idle) and ("done", thread, time, group, send) once its
-send is complete. `one_at_a_time` checks, per group and per issuing sender (a link), that no
-two sends overlap in time: a sender that issued its async sends concurrently (on one group or
-several), or two senders on one group, fail it. Per sender, not per thread: a hierarchical
-leader's training thread may hand the first pull of both its senders over, one per link.
-It checks what was handed to the backend and when it completed, not the order gloo put the
-bytes on the socket.
+`wire_logged()` swaps the sender module's `dist` for one whose `broadcast` records
+("issue", thread, time, group, send) when a pull is handed to the backend and ("done", thread,
+time, group, send) once its send is complete. `one_at_a_time` checks, per group and per issuing
+thread, that no two sends overlap in time: a sender that issued its async sends concurrently
+(from one thread, on one group or several, or from several threads on one group) fails it. It checks what was handed to the backend and when it completed, not
+the order gloo put the bytes on the socket.
 """
 from __future__ import annotations
 
@@ -16,7 +13,10 @@ import contextlib
 import itertools
 import threading
 import time
+from types import SimpleNamespace
 from typing import Iterator
+
+import torch.distributed as dist
 
 from caramel.strategies.ps import sender as sender_mod
 
@@ -38,26 +38,25 @@ class _Logged:
 def wire_logged() -> Iterator[list]:
     log: list = []
     sends = itertools.count()
-    issue = sender_mod.SerialSender._issue
 
-    def logged_issue(sender, item):
+    def broadcast(buf, src, group, async_op):
         send = next(sends)
-        log.append(("issue", id(sender), time.perf_counter(), id(item.group), send))
-        return _Logged(issue(sender, item), log, id(item.group), send)
+        log.append(("issue", threading.get_ident(), time.perf_counter(), id(group), send))
+        return _Logged(dist.broadcast(buf, src=src, group=group, async_op=async_op), log, id(group), send)
 
-    sender_mod.SerialSender._issue = logged_issue
+    sender_mod.dist = SimpleNamespace(broadcast=broadcast, get_backend=dist.get_backend)
     try:
         yield log
     finally:
-        sender_mod.SerialSender._issue = issue
+        sender_mod.dist = dist
 
 
 def one_at_a_time(log: list) -> bool:
     """Every send was issued once and waited for once, and the sends' [issue, done] intervals
-    are disjoint and follow each other per group and per issuing sender (a link): each send
-    complete before the next one on that group, or from that sender, was issued. Two senders
-    on two groups (a hierarchical leader's two) may overlap."""
-    spans: dict[int, list] = {}  # send -> [issuing sender, group, issued, done]
+    are disjoint and follow each other per group and per issuing thread (a sender's link): each
+    send complete before the next one on that group, or from that thread, was issued. Two
+    threads on two groups (a hierarchical leader's two senders) may overlap."""
+    spans: dict[int, list] = {}  # send -> [issuing thread, group, issued, done]
     for event, thread, t, group_key, send in log:
         if event == "issue":
             if send in spans:
@@ -72,7 +71,7 @@ def one_at_a_time(log: list) -> bool:
             return False
     if any(len(span) != 4 for span in spans.values()):
         return False
-    for key in (1, 0):  # per group, then per issuing sender
+    for key in (1, 0):  # per group, then per issuing thread
         by_key: dict[int, list[tuple[float, float]]] = {}
         for span in spans.values():
             by_key.setdefault(span[key], []).append((span[2], span[3]))
