@@ -162,6 +162,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", help="write the rows and summaries here")
     ap.add_argument("--markdown", help="write the tables here")
     args = ap.parse_args(argv)
+    code = code_version()  # the code that runs, read before the replays (not after: edits meanwhile)
     names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
     groups_of: dict[str, list[str]] = {}
     for g in args.group:
@@ -184,7 +185,6 @@ def main(argv: list[str]) -> int:
                   f"{_ms(r['messages']['timed_busy_s_per_lane'])}; charge ms {r['charge_ms_per_stage']}", flush=True)
     groups = {g: summary([r for r in rows if r["run"] in members]) for g, members in groups_of.items()}
     groups["all"] = summary(rows)
-    code = code_version()
     command = "PYTHONPATH=. python experiments/pipeline_reduce_cpu.py " + " ".join(argv)
     for g, by_model in groups.items():
         for m, s in by_model.items():
