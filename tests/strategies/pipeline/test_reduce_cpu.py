@@ -90,6 +90,11 @@ def test_the_spec_writes_the_field_only_where_it_charges():
     assert ClusterSpec.from_dict(off).reduce_cpu == "none"
     with pytest.raises(FormatError, match=r"field 'reduce_cpu' must be one of none, messages, got 'bytes'"):
         ClusterSpec.uniform(4, 1e9, reduce_cpu="bytes")
+    # a file that says an older version but holds the field is mislabelled: refused, not read with the charge
+    with pytest.raises(FormatError, match=r"field 'reduce_cpu' is new in cluster/4, but the file says 'caramel.cluster/3'"):
+        ClusterSpec.from_dict({**d, "format": "caramel.cluster/3"})
+    with pytest.raises(FormatError, match=r"field 'sharing_model' is new in cluster/3"):
+        ClusterSpec.from_dict({**off, "format": "caramel.cluster/2", "sharing_model": "stage"})
 
 
 def test_the_cli_keeps_the_charge_of_a_spec_file(tmp_path):
