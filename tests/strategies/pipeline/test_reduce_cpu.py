@@ -108,3 +108,11 @@ def test_the_cli_keeps_the_charge_of_a_spec_file(tmp_path):
     assert cluster_from_args(args).reduce_cpu == "messages"
     args.workers = 2  # resized: the charge stays
     assert cluster_from_args(args).reduce_cpu == "messages"
+
+
+def test_a_pipeline_record_says_whether_the_charge_was_on():
+    from caramel.bench.pipeline_plan import cluster_summary
+
+    on = ClusterSpec.uniform(4, 1e9, collective_cpu_s=0.003, reduce_cpu="messages")
+    assert cluster_summary(on)["reduce_cpu"] == "messages"
+    assert cluster_summary(dataclasses.replace(on, reduce_cpu="none"))["reduce_cpu"] == "none"
