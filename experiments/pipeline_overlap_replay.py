@@ -83,7 +83,6 @@ def _with_measured_compute(prof, cluster, options, per_rank: list[dict[str, floa
     import dataclasses
 
     from caramel.strategies.pipeline import simulate as sim
-    from caramel.strategies.pipeline.timeline import ReduceBuckets
 
     replay, overlapped = sim.replay, sim.replay_overlapped
     r = options.replicas  # rank = position x replicas + replica
@@ -94,8 +93,8 @@ def _with_measured_compute(prof, cluster, options, per_rank: list[dict[str, floa
             raise ValueError(f"measured compute: {len(per_rank)} ranks for {n} stages x {r} replicas")
         fwd = [sum(per_rank[s * r + j]["F"] for j in range(r)) / r / 1e3 for s in range(n)]
         bwd = [sum(per_rank[s * r + j]["B"] for j in range(r)) / r / 1e3 for s in range(n)]
-        buckets = [ReduceBuckets(b.time_s, [t * bw / costs.backward_s[s] for t in b.ready_s],
-                                 [t * fw / costs.forward_s[s] for t in b.need_s], b.apply_s, b.queued_time_s)
+        buckets = [dataclasses.replace(b, ready_s=[t * bw / costs.backward_s[s] for t in b.ready_s],
+                                       need_s=[t * fw / costs.forward_s[s] for t in b.need_s])  # the rest (cpu_s) kept
                    for s, (b, fw, bw) in enumerate(zip(costs.buckets, fwd, bwd))]
         return dataclasses.replace(costs, forward_s=fwd, backward_s=bwd, buckets=buckets)
 

@@ -34,7 +34,7 @@ WITHIN = 0.10
 
 def engine_buckets(trace_dir: str, strategy: str) -> list[dict[str, Any]] | None:
     """Per rank whose trace holds the engine's reduction (`pipeline_actions` files' `reduce_plan`):
-    its stage, the plan's bucket count and bytes, and the medians over the steps (the first and
+    its stage, the plan's bucket count, collectives (a bucket's chunks) and bytes, and the medians over the steps (the first and
     the last left out: warm-up, and collectives that may have completed after the step was
     saved) of how many collectives a step issued, the first's issue after the last backward
     began and the last's completion after that backward ended (ms). None: no rank has one."""
@@ -42,8 +42,10 @@ def engine_buckets(trace_dir: str, strategy: str) -> list[dict[str, Any]] | None
 
     out = []
     for path in sorted(glob.glob(os.path.join(trace_dir, f"pipeline_actions.{trace_file_stem(strategy)}.rank*.json"))):
-        rec = json.load(open(path))
-        if "reduce_plan" not in rec:
+        with open(path) as f:
+            rec = json.load(f)
+        stage = next((a[1] for st in rec["steps"] for a in st), None)
+        if "reduce_plan" not in rec or stage is None:  # no engine, or no action recorded
             continue
         issued, done, counts = [], [], []
         for acts, reduces in list(zip(rec["steps"], rec["reduces"]))[1:-1]:
@@ -54,8 +56,8 @@ def engine_buckets(trace_dir: str, strategy: str) -> list[dict[str, Any]] | None
             counts.append(len(reduces))
             issued.append(1e3 * (min(r[1] for r in reduces) - last[3]))
             done.append(1e3 * (max(r[2] for r in reduces) - last[4]))
-        stage = next(a[1] for st in rec["steps"] for a in st)
-        out.append({"rank": rec["rank"], "stage": stage, "buckets": len(rec["reduce_plan"]),
+        out.append({"rank": rec["rank"], "stage": stage, "buckets": len({b for b, _, _ in rec["reduce_plan"]}),
+                    "collectives_planned": len(rec["reduce_plan"]),  # a chunked bucket is several
                     "bytes": sum(b for _, _, b in rec["reduce_plan"]),
                     "per_step": statistics.median(counts) if counts else None,
                     "first_issue_after_last_backward_start_ms": statistics.median(issued) if issued else None,
@@ -63,33 +65,24 @@ def engine_buckets(trace_dir: str, strategy: str) -> list[dict[str, Any]] | None
     return out or None
 
 
-def _charge_ms(layout: str, collective_cpu_s: float, world: int, param_layers: list[int]) -> list[float] | None:
-    """Per stage, the form's charge on the last backward (ms) for `layout`; None where its replicas
-    reduce after the drain (the form charges only the overlapped reductions)."""
-    from caramel.strategies import STRATEGIES
-    from caramel.strategies.pipeline.simulate import reduce_mode
-
-    opts = STRATEGIES.spec(layout).options
-    if opts.unequal_replicas or reduce_mode(opts) == "after":
-        return None
-    per_bucket = collective_cpu_s * (opts.replicas - 1) / (world - 1)
-    return [1e3 * k * per_bucket for k in param_layers]
-
-
-def score_run(run: str) -> list[dict[str, Any]]:
+def score_run(run: str, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """`run`'s pipeline rows (`only`: those of these strategy names) under each model, beside the
+    measurement, the simulator's charge and, where traced, the engine's buckets."""
     from pipeline_stage_busy import replay_run
     from pipeline_stage_sharing import _sharing, action_excess
 
     shared = _sharing(run)
-    replays = {m: replay_run(run, reduce_cpu=m) for m in MODELS}
+    replays = {m: replay_run(run, only, reduce_cpu=m) for m in MODELS}
     trace_dir = os.path.dirname(glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json"))[0])
     rows = []
     for i, base in enumerate(replays["none"]["rows"]):
-        layers = [st["param_layers"] for st in base["stages"]]
+        charged = replays["messages"]["rows"][i]
         row = {"run": os.path.basename(os.path.normpath(run)), "strategy": base["strategy"], "layout": base["layout"],
                "measured_s": base["measured_s"], "measured_busy_s_per_stage": base["measured_busy_s_per_stage"],
-               "charge_ms_per_stage": _charge_ms(base["layout"], replays["none"]["collective_cpu_s"],
-                                                 replays["none"]["world"], layers),
+               # the simulator's own buckets and charge (None: the replicas reduce after the drain, uncharged)
+               "simulator_buckets_per_stage": charged["buckets_per_stage"],
+               "charge_ms_per_stage": (None if charged["bucket_cpu_s_per_stage"] is None
+                                       else [1e3 * c for c in charged["bucket_cpu_s_per_stage"]]),
                "action_excess": (action_excess(base["stages"], shared["ranks_per_host"] / shared["alone_speedup"])
                                  if shared else None),
                "engine_buckets": engine_buckets(trace_dir, base["strategy"])}
@@ -169,6 +162,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", help="write the rows and summaries here")
     ap.add_argument("--markdown", help="write the tables here")
     args = ap.parse_args(argv)
+    code = code_version()  # the code that runs, read before the replays (not after: edits meanwhile)
     names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
     groups_of: dict[str, list[str]] = {}
     for g in args.group:
@@ -191,7 +185,6 @@ def main(argv: list[str]) -> int:
                   f"{_ms(r['messages']['timed_busy_s_per_lane'])}; charge ms {r['charge_ms_per_stage']}", flush=True)
     groups = {g: summary([r for r in rows if r["run"] in members]) for g, members in groups_of.items()}
     groups["all"] = summary(rows)
-    code = code_version()
     command = "PYTHONPATH=. python experiments/pipeline_reduce_cpu.py " + " ".join(argv)
     for g, by_model in groups.items():
         for m, s in by_model.items():

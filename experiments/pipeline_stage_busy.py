@@ -141,7 +141,10 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "sharing": {k: v for k, v in (sim.meta.get("sharing") or {}).items()
                         if k in ("factor", "ranks_at_once", "settled", "passes")},
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
-            "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage}
+            "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage,
+            # the simulator's buckets per stage and their charge on the last backward (None: reduced after the drain)
+            "buckets_per_stage": [len(b.time_s) for b in last["costs"].buckets] if "costs" in last else None,
+            "bucket_cpu_s_per_stage": [b.cpu_s for b in last["costs"].buckets] if "costs" in last else None}
 
 
 METHODS = ("partitioner", "simulated", "timed")
@@ -200,20 +203,26 @@ def _own(spans: list[list[tuple[float, float]]], cover: _Coverage, lane: int) ->
 
 
 def _spied(simulate, box: dict[str, Any]):
-    """`simulate()` keeping the last replay's `PipelineSim` (the settled pass's) in `box["sim"]`."""
+    """`simulate()` keeping the last replay's `PipelineSim` (the settled pass's) in `box["sim"]`
+    and, where the replicas' reduction overlaps the pipeline, the `StageCosts` that replay ran in
+    `box["costs"]` (their buckets, with the charge the spec asks for; absent otherwise)."""
     from caramel.strategies.pipeline import simulate as sim_module
 
-    orig = sim_module.lane_meta
+    orig, orig_overlapped = sim_module.lane_meta, sim_module.replay_overlapped
 
     def spy(sim, replicas):
         box["sim"], box["replicas"] = sim, replicas
         return orig(sim, replicas)
 
-    sim_module.lane_meta = spy
+    def spy_overlapped(costs, *args, **kwargs):
+        box["costs"] = costs
+        return orig_overlapped(costs, *args, **kwargs)
+
+    sim_module.lane_meta, sim_module.replay_overlapped = spy, spy_overlapped
     try:
         return simulate()
     finally:
-        sim_module.lane_meta = orig
+        sim_module.lane_meta, sim_module.replay_overlapped = orig, orig_overlapped
 
 
 def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:

@@ -242,13 +242,23 @@ class PipelineRunner(Runner):
 
     def _save_actions(self) -> None:
         """This rank's timed compute actions of the kept steps (`StepTiming.actions`: kind, stage,
-        microbatch, start, end on the host's monotonic clock), to compare with the simulator's lanes."""
+        microbatch, start, end on the host's monotonic clock), to compare with the simulator's lanes.
+        `caramel.pipeline_actions/1`: those only. `/2`, where Caramel's engine reduces the stage:
+        also its plan (`reduce_plan`: bucket, chunk, bytes in issue order) and each step's
+        collectives (`reduces`: bytes, issue, done), those completed by now; the last step's may
+        still be on the wire, and `reduces_last_step_partial` says whether it holds fewer than
+        the plan's (readers drop that step's then)."""
         timer = self.pipe.timer
         steps = [[list(a) for a in st.actions] for st in timer.steps]
-        record: dict[str, Any] = {"strategy": self.name, "rank": ctx_rank(), "steps": steps}
-        if timer.reduce_plan:  # Caramel's engine reduces this rank's stage: its plan and each step's collectives
+        record: dict[str, Any] = {"format": "caramel.pipeline_actions/1", "strategy": self.name, "rank": ctx_rank(),
+                                  "steps": steps}
+        if timer.watching_reduces:  # Caramel's engine reduces this rank's stage: its plan and each step's collectives
+            timer.take_reduces()  # those completed since the last step ended
+            record["format"] = "caramel.pipeline_actions/2"
             record["reduce_plan"] = [list(item) for item in timer.reduce_plan]
             record["reduces"] = [[list(r) for r in st.reduces] for st in timer.steps]
+            record["reduces_last_step_partial"] = (bool(timer.steps)
+                                                   and len(timer.steps[-1].reduces) < len(timer.reduce_plan))
         path = Path(self.trace_dir) / f"pipeline_actions.{trace_file_stem(self.name)}.rank{ctx_rank()}.json"
         path.write_text(json.dumps(record))
 

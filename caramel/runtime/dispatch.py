@@ -71,6 +71,11 @@ class Dispatcher:
         self.codecs = codecs
         self.next_item = 0
 
+    @property
+    def measurers(self) -> int:
+        """How many `start_measuring` calls are not yet stopped (readers of `log`)."""
+        return self._requests
+
     def start_measuring(self) -> None:
         """Time every collective from now on (a fresh log) until the matching `stop_measuring`."""
         self._requests += 1

@@ -60,6 +60,9 @@ from caramel.jsonio import check_format, from_fields, read_json, require, requir
 
 KIND = "cluster"
 VERSIONS = (1, 2, 3, 4)  # 2: host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"; 4: reduce_cpu
+# fields `to_dict` writes only from the version that brought them (host sharing's two are written,
+# at their defaults, in every version, so they are not checked)
+NEWER_FIELDS = {"sharing_model": 3, "reduce_cpu": 4}
 SHARING_MODELS = ("layout", "stage")  # how the pipeline simulator spreads host sharing (see above)
 REDUCE_CPU_MODELS = ("none", "messages")  # the replicas' buckets' CPU in the pipeline simulator (see above)
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
@@ -195,6 +198,11 @@ class ClusterSpec:
         unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise FormatError(f"{source} has an unknown field {unknown[0]!r}; expected among {', '.join(sorted(known))}")
+        version = int(data["format"].rsplit("/", 1)[1])
+        for name, since in NEWER_FIELDS.items():  # a reader of the declared version would drop it: mislabelled
+            if name in data and version < since:
+                raise FormatError(f"{source}: field {name!r} is new in {KIND}/{since}, but the file says "
+                                  f"{data['format']!r}; write it with format \"caramel.{KIND}/{since}\" or later")
         raw = require(data, "workers", list, source)
         workers = [from_fields(WorkerSpec, w, f"{source}: workers[{i}]") for i, w in enumerate(raw)]
         spec = cls.__new__(cls)

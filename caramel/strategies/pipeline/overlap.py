@@ -228,9 +228,10 @@ class _LaneCompute:
         last_backward = kind == "B" and i == self.m - 1
         if kind == "F" and i == 0 and k and self.mode == "forward":
             end, computed = _gated_forward(busy, start, costs.forward_s[s], b, self.reduced_s[p])
-        else:  # the last backward also carries its buckets' messages' CPU (0 unless the spec charges it)
-            end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s]
-                               + (b.cpu_s if last_backward else 0.0))
+        else:  # the last backward also carries its buckets' messages' CPU (0 unless the spec charges it),
+            # wall time as measured: added after the compute, not slowed beside the wires
+            end = busy.advance(start, costs.forward_s[s] if kind == "F" else costs.backward_s[s])
+            end += b.cpu_s if last_backward else 0.0
             computed = end - start
         self.busy_s[p][k] += computed
         self.waited_s[p][k] += end - start - computed

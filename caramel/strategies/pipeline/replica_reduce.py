@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
 from caramel.distributed import broadcast_coalesced
+from caramel.errors import CaramelError
 
 PROFILE_STEPS = 3
 
@@ -162,6 +163,24 @@ def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replic
     engine = optimizer._caramel_engine
     engine.set_grad_scale(1.0 / (replicas * microbatches))
     return engine
+
+
+def watch_engine_reduces(timer: Any, engine: Any) -> None:
+    """Have the stage timer record `engine`'s collectives (`StageTimer.watch_reduces`, with
+    `reduce_plan`). The timer empties the engine's log of collectives every step, so an engine
+    that reads that log itself (online profiling, an overlap trial, periodic checks, which may
+    also replan and leave the recorded plan stale) is refused rather than silently starved."""
+    controller = engine.controller
+    checks = getattr(controller, "checks", None)
+    readers = [what for what, on in (("online profiling", getattr(controller, "profiler", None) is not None),
+                                     ("an overlap trial", getattr(controller, "trial", None) is not None),
+                                     ("periodic checks", bool(checks is not None and checks.check_every)))
+               if on]
+    if readers:
+        raise CaramelError(f"pipeline: the stage timer takes Caramel's engine's log of collectives every step, "
+                           f"which its {' and '.join(readers)} also read; build the replicas' engine as "
+                           f"`caramel_replicas` does (check_every=0, overlap='forward', a plan or profile given)")
+    timer.watch_reduces(engine._dispatcher, reduce_plan(engine))
 
 
 def reduce_plan(engine: Any) -> list[tuple[int, int, int]]:

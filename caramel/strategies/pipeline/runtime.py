@@ -27,7 +27,8 @@ from caramel.errors import CaramelError
 from caramel.strategies.pipeline.layout import Layout, make_layout, split_sequential
 from caramel.strategies.pipeline.options import PipelineOptions
 from caramel.strategies.pipeline.pipedream import PipeDreamStage
-from caramel.strategies.pipeline.replica_reduce import DDPStage, KeepBuffersStage, broadcast_buffers, reduce_plan
+from caramel.strategies.pipeline.replica_reduce import (DDPStage, KeepBuffersStage, broadcast_buffers,
+                                                        watch_engine_reduces)
 from caramel.strategies.pipeline.timing import StageTimer, bubble_fractions
 from caramel.strategies.pipeline.tied import share_tied
 from caramel.strategies.pipeline.units import traced_stages, with_cut_units
@@ -234,7 +235,7 @@ class Pipeline(PipelinePlanning):
             self.timer.wrap_stage(st)
         self.timer.wrap_loss(self._runner)
         if self._engine is not None:
-            self.timer.watch_reduces(self._engine._dispatcher, reduce_plan(self._engine))
+            watch_engine_reduces(self.timer, self._engine)
 
     def _tie(self, tied: list) -> None:
         """Tied weights on several stages: sum their gradients over the holders each step

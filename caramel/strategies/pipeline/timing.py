@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from caramel.errors import CaramelError
 from caramel.trace.events import TraceEvent
 
 MAX_STEPS = 256  # steps of timing kept (a long run keeps the most recent)
@@ -61,10 +62,20 @@ class StageTimer:
         its log of (issue, done, bytes) while measuring, on `time.perf_counter` like the actions.
         `plan`: its items (bucket, chunk, bytes) in issue order. The timer empties that log each
         step, so it suits an engine that measures nothing itself from it (the pipeline's: no
-        online profiling, trial or periodic check, `replica_reduce.caramel_replicas`)."""
+        online profiling, trial or periodic check, `replica_reduce.caramel_replicas`; checked
+        there by `replica_reduce.watch_engine_reduces`); here: no one else measuring already."""
+        if dispatcher.measurers:
+            raise CaramelError(f"stage timer: the engine's collective log already has {dispatcher.measurers} "
+                               "reader(s) (online profiling, a trial or a bandwidth check), and the timer empties "
+                               "it every step; watch an engine that measures nothing itself")
         dispatcher.start_measuring()
         self._reduce_log = dispatcher.log
         self.reduce_plan = list(plan)
+
+    @property
+    def watching_reduces(self) -> bool:
+        """Whether `watch_reduces` was called (an engine reduces this rank's stage)."""
+        return self._reduce_log is not None
 
     def wrap_stage(self, stage: Any) -> None:
         """Time `stage.forward_one_chunk` and `stage.backward_one_chunk` (torch's PipelineStage)."""
@@ -94,11 +105,12 @@ class StageTimer:
             self.steps.append(StepTiming(min(a[3] for a in acts), max(a[4] for a in acts),
                                          sum(a[4] - a[3] for a in acts), acts))
             del self.steps[:-MAX_STEPS]
-        self._take_reduces()
+        self.take_reduces()
 
-    def _take_reduces(self) -> None:
+    def take_reduces(self) -> None:
         """Move the collectives completed so far to the step that issued them (the last one begun
-        at or before the issue): a step's buckets may complete during the next step."""
+        at or before the issue): a step's buckets may complete during the next step, the last
+        step's after its `end_step` (call again before reading them)."""
         log = self._reduce_log
         while log:
             issue, done, nbytes = log.popleft()  # the backend's thread only appends

@@ -37,6 +37,17 @@ def test_the_charge_lengthens_each_stages_last_backward_only():
     assert after.timed_busy_s[0] == pytest.approx(4.3 + 0.2)
 
 
+def test_the_charge_is_wall_time_not_slowed_beside_the_wires():
+    # as the first case with compute 2x slower beside a transfer: each last backward's compute
+    # ends as its bucket is issued (lane 1 at 5, lane 0 at 6.2), so only the charge (5-5.2,
+    # 6.2-6.5) runs beside a bucket; charged as wall time it stays 0.2 and 0.3, so nothing moves
+    # (stretched by the slowdown it would be 0.4 and 0.55: step 6.95)
+    acts = schedule_actions("gpipe", 2, 2, 2)
+    sim = replay_overlapped(_costs(0.3, 0.2), acts, "forward", compute_slowdown=2.0)
+    assert sim.step_time_s == pytest.approx(6.7)
+    assert sim.busy_s == pytest.approx([4.3, 4.2])
+
+
 def test_a_charge_on_the_first_stage_hides_behind_its_bucket():
     # only stage 0 charged (0.3): its B1 runs 5-6.3, its bucket still 6-6.5 (issued at the
     # compute's end), so the next F0 starts at 6.5 as before: the step does not move, the
@@ -79,6 +90,11 @@ def test_the_spec_writes_the_field_only_where_it_charges():
     assert ClusterSpec.from_dict(off).reduce_cpu == "none"
     with pytest.raises(FormatError, match=r"field 'reduce_cpu' must be one of none, messages, got 'bytes'"):
         ClusterSpec.uniform(4, 1e9, reduce_cpu="bytes")
+    # a file that says an older version but holds the field is mislabelled: refused, not read with the charge
+    with pytest.raises(FormatError, match=r"field 'reduce_cpu' is new in cluster/4, but the file says 'caramel.cluster/3'"):
+        ClusterSpec.from_dict({**d, "format": "caramel.cluster/3"})
+    with pytest.raises(FormatError, match=r"field 'sharing_model' is new in cluster/3"):
+        ClusterSpec.from_dict({**off, "format": "caramel.cluster/2", "sharing_model": "stage"})
 
 
 def test_the_cli_keeps_the_charge_of_a_spec_file(tmp_path):
@@ -92,3 +108,11 @@ def test_the_cli_keeps_the_charge_of_a_spec_file(tmp_path):
     assert cluster_from_args(args).reduce_cpu == "messages"
     args.workers = 2  # resized: the charge stays
     assert cluster_from_args(args).reduce_cpu == "messages"
+
+
+def test_a_pipeline_record_says_whether_the_charge_was_on():
+    from caramel.bench.pipeline_plan import cluster_summary
+
+    on = ClusterSpec.uniform(4, 1e9, collective_cpu_s=0.003, reduce_cpu="messages")
+    assert cluster_summary(on)["reduce_cpu"] == "messages"
+    assert cluster_summary(dataclasses.replace(on, reduce_cpu="none"))["reduce_cpu"] == "none"

@@ -5,6 +5,9 @@ import collections
 import json
 from types import SimpleNamespace
 
+import pytest
+
+from caramel.errors import CaramelError
 from caramel.strategies.pipeline.timing import StageTimer
 
 
@@ -12,6 +15,7 @@ class FakeDispatcher:
     def __init__(self) -> None:
         self.log: collections.deque = collections.deque()
         self.measuring = False
+        self.measurers = 0
 
     def start_measuring(self) -> None:
         self.measuring = True
@@ -50,24 +54,73 @@ def test_a_timer_without_an_engine_records_no_plan_and_no_collectives():
     assert timer.reduce_plan == [] and timer.steps[0].reduces == []
 
 
-def test_the_bench_saves_the_plan_and_each_steps_collectives(tmp_path, monkeypatch):
+def _save(timer: StageTimer, tmp_path, monkeypatch) -> dict:
     from caramel.bench import strategies
 
-    timer, d = _timer_with_steps()
-    timer._actions = [("B", 0, 0, 2.0, 3.0)]
-    d.log.append((2.5, 2.9, 400))
-    timer.end_step()
     runner = SimpleNamespace(pipe=SimpleNamespace(timer=timer), trace_dir=str(tmp_path), name="pipeline:replicas=2")
     monkeypatch.setattr(strategies, "ctx_rank", lambda: 3)
     strategies.PipelineRunner._save_actions(runner)
     (path,) = tmp_path.glob("pipeline_actions.*.rank3.json")
-    record = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def test_the_bench_saves_the_plan_and_each_steps_collectives(tmp_path, monkeypatch):
+    timer, d = _timer_with_steps()
+    timer._actions = [("B", 0, 0, 2.0, 3.0)]
+    d.log.append((2.5, 2.9, 400))
+    timer.end_step()
+    d.log.append((2.95, 3.4, 800))  # the step's second bucket, done after its end_step: drained on saving
+    record = _save(timer, tmp_path, monkeypatch)
+    assert record["format"] == "caramel.pipeline_actions/2"
     assert record["reduce_plan"] == [[1, 0, 400], [0, 0, 800]]
-    assert record["reduces"] == [[[400, 2.5, 2.9]]] and record["steps"] == [[["B", 0, 0, 2.0, 3.0]]]
-    # without an engine the record is what it was: no reduction fields
+    assert record["reduces"] == [[[400, 2.5, 2.9], [800, 2.95, 3.4]]] and record["steps"] == [[["B", 0, 0, 2.0, 3.0]]]
+    assert record["reduces_last_step_partial"] is False
+    # without an engine the record is what it was, tagged: no reduction fields
     plain = StageTimer()
     plain._actions = [("B", 0, 0, 2.0, 3.0)]
     plain.end_step()
-    runner.pipe.timer = plain
-    strategies.PipelineRunner._save_actions(runner)
-    assert set(json.loads(path.read_text())) == {"strategy", "rank", "steps"}
+    assert _save(plain, tmp_path, monkeypatch) == {"format": "caramel.pipeline_actions/1", "strategy": "pipeline:replicas=2",
+                                                   "rank": 3, "steps": [[["B", 0, 0, 2.0, 3.0]]]}
+
+
+def test_the_last_steps_unfinished_collectives_are_flagged(tmp_path, monkeypatch):
+    timer, d = _timer_with_steps()
+    timer._actions = [("B", 0, 0, 2.0, 3.0)]
+    d.log.append((2.5, 2.9, 400))  # the second bucket still on the wire when the record is saved
+    timer.end_step()
+    record = _save(timer, tmp_path, monkeypatch)
+    assert record["reduces"] == [[[400, 2.5, 2.9]]] and record["reduces_last_step_partial"] is True
+
+
+def test_an_engine_with_an_empty_plan_still_records_its_fields(tmp_path, monkeypatch):
+    timer = StageTimer()
+    timer.watch_reduces(FakeDispatcher(), [])
+    timer._actions = [("B", 0, 0, 2.0, 3.0)]
+    timer.end_step()
+    record = _save(timer, tmp_path, monkeypatch)
+    assert record["reduce_plan"] == [] and record["reduces"] == [[]] and record["reduces_last_step_partial"] is False
+
+
+def test_a_log_someone_else_measures_is_refused():
+    d = FakeDispatcher()
+    d.measurers = 1  # e.g. the engine's online profiler
+    with pytest.raises(CaramelError, match=r"already has 1 reader\(s\)"):
+        StageTimer().watch_reduces(d, [(0, 0, 8)])
+    assert not d.measuring
+
+
+def test_an_engine_that_reads_its_own_log_is_refused():
+    from caramel.strategies.pipeline.replica_reduce import watch_engine_reduces
+
+    def engine(profiler=None, trial=None, check_every=0):
+        controller = SimpleNamespace(profiler=profiler, trial=trial, checks=SimpleNamespace(check_every=check_every))
+        return SimpleNamespace(controller=controller, _dispatcher=FakeDispatcher(), buckets=[])
+
+    with pytest.raises(CaramelError, match="its periodic checks also read"):
+        watch_engine_reduces(StageTimer(), engine(check_every=50))
+    with pytest.raises(CaramelError, match="its online profiling and an overlap trial also read"):
+        watch_engine_reduces(StageTimer(), engine(profiler=object(), trial=object()))
+    timer, quiet = StageTimer(), engine()
+    quiet._dispatcher.order = []
+    watch_engine_reduces(timer, quiet)
+    assert timer.watching_reduces and quiet._dispatcher.measuring
