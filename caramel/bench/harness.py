@@ -190,6 +190,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if local > 1 and os.environ.get("LOCAL_WORLD_SIZE") != str(local):
         raise CaramelError(f"bench job for {local} ranks per host, but the launcher set LOCAL_WORLD_SIZE="
                            f"{os.environ.get('LOCAL_WORLD_SIZE')!r}")
+    if world != config.workers:  # e.g. hosts x K x K ranks from a launcher given the ranks as hosts
+        raise CaramelError(f"bench job for {config.workers} ranks ({config.hosts} hosts of {local}), but the "
+                           f"launcher started {world}")
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"),
                           steps_per_block=settings.steps_per_round)
     if ctx.trace_dir:

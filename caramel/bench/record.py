@@ -181,7 +181,8 @@ def config_label(r: Record) -> str:
 def layout_suffix(workers: int, nproc_per_node: int) -> str:
     """A configuration label's hosts when ranks share one (`BenchConfig.nproc_per_node`); none
     for one rank per host, so labels written before the field read the same."""
-    return f", {workers // nproc_per_node} hosts of {nproc_per_node}" if nproc_per_node > 1 else ""
+    hosts = workers // nproc_per_node
+    return f", {hosts} host{'s' if hosts != 1 else ''} of {nproc_per_node}" if nproc_per_node > 1 else ""
 
 
 def heterogeneity_suffix(slow_worker: list | None, slow_link: list | None, jitter: list | None) -> str:
