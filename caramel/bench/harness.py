@@ -230,7 +230,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
     traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
     # several ranks per host: the rate within a host, and the layout the hierarchical ps model reads
-    node = probe_node_rate(grad_bytes, local) if local > 1 and device.type == "cpu" else None
+    # on every backend: without it the model would take the link's rate for the node stage
+    node = probe_node_rate(grad_bytes, local, device=device) if local > 1 else None
     layout = ({"workers_per_node": local, "backend": dist.get_backend(),
                **({"node_bandwidth_bps": node["node_bandwidth_bps"], "node_probe": node} if node else {})}
               if local > 1 else None)
