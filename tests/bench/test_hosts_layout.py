@@ -196,3 +196,30 @@ def test_a_job_whose_launcher_started_another_world_is_refused(monkeypatch):
     monkeypatch.setattr(harness.dist, "get_backend", lambda: "gloo")
     with pytest.raises(CaramelError, match=r"bench job for 6 ranks \(3 hosts of 2\), but the launcher started 12"):
         harness.run_job(job)
+
+
+class _TimedDist(_FakeDist):
+    """Rank 0 of one host of 3, on a clock the transfers move: each pair's first receive (the
+    connection's set-up) takes 50 ms, every later one 2 ms."""
+
+    def __init__(self):
+        super().__init__(0, 3)
+        self.now, self.first = 0.0, set()
+
+    def recv(self, buf, src):
+        super().recv(buf, src)
+        self.now += 0.002 if src in self.first else 0.050
+        self.first.add(src)
+
+    def all_gather_object(self, out, value):
+        out[:] = [value, None, None]
+
+
+def test_the_node_probe_leaves_each_pairs_first_round_trip_out(monkeypatch):
+    import caramel.bench.node_probe as probe
+
+    fake = _TimedDist()
+    monkeypatch.setattr(probe, "dist", fake)
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: fake.now)
+    out = probe.probe_node_rate(400_000, 3, reps=1)  # one timed trip a pair: a timed set-up would show
+    assert out["copy_s"] == [pytest.approx(0.001)]  # 2 ms / 2, not (50 ms / 2 + 1 ms) / 2
