@@ -25,7 +25,7 @@ import sys
 
 from caramel.stats import paired_rounds_interval
 
-FORMAT = "caramel.ps_hier_validation/1"
+FORMAT = "caramel.ps_hier_validation/2"  # 2: E readings, (m - U) / L, node-rate cases
 HIER = "ps:hierarchical=true"
 
 
