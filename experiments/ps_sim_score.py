@@ -8,7 +8,8 @@ while it was changed); the rest are scored out of sample. An entry that matches 
 configuration is an error (paths are normalized: `./a.json` is `a.json`). Hierarchical rows
 (`ps:hierarchical=true`, runs with several ranks per host: `caramel bench --nproc-per-node`) replay
 from the layout their run recorded in the cluster's meta (`workers_per_node`,
-`node_bandwidth_bps`, `backend`); a row whose run did not record it is refused, naming it. Each row
+`node_bandwidth_bps`, `backend`); a row whose run did not record the layout or the within-host
+rate is refused, naming it. Each row
 says its ranks per host (`workers_per_node`, 1 for a flat run). `--compare OLD NEW
 --markdown OUT` writes the table of two such files side by side, once it has checked that both
 score the same rows with the same marks. Nothing is fitted.
@@ -67,8 +68,13 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
             replayed = ps_rows(records, label, pi)
         except CaramelError as e:  # e.g. a hierarchical row from a run that recorded no layout
             raise SystemExit(f"ps_sim_score: {path} [{label}]: cannot replay its ps rows: {e}") from None
-        local = (pi["clusters"]["base"].get("meta") or {}).get("workers_per_node", 1)
+        meta = pi["clusters"]["base"].get("meta") or {}
+        local = meta.get("workers_per_node", 1)
         for r, e in replayed:
+            if "hierarchical=true" in r["strategy"] and local > 1 and not meta.get("node_bandwidth_bps"):
+                # the simulator would price the node stage at the link's rate, ~80x too slow on the bench
+                raise SystemExit(f"ps_sim_score: {path} [{label}] {r['strategy']}: no node probe "
+                                 "(meta.node_bandwidth_bps): the within-host rate is unknown; not scored")
             rows.append({"run": path, "config": label, "strategy": r["strategy"], "workers_per_node": local,
                          "measured_s": r["step_time_median_s"], "predicted_s": r["step_time_median_s"] * (1 + e),
                          "error": e, "recorded_error": r.get("prediction_error"),

@@ -107,7 +107,9 @@ def select(args: argparse.Namespace) -> tuple[list[BenchConfig], BenchSettings]:
     """The configurations and settings the flags ask for (flags override the matrix's settings)."""
     single = (any(v is not None for v in (args.model, args.workers, args.bandwidth, args.batch_size, args.ratio,
                                           args.slow_worker, args.slow_link, args.jitter,
-                                          getattr(args, "nproc_per_node", None)))
+                                          # K = 1 is the default layout: the matrix, not one configuration
+                                          None if getattr(args, "nproc_per_node", None) == 1
+                                          else getattr(args, "nproc_per_node", None)))
               or args.model_option)
     base = QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS
     settings = BenchSettings(

@@ -190,6 +190,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     if local > 1 and os.environ.get("LOCAL_WORLD_SIZE") != str(local):
         raise CaramelError(f"bench job for {local} ranks per host, but the launcher set LOCAL_WORLD_SIZE="
                            f"{os.environ.get('LOCAL_WORLD_SIZE')!r}")
+    if world != config.workers:  # e.g. hosts x K x K ranks from a launcher given the ranks as hosts
+        raise CaramelError(f"bench job for {config.workers} ranks ({config.hosts} hosts of {local}), but the "
+                           f"launcher started {world}")
     ctx = StrategyContext(device=device, rank=rank, world_size=world, trace_dir=job.get("trace_dir"),
                           steps_per_block=settings.steps_per_round)
     if ctx.trace_dir:
@@ -227,7 +230,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any] | None:
     # how the links carry a parameter server's traffic (the ps model's queues and all-to-all rate)
     traffic = probe_traffic(grad_bytes, device, world) if dist.get_backend() == "gloo" else None
     # several ranks per host: the rate within a host, and the layout the hierarchical ps model reads
-    node = probe_node_rate(grad_bytes, local) if local > 1 and device.type == "cpu" else None
+    # on every backend: without it the model would take the link's rate for the node stage
+    node = probe_node_rate(grad_bytes, local, device=device) if local > 1 else None
     layout = ({"workers_per_node": local, "backend": dist.get_backend(),
                **({"node_bandwidth_bps": node["node_bandwidth_bps"], "node_probe": node} if node else {})}
               if local > 1 else None)

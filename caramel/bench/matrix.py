@@ -202,6 +202,9 @@ class BenchConfig:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1 or self.workers % k:
             raise CaramelError(f"nproc_per_node must be a positive integer dividing the {self.workers} workers "
                                f"(ranks per host), got {k!r}")
+        if k > 1 and self.workers // k < 2:  # one host: no link between hosts, the shaped rate unused
+            raise CaramelError(f"nproc_per_node {k}: several ranks per host need 2+ hosts (--workers), got "
+                               f"{self.workers // k} host of {k} ranks")
         if k > 1:
             given = [n for n, v in (("slow_worker", self.slow_worker), ("slow_link", self.slow_link),
                                     ("jitter", self.jitter), ("comm_ratio", self.comm_ratio)) if v is not None]

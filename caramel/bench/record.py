@@ -119,8 +119,10 @@ class Record:
     """how much slower compute ran beside the collectives in the concurrent baseline, slowest rank
     (`caramel.bench.contention`); the predictions' ClusterSpec carries it"""
     ps: dict[str, Any] | None = None
-    """ps: TicTac's measured E (median) and S, the most staleness a step saw, the shards' byte
-    imbalance (max/mean) and the plan's predicted E of its order (`PsRun.stats_dict()`, rank 0)"""
+    """ps: TicTac's measured E and S (medians over the same steps; runs before
+    `beyond_U_over_L_median` kept the last step's S), (m - U) / L, the most staleness a step saw,
+    the shards' byte imbalance (max/mean) and the plan's predicted E of its order
+    (`PsRun.stats_dict()`, rank 0); `caramel.strategies.ps.tictac.e_reading` says when E means something"""
     tuning: dict[str, Any] | None = None
     """a strategy with a tuned option (`ddp:bucket_cap_mb=tuned`): its screening in the job, every
     value's median, the one chosen and the runner-up's gap (`caramel.bench.screening.Screening`)"""
@@ -179,7 +181,8 @@ def config_label(r: Record) -> str:
 def layout_suffix(workers: int, nproc_per_node: int) -> str:
     """A configuration label's hosts when ranks share one (`BenchConfig.nproc_per_node`); none
     for one rank per host, so labels written before the field read the same."""
-    return f", {workers // nproc_per_node} hosts of {nproc_per_node}" if nproc_per_node > 1 else ""
+    hosts = workers // nproc_per_node
+    return f", {hosts} host{'s' if hosts != 1 else ''} of {nproc_per_node}" if nproc_per_node > 1 else ""
 
 
 def heterogeneity_suffix(slow_worker: list | None, slow_link: list | None, jitter: list | None) -> str:

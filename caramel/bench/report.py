@@ -140,7 +140,8 @@ def _ps_summary(st: dict[str, Any]) -> dict[str, Any] | None:
     if st.get("strategy") != "ps":
         return None
     predicted = st.get("predicted") or {}
-    return {"E_median": st.get("E_median"), "S": st.get("S"), "max_staleness": max(st.get("staleness") or [0]),
+    return {"E_median": st.get("E_median"), "S": st.get("S"),
+            "beyond_U_over_L_median": st.get("beyond_U_over_L_median"), "max_staleness": max(st.get("staleness") or [0]),
             "order": st.get("order"), "predicted_E": (predicted.get(st.get("order")) or {}).get("E"),
             "shard_imbalance": predicted.get("shard_imbalance")}
 

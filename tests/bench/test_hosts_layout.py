@@ -132,3 +132,94 @@ def test_the_node_probe_pairs_each_hosts_first_rank_with_its_others_and_takes_ha
     monkeypatch.setattr(probe.time, "perf_counter", lambda: 0.0)
     probe.probe_node_rate(400_000, 3, reps=2)
     assert [c for c in other.calls if c[0] != "barrier"] == [(k, 3, 400_000) for _ in range(3) for k in ("recv", "send")]
+
+
+def test_one_host_of_several_ranks_is_refused_and_one_rank_per_host_keeps_the_matrix():
+    from caramel.bench.cli import select
+
+    with pytest.raises(CaramelError, match=r"several ranks per host need 2\+ hosts \(--workers\), got 1 host of 2"):
+        BenchConfig(model="resnet18", workers=2, bandwidth="100mbit", nproc_per_node=2)
+    with pytest.raises(CaramelError, match="got 1 host of 2"):
+        single_config_of(workers=1, nproc_per_node=2, bandwidth="100mbit")
+    # --nproc-per-node 1 is the default layout: the matrix runs, not one default configuration
+    matrix, _ = select(_parsed())
+    assert len(select(_parsed("--nproc-per-node", "1"))[0]) == len(matrix) > 1
+    assert len(select(_parsed("--nproc-per-node", "2", "--bandwidth", "100mbit"))[0]) == 1
+
+
+def _parsed(*argv):
+    import caramel.bench.cli as cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def single_config_of(**kw):
+    from caramel.bench.cli import single_config
+
+    return single_config(_args(**kw))
+
+
+def test_the_bench_launches_hosts_of_k_ranks(monkeypatch, tmp_path):
+    """`--workers 3 --nproc-per-node 2`: the launcher gets 3 hosts of 2 (6 ranks), not 6 hosts."""
+    import caramel.bench.cli as cli
+
+    args = _parsed("--workers", "3", "--nproc-per-node", "2", "--bandwidth", "100mbit",
+                   "--strategies", "ps:hierarchical=true", "--json", str(tmp_path / "out.json"))
+    seen = []
+
+    class Launched(Exception):
+        pass
+
+    def fake_launch(job, hosts, bandwidth, network, **kw):
+        seen.append((hosts, kw.get("nproc_per_node"), job["config"]["workers"], bandwidth, network))
+        raise Launched
+
+    monkeypatch.setattr(cli, "_network_for", lambda args, config: "cluster")
+    monkeypatch.setattr(cli, "launch_job", fake_launch)
+    with pytest.raises(Launched):
+        cli.run(args)
+    assert seen == [(3, 2, 6, "100mbit", "cluster")]
+
+
+def test_a_job_whose_launcher_started_another_world_is_refused(monkeypatch):
+    import caramel.bench.harness as harness
+    from caramel.bench.harness import make_job
+    from caramel.bench.matrix import BenchSettings, parse_strategies
+
+    config = BenchConfig(model="resnet18", workers=6, bandwidth="100mbit", nproc_per_node=2)
+    job = make_job(config, BenchSettings(rounds=1, steps_per_round=1, warmup_steps=0), parse_strategies("ps"),
+                   "netns", None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(harness, "_init_process_group", lambda timeout_s: (0, 12, None))  # 6 hosts of 2
+    monkeypatch.setattr(harness.dist, "get_backend", lambda: "gloo")
+    with pytest.raises(CaramelError, match=r"bench job for 6 ranks \(3 hosts of 2\), but the launcher started 12"):
+        harness.run_job(job)
+
+
+class _TimedDist(_FakeDist):
+    """Rank 0 of one host of 3, on a clock the transfers move: each pair's first receive (the
+    connection's set-up) takes 50 ms, every later one 2 ms."""
+
+    def __init__(self):
+        super().__init__(0, 3)
+        self.now, self.first = 0.0, set()
+
+    def recv(self, buf, src):
+        super().recv(buf, src)
+        self.now += 0.002 if src in self.first else 0.050
+        self.first.add(src)
+
+    def all_gather_object(self, out, value):
+        out[:] = [value, None, None]
+
+
+def test_the_node_probe_leaves_each_pairs_first_round_trip_out(monkeypatch):
+    import caramel.bench.node_probe as probe
+
+    fake = _TimedDist()
+    monkeypatch.setattr(probe, "dist", fake)
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: fake.now)
+    out = probe.probe_node_rate(400_000, 3, reps=1)  # one timed trip a pair: a timed set-up would show
+    assert out["copy_s"] == [pytest.approx(0.001)]  # 2 ms / 2, not (50 ms / 2 + 1 ms) / 2

@@ -97,3 +97,11 @@ def test_hierarchical_rows_replay_from_their_recorded_layout_and_without_it_are_
     bare.write_text(json.dumps(d))
     with pytest.raises(SystemExit, match=r"bare.json \[resnet18.*2 hosts of 2\]: cannot replay.*meta.workers_per_node"):
         score([str(bare)], in_sample=[])
+    # the layout without the node probe (a run whose probe did not run): the link's rate would be
+    # taken for the node stage, +99.8% here; refused, not scored
+    d = json.loads((ROOT / HIER_RUN).read_text())
+    for pi in d["meta"]["prediction_inputs"].values():
+        pi["clusters"]["base"]["meta"].pop("node_bandwidth_bps")
+    bare.write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match=r"bare.json \[resnet18.*\] ps:hierarchical=true: no node probe.*unknown"):
+        score([str(bare)], in_sample=[])

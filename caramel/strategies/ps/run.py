@@ -223,13 +223,17 @@ class PsRun:
     def stats_dict(self) -> dict[str, Any]:
         e, plan = self.engine, self.engine.plan
         steady = self.log[len(self.log) // 4:]
-        Es = [x["E"] for x in steady if "E" in x]
+        timed = [x for x in steady if "E" in x]
+        Es = [x["E"] for x in timed]
         return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
                 "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
                 "buckets": len(plan.buckets), "bucket_cap_mb": self.options.bucket_cap_mb,
                 "pull_buckets": len(plan.pull_buckets), "pull_bucket_cap_mb": self.options.pull_cap_mb(),
                 "E_median": statistics.median(Es) if Es else None,
-                "S": steady[-1].get("S") if steady and "S" in steady[-1] else None,
+                # S over the same steps as E (the last step's alone would pair two steps' numbers),
+                # and (m - U) / L = -E S, the makespan beyond U in units of L, where E says nothing
+                "S": statistics.median(x["S"] for x in timed) if timed else None,
+                "beyond_U_over_L_median": statistics.median(-x["E"] * x["S"] for x in timed) if timed else None,
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
                 "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
                 "dc_corrected": e.stale.dc.corrected if e.stale is not None and e.stale.dc is not None else 0,

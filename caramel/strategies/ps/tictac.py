@@ -167,3 +167,22 @@ def graph_from_profile(profile: ModelProfile, latency_s: float, bandwidth_Bps: f
         preds=tuple(() if k == 0 else (k - 1,) for k in range(len(profile.modules))),
         names=tuple(p.name for p in params))
     return graph, [p.index for p in params]
+
+
+E_MIN_S = 0.2
+"""Below this S the bounds U and L lie under a fifth of L apart: E = (U - m) / (U - L) divides by
+that gap, so a few percent of step noise move E by whole units and it says nothing."""
+
+
+def e_reading(E: float | None, S: float | None) -> tuple[float | None, str | None]:
+    """A measured E as a number where it means something, else (None, why): E is defined on
+    [0, 1] (U, no overlap, and L, perfect overlap, bound the makespan); at S under `E_MIN_S`
+    the gap it divides by is noise, and outside [0, 1] the profiled bounds do not describe the
+    step (the makespan lies beyond them), which (m - U) / L = -E S states in units of L."""
+    if E is None or S is None:
+        return None, "not measured"
+    if S < E_MIN_S:
+        return None, f"n/a (S {S:.2f} < {E_MIN_S:g})"
+    if not 0.0 <= E <= 1.0:
+        return None, f"out of bounds ({E:.2f})"
+    return E, None

@@ -103,3 +103,22 @@ def test_bad_graphs_and_orders_are_errors():
         makespan(fork(), [0, 0, 1])
     with pytest.raises(CaramelError, match="bandwidth"):
         graph_from_profile(synthetic_profile(sizes_bytes=[10]), 0.0, 0.0)
+
+
+def test_a_runs_s_is_the_median_of_the_steps_e_is_taken_over():
+    """S was the last step's while E was the median over the steady steps: E x S then paired two
+    steps' numbers. Both are medians over the same steps, with (m - U) / L = -E S per step."""
+    from types import SimpleNamespace as NS
+
+    from caramel.strategies.ps.run import PsRun
+
+    plan = NS(order="tac", placement="colocated", shards=[], buckets=[], pull_buckets=[], predicted={}, loads=[])
+    engine = NS(plan=plan, steps=8, wait_s=0.0, stale=None, applied=8)
+    opts = NS(consistency="bsp", bucket_cap_mb=25, pull_cap_mb=lambda: 4)
+    log = [{"staleness": 0, "E": 0.0, "S": 9.0}] * 2 + [  # warm-up steps: left out
+        {"staleness": 0, "E": e, "S": s} for e, s in ((0.5, 0.4), (0.8, 0.6), (0.7, 0.5), (0.6, 0.1))] + [
+        {"staleness": 0}] * 2  # steps without a timed pull graph
+    run = NS(engine=engine, options=opts, log=log, pull_comm_s=0.1)
+    st = PsRun.stats_dict(run)
+    assert st["E_median"] == pytest.approx(0.65) and st["S"] == pytest.approx(0.45)  # not the last step's 0.1
+    assert st["beyond_U_over_L_median"] == pytest.approx(statistics.median([-0.2, -0.48, -0.35, -0.06]))
