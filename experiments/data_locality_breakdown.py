@@ -151,7 +151,12 @@ def main(argv: list[str]) -> int:
                  rank1_wait_ms=interval([b["other_ranks"][0]["wait"] * 1e3 for b in ranked]),
                  rank1_all_reduce_ms=interval([b["other_ranks"][0]["all_reduce"] * 1e3 for b in ranked]),
                  r_rank0_all_reduce_rank1_wait=correlation_or_nan(
-                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["wait"] for b in ranked]))
+                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["wait"] for b in ranked]),
+                 r_rank0_all_reduce_rank1_all_reduce=correlation_or_nan(
+                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["all_reduce"] for b in ranked]))
+    if len(ranked) >= 2:  # the rule fixed before the fresh runs (docs/data.md): same sign in mean and r >= 0.5
+        rank1["rule_other_ranks_wait_met"] = bool(
+            rank1["rank0_all_reduce_ms"][0] * rank1["rank1_wait_ms"][0] > 0 and rank1["r_rank0_all_reduce_rank1_wait"] >= 0.5)
     overall = dict(rows=len(rows), under_predicted=sum(e < 0 for e in errors),
                    within_15=sum(abs(e) <= 0.15 for e in errors),
                    shares={k: interval([b["shares"][k] for b in rows]) for k in TERMS},
@@ -180,7 +185,8 @@ def main(argv: list[str]) -> int:
               f"({gap[1]:+.2f}..{gap[2]:+.2f})")
     if ranked:
         print(f"  full cache, {len(ranked)} rows keeping every rank: " + ", ".join(
-            f"{k} {v[0]:+.2f} ms ({v[1]:+.2f}..{v[2]:+.2f})" if isinstance(v, list) else f"{k} {v}"
+            f"{k} {v[0]:+.2f} ms ({v[1]:+.2f}..{v[2]:+.2f})" if isinstance(v, list)
+            else f"{k} {v:+.2f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in rank1.items() if k != "rows"))
     with open(out_path, "w") as f:
         json.dump(dict(kind=KIND, command="python -m experiments.data_locality_breakdown " + " ".join(argv),
