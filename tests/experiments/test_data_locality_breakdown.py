@@ -51,3 +51,28 @@ def test_families_and_a_missing_output_are_named(capsys):
     assert family("x/data-bench-calibration.json:ce09310/full3") == "data-bench-calibration.json"
     assert main(["store", "--json"]) == 2
     assert "OUT_JSON" in capsys.readouterr().err
+
+
+def test_the_ranks_fields_do_not_move_the_model_on_a_fresh_record(tmp_path):
+    """The /7 fields (every rank's wait and all-reduce) are not model inputs: a fresh record
+    replays to the bit with them stripped, as the records before them do."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from caramel.data.format import write_random_dataset
+    from caramel.data.store import Store
+    from experiments.data_model_repredict import repredict
+
+    write_random_dataset(tmp_path, 512, 16_000, 16)  # the runs' data set (caramel data make ... 16kb)
+    index = Store(str(tmp_path)).index()
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "data-bench-locality-fresh.json"
+    record = json.loads(path.read_text())["runs"]["f100-2"]["record"]
+    stripped = copy.deepcopy(record)
+    for row in stripped["rows"]:
+        row.pop("wait_s_steady_ranks"), row.pop("sync_s_steady_ranks")
+        for c in row["calibrations"]:
+            c.pop("other_ranks")
+    assert repredict(stripped, index) == repredict(record, index)
+    (row,) = record["rows"]
+    assert repredict(record, index)[0]["repredicted_s"] == row["predicted_step_s"]  # what the run printed
