@@ -82,6 +82,10 @@ class ModeResult:
     epoch_remote_bytes: list[int] = field(default_factory=list)  # [round*epoch], all ranks, from the server
     epoch_requests: list[int] = field(default_factory=list)
     calibrations: list[dict[str, Any]] = field(default_factory=list)  # [round] -> the calibration right before it
+    # [round*epoch] -> every rank's mean wait and all-reduce, by rank: when rank 0's all-reduce grows,
+    # whether another rank reached it later because its own batch came later (empty: not kept)
+    epoch_wait_s_ranks: list[list[float]] = field(default_factory=list)
+    epoch_sync_s_ranks: list[list[float]] = field(default_factory=list)
 
 
 def budgets(cfg: DataBenchConfig, index: DatasetIndex) -> tuple[int, int]:
@@ -102,7 +106,8 @@ def check_batches(cfg: DataBenchConfig, num_samples: int) -> None:
 
 
 class _Inbox:
-    """The ranks' messages, each tagged with its kind ("alone", "loaded", "calibration", "epoch"),
+    """The ranks' messages, each tagged with its kind ("alone", "loaded", "calibration",
+    "calibration_rank", "epoch"),
     taken by kind: each rank's queue feeder sends in the background, so rank 0's calibration
     before the next mode can arrive before another rank's last epoch message of this one."""
 
@@ -236,6 +241,9 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
                     results[mode].calibrations.append(probed_calibration(calibration, probe))
                 elif cfg.calibration_steps > 0:
                     results[mode].calibrations.append(inbox.get("calibration"))
+                if cfg.calibration_steps > 0:  # the other ranks' side of the same calibration
+                    others = sorted((inbox.get("calibration_rank") for _ in range(cfg.ranks - 1)), key=lambda o: o["rank"])
+                    results[mode].calibrations[-1] = dict(results[mode].calibrations[-1], other_ranks=others)
                 for _epoch in range(cfg.epochs):
                     barrier.wait()  # the ranks are ready and wait to be released (_run_epochs)
                     b0, q0 = (server.bytes_served, server.requests_served) if server else (0, 0)
@@ -245,14 +253,18 @@ def _run_ranks(cfg: DataBenchConfig, url: str, workdir: Path, budget: tuple[int,
                         results[mode].epoch_remote_bytes.append(server.bytes_served - b0)
                         results[mode].epoch_requests.append(server.requests_served - q0)
                     tiers: dict[str, int] = {}
+                    waits, syncs = [0.0] * cfg.ranks, [0.0] * cfg.ranks
                     for _ in range(cfg.ranks):
                         rank, counts, steps, wait_s, sync_s = inbox.get("epoch")
                         tiers = {k: tiers.get(k, 0) + v for k, v in counts.items()}
+                        waits[rank], syncs[rank] = wait_s, sync_s
                         if rank == 0:
                             results[mode].epoch_step_s.append(steps)
                             results[mode].epoch_wait_s.append(wait_s)
                             results[mode].epoch_sync_s.append(sync_s)
                     results[mode].epoch_tiers.append(tiers)
+                    results[mode].epoch_wait_s_ranks.append(waits)
+                    results[mode].epoch_sync_s_ranks.append(syncs)
                     if server is None:  # a store this bench does not run: what the ranks' workers counted
                         results[mode].epoch_remote_bytes.append(tiers["store_bytes"])
                         results[mode].epoch_requests.append(tiers["store_requests"])

@@ -133,6 +133,14 @@ def _mode_calibration(mode: str, cfg: DataBenchConfig, url: str, index: DatasetI
     return out
 
 
+def other_rank_calibration(rank: int, calibration: dict) -> dict:
+    """What a rank other than 0 reports of its calibration: its loaded pass's step, wait, compute
+    and all-reduce means (None without a loaded pass), so the record can say which rank was late."""
+    loaded = calibration.get("loaded")
+    keys = ("step_s", "wait_s", "compute_s", "sync_s")
+    return {"rank": rank, "loaded": {k: loaded[k] for k in keys if k in loaded} if loaded else None}
+
+
 def _window_in_steps(cfg: DataBenchConfig, alone_s: float) -> DataBenchConfig:
     """`cfg` with a window given in seconds converted to steps from the slowest rank's first steps
     alone (an all-reduce, so every rank runs the same count: each step ends in one)."""
@@ -198,6 +206,8 @@ def _rank_main(rank: int, cfg: DataBenchConfig, url: str, workdir: str, budget: 
                                                 calibration_counters, sync, probe_window)
                 if rank == 0 and calibration is not None:
                     queue.put(("calibration", calibration))
+                elif calibration is not None:
+                    queue.put(("calibration_rank", other_rank_calibration(rank, calibration)))
                 loader, sampler = _loader(mode, cfg, url, rank, rnd, workdir, budget, counters)
                 _run_epochs(loader, sampler, cfg, rank, barrier, queue, counters, lambda: dist.all_reduce(token))
                 # the mode's iterator left with _run_epochs; dropping the loader now shuts its persistent

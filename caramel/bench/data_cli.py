@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per rank per step")
     p.add_argument("--rounds", type=int, default=d.rounds, help="rounds (each mode once per round, fresh caches)")
     add_loading_arguments(p)
-    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/6)")
+    p.add_argument("--json", metavar="OUT", help="write the report (caramel.data-bench/7)")
     p.add_argument("--markdown", metavar="OUT", help="write the table as markdown")
 
 

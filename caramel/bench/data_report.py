@@ -38,7 +38,7 @@ from caramel.stats import median, paired_ratio_interval
 # /3: predicted_step_s and prediction_error are the median of each round's prediction from the
 # calibration right before it (the one calibration before the modes moved to *_one_calibration)
 # and each row has its own contention; in /2 they were the one calibration's, one factor per run
-REPORT_FORMAT = "caramel.data-bench/6"  # /6: the calibration window's fields (docs/data.md); /5 and before load as they are
+REPORT_FORMAT = "caramel.data-bench/7"  # /7: every rank's wait and all-reduce; /6 and before load as they are
 
 
 def measure_local_costs(url: str, index: DatasetIndex, batch_size: int, workdir: str) -> dict[str, float]:
@@ -168,6 +168,13 @@ def measured_contention(cfg, index: DatasetIndex, costs: dict[str, Any]) -> floa
                              costs["batch_s_pipe"] if pipe else costs["batch_s_shared"])
 
 
+def _by_rank(per_epoch: list[list[float]], steady: list[int]) -> list[float] | None:
+    """Each rank's median over the `steady` epochs of `per_epoch` ([epoch][rank]); None when not kept."""
+    if not per_epoch:
+        return None
+    return [median([per_epoch[i][k] for i in steady]) for k in range(len(per_epoch[0]))]
+
+
 def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str, float],
               budget: tuple[int, int], source: str, served: bool) -> dict[str, Any]:
     sample_bytes = index.nbytes / index.num_samples
@@ -212,6 +219,9 @@ def summarize(cfg, results: dict[str, Any], index: DatasetIndex, costs: dict[str
                "epoch_step_s": r.epoch_step_s,
                "wait_s_steady": median([r.epoch_wait_s[i] for i in steady]),
                "sync_s_steady": median([r.epoch_sync_s[i] for i in steady]),
+               # every rank's, by rank (rank 0's as above): which rank reached the all-reduce late
+               "wait_s_steady_ranks": _by_rank(r.epoch_wait_s_ranks, steady),
+               "sync_s_steady_ranks": _by_rank(r.epoch_sync_s_ranks, steady),
                "remote_bytes_per_epoch_steady": remote,
                "remote_bytes_per_epoch_first": _mean([r.epoch_remote_bytes[i] for i in first]),
                "requests_per_epoch_steady": _mean([r.epoch_requests[i] for i in steady]),

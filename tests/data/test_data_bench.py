@@ -51,6 +51,7 @@ def test_a_served_directory_locality_reads_nothing_remote_after_the_first_epoch(
     # no loaded pass, no window for the request probe: no read time under load, the term off
     for r in rows.values():
         assert "request_s_under_load" not in r["calibrations"][0] and r["request_s_under_load"] is None
+        assert r["calibrations"][0]["other_ranks"] == [{"rank": 1, "loaded": None}]  # rank 1 had no loaded pass either
 
 
 @pytest.mark.timeout(120)
@@ -68,6 +69,12 @@ def test_a_served_directory_times_its_reads_inside_rank_0s_unscored_loaded_pass(
     assert cal["request_s_under_load_reads"] >= 1 and cal["request_s_under_load"] > 0
     assert row["request_s_under_load"] == cal["request_s_under_load"] and row["request_s_under_load_charged"]
     assert report["request_probe"].startswith("rank 0's first")
+    # rank 1's side of the same calibration and every rank's epochs, by rank: rank 0's are the row's own
+    assert [o["rank"] for o in cal["other_ranks"]] == [1]
+    assert set(cal["other_ranks"][0]["loaded"]) == {"step_s", "wait_s", "compute_s", "sync_s"}
+    assert cal["other_ranks"][0]["loaded"]["compute_s"] >= 0.01 * 0.9
+    assert len(row["wait_s_steady_ranks"]) == len(row["sync_s_steady_ranks"]) == 2
+    assert row["wait_s_steady_ranks"][0] == row["wait_s_steady"] and row["sync_s_steady_ranks"][0] == row["sync_s_steady"]
 
 
 @pytest.mark.timeout(120)
@@ -241,7 +248,7 @@ def test_stored_records_of_the_previous_format_still_render():
 
     from caramel.bench.data_report import REPORT_FORMAT, format_rows, stored_records
 
-    assert REPORT_FORMAT == "caramel.data-bench/6"
+    assert REPORT_FORMAT == "caramel.data-bench/7"
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     records = {f"{path.name}:{name}": record for path in sorted(results.glob("data-bench-*.json"))
                for name, record in stored_records(json.loads(path.read_text())).items()
@@ -285,3 +292,19 @@ def test_the_record_names_the_code_that_made_it(tmp_path, monkeypatch, capsys):
         assert re.fullmatch(head[:12] + r"(-dirty)?", code), (code, head)
     else:
         assert code == f"caramel {caramel.__version__}"
+
+
+def test_every_ranks_wait_and_all_reduce_are_kept_by_rank():
+    """A rank other than 0 reports its calibration's means only (None without a loaded pass); the
+    row keeps each rank's median over the steady epochs, and None for results that kept none."""
+    from caramel.bench.data_bench_rank import other_rank_calibration
+    from caramel.bench.data_report import _by_rank
+
+    loaded = {"step_s": 7e-3, "wait_s": 1e-3, "compute_s": 4e-3, "sync_s": 2e-3, "steps_s": [7e-3] * 3}
+    assert other_rank_calibration(1, {"loaded": loaded}) == {
+        "rank": 1, "loaded": {"step_s": 7e-3, "wait_s": 1e-3, "compute_s": 4e-3, "sync_s": 2e-3}}
+    assert other_rank_calibration(3, {"loaded": None}) == {"rank": 3, "loaded": None}
+    # epochs 0..5 of 2 rounds x 3 epochs, [epoch][rank]; steady: each round's epochs 1 and 2
+    per_epoch = [[9.0, 90.0], [1.0, 10.0], [2.0, 30.0], [9.0, 90.0], [4.0, 20.0], [3.0, 40.0]]
+    assert _by_rank(per_epoch, [1, 2, 4, 5]) == [2.5, 25.0]
+    assert _by_rank([], [1, 2]) is None

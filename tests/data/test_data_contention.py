@@ -169,8 +169,9 @@ def test_a_modes_step_is_the_median_of_its_rounds_predictions(store):
              "request_overhead_s": 5e-4, "compute_comm_s": 4.5e-3, "loaded": {"step_s": 5.4e-3}}
     report = summarize(cfg, {"locality": r}, index, costs, (1 << 20, 1 << 20), "test", True)
     (row,) = report["rows"]
-    assert report["format"] == "caramel.data-bench/6"  # the per-round model: not the /2 records' meaning
+    assert report["format"] == "caramel.data-bench/7"  # the per-round model: not the /2 records' meaning
     assert row["epoch_step_s"] == [[7e-3] * 6] * 6  # rank 0's every step, epoch by epoch, kept in the record
+    assert row["wait_s_steady_ranks"] is None and row["sync_s_steady_ranks"] is None  # no rank's kept here
     # with nothing to load each round's step is its compute side, max(alone + trip, beside the loader),
     # and each epoch's first batch waits for a worker's whole batch: 2 workers x the data period, over
     # the epoch's 6 steps (48 samples / 2 ranks / 4)
