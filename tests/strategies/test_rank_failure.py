@@ -1,0 +1,45 @@
+"""A rank's local failure at a collective decision is raised on every rank, never a hang."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from caramel.strategies.rank_failure import Failed, RankFailedError, raise_failed, run_local
+from caramel.testing import run_workers
+from tests.strategies.rank_failure_workers import balance_failure_worker
+
+
+def _boom():
+    raise KeyError("k")
+
+
+def test_a_failure_is_carried_as_text_and_raised_naming_the_rank():
+    mine = run_local(_boom, "could not plan")
+    assert isinstance(mine, Failed) and mine.cause == "KeyError: 'k'"
+    copy = pickle.loads(pickle.dumps(mine))  # what a peer receives: no exception object
+    assert copy.error is None and copy.cause == mine.cause
+    with pytest.raises(RankFailedError, match=r"^plan: rank 2 could not plan: KeyError: 'k'$") as info:
+        raise_failed("plan", [1, None, copy], rank=2, mine=mine)
+    assert isinstance(info.value.__cause__, KeyError)  # the failing rank keeps its traceback
+    with pytest.raises(RankFailedError) as info:
+        raise_failed("plan", {0: copy}, rank=1)  # a peer: the cause as text only
+    assert info.value.__cause__ is None
+
+
+def test_nothing_is_raised_when_no_rank_failed():
+    assert run_local(lambda: 3, "x") == 3
+    raise_failed("plan", [1, (None, 2)], rank=0)
+    raise_failed("plan", {0: None}, rank=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_balancer_whose_fit_raises_on_one_rank_fails_every_rank_at_once():
+    """Before the fix rank 1 left with its ValueError and rank 0 waited in the all-gather until
+    the group's timeout (10 s here) while rank 1's process lived, else got gloo's "connection
+    closed" without the cause (seen here): both must raise the clear error within seconds."""
+    results = run_workers(balance_failure_worker, 2, timeout_s=40, collective_timeout_s=10)
+    for r in results:
+        assert r["type"] == "RankFailedError", r
+        assert r["message"] == "balance: rank 1 could not fit its step cost: ValueError: the fit blew up"
+        assert r["after_s"] < 5.0, r
