@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from caramel.errors import CaramelError
+
 T = TypeVar("T")
 
 
@@ -18,15 +20,19 @@ class RankFailedError(RuntimeError):
     """A rank's local work at a decision every rank takes failed; raised on every rank."""
 
 
+class RankInputError(RankFailedError, CaramelError):
+    """The same for a `CaramelError` (bad input): still one to callers that catch those."""
+
+
 class Failed:
     """What a rank sends in place of its data when its local work raised: what it could not do
     and the cause as text. The exception itself stays on its rank (it may not pickle)."""
 
-    def __init__(self, doing: str, cause: str, error: BaseException | None = None):
-        self.doing, self.cause, self.error = doing, cause, error
+    def __init__(self, doing: str, cause: str, error: BaseException | None = None, bad_input: bool = False):
+        self.doing, self.cause, self.error, self.bad_input = doing, cause, error, bad_input
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"doing": self.doing, "cause": self.cause, "error": None}
+        return {"doing": self.doing, "cause": self.cause, "error": None, "bad_input": self.bad_input}
 
     def __repr__(self) -> str:
         return f"Failed({self.doing!r}, {self.cause!r})"
@@ -38,16 +44,18 @@ def run_local(work: Callable[[], T], doing: str) -> T | Failed:
     try:
         return work()
     except Exception as e:  # noqa: BLE001 - carried to every rank, re-raised there
-        return Failed(doing, f"{type(e).__name__}: {e}", e)
+        return Failed(doing, f"{type(e).__name__}: {e}", e, isinstance(e, CaramelError))
 
 
 def raise_failed(what: str, gathered: Sequence[Any] | Mapping[int, Any], rank: int, mine: Any = None) -> None:
-    """Raises `RankFailedError` for the lowest rank whose entry of `gathered` (index or key: the
-    group rank that sent it) is `Failed`, e.g. "balance: rank 1 could not fit its step cost:
-    ValueError: ..."; on that rank (`rank`, whose own marker is `mine`: the gathered copy lost
-    the exception) chained to its exception. Returns when none failed."""
+    """Raises `RankFailedError` (`RankInputError` for a `CaramelError`) for the lowest rank whose
+    entry of `gathered` (index or key: the group rank that sent it) is `Failed`, e.g. "balance:
+    rank 1 could not fit its step cost: ValueError: ..."; on that rank (`rank`, whose own marker
+    is `mine`: the gathered copy lost the exception) chained to its exception. Returns when none
+    failed."""
     items = sorted(gathered.items()) if isinstance(gathered, Mapping) else enumerate(gathered)
     for r, g in items:
         if isinstance(g, Failed):
             own = mine.error if r == rank and isinstance(mine, Failed) else None
-            raise RankFailedError(f"{what}: rank {r} {g.doing}: {g.cause}") from own
+            cls = RankInputError if g.bad_input else RankFailedError
+            raise cls(f"{what}: rank {r} {g.doing}: {g.cause}") from own

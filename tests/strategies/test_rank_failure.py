@@ -43,3 +43,46 @@ def test_a_balancer_whose_fit_raises_on_one_rank_fails_every_rank_at_once():
         assert r["type"] == "RankFailedError", r
         assert r["message"] == "balance: rank 1 could not fit its step cost: ValueError: the fit blew up"
         assert r["after_s"] < 5.0, r
+
+
+def _planning_rank(monkeypatch, rank: int, world: int, box: list):
+    """A controller's plan_from_profile on `rank` with rank 0's planner raising a CaramelError;
+    the broadcast is `box` (rank 0 pickles its data in, the others read it out)."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.controller as controller
+    from caramel.errors import CaramelError
+
+    def broadcast(data, src, group):
+        if rank == 0:
+            box[:] = [pickle.dumps(data[0])]
+        else:
+            data[0] = pickle.loads(box[0])
+
+    def bad_plan(*args, **kwargs):
+        raise CaramelError("planner 'x' takes no option 'y'")
+
+    monkeypatch.setattr(controller.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(controller, "make_plan", bad_plan)
+    monkeypatch.setattr(controller, "module_uses", lambda profile: {})
+    c = SimpleNamespace(fingerprint="f", rank=rank, world=world, group=controller.dist.group.WORLD, cluster=None,
+                        planner="p", planner_options={}, _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
+    profile = SimpleNamespace(fingerprint=lambda: "f", meta={})
+    return lambda: controller.Controller.plan_from_profile(c, profile)
+
+
+def test_rank_0s_failed_plan_is_raised_on_every_rank_and_stays_a_caramel_error(monkeypatch):
+    """Rank 0 plans and broadcasts: a planner raising on rank 0 alone left the other ranks in the
+    broadcast until the group's timeout. Now the failure is what rank 0 broadcasts."""
+    from caramel.errors import CaramelError
+    from caramel.strategies.rank_failure import RankInputError
+
+    box: list = []
+    for rank in (0, 1):
+        with pytest.raises(RankInputError, match=r"^plan: rank 0 could not plan the candidates: "
+                                                 r"CaramelError: planner 'x' takes no option 'y'$") as info:
+            _planning_rank(monkeypatch, rank, 2, box)()
+        assert isinstance(info.value, CaramelError)  # bad input stays one to those who catch it
+        assert isinstance(info.value.__cause__, CaramelError) == (rank == 0)
+    with pytest.raises(CaramelError, match=r"^planner 'x' takes no option 'y'$"):  # one process: as it was
+        _planning_rank(monkeypatch, 0, 1, box)()
