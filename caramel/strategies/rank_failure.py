@@ -38,9 +38,12 @@ class Failed:
         return f"Failed({self.doing!r}, {self.cause!r})"
 
 
-def run_local(work: Callable[[], T], doing: str) -> T | Failed:
+def run_local(work: Callable[[], T], doing: str, alone: bool = False) -> T | Failed:
     """`work()`, or a `Failed` marker when it raised an `Exception` (`doing`: what the rank
-    could not do, e.g. "could not fit its step cost")."""
+    could not do, e.g. "could not fit its step cost"). `alone` (a one-process job: nobody
+    waits) lets the exception raise as it is."""
+    if alone:
+        return work()
     try:
         return work()
     except Exception as e:  # noqa: BLE001 - carried to every rank, re-raised there

@@ -86,3 +86,52 @@ def test_rank_0s_failed_plan_is_raised_on_every_rank_and_stays_a_caramel_error(m
         assert isinstance(info.value.__cause__, CaramelError) == (rank == 0)
     with pytest.raises(CaramelError, match=r"^planner 'x' takes no option 'y'$"):  # one process: as it was
         _planning_rank(monkeypatch, 0, 1, box)()
+
+
+def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monkeypatch):
+    """ps: rank 0 builds the profile and plans, then broadcasts the plan to the workers and the
+    dedicated servers; a failure on rank 0 is what it broadcasts, raised everywhere."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.ps.run as run
+    import caramel.strategies.ps.server as server
+    from caramel.strategies.ps.engine import CMD_PLAN
+
+    box, now, told = [], [0], []  # the broadcast's data; the rank running now; servers told, by rank
+
+    def broadcast(data, src, group):
+        if now[0] == 0:
+            box[:] = [pickle.dumps(data[0])]
+        else:
+            data[0] = pickle.loads(box[0])
+
+    def bad_profile(*args):
+        raise RuntimeError("no timings")
+
+    def bad_plan(profile):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(run.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(server.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(run, "build_profile", bad_profile)
+
+    def worker(rank: int):
+        now[0] = rank
+        w = SimpleNamespace(rank=rank, ranks=[0, 1, 2], groups=SimpleNamespace(dedicated=[2], control=None),
+                            module=object(), tracker=None, timer=SimpleNamespace(samples=[], remove=lambda: None),
+                            engine=SimpleNamespace(), _plan=bad_plan, _tell_servers=lambda code: told.append((rank, code)))
+        w._adopt_plan = lambda profile: run.PsRun._adopt_plan(w, profile)
+        return w
+
+    for rank in (0, 1):
+        with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile: "
+                                                  r"RuntimeError: no timings$"):
+            run.PsRun._plan_online(worker(rank))
+    now[0] = 2
+    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None))
+    with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile"):
+        server.PsServer._plan(s)
+    for rank in (0, 1):  # a profile, then the planner raising
+        with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not plan: ZeroDivisionError: "):
+            worker(rank)._adopt_plan(object())
+    assert told == [(0, CMD_PLAN), (1, CMD_PLAN)] * 2  # the servers take part in every broadcast

@@ -188,7 +188,7 @@ class Controller:
                                                          **(self.planner_options if planner == self.planner else {})),
                                          profile, cluster, overlap).to_dict()
                         for name, planner, overlap in specs]
-            data = [run_local(plans, "could not plan the candidates") if self.world > 1 else plans()]
+            data = [run_local(plans, "could not plan the candidates", alone=self.world == 1)]
         if self.world > 1:
             mine = data[0]
             src = dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0
