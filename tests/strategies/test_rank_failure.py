@@ -135,3 +135,34 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
         with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not plan: ZeroDivisionError: "):
             worker(rank)._adopt_plan(object())
     assert told == [(0, CMD_PLAN), (1, CMD_PLAN)] * 2  # the servers take part in every broadcast
+
+
+def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatch):
+    """Every rank builds its profile at the last profiling step, then measures the cluster with
+    collectives: a rank whose build raised left the others there. Now the ranks gather the
+    failures first (at that one step: `ends_this_step`, alike on every rank)."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.controller as controller
+
+    sent: dict[int, bytes] = {}
+
+    def gather(out, mine, group):
+        sent[now[0]] = pickle.dumps(mine)
+        out[:] = [pickle.loads(sent.get(r, pickle.dumps(None))) for r in range(len(out))]
+
+    def build(rank: int):
+        if rank == 1:
+            raise KeyError("module 'fc' has no timings")
+        return None  # not reached: the ranks raise before using a profile
+
+    monkeypatch.setattr(controller.dist, "all_gather_object", gather)
+    now = [1]
+    for rank in (1, 0):  # rank 1 gathers first here, so rank 0 sees its failure
+        now[0] = rank
+        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank))
+        c = SimpleNamespace(world=2, rank=rank, group=None, profiler=profiler)
+        with pytest.raises(RankFailedError, match=r"^profiling: rank 1 could not build its profile: "
+                                                  r"KeyError: \"module 'fc' has no timings\"$") as info:
+            controller.Controller._profiling_step_end(c)
+        assert isinstance(info.value.__cause__, KeyError) == (rank == 1)

@@ -34,7 +34,7 @@ from caramel.strategies.caramel.profiling_state import KEY as PROFILING_KEY, pro
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.caramel.trial_state import KEY as TRIAL_KEY, restore_trial, trial_state
 from caramel.strategies.planners import make_plan
-from caramel.strategies.rank_failure import raise_failed, run_local
+from caramel.strategies.rank_failure import Failed, raise_failed, run_local
 from caramel.topology.spec import ClusterSpec
 
 
@@ -314,7 +314,15 @@ class Controller:
             self.adopt_candidate(nxt, source="overlap trial")
 
     def _profiling_step_end(self) -> None:
-        profile = self.profiler.step_end()
+        if self.world > 1 and self.profiler.ends_this_step():
+            # a profile that could not be built on one rank would leave the others in the
+            # cluster's measurements below until the group's timeout (`rank_failure`)
+            profile = run_local(self.profiler.step_end, "could not build its profile")
+            failures: list[Any] = [None] * self.world
+            dist.all_gather_object(failures, profile if isinstance(profile, Failed) else None, group=self.group)
+            raise_failed("profiling", failures, self.rank, profile)
+        else:
+            profile = self.profiler.step_end()
         if profile is None:
             return
         profiler, self.profiler = self.profiler, None
