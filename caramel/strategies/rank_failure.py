@@ -5,7 +5,8 @@ must reach. Were the local work to raise on one rank, that rank would leave whil
 waited in the collective until the process group's timeout (minutes), the real error shown
 on one rank only. Instead the rank catches it (`run_local`), takes part in the collective with
 a `Failed` marker in place of its data, and every rank raises the same `RankFailedError`
-naming the failing rank and the cause (`raise_failed`).
+naming the failing rank and the cause (`raise_failed`). Used by `balance="batch"`'s decisions,
+the caramel controller's plan broadcast and profile build, and ps's plan broadcast.
 """
 from __future__ import annotations
 
