@@ -34,6 +34,7 @@ from caramel.strategies.caramel.profiling_state import KEY as PROFILING_KEY, pro
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.caramel.trial_state import KEY as TRIAL_KEY, restore_trial, trial_state
 from caramel.strategies.planners import make_plan
+from caramel.strategies.rank_failure import Failed, raise_failed, run_local
 from caramel.topology.spec import ClusterSpec
 
 
@@ -180,14 +181,19 @@ class Controller:
         self.plan_cluster = cluster
         specs = self.trial_specs()
         if self.rank == 0:
-            # the user's planner options are for the user's planner; DDP's schedule keeps its defaults
-            data = [[self._compressed(name, make_plan(planner, profile, cluster, world_size=self.world, overlap=overlap,
-                                                      **(self.planner_options if planner == self.planner else {})),
-                                      profile, cluster, overlap).to_dict()
-                     for name, planner, overlap in specs]]
+            # the user's planner options are for the user's planner; DDP's schedule keeps its defaults;
+            # a planner that raises is carried to the ranks waiting in the broadcast (`rank_failure`)
+            def plans() -> list[dict]:
+                return [self._compressed(name, make_plan(planner, profile, cluster, world_size=self.world, overlap=overlap,
+                                                         **(self.planner_options if planner == self.planner else {})),
+                                         profile, cluster, overlap).to_dict()
+                        for name, planner, overlap in specs]
+            data = [run_local(plans, "could not plan the candidates", alone=self.world == 1)]
         if self.world > 1:
+            mine = data[0]
             src = dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0
             dist.broadcast_object_list(data, src=src, group=self.group)
+            raise_failed("plan", {0: data[0]}, self.rank, mine)
         cands = [Candidate(name, overlap, Plan.from_dict(d, source="plan from rank 0"))
                  for (name, _, overlap), d in zip(specs, data[0])]
         self.adopt_or_try(cands, source="plan from rank 0")
@@ -308,7 +314,15 @@ class Controller:
             self.adopt_candidate(nxt, source="overlap trial")
 
     def _profiling_step_end(self) -> None:
-        profile = self.profiler.step_end()
+        if self.world > 1 and self.profiler.ends_this_step():
+            # a profile that could not be built on one rank would leave the others in the
+            # cluster's measurements below until the group's timeout (`rank_failure`)
+            profile = run_local(self.profiler.step_end, "could not build its profile")
+            failures: list[Any] = [None] * self.world
+            dist.all_gather_object(failures, profile if isinstance(profile, Failed) else None, group=self.group)
+            raise_failed("profiling", failures, self.rank, profile)
+        else:
+            profile = self.profiler.step_end()
         if profile is None:
             return
         profiler, self.profiler = self.profiler, None

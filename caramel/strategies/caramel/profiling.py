@@ -91,6 +91,10 @@ class OnlineProfiler:
         self._t_bwd_end = time.perf_counter()
         self._wait_at_bwd_end_s = self.engine.wait_this_step_s
 
+    def ends_this_step(self) -> bool:
+        """Whether the next `step_end()` builds the profile (the same step on every rank)."""
+        return self.phase_step + 1 >= 2 + self.profile_steps
+
     def step_end(self) -> ModelProfile | None:
         """After each profiling step; the profile after the last one (the listeners are gone then)."""
         if self.timer is not None and self.timer.cur is not None:

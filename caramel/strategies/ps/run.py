@@ -31,6 +31,7 @@ from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan,
 from caramel.strategies.ps.server import command, send_load, send_values
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
 from caramel.strategies.ps.tictac import efficiency
+from caramel.strategies.rank_failure import Failed, raise_failed, run_local
 from caramel.trace.events import Trace, TraceEvent
 
 PROFILE_STEPS = 2
@@ -147,31 +148,28 @@ class PsRun:
     def _plan_online(self) -> None:
         e = self.engine
         e.ready_callback = None
-        profile = None
-        if self.rank == 0:
-            profile = build_profile(type(self.module).__name__, 0, self.module, self.tracker, self.timer.samples)
+        profile: ModelProfile | Failed | None = None
+        if self.rank == 0:  # one that raises is carried to the ranks waiting in the plan's broadcast
+            profile = run_local(lambda: build_profile(type(self.module).__name__, 0, self.module, self.tracker,
+                                                      self.timer.samples), "could not build the model profile",
+                               alone=len(self.ranks) == 1)
         self.timer.remove()
         self.tracker = self.timer = None
         self._adopt_plan(profile)
 
-    def _adopt_plan(self, profile: ModelProfile | None) -> None:
-        """Rank 0 plans from `profile`; every rank takes the plan, moves optimizer state and hooks."""
+    def _adopt_plan(self, profile: ModelProfile | Failed | None) -> None:
+        """Rank 0 plans from `profile`; every rank takes the plan, moves optimizer state and hooks.
+        A failure on rank 0 (building the profile: `profile` is `Failed`; planning) is what rank 0
+        broadcasts, raised on every rank (and dedicated server) instead of leaving them waiting."""
         payload: list[Any] = [None]
         if self.rank == 0:
-            latency, bandwidth = DEFAULT_LATENCY_S, None
-            if self.cluster is not None:
-                latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
-            plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s,
-                                pull_transfers=len(self.engine.plan.pull_buckets),
-                                kinds={i: kind_of(self.params[i]) for i in self.engine.plan.params})
-            waits: dict[str, list[int]] = {}
-            for p in profile.trainable():
-                if p.first_use_order is not None:
-                    waits.setdefault(profile.modules[p.first_use_order].name, []).append(p.index)
-            payload = [(plan.to_dict(), waits)]
+            payload = [profile if isinstance(profile, Failed) else
+                       run_local(lambda: self._plan(profile), "could not plan", alone=len(self.ranks) == 1)]
         if self.groups.dedicated:
             self._tell_servers(CMD_PLAN)
+        mine = payload[0]
         dist.broadcast_object_list(payload, src=self.ranks[0], group=self.groups.control)
+        raise_failed("ps plan", {0: payload[0]}, self.rank, mine)
         plan_d, waits = payload[0]
         plan = PsPlan.from_dict(plan_d)
         old = self.engine
@@ -194,7 +192,22 @@ class PsRun:
         self.unused = [i for i in plan.params if not any(i in v for v in waits.values())]
         self.engine = e
 
+    def _plan(self, profile: ModelProfile) -> tuple[dict, dict[str, list[int]]]:
+        """Rank 0: the plan for `profile` (as a dict) and the parameters each module's forward waits for."""
+        latency, bandwidth = DEFAULT_LATENCY_S, None
+        if self.cluster is not None:
+            latency, bandwidth = self.cluster.latency_s, self.cluster.bandwidth_bps / 8
+        plan = make_ps_plan(profile, self.options, self.shards, latency, bandwidth, self.pull_comm_s,
+                            pull_transfers=len(self.engine.plan.pull_buckets),
+                            kinds={i: kind_of(self.params[i]) for i in self.engine.plan.params})
+        waits: dict[str, list[int]] = {}
+        for p in profile.trainable():
+            if p.first_use_order is not None:
+                waits.setdefault(profile.modules[p.first_use_order].name, []).append(p.index)
+        return plan.to_dict(), waits
+
     # --- sync points, state, reports ------------------------------------------------------
+
     def synchronize(self) -> None:
         if self.released:
             return

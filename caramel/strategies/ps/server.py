@@ -45,6 +45,7 @@ from caramel.strategies.ps.buckets import recv_buf, send_buf, unflatten
 from caramel.strategies.ps.engine import CMD_DONE, CMD_GATHER, CMD_LOAD, CMD_PLAN, CMD_STEP, ORDER_LOG_UPDATES
 from caramel.strategies.ps.sender import SerialSender, send_pull, uses_sender
 from caramel.strategies.ps.transfers import PsGroups
+from caramel.strategies.rank_failure import raise_failed
 from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import PsPlan
 from caramel.strategies.ps.state import (clip_shard, gather_full_state, keep_own_state, move_state, recv_object,
@@ -203,6 +204,7 @@ class PsServer:
     def _plan(self) -> None:
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=self.ranks[0], group=self.groups.control)
+        raise_failed("ps plan", {0: box[0]}, self.rank)  # rank 0 could not plan: the workers raise it too
         self._wait_sends()
         old = self.owners()
         self.plan = PsPlan.from_dict(box[0][0])

@@ -1,0 +1,168 @@
+"""A rank's local failure at a collective decision is raised on every rank, never a hang."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from caramel.strategies.rank_failure import Failed, RankFailedError, raise_failed, run_local
+from caramel.testing import run_workers
+from tests.strategies.rank_failure_workers import balance_failure_worker
+
+
+def _boom():
+    raise KeyError("k")
+
+
+def test_a_failure_is_carried_as_text_and_raised_naming_the_rank():
+    mine = run_local(_boom, "could not plan")
+    assert isinstance(mine, Failed) and mine.cause == "KeyError: 'k'"
+    copy = pickle.loads(pickle.dumps(mine))  # what a peer receives: no exception object
+    assert copy.error is None and copy.cause == mine.cause
+    with pytest.raises(RankFailedError, match=r"^plan: rank 2 could not plan: KeyError: 'k'$") as info:
+        raise_failed("plan", [1, None, copy], rank=2, mine=mine)
+    assert isinstance(info.value.__cause__, KeyError)  # the failing rank keeps its traceback
+    with pytest.raises(RankFailedError) as info:
+        raise_failed("plan", {0: copy}, rank=1)  # a peer: the cause as text only
+    assert info.value.__cause__ is None
+
+
+def test_nothing_is_raised_when_no_rank_failed():
+    assert run_local(lambda: 3, "x") == 3
+    raise_failed("plan", [1, (None, 2)], rank=0)
+    raise_failed("plan", {0: None}, rank=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_balancer_whose_fit_raises_on_one_rank_fails_every_rank_at_once():
+    """Before the fix rank 1 left with its ValueError and rank 0 waited in the all-gather until
+    the group's timeout (10 s here) while rank 1's process lived, else got gloo's "connection
+    closed" without the cause (seen here): both must raise the clear error within seconds."""
+    results = run_workers(balance_failure_worker, 2, timeout_s=40, collective_timeout_s=10)
+    for r in results:
+        assert r["type"] == "RankFailedError", r
+        assert r["message"] == "balance: rank 1 could not fit its step cost: ValueError: the fit blew up"
+        assert r["after_s"] < 5.0, r
+
+
+def _planning_rank(monkeypatch, rank: int, world: int, box: list):
+    """A controller's plan_from_profile on `rank` with rank 0's planner raising a CaramelError;
+    the broadcast is `box` (rank 0 pickles its data in, the others read it out)."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.controller as controller
+    from caramel.errors import CaramelError
+
+    def broadcast(data, src, group):
+        if rank == 0:
+            box[:] = [pickle.dumps(data[0])]
+        else:
+            data[0] = pickle.loads(box[0])
+
+    def bad_plan(*args, **kwargs):
+        raise CaramelError("planner 'x' takes no option 'y'")
+
+    monkeypatch.setattr(controller.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(controller, "make_plan", bad_plan)
+    monkeypatch.setattr(controller, "module_uses", lambda profile: {})
+    c = SimpleNamespace(fingerprint="f", rank=rank, world=world, group=controller.dist.group.WORLD, cluster=None,
+                        planner="p", planner_options={}, _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
+    profile = SimpleNamespace(fingerprint=lambda: "f", meta={})
+    return lambda: controller.Controller.plan_from_profile(c, profile)
+
+
+def test_rank_0s_failed_plan_is_raised_on_every_rank_and_stays_a_caramel_error(monkeypatch):
+    """Rank 0 plans and broadcasts: a planner raising on rank 0 alone left the other ranks in the
+    broadcast until the group's timeout. Now the failure is what rank 0 broadcasts."""
+    from caramel.errors import CaramelError
+    from caramel.strategies.rank_failure import RankInputError
+
+    box: list = []
+    for rank in (0, 1):
+        with pytest.raises(RankInputError, match=r"^plan: rank 0 could not plan the candidates: "
+                                                 r"CaramelError: planner 'x' takes no option 'y'$") as info:
+            _planning_rank(monkeypatch, rank, 2, box)()
+        assert isinstance(info.value, CaramelError)  # bad input stays one to those who catch it
+        assert isinstance(info.value.__cause__, CaramelError) == (rank == 0)
+    with pytest.raises(CaramelError, match=r"^planner 'x' takes no option 'y'$"):  # one process: as it was
+        _planning_rank(monkeypatch, 0, 1, box)()
+
+
+def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monkeypatch):
+    """ps: rank 0 builds the profile and plans, then broadcasts the plan to the workers and the
+    dedicated servers; a failure on rank 0 is what it broadcasts, raised everywhere."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.ps.run as run
+    import caramel.strategies.ps.server as server
+    from caramel.strategies.ps.engine import CMD_PLAN
+
+    box, now, told = [], [0], []  # the broadcast's data; the rank running now; servers told, by rank
+
+    def broadcast(data, src, group):
+        if now[0] == 0:
+            box[:] = [pickle.dumps(data[0])]
+        else:
+            data[0] = pickle.loads(box[0])
+
+    def bad_profile(*args):
+        raise RuntimeError("no timings")
+
+    def bad_plan(profile):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(run.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(server.dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(run, "build_profile", bad_profile)
+
+    def worker(rank: int):
+        now[0] = rank
+        w = SimpleNamespace(rank=rank, ranks=[0, 1, 2], groups=SimpleNamespace(dedicated=[2], control=None),
+                            module=object(), tracker=None, timer=SimpleNamespace(samples=[], remove=lambda: None),
+                            engine=SimpleNamespace(), _plan=bad_plan, _tell_servers=lambda code: told.append((rank, code)))
+        w._adopt_plan = lambda profile: run.PsRun._adopt_plan(w, profile)
+        return w
+
+    for rank in (0, 1):
+        with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile: "
+                                                  r"RuntimeError: no timings$"):
+            run.PsRun._plan_online(worker(rank))
+    now[0] = 2
+    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None))
+    with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile"):
+        server.PsServer._plan(s)
+    for rank in (0, 1):  # a profile, then the planner raising
+        with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not plan: ZeroDivisionError: "):
+            worker(rank)._adopt_plan(object())
+    assert told == [(0, CMD_PLAN), (1, CMD_PLAN)] * 2  # the servers take part in every broadcast
+
+
+def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatch):
+    """Every rank builds its profile at the last profiling step, then measures the cluster with
+    collectives: a rank whose build raised left the others there. Now the ranks gather the
+    failures first (at that one step: `ends_this_step`, alike on every rank)."""
+    from types import SimpleNamespace
+
+    import caramel.strategies.caramel.controller as controller
+
+    sent: dict[int, bytes] = {}
+
+    def gather(out, mine, group):
+        sent[now[0]] = pickle.dumps(mine)
+        out[:] = [pickle.loads(sent.get(r, pickle.dumps(None))) for r in range(len(out))]
+
+    def build(rank: int):
+        if rank == 1:
+            raise KeyError("module 'fc' has no timings")
+        return None  # not reached: the ranks raise before using a profile
+
+    monkeypatch.setattr(controller.dist, "all_gather_object", gather)
+    now = [1]
+    for rank in (1, 0):  # rank 1 gathers first here, so rank 0 sees its failure
+        now[0] = rank
+        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank))
+        c = SimpleNamespace(world=2, rank=rank, group=None, profiler=profiler)
+        with pytest.raises(RankFailedError, match=r"^profiling: rank 1 could not build its profile: "
+                                                  r"KeyError: \"module 'fc' has no timings\"$") as info:
+            controller.Controller._profiling_step_end(c)
+        assert isinstance(info.value.__cause__, KeyError) == (rank == 1)
