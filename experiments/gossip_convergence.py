@@ -178,9 +178,10 @@ def load_stored(spec: str, workload: str, workers: int, seeds: list[int],
 
 
 def run_val_fraction(run: Path) -> float | None:
-    """The validation fraction a `caramel train` run used (its config.json), None if unrecorded."""
+    """The validation fraction a `caramel train` run used (the config.json it writes for its
+    workers, caramel.train-config/1), None if unrecorded."""
     try:
-        return json.loads((run / "config.json").read_text())["data"]["val_fraction"]
+        return json.loads((run / "config.json").read_text())["config"]["data"]["val_fraction"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -299,7 +299,11 @@ def test_a_run_must_reproduce_every_stored_check_and_the_held_out_fraction(tmp_p
         _script().check_reproduced("ddp", stored, tmp_path, [0])
     stored[0][180] = 1.2
     assert _script().check_reproduced("ddp", stored, tmp_path, [0, 1], 0.3) == [0]  # no config.json: unchecked
-    (tmp_path / "ddp-0" / "config.json").write_text(json.dumps({"data": {"val_fraction": 0.1}}))
+    from caramel.jsonio import write_json
+    from caramel.train.config import TrainConfig, apply_dict
+
+    cfg = apply_dict(TrainConfig(), {"data": {"val_fraction": 0.1}}, "test")
+    write_json(tmp_path / "ddp-0" / "config.json", cfg.to_json())  # as `caramel train` writes it
     with pytest.raises(SystemExit, match=r"ddp-0 .* held out 0\.1 of the data for validation, the stored runs 0\.3"):
         _script().check_reproduced("ddp", stored, tmp_path, [0], 0.3)
     assert _script().check_reproduced("ddp", stored, tmp_path, [0], 0.1) == [0]
