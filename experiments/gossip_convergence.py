@@ -20,8 +20,11 @@ worker's own model, which this script evaluates on the same validation samples, 
 
 `--stored NAME=JSON` takes NAME's validation curves from an earlier results file of this script
 instead of running it again (a reference whose run folders are gone); any NAME-SEED run in
-`--runs` must reproduce the stored curve bit for bit, else the script stops. `--paired A=B`
-reports A's per-seed gap minus B's (same baseline) with its interval over seeds.
+`--runs` must reproduce the stored curve bit for bit, else the script stops, and at least one
+must exist (`--require-reproduced SEEDS`: those seeds' runs; `--stored-unverified` scores curves
+that no run here reproduces, recorded as such). The validation settings are written into the
+JSON and checked against a stored file's. `--paired A=B` reports A's per-seed gap minus B's
+(same baseline) with its interval over seeds.
 """
 from __future__ import annotations
 
@@ -137,10 +140,13 @@ def seed_spread(losses: dict[int, float]) -> dict[str, Any]:
             "sd": statistics.stdev(rel) if len(rel) > 1 else None}
 
 
-def load_stored(spec: str, workload: str, workers: int, seeds: list[int]) -> tuple[str, str, dict[int, dict[int, float]]]:
-    """'NAME=JSON' -> (NAME, its flags as stored, seed -> step -> validation loss) from an earlier
-    results file of this script; the file must be of the same workload and worker count and hold
-    every requested seed, else an error naming the file."""
+def load_stored(spec: str, workload: str, workers: int, seeds: list[int],
+                validation: dict[str, int]) -> tuple[str, str, dict[int, dict[int, float]], float | None]:
+    """'NAME=JSON' -> (NAME, its flags as stored, seed -> step -> validation loss, its runs'
+    validation fraction or None where unrecorded) from an earlier results file of this script; the
+    file must be of the same workload and worker count, hold every requested seed and NAME's flags,
+    and (where it records them; older files do not) have the same check interval and sample cap as
+    `validation`, else an error naming the file."""
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise SystemExit(f"--stored {spec!r}: expected NAME=JSON, e.g. ddp=docs/results/gossip-seeds-gpt.json")
@@ -158,18 +164,42 @@ def load_stored(spec: str, workload: str, workers: int, seeds: list[int]) -> tup
     missing = [s for s in seeds if str(s) not in per]
     if missing:
         raise SystemExit(f"--stored {spec!r}: {path} has no run of {name} for seeds {missing}")
+    flags = data.get("configs", {}).get(name)
+    if flags is None:
+        raise SystemExit(f"--stored {spec!r}: {path} has validation curves for {name!r} but no configs[{name!r}] "
+                         "(its caramel train flags); expected a results file written by this script")
+    stored_val = data.get("validation") or {}
+    differ = {k: (stored_val[k], v) for k, v in validation.items() if k in stored_val and stored_val[k] != v}
+    if differ:
+        raise SystemExit(f"--stored {spec!r}: {path} differs in its validation settings (stored, here): {differ} "
+                         "(--val-every-steps, caramel.train.loop.VAL_MAX_SAMPLES)")
     curves = {s: {int(k): float(v) for k, v in per[str(s)].items()} for s in seeds}
-    return name, data["configs"][name], curves
+    return name, flags, curves, (stored_val.get("val_fraction") or {}).get(name)
 
 
-def check_reproduced(name: str, stored: dict[int, dict[int, float]], runs: Path, seeds: list[int]) -> list[int]:
+def run_val_fraction(run: Path) -> float | None:
+    """The validation fraction a `caramel train` run used (the config.json it writes for its
+    workers, caramel.train-config/1), None if unrecorded."""
+    try:
+        return json.loads((run / "config.json").read_text())["config"]["data"]["val_fraction"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_reproduced(name: str, stored: dict[int, dict[int, float]], runs: Path, seeds: list[int],
+                     val_fraction: float | None = None) -> list[int]:
     """The seeds whose NAME-SEED run in `runs` reproduces the stored curve exactly (every check,
-    every bit); a run that differs anywhere stops the script, naming the run and the first check
-    that differs (a reference reused from another code version must be the same computation)."""
+    every bit); a run that differs anywhere, or was held out with another validation fraction than
+    the stored runs' (where both are recorded), stops the script, naming the run and the first
+    check that differs (a reference reused from another code version must be the same computation)."""
     checked = []
     for s in seeds:
         if not (runs / f"{name}-{s}" / "metrics.jsonl").exists():
             continue
+        frac = run_val_fraction(runs / f"{name}-{s}")
+        if None not in (frac, val_fraction) and frac != val_fraction:
+            raise SystemExit(f"{name}-{s} in {runs} held out {frac} of the data for validation, the stored runs "
+                             f"{val_fraction}; run the reference with the stored flags")
         got = val_curve(runs / f"{name}-{s}")
         for k in sorted(set(got) | set(stored[s])):
             if got.get(k) != stored[s].get(k):
@@ -177,6 +207,23 @@ def check_reproduced(name: str, stored: dict[int, dict[int, float]], runs: Path,
                                  f"{got.get(k)!r}, stored {stored[s].get(k)!r}; run the reference again instead")
         checked.append(s)
     return checked
+
+
+def require_reproduced(reproduced: dict[str, list[int]], required: list[int] | None, unverified: bool) -> None:
+    """The rule for reusing stored curves: every seed in `required` (--require-reproduced) has a
+    run here that reproduced them, or, without that list, at least one seed did; a stored reference
+    that no run reproduces is refused unless `unverified` (--stored-unverified) says to score it
+    anyway (the JSON then records `reproduced_seeds: []`)."""
+    for name, got in reproduced.items():
+        if required is not None:
+            short = [s for s in required if s not in got]
+            if short:
+                raise SystemExit(f"--require-reproduced: no run {', '.join(f'{name}-{s}' for s in short)} in --runs "
+                                 f"reproduces the stored {name} curves (reproduced: {got or 'none'}); run them here first")
+        elif not got and not unverified:
+            raise SystemExit(f"--stored {name}: no {name}-SEED run in --runs reproduces the stored curves, so nothing "
+                             "shows this code and host compute them; run one seed of it here with the stored flags "
+                             "(it must match bit for bit), or pass --stored-unverified to score them anyway")
 
 
 def paired(scores: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -194,12 +241,12 @@ def paired(scores: dict[str, Any], spec: str) -> dict[str, Any]:
             "a_higher": sum(d > 0 for d in diff.values()), "seeds": len(diff)}
 
 
-def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' -> [0, 1, 2]; anything else is an error naming the input."""
+def parse_seeds(text: str, option: str = "--seeds") -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; anything else is an error naming the option and the input."""
     try:
         return [int(s) for s in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        raise SystemExit(f"{option} {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
 
 
 def resolve_baselines(names: list[str], vs: list[str]) -> dict[str, str]:
@@ -254,12 +301,25 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep runs that finished (their summary.json exists)")
     ap.add_argument("--stored", action="append", default=[],
                     help="NAME=JSON: NAME's validation curves from an earlier results file of this script, not run again")
+    ap.add_argument("--require-reproduced", default=None, metavar="SEEDS",
+                    help="with --stored: these seeds' runs in --runs must reproduce the stored curves (default: one seed)")
+    ap.add_argument("--stored-unverified", action="store_true",
+                    help="with --stored: score stored curves that no run here reproduces (recorded as such)")
     ap.add_argument("--paired", action="append", default=[], help="A=B: A's per-seed gap minus B's, with its interval")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     configs = dict(parse_config(c) for c in args.config)
     seeds = parse_seeds(args.seeds)
-    stored = {n: (flags, c) for n, flags, c in (load_stored(x, args.workload, args.workers, seeds) for x in args.stored)}
+    from caramel.train.loop import VAL_MAX_SAMPLES
+
+    validation = {"every_steps": args.val_every_steps, "max_samples": VAL_MAX_SAMPLES}
+    required = None if args.require_reproduced is None else parse_seeds(args.require_reproduced, "--require-reproduced")
+    if (required is not None or args.stored_unverified) and not args.stored:
+        raise SystemExit("--require-reproduced/--stored-unverified: only with --stored NAME=JSON")
+    if required is not None and args.stored_unverified:
+        raise SystemExit("--require-reproduced and --stored-unverified: give one or the other")
+    stored = {n: (flags, c, frac) for n, flags, c, frac in
+              (load_stored(x, args.workload, args.workers, seeds, validation) for x in args.stored)}
     clash = sorted(set(stored) & set(configs))
     if clash:
         raise SystemExit(f"--stored {', '.join(clash)}: also given as --config; a configuration is run or stored, not both")
@@ -275,12 +335,15 @@ def main() -> None:
                     continue
                 print(f"seed {seed}: {name}", flush=True)
                 train_run(runs / f"{name}-{seed}", flags, args.workload, args.workers, seed, args.val_every_steps)
-    reproduced = {n: check_reproduced(n, c, runs, seeds) for n, (_, c) in stored.items()}
+    reproduced = {n: check_reproduced(n, c, runs, seeds, frac) for n, (_, c, frac) in stored.items()}
+    require_reproduced(reproduced, required, args.stored_unverified)
     for n, checked in reproduced.items():
-        print(f"{n}: stored curves used; runs here reproduce them exactly on seeds {checked or 'none'}")
+        print(f"{n}: stored curves used; runs here reproduce them exactly on seeds {checked or 'none (unverified)'}")
     curves = {n: {s: val_curve(runs / f"{n}-{s}") for s in seeds if (runs / f"{n}-{s}" / "metrics.jsonl").exists()}
               for n in configs}
-    curves.update({n: c for n, (_, c) in stored.items()})
+    curves.update({n: c for n, (_, c, _) in stored.items()})
+    fractions = {n: run_val_fraction(runs / f"{n}-{min(curves[n])}") for n in configs if curves[n]}
+    fractions.update({n: frac for n, (_, _, frac) in stored.items()})
     final = final_losses(curves, args.score_last)
     own = {n: {s: evaluate_workers(runs / f"{n}-{s}") for s in final[n]} if n in configs else {} for n in names}
     scores = score(final, baseline)
@@ -316,8 +379,10 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "workload": args.workload, "workers": args.workers,
-            "configs": {**{n: " ".join(f) for n, f in configs.items()}, **{n: f for n, (f, _) in stored.items()}},
-            "stored": {n: {"from": x.partition("=")[2], "reproduced_seeds": reproduced[n]}
+            "configs": {**{n: " ".join(f) for n, f in configs.items()}, **{n: f for n, (f, _, _) in stored.items()}},
+            "validation": {**validation, "val_fraction": fractions},
+            "stored": {n: {"from": x.partition("=")[2], "reproduced_seeds": reproduced[n],
+                           "required_seeds": required, "unverified_allowed": args.stored_unverified}
                        for n, x in ((x.partition("=")[0], x) for x in args.stored)},
             "baseline": baseline, "val_loss": {n: {str(s): {str(k): v for k, v in sorted(c.items())}
                                                      for s, c in curves[n].items()} for n in names},

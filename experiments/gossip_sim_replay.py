@@ -47,6 +47,15 @@ def heterogeneous(cluster, meta: dict, workers: int, net_bps: float, pause: bool
     return dataclasses.replace(cluster, meta={**cluster.meta, **extra}), uneven
 
 
+def new_model_slowdown(record: dict) -> float:
+    """The compute slowdown beside transfers that this tree's model is given for `record`: the
+    factor on the unpadded compute where the bench recorded it apart
+    (`prediction_inputs.compute_slowdowns.jitter`; gossip-bench-jitter-6.json predates that and
+    holds it as `compute_slowdown`), else the record's `compute_slowdown`, else 1."""
+    jitter = ((record.get("prediction_inputs") or {}).get("compute_slowdowns") or {}).get("jitter")
+    return jitter or record.get("compute_slowdown") or 1.0
+
+
 def pct(error: float | None) -> str:
     return "   -" if error is None else f"{100 * error:+4.0f}%"
 
@@ -106,10 +115,8 @@ def main() -> None:
             # the pause after the forward on top
             nominal = 1.0 / (1.0 - uneven["jitter"][1]) if uneven.get("jitter") else 1.0
             unpadded_speeds = worker_speeds(profile.step_time_s, [r["compute_s"] / nominal] * r["workers"])
-            # the factor on the unpadded compute, where the bench recorded it apart (`contention_factors`;
-            # gossip-bench-jitter-6.json predates that and holds it as `compute_slowdown`)
-            jitter_slowdown = ((r.get("prediction_inputs") or {}).get("compute_slowdowns") or {}).get("jitter")
-            unpadded = bench_cluster(r["workers"], net_bps, unpadded_speeds, link or None, jitter_slowdown or slowdown)
+            new_slowdown = new_model_slowdown(r)
+            unpadded = bench_cluster(r["workers"], net_bps, unpadded_speeds, link or None, new_slowdown)
             ran_new, _ = heterogeneous(unpadded, data["meta"], r["workers"], net_bps, pause=True)
             measured_s = r["step_time_median_s"]
             old_bench = before(profile, bench, spec.options)
@@ -120,8 +127,11 @@ def main() -> None:
                    "bench_predicted_s": r.get("predicted_step_s"), "old_bench_cluster_s": old_bench.step_time_s,
                    "old_s": old_ran.step_time_s, "new_s": new.step_time_s,
                    "new_job_median_s": new.meta.get("job_step_median_s"),
-                   "inputs": {"net_bandwidth_bps": net_bps, "compute_slowdown": r.get("compute_slowdown"),
-                              "push_efficiency": link.get("push_efficiency"), "compute_s": r["compute_s"]}}
+                   # compute_slowdown: the factor the new model used; the record's own beside it
+                   "inputs": {"net_bandwidth_bps": net_bps, "compute_slowdown": new_slowdown,
+                              "compute_slowdown_recorded": r.get("compute_slowdown"),
+                              "push_efficiency": link.get("push_efficiency"), "compute_s": r["compute_s"],
+                              "compute_s_unpadded": r["compute_s"] / nominal}}
             for k in ("bench_predicted_s", "old_bench_cluster_s", "old_s", "new_s", "new_job_median_s"):
                 row["error_" + k[:-2]] = prediction_error(row[k], measured_s)
             rows.append(row)

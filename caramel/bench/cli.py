@@ -34,6 +34,7 @@ from caramel.jsonio import atomic_write_text
 from caramel.models.zoo import get_model
 from caramel.strategies.options import parse_value
 
+DEFAULT_TIMEOUT_S = 600.0  # --timeout: wall-clock limit per configuration
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sel = p.add_argument_group("one configuration (instead of the default matrix)")
@@ -80,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cluster: shaped links (root); loopback: unshaped local workers; auto: cluster when possible")
     p.add_argument("--mtu", default="auto",
                    help="emulated links' MTU in bytes, or auto (default; see `caramel cluster run --help`)")
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per configuration, seconds (default 600)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"wall-clock limit per configuration, seconds (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--trace", metavar="DIR", help="write caramel strategies' timelines under DIR/<configuration>/")
     data = p.add_argument_group("data loading (instead of strategies): the plain loader vs caramel.data on a store")
     data.add_argument("--data", metavar="URL", help="the data set's store: a directory made by `caramel data make` "
@@ -181,6 +183,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--network", args.network]
     if args.mtu != "auto":
         parts += ["--mtu", str(args.mtu)]
+    if args.timeout != DEFAULT_TIMEOUT_S:  # a run cut by its limit reads differently: keep it
+        parts += ["--timeout", f"{args.timeout:g}"]
     return " ".join(shlex.quote(p) for p in parts)
 
 

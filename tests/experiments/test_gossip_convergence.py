@@ -201,15 +201,31 @@ def test_a_stored_reference_is_scored_only_where_runs_reproduce_it_exactly(tmp_p
             "--config", "new=gossip", "--stored", f"ddp={ref}", "--stored", f"ring={ref}", "--vs", "new=ddp",
             "--vs", "ring=ddp", "--paired", "new=ring", "--collect-only", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"--stored ring: no ring-SEED run in --runs reproduces the stored curves"):
+        _script().main()  # ring has no run here: its curves are refused unless the study says otherwise
+    monkeypatch.setattr(sys, "argv", argv + ["--stored-unverified"])
     _script().main()
     got = json.loads(out.read_text())
     assert got["stored"]["ddp"]["reproduced_seeds"] == [0] and got["stored"]["ring"]["reproduced_seeds"] == []
+    assert got["stored"]["ring"]["unverified_allowed"] is True
+    assert got["validation"] == {"every_steps": 40, "max_samples": 1024, "val_fraction": {"new": None, "ddp": None,
+                                                                                          "ring": None}}
     assert got["configs"]["ddp"] == "--strategy ddp"
     assert got["scores"]["new"]["relative"] == pytest.approx({"0": 0.36 / 0.30000000000000004 - 1, "1": 1.2 / 1.5 - 1})
     p = got["paired"][0]
     want = {"0": 0.36 / 0.3 - 0.33 / 0.3, "1": 1.2 / 1.5 - 1.8 / 1.5}
     assert p["difference"] == pytest.approx(want) and (p["a_higher"], p["seeds"]) == (1, 2)
     assert "reproduce them exactly on seeds [0]" in capsys.readouterr().out
+    only_ddp = ["gossip_convergence.py", "--runs", str(runs), "--seeds", "0,1", "--workload", "char_gpt",
+                "--config", "new=gossip", "--stored", f"ddp={ref}", "--vs", "new=ddp", "--collect-only",
+                "--json", str(out), "--require-reproduced", "0"]
+    monkeypatch.setattr(sys, "argv", only_ddp)
+    _script().main()  # ddp-0 reproduces: the rule is met
+    assert json.loads(out.read_text())["stored"]["ddp"]["required_seeds"] == [0]
+    monkeypatch.setattr(sys, "argv", sys.argv[:-1] + ["0,1"])
+    with pytest.raises(SystemExit, match=r"--require-reproduced: no run ddp-1 in --runs reproduces the stored ddp"):
+        _script().main()
+    monkeypatch.setattr(sys, "argv", argv)
     (runs / "ddp-0" / "metrics.jsonl").write_text(json.dumps({"kind": "val", "step": 60, "val_loss": 2.0}) + "\n"
                                                   + json.dumps({"kind": "val", "step": 120, "val_loss": 0.3}) + "\n")
     with pytest.raises(SystemExit, match=r"ddp-0 in .* does not reproduce the stored curve: step 120 reads 0\.3, "
@@ -223,17 +239,18 @@ def test_a_stored_file_must_match_the_study_and_hold_every_seed(tmp_path):
     ref = tmp_path / "old.json"
     ref.write_text(json.dumps({"workload": "digits", "workers": 4, "configs": {"ddp": "--strategy ddp"},
                                "val_loss": {"ddp": {"0": {"60": 1.0}}}}))
-    assert _script().load_stored(f"ddp={ref}", "digits", 4, [0]) == ("ddp", "--strategy ddp", {0: {60: 1.0}})
+    val = {"every_steps": 60, "max_samples": 1024}
+    assert _script().load_stored(f"ddp={ref}", "digits", 4, [0], val) == ("ddp", "--strategy ddp", {0: {60: 1.0}}, None)
     with pytest.raises(SystemExit, match="is digits on 4 workers, expected char_gpt on 4"):
-        _script().load_stored(f"ddp={ref}", "char_gpt", 4, [0])
+        _script().load_stored(f"ddp={ref}", "char_gpt", 4, [0], val)
     with pytest.raises(SystemExit, match=r"has no configuration 'ring' \(it has ddp\)"):
-        _script().load_stored(f"ring={ref}", "digits", 4, [0])
+        _script().load_stored(f"ring={ref}", "digits", 4, [0], val)
     with pytest.raises(SystemExit, match=r"has no run of ddp for seeds \[1\]"):
-        _script().load_stored(f"ddp={ref}", "digits", 4, [0, 1])
+        _script().load_stored(f"ddp={ref}", "digits", 4, [0, 1], val)
     with pytest.raises(SystemExit, match="expected NAME=JSON"):
-        _script().load_stored(str(ref), "digits", 4, [0])
+        _script().load_stored(str(ref), "digits", 4, [0], val)
     with pytest.raises(SystemExit, match="cannot read"):
-        _script().load_stored(f"ddp={tmp_path / 'none.json'}", "digits", 4, [0])
+        _script().load_stored(f"ddp={tmp_path / 'none.json'}", "digits", 4, [0], val)
 
 
 def test_a_paired_difference_needs_one_baseline():
@@ -245,3 +262,61 @@ def test_a_paired_difference_needs_one_baseline():
         _script().paired(scores, "a=c")
     with pytest.raises(SystemExit, match="both names must be scored"):
         _script().paired(scores, "a=ddp")
+
+
+def test_a_stored_file_needs_the_flags_and_the_same_validation(tmp_path):
+    """A file with curves but no flags for NAME is refused by name (not a bare KeyError), and one
+    that records its validation settings must match this study's; its validation fraction comes
+    back for the runs that check it."""
+    import json
+
+    ref = tmp_path / "old.json"
+    ref.write_text(json.dumps({"workload": "digits", "workers": 4, "configs": {},
+                               "val_loss": {"ddp": {"0": {"60": 1.0}}}}))
+    val = {"every_steps": 60, "max_samples": 1024}
+    with pytest.raises(SystemExit, match=r"has validation curves for 'ddp' but no configs\['ddp'\]"):
+        _script().load_stored(f"ddp={ref}", "digits", 4, [0], val)
+    ref.write_text(json.dumps({"workload": "digits", "workers": 4, "configs": {"ddp": "--strategy ddp"},
+                               "validation": {"every_steps": 60, "max_samples": 512, "val_fraction": {"ddp": 0.3}},
+                               "val_loss": {"ddp": {"0": {"60": 1.0}}}}))
+    with pytest.raises(SystemExit, match=r"differs in its validation settings \(stored, here\): \{'max_samples': \(512, 1024\)\}"):
+        _script().load_stored(f"ddp={ref}", "digits", 4, [0], val)
+    assert _script().load_stored(f"ddp={ref}", "digits", 4, [0], {**val, "max_samples": 512})[3] == 0.3
+
+
+def test_a_run_must_reproduce_every_stored_check_and_the_held_out_fraction(tmp_path):
+    """A run with one check fewer or one more than the stored curve does not reproduce it (the
+    union of the steps is compared), and neither does one held out with another fraction."""
+    import json
+
+    stored = {0: {60: 2.0, 120: 1.5}}
+    _write_runs(tmp_path, {"ddp-0": {60: 2.0}})
+    with pytest.raises(SystemExit, match=r"ddp-0 .* step 120 reads None, stored 1\.5"):
+        _script().check_reproduced("ddp", stored, tmp_path, [0])
+    (tmp_path / "ddp-0" / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "val", "step": k, "val_loss": v}) + "\n" for k, v in {60: 2.0, 120: 1.5, 180: 1.2}.items()))
+    with pytest.raises(SystemExit, match=r"ddp-0 .* step 180 reads 1\.2, stored None"):
+        _script().check_reproduced("ddp", stored, tmp_path, [0])
+    stored[0][180] = 1.2
+    assert _script().check_reproduced("ddp", stored, tmp_path, [0, 1], 0.3) == [0]  # no config.json: unchecked
+    from caramel.jsonio import write_json
+    from caramel.train.config import TrainConfig, apply_dict
+
+    cfg = apply_dict(TrainConfig(), {"data": {"val_fraction": 0.1}}, "test")
+    write_json(tmp_path / "ddp-0" / "config.json", cfg.to_json())  # as `caramel train` writes it
+    with pytest.raises(SystemExit, match=r"ddp-0 .* held out 0\.1 of the data for validation, the stored runs 0\.3"):
+        _script().check_reproduced("ddp", stored, tmp_path, [0], 0.3)
+    assert _script().check_reproduced("ddp", stored, tmp_path, [0], 0.1) == [0]
+
+
+def test_a_paired_difference_has_a_t_interval_over_its_own_differences():
+    """The interval is over A's gap minus B's per seed, not over either gap alone."""
+    scores = _script().score({"ddp": {0: 1.0, 1: 1.0, 2: 1.0}, "a": {0: 1.1, 1: 0.9, 2: 1.3},
+                              "b": {0: 1.05, 1: 0.95, 2: 1.0}}, {"a": "ddp", "b": "ddp"})
+    p = _script().paired(scores, "a=b")
+    diffs = [0.05, -0.05, 0.3]
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    half = 4.302653 * sd / 3 ** 0.5  # t(0.975, 2 dof)
+    assert p["mean"] == pytest.approx(0.1)
+    assert p["interval95"] == pytest.approx([mean - half, mean + half])
