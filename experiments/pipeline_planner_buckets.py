@@ -30,15 +30,16 @@ MODELS = {"layers": ("layers", "none"), "planner": ("planner", "none"),
 WITHIN = 0.10
 
 
-def score_run(run: str, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """`run`'s pipeline rows under each model, beside the measurement and the engine's buckets."""
+def score_run(run: str, only: list[str] | None = None, models: tuple[str, ...] = tuple(MODELS)) -> list[dict[str, Any]]:
+    """`run`'s pipeline rows under each of `models` (the first is the base: "layers" in every
+    summary), beside the measurement and the engine's buckets."""
     from pipeline_reduce_cpu import engine_buckets
     from pipeline_stage_busy import replay_run
 
-    replays = {m: replay_run(run, only, reduce_cpu=cpu, reduce_buckets=b) for m, (b, cpu) in MODELS.items()}
+    replays = {m: replay_run(run, only, reduce_cpu=MODELS[m][1], reduce_buckets=MODELS[m][0]) for m in models}
     trace_dir = os.path.dirname(glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json"))[0])
     rows = []
-    for i, base in enumerate(replays["layers"]["rows"]):
+    for i, base in enumerate(replays[models[0]]["rows"]):
         engine = engine_buckets(trace_dir, base["strategy"])
         row = {"run": os.path.basename(os.path.normpath(run)), "strategy": base["strategy"], "layout": base["layout"],
                "measured_s": base["measured_s"], "measured_busy_s_per_stage": base["measured_busy_s_per_stage"],
@@ -48,7 +49,7 @@ def score_run(run: str, only: list[str] | None = None) -> list[dict[str, Any]]:
                "engine_buckets_per_stage": (None if engine is None else
                                             [sorted({e["buckets"] for e in engine if e["stage"] == s})
                                              for s in sorted({e["stage"] for e in engine})])}
-        for m in MODELS:
+        for m in models:
             r = replays[m]["rows"][i]
             assert r["strategy"] == base["strategy"]
             timed = r["simulated_timed_s_per_lane"]
@@ -77,6 +78,8 @@ def bucket_match(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the traced rows' stages: how often each bucket model's count is one of the engine's."""
     out: dict[str, Any] = {}
     for m in ("layers", "planner"):
+        if not rows or m not in rows[0]:
+            continue
         pairs = [(sim, eng) for r in rows if r["engine_buckets_per_stage"] and r[m]["buckets_per_stage"]
                  for sim, eng in zip(r[m]["buckets_per_stage"], r["engine_buckets_per_stage"])]
         out[m] = {"stages": len(pairs), "equal": sum(sim in eng for sim, eng in pairs),
