@@ -143,7 +143,7 @@ def replay_row(prof, cluster, world: int, rec: dict[str, Any], trace_dir: str) -
             "measured_ranks_at_once": _co(spans), "simulated_load_per_lane": lanes,
             "measured_ranks_at_once_per_rank": [_own(spans, cover, r) for r in range(len(spans))], "stages": per_stage,
             # the simulator's buckets per stage and their charge on the last backward (None: reduced after the drain)
-            "buckets_per_stage": [len(b.time_s) for b in last["costs"].buckets] if "costs" in last else None,
+            "buckets_per_stage": [b.buckets for b in last["costs"].buckets] if "costs" in last else None,
             "bucket_cpu_s_per_stage": [b.cpu_s for b in last["costs"].buckets] if "costs" in last else None}
 
 
@@ -247,11 +247,12 @@ def _lane_loads(sim, cluster, per_lane: int) -> list[dict[str, float]]:
 
 
 def replay_run(run: str, only: list[str] | None = None, sharing_model: str | None = None,
-               reduce_cpu: str | None = None) -> dict[str, Any]:
+               reduce_cpu: str | None = None, reduce_buckets: str | None = None) -> dict[str, Any]:
     """`run`'s pipeline rows replayed (`only`: those of these names) and every pipeline row's
     measured median and round medians (what `pair_ratio` reads). `sharing_model`: the host-sharing
     model to replay with where the run measured host sharing (None: the one its profile names).
-    `reduce_cpu`: the spec's charge for the replicas' buckets' CPU (None: the spec's default)."""
+    `reduce_cpu`: the spec's charge for the replicas' buckets' CPU (None: the spec's default).
+    `reduce_buckets`: the spec's buckets for the replicas ("layers", "planner"; None: the default)."""
     from pipeline_contention import inputs_cluster
 
     from caramel.profile.turns import sharing_of
@@ -266,6 +267,8 @@ def replay_run(run: str, only: list[str] | None = None, sharing_model: str | Non
         cluster = dataclasses.replace(cluster, sharing_model=sharing_model)
     if reduce_cpu is not None:
         cluster = dataclasses.replace(cluster, reduce_cpu=reduce_cpu)
+    if reduce_buckets is not None:
+        cluster = dataclasses.replace(cluster, reduce_buckets=reduce_buckets)
     bench = json.load(open(os.path.join(run, "bench.json")))
     pipes = _pipeline_records(bench)
     rows = [replay_row(prof, cluster, inputs["world"], rec, os.path.dirname(paths[0]))

@@ -132,7 +132,8 @@ def cluster_summary(cluster: Any) -> dict[str, Any] | None:
     return {"bandwidth_bps": cluster.bandwidth_bps, "latency_s": cluster.latency_s,
             "speeds": [w.speed for w in cluster.workers], "compute_slowdown": cluster.compute_slowdown,
             "alone_speedup": cluster.alone_speedup, "ranks_per_host": cluster.ranks_per_host,
-            "sharing_model": cluster.sharing_model, "reduce_cpu": cluster.reduce_cpu}
+            "sharing_model": cluster.sharing_model, "reduce_cpu": cluster.reduce_cpu,
+            "reduce_buckets": cluster.reduce_buckets}
 
 
 def cut_mismatches(stats: dict[str, dict[str, Any]], predicted: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -83,6 +83,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         collective_cpu_s=cpu,
         compute_slowdown=spec.compute_slowdown if spec else 1.0,
         reduce_cpu=spec.reduce_cpu if spec else "none",
+        reduce_buckets=spec.reduce_buckets if spec else "layers",
         **(spec.sharing_on(len(worker_list)) if spec else {}),
     )
 

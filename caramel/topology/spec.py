@@ -40,6 +40,11 @@ while that stage computes.
 CPU of their messages on the action that issues them (`REDUCE_CPU_MODELS`): "none" (the default,
 and every spec written before the field), or "messages" (each bucket `collective_cpu_s (r - 1) /
 (n - 1)` on the stage's last backward; docs/pipeline.md).
+`reduce_buckets` says which buckets the pipeline simulator reduces a replicated stage in
+(`REDUCE_BUCKETS_MODELS`): "layers" (the default, and every spec written before the field), one
+per profile layer that holds parameters; "planner", the buckets, chunks and order Caramel's
+planner makes for that stage, as the runtime's engine plans them
+(`caramel.strategies.pipeline.planner_buckets`).
 
 Format: a spec with sharing is written `caramel.cluster/2`, so that a reader from before these
 fields refuses it rather than predicting without the sharing; one with sharing and
@@ -47,7 +52,8 @@ fields refuses it rather than predicting without the sharing; one with sharing a
 without sharing both models predict alike, so the field is left out); any other spec is
 written `caramel.cluster/1`, as before, without the `sharing_model` field; one with
 `reduce_cpu="messages"` `caramel.cluster/4` (an older reader would predict without the charge),
-the field left out where it is "none". All read here, and unknown fields are errors either way.
+the field left out where it is "none"; one with `reduce_buckets="planner"` `caramel.cluster/5`,
+the field left out where it is "layers". All read here, and unknown fields are errors either way.
 """
 from __future__ import annotations
 
@@ -59,12 +65,14 @@ from caramel.errors import FormatError
 from caramel.jsonio import check_format, from_fields, read_json, require, require_mapping, write_json
 
 KIND = "cluster"
-VERSIONS = (1, 2, 3, 4)  # 2: host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"; 4: reduce_cpu
+VERSIONS = (1, 2, 3, 4, 5)  # 2: host sharing (alone_speedup, ranks_per_host); 3: sharing_model "stage"; 4: reduce_cpu;
+# 5: reduce_buckets
 # fields `to_dict` writes only from the version that brought them (host sharing's two are written,
 # at their defaults, in every version, so they are not checked)
-NEWER_FIELDS = {"sharing_model": 3, "reduce_cpu": 4}
+NEWER_FIELDS = {"sharing_model": 3, "reduce_cpu": 4, "reduce_buckets": 5}
 SHARING_MODELS = ("layout", "stage")  # how the pipeline simulator spreads host sharing (see above)
 REDUCE_CPU_MODELS = ("none", "messages")  # the replicas' buckets' CPU in the pipeline simulator (see above)
+REDUCE_BUCKETS_MODELS = ("layers", "planner")  # the replicas' buckets in the pipeline simulator (see above)
 TOPOLOGIES = ("switch", "ring", "torus", "fully_connected")
 COLLECTIVES = ("ring", "tree", "halving_doubling", "ps", "gossip")
 
@@ -95,6 +103,7 @@ class ClusterSpec:
     ranks_per_host: int = 1  # workers sharing one host's cores (1: a machine each)
     sharing_model: str = "layout"  # one sharing factor per layout, or per stage ("stage"; see above)
     reduce_cpu: str = "none"  # the replicas' buckets' message CPU on their last backward ("messages"; see above)
+    reduce_buckets: str = "layers"  # the replicas' buckets in the pipeline simulator ("planner"; see above)
 
     @property
     def effective_queued_latency_s(self) -> float:
@@ -158,6 +167,9 @@ class ClusterSpec:
         if self.reduce_cpu not in REDUCE_CPU_MODELS:
             raise FormatError(f"{source}: field 'reduce_cpu' must be one of {', '.join(REDUCE_CPU_MODELS)}, "
                               f"got {self.reduce_cpu!r}")
+        if self.reduce_buckets not in REDUCE_BUCKETS_MODELS:
+            raise FormatError(f"{source}: field 'reduce_buckets' must be one of {', '.join(REDUCE_BUCKETS_MODELS)}, "
+                              f"got {self.reduce_buckets!r}")
         if self.topology not in TOPOLOGIES:
             raise FormatError(f"{source}: unknown topology {self.topology!r}; expected one of {', '.join(TOPOLOGIES)}")
         if self.collective not in COLLECTIVES:
@@ -187,7 +199,10 @@ class ClusterSpec:
             del d["sharing_model"]
         if self.reduce_cpu == "none":  # written as before the field
             del d["reduce_cpu"]
-        version = 4 if self.reduce_cpu != "none" else 3 if per_stage else 2 if self.shares_hosts() else 1
+        if self.reduce_buckets == "layers":  # written as before the field
+            del d["reduce_buckets"]
+        version = (5 if self.reduce_buckets != "layers" else 4 if self.reduce_cpu != "none" else 3 if per_stage
+                   else 2 if self.shares_hosts() else 1)
         d["format"] = f"caramel.{KIND}/{version}"
         return d
 
@@ -220,6 +235,7 @@ class ClusterSpec:
         spec.ranks_per_host = data.get("ranks_per_host", 1)
         spec.sharing_model = data.get("sharing_model", "layout")
         spec.reduce_cpu = data.get("reduce_cpu", "none")
+        spec.reduce_buckets = data.get("reduce_buckets", "layers")
         spec.validate(source)
         return spec
 

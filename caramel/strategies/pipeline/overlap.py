@@ -37,7 +37,8 @@ Not modelled:
   `need` or `hybrid:k` order. Here the buckets are one per top-level layer, always issued in
   ready order (last layer first, each as soon as its gradients are ready); under a `need`
   order the engine issues nothing before the first layer's bucket is ready, so this model can
-  hide more of the reduction than the engine does;
+  hide more of the reduction than the engine does. The spec's `reduce_buckets="planner"`
+  replaces these buckets with the planner's own (`planner_buckets.py`; off by default);
 - the runtime's per-step small collectives (`runtime.Pipeline._share_loss`: the loss broadcast
   along the pipeline and all-reduced over the replicas; the replicas' buffer broadcasts, once
   per step for Caramel's engine, before every microbatch's forward for DDP) and the Python

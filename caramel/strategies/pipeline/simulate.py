@@ -32,11 +32,13 @@ from caramel.topology.spec import ClusterSpec
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
                 replicas: int | tuple[int, ...] | list[int] = 1, speeds: list[float] | None = None,
-                optimizer_s: float = 0.0, reduce: str = "after") -> StageCosts:
+                optimizer_s: float = 0.0, reduce: str = "after", planned: list | None = None) -> StageCosts:
     """Sum layers into stages (slowed by each stage's worker speed). `replicas`: of every stage,
     or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
     model's optimizer step, shared among the stages by their parameters' bytes. `reduce`
-    ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket.
+    ("forward", "backward": `overlap.py`) also prices each stage's all-reduce per bucket: one per
+    layer, or with `reduce="forward"` and `planned` (one `planner_buckets.PlannedReduce` per
+    stage) the collectives of Caramel's planner's plan for the stage.
 
     Each forward and backward also carries the CPU of its messages on that rank (`message_cpu_s`,
     from the spec's measured `collective_cpu_s`): the recv of its input from the neighbouring
@@ -54,7 +56,13 @@ def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterS
     rings = [ClusterSpec.uniform(r, cluster.bandwidth_bps, cluster.latency_s) for r in counts]
     update_s = [optimizer_s * nbytes / total_bytes / sp if total_bytes else 0.0 for nbytes, sp in zip(stage_bytes, speeds)]
     buckets = []
-    if reduce != "after":
+    if reduce == "forward" and planned is not None:
+        from caramel.strategies.pipeline.overlap import bucket_cpu_s
+        from caramel.strategies.pipeline.planner_buckets import planned_buckets
+
+        buckets = [planned_buckets(pl, sp, r, cluster, u, bucket_cpu_s(cluster, r))
+                   for pl, sp, r, u in zip(planned, speeds, counts, update_s)]
+    elif reduce != "after":
         buckets = [stage_buckets([c.forward_s / sp for c in g], [c.backward_s / sp for c in g],
                                  [c.param_bytes for c in g], r, cluster, u, reduce)
                    for g, sp, r, u in zip(groups, speeds, counts, update_s)]
@@ -132,8 +140,11 @@ def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
     if any(tied_s) and not unequal and options.replicas > 1 and options.replica_reduce == "caramel":
         raise CaramelError("pipeline: replica_reduce='caramel' defers each update past the step and cannot sum "
                            "a tied weight split across stages; use replica_reduce='ddp' (or 'auto')")
-    sc = stage_costs(with_held_bytes(costs, ties, plan.boundaries), plan.boundaries, cluster,
-                     counts if unequal else options.replicas, per_stage, profile.optimizer_time_s, mode)
+    held = with_held_bytes(costs, ties, plan.boundaries)
+    planned = (_planned(profile, names, held, plan.boundaries, options, positions)
+               if mode == "forward" and cluster.reduce_buckets == "planner" else None)
+    sc = stage_costs(held, plan.boundaries, cluster, counts if unequal else options.replicas, per_stage,
+                     profile.optimizer_time_s, mode, planned)
     sc = with_tied(sc, tied_s, mode)
     actions = (replicated_actions(options.schedule, counts, options.microbatches) if unequal
                else schedule_actions(options.schedule, options.stages, positions, options.microbatches))
@@ -156,6 +167,23 @@ def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
                            "predicted_slowest_stage_s": max(plan.stage_times_s) * options.microbatches,
                            "microbatches": options.microbatches, "stages": options.stages,
                            "replica_reduce_model": mode, "transport": transport})
+
+
+def _planned(profile: ModelProfile, names: list[str], costs: list[LayerCost], boundaries: list[int],
+             options: PipelineOptions, positions: int) -> list:
+    """Each stage's plan from Caramel's planner, as the runtime's engine makes it from one
+    microbatch of the stage (`planner_buckets.py`; the spec's `reduce_buckets="planner"`)."""
+    from caramel.strategies.pipeline.planner_buckets import plan_reduce, stage_profile
+
+    edges = [0, *boundaries, len(costs)]
+    total = sum(c.param_bytes for c in costs)
+    samples = profile.batch_size * positions / options.microbatches
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        share = sum(c.param_bytes for c in costs[a:b]) / total if total else 0.0
+        out.append(plan_reduce(stage_profile(profile, names, costs, a, b, samples, profile.optimizer_time_s * share),
+                               options.replicas))
+    return out
 
 
 def reduce_mode(options: PipelineOptions, tied_split: bool = False) -> str:

@@ -25,6 +25,14 @@ class ReduceBuckets:
     # the CPU of every bucket's messages on the rank, charged on the step's last backward (the
     # spec's reduce_cpu="messages": `overlap.bucket_cpu_s`; 0 otherwise)
     cpu_s: float = 0.0
+    # the buckets these collectives belong to, where a bucket may go in several chunks (the
+    # planner's, `planner_buckets.py`); 0: one bucket per collective
+    bucket_count: int = 0
+
+    @property
+    def buckets(self) -> int:
+        """How many buckets the stage reduces per step."""
+        return self.bucket_count or len(self.time_s)
 
 
 @dataclass(frozen=True)

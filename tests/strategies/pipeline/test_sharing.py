@@ -264,10 +264,10 @@ def test_the_spec_refuses_unknown_fields_and_a_reader_before_sharing_refuses_it(
     assert ClusterSpec.uniform(4, 1e9).to_dict()["format"] == "caramel.cluster/1"
     old = {**spec.to_dict(), "format": "caramel.cluster/1"}
     assert ClusterSpec.from_dict(old).alone_speedup == 2.1
-    with pytest.raises(FormatError, match="'caramel.cluster/5' is not supported by this version \\(expected "
+    with pytest.raises(FormatError, match="'caramel.cluster/6' is not supported by this version \\(expected "
                                           "'caramel.cluster/1' or 'caramel.cluster/2' or 'caramel.cluster/3' or "
-                                          "'caramel.cluster/4'\\)"):
-        ClusterSpec.from_dict({**spec.to_dict(), "format": "caramel.cluster/5"})
+                                          "'caramel.cluster/4' or 'caramel.cluster/5'\\)"):
+        ClusterSpec.from_dict({**spec.to_dict(), "format": "caramel.cluster/6"})
 
 
 def test_the_bench_hands_the_sharing_to_the_pipelines_only():
