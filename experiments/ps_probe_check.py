@@ -7,9 +7,10 @@ could go missing or the budget's estimate could be off, so this reads each confi
 from the records (`link_fit.traffic_probe`) and reports: the version, each field present, the
 curves' time against the budget, the shares the model reads (`push_efficiency_by_count`,
 `pull_efficiency_by_count` in the saved prediction inputs) and the all-at-once broadcast
-repetitions (sorted: the reading switches between two modes within a job). A configuration with
-no probe, or a probe below version 5 or missing a field, is a failure (exit status 1); the
-budget is reported, not enforced (it bounds an estimate).
+repetitions (sorted: the reading switches between two modes within a job). A failure (exit
+status 1): a configuration with no probe, a record of it without the probe or with a different
+one, a probe below version 5, or a field missing, null or empty. The budget is reported, not
+enforced (it bounds an estimate). Labels come from the torch-free `caramel.bench.labels`.
 
     PYTHONPATH=. python experiments/ps_probe_check.py RUN/w2/bench.json RUN/w4/bench.json --json OUT.json
 """
@@ -19,41 +20,54 @@ import argparse
 import json
 import sys
 
+from caramel.bench.labels import config_label_of_dict
+
 FORMAT = "caramel.ps_probe_check/1"
 MIN_VERSION = 5
 V5_FIELDS = ("curve_counts", "curve_reps", "curve_budget_s", "curve_s", "probe_s",
              "broadcasts_at_once_s", "broadcasts_at_once_reps_s", "pushes_at_once_s")
 
 
-def check_run(path: str) -> list[dict]:
-    """One entry per configuration of the bench JSON at `path` (records grouped by `config_label`)."""
-    from caramel.bench.record import Record, config_label
-
-    with open(path) as f:
-        d = json.load(f)
-    if not isinstance(d, dict) or "records" not in d:
+def _read_bench(path: str) -> dict:
+    """The bench JSON at `path`, or one clear error naming it and what was expected."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"ps_probe_check: cannot read {path} as JSON ({e}); expected a bench JSON")
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list):
         raise SystemExit(f"ps_probe_check: {path} is not a bench JSON (expected an object with 'records')")
+    return d
+
+
+def check_run(path: str) -> list[dict]:
+    """One entry per configuration of the bench JSON at `path` (records grouped by `config_label`).
+
+    Every record is checked: each carries its job's probe, so a record without one, or with a
+    probe its configuration's other records do not share, is a problem, not skipped."""
+    d = _read_bench(path)
     inputs = (d.get("meta") or {}).get("prediction_inputs") or {}
-    fields = set(Record.__dataclass_fields__)
-    seen: dict[str, dict] = {}
+    probes: dict[str, list] = {}
     for r in d["records"]:
-        label = config_label(Record(**{k: v for k, v in r.items() if k in fields}))
-        probe = (r.get("link_fit") or {}).get("traffic_probe")
-        if label not in seen or (seen[label]["probe"] is None and probe):
-            seen[label] = {"probe": probe}
+        probes.setdefault(config_label_of_dict(r), []).append((r.get("link_fit") or {}).get("traffic_probe"))
     out = []
-    for label, e in seen.items():
-        p = e["probe"]
+    for label, ps in probes.items():
         meta = (((inputs.get(label) or {}).get("clusters") or {}).get("base") or {}).get("meta") or {}
         row = {"run": path, "config": label, "problems": []}
-        if not p:
+        found = [p for p in ps if p]
+        if not found:
             row["problems"].append("no traffic probe in any record (link_fit.traffic_probe)")
             out.append(row)
             continue
+        p = found[0]
+        if len(found) < len(ps):
+            row["problems"].append(f"{len(ps) - len(found)} of {len(ps)} records have no traffic probe")
+        if any(q != p for q in found):
+            row["problems"].append("the records' traffic probes differ (one job, one probe expected)")
         row["version"] = p.get("version")
         if not isinstance(row["version"], int) or row["version"] < MIN_VERSION:
             row["problems"].append(f"probe version {row['version']!r}, expected >= {MIN_VERSION}")
-        missing = [k for k in V5_FIELDS if k not in p]
+        missing = [k for k in V5_FIELDS if p.get(k) is None or p.get(k) in ("", [], {})]  # null or empty too
         if missing:
             row["problems"].append("missing " + ", ".join(missing))
         for k in ("curve_counts", "curve_reps", "curve_budget_s", "curve_s", "probe_s", "broadcasts_at_once_s"):

@@ -5,7 +5,8 @@
 # the repository root, as root:
 #   /tmp/bench.sh bash experiments/ps_sim_probe5_run.sh OUT_DIR
 # Each part has a wall-clock limit; the hierarchical part runs only if the flat ones ended within
-# 330 s of the start, limited to the rest of 540 s, so the whole run stays under 9 minutes.
+# 330 s of the start, limited to the rest of 540 s, so the whole run stays under 9 minutes
+# (9 min 15 s should a bench overrun its own limit and the outer timeout fire).
 set -u
 OUT=${1:?usage: ps_sim_probe5_run.sh OUT_DIR}
 PY=${PYTHON:-/work/main/.venv/bin/python}
@@ -14,9 +15,11 @@ START=$(date +%s)
 now() { echo "$(date -u +%T) at $(( $(date +%s) - START )) s, load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 echo "start $(now) code $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo -dirty)" > "$OUT/log.txt"
 MODEL=(--model resnet18 --model-option width=16 --batch-size 8)
+# The outer timeout gets 15 s over the bench's own, so that the bench's limit fires first and
+# writes its partial JSON (added after the 21:56 run, where every part ended well within both).
 bench() {  # NAME LIMIT_S ARGS...: one bench command, its outputs under OUT/NAME
     local name=$1 limit=$2; shift 2
-    PYTHONPATH=$PWD timeout "$limit" "$PY" -m caramel.cli bench "$@" --timeout "$limit" \
+    PYTHONPATH=$PWD timeout "$(( limit + 15 ))" "$PY" -m caramel.cli bench "$@" --timeout "$limit" \
         --json "$OUT/$name/bench.json" --markdown "$OUT/$name/bench.md" > "$OUT/$name/out.txt" 2> "$OUT/$name/log.txt"
     echo "$name exit $? $(now)" >> "$OUT/log.txt"
 }

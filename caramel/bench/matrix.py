@@ -265,7 +265,7 @@ class BenchConfig:
     def label(self) -> str:
         opts = "".join(f",{k}={v}" for k, v in sorted(self.model_options.items()))
         batch = f",b={self.batch_size}" if self.batch_size else ""
-        from caramel.bench.record import heterogeneity_suffix, layout_suffix
+        from caramel.bench.labels import heterogeneity_suffix, layout_suffix
 
         slow = heterogeneity_suffix(self.slow_worker, self.slow_link, self.jitter) + layout_suffix(self.workers,
                                                                                                    self.nproc_per_node)

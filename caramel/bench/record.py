@@ -4,8 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from caramel.bench.labels import config_label, heterogeneity_suffix, layout_suffix
 from caramel.bench.matrix import REGIMES
 from caramel.bench.step_metrics import estimated_ceiling_s
+
+# the label helpers moved to the torch-free `caramel.bench.labels`; importers of this module keep them
+__all__ = ["Record", "ceiling_s", "ceiling_speedup", "config_label", "heterogeneity_suffix", "layout_suffix"]
 
 
 @dataclass
@@ -167,30 +171,3 @@ def ceiling_speedup(r: Record) -> float | None:
     if c is None or r.reference_step_s is None:
         return None
     return r.reference_step_s / c
-
-
-def config_label(r: Record) -> str:
-    opts = "".join(f",{k}={v}" for k, v in sorted(r.model_options.items()))
-    batch = f"b={r.batch_size}" if r.batch_size else ""
-    link = r.bandwidth or (f"comm/compute {r.target_ratio:g}" if r.target_ratio is not None else "loopback")
-    slow = [r.slow_worker["rank"], r.slow_worker["factor"]] if r.slow_worker else None
-    return (f"{r.model}({batch}{opts}) x{r.workers} @ {link}{heterogeneity_suffix(slow, r.slow_link, r.jitter)}"
-            f"{layout_suffix(r.workers, r.nproc_per_node)}")
-
-
-def layout_suffix(workers: int, nproc_per_node: int) -> str:
-    """A configuration label's hosts when ranks share one (`BenchConfig.nproc_per_node`); none
-    for one rank per host, so labels written before the field read the same."""
-    hosts = workers // nproc_per_node
-    return f", {hosts} host{'s' if hosts != 1 else ''} of {nproc_per_node}" if nproc_per_node > 1 else ""
-
-
-def heterogeneity_suffix(slow_worker: list | None, slow_link: list | None, jitter: list | None) -> str:
-    """A configuration label's uneven workers (`BenchConfig.label`, `config_label`): runs with and
-    without them are different configurations."""
-    out = f", rank {slow_worker[0]} x{slow_worker[1]:g} slower" if slow_worker else ""
-    if slow_link:
-        out += f", rank {slow_link[0]}'s link /{slow_link[1]:g}"
-    if jitter:
-        out += f", rank {jitter[0]} jitter +/-{jitter[1]:g} (seed {jitter[2]})"
-    return out
