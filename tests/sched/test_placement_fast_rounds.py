@@ -82,3 +82,27 @@ def test_fast_decoder_places_as_the_reference_decoder():
                 want = decode_rounds(inst, model.policy, decoding, seed=seed, search=search)
                 got = decode_rounds(inst, fast, decoding, seed=seed, search=search)
                 assert got == want
+
+
+def test_misuse_raises_the_reference_errors():
+    """`step()` before `observe()` or twice in a row, a non-bool `reference`, and NaN weights
+    (on which the fast and reference memory checks would part): one clear error each."""
+    from caramel.errors import CaramelError
+    from caramel.sched.placement.problem import Task
+    inst = instances()[2]
+    for batch_class in (RoundBatch, FastRoundBatch):
+        batch = batch_class(inst, 2)
+        actions = np.zeros((2, len(batch.tables.num_layers)), dtype=int)
+        with pytest.raises(CaramelError, match="call observe"):
+            batch.step(actions)
+        batch.observe()
+        batch.step(actions)
+        with pytest.raises(CaramelError, match="call observe"):
+            batch.step(actions)
+    with pytest.raises(CaramelError, match="reference must be True or False"):
+        StepTables(inst, reference="yes")
+    with pytest.raises(CaramelError, match="reference must be True or False"):
+        wish_table(StepTables(inst), inst.num_nodes, reference=1)
+    nan = Task(source=0, gflop=(1.0,), weights_mb=(float("nan"),), out_mb=(1.0,), in_mb=1.0, current=(0,))
+    with pytest.raises(CaramelError, match="task 0: weights_mb must be numbers >= 0"):
+        dataclasses.replace(inst, tasks=(nan,))
