@@ -1,13 +1,16 @@
 """The placement policy of `edge_placement`, trained (`train_policies`) and kept in a file, so
 that training runs apart from a timed evaluation (`--save-policy` then `--load-policy`): the
 actor's and critic's weights (a state_dict, loaded with `weights_only`) and how the policy was
-trained, whose training seeds the loading run checks disjoint from its held-out seeds."""
+trained, whose training seeds the loading run checks disjoint from its held-out seeds, and
+which code trained it (the checkout's commit, and whether tracked files differed from it), so
+that a file whose training does not reproduce can be traced to its code."""
 from __future__ import annotations
 
 import time
 
 import torch
 
+from caramel.bench.provenance import code_version
 from caramel.sched.improve import improve
 from caramel.sched.placement import InstanceOptions
 from caramel.sched.placement.rollout import ilp_teacher, rollout_teacher
@@ -21,8 +24,19 @@ MUST_MATCH = ("scheme", "ppo", "train")
 # other key a file carries is kept under FILE_NOTES, so that it cannot stand in for a report field
 TRAINING_KEYS = ("train", "ppo", "train_mid", "teacher", "improve", "improve_rounds", "finetune_steps",
                  "finetune_on", "finetune_teacher", "finetune_improve", "finetune_rounds", "finetune_s",
-                 "train_seeds", "train_s", "scheme", "groups", "train_s_per_groups")
+                 "train_seeds", "train_s", "scheme", "groups", "train_s_per_groups", "trained_commit",
+                 "trained_dirty")
 FILE_NOTES = "policy_file_notes"
+
+
+def code_record() -> dict:
+    """The code training starts on: `trained_commit` (12 hex digits) and `trained_dirty` (tracked
+    files differ from that commit: the code that ran was not committed); both None outside a
+    git checkout."""
+    code = code_version()
+    if code.startswith("caramel "):
+        return {"trained_commit": None, "trained_dirty": None}
+    return {"trained_commit": code.removesuffix("-dirty"), "trained_dirty": code.endswith("-dirty")}
 
 
 def save_policy(path: str, model, training: dict) -> None:
@@ -61,6 +75,7 @@ def train_policies(args, groups, env_class, train_opts, mid, refine, ppo, improv
     """One policy per G (one without --groups), trained as it is decoded; and what the report
     (and a --save-policy file) records of the training."""
     models, train_times, rounds_per, refine_per, refine_s = [], [], [], [], []
+    code = code_record()  # at the start: the modules training imports are the ones loaded now
     for g in groups or [None]:
         kw = {} if g is None else {"groups": g}
         start = time.perf_counter()
@@ -94,4 +109,5 @@ def train_policies(args, groups, env_class, train_opts, mid, refine, ppo, improv
         "finetune_rounds": (refine_per[0] if groups is None else refine_per) if refine is not None else None,
         "finetune_s": refine_s if refine is not None else None,
         "train_seeds": [train[0], train[-1] + 1], "train_s": sum(train_times),
-        "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None}
+        "scheme": args.scheme, "groups": groups, "train_s_per_groups": train_times if groups else None,
+        **code}

@@ -266,6 +266,13 @@ def test_experiment_loads_a_saved_policy_and_runs_the_guided_search(tmp_path):
     first, report = read_json(saved, "edge-placement"), read_json(out, "edge-placement")
     assert report["loaded_from"] == str(policy) and report["train_s"] == first["train_s"]
     assert report["teacher"] == "rollout" and report["guided"] == [0.25, 1.0]
+    from caramel.bench.provenance import code_version  # which code trained it, kept in the file
+    code = code_version()
+    stored = torch.load(policy, weights_only=True)["training"]
+    assert stored["trained_commit"] == code.removesuffix("-dirty") and len(code.removesuffix("-dirty")) == 12
+    assert stored["trained_dirty"] is code.endswith("-dirty")
+    for key in ("trained_commit", "trained_dirty"):
+        assert report[key] == first[key] == stored[key]
     for key in ("small", "large"):
         r, was = report[key], first[key]
         for n in ("ppo", "ppo+search"):

@@ -26,6 +26,8 @@ def wish_table(tb: StepTables, k: int, reference: bool = False) -> np.ndarray:
     (task, layer, node)'s best next node is looked up in a table of them built once (one argmin
     over the (T, L, K, K) block); `reference=True` redoes that argmin at every layer of the walk
     (the loop this replaced, kept to test that both agree exactly)."""
+    if not isinstance(reference, bool):
+        raise CaramelError(f"wish_table: reference must be True or False, got {reference!r}")
     t_count, lmax = tb.weights_mb.shape
     table = np.zeros((t_count, lmax + 1, k, k))
     if reference:

@@ -137,6 +137,8 @@ class FastRoundBatch(RoundBatch):
 
     def step(self, actions: np.ndarray) -> np.ndarray:
         """`RoundBatch.step` (the same nodes and memory), keeping the wish rows current."""
+        if not hasattr(self, "order"):  # before observe(), or twice: the reference's error
+            return super().step(actions)
         tk, r, rows = self.tasks, self.layer, self._samples
         node = self._settle(actions)
         self._wish[rows, tk] = self._wish_table[tk, r + 1, node]  # the task's next layer is r + 1

@@ -52,6 +52,8 @@ class Instance:
             n = len(t.gflop)
             if n < 1 or not (len(t.weights_mb) == len(t.out_mb) == len(t.current) == n):
                 raise CaramelError(f"task {i}: gflop, weights_mb, out_mb and current need one entry per layer")
+            if not all(w >= 0 for w in t.weights_mb):  # NaN too: memory checks would differ by path
+                raise CaramelError(f"task {i}: weights_mb must be numbers >= 0 (MB per layer), got {t.weights_mb}")
             if not 0 <= t.source < k - 1 or any(not 0 <= c < k for c in t.current):
                 raise CaramelError(f"task {i}: source must be an edge node (0..{k - 2}), current any node (0..{k - 1})")
 

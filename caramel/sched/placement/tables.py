@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from caramel.errors import CaramelError
 from caramel.sched.placement.problem import Instance
 
 
@@ -30,6 +31,8 @@ class StepTables:
     """The tables of one instance (built once; shared by every clone of a state)."""
 
     def __init__(self, inst: Instance, reference: bool = False):
+        if not isinstance(reference, bool):
+            raise CaramelError(f"StepTables: reference must be True or False, got {reference!r}")
         t_count = len(inst.tasks)
         self.num_layers = np.array([len(t.gflop) for t in inst.tasks])
         lmax = int(self.num_layers.max()) if t_count else 0
