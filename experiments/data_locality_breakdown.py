@@ -5,15 +5,18 @@ trip)) plus the model's own terms (the epoch edge and restart, and with misses t
 the median over rounds. So its error against the measured step splits exactly into
 
     error = (model's own terms: prediction - the calibrations' median loaded step)
-          + (the calibrations' median - their mean)                       # aggregation
+          + (the calibrations' median step - their mean step)             # aggregation
           + (calibrations' mean wait - the mode's wait)                   # the batch's wait
           + (calibrations' mean all-reduce - the mode's all-reduce)       # the other rank's arrival
-          + (calibrations' mean rest - the mode's rest)                   # compute and the loop's own work
+          + (calibrations' mean rest - the mode's rest)                   # compute, the loop's own work
 
-(rest = step - wait - all-reduce, rank 0's timing; each term in ms and as a share of the measured
-step, so the five shares sum to the row's error). Beside them, what the record measured of the
-data: hit rate, steady remote bytes, memory hits and disk hits per epoch, the loader's prefetch
-depth, and (records keeping every step) the mode's steady steps past each epoch's first two.
+(rest = step - wait - all-reduce, rank 0's timing. A calibration's step is the mean over the
+same steps as its wait and all-reduce (`step_s_mean`; `step_s` where a record lacks it), so on
+that side the only median is in the aggregation. The mode's step, wait and all-reduce are three
+separate medians of epoch means, so its rest also carries their mismatch. Each term in ms and
+as a share of the measured step, so the five shares sum to the row's error). Beside them, what
+the record measured of the data: hit rate, steady remote bytes, memory hits and disk hits per
+epoch, the loader's prefetch depth, and (records keeping every step) the mode's steady steps past each epoch's first two.
 Per group (configuration and the record's family) the mean of each term with its 95% t interval,
 and across rows the correlation of each term with the error. Nothing is fitted.
 Usage: python -m experiments.data_locality_breakdown STORE_DIR OUT_JSON FILE...   (records or runs files)
@@ -45,17 +48,22 @@ def breakdown(row: dict[str, Any], predicted_s: float) -> dict[str, Any] | None:
         return None
     step_s, wait_s, sync_s = row["step_s_steady"], row["wait_s_steady"], row["sync_s_steady"]
     c_step = [c["step_s"] for c in cal]
+    # wait and all-reduce are means over the steps after the warm-up, and so is `step_s_mean` (kept
+    # since /4); `step_s` may be a window's median, so its gap to the mean goes to the aggregation
+    c_step_mean = fmean(c.get("step_s_mean", c["step_s"]) for c in cal)
     c_wait, c_sync = fmean(c["wait_s"] for c in cal), fmean(c["sync_s"] for c in cal)
-    c_rest = fmean(c["step_s"] - c["wait_s"] - c["sync_s"] for c in cal)
-    terms_s = dict(model_terms=predicted_s - median(c_step), aggregation=median(c_step) - fmean(c_step),
+    c_rest = c_step_mean - c_wait - c_sync
+    terms_s = dict(model_terms=predicted_s - median(c_step), aggregation=median(c_step) - c_step_mean,
                    wait=c_wait - wait_s, all_reduce=c_sync - sync_s, rest=c_rest - (step_s - wait_s - sync_s))
     others = _other_ranks(row, cal)
     return dict(error=predicted_s / step_s - 1, other_ranks=others, error_s=predicted_s - step_s, terms_s=terms_s,
                 shares={k: v / step_s for k, v in terms_s.items()},
                 measured=dict(step_s=step_s, wait_s=wait_s, all_reduce_s=sync_s, rest_s=step_s - wait_s - sync_s,
                               steps_past_start_s=_past_start_s(row)),
-                calibration=dict(step_s_median=median(c_step), wait_s=c_wait, all_reduce_s=c_sync, rest_s=c_rest,
-                                 compute_s=fmean(c["compute_s"] for c in cal) if all("compute_s" in c for c in cal) else None),
+                calibration=dict(step_s_median=median(c_step), step_s_mean=c_step_mean, wait_s=c_wait,
+                                 all_reduce_s=c_sync, rest_s=c_rest,
+                                 compute_s=fmean(c["compute_s"] for c in cal) if all("compute_s" in c for c in cal)
+                                 else None),
                 data=dict(hit_rate=row.get("hit_rate_steady"), remote_bytes=row.get("remote_bytes_per_epoch_steady"),
                           memory_hits=(row.get("tiers_per_epoch_steady") or {}).get("memory_hits"),
                           disk_hits=(row.get("tiers_per_epoch_steady") or {}).get("disk_hits"),

@@ -27,6 +27,19 @@ def test_the_parts_are_the_hand_computed_ones_and_sum_to_the_error():
     assert b["other_ranks"] is None and b["measured"]["steps_past_start_s"] is None
 
 
+def test_a_windowed_calibrations_rest_is_its_mean_step_less_its_mean_parts():
+    """A calibration whose step is a window's median keeps its mean (`step_s_mean`): the rest
+    compares means with means, and the median's gap goes to the aggregation alone."""
+    row = _row()
+    for c, mean_s in zip(row["calibrations"], (6.5e-3, 7.5e-3, 9.5e-3)):
+        c["loaded"]["step_s_mean"] = mean_s
+    t = breakdown(row, predicted_s=7.2e-3)["terms_s"]
+    # mean step 23.5/3 ms; its rest that less the mean wait 1.5 and all-reduce 5/3 ms, the mode's 4 ms
+    assert t["aggregation"] == pytest.approx(7e-3 - 23.5e-3 / 3)
+    assert t["rest"] == pytest.approx(23.5e-3 / 3 - 1.5e-3 - 5e-3 / 3 - 4e-3)
+    assert t["model_terms"] == pytest.approx(0.2e-3) and sum(t.values()) == pytest.approx(-0.8e-3)
+
+
 def test_no_loaded_calibration_no_breakdown_and_steps_past_each_epochs_start():
     assert breakdown(_row(calibrations=[{"loaded": None}]), 7e-3) is None
     # 1 round of 3 epochs: the first fills the cache and is left out; each kept epoch less its first two steps
