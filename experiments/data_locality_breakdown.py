@@ -24,6 +24,7 @@ Usage: python -m experiments.data_locality_breakdown STORE_DIR OUT_JSON FILE... 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -112,6 +113,17 @@ def interval(xs: list[float]) -> list[float] | None:
     return list(t_interval(xs)) if len(xs) >= 2 else None
 
 
+def _nan_to_null(x: Any) -> Any:
+    """`x` with every NaN (an undefined correlation) as None: the file stays strict JSON (null)."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_null(v) for v in x]
+    return x
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1].startswith("-"):
         print(__doc__, file=sys.stderr)
@@ -152,16 +164,16 @@ def main(argv: list[str]) -> int:
     full = [b for b in rows if b["config"]["cache_share"] == 1.0]
     full_correlations = {k: correlation_or_nan([b["shares"][k] for b in full], [b["error"] for b in full])
                          for k in TERMS}
-    ranked = [b for b in full if b["other_ranks"]]
+    ranked = [(b, one) for b in full for one in b["other_ranks"] or [] if one["rank"] == 1]
     rank1 = dict(rows=len(ranked),
-                 rank0_all_reduce_ms=interval([b["terms_s"]["all_reduce"] * 1e3 for b in ranked]),
-                 rank0_wait_ms=interval([b["terms_s"]["wait"] * 1e3 for b in ranked]),
-                 rank1_wait_ms=interval([b["other_ranks"][0]["wait"] * 1e3 for b in ranked]),
-                 rank1_all_reduce_ms=interval([b["other_ranks"][0]["all_reduce"] * 1e3 for b in ranked]),
+                 rank0_all_reduce_ms=interval([b["terms_s"]["all_reduce"] * 1e3 for b, _ in ranked]),
+                 rank0_wait_ms=interval([b["terms_s"]["wait"] * 1e3 for b, _ in ranked]),
+                 rank1_wait_ms=interval([one["wait"] * 1e3 for _, one in ranked]),
+                 rank1_all_reduce_ms=interval([one["all_reduce"] * 1e3 for _, one in ranked]),
                  r_rank0_all_reduce_rank1_wait=correlation_or_nan(
-                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["wait"] for b in ranked]),
+                     [b["terms_s"]["all_reduce"] for b, _ in ranked], [one["wait"] for _, one in ranked]),
                  r_rank0_all_reduce_rank1_all_reduce=correlation_or_nan(
-                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["all_reduce"] for b in ranked]))
+                     [b["terms_s"]["all_reduce"] for b, _ in ranked], [one["all_reduce"] for _, one in ranked]))
     if len(ranked) >= 2:  # the rule fixed before the fresh runs (docs/data.md): same sign in mean and r >= 0.5
         rank1["rule_other_ranks_wait_met"] = bool(
             rank1["rank0_all_reduce_ms"][0] * rank1["rank1_wait_ms"][0] > 0 and rank1["r_rank0_all_reduce_rank1_wait"] >= 0.5)
@@ -182,10 +194,12 @@ def main(argv: list[str]) -> int:
               + (f" ({e[1]:+.1%}..{e[2]:+.1%})" if e else "") + f", within 15% {s['within_15']}")
         print("    ms: " + ", ".join(f"{k} {v[0]:+.2f}" if v else f"{k} -" for k, v in s["terms_ms"].items()))
     print(f"all {overall['rows']} locality rows: under-predicted {overall['under_predicted']}, within 15% {overall['within_15']}")
+    def shown(i: list[float] | None) -> str:  # an interval, or "-" with fewer than two rows
+        return f"{i[0]:+.2%} ({i[1]:+.2%}..{i[2]:+.2%})" if i else "-"
+
     for k in TERMS:
-        s, f = overall["shares"][k], overall["full_cache_shares"][k]
-        print(f"  {k:<12} share of the step {s[0]:+.2%} ({s[1]:+.2%}..{s[2]:+.2%}); full cache {f[0]:+.2%} "
-              f"({f[1]:+.2%}..{f[2]:+.2%}); r with the error {correlations[k]:+.2f} (full cache "
+        print(f"  {k:<12} share of the step {shown(overall['shares'][k])}; full cache "
+              f"{shown(overall['full_cache_shares'][k])}; r with the error {correlations[k]:+.2f} (full cache "
               f"{full_correlations[k]:+.2f})")
     gap = overall["full_cache_steps_past_start_gap_ms"]
     if gap:
@@ -197,9 +211,10 @@ def main(argv: list[str]) -> int:
             else f"{k} {v:+.2f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in rank1.items() if k != "rows"))
     with open(out_path, "w") as f:
-        json.dump(dict(kind=KIND, command="python -m experiments.data_locality_breakdown " + " ".join(argv),
-                       files=files, skipped_without_calibration=skipped, overall=overall, groups=summary, rows=rows),
-                  f, indent=1, sort_keys=False)
+        json.dump(_nan_to_null(dict(kind=KIND, command="python -m experiments.data_locality_breakdown " + " ".join(argv),
+                                    files=files, skipped_without_calibration=skipped, overall=overall,
+                                    groups=summary, rows=rows)),
+                  f, indent=1, sort_keys=False, allow_nan=False)
         f.write("\n")
     return 0
 
