@@ -6,11 +6,12 @@ Runs `caramel bench --data STORE --workers 2 --rounds 3 --data-epochs 3 --cache-
 the defaults) and at 200 Mbit/s (1 ms, batch 16, 8 ms compute), alternating, until `--runs` of
 each are done or starting another would pass `--budget-s` (the longest run so far is the guess of
 the next's); a run still going when the budget is spent is killed (its process group) and the
-runs stop. Each run's record (caramel.data-bench/6 or later: every probe read kept) goes into a `caramel.data-bench-runs/1` file with
-its command, UTC times and the host's load at both ends, rewritten (temp file + rename) after
-every run that succeeds, so a kill loses at most the run in progress; OUT is not touched until
-one has. Meant to run inside the bench lock; scored afterwards by experiments.data_knee_spread
-(plain loader) or experiments.data_locality_breakdown (locality).
+runs stop. Each run's record (caramel.data-bench/6 or later: every probe read kept) goes into a
+`caramel.data-bench-runs/1` file with its command, UTC times and the host's load at both ends,
+rewritten (temp file + rename) after every run that succeeds, so a kill loses at most the run
+in progress; OUT is not touched until one has. Meant to run inside the bench lock; scored
+afterwards by experiments.data_knee_spread (plain loader) or experiments.data_locality_breakdown
+(locality).
 
 Usage: python -m experiments.data_knee_runs STORE_DIR OUT.json [--runs N] [--budget-s S] [--data-modes M]
 """
@@ -67,12 +68,17 @@ NOTES = {
 }
 
 
+def note(modes: str) -> str:
+    """The runs file's note for `--data-modes` `modes`, whatever their order ("a,b" as "b,a")."""
+    key = ",".join(sorted(modes.split(",")))
+    return NOTES.get(key, f"fresh runs of the modes {key} at 100 and 200 Mbit/s, interleaved")
+
+
 def _write(out: str, runs: dict[str, dict], modes: str = "remote") -> None:
     """The runs file at `out`, replaced whole (a temp file renamed over it): never half written."""
     tmp = f"{out}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"format": "caramel.data-bench-runs/1",
-                   "note": NOTES.get(modes, f"fresh runs of the modes {modes} at 100 and 200 Mbit/s, interleaved"),
+        json.dump({"format": "caramel.data-bench-runs/1", "note": note(modes),
                    "runs": runs}, f, indent=1)
         f.write("\n")
     os.replace(tmp, out)

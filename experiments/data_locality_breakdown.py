@@ -5,15 +5,18 @@ trip)) plus the model's own terms (the epoch edge and restart, and with misses t
 the median over rounds. So its error against the measured step splits exactly into
 
     error = (model's own terms: prediction - the calibrations' median loaded step)
-          + (the calibrations' median - their mean)                       # aggregation
+          + (the calibrations' median step - their mean step)             # aggregation
           + (calibrations' mean wait - the mode's wait)                   # the batch's wait
           + (calibrations' mean all-reduce - the mode's all-reduce)       # the other rank's arrival
-          + (calibrations' mean rest - the mode's rest)                   # compute and the loop's own work
+          + (calibrations' mean rest - the mode's rest)                   # compute, the loop's own work
 
-(rest = step - wait - all-reduce, rank 0's timing; each term in ms and as a share of the measured
-step, so the five shares sum to the row's error). Beside them, what the record measured of the
-data: hit rate, steady remote bytes, memory hits and disk hits per epoch, the loader's prefetch
-depth, and (records keeping every step) the mode's steady steps past each epoch's first two.
+(rest = step - wait - all-reduce, rank 0's timing. A calibration's step is the mean over the
+same steps as its wait and all-reduce (`step_s_mean`; `step_s` where a record lacks it), so on
+that side the only median is in the aggregation. The mode's step, wait and all-reduce are three
+separate medians of epoch means, so its rest also carries their mismatch. Each term in ms and
+as a share of the measured step, so the five shares sum to the row's error). Beside them, what
+the record measured of the data: hit rate, steady remote bytes, memory hits and disk hits per
+epoch, the loader's prefetch depth, and (records keeping every step) the mode's steady steps past each epoch's first two.
 Per group (configuration and the record's family) the mean of each term with its 95% t interval,
 and across rows the correlation of each term with the error. Nothing is fitted.
 Usage: python -m experiments.data_locality_breakdown STORE_DIR OUT_JSON FILE...   (records or runs files)
@@ -21,6 +24,7 @@ Usage: python -m experiments.data_locality_breakdown STORE_DIR OUT_JSON FILE... 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -45,17 +49,22 @@ def breakdown(row: dict[str, Any], predicted_s: float) -> dict[str, Any] | None:
         return None
     step_s, wait_s, sync_s = row["step_s_steady"], row["wait_s_steady"], row["sync_s_steady"]
     c_step = [c["step_s"] for c in cal]
+    # wait and all-reduce are means over the steps after the warm-up, and so is `step_s_mean` (kept
+    # since /4); `step_s` may be a window's median, so its gap to the mean goes to the aggregation
+    c_step_mean = fmean(c.get("step_s_mean", c["step_s"]) for c in cal)
     c_wait, c_sync = fmean(c["wait_s"] for c in cal), fmean(c["sync_s"] for c in cal)
-    c_rest = fmean(c["step_s"] - c["wait_s"] - c["sync_s"] for c in cal)
-    terms_s = dict(model_terms=predicted_s - median(c_step), aggregation=median(c_step) - fmean(c_step),
+    c_rest = c_step_mean - c_wait - c_sync
+    terms_s = dict(model_terms=predicted_s - median(c_step), aggregation=median(c_step) - c_step_mean,
                    wait=c_wait - wait_s, all_reduce=c_sync - sync_s, rest=c_rest - (step_s - wait_s - sync_s))
     others = _other_ranks(row, cal)
     return dict(error=predicted_s / step_s - 1, other_ranks=others, error_s=predicted_s - step_s, terms_s=terms_s,
                 shares={k: v / step_s for k, v in terms_s.items()},
                 measured=dict(step_s=step_s, wait_s=wait_s, all_reduce_s=sync_s, rest_s=step_s - wait_s - sync_s,
                               steps_past_start_s=_past_start_s(row)),
-                calibration=dict(step_s_median=median(c_step), wait_s=c_wait, all_reduce_s=c_sync, rest_s=c_rest,
-                                 compute_s=fmean(c["compute_s"] for c in cal) if all("compute_s" in c for c in cal) else None),
+                calibration=dict(step_s_median=median(c_step), step_s_mean=c_step_mean, wait_s=c_wait,
+                                 all_reduce_s=c_sync, rest_s=c_rest,
+                                 compute_s=fmean(c["compute_s"] for c in cal) if all("compute_s" in c for c in cal)
+                                 else None),
                 data=dict(hit_rate=row.get("hit_rate_steady"), remote_bytes=row.get("remote_bytes_per_epoch_steady"),
                           memory_hits=(row.get("tiers_per_epoch_steady") or {}).get("memory_hits"),
                           disk_hits=(row.get("tiers_per_epoch_steady") or {}).get("disk_hits"),
@@ -104,6 +113,17 @@ def interval(xs: list[float]) -> list[float] | None:
     return list(t_interval(xs)) if len(xs) >= 2 else None
 
 
+def _nan_to_null(x: Any) -> Any:
+    """`x` with every NaN (an undefined correlation) as None: the file stays strict JSON (null)."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_null(v) for v in x]
+    return x
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1].startswith("-"):
         print(__doc__, file=sys.stderr)
@@ -144,16 +164,16 @@ def main(argv: list[str]) -> int:
     full = [b for b in rows if b["config"]["cache_share"] == 1.0]
     full_correlations = {k: correlation_or_nan([b["shares"][k] for b in full], [b["error"] for b in full])
                          for k in TERMS}
-    ranked = [b for b in full if b["other_ranks"]]
+    ranked = [(b, one) for b in full for one in b["other_ranks"] or [] if one["rank"] == 1]
     rank1 = dict(rows=len(ranked),
-                 rank0_all_reduce_ms=interval([b["terms_s"]["all_reduce"] * 1e3 for b in ranked]),
-                 rank0_wait_ms=interval([b["terms_s"]["wait"] * 1e3 for b in ranked]),
-                 rank1_wait_ms=interval([b["other_ranks"][0]["wait"] * 1e3 for b in ranked]),
-                 rank1_all_reduce_ms=interval([b["other_ranks"][0]["all_reduce"] * 1e3 for b in ranked]),
+                 rank0_all_reduce_ms=interval([b["terms_s"]["all_reduce"] * 1e3 for b, _ in ranked]),
+                 rank0_wait_ms=interval([b["terms_s"]["wait"] * 1e3 for b, _ in ranked]),
+                 rank1_wait_ms=interval([one["wait"] * 1e3 for _, one in ranked]),
+                 rank1_all_reduce_ms=interval([one["all_reduce"] * 1e3 for _, one in ranked]),
                  r_rank0_all_reduce_rank1_wait=correlation_or_nan(
-                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["wait"] for b in ranked]),
+                     [b["terms_s"]["all_reduce"] for b, _ in ranked], [one["wait"] for _, one in ranked]),
                  r_rank0_all_reduce_rank1_all_reduce=correlation_or_nan(
-                     [b["terms_s"]["all_reduce"] for b in ranked], [b["other_ranks"][0]["all_reduce"] for b in ranked]))
+                     [b["terms_s"]["all_reduce"] for b, _ in ranked], [one["all_reduce"] for _, one in ranked]))
     if len(ranked) >= 2:  # the rule fixed before the fresh runs (docs/data.md): same sign in mean and r >= 0.5
         rank1["rule_other_ranks_wait_met"] = bool(
             rank1["rank0_all_reduce_ms"][0] * rank1["rank1_wait_ms"][0] > 0 and rank1["r_rank0_all_reduce_rank1_wait"] >= 0.5)
@@ -174,10 +194,12 @@ def main(argv: list[str]) -> int:
               + (f" ({e[1]:+.1%}..{e[2]:+.1%})" if e else "") + f", within 15% {s['within_15']}")
         print("    ms: " + ", ".join(f"{k} {v[0]:+.2f}" if v else f"{k} -" for k, v in s["terms_ms"].items()))
     print(f"all {overall['rows']} locality rows: under-predicted {overall['under_predicted']}, within 15% {overall['within_15']}")
+    def shown(i: list[float] | None) -> str:  # an interval, or "-" with fewer than two rows
+        return f"{i[0]:+.2%} ({i[1]:+.2%}..{i[2]:+.2%})" if i else "-"
+
     for k in TERMS:
-        s, f = overall["shares"][k], overall["full_cache_shares"][k]
-        print(f"  {k:<12} share of the step {s[0]:+.2%} ({s[1]:+.2%}..{s[2]:+.2%}); full cache {f[0]:+.2%} "
-              f"({f[1]:+.2%}..{f[2]:+.2%}); r with the error {correlations[k]:+.2f} (full cache "
+        print(f"  {k:<12} share of the step {shown(overall['shares'][k])}; full cache "
+              f"{shown(overall['full_cache_shares'][k])}; r with the error {correlations[k]:+.2f} (full cache "
               f"{full_correlations[k]:+.2f})")
     gap = overall["full_cache_steps_past_start_gap_ms"]
     if gap:
@@ -189,9 +211,10 @@ def main(argv: list[str]) -> int:
             else f"{k} {v:+.2f}" if isinstance(v, float) else f"{k} {v}"
             for k, v in rank1.items() if k != "rows"))
     with open(out_path, "w") as f:
-        json.dump(dict(kind=KIND, command="python -m experiments.data_locality_breakdown " + " ".join(argv),
-                       files=files, skipped_without_calibration=skipped, overall=overall, groups=summary, rows=rows),
-                  f, indent=1, sort_keys=False)
+        json.dump(_nan_to_null(dict(kind=KIND, command="python -m experiments.data_locality_breakdown " + " ".join(argv),
+                                    files=files, skipped_without_calibration=skipped, overall=overall,
+                                    groups=summary, rows=rows)),
+                  f, indent=1, sort_keys=False, allow_nan=False)
         f.write("\n")
     return 0
 

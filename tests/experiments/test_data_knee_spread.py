@@ -202,3 +202,10 @@ def test_the_fresh_runs_score_to_the_numbers_the_docs_quote(store):
     assert [round(groups["100 Mbit/s"][a]["mean_abs"], 4) for a in ("old", "new")] == [0.0651, 0.0661]
     assert [round(groups["200 Mbit/s"][a]["mean_abs"], 4) for a in ("old", "new")] == [0.0603, 0.0588]
     assert groups["200 Mbit/s"]["spread only"]["min"] == pytest.approx(-0.156, abs=5e-4)
+
+
+def test_the_runs_files_note_does_not_depend_on_the_modes_order():
+    from experiments.data_knee_runs import note
+
+    assert "plain-loader" in note("remote") and "locality-mode" in note("locality")
+    assert note("locality,remote") == note("remote,locality")

@@ -1,5 +1,8 @@
 """The locality rows' error split into parts: hand-computed rows, the parts sum to the error,
 rows without a loaded calibration are left out, and the other ranks' parts only where kept."""
+import json
+from pathlib import Path
+
 import pytest
 
 from experiments.data_locality_breakdown import breakdown, family, main
@@ -25,6 +28,19 @@ def test_the_parts_are_the_hand_computed_ones_and_sum_to_the_error():
     assert sum(t.values()) == pytest.approx(b["error_s"]) and b["error_s"] == pytest.approx(-0.8e-3)
     assert sum(b["shares"].values()) == pytest.approx(b["error"]) and b["error"] == pytest.approx(-0.1)
     assert b["other_ranks"] is None and b["measured"]["steps_past_start_s"] is None
+
+
+def test_a_windowed_calibrations_rest_is_its_mean_step_less_its_mean_parts():
+    """A calibration whose step is a window's median keeps its mean (`step_s_mean`): the rest
+    compares means with means, and the median's gap goes to the aggregation alone."""
+    row = _row()
+    for c, mean_s in zip(row["calibrations"], (6.5e-3, 7.5e-3, 9.5e-3)):
+        c["loaded"]["step_s_mean"] = mean_s
+    t = breakdown(row, predicted_s=7.2e-3)["terms_s"]
+    # mean step 23.5/3 ms; its rest that less the mean wait 1.5 and all-reduce 5/3 ms, the mode's 4 ms
+    assert t["aggregation"] == pytest.approx(7e-3 - 23.5e-3 / 3)
+    assert t["rest"] == pytest.approx(23.5e-3 / 3 - 1.5e-3 - 5e-3 / 3 - 4e-3)
+    assert t["model_terms"] == pytest.approx(0.2e-3) and sum(t.values()) == pytest.approx(-0.8e-3)
 
 
 def test_no_loaded_calibration_no_breakdown_and_steps_past_each_epochs_start():
@@ -57,8 +73,6 @@ def test_the_ranks_fields_do_not_move_the_model_on_a_fresh_record(tmp_path):
     """The /7 fields (every rank's wait and all-reduce) are not model inputs: a fresh record
     replays to the bit with them stripped, as the records before them do."""
     import copy
-    import json
-    from pathlib import Path
 
     from caramel.data.format import write_random_dataset
     from caramel.data.store import Store
@@ -76,3 +90,32 @@ def test_the_ranks_fields_do_not_move_the_model_on_a_fresh_record(tmp_path):
     assert repredict(stripped, index) == repredict(record, index)
     (row,) = record["rows"]
     assert repredict(record, index)[0]["repredicted_s"] == row["predicted_step_s"]  # what the run printed
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_main_scores_the_fresh_runs_file_and_writes_strict_json(tmp_path):
+    """main() on the stored fresh runs: the rule's verdict and its correlations as docs/data.md
+    gives them; a file of one run (no correlation defined) is written with null, not NaN."""
+    from caramel.data.format import write_random_dataset
+
+    store = tmp_path / "store"
+    write_random_dataset(store, 512, 16_000, 16)  # the runs' data set (caramel data make ... 16kb)
+    runs = Path(__file__).resolve().parents[2] / "docs" / "results" / "data-bench-locality-fresh.json"
+    out = tmp_path / "breakdown.json"
+    assert main([str(store), str(out), str(runs)]) == 0
+    rank1 = _strict(out.read_text())["overall"]["full_cache_other_ranks"]
+    assert rank1["rows"] == 16 and rank1["rule_other_ranks_wait_met"] is True
+    assert rank1["r_rank0_all_reduce_rank1_wait"] == pytest.approx(0.54, abs=0.005)
+    assert rank1["r_rank0_all_reduce_rank1_all_reduce"] == pytest.approx(0.95, abs=0.005)
+    one = tmp_path / "one-run.json"
+    document = json.loads(runs.read_text())
+    one.write_text(json.dumps(dict(document, runs={"f100-2": document["runs"]["f100-2"]})))
+    assert main([str(store), str(out), str(one)]) == 0
+    rank1 = _strict(out.read_text())["overall"]["full_cache_other_ranks"]
+    assert rank1["rows"] == 1 and rank1["r_rank0_all_reduce_rank1_wait"] is None
+    assert "rule_other_ranks_wait_met" not in rank1
