@@ -13,7 +13,8 @@ the last backward began and when the last finished after it ended.
 
     PYTHONPATH=. python experiments/pipeline_reduce_cpu.py docs/results/pipeline_profile_turns/run_{l,m,o,p,q,r,s,t,n,n2} \\
         docs/results/pipeline_stage_sharing/run_u docs/results/pipeline_reduce_cpu/run_v \\
-        --group in-sample=run_l,run_m,run_o,run_p,run_q,run_r --group fresh=run_v \\
+        --group in-sample=run_l,run_m,run_o,run_p,run_q,run_r --group seen=run_s,run_t,run_u,run_n,run_n2 \\
+        --group fresh=run_v \\
         --json docs/results/pipeline_reduce_cpu/replay.json --markdown docs/results/pipeline_reduce_cpu/replay.md
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
+from pipeline_stage_sharing import _ms, _pct, summary as stage_sharing_summary  # noqa: E402
 
 MODELS = ("none", "messages")
-WITHIN = 0.10
 
 
 def engine_buckets(trace_dir: str, strategy: str) -> list[dict[str, Any]] | None:
@@ -100,21 +101,7 @@ def score_run(run: str, only: list[str] | None = None) -> list[dict[str, Any]]:
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per model: the steps' and the stages' median |error|, largest, and how many within 10%."""
-    out = {}
-    for m in MODELS:
-        steps = [abs(r[m]["error"]) for r in rows]
-        stages = [abs(e) for r in rows for e in (r[m]["busy_errors"] or [])]
-        out[m] = {k: {"n": len(v), "median_abs": statistics.median(v) if v else None, "max_abs": max(v, default=None),
-                      "within_10pct": sum(e <= WITHIN for e in v)} for k, v in (("step", steps), ("stage_busy", stages))}
-    return out
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
-
-
-def _ms(xs) -> str:
-    return "[" + ", ".join(f"{1e3 * x:.1f}" for x in xs) + "]" if xs else "-"
+    return stage_sharing_summary(rows, MODELS)
 
 
 def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, code: str) -> str:

@@ -116,10 +116,11 @@ def recommendations(run: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per model: the steps' and the stages' median |error|, largest, and how many within 10%."""
+def summary(rows: list[dict[str, Any]], models: tuple[str, ...] = MODELS) -> dict[str, dict[str, Any]]:
+    """Per model (of `models`, the rows' keys): the steps' and the stages' median |error|,
+    largest, and how many within 10% (also `pipeline_reduce_cpu`'s)."""
     out = {}
-    for m in MODELS:
+    for m in models:
         steps = [abs(r[m]["error"]) for r in rows]
         stages = [abs(e) for r in rows for e in (r[m]["busy_errors"] or [])]
         out[m] = {k: {"n": len(v), "median_abs": statistics.median(v) if v else None, "max_abs": max(v, default=None),

@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     t = time.perf_counter()
     out = job_predictions(ModelProfile.from_dict(d["profile"]), names, d["world"], d["grad_bytes"], d["comm_s"],
                           d["comm_buckets"], d["rank_compute_s"], d["spans"], d["probed"], d.get("traffic"),
-                          Heterogeneity.from_dict(d.get("heterogeneity")))
+                          Heterogeneity.from_dict(d.get("heterogeneity")), layout=d.get("layout"))
     seconds = time.perf_counter() - t
     for name in names:
         p, rate_only = out["predicted"].get(name) or {}, (out.get("predicted_rate_only") or {}).get(name) or {}

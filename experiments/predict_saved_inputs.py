@@ -12,7 +12,8 @@ data parallelism's must not move when only the pipeline's does.
 Inputs saved before the traffic probe and the screened names were kept cannot be replayed as the
 bench did for every strategy: a ps or gossip strategy (which read the traffic probe) and a tuned
 one (predicted as its screened value) are then printed "not replayable" with the reason, never
-predicted otherwise. A trace directory is paired with its records by the saved label or, in older
+predicted otherwise; so is a ps:hierarchical=true row whose inputs lack the layout (ranks per host,
+saved since several ranks per host could run). A trace directory is paired with its records by the saved label or, in older
 runs, by its name (model, workers, link) and uneven workers; one that matches no configuration or
 several is an error. The inputs do not say which runtime ran: the GPT-2 pipelines of
 pipeline_contention runs B, E and E2 never summed their tied weight's gradient, which this tree
@@ -28,6 +29,7 @@ import os
 import sys
 
 from caramel.bench.cli import trace_config_name
+from caramel.strategies.options import parse_spec
 
 TRAFFIC_KINDS = ("ps", "gossip")  # the strategies whose models read the traffic probe (`caramel.bench.prediction`)
 
@@ -78,6 +80,10 @@ def not_replayable(r: dict, inputs: dict) -> str | None:
         return "tuned, and the inputs lack the screened names"
     if r["strategy"].split(":", 1)[0] in TRAFFIC_KINDS and "traffic" not in inputs:
         return "its model reads the ps traffic probe, which the inputs lack"
+    name, options = parse_spec(r["strategy"])
+    if name == "ps" and options.get("hierarchical") is True and not inputs.get("layout"):
+        # the hierarchical model reads ranks per host from the layout (`caramel.strategies.ps.sim_meta`)
+        return "hierarchical, and the inputs lack the layout"
     return None
 
 
@@ -116,7 +122,8 @@ def predict_run(run: str, sharing_model: str | None = None) -> list[dict]:
         screened = {n: (d.get("screened") or {}).get(n, n) for n, w in why.items() if w is None}
         out = job_predictions(ModelProfile.from_dict(d["profile"]), list(dict.fromkeys(screened.values())), d["world"],
                               d["grad_bytes"], d["comm_s"], d["comm_buckets"], d["rank_compute_s"], d["spans"],
-                              d["probed"], d.get("traffic"), Heterogeneity.from_dict(d.get("heterogeneity")))
+                              d["probed"], d.get("traffic"), Heterogeneity.from_dict(d.get("heterogeneity")),
+                              layout=d.get("layout"))
         out = predictions_by_name(out, screened)["predicted"]
         for r in mine:
             p = out.get(r["strategy"], {}).get("step_time_s")

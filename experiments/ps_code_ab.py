@@ -76,17 +76,41 @@ def markdown(result: dict) -> str:
         ms = s["median_step_ms"][t]
         lines.append(f"| median step {t.upper()} (ms) | " + " | ".join(f"{ms[o]:.1f}" for o in orders) + " |")
     for t in TREES:
-        e = s["E_rounds"][t]
-        lines.append(f"| E of {t.upper()}: median (rounds) | " + " | ".join(
-            f"{statistics.median(e[o]):.2f} ({', '.join(f'{v:.2f}' for v in e[o])})" for o in orders) + " |")
+        e, st = s["E_rounds"][t], s["S_rounds"][t]
+        lines.append(f"| E of {t.upper()}: median of the meaningful rounds (rounds) | " + " | ".join(
+            e_cell(e[o], st[o]) for o in orders) + " |")
+    median_s = result.get("S_median_over_steps") or {}
     for t in TREES:
         st = s["S_rounds"][t]
-        lines.append(f"| S of {t.upper()}: median | " + " | ".join(f"{statistics.median(st[o]):.2f}" for o in orders) + " |")
+        how = {True: "each run's median over E's steps",
+               False: "each run's last step's"}.get(median_s.get(t), "each run's as its tree reports it")
+        lines.append(f"| S of {t.upper()}: median ({how}) | " + " | ".join(
+            f"{statistics.median(st[o]):.2f}" for o in orders) + " |")
     if "tac_over_random" in s:
         lines += ["", "TAC over random: " + "; ".join(f"{t.upper()} {fmt(s['tac_over_random'][t])}" for t in TREES)]
     lines += ["", "Per job (round, tree, order): median step ms, E, S, 1-minute load before -> after:", ""]
     lines += [job_line(j, j["tree"].upper()) for j in result["jobs"]]
     return "\n".join(lines) + "\n"
+
+
+def e_cell(es: list[float], ss: list[float]) -> str:
+    """The median of the rounds' E where E means something (`tictac.e_reading`: S >= 0.2 and
+    0 <= E <= 1), how many of the rounds that is, and every round's E."""
+    from caramel.strategies.ps.tictac import e_reading
+
+    kept = [v for v in (e_reading(e, s_)[0] for e, s_ in zip(es, ss)) if v is not None]
+    rounds = ", ".join(f"{v:.2f}" for v in es)
+    if not kept:
+        return f"none of {len(es)} meaningful ({rounds})"
+    return f"{statistics.median(kept):.2f}" + ("" if len(kept) == len(es) else f" over {len(kept)} of {len(es)}") + \
+        f" ({rounds})"
+
+
+def s_is_median(tree: Path) -> bool:
+    """Whether a checkout's `stats_dict()` gives S as the median over E's steps (since it reports
+    `beyond_U_over_L_median` beside it) rather than the last step's S."""
+    ps = tree / "caramel" / "strategies" / "ps"
+    return any("beyond_U_over_L_median" in p.read_text() for p in (ps / "run.py", ps / "tictac.py") if p.is_file())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -150,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
               "trees": {t: code_version(trees[t]) for t in TREES},
               "what": f"{args.spec}, {hosts} at {args.bandwidth}, ResNet-18 width 16, batch 8, "
                       f"rank 0's steps {args.warmup}-{args.steps - 1}, {args.rounds} rounds",
-              "orders": list(args.orders), "summary": summarize(runs, args.steps - args.warmup, args.orders),
+              "orders": list(args.orders), "S_median_over_steps": {t: s_is_median(trees[t]) for t in TREES},
+              "summary": summarize(runs, args.steps - args.warmup, args.orders),
               "jobs": jobs}
     write_json(f"{args.out}.json", result)
     md = Path(f"{args.out}.md")

@@ -32,22 +32,25 @@ from pathlib import Path
 from caramel.bench.provenance import code_version
 from caramel.jsonio import format_tag, write_json
 from caramel.stats import median, paired_ratio_interval, t_interval
+from caramel.strategies.ps.tictac import steady_medians
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "timeline", "timeline-nopoll")  # the last: the timeline's wrappers without its polling thread
 
 
 def steady_parts(log: list[dict], pull_comm_s: float) -> dict:
-    """E as `stats_dict()` scores it (the log's last three quarters) and the medians of its parts."""
-    steady = [x for x in log[len(log) // 4:] if "E" in x]
-    if not steady:
+    """E and S as `stats_dict()` scores them (`steady_medians`: medians over the log's last three
+    quarters' steps with E) and the medians of E's parts over the same steps."""
+    medians = steady_medians(log)
+    if not medians["E_steps"]:
         raise SystemExit("ps_e_measures: a run logged no E (give it more --steps)")
+    steady = [x for x in log[len(log) // 4:] if "E" in x]
     ms = [x["makespan_s"] for x in steady if "makespan_s" in x]
-    return {"E_median": statistics.median(x["E"] for x in steady), "S": steady[-1]["S"],
+    return {"E_median": medians["E_median"], "S": medians["S"],
             "wait_ms": statistics.median(x["wait_s"] for x in steady) * 1e3,
             "forward_ms": statistics.median(x["forward_s"] for x in steady) * 1e3,
             "makespan_ms": statistics.median(ms) * 1e3 if ms else None,
-            "pull_comm_ms": pull_comm_s * 1e3, "E_steps": len(steady)}
+            "pull_comm_ms": pull_comm_s * 1e3, "E_steps": medians["E_steps"]}
 
 
 def run_one(kind: str, args: argparse.Namespace, tmp: Path) -> dict:

@@ -44,6 +44,7 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
     Every `in_sample` entry must name a given run, or one of its configurations: one that
     matches nothing would silently turn rows the model was built on into out-of-sample ones."""
     from caramel.errors import CaramelError
+    from caramel.strategies.options import parse_spec
     from experiments.ps_sim_sensitivity import ps_rows
 
     marks = {e: _entry(e) for e in in_sample}
@@ -71,7 +72,7 @@ def score(paths: list[str], in_sample: list[str]) -> list[dict]:
         meta = pi["clusters"]["base"].get("meta") or {}
         local = meta.get("workers_per_node", 1)
         for r, e in replayed:
-            if "hierarchical=true" in r["strategy"] and local > 1 and not meta.get("node_bandwidth_bps"):
+            if parse_spec(r["strategy"])[1].get("hierarchical") is True and local > 1 and not meta.get("node_bandwidth_bps"):
                 # the simulator would price the node stage at the link's rate, ~80x too slow on the bench
                 raise SystemExit(f"ps_sim_score: {path} [{label}] {r['strategy']}: no node probe "
                                  "(meta.node_bandwidth_bps): the within-host rate is unknown; not scored")

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
-from statistics import fmean, variance
 from contextlib import AbstractContextManager
+from statistics import fmean, variance
 from typing import Any
 
 from caramel.data.format import DatasetIndex

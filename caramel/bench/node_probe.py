@@ -6,8 +6,8 @@ push's node stage at `meta["node_bandwidth_bps"]` (else the link's rate, far too
 the bench measures it: each host's first rank ping-pongs a gradient-sized tensor with each other
 rank of its host (all hosts at once), and the rate is one copy's bytes over half the median
 round trip. Run after the measured rounds, alone: it perturbs nothing measured, and sees no
-compute or link traffic beside it, as the node stages do in a step (on the stored runs the
-model moved under 7 points with this rate taken 2 to 8 times lower, docs/ps.md).
+compute or link traffic beside it, as the node stages do in a step (how much the model's error
+depends on this rate: docs/ps.md).
 """
 from __future__ import annotations
 

@@ -14,6 +14,9 @@ def test_e_is_the_median_of_the_logs_last_three_quarters():
     parts = steady_parts(log + [{"step": 8, "forward_s": 0.03, "wait_s": 0.0}], pull_comm_s=0.036)  # a step without E
     assert parts["E_median"] == pytest.approx(0.75) and parts["E_steps"] == 6
     assert parts["pull_comm_ms"] == pytest.approx(36.0) and parts["makespan_ms"] == pytest.approx(50.0)
+    # S as `stats_dict()` gives it: the median over E's steps, not the last step's
+    varied = [{**x, "S": s} for x, s in zip(log, [9.0, 9.0, 0.4, 0.5, 0.6, 0.7, 0.8, 2.0])]
+    assert steady_parts(varied, pull_comm_s=0.036)["S"] == pytest.approx(0.65)
     with pytest.raises(SystemExit, match="logged no E"):
         steady_parts([{"forward_s": 0.1, "wait_s": 0.0}] * 4, 0.03)
 

@@ -91,7 +91,31 @@ def test_ab_table_from_jobs():
     assert s["tac_over_random"]["b"]["point"] == pytest.approx(1.2)
     md = ps_code_ab.markdown({"what": "w", "command": "c", "trees": {"a": "x", "b": "y"}, "summary": s, "jobs": []})
     assert "| B over A (speed-up, 95% interval) | **1.000x**" in md and "| **1.100x**" in md
-    assert "| E of B: median (rounds) | 0.60 (0.60, 0.60, 0.60) | 0.60 (0.60, 0.60, 0.60) |" in md
+    assert ("| E of B: median of the meaningful rounds (rounds) | 0.60 (0.60, 0.60, 0.60) | 0.60 (0.60, 0.60, 0.60) |"
+            in md)
+
+
+def test_ab_e_median_leaves_out_the_rounds_where_e_means_nothing():
+    # ps_first_pull_ab's B TAC rounds: 1.30 and 1.28 lie outside [0, 1] (`tictac.e_reading`)
+    es, ss = [0.99, 0.83, 1.30, 0.76, 1.28, 0.83], [0.58, 0.73, 0.73, 0.81, 0.61, 0.88]
+    assert ps_code_ab.e_cell(es, ss) == "0.83 over 4 of 6 (0.99, 0.83, 1.30, 0.76, 1.28, 0.83)"
+    assert ps_code_ab.e_cell([0.7, 0.9], [0.6, 0.1]) == "0.70 over 1 of 2 (0.70, 0.90)"  # S under 0.2
+    assert ps_code_ab.e_cell([1.2], [0.6]) == "none of 1 meaningful (1.20)"
+
+
+def test_ab_says_which_s_each_tree_reports(tmp_path):
+    checkout = Path(__file__).resolve().parents[2]
+    assert ps_code_ab.s_is_median(checkout)  # this tree: `tictac.steady_medians`
+    ps = tmp_path / "caramel" / "strategies" / "ps"
+    ps.mkdir(parents=True)
+    (ps / "run.py").write_text('"S": steady[-1]["S"],\n')  # a tree before the median S
+    assert not ps_code_ab.s_is_median(tmp_path)
+    runs = {t: {"tac": [{"step_s": [0.1], "E_median": 0.7, "S": 0.6}]} for t in ps_code_ab.TREES}
+    md = ps_code_ab.markdown({"what": "w", "command": "c", "trees": {"a": "x", "b": "y"}, "orders": ["tac"],
+                              "S_median_over_steps": {"a": False, "b": True},
+                              "summary": ps_code_ab.summarize(runs, 1, ("tac",)), "jobs": []})
+    assert "| S of A: median (each run's last step's) | 0.60 |" in md
+    assert "| S of B: median (each run's median over E's steps) | 0.60 |" in md
 
 
 def test_ab_with_tac_alone_reports_no_tac_over_random():

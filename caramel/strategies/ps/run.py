@@ -8,7 +8,6 @@ wraps the user's model and optimizer around a `PsRun`.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from caramel.strategies.ps.options import PsOptions
 from caramel.strategies.ps.planner import DEFAULT_LATENCY_S, PsPlan, first_plan, kind_of, make_ps_plan
 from caramel.strategies.ps.server import command, send_load, send_values
 from caramel.strategies.ps.state import gather_full_state, keep_own_state, move_state
-from caramel.strategies.ps.tictac import efficiency
+from caramel.strategies.ps.tictac import efficiency, steady_medians
 from caramel.strategies.rank_failure import Failed, raise_failed, run_local
 from caramel.trace.events import Trace, TraceEvent
 
@@ -235,18 +234,14 @@ class PsRun:
 
     def stats_dict(self) -> dict[str, Any]:
         e, plan = self.engine, self.engine.plan
-        steady = self.log[len(self.log) // 4:]
-        timed = [x for x in steady if "E" in x]
-        Es = [x["E"] for x in timed]
+        medians = steady_medians(self.log)
         return {"strategy": "ps", "order": plan.order, "consistency": self.options.consistency,
                 "placement": plan.placement, "shards": plan.shards, "steps": e.steps,
                 "buckets": len(plan.buckets), "bucket_cap_mb": self.options.bucket_cap_mb,
                 "pull_buckets": len(plan.pull_buckets), "pull_bucket_cap_mb": self.options.pull_cap_mb(),
-                "E_median": statistics.median(Es) if Es else None,
-                # S over the same steps as E (the last step's alone would pair two steps' numbers),
-                # and (m - U) / L = -E S, the makespan beyond U in units of L, where E says nothing
-                "S": statistics.median(x["S"] for x in timed) if timed else None,
-                "beyond_U_over_L_median": statistics.median(-x["E"] * x["S"] for x in timed) if timed else None,
+                # S over the same steps as E, and (m - U) / L = -E S, the makespan beyond U in units
+                # of L, where E says nothing
+                **{k: medians[k] for k in ("E_median", "S", "beyond_U_over_L_median")},
                 "staleness": [x["staleness"] for x in self.log], "wait_s": e.wait_s,
                 "pace_wait_s": e.stale.wait_s if e.stale is not None else 0.0,
                 "dc_corrected": e.stale.dc.corrected if e.stale is not None and e.stale.dc is not None else 0,

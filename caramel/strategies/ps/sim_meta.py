@@ -3,6 +3,8 @@ links and the runtime (`caramel.bench.prediction`, `caramel.bench.traffic_probe`
 checked, with one clear error naming the key and what it expects."""
 from __future__ import annotations
 
+from typing import Callable
+
 from caramel.errors import CaramelError
 from caramel.strategies.ps.sim_flows import check_curve
 from caramel.strategies.ps.sim_pulls import check_pull_curve
@@ -69,24 +71,23 @@ def push_curve_of(cluster: ClusterSpec) -> list[float] | None:
     """`meta["push_efficiency_by_count"]` (the bench's probe from version 2 on): the share of the
     rate each server's NIC receives at while 1..n pushes run at once (`sim_flows.py`); None when
     not given, and the pushes keep the all-at-once `push_efficiency`."""
-    raw = cluster.meta.get("push_efficiency_by_count")
-    if raw is None:
-        return None
-    try:
-        return check_curve(raw, cluster.world_size)
-    except ValueError as e:
-        raise CaramelError(str(e)) from None
+    return _curve_of(cluster, "push_efficiency_by_count", check_curve)
 
 
 def pull_curve_of(cluster: ClusterSpec) -> list[float] | None:
     """`meta["pull_efficiency_by_count"]` (the bench's probe from version 4 on): the share of the
     rate each server's pull goes at while 1..n pulls run at once (`sim_pulls.py`); None when not
     given, and the pulls keep the all-at-once `pull_efficiency`."""
-    raw = cluster.meta.get("pull_efficiency_by_count")
+    return _curve_of(cluster, "pull_efficiency_by_count", check_pull_curve)
+
+
+def _curve_of(cluster: ClusterSpec, key: str, check: Callable[[object, int], list[float]]) -> list[float] | None:
+    """`meta[key]` checked by `check` against the world (its ValueError as the one CaramelError)."""
+    raw = cluster.meta.get(key)
     if raw is None:
         return None
     try:
-        return check_pull_curve(raw, cluster.world_size)
+        return check(raw, cluster.world_size)
     except ValueError as e:
         raise CaramelError(str(e)) from None
 

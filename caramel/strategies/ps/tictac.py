@@ -21,6 +21,7 @@ lane; `efficiency` gives TicTac's E and S from it.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from caramel.errors import CaramelError
@@ -186,3 +187,15 @@ def e_reading(E: float | None, S: float | None) -> tuple[float | None, str | Non
     if not 0.0 <= E <= 1.0:
         return None, f"out of bounds ({E:.2f})"
     return E, None
+
+
+def steady_medians(log: list[dict]) -> dict:
+    """TicTac's E and S of a run's per-step log, as `stats_dict()` reports them: medians over the
+    same steps (the log's last three quarters, the first being warm-up, those that measured E),
+    and `(m - U) / L = -E S` over them; one definition for the runtime and the experiments that
+    rescore a log (a last-step S beside a median E would pair two steps' numbers)."""
+    timed = [x for x in log[len(log) // 4:] if "E" in x]
+    if not timed:
+        return {"E_median": None, "S": None, "beyond_U_over_L_median": None, "E_steps": 0}
+    return {"E_median": statistics.median(x["E"] for x in timed), "S": statistics.median(x["S"] for x in timed),
+            "beyond_U_over_L_median": statistics.median(-x["E"] * x["S"] for x in timed), "E_steps": len(timed)}
