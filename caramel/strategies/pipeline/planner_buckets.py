@@ -4,7 +4,7 @@ The runtime hands each stage of an equal hybrid to Caramel's engine (`replica_re
 controller plans the stage's buckets, chunks and issue order with the caramel planner, from a
 profile of one microbatch of that stage, for the cluster the engine is given: the pipeline gives
 it none, so `default_cluster(r)` (r replicas, 1 Gbit/s, 50 us). `replica_plan` is that call,
-with the engine's options (`replica_engine_options`, which the runtime builds its engine from).
+with the engine's options (`replica_options.replica_engine_options`, the runtime's setting).
 
 Under the spec's `reduce_buckets="planner"` the simulator reduces each replicated stage in that
 plan's collectives (`planned_buckets`) instead of one bucket per layer (`overlap.stage_buckets`):
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile, ready_orders
 from caramel.sim.collectives import CommModel
-from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.caramel.planner import default_cluster
 from caramel.strategies.pipeline.planner import LayerCost
 from caramel.strategies.pipeline.profile_costs import layer_of
+from caramel.strategies.pipeline.replica_options import replica_engine_options
 from caramel.strategies.pipeline.timeline import ReduceBuckets
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
@@ -40,17 +40,10 @@ PLAN_CACHE = 256  # stage plans kept: the sharing passes replay the same stages
 _CACHE: dict[tuple[str, int], "PlannedReduce"] = {}
 
 
-def replica_engine_options() -> CaramelOptions:
-    """The options the runtime builds a stage's replica engine with (`caramel_replicas`): lazy
-    updates before the next forward, no checks, trials or split layers (a stage runs several
-    microbatches' forwards before their backwards)."""
-    return CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off",
-                          early_weight_grad=False)
-
-
 def replica_plan(profile: ModelProfile, replicas: int, cluster: ClusterSpec | None = None) -> Plan:
     """The plan the runtime's engine makes for a stage profiled as `profile`, over `replicas`
-    ranks: its controller's call (`Controller.plan_from_profile`) with the engine's options, for
+    ranks: a copy of its controller's call (`Controller.plan_from_profile`, without its
+    compression step: the engine compresses nothing) with the engine's options, for
     `cluster` or, as the pipeline gives the engine none, `default_cluster(replicas)`."""
     options = replica_engine_options()
     return make_plan(options.planner, profile, cluster or default_cluster(replicas), world_size=replicas,
