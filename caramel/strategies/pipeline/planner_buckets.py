@@ -25,6 +25,7 @@ import itertools
 import json
 from dataclasses import dataclass
 
+from caramel.errors import CaramelError
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile, ready_orders
 from caramel.sim.collectives import CommModel
@@ -58,7 +59,18 @@ def stage_profile(profile: ModelProfile, names: list[str], costs: list[LayerCost
     the stage's optimizer step. Ready and first-use times follow from the module times
     (module docstring)."""
     layer = {n: k for k, n in enumerate(names)}
-    mods = [m for m in profile.modules if first <= layer[layer_of(profile, m.name)] < end]
+    # the cumulative times below need execution order (sorted stably: a tie keeps the listed order)
+    mods = sorted((m for m in profile.modules if first <= layer[layer_of(profile, m.name)] < end),
+                  key=lambda m: m.forward_start_s)
+    owners: dict[int, list[str]] = {}
+    for m in mods:
+        for i in m.params:
+            owners.setdefault(i, []).append(m.name)
+    shared = {i: ms for i, ms in owners.items() if len(ms) > 1}
+    if shared:
+        i, ms = next(iter(shared.items()))
+        raise CaramelError(f"profile {profile.model!r}: parameter {i} ({profile.params[i].name}) is listed under "
+                           f"modules {', '.join(ms)}; the planner's buckets expect each parameter in one module")
     fwd_sum = {k: sum(m.forward_time_s for m in mods if layer[layer_of(profile, m.name)] == k) for k in range(first, end)}
     bwd_sum = {k: sum(m.backward_time_s for m in mods if layer[layer_of(profile, m.name)] == k) for k in range(first, end)}
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from caramel.errors import FormatError
+from caramel.errors import CaramelError, FormatError
 from caramel.profile.model_profile import ModelProfile, ModuleInfo, ParamInfo
 from caramel.sim.collectives import CommModel
 from caramel.strategies.pipeline import simulate as sim_module
@@ -57,6 +57,17 @@ def test_the_stage_profile_is_the_stages_modules_at_one_microbatch():
     assert [p.ready_time_s for p in stage.params] == pytest.approx([0.024, 0.008, 0.008, 0.008, 0.004, 0.004])
     assert [p.first_use_time_s for p in stage.params] == pytest.approx([0.0, 0.008, 0.008, 0.008, 0.010, 0.010])
     assert stage.params[5].ready_order == 0 and stage.params[0].ready_order == 5  # a tie: the later first
+
+
+def test_the_stage_profile_takes_modules_in_execution_order_and_one_home_per_parameter():
+    prof = _profile()
+    names, costs = costs_from_profile(prof, microbatches=2)
+    want = stage_profile(prof, names, costs, 2, 4, 4, 0.001)
+    shuffled = dataclasses.replace(prof, modules=prof.modules[::-1])
+    assert stage_profile(shuffled, names, costs, 2, 4, 4, 0.001).to_dict() == want.to_dict()
+    twice = [dataclasses.replace(m, params=[*m.params, 2]) if m.name == "2.b" else m for m in prof.modules]
+    with pytest.raises(CaramelError, match=r"parameter 2 \(2\.a\.weight\) is listed under modules 2\.a, 2\.b"):
+        stage_profile(dataclasses.replace(prof, modules=twice), names, costs, 2, 4, 4, 0.001)
 
 
 def _captured(monkeypatch, cluster: ClusterSpec, **options) -> StageCosts:
