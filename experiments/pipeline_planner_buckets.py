@@ -36,8 +36,14 @@ def score_run(run: str, only: list[str] | None = None, models: tuple[str, ...] =
     from pipeline_reduce_cpu import engine_buckets
     from pipeline_stage_busy import replay_run
 
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        raise SystemExit(f"models: {unknown[0] if unknown else 'none'!r} given; expected some of {', '.join(MODELS)}")
+    inputs = glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json"))
+    if not inputs:
+        raise SystemExit(f"{run}: no trace/*/prediction_inputs.json")
+    trace_dir = os.path.dirname(inputs[0])
     replays = {m: replay_run(run, only, reduce_cpu=MODELS[m][1], reduce_buckets=MODELS[m][0]) for m in models}
-    trace_dir = os.path.dirname(glob.glob(os.path.join(run, "trace", "*", "prediction_inputs.json"))[0])
     rows = []
     for i, base in enumerate(replays[models[0]]["rows"]):
         engine = engine_buckets(trace_dir, base["strategy"])
@@ -63,10 +69,16 @@ def score_run(run: str, only: list[str] | None = None, models: tuple[str, ...] =
     return rows
 
 
+def scored(rows: list[dict[str, Any]]) -> list[str]:
+    """The models `rows` were scored under (`score_run`'s `models`), in `MODELS`' order."""
+    return [m for m in MODELS if rows and m in rows[0]]
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per model: the steps' and the stages' median |error|, largest, and how many within 10%."""
+    """Per model scored in `rows`: the steps' and the stages' median |error|, largest, and how
+    many within 10%."""
     out = {}
-    for m in MODELS:
+    for m in scored(rows):
         steps = [abs(r[m]["error"]) for r in rows]
         stages = [abs(e) for r in rows for e in (r[m]["busy_errors"] or [])]
         out[m] = {k: {"n": len(v), "median_abs": statistics.median(v) if v else None, "max_abs": max(v, default=None),
@@ -97,18 +109,20 @@ def _ms(xs) -> str:
 
 def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], matches: dict[str, dict], command: str,
              code: str) -> str:
+    models = scored(rows)
     out = ["# Pipeline rows with the replicas' buckets per layer and from Caramel's planner", "",
            f"Code {code}; `{command}`", "",
-           "| run | strategy | measured | " + " | ".join(MODELS) + " | busy measured | busy layers | busy planner "
-           "| buckets layers / planner / engine |", "|---|---|---:|" + "---:|" * len(MODELS) + "---|---|---|---|"]
+           "| run | strategy | measured | " + " | ".join(models) + " | busy measured | busy layers | busy planner "
+           "| buckets layers / planner / engine |", "|---|---|---:|" + "---:|" * len(models) + "---|---|---|---|"]
     for r in rows:
-        cells = " | ".join(f"{1e3 * r[m]['predicted_s']:.1f} ({_pct(r[m]['error'])})" for m in MODELS)
+        cells = " | ".join(f"{1e3 * r[m]['predicted_s']:.1f} ({_pct(r[m]['error'])})" for m in models)
         eng = r["engine_buckets_per_stage"]
-        buckets = (f"{r['layers']['buckets_per_stage'] or '-'} / {r['planner']['buckets_per_stage'] or '-'} / "
+        lay, plan = r.get("layers", {}), r.get("planner", {})  # a model not scored: "-"
+        buckets = (f"{lay.get('buckets_per_stage') or '-'} / {plan.get('buckets_per_stage') or '-'} / "
                    f"{eng if eng is not None else '-'}")
         out.append(f"| {r['run']} | `{r['strategy']}` | {1e3 * r['measured_s']:.1f} | {cells} | "
-                   f"{_ms(r['measured_busy_s_per_stage'])} | {_ms(r['layers']['timed_busy_s_per_lane'])} | "
-                   f"{_ms(r['planner']['timed_busy_s_per_lane'])} | {buckets} |")
+                   f"{_ms(r['measured_busy_s_per_stage'])} | {_ms(lay.get('timed_busy_s_per_lane'))} | "
+                   f"{_ms(plan.get('timed_busy_s_per_lane'))} | {buckets} |")
     out += ["", "| rows | model | steps: median abs error | largest | within 10% | stage busy: median abs error | largest "
                 "| within 10% |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for g, by_model in groups.items():

@@ -4,7 +4,7 @@ The runtime hands each stage of an equal hybrid to Caramel's engine (`replica_re
 controller plans the stage's buckets, chunks and issue order with the caramel planner, from a
 profile of one microbatch of that stage, for the cluster the engine is given: the pipeline gives
 it none, so `default_cluster(r)` (r replicas, 1 Gbit/s, 50 us). `replica_plan` is that call,
-with the engine's options (`replica_engine_options`, which the runtime builds its engine from).
+with the engine's options (`replica_options.replica_engine_options`, the runtime's setting).
 
 Under the spec's `reduce_buckets="planner"` the simulator reduces each replicated stage in that
 plan's collectives (`planned_buckets`) instead of one bucket per layer (`overlap.stage_buckets`):
@@ -25,13 +25,14 @@ import itertools
 import json
 from dataclasses import dataclass
 
+from caramel.errors import CaramelError
 from caramel.plan.plan import Plan
 from caramel.profile.model_profile import ModelProfile, ready_orders
 from caramel.sim.collectives import CommModel
-from caramel.strategies.caramel.options import CaramelOptions
 from caramel.strategies.caramel.planner import default_cluster
 from caramel.strategies.pipeline.planner import LayerCost
 from caramel.strategies.pipeline.profile_costs import layer_of
+from caramel.strategies.pipeline.replica_options import replica_engine_options
 from caramel.strategies.pipeline.timeline import ReduceBuckets
 from caramel.strategies.planners import make_plan
 from caramel.topology.spec import ClusterSpec
@@ -40,17 +41,10 @@ PLAN_CACHE = 256  # stage plans kept: the sharing passes replay the same stages
 _CACHE: dict[tuple[str, int], "PlannedReduce"] = {}
 
 
-def replica_engine_options() -> CaramelOptions:
-    """The options the runtime builds a stage's replica engine with (`caramel_replicas`): lazy
-    updates before the next forward, no checks, trials or split layers (a stage runs several
-    microbatches' forwards before their backwards)."""
-    return CaramelOptions(overlap="forward", check_every=0, split_tied=False, compute_schedule="off",
-                          early_weight_grad=False)
-
-
 def replica_plan(profile: ModelProfile, replicas: int, cluster: ClusterSpec | None = None) -> Plan:
     """The plan the runtime's engine makes for a stage profiled as `profile`, over `replicas`
-    ranks: its controller's call (`Controller.plan_from_profile`) with the engine's options, for
+    ranks: a copy of its controller's call (`Controller.plan_from_profile`, without its
+    compression step: the engine compresses nothing) with the engine's options, for
     `cluster` or, as the pipeline gives the engine none, `default_cluster(replicas)`."""
     options = replica_engine_options()
     return make_plan(options.planner, profile, cluster or default_cluster(replicas), world_size=replicas,
@@ -65,7 +59,18 @@ def stage_profile(profile: ModelProfile, names: list[str], costs: list[LayerCost
     the stage's optimizer step. Ready and first-use times follow from the module times
     (module docstring)."""
     layer = {n: k for k, n in enumerate(names)}
-    mods = [m for m in profile.modules if first <= layer[layer_of(profile, m.name)] < end]
+    # the cumulative times below need execution order (sorted stably: a tie keeps the listed order)
+    mods = sorted((m for m in profile.modules if first <= layer[layer_of(profile, m.name)] < end),
+                  key=lambda m: m.forward_start_s)
+    owners: dict[int, list[str]] = {}
+    for m in mods:
+        for i in m.params:
+            owners.setdefault(i, []).append(m.name)
+    shared = {i: ms for i, ms in owners.items() if len(ms) > 1}
+    if shared:
+        i, ms = next(iter(shared.items()))
+        raise CaramelError(f"profile {profile.model!r}: parameter {i} ({profile.params[i].name}) is listed under "
+                           f"modules {', '.join(ms)}; the planner's buckets expect each parameter in one module")
     fwd_sum = {k: sum(m.forward_time_s for m in mods if layer[layer_of(profile, m.name)] == k) for k in range(first, end)}
     bwd_sum = {k: sum(m.backward_time_s for m in mods if layer[layer_of(profile, m.name)] == k) for k in range(first, end)}
 

@@ -151,11 +151,12 @@ def caramel_replicas(module: nn.Module, optimizer: torch.optim.Optimizer, replic
     microbatches) in the sum (module docstring)."""
     from caramel.strategies.api import DEFAULT_SESSION
     from caramel.strategies.caramel.parallelize import parallelize_caramel
-    from caramel.strategies.pipeline.planner_buckets import replica_engine_options
+    from caramel.strategies.pipeline.replica_options import replica_engine_options
 
     # no split layers (deferred or early weight gradients): a stage runs several microbatches'
     # forwards before their backwards, and the engine's applied updates would change the weights
     # the split layers saved for backward; the simulator plans with the same options
+    # (replica_options.py; a test pins them)
     options = replica_engine_options()
     parallelize_caramel(module, optimizer, options, process_group=replica_group, session=DEFAULT_SESSION,
                         broadcast_buffers=False, optimizer_holds_more=True, **source)

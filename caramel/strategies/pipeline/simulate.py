@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from caramel.errors import CaramelError
 from caramel.profile.model_profile import ModelProfile
@@ -29,10 +30,14 @@ from caramel.strategies.pipeline.timeline import StageCosts
 from caramel.strategies.pipeline.transport import posting_for
 from caramel.topology.spec import ClusterSpec
 
+if TYPE_CHECKING:  # imported lazily at run time: only the spec's reduce_buckets="planner" needs it
+    from caramel.strategies.pipeline.planner_buckets import PlannedReduce
+
 
 def stage_costs(costs: list[LayerCost], boundaries: list[int], cluster: ClusterSpec,
                 replicas: int | tuple[int, ...] | list[int] = 1, speeds: list[float] | None = None,
-                optimizer_s: float = 0.0, reduce: str = "after", planned: list | None = None) -> StageCosts:
+                optimizer_s: float = 0.0, reduce: str = "after",
+                planned: list[PlannedReduce] | None = None) -> StageCosts:
     """Sum layers into stages (slowed by each stage's worker speed). `replicas`: of every stage,
     or one count per stage (each stage's all-reduce runs over its own). `optimizer_s`: the whole
     model's optimizer step, shared among the stages by their parameters' bytes. `reduce`
@@ -170,7 +175,7 @@ def _simulate_once(profile: ModelProfile, cluster: ClusterSpec, options: Pipelin
 
 
 def _planned(profile: ModelProfile, names: list[str], costs: list[LayerCost], boundaries: list[int],
-             options: PipelineOptions, positions: int) -> list:
+             options: PipelineOptions, positions: int) -> list[PlannedReduce]:
     """Each stage's plan from Caramel's planner, as the runtime's engine makes it from one
     microbatch of the stage (`planner_buckets.py`; the spec's `reduce_buckets="planner"`)."""
     from caramel.strategies.pipeline.planner_buckets import plan_reduce, stage_profile
