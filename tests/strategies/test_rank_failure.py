@@ -27,6 +27,31 @@ def test_a_failure_is_carried_as_text_and_raised_naming_the_rank():
     assert info.value.__cause__ is None
 
 
+def test_a_group_rank_is_named_with_its_global_rank():
+    with pytest.raises(RankFailedError, match=r"^plan: group rank 1 \(global rank 5\) could not plan: KeyError"):
+        raise_failed("plan", [None, run_local(_boom, "could not plan")], rank=0, ranks=[4, 5])
+    with pytest.raises(RankFailedError, match=r"^plan: rank 1 could not plan"):  # the same numbers: once
+        raise_failed("plan", [None, run_local(_boom, "could not plan")], rank=0, ranks=[0, 1])
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+def test_the_cause_is_text_even_when_the_exception_cannot_print_or_is_huge():
+    """Building the marker must not raise on the failing rank (it would leave, its peers wait)."""
+    def unprintable():
+        raise _Unprintable()
+
+    def huge():
+        raise ValueError("x" * 100_000)
+
+    assert run_local(unprintable, "could not plan").cause == "_Unprintable: <message could not be shown>"
+    cause = run_local(huge, "could not plan").cause
+    assert cause.startswith("ValueError: xxx") and len(cause) < 4100 and cause.endswith("(96000 more characters)")
+
+
 def test_nothing_is_raised_when_no_rank_failed():
     assert run_local(lambda: 3, "x") == 3
     raise_failed("plan", [1, (None, 2)], rank=0)
