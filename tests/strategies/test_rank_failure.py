@@ -122,7 +122,8 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
     import caramel.strategies.ps.server as server
     from caramel.strategies.ps.engine import CMD_PLAN
 
-    box, now, told = [], [0], []  # the broadcast's data; the rank running now; servers told, by rank
+    box, now, told, drained = [], [0], [], []  # the broadcast's data; the rank running now; servers told, by rank;
+    # the ranks that drained the last step's pulls (a dedicated server waits in its sends until the workers have)
 
     def broadcast(data, src, group):
         if now[0] == 0:
@@ -144,7 +145,8 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
         now[0] = rank
         w = SimpleNamespace(rank=rank, ranks=[0, 1, 2], groups=SimpleNamespace(dedicated=[2], control=None),
                             module=object(), tracker=None, timer=SimpleNamespace(samples=[], remove=lambda: None),
-                            engine=SimpleNamespace(), _plan=bad_plan, _tell_servers=lambda code: told.append((rank, code)))
+                            engine=SimpleNamespace(synchronize=lambda: drained.append(rank)), _plan=bad_plan,
+                            _tell_servers=lambda code: told.append((rank, code)))
         w._adopt_plan = lambda profile: run.PsRun._adopt_plan(w, profile)
         return w
 
@@ -153,13 +155,16 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
                                                   r"RuntimeError: no timings$"):
             run.PsRun._plan_online(worker(rank))
     now[0] = 2
-    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None))
+    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None),
+                        _wait_sends=lambda: drained.append(2))
     with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile"):
         server.PsServer._plan(s)
+    assert drained == [0, 1, 2]  # every rank drained before raising, as on success: none waits for a pull
     for rank in (0, 1):  # a profile, then the planner raising
         with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not plan: ZeroDivisionError: "):
             worker(rank)._adopt_plan(object())
     assert told == [(0, CMD_PLAN), (1, CMD_PLAN)] * 2  # the servers take part in every broadcast
+    assert drained == [0, 1, 2, 0, 1]
 
 
 def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatch):
