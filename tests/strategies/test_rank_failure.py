@@ -70,7 +70,8 @@ def test_a_balancer_whose_fit_raises_on_one_rank_fails_every_rank_at_once():
         assert r["after_s"] < 5.0, r
 
 
-def _planning_rank(monkeypatch, rank: int, world: int, box: list):
+def _planning_rank(monkeypatch, rank: int, world: int, box: list, planner_options: dict | None = None,
+                   engine=None):
     """A controller's plan_from_profile on `rank` with rank 0's planner raising a CaramelError;
     the broadcast is `box` (rank 0 pickles its data in, the others read it out)."""
     from types import SimpleNamespace
@@ -91,9 +92,26 @@ def _planning_rank(monkeypatch, rank: int, world: int, box: list):
     monkeypatch.setattr(controller, "make_plan", bad_plan)
     monkeypatch.setattr(controller, "module_uses", lambda profile: {})
     c = SimpleNamespace(fingerprint="f", rank=rank, world=world, group=controller.dist.group.WORLD, cluster=None,
-                        planner="p", planner_options={}, _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
+                        planner="p", planner_options=planner_options or {}, engine=engine,
+                        _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
     profile = SimpleNamespace(fingerprint=lambda: "f", meta={})
     return lambda: controller.Controller.plan_from_profile(c, profile)
+
+
+def test_rank_0s_failed_branch_description_is_raised_on_every_rank(monkeypatch):
+    """branch_order="auto": rank 0 describes the model's branches before planning; that raising
+    on rank 0 alone left the others in the broadcast too."""
+    from types import SimpleNamespace
+
+    def describe():
+        raise TypeError("branch 'b' has no inputs")
+
+    box: list = []
+    for rank in (0, 1):
+        engine = SimpleNamespace(branch_forward=SimpleNamespace(describe=describe))
+        with pytest.raises(RankFailedError, match=r"^plan: rank 0 could not describe its branches: "
+                                                  r"TypeError: branch 'b' has no inputs$"):
+            _planning_rank(monkeypatch, rank, 2, box, {"branch_order": "auto"}, engine)()
 
 
 def test_rank_0s_failed_plan_is_raised_on_every_rank_and_stays_a_caramel_error(monkeypatch):
@@ -174,6 +192,7 @@ def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatc
     from types import SimpleNamespace
 
     import caramel.strategies.caramel.controller as controller
+    import caramel.strategies.rank_failure as rank_failure
 
     sent: dict[int, bytes] = {}
 
@@ -186,13 +205,64 @@ def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatc
             raise KeyError("module 'fc' has no timings")
         return None  # not reached: the ranks raise before using a profile
 
-    monkeypatch.setattr(controller.dist, "all_gather_object", gather)
-    now = [1]
+    monkeypatch.setattr(rank_failure.dist, "all_gather_object", gather)
+    now, stopped = [1], []
     for rank in (1, 0):  # rank 1 gathers first here, so rank 0 sees its failure
         now[0] = rank
-        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank))
+        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank),
+                                   stop=lambda rank=rank: stopped.append(rank))
         c = SimpleNamespace(world=2, rank=rank, group=None, profiler=profiler)
         with pytest.raises(RankFailedError, match=r"^profiling: rank 1 could not build its profile: "
                                                   r"KeyError: \"module 'fc' has no timings\"$") as info:
             controller.Controller._profiling_step_end(c)
         assert isinstance(info.value.__cause__, KeyError) == (rank == 1)
+        assert c.profiler is None  # a caller that caught the error and steps on does not gather again
+    assert stopped == [1, 0]  # the collectives are no longer timed
+
+
+def test_a_profile_built_where_ends_this_step_said_no_is_an_error():
+    """The failures are gathered only where `ends_this_step()`: a profile built at another step
+    would skip that gather, and one rank's failed build would hang the others again."""
+    from types import SimpleNamespace
+
+    from caramel.strategies.caramel.profiling import profiling_step_end
+
+    early = SimpleNamespace(ends_this_step=lambda: False, step_end=lambda: "profile")
+    with pytest.raises(AssertionError, match="ends_this_step"):
+        profiling_step_end(early, None, 2, 0)
+    assert profiling_step_end(early, None, 1, 0) == "profile"  # one process: no gather to miss
+
+
+@pytest.mark.parametrize("profile_steps", [1, 2, 3])
+def test_ends_this_step_is_true_exactly_at_the_step_that_builds_the_profile(monkeypatch, profile_steps):
+    """A real `OnlineProfiler` stepped through a tiny model's profiling steps (an engine stand-in;
+    the build itself stubbed): `ends_this_step()` before each `step_end()` agrees with whether
+    that step returned the profile."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.nn as nn
+
+    import caramel.strategies.caramel.profiling as profiling
+
+    monkeypatch.setattr(profiling, "build_profile", lambda *args, **kwargs: "profile")
+    monkeypatch.setattr(profiling, "add_split_backward", lambda *args: None)
+    engine = SimpleNamespace(start_measuring=lambda: None, add_listeners=lambda **kw: None,
+                             remove_listeners=lambda **kw: None, wait_this_step_s=0.0,
+                             stats=SimpleNamespace(last_wait_s=0.0))
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    params = list(model.parameters())
+    p = profiling.OnlineProfiler(engine, model, params, 0, profile_steps, measure_split=False)
+    seen = []
+    for _ in range(profile_steps + 4):
+        p.forward_pre()
+        loss = model(torch.ones(3, 2)).sum()
+        p.forward_post()
+        loss.backward()
+        p._bwd_end()
+        ends = p.ends_this_step()
+        seen.append((ends, p.step_end() is not None))
+        if seen[-1][1]:
+            break
+    assert seen[-1] == (True, True) and all(e == built for e, built in seen), seen
+    assert len(seen) == 2 + profile_steps
