@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+import torch.distributed as dist
+
 from caramel.errors import CaramelError
 
 T = TypeVar("T")
+
+CAUSE_CHARS = 4000  # a cause's text longer than this (a tensor's repr) is cut before it travels
 
 
 class RankFailedError(RuntimeError):
@@ -48,18 +52,48 @@ def run_local(work: Callable[[], T], doing: str, alone: bool = False) -> T | Fai
     try:
         return work()
     except Exception as e:  # noqa: BLE001 - carried to every rank, re-raised there
-        return Failed(doing, f"{type(e).__name__}: {e}", e, isinstance(e, CaramelError))
+        return Failed(doing, cause_text(e), e, isinstance(e, CaramelError))
 
 
-def raise_failed(what: str, gathered: Sequence[Any] | Mapping[int, Any], rank: int, mine: Any = None) -> None:
+def cause_text(e: BaseException) -> str:
+    """`"Type: message"`, at most about `CAUSE_CHARS` long; never raises (an exception whose
+    `__str__` raised here would make the failing rank leave and its peers wait again)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - the type alone still names the cause
+        text = "<message could not be shown>"
+    if len(text) > CAUSE_CHARS:
+        text = text[:CAUSE_CHARS] + f"... ({len(text) - CAUSE_CHARS} more characters)"
+    return f"{type(e).__name__}: {text}"
+
+
+def raise_failed(what: str, gathered: Sequence[Any] | Mapping[int, Any], rank: int, mine: Any = None,
+                 ranks: Sequence[int] | None = None) -> None:
     """Raises `RankFailedError` (`RankInputError` for a `CaramelError`) for the lowest rank whose
     entry of `gathered` (index or key: the group rank that sent it) is `Failed`, e.g. "balance:
     rank 1 could not fit its step cost: ValueError: ..."; on that rank (`rank`, whose own marker
-    is `mine`: the gathered copy lost the exception) chained to its exception. Returns when none
-    failed."""
+    is `mine`: the gathered copy lost the exception) chained to its exception. `ranks`: the
+    group's global ranks by group rank, named too where they differ. Returns when none failed."""
     items = sorted(gathered.items()) if isinstance(gathered, Mapping) else enumerate(gathered)
     for r, g in items:
         if isinstance(g, Failed):
             own = mine.error if r == rank and isinstance(mine, Failed) else None
             cls = RankInputError if g.bad_input else RankFailedError
-            raise cls(f"{what}: rank {r} {g.doing}: {g.cause}") from own
+            g_rank = r if ranks is None else ranks[r]
+            who = f"rank {r}" if g_rank == r else f"group rank {r} (global rank {g_rank})"
+            raise cls(f"{what}: {who} {g.doing}: {g.cause}") from own
+
+
+def global_ranks(group: Any, world: int) -> list[int] | None:
+    """`group`'s global ranks by group rank; None for the default group (the same numbers)."""
+    if group is None or group is dist.group.WORLD:
+        return None
+    return [dist.get_global_rank(group, r) for r in range(world)]
+
+
+def gather_failures(what: str, mine: Any, group: Any, world: int, rank: int) -> None:
+    """Every rank of `group` (`world` of them) learns whether any rank's `mine` is `Failed`
+    (one small all-gather) and raises it (`raise_failed`); returns on every rank when none is."""
+    failures: list[Any] = [None] * world
+    dist.all_gather_object(failures, mine if isinstance(mine, Failed) else None, group=group)
+    raise_failed(what, failures, rank, mine, global_ranks(group, world))

@@ -27,6 +27,31 @@ def test_a_failure_is_carried_as_text_and_raised_naming_the_rank():
     assert info.value.__cause__ is None
 
 
+def test_a_group_rank_is_named_with_its_global_rank():
+    with pytest.raises(RankFailedError, match=r"^plan: group rank 1 \(global rank 5\) could not plan: KeyError"):
+        raise_failed("plan", [None, run_local(_boom, "could not plan")], rank=0, ranks=[4, 5])
+    with pytest.raises(RankFailedError, match=r"^plan: rank 1 could not plan"):  # the same numbers: once
+        raise_failed("plan", [None, run_local(_boom, "could not plan")], rank=0, ranks=[0, 1])
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+def test_the_cause_is_text_even_when_the_exception_cannot_print_or_is_huge():
+    """Building the marker must not raise on the failing rank (it would leave, its peers wait)."""
+    def unprintable():
+        raise _Unprintable()
+
+    def huge():
+        raise ValueError("x" * 100_000)
+
+    assert run_local(unprintable, "could not plan").cause == "_Unprintable: <message could not be shown>"
+    cause = run_local(huge, "could not plan").cause
+    assert cause.startswith("ValueError: xxx") and len(cause) < 4100 and cause.endswith("(96000 more characters)")
+
+
 def test_nothing_is_raised_when_no_rank_failed():
     assert run_local(lambda: 3, "x") == 3
     raise_failed("plan", [1, (None, 2)], rank=0)
@@ -45,7 +70,8 @@ def test_a_balancer_whose_fit_raises_on_one_rank_fails_every_rank_at_once():
         assert r["after_s"] < 5.0, r
 
 
-def _planning_rank(monkeypatch, rank: int, world: int, box: list):
+def _planning_rank(monkeypatch, rank: int, world: int, box: list, planner_options: dict | None = None,
+                   engine=None):
     """A controller's plan_from_profile on `rank` with rank 0's planner raising a CaramelError;
     the broadcast is `box` (rank 0 pickles its data in, the others read it out)."""
     from types import SimpleNamespace
@@ -66,9 +92,26 @@ def _planning_rank(monkeypatch, rank: int, world: int, box: list):
     monkeypatch.setattr(controller, "make_plan", bad_plan)
     monkeypatch.setattr(controller, "module_uses", lambda profile: {})
     c = SimpleNamespace(fingerprint="f", rank=rank, world=world, group=controller.dist.group.WORLD, cluster=None,
-                        planner="p", planner_options={}, _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
+                        planner="p", planner_options=planner_options or {}, engine=engine,
+                        _compressed=lambda name, plan, *rest: plan, trial_specs=lambda: [("p/forward", "p", "forward")])
     profile = SimpleNamespace(fingerprint=lambda: "f", meta={})
     return lambda: controller.Controller.plan_from_profile(c, profile)
+
+
+def test_rank_0s_failed_branch_description_is_raised_on_every_rank(monkeypatch):
+    """branch_order="auto": rank 0 describes the model's branches before planning; that raising
+    on rank 0 alone left the others in the broadcast too."""
+    from types import SimpleNamespace
+
+    def describe():
+        raise TypeError("branch 'b' has no inputs")
+
+    box: list = []
+    for rank in (0, 1):
+        engine = SimpleNamespace(branch_forward=SimpleNamespace(describe=describe))
+        with pytest.raises(RankFailedError, match=r"^plan: rank 0 could not describe its branches: "
+                                                  r"TypeError: branch 'b' has no inputs$"):
+            _planning_rank(monkeypatch, rank, 2, box, {"branch_order": "auto"}, engine)()
 
 
 def test_rank_0s_failed_plan_is_raised_on_every_rank_and_stays_a_caramel_error(monkeypatch):
@@ -97,7 +140,8 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
     import caramel.strategies.ps.server as server
     from caramel.strategies.ps.engine import CMD_PLAN
 
-    box, now, told = [], [0], []  # the broadcast's data; the rank running now; servers told, by rank
+    box, now, told, drained = [], [0], [], []  # the broadcast's data; the rank running now; servers told, by rank;
+    # the ranks that drained the last step's pulls (a dedicated server waits in its sends until the workers have)
 
     def broadcast(data, src, group):
         if now[0] == 0:
@@ -119,7 +163,8 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
         now[0] = rank
         w = SimpleNamespace(rank=rank, ranks=[0, 1, 2], groups=SimpleNamespace(dedicated=[2], control=None),
                             module=object(), tracker=None, timer=SimpleNamespace(samples=[], remove=lambda: None),
-                            engine=SimpleNamespace(), _plan=bad_plan, _tell_servers=lambda code: told.append((rank, code)))
+                            engine=SimpleNamespace(synchronize=lambda: drained.append(rank)), _plan=bad_plan,
+                            _tell_servers=lambda code: told.append((rank, code)))
         w._adopt_plan = lambda profile: run.PsRun._adopt_plan(w, profile)
         return w
 
@@ -128,13 +173,16 @@ def test_ps_rank_0s_failed_profile_or_plan_is_raised_on_workers_and_servers(monk
                                                   r"RuntimeError: no timings$"):
             run.PsRun._plan_online(worker(rank))
     now[0] = 2
-    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None))
+    s = SimpleNamespace(rank=2, ranks=[0, 1, 2], groups=SimpleNamespace(control=None),
+                        _wait_sends=lambda: drained.append(2))
     with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not build the model profile"):
         server.PsServer._plan(s)
+    assert drained == [0, 1, 2]  # every rank drained before raising, as on success: none waits for a pull
     for rank in (0, 1):  # a profile, then the planner raising
         with pytest.raises(RankFailedError, match=r"^ps plan: rank 0 could not plan: ZeroDivisionError: "):
             worker(rank)._adopt_plan(object())
     assert told == [(0, CMD_PLAN), (1, CMD_PLAN)] * 2  # the servers take part in every broadcast
+    assert drained == [0, 1, 2, 0, 1]
 
 
 def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatch):
@@ -144,6 +192,7 @@ def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatc
     from types import SimpleNamespace
 
     import caramel.strategies.caramel.controller as controller
+    import caramel.strategies.rank_failure as rank_failure
 
     sent: dict[int, bytes] = {}
 
@@ -156,13 +205,64 @@ def test_a_profile_that_one_rank_cannot_build_is_raised_on_every_rank(monkeypatc
             raise KeyError("module 'fc' has no timings")
         return None  # not reached: the ranks raise before using a profile
 
-    monkeypatch.setattr(controller.dist, "all_gather_object", gather)
-    now = [1]
+    monkeypatch.setattr(rank_failure.dist, "all_gather_object", gather)
+    now, stopped = [1], []
     for rank in (1, 0):  # rank 1 gathers first here, so rank 0 sees its failure
         now[0] = rank
-        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank))
+        profiler = SimpleNamespace(ends_this_step=lambda: True, step_end=lambda rank=rank: build(rank),
+                                   stop=lambda rank=rank: stopped.append(rank))
         c = SimpleNamespace(world=2, rank=rank, group=None, profiler=profiler)
         with pytest.raises(RankFailedError, match=r"^profiling: rank 1 could not build its profile: "
                                                   r"KeyError: \"module 'fc' has no timings\"$") as info:
             controller.Controller._profiling_step_end(c)
         assert isinstance(info.value.__cause__, KeyError) == (rank == 1)
+        assert c.profiler is None  # a caller that caught the error and steps on does not gather again
+    assert stopped == [1, 0]  # the collectives are no longer timed
+
+
+def test_a_profile_built_where_ends_this_step_said_no_is_an_error():
+    """The failures are gathered only where `ends_this_step()`: a profile built at another step
+    would skip that gather, and one rank's failed build would hang the others again."""
+    from types import SimpleNamespace
+
+    from caramel.strategies.caramel.profiling import profiling_step_end
+
+    early = SimpleNamespace(ends_this_step=lambda: False, step_end=lambda: "profile")
+    with pytest.raises(AssertionError, match="ends_this_step"):
+        profiling_step_end(early, None, 2, 0)
+    assert profiling_step_end(early, None, 1, 0) == "profile"  # one process: no gather to miss
+
+
+@pytest.mark.parametrize("profile_steps", [1, 2, 3])
+def test_ends_this_step_is_true_exactly_at_the_step_that_builds_the_profile(monkeypatch, profile_steps):
+    """A real `OnlineProfiler` stepped through a tiny model's profiling steps (an engine stand-in;
+    the build itself stubbed): `ends_this_step()` before each `step_end()` agrees with whether
+    that step returned the profile."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.nn as nn
+
+    import caramel.strategies.caramel.profiling as profiling
+
+    monkeypatch.setattr(profiling, "build_profile", lambda *args, **kwargs: "profile")
+    monkeypatch.setattr(profiling, "add_split_backward", lambda *args: None)
+    engine = SimpleNamespace(start_measuring=lambda: None, add_listeners=lambda **kw: None,
+                             remove_listeners=lambda **kw: None, wait_this_step_s=0.0,
+                             stats=SimpleNamespace(last_wait_s=0.0))
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    params = list(model.parameters())
+    p = profiling.OnlineProfiler(engine, model, params, 0, profile_steps, measure_split=False)
+    seen = []
+    for _ in range(profile_steps + 4):
+        p.forward_pre()
+        loss = model(torch.ones(3, 2)).sum()
+        p.forward_post()
+        loss.backward()
+        p._bwd_end()
+        ends = p.ends_this_step()
+        seen.append((ends, p.step_end() is not None))
+        if seen[-1][1]:
+            break
+    assert seen[-1] == (True, True) and all(e == built for e, built in seen), seen
+    assert len(seen) == 2 + profile_steps

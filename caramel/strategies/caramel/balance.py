@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from caramel.data.share_sampler import ShareSampler, ShareSchedule
 from caramel.errors import CaramelError
-from caramel.strategies.rank_failure import raise_failed, run_local
+from caramel.strategies.rank_failure import global_ranks, raise_failed, run_local
 from caramel.topology.spec import ClusterSpec
 
 WINDOW_STEPS = 10  # compute times kept per rank (balance="dropout"'s window; batch's before the settling rule)
@@ -240,7 +240,7 @@ class Balancer:
         t0 = self.engine.recorder.now()
         dist.all_gather_object(gathered, (mine, self.schedule.drawn), group=self.group)
         self.engine.count_wait(self.engine.recorder.now() - t0)  # blocked on the slower ranks, not compute
-        raise_failed("balance", [m for m, _ in gathered], self.rank, mine)
+        raise_failed("balance", [m for m, _ in gathered], self.rank, mine, global_ranks(self.group, self.world))
         if any(m is None for m, _ in gathered):
             return  # some rank has no measurement at the shares in force yet
         old = [m[0] for m, _ in gathered]  # the counts of the ranks' latest steps: the same batch

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -90,3 +91,13 @@ def bandwidth_replan_cluster(plan_cluster: ClusterSpec, measured_bps: float, ste
         return None
     return dataclasses.replace(plan_cluster, bandwidth_bps=measured_bps,
                                meta=dict(plan_cluster.meta, measured_at_step=step))
+
+
+def check_same_plan(fingerprint: str, group, world: int) -> None:
+    """Every rank's plan `fingerprint` is the same (at an adoption), else `MismatchError` naming each."""
+    if world == 1:
+        return
+    prints: list[Any] = [None] * world
+    dist.all_gather_object(prints, fingerprint, group=group)
+    if len(set(prints)) != 1:
+        raise MismatchError("ranks hold different plans: fingerprints " + ", ".join(f"rank {r}: {f}" for r, f in enumerate(prints)))

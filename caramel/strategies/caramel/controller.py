@@ -26,15 +26,16 @@ from caramel.runtime.engine import Engine
 from caramel.strategies.caramel import trial_shares
 from caramel.strategies.caramel.adaptive_compression import compress_plan, with_codecs
 from caramel.strategies.caramel.balance_state import balancer_state, load_balancer_state
-from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster
+from caramel.strategies.caramel.checks import PeriodicCheck, bandwidth_replan_cluster, check_same_plan
 from caramel.strategies.caramel.handover import Handover
 from caramel.strategies.caramel.plan_state import KEY as PLAN_KEY, LEGACY_AUTO_KEY, plan_state, restore_plan
-from caramel.strategies.caramel.profiling import OnlineProfiler, default_cluster, measured_cluster, registration_profile
+from caramel.strategies.caramel.profiling import (OnlineProfiler, default_cluster, measured_cluster, module_uses,
+                                                  profiling_step_end, registration_profile)
 from caramel.strategies.caramel.profiling_state import KEY as PROFILING_KEY, profiling_state, restore_profiling
 from caramel.strategies.caramel.trial import AUTO_CANDIDATES, DDP_SCHEDULE, Candidate, OverlapTrial, trial_preference
 from caramel.strategies.caramel.trial_state import KEY as TRIAL_KEY, restore_trial, trial_state
 from caramel.strategies.planners import make_plan
-from caramel.strategies.rank_failure import Failed, raise_failed, run_local
+from caramel.strategies.rank_failure import Failed, global_ranks, raise_failed, run_local
 from caramel.topology.spec import ClusterSpec
 
 
@@ -100,7 +101,7 @@ class Controller:
         plan.check_model(self.fingerprint, self.names, source=source)
         if plan.world_size != self.world:
             raise MismatchError(f"{source}: plan was made for {plan.world_size} workers, this job has {self.world}")
-        self._check_same_plan(plan)
+        check_same_plan(plan.fingerprint, self.group, self.world)
         order = [m.name for m in self.profile.modules] if self.profile is not None else module_order
         self.engine.set_plan(plan, self.module_uses, order)
         sync_apply = overlap != "forward" or not self.lazy_ok
@@ -158,22 +159,18 @@ class Controller:
         if cand.name == DDP_SCHEDULE:
             self.handover.hand_over()
 
-    def _check_same_plan(self, plan: Plan) -> None:
-        if self.world == 1:
-            return
-        prints: list[Any] = [None] * self.world
-        dist.all_gather_object(prints, plan.fingerprint, group=self.group)
-        if len(set(prints)) != 1:
-            raise MismatchError("ranks hold different plans: fingerprints " + ", ".join(f"rank {r}: {f}" for r, f in enumerate(prints)))
-
     def plan_from_profile(self, profile: ModelProfile, cluster: ClusterSpec | None = None) -> None:
         """Rank 0 plans every candidate for `profile`; every rank receives them and adopts or tries them."""
         if profile.fingerprint() != self.fingerprint:
             raise MismatchError(f"profile of model {profile.model!r} does not match this model's parameters "
                                 f"(profile has {len(profile.params)} parameters, model has {len(self.params)})")
+        described: dict | Failed = {}
         if self.planner_options.get("branch_order") == "auto" and "branches" not in profile.meta and self.rank == 0:
             # the blocks the planner may reorder (a copy: a profile the user passed stays as it was)
-            profile = dataclasses.replace(profile, meta={**profile.meta, **self.engine.branch_forward.describe()})
+            described = run_local(self.engine.branch_forward.describe, "could not describe its branches",
+                                  alone=self.world == 1)
+            if not isinstance(described, Failed):
+                profile = dataclasses.replace(profile, meta={**profile.meta, **described})
         self.profile = profile
         self.module_uses = module_uses(profile)
         data = [None]
@@ -188,12 +185,12 @@ class Controller:
                                                          **(self.planner_options if planner == self.planner else {})),
                                          profile, cluster, overlap).to_dict()
                         for name, planner, overlap in specs]
-            data = [run_local(plans, "could not plan the candidates", alone=self.world == 1)]
+            data = [described if isinstance(described, Failed) else
+                    run_local(plans, "could not plan the candidates", alone=self.world == 1)]
         if self.world > 1:
-            mine = data[0]
-            src = dist.get_global_rank(self.group, 0) if self.group is not dist.group.WORLD else 0
-            dist.broadcast_object_list(data, src=src, group=self.group)
-            raise_failed("plan", {0: data[0]}, self.rank, mine)
+            mine, ranks = data[0], global_ranks(self.group, self.world)
+            dist.broadcast_object_list(data, src=ranks[0] if ranks else 0, group=self.group)
+            raise_failed("plan", {0: data[0]}, self.rank, mine, ranks)
         cands = [Candidate(name, overlap, Plan.from_dict(d, source="plan from rank 0"))
                  for (name, _, overlap), d in zip(specs, data[0])]
         self.adopt_or_try(cands, source="plan from rank 0")
@@ -314,18 +311,11 @@ class Controller:
             self.adopt_candidate(nxt, source="overlap trial")
 
     def _profiling_step_end(self) -> None:
-        if self.world > 1 and self.profiler.ends_this_step():
-            # a profile that could not be built on one rank would leave the others in the
-            # cluster's measurements below until the group's timeout (`rank_failure`)
-            profile = run_local(self.profiler.step_end, "could not build its profile")
-            failures: list[Any] = [None] * self.world
-            dist.all_gather_object(failures, profile if isinstance(profile, Failed) else None, group=self.group)
-            raise_failed("profiling", failures, self.rank, profile)
-        else:
-            profile = self.profiler.step_end()
+        profiler, self.profiler = self.profiler, None  # stays None if the build raised: none to step again
+        profile = profiling_step_end(profiler, self.group, self.world, self.rank)
         if profile is None:
+            self.profiler = profiler  # more profiling steps to come
             return
-        profiler, self.profiler = self.profiler, None
         # measured while the profiling steps' collectives are still in the engine's log
         cluster = None if self.cluster is not None else measured_cluster(self.engine, self.group, self.world)
         profiler.stop()
@@ -401,11 +391,3 @@ class Controller:
         self.engine.mute(LocalGroup())
         self.muted = True  # no new profile or plan from muted collectives' timings
 
-
-def module_uses(profile: ModelProfile) -> dict[str, list[int]]:
-    """Module name -> indices of the parameters it uses, from a profile."""
-    uses: dict[str, list[int]] = {}
-    for p in profile.params:
-        for m in p.use_modules:
-            uses.setdefault(m, []).append(p.index)
-    return uses

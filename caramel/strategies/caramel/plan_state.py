@@ -149,5 +149,5 @@ def _unfit(c: Controller, entry: dict[str, Any], legacy: bool) -> str | None:
 
 
 def _uses_of(profile: ModelProfile) -> dict[str, list[int]]:
-    from caramel.strategies.caramel.controller import module_uses
+    from caramel.strategies.caramel.profiling import module_uses
     return module_uses(profile)

@@ -27,6 +27,7 @@ from caramel.profile.model_profile import ModelProfile, ParamInfo
 from caramel.profile.profiler import (InputSizes, StepSample, StepTimer, UseTracker, add_split_backward,
                                       build_profile, deferrable_modules, dtype_name)
 from caramel.runtime.engine import Engine
+from caramel.strategies.rank_failure import RankFailedError, gather_failures, run_local
 from caramel.topology.spec import ClusterSpec
 
 LATENCY_PROBES = 8  # tiny all-reduces timed after the profiling steps (see measure_latency_s)
@@ -183,6 +184,34 @@ class OnlineProfiler:
     def stop(self) -> None:
         """Stop timing the collectives (after `measured_cluster` has read them)."""
         self.engine.stop_measuring()
+
+
+def profiling_step_end(profiler: OnlineProfiler, group, world: int, rank: int) -> ModelProfile | None:
+    """`profiler.step_end()` on every rank, where a profile one rank could not build raises on
+    every rank: at the build step (`ends_this_step`, alike everywhere) the ranks gather the
+    failures before the cluster's measurements, whose collectives would otherwise leave the
+    others waiting until the group's timeout (`rank_failure`)."""
+    if world > 1 and profiler.ends_this_step():
+        profile = run_local(profiler.step_end, "could not build its profile")
+        try:
+            gather_failures("profiling", profile, group, world, rank)
+        except RankFailedError:
+            profiler.stop()
+            raise
+        return profile
+    profile = profiler.step_end()
+    if world > 1 and profile is not None:  # built without the gather: a failure here would hang
+        raise AssertionError("profile built at a step where ends_this_step() was False")
+    return profile
+
+
+def module_uses(profile: ModelProfile) -> dict[str, list[int]]:
+    """Module name -> indices of the parameters it uses, from a profile."""
+    uses: dict[str, list[int]] = {}
+    for p in profile.params:
+        for m in p.use_modules:
+            uses.setdefault(m, []).append(p.index)
+    return uses
 
 
 def registration_profile(names: list[str], params: list[nn.Parameter]) -> ModelProfile:

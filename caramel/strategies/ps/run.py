@@ -168,11 +168,13 @@ class PsRun:
             self._tell_servers(CMD_PLAN)
         mine = payload[0]
         dist.broadcast_object_list(payload, src=self.ranks[0], group=self.groups.control)
-        raise_failed("ps plan", {0: payload[0]}, self.rank, mine)
+        old = self.engine
+        try:  # the last step's pulls drained first, as on success: a dedicated server waits for them
+            old.synchronize()
+        finally:  # rank 0 could not plan: raised on every rank (a failed drain's error as its context)
+            raise_failed("ps plan", {0: payload[0]}, self.rank, mine, self.ranks)
         plan_d, waits = payload[0]
         plan = PsPlan.from_dict(plan_d)
-        old = self.engine
-        old.synchronize()
         old.remove_hooks()
         e = PsEngine(self.module, self.optimizer, self.options, plan, self.groups, self.ranks, self.buffer_sync,
                      self.share_buffers)

@@ -204,8 +204,10 @@ class PsServer:
     def _plan(self) -> None:
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=self.ranks[0], group=self.groups.control)
-        raise_failed("ps plan", {0: box[0]}, self.rank)  # rank 0 could not plan: the workers raise it too
-        self._wait_sends()
+        try:  # the last step's pulls drained first, as on success: the workers wait for them
+            self._wait_sends()
+        finally:  # rank 0 could not plan: the workers raise it too
+            raise_failed("ps plan", {0: box[0]}, self.rank, ranks=self.ranks)
         old = self.owners()
         self.plan = PsPlan.from_dict(box[0][0])
         move_state(self.optimizer, self.params, old, self.owners(), self.rank, self.groups.control)
