@@ -109,12 +109,19 @@ def auto_replicas(rank: int, size: int = 12) -> dict:
     if rank == 0:
         x, y = batch(0, size=size)
         prof = profile_model(make_model(), x, y, F.cross_entropy, steps=2, small_batch_size=2)
+        # fixed times, not the measured ones: two profiling steps on a loaded host can swing a
+        # module's time past the 50x that makes the choice certain (seen once under `-n 2`)
         slow = {"0"}  # the first nn.Linear
-        prof.modules = [dataclasses.replace(m, forward_time_s=50 * m.forward_time_s,
-                                            backward_time_s=50 * m.backward_time_s,
-                                            small_batch_forward_time_s=50 * m.small_batch_forward_time_s,
-                                            small_batch_backward_time_s=50 * m.small_batch_backward_time_s)
-                        if m.name in slow else m for m in prof.modules]
+        modules, start_s = [], 0.0
+        for m in prof.modules:
+            fwd_s = 1e-4 * (50 if m.name in slow else 1)
+            bwd_s = 2 * fwd_s
+            split = dict(input_grad_time_s=bwd_s / 2, weight_grad_time_s=bwd_s / 2) if m.splittable else {}
+            modules.append(dataclasses.replace(m, forward_start_s=start_s, forward_time_s=fwd_s, backward_time_s=bwd_s,
+                                               small_batch_forward_time_s=0.4 * fwd_s,
+                                               small_batch_backward_time_s=0.4 * bwd_s, **split))
+            start_s += fwd_s
+        prof.modules = modules
         box[0] = prof
     dist.broadcast_object_list(box, src=0)
     out = {}
