@@ -147,17 +147,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", help="write the tables here")
     args = ap.parse_args(argv)
     code = code_version()  # the code that runs, read before the replays
-    names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
-    groups_of: dict[str, list[str]] = {}
-    for g in args.group:
-        name, sep, members = g.partition("=")
-        runs = [m for m in members.split(",") if m]
-        if not sep or not name or not runs:
-            raise SystemExit(f"--group {g!r}: expected NAME=run,run")
-        unknown = [m for m in runs if m not in names]
-        if unknown:
-            raise SystemExit(f"--group {name}: {unknown[0]!r} names no run given; expected among {', '.join(names)}")
-        groups_of[name] = runs
+    from pipeline_reduce_cpu import parse_groups
+
+    groups_of = parse_groups(args.group, args.runs)
     rows = []
     for run in args.runs:
         for r in score_run(run):

@@ -138,6 +138,22 @@ def markdown(rows: list[dict[str, Any]], groups: dict[str, dict], command: str, 
     return "\n".join(out) + "\n"
 
 
+
+def parse_groups(groups: list[str], runs: list[str]) -> dict[str, list[str]]:
+    """`--group NAME=run,run` values as {NAME: run names}, each name a given run directory's."""
+    names = [os.path.basename(os.path.normpath(r)) for r in runs]
+    groups_of: dict[str, list[str]] = {}
+    for g in groups:
+        name, sep, members = g.partition("=")
+        members_of = [m for m in members.split(",") if m]
+        if not sep or not name or not members_of:
+            raise SystemExit(f"--group {g!r}: expected NAME=run,run")
+        unknown = [m for m in members_of if m not in names]
+        if unknown:
+            raise SystemExit(f"--group {name}: {unknown[0]!r} names no run given; expected among {', '.join(names)}")
+        groups_of[name] = members_of
+    return groups_of
+
 def main(argv: list[str]) -> int:
     from caramel.bench.provenance import code_version
     from caramel.jsonio import write_json
@@ -150,17 +166,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", help="write the tables here")
     args = ap.parse_args(argv)
     code = code_version()  # the code that runs, read before the replays (not after: edits meanwhile)
-    names = [os.path.basename(os.path.normpath(r)) for r in args.runs]
-    groups_of: dict[str, list[str]] = {}
-    for g in args.group:
-        name, sep, members = g.partition("=")
-        runs = [m for m in members.split(",") if m]
-        if not sep or not name or not runs:
-            raise SystemExit(f"--group {g!r}: expected NAME=run,run")
-        unknown = [m for m in runs if m not in names]
-        if unknown:
-            raise SystemExit(f"--group {name}: {unknown[0]!r} names no run given; expected among {', '.join(names)}")
-        groups_of[name] = runs
+    groups_of = parse_groups(args.group, args.runs)
     rows = []
     for run in args.runs:
         for r in score_run(run):
